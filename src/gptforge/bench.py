@@ -1,0 +1,249 @@
+"""Training-speed benchmark: warm up, synchronize, repeat, write JSON. Not a test.
+
+    gptforge bench --preset tiny --steps 20 --json bench.json
+    gptforge bench --preset gpt2-124m --train.micro_batch 16 --train.total_batch_tokens 16384 --ladder
+    gptforge bench --preset gpt2-124m --sweep-micro-batch 8,16,32 --trace trace.json
+
+Each configuration is built fresh and trained on a synthetic shard (uniform random tokens,
+written to a temporary llm.c file, read through the real loader), so data loading is part of
+what is measured. Per configuration it reports ms/step (median of the timed steps), tokens/s, MFU
+by llm.c's formula (6N + 6LCT FLOPs/token) and by PaLM's (6N' + 12LCT), the forward / backward /
+optimizer / data-wait split, and peak memory (CUDA allocator peak, or process max RSS on CPU).
+
+``--ladder`` reproduces the seeds' speed ladder side by side in one process: fp32 -> +TF32 ->
++bf16 autocast -> +torch.compile -> +flash attention -> +padded vocab -> +fused AdamW. A rung whose
+switch the device cannot do is reported as skipped with the reason, never measured as something else.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from gptforge.config import Config
+from gptforge.data.loader import ShardLoader
+from gptforge.data.shards import write_shard
+from gptforge.models.gpt2 import GPT
+from gptforge.training.distributed import DistInfo, resolve_device, wrap_model
+from gptforge.training.loop import PhaseTimer, set_precision, train_step
+from gptforge.training.observe import environment, flops_per_token, peak_flops
+from gptforge.training.optim import build_optimizer, fused_available, lr_at
+
+
+@dataclass
+class Rung:
+    name: str
+    changes: dict[str, Any]  # dotted key -> value, applied on top of the previous rung
+
+
+LADDER = [
+    Rung("fp32", {"train.dtype": "float32", "train.tf32": False, "train.compile": False,
+                  "model.flash": False, "model.pad_vocab": False, "optim.fused": False}),
+    Rung("+tf32", {"train.tf32": True}),
+    Rung("+bf16", {"train.dtype": "bfloat16"}),
+    Rung("+compile", {"train.compile": True}),
+    Rung("+flash", {"model.flash": True}),
+    Rung("+pad_vocab", {"model.pad_vocab": True}),
+    Rung("+fused_adamw", {"optim.fused": True}),
+]
+
+
+def _set(cfg: Config, key: str, value: Any) -> None:
+    section, name = key.split(".", 1)
+    setattr(getattr(cfg, section), name, value)
+
+
+def unsupported(cfg: Config, device: torch.device) -> str | None:
+    """Why this device cannot run the config as asked, or None."""
+    if cfg.train.tf32 and cfg.train.dtype == "float32" and device.type == "cuda":
+        if torch.cuda.get_device_capability(device)[0] < 8:
+            return "TF32 needs an Ampere or newer GPU"
+    if cfg.train.dtype == "bfloat16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        return "bf16 is not supported on this GPU"
+    if cfg.optim.fused and not fused_available(device.type):
+        return f"fused AdamW is not available on {device.type}"
+    return None
+
+
+def _synthetic_shard(folder: Path, n_tokens: int, vocab: int, seed: int = 0) -> Path:
+    rng = np.random.default_rng(seed)
+    return write_shard(folder / "bench_train_000000.bin", rng.integers(0, vocab, n_tokens, dtype=np.int64))
+
+
+def _peak_memory(device: torch.device) -> tuple[float, str]:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20, "cuda_max_allocated_MiB"
+    rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    return rss_kib / 1024, "process_max_rss_MiB"
+
+
+def bench_one(cfg: Config, steps: int, warmup: int, device: torch.device, trace: str | None = None) -> dict:
+    """Time ``steps`` optimizer steps of ``cfg`` after ``warmup`` untimed ones."""
+    info = DistInfo(device=device)
+    grad_accum = cfg.validate()
+    torch.manual_seed(cfg.train.seed)
+    autocast, precision, compile_model = set_precision(cfg, device)
+    B, T = cfg.train.micro_batch, cfg.train.seq_len
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+    with tempfile.TemporaryDirectory() as tmp:
+        need = B * T * grad_accum * (steps + warmup) + 1
+        shard = _synthetic_shard(Path(tmp), min(need, 50_000_000) + B * T + 1, cfg.model.vocab_size)
+        loader = ShardLoader([shard], B, T)
+        model = GPT(cfg.model).to(device)
+        optimizer = build_optimizer(model, cfg.optim, device.type)
+        wrapped = wrap_model(model, info, compile_model)
+        model.train()
+        timer = PhaseTimer(device)
+        step_times, phases = [], []
+        t_compile = time.perf_counter()
+        for step in range(warmup + steps):
+            if step == warmup:
+                warmup_s = time.perf_counter() - t_compile
+                prof = _profiler(trace, device) if trace else None
+                if prof:
+                    prof.__enter__()
+            for g in optimizer.param_groups:
+                g["lr"] = lr_at(step, cfg.optim, cfg.train.max_steps)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            t0 = time.perf_counter()
+            timer.mark("start")
+            loss, _ = train_step(wrapped, model, optimizer, loader, grad_accum, autocast, info,
+                                 cfg.optim.grad_clip, timer=timer if step >= warmup else None)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            dt = time.perf_counter() - t0
+            if step >= warmup:
+                step_times.append(dt)
+                phases.append(timer.totals())
+            else:
+                timer.totals()
+        if warmup == 0:
+            warmup_s = 0.0
+        if trace and prof:
+            prof.__exit__(None, None, None)
+            prof.export_chrome_trace(trace)
+        final_loss = loss.item()
+    ms = statistics.median(step_times) * 1000
+    tokens_per_step = cfg.train.total_batch_tokens
+    tok_s = tokens_per_step / (ms / 1000)
+    n_params = model.num_parameters()
+    peak = peak_flops(device, precision, cfg.train.peak_flops)
+    mem, mem_kind = _peak_memory(device)
+    phase_ms = {k: 1000 * statistics.median(p.get(k, 0.0) for p in phases) for k in ("data", "forward", "backward", "optimizer")}
+    out = {
+        "ms_per_step": ms,
+        "ms_per_step_min": min(step_times) * 1000,
+        "ms_per_step_max": max(step_times) * 1000,
+        "tokens_per_s": tok_s,
+        "tokens_per_step": tokens_per_step,
+        "micro_batch": B, "seq_len": T, "grad_accum": grad_accum,
+        "phase_ms": phase_ms,
+        "params": n_params,
+        "precision": precision, "compile": compile_model,
+        "flash": cfg.model.flash, "pad_vocab": cfg.model.pad_vocab,
+        "fused_adamw": bool(optimizer.defaults.get("fused")),
+        "mfu_llmc": flops_per_token(cfg.model, n_params, T, "llmc") * tok_s / peak if peak else None,
+        "mfu_palm": flops_per_token(cfg.model, n_params, T, "palm") * tok_s / peak if peak else None,
+        "peak_flops": peak,
+        mem_kind: mem,
+        "warmup_s": warmup_s,
+        "final_loss": final_loss,
+    }
+    del model, wrapped, optimizer
+    return out
+
+
+def _profiler(trace: str, device: torch.device):
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    return profile(activities=acts, record_shapes=False)
+
+
+def run_bench(
+    cfg: Config,
+    steps: int = 10,
+    warmup: int = 3,
+    out: str | None = None,
+    ladder: bool = False,
+    trace: str | None = None,
+    sweep_micro_batch: list[int] | None = None,
+) -> dict:
+    device = resolve_device(cfg.train.device)
+    runs: list[tuple[str, Config]] = []
+    if ladder:
+        c = copy.deepcopy(cfg)
+        for rung in LADDER:
+            for k, v in rung.changes.items():
+                _set(c, k, v)
+            runs.append((rung.name, copy.deepcopy(c)))
+    elif sweep_micro_batch:
+        for b in sweep_micro_batch:
+            c = copy.deepcopy(cfg)
+            c.train.micro_batch = b
+            c.train.total_batch_tokens = max(cfg.train.total_batch_tokens, b * c.train.seq_len)
+            runs.append((f"B={b}", c))
+    else:
+        runs.append((cfg.train.out_dir.rsplit("/", 1)[-1] or "run", cfg))
+
+    results = []
+    for i, (name, c) in enumerate(runs):
+        why = unsupported(c, device)
+        if why:
+            print(f"[bench] {name}: skipped: {why}", file=sys.stderr)
+            results.append({"name": name, "skipped": why})
+            continue
+        print(f"[bench] {name} ...", file=sys.stderr, flush=True)
+        try:
+            r = bench_one(c, steps, warmup, device, trace=trace if i == len(runs) - 1 else None)
+        except torch.OutOfMemoryError as e:
+            r = {"skipped": f"out of memory: {str(e).splitlines()[0]}"}
+        results.append({"name": name, **r})
+    base = next((r for r in results if "tokens_per_s" in r), None)
+    for r in results:
+        if base and "tokens_per_s" in r:
+            r["speedup_vs_first"] = r["tokens_per_s"] / base["tokens_per_s"]
+    report = {
+        "date": time.strftime("%Y-%m-%d"),
+        "command": " ".join(["gptforge", *sys.argv[1:]]) if sys.argv and sys.argv[0].endswith("gptforge") else None,
+        "env": {k: v for k, v in environment(device).items() if k != "nvidia_smi"},
+        "steps": steps, "warmup": warmup,
+        "config": cfg.to_dict(),
+        "results": results,
+    }
+    print(format_table(results))
+    if out:
+        Path(out).write_text(json.dumps(report, indent=2) + "\n")
+        print(f"[bench] wrote {out}", file=sys.stderr)
+    return report
+
+
+def format_table(results: list[dict]) -> str:
+    head = f"{'config':<14} {'ms/step':>9} {'tok/s':>11} {'x first':>7} {'MFU llm.c':>9} {'fwd':>7} {'bwd':>7} {'opt':>7} {'data':>7} {'peak MiB':>9}"
+    lines = [head, "-" * len(head)]
+    for r in results:
+        if "skipped" in r:
+            lines.append(f"{r['name']:<14} skipped: {r['skipped']}")
+            continue
+        p = r["phase_ms"]
+        mem = r.get("cuda_max_allocated_MiB", r.get("process_max_rss_MiB", 0))
+        mfu = f"{100 * r['mfu_llmc']:.1f}%" if r["mfu_llmc"] is not None else "n/a"
+        lines.append(
+            f"{r['name']:<14} {r['ms_per_step']:>9.1f} {r['tokens_per_s']:>11,.0f} {r.get('speedup_vs_first', 1):>7.2f} "
+            f"{mfu:>9} {p['forward']:>7.1f} {p['backward']:>7.1f} {p['optimizer']:>7.1f} {p['data']:>7.1f} {mem:>9.0f}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,247 @@
+"""Typed run configuration: nested dataclasses, validated on construction, with dotted overrides.
+
+    >>> cfg = get_preset("shakespeare-cpu")
+    >>> apply_overrides(cfg, ["--optim.lr", "3e-4", "--train.max_steps", "100"])
+    >>> cfg.train.grad_accum(world=1)
+
+Every section validates its own fields in ``__post_init__``; cross-section checks (a batch that
+must divide) live in :meth:`Config.validate`. Errors are :class:`ConfigError`, which the CLI turns
+into exit status 2 before any compute.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal, Optional
+
+from gptforge.models.gpt2 import GPTConfig
+
+
+class ConfigError(ValueError):
+    """A bad key or value in the configuration; the message names it and what is allowed."""
+
+
+@dataclass
+class DataConfig:
+    dir: str = "data/shakespeare"  # folder of llm.c shards: *train*.bin and *val*.bin
+    train_split: str = "train"
+    val_split: str = "val"
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 6e-4  # peak learning rate
+    min_lr_frac: float = 0.0  # final lr as a fraction of the peak (llm.c's -q)
+    warmup_steps: int = 700  # linear warmup, then cosine decay to min_lr_frac * lr
+    weight_decay: float = 0.1  # applied to >=2-D parameters only
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    grad_clip: float = 1.0  # max global grad norm; 0 turns clipping off
+    fused: Optional[bool] = None  # fused AdamW kernel; None = on where the device supports it (CUDA)
+
+    def __post_init__(self) -> None:
+        _check(self.lr > 0, "optim.lr", self.lr, "a positive number")
+        _check(0.0 <= self.min_lr_frac <= 1.0, "optim.min_lr_frac", self.min_lr_frac, "a fraction in [0, 1]")
+        _check(self.warmup_steps >= 0, "optim.warmup_steps", self.warmup_steps, "an integer >= 0")
+        _check(self.weight_decay >= 0, "optim.weight_decay", self.weight_decay, "a number >= 0")
+        _check(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, "optim.beta1/beta2", (self.beta1, self.beta2), "in [0, 1)")
+        _check(self.grad_clip >= 0, "optim.grad_clip", self.grad_clip, "a number >= 0 (0 = off)")
+
+
+@dataclass
+class TrainConfig:
+    micro_batch: int = 64  # B: sequences per micro-step per rank
+    seq_len: int = 1024  # T
+    total_batch_tokens: int = 524_288  # tokens per optimizer step, all ranks; reached by grad accumulation
+    max_steps: int = 18_865
+    seed: int = 1337
+    device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # autocast dtype; auto = bf16 on CUDA
+    compile: Optional[bool] = None  # torch.compile the model; None = on for CUDA
+    tf32: bool = True  # TF32 matmuls for float32 work on Ampere+ GPUs
+    val_every: int = 250  # steps between validation-loss evaluations (0 = never; always at the end)
+    val_tokens: int = 10_485_760  # tokens per validation (llm.c: 20 steps x 524288 / ... ), capped by data
+    sample_every: int = 0  # steps between printed samples (0 = only at the end)
+    sample_tokens: int = 32
+    ckpt_every: int = 5000  # steps between checkpoints (0 = only at the end / on interrupt)
+    keep_ckpts: int = 2  # newest checkpoints kept (0 = keep all)
+    log_every: int = 1  # steps between log lines
+    peak_flops: float = 0.0  # device peak FLOP/s for MFU; 0 = look it up by GPU name (none on CPU)
+    out_dir: str = "runs/default"
+
+    def __post_init__(self) -> None:
+        for name in ("micro_batch", "seq_len", "total_batch_tokens", "max_steps"):
+            _check(getattr(self, name) > 0, f"train.{name}", getattr(self, name), "a positive integer")
+        for name in ("val_every", "sample_every", "ckpt_every", "keep_ckpts", "val_tokens", "sample_tokens"):
+            _check(getattr(self, name) >= 0, f"train.{name}", getattr(self, name), "an integer >= 0")
+        _check(self.log_every >= 1, "train.log_every", self.log_every, "an integer >= 1")
+
+    def grad_accum(self, world: int = 1) -> int:
+        per_step = self.micro_batch * self.seq_len * world
+        if self.total_batch_tokens % per_step != 0:
+            raise ConfigError(
+                f"train.total_batch_tokens={self.total_batch_tokens} is not divisible by "
+                f"micro_batch*seq_len*world = {self.micro_batch}*{self.seq_len}*{world} = {per_step}; "
+                "choose a total batch that is a multiple of it"
+            )
+        return self.total_batch_tokens // per_step
+
+
+@dataclass
+class Config:
+    model: GPTConfig = field(default_factory=GPTConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def validate(self, world: int = 1) -> int:
+        """Cross-section checks; returns gradient-accumulation steps for this world size."""
+        if self.train.seq_len > self.model.block_size:
+            raise ConfigError(
+                f"train.seq_len={self.train.seq_len} exceeds model.block_size={self.model.block_size}"
+            )
+        return self.train.grad_accum(world)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Config:
+        """Rebuild from :meth:`to_dict` output (e.g. a checkpoint's meta.json). Unknown keys are errors."""
+        kwargs = {}
+        for f in dataclasses.fields(cls):
+            section_cls = _section_types()[f.name]
+            values = dict(d.get(f.name, {}))
+            known = {g.name for g in dataclasses.fields(section_cls)}
+            unknown = set(values) - known
+            if unknown:
+                raise ConfigError(f"unknown key(s) in section {f.name!r}: {sorted(unknown)}")
+            try:
+                kwargs[f.name] = section_cls(**values)
+            except ValueError as e:
+                raise ConfigError(str(e)) from e
+        return cls(**kwargs)
+
+
+def _section_types() -> dict[str, type]:
+    return {f.name: typing.get_type_hints(Config)[f.name] for f in dataclasses.fields(Config)}
+
+
+def _check(ok: bool, key: str, value: Any, allowed: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}={value!r} is not allowed; expected {allowed}")
+
+
+# --- dotted overrides -----------------------------------------------------------------------------
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def parse_value(key: str, raw: str, tp: Any) -> Any:
+    """Convert a command-line string to the field's type, or raise ConfigError naming the key."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin is typing.Union and type(None) in args:  # Optional[X]: "auto"/"none" -> None
+        if raw.lower() in ("auto", "none", "null"):
+            return None
+        inner = next(a for a in args if a is not type(None))
+        return parse_value(key, raw, inner)
+    if origin is Literal:
+        if raw not in args:
+            raise ConfigError(f"--{key} {raw!r}: allowed values are {', '.join(map(str, args))}")
+        return raw
+    if tp is bool:
+        if raw.lower() in _TRUE:
+            return True
+        if raw.lower() in _FALSE:
+            return False
+        raise ConfigError(f"--{key} {raw!r}: expected a boolean (true/false, on/off, 1/0)")
+    if tp is int:
+        s = raw.replace("_", "")
+        try:
+            return int(s)
+        except ValueError:
+            pass
+        try:  # allow 1e4 and 5.0
+            f = float(s)
+            if f.is_integer():
+                return int(f)
+        except ValueError:
+            pass
+        raise ConfigError(f"--{key} {raw!r}: expected an integer")
+    if tp is float:
+        try:
+            return float(raw)
+        except ValueError:
+            raise ConfigError(f"--{key} {raw!r}: expected a number") from None
+    if tp is str:
+        return raw
+    raise ConfigError(f"--{key}: fields of type {tp} cannot be set from the command line")
+
+
+def config_keys() -> dict[str, Any]:
+    """Every settable dotted key -> its type."""
+    out = {}
+    for section, section_cls in _section_types().items():
+        for name, tp in typing.get_type_hints(section_cls).items():
+            out[f"{section}.{name}"] = tp
+    return out
+
+
+def apply_overrides(cfg: Config, args: list[str]) -> Config:
+    """Apply ``--section.key value`` (or ``--section.key=value``) pairs, then re-validate each section."""
+    keys = config_keys()
+    pairs: list[tuple[str, str]] = []
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if not a.startswith("--"):
+            raise ConfigError(f"unexpected argument {a!r}; overrides look like --section.key value")
+        if "=" in a:
+            k, v = a[2:].split("=", 1)
+            i += 1
+        else:
+            if i + 1 >= len(args):
+                raise ConfigError(f"{a} needs a value")
+            k, v = a[2:], args[i + 1]
+            i += 2
+        pairs.append((k, v))
+    for k, v in pairs:
+        if k not in keys:
+            import difflib
+
+            close = difflib.get_close_matches(k, keys, n=3)
+            hint = f"; did you mean {', '.join('--' + c for c in close)}?" if close else ""
+            raise ConfigError(f"unknown config key --{k}{hint} (see `gptforge train --help-config`)")
+        section, name = k.split(".", 1)
+        setattr(getattr(cfg, section), name, parse_value(k, v, keys[k]))
+    # re-run each section's validation with the new values
+    for f in dataclasses.fields(cfg):
+        sec = getattr(cfg, f.name)
+        try:
+            setattr(cfg, f.name, type(sec)(**{g.name: getattr(sec, g.name) for g in dataclasses.fields(sec)}))
+        except ConfigError:
+            raise
+        except ValueError as e:
+            raise ConfigError(str(e)) from e
+    return cfg
+
+
+def describe_keys() -> str:
+    """Human listing of every key with its type and default (for --help-config)."""
+    default = Config()
+    lines = []
+    for k, tp in config_keys().items():
+        section, name = k.split(".", 1)
+        val = getattr(getattr(default, section), name)
+        tname = getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+        lines.append(f"  --{k:<28} {tname:<40} default {val!r}")
+    return "\n".join(lines)

@@ -1,0 +1,81 @@
+"""Rank-strided, resumable batch loader over llm.c token shards (llm.c's DistributedDataLoader).
+
+Each step every rank takes ``B*T+1`` tokens at ``pos + rank*B*T`` of the current shard (inputs are
+the first ``B*T``, targets the last); ``pos`` then advances by ``B*T*world``. When the next step
+would run past the shard end, the loader moves to the next shard (wrapping around: an epoch).
+``state_dict()`` / ``load_state_dict()`` capture the exact position, so a resumed run sees the
+same batches as an uninterrupted one.
+
+    >>> loader = ShardLoader(list_shards("data/shakespeare", "train"), B=8, T=128)
+    >>> x, y = loader.next_batch()
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from gptforge.data.shards import ShardError, read_header, read_shard
+
+
+class ShardLoader:
+    def __init__(self, files: list[Path], B: int, T: int, rank: int = 0, world: int = 1):
+        if not files:
+            raise ShardError("no shard files given")
+        self.files = [Path(f) for f in files]
+        self.B, self.T, self.rank, self.world = B, T, rank, world
+        need = B * T * world + 1
+        for f in self.files:  # validate every header up front: fail before any compute
+            n = read_header(f)[2]
+            if n < need:
+                raise ShardError(
+                    f"{f}: {n} tokens is fewer than one step needs (B*T*world+1 = {need}); "
+                    "lower train.micro_batch / train.seq_len or add data"
+                )
+        self.reset()
+
+    def reset(self) -> None:
+        self.shard = 0
+        self.pos = 0
+        self.epoch = 0
+        self._tokens = None
+
+    def _current(self) -> np.ndarray:
+        if self._tokens is None:
+            self._tokens = read_shard(self.files[self.shard])
+        return self._tokens
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        B, T = self.B, self.T
+        tokens = self._current()
+        start = self.pos + self.rank * B * T
+        buf = torch.from_numpy(tokens[start : start + B * T + 1].astype(np.int64))
+        x = buf[:-1].view(B, T)
+        y = buf[1:].view(B, T)
+        self.pos += B * T * self.world
+        if self.pos + B * T * self.world + 1 > len(tokens):  # next step would not fit: next shard
+            self._advance_shard()
+        return x, y
+
+    def _advance_shard(self) -> None:
+        self.shard += 1
+        if self.shard == len(self.files):
+            self.shard = 0
+            self.epoch += 1
+        self.pos = 0
+        self._tokens = None
+
+    def state_dict(self) -> dict:
+        return {"shard": self.shard, "pos": self.pos, "epoch": self.epoch, "files": [f.name for f in self.files]}
+
+    def load_state_dict(self, state: dict) -> None:
+        names = [f.name for f in self.files]
+        if state.get("files") and state["files"] != names:
+            raise ShardError(
+                f"checkpoint loader state was saved over shards {state['files'][:3]}... but the data dir "
+                f"holds {names[:3]}...; point data.dir at the original data"
+            )
+        self.shard, self.pos, self.epoch = int(state["shard"]), int(state["pos"]), int(state.get("epoch", 0))
+        self._tokens = None

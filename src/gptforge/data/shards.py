@@ -1,0 +1,102 @@
+"""llm.c-compatible token shards: write, read, validate.
+
+Layout: a header of 256 little-endian int32 — ``[magic, version, n_tokens, 0...]`` — then the
+tokens. Magic 20240520 / version 1 stores uint16 tokens (vocabularies up to 65,536); magic
+20240801 / version 7 stores uint32 tokens for wider vocabularies. Writers pick the narrowest
+format that fits; readers check magic, version, count and file length and name the bad file.
+
+    >>> write_shard("val_000000.bin", tokens); read_shard("val_000000.bin")
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+HEADER_INTS = 256
+HEADER_BYTES = HEADER_INTS * 4
+FORMATS = {  # magic -> (version, token dtype)
+    20240520: (1, np.dtype("<u2")),
+    20240801: (7, np.dtype("<u4")),
+}
+
+
+class ShardError(ValueError):
+    """A shard file that is missing, truncated or not in the llm.c format."""
+
+
+def magic_for(max_token: int) -> int:
+    return 20240520 if max_token < 2**16 else 20240801
+
+
+def write_shard(path: str | os.PathLike, tokens, magic: int | None = None) -> Path:
+    """Write tokens atomically (temporary name, fsync, rename): a crash never leaves a partial shard."""
+    path = Path(path)
+    toks = np.asarray(tokens)
+    if toks.ndim != 1:
+        raise ValueError("tokens must be one-dimensional")
+    if toks.size and (toks.min() < 0):
+        raise ValueError(f"{path}: negative token id {int(toks.min())}")
+    max_tok = int(toks.max()) if toks.size else 0
+    magic = magic or magic_for(max_tok)
+    version, dtype = FORMATS[magic]
+    if max_tok > np.iinfo(dtype).max:
+        raise ValueError(f"{path}: token {max_tok} does not fit {dtype} (magic {magic})")
+    header = np.zeros(HEADER_INTS, dtype="<i4")
+    header[0], header[1], header[2] = magic, version, toks.size
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(header.tobytes())
+        f.write(toks.astype(dtype, copy=False).tobytes())
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def read_header(path: str | os.PathLike) -> tuple[int, int, int, np.dtype]:
+    """Return (magic, version, n_tokens, dtype) after checking the header and the file length."""
+    path = Path(path)
+    if not path.exists():
+        raise ShardError(f"{path}: shard file does not exist")
+    size = path.stat().st_size
+    if size < HEADER_BYTES:
+        raise ShardError(f"{path}: {size} bytes is shorter than the {HEADER_BYTES}-byte llm.c header; re-create it")
+    header = np.fromfile(path, dtype="<i4", count=HEADER_INTS)
+    magic, version, n = int(header[0]), int(header[1]), int(header[2])
+    if magic not in FORMATS:
+        raise ShardError(
+            f"{path}: bad magic {magic}; expected {' or '.join(map(str, FORMATS))} (llm.c token shard). "
+            "Is this a token shard? Re-create it with `gptforge prepare`."
+        )
+    want_version, dtype = FORMATS[magic]
+    if version != want_version:
+        raise ShardError(f"{path}: magic {magic} needs version {want_version}, header says {version}")
+    expected = HEADER_BYTES + n * dtype.itemsize
+    if n < 0 or size != expected:
+        raise ShardError(
+            f"{path}: header says {n} tokens ({expected} bytes) but the file has {size} bytes; "
+            "it is truncated or corrupt: delete it and re-run `gptforge prepare`"
+        )
+    return magic, version, n, dtype
+
+
+def read_shard(path: str | os.PathLike, mmap: bool = True) -> np.ndarray:
+    """Tokens of one shard as a numpy array (memory-mapped by default)."""
+    _, _, n, dtype = read_header(path)
+    if mmap:
+        return np.memmap(path, dtype=dtype, mode="r", offset=HEADER_BYTES, shape=(n,))
+    return np.fromfile(path, dtype=dtype, offset=HEADER_BYTES, count=n)
+
+
+def list_shards(data_dir: str | os.PathLike, split: str) -> list[Path]:
+    """Shards of a split in a folder, sorted by name: files matching ``*{split}*.bin``."""
+    d = Path(data_dir)
+    if not d.is_dir():
+        raise ShardError(f"data directory {d} does not exist; run `gptforge prepare ...` first")
+    files = sorted(p for p in d.glob(f"*{split}*.bin") if p.is_file())
+    if not files:
+        raise ShardError(f"no '{split}' shards (*{split}*.bin) in {d}; run `gptforge prepare ...` first")
+    return files

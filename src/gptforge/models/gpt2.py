@@ -1,0 +1,286 @@
+"""GPT-2 in one readable file: config, attention, MLP, block, GPT.
+
+Parameter names match Hugging Face's ``GPT2LMHeadModel`` (``transformer.h.0.attn.c_attn.weight``
+...), so import/export is a key map plus the Conv1D transposes (see ``GPT.from_pretrained``).
+No optimizer, sampling or IO lives here beyond loading pretrained weights.
+
+    >>> from gptforge.models.gpt2 import GPT, GPTConfig
+    >>> model = GPT(GPTConfig.from_preset("d2"))
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+GPT2_VOCAB = 50257  # 50,000 BPE merges + 256 byte tokens + <|endoftext|>
+
+# name -> (n_layer, n_head, n_embd). The four OpenAI sizes plus tiny CPU sizes.
+SIZES: dict[str, tuple[int, int, int]] = {
+    "gpt2": (12, 12, 768),  # 124M
+    "gpt2-medium": (24, 16, 1024),  # 350M
+    "gpt2-large": (36, 20, 1280),  # 774M
+    "gpt2-xl": (48, 25, 1600),  # 1558M
+    "d2": (2, 2, 64),  # tests
+    "d4": (4, 4, 128),  # CPU default job
+    "d6": (6, 6, 192),  # bigger CPU run
+}
+
+
+def padded_vocab(vocab_size: int, multiple: int = 128) -> int:
+    """Round the vocabulary up to a multiple of 128 (50257 -> 50304) for friendlier matmul shapes."""
+    return ((vocab_size + multiple - 1) // multiple) * multiple
+
+
+@dataclass
+class GPTConfig:
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    block_size: int = 1024  # maximum context length (learned position embeddings)
+    vocab_size: int = GPT2_VOCAB  # real tokens
+    pad_vocab: bool = True  # embedding/lm_head rows rounded up to a multiple of 128
+    dropout: float = 0.0
+    bias: bool = True
+    flash: bool = True  # F.scaled_dot_product_attention; False = explicit matmul + softmax
+    recompute: str = "none"  # activation recomputation: none | mlp | block
+
+    def __post_init__(self) -> None:
+        if self.n_embd % self.n_head != 0:
+            raise ValueError(f"model.n_embd={self.n_embd} must be divisible by model.n_head={self.n_head}")
+        if self.recompute not in ("none", "mlp", "block"):
+            raise ValueError(f"model.recompute={self.recompute!r}; allowed: none, mlp, block")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"model.dropout={self.dropout} must be in [0, 1)")
+
+    @property
+    def padded_vocab_size(self) -> int:
+        return padded_vocab(self.vocab_size) if self.pad_vocab else self.vocab_size
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides) -> GPTConfig:
+        if name not in SIZES:
+            raise ValueError(f"unknown model size {name!r}; known: {', '.join(SIZES)}")
+        n_layer, n_head, n_embd = SIZES[name]
+        return cls(n_layer=n_layer, n_head=n_head, n_embd=n_embd, **overrides)
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.n_head = cfg.n_head
+        self.n_embd = cfg.n_embd
+        self.flash = cfg.flash
+        self.dropout = cfg.dropout
+        self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)  # q, k, v for all heads
+        self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.c_proj.RESIDUAL_SCALE = True  # type: ignore[attr-defined]  # see GPT._init_weights
+        self.resid_dropout = nn.Dropout(cfg.dropout)
+        if not cfg.flash:
+            mask = torch.tril(torch.ones(cfg.block_size, cfg.block_size, dtype=torch.bool))
+            self.register_buffer("mask", mask.view(1, 1, cfg.block_size, cfg.block_size), persistent=False)
+
+    def forward(self, x: torch.Tensor, kv_cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
+        B, T, C = x.size()
+        hs = C // self.n_head
+        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
+        q = q.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
+        v = v.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
+        past = 0
+        if kv_cache is not None:
+            past = kv_cache.length
+            k, v = kv_cache.update(layer, k, v)  # (B, nh, past+T, hs)
+        Tk = k.size(2)
+        dropout_p = self.dropout if self.training else 0.0
+        if self.flash:
+            if past == 0:
+                y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+            else:  # query i sits at absolute position past+i and sees keys 0..past+i
+                allowed = torch.ones(T, Tk, dtype=torch.bool, device=x.device).tril(diagonal=past)
+                y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p)
+        else:
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))  # (B, nh, T, Tk)
+            if past == 0:
+                allowed = self.mask[:, :, :T, :Tk]
+            else:
+                allowed = torch.ones(T, Tk, dtype=torch.bool, device=x.device).tril(diagonal=past)
+            att = att.masked_fill(~allowed, float("-inf"))
+            att = F.dropout(F.softmax(att, dim=-1), p=dropout_p, training=self.training)
+            y = att @ v  # (B, nh, T, hs)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble heads side by side
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=cfg.bias)
+        self.gelu = nn.GELU(approximate="tanh")  # GPT-2's GELU
+        self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.c_proj.RESIDUAL_SCALE = True  # type: ignore[attr-defined]
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.recompute_gelu = cfg.recompute == "mlp"
+
+    def _fc_gelu(self, x: torch.Tensor) -> torch.Tensor:
+        return self.gelu(self.c_fc(x))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.recompute_gelu and self.training and torch.is_grad_enabled():
+            # llm.c's -r 1: keep only c_fc's input, recompute the 4C-wide activations in backward
+            h = torch.utils.checkpoint.checkpoint(self._fc_gelu, x, use_reentrant=False)
+        else:
+            h = self._fc_gelu(x)
+        return self.dropout(self.c_proj(h))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+        self.attn = CausalSelfAttention(cfg)
+        self.ln_2 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor, kv_cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), kv_cache, layer)  # pre-LayerNorm residual blocks
+        x = x + self.mlp(self.ln_2(x))
+        return x
+
+
+class KVCache:
+    """Per-layer key/value tensors for incremental decoding, preallocated to ``max_len``."""
+
+    def __init__(self, n_layer: int, batch: int, n_head: int, max_len: int, head_size: int, device, dtype):
+        shape = (n_layer, batch, n_head, max_len, head_size)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.max_len = max_len
+        self.length = 0  # tokens already cached (same for every layer once a forward finishes)
+        self._pending = 0
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        T = k.size(2)
+        end = self.length + T
+        if end > self.max_len:
+            raise ValueError(f"KV cache holds {self.max_len} positions; asked for {end}")
+        self.k[layer, :, :, self.length : end] = k
+        self.v[layer, :, :, self.length : end] = v
+        self._pending = T
+        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+
+    def advance(self) -> None:
+        self.length += self._pending
+        self._pending = 0
+
+
+class GPT(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.config = cfg
+        V = cfg.padded_vocab_size
+        self.transformer = nn.ModuleDict(
+            dict(
+                wte=nn.Embedding(V, cfg.n_embd),  # token embeddings, tied to lm_head
+                wpe=nn.Embedding(cfg.block_size, cfg.n_embd),  # learned position embeddings
+                drop=nn.Dropout(cfg.dropout),
+                h=nn.ModuleList([Block(cfg) for _ in range(cfg.n_layer)]),
+                ln_f=nn.LayerNorm(cfg.n_embd, bias=cfg.bias),
+            )
+        )
+        self.lm_head = nn.Linear(cfg.n_embd, V, bias=False)
+        self.transformer.wte.weight = self.lm_head.weight  # weight tying
+        self.apply(self._init_weights)
+
+    def _init_weights(self, module: nn.Module) -> None:
+        # GPT-2 init: N(0, 0.02); projections into the residual stream scaled by 1/sqrt(2*n_layer)
+        if isinstance(module, nn.Linear):
+            std = 0.02
+            if getattr(module, "RESIDUAL_SCALE", False):
+                std *= (2 * self.config.n_layer) ** -0.5
+            torch.nn.init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                torch.nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def num_parameters(self, exclude_embeddings: bool = False) -> int:
+        n = sum(p.numel() for p in self.parameters())  # tied weights are counted once
+        if exclude_embeddings:
+            n -= self.transformer.wpe.weight.numel()
+        return n
+
+    def forward(
+        self,
+        idx: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        kv_cache: KVCache | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """idx (B, T) token ids -> logits (B, T, vocab_size), and the mean cross-entropy if targets.
+
+        Logits are sliced back to the real vocabulary, so padded rows never receive probability.
+        Targets equal to -1 are ignored.
+        """
+        B, T = idx.size()
+        past = kv_cache.length if kv_cache is not None else 0
+        if past + T > self.config.block_size:
+            raise ValueError(f"sequence length {past + T} exceeds block_size {self.config.block_size}")
+        pos = torch.arange(past, past + T, dtype=torch.long, device=idx.device)  # (T,)
+        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))  # (B, T, C)
+        for i, block in enumerate(self.transformer.h):
+            if self.config.recompute == "block" and self.training and torch.is_grad_enabled():
+                x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x, kv_cache, i)
+        if kv_cache is not None:
+            kv_cache.advance()
+        x = self.transformer.ln_f(x)
+        logits = self.lm_head(x)[..., : self.config.vocab_size]  # (B, T, vocab_size)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+        return logits, loss
+
+    def new_kv_cache(self, batch: int, max_len: int | None = None, dtype: torch.dtype | None = None) -> KVCache:
+        cfg = self.config
+        p = self.lm_head.weight
+        return KVCache(
+            cfg.n_layer, batch, cfg.n_head, max_len or cfg.block_size, cfg.n_embd // cfg.n_head,
+            p.device, dtype or p.dtype,
+        )
+
+    @classmethod
+    def from_pretrained(cls, name_or_dir: str, **overrides) -> GPT:
+        """Load Hugging Face GPT-2 weights: a hub name (``gpt2``, ``gpt2-medium``...) when online,
+        or a local ``save_pretrained`` directory offline. Needs ``transformers`` (extra ``hf``)."""
+        from gptforge.interop.hf import load_hf_state_dict
+
+        hf_cfg, sd_hf = load_hf_state_dict(name_or_dir)
+        cfg = GPTConfig(
+            n_layer=hf_cfg["n_layer"],
+            n_head=hf_cfg["n_head"],
+            n_embd=hf_cfg["n_embd"],
+            block_size=hf_cfg["n_positions"],
+            vocab_size=hf_cfg["vocab_size"],
+            **overrides,
+        )
+        model = cls(cfg)
+        model.load_hf_state_dict(sd_hf)
+        return model.eval()
+
+    def load_hf_state_dict(self, sd_hf: dict[str, torch.Tensor]) -> None:
+        """Copy HF GPT-2 tensors in: Conv1D weights are (in, out), so they are transposed."""
+        from gptforge.interop.hf import hf_to_gptforge
+
+        sd = hf_to_gptforge(sd_hf, self.config)
+        missing, unexpected = self.load_state_dict(sd, strict=False)
+        missing = [k for k in missing if k != "lm_head.weight"]  # tied to wte
+        if missing or unexpected:
+            raise ValueError(f"weights do not fit the model: missing {missing}, unexpected {unexpected}")

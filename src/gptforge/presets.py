@@ -1,0 +1,87 @@
+"""Named runs as Python functions returning a :class:`~gptforge.config.Config`.
+
+    gptforge train --preset gpt2-124m-fineweb10b --train.micro_batch 32
+    gptforge presets            # list them
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from gptforge.config import Config, ConfigError, DataConfig, OptimConfig, TrainConfig
+from gptforge.models.gpt2 import GPTConfig
+
+PRESETS: dict[str, Callable[[], Config]] = {}
+
+
+def preset(name: str):
+    def register(fn: Callable[[], Config]) -> Callable[[], Config]:
+        PRESETS[name] = fn
+        return fn
+
+    return register
+
+
+def get_preset(name: str) -> Config:
+    if name not in PRESETS:
+        raise ConfigError(f"unknown preset {name!r}; known presets: {', '.join(sorted(PRESETS))}")
+    return PRESETS[name]()
+
+
+@preset("shakespeare-cpu")
+def shakespeare_cpu() -> Config:
+    """The default job: a 4-layer, 128-wide GPT-2 on Shakespeare, a few minutes on a 2-core CPU."""
+    return Config(
+        model=GPTConfig.from_preset("d4", block_size=128),
+        data=DataConfig(dir="data/shakespeare"),
+        optim=OptimConfig(lr=2e-3, warmup_steps=10, min_lr_frac=0.1, weight_decay=0.1),
+        train=TrainConfig(
+            micro_batch=8, seq_len=128, total_batch_tokens=1024, max_steps=200,
+            val_every=50, val_tokens=16_384, sample_every=0, sample_tokens=48,
+            ckpt_every=50, keep_ckpts=2, out_dir="runs/shakespeare-cpu",
+        ),
+    )
+
+
+@preset("tiny")
+def tiny() -> Config:
+    """Seconds-long 2-layer run for tests and smoke checks."""
+    return Config(
+        model=GPTConfig.from_preset("d2", block_size=64),
+        data=DataConfig(dir="data/shakespeare"),
+        optim=OptimConfig(lr=1e-3, warmup_steps=2, min_lr_frac=0.1),
+        train=TrainConfig(
+            micro_batch=4, seq_len=32, total_batch_tokens=256, max_steps=10, dtype="float32", compile=False,
+            val_every=5, val_tokens=1024, sample_every=0, sample_tokens=8, ckpt_every=5, keep_ckpts=0,
+            out_dir="runs/tiny",
+        ),
+    )
+
+
+def _gpt2_fineweb(size: str, *, micro_batch: int, lr: float, total_batch: int, max_steps: int, warmup: int) -> Config:
+    return Config(
+        model=GPTConfig.from_preset(size, block_size=1024),
+        data=DataConfig(dir="data/fineweb10B"),
+        optim=OptimConfig(lr=lr, warmup_steps=warmup, min_lr_frac=0.0, weight_decay=0.1),
+        train=TrainConfig(
+            micro_batch=micro_batch, seq_len=1024, total_batch_tokens=total_batch, max_steps=max_steps,
+            val_every=250, val_tokens=20 * 524_288, sample_every=20_000, ckpt_every=5000, keep_ckpts=2,
+            out_dir=f"runs/{size}-fineweb10b",
+        ),
+    )
+
+
+@preset("gpt2-124m-fineweb10b")
+def gpt2_124m_fineweb10b() -> Config:
+    """llm.c's GPT-2 124M reproduction: B 64, T 1024, 524,288 tok/step, lr 6e-4, warmup 700,
+    18,865 steps (~10B tokens), cosine to 0, weight decay 0.1 (``./train_gpt2cu -b 64 -t 1024
+    -d 524288 -l 0.0006 -u 700 -q 0.0 -x 18865 -c 0.1``)."""
+    return _gpt2_fineweb("gpt2", micro_batch=64, lr=6e-4, total_batch=524_288, max_steps=18_865, warmup=700)
+
+
+@preset("gpt2-124m")
+def gpt2_124m() -> Config:
+    """GPT-2 124M with the llm.c hyperparameters, on whatever data.dir points at."""
+    cfg = gpt2_124m_fineweb10b()
+    cfg.train.out_dir = "runs/gpt2-124m"
+    return cfg

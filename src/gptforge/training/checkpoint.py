@@ -1,0 +1,165 @@
+"""Self-describing checkpoint directories, written atomically, loaded without executing code.
+
+    runs/NAME/checkpoints/step_000300/
+        model.safetensors   weights of the unwrapped model (no _orig_mod./module. prefixes;
+                            lm_head.weight is tied to transformer.wte.weight and stored once)
+        optimizer.pt        optimizer.state_dict(), tensors and plain types (torch.load weights_only)
+        rng.pt              torch CPU / CUDA RNG states
+        meta.json           step, config, loader state, python RNG state, versions, git SHA
+
+A checkpoint is written to ``step_XXXXXX.tmp`` and renamed when complete, so a crash never leaves
+a half-written directory that :func:`latest_checkpoint` would pick.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+CKPT_PREFIX = "step_"
+TIED = "lm_head.weight"
+
+
+class CheckpointError(RuntimeError):
+    pass
+
+
+def ckpt_root(run_dir: str | Path) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def list_checkpoints(run_dir: str | Path) -> list[Path]:
+    """Complete checkpoints of a run, oldest first."""
+    root = ckpt_root(run_dir)
+    if not root.is_dir():
+        return []
+    out = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(CKPT_PREFIX)
+           and not p.name.endswith(".tmp") and (p / "meta.json").exists()]
+    return sorted(out, key=lambda p: int(p.name[len(CKPT_PREFIX):]))
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    ckpts = list_checkpoints(run_dir)
+    return ckpts[-1] if ckpts else None
+
+
+def rng_state() -> tuple[dict[str, Any], dict[str, Any]]:
+    """(tensor states for rng.pt, JSON-able states for meta.json)."""
+    tensors = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        for i, s in enumerate(torch.cuda.get_rng_state_all()):
+            tensors[f"cuda{i}"] = s
+    v, state, gauss = random.getstate()
+    return tensors, {"python": [v, list(state), gauss]}
+
+
+def set_rng_state(tensors: dict[str, torch.Tensor], meta_rng: dict[str, Any]) -> None:
+    torch.set_rng_state(tensors["torch"])
+    cuda = [tensors[k] for k in sorted(tensors) if k.startswith("cuda")]
+    if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(cuda)
+    if "python" in meta_rng:
+        v, state, gauss = meta_rng["python"]
+        random.setstate((v, tuple(state), gauss))
+
+
+def model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    sd = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    sd.pop(TIED, None)
+    return sd
+
+
+def save_checkpoint(
+    run_dir: str | Path,
+    step: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    meta: dict[str, Any],
+    keep: int = 0,
+) -> Path:
+    """Write checkpoint ``step`` (the number of optimizer steps done) atomically; prune to ``keep``."""
+    root = ckpt_root(run_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"{CKPT_PREFIX}{step:06d}"
+    tmp = root / f"{final.name}.tmp"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    save_file(model_state(model), str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    if optimizer is not None:
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    rng_tensors, rng_json = rng_state()
+    torch.save(rng_tensors, tmp / "rng.pt")
+    meta = {**meta, "step": step, "rng": rng_json}
+    (tmp / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
+    for f in tmp.iterdir():
+        with open(f, "rb") as fh:
+            os.fsync(fh.fileno())
+    if final.exists():  # re-saving the same step (e.g. interrupt right after a periodic save)
+        old = root / f"{final.name}.old"
+        if old.exists():
+            shutil.rmtree(old)
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old)
+    else:
+        os.replace(tmp, final)
+    if keep > 0:
+        for old in list_checkpoints(run_dir)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def read_meta(ckpt_dir: str | Path) -> dict[str, Any]:
+    ckpt_dir = Path(ckpt_dir)
+    meta_path = ckpt_dir / "meta.json"
+    if not meta_path.exists():
+        raise CheckpointError(
+            f"{ckpt_dir} is not a gptforge checkpoint (no meta.json). "
+            "Give a checkpoint directory such as runs/NAME/checkpoints/step_000300, or a run directory."
+        )
+    try:
+        return json.loads(meta_path.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{meta_path}: not valid JSON ({e}); the checkpoint is damaged") from e
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """Accept a checkpoint dir or a run dir (meaning its newest checkpoint)."""
+    p = Path(path)
+    if not p.exists():
+        raise CheckpointError(f"checkpoint {p} does not exist")
+    if (p / "meta.json").exists():
+        return p
+    latest = latest_checkpoint(p)
+    if latest is None:
+        raise CheckpointError(f"{p} holds no complete checkpoint (looked in {ckpt_root(p)})")
+    return latest
+
+
+def load_model_weights(model: torch.nn.Module, ckpt_dir: str | Path) -> None:
+    path = Path(ckpt_dir) / "model.safetensors"
+    if not path.exists():
+        raise CheckpointError(f"{path} is missing; the checkpoint is incomplete")
+    sd = load_file(str(path))
+    missing, unexpected = model.load_state_dict(sd, strict=False)
+    missing = [k for k in missing if k != TIED]
+    if missing or unexpected:
+        raise CheckpointError(f"{path} does not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+
+
+def load_training_state(ckpt_dir: str | Path, optimizer: torch.optim.Optimizer) -> None:
+    """Optimizer and RNG state (the model is loaded separately with :func:`load_model_weights`)."""
+    ckpt_dir = Path(ckpt_dir)
+    opt_path = ckpt_dir / "optimizer.pt"
+    if not opt_path.exists():
+        raise CheckpointError(f"{opt_path} is missing; cannot resume training from a weights-only checkpoint")
+    optimizer.load_state_dict(torch.load(opt_path, map_location="cpu", weights_only=True))
+    set_rng_state(torch.load(ckpt_dir / "rng.pt", map_location="cpu", weights_only=True), read_meta(ckpt_dir)["rng"])

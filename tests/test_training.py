@@ -1,0 +1,116 @@
+"""The training loop: gradient accumulation, schedule, exact resume, checkpoints."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from gptforge.config import ConfigError, OptimConfig
+from gptforge.data.loader import ShardLoader
+from gptforge.data.shards import list_shards
+from gptforge.models.gpt2 import GPT
+from gptforge.training import checkpoint as ckpt
+from gptforge.training.distributed import DistInfo
+from gptforge.training.loop import set_precision, train, train_step
+from gptforge.training.optim import build_optimizer, lr_at, param_groups
+
+from .conftest import tiny_config
+
+
+def _grads_for_split(shard_dir, tmp_path, B, accum):
+    cfg = tiny_config(shard_dir, tmp_path / "r", micro_batch=B, total_batch_tokens=B * 16 * accum)
+    cfg.model.dropout = 0.0
+    torch.manual_seed(0)
+    model = GPT(cfg.model)
+    opt = build_optimizer(model, cfg.optim, "cpu")
+    loader = ShardLoader(list_shards(shard_dir, "train"), B, 16)
+    autocast, _, _ = set_precision(cfg, torch.device("cpu"))
+    opt.step = lambda: None  # keep the gradients: look at them instead of applying them
+    opt.zero_grad = lambda set_to_none=True: None
+    loss, norm = train_step(model, model, opt, loader, accum, autocast, DistInfo(), grad_clip=0.0)
+    return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def test_gradients_do_not_depend_on_the_split(shard_dir, tmp_path):
+    loss1, g1 = _grads_for_split(shard_dir, tmp_path, B=8, accum=1)
+    loss4, g4 = _grads_for_split(shard_dir, tmp_path, B=2, accum=4)
+    assert abs(loss1 - loss4) < 1e-5
+    for n in g1:
+        assert torch.allclose(g1[n], g4[n], atol=1e-6, rtol=1e-4), n
+
+
+def test_schedule_warmup_peak_end():
+    cfg = OptimConfig(lr=6e-4, warmup_steps=10, min_lr_frac=0.1)
+    assert lr_at(0, cfg, 100) == pytest.approx(6e-5)
+    assert lr_at(9, cfg, 100) == pytest.approx(6e-4)  # peak at the end of warmup
+    assert lr_at(10, cfg, 100) == pytest.approx(6e-4)
+    assert lr_at(55, cfg, 100) == pytest.approx(6e-5 + 0.5 * (6e-4 - 6e-5))  # cosine midpoint
+    assert lr_at(100, cfg, 100) == pytest.approx(6e-5)
+    assert all(lr_at(s, cfg, 100) >= lr_at(s + 1, cfg, 100) for s in range(10, 100))
+
+
+def test_weight_decay_only_on_matrices():
+    model = GPT(tiny_config("x", "y").model)
+    decay, no_decay = param_groups(model, 0.1)
+    assert all(p.dim() >= 2 for p in decay["params"]) and decay["weight_decay"] == 0.1
+    assert all(p.dim() < 2 for p in no_decay["params"]) and no_decay["weight_decay"] == 0.0
+    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
+
+
+def test_training_reduces_loss_and_writes_run_dir(shard_dir, tmp_path):
+    cfg = tiny_config(shard_dir, tmp_path / "run", max_steps=30, val_every=10, ckpt_every=10, keep_ckpts=2)
+    res = train(cfg)
+    assert res.train_losses[30] < res.train_losses[1] - 1.0
+    assert math.log(512) - 0.5 < res.train_losses[1] < math.log(512) + 0.5
+    assert sorted(res.val_losses) == [10, 20, 30]
+    run = tmp_path / "run"
+    assert json.loads((run / "config.json").read_text())["train"]["max_steps"] == 30
+    assert "torch" in json.loads((run / "env.json").read_text())
+    kinds = [json.loads(line)["kind"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert kinds.count("train") == 30 and kinds.count("val") == 3 and kinds[0] == "start"
+    assert [p.name for p in ckpt.list_checkpoints(run)] == ["step_000020", "step_000030"]  # keep 2
+
+
+def test_resume_is_bit_exact(shard_dir, tmp_path):
+    full = train(tiny_config(shard_dir, tmp_path / "full", max_steps=12))
+    part = train(tiny_config(shard_dir, tmp_path / "part", max_steps=12), stop_at_step=5)
+    assert part.interrupted and part.steps_done == 5
+    rest = train(tiny_config(shard_dir, tmp_path / "part", max_steps=12), resume="latest")
+    assert set(rest.train_losses) == set(range(6, 13))
+    for s in range(1, 13):
+        got = part.train_losses.get(s, rest.train_losses.get(s))
+        assert got == full.train_losses[s], (s, got, full.train_losses[s])  # bit for bit
+    assert rest.val_losses[12] == full.val_losses[12]
+
+
+def test_refuses_to_overwrite_a_run(shard_dir, tmp_path):
+    cfg = tiny_config(shard_dir, tmp_path / "run", max_steps=2)
+    train(cfg)
+    with pytest.raises(ConfigError, match="--resume"):
+        train(tiny_config(shard_dir, tmp_path / "run", max_steps=2))
+    train(tiny_config(shard_dir, tmp_path / "run", max_steps=2), force=True)
+
+
+def test_checkpoint_is_self_describing_and_safe(shard_dir, tmp_path):
+    train(tiny_config(shard_dir, tmp_path / "run", max_steps=3))
+    d = ckpt.latest_checkpoint(tmp_path / "run")
+    assert sorted(p.name for p in d.iterdir()) == ["meta.json", "model.safetensors", "optimizer.pt", "rng.pt"]
+    meta = ckpt.read_meta(d)
+    assert meta["step"] == 3 and meta["config"]["model"]["n_layer"] == 2 and "loader" in meta
+    torch.load(d / "optimizer.pt", weights_only=True)  # loading never executes code
+    # a half-written checkpoint (crash mid-save) is never picked as the latest
+    (d.parent / "step_000009.tmp").mkdir()
+    (d.parent / "step_000009.tmp" / "meta.json").write_text("{}")
+    assert ckpt.latest_checkpoint(tmp_path / "run") == d
+
+
+def test_resume_without_checkpoint_names_the_place(shard_dir, tmp_path):
+    with pytest.raises(ckpt.CheckpointError, match="no complete checkpoint"):
+        train(tiny_config(shard_dir, tmp_path / "empty"), resume="latest")
+
+
+def test_batch_that_does_not_divide_is_rejected(shard_dir, tmp_path):
+    cfg = tiny_config(shard_dir, tmp_path / "r", micro_batch=3, total_batch_tokens=128)
+    with pytest.raises(ConfigError, match="not divisible"):
+        cfg.validate()
