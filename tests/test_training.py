@@ -114,3 +114,39 @@ def test_batch_that_does_not_divide_is_rejected(shard_dir, tmp_path):
     cfg = tiny_config(shard_dir, tmp_path / "r", micro_batch=3, total_batch_tokens=128)
     with pytest.raises(ConfigError, match="not divisible"):
         cfg.validate()
+
+
+def test_sigint_saves_a_checkpoint_and_resume_finishes(shard_dir, tmp_path):
+    """A real Ctrl-C: the run finishes its step, writes a checkpoint, exits 130; --resume completes it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "run"
+
+    def cmd(max_steps, *extra):
+        return [sys.executable, "-u", "-m", "gptforge", "train", "--preset", "tiny", "--data.dir", str(shard_dir),
+                "--out", str(out), "--model.vocab_size", "512", "--train.max_steps", str(max_steps),
+                "--train.val_every", "0", "--train.ckpt_every", "0", "--train.device", "cpu", *extra]
+
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(cmd(100_000), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    deadline = time.time() + 120
+    for line in proc.stdout:  # wait until training is really under way
+        if line.startswith("step      3/"):
+            break
+        assert time.time() < deadline, "training did not start"
+    proc.send_signal(signal.SIGINT)
+    rest = proc.stdout.read()
+    assert proc.wait(timeout=120) == 130, rest
+    assert "continue with --resume" in rest
+    saved = ckpt.latest_checkpoint(out)
+    assert saved is not None
+    step = ckpt.read_meta(saved)["step"]
+    assert step >= 3
+    r = subprocess.run(cmd(step + 2, "--resume"), capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert f"resumed from {saved}" in r.stdout
+    assert ckpt.read_meta(ckpt.latest_checkpoint(out))["step"] == step + 2

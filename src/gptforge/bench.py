@@ -184,25 +184,35 @@ def run_bench(
     sweep_micro_batch: list[int] | None = None,
 ) -> dict:
     device = resolve_device(cfg.train.device)
-    runs: list[tuple[str, Config]] = []
+    skipped: dict[str, str] = {}
+    variants: list[tuple[str, Config]] = []  # the switches: ladder rungs, or the config as given
     if ladder:
         c = copy.deepcopy(cfg)
         for rung in LADDER:
             for k, v in rung.changes.items():
                 _set(c, k, v)
-            runs.append((rung.name, copy.deepcopy(c)))
-    elif sweep_micro_batch:
-        for b in sweep_micro_batch:
-            c = copy.deepcopy(cfg)
-            c.train.micro_batch = b
-            c.train.total_batch_tokens = max(cfg.train.total_batch_tokens, b * c.train.seq_len)
-            runs.append((f"B={b}", c))
+            if rung.name == "+tf32" and device.type != "cuda":
+                # the switch is a no-op off CUDA: measuring it would time plain float32 again
+                skipped[rung.name] = f"TF32 is a CUDA tensor-core mode; on {device.type} it changes nothing"
+            variants.append((rung.name, copy.deepcopy(c)))
     else:
-        runs.append((cfg.train.out_dir.rsplit("/", 1)[-1] or "run", cfg))
+        variants.append((cfg.train.out_dir.rsplit("/", 1)[-1] or "run", cfg))
+    runs: list[tuple[str, Config]] = []
+    for name, c in variants:  # x micro-batch sizes
+        for b in sweep_micro_batch or [None]:
+            if b is None:
+                runs.append((name, c))
+                continue
+            cb = copy.deepcopy(c)
+            cb.train.micro_batch = b
+            # keep the preset's total batch when it divides, else one micro-batch per step
+            if cb.train.total_batch_tokens % (b * cb.train.seq_len):
+                cb.train.total_batch_tokens = b * cb.train.seq_len
+            runs.append((f"{name} B={b}" if ladder else f"B={b}", cb))
 
     results = []
     for i, (name, c) in enumerate(runs):
-        why = unsupported(c, device)
+        why = skipped.get(name) or unsupported(c, device)
         if why:
             print(f"[bench] {name}: skipped: {why}", file=sys.stderr)
             results.append({"name": name, "skipped": why})
@@ -233,17 +243,17 @@ def run_bench(
 
 
 def format_table(results: list[dict]) -> str:
-    head = f"{'config':<14} {'ms/step':>9} {'tok/s':>11} {'x first':>7} {'MFU llm.c':>9} {'fwd':>7} {'bwd':>7} {'opt':>7} {'data':>7} {'peak MiB':>9}"
+    head = f"{'config':<18} {'ms/step':>9} {'tok/s':>11} {'x first':>7} {'MFU llm.c':>9} {'fwd':>7} {'bwd':>7} {'opt':>7} {'data':>7} {'peak MiB':>9}"
     lines = [head, "-" * len(head)]
     for r in results:
         if "skipped" in r:
-            lines.append(f"{r['name']:<14} skipped: {r['skipped']}")
+            lines.append(f"{r['name']:<18} skipped: {r['skipped']}")
             continue
         p = r["phase_ms"]
         mem = r.get("cuda_max_allocated_MiB", r.get("process_max_rss_MiB", 0))
         mfu = f"{100 * r['mfu_llmc']:.1f}%" if r["mfu_llmc"] is not None else "n/a"
         lines.append(
-            f"{r['name']:<14} {r['ms_per_step']:>9.1f} {r['tokens_per_s']:>11,.0f} {r.get('speedup_vs_first', 1):>7.2f} "
+            f"{r['name']:<18} {r['ms_per_step']:>9.1f} {r['tokens_per_s']:>11,.0f} {r.get('speedup_vs_first', 1):>7.2f} "
             f"{mfu:>9} {p['forward']:>7.1f} {p['backward']:>7.1f} {p['optimizer']:>7.1f} {p['data']:>7.1f} {mem:>9.0f}"
         )
     return "\n".join(lines)

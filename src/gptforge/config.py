@@ -41,7 +41,7 @@ class OptimConfig:
     beta2: float = 0.95
     eps: float = 1e-8
     grad_clip: float = 1.0  # max global grad norm; 0 turns clipping off
-    fused: Optional[bool] = None  # fused AdamW kernel; None = on where the device supports it (CUDA)
+    fused: Optional[bool] = None  # fused AdamW kernel; None = on where the device supports it (CUDA, CPU)
 
     def __post_init__(self) -> None:
         _check(self.lr > 0, "optim.lr", self.lr, "a positive number")

@@ -26,7 +26,13 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
 
 
 def fused_available(device_type: str) -> bool:
-    return device_type == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
+    """Fused AdamW kernels exist for CUDA (torch >= 2.0) and CPU (torch >= 2.4)."""
+    if "fused" not in inspect.signature(torch.optim.AdamW).parameters:
+        return False
+    if device_type == "cuda":
+        return True
+    major, minor = (int(x) for x in torch.__version__.split(".")[:2])
+    return device_type == "cpu" and (major, minor) >= (2, 4)
 
 
 def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, device_type: str) -> torch.optim.AdamW:
