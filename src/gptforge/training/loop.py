@@ -224,16 +224,12 @@ def train(cfg: Config, resume: str | None = None, force: bool = False, stop_at_s
 
     run_dir = Path(cfg.train.out_dir)
     resume_dir = _find_resume(run_dir, resume)
-    if resume_dir is None and ckpt.latest_checkpoint(run_dir) is not None:
-        if not force:
-            raise ConfigError(
-                f"{run_dir} already holds checkpoints; pass --resume to continue that run, --force to start "
-                "over (deletes its checkpoints and metrics), or choose another --train.out_dir"
-            )
-        if info.is_main:
-            shutil.rmtree(ckpt.ckpt_root(run_dir), ignore_errors=True)
-            (run_dir / "metrics.jsonl").unlink(missing_ok=True)
-    barrier(info)
+    start_over = resume_dir is None and ckpt.latest_checkpoint(run_dir) is not None
+    if start_over and not force:
+        raise ConfigError(
+            f"{run_dir} already holds checkpoints; pass --resume to continue that run, --force to start "
+            "over (deletes its checkpoints and metrics), or choose another --train.out_dir"
+        )
 
     def log(msg: str) -> None:
         if info.is_main:
@@ -266,6 +262,9 @@ def train(cfg: Config, resume: str | None = None, force: bool = False, stop_at_s
     metrics = MetricsLog(run_dir / "metrics.jsonl", enabled=info.is_main)
     env = environment(device)
     if info.is_main:
+        if start_over:  # --force, and only now that data and model are known to be good
+            shutil.rmtree(ckpt.ckpt_root(run_dir), ignore_errors=True)
+            (run_dir / "metrics.jsonl").unlink(missing_ok=True)
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.json").write_text(cfg.to_json() + "\n")
         (run_dir / "env.json").write_text(json.dumps(env, indent=2) + "\n")
@@ -274,6 +273,7 @@ def train(cfg: Config, resume: str | None = None, force: bool = False, stop_at_s
     log(f"gptforge {__version__} | {n_params/1e6:.2f}M params | device {device} ({env.get('gpu', 'cpu')}) | "
         f"{precision} | compile {compile_model} | world {info.world} | B {B} T {T} x accum {grad_accum} = "
         f"{cfg.train.total_batch_tokens:,} tokens/step | {cfg.train.max_steps} steps | run dir {run_dir}")
+    barrier(info)
 
     # --- wrap: compile, then DDP, from outside the model ---------------------------------------------
     wrapped = wrap_model(model, info, compile_model)
