@@ -59,7 +59,7 @@ def make_doc_shard(path, n_docs: int, seed: int, lead_fragment: bool) -> list[li
 
 def segments(tokens: np.ndarray) -> list[tuple]:
     cuts = [0, *np.flatnonzero(tokens == EOT).tolist(), len(tokens)]
-    return [tuple(tokens[a:b].tolist()) for a, b in zip(cuts, cuts[1:]) if b > a]
+    return [tuple(tokens[a:b].tolist()) for a, b in zip(cuts[:-1], cuts[1:], strict=True) if b > a]
 
 
 def test_document_shuffle_permutes_whole_documents(tmp_path):

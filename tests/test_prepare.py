@@ -24,7 +24,7 @@ from gptforge.data.prepare.sources import FilesSource, HFStreamSource, SourceErr
 from gptforge.data.shards import ShardError, read_header, read_shard
 
 SHARD = 2000  # tokens per shard in these tests: ~8 shards, many documents straddle a boundary
-WORDS = ["the", "model", "café", "naïve", "言語", "tokens", "shard", "\n", "  ", "1234", "données", "🙂", "it's", "GPT"]
+WORDS = ["the", "model", "café", "naïve", "言語", "tokens", "shard", "\n", "  ", "1234", "données", "🙂", "it's", "GPT", "<|endoftext|>"]
 
 
 def make_docs(n: int = 160, seed: int = 0) -> list[str]:
@@ -67,11 +67,11 @@ def shard_files(out: Path) -> list[Path]:
 def assert_matches(out: Path, ref: list[np.ndarray], name: str = "data") -> None:
     files = shard_files(out)
     assert [f.name for f in files] == [f"{name}_{'val' if i == 0 else 'train'}_{i:06d}.bin" for i in range(len(ref))]
-    for f, r in zip(files, ref):
+    for f, r in zip(files, ref, strict=True):
         np.testing.assert_array_equal(np.asarray(read_shard(f), dtype=np.int64), r)
     m = json.loads((out / "manifest.json").read_text())
     assert m["complete"] and m["tokens"] == sum(map(len, ref))
-    for f, s in zip(files, m["shards"]):
+    for f, s in zip(files, m["shards"], strict=True):
         assert s["file"] == f.name and s["sha256"] == hashlib.sha256(f.read_bytes()).hexdigest()
 
 

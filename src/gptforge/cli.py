@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -207,6 +208,20 @@ def cmd_bench(args: argparse.Namespace, overrides: list[str]) -> int:
     return 0
 
 
+def cmd_bench_prepare(args: argparse.Namespace) -> int:
+    from gptforge.bench_prepare import run_bench
+
+    try:
+        workers = [int(w) for w in args.workers.split(",")]
+    except ValueError:
+        raise CliError(f"--workers {args.workers!r}: expected a comma-separated list of integers, e.g. 1,2") from None
+    if min(workers) < 1 or args.copies < 1 or args.repeats < 1 or args.memory_factor < 1 or args.shard_tokens < 1:
+        raise CliError("--workers, --copies, --repeats, --memory-factor and --shard-tokens must be >= 1")
+    run_bench(workers, copies=args.copies, repeats=args.repeats, shard_tokens=args.shard_tokens,
+              memory_factor=args.memory_factor, out=args.json, workdir=args.workdir)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="gptforge",
@@ -277,6 +292,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run the speed ladder fp32 -> tf32 -> bf16 -> compile -> flash -> pad vocab -> fused AdamW")
     b.add_argument("--sweep-micro-batch", metavar="B1,B2,...", help="time the preset at each micro-batch size")
     b.add_argument("--trace", help="write a torch.profiler Chrome trace of the timed steps to this file")
+
+    bp = sub.add_parser("bench-prepare", help="measure prepare's tokens/s per worker count and its peak memory",
+                        description="Tokens/s of the prepare pipeline for each worker count, against the tokenizer's "
+                                    "single-core rate, and peak RSS at two corpus sizes (Shakespeare, offline).")
+    bp.add_argument("--workers", default=",".join(str(w) for w in sorted({1, os.cpu_count() or 1})),
+                    help="comma-separated worker counts (default 1,CORES)")
+    bp.add_argument("--copies", type=int, default=8, help="copies of the plays in the corpus (default 8, ~12M tokens)")
+    bp.add_argument("--repeats", type=int, default=2, help="runs per setting; the best is reported")
+    bp.add_argument("--shard-tokens", type=_count, default=2_000_000, help="tokens per shard (default 2e6)")
+    bp.add_argument("--memory-factor", type=int, default=4, help="the memory check's larger corpus is this many "
+                                                                  "times bigger (default 4)")
+    bp.add_argument("--json", help="write results to this JSON file")
+    bp.add_argument("--workdir", help="folder for the temporary corpus and shards (default: system temp)")
     return p
 
 
@@ -294,7 +322,8 @@ def main(argv: list[str] | None = None) -> int:
             return {"train": cmd_train, "bench": cmd_bench}[args.command](args, rest)
         if rest:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")
-        handlers = {"sample": cmd_sample, "prepare": cmd_prepare, "assets": cmd_assets, "presets": cmd_presets}
+        handlers = {"sample": cmd_sample, "prepare": cmd_prepare, "assets": cmd_assets, "presets": cmd_presets,
+                    "bench-prepare": cmd_bench_prepare}
         return handlers[args.command](args)
     except (CliError, ConfigError, ShardError, CheckpointError, TokenizerUnavailable, FileNotFoundError) as e:
         print(f"gptforge {args.command}: error: {e}", file=sys.stderr)

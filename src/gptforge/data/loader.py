@@ -26,7 +26,6 @@ import torch
 
 from gptforge.data.shards import ShardError, read_header, read_shard
 
-
 SHUFFLE_MODES = ("off", "shards", "documents")
 
 

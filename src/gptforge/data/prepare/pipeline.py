@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import collections
 import hashlib
-import itertools
 import json
 import multiprocessing as mp
 import os
@@ -93,22 +92,34 @@ class PrepareSettings:
 
 _ENC = None
 _DTYPE = None
+_CPU_READY = 0.0  # CPU seconds a worker spent starting (imports, tokenizer), reported apart
 
 
 def _init_worker(tokenizer: str, dtype: str) -> None:
-    global _ENC, _DTYPE
+    global _ENC, _DTYPE, _CPU_READY
     _ENC, _DTYPE = load_tokenizer(tokenizer), np.dtype(dtype)
+    _CPU_READY = time.process_time()
 
 
-def _tokenize(texts: list[str]) -> tuple[np.ndarray, np.ndarray, float]:
-    """Concatenated ``[EOT, *tokens]`` of each text, each document's length, and this process's peak RSS."""
+def _tokenize(texts: list[str]) -> tuple[np.ndarray, np.ndarray, dict]:
+    """Concatenated ``[EOT, *tokens]`` of each text, each document's length, and this process's
+    stats (pid, CPU seconds so far, peak RSS) for the summary.
+
+    ``encode_to_numpy`` with no special tokens allowed or disallowed gives ``encode_ordinary``'s ids
+    (a literal "<|endoftext|>" in the text is plain text) straight into a buffer, without a Python
+    int per token; tiktoken < 0.7 lacks it and takes the list path.
+    """
     enc = _ENC
-    eot = [enc.eot_token]
-    docs = [enc.encode_ordinary(t) for t in texts]  # one core per worker: N workers = N cores
+    eot = np.array([enc.eot_token], dtype=_DTYPE)
+    if hasattr(enc, "encode_to_numpy"):
+        docs = [enc.encode_to_numpy(t, allowed_special=set(), disallowed_special=()) for t in texts]
+    else:
+        docs = [np.asarray(enc.encode_ordinary(t), dtype=np.uint32) for t in texts]
     lengths = np.fromiter((len(d) + 1 for d in docs), dtype=np.int64, count=len(docs))
-    flat = np.fromiter(itertools.chain.from_iterable(itertools.chain(eot, d) for d in docs), dtype=_DTYPE,
-                       count=int(lengths.sum()))
-    return flat, lengths, peak_rss_mb()
+    parts = [a for d in docs for a in (eot, d)]
+    flat = np.concatenate(parts).astype(_DTYPE, copy=False) if parts else np.empty(0, dtype=_DTYPE)
+    return flat, lengths, {"pid": os.getpid(), "cpu": time.process_time(), "startup_cpu": _CPU_READY,
+                           "rss": peak_rss_mb()}
 
 
 # --- main side ----------------------------------------------------------------------------------------
@@ -302,7 +313,8 @@ def prepare(source, out: str | os.PathLike, settings: PrepareSettings | None = N
     total_items = source.total_items()
     bar = _progress_bar(progress, expected_tokens, m["tokens"])
     new_tokens = 0
-    worker_rss = 0.0
+    workers_seen: dict[int, dict] = {}  # pid -> latest stats
+    cpu0 = time.process_time()
     chunks = _chunks(source.items(start), start, settings.chunk_docs, settings.chunk_chars)
     pool = None
     try:
@@ -314,8 +326,8 @@ def prepare(source, out: str | os.PathLike, settings: PrepareSettings | None = N
             pool = mp.get_context(settings.start_method).Pool(
                 workers, initializer=_init_worker, initargs=(settings.tokenizer, dtype))
             results = _ordered(pool, chunks, window=2 * workers + 2)
-        for first, items, (flat, lengths, rss) in results:
-            worker_rss = max(worker_rss, rss)
+        for first, items, (flat, lengths, stats) in results:
+            workers_seen[stats["pid"]] = stats
             writer.add_chunk(first, items, flat, lengths)
             new_tokens += len(flat)
             if bar is not None:
@@ -334,7 +346,13 @@ def prepare(source, out: str | os.PathLike, settings: PrepareSettings | None = N
             pool.terminate()  # on error/interrupt; the manifest already describes what is on disk
         if bar is not None:
             bar.close()
-    return _summary(m, out, new_tokens, t0, workers, worker_rss if workers > 1 else None)
+    worker_rss = max((w["rss"] for w in workers_seen.values()), default=None) if pool is not None else None
+    summary = _summary(m, out, new_tokens, t0, workers, worker_rss)
+    ws = workers_seen.values() if pool is not None else []
+    summary["cpu_seconds"] = {"main": round(time.process_time() - cpu0, 3),
+                              "workers": round(sum(w["cpu"] - w["startup_cpu"] for w in ws), 3),
+                              "workers_startup": round(sum(w["startup_cpu"] for w in ws), 3)}
+    return summary
 
 
 def _ordered(pool, chunks, window: int):
