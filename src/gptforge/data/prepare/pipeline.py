@@ -95,8 +95,12 @@ _DTYPE = None
 _CPU_READY = 0.0  # CPU seconds a worker spent starting (imports, tokenizer), reported apart
 
 
-def _init_worker(tokenizer: str, dtype: str) -> None:
+def _init_worker(tokenizer: str, dtype: str, pool_worker: bool = False) -> None:
     global _ENC, _DTYPE, _CPU_READY
+    if pool_worker:  # Ctrl-C is the main process's to handle: it stops the pool; the manifest is consistent
+        import signal
+
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     _ENC, _DTYPE = load_tokenizer(tokenizer), np.dtype(dtype)
     _CPU_READY = time.process_time()
 
@@ -324,7 +328,7 @@ def prepare(source, out: str | os.PathLike, settings: PrepareSettings | None = N
                        for first, items in chunks)
         else:
             pool = mp.get_context(settings.start_method).Pool(
-                workers, initializer=_init_worker, initargs=(settings.tokenizer, dtype))
+                workers, initializer=_init_worker, initargs=(settings.tokenizer, dtype, True))
             results = _ordered(pool, chunks, window=2 * workers + 2)
         for first, items, (flat, lengths, stats) in results:
             workers_seen[stats["pid"]] = stats
