@@ -359,3 +359,17 @@ def test_cli_bad_arguments_exit_2(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["prepare", "fineweb", "--sample", "5BT"])
     assert e.value.code == 2
+
+
+def test_dead_worker_is_an_error_not_a_hang(tmp_path, tokenizer, monkeypatch):
+    main_pid = os.getpid()
+
+    def dies_in_workers():  # what the OOM killer does to a worker
+        if os.getpid() != main_pid:
+            os._exit(9)
+        return tokenizer
+
+    monkeypatch.setitem(TOKENIZERS, "dies", dies_in_workers)
+    src = FilesSource([write_parquet(tmp_path / "fw.parquet", make_docs(40, seed=11))])
+    with pytest.raises(SourceError, match="worker process died.*re-run the same command"):
+        prepare(src, tmp_path / "out", settings(tokenizer="dies", workers=2, start_method="fork"), progress=False)

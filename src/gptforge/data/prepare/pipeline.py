@@ -37,6 +37,8 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -327,8 +329,10 @@ def prepare(source, out: str | os.PathLike, settings: PrepareSettings | None = N
             results = ((first, items, _tokenize([i.text for i in items if i.text is not None]))
                        for first, items in chunks)
         else:
-            pool = mp.get_context(settings.start_method).Pool(
-                workers, initializer=_init_worker, initargs=(settings.tokenizer, dtype, True))
+            # ProcessPoolExecutor, not multiprocessing.Pool: a worker that dies (OOM killer, a failed
+            # start) raises BrokenProcessPool here instead of hanging the run forever
+            pool = ProcessPoolExecutor(workers, mp_context=mp.get_context(settings.start_method),
+                                       initializer=_init_worker, initargs=(settings.tokenizer, dtype, True))
             results = _ordered(pool, chunks, window=2 * workers + 2)
         for first, items, (flat, lengths, stats) in results:
             workers_seen[stats["pid"]] = stats
@@ -342,12 +346,12 @@ def prepare(source, out: str | os.PathLike, settings: PrepareSettings | None = N
         writer.flush(writer.item, 0)  # the remainder: the last, shorter shard
         m["complete"] = True
         _write_json_atomic(out / MANIFEST, m)
-        if pool is not None:
-            pool.close()
-            pool.join()
+    except BrokenProcessPool as e:
+        raise SourceError(f"a tokenizer worker process died ({e}); finished shards are kept: re-run the same "
+                          "command to resume (with fewer --workers if it was killed for memory)") from e
     finally:
-        if pool is not None:
-            pool.terminate()  # on error/interrupt; the manifest already describes what is on disk
+        if pool is not None:  # on error/interrupt the manifest already describes what is on disk
+            pool.shutdown(wait=True, cancel_futures=True)
         if bar is not None:
             bar.close()
     worker_rss = max((w["rss"] for w in workers_seen.values()), default=None) if pool is not None else None
@@ -359,17 +363,18 @@ def prepare(source, out: str | os.PathLike, settings: PrepareSettings | None = N
     return summary
 
 
-def _ordered(pool, chunks, window: int):
-    """Like ``pool.imap`` but with at most ``window`` chunks in flight (imap reads its input eagerly)."""
+def _ordered(pool: ProcessPoolExecutor, chunks, window: int):
+    """Results in submission order with at most ``window`` chunks in flight (``Pool.imap`` and
+    ``Executor.map`` read their whole input eagerly: memory would grow with the corpus)."""
     pending: collections.deque = collections.deque()
     for first, items in chunks:
-        pending.append((first, items, pool.apply_async(_tokenize, ([i.text for i in items if i.text is not None],))))
+        pending.append((first, items, pool.submit(_tokenize, [i.text for i in items if i.text is not None])))
         if len(pending) >= window:
-            first0, items0, res = pending.popleft()
-            yield first0, items0, res.get()
+            first0, items0, fut = pending.popleft()
+            yield first0, items0, fut.result()
     while pending:
-        first0, items0, res = pending.popleft()
-        yield first0, items0, res.get()
+        first0, items0, fut = pending.popleft()
+        yield first0, items0, fut.result()
 
 
 def _progress_bar(enabled: bool, expected_tokens: int | None, initial: int):
