@@ -104,7 +104,9 @@ def run_bench(workers: list[int], copies: int = 8, repeats: int = 2, shard_token
               memory_factor: int = 4, out: str | None = None, workdir: str | None = None) -> dict:
     import torch
 
-    cores = os.cpu_count() or 1
+    from gptforge.data.prepare.pipeline import available_cores
+
+    cores = available_cores()
     docs = shakespeare_documents()
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         tmp = Path(tmp)

@@ -146,6 +146,15 @@ def _chunks(items: Iterator[Item], start: int, docs: int, chars: int) -> Iterato
         yield first, buf
 
 
+def available_cores() -> int:
+    """Cores this process may run on (affinity mask where the OS has one; a container's may be fewer
+    than os.cpu_count())."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
 def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -300,7 +309,7 @@ def prepare(source, out: str | os.PathLike, settings: PrepareSettings | None = N
     settings = settings or PrepareSettings()
     if settings.shard_tokens < 1:
         raise SourceError(f"--shard-tokens {settings.shard_tokens}: must be a positive number of tokens")
-    workers = settings.workers or os.cpu_count() or 1
+    workers = settings.workers or available_cores()
     if workers < 1:
         raise SourceError(f"--workers {settings.workers}: must be >= 1 (0 = all cores)")
     out = Path(out)
