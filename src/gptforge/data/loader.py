@@ -6,6 +6,13 @@ would run past the shard end, the loader moves to the next shard (wrapping aroun
 ``state_dict()`` / ``load_state_dict()`` capture the exact position, so a resumed run sees the
 same batches as an uninterrupted one.
 
+Shuffling (``shuffle``): ``off`` is llm.c's order exactly. ``shards`` visits the shards in a
+permutation drawn from ``(seed, epoch)``, so it changes every epoch. ``documents`` does that and
+also permutes the documents inside each shard (a document = an ``eot`` token and what follows it
+up to the next one; the tail of a document split across shards stays at the shard's start), drawn
+from ``(seed, epoch, shard)``. Every rank draws the same permutations; the mode and seed are part of
+the state, so a resumed run continues the same order.
+
     >>> loader = ShardLoader(list_shards("data/shakespeare", "train"), B=8, T=128)
     >>> x, y = loader.next_batch()
 """
@@ -19,13 +26,19 @@ import torch
 
 from gptforge.data.shards import ShardError, read_header, read_shard
 
+SHUFFLE_MODES = ("off", "shards", "documents")
+
 
 class ShardLoader:
-    def __init__(self, files: list[Path], B: int, T: int, rank: int = 0, world: int = 1):
+    def __init__(self, files: list[Path], B: int, T: int, rank: int = 0, world: int = 1, shuffle: str = "off",
+                 seed: int = 0, eot: int = 50256):
         if not files:
             raise ShardError("no shard files given")
+        if shuffle not in SHUFFLE_MODES:
+            raise ValueError(f"shuffle={shuffle!r}: expected one of {', '.join(SHUFFLE_MODES)}")
         self.files = [Path(f) for f in files]
         self.B, self.T, self.rank, self.world = B, T, rank, world
+        self.shuffle, self.seed, self.eot = shuffle, seed, eot
         need = B * T * world + 1
         for f in self.files:  # validate every header up front: fail before any compute
             n = read_header(f)[2]
@@ -42,10 +55,30 @@ class ShardLoader:
         self.epoch = 0
         self._tokens = None
 
+    def _order(self) -> list[int]:
+        """File indices in this epoch's visiting order."""
+        if self.shuffle == "off":
+            return list(range(len(self.files)))
+        return np.random.default_rng([self.seed, self.epoch]).permutation(len(self.files)).tolist()
+
     def _current(self) -> np.ndarray:
         if self._tokens is None:
-            self._tokens = read_shard(self.files[self.shard])
+            index = self._order()[self.shard]
+            tokens = read_shard(self.files[index])
+            if self.shuffle == "documents":
+                tokens = self._shuffle_documents(tokens, index)
+            self._tokens = tokens
         return self._tokens
+
+    def _shuffle_documents(self, tokens: np.ndarray, index: int) -> np.ndarray:
+        """The shard with its documents in a seeded order (one in-memory copy of the shard)."""
+        starts = np.flatnonzero(np.asarray(tokens) == self.eot)
+        if len(starts) == 0:
+            return tokens
+        ends = np.append(starts[1:], len(tokens))
+        perm = np.random.default_rng([self.seed, self.epoch, index]).permutation(len(starts))
+        # the tail of a document split across shards has no eot: it stays first, where it belongs
+        return np.concatenate([tokens[: starts[0]], *(tokens[starts[i] : ends[i]] for i in perm)])
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         B, T = self.B, self.T
@@ -68,7 +101,8 @@ class ShardLoader:
         self._tokens = None
 
     def state_dict(self) -> dict:
-        return {"shard": self.shard, "pos": self.pos, "epoch": self.epoch, "files": [f.name for f in self.files]}
+        return {"shard": self.shard, "pos": self.pos, "epoch": self.epoch, "files": [f.name for f in self.files],
+                "shuffle": self.shuffle, "seed": self.seed}
 
     def load_state_dict(self, state: dict) -> None:
         names = [f.name for f in self.files]
@@ -76,6 +110,13 @@ class ShardLoader:
             raise ShardError(
                 f"checkpoint loader state was saved over shards {state['files'][:3]}... but the data dir "
                 f"holds {names[:3]}...; point data.dir at the original data"
+            )
+        mode, seed = state.get("shuffle", "off"), state.get("seed", self.seed)
+        if mode != self.shuffle or (mode != "off" and seed != self.seed):
+            raise ShardError(
+                f"checkpoint loader state was saved with data.shuffle={mode} data.shuffle_seed={seed}, "
+                f"but this run has data.shuffle={self.shuffle} data.shuffle_seed={self.seed}; its position would "
+                "mean other batches. Resume with the original settings"
             )
         self.shard, self.pos, self.epoch = int(state["shard"]), int(state["pos"]), int(state.get("epoch", 0))
         self._tokens = None

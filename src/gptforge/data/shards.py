@@ -47,12 +47,16 @@ def write_shard(path: str | os.PathLike, tokens, magic: int | None = None) -> Pa
     header = np.zeros(HEADER_INTS, dtype="<i4")
     header[0], header[1], header[2] = magic, version, toks.size
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(header.tobytes())
-        f.write(toks.astype(dtype, copy=False).tobytes())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(header.tobytes())
+            f.write(toks.astype(dtype, copy=False).tobytes())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # a full disk or an interrupt: leave no partial file behind
+        tmp.unlink(missing_ok=True)
+        raise
     return path
 
 

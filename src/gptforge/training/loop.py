@@ -237,7 +237,8 @@ def train(cfg: Config, resume: str | None = None, force: bool = False, stop_at_s
 
     # --- data -------------------------------------------------------------------------------------
     B, T = cfg.train.micro_batch, cfg.train.seq_len
-    train_loader = ShardLoader(list_shards(cfg.data.dir, cfg.data.train_split), B, T, info.rank, info.world)
+    train_loader = ShardLoader(list_shards(cfg.data.dir, cfg.data.train_split), B, T, info.rank, info.world,
+                               shuffle=cfg.data.shuffle, seed=cfg.data.shuffle_seed, eot=cfg.data.eot_token)
     val_files = list_shards(cfg.data.dir, cfg.data.val_split)
     val_loader = ShardLoader(val_files, B, T, info.rank, info.world)
     val_available = sum(read_header(f)[2] for f in val_files) // (B * T * info.world)

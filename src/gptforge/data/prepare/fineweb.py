@@ -1,0 +1,43 @@
+"""FineWeb / FineWeb-Edu into llm.c token shards, streamed from Hugging Face.
+
+    gptforge prepare fineweb --sample 10BT --out data/fineweb10B           # ~10B tokens, 100 shards
+    gptforge prepare fineweb --edu --sample 10BT --out data/edu_fineweb10B
+
+Streams ``HuggingFaceFW/fineweb`` (or ``fineweb-edu``), config ``sample-10BT|100BT|350BT``, with
+``datasets`` (``streaming=True``: nothing is downloaded whole or held in RAM) through the same
+pipeline as ``prepare files`` (:mod:`gptforge.data.prepare.pipeline`). Shard names follow llm.c's
+``dev/data/fineweb.py``: ``fineweb_val_000000.bin``, ``fineweb_train_000001.bin``, ... (``edu_fineweb_``
+for the Edu set). ``--data-files`` streams local copies of the parquet files through the same
+``datasets`` code instead (offline use, and how this path is tested).
+"""
+
+from __future__ import annotations
+
+import os
+
+from gptforge.data.prepare.pipeline import PrepareSettings, prepare
+from gptforge.data.prepare.sources import HFStreamSource
+
+SAMPLES = {"10BT": 10_000_000_000, "100BT": 100_000_000_000, "350BT": 350_000_000_000}  # GPT-2 tokens, roughly
+
+
+def fineweb_source(edu: bool = False, sample: str = "10BT", data_files: list[str] | None = None) -> HFStreamSource:
+    if sample not in SAMPLES:
+        raise ValueError(f"--sample {sample!r}: choose one of {', '.join(SAMPLES)}")
+    if data_files:
+        return HFStreamSource("parquet", data_files=data_files)
+    repo = "HuggingFaceFW/fineweb-edu" if edu else "HuggingFaceFW/fineweb"
+    return HFStreamSource(repo, name=f"sample-{sample}", split="train")
+
+
+def prepare_fineweb(out: str | os.PathLike | None = None, edu: bool = False, sample: str = "10BT",
+                    settings: PrepareSettings | None = None, data_files: list[str] | None = None,
+                    force: bool = False, progress: bool = True) -> dict:
+    """Stream, tokenize and shard FineWeb(-Edu); resumes an interrupted run in ``out``."""
+    name = "edu_fineweb" if edu else "fineweb"
+    settings = settings or PrepareSettings()
+    settings.name = name
+    out = out or f"data/{name}{sample.removesuffix('T')}"
+    source = fineweb_source(edu, sample, data_files)
+    return prepare(source, out, settings, force=force, progress=progress,
+                   expected_tokens=None if data_files else SAMPLES[sample])

@@ -1,0 +1,406 @@
+"""Documents -> llm.c token shards: parallel, resumable, deterministic, memory-bounded.
+
+    gptforge prepare files corpus/ --out data/corpus --shard-tokens 100000000 --workers 8
+
+The one pipeline behind ``prepare files`` and ``prepare fineweb``:
+
+* **Order.** A source yields items (documents or bad rows) in a fixed order, numbered 0, 1, ...
+  (:mod:`gptforge.data.prepare.sources`). The main process cuts them into chunks, worker processes
+  tokenize chunks (``<|endoftext|>`` then the text, llm.c's convention) and the results are taken
+  back in submission order, so the token stream does not depend on the number of workers.
+* **Shards.** Tokens fill shards of exactly ``shard_tokens`` tokens; shard 0 is validation
+  (``{name}_val_000000.bin``), the rest train (``{name}_train_000001.bin``, ...), as in llm.c's
+  ``fineweb.py``. A document that does not fit is split: its head ends this shard, its tail
+  starts the next (llm.c does the same). The last shard holds the remainder.
+* **Resume.** After each shard is written (temporary name, fsync, rename) ``manifest.json`` is
+  rewritten atomically with the shard's sha256 and the resume point: the next item and how many
+  tokens of it the shards already hold. A restart verifies the listed shards, deletes anything
+  else it finds (``*.tmp`` and unlisted shards: a kill between rename and manifest), re-reads the
+  source from the resume point and drops the tokens already written. A listed shard is never
+  rewritten, and the bytes are the same however often the run was interrupted.
+* **Memory bound.** The main process holds one shard buffer (``shard_tokens`` x 2 or 4 bytes)
+  plus at most ``2 x workers + 2`` chunks in flight (each at most ``chunk_docs`` documents or about
+  ``chunk_chars`` characters, plus 4 bytes per token), plus one parquet batch; each worker holds the
+  tokenizer and one chunk. None of it grows with the corpus; a single document is held whole,
+  so one very large document (a huge .txt file) is the exception.
+* **Bad rows** stop the run with the file and row named, or with ``skip_bad`` are skipped and
+  counted (with the first 100 locations) in the manifest.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import json
+import multiprocessing as mp
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from gptforge.data.prepare.sources import Item, SourceError
+from gptforge.data.shards import FORMATS, ShardError, magic_for, read_header, write_shard
+
+MANIFEST = "manifest.json"
+MANIFEST_FORMAT = "gptforge-shards/1"
+MAX_SKIP_EXAMPLES = 100
+
+
+def _gpt2():
+    from gptforge.data.tokenizer import get_tokenizer
+
+    return get_tokenizer()
+
+
+# name -> zero-argument factory; other names go to tiktoken.get_encoding (online the first time)
+TOKENIZERS: dict[str, Callable] = {"gpt2": _gpt2}
+
+
+def load_tokenizer(name: str):
+    """A tiktoken Encoding by name: ``gpt2`` (offline-capable) or any tiktoken encoding."""
+    if name in TOKENIZERS:
+        return TOKENIZERS[name]()
+    import tiktoken
+
+    try:
+        return tiktoken.get_encoding(name)
+    except ValueError as e:
+        raise SourceError(f"unknown tokenizer {name!r}: use gpt2 or a tiktoken encoding name") from e
+
+
+@dataclass
+class PrepareSettings:
+    name: str = "data"  # shard file prefix: {name}_{val|train}_{index:06d}.bin
+    shard_tokens: int = 100_000_000  # tokens per shard (llm.c: 1e8)
+    tokenizer: str = "gpt2"
+    skip_bad: bool = False  # skip and count bad rows instead of stopping
+    workers: int = 0  # tokenizer processes; 0 = all cores; 1 = tokenize in the main process
+    start_method: str = "spawn"  # spawn everywhere: the parent runs pyarrow threads, unsafe to fork
+    chunk_docs: int = 512  # documents per worker task
+    chunk_chars: int = 1 << 20  # ... or about this many characters, whichever comes first
+
+    def identity(self) -> dict:
+        """The settings that decide the output bytes (the rest only decide speed)."""
+        return {"name": self.name, "shard_tokens": self.shard_tokens, "tokenizer": self.tokenizer}
+
+
+# --- worker side: top-level functions, so spawn/forkserver can pickle them ----------------------------
+
+_ENC = None
+_DTYPE = None
+_CPU_READY = 0.0  # CPU seconds a worker spent starting (imports, tokenizer), reported apart
+
+
+def _init_worker(tokenizer: str, dtype: str, pool_worker: bool = False) -> None:
+    global _ENC, _DTYPE, _CPU_READY
+    if pool_worker:  # Ctrl-C is the main process's to handle: it stops the pool; the manifest is consistent
+        import signal
+
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _ENC, _DTYPE = load_tokenizer(tokenizer), np.dtype(dtype)
+    _CPU_READY = time.process_time()
+
+
+def _tokenize(texts: list[str]) -> tuple[np.ndarray, np.ndarray, dict]:
+    """Concatenated ``[EOT, *tokens]`` of each text, each document's length, and this process's
+    stats (pid, CPU seconds so far, peak RSS) for the summary.
+
+    ``encode_to_numpy`` with no special tokens allowed or disallowed gives ``encode_ordinary``'s ids
+    (a literal "<|endoftext|>" in the text is plain text) straight into a buffer, without a Python
+    int per token; tiktoken < 0.7 lacks it and takes the list path.
+    """
+    enc = _ENC
+    eot = np.array([enc.eot_token], dtype=_DTYPE)
+    if hasattr(enc, "encode_to_numpy"):
+        docs = [enc.encode_to_numpy(t, allowed_special=set(), disallowed_special=()) for t in texts]
+    else:
+        docs = [np.asarray(enc.encode_ordinary(t), dtype=np.uint32) for t in texts]
+    lengths = np.fromiter((len(d) + 1 for d in docs), dtype=np.int64, count=len(docs))
+    parts = [a for d in docs for a in (eot, d)]
+    flat = np.concatenate(parts).astype(_DTYPE, copy=False) if parts else np.empty(0, dtype=_DTYPE)
+    return flat, lengths, {"pid": os.getpid(), "cpu": time.process_time(), "startup_cpu": _CPU_READY,
+                           "rss": peak_rss_mb()}
+
+
+# --- main side ----------------------------------------------------------------------------------------
+
+def _chunks(items: Iterator[Item], start: int, docs: int, chars: int) -> Iterator[tuple[int, list[Item]]]:
+    """(index of the first item, items) in groups bounded by document count and characters."""
+    buf: list[Item] = []
+    size = 0
+    first = start
+    for item in items:
+        buf.append(item)
+        size += len(item.text) if item.text else 0
+        if len(buf) >= docs or size >= chars:
+            yield first, buf
+            first += len(buf)
+            buf, size = [], 0
+    if buf:
+        yield first, buf
+
+
+def available_cores() -> int:
+    """Cores this process may run on (affinity mask where the OS has one; a container's may be fewer
+    than os.cpu_count())."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _write_json_atomic(path: Path, obj: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "w") as f:
+            json.dump(obj, f, indent=1)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process in MiB.
+
+    Linux: VmHWM of /proc/self/status, because ru_maxrss survives fork+exec and would charge a spawned
+    worker with its parent's peak. Elsewhere ru_maxrss (KiB on Linux/BSD, bytes on macOS).
+    """
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    import resource  # not on Windows
+
+    scale = 1 / 2**20 if sys.platform == "darwin" else 1 / 1024
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale, 1)
+
+
+class _Writer:
+    """Fills shards in order and keeps the manifest (the resume state) in step with them."""
+
+    def __init__(self, out: Path, manifest: dict, settings: PrepareSettings, magic: int):
+        self.out, self.m, self.settings, self.magic = out, manifest, settings, magic
+        self.buf = np.empty(settings.shard_tokens, dtype=FORMATS[magic][1])
+        self.fill = 0
+        st = manifest["state"]
+        self.item, self.offset = st["next_item"], st["doc_offset"]  # offset: tokens of this item already in shards
+
+    def add_chunk(self, first: int, items: list[Item], flat: np.ndarray, lengths: np.ndarray) -> None:
+        assert first == self.item, (first, self.item)
+        p = k = 0
+        for item in items:
+            if item.text is None:
+                self._bad(item)
+            else:
+                toks = flat[p : p + lengths[k]]
+                p += int(lengths[k])
+                k += 1
+                self._document(toks)
+            self.item += 1
+
+    def _bad(self, item: Item) -> None:
+        if not self.settings.skip_bad:
+            raise SourceError(f"{item.where}: {item.reason}. Fix or remove it, or pass --skip-bad to skip "
+                              "such rows (they are counted in manifest.json)")
+        st = self.m["state"]
+        st["skipped"] += 1
+        if len(st["skipped_examples"]) < MAX_SKIP_EXAMPLES:
+            st["skipped_examples"].append({"item": self.item, "where": item.where, "reason": item.reason})
+
+    def _document(self, toks: np.ndarray) -> None:
+        toks = toks[self.offset :]  # non-zero only for the document a resumed run starts inside
+        while len(toks):
+            take = min(len(toks), len(self.buf) - self.fill)
+            self.buf[self.fill : self.fill + take] = toks[:take]
+            self.fill += take
+            self.offset += take
+            toks = toks[take:]
+            if self.fill == len(self.buf):
+                if len(toks):  # the document straddles the boundary: its tail starts the next shard
+                    self.flush(self.item, self.offset)
+                else:
+                    self.m["state"]["documents"] += 1
+                    self.offset = 0
+                    self.flush(self.item + 1, 0)
+                    return
+        self.m["state"]["documents"] += 1
+        self.offset = 0
+
+    def flush(self, next_item: int, doc_offset: int) -> None:
+        """Write the buffered shard, then record it and the resume point in the manifest."""
+        if self.fill == 0:
+            return
+        index = len(self.m["shards"])
+        split = "val" if index == 0 else "train"
+        path = self.out / f"{self.settings.name}_{split}_{index:06d}.bin"
+        write_shard(path, self.buf[: self.fill], magic=self.magic)
+        self.m["shards"].append({"file": path.name, "split": split, "tokens": self.fill, "sha256": sha256_file(path)})
+        self.m["state"].update(next_item=next_item, doc_offset=doc_offset)
+        self.m["tokens"] = sum(s["tokens"] for s in self.m["shards"])
+        _write_json_atomic(self.out / MANIFEST, self.m)
+        self.fill = 0
+
+
+def _open_manifest(out: Path, ident: dict, force: bool) -> dict:
+    """The manifest to continue from (verified), or a fresh one. Removes anything a kill left behind."""
+    path = out / MANIFEST
+    name = ident["settings"]["name"]
+    m = None
+    if path.exists():
+        try:
+            m = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise ShardError(f"{path}: not valid JSON ({e}); delete {out} or pass --force to start over") from e
+        same = m.get("format") == MANIFEST_FORMAT and {k: m.get(k) for k in ident} == ident
+        if not same and not force:
+            raise ShardError(
+                f"{out} holds shards prepared from another source or with other settings "
+                f"(see {path}); choose another --out, or pass --force to delete them and start over")
+        if force:
+            for s in m.get("shards", []):
+                (out / s["file"]).unlink(missing_ok=True)
+            m = None
+    elif not force and any(f.name.startswith(f"{name}_") for f in out.glob("*.bin")):
+        # the manifest is written before the first shard, so these are not ours
+        raise ShardError(f"{out} already holds {name}_*.bin shards but no {MANIFEST}; choose another --out, "
+                         "or pass --force to replace them")
+    if m is not None:
+        for s in m["shards"]:  # a listed shard must be exactly what was written
+            f = out / s["file"]
+            n = read_header(f)[2]
+            if n != s["tokens"] or sha256_file(f) != s["sha256"]:
+                raise ShardError(f"{f}: does not match its sha256/token count in {path}; it changed since it was "
+                                 "written. Delete the folder (or pass --force) and prepare again")
+    listed = {s["file"] for s in m["shards"]} if m else set()
+    for f in out.iterdir():  # leftovers of a killed run are never trusted
+        if f.name.endswith(".tmp") or (f.name.startswith(f"{name}_") and f.suffix == ".bin" and f.name not in listed):
+            f.unlink()
+    if m is None:
+        m = {"format": MANIFEST_FORMAT, **ident, "shards": [], "tokens": 0, "complete": False,
+             "state": {"next_item": 0, "doc_offset": 0, "documents": 0, "skipped": 0, "skipped_examples": []}}
+        _write_json_atomic(path, m)
+    return m
+
+
+def prepare(source, out: str | os.PathLike, settings: PrepareSettings | None = None, *, force: bool = False,
+            progress: bool = True, expected_tokens: int | None = None) -> dict:
+    """Tokenize ``source`` into shards in ``out``; resumes an interrupted run. Returns a summary dict."""
+    settings = settings or PrepareSettings()
+    if settings.shard_tokens < 1:
+        raise SourceError(f"--shard-tokens {settings.shard_tokens}: must be a positive number of tokens")
+    workers = settings.workers or available_cores()
+    if workers < 1:
+        raise SourceError(f"--workers {settings.workers}: must be >= 1 (0 = all cores)")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    enc = load_tokenizer(settings.tokenizer)
+    magic = magic_for(enc.n_vocab - 1)  # by vocabulary, so every shard of a dataset has one format
+    ident = {"source": source.describe(), "settings": {**settings.identity(), "magic": magic,
+                                                       "eot": enc.eot_token, "n_vocab": enc.n_vocab}}
+    m = _open_manifest(out, ident, force)
+    t0 = time.perf_counter()
+    if m["complete"]:
+        return _summary(m, out, 0, t0, workers, None)
+    writer = _Writer(out, m, settings, magic)
+    start = writer.item
+    dtype = str(writer.buf.dtype)
+    total_items = source.total_items()
+    bar = _progress_bar(progress, expected_tokens, m["tokens"])
+    new_tokens = 0
+    workers_seen: dict[int, dict] = {}  # pid -> latest stats
+    cpu0 = time.process_time()
+    chunks = _chunks(source.items(start), start, settings.chunk_docs, settings.chunk_chars)
+    pool = None
+    try:
+        if workers == 1:
+            _init_worker(settings.tokenizer, dtype)
+            results = ((first, items, _tokenize([i.text for i in items if i.text is not None]))
+                       for first, items in chunks)
+        else:
+            # ProcessPoolExecutor, not multiprocessing.Pool: a worker that dies (OOM killer, a failed
+            # start) raises BrokenProcessPool here instead of hanging the run forever
+            pool = ProcessPoolExecutor(workers, mp_context=mp.get_context(settings.start_method),
+                                       initializer=_init_worker, initargs=(settings.tokenizer, dtype, True))
+            results = _ordered(pool, chunks, window=2 * workers + 2)
+        for first, items, (flat, lengths, stats) in results:
+            workers_seen[stats["pid"]] = stats
+            writer.add_chunk(first, items, flat, lengths)
+            new_tokens += len(flat)
+            if bar is not None:
+                if total_items and expected_tokens is None and writer.item:  # ETA from tokens/item so far
+                    bar.total = int((m["tokens"] + writer.fill) / writer.item * total_items) + 1
+                bar.update(len(flat))
+                bar.set_postfix(docs=m["state"]["documents"], shards=len(m["shards"]), refresh=False)
+        writer.flush(writer.item, 0)  # the remainder: the last, shorter shard
+        m["complete"] = True
+        _write_json_atomic(out / MANIFEST, m)
+    except BrokenProcessPool as e:
+        raise SourceError(f"a tokenizer worker process died ({e}); finished shards are kept: re-run the same "
+                          "command to resume (with fewer --workers if it was killed for memory)") from e
+    finally:
+        if pool is not None:  # on error/interrupt the manifest already describes what is on disk
+            pool.shutdown(wait=True, cancel_futures=True)
+        if bar is not None:
+            bar.close()
+    worker_rss = max((w["rss"] for w in workers_seen.values()), default=None) if pool is not None else None
+    summary = _summary(m, out, new_tokens, t0, workers, worker_rss)
+    ws = workers_seen.values() if pool is not None else []
+    summary["cpu_seconds"] = {"main": round(time.process_time() - cpu0, 3),
+                              "workers": round(sum(w["cpu"] - w["startup_cpu"] for w in ws), 3),
+                              "workers_startup": round(sum(w["startup_cpu"] for w in ws), 3)}
+    return summary
+
+
+def _ordered(pool: ProcessPoolExecutor, chunks, window: int):
+    """Results in submission order with at most ``window`` chunks in flight (``Pool.imap`` and
+    ``Executor.map`` read their whole input eagerly: memory would grow with the corpus)."""
+    pending: collections.deque = collections.deque()
+    for first, items in chunks:
+        pending.append((first, items, pool.submit(_tokenize, [i.text for i in items if i.text is not None])))
+        if len(pending) >= window:
+            first0, items0, fut = pending.popleft()
+            yield first0, items0, fut.result()
+    while pending:
+        first0, items0, fut = pending.popleft()
+        yield first0, items0, fut.result()
+
+
+def _progress_bar(enabled: bool, expected_tokens: int | None, initial: int):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=expected_tokens, initial=initial, unit="tok", unit_scale=True, dynamic_ncols=True,
+                desc="tokens", smoothing=0.1)
+
+
+def _summary(m: dict, out: Path, new_tokens: int, t0: float, workers: int, worker_rss: float | None) -> dict:
+    dt = time.perf_counter() - t0
+    st = m["state"]
+    return {"out": str(out), "complete": m["complete"], "shards": len(m["shards"]), "tokens": m["tokens"],
+            "val_tokens": sum(s["tokens"] for s in m["shards"] if s["split"] == "val"),
+            "documents": st["documents"], "skipped": st["skipped"], "workers": workers,
+            "new_tokens": new_tokens, "seconds": round(dt, 3),
+            "tokens_per_s": round(new_tokens / dt, 1) if dt > 0 else None,
+            "peak_rss_mb": {"main": peak_rss_mb(), "largest_worker": worker_rss}}

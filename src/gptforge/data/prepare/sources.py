@@ -1,0 +1,267 @@
+"""Document sources for `gptforge prepare`: local .txt / .jsonl(.gz) / .parquet files, and Hugging Face streams.
+
+A source yields :class:`Item` s in a fixed order, each either a document's text or a bad row (with
+the reason and where it is). Items are numbered 0, 1, 2, ... in that order; the resumable writer
+(`gptforge.data.prepare.pipeline`) records how many items it has consumed, and a restarted run asks
+the source for ``items(start=n)``. Every item, good or bad, takes one number, so a restart skips
+exactly the items already written, bad ones included.
+
+    gptforge prepare files corpus/ more.jsonl.gz --text-field text --out data/corpus
+
+What one document is: a ``.txt`` file (whole file), a ``.jsonl`` line (blank lines are ignored),
+a parquet row. Folders are walked recursively in sorted order; files are taken in the order given.
+
+Parquet is read with pyarrow directly (``iter_batches`` over the text column only), rather than
+through ``datasets``: it names the file and row of a bad value, reads one row group at a time
+(memory bounded), and a restart skips whole row groups from the footer metadata without reading
+them. The Hugging Face path (:class:`HFStreamSource`) is ``datasets`` streaming, as for FineWeb.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+SUFFIXES = (".txt", ".jsonl", ".jsonl.gz", ".parquet")
+
+
+class SourceError(ValueError):
+    """Unreadable input: names the file (and row) and what to do."""
+
+
+@dataclass
+class Item:
+    text: str | None  # None: a bad row, see reason
+    where: str  # "file:row" for messages and the manifest
+    reason: str = ""
+
+
+def _kind(path: Path) -> str | None:
+    name = path.name.lower()
+    for suf in SUFFIXES:
+        if name.endswith(suf):
+            return suf
+    return None
+
+
+def expand_paths(paths: list[str | os.PathLike]) -> list[Path]:
+    """Files to read, in order: given files as given, folders walked recursively (sorted)."""
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            found = sorted(f for f in p.rglob("*") if f.is_file() and _kind(f))
+            if not found:
+                raise FileNotFoundError(f"{p}: folder holds no {', '.join(SUFFIXES)} files")
+            out.extend(found)
+        elif p.is_file():
+            if not _kind(p):
+                raise SourceError(f"{p}: unsupported file type; use one of {', '.join(SUFFIXES)}")
+            out.append(p)
+        else:
+            raise FileNotFoundError(f"{p}: no such file or folder")
+    return out
+
+
+class FilesSource:
+    """Local files, read lazily one file (and one parquet row group / jsonl line) at a time."""
+
+    def __init__(self, paths: list[str | os.PathLike], text_field: str = "text", batch_rows: int = 1024):
+        self.files = expand_paths(paths)
+        self.text_field = text_field
+        self.batch_rows = batch_rows
+
+    def describe(self) -> dict:
+        """Identity of the input, checked when a run resumes (a changed input would shift documents)."""
+        return {"kind": "files", "text_field": self.text_field,
+                "files": [{"path": str(f.resolve()), "bytes": f.stat().st_size} for f in self.files]}
+
+    def total_items(self) -> int | None:
+        """Item count when cheap to know (txt and parquet footers); None when a jsonl is present."""
+        total = 0
+        for f in self.files:
+            kind = _kind(f)
+            if kind == ".txt":
+                total += 1
+            elif kind == ".parquet":
+                try:
+                    total += _parquet_file(f).metadata.num_rows
+                except SourceError:
+                    return None
+            else:
+                return None
+        return total
+
+    def items(self, start: int = 0) -> Iterator[Item]:
+        n = 0  # items yielded or skipped so far
+        for f in self.files:
+            kind = _kind(f)
+            if kind == ".parquet":
+                it = self._parquet(f, skip=max(0, start - n))
+            elif kind == ".txt":
+                it = self._txt(f)
+            else:
+                it = self._jsonl(f)
+            for count, item in it:
+                # count > 1 only for parquet row groups skipped wholesale
+                if item is None:
+                    n += count
+                    continue
+                if n >= start:
+                    yield item
+                n += 1
+
+    # --- readers: yield (count, Item) with count=1, or (k, None) for k rows skipped unread ---------
+
+    def _txt(self, f: Path) -> Iterator[tuple[int, Item | None]]:
+        data = f.read_bytes()
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            yield 1, Item(None, f"{f}", f"not valid UTF-8 at byte {e.start}")
+            return
+        yield 1, (Item(text, f"{f}") if text else Item(None, f"{f}", "empty document"))
+
+    def _jsonl(self, f: Path) -> Iterator[tuple[int, Item | None]]:
+        opener = gzip.open if f.name.lower().endswith(".gz") else open
+        line_no = 0
+        try:
+            with opener(f, "rb") as fh:
+                for line in fh:
+                    line_no += 1
+                    if not line.strip():
+                        continue
+                    yield 1, self._json_row(line, f"{f}:{line_no}")
+        except (OSError, EOFError, zlib.error) as e:  # truncated or corrupt .gz
+            yield 1, Item(None, f"{f}:{line_no + 1}", f"file is truncated or corrupt ({type(e).__name__}: {e}); "
+                                                     "the rest of the file is unreadable")
+
+    def _json_row(self, line: bytes, where: str) -> Item:
+        try:
+            s = line.decode("utf-8")
+        except UnicodeDecodeError as e:
+            return Item(None, where, f"not valid UTF-8 at byte {e.start}")
+        try:
+            row = json.loads(s)
+        except json.JSONDecodeError as e:
+            return Item(None, where, f"not valid JSON ({e.msg} at column {e.colno})")
+        if not isinstance(row, dict) or self.text_field not in row:
+            keys = sorted(row)[:8] if isinstance(row, dict) else type(row).__name__
+            return Item(None, where, f"no field {self.text_field!r} (has {keys}); set --text-field")
+        text = row[self.text_field]
+        if not isinstance(text, str):
+            return Item(None, where, f"field {self.text_field!r} is {type(text).__name__}, not a string")
+        if not text:
+            return Item(None, where, "empty document")
+        return Item(text, where)
+
+    def _parquet(self, f: Path, skip: int) -> Iterator[tuple[int, Item | None]]:
+        import pyarrow as pa
+
+        try:
+            pf = _parquet_file(f)
+        except SourceError as e:
+            yield 1, Item(None, f"{f}", str(e))
+            return
+        names = pf.schema_arrow.names
+        if self.text_field not in names:
+            # a schema without the field is a wrong --text-field, not a bad row: always an error
+            raise SourceError(f"{f}: parquet has no column {self.text_field!r} (columns: {names}); set --text-field")
+        row = 0
+        try:
+            for g in range(pf.metadata.num_row_groups):
+                rows = pf.metadata.row_group(g).num_rows
+                if skip >= rows:  # resume: skip the whole row group without reading it
+                    skip -= rows
+                    row += rows
+                    yield rows, None
+                    continue
+                for batch in pf.iter_batches(batch_size=self.batch_rows, row_groups=[g], columns=[self.text_field]):
+                    col = batch.column(0)
+                    # as binary so that invalid UTF-8 is caught per row, not per batch
+                    values = col.cast(pa.large_binary()).to_pylist() if pa.types.is_string(col.type) or \
+                        pa.types.is_large_string(col.type) or pa.types.is_binary(col.type) or \
+                        pa.types.is_large_binary(col.type) else None
+                    if values is None:
+                        raise SourceError(f"{f}: column {self.text_field!r} has type {col.type}, not text")
+                    for v in values:
+                        where = f"{f}:{row}"
+                        row += 1
+                        if skip > 0:
+                            skip -= 1
+                            yield 1, None
+                            continue
+                        yield 1, _bytes_item(v, where)
+        except (OSError, pa.ArrowException) as e:
+            yield 1, Item(None, f"{f}:{row}", f"file is truncated or corrupt ({type(e).__name__}: {e}); "
+                                             "the rest of the file is unreadable")
+
+
+def _parquet_file(f: Path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.ParquetFile(f)
+    except (OSError, pa.ArrowException) as e:
+        raise SourceError(f"{f}: not a readable parquet file ({type(e).__name__}: {e})") from e
+
+
+def _bytes_item(v: bytes | None, where: str) -> Item:
+    if v is None:
+        return Item(None, where, "text is null")
+    try:
+        text = v.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return Item(None, where, f"not valid UTF-8 at byte {e.start}")
+    return Item(text, where) if text else Item(None, where, "empty document")
+
+
+class HFStreamSource:
+    """A Hugging Face dataset streamed with ``datasets`` (no full download, nothing held in RAM).
+
+    ``path``/``name`` are passed to ``datasets.load_dataset(..., streaming=True)``; with
+    ``data_files`` the same code streams local files through the ``parquet`` / ``json`` builders,
+    which is how this path is tested offline. A restart re-streams and discards the items already
+    written (``IterableDataset.skip``): no tokenization is repeated, only the download.
+    """
+
+    def __init__(self, path: str, name: str | None = None, split: str = "train", text_field: str = "text",
+                 data_files: list[str] | None = None):
+        self.path, self.name, self.split, self.text_field = path, name, split, text_field
+        self.data_files = [str(Path(f).resolve()) for f in data_files] if data_files else None
+
+    def describe(self) -> dict:
+        return {"kind": "huggingface", "path": self.path, "name": self.name, "split": self.split,
+                "text_field": self.text_field, "data_files": self.data_files}
+
+    def total_items(self) -> int | None:
+        return None
+
+    def items(self, start: int = 0) -> Iterator[Item]:
+        try:
+            import datasets
+        except ImportError as e:
+            raise SourceError("streaming from Hugging Face needs the `datasets` package: "
+                              "pip install 'gptforge[data]'") from e
+        kwargs = {"data_files": self.data_files} if self.data_files else {}
+        ds = datasets.load_dataset(self.path, name=self.name, split=self.split, streaming=True, **kwargs)
+        ds = ds.select_columns([self.text_field])
+        if start:
+            ds = ds.skip(start)
+        where0 = self.path if self.name is None else f"{self.path}/{self.name}"
+        for i, row in enumerate(ds, start=start):
+            text = row.get(self.text_field)
+            where = f"{where0}:{i}"
+            if text is None:
+                yield Item(None, where, f"no value for {self.text_field!r}")
+            elif isinstance(text, bytes):
+                yield _bytes_item(text, where)
+            elif not isinstance(text, str) or not text:
+                yield Item(None, where, "empty document" if text == "" else f"{type(text).__name__}, not text")
+            else:
+                yield Item(text, where)
