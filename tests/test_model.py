@@ -92,7 +92,7 @@ def test_recompute_gives_same_gradients(mode):
     idx = torch.randint(0, 50257, (2, 16))
     a(idx, idx)[1].backward()
     b(idx, idx)[1].backward()
-    for (n, p), q in zip(a.named_parameters(), b.parameters()):
+    for (n, p), q in zip(a.named_parameters(), b.parameters(), strict=True):
         assert torch.allclose(p.grad, q.grad, atol=1e-6), n
 
 

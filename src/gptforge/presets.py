@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from gptforge.config import Config, ConfigError, DataConfig, OptimConfig, TrainConfig
 from gptforge.models.gpt2 import GPTConfig

@@ -160,7 +160,7 @@ class PhaseTimer:
         if self.cuda:
             torch.cuda.synchronize()
         out: dict[str, float] = {}
-        for (_, a), (phase, b) in zip(self.marks, self.marks[1:]):
+        for (_, a), (phase, b) in zip(self.marks, self.marks[1:], strict=False):
             dt = a.elapsed_time(b) / 1000 if self.cuda else b - a
             out[phase] = out.get(phase, 0.0) + dt
         self.marks = []
