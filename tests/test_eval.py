@@ -189,7 +189,7 @@ def _compare_with_reference(model, tokenizer, name: str, n: int, batch_tokens: i
     flat = [r for rq in p.requests for r in rq]
     scores = score_requests(model, flat, batch_tokens=batch_tokens)
     pos, refs = 0, []
-    for ex, rq in zip(p.examples, p.requests):
+    for ex, rq in zip(p.examples, p.requests, strict=True):
         ref = reference.score_example(model, tokenizer, ex)
         refs.append(ref)
         mine = scores[pos : pos + len(rq)]
@@ -206,8 +206,8 @@ def test_batched_hellaswag_matches_one_at_a_time_reference(tiny_gpt2, tokenizer,
     # and the aggregate numbers equal the reference's accuracy on the same examples
     res = evaluate_requests(tiny_gpt2, p.task, p.examples, p.requests, batch_tokens=1500)
     assert res["n"] == 32
-    assert res["acc"] == sum(r["pred"] == ex.label for r, ex in zip(refs, p.examples)) / 32
-    assert res["acc_norm"] == sum(r["pred_norm"] == ex.label for r, ex in zip(refs, p.examples)) / 32
+    assert res["acc"] == sum(r["pred"] == ex.label for r, ex in zip(refs, p.examples, strict=True)) / 32
+    assert res["acc_norm"] == sum(r["pred_norm"] == ex.label for r, ex in zip(refs, p.examples, strict=True)) / 32
 
 
 @pytest.mark.parametrize("name", ["winogrande", "lambada", "arc_easy"])
@@ -259,3 +259,47 @@ def test_compiled_model_evaluates_like_the_uncompiled_one(tokenizer, eval_data):
     assert got == plain
     with torch.no_grad():  # the compiled module still runs after evaluation
         torch.testing.assert_close(compiled(x)[0], before)
+
+
+# --- every rank scores a share, the counts are all-reduced ---------------------------------------------------
+
+
+def _rank_worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    import os
+
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        torch.manual_seed(7)
+        model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=256)).eval()
+        prepared = prepare_tasks("winogrande,lambada", limit=7)
+        res = evaluate(model, prepared, rank=rank, world=world)
+        with open(f"{out_dir}/rank{rank}.json", "w") as f:
+            json.dump(res, f)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_two_ranks_all_reduce_to_the_single_process_numbers(tmp_path, tokenizer, eval_data):
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_rank_worker, args=(2, port, str(tmp_path)), nprocs=2, join=True)
+    torch.manual_seed(7)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=256)).eval()
+    single = evaluate(model, prepare_tasks("winogrande,lambada", limit=7, enc=tokenizer))
+    for rank in (0, 1):
+        got = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        for name in single:
+            assert got[name]["n"] == 7  # 4 + 3 examples, summed over ranks
+            assert got[name]["acc"] == pytest.approx(single[name]["acc"])
+            for key in ("acc_norm", "ppl"):
+                if key in single[name]:
+                    assert got[name][key] == pytest.approx(single[name][key], rel=1e-5)

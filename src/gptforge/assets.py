@@ -157,7 +157,7 @@ def pip_download_wheel(requirement: str, dest: Path) -> Path:
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "-q", "-d", str(dest),
            requirement]
     try:
-        subprocess.run(cmd, check=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=900)
+        subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=900)
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
         err = getattr(e, "stderr", "") or ""
         raise RuntimeError(f"`{' '.join(cmd)}` failed: {err.strip()[-500:]}") from e

@@ -173,7 +173,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise CliError("--limit must be >= 0 (0 = all), --batch-tokens and --repeats >= 1")
     info = init_distributed(args.device)  # under torchrun every rank scores a share of the examples
     if args.random is not None:
-        from gptforge.models.gpt2 import SIZES, GPT, GPTConfig
+        from gptforge.models.gpt2 import GPT, SIZES, GPTConfig
 
         if args.random not in SIZES:
             raise CliError(f"--random {args.random!r}: known sizes are {', '.join(SIZES)}")

@@ -77,7 +77,7 @@ def plot_runs(runs: list[str], out: str | Path, labels: str | None = None) -> Pa
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for col, x in enumerate(("step", "tokens")):
         ax = axes[0][col]
-        for i, (name, s) in enumerate(zip(names, series)):
+        for i, (name, s) in enumerate(zip(names, series, strict=True)):
             c = colors[i % len(colors)]
             xs, ys = _xy(s["train"], "loss", x)
             ax.plot(xs, ys, color=c, alpha=0.35, linewidth=0.8, label=f"{name} train")
@@ -92,7 +92,7 @@ def plot_runs(runs: list[str], out: str | Path, labels: str | None = None) -> Pa
         for r, task in enumerate(tasks, start=1):
             ax = axes[r][col]
             metric, refs = TASK_REFERENCES.get(task, ("acc_norm", []))
-            for i, (name, s) in enumerate(zip(names, series)):
+            for i, (name, s) in enumerate(zip(names, series, strict=True)):
                 recs = s["eval"].get(task, {})
                 key = metric if any(metric in v for v in recs.values()) else "acc"
                 xs, ys = _xy(recs, key, x)

@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 import platform
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -58,7 +58,7 @@ def run_eval_bench(model: torch.nn.Module, prepared: PreparedTask, enc, device: 
     t_batched, scores = _timed(batched, device, repeats)
     t_ref, refs = _timed(reference, device, repeats)
     pos, same = 0, 0
-    for rq, ref in zip(requests, refs):
+    for rq, ref in zip(requests, refs, strict=True):
         s = scores[pos : pos + len(rq)]
         pos += len(rq)
         same += decide(s) == (ref["pred"], ref["pred_norm"])

@@ -20,7 +20,7 @@ def score_example(model: torch.nn.Module, enc, example: Example, device: torch.d
     """{"pred": lowest total loss, "pred_norm": lowest mean loss, "greedy": [per candidate],
     "sum_loss": [...], "n_tokens": [...]} for one example. No truncation: it must fit the context."""
     tok_rows, mask_rows = [], []
-    for ctx, end in zip(example.contexts, example.continuations):
+    for ctx, end in zip(example.contexts, example.continuations, strict=True):
         ctx_tokens, end_tokens = enc.encode_ordinary(ctx), enc.encode_ordinary(end)
         tok_rows.append(ctx_tokens + end_tokens)
         mask_rows.append([0] * len(ctx_tokens) + [1] * len(end_tokens))
@@ -29,7 +29,7 @@ def score_example(model: torch.nn.Module, enc, example: Example, device: torch.d
         raise ValueError(f"example of {max_len} tokens exceeds the model's context {model.config.block_size}")
     tokens = torch.zeros((len(tok_rows), max_len), dtype=torch.long)
     mask = torch.zeros((len(tok_rows), max_len), dtype=torch.long)
-    for i, (t, m) in enumerate(zip(tok_rows, mask_rows)):
+    for i, (t, m) in enumerate(zip(tok_rows, mask_rows, strict=True)):
         tokens[i, : len(t)] = torch.tensor(t)
         mask[i, : len(m)] = torch.tensor(m)
     tokens, mask = tokens.to(device), mask.to(device)

