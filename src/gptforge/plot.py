@@ -64,7 +64,7 @@ def plot_runs(runs: list[str], out: str | Path, labels: str | None = None) -> Pa
 
         matplotlib.use("Agg")  # files only, no display needed
         import matplotlib.pyplot as plt
-        from matplotlib.ticker import EngFormatter
+        from matplotlib.ticker import EngFormatter, MaxNLocator
     except ImportError as e:
         raise FileNotFoundError("plotting needs matplotlib: pip install 'gptforge[plot]'") from e
     names = [n.strip() for n in labels.split(",")] if labels else [Path(r).resolve().name for r in runs]
@@ -109,6 +109,8 @@ def plot_runs(runs: list[str], out: str | Path, labels: str | None = None) -> Pa
             ax.set_xlabel("tokens" if col == 1 else "step")
             if col == 1:
                 ax.xaxis.set_major_formatter(EngFormatter())
+            else:
+                ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
             ax.grid(alpha=0.3)
             if ax.get_legend_handles_labels()[0]:
                 ax.legend(fontsize=8, loc="best")
