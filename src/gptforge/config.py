@@ -99,11 +99,31 @@ class TrainConfig:
 
 
 @dataclass
+class EvalConfig:
+    """Task evaluation during training (HellaSwag and friends; see gptforge.eval)."""
+
+    every: int = 0  # steps between task evaluations (0 = never); when > 0 also after the last step
+    tasks: str = "hellaswag"  # comma-separated: hellaswag, piqa, arc_easy, arc_challenge, winogrande, ...
+    limit: int = 0  # first N examples of each task (0 = all)
+    batch_tokens: int = 0  # tokens per scoring forward (0 = 32768 on CUDA, 2048 on CPU)
+
+    def __post_init__(self) -> None:
+        from gptforge.eval.tasks import TASKS
+
+        for name in ("every", "limit", "batch_tokens"):
+            _check(getattr(self, name) >= 0, f"eval.{name}", getattr(self, name), "an integer >= 0")
+        names = [t.strip() for t in self.tasks.split(",") if t.strip()]
+        _check(bool(names) and all(t in TASKS for t in names), "eval.tasks", self.tasks,
+               f"comma-separated task names from {', '.join(TASKS)}")
+
+
+@dataclass
 class Config:
     model: GPTConfig = field(default_factory=GPTConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
     def validate(self, world: int = 1) -> int:
         """Cross-section checks; returns gradient-accumulation steps for this world size."""

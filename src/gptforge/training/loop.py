@@ -28,6 +28,7 @@ from gptforge import __version__
 from gptforge.config import Config, ConfigError
 from gptforge.data.loader import ShardLoader
 from gptforge.data.shards import list_shards, read_header
+from gptforge.eval.run import evaluate_during_training, prepare_for_training
 from gptforge.models.gpt2 import GPT
 from gptforge.training import checkpoint as ckpt
 from gptforge.training.distributed import DistInfo, all_reduce_mean, barrier, cleanup, init_distributed, wrap_model
@@ -256,6 +257,7 @@ def train(cfg: Config, resume: str | None = None, force: bool = False, stop_at_s
         start_step = int(meta["step"])
         log(f"resumed from {resume_dir} at step {start_step}")
     n_params = model.num_parameters()
+    evals = prepare_for_training(cfg, model, log)  # eval tasks loaded once (None when eval.every is 0)
     fpt = flops_per_token(cfg.model, n_params, T, "llmc")
     peak = peak_flops(device, precision, cfg.train.peak_flops)
 
@@ -341,6 +343,9 @@ def train(cfg: Config, resume: str | None = None, force: bool = False, stop_at_s
                 result.val_losses[steps_done] = vl
                 metrics.write("val", steps_done, val_loss=vl, tokens=steps_done * tokens_per_step)
                 log(f"step {steps_done:>6} | val loss {vl:.4f} ({val_steps} batches)")
+            if evals and (last or steps_done % cfg.eval.every == 0):  # tasks on the raw module, not `wrapped`
+                evaluate_during_training(model, evals, cfg, info, autocast, steps_done, steps_done * tokens_per_step,
+                                         metrics, log)
             if info.is_main and (last or (cfg.train.sample_every and steps_done % cfg.train.sample_every == 0)):
                 print_samples(model, cfg, info, steps_done, metrics, log)
             interrupted = stop.stop or (stop_at_step is not None and steps_done >= stop_at_step)

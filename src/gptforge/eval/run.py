@@ -1,0 +1,131 @@
+"""Evaluate a model on several tasks: load and render the data once, score, print a table.
+
+    gptforge eval --tasks hellaswag,piqa,winogrande --ckpt runs/shakespeare-cpu --limit 200 --json eval.json
+
+Used by the ``eval`` command and, every ``eval.every`` steps, by the training loop (which prepares
+the tasks once at start-up, so a missing dataset stops a run before any compute).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from gptforge.eval.scorer import Request, autocast_for, evaluate_requests, tokenize
+from gptforge.eval.tasks import Example, Task, get_tasks, load_rows
+from gptforge.eval.tasks.base import EvalDataError
+
+GPT2_VOCAB = 50257
+
+
+@dataclass
+class PreparedTask:
+    task: Task
+    examples: list[Example]
+    requests: list[list[Request]]
+    available: int  # examples in the dataset before --limit
+
+
+def prepare_tasks(names: str | list[str], limit: int | None = None, log: Callable[[str], None] = print,
+                  enc=None) -> list[PreparedTask]:
+    """Load, render and tokenize each task's first ``limit`` examples (all when None or 0).
+
+    A limit beyond the data is clamped, and the log says so."""
+    if limit is not None and limit < 0:
+        raise EvalDataError(f"limit {limit}: must be >= 0 (0 or none = all examples)")
+    if enc is None:
+        from gptforge.data.tokenizer import get_tokenizer
+
+        enc = get_tokenizer()
+    out = []
+    for task in get_tasks(names):
+        rows = load_rows(task.name)
+        n = len(rows)
+        if limit and limit > n:
+            log(f"{task.name}: limit {limit} exceeds the {n:,} examples in the data; using all {n:,}")
+        if limit:
+            rows = rows[:limit]
+        examples = [task.render(row, i) for i, row in enumerate(rows)]
+        out.append(PreparedTask(task, examples, tokenize(enc, examples), n))
+    return out
+
+
+def default_batch_tokens(device: torch.device) -> int:
+    # the logits of a batch are tokens x 50257 floats: ~0.4 GB at 2048 tokens, fine for a CPU;
+    # a GPU fits many more examples per forward
+    return 32768 if device.type == "cuda" else 2048
+
+
+def check_model_vocab(model: torch.nn.Module) -> None:
+    vocab = model.config.vocab_size
+    if vocab < GPT2_VOCAB:
+        raise EvalDataError(
+            f"the model's vocab_size is {vocab}, but the evaluation tasks are GPT-2 BPE text (50,257 tokens); "
+            "evaluate a model with model.vocab_size >= 50257"
+        )
+
+
+def evaluate(
+    model: torch.nn.Module,
+    prepared: list[PreparedTask],
+    device: torch.device | str = "cpu",
+    autocast: Callable[[], contextlib.AbstractContextManager] | None = None,
+    batch_tokens: int | None = None,
+    rank: int = 0,
+    world: int = 1,
+) -> dict[str, dict[str, float]]:
+    """task name -> {"n", "acc", "acc_norm" | "ppl", "seconds"} for the uncompiled ``model``."""
+    device = torch.device(device)
+    check_model_vocab(model)
+    autocast = autocast or autocast_for(device)
+    batch_tokens = batch_tokens or default_batch_tokens(device)
+    results = {}
+    for p in prepared:
+        t0 = time.perf_counter()
+        r = evaluate_requests(model, p.task, p.examples, p.requests, device, autocast, batch_tokens, rank, world)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        r["seconds"] = time.perf_counter() - t0
+        results[p.task.name] = r
+    return results
+
+
+def format_table(results: dict[str, dict[str, float]]) -> str:
+    """A plain text table: task, n, acc, acc_norm, ppl, seconds."""
+    lines = [f"{'task':<14} {'n':>6} {'acc':>7} {'acc_norm':>9} {'ppl':>9} {'seconds':>8}"]
+    for name, r in results.items():
+        norm = f"{r['acc_norm']:.4f}" if "acc_norm" in r else "-"
+        ppl = f"{r['ppl']:.2f}" if "ppl" in r else "-"
+        lines.append(f"{name:<14} {r['n']:>6} {r['acc']:>7.4f} {norm:>9} {ppl:>9} {r.get('seconds', 0):>8.1f}")
+    return "\n".join(lines)
+
+
+def prepare_for_training(cfg, model: torch.nn.Module, log: Callable[[str], None]) -> list[PreparedTask] | None:
+    """At start-up of a run with ``eval.every > 0``: check the model can be scored and load the
+    tasks, so bad settings or missing data stop the run before any compute. None when off."""
+    if not cfg.eval.every:
+        return None
+    from gptforge.config import ConfigError
+
+    try:
+        check_model_vocab(model)
+    except EvalDataError as e:
+        raise ConfigError(f"eval.every={cfg.eval.every}: {e} (or set --eval.every 0)") from None
+    return prepare_tasks(cfg.eval.tasks, cfg.eval.limit or None, log)
+
+
+def evaluate_during_training(model: torch.nn.Module, prepared: list[PreparedTask], cfg, info, autocast,
+                             step: int, tokens: int, metrics, log: Callable[[str], None]) -> dict:
+    """Score the raw (uncompiled, unwrapped) model on every rank; rank 0 writes one ``kind: "eval"``
+    record per task to metrics.jsonl and a log line."""
+    results = evaluate(model, prepared, info.device, autocast, cfg.eval.batch_tokens or None, info.rank, info.world)
+    for name, r in results.items():
+        metrics.write("eval", step, task=name, tokens=tokens, **r)
+    log(f"step {step:>6} | eval " + " | ".join(
+        f"{name} acc {r['acc']:.4f}" + (f" acc_norm {r['acc_norm']:.4f}" if "acc_norm" in r else f" ppl {r['ppl']:.1f}")
+        + f" (n {r['n']})" for name, r in results.items()))
+    return results

@@ -1,0 +1,122 @@
+"""Plot runs: train/val loss and task accuracy against step and tokens, with reference lines.
+
+    gptforge plot runs/gpt2-124m runs/gpt2-124m-lr1e-3 --out curves.png
+
+Reads each run's ``metrics.jsonl`` (records ``train``, ``val`` and ``eval``). Rows: loss, then one
+per evaluated task; columns: against optimizer steps and against tokens seen. Reference lines, drawn
+only where they apply: GPT-2 124M validation loss on FineWeb (3.2847, llm.c) when a run's
+``config.json`` names FineWeb data, and HellaSwag acc_norm of GPT-2 124M (0.2955, build-nanogpt's
+completion-style scoring, which ours reproduces) and GPT-3 125M (0.337, the GPT-3 paper).
+Needs matplotlib (extra ``plot``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from gptforge.training.observe import read_metrics
+
+GPT2_124M_FINEWEB_VAL_LOSS = 3.2847  # llm.c's baseline: OpenAI's GPT-2 124M on the FineWeb val shard
+# task -> (metric plotted, [(label, value), ...]) — only numbers measured with our scoring
+TASK_REFERENCES = {
+    "hellaswag": ("acc_norm", [("GPT-2 124M", 0.2955), ("GPT-3 125M", 0.337)]),
+    "winogrande": ("acc", []),  # partial scoring: acc and acc_norm agree
+}
+REF_STYLES = {"GPT-2 124M": "tab:red", "GPT-3 125M": "tab:green"}
+
+
+def _run_series(run: str | Path) -> dict:
+    path = Path(run)
+    mfile = path / "metrics.jsonl" if path.is_dir() else path
+    if not mfile.exists():
+        raise FileNotFoundError(f"{mfile}: no metrics.jsonl; give a run directory written by `gptforge train`")
+    try:
+        records = read_metrics(mfile)
+    except json.JSONDecodeError as e:
+        raise FileNotFoundError(f"{mfile} is not valid JSON lines ({e}); is it a gptforge metrics file?") from e
+    by_kind: dict[str, dict] = {"train": {}, "val": {}}
+    evals: dict[str, dict[int, dict]] = {}
+    for r in records:  # a resumed run may repeat steps: the last record of a step wins
+        if r.get("kind") in ("train", "val"):
+            by_kind[r["kind"]][r["step"]] = r
+        elif r.get("kind") == "eval" and "task" in r:
+            evals.setdefault(r["task"], {})[r["step"]] = r
+    if not by_kind["train"] and not by_kind["val"] and not evals:
+        raise FileNotFoundError(f"{mfile} holds no train, val or eval records to plot")
+    data_dir = ""
+    cfg_file = mfile.parent / "config.json"
+    if cfg_file.exists():
+        data_dir = json.loads(cfg_file.read_text()).get("data", {}).get("dir", "")
+    return {"train": by_kind["train"], "val": by_kind["val"], "eval": evals, "fineweb": "fineweb" in data_dir.lower()}
+
+
+def _xy(records: dict[int, dict], key: str, x: str) -> tuple[list, list]:
+    pts = [(r.get(x, step if x == "step" else None), r.get(key)) for step, r in sorted(records.items())]
+    pts = [(a, b) for a, b in pts if a is not None and b is not None]
+    return [a for a, _ in pts], [b for _, b in pts]
+
+
+def plot_runs(runs: list[str], out: str | Path, labels: str | None = None) -> Path:
+    """Draw every run into one figure and save it to ``out`` (PNG, or any format matplotlib knows)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")  # files only, no display needed
+        import matplotlib.pyplot as plt
+        from matplotlib.ticker import EngFormatter, MaxNLocator
+    except ImportError as e:
+        raise FileNotFoundError("plotting needs matplotlib: pip install 'gptforge[plot]'") from e
+    names = [n.strip() for n in labels.split(",")] if labels else [Path(r).resolve().name for r in runs]
+    if len(names) != len(runs):
+        raise ValueError(f"labels: {len(names)} names for {len(runs)} runs")
+    series = [_run_series(r) for r in runs]
+    tasks = sorted({t for s in series for t in s["eval"]})
+    rows = 1 + len(tasks)
+    fig, axes = plt.subplots(rows, 2, figsize=(13, 3.6 * rows), squeeze=False)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for col, x in enumerate(("step", "tokens")):
+        ax = axes[0][col]
+        for i, (name, s) in enumerate(zip(names, series, strict=True)):
+            c = colors[i % len(colors)]
+            xs, ys = _xy(s["train"], "loss", x)
+            ax.plot(xs, ys, color=c, alpha=0.35, linewidth=0.8, label=f"{name} train")
+            xs, ys = _xy(s["val"], "val_loss", x)
+            ax.plot(xs, ys, color=c, linewidth=2, marker="o" if len(xs) < 30 else None, markersize=3,
+                    label=f"{name} val")
+        if any(s["fineweb"] for s in series):
+            ax.axhline(GPT2_124M_FINEWEB_VAL_LOSS, color="tab:red", linestyle="--", linewidth=1,
+                       label=f"GPT-2 124M val ({GPT2_124M_FINEWEB_VAL_LOSS})")
+        ax.set_ylabel("loss")
+        ax.set_title(f"loss vs {'tokens' if x == 'tokens' else 'step'}")
+        for r, task in enumerate(tasks, start=1):
+            ax = axes[r][col]
+            metric, refs = TASK_REFERENCES.get(task, ("acc_norm", []))
+            for i, (name, s) in enumerate(zip(names, series, strict=True)):
+                recs = s["eval"].get(task, {})
+                key = metric if any(metric in v for v in recs.values()) else "acc"
+                xs, ys = _xy(recs, key, x)
+                if xs:
+                    ax.plot(xs, ys, color=colors[i % len(colors)], linewidth=2, marker="o" if len(xs) < 30 else None,
+                            markersize=3, label=f"{name} {key}")
+            for ref_name, value in refs:
+                ax.axhline(value, color=REF_STYLES.get(ref_name, "gray"), linestyle="--", linewidth=1,
+                           label=f"{ref_name} ({value})")
+            ax.set_ylabel("accuracy")
+            ax.set_title(f"{task} vs {'tokens' if x == 'tokens' else 'step'}")
+    for row in axes:
+        for col, ax in enumerate(row):
+            ax.set_xlabel("tokens" if col == 1 else "step")
+            if col == 1:
+                ax.xaxis.set_major_formatter(EngFormatter())
+            else:
+                ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
+            ax.grid(alpha=0.3)
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
