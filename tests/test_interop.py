@@ -22,7 +22,7 @@ def _model(pad_vocab: bool = True, vocab: int = 50257, block: int = 32) -> GPT:
     torch.manual_seed(0)
     m = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=block, vocab_size=vocab, pad_vocab=pad_vocab))
     with torch.no_grad():  # non-trivial LayerNorm parameters and biases, so a mix-up shows in the logits
-        for name, p in m.named_parameters():
+        for p in m.parameters():
             if p.dim() == 1:
                 p.add_(torch.randn_like(p) * 0.1)
     return m.eval()
