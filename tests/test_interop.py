@@ -216,3 +216,27 @@ def test_llmc_header_errors_name_the_file(tmp_path, capsys):
     tok.write_bytes(np.array([20240328, 2, 3, 2] + [0] * 252, dtype=np.int32).tobytes() + b"\x01a\x01b")
     with pytest.raises(llmc.LlmcFormatError, match="ends after 2 of 3"):
         llmc.read_llmc_tokenizer(tok)
+
+
+def test_fine_tune_from_llmc_file(tmp_path, shard_dir):
+    """`train --init-from FILE`: the run starts from the llm.c weights (its first loss is theirs) and
+    takes the file's model shape over the preset's."""
+    from gptforge.data.loader import ShardLoader
+    from gptforge.data.shards import list_shards
+    from gptforge.training.observe import read_metrics
+
+    torch.manual_seed(5)
+    src = GPT(GPTConfig(n_layer=3, n_head=2, n_embd=48, block_size=64)).eval()  # not the tiny preset's d2
+    llmc.write_llmc_model(src, tmp_path / "src.bin")
+    out = tmp_path / "ft"
+    argv = ["train", "--preset", "tiny", "--init-from", str(tmp_path / "src.bin"), "--out", str(out),
+            "--data.dir", str(shard_dir), "--train.max_steps", "2", "--train.val_every", "0", "--train.device", "cpu"]
+    assert main(argv) == 0
+    first = next(r for r in read_metrics(out) if r["kind"] == "train")
+    loader = ShardLoader(list_shards(str(shard_dir), "train"), 4, 32)
+    with torch.no_grad():
+        want = sum(src(*loader.next_batch())[1].item() for _ in range(2)) / 2  # grad_accum 2 micro-batches
+    assert abs(first["loss"] - want) < 1e-4, (first["loss"], want)
+    meta = json.loads(next(out.rglob("meta.json")).read_text())
+    assert (meta["config"]["model"]["n_layer"], meta["config"]["model"]["n_embd"]) == (3, 48)
+    assert main([*argv, "--resume"]) == 2  # --init-from with --resume is refused

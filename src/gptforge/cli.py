@@ -55,14 +55,36 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
         # the checkpoint's own config, with this command line's overrides on top
         cfg = apply_overrides(Config.from_dict(ckpt.read_meta(where)["config"]), overrides)
         resume = str(where)
+    init_weights = None
+    if args.init_from is not None:
+        if resume is not None:
+            raise CliError("--init-from starts a new run from other weights; it cannot be combined with --resume")
+        init_weights = _init_from(args.init_from, cfg)
     cfg.validate()  # fail on a batch that cannot divide before touching data or devices
     if args.dry_run:
         print(cfg.to_json())
         return 0
     from gptforge.training.loop import train
 
-    result = train(cfg, resume=resume, force=args.force)
+    result = train(cfg, resume=resume, force=args.force, init_weights=init_weights)
     return 130 if result.interrupted else 0
+
+
+def _init_from(source: str, cfg):
+    """Fine-tuning: take the model's shape from a gptforge checkpoint or an llm.c model file (so it
+    overrides the preset's) and return a function that copies its weights into the new model."""
+    import dataclasses
+
+    src = load_model(None, None, source) if Path(source).is_file() else load_model(source, None)
+    shape = {k: getattr(src.config, k) for k in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size",
+                                                  "pad_vocab", "bias")}
+    cfg.model = dataclasses.replace(cfg.model, **shape)
+    sd = src.state_dict()
+
+    def init_weights(model) -> None:
+        model.load_state_dict(sd)
+
+    return init_weights
 
 
 def cmd_sample(args: argparse.Namespace) -> int:
@@ -320,6 +342,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--resume", nargs="?", const="latest", default=None, metavar="CKPT",
                    help="continue from the newest checkpoint in the run directory, or from CKPT")
     t.add_argument("--force", action="store_true", help="start over in a run directory that holds checkpoints")
+    t.add_argument("--init-from", metavar="CKPT_OR_LLMC_FILE",
+                   help="fine-tune: start from these weights (gptforge checkpoint/run dir or llm.c model file)")
     t.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
     t.add_argument("--help-config", action="store_true", help="list every config key with type and default")
 
