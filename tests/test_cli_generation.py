@@ -87,3 +87,39 @@ def test_bench_generate_agrees_with_transformers(tmp_path):
     res = json.loads(out.read_text())
     assert [r["batch"] for r in res["results"]] == [1, 3]
     assert all(r["same_tokens"] and r["gptforge_tokens_per_s"] > 0 for r in res["results"])
+
+
+def test_serve_command_serves_checkpoint_and_its_metrics(ckpt, tmp_path):
+    """The real `gptforge serve` process: binds 127.0.0.1, finds the run's metrics.jsonl, answers."""
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    pytest.importorskip("uvicorn")
+    _, where = ckpt
+    (tmp_path / "run" / "metrics.jsonl").write_text(json.dumps({"kind": "train", "step": 1, "loss": 9.5}) + "\n")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "gptforge", "serve", "--ckpt", str(tmp_path / "run"), "--port",
+                             str(port), "--device", "cpu"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.time() + 60
+        while True:
+            try:
+                info = json.loads(urllib.request.urlopen(url + "/api/info", timeout=2).read())
+                break
+            except OSError:
+                assert proc.poll() is None and time.time() < deadline, proc.stdout.read() if proc.poll() else "timeout"
+                time.sleep(0.2)
+        assert info["model"]["n_embd"] == 32
+        assert json.loads(urllib.request.urlopen(url + "/api/metrics").read())["train"] == [[1, 9.5]]
+        req = urllib.request.Request(url + "/api/generate", data=json.dumps({"prompt": "Hi", "max_new_tokens": 4}).encode(),
+                                     headers={"content-type": "application/json"})
+        assert json.loads(urllib.request.urlopen(req).read())["completions"][0]["finish_reason"] in ("length", "eot")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
