@@ -113,6 +113,8 @@ class CausalSelfAttention(nn.Module):
         elif self.flash:
             if past == 0:
                 y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+            elif T == 1:  # one new token sees every cached key: no mask, so the fastest kernel applies
+                y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
             else:  # query i sits at absolute position past+i and sees keys 0..past+i
                 allowed = torch.ones(T, Tk, dtype=torch.bool, device=x.device).tril(diagonal=past)
                 y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p)
