@@ -3,7 +3,8 @@
 Both models hold the same random GPT-2 weights (ours exported through ``interop.hf``'s key map), get
 the same prompt and decode greedily for the same number of tokens; the JSON records tokens/s for
 each batch size, the ratio, and whether both produced the same tokens (they must: greedy, same
-weights). Each measurement is one untimed warm-up call, then ``repeats`` timed calls (median).
+weights). Each measurement is one untimed warm-up call, then ``repeats`` timed calls (median),
+alternating between the two implementations.
 
     gptforge bench-generate --size gpt2 --batch 1 8 --new-tokens 64 --json bench_generate.json
 """
@@ -20,23 +21,32 @@ from typing import Any
 import torch
 
 
-def _timed(fn, repeats: int, device: torch.device) -> tuple[float, Any]:
-    out = fn()  # warm-up (allocator, kernels, lazy init)
-    times = []
+def _time_once(fn, device: torch.device) -> tuple[float, Any]:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    out = fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - t0, out
+
+
+def _timed_pair(fa, fb, repeats: int, device: torch.device) -> tuple[float, float, Any, Any]:
+    """Median seconds of ``fa`` and ``fb``, timed alternately (a, b, a, b ...) so that load from other
+    processes on a shared machine hits both alike; one untimed warm-up call of each first."""
+    out_a, out_b = fa(), fb()
+    ta, tb = [], []
     for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        out = fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), out
+        t, out_a = _time_once(fa, device)
+        ta.append(t)
+        t, out_b = _time_once(fb, device)
+        tb.append(t)
+    return statistics.median(ta), statistics.median(tb), out_a, out_b
 
 
 def run_bench_generate(size: str = "gpt2", batches: list[int] | tuple[int, ...] = (1, 8), prompt_tokens: int = 16,
                        new_tokens: int = 64, repeats: int = 3, device: str = "auto", out: str | None = None,
-                       dtype: torch.dtype = torch.float32) -> dict[str, Any]:
+                       dtype: torch.dtype = torch.float32, threads: int = 0) -> dict[str, Any]:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     from gptforge.generation import generate
@@ -45,6 +55,8 @@ def run_bench_generate(size: str = "gpt2", batches: list[int] | tuple[int, ...] 
     from gptforge.training.distributed import resolve_device
 
     dev = torch.device(resolve_device(device))
+    if threads > 0:  # on a shared CPU, fewer threads than cores avoids waiting on descheduled workers
+        torch.set_num_threads(threads)
     torch.manual_seed(0)
     cfg = GPTConfig.from_preset(size)
     if prompt_tokens + new_tokens > cfg.block_size:
@@ -69,8 +81,7 @@ def run_bench_generate(size: str = "gpt2", batches: list[int] | tuple[int, ...] 
                 return hf.generate(idx, attention_mask=torch.ones_like(idx), max_new_tokens=new_tokens,
                                    min_new_tokens=new_tokens, do_sample=False, pad_token_id=0, eos_token_id=None)
 
-        t_ours, tok_ours = _timed(run_ours, repeats, dev)
-        t_hf, tok_hf = _timed(run_hf, repeats, dev)
+        t_ours, t_hf, tok_ours, tok_hf = _timed_pair(run_ours, run_hf, repeats, dev)
         rows.append({
             "batch": B,
             "gptforge_tokens_per_s": round(B * new_tokens / t_ours, 1),

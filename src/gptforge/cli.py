@@ -270,11 +270,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_bench_generate(args: argparse.Namespace) -> int:
     from gptforge.bench_generate import run_bench_generate
 
-    if args.new_tokens < 1 or args.repeats < 1 or any(b < 1 for b in args.batch):
-        raise CliError("--new-tokens, --repeats and every --batch must be >= 1")
+    if args.new_tokens < 1 or args.repeats < 1 or any(b < 1 for b in args.batch) or args.threads < 0:
+        raise CliError("--new-tokens, --repeats and every --batch must be >= 1, --threads >= 0")
     try:
         run_bench_generate(size=args.size, batches=args.batch, prompt_tokens=args.prompt_tokens,
-                           new_tokens=args.new_tokens, repeats=args.repeats, device=args.device, out=args.json)
+                           new_tokens=args.new_tokens, repeats=args.repeats, device=args.device, out=args.json,
+                           threads=args.threads)
     except ValueError as e:
         raise CliError(str(e)) from e
     return 0
@@ -323,6 +324,7 @@ def _add_issue6_commands(sub) -> None:
     g.add_argument("--new-tokens", type=int, default=64)
     g.add_argument("--repeats", type=int, default=3)
     g.add_argument("--device", default="auto")
+    g.add_argument("--threads", type=int, default=0, help="CPU threads for torch (0 = torch's default)")
     g.add_argument("--json", help="write results to this JSON file")
 
 
