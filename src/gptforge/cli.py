@@ -268,6 +268,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_generate(args: argparse.Namespace) -> int:
+    import torch
+
     from gptforge.bench_generate import run_bench_generate
 
     if args.new_tokens < 1 or args.repeats < 1 or any(b < 1 for b in args.batch) or args.threads < 0:
@@ -275,7 +277,7 @@ def cmd_bench_generate(args: argparse.Namespace) -> int:
     try:
         run_bench_generate(size=args.size, batches=args.batch, prompt_tokens=args.prompt_tokens,
                            new_tokens=args.new_tokens, repeats=args.repeats, device=args.device, out=args.json,
-                           threads=args.threads)
+                           threads=args.threads, dtype=getattr(torch, args.dtype))
     except ValueError as e:
         raise CliError(str(e)) from e
     return 0
@@ -325,6 +327,7 @@ def _add_issue6_commands(sub) -> None:
     g.add_argument("--repeats", type=int, default=3)
     g.add_argument("--device", default="auto")
     g.add_argument("--threads", type=int, default=0, help="CPU threads for torch (0 = torch's default)")
+    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="weights of both models")
     g.add_argument("--json", help="write results to this JSON file")
 
 

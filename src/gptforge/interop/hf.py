@@ -120,7 +120,7 @@ def hf_config(cfg) -> dict:
     }
 
 
-def export_hf(model, out_dir: str | Path, force: bool = False, tokenizer: bool = True) -> list[Path]:
+def export_hf(model: torch.nn.Module, out_dir: str | Path, force: bool = False, tokenizer: bool = True) -> list[Path]:
     """Write ``model`` (a gptforge GPT) as a Hugging Face GPT-2 directory. Returns the files written."""
     from safetensors.torch import save_file
 

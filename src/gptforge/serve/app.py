@@ -24,13 +24,18 @@ import math
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
+
+if TYPE_CHECKING:
+    import tiktoken
+
+    from gptforge.models.gpt2 import GPT
 
 STATIC = Path(__file__).parent / "static"
 
@@ -125,7 +130,8 @@ def read_loss_curve(path: str | Path | None, max_points: int = 2000) -> dict[str
     return {"available": True, "path": str(path), "train": thin(train), "val": thin(val)}
 
 
-def create_app(model, enc=None, settings: ServeSettings | None = None, metrics_path: str | Path | None = None) -> FastAPI:
+def create_app(model: GPT, enc: tiktoken.Encoding | None = None, settings: ServeSettings | None = None,
+               metrics_path: str | Path | None = None) -> FastAPI:
     """The FastAPI app around one loaded model (tests build it directly and call it in-process)."""
     from gptforge.generation import SamplingParams, complete, stream_text
 
@@ -233,7 +239,7 @@ def create_app(model, enc=None, settings: ServeSettings | None = None, metrics_p
     return app
 
 
-def run_server(model, settings: ServeSettings, host: str = "127.0.0.1", port: int = 8000,
+def run_server(model: GPT, settings: ServeSettings, host: str = "127.0.0.1", port: int = 8000,
                metrics_path: str | Path | None = None) -> None:
     import uvicorn
 
