@@ -162,3 +162,45 @@ def test_serve_cli_defaults_to_localhost():
 
     args = build_parser().parse_args(["serve", "--ckpt", "x"])
     assert args.host == "127.0.0.1"
+
+
+def test_client_leaving_mid_stream_frees_the_model(model, tokenizer, monkeypatch):
+    """A real server: read one streamed event, hang up; the model is free again long before the
+    60 slowed-down steps would have finished (with max_queue=0 a busy model answers 429)."""
+    import socket
+    import threading
+    import time
+
+    from gptforge import generation
+
+    pick = generation._pick
+    monkeypatch.setattr(generation, "_pick", lambda *a: (time.sleep(0.05), pick(*a))[1])  # >= 3 s for 60 steps
+
+    uvicorn = pytest.importorskip("uvicorn")
+    app = create_app(model, tokenizer, ServeSettings(max_new_tokens_cap=60, max_queue=0))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    try:
+        while not srv.started:
+            time.sleep(0.05)
+        url = f"http://127.0.0.1:{port}"
+        body = {"prompt": "ROMEO:", "max_new_tokens": 60, "temperature": 0, "stop_at_eot": False}
+        with httpx.Client(base_url=url, timeout=30) as c:
+            with c.stream("POST", "/api/stream", json=body) as r:
+                assert r.status_code == 200
+                first = next(r.iter_lines())
+                assert first.startswith("data: ")
+            # the connection is closed; the producer stops at its next step and releases the gate
+            left = time.time()
+            deadline = left + 20
+            while (code := c.post("/api/generate", json={**body, "max_new_tokens": 2}).status_code) == 429:
+                assert time.time() < deadline, "model still busy after the client left"
+                time.sleep(0.1)
+            assert code == 200 and time.time() - left < 2.0
+    finally:
+        srv.should_exit = True
+        thread.join(timeout=10)

@@ -215,26 +215,44 @@ def create_app(model: GPT, enc: tiktoken.Encoding | None = None, settings: Serve
     async def stream(req: GenerateRequest):
         ids, params = prepare(req)
         await gate.acquire()  # before the response starts, so a full queue is a real 429
+        # Generation runs in its own task that always releases the gate, even if the response body
+        # is never iterated (client gone before the first byte); the response only reads its queue.
+        pieces: asyncio.Queue = asyncio.Queue()  # at most batch x max_new_tokens events: bounded
+        client_gone = asyncio.Event()
+        task = asyncio.create_task(_produce(stream_text(model, enc, ids, params), pieces, client_gone))
+        producers.add(task)
+        task.add_done_callback(producers.discard)
 
         async def events() -> AsyncIterator[str]:
-            it = stream_text(model, enc, ids, params)
-            done = object()
             try:
-                while (ev := await run_in_threadpool(next, it, done)) is not done:
+                while (ev := await pieces.get()) is not None:
+                    if isinstance(ev, Exception):
+                        yield f"event: error\ndata: {json.dumps({'error': f'generation failed: {ev}'})}\n\n"
+                        continue
                     body: dict[str, Any] = {"row": ev.row, "text": ev.text}
                     if ev.finished:
                         body.update(finished=True, reason=ev.reason)
                     yield f"data: {json.dumps(body)}\n\n"
                 yield "event: done\ndata: {}\n\n"
             finally:
-                try:
-                    it.close()
-                except ValueError:  # cancelled (client left) while a step runs in its thread; it ends there
-                    pass
-                gate.release()
+                client_gone.set()  # stops the producer at its next step
 
         return StreamingResponse(events(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    producers: set[asyncio.Task] = set()  # strong references, so running producers are not collected
+
+    async def _produce(it, pieces: asyncio.Queue, client_gone: asyncio.Event) -> None:
+        done = object()
+        try:
+            while not client_gone.is_set() and (ev := await run_in_threadpool(next, it, done)) is not done:
+                pieces.put_nowait(ev)
+        except Exception as e:  # e.g. out of memory: tell the client, keep serving
+            pieces.put_nowait(e)
+        finally:
+            it.close()
+            gate.release()
+            pieces.put_nowait(None)
 
     return app
 
