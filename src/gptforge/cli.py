@@ -7,6 +7,8 @@
     gptforge bench --preset tiny
     gptforge eval --tasks hellaswag,piqa --ckpt runs/shakespeare-cpu --limit 200
     gptforge plot runs/a runs/b --out curves.png
+    gptforge export hf --ckpt runs/shakespeare-cpu --out exports/hf
+    gptforge serve --ckpt runs/shakespeare-cpu
 
 Exit status 2 means bad input (unknown key, bad value, missing file) found before any compute.
 """
@@ -57,56 +59,103 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
         # the checkpoint's own config, with this command line's overrides on top
         cfg = apply_overrides(Config.from_dict(ckpt.read_meta(where)["config"]), overrides)
         resume = str(where)
+    init_weights = None
+    if args.init_from is not None:
+        if resume is not None:
+            raise CliError("--init-from starts a new run from other weights; it cannot be combined with --resume")
+        init_weights = _init_from(args.init_from, cfg)
     cfg.validate()  # fail on a batch that cannot divide before touching data or devices
     if args.dry_run:
         print(cfg.to_json())
         return 0
     from gptforge.training.loop import train
 
-    result = train(cfg, resume=resume, force=args.force)
+    result = train(cfg, resume=resume, force=args.force, init_weights=init_weights)
     return 130 if result.interrupted else 0
 
 
-def cmd_sample(args: argparse.Namespace) -> int:
-    import torch
+def _init_from(source: str, cfg):
+    """Fine-tuning: take the model's shape from a gptforge checkpoint or an llm.c model file (so it
+    overrides the preset's) and return a function that copies its weights into the new model."""
+    import dataclasses
 
+    src = load_model(None, None, source) if Path(source).is_file() else load_model(source, None)
+    shape = {k: getattr(src.config, k) for k in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size",
+                                                  "pad_vocab", "bias")}
+    cfg.model = dataclasses.replace(cfg.model, **shape)
+    sd = src.state_dict()
+
+    def init_weights(model) -> None:
+        model.load_state_dict(sd)
+
+    return init_weights
+
+
+def cmd_sample(args: argparse.Namespace) -> int:
     from gptforge.data.tokenizer import get_tokenizer
-    from gptforge.generation import generate
+    from gptforge.generation import stream_text
     from gptforge.training.distributed import resolve_device
 
-    if (args.ckpt is None) == (args.hf is None):
-        raise CliError("give exactly one of --ckpt DIR or --hf NAME_OR_DIR")
-    if args.num_samples < 1 or args.max_new_tokens < 1:
-        raise CliError("--num-samples and --max-new-tokens must be >= 1")
-    if args.temperature < 0:
-        raise CliError(f"--temperature {args.temperature}: must be >= 0 (0 = greedy)")
-    if args.top_p is not None and not 0 < args.top_p <= 1:
-        raise CliError(f"--top-p {args.top_p}: must be in (0, 1]")
+    _one_source(args)
+    if args.num_samples < 1:
+        raise CliError("--num-samples must be >= 1")
+    params = _sampling_params(args)
     device = resolve_device(args.device)
-    model = load_model(args.ckpt, args.hf).to(device)
+    model = load_model(args.ckpt, args.hf, args.llmc).to(device)
     enc = get_tokenizer()
-    prompt_ids = enc.encode(args.prompt, allowed_special={"<|endoftext|>"}) or [50256]
-    if len(prompt_ids) + args.max_new_tokens > model.config.block_size:
+    prompts = [p for p in (args.prompt or ["Hello, I'm a language model,"]) for _ in range(args.num_samples)]
+    ids = [enc.encode(p, allowed_special={"<|endoftext|>"}) or [enc.eot_token] for p in prompts]
+    longest = max(len(r) for r in ids)
+    if longest + params.max_new_tokens > model.config.block_size:
         raise CliError(
-            f"prompt ({len(prompt_ids)} tokens) + --max-new-tokens {args.max_new_tokens} exceeds the model's "
+            f"prompt ({longest} tokens) + --max-new-tokens {params.max_new_tokens} exceeds the model's "
             f"context of {model.config.block_size} tokens"
         )
-    idx = torch.tensor([prompt_ids] * args.num_samples, dtype=torch.long, device=device)
-    out = generate(model, idx, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                   top_p=args.top_p, seed=args.seed)
-    for i, row in enumerate(out.tolist()):
-        print(f"--- sample {i}\n{enc.decode(row)}")
+    if len(prompts) == 1:  # one sample: stream tokens to the terminal as they are generated
+        print(f"--- sample 0\n{prompts[0]}", end="", flush=True)
+        for ev in stream_text(model, enc, ids, params):
+            print(ev.text, end="", flush=True)
+        print()
+        return 0
+    texts = [""] * len(prompts)
+    for ev in stream_text(model, enc, ids, params):
+        texts[ev.row] += ev.text
+    for i, (prompt, text) in enumerate(zip(prompts, texts, strict=True)):
+        print(f"--- sample {i}\n{prompt}{text}")
     return 0
 
 
-def load_model(ckpt_path: str | None, hf: str | None):
-    """A GPT from a gptforge checkpoint (dir or run dir) or from Hugging Face weights."""
+def _one_source(args: argparse.Namespace) -> None:
+    given = [x for x in (args.ckpt, args.hf, args.llmc) if x is not None]
+    if len(given) != 1:
+        raise CliError("give exactly one of --ckpt DIR, --hf NAME_OR_DIR or --llmc FILE")
+
+
+def _sampling_params(args: argparse.Namespace):
+    from gptforge.generation import SamplingParams
+
+    p = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                       top_p=args.top_p, repetition_penalty=args.repetition_penalty, seed=args.seed,
+                       stop=tuple(args.stop or ()), stop_token=50256 if args.stop_at_eot else None)
+    try:
+        p.check()
+    except ValueError as e:
+        raise CliError(f"--{str(e).replace('_', '-')}") from e
+    return p
+
+
+def load_model(ckpt_path: str | None, hf: str | None, llmc: str | None = None):
+    """A GPT from a gptforge checkpoint (dir or run dir), Hugging Face weights or an llm.c model file."""
     from gptforge.config import Config
     from gptforge.models.gpt2 import GPT
     from gptforge.training import checkpoint as ckpt
 
     if hf is not None:
         return GPT.from_pretrained(hf)
+    if llmc is not None:
+        from gptforge.interop.llmc import read_llmc_model
+
+        return read_llmc_model(llmc)
     where = ckpt.resolve_checkpoint(ckpt_path)
     cfg = Config.from_dict(ckpt.read_meta(where)["config"])
     model = GPT(cfg.model)
@@ -282,6 +331,136 @@ def cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- interop, serving and generation benchmark (issue 6) ---------------------------------------
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from gptforge.interop import hf, llmc
+
+    _one_source(args)
+    model = load_model(args.ckpt, args.hf, args.llmc)
+    try:
+        if args.format == "hf":
+            files = hf.export_hf(model, args.out, force=args.force,
+                                 tokenizer=not args.no_tokenizer and model.config.vocab_size == 50257)
+        else:
+            out = Path(args.out)
+            if out.exists() and not args.force:
+                raise CliError(f"--out {out} exists; pass --force to overwrite it")
+            files = [llmc.write_llmc_model(model, out, dtype=args.dtype)]
+            if args.tokenizer:
+                from gptforge.data.tokenizer import get_tokenizer
+
+                files.append(llmc.write_llmc_tokenizer(get_tokenizer(), args.tokenizer))
+    except (FileExistsError, ValueError) as e:
+        raise CliError(str(e)) from e
+    print(json.dumps({"format": args.format, "files": [str(f) for f in files]}))
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    """An llm.c model file -> a weights-only gptforge checkpoint (sample, evaluate, export, serve)."""
+    from gptforge.config import Config
+    from gptforge.interop.llmc import read_llmc_model
+    from gptforge.training import checkpoint as ckpt
+
+    model = read_llmc_model(args.model)
+    if ckpt.latest_checkpoint(args.out) is not None and not args.force:
+        raise CliError(f"--out {args.out} already holds checkpoints; pass --force to add step_000000 there")
+    cfg = Config(model=model.config)
+    where = ckpt.save_checkpoint(args.out, 0, model, None, {"config": cfg.to_dict(), "source": str(args.model)})
+    print(json.dumps({"checkpoint": str(where), "params": model.num_parameters()}))
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from gptforge.serve.app import ServeSettings, run_server
+
+    _one_source(args)
+    settings = ServeSettings(max_new_tokens_cap=args.max_new_tokens_cap, max_batch=args.max_batch,
+                             max_queue=args.max_queue)
+    try:
+        settings.check()
+    except ValueError as e:
+        raise CliError(str(e)) from e
+    metrics = args.metrics
+    if metrics is None and args.ckpt is not None:  # the run's metrics.jsonl sits in the run directory
+        from gptforge.training import checkpoint as ckpt
+
+        where = ckpt.resolve_checkpoint(args.ckpt)
+        found = [p / "metrics.jsonl" for p in (where, *where.parents[:3]) if (p / "metrics.jsonl").exists()]
+        metrics = str(found[0]) if found else None
+    from gptforge.training.distributed import resolve_device
+
+    model = load_model(args.ckpt, args.hf, args.llmc).to(resolve_device(args.device))
+    run_server(model, settings, host=args.host, port=args.port, metrics_path=metrics)
+    return 0
+
+
+def cmd_bench_generate(args: argparse.Namespace) -> int:
+    import torch
+
+    from gptforge.bench_generate import run_bench_generate
+
+    if args.new_tokens < 1 or args.repeats < 1 or any(b < 1 for b in args.batch) or args.threads < 0:
+        raise CliError("--new-tokens, --repeats and every --batch must be >= 1, --threads >= 0")
+    try:
+        run_bench_generate(size=args.size, batches=args.batch, prompt_tokens=args.prompt_tokens,
+                           new_tokens=args.new_tokens, repeats=args.repeats, device=args.device, out=args.json,
+                           threads=args.threads, dtype=getattr(torch, args.dtype))
+    except ValueError as e:
+        raise CliError(str(e)) from e
+    return 0
+
+
+def _add_model_source(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ckpt", help="checkpoint directory, or a run directory (its newest checkpoint)")
+    p.add_argument("--hf", help="Hugging Face hub name (online) or save_pretrained directory")
+    p.add_argument("--llmc", help="llm.c model file (gpt2_124M.bin, version 3 or 5)")
+
+
+def _add_issue6_commands(sub) -> None:
+    e = sub.add_parser("export", help="write a model as a Hugging Face directory or an llm.c model file")
+    e.add_argument("format", choices=["hf", "llmc"], help="hf: safetensors + config.json (+ tokenizer); "
+                                                         "llmc: llm.c model .bin")
+    _add_model_source(e)
+    e.add_argument("--out", required=True, help="hf: output directory; llmc: output .bin file")
+    e.add_argument("--force", action="store_true", help="write into a non-empty directory / over an existing file")
+    e.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="llmc: version 3 or 5")
+    e.add_argument("--tokenizer", metavar="FILE", help="llmc: also write llm.c's tokenizer file here")
+    e.add_argument("--no-tokenizer", action="store_true", help="hf: skip vocab.json/merges.txt")
+
+    i = sub.add_parser("import", help="turn an llm.c model file into a gptforge checkpoint")
+    i.add_argument("format", choices=["llmc"])
+    i.add_argument("--model", required=True, help="llm.c model file")
+    i.add_argument("--out", required=True, help="run directory; the checkpoint is RUN/checkpoints/step_000000")
+    i.add_argument("--force", action="store_true")
+
+    v = sub.add_parser("serve", help="web page + JSON API to talk to a model (localhost)",
+                       description="Serve a page where you type a prompt, set the sampling knobs and watch tokens "
+                                   "stream in, plus the run's loss curve. JSON API under /api (see /docs).")
+    _add_model_source(v)
+    v.add_argument("--host", default="127.0.0.1", help="bind address (default %(default)s: this machine only)")
+    v.add_argument("--port", type=int, default=8000)
+    v.add_argument("--metrics", help="metrics.jsonl for the loss curve (default: the checkpoint's run directory)")
+    v.add_argument("--max-new-tokens-cap", type=int, default=512, help="largest max_new_tokens a request may ask")
+    v.add_argument("--max-batch", type=int, default=8, help="most prompts in one request")
+    v.add_argument("--max-queue", type=int, default=8, help="requests waiting for the model before 429")
+    v.add_argument("--device", default="auto")
+
+    g = sub.add_parser("bench-generate", help="decode tokens/s: gptforge KV cache vs transformers generate",
+                       description="Same random GPT-2 weights in both, same prompt, greedy; warm-up, repeats, JSON.")
+    g.add_argument("--size", default="gpt2", help="model size name (gpt2, d4, ...; default %(default)s)")
+    g.add_argument("--batch", type=int, nargs="+", default=[1, 8])
+    g.add_argument("--prompt-tokens", type=int, default=16)
+    g.add_argument("--new-tokens", type=int, default=64)
+    g.add_argument("--repeats", type=int, default=3)
+    g.add_argument("--device", default="auto")
+    g.add_argument("--threads", type=int, default=0, help="CPU threads for torch (0 = torch's default)")
+    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="weights of both models")
+    g.add_argument("--json", help="write results to this JSON file")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="gptforge",
@@ -298,18 +477,23 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--resume", nargs="?", const="latest", default=None, metavar="CKPT",
                    help="continue from the newest checkpoint in the run directory, or from CKPT")
     t.add_argument("--force", action="store_true", help="start over in a run directory that holds checkpoints")
+    t.add_argument("--init-from", metavar="CKPT_OR_LLMC_FILE",
+                   help="fine-tune: start from these weights (gptforge checkpoint/run dir or llm.c model file)")
     t.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
     t.add_argument("--help-config", action="store_true", help="list every config key with type and default")
 
-    s = sub.add_parser("sample", help="generate text from a checkpoint or Hugging Face weights")
-    s.add_argument("--ckpt", help="checkpoint directory, or a run directory (its newest checkpoint)")
-    s.add_argument("--hf", help="Hugging Face hub name (online) or save_pretrained directory")
-    s.add_argument("--prompt", default="Hello, I'm a language model,")
-    s.add_argument("--num-samples", type=int, default=5)
+    s = sub.add_parser("sample", help="generate text from a checkpoint, Hugging Face weights or an llm.c file")
+    _add_model_source(s)
+    s.add_argument("--prompt", action="append", help="prompt (repeat for a batch of prompts); default "
+                                                     "\"Hello, I'm a language model,\"")
+    s.add_argument("--num-samples", type=int, default=5, help="samples per prompt (one sample streams live)")
     s.add_argument("--max-new-tokens", type=int, default=32)
     s.add_argument("--top-k", type=int, default=50, help="0 = no top-k filtering")
     s.add_argument("--top-p", type=float, default=None, help="nucleus sampling threshold in (0, 1]")
     s.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
+    s.add_argument("--repetition-penalty", type=float, default=1.0, help="> 1 discourages repeats (1 = off)")
+    s.add_argument("--stop", action="append", help="stop sequence (repeatable); not included in the output")
+    s.add_argument("--stop-at-eot", action="store_true", help="end a sample at <|endoftext|>")
     s.add_argument("--seed", type=int, default=42)
     s.add_argument("--device", default="auto")
 
@@ -395,6 +579,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("runs", nargs="+", metavar="RUN", help="run directories (or metrics.jsonl files)")
     pl.add_argument("--out", required=True, help="output image, e.g. curves.png")
     pl.add_argument("--labels", help="comma-separated legend names, one per run (default: folder names)")
+    _add_issue6_commands(sub)
     return p
 
 
@@ -414,7 +599,8 @@ def main(argv: list[str] | None = None) -> int:
         if rest:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")
         handlers = {"sample": cmd_sample, "prepare": cmd_prepare, "assets": cmd_assets, "presets": cmd_presets,
-                    "bench-prepare": cmd_bench_prepare, "eval": cmd_eval, "plot": cmd_plot}
+                    "bench-prepare": cmd_bench_prepare, "eval": cmd_eval, "plot": cmd_plot, "export": cmd_export,
+                    "import": cmd_import, "serve": cmd_serve, "bench-generate": cmd_bench_generate}
         return handlers[args.command](args)
     except (CliError, ConfigError, ShardError, CheckpointError, TokenizerUnavailable, FileNotFoundError,
             EvalDataError) as e:

@@ -1,9 +1,28 @@
-"""Autoregressive sampling with a KV cache.
+"""Autoregressive generation with a KV cache: sampling knobs, batches of prompts, token streaming.
+
+Two layers, both iterators, shared by ``gptforge sample``, ``gptforge serve`` and the training
+loop's samples:
+
+* :func:`stream_tokens` yields the next token of every row, one step at a time (KV cache, or full
+  recomputation with ``use_cache=False`` as the reference the cache is tested against).
+* :func:`stream_text` turns those into text deltas per row, with stop sequences, end-of-text and
+  UTF-8 characters split across tokens handled, so a streamed page never shows half a character
+  or the beginning of a stop sequence.
+
+Prompts of different lengths share one batch by left padding: each row's first real token sits at
+position 0 (the model's learned absolute positions), and an attention mask hides the pad slots.
 
     >>> tokens = generate(model, prompt_ids, max_new_tokens=32, temperature=1.0, top_k=50, seed=42)
+    >>> for ev in stream_text(model, enc, ["ROMEO:", "JULIET:"], SamplingParams(seed=1, stop=("\\n\\n",))):
+    ...     print(ev.row, ev.text, end="")
 """
 
 from __future__ import annotations
+
+import codecs
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -11,17 +30,134 @@ import torch.nn.functional as F
 from gptforge.models.gpt2 import GPT
 
 
-def _filter_logits(logits: torch.Tensor, top_k: int | None, top_p: float | None) -> torch.Tensor:
-    if top_k is not None and top_k > 0 and top_k < logits.size(-1):
+@dataclass
+class SamplingParams:
+    """What to generate. ``temperature`` 0 means greedy; ``top_k`` 0/None and ``top_p`` 1/None
+    switch those filters off; ``repetition_penalty`` 1 is off (CTRL/HF rule: seen tokens' logits are
+    divided by it when positive, multiplied when negative)."""
+
+    max_new_tokens: int = 32
+    temperature: float = 1.0
+    top_k: int | None = 50
+    top_p: float | None = None
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()  # text stop sequences (not included in the output)
+    stop_token: int | None = None  # e.g. 50256 <|endoftext|>; ends that row
+
+    def check(self) -> None:
+        """Raise ValueError naming the field and the allowed range."""
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens={self.max_new_tokens!r}: must be an integer >= 1")
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ValueError(f"temperature={self.temperature!r}: must be a finite number >= 0 (0 = greedy)")
+        if self.top_k is not None and self.top_k < 0:
+            raise ValueError(f"top_k={self.top_k!r}: must be >= 0 (0 = off)")
+        if self.top_p is not None and not (math.isfinite(self.top_p) and 0 < self.top_p <= 1):
+            raise ValueError(f"top_p={self.top_p!r}: must be in (0, 1] (1 = off)")
+        if not math.isfinite(self.repetition_penalty) or self.repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty={self.repetition_penalty!r}: must be > 0 (1 = off)")
+        if any(not s for s in self.stop):
+            raise ValueError("stop: stop sequences must be non-empty strings")
+
+
+def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+    """logits (B, V), seen (B, V) bool. Same rule as transformers' RepetitionPenaltyLogitsProcessor."""
+    if penalty == 1.0:
+        return logits
+    penalised = torch.where(logits < 0, logits * penalty, logits / penalty)
+    return torch.where(seen, penalised, logits)
+
+
+def filter_logits(logits: torch.Tensor, top_k: int | None, top_p: float | None) -> torch.Tensor:
+    """Set logits outside the top-k / the nucleus (smallest set with probability >= top_p) to -inf."""
+    if top_k is not None and 0 < top_k < logits.size(-1):
         kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if top_p is not None and 0.0 < top_p < 1.0:
         sorted_logits, idx = torch.sort(logits, descending=True, dim=-1)
-        cum = F.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
-        remove = cum - F.softmax(sorted_logits, dim=-1) >= top_p  # keep the smallest set reaching top_p
+        probs = F.softmax(sorted_logits, dim=-1)
+        remove = probs.cumsum(dim=-1) - probs >= top_p  # mass before this token already reaches top_p
         sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
         logits = torch.full_like(logits, float("-inf")).scatter(-1, idx, sorted_logits)
     return logits
+
+
+def _pick(logits: torch.Tensor, p: SamplingParams, seen: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """logits (B, V) -> next tokens (B,)."""
+    logits = apply_repetition_penalty(logits.float(), seen, p.repetition_penalty)
+    if p.temperature == 0:
+        return logits.argmax(dim=-1)
+    probs = F.softmax(filter_logits(logits / p.temperature, p.top_k, p.top_p), dim=-1)
+    return torch.multinomial(probs, 1, generator=gen).squeeze(-1)
+
+
+def _left_pad(prompts: Sequence[Sequence[int]], device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded ids (B, T0) and, per slot, the row's pad length (B,)."""
+    T0 = max(len(r) for r in prompts)
+    pads = torch.tensor([T0 - len(r) for r in prompts], dtype=torch.long, device=device)
+    ids = torch.tensor([[0] * (T0 - len(r)) + list(r) for r in prompts], dtype=torch.long, device=device)
+    return ids, pads
+
+
+def _positions_and_mask(pads: torch.Tensor, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """For query slots start..end-1 over key slots 0..end-1: per-row positions (B, T) and the mask
+    (B, 1, T, end). A pad query attends only to itself so its softmax is never empty; real queries
+    never see pad keys, so each row computes exactly what it would alone."""
+    q = torch.arange(start, end, device=pads.device)  # (T,)
+    k = torch.arange(end, device=pads.device)  # (Tk,)
+    pos = (q[None, :] - pads[:, None]).clamp(min=0)  # (B, T)
+    causal = k[None, :] <= q[:, None]  # (T, Tk)
+    key_real = k[None, :] >= pads[:, None]  # (B, Tk)
+    mask = (causal[None] & key_real[:, None, :]) | (k[None, None, :] == q[None, :, None])
+    return pos, mask[:, None]  # (B, T), (B, 1, T, Tk)
+
+
+@torch.no_grad()
+def stream_tokens(
+    model: GPT, prompts: Sequence[Sequence[int]], params: SamplingParams, use_cache: bool = True
+) -> Iterator[torch.Tensor]:
+    """Yield the next token of every row, (B,) on the model's device, ``max_new_tokens`` times.
+
+    ``use_cache=False`` recomputes the whole sequence each step (the reference for the cache).
+    A private generator seeded with ``params.seed`` keeps sampling reproducible and leaves the
+    global RNG alone (so sampling during training never perturbs it).
+    """
+    params.check()
+    if not prompts or any(len(r) == 0 for r in prompts):
+        raise ValueError("every prompt needs at least one token (use [50256] <|endoftext|> for an empty prompt)")
+    block = model.config.block_size
+    longest = max(len(r) for r in prompts)
+    if longest + params.max_new_tokens > block:
+        raise ValueError(
+            f"prompt ({longest} tokens) + max_new_tokens ({params.max_new_tokens}) exceeds the model's context of "
+            f"{block} tokens"
+        )
+    model.eval()
+    device = model.lm_head.weight.device
+    gen = torch.Generator(device=device)
+    gen.manual_seed(params.seed if params.seed is not None else torch.seed())
+    ids, pads = _left_pad(prompts, device)
+    B, T0 = ids.shape
+    padded = bool(pads.any())
+    seen = torch.zeros(B, model.config.vocab_size, dtype=torch.bool, device=device)
+    for b, row in enumerate(prompts):  # the prompt counts as seen for the repetition penalty
+        seen[b, torch.tensor(list(row), dtype=torch.long, device=device)] = True
+    cache = model.new_kv_cache(B, max_len=T0 + params.max_new_tokens) if use_cache else None
+    out = ids
+    step_in = ids
+    for _ in range(params.max_new_tokens):
+        start = out.size(1) - step_in.size(1)
+        if padded:
+            pos, mask = _positions_and_mask(pads, start, out.size(1))
+            logits, _ = model(step_in, kv_cache=cache, pos=pos, attn_mask=mask)
+        else:
+            logits, _ = model(step_in, kv_cache=cache)
+        nxt = _pick(logits[:, -1, :], params, seen, gen)  # (B,)
+        seen[torch.arange(B, device=device), nxt] = True
+        out = torch.cat([out, nxt[:, None]], dim=1)
+        step_in = nxt[:, None] if use_cache else out
+        yield nxt
 
 
 @torch.no_grad()
@@ -34,31 +170,91 @@ def generate(
     top_p: float | None = None,
     seed: int | None = None,
     use_cache: bool = True,
+    repetition_penalty: float = 1.0,
 ) -> torch.Tensor:
-    """idx (B, T) -> (B, T + max_new_tokens). temperature 0 means greedy. A private generator keeps
-    sampling from touching the global RNG (so sampling during training never perturbs it)."""
-    model.eval()
-    device = idx.device
-    gen = torch.Generator(device=device)
-    gen.manual_seed(seed if seed is not None else torch.seed())
-    block = model.config.block_size
-    if idx.size(1) + max_new_tokens > block:
-        if use_cache:
-            raise ValueError(f"prompt ({idx.size(1)}) + max_new_tokens ({max_new_tokens}) exceeds the context {block}")
-    cache = model.new_kv_cache(idx.size(0)) if use_cache else None
-    out = idx
-    next_input = idx
-    for _ in range(max_new_tokens):
-        if cache is not None:
-            logits, _ = model(next_input, kv_cache=cache)
-        else:
-            logits, _ = model(out[:, -block:])
-        logits = logits[:, -1, :].float()
-        if temperature == 0:
-            nxt = logits.argmax(dim=-1, keepdim=True)
-        else:
-            probs = F.softmax(_filter_logits(logits / temperature, top_k, top_p), dim=-1)
-            nxt = torch.multinomial(probs, 1, generator=gen)
-        out = torch.cat([out, nxt], dim=1)
-        next_input = nxt
-    return out
+    """idx (B, T) -> (B, T + max_new_tokens). temperature 0 means greedy."""
+    p = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                       repetition_penalty=repetition_penalty, seed=seed)
+    steps = list(stream_tokens(model, idx.tolist(), p, use_cache=use_cache))
+    return torch.cat([idx, torch.stack(steps, dim=1).to(idx.device)], dim=1)
+
+
+@dataclass
+class TextEvent:
+    """A piece of one row's output. ``finished`` rows carry ``reason``: stop | eot | length."""
+
+    row: int
+    text: str
+    finished: bool = False
+    reason: str | None = None
+
+
+@dataclass
+class _RowText:
+    decoder: codecs.IncrementalDecoder = field(default_factory=lambda: codecs.getincrementaldecoder("utf-8")("replace"))
+    held: str = ""  # decoded text not yet emitted: it might be the start of a stop sequence
+    done: bool = False
+    n_tokens: int = 0
+
+
+def _emit_safe(held: str, stops: Sequence[str]) -> tuple[str, str]:
+    """Split ``held`` into (text safe to emit now, tail that may begin a stop sequence)."""
+    keep = 0
+    for s in stops:
+        for n in range(min(len(s) - 1, len(held)), 0, -1):
+            if held.endswith(s[:n]):
+                keep = max(keep, n)
+                break
+    return (held[: len(held) - keep], held[len(held) - keep :]) if keep else (held, "")
+
+
+def stream_text(
+    model: GPT, enc, prompts: Sequence[str | Sequence[int]], params: SamplingParams, use_cache: bool = True
+) -> Iterator[TextEvent]:
+    """Yield text deltas per row as tokens arrive; ends when every row has finished.
+
+    ``enc`` is a tiktoken Encoding (``decode_single_token_bytes``). String prompts are encoded
+    with <|endoftext|> allowed; an empty prompt becomes [<|endoftext|>].
+    """
+    eot = enc.eot_token
+    ids = [(enc.encode(p, allowed_special={"<|endoftext|>"}) or [eot]) if isinstance(p, str) else list(p)
+           for p in prompts]
+    rows = [_RowText() for _ in ids]
+    stops = params.stop
+    for step, nxt in enumerate(stream_tokens(model, ids, params, use_cache=use_cache)):
+        last = step == params.max_new_tokens - 1
+        for b, tok in enumerate(nxt.tolist()):
+            r = rows[b]
+            if r.done:
+                continue
+            r.n_tokens += 1
+            if params.stop_token is not None and tok == params.stop_token:
+                r.done = True
+                yield TextEvent(b, r.held + r.decoder.decode(b"", final=True), True, "eot")
+                continue
+            r.held += r.decoder.decode(enc.decode_single_token_bytes(tok), final=last)
+            hits = [i for i in (r.held.find(s) for s in stops) if i >= 0]
+            if hits:
+                r.done = True
+                yield TextEvent(b, r.held[: min(hits)], True, "stop")
+                continue
+            if last:
+                r.done = True
+                yield TextEvent(b, r.held, True, "length")
+                continue
+            now, r.held = _emit_safe(r.held, stops)
+            if now:
+                yield TextEvent(b, now)
+        if all(r.done for r in rows):
+            return
+
+
+def complete(model: GPT, enc, prompts: Sequence[str | Sequence[int]], params: SamplingParams) -> list[dict]:
+    """Whole completions: [{"text", "finish_reason"}] per prompt (non-streaming API and CLI)."""
+    texts = [""] * len(prompts)
+    reasons: list[str | None] = [None] * len(prompts)
+    for ev in stream_text(model, enc, prompts, params):
+        texts[ev.row] += ev.text
+        if ev.finished:
+            reasons[ev.row] = ev.reason
+    return [{"text": t, "finish_reason": r} for t, r in zip(texts, reasons, strict=True)]

@@ -1,11 +1,21 @@
-"""Hugging Face GPT-2 <-> gptforge weights: an explicit key map plus the Conv1D transposes.
+"""Hugging Face GPT-2 <-> gptforge weights: an explicit key map plus the Conv1D transposes, and an
+exporter that writes a directory ``transformers.GPT2LMHeadModel.from_pretrained`` loads.
 
     >>> from gptforge.models.gpt2 import GPT
     >>> model = GPT.from_pretrained("gpt2")            # online, hub name
     >>> model = GPT.from_pretrained("./my-gpt2-dir")   # offline, a save_pretrained directory
+
+    gptforge export hf --ckpt runs/shakespeare-cpu --out exports/shakespeare-hf
+
+The export needs no ``transformers``: weights go to ``model.safetensors`` (padded vocabulary sliced
+back to 50,257 rows, tied ``lm_head`` stored once), ``config.json`` is written by hand, and the
+tokenizer files (``vocab.json`` + ``merges.txt``) are derived offline from the tiktoken ranks.
 """
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import torch
 
@@ -68,3 +78,146 @@ def _pad_rows(w: torch.Tensor, rows: int) -> torch.Tensor:
         return w
     pad = torch.zeros(rows - w.size(0), w.size(1), dtype=w.dtype)
     return torch.cat([w, pad], dim=0)
+
+
+# ----------------------------------------------------------------------------- export
+
+
+def check_out_dir(out: str | Path, force: bool) -> Path:
+    """Refuse to write into a non-empty directory unless ``force`` (exports overwrite file names)."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"--out {out} exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise FileExistsError(f"--out {out} is not empty; choose an empty directory or pass --force to overwrite")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def hf_config(cfg) -> dict:
+    """config.json for transformers' GPT2LMHeadModel describing a gptforge GPTConfig."""
+    return {
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "vocab_size": cfg.vocab_size,
+        "n_positions": cfg.block_size,
+        "n_ctx": cfg.block_size,
+        "n_embd": cfg.n_embd,
+        "n_layer": cfg.n_layer,
+        "n_head": cfg.n_head,
+        "n_inner": None,  # 4 * n_embd
+        "activation_function": "gelu_new",  # tanh GELU, as in models/gpt2.py
+        "layer_norm_epsilon": 1e-5,  # nn.LayerNorm's default
+        "resid_pdrop": 0.0,
+        "embd_pdrop": 0.0,
+        "attn_pdrop": 0.0,
+        "initializer_range": 0.02,
+        "scale_attn_weights": True,
+        "tie_word_embeddings": True,
+        "bos_token_id": 50256,
+        "eos_token_id": 50256,
+        "torch_dtype": "float32",
+    }
+
+
+def export_hf(model: torch.nn.Module, out_dir: str | Path, force: bool = False, tokenizer: bool = True) -> list[Path]:
+    """Write ``model`` (a gptforge GPT) as a Hugging Face GPT-2 directory. Returns the files written."""
+    from safetensors.torch import save_file
+
+    cfg = model.config
+    if not cfg.bias:
+        raise ValueError("Hugging Face GPT-2 has biases in every Linear and LayerNorm; a model.bias=false model "
+                         "cannot be exported to GPT2LMHeadModel")
+    out = check_out_dir(out_dir, force)
+    sd = gptforge_to_hf({k: v.detach().float().cpu() for k, v in model.state_dict().items()}, cfg)
+    sd.pop("lm_head.weight", None)  # tied to transformer.wte.weight (tie_word_embeddings)
+    files = [out / "model.safetensors", out / "config.json"]
+    save_file(sd, str(files[0]), metadata={"format": "pt"})
+    files[1].write_text(json.dumps(hf_config(cfg), indent=2) + "\n")
+    if tokenizer:
+        if cfg.vocab_size != 50257:
+            raise ValueError(f"model.vocab_size={cfg.vocab_size} is not GPT-2's 50257; export with tokenizer=False")
+        files += write_hf_tokenizer(out, model_max_length=cfg.block_size)
+    return files
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable character map (as in OpenAI's encoder.py)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, (chr(c) for c in cs), strict=True))
+
+
+def _bpe_parts(ranks: dict[bytes, int], token: bytes, max_rank: int) -> list[bytes]:
+    """Run byte-pair merging on ``token`` using only merges ranked below ``max_rank``."""
+    parts = [bytes([b]) for b in token]
+    while True:
+        best_i, best_rank = -1, max_rank
+        for i in range(len(parts) - 1):
+            r = ranks.get(parts[i] + parts[i + 1])
+            if r is not None and r < best_rank:
+                best_i, best_rank = i, r
+        if best_i < 0:
+            return parts
+        parts[best_i : best_i + 2] = [parts[best_i] + parts[best_i + 1]]
+
+
+def ranks_to_vocab_merges(ranks: dict[bytes, int]) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """tiktoken ranks -> (vocab.json mapping, merges in rank order). Each multi-byte token is the
+    merge of the two parts BPE reaches with the merges ranked before it."""
+    b2u = bytes_to_unicode()
+
+    def u(b: bytes) -> str:
+        return "".join(b2u[x] for x in b)
+
+    vocab = {u(tok): rank for tok, rank in ranks.items()}
+    merges = []
+    for tok, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
+        if len(tok) == 1:
+            continue
+        parts = _bpe_parts(ranks, tok, rank)
+        if len(parts) != 2:
+            raise ValueError(f"token {tok!r} (rank {rank}) is not a single merge of earlier tokens")
+        merges.append((u(parts[0]), u(parts[1])))
+    return vocab, merges
+
+
+def gpt2_ranks() -> dict[bytes, int]:
+    """The GPT-2 BPE ranks: the offline file when present, else tiktoken's own (online) copy."""
+    from gptforge import assets
+
+    path = assets.gpt2_ranks_path()
+    if path.exists():
+        from tiktoken.load import load_tiktoken_bpe
+
+        return load_tiktoken_bpe(str(path), expected_hash=assets.GPT2_RANKS_SHA256)
+    from gptforge.data.tokenizer import get_tokenizer
+
+    return dict(get_tokenizer()._mergeable_ranks)  # tiktoken keeps the ranks only on this attribute
+
+
+def write_hf_tokenizer(out: Path, model_max_length: int = 1024) -> list[Path]:
+    """vocab.json, merges.txt and the small config files GPT2Tokenizer(Fast).from_pretrained needs."""
+    vocab, merges = ranks_to_vocab_merges(gpt2_ranks())
+    vocab["<|endoftext|>"] = 50256
+    eot = "<|endoftext|>"
+    files = {
+        "vocab.json": json.dumps(vocab, ensure_ascii=False),
+        "merges.txt": "#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges),
+        "tokenizer_config.json": json.dumps({
+            "tokenizer_class": "GPT2Tokenizer", "model_max_length": model_max_length, "add_prefix_space": False,
+            "bos_token": eot, "eos_token": eot, "unk_token": eot,
+        }, indent=2),
+        "special_tokens_map.json": json.dumps({"bos_token": eot, "eos_token": eot, "unk_token": eot}, indent=2),
+    }
+    paths = []
+    for name, text in files.items():
+        (out / name).write_text(text, encoding="utf-8")
+        paths.append(out / name)
+    return paths

@@ -87,7 +87,9 @@ class CausalSelfAttention(nn.Module):
             mask = torch.tril(torch.ones(cfg.block_size, cfg.block_size, dtype=torch.bool))
             self.register_buffer("mask", mask.view(1, 1, cfg.block_size, cfg.block_size), persistent=False)
 
-    def forward(self, x: torch.Tensor, kv_cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, kv_cache: KVCache | None = None, layer: int = 0, attn_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         B, T, C = x.size()
         hs = C // self.n_head
         q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
@@ -100,9 +102,19 @@ class CausalSelfAttention(nn.Module):
             k, v = kv_cache.update(layer, k, v)  # (B, nh, past+T, hs)
         Tk = k.size(2)
         dropout_p = self.dropout if self.training else 0.0
-        if self.flash:
+        if attn_mask is not None:  # (B, 1, T, Tk) bool, True = may attend (batched generation with padding)
+            if self.flash:
+                y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
+            else:
+                att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))  # (B, nh, T, Tk)
+                att = F.dropout(F.softmax(att.masked_fill(~attn_mask, float("-inf")), dim=-1), p=dropout_p,
+                                training=self.training)
+                y = att @ v  # (B, nh, T, hs)
+        elif self.flash:
             if past == 0:
                 y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+            elif T == 1:  # one new token sees every cached key: no mask, so the fastest kernel applies
+                y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
             else:  # query i sits at absolute position past+i and sees keys 0..past+i
                 allowed = torch.ones(T, Tk, dtype=torch.bool, device=x.device).tril(diagonal=past)
                 y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p)
@@ -149,8 +161,10 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: torch.Tensor, kv_cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x), kv_cache, layer)  # pre-LayerNorm residual blocks
+    def forward(
+        self, x: torch.Tensor, kv_cache: KVCache | None = None, layer: int = 0, attn_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), kv_cache, layer, attn_mask)  # pre-LayerNorm residual blocks
         x = x + self.mlp(self.ln_2(x))
         return x
 
@@ -222,23 +236,27 @@ class GPT(nn.Module):
         idx: torch.Tensor,
         targets: torch.Tensor | None = None,
         kv_cache: KVCache | None = None,
+        pos: torch.Tensor | None = None,
+        attn_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """idx (B, T) token ids -> logits (B, T, vocab_size), and the mean cross-entropy if targets.
 
         Logits are sliced back to the real vocabulary, so padded rows never receive probability.
-        Targets equal to -1 are ignored.
+        Targets equal to -1 are ignored. ``pos`` (B, T) and ``attn_mask`` (B, 1, T, Tk) bool let a
+        batch of left-padded prompts carry per-row positions (see ``gptforge.generation``).
         """
         B, T = idx.size()
         past = kv_cache.length if kv_cache is not None else 0
         if past + T > self.config.block_size:
             raise ValueError(f"sequence length {past + T} exceeds block_size {self.config.block_size}")
-        pos = torch.arange(past, past + T, dtype=torch.long, device=idx.device)  # (T,)
+        if pos is None:
+            pos = torch.arange(past, past + T, dtype=torch.long, device=idx.device)  # (T,)
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))  # (B, T, C)
         for i, block in enumerate(self.transformer.h):
             if self.config.recompute == "block" and self.training and torch.is_grad_enabled():
                 x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
             else:
-                x = block(x, kv_cache, i)
+                x = block(x, kv_cache, i, attn_mask)
         if kv_cache is not None:
             kv_cache.advance()
         x = self.transformer.ln_f(x)

@@ -18,6 +18,7 @@ import shutil
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -213,9 +214,11 @@ def train_step(
     return loss_accum, norm
 
 
-def train(cfg: Config, resume: str | None = None, force: bool = False, stop_at_step: int | None = None) -> RunResult:
+def train(cfg: Config, resume: str | None = None, force: bool = False, stop_at_step: int | None = None,
+          init_weights: Callable[[GPT], None] | None = None) -> RunResult:
     """Train per ``cfg``. ``resume``: "latest" or a checkpoint dir. ``stop_at_step``: behave as if
-    interrupted after that many steps (tests use it to compare a resumed run with an uninterrupted one)."""
+    interrupted after that many steps (tests use it to compare a resumed run with an uninterrupted one).
+    ``init_weights(model)``: fine-tuning, fill a fresh run's model from other weights (``--init-from``)."""
     # --- setup: devices, precision, run directory -------------------------------------------------
     info = init_distributed(cfg.train.device)
     grad_accum = cfg.validate(info.world)
@@ -256,6 +259,8 @@ def train(cfg: Config, resume: str | None = None, force: bool = False, stop_at_s
         train_loader.load_state_dict(meta["loader"])
         start_step = int(meta["step"])
         log(f"resumed from {resume_dir} at step {start_step}")
+    elif init_weights is not None:
+        init_weights(model)  # before wrapping/compiling; the optimizer state starts fresh
     n_params = model.num_parameters()
     evals = prepare_for_training(cfg, model, log)  # eval tasks loaded once (None when eval.every is 0)
     fpt = flops_per_token(cfg.model, n_params, T, "llmc")

@@ -1,0 +1,106 @@
+"""Decode speed: gptforge's KV-cache generation against transformers' ``generate`` on the same weights.
+
+Both models hold the same random GPT-2 weights (ours exported through ``interop.hf``'s key map), get
+the same prompt and decode greedily for the same number of tokens; the JSON records tokens/s for
+each batch size, the ratio, and whether both produced the same tokens (they must: greedy, same
+weights). Each measurement is one untimed warm-up call, then ``repeats`` timed calls (median),
+alternating between the two implementations.
+
+    gptforge bench-generate --size gpt2 --batch 1 8 --new-tokens 64 --json bench_generate.json
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def _time_once(fn, device: torch.device) -> tuple[float, Any]:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    out = fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - t0, out
+
+
+def _timed_pair(fa, fb, repeats: int, device: torch.device) -> tuple[float, float, Any, Any]:
+    """Median seconds of ``fa`` and ``fb``, timed alternately (a, b, a, b ...) so that load from other
+    processes on a shared machine hits both alike; one untimed warm-up call of each first."""
+    out_a, out_b = fa(), fb()
+    ta, tb = [], []
+    for _ in range(repeats):
+        t, out_a = _time_once(fa, device)
+        ta.append(t)
+        t, out_b = _time_once(fb, device)
+        tb.append(t)
+    return statistics.median(ta), statistics.median(tb), out_a, out_b
+
+
+def run_bench_generate(size: str = "gpt2", batches: list[int] | tuple[int, ...] = (1, 8), prompt_tokens: int = 16,
+                       new_tokens: int = 64, repeats: int = 3, device: str = "auto", out: str | None = None,
+                       dtype: torch.dtype = torch.float32, threads: int = 0) -> dict[str, Any]:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from gptforge.generation import generate
+    from gptforge.interop.hf import gptforge_to_hf
+    from gptforge.models.gpt2 import GPT, GPTConfig
+    from gptforge.training.distributed import resolve_device
+
+    dev = torch.device(resolve_device(device))
+    if threads > 0:  # on a shared CPU, fewer threads than cores avoids waiting on descheduled workers
+        torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    cfg = GPTConfig.from_preset(size)
+    if prompt_tokens + new_tokens > cfg.block_size:
+        raise ValueError(f"--prompt-tokens + --new-tokens = {prompt_tokens + new_tokens} exceeds the context {cfg.block_size}")
+    ours = GPT(cfg).to(dev, dtype).eval()
+    hf = GPT2LMHeadModel(GPT2Config(n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd,
+                                    n_positions=cfg.block_size, vocab_size=cfg.vocab_size,
+                                    resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+    missing, unexpected = hf.load_state_dict(gptforge_to_hf(ours.state_dict(), cfg), strict=False)
+    assert not unexpected and all(k.endswith((".attn.bias", ".attn.masked_bias")) for k in missing), (missing, unexpected)
+    hf = hf.to(dev, dtype).eval()
+    prompt = torch.randint(0, cfg.vocab_size, (1, prompt_tokens), generator=torch.Generator().manual_seed(1))
+    rows = []
+    for B in batches:
+        idx = prompt.expand(B, -1).contiguous().to(dev)
+
+        def run_ours(idx=idx):
+            return generate(ours, idx, new_tokens, temperature=0.0)
+
+        def run_hf(idx=idx):
+            with torch.no_grad():
+                return hf.generate(idx, attention_mask=torch.ones_like(idx), max_new_tokens=new_tokens,
+                                   min_new_tokens=new_tokens, do_sample=False, pad_token_id=0, eos_token_id=None)
+
+        t_ours, t_hf, tok_ours, tok_hf = _timed_pair(run_ours, run_hf, repeats, dev)
+        rows.append({
+            "batch": B,
+            "gptforge_tokens_per_s": round(B * new_tokens / t_ours, 1),
+            "transformers_tokens_per_s": round(B * new_tokens / t_hf, 1),
+            "speedup": round(t_hf / t_ours, 2),
+            "gptforge_s": round(t_ours, 4), "transformers_s": round(t_hf, 4),
+            "same_tokens": bool(torch.equal(tok_ours.cpu(), tok_hf.cpu())),
+        })
+        print(json.dumps(rows[-1]), flush=True)
+    import transformers
+
+    result = {
+        "what": "greedy decode tokens/s (generate call incl. prompt prefill), gptforge KV cache vs transformers",
+        "size": size, "params": ours.num_parameters(), "prompt_tokens": prompt_tokens, "new_tokens": new_tokens,
+        "repeats": repeats, "dtype": str(dtype).replace("torch.", ""), "device": str(dev),
+        "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or "cpu",
+        "torch_threads": torch.get_num_threads(), "torch": torch.__version__, "transformers": transformers.__version__,
+        "results": rows,
+    }
+    if out:
+        Path(out).write_text(json.dumps(result, indent=2) + "\n")
+    return result

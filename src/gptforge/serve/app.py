@@ -1,0 +1,266 @@
+"""The web page and JSON API for talking to a model: FastAPI app, validated requests, a bounded queue.
+
+    gptforge serve --ckpt runs/shakespeare-cpu            # http://127.0.0.1:8000
+    curl -s localhost:8000/api/generate -H 'content-type: application/json' \\
+         -d '{"prompt": "ROMEO:", "max_new_tokens": 32, "temperature": 0.8, "seed": 1}'
+
+Endpoints: ``GET /`` the page (plain HTML/JS in ``static/index.html``, no build step);
+``GET /api/info`` model and limits; ``POST /api/generate`` whole completions; ``POST /api/stream``
+the same request answered as server-sent events (``data: {"row", "text"}`` per piece, a final
+``{"row", "finished": true, "reason"}`` per row, then ``event: done``); ``GET /api/metrics`` the
+run's loss curve from its ``metrics.jsonl``.
+
+Bad input never reaches the model: malformed JSON -> 400, a value out of range -> 422 naming the
+field, a prompt that does not fit the context or a ``max_new_tokens`` over the cap -> 400, a body
+over the size limit -> 413, more waiting requests than ``max_queue`` -> 429. One request runs on the
+model at a time (a lock); the rest wait in a bounded queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from collections.abc import AsyncIterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
+
+if TYPE_CHECKING:
+    import tiktoken
+
+    from gptforge.models.gpt2 import GPT
+
+STATIC = Path(__file__).parent / "static"
+
+
+@dataclass
+class ServeSettings:
+    max_new_tokens_cap: int = 512  # per request; bounds time and KV-cache memory
+    max_batch: int = 8  # prompts per request
+    max_queue: int = 8  # requests waiting for the model before 429
+    max_prompt_chars: int = 20_000  # before tokenizing (the context check comes after)
+    max_body_bytes: int = 1_000_000
+
+    def check(self) -> None:
+        for k, v in asdict(self).items():
+            if not isinstance(v, int) or v < (0 if k == "max_queue" else 1):
+                raise ValueError(f"--{k.replace('_', '-')} {v}: must be an integer >= {0 if k == 'max_queue' else 1}")
+
+
+class GenerateRequest(BaseModel):
+    """One prompt (``prompt``) or a batch (``prompts``) and the sampling knobs."""
+
+    model_config = ConfigDict(extra="forbid")
+    prompt: str | None = Field(None, description="the text to continue")
+    prompts: list[str] | None = Field(None, min_length=1, description="several prompts, generated as one batch")
+    max_new_tokens: int | None = Field(None, ge=1, description="default: 64 or the server's cap if lower")
+    temperature: float = Field(1.0, ge=0, le=100, allow_inf_nan=False, description="0 = greedy")
+    top_k: int = Field(50, ge=0, description="0 = off")
+    top_p: float = Field(1.0, gt=0, le=1, allow_inf_nan=False, description="1 = off")
+    repetition_penalty: float = Field(1.0, gt=0, le=100, allow_inf_nan=False, description="1 = off")
+    seed: int | None = Field(None, ge=0, lt=2**63)
+    stop: list[str] = Field(default_factory=list, max_length=8, description="stop sequences")
+    stop_at_eot: bool = True
+
+
+class ModelGate:
+    """One request on the model at a time; at most ``max_queue`` waiting, the rest get 429."""
+
+    def __init__(self, max_queue: int):
+        self.max_queue = max_queue
+        self.waiting = 0
+        self._lock = asyncio.Lock()
+
+    async def acquire(self) -> None:
+        if self._lock.locked() and self.waiting >= self.max_queue:
+            raise HTTPException(429, f"server busy: {self.waiting} requests already queued; retry shortly")
+        self.waiting += 1
+        try:
+            await self._lock.acquire()
+        finally:
+            self.waiting -= 1
+
+    def release(self) -> None:
+        self._lock.release()
+
+
+def _error(status: int, msg: str) -> JSONResponse:
+    return JSONResponse({"error": msg}, status_code=status)
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[int, str]:
+    errs = exc.errors()
+    if any(e.get("type") == "json_invalid" for e in errs):
+        detail = next(e for e in errs if e.get("type") == "json_invalid")
+        return 400, f"malformed JSON body: {detail.get('ctx', {}).get('error', detail.get('msg'))}"
+    parts = []
+    for e in errs:
+        loc = ".".join(str(x) for x in e.get("loc", ()) if x != "body") or "body"
+        parts.append(f"{loc}: {e.get('msg')}" + (f" (got {e['input']!r})" if "input" in e and loc != "body" else ""))
+    return 422, "; ".join(parts)
+
+
+def read_loss_curve(path: str | Path | None, max_points: int = 2000) -> dict[str, Any]:
+    """{"train": [[step, loss]...], "val": [[step, val_loss]...]} from metrics.jsonl, thinned to max_points."""
+    if path is None or not Path(path).exists():
+        return {"available": False, "train": [], "val": []}
+    train, val = [], []
+    with open(path) as f:
+        for line in f:
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line being appended right now
+            if rec.get("kind") == "train" and isinstance(rec.get("loss"), (int, float)):
+                train.append([rec["step"], rec["loss"]])
+            elif rec.get("kind") == "val" and isinstance(rec.get("val_loss"), (int, float)):
+                val.append([rec["step"], rec["val_loss"]])
+
+    def thin(xs: list) -> list:
+        stride = max(1, math.ceil(len(xs) / max_points))
+        return [x for x in xs[::stride] if math.isfinite(x[1])]
+
+    return {"available": True, "path": str(path), "train": thin(train), "val": thin(val)}
+
+
+def create_app(model: GPT, enc: tiktoken.Encoding | None = None, settings: ServeSettings | None = None,
+               metrics_path: str | Path | None = None) -> FastAPI:
+    """The FastAPI app around one loaded model (tests build it directly and call it in-process)."""
+    from gptforge.generation import SamplingParams, complete, stream_text
+
+    if enc is None:
+        from gptforge.data.tokenizer import get_tokenizer
+
+        enc = get_tokenizer()
+    settings = settings or ServeSettings()
+    settings.check()
+    gate = ModelGate(settings.max_queue)
+    block = model.config.block_size
+    app = FastAPI(title="gptforge", description="Talk to a gptforge model.")
+
+    @app.middleware("http")
+    async def limit_body(request: Request, call_next):
+        size = request.headers.get("content-length")
+        if size is not None and (not size.isdigit() or int(size) > settings.max_body_bytes):
+            return _error(413, f"request body of {size} bytes is over the limit of {settings.max_body_bytes}")
+        return await call_next(request)
+
+    @app.exception_handler(RequestValidationError)
+    async def on_invalid(request: Request, exc: RequestValidationError):
+        return _error(*_validation_message(exc))
+
+    @app.exception_handler(HTTPException)
+    async def on_http(request: Request, exc: HTTPException):
+        return _error(exc.status_code, str(exc.detail))
+
+    def prepare(req: GenerateRequest) -> tuple[list[list[int]], SamplingParams]:
+        if (req.prompt is None) == (req.prompts is None):
+            raise HTTPException(400, "give exactly one of prompt (a string) or prompts (a list of strings)")
+        prompts = [req.prompt] if req.prompt is not None else list(req.prompts or [])
+        if len(prompts) > settings.max_batch:
+            raise HTTPException(400, f"prompts: {len(prompts)} prompts; this server takes at most {settings.max_batch}")
+        n_new = req.max_new_tokens if req.max_new_tokens is not None else min(64, settings.max_new_tokens_cap)
+        if n_new > settings.max_new_tokens_cap:
+            raise HTTPException(400, f"max_new_tokens={n_new} is over this server's cap of {settings.max_new_tokens_cap}")
+        for i, p in enumerate(prompts):
+            if len(p) > settings.max_prompt_chars:
+                raise HTTPException(400, f"prompt {i} has {len(p)} characters; the limit is {settings.max_prompt_chars}")
+        if any(not s for s in req.stop):
+            raise HTTPException(400, "stop: stop sequences must be non-empty strings")
+        ids = [enc.encode(p, allowed_special={"<|endoftext|>"}) or [enc.eot_token] for p in prompts]
+        for i, row in enumerate(ids):
+            if len(row) + n_new > block:
+                raise HTTPException(400, f"prompt {i} is {len(row)} tokens; with max_new_tokens={n_new} "
+                                         f"that exceeds the model's context of {block} tokens")
+        params = SamplingParams(max_new_tokens=n_new, temperature=req.temperature, top_k=req.top_k,
+                                top_p=req.top_p, repetition_penalty=req.repetition_penalty, seed=req.seed,
+                                stop=tuple(req.stop), stop_token=enc.eot_token if req.stop_at_eot else None)
+        try:
+            params.check()
+        except ValueError as e:
+            raise HTTPException(422, str(e)) from e
+        return ids, params
+
+    @app.get("/", include_in_schema=False)
+    async def page():
+        return FileResponse(STATIC / "index.html", media_type="text/html")
+
+    @app.get("/api/info")
+    async def info():
+        return {"model": model.config.to_dict(), "parameters": model.num_parameters(),
+                "limits": asdict(settings), "queue": {"waiting": gate.waiting}}
+
+    @app.get("/api/metrics")
+    async def metrics():
+        return await run_in_threadpool(read_loss_curve, metrics_path)
+
+    @app.post("/api/generate")
+    async def generate(req: GenerateRequest):
+        ids, params = prepare(req)
+        await gate.acquire()
+        try:
+            results = await run_in_threadpool(complete, model, enc, ids, params)
+        finally:
+            gate.release()
+        return {"completions": results}
+
+    @app.post("/api/stream")
+    async def stream(req: GenerateRequest):
+        ids, params = prepare(req)
+        await gate.acquire()  # before the response starts, so a full queue is a real 429
+        # Generation runs in its own task that always releases the gate, even if the response body
+        # is never iterated (client gone before the first byte); the response only reads its queue.
+        pieces: asyncio.Queue = asyncio.Queue()  # at most batch x max_new_tokens events: bounded
+        client_gone = asyncio.Event()
+        task = asyncio.create_task(_produce(stream_text(model, enc, ids, params), pieces, client_gone))
+        producers.add(task)
+        task.add_done_callback(producers.discard)
+
+        async def events() -> AsyncIterator[str]:
+            try:
+                while (ev := await pieces.get()) is not None:
+                    if isinstance(ev, Exception):
+                        yield f"event: error\ndata: {json.dumps({'error': f'generation failed: {ev}'})}\n\n"
+                        continue
+                    body: dict[str, Any] = {"row": ev.row, "text": ev.text}
+                    if ev.finished:
+                        body.update(finished=True, reason=ev.reason)
+                    yield f"data: {json.dumps(body)}\n\n"
+                yield "event: done\ndata: {}\n\n"
+            finally:
+                client_gone.set()  # stops the producer at its next step
+
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    producers: set[asyncio.Task] = set()  # strong references, so running producers are not collected
+
+    async def _produce(it, pieces: asyncio.Queue, client_gone: asyncio.Event) -> None:
+        done = object()
+        try:
+            while not client_gone.is_set() and (ev := await run_in_threadpool(next, it, done)) is not done:
+                pieces.put_nowait(ev)
+        except Exception as e:  # e.g. out of memory: tell the client, keep serving
+            pieces.put_nowait(e)
+        finally:
+            it.close()
+            gate.release()
+            pieces.put_nowait(None)
+
+    return app
+
+
+def run_server(model: GPT, settings: ServeSettings, host: str = "127.0.0.1", port: int = 8000,
+               metrics_path: str | Path | None = None) -> None:
+    import uvicorn
+
+    app = create_app(model, settings=settings, metrics_path=metrics_path)
+    print(f"gptforge serve: http://{host}:{port}/  (JSON API under /api, schema at /docs; Ctrl-C stops)", flush=True)
+    uvicorn.run(app, host=host, port=port, log_level="warning")

@@ -1,0 +1,95 @@
+"""A real browser on the served page: headless Debian Chromium driven by Playwright loads the page,
+submits a prompt and watches the text arrive in pieces; the loss curve is drawn from metrics.jsonl.
+
+Needs /usr/bin/chromium (CI installs it with scripts/system_deps.sh) and the `playwright` package;
+Playwright's own browser download is never used.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import threading
+import time
+
+import pytest
+import torch
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+if not os.path.exists(CHROMIUM):
+    pytest.skip("no /usr/bin/chromium: run scripts/system_deps.sh (CI does)", allow_module_level=True)
+sync_api = pytest.importorskip("playwright.sync_api")
+uvicorn = pytest.importorskip("uvicorn")
+
+from gptforge.models.gpt2 import GPT, GPTConfig  # noqa: E402
+from gptforge.serve.app import ServeSettings, create_app  # noqa: E402
+
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def server(tokenizer, tmp_path):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=128)).eval()
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("".join(json.dumps({"kind": "train", "step": s, "loss": 10 * 0.97**s}) + "\n" for s in range(60))
+                       + json.dumps({"kind": "val", "step": 59, "val_loss": 2.0}) + "\n")
+    app = create_app(model, tokenizer, ServeSettings(max_new_tokens_cap=64), metrics)
+    port = _free_port()
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 30
+    while not srv.started:
+        assert time.time() < deadline and thread.is_alive(), "server did not start"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    srv.should_exit = True
+    thread.join(timeout=10)
+
+
+def test_page_streams_text_and_draws_curve(server, tmp_path):
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1200, "height": 800})
+            page.goto(server + "/")
+            page.wait_for_selector("#model-info dt")  # /api/info answered
+            page.wait_for_selector("#curve path")  # /api/metrics answered and drawn
+            assert "train loss" in page.inner_text("#curve-note")
+            # count how often the generated text changes while it streams in
+            page.evaluate("""() => {
+                window.__updates = [];
+                const target = document.getElementById('output');
+                new MutationObserver(() => {
+                    const g = target.querySelector('.gen');
+                    if (g) window.__updates.push(g.textContent.length);
+                }).observe(target, {childList: true, subtree: true, characterData: true});
+            }""")
+            page.fill("#prompt", "ROMEO:")
+            page.fill("#max_new_tokens", "40")
+            page.fill("#temperature", "0")
+            page.click("#generate")
+            page.wait_for_function("document.getElementById('status').textContent.startsWith('done')", timeout=60_000)
+            text = page.inner_text("#output .gen")
+            updates = page.evaluate("window.__updates")
+            assert len(text) > 20
+            assert len(set(u for u in updates if u > 0)) > 3, updates  # grew in several steps: streamed
+            assert page.inner_text("#output .prompt") == "ROMEO:"
+            page.screenshot(path=str(os.environ.get("GPTFORGE_SCREENSHOT", tmp_path / "page.png")), full_page=True)
+            # a bad value shows the server's message instead of breaking the page
+            page.fill("#max_new_tokens", "500")
+            page.click("#generate")
+            page.wait_for_function("document.getElementById('status').className === 'error'", timeout=30_000)
+            assert "cap of 64" in page.inner_text("#status")
+        finally:
+            browser.close()

@@ -1,0 +1,125 @@
+"""`gptforge sample` on the streaming generator, `serve`/`bench-generate` argument checks, and the
+benchmark's own correctness check (greedy tokens identical to transformers' on the same weights)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from gptforge.cli import main
+from gptforge.config import Config
+from gptforge.generation import SamplingParams, complete
+from gptforge.interop.llmc import write_llmc_model
+from gptforge.models.gpt2 import GPT, GPTConfig
+from gptforge.training.checkpoint import save_checkpoint
+
+
+@pytest.fixture
+def ckpt(tmp_path):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=64)).eval()
+    where = save_checkpoint(tmp_path / "run", 3, model, None, {"config": Config(model=model.config).to_dict()})
+    return model, where
+
+
+def test_sample_streams_one_and_batches_several(ckpt, tokenizer, capsys):
+    model, where = ckpt
+    assert main(["sample", "--ckpt", str(where), "--prompt", "ROMEO:", "--num-samples", "1", "--max-new-tokens", "10",
+                 "--temperature", "0"]) == 0
+    ref = complete(model, tokenizer, ["ROMEO:"], SamplingParams(max_new_tokens=10, temperature=0.0))[0]["text"]
+    assert capsys.readouterr().out == f"--- sample 0\nROMEO:{ref}\n"
+    argv = ["sample", "--ckpt", str(where), "--prompt", "A", "--prompt", "Hello there", "--num-samples", "2",
+            "--max-new-tokens", "6", "--top-p", "0.9", "--repetition-penalty", "1.2", "--seed", "5"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert out.count("--- sample") == 4 and out.count("\nHello there") == 2
+    assert main(argv) == 0 and capsys.readouterr().out == out  # seeded
+
+
+def test_sample_from_llmc_file_equals_checkpoint(ckpt, tmp_path, capsys):
+    model, where = ckpt
+    write_llmc_model(model, tmp_path / "m.bin")
+    argv = ["--prompt", "Hi", "--num-samples", "3", "--max-new-tokens", "8", "--seed", "1"]
+    assert main(["sample", "--ckpt", str(where), *argv]) == 0
+    a = capsys.readouterr().out
+    assert main(["sample", "--llmc", str(tmp_path / "m.bin"), *argv]) == 0
+    assert capsys.readouterr().out == a
+
+
+@pytest.mark.parametrize(
+    "extra, words",
+    [
+        (["--temperature", "-1"], "temperature"),
+        (["--top-p", "0"], "top-p"),
+        (["--top-k", "-1"], "top-k"),
+        (["--repetition-penalty", "0"], "repetition-penalty"),
+        (["--max-new-tokens", "0"], "max-new-tokens"),
+        (["--max-new-tokens", "70"], "context of 64"),
+        (["--stop", ""], "stop"),
+    ],
+)
+def test_sample_bad_knobs_exit_2(ckpt, extra, words, capsys):
+    _, where = ckpt
+    assert main(["sample", "--ckpt", str(where), *extra]) == 2
+    assert words in capsys.readouterr().err
+
+
+def test_serve_and_export_bad_input_exit_2(ckpt, tmp_path, capsys):
+    _, where = ckpt
+    assert main(["serve"]) == 2
+    assert "exactly one of --ckpt" in capsys.readouterr().err
+    assert main(["serve", "--ckpt", str(where), "--max-new-tokens-cap", "0"]) == 2
+    assert "max-new-tokens-cap" in capsys.readouterr().err
+    assert main(["serve", "--ckpt", str(tmp_path / "nope")]) == 2
+    assert main(["export", "hf", "--ckpt", str(where), "--hf", "gpt2", "--out", str(tmp_path / "x")]) == 2
+    assert main(["import", "llmc", "--model", str(tmp_path / "missing.bin"), "--out", str(tmp_path / "r")]) == 2
+    assert "missing.bin" in capsys.readouterr().err
+    assert main(["bench-generate", "--batch", "0"]) == 2
+
+
+def test_bench_generate_agrees_with_transformers(tmp_path):
+    pytest.importorskip("transformers")
+    out = tmp_path / "bg.json"
+    assert main(["bench-generate", "--size", "d2", "--batch", "1", "3", "--new-tokens", "6", "--prompt-tokens", "5",
+                 "--repeats", "1", "--device", "cpu", "--json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert [r["batch"] for r in res["results"]] == [1, 3]
+    assert all(r["same_tokens"] and r["gptforge_tokens_per_s"] > 0 for r in res["results"])
+
+
+def test_serve_command_serves_checkpoint_and_its_metrics(ckpt, tmp_path):
+    """The real `gptforge serve` process: binds 127.0.0.1, finds the run's metrics.jsonl, answers."""
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    pytest.importorskip("uvicorn")
+    _, where = ckpt
+    (tmp_path / "run" / "metrics.jsonl").write_text(json.dumps({"kind": "train", "step": 1, "loss": 9.5}) + "\n")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "gptforge", "serve", "--ckpt", str(tmp_path / "run"), "--port",
+                             str(port), "--device", "cpu"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.time() + 60
+        while True:
+            try:
+                info = json.loads(urllib.request.urlopen(url + "/api/info", timeout=2).read())
+                break
+            except OSError:
+                assert proc.poll() is None and time.time() < deadline, proc.stdout.read() if proc.poll() else "timeout"
+                time.sleep(0.2)
+        assert info["model"]["n_embd"] == 32
+        assert json.loads(urllib.request.urlopen(url + "/api/metrics").read())["train"] == [[1, 9.5]]
+        req = urllib.request.Request(url + "/api/generate", data=json.dumps({"prompt": "Hi", "max_new_tokens": 4}).encode(),
+                                     headers={"content-type": "application/json"})
+        assert json.loads(urllib.request.urlopen(req).read())["completions"][0]["finish_reason"] in ("length", "eot")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)

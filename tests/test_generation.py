@@ -1,0 +1,171 @@
+"""Generation: the KV cache against full recomputation, batches against single prompts, and the
+sampling knobs and greedy decoding against Hugging Face transformers as the independent reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gptforge import generation as g
+from gptforge.generation import SamplingParams, filter_logits, generate, stream_text, stream_tokens
+from gptforge.models.gpt2 import GPT, GPTConfig
+
+
+def _model(flash: bool = True, vocab: int = 512, seed: int = 0) -> GPT:
+    torch.manual_seed(seed)
+    m = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=64, vocab_size=vocab, flash=flash))
+    with torch.no_grad():  # sharper distributions, so argmax never hinges on rounding
+        m.transformer.wte.weight.mul_(20)
+    return m.eval()
+
+
+PROMPTS = [[5, 17, 99, 3, 250, 7, 7, 1], [42], [300, 12, 0, 9]]
+
+
+@pytest.mark.parametrize("flash", [True, False])
+@pytest.mark.parametrize(
+    "knobs",
+    [dict(temperature=0.0), dict(temperature=1.0, top_k=50, seed=3), dict(temperature=0.8, top_p=0.9, seed=4),
+     dict(temperature=1.2, top_k=0, repetition_penalty=1.3, seed=5)],
+    ids=["greedy", "topk", "topp", "penalty"],
+)
+def test_kv_cache_matches_recompute(flash, knobs):
+    model = _model(flash)
+    p = SamplingParams(max_new_tokens=20, **knobs)
+    for prompts in ([PROMPTS[0], PROMPTS[0]], PROMPTS):  # equal lengths (no mask) and left-padded
+        cached = torch.stack(list(stream_tokens(model, prompts, p, use_cache=True)), 1)
+        full = torch.stack(list(stream_tokens(model, prompts, p, use_cache=False)), 1)
+        assert torch.equal(cached, full)
+
+
+def test_batch_rows_equal_single_prompts():
+    """Left padding + per-row positions: each row of a mixed-length batch is what it would be alone."""
+    model = _model()
+    p = SamplingParams(max_new_tokens=16, temperature=0.0)
+    batch = torch.stack(list(stream_tokens(model, PROMPTS, p)), 1)
+    for b, prompt in enumerate(PROMPTS):
+        alone = torch.stack(list(stream_tokens(model, [prompt], p)), 1)[0]
+        assert torch.equal(batch[b], alone), b
+    # logits too, not just argmax: the padded row's last-position logits equal the unpadded ones
+    ids, pads = g._left_pad(PROMPTS, "cpu")
+    pos, mask = g._positions_and_mask(pads, 0, ids.size(1))
+    with torch.no_grad():
+        logits, _ = model(ids, pos=pos, attn_mask=mask)
+        for b, prompt in enumerate(PROMPTS):
+            ref, _ = model(torch.tensor([prompt]))
+            assert torch.allclose(logits[b, -1], ref[0, -1], atol=1e-4)
+
+
+def test_seed_reproducible_and_global_rng_untouched():
+    model = _model()
+    idx = torch.tensor([PROMPTS[0]] * 3)
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    a = generate(model, idx, 24, temperature=1.0, top_k=0, seed=7)
+    assert torch.equal(torch.get_rng_state(), before)
+    b = generate(model, idx, 24, temperature=1.0, top_k=0, seed=7)
+    c = generate(model, idx, 24, temperature=1.0, top_k=0, seed=8)
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    assert a.shape == (3, len(PROMPTS[0]) + 24)
+
+
+def test_invalid_params_and_context():
+    model = _model()
+    bad = [dict(max_new_tokens=0), dict(temperature=-1.0), dict(temperature=float("nan")), dict(top_k=-2),
+           dict(top_p=0.0), dict(top_p=1.5), dict(repetition_penalty=0.0), dict(stop=("",))]
+    for kw in bad:
+        field = next(iter(kw))
+        with pytest.raises(ValueError, match=field):
+            list(stream_tokens(model, [[1, 2]], SamplingParams(**kw)))
+    with pytest.raises(ValueError, match="context of 64"):
+        list(stream_tokens(model, [[1] * 60], SamplingParams(max_new_tokens=5)))
+    with pytest.raises(ValueError, match="at least one token"):
+        list(stream_tokens(model, [[1], []], SamplingParams()))
+
+
+transformers = pytest.importorskip("transformers")
+
+
+def test_filters_match_transformers_warpers():
+    from transformers.generation.logits_process import (
+        RepetitionPenaltyLogitsProcessor,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(4, 1000, generator=gen) * 3
+    ids = torch.randint(0, 1000, (4, 30), generator=gen)
+    for k in (1, 5, 50):
+        ref = TopKLogitsWarper(top_k=k)(ids, logits.clone())
+        assert torch.equal(torch.isinf(filter_logits(logits, k, None)), torch.isinf(ref))
+    for p in (0.1, 0.5, 0.9, 0.99):
+        ref = TopPLogitsWarper(top_p=p)(ids, logits.clone())
+        assert torch.equal(torch.isinf(filter_logits(logits, None, p)), torch.isinf(ref)), p
+    seen = torch.zeros(4, 1000, dtype=torch.bool).scatter_(1, ids, True)
+    ref = RepetitionPenaltyLogitsProcessor(penalty=1.7)(ids, logits.clone())
+    assert torch.allclose(g.apply_repetition_penalty(logits, seen, 1.7), ref)
+
+
+@pytest.mark.parametrize("penalty", [1.0, 1.5])
+def test_greedy_matches_transformers_generate(tmp_path, penalty):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    hf = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=64, vocab_size=512,
+                                    resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)).eval()
+    with torch.no_grad():
+        hf.transformer.wte.weight.mul_(20)
+    hf.save_pretrained(tmp_path / "hf")
+    ours = GPT.from_pretrained(str(tmp_path / "hf"))
+    idx = torch.tensor([PROMPTS[0]])
+    ref = hf.generate(idx, max_new_tokens=24, do_sample=False, repetition_penalty=penalty, pad_token_id=0,
+                      attention_mask=torch.ones_like(idx))
+    got = generate(ours, idx, 24, temperature=0.0, repetition_penalty=penalty)
+    assert torch.equal(got, ref)
+
+
+# --- text layer: streaming, stop sequences, UTF-8, end of text --------------------------------------
+
+
+def _scripted(monkeypatch, rows: list[list[int]]):
+    """Make stream_tokens yield fixed tokens, to test the text layer on known input."""
+
+    def fake(model, prompts, params, use_cache=True):
+        params.check()
+        for step in range(min(params.max_new_tokens, len(rows[0]))):
+            yield torch.tensor([r[step] for r in rows])
+
+    monkeypatch.setattr(g, "stream_tokens", fake)
+
+
+def test_stream_text_stop_sequence_and_utf8(monkeypatch, tokenizer):
+    enc = tokenizer
+    text = "Hello wor" + "ld.\n\nNext part"
+    toks = enc.encode(text)
+    e_acute = [enc.encode_single_token(bytes([0xC3])), enc.encode_single_token(bytes([0xA9]))]  # "é" split
+    row2 = e_acute + enc.encode(" caf") + e_acute + [enc.eot_token]
+    n = max(len(toks), len(row2))
+    rows = [toks + [0] * (n - len(toks)), row2 + [0] * (n - len(row2))]
+    _scripted(monkeypatch, rows)
+    events = list(stream_text(None, enc, ["a", "b"], SamplingParams(max_new_tokens=n, stop=("\n\n",),
+                                                                       stop_token=enc.eot_token)))
+    out = {0: "", 1: ""}
+    for ev in events:
+        assert "\ufffd" not in ev.text  # never half a character
+        assert "\n" not in ev.text  # never the start of the stop sequence
+        out[ev.row] += ev.text
+    assert out == {0: "Hello world.", 1: "é café"}
+    finals = {ev.row: ev.reason for ev in events if ev.finished}
+    assert finals == {0: "stop", 1: "eot"}
+    # streamed in pieces, not in one go
+    assert sum(1 for ev in events if ev.row == 0 and ev.text) > 2
+
+
+def test_stream_text_length_and_complete(tokenizer):
+    model = _model(vocab=50257)
+    p = SamplingParams(max_new_tokens=8, temperature=0.0)
+    res = g.complete(model, tokenizer, ["Hello", ""], p)
+    assert [r["finish_reason"] for r in res] == ["length", "length"]
+    ref = generate(model, torch.tensor([tokenizer.encode("Hello")]), 8, temperature=0.0)
+    assert res[0]["text"] == tokenizer.decode(ref[0, 1:].tolist())
