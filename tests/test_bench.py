@@ -47,3 +47,10 @@ def test_ladder_on_cpu_skips_what_cpu_cannot_do_and_says_why(tmp_path):
     assert by_name["+pad_vocab"]["pad_vocab"] and by_name["+flash"]["flash"]
     assert by_name["+fused_adamw"]["fused_adamw"] and not by_name["+pad_vocab"]["fused_adamw"]
     assert by_name["+compile"]["compile"]
+
+
+def test_bench_writes_a_profiler_trace(tmp_path):
+    trace = tmp_path / "trace.json"
+    run_bench(_tiny(), steps=1, warmup=1, trace=str(trace))
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert any("aten::" in e.get("name", "") for e in events)  # real ops were recorded
