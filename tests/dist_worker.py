@@ -1,0 +1,44 @@
+"""Run a list of training jobs inside one torchrun launch (the distributed tests' worker).
+
+    python -m torch.distributed.run --nproc_per_node 2 tests/dist_worker.py jobs.json
+
+jobs.json: {"base_port": PORT, "jobs": [{"config": Config.to_dict(), "resume": null|"latest",
+"stop_at_step": null|int, "copy_to": null|dir, "out": "result.json"}, ...]}. Rank 0 writes each job's per-step train and val
+losses to its "out" file, and copies the run directory to "copy_to" afterwards when asked (so a
+checkpoint can be resumed again elsewhere). One launch runs several jobs so the suite pays for
+process start-up once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+
+import torch.distributed as dist
+
+from gptforge.config import Config
+from gptforge.training.loop import train
+
+
+def main(path: str) -> None:
+    spec = json.loads(open(path).read())
+    for i, job in enumerate(spec["jobs"]):
+        if i > 0:
+            # re-joining through torchrun's agent store after destroy_process_group can hang (stale
+            # keys); later jobs rendezvous on a fresh TCP store of their own instead
+            os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "False"
+            os.environ["MASTER_PORT"] = str(spec["base_port"] + i)
+        cfg = Config.from_dict(job["config"])
+        res = train(cfg, resume=job.get("resume"), stop_at_step=job.get("stop_at_step"))
+        if int(os.environ["RANK"]) == 0:
+            with open(job["out"], "w") as f:
+                json.dump({"train": res.train_losses, "val": res.val_losses, "steps": res.steps_done}, f)
+            if job.get("copy_to"):
+                shutil.copytree(res.run_dir, job["copy_to"])
+        assert not dist.is_initialized()  # train() cleaned up; the next job joins afresh
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
