@@ -2,8 +2,8 @@
 
     python -m torch.distributed.run --nproc_per_node 2 tests/dist_worker.py jobs.json
 
-jobs.json: {"base_port": PORT, "jobs": [{"config": Config.to_dict(), "resume": null|"latest",
-"stop_at_step": null|int, "copy_to": null|dir, "out": "result.json"}, ...]}. Rank 0 writes each job's per-step train and val
+jobs.json: [{"config": Config.to_dict(), "resume": null|"latest", "stop_at_step": null|int,
+"copy_to": null|dir, "out": "result.json"}, ...]. Rank 0 writes each job's per-step train and val
 losses to its "out" file, and copies the run directory to "copy_to" afterwards when asked (so a
 checkpoint can be resumed again elsewhere). One launch runs several jobs so the suite pays for
 process start-up once.
@@ -23,13 +23,7 @@ from gptforge.training.loop import train
 
 
 def main(path: str) -> None:
-    spec = json.loads(open(path).read())
-    for i, job in enumerate(spec["jobs"]):
-        if i > 0:
-            # re-joining through torchrun's agent store after destroy_process_group can hang (stale
-            # keys); later jobs rendezvous on a fresh TCP store of their own instead
-            os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "False"
-            os.environ["MASTER_PORT"] = str(spec["base_port"] + i)
+    for job in json.loads(open(path).read()):
         cfg = Config.from_dict(job["config"])
         res = train(cfg, resume=job.get("resume"), stop_at_step=job.get("stop_at_step"))
         if int(os.environ["RANK"]) == 0:

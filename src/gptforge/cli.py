@@ -53,7 +53,9 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
         # the checkpoint's own config, with this command line's overrides on top
         cfg = apply_overrides(Config.from_dict(ckpt.read_meta(where)["config"]), overrides)
         resume = str(where)
-    cfg.validate()  # fail on a batch that cannot divide before touching data or devices
+    from gptforge.training.distributed import launched_world
+
+    cfg.validate(launched_world())  # fail on a batch that cannot divide before touching data or devices
     if args.dry_run:
         print(cfg.to_json())
         return 0

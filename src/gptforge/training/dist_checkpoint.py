@@ -14,6 +14,7 @@ consolidate the optimizer on rank 0 and write the ordinary single-file checkpoin
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +76,14 @@ def load_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
     ckpt_dir = Path(ckpt_dir)
     _check_shapes(model, ckpt_dir)
     no_dist = not dist.is_initialized()
+    with warnings.catch_warnings():
+        if no_dist:  # loading on one process is intended here: DCP reshards to a single copy
+            warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
+        _load(model, optimizer, ckpt_dir, no_dist)
+
+
+def _load(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, ckpt_dir: Path, no_dist: bool) -> None:
+    dcp, sd = _dcp()
     if optimizer is None:
         model_sd = sd.get_model_state_dict(model)
         state = {"model": model_sd}

@@ -23,6 +23,9 @@ import torch.distributed as dist
 from gptforge.config import ConfigError, DistConfig, OptimConfig
 
 
+_JOINS = 0  # process groups this process has joined (see init_distributed)
+
+
 @dataclass
 class DistInfo:
     rank: int = 0
@@ -85,10 +88,18 @@ def init_distributed(device_name: str = "auto", dist_cfg: DistConfig | None = No
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if not dist.is_initialized():
+        global _JOINS
+        timeout = datetime.timedelta(seconds=dist_cfg.timeout)
+        # torchrun's store outlives a worker group: after an elastic restart (or a second train() in
+        # one process) the old group's keys are still there, and gloo would dial a dead rank's
+        # address. A prefix per restart and per join keeps each group's rendezvous keys apart.
+        store, _, _ = next(dist.rendezvous("env://", rank, world, timeout=timeout))
+        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        store = dist.PrefixStore(f"gptforge/restart{restart}/join{_JOINS}", store)
+        _JOINS += 1
         dist.init_process_group(
-            backend="nccl" if device.type == "cuda" else "gloo",
-            timeout=datetime.timedelta(seconds=dist_cfg.timeout),
-            device_id=device if device.type == "cuda" else None,
+            backend="nccl" if device.type == "cuda" else "gloo", store=store, rank=rank, world_size=world,
+            timeout=timeout, device_id=device if device.type == "cuda" else None,
         )
     sharding = world > 1
     return DistInfo(rank=rank, local_rank=local_rank, world=world, device=device,
