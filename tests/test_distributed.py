@@ -146,8 +146,7 @@ def test_loader_position_does_not_depend_on_world(tmp_path):
         t = tokens[expect_shard]
         ref = [t[expect_pos + k * 16: expect_pos + k * 16 + 17] for k in range(4)]
         got1 = [one.next_batch() for _ in range(4)]
-        got2 = [l.next_batch() for _ in range(2) for l in two]  # rank r's micro m is global chunk 2m+r
-        got2 = [got2[0], got2[1], got2[2], got2[3]]
+        got2 = [rank.next_batch() for _ in range(2) for rank in two]  # rank r, micro m = global chunk 2m+r
         for k in range(4):
             assert got1[k][0].flatten().tolist() == ref[k][:-1].tolist()
             assert got1[k][1].flatten().tolist() == ref[k][1:].tolist()

@@ -22,7 +22,6 @@ import torch.distributed as dist
 
 from gptforge.config import ConfigError, DistConfig, OptimConfig
 
-
 _JOINS = 0  # process groups this process has joined (see init_distributed)
 
 
