@@ -138,7 +138,8 @@ def wrap_model(
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         ids = [info.device.index] if info.device.type == "cuda" else None
-        wrapped = DDP(wrapped, device_ids=ids)
+        # gradients live in DDP's communication buckets instead of beside them: one copy, not two
+        wrapped = DDP(wrapped, device_ids=ids, gradient_as_bucket_view=True)
     return wrapped
 
 
