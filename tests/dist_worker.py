@@ -3,8 +3,8 @@
     python -m torch.distributed.run --nproc_per_node 2 tests/dist_worker.py jobs.json
 
 jobs.json: [{"config": Config.to_dict(), "resume": null|"latest", "stop_at_step": null|int,
-"copy_to": null|dir, "out": "result.json"}, ...]. Rank 0 writes each job's per-step train and val
-losses to its "out" file, and copies the run directory to "copy_to" afterwards when asked (so a
+"copy_to": [dirs], "out": "result.json"}, ...]. Rank 0 writes each job's per-step train and val
+losses to its "out" file, and copies the run directory to each "copy_to" folder afterwards (so a
 checkpoint can be resumed again elsewhere). One launch runs several jobs so the suite pays for
 process start-up once.
 """
@@ -29,8 +29,8 @@ def main(path: str) -> None:
         if int(os.environ["RANK"]) == 0:
             with open(job["out"], "w") as f:
                 json.dump({"train": res.train_losses, "val": res.val_losses, "steps": res.steps_done}, f)
-            if job.get("copy_to"):
-                shutil.copytree(res.run_dir, job["copy_to"])
+            for dest in job.get("copy_to", []):
+                shutil.copytree(res.run_dir, dest)
         assert not dist.is_initialized()  # train() cleaned up; the next job joins afresh
 
 

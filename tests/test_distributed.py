@@ -61,17 +61,24 @@ def runs(tmp_path_factory):
         {"config": _cfg(data, tmp / "fsdp", fsdp=True).to_dict(), "out": str(tmp / "fsdp.json")},
         # stopped after step 4, copied aside (to resume at world 1), then resumed at world 2
         {"config": _cfg(data, tmp / "fsdp_part", fsdp=True).to_dict(), "out": str(tmp / "fsdp_part.json"),
-         "stop_at_step": 4, "copy_to": str(tmp / "fsdp_part_w1")},
+         "stop_at_step": 4, "copy_to": [str(tmp / "fsdp_part_w1"), str(tmp / "fsdp_to_zero")]},
         {"config": _cfg(data, tmp / "fsdp_part", fsdp=True).to_dict(), "out": str(tmp / "fsdp_rest.json"),
          "resume": "latest"},
         {"config": _cfg(data, tmp / "zero_part", zero=1).to_dict(), "out": str(tmp / "zero_part.json"),
          "stop_at_step": 4},
+        # switching strategy on resume: a sharded (DCP) checkpoint into ZeRO-1, a single-file one into FSDP
+        {"config": _cfg(data, tmp / "fsdp_to_zero", zero=1).to_dict(), "out": str(tmp / "fsdp_to_zero.json"),
+         "resume": "latest"},
+        {"config": _cfg(data, tmp / "ddp_to_fsdp").to_dict(), "out": str(tmp / "ddp_part.json"), "stop_at_step": 4},
+        {"config": _cfg(data, tmp / "ddp_to_fsdp", fsdp=True).to_dict(), "out": str(tmp / "ddp_to_fsdp.json"),
+         "resume": "latest"},
     ]
     spec = tmp / "jobs.json"
     spec.write_text(json.dumps(jobs))
     proc = _torchrun([str(HERE / "dist_worker.py"), str(spec)])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    out = {name: _read(tmp / f"{name}.json") for name in ("ddp", "zero", "fsdp", "fsdp_part", "fsdp_rest")}
+    names = ("ddp", "zero", "fsdp", "fsdp_part", "fsdp_rest", "fsdp_to_zero", "ddp_to_fsdp")
+    out = {name: _read(tmp / f"{name}.json") for name in names}
     one = train(_cfg(data, tmp / "one"))  # world 1, gradient accumulation 2
     out["one"] = {"train": one.train_losses, "val": one.val_losses}
     # world-2 checkpoints at step 4 resumed on one process
@@ -122,6 +129,22 @@ def test_save_at_world_2_resume_at_world_2_and_world_1_continues_the_curve(runs)
     _close(runs["fsdp_w1"]["train"], full["train"], range(5, STEPS + 1))  # world 2 -> world 1
     _close(runs["fsdp_w1"]["val"], full["val"], [8])
     _close(runs["zero_w1"]["train"], runs["zero"]["train"], range(5, STEPS + 1))  # ZeRO-1 world 2 -> 1
+
+
+def test_resume_may_switch_sharding_strategy(runs):
+    for name in ("fsdp_to_zero", "ddp_to_fsdp"):
+        assert set(runs[name]["train"]) == set(range(5, STEPS + 1)), name
+        _close(runs[name]["train"], runs["ddp"]["train"], range(5, STEPS + 1))
+
+
+def test_sharded_checkpoint_that_does_not_fit_is_rejected(runs):
+    from gptforge.models.gpt2 import GPT
+    from gptforge.training.dist_checkpoint import load_sharded
+
+    cfg = _cfg(runs["dirs"] / "data", runs["dirs"] / "x")
+    cfg.model.n_embd = 64
+    with pytest.raises(ckpt.CheckpointError, match="shapes differ"):
+        load_sharded(GPT(cfg.model), None, ckpt.latest_checkpoint(runs["dirs"] / "fsdp"))
 
 
 def test_sharded_checkpoint_loads_for_sampling(runs):
