@@ -266,3 +266,23 @@ def test_bad_fault_injection_spec(shard_dir, tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="RANK:STEP"):
         train(_cfg(shard_dir, tmp_path / "run"))
     shutil.rmtree(tmp_path / "run", ignore_errors=True)
+
+
+# --- GPU paths (NCCL, bf16 mixed precision); skipped on machines without two GPUs ---------------------
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+def test_nccl_ddp_zero_fsdp_bf16_agree(tmp_path):
+    data = make_shards(tmp_path / "data")
+    jobs, names = [], {"ddp": {}, "zero": {"zero": 1}, "fsdp": {"fsdp": True}}
+    for name, dist in names.items():
+        cfg = _cfg(data, tmp_path / name, **dist)
+        cfg.train.device, cfg.train.dtype, cfg.train.compile = "cuda", "bfloat16", False
+        jobs.append({"config": cfg.to_dict(), "out": str(tmp_path / f"{name}.json")})
+    (tmp_path / "jobs.json").write_text(json.dumps(jobs))
+    proc = _torchrun([str(HERE / "dist_worker.py"), str(tmp_path / "jobs.json")])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    res = {name: _read(tmp_path / f"{name}.json") for name in names}
+    # bf16: DDP/ZeRO autocast from fp32 weights, FSDP all-gathers bf16 weights; agree to bf16 precision
+    _close(res["zero"]["train"], res["ddp"]["train"], range(1, STEPS + 1), rtol=1e-5)
+    _close(res["fsdp"]["train"], res["ddp"]["train"], range(1, STEPS + 1), rtol=2e-2)
