@@ -162,7 +162,7 @@ def cmd_plan(args: argparse.Namespace, overrides: list[str]) -> int:
         raise CliError("--world and --steps must be >= 1 and --gpu-mem > 0 (GiB)")
     if cfg.train.seq_len > cfg.model.block_size:
         raise CliError(f"train.seq_len={cfg.train.seq_len} exceeds model.block_size={cfg.model.block_size}")
-    head = f"{'shard':<6} {'recomp':<6} {'B':>4} {'weights':>8} {'grads':>8} {'optim':>8} {'activ':>8} {'peak':>8}  (GiB per rank)"
+    head = f"{'shard':<6} {'recomp':<6} {'B':>4} {'weights':>8} {'grads':>8} {'optim':>8} {'activ':>8} {'peak':>8}"
     report: dict = {"preset": args.preset, "params": P.count_params(cfg)}
     if args.measure:  # the config as given, on this machine, one process
         from gptforge.training.distributed import resolve_device
@@ -171,8 +171,9 @@ def cmd_plan(args: argparse.Namespace, overrides: list[str]) -> int:
         dtype = P.resolved_dtype(cfg, device.type == "cuda")
         est = P.estimate(cfg, 1, dtype=dtype, fused=True)
         peak, kind = P.measure_peak(cfg, steps=args.steps)
+        unit = "GiB" if est.peak >= P.GIB else "MiB"
         print(f"{args.preset}: {report['params'] / 1e6:.2f}M params, B {cfg.train.micro_batch} T {cfg.train.seq_len}, "
-              f"{dtype}, recompute {cfg.model.recompute}, device {device}\n{head}\n{est.row()}")
+              f"{dtype}, recompute {cfg.model.recompute}, device {device}\n{head}  ({unit})\n{est.row(unit)}")
         print(f"measured peak ({kind}): {P.fmt_gib(peak)}; estimate {P.fmt_gib(est.peak)} "
               f"({est.peak / peak:.2f}x measured)")
         report.update(device=str(device), dtype=dtype, estimate=vars(est), measured_peak=peak, measured_kind=kind,
@@ -181,7 +182,7 @@ def cmd_plan(args: argparse.Namespace, overrides: list[str]) -> int:
         rows, best = P.propose(cfg, args.gpu_mem, args.world)
         print(f"{args.preset}: {report['params'] / 1e6:.0f}M params, T {cfg.train.seq_len}, "
               f"{cfg.train.total_batch_tokens:,} tokens/step, world {args.world}, {args.gpu_mem:g} GiB per GPU "
-              f"(bf16, {2:g} GiB reserved)\n{head}")
+              f"(bf16, {2:g} GiB reserved)\n{head}  (GiB per rank)")
         for r in rows:
             print(r.row() + ("  <- fits" if r.peak <= (args.gpu_mem - 2) * P.GIB else "  (does not fit)"))
         report.update(world=args.world, gpu_mem_gib=args.gpu_mem, rows=[vars(r) for r in rows],

@@ -64,8 +64,9 @@ class Estimate:
     activations: float
     peak: float
 
-    def row(self) -> str:
-        g = lambda b: f"{b / GIB:8.2f}"  # noqa: E731
+    def row(self, unit: str = "GiB") -> str:
+        scale = GIB if unit == "GiB" else 2**20
+        g = lambda b: f"{b / scale:8.2f}"  # noqa: E731
         return (f"{self.sharding:<6} {self.recompute:<6} {self.micro_batch:>4} {g(self.weights)} {g(self.grads)} "
                 f"{g(self.optimizer)} {g(self.activations)} {g(self.peak)}")
 
