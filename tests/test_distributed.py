@@ -38,6 +38,11 @@ def _cfg(data: Path, out: Path, **dist) -> Config:
     return cfg
 
 
+def _with(cfg: Config, recompute: str) -> Config:
+    cfg.model.recompute = recompute
+    return cfg
+
+
 def _torchrun(args: list[str], env_extra: dict | None = None, timeout: int = 240) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
     env.update({"OMP_NUM_THREADS": "1", **(env_extra or {})})
@@ -59,6 +64,11 @@ def runs(tmp_path_factory):
         {"config": _cfg(data, tmp / "ddp").to_dict(), "out": str(tmp / "ddp.json")},
         {"config": _cfg(data, tmp / "zero", zero=1).to_dict(), "out": str(tmp / "zero.json")},
         {"config": _cfg(data, tmp / "fsdp", fsdp=True).to_dict(), "out": str(tmp / "fsdp.json")},
+        # FSDP with block recomputation, and ZeRO-2-like (gathered params kept) with MLP recomputation
+        {"config": _with(_cfg(data, tmp / "fsdp_block", fsdp=True), recompute="block").to_dict(),
+         "out": str(tmp / "fsdp_block.json")},
+        {"config": _with(_cfg(data, tmp / "fsdp_keep", fsdp=True, reshard_after_forward=False), recompute="mlp")
+         .to_dict(), "out": str(tmp / "fsdp_keep.json")},
         # stopped after step 4, copied aside (to resume at world 1), then resumed at world 2
         {"config": _cfg(data, tmp / "fsdp_part", fsdp=True).to_dict(), "out": str(tmp / "fsdp_part.json"),
          "stop_at_step": 4, "copy_to": [str(tmp / "fsdp_part_w1"), str(tmp / "fsdp_to_zero")]},
@@ -77,7 +87,8 @@ def runs(tmp_path_factory):
     spec.write_text(json.dumps(jobs))
     proc = _torchrun([str(HERE / "dist_worker.py"), str(spec)])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    names = ("ddp", "zero", "fsdp", "fsdp_part", "fsdp_rest", "fsdp_to_zero", "ddp_to_fsdp")
+    names = ("ddp", "zero", "fsdp", "fsdp_block", "fsdp_keep", "fsdp_part", "fsdp_rest", "fsdp_to_zero",
+             "ddp_to_fsdp")
     out = {name: _read(tmp / f"{name}.json") for name in names}
     one = train(_cfg(data, tmp / "one"))  # world 1, gradient accumulation 2
     out["one"] = {"train": one.train_losses, "val": one.val_losses}
@@ -103,8 +114,8 @@ def test_ddp_two_ranks_matches_one_rank_with_twice_the_accumulation(runs):
     assert "world 2 (none) | B 4 T 16 x accum 1" in runs["log"]
 
 
-def test_zero1_and_fsdp_match_ddp(runs):
-    for name in ("zero", "fsdp"):
+def test_zero1_and_fsdp_match_ddp_also_with_recompute(runs):
+    for name in ("zero", "fsdp", "fsdp_block", "fsdp_keep"):
         _close(runs[name]["train"], runs["ddp"]["train"], range(1, STEPS + 1))
         _close(runs[name]["val"], runs["ddp"]["val"], [4, 8])
     assert "world 2 (zero1)" in runs["log"] and "world 2 (fsdp)" in runs["log"]

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import shutil
 import signal
 import sys
@@ -46,6 +45,7 @@ from gptforge.training.distributed import (
     cleanup,
     grad_sync,
     init_distributed,
+    launched_world,
     local_tensor,
     wrap_model,
 )
@@ -234,7 +234,7 @@ def train(cfg: Config, resume: str | None = None, force: bool = False, stop_at_s
     """Train per ``cfg``. ``resume``: "latest" or a checkpoint dir. ``stop_at_step``: behave as if
     interrupted after that many steps (tests use it to compare a resumed run with an uninterrupted one)."""
     # --- setup: devices, precision, run directory -------------------------------------------------
-    grad_accum = cfg.validate(int(os.environ.get("WORLD_SIZE", "1")))  # before joining: fail fast
+    grad_accum = cfg.validate(launched_world())  # before joining the group: fail fast
     info = init_distributed(cfg.train.device, cfg.dist)
     device = info.device
     torch.manual_seed(cfg.train.seed)
