@@ -259,6 +259,9 @@ def train(cfg: Config, resume: str | None = None, force: bool = False, stop_at_s
         if info.is_main:
             _write_line(msg)
 
+    if info.world == 1 and (cfg.dist.zero or cfg.dist.fsdp):
+        log("(dist.zero / dist.fsdp shard state across processes; on one process they have no effect)")
+
     # --- data -------------------------------------------------------------------------------------
     B, T = cfg.train.micro_batch, cfg.train.seq_len
     train_loader = ShardLoader(list_shards(cfg.data.dir, cfg.data.train_split), B, T, info.rank, info.world,
