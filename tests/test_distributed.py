@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -47,7 +48,16 @@ def _torchrun(args: list[str], env_extra: dict | None = None, timeout: int = 240
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
     env.update({"OMP_NUM_THREADS": "1", **(env_extra or {})})
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+    # own process group: on a timeout (a hung run) the workers go too, not only the launcher
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"torchrun did not finish in {timeout}s (hung?)\n{out[-2000:]}\n{err[-3000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def _read(path: Path) -> dict:
@@ -214,7 +224,7 @@ def test_killed_rank_is_restarted_by_torchrun_and_finishes(runs, tmp_path):
     assert apply_overrides(Config(), _cli_overrides(cfg)).to_dict() == cfg.to_dict()
     proc = _torchrun(argv, {"GPTFORGE_FAULT_INJECT": "1:5"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    assert "killing rank 1 after step 5" in proc.stderr
+    assert "sending SIGKILL to rank 1 after step 5" in proc.stderr
     assert "resumed from" in proc.stdout and "step_000004" in proc.stdout
     assert ckpt.latest_checkpoint(tmp_path / "elastic").name == f"step_{STEPS:06d}"
     events = [json.loads(line) for line in (tmp_path / "elastic" / "metrics.jsonl").read_text().splitlines()]
@@ -222,6 +232,16 @@ def test_killed_rank_is_restarted_by_torchrun_and_finishes(runs, tmp_path):
     assert starts == [0, 4]  # the first attempt, then the restart from the step-4 checkpoint
     final = {e["step"]: e["loss"] for e in events if e["kind"] == "train"}  # later lines win
     _close(final, runs["ddp"]["train"], range(1, STEPS + 1))  # same curve as the uninterrupted run
+
+
+def test_a_signal_to_one_rank_stops_all_ranks_at_the_same_step(runs, tmp_path):
+    cfg = _cfg(runs["dirs"] / "data", tmp_path / "stop")
+    proc = _torchrun(["-m", "gptforge", "train", "--preset", "tiny", *_cli_overrides(cfg)],
+                     {"GPTFORGE_FAULT_INJECT": "1:3:term"}, timeout=120)
+    assert "sending SIGTERM to rank 1 after step 3" in proc.stderr
+    assert "stopped at step 3; continue with --resume" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert proc.returncode != 0  # the workers exit 130 (interrupted), so torchrun reports a failure
+    assert ckpt.latest_checkpoint(tmp_path / "stop").name == "step_000003"
 
 
 # --- bad input, before training ---------------------------------------------------------------------

@@ -180,6 +180,16 @@ def all_reduce_mean(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
     return t
 
 
+def any_rank(flag: bool, info: DistInfo) -> bool:
+    """True on every rank when ``flag`` is true on any (a signal that reached one rank stops all of
+    them at the same step, so they checkpoint together instead of waiting on each other)."""
+    if not info.enabled:
+        return flag
+    t = torch.tensor([1.0 if flag else 0.0], device=info.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
 def barrier(info: DistInfo) -> None:
     if info.enabled:
         dist.barrier()

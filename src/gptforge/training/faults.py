@@ -46,16 +46,22 @@ def elastic_restart() -> bool:
 
 
 def maybe_inject_fault(info: DistInfo, steps_done: int) -> None:
-    """Fault injection for testing elastic restarts: ``GPTFORGE_FAULT_INJECT=RANK:STEP`` kills that
-    rank (SIGKILL, no cleanup: like a crashed node) right after optimizer step STEP, on the first
-    attempt only, so the restarted group runs to the end."""
+    """Fault injection for testing: ``GPTFORGE_FAULT_INJECT=RANK:STEP`` kills that rank (SIGKILL, no
+    cleanup: like a crashed node) right after optimizer step STEP; ``RANK:STEP:term`` sends it SIGTERM
+    instead (a polite stop that only this rank receives). First attempt only, so a group restarted by
+    torchrun runs to the end."""
     spec = os.environ.get(FAULT_ENV)
     if not spec or elastic_restart():
         return
+    parts = spec.split(":")
     try:
-        rank, step = (int(v) for v in spec.split(":"))
-    except ValueError:
-        raise ConfigError(f"{FAULT_ENV}={spec!r}: expected RANK:STEP, e.g. 1:5") from None
+        rank, step = int(parts[0]), int(parts[1])
+        sig = {"kill": signal.SIGKILL, "term": signal.SIGTERM}[parts[2] if len(parts) > 2 else "kill"]
+        if len(parts) > 3:
+            raise ValueError
+    except (ValueError, IndexError, KeyError):
+        raise ConfigError(f"{FAULT_ENV}={spec!r}: expected RANK:STEP or RANK:STEP:kill|term, e.g. 1:5") from None
     if info.rank == rank and steps_done == step:
-        print(f"[gptforge] {FAULT_ENV}: killing rank {rank} after step {step}", file=sys.stderr, flush=True)
-        os.kill(os.getpid(), signal.SIGKILL)
+        print(f"[gptforge] {FAULT_ENV}: sending {sig.name} to rank {rank} after step {step}",
+              file=sys.stderr, flush=True)
+        os.kill(os.getpid(), sig)

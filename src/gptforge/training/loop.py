@@ -40,6 +40,7 @@ from gptforge.training.dist_checkpoint import (
 from gptforge.training.distributed import (
     DistInfo,
     all_reduce_mean,
+    any_rank,
     barrier,
     build_optimizer_for,
     cleanup,
@@ -397,7 +398,7 @@ def train(cfg: Config, resume: str | None = None, force: bool = False, stop_at_s
                     log("(no in-loop samples under dist.fsdp; use `gptforge sample --ckpt` on the checkpoint)")
                 else:
                     print_samples(model, cfg, info, steps_done, metrics, log)
-            interrupted = stop.stop or (stop_at_step is not None and steps_done >= stop_at_step)
+            interrupted = any_rank(stop.stop, info) or (stop_at_step is not None and steps_done >= stop_at_step)
             if last or interrupted or (cfg.train.ckpt_every and steps_done % cfg.train.ckpt_every == 0):
                 save(steps_done)
             if interrupted:
