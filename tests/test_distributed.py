@@ -44,6 +44,11 @@ def _with(cfg: Config, recompute: str) -> Config:
     return cfg
 
 
+def _dropout(cfg: Config) -> Config:
+    cfg.model.dropout = 0.1
+    return cfg
+
+
 def _torchrun(args: list[str], env_extra: dict | None = None, timeout: int = 240) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
     env.update({"OMP_NUM_THREADS": "1", **(env_extra or {})})
@@ -89,6 +94,12 @@ def runs(tmp_path_factory):
         # switching strategy on resume: a sharded (DCP) checkpoint into ZeRO-1, a single-file one into FSDP
         {"config": _cfg(data, tmp / "fsdp_to_zero", zero=1).to_dict(), "out": str(tmp / "fsdp_to_zero.json"),
          "resume": "latest"},
+        # dropout on: each rank draws its own masks, and a resume continues every rank's stream exactly
+        {"config": _dropout(_cfg(data, tmp / "drop")).to_dict(), "out": str(tmp / "drop.json")},
+        {"config": _dropout(_cfg(data, tmp / "drop_part")).to_dict(), "out": str(tmp / "drop_part.json"),
+         "stop_at_step": 4},
+        {"config": _dropout(_cfg(data, tmp / "drop_part")).to_dict(), "out": str(tmp / "drop_rest.json"),
+         "resume": "latest"},
         {"config": _cfg(data, tmp / "ddp_to_fsdp").to_dict(), "out": str(tmp / "ddp_part.json"), "stop_at_step": 4},
         {"config": _cfg(data, tmp / "ddp_to_fsdp", fsdp=True).to_dict(), "out": str(tmp / "ddp_to_fsdp.json"),
          "resume": "latest"},
@@ -98,7 +109,7 @@ def runs(tmp_path_factory):
     proc = _torchrun([str(HERE / "dist_worker.py"), str(spec)])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     names = ("ddp", "zero", "fsdp", "fsdp_block", "fsdp_keep", "fsdp_part", "fsdp_rest", "fsdp_to_zero",
-             "ddp_to_fsdp")
+             "ddp_to_fsdp", "drop", "drop_part", "drop_rest")
     out = {name: _read(tmp / f"{name}.json") for name in names}
     one = train(_cfg(data, tmp / "one"))  # world 1, gradient accumulation 2
     out["one"] = {"train": one.train_losses, "val": one.val_losses}
@@ -150,6 +161,15 @@ def test_save_at_world_2_resume_at_world_2_and_world_1_continues_the_curve(runs)
     _close(runs["fsdp_w1"]["train"], full["train"], range(5, STEPS + 1))  # world 2 -> world 1
     _close(runs["fsdp_w1"]["val"], full["val"], [8])
     _close(runs["zero_w1"]["train"], runs["zero"]["train"], range(5, STEPS + 1))  # ZeRO-1 world 2 -> 1
+
+
+def test_resume_with_dropout_is_bit_exact_per_rank(runs):
+    full, part, rest = runs["drop"]["train"], runs["drop_part"]["train"], runs["drop_rest"]["train"]
+    for s in range(1, STEPS + 1):
+        assert (part.get(s) if s <= 4 else rest[s]) == full[s], s
+    assert full != runs["ddp"]["train"]  # dropout is really on
+    rng = torch.load(ckpt.latest_checkpoint(runs["dirs"] / "drop") / "rng.pt", weights_only=True)
+    assert not torch.equal(rng["rank0.cpu"], rng["rank1.cpu"])  # one stream per rank
 
 
 def test_resume_may_switch_sharding_strategy(runs):

@@ -83,13 +83,15 @@ def save_checkpoint(
     optimizer: torch.optim.Optimizer | None,
     meta: dict[str, Any],
     keep: int = 0,
+    extra_rng: dict[str, torch.Tensor] | None = None,
 ) -> Path:
-    """Write checkpoint ``step`` (the number of optimizer steps done) atomically; prune to ``keep``."""
+    """Write checkpoint ``step`` (the number of optimizer steps done) atomically; prune to ``keep``.
+    ``extra_rng``: other ranks' RNG states (``rank{r}.cpu`` / ``rank{r}.cuda``), stored in rng.pt."""
     tmp = begin_checkpoint(run_dir, step)
     save_file(model_state(model), str(tmp / "model.safetensors"), metadata={"format": "pt"})
     if optimizer is not None:
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-    return finalize_checkpoint(run_dir, tmp, meta, keep)
+    return finalize_checkpoint(run_dir, tmp, meta, keep, extra_rng)
 
 
 def begin_checkpoint(run_dir: str | Path, step: int) -> Path:
@@ -103,13 +105,14 @@ def begin_checkpoint(run_dir: str | Path, step: int) -> Path:
     return tmp
 
 
-def finalize_checkpoint(run_dir: str | Path, tmp: Path, meta: dict[str, Any], keep: int = 0) -> Path:
+def finalize_checkpoint(run_dir: str | Path, tmp: Path, meta: dict[str, Any], keep: int = 0,
+                        extra_rng: dict[str, torch.Tensor] | None = None) -> Path:
     """Add RNG state and meta.json to ``tmp``, fsync, rename it into place and prune to ``keep``."""
     root = tmp.parent
     final = root / tmp.name[: -len(".tmp")]
     step = int(final.name[len(CKPT_PREFIX):])
     rng_tensors, rng_json = rng_state()
-    torch.save(rng_tensors, tmp / "rng.pt")
+    torch.save({**rng_tensors, **(extra_rng or {})}, tmp / "rng.pt")
     meta = {**meta, "step": step, "rng": rng_json}
     (tmp / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
     for f in tmp.rglob("*"):  # sharded checkpoints keep their shards in a subfolder

@@ -38,7 +38,8 @@ def _dcp():
 
 
 def save_sharded(run_dir: str | Path, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                 meta: dict[str, Any], keep: int, is_main: bool) -> Path | None:
+                 meta: dict[str, Any], keep: int, is_main: bool,
+                 extra_rng: dict[str, torch.Tensor] | None = None) -> Path | None:
     """Collective: every rank calls it. Returns the final directory on rank 0, None elsewhere."""
     dcp, sd = _dcp()
     tmp = ckpt.ckpt_root(run_dir) / f"{ckpt.CKPT_PREFIX}{step:06d}.tmp"
@@ -48,7 +49,7 @@ def save_sharded(run_dir: str | Path, step: int, model: torch.nn.Module, optimiz
     model_sd, optim_sd = sd.get_state_dict(model, optimizer)
     dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp / DCP_DIR))
     dist.barrier()  # every rank's shards are on disk before the directory becomes a checkpoint
-    final = ckpt.finalize_checkpoint(run_dir, tmp, {**meta, "format": "dcp"}, keep) if is_main else None
+    final = ckpt.finalize_checkpoint(run_dir, tmp, {**meta, "format": "dcp"}, keep, extra_rng) if is_main else None
     dist.barrier()
     return final
 

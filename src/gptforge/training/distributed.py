@@ -16,6 +16,7 @@ import contextlib
 import datetime
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -188,6 +189,42 @@ def any_rank(flag: bool, info: DistInfo) -> bool:
     t = torch.tensor([1.0 if flag else 0.0], device=info.device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return bool(t.item())
+
+
+def gather_rng_states(info: DistInfo) -> dict[str, torch.Tensor]:
+    """Collective: every rank's CPU RNG state (and its own GPU's), keyed ``rank{r}.cpu`` /
+    ``rank{r}.cuda``, returned on rank 0 (empty elsewhere and at world 1)."""
+    if not info.enabled:
+        return {}
+    own = {"cpu": torch.get_rng_state()}
+    if info.device.type == "cuda":
+        own["cuda"] = torch.cuda.get_rng_state(info.device)
+    gathered: list | None = [None] * info.world if info.is_main else None
+    dist.gather_object(own, gathered, dst=0)
+    if not info.is_main:
+        return {}
+    return {f"rank{r}.{k}": v for r, states in enumerate(gathered) for k, v in states.items()}
+
+
+def seed_rank(seed: int, info: DistInfo, step: int = 0) -> None:
+    """Give each rank its own random stream (dropout masks differ across ranks, as they would across
+    the micro-batches of one process). Called after the model is built, so initial weights agree."""
+    if info.enabled:
+        torch.manual_seed(seed + info.rank + 1_000_003 * step)
+
+
+def restore_rank_rng(ckpt_dir, info: DistInfo, saved_world: int, seed: int, step: int) -> None:
+    """After a resume set rank 0's RNG everywhere: give the other ranks their own saved streams when
+    the world is unchanged (an exact continuation), or fresh distinct ones when it changed."""
+    if not info.enabled:
+        return
+    tensors = torch.load(Path(ckpt_dir) / "rng.pt", map_location="cpu", weights_only=True)
+    if saved_world != info.world or f"rank{info.rank}.cpu" not in tensors:
+        seed_rank(seed, info, step)
+        return
+    torch.set_rng_state(tensors[f"rank{info.rank}.cpu"])
+    if info.device.type == "cuda" and f"rank{info.rank}.cuda" in tensors:
+        torch.cuda.set_rng_state(tensors[f"rank{info.rank}.cuda"], info.device)
 
 
 def barrier(info: DistInfo) -> None:

@@ -44,10 +44,13 @@ from gptforge.training.distributed import (
     barrier,
     build_optimizer_for,
     cleanup,
+    gather_rng_states,
     grad_sync,
     init_distributed,
     launched_world,
     local_tensor,
+    restore_rank_rng,
+    seed_rank,
     wrap_model,
 )
 from gptforge.training.faults import elastic_restart, maybe_inject_fault, oom_advice
@@ -285,6 +288,7 @@ def train(cfg: Config, resume: str | None = None, force: bool = False, stop_at_s
             ckpt.load_training_state(resume_dir, plain)
             carried_optim = full_optimizer_state(model, plain)
             del plain
+    seed_rank(cfg.train.seed, info)  # after init: same weights everywhere, then a stream per rank
     param_dtype = torch.bfloat16 if info.fsdp and device.type == "cuda" and precision == "bfloat16" else None
     wrapped = wrap_model(model, info, compile_model, cfg.dist, param_dtype)
     model.train()
@@ -304,6 +308,7 @@ def train(cfg: Config, resume: str | None = None, force: bool = False, stop_at_s
             ckpt.load_training_state(resume_dir, optimizer)
         train_loader.load_state_dict(meta["loader"])
         start_step = int(meta["step"])
+        restore_rank_rng(resume_dir, info, int(meta.get("world", 1)), cfg.train.seed, start_step)
         log(f"resumed from {resume_dir} at step {start_step} (saved at world {meta.get('world', 1)}, "
             f"now {info.world})")
     fpt = flops_per_token(cfg.model, n_params, T, "llmc")
@@ -334,13 +339,16 @@ def train(cfg: Config, resume: str | None = None, force: bool = False, stop_at_s
             "train_loss": result.train_losses.get(steps_done), "sharding": info.sharded,
         }
         path = None
+        rngs = gather_rng_states(info)  # every rank's stream, for an exact continuation at this world
         if info.fsdp:  # every rank writes its shards (DCP); resumable at any world size
-            path = save_sharded(run_dir, steps_done, model, optimizer, meta, cfg.train.keep_ckpts, info.is_main)
+            path = save_sharded(run_dir, steps_done, model, optimizer, meta, cfg.train.keep_ckpts, info.is_main,
+                                rngs)
         else:
             if info.zero:  # gather the optimizer shards on rank 0: an ordinary single-file checkpoint
                 optimizer.consolidate_state_dict(to=0)
             if info.is_main:
-                path = ckpt.save_checkpoint(run_dir, steps_done, model, optimizer, meta, keep=cfg.train.keep_ckpts)
+                path = ckpt.save_checkpoint(run_dir, steps_done, model, optimizer, meta, keep=cfg.train.keep_ckpts,
+                                            extra_rng=rngs)
         if path is not None:
             log(f"checkpoint -> {path}")
         barrier(info)
