@@ -11,6 +11,7 @@ process start-up once.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import shutil
@@ -23,6 +24,8 @@ from gptforge.training.loop import train
 
 
 def main(path: str) -> None:
+    # a hung collective fails the test with every rank's stack instead of hanging the suite
+    faulthandler.dump_traceback_later(int(os.environ.get("GPTFORGE_TEST_HANG_S", "150")), exit=True)
     for job in json.loads(open(path).read()):
         cfg = Config.from_dict(job["config"])
         res = train(cfg, resume=job.get("resume"), stop_at_step=job.get("stop_at_step"))

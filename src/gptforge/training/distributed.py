@@ -193,17 +193,23 @@ def any_rank(flag: bool, info: DistInfo) -> bool:
 
 def gather_rng_states(info: DistInfo) -> dict[str, torch.Tensor]:
     """Collective: every rank's CPU RNG state (and its own GPU's), keyed ``rank{r}.cpu`` /
-    ``rank{r}.cuda``, returned on rank 0 (empty elsewhere and at world 1)."""
+    ``rank{r}.cuda``, returned on rank 0 (empty elsewhere and at world 1). A plain all_gather of
+    the fixed-size byte states, symmetric on every rank (NCCL needs them on the GPU)."""
     if not info.enabled:
         return {}
-    own = {"cpu": torch.get_rng_state()}
+    parts = {"cpu": torch.get_rng_state()}
     if info.device.type == "cuda":
-        own["cuda"] = torch.cuda.get_rng_state(info.device)
-    gathered: list | None = [None] * info.world if info.is_main else None
-    dist.gather_object(own, gathered, dst=0)
+        parts["cuda"] = torch.cuda.get_rng_state(info.device)
+    flat = torch.cat(list(parts.values())).to(info.device)
+    everyone = [torch.empty_like(flat) for _ in range(info.world)]
+    dist.all_gather(everyone, flat)
     if not info.is_main:
         return {}
-    return {f"rank{r}.{k}": v for r, states in enumerate(gathered) for k, v in states.items()}
+    out = {}
+    for r, t in enumerate(everyone):
+        pieces = torch.split(t.cpu(), [p.numel() for p in parts.values()])
+        out.update({f"rank{r}.{k}": v.clone() for k, v in zip(parts, pieces, strict=True)})
+    return out
 
 
 def seed_rank(seed: int, info: DistInfo, step: int = 0) -> None:
