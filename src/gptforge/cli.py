@@ -64,7 +64,9 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
         if resume is not None:
             raise CliError("--init-from starts a new run from other weights; it cannot be combined with --resume")
         init_weights = _init_from(args.init_from, cfg)
-    cfg.validate()  # fail on a batch that cannot divide before touching data or devices
+    from gptforge.training.distributed import launched_world
+
+    cfg.validate(launched_world())  # fail on a batch that cannot divide before touching data or devices
     if args.dry_run:
         print(cfg.to_json())
         return 0
@@ -461,6 +463,49 @@ def _add_issue6_commands(sub) -> None:
     g.add_argument("--json", help="write results to this JSON file")
 
 
+def cmd_plan(args: argparse.Namespace, overrides: list[str]) -> int:
+    from gptforge import plan as P
+
+    cfg, _ = _build_config(args, overrides)
+    if args.world < 1 or args.gpu_mem <= 0 or args.steps < 1:
+        raise CliError("--world and --steps must be >= 1 and --gpu-mem > 0 (GiB)")
+    if cfg.train.seq_len > cfg.model.block_size:
+        raise CliError(f"train.seq_len={cfg.train.seq_len} exceeds model.block_size={cfg.model.block_size}")
+    head = f"{'shard':<6} {'recomp':<6} {'B':>4} {'weights':>8} {'grads':>8} {'optim':>8} {'activ':>8} {'peak':>8}"
+    report: dict = {"preset": args.preset, "params": P.count_params(cfg)}
+    if args.measure:  # the config as given, on this machine, one process
+        from gptforge.training.distributed import resolve_device
+
+        device = resolve_device(cfg.train.device)
+        dtype = P.resolved_dtype(cfg, device.type == "cuda")
+        est = P.estimate(cfg, 1, dtype=dtype, fused=True)
+        peak, kind = P.measure_peak(cfg, steps=args.steps)
+        unit = "GiB" if est.peak >= P.GIB else "MiB"
+        print(f"{args.preset}: {report['params'] / 1e6:.2f}M params, B {cfg.train.micro_batch} T {cfg.train.seq_len}, "
+              f"{dtype}, recompute {cfg.model.recompute}, device {device}\n{head}  ({unit})\n{est.row(unit)}")
+        print(f"measured peak ({kind}): {P.fmt_gib(peak)}; estimate {P.fmt_gib(est.peak)} "
+              f"({est.peak / peak:.2f}x measured)")
+        report.update(device=str(device), dtype=dtype, estimate=vars(est), measured_peak=peak, measured_kind=kind,
+                      ratio=est.peak / peak, config=cfg.to_dict())
+    else:
+        rows, best = P.propose(cfg, args.gpu_mem, args.world)
+        print(f"{args.preset}: {report['params'] / 1e6:.0f}M params, T {cfg.train.seq_len}, "
+              f"{cfg.train.total_batch_tokens:,} tokens/step, world {args.world}, {args.gpu_mem:g} GiB per GPU "
+              f"(bf16, {2:g} GiB reserved)\n{head}  (GiB per rank)")
+        for r in rows:
+            print(r.row() + ("  <- fits" if r.peak <= (args.gpu_mem - 2) * P.GIB else "  (does not fit)"))
+        report.update(world=args.world, gpu_mem_gib=args.gpu_mem, rows=[vars(r) for r in rows],
+                      recommended=vars(best) if best else None)
+        if best is None:
+            print("nothing fits: use more GPUs (FSDP shards weights, gradients and optimizer state by world "
+                  "size), a shorter --train.seq_len, or a GPU with more memory")
+        else:
+            print("recommended: " + " ".join(P.plan_overrides(cfg, best, args.world)))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+    return 0 if args.measure or best is not None else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="gptforge",
@@ -580,6 +625,19 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--out", required=True, help="output image, e.g. curves.png")
     pl.add_argument("--labels", help="comma-separated legend names, one per run (default: folder names)")
     _add_issue6_commands(sub)
+
+    pl = sub.add_parser("plan", help="estimate memory per GPU and propose micro-batch, recompute and sharding",
+                        description="Estimate weights, gradients, optimizer state and activations per rank for a "
+                                    "preset, and propose micro-batch, recomputation and sharding that fit a GPU "
+                                    "memory size at a world size. --measure compares the estimate with a measured "
+                                    "peak for the preset as configured. Accepts --section.key overrides.")
+    pl.add_argument("--preset", default="gpt2-124m")
+    pl.add_argument("--out", help=argparse.SUPPRESS)
+    pl.add_argument("--gpu-mem", type=float, default=80.0, help="GiB per GPU (default %(default)s)")
+    pl.add_argument("--world", type=int, default=8, help="number of GPUs (default %(default)s)")
+    pl.add_argument("--measure", action="store_true", help="run a few steps here and compare with the estimate")
+    pl.add_argument("--steps", type=int, default=2, help="steps for --measure (default %(default)s)")
+    pl.add_argument("--json", help="write the plan to this JSON file")
     return p
 
 
@@ -594,8 +652,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args, rest = parser.parse_known_args(argv)
     try:
-        if args.command in ("train", "bench"):
-            return {"train": cmd_train, "bench": cmd_bench}[args.command](args, rest)
+        if args.command in ("train", "bench", "plan"):
+            return {"train": cmd_train, "bench": cmd_bench, "plan": cmd_plan}[args.command](args, rest)
         if rest:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")
         handlers = {"sample": cmd_sample, "prepare": cmd_prepare, "assets": cmd_assets, "presets": cmd_presets,

@@ -118,12 +118,32 @@ class EvalConfig:
 
 
 @dataclass
+class DistConfig:
+    """Multi-GPU / multi-node switches (take effect under torchrun with world > 1)."""
+
+    zero: int = 0  # 1 = shard optimizer state across ranks (ZeroRedundancyOptimizer; llm.c's -z 1)
+    fsdp: bool = False  # FSDP2 fully_shard per block: parameters, gradients and optimizer state sharded
+    reshard_after_forward: bool = True  # FSDP: free gathered params after forward (ZeRO-3); false = ZeRO-2-like
+    timeout: float = 1800.0  # seconds a collective may wait before the run fails (hung rank)
+
+    def __post_init__(self) -> None:
+        _check(self.zero in (0, 1), "dist.zero", self.zero, "0 (off) or 1 (shard optimizer state)")
+        _check(self.timeout > 0, "dist.timeout", self.timeout, "a positive number of seconds")
+        if self.fsdp and self.zero:
+            raise ConfigError(
+                "dist.fsdp=true and dist.zero=1 together: FSDP already shards optimizer state; "
+                "use one of them (--dist.zero 0 with --dist.fsdp true)"
+            )
+
+
+@dataclass
 class Config:
     model: GPTConfig = field(default_factory=GPTConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
 
     def validate(self, world: int = 1) -> int:
         """Cross-section checks; returns gradient-accumulation steps for this world size."""

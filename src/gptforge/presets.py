@@ -85,3 +85,50 @@ def gpt2_124m() -> Config:
     cfg = gpt2_124m_fineweb10b()
     cfg.train.out_dir = "runs/gpt2-124m"
     return cfg
+
+
+# --- bigger models (llm.c's scripts/run_gpt2_{350M,774M,1558M}.sh, 8 GPUs, ZeRO-1) ----------------------
+
+
+def _gpt2_llmc(size: str, *, data: str, micro_batch: int, total_batch: int, lr: float, min_lr_frac: float,
+               max_steps: int, ckpt_every: int, out: str) -> Config:
+    from gptforge.config import DistConfig
+
+    return Config(
+        model=GPTConfig.from_preset(size, block_size=1024),
+        data=DataConfig(dir=data),
+        optim=OptimConfig(lr=lr, warmup_steps=700, min_lr_frac=min_lr_frac, weight_decay=0.1),
+        train=TrainConfig(
+            micro_batch=micro_batch, seq_len=1024, total_batch_tokens=total_batch, max_steps=max_steps,
+            val_every=250, val_tokens=20 * 524_288, sample_every=20_000, ckpt_every=ckpt_every, keep_ckpts=2,
+            out_dir=f"runs/{out}",
+        ),
+        dist=DistConfig(zero=1),
+    )
+
+
+@preset("gpt2-350m")
+def gpt2_350m() -> Config:
+    """llm.c's GPT-2 350M (d24) on FineWeb 100B: B 64, T 1024, 524,288 tok/step, lr 3e-4, warmup 700,
+    60,000 steps (~31.5B tokens), cosine to 0, weight decay 0.1, ZeRO-1 (``-b 64 -t 1024 -d 524288
+    -z 1 -c 0.1 -l 0.0003 -q 0.0 -u 700 -n 2000 -x 60000 -e d24``)."""
+    return _gpt2_llmc("gpt2-medium", data="data/fineweb100B", micro_batch=64, total_batch=524_288, lr=3e-4,
+                      min_lr_frac=0.0, max_steps=60_000, ckpt_every=2000, out="gpt2-350m")
+
+
+@preset("gpt2-774m")
+def gpt2_774m() -> Config:
+    """llm.c's GPT-2 774M (d36) on FineWeb 100B: B 32, T 1024, 524,288 tok/step, lr 2.5e-4, warmup 700,
+    286,102 steps (~150B tokens), cosine to 0, ZeRO-1 (``-b 32 -d 524288 -z 1 -c 0.1 -l 0.00025 -q 0.0
+    -u 700 -n 4000 -x 286102 -e d36``)."""
+    return _gpt2_llmc("gpt2-large", data="data/fineweb100B", micro_batch=32, total_batch=524_288, lr=2.5e-4,
+                      min_lr_frac=0.0, max_steps=286_102, ckpt_every=4000, out="gpt2-774m")
+
+
+@preset("gpt2-1.5b")
+def gpt2_1558m() -> Config:
+    """llm.c's GPT-2 1558M (d48) on FineWeb-EDU 100B: B 16, T 1024, 1,048,576 tok/step, lr 6e-4, warmup
+    700, 32,000 steps (~33.6B tokens), cosine to 10%, ZeRO-1 (``-b 16 -t 1024 -d 1048576 -z 1 -c 0.1
+    -l 0.0006 -q 0.1 -u 700 -n 2000 -x 32000 -e d48``)."""
+    return _gpt2_llmc("gpt2-xl", data="data/edu_fineweb100B", micro_batch=16, total_batch=1_048_576, lr=6e-4,
+                      min_lr_frac=0.1, max_steps=32_000, ckpt_every=2000, out="gpt2-1.5b")

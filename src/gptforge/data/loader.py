@@ -31,7 +31,7 @@ SHUFFLE_MODES = ("off", "shards", "documents")
 
 class ShardLoader:
     def __init__(self, files: list[Path], B: int, T: int, rank: int = 0, world: int = 1, shuffle: str = "off",
-                 seed: int = 0, eot: int = 50256):
+                 seed: int = 0, eot: int = 50256, step_tokens: int | None = None):
         if not files:
             raise ShardError("no shard files given")
         if shuffle not in SHUFFLE_MODES:
@@ -39,7 +39,12 @@ class ShardLoader:
         self.files = [Path(f) for f in files]
         self.B, self.T, self.rank, self.world = B, T, rank, world
         self.shuffle, self.seed, self.eot = shuffle, seed, eot
-        need = B * T * world + 1
+        # step_tokens (tokens per optimizer step, all ranks): move to the next shard only between
+        # optimizer steps, when a whole step no longer fits. Then the data a step sees does not depend
+        # on how it is split over ranks and micro-steps, and a run resumes at another world size at
+        # the same position (the state is a global token offset).
+        self.step_tokens = step_tokens
+        need = max(B * T * world, step_tokens or 0) + 1
         for f in self.files:  # validate every header up front: fail before any compute
             n = read_header(f)[2]
             if n < need:
@@ -88,7 +93,10 @@ class ShardLoader:
         x = buf[:-1].view(B, T)
         y = buf[1:].view(B, T)
         self.pos += B * T * self.world
-        if self.pos + B * T * self.world + 1 > len(tokens):  # next step would not fit: next shard
+        if self.step_tokens:
+            if self.pos % self.step_tokens == 0 and self.pos + self.step_tokens + 1 > len(tokens):
+                self._advance_shard()
+        elif self.pos + B * T * self.world + 1 > len(tokens):  # next step would not fit: next shard
             self._advance_shard()
         return x, y
 

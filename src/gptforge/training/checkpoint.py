@@ -83,25 +83,42 @@ def save_checkpoint(
     optimizer: torch.optim.Optimizer | None,
     meta: dict[str, Any],
     keep: int = 0,
+    extra_rng: dict[str, torch.Tensor] | None = None,
 ) -> Path:
-    """Write checkpoint ``step`` (the number of optimizer steps done) atomically; prune to ``keep``."""
-    root = ckpt_root(run_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / f"{CKPT_PREFIX}{step:06d}"
-    tmp = root / f"{final.name}.tmp"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
+    """Write checkpoint ``step`` (the number of optimizer steps done) atomically; prune to ``keep``.
+    ``extra_rng``: other ranks' RNG states (``rank{r}.cpu`` / ``rank{r}.cuda``), stored in rng.pt."""
+    tmp = begin_checkpoint(run_dir, step)
     save_file(model_state(model), str(tmp / "model.safetensors"), metadata={"format": "pt"})
     if optimizer is not None:
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    return finalize_checkpoint(run_dir, tmp, meta, keep, extra_rng)
+
+
+def begin_checkpoint(run_dir: str | Path, step: int) -> Path:
+    """Create the empty temporary directory ``step_XXXXXX.tmp`` that a checkpoint is written into."""
+    root = ckpt_root(run_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = root / f"{CKPT_PREFIX}{step:06d}.tmp"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    return tmp
+
+
+def finalize_checkpoint(run_dir: str | Path, tmp: Path, meta: dict[str, Any], keep: int = 0,
+                        extra_rng: dict[str, torch.Tensor] | None = None) -> Path:
+    """Add RNG state and meta.json to ``tmp``, fsync, rename it into place and prune to ``keep``."""
+    root = tmp.parent
+    final = root / tmp.name[: -len(".tmp")]
+    step = int(final.name[len(CKPT_PREFIX):])
     rng_tensors, rng_json = rng_state()
-    torch.save(rng_tensors, tmp / "rng.pt")
+    torch.save({**rng_tensors, **(extra_rng or {})}, tmp / "rng.pt")
     meta = {**meta, "step": step, "rng": rng_json}
     (tmp / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
-    for f in tmp.iterdir():
-        with open(f, "rb") as fh:
-            os.fsync(fh.fileno())
+    for f in tmp.rglob("*"):  # sharded checkpoints keep their shards in a subfolder
+        if f.is_file():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
     if final.exists():  # re-saving the same step (e.g. interrupt right after a periodic save)
         old = root / f"{final.name}.old"
         if old.exists():
@@ -146,9 +163,22 @@ def resolve_checkpoint(path: str | Path) -> Path:
 
 def load_model_weights(model: torch.nn.Module, ckpt_dir: str | Path) -> None:
     path = Path(ckpt_dir) / "model.safetensors"
+    if not path.exists() and (Path(ckpt_dir) / "dcp").is_dir():  # sharded (FSDP) checkpoint
+        from gptforge.training.dist_checkpoint import load_sharded
+
+        load_sharded(model, None, ckpt_dir)
+        return
     if not path.exists():
         raise CheckpointError(f"{path} is missing; the checkpoint is incomplete")
     sd = load_file(str(path))
+    own = model.state_dict()
+    wrong = [f"{k}: checkpoint {tuple(v.shape)} vs model {tuple(own[k].shape)}"
+             for k, v in sd.items() if k in own and tuple(v.shape) != tuple(own[k].shape)]
+    if wrong:
+        raise CheckpointError(
+            f"{path} does not fit the model (shapes differ): {'; '.join(wrong[:3])}. Resume with the "
+            "checkpoint's own model config (drop --model.* overrides) or start a new run"
+        )
     missing, unexpected = model.load_state_dict(sd, strict=False)
     missing = [k for k in missing if k != TIED]
     if missing or unexpected:

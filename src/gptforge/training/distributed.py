@@ -1,18 +1,29 @@
-"""torchrun initialisation and model wrapping, applied from outside the model.
+"""torchrun initialisation and parallel wrapping (DDP, ZeRO-1, FSDP2), applied from outside the model.
 
-    torchrun --nproc_per_node 8 -m gptforge train --preset gpt2-124m-fineweb10b
+    torchrun --nproc_per_node 8 -m gptforge train --preset gpt2-124m-fineweb10b --dist.zero 1
 
-``init_distributed`` reads torchrun's RANK / LOCAL_RANK / WORLD_SIZE (NCCL on GPUs, gloo on CPU);
-``wrap_model`` compiles and then wraps in DDP. The model never knows its world size.
+``init_distributed`` reads torchrun's RANK / LOCAL_RANK / WORLD_SIZE (NCCL on GPUs, gloo on CPU)
+with ``dist.timeout`` as the collective timeout. ``wrap_model`` compiles and then wraps in DDP, or
+applies FSDP2 ``fully_shard`` per transformer block and at the root (``--dist.fsdp``).
+``build_optimizer_for`` returns plain AdamW, or ``ZeroRedundancyOptimizer`` over the same param
+groups for ``--dist.zero 1`` (optimizer state sharded across ranks, llm.c's ``-z 1``). The model
+never knows its world size.
 """
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
+from gptforge.config import ConfigError, DistConfig, OptimConfig
+
+_JOINS = 0  # process groups this process has joined (see init_distributed)
 
 
 @dataclass
@@ -21,6 +32,8 @@ class DistInfo:
     local_rank: int = 0
     world: int = 1
     device: torch.device = torch.device("cpu")
+    zero: int = 0  # 1 = optimizer state sharded with ZeroRedundancyOptimizer
+    fsdp: bool = False  # parameters, gradients and optimizer state sharded with FSDP2
 
     @property
     def is_main(self) -> bool:
@@ -29,6 +42,11 @@ class DistInfo:
     @property
     def enabled(self) -> bool:
         return self.world > 1
+
+    @property
+    def sharded(self) -> str:
+        """How state is sharded in this run: "fsdp", "zero1" or "none"."""
+        return "fsdp" if self.fsdp else "zero1" if self.zero else "none"
 
 
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:
@@ -47,28 +65,112 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     return dev
 
 
-def init_distributed(device_name: str = "auto") -> DistInfo:
+def launched_world() -> int:
+    """World size torchrun announces (1 when not launched by torchrun); used to validate before compute."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def init_distributed(device_name: str = "auto", dist_cfg: DistConfig | None = None) -> DistInfo:
+    """Join the torchrun job if there is one. Sharding switches are checked against the device and
+    world here, before any data or model is touched."""
+    dist_cfg = dist_cfg or DistConfig()
     if "RANK" not in os.environ:
+        # nothing to shard across one process: ZeRO/FSDP switches (e.g. from a world-2 checkpoint's
+        # config) are accepted and have no effect, so a sharded run can be resumed on one device
         return DistInfo(device=resolve_device(device_name))
     rank, local_rank, world = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
     device = resolve_device(device_name, local_rank)
+    if dist_cfg.fsdp and device.type not in ("cuda", "cpu"):
+        raise ConfigError(
+            f"dist.fsdp=true on device {device.type!r}: FSDP2 runs on CUDA (NCCL) or CPU (gloo) only; "
+            "use --dist.fsdp false (DDP, optionally --dist.zero 1) or --train.device cuda/cpu"
+        )
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
-    return DistInfo(rank=rank, local_rank=local_rank, world=world, device=device)
+        global _JOINS
+        timeout = datetime.timedelta(seconds=dist_cfg.timeout)
+        # torchrun's store outlives a worker group: after an elastic restart (or a second train() in
+        # one process) the old group's keys are still there, and gloo would dial a dead rank's
+        # address. A prefix per restart and per join keeps each group's rendezvous keys apart.
+        store, _, _ = next(dist.rendezvous("env://", rank, world, timeout=timeout))
+        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        store = dist.PrefixStore(f"gptforge/restart{restart}/join{_JOINS}", store)
+        _JOINS += 1
+        dist.init_process_group(
+            backend="nccl" if device.type == "cuda" else "gloo", store=store, rank=rank, world_size=world,
+            timeout=timeout, device_id=device if device.type == "cuda" else None,
+        )
+    sharding = world > 1
+    return DistInfo(rank=rank, local_rank=local_rank, world=world, device=device,
+                    zero=dist_cfg.zero if sharding else 0, fsdp=dist_cfg.fsdp and sharding)
 
 
-def wrap_model(model: torch.nn.Module, info: DistInfo, compile: bool) -> torch.nn.Module:
-    """Compile, then DDP when world > 1. Returns the module to train with; keep ``model`` itself
-    (the raw module) for saving and evaluation."""
+def wrap_model(
+    model: torch.nn.Module,
+    info: DistInfo,
+    compile: bool,
+    dist_cfg: DistConfig | None = None,
+    param_dtype: torch.dtype | None = None,
+) -> torch.nn.Module:
+    """Compile, then DDP (world > 1), or FSDP2 when ``info.fsdp``. Returns the module to train with.
+
+    DDP: keep ``model`` itself (the raw module) for saving and evaluation. FSDP2 changes ``model`` in
+    place (its parameters become DTensor shards), so the returned module *is* ``model``; build the
+    optimizer after this call. ``param_dtype`` (bf16 on CUDA) is FSDP's mixed-precision policy:
+    parameters are all-gathered in it, gradients reduced in float32.
+    """
+    if info.fsdp:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        dist_cfg = dist_cfg or DistConfig()
+        mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+        blocks = model.transformer.h
+        for i, block in enumerate(blocks):
+            if compile:  # per-block compile composes with per-block sharding (torchtitan's order)
+                block.compile()
+            # the last block's parameters are needed again at once by backward: keep them gathered
+            reshard = dist_cfg.reshard_after_forward and i < len(blocks) - 1
+            fully_shard(block, mp_policy=mp, reshard_after_forward=reshard)
+        fully_shard(model, mp_policy=mp, reshard_after_forward=dist_cfg.reshard_after_forward)
+        return model
     wrapped = torch.compile(model) if compile else model
     if info.enabled:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         ids = [info.device.index] if info.device.type == "cuda" else None
-        wrapped = DDP(wrapped, device_ids=ids)
+        # gradients live in DDP's communication buckets instead of beside them: one copy, not two
+        wrapped = DDP(wrapped, device_ids=ids, gradient_as_bucket_view=True)
     return wrapped
+
+
+def build_optimizer_for(model: torch.nn.Module, cfg: OptimConfig, info: DistInfo) -> torch.optim.Optimizer:
+    """AdamW with the usual param groups; ZeroRedundancyOptimizer over them for ``dist.zero 1``."""
+    from gptforge.training.optim import build_optimizer, fused_available, param_groups
+
+    if not info.zero:
+        return build_optimizer(model, cfg, info.device.type)
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    fused = fused_available(info.device.type) if cfg.fused is None else cfg.fused
+    return ZeroRedundancyOptimizer(
+        param_groups(model, cfg.weight_decay), optimizer_class=torch.optim.AdamW,
+        lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, fused=fused,
+    )
+
+
+def grad_sync(wrapped: torch.nn.Module, info: DistInfo, sync: bool):
+    """Context for one micro-step's backward. DDP all-reduces only on the last micro-step (no_sync
+    before). FSDP2 reduce-scatters every micro-step so gradients stay sharded (ZeRO-2/3 memory)."""
+    if info.enabled and not info.fsdp and not sync:
+        return wrapped.no_sync()
+    return contextlib.nullcontext()
+
+
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """A plain tensor from a DTensor result (e.g. FSDP's grad norm); plain tensors pass through."""
+    full = getattr(t, "full_tensor", None)
+    return full() if callable(full) else t
 
 
 def all_reduce_mean(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
@@ -77,6 +179,58 @@ def all_reduce_mean(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
         if t.device.type != "cuda":  # gloo has no AVG
             t /= info.world
     return t
+
+
+def any_rank(flag: bool, info: DistInfo) -> bool:
+    """True on every rank when ``flag`` is true on any (a signal that reached one rank stops all of
+    them at the same step, so they checkpoint together instead of waiting on each other)."""
+    if not info.enabled:
+        return flag
+    t = torch.tensor([1.0 if flag else 0.0], device=info.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
+def gather_rng_states(info: DistInfo) -> dict[str, torch.Tensor]:
+    """Collective: every rank's CPU RNG state (and its own GPU's), keyed ``rank{r}.cpu`` /
+    ``rank{r}.cuda``, returned on rank 0 (empty elsewhere and at world 1). A plain all_gather of
+    the fixed-size byte states, symmetric on every rank (NCCL needs them on the GPU)."""
+    if not info.enabled:
+        return {}
+    parts = {"cpu": torch.get_rng_state()}
+    if info.device.type == "cuda":
+        parts["cuda"] = torch.cuda.get_rng_state(info.device)
+    flat = torch.cat(list(parts.values())).to(info.device)
+    everyone = [torch.empty_like(flat) for _ in range(info.world)]
+    dist.all_gather(everyone, flat)
+    if not info.is_main:
+        return {}
+    out = {}
+    for r, t in enumerate(everyone):
+        pieces = torch.split(t.cpu(), [p.numel() for p in parts.values()])
+        out.update({f"rank{r}.{k}": v.clone() for k, v in zip(parts, pieces, strict=True)})
+    return out
+
+
+def seed_rank(seed: int, info: DistInfo, step: int = 0) -> None:
+    """Give each rank its own random stream (dropout masks differ across ranks, as they would across
+    the micro-batches of one process). Called after the model is built, so initial weights agree."""
+    if info.enabled:
+        torch.manual_seed(seed + info.rank + 1_000_003 * step)
+
+
+def restore_rank_rng(ckpt_dir, info: DistInfo, saved_world: int, seed: int, step: int) -> None:
+    """After a resume set rank 0's RNG everywhere: give the other ranks their own saved streams when
+    the world is unchanged (an exact continuation), or fresh distinct ones when it changed."""
+    if not info.enabled:
+        return
+    tensors = torch.load(Path(ckpt_dir) / "rng.pt", map_location="cpu", weights_only=True)
+    if saved_world != info.world or f"rank{info.rank}.cpu" not in tensors:
+        seed_rank(seed, info, step)
+        return
+    torch.set_rng_state(tensors[f"rank{info.rank}.cpu"])
+    if info.device.type == "cuda" and f"rank{info.rank}.cuda" in tensors:
+        torch.cuda.set_rng_state(tensors[f"rank{info.rank}.cuda"], info.device)
 
 
 def barrier(info: DistInfo) -> None:

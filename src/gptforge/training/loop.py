@@ -32,7 +32,30 @@ from gptforge.data.shards import list_shards, read_header
 from gptforge.eval.run import evaluate_during_training, prepare_for_training
 from gptforge.models.gpt2 import GPT
 from gptforge.training import checkpoint as ckpt
-from gptforge.training.distributed import DistInfo, all_reduce_mean, barrier, cleanup, init_distributed, wrap_model
+from gptforge.training.dist_checkpoint import (
+    full_optimizer_state,
+    is_sharded,
+    load_sharded,
+    save_sharded,
+    set_full_optimizer_state,
+)
+from gptforge.training.distributed import (
+    DistInfo,
+    all_reduce_mean,
+    any_rank,
+    barrier,
+    build_optimizer_for,
+    cleanup,
+    gather_rng_states,
+    grad_sync,
+    init_distributed,
+    launched_world,
+    local_tensor,
+    restore_rank_rng,
+    seed_rank,
+    wrap_model,
+)
+from gptforge.training.faults import elastic_restart, maybe_inject_fault, oom_advice
 from gptforge.training.observe import MetricsLog, environment, flops_per_token, fmt_duration, peak_flops
 from gptforge.training.optim import build_optimizer, lr_at
 
@@ -190,9 +213,7 @@ def train_step(
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         if timer:
             timer.mark("data")
-        sync = micro == grad_accum - 1
-        no_sync = wrapped.no_sync() if info.enabled and not sync else contextlib.nullcontext()
-        with no_sync:
+        with grad_sync(wrapped, info, sync=micro == grad_accum - 1):
             with autocast():
                 _, loss = wrapped(x, y)
             loss = loss / grad_accum
@@ -207,6 +228,7 @@ def train_step(
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     else:
         norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
+    norm = local_tensor(norm)  # FSDP: the norm is a DTensor over the shards
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     if timer:
@@ -220,13 +242,15 @@ def train(cfg: Config, resume: str | None = None, force: bool = False, stop_at_s
     interrupted after that many steps (tests use it to compare a resumed run with an uninterrupted one).
     ``init_weights(model)``: fine-tuning, fill a fresh run's model from other weights (``--init-from``)."""
     # --- setup: devices, precision, run directory -------------------------------------------------
-    info = init_distributed(cfg.train.device)
-    grad_accum = cfg.validate(info.world)
+    grad_accum = cfg.validate(launched_world())  # before joining the group: fail fast
+    info = init_distributed(cfg.train.device, cfg.dist)
     device = info.device
     torch.manual_seed(cfg.train.seed)
     autocast, precision, compile_model = set_precision(cfg, device)
 
     run_dir = Path(cfg.train.out_dir)
+    if resume is None and elastic_restart() and ckpt.latest_checkpoint(run_dir) is not None:
+        resume, force = "latest", False  # torchrun restarted us after a failure: continue, never wipe
     resume_dir = _find_resume(run_dir, resume)
     start_over = resume_dir is None and ckpt.latest_checkpoint(run_dir) is not None
     if start_over and not force:
@@ -239,30 +263,58 @@ def train(cfg: Config, resume: str | None = None, force: bool = False, stop_at_s
         if info.is_main:
             _write_line(msg)
 
+    if info.world == 1 and (cfg.dist.zero or cfg.dist.fsdp):
+        log("(dist.zero / dist.fsdp shard state across processes; on one process they have no effect)")
+
     # --- data -------------------------------------------------------------------------------------
     B, T = cfg.train.micro_batch, cfg.train.seq_len
     train_loader = ShardLoader(list_shards(cfg.data.dir, cfg.data.train_split), B, T, info.rank, info.world,
-                               shuffle=cfg.data.shuffle, seed=cfg.data.shuffle_seed, eot=cfg.data.eot_token)
+                               shuffle=cfg.data.shuffle, seed=cfg.data.shuffle_seed, eot=cfg.data.eot_token,
+                               step_tokens=cfg.train.total_batch_tokens)
     val_files = list_shards(cfg.data.dir, cfg.data.val_split)
     val_loader = ShardLoader(val_files, B, T, info.rank, info.world)
     val_available = sum(read_header(f)[2] for f in val_files) // (B * T * info.world)
     val_steps = max(1, min(cfg.train.val_tokens // (B * T * info.world), val_available))
 
     # --- model and optimizer ----------------------------------------------------------------------
+    # Wrapping (compile, DDP / FSDP2) comes before the optimizer: FSDP turns parameters into shards.
     model = GPT(cfg.model).to(device)
-    optimizer = build_optimizer(model, cfg.optim, device.type)
-    start_step = 0
-    if resume_dir is not None:
-        meta = ckpt.read_meta(resume_dir)
-        ckpt.load_model_weights(model, resume_dir)
-        ckpt.load_training_state(resume_dir, optimizer)
-        train_loader.load_state_dict(meta["loader"])
-        start_step = int(meta["step"])
-        log(f"resumed from {resume_dir} at step {start_step}")
-    elif init_weights is not None:
-        init_weights(model)  # before wrapping/compiling; the optimizer state starts fresh
     n_params = model.num_parameters()
     evals = prepare_for_training(cfg, model, log)  # eval tasks loaded once (None when eval.every is 0)
+    if resume_dir is None and init_weights is not None:
+        init_weights(model)  # fine-tuning: before wrapping/compiling; the optimizer state starts fresh
+    start_step, carried_optim = 0, None
+    sharded_ckpt = resume_dir is not None and is_sharded(resume_dir)
+    if resume_dir is not None and not sharded_ckpt:
+        ckpt.load_model_weights(model, resume_dir)  # full weights, before FSDP shards them
+        if info.fsdp:  # a single-file optimizer state, to be sharded into the FSDP optimizer below
+            plain = build_optimizer(model, cfg.optim, device.type)
+            ckpt.load_training_state(resume_dir, plain)
+            carried_optim = full_optimizer_state(model, plain)
+            del plain
+    seed_rank(cfg.train.seed, info)  # after init: same weights everywhere, then a stream per rank
+    param_dtype = torch.bfloat16 if info.fsdp and device.type == "cuda" and precision == "bfloat16" else None
+    wrapped = wrap_model(model, info, compile_model, cfg.dist, param_dtype)
+    model.train()
+    optimizer = build_optimizer_for(model, cfg.optim, info)
+    if resume_dir is not None:
+        meta = ckpt.read_meta(resume_dir)
+        if sharded_ckpt and info.zero:  # DCP reads into a plain AdamW; ZeRO then takes its share
+            plain = build_optimizer(model, cfg.optim, device.type)
+            load_sharded(model, plain, resume_dir)
+            optimizer.load_state_dict(plain.state_dict())
+            del plain
+        elif sharded_ckpt:
+            load_sharded(model, optimizer, resume_dir)
+        elif carried_optim is not None:
+            set_full_optimizer_state(model, optimizer, carried_optim)
+        else:
+            ckpt.load_training_state(resume_dir, optimizer)
+        train_loader.load_state_dict(meta["loader"])
+        start_step = int(meta["step"])
+        restore_rank_rng(resume_dir, info, int(meta.get("world", 1)), cfg.train.seed, start_step)
+        log(f"resumed from {resume_dir} at step {start_step} (saved at world {meta.get('world', 1)}, "
+            f"now {info.world})")
     fpt = flops_per_token(cfg.model, n_params, T, "llmc")
     peak = peak_flops(device, precision, cfg.train.peak_flops)
 
@@ -279,13 +331,9 @@ def train(cfg: Config, resume: str | None = None, force: bool = False, stop_at_s
     metrics.write("start", start_step, params=n_params, world=info.world, grad_accum=grad_accum,
                   precision=precision, compile=compile_model, device=str(device), gptforge=__version__)
     log(f"gptforge {__version__} | {n_params/1e6:.2f}M params | device {device} ({env.get('gpu', 'cpu')}) | "
-        f"{precision} | compile {compile_model} | world {info.world} | B {B} T {T} x accum {grad_accum} = "
+        f"{precision} | compile {compile_model} | world {info.world} ({info.sharded}) | B {B} T {T} x accum {grad_accum} = "
         f"{cfg.train.total_batch_tokens:,} tokens/step | {cfg.train.max_steps} steps | run dir {run_dir}")
     barrier(info)
-
-    # --- wrap: compile, then DDP, from outside the model ---------------------------------------------
-    wrapped = wrap_model(model, info, compile_model)
-    model.train()
 
     # --- the loop ---------------------------------------------------------------------------------
     result = RunResult(run_dir=run_dir, steps_done=start_step)
@@ -296,11 +344,20 @@ def train(cfg: Config, resume: str | None = None, force: bool = False, stop_at_s
         meta = {
             "config": cfg.to_dict(), "loader": train_loader.state_dict(), "gptforge": __version__,
             "torch": torch.__version__, "git_sha": env.get("git_sha"), "world": info.world,
-            "train_loss": result.train_losses.get(steps_done),
+            "train_loss": result.train_losses.get(steps_done), "sharding": info.sharded,
         }
         path = None
-        if info.is_main:
-            path = ckpt.save_checkpoint(run_dir, steps_done, model, optimizer, meta, keep=cfg.train.keep_ckpts)
+        rngs = gather_rng_states(info)  # every rank's stream, for an exact continuation at this world
+        if info.fsdp:  # every rank writes its shards (DCP); resumable at any world size
+            path = save_sharded(run_dir, steps_done, model, optimizer, meta, cfg.train.keep_ckpts, info.is_main,
+                                rngs)
+        else:
+            if info.zero:  # gather the optimizer shards on rank 0: an ordinary single-file checkpoint
+                optimizer.consolidate_state_dict(to=0)
+            if info.is_main:
+                path = ckpt.save_checkpoint(run_dir, steps_done, model, optimizer, meta, keep=cfg.train.keep_ckpts,
+                                            extra_rng=rngs)
+        if path is not None:
             log(f"checkpoint -> {path}")
         barrier(info)
         result.last_checkpoint = path
@@ -314,12 +371,16 @@ def train(cfg: Config, resume: str | None = None, force: bool = False, stop_at_s
             lr = lr_at(step, cfg.optim, max_steps)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            loss_accum, norm = train_step(wrapped, model, optimizer, train_loader, grad_accum, autocast, info,
-                                          cfg.optim.grad_clip)
+            try:
+                loss_accum, norm = train_step(wrapped, model, optimizer, train_loader, grad_accum, autocast, info,
+                                              cfg.optim.grad_clip)
+            except torch.OutOfMemoryError as e:
+                raise torch.OutOfMemoryError(oom_advice(cfg, info, grad_accum) + f"\n(original error: {e})") from e
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             dt = time.perf_counter() - t0
             steps_done = step + 1
+            maybe_inject_fault(info, steps_done)
             loss_val = loss_accum.item()
             result.train_losses[steps_done] = loss_val
             result.steps_done = steps_done
@@ -352,8 +413,11 @@ def train(cfg: Config, resume: str | None = None, force: bool = False, stop_at_s
                 evaluate_during_training(model, evals, cfg, info, autocast, steps_done, steps_done * tokens_per_step,
                                          metrics, log)
             if info.is_main and (last or (cfg.train.sample_every and steps_done % cfg.train.sample_every == 0)):
-                print_samples(model, cfg, info, steps_done, metrics, log)
-            interrupted = stop.stop or (stop_at_step is not None and steps_done >= stop_at_step)
+                if info.fsdp:  # generation on one rank would wait forever for the others' all-gathers
+                    log("(no in-loop samples under dist.fsdp; use `gptforge sample --ckpt` on the checkpoint)")
+                else:
+                    print_samples(model, cfg, info, steps_done, metrics, log)
+            interrupted = any_rank(stop.stop, info) or (stop_at_step is not None and steps_done >= stop_at_step)
             if last or interrupted or (cfg.train.ckpt_every and steps_done % cfg.train.ckpt_every == 0):
                 save(steps_done)
             if interrupted:
@@ -368,7 +432,10 @@ def train(cfg: Config, resume: str | None = None, force: bool = False, stop_at_s
 
 
 def wrapped_eval(wrapped: torch.nn.Module, info: DistInfo) -> torch.nn.Module:
-    """Evaluate through the compiled module but not through DDP (no gradient sync needed)."""
+    """Evaluate through the compiled module but not through DDP (no gradient sync needed); under
+    FSDP through the sharded module itself (its forward all-gathers the parameters on every rank)."""
+    if info.fsdp:
+        return wrapped
     return wrapped.module if info.enabled else wrapped
 
 

@@ -1,0 +1,67 @@
+"""Faults at scale: advice on running out of memory, elastic restarts, and a fault-injection switch.
+
+    GPTFORGE_FAULT_INJECT=1:5 torchrun --nproc_per_node 2 --max-restarts 1 -m gptforge train --preset tiny
+
+torchrun's ``--max-restarts N`` restarts the whole worker group when a rank dies; the restarted
+workers see ``TORCHELASTIC_RESTART_COUNT > 0`` and ``train()`` then resumes from the newest complete
+checkpoint (checkpoints are renamed into place only when complete, so a rank dying mid-save leaves
+nothing that resume would pick). ``GPTFORGE_FAULT_INJECT=RANK:STEP`` kills one rank mid-run to
+exercise exactly that.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+from gptforge.config import Config, ConfigError
+from gptforge.training.distributed import DistInfo
+
+
+def oom_advice(cfg: Config, info: DistInfo, grad_accum: int) -> str:
+    """What to turn when a step runs out of device memory."""
+    B = cfg.train.micro_batch
+    tips = [f"--train.micro_batch {max(1, B // 2)} (gradient accumulation grows to keep the "
+            f"{cfg.train.total_batch_tokens:,}-token batch)"]
+    if cfg.model.recompute != "block":
+        tips.append(f"--model.recompute {'mlp' if cfg.model.recompute == 'none' else 'block'} (recompute activations)")
+    if info.world > 1 and not info.zero and not info.fsdp:
+        tips.append("--dist.zero 1 (shard optimizer state across ranks)")
+    if info.world > 1 and not info.fsdp:
+        tips.append("--dist.fsdp true --dist.zero 0 (shard parameters, gradients and optimizer state)")
+    return (
+        f"out of device memory at micro_batch {B} x seq_len {cfg.train.seq_len} (accum {grad_accum}, world "
+        f"{info.world}, recompute {cfg.model.recompute}, sharding {info.sharded}). Try: " + "; ".join(tips)
+        + ". `gptforge plan` estimates what fits a given GPU memory and world size."
+    )
+
+
+FAULT_ENV = "GPTFORGE_FAULT_INJECT"
+
+
+def elastic_restart() -> bool:
+    """True when torchrun (--max-restarts) has restarted this worker group after a failure."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+
+
+def maybe_inject_fault(info: DistInfo, steps_done: int) -> None:
+    """Fault injection for testing: ``GPTFORGE_FAULT_INJECT=RANK:STEP`` kills that rank (SIGKILL, no
+    cleanup: like a crashed node) right after optimizer step STEP; ``RANK:STEP:term`` sends it SIGTERM
+    instead (a polite stop that only this rank receives). First attempt only, so a group restarted by
+    torchrun runs to the end."""
+    spec = os.environ.get(FAULT_ENV)
+    if not spec or elastic_restart():
+        return
+    parts = spec.split(":")
+    try:
+        rank, step = int(parts[0]), int(parts[1])
+        sig = {"kill": signal.SIGKILL, "term": signal.SIGTERM}[parts[2] if len(parts) > 2 else "kill"]
+        if len(parts) > 3:
+            raise ValueError
+    except (ValueError, IndexError, KeyError):
+        raise ConfigError(f"{FAULT_ENV}={spec!r}: expected RANK:STEP or RANK:STEP:kill|term, e.g. 1:5") from None
+    if info.rank == rank and steps_done == step:
+        print(f"[gptforge] {FAULT_ENV}: sending {sig.name} to rank {rank} after step {step}",
+              file=sys.stderr, flush=True)
+        os.kill(os.getpid(), sig)

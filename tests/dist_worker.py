@@ -1,0 +1,41 @@
+"""Run a list of training jobs inside one torchrun launch (the distributed tests' worker).
+
+    python -m torch.distributed.run --nproc_per_node 2 tests/dist_worker.py jobs.json
+
+jobs.json: [{"config": Config.to_dict(), "resume": null|"latest", "stop_at_step": null|int,
+"copy_to": [dirs], "out": "result.json"}, ...]. Rank 0 writes each job's per-step train and val
+losses to its "out" file, and copies the run directory to each "copy_to" folder afterwards (so a
+checkpoint can be resumed again elsewhere). One launch runs several jobs so the suite pays for
+process start-up once.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import shutil
+import sys
+
+import torch.distributed as dist
+
+from gptforge.config import Config
+from gptforge.training.loop import train
+
+
+def main(path: str) -> None:
+    # a hung collective fails the test with every rank's stack instead of hanging the suite
+    faulthandler.dump_traceback_later(int(os.environ.get("GPTFORGE_TEST_HANG_S", "150")), exit=True)
+    for job in json.loads(open(path).read()):
+        cfg = Config.from_dict(job["config"])
+        res = train(cfg, resume=job.get("resume"), stop_at_step=job.get("stop_at_step"))
+        if int(os.environ["RANK"]) == 0:
+            with open(job["out"], "w") as f:
+                json.dump({"train": res.train_losses, "val": res.val_losses, "steps": res.steps_done}, f)
+            for dest in job.get("copy_to", []):
+                shutil.copytree(res.run_dir, dest)
+        assert not dist.is_initialized()  # train() cleaned up; the next job joins afresh
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,339 @@
+"""Scale-out on CPU with gloo and 2 processes: DDP, ZeRO-1 and FSDP2 against one process with 2x
+gradient accumulation; sharded checkpoints resumed at world 2 and world 1; a rank killed mid-run
+and restarted by torchrun; bad input before training.
+
+The reference for every distributed run is the single-process loop (itself tested for bit-exact
+resume and split-independent gradients in test_training.py): same data, same total batch, float32.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from gptforge.config import Config, ConfigError, DistConfig, apply_overrides
+from gptforge.data.loader import ShardLoader
+from gptforge.data.shards import write_shard
+from gptforge.training import checkpoint as ckpt
+from gptforge.training.loop import train
+
+from .conftest import make_shards, tiny_config
+
+HERE = Path(__file__).parent
+STEPS = 8
+
+
+def _cfg(data: Path, out: Path, **dist) -> Config:
+    cfg = tiny_config(data, out, max_steps=STEPS, ckpt_every=4)
+    cfg.model.dropout = 0.0  # ranks draw different dropout masks than one process would
+    cfg.dist = DistConfig(**dist)
+    return cfg
+
+
+def _with(cfg: Config, recompute: str) -> Config:
+    cfg.model.recompute = recompute
+    return cfg
+
+
+def _dropout(cfg: Config) -> Config:
+    cfg.model.dropout = 0.1
+    return cfg
+
+
+def _torchrun(args: list[str], env_extra: dict | None = None, timeout: int = 240) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    env.update({"OMP_NUM_THREADS": "1", **(env_extra or {})})
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *args]
+    # own process group: on a timeout (a hung run) the workers go too, not only the launcher
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"torchrun did not finish in {timeout}s (hung?)\n{out[-2000:]}\n{err[-3000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def _read(path: Path) -> dict:
+    d = json.loads(path.read_text())
+    return {"train": {int(k): v for k, v in d["train"].items()}, "val": {int(k): v for k, v in d["val"].items()}}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """One torchrun launch (world 2) running every distributed job in turn, plus the 1-process reference."""
+    tmp = tmp_path_factory.mktemp("dist")
+    data = make_shards(tmp / "data")
+    jobs = [
+        {"config": _cfg(data, tmp / "ddp").to_dict(), "out": str(tmp / "ddp.json")},
+        {"config": _cfg(data, tmp / "zero", zero=1).to_dict(), "out": str(tmp / "zero.json")},
+        {"config": _cfg(data, tmp / "fsdp", fsdp=True).to_dict(), "out": str(tmp / "fsdp.json")},
+        # FSDP with block recomputation, and ZeRO-2-like (gathered params kept) with MLP recomputation
+        {"config": _with(_cfg(data, tmp / "fsdp_block", fsdp=True), recompute="block").to_dict(),
+         "out": str(tmp / "fsdp_block.json")},
+        {"config": _with(_cfg(data, tmp / "fsdp_keep", fsdp=True, reshard_after_forward=False), recompute="mlp")
+         .to_dict(), "out": str(tmp / "fsdp_keep.json")},
+        # stopped after step 4, copied aside (to resume at world 1), then resumed at world 2
+        {"config": _cfg(data, tmp / "fsdp_part", fsdp=True).to_dict(), "out": str(tmp / "fsdp_part.json"),
+         "stop_at_step": 4, "copy_to": [str(tmp / "fsdp_part_w1"), str(tmp / "fsdp_to_zero")]},
+        {"config": _cfg(data, tmp / "fsdp_part", fsdp=True).to_dict(), "out": str(tmp / "fsdp_rest.json"),
+         "resume": "latest"},
+        {"config": _cfg(data, tmp / "zero_part", zero=1).to_dict(), "out": str(tmp / "zero_part.json"),
+         "stop_at_step": 4},
+        # switching strategy on resume: a sharded (DCP) checkpoint into ZeRO-1, a single-file one into FSDP
+        {"config": _cfg(data, tmp / "fsdp_to_zero", zero=1).to_dict(), "out": str(tmp / "fsdp_to_zero.json"),
+         "resume": "latest"},
+        # dropout on: each rank draws its own masks, and a resume continues every rank's stream exactly
+        {"config": _dropout(_cfg(data, tmp / "drop")).to_dict(), "out": str(tmp / "drop.json")},
+        {"config": _dropout(_cfg(data, tmp / "drop_part")).to_dict(), "out": str(tmp / "drop_part.json"),
+         "stop_at_step": 4},
+        {"config": _dropout(_cfg(data, tmp / "drop_part")).to_dict(), "out": str(tmp / "drop_rest.json"),
+         "resume": "latest"},
+        {"config": _cfg(data, tmp / "ddp_to_fsdp").to_dict(), "out": str(tmp / "ddp_part.json"), "stop_at_step": 4},
+        {"config": _cfg(data, tmp / "ddp_to_fsdp", fsdp=True).to_dict(), "out": str(tmp / "ddp_to_fsdp.json"),
+         "resume": "latest"},
+    ]
+    spec = tmp / "jobs.json"
+    spec.write_text(json.dumps(jobs))
+    proc = _torchrun([str(HERE / "dist_worker.py"), str(spec)])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    names = ("ddp", "zero", "fsdp", "fsdp_block", "fsdp_keep", "fsdp_part", "fsdp_rest", "fsdp_to_zero",
+             "ddp_to_fsdp", "drop", "drop_part", "drop_rest")
+    out = {name: _read(tmp / f"{name}.json") for name in names}
+    one = train(_cfg(data, tmp / "one"))  # world 1, gradient accumulation 2
+    out["one"] = {"train": one.train_losses, "val": one.val_losses}
+    # world-2 checkpoints at step 4 resumed on one process
+    fsdp_w1 = train(_cfg(data, tmp / "fsdp_part_w1", fsdp=True), resume="latest")
+    out["fsdp_w1"] = {"train": fsdp_w1.train_losses, "val": fsdp_w1.val_losses}
+    zero_w1 = train(_cfg(data, tmp / "zero_part", zero=1), resume="latest")
+    out["zero_w1"] = {"train": zero_w1.train_losses, "val": zero_w1.val_losses}
+    out["dirs"] = tmp
+    out["log"] = proc.stdout
+    return out
+
+
+def _close(a: dict[int, float], b: dict[int, float], steps, rtol=2e-5):
+    for s in steps:
+        assert a[s] == pytest.approx(b[s], rel=rtol, abs=1e-6), (s, a[s], b[s])
+
+
+def test_ddp_two_ranks_matches_one_rank_with_twice_the_accumulation(runs):
+    _close(runs["ddp"]["train"], runs["one"]["train"], range(1, STEPS + 1))
+    _close(runs["ddp"]["val"], runs["one"]["val"], [4, 8])
+    assert runs["one"]["train"][STEPS] < runs["one"]["train"][1] - 0.3  # it is learning, not a constant
+    assert "world 2 (none) | B 4 T 16 x accum 1" in runs["log"]
+
+
+def test_zero1_and_fsdp_match_ddp_also_with_recompute(runs):
+    for name in ("zero", "fsdp", "fsdp_block", "fsdp_keep"):
+        _close(runs[name]["train"], runs["ddp"]["train"], range(1, STEPS + 1))
+        _close(runs[name]["val"], runs["ddp"]["val"], [4, 8])
+    assert "world 2 (zero1)" in runs["log"] and "world 2 (fsdp)" in runs["log"]
+
+
+def test_sharded_checkpoint_layout(runs):
+    fsdp = ckpt.latest_checkpoint(runs["dirs"] / "fsdp")
+    assert (fsdp / "dcp" / ".metadata").exists() and not (fsdp / "model.safetensors").exists()
+    assert ckpt.read_meta(fsdp)["sharding"] == "fsdp" and ckpt.read_meta(fsdp)["world"] == 2
+    zero = ckpt.latest_checkpoint(runs["dirs"] / "zero")  # ZeRO-1 consolidates into the single-file format
+    assert (zero / "optimizer.pt").exists() and ckpt.read_meta(zero)["sharding"] == "zero1"
+    opt = torch.load(zero / "optimizer.pt", weights_only=True)
+    assert len(opt["state"]) == len(opt["param_groups"][0]["params"]) + len(opt["param_groups"][1]["params"])
+
+
+def test_save_at_world_2_resume_at_world_2_and_world_1_continues_the_curve(runs):
+    full = runs["fsdp"]
+    assert set(runs["fsdp_part"]["train"]) == {1, 2, 3, 4}
+    _close(runs["fsdp_part"]["train"], full["train"], range(1, 5))
+    assert set(runs["fsdp_rest"]["train"]) == set(range(5, STEPS + 1))
+    _close(runs["fsdp_rest"]["train"], full["train"], range(5, STEPS + 1))  # world 2 -> world 2
+    _close(runs["fsdp_w1"]["train"], full["train"], range(5, STEPS + 1))  # world 2 -> world 1
+    _close(runs["fsdp_w1"]["val"], full["val"], [8])
+    _close(runs["zero_w1"]["train"], runs["zero"]["train"], range(5, STEPS + 1))  # ZeRO-1 world 2 -> 1
+
+
+def test_resume_with_dropout_is_bit_exact_per_rank(runs):
+    full, part, rest = runs["drop"]["train"], runs["drop_part"]["train"], runs["drop_rest"]["train"]
+    for s in range(1, STEPS + 1):
+        assert (part.get(s) if s <= 4 else rest[s]) == full[s], s
+    assert full != runs["ddp"]["train"]  # dropout is really on
+    rng = torch.load(ckpt.latest_checkpoint(runs["dirs"] / "drop") / "rng.pt", weights_only=True)
+    assert not torch.equal(rng["rank0.cpu"], rng["rank1.cpu"])  # one stream per rank
+
+
+def test_resume_may_switch_sharding_strategy(runs):
+    for name in ("fsdp_to_zero", "ddp_to_fsdp"):
+        assert set(runs[name]["train"]) == set(range(5, STEPS + 1)), name
+        _close(runs[name]["train"], runs["ddp"]["train"], range(5, STEPS + 1))
+
+
+def test_sharded_checkpoint_that_does_not_fit_is_rejected(runs):
+    from gptforge.models.gpt2 import GPT
+    from gptforge.training.dist_checkpoint import load_sharded
+
+    cfg = _cfg(runs["dirs"] / "data", runs["dirs"] / "x")
+    cfg.model.n_embd = 64
+    with pytest.raises(ckpt.CheckpointError, match="shapes differ"):
+        load_sharded(GPT(cfg.model), None, ckpt.latest_checkpoint(runs["dirs"] / "fsdp"))
+
+
+def test_sharded_checkpoint_loads_for_sampling(runs):
+    from gptforge.cli import load_model
+
+    model = load_model(str(runs["dirs"] / "fsdp"), None)
+    ref = load_model(str(runs["dirs"] / "ddp"), None)  # same training, single-file checkpoint
+    for (n, a), (_, b) in zip(model.state_dict().items(), ref.state_dict().items(), strict=True):
+        assert torch.allclose(a, b, atol=1e-5), n
+
+
+def test_loader_position_does_not_depend_on_world(tmp_path):
+    """Two ranks together read exactly the tokens one rank reads, across a shard boundary, and the
+    saved position resumes at the other world size; reference: slices of the raw token stream."""
+    tokens = [np.arange(1000) % 500, (np.arange(700) * 3) % 500]
+    files = [write_shard(tmp_path / f"t_train_{i:06d}.bin", t) for i, t in enumerate(tokens)]
+    B, T, step = 2, 8, 64  # 4 micro-batches of 16 per step at world 1, 2 per rank at world 2
+    one = ShardLoader(files, B, T, step_tokens=step)
+    two = [ShardLoader(files, B, T, r, 2, step_tokens=step) for r in range(2)]
+    expect_shard, expect_pos = 0, 0
+    for _ in range(20):  # 20 steps: crosses both shard ends and wraps
+        t = tokens[expect_shard]
+        ref = [t[expect_pos + k * 16: expect_pos + k * 16 + 17] for k in range(4)]
+        got1 = [one.next_batch() for _ in range(4)]
+        got2 = [rank.next_batch() for _ in range(2) for rank in two]  # rank r, micro m = global chunk 2m+r
+        for k in range(4):
+            assert got1[k][0].flatten().tolist() == ref[k][:-1].tolist()
+            assert got1[k][1].flatten().tolist() == ref[k][1:].tolist()
+            assert got2[k][0].flatten().tolist() == ref[k][:-1].tolist()
+        expect_pos += step
+        if expect_pos + step + 1 > len(t):
+            expect_shard, expect_pos = (expect_shard + 1) % 2, 0
+        assert one.state_dict() == two[0].state_dict() == two[1].state_dict()
+        assert (one.shard, one.pos) == (expect_shard, expect_pos)
+    resumed = [ShardLoader(files, B, T, r, 2, step_tokens=step) for r in range(2)]
+    for r in resumed:
+        r.load_state_dict(one.state_dict())
+    assert torch.equal(torch.cat([resumed[0].next_batch()[0], resumed[1].next_batch()[0]]),
+                       torch.cat([one.next_batch()[0], one.next_batch()[0]]))
+
+
+def _cli_overrides(cfg: Config) -> list[str]:
+    """Every key of cfg as --section.key value (so the CLI reproduces a test config exactly)."""
+    out = []
+    for section, values in cfg.to_dict().items():
+        for k, v in values.items():
+            v = "auto" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
+            out += [f"--{section}.{k}", v]
+    return out
+
+
+def test_killed_rank_is_restarted_by_torchrun_and_finishes(runs, tmp_path):
+    cfg = _cfg(runs["dirs"] / "data", tmp_path / "elastic")
+    cfg.train.ckpt_every = 2
+    argv = ["--max-restarts", "1", "-m", "gptforge", "train", "--preset", "tiny", *_cli_overrides(cfg)]
+    assert apply_overrides(Config(), _cli_overrides(cfg)).to_dict() == cfg.to_dict()
+    proc = _torchrun(argv, {"GPTFORGE_FAULT_INJECT": "1:5"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    assert "sending SIGKILL to rank 1 after step 5" in proc.stderr
+    assert "resumed from" in proc.stdout and "step_000004" in proc.stdout
+    assert ckpt.latest_checkpoint(tmp_path / "elastic").name == f"step_{STEPS:06d}"
+    events = [json.loads(line) for line in (tmp_path / "elastic" / "metrics.jsonl").read_text().splitlines()]
+    starts = [e["step"] for e in events if e["kind"] == "start"]
+    assert starts == [0, 4]  # the first attempt, then the restart from the step-4 checkpoint
+    final = {e["step"]: e["loss"] for e in events if e["kind"] == "train"}  # later lines win
+    _close(final, runs["ddp"]["train"], range(1, STEPS + 1))  # same curve as the uninterrupted run
+
+
+def test_a_signal_to_one_rank_stops_all_ranks_at_the_same_step(runs, tmp_path):
+    cfg = _cfg(runs["dirs"] / "data", tmp_path / "stop")
+    proc = _torchrun(["-m", "gptforge", "train", "--preset", "tiny", *_cli_overrides(cfg)],
+                     {"GPTFORGE_FAULT_INJECT": "1:3:term"}, timeout=120)
+    assert "sending SIGTERM to rank 1 after step 3" in proc.stderr
+    assert "stopped at step 3; continue with --resume" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert proc.returncode != 0  # the workers exit 130 (interrupted), so torchrun reports a failure
+    assert ckpt.latest_checkpoint(tmp_path / "stop").name == "step_000003"
+
+
+# --- bad input, before training ---------------------------------------------------------------------
+
+def test_dist_config_rejects_bad_values():
+    with pytest.raises(ConfigError, match="dist.zero"):
+        DistConfig(zero=2)
+    with pytest.raises(ConfigError, match="FSDP already shards"):
+        DistConfig(zero=1, fsdp=True)
+    with pytest.raises(ConfigError, match="dist.timeout"):
+        DistConfig(timeout=0)
+
+
+def test_world_that_does_not_divide_the_batch_exits_2(monkeypatch, capsys):
+    from gptforge.cli import main
+
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    assert main(["train", "--preset", "tiny", "--dry-run"]) == 2
+    assert "micro_batch*seq_len*world = 4*32*3" in capsys.readouterr().err
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert main(["train", "--preset", "tiny", "--dry-run"]) == 0
+    assert main(["train", "--preset", "tiny", "--dist.zero", "1", "--dist.fsdp", "true", "--dry-run"]) == 2
+
+
+def test_checkpoint_that_does_not_fit_the_model_is_rejected(shard_dir, tmp_path, capsys):
+    from gptforge.cli import main
+
+    train(_cfg(shard_dir, tmp_path / "run", fsdp=True))  # world 1: fsdp has no effect, single-file ckpt
+    cfg = _cfg(shard_dir, tmp_path / "run")
+    cfg.model.n_embd = 64
+    with pytest.raises(ckpt.CheckpointError, match="shapes differ"):
+        train(cfg, resume="latest")
+    assert main(["train", "--resume", "--out", str(tmp_path / "run"), "--model.n_embd", "64"]) == 2
+    assert "shapes differ" in capsys.readouterr().err
+
+
+def test_out_of_memory_names_the_knobs(shard_dir, tmp_path, monkeypatch):
+    from gptforge.models.gpt2 import GPT
+
+    def oom(self, *a, **k):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(GPT, "forward", oom)
+    with pytest.raises(torch.OutOfMemoryError) as e:
+        train(_cfg(shard_dir, tmp_path / "run"))
+    msg = str(e.value)
+    assert "--train.micro_batch 2" in msg and "--model.recompute mlp" in msg and "gptforge plan" in msg
+    assert "Tried to allocate 2.00 GiB" in msg
+
+
+def test_bad_fault_injection_spec(shard_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("GPTFORGE_FAULT_INJECT", "five")
+    with pytest.raises(ConfigError, match="RANK:STEP"):
+        train(_cfg(shard_dir, tmp_path / "run"))
+    shutil.rmtree(tmp_path / "run", ignore_errors=True)
+
+
+# --- GPU paths (NCCL, bf16 mixed precision); skipped on machines without two GPUs ---------------------
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+def test_nccl_ddp_zero_fsdp_bf16_agree(tmp_path):
+    data = make_shards(tmp_path / "data")
+    jobs, names = [], {"ddp": {}, "zero": {"zero": 1}, "fsdp": {"fsdp": True}}
+    for name, dist in names.items():
+        cfg = _cfg(data, tmp_path / name, **dist)
+        cfg.train.device, cfg.train.dtype, cfg.train.compile = "cuda", "bfloat16", False
+        jobs.append({"config": cfg.to_dict(), "out": str(tmp_path / f"{name}.json")})
+    (tmp_path / "jobs.json").write_text(json.dumps(jobs))
+    proc = _torchrun([str(HERE / "dist_worker.py"), str(tmp_path / "jobs.json")])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    res = {name: _read(tmp_path / f"{name}.json") for name in names}
+    # bf16: DDP/ZeRO autocast from fp32 weights, FSDP all-gathers bf16 weights; agree to bf16 precision
+    _close(res["zero"]["train"], res["ddp"]["train"], range(1, STEPS + 1), rtol=1e-5)
+    _close(res["fsdp"]["train"], res["ddp"]["train"], range(1, STEPS + 1), rtol=2e-2)
