@@ -30,7 +30,6 @@ The one pipeline behind ``prepare files`` and ``prepare fineweb``:
 from __future__ import annotations
 
 import collections
-import hashlib
 import json
 import multiprocessing as mp
 import os
@@ -44,6 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gptforge.assets import sha256_file
 from gptforge.data.prepare.sources import Item, SourceError
 from gptforge.data.shards import FORMATS, ShardError, magic_for, read_header, write_shard
 
@@ -153,14 +153,6 @@ def available_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # macOS, Windows
         return os.cpu_count() or 1
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _write_json_atomic(path: Path, obj: dict) -> None:
