@@ -26,6 +26,9 @@ from gptforge.training.loop import train
 def main(path: str) -> None:
     # a hung collective fails the test with every rank's stack instead of hanging the suite
     faulthandler.dump_traceback_later(int(os.environ.get("GPTFORGE_TEST_HANG_S", "150")), exit=True)
+    # one process group for all jobs: train() reuses a group it did not create and leaves it alone.
+    # (Re-joining through torchrun's store once per job raced under load and could hang a rank.)
+    dist.init_process_group(backend="gloo")
     for job in json.loads(open(path).read()):
         cfg = Config.from_dict(job["config"])
         res = train(cfg, resume=job.get("resume"), stop_at_step=job.get("stop_at_step"))
@@ -34,7 +37,9 @@ def main(path: str) -> None:
                 json.dump({"train": res.train_losses, "val": res.val_losses, "steps": res.steps_done}, f)
             for dest in job.get("copy_to", []):
                 shutil.copytree(res.run_dir, dest)
-        assert not dist.is_initialized()  # train() cleaned up; the next job joins afresh
+        assert dist.is_initialized()  # train() left the harness's group alone
+        dist.barrier()  # rank 0's copies are done before the next job reads them
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

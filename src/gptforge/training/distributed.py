@@ -34,6 +34,7 @@ class DistInfo:
     device: torch.device = torch.device("cpu")
     zero: int = 0  # 1 = optimizer state sharded with ZeroRedundancyOptimizer
     fsdp: bool = False  # parameters, gradients and optimizer state sharded with FSDP2
+    owns_group: bool = False  # init_distributed created the process group, so cleanup() destroys it
 
     @property
     def is_main(self) -> bool:
@@ -87,7 +88,8 @@ def init_distributed(device_name: str = "auto", dist_cfg: DistConfig | None = No
         )
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    if not dist.is_initialized():
+    owns_group = not dist.is_initialized()  # a caller that joined already (a test harness) keeps its group
+    if owns_group:
         global _JOINS
         timeout = datetime.timedelta(seconds=dist_cfg.timeout)
         # torchrun's store outlives a worker group: after an elastic restart (or a second train() in
@@ -103,7 +105,7 @@ def init_distributed(device_name: str = "auto", dist_cfg: DistConfig | None = No
         )
     sharding = world > 1
     return DistInfo(rank=rank, local_rank=local_rank, world=world, device=device,
-                    zero=dist_cfg.zero if sharding else 0, fsdp=dist_cfg.fsdp and sharding)
+                    zero=dist_cfg.zero if sharding else 0, fsdp=dist_cfg.fsdp and sharding, owns_group=owns_group)
 
 
 def wrap_model(
@@ -239,5 +241,5 @@ def barrier(info: DistInfo) -> None:
 
 
 def cleanup(info: DistInfo) -> None:
-    if info.enabled and dist.is_initialized():
+    if info.owns_group and dist.is_initialized():
         dist.destroy_process_group()
