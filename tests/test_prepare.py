@@ -11,6 +11,7 @@ import random
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -163,6 +164,20 @@ def test_interrupted_runs_resume_to_identical_bytes(tmp_path, tokenizer):
     assert again["new_tokens"] == 0 and {f.name: f.stat().st_mtime_ns for f in shard_files(out)} == before
 
 
+def _processes_with_env(entry: str) -> list[int]:
+    """PIDs of live processes whose environment holds ``entry`` (Linux /proc)."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if entry.encode() in (d / "environ").read_bytes().split(b"\0"):
+                    found.append(int(d.name))
+            except OSError:
+                pass
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs Linux /proc")
 def test_sigkill_mid_shard_then_resume(tmp_path, tokenizer):
     """A real SIGKILL (no cleanup runs) with 2 spawned workers, then leftovers of a kill inside
     write_shard; the resumed run trusts none of them and ends byte-identical to the reference."""
@@ -182,8 +197,15 @@ def test_sigkill_mid_shard_then_resume(tmp_path, tokenizer):
         prepare(Killed([{str(path)!r}]), {str(out)!r},
                 PrepareSettings(shard_tokens={SHARD}, workers=2, chunk_docs=7), progress=False)
     """)
-    r = subprocess.run([sys.executable, "-c", script], env=os.environ, timeout=120)
+    marker = f"GPTFORGE_TEST_MARK={tmp_path.name}"
+    r = subprocess.run([sys.executable, "-c", script], env={**os.environ, "GPTFORGE_TEST_MARK": tmp_path.name},
+                       timeout=120)
     assert r.returncode == -9
+    # the killed run's workers notice they were orphaned and exit (they would otherwise wait forever)
+    deadline = time.time() + 10
+    while _processes_with_env(marker) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not _processes_with_env(marker)
     m = json.loads((out / "manifest.json").read_text())
     n_done = len(m["shards"])
     assert 1 <= n_done < len(reference_shards(tokenizer, docs)) and not m["complete"]

@@ -97,12 +97,29 @@ _DTYPE = None
 _CPU_READY = 0.0  # CPU seconds a worker spent starting (imports, tokenizer), reported apart
 
 
+def _exit_with_parent(poll_s: float = 1.0) -> None:
+    """A worker whose main process was killed (SIGKILL, OOM killer) would wait on its queue forever:
+    a daemon thread ends it once it has been re-parented."""
+    import threading
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(poll_s)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
 def _init_worker(tokenizer: str, dtype: str, pool_worker: bool = False) -> None:
     global _ENC, _DTYPE, _CPU_READY
     if pool_worker:  # Ctrl-C is the main process's to handle: it stops the pool; the manifest is consistent
         import signal
 
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        _exit_with_parent()
     _ENC, _DTYPE = load_tokenizer(tokenizer), np.dtype(dtype)
     _CPU_READY = time.process_time()
 
