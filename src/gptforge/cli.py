@@ -278,14 +278,12 @@ def cmd_bench_prepare(args: argparse.Namespace) -> int:
     return 0
 
 
-# --- eval and plot (issue 5) ---------------------------------------------------------------------
+# --- evaluation and plots ------------------------------------------------------------------------
 
 def cmd_eval(args: argparse.Namespace) -> int:
     import torch
 
-    from gptforge.data.tokenizer import get_tokenizer
-    from gptforge.eval.run import default_batch_tokens, evaluate, format_table, prepare_tasks
-    from gptforge.eval.scorer import autocast_for
+    from gptforge.eval.run import run_eval
     from gptforge.training.distributed import cleanup, init_distributed
 
     if sum(x is not None for x in (args.ckpt, args.hf, args.random)) != 1:
@@ -302,25 +300,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
         model = GPT(GPTConfig.from_preset(args.random)).eval()
     else:
         model = load_model(args.ckpt, args.hf)
-    model = model.to(info.device)
-    log = print if info.is_main else (lambda _: None)
-    prepared = prepare_tasks(args.tasks, args.limit or None, log)
-    autocast = autocast_for(info.device, args.dtype)
-    batch_tokens = args.batch_tokens or default_batch_tokens(info.device)
-    if args.bench:
-        from gptforge.eval.bench import run_eval_bench
-
-        results = {p.task.name: run_eval_bench(model, p, get_tokenizer(), info.device, autocast, batch_tokens,
-                                               repeats=args.repeats, log=log) for p in prepared}
-    else:
-        results = evaluate(model, prepared, info.device, autocast, batch_tokens, info.rank, info.world)
-        log(format_table(results))
-    if args.json and info.is_main:
-        source = {"ckpt": args.ckpt, "hf": args.hf, "random": args.random}
-        Path(args.json).write_text(json.dumps({"model": source, "limit": args.limit, "dtype": args.dtype,
-                                               "world": info.world, "results": results}, indent=2) + "\n")
-        log(f"wrote {args.json}")
-    cleanup(info)
+    source = {"ckpt": args.ckpt, "hf": args.hf, "random": args.random}
+    try:
+        run_eval(model.to(info.device), args.tasks, info, limit=args.limit, dtype=args.dtype,
+                 batch_tokens=args.batch_tokens, bench=args.bench, repeats=args.repeats, json_out=args.json,
+                 source=source)
+    finally:
+        cleanup(info)
     return 0
 
 
@@ -333,7 +319,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
-# --- interop, serving and generation benchmark (issue 6) ---------------------------------------
+# --- interop, serving and the generation benchmark ------------------------------------------------
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -421,7 +407,7 @@ def _add_model_source(p: argparse.ArgumentParser) -> None:
     p.add_argument("--llmc", help="llm.c model file (gpt2_124M.bin, version 3 or 5)")
 
 
-def _add_issue6_commands(sub) -> None:
+def _add_model_use_commands(sub) -> None:
     e = sub.add_parser("export", help="write a model as a Hugging Face directory or an llm.c model file")
     e.add_argument("format", choices=["hf", "llmc"], help="hf: safetensors + config.json (+ tokenizer); "
                                                          "llmc: llm.c model .bin")
@@ -471,39 +457,8 @@ def cmd_plan(args: argparse.Namespace, overrides: list[str]) -> int:
         raise CliError("--world and --steps must be >= 1 and --gpu-mem > 0 (GiB)")
     if cfg.train.seq_len > cfg.model.block_size:
         raise CliError(f"train.seq_len={cfg.train.seq_len} exceeds model.block_size={cfg.model.block_size}")
-    head = f"{'shard':<6} {'recomp':<6} {'B':>4} {'weights':>8} {'grads':>8} {'optim':>8} {'activ':>8} {'peak':>8}"
-    report: dict = {"preset": args.preset, "params": P.count_params(cfg)}
-    if args.measure:  # the config as given, on this machine, one process
-        from gptforge.training.distributed import resolve_device
-
-        device = resolve_device(cfg.train.device)
-        dtype = P.resolved_dtype(cfg, device.type == "cuda")
-        est = P.estimate(cfg, 1, dtype=dtype, fused=True)
-        peak, kind = P.measure_peak(cfg, steps=args.steps)
-        unit = "GiB" if est.peak >= P.GIB else "MiB"
-        print(f"{args.preset}: {report['params'] / 1e6:.2f}M params, B {cfg.train.micro_batch} T {cfg.train.seq_len}, "
-              f"{dtype}, recompute {cfg.model.recompute}, device {device}\n{head}  ({unit})\n{est.row(unit)}")
-        print(f"measured peak ({kind}): {P.fmt_gib(peak)}; estimate {P.fmt_gib(est.peak)} "
-              f"({est.peak / peak:.2f}x measured)")
-        report.update(device=str(device), dtype=dtype, estimate=vars(est), measured_peak=peak, measured_kind=kind,
-                      ratio=est.peak / peak, config=cfg.to_dict())
-    else:
-        rows, best = P.propose(cfg, args.gpu_mem, args.world)
-        print(f"{args.preset}: {report['params'] / 1e6:.0f}M params, T {cfg.train.seq_len}, "
-              f"{cfg.train.total_batch_tokens:,} tokens/step, world {args.world}, {args.gpu_mem:g} GiB per GPU "
-              f"(bf16, {2:g} GiB reserved)\n{head}  (GiB per rank)")
-        for r in rows:
-            print(r.row() + ("  <- fits" if r.peak <= (args.gpu_mem - 2) * P.GIB else "  (does not fit)"))
-        report.update(world=args.world, gpu_mem_gib=args.gpu_mem, rows=[vars(r) for r in rows],
-                      recommended=vars(best) if best else None)
-        if best is None:
-            print("nothing fits: use more GPUs (FSDP shards weights, gradients and optimizer state by world "
-                  "size), a shorter --train.seq_len, or a GPU with more memory")
-        else:
-            print("recommended: " + " ".join(P.plan_overrides(cfg, best, args.world)))
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
-    return 0 if args.measure or best is not None else 1
+    return P.run_plan(cfg, args.preset, gpu_mem=args.gpu_mem, world=args.world, measure=args.measure,
+                      steps=args.steps, json_out=args.json)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -624,7 +579,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("runs", nargs="+", metavar="RUN", help="run directories (or metrics.jsonl files)")
     pl.add_argument("--out", required=True, help="output image, e.g. curves.png")
     pl.add_argument("--labels", help="comma-separated legend names, one per run (default: folder names)")
-    _add_issue6_commands(sub)
+    _add_model_use_commands(sub)
 
     pl = sub.add_parser("plan", help="estimate memory per GPU and propose micro-batch, recompute and sharding",
                         description="Estimate weights, gradients, optimizer state and activations per rank for a "

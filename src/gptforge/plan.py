@@ -233,3 +233,45 @@ def resolved_dtype(cfg: Config, for_gpu: bool) -> str:
 
 def fmt_gib(b: float) -> str:
     return f"{b / GIB:.2f} GiB" if b >= GIB / 10 else f"{b / 2**20:.1f} MiB"
+
+
+def run_plan(cfg: Config, preset: str, *, gpu_mem: float = 80.0, world: int = 8, measure: bool = False,
+             steps: int = 2, json_out: str | None = None) -> int:
+    """``gptforge plan``: print the estimate table and the recommendation (or, with ``measure``, the
+    estimate against a measured peak for the config as given); exit status 1 when nothing fits."""
+    import json
+    from pathlib import Path
+
+    head = f"{'shard':<6} {'recomp':<6} {'B':>4} {'weights':>8} {'grads':>8} {'optim':>8} {'activ':>8} {'peak':>8}"
+    report: dict = {"preset": preset, "params": count_params(cfg)}
+    if measure:  # the config as given, on this machine, one process
+        from gptforge.training.distributed import resolve_device
+
+        device = resolve_device(cfg.train.device)
+        dtype = resolved_dtype(cfg, device.type == "cuda")
+        est = estimate(cfg, 1, dtype=dtype, fused=True)
+        peak, kind = measure_peak(cfg, steps=steps)
+        unit = "GiB" if est.peak >= GIB else "MiB"
+        print(f"{preset}: {report['params'] / 1e6:.2f}M params, B {cfg.train.micro_batch} T {cfg.train.seq_len}, "
+              f"{dtype}, recompute {cfg.model.recompute}, device {device}\n{head}  ({unit})\n{est.row(unit)}")
+        print(f"measured peak ({kind}): {fmt_gib(peak)}; estimate {fmt_gib(est.peak)} "
+              f"({est.peak / peak:.2f}x measured)")
+        report.update(device=str(device), dtype=dtype, estimate=vars(est), measured_peak=peak, measured_kind=kind,
+                      ratio=est.peak / peak, config=cfg.to_dict())
+    else:
+        rows, best = propose(cfg, gpu_mem, world)
+        print(f"{preset}: {report['params'] / 1e6:.0f}M params, T {cfg.train.seq_len}, "
+              f"{cfg.train.total_batch_tokens:,} tokens/step, world {world}, {gpu_mem:g} GiB per GPU "
+              f"(bf16, {2:g} GiB reserved)\n{head}  (GiB per rank)")
+        for r in rows:
+            print(r.row() + ("  <- fits" if r.peak <= (gpu_mem - 2) * GIB else "  (does not fit)"))
+        report.update(world=world, gpu_mem_gib=gpu_mem, rows=[vars(r) for r in rows],
+                      recommended=vars(best) if best else None)
+        if best is None:
+            print("nothing fits: use more GPUs (FSDP shards weights, gradients and optimizer state by world "
+                  "size), a shorter --train.seq_len, or a GPU with more memory")
+        else:
+            print("recommended: " + " ".join(plan_overrides(cfg, best, world)))
+    if json_out:
+        Path(json_out).write_text(json.dumps(report, indent=2) + "\n")
+    return 0 if measure or best is not None else 1

@@ -129,3 +129,41 @@ def evaluate_during_training(model: torch.nn.Module, prepared: list[PreparedTask
         f"{name} acc {r['acc']:.4f}" + (f" acc_norm {r['acc_norm']:.4f}" if "acc_norm" in r else f" ppl {r['ppl']:.1f}")
         + f" (n {r['n']})" for name, r in results.items()))
     return results
+
+
+def run_eval(
+    model: torch.nn.Module,
+    tasks: str,
+    info,
+    *,
+    limit: int = 0,
+    dtype: str = "auto",
+    batch_tokens: int | None = None,
+    bench: bool = False,
+    repeats: int = 3,
+    json_out: str | None = None,
+    source: dict | None = None,
+) -> dict:
+    """``gptforge eval``: score ``model`` (already on ``info.device``) on the tasks, print the table
+    (or, with ``bench``, time batched vs one-at-a-time scoring) and write JSON on rank 0."""
+    import json
+    from pathlib import Path
+
+    log = print if info.is_main else (lambda _: None)
+    prepared = prepare_tasks(tasks, limit or None, log)
+    autocast = autocast_for(info.device, dtype)
+    batch_tokens = batch_tokens or default_batch_tokens(info.device)
+    if bench:
+        from gptforge.data.tokenizer import get_tokenizer
+        from gptforge.eval.bench import run_eval_bench
+
+        results = {p.task.name: run_eval_bench(model, p, get_tokenizer(), info.device, autocast, batch_tokens,
+                                               repeats=repeats, log=log) for p in prepared}
+    else:
+        results = evaluate(model, prepared, info.device, autocast, batch_tokens, info.rank, info.world)
+        log(format_table(results))
+    if json_out and info.is_main:
+        Path(json_out).write_text(json.dumps({"model": source, "limit": limit, "dtype": dtype,
+                                              "world": info.world, "results": results}, indent=2) + "\n")
+        log(f"wrote {json_out}")
+    return results
