@@ -4,7 +4,7 @@
 # Re-running continues the run from its newest checkpoint instead of starting over.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+EXTRAS=${EXTRAS-} bash scripts/setup.sh  # core dependencies only
 GF=".venv/bin/gptforge"
 RUN=${RUN:-runs/shakespeare-cpu}
 if [ ! -f data/shakespeare/shakespeare_train.bin ]; then

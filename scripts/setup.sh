@@ -4,6 +4,8 @@
 #   TORCH_SPEC  torch requirement (default torch==2.13.0, the CPU build on the project machines;
 #               on a GPU machine with torch already in the venv nothing is reinstalled)
 #   VENV        virtual environment folder (default .venv)
+#   EXTRAS      optional dependency groups to install (default dev: everything the tests need;
+#               the default job sets it empty: torch, numpy, tiktoken, safetensors, tqdm only)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
@@ -15,5 +17,6 @@ PY="$VENV/bin/python"
 if ! "$PY" -c "import torch" 2>/dev/null; then
   "$PY" -m pip install -q "$TORCH_SPEC"
 fi
-"$PY" -m pip install -q -e ".[dev]"
+EXTRAS=${EXTRAS-dev}
+"$PY" -m pip install -q -e ".${EXTRAS:+[$EXTRAS]}"
 "$VENV/bin/gptforge" assets tokenizer
