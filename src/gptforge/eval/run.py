@@ -15,9 +15,10 @@ from dataclasses import dataclass
 
 import torch
 
-from gptforge.eval.scorer import Request, autocast_for, evaluate_requests, tokenize
+from gptforge.eval.scorer import Request, evaluate_requests, tokenize
 from gptforge.eval.tasks import Example, Task, get_tasks, load_rows
 from gptforge.eval.tasks.base import EvalDataError
+from gptforge.training.precision import autocast_for
 
 GPT2_VOCAB = 50257
 

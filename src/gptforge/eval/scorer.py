@@ -50,17 +50,6 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
             return model
 
 
-def autocast_for(device: torch.device, dtype: str = "auto") -> Callable[[], contextlib.AbstractContextManager]:
-    """bf16 autocast on CUDA where supported (dtype auto), or as asked; float32 otherwise."""
-    if dtype not in ("auto", "float32", "bfloat16"):
-        raise ValueError(f"dtype {dtype!r}: allowed auto, float32, bfloat16")
-    if dtype == "auto":
-        dtype = "bfloat16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
-    if dtype == "float32":
-        return contextlib.nullcontext
-    return lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-
-
 def tokenize(enc, examples: list[Example]) -> list[list[Request]]:
     """Per example, its requests: context and continuation encoded separately (build-nanogpt's way,
     so a continuation's leading space stays in its first token)."""

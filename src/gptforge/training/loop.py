@@ -11,7 +11,6 @@ from it, bit for bit on CPU in float32.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import shutil
@@ -58,6 +57,7 @@ from gptforge.training.distributed import (
 from gptforge.training.faults import elastic_restart, maybe_inject_fault, oom_advice
 from gptforge.training.observe import MetricsLog, environment, flops_per_token, fmt_duration, peak_flops
 from gptforge.training.optim import build_optimizer, lr_at
+from gptforge.training.precision import autocast_for, resolve_dtype
 
 
 @dataclass
@@ -104,20 +104,11 @@ def set_precision(cfg: Config, device: torch.device):
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = cfg.train.tf32
         torch.backends.cudnn.allow_tf32 = cfg.train.tf32
-    want = cfg.train.dtype
-    if want == "auto":
-        want = "bfloat16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
-    if want == "bfloat16":
-        amp_dtype, precision = torch.bfloat16, "bfloat16"
-    else:
-        amp_dtype, precision = None, "tf32" if device.type == "cuda" and cfg.train.tf32 else "float32"
+    precision = resolve_dtype(device, cfg.train.dtype)
+    if precision == "float32" and device.type == "cuda" and cfg.train.tf32:
+        precision = "tf32"
     compile_model = device.type == "cuda" if cfg.train.compile is None else cfg.train.compile
-
-    def autocast():
-        if amp_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=device.type, dtype=amp_dtype)
-
+    autocast = autocast_for(device, cfg.train.dtype)
     return autocast, precision, compile_model
 
 
