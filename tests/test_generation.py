@@ -8,6 +8,7 @@ import torch
 
 from gptforge import generation as g
 from gptforge.generation import SamplingParams, filter_logits, generate, stream_text, stream_tokens
+from gptforge.interop.hf import load_hf
 from gptforge.models.gpt2 import GPT, GPTConfig
 
 
@@ -117,7 +118,7 @@ def test_greedy_matches_transformers_generate(tmp_path, penalty):
     with torch.no_grad():
         hf.transformer.wte.weight.mul_(20)
     hf.save_pretrained(tmp_path / "hf")
-    ours = GPT.from_pretrained(str(tmp_path / "hf"))
+    ours = load_hf(str(tmp_path / "hf"))
     idx = torch.tensor([PROMPTS[0]])
     ref = hf.generate(idx, max_new_tokens=24, do_sample=False, repetition_penalty=penalty, pad_token_id=0,
                       attention_mask=torch.ones_like(idx))

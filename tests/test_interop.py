@@ -12,6 +12,7 @@ import torch
 from gptforge.cli import main
 from gptforge.config import Config
 from gptforge.interop import llmc
+from gptforge.interop.hf import load_hf
 from gptforge.models.gpt2 import GPT, GPTConfig
 from gptforge.training.checkpoint import save_checkpoint
 
@@ -49,7 +50,7 @@ def test_export_hf_logits_match_transformers(tmp_path, pad_vocab):
         got, _ = model(IDX)
     assert torch.allclose(got, ref, atol=1e-5, rtol=0), (got - ref).abs().max()
     # and back: gptforge reads the exported directory to the same logits
-    back = GPT.from_pretrained(str(tmp_path / "hf"))
+    back = load_hf(str(tmp_path / "hf"))
     with torch.no_grad():
         assert torch.allclose(back(IDX)[0], got, atol=1e-6)
 
@@ -156,9 +157,8 @@ def test_read_llmc_bf16_reference(tmp_path):
 def test_llmc_round_trip_via_cli(tmp_path, dtype, tokenizer):
     model = _model(pad_vocab=False)  # written padded to 50304, read back as a padded model
     ck = _ckpt(tmp_path, model)
-    out = tmp_path / "m.bin"
-    assert main(["export", "llmc", "--ckpt", str(ck), "--out", str(out), "--dtype", dtype,
-                 "--tokenizer", str(tmp_path / "tok.bin")]) == 0
+    assert main(["export", "llmc", "--ckpt", str(ck), "--out", str(tmp_path / "llmc"), "--dtype", dtype]) == 0
+    out = tmp_path / "llmc" / "model.bin"
     h = llmc.read_model_header(out)
     assert h["version"] == {"float32": 3, "bfloat16": 5}[dtype] and h["Vp"] == 50304
     assert out.stat().st_size == 1024 + h["num_params"] * (4 if dtype == "float32" else 2)
@@ -172,8 +172,8 @@ def test_llmc_round_trip_via_cli(tmp_path, dtype, tokenizer):
         w = sd2[k][: v.size(0)] if k in ("transformer.wte.weight", "lm_head.weight") else sd2[k]
         ref = v if dtype == "float32" else v.to(torch.bfloat16).float()
         assert torch.equal(w, ref), k
-    assert main(["export", "llmc", "--ckpt", str(ck), "--out", str(out)]) == 2  # exists, no --force
-    toks, eot = llmc.read_llmc_tokenizer(tmp_path / "tok.bin")
+    assert main(["export", "llmc", "--ckpt", str(ck), "--out", str(tmp_path / "llmc")]) == 2  # exists, no --force
+    toks, eot = llmc.read_llmc_tokenizer(tmp_path / "llmc" / "tokenizer.bin")
     assert eot == 50256 and len(toks) == 50257
     assert all(toks[i] == tokenizer.decode_single_token_bytes(i) for i in range(0, 50257, 97))
     assert toks[50256] == b"<|endoftext|>" and toks[15496] == b"Hello"

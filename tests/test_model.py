@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from gptforge.interop.hf import load_hf
 from gptforge.models.gpt2 import GPT, GPTConfig
 
 transformers = pytest.importorskip("transformers")
@@ -25,7 +26,7 @@ def _hf_tiny(tmp_path, vocab=50257):
 @pytest.mark.parametrize("pad_vocab", [True, False])
 def test_logits_match_transformers(tmp_path, flash, pad_vocab):
     hf = _hf_tiny(tmp_path)
-    ours = GPT.from_pretrained(str(tmp_path / "hf"), flash=flash, pad_vocab=pad_vocab)
+    ours = load_hf(str(tmp_path / "hf"), flash=flash, pad_vocab=pad_vocab)
     assert ours.config.padded_vocab_size == (50304 if pad_vocab else 50257)
     idx = torch.randint(0, 50257, (3, 20), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
@@ -37,7 +38,7 @@ def test_logits_match_transformers(tmp_path, flash, pad_vocab):
 
 def test_loss_matches_transformers(tmp_path):
     hf = _hf_tiny(tmp_path)
-    ours = GPT.from_pretrained(str(tmp_path / "hf"))
+    ours = load_hf(str(tmp_path / "hf"))
     idx = torch.randint(0, 50257, (2, 16), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         ref = hf(idx, labels=idx).loss  # HF shifts labels internally
@@ -110,7 +111,7 @@ def test_kv_cache_matches_full_forward():
 
 def test_size_presets():
     for name, n in [("gpt2", 124_439_808), ("gpt2-medium", 354_823_168)]:
-        cfg = GPTConfig.from_preset(name, pad_vocab=False)
+        cfg = GPTConfig.from_size(name, pad_vocab=False)
         with torch.device("meta"):
             model = GPT(cfg)
         assert model.num_parameters() == n  # OpenAI's published counts (tied embeddings once)

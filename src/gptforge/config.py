@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
 
 from gptforge.models.gpt2 import GPTConfig
+from gptforge.models.registry import model_config, switch_family
+from gptforge.tokens import EOT
 
 
 class ConfigError(ValueError):
@@ -31,7 +33,7 @@ class DataConfig:
     val_split: str = "val"
     shuffle: Literal["off", "shards", "documents"] = "off"  # training order; off = llm.c's exactly
     shuffle_seed: int = 1337  # seeds the per-epoch permutations (part of the resumable loader state)
-    eot_token: int = 50256  # document separator for shuffle=documents (GPT-2's <|endoftext|>)
+    eot_token: int = EOT  # document separator for shuffle=documents (GPT-2's <|endoftext|>)
 
     def __post_init__(self) -> None:
         _check(self.shuffle in ("off", "shards", "documents"), "data.shuffle", self.shuffle, "off, shards or documents")
@@ -108,13 +110,14 @@ class EvalConfig:
     batch_tokens: int = 0  # tokens per scoring forward (0 = 32768 on CUDA, 2048 on CPU)
 
     def __post_init__(self) -> None:
-        from gptforge.eval.tasks import TASKS
-
         for name in ("every", "limit", "batch_tokens"):
             _check(getattr(self, name) >= 0, f"eval.{name}", getattr(self, name), "an integer >= 0")
-        names = [t.strip() for t in self.tasks.split(",") if t.strip()]
-        _check(bool(names) and all(t in TASKS for t in names), "eval.tasks", self.tasks,
-               f"comma-separated task names from {', '.join(TASKS)}")
+        # the names themselves are checked against the task table when training starts
+        # (gptforge.training.evaluate.check_tasks), so this module imports no task code
+        _check(bool(self.task_names()), "eval.tasks", self.tasks, "comma-separated task names")
+
+    def task_names(self) -> list[str]:
+        return [t.strip() for t in self.tasks.split(",") if t.strip()]
 
 
 @dataclass
@@ -138,7 +141,7 @@ class DistConfig:
 
 @dataclass
 class Config:
-    model: GPTConfig = field(default_factory=GPTConfig)
+    model: Any = field(default_factory=GPTConfig)  # the config of the family ``model.arch`` names
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -164,6 +167,12 @@ class Config:
         """Rebuild from :meth:`to_dict` output (e.g. a checkpoint's meta.json). Unknown keys are errors."""
         kwargs = {}
         for f in dataclasses.fields(cls):
+            if f.name == "model":
+                try:
+                    kwargs["model"] = model_config(d.get("model", {}))
+                except ValueError as e:
+                    raise ConfigError(str(e)) from e
+                continue
             section_cls = _section_types()[f.name]
             values = dict(d.get(f.name, {}))
             known = {g.name for g in dataclasses.fields(section_cls)}
@@ -234,10 +243,12 @@ def parse_value(key: str, raw: str, tp: Any) -> Any:
     raise ConfigError(f"--{key}: fields of type {tp} cannot be set from the command line")
 
 
-def config_keys() -> dict[str, Any]:
-    """Every settable dotted key -> its type."""
+def config_keys(cfg: Config | None = None) -> dict[str, Any]:
+    """Every settable dotted key -> its type (the model keys are those of ``cfg``'s model family)."""
     out = {}
     for section, section_cls in _section_types().items():
+        if section == "model":
+            section_cls = type(cfg.model) if cfg is not None else GPTConfig
         for name, tp in typing.get_type_hints(section_cls).items():
             out[f"{section}.{name}"] = tp
     return out
@@ -245,7 +256,6 @@ def config_keys() -> dict[str, Any]:
 
 def apply_overrides(cfg: Config, args: list[str]) -> Config:
     """Apply ``--section.key value`` (or ``--section.key=value``) pairs, then re-validate each section."""
-    keys = config_keys()
     pairs: list[tuple[str, str]] = []
     i = 0
     while i < len(args):
@@ -261,6 +271,13 @@ def apply_overrides(cfg: Config, args: list[str]) -> Config:
             k, v = a[2:], args[i + 1]
             i += 2
         pairs.append((k, v))
+    for k, v in pairs:  # the model family first: it decides which model.* keys exist
+        if k == "model.arch":
+            try:
+                cfg.model = switch_family(cfg.model, v)
+            except (TypeError, ValueError) as e:
+                raise ConfigError(f"--model.arch {v!r}: {e}") from e
+    keys = config_keys(cfg)
     for k, v in pairs:
         if k not in keys:
             import difflib
@@ -282,11 +299,12 @@ def apply_overrides(cfg: Config, args: list[str]) -> Config:
     return cfg
 
 
-def describe_keys() -> str:
-    """Human listing of every key with its type and default (for --help-config)."""
-    default = Config()
+def describe_keys(default: Config | None = None) -> str:
+    """Human listing of every key with its type and value (for --help-config): the defaults, or the
+    values of ``default`` (a preset with its overrides applied)."""
+    default = default or Config()
     lines = []
-    for k, tp in config_keys().items():
+    for k, tp in config_keys(default).items():
         section, name = k.split(".", 1)
         val = getattr(getattr(default, section), name)
         tname = getattr(tp, "__name__", None) or str(tp).replace("typing.", "")

@@ -32,7 +32,7 @@ def get_preset(name: str) -> Config:
 def shakespeare_cpu() -> Config:
     """The default job: a 4-layer, 128-wide GPT-2 on Shakespeare, a few minutes on a 2-core CPU."""
     return Config(
-        model=GPTConfig.from_preset("d4", block_size=128),
+        model=GPTConfig.from_size("d4", block_size=128),
         data=DataConfig(dir="data/shakespeare"),
         optim=OptimConfig(lr=2e-3, warmup_steps=10, min_lr_frac=0.1, weight_decay=0.1),
         train=TrainConfig(
@@ -47,7 +47,7 @@ def shakespeare_cpu() -> Config:
 def tiny() -> Config:
     """Seconds-long 2-layer run for tests and smoke checks."""
     return Config(
-        model=GPTConfig.from_preset("d2", block_size=64),
+        model=GPTConfig.from_size("d2", block_size=64),
         data=DataConfig(dir="data/shakespeare"),
         optim=OptimConfig(lr=1e-3, warmup_steps=2, min_lr_frac=0.1),
         train=TrainConfig(
@@ -60,7 +60,7 @@ def tiny() -> Config:
 
 def _gpt2_fineweb(size: str, *, micro_batch: int, lr: float, total_batch: int, max_steps: int, warmup: int) -> Config:
     return Config(
-        model=GPTConfig.from_preset(size, block_size=1024),
+        model=GPTConfig.from_size(size, block_size=1024),
         data=DataConfig(dir="data/fineweb10B"),
         optim=OptimConfig(lr=lr, warmup_steps=warmup, min_lr_frac=0.0, weight_decay=0.1),
         train=TrainConfig(
@@ -95,7 +95,7 @@ def _gpt2_llmc(size: str, *, data: str, micro_batch: int, total_batch: int, lr: 
     from gptforge.config import DistConfig
 
     return Config(
-        model=GPTConfig.from_preset(size, block_size=1024),
+        model=GPTConfig.from_size(size, block_size=1024),
         data=DataConfig(dir=data),
         optim=OptimConfig(lr=lr, warmup_steps=700, min_lr_frac=min_lr_frac, weight_decay=0.1),
         train=TrainConfig(

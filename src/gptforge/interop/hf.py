@@ -1,9 +1,9 @@
 """Hugging Face GPT-2 <-> gptforge weights: an explicit key map plus the Conv1D transposes, and an
 exporter that writes a directory ``transformers.GPT2LMHeadModel.from_pretrained`` loads.
 
-    >>> from gptforge.models.gpt2 import GPT
-    >>> model = GPT.from_pretrained("gpt2")            # online, hub name
-    >>> model = GPT.from_pretrained("./my-gpt2-dir")   # offline, a save_pretrained directory
+    >>> from gptforge.interop.hf import load_hf
+    >>> model = load_hf("gpt2")            # online, hub name
+    >>> model = load_hf("./my-gpt2-dir")   # offline, a save_pretrained directory
 
     gptforge export hf --ckpt runs/shakespeare-cpu --out exports/shakespeare-hf
 
@@ -18,6 +18,8 @@ import json
 from pathlib import Path
 
 import torch
+
+from gptforge.tokens import EOT, EOT_TEXT, GPT2_VOCAB
 
 # HF GPT-2 uses Conv1D (weight shape (in, out)); we use nn.Linear (out, in).
 CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
@@ -43,6 +45,23 @@ def load_hf_state_dict(name_or_dir: str) -> tuple[dict, dict[str, torch.Tensor]]
     c = hf.config
     cfg = dict(n_layer=c.n_layer, n_head=c.n_head, n_embd=c.n_embd, n_positions=c.n_positions, vocab_size=c.vocab_size)
     return cfg, hf.state_dict()
+
+
+def load_hf(name_or_dir: str, **overrides):
+    """A gptforge GPT with Hugging Face GPT-2 weights (a hub name online, or a local
+    ``save_pretrained`` directory offline), in eval mode. ``overrides``: other GPTConfig fields
+    (``flash``, ``pad_vocab``, ...). Needs ``transformers`` (extra ``hf``)."""
+    from gptforge.models.gpt2 import GPT, GPTConfig
+
+    hf_cfg, sd_hf = load_hf_state_dict(name_or_dir)
+    cfg = GPTConfig(n_layer=hf_cfg["n_layer"], n_head=hf_cfg["n_head"], n_embd=hf_cfg["n_embd"],
+                    block_size=hf_cfg["n_positions"], vocab_size=hf_cfg["vocab_size"], **overrides)
+    model = GPT(cfg)
+    missing, unexpected = model.load_state_dict(hf_to_gptforge(sd_hf, cfg), strict=False)
+    missing = [k for k in missing if k != "lm_head.weight"]  # tied to wte
+    if missing or unexpected:
+        raise ValueError(f"weights do not fit the model: missing {missing}, unexpected {unexpected}")
+    return model.eval()
 
 
 def hf_to_gptforge(sd_hf: dict[str, torch.Tensor], cfg) -> dict[str, torch.Tensor]:
@@ -114,8 +133,8 @@ def hf_config(cfg) -> dict:
         "initializer_range": 0.02,
         "scale_attn_weights": True,
         "tie_word_embeddings": True,
-        "bos_token_id": 50256,
-        "eos_token_id": 50256,
+        "bos_token_id": EOT,
+        "eos_token_id": EOT,
         "torch_dtype": "float32",
     }
 
@@ -135,7 +154,7 @@ def export_hf(model: torch.nn.Module, out_dir: str | Path, force: bool = False, 
     save_file(sd, str(files[0]), metadata={"format": "pt"})
     files[1].write_text(json.dumps(hf_config(cfg), indent=2) + "\n")
     if tokenizer:
-        if cfg.vocab_size != 50257:
+        if cfg.vocab_size != GPT2_VOCAB:
             raise ValueError(f"model.vocab_size={cfg.vocab_size} is not GPT-2's 50257; export with tokenizer=False")
         files += write_hf_tokenizer(out, model_max_length=cfg.block_size)
     return files
@@ -205,7 +224,7 @@ def gpt2_ranks() -> dict[bytes, int]:
 def write_hf_tokenizer(out: Path, model_max_length: int = 1024) -> list[Path]:
     """vocab.json, merges.txt and the small config files GPT2Tokenizer(Fast).from_pretrained needs."""
     vocab, merges = ranks_to_vocab_merges(gpt2_ranks())
-    vocab["<|endoftext|>"] = 50256
+    vocab[EOT_TEXT] = EOT
     eot = "<|endoftext|>"
     files = {
         "vocab.json": json.dumps(vocab, ensure_ascii=False),

@@ -1,11 +1,11 @@
 """GPT-2 in one readable file: config, attention, MLP, block, GPT.
 
 Parameter names match Hugging Face's ``GPT2LMHeadModel`` (``transformer.h.0.attn.c_attn.weight``
-...), so import/export is a key map plus the Conv1D transposes (see ``GPT.from_pretrained``).
-No optimizer, sampling or IO lives here beyond loading pretrained weights.
+...), so import/export is a key map plus the Conv1D transposes (``gptforge.interop.hf``).
+No optimizer, sampling or IO lives here.
 
     >>> from gptforge.models.gpt2 import GPT, GPTConfig
-    >>> model = GPT(GPTConfig.from_preset("d2"))
+    >>> model = GPT(GPTConfig.from_size("d2"))
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-GPT2_VOCAB = 50257  # 50,000 BPE merges + 256 byte tokens + <|endoftext|>
+from gptforge.tokens import GPT2_VOCAB, PAD_MULTIPLE
 
 # name -> (n_layer, n_head, n_embd). The four OpenAI sizes plus tiny CPU sizes.
 SIZES: dict[str, tuple[int, int, int]] = {
@@ -31,13 +31,14 @@ SIZES: dict[str, tuple[int, int, int]] = {
 }
 
 
-def padded_vocab(vocab_size: int, multiple: int = 128) -> int:
+def padded_vocab(vocab_size: int, multiple: int = PAD_MULTIPLE) -> int:
     """Round the vocabulary up to a multiple of 128 (50257 -> 50304) for friendlier matmul shapes."""
     return ((vocab_size + multiple - 1) // multiple) * multiple
 
 
 @dataclass
 class GPTConfig:
+    arch: str = "gpt2"  # model family (see gptforge.models.registry)
     n_layer: int = 12
     n_head: int = 12
     n_embd: int = 768
@@ -50,6 +51,8 @@ class GPTConfig:
     recompute: str = "none"  # activation recomputation: none | mlp | block
 
     def __post_init__(self) -> None:
+        if self.arch != "gpt2":
+            raise ValueError(f"model.arch={self.arch!r} for a GPT-2 config")
         if self.n_embd % self.n_head != 0:
             raise ValueError(f"model.n_embd={self.n_embd} must be divisible by model.n_head={self.n_head}")
         if self.recompute not in ("none", "mlp", "block"):
@@ -62,7 +65,7 @@ class GPTConfig:
         return padded_vocab(self.vocab_size) if self.pad_vocab else self.vocab_size
 
     @classmethod
-    def from_preset(cls, name: str, **overrides) -> GPTConfig:
+    def from_size(cls, name: str, **overrides) -> GPTConfig:
         if name not in SIZES:
             raise ValueError(f"unknown model size {name!r}; known: {', '.join(SIZES)}")
         n_layer, n_head, n_embd = SIZES[name]
@@ -102,29 +105,17 @@ class CausalSelfAttention(nn.Module):
             k, v = kv_cache.update(layer, k, v)  # (B, nh, past+T, hs)
         Tk = k.size(2)
         dropout_p = self.dropout if self.training else 0.0
-        if attn_mask is not None:  # (B, 1, T, Tk) bool, True = may attend (batched generation with padding)
-            if self.flash:
-                y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
-            else:
-                att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))  # (B, nh, T, Tk)
-                att = F.dropout(F.softmax(att.masked_fill(~attn_mask, float("-inf")), dim=-1), p=dropout_p,
-                                training=self.training)
-                y = att @ v  # (B, nh, T, hs)
-        elif self.flash:
-            if past == 0:
-                y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
-            elif T == 1:  # one new token sees every cached key: no mask, so the fastest kernel applies
-                y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
-            else:  # query i sits at absolute position past+i and sees keys 0..past+i
-                allowed = torch.ones(T, Tk, dtype=torch.bool, device=x.device).tril(diagonal=past)
-                y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p)
+        # attn_mask (B or 1, 1, T, Tk) bool, True = may attend, built once per forward by GPT.forward;
+        # None means plain causal attention (T == Tk), or every cached key (one new token)
+        if self.flash:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
+                                               is_causal=attn_mask is None and T == Tk and T > 1)
         else:
             att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))  # (B, nh, T, Tk)
-            if past == 0:
-                allowed = self.mask[:, :, :T, :Tk]
-            else:
-                allowed = torch.ones(T, Tk, dtype=torch.bool, device=x.device).tril(diagonal=past)
-            att = att.masked_fill(~allowed, float("-inf"))
+            if attn_mask is None and T == Tk:
+                attn_mask = self.mask[:, :, :T, :Tk]
+            if attn_mask is not None:
+                att = att.masked_fill(~attn_mask, float("-inf"))
             att = F.dropout(F.softmax(att, dim=-1), p=dropout_p, training=self.training)
             y = att @ v  # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble heads side by side
@@ -225,6 +216,11 @@ class GPT(nn.Module):
         elif isinstance(module, nn.Embedding):
             torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
+    @property
+    def blocks(self) -> nn.ModuleList:
+        """The transformer blocks (FSDP shards and recomputation work per block)."""
+        return self.transformer.h
+
     def num_parameters(self, exclude_embeddings: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())  # tied weights are counted once
         if exclude_embeddings:
@@ -251,6 +247,8 @@ class GPT(nn.Module):
             raise ValueError(f"sequence length {past + T} exceeds block_size {self.config.block_size}")
         if pos is None:
             pos = torch.arange(past, past + T, dtype=torch.long, device=idx.device)  # (T,)
+        if attn_mask is None and past > 0 and T > 1:  # query i sits at position past+i: keys 0..past+i
+            attn_mask = torch.ones(T, past + T, dtype=torch.bool, device=idx.device).tril(diagonal=past)
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))  # (B, T, C)
         for i, block in enumerate(self.transformer.h):
             if self.config.recompute == "block" and self.training and torch.is_grad_enabled():
@@ -273,32 +271,3 @@ class GPT(nn.Module):
             cfg.n_layer, batch, cfg.n_head, max_len or cfg.block_size, cfg.n_embd // cfg.n_head,
             p.device, dtype or p.dtype,
         )
-
-    @classmethod
-    def from_pretrained(cls, name_or_dir: str, **overrides) -> GPT:
-        """Load Hugging Face GPT-2 weights: a hub name (``gpt2``, ``gpt2-medium``...) when online,
-        or a local ``save_pretrained`` directory offline. Needs ``transformers`` (extra ``hf``)."""
-        from gptforge.interop.hf import load_hf_state_dict
-
-        hf_cfg, sd_hf = load_hf_state_dict(name_or_dir)
-        cfg = GPTConfig(
-            n_layer=hf_cfg["n_layer"],
-            n_head=hf_cfg["n_head"],
-            n_embd=hf_cfg["n_embd"],
-            block_size=hf_cfg["n_positions"],
-            vocab_size=hf_cfg["vocab_size"],
-            **overrides,
-        )
-        model = cls(cfg)
-        model.load_hf_state_dict(sd_hf)
-        return model.eval()
-
-    def load_hf_state_dict(self, sd_hf: dict[str, torch.Tensor]) -> None:
-        """Copy HF GPT-2 tensors in: Conv1D weights are (in, out), so they are transposed."""
-        from gptforge.interop.hf import hf_to_gptforge
-
-        sd = hf_to_gptforge(sd_hf, self.config)
-        missing, unexpected = self.load_state_dict(sd, strict=False)
-        missing = [k for k in missing if k != "lm_head.weight"]  # tied to wte
-        if missing or unexpected:
-            raise ValueError(f"weights do not fit the model: missing {missing}, unexpected {unexpected}")

@@ -1,0 +1,116 @@
+"""Model families: one readable file each (``gpt2.py``, ...), found here by name.
+
+    >>> from gptforge.models.registry import build_model, model_config
+    >>> model = build_model(model_config({"arch": "gpt2", "n_layer": 2, "n_head": 2, "n_embd": 64}))
+
+A family is a config dataclass (whose first field is ``arch``, the family's name; with a
+``from_size(name, **overrides)`` classmethod over the module's ``SIZES`` table, and ``__post_init__``
+raising ValueError naming a bad ``model.*`` key) and an ``nn.Module`` built from it. Commands never import a family's module: they go through this registry,
+so adding ``models/llama.py`` means adding one :class:`Family` entry and touches no command code.
+
+What every family's model provides (the code outside ``models/`` relies on exactly this):
+
+* ``model.config``: the config, with ``n_layer``, ``n_head``, ``n_embd``, ``block_size``,
+  ``vocab_size``, ``padded_vocab_size``, ``recompute`` and ``dropout``;
+* ``forward(idx, targets=None, kv_cache=None, pos=None, attn_mask=None) -> (logits, loss)``: logits
+  over the real vocabulary, mean cross-entropy with targets of -1 ignored; ``pos`` (B, T) and
+  ``attn_mask`` (B, 1, T, Tk) bool for left-padded batches (see :mod:`gptforge.generation`);
+* ``new_kv_cache(batch, max_len=None, dtype=None)``, an object with ``length``;
+* ``num_parameters(exclude_embeddings=False)``;
+* ``blocks``: the ``nn.ModuleList`` of transformer blocks (FSDP shards and recomputes per block).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+import torch.nn as nn
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str  # the config's ``arch`` value
+    module: str  # where the family lives
+    config_class: str  # dataclass in ``module``
+    model_class: str  # nn.Module in ``module``
+    hf_model_type: str | None  # Hugging Face config.json ``model_type`` it maps to (None: no HF interop)
+    llmc: bool  # llm.c model files can hold it
+    sizes: str = "SIZES"  # name -> shape table in ``module`` (for ``--random SIZE`` and presets)
+
+    def _get(self, attr: str) -> Any:
+        return getattr(importlib.import_module(self.module), attr)
+
+    @property
+    def config_cls(self) -> type:
+        return self._get(self.config_class)
+
+    @property
+    def model_cls(self) -> type[nn.Module]:
+        return self._get(self.model_class)
+
+    def size_names(self) -> list[str]:
+        return list(self._get(self.sizes))
+
+
+FAMILIES: dict[str, Family] = {}
+
+
+def register(family: Family) -> Family:
+    FAMILIES[family.name] = family
+    return family
+
+
+register(Family("gpt2", "gptforge.models.gpt2", "GPTConfig", "GPT", hf_model_type="gpt2", llmc=True))
+
+
+def get_family(arch: str) -> Family:
+    if arch not in FAMILIES:
+        raise ValueError(f"model.arch={arch!r} is not a known model family; known: {', '.join(FAMILIES)}")
+    return FAMILIES[arch]
+
+
+def family_of(model_cfg: Any) -> Family:
+    return get_family(model_cfg.arch)
+
+
+def model_config(values: dict[str, Any] | None = None) -> Any:
+    """A family's config from a dict (a checkpoint's ``config["model"]``); ``arch`` picks the family
+    (default gpt2, which older checkpoints without the key are)."""
+    values = dict(values or {})
+    fam = get_family(values.pop("arch", "gpt2"))
+    known = {f.name for f in dataclasses.fields(fam.config_cls)}
+    unknown = set(values) - known
+    if unknown:
+        raise ValueError(f"unknown key(s) in section 'model' for model.arch={fam.name}: {sorted(unknown)}")
+    return fam.config_cls(**values)
+
+
+def switch_family(model_cfg: Any, arch: str) -> Any:
+    """``model_cfg`` as family ``arch``'s config, carrying over the fields both families have
+    (so ``--model.arch llama`` on a d4 preset gives a d4-shaped Llama)."""
+    fam = get_family(arch)
+    if model_cfg.arch == arch:
+        return model_cfg
+    target = {f.name for f in dataclasses.fields(fam.config_cls)} - {"arch"}
+    carried = {f.name: getattr(model_cfg, f.name) for f in dataclasses.fields(model_cfg) if f.name in target}
+    return fam.config_cls(**carried)
+
+
+def size_config(size: str, **overrides: Any) -> Any:
+    """The config of a named size (``d2``, ``gpt2``, ``llama-tiny``, ...) from whichever family has it."""
+    for fam in FAMILIES.values():
+        if size in fam.size_names():
+            return fam.config_cls.from_size(size, **overrides)
+    raise ValueError(f"unknown model size {size!r}; known: {', '.join(all_sizes())}")
+
+
+def all_sizes() -> list[str]:
+    return [s for fam in FAMILIES.values() for s in fam.size_names()]
+
+
+def build_model(model_cfg: Any) -> nn.Module:
+    """A freshly initialised model of the family ``model_cfg.arch`` names."""
+    return family_of(model_cfg).model_cls(model_cfg)
