@@ -27,8 +27,6 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from gptforge.models.gpt2 import GPT
-
 
 @dataclass
 class SamplingParams:
@@ -115,7 +113,7 @@ def _positions_and_mask(pads: torch.Tensor, start: int, end: int) -> tuple[torch
 
 @torch.no_grad()
 def stream_tokens(
-    model: GPT, prompts: Sequence[Sequence[int]], params: SamplingParams, use_cache: bool = True
+    model: torch.nn.Module, prompts: Sequence[Sequence[int]], params: SamplingParams, use_cache: bool = True
 ) -> Iterator[torch.Tensor]:
     """Yield the next token of every row, (B,) on the model's device, ``max_new_tokens`` times.
 
@@ -162,7 +160,7 @@ def stream_tokens(
 
 @torch.no_grad()
 def generate(
-    model: GPT,
+    model: torch.nn.Module,
     idx: torch.Tensor,
     max_new_tokens: int,
     temperature: float = 1.0,
@@ -209,7 +207,7 @@ def _emit_safe(held: str, stops: Sequence[str]) -> tuple[str, str]:
 
 
 def stream_text(
-    model: GPT, enc, prompts: Sequence[str | Sequence[int]], params: SamplingParams, use_cache: bool = True
+    model: torch.nn.Module, enc, prompts: Sequence[str | Sequence[int]], params: SamplingParams, use_cache: bool = True
 ) -> Iterator[TextEvent]:
     """Yield text deltas per row as tokens arrive; ends when every row has finished.
 
@@ -249,7 +247,7 @@ def stream_text(
             return
 
 
-def complete(model: GPT, enc, prompts: Sequence[str | Sequence[int]], params: SamplingParams) -> list[dict]:
+def complete(model: torch.nn.Module, enc, prompts: Sequence[str | Sequence[int]], params: SamplingParams) -> list[dict]:
     """Whole completions: [{"text", "finish_reason"}] per prompt (non-streaming API and CLI)."""
     texts = [""] * len(prompts)
     reasons: list[str | None] = [None] * len(prompts)

@@ -25,13 +25,14 @@ import numpy as np
 import torch
 
 from gptforge.data.shards import ShardError, read_header, read_shard
+from gptforge.tokens import EOT
 
 SHUFFLE_MODES = ("off", "shards", "documents")
 
 
 class ShardLoader:
     def __init__(self, files: list[Path], B: int, T: int, rank: int = 0, world: int = 1, shuffle: str = "off",
-                 seed: int = 0, eot: int = 50256, step_tokens: int | None = None):
+                 seed: int = 0, eot: int = EOT, step_tokens: int | None = None):
         if not files:
             raise ShardError("no shard files given")
         if shuffle not in SHUFFLE_MODES:

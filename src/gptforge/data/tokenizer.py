@@ -15,8 +15,8 @@ import functools
 import tiktoken
 
 from gptforge import assets
+from gptforge.tokens import EOT, EOT_TEXT, GPT2_VOCAB
 
-EOT = 50256  # <|endoftext|>
 # tiktoken's r50k_base pattern == GPT-2's
 R50K_PAT = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
 
@@ -33,8 +33,8 @@ def get_tokenizer() -> tiktoken.Encoding:
 
         ranks = load_tiktoken_bpe(str(path), expected_hash=assets.GPT2_RANKS_SHA256)
         return tiktoken.Encoding(
-            name="gpt2", pat_str=R50K_PAT, mergeable_ranks=ranks, special_tokens={"<|endoftext|>": EOT},
-            explicit_n_vocab=50257,
+            name="gpt2", pat_str=R50K_PAT, mergeable_ranks=ranks, special_tokens={EOT_TEXT: EOT},
+            explicit_n_vocab=GPT2_VOCAB,
         )
     try:
         return tiktoken.get_encoding("gpt2")

@@ -2,8 +2,9 @@
 
     gptforge eval --tasks hellaswag,piqa,winogrande --ckpt runs/shakespeare-cpu --limit 200 --json eval.json
 
-Used by the ``eval`` command and, every ``eval.every`` steps, by the training loop (which prepares
-the tasks once at start-up, so a missing dataset stops a run before any compute).
+Used by the ``eval`` command and, every ``eval.every`` steps, by the training loop (through
+``gptforge.training.evaluate``, which prepares the tasks once at start-up, so a missing dataset
+stops a run before any compute). Nothing here knows of run configs or metrics.
 """
 
 from __future__ import annotations
@@ -18,9 +19,8 @@ import torch
 from gptforge.eval.scorer import Request, evaluate_requests, tokenize
 from gptforge.eval.tasks import Example, Task, get_tasks, load_rows
 from gptforge.eval.tasks.base import EvalDataError
-from gptforge.training.precision import autocast_for
-
-GPT2_VOCAB = 50257
+from gptforge.runtime import autocast_for
+from gptforge.tokens import GPT2_VOCAB
 
 
 @dataclass
@@ -105,33 +105,6 @@ def format_table(results: dict[str, dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
-def prepare_for_training(cfg, model: torch.nn.Module, log: Callable[[str], None]) -> list[PreparedTask] | None:
-    """At start-up of a run with ``eval.every > 0``: check the model can be scored and load the
-    tasks, so bad settings or missing data stop the run before any compute. None when off."""
-    if not cfg.eval.every:
-        return None
-    from gptforge.config import ConfigError
-
-    try:
-        check_model_vocab(model)
-    except EvalDataError as e:
-        raise ConfigError(f"eval.every={cfg.eval.every}: {e} (or set --eval.every 0)") from None
-    return prepare_tasks(cfg.eval.tasks, cfg.eval.limit or None, log)
-
-
-def evaluate_during_training(model: torch.nn.Module, prepared: list[PreparedTask], cfg, info, autocast,
-                             step: int, tokens: int, metrics, log: Callable[[str], None]) -> dict:
-    """Score the raw (uncompiled, unwrapped) model on every rank; rank 0 writes one ``kind: "eval"``
-    record per task to metrics.jsonl and a log line."""
-    results = evaluate(model, prepared, info.device, autocast, cfg.eval.batch_tokens or None, info.rank, info.world)
-    for name, r in results.items():
-        metrics.write("eval", step, task=name, tokens=tokens, **r)
-    log(f"step {step:>6} | eval " + " | ".join(
-        f"{name} acc {r['acc']:.4f}" + (f" acc_norm {r['acc_norm']:.4f}" if "acc_norm" in r else f" ppl {r['ppl']:.1f}")
-        + f" (n {r['n']})" for name, r in results.items()))
-    return results
-
-
 def run_eval(
     model: torch.nn.Module,
     tasks: str,
@@ -140,13 +113,14 @@ def run_eval(
     limit: int = 0,
     dtype: str = "auto",
     batch_tokens: int | None = None,
-    bench: bool = False,
-    repeats: int = 3,
+    timer: Callable[..., dict] | None = None,
     json_out: str | None = None,
     source: dict | None = None,
 ) -> dict:
     """``gptforge eval``: score ``model`` (already on ``info.device``) on the tasks, print the table
-    (or, with ``bench``, time batched vs one-at-a-time scoring) and write JSON on rank 0."""
+    and write JSON on rank 0. ``timer`` (``gptforge.bench.eval.run_eval_bench``, for ``--bench``)
+    instead times batched against one-at-a-time scoring:
+    ``timer(model, prepared_task, device, autocast, batch_tokens, log) -> dict``."""
     import json
     from pathlib import Path
 
@@ -154,12 +128,8 @@ def run_eval(
     prepared = prepare_tasks(tasks, limit or None, log)
     autocast = autocast_for(info.device, dtype)
     batch_tokens = batch_tokens or default_batch_tokens(info.device)
-    if bench:
-        from gptforge.data.tokenizer import get_tokenizer
-        from gptforge.eval.bench import run_eval_bench
-
-        results = {p.task.name: run_eval_bench(model, p, get_tokenizer(), info.device, autocast, batch_tokens,
-                                               repeats=repeats, log=log) for p in prepared}
+    if timer is not None:
+        results = {p.task.name: timer(model, p, info.device, autocast, batch_tokens, log) for p in prepared}
     else:
         results = evaluate(model, prepared, info.device, autocast, batch_tokens, info.rank, info.world)
         log(format_table(results))

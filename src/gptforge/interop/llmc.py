@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from gptforge.errors import CheckpointError
 from gptforge.models.gpt2 import GPT, GPTConfig, padded_vocab
-from gptforge.training.checkpoint import CheckpointError
 
 MODEL_MAGIC = 20240326
 TOKENIZER_MAGIC = 20240328

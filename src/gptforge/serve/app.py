@@ -34,8 +34,7 @@ from starlette.concurrency import run_in_threadpool
 
 if TYPE_CHECKING:
     import tiktoken
-
-    from gptforge.models.gpt2 import GPT
+    import torch
 
 STATIC = Path(__file__).parent / "static"
 
@@ -130,7 +129,7 @@ def read_loss_curve(path: str | Path | None, max_points: int = 2000) -> dict[str
     return {"available": True, "path": str(path), "train": thin(train), "val": thin(val)}
 
 
-def create_app(model: GPT, enc: tiktoken.Encoding | None = None, settings: ServeSettings | None = None,
+def create_app(model: torch.nn.Module, enc: tiktoken.Encoding | None = None, settings: ServeSettings | None = None,
                metrics_path: str | Path | None = None) -> FastAPI:
     """The FastAPI app around one loaded model (tests build it directly and call it in-process)."""
     from gptforge.generation import SamplingParams, complete, stream_text
@@ -257,7 +256,7 @@ def create_app(model: GPT, enc: tiktoken.Encoding | None = None, settings: Serve
     return app
 
 
-def run_server(model: GPT, settings: ServeSettings, host: str = "127.0.0.1", port: int = 8000,
+def run_server(model: torch.nn.Module, settings: ServeSettings, host: str = "127.0.0.1", port: int = 8000,
                metrics_path: str | Path | None = None) -> None:
     import uvicorn
 

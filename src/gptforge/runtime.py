@@ -1,0 +1,74 @@
+"""Where and how a command computes: the device, the world size torchrun announces, the autocast
+dtype and the precision switches, each resolved in this one place.
+
+    >>> device = resolve_device("auto")                  # cuda:LOCAL_RANK, mps or cpu
+    >>> autocast = autocast_for(device, "auto")          # bf16 where the GPU supports it
+    >>> with autocast(): logits, _ = model(idx)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable
+
+import torch
+
+DTYPES = ("auto", "float32", "bfloat16")
+
+
+class DeviceUnavailable(ValueError):
+    """A device was asked for that this machine does not have (the CLI exits 2)."""
+
+
+def resolve_device(name: str, local_rank: int = 0) -> torch.device:
+    """"auto" -> cuda:local_rank, mps or cpu; "cuda" -> cuda:local_rank; anything else as given."""
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda", local_rank)
+        if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise DeviceUnavailable(
+                f"train.device={name!r} but CUDA is not available here; use --train.device cpu or auto")
+        if dev.index is None:
+            dev = torch.device("cuda", local_rank)
+    return dev
+
+
+def launched_world() -> int:
+    """World size torchrun announces (1 when not launched by torchrun); used to validate before compute."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def resolve_dtype(device: torch.device, dtype: str = "auto") -> str:
+    """"auto" -> "bfloat16" on a CUDA device that supports it, else "float32"."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r}: allowed {', '.join(DTYPES)}")
+    if dtype == "auto":
+        return "bfloat16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
+    return dtype
+
+
+def autocast_for(device: torch.device, dtype: str = "auto") -> Callable[[], contextlib.AbstractContextManager]:
+    """A factory of autocast contexts: bf16 autocast, or a no-op for float32."""
+    if resolve_dtype(device, dtype) == "float32":
+        return contextlib.nullcontext
+    return lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+
+
+def set_precision(cfg, device: torch.device):
+    """Apply a run config's TF32 switch; return (autocast context factory, precision name for MFU,
+    compile?)."""
+    train_cfg = cfg.train
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = train_cfg.tf32
+        torch.backends.cudnn.allow_tf32 = train_cfg.tf32
+    precision = resolve_dtype(device, train_cfg.dtype)
+    if precision == "float32" and device.type == "cuda" and train_cfg.tf32:
+        precision = "tf32"
+    compile_model = device.type == "cuda" if train_cfg.compile is None else train_cfg.compile
+    return autocast_for(device, train_cfg.dtype), precision, compile_model

@@ -1,0 +1,76 @@
+"""What the training loop evaluates besides the loss: tasks every ``eval.every`` steps, and samples.
+
+The glue between a run (its config, metrics log and ranks) and :mod:`gptforge.eval`, which knows
+nothing of either.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from gptforge.config import Config, ConfigError
+from gptforge.eval.run import PreparedTask, check_model_vocab, evaluate, prepare_tasks
+from gptforge.eval.tasks import TASKS
+from gptforge.eval.tasks.base import EvalDataError
+from gptforge.tokens import EOT
+from gptforge.training.distributed import DistInfo
+from gptforge.training.observe import MetricsLog
+
+
+def check_tasks(cfg: Config) -> None:
+    """``eval.tasks`` names only known tasks (checked when a run starts, before any compute)."""
+    unknown = [t for t in cfg.eval.task_names() if t not in TASKS]
+    if unknown:
+        raise ConfigError(f"eval.tasks={cfg.eval.tasks!r}: unknown task(s) {', '.join(unknown)}; "
+                          f"expected comma-separated names from {', '.join(TASKS)}")
+
+
+def prepare_for_training(cfg, model: torch.nn.Module, log: Callable[[str], None]) -> list[PreparedTask] | None:
+    """At start-up of a run with ``eval.every > 0``: check the model can be scored and load the
+    tasks, so bad settings or missing data stop the run before any compute. None when off."""
+    if not cfg.eval.every:
+        return None
+    check_tasks(cfg)
+    try:
+        check_model_vocab(model)
+    except EvalDataError as e:
+        raise ConfigError(f"eval.every={cfg.eval.every}: {e} (or set --eval.every 0)") from None
+    return prepare_tasks(cfg.eval.tasks, cfg.eval.limit or None, log)
+
+
+def evaluate_during_training(model: torch.nn.Module, prepared: list[PreparedTask], cfg, info, autocast,
+                             step: int, tokens: int, metrics, log: Callable[[str], None]) -> dict:
+    """Score the raw (uncompiled, unwrapped) model on every rank; rank 0 writes one ``kind: "eval"``
+    record per task to metrics.jsonl and a log line."""
+    results = evaluate(model, prepared, info.device, autocast, cfg.eval.batch_tokens or None, info.rank, info.world)
+    for name, r in results.items():
+        metrics.write("eval", step, task=name, tokens=tokens, **r)
+    log(f"step {step:>6} | eval " + " | ".join(
+        f"{name} acc {r['acc']:.4f}" + (f" acc_norm {r['acc_norm']:.4f}" if "acc_norm" in r else f" ppl {r['ppl']:.1f}")
+        + f" (n {r['n']})" for name, r in results.items()))
+    return results
+
+
+def print_samples(model: torch.nn.Module, cfg: Config, info: DistInfo, step: int, metrics: MetricsLog, log) -> None:
+    from gptforge.data.tokenizer import TokenizerUnavailable, get_tokenizer
+    from gptforge.generation import generate
+
+    if cfg.model.vocab_size < EOT + 1:
+        log(f"(no samples: model.vocab_size={cfg.model.vocab_size} is not the GPT-2 vocabulary)")
+        return
+    try:
+        enc = get_tokenizer()
+    except TokenizerUnavailable as e:
+        log(f"(no samples: {str(e).splitlines()[0]})")
+        return
+    was_training = model.training
+    n = min(cfg.train.sample_tokens, cfg.model.block_size - 1)
+    idx = torch.full((2, 1), EOT, dtype=torch.long, device=info.device)
+    out = generate(model, idx, max_new_tokens=n, temperature=1.0, top_k=50, seed=cfg.train.seed + step)
+    model.train(was_training)
+    for i, row in enumerate(out.tolist()):
+        text = enc.decode(row[1:])
+        log(f"sample {i}: {text!r}")
+        metrics.write("sample", step, index=i, text=text)
