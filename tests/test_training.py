@@ -10,10 +10,12 @@ from gptforge.config import ConfigError, OptimConfig
 from gptforge.data.loader import ShardLoader
 from gptforge.data.shards import list_shards
 from gptforge.models.gpt2 import GPT
+from gptforge.runtime import set_precision
 from gptforge.training import checkpoint as ckpt
 from gptforge.training.distributed import DistInfo
-from gptforge.training.loop import set_precision, train, train_step
+from gptforge.training.loop import train
 from gptforge.training.optim import build_optimizer, lr_at, param_groups
+from gptforge.training.step import train_step
 
 from .conftest import tiny_config
 

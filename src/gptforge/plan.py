@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from gptforge.config import Config, ConfigError
+from gptforge.models.registry import build_model
 
 GIB = 2**30
 SHARDINGS = ("none", "zero1", "fsdp")
@@ -46,11 +47,10 @@ ACT_BYTES = {  # bytes per token per layer, in units of n_embd (see the module d
 
 
 def count_params(cfg: Config) -> int:
-    """Parameters of the GPT in ``cfg.model`` (tied embedding once), without building it."""
-    m = cfg.model
-    C, L, V = m.n_embd, m.n_layer, m.padded_vocab_size
-    per_block = 12 * C * C + (13 * C if m.bias else 4 * C)  # c_attn, c_proj, c_fc, c_proj, 2 LayerNorms
-    return V * C + m.block_size * C + L * per_block + (2 * C if m.bias else C)
+    """Parameters of the model in ``cfg.model`` (a tied embedding once), built on the meta device:
+    shapes only, no memory, any model family."""
+    with torch.device("meta"):
+        return build_model(cfg.model).num_parameters()
 
 
 @dataclass
@@ -187,9 +187,10 @@ class LiveTensorBytes(torch.utils._python_dispatch.TorchDispatchMode):
 def measure_peak(cfg: Config, steps: int = 2) -> tuple[float, str]:
     """Run ``steps`` training steps of ``cfg`` on one process (model and optimizer built inside the
     measurement) on random tokens; return (peak bytes, what was measured)."""
-    from gptforge.training.distributed import DistInfo, resolve_device
-    from gptforge.training.loop import set_precision, train_step
+    from gptforge.runtime import resolve_device, set_precision
+    from gptforge.training.distributed import DistInfo
     from gptforge.training.optim import build_optimizer
+    from gptforge.training.step import train_step
 
     device = resolve_device(cfg.train.device)
     cfg = copy.deepcopy(cfg)
@@ -205,9 +206,7 @@ def measure_peak(cfg: Config, steps: int = 2) -> tuple[float, str]:
             return buf[:, :-1], buf[:, 1:]
 
     def run() -> None:
-        from gptforge.models.gpt2 import GPT
-
-        model = GPT(cfg.model).to(device)
+        model = build_model(cfg.model).to(device)
         opt = build_optimizer(model, cfg.optim, device.type)
         model.train()
         for _ in range(steps):
@@ -245,7 +244,7 @@ def run_plan(cfg: Config, preset: str, *, gpu_mem: float = 80.0, world: int = 8,
     head = f"{'shard':<6} {'recomp':<6} {'B':>4} {'weights':>8} {'grads':>8} {'optim':>8} {'activ':>8} {'peak':>8}"
     report: dict = {"preset": preset, "params": count_params(cfg)}
     if measure:  # the config as given, on this machine, one process
-        from gptforge.training.distributed import resolve_device
+        from gptforge.runtime import resolve_device
 
         device = resolve_device(cfg.train.device)
         dtype = resolved_dtype(cfg, device.type == "cuda")

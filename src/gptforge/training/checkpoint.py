@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import shutil
 from pathlib import Path
 from typing import Any
@@ -23,12 +22,11 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from gptforge.errors import CheckpointError  # noqa: F401  (re-exported: callers catch ckpt.CheckpointError)
+
 CKPT_PREFIX = "step_"
 TIED = "lm_head.weight"
-
-
-class CheckpointError(RuntimeError):
-    pass
+TIED_TO = "transformer.wte.weight"
 
 
 def ckpt_root(run_dir: str | Path) -> Path:
@@ -50,29 +48,12 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
     return ckpts[-1] if ckpts else None
 
 
-def rng_state() -> tuple[dict[str, Any], dict[str, Any]]:
-    """(tensor states for rng.pt, JSON-able states for meta.json)."""
-    tensors = {"torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        for i, s in enumerate(torch.cuda.get_rng_state_all()):
-            tensors[f"cuda{i}"] = s
-    v, state, gauss = random.getstate()
-    return tensors, {"python": [v, list(state), gauss]}
-
-
-def set_rng_state(tensors: dict[str, torch.Tensor], meta_rng: dict[str, Any]) -> None:
-    torch.set_rng_state(tensors["torch"])
-    cuda = [tensors[k] for k in sorted(tensors) if k.startswith("cuda")]
-    if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
-        torch.cuda.set_rng_state_all(cuda)
-    if "python" in meta_rng:
-        v, state, gauss = meta_rng["python"]
-        random.setstate((v, tuple(state), gauss))
-
-
 def model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    sd = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    sd.pop(TIED, None)
+    """The weights to store: a tied output head (GPT-2's lm_head = wte) is stored once."""
+    full = model.state_dict()
+    sd = {k: v.detach().cpu().contiguous() for k, v in full.items()}
+    if _tied(full):
+        sd.pop(TIED)
     return sd
 
 
@@ -83,15 +64,16 @@ def save_checkpoint(
     optimizer: torch.optim.Optimizer | None,
     meta: dict[str, Any],
     keep: int = 0,
-    extra_rng: dict[str, torch.Tensor] | None = None,
+    rng: tuple[dict[str, torch.Tensor], dict[str, Any]] | None = None,
 ) -> Path:
     """Write checkpoint ``step`` (the number of optimizer steps done) atomically; prune to ``keep``.
-    ``extra_rng``: other ranks' RNG states (``rank{r}.cpu`` / ``rank{r}.cuda``), stored in rng.pt."""
+    ``rng``: (tensors for rng.pt, JSON for meta.json), given by training (a weights-only
+    checkpoint has none)."""
     tmp = begin_checkpoint(run_dir, step)
     save_file(model_state(model), str(tmp / "model.safetensors"), metadata={"format": "pt"})
     if optimizer is not None:
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-    return finalize_checkpoint(run_dir, tmp, meta, keep, extra_rng)
+    return finalize_checkpoint(run_dir, tmp, meta, keep, rng)
 
 
 def begin_checkpoint(run_dir: str | Path, step: int) -> Path:
@@ -106,14 +88,15 @@ def begin_checkpoint(run_dir: str | Path, step: int) -> Path:
 
 
 def finalize_checkpoint(run_dir: str | Path, tmp: Path, meta: dict[str, Any], keep: int = 0,
-                        extra_rng: dict[str, torch.Tensor] | None = None) -> Path:
+                        rng: tuple[dict[str, torch.Tensor], dict[str, Any]] | None = None) -> Path:
     """Add RNG state and meta.json to ``tmp``, fsync, rename it into place and prune to ``keep``."""
     root = tmp.parent
     final = root / tmp.name[: -len(".tmp")]
     step = int(final.name[len(CKPT_PREFIX):])
-    rng_tensors, rng_json = rng_state()
-    torch.save({**rng_tensors, **(extra_rng or {})}, tmp / "rng.pt")
-    meta = {**meta, "step": step, "rng": rng_json}
+    meta = {**meta, "step": step}
+    if rng is not None:
+        torch.save(rng[0], tmp / "rng.pt")
+        meta["rng"] = rng[1]
     (tmp / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
     for f in tmp.rglob("*"):  # sharded checkpoints keep their shards in a subfolder
         if f.is_file():
@@ -162,12 +145,8 @@ def resolve_checkpoint(path: str | Path) -> Path:
 
 
 def load_model_weights(model: torch.nn.Module, ckpt_dir: str | Path) -> None:
+    """``model.safetensors`` into ``model`` (shapes checked first; a tied head may be absent)."""
     path = Path(ckpt_dir) / "model.safetensors"
-    if not path.exists() and (Path(ckpt_dir) / "dcp").is_dir():  # sharded (FSDP) checkpoint
-        from gptforge.training.dist_checkpoint import load_sharded
-
-        load_sharded(model, None, ckpt_dir)
-        return
     if not path.exists():
         raise CheckpointError(f"{path} is missing; the checkpoint is incomplete")
     sd = load_file(str(path))
@@ -180,16 +159,18 @@ def load_model_weights(model: torch.nn.Module, ckpt_dir: str | Path) -> None:
             "checkpoint's own model config (drop --model.* overrides) or start a new run"
         )
     missing, unexpected = model.load_state_dict(sd, strict=False)
-    missing = [k for k in missing if k != TIED]
+    missing = [k for k in missing if not (k == TIED and _tied(own))]
     if missing or unexpected:
         raise CheckpointError(f"{path} does not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
 
 
-def load_training_state(ckpt_dir: str | Path, optimizer: torch.optim.Optimizer) -> None:
-    """Optimizer and RNG state (the model is loaded separately with :func:`load_model_weights`)."""
-    ckpt_dir = Path(ckpt_dir)
-    opt_path = ckpt_dir / "optimizer.pt"
+def _tied(sd: dict[str, torch.Tensor]) -> bool:
+    return TIED in sd and TIED_TO in sd and sd[TIED].data_ptr() == sd[TIED_TO].data_ptr()
+
+
+def load_optimizer(ckpt_dir: str | Path, optimizer: torch.optim.Optimizer) -> None:
+    """``optimizer.pt`` into ``optimizer`` (tensors and plain types only: ``weights_only``)."""
+    opt_path = Path(ckpt_dir) / "optimizer.pt"
     if not opt_path.exists():
         raise CheckpointError(f"{opt_path} is missing; cannot resume training from a weights-only checkpoint")
     optimizer.load_state_dict(torch.load(opt_path, map_location="cpu", weights_only=True))
-    set_rng_state(torch.load(ckpt_dir / "rng.pt", map_location="cpu", weights_only=True), read_meta(ckpt_dir)["rng"])

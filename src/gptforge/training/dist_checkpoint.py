@@ -39,7 +39,7 @@ def _dcp():
 
 def save_sharded(run_dir: str | Path, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  meta: dict[str, Any], keep: int, is_main: bool,
-                 extra_rng: dict[str, torch.Tensor] | None = None) -> Path | None:
+                 rng: tuple[dict[str, torch.Tensor], dict[str, Any]] | None = None) -> Path | None:
     """Collective: every rank calls it. Returns the final directory on rank 0, None elsewhere."""
     dcp, sd = _dcp()
     tmp = ckpt.ckpt_root(run_dir) / f"{ckpt.CKPT_PREFIX}{step:06d}.tmp"
@@ -49,7 +49,7 @@ def save_sharded(run_dir: str | Path, step: int, model: torch.nn.Module, optimiz
     model_sd, optim_sd = sd.get_state_dict(model, optimizer)
     dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp / DCP_DIR))
     dist.barrier()  # every rank's shards are on disk before the directory becomes a checkpoint
-    final = ckpt.finalize_checkpoint(run_dir, tmp, {**meta, "format": "dcp"}, keep, extra_rng) if is_main else None
+    final = ckpt.finalize_checkpoint(run_dir, tmp, {**meta, "format": "dcp"}, keep, rng) if is_main else None
     dist.barrier()
     return final
 
@@ -72,7 +72,7 @@ def _check_shapes(model: torch.nn.Module, ckpt_dir: Path) -> None:
 
 def load_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, ckpt_dir: str | Path) -> None:
     """Load a DCP checkpoint into ``model`` (FSDP-wrapped or a plain module) and a matching plain
-    optimizer (AdamW over ``model``'s parameters), resharding to the current world; also the RNG."""
+    optimizer (AdamW over ``model``'s parameters), resharding to the current world."""
     dcp, sd = _dcp()
     ckpt_dir = Path(ckpt_dir)
     _check_shapes(model, ckpt_dir)
@@ -95,8 +95,6 @@ def _load(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, ckpt_
     state = {"model": model_sd, "optim": optim_sd}
     dcp.load(state, checkpoint_id=str(ckpt_dir / DCP_DIR), no_dist=no_dist)
     sd.set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    ckpt.set_rng_state(torch.load(ckpt_dir / "rng.pt", map_location="cpu", weights_only=True),
-                       ckpt.read_meta(ckpt_dir)["rng"])
 
 
 def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:

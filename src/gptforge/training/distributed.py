@@ -16,12 +16,12 @@ import contextlib
 import datetime
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from gptforge.config import ConfigError, DistConfig, OptimConfig
+from gptforge.runtime import resolve_device
 
 _JOINS = 0  # process groups this process has joined (see init_distributed)
 
@@ -48,27 +48,6 @@ class DistInfo:
     def sharded(self) -> str:
         """How state is sharded in this run: "fsdp", "zero1" or "none"."""
         return "fsdp" if self.fsdp else "zero1" if self.zero else "none"
-
-
-def resolve_device(name: str, local_rank: int = 0) -> torch.device:
-    if name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda", local_rank)
-        if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
-    dev = torch.device(name)
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"train.device={name!r} but CUDA is not available here; use --train.device cpu or auto")
-        if dev.index is None:
-            dev = torch.device("cuda", local_rank)
-    return dev
-
-
-def launched_world() -> int:
-    """World size torchrun announces (1 when not launched by torchrun); used to validate before compute."""
-    return int(os.environ.get("WORLD_SIZE", "1"))
 
 
 def init_distributed(device_name: str = "auto", dist_cfg: DistConfig | None = None) -> DistInfo:
@@ -127,7 +106,7 @@ def wrap_model(
 
         dist_cfg = dist_cfg or DistConfig()
         mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
-        blocks = model.transformer.h
+        blocks = model.blocks
         for i, block in enumerate(blocks):
             if compile:  # per-block compile composes with per-block sharding (torchtitan's order)
                 block.compile()
@@ -219,20 +198,6 @@ def seed_rank(seed: int, info: DistInfo, step: int = 0) -> None:
     the micro-batches of one process). Called after the model is built, so initial weights agree."""
     if info.enabled:
         torch.manual_seed(seed + info.rank + 1_000_003 * step)
-
-
-def restore_rank_rng(ckpt_dir, info: DistInfo, saved_world: int, seed: int, step: int) -> None:
-    """After a resume set rank 0's RNG everywhere: give the other ranks their own saved streams when
-    the world is unchanged (an exact continuation), or fresh distinct ones when it changed."""
-    if not info.enabled:
-        return
-    tensors = torch.load(Path(ckpt_dir) / "rng.pt", map_location="cpu", weights_only=True)
-    if saved_world != info.world or f"rank{info.rank}.cpu" not in tensors:
-        seed_rank(seed, info, step)
-        return
-    torch.set_rng_state(tensors[f"rank{info.rank}.cpu"])
-    if info.device.type == "cuda" and f"rank{info.rank}.cuda" in tensors:
-        torch.cuda.set_rng_state(tensors[f"rank{info.rank}.cuda"], info.device)
 
 
 def barrier(info: DistInfo) -> None:

@@ -1,0 +1,176 @@
+"""The Checkpointer: one object that saves a run and restores it, bit for bit.
+
+    ckpt = Checkpointer(cfg, info, run_dir, resume_from=Checkpointer.find(run_dir, "latest"))
+    ckpt.restore_weights(model)        # before wrapping: full weights, before FSDP shards them
+    ...                                # wrap (compile, DDP / FSDP2), build the optimizer
+    state = TrainState(model, optimizer, train_loader)
+    ckpt.restore(state)                # optimizer, loader position, step, every rank's RNG
+    ckpt.save(state)                   # at a step boundary
+
+It owns what torchtitan's and lingua's checkpointers own: where checkpoints live and which is
+resumed (resolved once, here), the format a run writes (``dcp`` when FSDP shards the state, else
+one ``model.safetensors`` + ``optimizer.pt``; ZeRO-1 consolidates onto rank 0 first), the RNG states
+(rank 0's in ``rng.pt``/``meta.json``, every rank's stream gathered beside it) and the loader state.
+The file-level work (atomic directories, safetensors, ``weights_only`` loads) is
+:mod:`gptforge.training.checkpoint`; sharded DCP is :mod:`gptforge.training.dist_checkpoint`.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gptforge import __version__
+from gptforge.training import checkpoint as files
+from gptforge.training import dist_checkpoint as dcp
+from gptforge.training.distributed import DistInfo, barrier, gather_rng_states, seed_rank
+from gptforge.training.optim import build_optimizer
+
+
+@dataclass
+class TrainState:
+    """What a resume restores besides the config: the raw (unwrapped) model, the optimizer, the
+    train loader's position and the number of optimizer steps done."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    loader: Any  # a loader with state_dict() / load_state_dict() (data.loader.ShardLoader)
+    step: int = 0
+
+
+class Checkpointer:
+    def __init__(self, cfg, info: DistInfo, run_dir: str | Path, resume_from: Path | None = None,
+                 log=lambda msg: None, extra_meta: dict[str, Any] | None = None):
+        self.cfg, self.info, self.run_dir, self.log = cfg, info, Path(run_dir), log
+        self.resume_from = resume_from
+        self.format = "dcp" if info.fsdp else "file"  # the format this run writes
+        self.extra_meta = dict(extra_meta or {})  # written into every meta.json (git SHA, ...)
+        self.meta = files.read_meta(resume_from) if resume_from is not None else None
+        self.sharded = resume_from is not None and dcp.is_sharded(resume_from)  # the format it reads
+        self._carried_optim: dict | None = None
+
+    # --- where ------------------------------------------------------------------------------------
+    @staticmethod
+    def find(run_dir: str | Path, resume: str | Path | None) -> Path | None:
+        """The checkpoint to resume: None (a fresh run), the newest of ``run_dir`` ("latest"), or
+        the checkpoint or run directory given."""
+        if resume is None:
+            return None
+        if str(resume) == "latest":
+            latest = files.latest_checkpoint(run_dir)
+            if latest is None:
+                raise files.CheckpointError(
+                    f"--resume: no complete checkpoint in {files.ckpt_root(run_dir)}; "
+                    "start without --resume, or point --out at the run to continue"
+                )
+            return latest
+        return files.resolve_checkpoint(resume)
+
+    @property
+    def start_step(self) -> int:
+        return int(self.meta["step"]) if self.meta is not None else 0
+
+    # --- restore ------------------------------------------------------------------------------------
+    def restore_weights(self, model: torch.nn.Module) -> None:
+        """Before wrapping: full-file weights go into the plain module (FSDP then shards them); a
+        full-file optimizer state is read now too when FSDP will shard it. DCP loads after wrapping."""
+        if self.resume_from is None or self.sharded:
+            return
+        files.load_model_weights(model, self.resume_from)
+        if self.info.fsdp:
+            plain = build_optimizer(model, self.cfg.optim, self.info.device.type)
+            files.load_optimizer(self.resume_from, plain)
+            self._carried_optim = dcp.full_optimizer_state(model, plain)
+
+    def restore(self, state: TrainState) -> None:
+        """After wrapping and building the optimizer: optimizer, loader, step and RNG."""
+        if self.resume_from is None:
+            return
+        where, info = self.resume_from, self.info
+        if self.sharded and info.zero:  # DCP reads into a plain AdamW; ZeRO then takes its share
+            plain = build_optimizer(state.model, self.cfg.optim, info.device.type)
+            dcp.load_sharded(state.model, plain, where)
+            state.optimizer.load_state_dict(plain.state_dict())
+        elif self.sharded:
+            dcp.load_sharded(state.model, state.optimizer, where)
+        elif self._carried_optim is not None:
+            dcp.set_full_optimizer_state(state.model, state.optimizer, self._carried_optim)
+            self._carried_optim = None
+        else:
+            files.load_optimizer(where, state.optimizer)
+        state.loader.load_state_dict(self.meta["loader"])
+        state.step = self.start_step
+        self._restore_rng()
+        self.log(f"resumed from {where} at step {state.step} (saved at world {self.meta.get('world', 1)}, "
+                 f"now {info.world})")
+
+    def _restore_rng(self) -> None:
+        """Rank 0's saved state everywhere, then each rank its own saved stream when the world is
+        unchanged (an exact continuation), or fresh distinct ones when it changed."""
+        tensors = torch.load(self.resume_from / "rng.pt", map_location="cpu", weights_only=True)
+        set_rng_state(tensors, self.meta["rng"])
+        info = self.info
+        if not info.enabled:
+            return
+        if int(self.meta.get("world", 1)) != info.world or f"rank{info.rank}.cpu" not in tensors:
+            seed_rank(self.cfg.train.seed, info, self.start_step)
+            return
+        torch.set_rng_state(tensors[f"rank{info.rank}.cpu"])
+        if info.device.type == "cuda" and f"rank{info.rank}.cuda" in tensors:
+            torch.cuda.set_rng_state(tensors[f"rank{info.rank}.cuda"], info.device)
+
+    # --- save ---------------------------------------------------------------------------------------
+    def save(self, state: TrainState, **meta: Any) -> Path | None:
+        """Collective: write checkpoint ``state.step`` in this run's format, keep the newest
+        ``train.keep_ckpts``. Returns the directory on rank 0 (None on other ranks)."""
+        info, keep = self.info, self.cfg.train.keep_ckpts
+        meta = {"config": self.cfg.to_dict(), "loader": state.loader.state_dict(), "gptforge": __version__,
+                "torch": torch.__version__, "world": info.world, "sharding": info.sharded,
+                **self.extra_meta, **meta}
+        rngs = gather_rng_states(info)  # every rank's stream, for an exact continuation at this world
+        path = None
+        if self.format == "dcp":  # every rank writes its shards; resumable at any world size
+            path = dcp.save_sharded(self.run_dir, state.step, state.model, state.optimizer, meta, keep,
+                                    info.is_main, _rng_files(rngs))
+        else:
+            if info.zero:  # gather the optimizer shards on rank 0: an ordinary single-file checkpoint
+                state.optimizer.consolidate_state_dict(to=0)
+            if info.is_main:
+                path = files.save_checkpoint(self.run_dir, state.step, state.model, state.optimizer, meta,
+                                             keep=keep, rng=_rng_files(rngs))
+        if path is not None:
+            self.log(f"checkpoint -> {path}")
+        barrier(info)
+        return path
+
+
+# --- RNG state ------------------------------------------------------------------------------------
+
+def rng_state() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """(tensor states for rng.pt, JSON-able states for meta.json)."""
+    tensors = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        for i, s in enumerate(torch.cuda.get_rng_state_all()):
+            tensors[f"cuda{i}"] = s
+    v, st, gauss = random.getstate()
+    return tensors, {"python": [v, list(st), gauss]}
+
+
+def set_rng_state(tensors: dict[str, torch.Tensor], meta_rng: dict[str, Any]) -> None:
+    torch.set_rng_state(tensors["torch"])
+    cuda = [tensors[k] for k in sorted(tensors) if k.startswith("cuda")]
+    if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(cuda)
+    if "python" in meta_rng:
+        v, st, gauss = meta_rng["python"]
+        random.setstate((v, tuple(st), gauss))
+
+
+def _rng_files(other_ranks: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """(rng.pt contents, meta.json "rng"): this process's states plus the other ranks' streams."""
+    tensors, js = rng_state()
+    return {**tensors, **other_ranks}, js
