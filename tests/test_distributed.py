@@ -189,10 +189,10 @@ def test_sharded_checkpoint_that_does_not_fit_is_rejected(runs):
 
 
 def test_sharded_checkpoint_loads_for_sampling(runs):
-    from gptforge.cli import load_model
+    from gptforge.load import ModelSource, load_model
 
-    model = load_model(str(runs["dirs"] / "fsdp"), None)
-    ref = load_model(str(runs["dirs"] / "ddp"), None)  # same training, single-file checkpoint
+    model = load_model(ModelSource(ckpt=str(runs["dirs"] / "fsdp")))
+    ref = load_model(ModelSource(ckpt=str(runs["dirs"] / "ddp")))  # same training, single-file checkpoint
     for (n, a), (_, b) in zip(model.state_dict().items(), ref.state_dict().items(), strict=True):
         assert torch.allclose(a, b, atol=1e-5), n
 

@@ -7,9 +7,10 @@ import json
 import pytest
 
 from gptforge import assets
-from gptforge.cli import EXIT_BAD_INPUT, load_model, main
+from gptforge.cli import EXIT_BAD_INPUT, main
 from gptforge.config import EvalConfig
 from gptforge.eval.run import evaluate, prepare_tasks
+from gptforge.load import ModelSource, load_model
 from gptforge.models.gpt2 import GPTConfig
 from gptforge.training.observe import read_metrics
 from tests.conftest import tiny_config
@@ -40,7 +41,7 @@ def test_loop_writes_eval_records(eval_run):
 
 def test_loop_eval_equals_standalone_eval_of_the_checkpoint(eval_run, tokenizer):
     last = {r["task"]: r for r in read_metrics(eval_run) if r["kind"] == "eval" and r["step"] == 4}
-    model = load_model(str(eval_run), None)
+    model = load_model(ModelSource(ckpt=str(eval_run)))
     res = evaluate(model, prepare_tasks("hellaswag,lambada", limit=6, enc=tokenizer))
     assert res["hellaswag"]["acc"] == last["hellaswag"]["acc"]
     assert res["hellaswag"]["acc_norm"] == last["hellaswag"]["acc_norm"]
@@ -49,7 +50,7 @@ def test_loop_eval_equals_standalone_eval_of_the_checkpoint(eval_run, tokenizer)
 
 def test_plot_writes_a_png_from_a_real_run(eval_run, tmp_path):
     out = tmp_path / "curves.png"
-    assert main(["plot", str(eval_run), str(eval_run), "--labels", "a,b", "--out", str(out)]) == 0
+    assert main(["plot", str(eval_run), str(eval_run), "--labels", "a,b", "--image", str(out)]) == 0
     data = out.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
 
@@ -77,7 +78,7 @@ def test_eval_bench_writes_json(tmp_path, eval_data, tokenizer):
     ["eval", "--random", "d99"],
     ["eval", "--random", "d2", "--tasks", "hellaswag,nope"],
     ["eval", "--random", "d2", "--limit", "-1"],
-    ["plot", "no/such/run", "--out", "x.png"],
+    ["plot", "no/such/run", "--image", "x.png"],
 ])
 def test_bad_eval_and_plot_input_exits_2(argv, capsys, eval_data, tokenizer):
     assert main(argv) == EXIT_BAD_INPUT

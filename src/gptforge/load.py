@@ -1,0 +1,67 @@
+"""One way to get a model for every command that takes one: ``load_model(source)``.
+
+    >>> model = load_model(ModelSource(ckpt="runs/shakespeare-cpu"))   # newest checkpoint of a run
+    >>> model = load_model(ModelSource(hf="gpt2"))                     # Hugging Face (hub or directory)
+    >>> model = load_model(ModelSource(llmc="gpt2_124M.bin"))          # an llm.c model file
+    >>> model = load_model(ModelSource(random="d2"))                   # random weights of a named size
+
+Weights come from safetensors or llm.c files, never from a pickle. The model family is whatever
+the source says (a checkpoint's ``model.arch``, a Hugging Face ``model_type``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from gptforge.config import Config
+from gptforge.models.registry import build_model, size_config
+from gptforge.training import checkpoint as ckpt
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    ckpt: str | None = None  # a checkpoint directory, or a run directory (its newest checkpoint)
+    hf: str | None = None  # a Hugging Face hub name (online) or save_pretrained directory
+    llmc: str | None = None  # an llm.c model file
+    random: str | None = None  # a model size name: random weights (benchmarks, smoke tests)
+
+    def given(self) -> list[str]:
+        return [k for k in ("ckpt", "hf", "llmc", "random") if getattr(self, k) is not None]
+
+    def describe(self) -> dict[str, str | None]:
+        return {k: getattr(self, k) for k in ("ckpt", "hf", "llmc", "random")}
+
+    @classmethod
+    def from_path(cls, path: str) -> ModelSource:
+        """A file is an llm.c model, a directory a gptforge checkpoint or run (``--init-from``)."""
+        return cls(llmc=path) if Path(path).is_file() else cls(ckpt=path)
+
+
+def load_model(source: ModelSource) -> torch.nn.Module:
+    """The model ``source`` names, in eval mode, on the CPU."""
+    if len(source.given()) != 1:
+        raise ValueError("give exactly one of --ckpt DIR, --hf NAME_OR_DIR, --llmc FILE or --random SIZE")
+    if source.hf is not None:
+        from gptforge.interop.hf import load_hf
+
+        return load_hf(source.hf)
+    if source.llmc is not None:
+        from gptforge.interop.llmc import read_llmc_model
+
+        return read_llmc_model(source.llmc)
+    if source.random is not None:
+        torch.manual_seed(0)
+        return build_model(size_config(source.random)).eval()
+    where = ckpt.resolve_checkpoint(source.ckpt)
+    cfg = Config.from_dict(ckpt.read_meta(where)["config"])
+    model = build_model(cfg.model)
+    if not (where / "model.safetensors").exists() and (where / "dcp").is_dir():  # a sharded (FSDP) checkpoint
+        from gptforge.training.dist_checkpoint import load_sharded
+
+        load_sharded(model, None, where)
+    else:
+        ckpt.load_model_weights(model, where)
+    return model.eval()
