@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from gptforge.bench import LADDER, run_bench
+from gptforge.bench.train import LADDER, run_bench
 from gptforge.presets import get_preset
 
 

@@ -13,35 +13,12 @@ from __future__ import annotations
 
 import json
 import platform
-import statistics
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-
-def _time_once(fn, device: torch.device) -> tuple[float, Any]:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    out = fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return time.perf_counter() - t0, out
-
-
-def _timed_pair(fa, fb, repeats: int, device: torch.device) -> tuple[float, float, Any, Any]:
-    """Median seconds of ``fa`` and ``fb``, timed alternately (a, b, a, b ...) so that load from other
-    processes on a shared machine hits both alike; one untimed warm-up call of each first."""
-    out_a, out_b = fa(), fb()
-    ta, tb = [], []
-    for _ in range(repeats):
-        t, out_a = _time_once(fa, device)
-        ta.append(t)
-        t, out_b = _time_once(fb, device)
-        tb.append(t)
-    return statistics.median(ta), statistics.median(tb), out_a, out_b
+from gptforge.bench.timing import timed_pair
 
 
 def run_bench_generate(size: str = "gpt2", batches: list[int] | tuple[int, ...] = (1, 8), prompt_tokens: int = 16,
@@ -52,13 +29,13 @@ def run_bench_generate(size: str = "gpt2", batches: list[int] | tuple[int, ...] 
     from gptforge.generation import generate
     from gptforge.interop.hf import gptforge_to_hf
     from gptforge.models.gpt2 import GPT, GPTConfig
-    from gptforge.training.distributed import resolve_device
+    from gptforge.runtime import resolve_device
 
     dev = torch.device(resolve_device(device))
     if threads > 0:  # on a shared CPU, fewer threads than cores avoids waiting on descheduled workers
         torch.set_num_threads(threads)
     torch.manual_seed(0)
-    cfg = GPTConfig.from_preset(size)
+    cfg = GPTConfig.from_size(size)
     if prompt_tokens + new_tokens > cfg.block_size:
         raise ValueError(f"--prompt-tokens + --new-tokens = {prompt_tokens + new_tokens} exceeds the context {cfg.block_size}")
     ours = GPT(cfg).to(dev, dtype).eval()
@@ -81,7 +58,8 @@ def run_bench_generate(size: str = "gpt2", batches: list[int] | tuple[int, ...] 
                 return hf.generate(idx, attention_mask=torch.ones_like(idx), max_new_tokens=new_tokens,
                                    min_new_tokens=new_tokens, do_sample=False, pad_token_id=0, eos_token_id=None)
 
-        t_ours, t_hf, tok_ours, tok_hf = _timed_pair(run_ours, run_hf, repeats, dev)
+        a, b = timed_pair(run_ours, run_hf, dev, repeats)
+        t_ours, t_hf, tok_ours, tok_hf = a.median, b.median, a.result, b.result
         rows.append({
             "batch": B,
             "gptforge_tokens_per_s": round(B * new_tokens / t_ours, 1),

@@ -18,7 +18,6 @@ switch the device cannot do is reported as skipped with the reason, never measur
 from __future__ import annotations
 
 import copy
-import json
 import resource
 import statistics
 import sys
@@ -31,14 +30,16 @@ from typing import Any
 import numpy as np
 import torch
 
+from gptforge.bench.timing import machine, sync, write_json
 from gptforge.config import Config
 from gptforge.data.loader import ShardLoader
 from gptforge.data.shards import write_shard
-from gptforge.models.gpt2 import GPT
-from gptforge.training.distributed import DistInfo, resolve_device, wrap_model
-from gptforge.training.loop import PhaseTimer, set_precision, train_step
+from gptforge.models.registry import build_model
+from gptforge.runtime import resolve_device, set_precision
+from gptforge.training.distributed import DistInfo, wrap_model
 from gptforge.training.observe import environment, flops_per_token, peak_flops
 from gptforge.training.optim import build_optimizer, fused_available, lr_at
+from gptforge.training.step import PhaseTimer, train_step
 
 
 @dataclass
@@ -102,7 +103,7 @@ def bench_one(cfg: Config, steps: int, warmup: int, device: torch.device, trace:
         need = B * T * grad_accum * (steps + warmup) + 1
         shard = _synthetic_shard(Path(tmp), min(need, 50_000_000) + B * T + 1, cfg.model.vocab_size)
         loader = ShardLoader([shard], B, T)
-        model = GPT(cfg.model).to(device)
+        model = build_model(cfg.model).to(device)
         optimizer = build_optimizer(model, cfg.optim, device.type)
         wrapped = wrap_model(model, info, compile_model)
         model.train()
@@ -117,14 +118,12 @@ def bench_one(cfg: Config, steps: int, warmup: int, device: torch.device, trace:
                     prof.__enter__()
             for g in optimizer.param_groups:
                 g["lr"] = lr_at(step, cfg.optim, cfg.train.max_steps)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
+            sync(device)
             t0 = time.perf_counter()
             timer.mark("start")
             loss, _ = train_step(wrapped, model, optimizer, loader, grad_accum, autocast, info,
                                  cfg.optim.grad_clip, timer=timer if step >= warmup else None)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
+            sync(device)
             dt = time.perf_counter() - t0
             if step >= warmup:
                 step_times.append(dt)
@@ -231,14 +230,13 @@ def run_bench(
         "date": time.strftime("%Y-%m-%d"),
         "command": " ".join(["gptforge", *sys.argv[1:]]) if sys.argv and sys.argv[0].endswith("gptforge") else None,
         "env": {k: v for k, v in environment(device).items() if k != "nvidia_smi"},
+        "machine": machine(device),
         "steps": steps, "warmup": warmup,
         "config": cfg.to_dict(),
         "results": results,
     }
     print(format_table(results))
-    if out:
-        Path(out).write_text(json.dumps(report, indent=2) + "\n")
-        print(f"[bench] wrote {out}", file=sys.stderr)
+    write_json(out, report)
     return report
 
 

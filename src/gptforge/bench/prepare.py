@@ -34,6 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from gptforge.bench.timing import write_json
+
 DOC_CHARS = 4000
 
 
@@ -152,6 +154,5 @@ def run_bench(workers: list[int], copies: int = 8, repeats: int = 2, shard_token
         "single_core": single, "pipeline": rows, "memory": memory,
         "shard_buffer_mb": round(shard_tokens * 2 / 2**20, 1),
     }
-    if out:
-        Path(out).write_text(json.dumps(result, indent=2) + "\n")
+    write_json(out, result)
     return result

@@ -17,22 +17,10 @@ from pathlib import Path
 
 import torch
 
+from gptforge.bench.timing import timed
 from gptforge.eval.reference import score_example
 from gptforge.eval.run import PreparedTask
 from gptforge.eval.scorer import decide, score_requests, unwrap
-
-
-def _timed(fn: Callable[[], object], device: torch.device, repeats: int) -> tuple[float, object]:
-    best, out = float("inf"), None
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
-        out = fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        best = min(best, time.perf_counter() - t0)
-    return best, out
 
 
 def run_eval_bench(model: torch.nn.Module, prepared: PreparedTask, enc, device: torch.device, autocast,
@@ -55,8 +43,8 @@ def run_eval_bench(model: torch.nn.Module, prepared: PreparedTask, enc, device: 
     with autocast():
         for ex in examples[:warmup]:
             score_example(model, enc, ex, device)
-    t_batched, scores = _timed(batched, device, repeats)
-    t_ref, refs = _timed(reference, device, repeats)
+    tb, tr = timed(batched, device, repeats), timed(reference, device, repeats)
+    t_batched, scores, t_ref, refs = tb.best, tb.result, tr.best, tr.result
     pos, same = 0, 0
     for rq, ref in zip(requests, refs, strict=True):
         s = scores[pos : pos + len(rq)]
