@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
@@ -148,8 +149,12 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     dist: DistConfig = field(default_factory=DistConfig)
 
+    def __post_init__(self) -> None:
+        check_finite_floats(self)
+
     def validate(self, world: int = 1) -> int:
         """Cross-section checks; returns gradient-accumulation steps for this world size."""
+        check_finite_floats(self)  # a preset or a test may have set a field after construction
         if self.train.seq_len > self.model.block_size:
             raise ConfigError(
                 f"train.seq_len={self.train.seq_len} exceeds model.block_size={self.model.block_size}"
@@ -188,6 +193,18 @@ class Config:
 
 def _section_types() -> dict[str, type]:
     return {f.name: typing.get_type_hints(Config)[f.name] for f in dataclasses.fields(Config)}
+
+
+def check_finite_floats(cfg: Config) -> None:
+    """Every float field of every section must be finite: ``inf``/``nan`` in a learning rate, a clip
+    or a timeout would pass the range checks (``inf > 0``, ``nan`` compares false both ways) and
+    diverge or hang hours later. The one mechanism for all float fields, present and future."""
+    for section in dataclasses.fields(cfg):
+        sec = getattr(cfg, section.name)
+        for f in dataclasses.fields(sec):
+            value = getattr(sec, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"{section.name}.{f.name}={value!r} is not allowed; expected a finite number")
 
 
 def _check(ok: bool, key: str, value: Any, allowed: str) -> None:
@@ -235,9 +252,12 @@ def parse_value(key: str, raw: str, tp: Any) -> Any:
         raise ConfigError(f"--{key} {raw!r}: expected an integer")
     if tp is float:
         try:
-            return float(raw)
+            value = float(raw)
         except ValueError:
             raise ConfigError(f"--{key} {raw!r}: expected a number") from None
+        if not math.isfinite(value):  # float() accepts "inf", "nan", "1e999"
+            raise ConfigError(f"--{key} {raw!r}: expected a finite number")
+        return value
     if tp is str:
         return raw
     raise ConfigError(f"--{key}: fields of type {tp} cannot be set from the command line")
