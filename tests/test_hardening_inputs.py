@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 
 from gptforge.cli import main
@@ -61,3 +62,56 @@ def test_metrics_log_writes_standard_json_for_non_finite_values(tmp_path):
     assert rec["tasks"] == {"hellaswag": None, "hellaswag_str": "-inf"}
     assert rec["hist"] == [1.0, None] and rec["lr"] == 1e-3 and rec["mfu"] is None
     assert read_metrics(tmp_path)[0]["loss_str"] == "nan"  # the reader everything else uses
+
+
+# --- item 2: token ids against the model's vocabulary, checked when the shards are opened ------------
+
+def _bad_val(shard_dir, bad_id: int, at: int = 1234):
+    from gptforge.data.shards import read_shard, write_shard
+
+    path = shard_dir / "toy_val_000000.bin"
+    toks = np.array(read_shard(path, mmap=False), dtype=np.int64)
+    toks[at] = bad_id
+    write_shard(path, toks)
+    return path
+
+
+def test_out_of_vocab_id_in_the_val_shard_is_refused_before_any_step(shard_dir, tmp_path):
+    from gptforge.data.shards import TokenRangeError
+    from gptforge.training.loop import train
+
+    from .conftest import tiny_config
+
+    path = _bad_val(shard_dir, 600)  # the model has 512 ids
+    cfg = tiny_config(shard_dir, tmp_path / "run")
+    with pytest.raises(TokenRangeError) as e:
+        train(cfg)
+    msg = str(e.value)
+    assert str(path) in msg and "token id 600 at token offset 1234" in msg and "model.vocab_size=512" in msg
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()  # refused before the first step
+
+
+def test_ids_in_the_padded_vocabulary_range_are_refused(tmp_path):
+    from gptforge.data.loader import ShardLoader
+    from gptforge.data.shards import TokenRangeError, write_shard
+    from gptforge.models.gpt2 import GPTConfig
+
+    cfg = GPTConfig(vocab_size=50257, pad_vocab=True)
+    assert cfg.padded_vocab_size == 50304  # the model has rows for 50300, but they are padding
+    toks = np.full(1000, 50256, dtype=np.int64)
+    toks[777] = 50300
+    path = write_shard(tmp_path / "x_train_000000.bin", toks)
+    with pytest.raises(TokenRangeError, match="token id 50300 at token offset 777"):
+        ShardLoader([path], B=2, T=8, vocab_size=cfg.vocab_size)
+    ShardLoader([path], B=2, T=8, vocab_size=50301)  # in range: accepted
+
+
+def test_cli_vocab_smaller_than_the_data_exits_2_naming_both(shard_dir, tmp_path, capsys, monkeypatch):
+    """Item 8: --model.vocab_size below the data's largest id (here 511) names both numbers."""
+    monkeypatch.chdir(tmp_path)
+    argv = ["train", "--preset", "tiny", "--data.dir", str(shard_dir), "--model.vocab_size", "300",
+            "--train.device", "cpu", "--out", str(tmp_path / "run")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "model.vocab_size=300" in err and "largest id in this shard is 511" in err
+    assert len(err.strip().splitlines()) == 1

@@ -96,9 +96,9 @@ def train(cfg: Config, resume: str | Path | None = None, force: bool = False, st
     B, T = cfg.train.micro_batch, cfg.train.seq_len
     train_loader = ShardLoader(list_shards(cfg.data.dir, cfg.data.train_split), B, T, info.rank, info.world,
                                shuffle=cfg.data.shuffle, seed=cfg.data.shuffle_seed, eot=cfg.data.eot_token,
-                               step_tokens=cfg.train.total_batch_tokens)
+                               step_tokens=cfg.train.total_batch_tokens, vocab_size=cfg.model.vocab_size)
     val_files = list_shards(cfg.data.dir, cfg.data.val_split)
-    val_loader = ShardLoader(val_files, B, T, info.rank, info.world)
+    val_loader = ShardLoader(val_files, B, T, info.rank, info.world, vocab_size=cfg.model.vocab_size)
     val_available = sum(read_header(f)[2] for f in val_files) // (B * T * info.world)
     val_steps = max(1, min(cfg.train.val_tokens // (B * T * info.world), val_available))
 
