@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import numpy as np
 import pytest
+import torch
 
 from gptforge.cli import main
 from gptforge.config import Config, ConfigError, OptimConfig, apply_overrides
@@ -115,3 +117,87 @@ def test_cli_vocab_smaller_than_the_data_exits_2_naming_both(shard_dir, tmp_path
     err = capsys.readouterr().err
     assert "model.vocab_size=300" in err and "largest id in this shard is 511" in err
     assert len(err.strip().splitlines()) == 1
+
+
+# --- item 8: operator mistakes, one line and exit 2 before compute -----------------------------------
+
+def _train_argv(shard_dir, out, *extra):
+    return ["train", "--preset", "tiny", "--data.dir", str(shard_dir), "--model.vocab_size", "512",
+            "--train.device", "cpu", "--out", str(out), *extra]
+
+
+def _one_line_exit_2(argv, capsys, *words):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    for w in words:
+        assert w in err, err
+    return err
+
+
+def test_out_is_a_file(shard_dir, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("x")
+    _one_line_exit_2(_train_argv(shard_dir, tmp_path / "afile"), capsys, "train.out_dir=", "afile", "is a file")
+    _one_line_exit_2(_train_argv(shard_dir, tmp_path / "afile" / "run"), capsys, "cannot be created", "is a file")
+
+
+def test_out_on_a_filesystem_that_cannot_be_written(shard_dir, tmp_path, capsys, monkeypatch):
+    """sysfs refuses new entries even to root (chmod would not stop root)."""
+    monkeypatch.chdir(tmp_path)
+    _one_line_exit_2(_train_argv(shard_dir, "/sys/gptforge-run"), capsys, "/sys/gptforge-run", "cannot be written")
+
+
+def test_out_on_a_read_only_filesystem(shard_dir, tmp_path, capsys, monkeypatch):
+    import errno
+    import tempfile
+
+    def read_only(*a, **k):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(tempfile, "TemporaryFile", read_only)
+    _one_line_exit_2(_train_argv(shard_dir, tmp_path / "run"), capsys, "Read-only file system")
+    assert not (tmp_path / "run").exists()
+
+
+def test_device_cuda_without_cuda(shard_dir, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the same on a GPU machine
+    _one_line_exit_2(_train_argv(shard_dir, tmp_path / "run", "--train.device", "cuda"), capsys,
+                     "train.device='cuda'", "CUDA is not available")
+    _one_line_exit_2(_train_argv(shard_dir, tmp_path / "run", "--train.device", "gpu0"), capsys,
+                     "train.device='gpu0' is not a device")
+
+
+def test_meta_json_missing_keys(shard_dir, tmp_path, capsys, monkeypatch):
+    from gptforge.training.loop import train
+
+    from .conftest import tiny_config
+
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "run"
+    train(tiny_config(shard_dir, run, max_steps=2, val_every=0))
+    meta_path = next((run / "checkpoints").glob("step_*")) / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta_path.write_text(json.dumps({k: v for k, v in meta.items() if k != "loader"}))
+    _one_line_exit_2(["train", "--out", str(run), "--resume", "--train.max_steps", "3"], capsys,
+                     "meta.json: missing key(s) 'loader'")
+    meta_path.write_text(json.dumps({k: v for k, v in meta.items() if k != "config"}))
+    _one_line_exit_2(["sample", "--ckpt", str(run)], capsys, "meta.json: missing key(s) 'config'")
+
+
+def test_llmc_header_sizes_are_exact_past_int64(tmp_path):
+    """(L, 3C, C) with C = 2^31-1 is ~1.4e19 parameters: past int64, where numpy's product wraps."""
+    from gptforge.interop.llmc import LlmcFormatError, read_model_header
+
+    C = 2**31 - 1
+    header = np.zeros(256, dtype="<i4")
+    header[:8] = [20240326, 3, 1, 1, 1, 1, C, 1]  # magic, version, maxT, V, L, NH, C, Vp
+    path = tmp_path / "model.bin"
+    path.write_bytes(header.tobytes() + bytes(64))
+    exact = sum(math.prod(s) for s in [(1, C), (1, C), (C,), (C,), (3 * C, C), (3 * C,), (C, C), (C,), (C,), (C,),
+                                       (4 * C, C), (4 * C,), (C, 4 * C), (C,), (C,), (C,)])
+    assert exact > 2**63
+    with pytest.raises(LlmcFormatError, match=f"implies {exact:,} parameters"):
+        read_model_header(path)

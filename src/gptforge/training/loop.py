@@ -44,6 +44,7 @@ from gptforge.training.evaluate import evaluate_during_training, prepare_for_tra
 from gptforge.training.faults import elastic_restart, maybe_inject_fault, oom_advice
 from gptforge.training.observe import MetricsLog, environment, flops_per_token, fmt_duration, peak_flops
 from gptforge.training.optim import lr_at
+from gptforge.training.preflight import check_run_dir
 from gptforge.training.signals import StopFlag
 from gptforge.training.step import evaluate_loss, train_step
 
@@ -73,6 +74,8 @@ def train(cfg: Config, resume: str | Path | None = None, force: bool = False, st
     autocast, precision, compile_model = set_precision(cfg, device)
 
     run_dir = Path(cfg.train.out_dir)
+    if info.is_main:
+        check_run_dir(run_dir)  # a file or a read-only filesystem: refuse now, not at the first write
     if resume is None and elastic_restart() and ckpt.latest_checkpoint(run_dir) is not None:
         resume, force = "latest", False  # torchrun restarted us after a failure: continue, never wipe
     resume_dir = Checkpointer.find(run_dir, resume)
