@@ -201,3 +201,36 @@ def test_llmc_header_sizes_are_exact_past_int64(tmp_path):
     assert exact > 2**63
     with pytest.raises(LlmcFormatError, match=f"implies {exact:,} parameters"):
         read_model_header(path)
+
+
+# --- item 10: a Hugging Face directory of another architecture is refused, not sampled at random ---
+
+def test_hf_llama_directory_is_refused_naming_its_model_type(tmp_path, capsys, monkeypatch):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    monkeypatch.chdir(tmp_path)
+    cfg = LlamaConfig(vocab_size=50257, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64)
+    LlamaForCausalLM(cfg).save_pretrained(tmp_path / "llama")
+    capsys.readouterr()  # save_pretrained's progress bar
+    _one_line_exit_2(["sample", "--hf", str(tmp_path / "llama"), "--max-new-tokens", "2"], capsys,
+                     "model_type 'llama'", "gpt2")
+
+
+def test_hf_gpt2_directory_with_missing_weights_is_refused(tmp_path, capsys, monkeypatch):
+    from safetensors.torch import load_file, save_file
+
+    from gptforge.interop.hf import export_hf
+    from gptforge.models.gpt2 import GPT, GPTConfig
+
+    monkeypatch.chdir(tmp_path)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=32))
+    export_hf(model, tmp_path / "hf", tokenizer=False)
+    assert main(["sample", "--hf", str(tmp_path / "hf"), "--max-new-tokens", "2", "--seed", "1"]) == 0  # intact
+    capsys.readouterr()
+    weights = tmp_path / "hf" / "model.safetensors"
+    sd = load_file(weights)
+    sd = {k: v for k, v in sd.items() if ".h.1.mlp.c_fc" not in k}
+    save_file(sd, weights, metadata={"format": "pt"})
+    _one_line_exit_2(["sample", "--hf", str(tmp_path / "hf"), "--max-new-tokens", "2"], capsys,
+                     "do not fit GPT-2", "h.1.mlp.c_fc")
