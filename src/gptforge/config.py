@@ -82,8 +82,12 @@ class TrainConfig:
     log_every: int = 1  # steps between log lines
     peak_flops: float = 0.0  # device peak FLOP/s for MFU; 0 = look it up by GPU name (none on CPU)
     out_dir: str = "runs/default"
+    log_to: str = ""  # also send metrics to: tensorboard, wandb (comma-separated; extras of the same names)
 
     def __post_init__(self) -> None:
+        from gptforge.training.sinks import parse_log_to
+
+        parse_log_to(self.log_to)
         for name in ("micro_batch", "seq_len", "total_batch_tokens", "max_steps"):
             _check(getattr(self, name) > 0, f"train.{name}", getattr(self, name), "a positive integer")
         for name in ("val_every", "sample_every", "ckpt_every", "keep_ckpts", "val_tokens", "sample_tokens"):

@@ -46,6 +46,7 @@ from gptforge.training.observe import MetricsLog, environment, flops_per_token, 
 from gptforge.training.optim import lr_at
 from gptforge.training.preflight import check_run_dir
 from gptforge.training.signals import StopFlag
+from gptforge.training.sinks import open_sinks
 from gptforge.training.step import evaluate_loss, train_step
 
 
@@ -124,7 +125,8 @@ def train(cfg: Config, resume: str | Path | None = None, force: bool = False, st
     peak = peak_flops(device, precision, cfg.train.peak_flops)
 
     # --- run directory: config and environment, written once by rank 0 -------------------------------
-    metrics = MetricsLog(run_dir / "metrics.jsonl", enabled=info.is_main)
+    sinks = open_sinks(cfg.train.log_to, run_dir, start_step, cfg.to_dict()) if info.is_main else None
+    metrics = MetricsLog(run_dir / "metrics.jsonl", enabled=info.is_main, sinks=sinks)  # + TensorBoard, W&B
     if info.is_main:
         if start_over:  # --force, and only now that data and model are known to be good
             shutil.rmtree(ckpt.ckpt_root(run_dir), ignore_errors=True)
@@ -208,6 +210,7 @@ def train(cfg: Config, resume: str | Path | None = None, force: bool = False, st
     progress.close()
     metrics.write("end", result.steps_done, interrupted=result.interrupted,
                   seconds=time.perf_counter() - t_start)
+    metrics.close()
     cleanup(info)
     return result
 
