@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import secrets
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -88,7 +89,7 @@ class WandbSink:
         import wandb
 
         id_file = run_dir / "wandb_run_id"
-        run_id = id_file.read_text().strip() if id_file.exists() else wandb.util.generate_id()
+        run_id = id_file.read_text().strip() if id_file.exists() else secrets.token_hex(4)  # W&B-style 8 chars
         run_dir.mkdir(parents=True, exist_ok=True)
         id_file.write_text(run_id + "\n")
         self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "gptforge"), name=run_dir.name, id=run_id,
