@@ -85,8 +85,6 @@ class TrainConfig:
     log_to: str = ""  # also send metrics to: tensorboard, wandb (comma-separated; extras of the same names)
 
     def __post_init__(self) -> None:
-        from gptforge.training.sinks import parse_log_to
-
         parse_log_to(self.log_to)
         for name in ("micro_batch", "seq_len", "total_batch_tokens", "max_steps"):
             _check(getattr(self, name) > 0, f"train.{name}", getattr(self, name), "a positive integer")
@@ -209,6 +207,19 @@ def check_finite_floats(cfg: Config) -> None:
             value = getattr(sec, f.name)
             if isinstance(value, float) and not math.isfinite(value):
                 raise ConfigError(f"{section.name}.{f.name}={value!r} is not allowed; expected a finite number")
+
+
+LOG_TARGETS = ("tensorboard", "wandb")  # train.log_to: metrics sinks (gptforge.training.sinks)
+
+
+def parse_log_to(value: str) -> list[str]:
+    """``"tensorboard,wandb"`` -> the names; ConfigError naming ``train.log_to`` for anything else."""
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    bad = [n for n in names if n not in LOG_TARGETS]
+    if bad:
+        raise ConfigError(f"train.log_to={value!r}: unknown {', '.join(bad)}; expected a comma-separated "
+                          f"subset of {', '.join(LOG_TARGETS)} (or empty)")
+    return list(dict.fromkeys(names))
 
 
 def _check(ok: bool, key: str, value: Any, allowed: str) -> None:

@@ -22,9 +22,8 @@ import secrets
 from pathlib import Path
 from typing import Any, Protocol
 
-from gptforge.config import ConfigError
+from gptforge.config import ConfigError, parse_log_to
 
-SINKS = ("tensorboard", "wandb")
 _SKIP = {"kind", "step", "time"}
 
 
@@ -34,16 +33,6 @@ class MetricsSink(Protocol):
     def write(self, rec: dict[str, Any]) -> None: ...
 
     def close(self) -> None: ...
-
-
-def parse_log_to(value: str) -> list[str]:
-    """``"tensorboard,wandb"`` -> the names; ConfigError naming ``train.log_to`` for anything else."""
-    names = [n.strip() for n in value.split(",") if n.strip()]
-    bad = [n for n in names if n not in SINKS]
-    if bad:
-        raise ConfigError(f"train.log_to={value!r}: unknown {', '.join(bad)}; expected a comma-separated "
-                          f"subset of {', '.join(SINKS)} (or empty)")
-    return list(dict.fromkeys(names))
 
 
 def scalars(rec: dict[str, Any]) -> dict[str, float]:
