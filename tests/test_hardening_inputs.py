@@ -234,3 +234,21 @@ def test_hf_gpt2_directory_with_missing_weights_is_refused(tmp_path, capsys, mon
     save_file(sd, weights, metadata={"format": "pt"})
     _one_line_exit_2(["sample", "--hf", str(tmp_path / "hf"), "--max-new-tokens", "2"], capsys,
                      "do not fit GPT-2", "h.1.mlp.c_fc")
+
+
+def test_readers_accept_a_diverged_runs_metrics(tmp_path):
+    """plot and the web page's loss curve read the null + loss_str records without failing."""
+    pytest.importorskip("matplotlib")
+    pytest.importorskip("fastapi")
+    from gptforge.plot import plot_runs
+    from gptforge.serve.app import read_loss_curve
+
+    run = tmp_path / "run"
+    run.mkdir()
+    log = MetricsLog(run / "metrics.jsonl")
+    for step, loss in [(1, 5.0), (2, 4.0), (3, math.nan), (4, math.inf)]:
+        log.write("train", step, loss=loss, lr=1e-3, tokens=step * 100)
+    log.write("val", 2, val_loss=math.nan, tokens=200)
+    curve = read_loss_curve(run / "metrics.jsonl")
+    assert curve["train"] == [[1, 5.0], [2, 4.0]] and curve["val"] == []
+    assert plot_runs([str(run)], tmp_path / "curves.png").stat().st_size > 0
