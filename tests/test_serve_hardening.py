@@ -173,9 +173,9 @@ def slow_steps(monkeypatch):
     return calls
 
 
-def _post_and_hang_up(url: str, body: dict, after: float) -> None:
+def _post_and_hang_up(url: str, body: dict, after: float, endpoint: str = "/api/generate") -> None:
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(url + "/api/generate", json=body, timeout=httpx.Timeout(30, read=after))
+        httpx.post(url + endpoint, json=body, timeout=httpx.Timeout(30, read=after))
 
 
 def test_generate_client_leaving_stops_its_generation(model, tokenizer, slow_steps):
@@ -192,7 +192,8 @@ def test_generate_client_leaving_stops_its_generation(model, tokenizer, slow_ste
         assert slow_steps["n"] < 45  # the abandoned generation stopped, it did not run to the end
 
 
-def test_generate_client_leaving_the_queue_frees_its_slot(model, tokenizer, slow_steps):
+@pytest.mark.parametrize("endpoint", ["/api/generate", "/api/stream"])
+def test_client_leaving_the_queue_frees_its_slot(model, tokenizer, slow_steps, endpoint):
     app = create_app(model, tokenizer, ServeSettings(max_new_tokens_cap=60, max_queue=1))
     body = {"prompt": "ROMEO:", "max_new_tokens": 60, "temperature": 0, "stop_at_eot": False}
     with _Server(app) as url:
@@ -201,7 +202,7 @@ def test_generate_client_leaving_the_queue_frees_its_slot(model, tokenizer, slow
         with httpx.Client(base_url=url, timeout=30) as c:
             while c.get("/api/info").json()["queue"]["waiting"] != 0 or slow_steps["n"] == 0:
                 time.sleep(0.02)  # the first request holds the model
-            _post_and_hang_up(url, body, after=0.3)  # waits in the queue, then leaves
+            _post_and_hang_up(url, body, after=0.3, endpoint=endpoint)  # waits in the queue, then leaves
             left = time.time()
             while c.get("/api/info").json()["queue"]["waiting"] != 0:
                 assert time.time() - left < 2.0, "the departed client still holds its queue slot"

@@ -232,9 +232,14 @@ def create_app(model: torch.nn.Module, enc: tiktoken.Encoding | None = None, set
         return [{"text": t, "finish_reason": r} for t, r in zip(texts, reasons, strict=True)]
 
     @app.post("/api/stream")
-    async def stream(req: GenerateRequest):
+    async def stream(req: GenerateRequest, request: Request):
         ids, params = prepare(req)
-        await gate.acquire()  # before the response starts, so a full queue is a real 429
+        gone, watcher = watch_disconnect(request)  # only while queued: the response watches afterwards
+        try:
+            if not await acquire_unless_gone(gate, gone):  # before the response starts: a real 429
+                return _error(499, "client closed the request")
+        finally:
+            watcher.cancel()
         # Generation runs in its own task that always releases the gate, even if the response body
         # is never iterated (client gone before the first byte); the response only reads its queue.
         pieces: asyncio.Queue = asyncio.Queue()  # at most batch x max_new_tokens events: bounded
