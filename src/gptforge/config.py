@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
@@ -81,8 +82,10 @@ class TrainConfig:
     log_every: int = 1  # steps between log lines
     peak_flops: float = 0.0  # device peak FLOP/s for MFU; 0 = look it up by GPU name (none on CPU)
     out_dir: str = "runs/default"
+    log_to: str = ""  # also send metrics to: tensorboard, wandb (comma-separated; extras of the same names)
 
     def __post_init__(self) -> None:
+        parse_log_to(self.log_to)
         for name in ("micro_batch", "seq_len", "total_batch_tokens", "max_steps"):
             _check(getattr(self, name) > 0, f"train.{name}", getattr(self, name), "a positive integer")
         for name in ("val_every", "sample_every", "ckpt_every", "keep_ckpts", "val_tokens", "sample_tokens"):
@@ -148,8 +151,12 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     dist: DistConfig = field(default_factory=DistConfig)
 
+    def __post_init__(self) -> None:
+        check_finite_floats(self)
+
     def validate(self, world: int = 1) -> int:
         """Cross-section checks; returns gradient-accumulation steps for this world size."""
+        check_finite_floats(self)  # a preset or a test may have set a field after construction
         if self.train.seq_len > self.model.block_size:
             raise ConfigError(
                 f"train.seq_len={self.train.seq_len} exceeds model.block_size={self.model.block_size}"
@@ -188,6 +195,31 @@ class Config:
 
 def _section_types() -> dict[str, type]:
     return {f.name: typing.get_type_hints(Config)[f.name] for f in dataclasses.fields(Config)}
+
+
+def check_finite_floats(cfg: Config) -> None:
+    """Every float field of every section must be finite: ``inf``/``nan`` in a learning rate, a clip
+    or a timeout would pass the range checks (``inf > 0``, ``nan`` compares false both ways) and
+    diverge or hang hours later. The one mechanism for all float fields, present and future."""
+    for section in dataclasses.fields(cfg):
+        sec = getattr(cfg, section.name)
+        for f in dataclasses.fields(sec):
+            value = getattr(sec, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"{section.name}.{f.name}={value!r} is not allowed; expected a finite number")
+
+
+LOG_TARGETS = ("tensorboard", "wandb")  # train.log_to: metrics sinks (gptforge.training.sinks)
+
+
+def parse_log_to(value: str) -> list[str]:
+    """``"tensorboard,wandb"`` -> the names; ConfigError naming ``train.log_to`` for anything else."""
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    bad = [n for n in names if n not in LOG_TARGETS]
+    if bad:
+        raise ConfigError(f"train.log_to={value!r}: unknown {', '.join(bad)}; expected a comma-separated "
+                          f"subset of {', '.join(LOG_TARGETS)} (or empty)")
+    return list(dict.fromkeys(names))
 
 
 def _check(ok: bool, key: str, value: Any, allowed: str) -> None:
@@ -235,9 +267,12 @@ def parse_value(key: str, raw: str, tp: Any) -> Any:
         raise ConfigError(f"--{key} {raw!r}: expected an integer")
     if tp is float:
         try:
-            return float(raw)
+            value = float(raw)
         except ValueError:
             raise ConfigError(f"--{key} {raw!r}: expected a number") from None
+        if not math.isfinite(value):  # float() accepts "inf", "nan", "1e999"
+            raise ConfigError(f"--{key} {raw!r}: expected a finite number")
+        return value
     if tp is str:
         return raw
     raise ConfigError(f"--{key}: fields of type {tp} cannot be set from the command line")

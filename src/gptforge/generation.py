@@ -60,11 +60,24 @@ class SamplingParams:
 
 
 def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
-    """logits (B, V), seen (B, V) bool. Same rule as transformers' RepetitionPenaltyLogitsProcessor."""
+    """logits (B, V), seen (B, V) bool. Same rule as transformers' RepetitionPenaltyLogitsProcessor,
+    kept finite: an extreme penalty (1e-300 or 1e300) saturates at the dtype's range instead of
+    reaching inf, which would make the softmax NaN."""
     if penalty == 1.0:
         return logits
-    penalised = torch.where(logits < 0, logits * penalty, logits / penalty)
+    big = torch.finfo(logits.dtype).max
+    penalised = torch.where(logits < 0, logits * penalty, logits / penalty).clamp(-big, big)
     return torch.where(seen, penalised, logits)
+
+
+def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """logits / temperature, numerically safe for any finite temperature > 0: relative to each row's
+    maximum (so nothing overflows to +inf and the best token stays at 0) and in float64 where the
+    temperature would underflow the logits' dtype. As temperature -> 0 this becomes greedy."""
+    shifted = logits - logits.amax(dim=-1, keepdim=True)  # <= 0 (the max is finite: logits are clamped)
+    if temperature < torch.finfo(logits.dtype).tiny * 2**10:
+        return (shifted.double() / temperature).to(logits.dtype)  # -inf for all but the row's maxima
+    return shifted / temperature
 
 
 def filter_logits(logits: torch.Tensor, top_k: int | None, top_p: float | None) -> torch.Tensor:
@@ -76,6 +89,7 @@ def filter_logits(logits: torch.Tensor, top_k: int | None, top_p: float | None) 
         sorted_logits, idx = torch.sort(logits, descending=True, dim=-1)
         probs = F.softmax(sorted_logits, dim=-1)
         remove = probs.cumsum(dim=-1) - probs >= top_p  # mass before this token already reaches top_p
+        remove[..., 0] = False  # the most likely token always stays (a top_p that rounds to 0 in float32)
         sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
         logits = torch.full_like(logits, float("-inf")).scatter(-1, idx, sorted_logits)
     return logits
@@ -86,7 +100,7 @@ def _pick(logits: torch.Tensor, p: SamplingParams, seen: torch.Tensor, gen: torc
     logits = apply_repetition_penalty(logits.float(), seen, p.repetition_penalty)
     if p.temperature == 0:
         return logits.argmax(dim=-1)
-    probs = F.softmax(filter_logits(logits / p.temperature, p.top_k, p.top_p), dim=-1)
+    probs = F.softmax(filter_logits(apply_temperature(logits, p.temperature), p.top_k, p.top_p), dim=-1)
     return torch.multinomial(probs, 1, generator=gen).squeeze(-1)
 
 

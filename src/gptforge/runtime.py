@@ -29,7 +29,12 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
         if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
             return torch.device("mps")
         return torch.device("cpu")
-    dev = torch.device(name)
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        raise DeviceUnavailable(f"train.device={name!r} is not a device; use auto, cpu, cuda, cuda:N or mps") from None
+    if dev.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise DeviceUnavailable(f"train.device={name!r} but MPS is not available here; use --train.device cpu or auto")
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             raise DeviceUnavailable(

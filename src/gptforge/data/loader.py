@@ -13,7 +13,10 @@ up to the next one; the tail of a document split across shards stays at the shar
 from ``(seed, epoch, shard)``. Every rank draws the same permutations; the mode and seed are part of
 the state, so a resumed run continues the same order.
 
-    >>> loader = ShardLoader(list_shards("data/shakespeare", "train"), B=8, T=128)
+``vocab_size`` (the model's): every shard is checked up front for ids outside the vocabulary (one
+vectorised pass per shard, see :func:`gptforge.data.shards.check_token_ids`).
+
+    >>> loader = ShardLoader(list_shards("data/shakespeare", "train"), B=8, T=128, vocab_size=50257)
     >>> x, y = loader.next_batch()
 """
 
@@ -24,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gptforge.data.shards import ShardError, read_header, read_shard
+from gptforge.data.shards import ShardError, check_token_ids, read_header, read_shard
 from gptforge.tokens import EOT
 
 SHUFFLE_MODES = ("off", "shards", "documents")
@@ -32,7 +35,7 @@ SHUFFLE_MODES = ("off", "shards", "documents")
 
 class ShardLoader:
     def __init__(self, files: list[Path], B: int, T: int, rank: int = 0, world: int = 1, shuffle: str = "off",
-                 seed: int = 0, eot: int = EOT, step_tokens: int | None = None):
+                 seed: int = 0, eot: int = EOT, step_tokens: int | None = None, vocab_size: int | None = None):
         if not files:
             raise ShardError("no shard files given")
         if shuffle not in SHUFFLE_MODES:
@@ -53,6 +56,8 @@ class ShardLoader:
                     f"{f}: {n} tokens is fewer than one step needs (B*T*world+1 = {need}); "
                     "lower train.micro_batch / train.seq_len or add data"
                 )
+            if vocab_size is not None:  # every id must have an embedding row: refuse now, not hours in
+                check_token_ids(f, vocab_size)
         self.reset()
 
     def reset(self) -> None:

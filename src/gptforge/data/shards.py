@@ -27,6 +27,10 @@ class ShardError(ValueError):
     """A shard file that is missing, truncated or not in the llm.c format."""
 
 
+class TokenRangeError(ShardError):
+    """A shard holds a token id the model has no embedding row for (or only a padding row)."""
+
+
 def magic_for(max_token: int) -> int:
     return 20240520 if max_token < 2**16 else 20240801
 
@@ -93,6 +97,30 @@ def read_shard(path: str | os.PathLike, mmap: bool = True) -> np.ndarray:
     if mmap:
         return np.memmap(path, dtype=dtype, mode="r", offset=HEADER_BYTES, shape=(n,))
     return np.fromfile(path, dtype=dtype, offset=HEADER_BYTES, count=n)
+
+
+def check_token_ids(path: str | os.PathLike, vocab_size: int, tokens: np.ndarray | None = None) -> int:
+    """Refuse a shard holding an id >= ``vocab_size``; return its largest id (-1 when empty).
+
+    One vectorised ``max`` over the memory-mapped tokens (about disk speed: ~0.1 s per 100M-token
+    shard from the page cache); the offending offset is searched for only when the check fails.
+    ``vocab_size`` is the model's real vocabulary, not the padded one: ids in the padded range
+    (50257..50303 for GPT-2) would index embedding rows the loss masks out, so they are refused too.
+    Without this an out-of-range id is a raw IndexError on CPU, a device-side assert on a GPU, hours in.
+    """
+    toks = read_shard(path) if tokens is None else tokens
+    if toks.size == 0:
+        return -1
+    hi = int(toks.max())
+    if hi >= vocab_size:
+        offset = int(np.argmax(toks >= vocab_size))
+        raise TokenRangeError(
+            f"{path}: token id {int(toks[offset])} at token offset {offset} is outside model.vocab_size="
+            f"{vocab_size} (ids 0..{vocab_size - 1}; the largest id in this shard is {hi}). The data was "
+            f"tokenized with a larger vocabulary: set --model.vocab_size {hi + 1} or more (GPT-2's is 50257), "
+            "or re-create the shards with the model's tokenizer"
+        )
+    return hi
 
 
 def list_shards(data_dir: str | os.PathLike, split: str) -> list[Path]:

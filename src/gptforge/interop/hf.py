@@ -14,11 +14,15 @@ tokenizer files (``vocab.json`` + ``merges.txt``) are derived offline from the t
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
+from gptforge.errors import CheckpointError
+from gptforge.models.registry import FAMILIES
 from gptforge.tokens import EOT, EOT_TEXT, GPT2_VOCAB
 
 # HF GPT-2 uses Conv1D (weight shape (in, out)); we use nn.Linear (out, in).
@@ -27,21 +31,78 @@ CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight"
 IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias")
 
 
+# Hugging Face ``config.json`` model_type -> the gptforge model family that implements it, from the
+# registry (Family.hf_model_type). Anything else is refused by name instead of loading as a randomly
+# initialised GPT-2; a family registered with hf_model_type="llama" plugs in with no change here.
+HF_MODEL_TYPES: dict[str, str] = {f.hf_model_type: f.name for f in FAMILIES.values() if f.hf_model_type}
+
+
+class HFModelError(CheckpointError):
+    """A Hugging Face directory/model gptforge cannot load faithfully; the message names what was found."""
+
+
+def hf_model_type(name_or_dir: str) -> str:
+    """``model_type`` from a local directory's config.json, or the hub config of a model name."""
+    local = Path(name_or_dir)
+    if local.is_dir():
+        cfg_path = local / "config.json"
+        if not cfg_path.is_file():
+            raise FileNotFoundError(f"{local}: no config.json; give a directory written by save_pretrained()")
+        try:
+            cfg = json.loads(cfg_path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise HFModelError(f"{cfg_path}: not valid JSON ({e})") from None
+        if not isinstance(cfg, dict) or not isinstance(cfg.get("model_type"), str):
+            raise HFModelError(f"{cfg_path}: no 'model_type' string; is this a Hugging Face model directory?")
+        return cfg["model_type"]
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(name_or_dir).model_type
+    except (OSError, ValueError) as e:
+        raise FileNotFoundError(
+            f"could not load Hugging Face model {name_or_dir!r}: {e}\n"
+            "Give a hub name (needs network) or a directory written by save_pretrained()."
+        ) from e
+
+
+def hf_family(name_or_dir: str) -> str:
+    """The gptforge family that loads this Hugging Face model, or HFModelError naming its model_type."""
+    model_type = hf_model_type(name_or_dir)
+    if model_type not in HF_MODEL_TYPES:
+        raise HFModelError(
+            f"{name_or_dir}: config.json model_type {model_type!r} is not a model family gptforge implements "
+            f"(it loads {', '.join(sorted(HF_MODEL_TYPES))}); refusing rather than sampling from random weights"
+        )
+    return HF_MODEL_TYPES[model_type]
+
+
 def load_hf_state_dict(name_or_dir: str) -> tuple[dict, dict[str, torch.Tensor]]:
-    """Return (config dict, state dict) of a HF GPT-2 model from a hub name or local directory."""
+    """Return (config dict, state dict) of a HF GPT-2 model from a hub name or local directory.
+    Refuses another architecture (by ``model_type``) and a checkpoint whose weights do not all
+    fit (missing, unexpected or mis-shaped), naming them."""
     try:
         from transformers import GPT2LMHeadModel
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise RuntimeError(
             "loading Hugging Face weights needs `transformers`: pip install 'gptforge[hf]'"
         ) from e
+    family = hf_family(name_or_dir)
+    if family != "gpt2":
+        raise HFModelError(f"{name_or_dir}: a {family} model; the GPT-2 loader cannot read it")
     try:
-        hf = GPT2LMHeadModel.from_pretrained(name_or_dir)
+        with _quiet_transformers():  # its load report and progress bar: we judge the report ourselves
+            hf, report = GPT2LMHeadModel.from_pretrained(name_or_dir, output_loading_info=True)
     except OSError as e:
         raise FileNotFoundError(
             f"could not load Hugging Face model {name_or_dir!r}: {e}\n"
             "Give a hub name (needs network) or a directory written by save_pretrained()."
         ) from e
+    bad = {k: [str(x) for x in report.get(k, ()) if not str(x).endswith(IGNORED_SUFFIXES)]
+           for k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
+    if any(bad.values()):
+        found = "; ".join(f"{k.split('_')[0]} {v[:3]}{' ...' if len(v) > 3 else ''}" for k, v in bad.items() if v)
+        raise HFModelError(f"{name_or_dir}: its weights do not fit GPT-2 ({found}); refusing a partly random model")
     c = hf.config
     cfg = dict(n_layer=c.n_layer, n_head=c.n_head, n_embd=c.n_embd, n_positions=c.n_positions, vocab_size=c.vocab_size)
     return cfg, hf.state_dict()
@@ -62,6 +123,21 @@ def load_hf(name_or_dir: str, **overrides):
     if missing or unexpected:
         raise ValueError(f"weights do not fit the model: missing {missing}, unexpected {unexpected}")
     return model.eval()
+
+
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    from transformers.utils import logging as hf_logging
+
+    level, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+        if bars:
+            hf_logging.enable_progress_bar()
 
 
 def hf_to_gptforge(sd_hf: dict[str, torch.Tensor], cfg) -> dict[str, torch.Tensor]:

@@ -18,6 +18,7 @@ Tokenizer file (``write_tokenizer``): 256 int32 — magic 20240328, version 2, v
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -77,7 +78,9 @@ def read_model_header(path: str | Path) -> dict[str, int]:
     f = dict(version=int(h[1]), maxT=int(h[2]), V=int(h[3]), L=int(h[4]), NH=int(h[5]), C=int(h[6]), Vp=int(h[7]))
     if min(f["maxT"], f["V"], f["L"], f["NH"], f["C"]) <= 0 or f["Vp"] < f["V"] or f["C"] % f["NH"]:
         raise LlmcFormatError(f"{path}: inconsistent header {f} (need positive sizes, Vp >= V, C divisible by NH)")
-    n = sum(int(np.prod(s)) for _, s in _param_shapes(f["L"], f["C"], f["maxT"], f["Vp"]))
+    # Python ints: the header's int32 sizes multiply past int64, where numpy would wrap silently and a
+    # crafted header could then "match" a small file
+    n = sum(math.prod(s) for _, s in _param_shapes(f["L"], f["C"], f["maxT"], f["Vp"]))
     want = HEADER_INTS * 4 + n * VERSIONS[f["version"]].itemsize
     if size != want:
         raise LlmcFormatError(f"{path}: {size} bytes, but the header {f} implies {n:,} parameters = {want} bytes; "
@@ -97,7 +100,7 @@ def read_llmc_model(path: str | Path, flash: bool = True) -> GPT:
     sd: dict[str, torch.Tensor] = {}
     off = 0
     for name, shape in _param_shapes(L, C, maxT, Vp):
-        n = int(np.prod(shape))
+        n = math.prod(shape)
         t = flat[off : off + n].view(shape).float()
         off += n
         if name in GLOBAL_KEYS:

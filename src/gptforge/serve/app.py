@@ -11,9 +11,11 @@ the same request answered as server-sent events (``data: {"row", "text"}`` per p
 run's loss curve from its ``metrics.jsonl``.
 
 Bad input never reaches the model: malformed JSON -> 400, a value out of range -> 422 naming the
-field, a prompt that does not fit the context or a ``max_new_tokens`` over the cap -> 400, a body
-over the size limit -> 413, more waiting requests than ``max_queue`` -> 429. One request runs on the
-model at a time (a lock); the rest wait in a bounded queue.
+field (sampling ranges from the same ``SamplingParams.check`` the CLI uses), a prompt that does not
+fit the context or a ``max_new_tokens`` over the cap -> 400, a body over the size limit -> 413 (counted
+on the bytes read, so a chunked body is cut off too), more waiting requests than ``max_queue`` -> 429.
+One request runs on the model at a time (a lock); the rest wait in a bounded queue. A client that
+hangs up leaves the queue, or stops its generation at the next token (``serve/limits.py``).
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
+
+from gptforge.serve.limits import BodyLimit, acquire_unless_gone, watch_disconnect
 
 if TYPE_CHECKING:
     import tiktoken
@@ -60,10 +64,11 @@ class GenerateRequest(BaseModel):
     prompt: str | None = Field(None, description="the text to continue")
     prompts: list[str] | None = Field(None, min_length=1, description="several prompts, generated as one batch")
     max_new_tokens: int | None = Field(None, ge=1, description="default: 64 or the server's cap if lower")
-    temperature: float = Field(1.0, ge=0, le=100, allow_inf_nan=False, description="0 = greedy")
-    top_k: int = Field(50, ge=0, description="0 = off")
-    top_p: float = Field(1.0, gt=0, le=1, allow_inf_nan=False, description="1 = off")
-    repetition_penalty: float = Field(1.0, gt=0, le=100, allow_inf_nan=False, description="1 = off")
+    # ranges are checked in one place for the API and the CLI: SamplingParams.check (422 naming the field)
+    temperature: float = Field(1.0, description="0 = greedy; finite, >= 0")
+    top_k: int = Field(50, description="0 = off; >= 0")
+    top_p: float = Field(1.0, description="1 = off; in (0, 1]")
+    repetition_penalty: float = Field(1.0, description="1 = off; finite, > 0")
     seed: int | None = Field(None, ge=0, lt=2**63)
     stop: list[str] = Field(default_factory=list, max_length=8, description="stop sequences")
     stop_at_eot: bool = True
@@ -132,7 +137,7 @@ def read_loss_curve(path: str | Path | None, max_points: int = 2000) -> dict[str
 def create_app(model: torch.nn.Module, enc: tiktoken.Encoding | None = None, settings: ServeSettings | None = None,
                metrics_path: str | Path | None = None) -> FastAPI:
     """The FastAPI app around one loaded model (tests build it directly and call it in-process)."""
-    from gptforge.generation import SamplingParams, complete, stream_text
+    from gptforge.generation import SamplingParams, stream_text
 
     if enc is None:
         from gptforge.data.tokenizer import get_tokenizer
@@ -144,12 +149,7 @@ def create_app(model: torch.nn.Module, enc: tiktoken.Encoding | None = None, set
     block = model.config.block_size
     app = FastAPI(title="gptforge", description="Talk to a gptforge model.")
 
-    @app.middleware("http")
-    async def limit_body(request: Request, call_next):
-        size = request.headers.get("content-length")
-        if size is not None and (not size.isdigit() or int(size) > settings.max_body_bytes):
-            return _error(413, f"request body of {size} bytes is over the limit of {settings.max_body_bytes}")
-        return await call_next(request)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)  # on the bytes read, chunked too
 
     @app.exception_handler(RequestValidationError)
     async def on_invalid(request: Request, exc: RequestValidationError):
@@ -201,19 +201,45 @@ def create_app(model: torch.nn.Module, enc: tiktoken.Encoding | None = None, set
         return await run_in_threadpool(read_loss_curve, metrics_path)
 
     @app.post("/api/generate")
-    async def generate(req: GenerateRequest):
+    async def generate(req: GenerateRequest, request: Request):
         ids, params = prepare(req)
-        await gate.acquire()
+        # A client that hangs up leaves the queue, or stops its generation at the next token.
+        gone, watcher = watch_disconnect(request)
         try:
-            results = await run_in_threadpool(complete, model, enc, ids, params)
+            if not await acquire_unless_gone(gate, gone):
+                return _error(499, "client closed the request")
+            try:
+                results = await _collect(stream_text(model, enc, ids, params), len(ids), gone)
+            finally:
+                gate.release()
         finally:
-            gate.release()
+            watcher.cancel()
+        if gone.is_set():
+            return _error(499, "client closed the request")  # nobody is there to read it
         return {"completions": results}
 
+    async def _collect(it, n_rows: int, gone: asyncio.Event) -> list[dict]:
+        """complete() one token step at a time, each in a worker thread, checking for a hang-up between."""
+        texts, reasons = [""] * n_rows, [None] * n_rows
+        done = object()
+        try:
+            while not gone.is_set() and (ev := await run_in_threadpool(next, it, done)) is not done:
+                texts[ev.row] += ev.text
+                if ev.finished:
+                    reasons[ev.row] = ev.reason
+        finally:
+            it.close()
+        return [{"text": t, "finish_reason": r} for t, r in zip(texts, reasons, strict=True)]
+
     @app.post("/api/stream")
-    async def stream(req: GenerateRequest):
+    async def stream(req: GenerateRequest, request: Request):
         ids, params = prepare(req)
-        await gate.acquire()  # before the response starts, so a full queue is a real 429
+        gone, watcher = watch_disconnect(request)  # only while queued: the response watches afterwards
+        try:
+            if not await acquire_unless_gone(gate, gone):  # before the response starts: a real 429
+                return _error(499, "client closed the request")
+        finally:
+            watcher.cancel()
         # Generation runs in its own task that always releases the gate, even if the response body
         # is never iterated (client gone before the first byte); the response only reads its queue.
         pieces: asyncio.Queue = asyncio.Queue()  # at most batch x max_new_tokens events: bounded

@@ -117,7 +117,25 @@ def finalize_checkpoint(run_dir: str | Path, tmp: Path, meta: dict[str, Any], ke
     return final
 
 
-def read_meta(ckpt_dir: str | Path) -> dict[str, Any]:
+META_KEYS = ("config", "step")  # every checkpoint's meta.json: enough to build and load the model
+RESUME_META_KEYS = (*META_KEYS, "loader", "rng")  # and to continue training exactly
+
+
+def read_meta(ckpt_dir: str | Path, required: tuple[str, ...] = META_KEYS) -> dict[str, Any]:
+    """meta.json as a dict; a missing required key is a CheckpointError naming it (not a KeyError later)."""
+    meta = _read_meta_json(ckpt_dir)
+    missing = [k for k in required if k not in meta]
+    if missing:
+        raise CheckpointError(
+            f"{Path(ckpt_dir) / 'meta.json'}: missing key(s) {', '.join(map(repr, missing))}; the checkpoint's "
+            "meta.json is incomplete or was not written by gptforge (re-save it, or use another checkpoint)"
+        )
+    if not isinstance(meta.get("config", {}), dict):
+        raise CheckpointError(f"{Path(ckpt_dir) / 'meta.json'}: 'config' is not an object; the checkpoint is damaged")
+    return meta
+
+
+def _read_meta_json(ckpt_dir: str | Path) -> dict[str, Any]:
     ckpt_dir = Path(ckpt_dir)
     meta_path = ckpt_dir / "meta.json"
     if not meta_path.exists():
@@ -126,9 +144,12 @@ def read_meta(ckpt_dir: str | Path) -> dict[str, Any]:
             "Give a checkpoint directory such as runs/NAME/checkpoints/step_000300, or a run directory."
         )
     try:
-        return json.loads(meta_path.read_text())
+        meta = json.loads(meta_path.read_text())
     except json.JSONDecodeError as e:
         raise CheckpointError(f"{meta_path}: not valid JSON ({e}); the checkpoint is damaged") from e
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{meta_path}: not a JSON object; the checkpoint is damaged")
+    return meta
 
 
 def resolve_checkpoint(path: str | Path) -> Path:

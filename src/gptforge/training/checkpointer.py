@@ -49,7 +49,7 @@ class Checkpointer:
         self.resume_from = resume_from
         self.format = "dcp" if info.fsdp else "file"  # the format this run writes
         self.extra_meta = dict(extra_meta or {})  # written into every meta.json (git SHA, ...)
-        self.meta = files.read_meta(resume_from) if resume_from is not None else None
+        self.meta = files.read_meta(resume_from, files.RESUME_META_KEYS) if resume_from is not None else None
         self.sharded = resume_from is not None and dcp.is_sharded(resume_from)  # the format it reads
         self._carried_optim: dict | None = None
 

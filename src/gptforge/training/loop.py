@@ -44,7 +44,9 @@ from gptforge.training.evaluate import evaluate_during_training, prepare_for_tra
 from gptforge.training.faults import elastic_restart, maybe_inject_fault, oom_advice
 from gptforge.training.observe import MetricsLog, environment, flops_per_token, fmt_duration, peak_flops
 from gptforge.training.optim import lr_at
+from gptforge.training.preflight import check_run_dir
 from gptforge.training.signals import StopFlag
+from gptforge.training.sinks import open_sinks
 from gptforge.training.step import evaluate_loss, train_step
 
 
@@ -73,6 +75,8 @@ def train(cfg: Config, resume: str | Path | None = None, force: bool = False, st
     autocast, precision, compile_model = set_precision(cfg, device)
 
     run_dir = Path(cfg.train.out_dir)
+    if info.is_main:
+        check_run_dir(run_dir)  # a file or a read-only filesystem: refuse now, not at the first write
     if resume is None and elastic_restart() and ckpt.latest_checkpoint(run_dir) is not None:
         resume, force = "latest", False  # torchrun restarted us after a failure: continue, never wipe
     resume_dir = Checkpointer.find(run_dir, resume)
@@ -96,9 +100,9 @@ def train(cfg: Config, resume: str | Path | None = None, force: bool = False, st
     B, T = cfg.train.micro_batch, cfg.train.seq_len
     train_loader = ShardLoader(list_shards(cfg.data.dir, cfg.data.train_split), B, T, info.rank, info.world,
                                shuffle=cfg.data.shuffle, seed=cfg.data.shuffle_seed, eot=cfg.data.eot_token,
-                               step_tokens=cfg.train.total_batch_tokens)
+                               step_tokens=cfg.train.total_batch_tokens, vocab_size=cfg.model.vocab_size)
     val_files = list_shards(cfg.data.dir, cfg.data.val_split)
-    val_loader = ShardLoader(val_files, B, T, info.rank, info.world)
+    val_loader = ShardLoader(val_files, B, T, info.rank, info.world, vocab_size=cfg.model.vocab_size)
     val_available = sum(read_header(f)[2] for f in val_files) // (B * T * info.world)
     val_steps = max(1, min(cfg.train.val_tokens // (B * T * info.world), val_available))
 
@@ -121,7 +125,8 @@ def train(cfg: Config, resume: str | Path | None = None, force: bool = False, st
     peak = peak_flops(device, precision, cfg.train.peak_flops)
 
     # --- run directory: config and environment, written once by rank 0 -------------------------------
-    metrics = MetricsLog(run_dir / "metrics.jsonl", enabled=info.is_main)
+    sinks = open_sinks(cfg.train.log_to, run_dir, start_step, cfg.to_dict()) if info.is_main else None
+    metrics = MetricsLog(run_dir / "metrics.jsonl", enabled=info.is_main, sinks=sinks)  # + TensorBoard, W&B
     if info.is_main:
         if start_over:  # --force, and only now that data and model are known to be good
             shutil.rmtree(ckpt.ckpt_root(run_dir), ignore_errors=True)
@@ -205,6 +210,7 @@ def train(cfg: Config, resume: str | Path | None = None, force: bool = False, st
     progress.close()
     metrics.write("end", result.steps_done, interrupted=result.interrupted,
                   seconds=time.perf_counter() - t_start)
+    metrics.close()
     cleanup(info)
     return result
 

@@ -11,6 +11,7 @@ token counted two ways (both reported by the bench command):
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import subprocess
@@ -102,19 +103,47 @@ def environment(device: torch.device) -> dict[str, Any]:
     return env
 
 
-class MetricsLog:
-    """Append-only JSON lines: one object per event, each with ``kind`` and ``step``."""
+def _finite_or_null(fields: dict[str, Any]) -> dict[str, Any]:
+    """Standard JSON has no NaN/Infinity: a non-finite float becomes ``null`` and a sibling
+    ``<key>_str`` keeps what it was ("nan", "inf" or "-inf"), at any nesting depth."""
+    out: dict[str, Any] = {}
+    for k, v in fields.items():
+        if isinstance(v, dict):
+            v = _finite_or_null(v)
+        elif isinstance(v, (list, tuple)):  # no room for a sibling: non-finite entries become null
+            v = [x if not isinstance(x, float) or math.isfinite(x) else None for x in v]
+        elif isinstance(v, float) and not math.isfinite(v):
+            out[f"{k}_str"] = str(v)  # "nan", "inf", "-inf"
+            v = None
+        out[k] = v
+    return out
 
-    def __init__(self, path: str | Path, enabled: bool = True):
+
+class MetricsLog:
+    """Append-only JSON lines: one object per event, each with ``kind`` and ``step``.
+
+    Every line is standard JSON (``allow_nan=False``): a diverged loss is written as
+    ``"loss": null, "loss_str": "nan"``, so strict parsers (jq, JavaScript, pandas) read it too.
+    ``sinks`` (TensorBoard, W&B; :mod:`gptforge.training.sinks`) receive the same records."""
+
+    def __init__(self, path: str | Path, enabled: bool = True, sinks: list | None = None):
         self.path = Path(path)
         self.enabled = enabled
+        self.sinks = list(sinks or []) if enabled else []
 
     def write(self, kind: str, step: int, **fields: Any) -> None:
         if not self.enabled:
             return
-        rec = {"kind": kind, "step": step, "time": round(time.time(), 3), **fields}
+        rec = _finite_or_null({"kind": kind, "step": step, "time": round(time.time(), 3), **fields})
         with open(self.path, "a") as f:
-            f.write(json.dumps(rec) + "\n")
+            f.write(json.dumps(rec, allow_nan=False) + "\n")
+        for sink in self.sinks:
+            sink.write(rec)
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            sink.close()
+        self.sinks = []
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:

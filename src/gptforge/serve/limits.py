@@ -1,0 +1,118 @@
+"""What protects the server from its clients: a request-body limit on the bytes actually received,
+and a client that hangs up freeing its place in the queue and stopping its generation.
+
+    app.add_middleware(BodyLimit, max_bytes=1_000_000)
+    gone = watch_disconnect(request)             # an asyncio.Event set when the client leaves
+    if await acquire_unless_gone(gate, gone): ...
+
+Content-Length alone is not a limit: a chunked body has none and would be read whole. BodyLimit
+counts the body as it arrives and answers 413 as soon as the count passes the limit, without reading
+the rest (the server then closes the connection).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any, Protocol
+
+from fastapi import HTTPException, Request
+
+
+class BodyTooLarge(HTTPException):
+    """Raised from the body stream once it passes the limit; FastAPI answers it as an HTTP 413."""
+
+    def __init__(self, detail: str):
+        super().__init__(413, detail)
+
+
+class BodyLimit:
+    """Pure ASGI middleware: 413 for a declared Content-Length over ``max_bytes``, and for a body
+    (chunked or lying about its length) whose received bytes pass it."""
+
+    def __init__(self, app: Any, max_bytes: int):
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = self.max_bytes
+        declared = dict(scope.get("headers") or ()).get(b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > limit):
+            await _json(send, 413, f"request body of {declared.decode('latin-1')} bytes is over the limit of {limit}")
+            return
+        received = 0
+        started = False
+
+        async def counted_receive() -> dict:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise BodyTooLarge(f"request body is over the limit of {limit} bytes (stopped reading at "
+                                       f"{received}; chunked bodies are counted too)")
+            return message
+
+        async def tracked_send(message: dict) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, counted_receive, tracked_send)
+        except BodyTooLarge as e:  # raised outside a route's exception handling (normally handled inside)
+            if started:
+                raise
+            await _json(send, 413, str(e.detail))
+
+
+async def _json(send: Any, status: int, msg: str) -> None:
+    body = json.dumps({"error": msg}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def watch_disconnect(request: Request) -> tuple[asyncio.Event, asyncio.Task]:
+    """An event set when the client disconnects (after its body was read), and the watching task to
+    cancel when the response is done."""
+    gone = asyncio.Event()
+
+    async def watch() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        gone.set()
+
+    return gone, asyncio.create_task(watch())
+
+
+class Gate(Protocol):
+    async def acquire(self) -> None: ...
+
+    def release(self) -> None: ...
+
+
+async def acquire_unless_gone(gate: Gate, gone: asyncio.Event) -> bool:
+    """Wait for the model; False (holding nothing, out of the queue) if the client left first.
+    A full queue still raises the gate's 429 at once."""
+    acquiring = asyncio.ensure_future(gate.acquire())
+    leaving = asyncio.ensure_future(gone.wait())
+    try:
+        await asyncio.wait({acquiring, leaving}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        leaving.cancel()
+    if not acquiring.done():
+        acquiring.cancel()
+        try:
+            await acquiring
+        except asyncio.CancelledError:
+            return False  # left the queue without the lock
+    acquiring.result()  # re-raises a 429
+    if gone.is_set():
+        gate.release()
+        return False
+    return True
