@@ -99,9 +99,7 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
         k = k.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
         v = v.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
-        past = 0
         if kv_cache is not None:
-            past = kv_cache.length
             k, v = kv_cache.update(layer, k, v)  # (B, nh, past+T, hs)
         Tk = k.size(2)
         dropout_p = self.dropout if self.training else 0.0
