@@ -102,7 +102,7 @@ def bench_one(cfg: Config, steps: int, warmup: int, device: torch.device, trace:
     with tempfile.TemporaryDirectory() as tmp:
         need = B * T * grad_accum * (steps + warmup) + 1
         shard = _synthetic_shard(Path(tmp), min(need, 50_000_000) + B * T + 1, cfg.model.vocab_size)
-        loader = ShardLoader([shard], B, T)
+        loader = ShardLoader([shard], B, T, vocab_size=cfg.model.vocab_size)
         model = build_model(cfg.model).to(device)
         optimizer = build_optimizer(model, cfg.optim, device.type)
         wrapped = wrap_model(model, info, compile_model)
