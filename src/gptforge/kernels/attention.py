@@ -55,12 +55,16 @@ def sdpa_problem(backend: str, device: torch.device, dtype: torch.dtype, head_si
     """Why ``backend`` cannot run causal attention on ``device`` in ``dtype``, or None (probed)."""
     if backend == "auto":
         return None
+    where = f"{device.type} {str(dtype).replace('torch.', '')} head size {head_size}"
+    if device.type != "cuda" and backend not in CPU_BACKENDS:
+        return (f"model.attn_backend={backend}: SDPA has no {backend} kernel on {where} (CPU has "
+                f"{', '.join(CPU_BACKENDS)}); use --model.attn_backend auto")
     q = torch.randn(1, 2, 16, head_size, device=device, dtype=dtype)
     try:
-        sdpa_for(backend)(q, q, q, is_causal=True)
+        with sdpa_kernel(BACKENDS[backend]):
+            F.scaled_dot_product_attention(q, q, q, is_causal=True)
     except RuntimeError as e:
         first = str(e).strip().splitlines()[0][:160]
-        return (f"model.attn_backend={backend}: SDPA has no {backend} kernel for {device.type} "
-                f"{str(dtype).replace('torch.', '')} head size {head_size} here ({first}); "
-                f"use --model.attn_backend auto")
+        return (f"model.attn_backend={backend}: SDPA has no {backend} kernel for {where} here ({first}); "
+                "use --model.attn_backend auto")
     return None
