@@ -63,17 +63,18 @@ def test_parse_llmc_log_reads_the_table_memory_and_steps():
         parse_llmc_log("allocating 25218 MiB for activations\n", "x.log")
 
 
-def _tiny_bench(tmp_path) -> dict:
+def _tiny_bench(tmp_path, switches: list[str] | None = None) -> dict:
     cfg = get_preset("tiny")
     cfg.model.vocab_size = 256
     cfg.train.device = "cpu"
     cfg.train.peak_flops = 1e12
-    run_bench(cfg, steps=2, warmup=1, out=str(tmp_path / "gf.json"))
+    run_bench(cfg, steps=2, warmup=1, out=str(tmp_path / "gf.json"), switches=switches)
     return json.loads((tmp_path / "gf.json").read_text())
 
 
-def test_compare_recomputes_both_with_one_formula_and_peak(tmp_path):
-    gf = _tiny_bench(tmp_path)  # a real bench JSON (CPU, tiny shape); the log is made at the same shape
+def test_compare_recomputes_both_with_one_formula_and_peak(tmp_path, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    gf = _tiny_bench(tmp_path, ["model.attn_backend=math", "model.fused_ce=true"])  # a real bench JSON (CPU, tiny shape); the log is made at the same shape
     r = gf["results"][0]
     log = llmc_log(B=r["micro_batch"], T=r["seq_len"], total=r["tokens_per_step"])
     c = compare(parse_llmc_log(log), gf, skip=3, smi={"llmc": "1000\n1500\n29000\n28000\n", "gptforge": None})
@@ -88,6 +89,9 @@ def test_compare_recomputes_both_with_one_formula_and_peak(tmp_path):
     assert g["mfu"] == pytest.approx((6 * r["params"] + 6 * m["n_layer"] * m["n_embd"] * T) * r["tokens_per_s"] / 989.4e12)
     assert c["ratio_tokens_per_s"] == pytest.approx(r["tokens_per_s"] / lc["tokens_per_s"])
     assert lc["peak_MiB_device"] == 28000 and lc["peak_MiB_alloc"] == 27032 and g["peak_MiB_device"] is None
+    assert list(c["systems"]) == ["llm.c", "gptforge", "gptforge model.attn_backend=math", "gptforge model.fused_ce=true"]
+    assert c["systems"]["gptforge model.attn_backend=math"]["switches"]["attn_backend"] == "math"
+    assert "model.fused_ce=true" in c["systems"]["gptforge model.fused_ce=true"]["skipped"]
     with pytest.raises(ReportError, match="the runs differ"):
         compare(parse_llmc_log(llmc_log()), gf, skip=3)
 

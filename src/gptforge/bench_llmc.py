@@ -9,7 +9,7 @@ llm.c's ``train_gpt2cu`` prints a parameter table (``| micro batch size B    | 6
 ``step    9/16 | loss ... | lr ... | 1000.12 ms | 42.5% bf16 MFU | 524288 tok/s`` (its tok/s is an
 EMA; here tokens/s is recomputed from the median step time after ``--skip`` warm-up steps, as
 ``gptforge bench`` does). Both MFUs use llm.c's formula, 6N + 6LCT FLOPs per token, and the same
-peak (llm.c's ``peak TFlops`` line, else gptforge's datasheet value). Peak memory: gptforge's
+peak (llm.c's ``peak TFlops`` line, else gptforge's datasheet value). Each ``--switch`` that ``gptforge bench`` timed becomes a further row. Peak memory: gptforge's
 CUDA allocator peak and llm.c's allocation total; when the script samples ``nvidia-smi`` during
 each run, the device-level peak above the idle baseline is reported for both, which is the only
 like-for-like figure (it includes the CUDA context, cuBLAS/cuDNN workspaces and allocator slack).
@@ -84,10 +84,10 @@ def smi_peak_mib(csv_text: str) -> float | None:
 
 def compare(llmc: dict, gf_report: dict, skip: int, smi: dict[str, str | None] | None = None) -> dict:
     """One row per system and the ratio gptforge / llm.c, both MFUs by llm.c's formula and one peak."""
-    runs = [r for r in gf_report.get("results", []) if "tokens_per_s" in r]
-    if not runs:
-        raise ReportError("gptforge bench JSON has no measured result (skipped or failed?)")
-    gf = runs[0]
+    results = gf_report.get("results") or [{}]
+    gf = results[0]
+    if "tokens_per_s" not in gf:
+        raise ReportError(f"gptforge bench did not measure its base config: {gf.get('skipped', 'no result')}")
     if (gf["micro_batch"], gf["seq_len"], gf["tokens_per_step"]) != (llmc["B"], llmc["T"], llmc["total_batch"]):
         raise ReportError(
             f"the runs differ: gptforge B={gf['micro_batch']} T={gf['seq_len']} total={gf['tokens_per_step']}, "
@@ -95,24 +95,30 @@ def compare(llmc: dict, gf_report: dict, skip: int, smi: dict[str, str | None] |
         )
     peak = llmc["peak_flops"] or gf.get("peak_flops")
     model = gf_report["config"]["model"]
-    gf_fpt = 6 * gf["params"] + 6 * model["n_layer"] * model["n_embd"] * gf["seq_len"]
     lc_fpt = 6 * llmc["params"] + 6 * llmc["L"] * llmc["C"] * llmc["T"]
     lc = summarize_llmc(llmc, skip)
     smi = smi or {}
-    rows = {
-        "llm.c": {**lc, "mfu": lc_fpt * lc["tokens_per_s"] / peak if peak else None,
-                  "peak_MiB_alloc": llmc["alloc_MiB"], "peak_MiB_device": smi_peak_mib(smi.get("llmc") or "")},
-        "gptforge": {"ms_per_step": gf["ms_per_step"], "tokens_per_s": gf["tokens_per_s"],
-                     "mfu": gf_fpt * gf["tokens_per_s"] / peak if peak else None,
-                     "peak_MiB_alloc": gf.get("cuda_max_allocated_MiB"),
-                     "peak_MiB_device": smi_peak_mib(smi.get("gptforge") or ""),
-                     "switches": gf.get("switches")},
-    }
+    rows: dict[str, dict] = {"llm.c": {**lc, "mfu": lc_fpt * lc["tokens_per_s"] / peak if peak else None,
+                                       "peak_MiB_alloc": llmc["alloc_MiB"],
+                                       "peak_MiB_device": smi_peak_mib(smi.get("llmc") or "")}}
+    for i, r in enumerate(gf_report["results"]):  # the config as given, then each --switch (same process)
+        name = "gptforge" if i == 0 else f"gptforge {r['name']}"
+        if "tokens_per_s" not in r:
+            rows[name] = {"skipped": r.get("skipped", "no result")}
+            continue
+        fpt = 6 * r["params"] + 6 * model["n_layer"] * model["n_embd"] * r["seq_len"]
+        rows[name] = {"ms_per_step": r["ms_per_step"], "tokens_per_s": r["tokens_per_s"],
+                      "mfu": fpt * r["tokens_per_s"] / peak if peak else None,
+                      "peak_MiB_alloc": r.get("cuda_max_allocated_MiB"),
+                      # nvidia-smi sees the whole bench process: one config's peak only when it ran alone
+                      "peak_MiB_device": smi_peak_mib(smi.get("gptforge") or "") if len(results) == 1 else None,
+                      "switches": r.get("switches"), "vs_llmc": r["tokens_per_s"] / lc["tokens_per_s"]}
     return {
         "device": llmc["device"], "B": llmc["B"], "T": llmc["T"], "total_batch": llmc["total_batch"],
         "peak_flops": peak, "params": {"llm.c": llmc["params"], "gptforge": gf["params"]},
         "env": gf_report.get("env"), "date": gf_report.get("date"),
         "systems": rows, "ratio_tokens_per_s": gf["tokens_per_s"] / lc["tokens_per_s"],
+        "gptforge_process_peak_MiB_device": smi_peak_mib(smi.get("gptforge") or ""),
     }
 
 
@@ -120,11 +126,15 @@ def format_comparison(c: dict) -> str:
     def f(v, spec):
         return format(v, spec) if v is not None else "n/a"
 
+    w = max(len(n) for n in c["systems"])
     lines = [f"{c['device']} | B {c['B']} T {c['T']} | {c['total_batch']:,} tokens/step",
-             f"{'system':<10} {'ms/step':>9} {'tokens/s':>11} {'MFU':>7} {'peak MiB (alloc)':>17} {'peak MiB (device)':>18}"]
+             f"{'system':<{w}} {'ms/step':>9} {'tokens/s':>11} {'MFU':>7} {'peak MiB (alloc)':>17} {'peak MiB (device)':>18}"]
     for name, r in c["systems"].items():
+        if "skipped" in r:
+            lines.append(f"{name:<{w}} skipped: {r['skipped']}")
+            continue
         mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a"
-        lines.append(f"{name:<10} {r['ms_per_step']:>9.1f} {r['tokens_per_s']:>11,.0f} {mfu:>7} "
+        lines.append(f"{name:<{w}} {r['ms_per_step']:>9.1f} {r['tokens_per_s']:>11,.0f} {mfu:>7} "
                      f"{f(r['peak_MiB_alloc'], ',.0f'):>17} {f(r['peak_MiB_device'], ',.0f'):>18}")
     lines.append(f"gptforge / llm.c tokens/s: {c['ratio_tokens_per_s']:.3f}x")
     return "\n".join(lines)
