@@ -2,7 +2,7 @@
 # gptforge against llm.c on the same GPU, in one command: build llm.c's train_gpt2cu from a checkout,
 # run it and `gptforge bench` at the same B, T and total batch on the same token shard, one after the
 # other in this process tree, then print both tokens/s, MFU (llm.c's formula, one peak) and peak
-# memory, the ratio, and a JSON file (parsing and the report: src/gptforge/bench_llmc.py).
+# memory, the ratio, and a JSON file (parsing and the report: src/gptforge/bench/llmc.py).
 #
 #   scripts/bench_vs_llmc.sh ../shared/reference/llm.c                      # GPT-2 124M, B 64, T 1024, 524288
 #   scripts/bench_vs_llmc.sh LLMC_DIR -b 32 -x 20 --cudnn 1 -- --switch model.fused_ce=true
@@ -72,7 +72,7 @@ make -C "$BUILD" "${MAKE_ARGS[@]}" > "$OUT/llmc-build.log" 2>&1 || { tail -30 "$
 
 # --- the same tokens for both: a uniform-random GPT-2 shard in the llm.c format -------------------------
 SHARD="$OUT/tokens_train.bin"
-"$PY" -m gptforge.bench_llmc shard "$SHARD" --tokens $((D * X + B * T + 1 > 20000000 ? 20000000 : D * X + B * T + 1))
+"$PY" -m gptforge.bench.llmc shard "$SHARD" --tokens $((D * X + B * T + 1 > 20000000 ? 20000000 : D * X + B * T + 1))
 
 sample_memory() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i "${CUDA_VISIBLE_DEVICES:-0}" -lms 250 > "$1" & echo $!; }
 
@@ -90,5 +90,5 @@ SMI=$(sample_memory "$OUT/gptforge.smi"); sleep 1
   > "$OUT/gptforge.log" 2>&1 || { kill "$SMI"; tail -20 "$OUT/gptforge.log" >&2; die "gptforge bench failed (log: $OUT/gptforge.log)"; }
 kill "$SMI"
 
-"$PY" -m gptforge.bench_llmc report --llmc-log "$OUT/llmc.log" --gptforge-json "$OUT/gptforge.json" --skip "$W" \
+"$PY" -m gptforge.bench.llmc report --llmc-log "$OUT/llmc.log" --gptforge-json "$OUT/gptforge.json" --skip "$W" \
   --llmc-smi "$OUT/llmc.smi" --gptforge-smi "$OUT/gptforge.smi" --json "$OUT/compare.json"

@@ -1,4 +1,4 @@
-"""The llm.c comparison's parsing and report (gptforge.bench_llmc) and its script's refusals, on CPU.
+"""The llm.c comparison's parsing and report (gptforge.bench.llmc) and its script's refusals, on CPU.
 
 The llm.c log below is written by hand from the printf formats in llm.c's train_gpt2.cu (the
 parameter table, ``device memory usage``, and ``step %4d/%d | loss %7.6f (%+.2fz)| norm ... | %.2f ms
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from gptforge.bench import run_bench
-from gptforge.bench_llmc import ReportError, compare, main, parse_llmc_log, smi_peak_mib
+from gptforge.bench.llmc import ReportError, compare, main, parse_llmc_log, smi_peak_mib
+from gptforge.bench.train import run_bench
 from gptforge.presets import get_preset
 
 ROOT = Path(__file__).resolve().parents[1]

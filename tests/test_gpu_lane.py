@@ -105,7 +105,7 @@ def test_bench_ladder_runs_on_cuda_in_a_fresh_process(tmp_path):
 
 def test_eval_scoring_on_cuda_bf16_matches_cpu_float32():
     from gptforge.eval.scorer import score_requests
-    from gptforge.training.precision import autocast_for
+    from gptforge.runtime import autocast_for
 
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=64, block_size=64)).eval()

@@ -1,8 +1,8 @@
 """gptforge against llm.c on the same GPU: parse both runs and report them side by side.
 
     scripts/bench_vs_llmc.sh ../shared/reference/llm.c -b 64 -t 1024 -d 524288   # builds, runs, calls this
-    python -m gptforge.bench_llmc shard OUT/tokens.bin --tokens 2000000            # the shard both read
-    python -m gptforge.bench_llmc report --llmc-log llmc.log --gptforge-json gf.json --json compare.json
+    python -m gptforge.bench.llmc shard OUT/tokens.bin --tokens 2000000            # the shard both read
+    python -m gptforge.bench.llmc report --llmc-log llmc.log --gptforge-json gf.json --json compare.json
 
 llm.c's ``train_gpt2cu`` prints a parameter table (``| micro batch size B    | 64 ...``), then
 ``device memory usage: X MiB / Y MiB`` once its buffers are allocated, then one line per step:
@@ -145,7 +145,7 @@ def _read(path: str | None) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m gptforge.bench_llmc", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m gptforge.bench.llmc", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("shard", help="write a uniform-random GPT-2 token shard (llm.c format) for both runs")
     s.add_argument("path")
