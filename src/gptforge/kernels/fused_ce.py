@@ -12,6 +12,10 @@ d(logits) for backward, and backward is the two matmuls scaled by the incoming g
 from ``vocab_size`` to Vp (the padding to a multiple of 128) get no probability and a zero
 gradient; targets equal to -1 are ignored (no loss, zero gradient), as in ``F.cross_entropy``.
 The loss is the mean over the non-ignored rows (NaN when every row is ignored, like PyTorch).
+Targets are not range-checked (that would cost a host sync per micro-step): the loader's tokens
+are < vocab_size by construction. No row chunking is needed to keep float32 logits from existing:
+the kernel upcasts in registers, and the one full-size buffer is the bf16 logits/d(logits), which
+backward needs whole (llm.c keeps the same buffer).
 
 The kernel needs ``triton``; on CPU it runs only under ``TRITON_INTERPRET=1`` (tests). The model
 uses it for training forwards when ``model.fused_ce`` is true; evaluation and generation keep the
