@@ -18,11 +18,10 @@ ROOT = Path(gptforge.__file__).parent
 # bottom -> top; a module belongs to the first (longest) prefix that names it
 LAYERS: list[list[str]] = [
     ["gptforge", "gptforge.tokens", "gptforge.errors", "gptforge.runtime", "gptforge.assets"],
-    ["gptforge.models", "gptforge.data"],
+    ["gptforge.models", "gptforge.data", "gptforge.kernels"],  # kernels: torch/triton only, used by the models
     ["gptforge.config", "gptforge.presets", "gptforge.eval", "gptforge.generation", "gptforge.interop"],
     ["gptforge.training"],
-    ["gptforge.load", "gptforge.bench", "gptforge.plan", "gptforge.plot", "gptforge.serve", "gptforge.rl",
-     "gptforge.kernels"],
+    ["gptforge.load", "gptforge.bench", "gptforge.plan", "gptforge.plot", "gptforge.serve", "gptforge.rl"],
     ["gptforge.cli", "gptforge.__main__"],
 ]
 

@@ -22,6 +22,8 @@ from gptforge.models.gpt2 import GPTConfig
 from gptforge.models.registry import model_config, switch_family
 from gptforge.tokens import EOT
 
+COMPILE_MODES = ("default", "max-autotune", "max-autotune-no-cudagraphs", "reduce-overhead")
+
 
 class ConfigError(ValueError):
     """A bad key or value in the configuration; the message names it and what is allowed."""
@@ -72,6 +74,7 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # autocast dtype; auto = bf16 on CUDA
     compile: Optional[bool] = None  # torch.compile the model; None = on for CUDA
+    compile_mode: str = "default"  # torch.compile mode: default | max-autotune | max-autotune-no-cudagraphs | reduce-overhead
     tf32: bool = True  # TF32 matmuls for float32 work on Ampere+ GPUs
     val_every: int = 250  # steps between validation-loss evaluations (0 = never; always at the end)
     val_tokens: int = 10_485_760  # tokens per validation (llm.c: 20 steps x 524288 / ... ), capped by data
@@ -91,6 +94,7 @@ class TrainConfig:
         for name in ("val_every", "sample_every", "ckpt_every", "keep_ckpts", "val_tokens", "sample_tokens"):
             _check(getattr(self, name) >= 0, f"train.{name}", getattr(self, name), "an integer >= 0")
         _check(self.log_every >= 1, "train.log_every", self.log_every, "an integer >= 1")
+        _check(self.compile_mode in COMPILE_MODES, "train.compile_mode", self.compile_mode, ", ".join(COMPILE_MODES))
 
     def grad_accum(self, world: int = 1) -> int:
         per_step = self.micro_batch * self.seq_len * world

@@ -10,6 +10,9 @@ what is measured. Per configuration it reports ms/step (median of the timed step
 by llm.c's formula (6N + 6LCT FLOPs/token) and by PaLM's (6N' + 12LCT), the forward / backward /
 optimizer / data-wait split, and peak memory (CUDA allocator peak, or process max RSS on CPU).
 
+``--switch KEY=VALUE`` (repeatable) times the config as given, then once per switch with it applied:
+each speed switch on and off side by side in one process (``--switch model.fused_ce=true``).
+
 ``--ladder`` reproduces the seeds' speed ladder side by side in one process: fp32 -> +TF32 ->
 +bf16 autocast -> +torch.compile -> +flash attention -> +padded vocab -> +fused AdamW. A rung whose
 switch the device cannot do is reported as skipped with the reason, never measured as something else.
@@ -31,7 +34,7 @@ import numpy as np
 import torch
 
 from gptforge.bench.timing import machine, sync, write_json
-from gptforge.config import Config
+from gptforge.config import Config, ConfigError, apply_overrides
 from gptforge.data.loader import ShardLoader
 from gptforge.data.shards import write_shard
 from gptforge.models.registry import build_model
@@ -40,6 +43,7 @@ from gptforge.training.distributed import DistInfo, wrap_model
 from gptforge.training.observe import environment, flops_per_token, peak_flops
 from gptforge.training.optim import build_optimizer, fused_available, lr_at
 from gptforge.training.step import PhaseTimer, train_step
+from gptforge.training.switches import switch_problem
 
 
 @dataclass
@@ -60,6 +64,14 @@ LADDER = [
 ]
 
 
+def apply_switch(cfg: Config, spec: str) -> Config:
+    """A copy of ``cfg`` with ``KEY=VALUE[,KEY=VALUE...]`` applied (``model.fused_ce=true``)."""
+    pairs = [p.split("=", 1) for p in spec.split(",")]
+    if any(len(p) != 2 for p in pairs):
+        raise ConfigError(f"--switch {spec!r}: expected KEY=VALUE[,KEY=VALUE], e.g. model.fused_ce=true")
+    return apply_overrides(copy.deepcopy(cfg), [f"--{k}={v}" for k, v in pairs])
+
+
 def _set(cfg: Config, key: str, value: Any) -> None:
     section, name = key.split(".", 1)
     setattr(getattr(cfg, section), name, value)
@@ -74,7 +86,7 @@ def unsupported(cfg: Config, device: torch.device) -> str | None:
         return "bf16 is not supported on this GPU"
     if cfg.optim.fused and not fused_available(device.type):
         return f"fused AdamW is not available on {device.type}"
-    return None
+    return switch_problem(cfg, device)  # fused_ce, lm_head_fp8, attn_backend, compile_mode
 
 
 def _synthetic_shard(folder: Path, n_tokens: int, vocab: int, seed: int = 0) -> Path:
@@ -97,6 +109,7 @@ def bench_one(cfg: Config, steps: int, warmup: int, device: torch.device, trace:
     autocast, precision, compile_model = set_precision(cfg, device)
     B, T = cfg.train.micro_batch, cfg.train.seq_len
     if device.type == "cuda":
+        torch.cuda.init()  # the allocator's stats need CUDA initialised: the ladder's fp32 rung touches it first here
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
     with tempfile.TemporaryDirectory() as tmp:
@@ -105,7 +118,7 @@ def bench_one(cfg: Config, steps: int, warmup: int, device: torch.device, trace:
         loader = ShardLoader([shard], B, T, vocab_size=cfg.model.vocab_size)
         model = build_model(cfg.model).to(device)
         optimizer = build_optimizer(model, cfg.optim, device.type)
-        wrapped = wrap_model(model, info, compile_model)
+        wrapped = wrap_model(model, info, compile_model, compile_mode=cfg.train.compile_mode)
         model.train()
         timer = PhaseTimer(device)
         step_times, phases = [], []
@@ -154,6 +167,9 @@ def bench_one(cfg: Config, steps: int, warmup: int, device: torch.device, trace:
         "params": n_params,
         "precision": precision, "compile": compile_model,
         "flash": cfg.model.flash, "pad_vocab": cfg.model.pad_vocab,
+        "switches": {"fused_ce": getattr(cfg.model, "fused_ce", False),
+                     "lm_head_fp8": getattr(cfg.model, "lm_head_fp8", False),
+                     "attn_backend": getattr(cfg.model, "attn_backend", "auto"), "compile_mode": cfg.train.compile_mode},
         "fused_adamw": bool(optimizer.defaults.get("fused")),
         "mfu_llmc": flops_per_token(cfg.model, n_params, T, "llmc") * tok_s / peak if peak else None,
         "mfu_palm": flops_per_token(cfg.model, n_params, T, "palm") * tok_s / peak if peak else None,
@@ -181,6 +197,7 @@ def run_bench(
     ladder: bool = False,
     trace: str | None = None,
     sweep_micro_batch: list[int] | None = None,
+    switches: list[str] | None = None,
 ) -> dict:
     device = resolve_device(cfg.train.device)
     skipped: dict[str, str] = {}
@@ -196,6 +213,8 @@ def run_bench(
             variants.append((rung.name, copy.deepcopy(c)))
     else:
         variants.append((cfg.train.out_dir.rsplit("/", 1)[-1] or "run", cfg))
+    for spec in switches or []:  # --switch model.fused_ce=true: the base config, then each switch on its own
+        variants.append((spec, apply_switch(cfg, spec)))
     runs: list[tuple[str, Config]] = []
     for name, c in variants:  # x micro-batch sizes
         for b in sweep_micro_batch or [None]:

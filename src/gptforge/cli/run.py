@@ -97,6 +97,8 @@ def args_bench(p: argparse.ArgumentParser) -> None:
                    help="run the speed ladder fp32 -> tf32 -> bf16 -> compile -> flash -> pad vocab -> fused AdamW")
     p.add_argument("--sweep-micro-batch", metavar="B1,B2,...", help="time the preset at each micro-batch size")
     p.add_argument("--trace", help="write a torch.profiler Chrome trace of the timed steps to this file")
+    p.add_argument("--switch", action="append", metavar="KEY=VALUE[,KEY=VALUE]",
+                   help="also time the config with this change (repeatable), e.g. model.fused_ce=true")
 
 
 def cmd_bench(args: argparse.Namespace, overrides: list[str]) -> int:
@@ -110,7 +112,7 @@ def cmd_bench(args: argparse.Namespace, overrides: list[str]) -> int:
     if args.steps < 1 or args.warmup < 0:
         raise CliError("--steps must be >= 1 and --warmup >= 0")
     run_bench(cfg, steps=args.steps, warmup=args.warmup, out=args.json, ladder=args.ladder, trace=args.trace,
-              sweep_micro_batch=sweep)
+              sweep_micro_batch=sweep, switches=args.switch)
     return 0
 
 

@@ -17,6 +17,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from gptforge.kernels.attention import sdpa_for
 from gptforge.tokens import GPT2_VOCAB, PAD_MULTIPLE
 
 # name -> (n_layer, n_head, n_embd). The four OpenAI sizes plus tiny CPU sizes.
@@ -49,6 +50,9 @@ class GPTConfig:
     bias: bool = True
     flash: bool = True  # F.scaled_dot_product_attention; False = explicit matmul + softmax
     recompute: str = "none"  # activation recomputation: none | mlp | block
+    attn_backend: str = "auto"  # SDPA kernel: auto | cudnn | flash | efficient | math (gptforge.kernels.attention)
+    fused_ce: bool = False  # training loss via the fused Triton classifier (gptforge.kernels.fused_ce)
+    lm_head_fp8: bool = False  # lm_head matmul in rowwise-scaled float8 (gptforge.kernels.fp8)
 
     def __post_init__(self) -> None:
         if self.arch != "gpt2":
@@ -59,6 +63,12 @@ class GPTConfig:
             raise ValueError(f"model.recompute={self.recompute!r}; allowed: none, mlp, block")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"model.dropout={self.dropout} must be in [0, 1)")
+        if self.attn_backend not in ("auto", "cudnn", "flash", "efficient", "math"):
+            raise ValueError(f"model.attn_backend={self.attn_backend!r}; allowed: auto, cudnn, flash, efficient, math")
+        if self.attn_backend != "auto" and not self.flash:
+            raise ValueError(f"model.attn_backend={self.attn_backend} picks an SDPA kernel; it needs model.flash=true")
+        if self.fused_ce and self.lm_head_fp8:
+            raise ValueError("model.fused_ce and model.lm_head_fp8 cannot be combined yet; switch one off")
 
     @property
     def padded_vocab_size(self) -> int:
@@ -82,6 +92,7 @@ class CausalSelfAttention(nn.Module):
         self.n_embd = cfg.n_embd
         self.flash = cfg.flash
         self.dropout = cfg.dropout
+        self.sdpa = sdpa_for(cfg.attn_backend)  # F.scaled_dot_product_attention, maybe pinned to one kernel
         self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)  # q, k, v for all heads
         self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.c_proj.RESIDUAL_SCALE = True  # type: ignore[attr-defined]  # see GPT._init_weights
@@ -106,8 +117,8 @@ class CausalSelfAttention(nn.Module):
         # attn_mask (B or 1, 1, T, Tk) bool, True = may attend, built once per forward by GPT.forward;
         # None means plain causal attention (T == Tk), or every cached key (one new token)
         if self.flash:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
-                                               is_causal=attn_mask is None and T == Tk and T > 1)
+            y = self.sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
+                          is_causal=attn_mask is None and T == Tk and T > 1)
         else:
             att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))  # (B, nh, T, Tk)
             if attn_mask is None and T == Tk:
@@ -232,8 +243,9 @@ class GPT(nn.Module):
         kv_cache: KVCache | None = None,
         pos: torch.Tensor | None = None,
         attn_mask: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """idx (B, T) token ids -> logits (B, T, vocab_size), and the mean cross-entropy if targets.
+        (Training forwards with ``fused_ce`` return no logits: their buffer holds the gradient.)
 
         Logits are sliced back to the real vocabulary, so padded rows never receive probability.
         Targets equal to -1 are ignored. ``pos`` (B, T) and ``attn_mask`` (B, 1, T, Tk) bool let a
@@ -256,7 +268,17 @@ class GPT(nn.Module):
         if kv_cache is not None:
             kv_cache.advance()
         x = self.transformer.ln_f(x)
-        logits = self.lm_head(x)[..., : self.config.vocab_size]  # (B, T, vocab_size)
+        if targets is not None and self.config.fused_ce and self.training and torch.is_grad_enabled():
+            # llm.c's fused classifier: loss and d(logits) in one kernel pass; no logits are returned
+            from gptforge.kernels.fused_ce import fused_linear_cross_entropy
+
+            return None, fused_linear_cross_entropy(x, self.lm_head.weight, targets, self.config.vocab_size)
+        if self.config.lm_head_fp8:
+            from gptforge.kernels.fp8 import fp8_linear
+
+            logits = fp8_linear(x, self.lm_head.weight)[..., : self.config.vocab_size]
+        else:
+            logits = self.lm_head(x)[..., : self.config.vocab_size]  # (B, T, vocab_size)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)

@@ -93,6 +93,7 @@ def wrap_model(
     compile: bool,
     dist_cfg: DistConfig | None = None,
     param_dtype: torch.dtype | None = None,
+    compile_mode: str = "default",
 ) -> torch.nn.Module:
     """Compile, then DDP (world > 1), or FSDP2 when ``info.fsdp``. Returns the module to train with.
 
@@ -109,13 +110,13 @@ def wrap_model(
         blocks = model.blocks
         for i, block in enumerate(blocks):
             if compile:  # per-block compile composes with per-block sharding (torchtitan's order)
-                block.compile()
+                block.compile(mode=None if compile_mode == "default" else compile_mode)
             # the last block's parameters are needed again at once by backward: keep them gathered
             reshard = dist_cfg.reshard_after_forward and i < len(blocks) - 1
             fully_shard(block, mp_policy=mp, reshard_after_forward=reshard)
         fully_shard(model, mp_policy=mp, reshard_after_forward=dist_cfg.reshard_after_forward)
         return model
-    wrapped = torch.compile(model) if compile else model
+    wrapped = torch.compile(model, mode=None if compile_mode == "default" else compile_mode) if compile else model
     if info.enabled:
         from torch.nn.parallel import DistributedDataParallel as DDP
 

@@ -48,6 +48,7 @@ from gptforge.training.preflight import check_run_dir
 from gptforge.training.signals import StopFlag
 from gptforge.training.sinks import open_sinks
 from gptforge.training.step import evaluate_loss, train_step
+from gptforge.training.switches import check_switches
 
 
 @dataclass
@@ -73,6 +74,7 @@ def train(cfg: Config, resume: str | Path | None = None, force: bool = False, st
     device = info.device
     torch.manual_seed(cfg.train.seed)
     autocast, precision, compile_model = set_precision(cfg, device)
+    check_switches(cfg, device)  # fused_ce, lm_head_fp8, attn_backend, compile_mode: refused before compute
 
     run_dir = Path(cfg.train.out_dir)
     if info.is_main:
@@ -116,7 +118,7 @@ def train(cfg: Config, resume: str | Path | None = None, force: bool = False, st
     checkpointer.restore_weights(model)  # full weights, before FSDP shards them
     seed_rank(cfg.train.seed, info)  # after init: same weights everywhere, then a stream per rank
     param_dtype = torch.bfloat16 if info.fsdp and device.type == "cuda" and precision == "bfloat16" else None
-    wrapped = wrap_model(model, info, compile_model, cfg.dist, param_dtype)
+    wrapped = wrap_model(model, info, compile_model, cfg.dist, param_dtype, cfg.train.compile_mode)
     model.train()
     state = TrainState(model, build_optimizer_for(model, cfg.optim, info), train_loader)
     checkpointer.restore(state)  # optimizer, loader position, step, every rank's RNG
