@@ -136,7 +136,7 @@ class RMSNorm(nn.Module):
         return self.weight * xf.to(x.dtype)
 
 
-def rope_cos_sin(pos: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+def rope_cos_sin(pos: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotary angles for positions ``pos`` ((T,) or (B, T)) -> cos, sin of shape (..., T, head_dim).
 
     Channel i and i + head_dim/2 form a pair rotated by pos * theta^(-2i/head_dim) (HF's layout, not
@@ -145,7 +145,7 @@ def rope_cos_sin(pos: torch.Tensor, head_dim: int, theta: float, dtype: torch.dt
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=pos.device, dtype=torch.float32) / head_dim))
     freqs = pos.float()[..., None] * inv_freq  # (..., T, hd/2)
     emb = torch.cat((freqs, freqs), dim=-1)  # (..., T, hd)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
+    return emb.cos(), emb.sin()
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -154,10 +154,12 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x (B, nh, T, hd); cos/sin (T, hd) or (B, T, hd)."""
+    """x (B, nh, T, hd); cos/sin (T, hd) or (B, T, hd), float32. The rotation is done in float32 (as
+    HF does) and returned in x's dtype, so bf16 attention gets bf16 inputs with exact angles."""
     if cos.dim() == 3:  # per-row positions: broadcast over heads
         cos, sin = cos[:, None], sin[:, None]
-    return x * cos + rotate_half(x) * sin
+    xf = x.float()
+    return (xf * cos + rotate_half(xf) * sin).to(x.dtype)
 
 
 class Attention(nn.Module):
@@ -325,7 +327,7 @@ class Llama(nn.Module):
         if pos is None:
             pos = torch.arange(past, past + T, dtype=torch.long, device=idx.device)  # (T,)
         x = self.drop(self.model.embed_tokens(idx))  # (B, T, C)
-        cos, sin = rope_cos_sin(pos, cfg.head_dim, cfg.rope_theta, x.dtype)  # (T, hd) or (B, T, hd)
+        cos, sin = rope_cos_sin(pos, cfg.head_dim, cfg.rope_theta)  # (T, hd) or (B, T, hd)
         for i, block in enumerate(self.model.layers):
             if cfg.recompute == "block" and self.training and torch.is_grad_enabled():
                 x = torch.utils.checkpoint.checkpoint(block, x, cos, sin, None, i, attn_mask, use_reentrant=False)
