@@ -202,6 +202,12 @@ def test_recompute_gives_the_same_gradients():
     _close(grads["block"], grads["none"], atol=1e-6)
 
 
+def test_n_kv_head_zero_means_multi_head():
+    model = Llama(LlamaConfig(**{**ODD, "n_kv_head": 0}))
+    assert model.config.kv_heads == 6 and model.model.layers[0].self_attn.k_proj.weight.shape == (48, 48)
+    assert model.new_kv_cache(1).k.shape[2] == 6
+
+
 def test_zero_init_proj_starts_each_block_as_identity():
     model = Llama(LlamaConfig(**ODD, zero_init_proj=True))
     for block in model.model.layers:

@@ -148,7 +148,7 @@ def hf_llama_config(cfg: LlamaConfig) -> dict:
         "intermediate_size": cfg.hidden_dim,
         "num_hidden_layers": cfg.n_layer,
         "num_attention_heads": cfg.n_head,
-        "num_key_value_heads": cfg.n_kv_head,
+        "num_key_value_heads": cfg.kv_heads,
         "head_dim": cfg.head_dim,
         "hidden_act": "silu",
         "max_position_embeddings": cfg.block_size,

@@ -48,7 +48,7 @@ class LlamaConfig:
     arch: str = "llama"  # model family (the registry's key); always "llama" here
     n_layer: int = 12
     n_head: int = 12  # query heads
-    n_kv_head: int = 12  # key/value heads; n_head must be a multiple (GQA; = n_head is plain MHA)
+    n_kv_head: int = 0  # key/value heads, n_head a multiple of it (GQA); 0 = n_head (plain MHA)
     n_embd: int = 768
     intermediate_size: int = 0  # MLP width; 0 = derived (see hidden_dim)
     block_size: int = 1024  # maximum context length (rotary embeddings have no table, this is a limit)
@@ -68,12 +68,14 @@ class LlamaConfig:
     def __post_init__(self) -> None:
         if self.arch != "llama":
             raise ValueError(f"model.arch={self.arch!r} given to LlamaConfig; it only describes arch 'llama'")
-        for key in ("n_layer", "n_head", "n_kv_head", "n_embd", "block_size", "vocab_size"):
+        for key in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
             if getattr(self, key) < 1:
                 raise ValueError(f"model.{key}={getattr(self, key)} must be >= 1")
+        if self.n_kv_head < 0:
+            raise ValueError(f"model.n_kv_head={self.n_kv_head} must be >= 1 (or 0 = model.n_head)")
         if self.n_embd % self.n_head != 0:
             raise ValueError(f"model.n_embd={self.n_embd} must be divisible by model.n_head={self.n_head}")
-        if self.n_head % self.n_kv_head != 0:
+        if self.n_head % self.kv_heads != 0:
             raise ValueError(f"model.n_head={self.n_head} must be divisible by model.n_kv_head={self.n_kv_head} "
                              "(grouped-query attention shares each key/value head among n_head/n_kv_head queries)")
         if (self.n_embd // self.n_head) % 2 != 0:
@@ -93,6 +95,11 @@ class LlamaConfig:
             raise ValueError(f"model.norm_eps={self.norm_eps} must be > 0")
         if not (self.logit_softcap >= 0 and math.isfinite(self.logit_softcap)):
             raise ValueError(f"model.logit_softcap={self.logit_softcap} must be >= 0 (0 = off)")
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads: ``n_kv_head``, or ``n_head`` when it is 0."""
+        return self.n_kv_head or self.n_head
 
     @property
     def head_dim(self) -> int:
@@ -165,12 +172,12 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 class Attention(nn.Module):
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
-        self.n_head, self.n_kv_head, self.hd = cfg.n_head, cfg.n_kv_head, cfg.head_dim
+        self.n_head, self.n_kv_head, self.hd = cfg.n_head, cfg.kv_heads, cfg.head_dim
         self.flash = cfg.flash
         self.dropout = cfg.dropout
         self.q_proj = nn.Linear(cfg.n_embd, cfg.n_head * cfg.head_dim, bias=False)
-        self.k_proj = nn.Linear(cfg.n_embd, cfg.n_kv_head * cfg.head_dim, bias=False)
-        self.v_proj = nn.Linear(cfg.n_embd, cfg.n_kv_head * cfg.head_dim, bias=False)
+        self.k_proj = nn.Linear(cfg.n_embd, cfg.kv_heads * cfg.head_dim, bias=False)
+        self.v_proj = nn.Linear(cfg.n_embd, cfg.kv_heads * cfg.head_dim, bias=False)
         self.o_proj = nn.Linear(cfg.n_head * cfg.head_dim, cfg.n_embd, bias=False)
         self.o_proj.RESIDUAL_SCALE = True  # type: ignore[attr-defined]  # see Llama._init_weights
         if cfg.qk_norm:
@@ -347,7 +354,7 @@ class Llama(nn.Module):
     def new_kv_cache(self, batch: int, max_len: int | None = None, dtype: torch.dtype | None = None) -> KVCache:
         cfg = self.config
         p = self.lm_head.weight
-        return KVCache(cfg.n_layer, batch, cfg.n_kv_head, max_len or cfg.block_size, cfg.head_dim,
+        return KVCache(cfg.n_layer, batch, cfg.kv_heads, max_len or cfg.block_size, cfg.head_dim,
                        p.device, dtype or p.dtype)
 
     @classmethod
