@@ -8,11 +8,12 @@ no biases; plus optional QK-norm and a logit soft-cap (``cap * tanh(logits / cap
 Parameter names are Hugging Face ``LlamaForCausalLM``'s (``model.embed_tokens.weight``,
 ``model.layers.0.self_attn.q_proj.weight``, ... ``lm_head.weight``) and rotary embeddings use HF's
 ``rotate_half`` convention, so import/export is the identity key map plus the vocabulary padding
-(see ``gptforge.interop.hf_llama``). ``qk_norm`` adds ``self_attn.q_norm``/``k_norm`` (Qwen3's names)
+(``gptforge.interop.hf_llama``). ``qk_norm`` adds ``self_attn.q_norm``/``k_norm`` (Qwen3's names)
 and ``mlp="relu2"`` drops ``gate_proj``; such models have no ``LlamaForCausalLM`` equivalent.
 
-The interface is ``GPT``'s, so generation, evaluation and training use either family unchanged:
-``forward(idx, targets, kv_cache, pos, attn_mask)``, ``new_kv_cache``, ``num_parameters``.
+No optimizer, sampling or IO lives here. The interface is ``GPT``'s (see ``models.registry``), so
+generation, evaluation and training use either family unchanged: ``forward(idx, targets, kv_cache,
+pos, attn_mask)``, ``new_kv_cache``, ``num_parameters``, ``blocks``.
 
     >>> from gptforge.models.llama import Llama, LlamaConfig
     >>> model = Llama(LlamaConfig.from_preset("llama-tiny"))
@@ -197,15 +198,13 @@ class Attention(nn.Module):
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        past = 0
         if kv_cache is not None:  # the cache holds n_kv_head heads: GQA's memory saving
-            past = kv_cache.length
             k, v = kv_cache.update(layer, k, v)  # (B, nkv, past+T, hd)
         Tk = k.size(2)
         dropout_p = self.dropout if self.training else 0.0
-        if attn_mask is None and past > 0 and T > 1:  # query i sits at past+i and sees keys 0..past+i
-            attn_mask = torch.ones(T, Tk, dtype=torch.bool, device=x.device).tril(diagonal=past)
-        causal = attn_mask is None and past == 0
+        # attn_mask (B or 1, 1, T, Tk) bool, True = may attend, built once per forward by Llama.forward;
+        # None means plain causal attention (T == Tk), or every cached key (one new token)
+        causal = attn_mask is None and T == Tk and T > 1
         if self.flash:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=causal,
                                                enable_gqa=self.n_kv_head != self.n_head)
@@ -333,6 +332,8 @@ class Llama(nn.Module):
             raise ValueError(f"sequence length {past + T} exceeds block_size {cfg.block_size}")
         if pos is None:
             pos = torch.arange(past, past + T, dtype=torch.long, device=idx.device)  # (T,)
+        if attn_mask is None and past > 0 and T > 1:  # query i sits at position past+i: keys 0..past+i
+            attn_mask = torch.ones(T, past + T, dtype=torch.bool, device=idx.device).tril(diagonal=past)
         x = self.drop(self.model.embed_tokens(idx))  # (B, T, C)
         cos, sin = rope_cos_sin(pos, cfg.head_dim, cfg.rope_theta)  # (T, hd) or (B, T, hd)
         for i, block in enumerate(self.model.layers):
@@ -356,11 +357,3 @@ class Llama(nn.Module):
         p = self.lm_head.weight
         return KVCache(cfg.n_layer, batch, cfg.kv_heads, max_len or cfg.block_size, cfg.head_dim,
                        p.device, dtype or p.dtype)
-
-    @classmethod
-    def from_pretrained(cls, name_or_dir: str, **overrides) -> Llama:
-        """Load a Hugging Face ``LlamaForCausalLM`` (a local directory, or a hub name when online).
-        Configs with features gptforge does not implement are refused (see ``interop.hf_llama``)."""
-        from gptforge.interop.hf_llama import load_hf_llama
-
-        return load_hf_llama(name_or_dir, **overrides)
