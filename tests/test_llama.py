@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from gptforge.generation import SamplingParams, generate, stream_tokens
-from gptforge.interop.hf_llama import HFConfigError, export_hf_llama, load_hf_llama
+from gptforge.interop.hf_llama import HFConfigError, export_hf_llama, load_hf_llama, to_transformers
 from gptforge.models.llama import Llama, LlamaConfig
 from gptforge.training.checkpoint import load_model_weights, save_checkpoint
 
@@ -97,6 +97,15 @@ def test_export_then_hf_from_pretrained(tmp_path, tied):
     back = load_hf_llama(str(tmp_path / "hf"))
     with torch.no_grad():
         _close(back(IDX)[0], model(IDX)[0], atol=1e-6)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_to_transformers_in_memory(tied):
+    model = _llama(tie_embeddings=tied)
+    hf = to_transformers(model)
+    assert (hf.lm_head.weight is hf.model.embed_tokens.weight) == tied
+    with torch.no_grad():
+        _close(model(IDX)[0], hf(IDX).logits)
 
 
 def test_export_with_tokenizer_gpt2_vocab(tmp_path, tokenizer):

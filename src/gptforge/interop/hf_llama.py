@@ -167,6 +167,35 @@ def hf_llama_config(cfg: LlamaConfig) -> dict:
     }
 
 
+def llama_state_dict_for_hf(model: Llama) -> dict[str, torch.Tensor]:
+    """``model``'s weights under HF names: float32 on the CPU, padding sliced off, a tied head once."""
+    cfg = model.config
+    sd = {}
+    for k, v in model.state_dict().items():
+        v = v.detach().float().cpu()
+        if k in ("model.embed_tokens.weight", "lm_head.weight"):
+            v = v[: cfg.vocab_size]
+        sd[k] = v.contiguous()
+    if cfg.tie_embeddings:
+        sd.pop("lm_head.weight")  # tie_word_embeddings: stored once, as HF does
+    return sd
+
+
+def to_transformers(model: Llama):
+    """A transformers ``LlamaForCausalLM`` holding ``model``'s weights, in memory (benchmarks, tests)."""
+    from transformers import LlamaConfig as HFLlamaConfig
+    from transformers import LlamaForCausalLM
+
+    config = {k: v for k, v in hf_llama_config(model.config).items() if k not in ("architectures", "model_type")}
+    hf = LlamaForCausalLM(HFLlamaConfig(**config))
+    missing, unexpected = hf.load_state_dict(llama_state_dict_for_hf(model), strict=False)
+    if unexpected or [k for k in missing if not (model.config.tie_embeddings and k == "lm_head.weight")]:
+        raise ValueError(f"weights do not fit transformers' Llama: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    if model.config.tie_embeddings:
+        hf.tie_weights()
+    return hf.eval()
+
+
 def export_hf_llama(model: Llama, out_dir: str | Path, force: bool = False, tokenizer: bool = True) -> list[Path]:
     """Write ``model`` as a HF LlamaForCausalLM directory (safetensors + config.json [+ GPT-2 tokenizer])."""
     from safetensors.torch import save_file
@@ -176,14 +205,7 @@ def export_hf_llama(model: Llama, out_dir: str | Path, force: bool = False, toke
     if tokenizer and cfg.vocab_size != 50257:
         raise ValueError(f"model.vocab_size={cfg.vocab_size} is not GPT-2's 50257; export with tokenizer=False")
     out = check_out_dir(out_dir, force)
-    sd = {}
-    for k, v in model.state_dict().items():
-        v = v.detach().float().cpu()
-        if k in ("model.embed_tokens.weight", "lm_head.weight"):
-            v = v[: cfg.vocab_size]
-        sd[k] = v.contiguous()
-    if cfg.tie_embeddings:
-        sd.pop("lm_head.weight")  # tie_word_embeddings: stored once, as HF does
+    sd = llama_state_dict_for_hf(model)
     files = [out / "model.safetensors", out / "config.json"]
     save_file(sd, str(files[0]), metadata={"format": "pt"})
     files[1].write_text(json.dumps(config, indent=2) + "\n")
