@@ -20,14 +20,14 @@ from pathlib import Path
 
 import torch
 
-from gptforge.config import ConfigError
 from gptforge.interop.hf import _pad_rows, check_out_dir, write_hf_tokenizer
 from gptforge.models.llama import Llama, LlamaConfig
+from gptforge.tokens import EOT, GPT2_VOCAB
 
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # a buffer older transformers saved; recomputed here
 
 
-class HFConfigError(ConfigError):
+class HFConfigError(ValueError):
     """A Hugging Face config gptforge cannot load faithfully (message names the key; the CLI exits 2)."""
 
 
@@ -139,7 +139,7 @@ def hf_llama_config(cfg: LlamaConfig) -> dict:
         if value:
             raise ValueError(f"model.{key}={value!r}: Hugging Face LlamaForCausalLM has no such option, so this "
                              "model cannot be exported as a Llama (train with the default to export)")
-    gpt2_vocab = cfg.vocab_size == 50257
+    gpt2_vocab = cfg.vocab_size == GPT2_VOCAB
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -161,8 +161,8 @@ def hf_llama_config(cfg: LlamaConfig) -> dict:
         "mlp_bias": False,
         "tie_word_embeddings": cfg.tie_embeddings,
         "initializer_range": 0.02,
-        "bos_token_id": 50256 if gpt2_vocab else None,
-        "eos_token_id": 50256 if gpt2_vocab else None,
+        "bos_token_id": EOT if gpt2_vocab else None,
+        "eos_token_id": EOT if gpt2_vocab else None,
         "torch_dtype": "float32",
     }
 
@@ -202,7 +202,7 @@ def export_hf_llama(model: Llama, out_dir: str | Path, force: bool = False, toke
 
     cfg = model.config
     config = hf_llama_config(cfg)  # refuse before touching the output directory
-    if tokenizer and cfg.vocab_size != 50257:
+    if tokenizer and cfg.vocab_size != GPT2_VOCAB:
         raise ValueError(f"model.vocab_size={cfg.vocab_size} is not GPT-2's 50257; export with tokenizer=False")
     out = check_out_dir(out_dir, force)
     sd = llama_state_dict_for_hf(model)

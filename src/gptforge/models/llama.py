@@ -28,7 +28,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gptforge.models.gpt2 import GPT2_VOCAB, KVCache, padded_vocab
+from gptforge.models.gpt2 import KVCache, padded_vocab
+from gptforge.tokens import GPT2_VOCAB
 
 # name -> shape. intermediate_size 0 derives it from n_embd (see LlamaConfig.hidden_dim).
 SIZES: dict[str, dict] = {
