@@ -46,7 +46,10 @@ def load_model(source: ModelSource) -> torch.nn.Module:
         raise ValueError("give exactly one of --ckpt DIR, --hf NAME_OR_DIR, --llmc FILE or --random SIZE")
     if source.hf is not None:
         from gptforge.interop.hf import load_hf
+        from gptforge.interop.hf_llama import hf_model_type, load_hf_llama
 
+        if hf_model_type(source.hf) == "llama":
+            return load_hf_llama(source.hf)
         return load_hf(source.hf)
     if source.llmc is not None:
         from gptforge.interop.llmc import read_llmc_model

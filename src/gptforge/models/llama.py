@@ -16,7 +16,7 @@ generation, evaluation and training use either family unchanged: ``forward(idx, 
 pos, attn_mask)``, ``new_kv_cache``, ``num_parameters``, ``blocks``.
 
     >>> from gptforge.models.llama import Llama, LlamaConfig
-    >>> model = Llama(LlamaConfig.from_preset("llama-tiny"))
+    >>> model = Llama(LlamaConfig.from_size("llama-tiny"))
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ class LlamaConfig:
         return padded_vocab(self.vocab_size) if self.pad_vocab else self.vocab_size
 
     @classmethod
-    def from_preset(cls, name: str, **overrides) -> LlamaConfig:
+    def from_size(cls, name: str, **overrides) -> LlamaConfig:
         if name not in SIZES:
             raise ValueError(f"unknown model size {name!r}; known: {', '.join(SIZES)}")
         return cls(**{**SIZES[name], **overrides})
