@@ -111,7 +111,7 @@ def test_to_transformers_in_memory(tied):
 def test_export_with_tokenizer_gpt2_vocab(tmp_path, tokenizer):
     from transformers import AutoTokenizer
 
-    model = Llama(LlamaConfig.from_preset("llama-tiny"))
+    model = Llama(LlamaConfig.from_size("llama-tiny"))
     export_hf_llama(model, tmp_path / "hf")
     hf_tok = AutoTokenizer.from_pretrained(tmp_path / "hf")
     text = "ROMEO:\nBut soft! what light"
