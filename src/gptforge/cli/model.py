@@ -224,7 +224,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def args_bench_generate(p: argparse.ArgumentParser) -> None:
     p.description = "Same random GPT-2 weights in both, same prompt, greedy; warm-up, repeats, JSON."
-    p.add_argument("--size", default="gpt2", help="model size name (gpt2, d4, ...; default %(default)s)")
+    p.add_argument("--size", default="gpt2", help="model size name (gpt2, d4, llama-tiny, ...; default %(default)s)")
     p.add_argument("--batch", type=int, nargs="+", default=[1, 8])
     p.add_argument("--prompt-tokens", type=int, default=16)
     p.add_argument("--new-tokens", type=int, default=64)
