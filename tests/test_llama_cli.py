@@ -149,3 +149,31 @@ def test_bench_and_bench_generate_on_llama(tmp_path):
     assert main(["bench-generate", "--size", "llama-tiny", "--batch", "1", "3", "--new-tokens", "6",
                  "--prompt-tokens", "5", "--repeats", "1", "--device", "cpu", "--json", str(out)]) == 0
     assert all(r["same_tokens"] for r in json.loads(out.read_text())["results"])
+
+
+@pytest.mark.slow
+def test_ddp_and_fsdp_llama_match_one_process(tmp_path):
+    """World 2 (gloo, CPU) against one process with 2x accumulation: DDP, and FSDP2 sharding the Llama's
+    blocks (with block recomputation), same data and total batch, float32."""
+    from gptforge.config import DistConfig
+    from tests.test_distributed import HERE, _read, _torchrun
+
+    data = make_shards(tmp_path / "data")
+
+    def cfg(out: str, **dist):
+        c = tiny_config(data, tmp_path / out, max_steps=4, ckpt_every=0)
+        c.model = LlamaConfig(n_layer=2, n_head=4, n_kv_head=2, n_embd=32, block_size=32, vocab_size=512,
+                              recompute="block" if dist.get("fsdp") else "none")
+        c.dist = DistConfig(**dist)
+        return c
+
+    jobs = [{"config": cfg("ddp").to_dict(), "out": str(tmp_path / "ddp.json")},
+            {"config": cfg("fsdp", fsdp=True).to_dict(), "out": str(tmp_path / "fsdp.json")}]
+    (tmp_path / "jobs.json").write_text(json.dumps(jobs))
+    proc = _torchrun([str(HERE / "dist_worker.py"), str(tmp_path / "jobs.json")])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    one = train(cfg("one"))
+    for name in ("ddp", "fsdp"):
+        got = _read(tmp_path / f"{name}.json")["train"]
+        for s in range(1, 5):
+            assert got[s] == pytest.approx(one.train_losses[s], rel=2e-5, abs=1e-6), (name, s)
