@@ -52,6 +52,26 @@ def test_train_sample_export_and_load_back(llama_run, tmp_path, capsys):
     assert capsys.readouterr().out == from_ckpt
 
 
+def test_init_from_a_hf_llama_directory(llama_run, tmp_path, shard_dir):
+    from gptforge.cli.run import _init_from
+    from gptforge.models.registry import build_model
+
+    out = tmp_path / "hf"
+    assert main(["export", "hf", "--ckpt", str(llama_run), "--out", str(out), "--no-tokenizer"]) == 0
+    cfg = get_preset("tiny")  # a GPT-2 preset: --init-from brings the Llama's family and shape
+    init = _init_from(str(out), cfg)
+    assert cfg.model.arch == "llama" and cfg.model.n_kv_head == 2
+    model = build_model(cfg.model).eval()
+    init(model)
+    hf = transformers.LlamaForCausalLM.from_pretrained(out).eval()
+    idx = torch.randint(0, 50257, (1, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.allclose(model(idx)[0], hf(idx).logits, atol=1e-5, rtol=0)
+    assert main(["train", "--preset", "tiny", "--init-from", str(out), "--data.dir", str(shard_dir), "--out",
+                 str(tmp_path / "ft"), "--train.max_steps", "2", "--train.val_every", "0", "--train.device",
+                 "cpu"]) == 0
+
+
 def test_llmc_export_refuses_a_llama(llama_run, tmp_path, capsys):
     assert main(["export", "llmc", "--ckpt", str(llama_run), "--out", str(tmp_path / "llmc")]) == 2
     err = capsys.readouterr().err

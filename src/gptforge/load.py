@@ -36,8 +36,15 @@ class ModelSource:
 
     @classmethod
     def from_path(cls, path: str) -> ModelSource:
-        """A file is an llm.c model, a directory a gptforge checkpoint or run (``--init-from``)."""
-        return cls(llmc=path) if Path(path).is_file() else cls(ckpt=path)
+        """A file is an llm.c model; a directory with a ``config.json`` (and no gptforge ``meta.json``)
+        a Hugging Face ``save_pretrained`` directory; any other directory a gptforge checkpoint or run
+        (``--init-from``)."""
+        p = Path(path)
+        if p.is_file():
+            return cls(llmc=path)
+        if (p / "config.json").is_file() and not (p / "meta.json").exists():
+            return cls(hf=path)
+        return cls(ckpt=path)
 
 
 def load_model(source: ModelSource) -> torch.nn.Module:
