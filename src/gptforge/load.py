@@ -52,10 +52,10 @@ def load_model(source: ModelSource) -> torch.nn.Module:
     if len(source.given()) != 1:
         raise ValueError("give exactly one of --ckpt DIR, --hf NAME_OR_DIR, --llmc FILE or --random SIZE")
     if source.hf is not None:
-        from gptforge.interop.hf import load_hf
-        from gptforge.interop.hf_llama import hf_model_type, load_hf_llama
+        from gptforge.interop.hf import hf_family, load_hf
+        from gptforge.interop.hf_llama import load_hf_llama
 
-        if hf_model_type(source.hf) == "llama":
+        if hf_family(source.hf) == "llama":  # by config.json's model_type; an unknown one is refused there
             return load_hf_llama(source.hf)
         return load_hf(source.hf)
     if source.llmc is not None:

@@ -88,11 +88,6 @@ def _read_config(name_or_dir: str) -> dict:
                                 "Give a hub name (needs network) or a directory written by save_pretrained().") from e
 
 
-def hf_model_type(name_or_dir: str) -> str | None:
-    """The ``model_type`` of a HF directory's (or hub name's) ``config.json``: which family loads it."""
-    return _read_config(name_or_dir).get("model_type")
-
-
 def _read_weights(name_or_dir: str) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
