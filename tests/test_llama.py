@@ -240,13 +240,20 @@ def test_a_few_adamw_steps_learn(opts):
     assert losses[-1] < 0.5 * losses[0], losses
 
 
-def test_checkpoint_round_trip_keeps_the_untied_head(tmp_path):
-    model = _llama()
+@pytest.mark.parametrize("tied", [False, True])
+def test_checkpoint_round_trip(tmp_path, tied):
+    """An untied head is stored (and required on load); a tied one once, and tied again after loading."""
+    from safetensors import safe_open
+
+    model = _llama(tie_embeddings=tied)
     ck = save_checkpoint(tmp_path / "run", 1, model, None, {"config": {}})
-    fresh = Llama(LlamaConfig(**ODD))
+    with safe_open(str(ck / "model.safetensors"), "pt") as f:
+        assert ("lm_head.weight" in f.keys()) == (not tied)
+    fresh = Llama(LlamaConfig(**ODD, tie_embeddings=tied))
     load_model_weights(fresh, ck)
     for (k, a), b in zip(model.state_dict().items(), fresh.state_dict().values(), strict=True):
         assert torch.equal(a, b), k
+    assert (fresh.lm_head.weight is fresh.model.embed_tokens.weight) == tied
 
 
 # ----------------------------------------------------------------------------- bad input
