@@ -217,6 +217,11 @@ def test_n_kv_head_zero_means_multi_head():
     assert model.new_kv_cache(1).k.shape[2] == 6
 
 
+def test_attn_backend_math_gives_the_same_logits():
+    with torch.no_grad():
+        _close(_llama(attn_backend="math")(IDX)[0], _llama()(IDX)[0], atol=1e-5)
+
+
 def test_zero_init_proj_starts_each_block_as_identity():
     model = Llama(LlamaConfig(**ODD, zero_init_proj=True))
     for block in model.model.layers:
@@ -263,7 +268,8 @@ def test_checkpoint_round_trip(tmp_path, tied):
     "kw, key",
     [(dict(n_head=6, n_kv_head=4), "n_kv_head"), (dict(n_embd=50), "n_head"), (dict(mlp="gelu"), "mlp"),
      (dict(recompute="all"), "recompute"), (dict(arch="gpt2"), "arch"), (dict(logit_softcap=-1.0), "logit_softcap"),
-     (dict(n_embd=42, n_head=6, n_kv_head=2), "head size")],
+     (dict(n_embd=42, n_head=6, n_kv_head=2), "head size"), (dict(attn_backend="xformers"), "attn_backend"),
+     (dict(attn_backend="math", flash=False), "attn_backend")],
 )
 def test_config_validation_names_the_key(kw, key):
     with pytest.raises(ValueError, match=key):

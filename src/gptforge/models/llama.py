@@ -28,6 +28,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from gptforge.kernels.attention import BACKENDS, sdpa_for
 from gptforge.models.gpt2 import KVCache, padded_vocab
 from gptforge.tokens import GPT2_VOCAB
 
@@ -66,6 +67,7 @@ class LlamaConfig:
     dropout: float = 0.0
     recompute: str = "none"  # activation recomputation: none | mlp | block
     flash: bool = True  # F.scaled_dot_product_attention; False = explicit matmul + softmax
+    attn_backend: str = "auto"  # SDPA kernel: auto | cudnn | flash | efficient | math (gptforge.kernels.attention)
 
     def __post_init__(self) -> None:
         if self.arch != "llama":
@@ -89,6 +91,10 @@ class LlamaConfig:
             raise ValueError(f"model.mlp={self.mlp!r}; allowed: swiglu, relu2")
         if self.recompute not in ("none", "mlp", "block"):
             raise ValueError(f"model.recompute={self.recompute!r}; allowed: none, mlp, block")
+        if self.attn_backend not in BACKENDS:
+            raise ValueError(f"model.attn_backend={self.attn_backend!r}; allowed: {', '.join(BACKENDS)}")
+        if self.attn_backend != "auto" and not self.flash:
+            raise ValueError(f"model.attn_backend={self.attn_backend} picks an SDPA kernel; it needs model.flash=true")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"model.dropout={self.dropout} must be in [0, 1)")
         if not (self.rope_theta > 0 and math.isfinite(self.rope_theta)):
@@ -176,6 +182,7 @@ class Attention(nn.Module):
         super().__init__()
         self.n_head, self.n_kv_head, self.hd = cfg.n_head, cfg.kv_heads, cfg.head_dim
         self.flash = cfg.flash
+        self.sdpa = sdpa_for(cfg.attn_backend)  # F.scaled_dot_product_attention, maybe pinned to one kernel
         self.dropout = cfg.dropout
         self.q_proj = nn.Linear(cfg.n_embd, cfg.n_head * cfg.head_dim, bias=False)
         self.k_proj = nn.Linear(cfg.n_embd, cfg.kv_heads * cfg.head_dim, bias=False)
@@ -207,8 +214,8 @@ class Attention(nn.Module):
         # None means plain causal attention (T == Tk), or every cached key (one new token)
         causal = attn_mask is None and T == Tk and T > 1
         if self.flash:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=causal,
-                                               enable_gqa=self.n_kv_head != self.n_head)
+            y = self.sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=causal,
+                          enable_gqa=self.n_kv_head != self.n_head)
         else:
             rep = self.n_head // self.n_kv_head  # query head h reads key/value head h // rep (HF's repeat_kv)
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)  # (B, nh, Tk, hd)
