@@ -222,6 +222,51 @@ def test_attn_backend_math_gives_the_same_logits():
         _close(_llama(attn_backend="math")(IDX)[0], _llama()(IDX)[0], atol=1e-5)
 
 
+def test_fp8_lm_head_logits_close_to_plain():
+    plain, fp8 = _llama(), _llama(lm_head_fp8=True)
+    with torch.no_grad():
+        a, b = plain(IDX)[0], fp8(IDX)[0]
+    assert a.shape == b.shape and (a - b).abs().max() < 0.07 * a.abs().max()
+
+
+FUSED_CHECK = """
+import torch
+from gptforge.models.llama import Llama, LlamaConfig
+shape = dict(n_layer=2, n_head=6, n_kv_head=2, n_embd=48, block_size=32, vocab_size=101)
+torch.manual_seed(0)
+plain = Llama(LlamaConfig(**shape)).train()
+fused = Llama(LlamaConfig(**shape, fused_ce=True)).train()
+fused.load_state_dict(plain.state_dict())
+idx = torch.randint(0, 101, (2, 17))
+targets = idx.roll(-1, 1)
+targets[0, :3] = -1
+_, ref = plain(idx, targets)
+ref.backward()
+logits, got = fused(idx, targets)
+got.backward()
+assert logits is None and abs(got.item() - ref.item()) < 1e-5, (got, ref)
+grads = dict(fused.named_parameters())
+for name, p in plain.named_parameters():
+    assert torch.allclose(grads[name].grad, p.grad, atol=1e-5), name
+print("ok")
+"""
+
+
+@pytest.mark.slow  # a fresh interpreter with Triton's interpreter (TRITON_INTERPRET must precede its import)
+def test_fused_ce_loss_and_grads_equal_the_plain_loss():
+    pytest.importorskip("triton")
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(root / "src"), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-c", FUSED_CHECK], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout[-2000:] + proc.stderr[-4000:]
+
+
 def test_zero_init_proj_starts_each_block_as_identity():
     model = Llama(LlamaConfig(**ODD, zero_init_proj=True))
     for block in model.model.layers:
@@ -269,7 +314,8 @@ def test_checkpoint_round_trip(tmp_path, tied):
     [(dict(n_head=6, n_kv_head=4), "n_kv_head"), (dict(n_embd=50), "n_head"), (dict(mlp="gelu"), "mlp"),
      (dict(recompute="all"), "recompute"), (dict(arch="gpt2"), "arch"), (dict(logit_softcap=-1.0), "logit_softcap"),
      (dict(n_embd=42, n_head=6, n_kv_head=2), "head size"), (dict(attn_backend="xformers"), "attn_backend"),
-     (dict(attn_backend="math", flash=False), "attn_backend")],
+     (dict(attn_backend="math", flash=False), "attn_backend"), (dict(fused_ce=True, logit_softcap=30.0), "logit_softcap"),
+     (dict(fused_ce=True, lm_head_fp8=True), "cannot be combined")],
 )
 def test_config_validation_names_the_key(kw, key):
     with pytest.raises(ValueError, match=key):

@@ -68,6 +68,8 @@ class LlamaConfig:
     recompute: str = "none"  # activation recomputation: none | mlp | block
     flash: bool = True  # F.scaled_dot_product_attention; False = explicit matmul + softmax
     attn_backend: str = "auto"  # SDPA kernel: auto | cudnn | flash | efficient | math (gptforge.kernels.attention)
+    fused_ce: bool = False  # training loss via the fused Triton classifier (gptforge.kernels.fused_ce)
+    lm_head_fp8: bool = False  # lm_head matmul in rowwise-scaled float8 (gptforge.kernels.fp8)
 
     def __post_init__(self) -> None:
         if self.arch != "llama":
@@ -95,6 +97,11 @@ class LlamaConfig:
             raise ValueError(f"model.attn_backend={self.attn_backend!r}; allowed: {', '.join(BACKENDS)}")
         if self.attn_backend != "auto" and not self.flash:
             raise ValueError(f"model.attn_backend={self.attn_backend} picks an SDPA kernel; it needs model.flash=true")
+        if self.fused_ce and self.lm_head_fp8:
+            raise ValueError("model.fused_ce and model.lm_head_fp8 cannot be combined yet; switch one off")
+        if self.fused_ce and self.logit_softcap:
+            raise ValueError(f"model.fused_ce computes the loss from raw logits; it cannot apply model.logit_softcap="
+                             f"{self.logit_softcap}: switch one off")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"model.dropout={self.dropout} must be in [0, 1)")
         if not (self.rope_theta > 0 and math.isfinite(self.rope_theta)):
@@ -327,8 +334,9 @@ class Llama(nn.Module):
         kv_cache: KVCache | None = None,
         pos: torch.Tensor | None = None,
         attn_mask: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """idx (B, T) token ids -> logits (B, T, vocab_size), and the mean cross-entropy if targets.
+        (Training forwards with ``fused_ce`` return no logits: their buffer holds the gradient.)
 
         Same contract as ``GPT.forward``: logits sliced to the real vocabulary, targets of -1 ignored,
         ``pos`` (B, T) per-row positions and ``attn_mask`` (B, 1, T, Tk) bool for left-padded batches.
@@ -352,7 +360,17 @@ class Llama(nn.Module):
         if kv_cache is not None:
             kv_cache.advance()
         x = self.model.norm(x)
-        logits = self.lm_head(x)[..., : cfg.vocab_size]  # (B, T, vocab_size)
+        if targets is not None and cfg.fused_ce and self.training and torch.is_grad_enabled():
+            # llm.c's fused classifier: loss and d(logits) in one kernel pass; no logits are returned
+            from gptforge.kernels.fused_ce import fused_linear_cross_entropy
+
+            return None, fused_linear_cross_entropy(x, self.lm_head.weight, targets, cfg.vocab_size)
+        if cfg.lm_head_fp8:
+            from gptforge.kernels.fp8 import fp8_linear
+
+            logits = fp8_linear(x, self.lm_head.weight)[..., : cfg.vocab_size]
+        else:
+            logits = self.lm_head(x)[..., : cfg.vocab_size]  # (B, T, vocab_size)
         if cfg.logit_softcap > 0:  # bounded logits (Gemma 2, modded-nanogpt): cap * tanh(z / cap)
             logits = cfg.logit_softcap * torch.tanh(logits.float() / cfg.logit_softcap)
         loss = None
