@@ -19,7 +19,8 @@ SHAPE = dict(n_layer=2, n_head=8, n_kv_head=2, n_embd=256, block_size=128)  # GQ
 
 
 @pytest.mark.parametrize("switches", [{}, {"qk_norm": True, "mlp": "relu2", "logit_softcap": 15.0,
-                                           "zero_init_proj": True}], ids=["plain", "modded"])
+                                           "zero_init_proj": True}, {"fused_ce": True}],
+                         ids=["plain", "modded", "fused_ce"])
 def test_train_bf16_compiled_loss_falls(tmp_path, switches):
     from gptforge.training.loop import train
 
