@@ -342,6 +342,27 @@ def test_hf_configs_with_missing_features_are_refused(tmp_path, change, key):
         load_hf_llama(str(tmp_path / "hf"))
 
 
+def test_hf_directory_without_safetensors_or_with_misshapen_weights_is_refused(tmp_path):
+    from safetensors.torch import load_file
+
+    hf = _hf_llama()
+    hf.save_pretrained(tmp_path / "hf")
+    cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
+    del cfg["intermediate_size"]
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(HFConfigError, match="intermediate_size"):
+        load_hf_llama(str(tmp_path / "hf"))
+    cfg["intermediate_size"] = 64  # the weights say 72
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="gate_proj.weight"):
+        load_hf_llama(str(tmp_path / "hf"))
+    sd = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    (tmp_path / "hf" / "model.safetensors").unlink()
+    torch.save(sd, tmp_path / "hf" / "pytorch_model.bin")
+    with pytest.raises(FileNotFoundError, match="safetensors only"):  # never unpickled
+        load_hf_llama(str(tmp_path / "hf"))
+
+
 @pytest.mark.parametrize("opt, key", [(dict(qk_norm=True), "qk_norm"), (dict(mlp="relu2"), "mlp"),
                                       (dict(logit_softcap=30.0), "logit_softcap")])
 def test_export_refuses_what_hf_llama_cannot_express(tmp_path, opt, key):

@@ -9,8 +9,8 @@ before any weight is read: a model is never loaded wrong.
     >>> model = load_hf_llama("./my-llama-dir")        # a save_pretrained directory (or a hub name, online)
     >>> export_hf_llama(model, "exports/llama-hf")      # LlamaForCausalLM.from_pretrained loads it
 
-Reading a local directory needs only ``safetensors``; ``transformers`` is used for hub names and for
-directories that hold ``pytorch_model.bin`` instead of safetensors.
+Reading a local directory needs only ``safetensors``; ``transformers`` is used for hub names. Weights
+come from safetensors only, never from a pickle (``pytorch_model.bin``).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from gptforge.models.llama import Llama, LlamaConfig
 from gptforge.tokens import EOT, GPT2_VOCAB
 
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # a buffer older transformers saved; recomputed here
+REQUIRED = ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "vocab_size")
 
 
 class HFConfigError(ValueError):
@@ -41,6 +42,9 @@ def llama_config_from_hf(c: dict, **overrides) -> LlamaConfig:
     if c.get("model_type") != "llama":
         raise HFConfigError(f"Hugging Face config model_type={c.get('model_type')!r}: only 'llama' "
                             "(LlamaForCausalLM) loads into gptforge's Llama")
+    absent = [k for k in REQUIRED if not isinstance(c.get(k), int)]
+    if absent:
+        raise HFConfigError(f"Hugging Face config lacks integer {', '.join(absent)}; is this a LlamaForCausalLM config?")
     if c.get("rope_scaling"):
         kind = c["rope_scaling"].get("rope_type", c["rope_scaling"].get("type")) if isinstance(
             c["rope_scaling"], dict) else c["rope_scaling"]
@@ -100,9 +104,12 @@ def _read_weights(name_or_dir: str) -> dict[str, torch.Tensor]:
         for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
             sd.update(load_file(str(d / shard)))
         return sd
-    from transformers import LlamaForCausalLM  # hub names, pytorch_model.bin directories
+    if d.is_dir():  # weights never come from a pickle (pytorch_model.bin)
+        raise FileNotFoundError(f"{d}: no model.safetensors (or model.safetensors.index.json); gptforge reads "
+                                "Hugging Face weights from safetensors only")
+    from transformers import LlamaForCausalLM  # a hub name
 
-    return LlamaForCausalLM.from_pretrained(name_or_dir).state_dict()
+    return LlamaForCausalLM.from_pretrained(name_or_dir, use_safetensors=True).state_dict()
 
 
 def load_hf_llama(name_or_dir: str, **overrides) -> Llama:
@@ -125,6 +132,11 @@ def load_hf_llama_state_dict(model: Llama, sd_hf: dict[str, torch.Tensor]) -> No
         sd[k] = v
     if cfg.tie_embeddings:
         sd.pop("lm_head.weight", None)  # the same tensor as embed_tokens (some files store it anyway)
+    own = model.state_dict()
+    wrong = [f"{k} {tuple(v.shape)} vs {tuple(own[k].shape)}" for k, v in sd.items()
+             if k in own and v.shape != own[k].shape]
+    if wrong:
+        raise ValueError(f"weights do not fit the config's shapes: {'; '.join(wrong[:3])}")
     missing, unexpected = model.load_state_dict(sd, strict=False)
     missing = [k for k in missing if not (cfg.tie_embeddings and k == "lm_head.weight")]
     if missing or unexpected:
