@@ -36,8 +36,15 @@ class ModelSource:
 
     @classmethod
     def from_path(cls, path: str) -> ModelSource:
-        """A file is an llm.c model, a directory a gptforge checkpoint or run (``--init-from``)."""
-        return cls(llmc=path) if Path(path).is_file() else cls(ckpt=path)
+        """A file is an llm.c model; a directory with a ``config.json`` (and no gptforge ``meta.json``)
+        a Hugging Face ``save_pretrained`` directory; any other directory a gptforge checkpoint or run
+        (``--init-from``)."""
+        p = Path(path)
+        if p.is_file():
+            return cls(llmc=path)
+        if (p / "config.json").is_file() and not (p / "meta.json").exists():
+            return cls(hf=path)
+        return cls(ckpt=path)
 
 
 def load_model(source: ModelSource) -> torch.nn.Module:
@@ -45,8 +52,11 @@ def load_model(source: ModelSource) -> torch.nn.Module:
     if len(source.given()) != 1:
         raise ValueError("give exactly one of --ckpt DIR, --hf NAME_OR_DIR, --llmc FILE or --random SIZE")
     if source.hf is not None:
-        from gptforge.interop.hf import load_hf
+        from gptforge.interop.hf import hf_family, load_hf
+        from gptforge.interop.hf_llama import load_hf_llama
 
+        if hf_family(source.hf) == "llama":  # by config.json's model_type; an unknown one is refused there
+            return load_hf_llama(source.hf)
         return load_hf(source.hf)
     if source.llmc is not None:
         from gptforge.interop.llmc import read_llmc_model

@@ -46,6 +46,29 @@ ACT_BYTES = {  # bytes per token per layer, in units of n_embd (see the module d
 }
 
 
+def layer_act_bytes(m, dtype: str, rc: str) -> float:
+    """Bytes autograd keeps per token per layer: GPT-2 from ACT_BYTES, Llama counted from
+    ``models/llama.py`` (g = kv heads / heads, h = MLP width / C). float32: two RMSNorms keep input,
+    normalised and output (6C); q, k, v, attention output and one copy ((3 + 2g)C); SwiGLU keeps gate,
+    SiLU, up and product (4hC), ReLU² two (2hC), ``recompute mlp`` only the product (hC). bf16
+    autocast: each projection keeps its own bf16 copy of the normalised input (q/k/v: three, gate/up:
+    two), q/k/v and the attention output are bf16, the MLP's H-wide tensors bf16. QK-norm adds its
+    inputs and normalised values (8(1 + g)C bytes)."""
+    C = m.n_embd
+    if m.arch != "llama":
+        return ACT_BYTES[(dtype, rc)] * C
+    if rc == "block":
+        return 4 * C
+    g, h, swiglu = m.kv_heads / m.n_head, m.hidden_dim / C, m.mlp == "swiglu"
+    qk = 8 * (1 + g) if m.qk_norm else 0
+    if dtype == "float32":
+        mlp = h if rc == "mlp" else (4 * h if swiglu else 2 * h)
+        return (4 * (6 + 3 + 2 * g + mlp) + qk) * C
+    norm2 = 8 + (4 if rc == "mlp" or swiglu else 2)
+    mlp = 2 * h if rc == "mlp" else (8 * h if swiglu else 4 * h)
+    return (14 + 2 * (2 + 2 * g) + norm2 + mlp + qk) * C
+
+
 def count_params(cfg: Config) -> int:
     """Parameters of the model in ``cfg.model`` (a tied embedding once), built on the meta device:
     shapes only, no memory, any model family."""
@@ -88,15 +111,17 @@ def estimate(cfg: Config, world: int = 1, *, micro_batch: int | None = None, sha
     optim = 8 * N / (world if sharding in ("zero1", "fsdp") else 1)
     temps = 0 if fused else 4 * N / (world if sharding in ("zero1", "fsdp") else 1)
     tokens = B * T
-    per_layer = ACT_BYTES[(dtype, rc)] * C * tokens
+    per_layer = layer_act_bytes(m, dtype, rc) * tokens
     acts = L * per_layer
     if rc == "block":  # one block's full activations exist again while it is recomputed
-        acts += ACT_BYTES[(dtype, "none")] * C * tokens
+        acts += layer_act_bytes(m, dtype, "none") * tokens
     if not m.flash:
         acts += (L if rc != "block" else 1) * B * m.n_head * T * T * (4 if dtype == "float32" else 6)
     if m.dropout > 0:
         acts += L * 3 * C * tokens  # boolean dropout masks
     acts += tokens * C * (8 if dtype == "float32" else 6)  # ln_f input and output
+    if getattr(m, "logit_softcap", 0):  # tanh keeps its float32 output, and needs as much for the gradient
+        acts += tokens * 4 * V * 2
     if dtype == "float32":
         acts += tokens * (4 * Vp + 4 * V) * 2  # logits + log-softmax, and their gradients
     else:

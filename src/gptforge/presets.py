@@ -132,3 +132,42 @@ def gpt2_1558m() -> Config:
     -l 0.0006 -q 0.1 -u 700 -n 2000 -x 32000 -e d48``)."""
     return _gpt2_llmc("gpt2-xl", data="data/edu_fineweb100B", micro_batch=16, total_batch=1_048_576, lr=6e-4,
                       min_lr_frac=0.1, max_steps=32_000, ckpt_every=2000, out="gpt2-1.5b")
+
+
+# --- the Llama family (models/llama.py) ----------------------------------------------------------------
+
+
+@preset("llama-tiny")
+def llama_tiny() -> Config:
+    """Seconds-long 2-layer Llama (RoPE, GQA 4:2, SwiGLU, untied head) for tests and smoke checks."""
+    from gptforge.models.registry import size_config
+
+    cfg = tiny()
+    cfg.model = size_config("llama-tiny", block_size=64)
+    cfg.train.out_dir = "runs/llama-tiny"
+    return cfg
+
+
+@preset("llama-124m")
+def llama_124m() -> Config:
+    """A Llama with GPT-2 124M's compute per token (12 x 768, SwiGLU 2048, untied head, GPT-2 tokenizer)
+    and llm.c's GPT-2 124M hyperparameters, so a run against gpt2-124m compares architectures only."""
+    from gptforge.models.registry import size_config
+
+    cfg = gpt2_124m_fineweb10b()
+    cfg.model = size_config("llama-124m")
+    cfg.train.out_dir = "runs/llama-124m"
+    return cfg
+
+
+@preset("llama3-1b")
+def llama3_1b() -> Config:
+    """Llama-3.2-1B's shape (16 x 2048, GQA 32:8, 128,256 vocabulary, tied) at T 2048, 1M tokens per
+    step, ZeRO-1: for ``plan``. Trained on GPT-2 shards, most of its vocabulary would go unused."""
+    from gptforge.models.registry import size_config
+
+    cfg = _gpt2_llmc("gpt2-xl", data="data/fineweb10B", micro_batch=8, total_batch=1_048_576, lr=3e-4,
+                     min_lr_frac=0.1, max_steps=30_000, ckpt_every=2000, out="llama3-1b")
+    cfg.model = size_config("llama3-1b", block_size=2048)
+    cfg.train.seq_len = 2048
+    return cfg

@@ -1,9 +1,9 @@
 """Decode speed: gptforge's KV-cache generation against transformers' ``generate`` on the same weights.
 
-Both models hold the same random GPT-2 weights (ours exported through ``interop.hf``'s key map), get
-the same prompt and decode greedily for the same number of tokens; the JSON records tokens/s for
-each batch size, the ratio, and whether both produced the same tokens (they must: greedy, same
-weights). Each measurement is one untimed warm-up call, then ``repeats`` timed calls (median),
+Both models hold the same random weights (GPT-2 through ``interop.hf``'s key map, a Llama size
+through ``interop.hf_llama.to_transformers``), get the same prompt and decode greedily for the same
+number of tokens; the JSON records tokens/s for each batch size, the ratio, and whether both produced
+the same tokens (they must: greedy, same weights). Each measurement is one untimed warm-up call, then ``repeats`` timed calls (median),
 alternating between the two implementations.
 
     gptforge bench-generate --size gpt2 --batch 1 8 --new-tokens 64 --json bench_generate.json
@@ -28,22 +28,29 @@ def run_bench_generate(size: str = "gpt2", batches: list[int] | tuple[int, ...] 
 
     from gptforge.generation import generate
     from gptforge.interop.hf import gptforge_to_hf
-    from gptforge.models.gpt2 import GPT, GPTConfig
+    from gptforge.models.registry import build_model, size_config
     from gptforge.runtime import resolve_device
 
     dev = torch.device(resolve_device(device))
     if threads > 0:  # on a shared CPU, fewer threads than cores avoids waiting on descheduled workers
         torch.set_num_threads(threads)
     torch.manual_seed(0)
-    cfg = GPTConfig.from_size(size)
+    cfg = size_config(size)
     if prompt_tokens + new_tokens > cfg.block_size:
         raise ValueError(f"--prompt-tokens + --new-tokens = {prompt_tokens + new_tokens} exceeds the context {cfg.block_size}")
-    ours = GPT(cfg).to(dev, dtype).eval()
-    hf = GPT2LMHeadModel(GPT2Config(n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd,
-                                    n_positions=cfg.block_size, vocab_size=cfg.vocab_size,
-                                    resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
-    missing, unexpected = hf.load_state_dict(gptforge_to_hf(ours.state_dict(), cfg), strict=False)
-    assert not unexpected and all(k.endswith((".attn.bias", ".attn.masked_bias")) for k in missing), (missing, unexpected)
+    ours = build_model(cfg).eval()
+    if cfg.arch == "llama":  # transformers' LlamaForCausalLM with the same weights
+        from gptforge.interop.hf_llama import to_transformers
+
+        hf = to_transformers(ours)
+    else:
+        hf = GPT2LMHeadModel(GPT2Config(n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd,
+                                        n_positions=cfg.block_size, vocab_size=cfg.vocab_size,
+                                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+        missing, unexpected = hf.load_state_dict(gptforge_to_hf(ours.state_dict(), cfg), strict=False)
+        assert not unexpected and all(k.endswith((".attn.bias", ".attn.masked_bias")) for k in missing), (
+            missing, unexpected)
+    ours = ours.to(dev, dtype)
     hf = hf.to(dev, dtype).eval()
     prompt = torch.randint(0, cfg.vocab_size, (1, prompt_tokens), generator=torch.Generator().manual_seed(1))
     rows = []

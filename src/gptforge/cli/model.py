@@ -142,8 +142,12 @@ def cmd_export(args: argparse.Namespace) -> int:
     tokenizer = not args.no_tokenizer and model.config.vocab_size == GPT2_VOCAB
     try:
         if args.format == "hf":
-            files = hf.export_hf(model, args.out, force=args.force, tokenizer=tokenizer)
+            from gptforge.interop.hf_llama import export_hf_llama
+
+            export = export_hf_llama if model.config.arch == "llama" else hf.export_hf
+            files = export(model, args.out, force=args.force, tokenizer=tokenizer)
         else:
+            llmc.check_llmc_model(model)  # before the output folder is created
             out = hf.check_out_dir(args.out, args.force)
             files = [llmc.write_llmc_model(model, out / "model.bin", dtype=args.dtype)]
             if tokenizer:
@@ -220,7 +224,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def args_bench_generate(p: argparse.ArgumentParser) -> None:
     p.description = "Same random GPT-2 weights in both, same prompt, greedy; warm-up, repeats, JSON."
-    p.add_argument("--size", default="gpt2", help="model size name (gpt2, d4, ...; default %(default)s)")
+    p.add_argument("--size", default="gpt2", help="model size name (gpt2, d4, llama-tiny, ...; default %(default)s)")
     p.add_argument("--batch", type=int, nargs="+", default=[1, 8])
     p.add_argument("--prompt-tokens", type=int, default=16)
     p.add_argument("--new-tokens", type=int, default=64)

@@ -32,7 +32,8 @@ def args_train(p: argparse.ArgumentParser) -> None:
                    help="continue from the newest checkpoint in the run directory, or from CKPT")
     p.add_argument("--force", action="store_true", help="start over in a run directory that holds checkpoints")
     p.add_argument("--init-from", metavar="CKPT_OR_LLMC_FILE",
-                   help="fine-tune: start from these weights (gptforge checkpoint/run dir or llm.c model file)")
+                   help="fine-tune: start from these weights (gptforge checkpoint/run dir, Hugging Face "
+                        "save_pretrained dir, or llm.c model file)")
     p.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
     p.add_argument("--help-config", action="store_true",
                    help="list every config key with its type and its value in this preset (with overrides)")
@@ -69,8 +70,9 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
 
 
 def _init_from(source: str, cfg):
-    """Fine-tuning: take the model's family and shape from a gptforge checkpoint or an llm.c model
-    file (so it overrides the preset's) and return a function that copies its weights in."""
+    """Fine-tuning: take the model's family and shape from a gptforge checkpoint, a Hugging Face
+    directory or an llm.c model file (so it overrides the preset's) and return a function that copies
+    its weights in."""
     src = load(ModelSource.from_path(source))
     knobs = {k: getattr(cfg.model, k) for k in ("dropout", "recompute", "flash")  # training knobs stay the preset's
              if hasattr(cfg.model, k) and hasattr(src.config, k)}

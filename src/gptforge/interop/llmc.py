@@ -26,6 +26,7 @@ import torch
 
 from gptforge.errors import CheckpointError
 from gptforge.models.gpt2 import GPT, GPTConfig, padded_vocab
+from gptforge.models.registry import get_family
 
 MODEL_MAGIC = 20240326
 TOKENIZER_MAGIC = 20240328
@@ -120,13 +121,22 @@ def read_llmc_model(path: str | Path, flash: bool = True) -> GPT:
     return model.eval()
 
 
+def check_llmc_model(model: torch.nn.Module) -> None:
+    """Refuse, naming the key, a model an llm.c file cannot hold (llm.c's format is GPT-2 only)."""
+    cfg = model.config
+    if not get_family(cfg.arch).llmc:
+        raise ValueError(f"model.arch={cfg.arch!r}: llm.c model files hold GPT-2 only; export this model with "
+                         "`gptforge export hf` instead")
+    if not cfg.bias:
+        raise ValueError("llm.c's GPT-2 has biases everywhere; a model.bias=false model cannot be written")
+
+
 def write_llmc_model(model: GPT, path: str | Path, dtype: str = "float32") -> Path:
     """Write ``model`` as an llm.c model file (version 3 float32 or 5 bfloat16, padded vocabulary)."""
     if dtype not in DTYPE_VERSION:
         raise ValueError(f"dtype={dtype!r}; llm.c files hold float32 or bfloat16")
+    check_llmc_model(model)
     cfg = model.config
-    if not cfg.bias:
-        raise ValueError("llm.c's GPT-2 has biases everywhere; a model.bias=false model cannot be written")
     L, C, V = cfg.n_layer, cfg.n_embd, cfg.vocab_size
     Vp = padded_vocab(V)  # llm.c pads to a multiple of 128, as gptforge does
     sd = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}

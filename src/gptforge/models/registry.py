@@ -64,6 +64,7 @@ def register(family: Family) -> Family:
 
 
 register(Family("gpt2", "gptforge.models.gpt2", "GPTConfig", "GPT", hf_model_type="gpt2", llmc=True))
+register(Family("llama", "gptforge.models.llama", "LlamaConfig", "Llama", hf_model_type="llama", llmc=False))
 
 
 def get_family(arch: str) -> Family:

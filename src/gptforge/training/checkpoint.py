@@ -25,8 +25,7 @@ from safetensors.torch import load_file, save_file
 from gptforge.errors import CheckpointError  # noqa: F401  (re-exported: callers catch ckpt.CheckpointError)
 
 CKPT_PREFIX = "step_"
-TIED = "lm_head.weight"
-TIED_TO = "transformer.wte.weight"
+TIED = "lm_head.weight"  # an output head that may share its tensor with the input embedding
 
 
 def ckpt_root(run_dir: str | Path) -> Path:
@@ -49,7 +48,8 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
 
 
 def model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The weights to store: a tied output head (GPT-2's lm_head = wte) is stored once."""
+    """The weights to store: a tied output head (GPT-2's lm_head = wte) is stored once; an untied one
+    (Llama's default) is stored like any weight."""
     full = model.state_dict()
     sd = {k: v.detach().cpu().contiguous() for k, v in full.items()}
     if _tied(full):
@@ -186,7 +186,8 @@ def load_model_weights(model: torch.nn.Module, ckpt_dir: str | Path) -> None:
 
 
 def _tied(sd: dict[str, torch.Tensor]) -> bool:
-    return TIED in sd and TIED_TO in sd and sd[TIED].data_ptr() == sd[TIED_TO].data_ptr()
+    """The head is another entry's tensor: GPT-2's transformer.wte, a tied Llama's model.embed_tokens."""
+    return TIED in sd and any(k != TIED and v.data_ptr() == sd[TIED].data_ptr() for k, v in sd.items())
 
 
 def load_optimizer(ckpt_dir: str | Path, optimizer: torch.optim.Optimizer) -> None:

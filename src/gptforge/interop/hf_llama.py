@@ -1,0 +1,226 @@
+"""Hugging Face ``LlamaForCausalLM`` <-> gptforge ``Llama``, both ways.
+
+gptforge's Llama uses HF's parameter names and rotary layout, so the key map is the identity; only
+the vocabulary padding (rows up to a multiple of 128) is added on the way in and sliced off on the way
+out. A HF config that asks for something gptforge does not implement (rope scaling, sliding windows,
+biases, a head_dim other than hidden/heads, an activation other than SiLU) is refused by name
+before any weight is read: a model is never loaded wrong.
+
+    >>> model = load_hf_llama("./my-llama-dir")        # a save_pretrained directory (or a hub name, online)
+    >>> export_hf_llama(model, "exports/llama-hf")      # LlamaForCausalLM.from_pretrained loads it
+
+Reading a local directory needs only ``safetensors``; ``transformers`` is used for hub names. Weights
+come from safetensors only, never from a pickle (``pytorch_model.bin``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from gptforge.interop.hf import _pad_rows, check_out_dir, write_hf_tokenizer
+from gptforge.models.llama import Llama, LlamaConfig
+from gptforge.tokens import EOT, GPT2_VOCAB
+
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # a buffer older transformers saved; recomputed here
+REQUIRED = ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "vocab_size")
+
+
+class HFConfigError(ValueError):
+    """A Hugging Face config gptforge cannot load faithfully (message names the key; the CLI exits 2)."""
+
+
+def _refuse(key: str, value, why: str) -> HFConfigError:
+    return HFConfigError(f"Hugging Face config {key}={value!r}: {why}; gptforge's Llama does not implement it "
+                         "and will not load the model wrong")
+
+
+def llama_config_from_hf(c: dict, **overrides) -> LlamaConfig:
+    """A ``LlamaConfig`` from a HF ``config.json`` dict, refusing features gptforge lacks."""
+    if c.get("model_type") != "llama":
+        raise HFConfigError(f"Hugging Face config model_type={c.get('model_type')!r}: only 'llama' "
+                            "(LlamaForCausalLM) loads into gptforge's Llama")
+    absent = [k for k in REQUIRED if not isinstance(c.get(k), int)]
+    if absent:
+        raise HFConfigError(f"Hugging Face config lacks integer {', '.join(absent)}; is this a LlamaForCausalLM config?")
+    if c.get("rope_scaling"):
+        kind = c["rope_scaling"].get("rope_type", c["rope_scaling"].get("type")) if isinstance(
+            c["rope_scaling"], dict) else c["rope_scaling"]
+        raise _refuse("rope_scaling", kind, "rope scaling changes the rotary frequencies")
+    rope = c.get("rope_parameters") or {}  # transformers >= 5 keeps rope_theta and the rope type here
+    if rope.get("rope_type", "default") != "default":
+        raise _refuse("rope_parameters.rope_type", rope["rope_type"], "rope scaling changes the rotary frequencies")
+    for where in (rope, c):
+        if where.get("partial_rotary_factor", 1.0) != 1.0:
+            raise _refuse("partial_rotary_factor", where["partial_rotary_factor"], "only part of each head rotates")
+    if c.get("sliding_window") or c.get("use_sliding_window"):
+        raise _refuse("sliding_window", c.get("sliding_window"), "sliding-window attention")
+    for key in ("attention_bias", "mlp_bias"):
+        if c.get(key):
+            raise _refuse(key, c[key], "biases in the projections")
+    if c.get("hidden_act", "silu") != "silu":
+        raise _refuse("hidden_act", c["hidden_act"], "the MLP is SwiGLU with SiLU")
+    hidden, heads = c["hidden_size"], c["num_attention_heads"]
+    if c.get("head_dim") not in (None, hidden // heads) or hidden % heads:
+        raise _refuse("head_dim", c.get("head_dim"), f"heads must split hidden_size={hidden} evenly into "
+                      f"num_attention_heads={heads}")
+    theta = rope.get("rope_theta", c.get("rope_theta", 10_000.0))
+    kwargs = dict(
+        n_layer=c["num_hidden_layers"], n_head=heads, n_kv_head=c.get("num_key_value_heads") or heads,
+        n_embd=hidden, intermediate_size=c["intermediate_size"], block_size=c.get("max_position_embeddings", 2048),
+        vocab_size=c["vocab_size"], rope_theta=float(theta), norm_eps=c.get("rms_norm_eps", 1e-6),
+        tie_embeddings=bool(c.get("tie_word_embeddings", False)),
+    )
+    return LlamaConfig(**{**kwargs, **overrides})
+
+
+def _read_config(name_or_dir: str) -> dict:
+    path = Path(name_or_dir) / "config.json"
+    if path.is_file():
+        return json.loads(path.read_text())
+    try:
+        from transformers import AutoConfig
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise FileNotFoundError(f"{path} not found, and reading a hub name needs `transformers`: "
+                                "pip install 'gptforge[hf]'") from e
+    try:
+        return AutoConfig.from_pretrained(name_or_dir).to_dict()
+    except OSError as e:
+        raise FileNotFoundError(f"could not load Hugging Face config {name_or_dir!r}: {e}\n"
+                                "Give a hub name (needs network) or a directory written by save_pretrained().") from e
+
+
+def _read_weights(name_or_dir: str) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    d = Path(name_or_dir)
+    if (d / "model.safetensors").is_file():
+        return load_file(str(d / "model.safetensors"))
+    index = d / "model.safetensors.index.json"
+    if index.is_file():  # sharded checkpoint: weight name -> file
+        sd: dict[str, torch.Tensor] = {}
+        for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
+            sd.update(load_file(str(d / shard)))
+        return sd
+    if d.is_dir():  # weights never come from a pickle (pytorch_model.bin)
+        raise FileNotFoundError(f"{d}: no model.safetensors (or model.safetensors.index.json); gptforge reads "
+                                "Hugging Face weights from safetensors only")
+    from transformers import LlamaForCausalLM  # a hub name
+
+    return LlamaForCausalLM.from_pretrained(name_or_dir, use_safetensors=True).state_dict()
+
+
+def load_hf_llama(name_or_dir: str, **overrides) -> Llama:
+    """gptforge ``Llama`` (eval mode) from a HF LlamaForCausalLM directory or hub name."""
+    cfg = llama_config_from_hf(_read_config(name_or_dir), **overrides)  # refuse before reading weights
+    model = Llama(cfg)
+    load_hf_llama_state_dict(model, _read_weights(name_or_dir))
+    return model.eval()
+
+
+def load_hf_llama_state_dict(model: Llama, sd_hf: dict[str, torch.Tensor]) -> None:
+    """Copy HF Llama tensors into ``model``: same names, vocabulary rows padded."""
+    cfg = model.config
+    sd = {}
+    for k, v in sd_hf.items():
+        if k.endswith(IGNORED_SUFFIXES):
+            continue
+        if k in ("model.embed_tokens.weight", "lm_head.weight"):
+            v = _pad_rows(v, cfg.padded_vocab_size)
+        sd[k] = v
+    if cfg.tie_embeddings:
+        sd.pop("lm_head.weight", None)  # the same tensor as embed_tokens (some files store it anyway)
+    own = model.state_dict()
+    wrong = [f"{k} {tuple(v.shape)} vs {tuple(own[k].shape)}" for k, v in sd.items()
+             if k in own and v.shape != own[k].shape]
+    if wrong:
+        raise ValueError(f"weights do not fit the config's shapes: {'; '.join(wrong[:3])}")
+    missing, unexpected = model.load_state_dict(sd, strict=False)
+    missing = [k for k in missing if not (cfg.tie_embeddings and k == "lm_head.weight")]
+    if missing or unexpected:
+        raise ValueError(f"weights do not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+
+
+def hf_llama_config(cfg: LlamaConfig) -> dict:
+    """config.json for transformers' LlamaForCausalLM describing ``cfg`` (refuses what it cannot express)."""
+    unsupported = {"qk_norm": cfg.qk_norm, "mlp": cfg.mlp if cfg.mlp != "swiglu" else None,
+                   "logit_softcap": cfg.logit_softcap or None}
+    for key, value in unsupported.items():
+        if value:
+            raise ValueError(f"model.{key}={value!r}: Hugging Face LlamaForCausalLM has no such option, so this "
+                             "model cannot be exported as a Llama (train with the default to export)")
+    gpt2_vocab = cfg.vocab_size == GPT2_VOCAB
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.n_embd,
+        "intermediate_size": cfg.hidden_dim,
+        "num_hidden_layers": cfg.n_layer,
+        "num_attention_heads": cfg.n_head,
+        "num_key_value_heads": cfg.kv_heads,
+        "head_dim": cfg.head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": cfg.block_size,
+        "rms_norm_eps": cfg.norm_eps,
+        "rope_theta": cfg.rope_theta,  # transformers < 5 reads these two ...
+        "rope_scaling": None,
+        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},  # ... >= 5 this
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "mlp_bias": False,
+        "tie_word_embeddings": cfg.tie_embeddings,
+        "initializer_range": 0.02,
+        "bos_token_id": EOT if gpt2_vocab else None,
+        "eos_token_id": EOT if gpt2_vocab else None,
+        "torch_dtype": "float32",
+    }
+
+
+def llama_state_dict_for_hf(model: Llama) -> dict[str, torch.Tensor]:
+    """``model``'s weights under HF names: float32 on the CPU, padding sliced off, a tied head once."""
+    cfg = model.config
+    sd = {}
+    for k, v in model.state_dict().items():
+        v = v.detach().float().cpu()
+        if k in ("model.embed_tokens.weight", "lm_head.weight"):
+            v = v[: cfg.vocab_size]
+        sd[k] = v.contiguous()
+    if cfg.tie_embeddings:
+        sd.pop("lm_head.weight")  # tie_word_embeddings: stored once, as HF does
+    return sd
+
+
+def to_transformers(model: Llama):
+    """A transformers ``LlamaForCausalLM`` holding ``model``'s weights, in memory (benchmarks, tests)."""
+    from transformers import LlamaConfig as HFLlamaConfig
+    from transformers import LlamaForCausalLM
+
+    config = {k: v for k, v in hf_llama_config(model.config).items() if k not in ("architectures", "model_type")}
+    hf = LlamaForCausalLM(HFLlamaConfig(**config))
+    missing, unexpected = hf.load_state_dict(llama_state_dict_for_hf(model), strict=False)
+    if unexpected or [k for k in missing if not (model.config.tie_embeddings and k == "lm_head.weight")]:
+        raise ValueError(f"weights do not fit transformers' Llama: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    if model.config.tie_embeddings:
+        hf.tie_weights()
+    return hf.eval()
+
+
+def export_hf_llama(model: Llama, out_dir: str | Path, force: bool = False, tokenizer: bool = True) -> list[Path]:
+    """Write ``model`` as a HF LlamaForCausalLM directory (safetensors + config.json [+ GPT-2 tokenizer])."""
+    from safetensors.torch import save_file
+
+    cfg = model.config
+    config = hf_llama_config(cfg)  # refuse before touching the output directory
+    if tokenizer and cfg.vocab_size != GPT2_VOCAB:
+        raise ValueError(f"model.vocab_size={cfg.vocab_size} is not GPT-2's 50257; export with tokenizer=False")
+    out = check_out_dir(out_dir, force)
+    sd = llama_state_dict_for_hf(model)
+    files = [out / "model.safetensors", out / "config.json"]
+    save_file(sd, str(files[0]), metadata={"format": "pt"})
+    files[1].write_text(json.dumps(config, indent=2) + "\n")
+    if tokenizer:
+        files += write_hf_tokenizer(out, model_max_length=cfg.block_size)
+    return files

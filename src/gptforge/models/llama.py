@@ -1,0 +1,385 @@
+"""Llama in one readable file: config, RMSNorm, rotary embeddings, grouped-query attention, SwiGLU.
+
+A pre-norm decoder like ``gpt2.py``, with the changes Llama and modded-nanogpt made: RMSNorm instead
+of LayerNorm, rotary position embeddings instead of learned ones, grouped-query attention (``n_kv_head``
+key/value heads shared by ``n_head`` query heads), a SwiGLU MLP (or ReLU²), an untied output head,
+no biases; plus optional QK-norm and a logit soft-cap (``cap * tanh(logits / cap)``).
+
+Parameter names are Hugging Face ``LlamaForCausalLM``'s (``model.embed_tokens.weight``,
+``model.layers.0.self_attn.q_proj.weight``, ... ``lm_head.weight``) and rotary embeddings use HF's
+``rotate_half`` convention, so import/export is the identity key map plus the vocabulary padding
+(``gptforge.interop.hf_llama``). ``qk_norm`` adds ``self_attn.q_norm``/``k_norm`` (Qwen3's names)
+and ``mlp="relu2"`` drops ``gate_proj``; such models have no ``LlamaForCausalLM`` equivalent.
+
+No optimizer, sampling or IO lives here. The interface is ``GPT``'s (see ``models.registry``), so
+generation, evaluation and training use either family unchanged: ``forward(idx, targets, kv_cache,
+pos, attn_mask)``, ``new_kv_cache``, ``num_parameters``, ``blocks``.
+
+    >>> from gptforge.models.llama import Llama, LlamaConfig
+    >>> model = Llama(LlamaConfig.from_size("llama-tiny"))
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from gptforge.kernels.attention import BACKENDS, sdpa_for
+from gptforge.models.gpt2 import KVCache, padded_vocab
+from gptforge.tokens import GPT2_VOCAB
+
+# name -> shape. intermediate_size 0 derives it from n_embd (see LlamaConfig.hidden_dim).
+SIZES: dict[str, dict] = {
+    # seconds on a CPU: tests and smoke runs
+    "llama-tiny": dict(n_layer=2, n_head=4, n_kv_head=2, n_embd=64, block_size=128),
+    # GPT-2 small's compute per token: 12 layers, 768 wide, MHA, SwiGLU 2048 (3*768*2048 = GPT-2's 2*768*3072),
+    # GPT-2 tokenizer; the untied head adds 38.6M parameters but no FLOPs
+    "llama-124m": dict(n_layer=12, n_head=12, n_kv_head=12, n_embd=768, intermediate_size=2048, block_size=1024),
+    # Llama-3.2-1B's shape (tied embeddings, 128,256 vocabulary) for `plan`; its llama3 rope scaling is not
+    # implemented, so this is the shape, not a loader for Meta's weights
+    "llama3-1b": dict(n_layer=16, n_head=32, n_kv_head=8, n_embd=2048, intermediate_size=8192, block_size=8192,
+                      vocab_size=128_256, pad_vocab=False, rope_theta=500_000.0, tie_embeddings=True),
+}
+
+
+@dataclass
+class LlamaConfig:
+    arch: str = "llama"  # model family (the registry's key); always "llama" here
+    n_layer: int = 12
+    n_head: int = 12  # query heads
+    n_kv_head: int = 0  # key/value heads, n_head a multiple of it (GQA); 0 = n_head (plain MHA)
+    n_embd: int = 768
+    intermediate_size: int = 0  # MLP width; 0 = derived (see hidden_dim)
+    block_size: int = 1024  # maximum context length (rotary embeddings have no table, this is a limit)
+    vocab_size: int = GPT2_VOCAB  # real tokens
+    pad_vocab: bool = True  # embedding/lm_head rows rounded up to a multiple of 128
+    rope_theta: float = 10_000.0
+    norm_eps: float = 1e-5
+    mlp: str = "swiglu"  # swiglu | relu2
+    qk_norm: bool = False  # RMSNorm over each head's queries and keys, before the rotation
+    logit_softcap: float = 0.0  # > 0: logits = cap * tanh(logits / cap); 0 = off
+    tie_embeddings: bool = False
+    zero_init_proj: bool = False  # o_proj and down_proj start at zero: each block starts as the identity
+    dropout: float = 0.0
+    recompute: str = "none"  # activation recomputation: none | mlp | block
+    flash: bool = True  # F.scaled_dot_product_attention; False = explicit matmul + softmax
+    attn_backend: str = "auto"  # SDPA kernel: auto | cudnn | flash | efficient | math (gptforge.kernels.attention)
+    fused_ce: bool = False  # training loss via the fused Triton classifier (gptforge.kernels.fused_ce)
+    lm_head_fp8: bool = False  # lm_head matmul in rowwise-scaled float8 (gptforge.kernels.fp8)
+
+    def __post_init__(self) -> None:
+        if self.arch != "llama":
+            raise ValueError(f"model.arch={self.arch!r} given to LlamaConfig; it only describes arch 'llama'")
+        for key in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"model.{key}={getattr(self, key)} must be >= 1")
+        if self.n_kv_head < 0:
+            raise ValueError(f"model.n_kv_head={self.n_kv_head} must be >= 1 (or 0 = model.n_head)")
+        if self.n_embd % self.n_head != 0:
+            raise ValueError(f"model.n_embd={self.n_embd} must be divisible by model.n_head={self.n_head}")
+        if self.n_head % self.kv_heads != 0:
+            raise ValueError(f"model.n_head={self.n_head} must be divisible by model.n_kv_head={self.n_kv_head} "
+                             "(grouped-query attention shares each key/value head among n_head/n_kv_head queries)")
+        if (self.n_embd // self.n_head) % 2 != 0:
+            raise ValueError(f"head size model.n_embd/model.n_head={self.n_embd // self.n_head} must be even "
+                             "(rotary embeddings rotate pairs of channels)")
+        if self.intermediate_size < 0:
+            raise ValueError(f"model.intermediate_size={self.intermediate_size} must be >= 0 (0 = derived)")
+        if self.mlp not in ("swiglu", "relu2"):
+            raise ValueError(f"model.mlp={self.mlp!r}; allowed: swiglu, relu2")
+        if self.recompute not in ("none", "mlp", "block"):
+            raise ValueError(f"model.recompute={self.recompute!r}; allowed: none, mlp, block")
+        if self.attn_backend not in BACKENDS:
+            raise ValueError(f"model.attn_backend={self.attn_backend!r}; allowed: {', '.join(BACKENDS)}")
+        if self.attn_backend != "auto" and not self.flash:
+            raise ValueError(f"model.attn_backend={self.attn_backend} picks an SDPA kernel; it needs model.flash=true")
+        if self.fused_ce and self.lm_head_fp8:
+            raise ValueError("model.fused_ce and model.lm_head_fp8 cannot be combined yet; switch one off")
+        if self.fused_ce and self.logit_softcap:
+            raise ValueError(f"model.fused_ce computes the loss from raw logits; it cannot apply model.logit_softcap="
+                             f"{self.logit_softcap}: switch one off")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"model.dropout={self.dropout} must be in [0, 1)")
+        if not (self.rope_theta > 0 and math.isfinite(self.rope_theta)):
+            raise ValueError(f"model.rope_theta={self.rope_theta} must be a positive number")
+        if not self.norm_eps > 0:
+            raise ValueError(f"model.norm_eps={self.norm_eps} must be > 0")
+        if not (self.logit_softcap >= 0 and math.isfinite(self.logit_softcap)):
+            raise ValueError(f"model.logit_softcap={self.logit_softcap} must be >= 0 (0 = off)")
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads: ``n_kv_head``, or ``n_head`` when it is 0."""
+        return self.n_kv_head or self.n_head
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    @property
+    def hidden_dim(self) -> int:
+        """MLP width: ``intermediate_size``, or when 0 the parameter-matched default: SwiGLU's three
+        matrices at 8/3·C rounded up to a multiple of 64 (two matrices at 4·C for ReLU²)."""
+        if self.intermediate_size:
+            return self.intermediate_size
+        if self.mlp == "relu2":
+            return 4 * self.n_embd
+        return ((8 * self.n_embd // 3 + 63) // 64) * 64
+
+    @property
+    def padded_vocab_size(self) -> int:
+        return padded_vocab(self.vocab_size) if self.pad_vocab else self.vocab_size
+
+    @classmethod
+    def from_size(cls, name: str, **overrides) -> LlamaConfig:
+        if name not in SIZES:
+            raise ValueError(f"unknown model size {name!r}; known: {', '.join(SIZES)}")
+        return cls(**{**SIZES[name], **overrides})
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * weight, computed in float32 (as HF's LlamaRMSNorm), returned in x's dtype."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+def rope_cos_sin(pos: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotary angles for positions ``pos`` ((T,) or (B, T)) -> cos, sin of shape (..., T, head_dim).
+
+    Channel i and i + head_dim/2 form a pair rotated by pos * theta^(-2i/head_dim) (HF's layout, not
+    the interleaved pairs of Meta's reference code). Computed in float32 on the fly: no table to
+    outgrow, nothing for ``.to(bfloat16)`` to round."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=pos.device, dtype=torch.float32) / head_dim))
+    freqs = pos.float()[..., None] * inv_freq  # (..., T, hd/2)
+    emb = torch.cat((freqs, freqs), dim=-1)  # (..., T, hd)
+    return emb.cos(), emb.sin()
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x (B, nh, T, hd); cos/sin (T, hd) or (B, T, hd), float32. The rotation is done in float32 (as
+    HF does) and returned in x's dtype, so bf16 attention gets bf16 inputs with exact angles."""
+    if cos.dim() == 3:  # per-row positions: broadcast over heads
+        cos, sin = cos[:, None], sin[:, None]
+    xf = x.float()
+    return (xf * cos + rotate_half(xf) * sin).to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.n_head, self.n_kv_head, self.hd = cfg.n_head, cfg.kv_heads, cfg.head_dim
+        self.flash = cfg.flash
+        self.sdpa = sdpa_for(cfg.attn_backend)  # F.scaled_dot_product_attention, maybe pinned to one kernel
+        self.dropout = cfg.dropout
+        self.q_proj = nn.Linear(cfg.n_embd, cfg.n_head * cfg.head_dim, bias=False)
+        self.k_proj = nn.Linear(cfg.n_embd, cfg.kv_heads * cfg.head_dim, bias=False)
+        self.v_proj = nn.Linear(cfg.n_embd, cfg.kv_heads * cfg.head_dim, bias=False)
+        self.o_proj = nn.Linear(cfg.n_head * cfg.head_dim, cfg.n_embd, bias=False)
+        self.o_proj.RESIDUAL_SCALE = True  # type: ignore[attr-defined]  # see Llama._init_weights
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
+        self.qk_norm = cfg.qk_norm
+        self.resid_dropout = nn.Dropout(cfg.dropout)
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: KVCache | None = None,
+        layer: int = 0, attn_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        B, T, C = x.size()
+        q = self.q_proj(x).view(B, T, self.n_head, self.hd).transpose(1, 2)  # (B, nh, T, hd)
+        k = self.k_proj(x).view(B, T, self.n_kv_head, self.hd).transpose(1, 2)  # (B, nkv, T, hd)
+        v = self.v_proj(x).view(B, T, self.n_kv_head, self.hd).transpose(1, 2)  # (B, nkv, T, hd)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if kv_cache is not None:  # the cache holds n_kv_head heads: GQA's memory saving
+            k, v = kv_cache.update(layer, k, v)  # (B, nkv, past+T, hd)
+        Tk = k.size(2)
+        dropout_p = self.dropout if self.training else 0.0
+        # attn_mask (B or 1, 1, T, Tk) bool, True = may attend, built once per forward by Llama.forward;
+        # None means plain causal attention (T == Tk), or every cached key (one new token)
+        causal = attn_mask is None and T == Tk and T > 1
+        if self.flash:
+            y = self.sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=causal,
+                          enable_gqa=self.n_kv_head != self.n_head)
+        else:
+            rep = self.n_head // self.n_kv_head  # query head h reads key/value head h // rep (HF's repeat_kv)
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)  # (B, nh, Tk, hd)
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.hd))  # (B, nh, T, Tk)
+            if causal:
+                attn_mask = torch.ones(T, Tk, dtype=torch.bool, device=x.device).tril()
+            if attn_mask is not None:  # (B, 1, T, Tk) or (T, Tk) bool, True = may attend
+                att = att.masked_fill(~attn_mask, float("-inf"))
+            att = F.dropout(F.softmax(att, dim=-1), p=dropout_p, training=self.training)
+            y = att @ v  # (B, nh, T, hd)
+        y = y.transpose(1, 2).contiguous().view(B, T, self.n_head * self.hd)  # heads side by side
+        return self.resid_dropout(self.o_proj(y))
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x)); or ReLU²: down(relu(up(x))²) (modded-nanogpt)."""
+
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        H = cfg.hidden_dim
+        self.swiglu = cfg.mlp == "swiglu"
+        if self.swiglu:
+            self.gate_proj = nn.Linear(cfg.n_embd, H, bias=False)
+        self.up_proj = nn.Linear(cfg.n_embd, H, bias=False)
+        self.down_proj = nn.Linear(H, cfg.n_embd, bias=False)
+        self.down_proj.RESIDUAL_SCALE = True  # type: ignore[attr-defined]
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.recompute_act = cfg.recompute == "mlp"
+
+    def _act(self, x: torch.Tensor) -> torch.Tensor:
+        if self.swiglu:
+            return F.silu(self.gate_proj(x)) * self.up_proj(x)
+        return F.relu(self.up_proj(x)).square()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.recompute_act and self.training and torch.is_grad_enabled():
+            # keep only the MLP's input; the H-wide activations are recomputed in backward
+            h = torch.utils.checkpoint.checkpoint(self._act, x, use_reentrant=False)
+        else:
+            h = self._act(x)
+        return self.dropout(self.down_proj(h))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.n_embd, cfg.norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.n_embd, cfg.norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: KVCache | None = None,
+        layer: int = 0, attn_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, layer, attn_mask)
+        x = x + self.mlp(self.post_attention_layernorm(x))
+        return x
+
+
+class Llama(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.config = cfg
+        V = cfg.padded_vocab_size
+        self.model = nn.ModuleDict(
+            dict(
+                embed_tokens=nn.Embedding(V, cfg.n_embd),
+                layers=nn.ModuleList([Block(cfg) for _ in range(cfg.n_layer)]),
+                norm=RMSNorm(cfg.n_embd, cfg.norm_eps),
+            )
+        )
+        self.drop = nn.Dropout(cfg.dropout)
+        self.lm_head = nn.Linear(cfg.n_embd, V, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.apply(self._init_weights)
+
+    @property
+    def blocks(self) -> nn.ModuleList:
+        """The transformer blocks (what FSDP shards and compiles one by one)."""
+        return self.model.layers
+
+    def _init_weights(self, module: nn.Module) -> None:
+        # N(0, 0.02) as GPT-2; projections into the residual stream 1/sqrt(2*n_layer) smaller, or zero
+        if isinstance(module, nn.Linear):
+            std = 0.02
+            if getattr(module, "RESIDUAL_SCALE", False):
+                if self.config.zero_init_proj:
+                    torch.nn.init.zeros_(module.weight)
+                    return
+                std *= (2 * self.config.n_layer) ** -0.5
+            torch.nn.init.normal_(module.weight, mean=0.0, std=std)
+        elif isinstance(module, nn.Embedding):
+            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def num_parameters(self, exclude_embeddings: bool = False) -> int:
+        """All parameters (a tied head counted once). ``exclude_embeddings`` leaves out the input
+        embedding table when it is untied: a lookup, not a matmul (as GPT leaves out wpe)."""
+        n = sum(p.numel() for p in self.parameters())
+        if exclude_embeddings and not self.config.tie_embeddings:
+            n -= self.model.embed_tokens.weight.numel()
+        return n
+
+    def forward(
+        self,
+        idx: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        kv_cache: KVCache | None = None,
+        pos: torch.Tensor | None = None,
+        attn_mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """idx (B, T) token ids -> logits (B, T, vocab_size), and the mean cross-entropy if targets.
+        (Training forwards with ``fused_ce`` return no logits: their buffer holds the gradient.)
+
+        Same contract as ``GPT.forward``: logits sliced to the real vocabulary, targets of -1 ignored,
+        ``pos`` (B, T) per-row positions and ``attn_mask`` (B, 1, T, Tk) bool for left-padded batches.
+        """
+        cfg = self.config
+        B, T = idx.size()
+        past = kv_cache.length if kv_cache is not None else 0
+        if past + T > cfg.block_size:
+            raise ValueError(f"sequence length {past + T} exceeds block_size {cfg.block_size}")
+        if pos is None:
+            pos = torch.arange(past, past + T, dtype=torch.long, device=idx.device)  # (T,)
+        if attn_mask is None and past > 0 and T > 1:  # query i sits at position past+i: keys 0..past+i
+            attn_mask = torch.ones(T, past + T, dtype=torch.bool, device=idx.device).tril(diagonal=past)
+        x = self.drop(self.model.embed_tokens(idx))  # (B, T, C)
+        cos, sin = rope_cos_sin(pos, cfg.head_dim, cfg.rope_theta)  # (T, hd) or (B, T, hd)
+        for i, block in enumerate(self.model.layers):
+            if cfg.recompute == "block" and self.training and torch.is_grad_enabled():
+                x = torch.utils.checkpoint.checkpoint(block, x, cos, sin, None, i, attn_mask, use_reentrant=False)
+            else:
+                x = block(x, cos, sin, kv_cache, i, attn_mask)
+        if kv_cache is not None:
+            kv_cache.advance()
+        x = self.model.norm(x)
+        if targets is not None and cfg.fused_ce and self.training and torch.is_grad_enabled():
+            # llm.c's fused classifier: loss and d(logits) in one kernel pass; no logits are returned
+            from gptforge.kernels.fused_ce import fused_linear_cross_entropy
+
+            return None, fused_linear_cross_entropy(x, self.lm_head.weight, targets, cfg.vocab_size)
+        if cfg.lm_head_fp8:
+            from gptforge.kernels.fp8 import fp8_linear
+
+            logits = fp8_linear(x, self.lm_head.weight)[..., : cfg.vocab_size]
+        else:
+            logits = self.lm_head(x)[..., : cfg.vocab_size]  # (B, T, vocab_size)
+        if cfg.logit_softcap > 0:  # bounded logits (Gemma 2, modded-nanogpt): cap * tanh(z / cap)
+            logits = cfg.logit_softcap * torch.tanh(logits.float() / cfg.logit_softcap)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+        return logits, loss
+
+    def new_kv_cache(self, batch: int, max_len: int | None = None, dtype: torch.dtype | None = None) -> KVCache:
+        cfg = self.config
+        p = self.lm_head.weight
+        return KVCache(cfg.n_layer, batch, cfg.kv_heads, max_len or cfg.block_size, cfg.head_dim,
+                       p.device, dtype or p.dtype)
