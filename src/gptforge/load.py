@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from gptforge.config import Config
-from gptforge.models.registry import build_model, size_config
+from gptforge.models.registry import build_model, get_family, size_config
 from gptforge.training import checkpoint as ckpt
 
 
@@ -52,12 +52,10 @@ def load_model(source: ModelSource) -> torch.nn.Module:
     if len(source.given()) != 1:
         raise ValueError("give exactly one of --ckpt DIR, --hf NAME_OR_DIR, --llmc FILE or --random SIZE")
     if source.hf is not None:
-        from gptforge.interop.hf import hf_family, load_hf
-        from gptforge.interop.hf_llama import load_hf_llama
+        from gptforge.interop.hf import hf_family
 
-        if hf_family(source.hf) == "llama":  # by config.json's model_type; an unknown one is refused there
-            return load_hf_llama(source.hf)
-        return load_hf(source.hf)
+        # the family by config.json's model_type (an unknown one is refused there), then its loader
+        return get_family(hf_family(source.hf)).hf("load_hf")(source.hf)
     if source.llmc is not None:
         from gptforge.interop.llmc import read_llmc_model
 

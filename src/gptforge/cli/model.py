@@ -142,10 +142,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     tokenizer = not args.no_tokenizer and model.config.vocab_size == GPT2_VOCAB
     try:
         if args.format == "hf":
-            from gptforge.interop.hf_llama import export_hf_llama
+            from gptforge.models.registry import family_of
 
-            export = export_hf_llama if model.config.arch == "llama" else hf.export_hf
-            files = export(model, args.out, force=args.force, tokenizer=tokenizer)
+            files = family_of(model.config).hf("export_hf")(model, args.out, force=args.force, tokenizer=tokenizer)
         else:
             llmc.check_llmc_model(model)  # before the output folder is created
             out = hf.check_out_dir(args.out, args.force)

@@ -224,3 +224,7 @@ def export_hf_llama(model: Llama, out_dir: str | Path, force: bool = False, toke
     if tokenizer:
         files += write_hf_tokenizer(out, model_max_length=cfg.block_size)
     return files
+
+
+load_hf = load_hf_llama  # the names the model registry looks up (Family.hf)
+export_hf = export_hf_llama
