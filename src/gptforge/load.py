@@ -66,10 +66,7 @@ def load_model(source: ModelSource) -> torch.nn.Module:
     where = ckpt.resolve_checkpoint(source.ckpt)
     cfg = Config.from_dict(ckpt.read_meta(where)["config"])
     model = build_model(cfg.model)
-    if not (where / "model.safetensors").exists() and (where / "dcp").is_dir():  # a sharded (FSDP) checkpoint
-        from gptforge.training.dist_checkpoint import load_sharded
-
-        load_sharded(model, None, where)
-    else:
-        ckpt.load_model_weights(model, where)
+    # model.safetensors only (FSDP checkpoints hold a consolidated copy): never dcp/, whose metadata is
+    # a pickle; verified against meta.json's checksum
+    ckpt.load_model_weights(model, where)
     return model.eval()
