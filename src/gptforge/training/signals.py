@@ -13,10 +13,15 @@ twice in quick succession, and a terminal sends SIGINT to every process of the g
 * after that, a second Ctrl-C (SIGINT) aborts at once without saving (KeyboardInterrupt);
 * a repeated SIGTERM never aborts; it is reported and the run still saves (whoever must stop the
   process at once sends SIGKILL).
+
+After the ``with`` block of a run that was stopped by a signal, the handler stays until the grace
+window has passed (a duplicate that arrives while the process is exiting is still ignored); a later
+signal gets the previous handler's behaviour.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import time
@@ -37,6 +42,7 @@ class StopFlag:
         self._first: float | None = None
         self._say = say or (lambda msg: print(msg, file=sys.stderr, flush=True))
         self._old: dict[int, Any] = {}
+        self._exited = False
 
     def __enter__(self) -> StopFlag:
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -57,10 +63,25 @@ class StopFlag:
             return
         if now - self._first < self.grace_s:  # a duplicate delivery, not a decision: keep saving
             return
+        if self._exited:  # the run is over: the signal means what it meant before the run
+            old = self._old.get(signum)
+            self._restore()
+            if callable(old):
+                old(signum, frame)
+            elif old != signal.SIG_IGN:
+                os.kill(os.getpid(), signum)  # default action, now that the default is back
+            return
         if signum == signal.SIGINT:
             raise KeyboardInterrupt
         self._say(f"[gptforge] got {name} again: still saving the checkpoint (SIGKILL stops at once, unsaved)")
 
     def __exit__(self, *exc: Any) -> None:
+        self._exited = True
+        if self._first is None or self._clock() - self._first >= self.grace_s:
+            self._restore()
+
+    def _restore(self) -> None:
         for sig, old in self._old.items():
-            signal.signal(sig, old)
+            if old is not None:  # None: a handler installed outside Python, which cannot be put back
+                signal.signal(sig, old)
+        self._old = {}
