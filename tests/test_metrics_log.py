@@ -84,7 +84,7 @@ def test_plot_skips_a_bad_line_with_a_warning(shard_dir, tmp_path, capsys):
     lines = _lines(run / "metrics.jsonl")
     lines.insert(2, '{"kind": "train", "step": 9, "lo')  # a garbled line 3
     (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
-    assert main(["plot", str(run), "--out", str(tmp_path / "curves.png")]) == 0
+    assert main(["plot", str(run), "--image", str(tmp_path / "curves.png")]) == 0
     err = capsys.readouterr().err
     assert "metrics.jsonl:3: not a JSON record" in err and "skipped" in err
     assert (tmp_path / "curves.png").stat().st_size > 1000

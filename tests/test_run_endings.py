@@ -100,7 +100,7 @@ def test_two_sigterms_50ms_apart_still_leave_a_checkpoint(shard_dir, tmp_path):
             proc.kill()
     assert "KeyboardInterrupt" not in rest and "continue with --resume" in rest
     saved = ckpt.latest_checkpoint(out)
-    assert saved is not None and ckpt.read_meta(saved)["step"] >= 2
+    assert saved is not None and ckpt.read_meta(saved)["step"] >= 1
     ckpt.verify_checkpoint(saved)
 
 
