@@ -275,7 +275,13 @@ class _Writer:
         self.m["shards"].append({"file": path.name, "split": split, "tokens": self.fill, "sha256": sha256_file(path)})
         self.m["state"].update(next_item=next_item, doc_offset=doc_offset)
         self.m["tokens"] = sum(s["tokens"] for s in self.m["shards"])
-        _write_json_atomic(self.out / MANIFEST, self.m)
+        try:
+            _write_json_atomic(self.out / MANIFEST, self.m)
+        except OSError as e:  # the shard is written but not listed: the next run removes and redoes it
+            if is_disk_full(e, self.out, 1 << 16):
+                raise DiskFullError(disk_full_message(f"{MANIFEST} after shard {path.name}", needed, self.out)
+                                    + " (earlier shards are kept: the same command resumes)") from e
+            raise
         self.fill = 0
 
 
