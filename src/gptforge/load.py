@@ -38,11 +38,11 @@ class ModelSource:
     def from_path(cls, path: str) -> ModelSource:
         """A file is an llm.c model; a directory with a ``config.json`` (and no gptforge ``meta.json``)
         a Hugging Face ``save_pretrained`` directory; any other directory a gptforge checkpoint or run
-        (``--init-from``)."""
+        (``--init-from``; a run directory has a config.json too, beside its checkpoints/)."""
         p = Path(path)
         if p.is_file():
             return cls(llmc=path)
-        if (p / "config.json").is_file() and not (p / "meta.json").exists():
+        if (p / "config.json").is_file() and not (p / "meta.json").exists() and not ckpt.ckpt_root(p).is_dir():
             return cls(hf=path)
         return cls(ckpt=path)
 
