@@ -44,6 +44,12 @@ def _with(cfg: Config, recompute: str) -> Config:
     return cfg
 
 
+def _trusted(cfg: Config) -> Config:
+    """Resuming a sharded (dcp/) checkpoint unpickles its metadata: these tests wrote it themselves."""
+    cfg.train.trust_checkpoint = True
+    return cfg
+
+
 def _dropout(cfg: Config) -> Config:
     cfg.model.dropout = 0.1
     return cfg
@@ -87,12 +93,12 @@ def runs(tmp_path_factory):
         # stopped after step 4, copied aside (to resume at world 1), then resumed at world 2
         {"config": _cfg(data, tmp / "fsdp_part", fsdp=True).to_dict(), "out": str(tmp / "fsdp_part.json"),
          "stop_at_step": 4, "copy_to": [str(tmp / "fsdp_part_w1"), str(tmp / "fsdp_to_zero")]},
-        {"config": _cfg(data, tmp / "fsdp_part", fsdp=True).to_dict(), "out": str(tmp / "fsdp_rest.json"),
+        {"config": _trusted(_cfg(data, tmp / "fsdp_part", fsdp=True)).to_dict(), "out": str(tmp / "fsdp_rest.json"),
          "resume": "latest"},
         {"config": _cfg(data, tmp / "zero_part", zero=1).to_dict(), "out": str(tmp / "zero_part.json"),
          "stop_at_step": 4},
         # switching strategy on resume: a sharded (DCP) checkpoint into ZeRO-1, a single-file one into FSDP
-        {"config": _cfg(data, tmp / "fsdp_to_zero", zero=1).to_dict(), "out": str(tmp / "fsdp_to_zero.json"),
+        {"config": _trusted(_cfg(data, tmp / "fsdp_to_zero", zero=1)).to_dict(), "out": str(tmp / "fsdp_to_zero.json"),
          "resume": "latest"},
         # dropout on: each rank draws its own masks, and a resume continues every rank's stream exactly
         {"config": _dropout(_cfg(data, tmp / "drop")).to_dict(), "out": str(tmp / "drop.json")},
@@ -114,7 +120,9 @@ def runs(tmp_path_factory):
     one = train(_cfg(data, tmp / "one"))  # world 1, gradient accumulation 2
     out["one"] = {"train": one.train_losses, "val": one.val_losses}
     # world-2 checkpoints at step 4 resumed on one process
-    fsdp_w1 = train(_cfg(data, tmp / "fsdp_part_w1", fsdp=True), resume="latest")
+    with pytest.raises(ckpt.CheckpointError, match="--trust-checkpoint"):  # dcp/.metadata is a pickle
+        train(_cfg(data, tmp / "fsdp_part_w1", fsdp=True), resume="latest")
+    fsdp_w1 = train(_trusted(_cfg(data, tmp / "fsdp_part_w1", fsdp=True)), resume="latest")
     out["fsdp_w1"] = {"train": fsdp_w1.train_losses, "val": fsdp_w1.val_losses}
     zero_w1 = train(_cfg(data, tmp / "zero_part", zero=1), resume="latest")
     out["zero_w1"] = {"train": zero_w1.train_losses, "val": zero_w1.val_losses}
@@ -144,8 +152,11 @@ def test_zero1_and_fsdp_match_ddp_also_with_recompute(runs):
 
 def test_sharded_checkpoint_layout(runs):
     fsdp = ckpt.latest_checkpoint(runs["dirs"] / "fsdp")
-    assert (fsdp / "dcp" / ".metadata").exists() and not (fsdp / "model.safetensors").exists()
+    assert (fsdp / "dcp" / ".metadata").exists() and (fsdp / "model.safetensors").exists()  # + consolidated
     assert ckpt.read_meta(fsdp)["sharding"] == "fsdp" and ckpt.read_meta(fsdp)["world"] == 2
+    files = ckpt.read_meta(fsdp)["files"]  # every rank's shards are checksummed too
+    assert "dcp/.metadata" in files and sum(n.startswith("dcp/") and n.endswith(".distcp") for n in files) == 2
+    ckpt.verify_checkpoint(fsdp)
     zero = ckpt.latest_checkpoint(runs["dirs"] / "zero")  # ZeRO-1 consolidates into the single-file format
     assert (zero / "optimizer.pt").exists() and ckpt.read_meta(zero)["sharding"] == "zero1"
     opt = torch.load(zero / "optimizer.pt", weights_only=True)
@@ -184,12 +195,22 @@ def test_sharded_checkpoint_that_does_not_fit_is_rejected(runs):
 
     cfg = _cfg(runs["dirs"] / "data", runs["dirs"] / "x")
     cfg.model.n_embd = 64
-    with pytest.raises(ckpt.CheckpointError, match="shapes differ"):
+    with pytest.raises(ckpt.CheckpointError, match="--trust-checkpoint"):
         load_sharded(GPT(cfg.model), None, ckpt.latest_checkpoint(runs["dirs"] / "fsdp"))
+    with pytest.raises(ckpt.CheckpointError, match="shapes differ"):
+        load_sharded(GPT(cfg.model), None, ckpt.latest_checkpoint(runs["dirs"] / "fsdp"), trusted=True)
 
 
-def test_sharded_checkpoint_loads_for_sampling(runs):
+def test_sharded_checkpoint_loads_for_sampling(runs, monkeypatch):
+    """From the consolidated model.safetensors, never from dcp/ (whose metadata is a pickle)."""
     from gptforge.load import ModelSource, load_model
+    from gptforge.training import dist_checkpoint
+
+    def no_dcp(*a, **k):
+        raise AssertionError("a weights-only load read dcp/")
+
+    monkeypatch.setattr(dist_checkpoint, "load_sharded", no_dcp)
+    monkeypatch.setattr(dist_checkpoint, "_dcp", no_dcp)
 
     model = load_model(ModelSource(ckpt=str(runs["dirs"] / "fsdp")))
     ref = load_model(ModelSource(ckpt=str(runs["dirs"] / "ddp")))  # same training, single-file checkpoint

@@ -55,7 +55,9 @@ def test_resumed_run_shows_each_step_once(shard_dir, tmp_path):
     train(cfg, resume="latest")  # replays steps 3 and 4
     steps = [s for s, _ in _events(run / "tensorboard")["train/loss"]]
     assert steps == [1, 2, 3, 4], steps
-    assert [s for s, _ in _jsonl(run, "train", "loss")] == [1, 2, 3, 4, 3, 4]  # the jsonl keeps both
+    assert [s for s, _ in _jsonl(run, "train", "loss")] == [1, 2, 3, 4]  # read_metrics: each step once
+    kept = [(r["step"], bool(r.get("replayed"))) for r in read_metrics(run, replayed=True) if r["kind"] == "train"]
+    assert kept == [(1, False), (2, False), (3, True), (4, True), (3, False), (4, False)]  # the file keeps both
 
 
 def test_scalars_tags_and_skips():

@@ -86,6 +86,9 @@ class TrainConfig:
     peak_flops: float = 0.0  # device peak FLOP/s for MFU; 0 = look it up by GPU name (none on CPU)
     out_dir: str = "runs/default"
     log_to: str = ""  # also send metrics to: tensorboard, wandb (comma-separated; extras of the same names)
+    # resume from a sharded (dcp/) checkpoint, whose metadata is a pickle that can run code; never
+    # taken from a checkpoint's own config (see gptforge.training.checkpoint.require_trust)
+    trust_checkpoint: bool = False
 
     def __post_init__(self) -> None:
         parse_log_to(self.log_to)

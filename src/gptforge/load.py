@@ -38,11 +38,11 @@ class ModelSource:
     def from_path(cls, path: str) -> ModelSource:
         """A file is an llm.c model; a directory with a ``config.json`` (and no gptforge ``meta.json``)
         a Hugging Face ``save_pretrained`` directory; any other directory a gptforge checkpoint or run
-        (``--init-from``)."""
+        (``--init-from``; a run directory has a config.json too, beside its checkpoints/)."""
         p = Path(path)
         if p.is_file():
             return cls(llmc=path)
-        if (p / "config.json").is_file() and not (p / "meta.json").exists():
+        if (p / "config.json").is_file() and not (p / "meta.json").exists() and not ckpt.ckpt_root(p).is_dir():
             return cls(hf=path)
         return cls(ckpt=path)
 
@@ -66,10 +66,7 @@ def load_model(source: ModelSource) -> torch.nn.Module:
     where = ckpt.resolve_checkpoint(source.ckpt)
     cfg = Config.from_dict(ckpt.read_meta(where)["config"])
     model = build_model(cfg.model)
-    if not (where / "model.safetensors").exists() and (where / "dcp").is_dir():  # a sharded (FSDP) checkpoint
-        from gptforge.training.dist_checkpoint import load_sharded
-
-        load_sharded(model, None, where)
-    else:
-        ckpt.load_model_weights(model, where)
+    # model.safetensors only (FSDP checkpoints hold a consolidated copy): never dcp/, whose metadata is
+    # a pickle; verified against meta.json's checksum
+    ckpt.load_model_weights(model, where)
     return model.eval()

@@ -13,6 +13,7 @@ Needs matplotlib (extra ``plot``).
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from gptforge.training.observe import read_metrics
@@ -31,13 +32,12 @@ def _run_series(run: str | Path) -> dict:
     mfile = path / "metrics.jsonl" if path.is_dir() else path
     if not mfile.exists():
         raise FileNotFoundError(f"{mfile}: no metrics.jsonl; give a run directory written by `gptforge train`")
-    try:
-        records = read_metrics(mfile)
-    except json.JSONDecodeError as e:
-        raise FileNotFoundError(f"{mfile} is not valid JSON lines ({e}); is it a gptforge metrics file?") from e
+    # a line torn by a kill (or otherwise garbled) is skipped with a warning naming its line number;
+    # records a resume superseded ("replayed") are left out
+    records = read_metrics(mfile, warn=lambda msg: print(f"gptforge plot: warning: {msg}", file=sys.stderr))
     by_kind: dict[str, dict] = {"train": {}, "val": {}}
     evals: dict[str, dict[int, dict]] = {}
-    for r in records:  # a resumed run may repeat steps: the last record of a step wins
+    for r in records:  # files from before replayed records were marked repeat steps: the last one wins
         if r.get("kind") in ("train", "val"):
             by_kind[r["kind"]][r["step"]] = r
         elif r.get("kind") == "eval" and "task" in r:

@@ -10,7 +10,8 @@
 Each command is ``args_NAME(parser)`` (its flags) and ``cmd_NAME(args[, overrides])`` in the module
 the table names: ``run`` (commands taking a run config), ``model`` (commands taking a model:
 ``--ckpt``/``--hf``/``--llmc``/``--random`` everywhere), ``data``. Exit status 2 means bad input
-(unknown key, bad value, missing file) found before any compute.
+(unknown key, bad value, missing file) found before any compute, or a damaged checkpoint or a full
+disk; 3 that training stopped because the loss was not finite; 130 an interrupted run.
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     from gptforge.data.tokenizer import TokenizerUnavailable
     from gptforge.eval.tasks.base import EvalDataError
     from gptforge.runtime import DeviceUnavailable
+    from gptforge.storage import DiskFullError
     from gptforge.training.checkpoint import CheckpointError
 
     parser = build_parser()
@@ -78,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         handler = _fn(args.command, "cmd")
         return handler(args, rest) if takes_overrides else handler(args)
     except (CliError, ConfigError, ShardError, CheckpointError, TokenizerUnavailable, FileNotFoundError,
-            EvalDataError, DeviceUnavailable) as e:
+            EvalDataError, DeviceUnavailable, DiskFullError) as e:
         print(f"gptforge {args.command}: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
 

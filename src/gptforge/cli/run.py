@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 
 from gptforge.cli.common import CliError, load
 from gptforge.load import ModelSource
+
+EXIT_DIVERGED = 3  # training stopped because the loss was not finite
 
 
 def build_config(args: argparse.Namespace, overrides: list[str]):
@@ -31,6 +34,9 @@ def args_train(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", nargs="?", const="latest", default=None, metavar="CKPT",
                    help="continue from the newest checkpoint in the run directory, or from CKPT")
     p.add_argument("--force", action="store_true", help="start over in a run directory that holds checkpoints")
+    p.add_argument("--trust-checkpoint", action="store_true",
+                   help="allow --resume from a sharded (FSDP, dcp/) checkpoint: its metadata is a pickle that can "
+                        "run code, so only for checkpoints you trust (same as --train.trust_checkpoint true)")
     p.add_argument("--init-from", metavar="CKPT_OR_LLMC_FILE",
                    help="fine-tune: start from these weights (gptforge checkpoint/run dir, Hugging Face "
                         "save_pretrained dir, or llm.c model file)")
@@ -50,9 +56,12 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
     if args.help_config:
         print(f"Config keys (set with --section.key VALUE), values of preset {args.preset!r}:\n" + describe_keys(cfg))
         return 0
-    resume = Checkpointer.find(cfg.train.out_dir, args.resume)  # resolved once, here
+    trusted = args.trust_checkpoint or cfg.train.trust_checkpoint  # from this command line only
+    # resolved once, here: the newest checkpoint that verifies (damaged ones are named and skipped)
+    resume = Checkpointer.find(cfg.train.out_dir, args.resume, warn=lambda m: print(m, file=sys.stderr))
     if resume is not None:  # the checkpoint's own config, with this command line's overrides on top
         cfg = apply_overrides(Config.from_dict(ckpt.read_meta(resume)["config"]), overrides)
+    cfg.train.trust_checkpoint = trusted  # a checkpoint never vouches for itself
     init_weights = None
     if args.init_from is not None:
         if resume is not None:
@@ -66,6 +75,10 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
     from gptforge.training.loop import train
 
     result = train(cfg, resume=resume, force=args.force, init_weights=init_weights)
+    if result.diverged_at is not None:
+        print(f"gptforge train: the loss diverged (not finite) at step {result.diverged_at}; lower --optim.lr "
+              f"or check the data, then resume from the last checkpoint", file=sys.stderr)
+        return EXIT_DIVERGED
     return 130 if result.interrupted else 0
 
 

@@ -122,6 +122,8 @@ def read_loss_curve(path: str | Path | None, max_points: int = 2000) -> dict[str
                 rec = json.loads(line)
             except json.JSONDecodeError:
                 continue  # a line being appended right now
+            if not isinstance(rec, dict) or rec.get("replayed"):  # superseded by a resume
+                continue
             if rec.get("kind") == "train" and isinstance(rec.get("loss"), (int, float)):
                 train.append([rec["step"], rec["loss"]])
             elif rec.get("kind") == "val" and isinstance(rec.get("val_loss"), (int, float)):

@@ -5,17 +5,29 @@
                             lm_head.weight is tied to transformer.wte.weight and stored once)
         optimizer.pt        optimizer.state_dict(), tensors and plain types (torch.load weights_only)
         rng.pt              torch CPU / CUDA RNG states
-        meta.json           step, config, loader state, python RNG state, versions, git SHA
+        meta.json           step, config, loader state, python RNG state, versions, git SHA, and
+                            "files": {name: sha256} of every other file in the directory
 
 A checkpoint is written to ``step_XXXXXX.tmp`` and renamed when complete, so a crash never leaves
-a half-written directory that :func:`latest_checkpoint` would pick.
+a half-written directory that :func:`latest_checkpoint` would pick. Damage after that (a truncated
+or flipped file) is caught by :func:`verify_checkpoint`; ``--resume`` uses
+:func:`latest_intact_checkpoint`, which falls back past a damaged checkpoint and says so. A disk
+that fills up mid-write gets one clear error, and the partial ``.tmp`` is deleted.
+
+Nothing here unpickles: weights are safetensors, ``optimizer.pt``/``rng.pt`` load with
+``weights_only=True``. A sharded (FSDP) checkpoint's ``dcp/.metadata`` *is* a pickle, so
+:func:`load_model_weights` never reads ``dcp/`` (FSDP runs also write a consolidated
+``model.safetensors``) and resuming from ``dcp/`` needs ``--trust-checkpoint``
+(:func:`require_trust`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +35,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from gptforge.errors import CheckpointError  # noqa: F401  (re-exported: callers catch ckpt.CheckpointError)
+from gptforge.storage import dir_bytes, disk_full_message, is_disk_full, tensor_bytes
 
 CKPT_PREFIX = "step_"
 TIED = "lm_head.weight"  # an output head that may share its tensor with the input embedding
+TRUST_FLAG = "--trust-checkpoint"
 
 
 def ckpt_root(run_dir: str | Path) -> Path:
@@ -69,11 +83,37 @@ def save_checkpoint(
     """Write checkpoint ``step`` (the number of optimizer steps done) atomically; prune to ``keep``.
     ``rng``: (tensors for rng.pt, JSON for meta.json), given by training (a weights-only
     checkpoint has none)."""
+    weights = model_state(model)
+    opt_state = optimizer.state_dict() if optimizer is not None else None
+    needed = tensor_bytes(weights) + tensor_bytes(opt_state) + tensor_bytes(rng)
     tmp = begin_checkpoint(run_dir, step)
-    save_file(model_state(model), str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    if optimizer is not None:
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-    return finalize_checkpoint(run_dir, tmp, meta, keep, rng)
+    with cleanup_on_failure(tmp, step, needed):
+        save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        if opt_state is not None:
+            torch.save(opt_state, tmp / "optimizer.pt")
+        return finalize_checkpoint(run_dir, tmp, meta, keep, rng)
+
+
+class cleanup_on_failure:
+    """Around the writes into ``tmp``: on any failure delete the partial directory (it would eat the
+    space the next attempt needs); a full disk becomes one CheckpointError saying so. The previous
+    checkpoint is never touched: it is replaced only by the final rename."""
+
+    def __init__(self, tmp: Path, step: int, needed: int):
+        self.tmp, self.step, self.needed = tmp, step, needed
+
+    def __enter__(self) -> cleanup_on_failure:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc is None:
+            return False
+        written = dir_bytes(self.tmp) if self.tmp.exists() else 0
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        if isinstance(exc, Exception) and is_disk_full(exc, self.tmp.parent, self.needed, written):
+            raise CheckpointError(disk_full_message(f"checkpoint step {self.step}", self.needed,
+                                                    self.tmp.parent)) from exc
+        return False
 
 
 def begin_checkpoint(run_dir: str | Path, step: int) -> Path:
@@ -97,11 +137,15 @@ def finalize_checkpoint(run_dir: str | Path, tmp: Path, meta: dict[str, Any], ke
     if rng is not None:
         torch.save(rng[0], tmp / "rng.pt")
         meta["rng"] = rng[1]
-    (tmp / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
     for f in tmp.rglob("*"):  # sharded checkpoints keep their shards in a subfolder
         if f.is_file():
             with open(f, "rb") as fh:
                 os.fsync(fh.fileno())
+    meta["files"] = {f.relative_to(tmp).as_posix(): sha256_file(f) for f in sorted(tmp.rglob("*")) if f.is_file()}
+    with open(tmp / "meta.json", "w") as fh:
+        fh.write(json.dumps(meta, indent=2, default=str))
+        fh.flush()
+        os.fsync(fh.fileno())
     if final.exists():  # re-saving the same step (e.g. interrupt right after a periodic save)
         old = root / f"{final.name}.old"
         if old.exists():
@@ -165,12 +209,89 @@ def resolve_checkpoint(path: str | Path) -> Path:
     return latest
 
 
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+_verified: dict[str, tuple] = {}  # dir -> (name, size, mtime) of what was verified: hash each file once
+
+
+def verify_checkpoint(ckpt_dir: str | Path, only: tuple[str, ...] | None = None) -> None:
+    """Check every file recorded in meta.json ("files": name -> sha256), or just those in ``only``;
+    raise CheckpointError naming the first damaged or missing one. A checkpoint written before
+    checksums were recorded (no "files") passes: its files are still checked as they load."""
+    ckpt_dir = Path(ckpt_dir)
+    recorded = read_meta(ckpt_dir).get("files")
+    if not isinstance(recorded, dict):
+        return
+    names = [n for n in recorded if only is None or n in only]
+    stamp = []
+    for name in names:
+        f = ckpt_dir / name
+        if not f.is_file():
+            raise CheckpointError(f"{f} is missing (meta.json lists it); the checkpoint is damaged")
+        st = f.stat()
+        stamp.append((name, st.st_size, st.st_mtime_ns))
+    key = str(ckpt_dir.resolve())
+    if key in _verified and set(stamp) <= set(_verified[key]):
+        return
+    for name in names:
+        f = ckpt_dir / name
+        if sha256_file(f) != recorded[name]:
+            raise CheckpointError(f"{f} does not match the sha256 recorded in {ckpt_dir / 'meta.json'} "
+                                  "(truncated or corrupted); the checkpoint is damaged")
+    _verified[key] = tuple(set(stamp) | set(_verified.get(key, ())))
+
+
+def latest_intact_checkpoint(run_dir: str | Path, warn: Callable[[str], None] = print) -> Path | None:
+    """The newest checkpoint of a run that passes :func:`verify_checkpoint`; each damaged one that
+    is skipped is reported through ``warn``, by name and with what is wrong."""
+    for d in reversed(list_checkpoints(run_dir)):
+        try:
+            verify_checkpoint(d)
+            return d
+        except CheckpointError as e:
+            warn(f"skipping damaged checkpoint {d.name}: {e}")
+    return None
+
+
+def damaged_note(run_dir: str | Path) -> str:
+    """For the "nothing to resume" error: whether checkpoints exist but all failed verification."""
+    n = len(list_checkpoints(run_dir))
+    return f" that verifies ({n} damaged, named above)" if n else ""
+
+
+def require_trust(ckpt_dir: str | Path, trusted: bool) -> None:
+    """Reading a sharded (dcp/) checkpoint unpickles its .metadata: only with the user's say-so."""
+    if not trusted:
+        raise CheckpointError(
+            f"{ckpt_dir} is a sharded (FSDP) checkpoint: resuming it reads dcp/.metadata, a pickle that can "
+            f"run code. If you trust where it came from, pass {TRUST_FLAG} (config: train.trust_checkpoint "
+            "true); weights alone load safely from its model.safetensors (sample, eval, export, --init-from)"
+        )
+
+
 def load_model_weights(model: torch.nn.Module, ckpt_dir: str | Path) -> None:
-    """``model.safetensors`` into ``model`` (shapes checked first; a tied head may be absent)."""
+    """``model.safetensors`` into ``model`` (verified against meta.json's checksum, shapes checked
+    first; a tied head may be absent). Never reads ``dcp/``: its metadata is a pickle."""
     path = Path(ckpt_dir) / "model.safetensors"
+    if not path.exists() and (Path(ckpt_dir) / "dcp").is_dir():  # sharded (FSDP) checkpoint, old layout
+        raise CheckpointError(
+            f"{path} is missing: {ckpt_dir} holds only sharded (dcp/) weights, whose metadata is a pickle, so "
+            f"they are not read here. Resume it once with `gptforge train --resume {ckpt_dir} {TRUST_FLAG}` "
+            "if you trust it: every checkpoint written since also holds model.safetensors"
+        )
     if not path.exists():
         raise CheckpointError(f"{path} is missing; the checkpoint is incomplete")
-    sd = load_file(str(path))
+    verify_checkpoint(ckpt_dir, only=("model.safetensors",))
+    try:
+        sd = load_file(str(path))
+    except Exception as e:  # safetensors: a truncated or garbled file (old checkpoints have no checksum)
+        raise CheckpointError(f"{path} cannot be read ({e}); the checkpoint is damaged") from e
     own = model.state_dict()
     wrong = [f"{k}: checkpoint {tuple(v.shape)} vs model {tuple(own[k].shape)}"
              for k, v in sd.items() if k in own and tuple(v.shape) != tuple(own[k].shape)]
@@ -195,4 +316,18 @@ def load_optimizer(ckpt_dir: str | Path, optimizer: torch.optim.Optimizer) -> No
     opt_path = Path(ckpt_dir) / "optimizer.pt"
     if not opt_path.exists():
         raise CheckpointError(f"{opt_path} is missing; cannot resume training from a weights-only checkpoint")
-    optimizer.load_state_dict(torch.load(opt_path, map_location="cpu", weights_only=True))
+    verify_checkpoint(ckpt_dir, only=("optimizer.pt",))
+    optimizer.load_state_dict(load_tensors(opt_path))
+
+
+def load_tensors(path: Path) -> Any:
+    """torch.load with weights_only=True (no code runs); a damaged file is named in a CheckpointError."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path} is missing; the checkpoint is incomplete") from None
+    except Exception as e:
+        if "weights_only" in str(e) or "Unsupported global" in str(e):
+            raise CheckpointError(f"{path} holds objects that are not plain tensors/types; refusing to unpickle "
+                                  "them (a checkpoint must not execute code)") from e
+        raise CheckpointError(f"{path} cannot be read ({str(e).splitlines()[0]}); the checkpoint is damaged") from e

@@ -18,6 +18,7 @@ The file-level work (atomic directories, safetensors, ``weights_only`` loads) is
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,24 +52,30 @@ class Checkpointer:
         self.extra_meta = dict(extra_meta or {})  # written into every meta.json (git SHA, ...)
         self.meta = files.read_meta(resume_from, files.RESUME_META_KEYS) if resume_from is not None else None
         self.sharded = resume_from is not None and dcp.is_sharded(resume_from)  # the format it reads
+        self.trusted = bool(getattr(cfg.train, "trust_checkpoint", False))
+        if self.sharded:  # dcp/.metadata is a pickle: refused here, before any data or compute
+            files.require_trust(resume_from, self.trusted)
         self._carried_optim: dict | None = None
 
     # --- where ------------------------------------------------------------------------------------
     @staticmethod
-    def find(run_dir: str | Path, resume: str | Path | None) -> Path | None:
-        """The checkpoint to resume: None (a fresh run), the newest of ``run_dir`` ("latest"), or
-        the checkpoint or run directory given."""
+    def find(run_dir: str | Path, resume: str | Path | None, warn: Callable[[str], None] = print) -> Path | None:
+        """The checkpoint to resume: None (a fresh run), the newest of ``run_dir`` that verifies
+        ("latest"; each damaged one skipped is reported through ``warn``), or the checkpoint or run
+        directory given, which must verify (see ``checkpoint.verify_checkpoint``)."""
         if resume is None:
             return None
         if str(resume) == "latest":
-            latest = files.latest_checkpoint(run_dir)
+            latest = files.latest_intact_checkpoint(run_dir, warn=warn)
             if latest is None:
                 raise files.CheckpointError(
-                    f"--resume: no complete checkpoint in {files.ckpt_root(run_dir)}; "
+                    f"--resume: no complete checkpoint in {files.ckpt_root(run_dir)}{files.damaged_note(run_dir)}; "
                     "start without --resume, or point --out at the run to continue"
                 )
             return latest
-        return files.resolve_checkpoint(resume)
+        where = files.resolve_checkpoint(resume)
+        files.verify_checkpoint(where)
+        return where
 
     @property
     def start_step(self) -> int:
@@ -93,10 +100,10 @@ class Checkpointer:
         where, info = self.resume_from, self.info
         if self.sharded and info.zero:  # DCP reads into a plain AdamW; ZeRO then takes its share
             plain = build_optimizer(state.model, self.cfg.optim, info.device.type)
-            dcp.load_sharded(state.model, plain, where)
+            dcp.load_sharded(state.model, plain, where, trusted=self.trusted)
             state.optimizer.load_state_dict(plain.state_dict())
         elif self.sharded:
-            dcp.load_sharded(state.model, state.optimizer, where)
+            dcp.load_sharded(state.model, state.optimizer, where, trusted=self.trusted)
         elif self._carried_optim is not None:
             dcp.set_full_optimizer_state(state.model, state.optimizer, self._carried_optim)
             self._carried_optim = None
@@ -111,7 +118,7 @@ class Checkpointer:
     def _restore_rng(self) -> None:
         """Rank 0's saved state everywhere, then each rank its own saved stream when the world is
         unchanged (an exact continuation), or fresh distinct ones when it changed."""
-        tensors = torch.load(self.resume_from / "rng.pt", map_location="cpu", weights_only=True)
+        tensors = files.load_tensors(self.resume_from / "rng.pt")  # weights_only; a damaged file is named
         set_rng_state(tensors, self.meta["rng"])
         info = self.info
         if not info.enabled:

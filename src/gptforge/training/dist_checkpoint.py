@@ -5,11 +5,14 @@
 
 With ``--dist.fsdp`` every rank writes its own shards of the model and optimizer into
 ``step_XXXXXX.tmp/dcp/`` (keys are fully-qualified parameter names, from
-``get_state_dict``); rank 0 adds ``rng.pt`` and ``meta.json`` and renames the directory once every
-rank has finished, so a rank that dies mid-save leaves only a ``.tmp`` that resume ignores. DCP
-reshards on load, so the checkpoint resumes at any world size, with or without FSDP. ZeRO-1 runs
-consolidate the optimizer on rank 0 and write the ordinary single-file checkpoint instead
-(see :mod:`gptforge.training.checkpoint`).
+``get_state_dict``); the full weights are also gathered to rank 0 (on the CPU) and written as
+``model.safetensors``, so commands that need only weights (sample, eval, export, serve,
+``--init-from``) never read ``dcp/``; rank 0 adds ``rng.pt`` and ``meta.json`` (with every file's
+sha256) and renames the directory once every rank has finished, so a rank that dies mid-save leaves
+only a ``.tmp`` that resume ignores. DCP reshards on load, so the checkpoint resumes at any world
+size, with or without FSDP. Loading it unpickles ``dcp/.metadata``, so it happens only with
+``--trust-checkpoint`` (``train.trust_checkpoint``). ZeRO-1 runs consolidate the optimizer on rank 0
+and write the ordinary single-file checkpoint instead (see :mod:`gptforge.training.checkpoint`).
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from safetensors.torch import save_file
 
+from gptforge.storage import tensor_bytes
 from gptforge.training import checkpoint as ckpt
 
 DCP_DIR = "dcp"
@@ -47,11 +52,44 @@ def save_sharded(run_dir: str | Path, step: int, model: torch.nn.Module, optimiz
         tmp = ckpt.begin_checkpoint(run_dir, step)
     dist.barrier()  # the empty .tmp exists before anyone writes into it
     model_sd, optim_sd = sd.get_state_dict(model, optimizer)
-    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp / DCP_DIR))
-    dist.barrier()  # every rank's shards are on disk before the directory becomes a checkpoint
-    final = ckpt.finalize_checkpoint(run_dir, tmp, {**meta, "format": "dcp"}, keep, rng) if is_main else None
-    dist.barrier()
+    # the whole model, gathered to rank 0 on the CPU: weights that load without unpickling anything
+    full = sd.get_model_state_dict(model, options=sd.StateDictOptions(full_state_dict=True, cpu_offload=True))
+    needed = 2 * tensor_bytes(model_sd) + tensor_bytes(optim_sd)  # DTensor sizes are global sizes
+    nccl = dist.get_backend() == "nccl"
+    failed = torch.zeros(1, device=torch.device("cuda", torch.cuda.current_device()) if nccl else "cpu")
+    final = None
+    try:
+        with ckpt.cleanup_on_failure(tmp, step, needed) if is_main else _nothing():
+            # collective; returns on rank 0 once every rank's shards are written
+            dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp / DCP_DIR))
+            if is_main:
+                weights = {k: v.contiguous() for k, v in full.items() if not (k == ckpt.TIED and _tied(full))}
+                save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+                final = ckpt.finalize_checkpoint(run_dir, tmp, {**meta, "format": "dcp"}, keep, rng)
+    except BaseException:
+        failed += 1
+        raise
+    finally:
+        dist.all_reduce(failed)  # every rank learns that the save failed, instead of waiting at a barrier
+    if failed.item():
+        raise ckpt.CheckpointError(f"writing checkpoint step {step} failed on another rank (see its error)")
     return final
+
+
+def _tied(full: dict[str, torch.Tensor]) -> bool:
+    """A tied output head (GPT-2's wte, a tied Llama's embed_tokens) is stored once, as in
+    single-file checkpoints. After the gather the tensors are separate CPU copies, so compare values."""
+    head = full.get(ckpt.TIED)
+    return head is not None and any(k != ckpt.TIED and v.shape == head.shape and torch.equal(v, head)
+                                    for k, v in full.items())
+
+
+class _nothing:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc) -> bool:
+        return False
 
 
 def _check_shapes(model: torch.nn.Module, ckpt_dir: Path) -> None:
@@ -70,11 +108,15 @@ def _check_shapes(model: torch.nn.Module, ckpt_dir: Path) -> None:
         )
 
 
-def load_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, ckpt_dir: str | Path) -> None:
+def load_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, ckpt_dir: str | Path,
+                 *, trusted: bool = False) -> None:
     """Load a DCP checkpoint into ``model`` (FSDP-wrapped or a plain module) and a matching plain
-    optimizer (AdamW over ``model``'s parameters), resharding to the current world."""
-    dcp, sd = _dcp()
+    optimizer (AdamW over ``model``'s parameters), resharding to the current world.
+    DCP unpickles ``dcp/.metadata``: refused unless ``trusted`` (``--trust-checkpoint``); the files
+    are checked against meta.json's checksums first."""
     ckpt_dir = Path(ckpt_dir)
+    ckpt.require_trust(ckpt_dir, trusted)
+    ckpt.verify_checkpoint(ckpt_dir)
     _check_shapes(model, ckpt_dir)
     no_dist = not dist.is_initialized()
     with warnings.catch_warnings():

@@ -5,8 +5,9 @@
 
 Sections: setup (devices, precision, run dir) -> data -> model and optimizer (or resume, through
 the Checkpointer) -> run directory -> loop (train_step, validation, samples, checkpoints) -> finish.
-A SIGINT/SIGTERM finishes the current step, writes a checkpoint and exits; ``--resume`` continues
-from it, bit for bit on CPU in float32.
+A SIGINT/SIGTERM finishes the current step, writes a checkpoint and exits (training/signals.py says
+what a second signal does); ``--resume`` continues from the newest intact checkpoint, bit for bit on
+CPU in float32. A non-finite loss stops the run: ``RunResult.diverged_at`` names the step.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ class RunResult:
     val_losses: dict[int, float] = field(default_factory=dict)
     interrupted: bool = False
     last_checkpoint: Path | None = None
+    diverged_at: int | None = None  # the step whose loss was not finite (the run stopped there)
 
 
 def train(cfg: Config, resume: str | Path | None = None, force: bool = False, stop_at_step: int | None = None,
@@ -81,17 +83,17 @@ def train(cfg: Config, resume: str | Path | None = None, force: bool = False, st
         check_run_dir(run_dir)  # a file or a read-only filesystem: refuse now, not at the first write
     if resume is None and elastic_restart() and ckpt.latest_checkpoint(run_dir) is not None:
         resume, force = "latest", False  # torchrun restarted us after a failure: continue, never wipe
-    resume_dir = Checkpointer.find(run_dir, resume)
+    def log(msg: str) -> None:
+        if info.is_main:
+            _write_line(msg)
+
+    resume_dir = Checkpointer.find(run_dir, resume, warn=log)  # the newest intact one; damaged ones named
     start_over = resume_dir is None and ckpt.latest_checkpoint(run_dir) is not None
     if start_over and not force:
         raise ConfigError(
             f"{run_dir} already holds checkpoints; pass --resume to continue that run, --force to start "
             "over (deletes its checkpoints and metrics), or choose another --train.out_dir"
         )
-
-    def log(msg: str) -> None:
-        if info.is_main:
-            _write_line(msg)
 
     if info.world == 1 and (cfg.dist.zero or cfg.dist.fsdp):
         log("(dist.zero / dist.fsdp shard state across processes; on one process they have no effect)")
@@ -134,6 +136,10 @@ def train(cfg: Config, resume: str | Path | None = None, force: bool = False, st
             shutil.rmtree(ckpt.ckpt_root(run_dir), ignore_errors=True)
             (run_dir / "metrics.jsonl").unlink(missing_ok=True)
         run_dir.mkdir(parents=True, exist_ok=True)
+        torn, replayed = metrics.begin(start_step)  # after a kill: a torn last line, steps trained again
+        if torn or replayed:
+            log(f"metrics.jsonl: cut a torn last line ({torn} bytes), marked {replayed} records after step "
+                f"{start_step} as replayed")
         (run_dir / "config.json").write_text(cfg.to_json() + "\n")
         (run_dir / "env.json").write_text(json.dumps(env, indent=2) + "\n")
     metrics.write("start", start_step, params=n_params, world=info.world, grad_accum=grad_accum,
@@ -172,6 +178,7 @@ def train(cfg: Config, resume: str | Path | None = None, force: bool = False, st
             if not math.isfinite(loss_val):
                 log(f"step {steps_done}: loss is {loss_val}; stopping (lower optim.lr or check the data)")
                 metrics.write("train", steps_done, loss=loss_val, lr=lr)
+                result.diverged_at = steps_done
                 break
 
             # observability: one line per log_every steps, metrics.jsonl every step

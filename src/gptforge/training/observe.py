@@ -17,6 +17,8 @@ import platform
 import subprocess
 import sys
 import time
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -122,17 +124,34 @@ def _finite_or_null(fields: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+STEP_KINDS = ("train", "val", "eval", "sample")  # records that describe the model at a step
+
+
 class MetricsLog:
     """Append-only JSON lines: one object per event, each with ``kind`` and ``step``.
 
     Every line is standard JSON (``allow_nan=False``): a diverged loss is written as
     ``"loss": null, "loss_str": "nan"``, so strict parsers (jq, JavaScript, pandas) read it too.
-    ``sinks`` (TensorBoard, W&B; :mod:`gptforge.training.sinks`) receive the same records."""
+    ``sinks`` (TensorBoard, W&B; :mod:`gptforge.training.sinks`) receive the same records.
+
+    After a kill the file may end in a torn line, and a resumed run trains again the steps after
+    its checkpoint. :meth:`begin` (called once per run, before the first write) repairs both: the
+    torn tail is cut back to the last complete record, and the abandoned attempt's records of steps
+    after the resume point get ``"replayed": true`` (kept as evidence, never deleted).
+    :func:`read_metrics` leaves marked records out unless asked for them."""
 
     def __init__(self, path: str | Path, enabled: bool = True, sinks: list | None = None):
         self.path = Path(path)
         self.enabled = enabled
         self.sinks = list(sinks or []) if enabled else []
+
+    def begin(self, start_step: int) -> tuple[int, int]:
+        """Repair the file for a run starting at ``start_step``: returns (bytes of torn tail
+        removed, records marked replayed)."""
+        if not self.enabled or not self.path.exists():
+            return 0, 0
+        torn = repair_torn_tail(self.path)
+        return torn, mark_replayed(self.path, start_step)
 
     def write(self, kind: str, step: int, **fields: Any) -> None:
         if not self.enabled:
@@ -149,16 +168,81 @@ class MetricsLog:
         self.sinks = []
 
 
-def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+def repair_torn_tail(path: Path) -> int:
+    """Cut a last line that a kill left unfinished (no newline, or not a JSON object); bytes removed."""
+    with open(path, "rb+") as f:
+        size = f.seek(0, os.SEEK_END)
+        if size == 0:
+            return 0
+        f.seek(max(0, size - (1 << 20)))
+        tail = f.read()
+        body = tail[:-1] if tail.endswith(b"\n") else tail
+        cut = body.rfind(b"\n") + 1  # start of the last line, within tail
+        if cut == 0 and size > len(tail):
+            return 0  # a last line over 1 MiB: not ours to judge
+        last = body[cut:]
+        ok = tail.endswith(b"\n")
+        if ok:
+            try:
+                ok = isinstance(json.loads(last), dict) if last.strip() else True
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                ok = False
+        if ok:
+            return 0
+        keep = size - len(tail) + cut
+        f.truncate(keep)
+        return size - keep
+
+
+def mark_replayed(path: Path, start_step: int) -> int:
+    """Add ``"replayed": true`` to step records after ``start_step`` (a resumed run writes them
+    again); rewrites the file atomically. Returns the number of records newly marked."""
+    lines = path.read_text(errors="replace").splitlines(keepends=True)
+    marked = 0
+    for i, line in enumerate(lines):
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if (isinstance(rec, dict) and rec.get("kind") in STEP_KINDS and isinstance(rec.get("step"), int)
+                and rec["step"] > start_step and not rec.get("replayed")):
+            rec["replayed"] = True
+            lines[i] = json.dumps(rec) + "\n"
+            marked += 1
+    if marked:
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(lines))
+        os.replace(tmp, path)
+    return marked
+
+
+def read_metrics(path: str | Path, replayed: bool = False,
+                 warn: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """The records of a metrics.jsonl (or a run directory holding one), in order. A line that is
+    not a JSON object is skipped and reported through ``warn`` (default: a warning) with its line
+    number; records marked ``replayed`` (superseded by a resume) are left out unless ``replayed``."""
     out = []
     p = Path(path)
     if p.is_dir():
         p = p / "metrics.jsonl"
-    with open(p) as f:
-        for line in f:
+    if warn is None:
+        def warn(msg: str) -> None:
+            warnings.warn(msg, stacklevel=3)
+    with open(p, errors="replace") as f:
+        for lineno, line in enumerate(f, start=1):
             line = line.strip()
-            if line:
-                out.append(json.loads(line))
+            if not line:
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                warn(f"{p}:{lineno}: not a JSON record ({e.msg}); skipped")
+                continue
+            if not isinstance(rec, dict):
+                warn(f"{p}:{lineno}: not a JSON object; skipped")
+                continue
+            if replayed or not rec.get("replayed"):
+                out.append(rec)
     return out
 
 

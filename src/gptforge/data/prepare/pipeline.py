@@ -46,6 +46,7 @@ import numpy as np
 from gptforge.assets import sha256_file
 from gptforge.data.prepare.sources import Item, SourceError
 from gptforge.data.shards import FORMATS, ShardError, magic_for, read_header, write_shard
+from gptforge.storage import DiskFullError, disk_full_message, is_disk_full
 
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "gptforge-shards/1"
@@ -263,11 +264,24 @@ class _Writer:
         index = len(self.m["shards"])
         split = "val" if index == 0 else "train"
         path = self.out / f"{self.settings.name}_{split}_{index:06d}.bin"
-        write_shard(path, self.buf[: self.fill], magic=self.magic)
+        needed = 1024 + self.fill * self.buf.itemsize  # header + tokens
+        try:
+            write_shard(path, self.buf[: self.fill], magic=self.magic)  # removes its partial file on failure
+        except OSError as e:
+            if is_disk_full(e, self.out, needed):
+                raise DiskFullError(disk_full_message(f"shard {path.name}", needed, self.out)
+                                    + " (finished shards are kept: the same command resumes)") from e
+            raise
         self.m["shards"].append({"file": path.name, "split": split, "tokens": self.fill, "sha256": sha256_file(path)})
         self.m["state"].update(next_item=next_item, doc_offset=doc_offset)
         self.m["tokens"] = sum(s["tokens"] for s in self.m["shards"])
-        _write_json_atomic(self.out / MANIFEST, self.m)
+        try:
+            _write_json_atomic(self.out / MANIFEST, self.m)
+        except OSError as e:  # the shard is written but not listed: the next run removes and redoes it
+            if is_disk_full(e, self.out, 1 << 16):
+                raise DiskFullError(disk_full_message(f"{MANIFEST} after shard {path.name}", needed, self.out)
+                                    + " (earlier shards are kept: the same command resumes)") from e
+            raise
         self.fill = 0
 
 

@@ -1,0 +1,87 @@
+"""A full disk, recognised and named the same way by every writer (checkpoints, prepared shards).
+
+    try:
+        write_something(tmp)
+    except Exception as e:
+        if is_disk_full(e, tmp, needed):
+            raise DiskFullError(disk_full_message("checkpoint step 300", needed, tmp)) from e
+        raise
+
+Writers do not agree on how they report ENOSPC: Python raises ``OSError(errno.ENOSPC)``,
+safetensors a ``SafetensorError`` whose text holds "No space left on device (os error 28)", and
+``torch.save`` a bare ``RuntimeError`` ("basic_ios::clear: iostream error", or "unexpected pos ...")
+with no errno at all. For the last kind the filesystem itself is asked: if it no longer has room
+for what was still to be written, the failure is taken to be a full disk.
+"""
+
+from __future__ import annotations
+
+import errno
+import shutil
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+_ENOSPC_TEXT = ("No space left on device", "os error 28", "Disk quota exceeded", "os error 122")
+
+
+class DiskFullError(OSError):
+    """No space left while writing: the message names what was being written and how much it needs."""
+
+
+def tensor_bytes(obj: Any) -> int:
+    """Bytes of every tensor inside ``obj`` (nested dicts, lists and tuples): a size estimate.
+    Duck-typed (numel/element_size), so this module does not import torch: prepare's workers load it."""
+    if hasattr(obj, "numel") and hasattr(obj, "element_size"):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(tensor_bytes(v) for v in obj)
+    return 0
+
+
+def dir_bytes(paths: Iterable[Path] | Path) -> int:
+    """Total size of the files under ``paths`` (a file, a folder, or several)."""
+    if isinstance(paths, Path):
+        paths = [paths]
+    total = 0
+    for p in paths:
+        if p.is_file():
+            total += p.stat().st_size
+        elif p.is_dir():
+            total += sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
+    return total
+
+
+def free_bytes(path: Path) -> int | None:
+    """Free bytes on the filesystem holding ``path`` (or its nearest existing parent)."""
+    p = Path(path)
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        return shutil.disk_usage(p).free
+    except OSError:
+        return None
+
+
+def is_disk_full(exc: BaseException, where: Path, needed: int = 0, written: int = 0) -> bool:
+    """Whether ``exc``, raised while writing under ``where``, means the disk (or quota) is full.
+    ``needed``: bytes the whole write needs; ``written``: bytes of it already on disk."""
+    for e in (exc, exc.__cause__, exc.__context__):
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if e is not None and any(t in str(e) for t in _ENOSPC_TEXT):
+            return True
+    if isinstance(exc, RuntimeError):  # torch.save: no errno; ask the filesystem
+        free = free_bytes(where)
+        return free is not None and free < max(needed - written, 1 << 20)
+    return False
+
+
+def disk_full_message(what: str, needed: int, where: Path) -> str:
+    """The one line a full disk gets, whoever was writing."""
+    free = free_bytes(where)
+    free_s = f"; {free / 1e9:.2g} GB free there" if free is not None else ""
+    return (f"no space left on device while writing {what} (needs about {needed / 1e9:.2g} GB) in {where}"
+            f"{free_s}. Free some space (or point the output at a bigger disk) and run the same command again")

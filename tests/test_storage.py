@@ -1,0 +1,58 @@
+"""A full disk while preparing shards: one clear line (what, how much), no partial file, and the
+finished shards kept so the same command resumes. (Checkpoints: tests/test_checkpoint_safety.py.)"""
+
+from __future__ import annotations
+
+import errno
+import re
+
+import pytest
+
+from gptforge.cli import main
+from gptforge.data.prepare import pipeline
+from gptforge.data.shards import read_shard
+from gptforge.storage import is_disk_full
+
+
+def test_disk_full_is_recognised_in_every_writers_dialect(tmp_path, monkeypatch):
+    assert is_disk_full(OSError(errno.ENOSPC, "No space left on device"), tmp_path)
+    assert is_disk_full(OSError(errno.EDQUOT, "Disk quota exceeded"), tmp_path)
+    # safetensors' Rust error, as it reads on a real full tmpfs
+    assert is_disk_full(Exception("Error while serializing: I/O error: No space left on device (os error 28)"),
+                        tmp_path)
+    assert not is_disk_full(OSError(errno.EIO, "Input/output error"), tmp_path)
+    # torch.save: a RuntimeError with no errno; the answer depends on the room left
+    torch_says = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+    assert not is_disk_full(torch_says, tmp_path, needed=1000)  # this disk has room: some other failure
+    monkeypatch.setattr("gptforge.storage.free_bytes", lambda path: 0)
+    assert is_disk_full(torch_says, tmp_path, needed=1000)
+
+
+def test_prepare_on_a_full_disk_says_so_and_keeps_finished_shards(tmp_path, monkeypatch, capsys):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n\n".join(f"document {i}: " + "words and more words " * 40 for i in range(40)))
+    real_write, calls = pipeline.write_shard, {"n": 0}
+
+    def write_shard(path, tokens, magic=None):
+        calls["n"] += 1
+        if calls["n"] == 3:  # the third shard: the disk is full
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real_write(path, tokens, magic=magic)
+
+    monkeypatch.setattr(pipeline, "write_shard", write_shard)
+    out = tmp_path / "out"
+    argv = ["prepare", "files", str(corpus), "--out", str(out), "--shard-tokens", "1000", "--workers", "1",
+            "--no-progress"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    m = re.search(r"no space left on device while writing shard data_train_000002\.bin \(needs about ([0-9.e-]+) GB\)",
+                  err)
+    assert m, err
+    assert float(m.group(1)) == pytest.approx((1024 + 1000 * 2) / 1e9, rel=0.05)  # header + 1000 uint16 tokens
+    assert "the same command resumes" in err
+    assert sorted(p.name for p in out.glob("*.bin")) == ["data_train_000001.bin", "data_val_000000.bin"]
+    monkeypatch.undo()
+    assert main(argv) == 0  # room again: it resumes
+    capsys.readouterr()
+    assert len(read_shard(out / "data_train_000002.bin")) == 1000
+
