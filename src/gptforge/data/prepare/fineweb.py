@@ -37,6 +37,8 @@ def prepare_fineweb(out: str | os.PathLike | None = None, edu: bool = False, sam
     name = "edu_fineweb" if edu else "fineweb"
     settings = settings or PrepareSettings()
     settings.name = name
+    if settings.val_tokens is None:  # llm.c's fineweb.py: the first shard is the val split (capped at 10%)
+        settings.val_tokens = settings.shard_tokens
     out = out or f"data/{name}{sample.removesuffix('T')}"
     source = fineweb_source(edu, sample, data_files)
     return prepare(source, out, settings, force=force, progress=progress,

@@ -36,7 +36,7 @@ class SourceError(ValueError):
 
 @dataclass
 class Item:
-    text: str | None  # None: a bad row, see reason
+    text: str | None  # None: a bad row, see reason; "": an empty document (skipped and counted, not bad)
     where: str  # "file:row" for messages and the manifest
     reason: str = ""
 
@@ -124,7 +124,7 @@ class FilesSource:
         except UnicodeDecodeError as e:
             yield 1, Item(None, f"{f}", f"not valid UTF-8 at byte {e.start}")
             return
-        yield 1, (Item(text, f"{f}") if text else Item(None, f"{f}", "empty document"))
+        yield 1, Item(text, f"{f}")  # "" is an empty document: counted, not an error
 
     def _jsonl(self, f: Path) -> Iterator[tuple[int, Item | None]]:
         opener = gzip.open if f.name.lower().endswith(".gz") else open
@@ -155,8 +155,6 @@ class FilesSource:
         text = row[self.text_field]
         if not isinstance(text, str):
             return Item(None, where, f"field {self.text_field!r} is {type(text).__name__}, not a string")
-        if not text:
-            return Item(None, where, "empty document")
         return Item(text, where)
 
     def _parquet(self, f: Path, skip: int) -> Iterator[tuple[int, Item | None]]:
@@ -218,7 +216,7 @@ def _bytes_item(v: bytes | None, where: str) -> Item:
         text = v.decode("utf-8")
     except UnicodeDecodeError as e:
         return Item(None, where, f"not valid UTF-8 at byte {e.start}")
-    return Item(text, where) if text else Item(None, where, "empty document")
+    return Item(text, where)
 
 
 class HFStreamSource:
@@ -261,7 +259,7 @@ class HFStreamSource:
                 yield Item(None, where, f"no value for {self.text_field!r}")
             elif isinstance(text, bytes):
                 yield _bytes_item(text, where)
-            elif not isinstance(text, str) or not text:
-                yield Item(None, where, "empty document" if text == "" else f"{type(text).__name__}, not text")
+            elif not isinstance(text, str):
+                yield Item(None, where, f"{type(text).__name__}, not text")
             else:
                 yield Item(text, where)
