@@ -197,7 +197,11 @@ def args_serve(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from gptforge.extras import require
     from gptforge.runtime import resolve_device
+
+    for module in ("fastapi", "uvicorn"):  # before anything is loaded: one line naming the extra
+        require(module, extra="serve", for_what="gptforge serve")
     from gptforge.serve.app import ServeSettings, run_server
 
     source = model_source(args)

@@ -27,6 +27,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from gptforge.extras import require
+
 SUFFIXES = (".txt", ".jsonl", ".jsonl.gz", ".parquet")
 
 
@@ -74,6 +76,8 @@ class FilesSource:
         self.files = expand_paths(paths)
         self.text_field = text_field
         self.batch_rows = batch_rows
+        if any(_kind(f) == ".parquet" for f in self.files):
+            _pyarrow()  # a missing pyarrow is reported now, before any work
 
     def describe(self) -> dict:
         """Identity of the input, checked when a run resumes (a changed input would shift documents)."""
@@ -158,7 +162,7 @@ class FilesSource:
         return Item(text, where)
 
     def _parquet(self, f: Path, skip: int) -> Iterator[tuple[int, Item | None]]:
-        import pyarrow as pa
+        pa = _pyarrow()
 
         try:
             pf = _parquet_file(f)
@@ -199,8 +203,12 @@ class FilesSource:
                                              "the rest of the file is unreadable")
 
 
+def _pyarrow():
+    return require("pyarrow", extra="data", for_what="reading parquet (gptforge prepare files|fineweb)")
+
+
 def _parquet_file(f: Path):
-    import pyarrow as pa
+    pa = _pyarrow()
     import pyarrow.parquet as pq
 
     try:
@@ -241,11 +249,7 @@ class HFStreamSource:
         return None
 
     def items(self, start: int = 0) -> Iterator[Item]:
-        try:
-            import datasets
-        except ImportError as e:
-            raise SourceError("streaming from Hugging Face needs the `datasets` package: "
-                              "pip install 'gptforge[data]'") from e
+        datasets = require("datasets", extra="data", for_what="streaming from Hugging Face (gptforge prepare fineweb)")
         kwargs = {"data_files": self.data_files} if self.data_files else {}
         ds = datasets.load_dataset(self.path, name=self.name, split=self.split, streaming=True, **kwargs)
         ds = ds.select_columns([self.text_field])
