@@ -218,8 +218,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         where = ckpt.resolve_checkpoint(args.ckpt)
         found = [p / "metrics.jsonl" for p in (where, *where.parents[:3]) if (p / "metrics.jsonl").exists()]
         metrics = str(found[0]) if found else None
+    from gptforge.serve.describe import describe_served
+
     model = load(source).to(resolve_device(args.device))
-    run_server(model, settings, host=args.host, port=args.port, metrics_path=metrics)
+    run_server(model, settings, host=args.host, port=args.port, metrics_path=metrics,
+               served=describe_served(model, args.ckpt, args.hf, args.llmc, args.random))
     return 0
 
 

@@ -93,7 +93,7 @@ class WandbSink:
 
 
 def check_available(names: list[str]) -> None:
-    """Before any compute: a requested sink whose package is missing is a ConfigError with the fix."""
+    """Before any compute: a requested sink whose package is missing is one line naming its extra (gptforge.extras)."""
     from gptforge.extras import require
 
     for name in names:  # the extras have the sinks' names; MissingExtra is one line and exit 2 in the CLI
