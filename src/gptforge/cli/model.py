@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from gptforge.cli.common import CliError, add_model_source, load, model_source
 
@@ -140,6 +141,9 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     model = load(model_source(args))
     tokenizer = not args.no_tokenizer and model.config.vocab_size == GPT2_VOCAB
+    n = sum(p.numel() for p in model.parameters())
+    print(f"gptforge export: writing {n / 1e6:.1f}M parameters to {args.out} ...", file=sys.stderr,
+          flush=True)  # seconds for the larger models: not silent
     try:
         if args.format == "hf":
             from gptforge.models.registry import family_of
