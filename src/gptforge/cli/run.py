@@ -85,7 +85,9 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
         print(f"gptforge train: the loss diverged (not finite) at step {result.diverged_at}; lower --optim.lr "
               f"or check the data, then resume from the last checkpoint", file=sys.stderr)
         return EXIT_DIVERGED
-    return 130 if result.interrupted else 0
+    from gptforge.training.faults import exit_status
+
+    return exit_status(result.interrupted)  # a clean stop under torchrun is not a failure
 
 
 def _init_from(source: str, cfg):
