@@ -29,7 +29,7 @@ def resume_notice(saved: Config, cfg: Config, step: int, where: Path) -> tuple[b
     ``saved``, under ``cfg`` (the saved config with this command line's overrides)."""
     run = where.parent.parent if where.parent.name == "checkpoints" else where
     new, old = cfg.train.max_steps, saved.train.max_steps
-    if step >= new:
+    if step >= new and cfg.model == saved.model:  # a changed model goes on to be checked against the weights
         suggest = max(2 * step, step + 1)
         return True, (
             f"run {run} is complete: its newest checkpoint ({where.name}) is at step {step} of "
