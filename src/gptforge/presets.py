@@ -52,7 +52,8 @@ def tiny() -> Config:
         optim=OptimConfig(lr=1e-3, warmup_steps=2, min_lr_frac=0.1),
         train=TrainConfig(
             micro_batch=4, seq_len=32, total_batch_tokens=256, max_steps=10, dtype="float32", compile=False,
-            val_every=5, val_tokens=1024, sample_every=0, sample_tokens=8, ckpt_every=5, keep_ckpts=0,
+            # a smoke run saves rarely and keeps two checkpoints, however long it is made
+            val_every=5, val_tokens=1024, sample_every=0, sample_tokens=8, ckpt_every=100, keep_ckpts=2,
             out_dir="runs/tiny",
         ),
     )

@@ -24,6 +24,9 @@ from gptforge.bench.timing import timed_pair
 def run_bench_generate(size: str = "gpt2", batches: list[int] | tuple[int, ...] = (1, 8), prompt_tokens: int = 16,
                        new_tokens: int = 64, repeats: int = 3, device: str = "auto", out: str | None = None,
                        dtype: torch.dtype = torch.float32, threads: int = 0) -> dict[str, Any]:
+    from gptforge.extras import require
+
+    require("transformers", extra="hf", for_what="gptforge bench-generate")
     from transformers import GPT2Config, GPT2LMHeadModel
 
     from gptforge.generation import generate

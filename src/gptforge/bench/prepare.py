@@ -107,7 +107,9 @@ def run_bench(workers: list[int], copies: int = 8, repeats: int = 2, shard_token
     import torch
 
     from gptforge.data.prepare.pipeline import available_cores
+    from gptforge.extras import require
 
+    require("pyarrow", extra="data", for_what="gptforge bench-prepare")  # the corpus is parquet
     cores = available_cores()
     docs = shakespeare_documents()
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:

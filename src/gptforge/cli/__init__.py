@@ -66,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     from gptforge.data.shards import ShardError
     from gptforge.data.tokenizer import TokenizerUnavailable
     from gptforge.eval.tasks.base import EvalDataError
+    from gptforge.extras import MissingExtra
     from gptforge.runtime import DeviceUnavailable
     from gptforge.storage import DiskFullError
     from gptforge.training.checkpoint import CheckpointError
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         handler = _fn(args.command, "cmd")
         return handler(args, rest) if takes_overrides else handler(args)
     except (CliError, ConfigError, ShardError, CheckpointError, TokenizerUnavailable, FileNotFoundError,
-            EvalDataError, DeviceUnavailable, DiskFullError) as e:
+            EvalDataError, DeviceUnavailable, DiskFullError, MissingExtra) as e:
         print(f"gptforge {args.command}: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
 

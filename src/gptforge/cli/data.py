@@ -37,7 +37,10 @@ def args_prepare(p: argparse.ArgumentParser) -> None:
 
 def _shard_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shard-tokens", type=count, default=100_000_000,
-                   help="tokens per shard (default 1e8, as llm.c); shard 0 is validation")
+                   help="tokens per train shard (default 1e8, as llm.c)")
+    p.add_argument("--val-tokens", type=count, default=None,
+                   help="tokens in the val shard (shard 0), at most 10%% of the corpus; default 10485760 (one "
+                        "validation pass of the GPT-2 presets) for files, one shard (llm.c) for fineweb; 0 = none")
     p.add_argument("--workers", type=count, default=0, help="tokenizer processes (default 0 = all cores)")
     p.add_argument("--tokenizer", default="gpt2", help="gpt2 (default, works offline) or a tiktoken encoding name")
     p.add_argument("--skip-bad", action="store_true",
@@ -59,7 +62,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     from gptforge.data.prepare.sources import FilesSource, SourceError
 
     settings = PrepareSettings(shard_tokens=args.shard_tokens, tokenizer=args.tokenizer, skip_bad=args.skip_bad,
-                               workers=args.workers, start_method=args.start_method)
+                               workers=args.workers, start_method=args.start_method, val_tokens=args.val_tokens)
     try:
         if args.source_name == "fineweb":
             from gptforge.data.prepare.fineweb import prepare_fineweb

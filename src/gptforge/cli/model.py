@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from gptforge.cli.common import CliError, add_model_source, load, model_source
 
@@ -140,6 +141,9 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     model = load(model_source(args))
     tokenizer = not args.no_tokenizer and model.config.vocab_size == GPT2_VOCAB
+    n = sum(p.numel() for p in model.parameters())
+    print(f"gptforge export: writing {n / 1e6:.1f}M parameters to {args.out} ...", file=sys.stderr,
+          flush=True)  # seconds for the larger models: not silent
     try:
         if args.format == "hf":
             from gptforge.models.registry import family_of
@@ -197,7 +201,11 @@ def args_serve(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from gptforge.extras import require
     from gptforge.runtime import resolve_device
+
+    for module in ("fastapi", "uvicorn"):  # before anything is loaded: one line naming the extra
+        require(module, extra="serve", for_what="gptforge serve")
     from gptforge.serve.app import ServeSettings, run_server
 
     source = model_source(args)
@@ -214,8 +222,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         where = ckpt.resolve_checkpoint(args.ckpt)
         found = [p / "metrics.jsonl" for p in (where, *where.parents[:3]) if (p / "metrics.jsonl").exists()]
         metrics = str(found[0]) if found else None
+    from gptforge.serve.describe import describe_served
+
     model = load(source).to(resolve_device(args.device))
-    run_server(model, settings, host=args.host, port=args.port, metrics_path=metrics)
+    run_server(model, settings, host=args.host, port=args.port, metrics_path=metrics,
+               served=describe_served(model, args.ckpt, args.hf, args.llmc, args.random))
     return 0
 
 

@@ -60,7 +60,8 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
     # resolved once, here: the newest checkpoint that verifies (damaged ones are named and skipped)
     resume = Checkpointer.find(cfg.train.out_dir, args.resume, warn=lambda m: print(m, file=sys.stderr))
     if resume is not None:  # the checkpoint's own config, with this command line's overrides on top
-        cfg = apply_overrides(Config.from_dict(ckpt.read_meta(resume)["config"]), overrides)
+        meta = ckpt.read_meta(resume)
+        cfg = apply_overrides(Config.from_dict(meta["config"]), overrides)
     cfg.train.trust_checkpoint = trusted  # a checkpoint never vouches for itself
     init_weights = None
     if args.init_from is not None:
@@ -72,6 +73,11 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
     if args.dry_run:
         print(cfg.to_json())
         return 0
+    if resume is not None:
+        from gptforge.training.extend import check_resume
+
+        if check_resume(Config.from_dict(meta["config"]), cfg, int(meta["step"]), resume):
+            return 0  # a finished run: said so, and how to extend it
     from gptforge.training.loop import train
 
     result = train(cfg, resume=resume, force=args.force, init_weights=init_weights)
@@ -79,7 +85,9 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
         print(f"gptforge train: the loss diverged (not finite) at step {result.diverged_at}; lower --optim.lr "
               f"or check the data, then resume from the last checkpoint", file=sys.stderr)
         return EXIT_DIVERGED
-    return 130 if result.interrupted else 0
+    from gptforge.training.faults import exit_status
+
+    return exit_status(result.interrupted)  # a clean stop under torchrun is not a failure
 
 
 def _init_from(source: str, cfg):

@@ -130,5 +130,11 @@ def list_shards(data_dir: str | os.PathLike, split: str) -> list[Path]:
         raise ShardError(f"data directory {d} does not exist; run `gptforge prepare ...` first")
     files = sorted(p for p in d.glob(f"*{split}*.bin") if p.is_file())
     if not files:
+        others = sorted(p.name for p in d.glob("*.bin") if p.is_file())
+        if others:  # e.g. a corpus prepared into a val shard only (prepare's old default on a small corpus)
+            raise ShardError(
+                f"no '{split}' shards (*{split}*.bin) in {d}, only {', '.join(others[:3])}"
+                f"{' ...' if len(others) > 3 else ''}; prepare it again with a smaller --shard-tokens or "
+                f"--val-tokens (gptforge prepare files ... --force) so that a '{split}' split is left")
         raise ShardError(f"no '{split}' shards (*{split}*.bin) in {d}; run `gptforge prepare ...` first")
     return files

@@ -78,8 +78,11 @@ def evaluate(
     batch_tokens: int | None = None,
     rank: int = 0,
     world: int = 1,
+    log: Callable[[str], None] | None = None,
 ) -> dict[str, dict[str, float]]:
-    """task name -> {"n", "acc", "acc_norm" | "ppl", "seconds"} for the uncompiled ``model``."""
+    """task name -> {"n", "acc", "acc_norm" | "ppl", "seconds"} for the uncompiled ``model``.
+    With ``log`` (the ``eval`` command, rank 0): a progress bar per task on stderr and a line per
+    finished task, so a long evaluation is never silent."""
     device = torch.device(device)
     check_model_vocab(model)
     autocast = autocast or autocast_for(device)
@@ -87,12 +90,42 @@ def evaluate(
     results = {}
     for p in prepared:
         t0 = time.perf_counter()
-        r = evaluate_requests(model, p.task, p.examples, p.requests, device, autocast, batch_tokens, rank, world)
+        bar = _task_bar(p, world) if log is not None else None
+        try:
+            r = evaluate_requests(model, p.task, p.examples, p.requests, device, autocast, batch_tokens, rank, world,
+                                  progress=bar.progress if bar else None)
+        finally:
+            if bar is not None:
+                bar.close()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         r["seconds"] = time.perf_counter() - t0
         results[p.task.name] = r
+        if log is not None:
+            log(f"{p.task.name}: done, {_summary(r)} ({r['seconds']:.1f} s)")
     return results
+
+
+class _task_bar:
+    """A tqdm bar over one task's requests (candidates), this rank's share."""
+
+    def __init__(self, p: PreparedTask, world: int):
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=None, desc=f"{p.task.name} ({len(p.examples)} examples)", unit="req",
+                        dynamic_ncols=True, leave=False, mininterval=1.0)
+
+    def progress(self, done: int, total: int) -> None:
+        self.bar.total = total
+        self.bar.update(done - self.bar.n)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def _summary(r: dict) -> str:
+    return f"n {r['n']} acc {r['acc']:.4f}" + (f" acc_norm {r['acc_norm']:.4f}" if "acc_norm" in r
+                                               else f" ppl {r['ppl']:.2f}")
 
 
 def format_table(results: dict[str, dict[str, float]]) -> str:
@@ -131,7 +164,8 @@ def run_eval(
     if timer is not None:
         results = {p.task.name: timer(model, p, info.device, autocast, batch_tokens, log) for p in prepared}
     else:
-        results = evaluate(model, prepared, info.device, autocast, batch_tokens, info.rank, info.world)
+        results = evaluate(model, prepared, info.device, autocast, batch_tokens, info.rank, info.world,
+                           log=log if info.is_main else None)
         log(format_table(results))
     if json_out and info.is_main:
         Path(json_out).write_text(json.dumps({"model": source, "limit": limit, "dtype": dtype,

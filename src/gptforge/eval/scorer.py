@@ -70,8 +70,10 @@ def score_requests(
     device: torch.device | str = "cpu",
     autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
     batch_tokens: int = 4096,
+    progress: Callable[[int], None] | None = None,
 ) -> list[CandidateScore]:
-    """Score every request; results in the order of ``requests``.
+    """Score every request; results in the order of ``requests``. ``progress(n)`` is called after
+    each forward with the number of requests it scored (a progress bar).
 
     A request longer than the model's context keeps its last ``block_size + 1`` tokens (the context
     is cut from the left, as lm-eval does)."""
@@ -110,6 +112,8 @@ def score_requests(
         greedy = ((logits.argmax(-1) == y) | ~scored).all(1).tolist()
         for r, i in enumerate(idx):
             out[i] = CandidateScore(sums[r], counts[r], greedy[r])
+        if progress is not None:
+            progress(len(idx))
     return out  # type: ignore[return-value]
 
 
@@ -130,10 +134,12 @@ def evaluate_requests(
     batch_tokens: int = 4096,
     rank: int = 0,
     world: int = 1,
+    progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, float]:
     """Score one task on this rank's share (examples rank, rank+world, ...) and all-reduce the counts.
 
-    Choice tasks give ``acc`` and ``acc_norm``; last-word tasks ``acc`` and ``ppl``; both give ``n``."""
+    Choice tasks give ``acc`` and ``acc_norm``; last-word tasks ``acc`` and ``ppl``; both give ``n``.
+    ``progress(done, total)``: requests of this rank scored so far, after each forward."""
     device = torch.device(device)
     raw = unwrap(model)
     was_training = raw.training
@@ -141,7 +147,13 @@ def evaluate_requests(
     try:
         mine = list(range(rank, len(examples), world))
         flat = [req for i in mine for req in requests[i]]
-        scores = score_requests(raw, flat, device, autocast, batch_tokens)
+        done = [0]
+
+        def step(n: int) -> None:
+            done[0] += n
+            progress(done[0], len(flat))
+
+        scores = score_requests(raw, flat, device, autocast, batch_tokens, step if progress else None)
     finally:
         raw.train(was_training)
     # totals: [examples, correct (acc), correct (acc_norm) or summed loss]

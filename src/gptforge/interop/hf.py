@@ -41,8 +41,16 @@ class HFModelError(CheckpointError):
     """A Hugging Face directory/model gptforge cannot load faithfully; the message names what was found."""
 
 
+def _transformers():
+    """transformers, or one line naming the extra (every --hf load starts here)."""
+    from gptforge.extras import require
+
+    return require("transformers", extra="hf", for_what="loading Hugging Face weights (--hf)")
+
+
 def hf_model_type(name_or_dir: str) -> str:
     """``model_type`` from a local directory's config.json, or the hub config of a model name."""
+    _transformers()  # before reading anything: a missing package is reported first
     local = Path(name_or_dir)
     if local.is_dir():
         cfg_path = local / "config.json"
@@ -81,12 +89,7 @@ def load_hf_state_dict(name_or_dir: str) -> tuple[dict, dict[str, torch.Tensor]]
     """Return (config dict, state dict) of a HF GPT-2 model from a hub name or local directory.
     Refuses another architecture (by ``model_type``) and a checkpoint whose weights do not all
     fit (missing, unexpected or mis-shaped), naming them."""
-    try:
-        from transformers import GPT2LMHeadModel
-    except ImportError as e:  # pragma: no cover - depends on the environment
-        raise RuntimeError(
-            "loading Hugging Face weights needs `transformers`: pip install 'gptforge[hf]'"
-        ) from e
+    GPT2LMHeadModel = _transformers().GPT2LMHeadModel
     family = hf_family(name_or_dir)
     if family != "gpt2":
         raise HFModelError(f"{name_or_dir}: a {family} model; the GPT-2 loader cannot read it")

@@ -137,8 +137,9 @@ def read_loss_curve(path: str | Path | None, max_points: int = 2000) -> dict[str
 
 
 def create_app(model: torch.nn.Module, enc: tiktoken.Encoding | None = None, settings: ServeSettings | None = None,
-               metrics_path: str | Path | None = None) -> FastAPI:
-    """The FastAPI app around one loaded model (tests build it directly and call it in-process)."""
+               metrics_path: str | Path | None = None, served: dict | None = None) -> FastAPI:
+    """The FastAPI app around one loaded model (tests build it directly and call it in-process).
+    ``served``: what is served, from :func:`gptforge.serve.describe.describe_served`."""
     from gptforge.generation import SamplingParams, stream_text
 
     if enc is None:
@@ -195,7 +196,10 @@ def create_app(model: torch.nn.Module, enc: tiktoken.Encoding | None = None, set
 
     @app.get("/api/info")
     async def info():
+        from gptforge.serve.describe import describe_served
+
         return {"model": model.config.to_dict(), "parameters": model.num_parameters(),
+                "served": served or describe_served(model),
                 "limits": asdict(settings), "queue": {"waiting": gate.waiting}}
 
     @app.get("/api/metrics")
@@ -285,9 +289,9 @@ def create_app(model: torch.nn.Module, enc: tiktoken.Encoding | None = None, set
 
 
 def run_server(model: torch.nn.Module, settings: ServeSettings, host: str = "127.0.0.1", port: int = 8000,
-               metrics_path: str | Path | None = None) -> None:
+               metrics_path: str | Path | None = None, served: dict | None = None) -> None:
     import uvicorn
 
-    app = create_app(model, settings=settings, metrics_path=metrics_path)
+    app = create_app(model, settings=settings, metrics_path=metrics_path, served=served)
     print(f"gptforge serve: http://{host}:{port}/  (JSON API under /api, schema at /docs; Ctrl-C stops)", flush=True)
     uvicorn.run(app, host=host, port=port, log_level="warning")

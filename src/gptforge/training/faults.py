@@ -45,6 +45,27 @@ def elastic_restart() -> bool:
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
 
 
+def exit_status(interrupted: bool) -> int:
+    """The exit status of ``gptforge train``: 0 when finished, 130 when stopped by a signal (the
+    shell's convention for Ctrl-C), except under torchrun, where a clean stop exits 0.
+
+    torchrun reports any non-zero worker exit as ``ChildFailedError`` ("gptforge FAILED"), and with
+    ``--max-restarts`` it would restart the group, which resumes and trains on: the stop would not
+    stop. A rank that saved its checkpoint and said "stopped at step N" has not failed. What the
+    workers cannot change: when torchrun itself gets the signal (Ctrl-C in its terminal), its agent
+    raises ``SignalException`` and prints that traceback whatever the workers do; rank 0 says so.
+    """
+    if not interrupted:
+        return 0
+    if not os.environ.get("TORCHELASTIC_RUN_ID"):
+        return 130
+    if os.environ.get("RANK", "0") == "0":
+        print("(under torchrun: the run stopped cleanly at the checkpoint above and the workers exit 0; a "
+              "SignalException traceback from torchrun after this, if any, is its own report of the signal "
+              "it received)", file=sys.stderr, flush=True)
+    return 0
+
+
 def maybe_inject_fault(info: DistInfo, steps_done: int) -> None:
     """Fault injection for testing: ``GPTFORGE_FAULT_INJECT=RANK:STEP`` kills that rank (SIGKILL, no
     cleanup: like a crashed node) right after optimizer step STEP; ``RANK:STEP:term`` sends it SIGTERM

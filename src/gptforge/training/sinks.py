@@ -16,13 +16,12 @@ continues the same W&B run (its id is kept in ``RUN/wandb_run_id``).
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import secrets
 from pathlib import Path
 from typing import Any, Protocol
 
-from gptforge.config import ConfigError, parse_log_to
+from gptforge.config import parse_log_to
 
 _SKIP = {"kind", "step", "time"}
 
@@ -94,11 +93,11 @@ class WandbSink:
 
 
 def check_available(names: list[str]) -> None:
-    """Before any compute: a requested sink whose package is missing is a ConfigError with the fix."""
-    need = {"tensorboard": "tensorboard", "wandb": "wandb"}
-    for name in names:
-        if importlib.util.find_spec(need[name]) is None:
-            raise ConfigError(f"train.log_to={name} needs the {need[name]} package: pip install 'gptforge[{name}]'")
+    """Before any compute: a requested sink whose package is missing is one line naming its extra (gptforge.extras)."""
+    from gptforge.extras import require
+
+    for name in names:  # the extras have the sinks' names; MissingExtra is one line and exit 2 in the CLI
+        require(name, extra=name, for_what=f"train.log_to={name}")
 
 
 def open_sinks(log_to: str, run_dir: str | Path, start_step: int = 0,

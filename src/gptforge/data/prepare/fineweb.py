@@ -17,6 +17,7 @@ import os
 
 from gptforge.data.prepare.pipeline import PrepareSettings, prepare
 from gptforge.data.prepare.sources import HFStreamSource
+from gptforge.extras import require
 
 SAMPLES = {"10BT": 10_000_000_000, "100BT": 100_000_000_000, "350BT": 350_000_000_000}  # GPT-2 tokens, roughly
 
@@ -37,7 +38,10 @@ def prepare_fineweb(out: str | os.PathLike | None = None, edu: bool = False, sam
     name = "edu_fineweb" if edu else "fineweb"
     settings = settings or PrepareSettings()
     settings.name = name
+    if settings.val_tokens is None:  # llm.c's fineweb.py: the first shard is the val split (capped at 10%)
+        settings.val_tokens = settings.shard_tokens
     out = out or f"data/{name}{sample.removesuffix('T')}"
+    require("datasets", extra="data", for_what="gptforge prepare fineweb")  # before anything is started
     source = fineweb_source(edu, sample, data_files)
     return prepare(source, out, settings, force=force, progress=progress,
                    expected_tokens=None if data_files else SAMPLES[sample])

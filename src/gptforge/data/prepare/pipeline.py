@@ -8,10 +8,18 @@ The one pipeline behind ``prepare files`` and ``prepare fineweb``:
   (:mod:`gptforge.data.prepare.sources`). The main process cuts them into chunks, worker processes
   tokenize chunks (``<|endoftext|>`` then the text, llm.c's convention) and the results are taken
   back in submission order, so the token stream does not depend on the number of workers.
-* **Shards.** Tokens fill shards of exactly ``shard_tokens`` tokens; shard 0 is validation
-  (``{name}_val_000000.bin``), the rest train (``{name}_train_000001.bin``, ...), as in llm.c's
-  ``fineweb.py``. A document that does not fit is split: its head ends this shard, its tail
+* **Shards.** Shard 0 is validation (``{name}_val_000000.bin``), the rest train
+  (``{name}_train_000001.bin``, ...), as in llm.c's ``fineweb.py``. The val shard is sized on its
+  own: the first ``val_tokens`` tokens of the stream, but at most ``val_max_fraction`` (10%) of the
+  corpus and never all of it, so a small corpus still gets a train split. Train shards hold exactly
+  ``shard_tokens`` tokens. A document that does not fit is split: its head ends this shard, its tail
   starts the next (llm.c does the same). The last shard holds the remainder.
+* **Val size.** Deciding the cap needs to know whether the corpus holds more than
+  ``val_tokens / val_max_fraction`` tokens. Until it is known, tokenized chunks are spilled to
+  ``{name}.head.tmp`` in ``out`` (disk, not memory), then replayed through the writer; a source
+  whose size is known to be larger (FineWeb's samples) decides at once. The decision is recorded
+  in the manifest (``val_tokens``) and depends only on the token stream, so the bytes stay the same
+  for any ``workers``.
 * **Resume.** After each shard is written (temporary name, fsync, rename) ``manifest.json`` is
   rewritten atomically with the shard's sha256 and the resume point: the next item and how many
   tokens of it the shards already hold. A restart verifies the listed shards, deletes anything
@@ -25,6 +33,8 @@ The one pipeline behind ``prepare files`` and ``prepare fineweb``:
   so one very large document (a huge .txt file) is the exception.
 * **Bad rows** stop the run with the file and row named, or with ``skip_bad`` are skipped and
   counted (with the first 100 locations) in the manifest.
+* **Empty documents** (an empty text, a zero-byte .txt) are not bad rows: real corpora have them.
+  They are skipped (no tokens, not even the separator) and counted as ``empty_documents``.
 """
 
 from __future__ import annotations
@@ -51,6 +61,7 @@ from gptforge.storage import DiskFullError, disk_full_message, is_disk_full
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "gptforge-shards/1"
 MAX_SKIP_EXAMPLES = 100
+DEFAULT_VAL_TOKENS = 10_485_760  # one validation pass of the GPT-2 presets: train.val_tokens = 20 x 524,288
 
 
 def _gpt2():
@@ -78,7 +89,9 @@ def load_tokenizer(name: str):
 @dataclass
 class PrepareSettings:
     name: str = "data"  # shard file prefix: {name}_{val|train}_{index:06d}.bin
-    shard_tokens: int = 100_000_000  # tokens per shard (llm.c: 1e8)
+    shard_tokens: int = 100_000_000  # tokens per train shard (llm.c: 1e8)
+    val_tokens: int | None = None  # val shard size; None = the source's default (DEFAULT_VAL_TOKENS for files)
+    val_max_fraction: float = 0.1  # ... but at most this fraction of the corpus
     tokenizer: str = "gpt2"
     skip_bad: bool = False  # skip and count bad rows instead of stopping
     workers: int = 0  # tokenizer processes; 0 = all cores; 1 = tokenize in the main process
@@ -88,7 +101,11 @@ class PrepareSettings:
 
     def identity(self) -> dict:
         """The settings that decide the output bytes (the rest only decide speed)."""
-        return {"name": self.name, "shard_tokens": self.shard_tokens, "tokenizer": self.tokenizer}
+        return {"name": self.name, "shard_tokens": self.shard_tokens, "tokenizer": self.tokenizer,
+                "val_tokens": self.resolved_val_tokens(), "val_max_fraction": self.val_max_fraction}
+
+    def resolved_val_tokens(self) -> int:
+        return DEFAULT_VAL_TOKENS if self.val_tokens is None else self.val_tokens
 
 
 # --- worker side: top-level functions, so spawn/forkserver can pickle them ----------------------------
@@ -207,26 +224,107 @@ def peak_rss_mb() -> float:
 
 
 class _Writer:
-    """Fills shards in order and keeps the manifest (the resume state) in step with them."""
+    """Fills shards in order and keeps the manifest (the resume state) in step with them.
 
-    def __init__(self, out: Path, manifest: dict, settings: PrepareSettings, magic: int):
+    Until the val shard's size is decided (``val_size`` is None) chunks are held in a spill file;
+    :meth:`_decide` fixes the size and replays them, so what follows is the same as if it had been
+    known from the start.
+    """
+
+    def __init__(self, out: Path, manifest: dict, settings: PrepareSettings, magic: int,
+                 expected_tokens: int | None = None):
         self.out, self.m, self.settings, self.magic = out, manifest, settings, magic
-        self.buf = np.empty(settings.shard_tokens, dtype=FORMATS[magic][1])
-        self.fill = 0
         st = manifest["state"]
+        st.setdefault("empty_documents", 0)  # manifests written before empty documents were counted
         self.item, self.offset = st["next_item"], st["doc_offset"]  # offset: tokens of this item already in shards
+        self.fill = 0
+        self.dtype = np.dtype(FORMATS[magic][1])
+        val = settings.resolved_val_tokens()
+        frac = settings.val_max_fraction
+        # above this many tokens the cap no longer bites: the val shard is exactly val_tokens
+        self.head_limit = int(np.ceil(val / frac)) if val else 0
+        self.val_size: int | None = st.get("val_tokens")
+        if self.val_size is None and (val == 0 or (expected_tokens or 0) > self.head_limit):
+            self._record_val_size(val)
+        self.buf = np.empty(0, dtype=self.dtype)
+        self.spill_path = out / f"{settings.name}.head.tmp"
+        self.spill = None
+        self.held: list[tuple[int, list, np.ndarray]] = []  # (first item, kinds, lengths) of spilled chunks
+        self.held_tokens = self.held_items = 0
+        if self.val_size is not None:
+            self._alloc()
+
+    @property
+    def tokens_seen(self) -> int:
+        return self.m["tokens"] + self.fill + self.held_tokens
+
+    def _record_val_size(self, v: int) -> None:
+        self.val_size = v
+        self.m["state"]["val_tokens"] = v
+        _write_json_atomic(self.out / MANIFEST, self.m)
+
+    def _alloc(self) -> None:
+        self.buf = np.empty(max(self.settings.shard_tokens, self.val_size), dtype=self.dtype)
+
+    def _index(self) -> int:
+        return len(self.m["shards"]) + (1 if self.val_size == 0 else 0)  # no val split: train starts at 1
+
+    def _capacity(self) -> int:
+        return self.val_size if self._index() == 0 else self.settings.shard_tokens
 
     def add_chunk(self, first: int, items: list[Item], flat: np.ndarray, lengths: np.ndarray) -> None:
+        # None: a document with tokens, "": an empty document, an Item: a bad row
+        kinds = [None if it.text else ("" if it.text == "" else it) for it in items]
+        if self.val_size is None:
+            if not self.settings.skip_bad:  # a bad row stops the run now, not when the held chunks replay
+                for kind in kinds:
+                    if isinstance(kind, Item):
+                        self._bad(kind)
+            self._hold(first, kinds, flat, lengths)
+        else:
+            self._consume(first, kinds, flat, lengths)
+
+    def _hold(self, first: int, kinds: list, flat: np.ndarray, lengths: np.ndarray) -> None:
+        if self.spill is None:
+            self.spill = open(self.spill_path, "wb")
+        flat.astype(self.dtype, copy=False).tofile(self.spill)
+        self.held.append((first, kinds, lengths))
+        self.held_tokens += len(flat)
+        self.held_items += len(kinds)
+        if self.held_tokens > self.head_limit:  # more than val_tokens / fraction: the full val_tokens
+            self._decide(self.settings.resolved_val_tokens())
+
+    def _decide(self, v: int) -> None:
+        """Fix the val shard's size, then replay the held chunks through the writer."""
+        self._record_val_size(v)
+        self._alloc()
+        if self.spill is None:
+            return
+        self.spill.close()
+        self.spill = None
+        held, self.held, self.held_tokens, self.held_items = self.held, [], 0, 0
+        data = np.memmap(self.spill_path, dtype=self.dtype, mode="r") if self.spill_path.stat().st_size else None
+        p = 0
+        for first, kinds, lengths in held:
+            n = int(lengths.sum())
+            self._consume(first, kinds, np.asarray(data[p : p + n]) if n else np.empty(0, self.dtype), lengths)
+            p += n
+        del data
+        self.spill_path.unlink()
+
+    def _consume(self, first: int, kinds: list, flat: np.ndarray, lengths: np.ndarray) -> None:
         assert first == self.item, (first, self.item)
         p = k = 0
-        for item in items:
-            if item.text is None:
-                self._bad(item)
-            else:
+        for kind in kinds:
+            if kind is None:
                 toks = flat[p : p + lengths[k]]
                 p += int(lengths[k])
                 k += 1
                 self._document(toks)
+            elif kind == "":
+                self.m["state"]["empty_documents"] += 1
+            else:
+                self._bad(kind)
             self.item += 1
 
     def _bad(self, item: Item) -> None:
@@ -241,12 +339,13 @@ class _Writer:
     def _document(self, toks: np.ndarray) -> None:
         toks = toks[self.offset :]  # non-zero only for the document a resumed run starts inside
         while len(toks):
-            take = min(len(toks), len(self.buf) - self.fill)
+            cap = self._capacity()
+            take = min(len(toks), cap - self.fill)
             self.buf[self.fill : self.fill + take] = toks[:take]
             self.fill += take
             self.offset += take
             toks = toks[take:]
-            if self.fill == len(self.buf):
+            if self.fill == cap:
                 if len(toks):  # the document straddles the boundary: its tail starts the next shard
                     self.flush(self.item, self.offset)
                 else:
@@ -257,11 +356,28 @@ class _Writer:
         self.m["state"]["documents"] += 1
         self.offset = 0
 
+    def finish(self) -> None:
+        """End of the source: decide the val size if the corpus was too small to (10% of it, at least
+        one token, never all of it), then write the remainder as the last, shorter shard."""
+        if self.val_size is None:
+            total = self.held_tokens
+            v = min(self.settings.resolved_val_tokens(), int(total * self.settings.val_max_fraction))
+            v = max(v, 1) if total >= 2 else 0
+            self._decide(min(v, max(total - 1, 0)))
+        self.flush(self.item, 0)
+
+    def close(self) -> None:
+        """Interrupted: drop the spill file (a restart re-reads the source from the resume point)."""
+        if self.spill is not None:
+            self.spill.close()
+            self.spill = None
+        self.spill_path.unlink(missing_ok=True)
+
     def flush(self, next_item: int, doc_offset: int) -> None:
         """Write the buffered shard, then record it and the resume point in the manifest."""
         if self.fill == 0:
             return
-        index = len(self.m["shards"])
+        index = self._index()
         split = "val" if index == 0 else "train"
         path = self.out / f"{self.settings.name}_{split}_{index:06d}.bin"
         needed = 1024 + self.fill * self.buf.itemsize  # header + tokens
@@ -332,6 +448,10 @@ def prepare(source, out: str | os.PathLike, settings: PrepareSettings | None = N
     settings = settings or PrepareSettings()
     if settings.shard_tokens < 1:
         raise SourceError(f"--shard-tokens {settings.shard_tokens}: must be a positive number of tokens")
+    if settings.resolved_val_tokens() < 0:
+        raise SourceError(f"--val-tokens {settings.val_tokens}: must be >= 0 (0 = no validation shard)")
+    if not 0 < settings.val_max_fraction <= 1:
+        raise SourceError(f"val_max_fraction {settings.val_max_fraction}: must be in (0, 1]")
     workers = settings.workers or available_cores()
     if workers < 1:
         raise SourceError(f"--workers {settings.workers}: must be >= 1 (0 = all cores)")
@@ -345,9 +465,9 @@ def prepare(source, out: str | os.PathLike, settings: PrepareSettings | None = N
     t0 = time.perf_counter()
     if m["complete"]:
         return _summary(m, out, 0, t0, workers, None)
-    writer = _Writer(out, m, settings, magic)
+    writer = _Writer(out, m, settings, magic, expected_tokens)
     start = writer.item
-    dtype = str(writer.buf.dtype)
+    dtype = str(writer.dtype)
     total_items = source.total_items()
     bar = _progress_bar(progress, expected_tokens, m["tokens"])
     new_tokens = 0
@@ -358,7 +478,7 @@ def prepare(source, out: str | os.PathLike, settings: PrepareSettings | None = N
     try:
         if workers == 1:
             _init_worker(settings.tokenizer, dtype)
-            results = ((first, items, _tokenize([i.text for i in items if i.text is not None]))
+            results = ((first, items, _tokenize([i.text for i in items if i.text]))
                        for first, items in chunks)
         else:
             # ProcessPoolExecutor, not multiprocessing.Pool: a worker that dies (OOM killer, a failed
@@ -371,17 +491,19 @@ def prepare(source, out: str | os.PathLike, settings: PrepareSettings | None = N
             writer.add_chunk(first, items, flat, lengths)
             new_tokens += len(flat)
             if bar is not None:
-                if total_items and expected_tokens is None and writer.item:  # ETA from tokens/item so far
-                    bar.total = int((m["tokens"] + writer.fill) / writer.item * total_items) + 1
+                seen = writer.item + writer.held_items
+                if total_items and expected_tokens is None and seen:  # ETA from tokens/item so far
+                    bar.total = int(writer.tokens_seen / seen * total_items) + 1
                 bar.update(len(flat))
                 bar.set_postfix(docs=m["state"]["documents"], shards=len(m["shards"]), refresh=False)
-        writer.flush(writer.item, 0)  # the remainder: the last, shorter shard
+        writer.finish()  # the val size if still open, then the remainder: the last, shorter shard
         m["complete"] = True
         _write_json_atomic(out / MANIFEST, m)
     except BrokenProcessPool as e:
         raise SourceError(f"a tokenizer worker process died ({e}); finished shards are kept: re-run the same "
                           "command to resume (with fewer --workers if it was killed for memory)") from e
     finally:
+        writer.close()
         if pool is not None:  # on error/interrupt the manifest already describes what is on disk
             pool.shutdown(wait=True, cancel_futures=True)
         if bar is not None:
@@ -400,7 +522,7 @@ def _ordered(pool: ProcessPoolExecutor, chunks, window: int):
     ``Executor.map`` read their whole input eagerly: memory would grow with the corpus)."""
     pending: collections.deque = collections.deque()
     for first, items in chunks:
-        pending.append((first, items, pool.submit(_tokenize, [i.text for i in items if i.text is not None])))
+        pending.append((first, items, pool.submit(_tokenize, [i.text for i in items if i.text])))
         if len(pending) >= window:
             first0, items0, fut = pending.popleft()
             yield first0, items0, fut.result()
@@ -423,7 +545,8 @@ def _summary(m: dict, out: Path, new_tokens: int, t0: float, workers: int, worke
     st = m["state"]
     return {"out": str(out), "complete": m["complete"], "shards": len(m["shards"]), "tokens": m["tokens"],
             "val_tokens": sum(s["tokens"] for s in m["shards"] if s["split"] == "val"),
-            "documents": st["documents"], "skipped": st["skipped"], "workers": workers,
+            "documents": st["documents"], "empty_documents": st.get("empty_documents", 0),
+            "skipped": st["skipped"], "workers": workers,
             "new_tokens": new_tokens, "seconds": round(dt, 3),
             "tokens_per_s": round(new_tokens / dt, 1) if dt > 0 else None,
             "peak_rss_mb": {"main": peak_rss_mb(), "largest_worker": worker_rss}}

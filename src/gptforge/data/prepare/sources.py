@@ -27,6 +27,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from gptforge.extras import require
+
 SUFFIXES = (".txt", ".jsonl", ".jsonl.gz", ".parquet")
 
 
@@ -36,7 +38,7 @@ class SourceError(ValueError):
 
 @dataclass
 class Item:
-    text: str | None  # None: a bad row, see reason
+    text: str | None  # None: a bad row, see reason; "": an empty document (skipped and counted, not bad)
     where: str  # "file:row" for messages and the manifest
     reason: str = ""
 
@@ -74,6 +76,8 @@ class FilesSource:
         self.files = expand_paths(paths)
         self.text_field = text_field
         self.batch_rows = batch_rows
+        if any(_kind(f) == ".parquet" for f in self.files):
+            _pyarrow()  # a missing pyarrow is reported now, before any work
 
     def describe(self) -> dict:
         """Identity of the input, checked when a run resumes (a changed input would shift documents)."""
@@ -124,7 +128,7 @@ class FilesSource:
         except UnicodeDecodeError as e:
             yield 1, Item(None, f"{f}", f"not valid UTF-8 at byte {e.start}")
             return
-        yield 1, (Item(text, f"{f}") if text else Item(None, f"{f}", "empty document"))
+        yield 1, Item(text, f"{f}")  # "" is an empty document: counted, not an error
 
     def _jsonl(self, f: Path) -> Iterator[tuple[int, Item | None]]:
         opener = gzip.open if f.name.lower().endswith(".gz") else open
@@ -155,12 +159,10 @@ class FilesSource:
         text = row[self.text_field]
         if not isinstance(text, str):
             return Item(None, where, f"field {self.text_field!r} is {type(text).__name__}, not a string")
-        if not text:
-            return Item(None, where, "empty document")
         return Item(text, where)
 
     def _parquet(self, f: Path, skip: int) -> Iterator[tuple[int, Item | None]]:
-        import pyarrow as pa
+        pa = _pyarrow()
 
         try:
             pf = _parquet_file(f)
@@ -201,8 +203,12 @@ class FilesSource:
                                              "the rest of the file is unreadable")
 
 
+def _pyarrow():
+    return require("pyarrow", extra="data", for_what="reading parquet (gptforge prepare files|fineweb)")
+
+
 def _parquet_file(f: Path):
-    import pyarrow as pa
+    pa = _pyarrow()
     import pyarrow.parquet as pq
 
     try:
@@ -218,7 +224,7 @@ def _bytes_item(v: bytes | None, where: str) -> Item:
         text = v.decode("utf-8")
     except UnicodeDecodeError as e:
         return Item(None, where, f"not valid UTF-8 at byte {e.start}")
-    return Item(text, where) if text else Item(None, where, "empty document")
+    return Item(text, where)
 
 
 class HFStreamSource:
@@ -243,11 +249,7 @@ class HFStreamSource:
         return None
 
     def items(self, start: int = 0) -> Iterator[Item]:
-        try:
-            import datasets
-        except ImportError as e:
-            raise SourceError("streaming from Hugging Face needs the `datasets` package: "
-                              "pip install 'gptforge[data]'") from e
+        datasets = require("datasets", extra="data", for_what="streaming from Hugging Face (gptforge prepare fineweb)")
         kwargs = {"data_files": self.data_files} if self.data_files else {}
         ds = datasets.load_dataset(self.path, name=self.name, split=self.split, streaming=True, **kwargs)
         ds = ds.select_columns([self.text_field])
@@ -261,7 +263,7 @@ class HFStreamSource:
                 yield Item(None, where, f"no value for {self.text_field!r}")
             elif isinstance(text, bytes):
                 yield _bytes_item(text, where)
-            elif not isinstance(text, str) or not text:
-                yield Item(None, where, "empty document" if text == "" else f"{type(text).__name__}, not text")
+            elif not isinstance(text, str):
+                yield Item(None, where, f"{type(text).__name__}, not text")
             else:
                 yield Item(text, where)

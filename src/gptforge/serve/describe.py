@@ -1,0 +1,49 @@
+"""What ``gptforge serve`` is serving, for ``GET /api/info`` and the page's header.
+
+    >>> describe_served(model, ckpt="runs/shakespeare-cpu")["step"]
+    200
+
+Where the weights came from (a checkpoint, a Hugging Face name or directory, an llm.c file), the
+checkpoint path and step, the model family (the config's ``model.arch`` where a checkpoint records
+one, else ``gpt2``), its size and how many tokens it was trained on (step x the run's
+``train.total_batch_tokens``; unknown for imported or external weights).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def describe_served(model, ckpt: str | None = None, hf: str | None = None, llmc: str | None = None,
+                    random: str | None = None) -> dict[str, Any]:
+    """A JSON-ready description of the served model and where it came from."""
+    cfg = model.config
+    out: dict[str, Any] = {
+        "source": "ckpt" if ckpt else "hf" if hf else "llmc" if llmc else "random" if random else "memory",
+        "path": None, "run_dir": None, "step": None, "tokens_trained": None,
+        "family": getattr(cfg, "arch", "gpt2"),
+        "parameters": sum(p.numel() for p in model.parameters()), "layers": cfg.n_layer, "heads": cfg.n_head, "width": cfg.n_embd,
+        "context": cfg.block_size, "vocab_size": cfg.vocab_size,
+    }
+    if random is not None:
+        out["path"] = f"random {random} (untrained)"
+        out["tokens_trained"] = 0
+    elif hf is not None:
+        out["path"] = str(Path(hf).resolve()) if Path(hf).exists() else hf
+    elif llmc is not None:
+        out["path"] = str(Path(llmc).resolve())
+    elif ckpt is not None:
+        from gptforge.training import checkpoint as ck
+
+        where = ck.resolve_checkpoint(ckpt)
+        meta = ck.read_meta(where)
+        step = int(meta.get("step", 0))
+        config = meta.get("config", {})
+        out.update(path=str(where.resolve()), step=step,
+                   run_dir=str(where.parent.parent.resolve()) if where.parent.name == "checkpoints" else None)
+        out["family"] = config.get("model", {}).get("arch", out["family"])
+        batch = config.get("train", {}).get("total_batch_tokens")
+        if "source" not in meta and batch:  # an imported checkpoint ("source": the llm.c file) has no history
+            out["tokens_trained"] = step * int(batch)
+    return out

@@ -1,0 +1,82 @@
+"""Every optional dependency is checked by one helper: a missing package ends in one line naming the
+extra to install and exit status 2, before any compute (the package is made unimportable with
+sys.modules[name] = None, which is what a missing install looks like to `import`)."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from gptforge.cli import main
+from gptforge.extras import EXTRAS, NOT_IN_DEV, MissingExtra, require
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _argv(tmp: Path, *args: str) -> list[str]:
+    return [a.format(tmp=tmp) for a in args]
+
+
+CASES = [  # (module made missing, extra named, command line)
+    ("fastapi", "serve", ("serve", "--ckpt", "{tmp}/run")),
+    ("uvicorn", "serve", ("serve", "--ckpt", "{tmp}/run")),
+    ("matplotlib", "plot", ("plot", "{tmp}", "--image", "{tmp}/c.png")),
+    ("pyarrow", "eval", ("assets", "evals")),
+    ("datasets", "data", ("assets", "evals", "--online")),
+    ("pyarrow", "data", ("prepare", "files", "{tmp}/c.parquet", "--out", "{tmp}/o", "--no-progress")),
+    ("datasets", "data", ("prepare", "fineweb", "--data-files", "{tmp}/c.parquet", "--out", "{tmp}/o")),
+    ("transformers", "hf", ("sample", "--hf", "{tmp}/hfdir", "--num-samples", "1")),
+    ("transformers", "hf", ("eval", "--hf", "{tmp}/hfdir", "--tasks", "hellaswag")),
+    ("transformers", "hf", ("export", "hf", "--hf", "{tmp}/hfdir", "--out", "{tmp}/x")),
+    ("transformers", "hf", ("bench-generate", "--size", "d2", "--batch", "1", "--new-tokens", "1")),
+    ("pyarrow", "data", ("bench-prepare", "--workers", "1")),
+    ("tensorboard", "tensorboard", ("train", "--preset", "tiny", "--data.dir", "{tmp}/data", "--out", "{tmp}/r",
+                                    "--model.vocab_size", "512", "--train.log_to", "tensorboard")),
+]
+
+
+@pytest.mark.parametrize(("module", "extra", "args"), CASES, ids=[f"{c[2][0]}-{c[0]}" for c in CASES])
+def test_missing_extra_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys, module, extra, args):
+    if args[0] == "assets":
+        monkeypatch.setenv("GPTFORGE_CACHE", str(tmp_path / "cache"))  # nothing cached yet: it would download
+    (tmp_path / "c.parquet").write_bytes(b"PAR1")
+    (tmp_path / "hfdir").mkdir()
+    if args[0] == "train":
+        from tests.conftest import make_shards
+
+        make_shards(tmp_path / "data")
+    for name in [m for m in sys.modules if m == module or m.startswith(module + ".")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, module, None)
+    assert main(_argv(tmp_path, *args)) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert f"needs {module}" in err and f"pip install 'gptforge[{extra}]'" in err, err
+    assert err.startswith(f"gptforge {args[0]}: error:")
+
+
+def test_require_returns_the_module_and_names_the_extra(monkeypatch):
+    import json
+
+    assert require("json", extra="hf", for_what="x") is json
+    monkeypatch.setitem(sys.modules, "somepkg", None)
+    with pytest.raises(MissingExtra, match=r"^gptforge thing needs somepkg, .*pip install 'gptforge\[plot\]'"):
+        require("somepkg.sub", extra="plot", for_what="gptforge thing")
+    with pytest.raises(ValueError, match="unknown extra"):
+        require("json", extra="nope", for_what="x")
+
+
+def test_extras_match_pyproject_and_dev_installs_them_all():
+    """EXTRAS names exactly pyproject's extras, and `dev` (what CI installs) holds every package of them."""
+    text = (ROOT / "pyproject.toml").read_text()
+    block = text.split("[project.optional-dependencies]", 1)[1].split("\n[", 1)[0]
+    declared = {m.group(1): re.findall(r'"([A-Za-z0-9_.-]+)', m.group(2))
+                for m in re.finditer(r"^(\w+) = \[(.*?)\]", block, re.M | re.S)}
+    dev = set(declared.pop("dev"))
+    assert set(declared) == set(EXTRAS)
+    for extra, pkgs in declared.items():
+        if extra not in NOT_IN_DEV:
+            assert set(pkgs) <= dev, (extra, set(pkgs) - dev)

@@ -1,0 +1,76 @@
+"""What a user sees around training: retention in every preset, --help-config showing the preset's
+values, a finished run that says it is complete, and an extended run that says what its LR does."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from gptforge.cli import main
+from gptforge.presets import PRESETS, get_preset
+
+
+def _ckpts(run) -> list[str]:
+    return sorted(p.name for p in (run / "checkpoints").iterdir() if p.name.startswith("step_"))
+
+
+def _train_argv(shard_dir, run, *extra: str) -> list[str]:
+    return ["train", "--preset", "tiny", "--data.dir", str(shard_dir), "--out", str(run), "--model.vocab_size", "512",
+            "--train.device", "cpu", "--train.val_every", "0", *extra]
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_every_preset_keeps_a_bounded_number_of_checkpoints(name):
+    cfg = get_preset(name)
+    assert cfg.train.keep_ckpts >= 1, f"{name}: train.keep_ckpts={cfg.train.keep_ckpts} keeps every checkpoint"
+
+
+def test_tiny_run_leaves_at_most_keep_ckpts(shard_dir, tmp_path):
+    run = tmp_path / "run"
+    assert main(_train_argv(shard_dir, run, "--train.max_steps", "5", "--train.ckpt_every", "1")) == 0
+    assert _ckpts(run) == ["step_000004", "step_000005"][-get_preset("tiny").train.keep_ckpts:]
+
+
+def _config_line(out: str, key: str) -> str:
+    return next(line for line in out.splitlines() if line.strip().startswith(f"--{key} "))
+
+
+def test_help_config_shows_the_presets_resolved_values(capsys):
+    assert main(["train", "--preset", "tiny", "--help-config", "--train.max_steps", "7"]) == 0
+    out = capsys.readouterr().out
+    assert "preset 'tiny'" in out.splitlines()[0]
+    assert _config_line(out, "train.micro_batch").split()[-1] == "4"  # the preset's, not the general 64
+    assert _config_line(out, "train.seq_len").split()[-1] == "32"
+    assert _config_line(out, "train.max_steps").split()[-1] == "7"  # the override, on the same line
+    assert main(["train", "--preset", "tiny", "--help-config", "--train.nope", "1"]) == 2  # still checked
+
+
+def _records(run, kind: str) -> list[dict]:
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r.get("kind") == kind]
+
+
+def test_finished_run_says_complete_then_extends_with_a_stretched_schedule(shard_dir, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(_train_argv(shard_dir, run, "--train.max_steps", "4")) == 0
+    starts = len(_records(run, "start"))
+    capsys.readouterr()
+    # the default job's second run: nothing to train, and it says so and how to extend it
+    assert main(_train_argv(shard_dir, run, "--resume")) == 0
+    out = capsys.readouterr().out
+    assert "is complete" in out and "step 4 of train.max_steps 4" in out and "--train.max_steps 8" in out
+    assert "resumed" not in out
+    assert len(_records(run, "start")) == starts and _ckpts(run) == ["step_000004"]
+    # extending: the cosine is stretched over the new length, and the message says so with the values
+    assert main(_train_argv(shard_dir, run, "--resume", "--train.max_steps", "6")) == 0
+    out = capsys.readouterr().out
+    o = get_preset("tiny").optim
+    min_lr = o.lr * o.min_lr_frac
+    stretched = min_lr + 0.5 * (1 + math.cos(math.pi * (4 - o.warmup_steps) / (6 - o.warmup_steps))) * (o.lr - min_lr)
+    assert "from train.max_steps 4 to 6" in out and "stretched" in out and f"{stretched:.3e}" in out
+    assert f"old schedule had {min_lr:.3e}" in out
+    lrs = {r["step"]: r["lr"] for r in _records(run, "train")}
+    assert lrs[5] == pytest.approx(stretched, rel=1e-12) and lrs[6] > min_lr
+    assert _ckpts(run)[-1] == "step_000006"
