@@ -44,7 +44,7 @@ from gptforge.training.distributed import (
 from gptforge.training.evaluate import evaluate_during_training, prepare_for_training, print_samples
 from gptforge.training.faults import elastic_restart, maybe_inject_fault, oom_advice
 from gptforge.training.observe import MetricsLog, environment, flops_per_token, fmt_duration, peak_flops
-from gptforge.training.optim import lr_at
+from gptforge.training.optim import set_lr
 from gptforge.training.preflight import check_run_dir
 from gptforge.training.signals import StopFlag
 from gptforge.training.sinks import open_sinks
@@ -159,9 +159,7 @@ def train(cfg: Config, resume: str | Path | None = None, force: bool = False, st
     with StopFlag() as stop:
         for step in range(start_step, max_steps):
             t0 = time.perf_counter()
-            lr = lr_at(step, cfg.optim, max_steps)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
+            lr = set_lr(optimizer, step, cfg.optim, max_steps)
             try:
                 loss_accum, norm = train_step(wrapped, model, optimizer, train_loader, grad_accum, autocast, info,
                                               cfg.optim.grad_clip)
