@@ -66,9 +66,11 @@ class RunResult:
 
 
 def train(cfg: Config, resume: str | Path | None = None, force: bool = False, stop_at_step: int | None = None,
-          init_weights: Callable[[torch.nn.Module], None] | None = None) -> RunResult:
+          init_weights: Callable[[torch.nn.Module], None] | None = None,
+          stop_at_val_loss: float | None = None) -> RunResult:
     """Train per ``cfg``. ``resume``: "latest" or a checkpoint dir. ``stop_at_step``: behave as if
     interrupted after that many steps (tests use it to compare a resumed run with an uninterrupted one).
+    ``stop_at_val_loss``: the same at the first validation at or below it (``gptforge race``).
     ``init_weights(model)``: fine-tuning, fill a fresh run's model from other weights (``--init-from``)."""
     # --- setup: devices, precision, run directory -------------------------------------------------
     grad_accum = cfg.validate(launched_world())  # before joining the group: fail fast
@@ -199,6 +201,8 @@ def train(cfg: Config, resume: str | Path | None = None, force: bool = False, st
                 result.val_losses[steps_done] = vl
                 metrics.write("val", steps_done, val_loss=vl, tokens=steps_done * tokens_per_step)
                 log(f"step {steps_done:>6} | val loss {vl:.4f} ({val_steps} batches)")
+                if stop_at_val_loss is not None and vl <= stop_at_val_loss:
+                    stop_at_step = steps_done  # reached the target: save and stop here
             if evals and (last or steps_done % cfg.eval.every == 0):  # tasks on the raw module, not `wrapped`
                 evaluate_during_training(model, evals, cfg, info, autocast, steps_done, steps_done * tokens_per_step,
                                          metrics, log)
