@@ -172,3 +172,16 @@ def llama3_1b() -> Config:
     cfg.model = size_config("llama3-1b", block_size=2048)
     cfg.train.seq_len = 2048
     return cfg
+
+
+@preset("speedrun-d4")
+def speedrun_d4() -> Config:
+    """shakespeare-cpu's model and batch with the speedrun recipe's optimizer: Muon on the block
+    matrices, AdamW on the rest, a warmup-stable-decay schedule, a third of the steps. The CPU-sized
+    opponent of shakespeare-cpu in `gptforge race` (docs/benchmarks.md)."""
+    cfg = shakespeare_cpu()
+    cfg.optim = OptimConfig(name="muon", muon_lr=0.04, lr=4e-3, warmup_steps=5, schedule="wsd", cooldown_frac=0.5,
+                            min_lr_frac=0.0, weight_decay=0.1)
+    cfg.train.max_steps = 66
+    cfg.train.out_dir = "runs/speedrun-d4"
+    return cfg

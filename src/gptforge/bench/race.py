@@ -16,6 +16,7 @@ false``. Stopping at a validation point means the tokens are exact to within ``v
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +85,8 @@ def run_race(presets: list[str], overrides: list[str], out_dir: str | Path = "ru
     results: dict[str, dict[str, Any]] = {}
     for i, (name, cfg) in enumerate(zip(presets, cfgs, strict=True)):
         res = train(cfg, force=True, stop_at_val_loss=target)
+        if res.interrupted and not (target is not None and min(res.val_losses.values(), default=math.inf) <= target):
+            raise KeyboardInterrupt(f"race stopped during {name} (signal); its run is in {cfg.train.out_dir}")
         if i == 0 and target is None:
             if not res.val_losses:
                 raise ConfigError(f"race: {name} produced no validation loss to use as the target")
