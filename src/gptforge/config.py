@@ -37,8 +37,10 @@ class DataConfig:
     shuffle: Literal["off", "shards", "documents"] = "off"  # training order; off = llm.c's exactly
     shuffle_seed: int = 1337  # seeds the per-epoch permutations (part of the resumable loader state)
     eot_token: int = EOT  # document separator for shuffle=documents (GPT-2's <|endoftext|>)
+    align: Literal["off", "bos"] = "off"  # bos = every row starts at a document (eot_token) where one is in reach
 
     def __post_init__(self) -> None:
+        _check(self.align in ("off", "bos"), "data.align", self.align, "off or bos")
         _check(self.shuffle in ("off", "shards", "documents"), "data.shuffle", self.shuffle, "off, shards or documents")
         _check(self.eot_token >= 0, "data.eot_token", self.eot_token, "a token id >= 0")
 

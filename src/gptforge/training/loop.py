@@ -25,6 +25,7 @@ import torch
 
 from gptforge import __version__
 from gptforge.config import Config, ConfigError
+from gptforge.data.aligned import make_loader
 from gptforge.data.loader import ShardLoader
 from gptforge.data.shards import list_shards, read_header
 from gptforge.models.registry import build_model
@@ -104,8 +105,8 @@ def train(cfg: Config, resume: str | Path | None = None, force: bool = False, st
 
     # --- data -------------------------------------------------------------------------------------
     B, T = cfg.train.micro_batch, cfg.train.seq_len
-    train_loader = ShardLoader(list_shards(cfg.data.dir, cfg.data.train_split), B, T, info.rank, info.world,
-                               shuffle=cfg.data.shuffle, seed=cfg.data.shuffle_seed, eot=cfg.data.eot_token,
+    train_loader = make_loader(list_shards(cfg.data.dir, cfg.data.train_split), B, T, info.rank, info.world,
+                               align=cfg.data.align, shuffle=cfg.data.shuffle, seed=cfg.data.shuffle_seed, eot=cfg.data.eot_token,
                                step_tokens=cfg.train.total_batch_tokens, vocab_size=cfg.model.vocab_size)
     val_files = list_shards(cfg.data.dir, cfg.data.val_split)
     val_loader = ShardLoader(val_files, B, T, info.rank, info.world, vocab_size=cfg.model.vocab_size)
