@@ -59,3 +59,17 @@ def test_race_bad_input_exits_2(race_presets, tmp_path, capsys):
     assert "at least two presets" in capsys.readouterr().err
     assert main(["race", "race-adamw", "race-muon", "--train.seq_len", "8", "--optim.nope", "1"]) == 2
     assert "optim.nope" in capsys.readouterr().err
+    assert main(["race", "race-adamw", "race-muon,train.seq_len=8"]) == 2  # val loss at another context
+    assert "train.seq_len differs" in capsys.readouterr().err
+    assert main(["race", "race-adamw", "race-muon,optim.lr"]) == 2
+    assert "PRESET,section.key=value" in capsys.readouterr().err
+
+
+def test_race_per_preset_overrides(race_presets, tmp_path):
+    from gptforge.race import race_configs
+
+    a, b = race_configs(["race-adamw", "race-muon,optim.name=adamw,train.max_steps=12"], ["--train.seed", "3"],
+                        tmp_path, evals=4)
+    assert (a.optim.name, b.optim.name, b.train.max_steps, b.train.val_every) == ("adamw", "adamw", 12, 3)
+    assert a.train.seed == b.train.seed == 3 and b.optim.schedule == "wsd"
+    assert b.train.out_dir == str(tmp_path / "race-muon,optim.name=adamw,train.max_steps=12")

@@ -2,7 +2,8 @@
 
     gptforge race shakespeare-cpu speedrun-d4 --data.dir data/shakespeare_plays --out runs/race
 
-Each preset trains in turn (``train()`` with validation every ``max_steps / evals`` steps, on the
+A preset may carry its own overrides, ``PRESET,section.key=value,...`` (e.g.
+``speedrun-d4,optim.name=adamw`` races the recipe with one switch turned off). Each preset trains in turn (``train()`` with validation every ``max_steps / evals`` steps, on the
 same data and the same validation tokens) and stops at the first validation at or below the
 target. The target defaults to the first preset's final validation loss, so the first preset runs
 its whole schedule and the others race to where it ended. Reported per preset, read back from its
@@ -35,9 +36,16 @@ def race_configs(presets: list[str], overrides: list[str], out_dir: Path, evals:
     if evals < 1:
         raise ConfigError(f"race --evals {evals}: expected validations per run >= 1")
     cfgs = []
-    for name in presets:
-        cfg = apply_overrides(get_preset(name), list(overrides))
-        cfg.train.out_dir = str(out_dir / name)
+    for spec in presets:
+        name, *own = spec.split(",")
+        pairs = []
+        for kv in own:
+            if "=" not in kv:
+                raise ConfigError(f"race: {spec!r}: per-preset overrides look like PRESET,section.key=value,...")
+            k, v = kv.split("=", 1)
+            pairs += [f"--{k}", v]
+        cfg = apply_overrides(get_preset(name), [*overrides, *pairs])
+        cfg.train.out_dir = str(out_dir / spec.replace("/", "_"))
         cfg.train.val_every = max(1, cfg.train.max_steps // evals)
         cfg.train.ckpt_every = 0  # only the final (or stopping) checkpoint
         cfgs.append(cfg)
