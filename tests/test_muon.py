@@ -170,3 +170,19 @@ def test_resume_with_muon_is_bit_exact(shard_dir, tmp_path):
         got = part.train_losses.get(s, rest.train_losses.get(s))
         assert got == full.train_losses[s], (s, got, full.train_losses[s])  # bit for bit
     assert rest.val_losses[10] == full.val_losses[10]
+
+
+def test_muon_on_the_llama_takes_its_projections_and_leaves_embeddings_and_head():
+    from gptforge.presets import get_preset
+
+    cfg = get_preset("speedrun-124m")
+    assert (cfg.optim.name, cfg.optim.schedule, cfg.model.arch, cfg.data.align) == ("muon", "wsd", "llama", "bos")
+    from gptforge.models.registry import build_model, size_config
+
+    model = build_model(size_config("llama-tiny", block_size=32))
+    opt = build_optimizer(model, OptimConfig(name="muon"), "cpu")
+    names = {id(p): n for n, p in model.named_parameters()}
+    muon = sorted(names[id(p)].split(".")[-2] for g in opt.param_groups if g["kind"] == "muon" for p in g["params"])
+    assert set(muon) == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}, muon
+    adamw = {names[id(p)] for g in opt.param_groups if g["kind"] == "adamw" for p in g["params"]}
+    assert "lm_head.weight" in adamw and any("embed" in n for n in adamw)

@@ -31,7 +31,9 @@ def runs(tmp_path_factory):
     data = make_shards(tmp / "data")
 
     def job(name: str, resume=None, stop=None, copy_to=(), **dist) -> dict:
-        return {"config": _muon(_cfg(data, tmp / name.split(":")[0], **dist)).to_dict(),
+        cfg = _muon(_cfg(data, tmp / name.split(":")[0], **dist))
+        cfg.train.trust_checkpoint = True  # our own sharded checkpoints (dcp/.metadata is a pickle)
+        return {"config": cfg.to_dict(),
                 "out": str(tmp / f"{name.split(':')[-1]}.json"), "resume": resume, "stop_at_step": stop,
                 "copy_to": [str(tmp / c) for c in copy_to]}
 
@@ -47,7 +49,9 @@ def runs(tmp_path_factory):
     out = {n: _read(tmp / f"{n}.json") for n in ("ddp", "zero", "fsdp", "fsdp_part", "fsdp_rest", "zero_part")}
     for name, cfg_dir, resume, dist in (("one", "one", None, {}), ("fsdp_w1", "fsdp_w1", "latest", {"fsdp": True}),
                                         ("zero_w1", "zero_part", "latest", {"zero": 1})):
-        res = train(_muon(_cfg(data, tmp / cfg_dir, **dist)), resume=resume)  # world 1, accumulation 2
+        cfg = _muon(_cfg(data, tmp / cfg_dir, **dist))
+        cfg.train.trust_checkpoint = True
+        res = train(cfg, resume=resume)  # world 1, accumulation 2
         out[name] = {"train": res.train_losses, "val": res.val_losses}
     out["log"] = proc.stdout
     return out

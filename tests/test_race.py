@@ -66,7 +66,7 @@ def test_race_bad_input_exits_2(race_presets, tmp_path, capsys):
 
 
 def test_race_per_preset_overrides(race_presets, tmp_path):
-    from gptforge.race import race_configs
+    from gptforge.bench.race import race_configs
 
     a, b = race_configs(["race-adamw", "race-muon,optim.name=adamw,train.max_steps=12"], ["--train.seed", "3"],
                         tmp_path, evals=4)
