@@ -90,3 +90,29 @@ def test_flex_refused_without_flexattention(monkeypatch):
         apply_overrides(Config(), ["--model.attention", "document", "--model.doc_mask", "flex"])
     with pytest.raises(ConfigError, match="model.attention"):
         apply_overrides(Config(), ["--model.attention", "documents"])
+
+
+def _llama(**kw):
+    from gptforge.models.registry import build_model, size_config
+
+    torch.manual_seed(0)
+    cfg = size_config("llama-tiny", block_size=32, vocab_size=64, bos_token=BOS, **kw)
+    return build_model(cfg).eval()
+
+
+def test_llama_document_attention_equals_each_document_alone_and_flex_agrees():
+    doc_model = _llama(attention="document")
+    assert doc_model.config.kv_heads < doc_model.config.n_head  # GQA is exercised
+    plain = _llama().double()
+    plain.load_state_dict(doc_model.state_dict())
+    idx = _batch()
+    with torch.no_grad():
+        logits, _ = doc_model(idx)
+        for b in range(idx.size(0)):
+            cuts = [0, *[t for t in range(1, idx.size(1)) if idx[b, t] == BOS], idx.size(1)]
+            for a, e in zip(cuts, cuts[1:], strict=False):
+                ref, _ = plain(idx[b : b + 1, a:e], pos=torch.arange(a, e))  # RoPE at the row's positions
+                torch.testing.assert_close(logits[b, a:e].double(), ref[0], rtol=1e-4, atol=1e-4)
+        targets = torch.roll(idx, -1, dims=1)
+        flex = _llama(attention="document", doc_mask="flex")
+        torch.testing.assert_close(flex(idx, targets)[1], doc_model(idx, targets)[1], rtol=1e-5, atol=1e-5)

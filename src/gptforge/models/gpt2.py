@@ -73,15 +73,7 @@ class GPTConfig:
             raise ValueError(f"model.attn_backend={self.attn_backend} picks an SDPA kernel; it needs model.flash=true")
         if self.fused_ce and self.lm_head_fp8:
             raise ValueError("model.fused_ce and model.lm_head_fp8 cannot be combined yet; switch one off")
-        if self.attention not in ("causal", "document") or self.doc_mask not in ("sdpa", "flex"):
-            raise ValueError(f"model.attention={self.attention!r} / model.doc_mask={self.doc_mask!r}; "
-                             "allowed: causal|document / sdpa|flex")
-        if self.doc_mask == "flex":
-            from gptforge.models.masks import flex_available
-
-            if not flex_available():
-                raise ValueError(f"model.doc_mask=flex needs FlexAttention (torch >= 2.5, this is "
-                                 f"{torch.__version__}); use --model.doc_mask sdpa")
+        masks.check_config(self.attention, self.doc_mask)
 
     @property
     def padded_vocab_size(self) -> int:
@@ -274,9 +266,8 @@ class GPT(nn.Module):
             pos = torch.arange(past, past + T, dtype=torch.long, device=idx.device)  # (T,)
         if attn_mask is None and past > 0 and T > 1:  # query i sits at position past+i: keys 0..past+i
             attn_mask = torch.ones(T, past + T, dtype=torch.bool, device=idx.device).tril(diagonal=past)
-        if self.config.attention == "document" and attn_mask is None and kv_cache is None:
-            attn_mask = (masks.flex_block_mask(idx, self.config.bos_token) if self.config.doc_mask == "flex"
-                         else masks.document_causal_mask(idx, self.config.bos_token))
+        if attn_mask is None and kv_cache is None:  # model.attention=document: each token sees its own document
+            attn_mask = masks.for_batch(idx, self.config.attention, self.config.doc_mask, self.config.bos_token)
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))  # (B, T, C)
         for i, block in enumerate(self.transformer.h):
             if self.config.recompute == "block" and self.training and torch.is_grad_enabled():

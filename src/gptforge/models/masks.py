@@ -64,18 +64,37 @@ def flex_block_mask(idx: torch.Tensor, bos: int):
 _compiled_flex = None
 
 
-def flex_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask) -> torch.Tensor:
-    """FlexAttention, compiled once on CUDA (eager flex materialises the scores; fine on CPU for tests)."""
+def flex_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask,
+                   enable_gqa: bool = False) -> torch.Tensor:
+    """FlexAttention, compiled once on CUDA (eager flex materialises the scores; fine on CPU for tests).
+    ``enable_gqa``: k and v carry fewer heads than q (grouped-query attention)."""
     global _compiled_flex
     from torch.nn.attention.flex_attention import flex_attention as flex
 
     if q.device.type != "cuda":  # the unfused path is what we want off-GPU: no compile warning per call
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
-            return flex(q, k, v, block_mask=block_mask)
+            return flex(q, k, v, block_mask=block_mask, enable_gqa=enable_gqa)
     if _compiled_flex is None:
         _compiled_flex = torch.compile(flex, dynamic=False)
-    return _compiled_flex(q, k, v, block_mask=block_mask)
+    return _compiled_flex(q, k, v, block_mask=block_mask, enable_gqa=enable_gqa)
+
+
+def check_config(attention: str, doc_mask: str) -> None:
+    """The model configs' check of ``model.attention`` / ``model.doc_mask`` (ValueError names the key)."""
+    if attention not in ("causal", "document") or doc_mask not in ("sdpa", "flex"):
+        raise ValueError(f"model.attention={attention!r} / model.doc_mask={doc_mask!r}; "
+                         "allowed: causal|document / sdpa|flex")
+    if doc_mask == "flex" and not flex_available():
+        raise ValueError(f"model.doc_mask=flex needs FlexAttention (torch >= 2.5, this is {torch.__version__}); "
+                         "use --model.doc_mask sdpa")
+
+
+def for_batch(idx: torch.Tensor, attention: str, doc_mask: str, bos: int):
+    """The mask a training forward over ``idx`` needs: None (plain causal), a bool mask or a BlockMask."""
+    if attention != "document":
+        return None
+    return flex_block_mask(idx, bos) if doc_mask == "flex" else document_causal_mask(idx, bos)
 
 
 def is_block_mask(mask) -> bool:
