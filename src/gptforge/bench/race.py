@@ -89,6 +89,10 @@ def run_race(presets: list[str], overrides: list[str], out_dir: str | Path = "ru
 
     out_dir = Path(out_dir)
     cfgs = race_configs(presets, overrides, out_dir, evals)
+    if plot:  # before any training: a missing matplotlib is one line and exit 2, not a lost race
+        from gptforge.extras import require
+
+        require("matplotlib", extra="plot", for_what="gptforge race's race.png (--no-plot skips it)")
     target_from = "--target" if target is not None else presets[0]
     results: dict[str, dict[str, Any]] = {}
     for i, (name, cfg) in enumerate(zip(presets, cfgs, strict=True)):
@@ -117,14 +121,12 @@ def run_race(presets: list[str], overrides: list[str], out_dir: str | Path = "ru
 
 
 def plot_race(summary: dict[str, Any], out: Path) -> Path:
-    try:
-        import matplotlib
+    from gptforge.extras import require
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        from matplotlib.ticker import EngFormatter
-    except ImportError as e:
-        raise FileNotFoundError("race plots need matplotlib: pip install 'gptforge[plot]'") from e
+    matplotlib = require("matplotlib", extra="plot", for_what="gptforge race's race.png (--no-plot skips it)")
+    matplotlib.use("Agg")  # files only, no display needed
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import EngFormatter
     fig, ax = plt.subplots(figsize=(8, 5))
     for r in summary["runs"]:
         xs, ys = zip(*r["val_curve"], strict=True) if r["val_curve"] else ((), ())
