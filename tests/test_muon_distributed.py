@@ -13,6 +13,8 @@ from gptforge.training.loop import train
 from .conftest import make_shards
 from .test_distributed import HERE, STEPS, _cfg, _read, _torchrun
 
+pytestmark = pytest.mark.slow  # one 2-process torchrun launch, ~25 s
+
 
 def _muon(cfg: Config) -> Config:
     cfg.optim = OptimConfig(name="muon", lr=3e-3, muon_lr=0.02, warmup_steps=2, min_lr_frac=0.1, schedule="wsd",
