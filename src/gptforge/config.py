@@ -37,8 +37,10 @@ class DataConfig:
     shuffle: Literal["off", "shards", "documents"] = "off"  # training order; off = llm.c's exactly
     shuffle_seed: int = 1337  # seeds the per-epoch permutations (part of the resumable loader state)
     eot_token: int = EOT  # document separator for shuffle=documents (GPT-2's <|endoftext|>)
+    align: Literal["off", "bos"] = "off"  # bos = every row starts at a document (eot_token) where one is in reach
 
     def __post_init__(self) -> None:
+        _check(self.align in ("off", "bos"), "data.align", self.align, "off or bos")
         _check(self.shuffle in ("off", "shards", "documents"), "data.shuffle", self.shuffle, "off, shards or documents")
         _check(self.eot_token >= 0, "data.eot_token", self.eot_token, "a token id >= 0")
 
@@ -54,8 +56,25 @@ class OptimConfig:
     eps: float = 1e-8
     grad_clip: float = 1.0  # max global grad norm; 0 turns clipping off
     fused: Optional[bool] = None  # fused AdamW kernel; None = on where the device supports it (CUDA, CPU)
+    schedule: Literal["cosine", "wsd"] = "cosine"  # wsd = warmup, stable, linear cooldown (modded-nanogpt)
+    cooldown_frac: float = 0.4  # wsd: the last fraction of the steps decays linearly to min_lr_frac * lr
+    name: Literal["adamw", "muon"] = "adamw"  # muon = Muon on the hidden matrices, AdamW (lr above) on the rest
+    muon_lr: float = 0.02  # Muon's peak lr (the schedule scales it like optim.lr)
+    muon_momentum: float = 0.95
+    muon_nesterov: bool = True
+    muon_ns_steps: int = 5  # Newton-Schulz iterations per update
+    muon_weight_decay: float = 0.0  # decoupled, lr-scaled, on the Muon matrices
+    muon_params: str = "auto"  # auto = the blocks' Linear weights; or comma-separated name globs (2-D only)
 
     def __post_init__(self) -> None:
+        _check(self.schedule in ("cosine", "wsd"), "optim.schedule", self.schedule, "cosine or wsd")
+        _check(0.0 <= self.cooldown_frac <= 1.0, "optim.cooldown_frac", self.cooldown_frac, "a fraction in [0, 1]")
+        _check(self.name in ("adamw", "muon"), "optim.name", self.name, "adamw or muon")
+        _check(self.muon_lr > 0, "optim.muon_lr", self.muon_lr, "a positive number")
+        _check(0 <= self.muon_momentum < 1, "optim.muon_momentum", self.muon_momentum, "in [0, 1)")
+        _check(1 <= self.muon_ns_steps < 100, "optim.muon_ns_steps", self.muon_ns_steps, "an integer in [1, 99]")
+        _check(self.muon_weight_decay >= 0, "optim.muon_weight_decay", self.muon_weight_decay, "a number >= 0")
+        _check(bool(self.muon_params.strip()), "optim.muon_params", self.muon_params, "auto or name globs")
         _check(self.lr > 0, "optim.lr", self.lr, "a positive number")
         _check(0.0 <= self.min_lr_frac <= 1.0, "optim.min_lr_frac", self.min_lr_frac, "a fraction in [0, 1]")
         _check(self.warmup_steps >= 0, "optim.warmup_steps", self.warmup_steps, "an integer >= 0")

@@ -172,3 +172,36 @@ def llama3_1b() -> Config:
     cfg.model = size_config("llama3-1b", block_size=2048)
     cfg.train.seq_len = 2048
     return cfg
+
+
+@preset("speedrun-d4")
+def speedrun_d4() -> Config:
+    """shakespeare-cpu's model and batch with the speedrun recipe's optimizer: Muon on the block
+    matrices, AdamW on the rest, a warmup-stable-decay schedule, a third of the steps. The CPU-sized
+    opponent of shakespeare-cpu in `gptforge race` (docs/benchmarks.md)."""
+    cfg = shakespeare_cpu()
+    cfg.optim = OptimConfig(name="muon", muon_lr=0.04, lr=4e-3, warmup_steps=5, schedule="wsd", cooldown_frac=0.5,
+                            min_lr_frac=0.0, weight_decay=0.1)
+    cfg.train.max_steps = 66
+    cfg.train.out_dir = "runs/speedrun-d4"
+    return cfg
+
+
+@preset("speedrun-124m")
+def speedrun_124m() -> Config:
+    """modded-nanogpt's choices on llama-124m, each a switch: ReLU², QK-norm, logit soft-cap 30,
+    zero-initialised output projections, untied head (the Llama's), Muon on the block matrices
+    (AdamW on embeddings, head and norms), warmup-stable-decay, BOS-aligned rows with
+    document-causal FlexAttention; 1,750 steps of 524,288 tokens (0.92B, a tenth of gpt2-124m's).
+    Not yet measured on a GPU (on a CPU use --model.doc_mask sdpa: FlexAttention has no CPU backward)."""
+    import dataclasses
+
+    cfg = llama_124m()
+    cfg.model = dataclasses.replace(cfg.model, mlp="relu2", qk_norm=True, logit_softcap=30.0, zero_init_proj=True,
+                                    attention="document", doc_mask="flex")
+    cfg.optim = OptimConfig(name="muon", muon_lr=0.05, muon_momentum=0.95, lr=8e-3, beta1=0.8, beta2=0.95,
+                            weight_decay=0.0, warmup_steps=0, schedule="wsd", cooldown_frac=0.45, min_lr_frac=0.1)
+    cfg.data.align = "bos"
+    cfg.train.max_steps = 1750
+    cfg.train.out_dir = "runs/speedrun-124m"
+    return cfg

@@ -41,7 +41,7 @@ from gptforge.models.registry import build_model
 from gptforge.runtime import resolve_device, set_precision
 from gptforge.training.distributed import DistInfo, wrap_model
 from gptforge.training.observe import environment, flops_per_token, peak_flops
-from gptforge.training.optim import build_optimizer, fused_available, lr_at
+from gptforge.training.optim import build_optimizer, fused_available, set_lr
 from gptforge.training.step import PhaseTimer, train_step
 from gptforge.training.switches import switch_problem
 
@@ -129,8 +129,7 @@ def bench_one(cfg: Config, steps: int, warmup: int, device: torch.device, trace:
                 prof = _profiler(trace, device) if trace else None
                 if prof:
                     prof.__enter__()
-            for g in optimizer.param_groups:
-                g["lr"] = lr_at(step, cfg.optim, cfg.train.max_steps)
+            set_lr(optimizer, step, cfg.optim, cfg.train.max_steps)
             sync(device)
             t0 = time.perf_counter()
             timer.mark("start")

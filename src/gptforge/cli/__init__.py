@@ -41,6 +41,7 @@ COMMANDS: dict[str, tuple[ModuleType, bool, str]] = {
     "serve": (model, False, "web page + JSON API to talk to a model (localhost)"),
     "bench-generate": (model, False, "decode tokens/s: gptforge KV cache vs transformers generate"),
     "plan": (run, True, "estimate memory per GPU and propose micro-batch, recompute and sharding"),
+    "race": (run, True, "tokens (and time) each preset needs to reach a target val loss"),
 }
 
 

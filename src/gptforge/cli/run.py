@@ -1,4 +1,4 @@
-"""Commands that take a run config (a preset plus ``--section.key VALUE`` overrides): train, bench, plan."""
+"""Commands that take a run config (a preset plus ``--section.key VALUE`` overrides): train, bench, plan, race."""
 
 from __future__ import annotations
 
@@ -165,3 +165,31 @@ def cmd_plan(args: argparse.Namespace, overrides: list[str]) -> int:
         raise CliError(f"train.seq_len={cfg.train.seq_len} exceeds model.block_size={cfg.model.block_size}")
     return plan.run_plan(cfg, args.preset, gpu_mem=args.gpu_mem, world=args.world, measure=args.measure,
                          steps=args.steps, json_out=args.json)
+
+
+# --- race -----------------------------------------------------------------------------------------
+
+def args_race(p: argparse.ArgumentParser) -> None:
+    p.description = ("Train each preset on the same data until the target val loss (default: the first preset's "
+                     "final val loss); --section.key overrides apply to every preset, PRESET,key=value,... to one.")
+    p.add_argument("presets", nargs="+", metavar="PRESET")
+    p.add_argument("--target", type=float, help="val loss to reach (default: the first preset's final val loss)")
+    p.add_argument("--evals", type=int, default=20, help="validations per run (default %(default)s)")
+    p.add_argument("--out", default="runs/race", help="folder for the runs, race.json and race.png")
+    p.add_argument("--no-plot", action="store_true", help="skip race.png (no matplotlib needed)")
+
+
+def cmd_race(args: argparse.Namespace, overrides: list[str]) -> int:
+    from pathlib import Path
+
+    from gptforge.bench.race import format_race, run_race
+
+    try:
+        summary = run_race(args.presets, overrides, out_dir=args.out, target=args.target, evals=args.evals,
+                           plot=not args.no_plot)
+    except KeyboardInterrupt as e:
+        print(f"gptforge race: {e}", file=sys.stderr)
+        return 130
+    print(format_race(summary))
+    print(f"race.json -> {Path(args.out) / 'race.json'}" + (f", plot -> {summary['plot']}" if "plot" in summary else ""))
+    return 0

@@ -18,6 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from gptforge.kernels.attention import sdpa_for
+from gptforge.models import masks
 from gptforge.tokens import GPT2_VOCAB, PAD_MULTIPLE
 
 # name -> (n_layer, n_head, n_embd). The four OpenAI sizes plus tiny CPU sizes.
@@ -53,6 +54,9 @@ class GPTConfig:
     attn_backend: str = "auto"  # SDPA kernel: auto | cudnn | flash | efficient | math (gptforge.kernels.attention)
     fused_ce: bool = False  # training loss via the fused Triton classifier (gptforge.kernels.fused_ce)
     lm_head_fp8: bool = False  # lm_head matmul in rowwise-scaled float8 (gptforge.kernels.fp8)
+    attention: str = "causal"  # causal | document (each token sees only its own document; models/masks.py)
+    doc_mask: str = "sdpa"  # document attention through SDPA (bool mask, any device) or flex (FlexAttention)
+    bos_token: int = 50256  # the token that starts a document (GPT-2's <|endoftext|>)
 
     def __post_init__(self) -> None:
         if self.arch != "gpt2":
@@ -69,6 +73,7 @@ class GPTConfig:
             raise ValueError(f"model.attn_backend={self.attn_backend} picks an SDPA kernel; it needs model.flash=true")
         if self.fused_ce and self.lm_head_fp8:
             raise ValueError("model.fused_ce and model.lm_head_fp8 cannot be combined yet; switch one off")
+        masks.check_config(self.attention, self.doc_mask)
 
     @property
     def padded_vocab_size(self) -> int:
@@ -116,7 +121,9 @@ class CausalSelfAttention(nn.Module):
         dropout_p = self.dropout if self.training else 0.0
         # attn_mask (B or 1, 1, T, Tk) bool, True = may attend, built once per forward by GPT.forward;
         # None means plain causal attention (T == Tk), or every cached key (one new token)
-        if self.flash:
+        if masks.is_block_mask(attn_mask):  # FlexAttention BlockMask (model.attention=document, doc_mask=flex)
+            y = masks.flex_attention(q, k, v, attn_mask)
+        elif self.flash:
             y = self.sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
                           is_causal=attn_mask is None and T == Tk and T > 1)
         else:
@@ -259,10 +266,12 @@ class GPT(nn.Module):
             pos = torch.arange(past, past + T, dtype=torch.long, device=idx.device)  # (T,)
         if attn_mask is None and past > 0 and T > 1:  # query i sits at position past+i: keys 0..past+i
             attn_mask = torch.ones(T, past + T, dtype=torch.bool, device=idx.device).tril(diagonal=past)
+        if attn_mask is None and kv_cache is None:  # model.attention=document: each token sees its own document
+            attn_mask = masks.for_batch(idx, self.config.attention, self.config.doc_mask, self.config.bos_token)
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))  # (B, T, C)
         for i, block in enumerate(self.transformer.h):
             if self.config.recompute == "block" and self.training and torch.is_grad_enabled():
-                x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+                x = torch.utils.checkpoint.checkpoint(block, x, None, i, attn_mask, use_reentrant=False)
             else:
                 x = block(x, kv_cache, i, attn_mask)
         if kv_cache is not None:

@@ -29,6 +29,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from gptforge.kernels.attention import BACKENDS, sdpa_for
+from gptforge.models import masks
 from gptforge.models.gpt2 import KVCache, padded_vocab
 from gptforge.tokens import GPT2_VOCAB
 
@@ -70,6 +71,9 @@ class LlamaConfig:
     attn_backend: str = "auto"  # SDPA kernel: auto | cudnn | flash | efficient | math (gptforge.kernels.attention)
     fused_ce: bool = False  # training loss via the fused Triton classifier (gptforge.kernels.fused_ce)
     lm_head_fp8: bool = False  # lm_head matmul in rowwise-scaled float8 (gptforge.kernels.fp8)
+    attention: str = "causal"  # causal | document (each token sees only its own document; models/masks.py)
+    doc_mask: str = "sdpa"  # document attention through SDPA (bool mask, any device) or flex (FlexAttention)
+    bos_token: int = 50256  # the token that starts a document (GPT-2's <|endoftext|>)
 
     def __post_init__(self) -> None:
         if self.arch != "llama":
@@ -104,6 +108,7 @@ class LlamaConfig:
                              f"{self.logit_softcap}: switch one off")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"model.dropout={self.dropout} must be in [0, 1)")
+        masks.check_config(self.attention, self.doc_mask)
         if not (self.rope_theta > 0 and math.isfinite(self.rope_theta)):
             raise ValueError(f"model.rope_theta={self.rope_theta} must be a positive number")
         if not self.norm_eps > 0:
@@ -220,7 +225,9 @@ class Attention(nn.Module):
         # attn_mask (B or 1, 1, T, Tk) bool, True = may attend, built once per forward by Llama.forward;
         # None means plain causal attention (T == Tk), or every cached key (one new token)
         causal = attn_mask is None and T == Tk and T > 1
-        if self.flash:
+        if masks.is_block_mask(attn_mask):  # FlexAttention BlockMask (model.attention=document, doc_mask=flex)
+            y = masks.flex_attention(q, k, v, attn_mask, enable_gqa=self.n_kv_head != self.n_head)
+        elif self.flash:
             y = self.sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=causal,
                           enable_gqa=self.n_kv_head != self.n_head)
         else:
@@ -350,6 +357,8 @@ class Llama(nn.Module):
             pos = torch.arange(past, past + T, dtype=torch.long, device=idx.device)  # (T,)
         if attn_mask is None and past > 0 and T > 1:  # query i sits at position past+i: keys 0..past+i
             attn_mask = torch.ones(T, past + T, dtype=torch.bool, device=idx.device).tril(diagonal=past)
+        if attn_mask is None and kv_cache is None:  # model.attention=document: each token sees its own document
+            attn_mask = masks.for_batch(idx, cfg.attention, cfg.doc_mask, cfg.bos_token)
         x = self.drop(self.model.embed_tokens(idx))  # (B, T, C)
         cos, sin = rope_cos_sin(pos, cfg.head_dim, cfg.rope_theta)  # (T, hd) or (B, T, hd)
         for i, block in enumerate(self.model.layers):

@@ -127,13 +127,19 @@ def wrap_model(
 
 
 def build_optimizer_for(model: torch.nn.Module, cfg: OptimConfig, info: DistInfo) -> torch.optim.Optimizer:
-    """AdamW with the usual param groups; ZeroRedundancyOptimizer over them for ``dist.zero 1``."""
+    """The optimizer of ``optim.name`` (AdamW, or Muon + AdamW); ZeroRedundancyOptimizer over the
+    same param groups for ``dist.zero 1``."""
     from gptforge.training.optim import build_optimizer, fused_available, param_groups
 
     if not info.zero:
         return build_optimizer(model, cfg, info.device.type)
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
+    if cfg.name == "muon":  # ZeRO assigns whole matrices to ranks, so each rank's Muon sees whole ones
+        from gptforge.training.muon import MuonAdamW
+        from gptforge.training.optim import muon_param_groups
+
+        return ZeroRedundancyOptimizer(muon_param_groups(model, cfg), optimizer_class=MuonAdamW)
     fused = fused_available(info.device.type) if cfg.fused is None else cfg.fused
     return ZeroRedundancyOptimizer(
         param_groups(model, cfg.weight_decay), optimizer_class=torch.optim.AdamW,

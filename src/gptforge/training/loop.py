@@ -25,6 +25,7 @@ import torch
 
 from gptforge import __version__
 from gptforge.config import Config, ConfigError
+from gptforge.data.aligned import make_loader
 from gptforge.data.loader import ShardLoader
 from gptforge.data.shards import list_shards, read_header
 from gptforge.models.registry import build_model
@@ -44,7 +45,7 @@ from gptforge.training.distributed import (
 from gptforge.training.evaluate import evaluate_during_training, prepare_for_training, print_samples
 from gptforge.training.faults import elastic_restart, maybe_inject_fault, oom_advice
 from gptforge.training.observe import MetricsLog, environment, flops_per_token, fmt_duration, peak_flops
-from gptforge.training.optim import lr_at
+from gptforge.training.optim import set_lr
 from gptforge.training.preflight import check_run_dir
 from gptforge.training.signals import StopFlag
 from gptforge.training.sinks import open_sinks
@@ -66,9 +67,11 @@ class RunResult:
 
 
 def train(cfg: Config, resume: str | Path | None = None, force: bool = False, stop_at_step: int | None = None,
-          init_weights: Callable[[torch.nn.Module], None] | None = None) -> RunResult:
+          init_weights: Callable[[torch.nn.Module], None] | None = None,
+          stop_at_val_loss: float | None = None) -> RunResult:
     """Train per ``cfg``. ``resume``: "latest" or a checkpoint dir. ``stop_at_step``: behave as if
     interrupted after that many steps (tests use it to compare a resumed run with an uninterrupted one).
+    ``stop_at_val_loss``: the same at the first validation at or below it (``gptforge race``).
     ``init_weights(model)``: fine-tuning, fill a fresh run's model from other weights (``--init-from``)."""
     # --- setup: devices, precision, run directory -------------------------------------------------
     grad_accum = cfg.validate(launched_world())  # before joining the group: fail fast
@@ -102,8 +105,8 @@ def train(cfg: Config, resume: str | Path | None = None, force: bool = False, st
 
     # --- data -------------------------------------------------------------------------------------
     B, T = cfg.train.micro_batch, cfg.train.seq_len
-    train_loader = ShardLoader(list_shards(cfg.data.dir, cfg.data.train_split), B, T, info.rank, info.world,
-                               shuffle=cfg.data.shuffle, seed=cfg.data.shuffle_seed, eot=cfg.data.eot_token,
+    train_loader = make_loader(list_shards(cfg.data.dir, cfg.data.train_split), B, T, info.rank, info.world,
+                               align=cfg.data.align, shuffle=cfg.data.shuffle, seed=cfg.data.shuffle_seed, eot=cfg.data.eot_token,
                                step_tokens=cfg.train.total_batch_tokens, vocab_size=cfg.model.vocab_size)
     val_files = list_shards(cfg.data.dir, cfg.data.val_split)
     val_loader = ShardLoader(val_files, B, T, info.rank, info.world, vocab_size=cfg.model.vocab_size)
@@ -159,9 +162,7 @@ def train(cfg: Config, resume: str | Path | None = None, force: bool = False, st
     with StopFlag() as stop:
         for step in range(start_step, max_steps):
             t0 = time.perf_counter()
-            lr = lr_at(step, cfg.optim, max_steps)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
+            lr = set_lr(optimizer, step, cfg.optim, max_steps)
             try:
                 loss_accum, norm = train_step(wrapped, model, optimizer, train_loader, grad_accum, autocast, info,
                                               cfg.optim.grad_clip)
@@ -201,6 +202,8 @@ def train(cfg: Config, resume: str | Path | None = None, force: bool = False, st
                 result.val_losses[steps_done] = vl
                 metrics.write("val", steps_done, val_loss=vl, tokens=steps_done * tokens_per_step)
                 log(f"step {steps_done:>6} | val loss {vl:.4f} ({val_steps} batches)")
+                if stop_at_val_loss is not None and vl <= stop_at_val_loss:
+                    stop_at_step = steps_done  # reached the target: save and stop here
             if evals and (last or steps_done % cfg.eval.every == 0):  # tasks on the raw module, not `wrapped`
                 evaluate_during_training(model, evals, cfg, info, autocast, steps_done, steps_done * tokens_per_step,
                                          metrics, log)

@@ -1,7 +1,12 @@
-"""AdamW with decoupled weight decay on >=2-D parameters only, and the learning-rate schedule.
+"""The optimizer (AdamW, or Muon + AdamW) and the learning-rate schedule (cosine or WSD).
 
     >>> opt = build_optimizer(model, cfg.optim, device_type="cuda")
-    >>> lr = lr_at(step, cfg.optim, cfg.train.max_steps)
+    >>> lr = set_lr(opt, step, cfg.optim, cfg.train.max_steps)
+
+``optim.name adamw``: AdamW with decoupled weight decay on >=2-D parameters only (GPT-2 / llm.c).
+``optim.name muon``: :class:`gptforge.training.muon.MuonAdamW`, Muon on the hidden matrices at
+``optim.muon_lr`` and AdamW on the rest at ``optim.lr``. Every group carries a ``base_lr``; the
+schedule multiplies all of them by one factor, so the two parts keep their ratio.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ import math
 
 import torch
 
-from gptforge.config import OptimConfig
+from gptforge.config import ConfigError, OptimConfig
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
@@ -35,7 +40,11 @@ def fused_available(device_type: str) -> bool:
     return device_type == "cpu" and (major, minor) >= (2, 4)
 
 
-def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, device_type: str) -> torch.optim.AdamW:
+def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, device_type: str) -> torch.optim.Optimizer:
+    if cfg.name == "muon":
+        from gptforge.training.muon import MuonAdamW
+
+        return MuonAdamW(muon_param_groups(model, cfg))
     fused = fused_available(device_type) if cfg.fused is None else cfg.fused
     if fused and not fused_available(device_type):
         raise ValueError(f"optim.fused=true but fused AdamW is not available on {device_type}; use --optim.fused auto")
@@ -45,14 +54,52 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, device_type: str) 
     )
 
 
+def muon_param_groups(model: torch.nn.Module, cfg: OptimConfig) -> list[dict]:
+    """Groups for MuonAdamW: the hidden matrices (Muon), then AdamW with and without weight decay.
+    A parameter Muon cannot take is a ConfigError naming it (exit 2)."""
+    from gptforge.training.muon import MuonParamError, muon_split
+
+    try:
+        muon, adamw = muon_split(model, cfg.muon_params)
+    except MuonParamError as e:
+        raise ConfigError(str(e)) from e
+    adam = {"kind": "adamw", "lr": cfg.lr, "base_lr": cfg.lr, "betas": (cfg.beta1, cfg.beta2), "eps": cfg.eps}
+    groups = [
+        {"params": [p for _, p in muon], "kind": "muon", "lr": cfg.muon_lr, "base_lr": cfg.muon_lr,
+         "weight_decay": cfg.muon_weight_decay, "momentum": cfg.muon_momentum, "nesterov": cfg.muon_nesterov,
+         "ns_steps": cfg.muon_ns_steps},
+        {"params": [p for _, p in adamw if p.dim() >= 2], "weight_decay": cfg.weight_decay, **adam},
+        {"params": [p for _, p in adamw if p.dim() < 2], "weight_decay": 0.0, **adam},
+    ]
+    return [g for g in groups if g["params"]]
+
+
+def set_lr(optimizer: torch.optim.Optimizer, step: int, cfg: OptimConfig, max_steps: int) -> float:
+    """Set every group's lr for 0-based ``step``: its ``base_lr`` (``optim.lr`` for plain AdamW
+    groups) times the schedule's factor. Returns the AdamW lr (what the logs show)."""
+    lr = lr_at(step, cfg, max_steps)
+    factor = lr / cfg.lr
+    for group in optimizer.param_groups:
+        group["lr"] = group.get("base_lr", cfg.lr) * factor
+    return lr
+
+
 def lr_at(step: int, cfg: OptimConfig, max_steps: int) -> float:
-    """Linear warmup from lr/warmup to lr over ``warmup_steps``, then cosine decay to
-    ``min_lr_frac * lr`` at ``max_steps`` (llm.c's schedule; step is 0-based)."""
+    """Linear warmup from lr/warmup to lr over ``warmup_steps``, then (``optim.schedule``)
+    ``cosine``: cosine decay to ``min_lr_frac * lr`` at ``max_steps`` (llm.c's schedule), or
+    ``wsd``: warmup-stable-decay, constant lr until the last ``cooldown_frac`` of the steps, then a
+    linear decay to ``min_lr_frac * lr`` at ``max_steps`` (modded-nanogpt). Step is 0-based."""
     min_lr = cfg.lr * cfg.min_lr_frac
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
     if step >= max_steps:
         return min_lr
+    if cfg.schedule == "wsd":
+        cooldown = max(1, round(cfg.cooldown_frac * max_steps)) if cfg.cooldown_frac > 0 else 0
+        left = max_steps - step  # steps still to take, this one included
+        if left > cooldown:
+            return cfg.lr
+        return min_lr + (left / cooldown) * (cfg.lr - min_lr)
     decay_steps = max(1, max_steps - cfg.warmup_steps)
     ratio = (step - cfg.warmup_steps) / decay_steps
     coeff = 0.5 * (1.0 + math.cos(math.pi * ratio))  # 1 -> 0

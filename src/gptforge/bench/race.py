@@ -1,0 +1,159 @@
+"""Tokens-to-target benchmark: train presets on the same data until a target validation loss.
+
+    gptforge race shakespeare-cpu speedrun-d4 --data.dir data/shakespeare_plays --out runs/race
+
+A preset may carry its own overrides, ``PRESET,section.key=value,...`` (e.g.
+``speedrun-d4,optim.name=adamw`` races the recipe with one switch turned off). Each preset trains in turn (``train()`` with validation every ``max_steps / evals`` steps, on the
+same data and the same validation tokens) and stops at the first validation at or below the
+target. The target defaults to the first preset's final validation loss, so the first preset runs
+its whole schedule and the others race to where it ended. Reported per preset, read back from its
+``metrics.jsonl``: steps, tokens, training seconds (the sum of step times) and wall seconds (with
+validation) to the target, and the first preset's tokens to target divided by each one's (the
+speed-up). Writes ``race.json`` and ``race.png`` (val loss against tokens; needs matplotlib, extra
+``plot``) under ``--out``. A preset that never reaches the target is reported with ``reached:
+false``. Stopping at a validation point means the tokens are exact to within ``val_every`` steps.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from gptforge.config import Config, ConfigError, apply_overrides
+from gptforge.training.observe import read_metrics
+
+
+def race_configs(presets: list[str], overrides: list[str], out_dir: Path, evals: int) -> list[Config]:
+    """Each preset's config with the shared overrides, frequent validation and the same val tokens."""
+    from gptforge.presets import get_preset
+
+    if len(presets) < 2:
+        raise ConfigError("race needs at least two presets (the first sets the target)")
+    if len(set(presets)) != len(presets):
+        raise ConfigError(f"race: preset named twice in {presets}; each runs into its own directory")
+    if evals < 1:
+        raise ConfigError(f"race --evals {evals}: expected validations per run >= 1")
+    cfgs = []
+    for spec in presets:
+        name, *own = spec.split(",")
+        pairs = []
+        for kv in own:
+            if "=" not in kv:
+                raise ConfigError(f"race: {spec!r}: per-preset overrides look like PRESET,section.key=value,...")
+            k, v = kv.split("=", 1)
+            pairs += [f"--{k}", v]
+        cfg = apply_overrides(get_preset(name), [*overrides, *pairs])
+        cfg.train.out_dir = str(out_dir / spec.replace("/", "_"))
+        cfg.train.val_every = max(1, cfg.train.max_steps // evals)
+        cfg.train.ckpt_every = 0  # only the final (or stopping) checkpoint
+        cfgs.append(cfg)
+    dirs = {c.data.dir for c in cfgs}
+    if len(dirs) > 1:
+        raise ConfigError(f"race: the presets read different data ({sorted(dirs)}); set --data.dir for all of them")
+    first = cfgs[0].train
+    for c in cfgs[1:]:  # the same validation tokens: the val split from its start, as many tokens as the first's
+        c.train.val_tokens = first.val_tokens
+        if c.train.seq_len != first.seq_len:
+            raise ConfigError(
+                f"race: train.seq_len differs ({first.seq_len} vs {c.train.seq_len}); val loss is only comparable "
+                "at one context length: set --train.seq_len for all presets"
+            )
+    return cfgs
+
+
+def summarize(run_dir: Path, target: float) -> dict[str, Any]:
+    """Steps, tokens and seconds to the first val loss <= target, from a run's metrics.jsonl."""
+    records = read_metrics(run_dir / "metrics.jsonl")
+    start = next(r for r in records if r["kind"] == "start")
+    train = {r["step"]: r for r in records if r["kind"] == "train"}
+    val = sorted((r for r in records if r["kind"] == "val"), key=lambda r: r["step"])
+    hit = next((r for r in val if r["val_loss"] <= target), None)
+    out: dict[str, Any] = {
+        "run_dir": str(run_dir), "reached": hit is not None, "final_val_loss": val[-1]["val_loss"] if val else None,
+        "val_curve": [[r["tokens"], r["val_loss"]] for r in val],
+    }
+    if hit is not None:
+        step = hit["step"]
+        out.update(steps=step, tokens=hit["tokens"],
+                   train_seconds=round(sum(train[s]["dt_ms"] for s in train if s <= step) / 1000, 3),
+                   wall_seconds=round(hit["time"] - start["time"], 3), val_loss=hit["val_loss"])
+    return out
+
+
+def run_race(presets: list[str], overrides: list[str], out_dir: str | Path = "runs/race", target: float | None = None,
+             evals: int = 20, plot: bool = True) -> dict[str, Any]:
+    """Train every preset to the target; write and return the race summary (see the module docstring)."""
+    from gptforge.training.loop import train
+
+    out_dir = Path(out_dir)
+    cfgs = race_configs(presets, overrides, out_dir, evals)
+    if plot:  # before any training: a missing matplotlib is one line and exit 2, not a lost race
+        from gptforge.extras import require
+
+        require("matplotlib", extra="plot", for_what="gptforge race's race.png (--no-plot skips it)")
+    target_from = "--target" if target is not None else presets[0]
+    results: dict[str, dict[str, Any]] = {}
+    for i, (name, cfg) in enumerate(zip(presets, cfgs, strict=True)):
+        res = train(cfg, force=True, stop_at_val_loss=target)
+        if res.interrupted and not (target is not None and min(res.val_losses.values(), default=math.inf) <= target):
+            raise KeyboardInterrupt(f"race stopped during {name} (signal); its run is in {cfg.train.out_dir}")
+        if i == 0 and target is None:
+            if not res.val_losses:
+                raise ConfigError(f"race: {name} produced no validation loss to use as the target")
+            target = res.val_losses[max(res.val_losses)]
+        results[name] = {"preset": name, "max_steps": cfg.train.max_steps,
+                         "tokens_per_step": cfg.train.total_batch_tokens, **summarize(Path(cfg.train.out_dir), target)}
+    base = results[presets[0]]
+    for r in results.values():
+        r["token_ratio"] = round(base["tokens"] / r["tokens"], 4) if r["reached"] and base["reached"] else None
+        r["time_ratio"] = round(base["train_seconds"] / r["train_seconds"], 4) \
+            if r["reached"] and base["reached"] and r["train_seconds"] > 0 else None
+    summary = {"target_val_loss": target, "target_from": target_from,
+               "data_dir": cfgs[0].data.dir, "val_tokens": cfgs[0].train.val_tokens, "overrides": list(overrides),
+               "runs": [results[n] for n in presets]}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "race.json").write_text(json.dumps(summary, indent=2) + "\n")
+    if plot:
+        summary["plot"] = str(plot_race(summary, out_dir / "race.png"))
+    return summary
+
+
+def plot_race(summary: dict[str, Any], out: Path) -> Path:
+    from gptforge.extras import require
+
+    matplotlib = require("matplotlib", extra="plot", for_what="gptforge race's race.png (--no-plot skips it)")
+    matplotlib.use("Agg")  # files only, no display needed
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import EngFormatter
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for r in summary["runs"]:
+        xs, ys = zip(*r["val_curve"], strict=True) if r["val_curve"] else ((), ())
+        label = r["preset"] + (f" ({r['tokens']:,} tokens to target)" if r["reached"] else " (not reached)")
+        ax.plot(xs, ys, marker="o", markersize=3, linewidth=2, label=label)
+    ax.axhline(summary["target_val_loss"], color="gray", linestyle="--", linewidth=1,
+               label=f"target {summary['target_val_loss']:.4f}")
+    ax.set_xlabel("tokens")
+    ax.set_ylabel("val loss")
+    ax.xaxis.set_major_formatter(EngFormatter())
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title("race: val loss vs tokens")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def format_race(summary: dict[str, Any]) -> str:
+    lines = [f"target val loss {summary['target_val_loss']:.4f} ({summary['target_from']})",
+             f"{'preset':<24} {'reached':>7} {'steps':>7} {'tokens':>12} {'train s':>9} {'x tokens':>9}"]
+    for r in summary["runs"]:
+        if r["reached"]:
+            lines.append(f"{r['preset']:<24} {'yes':>7} {r['steps']:>7} {r['tokens']:>12,} {r['train_seconds']:>9.1f} "
+                         f"{r['token_ratio']:>9.2f}")
+        else:
+            lines.append(f"{r['preset']:<24} {'no':>7} {'-':>7} {'-':>12} {'-':>9} {'-':>9}  "
+                         f"(final val {r['final_val_loss']})")
+    return "\n".join(lines)

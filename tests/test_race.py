@@ -1,0 +1,75 @@
+"""`gptforge race` on two tiny presets (seconds): the JSON's numbers are read back against each
+run's own metrics.jsonl, and the race stops the second run at the target."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gptforge.cli import main
+from gptforge.config import OptimConfig
+from gptforge.presets import PRESETS
+from gptforge.training.observe import read_metrics
+
+from .conftest import tiny_config
+
+
+@pytest.fixture
+def race_presets(monkeypatch, shard_dir, tmp_path):
+    def adamw():
+        cfg = tiny_config(shard_dir, tmp_path / "unused", max_steps=24, val_tokens=512)
+        cfg.model.dropout = 0.0
+        return cfg
+
+    def muon():
+        cfg = adamw()
+        cfg.optim = OptimConfig(name="muon", lr=3e-3, muon_lr=0.03, warmup_steps=2, min_lr_frac=0.1, schedule="wsd")
+        return cfg
+
+    monkeypatch.setitem(PRESETS, "race-adamw", adamw)
+    monkeypatch.setitem(PRESETS, "race-muon", muon)
+
+
+def test_race_json_on_a_tiny_run(race_presets, tmp_path, capsys):
+    out = tmp_path / "race"
+    assert main(["race", "race-adamw", "race-muon", "--evals", "12", "--out", str(out)]) == 0
+    summary = json.loads((out / "race.json").read_text())
+    a, b = summary["runs"]
+    assert (a["preset"], b["preset"]) == ("race-adamw", "race-muon")
+    val_a = [r for r in read_metrics(out / "race-adamw") if r["kind"] == "val"]
+    assert [r["step"] for r in val_a] == list(range(2, 25, 2))  # 24 steps, 12 validations
+    assert summary["target_val_loss"] == val_a[-1]["val_loss"] and summary["target_from"] == "race-adamw"
+    assert a["reached"] and b["reached"]
+    first_a = next(r for r in val_a if r["val_loss"] <= summary["target_val_loss"])
+    assert (a["steps"], a["tokens"]) == (first_a["step"], first_a["step"] * 128)
+    val_b = [r for r in read_metrics(out / "race-muon") if r["kind"] == "val"]
+    assert val_b[-1]["step"] == b["steps"] and val_b[-1]["val_loss"] <= summary["target_val_loss"]  # stopped there
+    assert all(r["val_loss"] > summary["target_val_loss"] for r in val_b[:-1])
+    train_b = [r for r in read_metrics(out / "race-muon") if r["kind"] == "train"]
+    assert len(train_b) == b["steps"] and b["tokens"] == b["steps"] * 128
+    assert b["train_seconds"] == pytest.approx(sum(r["dt_ms"] for r in train_b) / 1000, abs=2e-3)
+    assert b["token_ratio"] == pytest.approx(a["tokens"] / b["tokens"], rel=1e-3)
+    assert (out / "race.png").stat().st_size > 1000
+    assert "target val loss" in capsys.readouterr().out
+
+
+def test_race_bad_input_exits_2(race_presets, tmp_path, capsys):
+    assert main(["race", "race-adamw", "--out", str(tmp_path)]) == 2
+    assert "at least two presets" in capsys.readouterr().err
+    assert main(["race", "race-adamw", "race-muon", "--train.seq_len", "8", "--optim.nope", "1"]) == 2
+    assert "optim.nope" in capsys.readouterr().err
+    assert main(["race", "race-adamw", "race-muon,train.seq_len=8"]) == 2  # val loss at another context
+    assert "train.seq_len differs" in capsys.readouterr().err
+    assert main(["race", "race-adamw", "race-muon,optim.lr"]) == 2
+    assert "PRESET,section.key=value" in capsys.readouterr().err
+
+
+def test_race_per_preset_overrides(race_presets, tmp_path):
+    from gptforge.bench.race import race_configs
+
+    a, b = race_configs(["race-adamw", "race-muon,optim.name=adamw,train.max_steps=12"], ["--train.seed", "3"],
+                        tmp_path, evals=4)
+    assert (a.optim.name, b.optim.name, b.train.max_steps, b.train.val_every) == ("adamw", "adamw", 12, 3)
+    assert a.train.seed == b.train.seed == 3 and b.optim.schedule == "wsd"
+    assert b.train.out_dir == str(tmp_path / "race-muon,optim.name=adamw,train.max_steps=12")
