@@ -89,3 +89,16 @@ def test_training_with_aligned_batches_and_document_attention_resumes_bit_exactl
     for s in range(1, 9):
         assert (part.train_losses.get(s) or rest.train_losses[s]) == full.train_losses[s], s
     assert full.train_losses[8] < full.train_losses[1]
+
+
+def test_aligned_state_is_refused_by_the_plain_loader_and_back(tmp_path):
+    from gptforge.data.shards import ShardError
+
+    files = sorted(_doc_shards(tmp_path / "d").glob("d_train_*.bin"))
+    aligned, plain = AlignedShardLoader(files, B=4, T=16, eot=EOT), ShardLoader(files, B=4, T=16, eot=EOT)
+    aligned.next_batch()
+    plain.next_batch()
+    with pytest.raises(ShardError, match="data.align=bos"):
+        ShardLoader(files, B=4, T=16, eot=EOT).load_state_dict(aligned.state_dict())
+    with pytest.raises(ShardError, match="data.align=off"):
+        AlignedShardLoader(files, B=4, T=16, eot=EOT).load_state_dict(plain.state_dict())

@@ -125,6 +125,11 @@ class ShardLoader:
                 f"checkpoint loader state was saved over shards {state['files'][:3]}... but the data dir "
                 f"holds {names[:3]}...; point data.dir at the original data"
             )
+        if state.get("align", "off") != "off" and type(self) is ShardLoader:
+            raise ShardError(
+                f"checkpoint loader state was saved with data.align={state['align']}, but this run has "
+                "data.align=off; its position counts other rows. Resume with --data.align " + str(state["align"])
+            )
         mode, seed = state.get("shuffle", "off"), state.get("seed", self.seed)
         if mode != self.shuffle or (mode != "off" and seed != self.seed):
             raise ShardError(
