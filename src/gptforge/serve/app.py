@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from gptforge.serve.limits import BodyLimit, acquire_unless_gone, watch_disconnect
+from gptforge.training.observe import read_metrics
 
 if TYPE_CHECKING:
     import tiktoken
@@ -116,18 +117,12 @@ def read_loss_curve(path: str | Path | None, max_points: int = 2000) -> dict[str
     if path is None or not Path(path).exists():
         return {"available": False, "train": [], "val": []}
     train, val = [], []
-    with open(path) as f:
-        for line in f:
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line being appended right now
-            if not isinstance(rec, dict) or rec.get("replayed"):  # superseded by a resume
-                continue
-            if rec.get("kind") == "train" and isinstance(rec.get("loss"), (int, float)):
-                train.append([rec["step"], rec["loss"]])
-            elif rec.get("kind") == "val" and isinstance(rec.get("val_loss"), (int, float)):
-                val.append([rec["step"], rec["val_loss"]])
+    # the one metrics reader; a line being appended right now is skipped quietly
+    for rec in read_metrics(path, warn=lambda _msg: None):
+        if rec.get("kind") == "train" and isinstance(rec.get("loss"), (int, float)):
+            train.append([rec["step"], rec["loss"]])
+        elif rec.get("kind") == "val" and isinstance(rec.get("val_loss"), (int, float)):
+            val.append([rec["step"], rec["val_loss"]])
 
     def thin(xs: list) -> list:
         stride = max(1, math.ceil(len(xs) / max_points))
