@@ -1,0 +1,49 @@
+"""Tasks for RL and SFT data: the verifiable tasks of :mod:`gptforge.eval.tasks.verifiable`, and
+conversation files made from them.
+
+    python -m gptforge.rl.tasks arithmetic --n 5000 --out conv.jsonl   # SFT conversations
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from gptforge.eval.tasks.verifiable import (
+    GENERATIVE_TASKS,
+    Problem,
+    arithmetic_problems,
+    extract_answer,
+    follows_arithmetic_format,
+    gsm8k_problems,
+    is_correct,
+)
+
+__all__ = ["GENERATIVE_TASKS", "Problem", "arithmetic_problems", "extract_answer", "follows_arithmetic_format",
+           "gsm8k_problems", "is_correct", "write_conversations"]
+
+
+def write_conversations(problems: list[Problem], path: str | Path) -> Path:
+    """One ``{"messages": [...]}`` per line: an SFT data file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for p in problems:
+            f.write(json.dumps({"messages": p.messages()}) + "\n")
+    return path
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description="write SFT conversations for a generated task")
+    ap.add_argument("task", choices=["arithmetic"])
+    ap.add_argument("--n", type=int, default=5000)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--digits", type=int, default=2)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args(argv)
+    print(write_conversations(arithmetic_problems(a.n, a.seed, a.digits), a.out))
+
+
+if __name__ == "__main__":
+    main()
