@@ -46,6 +46,10 @@ def test_grpo_loss_by_hand():
 def test_reward_loading_and_errors():
     assert load_reward("exact_match")(Problem("q", "5"), "2 + 3 = 5. The answer is 5.") == 1.0
     assert load_reward("math:sqrt") is math.sqrt
+    close = load_reward("numeric_closeness")
+    assert close(Problem("q", "40"), "The answer is 40.") == 1.0
+    assert close(Problem("q", "40"), "The answer is 45.") == pytest.approx(0.5 * math.exp(-1))
+    assert close(Problem("q", "40"), "no number") == 0.0
     with pytest.raises(RewardError, match="module:function"):
         load_reward("nope")
     with pytest.raises(RewardError, match="cannot import"):

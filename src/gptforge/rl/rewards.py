@@ -34,7 +34,20 @@ def exact_match_with_format(problem: Problem, reply: str) -> float:
     return exact_match(problem, reply) + (0.1 if extract_answer(reply) is not None else 0.0)
 
 
-BUILTIN: dict[str, RewardFn] = {"exact_match": exact_match, "exact_match_with_format": exact_match_with_format}
+def numeric_closeness(problem: Problem, reply: str) -> float:
+    """exact_match, else up to 0.5 for a numeric answer close to the right one (0.5 * exp(-|error| / 5)):
+    a dense signal while exact hits are rare (still verifiable: it only reads the final answer)."""
+    if exact_match(problem, reply):
+        return 1.0
+    got = extract_answer(reply)
+    try:
+        return 0.5 * math.exp(-abs(float(got) - float(problem.answer)) / 5) if got is not None else 0.0
+    except ValueError:  # a non-numeric reference answer: no partial credit
+        return 0.0
+
+
+BUILTIN: dict[str, RewardFn] = {"exact_match": exact_match, "exact_match_with_format": exact_match_with_format,
+                                "numeric_closeness": numeric_closeness}
 
 
 def load_reward(spec: str) -> RewardFn:
