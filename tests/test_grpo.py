@@ -129,3 +129,17 @@ def test_rl_refuses_base_model_without_template(tmp_path, capsys):
     base = ckpt.save_checkpoint(tmp_path / "base", 0, GPT(cfg), None, {"config": Config(model=cfg).to_dict()})
     assert main(["rl", "--init-from", str(base), "--out", str(tmp_path / "rl"), "--device", "cpu"]) == 2
     assert "no chat template" in capsys.readouterr().err
+
+
+def test_training_problems_leave_the_eval_set_out():
+    from gptforge.eval.generative import arithmetic_eval_problems
+    from gptforge.rl.grpo import problem_stream
+    from gptforge.rl.tasks import training_problems
+
+    ev = arithmetic_eval_problems(500)
+    assert len({p.question for p in ev}) == 500
+    eval_q = {p.question for p in ev}
+    assert not eval_q & {p.question for p in training_problems(3000, seed=1)}
+    at, held_out = problem_stream(RLConfig(prompts=50, eval_n=500))
+    assert {p.question for p in held_out} == eval_q
+    assert not eval_q & {p.question for s in range(20) for p in at(s)}

@@ -26,7 +26,7 @@ from gptforge.eval.tasks.verifiable import (
 )
 from gptforge.generation import SamplingParams, complete
 
-ARITHMETIC_EVAL_SEED = 2024  # generate SFT / RL data with other seeds (the benchmark drops overlaps)
+ARITHMETIC_EVAL_SEED = 2024  # SFT files (rl.tasks) and RL problems leave these questions out
 
 
 @dataclass(frozen=True)
@@ -37,9 +37,17 @@ class GenerativeTask:
     max_new_tokens: int
 
 
+def arithmetic_eval_problems(n: int = 0) -> list[Problem]:
+    """The arithmetic eval set: the first ``n`` (default 500) distinct problems of its own seed."""
+    n = n or 500
+    out: dict[str, Problem] = {}
+    for p in arithmetic_problems(2 * n + 100, seed=ARITHMETIC_EVAL_SEED):
+        out.setdefault(p.question, p)
+    return list(out.values())[:n]
+
+
 GENERATIVE = {
-    "arithmetic": GenerativeTask("arithmetic", lambda n: arithmetic_problems(n or 500, seed=ARITHMETIC_EVAL_SEED),
-                                 follows_arithmetic_format, 24),
+    "arithmetic": GenerativeTask("arithmetic", arithmetic_eval_problems, follows_arithmetic_format, 24),
     "gsm8k": GenerativeTask("gsm8k", gsm8k_problems, lambda t: extract_answer(t) is not None, 256),
 }
 

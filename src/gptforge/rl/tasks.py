@@ -21,7 +21,7 @@ from gptforge.eval.tasks.verifiable import (
 )
 
 __all__ = ["GENERATIVE_TASKS", "Problem", "arithmetic_problems", "extract_answer", "follows_arithmetic_format",
-           "gsm8k_problems", "is_correct", "write_conversations"]
+           "gsm8k_problems", "is_correct", "training_problems", "write_conversations"]
 
 
 def write_conversations(problems: list[Problem], path: str | Path) -> Path:
@@ -34,6 +34,20 @@ def write_conversations(problems: list[Problem], path: str | Path) -> Path:
     return path
 
 
+def training_problems(n: int, seed: int, digits: int = 2, exclude_eval: int = 500) -> list[Problem]:
+    """``n`` arithmetic problems for SFT data, none of them among the first ``exclude_eval``
+    problems of the ``arithmetic`` eval set (so that eval stays held out)."""
+    from gptforge.eval.generative import arithmetic_eval_problems
+
+    banned = {p.question for p in arithmetic_eval_problems(exclude_eval)} if exclude_eval and digits == 2 else set()
+    out: list[Problem] = []
+    k = 0
+    while len(out) < n:
+        out += [p for p in arithmetic_problems(n, seed + 1_000_003 * k, digits) if p.question not in banned]
+        k += 1
+    return out[:n]
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="write SFT conversations for a generated task")
     ap.add_argument("task", choices=["arithmetic"])
@@ -42,7 +56,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--digits", type=int, default=2)
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
-    print(write_conversations(arithmetic_problems(a.n, a.seed, a.digits), a.out))
+    print(write_conversations(training_problems(a.n, a.seed, a.digits), a.out))
 
 
 if __name__ == "__main__":
