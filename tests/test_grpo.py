@@ -143,3 +143,16 @@ def test_training_problems_leave_the_eval_set_out():
     at, held_out = problem_stream(RLConfig(prompts=50, eval_n=500))
     assert {p.question for p in held_out} == eval_q
     assert not eval_q & {p.question for s in range(20) for p in at(s)}
+
+
+def test_compare_task_is_verifiable_and_held_out():
+    from gptforge.eval.generative import GENERATIVE, compare_eval_problems
+    from gptforge.eval.tasks.verifiable import compare_problems
+    from gptforge.rl.tasks import training_problems
+
+    for p in compare_problems(50, seed=3):
+        a, b = (int(x) for x in p.question[len("Which is larger, "):-1].split(" or "))
+        assert p.answer == str(max(a, b)) and GENERATIVE["compare"].follows_format(p.solution)
+        assert load_reward("exact_match")(p, p.solution) == 1.0
+    eval_q = {p.question for p in compare_eval_problems()}
+    assert len(eval_q) == 500 and not eval_q & {p.question for p in training_problems(2000, 1, task="compare")}

@@ -164,7 +164,7 @@ def args_rl(r: argparse.ArgumentParser) -> None:
     r.add_argument("--out", required=True, help="run directory")
     r.add_argument("--resume", nargs="?", const="latest", default=None, metavar="CKPT")
     r.add_argument("--force", action="store_true", help="start over in a run directory that holds checkpoints")
-    r.add_argument("--task", choices=["arithmetic", "gsm8k"])
+    r.add_argument("--task", choices=["arithmetic", "compare", "gsm8k"])
     r.add_argument("--reward", help="exact_match (default), exact_match_with_format, numeric_closeness, or "
                                     "module:function taking (problem, reply) -> float")
     for name, tp, help_ in [

@@ -19,8 +19,10 @@ from gptforge.eval.tasks.base import EvalDataError
 from gptforge.eval.tasks.verifiable import (
     Problem,
     arithmetic_problems,
+    compare_problems,
     extract_answer,
     follows_arithmetic_format,
+    follows_compare_format,
     gsm8k_problems,
     is_correct,
 )
@@ -37,17 +39,30 @@ class GenerativeTask:
     max_new_tokens: int
 
 
-def arithmetic_eval_problems(n: int = 0) -> list[Problem]:
-    """The arithmetic eval set: the first ``n`` (default 500) distinct problems of its own seed."""
-    n = n or 500
+def _distinct(problems: list[Problem], n: int) -> list[Problem]:
     out: dict[str, Problem] = {}
-    for p in arithmetic_problems(2 * n + 100, seed=ARITHMETIC_EVAL_SEED):
+    for p in problems:
         out.setdefault(p.question, p)
     return list(out.values())[:n]
 
 
+def arithmetic_eval_problems(n: int = 0) -> list[Problem]:
+    """The arithmetic eval set: the first ``n`` (default 500) distinct problems of its own seed."""
+    return _distinct(arithmetic_problems(2 * (n or 500) + 100, seed=ARITHMETIC_EVAL_SEED), n or 500)
+
+
+def compare_eval_problems(n: int = 0) -> list[Problem]:
+    """The compare eval set: the first ``n`` (default 500) distinct problems of its own seed."""
+    return _distinct(compare_problems(2 * (n or 500) + 100, seed=ARITHMETIC_EVAL_SEED), n or 500)
+
+
+# generated tasks: task -> (train-problem generator (n, seed), eval set); training data leaves the eval set out
+GENERATED = {"arithmetic": (arithmetic_problems, arithmetic_eval_problems),
+             "compare": (compare_problems, compare_eval_problems)}
+
 GENERATIVE = {
     "arithmetic": GenerativeTask("arithmetic", arithmetic_eval_problems, follows_arithmetic_format, 24),
+    "compare": GenerativeTask("compare", compare_eval_problems, follows_compare_format, 24),
     "gsm8k": GenerativeTask("gsm8k", gsm8k_problems, lambda t: extract_answer(t) is not None, 256),
 }
 

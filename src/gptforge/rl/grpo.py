@@ -206,20 +206,20 @@ def problem_stream(cfg: RLConfig) -> tuple[Callable[[int], list[Problem]], list[
     trained on; a step's problems depend only on (seed, step), so a resumed run sees the same ones."""
     import random
 
-    from gptforge.eval.generative import GENERATIVE
-    from gptforge.eval.tasks.verifiable import arithmetic_problems
+    from gptforge.eval.generative import GENERATED, GENERATIVE
 
     if cfg.task not in GENERATIVE:
         raise RLError(f"--task {cfg.task!r}: built-in tasks are {', '.join(GENERATIVE)}")
-    if cfg.task == "arithmetic":
-        held_out = GENERATIVE["arithmetic"].problems(cfg.eval_n or 1)[: cfg.eval_n]
-        banned = {p.question for p in held_out}
+    if cfg.task in GENERATED:
+        make, eval_set = GENERATED[cfg.task]
+        held_out = eval_set(cfg.eval_n or 1)[: cfg.eval_n]
+        banned = {p.question for p in eval_set(0)} | {p.question for p in held_out}
 
         def at(step: int) -> list[Problem]:
             out: list[Problem] = []
             k = 0
             while len(out) < cfg.prompts:
-                cand = arithmetic_problems(cfg.prompts, seed=_mix(cfg.seed, step, 2, k))
+                cand = make(cfg.prompts, seed=_mix(cfg.seed, step, 2, k))
                 out += [p for p in cand if p.question not in banned][: cfg.prompts - len(out)]
                 k += 1
             return out

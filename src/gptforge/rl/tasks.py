@@ -34,29 +34,33 @@ def write_conversations(problems: list[Problem], path: str | Path) -> Path:
     return path
 
 
-def training_problems(n: int, seed: int, digits: int = 2, exclude_eval: int = 500) -> list[Problem]:
-    """``n`` arithmetic problems for SFT data, none of them among the first ``exclude_eval``
-    problems of the ``arithmetic`` eval set (so that eval stays held out)."""
-    from gptforge.eval.generative import arithmetic_eval_problems
+def training_problems(n: int, seed: int, digits: int = 2, exclude_eval: int = 500,
+                      task: str = "arithmetic") -> list[Problem]:
+    """``n`` problems of a generated task for SFT data, none of them among the first
+    ``exclude_eval`` problems of its eval set (so that eval stays held out)."""
+    from gptforge.eval.generative import GENERATED
 
-    banned = {p.question for p in arithmetic_eval_problems(exclude_eval)} if exclude_eval and digits == 2 else set()
+    make, eval_set = GENERATED[task]
+    banned = {p.question for p in eval_set(exclude_eval)} if exclude_eval and digits == 2 else set()
     out: list[Problem] = []
     k = 0
     while len(out) < n:
-        out += [p for p in arithmetic_problems(n, seed + 1_000_003 * k, digits) if p.question not in banned]
+        seed_k = seed + 1_000_003 * k
+        batch = arithmetic_problems(n, seed_k, digits) if task == "arithmetic" else make(n, seed_k)
+        out += [p for p in batch if p.question not in banned]
         k += 1
     return out[:n]
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="write SFT conversations for a generated task")
-    ap.add_argument("task", choices=["arithmetic"])
+    ap.add_argument("task", choices=["arithmetic", "compare"])
     ap.add_argument("--n", type=int, default=5000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--digits", type=int, default=2)
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
-    print(write_conversations(training_problems(a.n, a.seed, a.digits), a.out))
+    print(write_conversations(training_problems(a.n, a.seed, a.digits, task=a.task), a.out))
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 ANSWER_RE = re.compile(r"The answer is (-?[\d,]*\d)\.?\s*$")
 ARITH_FORMAT_RE = re.compile(r"^\d+ [+-] \d+ = -?\d+\. The answer is -?\d+\.$")
+COMPARE_FORMAT_RE = re.compile(r"^\d+ is larger than \d+\. The answer is \d+\.$")
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,22 @@ def arithmetic_problems(n: int, seed: int = 0, digits: int = 2, ops: str = "+-")
     return out
 
 
+def follows_compare_format(text: str) -> bool:
+    return bool(COMPARE_FORMAT_RE.match(text.strip()))
+
+
+def compare_problems(n: int, seed: int = 0) -> list[Problem]:
+    """``n`` problems "Which is larger, a or b?" with distinct 2-digit a, b; the worked answer
+    states the comparison: "b is larger than a. The answer is b." """
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        a, b = rng.sample(range(10, 100), 2)
+        hi, lo = max(a, b), min(a, b)
+        out.append(Problem(f"Which is larger, {a} or {b}?", str(hi), f"{hi} is larger than {lo}. The answer is {hi}."))
+    return out
+
+
 def gsm8k_problems(limit: int = 0) -> list[Problem]:
     """GSM8K test problems (``gptforge assets evals`` caches them offline); the solution is the
     worked answer with its ``#### N`` line rewritten as ``The answer is N.``"""
@@ -86,4 +103,4 @@ def gsm8k_problems(limit: int = 0) -> list[Problem]:
     return out
 
 
-GENERATIVE_TASKS = {"arithmetic": arithmetic_problems, "gsm8k": gsm8k_problems}
+GENERATIVE_TASKS = {"arithmetic": arithmetic_problems, "compare": compare_problems, "gsm8k": gsm8k_problems}
