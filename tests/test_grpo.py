@@ -129,6 +129,13 @@ def test_rl_refuses_base_model_without_template(tmp_path, capsys):
     base = ckpt.save_checkpoint(tmp_path / "base", 0, GPT(cfg), None, {"config": Config(model=cfg).to_dict()})
     assert main(["rl", "--init-from", str(base), "--out", str(tmp_path / "rl"), "--device", "cpu"]) == 2
     assert "no chat template" in capsys.readouterr().err
+    # --raw: plain "Question: ...\nAnswer:" prompts, replies cut at a blank line
+    assert main(["rl", "--init-from", str(base), "--out", str(tmp_path / "rl"), "--device", "cpu", "--raw",
+                 "--steps", "2", "--prompts", "2", "--group", "2", "--max-new-tokens", "4", "--eval-n", "2"]) == 0
+    rows = [json.loads(x) for x in (tmp_path / "rl" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["kind"] == "rl"] == [1, 2]
+    assert ckpt.read_meta(ckpt.latest_checkpoint(tmp_path / "rl"))["chat_template"] is None
+    assert main(["rl", "--out", str(tmp_path / "rl"), "--resume", "--steps", "3"]) == 0
 
 
 def test_training_problems_leave_the_eval_set_out():

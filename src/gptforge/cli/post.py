@@ -142,9 +142,12 @@ def cmd_rl(args: argparse.Namespace) -> int:
             source = args.init_from
         cfg.check()
         template = chat_template_of(source)
-        if template is None:
-            raise _cli_error(f"{source} has no chat template (meta.json chat_template): RL samples chat replies; "
-                             "fine-tune it with `gptforge sft` first")
+        raw = args.raw or (args.resume is not None and meta.get("chat_template") is None)
+        if template is None and not raw:
+            raise _cli_error(f"{source} has no chat template (meta.json chat_template): fine-tune it with `gptforge "
+                             "sft` first, or pass --raw to prompt it with plain 'Question: ...\\nAnswer:' text")
+        if raw:
+            template = None
         reward = load_reward(cfg.reward)
         model = load(ModelSource(ckpt=source)).to(resolve_device(cfg.device))
         train_rl(cfg, model, template, get_tokenizer(), reward, resume_dir=resume_dir)
@@ -179,6 +182,7 @@ def args_rl(r: argparse.ArgumentParser) -> None:
     ]:
         r.add_argument("--" + name.replace("_", "-"), dest=name, type=tp,
                        help=f"{help_} (default {getattr(d, name)})")
+    r.add_argument("--raw", action="store_true", help="no chat template: plain 'Question: ...\\nAnswer:' prompts")
     r.add_argument("--device", default=None)
 
 

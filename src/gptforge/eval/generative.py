@@ -28,6 +28,7 @@ from gptforge.eval.tasks.verifiable import (
 )
 from gptforge.generation import SamplingParams, complete
 
+RAW_STOPS = ("\n\n", "\nQuestion:")  # where a reply to a raw (template-less) prompt ends
 ARITHMETIC_EVAL_SEED = 2024  # SFT files (rl.tasks) and RL problems leave these questions out
 
 
@@ -93,7 +94,7 @@ def generate_replies(model: Any, enc: Any, prompts: Sequence[list[int]], templat
                                 stop_token=template.end, seed=seed)
     else:
         params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_k=None,
-                                stop=("\n\n", "\nQuestion:"), stop_token=enc.eot_token, seed=seed)
+                                stop=RAW_STOPS, stop_token=enc.eot_token, seed=seed)
     out: list[str] = []
     for i in range(0, len(prompts), batch_size):
         out += [r["text"].strip() for r in complete(model, enc, prompts[i : i + batch_size], params)]

@@ -129,22 +129,29 @@ class Rollouts:
 
 
 @torch.no_grad()
-def sample_replies(model: Any, enc: ChatTokenizer, template: ChatTemplate, problems: Sequence[Problem], group: int,
+def sample_replies(model: Any, enc: Any, template: ChatTemplate | None, problems: Sequence[Problem], group: int,
                    params: SamplingParams) -> Rollouts:
-    """``group`` sampled replies to each problem, in one left-padded batch with the KV cache."""
+    """``group`` sampled replies to each problem, in one left-padded batch with the KV cache. With a
+    template a reply ends at ``<|end|>``; without (``--raw``) the prompt is ``Question: ...\nAnswer:``
+    and a reply ends at <|endoftext|> or a blank line, as ``gptforge eval --raw`` reads them."""
+    from gptforge.eval.generative import RAW_STOPS, prompt_ids
+
     probs = [p for p in problems for _ in range(group)]
-    prompts = [template.render_for_generation(p.messages(with_solution=False), enc) for p in probs]
+    prompts = [prompt_ids(p, enc, template) for p in probs]
+    end = template.end if template is not None else enc.eot_token
     replies: list[list[int]] = [[] for _ in probs]
     done = [False] * len(probs)
     for nxt in stream_tokens(model, prompts, params):
         for i, t in enumerate(nxt.tolist()):
             if not done[i]:
                 replies[i].append(t)
-                done[i] = t == template.end
+                done[i] = t == end or (template is None and any(s in enc.decode(replies[i]) for s in RAW_STOPS))
         if all(done):
             break
-    texts = [enc.decode([t for t in r if t != template.end]).strip() for r in replies]
-    return Rollouts(probs, prompts, replies, texts)
+    texts = [enc.decode([t for t in r if t != end]) for r in replies]
+    if template is None:
+        texts = [min((x.split(s)[0] for s in RAW_STOPS), key=len) for x in texts]
+    return Rollouts(probs, prompts, replies, [x.strip() for x in texts])
 
 
 def _batch(rollouts: Rollouts, rows: Sequence[int], pad: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -232,7 +239,7 @@ def problem_stream(cfg: RLConfig) -> tuple[Callable[[int], list[Problem]], list[
     return (lambda step: random.Random(_mix(cfg.seed, step, 3)).sample(pool, cfg.prompts)), held_out
 
 
-def held_out_accuracy(model: Any, enc: Any, template: ChatTemplate, problems: Sequence[Problem], max_new: int) -> float:
+def held_out_accuracy(model: Any, enc: Any, template: ChatTemplate | None, problems: Sequence[Problem], max_new: int) -> float:
     from gptforge.eval.generative import generate_replies, prompt_ids
 
     if not problems:
@@ -242,7 +249,7 @@ def held_out_accuracy(model: Any, enc: Any, template: ChatTemplate, problems: Se
     return sum(is_correct(r, p.answer) for r, p in zip(replies, problems, strict=True)) / len(problems)
 
 
-def train_rl(cfg: RLConfig, model: torch.nn.Module, template: ChatTemplate, enc: Any, reward_fn: RewardFn,
+def train_rl(cfg: RLConfig, model: torch.nn.Module, template: ChatTemplate | None, enc: Any, reward_fn: RewardFn,
              resume_dir: Path | None = None, problems_at: Callable[[int], list[Problem]] | None = None,
              held_out: Sequence[Problem] | None = None, log: Callable[[str], None] = print,
              stop_at_step: int | None = None) -> dict[str, Any]:
@@ -253,10 +260,11 @@ def train_rl(cfg: RLConfig, model: torch.nn.Module, template: ChatTemplate, enc:
     from gptforge.training.observe import MetricsLog
 
     cfg.check()
-    template.check_model(model.config)
-    if model.config.vocab_size < template.vocab_size:
-        raise RLError("the model's logits do not cover the chat tokens; RL needs a chat (SFT) checkpoint")
-    enc = enc if isinstance(enc, ChatTokenizer) else ChatTokenizer(enc, template)
+    if template is not None:  # None: --raw, plain "Question: ...\nAnswer:" prompts
+        template.check_model(model.config)
+        if model.config.vocab_size < template.vocab_size:
+            raise RLError("the model's logits do not cover the chat tokens; RL needs a chat (SFT) checkpoint")
+        enc = enc if isinstance(enc, ChatTokenizer) else ChatTokenizer(enc, template)
     if problems_at is None:
         problems_at, held_out = problem_stream(cfg)
     held_out = list(held_out or [])
@@ -280,7 +288,7 @@ def train_rl(cfg: RLConfig, model: torch.nn.Module, template: ChatTemplate, enc:
         log(f"resumed from {resume_dir} at step {start}")
     run_dir.mkdir(parents=True, exist_ok=True)
     metrics = MetricsLog(run_dir / "metrics.jsonl")
-    meta = {"config": Config(model=model.config).to_dict(), "chat_template": template.to_dict(),
+    meta = {"config": Config(model=model.config).to_dict(), "chat_template": template.to_dict() if template else None,
             "rl": dataclasses.asdict(cfg)}
 
     def evaluate(step: int) -> None:
@@ -306,7 +314,7 @@ def train_rl(cfg: RLConfig, model: torch.nn.Module, template: ChatTemplate, enc:
         rewards = score(reward_fn, rollouts.problems, rollouts.texts)
         correct = [is_correct(t, p.answer) for t, p in zip(rollouts.texts, rollouts.problems, strict=True)]
         r = torch.tensor(rewards).view(len(problems), cfg.group)
-        out = grpo_step(model, ref, optimizer, rollouts, r, cfg, pad=template.bos)
+        out = grpo_step(model, ref, optimizer, rollouts, r, cfg, pad=template.bos if template else enc.eot_token)
         steps_done = step + 1
         stats = {"reward": r.mean().item(), "kl": out["kl"], "loss": out["loss"], "lr": lr,
                  "accuracy": sum(correct) / len(correct),
