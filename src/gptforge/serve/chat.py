@@ -16,12 +16,13 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
-from fastapi import FastAPI, HTTPException
-from fastapi.responses import StreamingResponse
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from gptforge.data.chat import ChatTemplate, ChatTokenizer
+from gptforge.serve.limits import acquire_unless_gone, watch_disconnect
 
 
 class Message(BaseModel):
@@ -57,7 +58,7 @@ def add_chat_routes(app: FastAPI, model: Any, enc: Any, template: dict | None, s
         return {"available": chat is not None, "template": chat.to_dict() if chat else None}
 
     @app.post("/api/chat")
-    async def chat_stream(req: ChatRequest):
+    async def chat_stream(req: ChatRequest, request: Request):
         if chat is None:
             raise HTTPException(400, "this model has no chat template (fine-tune it with `gptforge sft`); "
                                      "use /api/stream to continue text")
@@ -70,7 +71,12 @@ def add_chat_routes(app: FastAPI, model: Any, enc: Any, template: dict | None, s
                                      f"model's context of {block} tokens (start a new conversation)")
         params = SamplingParams(max_new_tokens=n_new, temperature=req.temperature, top_k=req.top_k, top_p=req.top_p,
                                 repetition_penalty=req.repetition_penalty, seed=req.seed, stop_token=chat.end)
-        await gate.acquire()
+        gone, watcher = watch_disconnect(request)  # a client that hangs up while queued leaves the queue
+        try:
+            if not await acquire_unless_gone(gate, gone):
+                return JSONResponse({"error": "client closed the request"}, status_code=499)
+        finally:
+            watcher.cancel()
         pieces: asyncio.Queue = asyncio.Queue()
         client_gone = asyncio.Event()
         task = asyncio.create_task(_produce(stream_text(model, cenc, [ids], params), pieces, client_gone, gate))
