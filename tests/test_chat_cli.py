@@ -80,3 +80,14 @@ def test_generative_scoring_with_scripted_replies(tmp_path, tokenizer, monkeypat
     monkeypatch.setattr("gptforge.eval.generative.generate_replies", lambda *a, **k: scripted)
     r = evaluate_generative(model, tokenizer, ["arithmetic"], t, limit=4)[0]
     assert (r.n, r.accuracy, r.format_rate) == (4, 0.5, 0.75)
+
+
+def test_sample_on_a_chat_checkpoint_decodes_chat_tokens(tmp_path, tokenizer, capsys):
+    path, model, t = _chat_ckpt(tmp_path)
+    # the boosted <|end|> row makes the model emit it: tiktoken alone could not decode that id
+    assert main(["sample", "--ckpt", str(path), "--prompt", "Hi", "--num-samples", "1", "--max-new-tokens", "12",
+                 "--temperature", "0", "--device", "cpu"]) == 0
+    ids = tokenizer.encode("Hi")
+    want = complete(model, ChatTokenizer(tokenizer, t), [ids], SamplingParams(max_new_tokens=12, temperature=0))
+    out = capsys.readouterr().out
+    assert want[0]["text"] in out and "<|end|>" in want[0]["text"]

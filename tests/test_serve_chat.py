@@ -53,3 +53,15 @@ def test_chat_refused_without_template(tokenizer):
         assert c.get("/api/chat/info").json()["available"] is False
         r = c.post("/api/chat", json={"messages": [{"role": "user", "content": "hi"}]})
         assert r.status_code == 400 and "no chat template" in r.json()["error"]
+
+
+def test_plain_stream_on_a_chat_model_decodes_chat_tokens(tokenizer):
+    model = _model(T.vocab_size)
+    with torch.no_grad():
+        model.transformer.wte.weight[T.end] *= 20  # make the model emit <|end|>
+    app = create_app(model, tokenizer, ServeSettings(max_new_tokens_cap=16), chat_template=T.to_dict())
+    with TestClient(app) as c:
+        r = c.post("/api/stream", json={"prompt": "Hi", "max_new_tokens": 12, "temperature": 0})
+        assert r.status_code == 200
+        text = "".join(e.get("text", "") for e in _events(r.text))
+    assert "<|end|>" in text

@@ -39,6 +39,13 @@ def cmd_sample(args: argparse.Namespace) -> int:
     params = _sampling_params(args)
     model = load(source).to(resolve_device(args.device))
     enc = get_tokenizer()
+    from gptforge.cli.post import chat_template_of
+
+    chat = chat_template_of(args.ckpt)
+    if chat is not None:  # a chat model may emit its role/end ids, which tiktoken cannot decode
+        from gptforge.data.chat import ChatTokenizer
+
+        enc = ChatTokenizer(enc, chat)
     prompts = [p for p in (args.prompt or ["Hello, I'm a language model,"]) for _ in range(args.num_samples)]
     ids = [enc.encode(p, allowed_special={"<|endoftext|>"}) or [enc.eot_token] for p in prompts]
     longest = max(len(r) for r in ids)

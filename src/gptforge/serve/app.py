@@ -143,6 +143,10 @@ def create_app(model: torch.nn.Module, enc: tiktoken.Encoding | None = None, set
         from gptforge.data.tokenizer import get_tokenizer
 
         enc = get_tokenizer()
+    if chat_template:  # a chat model may emit its role/end ids, which tiktoken cannot decode
+        from gptforge.data.chat import ChatTemplate, ChatTokenizer
+
+        enc = ChatTokenizer(enc, ChatTemplate.from_dict(chat_template))
     settings = settings or ServeSettings()
     settings.check()
     gate = ModelGate(settings.max_queue)

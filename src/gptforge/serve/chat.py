@@ -49,6 +49,7 @@ def add_chat_routes(app: FastAPI, model: Any, enc: Any, template: dict | None, s
     from gptforge.generation import SamplingParams, stream_text
 
     chat = ChatTemplate.from_dict(template) if template else None
+    enc = getattr(enc, "enc", enc)  # the plain tiktoken Encoding (create_app may have wrapped it)
     cenc = ChatTokenizer(enc, chat) if chat else None
     block = model.config.block_size
     producers: set[asyncio.Task] = set()
