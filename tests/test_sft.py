@@ -101,6 +101,7 @@ def test_unpadded_base_model_is_refused(tmp_path, tokenizer, capsys):
     assert "pad_vocab true" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_sft_lowers_heldout_assistant_loss_and_carries_template(tmp_path, tokenizer):
     data = write_conversations(arithmetic_problems(400, seed=1), tmp_path / "conv.jsonl")
     base, run = _base(tmp_path), tmp_path / "run"
@@ -116,6 +117,7 @@ def test_sft_lowers_heldout_assistant_loss_and_carries_template(tmp_path, tokeni
     assert meta["config"]["model"]["vocab_size"] == 50261
 
 
+@pytest.mark.slow
 def test_sft_resume_is_bit_exact(tmp_path, tokenizer):
     from gptforge.cli.run import _init_from
     from gptforge.training.sft import SFTData, run_sft, sft_config
