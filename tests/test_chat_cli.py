@@ -91,3 +91,15 @@ def test_sample_on_a_chat_checkpoint_decodes_chat_tokens(tmp_path, tokenizer, ca
     want = complete(model, ChatTokenizer(tokenizer, t), [ids], SamplingParams(max_new_tokens=12, temperature=0))
     out = capsys.readouterr().out
     assert want[0]["text"] in out and "<|end|>" in want[0]["text"]
+
+
+def test_export_hf_of_a_chat_checkpoint_carries_the_template(tmp_path, tokenizer, capsys):
+    import pytest
+
+    transformers = pytest.importorskip("transformers")
+    path, model, t = _chat_ckpt(tmp_path)
+    assert main(["export", "hf", "--ckpt", str(path), "--out", str(tmp_path / "hf")]) == 0
+    tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    msgs = [{"role": "user", "content": "What is 2 + 3?"}]
+    got = tok.apply_chat_template(msgs, tokenize=True, add_generation_prompt=True, return_dict=False)
+    assert list(got) == t.render_for_generation(msgs, tokenizer)

@@ -165,9 +165,9 @@ def cmd_export(args: argparse.Namespace) -> int:
           flush=True)  # seconds for the larger models: not silent
     try:
         if args.format == "hf":
-            from gptforge.models.registry import family_of
-
             import inspect
+
+            from gptforge.models.registry import family_of
 
             export = family_of(model.config).hf("export_hf")
             if chat is not None and tokenizer and "chat_template" not in inspect.signature(export).parameters:
