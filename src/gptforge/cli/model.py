@@ -39,6 +39,13 @@ def cmd_sample(args: argparse.Namespace) -> int:
     params = _sampling_params(args)
     model = load(source).to(resolve_device(args.device))
     enc = get_tokenizer()
+    from gptforge.cli.post import chat_template_of
+
+    chat = chat_template_of(args.ckpt)
+    if chat is not None:  # a chat model may emit its role/end ids, which tiktoken cannot decode
+        from gptforge.data.chat import ChatTokenizer
+
+        enc = ChatTokenizer(enc, chat)
     prompts = [p for p in (args.prompt or ["Hello, I'm a language model,"]) for _ in range(args.num_samples)]
     ids = [enc.encode(p, allowed_special={"<|endoftext|>"}) or [enc.eot_token] for p in prompts]
     longest = max(len(r) for r in ids)
@@ -94,6 +101,9 @@ def args_eval(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bench", action="store_true",
                    help="time the batched scorer against the one-at-a-time reference (examples/s)")
     p.add_argument("--repeats", type=int, default=3, help="--bench: timed repeats, best kept (default %(default)s)")
+    from gptforge.cli import post
+
+    post.add_eval_options(p)  # generative tasks (arithmetic, gsm8k): --raw, --system
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -103,6 +113,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
     source = model_source(args)
     if args.limit < 0 or (args.batch_tokens is not None and args.batch_tokens < 1) or args.repeats < 1:
         raise CliError("--limit must be >= 0 (0 = all), --batch-tokens and --repeats >= 1")
+    from gptforge.cli import post
+
+    generative, args.tasks = post.split_generative(args.tasks)  # arithmetic, gsm8k: answers are generated
+    if generative:
+        post.eval_generative(args, generative)
+        if not args.tasks:
+            return 0
     info = init_distributed(args.device)  # under torchrun every rank scores a share of the examples
     model = load(source)
     timer = None
@@ -136,19 +153,28 @@ def args_export(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from gptforge.cli.post import chat_template_of
     from gptforge.interop import hf, llmc
     from gptforge.tokens import GPT2_VOCAB
 
     model = load(model_source(args))
-    tokenizer = not args.no_tokenizer and model.config.vocab_size == GPT2_VOCAB
+    chat = chat_template_of(args.ckpt)  # a chat checkpoint: the HF tokenizer gets its template
+    tokenizer = not args.no_tokenizer and model.config.vocab_size == (chat.vocab_size if chat else GPT2_VOCAB)
     n = sum(p.numel() for p in model.parameters())
     print(f"gptforge export: writing {n / 1e6:.1f}M parameters to {args.out} ...", file=sys.stderr,
           flush=True)  # seconds for the larger models: not silent
     try:
         if args.format == "hf":
+            import inspect
+
             from gptforge.models.registry import family_of
 
-            files = family_of(model.config).hf("export_hf")(model, args.out, force=args.force, tokenizer=tokenizer)
+            export = family_of(model.config).hf("export_hf")
+            if chat is not None and tokenizer and "chat_template" not in inspect.signature(export).parameters:
+                raise CliError(f"export hf: the {model.config.arch} exporter does not write a chat template yet; "
+                               "pass --no-tokenizer")
+            kw = {"chat_template": chat.to_dict()} if chat is not None else {}
+            files = export(model, args.out, force=args.force, tokenizer=tokenizer, **kw)
         else:
             llmc.check_llmc_model(model)  # before the output folder is created
             out = hf.check_out_dir(args.out, args.force)
@@ -225,8 +251,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from gptforge.serve.describe import describe_served
 
     model = load(source).to(resolve_device(args.device))
+    from gptforge.cli.post import chat_template_of
+
+    chat = chat_template_of(args.ckpt)  # a chat checkpoint: the page opens in chat mode
     run_server(model, settings, host=args.host, port=args.port, metrics_path=metrics,
-               served=describe_served(model, args.ckpt, args.hf, args.llmc, args.random))
+               served=describe_served(model, args.ckpt, args.hf, args.llmc, args.random),
+               chat_template=chat.to_dict() if chat else None)
     return 0
 
 

@@ -218,8 +218,10 @@ def hf_config(cfg) -> dict:
     }
 
 
-def export_hf(model: torch.nn.Module, out_dir: str | Path, force: bool = False, tokenizer: bool = True) -> list[Path]:
-    """Write ``model`` (a gptforge GPT) as a Hugging Face GPT-2 directory. Returns the files written."""
+def export_hf(model: torch.nn.Module, out_dir: str | Path, force: bool = False, tokenizer: bool = True,
+              chat_template: dict | None = None) -> list[Path]:
+    """Write ``model`` (a gptforge GPT) as a Hugging Face GPT-2 directory. Returns the files written.
+    ``chat_template``: a checkpoint's meta.json template; the tokenizer gets its tokens and Jinja."""
     from safetensors.torch import save_file
 
     cfg = model.config
@@ -233,9 +235,15 @@ def export_hf(model: torch.nn.Module, out_dir: str | Path, force: bool = False, 
     save_file(sd, str(files[0]), metadata={"format": "pt"})
     files[1].write_text(json.dumps(hf_config(cfg), indent=2) + "\n")
     if tokenizer:
-        if cfg.vocab_size != GPT2_VOCAB:
+        from gptforge.data.chat import ChatTemplate
+        from gptforge.interop.hf_chat import write_hf_chat_template
+
+        chat = ChatTemplate.from_dict(chat_template) if chat_template else None
+        if cfg.vocab_size != (chat.vocab_size if chat else GPT2_VOCAB):
             raise ValueError(f"model.vocab_size={cfg.vocab_size} is not GPT-2's 50257; export with tokenizer=False")
         files += write_hf_tokenizer(out, model_max_length=cfg.block_size)
+        if chat:
+            write_hf_chat_template(out, chat)
     return files
 
 

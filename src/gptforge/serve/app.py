@@ -132,15 +132,21 @@ def read_loss_curve(path: str | Path | None, max_points: int = 2000) -> dict[str
 
 
 def create_app(model: torch.nn.Module, enc: tiktoken.Encoding | None = None, settings: ServeSettings | None = None,
-               metrics_path: str | Path | None = None, served: dict | None = None) -> FastAPI:
+               metrics_path: str | Path | None = None, served: dict | None = None,
+               chat_template: dict | None = None) -> FastAPI:
     """The FastAPI app around one loaded model (tests build it directly and call it in-process).
-    ``served``: what is served, from :func:`gptforge.serve.describe.describe_served`."""
+    ``served``: what is served, from :func:`gptforge.serve.describe.describe_served`.
+    ``chat_template``: the checkpoint's chat template (the page's chat mode, /api/chat)."""
     from gptforge.generation import SamplingParams, stream_text
 
     if enc is None:
         from gptforge.data.tokenizer import get_tokenizer
 
         enc = get_tokenizer()
+    if chat_template:  # a chat model may emit its role/end ids, which tiktoken cannot decode
+        from gptforge.data.chat import ChatTemplate, ChatTokenizer
+
+        enc = ChatTokenizer(enc, ChatTemplate.from_dict(chat_template))
     settings = settings or ServeSettings()
     settings.check()
     gate = ModelGate(settings.max_queue)
@@ -280,13 +286,17 @@ def create_app(model: torch.nn.Module, enc: tiktoken.Encoding | None = None, set
             gate.release()
             pieces.put_nowait(None)
 
+    from gptforge.serve.chat import add_chat_routes  # chat mode: /api/chat, /api/chat/info
+
+    add_chat_routes(app, model, enc, chat_template, settings, gate)
     return app
 
 
 def run_server(model: torch.nn.Module, settings: ServeSettings, host: str = "127.0.0.1", port: int = 8000,
-               metrics_path: str | Path | None = None, served: dict | None = None) -> None:
+               metrics_path: str | Path | None = None, served: dict | None = None,
+               chat_template: dict | None = None) -> None:
     import uvicorn
 
-    app = create_app(model, settings=settings, metrics_path=metrics_path, served=served)
+    app = create_app(model, settings=settings, metrics_path=metrics_path, served=served, chat_template=chat_template)
     print(f"gptforge serve: http://{host}:{port}/  (JSON API under /api, schema at /docs; Ctrl-C stops)", flush=True)
     uvicorn.run(app, host=host, port=port, log_level="warning")

@@ -71,6 +71,6 @@ def print_samples(model: torch.nn.Module, cfg: Config, info: DistInfo, step: int
     out = generate(model, idx, max_new_tokens=n, temperature=1.0, top_k=50, seed=cfg.train.seed + step)
     model.train(was_training)
     for i, row in enumerate(out.tolist()):
-        text = enc.decode(row[1:])
+        text = enc.decode([t for t in row[1:] if t < enc.n_vocab])  # chat tokens (SFT) are not tiktoken's
         log(f"sample {i}: {text!r}")
         metrics.write("sample", step, index=i, text=text)

@@ -68,11 +68,14 @@ class RunResult:
 
 def train(cfg: Config, resume: str | Path | None = None, force: bool = False, stop_at_step: int | None = None,
           init_weights: Callable[[torch.nn.Module], None] | None = None,
-          stop_at_val_loss: float | None = None) -> RunResult:
+          stop_at_val_loss: float | None = None,
+          loaders: Callable[[DistInfo], tuple] | None = None, extra_meta: dict | None = None) -> RunResult:
     """Train per ``cfg``. ``resume``: "latest" or a checkpoint dir. ``stop_at_step``: behave as if
     interrupted after that many steps (tests use it to compare a resumed run with an uninterrupted one).
     ``stop_at_val_loss``: the same at the first validation at or below it (``gptforge race``).
-    ``init_weights(model)``: fine-tuning, fill a fresh run's model from other weights (``--init-from``)."""
+    ``init_weights(model)``: fine-tuning, fill a fresh run's model from other weights (``--init-from``).
+    ``loaders(info) -> (train_loader, val_loader, val_batches)``: other data than cfg.data's shards
+    (SFT conversations); ``extra_meta``: more keys for every checkpoint's meta.json (the chat template)."""
     # --- setup: devices, precision, run directory -------------------------------------------------
     grad_accum = cfg.validate(launched_world())  # before joining the group: fail fast
     info = init_distributed(cfg.train.device, cfg.dist)
@@ -101,16 +104,15 @@ def train(cfg: Config, resume: str | Path | None = None, force: bool = False, st
     if info.world == 1 and (cfg.dist.zero or cfg.dist.fsdp):
         log("(dist.zero / dist.fsdp shard state across processes; on one process they have no effect)")
     env = environment(device)
-    checkpointer = Checkpointer(cfg, info, run_dir, resume_dir, log, extra_meta={"git_sha": env.get("git_sha")})
+    checkpointer = Checkpointer(cfg, info, run_dir, resume_dir, log, extra_meta={"git_sha": env.get("git_sha"),
+                                                                                 **(extra_meta or {})})
 
     # --- data -------------------------------------------------------------------------------------
     B, T = cfg.train.micro_batch, cfg.train.seq_len
-    train_loader = make_loader(list_shards(cfg.data.dir, cfg.data.train_split), B, T, info.rank, info.world,
-                               align=cfg.data.align, shuffle=cfg.data.shuffle, seed=cfg.data.shuffle_seed, eot=cfg.data.eot_token,
-                               step_tokens=cfg.train.total_batch_tokens, vocab_size=cfg.model.vocab_size)
-    val_files = list_shards(cfg.data.dir, cfg.data.val_split)
-    val_loader = ShardLoader(val_files, B, T, info.rank, info.world, vocab_size=cfg.model.vocab_size)
-    val_available = sum(read_header(f)[2] for f in val_files) // (B * T * info.world)
+    if loaders is not None:
+        train_loader, val_loader, val_available = loaders(info)
+    else:
+        train_loader, val_loader, val_available = _shard_loaders(cfg, info)
     val_steps = max(1, min(cfg.train.val_tokens // (B * T * info.world), val_available))
 
     # --- model and optimizer (or the resumed ones) -------------------------------------------------
@@ -225,6 +227,18 @@ def train(cfg: Config, resume: str | Path | None = None, force: bool = False, st
     metrics.close()
     cleanup(info)
     return result
+
+
+def _shard_loaders(cfg: Config, info: DistInfo) -> tuple:
+    """Pretraining data: the train and val shards of cfg.data, and how many val batches they hold."""
+    B, T = cfg.train.micro_batch, cfg.train.seq_len
+    train_loader = make_loader(list_shards(cfg.data.dir, cfg.data.train_split), B, T, info.rank, info.world,
+                               align=cfg.data.align, shuffle=cfg.data.shuffle, seed=cfg.data.shuffle_seed,
+                               eot=cfg.data.eot_token, step_tokens=cfg.train.total_batch_tokens,
+                               vocab_size=cfg.model.vocab_size)
+    val_files = list_shards(cfg.data.dir, cfg.data.val_split)
+    val_loader = ShardLoader(val_files, B, T, info.rank, info.world, vocab_size=cfg.model.vocab_size)
+    return train_loader, val_loader, sum(read_header(f)[2] for f in val_files) // (B * T * info.world)
 
 
 def wrapped_eval(wrapped: torch.nn.Module, info: DistInfo) -> torch.nn.Module:

@@ -1,0 +1,177 @@
+"""Chat format: role and turn tokens, rendering conversations to ids plus a loss mask.
+
+GPT-2's tokenizer has 50,257 tokens; a model built with ``model.pad_vocab true`` has embedding rows
+up to 50,304, and rows 50,257.. are never a target in pretraining. The chat template puts its role
+and end-of-turn tokens there and raises ``model.vocab_size`` just enough to cover them, so the
+weights of a pretrained checkpoint fit unchanged. A conversation renders as::
+
+    <|endoftext|> <|system|> text <|end|> <|user|> text <|end|> <|assistant|> text <|end|> ...
+
+and only the assistant's text and its ``<|end|>`` are trained on (the loss mask). The template is a
+plain dict in the checkpoint's meta.json (``"chat_template"``), so sample, chat, serve and eval find
+it by themselves, and ``export hf`` writes the equivalent Jinja ``chat_template``.
+
+    >>> t = ChatTemplate.gpt2()
+    >>> ids, mask = t.render([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}])
+    >>> t.decode(ids)
+    '<|endoftext|><|user|>Hi<|end|><|assistant|>Hello<|end|>'
+"""
+
+from __future__ import annotations
+
+import codecs
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gptforge.tokens import EOT as GPT2_EOT  # the bos of every conversation
+
+ROLES = ("system", "user", "assistant")
+
+
+class ChatFormatError(ValueError):
+    """A conversation that cannot be rendered (unknown role, no assistant turn, bad content)."""
+
+
+@dataclass(frozen=True)
+class ChatTemplate:
+    """Token ids of the roles and the end-of-turn marker, and their printable names."""
+
+    bos: int = GPT2_EOT  # every conversation starts with it (llm.c's document separator)
+    roles: dict[str, int] = field(default_factory=lambda: {"system": 50257, "user": 50258, "assistant": 50259})
+    end: int = 50260
+    name: str = "gptforge-gpt2-chat-v1"
+
+    @classmethod
+    def gpt2(cls) -> ChatTemplate:
+        return cls()
+
+    # --- identity and serialisation ---------------------------------------------------------------
+    @property
+    def names(self) -> dict[int, str]:
+        """Special id -> the text it prints as."""
+        out = {self.bos: "<|endoftext|>", self.end: "<|end|>"}
+        out.update({i: f"<|{r}|>" for r, i in self.roles.items()})
+        return out
+
+    @property
+    def vocab_size(self) -> int:
+        """The smallest ``model.vocab_size`` whose logits cover every chat token."""
+        return max(self.end, *self.roles.values()) + 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "bos": self.bos, "roles": dict(self.roles), "end": self.end}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ChatTemplate:
+        try:
+            roles = {str(k): int(v) for k, v in d["roles"].items()}
+            t = cls(bos=int(d["bos"]), roles=roles, end=int(d["end"]), name=str(d.get("name", "custom")))
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise ChatFormatError(f"chat_template {d!r}: expected keys bos, roles, end ({e})") from e
+        if set(roles) != set(ROLES):
+            raise ChatFormatError(f"chat_template roles {sorted(roles)}: expected {', '.join(ROLES)}")
+        return t
+
+    def check_model(self, model_cfg: Any) -> None:
+        """Refuse a model whose embedding has no rows for the chat tokens."""
+        rows = model_cfg.padded_vocab_size
+        if rows < self.vocab_size:
+            raise ChatFormatError(
+                f"the model has {rows} embedding rows but the chat tokens need {self.vocab_size} "
+                f"(ids up to {self.vocab_size - 1}); train the base model with --model.pad_vocab true"
+            )
+
+    # --- rendering --------------------------------------------------------------------------------
+    def render(self, messages: Sequence[dict[str, Any]], enc: Any = None) -> tuple[list[int], list[int]]:
+        """HF-style ``messages`` -> (ids, mask); mask[i] = 1 where ids[i] is a token to train on
+        (assistant text and its end marker). Raises ChatFormatError on unknown roles, non-string
+        content or a conversation without an assistant turn."""
+        enc = enc or _tokenizer()
+        ids, mask = [self.bos], [0]
+        has_assistant = False
+        for i, m in enumerate(messages):
+            role, content = _role_content(m, i)
+            text_ids = enc.encode_ordinary(content)
+            train = 1 if role == "assistant" else 0
+            has_assistant |= role == "assistant"
+            ids += [self.roles[role], *text_ids, self.end]
+            mask += [0, *([train] * len(text_ids)), train]
+        if not has_assistant:
+            raise ChatFormatError("conversation has no assistant turn (nothing to train on)")
+        return ids, mask
+
+    def render_for_generation(self, messages: Sequence[dict[str, Any]], enc: Any = None) -> list[int]:
+        """The prompt for the assistant's next reply: the conversation so far, then ``<|assistant|>``."""
+        enc = enc or _tokenizer()
+        ids = [self.bos]
+        for i, m in enumerate(messages):
+            role, content = _role_content(m, i)
+            ids += [self.roles[role], *enc.encode_ordinary(content), self.end]
+        return ids + [self.roles["assistant"]]
+
+    def decode(self, ids: Sequence[int], enc: Any = None) -> str:
+        return ChatTokenizer(enc or _tokenizer(), self).decode(ids)
+
+    def jinja(self) -> str:
+        """The same rendering as a Hugging Face ``chat_template`` (Jinja), for ``export hf``."""
+        n = self.names
+        roles = "".join(
+            f"{{% {'if' if k == 0 else 'elif'} message['role'] == '{r}' %}}{{{{ '{n[self.roles[r]]}' }}}}"
+            for k, r in enumerate(ROLES)
+        ) + "{% endif %}"
+        return (
+            f"{{{{ '{n[self.bos]}' }}}}{{% for message in messages %}}{roles}"
+            f"{{{{ message['content'] }}}}{{{{ '{n[self.end]}' }}}}{{% endfor %}}"
+            f"{{% if add_generation_prompt %}}{{{{ '{n[self.roles['assistant']]}' }}}}{{% endif %}}"
+        )
+
+
+def _role_content(m: Any, i: int) -> tuple[str, str]:
+    if not isinstance(m, dict) or "role" not in m or "content" not in m:
+        raise ChatFormatError(f"message {i}: expected an object with 'role' and 'content', got {m!r:.80}")
+    role, content = m["role"], m["content"]
+    if role not in ROLES:
+        raise ChatFormatError(f"message {i}: unknown role {role!r}; expected one of {', '.join(ROLES)}")
+    if not isinstance(content, str):
+        raise ChatFormatError(f"message {i}: content must be a string, got {type(content).__name__}")
+    return role, content
+
+
+def _tokenizer() -> Any:
+    from gptforge.data.tokenizer import get_tokenizer
+
+    return get_tokenizer()
+
+
+class ChatTokenizer:
+    """A tiktoken Encoding that also decodes the chat ids (tiktoken cannot: they are not in its
+    ranks). Duck-types what :func:`gptforge.generation.stream_text` uses."""
+
+    def __init__(self, enc: Any, template: ChatTemplate):
+        self.enc, self.template = enc, template
+        self._names = {i: s.encode() for i, s in template.names.items()}
+        self.eot_token = enc.eot_token
+
+    def encode(self, text: str, **kw: Any) -> list[int]:
+        return self.enc.encode(text, **kw)
+
+    def encode_ordinary(self, text: str) -> list[int]:
+        return self.enc.encode_ordinary(text)
+
+    def decode_single_token_bytes(self, tok: int) -> bytes:
+        if tok in self._names:
+            return self._names[tok]
+        if tok >= self.enc.n_vocab:  # an unused padded row: never crash a stream over it
+            return f"<|{tok}|>".encode()
+        return self.enc.decode_single_token_bytes(tok)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        dec = codecs.getincrementaldecoder("utf-8")("replace")
+        return "".join(dec.decode(self.decode_single_token_bytes(int(t))) for t in ids) + dec.decode(b"", final=True)
+
+
+def template_from_meta(meta: dict[str, Any]) -> ChatTemplate | None:
+    """The chat template a checkpoint's meta.json carries, or None for a base model."""
+    d = meta.get("chat_template")
+    return ChatTemplate.from_dict(d) if d else None

@@ -1,0 +1,130 @@
+"""Generative evaluation: greedy answers (KV cache) scored by exact match of the final number.
+
+    gptforge eval --tasks arithmetic,gsm8k --ckpt runs/sft --limit 200
+
+A task is a list of :class:`~gptforge.eval.tasks.verifiable.Problem` plus a format check. With a
+chat template (a checkpoint from ``gptforge sft``) each question is rendered as a user turn and the
+reply ends at ``<|end|>``; without one the prompt is ``Question: ...\\nAnswer:`` and the reply ends
+at a blank line. Problems whose prompt does not fit the context count as wrong and are reported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gptforge.data.chat import ChatTemplate, ChatTokenizer
+from gptforge.eval.tasks.base import EvalDataError
+from gptforge.eval.tasks.verifiable import (
+    Problem,
+    arithmetic_problems,
+    compare_problems,
+    extract_answer,
+    follows_arithmetic_format,
+    follows_compare_format,
+    gsm8k_problems,
+    is_correct,
+)
+from gptforge.generation import SamplingParams, complete
+
+RAW_STOPS = ("\n\n", "\nQuestion:")  # where a reply to a raw (template-less) prompt ends
+ARITHMETIC_EVAL_SEED = 2024  # SFT files (rl.tasks) and RL problems leave these questions out
+
+
+@dataclass(frozen=True)
+class GenerativeTask:
+    name: str
+    problems: Callable[[int], list[Problem]]  # limit (0 = the task's default size) -> problems
+    follows_format: Callable[[str], bool]
+    max_new_tokens: int
+
+
+def _distinct(problems: list[Problem], n: int) -> list[Problem]:
+    out: dict[str, Problem] = {}
+    for p in problems:
+        out.setdefault(p.question, p)
+    return list(out.values())[:n]
+
+
+def arithmetic_eval_problems(n: int = 0) -> list[Problem]:
+    """The arithmetic eval set: the first ``n`` (default 500) distinct problems of its own seed."""
+    return _distinct(arithmetic_problems(2 * (n or 500) + 100, seed=ARITHMETIC_EVAL_SEED), n or 500)
+
+
+def compare_eval_problems(n: int = 0) -> list[Problem]:
+    """The compare eval set: the first ``n`` (default 500) distinct problems of its own seed."""
+    return _distinct(compare_problems(2 * (n or 500) + 100, seed=ARITHMETIC_EVAL_SEED), n or 500)
+
+
+# generated tasks: task -> (train-problem generator (n, seed), eval set); training data leaves the eval set out
+GENERATED = {"arithmetic": (arithmetic_problems, arithmetic_eval_problems),
+             "compare": (compare_problems, compare_eval_problems)}
+
+GENERATIVE = {
+    "arithmetic": GenerativeTask("arithmetic", arithmetic_eval_problems, follows_arithmetic_format, 24),
+    "compare": GenerativeTask("compare", compare_eval_problems, follows_compare_format, 24),
+    "gsm8k": GenerativeTask("gsm8k", gsm8k_problems, lambda t: extract_answer(t) is not None, 256),
+}
+
+
+@dataclass
+class GenerativeResult:
+    task: str
+    n: int
+    accuracy: float
+    format_rate: float
+    too_long: int = 0
+    samples: list[dict[str, Any]] = field(default_factory=list)  # the first few (question, reply, answer)
+
+
+def prompt_ids(problem: Problem, enc: Any, template: ChatTemplate | None, system: str | None = None) -> list[int]:
+    if template is not None:
+        return template.render_for_generation(problem.messages(with_solution=False, system=system), enc)
+    return enc.encode_ordinary(f"Question: {problem.question}\nAnswer:")
+
+
+def generate_replies(model: Any, enc: Any, prompts: Sequence[list[int]], template: ChatTemplate | None,
+                     max_new_tokens: int, batch_size: int = 32, temperature: float = 0.0,
+                     seed: int | None = 0) -> list[str]:
+    """Replies to token prompts, batched (left-padded, KV cache), greedy unless ``temperature``."""
+    if template is not None:
+        enc = ChatTokenizer(getattr(enc, "enc", enc), template)
+        params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_k=None,
+                                stop_token=template.end, seed=seed)
+    else:
+        params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_k=None,
+                                stop=RAW_STOPS, stop_token=enc.eot_token, seed=seed)
+    out: list[str] = []
+    for i in range(0, len(prompts), batch_size):
+        out += [r["text"].strip() for r in complete(model, enc, prompts[i : i + batch_size], params)]
+    return out
+
+
+def evaluate_generative(model: Any, enc: Any, names: Sequence[str], template: ChatTemplate | None,
+                        limit: int = 0, batch_size: int = 32, system: str | None = None) -> list[GenerativeResult]:
+    """Exact-match accuracy and format rate per task."""
+    unknown = [n for n in names if n not in GENERATIVE]
+    if unknown:
+        raise EvalDataError(f"unknown generative task(s) {', '.join(unknown)}; known: {', '.join(GENERATIVE)}")
+    results = []
+    block = model.config.block_size
+    for name in names:
+        task = GENERATIVE[name]
+        problems = task.problems(limit)
+        if limit:
+            problems = problems[:limit]
+        new = min(task.max_new_tokens, block - 1)
+        prompts = [prompt_ids(p, enc, template, system) for p in problems]
+        fits = [i for i, ids in enumerate(prompts) if len(ids) + new <= block]
+        replies = [""] * len(problems)
+        for i, r in zip(fits, generate_replies(model, enc, [prompts[i] for i in fits], template, new, batch_size),
+                        strict=True):
+            replies[i] = r
+        n = len(problems)
+        correct = sum(is_correct(r, p.answer) for r, p in zip(replies, problems, strict=True))
+        formatted = sum(task.follows_format(r) for r in replies)
+        samples = [{"question": p.question, "reply": r, "answer": p.answer} for p, r in zip(problems[:3], replies,
+                                                                                                  strict=False)]
+        results.append(GenerativeResult(name, n, correct / n, formatted / n, n - len(fits), samples))
+    return results

@@ -1,0 +1,38 @@
+"""The chat template in a Hugging Face tokenizer directory (``export hf`` of a chat checkpoint).
+
+The chat tokens become added special tokens with their gptforge ids, and ``tokenizer_config.json``
+gets the Jinja ``chat_template``, so ``AutoTokenizer.apply_chat_template`` renders exactly the ids
+:meth:`gptforge.data.chat.ChatTemplate.render` does.
+
+    >>> write_hf_chat_template(Path("exports/hf"), ChatTemplate.gpt2())
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from gptforge.data.chat import ChatTemplate
+
+
+def write_hf_chat_template(out: Path, template: ChatTemplate) -> list[Path]:
+    """Add the chat tokens and template to the tokenizer files already written in ``out``."""
+    vocab_path, config_path, special_path = out / "vocab.json", out / "tokenizer_config.json", out / "special_tokens_map.json"
+    vocab = json.loads(vocab_path.read_text(encoding="utf-8"))
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    special = json.loads(special_path.read_text(encoding="utf-8"))
+    added = {i: name for i, name in sorted(template.names.items()) if i != template.bos}
+    for i, name in added.items():
+        vocab[name] = i
+    config["added_tokens_decoder"] = {
+        str(i): {"content": name, "special": True, "lstrip": False, "rstrip": False, "normalized": False,
+                 "single_word": False}
+        for i, name in {template.bos: "<|endoftext|>", **added}.items()
+    }
+    config["additional_special_tokens"] = list(added.values())
+    config["chat_template"] = template.jinja()
+    special["additional_special_tokens"] = list(added.values())
+    vocab_path.write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+    config_path.write_text(json.dumps(config, indent=2), encoding="utf-8")
+    special_path.write_text(json.dumps(special, indent=2), encoding="utf-8")
+    return [vocab_path, config_path, special_path]

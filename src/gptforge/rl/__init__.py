@@ -1,0 +1,1 @@
+"""Reinforcement learning on verifiable rewards (GRPO) and the tasks it trains on."""

@@ -1,0 +1,82 @@
+"""Reward functions for RL on verifiable tasks, and loading one named on the command line.
+
+A reward function takes the problem and the reply text and returns a float::
+
+    def my_reward(problem: Problem, reply: str) -> float: ...
+
+    gptforge rl --ckpt runs/sft --task arithmetic --reward mypkg.rewards:my_reward
+
+A reward that raises stops the step with an error naming the prompt: it never counts as a silent 0.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Callable, Sequence
+
+from gptforge.eval.tasks.verifiable import Problem, extract_answer, is_correct
+
+RewardFn = Callable[[Problem, str], float]
+
+
+class RewardError(RuntimeError):
+    """A reward function that could not be loaded, raised, or returned a non-number."""
+
+
+def exact_match(problem: Problem, reply: str) -> float:
+    """1 when the final 'The answer is N.' matches the problem's answer, else 0."""
+    return 1.0 if is_correct(reply, problem.answer) else 0.0
+
+
+def exact_match_with_format(problem: Problem, reply: str) -> float:
+    """exact_match, plus 0.1 for a parsable answer line (a denser signal for weak models)."""
+    return exact_match(problem, reply) + (0.1 if extract_answer(reply) is not None else 0.0)
+
+
+def numeric_closeness(problem: Problem, reply: str) -> float:
+    """exact_match, else up to 0.5 for a numeric answer close to the right one (0.5 * exp(-|error| / 5)):
+    a dense signal while exact hits are rare (still verifiable: it only reads the final answer)."""
+    if exact_match(problem, reply):
+        return 1.0
+    got = extract_answer(reply)
+    try:
+        return 0.5 * math.exp(-abs(float(got) - float(problem.answer)) / 5) if got is not None else 0.0
+    except ValueError:  # a non-numeric reference answer: no partial credit
+        return 0.0
+
+
+BUILTIN: dict[str, RewardFn] = {"exact_match": exact_match, "exact_match_with_format": exact_match_with_format,
+                                "numeric_closeness": numeric_closeness}
+
+
+def load_reward(spec: str) -> RewardFn:
+    """A built-in name or ``module:function`` (importable from the current environment)."""
+    if spec in BUILTIN:
+        return BUILTIN[spec]
+    module, sep, name = spec.partition(":")
+    if not sep or not module or not name:
+        raise RewardError(f"--reward {spec!r}: give a built-in ({', '.join(BUILTIN)}) or module:function")
+    try:
+        fn = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        raise RewardError(f"--reward {spec!r}: cannot import it ({type(e).__name__}: {e})") from e
+    if not callable(fn):
+        raise RewardError(f"--reward {spec!r}: {name} is not callable")
+    return fn
+
+
+def score(fn: RewardFn, problems: Sequence[Problem], replies: Sequence[str]) -> list[float]:
+    """Rewards per reply; any failure names the prompt."""
+    out = []
+    for p, r in zip(problems, replies, strict=True):
+        try:
+            v = fn(p, r)
+        except Exception as e:
+            raise RewardError(f"reward function {getattr(fn, '__name__', fn)!r} raised on prompt {p.question!r:.120}: "
+                              f"{type(e).__name__}: {e}") from e
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise RewardError(f"reward function {getattr(fn, '__name__', fn)!r} returned {v!r} on prompt "
+                              f"{p.question!r:.120}; expected a finite number")
+        out.append(float(v))
+    return out

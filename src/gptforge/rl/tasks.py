@@ -1,0 +1,67 @@
+"""Tasks for RL and SFT data: the verifiable tasks of :mod:`gptforge.eval.tasks.verifiable`, and
+conversation files made from them.
+
+    python -m gptforge.rl.tasks arithmetic --n 5000 --out conv.jsonl   # SFT conversations
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from gptforge.eval.tasks.verifiable import (
+    GENERATIVE_TASKS,
+    Problem,
+    arithmetic_problems,
+    extract_answer,
+    follows_arithmetic_format,
+    gsm8k_problems,
+    is_correct,
+)
+
+__all__ = ["GENERATIVE_TASKS", "Problem", "arithmetic_problems", "extract_answer", "follows_arithmetic_format",
+           "gsm8k_problems", "is_correct", "training_problems", "write_conversations"]
+
+
+def write_conversations(problems: list[Problem], path: str | Path) -> Path:
+    """One ``{"messages": [...]}`` per line: an SFT data file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for p in problems:
+            f.write(json.dumps({"messages": p.messages()}) + "\n")
+    return path
+
+
+def training_problems(n: int, seed: int, digits: int = 2, exclude_eval: int = 500,
+                      task: str = "arithmetic") -> list[Problem]:
+    """``n`` problems of a generated task for SFT data, none of them among the first
+    ``exclude_eval`` problems of its eval set (so that eval stays held out)."""
+    from gptforge.eval.generative import GENERATED
+
+    make, eval_set = GENERATED[task]
+    banned = {p.question for p in eval_set(exclude_eval)} if exclude_eval and digits == 2 else set()
+    out: list[Problem] = []
+    k = 0
+    while len(out) < n:
+        seed_k = seed + 1_000_003 * k
+        batch = arithmetic_problems(n, seed_k, digits) if task == "arithmetic" else make(n, seed_k)
+        out += [p for p in batch if p.question not in banned]
+        k += 1
+    return out[:n]
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description="write SFT conversations for a generated task")
+    ap.add_argument("task", choices=["arithmetic", "compare"])
+    ap.add_argument("--n", type=int, default=5000)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--digits", type=int, default=2)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args(argv)
+    print(write_conversations(training_problems(a.n, a.seed, a.digits, task=a.task), a.out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+"""Chat mode of the served page: ``POST /api/chat`` (messages in, the assistant's reply streamed as
+server-sent events) and ``GET /api/chat/info`` (whether the model has a chat template).
+
+    curl -sN localhost:8000/api/chat -H 'content-type: application/json' \\
+         -d '{"messages": [{"role": "user", "content": "What is 2 + 3?"}], "temperature": 0}'
+
+The stream has the format of ``/api/stream`` with one row: ``data: {"row": 0, "text"}`` pieces, a
+final ``{"finished": true, "reason"}``, then ``event: done``. The reply ends at the template's
+``<|end|>``. Requests share the app's gate (one on the model at a time, a bounded queue).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
+
+from gptforge.data.chat import ChatTemplate, ChatTokenizer
+from gptforge.serve.limits import acquire_unless_gone, watch_disconnect
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    role: Literal["system", "user", "assistant"]
+    content: str = Field(max_length=20_000)
+
+
+class ChatRequest(BaseModel):
+    """The conversation so far (the reply continues it as the assistant) and the sampling knobs."""
+
+    model_config = ConfigDict(extra="forbid")
+    messages: list[Message] = Field(min_length=1, max_length=200)
+    max_new_tokens: int | None = Field(None, ge=1, description="default: 128 or the server's cap if lower")
+    temperature: float = Field(0.7, ge=0, le=100, allow_inf_nan=False, description="0 = greedy")
+    top_k: int = Field(50, ge=0, description="0 = off")
+    top_p: float = Field(1.0, gt=0, le=1, allow_inf_nan=False, description="1 = off")
+    repetition_penalty: float = Field(1.0, gt=0, le=100, allow_inf_nan=False, description="1 = off")
+    seed: int | None = Field(None, ge=0, lt=2**63)
+
+
+def add_chat_routes(app: FastAPI, model: Any, enc: Any, template: dict | None, settings: Any, gate: Any) -> None:
+    """Register the chat endpoints on ``app`` (``gate``: the app's ModelGate)."""
+    from gptforge.generation import SamplingParams, stream_text
+
+    chat = ChatTemplate.from_dict(template) if template else None
+    enc = getattr(enc, "enc", enc)  # the plain tiktoken Encoding (create_app may have wrapped it)
+    cenc = ChatTokenizer(enc, chat) if chat else None
+    block = model.config.block_size
+    producers: set[asyncio.Task] = set()
+
+    @app.get("/api/chat/info")
+    async def chat_info():
+        return {"available": chat is not None, "template": chat.to_dict() if chat else None}
+
+    @app.post("/api/chat")
+    async def chat_stream(req: ChatRequest, request: Request):
+        if chat is None:
+            raise HTTPException(400, "this model has no chat template (fine-tune it with `gptforge sft`); "
+                                     "use /api/stream to continue text")
+        n_new = req.max_new_tokens if req.max_new_tokens is not None else min(128, settings.max_new_tokens_cap)
+        if n_new > settings.max_new_tokens_cap:
+            raise HTTPException(400, f"max_new_tokens={n_new} is over this server's cap of {settings.max_new_tokens_cap}")
+        ids = chat.render_for_generation([m.model_dump() for m in req.messages], enc)
+        if len(ids) + n_new > block:
+            raise HTTPException(400, f"messages are {len(ids)} tokens; with max_new_tokens={n_new} that exceeds the "
+                                     f"model's context of {block} tokens (start a new conversation)")
+        params = SamplingParams(max_new_tokens=n_new, temperature=req.temperature, top_k=req.top_k, top_p=req.top_p,
+                                repetition_penalty=req.repetition_penalty, seed=req.seed, stop_token=chat.end)
+        gone, watcher = watch_disconnect(request)  # a client that hangs up while queued leaves the queue
+        try:
+            if not await acquire_unless_gone(gate, gone):
+                return JSONResponse({"error": "client closed the request"}, status_code=499)
+        finally:
+            watcher.cancel()
+        pieces: asyncio.Queue = asyncio.Queue()
+        client_gone = asyncio.Event()
+        task = asyncio.create_task(_produce(stream_text(model, cenc, [ids], params), pieces, client_gone, gate))
+        producers.add(task)
+        task.add_done_callback(producers.discard)
+
+        async def events() -> AsyncIterator[str]:
+            try:
+                while (ev := await pieces.get()) is not None:
+                    if isinstance(ev, Exception):
+                        yield f"event: error\ndata: {json.dumps({'error': f'generation failed: {ev}'})}\n\n"
+                        continue
+                    body: dict[str, Any] = {"row": ev.row, "text": ev.text}
+                    if ev.finished:
+                        body.update(finished=True, reason=ev.reason)
+                    yield f"data: {json.dumps(body)}\n\n"
+                yield "event: done\ndata: {}\n\n"
+            finally:
+                client_gone.set()
+
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+async def _produce(it, pieces: asyncio.Queue, client_gone: asyncio.Event, gate: Any) -> None:
+    done = object()
+    try:
+        while not client_gone.is_set() and (ev := await run_in_threadpool(next, it, done)) is not done:
+            pieces.put_nowait(ev)
+    except Exception as e:  # tell the client, keep serving
+        pieces.put_nowait(e)
+    finally:
+        it.close()
+        gate.release()
+        pieces.put_nowait(None)

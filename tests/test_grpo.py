@@ -1,0 +1,165 @@
+"""GRPO: advantages and loss against hand-computed numbers, a reward that favours one token raises
+its probability, reward errors name the prompt, and a tiny CLI run logs metrics and resumes exactly."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from gptforge.cli import main
+from gptforge.config import Config
+from gptforge.data.chat import ChatTemplate
+from gptforge.eval.tasks.verifiable import Problem
+from gptforge.models.gpt2 import GPT, GPTConfig
+from gptforge.rl.grpo import RLConfig, group_advantages, grpo_loss, train_rl
+from gptforge.rl.rewards import RewardError, load_reward, score
+from gptforge.training import checkpoint as ckpt
+
+
+def test_group_advantages_by_hand():
+    adv = group_advantages(torch.tensor([[1.0, 0.0, 0.0, 1.0], [2.0, 2.0, 2.0, 2.0]]), eps=0.0 + 1e-4)
+    s = math.sqrt(1 / 3)  # sample std of (1, 0, 0, 1)
+    torch.testing.assert_close(adv[0], torch.tensor([0.5, -0.5, -0.5, 0.5]) / (s + 1e-4))
+    assert torch.equal(adv[1], torch.zeros(4))  # a group that agrees teaches nothing
+
+
+def test_grpo_loss_by_hand():
+    L = math.log
+    logp = torch.tensor([[L(0.5), L(0.25)], [L(0.5), L(0.1)]])
+    old = torch.tensor([[L(0.4), L(0.25)], [L(0.5), L(0.2)]])
+    ref = torch.tensor([[L(0.5), L(0.5)], [L(0.25), L(0.1)]])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    loss, kl = grpo_loss(logp, old, ref, torch.tensor([1.0, -1.0]), mask, clip_eps=0.2, kl_coef=0.1)
+    # row 0 (A = +1): token 0 ratio 1.25 clips to 1.2, KL 0; token 1 ratio 1, KL = 2 - ln 2 - 1
+    k01 = 1 - math.log(2)
+    row0 = (-1.2 + -(1 - 0.1 * k01)) / 2
+    # row 1 (A = -1): token 0 ratio 1, KL = 1/2 + ln 2 - 1; token 1 is masked out
+    k10 = 0.5 + math.log(2) - 1
+    row1 = -(-1 - 0.1 * k10)
+    assert loss.item() == pytest.approx((row0 + row1) / 2, abs=1e-6)
+    assert kl.item() == pytest.approx((k01 / 2 + k10) / 2, abs=1e-6)
+
+
+def test_reward_loading_and_errors():
+    assert load_reward("exact_match")(Problem("q", "5"), "2 + 3 = 5. The answer is 5.") == 1.0
+    assert load_reward("math:sqrt") is math.sqrt
+    close = load_reward("numeric_closeness")
+    assert close(Problem("q", "40"), "The answer is 40.") == 1.0
+    assert close(Problem("q", "40"), "The answer is 45.") == pytest.approx(0.5 * math.exp(-1))
+    assert close(Problem("q", "40"), "no number") == 0.0
+    with pytest.raises(RewardError, match="module:function"):
+        load_reward("nope")
+    with pytest.raises(RewardError, match="cannot import"):
+        load_reward("no_such_module_xyz:f")
+
+    def boom(p, r):
+        raise KeyError("x")
+
+    with pytest.raises(RewardError, match="raised on prompt 'What is 1 \\+ 1\\?'"):
+        score(boom, [Problem("What is 1 + 1?", "2")], ["2"])
+    with pytest.raises(RewardError, match="returned nan"):
+        score(lambda p, r: float("nan"), [Problem("q", "2")], ["2"])
+
+
+def _small_vocab_model() -> tuple[GPT, ChatTemplate]:
+    # 64 tokens: GPT-2 ids 0..58 are single ASCII characters ('!' = 0, 'A' = 32); chat ids 59..63
+    torch.manual_seed(0)
+    t = ChatTemplate(bos=59, roles={"system": 60, "user": 61, "assistant": 62}, end=63, name="test")
+    return GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=32, vocab_size=64, pad_vocab=False)), t
+
+
+def _p_token(model: GPT, t: ChatTemplate, tokenizer, tok: int) -> float:
+    ids = torch.tensor([t.render_for_generation(Problem("!", "").messages(with_solution=False), tokenizer)])
+    with torch.no_grad():
+        return torch.softmax(model.eval()(ids)[0][0, -1], -1)[tok].item()
+
+
+def test_reward_favouring_one_token_raises_its_probability(tmp_path, tokenizer):
+    model, t = _small_vocab_model()
+    before = _p_token(model, t, tokenizer, 32)
+
+    def favours_a(problem, reply):
+        return reply.count("A") / max(1, len(reply))
+
+    cfg = RLConfig(steps=6, prompts=4, group=8, max_new_tokens=4, lr=1e-2, kl_coef=0.01, eval_n=0,
+                   ckpt_every=0, out_dir=str(tmp_path / "rl"), device="cpu")
+    train_rl(cfg, model, t, tokenizer, favours_a, problems_at=lambda step: [Problem("!", "")] * 4, held_out=[],
+             log=lambda m: None)
+    after = _p_token(model, t, tokenizer, 32)
+    assert after > 3 * before, (before, after)
+    rows = [json.loads(x) for x in (tmp_path / "rl" / "metrics.jsonl").read_text().splitlines()]
+    rl = [r for r in rows if r["kind"] == "rl"]
+    assert len(rl) == 6 and {"reward", "kl", "accuracy", "reply_len", "loss"} <= set(rl[0])
+    assert rl[-1]["reward"] > rl[0]["reward"]
+
+
+def _chat_ckpt(tmp_path):
+    torch.manual_seed(0)
+    t = ChatTemplate.gpt2()
+    cfg = GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=64, vocab_size=t.vocab_size)
+    return ckpt.save_checkpoint(tmp_path / "sft", 1, GPT(cfg), None,
+                                {"config": Config(model=cfg).to_dict(), "chat_template": t.to_dict()})
+
+
+def test_rl_cli_logs_metrics_and_resumes_exactly(tmp_path, tokenizer, capsys):
+    src = _chat_ckpt(tmp_path)
+    args = ["--task", "arithmetic", "--prompts", "2", "--group", "3", "--max-new-tokens", "4", "--eval-n", "4",
+            "--lr", "1e-3", "--device", "cpu", "--ckpt-every", "0"]
+    assert main(["rl", "--init-from", str(src), "--out", str(tmp_path / "full"), "--steps", "3", *args]) == 0
+    assert main(["rl", "--init-from", str(src), "--out", str(tmp_path / "part"), "--steps", "2", *args]) == 0
+    assert main(["rl", "--out", str(tmp_path / "part"), "--resume", "--steps", "3"]) == 0
+    rows = [json.loads(x) for x in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["kind"] == "rl"] == [1, 2, 3]
+    assert [r["step"] for r in rows if r["kind"] == "eval"] == [0, 3]
+    a, b = (GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=64, vocab_size=50261)) for _ in range(2))
+    ckpt.load_model_weights(a, ckpt.latest_checkpoint(tmp_path / "full"))
+    ckpt.load_model_weights(b, ckpt.latest_checkpoint(tmp_path / "part"))
+    for (k, va), vb in zip(a.state_dict().items(), b.state_dict().values(), strict=True):
+        assert torch.equal(va, vb), k
+    meta = ckpt.read_meta(ckpt.latest_checkpoint(tmp_path / "part"))
+    assert meta["chat_template"] == ChatTemplate.gpt2().to_dict() and meta["step"] == 3
+
+
+def test_rl_refuses_base_model_without_template(tmp_path, capsys):
+    torch.manual_seed(0)
+    cfg = GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=64)
+    base = ckpt.save_checkpoint(tmp_path / "base", 0, GPT(cfg), None, {"config": Config(model=cfg).to_dict()})
+    assert main(["rl", "--init-from", str(base), "--out", str(tmp_path / "rl"), "--device", "cpu"]) == 2
+    assert "no chat template" in capsys.readouterr().err
+    # --raw: plain "Question: ...\nAnswer:" prompts, replies cut at a blank line
+    assert main(["rl", "--init-from", str(base), "--out", str(tmp_path / "rl"), "--device", "cpu", "--raw",
+                 "--steps", "2", "--prompts", "2", "--group", "2", "--max-new-tokens", "4", "--eval-n", "2"]) == 0
+    rows = [json.loads(x) for x in (tmp_path / "rl" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["kind"] == "rl"] == [1, 2]
+    assert ckpt.read_meta(ckpt.latest_checkpoint(tmp_path / "rl"))["chat_template"] is None
+    assert main(["rl", "--out", str(tmp_path / "rl"), "--resume", "--steps", "3"]) == 0
+
+
+def test_training_problems_leave_the_eval_set_out():
+    from gptforge.eval.generative import arithmetic_eval_problems
+    from gptforge.rl.grpo import problem_stream
+    from gptforge.rl.tasks import training_problems
+
+    ev = arithmetic_eval_problems(500)
+    assert len({p.question for p in ev}) == 500
+    eval_q = {p.question for p in ev}
+    assert not eval_q & {p.question for p in training_problems(3000, seed=1)}
+    at, held_out = problem_stream(RLConfig(prompts=50, eval_n=500))
+    assert {p.question for p in held_out} == eval_q
+    assert not eval_q & {p.question for s in range(20) for p in at(s)}
+
+
+def test_compare_task_is_verifiable_and_held_out():
+    from gptforge.eval.generative import GENERATIVE, compare_eval_problems
+    from gptforge.eval.tasks.verifiable import compare_problems
+    from gptforge.rl.tasks import training_problems
+
+    for p in compare_problems(50, seed=3):
+        a, b = (int(x) for x in p.question[len("Which is larger, "):-1].split(" or "))
+        assert p.answer == str(max(a, b)) and GENERATIVE["compare"].follows_format(p.solution)
+        assert load_reward("exact_match")(p, p.solution) == 1.0
+    eval_q = {p.question for p in compare_eval_problems()}
+    assert len(eval_q) == 500 and not eval_q & {p.question for p in training_problems(2000, 1, task="compare")}
