@@ -83,22 +83,22 @@ def runs(tmp_path_factory):
     data = make_shards(tmp / "data")
     jobs = [
         {"config": _cfg(data, tmp / "ddp").to_dict(), "out": str(tmp / "ddp.json")},
-        {"config": _cfg(data, tmp / "zero", zero=1).to_dict(), "out": str(tmp / "zero.json")},
-        {"config": _cfg(data, tmp / "fsdp", fsdp=True).to_dict(), "out": str(tmp / "fsdp.json")},
+        {"config": _cfg(data, tmp / "zero", shard="zero1").to_dict(), "out": str(tmp / "zero.json")},
+        {"config": _cfg(data, tmp / "fsdp", shard="fsdp").to_dict(), "out": str(tmp / "fsdp.json")},
         # FSDP with block recomputation, and ZeRO-2-like (gathered params kept) with MLP recomputation
-        {"config": _with(_cfg(data, tmp / "fsdp_block", fsdp=True), recompute="block").to_dict(),
+        {"config": _with(_cfg(data, tmp / "fsdp_block", shard="fsdp"), recompute="block").to_dict(),
          "out": str(tmp / "fsdp_block.json")},
-        {"config": _with(_cfg(data, tmp / "fsdp_keep", fsdp=True, reshard_after_forward=False), recompute="mlp")
+        {"config": _with(_cfg(data, tmp / "fsdp_keep", shard="fsdp", reshard_after_forward=False), recompute="mlp")
          .to_dict(), "out": str(tmp / "fsdp_keep.json")},
         # stopped after step 4, copied aside (to resume at world 1), then resumed at world 2
-        {"config": _cfg(data, tmp / "fsdp_part", fsdp=True).to_dict(), "out": str(tmp / "fsdp_part.json"),
+        {"config": _cfg(data, tmp / "fsdp_part", shard="fsdp").to_dict(), "out": str(tmp / "fsdp_part.json"),
          "stop_at_step": 4, "copy_to": [str(tmp / "fsdp_part_w1"), str(tmp / "fsdp_to_zero")]},
-        {"config": _trusted(_cfg(data, tmp / "fsdp_part", fsdp=True)).to_dict(), "out": str(tmp / "fsdp_rest.json"),
+        {"config": _trusted(_cfg(data, tmp / "fsdp_part", shard="fsdp")).to_dict(), "out": str(tmp / "fsdp_rest.json"),
          "resume": "latest"},
-        {"config": _cfg(data, tmp / "zero_part", zero=1).to_dict(), "out": str(tmp / "zero_part.json"),
+        {"config": _cfg(data, tmp / "zero_part", shard="zero1").to_dict(), "out": str(tmp / "zero_part.json"),
          "stop_at_step": 4},
         # switching strategy on resume: a sharded (DCP) checkpoint into ZeRO-1, a single-file one into FSDP
-        {"config": _trusted(_cfg(data, tmp / "fsdp_to_zero", zero=1)).to_dict(), "out": str(tmp / "fsdp_to_zero.json"),
+        {"config": _trusted(_cfg(data, tmp / "fsdp_to_zero", shard="zero1")).to_dict(), "out": str(tmp / "fsdp_to_zero.json"),
          "resume": "latest"},
         # dropout on: each rank draws its own masks, and a resume continues every rank's stream exactly
         {"config": _dropout(_cfg(data, tmp / "drop")).to_dict(), "out": str(tmp / "drop.json")},
@@ -107,7 +107,7 @@ def runs(tmp_path_factory):
         {"config": _dropout(_cfg(data, tmp / "drop_part")).to_dict(), "out": str(tmp / "drop_rest.json"),
          "resume": "latest"},
         {"config": _cfg(data, tmp / "ddp_to_fsdp").to_dict(), "out": str(tmp / "ddp_part.json"), "stop_at_step": 4},
-        {"config": _cfg(data, tmp / "ddp_to_fsdp", fsdp=True).to_dict(), "out": str(tmp / "ddp_to_fsdp.json"),
+        {"config": _cfg(data, tmp / "ddp_to_fsdp", shard="fsdp").to_dict(), "out": str(tmp / "ddp_to_fsdp.json"),
          "resume": "latest"},
     ]
     spec = tmp / "jobs.json"
@@ -121,10 +121,10 @@ def runs(tmp_path_factory):
     out["one"] = {"train": one.train_losses, "val": one.val_losses}
     # world-2 checkpoints at step 4 resumed on one process
     with pytest.raises(ckpt.CheckpointError, match="--trust-checkpoint"):  # dcp/.metadata is a pickle
-        train(_cfg(data, tmp / "fsdp_part_w1", fsdp=True), resume="latest")
-    fsdp_w1 = train(_trusted(_cfg(data, tmp / "fsdp_part_w1", fsdp=True)), resume="latest")
+        train(_cfg(data, tmp / "fsdp_part_w1", shard="fsdp"), resume="latest")
+    fsdp_w1 = train(_trusted(_cfg(data, tmp / "fsdp_part_w1", shard="fsdp")), resume="latest")
     out["fsdp_w1"] = {"train": fsdp_w1.train_losses, "val": fsdp_w1.val_losses}
-    zero_w1 = train(_cfg(data, tmp / "zero_part", zero=1), resume="latest")
+    zero_w1 = train(_cfg(data, tmp / "zero_part", shard="zero1"), resume="latest")
     out["zero_w1"] = {"train": zero_w1.train_losses, "val": zero_w1.val_losses}
     out["dirs"] = tmp
     out["log"] = proc.stdout
@@ -293,10 +293,11 @@ def test_a_signal_to_one_rank_stops_all_ranks_at_the_same_step(tmp_path):
 # --- bad input, before training ---------------------------------------------------------------------
 
 def test_dist_config_rejects_bad_values():
-    with pytest.raises(ConfigError, match="dist.zero"):
-        DistConfig(zero=2)
-    with pytest.raises(ConfigError, match="FSDP already shards"):
-        DistConfig(zero=1, fsdp=True)
+    with pytest.raises(ConfigError, match="dist.shard"):
+        DistConfig(shard="zero2")
+    # a config from before dist.shard (dist.zero / dist.fsdp) still loads, as the same sharding
+    assert Config.from_dict({"dist": {"zero": 1, "fsdp": False}}).dist.shard == "zero1"
+    assert Config.from_dict({"dist": {"zero": 0, "fsdp": True}}).dist.shard == "fsdp"
     with pytest.raises(ConfigError, match="dist.timeout"):
         DistConfig(timeout=0)
 
@@ -309,13 +310,13 @@ def test_world_that_does_not_divide_the_batch_exits_2(monkeypatch, capsys):
     assert "micro_batch*seq_len*world = 4*32*3" in capsys.readouterr().err
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert main(["train", "--preset", "tiny", "--dry-run"]) == 0
-    assert main(["train", "--preset", "tiny", "--dist.zero", "1", "--dist.fsdp", "true", "--dry-run"]) == 2
+    assert main(["train", "--preset", "tiny", "--dist.shard", "zero3", "--dry-run"]) == 2
 
 
 def test_checkpoint_that_does_not_fit_the_model_is_rejected(shard_dir, tmp_path, capsys):
     from gptforge.cli import main
 
-    train(_cfg(shard_dir, tmp_path / "run", fsdp=True))  # world 1: fsdp has no effect, single-file ckpt
+    train(_cfg(shard_dir, tmp_path / "run", shard="fsdp"))  # world 1: fsdp has no effect, single-file ckpt
     cfg = _cfg(shard_dir, tmp_path / "run")
     cfg.model.n_embd = 64
     with pytest.raises(ckpt.CheckpointError, match="shapes differ"):
@@ -351,7 +352,7 @@ def test_bad_fault_injection_spec(shard_dir, tmp_path, monkeypatch):
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
 def test_nccl_ddp_zero_fsdp_bf16_agree(tmp_path):
     data = make_shards(tmp_path / "data")
-    jobs, names = [], {"ddp": {}, "zero": {"zero": 1}, "fsdp": {"fsdp": True}}
+    jobs, names = [], {"ddp": {}, "zero": {"shard": "zero1"}, "fsdp": {"shard": "fsdp"}}
     for name, dist in names.items():
         cfg = _cfg(data, tmp_path / name, **dist)
         cfg.train.device, cfg.train.dtype, cfg.train.compile = "cuda", "bfloat16", False

@@ -188,7 +188,7 @@ def test_ddp_and_fsdp_llama_match_one_process(tmp_path):
         return c
 
     jobs = [{"config": cfg("ddp").to_dict(), "out": str(tmp_path / "ddp.json")},
-            {"config": cfg("fsdp", fsdp=True).to_dict(), "out": str(tmp_path / "fsdp.json")}]
+            {"config": cfg("fsdp", shard="fsdp").to_dict(), "out": str(tmp_path / "fsdp.json")}]
     (tmp_path / "jobs.json").write_text(json.dumps(jobs))
     proc = _torchrun([str(HERE / "dist_worker.py"), str(tmp_path / "jobs.json")])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]

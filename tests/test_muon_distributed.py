@@ -40,17 +40,17 @@ def runs(tmp_path_factory):
                 "copy_to": [str(tmp / c) for c in copy_to]}
 
     jobs = [
-        job("ddp"), job("zero", zero=1), job("fsdp", fsdp=True),
-        job("fsdp_part", stop=4, copy_to=["fsdp_w1"], fsdp=True),
-        job("fsdp_part:fsdp_rest", resume="latest", fsdp=True),
-        job("zero_part", stop=4, zero=1),
+        job("ddp"), job("zero", shard="zero1"), job("fsdp", shard="fsdp"),
+        job("fsdp_part", stop=4, copy_to=["fsdp_w1"], shard="fsdp"),
+        job("fsdp_part:fsdp_rest", resume="latest", shard="fsdp"),
+        job("zero_part", stop=4, shard="zero1"),
     ]
     (tmp / "jobs.json").write_text(json.dumps(jobs))
     proc = _torchrun([str(HERE / "dist_worker.py"), str(tmp / "jobs.json")])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     out = {n: _read(tmp / f"{n}.json") for n in ("ddp", "zero", "fsdp", "fsdp_part", "fsdp_rest", "zero_part")}
-    for name, cfg_dir, resume, dist in (("one", "one", None, {}), ("fsdp_w1", "fsdp_w1", "latest", {"fsdp": True}),
-                                        ("zero_w1", "zero_part", "latest", {"zero": 1})):
+    for name, cfg_dir, resume, dist in (("one", "one", None, {}), ("fsdp_w1", "fsdp_w1", "latest", {"shard": "fsdp"}),
+                                        ("zero_w1", "zero_part", "latest", {"shard": "zero1"})):
         cfg = _muon(_cfg(data, tmp / cfg_dir, **dist))
         cfg.train.trust_checkpoint = True
         res = train(cfg, resume=resume)  # world 1, accumulation 2

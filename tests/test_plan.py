@@ -84,5 +84,5 @@ def test_bigger_presets_use_llmc_hyperparameters():
     assert (p15.model.n_layer, p15.model.n_embd, p15.optim.lr, p15.optim.min_lr_frac) == (48, 1600, 6e-4, 0.1)
     assert p15.train.total_batch_tokens == 1_048_576 and p15.train.max_steps == 32_000
     for p in (p350, p774, p15):
-        assert p.dist.zero == 1 and p.optim.warmup_steps == 700 and p.optim.weight_decay == 0.1
+        assert p.dist.shard == "zero1" and p.optim.warmup_steps == 700 and p.optim.weight_decay == 0.1
         assert p.validate(8) >= 1  # the total batch divides on 8 GPUs, as in llm.c

@@ -153,19 +153,25 @@ class EvalConfig:
 class DistConfig:
     """Multi-GPU / multi-node switches (take effect under torchrun with world > 1)."""
 
-    zero: int = 0  # 1 = shard optimizer state across ranks (ZeroRedundancyOptimizer; llm.c's -z 1)
-    fsdp: bool = False  # FSDP2 fully_shard per block: parameters, gradients and optimizer state sharded
+    # none: DDP, every rank holds everything; zero1: optimizer state sharded across ranks
+    # (ZeroRedundancyOptimizer, llm.c's -z 1); fsdp: FSDP2 fully_shard per block, parameters,
+    # gradients and optimizer state sharded
+    shard: Literal["none", "zero1", "fsdp"] = "none"
     reshard_after_forward: bool = True  # FSDP: free gathered params after forward (ZeRO-3); false = ZeRO-2-like
     timeout: float = 1800.0  # seconds a collective may wait before the run fails (hung rank)
 
     def __post_init__(self) -> None:
-        _check(self.zero in (0, 1), "dist.zero", self.zero, "0 (off) or 1 (shard optimizer state)")
+        _check(self.shard in ("none", "zero1", "fsdp"), "dist.shard", self.shard, "none, zero1 or fsdp")
         _check(self.timeout > 0, "dist.timeout", self.timeout, "a positive number of seconds")
-        if self.fsdp and self.zero:
-            raise ConfigError(
-                "dist.fsdp=true and dist.zero=1 together: FSDP already shards optimizer state; "
-                "use one of them (--dist.zero 0 with --dist.fsdp true)"
-            )
+
+    @staticmethod
+    def upgrade(values: dict) -> dict:
+        """A config written before dist.shard (dist.zero: int, dist.fsdp: bool) in today's keys."""
+        values = dict(values)
+        zero, fsdp = values.pop("zero", None), values.pop("fsdp", None)
+        if zero is not None or fsdp is not None:
+            values.setdefault("shard", "fsdp" if fsdp else "zero1" if zero else "none")
+        return values
 
 
 @dataclass
@@ -208,6 +214,8 @@ class Config:
                 continue
             section_cls = _section_types()[f.name]
             values = dict(d.get(f.name, {}))
+            if section_cls is DistConfig:  # checkpoints from before dist.shard
+                values = DistConfig.upgrade(values)
             known = {g.name for g in dataclasses.fields(section_cls)}
             unknown = set(values) - known
             if unknown:

@@ -174,7 +174,7 @@ def propose(cfg: Config, gpu_mem_gib: float, world: int, reserve_gib: float = 2.
 def plan_overrides(cfg: Config, est: Estimate, world: int) -> list[str]:
     accum = cfg.train.total_batch_tokens // (est.micro_batch * cfg.train.seq_len * world)
     out = [f"--train.micro_batch {est.micro_batch}", f"--model.recompute {est.recompute}"]
-    out.append({"none": "--dist.zero 0", "zero1": "--dist.zero 1", "fsdp": "--dist.zero 0 --dist.fsdp true"}[est.sharding])
+    out.append(f"--dist.shard {est.sharding}")
     return out + [f"# gradient accumulation {accum}"]
 
 

@@ -104,7 +104,7 @@ def _gpt2_llmc(size: str, *, data: str, micro_batch: int, total_batch: int, lr: 
             val_every=250, val_tokens=20 * 524_288, sample_every=20_000, ckpt_every=ckpt_every, keep_ckpts=2,
             out_dir=f"runs/{out}",
         ),
-        dist=DistConfig(zero=1),
+        dist=DistConfig(shard="zero1"),
     )
 
 

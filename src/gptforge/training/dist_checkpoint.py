@@ -1,9 +1,9 @@
 """Sharded checkpoints through ``torch.distributed.checkpoint`` (DCP), for runs whose state is sharded.
 
-    torchrun --nproc_per_node 2 -m gptforge train --preset tiny --dist.fsdp true   # writes step_*/dcp/
+    torchrun --nproc_per_node 2 -m gptforge train --preset tiny --dist.shard fsdp  # writes step_*/dcp/
     gptforge train --preset tiny --resume                                          # resumes it on 1 process
 
-With ``--dist.fsdp`` every rank writes its own shards of the model and optimizer into
+With ``--dist.shard fsdp`` every rank writes its own shards of the model and optimizer into
 ``step_XXXXXX.tmp/dcp/`` (keys are fully-qualified parameter names, from
 ``get_state_dict``); the full weights are also gathered to rank 0 (on the CPU) and written as
 ``model.safetensors``, so commands that need only weights (sample, eval, export, serve,

@@ -1,12 +1,12 @@
 """torchrun initialisation and parallel wrapping (DDP, ZeRO-1, FSDP2), applied from outside the model.
 
-    torchrun --nproc_per_node 8 -m gptforge train --preset gpt2-124m-fineweb10b --dist.zero 1
+    torchrun --nproc_per_node 8 -m gptforge train --preset gpt2-124m-fineweb10b --dist.shard zero1
 
 ``init_distributed`` reads torchrun's RANK / LOCAL_RANK / WORLD_SIZE (NCCL on GPUs, gloo on CPU)
 with ``dist.timeout`` as the collective timeout. ``wrap_model`` compiles and then wraps in DDP, or
-applies FSDP2 ``fully_shard`` per transformer block and at the root (``--dist.fsdp``).
+applies FSDP2 ``fully_shard`` per transformer block and at the root (``--dist.shard fsdp``).
 ``build_optimizer_for`` returns plain AdamW, or ``ZeroRedundancyOptimizer`` over the same param
-groups for ``--dist.zero 1`` (optimizer state sharded across ranks, llm.c's ``-z 1``). The model
+groups for ``--dist.shard zero1`` (optimizer state sharded across ranks, llm.c's ``-z 1``). The model
 never knows its world size.
 """
 
@@ -60,10 +60,10 @@ def init_distributed(device_name: str = "auto", dist_cfg: DistConfig | None = No
         return DistInfo(device=resolve_device(device_name))
     rank, local_rank, world = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
     device = resolve_device(device_name, local_rank)
-    if dist_cfg.fsdp and device.type not in ("cuda", "cpu"):
+    if dist_cfg.shard == "fsdp" and device.type not in ("cuda", "cpu"):
         raise ConfigError(
-            f"dist.fsdp=true on device {device.type!r}: FSDP2 runs on CUDA (NCCL) or CPU (gloo) only; "
-            "use --dist.fsdp false (DDP, optionally --dist.zero 1) or --train.device cuda/cpu"
+            f"dist.shard=fsdp on device {device.type!r}: FSDP2 runs on CUDA (NCCL) or CPU (gloo) only; "
+            "use --dist.shard none or zero1 (DDP), or --train.device cuda/cpu"
         )
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -84,7 +84,8 @@ def init_distributed(device_name: str = "auto", dist_cfg: DistConfig | None = No
         )
     sharding = world > 1
     return DistInfo(rank=rank, local_rank=local_rank, world=world, device=device,
-                    zero=dist_cfg.zero if sharding else 0, fsdp=dist_cfg.fsdp and sharding, owns_group=owns_group)
+                    zero=int(sharding and dist_cfg.shard == "zero1"), fsdp=sharding and dist_cfg.shard == "fsdp",
+                    owns_group=owns_group)
 
 
 def wrap_model(
@@ -128,7 +129,7 @@ def wrap_model(
 
 def build_optimizer_for(model: torch.nn.Module, cfg: OptimConfig, info: DistInfo) -> torch.optim.Optimizer:
     """The optimizer of ``optim.name`` (AdamW, or Muon + AdamW); ZeroRedundancyOptimizer over the
-    same param groups for ``dist.zero 1``."""
+    same param groups for ``dist.shard zero1``."""
     from gptforge.training.optim import build_optimizer, fused_available, param_groups
 
     if not info.zero:

@@ -27,9 +27,9 @@ def oom_advice(cfg: Config, info: DistInfo, grad_accum: int) -> str:
     if cfg.model.recompute != "block":
         tips.append(f"--model.recompute {'mlp' if cfg.model.recompute == 'none' else 'block'} (recompute activations)")
     if info.world > 1 and not info.zero and not info.fsdp:
-        tips.append("--dist.zero 1 (shard optimizer state across ranks)")
+        tips.append("--dist.shard zero1 (shard optimizer state across ranks)")
     if info.world > 1 and not info.fsdp:
-        tips.append("--dist.fsdp true --dist.zero 0 (shard parameters, gradients and optimizer state)")
+        tips.append("--dist.shard fsdp (shard parameters, gradients and optimizer state)")
     return (
         f"out of device memory at micro_batch {B} x seq_len {cfg.train.seq_len} (accum {grad_accum}, world "
         f"{info.world}, recompute {cfg.model.recompute}, sharding {info.sharded}). Try: " + "; ".join(tips)
