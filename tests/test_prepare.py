@@ -20,8 +20,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from gptforge.cli import main
-from gptforge.data.prepare.pipeline import TOKENIZERS, PrepareSettings, prepare
+from gptforge.data.prepare.pipeline import PrepareSettings, prepare
 from gptforge.data.prepare.sources import FilesSource, HFStreamSource, SourceError
+from gptforge.data.prepare.workers import TOKENIZERS
 from gptforge.data.shards import ShardError, read_header, read_shard
 
 SHARD = 2000  # tokens per shard in these tests: ~8 shards, many documents straddle a boundary

@@ -106,7 +106,7 @@ def run_bench(workers: list[int], copies: int = 8, repeats: int = 2, shard_token
               memory_factor: int = 4, out: str | None = None, workdir: str | None = None) -> dict:
     import torch
 
-    from gptforge.data.prepare.pipeline import available_cores
+    from gptforge.data.prepare.workers import available_cores
     from gptforge.extras import require
 
     require("pyarrow", extra="data", for_what="gptforge bench-prepare")  # the corpus is parquet

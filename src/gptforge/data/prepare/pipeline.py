@@ -43,9 +43,8 @@ import collections
 import json
 import multiprocessing as mp
 import os
-import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -55,6 +54,13 @@ import numpy as np
 
 from gptforge.assets import sha256_file
 from gptforge.data.prepare.sources import Item, SourceError
+from gptforge.data.prepare.workers import (
+    available_cores,
+    init_worker,
+    load_tokenizer,
+    peak_rss_mb,
+    tokenize,
+)
 from gptforge.data.shards import FORMATS, ShardError, magic_for, read_header, write_shard
 from gptforge.storage import DiskFullError, disk_full_message, is_disk_full
 
@@ -62,28 +68,6 @@ MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "gptforge-shards/1"
 MAX_SKIP_EXAMPLES = 100
 DEFAULT_VAL_TOKENS = 10_485_760  # one validation pass of the GPT-2 presets: train.val_tokens = 20 x 524,288
-
-
-def _gpt2():
-    from gptforge.data.tokenizer import get_tokenizer
-
-    return get_tokenizer()
-
-
-# name -> zero-argument factory; other names go to tiktoken.get_encoding (online the first time)
-TOKENIZERS: dict[str, Callable] = {"gpt2": _gpt2}
-
-
-def load_tokenizer(name: str):
-    """A tiktoken Encoding by name: ``gpt2`` (offline-capable) or any tiktoken encoding."""
-    if name in TOKENIZERS:
-        return TOKENIZERS[name]()
-    import tiktoken
-
-    try:
-        return tiktoken.get_encoding(name)
-    except ValueError as e:
-        raise SourceError(f"unknown tokenizer {name!r}: use gpt2 or a tiktoken encoding name") from e
 
 
 @dataclass
@@ -108,61 +92,6 @@ class PrepareSettings:
         return DEFAULT_VAL_TOKENS if self.val_tokens is None else self.val_tokens
 
 
-# --- worker side: top-level functions, so spawn/forkserver can pickle them ----------------------------
-
-_ENC = None
-_DTYPE = None
-_CPU_READY = 0.0  # CPU seconds a worker spent starting (imports, tokenizer), reported apart
-
-
-def _exit_with_parent(poll_s: float = 1.0) -> None:
-    """A worker whose main process was killed (SIGKILL, OOM killer) would wait on its queue forever:
-    a daemon thread ends it once it has been re-parented."""
-    import threading
-
-    parent = os.getppid()
-
-    def watch() -> None:
-        while True:
-            time.sleep(poll_s)
-            if os.getppid() != parent:
-                os._exit(1)
-
-    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
-
-
-def _init_worker(tokenizer: str, dtype: str, pool_worker: bool = False) -> None:
-    global _ENC, _DTYPE, _CPU_READY
-    if pool_worker:  # Ctrl-C is the main process's to handle: it stops the pool; the manifest is consistent
-        import signal
-
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        _exit_with_parent()
-    _ENC, _DTYPE = load_tokenizer(tokenizer), np.dtype(dtype)
-    _CPU_READY = time.process_time()
-
-
-def _tokenize(texts: list[str]) -> tuple[np.ndarray, np.ndarray, dict]:
-    """Concatenated ``[EOT, *tokens]`` of each text, each document's length, and this process's
-    stats (pid, CPU seconds so far, peak RSS) for the summary.
-
-    ``encode_to_numpy`` with no special tokens allowed or disallowed gives ``encode_ordinary``'s ids
-    (a literal "<|endoftext|>" in the text is plain text) straight into a buffer, without a Python
-    int per token; tiktoken < 0.7 lacks it and takes the list path.
-    """
-    enc = _ENC
-    eot = np.array([enc.eot_token], dtype=_DTYPE)
-    if hasattr(enc, "encode_to_numpy"):
-        docs = [enc.encode_to_numpy(t, allowed_special=set(), disallowed_special=()) for t in texts]
-    else:
-        docs = [np.asarray(enc.encode_ordinary(t), dtype=np.uint32) for t in texts]
-    lengths = np.fromiter((len(d) + 1 for d in docs), dtype=np.int64, count=len(docs))
-    parts = [a for d in docs for a in (eot, d)]
-    flat = np.concatenate(parts).astype(_DTYPE, copy=False) if parts else np.empty(0, dtype=_DTYPE)
-    return flat, lengths, {"pid": os.getpid(), "cpu": time.process_time(), "startup_cpu": _CPU_READY,
-                           "rss": peak_rss_mb()}
-
-
 # --- main side ----------------------------------------------------------------------------------------
 
 def _chunks(items: Iterator[Item], start: int, docs: int, chars: int) -> Iterator[tuple[int, list[Item]]]:
@@ -181,15 +110,6 @@ def _chunks(items: Iterator[Item], start: int, docs: int, chars: int) -> Iterato
         yield first, buf
 
 
-def available_cores() -> int:
-    """Cores this process may run on (affinity mask where the OS has one; a container's may be fewer
-    than os.cpu_count())."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS, Windows
-        return os.cpu_count() or 1
-
-
 def _write_json_atomic(path: Path, obj: dict) -> None:
     tmp = path.with_name(path.name + ".tmp")
     try:
@@ -202,25 +122,6 @@ def _write_json_atomic(path: Path, obj: dict) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-
-
-def peak_rss_mb() -> float:
-    """Peak resident memory of this process in MiB.
-
-    Linux: VmHWM of /proc/self/status, because ru_maxrss survives fork+exec and would charge a spawned
-    worker with its parent's peak. Elsewhere ru_maxrss (KiB on Linux/BSD, bytes on macOS).
-    """
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return round(int(line.split()[1]) / 1024, 1)
-    except OSError:
-        pass
-    import resource  # not on Windows
-
-    scale = 1 / 2**20 if sys.platform == "darwin" else 1 / 1024
-    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale, 1)
 
 
 class _Writer:
@@ -477,14 +378,14 @@ def prepare(source, out: str | os.PathLike, settings: PrepareSettings | None = N
     pool = None
     try:
         if workers == 1:
-            _init_worker(settings.tokenizer, dtype)
-            results = ((first, items, _tokenize([i.text for i in items if i.text]))
+            init_worker(settings.tokenizer, dtype)
+            results = ((first, items, tokenize([i.text for i in items if i.text]))
                        for first, items in chunks)
         else:
             # ProcessPoolExecutor, not multiprocessing.Pool: a worker that dies (OOM killer, a failed
             # start) raises BrokenProcessPool here instead of hanging the run forever
             pool = ProcessPoolExecutor(workers, mp_context=mp.get_context(settings.start_method),
-                                       initializer=_init_worker, initargs=(settings.tokenizer, dtype, True))
+                                       initializer=init_worker, initargs=(settings.tokenizer, dtype, True))
             results = _ordered(pool, chunks, window=2 * workers + 2)
         for first, items, (flat, lengths, stats) in results:
             workers_seen[stats["pid"]] = stats
@@ -522,7 +423,7 @@ def _ordered(pool: ProcessPoolExecutor, chunks, window: int):
     ``Executor.map`` read their whole input eagerly: memory would grow with the corpus)."""
     pending: collections.deque = collections.deque()
     for first, items in chunks:
-        pending.append((first, items, pool.submit(_tokenize, [i.text for i in items if i.text])))
+        pending.append((first, items, pool.submit(tokenize, [i.text for i in items if i.text])))
         if len(pending) >= window:
             first0, items0, fut = pending.popleft()
             yield first0, items0, fut.result()

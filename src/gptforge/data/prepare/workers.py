@@ -1,0 +1,121 @@
+"""The worker side of ``prepare``: the tokenizer a worker loads, the function it runs on each chunk
+of documents, and the process facts the summary reports (cores, peak memory).
+
+Top-level functions only, so ``spawn``/``forkserver`` pools can pickle them by reference.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from gptforge.data.prepare.sources import SourceError
+
+
+def _gpt2():
+    from gptforge.data.tokenizer import get_tokenizer
+
+    return get_tokenizer()
+
+
+# name -> zero-argument factory; other names go to tiktoken.get_encoding (online the first time)
+TOKENIZERS: dict[str, Callable] = {"gpt2": _gpt2}
+
+
+def load_tokenizer(name: str):
+    """A tiktoken Encoding by name: ``gpt2`` (offline-capable) or any tiktoken encoding."""
+    if name in TOKENIZERS:
+        return TOKENIZERS[name]()
+    import tiktoken
+
+    try:
+        return tiktoken.get_encoding(name)
+    except ValueError as e:
+        raise SourceError(f"unknown tokenizer {name!r}: use gpt2 or a tiktoken encoding name") from e
+
+
+# --- worker side: top-level functions, so spawn/forkserver can pickle them ----------------------------
+
+_ENC = None
+_DTYPE = None
+_CPU_READY = 0.0  # CPU seconds a worker spent starting (imports, tokenizer), reported apart
+
+
+def _exit_with_parent(poll_s: float = 1.0) -> None:
+    """A worker whose main process was killed (SIGKILL, OOM killer) would wait on its queue forever:
+    a daemon thread ends it once it has been re-parented."""
+    import threading
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(poll_s)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
+def init_worker(tokenizer: str, dtype: str, pool_worker: bool = False) -> None:
+    global _ENC, _DTYPE, _CPU_READY
+    if pool_worker:  # Ctrl-C is the main process's to handle: it stops the pool; the manifest is consistent
+        import signal
+
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        _exit_with_parent()
+    _ENC, _DTYPE = load_tokenizer(tokenizer), np.dtype(dtype)
+    _CPU_READY = time.process_time()
+
+
+def tokenize(texts: list[str]) -> tuple[np.ndarray, np.ndarray, dict]:
+    """Concatenated ``[EOT, *tokens]`` of each text, each document's length, and this process's
+    stats (pid, CPU seconds so far, peak RSS) for the summary.
+
+    ``encode_to_numpy`` with no special tokens allowed or disallowed gives ``encode_ordinary``'s ids
+    (a literal "<|endoftext|>" in the text is plain text) straight into a buffer, without a Python
+    int per token; tiktoken < 0.7 lacks it and takes the list path.
+    """
+    enc = _ENC
+    eot = np.array([enc.eot_token], dtype=_DTYPE)
+    if hasattr(enc, "encode_to_numpy"):
+        docs = [enc.encode_to_numpy(t, allowed_special=set(), disallowed_special=()) for t in texts]
+    else:
+        docs = [np.asarray(enc.encode_ordinary(t), dtype=np.uint32) for t in texts]
+    lengths = np.fromiter((len(d) + 1 for d in docs), dtype=np.int64, count=len(docs))
+    parts = [a for d in docs for a in (eot, d)]
+    flat = np.concatenate(parts).astype(_DTYPE, copy=False) if parts else np.empty(0, dtype=_DTYPE)
+    return flat, lengths, {"pid": os.getpid(), "cpu": time.process_time(), "startup_cpu": _CPU_READY,
+                           "rss": peak_rss_mb()}
+
+
+def available_cores() -> int:
+    """Cores this process may run on (affinity mask where the OS has one; a container's may be fewer
+    than os.cpu_count())."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process in MiB.
+
+    Linux: VmHWM of /proc/self/status, because ru_maxrss survives fork+exec and would charge a spawned
+    worker with its parent's peak. Elsewhere ru_maxrss (KiB on Linux/BSD, bytes on macOS).
+    """
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    import resource  # not on Windows
+
+    scale = 1 / 2**20 if sys.platform == "darwin" else 1 / 1024
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale, 1)
