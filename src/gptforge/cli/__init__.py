@@ -8,8 +8,9 @@
     gptforge serve --ckpt runs/shakespeare-cpu
 
 Each command is ``args_NAME(parser)`` (its flags) and ``cmd_NAME(args[, overrides])`` in the module
-the table names: ``run`` (commands taking a run config), ``model`` (commands taking a model:
-``--ckpt``/``--hf``/``--llmc``/``--random`` everywhere), ``data``. Exit status 2 means bad input
+the table names: ``run`` (commands taking a run config: train, bench, plan, race), ``model``
+(commands taking a model: ``--ckpt``/``--hf``/``--llmc``/``--random`` everywhere), ``evaluate``,
+``post`` (sft, rl), ``chat``, ``data``. Exit status 2 means bad input
 (unknown key, bad value, missing file) found before any compute, or a damaged checkpoint or a full
 disk; 3 that training stopped because the loss was not finite; 130 an interrupted run.
 """
@@ -20,7 +21,7 @@ import argparse
 import sys
 from types import ModuleType
 
-from gptforge.cli import data, model, post, run
+from gptforge.cli import chat, data, evaluate, model, post, run
 from gptforge.cli.common import CliError
 
 EXIT_BAD_INPUT = 2
@@ -34,7 +35,7 @@ COMMANDS: dict[str, tuple[ModuleType, bool, str]] = {
     "presets": (data, False, "list named runs and model sizes"),
     "bench": (run, True, "measure tokens/s, ms/step, MFU and peak memory for a preset"),
     "bench-prepare": (data, False, "measure prepare's tokens/s per worker count and its peak memory"),
-    "eval": (model, False, "score a model on HellaSwag, PIQA, ARC, WinoGrande, OpenBookQA, SciQ, LAMBADA"),
+    "eval": (evaluate, False, "score a model on HellaSwag, PIQA, ARC, WinoGrande, OpenBookQA, SciQ, LAMBADA"),
     "plot": (data, False, "plot loss and task accuracy of one or more runs to a PNG"),
     "export": (model, False, "write a model as a Hugging Face directory or an llm.c model file"),
     "import": (model, False, "turn an llm.c model file into a gptforge checkpoint"),
@@ -44,7 +45,7 @@ COMMANDS: dict[str, tuple[ModuleType, bool, str]] = {
     "race": (run, True, "tokens (and time) each preset needs to reach a target val loss"),
     "sft": (post, True, "chat fine-tuning on conversations (JSONL of {\"messages\": [...]} or a HF dataset)"),
     "rl": (post, False, "GRPO on verifiable rewards (arithmetic, gsm8k) from an SFT checkpoint"),
-    "chat": (post, False, "talk to a chat (SFT/RL) checkpoint in the terminal"),
+    "chat": (chat, False, "talk to a chat (SFT/RL) checkpoint in the terminal"),
 }
 
 

@@ -46,3 +46,13 @@ def count(raw: str) -> int:
     if not v.is_integer():
         raise argparse.ArgumentTypeError(f"{raw!r} is not a whole number")
     return int(v)
+
+
+def chat_template_of(ckpt: str | None):
+    """The chat template a checkpoint (or run directory) carries, or None."""
+    if ckpt is None:
+        return None
+    from gptforge.data.chat import template_from_meta
+    from gptforge.training import checkpoint as ckpt_mod
+
+    return template_from_meta(ckpt_mod.read_meta(ckpt_mod.resolve_checkpoint(ckpt)))

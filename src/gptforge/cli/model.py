@@ -7,7 +7,7 @@ import argparse
 import json
 import sys
 
-from gptforge.cli.common import CliError, add_model_source, load, model_source
+from gptforge.cli.common import CliError, add_model_source, chat_template_of, load, model_source
 
 # --- sample ---------------------------------------------------------------------------------------
 
@@ -39,8 +39,6 @@ def cmd_sample(args: argparse.Namespace) -> int:
     params = _sampling_params(args)
     model = load(source).to(resolve_device(args.device))
     enc = get_tokenizer()
-    from gptforge.cli.post import chat_template_of
-
     chat = chat_template_of(args.ckpt)
     if chat is not None:  # a chat model may emit its role/end ids, which tiktoken cannot decode
         from gptforge.data.chat import ChatTokenizer
@@ -82,62 +80,6 @@ def _sampling_params(args: argparse.Namespace):
     return p
 
 
-# --- eval -----------------------------------------------------------------------------------------
-
-def args_eval(p: argparse.ArgumentParser) -> None:
-    p.description = ("Zero-shot multiple-choice and last-word evaluation with one batched scorer. "
-                     "Get the data first with `gptforge assets evals` (offline) or `--online`.")
-    p.add_argument("--tasks", default="hellaswag",
-                   help="comma-separated: hellaswag, piqa, arc_easy, arc_challenge, winogrande, openbookqa, sciq, "
-                        "lambada (default %(default)s)")
-    add_model_source(p)
-    p.add_argument("--limit", type=int, default=0, help="first N examples of each task (0 = all)")
-    p.add_argument("--json", help="write the results to this JSON file")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
-                   help="autocast dtype; auto = bf16 on CUDA where supported")
-    p.add_argument("--batch-tokens", type=int, default=None,
-                   help="tokens per scoring forward (default 32768 on CUDA, 2048 on CPU)")
-    p.add_argument("--bench", action="store_true",
-                   help="time the batched scorer against the one-at-a-time reference (examples/s)")
-    p.add_argument("--repeats", type=int, default=3, help="--bench: timed repeats, best kept (default %(default)s)")
-    from gptforge.cli import post
-
-    post.add_eval_options(p)  # generative tasks (arithmetic, gsm8k): --raw, --system
-
-
-def cmd_eval(args: argparse.Namespace) -> int:
-    from gptforge.eval.run import run_eval
-    from gptforge.training.distributed import cleanup, init_distributed
-
-    source = model_source(args)
-    if args.limit < 0 or (args.batch_tokens is not None and args.batch_tokens < 1) or args.repeats < 1:
-        raise CliError("--limit must be >= 0 (0 = all), --batch-tokens and --repeats >= 1")
-    from gptforge.cli import post
-
-    generative, args.tasks = post.split_generative(args.tasks)  # arithmetic, gsm8k: answers are generated
-    if generative:
-        post.eval_generative(args, generative)
-        if not args.tasks:
-            return 0
-    info = init_distributed(args.device)  # under torchrun every rank scores a share of the examples
-    model = load(source)
-    timer = None
-    if args.bench:
-        from gptforge.bench.eval import run_eval_bench
-        from gptforge.data.tokenizer import get_tokenizer
-
-        def timer(model, prepared, device, autocast, batch_tokens, log):
-            return run_eval_bench(model, prepared, get_tokenizer(), device, autocast, batch_tokens,
-                                  repeats=args.repeats, log=log)
-    try:
-        run_eval(model.to(info.device), args.tasks, info, limit=args.limit, dtype=args.dtype,
-                 batch_tokens=args.batch_tokens, timer=timer, json_out=args.json, source=source.describe())
-    finally:
-        cleanup(info)
-    return 0
-
-
 # --- export / import ------------------------------------------------------------------------------
 
 def args_export(p: argparse.ArgumentParser) -> None:
@@ -153,7 +95,6 @@ def args_export(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from gptforge.cli.post import chat_template_of
     from gptforge.interop import hf, llmc
     from gptforge.tokens import GPT2_VOCAB
 
@@ -251,8 +192,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from gptforge.serve.describe import describe_served
 
     model = load(source).to(resolve_device(args.device))
-    from gptforge.cli.post import chat_template_of
-
     chat = chat_template_of(args.ckpt)  # a chat checkpoint: the page opens in chat mode
     run_server(model, settings, host=args.host, port=args.port, metrics_path=metrics,
                served=describe_served(model, args.ckpt, args.hf, args.llmc, args.random),

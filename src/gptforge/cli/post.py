@@ -1,33 +1,16 @@
-"""Post-training commands: ``sft`` (takes --section.key overrides), ``rl``, ``chat``; and the chat
-pieces of ``eval`` (generative tasks), ``export hf`` and ``serve`` (the checkpoint's chat template).
+"""Post-training commands: ``sft`` (takes --section.key overrides) and ``rl``.
 
     gptforge sft --init-from runs/base --data conv.jsonl --out runs/sft [--section.key VALUE ...]
-    gptforge chat --ckpt runs/sft --system "Be brief."
+    gptforge rl --init-from runs/sft --task arithmetic --out runs/rl
 """
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
-from gptforge.cli.common import CliError, load
+from gptforge.cli.common import CliError, chat_template_of, load
 from gptforge.load import ModelSource
-
-
-def _cli_error(msg: str) -> Exception:
-    return CliError(msg)
-
-
-def chat_template_of(ckpt: str | None):
-    """The chat template a checkpoint (or run directory) carries, or None."""
-    if ckpt is None:
-        return None
-    from gptforge.data.chat import template_from_meta
-    from gptforge.training import checkpoint as ckpt_mod
-
-    return template_from_meta(ckpt_mod.read_meta(ckpt_mod.resolve_checkpoint(ckpt)))
-
 
 # --- sft -------------------------------------------------------------------------------------------
 
@@ -43,20 +26,20 @@ def cmd_sft(args: argparse.Namespace, overrides: list[str]) -> int:
     try:
         if args.resume is not None:
             if args.init_from is not None:
-                raise _cli_error("--init-from starts a new SFT run; it cannot be combined with --resume")
+                raise CliError("--init-from starts a new SFT run; it cannot be combined with --resume")
             where = ckpt.latest_checkpoint(args.out) if args.resume == "latest" else ckpt.resolve_checkpoint(args.resume)
             if where is None:
-                raise _cli_error(f"--resume: no complete checkpoint in {ckpt.ckpt_root(args.out)}")
+                raise CliError(f"--resume: no complete checkpoint in {ckpt.ckpt_root(args.out)}")
             meta = ckpt.read_meta(where)
             if "sft" not in meta:
-                raise _cli_error(f"--resume: {where} is not an SFT checkpoint; resume it with `gptforge train`")
+                raise CliError(f"--resume: {where} is not an SFT checkpoint; resume it with `gptforge train`")
             cfg = apply_overrides(Config.from_dict(meta["config"]), overrides)
             sft = SFTData(**{**meta["sft"], "data": args.data})
             template = ChatTemplate.from_dict(meta["chat_template"])
             resume = str(where)
         else:
             if args.init_from is None:
-                raise _cli_error("give --init-from CKPT (the base model), or --resume to continue an SFT run")
+                raise CliError("give --init-from CKPT (the base model), or --resume to continue an SFT run")
             from gptforge.cli.run import _init_from
 
             cfg = sft_config(_base_shape(args.init_from), args.out)
@@ -71,7 +54,7 @@ def cmd_sft(args: argparse.Namespace, overrides: list[str]) -> int:
         result = run_sft(cfg, sft, template, resume=resume, force=args.force, init_weights=init_weights,
                          base_loss=args.base_loss)
     except (SFTDataError, ChatFormatError) as e:
-        raise _cli_error(str(e)) from e
+        raise CliError(str(e)) from e
     return 130 if result.interrupted else 0
 
 
@@ -118,22 +101,22 @@ def cmd_rl(args: argparse.Namespace) -> int:
         if args.resume is not None:
             resume_dir = ckpt.latest_checkpoint(args.out) if args.resume == "latest" else ckpt.resolve_checkpoint(args.resume)
             if resume_dir is None:
-                raise _cli_error(f"--resume: no complete checkpoint in {ckpt.ckpt_root(args.out)}")
+                raise CliError(f"--resume: no complete checkpoint in {ckpt.ckpt_root(args.out)}")
             meta = ckpt.read_meta(resume_dir)
             if "rl" not in meta:
-                raise _cli_error(f"--resume: {resume_dir} is not an RL checkpoint")
+                raise CliError(f"--resume: {resume_dir} is not an RL checkpoint")
             cfg = RLConfig(**{**meta["rl"], "out_dir": args.out})
             if args.steps is not None:
                 cfg.steps = args.steps
             source = str(resume_dir)
         else:
             if args.init_from is None:
-                raise _cli_error("give --init-from CKPT (an SFT checkpoint), or --resume to continue an RL run")
+                raise CliError("give --init-from CKPT (an SFT checkpoint), or --resume to continue an RL run")
             known = {f.name for f in dataclasses.fields(RLConfig)}
             given = {k: v for k, v in vars(args).items() if k in known and v is not None}
             cfg = RLConfig(**{**given, "out_dir": args.out, "init_from": args.init_from})
             if ckpt.latest_checkpoint(args.out) is not None and not args.force:
-                raise _cli_error(f"{args.out} already holds checkpoints; pass --resume to continue, --force to start over")
+                raise CliError(f"{args.out} already holds checkpoints; pass --resume to continue, --force to start over")
             if args.force:
                 import shutil
 
@@ -144,7 +127,7 @@ def cmd_rl(args: argparse.Namespace) -> int:
         template = chat_template_of(source)
         raw = args.raw or (args.resume is not None and meta.get("chat_template") is None)
         if template is None and not raw:
-            raise _cli_error(f"{source} has no chat template (meta.json chat_template): fine-tune it with `gptforge "
+            raise CliError(f"{source} has no chat template (meta.json chat_template): fine-tune it with `gptforge "
                              "sft` first, or pass --raw to prompt it with plain 'Question: ...\\nAnswer:' text")
         if raw:
             template = None
@@ -152,7 +135,7 @@ def cmd_rl(args: argparse.Namespace) -> int:
         model = load(ModelSource(ckpt=source)).to(resolve_device(cfg.device))
         train_rl(cfg, model, template, get_tokenizer(), reward, resume_dir=resume_dir)
     except (RLError, RewardError, ChatFormatError) as e:
-        raise _cli_error(str(e)) from e
+        raise CliError(str(e)) from e
     return 0
 
 
@@ -186,116 +169,3 @@ def args_rl(r: argparse.ArgumentParser) -> None:
     r.add_argument("--device", default=None)
 
 
-# --- chat ----------------------------------------------------------------------------------------
-
-def cmd_chat(args: argparse.Namespace) -> int:
-    """Multi-turn chat in the terminal: type a message, watch the reply stream; /reset, /quit."""
-    import sys
-
-    from gptforge.data.chat import ChatTokenizer
-    from gptforge.data.tokenizer import get_tokenizer
-    from gptforge.generation import SamplingParams, stream_text
-    from gptforge.runtime import resolve_device
-
-    template = chat_template_of(args.ckpt)
-    if template is None:
-        raise _cli_error(f"{args.ckpt} has no chat template: fine-tune it with `gptforge sft` (or use "
-                         "`gptforge sample` for a base model)")
-    params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                            top_p=args.top_p, repetition_penalty=args.repetition_penalty, seed=args.seed,
-                            stop_token=template.end)  # a reply ends at <|end|>
-    try:
-        params.check()
-    except ValueError as e:
-        raise CliError(f"--{str(e).replace('_', '-')}") from e
-    model = load(ModelSource(ckpt=args.ckpt)).to(resolve_device(args.device)).eval()
-    enc = ChatTokenizer(get_tokenizer(), template)
-    system = [{"role": "system", "content": args.system}] if args.system else []
-    history: list[dict[str, str]] = []
-    interactive = sys.stdin.isatty()
-    if interactive:
-        print("chat: type a message; /reset clears the history, /quit (or Ctrl-D) leaves", flush=True)
-    while True:
-        if interactive:
-            print("you> ", end="", flush=True)
-        line = sys.stdin.readline()
-        if not line or line.strip() == "/quit":
-            return 0
-        text = line.rstrip("\n")
-        if text.strip() == "/reset":
-            history = []
-            print("(history cleared)", flush=True)
-            continue
-        if not text.strip():
-            continue
-        history.append({"role": "user", "content": text})
-        ids = template.render_for_generation(system + history, enc)
-        while len(ids) + params.max_new_tokens > model.config.block_size and len(history) > 1:
-            history = history[2:] if len(history) > 2 else history[1:]  # drop the oldest exchange
-            ids = template.render_for_generation(system + history, enc)
-        if len(ids) + params.max_new_tokens > model.config.block_size:
-            print(f"(message too long: {len(ids)} tokens + --max-new-tokens {params.max_new_tokens} exceed the "
-                  f"context of {model.config.block_size}; not sent)", flush=True)
-            history.pop()
-            continue
-        print("assistant> ", end="", flush=True)
-        reply = ""
-        for ev in stream_text(model, enc, [ids], params):
-            reply += ev.text
-            print(ev.text, end="", flush=True)
-        print(flush=True)
-        history.append({"role": "assistant", "content": reply.strip()})
-
-
-def args_chat(c: argparse.ArgumentParser) -> None:
-    c.description = ("Multi-turn chat with streaming replies. Reads messages line by line from stdin (so it can be "
-                     "scripted); /reset clears the history, /quit leaves.")
-    c.add_argument("--ckpt", required=True, help="checkpoint or run directory with a chat template")
-    c.add_argument("--system", help="system prompt")
-    c.add_argument("--max-new-tokens", type=int, default=128)
-    c.add_argument("--temperature", type=float, default=0.7, help="0 = greedy")
-    c.add_argument("--top-k", type=int, default=50, help="0 = off")
-    c.add_argument("--top-p", type=float, default=None)
-    c.add_argument("--repetition-penalty", type=float, default=1.0)
-    c.add_argument("--seed", type=int, default=None)
-    c.add_argument("--device", default="auto")
-
-
-
-# --- generative eval (called from cmd_eval for the tasks it knows) --------------------------------
-
-def split_generative(tasks: str) -> tuple[list[str], str]:
-    """(generative task names, the remaining comma-separated multiple-choice tasks)."""
-    from gptforge.eval.generative import GENERATIVE
-
-    names = [t.strip() for t in tasks.split(",") if t.strip()]
-    return [t for t in names if t in GENERATIVE], ",".join(t for t in names if t not in GENERATIVE)
-
-
-def eval_generative(args: argparse.Namespace, names: list[str]) -> None:
-    """`gptforge eval --tasks arithmetic,gsm8k`: greedy exact match, with the checkpoint's chat template."""
-    import json
-
-    import torch
-
-    from gptforge.cli.common import model_source
-    from gptforge.data.tokenizer import get_tokenizer
-    from gptforge.eval.generative import evaluate_generative
-    from gptforge.runtime import resolve_device
-
-    template = None if args.raw else chat_template_of(args.ckpt)
-    model = load(model_source(args)).to(resolve_device(args.device)).eval()
-    with torch.no_grad():
-        results = evaluate_generative(model, get_tokenizer(), names, template, limit=args.limit,
-                                      system=args.system)
-    print(f"{'task':<12} {'n':>6} {'accuracy':>9} {'format':>7}  ({'chat template' if template else 'raw prompt'})")
-    for r in results:
-        note = f"  ({r.too_long} prompts longer than the context count as wrong)" if r.too_long else ""
-        print(f"{r.task:<12} {r.n:>6} {r.accuracy:>9.4f} {r.format_rate:>7.4f}{note}")
-    if args.json:
-        Path(args.json).write_text(json.dumps([r.__dict__ for r in results], indent=2) + "\n")
-
-
-def add_eval_options(e: Any) -> None:
-    e.add_argument("--raw", action="store_true", help="generative tasks: ignore the checkpoint's chat template")
-    e.add_argument("--system", help="generative tasks: a system prompt (chat template only)")

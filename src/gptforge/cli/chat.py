@@ -1,0 +1,85 @@
+"""``gptforge chat``: talk to a chat (SFT/RL) checkpoint in the terminal.
+
+    gptforge chat --ckpt runs/sft --system "Be brief."
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from gptforge.cli.common import CliError, chat_template_of, load
+from gptforge.load import ModelSource
+
+# --- chat ----------------------------------------------------------------------------------------
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    """Multi-turn chat in the terminal: type a message, watch the reply stream; /reset, /quit."""
+    import sys
+
+    from gptforge.data.chat import ChatTokenizer
+    from gptforge.data.tokenizer import get_tokenizer
+    from gptforge.generation import SamplingParams, stream_text
+    from gptforge.runtime import resolve_device
+
+    template = chat_template_of(args.ckpt)
+    if template is None:
+        raise CliError(f"{args.ckpt} has no chat template: fine-tune it with `gptforge sft` (or use "
+                         "`gptforge sample` for a base model)")
+    params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                            top_p=args.top_p, repetition_penalty=args.repetition_penalty, seed=args.seed,
+                            stop_token=template.end)  # a reply ends at <|end|>
+    try:
+        params.check()
+    except ValueError as e:
+        raise CliError(f"--{str(e).replace('_', '-')}") from e
+    model = load(ModelSource(ckpt=args.ckpt)).to(resolve_device(args.device)).eval()
+    enc = ChatTokenizer(get_tokenizer(), template)
+    system = [{"role": "system", "content": args.system}] if args.system else []
+    history: list[dict[str, str]] = []
+    interactive = sys.stdin.isatty()
+    if interactive:
+        print("chat: type a message; /reset clears the history, /quit (or Ctrl-D) leaves", flush=True)
+    while True:
+        if interactive:
+            print("you> ", end="", flush=True)
+        line = sys.stdin.readline()
+        if not line or line.strip() == "/quit":
+            return 0
+        text = line.rstrip("\n")
+        if text.strip() == "/reset":
+            history = []
+            print("(history cleared)", flush=True)
+            continue
+        if not text.strip():
+            continue
+        history.append({"role": "user", "content": text})
+        ids = template.render_for_generation(system + history, enc)
+        while len(ids) + params.max_new_tokens > model.config.block_size and len(history) > 1:
+            history = history[2:] if len(history) > 2 else history[1:]  # drop the oldest exchange
+            ids = template.render_for_generation(system + history, enc)
+        if len(ids) + params.max_new_tokens > model.config.block_size:
+            print(f"(message too long: {len(ids)} tokens + --max-new-tokens {params.max_new_tokens} exceed the "
+                  f"context of {model.config.block_size}; not sent)", flush=True)
+            history.pop()
+            continue
+        print("assistant> ", end="", flush=True)
+        reply = ""
+        for ev in stream_text(model, enc, [ids], params):
+            reply += ev.text
+            print(ev.text, end="", flush=True)
+        print(flush=True)
+        history.append({"role": "assistant", "content": reply.strip()})
+
+
+def args_chat(c: argparse.ArgumentParser) -> None:
+    c.description = ("Multi-turn chat with streaming replies. Reads messages line by line from stdin (so it can be "
+                     "scripted); /reset clears the history, /quit leaves.")
+    c.add_argument("--ckpt", required=True, help="checkpoint or run directory with a chat template")
+    c.add_argument("--system", help="system prompt")
+    c.add_argument("--max-new-tokens", type=int, default=128)
+    c.add_argument("--temperature", type=float, default=0.7, help="0 = greedy")
+    c.add_argument("--top-k", type=int, default=50, help="0 = off")
+    c.add_argument("--top-p", type=float, default=None)
+    c.add_argument("--repetition-penalty", type=float, default=1.0)
+    c.add_argument("--seed", type=int, default=None)
+    c.add_argument("--device", default="auto")
