@@ -101,8 +101,8 @@ def train(cfg: Config, resume: str | Path | None = None, force: bool = False, st
             "over (deletes its checkpoints and metrics), or choose another --train.out_dir"
         )
 
-    if info.world == 1 and (cfg.dist.zero or cfg.dist.fsdp):
-        log("(dist.zero / dist.fsdp shard state across processes; on one process they have no effect)")
+    if info.world == 1 and cfg.dist.shard != "none":
+        log(f"(dist.shard={cfg.dist.shard} shards state across processes; on one process it has no effect)")
     env = environment(device)
     checkpointer = Checkpointer(cfg, info, run_dir, resume_dir, log, extra_meta={"git_sha": env.get("git_sha"),
                                                                                  **(extra_meta or {})})
@@ -134,19 +134,7 @@ def train(cfg: Config, resume: str | Path | None = None, force: bool = False, st
     peak = peak_flops(device, precision, cfg.train.peak_flops)
 
     # --- run directory: config and environment, written once by rank 0 -------------------------------
-    sinks = open_sinks(cfg.train.log_to, run_dir, start_step, cfg.to_dict()) if info.is_main else None
-    metrics = MetricsLog(run_dir / "metrics.jsonl", enabled=info.is_main, sinks=sinks)  # + TensorBoard, W&B
-    if info.is_main:
-        if start_over:  # --force, and only now that data and model are known to be good
-            shutil.rmtree(ckpt.ckpt_root(run_dir), ignore_errors=True)
-            (run_dir / "metrics.jsonl").unlink(missing_ok=True)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        torn, replayed = metrics.begin(start_step)  # after a kill: a torn last line, steps trained again
-        if torn or replayed:
-            log(f"metrics.jsonl: cut a torn last line ({torn} bytes), marked {replayed} records after step "
-                f"{start_step} as replayed")
-        (run_dir / "config.json").write_text(cfg.to_json() + "\n")
-        (run_dir / "env.json").write_text(json.dumps(env, indent=2) + "\n")
+    metrics = _open_run_dir(cfg, info, run_dir, start_over, start_step, env, log)
     metrics.write("start", start_step, params=n_params, world=info.world, grad_accum=grad_accum,
                   precision=precision, compile=compile_model, device=str(device), gptforge=__version__)
     log(f"gptforge {__version__} | {n_params/1e6:.2f}M params | device {device} ({env.get('gpu', 'cpu')}) | "
@@ -211,7 +199,7 @@ def train(cfg: Config, resume: str | Path | None = None, force: bool = False, st
                                          metrics, log)
             if info.is_main and (last or (cfg.train.sample_every and steps_done % cfg.train.sample_every == 0)):
                 if info.fsdp:  # generation on one rank would wait forever for the others' all-gathers
-                    log("(no in-loop samples under dist.fsdp; use `gptforge sample --ckpt` on the checkpoint)")
+                    log("(no in-loop samples under dist.shard fsdp; use `gptforge sample --ckpt` on the checkpoint)")
                 else:
                     print_samples(model, cfg, info, steps_done, metrics, log)
             interrupted = any_rank(stop.stop, info) or (stop_at_step is not None and steps_done >= stop_at_step)
@@ -239,6 +227,28 @@ def _shard_loaders(cfg: Config, info: DistInfo) -> tuple:
     val_files = list_shards(cfg.data.dir, cfg.data.val_split)
     val_loader = ShardLoader(val_files, B, T, info.rank, info.world, vocab_size=cfg.model.vocab_size)
     return train_loader, val_loader, sum(read_header(f)[2] for f in val_files) // (B * T * info.world)
+
+
+def _open_run_dir(cfg: Config, info: DistInfo, run_dir: Path, start_over: bool, start_step: int, env: dict,
+                  log: Callable[[str], None]) -> MetricsLog:
+    """Rank 0 writes config.json and env.json once, and opens metrics.jsonl (+ TensorBoard / W&B):
+    wiped first under --force (only now that data and model are known to be good), repaired after a
+    kill (a torn last line, records of steps that will be trained again)."""
+    sinks = open_sinks(cfg.train.log_to, run_dir, start_step, cfg.to_dict()) if info.is_main else None
+    metrics = MetricsLog(run_dir / "metrics.jsonl", enabled=info.is_main, sinks=sinks)
+    if not info.is_main:
+        return metrics
+    if start_over:
+        shutil.rmtree(ckpt.ckpt_root(run_dir), ignore_errors=True)
+        (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    torn, replayed = metrics.begin(start_step)
+    if torn or replayed:
+        log(f"metrics.jsonl: cut a torn last line ({torn} bytes), marked {replayed} records after step "
+            f"{start_step} as replayed")
+    (run_dir / "config.json").write_text(cfg.to_json() + "\n")
+    (run_dir / "env.json").write_text(json.dumps(env, indent=2) + "\n")
+    return metrics
 
 
 def wrapped_eval(wrapped: torch.nn.Module, info: DistInfo) -> torch.nn.Module:
