@@ -12,7 +12,7 @@ every parameter, contiguous, in llm.c's fixed order, each stacked over layers an
 Tokenizer file (``write_tokenizer``): 256 int32 — magic 20240328, version 2, vocab size, eot token
 (version 1 has no eot) — then per token a uint8 length and the token's bytes.
 
-    gptforge export llmc --ckpt runs/shakespeare-cpu --out gpt2_d4.bin --dtype bfloat16 --tokenizer gpt2_tokenizer.bin
+    gptforge export llmc --ckpt runs/shakespeare-cpu --out exports/llmc --dtype bfloat16   # model.bin + tokenizer.bin
     gptforge import llmc --model gpt2_124M.bin --out runs/from-llmc
 """
 
