@@ -5,7 +5,7 @@ a bf16 + compiled train step (plain, and with the speed switches against the pla
 the SDPA backends and float8 lm_head against their references, ``bench --ladder`` in a fresh
 process (its first CUDA call used to be ``reset_peak_memory_stats``: "Invalid device argument"),
 evaluation scoring, generation, serving, ``plan --measure`` and torchrun with one process. The
-fused classifier's own CUDA checks are in tests/test_fused_ce.py (also marked ``gpu``).
+fused classifier's own CUDA checks are in tests/kernels/test_fused_ce.py (also marked ``gpu``).
 Carry the tokenizer ranks ($GPTFORGE_CACHE/gpt2.tiktoken) to an offline GPU machine.
 """
 

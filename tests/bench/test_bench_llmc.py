@@ -20,7 +20,7 @@ from gptforge.bench.llmc import ReportError, compare, main, parse_llmc_log, smi_
 from gptforge.bench.train import run_bench
 from gptforge.presets import get_preset
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MS = [1843.21, 1012.40, 1003.77, 1001.02, 999.87, 1000.55, 1002.13, 998.76, 1000.08, 1001.46, 999.31,
       1000.92, 1003.05, 999.64, 1000.27, 1001.88]
 

@@ -1,7 +1,7 @@
 """The fused classifier (gptforge.kernels.fused_ce) against a float64 PyTorch reference.
 
 On CPU the Triton kernel runs under ``TRITON_INTERPRET=1``, which must be set before triton is
-imported, so the checks run in a fresh subprocess (``python -m tests.test_fused_ce cpu``); the
+imported, so the checks run in a fresh subprocess (``python -m tests.kernels.test_fused_ce cpu``); the
 ``gpu`` test runs the same checks compiled on CUDA, plus 124M-like shapes in bf16.
 """
 
@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 pytest.importorskip("triton")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 V, VP = 50257, 50304  # GPT-2's vocabulary, padded to a multiple of 128
 
 
@@ -140,7 +140,7 @@ CHECKS = [check_odd_shapes_float32, check_bf16_autocast, check_tiles_and_rows, c
 def test_fused_ce_against_float64_reference_interpreted():
     env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, "-m", "tests.test_fused_ce", "cpu"], cwd=ROOT, env=env,
+    proc = subprocess.run([sys.executable, "-m", "tests.kernels.test_fused_ce", "cpu"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert proc.stdout.count("ok ") == len(CHECKS), proc.stdout
@@ -171,7 +171,7 @@ def test_fused_ce_cuda_124m_shapes_bf16():
     assert got[2][V:].abs().max().item() == 0.0
 
 
-if __name__ == "__main__":  # python -m tests.test_fused_ce cpu (with TRITON_INTERPRET=1 on CPU)
+if __name__ == "__main__":  # python -m tests.kernels.test_fused_ce cpu (with TRITON_INTERPRET=1 on CPU)
     dev = sys.argv[1] if len(sys.argv) > 1 else "cpu"
     for check in CHECKS:
         check(dev)

@@ -1,5 +1,5 @@
 """Chat mode of the served page in a real browser (headless Debian Chromium via Playwright, as
-tests/test_browser.py): a system prompt, two turns streamed into bubbles, the history sent back
+tests/serve/test_browser.py): a system prompt, two turns streamed into bubbles, the history sent back
 with the second turn, and the reply equal to the same conversation generated directly."""
 
 from __future__ import annotations

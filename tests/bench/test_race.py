@@ -11,8 +11,7 @@ from gptforge.cli import main
 from gptforge.config import OptimConfig
 from gptforge.presets import PRESETS
 from gptforge.training.observe import read_metrics
-
-from .conftest import tiny_config
+from tests.conftest import tiny_config
 
 
 @pytest.fixture

@@ -13,8 +13,7 @@ from gptforge.cli import main
 from gptforge.training import sinks
 from gptforge.training.loop import train
 from gptforge.training.observe import read_metrics
-
-from .conftest import tiny_config
+from tests.conftest import tiny_config
 
 pytest.importorskip("tensorboard")
 

@@ -12,8 +12,7 @@ from gptforge.models.gpt2 import GPT, GPTConfig
 from gptforge.training.loop import train
 from gptforge.training.muon import MuonAdamW, newton_schulz, orthogonalize
 from gptforge.training.optim import build_optimizer, lr_at, set_lr
-
-from .conftest import tiny_config
+from tests.conftest import tiny_config
 
 
 def reference_ns(G: torch.Tensor, steps: int = 5, dtype: torch.dtype = torch.float64) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """Run a list of training jobs inside one torchrun launch (the distributed tests' worker).
 
-    python -m torch.distributed.run --nproc_per_node 2 tests/dist_worker.py jobs.json
+    python -m torch.distributed.run --nproc_per_node 2 tests/training/dist_worker.py jobs.json
 
 jobs.json: [{"config": Config.to_dict(), "resume": null|"latest", "stop_at_step": null|int,
 "copy_to": [dirs], "out": "result.json"}, ...]. Rank 0 writes each job's per-step train and val

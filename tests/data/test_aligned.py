@@ -10,8 +10,7 @@ from gptforge.data.aligned import AlignedShardLoader, make_loader, row_starts
 from gptforge.data.loader import ShardLoader
 from gptforge.data.shards import write_shard
 from gptforge.training.loop import train
-
-from .conftest import tiny_config
+from tests.conftest import tiny_config
 
 EOT = 9
 

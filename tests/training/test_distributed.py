@@ -25,8 +25,7 @@ from gptforge.data.loader import ShardLoader
 from gptforge.data.shards import write_shard
 from gptforge.training import checkpoint as ckpt
 from gptforge.training.loop import train
-
-from .conftest import make_shards, tiny_config
+from tests.conftest import make_shards, tiny_config
 
 HERE = Path(__file__).parent
 STEPS = 8

@@ -12,8 +12,7 @@ import pytest
 from gptforge.training import checkpoint as ckpt
 from gptforge.training.loop import train
 from gptforge.training.observe import MetricsLog, read_metrics, repair_torn_tail
-
-from .conftest import tiny_config
+from tests.conftest import tiny_config
 
 
 def _lines(path):

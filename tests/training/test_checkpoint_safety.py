@@ -22,8 +22,7 @@ from gptforge.load import ModelSource
 from gptforge.load import load_model as _load
 from gptforge.training import checkpoint as ckpt
 from gptforge.training.loop import train
-
-from .conftest import tiny_config
+from tests.conftest import tiny_config
 
 
 def load_model(ckpt_dir: str, _hf=None):
@@ -48,7 +47,7 @@ def _plant_dcp(ckpt_dir: Path, marker: Path) -> None:
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     """A finished 6-step run with checkpoints at steps 3 and 6, kept pristine (tests copy it)."""
-    from .conftest import make_shards
+    from tests.conftest import make_shards
 
     tmp = tmp_path_factory.mktemp("ckpt")
     data = make_shards(tmp / "data")

@@ -81,8 +81,7 @@ def _bad_val(shard_dir, bad_id: int, at: int = 1234):
 def test_out_of_vocab_id_in_the_val_shard_is_refused_before_any_step(shard_dir, tmp_path):
     from gptforge.data.shards import TokenRangeError
     from gptforge.training.loop import train
-
-    from .conftest import tiny_config
+    from tests.conftest import tiny_config
 
     path = _bad_val(shard_dir, 600)  # the model has 512 ids
     cfg = tiny_config(shard_dir, tmp_path / "run")
@@ -172,8 +171,7 @@ def test_device_cuda_without_cuda(shard_dir, tmp_path, capsys, monkeypatch):
 
 def test_meta_json_missing_keys(shard_dir, tmp_path, capsys, monkeypatch):
     from gptforge.training.loop import train
-
-    from .conftest import tiny_config
+    from tests.conftest import tiny_config
 
     monkeypatch.chdir(tmp_path)
     run = tmp_path / "run"

@@ -176,7 +176,7 @@ def test_ddp_and_fsdp_llama_match_one_process(tmp_path):
     """World 2 (gloo, CPU) against one process with 2x accumulation: DDP, and FSDP2 sharding the Llama's
     blocks (with block recomputation), same data and total batch, float32."""
     from gptforge.config import DistConfig
-    from tests.test_distributed import HERE, _read, _torchrun
+    from tests.training.test_distributed import HERE, _read, _torchrun
 
     data = make_shards(tmp_path / "data")
 

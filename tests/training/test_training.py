@@ -16,8 +16,7 @@ from gptforge.training.distributed import DistInfo
 from gptforge.training.loop import train
 from gptforge.training.optim import build_optimizer, lr_at, param_groups
 from gptforge.training.step import train_step
-
-from .conftest import tiny_config
+from tests.conftest import tiny_config
 
 
 def _grads_for_split(shard_dir, tmp_path, B, accum):

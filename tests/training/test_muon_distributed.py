@@ -9,9 +9,8 @@ import pytest
 
 from gptforge.config import Config, OptimConfig
 from gptforge.training.loop import train
-
-from .conftest import make_shards
-from .test_distributed import HERE, STEPS, _cfg, _read, _torchrun
+from tests.conftest import make_shards
+from tests.training.test_distributed import HERE, STEPS, _cfg, _read, _torchrun
 
 pytestmark = pytest.mark.slow  # one 2-process torchrun launch, ~25 s
 
