@@ -21,20 +21,19 @@ hangs up leaves the queue, or stops its generation at the next token (``serve/li
 from __future__ import annotations
 
 import asyncio
-import json
 import math
-from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
+from fastapi.responses import FileResponse, JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from gptforge.serve.limits import BodyLimit, acquire_unless_gone, watch_disconnect
+from gptforge.serve.sse import sse_response
 from gptforge.training.observe import read_metrics
 
 if TYPE_CHECKING:
@@ -247,44 +246,9 @@ def create_app(model: torch.nn.Module, enc: tiktoken.Encoding | None = None, set
                 return _error(499, "client closed the request")
         finally:
             watcher.cancel()
-        # Generation runs in its own task that always releases the gate, even if the response body
-        # is never iterated (client gone before the first byte); the response only reads its queue.
-        pieces: asyncio.Queue = asyncio.Queue()  # at most batch x max_new_tokens events: bounded
-        client_gone = asyncio.Event()
-        task = asyncio.create_task(_produce(stream_text(model, enc, ids, params), pieces, client_gone))
-        producers.add(task)
-        task.add_done_callback(producers.discard)
-
-        async def events() -> AsyncIterator[str]:
-            try:
-                while (ev := await pieces.get()) is not None:
-                    if isinstance(ev, Exception):
-                        yield f"event: error\ndata: {json.dumps({'error': f'generation failed: {ev}'})}\n\n"
-                        continue
-                    body: dict[str, Any] = {"row": ev.row, "text": ev.text}
-                    if ev.finished:
-                        body.update(finished=True, reason=ev.reason)
-                    yield f"data: {json.dumps(body)}\n\n"
-                yield "event: done\ndata: {}\n\n"
-            finally:
-                client_gone.set()  # stops the producer at its next step
-
-        return StreamingResponse(events(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return sse_response(stream_text(model, enc, ids, params), gate, producers)
 
     producers: set[asyncio.Task] = set()  # strong references, so running producers are not collected
-
-    async def _produce(it, pieces: asyncio.Queue, client_gone: asyncio.Event) -> None:
-        done = object()
-        try:
-            while not client_gone.is_set() and (ev := await run_in_threadpool(next, it, done)) is not done:
-                pieces.put_nowait(ev)
-        except Exception as e:  # e.g. out of memory: tell the client, keep serving
-            pieces.put_nowait(e)
-        finally:
-            it.close()
-            gate.release()
-            pieces.put_nowait(None)
 
     from gptforge.serve.chat import add_chat_routes  # chat mode: /api/chat, /api/chat/info
 

@@ -12,17 +12,15 @@ final ``{"finished": true, "reason"}``, then ``event: done``. The reply ends at 
 from __future__ import annotations
 
 import asyncio
-import json
-from collections.abc import AsyncIterator
 from typing import Any, Literal
 
 from fastapi import FastAPI, HTTPException, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
-from starlette.concurrency import run_in_threadpool
 
 from gptforge.data.chat import ChatTemplate, ChatTokenizer
 from gptforge.serve.limits import acquire_unless_gone, watch_disconnect
+from gptforge.serve.sse import sse_response
 
 
 class Message(BaseModel):
@@ -78,38 +76,4 @@ def add_chat_routes(app: FastAPI, model: Any, enc: Any, template: dict | None, s
                 return JSONResponse({"error": "client closed the request"}, status_code=499)
         finally:
             watcher.cancel()
-        pieces: asyncio.Queue = asyncio.Queue()
-        client_gone = asyncio.Event()
-        task = asyncio.create_task(_produce(stream_text(model, cenc, [ids], params), pieces, client_gone, gate))
-        producers.add(task)
-        task.add_done_callback(producers.discard)
-
-        async def events() -> AsyncIterator[str]:
-            try:
-                while (ev := await pieces.get()) is not None:
-                    if isinstance(ev, Exception):
-                        yield f"event: error\ndata: {json.dumps({'error': f'generation failed: {ev}'})}\n\n"
-                        continue
-                    body: dict[str, Any] = {"row": ev.row, "text": ev.text}
-                    if ev.finished:
-                        body.update(finished=True, reason=ev.reason)
-                    yield f"data: {json.dumps(body)}\n\n"
-                yield "event: done\ndata: {}\n\n"
-            finally:
-                client_gone.set()
-
-        return StreamingResponse(events(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-
-
-async def _produce(it, pieces: asyncio.Queue, client_gone: asyncio.Event, gate: Any) -> None:
-    done = object()
-    try:
-        while not client_gone.is_set() and (ev := await run_in_threadpool(next, it, done)) is not done:
-            pieces.put_nowait(ev)
-    except Exception as e:  # tell the client, keep serving
-        pieces.put_nowait(e)
-    finally:
-        it.close()
-        gate.release()
-        pieces.put_nowait(None)
+        return sse_response(stream_text(model, cenc, [ids], params), gate, producers)

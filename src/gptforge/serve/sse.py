@@ -1,0 +1,57 @@
+"""Server-sent events from a generation stream, shared by ``/api/stream`` and ``/api/chat``.
+
+Generation runs in its own task that always releases the request's slot (``gate``), even if the
+response body is never iterated (a client gone before the first byte); the response only reads the
+task's queue, and a client that leaves stops the generation at its next token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+from fastapi.responses import StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+
+def sse_response(it: Iterator, gate: Any, producers: set[asyncio.Task]) -> StreamingResponse:
+    """Stream ``it``'s generation events (``row``, ``text``, ``finished``, ``reason``) as SSE.
+    ``gate`` is the acquired slot, released when generation ends; ``producers`` keeps strong
+    references to running tasks so they are not collected."""
+    pieces: asyncio.Queue = asyncio.Queue()  # at most batch x max_new_tokens events: bounded
+    client_gone = asyncio.Event()
+    task = asyncio.create_task(_produce(it, pieces, client_gone, gate))
+    producers.add(task)
+    task.add_done_callback(producers.discard)
+
+    async def events() -> AsyncIterator[str]:
+        try:
+            while (ev := await pieces.get()) is not None:
+                if isinstance(ev, Exception):
+                    yield f"event: error\ndata: {json.dumps({'error': f'generation failed: {ev}'})}\n\n"
+                    continue
+                body: dict[str, Any] = {"row": ev.row, "text": ev.text}
+                if ev.finished:
+                    body.update(finished=True, reason=ev.reason)
+                yield f"data: {json.dumps(body)}\n\n"
+            yield "event: done\ndata: {}\n\n"
+        finally:
+            client_gone.set()  # stops the producer at its next step
+
+    return StreamingResponse(events(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+async def _produce(it: Iterator, pieces: asyncio.Queue, client_gone: asyncio.Event, gate: Any) -> None:
+    done = object()
+    try:
+        while not client_gone.is_set() and (ev := await run_in_threadpool(next, it, done)) is not done:
+            pieces.put_nowait(ev)
+    except Exception as e:  # e.g. out of memory: tell the client, keep serving
+        pieces.put_nowait(e)
+    finally:
+        it.close()
+        gate.release()
+        pieces.put_nowait(None)
