@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from gptforge.kernels.attention import sdpa_for
 from gptforge.models import masks
+from gptforge.models.head import logits_and_loss
 from gptforge.tokens import GPT2_VOCAB, PAD_MULTIPLE
 
 # name -> (n_layer, n_head, n_embd). The four OpenAI sizes plus tiny CPU sizes.
@@ -264,10 +265,7 @@ class GPT(nn.Module):
             raise ValueError(f"sequence length {past + T} exceeds block_size {self.config.block_size}")
         if pos is None:
             pos = torch.arange(past, past + T, dtype=torch.long, device=idx.device)  # (T,)
-        if attn_mask is None and past > 0 and T > 1:  # query i sits at position past+i: keys 0..past+i
-            attn_mask = torch.ones(T, past + T, dtype=torch.bool, device=idx.device).tril(diagonal=past)
-        if attn_mask is None and kv_cache is None:  # model.attention=document: each token sees its own document
-            attn_mask = masks.for_batch(idx, self.config.attention, self.config.doc_mask, self.config.bos_token)
+        attn_mask = masks.for_forward(idx, past, attn_mask, self.config, kv_cache is not None)  # built once for every layer
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))  # (B, T, C)
         for i, block in enumerate(self.transformer.h):
             if self.config.recompute == "block" and self.training and torch.is_grad_enabled():
@@ -277,21 +275,7 @@ class GPT(nn.Module):
         if kv_cache is not None:
             kv_cache.advance()
         x = self.transformer.ln_f(x)
-        if targets is not None and self.config.fused_ce and self.training and torch.is_grad_enabled():
-            # llm.c's fused classifier: loss and d(logits) in one kernel pass; no logits are returned
-            from gptforge.kernels.fused_ce import fused_linear_cross_entropy
-
-            return None, fused_linear_cross_entropy(x, self.lm_head.weight, targets, self.config.vocab_size)
-        if self.config.lm_head_fp8:
-            from gptforge.kernels.fp8 import fp8_linear
-
-            logits = fp8_linear(x, self.lm_head.weight)[..., : self.config.vocab_size]
-        else:
-            logits = self.lm_head(x)[..., : self.config.vocab_size]  # (B, T, vocab_size)
-        loss = None
-        if targets is not None:
-            loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
-        return logits, loss
+        return logits_and_loss(x, self.lm_head, targets, self.config, self.training)
 
     def new_kv_cache(self, batch: int, max_len: int | None = None, dtype: torch.dtype | None = None) -> KVCache:
         cfg = self.config

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from gptforge.kernels.attention import BACKENDS, sdpa_for
 from gptforge.models import masks
 from gptforge.models.gpt2 import KVCache, padded_vocab
+from gptforge.models.head import logits_and_loss
 from gptforge.tokens import GPT2_VOCAB
 
 # name -> shape. intermediate_size 0 derives it from n_embd (see LlamaConfig.hidden_dim).
@@ -355,10 +356,7 @@ class Llama(nn.Module):
             raise ValueError(f"sequence length {past + T} exceeds block_size {cfg.block_size}")
         if pos is None:
             pos = torch.arange(past, past + T, dtype=torch.long, device=idx.device)  # (T,)
-        if attn_mask is None and past > 0 and T > 1:  # query i sits at position past+i: keys 0..past+i
-            attn_mask = torch.ones(T, past + T, dtype=torch.bool, device=idx.device).tril(diagonal=past)
-        if attn_mask is None and kv_cache is None:  # model.attention=document: each token sees its own document
-            attn_mask = masks.for_batch(idx, cfg.attention, cfg.doc_mask, cfg.bos_token)
+        attn_mask = masks.for_forward(idx, past, attn_mask, cfg, kv_cache is not None)  # built once for every layer
         x = self.drop(self.model.embed_tokens(idx))  # (B, T, C)
         cos, sin = rope_cos_sin(pos, cfg.head_dim, cfg.rope_theta)  # (T, hd) or (B, T, hd)
         for i, block in enumerate(self.model.layers):
@@ -369,23 +367,7 @@ class Llama(nn.Module):
         if kv_cache is not None:
             kv_cache.advance()
         x = self.model.norm(x)
-        if targets is not None and cfg.fused_ce and self.training and torch.is_grad_enabled():
-            # llm.c's fused classifier: loss and d(logits) in one kernel pass; no logits are returned
-            from gptforge.kernels.fused_ce import fused_linear_cross_entropy
-
-            return None, fused_linear_cross_entropy(x, self.lm_head.weight, targets, cfg.vocab_size)
-        if cfg.lm_head_fp8:
-            from gptforge.kernels.fp8 import fp8_linear
-
-            logits = fp8_linear(x, self.lm_head.weight)[..., : cfg.vocab_size]
-        else:
-            logits = self.lm_head(x)[..., : cfg.vocab_size]  # (B, T, vocab_size)
-        if cfg.logit_softcap > 0:  # bounded logits (Gemma 2, modded-nanogpt): cap * tanh(z / cap)
-            logits = cfg.logit_softcap * torch.tanh(logits.float() / cfg.logit_softcap)
-        loss = None
-        if targets is not None:
-            loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
-        return logits, loss
+        return logits_and_loss(x, self.lm_head, targets, cfg, self.training)
 
     def new_kv_cache(self, batch: int, max_len: int | None = None, dtype: torch.dtype | None = None) -> KVCache:
         cfg = self.config

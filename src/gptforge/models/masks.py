@@ -106,3 +106,20 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, dropout_p
     if is_block_mask(mask):
         return flex_attention(q, k, v, mask)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+
+
+def for_forward(idx: torch.Tensor, past: int, attn_mask: torch.Tensor | None, cfg,
+                cached: bool) -> torch.Tensor | None:
+    """The one mask a forward builds for all its layers (both families call this): the caller's
+    (left-padded generation); else, after ``past`` cached tokens, query i at position past+i sees
+    keys 0..past+i; else, without a KV cache, whatever ``model.attention`` asks (None = plain
+    causal, or a document-causal mask). None means causal within the chunk, or every cached key
+    for a single new token."""
+    T = idx.size(1)
+    if attn_mask is not None:
+        return attn_mask
+    if past > 0 and T > 1:
+        return torch.ones(T, past + T, dtype=torch.bool, device=idx.device).tril(diagonal=past)
+    if not cached:
+        return for_batch(idx, cfg.attention, cfg.doc_mask, cfg.bos_token)
+    return None

@@ -1,0 +1,34 @@
+"""The output head and loss, shared by the model families: logits over the real vocabulary (padded
+rows never receive probability), an optional soft-cap, mean cross-entropy with targets of -1
+ignored, and the speed switches ``fused_ce`` and ``lm_head_fp8`` (:mod:`gptforge.kernels`).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def logits_and_loss(x: torch.Tensor, lm_head: nn.Linear, targets: torch.Tensor | None, cfg,
+                    training: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """x (B, T, C) final hidden states -> (logits (B, T, vocab_size), loss or None). A training
+    forward with ``fused_ce`` returns no logits: its buffer holds the gradient."""
+    softcap = getattr(cfg, "logit_softcap", 0.0)
+    if targets is not None and cfg.fused_ce and training and torch.is_grad_enabled():
+        # llm.c's fused classifier: loss and d(logits) in one kernel pass (configs refuse it with a soft-cap)
+        from gptforge.kernels.fused_ce import fused_linear_cross_entropy
+
+        return None, fused_linear_cross_entropy(x, lm_head.weight, targets, cfg.vocab_size)
+    if cfg.lm_head_fp8:
+        from gptforge.kernels.fp8 import fp8_linear
+
+        logits = fp8_linear(x, lm_head.weight)[..., : cfg.vocab_size]
+    else:
+        logits = lm_head(x)[..., : cfg.vocab_size]  # (B, T, vocab_size)
+    if softcap > 0:  # bounded logits (Gemma 2, modded-nanogpt): cap * tanh(z / cap)
+        logits = softcap * torch.tanh(logits.float() / softcap)
+    loss = None
+    if targets is not None:
+        loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+    return logits, loss
