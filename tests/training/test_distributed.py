@@ -257,6 +257,12 @@ def _cli_overrides(cfg: Config) -> list[str]:
     return out
 
 
+# A worker of a torchrun group on gloo/CPU sometimes dies at exit with "terminate called without an
+# active exception" (SIGABRT, after its training finished: seen about 1 run in 7 of this file on the
+# 2-core machine, 2026-11-23). With --max-restarts that abort makes torchrun restart the group, which
+# these two tests would report as their own failure. Rerun them (at most twice) while the abort is
+# open; the cause is not yet found (see the issue notes).
+@pytest.mark.flaky(reruns=2)
 def test_killed_rank_is_restarted_by_torchrun_and_finishes(runs, tmp_path):
     cfg = _cfg(runs["dirs"] / "data", tmp_path / "elastic")
     cfg.train.ckpt_every = 2
@@ -274,6 +280,12 @@ def test_killed_rank_is_restarted_by_torchrun_and_finishes(runs, tmp_path):
     _close(final, runs["ddp"]["train"], range(1, STEPS + 1))  # same curve as the uninterrupted run
 
 
+# A worker of a torchrun group on gloo/CPU sometimes dies at exit with "terminate called without an
+# active exception" (SIGABRT, after its training finished: seen about 1 run in 7 of this file on the
+# 2-core machine, 2026-11-23). With --max-restarts that abort makes torchrun restart the group, which
+# these two tests would report as their own failure. Rerun them (at most twice) while the abort is
+# open; the cause is not yet found (see the issue notes).
+@pytest.mark.flaky(reruns=2)
 def test_a_signal_to_one_rank_stops_all_ranks_at_the_same_step(tmp_path):
     """...and torchrun reports a stop, not a failure: the workers exit 0 after a clean stop, so even
     with --max-restarts the group is not restarted (it would resume and train on)."""
@@ -284,9 +296,10 @@ def test_a_signal_to_one_rank_stops_all_ranks_at_the_same_step(tmp_path):
     assert "stopped at step 3; continue with --resume" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "ChildFailedError" not in proc.stderr and "FAILED" not in proc.stderr and "Traceback" not in proc.stderr
-    assert ckpt.latest_checkpoint(tmp_path / "stop").name == "step_000003"
     events = [json.loads(line) for line in (tmp_path / "stop" / "metrics.jsonl").read_text().splitlines()]
-    assert [e["step"] for e in events if e["kind"] == "start"] == [0]  # not restarted
+    log = proc.stdout[-3000:] + proc.stderr[-5000:]
+    assert [e["step"] for e in events if e["kind"] == "start"] == [0], log  # not restarted
+    assert ckpt.latest_checkpoint(tmp_path / "stop").name == "step_000003", log
 
 
 # --- bad input, before training ---------------------------------------------------------------------
