@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import socket
-import threading
 import time
 
 import pytest
 import torch
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+from tests.serve.browser import ARGS, CHROMIUM, serve_in_thread
+
 if not os.path.exists(CHROMIUM):
     pytest.skip("no /usr/bin/chromium: run scripts/system_deps.sh (CI does)", allow_module_level=True)
 sync_api = pytest.importorskip("playwright.sync_api")
@@ -25,15 +23,6 @@ uvicorn = pytest.importorskip("uvicorn")
 
 from gptforge.models.gpt2 import GPT, GPTConfig  # noqa: E402
 from gptforge.serve.app import ServeSettings, create_app  # noqa: E402
-
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
@@ -47,17 +36,8 @@ def server(tokenizer, tmp_path):
     metrics.write_text("".join(json.dumps({"kind": "train", "step": s, "loss": 10 * 0.97**s}) + "\n" for s in range(60))
                        + json.dumps({"kind": "val", "step": 59, "val_loss": 2.0}) + "\n")
     app = create_app(model, tokenizer, ServeSettings(max_new_tokens_cap=64), metrics)
-    port = _free_port()
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 30
-    while not srv.started:
-        assert time.time() < deadline and thread.is_alive(), "server did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    srv.should_exit = True
-    thread.join(timeout=10)
+    with serve_in_thread(app) as url:
+        yield url
 
 
 def test_page_streams_text_and_draws_curve(server, tmp_path):

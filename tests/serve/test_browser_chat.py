@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import socket
-import threading
 import time
 
 import pytest
 import torch
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+from tests.serve.browser import ARGS, CHROMIUM, serve_in_thread
+
 if not os.path.exists(CHROMIUM):
     pytest.skip("no /usr/bin/chromium: run scripts/system_deps.sh (CI does)", allow_module_level=True)
 sync_api = pytest.importorskip("playwright.sync_api")
@@ -25,8 +23,6 @@ from gptforge.generation import SamplingParams, complete  # noqa: E402
 from gptforge.models.gpt2 import GPT, GPTConfig  # noqa: E402
 from gptforge.serve.app import ServeSettings, create_app  # noqa: E402
 
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 T = ChatTemplate.gpt2()
 
 
@@ -36,19 +32,8 @@ def chat_server(tokenizer):
     model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=128, vocab_size=T.vocab_size)).eval()
     model.register_forward_hook(lambda *_: time.sleep(0.02))  # observable streaming (see test_browser.py)
     app = create_app(model, tokenizer, ServeSettings(max_new_tokens_cap=64), None, chat_template=T.to_dict())
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 30
-    while not srv.started:
-        assert time.time() < deadline and thread.is_alive(), "server did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}", model
-    srv.should_exit = True
-    thread.join(timeout=10)
+    with serve_in_thread(app) as url:
+        yield url, model
 
 
 def test_chat_mode_streams_turns_with_history(chat_server, tokenizer, tmp_path):
