@@ -19,6 +19,7 @@ def cmd_sft(args: argparse.Namespace, overrides: list[str]) -> int:
     from gptforge.data.chat import ChatFormatError, ChatTemplate
     from gptforge.data.sft import SFTDataError
     from gptforge.training import checkpoint as ckpt
+    from gptforge.training.checkpointer import Checkpointer
     from gptforge.training.sft import SFTData, run_sft, sft_config
 
     sft = SFTData(data=args.data, val_count=args.val_count, split=args.split, seed=args.seed, skip_bad=args.skip_bad)
@@ -27,9 +28,7 @@ def cmd_sft(args: argparse.Namespace, overrides: list[str]) -> int:
         if args.resume is not None:
             if args.init_from is not None:
                 raise CliError("--init-from starts a new SFT run; it cannot be combined with --resume")
-            where = ckpt.latest_checkpoint(args.out) if args.resume == "latest" else ckpt.resolve_checkpoint(args.resume)
-            if where is None:
-                raise CliError(f"--resume: no complete checkpoint in {ckpt.ckpt_root(args.out)}")
+            where = Checkpointer.find(args.out, args.resume)  # the newest intact one, as train resumes
             meta = ckpt.read_meta(where)
             if "sft" not in meta:
                 raise CliError(f"--resume: {where} is not an SFT checkpoint; resume it with `gptforge train`")
@@ -95,13 +94,12 @@ def cmd_rl(args: argparse.Namespace) -> int:
     from gptforge.rl.rewards import RewardError, load_reward
     from gptforge.runtime import resolve_device
     from gptforge.training import checkpoint as ckpt
+    from gptforge.training.checkpointer import Checkpointer
 
     resume_dir = None
     try:
         if args.resume is not None:
-            resume_dir = ckpt.latest_checkpoint(args.out) if args.resume == "latest" else ckpt.resolve_checkpoint(args.resume)
-            if resume_dir is None:
-                raise CliError(f"--resume: no complete checkpoint in {ckpt.ckpt_root(args.out)}")
+            resume_dir = Checkpointer.find(args.out, args.resume)  # the newest intact one, as train resumes
             meta = ckpt.read_meta(resume_dir)
             if "rl" not in meta:
                 raise CliError(f"--resume: {resume_dir} is not an RL checkpoint")
