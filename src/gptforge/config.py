@@ -89,6 +89,10 @@ class TrainConfig:
     seq_len: int = 1024  # T
     total_batch_tokens: int = 524_288  # tokens per optimizer step, all ranks; reached by grad accumulation
     max_steps: int = 18_865
+    # batch-size schedule: the batch grows linearly, in whole micro-batches, from batch_warmup_start x
+    # total_batch_tokens at step 0 to the full batch at step batch_warmup_steps (0 = constant batch)
+    batch_warmup_steps: int = 0
+    batch_warmup_start: float = 0.25
     seed: int = 1337
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # autocast dtype; auto = bf16 on CUDA
@@ -116,6 +120,9 @@ class TrainConfig:
         for name in ("val_every", "sample_every", "ckpt_every", "keep_ckpts", "val_tokens", "sample_tokens"):
             _check(getattr(self, name) >= 0, f"train.{name}", getattr(self, name), "an integer >= 0")
         _check(self.log_every >= 1, "train.log_every", self.log_every, "an integer >= 1")
+        _check(self.batch_warmup_steps >= 0, "train.batch_warmup_steps", self.batch_warmup_steps, "an integer >= 0")
+        _check(0 < self.batch_warmup_start <= 1, "train.batch_warmup_start", self.batch_warmup_start,
+               "a fraction in (0, 1]")
         _check(self.compile_mode in COMPILE_MODES, "train.compile_mode", self.compile_mode, ", ".join(COMPILE_MODES))
 
     def grad_accum(self, world: int = 1) -> int:
@@ -127,6 +134,23 @@ class TrainConfig:
                 "choose a total batch that is a multiple of it"
             )
         return self.total_batch_tokens // per_step
+
+    def accum_at(self, step: int, world: int = 1) -> int:
+        """Micro-batches in optimizer step ``step`` (0-based) under the batch-size schedule: a linear
+        ramp from ``batch_warmup_start`` of the full accumulation to all of it, rounded to whole
+        micro-batches, at least one."""
+        full = self.grad_accum(world)
+        if step >= self.batch_warmup_steps:
+            return full
+        frac = self.batch_warmup_start + (1 - self.batch_warmup_start) * step / self.batch_warmup_steps
+        return min(full, max(1, math.floor(frac * full + 0.5)))  # half rounds up
+
+    def tokens_before(self, step: int, world: int = 1) -> int:
+        """Training tokens consumed by steps 0..step-1 (all ranks), the schedule included."""
+        full = self.grad_accum(world)
+        per_micro = self.total_batch_tokens // full
+        ramp = min(step, self.batch_warmup_steps)
+        return per_micro * (sum(self.accum_at(s, world) for s in range(ramp)) + (step - ramp) * full)
 
 
 @dataclass
@@ -193,7 +217,15 @@ class Config:
             raise ConfigError(
                 f"train.seq_len={self.train.seq_len} exceeds model.block_size={self.model.block_size}"
             )
-        return self.train.grad_accum(world)
+        accum = self.train.grad_accum(world)
+        if self.train.batch_warmup_steps and accum == 1:
+            raise ConfigError(
+                f"train.batch_warmup_steps={self.train.batch_warmup_steps}: the batch grows in whole micro-batches, "
+                f"and train.total_batch_tokens={self.train.total_batch_tokens} is one micro-batch (micro_batch "
+                f"{self.train.micro_batch} x seq_len {self.train.seq_len} x world {world}); lower train.micro_batch "
+                "so the full batch spans several, or set train.batch_warmup_steps 0"
+            )
+        return accum
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

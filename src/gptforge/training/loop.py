@@ -140,12 +140,16 @@ def train(cfg: Config, resume: str | Path | None = None, force: bool = False, st
     log(f"gptforge {__version__} | {n_params/1e6:.2f}M params | device {device} ({env.get('gpu', 'cpu')}) | "
         f"{precision} | compile {compile_model} | world {info.world} ({info.sharded}) | B {B} T {T} x accum {grad_accum} = "
         f"{cfg.train.total_batch_tokens:,} tokens/step | {cfg.train.max_steps} steps | run dir {run_dir}")
+    if cfg.train.batch_warmup_steps:
+        log(f"batch-size schedule: accum {cfg.train.accum_at(0, info.world)} -> {grad_accum} micro-batches over the "
+            f"first {cfg.train.batch_warmup_steps} steps")
     barrier(info)
 
     # --- the loop ---------------------------------------------------------------------------------
     result = RunResult(run_dir=run_dir, steps_done=start_step)
     max_steps = cfg.train.max_steps
-    tokens_per_step = cfg.train.total_batch_tokens
+    tokens_per_micro = cfg.train.total_batch_tokens // grad_accum
+    tokens_seen = cfg.train.tokens_before(start_step, info.world)  # the batch-size schedule's sum on a resume
     optimizer = state.optimizer
     progress = _progress(start_step, max_steps, info.is_main)
     t_start = time.perf_counter()
@@ -153,8 +157,9 @@ def train(cfg: Config, resume: str | Path | None = None, force: bool = False, st
         for step in range(start_step, max_steps):
             t0 = time.perf_counter()
             lr = set_lr(optimizer, step, cfg.optim, max_steps)
+            accum = cfg.train.accum_at(step, info.world)
             try:
-                loss_accum, norm = train_step(wrapped, model, optimizer, train_loader, grad_accum, autocast, info,
+                loss_accum, norm = train_step(wrapped, model, optimizer, train_loader, accum, autocast, info,
                                               cfg.optim.grad_clip)
             except torch.OutOfMemoryError as e:
                 raise torch.OutOfMemoryError(oom_advice(cfg, info, grad_accum) + f"\n(original error: {e})") from e
@@ -162,6 +167,7 @@ def train(cfg: Config, resume: str | Path | None = None, force: bool = False, st
                 torch.cuda.synchronize(device)
             dt = time.perf_counter() - t0
             steps_done = state.step = step + 1
+            tokens_seen += accum * tokens_per_micro
             maybe_inject_fault(info, steps_done)
             loss_val = loss_accum.item()
             result.train_losses[steps_done] = loss_val
@@ -174,11 +180,11 @@ def train(cfg: Config, resume: str | Path | None = None, force: bool = False, st
 
             # observability: one line per log_every steps, metrics.jsonl every step
             elapsed = time.perf_counter() - t_start
-            tok_s = tokens_per_step / dt
+            tok_s = accum * tokens_per_micro / dt
             mfu = fpt * tok_s / peak if peak else None
             eta = (elapsed / max(1, steps_done - start_step)) * (max_steps - steps_done)
             metrics.write("train", steps_done, loss=loss_val, lr=lr, grad_norm=float(norm), dt_ms=dt * 1000,
-                          tokens_per_s=tok_s, mfu=mfu, tokens=steps_done * tokens_per_step)
+                          tokens_per_s=tok_s, mfu=mfu, tokens=tokens_seen)
             if steps_done % cfg.train.log_every == 0 or steps_done == max_steps:
                 mfu_s = f" | MFU {mfu * 100:.1f}%" if mfu is not None else ""
                 log(f"step {steps_done:>6}/{max_steps} | loss {loss_val:.4f} | lr {lr:.2e} | norm {float(norm):.3f} "
@@ -190,12 +196,12 @@ def train(cfg: Config, resume: str | Path | None = None, force: bool = False, st
             if last or (cfg.train.val_every and steps_done % cfg.train.val_every == 0):
                 vl = evaluate_loss(wrapped_eval(wrapped, info), val_loader, val_steps, autocast, info)
                 result.val_losses[steps_done] = vl
-                metrics.write("val", steps_done, val_loss=vl, tokens=steps_done * tokens_per_step)
+                metrics.write("val", steps_done, val_loss=vl, tokens=tokens_seen)
                 log(f"step {steps_done:>6} | val loss {vl:.4f} ({val_steps} batches)")
                 if stop_at_val_loss is not None and vl <= stop_at_val_loss:
                     stop_at_step = steps_done  # reached the target: save and stop here
             if evals and (last or steps_done % cfg.eval.every == 0):  # tasks on the raw module, not `wrapped`
-                evaluate_during_training(model, evals, cfg, info, autocast, steps_done, steps_done * tokens_per_step,
+                evaluate_during_training(model, evals, cfg, info, autocast, steps_done, tokens_seen,
                                          metrics, log)
             if info.is_main and (last or (cfg.train.sample_every and steps_done % cfg.train.sample_every == 0)):
                 if info.fsdp:  # generation on one rank would wait forever for the others' all-gathers
@@ -222,11 +228,20 @@ def _shard_loaders(cfg: Config, info: DistInfo) -> tuple:
     B, T = cfg.train.micro_batch, cfg.train.seq_len
     train_loader = make_loader(list_shards(cfg.data.dir, cfg.data.train_split), B, T, info.rank, info.world,
                                align=cfg.data.align, shuffle=cfg.data.shuffle, seed=cfg.data.shuffle_seed,
-                               eot=cfg.data.eot_token, step_tokens=cfg.train.total_batch_tokens,
+                               eot=cfg.data.eot_token, step_tokens=_shard_step_tokens(cfg, info),
                                vocab_size=cfg.model.vocab_size)
     val_files = list_shards(cfg.data.dir, cfg.data.val_split)
     val_loader = ShardLoader(val_files, B, T, info.rank, info.world, vocab_size=cfg.model.vocab_size)
     return train_loader, val_loader, sum(read_header(f)[2] for f in val_files) // (B * T * info.world)
+
+
+def _shard_step_tokens(cfg: Config, info: DistInfo) -> int:
+    """The unit the loader keeps within one shard: a whole optimizer step, so a step's data does not
+    depend on how it is split over ranks and micro-steps. Under a batch-size schedule steps change
+    size, so the unit is one micro-batch of all ranks (a step may then span two shards)."""
+    if cfg.train.batch_warmup_steps:
+        return cfg.train.micro_batch * cfg.train.seq_len * info.world
+    return cfg.train.total_batch_tokens
 
 
 def _open_run_dir(cfg: Config, info: DistInfo, run_dir: Path, start_over: bool, start_step: int, env: dict,
