@@ -56,7 +56,10 @@ def _dropout(cfg: Config) -> Config:
 
 def _torchrun(args: list[str], env_extra: dict | None = None, timeout: int = 240) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
-    env.update({"OMP_NUM_THREADS": "1", **(env_extra or {})})
+    # PYTHONFAULTHANDLER: a worker that aborts (SIGABRT, e.g. the open "terminate called without an
+    # active exception" at exit) also prints every Python thread's stack, so a sighting says where the
+    # main thread was (still in train(), or already finalizing the interpreter)
+    env.update({"OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1", **(env_extra or {})})
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *args]
     # own process group: on a timeout (a hung run) the workers go too, not only the launcher
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
