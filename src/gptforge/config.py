@@ -58,6 +58,9 @@ class OptimConfig:
     fused: Optional[bool] = None  # fused AdamW kernel; None = on where the device supports it (CUDA, CPU)
     schedule: Literal["cosine", "wsd"] = "cosine"  # wsd = warmup, stable, linear cooldown (modded-nanogpt)
     cooldown_frac: float = 0.4  # wsd: the last fraction of the steps decays linearly to min_lr_frac * lr
+    # AdamW lr of input embeddings that are not tied to the output head (0 = optim.lr). An untied
+    # embedding row moves only when its token appears, so it wants a larger lr (modded-nanogpt: ~75x)
+    embed_lr: float = 0.0
     name: Literal["adamw", "muon"] = "adamw"  # muon = Muon on the hidden matrices, AdamW (lr above) on the rest
     muon_lr: float = 0.02  # Muon's peak lr (the schedule scales it like optim.lr)
     muon_momentum: float = 0.95
@@ -76,6 +79,7 @@ class OptimConfig:
         _check(self.muon_weight_decay >= 0, "optim.muon_weight_decay", self.muon_weight_decay, "a number >= 0")
         _check(bool(self.muon_params.strip()), "optim.muon_params", self.muon_params, "auto or name globs")
         _check(self.lr > 0, "optim.lr", self.lr, "a positive number")
+        _check(self.embed_lr >= 0, "optim.embed_lr", self.embed_lr, "a number >= 0 (0 = optim.lr)")
         _check(0.0 <= self.min_lr_frac <= 1.0, "optim.min_lr_frac", self.min_lr_frac, "a fraction in [0, 1]")
         _check(self.warmup_steps >= 0, "optim.warmup_steps", self.warmup_steps, "an integer >= 0")
         _check(self.weight_decay >= 0, "optim.weight_decay", self.weight_decay, "a number >= 0")

@@ -59,6 +59,31 @@ def test_weight_decay_only_on_matrices():
     assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
 
 
+@pytest.mark.parametrize("name", ["adamw", "muon"])
+def test_embed_lr_moves_only_untied_input_embeddings(name):
+    """optim.embed_lr: the Llama's untied embed_tokens gets its own group and peak lr, which the
+    schedule scales like the others; GPT-2's tied wte is the head too and keeps optim.lr (only its
+    position table wpe is an input-only embedding)."""
+    from gptforge.models.registry import build_model, size_config
+    from gptforge.training.optim import build_optimizer, set_lr
+
+    cfg = OptimConfig(name=name, lr=1e-3, embed_lr=0.05, warmup_steps=0, min_lr_frac=0.0)
+    llama = build_model(size_config("llama-tiny"))
+    opt = build_optimizer(llama, cfg, "cpu")
+    fast = [g for g in opt.param_groups if g["lr"] == 0.05]
+    assert len(fast) == 1 and fast[0]["params"] == [llama.model.embed_tokens.weight]
+    assert all(p is not llama.model.embed_tokens.weight for g in opt.param_groups if g["lr"] != 0.05
+               for p in g["params"])
+    assert sum(len(g["params"]) for g in opt.param_groups) == len(list(llama.parameters()))
+    set_lr(opt, 50, cfg, 100)  # cosine halfway: every group at half its peak
+    assert fast[0]["lr"] == pytest.approx(0.025)
+    gpt = GPT(tiny_config("x", "y").model)
+    fast = [g for g in build_optimizer(gpt, cfg, "cpu").param_groups if g["lr"] == 0.05]
+    assert [p for g in fast for p in g["params"]] == [gpt.transformer.wpe.weight]
+    with pytest.raises(ValueError, match="optim.embed_lr"):
+        OptimConfig(embed_lr=-1.0)
+
+
 def test_training_reduces_loss_and_writes_run_dir(shard_dir, tmp_path):
     cfg = tiny_config(shard_dir, tmp_path / "run", max_steps=30, val_every=10, ckpt_every=10, keep_ckpts=2)
     res = train(cfg)

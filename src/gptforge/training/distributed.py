@@ -143,7 +143,7 @@ def build_optimizer_for(model: torch.nn.Module, cfg: OptimConfig, info: DistInfo
         return ZeroRedundancyOptimizer(muon_param_groups(model, cfg), optimizer_class=MuonAdamW)
     fused = fused_available(info.device.type) if cfg.fused is None else cfg.fused
     return ZeroRedundancyOptimizer(
-        param_groups(model, cfg.weight_decay), optimizer_class=torch.optim.AdamW,
+        param_groups(model, cfg.weight_decay, cfg.embed_lr), optimizer_class=torch.optim.AdamW,
         lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, fused=fused,
     )
 

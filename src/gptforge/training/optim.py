@@ -19,15 +19,29 @@ import torch
 from gptforge.config import ConfigError, OptimConfig
 
 
-def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    """Matrices and embeddings decay; biases and LayerNorm gains do not (GPT-2 / llm.c)."""
+def param_groups(model: torch.nn.Module, weight_decay: float, embed_lr: float = 0.0) -> list[dict]:
+    """Matrices and embeddings decay; biases and LayerNorm gains do not (GPT-2 / llm.c). With
+    ``embed_lr``, the untied input embeddings are a third group with that peak lr."""
     params = [p for p in model.parameters() if p.requires_grad]  # tied weights appear once
-    decay = [p for p in params if p.dim() >= 2]
+    embeds = {id(p) for p in untied_embeddings(model)} if embed_lr else set()
+    decay = [p for p in params if p.dim() >= 2 and id(p) not in embeds]
     no_decay = [p for p in params if p.dim() < 2]
-    return [
+    groups = [
         {"params": decay, "weight_decay": weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
+    if embeds:
+        groups.append({"params": [p for p in params if id(p) in embeds], "weight_decay": weight_decay,
+                       "lr": embed_lr, "base_lr": embed_lr})
+    return groups
+
+
+def untied_embeddings(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """Weights of the ``nn.Embedding`` modules that no ``nn.Linear`` shares (a tied GPT-2 ``wte`` is
+    also the output head, so it keeps the head's lr)."""
+    linear = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Linear)}
+    return [m.weight for m in model.modules()
+            if isinstance(m, torch.nn.Embedding) and m.weight.requires_grad and id(m.weight) not in linear]
 
 
 def fused_available(device_type: str) -> bool:
@@ -49,13 +63,14 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, device_type: str) 
     if fused and not fused_available(device_type):
         raise ValueError(f"optim.fused=true but fused AdamW is not available on {device_type}; use --optim.fused auto")
     return torch.optim.AdamW(
-        param_groups(model, cfg.weight_decay),
+        param_groups(model, cfg.weight_decay, cfg.embed_lr),
         lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, fused=fused,
     )
 
 
 def muon_param_groups(model: torch.nn.Module, cfg: OptimConfig) -> list[dict]:
-    """Groups for MuonAdamW: the hidden matrices (Muon), then AdamW with and without weight decay.
+    """Groups for MuonAdamW: the hidden matrices (Muon), then AdamW with and without weight decay
+    (and the untied input embeddings at ``optim.embed_lr``, when set).
     A parameter Muon cannot take is a ConfigError naming it (exit 2)."""
     from gptforge.training.muon import MuonParamError, muon_split
 
@@ -63,13 +78,17 @@ def muon_param_groups(model: torch.nn.Module, cfg: OptimConfig) -> list[dict]:
         muon, adamw = muon_split(model, cfg.muon_params)
     except MuonParamError as e:
         raise ConfigError(str(e)) from e
+    embeds = {id(p) for p in untied_embeddings(model)} if cfg.embed_lr else set()
     adam = {"kind": "adamw", "lr": cfg.lr, "base_lr": cfg.lr, "betas": (cfg.beta1, cfg.beta2), "eps": cfg.eps}
     groups = [
         {"params": [p for _, p in muon], "kind": "muon", "lr": cfg.muon_lr, "base_lr": cfg.muon_lr,
          "weight_decay": cfg.muon_weight_decay, "momentum": cfg.muon_momentum, "nesterov": cfg.muon_nesterov,
          "ns_steps": cfg.muon_ns_steps},
-        {"params": [p for _, p in adamw if p.dim() >= 2], "weight_decay": cfg.weight_decay, **adam},
+        {"params": [p for _, p in adamw if p.dim() >= 2 and id(p) not in embeds], "weight_decay": cfg.weight_decay,
+         **adam},
         {"params": [p for _, p in adamw if p.dim() < 2], "weight_decay": 0.0, **adam},
+        {"params": [p for _, p in adamw if id(p) in embeds], "weight_decay": cfg.weight_decay,
+         **adam, "lr": cfg.embed_lr, "base_lr": cfg.embed_lr},
     ]
     return [g for g in groups if g["params"]]
 
