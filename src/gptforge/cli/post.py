@@ -32,7 +32,9 @@ def cmd_sft(args: argparse.Namespace, overrides: list[str]) -> int:
             meta = ckpt.read_meta(where)
             if "sft" not in meta:
                 raise CliError(f"--resume: {where} is not an SFT checkpoint; resume it with `gptforge train`")
-            cfg = apply_overrides(Config.from_dict(meta["config"]), overrides)
+            cfg = Config.from_dict(meta["config"])
+            cfg.train.out_dir = args.out  # the run continues where it is now (it may have been moved or copied)
+            cfg = apply_overrides(cfg, overrides)
             sft = SFTData(**{**meta["sft"], "data": args.data})
             template = ChatTemplate.from_dict(meta["chat_template"])
             resume = str(where)
