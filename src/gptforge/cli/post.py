@@ -71,10 +71,11 @@ def args_sft(s: argparse.ArgumentParser) -> None:
     s.add_argument("--init-from", metavar="CKPT_OR_LLMC_FILE", help="base model: gptforge checkpoint/run dir or "
                                                                     "llm.c file (trained with model.pad_vocab true)")
     s.add_argument("--data", required=True, help="FILE.jsonl with one {\"messages\": [...]} per line, or a Hugging "
-                                                 "Face dataset name with a messages column (online)")
+                                                 "Face chat dataset with a messages column: a Hub name (online), a "
+                                                 "save_to_disk directory, a local dataset folder or a .parquet file")
     s.add_argument("--out", required=True, help="run directory")
     s.add_argument("--val-count", type=int, default=200, help="held-out conversations for val loss (default 200)")
-    s.add_argument("--split", default="train", help="HF dataset split (default train)")
+    s.add_argument("--split", default="train", help="HF dataset split (default train; e.g. train_sft)")
     s.add_argument("--seed", type=int, default=0, help="held-out split and conversation order")
     s.add_argument("--skip-bad", action="store_true", help="count and skip bad conversations instead of stopping")
     s.add_argument("--resume", nargs="?", const="latest", default=None, metavar="CKPT",
