@@ -60,6 +60,11 @@ def test_token_logprobs_are_the_sampling_distribution(temperature):
         torch.testing.assert_close(got[:, t - 1], want, atol=1e-5, rtol=1e-5)
     if temperature != 1.0:
         assert not torch.allclose(got, token_logprobs(model, seq, 1.0), atol=1e-3)
+    # from the first reply position on: the output head runs on those positions only, same numbers
+    seen = []
+    model.lm_head.register_forward_hook(lambda _m, args, out: seen.append(args[0].size(1)))
+    torch.testing.assert_close(token_logprobs(model, seq, temperature, start=5), got[:, 5:])
+    assert seen == [8 - 5]
 
 
 def test_reward_loading_and_errors():

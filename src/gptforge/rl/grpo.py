@@ -112,12 +112,20 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tensor
     return loss, kl_mean
 
 
-def token_logprobs(model: torch.nn.Module, seqs: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """seqs (N, T) -> log p(seqs[:, t+1] | seqs[:, :t+1]) as (N, T-1), float32, under the policy that
-    sampled them: softmax(logits / temperature) (as TRL's GRPO), so the ratio and the KL are those of
-    the sampling distribution and not of the T=1 one."""
-    logits, _ = model(seqs[:, :-1])
-    return torch.gather(F.log_softmax(logits.float() / temperature, dim=-1), 2, seqs[:, 1:, None]).squeeze(2)
+def token_logprobs(model: torch.nn.Module, seqs: torch.Tensor, temperature: float = 1.0, start: int = 0) -> torch.Tensor:
+    """seqs (N, T) -> log p(seqs[:, t+1] | seqs[:, :t+1]) for t >= ``start``, as (N, T-1-start), float32,
+    under the policy that sampled them: softmax(logits / temperature) (as TRL's GRPO), so the ratio
+    and the KL are those of the sampling distribution and not of the T=1 one. ``start``: the first
+    reply position; the output head (most of a small model's compute: one row per vocabulary entry)
+    then runs on the replies only, not on the prompts."""
+    hook = model.lm_head.register_forward_pre_hook(lambda _m, args: (args[0][:, start:],)) if start else None
+    try:
+        logits, _ = model(seqs[:, :-1])
+    finally:
+        if hook is not None:
+            hook.remove()
+    logits = logits[:, logits.size(1) - (seqs.size(1) - 1 - start):]  # a head that skipped the hook gave all positions
+    return torch.gather(F.log_softmax(logits.float() / temperature, dim=-1), 2, seqs[:, 1 + start :, None]).squeeze(2)
 
 
 # --- sampling a group -------------------------------------------------------------------------------
@@ -179,16 +187,20 @@ def grpo_step(model: torch.nn.Module, ref: torch.nn.Module | None, optimizer: to
     N = adv.numel()
     chunks = [list(range(i, min(i + cfg.micro_batch, N))) for i in range(0, N, cfg.micro_batch)]
     batches = [_batch(rollouts, rows, pad, device) for rows in chunks]
+    starts = [int(mask.any(dim=0).nonzero()[0]) for _, mask in batches]  # each chunk's first reply position
+    batches = [(ids, mask[:, s:]) for (ids, mask), s in zip(batches, starts, strict=True)]
     with torch.no_grad():
         T = cfg.temperature
-        refs = [token_logprobs(ref, ids, T) if ref is not None and cfg.kl_coef > 0 else None for ids, _ in batches]
-        olds = [token_logprobs(model, ids, T) for ids, _ in batches] if cfg.updates_per_batch > 1 else None
+        refs = [token_logprobs(ref, ids, T, s) if ref is not None and cfg.kl_coef > 0 else None
+                for (ids, _), s in zip(batches, starts, strict=True)]
+        olds = ([token_logprobs(model, ids, T, s) for (ids, _), s in zip(batches, starts, strict=True)]
+                if cfg.updates_per_batch > 1 else None)
     model.train()
     loss_sum, kl_sum = 0.0, 0.0
     for _ in range(cfg.updates_per_batch):
         loss_sum, kl_sum = 0.0, 0.0
         for k, ((ids, mask), rows) in enumerate(zip(batches, chunks, strict=True)):
-            logp = token_logprobs(model, ids, cfg.temperature)
+            logp = token_logprobs(model, ids, cfg.temperature, starts[k])
             old = olds[k] if olds is not None else logp.detach()
             loss, kl = grpo_loss(logp, old, refs[k], adv[rows[0] : rows[-1] + 1], mask, cfg.clip_eps, cfg.kl_coef)
             (loss * len(rows) / N).backward()  # mean over all N replies, whatever the chunking
