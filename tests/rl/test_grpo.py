@@ -43,6 +43,30 @@ def test_grpo_loss_by_hand():
     assert kl.item() == pytest.approx((k01 / 2 + k10) / 2, abs=1e-6)
 
 
+@pytest.mark.parametrize("temperature", [1.0, 0.5])
+def test_token_logprobs_are_the_sampling_distribution(temperature):
+    """The loss scores each reply token under the distribution the sampler drew it from: the KV-cache
+    sampler's softmax of logits / temperature, not the T=1 softmax."""
+    from gptforge.generation import apply_temperature
+    from gptforge.rl.grpo import token_logprobs
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=64, pad_vocab=False)).eval()
+    seq = torch.randint(0, 64, (2, 9))
+    got = token_logprobs(model, seq, temperature)
+    for t in range(1, 9):  # the sampler's next-token distribution after each prefix, one prefix at a time
+        logits = model(seq[:, :t])[0][:, -1]
+        want = torch.log_softmax(apply_temperature(logits, temperature), dim=-1).gather(1, seq[:, t, None])[:, 0]
+        torch.testing.assert_close(got[:, t - 1], want, atol=1e-5, rtol=1e-5)
+    if temperature != 1.0:
+        assert not torch.allclose(got, token_logprobs(model, seq, 1.0), atol=1e-3)
+    # from the first reply position on: the output head runs on those positions only, same numbers
+    seen = []
+    model.lm_head.register_forward_hook(lambda _m, args, out: seen.append(args[0].size(1)))
+    torch.testing.assert_close(token_logprobs(model, seq, temperature, start=5), got[:, 5:])
+    assert seen == [8 - 5]
+
+
 def test_reward_loading_and_errors():
     assert load_reward("exact_match")(Problem("q", "5"), "2 + 3 = 5. The answer is 5.") == 1.0
     assert load_reward("math:sqrt") is math.sqrt

@@ -32,7 +32,9 @@ def cmd_sft(args: argparse.Namespace, overrides: list[str]) -> int:
             meta = ckpt.read_meta(where)
             if "sft" not in meta:
                 raise CliError(f"--resume: {where} is not an SFT checkpoint; resume it with `gptforge train`")
-            cfg = apply_overrides(Config.from_dict(meta["config"]), overrides)
+            cfg = Config.from_dict(meta["config"])
+            cfg.train.out_dir = args.out  # the run continues where it is now (it may have been moved or copied)
+            cfg = apply_overrides(cfg, overrides)
             sft = SFTData(**{**meta["sft"], "data": args.data})
             template = ChatTemplate.from_dict(meta["chat_template"])
             resume = str(where)
@@ -69,10 +71,11 @@ def args_sft(s: argparse.ArgumentParser) -> None:
     s.add_argument("--init-from", metavar="CKPT_OR_LLMC_FILE", help="base model: gptforge checkpoint/run dir or "
                                                                     "llm.c file (trained with model.pad_vocab true)")
     s.add_argument("--data", required=True, help="FILE.jsonl with one {\"messages\": [...]} per line, or a Hugging "
-                                                 "Face dataset name with a messages column (online)")
+                                                 "Face chat dataset with a messages column: a Hub name (online), a "
+                                                 "save_to_disk directory, a local dataset folder or a .parquet file")
     s.add_argument("--out", required=True, help="run directory")
     s.add_argument("--val-count", type=int, default=200, help="held-out conversations for val loss (default 200)")
-    s.add_argument("--split", default="train", help="HF dataset split (default train)")
+    s.add_argument("--split", default="train", help="HF dataset split (default train; e.g. train_sft)")
     s.add_argument("--seed", type=int, default=0, help="held-out split and conversation order")
     s.add_argument("--skip-bad", action="store_true", help="count and skip bad conversations instead of stopping")
     s.add_argument("--resume", nargs="?", const="latest", default=None, metavar="CKPT",

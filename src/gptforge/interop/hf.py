@@ -23,7 +23,7 @@ import torch
 
 from gptforge.errors import CheckpointError
 from gptforge.models.registry import FAMILIES
-from gptforge.tokens import EOT, EOT_TEXT, GPT2_VOCAB
+from gptforge.tokens import EOT, EOT_TEXT
 
 # HF GPT-2 uses Conv1D (weight shape (in, out)); we use nn.Linear (out, in).
 CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
@@ -224,10 +224,13 @@ def export_hf(model: torch.nn.Module, out_dir: str | Path, force: bool = False, 
     ``chat_template``: a checkpoint's meta.json template; the tokenizer gets its tokens and Jinja."""
     from safetensors.torch import save_file
 
+    from gptforge.interop.hf_chat import check_tokenizer_vocab
+
     cfg = model.config
     if not cfg.bias:
         raise ValueError("Hugging Face GPT-2 has biases in every Linear and LayerNorm; a model.bias=false model "
                          "cannot be exported to GPT2LMHeadModel")
+    chat = check_tokenizer_vocab(cfg.vocab_size, chat_template) if tokenizer else None  # before writing
     out = check_out_dir(out_dir, force)
     sd = gptforge_to_hf({k: v.detach().float().cpu() for k, v in model.state_dict().items()}, cfg)
     sd.pop("lm_head.weight", None)  # tied to transformer.wte.weight (tie_word_embeddings)
@@ -235,15 +238,7 @@ def export_hf(model: torch.nn.Module, out_dir: str | Path, force: bool = False, 
     save_file(sd, str(files[0]), metadata={"format": "pt"})
     files[1].write_text(json.dumps(hf_config(cfg), indent=2) + "\n")
     if tokenizer:
-        from gptforge.data.chat import ChatTemplate
-        from gptforge.interop.hf_chat import write_hf_chat_template
-
-        chat = ChatTemplate.from_dict(chat_template) if chat_template else None
-        if cfg.vocab_size != (chat.vocab_size if chat else GPT2_VOCAB):
-            raise ValueError(f"model.vocab_size={cfg.vocab_size} is not GPT-2's 50257; export with tokenizer=False")
-        files += write_hf_tokenizer(out, model_max_length=cfg.block_size)
-        if chat:
-            write_hf_chat_template(out, chat)
+        files += write_tokenizer(out, chat, model_max_length=cfg.block_size)
     return files
 
 
@@ -327,3 +322,14 @@ def write_hf_tokenizer(out: Path, model_max_length: int = 1024) -> list[Path]:
         (out / name).write_text(text, encoding="utf-8")
         paths.append(out / name)
     return paths
+
+
+def write_tokenizer(out: Path, chat, model_max_length: int) -> list[Path]:
+    """GPT-2's tokenizer files, with the chat tokens and template when ``chat`` (a ChatTemplate) is
+    given: what both exporters write (gptforge's Llama uses GPT-2's BPE too)."""
+    files = write_hf_tokenizer(out, model_max_length=model_max_length)
+    if chat is not None:
+        from gptforge.interop.hf_chat import write_hf_chat_template
+
+        write_hf_chat_template(out, chat)
+    return files

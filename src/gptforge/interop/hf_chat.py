@@ -5,6 +5,10 @@ gets the Jinja ``chat_template``, so ``AutoTokenizer.apply_chat_template`` rende
 :meth:`gptforge.data.chat.ChatTemplate.render` does.
 
     >>> write_hf_chat_template(Path("exports/hf"), ChatTemplate.gpt2())
+
+Both exporters (GPT-2 and Llama: they share GPT-2's BPE and the padded rows the chat tokens live in)
+check the vocabulary with :func:`check_tokenizer_vocab` before writing anything, and write the
+tokenizer with :func:`gptforge.interop.hf.write_tokenizer`.
 """
 
 from __future__ import annotations
@@ -13,6 +17,18 @@ import json
 from pathlib import Path
 
 from gptforge.data.chat import ChatTemplate
+from gptforge.tokens import GPT2_VOCAB
+
+
+def check_tokenizer_vocab(vocab_size: int, chat_template: dict | None) -> ChatTemplate | None:
+    """The chat template (or None), after checking the model's logits are exactly GPT-2's tokens
+    plus, for a chat model, the chat tokens: otherwise the GPT-2 tokenizer does not describe it."""
+    chat = ChatTemplate.from_dict(chat_template) if chat_template else None
+    want = chat.vocab_size if chat else GPT2_VOCAB
+    if vocab_size != want:
+        what = f"the chat template's {want} (GPT-2's 50257 + chat tokens)" if chat else "GPT-2's 50257"
+        raise ValueError(f"model.vocab_size={vocab_size} is not {what}; export with tokenizer=False")
+    return chat
 
 
 def write_hf_chat_template(out: Path, template: ChatTemplate) -> list[Path]:

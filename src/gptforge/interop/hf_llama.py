@@ -20,9 +20,12 @@ from pathlib import Path
 
 import torch
 
-from gptforge.interop.hf import _pad_rows, check_out_dir, write_hf_tokenizer
+from gptforge.data.chat import ChatTemplate
+from gptforge.interop.hf import _pad_rows, check_out_dir, write_tokenizer
 from gptforge.models.llama import Llama, LlamaConfig
 from gptforge.tokens import EOT, GPT2_VOCAB
+
+CHAT_VOCAB = ChatTemplate.gpt2().vocab_size
 
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # a buffer older transformers saved; recomputed here
 REQUIRED = ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "vocab_size")
@@ -151,7 +154,7 @@ def hf_llama_config(cfg: LlamaConfig) -> dict:
         if value:
             raise ValueError(f"model.{key}={value!r}: Hugging Face LlamaForCausalLM has no such option, so this "
                              "model cannot be exported as a Llama (train with the default to export)")
-    gpt2_vocab = cfg.vocab_size == GPT2_VOCAB
+    gpt2_vocab = cfg.vocab_size in (GPT2_VOCAB, CHAT_VOCAB)  # GPT-2's BPE (a chat model adds its tokens)
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -208,21 +211,25 @@ def to_transformers(model: Llama):
     return hf.eval()
 
 
-def export_hf_llama(model: Llama, out_dir: str | Path, force: bool = False, tokenizer: bool = True) -> list[Path]:
-    """Write ``model`` as a HF LlamaForCausalLM directory (safetensors + config.json [+ GPT-2 tokenizer])."""
+def export_hf_llama(model: Llama, out_dir: str | Path, force: bool = False, tokenizer: bool = True,
+                    chat_template: dict | None = None) -> list[Path]:
+    """Write ``model`` as a HF LlamaForCausalLM directory (safetensors + config.json [+ GPT-2 tokenizer]).
+    ``chat_template``: a checkpoint's meta.json template; the tokenizer gets its tokens and Jinja, as
+    the GPT-2 exporter writes them (gptforge's Llama uses GPT-2's BPE and padded rows)."""
     from safetensors.torch import save_file
+
+    from gptforge.interop.hf_chat import check_tokenizer_vocab
 
     cfg = model.config
     config = hf_llama_config(cfg)  # refuse before touching the output directory
-    if tokenizer and cfg.vocab_size != GPT2_VOCAB:
-        raise ValueError(f"model.vocab_size={cfg.vocab_size} is not GPT-2's 50257; export with tokenizer=False")
+    chat = check_tokenizer_vocab(cfg.vocab_size, chat_template) if tokenizer else None
     out = check_out_dir(out_dir, force)
     sd = llama_state_dict_for_hf(model)
     files = [out / "model.safetensors", out / "config.json"]
     save_file(sd, str(files[0]), metadata={"format": "pt"})
     files[1].write_text(json.dumps(config, indent=2) + "\n")
     if tokenizer:
-        files += write_hf_tokenizer(out, model_max_length=cfg.block_size)
+        files += write_tokenizer(out, chat, model_max_length=cfg.block_size)
     return files
 
 

@@ -112,10 +112,20 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tensor
     return loss, kl_mean
 
 
-def token_logprobs(model: torch.nn.Module, seqs: torch.Tensor) -> torch.Tensor:
-    """seqs (N, T) -> log p(seqs[:, t+1] | seqs[:, :t+1]) as (N, T-1), float32."""
-    logits, _ = model(seqs[:, :-1])
-    return torch.gather(F.log_softmax(logits.float(), dim=-1), 2, seqs[:, 1:, None]).squeeze(2)
+def token_logprobs(model: torch.nn.Module, seqs: torch.Tensor, temperature: float = 1.0, start: int = 0) -> torch.Tensor:
+    """seqs (N, T) -> log p(seqs[:, t+1] | seqs[:, :t+1]) for t >= ``start``, as (N, T-1-start), float32,
+    under the policy that sampled them: softmax(logits / temperature) (as TRL's GRPO), so the ratio
+    and the KL are those of the sampling distribution and not of the T=1 one. ``start``: the first
+    reply position; the output head (most of a small model's compute: one row per vocabulary entry)
+    then runs on the replies only, not on the prompts."""
+    hook = model.lm_head.register_forward_pre_hook(lambda _m, args: (args[0][:, start:],)) if start else None
+    try:
+        logits, _ = model(seqs[:, :-1])
+    finally:
+        if hook is not None:
+            hook.remove()
+    logits = logits[:, logits.size(1) - (seqs.size(1) - 1 - start):]  # a head that skipped the hook gave all positions
+    return torch.gather(F.log_softmax(logits.float() / temperature, dim=-1), 2, seqs[:, 1 + start :, None]).squeeze(2)
 
 
 # --- sampling a group -------------------------------------------------------------------------------
@@ -177,15 +187,20 @@ def grpo_step(model: torch.nn.Module, ref: torch.nn.Module | None, optimizer: to
     N = adv.numel()
     chunks = [list(range(i, min(i + cfg.micro_batch, N))) for i in range(0, N, cfg.micro_batch)]
     batches = [_batch(rollouts, rows, pad, device) for rows in chunks]
+    starts = [int(mask.any(dim=0).nonzero()[0]) for _, mask in batches]  # each chunk's first reply position
+    batches = [(ids, mask[:, s:]) for (ids, mask), s in zip(batches, starts, strict=True)]
     with torch.no_grad():
-        refs = [token_logprobs(ref, ids) if ref is not None and cfg.kl_coef > 0 else None for ids, _ in batches]
-        olds = [token_logprobs(model, ids) for ids, _ in batches] if cfg.updates_per_batch > 1 else None
+        T = cfg.temperature
+        refs = [token_logprobs(ref, ids, T, s) if ref is not None and cfg.kl_coef > 0 else None
+                for (ids, _), s in zip(batches, starts, strict=True)]
+        olds = ([token_logprobs(model, ids, T, s) for (ids, _), s in zip(batches, starts, strict=True)]
+                if cfg.updates_per_batch > 1 else None)
     model.train()
     loss_sum, kl_sum = 0.0, 0.0
     for _ in range(cfg.updates_per_batch):
         loss_sum, kl_sum = 0.0, 0.0
         for k, ((ids, mask), rows) in enumerate(zip(batches, chunks, strict=True)):
-            logp = token_logprobs(model, ids)
+            logp = token_logprobs(model, ids, cfg.temperature, starts[k])
             old = olds[k] if olds is not None else logp.detach()
             loss, kl = grpo_loss(logp, old, refs[k], adv[rows[0] : rows[-1] + 1], mask, cfg.clip_eps, cfg.kl_coef)
             (loss * len(rows) / N).backward()  # mean over all N replies, whatever the chunking
@@ -303,7 +318,7 @@ def train_rl(cfg: RLConfig, model: torch.nn.Module, template: ChatTemplate | Non
         evaluate(0)
     stats: dict[str, Any] = {}
     for step in range(start, cfg.steps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         lr = cfg.lr * min(1.0, (step + 1) / cfg.warmup_steps) if cfg.warmup_steps else cfg.lr
         for g in optimizer.param_groups:
             g["lr"] = lr
@@ -311,6 +326,7 @@ def train_rl(cfg: RLConfig, model: torch.nn.Module, template: ChatTemplate | Non
         params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
                                 top_k=cfg.top_k or None, seed=_mix(cfg.seed, step, 1))
         rollouts = sample_replies(model, enc, template, problems, cfg.group, params)
+        t_sample = time.perf_counter()
         rewards = score(reward_fn, rollouts.problems, rollouts.texts)
         correct = [is_correct(t, p.answer) for t, p in zip(rollouts.texts, rollouts.problems, strict=True)]
         r = torch.tensor(rewards).view(len(problems), cfg.group)
@@ -319,7 +335,8 @@ def train_rl(cfg: RLConfig, model: torch.nn.Module, template: ChatTemplate | Non
         stats = {"reward": r.mean().item(), "kl": out["kl"], "loss": out["loss"], "lr": lr,
                  "accuracy": sum(correct) / len(correct),
                  "reply_len": sum(len(x) for x in rollouts.replies) / len(rollouts.replies),
-                 "dt_ms": (time.perf_counter() - t0) * 1000}
+                 "dt_ms": (time.perf_counter() - t0) * 1000, "sample_ms": (t_sample - t0) * 1000,
+                 "cpu_ms": (time.process_time() - c0) * 1000}  # cpu_ms: this process's CPU time (not the machine's load)
         metrics.write("rl", steps_done, **stats)
         log(f"step {steps_done:>5}/{cfg.steps} | reward {stats['reward']:.3f} | acc {stats['accuracy']:.3f} | "
             f"kl {stats['kl']:.4f} | len {stats['reply_len']:.1f} | {stats['dt_ms']:.0f} ms")

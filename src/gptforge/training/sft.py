@@ -2,6 +2,7 @@
 
     gptforge sft --init-from runs/base --data conv.jsonl --out runs/sft
     gptforge sft --init-from runs/base --data HuggingFaceTB/smoltalk --out runs/sft   # online
+    gptforge sft --init-from runs/base --data ./chat_ds --out runs/sft   # save_to_disk dir, parquet
     gptforge sft --data conv.jsonl --out runs/sft --resume
 
 The base model's shape is kept; ``model.vocab_size`` grows to cover the chat tokens (the padded
