@@ -176,13 +176,24 @@ def llama3_1b() -> Config:
 
 @preset("speedrun-d4")
 def speedrun_d4() -> Config:
-    """shakespeare-cpu's model and batch with the speedrun recipe's optimizer: Muon on the block
-    matrices, AdamW on the rest, a warmup-stable-decay schedule, a third of the steps. The CPU-sized
-    opponent of shakespeare-cpu in `gptforge race` (docs/benchmarks.md)."""
+    """The speedrun recipe at shakespeare-cpu's size, the CPU opponent of shakespeare-cpu in
+    `gptforge race` (docs/benchmarks.md): d4's shape as a Llama (RoPE, RMSNorm, untied head) with
+    ReLU², QK-norm, logit soft-cap 30 and zero-initialised output projections; Muon on the block
+    matrices, AdamW on the rest with the untied embedding at a 6x lr; warmup-stable-decay; the batch
+    growing from 256 to 1,024 tokens over 16 steps; 46 steps (40,704 tokens, a third of
+    shakespeare-cpu's). Every choice is a switch (the race table turns each off)."""
+    import dataclasses
+
+    from gptforge.models.registry import switch_family
+
     cfg = shakespeare_cpu()
-    cfg.optim = OptimConfig(name="muon", muon_lr=0.04, lr=4e-3, warmup_steps=5, schedule="wsd", cooldown_frac=0.5,
-                            min_lr_frac=0.0, weight_decay=0.1)
-    cfg.train.max_steps = 66
+    cfg.model = dataclasses.replace(switch_family(cfg.model, "llama"), mlp="relu2", qk_norm=True,
+                                    logit_softcap=30.0, zero_init_proj=True)
+    cfg.optim = OptimConfig(name="muon", muon_lr=0.04, lr=8e-3, embed_lr=0.05, warmup_steps=5, schedule="wsd",
+                            cooldown_frac=0.5, min_lr_frac=0.0, weight_decay=0.1)
+    cfg.train.micro_batch = 2  # 4 micro-batches make the full 1,024-token batch, so it can grow
+    cfg.train.batch_warmup_steps = 16
+    cfg.train.max_steps = 46
     cfg.train.out_dir = "runs/speedrun-d4"
     return cfg
 
