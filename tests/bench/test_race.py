@@ -72,3 +72,16 @@ def test_race_per_preset_overrides(race_presets, tmp_path):
     assert (a.optim.name, b.optim.name, b.train.max_steps, b.train.val_every) == ("adamw", "adamw", 12, 3)
     assert a.train.seed == b.train.seed == 3 and b.optim.schedule == "wsd"
     assert b.train.out_dir == str(tmp_path / "race-muon,optim.name=adamw,train.max_steps=12")
+
+
+def test_race_table_when_the_first_preset_misses_an_explicit_target():
+    """--target given and the first preset never reaches it: the others have no ratio, and the
+    table says so instead of failing after every run has trained."""
+    from gptforge.bench.race import format_race
+
+    runs = [{"preset": "a", "reached": False, "final_val_loss": 6.7, "token_ratio": None},
+            {"preset": "b", "reached": True, "steps": 46, "tokens": 40704, "train_seconds": 12.5,
+             "token_ratio": None, "final_val_loss": 6.3}]
+    lines = format_race({"target_val_loss": 6.33, "target_from": "--target", "runs": runs}).splitlines()
+    assert lines[2].split()[:2] == ["a", "no"] and "final val 6.7" in lines[2]
+    assert lines[3].split() == ["b", "yes", "46", "40,704", "12.5", "-"]

@@ -150,9 +150,10 @@ def format_race(summary: dict[str, Any]) -> str:
     lines = [f"target val loss {summary['target_val_loss']:.4f} ({summary['target_from']})",
              f"{'preset':<24} {'reached':>7} {'steps':>7} {'tokens':>12} {'train s':>9} {'x tokens':>9}"]
     for r in summary["runs"]:
-        if r["reached"]:
+        if r["reached"]:  # no ratio when the first preset missed an explicit --target
+            ratio = f"{r['token_ratio']:>9.2f}" if r["token_ratio"] is not None else f"{'-':>9}"
             lines.append(f"{r['preset']:<24} {'yes':>7} {r['steps']:>7} {r['tokens']:>12,} {r['train_seconds']:>9.1f} "
-                         f"{r['token_ratio']:>9.2f}")
+                         f"{ratio}")
         else:
             lines.append(f"{r['preset']:<24} {'no':>7} {'-':>7} {'-':>12} {'-':>9} {'-':>9}  "
                          f"(final val {r['final_val_loss']})")
