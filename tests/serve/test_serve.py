@@ -167,8 +167,6 @@ def test_serve_cli_defaults_to_localhost():
 def test_client_leaving_mid_stream_frees_the_model(model, tokenizer, monkeypatch):
     """A real server: read one streamed event, hang up; the model is free again long before the
     60 slowed-down steps would have finished (with max_queue=0 a busy model answers 429)."""
-    import socket
-    import threading
     import time
 
     from gptforge import generation
@@ -176,18 +174,11 @@ def test_client_leaving_mid_stream_frees_the_model(model, tokenizer, monkeypatch
     pick = generation._pick
     monkeypatch.setattr(generation, "_pick", lambda *a: (time.sleep(0.05), pick(*a))[1])  # >= 3 s for 60 steps
 
-    uvicorn = pytest.importorskip("uvicorn")
+    pytest.importorskip("uvicorn")
+    from tests.serve.browser import serve_in_thread
+
     app = create_app(model, tokenizer, ServeSettings(max_new_tokens_cap=60, max_queue=0))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    try:
-        while not srv.started:
-            time.sleep(0.05)
-        url = f"http://127.0.0.1:{port}"
+    with serve_in_thread(app) as url:
         body = {"prompt": "ROMEO:", "max_new_tokens": 60, "temperature": 0, "stop_at_eot": False}
         with httpx.Client(base_url=url, timeout=30) as c:
             with c.stream("POST", "/api/stream", json=body) as r:
@@ -201,6 +192,3 @@ def test_client_leaving_mid_stream_frees_the_model(model, tokenizer, monkeypatch
                 assert time.time() < deadline, "model still busy after the client left"
                 time.sleep(0.1)
             assert code == 200 and time.time() - left < 2.0
-    finally:
-        srv.should_exit = True
-        thread.join(timeout=10)
