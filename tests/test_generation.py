@@ -170,3 +170,39 @@ def test_stream_text_length_and_complete(tokenizer):
     assert [r["finish_reason"] for r in res] == ["length", "length"]
     ref = generate(model, torch.tensor([tokenizer.encode("Hello")]), 8, temperature=0.0)
     assert res[0]["text"] == tokenizer.decode(ref[0, 1:].tolist())
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_logits_to_keep_is_the_tail_of_the_full_logits(family):
+    """Sampling and RL scoring ask the head for the last N positions only; those rows must equal the
+    same rows of a full forward, for both families, and a forward with targets refuses the option."""
+    from gptforge.models.llama import Llama, LlamaConfig
+
+    torch.manual_seed(0)
+    model = _model() if family == "gpt2" else Llama(LlamaConfig(n_layer=2, n_head=2, n_kv_head=1, n_embd=32,
+                                                                 block_size=64, vocab_size=512)).eval()
+    ids = torch.randint(0, 512, (3, 11))
+    with torch.no_grad():
+        full, _ = model(ids)
+        for n in (1, 4, 11):
+            tail, _ = model(ids, logits_to_keep=n)
+            assert tail.shape == (3, n, 512)
+            torch.testing.assert_close(tail, full[:, -n:], rtol=1e-5, atol=1e-5)  # other GEMM shapes round differently
+    with pytest.raises(ValueError, match="logits_to_keep"):
+        model(ids, targets=ids, logits_to_keep=1)
+
+
+def test_sample_from_draws_each_index_with_its_probability():
+    """The inverse-CDF sampler against the distribution it samples: frequencies within 5 standard
+    errors of the probabilities over 200k draws, zero-probability entries (also first and last) never."""
+    gen = torch.Generator().manual_seed(0)
+    p = torch.tensor([0.0, 0.5, 0.0, 0.2, 0.25, 0.05, 0.0])
+    n = 200_000
+    draws = g.sample_from(p.expand(n, -1).contiguous(), gen)
+    freq = torch.bincount(draws, minlength=p.numel()).double() / n
+    se = (p.double() * (1 - p.double()) / n).sqrt()
+    assert freq[p == 0].sum() == 0
+    assert ((freq - p.double()).abs() <= 5 * se + 1e-12).all(), freq
+    one_hot = torch.zeros(3, 50_000)
+    one_hot[0, 0], one_hot[1, 49_999], one_hot[2, 777] = 1.0, 1.0, 1.0
+    assert g.sample_from(one_hot, gen).tolist() == [0, 49_999, 777]

@@ -251,6 +251,7 @@ class GPT(nn.Module):
         kv_cache: KVCache | None = None,
         pos: torch.Tensor | None = None,
         attn_mask: torch.Tensor | None = None,
+        logits_to_keep: int = 0,
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """idx (B, T) token ids -> logits (B, T, vocab_size), and the mean cross-entropy if targets.
         (Training forwards with ``fused_ce`` return no logits: their buffer holds the gradient.)
@@ -258,6 +259,7 @@ class GPT(nn.Module):
         Logits are sliced back to the real vocabulary, so padded rows never receive probability.
         Targets equal to -1 are ignored. ``pos`` (B, T) and ``attn_mask`` (B, 1, T, Tk) bool let a
         batch of left-padded prompts carry per-row positions (see ``gptforge.generation``).
+        ``logits_to_keep`` N > 0: logits for the last N positions only (see ``models.head``).
         """
         B, T = idx.size()
         past = kv_cache.length if kv_cache is not None else 0
@@ -275,7 +277,7 @@ class GPT(nn.Module):
         if kv_cache is not None:
             kv_cache.advance()
         x = self.transformer.ln_f(x)
-        return logits_and_loss(x, self.lm_head, targets, self.config, self.training)
+        return logits_and_loss(x, self.lm_head, targets, self.config, self.training, logits_to_keep)
 
     def new_kv_cache(self, batch: int, max_len: int | None = None, dtype: torch.dtype | None = None) -> KVCache:
         cfg = self.config

@@ -11,9 +11,19 @@ import torch.nn.functional as F
 
 
 def logits_and_loss(x: torch.Tensor, lm_head: nn.Linear, targets: torch.Tensor | None, cfg,
-                    training: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+                    training: bool, logits_to_keep: int = 0) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """x (B, T, C) final hidden states -> (logits (B, T, vocab_size), loss or None). A training
-    forward with ``fused_ce`` returns no logits: its buffer holds the gradient."""
+    forward with ``fused_ce`` returns no logits: its buffer holds the gradient.
+
+    ``logits_to_keep`` N > 0 (transformers' name): logits for the last N positions only, (B, N, V).
+    The head is most of a small model's compute, so sampling (N = 1 at the prefill) and scoring
+    replies (N = the reply's length) skip the prompt's rows instead of computing and dropping them."""
+    if logits_to_keep:
+        if targets is not None:
+            raise ValueError("logits_to_keep is for forwards without targets (the loss needs every position)")
+        if logits_to_keep < 0:
+            raise ValueError(f"logits_to_keep {logits_to_keep}: must be >= 0 (0 = every position)")
+        x = x[:, -logits_to_keep:]
     softcap = getattr(cfg, "logit_softcap", 0.0)
     if targets is not None and cfg.fused_ce and training and torch.is_grad_enabled():
         # llm.c's fused classifier: loss and d(logits) in one kernel pass (configs refuse it with a soft-cap)

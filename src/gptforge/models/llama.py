@@ -342,12 +342,14 @@ class Llama(nn.Module):
         kv_cache: KVCache | None = None,
         pos: torch.Tensor | None = None,
         attn_mask: torch.Tensor | None = None,
+        logits_to_keep: int = 0,
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """idx (B, T) token ids -> logits (B, T, vocab_size), and the mean cross-entropy if targets.
         (Training forwards with ``fused_ce`` return no logits: their buffer holds the gradient.)
 
         Same contract as ``GPT.forward``: logits sliced to the real vocabulary, targets of -1 ignored,
-        ``pos`` (B, T) per-row positions and ``attn_mask`` (B, 1, T, Tk) bool for left-padded batches.
+        ``pos`` (B, T) per-row positions and ``attn_mask`` (B, 1, T, Tk) bool for left-padded batches,
+        ``logits_to_keep`` for the last N positions' logits only.
         """
         cfg = self.config
         B, T = idx.size()
@@ -367,7 +369,7 @@ class Llama(nn.Module):
         if kv_cache is not None:
             kv_cache.advance()
         x = self.model.norm(x)
-        return logits_and_loss(x, self.lm_head, targets, cfg, self.training)
+        return logits_and_loss(x, self.lm_head, targets, cfg, self.training, logits_to_keep)
 
     def new_kv_cache(self, batch: int, max_len: int | None = None, dtype: torch.dtype | None = None) -> KVCache:
         cfg = self.config

@@ -118,13 +118,7 @@ def token_logprobs(model: torch.nn.Module, seqs: torch.Tensor, temperature: floa
     and the KL are those of the sampling distribution and not of the T=1 one. ``start``: the first
     reply position; the output head (most of a small model's compute: one row per vocabulary entry)
     then runs on the replies only, not on the prompts."""
-    hook = model.lm_head.register_forward_pre_hook(lambda _m, args: (args[0][:, start:],)) if start else None
-    try:
-        logits, _ = model(seqs[:, :-1])
-    finally:
-        if hook is not None:
-            hook.remove()
-    logits = logits[:, logits.size(1) - (seqs.size(1) - 1 - start):]  # a head that skipped the hook gave all positions
+    logits, _ = model(seqs[:, :-1], logits_to_keep=seqs.size(1) - 1 - start)
     return torch.gather(F.log_softmax(logits.float() / temperature, dim=-1), 2, seqs[:, 1 + start :, None]).squeeze(2)
 
 
