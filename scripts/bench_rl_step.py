@@ -1,0 +1,69 @@
+"""Time one GRPO step's two halves, sampling the replies and the update, at the code on PYTHONPATH.
+
+    PYTHONPATH=OLD/src python scripts/bench_rl_step.py --ckpt runs/sft --threads 1   # then NEW/src: ratios
+
+Median of ``--steps`` steps after one warm-up; the problems and the sampling seed are fixed, so two
+checkouts of the code time the same work. Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import time
+
+import torch
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ckpt", required=True, help="a chat (SFT) checkpoint")
+    ap.add_argument("--task", default="compare")
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--group", type=int, default=8)
+    ap.add_argument("--max-new-tokens", type=int, default=20)
+    ap.add_argument("--temperature", type=float, default=0.7)
+    ap.add_argument("--top-k", type=int, default=50)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    a = ap.parse_args()
+
+    from gptforge.cli.common import chat_template_of
+    from gptforge.data.chat import ChatTokenizer
+    from gptforge.data.tokenizer import get_tokenizer
+    from gptforge.generation import SamplingParams
+    from gptforge.load import ModelSource, load_model
+    from gptforge.rl.grpo import RLConfig, grpo_step, problem_stream, sample_replies
+    from gptforge.rl.rewards import load_reward, score
+
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    model = load_model(ModelSource(ckpt=a.ckpt)).eval()
+    template = chat_template_of(a.ckpt)
+    enc = ChatTokenizer(get_tokenizer(), template)
+    cfg = RLConfig(task=a.task, prompts=a.prompts, group=a.group, max_new_tokens=a.max_new_tokens,
+                   temperature=a.temperature, top_k=a.top_k, lr=1e-4)
+    problems_at, _ = problem_stream(cfg)
+    ref = copy.deepcopy(model).eval()
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    reward = load_reward("exact_match")
+    sample_s, update_s = [], []
+    for step in range(a.steps + 1):
+        t0 = time.perf_counter()
+        params = SamplingParams(max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_k=a.top_k or None, seed=step)
+        ro = sample_replies(model, enc, template, problems_at(step), a.group, params)
+        t1 = time.perf_counter()
+        r = torch.tensor(score(reward, ro.problems, ro.texts)).view(a.prompts, a.group)
+        grpo_step(model, ref, opt, ro, r, cfg, pad=template.bos)
+        t2 = time.perf_counter()
+        if step:  # step 0 warms up
+            sample_s.append(t1 - t0)
+            update_s.append(t2 - t1)
+    print(json.dumps({"replies": a.prompts * a.group, "sample_s": round(statistics.median(sample_s), 3),
+                      "update_s": round(statistics.median(update_s), 3), "threads": torch.get_num_threads()}))
+
+
+if __name__ == "__main__":
+    main()
