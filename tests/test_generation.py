@@ -190,6 +190,8 @@ def test_logits_to_keep_is_the_tail_of_the_full_logits(family):
             torch.testing.assert_close(tail, full[:, -n:], rtol=1e-5, atol=1e-5)  # other GEMM shapes round differently
     with pytest.raises(ValueError, match="logits_to_keep"):
         model(ids, targets=ids, logits_to_keep=1)
+    with pytest.raises(ValueError, match="must be >= 0"):
+        model(ids, logits_to_keep=-1)
 
 
 def test_sample_from_draws_each_index_with_its_probability():
