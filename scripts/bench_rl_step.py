@@ -35,8 +35,8 @@ def main() -> None:
     from gptforge.data.tokenizer import get_tokenizer
     from gptforge.generation import SamplingParams
     from gptforge.load import ModelSource, load_model
-    from gptforge.rl.grpo import RLConfig, grpo_step, problem_stream, sample_replies
-    from gptforge.rl.rewards import load_reward, score
+    from gptforge.training.grpo import RLConfig, grpo_step, problem_stream, sample_replies
+    from gptforge.training.rewards import load_reward, score
 
     if a.threads:
         torch.set_num_threads(a.threads)

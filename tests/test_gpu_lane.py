@@ -167,6 +167,6 @@ def test_torchrun_one_process_trains_and_checkpoints(tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     events = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert max(e["step"] for e in events if e["kind"] == "train") == 4
-    from gptforge.training.checkpoint import latest_checkpoint
+    from gptforge.run.checkpoint import latest_checkpoint
 
     assert latest_checkpoint(tmp_path / "run").name == "step_000004"

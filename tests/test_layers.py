@@ -21,8 +21,11 @@ LAYERS: list[list[str]] = [
      "gptforge.storage"],
     ["gptforge.models", "gptforge.data", "gptforge.kernels"],  # kernels: torch/triton only, used by the models
     ["gptforge.config", "gptforge.presets", "gptforge.eval", "gptforge.generation", "gptforge.interop"],
-    ["gptforge.training"],
-    ["gptforge.load", "gptforge.bench", "gptforge.plan", "gptforge.plot", "gptforge.serve", "gptforge.rl"],
+    ["gptforge.optim", "gptforge.parallel"],  # optimizers and schedules; process groups and wrapping
+    ["gptforge.run"],  # the run directory contract: checkpoints, metrics, signals, resume
+    ["gptforge.load", "gptforge.plot"],  # read runs through gptforge.run, never through training
+    ["gptforge.training"],  # the one loop and its recipes (pretrain, sft, grpo)
+    ["gptforge.bench", "gptforge.plan", "gptforge.serve"],
     ["gptforge.cli", "gptforge.__main__"],
 ]
 

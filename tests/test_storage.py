@@ -1,5 +1,5 @@
 """A full disk while preparing shards: one clear line (what, how much), no partial file, and the
-finished shards kept so the same command resumes. (Checkpoints: tests/training/test_checkpoint_safety.py.)"""
+finished shards kept so the same command resumes. (Checkpoints: tests/run/test_checkpoint_safety.py.)"""
 
 from __future__ import annotations
 

@@ -114,7 +114,7 @@ class TrainConfig:
     out_dir: str = "runs/default"
     log_to: str = ""  # also send metrics to: tensorboard, wandb (comma-separated; extras of the same names)
     # resume from a sharded (dcp/) checkpoint, whose metadata is a pickle that can run code; never
-    # taken from a checkpoint's own config (see gptforge.training.checkpoint.require_trust)
+    # taken from a checkpoint's own config (see gptforge.run.checkpoint.require_trust)
     trust_checkpoint: bool = False
 
     def __post_init__(self) -> None:
@@ -279,7 +279,7 @@ def check_finite_floats(cfg: Config) -> None:
                 raise ConfigError(f"{section.name}.{f.name}={value!r} is not allowed; expected a finite number")
 
 
-LOG_TARGETS = ("tensorboard", "wandb")  # train.log_to: metrics sinks (gptforge.training.sinks)
+LOG_TARGETS = ("tensorboard", "wandb")  # train.log_to: metrics sinks (gptforge.run.sinks)
 
 
 def parse_log_to(value: str) -> list[str]:

@@ -18,7 +18,7 @@ import torch
 
 from gptforge.config import Config
 from gptforge.models.registry import build_model, get_family, size_config
-from gptforge.training import checkpoint as ckpt
+from gptforge.run import checkpoint as ckpt
 
 
 @dataclass(frozen=True)

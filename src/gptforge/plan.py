@@ -212,9 +212,9 @@ class LiveTensorBytes(torch.utils._python_dispatch.TorchDispatchMode):
 def measure_peak(cfg: Config, steps: int = 2) -> tuple[float, str]:
     """Run ``steps`` training steps of ``cfg`` on one process (model and optimizer built inside the
     measurement) on random tokens; return (peak bytes, what was measured)."""
+    from gptforge.optim import build_optimizer
+    from gptforge.parallel.distributed import DistInfo
     from gptforge.runtime import resolve_device, set_precision
-    from gptforge.training.distributed import DistInfo
-    from gptforge.training.optim import build_optimizer
     from gptforge.training.step import train_step
 
     device = resolve_device(cfg.train.device)

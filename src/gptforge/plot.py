@@ -16,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-from gptforge.training.observe import read_metrics
+from gptforge.run.metrics import read_metrics
 
 GPT2_124M_FINEWEB_VAL_LOSS = 3.2847  # llm.c's baseline: OpenAI's GPT-2 124M on the FineWeb val shard
 # task -> (metric plotted, [(label, value), ...]) — only numbers measured with our scoring

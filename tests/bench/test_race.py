@@ -10,7 +10,7 @@ import pytest
 from gptforge.cli import main
 from gptforge.config import OptimConfig
 from gptforge.presets import PRESETS
-from gptforge.training.observe import read_metrics
+from gptforge.run.metrics import read_metrics
 from tests.conftest import tiny_config
 
 

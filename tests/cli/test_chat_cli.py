@@ -14,7 +14,7 @@ from gptforge.data.chat import ChatTemplate, ChatTokenizer
 from gptforge.eval.generative import GENERATIVE, evaluate_generative
 from gptforge.generation import SamplingParams, complete
 from gptforge.models.gpt2 import GPT, GPTConfig
-from gptforge.training import checkpoint as ckpt
+from gptforge.run import checkpoint as ckpt
 
 
 def _chat_ckpt(tmp_path):

@@ -13,7 +13,7 @@ from gptforge.config import Config
 from gptforge.generation import SamplingParams, complete
 from gptforge.interop.llmc import write_llmc_model
 from gptforge.models.gpt2 import GPT, GPTConfig
-from gptforge.training.checkpoint import save_checkpoint
+from gptforge.run.checkpoint import save_checkpoint
 
 
 @pytest.fixture

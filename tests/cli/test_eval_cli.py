@@ -12,7 +12,7 @@ from gptforge.config import EvalConfig
 from gptforge.eval.run import evaluate, prepare_tasks
 from gptforge.load import ModelSource, load_model
 from gptforge.models.gpt2 import GPTConfig
-from gptforge.training.observe import read_metrics
+from gptforge.run.metrics import read_metrics
 from tests.conftest import tiny_config
 
 

@@ -14,7 +14,7 @@ import torch
 from gptforge.cli import main
 from gptforge.config import Config, ConfigError, OptimConfig, apply_overrides
 from gptforge.presets import get_preset
-from gptforge.training.observe import MetricsLog, read_metrics
+from gptforge.run.metrics import MetricsLog, read_metrics
 
 
 def _strict_json(line: str) -> dict:

@@ -14,7 +14,7 @@ from gptforge.cli import main
 from gptforge.load import ModelSource, load_model
 from gptforge.models.llama import LlamaConfig
 from gptforge.presets import get_preset
-from gptforge.training import checkpoint as ckpt
+from gptforge.run import checkpoint as ckpt
 from gptforge.training.loop import train
 from tests.conftest import make_shards, tiny_config
 

@@ -119,7 +119,7 @@ def test_training_uses_shuffle_settings(tmp_path, shard_dir):
     train(cfg)
     import json
 
-    from gptforge.training import checkpoint as ckpt
+    from gptforge.run import checkpoint as ckpt
 
     meta = ckpt.read_meta(ckpt.latest_checkpoint(tmp_path / "run"))
     assert meta["loader"]["shuffle"] == "shards" and meta["loader"]["seed"] == 5

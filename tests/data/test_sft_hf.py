@@ -12,7 +12,7 @@ import pytest
 from gptforge.cli import main
 from gptforge.data.chat import ChatTemplate
 from gptforge.data.sft import SFTDataError, read_conversations, render_all
-from gptforge.rl.tasks import arithmetic_problems, write_conversations
+from gptforge.eval.tasks.synthetic import arithmetic_problems, write_conversations
 
 datasets = pytest.importorskip("datasets")
 
@@ -59,7 +59,7 @@ def test_sft_trains_on_a_saved_hf_dataset(tmp_path, tokenizer):
 
     from gptforge.config import Config
     from gptforge.models.gpt2 import GPT, GPTConfig
-    from gptforge.training import checkpoint as ckpt
+    from gptforge.run import checkpoint as ckpt
 
     torch.manual_seed(0)
     cfg = GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=64)

@@ -14,7 +14,7 @@ from gptforge.config import Config
 from gptforge.interop import llmc
 from gptforge.interop.hf import load_hf
 from gptforge.models.gpt2 import GPT, GPTConfig
-from gptforge.training.checkpoint import save_checkpoint
+from gptforge.run.checkpoint import save_checkpoint
 
 transformers = pytest.importorskip("transformers")
 
@@ -164,7 +164,7 @@ def test_llmc_round_trip_via_cli(tmp_path, dtype, tokenizer):
     assert out.stat().st_size == 1024 + h["num_params"] * (4 if dtype == "float32" else 2)
     assert main(["import", "llmc", "--model", str(out), "--out", str(tmp_path / "run2")]) == 0
     back = GPT(Config.from_dict(json.loads(next((tmp_path / "run2").rglob("meta.json")).read_text())["config"]).model)
-    from gptforge.training.checkpoint import load_model_weights, resolve_checkpoint
+    from gptforge.run.checkpoint import load_model_weights, resolve_checkpoint
 
     load_model_weights(back, resolve_checkpoint(tmp_path / "run2"))
     sd, sd2 = model.state_dict(), back.state_dict()
@@ -223,7 +223,7 @@ def test_fine_tune_from_llmc_file(tmp_path, shard_dir):
     takes the file's model shape over the preset's."""
     from gptforge.data.loader import ShardLoader
     from gptforge.data.shards import list_shards
-    from gptforge.training.observe import read_metrics
+    from gptforge.run.metrics import read_metrics
 
     torch.manual_seed(5)
     src = GPT(GPTConfig(n_layer=3, n_head=2, n_embd=48, block_size=64)).eval()  # not the tiny preset's d2

@@ -147,7 +147,7 @@ def test_compile_mode_is_validated_and_refused_where_it_would_measure_something_
 
 
 def test_compile_mode_reaches_torch_compile(monkeypatch):
-    from gptforge.training.distributed import DistInfo, wrap_model
+    from gptforge.parallel.distributed import DistInfo, wrap_model
 
     seen = []
     monkeypatch.setattr(torch, "compile", lambda m, mode=None: seen.append(mode) or m)

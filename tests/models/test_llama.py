@@ -13,7 +13,7 @@ import torch
 from gptforge.generation import SamplingParams, generate, stream_tokens
 from gptforge.interop.hf_llama import HFConfigError, export_hf_llama, load_hf_llama, to_transformers
 from gptforge.models.llama import Llama, LlamaConfig
-from gptforge.training.checkpoint import load_model_weights, save_checkpoint
+from gptforge.run.checkpoint import load_model_weights, save_checkpoint
 
 transformers = pytest.importorskip("transformers")
 

@@ -126,7 +126,7 @@ def test_out_of_range_knobs_are_422_from_the_shared_check(model, tokenizer, body
 def test_cli_sample_extreme_knobs(tmp_path, capsys, extra):
     from gptforge.cli import main
     from gptforge.config import Config
-    from gptforge.training.checkpoint import save_checkpoint
+    from gptforge.run.checkpoint import save_checkpoint
 
     torch.manual_seed(0)
     m = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=32))

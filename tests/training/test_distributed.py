@@ -23,7 +23,7 @@ import torch
 from gptforge.config import Config, ConfigError, DistConfig, apply_overrides
 from gptforge.data.loader import ShardLoader
 from gptforge.data.shards import write_shard
-from gptforge.training import checkpoint as ckpt
+from gptforge.run import checkpoint as ckpt
 from gptforge.training.loop import train
 from tests.conftest import make_shards, tiny_config
 
@@ -193,7 +193,7 @@ def test_resume_may_switch_sharding_strategy(runs):
 
 def test_sharded_checkpoint_that_does_not_fit_is_rejected(runs):
     from gptforge.models.gpt2 import GPT
-    from gptforge.training.dist_checkpoint import load_sharded
+    from gptforge.run.dcp import load_sharded
 
     cfg = _cfg(runs["dirs"] / "data", runs["dirs"] / "x")
     cfg.model.n_embd = 64
@@ -206,7 +206,7 @@ def test_sharded_checkpoint_that_does_not_fit_is_rejected(runs):
 def test_sharded_checkpoint_loads_for_sampling(runs, monkeypatch):
     """From the consolidated model.safetensors, never from dcp/ (whose metadata is a pickle)."""
     from gptforge.load import ModelSource, load_model
-    from gptforge.training import dist_checkpoint
+    from gptforge.run import dcp as dist_checkpoint
 
     def no_dcp(*a, **k):
         raise AssertionError("a weights-only load read dcp/")

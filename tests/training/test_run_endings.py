@@ -12,8 +12,8 @@ import time
 import pytest
 
 from gptforge.cli import main
-from gptforge.training import checkpoint as ckpt
-from gptforge.training.signals import StopFlag
+from gptforge.run import checkpoint as ckpt
+from gptforge.run.signals import StopFlag
 
 
 class _Clock:

@@ -13,9 +13,9 @@ from gptforge.cli import main
 from gptforge.config import Config
 from gptforge.data.chat import ChatTemplate
 from gptforge.data.sft import ConversationLoader, SFTDataError, read_conversations, render_all
+from gptforge.eval.tasks.synthetic import arithmetic_problems, write_conversations
 from gptforge.models.gpt2 import GPT, GPTConfig
-from gptforge.rl.tasks import arithmetic_problems, write_conversations
-from gptforge.training import checkpoint as ckpt
+from gptforge.run import checkpoint as ckpt
 
 
 def _base(tmp_path, pad_vocab: bool = True):

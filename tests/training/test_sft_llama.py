@@ -13,10 +13,10 @@ import torch
 from gptforge.cli import main
 from gptforge.config import Config
 from gptforge.data.chat import ChatTemplate
+from gptforge.eval.tasks.synthetic import arithmetic_problems, write_conversations
 from gptforge.load import ModelSource, load_model
 from gptforge.models.registry import build_model, size_config
-from gptforge.rl.tasks import arithmetic_problems, write_conversations
-from gptforge.training import checkpoint as ckpt
+from gptforge.run import checkpoint as ckpt
 
 CONV = [
     {"role": "system", "content": "Be brief."},

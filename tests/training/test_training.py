@@ -10,11 +10,11 @@ from gptforge.config import ConfigError, OptimConfig
 from gptforge.data.loader import ShardLoader
 from gptforge.data.shards import list_shards
 from gptforge.models.gpt2 import GPT
+from gptforge.optim import build_optimizer, lr_at, param_groups
+from gptforge.parallel.distributed import DistInfo
+from gptforge.run import checkpoint as ckpt
 from gptforge.runtime import set_precision
-from gptforge.training import checkpoint as ckpt
-from gptforge.training.distributed import DistInfo
 from gptforge.training.loop import train
-from gptforge.training.optim import build_optimizer, lr_at, param_groups
 from gptforge.training.step import train_step
 from tests.conftest import tiny_config
 
@@ -65,7 +65,7 @@ def test_embed_lr_moves_only_untied_input_embeddings(name):
     schedule scales like the others; GPT-2's tied wte is the head too and keeps optim.lr (only its
     position table wpe is an input-only embedding)."""
     from gptforge.models.registry import build_model, size_config
-    from gptforge.training.optim import build_optimizer, set_lr
+    from gptforge.optim import build_optimizer, set_lr
 
     cfg = OptimConfig(name=name, lr=1e-3, embed_lr=0.05, warmup_steps=0, min_lr_frac=0.0)
     llama = build_model(size_config("llama-tiny"))

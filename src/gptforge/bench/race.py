@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from gptforge.config import Config, ConfigError, apply_overrides
-from gptforge.training.observe import read_metrics
+from gptforge.run.metrics import read_metrics
 
 
 def race_configs(presets: list[str], overrides: list[str], out_dir: Path, evals: int) -> list[Config]:

@@ -38,10 +38,10 @@ from gptforge.config import Config, ConfigError, apply_overrides
 from gptforge.data.loader import ShardLoader
 from gptforge.data.shards import write_shard
 from gptforge.models.registry import build_model
+from gptforge.optim import build_optimizer, fused_available, set_lr
+from gptforge.parallel.distributed import DistInfo, wrap_model
+from gptforge.run.metrics import environment, flops_per_token, peak_flops
 from gptforge.runtime import resolve_device, set_precision
-from gptforge.training.distributed import DistInfo, wrap_model
-from gptforge.training.observe import environment, flops_per_token, peak_flops
-from gptforge.training.optim import build_optimizer, fused_available, set_lr
 from gptforge.training.step import PhaseTimer, train_step
 from gptforge.training.switches import switch_problem
 

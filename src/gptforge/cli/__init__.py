@@ -72,9 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     from gptforge.data.tokenizer import TokenizerUnavailable
     from gptforge.eval.tasks.base import EvalDataError
     from gptforge.extras import MissingExtra
+    from gptforge.run.checkpoint import CheckpointError
     from gptforge.runtime import DeviceUnavailable
     from gptforge.storage import DiskFullError
-    from gptforge.training.checkpoint import CheckpointError
 
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)

@@ -53,6 +53,6 @@ def chat_template_of(ckpt: str | None):
     if ckpt is None:
         return None
     from gptforge.data.chat import template_from_meta
-    from gptforge.training import checkpoint as ckpt_mod
+    from gptforge.run import checkpoint as ckpt_mod
 
     return template_from_meta(ckpt_mod.read_meta(ckpt_mod.resolve_checkpoint(ckpt)))

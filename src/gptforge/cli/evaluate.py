@@ -38,7 +38,7 @@ def args_eval(p: argparse.ArgumentParser) -> None:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from gptforge.eval.run import run_eval
-    from gptforge.training.distributed import cleanup, init_distributed
+    from gptforge.parallel.distributed import cleanup, init_distributed
 
     source = model_source(args)
     if args.limit < 0 or (args.batch_tokens is not None and args.batch_tokens < 1) or args.repeats < 1:

@@ -141,7 +141,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     """An llm.c model file -> a weights-only gptforge checkpoint (sample, evaluate, export, serve)."""
     from gptforge.config import Config
     from gptforge.interop.llmc import read_llmc_model
-    from gptforge.training import checkpoint as ckpt
+    from gptforge.run import checkpoint as ckpt
 
     model = read_llmc_model(args.model)
     if ckpt.latest_checkpoint(args.out) is not None and not args.force:
@@ -184,7 +184,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise CliError(str(e)) from e
     metrics = args.metrics
     if metrics is None and args.ckpt is not None:  # the run's metrics.jsonl sits in the run directory
-        from gptforge.training import checkpoint as ckpt
+        from gptforge.run import checkpoint as ckpt
 
         where = ckpt.resolve_checkpoint(args.ckpt)
         found = [p / "metrics.jsonl" for p in (where, *where.parents[:3]) if (p / "metrics.jsonl").exists()]

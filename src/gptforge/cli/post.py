@@ -18,8 +18,8 @@ def cmd_sft(args: argparse.Namespace, overrides: list[str]) -> int:
     from gptforge.config import Config, apply_overrides
     from gptforge.data.chat import ChatFormatError, ChatTemplate
     from gptforge.data.sft import SFTDataError
-    from gptforge.training import checkpoint as ckpt
-    from gptforge.training.checkpointer import Checkpointer
+    from gptforge.run import checkpoint as ckpt
+    from gptforge.run.checkpointer import Checkpointer
     from gptforge.training.sft import SFTData, run_sft, sft_config
 
     sft = SFTData(data=args.data, val_count=args.val_count, split=args.split, seed=args.seed, skip_bad=args.skip_bad)
@@ -93,11 +93,11 @@ def cmd_rl(args: argparse.Namespace) -> int:
 
     from gptforge.data.chat import ChatFormatError
     from gptforge.data.tokenizer import get_tokenizer
-    from gptforge.rl.grpo import RLConfig, RLError, train_rl
-    from gptforge.rl.rewards import RewardError, load_reward
+    from gptforge.run import checkpoint as ckpt
+    from gptforge.run.checkpointer import Checkpointer
     from gptforge.runtime import resolve_device
-    from gptforge.training import checkpoint as ckpt
-    from gptforge.training.checkpointer import Checkpointer
+    from gptforge.training.grpo import RLConfig, RLError, train_rl
+    from gptforge.training.rewards import RewardError, load_reward
 
     resume_dir = None
     try:
@@ -141,7 +141,7 @@ def cmd_rl(args: argparse.Namespace) -> int:
 
 
 def args_rl(r: argparse.ArgumentParser) -> None:
-    from gptforge.rl.grpo import RLConfig
+    from gptforge.training.grpo import RLConfig
 
     d = RLConfig()
     r.description = ("Sample a group of replies per problem, score them, group-relative advantages, clipped ratio "

@@ -47,9 +47,9 @@ def args_train(p: argparse.ArgumentParser) -> None:
 
 def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
     from gptforge.config import Config, apply_overrides, describe_keys
+    from gptforge.run import checkpoint as ckpt
+    from gptforge.run.checkpointer import Checkpointer
     from gptforge.runtime import launched_world
-    from gptforge.training import checkpoint as ckpt
-    from gptforge.training.checkpointer import Checkpointer
     from gptforge.training.evaluate import check_tasks
 
     cfg, overrides = build_config(args, overrides)
@@ -74,7 +74,7 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
         print(cfg.to_json())
         return 0
     if resume is not None:
-        from gptforge.training.extend import check_resume
+        from gptforge.run.resume import check_resume
 
         if check_resume(Config.from_dict(meta["config"]), cfg, int(meta["step"]), resume):
             return 0  # a finished run: said so, and how to extend it
@@ -85,7 +85,7 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
         print(f"gptforge train: the loss diverged (not finite) at step {result.diverged_at}; lower --optim.lr "
               f"or check the data, then resume from the last checkpoint", file=sys.stderr)
         return EXIT_DIVERGED
-    from gptforge.training.faults import exit_status
+    from gptforge.run.faults import exit_status
 
     return exit_status(result.interrupted)  # a clean stop under torchrun is not a failure
 

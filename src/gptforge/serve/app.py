@@ -32,9 +32,9 @@ from fastapi.responses import FileResponse, JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
+from gptforge.run.metrics import read_metrics
 from gptforge.serve.limits import BodyLimit, acquire_unless_gone, watch_disconnect
 from gptforge.serve.sse import sse_response
-from gptforge.training.observe import read_metrics
 
 if TYPE_CHECKING:
     import tiktoken

@@ -34,7 +34,7 @@ def describe_served(model, ckpt: str | None = None, hf: str | None = None, llmc:
     elif llmc is not None:
         out["path"] = str(Path(llmc).resolve())
     elif ckpt is not None:
-        from gptforge.training import checkpoint as ck
+        from gptforge.run import checkpoint as ck
 
         where = ck.resolve_checkpoint(ckpt)
         meta = ck.read_meta(where)

@@ -14,9 +14,9 @@ from gptforge.config import Config, ConfigError
 from gptforge.eval.run import PreparedTask, check_model_vocab, evaluate, prepare_tasks
 from gptforge.eval.tasks import TASKS
 from gptforge.eval.tasks.base import EvalDataError
+from gptforge.parallel.distributed import DistInfo
+from gptforge.run.metrics import MetricsLog
 from gptforge.tokens import EOT
-from gptforge.training.distributed import DistInfo
-from gptforge.training.observe import MetricsLog
 
 
 def check_tasks(cfg: Config) -> None:

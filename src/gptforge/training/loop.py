@@ -5,7 +5,7 @@
 
 Sections: setup (devices, precision, run dir) -> data -> model and optimizer (or resume, through
 the Checkpointer) -> run directory -> loop (train_step, validation, samples, checkpoints) -> finish.
-A SIGINT/SIGTERM finishes the current step, writes a checkpoint and exits (training/signals.py says
+A SIGINT/SIGTERM finishes the current step, writes a checkpoint and exits (run/signals.py says
 what a second signal does); ``--resume`` continues from the newest intact checkpoint, bit for bit on
 CPU in float32. A non-finite loss stops the run: ``RunResult.diverged_at`` names the step.
 """
@@ -29,26 +29,25 @@ from gptforge.data.aligned import make_loader
 from gptforge.data.loader import ShardLoader
 from gptforge.data.shards import list_shards, read_header
 from gptforge.models.registry import build_model
-from gptforge.runtime import launched_world, set_precision
-from gptforge.training import checkpoint as ckpt
-from gptforge.training.checkpointer import Checkpointer, TrainState
-from gptforge.training.distributed import (
+from gptforge.optim import build_optimizer, set_lr
+from gptforge.parallel.distributed import (
     DistInfo,
     any_rank,
     barrier,
-    build_optimizer_for,
     cleanup,
     init_distributed,
     seed_rank,
     wrap_model,
 )
+from gptforge.run import checkpoint as ckpt
+from gptforge.run.checkpointer import Checkpointer, TrainState
+from gptforge.run.faults import elastic_restart, maybe_inject_fault, oom_advice
+from gptforge.run.metrics import MetricsLog, environment, flops_per_token, fmt_duration, peak_flops
+from gptforge.run.preflight import check_run_dir
+from gptforge.run.signals import StopFlag
+from gptforge.run.sinks import open_sinks
+from gptforge.runtime import launched_world, set_precision
 from gptforge.training.evaluate import evaluate_during_training, prepare_for_training, print_samples
-from gptforge.training.faults import elastic_restart, maybe_inject_fault, oom_advice
-from gptforge.training.observe import MetricsLog, environment, flops_per_token, fmt_duration, peak_flops
-from gptforge.training.optim import set_lr
-from gptforge.training.preflight import check_run_dir
-from gptforge.training.signals import StopFlag
-from gptforge.training.sinks import open_sinks
 from gptforge.training.step import evaluate_loss, train_step
 from gptforge.training.switches import check_switches
 
@@ -127,7 +126,7 @@ def train(cfg: Config, resume: str | Path | None = None, force: bool = False, st
     param_dtype = torch.bfloat16 if info.fsdp and device.type == "cuda" and precision == "bfloat16" else None
     wrapped = wrap_model(model, info, compile_model, cfg.dist, param_dtype, cfg.train.compile_mode)
     model.train()
-    state = TrainState(model, build_optimizer_for(model, cfg.optim, info), train_loader)
+    state = TrainState(model, build_optimizer(model, cfg.optim, device.type, zero=bool(info.zero)), train_loader)
     checkpointer.restore(state)  # optimizer, loader position, step, every rank's RNG
     start_step = state.step
     fpt = flops_per_token(cfg.model, n_params, T, "llmc")

@@ -82,7 +82,7 @@ def base_val_loss(cfg: Config, init_weights: Callable, loaders: Callable[[Any], 
     import torch
 
     from gptforge.models.registry import build_model
-    from gptforge.training.distributed import DistInfo
+    from gptforge.parallel.distributed import DistInfo
 
     model = build_model(cfg.model)
     init_weights(model)

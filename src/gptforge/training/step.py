@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from gptforge.training.distributed import DistInfo, all_reduce_mean, grad_sync, local_tensor
+from gptforge.parallel.distributed import DistInfo, all_reduce_mean, grad_sync, local_tensor
 
 
 class PhaseTimer:

@@ -6,7 +6,7 @@
 * **A finished run** (its newest checkpoint is at ``train.max_steps``) trains nothing: resuming it
   says so, how to extend it, and exits 0 (the default job re-runs ``--resume`` every time).
 * **Extending** (``--resume --train.max_steps N`` with N above the checkpoint's): the LR schedule
-  is a function of ``train.max_steps`` (:func:`gptforge.training.optim.lr_at`, llm.c's warmup +
+  is a function of ``train.max_steps`` (:func:`gptforge.optim.schedule.lr_at`, llm.c's warmup +
   cosine), and the checkpoint stores no schedule of its own, so the cosine is **stretched** over the
   new length, as llm.c does when resumed with a larger ``-x``. The learning rate therefore jumps
   up at the resume step, from the end of the old decay to its point on the longer one (a warm
@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 
 from gptforge.config import Config
-from gptforge.training.optim import lr_at
+from gptforge.optim import lr_at
 
 
 def resume_notice(saved: Config, cfg: Config, step: int, where: Path) -> tuple[bool, str | None]:

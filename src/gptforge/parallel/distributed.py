@@ -5,9 +5,8 @@
 ``init_distributed`` reads torchrun's RANK / LOCAL_RANK / WORLD_SIZE (NCCL on GPUs, gloo on CPU)
 with ``dist.timeout`` as the collective timeout. ``wrap_model`` compiles and then wraps in DDP, or
 applies FSDP2 ``fully_shard`` per transformer block and at the root (``--dist.shard fsdp``).
-``build_optimizer_for`` returns plain AdamW, or ``ZeroRedundancyOptimizer`` over the same param
-groups for ``--dist.shard zero1`` (optimizer state sharded across ranks, llm.c's ``-z 1``). The model
-never knows its world size.
+The optimizer (ZeRO-1 included) is built by :mod:`gptforge.optim`. The model never knows its world
+size.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from gptforge.config import ConfigError, DistConfig, OptimConfig
+from gptforge.config import ConfigError, DistConfig
 from gptforge.runtime import resolve_device
 
 _JOINS = 0  # process groups this process has joined (see init_distributed)
@@ -125,27 +124,6 @@ def wrap_model(
         # gradients live in DDP's communication buckets instead of beside them: one copy, not two
         wrapped = DDP(wrapped, device_ids=ids, gradient_as_bucket_view=True)
     return wrapped
-
-
-def build_optimizer_for(model: torch.nn.Module, cfg: OptimConfig, info: DistInfo) -> torch.optim.Optimizer:
-    """The optimizer of ``optim.name`` (AdamW, or Muon + AdamW); ZeroRedundancyOptimizer over the
-    same param groups for ``dist.shard zero1``."""
-    from gptforge.training.optim import build_optimizer, fused_available, param_groups
-
-    if not info.zero:
-        return build_optimizer(model, cfg, info.device.type)
-    from torch.distributed.optim import ZeroRedundancyOptimizer
-
-    if cfg.name == "muon":  # ZeRO assigns whole matrices to ranks, so each rank's Muon sees whole ones
-        from gptforge.training.muon import MuonAdamW
-        from gptforge.training.optim import muon_param_groups
-
-        return ZeroRedundancyOptimizer(muon_param_groups(model, cfg), optimizer_class=MuonAdamW)
-    fused = fused_available(info.device.type) if cfg.fused is None else cfg.fused
-    return ZeroRedundancyOptimizer(
-        param_groups(model, cfg.weight_decay, cfg.embed_lr), optimizer_class=torch.optim.AdamW,
-        lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, fused=fused,
-    )
 
 
 def grad_sync(wrapped: torch.nn.Module, info: DistInfo, sync: bool):

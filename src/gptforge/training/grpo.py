@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from gptforge.data.chat import ChatTemplate, ChatTokenizer
 from gptforge.eval.tasks.verifiable import Problem, is_correct
 from gptforge.generation import SamplingParams, stream_tokens
-from gptforge.rl.rewards import RewardFn, score
+from gptforge.training.rewards import RewardFn, score
 
 
 class RLError(ValueError):
@@ -265,8 +265,8 @@ def train_rl(cfg: RLConfig, model: torch.nn.Module, template: ChatTemplate | Non
     """Run GRPO per ``cfg`` on ``model`` (already holding the init weights, or the checkpoint's when
     resuming; the reference is a frozen copy of the init weights). Returns the last step's stats."""
     from gptforge.config import Config
-    from gptforge.training import checkpoint as ckpt
-    from gptforge.training.observe import MetricsLog
+    from gptforge.run import checkpoint as ckpt
+    from gptforge.run.metrics import MetricsLog
 
     cfg.check()
     if template is not None:  # None: --raw, plain "Question: ...\nAnswer:" prompts

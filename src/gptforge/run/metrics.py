@@ -132,7 +132,7 @@ class MetricsLog:
 
     Every line is standard JSON (``allow_nan=False``): a diverged loss is written as
     ``"loss": null, "loss_str": "nan"``, so strict parsers (jq, JavaScript, pandas) read it too.
-    ``sinks`` (TensorBoard, W&B; :mod:`gptforge.training.sinks`) receive the same records.
+    ``sinks`` (TensorBoard, W&B; :mod:`gptforge.run.sinks`) receive the same records.
 
     After a kill the file may end in a torn line, and a resumed run trains again the steps after
     its checkpoint. :meth:`begin` (called once per run, before the first write) repairs both: the

@@ -9,9 +9,9 @@ import shutil
 
 import pytest
 
-from gptforge.training import checkpoint as ckpt
+from gptforge.run import checkpoint as ckpt
+from gptforge.run.metrics import MetricsLog, read_metrics, repair_torn_tail
 from gptforge.training.loop import train
-from gptforge.training.observe import MetricsLog, read_metrics, repair_torn_tail
 from tests.conftest import tiny_config
 
 

@@ -12,7 +12,7 @@ resumed (resolved once, here), the format a run writes (``dcp`` when FSDP shards
 one ``model.safetensors`` + ``optimizer.pt``; ZeRO-1 consolidates onto rank 0 first), the RNG states
 (rank 0's in ``rng.pt``/``meta.json``, every rank's stream gathered beside it) and the loader state.
 The file-level work (atomic directories, safetensors, ``weights_only`` loads) is
-:mod:`gptforge.training.checkpoint`; sharded DCP is :mod:`gptforge.training.dist_checkpoint`.
+:mod:`gptforge.run.checkpoint`; sharded DCP is :mod:`gptforge.run.dcp`.
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from typing import Any
 import torch
 
 from gptforge import __version__
-from gptforge.training import checkpoint as files
-from gptforge.training import dist_checkpoint as dcp
-from gptforge.training.distributed import DistInfo, barrier, gather_rng_states, seed_rank
-from gptforge.training.optim import build_optimizer
+from gptforge.optim import build_optimizer
+from gptforge.parallel.distributed import DistInfo, barrier, gather_rng_states, seed_rank
+from gptforge.run import checkpoint as files
+from gptforge.run import dcp
 
 
 @dataclass

@@ -14,9 +14,9 @@ from gptforge.config import Config
 from gptforge.data.chat import ChatTemplate
 from gptforge.eval.tasks.verifiable import Problem
 from gptforge.models.gpt2 import GPT, GPTConfig
-from gptforge.rl.grpo import RLConfig, group_advantages, grpo_loss, train_rl
-from gptforge.rl.rewards import RewardError, load_reward, score
-from gptforge.training import checkpoint as ckpt
+from gptforge.run import checkpoint as ckpt
+from gptforge.training.grpo import RLConfig, group_advantages, grpo_loss, train_rl
+from gptforge.training.rewards import RewardError, load_reward, score
 
 
 def test_group_advantages_by_hand():
@@ -48,7 +48,7 @@ def test_token_logprobs_are_the_sampling_distribution(temperature):
     """The loss scores each reply token under the distribution the sampler drew it from: the KV-cache
     sampler's softmax of logits / temperature, not the T=1 softmax."""
     from gptforge.generation import apply_temperature
-    from gptforge.rl.grpo import token_logprobs
+    from gptforge.training.grpo import token_logprobs
 
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=64, pad_vocab=False)).eval()
@@ -164,8 +164,8 @@ def test_rl_refuses_base_model_without_template(tmp_path, capsys):
 
 def test_training_problems_leave_the_eval_set_out():
     from gptforge.eval.generative import arithmetic_eval_problems
-    from gptforge.rl.grpo import problem_stream
-    from gptforge.rl.tasks import training_problems
+    from gptforge.eval.tasks.synthetic import training_problems
+    from gptforge.training.grpo import problem_stream
 
     ev = arithmetic_eval_problems(500)
     assert len({p.question for p in ev}) == 500
@@ -178,8 +178,8 @@ def test_training_problems_leave_the_eval_set_out():
 
 def test_compare_task_is_verifiable_and_held_out():
     from gptforge.eval.generative import GENERATIVE, compare_eval_problems
+    from gptforge.eval.tasks.synthetic import training_problems
     from gptforge.eval.tasks.verifiable import compare_problems
-    from gptforge.rl.tasks import training_problems
 
     for p in compare_problems(50, seed=3):
         a, b = (int(x) for x in p.question[len("Which is larger, "):-1].split(" or "))

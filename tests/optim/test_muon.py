@@ -9,9 +9,9 @@ import torch
 
 from gptforge.config import ConfigError, OptimConfig
 from gptforge.models.gpt2 import GPT, GPTConfig
+from gptforge.optim import build_optimizer, lr_at, set_lr
+from gptforge.optim.muon import MuonAdamW, newton_schulz, orthogonalize
 from gptforge.training.loop import train
-from gptforge.training.muon import MuonAdamW, newton_schulz, orthogonalize
-from gptforge.training.optim import build_optimizer, lr_at, set_lr
 from tests.conftest import tiny_config
 
 

@@ -12,7 +12,7 @@ sha256) and renames the directory once every rank has finished, so a rank that d
 only a ``.tmp`` that resume ignores. DCP reshards on load, so the checkpoint resumes at any world
 size, with or without FSDP. Loading it unpickles ``dcp/.metadata``, so it happens only with
 ``--trust-checkpoint`` (``train.trust_checkpoint``). ZeRO-1 runs consolidate the optimizer on rank 0
-and write the ordinary single-file checkpoint instead (see :mod:`gptforge.training.checkpoint`).
+and write the ordinary single-file checkpoint instead (see :mod:`gptforge.run.checkpoint`).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
 
+from gptforge.run import checkpoint as ckpt
 from gptforge.storage import tensor_bytes
-from gptforge.training import checkpoint as ckpt
 
 DCP_DIR = "dcp"
 

@@ -1,5 +1,5 @@
 """Metrics where people already look: TensorBoard and Weights & Biases, fed the same records as
-``metrics.jsonl``. :class:`~gptforge.training.observe.MetricsLog` fans every record out to the sinks
+``metrics.jsonl``. :class:`~gptforge.run.metrics.MetricsLog` fans every record out to the sinks
 opened here, on rank 0 only; the training loop knows nothing about them.
 
     gptforge train --preset shakespeare-cpu --train.log_to tensorboard      # RUN/tensorboard/

@@ -16,7 +16,7 @@ import signal
 import sys
 
 from gptforge.config import Config, ConfigError
-from gptforge.training.distributed import DistInfo
+from gptforge.parallel.distributed import DistInfo
 
 
 def oom_advice(cfg: Config, info: DistInfo, grad_accum: int) -> str:

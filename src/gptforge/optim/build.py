@@ -1,10 +1,10 @@
-"""The optimizer (AdamW, or Muon + AdamW) and the learning-rate schedule (cosine or WSD).
+"""The optimizer: AdamW, or Muon + AdamW, optionally with ZeRO-1 sharded state.
 
     >>> opt = build_optimizer(model, cfg.optim, device_type="cuda")
-    >>> lr = set_lr(opt, step, cfg.optim, cfg.train.max_steps)
+    >>> opt = build_optimizer(model, cfg.optim, "cuda", zero=True)   # torchrun + --dist.shard zero1
 
 ``optim.name adamw``: AdamW with decoupled weight decay on >=2-D parameters only (GPT-2 / llm.c).
-``optim.name muon``: :class:`gptforge.training.muon.MuonAdamW`, Muon on the hidden matrices at
+``optim.name muon``: :class:`gptforge.optim.muon.MuonAdamW`, Muon on the hidden matrices at
 ``optim.muon_lr`` and AdamW on the rest at ``optim.lr``. Every group carries a ``base_lr``; the
 schedule multiplies all of them by one factor, so the two parts keep their ratio.
 """
@@ -12,7 +12,6 @@ schedule multiplies all of them by one factor, so the two parts keep their ratio
 from __future__ import annotations
 
 import inspect
-import math
 
 import torch
 
@@ -54,25 +53,34 @@ def fused_available(device_type: str) -> bool:
     return device_type == "cpu" and (major, minor) >= (2, 4)
 
 
-def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, device_type: str) -> torch.optim.Optimizer:
-    if cfg.name == "muon":
-        from gptforge.training.muon import MuonAdamW
-
-        return MuonAdamW(muon_param_groups(model, cfg))
+def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, device_type: str,
+                    zero: bool = False) -> torch.optim.Optimizer:
+    """The optimizer of ``optim.name`` over :func:`param_groups` (or :func:`muon_param_groups`).
+    ``zero``: a ``ZeroRedundancyOptimizer`` over the same groups (``dist.shard zero1``, llm.c's
+    ``-z 1``): each rank keeps the state of its share of the parameters; needs a process group."""
     fused = fused_available(device_type) if cfg.fused is None else cfg.fused
     if fused and not fused_available(device_type):
         raise ValueError(f"optim.fused=true but fused AdamW is not available on {device_type}; use --optim.fused auto")
-    return torch.optim.AdamW(
-        param_groups(model, cfg.weight_decay, cfg.embed_lr),
-        lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, fused=fused,
-    )
+    if cfg.name == "muon":
+        from gptforge.optim.muon import MuonAdamW
+
+        groups, cls, kwargs = muon_param_groups(model, cfg), MuonAdamW, {}
+    else:
+        groups, cls = param_groups(model, cfg.weight_decay, cfg.embed_lr), torch.optim.AdamW
+        kwargs = {"lr": cfg.lr, "betas": (cfg.beta1, cfg.beta2), "eps": cfg.eps, "fused": fused}
+    if not zero:
+        return cls(groups, **kwargs)
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    # ZeRO assigns whole parameters to ranks, so each rank's Muon orthogonalises whole matrices
+    return ZeroRedundancyOptimizer(groups, optimizer_class=cls, **kwargs)
 
 
 def muon_param_groups(model: torch.nn.Module, cfg: OptimConfig) -> list[dict]:
     """Groups for MuonAdamW: the hidden matrices (Muon), then AdamW with and without weight decay
     (and the untied input embeddings at ``optim.embed_lr``, when set).
     A parameter Muon cannot take is a ConfigError naming it (exit 2)."""
-    from gptforge.training.muon import MuonParamError, muon_split
+    from gptforge.optim.muon import MuonParamError, muon_split
 
     try:
         muon, adamw = muon_split(model, cfg.muon_params)
@@ -91,35 +99,3 @@ def muon_param_groups(model: torch.nn.Module, cfg: OptimConfig) -> list[dict]:
          **adam, "lr": cfg.embed_lr, "base_lr": cfg.embed_lr},
     ]
     return [g for g in groups if g["params"]]
-
-
-def set_lr(optimizer: torch.optim.Optimizer, step: int, cfg: OptimConfig, max_steps: int) -> float:
-    """Set every group's lr for 0-based ``step``: its ``base_lr`` (``optim.lr`` for plain AdamW
-    groups) times the schedule's factor. Returns the AdamW lr (what the logs show)."""
-    lr = lr_at(step, cfg, max_steps)
-    factor = lr / cfg.lr
-    for group in optimizer.param_groups:
-        group["lr"] = group.get("base_lr", cfg.lr) * factor
-    return lr
-
-
-def lr_at(step: int, cfg: OptimConfig, max_steps: int) -> float:
-    """Linear warmup from lr/warmup to lr over ``warmup_steps``, then (``optim.schedule``)
-    ``cosine``: cosine decay to ``min_lr_frac * lr`` at ``max_steps`` (llm.c's schedule), or
-    ``wsd``: warmup-stable-decay, constant lr until the last ``cooldown_frac`` of the steps, then a
-    linear decay to ``min_lr_frac * lr`` at ``max_steps`` (modded-nanogpt). Step is 0-based."""
-    min_lr = cfg.lr * cfg.min_lr_frac
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    if step >= max_steps:
-        return min_lr
-    if cfg.schedule == "wsd":
-        cooldown = max(1, round(cfg.cooldown_frac * max_steps)) if cfg.cooldown_frac > 0 else 0
-        left = max_steps - step  # steps still to take, this one included
-        if left > cooldown:
-            return cfg.lr
-        return min_lr + (left / cooldown) * (cfg.lr - min_lr)
-    decay_steps = max(1, max_steps - cfg.warmup_steps)
-    ratio = (step - cfg.warmup_steps) / decay_steps
-    coeff = 0.5 * (1.0 + math.cos(math.pi * ratio))  # 1 -> 0
-    return min_lr + coeff * (cfg.lr - min_lr)

@@ -20,7 +20,7 @@ import torch
 from gptforge.cli import main
 from gptforge.load import ModelSource
 from gptforge.load import load_model as _load
-from gptforge.training import checkpoint as ckpt
+from gptforge.run import checkpoint as ckpt
 from gptforge.training.loop import train
 from tests.conftest import tiny_config
 

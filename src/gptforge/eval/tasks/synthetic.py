@@ -1,7 +1,7 @@
 """Tasks for RL and SFT data: the verifiable tasks of :mod:`gptforge.eval.tasks.verifiable`, and
 conversation files made from them.
 
-    python -m gptforge.rl.tasks arithmetic --n 5000 --out conv.jsonl   # SFT conversations
+    python -m gptforge.eval.tasks.synthetic arithmetic --n 5000 --out conv.jsonl   # SFT conversations
 """
 
 from __future__ import annotations

@@ -10,9 +10,9 @@ import types
 import pytest
 
 from gptforge.cli import main
-from gptforge.training import sinks
+from gptforge.run import sinks
+from gptforge.run.metrics import read_metrics
 from gptforge.training.loop import train
-from gptforge.training.observe import read_metrics
 from tests.conftest import tiny_config
 
 pytest.importorskip("tensorboard")

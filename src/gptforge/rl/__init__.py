@@ -1,1 +1,0 @@
-"""Reinforcement learning on verifiable rewards (GRPO) and the tasks it trains on."""
