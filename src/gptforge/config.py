@@ -203,6 +203,54 @@ class DistConfig:
 
 
 @dataclass
+class SFTConfig:
+    """``gptforge sft``: where the conversations come from and how they are split."""
+
+    data: str = ""  # FILE.jsonl of {"messages": [...]}, or a Hugging Face chat dataset (name, folder, parquet)
+    split: str = "train"  # HF dataset split
+    val_count: int = 200  # held-out conversations for the val loss
+    seed: int = 0  # held-out split and per-epoch order
+    skip_bad: bool = False  # count and skip bad conversations instead of stopping
+
+    def __post_init__(self) -> None:
+        _check(self.val_count >= 0, "sft.val_count", self.val_count, "an integer >= 0")
+
+
+@dataclass
+class RLConfig:
+    """``gptforge rl``: GRPO's own settings. Steps, lr, warmup, weight decay, clipping, checkpoints and
+    seed are the shared ``train.*`` / ``optim.*`` keys; ``train.micro_batch`` is replies per forward."""
+
+    task: str = "arithmetic"  # arithmetic | compare | gsm8k
+    reward: str = "exact_match"  # a built-in reward (never module:function: code comes from --reward only)
+    init_from: str = ""  # the starting and reference model: a checkpoint or run directory
+    raw: bool = False  # no chat template: plain "Question: ...\nAnswer:" prompts
+    prompts: int = 8  # problems per step, over all ranks
+    group: int = 8  # replies sampled per problem
+    max_new_tokens: int = 24
+    temperature: float = 1.0
+    top_k: int = 0  # 0 = off
+    kl_coef: float = 0.02  # KL penalty to the starting model
+    clip_eps: float = 0.2  # ratio clip
+    updates_per_batch: int = 1  # optimizer steps on each sampled batch (> 1: the ratio moves and clips)
+    adv_eps: float = 1e-4  # added to the group's reward std
+    eval_every: int = 0  # steps between held-out evaluations (0 = only at start and end)
+    eval_n: int = 200  # held-out problems (never trained on)
+
+    def __post_init__(self) -> None:
+        for name in ("prompts", "max_new_tokens", "updates_per_batch"):
+            _check(getattr(self, name) >= 1, f"rl.{name}", getattr(self, name), "an integer >= 1")
+        _check(self.group >= 2, "rl.group", self.group, "an integer >= 2 (GRPO compares replies within a group)")
+        _check(self.temperature > 0, "rl.temperature", self.temperature, "a number > 0 (a group needs sampling)")
+        _check(self.top_k >= 0, "rl.top_k", self.top_k, "an integer >= 0 (0 = off)")
+        _check(self.kl_coef >= 0, "rl.kl_coef", self.kl_coef, "a number >= 0")
+        _check(0 < self.clip_eps < 1, "rl.clip_eps", self.clip_eps, "a number in (0, 1)")
+        _check(self.adv_eps > 0, "rl.adv_eps", self.adv_eps, "a number > 0")
+        for name in ("eval_every", "eval_n"):
+            _check(getattr(self, name) >= 0, f"rl.{name}", getattr(self, name), "an integer >= 0")
+
+
+@dataclass
 class Config:
     model: Any = field(default_factory=GPTConfig)  # the config of the family ``model.arch`` names
     data: DataConfig = field(default_factory=DataConfig)
@@ -210,6 +258,8 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     dist: DistConfig = field(default_factory=DistConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)  # read by the sft recipe only
+    rl: RLConfig = field(default_factory=RLConfig)  # read by the GRPO recipe only
 
     def __post_init__(self) -> None:
         check_finite_floats(self)

@@ -42,6 +42,9 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()  # text stop sequences (not included in the output)
     stop_token: int | None = None  # e.g. 50256 <|endoftext|>; ends that row
+    # (offset, total): these rows are rows offset.. of a batch of ``total`` split over processes; each
+    # row then draws the random number it would draw in the whole batch (RL across ranks = one rank)
+    rows: tuple[int, int] | None = None
 
     def check(self) -> None:
         """Raise ValueError naming the field and the allowed range."""
@@ -101,16 +104,19 @@ def _pick(logits: torch.Tensor, p: SamplingParams, seen: torch.Tensor, gen: torc
     if p.temperature == 0:
         return logits.argmax(dim=-1)
     probs = F.softmax(filter_logits(apply_temperature(logits, p.temperature), p.top_k, p.top_p), dim=-1)
-    return sample_from(probs, gen)
+    return sample_from(probs, gen, p.rows)
 
 
-def sample_from(probs: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+def sample_from(probs: torch.Tensor, gen: torch.Generator, rows: tuple[int, int] | None = None) -> torch.Tensor:
     """probs (B, V) -> one index per row, drawn with probability probs[b, i] (inverse CDF: one uniform
     per row and a search in the running sum). ``torch.multinomial`` draws an exponential for every
     vocabulary entry instead: on CPU, 50k of them per row were 70% of sampling a batch of replies.
-    A zero-probability entry is never drawn: its running sum equals its predecessor's."""
+    A zero-probability entry is never drawn: its running sum equals its predecessor's. ``rows``
+    (offset, total): draw the uniforms of a ``total``-row batch and use rows offset.. of them."""
     cdf = probs.cumsum(dim=-1)
-    u = torch.rand(probs.size(0), 1, generator=gen, device=probs.device, dtype=cdf.dtype) * cdf[:, -1:]
+    offset, total = rows or (0, probs.size(0))
+    u = torch.rand(total, 1, generator=gen, device=probs.device, dtype=cdf.dtype)[offset : offset + probs.size(0)]
+    u = u * cdf[:, -1:]
     return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=probs.size(-1) - 1)
 
 

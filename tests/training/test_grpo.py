@@ -15,7 +15,9 @@ from gptforge.data.chat import ChatTemplate
 from gptforge.eval.tasks.verifiable import Problem
 from gptforge.models.gpt2 import GPT, GPTConfig
 from gptforge.run import checkpoint as ckpt
-from gptforge.training.grpo import RLConfig, group_advantages, grpo_loss, train_rl
+from gptforge.config import RLConfig
+from gptforge.training.grpo import GRPO, group_advantages, grpo_loss, rl_config
+from gptforge.training.loop import train
 from gptforge.training.rewards import RewardError, load_reward, score
 
 
@@ -108,10 +110,13 @@ def test_reward_favouring_one_token_raises_its_probability(tmp_path, tokenizer):
     def favours_a(problem, reply):
         return reply.count("A") / max(1, len(reply))
 
-    cfg = RLConfig(steps=6, prompts=4, group=8, max_new_tokens=4, lr=1e-2, kl_coef=0.01, eval_n=0,
-                   ckpt_every=0, out_dir=str(tmp_path / "rl"), device="cpu")
-    train_rl(cfg, model, t, tokenizer, favours_a, problems_at=lambda step: [Problem("!", "")] * 4, held_out=[],
-             log=lambda m: None)
+    cfg = rl_config(model.config, str(tmp_path / "rl"), "")
+    cfg.rl = RLConfig(prompts=4, group=8, max_new_tokens=4, kl_coef=0.01, eval_n=0)
+    cfg.optim.lr, cfg.train.max_steps, cfg.train.ckpt_every, cfg.train.device = 1e-2, 6, 0, "cpu"
+    sd = model.state_dict()
+    recipe = GRPO(cfg, t, tokenizer, favours_a, problems_at=lambda step: [Problem("!", "")] * 4, held_out=[])
+    result = train(cfg, recipe, init_weights=lambda m: m.load_state_dict(sd))
+    ckpt.load_model_weights(model, result.last_checkpoint)
     after = _p_token(model, t, tokenizer, 32)
     assert after > 3 * before, (before, after)
     rows = [json.loads(x) for x in (tmp_path / "rl" / "metrics.jsonl").read_text().splitlines()]
@@ -171,7 +176,7 @@ def test_training_problems_leave_the_eval_set_out():
     assert len({p.question for p in ev}) == 500
     eval_q = {p.question for p in ev}
     assert not eval_q & {p.question for p in training_problems(3000, seed=1)}
-    at, held_out = problem_stream(RLConfig(prompts=50, eval_n=500))
+    at, held_out = problem_stream(RLConfig(prompts=50, eval_n=500), seed=0)
     assert {p.question for p in held_out} == eval_q
     assert not eval_q & {p.question for s in range(20) for p in at(s)}
 

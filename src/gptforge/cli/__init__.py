@@ -44,7 +44,7 @@ COMMANDS: dict[str, tuple[ModuleType, bool, str]] = {
     "plan": (run, True, "estimate memory per GPU and propose micro-batch, recompute and sharding"),
     "race": (run, True, "tokens (and time) each preset needs to reach a target val loss"),
     "sft": (post, True, "chat fine-tuning on conversations (JSONL of {\"messages\": [...]} or a HF dataset)"),
-    "rl": (post, False, "GRPO on verifiable rewards (arithmetic, gsm8k) from an SFT checkpoint"),
+    "rl": (post, True, "GRPO on verifiable rewards (arithmetic, compare, gsm8k) from an SFT checkpoint"),
     "chat": (chat, False, "talk to a chat (SFT/RL) checkpoint in the terminal"),
 }
 

@@ -1,7 +1,11 @@
 """Post-training commands: ``sft`` (takes --section.key overrides) and ``rl``.
 
     gptforge sft --init-from runs/base --data conv.jsonl --out runs/sft [--section.key VALUE ...]
-    gptforge rl --init-from runs/sft --task arithmetic --out runs/rl
+    gptforge rl --init-from runs/sft --task arithmetic --out runs/rl [--section.key VALUE ...]
+
+Both are recipes on the one training loop and take the same resume/force path as ``train``
+(:func:`gptforge.cli.common.resolve_run`): flags given with ``--resume`` apply on top of the run's
+settings, or are refused naming the key; nothing is silently dropped.
 """
 
 from __future__ import annotations
@@ -9,54 +13,60 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gptforge.cli.common import CliError, chat_template_of, load
+from gptforge.cli.common import CliError, chat_template_of, finish, init_from, load, resolve_run
 from gptforge.load import ModelSource
 
 # --- sft -------------------------------------------------------------------------------------------
 
+SFT_FROZEN = ("sft.split", "sft.val_count", "sft.seed")  # they decide which conversations are held out
+
+
 def cmd_sft(args: argparse.Namespace, overrides: list[str]) -> int:
-    from gptforge.config import Config, apply_overrides
     from gptforge.data.chat import ChatFormatError, ChatTemplate
     from gptforge.data.sft import SFTDataError
-    from gptforge.run import checkpoint as ckpt
-    from gptforge.run.checkpointer import Checkpointer
-    from gptforge.training.sft import SFTData, run_sft, sft_config
+    from gptforge.training.sft import run_sft
 
-    sft = SFTData(data=args.data, val_count=args.val_count, split=args.split, seed=args.seed, skip_bad=args.skip_bad)
-    init_weights, resume = None, None
+    flags = _flag_overrides(args, {"data": "sft.data", "split": "sft.split", "val_count": "sft.val_count",
+                                   "seed": "sft.seed", "skip_bad": "sft.skip_bad"})
+    if args.resume is not None and args.init_from is not None:
+        raise CliError("--init-from starts a new SFT run; it cannot be combined with --resume")
+    if args.resume is None and (args.init_from is None or args.data is None):
+        raise CliError("give --init-from CKPT (the base model) and --data, or --resume to continue an SFT run")
+    init_weights = None
+
+    def fresh():
+        nonlocal init_weights
+        from gptforge.config import apply_overrides
+        from gptforge.training.sft import sft_config
+
+        cfg = sft_config(_base_shape(args.init_from), args.out)
+        init_weights = init_from(args.init_from, cfg)
+        return apply_overrides(cfg, [*flags, *overrides, "--train.out_dir", args.out])
+
     try:
-        if args.resume is not None:
-            if args.init_from is not None:
-                raise CliError("--init-from starts a new SFT run; it cannot be combined with --resume")
-            where = Checkpointer.find(args.out, args.resume)  # the newest intact one, as train resumes
-            meta = ckpt.read_meta(where)
-            if "sft" not in meta:
-                raise CliError(f"--resume: {where} is not an SFT checkpoint; resume it with `gptforge train`")
-            cfg = Config.from_dict(meta["config"])
-            cfg.train.out_dir = args.out  # the run continues where it is now (it may have been moved or copied)
-            cfg = apply_overrides(cfg, overrides)
-            sft = SFTData(**{**meta["sft"], "data": args.data})
+        cfg, resume, meta = resolve_run(args.out, args.resume, [*flags, *overrides], "sft", fresh, frozen=SFT_FROZEN)
+        if resume is not None:
             template = ChatTemplate.from_dict(meta["chat_template"])
-            resume = str(where)
         else:
-            if args.init_from is None:
-                raise CliError("give --init-from CKPT (the base model), or --resume to continue an SFT run")
-            from gptforge.cli.run import _init_from
-
-            cfg = sft_config(_base_shape(args.init_from), args.out)
-            init_weights = _init_from(args.init_from, cfg)
-            cfg.train.out_dir = args.out
-            apply_overrides(cfg, overrides)
-            template = chat_template_of(args.init_from) if Path(args.init_from).is_dir() else None
-            template = template or ChatTemplate.gpt2()
+            template = (chat_template_of(args.init_from) if Path(args.init_from).is_dir() else None) or ChatTemplate.gpt2()
         if args.dry_run:
             print(cfg.to_json())
             return 0
-        result = run_sft(cfg, sft, template, resume=resume, force=args.force, init_weights=init_weights,
+        result = run_sft(cfg, template, resume=resume, force=args.force, init_weights=init_weights,
                          base_loss=args.base_loss)
     except (SFTDataError, ChatFormatError) as e:
         raise CliError(str(e)) from e
-    return 130 if result.interrupted else 0
+    return finish(result, "sft")
+
+
+def _flag_overrides(args: argparse.Namespace, keys: dict[str, str]) -> list[str]:
+    """A command's own flags as --section.key overrides (only those given: None/False means not given)."""
+    out: list[str] = []
+    for flag, key in keys.items():
+        v = getattr(args, flag, None)
+        if v is not None and v is not False:
+            out += [f"--{key}", str(v)]
+    return out
 
 
 def _base_shape(source: str):
@@ -70,16 +80,16 @@ def args_sft(s: argparse.ArgumentParser) -> None:
                      "like train (see `gptforge train --help-config`).")
     s.add_argument("--init-from", metavar="CKPT_OR_LLMC_FILE", help="base model: gptforge checkpoint/run dir or "
                                                                     "llm.c file (trained with model.pad_vocab true)")
-    s.add_argument("--data", required=True, help="FILE.jsonl with one {\"messages\": [...]} per line, or a Hugging "
+    s.add_argument("--data", help="FILE.jsonl with one {\"messages\": [...]} per line, or a Hugging "
                                                  "Face chat dataset with a messages column: a Hub name (online), a "
                                                  "save_to_disk directory, a local dataset folder or a .parquet file")
     s.add_argument("--out", required=True, help="run directory")
-    s.add_argument("--val-count", type=int, default=200, help="held-out conversations for val loss (default 200)")
-    s.add_argument("--split", default="train", help="HF dataset split (default train; e.g. train_sft)")
-    s.add_argument("--seed", type=int, default=0, help="held-out split and conversation order")
+    s.add_argument("--val-count", type=int, help="held-out conversations for val loss (default 200; sft.val_count)")
+    s.add_argument("--split", help="HF dataset split (default train, e.g. train_sft; sft.split)")
+    s.add_argument("--seed", type=int, help="held-out split and conversation order (default 0; sft.seed)")
     s.add_argument("--skip-bad", action="store_true", help="count and skip bad conversations instead of stopping")
     s.add_argument("--resume", nargs="?", const="latest", default=None, metavar="CKPT",
-                   help="continue the SFT run in --out (or from CKPT); give the same --data")
+                   help="continue the SFT run in --out (or from CKPT); --data only if the file moved; other flags apply on top")
     s.add_argument("--force", action="store_true", help="start over in a run directory that holds checkpoints")
     s.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
     s.add_argument("--base-loss", action="store_true", help="first score the base model on the held-out "
@@ -88,85 +98,103 @@ def args_sft(s: argparse.ArgumentParser) -> None:
 
 # --- rl ----------------------------------------------------------------------------------------------
 
-def cmd_rl(args: argparse.Namespace) -> int:
-    import dataclasses
+RL_FLAGS = {  # the short flags of `gptforge rl` -> the config keys they set (any --section.key works too)
+    "task": "rl.task", "prompts": "rl.prompts", "group": "rl.group", "max_new_tokens": "rl.max_new_tokens",
+    "temperature": "rl.temperature", "top_k": "rl.top_k", "kl_coef": "rl.kl_coef", "clip_eps": "rl.clip_eps",
+    "updates_per_batch": "rl.updates_per_batch", "eval_every": "rl.eval_every", "eval_n": "rl.eval_n",
+    "steps": "train.max_steps", "lr": "optim.lr", "warmup_steps": "optim.warmup_steps",
+    "micro_batch": "train.micro_batch", "ckpt_every": "train.ckpt_every", "keep_ckpts": "train.keep_ckpts",
+    "seed": "train.seed", "device": "train.device", "raw": "rl.raw", "reward": "rl.reward",
+}
+RL_FROZEN = ("rl.task", "rl.eval_n", "rl.init_from", "rl.raw")  # they decide what is trained and held out
 
+
+def cmd_rl(args: argparse.Namespace, overrides: list[str]) -> int:
     from gptforge.data.chat import ChatFormatError
     from gptforge.data.tokenizer import get_tokenizer
-    from gptforge.run import checkpoint as ckpt
-    from gptforge.run.checkpointer import Checkpointer
-    from gptforge.runtime import resolve_device
-    from gptforge.training.grpo import RLConfig, RLError, train_rl
+    from gptforge.training.grpo import GRPO, RLError, rl_config
+    from gptforge.training.loop import train
     from gptforge.training.rewards import RewardError, load_reward
 
-    resume_dir = None
-    try:
-        if args.resume is not None:
-            resume_dir = Checkpointer.find(args.out, args.resume)  # the newest intact one, as train resumes
-            meta = ckpt.read_meta(resume_dir)
-            if "rl" not in meta:
-                raise CliError(f"--resume: {resume_dir} is not an RL checkpoint")
-            cfg = RLConfig(**{**meta["rl"], "out_dir": args.out})
-            if args.steps is not None:
-                cfg.steps = args.steps
-            source = str(resume_dir)
-        else:
-            if args.init_from is None:
-                raise CliError("give --init-from CKPT (an SFT checkpoint), or --resume to continue an RL run")
-            known = {f.name for f in dataclasses.fields(RLConfig)}
-            given = {k: v for k, v in vars(args).items() if k in known and v is not None}
-            cfg = RLConfig(**{**given, "out_dir": args.out, "init_from": args.init_from})
-            if ckpt.latest_checkpoint(args.out) is not None and not args.force:
-                raise CliError(f"{args.out} already holds checkpoints; pass --resume to continue, --force to start over")
-            if args.force:
-                import shutil
+    flags = _flag_overrides(args, RL_FLAGS)
+    if args.resume is not None and args.init_from is not None:
+        raise CliError("--init-from starts a new RL run; it cannot be combined with --resume")
+    if args.resume is None and args.init_from is None:
+        raise CliError("give --init-from CKPT (an SFT checkpoint), or --resume to continue an RL run")
 
-                shutil.rmtree(ckpt.ckpt_root(args.out), ignore_errors=True)
-                (Path(args.out) / "metrics.jsonl").unlink(missing_ok=True)
-            source = args.init_from
-        cfg.check()
-        template = chat_template_of(source)
-        raw = args.raw or (args.resume is not None and meta.get("chat_template") is None)
-        if template is None and not raw:
+    def fresh():
+        from gptforge.config import apply_overrides
+
+        cfg = rl_config(_base_shape(args.init_from), args.out, args.init_from)
+        return apply_overrides(cfg, [*flags, *overrides, "--train.out_dir", args.out])
+
+    try:
+        cfg, resume, meta = resolve_run(args.out, args.resume, [*flags, *overrides], "grpo", fresh, frozen=RL_FROZEN)
+        given_reward = args.reward is not None or any(o.startswith("--rl.reward") for o in overrides)
+        if ":" in cfg.rl.reward and not given_reward:  # code is named only by this command line
+            raise CliError(f"this run was trained with the reward function {cfg.rl.reward!r}, which is code: a "
+                           f"checkpoint never decides what code runs. Pass --reward {cfg.rl.reward} to run it again")
+        source = str(resume) if resume is not None else args.init_from
+        template = None if cfg.rl.raw else chat_template_of(source)
+        if template is None and not cfg.rl.raw:
             raise CliError(f"{source} has no chat template (meta.json chat_template): fine-tune it with `gptforge "
-                             "sft` first, or pass --raw to prompt it with plain 'Question: ...\\nAnswer:' text")
-        if raw:
-            template = None
-        reward = load_reward(cfg.reward)
-        model = load(ModelSource(ckpt=source)).to(resolve_device(cfg.device))
-        train_rl(cfg, model, template, get_tokenizer(), reward, resume_dir=resume_dir)
+                           "sft` first, or pass --raw to prompt it with plain 'Question: ...\\nAnswer:' text")
+        if args.dry_run:
+            print(cfg.to_json())
+            return 0
+        reward = load_reward(cfg.rl.reward)
+        init = init_from(args.init_from, cfg) if resume is None else None
+        recipe = GRPO(cfg, template, get_tokenizer(), reward)
+        result = train(cfg, recipe, resume=resume, force=args.force, init_weights=init)
     except (RLError, RewardError, ChatFormatError) as e:
         raise CliError(str(e)) from e
-    return 0
+    return finish(result, "rl")
 
 
 def args_rl(r: argparse.ArgumentParser) -> None:
-    from gptforge.training.grpo import RLConfig
+    from gptforge.config import Config
 
-    d = RLConfig()
-    r.description = ("Sample a group of replies per problem, score them, group-relative advantages, clipped ratio "
-                     "and a KL penalty to the starting model. Logs reward, KL, reply length and accuracy per step "
-                     "to RUN/metrics.jsonl; checkpoints resume.")
+    d = Config(train=rl_train_defaults(), optim=rl_optim_defaults())
+    r.description = ("GRPO: sample a group of replies per problem, score them, group-relative advantages, clipped "
+                     "ratio and a KL penalty to the starting model. Logs reward, KL, reply length and accuracy per "
+                     "step to RUN/metrics.jsonl; checkpoints resume; runs under torchrun (rollouts split by rank). "
+                     "Every config key can be set as --section.key VALUE (see `gptforge train --help-config`: "
+                     "the rl.* and optim.* sections); the flags below are short names for the common ones.")
     r.add_argument("--init-from", help="SFT checkpoint or run directory (must carry a chat template)")
     r.add_argument("--out", required=True, help="run directory")
-    r.add_argument("--resume", nargs="?", const="latest", default=None, metavar="CKPT")
+    r.add_argument("--resume", nargs="?", const="latest", default=None, metavar="CKPT",
+                   help="continue the RL run in --out (or from CKPT); flags given now apply on top of its settings")
     r.add_argument("--force", action="store_true", help="start over in a run directory that holds checkpoints")
-    r.add_argument("--task", choices=["arithmetic", "compare", "gsm8k"])
+    r.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
+    r.add_argument("--task", choices=["arithmetic", "compare", "gsm8k"], help=f"default {d.rl.task}")
     r.add_argument("--reward", help="exact_match (default), exact_match_with_format, numeric_closeness, or "
-                                    "module:function taking (problem, reply) -> float")
+                                    "module:function taking (problem, reply) -> float (code: never read back from "
+                                    "a checkpoint, give it again on --resume)")
     for name, tp, help_ in [
-        ("steps", int, "optimizer steps"), ("prompts", int, "problems per step"), ("group", int, "replies per problem"),
-        ("max_new_tokens", int, "reply length cap"), ("temperature", float, "sampling temperature"),
-        ("top_k", int, "0 = off"), ("lr", float, "learning rate"), ("warmup_steps", int, "linear LR warmup"),
-        ("kl_coef", float, "KL penalty to the starting model"), ("clip_eps", float, "ratio clip"),
-        ("updates_per_batch", int, "optimizer steps per sampled batch"), ("micro_batch", int, "replies per forward"),
-        ("eval_every", int, "steps between held-out evals (0 = start and end)"), ("eval_n", int, "held-out problems"),
-        ("ckpt_every", int, "steps between checkpoints"), ("keep_ckpts", int, "newest checkpoints kept"),
-        ("seed", int, "problems and sampling"),
+        ("steps", int, "optimizer steps (train.max_steps)"), ("prompts", int, "problems per step, all ranks"),
+        ("group", int, "replies per problem"), ("max_new_tokens", int, "reply length cap"),
+        ("temperature", float, "sampling temperature"), ("top_k", int, "0 = off"), ("lr", float, "learning rate"),
+        ("warmup_steps", int, "linear LR warmup"), ("kl_coef", float, "KL penalty to the starting model"),
+        ("clip_eps", float, "ratio clip"), ("updates_per_batch", int, "optimizer steps per sampled batch"),
+        ("micro_batch", int, "replies per forward"), ("eval_every", int, "steps between held-out evals (0 = start and end)"),
+        ("eval_n", int, "held-out problems"), ("ckpt_every", int, "steps between checkpoints"),
+        ("keep_ckpts", int, "newest checkpoints kept"), ("seed", int, "problems and sampling"),
     ]:
+        key = RL_FLAGS[name]
+        section, field = key.split(".")
         r.add_argument("--" + name.replace("_", "-"), dest=name, type=tp,
-                       help=f"{help_} (default {getattr(d, name)})")
+                       help=f"{help_}; --{key} (default {getattr(getattr(d, section), field)})")
     r.add_argument("--raw", action="store_true", help="no chat template: plain 'Question: ...\\nAnswer:' prompts")
-    r.add_argument("--device", default=None)
+    r.add_argument("--device", default=None, help="train.device (default auto)")
 
 
+def rl_train_defaults():
+    from gptforge.training.grpo import rl_config
+
+    return rl_config(None, "runs/rl", "").train
+
+
+def rl_optim_defaults():
+    from gptforge.training.grpo import rl_config
+
+    return rl_config(None, "runs/rl", "").optim

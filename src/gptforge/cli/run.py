@@ -3,13 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 
-from gptforge.cli.common import CliError, load
-from gptforge.load import ModelSource
-
-EXIT_DIVERGED = 3  # training stopped because the loss was not finite
+from gptforge.cli.common import CliError, finish, init_from, resolve_run
 
 
 def build_config(args: argparse.Namespace, overrides: list[str]):
@@ -46,64 +42,58 @@ def args_train(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
-    from gptforge.config import Config, apply_overrides, describe_keys
-    from gptforge.run import checkpoint as ckpt
-    from gptforge.run.checkpointer import Checkpointer
+    from gptforge.config import describe_keys
+    from gptforge.run.resume import check_resume, saved_config
     from gptforge.runtime import launched_world
     from gptforge.training.evaluate import check_tasks
 
-    cfg, overrides = build_config(args, overrides)
     if args.help_config:
+        cfg, _ = build_config(args, overrides)
         print(f"Config keys (set with --section.key VALUE), values of preset {args.preset!r}:\n" + describe_keys(cfg))
         return 0
-    trusted = args.trust_checkpoint or cfg.train.trust_checkpoint  # from this command line only
-    # resolved once, here: the newest checkpoint that verifies (damaged ones are named and skipped)
-    resume = Checkpointer.find(cfg.train.out_dir, args.resume, warn=lambda m: print(m, file=sys.stderr))
-    if resume is not None:  # the checkpoint's own config, with this command line's overrides on top
-        meta = ckpt.read_meta(resume)
-        cfg = apply_overrides(Config.from_dict(meta["config"]), overrides)
-    cfg.train.trust_checkpoint = trusted  # a checkpoint never vouches for itself
+    trusted = args.trust_checkpoint or _flag_value(overrides, "train.trust_checkpoint")  # this command line only
+    cfg, resume, meta = resolve_run(args.out, args.resume, overrides, "pretrain",
+                                    lambda: build_config(args, overrides)[0], trusted,
+                                    default_out=_default_out(args.preset, overrides))
     init_weights = None
     if args.init_from is not None:
         if resume is not None:
             raise CliError("--init-from starts a new run from other weights; it cannot be combined with --resume")
-        init_weights = _init_from(args.init_from, cfg)
+        init_weights = init_from(args.init_from, cfg)
     cfg.validate(launched_world())  # fail on a batch that cannot divide before touching data or devices
     check_tasks(cfg)
     if args.dry_run:
         print(cfg.to_json())
         return 0
-    if resume is not None:
-        from gptforge.run.resume import check_resume
-
-        if check_resume(Config.from_dict(meta["config"]), cfg, int(meta["step"]), resume):
-            return 0  # a finished run: said so, and how to extend it
+    if resume is not None and check_resume(saved_config(meta), cfg, int(meta["step"]), resume):
+        return 0  # a finished run: said so, and how to extend it
     from gptforge.training.loop import train
 
-    result = train(cfg, resume=resume, force=args.force, init_weights=init_weights)
-    if result.diverged_at is not None:
-        print(f"gptforge train: the loss diverged (not finite) at step {result.diverged_at}; lower --optim.lr "
-              f"or check the data, then resume from the last checkpoint", file=sys.stderr)
-        return EXIT_DIVERGED
-    from gptforge.run.faults import exit_status
-
-    return exit_status(result.interrupted)  # a clean stop under torchrun is not a failure
+    return finish(train(cfg, resume=resume, force=args.force, init_weights=init_weights), "train")
 
 
-def _init_from(source: str, cfg):
-    """Fine-tuning: take the model's family and shape from a gptforge checkpoint, a Hugging Face
-    directory or an llm.c model file (so it overrides the preset's) and return a function that copies
-    its weights in."""
-    src = load(ModelSource.from_path(source))
-    knobs = {k: getattr(cfg.model, k) for k in ("dropout", "recompute", "flash")  # training knobs stay the preset's
-             if hasattr(cfg.model, k) and hasattr(src.config, k)}
-    cfg.model = dataclasses.replace(src.config, **knobs)
-    sd = src.state_dict()
+def _default_out(preset: str, overrides: list[str]) -> str:
+    """Where a run of ``preset`` lives unless --out says otherwise (--train.out_dir, or the preset's)."""
+    from gptforge.presets import get_preset
 
-    def init_weights(model) -> None:
-        model.load_state_dict(sd)
+    for i, a in enumerate(overrides):
+        if a == "--train.out_dir" and i + 1 < len(overrides):
+            return overrides[i + 1]
+        if a.startswith("--train.out_dir="):
+            return a.split("=", 1)[1]
+    return get_preset(preset).train.out_dir
 
-    return init_weights
+
+def _flag_value(overrides: list[str], key: str) -> bool:
+    """The boolean an override list sets ``key`` to (False when absent)."""
+    from gptforge.config import parse_value
+
+    for i, a in enumerate(overrides):
+        if a == f"--{key}" and i + 1 < len(overrides):
+            return bool(parse_value(key, overrides[i + 1], bool))
+        if a.startswith(f"--{key}="):
+            return bool(parse_value(key, a.split("=", 1)[1], bool))
+    return False
 
 
 # --- bench ----------------------------------------------------------------------------------------

@@ -148,6 +148,12 @@ def all_reduce_mean(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
     return t
 
 
+def all_reduce_sum(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
+    if info.enabled:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
 def any_rank(flag: bool, info: DistInfo) -> bool:
     """True on every rank when ``flag`` is true on any (a signal that reached one rank stops all of
     them at the same step, so they checkpoint together instead of waiting on each other)."""

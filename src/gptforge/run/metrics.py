@@ -124,7 +124,7 @@ def _finite_or_null(fields: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-STEP_KINDS = ("train", "val", "eval", "sample")  # records that describe the model at a step
+STEP_KINDS = ("train", "val", "eval", "sample", "rl")  # records that describe the model at a step
 
 
 class MetricsLog:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from gptforge.config import Config
+from gptforge.config import Config, ConfigError
 from gptforge.optim import lr_at
 
 
@@ -52,3 +52,56 @@ def check_resume(saved: Config, cfg: Config, step: int, where: Path) -> bool:
     if message and int(os.environ.get("RANK", "0")) == 0:
         print(message, flush=True)
     return complete
+
+
+# --- the one path from a command line to a resumed run's config -----------------------------------
+
+_LEGACY_RL_KEYS = {  # flat RLConfig fields of checkpoints written before rl became a Config section
+    "steps": ("train", "max_steps"), "lr": ("optim", "lr"), "warmup_steps": ("optim", "warmup_steps"),
+    "weight_decay": ("optim", "weight_decay"), "grad_clip": ("optim", "grad_clip"),
+    "ckpt_every": ("train", "ckpt_every"), "keep_ckpts": ("train", "keep_ckpts"), "seed": ("train", "seed"),
+    "device": ("train", "device"), "micro_batch": ("train", "micro_batch"), "out_dir": ("train", "out_dir"),
+}
+
+
+def recipe_of(meta: dict) -> str:
+    """The recipe that wrote a checkpoint: pretrain, sft or grpo (older checkpoints by their keys)."""
+    if isinstance(meta.get("recipe"), str):
+        return meta["recipe"]
+    return "grpo" if "rl" in meta else "sft" if "sft" in meta else "pretrain"
+
+
+def saved_config(meta: dict) -> Config:
+    """The config a checkpoint was trained with; SFT and RL checkpoints written before ``sft`` and ``rl``
+    became sections of the config (their settings sat beside it in meta.json) are read into today's keys."""
+    d = {k: dict(v) if isinstance(v, dict) else v for k, v in dict(meta["config"]).items()}
+    if isinstance(meta.get("sft"), dict) and "sft" not in d:
+        d["sft"] = dict(meta["sft"])
+    if isinstance(meta.get("rl"), dict) and "rl" not in d:
+        rl = dict(meta["rl"])
+        for old, (section, key) in _LEGACY_RL_KEYS.items():
+            if old in rl:
+                d.setdefault(section, {})[key] = rl.pop(old)
+        d["rl"] = rl
+    return Config.from_dict(d)
+
+
+def resume_config(meta: dict, overrides: list[str], out_dir: str, frozen: tuple[str, ...] = ()) -> Config:
+    """A resumed run's config: the checkpoint's own, with this command line's overrides on top; every
+    override applies (none is silently dropped), and a key in ``frozen`` (one whose change would make
+    the run another run, e.g. which conversations are held out) is refused naming it. The run is
+    written where this command line says (``out_dir``), never where the checkpoint says it came from;
+    trust (``train.trust_checkpoint``) is never taken from the checkpoint."""
+    from gptforge.config import apply_overrides
+
+    saved = saved_config(meta)
+    cfg = apply_overrides(saved_config(meta), overrides)
+    for key in frozen:
+        section, name = key.split(".", 1)
+        old, new = getattr(getattr(saved, section), name), getattr(getattr(cfg, section), name)
+        if old != new:
+            raise ConfigError(f"--{key} {new!r}: this run was trained with {old!r}, and a resume cannot change it "
+                              "(start a new run with --out elsewhere, or resume without it)")
+    cfg.train.out_dir = out_dir
+    cfg.train.trust_checkpoint = False  # a checkpoint never vouches for itself; the caller sets the flag
+    return cfg

@@ -2,6 +2,7 @@
 
     gptforge rl --init-from runs/sft --task arithmetic --out runs/rl --steps 100
     gptforge rl --out runs/rl --resume
+    torchrun --nproc_per_node 2 -m gptforge rl --init-from runs/sft --out runs/rl   # rollouts split by rank
 
 Each step: take ``prompts`` problems, sample ``group`` replies to each with the KV cache
 (``gptforge.generation``), score them with the reward function, turn rewards into group-relative
@@ -10,21 +11,25 @@ advantages ``(r - mean_group) / (std_group + eps)``, and minimise, per reply tok
     -[ min(ratio * A, clip(ratio, 1 - clip_eps, 1 + clip_eps) * A) - kl_coef * KL ]
     ratio = exp(logp - logp_old),  KL = exp(ref - logp) - (ref - logp) - 1   (k3, >= 0)
 
-averaged over each reply's tokens, then over replies. ``ref`` is the frozen starting model; with one
-update per batch (``updates_per_batch`` 1) ``logp_old`` is the sampling policy, so ratio = 1 and the
-gradient is the plain policy gradient plus the KL term. Reward, KL, reply length and accuracy go to
-metrics.jsonl every step; checkpoints carry the chat template and resume exactly (the problems and
-the sampling seed are functions of the step).
+averaged over each reply's tokens, then over replies (TRL's ``loss_type="grpo"`` normalisation). ``ref``
+is the frozen starting model; with one update per batch (``rl.updates_per_batch`` 1) ``logp_old`` is
+the sampling policy, so ratio = 1 and the gradient is the plain policy gradient plus the KL term.
+
+This file is only the algorithm: :class:`GRPO` is a recipe on the one loop
+(:func:`gptforge.training.loop.train`), which supplies the optimizer and schedule (``optim.*``),
+precision, DDP, checkpoints, signals, exit codes and metrics. Across ranks each rank samples and
+scores ``rl.prompts / world`` problems' groups (a group never spans ranks, so advantages need no
+communication) and DDP averages the gradients of equal shares: 2 ranks equal 1 rank. A step's
+problems and every reply's random draws are functions of (seed, step), so a resume is exact.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
-import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -33,54 +38,13 @@ import torch.nn.functional as F
 from gptforge.data.chat import ChatTemplate, ChatTokenizer
 from gptforge.eval.tasks.verifiable import Problem, is_correct
 from gptforge.generation import SamplingParams, stream_tokens
+from gptforge.parallel.distributed import DistInfo, all_reduce_mean, all_reduce_sum, grad_sync, local_tensor
+from gptforge.training.recipe import Recipe, RunCtx
 from gptforge.training.rewards import RewardFn, score
 
 
 class RLError(ValueError):
     """Bad RL settings or inputs; the message names the flag."""
-
-
-@dataclass
-class RLConfig:
-    task: str = "arithmetic"  # arithmetic | gsm8k
-    reward: str = "exact_match"  # built-in name or module:function
-    init_from: str = ""  # the starting (and reference) model: a checkpoint or run directory
-    steps: int = 100
-    prompts: int = 8  # problems per step
-    group: int = 8  # replies sampled per problem
-    max_new_tokens: int = 24
-    temperature: float = 1.0
-    top_k: int = 0  # 0 = off
-    lr: float = 1e-5
-    warmup_steps: int = 0
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    kl_coef: float = 0.02
-    clip_eps: float = 0.2
-    updates_per_batch: int = 1  # optimizer steps on each sampled batch (> 1: the ratio moves and clips)
-    micro_batch: int = 16  # replies per forward/backward
-    adv_eps: float = 1e-4
-    eval_every: int = 0  # steps between held-out evaluations (0 = only at start and end)
-    eval_n: int = 200  # held-out problems (never trained on)
-    ckpt_every: int = 50
-    keep_ckpts: int = 2
-    seed: int = 0
-    device: str = "auto"
-    out_dir: str = "runs/rl"
-
-    def check(self) -> None:
-        for name in ("steps", "prompts", "group", "max_new_tokens", "updates_per_batch", "micro_batch"):
-            if getattr(self, name) < 1:
-                raise RLError(f"--{name.replace('_', '-')} {getattr(self, name)}: must be >= 1")
-        if self.group < 2:
-            raise RLError(f"--group {self.group}: GRPO compares replies within a group; use >= 2")
-        if self.lr <= 0 or self.temperature <= 0:
-            raise RLError("--lr and --temperature must be > 0 (sampling a group needs temperature > 0)")
-        if self.kl_coef < 0 or not 0 < self.clip_eps < 1:
-            raise RLError("--kl-coef must be >= 0 and --clip-eps in (0, 1)")
-        for name in ("eval_every", "eval_n", "ckpt_every", "keep_ckpts", "warmup_steps"):
-            if getattr(self, name) < 0:
-                raise RLError(f"--{name.replace('_', '-')} {getattr(self, name)}: must be >= 0")
 
 
 # --- the math: advantages and the loss (tested against hand-computed numbers) ----------------------
@@ -173,39 +137,46 @@ def _batch(rollouts: Rollouts, rows: Sequence[int], pad: int, device: torch.devi
 
 # --- one GRPO step ------------------------------------------------------------------------------------
 
-def grpo_step(model: torch.nn.Module, ref: torch.nn.Module | None, optimizer: torch.optim.Optimizer,
-              rollouts: Rollouts, rewards: torch.Tensor, cfg: RLConfig, pad: int) -> dict[str, float]:
-    """Update ``model`` on one batch of rollouts; rewards (P, G). Returns loss and KL."""
-    device = next(model.parameters()).device
-    adv = group_advantages(rewards, cfg.adv_eps).flatten().to(device)
-    N = adv.numel()
-    chunks = [list(range(i, min(i + cfg.micro_batch, N))) for i in range(0, N, cfg.micro_batch)]
+def grpo_step(wrapped: torch.nn.Module, model: torch.nn.Module, ref: torch.nn.Module | None,
+              optimizer: torch.optim.Optimizer, rollouts: Rollouts, rewards: torch.Tensor, cfg: Any, pad: int,
+              info: DistInfo | None = None, autocast: Callable = contextlib.nullcontext) -> dict[str, float]:
+    """Update on one batch of rollouts (this rank's share); rewards (P, G). ``wrapped`` (DDP or the
+    model itself) runs the differentiable forward, ``model`` the no-grad ones. ``cfg``: the run Config
+    (``rl.*``, ``train.micro_batch`` replies per forward, ``optim.grad_clip``). Returns loss, KL, grad norm."""
+    info = info or DistInfo()
+    rl, device = cfg.rl, next(model.parameters()).device
+    adv = group_advantages(rewards, rl.adv_eps).flatten().to(device)
+    N, mb = adv.numel(), cfg.train.micro_batch
+    chunks = [list(range(i, min(i + mb, N))) for i in range(0, N, mb)]
     batches = [_batch(rollouts, rows, pad, device) for rows in chunks]
     starts = [int(mask.any(dim=0).nonzero()[0]) for _, mask in batches]  # each chunk's first reply position
     batches = [(ids, mask[:, s:]) for (ids, mask), s in zip(batches, starts, strict=True)]
-    with torch.no_grad():
-        T = cfg.temperature
-        refs = [token_logprobs(ref, ids, T, s) if ref is not None and cfg.kl_coef > 0 else None
+    T = rl.temperature
+    with torch.no_grad(), autocast():
+        refs = [token_logprobs(ref, ids, T, s) if ref is not None and rl.kl_coef > 0 else None
                 for (ids, _), s in zip(batches, starts, strict=True)]
         olds = ([token_logprobs(model, ids, T, s) for (ids, _), s in zip(batches, starts, strict=True)]
-                if cfg.updates_per_batch > 1 else None)
+                if rl.updates_per_batch > 1 else None)
     model.train()
-    loss_sum, kl_sum = 0.0, 0.0
-    for _ in range(cfg.updates_per_batch):
+    loss_sum, kl_sum, norm = 0.0, 0.0, torch.zeros(())
+    for _ in range(rl.updates_per_batch):
         loss_sum, kl_sum = 0.0, 0.0
         for k, ((ids, mask), rows) in enumerate(zip(batches, chunks, strict=True)):
-            logp = token_logprobs(model, ids, cfg.temperature, starts[k])
-            old = olds[k] if olds is not None else logp.detach()
-            loss, kl = grpo_loss(logp, old, refs[k], adv[rows[0] : rows[-1] + 1], mask, cfg.clip_eps, cfg.kl_coef)
-            (loss * len(rows) / N).backward()  # mean over all N replies, whatever the chunking
+            with grad_sync(wrapped, info, sync=k == len(chunks) - 1), autocast():
+                logp = token_logprobs(wrapped, ids, T, starts[k])
+                old = olds[k] if olds is not None else logp.detach()
+                loss, kl = grpo_loss(logp, old, refs[k], adv[rows[0] : rows[-1] + 1], mask, rl.clip_eps, rl.kl_coef)
+                (loss * len(rows) / N).backward()  # mean over this rank's N replies; DDP averages equal shares
             loss_sum += loss.item() * len(rows) / N
             kl_sum += kl.item() * len(rows) / N
-        if cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        if cfg.optim.grad_clip > 0:
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
+        else:
+            norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     model.eval()
-    return {"loss": loss_sum, "kl": kl_sum}
+    return {"loss": loss_sum, "kl": kl_sum, "grad_norm": float(local_tensor(norm))}
 
 
 def _mix(*xs: int) -> int:
@@ -217,8 +188,8 @@ def _mix(*xs: int) -> int:
 
 # --- the loop ------------------------------------------------------------------------------------------
 
-def problem_stream(cfg: RLConfig) -> tuple[Callable[[int], list[Problem]], list[Problem]]:
-    """(step -> that step's training problems, the held-out problems). Held-out problems are never
+def problem_stream(cfg: Any, seed: int) -> tuple[Callable[[int], list[Problem]], list[Problem]]:
+    """``cfg``: the ``rl`` section. (step -> that step's training problems, the held-out problems). Held-out problems are never
     trained on; a step's problems depend only on (seed, step), so a resumed run sees the same ones."""
     import random
 
@@ -235,7 +206,7 @@ def problem_stream(cfg: RLConfig) -> tuple[Callable[[int], list[Problem]], list[
             out: list[Problem] = []
             k = 0
             while len(out) < cfg.prompts:
-                cand = make(cfg.prompts, seed=_mix(cfg.seed, step, 2, k))
+                cand = make(cfg.prompts, seed=_mix(seed, step, 2, k))
                 out += [p for p in cand if p.question not in banned][: cfg.prompts - len(out)]
                 k += 1
             return out
@@ -245,102 +216,138 @@ def problem_stream(cfg: RLConfig) -> tuple[Callable[[int], list[Problem]], list[
     held_out, pool = allp[: cfg.eval_n], allp[cfg.eval_n :]
     if len(pool) < cfg.prompts:
         raise RLError(f"--eval-n {cfg.eval_n} leaves {len(pool)} {cfg.task} problems to train on; lower it")
-    return (lambda step: random.Random(_mix(cfg.seed, step, 3)).sample(pool, cfg.prompts)), held_out
+    return (lambda step: random.Random(_mix(seed, step, 3)).sample(pool, cfg.prompts)), held_out
 
 
-def held_out_accuracy(model: Any, enc: Any, template: ChatTemplate | None, problems: Sequence[Problem], max_new: int) -> float:
+def held_out_correct(model: Any, enc: Any, template: ChatTemplate | None, problems: Sequence[Problem],
+                     max_new: int) -> int:
+    """How many of ``problems`` the model answers correctly, greedily."""
     from gptforge.eval.generative import generate_replies, prompt_ids
 
     if not problems:
-        return float("nan")
+        return 0
     prompts = [prompt_ids(p, enc, template) for p in problems]
     replies = generate_replies(model, enc, prompts, template, max_new)
-    return sum(is_correct(r, p.answer) for r, p in zip(replies, problems, strict=True)) / len(problems)
+    return sum(is_correct(r, p.answer) for r, p in zip(replies, problems, strict=True))
 
 
-def train_rl(cfg: RLConfig, model: torch.nn.Module, template: ChatTemplate | None, enc: Any, reward_fn: RewardFn,
-             resume_dir: Path | None = None, problems_at: Callable[[int], list[Problem]] | None = None,
-             held_out: Sequence[Problem] | None = None, log: Callable[[str], None] = print,
-             stop_at_step: int | None = None) -> dict[str, Any]:
-    """Run GRPO per ``cfg`` on ``model`` (already holding the init weights, or the checkpoint's when
-    resuming; the reference is a frozen copy of the init weights). Returns the last step's stats."""
-    from gptforge.config import Config
-    from gptforge.run import checkpoint as ckpt
-    from gptforge.run.metrics import MetricsLog
+def rl_config(model: Any, out_dir: str, init_from: str) -> Any:
+    """RL defaults (the preset of ``gptforge rl``) for a model of shape ``model``: AdamW at a constant
+    1e-5 after an optional warmup (``optim.schedule wsd`` with no cooldown), no weight decay, 16 replies
+    per forward, 100 steps, checkpoints every 50. Any key can be overridden as --section.key."""
+    from gptforge.config import Config, OptimConfig, RLConfig, TrainConfig
 
-    cfg.check()
-    if template is not None:  # None: --raw, plain "Question: ...\nAnswer:" prompts
-        template.check_model(model.config)
-        if model.config.vocab_size < template.vocab_size:
-            raise RLError("the model's logits do not cover the chat tokens; RL needs a chat (SFT) checkpoint")
-        enc = enc if isinstance(enc, ChatTokenizer) else ChatTokenizer(enc, template)
-    if problems_at is None:
-        problems_at, held_out = problem_stream(cfg)
-    held_out = list(held_out or [])
-    device = next(model.parameters()).device
-    run_dir = Path(cfg.out_dir)
-    ref = None
-    if cfg.kl_coef > 0:
-        ref = copy.deepcopy(model).eval()
-        if resume_dir is not None:  # the reference is the init model, not the resumed weights
-            from gptforge.load import ModelSource, load_model
+    cfg = Config(optim=OptimConfig(lr=1e-5, warmup_steps=0, weight_decay=0.0, grad_clip=1.0, schedule="wsd",
+                                   cooldown_frac=0.0, min_lr_frac=1.0),
+                 train=TrainConfig(micro_batch=16, seq_len=1, total_batch_tokens=16, max_steps=100, val_every=0,
+                                   sample_every=0, ckpt_every=50, keep_ckpts=2, seed=0, compile=False,
+                                   out_dir=out_dir),
+                 rl=RLConfig(init_from=init_from))
+    if model is not None:
+        cfg.model = model
+    return cfg
 
-            ref = load_model(ModelSource(ckpt=cfg.init_from)).to(device).eval()
-        for p in ref.parameters():
-            p.requires_grad_(False)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
-    start = 0
-    if resume_dir is not None:
-        ckpt.load_model_weights(model, resume_dir)
-        ckpt.load_optimizer(resume_dir, optimizer)
-        start = int(ckpt.read_meta(resume_dir)["step"])
-        log(f"resumed from {resume_dir} at step {start}")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    metrics = MetricsLog(run_dir / "metrics.jsonl")
-    meta = {"config": Config(model=model.config).to_dict(), "chat_template": template.to_dict() if template else None,
-            "rl": dataclasses.asdict(cfg)}
 
-    def evaluate(step: int) -> None:
-        if held_out:
-            acc = held_out_accuracy(model, enc, template, held_out, cfg.max_new_tokens)
-            metrics.write("eval", step, task=cfg.task, accuracy=acc, n=len(held_out))
-            log(f"step {step:>5} | held-out {cfg.task} accuracy {acc:.4f} ({len(held_out)} problems)")
+# --- the recipe ------------------------------------------------------------------------------------------
 
-    model.eval()
-    if start == 0:
-        metrics.write("start", 0, task=cfg.task, reward=cfg.reward, init_from=cfg.init_from)
-        evaluate(0)
-    stats: dict[str, Any] = {}
-    for step in range(start, cfg.steps):
-        t0, c0 = time.perf_counter(), time.process_time()
-        lr = cfg.lr * min(1.0, (step + 1) / cfg.warmup_steps) if cfg.warmup_steps else cfg.lr
-        for g in optimizer.param_groups:
-            g["lr"] = lr
-        problems = problems_at(step)
-        params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-                                top_k=cfg.top_k or None, seed=_mix(cfg.seed, step, 1))
-        rollouts = sample_replies(model, enc, template, problems, cfg.group, params)
-        t_sample = time.perf_counter()
-        rewards = score(reward_fn, rollouts.problems, rollouts.texts)
+class _NoPosition:
+    """GRPO's batch source is a function of the step: nothing to save or restore."""
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+class GRPO(Recipe):
+    """GRPO on the one loop. ``template`` None: ``rl.raw`` plain-text prompts. ``reward_fn`` comes from
+    the command line (:func:`gptforge.training.rewards.load_reward`), never from a checkpoint."""
+
+    name, kind = "grpo", "rl"
+
+    def __init__(self, cfg: Any, template: ChatTemplate | None, enc: Any, reward_fn: RewardFn,
+                 problems_at: Callable[[int], list[Problem]] | None = None, held_out: Sequence[Problem] | None = None):
+        self.template, self.reward_fn = template, reward_fn
+        if template is not None:
+            template.check_model(cfg.model)
+            if cfg.model.vocab_size < template.vocab_size:
+                raise RLError("the model's logits do not cover the chat tokens; RL needs a chat (SFT) checkpoint")
+            enc = enc if isinstance(enc, ChatTokenizer) else ChatTokenizer(enc, template)
+        self.enc = enc
+        if problems_at is None:
+            problems_at, held_out = problem_stream(cfg.rl, cfg.train.seed)
+        self.problems_at, self.held_out = problems_at, list(held_out or [])
+        self.pad = template.bos if template is not None else enc.eot_token
+
+    def meta(self) -> dict[str, Any]:
+        return {**super().meta(), "chat_template": self.template.to_dict() if self.template else None}
+
+    def check(self, cfg: Any, world: int) -> int:
+        from gptforge.config import check_finite_floats
+
+        check_finite_floats(cfg)
+        if cfg.rl.prompts % world:
+            raise RLError(f"rl.prompts={cfg.rl.prompts} must divide over {world} ranks (each rank samples whole groups)")
+        return 0  # no token batches to accumulate: a step is rl.prompts x rl.group replies
+
+    def loaders(self, cfg: Any, info: DistInfo) -> tuple[Any, Any, int]:
+        return _NoPosition(), None, 1
+
+    def prepare_model(self, run: RunCtx) -> None:
+        """The reference is the starting model, frozen: a copy of the init weights on a fresh run, the
+        ``rl.init_from`` checkpoint's weights on a resume."""
+        self.ref = None
+        if run.cfg.rl.kl_coef > 0:
+            if run.state.step == 0:
+                self.ref = copy.deepcopy(run.model)
+            else:
+                from gptforge.load import ModelSource, load_model
+
+                self.ref = load_model(ModelSource(ckpt=run.cfg.rl.init_from)).to(run.device)
+            self.ref.eval().requires_grad_(False)
+        run.model.eval()
+
+    def begin(self, run: RunCtx, start_step: int) -> None:
+        if start_step == 0:
+            self.evaluate(run, 0, last=False, force=True)
+
+    def step(self, run: RunCtx, step: int) -> dict[str, float]:
+        cfg, info, rl = run.cfg, run.info, run.cfg.rl
+        problems = self.problems_at(step)
+        share = len(problems) // info.world
+        mine = problems[info.rank * share : (info.rank + 1) * share]
+        t0 = time.perf_counter()
+        params = SamplingParams(max_new_tokens=rl.max_new_tokens, temperature=rl.temperature, top_k=rl.top_k or None,
+                                seed=_mix(cfg.train.seed, step, 1),
+                                rows=(info.rank * share * rl.group, len(problems) * rl.group))
+        rollouts = sample_replies(run.model, self.enc, self.template, mine, rl.group, params)
+        sample_ms = (time.perf_counter() - t0) * 1000
+        r = torch.tensor(score(self.reward_fn, rollouts.problems, rollouts.texts), dtype=torch.float32)
         correct = [is_correct(t, p.answer) for t, p in zip(rollouts.texts, rollouts.problems, strict=True)]
-        r = torch.tensor(rewards).view(len(problems), cfg.group)
-        out = grpo_step(model, ref, optimizer, rollouts, r, cfg, pad=template.bos if template else enc.eot_token)
-        steps_done = step + 1
-        stats = {"reward": r.mean().item(), "kl": out["kl"], "loss": out["loss"], "lr": lr,
-                 "accuracy": sum(correct) / len(correct),
-                 "reply_len": sum(len(x) for x in rollouts.replies) / len(rollouts.replies),
-                 "dt_ms": (time.perf_counter() - t0) * 1000, "sample_ms": (t_sample - t0) * 1000,
-                 "cpu_ms": (time.process_time() - c0) * 1000}  # cpu_ms: this process's CPU time (not the machine's load)
-        metrics.write("rl", steps_done, **stats)
-        log(f"step {steps_done:>5}/{cfg.steps} | reward {stats['reward']:.3f} | acc {stats['accuracy']:.3f} | "
-            f"kl {stats['kl']:.4f} | len {stats['reply_len']:.1f} | {stats['dt_ms']:.0f} ms")
-        last = steps_done == cfg.steps
-        if last or (cfg.eval_every and steps_done % cfg.eval_every == 0):
-            evaluate(steps_done)
-        stop = stop_at_step is not None and steps_done >= stop_at_step
-        if last or stop or (cfg.ckpt_every and steps_done % cfg.ckpt_every == 0):
-            path = ckpt.save_checkpoint(run_dir, steps_done, model, optimizer, meta, keep=cfg.keep_ckpts)
-            log(f"checkpoint -> {path}")
-        if stop:
-            break
-    return stats
+        local = torch.tensor([r.mean().item(), sum(correct) / len(correct),
+                              sum(len(x) for x in rollouts.replies) / len(rollouts.replies)], device=run.device)
+        if not bool(torch.isfinite(r).all()):  # e.g. 1e308 from a reward: finite in Python, inf in float32
+            return {"loss": float("nan"), "reward": float(all_reduce_mean(local, info)[0])}
+        out = grpo_step(run.wrapped, run.model, self.ref, run.optimizer, rollouts, r.view(len(mine), rl.group), cfg,
+                        self.pad, info, run.autocast)
+        reward, acc, reply_len = all_reduce_mean(local, info).tolist()
+        loss, kl = all_reduce_mean(torch.tensor([out["loss"], out["kl"]], device=run.device), info).tolist()
+        return {"loss": loss, "reward": reward, "accuracy": acc, "kl": kl, "grad_norm": out["grad_norm"],
+                "reply_len": reply_len, "sample_ms": sample_ms}
+
+    def log_line(self, s: dict[str, float]) -> str:
+        return (f"reward {s['reward']:.3f} | acc {s['accuracy']:.3f} | kl {s['kl']:.4f} | len {s['reply_len']:.1f} "
+                f"| loss {s['loss']:.4f}")
+
+    def evaluate(self, run: RunCtx, step: int, last: bool, force: bool = False) -> float | None:
+        rl, info = run.cfg.rl, run.info
+        if not self.held_out or not (force or last or (rl.eval_every and step % rl.eval_every == 0)):
+            return None
+        mine = self.held_out[info.rank :: info.world]  # every rank scores a share; the counts are summed
+        hits = held_out_correct(run.model, self.enc, self.template, mine, rl.max_new_tokens)
+        total = all_reduce_sum(torch.tensor([float(hits), float(len(mine))], device=run.device), info).tolist()
+        acc = total[0] / total[1]
+        run.metrics.write("eval", step, task=rl.task, acc=acc, n=int(total[1]))
+        run.log(f"step {step:>5} | held-out {rl.task} accuracy {acc:.4f} ({int(total[1])} problems)")
+        return None

@@ -15,32 +15,22 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-from gptforge.config import Config, ConfigError, DataConfig, OptimConfig, TrainConfig
+from gptforge.config import Config, ConfigError, DataConfig, OptimConfig, SFTConfig, TrainConfig
 from gptforge.data.chat import ChatTemplate
 from gptforge.models.gpt2 import GPTConfig
+from gptforge.training.pretrain import Pretrain
 
 
-@dataclass
-class SFTData:
-    """Where the conversations come from and how they are split (stored in meta.json as "sft")."""
-
-    data: str
-    val_count: int = 200  # held-out conversations for the val loss
-    split: str = "train"  # HF dataset split (online path)
-    seed: int = 0  # held-out split and per-epoch order
-    skip_bad: bool = False
-
-
-def sft_config(model: GPTConfig, out_dir: str) -> Config:
+def sft_config(model: GPTConfig, out_dir: str, data: str = "") -> Config:
     """SFT defaults (a preset for fine-tuning): a small constant-then-decay LR, no weight decay,
     the base model's context, frequent validation. Any key can be overridden as --section.key."""
     T = min(model.block_size, 512)
     return Config(
         model=model,
-        data=DataConfig(dir="(conversations)"),
+        data=DataConfig(dir="(conversations: see sft.data)"),
+        sft=SFTConfig(data=data),
         optim=OptimConfig(lr=1e-4, warmup_steps=10, min_lr_frac=0.0, weight_decay=0.0, grad_clip=1.0),
         train=TrainConfig(micro_batch=8, seq_len=T, total_batch_tokens=8 * T, max_steps=500, val_every=50,
                           val_tokens=1 << 30, sample_every=0, sample_tokens=32, ckpt_every=100, keep_ckpts=2,
@@ -55,10 +45,29 @@ def prepare_chat_model(cfg: Config, template: ChatTemplate) -> None:
         cfg.model = dataclasses.replace(cfg.model, vocab_size=template.vocab_size)
 
 
-def conversation_loaders(cfg: Config, sft: SFTData, template: ChatTemplate) -> Callable[[Any], tuple]:
-    """The ``loaders`` factory for :func:`gptforge.training.loop.train`: (train, val, val batches)."""
+class SFT(Pretrain):
+    """Pretraining's step and eval on conversations: the batch source renders ``cfg.sft.data`` with the
+    chat template and trains on assistant tokens only; held-out conversations give the val loss."""
+
+    name = "sft"
+
+    def __init__(self, cfg: Config, template: ChatTemplate, base_val_loss: float | None = None):
+        self.template = template
+        self.extra = {} if base_val_loss is None else {"base_val_loss": base_val_loss}
+        self.make = conversation_loaders(cfg, template)  # reads and checks the data before any compute
+
+    def meta(self) -> dict[str, Any]:
+        return {**super().meta(), "chat_template": self.template.to_dict(), **self.extra}
+
+    def loaders(self, cfg: Config, info: Any) -> tuple[Any, Any, int]:
+        return self.make(info)
+
+
+def conversation_loaders(cfg: Config, template: ChatTemplate) -> Callable[[Any], tuple]:
+    """Read, render and split ``cfg.sft``'s conversations once; returns info -> (train, val, val batches)."""
     from gptforge.data.sft import ConversationLoader, read_conversations, render_all, split_conversations
 
+    sft = cfg.sft
     B, T = cfg.train.micro_batch, cfg.train.seq_len
     stats: dict[str, int] = {}
     convs = read_conversations(sft.data, sft.split, sft.skip_bad, stats)
@@ -96,19 +105,19 @@ def base_val_loss(cfg: Config, init_weights: Callable, loaders: Callable[[Any], 
     return total / min(n, max_batches)
 
 
-def run_sft(cfg: Config, sft: SFTData, template: ChatTemplate, resume: str | None = None, force: bool = False,
+def run_sft(cfg: Config, template: ChatTemplate, resume: str | None = None, force: bool = False,
             init_weights: Callable | None = None, stop_at_step: int | None = None, base_loss: bool = False):
-    """Train ``cfg`` on the conversations of ``sft``; returns the loop's RunResult. ``base_loss``:
+    """Train ``cfg`` on the conversations of ``cfg.sft``; returns the loop's RunResult. ``base_loss``:
     first score the starting model on the held-out conversations (printed, and kept in meta.json)."""
     from gptforge.training.loop import train
 
+    if not cfg.sft.data:
+        raise ConfigError("sft.data is empty: give --data FILE.jsonl or a Hugging Face chat dataset")
     if cfg.train.seq_len > cfg.model.block_size:
         raise ConfigError(f"train.seq_len={cfg.train.seq_len} exceeds model.block_size={cfg.model.block_size}")
     prepare_chat_model(cfg, template)
-    loaders = conversation_loaders(cfg, sft, template)  # reads and checks the data before any compute
-    meta = {"chat_template": template.to_dict(), "sft": dataclasses.asdict(sft)}
+    recipe = SFT(cfg, template)
     if base_loss and init_weights is not None and resume is None:
-        meta["base_val_loss"] = base_val_loss(cfg, init_weights, loaders)
-        print(f"[gptforge sft] base model's held-out assistant loss {meta['base_val_loss']:.4f}", flush=True)
-    return train(cfg, resume=resume, force=force, init_weights=init_weights, loaders=loaders, extra_meta=meta,
-                 stop_at_step=stop_at_step)
+        recipe.extra["base_val_loss"] = base_val_loss(cfg, init_weights, recipe.make)
+        print(f"[gptforge sft] base model's held-out assistant loss {recipe.extra['base_val_loss']:.4f}", flush=True)
+    return train(cfg, recipe, resume=resume, force=force, init_weights=init_weights, stop_at_step=stop_at_step)

@@ -1,0 +1,148 @@
+"""One invocation's hold on a run directory: set up in order, always torn down.
+
+    with RunSession(cfg, resume="latest", force=False, extra_meta={...}) as run:
+        ...                                   # run.info, run.log, run.checkpointer, run.stop
+        metrics = run.open_metrics(start_step)  # config.json, env.json, metrics.jsonl (+ sinks)
+        ...
+    # metrics and sinks closed, the progress bar gone, signal handlers restored, the process group left
+
+Entering joins the process group (torchrun), checks the run directory before any compute
+(:mod:`gptforge.run.preflight`), resolves what to resume (the newest intact checkpoint; a torchrun
+restart after a failure always resumes) and refuses to start over a run that holds checkpoints
+unless ``force``; SIGINT/SIGTERM from then on ask the loop to checkpoint and stop
+(:mod:`gptforge.run.signals`). Leaving tears everything down whether the run finished, stopped or
+raised: this is the one place that does, so no recipe can forget a piece.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from gptforge.config import Config, ConfigError
+from gptforge.parallel.distributed import DistInfo, cleanup, init_distributed
+from gptforge.run import checkpoint as ckpt
+from gptforge.run.checkpointer import Checkpointer
+from gptforge.run.faults import elastic_restart
+from gptforge.run.metrics import MetricsLog, environment
+from gptforge.run.preflight import check_run_dir
+from gptforge.run.signals import StopFlag
+from gptforge.run.sinks import open_sinks
+
+
+class RunSession:
+    """See the module docstring. Attributes after ``__enter__``: ``info`` (ranks and device),
+    ``run_dir``, ``resume_dir`` (None for a fresh run), ``start_over`` (a fresh run over old
+    checkpoints, allowed by ``force``), ``env`` (the environment record), ``checkpointer``, ``stop``."""
+
+    def __init__(self, cfg: Config, resume: str | Path | None = None, force: bool = False,
+                 extra_meta: dict[str, Any] | None = None):
+        self.cfg, self.resume, self.force = cfg, resume, force
+        self.extra_meta = dict(extra_meta or {})
+        self.run_dir = Path(cfg.train.out_dir)
+        self.info = DistInfo()
+        self.metrics: MetricsLog | None = None
+        self.progress: Progress | None = None
+        self.stop: StopFlag | None = None
+
+    def __enter__(self) -> RunSession:
+        try:
+            self._open()
+        except BaseException:
+            self.__exit__(*sys.exc_info())
+            raise
+        return self
+
+    def _open(self) -> None:
+        cfg, run_dir = self.cfg, self.run_dir
+        self.info = init_distributed(cfg.train.device, cfg.dist)
+        self.stop = StopFlag().__enter__()
+        if self.info.is_main:
+            check_run_dir(run_dir)  # a file or a read-only filesystem: refuse now, not at the first write
+        resume, force = self.resume, self.force
+        if resume is None and elastic_restart() and ckpt.latest_checkpoint(run_dir) is not None:
+            resume, force = "latest", False  # torchrun restarted us after a failure: continue, never wipe
+        self.resume_dir = Checkpointer.find(run_dir, resume, warn=self.log)  # damaged ones named, skipped
+        self.start_over = self.resume_dir is None and ckpt.latest_checkpoint(run_dir) is not None
+        if self.start_over and not force:
+            raise ConfigError(
+                f"{run_dir} already holds checkpoints; pass --resume to continue that run, --force to start "
+                "over (deletes its checkpoints and metrics), or choose another --out"
+            )
+        if self.info.world == 1 and cfg.dist.shard != "none":
+            self.log(f"(dist.shard={cfg.dist.shard} shards state across processes; on one process it has no effect)")
+        self.env = environment(self.info.device)
+        self.checkpointer = Checkpointer(cfg, self.info, run_dir, self.resume_dir, self.log,
+                                         extra_meta={"git_sha": self.env.get("git_sha"), **self.extra_meta})
+
+    def log(self, msg: str) -> None:
+        """A human line on rank 0 (above the progress bar when there is one)."""
+        if self.info.is_main:
+            write_line(msg)
+
+    def open_metrics(self, start_step: int) -> MetricsLog:
+        """Rank 0 writes config.json and env.json once, and opens metrics.jsonl (+ TensorBoard / W&B):
+        wiped first under --force (only now that data and model are known to be good), repaired after
+        a kill (a torn last line, records of steps that will be trained again)."""
+        cfg, info, run_dir = self.cfg, self.info, self.run_dir
+        sinks = open_sinks(cfg.train.log_to, run_dir, start_step, cfg.to_dict()) if info.is_main else None
+        self.metrics = MetricsLog(run_dir / "metrics.jsonl", enabled=info.is_main, sinks=sinks)
+        if info.is_main:
+            if self.start_over:
+                shutil.rmtree(ckpt.ckpt_root(run_dir), ignore_errors=True)
+                (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+            run_dir.mkdir(parents=True, exist_ok=True)
+            torn, replayed = self.metrics.begin(start_step)
+            if torn or replayed:
+                self.log(f"metrics.jsonl: cut a torn last line ({torn} bytes), marked {replayed} records after step "
+                         f"{start_step} as replayed")
+            (run_dir / "config.json").write_text(cfg.to_json() + "\n")
+            (run_dir / "env.json").write_text(json.dumps(self.env, indent=2) + "\n")
+        self.progress = Progress(start_step, cfg.train.max_steps, info.is_main)
+        return self.metrics
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.progress is not None:
+            self.progress.close()
+        if self.metrics is not None:
+            self.metrics.close()
+        if self.stop is not None:
+            self.stop.__exit__(*exc)
+        cleanup(self.info)
+
+
+_bar = None  # the live progress bar, so log lines print above it
+
+
+def write_line(msg: str) -> None:
+    if _bar is not None:
+        _bar.write(msg)
+    else:
+        print(msg, flush=True)
+
+
+class Progress:
+    """A live tqdm bar with ETA on an interactive terminal; the log lines carry the ETA otherwise."""
+
+    def __init__(self, start: int, total: int, enabled: bool):
+        global _bar
+        self.bar = None
+        if enabled and sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, initial=start, unit="step", dynamic_ncols=True, leave=False)
+            _bar = self.bar
+
+    def update(self, loss: float) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
+            self.bar.update(1)
+
+    def close(self) -> None:
+        global _bar
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = _bar = None

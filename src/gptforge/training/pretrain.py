@@ -1,0 +1,87 @@
+"""Pretraining as a recipe: llm.c token shards in, next-token loss out.
+
+    gptforge train --preset shakespeare-cpu
+
+The batch source is ``data.dir``'s train shards (resumable position, optional shuffling and BOS
+alignment); a step is ``train.total_batch_tokens`` over gradient-accumulation micro-batches
+(:func:`gptforge.training.step.train_step`); the eval is the val loss every ``train.val_every``
+steps, task accuracy every ``eval.every`` steps, and samples every ``train.sample_every`` steps.
+SFT (:mod:`gptforge.training.sft`) is this recipe with conversations as the batch source.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from gptforge.config import Config
+from gptforge.data.aligned import make_loader
+from gptforge.data.loader import ShardLoader
+from gptforge.data.shards import list_shards, read_header
+from gptforge.parallel.distributed import DistInfo
+from gptforge.training.evaluate import evaluate_during_training, prepare_for_training, print_samples
+from gptforge.training.recipe import Recipe, RunCtx
+from gptforge.training.step import evaluate_loss, train_step
+
+
+class Pretrain(Recipe):
+    name, kind = "pretrain", "train"
+
+    def loaders(self, cfg: Config, info: DistInfo) -> tuple[Any, Any, int]:
+        B, T = cfg.train.micro_batch, cfg.train.seq_len
+        train = make_loader(list_shards(cfg.data.dir, cfg.data.train_split), B, T, info.rank, info.world,
+                            align=cfg.data.align, shuffle=cfg.data.shuffle, seed=cfg.data.shuffle_seed,
+                            eot=cfg.data.eot_token, step_tokens=_shard_step_tokens(cfg, info),
+                            vocab_size=cfg.model.vocab_size)
+        val_files = list_shards(cfg.data.dir, cfg.data.val_split)
+        val = ShardLoader(val_files, B, T, info.rank, info.world, vocab_size=cfg.model.vocab_size)
+        return train, val, sum(read_header(f)[2] for f in val_files) // (B * T * info.world)
+
+    def prepare_model(self, run: RunCtx) -> None:
+        self.tasks = prepare_for_training(run.cfg, run.model, run.log)  # loaded once; None when eval.every 0
+
+    def step(self, run: RunCtx, step: int) -> dict[str, float]:
+        cfg, info = run.cfg, run.info
+        accum = cfg.train.accum_at(step, info.world)
+        loss, norm = train_step(run.wrapped, run.model, run.optimizer, run.state.loader, accum, run.autocast, info,
+                                cfg.optim.grad_clip)
+        return {"loss": loss.item(), "grad_norm": float(norm),
+                "tokens": accum * (cfg.train.total_batch_tokens // run.grad_accum)}
+
+    def log_line(self, stats: dict[str, float]) -> str:
+        return f"loss {stats['loss']:.4f} | lr {stats['lr']:.2e} | norm {stats['grad_norm']:.3f}"
+
+    def evaluate(self, run: RunCtx, step: int, last: bool) -> float | None:
+        cfg, info = run.cfg, run.info
+        vl = None
+        if last or (cfg.train.val_every and step % cfg.train.val_every == 0):
+            vl = evaluate_loss(_eval_module(run), run.extras["val"], run.extras["val_steps"], run.autocast, info)
+            run.metrics.write("val", step, val_loss=vl, tokens=run.extras["tokens_seen"])
+            run.log(f"step {step:>6} | val loss {vl:.4f} ({run.extras['val_steps']} batches)")
+        if self.tasks and (last or step % cfg.eval.every == 0):  # tasks on the raw module, not `wrapped`
+            evaluate_during_training(run.model, self.tasks, cfg, info, run.autocast, step,
+                                     run.extras["tokens_seen"], run.metrics, run.log)
+        if info.is_main and (last or (cfg.train.sample_every and step % cfg.train.sample_every == 0)):
+            if info.fsdp:  # generation on one rank would wait forever for the others' all-gathers
+                run.log("(no in-loop samples under dist.shard fsdp; use `gptforge sample --ckpt` on the checkpoint)")
+            else:
+                print_samples(run.model, cfg, info, step, run.metrics, run.log)
+        return vl
+
+
+def _shard_step_tokens(cfg: Config, info: DistInfo) -> int:
+    """The unit the loader keeps within one shard: a whole optimizer step, so a step's data does not
+    depend on how it is split over ranks and micro-steps. Under a batch-size schedule steps change
+    size, so the unit is one micro-batch of all ranks (a step may then span two shards)."""
+    if cfg.train.batch_warmup_steps:
+        return cfg.train.micro_batch * cfg.train.seq_len * info.world
+    return cfg.train.total_batch_tokens
+
+
+def _eval_module(run: RunCtx) -> torch.nn.Module:
+    """Evaluate through the compiled module but not through DDP (no gradient sync needed); under
+    FSDP through the sharded module itself (its forward all-gathers the parameters on every rank)."""
+    if run.info.fsdp:
+        return run.wrapped
+    return run.wrapped.module if run.info.enabled else run.wrapped
