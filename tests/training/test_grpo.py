@@ -10,12 +10,11 @@ import pytest
 import torch
 
 from gptforge.cli import main
-from gptforge.config import Config
+from gptforge.config import Config, RLConfig
 from gptforge.data.chat import ChatTemplate
 from gptforge.eval.tasks.verifiable import Problem
 from gptforge.models.gpt2 import GPT, GPTConfig
 from gptforge.run import checkpoint as ckpt
-from gptforge.config import RLConfig
 from gptforge.training.grpo import GRPO, group_advantages, grpo_loss, rl_config
 from gptforge.training.loop import train
 from gptforge.training.rewards import RewardError, load_reward, score
