@@ -125,7 +125,7 @@ def finish(result, command: str) -> int:
     from gptforge.run.faults import exit_status
 
     if result.diverged_at is not None:
-        print(f"gptforge {command}: a value was not finite at step {result.diverged_at} (see the log line above); "
+        print(f"gptforge {command}: the run diverged (not finite) at step {result.diverged_at} (see the log line above); "
               f"nothing was saved past the last checkpoint: lower --optim.lr or check the data or reward, then "
               f"resume with --resume", file=sys.stderr)
         return 3
