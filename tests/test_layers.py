@@ -1,8 +1,9 @@
 """The package's imports point only down, and no two modules import each other in a circle.
 
 Every ``import gptforge...`` / ``from gptforge... import`` in ``src/gptforge`` (module level or
-inside a function alike) is an edge; an edge may go to a lower layer or stay within its own, never
-up. Lower layers know nothing of the ones above: models and data know no config, eval knows no
+inside a function alike) is an edge, and so is every string in the code that names a gptforge module
+(``importlib.import_module("gptforge.x")``, a registry's lazy module name): an edge may go to a lower
+layer or stay within its own, never up. Lower layers know nothing of the ones above: models and data know no config, eval knows no
 training, training knows no command line.
 """
 
@@ -45,16 +46,34 @@ def layer_of(module: str) -> int:
     return layer
 
 
-def import_edges() -> dict[str, set[str]]:
-    modules = {module_name(p): p for p in ROOT.rglob("*.py")}
-    edges: dict[str, set[str]] = {m: set() for m in modules}
-    for mod, path in modules.items():
-        for node in ast.walk(ast.parse(path.read_text())):
+def _docstrings(tree: ast.AST) -> set[int]:
+    """ids of the docstring nodes (prose names modules without importing them)."""
+    out = set()
+    for node in [tree, *ast.walk(tree)]:
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+            out.add(id(body[0].value))
+    return out
+
+
+def import_edges(sources: dict[str, str] | None = None) -> dict[str, set[str]]:
+    """module -> the gptforge modules it imports (statements and module-name strings alike).
+    ``sources``: module name -> code, instead of reading src/gptforge (the self-test)."""
+    if sources is None:
+        sources = {module_name(p): p.read_text() for p in ROOT.rglob("*.py")}
+    modules = set(sources) | {module_name(p) for p in ROOT.rglob("*.py")}
+    edges: dict[str, set[str]] = {m: set() for m in sources}
+    for mod, code in sources.items():
+        tree = ast.parse(code)
+        docs = _docstrings(tree)
+        for node in ast.walk(tree):
             names = []
             if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
             elif isinstance(node, ast.Import):
                 names = [a.name for a in node.names]
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
+                names = [node.value.split(":")[0]]  # "gptforge.x" or "gptforge.x:function"
             for n in names:  # `from pkg import module` imports pkg.module
                 if n.startswith("gptforge") and n in modules and n != mod:
                     edges[mod].add(n)
@@ -95,8 +114,13 @@ def test_no_import_cycles():
 
 
 def test_the_check_catches_an_upward_import():
-    """The walk sees lazy imports inside functions too (a check that cannot fail proves nothing)."""
-    tree = ast.parse("def f():\n    from gptforge.training.loop import train\n")
-    found = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
-    assert found == ["gptforge.training.loop"]
-    assert layer_of("gptforge.training.loop") > layer_of("gptforge.models.gpt2")
+    """The walk sees lazy imports inside functions and module names in strings (importlib, registries)
+    too, but not module names in docstrings (a check that cannot fail proves nothing)."""
+    code = ('"""Mentions gptforge.cli in prose."""\n'
+            "import importlib\n"
+            "def f():\n    from gptforge.training.loop import train\n"
+            "LAZY = 'gptforge.serve.app'\n"
+            "def g():\n    return importlib.import_module('gptforge.interop.hf')\n")
+    edges = import_edges({"gptforge.models.fake": code})["gptforge.models.fake"]
+    assert edges == {"gptforge.training.loop", "gptforge.serve.app", "gptforge.interop.hf"}
+    assert all(layer_of(e) > layer_of("gptforge.models.gpt2") for e in edges)

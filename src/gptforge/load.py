@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from gptforge.config import Config
-from gptforge.models.registry import build_model, get_family, size_config
+from gptforge.models.registry import build_model, size_config
 from gptforge.run import checkpoint as ckpt
 
 
@@ -52,10 +52,11 @@ def load_model(source: ModelSource) -> torch.nn.Module:
     if len(source.given()) != 1:
         raise ValueError("give exactly one of --ckpt DIR, --hf NAME_OR_DIR, --llmc FILE or --random SIZE")
     if source.hf is not None:
+        # the family by config.json's model_type (an unknown one is refused there), then its loader
+        from gptforge.interop import hf_module
         from gptforge.interop.hf import hf_family
 
-        # the family by config.json's model_type (an unknown one is refused there), then its loader
-        return get_family(hf_family(source.hf)).hf("load_hf")(source.hf)
+        return hf_module(hf_family(source.hf)).load_hf(source.hf)
     if source.llmc is not None:
         from gptforge.interop.llmc import read_llmc_model
 

@@ -1,9 +1,10 @@
 """Plot runs: train/val loss and task accuracy against step and tokens, with reference lines.
 
-    gptforge plot runs/gpt2-124m runs/gpt2-124m-lr1e-3 --out curves.png
+    gptforge plot runs/gpt2-124m runs/gpt2-124m-lr1e-3 --image curves.png
 
-Reads each run's ``metrics.jsonl`` (records ``train``, ``val`` and ``eval``). Rows: loss, then one
-per evaluated task; columns: against optimizer steps and against tokens seen. Reference lines, drawn
+Reads each run's ``metrics.jsonl`` (records ``train``, ``val``, ``eval`` and RL's ``rl``). Rows: loss,
+then the reward (RL runs: mean reward and sampled accuracy per step), then one per evaluated task
+(RL's held-out accuracy included); columns: against optimizer steps and against tokens seen. Reference lines, drawn
 only where they apply: GPT-2 124M validation loss on FineWeb (3.2847, llm.c) when a run's
 ``config.json`` names FineWeb data, and HellaSwag acc_norm of GPT-2 124M (0.2955, build-nanogpt's
 completion-style scoring, which ours reproduces) and GPT-3 125M (0.337, the GPT-3 paper).
@@ -35,20 +36,21 @@ def _run_series(run: str | Path) -> dict:
     # a line torn by a kill (or otherwise garbled) is skipped with a warning naming its line number;
     # records a resume superseded ("replayed") are left out
     records = read_metrics(mfile, warn=lambda msg: print(f"gptforge plot: warning: {msg}", file=sys.stderr))
-    by_kind: dict[str, dict] = {"train": {}, "val": {}}
+    by_kind: dict[str, dict] = {"train": {}, "val": {}, "rl": {}}
     evals: dict[str, dict[int, dict]] = {}
     for r in records:  # files from before replayed records were marked repeat steps: the last one wins
-        if r.get("kind") in ("train", "val"):
+        if r.get("kind") in ("train", "val", "rl"):
             by_kind[r["kind"]][r["step"]] = r
         elif r.get("kind") == "eval" and "task" in r:
             evals.setdefault(r["task"], {})[r["step"]] = r
-    if not by_kind["train"] and not by_kind["val"] and not evals:
-        raise FileNotFoundError(f"{mfile} holds no train, val or eval records to plot")
+    if not by_kind["train"] and not by_kind["val"] and not by_kind["rl"] and not evals:
+        raise FileNotFoundError(f"{mfile} holds no train, val, rl or eval records to plot")
     data_dir = ""
     cfg_file = mfile.parent / "config.json"
     if cfg_file.exists():
         data_dir = json.loads(cfg_file.read_text()).get("data", {}).get("dir", "")
-    return {"train": by_kind["train"], "val": by_kind["val"], "eval": evals, "fineweb": "fineweb" in data_dir.lower()}
+    return {"train": by_kind["train"] or by_kind["rl"], "val": by_kind["val"], "rl": by_kind["rl"], "eval": evals,
+            "fineweb": "fineweb" in data_dir.lower()}
 
 
 def _xy(records: dict[int, dict], key: str, x: str) -> tuple[list, list]:
@@ -70,7 +72,8 @@ def plot_runs(runs: list[str], out: str | Path, labels: str | None = None) -> Pa
         raise ValueError(f"labels: {len(names)} names for {len(runs)} runs")
     series = [_run_series(r) for r in runs]
     tasks = sorted({t for s in series for t in s["eval"]})
-    rows = 1 + len(tasks)
+    rl = any(s["rl"] for s in series)
+    rows = 1 + rl + len(tasks)
     fig, axes = plt.subplots(rows, 2, figsize=(13, 3.6 * rows), squeeze=False)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for col, x in enumerate(("step", "tokens")):
@@ -87,7 +90,17 @@ def plot_runs(runs: list[str], out: str | Path, labels: str | None = None) -> Pa
                        label=f"GPT-2 124M val ({GPT2_124M_FINEWEB_VAL_LOSS})")
         ax.set_ylabel("loss")
         ax.set_title(f"loss vs {'tokens' if x == 'tokens' else 'step'}")
-        for r, task in enumerate(tasks, start=1):
+        if rl:
+            ax = axes[1][col]
+            for i, (name, s) in enumerate(zip(names, series, strict=True)):
+                for key, style in (("reward", "-"), ("accuracy", ":")):
+                    xs, ys = _xy(s["rl"], key, x)
+                    if xs:
+                        ax.plot(xs, ys, color=colors[i % len(colors)], linestyle=style, linewidth=1.5,
+                                label=f"{name} {key}")
+            ax.set_ylabel("reward")
+            ax.set_title(f"RL reward (sampled replies) vs {'tokens' if x == 'tokens' else 'step'}")
+        for r, task in enumerate(tasks, start=1 + rl):
             ax = axes[r][col]
             metric, refs = TASK_REFERENCES.get(task, ("acc_norm", []))
             for i, (name, s) in enumerate(zip(names, series, strict=True)):

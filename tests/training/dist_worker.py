@@ -3,7 +3,8 @@
     python -m torch.distributed.run --nproc_per_node 2 tests/training/dist_worker.py jobs.json
 
 jobs.json: [{"config": Config.to_dict(), "resume": null|"latest", "stop_at_step": null|int,
-"copy_to": [dirs], "out": "result.json"}, ...]. Rank 0 writes each job's per-step train and val
+"copy_to": [dirs], "out": "result.json"}, ...], or {"cli": ["rl", ...]} for a command run in-process
+on the same process group (its run directory holds what the test reads). Rank 0 writes each job's per-step train and val
 losses to its "out" file, and copies the run directory to each "copy_to" folder afterwards (so a
 checkpoint can be resumed again elsewhere). One launch runs several jobs so the suite pays for
 process start-up once.
@@ -30,6 +31,12 @@ def main(path: str) -> None:
     # (Re-joining through torchrun's store once per job raced under load and could hang a rank.)
     dist.init_process_group(backend="gloo")
     for job in json.loads(open(path).read()):
+        if "cli" in job:
+            from gptforge.cli import main as cli
+
+            assert cli(job["cli"]) == 0, job["cli"]
+            dist.barrier()
+            continue
         cfg = Config.from_dict(job["config"])
         res = train(cfg, resume=job.get("resume"), stop_at_step=job.get("stop_at_step"))
         if int(os.environ["RANK"]) == 0:

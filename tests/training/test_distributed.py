@@ -79,7 +79,7 @@ def _read(path: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(tmp_path_factory, tokenizer):
     """One torchrun launch (world 2) running every distributed job in turn, plus the 1-process reference."""
     tmp = tmp_path_factory.mktemp("dist")
     data = make_shards(tmp / "data")
@@ -112,6 +112,9 @@ def runs(tmp_path_factory):
         {"config": _cfg(data, tmp / "ddp_to_fsdp", shard="fsdp").to_dict(), "out": str(tmp / "ddp_to_fsdp.json"),
          "resume": "latest"},
     ]
+    # GRPO across ranks: each rank samples half of the problems' groups; compared with one process below
+    chat = _chat_checkpoint(tmp)
+    jobs.append({"cli": ["rl", "--init-from", str(chat), "--out", str(tmp / "rl2"), *RL_ARGS]})
     spec = tmp / "jobs.json"
     spec.write_text(json.dumps(jobs))
     proc = _torchrun([str(HERE / "dist_worker.py"), str(spec)])
@@ -128,9 +131,56 @@ def runs(tmp_path_factory):
     out["fsdp_w1"] = {"train": fsdp_w1.train_losses, "val": fsdp_w1.val_losses}
     zero_w1 = train(_cfg(data, tmp / "zero_part", shard="zero1"), resume="latest")
     out["zero_w1"] = {"train": zero_w1.train_losses, "val": zero_w1.val_losses}
+    from gptforge.cli import main as cli
+
+    assert cli(["rl", "--init-from", str(chat), "--out", str(tmp / "rl1"), *RL_ARGS]) == 0
     out["dirs"] = tmp
     out["log"] = proc.stdout
     return out
+
+
+RL_ARGS = ["--task", "arithmetic", "--prompts", "4", "--group", "3", "--max-new-tokens", "5", "--eval-n", "6",
+           "--steps", "3", "--lr", "3e-3", "--temperature", "1.5", "--device", "cpu", "--micro-batch", "4"]
+
+
+def _chat_checkpoint(tmp: Path) -> Path:
+    """A tiny chat model (random weights; the GPT-2 vocabulary plus the chat tokens) to start RL from."""
+    from gptforge.data.chat import ChatTemplate
+    from gptforge.models.gpt2 import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    t = ChatTemplate.gpt2()
+    mcfg = GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=64, vocab_size=t.vocab_size)
+    return ckpt.save_checkpoint(tmp / "sft", 1, GPT(mcfg), None,
+                                {"config": Config(model=mcfg).to_dict(), "chat_template": t.to_dict()})
+
+
+def test_grpo_on_two_ranks_equals_one_rank(runs):
+    """Rollouts split by rank (each rank samples whole groups, with the random draws those rows get in
+    the whole batch) and DDP's average of equal shares give the 1-process run: the same replies, so
+    the same rewards and accuracies exactly; losses and weights to float tolerance (the ranks' batches
+    are padded to other lengths, and the gradient is summed in another order)."""
+    from gptforge.run.metrics import read_metrics
+
+    one, two = (read_metrics(runs["dirs"] / name / "metrics.jsonl") for name in ("rl1", "rl2"))
+    steps = [[r for r in recs if r["kind"] == "rl"] for recs in (one, two)]
+    assert [r["step"] for r in steps[0]] == [r["step"] for r in steps[1]] == [1, 2, 3]
+    for a, b in zip(*steps, strict=True):
+        assert (a["reward"], a["accuracy"], a["reply_len"]) == (b["reward"], b["accuracy"], b["reply_len"])
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-4, abs=1e-6)
+        assert a["kl"] == pytest.approx(b["kl"], rel=1e-3, abs=1e-7)
+    evals = [[(r["step"], r["acc"], r["n"]) for r in recs if r["kind"] == "eval"] for recs in (one, two)]
+    assert evals[0] == evals[1] and [e[0] for e in evals[0]] == [0, 3]
+    from gptforge.models.gpt2 import GPT
+
+    w = []
+    for name in ("rl1", "rl2"):
+        last = ckpt.latest_checkpoint(runs["dirs"] / name)
+        model = GPT(Config.from_dict(ckpt.read_meta(last)["config"]).model)
+        ckpt.load_model_weights(model, last)
+        w.append(model.state_dict())
+    for k in w[0]:
+        torch.testing.assert_close(w[0][k], w[1][k], rtol=1e-4, atol=1e-6, msg=k)
 
 
 def _close(a: dict[int, float], b: dict[int, float], steps, rtol=2e-5):

@@ -33,6 +33,14 @@ def args_prepare(p: argparse.ArgumentParser) -> None:
     pl.add_argument("--text-field", default="text", help="jsonl field / parquet column holding the text")
     pl.add_argument("--name", default="data", help="shard name prefix: NAME_val_000000.bin, NAME_train_000001.bin")
     _shard_options(pl)
+    pc = prs.add_parser("conversations", help="SFT conversations ({\"messages\": [...]} JSONL) from a generated "
+                                              "verifiable task; its eval problems are left out")
+    pc.add_argument("task", choices=["arithmetic", "compare"], help="arithmetic: 'What is 23 + 58?'; compare: "
+                                                                    "'Which is larger, 70 or 33?'")
+    pc.add_argument("--n", type=count, default=5000, help="conversations (default %(default)s)")
+    pc.add_argument("--seed", type=int, default=0, help="problem generator seed (default %(default)s)")
+    pc.add_argument("--digits", type=int, default=2, help="arithmetic: digits per operand (default %(default)s)")
+    pc.add_argument("--out", required=True, help="the JSONL file to write")
 
 
 def _shard_options(p: argparse.ArgumentParser) -> None:
@@ -53,6 +61,15 @@ def _shard_options(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
+    if args.source_name == "conversations":
+        from gptforge.eval.tasks.synthetic import training_problems, write_conversations
+
+        if args.n < 1 or not 1 <= args.digits <= 9:
+            raise CliError("--n must be >= 1 and --digits in 1..9")
+        path = write_conversations(training_problems(args.n, args.seed, args.digits, task=args.task), args.out)
+        print(f"wrote {args.n} {args.task} conversations to {path} (train on them: gptforge sft --init-from RUN "
+              f"--data {path} --out runs/sft)")
+        return 0
     if args.source_name == "shakespeare":
         from gptforge.data.prepare.shakespeare import prepare
 

@@ -108,9 +108,9 @@ def cmd_export(args: argparse.Namespace) -> int:
         if args.format == "hf":
             import inspect
 
-            from gptforge.models.registry import family_of
+            from gptforge.interop import hf_module
 
-            export = family_of(model.config).hf("export_hf")
+            export = hf_module(model.config.arch).export_hf
             if chat is not None and tokenizer and "chat_template" not in inspect.signature(export).parameters:
                 raise CliError(f"export hf: the {model.config.arch} exporter does not write a chat template yet; "
                                "pass --no-tokenizer")

@@ -38,7 +38,6 @@ class Family:
     model_class: str  # nn.Module in ``module``
     hf_model_type: str | None  # Hugging Face config.json ``model_type`` it maps to (None: no HF interop)
     llmc: bool  # llm.c model files can hold it
-    hf_interop: str | None = None  # module with load_hf(name_or_dir) and export_hf(model, out, force, tokenizer)
     sizes: str = "SIZES"  # name -> shape table in ``module`` (for ``--random SIZE`` and presets)
 
     def _get(self, attr: str) -> Any:
@@ -55,12 +54,6 @@ class Family:
     def size_names(self) -> list[str]:
         return list(self._get(self.sizes))
 
-    def hf(self, what: str) -> Any:
-        """The family's Hugging Face ``load_hf`` or ``export_hf`` function."""
-        if self.hf_interop is None:
-            raise ValueError(f"model.arch={self.name} has no Hugging Face format in gptforge")
-        return getattr(importlib.import_module(self.hf_interop), what)
-
 
 FAMILIES: dict[str, Family] = {}
 
@@ -70,10 +63,8 @@ def register(family: Family) -> Family:
     return family
 
 
-register(Family("gpt2", "gptforge.models.gpt2", "GPTConfig", "GPT", hf_model_type="gpt2", llmc=True,
-                hf_interop="gptforge.interop.hf"))
-register(Family("llama", "gptforge.models.llama", "LlamaConfig", "Llama", hf_model_type="llama", llmc=False,
-                hf_interop="gptforge.interop.hf_llama"))
+register(Family("gpt2", "gptforge.models.gpt2", "GPTConfig", "GPT", hf_model_type="gpt2", llmc=True))
+register(Family("llama", "gptforge.models.llama", "LlamaConfig", "Llama", hf_model_type="llama", llmc=False))
 
 
 def get_family(arch: str) -> Family:

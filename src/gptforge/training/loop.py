@@ -1,8 +1,8 @@
 """The one training loop: ``train(cfg, recipe)``, readable top to bottom, for every recipe.
 
     gptforge train --preset shakespeare-cpu                 # recipe Pretrain
-    gptforge sft --init-from runs/base --data conv.jsonl    # recipe SFT
-    gptforge rl --init-from runs/sft --task arithmetic      # recipe GRPO
+    gptforge sft --init-from runs/base --data conv.jsonl --out runs/sft   # recipe SFT
+    gptforge rl --init-from runs/sft --out runs/rl          # recipe GRPO
     torchrun --nproc_per_node 8 -m gptforge train --preset gpt2-124m-fineweb10b
 
 Sections: setup (the run session: ranks, run directory, resume, signals; precision) -> data -> model

@@ -4,7 +4,7 @@ A reward function takes the problem and the reply text and returns a float::
 
     def my_reward(problem: Problem, reply: str) -> float: ...
 
-    gptforge rl --ckpt runs/sft --task arithmetic --reward mypkg.rewards:my_reward
+    gptforge rl --init-from runs/sft --out runs/rl --task arithmetic --reward mypkg.rewards:my_reward
 
 A reward that raises stops the step with an error naming the prompt: it never counts as a silent 0.
 """

@@ -1,12 +1,11 @@
-"""Tasks for RL and SFT data: the verifiable tasks of :mod:`gptforge.eval.tasks.verifiable`, and
-conversation files made from them.
+"""Training data made from the verifiable tasks of :mod:`gptforge.eval.tasks.verifiable`: problems
+that leave the eval set out, and SFT conversation files.
 
-    python -m gptforge.eval.tasks.synthetic arithmetic --n 5000 --out conv.jsonl   # SFT conversations
+    gptforge prepare conversations arithmetic --n 5000 --out conv.jsonl   # SFT conversations
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
@@ -50,18 +49,3 @@ def training_problems(n: int, seed: int, digits: int = 2, exclude_eval: int = 50
         out += [p for p in batch if p.question not in banned]
         k += 1
     return out[:n]
-
-
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description="write SFT conversations for a generated task")
-    ap.add_argument("task", choices=["arithmetic", "compare"])
-    ap.add_argument("--n", type=int, default=5000)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--digits", type=int, default=2)
-    ap.add_argument("--out", required=True)
-    a = ap.parse_args(argv)
-    print(write_conversations(training_problems(a.n, a.seed, a.digits, task=a.task), a.out))
-
-
-if __name__ == "__main__":
-    main()
