@@ -142,6 +142,11 @@ def test_rl_cli_logs_metrics_and_resumes_exactly(tmp_path, tokenizer, capsys):
     rows = [json.loads(x) for x in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if r["kind"] == "rl"] == [1, 2, 3]
     assert [r["step"] for r in rows if r["kind"] == "eval"] == [0, 3]
+    # the resumed run's steps: the same losses, rewards, KL and reply lengths (the same sampled replies)
+    part = [json.loads(x) for x in (tmp_path / "part" / "metrics.jsonl").read_text().splitlines()]
+    same = ("loss", "reward", "accuracy", "kl", "reply_len", "grad_norm", "lr")
+    assert ([{k: r[k] for k in same} for r in rows if r["kind"] == "rl"]
+            == [{k: r[k] for k in same} for r in part if r["kind"] == "rl" and not r.get("replayed")])
     a, b = (GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=64, vocab_size=50261)) for _ in range(2))
     ckpt.load_model_weights(a, ckpt.latest_checkpoint(tmp_path / "full"))
     ckpt.load_model_weights(b, ckpt.latest_checkpoint(tmp_path / "part"))
@@ -191,3 +196,48 @@ def test_compare_task_is_verifiable_and_held_out():
         assert load_reward("exact_match")(p, p.solution) == 1.0
     eval_q = {p.question for p in compare_eval_problems()}
     assert len(eval_q) == 500 and not eval_q & {p.question for p in training_problems(2000, 1, task="compare")}
+
+
+def test_checkpoints_from_before_the_run_stack_still_load_and_resume(tmp_path, tokenizer):
+    """SFT and RL checkpoints written before ``sft`` and ``rl`` were config sections kept their settings
+    beside the config in meta.json (RL: a flat RLConfig, one AdamW group over every parameter); they
+    read into today's keys, and the old RL optimizer state is regrouped parameter by parameter."""
+    from gptforge.run.resume import recipe_of, saved_config
+
+    t = ChatTemplate.gpt2()
+    mcfg = GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=64, vocab_size=t.vocab_size)
+    old_config = {k: v for k, v in Config(model=mcfg).to_dict().items() if k not in ("sft", "rl")}
+    sft_meta = {"config": old_config, "sft": {"data": "conv.jsonl", "val_count": 16, "split": "train", "seed": 3,
+                                              "skip_bad": True}}
+    assert recipe_of(sft_meta) == "sft" and saved_config(sft_meta).sft.val_count == 16
+    legacy_rl = {"task": "arithmetic", "reward": "exact_match", "init_from": str(tmp_path / "sft"), "steps": 4,
+                 "prompts": 2, "group": 3, "max_new_tokens": 4, "temperature": 1.0, "top_k": 0, "lr": 1e-3,
+                 "warmup_steps": 0, "weight_decay": 0.0, "grad_clip": 1.0, "kl_coef": 0.02, "clip_eps": 0.2,
+                 "updates_per_batch": 1, "micro_batch": 16, "adv_eps": 1e-4, "eval_every": 0, "eval_n": 4,
+                 "ckpt_every": 50, "keep_ckpts": 2, "seed": 0, "device": "cpu", "out_dir": "elsewhere"}
+    cfg = saved_config({"config": old_config, "rl": legacy_rl})
+    assert (cfg.train.max_steps, cfg.optim.lr, cfg.rl.group, cfg.train.device) == (4, 1e-3, 3, "cpu")
+    # an RL checkpoint as the old train_rl wrote it: AdamW(model.parameters()) after two steps
+    torch.manual_seed(0)
+    sft = ckpt.save_checkpoint(tmp_path / "sft", 1, GPT(mcfg), None, {"config": old_config, "chat_template": t.to_dict()})
+    model = GPT(mcfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.0)
+    for _ in range(2):
+        model(torch.randint(0, 100, (2, 8)), torch.randint(0, 100, (2, 8)))[1].backward()
+        opt.step()
+        opt.zero_grad()
+    old = ckpt.save_checkpoint(tmp_path / "rl", 2, model, opt, {"config": old_config, "chat_template": t.to_dict(),
+                                                                 "rl": {**legacy_rl, "init_from": str(sft)}})
+    assert main(["rl", "--out", str(tmp_path / "rl"), "--resume", "--steps", "3"]) == 0
+    new = ckpt.latest_checkpoint(tmp_path / "rl")
+    assert new.name == "step_000003" and ckpt.read_meta(new)["recipe"] == "grpo"
+    # the regrouped Adam moments are the old ones, each on its own parameter
+    from gptforge.optim import build_optimizer
+
+    fresh = GPT(mcfg)
+    ckpt.load_model_weights(fresh, old)
+    regrouped = build_optimizer(fresh, saved_config(ckpt.read_meta(old)).optim, "cpu")
+    ckpt.load_optimizer(old, regrouped, fresh)
+    by_param = {id(p): regrouped.state[p]["exp_avg"] for p in fresh.parameters()}
+    for (name, _), before in zip(model.named_parameters(), opt.state.values(), strict=True):
+        torch.testing.assert_close(by_param[id(dict(fresh.named_parameters())[name])], before["exp_avg"], msg=name)

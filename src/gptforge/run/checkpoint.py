@@ -311,13 +311,39 @@ def _tied(sd: dict[str, torch.Tensor]) -> bool:
     return TIED in sd and any(k != TIED and v.data_ptr() == sd[TIED].data_ptr() for k, v in sd.items())
 
 
-def load_optimizer(ckpt_dir: str | Path, optimizer: torch.optim.Optimizer) -> None:
-    """``optimizer.pt`` into ``optimizer`` (tensors and plain types only: ``weights_only``)."""
+def load_optimizer(ckpt_dir: str | Path, optimizer: torch.optim.Optimizer,
+                   model: torch.nn.Module | None = None) -> None:
+    """``optimizer.pt`` into ``optimizer`` (tensors and plain types only: ``weights_only``). A state
+    saved with one group over ``model.parameters()`` (``gptforge rl`` before RL shared the optimizer)
+    is regrouped into ``optimizer``'s groups, parameter by parameter, when ``model`` is given."""
     opt_path = Path(ckpt_dir) / "optimizer.pt"
     if not opt_path.exists():
         raise CheckpointError(f"{opt_path} is missing; cannot resume training from a weights-only checkpoint")
     verify_checkpoint(ckpt_dir, only=("optimizer.pt",))
-    optimizer.load_state_dict(load_tensors(opt_path))
+    saved = load_tensors(opt_path)
+    groups = saved.get("param_groups", []) if isinstance(saved, dict) else []
+    if model is not None and len(groups) == 1 and len(optimizer.param_groups) > 1:
+        saved = _one_group_to(saved, optimizer, model, opt_path)
+    try:
+        optimizer.load_state_dict(saved)
+    except (ValueError, KeyError) as e:
+        raise CheckpointError(f"{opt_path} does not fit this run's optimizer ({e}); it was saved with other "
+                              "optimizer settings (optim.name, optim.embed_lr, dist.shard)") from e
+
+
+def _one_group_to(saved: dict, optimizer: torch.optim.Optimizer, model: torch.nn.Module, path: Path) -> dict:
+    """A one-group state over ``model.parameters()`` in the order of ``optimizer``'s groups."""
+    position = {id(p): i for i, p in enumerate(model.parameters())}
+    flat = [p for g in optimizer.param_groups for p in g["params"]]
+    if len(saved["param_groups"][0]["params"]) != len(flat) or any(id(p) not in position for p in flat):
+        raise CheckpointError(f"{path}: one optimizer group of {len(saved['param_groups'][0]['params'])} parameters "
+                              f"does not match this model's {len(flat)}")
+    state = {j: saved["state"][position[id(p)]] for j, p in enumerate(flat) if position[id(p)] in saved["state"]}
+    groups, start = [], 0
+    for g in optimizer.param_groups:
+        groups.append({**{k: v for k, v in g.items() if k != "params"}, "params": list(range(start, start + len(g["params"])))})
+        start += len(g["params"])
+    return {"state": state, "param_groups": groups}
 
 
 def load_tensors(path: Path) -> Any:

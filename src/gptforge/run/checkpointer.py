@@ -50,7 +50,13 @@ class Checkpointer:
         self.resume_from = resume_from
         self.format = "dcp" if info.fsdp else "file"  # the format this run writes
         self.extra_meta = dict(extra_meta or {})  # written into every meta.json (git SHA, ...)
-        self.meta = files.read_meta(resume_from, files.RESUME_META_KEYS) if resume_from is not None else None
+        self.meta = None
+        if resume_from is not None:
+            self.meta = files.read_meta(resume_from)
+            # `gptforge rl` before RL shared this stack saved no loader or RNG state (its problems and
+            # sampling seeds are functions of the step); every other checkpoint must carry both
+            if not ("rl" in self.meta and "recipe" not in self.meta):
+                self.meta = files.read_meta(resume_from, files.RESUME_META_KEYS)
         self.sharded = resume_from is not None and dcp.is_sharded(resume_from)  # the format it reads
         self.trusted = bool(getattr(cfg.train, "trust_checkpoint", False))
         if self.sharded:  # dcp/.metadata is a pickle: refused here, before any data or compute
@@ -108,8 +114,8 @@ class Checkpointer:
             dcp.set_full_optimizer_state(state.model, state.optimizer, self._carried_optim)
             self._carried_optim = None
         else:
-            files.load_optimizer(where, state.optimizer)
-        state.loader.load_state_dict(self.meta["loader"])
+            files.load_optimizer(where, state.optimizer, state.model)
+        state.loader.load_state_dict(self.meta.get("loader", {}))
         state.step = self.start_step
         self._restore_rng()
         self.log(f"resumed from {where} at step {state.step} (saved at world {self.meta.get('world', 1)}, "
@@ -118,6 +124,8 @@ class Checkpointer:
     def _restore_rng(self) -> None:
         """Rank 0's saved state everywhere, then each rank its own saved stream when the world is
         unchanged (an exact continuation), or fresh distinct ones when it changed."""
+        if "rng" not in self.meta:  # an RL checkpoint from before the run stack (see __init__)
+            return
         tensors = files.load_tensors(self.resume_from / "rng.pt")  # weights_only; a damaged file is named
         set_rng_state(tensors, self.meta["rng"])
         info = self.info
