@@ -242,6 +242,19 @@ def export_hf(model: torch.nn.Module, out_dir: str | Path, force: bool = False, 
     return files
 
 
+def to_transformers(model: torch.nn.Module):
+    """A transformers ``GPT2LMHeadModel`` holding ``model``'s weights, in memory (benchmarks, tests)."""
+    GPT2Config, GPT2LMHeadModel = _transformers().GPT2Config, _transformers().GPT2LMHeadModel
+    config = {k: v for k, v in hf_config(model.config).items() if k not in ("architectures", "model_type")}
+    hf = GPT2LMHeadModel(GPT2Config(**config))
+    sd = gptforge_to_hf({k: v.detach() for k, v in model.state_dict().items()}, model.config)
+    missing, unexpected = hf.load_state_dict(sd, strict=False)
+    if unexpected or any(not k.endswith((".attn.bias", ".attn.masked_bias", "lm_head.weight")) for k in missing):
+        raise ValueError(f"weights do not fit transformers' GPT-2: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    hf.tie_weights()
+    return hf.eval()
+
+
 def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's reversible byte -> printable character map (as in OpenAI's encoder.py)."""
     bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))

@@ -233,5 +233,5 @@ def export_hf_llama(model: Llama, out_dir: str | Path, force: bool = False, toke
     return files
 
 
-load_hf = load_hf_llama  # the names the model registry looks up (Family.hf)
+load_hf = load_hf_llama  # the names gptforge.interop.hf_module's callers use
 export_hf = export_hf_llama
