@@ -53,13 +53,13 @@ def test_train_sample_export_and_load_back(llama_run, tmp_path, capsys):
 
 
 def test_init_from_a_hf_llama_directory(llama_run, tmp_path, shard_dir):
-    from gptforge.cli.run import _init_from
+    from gptforge.cli.common import init_from
     from gptforge.models.registry import build_model
 
     out = tmp_path / "hf"
     assert main(["export", "hf", "--ckpt", str(llama_run), "--out", str(out), "--no-tokenizer"]) == 0
     cfg = get_preset("tiny")  # a GPT-2 preset: --init-from brings the Llama's family and shape
-    init = _init_from(str(out), cfg)
+    init = init_from(str(out), cfg)
     assert cfg.model.arch == "llama" and cfg.model.n_kv_head == 2
     model = build_model(cfg.model).eval()
     init(model)

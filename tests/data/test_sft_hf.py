@@ -71,7 +71,7 @@ def test_sft_trains_on_a_saved_hf_dataset(tmp_path, tokenizer):
                  "--train.max_steps", "2", "--train.val_every", "2", "--train.sample_every", "0",
                  "--train.device", "cpu", "--train.dtype", "float32"]) == 0
     meta = ckpt.read_meta(ckpt.latest_checkpoint(run))
-    assert meta["sft"]["data"] == str(tmp_path / "ds") and meta["chat_template"] == ChatTemplate.gpt2().to_dict()
+    assert meta["config"]["sft"]["data"] == str(tmp_path / "ds") and meta["recipe"] == "sft" and meta["chat_template"] == ChatTemplate.gpt2().to_dict()
     assert any(json.loads(x)["kind"] == "val" for x in (run / "metrics.jsonl").read_text().splitlines())
 
 

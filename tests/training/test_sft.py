@@ -119,8 +119,8 @@ def test_sft_lowers_heldout_assistant_loss_and_carries_template(tmp_path, tokeni
 
 @pytest.mark.slow
 def test_sft_resume_is_bit_exact(tmp_path, tokenizer):
-    from gptforge.cli.run import _init_from
-    from gptforge.training.sft import SFTData, run_sft, sft_config
+    from gptforge.cli.common import init_from
+    from gptforge.training.sft import run_sft, sft_config
 
     data = write_conversations(arithmetic_problems(200, seed=2), tmp_path / "conv.jsonl")
     base = _base(tmp_path)
@@ -128,22 +128,22 @@ def test_sft_resume_is_bit_exact(tmp_path, tokenizer):
     def cfg_for(out):
         from gptforge.config import apply_overrides
 
-        cfg = sft_config(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=64), str(out))
-        init = _init_from(str(base), cfg)
+        cfg = sft_config(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=64), str(out), data=str(data))
+        cfg.sft.val_count = 16
+        init = init_from(str(base), cfg)
         apply_overrides(cfg, ["--train.seq_len", "64", "--train.micro_batch", "4", "--train.total_batch_tokens",
                               "256", "--train.max_steps", "6", "--train.device", "cpu", "--train.dtype", "float32",
                               "--train.val_every", "0", "--train.ckpt_every", "0", "--optim.warmup_steps", "2"])
         return cfg, init
 
-    sft = SFTData(data=str(data), val_count=16)
     t = ChatTemplate.gpt2()
     cfg, init = cfg_for(tmp_path / "full")
-    full = run_sft(cfg, sft, t, init_weights=init)
+    full = run_sft(cfg, t, init_weights=init)
     cfg, init = cfg_for(tmp_path / "part")
-    part = run_sft(cfg, sft, t, init_weights=init, stop_at_step=3)
+    part = run_sft(cfg, t, init_weights=init, stop_at_step=3)
     assert part.interrupted and part.steps_done == 3
     # resume through the CLI: config, template and data settings come from the checkpoint
-    assert main(["sft", "--data", str(data), "--out", str(tmp_path / "part"), "--resume"]) == 0
+    assert main(["sft", "--out", str(tmp_path / "part"), "--resume"]) == 0
     assert ckpt.read_meta(ckpt.latest_checkpoint(tmp_path / "part"))["train_loss"] == full.train_losses[6]
     a = GPT(cfg.model)
     b = GPT(cfg.model)
