@@ -328,15 +328,17 @@ def memory(model_cfg, layout: Layout, cluster: Cluster, global_batch: int, seq_l
         grads = 4 * n / g
         optim = 8 * n / (L.dp if L.shard == "zero1" else g)
         blocks = c.n_layer // L.pp
+        scores = L.micro_batch * c.n_head / L.tp * seq_len**2 * 6 if not model_cfg.flash else 0.0
         per_mb = blocks * layer_act_bytes(model_cfg, "bfloat16", L.recompute) * tok / L.tp
+        working = 0.0  # once, not per micro-batch in flight: the block being recomputed
         if L.recompute == "block":
-            per_mb += layer_act_bytes(model_cfg, "bfloat16", "none") * tok / L.tp
-        if not model_cfg.flash:
-            per_mb += (blocks if L.recompute != "block" else 1) * L.micro_batch * c.n_head / L.tp * seq_len**2 * 6
+            working = layer_act_bytes(model_cfg, "bfloat16", "none") * tok / L.tp + scores
+        else:
+            per_mb += blocks * scores
         inflight = 1 if L.pp == 1 else min(m, L.pp) if s == 0 else 1
         if L.interleave > 1 and s == 0:
             inflight = min(m, L.pp) * (1 + (L.pp - 1) / (L.pp * L.interleave))
-        acts = per_mb * inflight
+        acts = per_mb * inflight + working
         if s == L.pp - 1:
             acts += tok * 16.0 * c.vocab / L.tp  # logits, log-softmax and their gradients (one micro-batch)
         total = weights + grads + optim + acts
