@@ -34,6 +34,12 @@ def test_family_counts_match_the_built_model(cfg):
     c = counts(cfg)
     assert c.params == model.num_parameters()
     assert c.layer_params == sum(p.numel() for p in model.blocks[0].parameters())
+    named = dict(model.blocks[0].named_parameters())
+    whole = [n for n in named if "norm" in n or n.startswith("ln_") or n.endswith("c_proj.bias")]
+    assert c.layer_replicated == sum(named[n].numel() for n in whole)  # what TP leaves whole
+    assert c.mlp_in_params == sum(p.numel() for n, p in named.items() if any(k in n for k in ("c_fc", "gate_", "up_")))
+    embeds = [m.weight for m in model.modules() if isinstance(m, torch.nn.Embedding)]
+    assert c.tied == any(w is model.lm_head.weight for w in embeds)
     # llm.c's and PaLM's counts, written out independently of models/counting.py
     N, L, C, T = model.num_parameters(), cfg.n_layer, cfg.n_embd, 64
     lookup = cfg.padded_vocab_size * C if cfg.arch == "llama" and not cfg.tie_embeddings else 0
@@ -78,7 +84,12 @@ def test_comm_volume_against_a_hand_count():
         assert vol["pp.send"]["payload"] == m * act / 2  # one direction only at the ends, sequence shards
     # DDP: one all-reduce of the stage's fp32 gradients; the tied table's copy all-reduced between ends
     c = counts(cfg)
-    n_last = c.layer_params / 2 + c.head_params / 2 + c.vocab * 64 / 2
+    with torch.device("meta"):
+        block = build_model(cfg).blocks[0]
+    whole = sum(p.numel() for n, p in block.named_parameters() if n.startswith("ln_") or n.endswith("c_proj.bias"))
+    split = sum(p.numel() for p in block.parameters()) - whole
+    assert (c.layer_replicated, c.final_norm) == (whole, 2 * 64)
+    n_last = split / 2 + whole + 2 * 64 + c.vocab * 64 / 2  # one block, ln_f whole, half the tied table
     assert last["dp.all_reduce"]["payload"] == pytest.approx(n_last * 4)
     assert last["dp.all_reduce"]["sent"] == pytest.approx(n_last * 4)  # 2(g-1)/g = 1 at g = 2
     assert last["pp.all_reduce"]["payload"] == pytest.approx(c.vocab * 64 / 2 * 4)

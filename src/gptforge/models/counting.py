@@ -29,6 +29,9 @@ class Counts:
     lookup: int  # parameters used by lookup, not matmul: an untied input token table
     positions: int  # learned position table (GPT-2's wpe); 0 for rotary embeddings
     mlp_in_params: int  # the MLP's input projection(s): what ``recompute mlp`` runs again
+    layer_replicated: int  # per block, what tensor parallelism leaves whole: norms, row-parallel output biases
+    final_norm: int  # the final norm's parameters (part of head_params)
+    tied: bool  # the output head is the input token table
     layer_flops: float  # forward FLOPs per token in one block at this sequence length
     head_flops: float  # forward FLOPs per token of the output projection (2 * C * padded vocab)
     n_layer: int

@@ -146,24 +146,19 @@ def check(model_cfg, layout: Layout, global_batch: int) -> str | None:
 
 
 def _stage_params(c, L: Layout, stage: int) -> tuple[float, float]:
-    """(parameters on one rank of ``stage``, of which tied-embedding copy) after TP splits matmul weights;
-    norms and biases TP does not split are counted whole (an upper bound by a few C per block)."""
-    per_layer = c.layer_params / L.tp
-    n = per_layer * c.n_layer / L.pp
+    """(parameters on one rank of ``stage``, the tied table's copy among them): TP splits the matmul
+    weights and the vocabulary; norms and row-parallel output biases stay whole on every TP rank."""
+    layer = (c.layer_params - c.layer_replicated) / L.tp + c.layer_replicated
+    n = layer * c.n_layer / L.pp
     tied = 0.0
     if stage == 0:
         n += (c.embed_params - c.positions) / L.tp + c.positions
     if stage == L.pp - 1:
-        n += c.head_params / L.tp
-        if not _untied(c):  # a tied head: the last stage holds a copy of the table
+        n += (c.head_params - c.final_norm) / L.tp + c.final_norm
+        if c.tied and L.pp > 1:  # the last stage holds a copy of the tied table for the head
             tied = c.vocab * c.n_embd / L.tp
-            if L.pp > 1:
-                n += tied
+            n += tied
     return n, tied
-
-
-def _untied(c) -> bool:
-    return c.head_params > c.n_embd * 2  # an untied head matrix (more than a final norm)
 
 
 def comm_volume(model_cfg, layout: Layout, global_batch: int, seq_len: int, stage: int | None = None) -> dict:
@@ -203,21 +198,20 @@ def comm_volume(model_cfg, layout: Layout, global_batch: int, seq_len: int, stag
                 add("tp", kind, m * act, L.tp)  # vocabulary-parallel embedding: fwd RS, bwd AG
             if stage == L.pp - 1:
                 add("tp", kind, m * act, L.tp)  # final norm -> vocabulary-parallel head: fwd AG, bwd RS
-        replicated = blocks * _replicated_per_layer(model_cfg, c) + (_final_norm(c) if stage == L.pp - 1 else 0)
+        replicated = blocks * c.layer_replicated + (c.final_norm if stage == L.pp - 1 else 0)
         add("tp", "all_reduce", m * replicated * 4, L.tp)
     if L.pp > 1:
         v = L.interleave
         sends = (v - (stage == L.pp - 1)) + (v - (stage == 0))
         add("pp", "send", m * sends * act / L.tp, 2)
-        _, tied = _stage_params(c, L, stage)
-        if tied and stage in (0, L.pp - 1):
-            add("pp", "all_reduce", tied * 4, 2)
+        if c.tied and stage in (0, L.pp - 1):
+            add("pp", "all_reduce", c.vocab * c.n_embd / L.tp * 4, 2)
     n_rank, _ = _stage_params(c, L, stage)
     grad_b, param_b = (2, 2) if L.engine == "deepspeed" else (4, 2)
     if L.shard == "fsdp":
         g = L.shard_group
         gathers = 2 + (L.engine == "deepspeed" and L.recompute == "block")
-        kept = 0 if L.engine == "deepspeed" else c.layer_params / L.tp  # FSDP2 keeps the last block gathered
+        kept = 0 if L.engine == "deepspeed" else (c.layer_params - c.layer_replicated) / L.tp + c.layer_replicated
         add("dp", "all_gather", m * (gathers * n_rank - kept) * param_b, g)
         add("dp", "reduce_scatter", m * n_rank * grad_b, g)
         if L.dp > g:
@@ -227,18 +221,6 @@ def comm_volume(model_cfg, layout: Layout, global_batch: int, seq_len: int, stag
         if L.shard == "zero1":
             add("dp", "all_gather", n_rank * 4, L.dp)
     return out
-
-
-def _replicated_per_layer(model_cfg, c) -> float:
-    """Parameters per block that TP leaves whole: norm weights (and biases), row-parallel output biases."""
-    if model_cfg.arch == "gpt2":
-        b = 1 if model_cfg.bias else 0
-        return 2 * c.n_embd * (1 + b) + 2 * c.n_embd * b
-    return 2 * c.n_embd + (2 * (c.n_embd // c.n_head) if getattr(model_cfg, "qk_norm", False) else 0)
-
-
-def _final_norm(c) -> float:
-    return c.head_params - (c.vocab * c.n_embd if _untied(c) else 0)
 
 
 def _link(cluster: Cluster, group_span: int) -> float:
