@@ -1,7 +1,7 @@
 """Decode speed: gptforge's KV-cache generation against transformers' ``generate`` on the same weights.
 
-Both models hold the same random weights (GPT-2 through ``interop.hf``'s key map, a Llama size
-through ``interop.hf_llama.to_transformers``), get the same prompt and decode greedily for the same
+Both models hold the same random weights (the family's ``to_transformers``: ``interop.hf`` for
+GPT-2, ``interop.hf_llama`` for Llama), get the same prompt and decode greedily for the same
 number of tokens; the JSON records tokens/s for each batch size, the ratio, and whether both produced
 the same tokens (they must: greedy, same weights). Each measurement is one untimed warm-up call, then ``repeats`` timed calls (median),
 alternating between the two implementations.
@@ -27,11 +27,8 @@ def run_bench_generate(size: str = "gpt2", batches: list[int] | tuple[int, ...] 
     from gptforge.extras import require
 
     require("transformers", extra="hf", for_what="gptforge bench-generate")
-    from transformers import GPT2Config, GPT2LMHeadModel
-
     from gptforge.generation import generate
-    from gptforge.interop.hf import gptforge_to_hf
-    from gptforge.models.registry import build_model, size_config
+    from gptforge.models.registry import build_model, family_of, size_config
     from gptforge.runtime import resolve_device
 
     dev = torch.device(resolve_device(device))
@@ -42,17 +39,7 @@ def run_bench_generate(size: str = "gpt2", batches: list[int] | tuple[int, ...] 
     if prompt_tokens + new_tokens > cfg.block_size:
         raise ValueError(f"--prompt-tokens + --new-tokens = {prompt_tokens + new_tokens} exceeds the context {cfg.block_size}")
     ours = build_model(cfg).eval()
-    if cfg.arch == "llama":  # transformers' LlamaForCausalLM with the same weights
-        from gptforge.interop.hf_llama import to_transformers
-
-        hf = to_transformers(ours)
-    else:
-        hf = GPT2LMHeadModel(GPT2Config(n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd,
-                                        n_positions=cfg.block_size, vocab_size=cfg.vocab_size,
-                                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
-        missing, unexpected = hf.load_state_dict(gptforge_to_hf(ours.state_dict(), cfg), strict=False)
-        assert not unexpected and all(k.endswith((".attn.bias", ".attn.masked_bias")) for k in missing), (
-            missing, unexpected)
+    hf = family_of(cfg).hf("to_transformers")(ours)  # the family's transformers model, same weights
     ours = ours.to(dev, dtype)
     hf = hf.to(dev, dtype).eval()
     prompt = torch.randint(0, cfg.vocab_size, (1, prompt_tokens), generator=torch.Generator().manual_seed(1))
