@@ -100,6 +100,11 @@ def test_comm_volume_against_a_hand_count():
     assert fsdp["dp.reduce_scatter"]["payload"] == pytest.approx(m * c.params * 4)
     assert fsdp["dp.all_gather"]["sent"] == pytest.approx(fsdp["dp.all_gather"]["payload"] * 3 / 4)
     assert "tp.all_gather" not in fsdp and "pp.send" not in fsdp
+    # HSDP: FSDP inside groups of 2, the shards' gradients all-reduced across the 2 replicas once per step
+    hsdp = comm_volume(cfg, Layout(dp=4, micro_batch=b, shard="fsdp", dp_shard=2), G, T)
+    assert hsdp["dp.all_gather"]["group"] == 2 and hsdp["dp.all_gather"]["sent"] == pytest.approx(
+        fsdp["dp.all_gather"]["payload"] / 2)
+    assert hsdp["dp.all_reduce"]["payload"] == pytest.approx(c.params / 2 * 4)
     # recomputing blocks runs their forward collectives again: 3 passes instead of 2
     rc = comm_volume(cfg, dataclasses.replace(lay, recompute="block"), G, T)
     assert rc["tp.all_gather"]["payload"] - last["tp.all_gather"]["payload"] == (G // 4) * 2 * act

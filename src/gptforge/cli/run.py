@@ -181,7 +181,7 @@ def cmd_plan(args: argparse.Namespace, overrides: list[str]) -> int:
                                  gpus_per_node=args.gpus_per_node, tokens=args.tokens, reserve=args.reserve,
                                  json_out=args.json)
     return plan.run_plan(cfg, args.preset, gpu_mem=args.gpu_mem or 80.0, world=args.world, measure=args.measure,
-                         steps=args.steps, json_out=args.json)
+                         steps=args.steps, json_out=args.json, reserve=args.reserve)
 
 
 # --- race -----------------------------------------------------------------------------------------

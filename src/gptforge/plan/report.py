@@ -28,7 +28,7 @@ def fmt_gib(b: float) -> str:
 
 
 def run_plan(cfg: Config, preset: str, *, gpu_mem: float = 80.0, world: int = 8, measure: bool = False,
-             steps: int = 2, json_out: str | None = None) -> int:
+             steps: int = 2, json_out: str | None = None, reserve: float = 2.0) -> int:
     """``gptforge plan``: print the estimate table and the recommendation (or, with ``measure``, the
     estimate against a measured peak for the config as given); exit status 1 when nothing fits."""
     head = f"{'shard':<6} {'recomp':<6} {'B':>4} {'weights':>8} {'grads':>8} {'optim':>8} {'activ':>8} {'peak':>8}"
@@ -50,12 +50,12 @@ def run_plan(cfg: Config, preset: str, *, gpu_mem: float = 80.0, world: int = 8,
         report.update(device=str(device), dtype=dtype, estimate=vars(est), measured_peak=peak, measured_kind=kind,
                       ratio=est.peak / peak, config=cfg.to_dict())
     else:
-        rows, best = propose(cfg, gpu_mem, world)
+        rows, best = propose(cfg, gpu_mem, world, reserve_gib=reserve)
         print(f"{preset}: {report['params'] / 1e6:.0f}M params, T {cfg.train.seq_len}, "
               f"{cfg.train.total_batch_tokens:,} tokens/step, world {world}, {gpu_mem:g} GiB per GPU "
-              f"(bf16, {2:g} GiB reserved)\n{head}  (GiB per rank)")
+              f"(bf16, {reserve:g} GiB reserved)\n{head}  (GiB per rank)")
         for r in rows:
-            print(r.row() + ("  <- fits" if r.peak <= (gpu_mem - 2) * GIB else "  (does not fit)"))
+            print(r.row() + ("  <- fits" if r.peak <= (gpu_mem - reserve) * GIB else "  (does not fit)"))
         report.update(world=world, gpu_mem_gib=gpu_mem, rows=[vars(r) for r in rows],
                       recommended=vars(best) if best else None)
         if best is None:

@@ -6,7 +6,8 @@ run, costed by ``plan.cost``; the fastest that fits in memory wins.
 TP runs over powers of two up to the GPUs in a node (and dividing the attention and key/value heads),
 PP over the divisors of the layer count, DP is what is left of the GPU count, micro-batches are powers of
 two dividing each data-parallel rank's share of the global batch (at least as many micro-batches as
-stages), interleaving 1, 2 or 4 virtual stages. Thousands of candidates, arithmetic only: well under a
+stages), interleaving 1, 2 or 4 virtual stages; FSDP over the whole data dimension or, as HSDP, over
+the GPUs of a node that TP leaves (replicas across nodes). Thousands of candidates, arithmetic only: well under a
 second for any model size.
 """
 
@@ -23,6 +24,7 @@ def candidates(model_cfg, gpus: int, cluster: Cluster, global_batch: int):
     c = counts(model_cfg)
     tps = [t for t in (1, 2, 4, 8, 16, 32, 64) if t <= min(cluster.gpus_per_node, gpus) and gpus % t == 0]
     for tp in tps:
+        hsdp = max(1, cluster.gpus_per_node // tp)  # HSDP: the FSDP group fills the rest of a node
         for pp in (p for p in range(1, c.n_layer + 1) if c.n_layer % p == 0 and gpus % (tp * p) == 0):
             dp = gpus // (tp * pp)
             if global_batch % dp:
@@ -36,6 +38,11 @@ def candidates(model_cfg, gpus: int, cluster: Cluster, global_batch: int):
                             lay = Layout(dp=dp, tp=tp, pp=pp, micro_batch=b, recompute=rc, shard=shard, interleave=v)
                             if check(model_cfg, lay, global_batch) is None:
                                 yield lay
+                            if shard == "fsdp" and 1 < hsdp < dp and dp % hsdp == 0:  # shard in a node, replicate across
+                                lay = Layout(dp=dp, tp=tp, pp=pp, micro_batch=b, recompute=rc, shard=shard,
+                                             interleave=v, dp_shard=hsdp)
+                                if check(model_cfg, lay, global_batch) is None:
+                                    yield lay
 
 
 def search(model_cfg, gpus: int, cluster: Cluster, global_batch: int, seq_len: int, reserve_gib: float = 2.0,
