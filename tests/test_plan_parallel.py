@@ -70,44 +70,61 @@ def test_planner_against_megatron_tables():
 
 
 def test_comm_volume_against_a_hand_count():
-    cfg = size_config("d2")  # 2 layers, C 64, vocabulary 50304, tied
-    b, T, G = 2, 32, 16
+    cfg = size_config("d2")  # 2 layers, C 64, learned positions, vocabulary 50304, tied
+    b, T, G, C = 2, 32, 16, 64
     lay = Layout(dp=2, tp=2, pp=2, micro_batch=b)
-    m = G // (2 * b)  # 4 micro-batches
-    act = b * T * 64 * 2
-    last = comm_volume(cfg, lay, G, T)  # the last stage
-    first = comm_volume(cfg, lay, G, T, stage=0)
-    # one block per stage, 2 AG + 2 RS forward, the reverse backward; + the head's (last) / embedding's (first)
-    for vol in (first, last):
-        assert vol["tp.all_gather"]["payload"] == m * (1 * 2 * 2 + 1) * act
-        assert vol["tp.reduce_scatter"]["sent"] == pytest.approx(vol["tp.reduce_scatter"]["payload"] / 2)
-        assert vol["pp.send"]["payload"] == m * act / 2  # one direction only at the ends, sequence shards
-    # DDP: one all-reduce of the stage's fp32 gradients; the tied table's copy all-reduced between ends
+    m = G // (2 * b)  # 4 micro-batches per pipeline
+    x = b * T * C  # one micro-batch's activations, elements
+    last = comm_volume(cfg, lay, G, T, precision="float32")  # the last stage
+    first = comm_volume(cfg, lay, G, T, stage=0, precision="float32")
+    # one block per stage: forward gathers 2 norm outputs and reduce-scatters 2 row-parallel outputs,
+    # backward the reverse; the last stage gathers the head's input, the first reduce-scatters the
+    # embedding and the (T x C) position rows, each with the reverse in the backward
+    assert last["tp.all_gather"]["payload"] == last["tp.reduce_scatter"]["payload"] == m * 5 * x * 4
+    assert first["tp.reduce_scatter"]["payload"] == m * (5 * x + T * C) * 4
+    assert first["tp.all_gather"]["sent"] == pytest.approx(first["tp.all_gather"]["payload"] / 2)  # (g-1)/g
+    assert sum(d[3] for d in last["detail"] if d[:2] == ("tp", "all_gather")) == last["tp.all_gather"]["payload"]
+    # each end stage sends one way per micro-batch: its sequence shard of the fp32 residual stream
+    assert first["pp.send"]["payload"] == last["pp.send"]["payload"] == m * x / 2 * 4
+    # under autocast the row-parallel outputs (and their gradients) are bf16, the rest fp32
+    bf16 = comm_volume(cfg, lay, G, T)
+    assert bf16["tp.all_gather"]["payload"] == m * (2 * x * 4 + 2 * x * 2 + x * 4)
+    # data: under a mesh FSDP2 with shard groups of 1 all-reduces the fp32 gradients across the replicas,
+    # once per step behind a pipeline; the tied table's two copies all-reduce between the end stages
     c = counts(cfg)
     with torch.device("meta"):
         block = build_model(cfg).blocks[0]
     whole = sum(p.numel() for n, p in block.named_parameters() if n.startswith("ln_") or n.endswith("c_proj.bias"))
     split = sum(p.numel() for p in block.parameters()) - whole
-    assert (c.layer_replicated, c.final_norm) == (whole, 2 * 64)
-    n_last = split / 2 + whole + 2 * 64 + c.vocab * 64 / 2  # one block, ln_f whole, half the tied table
+    assert (c.layer_replicated, c.final_norm) == (whole, 2 * C)
+    n_last = split / 2 + whole + 2 * C + c.vocab * C / 2  # one block, ln_f whole, half the tied table
     assert last["dp.all_reduce"]["payload"] == pytest.approx(n_last * 4)
     assert last["dp.all_reduce"]["sent"] == pytest.approx(n_last * 4)  # 2(g-1)/g = 1 at g = 2
-    assert last["pp.all_reduce"]["payload"] == pytest.approx(c.vocab * 64 / 2 * 4)
-    # FSDP over 4 data ranks, no TP/PP: bf16 gathers forward and backward (the last block kept), fp32 RS
+    assert last["pp.all_reduce"]["payload"] == pytest.approx(c.vocab * C / 2 * 4)
+    assert last["tp.all_reduce"]["payload"] == m * (whole + 2 * C) * 4  # norms' and biases' gradients
+    # without a pipeline, FSDP2 reduces every micro-batch
+    tp_only = comm_volume(cfg, Layout(dp=2, tp=2, micro_batch=b), G, T)
+    n_rank = (split / 2 + whole) * 2 + (c.vocab + cfg.block_size) * C / 2 + 2 * C  # tables split by rows
+    assert tp_only["dp.all_reduce"]["payload"] == pytest.approx(m * n_rank * 4)
+    # FSDP over 4 data ranks, no mesh: bf16 gathers forward and backward (the last block kept), fp32 RS
     fsdp = comm_volume(cfg, Layout(dp=4, micro_batch=b, shard="fsdp"), G, T)
-    m = G // (4 * b)
-    assert fsdp["dp.all_gather"]["payload"] == pytest.approx(m * (2 * c.params - c.layer_params) * 2)
-    assert fsdp["dp.reduce_scatter"]["payload"] == pytest.approx(m * c.params * 4)
+    m4 = G // (4 * b)
+    assert fsdp["dp.all_gather"]["payload"] == pytest.approx(m4 * (2 * c.params - c.layer_params) * 2)
+    assert fsdp["dp.reduce_scatter"]["payload"] == pytest.approx(m4 * c.params * 4)
     assert fsdp["dp.all_gather"]["sent"] == pytest.approx(fsdp["dp.all_gather"]["payload"] * 3 / 4)
     assert "tp.all_gather" not in fsdp and "pp.send" not in fsdp
-    # HSDP: FSDP inside groups of 2, the shards' gradients all-reduced across the 2 replicas once per step
+    # HSDP: FSDP inside groups of 2, the shards' gradients all-reduced across the 2 replicas
     hsdp = comm_volume(cfg, Layout(dp=4, micro_batch=b, shard="fsdp", dp_shard=2), G, T)
     assert hsdp["dp.all_gather"]["group"] == 2 and hsdp["dp.all_gather"]["sent"] == pytest.approx(
         fsdp["dp.all_gather"]["payload"] / 2)
-    assert hsdp["dp.all_reduce"]["payload"] == pytest.approx(c.params / 2 * 4)
-    # recomputing blocks runs their forward collectives again: 3 passes instead of 2
-    rc = comm_volume(cfg, dataclasses.replace(lay, recompute="block"), G, T)
-    assert rc["tp.all_gather"]["payload"] - last["tp.all_gather"]["payload"] == (G // 4) * 2 * act
+    assert hsdp["dp.all_reduce"]["payload"] == pytest.approx(m4 * c.params / 2 * 4)
+    # DDP: one all-reduce after the last micro-batch, whatever the accumulation
+    ddp = comm_volume(cfg, Layout(dp=4, micro_batch=1), G, T)
+    assert ddp["dp.all_reduce"]["payload"] == c.params * 4 and set(ddp) == {"dp.all_reduce", "detail"}
+    # recomputing blocks runs their forward collectives again
+    rc = comm_volume(cfg, dataclasses.replace(lay, recompute="block"), G, T, precision="float32")
+    assert rc["tp.all_gather"]["payload"] - last["tp.all_gather"]["payload"] == m * 2 * x * 4
+    assert rc["tp.reduce_scatter"]["payload"] - last["tp.reduce_scatter"]["payload"] == m * 2 * x * 4
 
 
 def test_layouts_that_cannot_run_are_refused():

@@ -21,28 +21,35 @@ The communication model (every collective is a ring; the bytes a rank *sends*):
   rank per node) and is what the measured ZeRO-3 rows of Megatron-LM's Table 2 show (their step time
   stays at ~67 s from 768 to 1536 GPUs, ~1.4 TB per GPU at ~21 GB/s). Latency is not modelled.
 * **tensor parallelism** (Megatron layout with sequence parallelism): per block and micro-batch the
-  forward all-gathers the sequence-sharded norm output before attention and before the MLP (2 AG) and
-  reduce-scatters the row-parallel outputs (2 RS), S = b*T*C activations (bf16); the backward does
-  the reverse (2 RS + 2 AG). Without sequence parallelism these are Megatron's 4 all-reduces per block
+  forward all-gathers the sequence-sharded norm output before attention and before the MLP (2 AG,
+  fp32 under autocast) and reduce-scatters the row-parallel outputs (2 RS, bf16), S = b*T*C
+  activations each; the backward does the reverse (2 RS + 2 AG of the gradients). Without sequence parallelism these are Megatron's 4 all-reduces per block
   (an all-reduce = RS + AG: the same bytes). ``recompute block`` runs the forward again (+2 AG + 2 RS).
   The first stage reduce-scatters the vocabulary-parallel embedding (fwd RS, bwd AG), the last
   all-gathers the final norm's output for the vocabulary-parallel head (fwd AG, bwd RS); gradients of
   parameters TP does not split (norms, output biases) are all-reduced once per micro-batch (fp32).
 * **pipeline**: each micro-batch crosses every stage boundary forward (activations) and backward
-  (their gradients): b*T*C/tp bf16 bytes each way (sequence-parallel shards: Megatron's scatter/gather
+  (their gradients): b*T*C/tp elements each way (the fp32 residual stream) (sequence-parallel shards: Megatron's scatter/gather
   optimisation); with ``v`` virtual stages a rank sends up to v times as often. The **bubble** of 1F1B
   is (p-1)/m of the ideal time, interleaved (p-1)/(m*v): step = (m + (p-1)/v) micro-batch times.
   Tied embeddings on both end stages all-reduce their gradient between them once per step.
-* **data parallelism**: DDP all-reduces the fp32 gradients once per step (after the last micro-batch);
-  ZeRO-1 (``zero1``) does that and all-gathers the updated fp32 parameters; ZeRO-3 (``fsdp``, FSDP2)
-  all-gathers the bf16 parameters in every micro-batch's forward and again in its backward (the last
-  block stays gathered) and reduce-scatters fp32 gradients per micro-batch. With HSDP (``dp_shard`` <
-  ``dp``) FSDP works inside groups of ``dp_shard`` and the shards' gradients are all-reduced across the
-  ``dp / dp_shard`` replicas once per step. The ``deepspeed`` engine (Table 2's ZeRO-3 baseline) gathers
-  fp16 parameters again for the recomputed forward and reduce-scatters fp16 gradients.
-* **overlap**: ZeRO-3's gathers and reduce-scatters are prefetched under compute, so that part of a
-  step takes the longer of the two; everything else (TP collectives, pipeline sends, the gradient
-  all-reduce after the pipeline flush, the optimizer step) adds to the step time.
+* **data parallelism** (gptforge): without TP/PP, DDP all-reduces the fp32 gradients once per step
+  (``no_sync`` before the last micro-batch); ZeRO-1 (``zero1``) does that and all-gathers the updated
+  fp32 parameters; FSDP2 (``fsdp``, ZeRO-3) all-gathers the bf16 parameters in every micro-batch's
+  forward and again in its backward (the last block stays gathered) and reduce-scatters fp32
+  gradients every micro-batch. Under a TP/PP mesh the data dimension is always FSDP2 over (replicas x
+  shards): shard groups of ``dp_shard`` (HSDP when < ``dp``) with ``fsdp``, of 1 with ``none`` (then
+  only the replicas' all-reduce); it reduces every micro-batch without a pipeline, once after the
+  last micro-batch with one (torch's pipeline stages turn gradient sync off until then); the
+  all-reduce across replicas carries the shard, ``N / dp_shard``.
+* **Megatron-LM and DeepSpeed** (the ``megatron`` and ``deepspeed`` engines, for checking against the
+  paper): fp16 activations; Megatron all-reduces fp32 gradients once after the pipeline flush;
+  DeepSpeed's ZeRO-3 gathers fp16 parameters in the forward, again for the recomputed forward and for
+  the backward, and reduce-scatters fp16 gradients.
+* **overlap**: FSDP2's and ZeRO-3's gathers (and their per-micro-batch reductions) are prefetched
+  under compute, so that part of a step takes the longer of the two; everything else (TP collectives,
+  pipeline sends, the reduction after a pipeline's flush, DDP's all-reduce after the last micro-batch,
+  the optimizer step) adds to the step time.
 
 Compute per micro-batch and stage: forward matmul FLOPs per token from the family (``Counts``), x3 for
 forward + backward, +1 block forward under ``recompute block`` (+ the MLP's input projections under
@@ -69,7 +76,6 @@ from gptforge.plan.cluster import Cluster
 RECOMPUTES = ("none", "mlp", "block")
 SHARDS = ("none", "zero1", "fsdp")
 ENGINES = ("gptforge", "megatron", "deepspeed")
-ACT = 2  # bytes per activation element (bf16)
 
 
 @dataclass(frozen=True)
@@ -147,12 +153,12 @@ def check(model_cfg, layout: Layout, global_batch: int) -> str | None:
 
 def _stage_params(c, L: Layout, stage: int) -> tuple[float, float]:
     """(parameters on one rank of ``stage``, the tied table's copy among them): TP splits the matmul
-    weights and the vocabulary; norms and row-parallel output biases stay whole on every TP rank."""
+    weights, the vocabulary and the position table; norms and row-parallel output biases stay whole."""
     layer = (c.layer_params - c.layer_replicated) / L.tp + c.layer_replicated
     n = layer * c.n_layer / L.pp
     tied = 0.0
     if stage == 0:
-        n += (c.embed_params - c.positions) / L.tp + c.positions
+        n += c.embed_params / L.tp  # token (and position) tables split by rows
     if stage == L.pp - 1:
         n += (c.head_params - c.final_norm) / L.tp + c.final_norm
         if c.tied and L.pp > 1:  # the last stage holds a copy of the tied table for the head
@@ -161,65 +167,93 @@ def _stage_params(c, L: Layout, stage: int) -> tuple[float, float]:
     return n, tied
 
 
-def comm_volume(model_cfg, layout: Layout, global_batch: int, seq_len: int, stage: int | None = None) -> dict:
+def comm_volume(model_cfg, layout: Layout, global_batch: int, seq_len: int, stage: int | None = None,
+                precision: str = "bf16") -> dict:
     """Bytes one rank moves in one training step, by ``"dim.kind"`` (dim: tp, pp, dp; kind: all_reduce,
-    all_gather, reduce_scatter, send), each ``{"payload": P, "sent": S, "group": g}``:
+    all_gather, reduce_scatter, send), each ``{"payload": P, "sent": S, "group": g}``, plus
+    ``"detail"``: the same bytes item by item, ``(dim, kind, what, payload per step)``:
 
     * ``payload``: the sum of the logical tensor sizes handed to the collective calls (an all-reduce's
-      tensor, an all-gather's gathered output, a reduce-scatter's full input, a send's tensor), which a
+      tensor, an all-gather's gathered output, a reduce-scatter's full input, a send's tensor): what a
       process-group wrapper or DTensor's CommDebugMode sees;
-    * ``sent``: what the rank puts on the wire under ring algorithms (module docstring), which the time
+    * ``sent``: what the rank puts on the wire under ring algorithms (module docstring): what the time
       model charges.
 
     ``stage`` picks the pipeline stage (default: the last, which holds the head); every rank of a stage
-    sees the same volume. Activations are bf16, gradients fp32 and FSDP gathers bf16 parameters
-    (gptforge's engine; the docstring says what the megatron and deepspeed engines change)."""
+    sees the same volume. ``precision``: ``bf16`` (gptforge on CUDA: autocast, so the residual stream,
+    norm outputs, embeddings and gradients are fp32 and matmul outputs bf16; FSDP gathers bf16
+    parameters) or ``float32`` (everything 4 bytes: a CPU run). The ``megatron`` and ``deepspeed``
+    engines move fp16 activations and parameters (gradients: fp32 and fp16).
+
+    Not counted: ``loss_parallel``'s per-token statistics (a few fp32 values per token), the scalar
+    all-reduces of the loss and the gradient norm, and how a fused q/k/v bias gathers its gradient."""
     c = counts(model_cfg, seq_len)
     L = layout
     stage = L.pp - 1 if stage is None else stage
     m = microbatches(L, global_batch)
-    out: dict[str, dict] = {}
+    out: dict = {"detail": []}
 
-    def add(dim: str, kind: str, payload: float, group: int) -> None:
+    def add(dim: str, kind: str, what: str, payload: float, group: int) -> None:
         if group <= 1 or payload <= 0:
             return
         f = {"all_reduce": 2 * (group - 1) / group, "send": 1.0}.get(kind, (group - 1) / group)
         e = out.setdefault(f"{dim}.{kind}", {"payload": 0.0, "sent": 0.0, "group": group})
         e["payload"] += payload
         e["sent"] += payload * f
+        out["detail"].append((dim, kind, what, payload))
 
-    act = L.micro_batch * seq_len * c.n_embd * ACT  # one micro-batch's b x T x C activations
+    ours = L.engine == "gptforge"
+    wide = 4 if (precision == "float32" or ours) else 2  # residual stream, norm outputs, embeddings
+    narrow = 4 if precision == "float32" else 2  # matmul outputs (autocast / fp16)
+    tokens = L.micro_batch * seq_len * c.n_embd  # one micro-batch's b x T x C elements
     blocks = c.n_layer // L.pp
     passes = 3 if L.recompute == "block" else 2  # forward, backward (+ recomputed forward)
     if L.tp > 1:
-        for kind in ("all_gather", "reduce_scatter"):
-            add("tp", kind, m * blocks * 2 * passes * act, L.tp)
-            if stage == 0:
-                add("tp", kind, m * act, L.tp)  # vocabulary-parallel embedding: fwd RS, bwd AG
-            if stage == L.pp - 1:
-                add("tp", kind, m * act, L.tp)  # final norm -> vocabulary-parallel head: fwd AG, bwd RS
+        fwd = passes - 1  # forward passes per micro-batch
+        # per block: the two norm outputs gathered (forward), their gradients reduce-scattered (backward);
+        # the two row-parallel outputs reduce-scattered (forward), their gradients gathered (backward)
+        add("tp", "all_gather", "block inputs (norm outputs)", m * blocks * 2 * fwd * tokens * wide, L.tp)
+        add("tp", "reduce_scatter", "block inputs' gradients", m * blocks * 2 * tokens * wide, L.tp)
+        add("tp", "reduce_scatter", "row-parallel outputs", m * blocks * 2 * fwd * tokens * narrow, L.tp)
+        add("tp", "all_gather", "row-parallel outputs' gradients", m * blocks * 2 * tokens * narrow, L.tp)
+        if stage == 0:
+            add("tp", "reduce_scatter", "vocabulary-parallel embedding", m * tokens * wide, L.tp)
+            add("tp", "all_gather", "embedding output's gradient", m * tokens * wide, L.tp)
+            if c.positions:
+                add("tp", "reduce_scatter", "position table (T x C)", m * seq_len * c.n_embd * wide, L.tp)
+                add("tp", "all_gather", "position rows' gradient", m * seq_len * c.n_embd * wide, L.tp)
+        if stage == L.pp - 1:
+            add("tp", "all_gather", "final norm output -> head", m * tokens * wide, L.tp)
+            add("tp", "reduce_scatter", "head input's gradient", m * tokens * wide, L.tp)
         replicated = blocks * c.layer_replicated + (c.final_norm if stage == L.pp - 1 else 0)
-        add("tp", "all_reduce", m * replicated * 4, L.tp)
+        add("tp", "all_reduce", "gradients of norms and output biases", m * replicated * 4, L.tp)
     if L.pp > 1:
         v = L.interleave
         sends = (v - (stage == L.pp - 1)) + (v - (stage == 0))
-        add("pp", "send", m * sends * act / L.tp, 2)
+        add("pp", "send", "activations forward, their gradients backward", m * sends * tokens / L.tp * wide, 2)
         if c.tied and stage in (0, L.pp - 1):
-            add("pp", "all_reduce", c.vocab * c.n_embd / L.tp * 4, 2)
+            add("pp", "all_reduce", "tied embedding's gradient", c.vocab * c.n_embd / L.tp * 4, 2)
     n_rank, _ = _stage_params(c, L, stage)
-    grad_b, param_b = (2, 2) if L.engine == "deepspeed" else (4, 2)
-    if L.shard == "fsdp":
-        g = L.shard_group
-        gathers = 2 + (L.engine == "deepspeed" and L.recompute == "block")
-        kept = 0 if L.engine == "deepspeed" else (c.layer_params - c.layer_replicated) / L.tp + c.layer_replicated
-        add("dp", "all_gather", m * (gathers * n_rank - kept) * param_b, g)
-        add("dp", "reduce_scatter", m * n_rank * grad_b, g)
+    grad_b = 2 if L.engine == "deepspeed" else 4
+    param_b = 4 if precision == "float32" and ours else 2
+    mesh = L.tp > 1 or L.pp > 1
+    if L.shard == "fsdp" or (ours and mesh):
+        # FSDP2 over (replicas x shards); under a mesh gptforge's data dimension is always FSDP2, with
+        # shard groups of 1 when dist.shard is none. Without a pipeline it reduces every micro-batch;
+        # torch's pipeline stages reduce after the last micro-batch only
+        g = L.shard_group if L.shard == "fsdp" else 1
+        syncs = 1 if (L.pp > 1 or not ours) else m
+        if g > 1:
+            gathers = 2 + (L.engine == "deepspeed" and L.recompute == "block")
+            kept = 0 if not ours else (c.layer_params - c.layer_replicated) / L.tp + c.layer_replicated
+            add("dp", "all_gather", "parameters (forward, backward)", m * (gathers * n_rank - kept) * param_b, g)
+            add("dp", "reduce_scatter", "gradients", syncs * n_rank * grad_b, g)
         if L.dp > g:
-            add("dp", "all_reduce", n_rank / g * grad_b, L.dp // g)
+            add("dp", "all_reduce", "gradient shards across replicas", syncs * n_rank / g * grad_b, L.dp // g)
     else:
-        add("dp", "all_reduce", n_rank * grad_b, L.dp)
-        if L.shard == "zero1":
-            add("dp", "all_gather", n_rank * 4, L.dp)
+        add("dp", "all_reduce", "gradients", n_rank * grad_b, L.dp)
+        if L.shard == "zero1":  # ZeroRedundancyOptimizer broadcasts each rank's updated shard: an all-gather
+            add("dp", "all_gather", "updated parameters", n_rank * 4, L.dp)
     return out
 
 
@@ -276,15 +310,21 @@ def estimate_cost(model_cfg, layout: Layout, cluster: Cluster, global_batch: int
     pipe_s = (m + (L.pp - 1) / L.interleave) * mb_s
     vol = vols[L.pp - 1]
     n_rank, _ = _stage_params(c, L, L.pp - 1)
-    if L.shard == "fsdp":
-        span = L.tp * L.shard_group
-        fsdp_s = sum(vol.get(f"dp.{k}", {}).get("sent", 0.0) for k in ("all_gather", "reduce_scatter")) / _link(cluster, span)
-        dp_s = max(0.0, fsdp_s - pipe_s) + vol.get("dp.all_reduce", {}).get("sent", 0.0) / _link(cluster, dp_span)
-        opt_params = n_rank / L.shard_group
-    else:
+    ours = L.engine == "gptforge"
+    if L.shard == "fsdp" or (ours and (L.tp > 1 or L.pp > 1)):  # FSDP2 (see comm_volume)
+        shard_bw = _link(cluster, L.tp * L.shard_group)
+        gather_s = vol.get("dp.all_gather", {}).get("sent", 0.0) / shard_bw
+        reduce_s = (vol.get("dp.reduce_scatter", {}).get("sent", 0.0) / shard_bw
+                    + vol.get("dp.all_reduce", {}).get("sent", 0.0) / _link(cluster, dp_span))
+        if ours and L.pp > 1:  # gathers under compute; the one reduction after the pipeline's flush
+            dp_s = max(0.0, gather_s - pipe_s) + reduce_s
+        else:  # gathers and per-micro-batch reductions prefetched / overlapped under compute
+            dp_s = max(0.0, gather_s + reduce_s - pipe_s)
+        opt_params = n_rank / (L.shard_group if L.shard == "fsdp" else 1)
+    else:  # DDP / ZeRO-1 (and Megatron's): the gradient all-reduce after the last micro-batch
         dp_s = sum(e["sent"] for k, e in vol.items() if k.startswith("dp.")) / _link(cluster, dp_span)
-        dp_s += vol.get("pp.all_reduce", {}).get("sent", 0.0) / pp_bw
         opt_params = n_rank
+    dp_s += vol.get("pp.all_reduce", {}).get("sent", 0.0) / pp_bw
     opt_s = opt_params * 32.0 / cluster.hbm_bw  # AdamW reads and writes param, grad and two moments (fp32)
     step = pipe_s + dp_s + opt_s
     tokens = global_batch * seq_len

@@ -34,7 +34,9 @@ def candidates(model_cfg, gpus: int, cluster: Cluster, global_batch: int):
             for v in ((1, 2, 4) if pp > 1 else (1,)):
                 for b in bs:
                     for rc in RECOMPUTES:
-                        for shard in SHARDS if dp > 1 else ("none",):
+                        # under a mesh gptforge's data dimension is FSDP2 (shard groups of 1 for none): no zero1
+                        shards = ("none",) if dp == 1 else SHARDS if tp * pp == 1 else ("none", "fsdp")
+                        for shard in shards:
                             lay = Layout(dp=dp, tp=tp, pp=pp, micro_batch=b, recompute=rc, shard=shard, interleave=v)
                             if check(model_cfg, lay, global_batch) is None:
                                 yield lay
