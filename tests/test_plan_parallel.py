@@ -161,12 +161,22 @@ def test_plan_gpt3_175b_answers_at_once_without_building_a_model(tmp_path, capsy
     elapsed = time.perf_counter() - t0
     text = capsys.readouterr().out
     assert "layout: DP" in text and "memory per GPU" in text and "days to 300B tokens" in text
+    assert "run with: --train.micro_batch" in text
     plan = json.loads(out.read_text())
     best = plan["best"][0]
     lay = best["layout"]
     assert lay["dp"] * lay["tp"] * lay["pp"] == 1024 and lay["tp"] <= 8
     assert best["mem"]["total"] <= (79.6 - 2) * 2**30 and 0 < best["days"] < 100
     assert elapsed < 3.0, elapsed
+
+
+def test_layout_overrides():
+    from gptforge.plan.report import layout_overrides
+
+    lay = Layout(dp=32, tp=4, pp=8, interleave=4, shard="fsdp", dp_shard=2, recompute="block", micro_batch=2)
+    assert layout_overrides(lay) == [
+        "--train.micro_batch 2", "--model.recompute block", "--dist.shard fsdp", "--dist.tp 4", "--dist.pp 8",
+        "--dist.pp_schedule interleaved1f1b --dist.pp_virtual 4", "--dist.dp_replicate 16"]
 
 
 def test_plan_gpu_bad_input(capsys):

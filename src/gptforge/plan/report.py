@@ -68,6 +68,21 @@ def run_plan(cfg: Config, preset: str, *, gpu_mem: float = 80.0, world: int = 8,
     return 0 if measure or best is not None else 1
 
 
+def layout_overrides(lay) -> list[str]:
+    """The ``--section.key`` overrides that train with ``lay`` (the ``dist.tp``/``pp``/``pp_schedule``/
+    ``pp_virtual``/``dp_replicate`` keys of issue 23's model parallelism)."""
+    out = [f"--train.micro_batch {lay.micro_batch}", f"--model.recompute {lay.recompute}", f"--dist.shard {lay.shard}"]
+    if lay.tp > 1:
+        out.append(f"--dist.tp {lay.tp}")
+    if lay.pp > 1:
+        out.append(f"--dist.pp {lay.pp}")
+        out += ([f"--dist.pp_schedule interleaved1f1b --dist.pp_virtual {lay.interleave}"] if lay.interleave > 1
+                else ["--dist.pp_schedule 1f1b"])
+    if lay.shard == "fsdp" and lay.shard_group < lay.dp:
+        out.append(f"--dist.dp_replicate {lay.dp // lay.shard_group}")
+    return out
+
+
 def run_parallel(cfg: Config, preset: str, *, gpus: int, gpu: str, gpu_mem: float | None = None,
                  gpus_per_node: int | None = None, tokens: float = 300e9, reserve: float = 2.0,
                  json_out: str | None = None) -> int:
@@ -89,7 +104,8 @@ def run_parallel(cfg: Config, preset: str, *, gpus: int, gpu: str, gpu_mem: floa
           f"{cluster.peak_flops / 1e12:g} TFLOP/s bf16); {tried} layouts costed")
     report: dict = {"preset": preset, "params": n, "gpus": gpus, "cluster": cluster.as_dict(), "global_batch": batch,
                     "seq_len": T, "tokens": tokens, "layouts_costed": tried,
-                    "best": [dict(c.as_dict(), days=days(c, tokens, batch, T)) for c in best]}
+                    "best": [dict(c.as_dict(), days=days(c, tokens, batch, T), overrides=layout_overrides(c.layout))
+                             for c in best]}
     if not best:
         print(f"nothing fits in {cluster.mem_gib - reserve:g} GiB per GPU: use more GPUs, a smaller global batch "
               "or a GPU with more memory")
@@ -103,6 +119,7 @@ def run_parallel(cfg: Config, preset: str, *, gpus: int, gpu: str, gpu_mem: floa
         print(f"step {c.step_s:.2f} s (bubble {c.bubble_frac:.1%}, data-parallel exposed {c.dp_comm_s:.2f} s), "
               f"{c.tflops / 1e12:.0f} TFLOP/s per GPU (counting recomputed FLOPs, as Megatron-LM does), MFU {c.mfu:.1%}")
         print(f"days to {tokens / 1e9:g}B tokens: {days(c, tokens, batch, T):.1f}")
+        print("run with: " + " ".join(layout_overrides(c.layout)))
         if len(best) > 1:
             print("runners-up:")
             for r in best[1:]:
