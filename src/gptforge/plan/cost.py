@@ -24,16 +24,18 @@ The communication model (every collective is a ring; the bytes a rank *sends*):
   forward all-gathers the sequence-sharded norm output before attention and before the MLP (2 AG,
   fp32 under autocast) and reduce-scatters the row-parallel outputs (2 RS, bf16), S = b*T*C
   activations each; the backward does the reverse (2 RS + 2 AG of the gradients). Without sequence
-  parallelism these are Megatron's 4 all-reduces per block (an all-reduce = RS + AG: the same bytes). ``recompute block`` runs the forward again (+2 AG + 2 RS).
-  The first stage reduce-scatters the vocabulary-parallel embedding and GPT-2's row-split position
-  table (fwd RS, bwd AG), the last
-  all-gathers the final norm's output for the vocabulary-parallel head (fwd AG, bwd RS); gradients of
-  parameters TP does not split (norms, output biases) are all-reduced once per micro-batch (fp32).
+  parallelism these are Megatron's 4 all-reduces per block (an all-reduce = RS + AG: the same
+  bytes). ``recompute block`` runs the forward again (+2 AG + 2 RS). The first stage
+  reduce-scatters the vocabulary-parallel embedding and GPT-2's row-split position table (fwd RS,
+  bwd AG), the last all-gathers the final norm's output for the vocabulary-parallel head (fwd AG,
+  bwd RS); gradients of parameters TP does not split (norms, output biases) are all-reduced once per
+  micro-batch (fp32).
 * **pipeline**: each micro-batch crosses every stage boundary forward (activations) and backward
-  (their gradients): b*T*C/tp elements each way (sequence-parallel shards of the fp32 residual stream:
-  Megatron's scatter/gather optimisation); with ``v`` virtual stages a rank sends up to v times as often. The **bubble** of 1F1B
-  is (p-1)/m of the ideal time, interleaved (p-1)/(m*v): step = (m + (p-1)/v) micro-batch times.
-  Tied embeddings on both end stages all-reduce their gradient between them once per step.
+  (their gradients): b*T*C/tp elements each way (sequence-parallel shards of the fp32 residual
+  stream: Megatron's scatter/gather optimisation); with ``v`` virtual stages a rank sends up to v
+  times as often. The **bubble** of 1F1B is (p-1)/m of the ideal time, interleaved (p-1)/(m*v):
+  step = (m + (p-1)/v) micro-batch times. Tied embeddings on both end stages all-reduce their
+  gradient between them once per step.
 * **data parallelism** (gptforge): without TP/PP, DDP all-reduces the fp32 gradients once per step
   (``no_sync`` before the last micro-batch); ZeRO-1 (``zero1``) does that and all-gathers the updated
   fp32 parameters; FSDP2 (``fsdp``, ZeRO-3) all-gathers the bf16 parameters in every micro-batch's
