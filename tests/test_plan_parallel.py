@@ -183,5 +183,7 @@ def test_plan_gpu_bad_input(capsys):
     assert main(["plan", "--preset", "gpt3-13b", "--gpu", "v100"]) == 2
     assert "--gpu 'v100'" in capsys.readouterr().err
     assert main(["plan", "--preset", "gpt3-13b", "--gpu", "a100-80", "--measure"]) == 2
+    assert main(["plan", "--preset", "gpt2-124m", "--gpus", "7", "--gpu", "a100-80"]) == 2  # 512 sequences
+    assert "no layout of 7 GPUs" in capsys.readouterr().err
     assert main(["plan", "--preset", "gpt3-175b", "--gpus", "8", "--gpu", "a100-40"]) == 1  # nothing fits
     assert "nothing fits" in capsys.readouterr().out

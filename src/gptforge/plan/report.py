@@ -99,6 +99,13 @@ def run_parallel(cfg: Config, preset: str, *, gpus: int, gpu: str, gpu_mem: floa
                           f"train.seq_len={T}")
     n = count_params(cfg)
     best, tried = search(cfg.model, gpus, cluster, batch, T, reserve_gib=reserve)
+    if tried == 0:
+        from gptforge.config import ConfigError
+
+        raise ConfigError(f"no layout of {gpus} GPUs runs this model: the data-parallel degree must divide the global "
+                          f"batch ({batch} sequences = train.total_batch_tokens / train.seq_len), TP the heads "
+                          f"({cfg.model.n_head}) and PP the layers ({cfg.model.n_layer}); choose another --gpus or "
+                          "--train.total_batch_tokens")
     print(f"{preset}: {n / 1e9:.2f}B params ({cfg.model.arch}), T {T}, global batch {batch} sequences "
           f"({batch * T:,} tokens), {gpus} x {gpu} ({cluster.gpus_per_node} per node, {cluster.mem_gib:g} GiB, "
           f"{cluster.peak_flops / 1e12:g} TFLOP/s bf16); {tried} layouts costed")
