@@ -19,8 +19,8 @@ Memory is what ``nvidia-smi`` reports as total (GiB), before the CUDA context; t
 reserve (``--reserve``, default 2 GiB) out of it.
 
 Two efficiencies turn datasheet numbers into achievable ones (both stated assumptions, the same for
-every preset): ``link_eff`` 0.8 of a link's one-way rate for a large NCCL collective (nccl-tests bus
-bandwidth on DGX A100 NVLink is ~230-240 of 300 GB/s; on HDR ~20-23 of 25 GB/s), and ``matmul_eff``,
+every preset): ``link_eff`` 0.8 of a link's one-way rate for a large NCCL collective (the order that
+nccl-tests bus bandwidths reach on NVLink and InfiniBand; not measured here), and ``matmul_eff``,
 the fraction of peak a transformer layer's matmuls reach, 0.65, fitted to one measured row that is
 none of the planner's goals (Megatron-LM Table 1's 18.4B model, TP 8 PP 1 on 256 A100s, 135 TFLOP/s;
 see ``plan/megatron.py`` and docs/benchmarks.md). On Hopper that fraction is an unmeasured assumption.

@@ -114,6 +114,8 @@ _CACHE: dict = {}
 def counts(model_cfg, seq_len: int | None = None):
     """The family's counts, memoised on the config's value (the search asks thousands of times)."""
     key = ("counts", repr(model_cfg), seq_len)
+    if len(_CACHE) > 256:  # a long-lived process planning many configs
+        _CACHE.clear()
     if key not in _CACHE:
         _CACHE[key] = family_counts(model_cfg, seq_len)
     return _CACHE[key]
