@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gptforge.models.gpt2 import GPTConfig
+from gptforge.models.registry import size_config
 from gptforge.plan.cluster import Cluster, get_cluster
 from gptforge.plan.cost import Cost, Layout, estimate_cost
 
@@ -55,9 +55,9 @@ ROWS = [
 SEQ = 2048
 
 
-def model(size: str) -> GPTConfig:
+def model(size: str):
     """Megatron's GPT at ``size``: vocabulary 51,200, sequence 2,048, biases, explicit attention."""
-    return GPTConfig.from_size(size, block_size=SEQ, vocab_size=51_200, pad_vocab=False, flash=False)
+    return size_config(size, block_size=SEQ, vocab_size=51_200, pad_vocab=False, flash=False)
 
 
 def layout(row: Row) -> Layout:
