@@ -190,7 +190,9 @@ def comm_volume(model_cfg, layout: Layout, global_batch: int, seq_len: int, stag
     parameters) or ``float32`` (everything 4 bytes: a CPU run). The ``megatron`` and ``deepspeed``
     engines move fp16 activations and parameters (gradients: fp32 and fp16).
 
-    Not counted: ``loss_parallel``'s per-token statistics (a few fp32 values per token), the scalar
+    Behind a pipeline the FSDP gathers are an upper bound: torch's pipeline stages keep parameters
+    unsharded after a backward until the last micro-batch, so some of the per-micro-batch gathers
+    counted here do not happen. Not counted: ``loss_parallel``'s per-token statistics (a few fp32 values per token), the scalar
     all-reduces of the loss and the gradient norm, and how a fused q/k/v bias gathers its gradient."""
     c = counts(model_cfg, seq_len)
     L = layout
