@@ -216,3 +216,58 @@ def speedrun_124m() -> Config:
     cfg.train.max_steps = 1750
     cfg.train.out_dir = "runs/speedrun-124m"
     return cfg
+
+
+# --- GPT-3 scale, for `gptforge plan` (models/gpt2.py SIZES holds the shapes) ---------------------------
+
+
+def _gpt3(size: str, *, lr: float, batch: int, tokens: float = 300e9, vocab: int = 50_257, out: str = "") -> Config:
+    """GPT-3's recipe (Brown et al. 2020): T 2048, Adam (0.9, 0.95), weight decay 0.1, warmup over 375M
+    tokens, cosine to 10% over the token budget, at ``batch`` sequences per step."""
+    from gptforge.config import DistConfig
+
+    steps = int(round(tokens / (batch * 2048)))
+    return Config(
+        model=GPTConfig.from_size(size, block_size=2048, vocab_size=vocab, pad_vocab=vocab == 50_257),
+        data=DataConfig(dir="data/fineweb100B"),
+        optim=OptimConfig(lr=lr, beta2=0.95, warmup_steps=max(1, int(375e6 // (batch * 2048))), min_lr_frac=0.1,
+                          weight_decay=0.1),
+        train=TrainConfig(micro_batch=1, seq_len=2048, total_batch_tokens=batch * 2048, max_steps=steps,
+                          val_every=1000, val_tokens=20 * 524_288, sample_every=0, ckpt_every=1000, keep_ckpts=2,
+                          out_dir=f"runs/{out or size}"),
+        dist=DistConfig(shard="fsdp"),
+    )
+
+
+@preset("gpt3-175b")
+def gpt3_175b() -> Config:
+    """GPT-3 175B (96 x 12288, 96 heads) at T 2048, 1,536 sequences (3.1M tokens) per step as in
+    Megatron-LM's Table 2, lr 6e-5, 300B tokens (95,367 steps): ``gptforge plan --preset gpt3-175b
+    --gpus 1024 --gpu h100-80`` picks its layout."""
+    return _gpt3("gpt3-175b", lr=6e-5, batch=1536)
+
+
+@preset("gpt3-13b")
+def gpt3_13b() -> Config:
+    """GPT-3 13B (40 x 5120, 40 heads) at T 2048, 1,024 sequences (2M tokens) per step, lr 1e-4,
+    300B tokens."""
+    return _gpt3("gpt3-13b", lr=1e-4, batch=1024)
+
+
+# Megatron-LM Table 1 (Narayanan et al. 2021): size -> global batch; vocabulary 51,200, T 2048
+MEGATRON_TABLE1 = {"megatron-1.7b": 512, "megatron-3.6b": 512, "megatron-7.5b": 512, "megatron-18b": 1024,
+                   "megatron-39b": 1536, "megatron-76b": 1792, "megatron-145b": 2304, "megatron-310b": 2160,
+                   "megatron-530b": 2520, "megatron-1t": 3072}
+
+
+def _megatron(size: str, batch: int) -> Callable[[], Config]:
+    def make() -> Config:
+        return _gpt3(size, lr=6e-5, batch=batch, vocab=51_200)
+
+    make.__doc__ = (f"Megatron-LM Table 1's {size.split('-')[1].upper()} GPT ({size} in models/gpt2.py SIZES): "
+                    f"vocabulary 51,200, T 2048, global batch {batch}; for ``gptforge plan``.")
+    return make
+
+
+for _size, _batch in MEGATRON_TABLE1.items():
+    preset(_size)(_megatron(_size, _batch))

@@ -1,7 +1,7 @@
 """Decode speed: gptforge's KV-cache generation against transformers' ``generate`` on the same weights.
 
-Both models hold the same random weights (GPT-2 through ``interop.hf``'s key map, a Llama size
-through ``interop.hf_llama.to_transformers``), get the same prompt and decode greedily for the same
+Both models hold the same random weights (the family's ``to_transformers``: ``interop.hf`` for
+GPT-2, ``interop.hf_llama`` for Llama), get the same prompt and decode greedily for the same
 number of tokens; the JSON records tokens/s for each batch size, the ratio, and whether both produced
 the same tokens (they must: greedy, same weights). Each measurement is one untimed warm-up call, then ``repeats`` timed calls (median),
 alternating between the two implementations.

@@ -134,12 +134,19 @@ def cmd_bench(args: argparse.Namespace, overrides: list[str]) -> int:
 def args_plan(p: argparse.ArgumentParser) -> None:
     p.description = ("Estimate weights, gradients, optimizer state and activations per rank for a preset, and "
                      "propose micro-batch, recomputation and sharding that fit a GPU memory size at a world size. "
+                     "With --gpu, choose a parallel layout (data, tensor, pipeline, micro-batch, recompute, shard) "
+                     "for --gpus GPUs of that kind and predict memory per GPU, step time, MFU and days to --tokens. "
                      "--measure compares the estimate with a measured peak for the preset as configured. "
                      "Accepts --section.key overrides.")
     p.add_argument("--preset", default="gpt2-124m")
     p.add_argument("--out", help=argparse.SUPPRESS)
-    p.add_argument("--gpu-mem", type=float, default=80.0, help="GiB per GPU (default %(default)s)")
-    p.add_argument("--world", type=int, default=8, help="number of GPUs (default %(default)s)")
+    p.add_argument("--gpu-mem", type=float, default=None, help="GiB per GPU (default 80, or the --gpu preset's)")
+    p.add_argument("--world", "--gpus", dest="world", type=int, default=8, help="number of GPUs (default %(default)s)")
+    p.add_argument("--gpu", help="plan a parallel layout for this GPU: a100-40, a100-80, h100-80, h200")
+    p.add_argument("--gpus-per-node", type=int, default=None, help="with --gpu: GPUs per node (default 8)")
+    p.add_argument("--tokens", type=float, default=300e9, help="with --gpu: training tokens for the days estimate "
+                   "(default %(default).0f)")
+    p.add_argument("--reserve", type=float, default=2.0, help="GiB per GPU kept free (default %(default)s)")
     p.add_argument("--measure", action="store_true", help="run a few steps here and compare with the estimate")
     p.add_argument("--steps", type=int, default=2, help="steps for --measure (default %(default)s)")
     p.add_argument("--json", help="write the plan to this JSON file")
@@ -149,12 +156,22 @@ def cmd_plan(args: argparse.Namespace, overrides: list[str]) -> int:
     from gptforge import plan
 
     cfg, _ = build_config(args, overrides)
-    if args.world < 1 or args.gpu_mem <= 0 or args.steps < 1:
-        raise CliError("--world and --steps must be >= 1 and --gpu-mem > 0 (GiB)")
+    if args.world < 1 or (args.gpu_mem is not None and args.gpu_mem <= 0) or args.steps < 1:
+        raise CliError("--world/--gpus and --steps must be >= 1 and --gpu-mem > 0 (GiB)")
+    if args.gpus_per_node is not None and args.gpus_per_node < 1 or args.tokens <= 0 or args.reserve < 0:
+        raise CliError("--gpus-per-node must be >= 1, --tokens > 0 and --reserve >= 0")
     if cfg.train.seq_len > cfg.model.block_size:
         raise CliError(f"train.seq_len={cfg.train.seq_len} exceeds model.block_size={cfg.model.block_size}")
-    return plan.run_plan(cfg, args.preset, gpu_mem=args.gpu_mem, world=args.world, measure=args.measure,
-                         steps=args.steps, json_out=args.json)
+    if args.gpu is not None:
+        if args.gpu not in plan.CLUSTERS:
+            raise CliError(f"--gpu {args.gpu!r} is not a known GPU; known: {', '.join(plan.CLUSTERS)}")
+        if args.measure:
+            raise CliError("--measure runs the preset here; it does not combine with --gpu")
+        return plan.run_parallel(cfg, args.preset, gpus=args.world, gpu=args.gpu, gpu_mem=args.gpu_mem,
+                                 gpus_per_node=args.gpus_per_node, tokens=args.tokens, reserve=args.reserve,
+                                 json_out=args.json)
+    return plan.run_plan(cfg, args.preset, gpu_mem=args.gpu_mem or 80.0, world=args.world, measure=args.measure,
+                         steps=args.steps, json_out=args.json, reserve=args.reserve)
 
 
 # --- race -----------------------------------------------------------------------------------------

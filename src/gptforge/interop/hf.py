@@ -218,6 +218,20 @@ def hf_config(cfg) -> dict:
     }
 
 
+def to_transformers(model: torch.nn.Module):
+    """A transformers ``GPT2LMHeadModel`` holding ``model``'s (a gptforge GPT's) weights, in memory
+    (benchmarks, tests); ``interop.hf_llama.to_transformers`` is the Llama family's."""
+    GPT2Config, GPT2LMHeadModel = _transformers().GPT2Config, _transformers().GPT2LMHeadModel
+
+    cfg = model.config
+    config = {k: v for k, v in hf_config(cfg).items() if k not in ("architectures", "model_type", "torch_dtype")}
+    hf = GPT2LMHeadModel(GPT2Config(**config))
+    missing, unexpected = hf.load_state_dict(gptforge_to_hf(model.state_dict(), cfg), strict=False)
+    if unexpected or not all(k.endswith((".attn.bias", ".attn.masked_bias")) for k in missing):
+        raise ValueError(f"weights do not fit transformers' GPT-2: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    return hf.eval()
+
+
 def export_hf(model: torch.nn.Module, out_dir: str | Path, force: bool = False, tokenizer: bool = True,
               chat_template: dict | None = None) -> list[Path]:
     """Write ``model`` (a gptforge GPT) as a Hugging Face GPT-2 directory. Returns the files written.
@@ -240,19 +254,6 @@ def export_hf(model: torch.nn.Module, out_dir: str | Path, force: bool = False, 
     if tokenizer:
         files += write_tokenizer(out, chat, model_max_length=cfg.block_size)
     return files
-
-
-def to_transformers(model: torch.nn.Module):
-    """A transformers ``GPT2LMHeadModel`` holding ``model``'s weights, in memory (benchmarks, tests)."""
-    GPT2Config, GPT2LMHeadModel = _transformers().GPT2Config, _transformers().GPT2LMHeadModel
-    config = {k: v for k, v in hf_config(model.config).items() if k not in ("architectures", "model_type")}
-    hf = GPT2LMHeadModel(GPT2Config(**config))
-    sd = gptforge_to_hf({k: v.detach() for k, v in model.state_dict().items()}, model.config)
-    missing, unexpected = hf.load_state_dict(sd, strict=False)
-    if unexpected or any(not k.endswith((".attn.bias", ".attn.masked_bias", "lm_head.weight")) for k in missing):
-        raise ValueError(f"weights do not fit transformers' GPT-2: missing {missing[:5]}, unexpected {unexpected[:5]}")
-    hf.tie_weights()
-    return hf.eval()
 
 
 def bytes_to_unicode() -> dict[int, str]:

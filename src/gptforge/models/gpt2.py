@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from gptforge.kernels.attention import sdpa_for
 from gptforge.models import masks
+from gptforge.models.counting import Counts, attention_flops
 from gptforge.models.head import logits_and_loss
 from gptforge.tokens import GPT2_VOCAB, PAD_MULTIPLE
 
@@ -31,6 +32,22 @@ SIZES: dict[str, tuple[int, int, int]] = {
     "d2": (2, 2, 64),  # tests
     "d4": (4, 4, 128),  # CPU default job
     "d6": (6, 6, 192),  # bigger CPU run
+    # GPT-3 (Brown et al. 2020, Table 2.1) at context 2048; 13B's d_model 5140 is not divisible by its 40
+    # heads, so 5120 (128 per head) as in most reproductions
+    "gpt3-13b": (40, 40, 5120),
+    "gpt3-175b": (96, 96, 12288),
+    # Megatron-LM's weak-scaling models (Narayanan et al. 2021, "Efficient Large-Scale Language Model
+    # Training on GPU Clusters using Megatron-LM", Table 1), vocabulary 51,200 and sequence 2048 there
+    "megatron-1.7b": (24, 24, 2304),
+    "megatron-3.6b": (30, 32, 3072),
+    "megatron-7.5b": (36, 32, 4096),
+    "megatron-18b": (40, 48, 6144),
+    "megatron-39b": (48, 64, 8192),
+    "megatron-76b": (60, 80, 10240),
+    "megatron-145b": (80, 96, 12288),
+    "megatron-310b": (96, 128, 16384),
+    "megatron-530b": (105, 128, 20480),
+    "megatron-1t": (128, 160, 25600),
 }
 
 
@@ -286,3 +303,35 @@ class GPT(nn.Module):
             cfg.n_layer, batch, cfg.n_head, max_len or cfg.block_size, cfg.n_embd // cfg.n_head,
             p.device, dtype or p.dtype,
         )
+
+
+# --- counting from the config (the planner's and MFU's numbers; see models/counting.py) ----------------
+
+# bytes autograd keeps per token per layer, in units of n_embd, counted from this file: in float32 the
+# LayerNorm inputs and outputs, q/k/v, the attention output and its contiguous copy, the 4C-wide MLP input
+# and GELU output (68); under bf16 autocast 38; ``recompute mlp`` drops the c_fc output, ``block`` keeps
+# only each block's input
+ACT_BYTES = {
+    ("float32", "none"): 68, ("float32", "mlp"): 52, ("float32", "block"): 4,
+    ("bfloat16", "none"): 38, ("bfloat16", "mlp"): 30, ("bfloat16", "block"): 4,
+}
+
+
+def layer_act_bytes(cfg: GPTConfig, dtype: str, recompute: str) -> float:
+    """Bytes autograd keeps per token per block (flash attention; see ACT_BYTES)."""
+    return ACT_BYTES[(dtype, recompute)] * cfg.n_embd
+
+
+def counts(cfg: GPTConfig, seq_len: int) -> Counts:
+    """Parameters and FLOPs of :class:`GPT` from its config (equal to ``GPT(cfg).num_parameters()``)."""
+    C, V, b = cfg.n_embd, cfg.padded_vocab_size, 1 if cfg.bias else 0
+    norm = C * (1 + b)
+    layer = 2 * norm + (3 * C * C + 3 * C * b) + (C * C + C * b) + (4 * C * C + 4 * C * b) + (4 * C * C + C * b)
+    embed, pos = V * C, cfg.block_size * C
+    return Counts(
+        params=embed + pos + cfg.n_layer * layer + norm, layer_params=layer, embed_params=embed + pos,
+        head_params=norm, lookup=0, positions=pos, mlp_in_params=4 * C * C + 4 * C * b,
+        layer_replicated=2 * norm + 2 * C * b, final_norm=norm, tied=True,
+        layer_flops=2.0 * 12 * C * C + attention_flops(C, seq_len), head_flops=2.0 * C * V,
+        n_layer=cfg.n_layer, n_embd=C, n_head=cfg.n_head, kv_heads=cfg.n_head, vocab=V, seq_len=seq_len,
+    )

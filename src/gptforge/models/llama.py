@@ -30,6 +30,7 @@ import torch.nn.functional as F
 
 from gptforge.kernels.attention import BACKENDS, sdpa_for
 from gptforge.models import masks
+from gptforge.models.counting import Counts, attention_flops
 from gptforge.models.gpt2 import KVCache, padded_vocab
 from gptforge.models.head import logits_and_loss
 from gptforge.tokens import GPT2_VOCAB
@@ -376,3 +377,45 @@ class Llama(nn.Module):
         p = self.lm_head.weight
         return KVCache(cfg.n_layer, batch, cfg.kv_heads, max_len or cfg.block_size, cfg.head_dim,
                        p.device, dtype or p.dtype)
+
+
+# --- counting from the config (the planner's and MFU's numbers; see models/counting.py) ----------------
+
+
+def layer_act_bytes(cfg: LlamaConfig, dtype: str, recompute: str) -> float:
+    """Bytes autograd keeps per token per block, counted from this file (g = kv heads / heads, h = MLP
+    width / C). float32: two RMSNorms keep input, normalised and output (6C); q, k, v, attention output
+    and one copy ((3 + 2g)C); SwiGLU keeps gate, SiLU, up and product (4hC), ReLU² two (2hC),
+    ``recompute mlp`` only the product (hC). bf16 autocast: each projection keeps its own bf16 copy of
+    the normalised input (q/k/v: three, gate/up: two), q/k/v and the attention output are bf16, the
+    MLP's H-wide tensors bf16. QK-norm adds its inputs and normalised values (8(1 + g)C bytes).
+    ``recompute block`` keeps each block's input (4C)."""
+    C = cfg.n_embd
+    if recompute == "block":
+        return 4 * C
+    g, h, swiglu = cfg.kv_heads / cfg.n_head, cfg.hidden_dim / C, cfg.mlp == "swiglu"
+    qk = 8 * (1 + g) if cfg.qk_norm else 0
+    if dtype == "float32":
+        mlp = h if recompute == "mlp" else (4 * h if swiglu else 2 * h)
+        return (4 * (6 + 3 + 2 * g + mlp) + qk) * C
+    norm2 = 8 + (4 if recompute == "mlp" or swiglu else 2)
+    mlp = 2 * h if recompute == "mlp" else (8 * h if swiglu else 4 * h)
+    return (14 + 2 * (2 + 2 * g) + norm2 + mlp + qk) * C
+
+
+def counts(cfg: LlamaConfig, seq_len: int) -> Counts:
+    """Parameters and FLOPs of :class:`Llama` from its config (equal to ``Llama(cfg).num_parameters()``)."""
+    C, V, H, hd = cfg.n_embd, cfg.padded_vocab_size, cfg.hidden_dim, cfg.head_dim
+    attn = C * cfg.n_head * hd * 2 + C * cfg.kv_heads * hd * 2
+    mlp_in = (2 if cfg.mlp == "swiglu" else 1) * C * H
+    matmul = attn + mlp_in + H * C
+    layer = matmul + 2 * C + (2 * hd if cfg.qk_norm else 0)
+    embed = V * C
+    head = C + (0 if cfg.tie_embeddings else V * C)
+    return Counts(
+        params=embed + cfg.n_layer * layer + head, layer_params=layer, embed_params=embed, head_params=head,
+        lookup=0 if cfg.tie_embeddings else embed, positions=0, mlp_in_params=mlp_in,
+        layer_replicated=layer - matmul, final_norm=C, tied=cfg.tie_embeddings,
+        layer_flops=2.0 * matmul + attention_flops(cfg.n_head * hd, seq_len), head_flops=2.0 * C * V,
+        n_layer=cfg.n_layer, n_embd=C, n_head=cfg.n_head, kv_heads=cfg.kv_heads, vocab=V, seq_len=seq_len,
+    )

@@ -8,6 +8,11 @@ A family is a config dataclass (whose first field is ``arch``, the family's name
 raising ValueError naming a bad ``model.*`` key) and an ``nn.Module`` built from it. Commands never import a family's module: they go through this registry,
 so adding ``models/llama.py`` means adding one :class:`Family` entry and touches no command code.
 
+A family module also counts its model from the config alone (no tensors; ``models/counting.py``):
+``counts(cfg, seq_len) -> Counts`` (parameters, FLOPs per token) and ``layer_act_bytes(cfg, dtype,
+recompute)`` (what autograd keeps per token per block). MFU, ``gptforge plan`` and the benchmarks use
+them through :func:`counts`, :func:`flops_per_token` and :func:`layer_act_bytes` here.
+
 What every family's model provides (the code outside ``models/`` relies on exactly this):
 
 * ``model.config``: the config, with ``n_layer``, ``n_head``, ``n_embd``, ``block_size``,
@@ -53,6 +58,10 @@ class Family:
 
     def size_names(self) -> list[str]:
         return list(self._get(self.sizes))
+
+    def count(self, what: str) -> Any:
+        """The family's counting function ``what``: ``counts`` or ``layer_act_bytes``."""
+        return self._get(what)
 
 
 FAMILIES: dict[str, Family] = {}
@@ -115,3 +124,20 @@ def all_sizes() -> list[str]:
 def build_model(model_cfg: Any) -> nn.Module:
     """A freshly initialised model of the family ``model_cfg.arch`` names."""
     return family_of(model_cfg).model_cls(model_cfg)
+
+
+def counts(model_cfg: Any, seq_len: int | None = None) -> Any:
+    """The :class:`~gptforge.models.counting.Counts` of ``model_cfg`` at ``seq_len`` (default: its block size)."""
+    return family_of(model_cfg).count("counts")(model_cfg, seq_len or model_cfg.block_size)
+
+
+def flops_per_token(model_cfg: Any, seq_len: int, formula: str = "llmc", n_params: int | None = None) -> float:
+    """Training FLOPs per token by ``formula`` (``llmc`` or ``palm``; see ``models/counting.py``)."""
+    from gptforge.models.counting import flops_per_token as count
+
+    return count(counts(model_cfg, seq_len), formula, n_params)
+
+
+def layer_act_bytes(model_cfg: Any, dtype: str, recompute: str) -> float:
+    """Bytes autograd keeps per token per block for ``dtype`` (float32 or bfloat16) and ``recompute``."""
+    return family_of(model_cfg).count("layer_act_bytes")(model_cfg, dtype, recompute)

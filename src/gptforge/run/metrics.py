@@ -38,14 +38,9 @@ PEAK_FLOPS = {
 def flops_per_token(model_cfg, n_params: int, seq_len: int, formula: str = "llmc") -> float:
     """Training FLOPs per token: 6 per matmul parameter plus attention. An untied input embedding
     (Llama's default) is a lookup, not a matmul, so its rows are left out; GPT-2's is the head too."""
-    L, C, T = model_cfg.n_layer, model_cfg.n_embd, seq_len
-    lookup = model_cfg.padded_vocab_size * C if getattr(model_cfg, "tie_embeddings", True) is False else 0
-    if formula == "llmc":
-        return 6 * (n_params - lookup) + 6 * L * C * T
-    if formula == "palm":  # positions: GPT-2's learned table; rotary embeddings have none
-        n_no_pos = n_params - lookup - (model_cfg.block_size * C if model_cfg.arch == "gpt2" else 0)
-        return 6 * n_no_pos + 12 * L * C * T
-    raise ValueError(f"unknown FLOPs formula {formula!r}")
+    from gptforge.models.registry import flops_per_token as family_flops  # the family counts (models/counting.py)
+
+    return family_flops(model_cfg, seq_len, formula, n_params=n_params)
 
 
 def peak_flops(device: torch.device, precision: str, override: float = 0.0) -> float | None:

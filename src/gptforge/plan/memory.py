@@ -1,0 +1,150 @@
+"""Memory per rank under data parallelism (DDP, ZeRO-1, FSDP): which micro-batch, recomputation and
+sharding fit one GPU's memory? (``plan.cost`` adds tensor and pipeline parallelism and time.)
+
+    gptforge plan --preset gpt2-1.5b --gpu-mem 80 --world 8
+    gptforge plan --preset tiny --measure        # estimate vs measured peak for the preset as configured
+
+The estimate adds up, per rank and in bytes:
+
+* **weights**: 4N float32 master parameters (N from the model config), ``/world`` under FSDP, plus
+  FSDP's all-gathered unsharded copies (the root's embeddings and two blocks, in the parameter dtype);
+* **gradients**: 4N (DDP's buckets are the gradients: ``gradient_as_bucket_view``), ``/world`` under FSDP;
+* **optimizer state**: AdamW's two moments, 8N, ``/world`` under ZeRO-1 or FSDP, plus the foreach
+  kernels' temporaries during ``step()`` (4N; none with fused AdamW);
+* **activations**: what autograd saves per token per layer, the family's ``layer_act_bytes`` (counted
+  from ``models/gpt2.py`` / ``models/llama.py``); for GPT-2 in float32
+  68·C bytes (LayerNorm inputs and outputs, q/k/v, attention output and its contiguous copy, the
+  4C-wide MLP input and GELU output); under bf16 autocast 38·C; ``recompute mlp`` drops the c_fc output
+  (52·C / 30·C), ``recompute block`` keeps only each block's input (4·C) plus one block recomputed;
+  the explicit-attention path adds the T×T softmax; the head keeps the logits and log-softmax and
+  needs as much again for their gradients.
+
+The peak is the larger of "backward" (weights + optimizer state + gradients + activations) and
+"optimizer step" (weights + gradients + optimizer state + temporaries). ``--measure`` runs a few real
+steps and reports the measured peak next to the estimate: on CUDA the allocator's peak, on CPU the
+peak of live tensor storage (a dispatch-mode tracker counting every tensor the steps allocate).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gptforge.config import Config, ConfigError
+from gptforge.models.registry import counts, layer_act_bytes
+
+GIB = 2**30
+SHARDINGS = ("none", "zero1", "fsdp")
+RECOMPUTES = ("none", "mlp", "block")
+# cheapest first: sharding costs communication, recomputation costs compute (~1/3 more for block)
+PREFERENCE = [("none", "none"), ("zero1", "none"), ("zero1", "mlp"), ("fsdp", "none"), ("fsdp", "mlp"),
+              ("zero1", "block"), ("fsdp", "block")]
+
+
+def count_params(cfg: Config) -> int:
+    """Parameters of the model in ``cfg.model`` (a tied embedding once), counted from the config by its
+    family (``models/counting.py``): no model is built, any size answers at once."""
+    return counts(cfg.model).params
+
+
+@dataclass
+class Estimate:
+    micro_batch: int
+    sharding: str
+    recompute: str
+    weights: float
+    grads: float
+    optimizer: float
+    activations: float
+    peak: float
+
+    def row(self, unit: str = "GiB") -> str:
+        scale = GIB if unit == "GiB" else 2**20
+        g = lambda b: f"{b / scale:8.2f}"  # noqa: E731
+        return (f"{self.sharding:<6} {self.recompute:<6} {self.micro_batch:>4} {g(self.weights)} {g(self.grads)} "
+                f"{g(self.optimizer)} {g(self.activations)} {g(self.peak)}")
+
+
+def estimate(cfg: Config, world: int = 1, *, micro_batch: int | None = None, sharding: str = "none",
+             recompute: str | None = None, dtype: str = "bfloat16", fused: bool = True) -> Estimate:
+    """Per-rank peak memory in bytes for training ``cfg`` as described in the module docstring."""
+    m = cfg.model
+    B = micro_batch or cfg.train.micro_batch
+    T = cfg.train.seq_len
+    rc = recompute or m.recompute
+    c = counts(m, T)
+    N, C, L, V, Vp = c.params, m.n_embd, m.n_layer, m.vocab_size, m.padded_vocab_size
+    shard = world if sharding == "fsdp" else 1
+    pbytes = 2 if dtype == "bfloat16" else 4
+    weights = 4 * N / shard
+    if sharding == "fsdp" and world > 1:  # gathered copies: root (embeddings, ln_f) and two blocks
+        weights += pbytes * (c.embed_params + c.head_params + 2 * c.layer_params)
+    grads = 4 * N / shard
+    optim = 8 * N / (world if sharding in ("zero1", "fsdp") else 1)
+    temps = 0 if fused else 4 * N / (world if sharding in ("zero1", "fsdp") else 1)
+    tokens = B * T
+    per_layer = layer_act_bytes(m, dtype, rc) * tokens
+    acts = L * per_layer
+    if rc == "block":  # one block's full activations exist again while it is recomputed
+        acts += layer_act_bytes(m, dtype, "none") * tokens
+    if not m.flash:
+        acts += (L if rc != "block" else 1) * B * m.n_head * T * T * (4 if dtype == "float32" else 6)
+    if m.dropout > 0:
+        acts += L * 3 * C * tokens  # boolean dropout masks
+    acts += tokens * C * (8 if dtype == "float32" else 6)  # ln_f input and output
+    if getattr(m, "logit_softcap", 0):  # tanh keeps its float32 output, and needs as much for the gradient
+        acts += tokens * 4 * V * 2
+    if dtype == "float32":
+        acts += tokens * (4 * Vp + 4 * V) * 2  # logits + log-softmax, and their gradients
+    else:
+        acts += tokens * (2 * Vp + 4 * V + 8 * V + 2 * Vp)
+    peak = max(weights + optim + grads + acts, weights + grads + optim + temps)
+    return Estimate(B, sharding, rc, weights, grads, optim + temps, acts, peak)
+
+
+def _micro_batches(cfg: Config, world: int) -> list[int]:
+    """Micro-batch sizes (largest first) that divide the total batch at this world size."""
+    T, total = cfg.train.seq_len, cfg.train.total_batch_tokens
+    out = []
+    b = 1
+    while b * T * world <= total:
+        if total % (b * T * world) == 0:
+            out.append(b)
+        b *= 2
+    return sorted(out, reverse=True)
+
+
+def propose(cfg: Config, gpu_mem_gib: float, world: int, reserve_gib: float = 2.0,
+            dtype: str = "bfloat16", fused: bool = True) -> tuple[list[Estimate], Estimate | None]:
+    """For each (sharding, recompute), the largest micro-batch that fits ``gpu_mem_gib`` less a reserve
+    (CUDA context, allocator fragmentation); and the recommendation: the cheapest combination (see
+    PREFERENCE) reaching the largest micro-batch any combination reaches, capped at 16."""
+    budget = (gpu_mem_gib - reserve_gib) * GIB
+    batches = _micro_batches(cfg, world)
+    if not batches:
+        raise ConfigError(
+            f"train.total_batch_tokens={cfg.train.total_batch_tokens} is smaller than one sequence per rank "
+            f"(seq_len {cfg.train.seq_len} x world {world}); raise it or lower the world size"
+        )
+    rows: list[Estimate] = []
+    for sharding, rc in PREFERENCE:
+        if sharding != "none" and world == 1:
+            continue
+        fit = next((e for b in batches
+                    if (e := estimate(cfg, world, micro_batch=b, sharding=sharding, recompute=rc, dtype=dtype,
+                                      fused=fused)).peak <= budget), None)
+        rows.append(fit or estimate(cfg, world, micro_batch=batches[-1], sharding=sharding, recompute=rc,
+                                    dtype=dtype, fused=fused))
+    fitting = [r for r in rows if r.peak <= budget]
+    if not fitting:
+        return rows, None
+    target = min(16, max(r.micro_batch for r in fitting))
+    best = next(r for r in fitting if r.micro_batch >= target)
+    return rows, best
+
+
+def plan_overrides(cfg: Config, est: Estimate, world: int) -> list[str]:
+    accum = cfg.train.total_batch_tokens // (est.micro_batch * cfg.train.seq_len * world)
+    out = [f"--train.micro_batch {est.micro_batch}", f"--model.recompute {est.recompute}"]
+    out.append(f"--dist.shard {est.sharding}")
+    return out + [f"# gradient accumulation {accum}"]
+
