@@ -35,9 +35,9 @@ def bad_row(where: str, why: str, skip_bad: bool, stats: dict[str, int] | None,
 
 def read_rows(source: str, split: str, columns: Sequence[str], check: Check, skip_bad: bool = False,
               stats: dict[str, int] | None = None, error: type[DataError] = DataError,
-              jsonl_shape: str = "", what: str = "") -> list[tuple[str, dict[str, Any]]]:
+              jsonl_shape: str = "", what: str = "", optional: Sequence[str] = ()) -> list[tuple[str, dict[str, Any]]]:
     """(where, row) for each usable row of ``source`` (see the module docstring); a row is a dict
-    holding at least ``columns``. ``check(row)`` says why a row is bad (or None). ``jsonl_shape``
+    holding at least ``columns``, and those of the ``optional`` columns a dataset has. ``check(row)`` says why a row is bad (or None). ``jsonl_shape``
     is what a JSONL line should look like (for the message when a line is not such an object) and
     ``what`` describes the file for a missing path."""
     path = Path(source)
@@ -52,8 +52,9 @@ def read_rows(source: str, split: str, columns: Sequence[str], check: Check, ski
         raise error(f"--data {name}: the dataset has no {' or '.join(repr(c) for c in missing)} column "
                     f"(columns: {', '.join(ds.column_names)})")
     out: list[tuple[str, dict[str, Any]]] = []
-    for i, values in enumerate(zip(*(ds[c] for c in columns), strict=True)):
-        where, row = f"{name} row {i}", dict(zip(columns, values, strict=True))
+    cols = [*columns, *(c for c in optional if c in ds.column_names)]
+    for i, values in enumerate(zip(*(ds[c] for c in cols), strict=True)):
+        where, row = f"{name} row {i}", dict(zip(cols, values, strict=True))
         why = check(row)
         if why is not None:
             bad_row(where, why, skip_bad, stats, error)
