@@ -117,7 +117,7 @@ def test_dpo_loss_metrics_and_gradient_equal_trls(pairs, tmp_path, loss_type):
     # TRL's own collator, given each side split into prompt and completion, lays the batch out as ours
     first = [int(p.chosen.mask.argmax()) for p in pairs]
     inputs = trainer.data_collator([{"prompt_ids": p.chosen.ids[:k].tolist(), "chosen_ids": p.chosen.ids[k:].tolist(),
-                                     "rejected_ids": p.rejected.ids[k:].tolist()} for p, k in zip(pairs, first)])
+                                     "rejected_ids": p.rejected.ids[k:].tolist()} for p, k in zip(pairs, first, strict=True)])
     assert torch.equal(inputs["input_ids"], batch.ids) and torch.equal(inputs["completion_mask"].bool(), batch.mask)
 
     hf_policy.train()
@@ -172,9 +172,8 @@ def test_reward_model_loss_equals_trls_reward_trainer(pairs, tmp_path):
 def test_grpo_loss_equals_trls_grpo_loss_type_grpo(tmp_path, monkeypatch):
     """gptforge's GRPO normalisation is TRL's ``loss_type="grpo"``: mean over each reply's tokens,
     then over replies (not "bnpo"/"dapo", which average over all tokens of the batch)."""
-    from trl import GRPOConfig, GRPOTrainer
-
     from transformers import GPT2Config, GPT2LMHeadModel
+    from trl import GRPOConfig, GRPOTrainer
 
     torch.manual_seed(2)  # the log-probs are given, so any small model will do; TRL loads its reference from disk
     GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=PAD + 1)).save_pretrained(tmp_path / "m")
