@@ -1,7 +1,8 @@
 """DPO (Direct Preference Optimization, Rafailov et al. 2023) and IPO (Azar et al. 2023): a policy
 learns from preference pairs against a frozen reference, with no reward model and no sampling.
 
-    gptforge dpo --init-from runs/sft --data prefs.jsonl --out runs/dpo   # (the recipe: issue 22)
+    >>> table = reference_logps(ref, pairs)           # once: the frozen reference's log-probs
+    >>> loss, metrics = dpo_batch_loss(policy, loader.next_batch(), beta=0.1, ref_table=table)
 
 The math, for a pair (x, y_c, y_r), a policy π and a reference π_ref:
 

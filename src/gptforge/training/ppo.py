@@ -2,7 +2,9 @@
 PPOTrainer): a value head, GAE, clipped policy and value losses, and the KL penalty folded into the
 per-token reward.
 
-    gptforge rl --algo ppo --init-from runs/sft --reward-model runs/rm --out runs/ppo   # (issue 22)
+    >>> rewards, kl = kl_penalized_rewards(scores, logp_old, logp_ref, reply_mask, kl_coef=0.05)
+    >>> adv, returns = gae(rewards, values_old, gamma=1.0, lam=0.95)
+    >>> loss, stats = ppo_loss(logp, logp_old, masked_whiten(adv, reply_mask), values, values_old, returns, reply_mask)
 
 The math, per reply token t (mask m_t = 1 on the reply's tokens; everything is 0 after the reply):
 

@@ -1,7 +1,8 @@
 """Reward models: a language model's final hidden states read by a scalar head at the reply's last
 token, trained on preference pairs with the Bradley–Terry loss (TRL's RewardTrainer, InstructGPT).
 
-    gptforge rm --init-from runs/sft --data prefs.jsonl --out runs/rm     # (the recipe: issue 22)
+    >>> rm = RewardModel(model)                       # a GPT or Llama from the registry
+    >>> loss, metrics = rm_loss(rm, batch.ids, batch.mask, batch.margin)   # batch: a PairLoader batch
 
 The math, for a pair with chosen reply y_c and rejected reply y_r to prompt x:
 
