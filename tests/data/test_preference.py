@@ -72,6 +72,7 @@ def test_the_mask_covers_the_reply_only(tokenizer):
     ('{"prompt": "q", "chosen": 3, "rejected": "b"}', "'chosen' is int"),
     ('{"prompt": "q", "chosen": [{"role": "user", "content": "a"}], "rejected": "b"}', "'chosen' has no assistant"),
     ('{"prompt": "q", "chosen": "a", "rejected": "b", "margin": "big"}', "'margin' is 'big'"),
+    ('{"prompt": "q", "chosen": "a", "rejected": "a"}', "'chosen' and 'rejected' are the same reply"),
 ])
 def test_bad_rows_are_named_or_counted(tmp_path, line, msg):
     path = _write(tmp_path / "p.jsonl", [{"prompt": Q, "chosen": GOOD, "rejected": BAD}, line])

@@ -96,6 +96,8 @@ def _pair(row: dict[str, Any]) -> PreferencePair:
     for key, side in (("chosen", chosen), ("rejected", rejected)):
         if not any(isinstance(m, dict) and m.get("role") == "assistant" for m in side):
             raise ChatFormatError(f"{key!r} has no assistant message (the reply to compare)")
+    if chosen == rejected:
+        raise ChatFormatError("'chosen' and 'rejected' are the same reply (nothing to prefer)")
     margin = row.get("margin")
     if margin is not None and (isinstance(margin, bool) or not isinstance(margin, (int, float))
                                or not math.isfinite(margin)):
