@@ -205,3 +205,16 @@ def test_tasks_without_operands_still_get_wrong_replies():
         assert got is not None and got != "7"
     with pytest.raises(ValueError, match="rejected kind"):
         rejected_reply(p, "nonsense", rng)
+
+
+def test_preference_sets_keep_the_eval_problems_held_out():
+    from gptforge.eval.generative import compare_eval_problems
+    from gptforge.eval.tasks.preferences import preference_set
+
+    evals = {p.question for p in compare_eval_problems(500)}
+    train = preference_set("compare", 600, seed=2)
+    assert len(train) == 600 and not {r["prompt"][0]["content"] for r in train} & evals
+    held = preference_set("compare", 50, held_out=True)
+    assert [r["prompt"][0]["content"] for r in held] == [p.question for p in compare_eval_problems(50)]
+    with pytest.raises(ValueError, match="generated tasks are arithmetic, compare"):
+        preference_set("gsm8k", 3)

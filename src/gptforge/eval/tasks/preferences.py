@@ -11,9 +11,8 @@ Kinds of rejected reply (each row says which in ``"kind"``):
 Reward models and DPO learn from such sets and are scored against the truth; tests and CPU
 benchmarks use them.
 
-    >>> from gptforge.eval.tasks.verifiable import arithmetic_problems
-    >>> rows = preference_rows(arithmetic_problems(1000, seed=1), seed=0)
-    >>> write_preferences(rows, "prefs.jsonl")
+    >>> write_preferences(preference_set("compare", 5000, seed=1), "prefs.jsonl")   # for training
+    >>> write_preferences(preference_set("compare", 500, held_out=True), "prefs_eval.jsonl")  # the eval problems
 """
 
 from __future__ import annotations
@@ -101,6 +100,33 @@ def preference_rows(problems: Sequence[Problem], seed: int = 0, kinds: Sequence[
                      "rejected": [{"role": "assistant", "content": rejected_reply(p, kind, rng)}],
                      "kind": kind, "answer": p.answer})
     return rows
+
+
+def preference_set(task: str, n: int, seed: int = 0, kinds: Sequence[str] = KINDS, held_out: bool = False,
+                   exclude_eval: int = 500) -> list[dict[str, Any]]:
+    """``n`` preference rows of a generated task (``arithmetic``, ``compare``). Training rows
+    (``held_out`` False) come from seeded problems none of which is among the first ``exclude_eval``
+    problems of the task's eval set, so that set stays held out (as SFT data does); ``held_out`` True
+    makes the rows from that eval set itself (its first ``n`` problems): the held-out pairs."""
+    from gptforge.eval.generative import GENERATED
+
+    if task not in GENERATED:
+        raise ValueError(f"preference task {task!r}: generated tasks are {', '.join(GENERATED)}")
+    if n < 1:
+        raise ValueError(f"preference set size {n}: must be >= 1")
+    make, eval_set = GENERATED[task]
+    if held_out:
+        problems = eval_set(n)
+        if len(problems) < n:
+            raise ValueError(f"{task}: its eval set has {len(problems)} problems, fewer than {n}")
+        return preference_rows(problems, seed, kinds)
+    banned = {p.question for p in eval_set(exclude_eval)} if exclude_eval else set()
+    problems: list[Problem] = []
+    k = 0
+    while len(problems) < n:
+        problems += [p for p in make(n, seed + 1_000_003 * k) if p.question not in banned]
+        k += 1
+    return preference_rows(problems[:n], seed, kinds)
 
 
 def write_preferences(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
