@@ -10,7 +10,7 @@ import torch
 from gptforge.models.gpt2 import GPT, GPTConfig
 from gptforge.models.llama import Llama, LlamaConfig
 from gptforge.training.ppo import ValueModel
-from gptforge.training.rm import RewardModel, last_index
+from gptforge.training.rm import RewardModel, last_index, score_sequences
 
 transformers = pytest.importorskip("transformers")
 IDX = torch.randint(0, 101, (3, 13), generator=torch.Generator().manual_seed(0))
@@ -74,3 +74,15 @@ def test_reward_and_value_heads_read_either_family(make):
         assert rm(changed, at)[2] == pytest.approx(r[2].item(), abs=1e-6)
     with pytest.raises(ValueError, match="no reply token"):
         last_index(torch.zeros(2, 3, dtype=torch.bool))
+
+
+def test_scoring_rollouts_ignores_batching_and_padding():
+    rm = RewardModel(_gpt2())
+    seqs = [IDX[0, :5].tolist(), IDX[1].tolist(), IDX[2, :9].tolist()]
+    together = score_sequences(rm, seqs, pad=7, batch_size=3)
+    alone = torch.cat([score_sequences(rm, [s], pad=7) for s in seqs])
+    torch.testing.assert_close(together, alone, atol=1e-5, rtol=0)
+    with torch.no_grad():
+        assert together[1].item() == pytest.approx(rm(IDX[1:2], torch.tensor([12])).item(), abs=1e-6)
+    with pytest.raises(ValueError, match="empty sequence"):
+        score_sequences(rm, [[]], pad=7)

@@ -19,6 +19,8 @@ name, without a bias), so ``export hf`` can write it as such.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -89,3 +91,24 @@ def rm_loss(model: RewardModel, ids: torch.Tensor, mask: torch.Tensor, margin: t
     chosen, rejected = model.pair_rewards(ids, mask)
     loss = bradley_terry_loss(chosen, rejected, margin, center_coef)
     return loss, {"loss": loss.item(), **pair_metrics(chosen, rejected)}
+
+
+@torch.no_grad()
+def score_sequences(rm: RewardModel, seqs: Sequence[Sequence[int]], pad: int, batch_size: int = 32) -> torch.Tensor:
+    """Rewards (N,) float32 on the CPU for token sequences (prompt + reply each, e.g. RL rollouts),
+    each read at its own last token; right-padded batches, so the padding is never seen (causal)."""
+    if any(len(s) == 0 for s in seqs):
+        raise ValueError("an empty sequence has no token to read a reward at")
+    device = next(rm.parameters()).device
+    was_training = rm.training
+    rm.eval()
+    out = []
+    for i in range(0, len(seqs), batch_size):
+        chunk = seqs[i : i + batch_size]
+        ids = torch.full((len(chunk), max(len(s) for s in chunk)), pad, dtype=torch.long)
+        for k, s in enumerate(chunk):
+            ids[k, : len(s)] = torch.as_tensor(list(s), dtype=torch.long)
+        at = torch.tensor([len(s) - 1 for s in chunk])
+        out.append(rm(ids.to(device), at.to(device)).cpu())
+    rm.train(was_training)
+    return torch.cat(out) if out else torch.empty(0)
