@@ -86,3 +86,20 @@ def test_scoring_rollouts_ignores_batching_and_padding():
         assert together[1].item() == pytest.approx(rm(IDX[1:2], torch.tensor([12])).item(), abs=1e-6)
     with pytest.raises(ValueError, match="empty sequence"):
         score_sequences(rm, [[]], pad=7)
+
+
+@pytest.mark.parametrize("make", [_gpt2, _llama])
+def test_a_reward_model_scores_the_same_in_transformers(make):
+    from gptforge.interop.hf_reward import reward_model_to_transformers
+
+    rm = RewardModel(make()).eval()
+    pad = 100  # right padding; no sequence ends with it
+    ids = IDX.clone()
+    ids[ids == pad] = 3
+    lengths = torch.tensor([13, 6, 9])
+    for k, n in enumerate(lengths.tolist()):
+        ids[k, n:] = pad
+    hf = reward_model_to_transformers(rm, pad)
+    assert type(hf).__name__ == ("GPT2" if make is _gpt2 else "Llama") + "ForSequenceClassification"
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits[:, 0], rm(ids, lengths - 1), atol=2e-5, rtol=0)
