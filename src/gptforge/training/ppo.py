@@ -2,9 +2,8 @@
 PPOTrainer): a value head, GAE, clipped policy and value losses, and the KL penalty folded into the
 per-token reward.
 
-    >>> rewards, kl = kl_penalized_rewards(scores, logp_old, logp_ref, reply_mask, kl_coef=0.05)
-    >>> adv, returns = gae(rewards, values_old, gamma=1.0, lam=0.95)
-    >>> loss, stats = ppo_loss(logp, logp_old, masked_whiten(adv, reply_mask), values, values_old, returns, reply_mask)
+    >>> exp = make_experience(policy, ref, value_model, prompts, replies, scores, pad=50256, kl_coef=0.05)
+    >>> loss, stats = ppo_batch_loss(policy, value_model, exp, rows=minibatch)   # per minibatch, per epoch
 
 The math, per reply token t (mask m_t = 1 on the reply's tokens; everything is 0 after the reply):
 
@@ -26,8 +25,12 @@ whitening is the unbiased one (Bessel), as TRL's ``masked_var``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from gptforge.training.rm import last_index
 
@@ -148,3 +151,76 @@ class ValueModel(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return self.score(self.body.hidden_states(ids)).squeeze(-1).float()  # (N, T)
+
+
+# --- experience: one batch of rollouts turned into PPO's tensors ------------------------------------------
+
+
+@dataclass
+class Experience:
+    """Rollouts as right-padded tensors. Per-token tensors are (N, L) over the target positions from
+    the batch's first reply token on: column j scores token ``ids[:, start + 1 + j]``."""
+
+    ids: torch.Tensor  # long (N, T): prompt + reply, right-padded
+    start: int  # first target position holding a reply token (in any row)
+    mask: torch.Tensor  # bool (N, L): reply tokens
+    logprobs: torch.Tensor  # under the policy that sampled them (π_old)
+    ref_logprobs: torch.Tensor
+    values: torch.Tensor  # V_old, 0 off the reply
+    rewards: torch.Tensor  # −kl_coef · KL plus the score on the last reply token
+    advantages: torch.Tensor  # whitened over the batch's reply tokens
+    returns: torch.Tensor
+
+
+def token_logprobs(model: nn.Module, ids: torch.Tensor, start: int, temperature: float = 1.0) -> torch.Tensor:
+    """log p(ids[:, t + 1] | ids[:, :t + 1]) for t >= ``start`` -> (N, T − 1 − start) float32, under
+    softmax(logits / temperature) (the sampling distribution, as TRL's PPO and GRPO)."""
+    logits, _ = model(ids[:, :-1], logits_to_keep=ids.size(1) - 1 - start)
+    return torch.gather(F.log_softmax(logits.float() / temperature, dim=-1), 2, ids[:, 1 + start :, None]).squeeze(2)
+
+
+def pad_rollouts(prompts: Sequence[Sequence[int]], replies: Sequence[Sequence[int]], pad: int
+                 ) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(ids (N, T) right-padded prompt + reply, reply mask over targets (N, L), start)."""
+    if any(len(r) == 0 for r in replies) or any(len(p) == 0 for p in prompts):
+        raise ValueError("every rollout needs a prompt token and a reply token")
+    seqs = [list(p) + list(r) for p, r in zip(prompts, replies, strict=True)]
+    T = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), T), pad, dtype=torch.long)
+    mask = torch.zeros(len(seqs), T - 1, dtype=torch.bool)
+    for k, (s, p, r) in enumerate(zip(seqs, prompts, replies, strict=True)):
+        ids[k, : len(s)] = torch.as_tensor(s)
+        mask[k, len(p) - 1 : len(p) - 1 + len(r)] = True  # target t is token t + 1
+    start = min(len(p) for p in prompts) - 1
+    return ids, mask[:, start:], start
+
+
+@torch.no_grad()
+def make_experience(policy: nn.Module, ref: nn.Module, value_model: nn.Module, prompts: Sequence[Sequence[int]],
+                    replies: Sequence[Sequence[int]], scores: torch.Tensor, pad: int, kl_coef: float = 0.05,
+                    gamma: float = 1.0, lam: float = 0.95, temperature: float = 1.0, kl_estimator: str = "k1",
+                    ) -> Experience:
+    """Score-carrying rollouts -> :class:`Experience`: log-probs under the policy and the reference,
+    the value head's values, the KL-penalised per-token rewards, GAE and whitened advantages."""
+    device = next(policy.parameters()).device
+    ids, mask, start = pad_rollouts(prompts, replies, pad)
+    ids, mask = ids.to(device), mask.to(device)
+    logp = token_logprobs(policy, ids, start, temperature)
+    ref_logp = token_logprobs(ref, ids, start, temperature)
+    values = value_model(ids)[:, start:-1] * mask  # V(t): the state whose next token is target t
+    rewards, _ = kl_penalized_rewards(scores.to(device), logp, ref_logp, mask, kl_coef, kl_estimator)
+    adv, returns = gae(rewards, values, gamma, lam)
+    return Experience(ids, start, mask, logp, ref_logp, values, rewards, masked_whiten(adv, mask), returns * mask)
+
+
+def ppo_batch_loss(policy: nn.Module, value_model: nn.Module, exp: Experience, rows: torch.Tensor | None = None,
+                   clip_eps: float = 0.2, clip_value: float = 0.2, vf_coef: float = 0.1, temperature: float = 1.0,
+                   ) -> tuple[torch.Tensor, dict[str, float]]:
+    """The PPO step function on the ``rows`` of an experience batch (all by default): fresh log-probs
+    and values, then :func:`ppo_loss`."""
+    r = slice(None) if rows is None else rows
+    ids, mask = exp.ids[r], exp.mask[r]
+    logp = token_logprobs(policy, ids, exp.start, temperature)
+    values = value_model(ids)[:, exp.start : -1]
+    return ppo_loss(logp, exp.logprobs[r], exp.advantages[r], values, exp.values[r], exp.returns[r], mask,
+                    clip_eps, clip_value, vf_coef)
