@@ -18,19 +18,18 @@ each takes its own ``B``; the state is (epoch, cursor), so a resumed run sees th
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 from gptforge.data.chat import ChatFormatError, ChatTemplate
+from gptforge.data.rows import DataError, bad_row, read_rows
 
 
-class SFTDataError(ValueError):
+class SFTDataError(DataError):
     """Bad SFT data; the message names the file and row."""
 
 
@@ -45,81 +44,20 @@ def read_conversations(source: str, split: str = "train", skip_bad: bool = False
     """(where, messages) per conversation. ``source`` is a JSONL file of ``{"messages": [...]}``, or a
     Hugging Face dataset with a ``messages`` column: a ``.parquet`` file, a directory written by
     ``Dataset.save_to_disk`` / ``DatasetDict.save_to_disk``, a local dataset directory of data files,
-    or a dataset name on the Hub (``datasets.load_dataset``, online)."""
-    path = Path(source)
-    if path.is_file() and path.suffix != ".parquet":
-        return _read_jsonl(path, skip_bad, stats)
-    if not path.exists() and path.suffix in (".jsonl", ".json", ".parquet"):
-        raise SFTDataError(f"--data {source}: no such file (give a .jsonl of {{\"messages\": [...]}} or a HF dataset)")
-    ds = _load_hf(source, split)
-    name = f"{source}[{split}]"
-    if "messages" not in ds.column_names:
-        raise SFTDataError(f"--data {name}: the dataset has no 'messages' column (columns: {', '.join(ds.column_names)})")
-    out: list[tuple[str, Any]] = []
-    for i, messages in enumerate(ds["messages"]):
-        where = f"{name} row {i}"
-        if not isinstance(messages, list):
-            _bad(where, f"'messages' is {type(messages).__name__}, expected a list of {{role, content}}", skip_bad, stats)
-            continue
-        out.append((where, messages))
-    return out
+    or a dataset name on the Hub (``datasets.load_dataset``, online). See :mod:`gptforge.data.rows`."""
+    rows = read_rows(source, split, ("messages",), _check_messages, skip_bad, stats, SFTDataError,
+                     jsonl_shape='an object with a "messages" list',
+                     what='a .jsonl of {"messages": [...]}')
+    return [(where, row["messages"]) for where, row in rows]
 
 
-def _read_jsonl(path: Path, skip_bad: bool, stats: dict[str, int] | None) -> list[tuple[str, Any]]:
-    out: list[tuple[str, Any]] = []
-    with open(path, "rb") as f:
-        for n, raw in enumerate(f, 1):
-            where = f"{path}:{n}"
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                _bad(where, f"not UTF-8 text ({e.reason} at byte {e.start})", skip_bad, stats)
-                continue
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                _bad(where, f"not valid JSON ({e.msg})", skip_bad, stats)
-                continue
-            if not isinstance(row, dict) or not isinstance(row.get("messages"), list):
-                _bad(where, 'expected an object with a "messages" list', skip_bad, stats)
-                continue
-            out.append((where, row["messages"]))
-    return out
-
-
-def _load_hf(source: str, split: str) -> Any:
-    """A ``datasets.Dataset``: ``load_from_disk`` for a ``save_to_disk`` directory, else ``load_dataset``
-    (a parquet file, a local dataset directory, or a Hub name); failures name the dataset and split."""
-    try:
-        import datasets
-    except ImportError as e:
-        raise SFTDataError(f"--data {source}: not a JSONL file, and reading a Hugging Face dataset needs `datasets` "
-                           "(pip install 'gptforge[hf]')") from e
-    path = Path(source)
-    try:
-        if path.is_dir() and any((path / f).is_file() for f in ("dataset_dict.json", "state.json")):
-            ds = datasets.load_from_disk(str(path))
-        elif path.is_file():
-            ds = datasets.load_dataset("parquet", data_files={split: str(path)})
-        else:
-            ds = datasets.load_dataset(source, split=split)
-    except Exception as e:  # hub/network/format errors come in many types; keep the cause
-        raise SFTDataError(f"--data {source}: cannot load it as a Hugging Face dataset (split {split!r}): "
-                           f"{type(e).__name__}: {e}") from e
-    if isinstance(ds, datasets.DatasetDict):
-        if split not in ds:
-            raise SFTDataError(f"--data {source}: no split {split!r} (splits: {', '.join(ds)}); pass --split")
-        ds = ds[split]
-    return ds
+def _check_messages(row: dict[str, Any]) -> str | None:
+    m = row["messages"]
+    return None if isinstance(m, list) else f"'messages' is {type(m).__name__}, expected a list of {{role, content}}"
 
 
 def _bad(where: str, why: str, skip_bad: bool, stats: dict[str, int] | None) -> None:
-    if not skip_bad:
-        raise SFTDataError(f"{where}: {why} (fix the row, or pass --skip-bad to count and skip such rows)")
-    if stats is not None:
-        stats["skipped"] = stats.get("skipped", 0) + 1
+    bad_row(where, why, skip_bad, stats, SFTDataError)
 
 
 def render_all(convs: Iterable[tuple[str, Any]], template: ChatTemplate, max_tokens: int, enc: Any = None,

@@ -278,6 +278,13 @@ class GPT(nn.Module):
         batch of left-padded prompts carry per-row positions (see ``gptforge.generation``).
         ``logits_to_keep`` N > 0: logits for the last N positions only (see ``models.head``).
         """
+        x = self.hidden_states(idx, kv_cache, pos, attn_mask)
+        return logits_and_loss(x, self.lm_head, targets, self.config, self.training, logits_to_keep)
+
+    def hidden_states(self, idx: torch.Tensor, kv_cache: KVCache | None = None, pos: torch.Tensor | None = None,
+                      attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """idx (B, T) -> the final hidden states (B, T, C), after ``ln_f`` and before the LM head (what
+        transformers' ``GPT2Model`` returns; a reward model's or value head's input)."""
         B, T = idx.size()
         past = kv_cache.length if kv_cache is not None else 0
         if past + T > self.config.block_size:
@@ -293,8 +300,7 @@ class GPT(nn.Module):
                 x = block(x, kv_cache, i, attn_mask)
         if kv_cache is not None:
             kv_cache.advance()
-        x = self.transformer.ln_f(x)
-        return logits_and_loss(x, self.lm_head, targets, self.config, self.training, logits_to_keep)
+        return self.transformer.ln_f(x)
 
     def new_kv_cache(self, batch: int, max_len: int | None = None, dtype: torch.dtype | None = None) -> KVCache:
         cfg = self.config

@@ -352,6 +352,13 @@ class Llama(nn.Module):
         ``pos`` (B, T) per-row positions and ``attn_mask`` (B, 1, T, Tk) bool for left-padded batches,
         ``logits_to_keep`` for the last N positions' logits only.
         """
+        x = self.hidden_states(idx, kv_cache, pos, attn_mask)
+        return logits_and_loss(x, self.lm_head, targets, self.config, self.training, logits_to_keep)
+
+    def hidden_states(self, idx: torch.Tensor, kv_cache: KVCache | None = None, pos: torch.Tensor | None = None,
+                      attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """idx (B, T) -> the final hidden states (B, T, C), after the last RMSNorm and before the LM
+        head (what transformers' ``LlamaModel`` returns; a reward model's or value head's input)."""
         cfg = self.config
         B, T = idx.size()
         past = kv_cache.length if kv_cache is not None else 0
@@ -369,8 +376,7 @@ class Llama(nn.Module):
                 x = block(x, cos, sin, kv_cache, i, attn_mask)
         if kv_cache is not None:
             kv_cache.advance()
-        x = self.model.norm(x)
-        return logits_and_loss(x, self.lm_head, targets, cfg, self.training, logits_to_keep)
+        return self.model.norm(x)
 
     def new_kv_cache(self, batch: int, max_len: int | None = None, dtype: torch.dtype | None = None) -> KVCache:
         cfg = self.config

@@ -20,6 +20,8 @@ What every family's model provides (the code outside ``models/`` relies on exact
 * ``forward(idx, targets=None, kv_cache=None, pos=None, attn_mask=None) -> (logits, loss)``: logits
   over the real vocabulary, mean cross-entropy with targets of -1 ignored; ``pos`` (B, T) and
   ``attn_mask`` (B, 1, T, Tk) bool for left-padded batches (see :mod:`gptforge.generation`);
+* ``hidden_states(idx, kv_cache=None, pos=None, attn_mask=None) -> (B, T, n_embd)``: the final
+  hidden states, after the last norm and before the LM head (reward models and value heads read them);
 * ``new_kv_cache(batch, max_len=None, dtype=None)``, an object with ``length``;
 * ``num_parameters(exclude_embeddings=False)``;
 * ``blocks``: the ``nn.ModuleList`` of transformer blocks (FSDP shards and recomputes per block).

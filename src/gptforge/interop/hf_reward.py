@@ -1,0 +1,66 @@
+"""Reward models as transformers' sequence classifiers: ``GPT2ForSequenceClassification`` /
+``LlamaForSequenceClassification`` with one label, the same weights and the same scores.
+
+A gptforge reward model (``training.rm.RewardModel``: a family model's ``body`` plus a linear
+``score`` head, read at a sequence's last token) maps onto them key for key: the base model's
+weights under HF's names and ``score.weight``. transformers reads a classifier at the last token that
+is not ``pad_token_id``; give a pad id that never ends a scored sequence (the chat template's
+``<|endoftext|>`` only starts one) and right-pad.
+
+    >>> hf = reward_model_to_transformers(rm, pad=50256)
+    >>> hf(input_ids).logits[:, 0]   # == rm(input_ids, last token positions)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def reward_model_hf_config(rm: Any, pad: int) -> dict:
+    """config.json for the family's ``*ForSequenceClassification`` with one label."""
+    cfg = rm.body.config
+    if cfg.arch == "gpt2":
+        from gptforge.interop.hf import hf_config
+
+        c, arch = hf_config(cfg), "GPT2ForSequenceClassification"
+    elif cfg.arch == "llama":
+        from gptforge.interop.hf_llama import hf_llama_config
+
+        c, arch = hf_llama_config(cfg), "LlamaForSequenceClassification"
+    else:
+        raise ValueError(f"model.arch={cfg.arch!r}: no Hugging Face sequence classifier for this family")
+    return {**c, "architectures": [arch], "num_labels": 1, "pad_token_id": pad, "tie_word_embeddings": False}
+
+
+def reward_model_state_dict_for_hf(rm: Any) -> dict[str, torch.Tensor]:
+    """The base model's weights under HF's names (no LM head) plus ``score.weight`` (1, n_embd)."""
+    cfg = rm.body.config
+    if cfg.arch == "gpt2":
+        from gptforge.interop.hf import gptforge_to_hf
+
+        sd = gptforge_to_hf({k: v.detach().float().cpu() for k, v in rm.body.state_dict().items()}, cfg)
+        base = "transformer."
+    else:
+        from gptforge.interop.hf_llama import llama_state_dict_for_hf
+
+        sd, base = llama_state_dict_for_hf(rm.body), "model."
+    out = {k: v for k, v in sd.items() if k.startswith(base)}
+    out["score.weight"] = rm.score.weight.detach().float().cpu().contiguous()
+    return out
+
+
+def reward_model_to_transformers(rm: Any, pad: int) -> Any:
+    """A transformers sequence classifier holding ``rm``'s weights, in memory (tests; ``export hf``)."""
+    import transformers
+
+    c = reward_model_hf_config(rm, pad)
+    arch = c["architectures"][0]
+    config_class = transformers.GPT2Config if arch.startswith("GPT2") else transformers.LlamaConfig
+    config = config_class(**{k: v for k, v in c.items() if k not in ("architectures", "model_type", "torch_dtype")})
+    hf = getattr(transformers, arch)(config)
+    missing, unexpected = hf.load_state_dict(reward_model_state_dict_for_hf(rm), strict=False)
+    if missing or unexpected:
+        raise ValueError(f"weights do not fit transformers' {arch}: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    return hf.eval()

@@ -1,0 +1,121 @@
+"""DPO (Direct Preference Optimization, Rafailov et al. 2023) and IPO (Azar et al. 2023): a policy
+learns from preference pairs against a frozen reference, with no reward model and no sampling.
+
+    >>> table = reference_logps(ref, pairs)           # once: the frozen reference's log-probs
+    >>> loss, metrics = dpo_batch_loss(policy, loader.next_batch(), beta=0.1, ref_table=table)
+
+The math, for a pair (x, y_c, y_r), a policy π and a reference π_ref:
+
+    log π(y | x)  = Σ_t∈reply log π(y_t | x, y_<t)           sequence log-prob over the reply's tokens
+    h_c = log π(y_c|x) − log π_ref(y_c|x),   h_r likewise   the implicit rewards' log-ratios
+    sigmoid (DPO):  loss = −mean log σ(β (h_c − h_r))
+    ipo:            loss =  mean (h_c / n_c − h_r / n_r − 1/(2β))²
+                    n_c, n_r: reply lengths in tokens (TRL's IPO is length-normalised; so is this)
+
+Metrics under TRL's names: ``rewards/chosen`` = mean β h_c, ``rewards/rejected`` = mean β h_r,
+``rewards/margins`` = mean β (h_c − h_r), ``rewards/accuracies`` = share of pairs with h_c > h_r,
+``logps/chosen`` and ``logps/rejected`` = mean sequence log-probs under the policy. The reference's
+log-probs can be computed once (:func:`reference_logps`) and looked up by a batch's ``index``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from gptforge.data.preference import PairBatch, RenderedPair, collate
+
+LOSS_TYPES = ("sigmoid", "ipo")
+
+# --- the math ---------------------------------------------------------------------------------------
+
+
+def sequence_logps(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor,
+                   temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """ids, mask (N, L): tokens and their reply mask -> (sum of log p(ids[t] | ids[:t]) over the reply
+    tokens t (N,) float32, reply lengths (N,)). The output head runs from the first reply position
+    on only (``logits_to_keep``): the prompt's rows are never a target."""
+    target_mask = mask[:, 1:]  # target t is token t + 1
+    if not bool(target_mask.any()):
+        raise ValueError("no reply tokens to score")
+    start = int(target_mask.any(dim=0).nonzero()[0])  # the batch's first reply target
+    logits, _ = model(ids[:, :-1], logits_to_keep=ids.size(1) - 1 - start)
+    logp = torch.gather(F.log_softmax(logits.float() / temperature, dim=-1), 2, ids[:, 1 + start :, None]).squeeze(2)
+    m = target_mask[:, start:].to(logp.dtype)
+    return (logp * m).sum(dim=1), m.sum(dim=1)
+
+
+def dpo_loss(chosen_logps: torch.Tensor, rejected_logps: torch.Tensor, ref_chosen_logps: torch.Tensor,
+             ref_rejected_logps: torch.Tensor, beta: float, loss_type: str = "sigmoid",
+             chosen_len: torch.Tensor | None = None, rejected_len: torch.Tensor | None = None,
+             ) -> tuple[torch.Tensor, dict[str, float]]:
+    """Sequence log-probs (N,) of the chosen and rejected replies under the policy and the reference
+    -> (loss, metrics with TRL's names); see the module docstring. IPO needs the reply lengths."""
+    if loss_type not in LOSS_TYPES:
+        raise ValueError(f"dpo loss_type {loss_type!r}: expected one of {', '.join(LOSS_TYPES)}")
+    if beta <= 0:
+        raise ValueError(f"dpo beta {beta}: must be > 0")
+    h_c = chosen_logps - ref_chosen_logps
+    h_r = rejected_logps - ref_rejected_logps
+    if loss_type == "sigmoid":
+        losses = -F.logsigmoid(beta * (h_c - h_r))
+    else:
+        if chosen_len is None or rejected_len is None:
+            raise ValueError("the ipo loss is length-normalised: pass chosen_len and rejected_len")
+        losses = (h_c / chosen_len.clamp(min=1) - h_r / rejected_len.clamp(min=1) - 1 / (2 * beta)) ** 2
+    loss = losses.mean()
+    with torch.no_grad():
+        r_c, r_r = beta * h_c.detach(), beta * h_r.detach()
+        metrics = {"loss": loss.item(), "rewards/chosen": r_c.mean().item(), "rewards/rejected": r_r.mean().item(),
+                   "rewards/margins": (r_c - r_r).mean().item(),
+                   "rewards/accuracies": (r_c > r_r).float().mean().item(),
+                   "logps/chosen": chosen_logps.detach().mean().item(),
+                   "logps/rejected": rejected_logps.detach().mean().item()}
+    return loss, metrics
+
+
+# --- on pair batches -----------------------------------------------------------------------------------
+
+
+def pair_logps(model: torch.nn.Module, batch: PairBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One forward over a :class:`PairBatch` -> (chosen logps, rejected logps, chosen lengths,
+    rejected lengths), each (n,)."""
+    logps, lens = sequence_logps(model, batch.ids, batch.mask)
+    n = batch.n
+    return logps[:n], logps[n:], lens[:n], lens[n:]
+
+
+@torch.no_grad()
+def reference_logps(ref: torch.nn.Module, pairs: Sequence[RenderedPair], batch_size: int = 16,
+                    pad: int = 50256) -> torch.Tensor:
+    """The reference's sequence log-probs of every pair, computed once: (len(pairs), 2) float32 with
+    columns (chosen, rejected), on the CPU; a batch's rows are ``table[batch.index]``."""
+    device = next(ref.parameters()).device
+    was_training = ref.training
+    ref.eval()
+    out = torch.empty(len(pairs), 2)
+    for i in range(0, len(pairs), batch_size):
+        idx = list(range(i, min(i + batch_size, len(pairs))))
+        b = collate([pairs[k] for k in idx], idx, pad).to(device)
+        c, r, _, _ = pair_logps(ref, b)
+        out[i : i + len(idx), 0], out[i : i + len(idx), 1] = c.cpu(), r.cpu()
+    ref.train(was_training)
+    return out
+
+
+def dpo_batch_loss(policy: torch.nn.Module, batch: PairBatch, beta: float, loss_type: str = "sigmoid",
+                   ref: torch.nn.Module | None = None, ref_table: torch.Tensor | None = None,
+                   ) -> tuple[torch.Tensor, dict[str, float]]:
+    """The DPO step function: a pair batch -> (loss, metrics), the reference's log-probs from a frozen
+    ``ref`` model or from a :func:`reference_logps` table (one of the two)."""
+    if (ref is None) == (ref_table is None):
+        raise ValueError("give the reference as a model (ref) or as precomputed log-probs (ref_table), not both")
+    c, r, n_c, n_r = pair_logps(policy, batch)
+    if ref_table is not None:
+        ref_c, ref_r = ref_table[batch.index.cpu()].to(c.device).unbind(1)
+    else:
+        with torch.no_grad():
+            ref_c, ref_r, _, _ = pair_logps(ref, batch)
+    return dpo_loss(c, r, ref_c, ref_r, beta, loss_type, n_c, n_r)

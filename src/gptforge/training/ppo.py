@@ -1,0 +1,226 @@
+"""PPO for language models (Schulman et al. 2017, as in Ziegler et al. 2019 / InstructGPT and TRL's
+PPOTrainer): a value head, GAE, clipped policy and value losses, and the KL penalty folded into the
+per-token reward.
+
+    >>> exp = make_experience(policy, ref, value_model, prompts, replies, scores, pad=50256, kl_coef=0.05)
+    >>> loss, stats = ppo_batch_loss(policy, value_model, exp, rows=minibatch)   # per minibatch, per epoch
+
+The math, per reply token t (mask m_t = 1 on the reply's tokens; everything is 0 after the reply):
+
+    d_t       = log π_ref(y_t) − log π_old(y_t)
+    KL_t      = −d_t   (k1),   or   e^{d_t} − 1 − d_t   (k3, >= 0)      π_old: the policy that sampled
+    r_t       = −kl_coef · KL_t  (+ score on the reply's last token)   the reward the value head learns
+    δ_t       = r_t + γ V(t+1) − V(t)                                  V = 0 past the end
+    A_t       = δ_t + γ λ A_{t+1}                                      GAE (Schulman et al. 2016)
+    R_t       = A_t + V(t)                                             the value head's target (returns)
+    Â_t       = (A_t − mean A) / sqrt(var A + 1e-8)                    whitened over the batch's reply tokens
+    ρ_t       = exp(log π(y_t) − log π_old(y_t))
+    policy    = mean_t max(−Â_t ρ_t, −Â_t clip(ρ_t, 1 − ε, 1 + ε))
+    value     = ½ mean_t max((V_t − R_t)², (clip(V_t, V_old,t − ε_v, V_old,t + ε_v) − R_t)²)
+    loss      = policy + vf_coef · value
+
+Means are over the masked tokens of the whole batch (TRL's ``masked_mean``); the variance in the
+whitening is the unbiased one (Bessel), as TRL's ``masked_var``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from gptforge.training.rm import last_index
+
+# --- the math ---------------------------------------------------------------------------------------
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of ``x`` over the entries where ``mask`` is set (all of them together, not per row)."""
+    m = mask.to(x.dtype)
+    return (x * m).sum() / m.sum()
+
+
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8) -> torch.Tensor:
+    """(x − mean) / sqrt(var + eps) over the masked entries (unbiased variance); ``shift_mean`` False
+    keeps the mean (scales only, for whitening rewards). Entries outside the mask are set to 0."""
+    m = mask.to(x.dtype)
+    n = m.sum()
+    if n < 2:
+        raise ValueError("whitening needs at least two masked entries (a larger batch or longer replies)")
+    mean = (x * m).sum() / n
+    var = (((x - mean) ** 2) * m).sum() / n * (n / (n - 1))
+    out = (x - mean) * torch.rsqrt(var + eps)
+    if not shift_mean:
+        out = out + mean
+    return out * m
+
+
+def kl_penalized_rewards(scores: torch.Tensor, logprobs: torch.Tensor, ref_logprobs: torch.Tensor,
+                         mask: torch.Tensor, kl_coef: float, kl_estimator: str = "k1",
+                         end: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token rewards (N, L): −kl_coef · KL_t on the reply's tokens, plus each reply's score (N,)
+    at position ``end`` (N,) (default: the last reply token). Returns (rewards, KL per token)."""
+    if kl_estimator not in ("k1", "k3"):
+        raise ValueError(f"kl_estimator {kl_estimator!r}: expected k1 or k3")
+    m = mask.to(logprobs.dtype)
+    d = (ref_logprobs - logprobs) * m  # log(π_ref / π_old)
+    kl = -d if kl_estimator == "k1" else torch.expm1(d) - d
+    rewards = -kl_coef * kl
+    if end is None:
+        end = last_index(mask)
+    rewards = rewards.clone()
+    rewards[torch.arange(rewards.size(0), device=rewards.device), end] += scores.to(rewards.dtype)
+    return rewards, kl
+
+
+def gae(rewards: torch.Tensor, values: torch.Tensor, gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation over (N, L) rewards and values (0 after each reply) ->
+    (advantages, returns = advantages + values), both (N, L); see the module docstring."""
+    L = rewards.size(1)
+    adv = torch.zeros_like(rewards)
+    last = torch.zeros_like(rewards[:, 0])
+    for t in reversed(range(L)):
+        next_v = values[:, t + 1] if t + 1 < L else torch.zeros_like(last)
+        delta = rewards[:, t] + gamma * next_v - values[:, t]
+        last = delta + gamma * lam * last
+        adv[:, t] = last
+    return adv, adv + values
+
+
+def ppo_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+                    mask: torch.Tensor, clip_eps: float) -> tuple[torch.Tensor, dict[str, float]]:
+    """The clipped surrogate, as a loss (N, L inputs) -> (mean over masked tokens, stats)."""
+    ratio = torch.exp(logprobs - old_logprobs)
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps)
+    loss = masked_mean(torch.max(unclipped, clipped), mask)
+    with torch.no_grad():
+        stats = {"policy_loss": loss.item(), "clipfrac": masked_mean((clipped > unclipped).float(), mask).item(),
+                 "approx_kl": (0.5 * masked_mean((logprobs - old_logprobs) ** 2, mask)).item()}
+    return loss, stats
+
+
+def ppo_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
+                   clip_value: float) -> tuple[torch.Tensor, dict[str, float]]:
+    """The clipped value loss ½ mean max((V − R)², (clip(V, V_old ± ε_v) − R)²) over masked tokens."""
+    clipped = torch.clamp(values, old_values - clip_value, old_values + clip_value)
+    l1, l2 = (values - returns) ** 2, (clipped - returns) ** 2
+    loss = 0.5 * masked_mean(torch.max(l1, l2), mask)
+    with torch.no_grad():
+        stats = {"value_loss": loss.item(), "value_clipfrac": masked_mean((l2 > l1).float(), mask).item()}
+    return loss, stats
+
+
+def ppo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, values: torch.Tensor,
+             old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, clip_eps: float = 0.2,
+             clip_value: float = 0.2, vf_coef: float = 0.1, value_mask: torch.Tensor | None = None,
+             ) -> tuple[torch.Tensor, dict[str, float]]:
+    """policy + vf_coef · value (TRL's defaults: clip 0.2, value clip 0.2, vf_coef 0.1). ``value_mask``
+    (default ``mask``) is where the value loss is taken."""
+    pl, ps = ppo_policy_loss(logprobs, old_logprobs, advantages, mask, clip_eps)
+    vl, vs = ppo_value_loss(values, old_values, returns, mask if value_mask is None else value_mask, clip_value)
+    loss = pl + vf_coef * vl
+    return loss, {"loss": loss.item(), **ps, **vs}
+
+
+# --- the value head ------------------------------------------------------------------------------------
+
+
+class ValueModel(nn.Module):
+    """A family model (with ``hidden_states``) plus a linear ``score`` head read at every position:
+    ``forward(ids)`` -> (N, T) values, V(t) = the value of the state after token t. TRL starts it from
+    the reward model; :meth:`from_reward_model` does the same."""
+
+    def __init__(self, body: nn.Module):
+        super().__init__()
+        self.body = body
+        self.config = body.config
+        self.score = nn.Linear(body.config.n_embd, 1, bias=False)
+        nn.init.zeros_(self.score.weight)
+
+    @classmethod
+    def from_reward_model(cls, rm: nn.Module) -> ValueModel:
+        import copy
+
+        v = cls(copy.deepcopy(rm.body))
+        v.score.weight.data.copy_(rm.score.weight.data)
+        return v
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.score(self.body.hidden_states(ids)).squeeze(-1).float()  # (N, T)
+
+
+# --- experience: one batch of rollouts turned into PPO's tensors ------------------------------------------
+
+
+@dataclass
+class Experience:
+    """Rollouts as right-padded tensors. Per-token tensors are (N, L) over the target positions from
+    the batch's first reply token on: column j scores token ``ids[:, start + 1 + j]``."""
+
+    ids: torch.Tensor  # long (N, T): prompt + reply, right-padded
+    start: int  # first target position holding a reply token (in any row)
+    mask: torch.Tensor  # bool (N, L): reply tokens
+    logprobs: torch.Tensor  # under the policy that sampled them (π_old)
+    ref_logprobs: torch.Tensor
+    values: torch.Tensor  # V_old, 0 off the reply
+    rewards: torch.Tensor  # −kl_coef · KL plus the score on the last reply token
+    advantages: torch.Tensor  # whitened over the batch's reply tokens
+    returns: torch.Tensor
+
+
+def token_logprobs(model: nn.Module, ids: torch.Tensor, start: int, temperature: float = 1.0) -> torch.Tensor:
+    """log p(ids[:, t + 1] | ids[:, :t + 1]) for t >= ``start`` -> (N, T − 1 − start) float32, under
+    softmax(logits / temperature) (the sampling distribution, as TRL's PPO and GRPO)."""
+    logits, _ = model(ids[:, :-1], logits_to_keep=ids.size(1) - 1 - start)
+    return torch.gather(F.log_softmax(logits.float() / temperature, dim=-1), 2, ids[:, 1 + start :, None]).squeeze(2)
+
+
+def pad_rollouts(prompts: Sequence[Sequence[int]], replies: Sequence[Sequence[int]], pad: int
+                 ) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(ids (N, T) right-padded prompt + reply, reply mask over targets (N, L), start)."""
+    if any(len(r) == 0 for r in replies) or any(len(p) == 0 for p in prompts):
+        raise ValueError("every rollout needs a prompt token and a reply token")
+    seqs = [list(p) + list(r) for p, r in zip(prompts, replies, strict=True)]
+    T = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), T), pad, dtype=torch.long)
+    mask = torch.zeros(len(seqs), T - 1, dtype=torch.bool)
+    for k, (s, p, r) in enumerate(zip(seqs, prompts, replies, strict=True)):
+        ids[k, : len(s)] = torch.as_tensor(s)
+        mask[k, len(p) - 1 : len(p) - 1 + len(r)] = True  # target t is token t + 1
+    start = min(len(p) for p in prompts) - 1
+    return ids, mask[:, start:], start
+
+
+@torch.no_grad()
+def make_experience(policy: nn.Module, ref: nn.Module, value_model: nn.Module, prompts: Sequence[Sequence[int]],
+                    replies: Sequence[Sequence[int]], scores: torch.Tensor, pad: int, kl_coef: float = 0.05,
+                    gamma: float = 1.0, lam: float = 0.95, temperature: float = 1.0, kl_estimator: str = "k1",
+                    ) -> Experience:
+    """Score-carrying rollouts -> :class:`Experience`: log-probs under the policy and the reference,
+    the value head's values, the KL-penalised per-token rewards, GAE and whitened advantages."""
+    device = next(policy.parameters()).device
+    ids, mask, start = pad_rollouts(prompts, replies, pad)
+    ids, mask = ids.to(device), mask.to(device)
+    logp = token_logprobs(policy, ids, start, temperature)
+    ref_logp = token_logprobs(ref, ids, start, temperature)
+    values = value_model(ids)[:, start:-1] * mask  # V(t): the state whose next token is target t
+    rewards, _ = kl_penalized_rewards(scores.to(device), logp, ref_logp, mask, kl_coef, kl_estimator)
+    adv, returns = gae(rewards, values, gamma, lam)
+    return Experience(ids, start, mask, logp, ref_logp, values, rewards, masked_whiten(adv, mask), returns * mask)
+
+
+def ppo_batch_loss(policy: nn.Module, value_model: nn.Module, exp: Experience, rows: torch.Tensor | None = None,
+                   clip_eps: float = 0.2, clip_value: float = 0.2, vf_coef: float = 0.1, temperature: float = 1.0,
+                   ) -> tuple[torch.Tensor, dict[str, float]]:
+    """The PPO step function on the ``rows`` of an experience batch (all by default): fresh log-probs
+    and values, then :func:`ppo_loss`."""
+    r = slice(None) if rows is None else rows
+    ids, mask = exp.ids[r], exp.mask[r]
+    logp = token_logprobs(policy, ids, exp.start, temperature)
+    values = value_model(ids)[:, exp.start : -1]
+    return ppo_loss(logp, exp.logprobs[r], exp.advantages[r], values, exp.values[r], exp.returns[r], mask,
+                    clip_eps, clip_value, vf_coef)

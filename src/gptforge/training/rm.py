@@ -1,0 +1,114 @@
+"""Reward models: a language model's final hidden states read by a scalar head at the reply's last
+token, trained on preference pairs with the Bradley–Terry loss (TRL's RewardTrainer, InstructGPT).
+
+    >>> rm = RewardModel(model)                       # a GPT or Llama from the registry
+    >>> loss, metrics = rm_loss(rm, batch.ids, batch.mask, batch.margin)   # batch: a PairLoader batch
+
+The math, for a pair with chosen reply y_c and rejected reply y_r to prompt x:
+
+    r(x, y)  = w · h_last(x, y)                        h_last: the final hidden state at y's last token
+    P(y_c ≻ y_r) = σ(r(x, y_c) − r(x, y_r))            (Bradley–Terry)
+    loss     = −mean log σ(r_c − r_r − m)              m: an optional per-pair margin (Llama 2), else 0
+             (+ c · mean((r_c + r_r)²) with ``center_coef`` c: keeps rewards near 0, TRL's
+               ``center_rewards_coefficient``)
+
+Metrics: pair accuracy (the share of pairs with r_c > r_r) and the mean margin r_c − r_r, under TRL's
+names ``accuracy`` and ``margin``. The head is ``score`` (transformers' ``*ForSequenceClassification``
+name, without a bias), so ``export hf`` can write it as such.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+# --- the math ---------------------------------------------------------------------------------------
+
+
+def bradley_terry_loss(chosen: torch.Tensor, rejected: torch.Tensor, margin: torch.Tensor | None = None,
+                       center_coef: float = 0.0) -> torch.Tensor:
+    """chosen, rejected (N,) rewards; margin (N,) or None -> −mean log σ(r_c − r_r − m) (see the module)."""
+    d = chosen - rejected
+    if margin is not None:
+        d = d - margin
+    loss = -F.logsigmoid(d).mean()
+    if center_coef:
+        loss = loss + center_coef * ((chosen + rejected) ** 2).mean()
+    return loss
+
+
+def pair_metrics(chosen: torch.Tensor, rejected: torch.Tensor) -> dict[str, float]:
+    """Pair accuracy (ties count as wrong, as TRL's ``>``) and mean reward margin, plus the rewards' means."""
+    chosen, rejected = chosen.detach().float(), rejected.detach().float()
+    return {"accuracy": (chosen > rejected).float().mean().item(),
+            "margin": (chosen - rejected).mean().item(),
+            "reward_chosen": chosen.mean().item(), "reward_rejected": rejected.mean().item()}
+
+
+def last_index(mask: torch.Tensor) -> torch.Tensor:
+    """mask (N, L) bool, True on the reply's tokens -> (N,) the position of each row's last reply token."""
+    if not bool(mask.any(dim=1).all()):
+        raise ValueError("a row has no reply token to read a reward at")
+    L = mask.size(1)
+    return (L - 1) - mask.flip(1).to(torch.int8).argmax(dim=1)
+
+
+# --- the model ----------------------------------------------------------------------------------------
+
+
+class RewardModel(nn.Module):
+    """A family model (anything with ``hidden_states(idx) -> (N, T, C)`` and ``config.n_embd``) plus a
+    linear ``score`` head. ``forward(ids, at)`` -> (N,) rewards read at positions ``at`` (N,). The head
+    starts at N(0, 1/(C+1)) (OpenAI's lm-human-preferences reward head) unless ``init_std`` is given."""
+
+    def __init__(self, body: nn.Module, init_std: float | None = None):
+        super().__init__()
+        self.body = body
+        self.config = body.config
+        C = body.config.n_embd
+        self.score = nn.Linear(C, 1, bias=False)
+        nn.init.normal_(self.score.weight, std=init_std if init_std is not None else 1.0 / (C + 1) ** 0.5)
+
+    def forward(self, ids: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
+        h = self.body.hidden_states(ids)  # (N, T, C)
+        h_last = h[torch.arange(ids.size(0), device=ids.device), at]  # (N, C)
+        return self.score(h_last).squeeze(-1).float()  # (N,)
+
+    def pair_rewards(self, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A :class:`gptforge.data.preference.PairBatch`'s ids and mask (2n, L), chosen rows first ->
+        (chosen rewards (n,), rejected rewards (n,)), each read at its reply's last token."""
+        r = self(ids, last_index(mask))
+        n = ids.size(0) // 2
+        return r[:n], r[n:]
+
+
+def rm_loss(model: RewardModel, ids: torch.Tensor, mask: torch.Tensor, margin: torch.Tensor | None = None,
+            center_coef: float = 0.0) -> tuple[torch.Tensor, dict[str, float]]:
+    """One pair batch -> (Bradley–Terry loss, metrics): the reward model's step function."""
+    chosen, rejected = model.pair_rewards(ids, mask)
+    loss = bradley_terry_loss(chosen, rejected, margin, center_coef)
+    return loss, {"loss": loss.item(), **pair_metrics(chosen, rejected)}
+
+
+@torch.no_grad()
+def score_sequences(rm: RewardModel, seqs: Sequence[Sequence[int]], pad: int, batch_size: int = 32) -> torch.Tensor:
+    """Rewards (N,) float32 on the CPU for token sequences (prompt + reply each, e.g. RL rollouts),
+    each read at its own last token; right-padded batches, so the padding is never seen (causal)."""
+    if any(len(s) == 0 for s in seqs):
+        raise ValueError("an empty sequence has no token to read a reward at")
+    device = next(rm.parameters()).device
+    was_training = rm.training
+    rm.eval()
+    out = []
+    for i in range(0, len(seqs), batch_size):
+        chunk = seqs[i : i + batch_size]
+        ids = torch.full((len(chunk), max(len(s) for s in chunk)), pad, dtype=torch.long)
+        for k, s in enumerate(chunk):
+            ids[k, : len(s)] = torch.as_tensor(list(s), dtype=torch.long)
+        at = torch.tensor([len(s) - 1 for s in chunk])
+        out.append(rm(ids.to(device), at.to(device)).cpu())
+    rm.train(was_training)
+    return torch.cat(out) if out else torch.empty(0)
