@@ -28,8 +28,8 @@ from gptforge.eval.tasks.preferences import preference_rows
 from gptforge.eval.tasks.verifiable import compare_problems
 from gptforge.interop.hf import gptforge_to_hf, hf_config
 from gptforge.models.gpt2 import GPT, GPTConfig
-from gptforge.training.grpo import grpo_loss
 from gptforge.training.dpo import dpo_batch_loss, reference_logps
+from gptforge.training.grpo import grpo_loss
 from gptforge.training.rm import RewardModel, rm_loss
 
 trl = pytest.importorskip("trl")
