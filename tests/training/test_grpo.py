@@ -241,3 +241,21 @@ def test_checkpoints_from_before_the_run_stack_still_load_and_resume(tmp_path, t
     by_param = {id(p): regrouped.state[p]["exp_avg"] for p in fresh.parameters()}
     for (name, _), before in zip(model.named_parameters(), opt.state.values(), strict=True):
         torch.testing.assert_close(by_param[id(dict(fresh.named_parameters())[name])], before["exp_avg"], msg=name)
+
+
+def test_rl_resume_applies_the_flags_given_or_refuses_them_by_name(tmp_path, tokenizer, capsys):
+    """On --resume every flag given applies on top of the run's settings (none silently dropped), and
+    one that would make it another run (the task, the held-out set) is refused naming the key."""
+    src = _chat_ckpt(tmp_path)
+    args = ["--task", "arithmetic", "--prompts", "2", "--group", "2", "--max-new-tokens", "3", "--eval-n", "2",
+            "--device", "cpu", "--ckpt-every", "0"]
+    assert main(["rl", "--init-from", str(src), "--out", str(tmp_path / "r"), "--steps", "1", *args]) == 0
+    assert main(["rl", "--out", str(tmp_path / "r"), "--resume", "--steps", "2", "--lr", "5e-4",
+                 "--rl.kl_coef", "0.5"]) == 0
+    meta = ckpt.read_meta(ckpt.latest_checkpoint(tmp_path / "r"))
+    assert (meta["step"], meta["config"]["optim"]["lr"], meta["config"]["rl"]["kl_coef"]) == (2, 5e-4, 0.5)
+    capsys.readouterr()
+    assert main(["rl", "--out", str(tmp_path / "r"), "--resume", "--steps", "3", "--task", "compare"]) == 2
+    assert "--rl.task 'compare': this run was trained with 'arithmetic'" in capsys.readouterr().err
+    assert main(["rl", "--out", str(tmp_path / "r"), "--resume", "--rl.no_such_key", "1"]) == 2
+    assert "unknown config key --rl.no_such_key" in capsys.readouterr().err
