@@ -9,6 +9,7 @@ choice or a config key that does not exist (a doc that names a removed or rename
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import shlex
 from pathlib import Path
@@ -68,12 +69,19 @@ def test_docs_show_commands():
     assert any(c.startswith("rl ") for w, c in COMMANDS if w != "README.md")
 
 
+@functools.cache
+def _keys() -> frozenset[str]:
+    """Every --section.key of every model family."""
+    from gptforge.config import Config, config_keys
+    from gptforge.models.registry import FAMILIES
+
+    return frozenset(k for fam in FAMILIES.values() for k in config_keys(Config(model=fam.config_cls())))
+
+
 @pytest.mark.parametrize("where,line", COMMANDS, ids=[f"{w}:{c[:60]}" for w, c in COMMANDS])
 def test_every_documented_command_parses(where, line):
     from gptforge.cli import COMMANDS as TABLE
     from gptforge.cli import build_parser
-    from gptforge.config import config_keys
-    from gptforge.models.registry import FAMILIES
 
     try:
         argv = shlex.split(line)
@@ -87,15 +95,10 @@ def test_every_documented_command_parses(where, line):
     if not rest:
         return
     assert TABLE[args.command][1], f"{where}: `gptforge {line}`: {args.command} takes no {rest}"
-    keys = set()
-    for fam in FAMILIES.values():
-        from gptforge.config import Config
-
-        keys |= set(config_keys(Config(model=fam.config_cls())))
     for tok in rest:
         if tok.startswith("--"):
             key = tok[2:].split("=", 1)[0]
-            assert key in keys, f"{where}: `gptforge {line}`: no config key --{key}"
+            assert key in _keys(), f"{where}: `gptforge {line}`: no config key --{key}"
 
 
 def test_readme_layout_names_every_module():
