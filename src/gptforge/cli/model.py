@@ -158,7 +158,11 @@ def args_serve(p: argparse.ArgumentParser) -> None:
     p.description = ("Serve a page where you type a prompt, set the sampling knobs and watch tokens stream in, "
                      "plus the run's loss curve. JSON API under /api (see /docs).")
     add_model_source(p)
-    p.add_argument("--host", default="127.0.0.1", help="bind address (default %(default)s: this machine only)")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default %(default)s: this machine only; "
+                                                       "another address needs --api-key)")
+    p.add_argument("--api-key", default=None, metavar="KEY",
+                   help="require 'Authorization: Bearer KEY' on /api and /v1 (OpenAI clients: api_key=KEY); "
+                        "default: $GPTFORGE_API_KEY, else none")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--metrics", help="metrics.jsonl for the loss curve (default: the checkpoint's run directory)")
     p.add_argument("--max-new-tokens-cap", type=int, default=512, help="largest max_new_tokens a request may ask")
@@ -182,6 +186,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         settings.check()
     except ValueError as e:
         raise CliError(str(e)) from e
+    import os
+
+    api_key = args.api_key if args.api_key is not None else os.environ.get("GPTFORGE_API_KEY") or None
+    if args.api_key == "":
+        raise CliError("--api-key: the key must not be empty")
+    if api_key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
+        raise CliError(f"--host {args.host} would expose the model beyond this machine without a key: pass "
+                       "--api-key KEY (or set GPTFORGE_API_KEY), or keep the default 127.0.0.1")
     metrics = args.metrics
     if metrics is None and args.ckpt is not None:  # the run's metrics.jsonl sits in the run directory
         from gptforge.training import checkpoint as ckpt
@@ -195,7 +207,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     chat = chat_template_of(args.ckpt)  # a chat checkpoint: the page opens in chat mode
     run_server(model, settings, host=args.host, port=args.port, metrics_path=metrics,
                served=describe_served(model, args.ckpt, args.hf, args.llmc, args.random),
-               chat_template=chat.to_dict() if chat else None)
+               chat_template=chat.to_dict() if chat else None, api_key=api_key)
     return 0
 
 
