@@ -83,14 +83,16 @@ def _sampling_params(args: argparse.Namespace):
 # --- export / import ------------------------------------------------------------------------------
 
 def args_export(p: argparse.ArgumentParser) -> None:
-    p.add_argument("format", choices=["hf", "llmc"], help="hf: safetensors + config.json (+ tokenizer); "
-                                                         "llmc: llm.c model .bin")
+    p.add_argument("format", choices=["hf", "llmc", "gguf"], help="hf: safetensors + config.json (+ tokenizer); "
+                                                                 "llmc: llm.c model .bin; gguf: one .gguf file for "
+                                                                 "llama.cpp (tokenizer and chat template inside)")
     add_model_source(p)
     p.add_argument("--out", required=True, metavar="DIR",
                    help="output folder: hf writes model.safetensors, config.json (+ tokenizer files); llmc writes "
-                        "model.bin (+ tokenizer.bin, llm.c's tokenizer file)")
+                        "model.bin (+ tokenizer.bin, llm.c's tokenizer file); gguf writes model-<dtype>.gguf")
     p.add_argument("--force", action="store_true", help="write into a non-empty folder")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="llmc: version 3 or 5")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "f32", "bf16", "f16"],
+                   help="llmc: float32 or bfloat16 (version 3 or 5); gguf: f32, f16 or bf16 (default f32)")
     p.add_argument("--no-tokenizer", action="store_true", help="skip the tokenizer files")
 
 
@@ -98,6 +100,11 @@ def cmd_export(args: argparse.Namespace) -> int:
     from gptforge.interop import hf, llmc
     from gptforge.tokens import GPT2_VOCAB
 
+    dtype = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}.get(args.dtype, args.dtype)
+    if args.format == "llmc" and dtype == "float16":
+        raise CliError("--dtype float16: llm.c model files are float32 or bfloat16")
+    if args.format == "gguf" and args.no_tokenizer:
+        raise CliError("--no-tokenizer: a GGUF file must carry its tokenizer (llama.cpp reads it from the file)")
     model = load(model_source(args))
     chat = chat_template_of(args.ckpt)  # a chat checkpoint: the HF tokenizer gets its template
     tokenizer = not args.no_tokenizer and model.config.vocab_size == (chat.vocab_size if chat else GPT2_VOCAB)
@@ -116,10 +123,17 @@ def cmd_export(args: argparse.Namespace) -> int:
                                "pass --no-tokenizer")
             kw = {"chat_template": chat.to_dict()} if chat is not None else {}
             files = export(model, args.out, force=args.force, tokenizer=tokenizer, **kw)
+        elif args.format == "gguf":
+            from gptforge.interop.gguf import export_gguf
+
+            short = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}[dtype]
+            files = [export_gguf(model, args.out, dtype=short, force=args.force,
+                                 chat_template=chat.to_dict() if chat is not None else None,
+                                 name=_export_name(args))]
         else:
             llmc.check_llmc_model(model)  # before the output folder is created
             out = hf.check_out_dir(args.out, args.force)
-            files = [llmc.write_llmc_model(model, out / "model.bin", dtype=args.dtype)]
+            files = [llmc.write_llmc_model(model, out / "model.bin", dtype=dtype)]
             if tokenizer:
                 from gptforge.data.tokenizer import get_tokenizer
 
@@ -128,6 +142,17 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise CliError(str(e)) from e
     print(json.dumps({"format": args.format, "files": [str(f) for f in files]}))
     return 0
+
+
+def _export_name(args: argparse.Namespace) -> str:
+    """general.name of a GGUF: the run directory's name (the folder holding checkpoints/), else the source's."""
+    from pathlib import Path
+
+    src = args.ckpt or args.hf or args.llmc or args.random or "gptforge"
+    p = Path(str(src))
+    if p.parent.name == "checkpoints":
+        p = p.parent.parent
+    return p.name or "gptforge"
 
 
 def args_import(p: argparse.ArgumentParser) -> None:
