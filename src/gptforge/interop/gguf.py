@@ -45,7 +45,7 @@ def _gguf():
     return gguf
 
 
-def check_gguf_model(model: torch.nn.Module, chat_template: dict | None) -> None:
+def check_gguf_model(model: torch.nn.Module, chat_template: dict | None, tokenizer: bool = True) -> None:
     """Refuse (ValueError naming the setting) what llama.cpp's gpt2/llama architectures cannot run."""
     cfg = model.config
     arch = getattr(cfg, "arch", "gpt2")
@@ -62,6 +62,8 @@ def check_gguf_model(model: torch.nn.Module, chat_template: dict | None) -> None
                                  "model cannot be exported to GGUF (train with the default to export)")
     else:
         raise ValueError(f"model.arch={arch!r}: GGUF export knows gpt2 and llama")
+    if not tokenizer:
+        return
     from gptforge.interop.hf_chat import check_tokenizer_vocab
 
     try:  # llama.cpp needs a tokenizer in the file: the model's logits must be GPT-2's BPE (+ chat tokens)
@@ -71,21 +73,19 @@ def check_gguf_model(model: torch.nn.Module, chat_template: dict | None) -> None
                          "tokenizer (chat tokens included) can be exported to GGUF") from e
 
 
-def gguf_file_name(model: torch.nn.Module, dtype: str) -> str:
-    return f"model-{dtype}.gguf"
-
-
 def export_gguf(model: torch.nn.Module, out_dir: str | Path, dtype: str = "f32", force: bool = False,
-                chat_template: dict | None = None, name: str = "gptforge") -> Path:
-    """Write ``model`` as ``out_dir/model-<dtype>.gguf``; returns the file's path."""
+                chat_template: dict | None = None, name: str = "gptforge", tokenizer: bool = True) -> Path:
+    """Write ``model`` as ``out_dir/model-<dtype>.gguf``; returns the file's path. ``tokenizer=False``
+    leaves the tokenizer out: llama.cpp cannot load such a file (for tools that add their own, and
+    tests: reading 50k tokens back takes the ``gguf`` reader seconds)."""
     from gptforge.interop.hf import check_out_dir
 
     if dtype not in DTYPES:
         raise ValueError(f"--dtype {dtype!r}: one of {', '.join(DTYPES)}")
-    check_gguf_model(model, chat_template)  # before the output folder is touched
+    check_gguf_model(model, chat_template, tokenizer)  # before the output folder is touched
     gguf = _gguf()
     out = check_out_dir(out_dir, force)
-    path = out / gguf_file_name(model, dtype)
+    path = out / f"model-{dtype}.gguf"
     cfg = model.config
     arch = getattr(cfg, "arch", "gpt2")
     w = gguf.GGUFWriter(str(path), arch)
@@ -109,23 +109,29 @@ def export_gguf(model: torch.nn.Module, out_dir: str | Path, dtype: str = "f32",
         w.add_rope_dimension_count(cfg.head_dim)
         w.add_vocab_size(cfg.vocab_size)
         tensors = llama_tensors(model)
-    add_tokenizer(w, cfg.vocab_size, chat_template)
-    qtype = {"f32": gguf.GGMLQuantizationType.F32, "f16": gguf.GGMLQuantizationType.F16,
-             "bf16": gguf.GGMLQuantizationType.BF16}[dtype]
-    for tname, t in tensors.items():
-        data = t.detach().float().cpu().numpy()
-        keep_f32 = data.ndim <= 1 or tname.endswith("_norm.weight")  # norms and biases, as llama.cpp converts
-        if keep_f32 or qtype == gguf.GGMLQuantizationType.F32:
-            w.add_tensor(tname, np.ascontiguousarray(data, dtype=np.float32))
-        elif qtype == gguf.GGMLQuantizationType.F16:
-            w.add_tensor(tname, np.ascontiguousarray(data, dtype=np.float16))
-        else:
-            w.add_tensor(tname, gguf.quants.quantize(data, qtype), raw_shape=data.shape, raw_dtype=qtype)
+    if tokenizer:
+        add_tokenizer(w, cfg.vocab_size, chat_template)
+    add_weights(w, tensors, dtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def add_weights(w: Any, tensors: dict[str, torch.Tensor], dtype: str) -> None:
+    """Add ``tensors`` to the writer in ``dtype`` (f32, f16, bf16); 1-D tensors and norms stay float32."""
+    gguf = _gguf()
+    for tname, t in tensors.items():
+        data = t.detach().float().cpu().numpy()
+        keep_f32 = data.ndim <= 1 or tname.endswith("_norm.weight")  # norms and biases, as llama.cpp converts
+        if keep_f32 or dtype == "f32":
+            w.add_tensor(tname, np.ascontiguousarray(data, dtype=np.float32))
+        elif dtype == "f16":
+            w.add_tensor(tname, np.ascontiguousarray(data, dtype=np.float16))
+        else:  # bf16: the writer takes the bytes (rows, 2 x cols) and the type
+            w.add_tensor(tname, gguf.quants.quantize(data, gguf.GGMLQuantizationType.BF16),
+                         raw_dtype=gguf.GGMLQuantizationType.BF16)
 
 
 def gpt2_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
