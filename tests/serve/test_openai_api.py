@@ -191,3 +191,23 @@ def test_serve_refuses_a_public_host_without_a_key(capsys, monkeypatch):
     monkeypatch.delenv("GPTFORGE_API_KEY", raising=False)
     assert main(["serve", "--random", "d2", "--host", "0.0.0.0"]) == 2
     assert "--api-key" in capsys.readouterr().err
+
+
+def test_busy_server_is_a_rate_limit_error(tokenizer, monkeypatch):
+    """The /v1 routes share the native gate: with the model busy and no queue, OpenAI's 429."""
+    import time
+
+    from gptforge import generation
+
+    pick = generation._pick
+    monkeypatch.setattr(generation, "_pick", lambda *a: (time.sleep(0.05), pick(*a))[1])
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=64)).eval()
+    with serve_in_thread(create_app(model, tokenizer, ServeSettings(max_new_tokens_cap=40, max_queue=0))) as url:
+        c = openai.OpenAI(base_url=url + "/v1", api_key="-", max_retries=0)
+        stream = c.completions.create(model="x", prompt="Hi", max_tokens=40, temperature=0, stream=True)
+        next(iter(stream))  # generating now, for about 2 s
+        with pytest.raises(openai.RateLimitError) as e:
+            c.completions.create(model="x", prompt="Hi", max_tokens=2)
+        assert e.value.body["type"] == "rate_limit_error" and "busy" in e.value.body["message"]
+        stream.close()
