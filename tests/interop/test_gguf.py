@@ -34,7 +34,7 @@ def _perturbed(m: torch.nn.Module) -> torch.nn.Module:
 
 def gpt2_model(**kw) -> GPT:
     torch.manual_seed(0)
-    return _perturbed(GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=32, **kw)))
+    return _perturbed(GPT(GPTConfig(**{**dict(n_layer=2, n_head=2, n_embd=32, block_size=32), **kw})))
 
 
 def llama_model(**kw) -> Llama:
