@@ -103,8 +103,12 @@ def cmd_export(args: argparse.Namespace) -> int:
     dtype = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}.get(args.dtype, args.dtype)
     if args.format == "llmc" and dtype == "float16":
         raise CliError("--dtype float16: llm.c model files are float32 or bfloat16")
-    if args.format == "gguf" and args.no_tokenizer:
-        raise CliError("--no-tokenizer: a GGUF file must carry its tokenizer (llama.cpp reads it from the file)")
+    if args.format == "gguf":
+        from gptforge.extras import require
+
+        require("gguf", extra="gguf", for_what="gptforge export gguf")  # before the model is loaded
+        if args.no_tokenizer:
+            raise CliError("--no-tokenizer: a GGUF file must carry its tokenizer (llama.cpp reads it from the file)")
     model = load(model_source(args))
     chat = chat_template_of(args.ckpt)  # a chat checkpoint: the HF tokenizer gets its template
     tokenizer = not args.no_tokenizer and model.config.vocab_size == (chat.vocab_size if chat else GPT2_VOCAB)

@@ -38,11 +38,9 @@ DTYPES = ("f32", "f16", "bf16")
 
 
 def _gguf():
-    try:
-        import gguf
-    except ImportError as e:
-        raise ValueError("export gguf needs the `gguf` package (llama.cpp's writer): pip install 'gptforge[gguf]'") from e
-    return gguf
+    from gptforge.extras import require
+
+    return require("gguf", extra="gguf", for_what="gptforge export gguf")
 
 
 def check_gguf_model(model: torch.nn.Module, chat_template: dict | None, tokenizer: bool = True) -> None:
