@@ -53,8 +53,9 @@ def exported(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(request.param)
     ck = save_checkpoint(root / "run", 1, model, None, meta)
     assert main(["export", "gguf", "--ckpt", str(ck), "--out", str(root / "gguf")]) == 0
+    # KV cache in float32 (llama.cpp's default is float16, ~1e-3 off): the logits can then be compared tightly
     llm = llama_cpp.Llama(model_path=str(root / "gguf" / "model-f32.gguf"), n_ctx=128, n_threads=1, logits_all=True,
-                          verbose=False)
+                          type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32, verbose=False)
     return model, llm, chat
 
 
@@ -82,7 +83,9 @@ def test_greedy_tokens_and_logits_match(exported, tokenizer):
     with torch.no_grad():
         ref = model(torch.tensor([ids]))[0][0, :, : model.config.vocab_size].numpy()
     got = np.asarray(llm.scores[: len(ids)])
-    assert np.abs(got - ref).max() < 1e-3 * max(1.0, np.abs(ref).max())
+    # ggml's CPU GELU reads a float16 table (GGML_GELU_FP16): gpt2 agrees to ~2e-4 of the logits' range
+    tol = 1e-3 if isinstance(model, GPT) else 1e-4
+    assert np.abs(got - ref).max() < tol * max(1.0, np.abs(ref).max())
 
 
 def test_chat_template_reply_matches(exported, tokenizer):
