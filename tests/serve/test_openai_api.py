@@ -211,3 +211,27 @@ def test_busy_server_is_a_rate_limit_error(tokenizer, monkeypatch):
             c.completions.create(model="x", prompt="Hi", max_tokens=2)
         assert e.value.body["type"] == "rate_limit_error" and "busy" in e.value.body["message"]
         stream.close()
+
+
+def test_echo_scores_the_prompt_like_an_eval_harness(client, served, tokenizer):
+    """lm-evaluation-harness's local-completions asks for log-likelihoods with token ids, echo and
+    logprobs (max_tokens 0 or 1): every prompt token after the first gets the model's log-probability."""
+    model = served[0]
+    ids = tokenizer.encode("The cat sat on the mat")
+    with torch.no_grad():
+        ref = torch.log_softmax(model(torch.tensor([ids]))[0][0].double(), dim=-1)
+    want = [ref[j, ids[j + 1]].item() for j in range(len(ids) - 1)]
+    r = client.completions.create(model="run", prompt=[ids], max_tokens=0, echo=True, logprobs=1, temperature=0)
+    lp = r.choices[0].logprobs
+    assert r.choices[0].text == "The cat sat on the mat" and lp.tokens == [tokenizer.decode([t]) for t in ids]
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert lp.token_logprobs[1:] == pytest.approx(want, abs=1e-4)
+    assert r.usage.completion_tokens == 0 and lp.text_offset[1] == len("The")
+    r = client.completions.create(model="run", prompt="The cat sat on the mat", max_tokens=1, echo=True, logprobs=1,
+                                  temperature=0)
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(ids) + 1 and r.choices[0].text.startswith("The cat sat on the mat")
+    assert lp.token_logprobs[1:-1] == pytest.approx(want, abs=1e-4)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="run", prompt="Hi", max_tokens=0)
+    assert e.value.body["param"] == "max_tokens"

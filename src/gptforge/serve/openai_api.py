@@ -10,7 +10,9 @@ take ``max_tokens``, ``temperature``, ``top_p``, ``n``, ``stop``, ``seed``, ``st
 ``stream_options.include_usage``, then ``data: [DONE]``) and answer ``usage`` counts. ``logprobs``
 (not streamed) are the model's own log-probabilities of the chosen tokens, before temperature and
 top-p, as vLLM reports them by default: one extra forward pass per reply, while the request still
-holds the model. ``model`` is not checked: the server serves one model (``/v1/models`` names it).
+holds the model. Completions take ``echo`` (the prompt comes back in front of the text, and with
+``logprobs`` the prompt's tokens are scored too; ``max_tokens: 0`` scores without generating), which
+is how evaluation harnesses (lm-evaluation-harness's ``local-completions``) ask for log-likelihoods. ``model`` is not checked: the server serves one model (``/v1/models`` names it).
 
 A ``max_tokens`` left out is clamped to what fits the context (and the server's cap); an explicit one
 that cannot fit is a 400 ``context_length_exceeded``. Errors are OpenAI's error object.
@@ -102,8 +104,8 @@ def add_openai_routes(app: FastAPI, model: Any, enc: Any, chat_template: dict | 
     def chat_route(req: Any) -> bool:
         return isinstance(req, ChatRequest)
 
-    async def run(request: Request, kind: str, req: Any, prompt_ids: list[list[int]], params: SamplingParams,
-                  tok: Any, logprobs: int | None):
+    async def run(request: Request, kind: str, req: Any, prompt_ids: list[list[int]], params: SamplingParams | None,
+                  tok: Any, logprobs: int | None, echo: list[str] | None = None):
         rows = [ids for ids in prompt_ids for _ in range(req.n)]
         usage_prompt = sum(len(r) for r in prompt_ids)
         rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
@@ -115,26 +117,28 @@ def add_openai_routes(app: FastAPI, model: Any, enc: Any, chat_template: dict | 
                 raise OpenAIError(e.status_code, str(e.detail), None, "server_busy") from e
             if not ok:
                 raise OpenAIError(499, "client closed the request")
-            it = stream_text(model, tok, rows, params)
+            it = stream_text(model, tok, rows, params) if params is not None else (e for e in ())  # max_tokens 0
             if req.stream:  # the response watches the client from here on
                 fmt = _ChunkWriter(kind, rid, name, usage_prompt,
                                    bool(req.stream_options and req.stream_options.include_usage))
                 return sse_response(it, gate, producers, event=fmt.event, error=fmt.error, end=fmt.end)
-            return await finish(it, kind, rid, rows, params, tok, logprobs, usage_prompt, gone)
+            return await finish(it, kind, rid, rows, params, tok, logprobs, usage_prompt, gone, echo)
         finally:
             watcher.cancel()
 
-    async def finish(it: Any, kind: str, rid: str, rows: list[list[int]], params: SamplingParams, tok: Any,
-                     logprobs: int | None, usage_prompt: int, gone: Any) -> dict[str, Any]:
-        """A whole (non-streamed) answer; releases the gate."""
+    async def finish(it: Any, kind: str, rid: str, rows: list[list[int]], params: SamplingParams | None, tok: Any,
+                     logprobs: int | None, usage_prompt: int, gone: Any, echo: list[str] | None) -> dict[str, Any]:
+        """A whole (non-streamed) answer; releases the gate. ``echo``: each prompt's text, put back in
+        front of its replies (and its tokens scored when ``logprobs``)."""
         try:
             texts, reasons, tokens = await _collect(it, len(rows), gone)
             if gone.is_set():
                 raise OpenAIError(499, "client closed the request")
             lps = None
             if logprobs is not None:
-                gen = [[t for t in ts if t != params.stop_token] for ts in tokens]
-                lps = await run_in_threadpool(token_logprobs, model, rows, gen, logprobs)
+                stop = params.stop_token if params is not None else None
+                gen = [[t for t in ts if t != stop] for ts in tokens]
+                lps = await run_in_threadpool(token_logprobs, model, rows, gen, logprobs, echo is not None)
         except OpenAIError:
             raise
         except Exception as e:  # e.g. out of memory: tell the client, keep serving
@@ -142,8 +146,11 @@ def add_openai_routes(app: FastAPI, model: Any, enc: Any, chat_template: dict | 
         finally:
             gate.release()
         choices = []
+        n_per = len(rows) // max(1, len(echo or rows))
         for i, (text, reason) in enumerate(zip(texts, reasons, strict=True)):
-            c: dict[str, Any] = {"index": i, "finish_reason": finish_reason(reason), "logprobs": None}
+            c: dict[str, Any] = {"index": i, "finish_reason": finish_reason(reason or "length"), "logprobs": None}
+            if echo is not None:
+                text = echo[i // n_per] + text
             if kind == "chat":
                 c["message"] = {"role": "assistant", "content": text}
                 if lps is not None:
@@ -176,8 +183,18 @@ def add_openai_routes(app: FastAPI, model: Any, enc: Any, chat_template: dict | 
                 ids.append(list(p))
         if req.stream and req.logprobs is not None:
             raise OpenAIError(400, "logprobs: not available with stream=true on this server", "logprobs")
+        tok = chat_enc or enc
+        echo = [p if isinstance(p, str) else tok.decode(p) for p in prompts] if req.echo else None
+        if req.max_tokens == 0:  # echo only: score the prompts, generate nothing
+            if len(ids) * req.n > settings.max_batch:
+                raise OpenAIError(400, f"n: {len(ids)} prompt(s) x n={req.n} is over this server's batch limit of "
+                                       f"{settings.max_batch}", "n")
+            if (longest := max(len(r) for r in ids)) > block:
+                raise OpenAIError(400, f"This model's maximum context length is {block} tokens. However, you "
+                                       f"requested {longest} tokens in the prompt.", "prompt", "context_length_exceeded")
+            return await run(request, "text", req, ids, None, tok, req.logprobs, echo)
         params = sampling(req, ids, req.max_tokens, base_enc.eot_token, default_new=16)  # OpenAI's default: 16
-        return await run(request, "text", req, ids, params, chat_enc or enc, req.logprobs)
+        return await run(request, "text", req, ids, params, tok, req.logprobs, echo)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
@@ -234,22 +251,26 @@ async def _collect(it: Any, n_rows: int, gone: Any) -> tuple[list[str], list[str
 
 
 @torch.no_grad()
-def token_logprobs(model: Any, prompts: list[list[int]], gen: list[list[int]], top: int) -> list[list[tuple]]:
-    """Per row, per generated token: (id, log p(id | prefix), [(id, log p)] top alternatives), from one
-    forward pass over prompt + reply (the raw model distribution)."""
+def token_logprobs(model: Any, prompts: list[list[int]], gen: list[list[int]], top: int,
+                   echo: bool = False) -> list[list[tuple]]:
+    """Per row, per generated token (and per prompt token with ``echo``): (id, log p(id | prefix),
+    [(id, log p)] top alternatives), from one forward pass over prompt + reply (the raw model
+    distribution). With ``echo`` the first prompt token has no prefix: (id, None, None)."""
     device = model.lm_head.weight.device
     out = []
     for p, g in zip(prompts, gen, strict=True):
-        if not g:
-            out.append([])
+        scored = (p[1:] + g) if echo else g  # the tokens that get a log-probability
+        if not scored:
+            out.append([(p[0], None, None)] if echo else [])
             continue
-        ids = torch.tensor([p + g[:-1]], device=device)
-        logits, _ = model(ids, logits_to_keep=len(g))
-        lp = torch.log_softmax(logits[0].float(), dim=-1)  # (len(g), V)
-        chosen = lp.gather(1, torch.tensor(g, device=device)[:, None])[:, 0].tolist()
+        ids = torch.tensor([(p + g)[:-1]], device=device)
+        logits, _ = model(ids, logits_to_keep=len(scored))
+        lp = torch.log_softmax(logits[0].float(), dim=-1)  # (len(scored), V)
+        chosen = lp.gather(1, torch.tensor(scored, device=device)[:, None])[:, 0].tolist()
         tops = lp.topk(top, dim=-1) if top else None
-        out.append([(t, c, list(zip(tops.indices[j].tolist(), tops.values[j].tolist(), strict=True)) if tops else [])
-                    for j, (t, c) in enumerate(zip(g, chosen, strict=True))])
+        row = [(t, c, list(zip(tops.indices[j].tolist(), tops.values[j].tolist(), strict=True)) if tops else [])
+               for j, (t, c) in enumerate(zip(scored, chosen, strict=True))]
+        out.append(([(p[0], None, None)] if echo else []) + row)
     return out
 
 
@@ -264,8 +285,8 @@ def _completion_logprobs(rows: list[tuple], tok: Any, top: int) -> dict[str, Any
         offsets.append(at)
         at += len(s)
     return {"tokens": texts, "token_logprobs": [c for _, c, _ in rows],
-            "top_logprobs": [{_piece(tok, i): v for i, v in alts} for _, _, alts in rows] if top else None,
-            "text_offset": offsets}
+            "top_logprobs": [None if alts is None else {_piece(tok, i): v for i, v in alts} for _, _, alts in rows]
+            if top else None, "text_offset": offsets}
 
 
 def _chat_logprobs(rows: list[tuple], tok: Any) -> dict[str, Any]:

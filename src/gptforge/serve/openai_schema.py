@@ -6,7 +6,7 @@
 Fields OpenAI defines are checked against OpenAI's ranges (a value out of range is a 400 whose
 ``param`` names the field); fields nobody defines are ignored, as OpenAI's server ignores them.
 Fields that OpenAI defines but gptforge cannot honour (``presence_penalty`` other than 0, a
-``logit_bias``, ``tools``, ``suffix``, ``echo`` ...) are refused by name rather than silently dropped.
+``logit_bias``, ``tools``, ``suffix`` ...) are refused by name rather than silently dropped.
 ``top_k`` and ``repetition_penalty`` are accepted as the extensions vLLM also takes.
 """
 
@@ -85,6 +85,7 @@ class _Sampling(BaseModel):
 
 class CompletionRequest(_Sampling):
     prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = Field(None, ge=0)  # 0 with echo: score the prompt only (evaluation harnesses)
     logprobs: int | None = Field(None, ge=0, le=5)
     echo: bool = False
     suffix: str | None = None
@@ -92,8 +93,11 @@ class CompletionRequest(_Sampling):
 
     def refuse_unsupported(self) -> None:
         super().refuse_unsupported()
-        if self.echo:
-            raise OpenAIError(400, "echo: not supported by this server", "echo")
+        if self.echo and self.stream:
+            raise OpenAIError(400, "echo: not available with stream=true on this server", "echo")
+        if self.max_tokens == 0 and not self.echo:
+            raise OpenAIError(400, "max_tokens: 0 generates nothing; it needs echo: true (to score the prompt)",
+                              "max_tokens")
         if self.suffix:
             raise OpenAIError(400, "suffix: not supported by this server (no fill-in-the-middle)", "suffix")
         if self.best_of is not None and self.best_of != self.n:
