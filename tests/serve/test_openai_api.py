@@ -171,6 +171,8 @@ def test_context_overflow_code_and_other_errors(client, served):
     assert httpx.get(served[2] + "/api/info").status_code == 401  # the native API is behind the key too
     r = httpx.post(served[2] + "/v1/completions", content=b"{not json", headers={"authorization": f"Bearer {KEY}"})
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+    r = httpx.post(served[2] + "/v1/completions", content=b" " * 1_100_000, headers={"authorization": f"Bearer {KEY}"})
+    assert r.status_code == 413 and "over the limit" in r.json()["error"]["message"]  # the body limit, OpenAI-shaped
 
 
 def test_base_model_chat_is_refused(tokenizer):
