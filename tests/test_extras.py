@@ -31,6 +31,7 @@ CASES = [  # (module made missing, extra named, command line)
     ("transformers", "hf", ("sample", "--hf", "{tmp}/hfdir", "--num-samples", "1")),
     ("transformers", "hf", ("eval", "--hf", "{tmp}/hfdir", "--tasks", "hellaswag")),
     ("transformers", "hf", ("export", "hf", "--hf", "{tmp}/hfdir", "--out", "{tmp}/x")),
+    ("gguf", "gguf", ("export", "gguf", "--random", "d2", "--out", "{tmp}/x")),
     ("transformers", "hf", ("bench-generate", "--size", "d2", "--batch", "1", "--new-tokens", "1")),
     ("pyarrow", "data", ("bench-prepare", "--workers", "1")),
     ("tensorboard", "tensorboard", ("train", "--preset", "tiny", "--data.dir", "{tmp}/data", "--out", "{tmp}/r",

@@ -24,8 +24,12 @@ EXTRAS: dict[str, str] = {
     "tensorboard": "tensorboard: --train.log_to tensorboard",
     "wandb": "wandb: --train.log_to wandb",
     "kernels": "triton: model.fused_ce",
+    "gguf": "gguf (llama.cpp's writer): gptforge export gguf",
+    "llamacpp": "llama-cpp-python: the llama.cpp parity tests (compiles llama.cpp; marker llamacpp)",
 }
-NOT_IN_DEV = {"wandb"}  # the W&B client is not in `dev` (CI): its sink is tested by hand, offline
+# not in `dev` (CI): the W&B client (its sink is tested by hand, offline); llama-cpp-python compiles
+# llama.cpp for tens of minutes (its own test lane, marker llamacpp)
+NOT_IN_DEV = {"wandb", "llamacpp"}
 
 
 class MissingExtra(RuntimeError):

@@ -209,12 +209,15 @@ def generate(
 
 @dataclass
 class TextEvent:
-    """A piece of one row's output. ``finished`` rows carry ``reason``: stop | eot | length."""
+    """A piece of one row's output. ``finished`` rows carry ``reason``: stop | eot | length.
+    ``tokens``: the ids the row generated since its previous event (the end token included), for
+    usage counts and log-probabilities (``serve/openai_api.py``)."""
 
     row: int
     text: str
     finished: bool = False
     reason: str | None = None
+    tokens: tuple[int, ...] = field(default=(), compare=False)
 
 
 @dataclass
@@ -223,6 +226,11 @@ class _RowText:
     held: str = ""  # decoded text not yet emitted: it might be the start of a stop sequence
     done: bool = False
     n_tokens: int = 0
+    pending: list[int] = field(default_factory=list)  # ids since the row's last event
+
+    def take(self) -> tuple[int, ...]:
+        out, self.pending = tuple(self.pending), []
+        return out
 
 
 def _emit_safe(held: str, stops: Sequence[str]) -> tuple[str, str]:
@@ -256,23 +264,24 @@ def stream_text(
             if r.done:
                 continue
             r.n_tokens += 1
+            r.pending.append(tok)
             if params.stop_token is not None and tok == params.stop_token:
                 r.done = True
-                yield TextEvent(b, r.held + r.decoder.decode(b"", final=True), True, "eot")
+                yield TextEvent(b, r.held + r.decoder.decode(b"", final=True), True, "eot", r.take())
                 continue
             r.held += r.decoder.decode(enc.decode_single_token_bytes(tok), final=last)
             hits = [i for i in (r.held.find(s) for s in stops) if i >= 0]
             if hits:
                 r.done = True
-                yield TextEvent(b, r.held[: min(hits)], True, "stop")
+                yield TextEvent(b, r.held[: min(hits)], True, "stop", r.take())
                 continue
             if last:
                 r.done = True
-                yield TextEvent(b, r.held, True, "length")
+                yield TextEvent(b, r.held, True, "length", r.take())
                 continue
             now, r.held = _emit_safe(r.held, stops)
             if now:
-                yield TextEvent(b, now)
+                yield TextEvent(b, now, tokens=r.take())
         if all(r.done for r in rows):
             return
 

@@ -76,3 +76,29 @@ def test_page_streams_text_and_draws_curve(server, tmp_path):
             assert "cap of 64" in page.inner_text("#status")
         finally:
             browser.close()
+
+
+def test_page_sends_the_api_key_from_its_fragment(tokenizer):
+    """With --api-key the page works when opened as /#key=KEY (its requests carry the Bearer header),
+    and its API calls are refused without it."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=64)).eval()
+    with serve_in_thread(create_app(model, tokenizer, ServeSettings(max_new_tokens_cap=8), api_key="k3y")) as url:
+        with sync_api.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+            try:
+                page = browser.new_page()
+                page.goto(url + "/")
+                assert page.evaluate("fetch('/api/info').then((r) => r.status)") == 401
+                page.goto(url + "/#key=k3y")
+                page.reload()
+                page.wait_for_selector("#model-info dt")  # /api/info answered with the key
+                page.fill("#prompt", "ROMEO:")
+                page.fill("#max_new_tokens", "8")
+                page.fill("#temperature", "0")
+                page.click("#generate")
+                page.wait_for_function("document.getElementById('status').textContent.startsWith('done')",
+                                       timeout=30_000)
+                assert len(page.inner_text("#output .gen")) > 0
+            finally:
+                browser.close()

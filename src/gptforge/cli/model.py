@@ -83,14 +83,16 @@ def _sampling_params(args: argparse.Namespace):
 # --- export / import ------------------------------------------------------------------------------
 
 def args_export(p: argparse.ArgumentParser) -> None:
-    p.add_argument("format", choices=["hf", "llmc"], help="hf: safetensors + config.json (+ tokenizer); "
-                                                         "llmc: llm.c model .bin")
+    p.add_argument("format", choices=["hf", "llmc", "gguf"], help="hf: safetensors + config.json (+ tokenizer); "
+                                                                 "llmc: llm.c model .bin; gguf: one .gguf file for "
+                                                                 "llama.cpp (tokenizer and chat template inside)")
     add_model_source(p)
     p.add_argument("--out", required=True, metavar="DIR",
                    help="output folder: hf writes model.safetensors, config.json (+ tokenizer files); llmc writes "
-                        "model.bin (+ tokenizer.bin, llm.c's tokenizer file)")
+                        "model.bin (+ tokenizer.bin, llm.c's tokenizer file); gguf writes model-<dtype>.gguf")
     p.add_argument("--force", action="store_true", help="write into a non-empty folder")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="llmc: version 3 or 5")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "f32", "bf16", "f16"],
+                   help="llmc: float32 or bfloat16 (version 3 or 5); gguf: f32, f16 or bf16 (default f32)")
     p.add_argument("--no-tokenizer", action="store_true", help="skip the tokenizer files")
 
 
@@ -98,6 +100,15 @@ def cmd_export(args: argparse.Namespace) -> int:
     from gptforge.interop import hf, llmc
     from gptforge.tokens import GPT2_VOCAB
 
+    dtype = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}.get(args.dtype, args.dtype)
+    if args.format == "llmc" and dtype == "float16":
+        raise CliError("--dtype float16: llm.c model files are float32 or bfloat16")
+    if args.format == "gguf":
+        from gptforge.extras import require
+
+        require("gguf", extra="gguf", for_what="gptforge export gguf")  # before the model is loaded
+        if args.no_tokenizer:
+            raise CliError("--no-tokenizer: a GGUF file must carry its tokenizer (llama.cpp reads it from the file)")
     model = load(model_source(args))
     chat = chat_template_of(args.ckpt)  # a chat checkpoint: the HF tokenizer gets its template
     tokenizer = not args.no_tokenizer and model.config.vocab_size == (chat.vocab_size if chat else GPT2_VOCAB)
@@ -116,10 +127,17 @@ def cmd_export(args: argparse.Namespace) -> int:
                                "pass --no-tokenizer")
             kw = {"chat_template": chat.to_dict()} if chat is not None else {}
             files = export(model, args.out, force=args.force, tokenizer=tokenizer, **kw)
+        elif args.format == "gguf":
+            from gptforge.interop.gguf import export_gguf
+
+            short = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}[dtype]
+            files = [export_gguf(model, args.out, dtype=short, force=args.force,
+                                 chat_template=chat.to_dict() if chat is not None else None,
+                                 name=_export_name(args))]
         else:
             llmc.check_llmc_model(model)  # before the output folder is created
             out = hf.check_out_dir(args.out, args.force)
-            files = [llmc.write_llmc_model(model, out / "model.bin", dtype=args.dtype)]
+            files = [llmc.write_llmc_model(model, out / "model.bin", dtype=dtype)]
             if tokenizer:
                 from gptforge.data.tokenizer import get_tokenizer
 
@@ -128,6 +146,17 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise CliError(str(e)) from e
     print(json.dumps({"format": args.format, "files": [str(f) for f in files]}))
     return 0
+
+
+def _export_name(args: argparse.Namespace) -> str:
+    """general.name of a GGUF: the run directory's name (the folder holding checkpoints/), else the source's."""
+    from pathlib import Path
+
+    src = args.ckpt or args.hf or args.llmc or args.random or "gptforge"
+    p = Path(str(src))
+    if p.parent.name == "checkpoints":
+        p = p.parent.parent
+    return p.name or "gptforge"
 
 
 def args_import(p: argparse.ArgumentParser) -> None:
@@ -158,7 +187,11 @@ def args_serve(p: argparse.ArgumentParser) -> None:
     p.description = ("Serve a page where you type a prompt, set the sampling knobs and watch tokens stream in, "
                      "plus the run's loss curve. JSON API under /api (see /docs).")
     add_model_source(p)
-    p.add_argument("--host", default="127.0.0.1", help="bind address (default %(default)s: this machine only)")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default %(default)s: this machine only; "
+                                                       "another address needs --api-key)")
+    p.add_argument("--api-key", default=None, metavar="KEY",
+                   help="require 'Authorization: Bearer KEY' on /api and /v1 (OpenAI clients: api_key=KEY); "
+                        "default: $GPTFORGE_API_KEY, else none")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--metrics", help="metrics.jsonl for the loss curve (default: the checkpoint's run directory)")
     p.add_argument("--max-new-tokens-cap", type=int, default=512, help="largest max_new_tokens a request may ask")
@@ -182,6 +215,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         settings.check()
     except ValueError as e:
         raise CliError(str(e)) from e
+    import os
+
+    api_key = args.api_key if args.api_key is not None else os.environ.get("GPTFORGE_API_KEY") or None
+    if args.api_key == "":
+        raise CliError("--api-key: the key must not be empty")
+    if api_key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
+        raise CliError(f"--host {args.host} would expose the model beyond this machine without a key: pass "
+                       "--api-key KEY (or set GPTFORGE_API_KEY), or keep the default 127.0.0.1")
     metrics = args.metrics
     if metrics is None and args.ckpt is not None:  # the run's metrics.jsonl sits in the run directory
         from gptforge.run import checkpoint as ckpt
@@ -195,7 +236,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     chat = chat_template_of(args.ckpt)  # a chat checkpoint: the page opens in chat mode
     run_server(model, settings, host=args.host, port=args.port, metrics_path=metrics,
                served=describe_served(model, args.ckpt, args.hf, args.llmc, args.random),
-               chat_template=chat.to_dict() if chat else None)
+               chat_template=chat.to_dict() if chat else None, api_key=api_key)
     return 0
 
 

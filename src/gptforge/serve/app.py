@@ -8,7 +8,9 @@ Endpoints: ``GET /`` the page (plain HTML/JS in ``static/index.html``, no build 
 ``GET /api/info`` model and limits; ``POST /api/generate`` whole completions; ``POST /api/stream``
 the same request answered as server-sent events (``data: {"row", "text"}`` per piece, a final
 ``{"row", "finished": true, "reason"}`` per row, then ``event: done``); ``GET /api/metrics`` the
-run's loss curve from its ``metrics.jsonl``.
+run's loss curve from its ``metrics.jsonl``. OpenAI's ``/v1/models``, ``/v1/completions`` and
+``/v1/chat/completions`` share the queue and limits (``serve/openai_api.py``). With ``api_key`` every
+``/api`` and ``/v1`` request needs ``Authorization: Bearer KEY`` (401 otherwise).
 
 Bad input never reaches the model: malformed JSON -> 400, a value out of range -> 422 naming the
 field (sampling ranges from the same ``SamplingParams.check`` the CLI uses), a prompt that does not
@@ -33,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from gptforge.run.metrics import read_metrics
-from gptforge.serve.limits import BodyLimit, acquire_unless_gone, watch_disconnect
+from gptforge.serve.limits import BearerAuth, BodyLimit, acquire_unless_gone, watch_disconnect
 from gptforge.serve.sse import sse_response
 
 if TYPE_CHECKING:
@@ -132,10 +134,11 @@ def read_loss_curve(path: str | Path | None, max_points: int = 2000) -> dict[str
 
 def create_app(model: torch.nn.Module, enc: tiktoken.Encoding | None = None, settings: ServeSettings | None = None,
                metrics_path: str | Path | None = None, served: dict | None = None,
-               chat_template: dict | None = None) -> FastAPI:
+               chat_template: dict | None = None, api_key: str | None = None) -> FastAPI:
     """The FastAPI app around one loaded model (tests build it directly and call it in-process).
     ``served``: what is served, from :func:`gptforge.serve.describe.describe_served`.
-    ``chat_template``: the checkpoint's chat template (the page's chat mode, /api/chat)."""
+    ``chat_template``: the checkpoint's chat template (the page's chat mode, /api/chat, /v1/chat).
+    ``api_key``: required as a Bearer token on /api and /v1 when given."""
     from gptforge.generation import SamplingParams, stream_text
 
     if enc is None:
@@ -153,6 +156,8 @@ def create_app(model: torch.nn.Module, enc: tiktoken.Encoding | None = None, set
     app = FastAPI(title="gptforge", description="Talk to a gptforge model.")
 
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)  # on the bytes read, chunked too
+    if api_key:
+        app.add_middleware(BearerAuth, key=api_key)  # outermost: nothing is read before the key is checked
 
     @app.exception_handler(RequestValidationError)
     async def on_invalid(request: Request, exc: RequestValidationError):
@@ -253,14 +258,19 @@ def create_app(model: torch.nn.Module, enc: tiktoken.Encoding | None = None, set
     from gptforge.serve.chat import add_chat_routes  # chat mode: /api/chat, /api/chat/info
 
     add_chat_routes(app, model, enc, chat_template, settings, gate)
+    from gptforge.serve.openai_api import add_openai_routes  # /v1/models, /v1/completions, /v1/chat/completions
+
+    add_openai_routes(app, model, enc, chat_template, settings, gate, served)
     return app
 
 
 def run_server(model: torch.nn.Module, settings: ServeSettings, host: str = "127.0.0.1", port: int = 8000,
                metrics_path: str | Path | None = None, served: dict | None = None,
-               chat_template: dict | None = None) -> None:
+               chat_template: dict | None = None, api_key: str | None = None) -> None:
     import uvicorn
 
-    app = create_app(model, settings=settings, metrics_path=metrics_path, served=served, chat_template=chat_template)
-    print(f"gptforge serve: http://{host}:{port}/  (JSON API under /api, schema at /docs; Ctrl-C stops)", flush=True)
+    app = create_app(model, settings=settings, metrics_path=metrics_path, served=served, chat_template=chat_template,
+                     api_key=api_key)
+    print(f"gptforge serve: http://{host}:{port}/  (JSON API under /api, OpenAI's under /v1, schema at /docs"
+          f"{'; Bearer key required' if api_key else ''}; Ctrl-C stops)", flush=True)
     uvicorn.run(app, host=host, port=port, log_level="warning")

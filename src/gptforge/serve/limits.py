@@ -1,7 +1,9 @@
 """What protects the server from its clients: a request-body limit on the bytes actually received,
-and a client that hangs up freeing its place in the queue and stopping its generation.
+an optional API key, and a client that hangs up freeing its place in the queue and stopping its
+generation.
 
     app.add_middleware(BodyLimit, max_bytes=1_000_000)
+    app.add_middleware(BearerAuth, key="sk-...")  # /api and /v1 need "Authorization: Bearer sk-..."
     gone = watch_disconnect(request)             # an asyncio.Event set when the client leaves
     if await acquire_unless_gone(gate, gone): ...
 
@@ -13,6 +15,7 @@ the rest (the server then closes the connection).
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 from typing import Any, Protocol
 
@@ -41,7 +44,8 @@ class BodyLimit:
         limit = self.max_bytes
         declared = dict(scope.get("headers") or ()).get(b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > limit):
-            await _json(send, 413, f"request body of {declared.decode('latin-1')} bytes is over the limit of {limit}")
+            await _json(send, 413, f"request body of {declared.decode('latin-1')} bytes is over the limit of {limit}",
+                        scope)
             return
         received = 0
         started = False
@@ -66,14 +70,41 @@ class BodyLimit:
         except BodyTooLarge as e:  # raised outside a route's exception handling (normally handled inside)
             if started:
                 raise
-            await _json(send, 413, str(e.detail))
+            await _json(send, 413, str(e.detail), scope)
 
 
-async def _json(send: Any, status: int, msg: str) -> None:
-    body = json.dumps({"error": msg}).encode()
+class BearerAuth:
+    """Pure ASGI middleware: requests under ``/api`` and ``/v1`` need ``Authorization: Bearer <key>``
+    (compared in constant time); 401 otherwise. The page itself and the schema stay readable."""
+
+    def __init__(self, app: Any, key: str):
+        self.app = app
+        self.expected = f"Bearer {key}".encode()
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        path = scope.get("path", "")
+        if scope["type"] == "http" and (path.startswith("/api") or path.startswith("/v1")):
+            got = dict(scope.get("headers") or ()).get(b"authorization", b"")
+            if not hmac.compare_digest(got, self.expected):
+                await _json(send, 401, "missing or wrong API key: send the header 'Authorization: Bearer <key>' "
+                                       "with the key this server was started with (--api-key)", scope,
+                            [(b"www-authenticate", b"Bearer")])
+                return
+        await self.app(scope, receive, send)
+
+
+async def _json(send: Any, status: int, msg: str, scope: dict | None = None, extra: list | None = None) -> None:
+    """A JSON error answered by middleware: OpenAI's error object under /v1, the native one elsewhere."""
+    if scope is not None and scope.get("path", "").startswith("/v1"):
+        from gptforge.serve.openai_schema import error_body
+
+        payload: dict = error_body(status, msg)
+    else:
+        payload = {"error": msg}
+    body = json.dumps(payload).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                            (b"connection", b"close")]})
+                            (b"connection", b"close"), *(extra or [])]})
     await send({"type": "http.response.body", "body": body})
 
 

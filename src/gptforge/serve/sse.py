@@ -9,17 +9,32 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 
-def sse_response(it: Iterator, gate: Any, producers: set[asyncio.Task]) -> StreamingResponse:
+def native_event(ev: Any) -> str:
+    """The native format: ``data: {"row", "text"}`` (+ ``"finished", "reason"`` at a row's end)."""
+    body: dict[str, Any] = {"row": ev.row, "text": ev.text}
+    if ev.finished:
+        body.update(finished=True, reason=ev.reason)
+    return f"data: {json.dumps(body)}\n\n"
+
+
+def native_error(e: Exception) -> str:
+    return f"event: error\ndata: {json.dumps({'error': f'generation failed: {e}'})}\n\n"
+
+
+def sse_response(it: Iterator, gate: Any, producers: set[asyncio.Task], event: Callable[[Any], str] = native_event,
+                 error: Callable[[Exception], str] = native_error,
+                 end: Callable[[], str] = lambda: "event: done\ndata: {}\n\n") -> StreamingResponse:
     """Stream ``it``'s generation events (``row``, ``text``, ``finished``, ``reason``) as SSE.
     ``gate`` is the acquired slot, released when generation ends; ``producers`` keeps strong
-    references to running tasks so they are not collected."""
+    references to running tasks so they are not collected. ``event``/``error``/``end`` write the
+    wire format (native by default; ``serve/openai_api.py`` passes OpenAI's chunks)."""
     pieces: asyncio.Queue = asyncio.Queue()  # at most batch x max_new_tokens events: bounded
     client_gone = asyncio.Event()
     task = asyncio.create_task(_produce(it, pieces, client_gone, gate))
@@ -30,13 +45,11 @@ def sse_response(it: Iterator, gate: Any, producers: set[asyncio.Task]) -> Strea
         try:
             while (ev := await pieces.get()) is not None:
                 if isinstance(ev, Exception):
-                    yield f"event: error\ndata: {json.dumps({'error': f'generation failed: {ev}'})}\n\n"
+                    yield error(ev)
                     continue
-                body: dict[str, Any] = {"row": ev.row, "text": ev.text}
-                if ev.finished:
-                    body.update(finished=True, reason=ev.reason)
-                yield f"data: {json.dumps(body)}\n\n"
-            yield "event: done\ndata: {}\n\n"
+                if text := event(ev):
+                    yield text
+            yield end()
         finally:
             client_gone.set()  # stops the producer at its next step
 

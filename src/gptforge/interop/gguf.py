@@ -1,0 +1,220 @@
+"""GGUF export for llama.cpp (and Ollama, LM Studio): both families, through the ``gguf`` package,
+the llama.cpp project's own writer.
+
+    gptforge export gguf --ckpt runs/chat-sft --out exports/gguf --dtype f16
+    llama-cli -m exports/gguf/model-f16.gguf -p "Hello" -n 32 --temp 0
+
+A GPT-2 model is written as llama.cpp's ``gpt2`` architecture and a Llama as ``llama``, with the
+tensor names and metadata keys llama.cpp's ``convert_hf_to_gguf.py`` writes for the Hugging Face
+versions of the same models (``export hf``). Differences from gptforge's own layout:
+
+* GPT-2's ``c_attn``/``c_fc``/``c_proj`` are ``nn.Linear`` here already, (out, in), which is the
+  orientation GGUF wants (llama.cpp's converter transposes HF's Conv1D into it); the tied head is
+  written twice, as ``token_embd`` and ``output``, as the converter does.
+* A Llama's query and key rows are reordered per head from the rotate-half pairing (HF's, and
+  gptforge's) to the interleaved pairs llama.cpp's ``llama`` rotary uses; a tied head is left out
+  (llama.cpp falls back to ``token_embd``).
+* The vocabulary padding rows are sliced off; the tokenizer is GPT-2's BPE (``tokenizer.ggml.model``
+  ``gpt2``, pre-tokenizer ``gpt-2``: tokens, merges, token types), plus a chat checkpoint's role and
+  end tokens (control tokens) and its template as the Jinja ``tokenizer.chat_template``.
+
+Weights are float32, float16 or bfloat16 (norms and biases stay float32, as in llama.cpp's own
+converter); quantising further (Q8_0, Q4_K_M ...) is llama.cpp's ``llama-quantize`` on this file.
+What llama.cpp's architectures cannot express is refused by name before anything is written.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from gptforge.tokens import EOT, GPT2_VOCAB
+
+DTYPES = ("f32", "f16", "bf16")
+
+
+def _gguf():
+    from gptforge.extras import require
+
+    return require("gguf", extra="gguf", for_what="gptforge export gguf")
+
+
+def check_gguf_model(model: torch.nn.Module, chat_template: dict | None, tokenizer: bool = True) -> None:
+    """Refuse (ValueError naming the setting) what llama.cpp's gpt2/llama architectures cannot run."""
+    cfg = model.config
+    arch = getattr(cfg, "arch", "gpt2")
+    if arch == "gpt2":
+        if not cfg.bias:
+            raise ValueError("model.bias=false: llama.cpp's gpt2 architecture has biases in every linear layer and "
+                             "norm, so this model cannot be exported to GGUF")
+    elif arch == "llama":
+        unsupported = {"qk_norm": cfg.qk_norm, "mlp": cfg.mlp if cfg.mlp != "swiglu" else None,
+                       "logit_softcap": cfg.logit_softcap or None}
+        for key, value in unsupported.items():
+            if value:
+                raise ValueError(f"model.{key}={value!r}: llama.cpp's llama architecture has no such option, so this "
+                                 "model cannot be exported to GGUF (train with the default to export)")
+    else:
+        raise ValueError(f"model.arch={arch!r}: GGUF export knows gpt2 and llama")
+    if not tokenizer:
+        return
+    from gptforge.interop.hf_chat import check_tokenizer_vocab
+
+    try:  # llama.cpp needs a tokenizer in the file: the model's logits must be GPT-2's BPE (+ chat tokens)
+        check_tokenizer_vocab(cfg.vocab_size, chat_template)
+    except ValueError as e:
+        raise ValueError(f"{str(e).split(';')[0]}; a GGUF file must carry the tokenizer, so only models on GPT-2's "
+                         "tokenizer (chat tokens included) can be exported to GGUF") from e
+
+
+def export_gguf(model: torch.nn.Module, out_dir: str | Path, dtype: str = "f32", force: bool = False,
+                chat_template: dict | None = None, name: str = "gptforge", tokenizer: bool = True) -> Path:
+    """Write ``model`` as ``out_dir/model-<dtype>.gguf``; returns the file's path. ``tokenizer=False``
+    leaves the tokenizer out: llama.cpp cannot load such a file (for tools that add their own, and
+    tests: reading 50k tokens back takes the ``gguf`` reader seconds)."""
+    from gptforge.interop.hf import check_out_dir
+
+    if dtype not in DTYPES:
+        raise ValueError(f"--dtype {dtype!r}: one of {', '.join(DTYPES)}")
+    check_gguf_model(model, chat_template, tokenizer)  # before the output folder is touched
+    gguf = _gguf()
+    out = check_out_dir(out_dir, force)
+    path = out / f"model-{dtype}.gguf"
+    cfg = model.config
+    arch = getattr(cfg, "arch", "gpt2")
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_type(gguf.GGUFType.MODEL)
+    w.add_name(name)
+    w.add_file_type({"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
+                     "bf16": gguf.LlamaFileType.MOSTLY_BF16}[dtype])
+    w.add_context_length(cfg.block_size)
+    w.add_embedding_length(cfg.n_embd)
+    w.add_block_count(cfg.n_layer)
+    w.add_head_count(cfg.n_head)
+    if arch == "gpt2":
+        w.add_feed_forward_length(4 * cfg.n_embd)
+        w.add_layer_norm_eps(1e-5)  # nn.LayerNorm's default, as models/gpt2.py uses
+        tensors = gpt2_tensors(model)
+    else:
+        w.add_feed_forward_length(cfg.hidden_dim)
+        w.add_head_count_kv(cfg.kv_heads)
+        w.add_layer_norm_rms_eps(cfg.norm_eps)
+        w.add_rope_freq_base(cfg.rope_theta)
+        w.add_rope_dimension_count(cfg.head_dim)
+        w.add_vocab_size(cfg.vocab_size)
+        tensors = llama_tensors(model)
+    if tokenizer:
+        add_tokenizer(w, cfg.vocab_size, chat_template)
+    add_weights(w, tensors, dtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def add_weights(w: Any, tensors: dict[str, torch.Tensor], dtype: str) -> None:
+    """Add ``tensors`` to the writer in ``dtype`` (f32, f16, bf16); 1-D tensors and norms stay float32."""
+    gguf = _gguf()
+    for tname, t in tensors.items():
+        data = t.detach().float().cpu().numpy()
+        keep_f32 = data.ndim <= 1 or tname.endswith("_norm.weight")  # norms and biases, as llama.cpp converts
+        if keep_f32 or dtype == "f32":
+            w.add_tensor(tname, np.ascontiguousarray(data, dtype=np.float32))
+        elif dtype == "f16":
+            w.add_tensor(tname, np.ascontiguousarray(data, dtype=np.float16))
+        else:  # bf16: the writer takes the bytes (rows, 2 x cols) and the type
+            w.add_tensor(tname, gguf.quants.quantize(data, gguf.GGMLQuantizationType.BF16),
+                         raw_dtype=gguf.GGMLQuantizationType.BF16)
+
+
+def gpt2_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """gptforge GPT state -> llama.cpp's gpt2 tensor names (out, in orientation; padding sliced off)."""
+    sd, V = model.state_dict(), model.config.vocab_size
+    out = {"token_embd.weight": sd["transformer.wte.weight"][:V], "position_embd.weight": sd["transformer.wpe.weight"],
+           "output_norm.weight": sd["transformer.ln_f.weight"], "output_norm.bias": sd["transformer.ln_f.bias"]}
+    names = {"ln_1": "attn_norm", "attn.c_attn": "attn_qkv", "attn.c_proj": "attn_output", "ln_2": "ffn_norm",
+             "mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down"}
+    for i in range(model.config.n_layer):
+        for ours, theirs in names.items():
+            for kind in ("weight", "bias"):
+                out[f"blk.{i}.{theirs}.{kind}"] = sd[f"transformer.h.{i}.{ours}.{kind}"]
+    out["output.weight"] = sd["lm_head.weight"][:V]  # tied to wte in gptforge; written again, as the converter does
+    return out
+
+
+def rotate_half_to_interleaved(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Reorder a q/k projection's rows (n_heads * head_dim, in) so that, within each head, the pair
+    rotated together is (2i, 2i+1) instead of rotate-half's (i, i + head_dim/2). The dot products
+    q.k, and so attention, are unchanged; only which channels llama.cpp's rotary pairs moves."""
+    rows, cols = w.shape
+    hd = rows // n_heads
+    return w.reshape(n_heads, 2, hd // 2, cols).transpose(1, 2).reshape(rows, cols)
+
+
+def llama_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """gptforge Llama state (HF names) -> llama.cpp's llama tensor names."""
+    cfg = model.config
+    sd, V = model.state_dict(), cfg.vocab_size
+    out = {"token_embd.weight": sd["model.embed_tokens.weight"][:V], "output_norm.weight": sd["model.norm.weight"]}
+    for i in range(cfg.n_layer):
+        p = f"model.layers.{i}."
+        out[f"blk.{i}.attn_norm.weight"] = sd[p + "input_layernorm.weight"]
+        out[f"blk.{i}.attn_q.weight"] = rotate_half_to_interleaved(sd[p + "self_attn.q_proj.weight"], cfg.n_head)
+        out[f"blk.{i}.attn_k.weight"] = rotate_half_to_interleaved(sd[p + "self_attn.k_proj.weight"], cfg.kv_heads)
+        out[f"blk.{i}.attn_v.weight"] = sd[p + "self_attn.v_proj.weight"]
+        out[f"blk.{i}.attn_output.weight"] = sd[p + "self_attn.o_proj.weight"]
+        out[f"blk.{i}.ffn_norm.weight"] = sd[p + "post_attention_layernorm.weight"]
+        out[f"blk.{i}.ffn_gate.weight"] = sd[p + "mlp.gate_proj.weight"]
+        out[f"blk.{i}.ffn_up.weight"] = sd[p + "mlp.up_proj.weight"]
+        out[f"blk.{i}.ffn_down.weight"] = sd[p + "mlp.down_proj.weight"]
+    if not cfg.tie_embeddings:  # tied: llama.cpp uses token_embd for the output when "output" is absent
+        out["output.weight"] = sd["lm_head.weight"][:V]
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def gpt2_vocab_merges() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """GPT-2's tokens by id (in the byte-to-unicode spelling llama.cpp's gpt2 tokenizer reads) and
+    its merges as "a b" strings, from the same ranks ``export hf`` writes vocab.json/merges.txt from."""
+    from gptforge.interop.hf import gpt2_ranks, ranks_to_vocab_merges
+
+    vocab, merges = ranks_to_vocab_merges(gpt2_ranks())
+    tokens = [""] * GPT2_VOCAB
+    for tok, i in vocab.items():
+        tokens[i] = tok
+    tokens[EOT] = "<|endoftext|>"
+    return tuple(tokens), tuple(f"{a} {b}" for a, b in merges)
+
+
+def add_tokenizer(w: Any, vocab_size: int, chat_template: dict | None) -> None:
+    """tokenizer.ggml.* for GPT-2's BPE (+ a chat template's tokens and Jinja)."""
+    gguf = _gguf()
+    from gptforge.data.chat import ChatTemplate
+
+    tokens, merges = gpt2_vocab_merges()
+    tokens = list(tokens)
+    types = [gguf.TokenType.NORMAL] * GPT2_VOCAB
+    types[EOT] = gguf.TokenType.CONTROL
+    chat = ChatTemplate.from_dict(chat_template) if chat_template else None
+    if chat is not None:
+        names = chat.names
+        for i in range(GPT2_VOCAB, vocab_size):
+            tokens.append(names.get(i, f"<|unused_{i}|>"))
+            types.append(gguf.TokenType.CONTROL if i in names else gguf.TokenType.UNUSED)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt-2")
+    w.add_token_list(tokens)
+    w.add_token_types([int(t) for t in types])
+    w.add_token_merges(list(merges))
+    w.add_bos_token_id(chat.bos if chat else EOT)
+    w.add_eos_token_id(chat.end if chat else EOT)  # a chat reply ends at <|end|>, as gptforge's chat stops
+    if chat is not None:
+        w.add_eot_token_id(chat.end)
+        w.add_chat_template(chat.jinja())
+    w.add_add_bos_token(False)  # gptforge's prompts carry no implicit bos (a chat template writes its own)
+    w.add_add_eos_token(False)

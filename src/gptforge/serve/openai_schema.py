@@ -1,0 +1,195 @@
+"""What the OpenAI-compatible endpoints accept and how they refuse: request models for
+``/v1/completions`` and ``/v1/chat/completions`` and OpenAI's error object.
+
+    OpenAIError(400, "max_tokens: Input should be greater than or equal to 1", param="max_tokens").response()
+
+Fields OpenAI defines are checked against OpenAI's ranges (a value out of range is a 400 whose
+``param`` names the field); fields nobody defines are ignored, as OpenAI's server ignores them.
+Fields that OpenAI defines but gptforge cannot honour (``presence_penalty`` other than 0, a
+``logit_bias``, ``tools``, ``suffix`` ...) are refused by name rather than silently dropped.
+``top_k`` and ``repetition_penalty`` are accepted as the extensions vLLM also takes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+               413: "invalid_request_error", 429: "rate_limit_error", 499: "invalid_request_error"}
+
+
+class OpenAIError(Exception):
+    """An error answered in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": ERROR_TYPES.get(self.status, "server_error"),
+                          "param": self.param, "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status)
+
+
+def error_body(status: int, message: str) -> dict[str, Any]:
+    """OpenAI's error object for a message that names no field (middleware: 401, 413)."""
+    return OpenAIError(status, message).body()
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    include_usage: bool = False
+
+
+class _Sampling(BaseModel):
+    """What both endpoints share. ``None`` = the OpenAI default."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2, allow_inf_nan=False)
+    top_p: float | None = Field(None, gt=0, le=1, allow_inf_nan=False)
+    n: int = Field(1, ge=1, le=128)
+    stop: str | list[str] | None = None
+    seed: int | None = Field(None, ge=-(2**63), lt=2**64)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    presence_penalty: float = Field(0.0, ge=-2, le=2, allow_inf_nan=False)
+    frequency_penalty: float = Field(0.0, ge=-2, le=2, allow_inf_nan=False)
+    logit_bias: dict[str, float] | None = None
+    # extensions (vLLM's names): 0 or -1 = off, 1 = off
+    top_k: int | None = Field(None, ge=-1)
+    repetition_penalty: float | None = Field(None, gt=0, le=100, allow_inf_nan=False)
+
+    def stops(self) -> list[str]:
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        if len(stops) > 4:
+            raise OpenAIError(400, f"stop: at most 4 stop sequences (got {len(stops)})", "stop")
+        if any(not s for s in stops):
+            raise OpenAIError(400, "stop: stop sequences must be non-empty strings", "stop")
+        return stops
+
+    def refuse_unsupported(self) -> None:
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name):
+                raise OpenAIError(400, f"{name}: not supported by this server (use 0; repetition_penalty is "
+                                       "the penalty gptforge has)", name)
+        if self.logit_bias:
+            raise OpenAIError(400, "logit_bias: not supported by this server", "logit_bias")
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = Field(None, ge=0)  # 0 with echo: score the prompt only (evaluation harnesses)
+    logprobs: int | None = Field(None, ge=0, le=5)
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = Field(None, ge=1)
+
+    def refuse_unsupported(self) -> None:
+        super().refuse_unsupported()
+        if self.echo and self.stream:
+            raise OpenAIError(400, "echo: not available with stream=true on this server", "echo")
+        if self.max_tokens == 0 and not self.echo:
+            raise OpenAIError(400, "max_tokens: 0 generates nothing; it needs echo: true (to score the prompt)",
+                              "max_tokens")
+        if self.suffix:
+            raise OpenAIError(400, "suffix: not supported by this server (no fill-in-the-middle)", "suffix")
+        if self.best_of is not None and self.best_of != self.n:
+            raise OpenAIError(400, f"best_of={self.best_of}: only best_of = n is supported", "best_of")
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    role: str
+    content: str | list[ContentPart] | None = None
+
+    def text(self, i: int) -> str:
+        if self.content is None:
+            raise OpenAIError(400, f"messages.{i}.content: a message needs text content", f"messages.{i}.content")
+        if isinstance(self.content, str):
+            return self.content
+        parts = []
+        for j, part in enumerate(self.content):
+            if part.type != "text" or part.text is None:
+                raise OpenAIError(400, f"messages.{i}.content.{j}: only text parts are supported (got "
+                                       f"{part.type!r})", f"messages.{i}.content")
+            parts.append(part.text)
+        return "".join(parts)
+
+
+class ChatRequest(_Sampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    tools: list[Any] | None = None
+    response_format: dict[str, Any] | None = None
+
+    def refuse_unsupported(self) -> None:
+        super().refuse_unsupported()
+        if self.tools:
+            raise OpenAIError(400, "tools: tool calling is not supported by this server", "tools")
+        if self.response_format and self.response_format.get("type", "text") != "text":
+            raise OpenAIError(400, "response_format: only {\"type\": \"text\"} is supported", "response_format")
+        if self.top_logprobs and not self.logprobs:
+            raise OpenAIError(400, "top_logprobs: needs logprobs: true", "top_logprobs")
+
+    def conversation(self) -> list[dict[str, str]]:
+        """HF-style messages for the chat template; OpenAI's ``developer`` role is a system message."""
+        out = []
+        for i, m in enumerate(self.messages):
+            role = "system" if m.role == "developer" else m.role
+            if role not in ("system", "user", "assistant"):
+                raise OpenAIError(400, f"messages.{i}.role: {m.role!r} is not supported (system, developer, "
+                                       "user, assistant)", f"messages.{i}.role")
+            out.append({"role": role, "content": m.text(i)})
+        return out
+
+
+def parse(model: type[BaseModel], raw: bytes) -> Any:
+    """The request body -> a validated request; OpenAIError(400) naming the field otherwise."""
+    import json
+
+    try:
+        data = json.loads(raw or b"null")
+    except (ValueError, UnicodeDecodeError) as e:
+        raise OpenAIError(400, f"malformed JSON body: {e}") from e
+    if not isinstance(data, dict):
+        raise OpenAIError(400, "the body must be a JSON object")
+    try:
+        req = model.model_validate(data)
+    except ValidationError as e:
+        errs = e.errors()
+        first = errs[0]
+        loc = _loc(first)
+        msgs = "; ".join(f"{_loc(x)}: {x.get('msg')}" + (f" (got {x['input']!r})" if "input" in x and _loc(x) else "")
+                         for x in errs[:4])
+        raise OpenAIError(400, msgs, loc or None) from e
+    req.refuse_unsupported()
+    return req
+
+
+def _loc(err: dict) -> str:
+    """A pydantic error's field path, without the union-member names pydantic adds (``str``, ``list[int]``)."""
+    parts = [str(x) for x in err.get("loc", ()) if not (isinstance(x, str) and ("[" in x or x in ("str", "int")))]
+    return ".".join(parts)
+
+
+FinishReason = Literal["stop", "length"]
+
+
+def finish_reason(reason: str | None) -> FinishReason:
+    """gptforge's reasons (eot, stop, length) in OpenAI's words."""
+    return "length" if reason == "length" else "stop"
