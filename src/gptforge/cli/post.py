@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gptforge.cli.common import CliError, chat_template_of, finish, init_from, load, resolve_run
+from gptforge.cli.common import CliError, chat_template_of, finish, finite, init_from, load, resolve_run
 from gptforge.load import ModelSource
 
 # --- sft -------------------------------------------------------------------------------------------
@@ -182,7 +182,7 @@ def args_rl(r: argparse.ArgumentParser) -> None:
     ]:
         key = RL_FLAGS[name]
         section, field = key.split(".")
-        r.add_argument("--" + name.replace("_", "-"), dest=name, type=tp,
+        r.add_argument("--" + name.replace("_", "-"), dest=name, type=finite if tp is float else tp,
                        help=f"{help_}; --{key} (default {getattr(getattr(d, section), field)})")
     r.add_argument("--raw", action="store_true", help="no chat template: plain 'Question: ...\\nAnswer:' prompts")
     r.add_argument("--device", default=None, help="train.device (default auto)")
