@@ -2,7 +2,8 @@
 
 The chat tokens become added special tokens with their gptforge ids, and ``tokenizer_config.json``
 gets the Jinja ``chat_template``, so ``AutoTokenizer.apply_chat_template`` renders exactly the ids
-:meth:`gptforge.data.chat.ChatTemplate.render` does.
+:meth:`gptforge.data.chat.ChatTemplate.render` does, also for a message that types ``<|assistant|>``
+or ``<|endoftext|>``: that stays text, as in gptforge (see :func:`write_hf_chat_template`).
 
     >>> write_hf_chat_template(Path("exports/hf"), ChatTemplate.gpt2())
 
@@ -31,23 +32,36 @@ def check_tokenizer_vocab(vocab_size: int, chat_template: dict | None) -> ChatTe
     return chat
 
 
+MARK = "\ue000"  # a private-use character (no meaning in any text) before every control token's name
+
+
 def write_hf_chat_template(out: Path, template: ChatTemplate) -> list[Path]:
-    """Add the chat tokens and template to the tokenizer files already written in ``out``."""
+    """Add the chat tokens and template to the tokenizer files already written in ``out``.
+
+    gptforge encodes a message's content as text (``encode_ordinary``): ``<|assistant|>`` or
+    ``<|endoftext|>`` typed in a message are ordinary tokens, never control ids. A Hugging Face
+    tokenizer matches an added token's text anywhere, in ``apply_chat_template``'s rendered string
+    and in plain ``tokenizer(text)`` alike. So the control tokens (the chat tokens and
+    ``<|endoftext|>``) are named :data:`MARK` + their name here: typed text never matches them, the
+    template writes the marked names, and it removes ``MARK`` from message content (the one difference
+    from gptforge: a message containing U+E000 loses that character; it never becomes a control id)."""
     vocab_path, config_path, special_path = out / "vocab.json", out / "tokenizer_config.json", out / "special_tokens_map.json"
     vocab = json.loads(vocab_path.read_text(encoding="utf-8"))
     config = json.loads(config_path.read_text(encoding="utf-8"))
     special = json.loads(special_path.read_text(encoding="utf-8"))
-    added = {i: name for i, name in sorted(template.names.items()) if i != template.bos}
-    for i, name in added.items():
-        vocab[name] = i
+    control = {i: MARK + name for i, name in sorted(template.names.items())}
+    vocab = {k: v for k, v in vocab.items() if v not in control}
+    vocab.update({name: i for i, name in control.items()})
     config["added_tokens_decoder"] = {
         str(i): {"content": name, "special": True, "lstrip": False, "rstrip": False, "normalized": False,
                  "single_word": False}
-        for i, name in {template.bos: "<|endoftext|>", **added}.items()
+        for i, name in control.items()
     }
-    config["additional_special_tokens"] = list(added.values())
-    config["chat_template"] = template.jinja()
-    special["additional_special_tokens"] = list(added.values())
+    added = [name for i, name in control.items() if i != template.bos]
+    eot = control[template.bos]
+    for d in (config, special):
+        d.update(bos_token=eot, eos_token=eot, unk_token=eot, additional_special_tokens=added)
+    config["chat_template"] = template.jinja(mark=MARK)
     vocab_path.write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
     config_path.write_text(json.dumps(config, indent=2), encoding="utf-8")
     special_path.write_text(json.dumps(special, indent=2), encoding="utf-8")
