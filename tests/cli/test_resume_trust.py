@@ -93,9 +93,14 @@ def test_rl_resume_never_imports_the_reward_the_checkpoint_names(tmp_path, token
     err = capsys.readouterr().err
     assert "--reward evil_reward_i21:reward" in err and "never decides what code runs" in err
     assert not marker.exists()
-    assert main(["rl", "--out", str(out), "--resume", "--steps", "3", "--reward", "exact_match"]) == 0
+    assert main(["rl", "--out", str(out), "--resume", "--steps", "3", "--reward", "exact_match", "--task", "compare"]) == 2
+    assert "--rl.task 'compare'" in capsys.readouterr().err  # what is trained cannot change on resume: refused
+    assert main(["rl", "--out", str(out), "--resume", "--steps", "3", "--reward", "exact_match",
+                 "--lr", "5e-4", "--temperature", "0.7"]) == 0
     assert not marker.exists()
-    assert ckpt.read_meta(ckpt.latest_checkpoint(out))["config"]["rl"]["reward"] == "exact_match"
+    cfg = ckpt.read_meta(ckpt.latest_checkpoint(out))["config"]
+    assert cfg["rl"]["reward"] == "exact_match"  # flags given with --resume apply, none silently dropped
+    assert cfg["optim"]["lr"] == 5e-4 and cfg["rl"]["temperature"] == 0.7 and cfg["train"]["max_steps"] == 3
     _self_trusting_dcp(out, tmp_path / "pwned")
     assert main(["rl", "--out", str(out), "--resume", "--steps", "4", "--reward", "exact_match"]) == 2
     assert "--trust-checkpoint" in capsys.readouterr().err
