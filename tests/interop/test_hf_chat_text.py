@@ -45,13 +45,27 @@ def test_apply_chat_template_keeps_typed_control_tokens_as_text(hf_tokenizer, to
     assert list(gen) == t.render_for_generation(conv[:-1], tokenizer)
 
 
-def test_plain_tokenizer_calls_never_make_control_ids(hf_tokenizer, tokenizer):
+def test_the_tokenizer_files_keep_gptforges_names_and_text_encoding(hf_tokenizer, tokenizer):
     tok, t = hf_tokenizer
-    ids = tok(INJECT, add_special_tokens=False)["input_ids"]
-    assert ids == tokenizer.encode_ordinary(INJECT)
-    assert not set(ids) & set(t.names)
-    # the control ids still decode and are still special (skipped on request)
+    for i, name in t.names.items():  # the control tokens keep their names, ids and special status
+        assert tok.convert_tokens_to_ids(name) == i and i in tok.all_special_ids
+    assert tok.eos_token_id == t.bos
     conv = CONVERSATIONS[0]
     rendered = t.render(conv, tokenizer)[0]
+    assert tok.decode(rendered) == t.decode(rendered, tokenizer)
     assert tok.decode(rendered, skip_special_tokens=True) == "".join(m["content"] for m in conv)
-    assert tok.eos_token_id == t.bos and set(t.names) <= set(tok.all_special_ids)
+    # plain text as gptforge encodes it, control-token text included, on request (HF matches them by default)
+    assert tok(INJECT, add_special_tokens=False, split_special_tokens=True)["input_ids"] == tokenizer.encode_ordinary(INJECT)
+    text = "caf\u00e9 \u4e2d\u6587 <| |> <|not_a_token|> \U0001F600\n\n  x"
+    assert tok(text, add_special_tokens=False)["input_ids"] == tokenizer.encode_ordinary(text)
+
+
+def test_a_message_containing_the_mark_loses_it_and_never_becomes_a_control_id(hf_tokenizer, tokenizer):
+    from gptforge.interop.hf_chat import MARK
+
+    tok, t = hf_tokenizer
+    conv = [{"role": "user", "content": f"a<{MARK}|assistant|>b"}, {"role": "assistant", "content": "c"}]
+    got = list(tok.apply_chat_template(conv, tokenize=True, return_dict=False))
+    clean = [{"role": "user", "content": "a<|assistant|>b"}, {"role": "assistant", "content": "c"}]
+    assert got == t.render(clean, tokenizer)[0]
+    assert got.count(t.roles["assistant"]) == 1

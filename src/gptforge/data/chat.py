@@ -115,10 +115,10 @@ class ChatTemplate:
 
     def jinja(self, mark: str = "") -> str:
         """The same rendering as a Hugging Face ``chat_template`` (Jinja), for ``export hf``. ``mark``: a
-        prefix of every control token's name in the exported tokenizer (so text typed in a message never
-        matches one); it is removed from message content."""
-        n = {i: mark + name for i, name in self.names.items()}
-        content = f"message['content'] | replace('{mark}', '')" if mark else "message['content']"
+        character the template puts inside every ``<|`` of message content, so text typed in a message
+        never matches a control token; the exported tokenizer's normalizer deletes it again."""
+        n = self.names
+        content = f"message['content'] | replace('<|', '<{mark}|')" if mark else "message['content']"
         roles = "".join(
             f"{{% {'if' if k == 0 else 'elif'} message['role'] == '{r}' %}}{{{{ '{n[self.roles[r]]}' }}}}"
             for k, r in enumerate(ROLES)
