@@ -293,12 +293,11 @@ class GRPO(Recipe):
         return 0  # no token batches to accumulate: a step is rl.prompts x rl.group replies
 
     def check_context(self, cfg: Any) -> None:
-        """A prompt and its reply must fit the model's context: checked on the held-out problems and the
-        first step's, before any compute, naming the flag."""
+        """A training prompt and its reply must fit the model's context: checked on the first step's problems,
+        before any compute, naming the flag (held-out prompts that do not fit count as wrong, reported)."""
         from gptforge.eval.generative import prompt_ids
 
-        longest = max((len(prompt_ids(p, self.enc, self.template)) for p in [*self.held_out, *self.problems_at(0)]),
-                      default=1)
+        longest = max((len(prompt_ids(p, self.enc, self.template)) for p in self.problems_at(0)), default=1)
         room = cfg.model.block_size - longest
         if cfg.rl.max_new_tokens > room:
             raise RLError(f"--max-new-tokens {cfg.rl.max_new_tokens} (rl.max_new_tokens): prompts of task "
