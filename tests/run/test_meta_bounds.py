@@ -127,3 +127,26 @@ def test_a_damaged_header_is_named(tmp_path, damage, capsys):
     assert main(["sample", "--ckpt", str(where), "--max-new-tokens", "2", "--device", "cpu"]) == 2
     err = capsys.readouterr().err
     assert str(f) in err and "damaged" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("layers", [[999_999], list(range(20_000))])
+def test_a_header_naming_many_layers_never_makes_the_model_that_large(tmp_path, monkeypatch, layers):
+    """A hostile file whose header lists empty tensors for many layers (a few hundred KB): the work done
+    is bounded by the file, and the model is never built with meta.json's n_layer (only one block)."""
+    from safetensors.torch import save_file
+
+    import gptforge.models.registry as registry
+
+    where = _ckpt(tmp_path)
+    save_file({f"transformer.h.{i}.ln_1.weight": torch.zeros(0) for i in layers}, str(where / "model.safetensors"))
+    meta = json.loads((where / "meta.json").read_text())
+    meta.pop("files")
+    (where / "meta.json").write_text(json.dumps(meta))
+    _lie(where, "n_layer", len(layers) if len(layers) > 1 else 10**6)
+    built = []
+    real = registry.build_model
+    monkeypatch.setattr(registry, "build_model", lambda cfg: built.append(cfg.n_layer) or real(cfg))
+    cfg = GPTConfig(**{**json.loads((where / "meta.json").read_text())["config"]["model"]})
+    with pytest.raises(ckpt.CheckpointError, match=f"model.n_layer={cfg.n_layer}"):
+        check_weights_fit(where, cfg)
+    assert built in ([], [1])

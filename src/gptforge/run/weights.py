@@ -6,10 +6,11 @@ A checkpoint is data: its ``meta.json`` could say ``n_layer`` 10^6 or ``vocab_si
 13 MB ``model.safetensors``, and building that model would allocate until memory runs out. So every
 reader of a checkpoint (:func:`gptforge.load.load_model` for sample, serve, eval, export and
 ``--init-from``; the :class:`~gptforge.run.checkpointer.Checkpointer` on resume) first reads the
-safetensors JSON header (names, dtypes, shapes; no tensor is loaded, and the header itself is checked
-against the file's size), then compares it with the model the config describes, built on PyTorch's
-``meta`` device (shapes only, no memory) once ``n_layer`` is known to be the number of layers in
-the file. A mismatch is one line naming ``meta.json``, the ``model.*`` field and the tensor.
+safetensors JSON header (names and shapes; no tensor is loaded, and the header itself is checked
+against the file's size), then compares it with the model the config describes: one block of it is
+built on PyTorch's ``meta`` device (shapes only, no memory) and repeated ``n_layer`` times, once the
+file is known to hold that many layers, so the work is bounded by the file, never by meta.json. A
+mismatch is one line naming ``meta.json``, the ``model.*`` field and the tensor.
 """
 
 from __future__ import annotations
@@ -79,17 +80,24 @@ def check_weights_fit(ckpt_dir: str | Path, model_cfg: Any) -> None:
     layers = {int(m.group(1)) for k in found if (m := _LAYER.search(k))}
     hint = ("Resume with the checkpoint's own model config (drop --model.* overrides); if nothing was "
             "overridden, its meta.json is damaged or belongs to other weights")
-    n_layer = int(getattr(model_cfg, "n_layer", 0))
-    if not layers or n_layer != max(layers) + 1:  # checked before a single module is built
+    n_layer = model_cfg.n_layer
+    if not layers or n_layer != max(layers) + 1 or layers != set(range(n_layer)):  # before any module is built
         raise CheckpointError(f"{meta}: model.n_layer={n_layer} does not fit the weights (shapes differ): {path} "
                               f"holds {max(layers) + 1 if layers else 0} layers. {hint}")
-    with torch.device("meta"):  # shapes only: no memory, whatever the sizes
-        sd = build_model(model_cfg).state_dict(keep_vars=True)
+    with torch.device("meta"):  # shapes only, no memory; one block, repeated below: cost independent of n_layer
+        sd = build_model(dataclasses.replace(model_cfg, n_layer=1)).state_dict(keep_vars=True)
     tied = TIED in sd and any(k != TIED and v is sd[TIED] for k, v in sd.items())
     if tied and TIED in found:
         raise CheckpointError(f"{meta}: the model it describes ties {TIED} to its input embedding, but {path} holds "
                               f"a separate {TIED} (model.tie_embeddings). {hint}")
-    want = {k: tuple(v.shape) for k, v in sd.items() if not (tied and k == TIED)}
+    sd = {k: v for k, v in sd.items() if not (tied and k == TIED)}
+    per_layer = [k for k in sd if _LAYER.search(k)]
+    if len(found) != len(sd) - len(per_layer) + n_layer * len(per_layer):
+        raise CheckpointError(f"{meta}: model.n_layer={n_layer} with {len(per_layer)} tensors per layer does not fit "
+                              f"the {len(found)} tensors of {path} (shapes differ). {hint}")
+    want = {k: tuple(v.shape) for k, v in sd.items() if k not in per_layer}
+    for i in range(n_layer):  # as many entries as the file holds (counted above)
+        want.update({_LAYER.sub(f".{i}.", k, count=1): tuple(sd[k].shape) for k in per_layer})
     for name, shape in want.items():
         got = found.get(name)
         if got is None:
