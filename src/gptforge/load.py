@@ -19,6 +19,7 @@ import torch
 from gptforge.config import Config
 from gptforge.models.registry import build_model, size_config
 from gptforge.run import checkpoint as ckpt
+from gptforge.run.weights import check_weights_fit
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,7 @@ def load_model(source: ModelSource) -> torch.nn.Module:
         return build_model(size_config(source.random)).eval()
     where = ckpt.resolve_checkpoint(source.ckpt)
     cfg = Config.from_dict(ckpt.read_meta(where)["config"])
+    check_weights_fit(where, cfg.model)  # meta.json's shape, bounded by the weights file's header first
     model = build_model(cfg.model)
     # model.safetensors only (FSDP checkpoints hold a consolidated copy): never dcp/, whose metadata is
     # a pickle; verified against meta.json's checksum

@@ -85,8 +85,11 @@ def test_reward_loading_and_errors():
 
     with pytest.raises(RewardError, match="raised on prompt 'What is 1 \\+ 1\\?'"):
         score(boom, [Problem("What is 1 + 1?", "2")], ["2"])
-    with pytest.raises(RewardError, match="returned nan"):
-        score(lambda p, r: float("nan"), [Problem("q", "2")], ["2"])
+    with pytest.raises(RewardError, match="returned 'five'.*expected a number"):
+        score(lambda p, r: "five", [Problem("q", "2")], ["2"])
+    # a non-finite reward is passed on: the GRPO step refuses it and the run stops with exit 3
+    # (tests/training/test_rl_guards.py)
+    assert math.isnan(score(lambda p, r: float("nan"), [Problem("q", "2")], ["2"])[0])
 
 
 def _small_vocab_model() -> tuple[GPT, ChatTemplate]:

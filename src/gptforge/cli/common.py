@@ -52,6 +52,19 @@ def count(raw: str) -> int:
     return int(v)
 
 
+def finite(raw: str) -> float:
+    """A float flag: nan and inf are refused by argparse, naming the flag (exit 2)."""
+    import math
+
+    try:
+        v = float(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a number") from None
+    if not math.isfinite(v):
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a finite number")
+    return v
+
+
 def chat_template_of(ckpt: str | None):
     """The chat template a checkpoint (or run directory) carries, or None."""
     if ckpt is None:
@@ -80,6 +93,7 @@ def resolve_run(out: str | None, resume: str | None, overrides: list[str], recip
     from gptforge.run import checkpoint as ckpt
     from gptforge.run.checkpointer import Checkpointer
     from gptforge.run.resume import recipe_of, resume_config
+    from gptforge.run.weights import check_weights_fit
 
     if resume is None:
         cfg = fresh()
@@ -99,6 +113,7 @@ def resolve_run(out: str | None, resume: str | None, overrides: list[str], recip
         raise CliError(f"--resume: {found} is a {kind} checkpoint; continue it with `gptforge {COMMAND_OF[kind]} "
                        f"--out {run_dir} --resume`, or start a new {recipe} run from it with --init-from")
     cfg = resume_config(meta, overrides, run_dir, frozen)
+    check_weights_fit(found, cfg.model)  # meta.json's shape against the weights file, before anything else
     cfg.train.trust_checkpoint = trusted
     return cfg, found, meta
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gptforge.cli.common import CliError, chat_template_of, finish, init_from, load, resolve_run
+from gptforge.cli.common import CliError, chat_template_of, finish, finite, init_from, load, resolve_run
 from gptforge.load import ModelSource
 
 # --- sft -------------------------------------------------------------------------------------------
@@ -44,7 +44,8 @@ def cmd_sft(args: argparse.Namespace, overrides: list[str]) -> int:
         return apply_overrides(cfg, [*flags, *overrides, "--train.out_dir", args.out])
 
     try:
-        cfg, resume, meta = resolve_run(args.out, args.resume, [*flags, *overrides], "sft", fresh, frozen=SFT_FROZEN)
+        cfg, resume, meta = resolve_run(args.out, args.resume, [*flags, *overrides], "sft", fresh,
+                                        trusted=_trusted(args, overrides), frozen=SFT_FROZEN)
         if resume is not None:
             template = ChatTemplate.from_dict(meta["chat_template"])
         else:
@@ -69,6 +70,19 @@ def _flag_overrides(args: argparse.Namespace, keys: dict[str, str]) -> list[str]
     return out
 
 
+def _trusted(args: argparse.Namespace, overrides: list[str]) -> bool:
+    """--trust-checkpoint (or --train.trust_checkpoint true) on this command line: never from a checkpoint."""
+    from gptforge.cli.run import _flag_value
+
+    return bool(args.trust_checkpoint) or _flag_value(overrides, "train.trust_checkpoint")
+
+
+def add_trust_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--trust-checkpoint", action="store_true",
+                   help="allow --resume from a sharded (FSDP, dcp/) checkpoint: its metadata is a pickle that can run "
+                        "code, so only for checkpoints you trust (a checkpoint never vouches for itself)")
+
+
 def _base_shape(source: str):
     """The base model's config (the SFT config keeps its family and shape)."""
     return load(ModelSource.from_path(source)).config
@@ -91,6 +105,7 @@ def args_sft(s: argparse.ArgumentParser) -> None:
     s.add_argument("--resume", nargs="?", const="latest", default=None, metavar="CKPT",
                    help="continue the SFT run in --out (or from CKPT); --data only if the file moved; other flags apply on top")
     s.add_argument("--force", action="store_true", help="start over in a run directory that holds checkpoints")
+    add_trust_flag(s)
     s.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
     s.add_argument("--base-loss", action="store_true", help="first score the base model on the held-out "
                                                             "conversations (CPU; kept in meta.json)")
@@ -129,7 +144,8 @@ def cmd_rl(args: argparse.Namespace, overrides: list[str]) -> int:
         return apply_overrides(cfg, [*flags, *overrides, "--train.out_dir", args.out])
 
     try:
-        cfg, resume, meta = resolve_run(args.out, args.resume, [*flags, *overrides], "grpo", fresh, frozen=RL_FROZEN)
+        cfg, resume, meta = resolve_run(args.out, args.resume, [*flags, *overrides], "grpo", fresh,
+                                        trusted=_trusted(args, overrides), frozen=RL_FROZEN)
         given_reward = args.reward is not None or any(o.startswith("--rl.reward") for o in overrides)
         if ":" in cfg.rl.reward and not given_reward:  # code is named only by this command line
             raise CliError(f"this run was trained with the reward function {cfg.rl.reward!r}, which is code: a "
@@ -165,6 +181,7 @@ def args_rl(r: argparse.ArgumentParser) -> None:
     r.add_argument("--resume", nargs="?", const="latest", default=None, metavar="CKPT",
                    help="continue the RL run in --out (or from CKPT); flags given now apply on top of its settings")
     r.add_argument("--force", action="store_true", help="start over in a run directory that holds checkpoints")
+    add_trust_flag(r)
     r.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
     r.add_argument("--task", choices=["arithmetic", "compare", "gsm8k"], help=f"default {d.rl.task}")
     r.add_argument("--reward", help="exact_match (default), exact_match_with_format, numeric_closeness, or "
@@ -182,7 +199,7 @@ def args_rl(r: argparse.ArgumentParser) -> None:
     ]:
         key = RL_FLAGS[name]
         section, field = key.split(".")
-        r.add_argument("--" + name.replace("_", "-"), dest=name, type=tp,
+        r.add_argument("--" + name.replace("_", "-"), dest=name, type=finite if tp is float else tp,
                        help=f"{help_}; --{key} (default {getattr(getattr(d, section), field)})")
     r.add_argument("--raw", action="store_true", help="no chat template: plain 'Question: ...\\nAnswer:' prompts")
     r.add_argument("--device", default=None, help="train.device (default auto)")

@@ -113,16 +113,19 @@ class ChatTemplate:
     def decode(self, ids: Sequence[int], enc: Any = None) -> str:
         return ChatTokenizer(enc or _tokenizer(), self).decode(ids)
 
-    def jinja(self) -> str:
-        """The same rendering as a Hugging Face ``chat_template`` (Jinja), for ``export hf``."""
+    def jinja(self, mark: str = "") -> str:
+        """The same rendering as a Hugging Face ``chat_template`` (Jinja), for ``export hf``. ``mark``: a
+        character the template puts inside every ``<|`` of message content, so text typed in a message
+        never matches a control token; the exported tokenizer's normalizer deletes it again."""
         n = self.names
+        content = f"message['content'] | replace('<|', '<{mark}|')" if mark else "message['content']"
         roles = "".join(
             f"{{% {'if' if k == 0 else 'elif'} message['role'] == '{r}' %}}{{{{ '{n[self.roles[r]]}' }}}}"
             for k, r in enumerate(ROLES)
         ) + "{% endif %}"
         return (
             f"{{{{ '{n[self.bos]}' }}}}{{% for message in messages %}}{roles}"
-            f"{{{{ message['content'] }}}}{{{{ '{n[self.end]}' }}}}{{% endfor %}}"
+            f"{{{{ {content} }}}}{{{{ '{n[self.end]}' }}}}{{% endfor %}}"
             f"{{% if add_generation_prompt %}}{{{{ '{n[self.roles['assistant']]}' }}}}{{% endif %}}"
         )
 

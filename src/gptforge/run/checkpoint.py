@@ -56,6 +56,32 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
     return sorted(out, key=lambda p: int(p.name[len(CKPT_PREFIX):]))
 
 
+def clear_checkpoints(run_dir: str | Path) -> None:
+    """``--force``: delete a run's checkpoints (``step_*`` entries, finished or ``.tmp``). A
+    ``checkpoints/`` that is a symlink (to a bigger disk) is kept and emptied of gptforge's entries
+    only, never followed further; anything that cannot be deleted is an error, so a later
+    ``--resume`` can never pick the old run's checkpoints, nor ``keep_ckpts`` prune the new ones."""
+    root = ckpt_root(run_dir)
+    if not root.exists() and not root.is_symlink():
+        return
+    if not root.is_dir():  # a dangling link or a file: remove the entry itself
+        root.unlink()
+        return
+    for entry in root.iterdir():
+        if not entry.name.startswith(CKPT_PREFIX):
+            continue
+        try:
+            if entry.is_symlink() or not entry.is_dir():
+                entry.unlink()
+            else:
+                shutil.rmtree(entry)
+        except OSError as e:
+            raise CheckpointError(f"--force: cannot delete {entry} ({e.strerror or e}); remove it by hand, "
+                                  "or give this run another --out") from None
+    if not root.is_symlink() and not any(root.iterdir()):
+        root.rmdir()
+
+
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
     ckpts = list_checkpoints(run_dir)
     return ckpts[-1] if ckpts else None

@@ -30,6 +30,7 @@ from gptforge.optim import build_optimizer
 from gptforge.parallel.distributed import DistInfo, barrier, gather_rng_states, seed_rank
 from gptforge.run import checkpoint as files
 from gptforge.run import dcp
+from gptforge.run.weights import check_weights_fit
 
 
 @dataclass
@@ -61,6 +62,8 @@ class Checkpointer:
         self.trusted = bool(getattr(cfg.train, "trust_checkpoint", False))
         if self.sharded:  # dcp/.metadata is a pickle: refused here, before any data or compute
             files.require_trust(resume_from, self.trusted)
+        if resume_from is not None:  # the model's shape against the weights file's header, before it is built
+            check_weights_fit(resume_from, cfg.model)
         self._carried_optim: dict | None = None
 
     # --- where ------------------------------------------------------------------------------------

@@ -152,8 +152,7 @@ class MetricsLog:
         if not self.enabled:
             return
         rec = _finite_or_null({"kind": kind, "step": step, "time": round(time.time(), 3), **fields})
-        with open(self.path, "a") as f:
-            f.write(json.dumps(rec, allow_nan=False) + "\n")
+        append_line(self.path, json.dumps(rec, allow_nan=False) + "\n", "a metrics.jsonl record")
         for sink in self.sinks:
             sink.write(rec)
 
@@ -161,6 +160,32 @@ class MetricsLog:
         for sink in self.sinks:
             sink.close()
         self.sinks = []
+
+
+def append_line(path: Path, line: str, what: str) -> None:
+    """Append ``line`` whole or not at all: a write that fails part-way (a full disk) is cut back to
+    where it started, so the file never ends in a torn record, and a full disk is a
+    :class:`~gptforge.storage.DiskFullError` (exit 2, one line), as for checkpoints."""
+    from gptforge.storage import DiskFullError, disk_full_message, is_disk_full
+
+    data = line.encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        start = os.lseek(fd, 0, os.SEEK_END)
+        try:
+            done = 0
+            while done < len(data):
+                done += os.write(fd, data[done:])
+        except OSError as e:
+            try:
+                os.ftruncate(fd, start)
+            except OSError:
+                pass
+            if is_disk_full(e, path.parent, len(data)):
+                raise DiskFullError(disk_full_message(what, len(data), path.parent)) from e
+            raise
+    finally:
+        os.close(fd)
 
 
 def repair_torn_tail(path: Path) -> int:

@@ -7,7 +7,8 @@
     # metrics and sinks closed, the progress bar gone, signal handlers restored, the process group left
 
 Entering joins the process group (torchrun), checks the run directory before any compute
-(:mod:`gptforge.run.preflight`), resolves what to resume (the newest intact checkpoint; a torchrun
+(:mod:`gptforge.run.preflight`), locks it so no second run writes there (:mod:`gptforge.run.lock`),
+resolves what to resume (the newest intact checkpoint; a torchrun
 restart after a failure always resumes) and refuses to start over a run that holds checkpoints
 unless ``force``; SIGINT/SIGTERM from then on ask the loop to checkpoint and stop
 (:mod:`gptforge.run.signals`). Leaving tears everything down whether the run finished, stopped or
@@ -17,7 +18,6 @@ raised: this is the one place that does, so no recipe can forget a piece.
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ from gptforge.parallel.distributed import DistInfo, cleanup, init_distributed
 from gptforge.run import checkpoint as ckpt
 from gptforge.run.checkpointer import Checkpointer
 from gptforge.run.faults import elastic_restart
+from gptforge.run.lock import RunLock
 from gptforge.run.metrics import MetricsLog, environment
 from gptforge.run.preflight import check_run_dir
 from gptforge.run.signals import StopFlag
@@ -47,6 +48,7 @@ class RunSession:
         self.metrics: MetricsLog | None = None
         self.progress: Progress | None = None
         self.stop: StopFlag | None = None
+        self.lock: RunLock | None = None
 
     def __enter__(self) -> RunSession:
         try:
@@ -62,6 +64,7 @@ class RunSession:
         self.stop = StopFlag().__enter__()
         if self.info.is_main:
             check_run_dir(run_dir)  # a file or a read-only filesystem: refuse now, not at the first write
+            self.lock = RunLock(run_dir).acquire()  # one run per directory: a second one fails here, naming us
         resume, force = self.resume, self.force
         if resume is None and elastic_restart() and ckpt.latest_checkpoint(run_dir) is not None:
             resume, force = "latest", False  # torchrun restarted us after a failure: continue, never wipe
@@ -92,15 +95,15 @@ class RunSession:
         self.metrics = MetricsLog(run_dir / "metrics.jsonl", enabled=info.is_main, sinks=sinks)
         if info.is_main:
             if self.start_over:
-                shutil.rmtree(ckpt.ckpt_root(run_dir), ignore_errors=True)
+                ckpt.clear_checkpoints(run_dir)  # through a symlinked checkpoints/ too; refuses if any survive
                 (run_dir / "metrics.jsonl").unlink(missing_ok=True)
             run_dir.mkdir(parents=True, exist_ok=True)
             torn, replayed = self.metrics.begin(start_step)
             if torn or replayed:
                 self.log(f"metrics.jsonl: cut a torn last line ({torn} bytes), marked {replayed} records after step "
                          f"{start_step} as replayed")
-            (run_dir / "config.json").write_text(cfg.to_json() + "\n")
-            (run_dir / "env.json").write_text(json.dumps(self.env, indent=2) + "\n")
+            _write_text(run_dir / "config.json", cfg.to_json() + "\n")
+            _write_text(run_dir / "env.json", json.dumps(self.env, indent=2) + "\n")
         self.progress = Progress(start_step, cfg.train.max_steps, info.is_main)
         return self.metrics
 
@@ -112,6 +115,21 @@ class RunSession:
         if self.stop is not None:
             self.stop.__exit__(*exc)
         cleanup(self.info)
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+
+
+def _write_text(path: Path, text: str) -> None:
+    """A small run file; a full disk is the same one-line DiskFullError as a checkpoint's."""
+    from gptforge.storage import DiskFullError, disk_full_message, is_disk_full
+
+    try:
+        path.write_text(text)
+    except OSError as e:
+        if is_disk_full(e, path.parent, len(text)):
+            raise DiskFullError(disk_full_message(path.name, len(text), path.parent)) from e
+        raise
 
 
 _bar = None  # the live progress bar, so log lines print above it

@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from gptforge.data.chat import ChatTemplate, ChatTokenizer
 from gptforge.eval.tasks.verifiable import Problem, is_correct
 from gptforge.generation import SamplingParams, stream_tokens
-from gptforge.parallel.distributed import DistInfo, all_reduce_mean, all_reduce_sum, grad_sync, local_tensor
+from gptforge.parallel.distributed import DistInfo, all_reduce_mean, all_reduce_sum, any_rank, grad_sync, local_tensor
 from gptforge.training.recipe import Recipe, RunCtx
 from gptforge.training.rewards import RewardFn, score
 
@@ -289,7 +289,20 @@ class GRPO(Recipe):
         check_finite_floats(cfg)
         if cfg.rl.prompts % world:
             raise RLError(f"rl.prompts={cfg.rl.prompts} must divide over {world} ranks (each rank samples whole groups)")
+        self.check_context(cfg)
         return 0  # no token batches to accumulate: a step is rl.prompts x rl.group replies
+
+    def check_context(self, cfg: Any) -> None:
+        """A training prompt and its reply must fit the model's context: checked on the first step's problems,
+        before any compute, naming the flag (held-out prompts that do not fit count as wrong, reported)."""
+        from gptforge.eval.generative import prompt_ids
+
+        longest = max((len(prompt_ids(p, self.enc, self.template)) for p in self.problems_at(0)), default=1)
+        room = cfg.model.block_size - longest
+        if cfg.rl.max_new_tokens > room:
+            raise RLError(f"--max-new-tokens {cfg.rl.max_new_tokens} (rl.max_new_tokens): prompts of task "
+                          f"{cfg.rl.task} take up to {longest} tokens and the model's context is {cfg.model.block_size}; "
+                          f"give at most {max(room, 0)}" + ("" if room > 0 else " (this model's context is too short)"))
 
     def loaders(self, cfg: Any, info: DistInfo) -> tuple[Any, Any, int]:
         return _NoPosition(), None, 1
@@ -327,7 +340,7 @@ class GRPO(Recipe):
         correct = [is_correct(t, p.answer) for t, p in zip(rollouts.texts, rollouts.problems, strict=True)]
         local = torch.tensor([r.mean().item(), sum(correct) / len(correct),
                               sum(len(x) for x in rollouts.replies) / len(rollouts.replies)], device=run.device)
-        if not bool(torch.isfinite(r).all()):  # e.g. 1e308 from a reward: finite in Python, inf in float32
+        if any_rank(not bool(torch.isfinite(r).all()), info):  # 1e308: finite in Python, inf in float32; every rank stops
             return {"loss": float("nan"), "reward": float(all_reduce_mean(local, info)[0])}
         out = grpo_step(run.wrapped, run.model, self.ref, run.optimizer, rollouts, r.view(len(mine), rl.group), cfg,
                         self.pad, info, run.autocast)

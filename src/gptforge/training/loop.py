@@ -12,7 +12,7 @@ step, metrics, the recipe's eval, checkpoints) -> teardown (always, by the sessi
 
 A SIGINT/SIGTERM finishes the current step, writes a checkpoint and stops (``RunResult.interrupted``;
 exit 130); ``--resume`` continues from the newest intact checkpoint, bit for bit on CPU in float32.
-A non-finite loss, grad norm or recipe value stops the run before any checkpoint is written or pruned
+A non-finite loss, grad norm, recipe value (a reward) or weight stops the run before any checkpoint is written or pruned
 (``RunResult.diverged_at``; exit 3).
 """
 
@@ -29,7 +29,7 @@ import torch
 from gptforge import __version__
 from gptforge.models.registry import build_model
 from gptforge.optim import build_optimizer, set_lr
-from gptforge.parallel.distributed import any_rank, barrier, seed_rank, wrap_model
+from gptforge.parallel.distributed import any_rank, barrier, local_tensor, seed_rank, wrap_model
 from gptforge.run.checkpointer import TrainState
 from gptforge.run.faults import maybe_inject_fault, oom_advice
 from gptforge.run.metrics import flops_per_token, fmt_duration, peak_flops
@@ -162,6 +162,11 @@ def train(cfg, recipe: Recipe | None = None, resume: str | Path | None = None, f
                     stop_at_step = steps_done  # reached the target: save and stop here
             interrupted = any_rank(run.stop.stop, info) or (stop_at_step is not None and steps_done >= stop_at_step)
             if last or interrupted or (cfg.train.ckpt_every and steps_done % cfg.train.ckpt_every == 0):
+                if any_rank(not weights_finite(model), info):  # never save (or prune for) NaN weights
+                    log(f"step {steps_done}: the weights are not finite; stopping without a checkpoint (lower "
+                        "optim.lr, check the data or the reward; resume from the last checkpoint)")
+                    result.diverged_at = steps_done
+                    break
                 result.last_checkpoint = run.checkpointer.save(state, train_loss=stats["loss"])
             if interrupted:
                 result.interrupted = True
@@ -170,3 +175,9 @@ def train(cfg, recipe: Recipe | None = None, resume: str | Path | None = None, f
         metrics.write("end", result.steps_done, interrupted=result.interrupted,
                       diverged=result.diverged_at is not None, seconds=time.perf_counter() - t_start)
     return result
+
+
+@torch.no_grad()
+def weights_finite(model: torch.nn.Module) -> bool:
+    """This rank's parameters (its shards under FSDP) hold no nan or inf."""
+    return all(bool(torch.isfinite(local_tensor(p)).all()) for p in model.parameters())

@@ -7,13 +7,17 @@ A reward function takes the problem and the reply text and returns a float::
     gptforge rl --init-from runs/sft --out runs/rl --task arithmetic --reward mypkg.rewards:my_reward
 
 A reward that raises stops the step with an error naming the prompt: it never counts as a silent 0.
+A reward that is not finite in float32 (nan, inf, 1e308) stops the run with exit 3 before any update.
 """
 
 from __future__ import annotations
 
 import importlib
 import math
+import numbers
 from collections.abc import Callable, Sequence
+
+import numpy
 
 from gptforge.eval.tasks.verifiable import Problem, extract_answer, is_correct
 
@@ -67,7 +71,9 @@ def load_reward(spec: str) -> RewardFn:
 
 
 def score(fn: RewardFn, problems: Sequence[Problem], replies: Sequence[str]) -> list[float]:
-    """Rewards per reply; any failure names the prompt."""
+    """Rewards per reply, as floats (any real number: int, float, numpy scalar); a raise or a non-number
+    names the prompt. A non-finite reward (or one beyond float32, like 1e308) is returned as it is: the
+    GRPO step refuses to train on it and the loop stops the run with exit 3, saving nothing."""
     out = []
     for p, r in zip(problems, replies, strict=True):
         try:
@@ -75,8 +81,8 @@ def score(fn: RewardFn, problems: Sequence[Problem], replies: Sequence[str]) -> 
         except Exception as e:
             raise RewardError(f"reward function {getattr(fn, '__name__', fn)!r} raised on prompt {p.question!r:.120}: "
                               f"{type(e).__name__}: {e}") from e
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        if isinstance(v, (bool, numpy.bool_)) or not isinstance(v, numbers.Real):
             raise RewardError(f"reward function {getattr(fn, '__name__', fn)!r} returned {v!r} on prompt "
-                              f"{p.question!r:.120}; expected a finite number")
-        out.append(float(v))
+                              f"{p.question!r:.120}; expected a number")
+        out.append(float(v))  # numpy scalars too; inf and nan stay what they are: the run stops (exit 3)
     return out

@@ -1,0 +1,129 @@
+"""meta.json's model shape, bounded by the weights file before anything is built.
+
+    >>> check_weights_fit("runs/exp1/checkpoints/step_000300", cfg.model)   # CheckpointError, or nothing
+
+A checkpoint is data: its ``meta.json`` could say ``n_layer`` 10^6 or ``vocab_size`` 2^40 beside a
+13 MB ``model.safetensors``, and building that model would allocate until memory runs out. So every
+reader of a checkpoint (:func:`gptforge.load.load_model` for sample, serve, eval, export and
+``--init-from``; the :class:`~gptforge.run.checkpointer.Checkpointer` on resume) first reads the
+safetensors JSON header (names and shapes; no tensor is loaded, and the header itself is checked
+against the file's size), then compares it with the model the config describes: one block of it is
+built on PyTorch's ``meta`` device (shapes only, no memory) and repeated ``n_layer`` times, once the
+file is known to hold that many layers, so the work is bounded by the file, never by meta.json. A
+mismatch is one line naming ``meta.json``, the ``model.*`` field and the tensor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gptforge.errors import CheckpointError
+
+MAX_HEADER_BYTES = 100 << 20  # the safetensors library's own limit
+_LAYER = re.compile(r"\.(\d+)\.")
+
+
+def weights_header(path: str | Path) -> dict[str, tuple[int, ...]]:
+    """{tensor name: shape} of a safetensors file, from its JSON header alone. The header's length,
+    its JSON, every entry's shape and its byte range are checked against the file's size."""
+    path = Path(path)
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        n = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if n < 2 or n > min(MAX_HEADER_BYTES, size - 8):
+            raise CheckpointError(f"{path} cannot be read (not safetensors: header length {n} in a {size}-byte file); "
+                                  "the checkpoint is damaged")
+        raw = f.read(n)
+    try:
+        header = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path} cannot be read (its safetensors header is not JSON: {e}); the checkpoint is damaged") from e
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path} cannot be read (its safetensors header is not a JSON object); the checkpoint is damaged")
+    data = size - 8 - n
+    out: dict[str, tuple[int, ...]] = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        shape = entry.get("shape") if isinstance(entry, dict) else None
+        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+        if (not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape)
+                or not isinstance(offsets, list) or len(offsets) != 2
+                or not all(isinstance(o, int) and 0 <= o <= data for o in offsets) or offsets[0] > offsets[1]):
+            raise CheckpointError(f"{path} cannot be read (header entry {name!r} has no valid shape and byte range "
+                                  f"within its {data} data bytes); the checkpoint is damaged")
+        out[name] = tuple(shape)
+    return out
+
+
+def check_weights_fit(ckpt_dir: str | Path, model_cfg: Any) -> None:
+    """Raise CheckpointError (naming meta.json, the ``model.*`` field and the tensor) unless the model
+    ``model_cfg`` describes has exactly the tensors of ``ckpt_dir/model.safetensors``, by name and
+    shape (a tied output head may be absent). Allocates nothing of the model's size. A checkpoint
+    without ``model.safetensors`` (old sharded-only ones) is left to its loader, which names it."""
+    from gptforge.models.registry import build_model
+    from gptforge.run.checkpoint import TIED, verify_checkpoint
+
+    ckpt_dir = Path(ckpt_dir)
+    path, meta = ckpt_dir / "model.safetensors", ckpt_dir / "meta.json"
+    if not path.is_file():
+        return
+    verify_checkpoint(ckpt_dir, only=("model.safetensors",))  # a damaged file is named as such first
+    found = weights_header(path)
+    layers = {int(m.group(1)) for k in found if (m := _LAYER.search(k))}
+    hint = ("Resume with the checkpoint's own model config (drop --model.* overrides); if nothing was "
+            "overridden, its meta.json is damaged or belongs to other weights")
+    n_layer = model_cfg.n_layer
+    if not layers or n_layer != max(layers) + 1 or layers != set(range(n_layer)):  # before any module is built
+        raise CheckpointError(f"{meta}: model.n_layer={n_layer} does not fit the weights (shapes differ): {path} "
+                              f"holds {max(layers) + 1 if layers else 0} layers. {hint}")
+    with torch.device("meta"):  # shapes only, no memory; one block, repeated below: cost independent of n_layer
+        sd = build_model(dataclasses.replace(model_cfg, n_layer=1)).state_dict(keep_vars=True)
+    tied = TIED in sd and any(k != TIED and v is sd[TIED] for k, v in sd.items())
+    if tied and TIED in found:
+        raise CheckpointError(f"{meta}: the model it describes ties {TIED} to its input embedding, but {path} holds "
+                              f"a separate {TIED} (model.tie_embeddings). {hint}")
+    sd = {k: v for k, v in sd.items() if not (tied and k == TIED)}
+    per_layer = [k for k in sd if _LAYER.search(k)]
+    if len(found) != len(sd) - len(per_layer) + n_layer * len(per_layer):
+        raise CheckpointError(f"{meta}: model.n_layer={n_layer} with {len(per_layer)} tensors per layer does not fit "
+                              f"the {len(found)} tensors of {path} (shapes differ). {hint}")
+    want = {k: tuple(v.shape) for k, v in sd.items() if k not in per_layer}
+    for i in range(n_layer):  # as many entries as the file holds (counted above)
+        want.update({_LAYER.sub(f".{i}.", k, count=1): tuple(sd[k].shape) for k in per_layer})
+    for name, shape in want.items():
+        got = found.get(name)
+        if got is None:
+            if name == TIED:
+                continue
+            raise CheckpointError(f"{meta}: the model it describes has {name}, which {path} does not hold "
+                                  f"(shapes differ). {hint}")
+        if got != shape:
+            raise CheckpointError(f"{meta}: {_field(model_cfg, shape, got)} does not fit the weights (shapes differ): "
+                                  f"{path} holds {name} as {got}, the config needs {shape}. {hint}")
+    extra = sorted(set(found) - set(want))
+    if extra:
+        raise CheckpointError(f"{meta}: {path} holds {extra[0]} (and {len(extra) - 1} more), which the model it "
+                              f"describes does not have (shapes differ). {hint}")
+
+
+def _field(model_cfg: Any, want: tuple[int, ...], got: tuple[int, ...]) -> str:
+    """The ``model.*`` setting behind a wrong dimension: the first integer field (or the padded vocabulary)
+    whose value is the dimension the config asks for where the weights differ."""
+    dims = [w for i, w in enumerate(want) if i >= len(got) or got[i] != w] or list(want)
+    values = {f.name: getattr(model_cfg, f.name) for f in dataclasses.fields(model_cfg)
+              if isinstance(getattr(model_cfg, f.name), int) and not isinstance(getattr(model_cfg, f.name), bool)}
+    for d in dims:
+        for name, v in values.items():
+            if v == d:
+                return f"model.{name}={v}"
+        if getattr(model_cfg, "padded_vocab_size", None) == d:
+            return f"model.vocab_size={model_cfg.vocab_size}"
+    return "the model shape"
