@@ -21,7 +21,7 @@ LAYERS: list[list[str]] = [
      "gptforge.storage"],
     ["gptforge.models", "gptforge.data", "gptforge.kernels"],  # kernels: torch/triton only, used by the models
     ["gptforge.config", "gptforge.presets", "gptforge.eval", "gptforge.generation", "gptforge.interop"],
-    ["gptforge.training"],
+    ["gptforge.training", "gptforge.parallel"],
     ["gptforge.load", "gptforge.bench", "gptforge.plan", "gptforge.plot", "gptforge.serve", "gptforge.rl"],
     ["gptforge.cli", "gptforge.__main__"],
 ]

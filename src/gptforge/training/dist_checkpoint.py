@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
 
+from gptforge.parallel.tensor import dcp_view
 from gptforge.storage import tensor_bytes
 from gptforge.training import checkpoint as ckpt
 
@@ -61,7 +62,8 @@ def save_sharded(run_dir: str | Path, step: int, model: torch.nn.Module, optimiz
     try:
         with ckpt.cleanup_on_failure(tmp, step, needed) if is_main else _nothing():
             # collective; returns on rank 0 once every rank's shards are written
-            dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp / DCP_DIR))
+            view, _ = dcp_view({"model": model_sd, "optim": optim_sd})  # strided TP shards as DCP can write them
+            dcp.save(view, checkpoint_id=str(tmp / DCP_DIR))
             if is_main:
                 weights = {k: v.contiguous() for k, v in full.items() if not (k == ckpt.TIED and _tied(full))}
                 save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
@@ -130,12 +132,16 @@ def _load(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, ckpt_
     if optimizer is None:
         model_sd = sd.get_model_state_dict(model)
         state = {"model": model_sd}
-        dcp.load(state, checkpoint_id=str(ckpt_dir / DCP_DIR), no_dist=no_dist)
+        view, copy_back = dcp_view(state)
+        dcp.load(view, checkpoint_id=str(ckpt_dir / DCP_DIR), no_dist=no_dist)
+        copy_back()
         sd.set_model_state_dict(model, state["model"])
         return
     model_sd, optim_sd = sd.get_state_dict(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd}
-    dcp.load(state, checkpoint_id=str(ckpt_dir / DCP_DIR), no_dist=no_dist)
+    view, copy_back = dcp_view(state)  # DCP reads strided TP shards replicated; copied back into them
+    dcp.load(view, checkpoint_id=str(ckpt_dir / DCP_DIR), no_dist=no_dist)
+    copy_back()
     sd.set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
 

@@ -29,6 +29,7 @@ from gptforge.data.aligned import make_loader
 from gptforge.data.loader import ShardLoader
 from gptforge.data.shards import list_shards, read_header
 from gptforge.models.registry import build_model
+from gptforge.parallel.mesh import check_layout
 from gptforge.runtime import launched_world, set_precision
 from gptforge.training import checkpoint as ckpt
 from gptforge.training.checkpointer import Checkpointer, TrainState
@@ -77,7 +78,7 @@ def train(cfg: Config, resume: str | Path | None = None, force: bool = False, st
     ``loaders(info) -> (train_loader, val_loader, val_batches)``: other data than cfg.data's shards
     (SFT conversations); ``extra_meta``: more keys for every checkpoint's meta.json (the chat template)."""
     # --- setup: devices, precision, run directory -------------------------------------------------
-    grad_accum = cfg.validate(launched_world())  # before joining the group: fail fast
+    grad_accum = check_layout(cfg, launched_world())  # the mesh and batch, before joining the group: fail fast
     info = init_distributed(cfg.train.device, cfg.dist)
     device = info.device
     torch.manual_seed(cfg.train.seed)
@@ -113,7 +114,7 @@ def train(cfg: Config, resume: str | Path | None = None, force: bool = False, st
         train_loader, val_loader, val_available = loaders(info)
     else:
         train_loader, val_loader, val_available = _shard_loaders(cfg, info)
-    val_steps = max(1, min(cfg.train.val_tokens // (B * T * info.world), val_available))
+    val_steps = max(1, min(cfg.train.val_tokens // (B * T * info.dp_world), val_available))
 
     # --- model and optimizer (or the resumed ones) -------------------------------------------------
     # Wrapping (compile, DDP / FSDP2) comes before the optimizer: FSDP turns parameters into shards.
@@ -141,7 +142,7 @@ def train(cfg: Config, resume: str | Path | None = None, force: bool = False, st
         f"{precision} | compile {compile_model} | world {info.world} ({info.sharded}) | B {B} T {T} x accum {grad_accum} = "
         f"{cfg.train.total_batch_tokens:,} tokens/step | {cfg.train.max_steps} steps | run dir {run_dir}")
     if cfg.train.batch_warmup_steps:
-        log(f"batch-size schedule: accum {cfg.train.accum_at(0, info.world)} -> {grad_accum} micro-batches over the "
+        log(f"batch-size schedule: accum {cfg.train.accum_at(0, info.dp_world)} -> {grad_accum} micro-batches over the "
             f"first {cfg.train.batch_warmup_steps} steps")
     barrier(info)
 
@@ -149,7 +150,7 @@ def train(cfg: Config, resume: str | Path | None = None, force: bool = False, st
     result = RunResult(run_dir=run_dir, steps_done=start_step)
     max_steps = cfg.train.max_steps
     tokens_per_micro = cfg.train.total_batch_tokens // grad_accum
-    tokens_seen = cfg.train.tokens_before(start_step, info.world)  # the batch-size schedule's sum on a resume
+    tokens_seen = cfg.train.tokens_before(start_step, info.dp_world)  # the batch-size schedule's sum on a resume
     optimizer = state.optimizer
     progress = _progress(start_step, max_steps, info.is_main)
     t_start = time.perf_counter()
@@ -157,7 +158,7 @@ def train(cfg: Config, resume: str | Path | None = None, force: bool = False, st
         for step in range(start_step, max_steps):
             t0 = time.perf_counter()
             lr = set_lr(optimizer, step, cfg.optim, max_steps)
-            accum = cfg.train.accum_at(step, info.world)
+            accum = cfg.train.accum_at(step, info.dp_world)
             try:
                 loss_accum, norm = train_step(wrapped, model, optimizer, train_loader, accum, autocast, info,
                                               cfg.optim.grad_clip)
@@ -226,13 +227,13 @@ def train(cfg: Config, resume: str | Path | None = None, force: bool = False, st
 def _shard_loaders(cfg: Config, info: DistInfo) -> tuple:
     """Pretraining data: the train and val shards of cfg.data, and how many val batches they hold."""
     B, T = cfg.train.micro_batch, cfg.train.seq_len
-    train_loader = make_loader(list_shards(cfg.data.dir, cfg.data.train_split), B, T, info.rank, info.world,
+    train_loader = make_loader(list_shards(cfg.data.dir, cfg.data.train_split), B, T, info.dp_rank, info.dp_world,
                                align=cfg.data.align, shuffle=cfg.data.shuffle, seed=cfg.data.shuffle_seed,
                                eot=cfg.data.eot_token, step_tokens=_shard_step_tokens(cfg, info),
                                vocab_size=cfg.model.vocab_size)
     val_files = list_shards(cfg.data.dir, cfg.data.val_split)
-    val_loader = ShardLoader(val_files, B, T, info.rank, info.world, vocab_size=cfg.model.vocab_size)
-    return train_loader, val_loader, sum(read_header(f)[2] for f in val_files) // (B * T * info.world)
+    val_loader = ShardLoader(val_files, B, T, info.dp_rank, info.dp_world, vocab_size=cfg.model.vocab_size)
+    return train_loader, val_loader, sum(read_header(f)[2] for f in val_files) // (B * T * info.dp_world)
 
 
 def _shard_step_tokens(cfg: Config, info: DistInfo) -> int:
@@ -240,7 +241,7 @@ def _shard_step_tokens(cfg: Config, info: DistInfo) -> int:
     depend on how it is split over ranks and micro-steps. Under a batch-size schedule steps change
     size, so the unit is one micro-batch of all ranks (a step may then span two shards)."""
     if cfg.train.batch_warmup_steps:
-        return cfg.train.micro_batch * cfg.train.seq_len * info.world
+        return cfg.train.micro_batch * cfg.train.seq_len * info.dp_world
     return cfg.train.total_batch_tokens
 
 

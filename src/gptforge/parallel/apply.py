@@ -1,0 +1,87 @@
+"""Applying a mesh to a model, and the step's pieces that depend on it: the loss context, the
+gradient norm, the loss carried to every rank.
+
+    torchrun --nproc_per_node 4 -m gptforge train --preset tiny --dist.tp 2 --dist.shard fsdp
+
+Order (torchtitan's): tensor parallelism on the ``tp`` mesh, then pipeline stages (each rank keeps
+its layers), then FSDP2 ``fully_shard`` per block and at the root over the data dimensions
+(``dp_replicate`` x ``dp_shard``: HSDP when both are > 1, plain replicas when ``dp_shard`` is 1).
+Parameters end up DTensors on the (dp, tp) mesh; the optimizer, DCP checkpoints and Muon (which
+``full_tensor()``-gathers each matrix) see them as they see FSDP's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.distributed as dist
+
+
+def parallelize(model: torch.nn.Module, info, compile: bool, dist_cfg, param_dtype=None,
+                compile_mode: str = "default") -> torch.nn.Module:
+    """Shard ``model`` in place over ``info.mesh``; returns the module to train with (``model``
+    itself, or a pipeline runner under ``dist.pp`` > 1)."""
+    mesh = info.mesh
+    tp = mesh["tp"].size()
+    if tp > 1:
+        from gptforge.parallel.tensor import apply_tp
+
+        apply_tp(model, mesh["tp"])
+    runner = None
+    if mesh["pp"].size() > 1:
+        from gptforge.parallel.pipeline import build_pipeline
+
+        runner = build_pipeline(model, info, dist_cfg)
+    if compile:  # per block, as the FSDP path (torchtitan's order: parallelize, compile, shard)
+        for block in _blocks(model):
+            block.compile(mode=None if compile_mode == "default" else compile_mode)
+    if info.dp_world > 1:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        dp_mesh = mesh["dp_replicate", "dp_shard"]
+        mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+        blocks = _blocks(model)
+        for i, block in enumerate(blocks):
+            reshard = dist_cfg.reshard_after_forward and i < len(blocks) - 1
+            fully_shard(block, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard)
+        fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=dist_cfg.reshard_after_forward)
+    return runner if runner is not None else model
+
+
+def _blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    blocks = model.blocks
+    return list(blocks.values()) if isinstance(blocks, torch.nn.ModuleDict) else list(blocks)
+
+
+def loss_context(info):
+    """``loss_parallel`` under tensor parallelism (cross-entropy on vocabulary-sharded logits,
+    forward and backward), else nothing."""
+    if info.mesh is not None and info.mesh["tp"].size() > 1:
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        return loss_parallel()
+    return contextlib.nullcontext()
+
+
+def grad_norm_and_clip(params: list[torch.Tensor], max_norm: float, info, skip: set[int] | None = None) -> torch.Tensor:
+    """The global pre-clip gradient norm over every rank's parameters, then clipping to ``max_norm``
+    (0 = no clipping). DTensor gradients (TP/FSDP shards) are reduced by DTensor; across pipeline
+    stages, which hold different parameters, the squared norms are summed over the ``pp`` group.
+    ``skip``: ids of parameters held by two stages (a tied embedding), counted on one of them."""
+    from torch.distributed.tensor import DTensor
+
+    grads = [p.grad for p in params if p.grad is not None and id(p) not in (skip or set())]
+    if grads:
+        total = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
+        if isinstance(total, DTensor):
+            total = total.full_tensor()
+    else:
+        total = torch.zeros((), device=info.device)
+    if info.mesh is not None and info.mesh["pp"].size() > 1:
+        sq = total.float() ** 2
+        dist.all_reduce(sq, group=info.mesh["pp"].get_group())
+        total = sq.sqrt()
+    if max_norm > 0:
+        torch.nn.utils.clip_grads_with_norm_([p for p in params if p.grad is not None], max_norm, total)
+    return total
