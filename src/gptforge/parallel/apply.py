@@ -39,13 +39,16 @@ def parallelize(model: torch.nn.Module, info, compile: bool, dist_cfg, param_dty
     if info.dp_world > 1:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+        from gptforge.parallel.tensor import fsdp_placement
+
         dp_mesh = mesh["dp_replicate", "dp_shard"]
-        mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+        kw = dict(mesh=dp_mesh, mp_policy=MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32),
+                  shard_placement_fn=fsdp_placement)
         blocks = _blocks(model)
         for i, block in enumerate(blocks):
             reshard = dist_cfg.reshard_after_forward and i < len(blocks) - 1
-            fully_shard(block, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard)
-        fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=dist_cfg.reshard_after_forward)
+            fully_shard(block, reshard_after_forward=reshard, **kw)
+        fully_shard(model, reshard_after_forward=dist_cfg.reshard_after_forward, **kw)
     return runner if runner is not None else model
 
 

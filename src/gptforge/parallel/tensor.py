@@ -49,16 +49,19 @@ class FusedColwise(ParallelStyle):
         self.parts = parts
 
     def _apply(self, module: nn.Module, device_mesh) -> nn.Module:
-        placement = [_StridedShard(0, split_factor=self.parts)]
-        for name, p in list(module.named_parameters(recurse=False)):
-            module.register_parameter(name, nn.Parameter(distribute_tensor(p.data, device_mesh, placement)))
+        strided = [_StridedShard(0, split_factor=self.parts)]
+        module.weight = nn.Parameter(distribute_tensor(module.weight.data, device_mesh, strided))
+        if module.bias is not None:
+            # the bias stays replicated (FSDP2 could not shard a 1-D strided tensor again); each rank
+            # adds its rows, and the slicing's backward all-gathers the bias gradient
+            module.bias = nn.Parameter(distribute_tensor(module.bias.data, device_mesh, [Replicate()]))
 
         def forward(mod, x: torch.Tensor) -> torch.Tensor:
             # x: the whole sequence, identical on every rank; its gradient is a partial sum per rank,
             # summed over the group by the Replicate -> local conversion's backward (as ColwiseParallel)
             xd = x if isinstance(x, DTensor) else DTensor.from_local(x, device_mesh, [Replicate()], run_check=False)
             xl = xd.to_local(grad_placements=[Partial()])
-            bias = mod.bias.to_local() if mod.bias is not None else None
+            bias = mod.bias.redistribute(placements=strided).to_local() if mod.bias is not None else None
             return F.linear(xl, mod.weight.to_local(), bias)
 
         module.forward = types.MethodType(forward, module)
@@ -156,6 +159,12 @@ def apply_tp(model: nn.Module, tp_mesh) -> None:
 
 
 # --- checkpoints ---------------------------------------------------------------------------------
+
+def fsdp_placement(param) -> Shard | None:
+    """FSDP2's ``shard_placement_fn``: a strided (fused q/k/v) matrix is sharded by columns across
+    the data dimension, so its two shardings never nest on one dimension; the rest by rows."""
+    return Shard(1) if _strided(param) else None
+
 
 def _strided(t) -> bool:
     return isinstance(t, DTensor) and any(isinstance(p, _StridedShard) for p in t.placements)
