@@ -53,8 +53,11 @@ def save_sharded(run_dir: str | Path, step: int, model: torch.nn.Module, optimiz
         tmp = ckpt.begin_checkpoint(run_dir, step)
     dist.barrier()  # the empty .tmp exists before anyone writes into it
     model_sd, optim_sd = sd.get_state_dict(model, optimizer)
-    # the whole model, gathered to rank 0 on the CPU: weights that load without unpickling anything
-    full = sd.get_model_state_dict(model, options=sd.StateDictOptions(full_state_dict=True, cpu_offload=True))
+    # the whole model, gathered to rank 0 on the CPU: weights that load without unpickling anything.
+    # Pipeline stages each hold some layers: rank 0 reads the whole model back from the DCP files instead
+    split = _split_by_stage(model)
+    full = None if split else sd.get_model_state_dict(model, options=sd.StateDictOptions(full_state_dict=True,
+                                                                                          cpu_offload=True))
     needed = 2 * tensor_bytes(model_sd) + tensor_bytes(optim_sd)  # DTensor sizes are global sizes
     nccl = dist.get_backend() == "nccl"
     failed = torch.zeros(1, device=torch.device("cuda", torch.cuda.current_device()) if nccl else "cpu")
@@ -65,6 +68,8 @@ def save_sharded(run_dir: str | Path, step: int, model: torch.nn.Module, optimiz
             view, _ = dcp_view({"model": model_sd, "optim": optim_sd})  # strided TP shards as DCP can write them
             dcp.save(view, checkpoint_id=str(tmp / DCP_DIR))
             if is_main:
+                if split:
+                    full = _read_full_model(tmp / DCP_DIR)
                 weights = {k: v.contiguous() for k, v in full.items() if not (k == ckpt.TIED and _tied(full))}
                 save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
                 final = ckpt.finalize_checkpoint(run_dir, tmp, {**meta, "format": "dcp"}, keep, rng)
@@ -76,6 +81,22 @@ def save_sharded(run_dir: str | Path, step: int, model: torch.nn.Module, optimiz
     if failed.item():
         raise ckpt.CheckpointError(f"writing checkpoint step {step} failed on another rank (see its error)")
     return final
+
+
+def _split_by_stage(model: torch.nn.Module) -> bool:
+    """True for a pipeline stage's model (gptforge.parallel.pipeline keeps its layers in a ModuleDict
+    under their original indices): no rank holds the whole model."""
+    return isinstance(getattr(model, "blocks", None), torch.nn.ModuleDict)
+
+
+def _read_full_model(dcp_dir: Path) -> dict[str, torch.Tensor]:
+    """Every ``model.*`` tensor of a DCP checkpoint, whole, on the CPU (read by one process)."""
+    dcp, _ = _dcp()
+    meta = dcp.FileSystemReader(str(dcp_dir)).read_metadata().state_dict_metadata
+    state = {k: torch.empty(tuple(m.size), dtype=m.properties.dtype) for k, m in meta.items()
+             if k.startswith("model.") and hasattr(m, "size")}
+    dcp.load(state, checkpoint_id=str(dcp_dir), no_dist=True)
+    return {k[len("model."):]: v for k, v in state.items()}
 
 
 def _tied(full: dict[str, torch.Tensor]) -> bool:
