@@ -228,8 +228,7 @@ def pipeline_step(runner: Pipeline, model, optimizer, loader, grad_accum: int, a
         timer.mark("backward")
     all_reduce_mean(loss, info)
     if runner.tied is not None and runner.tied.grad is not None:
-        g = runner.tied.grad
-        dist.all_reduce(g.to_local() if hasattr(g, "to_local") else g, group=runner.tied_group)
+        _sum_tied_grad(runner.tied, runner.tied_group)
     # the tied parameter is counted once, on the first stage
     skip = {id(runner.tied)} if runner.tied is not None and not runner.is_first else set()
     norm = grad_norm_and_clip(list(model.parameters()), grad_clip, info, skip=skip)
@@ -238,3 +237,15 @@ def pipeline_step(runner: Pipeline, model, optimizer, loader, grad_accum: int, a
     if timer:
         timer.mark("optimizer")
     return loss, norm
+
+
+def _sum_tied_grad(p: nn.Parameter, group) -> None:
+    """First stage's embedding gradient + last stage's head gradient, on both (Megatron's embedding
+    group). Under tensor parallelism the embedding's gradient may come back replicated while the head's
+    is vocabulary-sharded: both are put in the parameter's own placement first, so the two ranks
+    reduce tensors of one shape."""
+    g = p.grad
+    if hasattr(g, "placements") and tuple(g.placements) != tuple(p.placements):
+        g = g.redistribute(placements=p.placements)
+        p.grad = g
+    dist.all_reduce(g.to_local() if hasattr(g, "to_local") else g, group=group)
