@@ -40,30 +40,29 @@ class Stage(nn.Module):
     def __init__(self, model: nn.Module, lo: int, hi: int, first: bool, last: bool, tp: int):
         super().__init__()
         self.cfg = model.config
-        self.first, self.last, self.tp = first, last, tp
-        container, layers, _, _, _ = FAMILIES[self.cfg.arch]
-        self.parts = getattr(model, container)
-        self.layers = nn.ModuleList([getattr(self.parts, layers)[str(i)] for i in range(lo, hi)])
-        self.lo = lo
+        self.first, self.last, self.tp, self.lo = first, last, tp, lo
+        container, layers, first_mods, last_mods, _ = FAMILIES[self.cfg.arch]
+        parts = getattr(model, container)
+        # only the modules this stage runs: a schedule scales and reduces each stage's parameters() once
+        self.layers = nn.ModuleList([getattr(parts, layers)[str(i)] for i in range(lo, hi)])
+        self.embed = nn.ModuleDict({n: parts[n] for n in first_mods}) if first else None
+        self.norm = parts[last_mods[0]] if last else None
         self.lm_head = model.lm_head if last else None
-        self.drop = getattr(model, "drop", None)
+        self.drop = getattr(model, "drop", None) or getattr(parts, "drop", None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         cfg = self.cfg
-        if self.first:
-            T = x.size(1)
-        else:  # hidden states are sequence-sharded under tensor parallelism
-            T = x.size(1) * self.tp
+        T = x.size(1) if self.first else x.size(1) * self.tp  # hidden states are sequence-sharded under TP
         pos = torch.arange(T, dtype=torch.long, device=x.device)
+        extra: tuple = ()
         if cfg.arch == "gpt2":
             if self.first:
-                x = self.parts.drop(self.parts.wte(x) + self.parts.wpe(pos))
-            extra: tuple = ()
+                x = self.drop(self.embed["wte"](x) + self.embed["wpe"](pos))
         else:
             from gptforge.models.llama import rope_cos_sin
 
             if self.first:
-                x = self.drop(self.parts.embed_tokens(x))
+                x = self.drop(self.embed["embed_tokens"](x))
             extra = rope_cos_sin(pos, cfg.head_dim, cfg.rope_theta)
         for i, block in enumerate(self.layers, start=self.lo):
             if cfg.recompute == "block" and self.training and torch.is_grad_enabled():
@@ -72,8 +71,7 @@ class Stage(nn.Module):
                 x = block(x, *extra, None, i, None)
         if not self.last:
             return x
-        x = (self.parts.ln_f if cfg.arch == "gpt2" else self.parts.norm)(x)
-        logits, _ = logits_and_loss(x, self.lm_head, None, cfg, self.training)
+        logits, _ = logits_and_loss(self.norm(x), self.lm_head, None, cfg, self.training)
         return logits
 
 

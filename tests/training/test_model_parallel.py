@@ -1,0 +1,169 @@
+"""Model parallelism on CPU (gloo): tensor + sequence parallel, pipeline stages, their product,
+FSDP2 x TP and HSDP, for both families, each against one process training the same global batch;
+and a checkpoint carried across meshes (TP2 x PP2 -> 1 process -> TP2).
+
+Two torchrun launches (4 ranks, then 2) run every job; the 1-process references run here between
+them. Tolerances (float32 throughout):
+- losses and gradient norms: relative 1e-5. Sharding only reorders sums (a row-parallel matmul adds
+  partial products across ranks, a norm's weight gradient is summed over sequence shards), which
+  moves a float32 loss by a few ulps (observed <= 1.5e-6 absolute on ~6.0).
+- final weights: absolute 5e-4 per entry. AdamW divides by sqrt(v): where a gradient entry is tiny,
+  reordered sums change m/sqrt(v) noticeably, but one step moves an entry by at most about lr
+  (3e-3), and observed differences stay <= 1.5e-4 after 3 steps. A real layout error (e.g. the
+  fused q/k/v rows in the wrong order) moves weights by ~0.1; a missing gradient reduction shows in
+  the loss and norm.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from gptforge.config import Config, ConfigError, DistConfig
+from gptforge.models.llama import LlamaConfig
+from gptforge.parallel.mesh import check_layout
+from gptforge.training.loop import train
+from gptforge.training.observe import read_metrics
+from tests.conftest import make_shards, tiny_config
+from tests.training.test_distributed import _torchrun
+
+HERE = Path(__file__).parent
+STEPS = 3
+VOCAB = 500  # padded to 512: the vocabulary-sharded head must mask the padded rows, not slice them
+
+
+def _cfg(data: Path, out: Path, arch: str = "gpt2", n_layer: int = 2, **dist) -> Config:
+    cfg = tiny_config(data, out, max_steps=STEPS, total_batch_tokens=256, val_every=0, val_tokens=64,
+                      ckpt_every=0, keep_ckpts=0)
+    cfg.model.dropout = 0.0
+    cfg.model.vocab_size = VOCAB
+    cfg.model.n_layer = n_layer
+    if arch == "llama":  # GQA (4 query heads over 2 key/value heads) and QK-norm, untied head
+        cfg.model = LlamaConfig(n_layer=n_layer, n_head=4, n_kv_head=2, n_embd=32, block_size=32, vocab_size=VOCAB,
+                                qk_norm=True)
+    cfg.dist = DistConfig(**dist)
+    cfg.train.trust_checkpoint = True  # DCP checkpoints these tests wrote themselves
+    return cfg
+
+
+def _job(cfg: Config, name: str, tmp: Path, **extra) -> dict:
+    return {"config": cfg.to_dict(), "out": str(tmp / f"{name}.json"), **extra}
+
+
+def _launch(jobs: list[dict], tmp: Path, nproc: int, name: str) -> None:
+    spec = tmp / f"{name}.json"
+    spec.write_text(json.dumps(jobs))
+    proc = _torchrun(["--nproc_per_node", str(nproc), str(HERE / "dist_worker.py"), str(spec)], timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+
+
+def _run(run_dir: Path) -> dict:
+    """Per-step losses and gradient norms from metrics.jsonl, and the last checkpoint's weights."""
+    recs = [r for r in read_metrics(run_dir) if r["kind"] == "train"]
+    last = sorted((run_dir / "checkpoints").glob("step_*"))[-1]
+    return {"loss": {r["step"]: r["loss"] for r in recs}, "norm": {r["step"]: r["grad_norm"] for r in recs},
+            "weights": load_file(str(last / "model.safetensors")), "step": int(last.name.split("_")[1])}
+
+
+# name -> (arch, n_layer, dist); the 4-rank launch, then the 2-rank one
+FOUR = {
+    "g_tp2pp2": ("gpt2", 2, dict(tp=2, pp=2)),  # 1F1B; its step-1 checkpoint starts the cross-mesh chain
+    "l_tp2pp2": ("llama", 2, dict(tp=2, pp=2, pp_schedule="gpipe")),
+    "g_fsdp_tp2": ("gpt2", 2, dict(tp=2, shard="fsdp")),
+    "l_fsdp_tp2": ("llama", 2, dict(tp=2, shard="fsdp")),
+    "g_hsdp": ("gpt2", 2, dict(dp_replicate=2, shard="fsdp")),
+    "l_hsdp": ("llama", 2, dict(dp_replicate=2, shard="fsdp")),
+}
+TWO = {
+    "g_tp2": ("gpt2", 2, dict(tp=2)),
+    "l_tp2": ("llama", 2, dict(tp=2)),
+    "g_pp2": ("gpt2", 2, dict(pp=2, pp_schedule="gpipe")),
+    "l_pp2": ("llama", 2, dict(pp=2, pp_schedule="1f1b")),
+    "g4_ipp2": ("gpt2", 4, dict(pp=2, pp_schedule="interleaved1f1b")),  # 2 stages per rank
+}
+
+
+@pytest.fixture(scope="module")
+def mp(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("mp")
+    data = make_shards(tmp / "data", vocab=VOCAB)
+    jobs = []
+    for name, (arch, n_layer, d) in FOUR.items():
+        cfg = _cfg(data, tmp / name, arch, n_layer, **d)
+        if name == "g_tp2pp2":
+            cfg.train.ckpt_every = 1
+        jobs.append(_job(cfg, name, tmp))
+    _launch(jobs, tmp, 4, "four")
+
+    # the 1-process references, and the middle of the cross-mesh chain: the TP2 x PP2 checkpoint of
+    # step 1 (DCP, four ranks' shards) resumed on one process for step 2 (a single-file checkpoint)
+    refs = {key: _run(train(_cfg(data, tmp / f"ref_{key[0]}{key[1]}", *key)).run_dir)
+            for key in (("gpt2", 2), ("llama", 2), ("gpt2", 4))}
+    chain = tmp / "chain"
+    shutil.copytree(tmp / "g_tp2pp2", chain)
+    for step in (2, 3):
+        shutil.rmtree(chain / "checkpoints" / f"step_{step:06d}")
+    (chain / "metrics.jsonl").unlink()
+    one = train(_cfg(data, chain), resume=chain / "checkpoints" / "step_000001", stop_at_step=2)
+    assert one.steps_done == 2
+
+    jobs = [_job(_cfg(data, tmp / name, arch, n_layer, **d), name, tmp) for name, (arch, n_layer, d) in TWO.items()]
+    jobs.append(_job(_cfg(data, chain, tp=2), "chain", tmp, resume="latest"))  # step 3 under TP2
+    _launch(jobs, tmp, 2, "two")
+    runs = {name: _run(tmp / name) for name in [*FOUR, *TWO]}
+    return {"runs": runs, "refs": refs, "chain": _run(chain), "chain_one": one}
+
+
+def _same(run: dict, ref: dict, steps=range(1, STEPS + 1)) -> None:
+    for s in steps:
+        assert run["loss"][s] == pytest.approx(ref["loss"][s], rel=1e-5), ("loss", s)
+        assert run["norm"][s] == pytest.approx(ref["norm"][s], rel=1e-5), ("grad norm", s)
+    assert set(run["weights"]) == set(ref["weights"])
+    for k, w in ref["weights"].items():
+        assert (run["weights"][k] - w).abs().max().item() <= 5e-4, k
+
+
+@pytest.mark.parametrize("name", [*FOUR, *TWO])
+def test_layout_matches_one_process(mp, name):
+    arch, n_layer, _ = {**FOUR, **TWO}[name]
+    _same(mp["runs"][name], mp["refs"][(arch, n_layer)])
+
+
+def test_checkpoint_crosses_meshes(mp):
+    """TP2 x PP2 (step 1) -> one process (step 2) -> TP2 (step 3) trains the reference's curve."""
+    ref = mp["refs"][("gpt2", 2)]
+    assert mp["chain_one"].train_losses[2] == pytest.approx(ref["loss"][2], rel=1e-5)
+    assert mp["chain"]["step"] == STEPS
+    _same(mp["chain"], ref, steps=[3])
+
+
+@pytest.mark.parametrize("dist, key", [
+    (dict(tp=3), "dist.tp"),  # world 4 not divisible by 3
+    (dict(tp=4), "dist.tp"),  # GPT-2 here has 2 heads: not divisible over 4 ranks
+    (dict(pp=4), "dist.pp"),  # 2 layers over 4 stages
+    (dict(dp_replicate=2), "dist.dp_replicate"),  # HSDP without dist.shard fsdp
+    (dict(tp=2, shard="zero1"), "dist.shard"),
+])
+def test_impossible_layouts_are_refused_before_compute(tmp_path, dist, key):
+    cfg = _cfg(tmp_path, tmp_path / "out", **dist)
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        check_layout(cfg, 4, local_world=4)
+
+
+def test_layout_checks_name_heads_micro_batches_and_nodes(tmp_path):
+    cfg = _cfg(tmp_path, tmp_path / "out", "llama", tp=4)  # 2 KV heads over 4 ranks
+    with pytest.raises(ConfigError, match="n_kv_head"):
+        check_layout(cfg, 4, local_world=4)
+    cfg = _cfg(tmp_path, tmp_path / "out", tp=2)
+    with pytest.raises(ConfigError, match="processes per node"):  # TP across nodes
+        check_layout(cfg, 4, local_world=1)
+    cfg = _cfg(tmp_path, tmp_path / "out", pp=2)
+    cfg.train.total_batch_tokens = 64  # one micro-batch, two stages
+    with pytest.raises(ConfigError, match="fewer than the 2 pipeline stages"):
+        check_layout(cfg, 2, local_world=2)
+    assert check_layout(_cfg(tmp_path, tmp_path / "out", tp=2, pp=2), 4, local_world=4) == 4
+    assert check_layout(_cfg(tmp_path, tmp_path / "out", tp=2, pp=2), 1) == 4  # one process: no effect
