@@ -82,6 +82,9 @@ def check_layout(cfg: Config, world: int, local_world: int | None = None) -> int
         _check_tp(cfg, d.tp)
     if d.pp > 1:
         _check_pp(cfg, dp, d)
+    if (d.tp > 1 or d.pp > 1) and getattr(cfg.eval, "every", 0):
+        _fail("eval.every", "in-loop evaluation tasks do not run on a tensor- or pipeline-parallel model yet; "
+              "set eval.every 0 and evaluate the checkpoint (`gptforge eval --ckpt`)")
     if getattr(m, "fused_ce", False) or getattr(m, "lm_head_fp8", False):
         if d.tp > 1:
             _fail("dist.tp", "model.fused_ce / model.lm_head_fp8 need the whole output head on one rank; "
@@ -110,6 +113,9 @@ def _check_pp(cfg: Config, dp: int, d) -> None:
     if cfg.model.n_layer % stages:
         _fail("dist.pp", f"model.n_layer = {cfg.model.n_layer} is not divisible by the {stages} pipeline stages "
               f"(dist.pp {d.pp}" + (f" x dist.pp_virtual {d.pp_virtual})" if stages != d.pp else ")"))
+    if dp > 1:
+        _fail("dist.pp", f"pipeline stages with a data dimension of {dp} (world / (tp * pp)) are not supported "
+              "yet; use world = tp * pp, or tensor parallelism with FSDP for the data dimension")
     accum = cfg.train.grad_accum(dp)
     if accum < d.pp:
         _fail("dist.pp", f"{accum} micro-batch(es) per step is fewer than the {d.pp} pipeline stages: the pipeline "
