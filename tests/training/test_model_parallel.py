@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from gptforge.config import Config, ConfigError, DistConfig
+from gptforge.config import Config, ConfigError, DistConfig, OptimConfig
 from gptforge.models.llama import LlamaConfig
 from gptforge.parallel.comm import tp_traffic
 from gptforge.parallel.mesh import check_layout
@@ -37,7 +37,7 @@ STEPS = 3
 VOCAB = 500  # padded to 512: the vocabulary-sharded head must mask the padded rows, not slice them
 
 
-def _cfg(data: Path, out: Path, arch: str = "gpt2", n_layer: int = 2, **dist) -> Config:
+def _cfg(data: Path, out: Path, arch: str = "gpt2", n_layer: int = 2, optim: str = "adamw", **dist) -> Config:
     cfg = tiny_config(data, out, max_steps=STEPS, total_batch_tokens=256, val_every=0, val_tokens=64,
                       ckpt_every=0, keep_ckpts=0)
     cfg.model.dropout = 0.0
@@ -46,6 +46,8 @@ def _cfg(data: Path, out: Path, arch: str = "gpt2", n_layer: int = 2, **dist) ->
     if arch == "llama":  # GQA (4 query heads over 2 key/value heads) and QK-norm, untied head
         cfg.model = LlamaConfig(n_layer=n_layer, n_head=4, n_kv_head=2, n_embd=32, block_size=32, vocab_size=VOCAB,
                                 qk_norm=True)
+    if optim == "muon":
+        cfg.optim = OptimConfig(name="muon", lr=3e-3, muon_lr=0.02, warmup_steps=2, min_lr_frac=0.1)
     cfg.dist = DistConfig(**dist)
     cfg.train.trust_checkpoint = True  # DCP checkpoints these tests wrote themselves
     return cfg
@@ -79,7 +81,7 @@ FOUR = {
     "g_hsdp": ("gpt2", 2, dict(dp_replicate=2, shard="fsdp")),
 }
 TWO = {  # (GPT-2 under TP2 alone: the last step of the cross-mesh chain)
-    "l_tp2": ("llama", 2, dict(tp=2)),
+    "l_tp2_muon": ("llama", 2, dict(tp=2), "muon"),  # Muon gathers each TP-sharded matrix
     "g_pp2": ("gpt2", 2, dict(pp=2, pp_schedule="gpipe")),
     "l_pp2": ("llama", 2, dict(pp=2, pp_schedule="1f1b")),
     "g4_ipp2": ("gpt2", 4, dict(pp=2, pp_schedule="interleaved1f1b")),  # 2 stages per rank
@@ -91,8 +93,8 @@ def mp(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("mp")
     data = make_shards(tmp / "data", vocab=VOCAB)
     jobs = []
-    for name, (arch, n_layer, d) in FOUR.items():
-        cfg = _cfg(data, tmp / name, arch, n_layer, **d)
+    for name, (arch, n_layer, d, *opt) in FOUR.items():
+        cfg = _cfg(data, tmp / name, arch, n_layer, *opt, **d)
         if name == "g_tp2pp2":
             cfg.train.ckpt_every = 1
         jobs.append(_job(cfg, name, tmp))
@@ -100,8 +102,8 @@ def mp(tmp_path_factory):
 
     # the 1-process references, and the middle of the cross-mesh chain: the TP2 x PP2 checkpoint of
     # step 1 (DCP, four ranks' shards) resumed on one process for step 2 (a single-file checkpoint)
-    refs = {key: _run(train(_cfg(data, tmp / f"ref_{key[0]}{key[1]}", *key)).run_dir)
-            for key in (("gpt2", 2), ("llama", 2), ("gpt2", 4))}
+    refs = {key: _run(train(_cfg(data, tmp / f"ref_{'_'.join(map(str, key))}", *key)).run_dir)
+            for key in (("gpt2", 2, "adamw"), ("llama", 2, "adamw"), ("gpt2", 4, "adamw"), ("llama", 2, "muon"))}
     chain = tmp / "chain"
     shutil.copytree(tmp / "g_tp2pp2", chain)
     for step in (2, 3):
@@ -110,7 +112,8 @@ def mp(tmp_path_factory):
     one = train(_cfg(data, chain), resume=chain / "checkpoints" / "step_000001", stop_at_step=2)
     assert one.steps_done == 2
 
-    jobs = [_job(_cfg(data, tmp / name, arch, n_layer, **d), name, tmp) for name, (arch, n_layer, d) in TWO.items()]
+    jobs = [_job(_cfg(data, tmp / name, arch, n_layer, *opt, **d), name, tmp)
+            for name, (arch, n_layer, d, *opt) in TWO.items()]
     jobs.append(_job(_cfg(data, chain, tp=2), "chain", tmp, resume="latest"))  # step 3 under TP2
     models = [_cfg(data, tmp, arch, n_layer).model for arch, n_layer in TRAFFIC]
     jobs.append({"traffic": [m.to_dict() for m in models], "batch": 4, "seq": 16, "out": str(tmp / "traffic.json")})
@@ -120,19 +123,28 @@ def mp(tmp_path_factory):
     return {"runs": runs, "refs": refs, "chain": _run(chain), "chain_one": one, "traffic": traffic}
 
 
-def _same(run: dict, ref: dict, steps=range(1, STEPS + 1)) -> None:
+def _same(run: dict, ref: dict, steps=range(1, STEPS + 1), rtol: float = 1e-5, muon: bool = False) -> None:
     for s in steps:
-        assert run["loss"][s] == pytest.approx(ref["loss"][s], rel=1e-5), ("loss", s)
-        assert run["norm"][s] == pytest.approx(ref["norm"][s], rel=1e-5), ("grad norm", s)
+        assert run["loss"][s] == pytest.approx(ref["loss"][s], rel=rtol), ("loss", s)
+        assert run["norm"][s] == pytest.approx(ref["norm"][s], rel=rtol), ("grad norm", s)
     assert set(run["weights"]) == set(ref["weights"])
     for k, w in ref["weights"].items():
-        assert (run["weights"][k] - w).abs().max().item() <= 5e-4, k
+        diff = (run["weights"][k] - w).abs()
+        # Muon: the mean, as a rare embedding row's AdamW step (tiny v) may differ by more in one entry
+        assert (diff.mean() if muon else diff.max()).item() <= (3e-4 if muon else 5e-4), k
 
 
 @pytest.mark.parametrize("name", [*FOUR, *TWO])
 def test_layout_matches_one_process(mp, name):
-    arch, n_layer, _ = {**FOUR, **TWO}[name]
-    _same(mp["runs"][name], mp["refs"][(arch, n_layer)])
+    arch, n_layer, _, *opt = {**FOUR, **TWO}[name]
+    optim = opt[0] if opt else "adamw"
+    if optim == "muon":
+        # Muon orthogonalises in bfloat16: a last-bit difference in a summed gradient can round an element
+        # of the update the other way (as under FSDP, test_muon_distributed), so losses agree to ~1e-5
+        # relative, and weights on average to under a tenth of one Muon step (muon_lr 0.02 x entries ~0.2)
+        _same(mp["runs"][name], mp["refs"][(arch, n_layer, optim)], rtol=5e-5, muon=True)
+    else:
+        _same(mp["runs"][name], mp["refs"][(arch, n_layer, optim)])
 
 
 TRAFFIC = (("gpt2", 2), ("gpt2", 3), ("llama", 2))
@@ -148,7 +160,7 @@ def test_tensor_parallel_traffic_equals_the_formula(mp):
 
 def test_checkpoint_crosses_meshes(mp):
     """TP2 x PP2 (step 1) -> one process (step 2) -> TP2 (step 3) trains the reference's curve."""
-    ref = mp["refs"][("gpt2", 2)]
+    ref = mp["refs"][("gpt2", 2, "adamw")]
     assert mp["chain_one"].train_losses[2] == pytest.approx(ref["loss"][2], rel=1e-5)
     assert mp["chain"]["step"] == STEPS
     _same(mp["chain"], ref, steps=[3])

@@ -213,8 +213,7 @@ def pipeline_step(runner: Pipeline, model, optimizer, loader, grad_accum: int, a
     """One optimizer step: the schedule runs the ``grad_accum`` micro-batches through the stages
     (forward and backward), the tied embedding's gradient is summed over its two stages, then the
     global norm, clipping and the optimizer. Returns (mean loss, pre-clip grad norm) on every rank."""
-    from gptforge.parallel.apply import grad_norm_and_clip, loss_context
-    from gptforge.training.distributed import all_reduce_mean
+    from gptforge.parallel.grads import grad_norm_and_clip, loss_context
 
     xs, ys = zip(*(loader.next_batch() for _ in range(grad_accum)), strict=True)
     x, y = torch.cat(xs).to(info.device), torch.cat(ys).to(info.device)
@@ -224,7 +223,8 @@ def pipeline_step(runner: Pipeline, model, optimizer, loader, grad_accum: int, a
         loss = runner.run(x, y, grad_accum, train=True)
     if timer:
         timer.mark("backward")
-    all_reduce_mean(loss, info)
+    dist.all_reduce(loss)  # equal within a pipeline: the mean over all ranks is the mean over replicas
+    loss /= info.world
     if runner.tied is not None and runner.tied.grad is not None:
         _sum_tied_grad(runner.tied, runner.tied_group)
     # the tied parameter is counted once, on the first stage

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from gptforge.parallel.apply import grad_norm_and_clip, loss_context
+from gptforge.parallel.grads import grad_norm_and_clip, loss_context
 from gptforge.training.distributed import DistInfo, all_reduce_mean, grad_sync, local_tensor
 
 
