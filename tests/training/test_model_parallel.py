@@ -75,8 +75,8 @@ def _run(run_dir: Path) -> dict:
 # name -> (arch, n_layer, dist); the 4-rank launch, then the 2-rank one
 FOUR = {
     "g_tp2pp2": ("gpt2", 2, dict(tp=2, pp=2)),  # 1F1B; its step-1 checkpoint starts the cross-mesh chain
-    "l_tp2pp2": ("llama", 2, dict(tp=2, pp=2, pp_schedule="gpipe")),
-    "g_fsdp_tp2": ("gpt2", 2, dict(tp=2, shard="fsdp")),
+    "l_tp2pp2": ("llama", 2, dict(tp=2, pp=2, pp_schedule="gpipe")),  # with block recomputation
+    "g_fsdp_tp2": ("gpt2", 2, dict(tp=2, shard="fsdp")),  # with MLP recomputation
     "l_fsdp_tp2": ("llama", 2, dict(tp=2, shard="fsdp")),
     "g_hsdp": ("gpt2", 2, dict(dp_replicate=2, shard="fsdp")),
 }
@@ -97,6 +97,7 @@ def mp(tmp_path_factory):
         cfg = _cfg(data, tmp / name, arch, n_layer, *opt, **d)
         if name == "g_tp2pp2":
             cfg.train.ckpt_every = 1
+        cfg.model.recompute = {"l_tp2pp2": "block", "g_fsdp_tp2": "mlp"}.get(name, "none")  # same math
         jobs.append(_job(cfg, name, tmp))
     _launch(jobs, tmp, 4, "four")
 
@@ -140,9 +141,9 @@ def test_layout_matches_one_process(mp, name):
     optim = opt[0] if opt else "adamw"
     if optim == "muon":
         # Muon orthogonalises in bfloat16: a last-bit difference in a summed gradient can round an element
-        # of the update the other way (as under FSDP, test_muon_distributed), so losses agree to ~1e-5
-        # relative, and weights on average to under a tenth of one Muon step (muon_lr 0.02 x entries ~0.2)
-        _same(mp["runs"][name], mp["refs"][(arch, n_layer, optim)], rtol=5e-5, muon=True)
+        # of the update the other way (as under FSDP, test_muon_distributed), so losses and norms agree to
+        # ~3e-5 relative (not 1e-5), and weights on average to under a tenth of one Muon step (0.02 x ~0.2)
+        _same(mp["runs"][name], mp["refs"][(arch, n_layer, optim)], rtol=1e-4, muon=True)
     else:
         _same(mp["runs"][name], mp["refs"][(arch, n_layer, optim)])
 
