@@ -242,3 +242,20 @@ def test_gpu_lane_layouts_match_one_gpu(tmp_path):
                 assert run["norm"][s] == pytest.approx(ref["norm"][s], rel=1e-4), (name, s)
             for k, w in ref["weights"].items():
                 assert (run["weights"][k] - w).abs().max().item() <= 1e-3, (name, k)
+
+
+def test_cli_refuses_an_impossible_mesh_with_exit_2(tmp_path):
+    """Under torchrun (WORLD_SIZE 4, 2 processes per node) a TP degree wider than a node exits 2
+    naming the key, before any data or model, with no traceback."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "gptforge", "train", "--preset", "tiny", "--dist.tp", "4",
+                           "--train.total_batch_tokens", "1024", "--train.out_dir", str(tmp_path / "out")],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "dist.tp" in proc.stderr and "processes per node" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "out").exists()
