@@ -79,6 +79,7 @@ FOUR = {
     "g_fsdp_tp2": ("gpt2", 2, dict(tp=2, shard="fsdp")),  # with MLP recomputation
     "l_fsdp_tp2": ("llama", 2, dict(tp=2, shard="fsdp")),
     "g_hsdp": ("gpt2", 2, dict(dp_replicate=2, shard="fsdp")),
+    "g_pp2_fsdp2": ("gpt2", 2, dict(pp=2, shard="fsdp")),  # stages x FSDP, the tied head on both ends
 }
 TWO = {  # (GPT-2 under TP2 alone: the last step of the cross-mesh chain)
     "l_tp2_muon": ("llama", 2, dict(tp=2), "muon"),  # Muon gathers each TP-sharded matrix

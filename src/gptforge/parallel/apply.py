@@ -44,7 +44,12 @@ def parallelize(model: torch.nn.Module, info, compile: bool, dist_cfg, param_dty
         for i, block in enumerate(blocks):
             reshard = dist_cfg.reshard_after_forward and i < len(blocks) - 1
             fully_shard(block, reshard_after_forward=reshard, **kw)
-        fully_shard(model, reshard_after_forward=dist_cfg.reshard_after_forward, **kw)
+        # the root of each forward: the model, or under a pipeline each stage (its embeddings, norm and
+        # head; the schedule then runs FSDP's end-of-backward for it, as for torchtitan's model chunks)
+        for root in (runner.parts if runner is not None else [model]):
+            fully_shard(root, reshard_after_forward=dist_cfg.reshard_after_forward, **kw)
+        if runner is not None:
+            runner.retie(model)
     return runner if runner is not None else model
 
 

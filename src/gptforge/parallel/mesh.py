@@ -113,9 +113,6 @@ def _check_pp(cfg: Config, dp: int, d) -> None:
     if cfg.model.n_layer % stages:
         _fail("dist.pp", f"model.n_layer = {cfg.model.n_layer} is not divisible by the {stages} pipeline stages "
               f"(dist.pp {d.pp}" + (f" x dist.pp_virtual {d.pp_virtual})" if stages != d.pp else ")"))
-    if dp > 1:
-        _fail("dist.pp", f"pipeline stages with a data dimension of {dp} (world / (tp * pp)) are not supported "
-              "yet; use world = tp * pp, or tensor parallelism with FSDP for the data dimension")
     accum = cfg.train.grad_accum(dp)
     if accum < d.pp:
         _fail("dist.pp", f"{accum} micro-batch(es) per step is fewer than the {d.pp} pipeline stages: the pipeline "

@@ -122,6 +122,17 @@ class Pipeline(nn.Module):
         self.loss = _loss_fn(vocab_size)
         self._schedules: dict = {}
 
+    def retie(self, model: nn.Module) -> None:
+        """After FSDP2 swapped the parameters for DTensor ones: the last stage's embedding (kept only to
+        hold the tied weight) points at the head's new parameter again, and ``tied`` at the new one."""
+        if self.tied is None:
+            return
+        container, _, _, _, tied_name = FAMILIES[model.config.arch]
+        embedding = getattr(getattr(model, container), tied_name)
+        if self.is_last:
+            embedding.weight = model.lm_head.weight
+        self.tied = embedding.weight
+
     def schedule(self, n_micro: int, train: bool = True):
         from torch.distributed.pipelining import PipelineStage
         from torch.distributed.pipelining.schedules import Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
