@@ -21,6 +21,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 from safetensors.torch import load_file
 
 from gptforge.config import Config, ConfigError, DistConfig, OptimConfig
@@ -84,7 +85,7 @@ FOUR = {
 TWO = {  # (GPT-2 under TP2 alone: the last step of the cross-mesh chain)
     "l_tp2_muon": ("llama", 2, dict(tp=2), "muon"),  # Muon gathers each TP-sharded matrix
     "g_pp2": ("gpt2", 2, dict(pp=2, pp_schedule="gpipe")),
-    "l_pp2": ("llama", 2, dict(pp=2, pp_schedule="1f1b")),
+    "l_pp2": ("llama", 2, dict(pp=2, pp_schedule="1f1b")),  # stopped at step 2, resumed (same mesh)
     "g4_ipp2": ("gpt2", 4, dict(pp=2, pp_schedule="interleaved1f1b")),  # 2 stages per rank
 }
 
@@ -116,6 +117,10 @@ def mp(tmp_path_factory):
 
     jobs = [_job(_cfg(data, tmp / name, arch, n_layer, *opt, **d), name, tmp)
             for name, (arch, n_layer, d, *opt) in TWO.items()]
+    # l_pp2 stops after step 2 and resumes under the same mesh for step 3 (its own DCP checkpoint)
+    i = list(TWO).index("l_pp2")
+    jobs[i]["stop_at_step"] = 2
+    jobs.insert(i + 1, {**jobs[i], "stop_at_step": None, "resume": "latest"})
     jobs.append(_job(_cfg(data, chain, tp=2), "chain", tmp, resume="latest"))  # step 3 under TP2
     models = [_cfg(data, tmp, arch, n_layer).model for arch, n_layer in TRAFFIC]
     jobs.append({"traffic": [m.to_dict() for m in models], "batch": 4, "seq": 16, "out": str(tmp / "traffic.json")})
@@ -147,6 +152,15 @@ def test_layout_matches_one_process(mp, name):
         _same(mp["runs"][name], mp["refs"][(arch, n_layer, optim)], rtol=1e-4, muon=True)
     else:
         _same(mp["runs"][name], mp["refs"][(arch, n_layer, optim)])
+
+
+def test_resume_under_the_same_mesh_is_exact(mp):
+    """PP2 (1F1B) stopped after step 2 and resumed: step 3's loss and the final weights are bit for bit
+    one process's (a Llama pipeline in float32 reorders no sum: stages run the same ops in the same order)."""
+    run, ref = mp["runs"]["l_pp2"], mp["refs"][("llama", 2, "adamw")]
+    assert run["loss"] == ref["loss"]
+    for k, w in ref["weights"].items():
+        assert torch.equal(run["weights"][k], w), k
 
 
 TRAFFIC = (("gpt2", 2), ("gpt2", 3), ("llama", 2))
@@ -203,7 +217,6 @@ def test_gpu_lane_layouts_match_one_gpu(tmp_path):
     """TP2, PP2 (1F1B) and, with 4 GPUs, TP2 x PP2 and FSDP2 x TP2, for both families, on CUDA with
     NCCL, against one GPU in float32. cuBLAS may pick other kernels for the sharded shapes and NCCL
     sums in its own order, so losses and norms are held to relative 1e-4, weights to 1e-3."""
-    import torch
 
     n = torch.cuda.device_count()
     if n < 2:

@@ -52,10 +52,13 @@ def save_sharded(run_dir: str | Path, step: int, model: torch.nn.Module, optimiz
     if is_main:
         tmp = ckpt.begin_checkpoint(run_dir, step)
     dist.barrier()  # the empty .tmp exists before anyone writes into it
-    model_sd, optim_sd = sd.get_state_dict(model, optimizer)
+    split = _split_by_stage(model)
+    # pipeline stages hold different parameters, so their param groups differ: keyed per parameter
+    # name (torchtitan's flattened form) instead of by group index, which DCP would keep one rank's of
+    model_sd, optim_sd = sd.get_state_dict(model, optimizer, options=sd.StateDictOptions(
+        flatten_optimizer_state_dict=split))
     # the whole model, gathered to rank 0 on the CPU: weights that load without unpickling anything.
     # Pipeline stages each hold some layers: rank 0 reads the whole model back from the DCP files instead
-    split = _split_by_stage(model)
     full = None if split else sd.get_model_state_dict(model, options=sd.StateDictOptions(full_state_dict=True,
                                                                                           cpu_offload=True))
     needed = 2 * tensor_bytes(model_sd) + tensor_bytes(optim_sd)  # DTensor sizes are global sizes
@@ -158,12 +161,22 @@ def _load(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, ckpt_
         copy_back()
         sd.set_model_state_dict(model, state["model"])
         return
-    model_sd, optim_sd = sd.get_state_dict(model, optimizer)
+    options = sd.StateDictOptions(flatten_optimizer_state_dict=_flat_optimizer(ckpt_dir))
+    model_sd, optim_sd = sd.get_state_dict(model, optimizer, options=options)
     state = {"model": model_sd, "optim": optim_sd}
     view, copy_back = dcp_view(state)  # DCP reads strided TP shards replicated; copied back into them
     dcp.load(view, checkpoint_id=str(ckpt_dir / DCP_DIR), no_dist=no_dist)
     copy_back()
-    sd.set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    sd.set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                      options=options)
+
+
+def _flat_optimizer(ckpt_dir: Path) -> bool:
+    """True when the checkpoint keys optimizer param groups by parameter name (written by pipeline
+    stages), False for the by-index form of every other sharded run."""
+    dcp, _ = _dcp()
+    keys = dcp.FileSystemReader(str(ckpt_dir / DCP_DIR)).read_metadata().state_dict_metadata
+    return any(k.startswith("optim.param_groups.") and not k.split(".")[2].isdigit() for k in keys)
 
 
 def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
