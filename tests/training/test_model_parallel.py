@@ -1,17 +1,19 @@
-"""Model parallelism on CPU (gloo): tensor + sequence parallel, pipeline stages, their product,
-FSDP2 x TP and HSDP, for both families, each against one process training the same global batch;
-and a checkpoint carried across meshes (TP2 x PP2 -> 1 process -> TP2).
+"""Model parallelism on CPU (gloo): tensor + sequence parallel, pipeline stages (GPipe, 1F1B,
+interleaved), their product, FSDP2 x TP, PP x FSDP2 and HSDP, Muon under TP, recomputation, for both
+families, each against one process training the same global batch; a checkpoint carried across
+meshes (TP2 x PP2 -> 1 process -> TP2) and resumed under its own mesh; the tensor-parallel traffic
+against its formula; impossible layouts refused.
 
 Two torchrun launches (4 ranks, then 2) run every job; the 1-process references run here between
-them. Tolerances (float32 throughout):
+them (about 100 s in all on 2 busy cores). Tolerances (float32 throughout):
 - losses and gradient norms: relative 1e-5. Sharding only reorders sums (a row-parallel matmul adds
   partial products across ranks, a norm's weight gradient is summed over sequence shards), which
-  moves a float32 loss by a few ulps (observed <= 1.5e-6 absolute on ~6.0).
+  moves a float32 loss by a few ulps (observed <= 1.5e-7 relative).
 - final weights: absolute 5e-4 per entry. AdamW divides by sqrt(v): where a gradient entry is tiny,
   reordered sums change m/sqrt(v) noticeably, but one step moves an entry by at most about lr
-  (3e-3), and observed differences stay <= 1.5e-4 after 3 steps. A real layout error (e.g. the
-  fused q/k/v rows in the wrong order) moves weights by ~0.1; a missing gradient reduction shows in
-  the loss and norm.
+  (3e-3); observed differences are <= 3e-6 here, and up to 1.5e-4 in other shapes tried. A real
+  layout error (e.g. the fused q/k/v rows in the wrong order) moves weights by ~0.1; a missing
+  gradient reduction shows in the loss and norm.
 """
 
 from __future__ import annotations
