@@ -187,10 +187,29 @@ class DistConfig:
     shard: Literal["none", "zero1", "fsdp"] = "none"
     reshard_after_forward: bool = True  # FSDP: free gathered params after forward (ZeRO-3); false = ZeRO-2-like
     timeout: float = 1800.0  # seconds a collective may wait before the run fails (hung rank)
+    # model parallelism on a device mesh (gptforge.parallel): the data dimension is what is left,
+    # world / (tp * pp), split into dp_replicate groups (HSDP: replicate across, FSDP-shard within)
+    tp: int = 1  # tensor (+ sequence) parallel degree: Megatron's column/row-parallel layers
+    pp: int = 1  # pipeline stages (ranks); the model is split by layers
+    dp_replicate: int = 1  # HSDP: replicas of the data dimension (with dist.shard fsdp)
+    pp_schedule: Literal["gpipe", "1f1b", "interleaved1f1b"] = "1f1b"  # micro-batches = grad-accum steps
+    pp_virtual: int = 2  # stages per rank for interleaved1f1b (the others use 1)
 
     def __post_init__(self) -> None:
         _check(self.shard in ("none", "zero1", "fsdp"), "dist.shard", self.shard, "none, zero1 or fsdp")
         _check(self.timeout > 0, "dist.timeout", self.timeout, "a positive number of seconds")
+        for key in ("tp", "pp", "dp_replicate"):
+            _check(isinstance(getattr(self, key), int) and getattr(self, key) >= 1, f"dist.{key}",
+                   getattr(self, key), "an integer >= 1")
+        _check(self.pp_schedule in ("gpipe", "1f1b", "interleaved1f1b"), "dist.pp_schedule", self.pp_schedule,
+               "gpipe, 1f1b or interleaved1f1b")
+        _check(isinstance(self.pp_virtual, int) and self.pp_virtual >= 2, "dist.pp_virtual", self.pp_virtual,
+               "an integer >= 2 (stages per rank under interleaved1f1b)")
+
+    @property
+    def model_parallel(self) -> int:
+        """Ranks one model replica spans (tp * pp); the data dimension is world / this."""
+        return self.tp * self.pp
 
     @staticmethod
     def upgrade(values: dict) -> dict:

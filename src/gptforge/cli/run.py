@@ -60,7 +60,10 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
         if resume is not None:
             raise CliError("--init-from starts a new run from other weights; it cannot be combined with --resume")
         init_weights = init_from(args.init_from, cfg)
-    cfg.validate(launched_world())  # fail on a batch that cannot divide before touching data or devices
+    # fail on a mesh or a batch that cannot divide before touching data or devices
+    from gptforge.parallel.mesh import check_layout
+
+    check_layout(cfg, launched_world())
     check_tasks(cfg)
     if args.dry_run:
         print(cfg.to_json())

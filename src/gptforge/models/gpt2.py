@@ -129,10 +129,12 @@ class CausalSelfAttention(nn.Module):
     ) -> torch.Tensor:
         B, T, C = x.size()
         hs = C // self.n_head
-        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
-        q = q.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
-        k = k.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
-        v = v.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
+        # heads counted from the output, not n_head: under tensor parallelism this rank holds some
+        # of them (c_attn's output is then its own heads' [q, k, v], see gptforge.parallel.tensor)
+        q, k, v = self.c_attn(x).chunk(3, dim=2)
+        q = q.view(B, T, -1, hs).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(B, T, -1, hs).transpose(1, 2)  # (B, nh, T, hs)
+        v = v.view(B, T, -1, hs).transpose(1, 2)  # (B, nh, T, hs)
         if kv_cache is not None:
             k, v = kv_cache.update(layer, k, v)  # (B, nh, past+T, hs)
         Tk = k.size(2)
@@ -152,7 +154,7 @@ class CausalSelfAttention(nn.Module):
                 att = att.masked_fill(~attn_mask, float("-inf"))
             att = F.dropout(F.softmax(att, dim=-1), p=dropout_p, training=self.training)
             y = att @ v  # (B, nh, T, hs)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble heads side by side
+        y = y.transpose(1, 2).contiguous().view(B, T, -1)  # re-assemble heads side by side
         return self.resid_dropout(self.c_proj(y))
 
 

@@ -35,10 +35,30 @@ def logits_and_loss(x: torch.Tensor, lm_head: nn.Linear, targets: torch.Tensor |
 
         logits = fp8_linear(x, lm_head.weight)[..., : cfg.vocab_size]
     else:
-        logits = lm_head(x)[..., : cfg.vocab_size]  # (B, T, vocab_size)
+        logits = lm_head(x)
+        if not _vocab_sharded(logits):
+            logits = logits[..., : cfg.vocab_size]  # (B, T, vocab_size)
     if softcap > 0:  # bounded logits (Gemma 2, modded-nanogpt): cap * tanh(z / cap)
         logits = softcap * torch.tanh(logits.float() / softcap)
+    if _vocab_sharded(logits) and logits.size(-1) != cfg.vocab_size:
+        logits = _mask_padding(logits, cfg.vocab_size)
     loss = None
     if targets is not None:
         loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
     return logits, loss
+
+
+def _vocab_sharded(logits: torch.Tensor) -> bool:
+    """Logits split over the vocabulary across tensor-parallel ranks (a DTensor, ``Shard(-1)``): kept
+    sharded for ``loss_parallel`` instead of being sliced, which would gather them."""
+    return hasattr(logits, "placements") and any(getattr(p, "dim", None) in (-1, logits.ndim - 1)
+                                                 for p in logits.placements)
+
+
+def _mask_padding(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Vocabulary-sharded logits with the padded rows at -inf (zero probability), in place of the slice."""
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    pad = torch.zeros(logits.size(-1), dtype=logits.dtype, device=logits.device)
+    pad[vocab_size:] = float("-inf")
+    return logits + distribute_tensor(pad, logits.device_mesh, [Shard(0)], src_data_rank=None)

@@ -214,9 +214,10 @@ class Attention(nn.Module):
         layer: int = 0, attn_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         B, T, C = x.size()
-        q = self.q_proj(x).view(B, T, self.n_head, self.hd).transpose(1, 2)  # (B, nh, T, hd)
-        k = self.k_proj(x).view(B, T, self.n_kv_head, self.hd).transpose(1, 2)  # (B, nkv, T, hd)
-        v = self.v_proj(x).view(B, T, self.n_kv_head, self.hd).transpose(1, 2)  # (B, nkv, T, hd)
+        # head counts from the outputs: under tensor parallelism a rank holds some of the heads
+        q = self.q_proj(x).view(B, T, -1, self.hd).transpose(1, 2)  # (B, nh, T, hd)
+        k = self.k_proj(x).view(B, T, -1, self.hd).transpose(1, 2)  # (B, nkv, T, hd)
+        v = self.v_proj(x).view(B, T, -1, self.hd).transpose(1, 2)  # (B, nkv, T, hd)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -242,7 +243,7 @@ class Attention(nn.Module):
                 att = att.masked_fill(~attn_mask, float("-inf"))
             att = F.dropout(F.softmax(att, dim=-1), p=dropout_p, training=self.training)
             y = att @ v  # (B, nh, T, hd)
-        y = y.transpose(1, 2).contiguous().view(B, T, self.n_head * self.hd)  # heads side by side
+        y = y.transpose(1, 2).contiguous().view(B, T, -1)  # heads side by side
         return self.resid_dropout(self.o_proj(y))
 
 

@@ -15,11 +15,13 @@ import contextlib
 import datetime
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from gptforge.config import ConfigError, DistConfig
+from gptforge.parallel.mesh import build_mesh, data_coordinate, wants_mesh
 from gptforge.runtime import resolve_device
 
 _JOINS = 0  # process groups this process has joined (see init_distributed)
@@ -34,6 +36,11 @@ class DistInfo:
     zero: int = 0  # 1 = optimizer state sharded with ZeroRedundancyOptimizer
     fsdp: bool = False  # parameters, gradients and optimizer state sharded with FSDP2
     owns_group: bool = False  # init_distributed created the process group, so cleanup() destroys it
+    # the device mesh of a model-parallel / HSDP run (gptforge.parallel.mesh), else None. Under a
+    # mesh the state is DTensor-sharded, so ``fsdp`` is true too (DCP checkpoints, no DDP no_sync)
+    mesh: Any = None
+    dp_rank: int = 0  # this rank's place in the data dimension: what the loaders read
+    dp_world: int = 1
 
     @property
     def is_main(self) -> bool:
@@ -45,7 +52,10 @@ class DistInfo:
 
     @property
     def sharded(self) -> str:
-        """How state is sharded in this run: "fsdp", "zero1" or "none"."""
+        """How state is sharded in this run: "fsdp", "zero1", "none", or the mesh ("pp2.dp1x1.tp2")."""
+        if self.mesh is not None:
+            pp, rep, shard, tp = self.mesh.shape
+            return f"pp{pp}.dp{rep}x{shard}.tp{tp}"
         return "fsdp" if self.fsdp else "zero1" if self.zero else "none"
 
 
@@ -81,8 +91,13 @@ def init_distributed(device_name: str = "auto", dist_cfg: DistConfig | None = No
             backend="nccl" if device.type == "cuda" else "gloo", store=store, rank=rank, world_size=world,
             timeout=timeout, device_id=device if device.type == "cuda" else None,
         )
+    if wants_mesh(dist_cfg, world):  # tensor / pipeline parallel or HSDP: a named DeviceMesh
+        mesh = build_mesh(device.type, dist_cfg, world)
+        dp_rank, dp_world = data_coordinate(mesh)
+        return DistInfo(rank=rank, local_rank=local_rank, world=world, device=device, fsdp=True,
+                        owns_group=owns_group, mesh=mesh, dp_rank=dp_rank, dp_world=dp_world)
     sharding = world > 1
-    return DistInfo(rank=rank, local_rank=local_rank, world=world, device=device,
+    return DistInfo(dp_rank=rank, dp_world=world, rank=rank, local_rank=local_rank, world=world, device=device,
                     zero=int(sharding and dist_cfg.shard == "zero1"), fsdp=sharding and dist_cfg.shard == "fsdp",
                     owns_group=owns_group)
 
@@ -102,6 +117,10 @@ def wrap_model(
     optimizer after this call. ``param_dtype`` (bf16 on CUDA) is FSDP's mixed-precision policy:
     parameters are all-gathered in it, gradients reduced in float32.
     """
+    if info.mesh is not None:
+        from gptforge.parallel.apply import parallelize
+
+        return parallelize(model, info, compile, dist_cfg or DistConfig(), param_dtype, compile_mode)
     if info.fsdp:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 

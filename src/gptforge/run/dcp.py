@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
 
+from gptforge.parallel.tensor import dcp_view
 from gptforge.run import checkpoint as ckpt
 from gptforge.storage import tensor_bytes
 
@@ -51,9 +52,15 @@ def save_sharded(run_dir: str | Path, step: int, model: torch.nn.Module, optimiz
     if is_main:
         tmp = ckpt.begin_checkpoint(run_dir, step)
     dist.barrier()  # the empty .tmp exists before anyone writes into it
-    model_sd, optim_sd = sd.get_state_dict(model, optimizer)
-    # the whole model, gathered to rank 0 on the CPU: weights that load without unpickling anything
-    full = sd.get_model_state_dict(model, options=sd.StateDictOptions(full_state_dict=True, cpu_offload=True))
+    split = _split_by_stage(model)
+    # pipeline stages hold different parameters, so their param groups differ: keyed per parameter
+    # name (torchtitan's flattened form) instead of by group index, which DCP would keep one rank's of
+    model_sd, optim_sd = sd.get_state_dict(model, optimizer, options=sd.StateDictOptions(
+        flatten_optimizer_state_dict=split))
+    # the whole model, gathered to rank 0 on the CPU: weights that load without unpickling anything.
+    # Pipeline stages each hold some layers: rank 0 reads the whole model back from the DCP files instead
+    full = None if split else sd.get_model_state_dict(model, options=sd.StateDictOptions(full_state_dict=True,
+                                                                                          cpu_offload=True))
     needed = 2 * tensor_bytes(model_sd) + tensor_bytes(optim_sd)  # DTensor sizes are global sizes
     nccl = dist.get_backend() == "nccl"
     failed = torch.zeros(1, device=torch.device("cuda", torch.cuda.current_device()) if nccl else "cpu")
@@ -61,8 +68,11 @@ def save_sharded(run_dir: str | Path, step: int, model: torch.nn.Module, optimiz
     try:
         with ckpt.cleanup_on_failure(tmp, step, needed) if is_main else _nothing():
             # collective; returns on rank 0 once every rank's shards are written
-            dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp / DCP_DIR))
+            view, _ = dcp_view({"model": model_sd, "optim": optim_sd})  # strided TP shards as DCP can write them
+            dcp.save(view, checkpoint_id=str(tmp / DCP_DIR))
             if is_main:
+                if split:
+                    full = _read_full_model(tmp / DCP_DIR)
                 weights = {k: v.contiguous() for k, v in full.items() if not (k == ckpt.TIED and _tied(full))}
                 save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
                 final = ckpt.finalize_checkpoint(run_dir, tmp, {**meta, "format": "dcp"}, keep, rng)
@@ -74,6 +84,22 @@ def save_sharded(run_dir: str | Path, step: int, model: torch.nn.Module, optimiz
     if failed.item():
         raise ckpt.CheckpointError(f"writing checkpoint step {step} failed on another rank (see its error)")
     return final
+
+
+def _split_by_stage(model: torch.nn.Module) -> bool:
+    """True for a pipeline stage's model (gptforge.parallel.pipeline keeps its layers in a ModuleDict
+    under their original indices): no rank holds the whole model."""
+    return isinstance(getattr(model, "blocks", None), torch.nn.ModuleDict)
+
+
+def _read_full_model(dcp_dir: Path) -> dict[str, torch.Tensor]:
+    """Every ``model.*`` tensor of a DCP checkpoint, whole, on the CPU (read by one process)."""
+    dcp, _ = _dcp()
+    meta = dcp.FileSystemReader(str(dcp_dir)).read_metadata().state_dict_metadata
+    state = {k: torch.empty(tuple(m.size), dtype=m.properties.dtype) for k, m in meta.items()
+             if k.startswith("model.") and hasattr(m, "size")}
+    dcp.load(state, checkpoint_id=str(dcp_dir), no_dist=True)
+    return {k[len("model."):]: v for k, v in state.items()}
 
 
 def _tied(full: dict[str, torch.Tensor]) -> bool:
@@ -130,13 +156,27 @@ def _load(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, ckpt_
     if optimizer is None:
         model_sd = sd.get_model_state_dict(model)
         state = {"model": model_sd}
-        dcp.load(state, checkpoint_id=str(ckpt_dir / DCP_DIR), no_dist=no_dist)
+        view, copy_back = dcp_view(state)
+        dcp.load(view, checkpoint_id=str(ckpt_dir / DCP_DIR), no_dist=no_dist)
+        copy_back()
         sd.set_model_state_dict(model, state["model"])
         return
-    model_sd, optim_sd = sd.get_state_dict(model, optimizer)
+    options = sd.StateDictOptions(flatten_optimizer_state_dict=_flat_optimizer(ckpt_dir))
+    model_sd, optim_sd = sd.get_state_dict(model, optimizer, options=options)
     state = {"model": model_sd, "optim": optim_sd}
-    dcp.load(state, checkpoint_id=str(ckpt_dir / DCP_DIR), no_dist=no_dist)
-    sd.set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    view, copy_back = dcp_view(state)  # DCP reads strided TP shards replicated; copied back into them
+    dcp.load(view, checkpoint_id=str(ckpt_dir / DCP_DIR), no_dist=no_dist)
+    copy_back()
+    sd.set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                      options=options)
+
+
+def _flat_optimizer(ckpt_dir: Path) -> bool:
+    """True when the checkpoint keys optimizer param groups by parameter name (written by pipeline
+    stages), False for the by-index form of every other sharded run."""
+    dcp, _ = _dcp()
+    keys = dcp.FileSystemReader(str(ckpt_dir / DCP_DIR)).read_metadata().state_dict_metadata
+    return any(k.startswith("optim.param_groups.") and not k.split(".")[2].isdigit() for k in keys)
 
 
 def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:

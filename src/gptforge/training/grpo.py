@@ -287,6 +287,9 @@ class GRPO(Recipe):
         from gptforge.config import check_finite_floats
 
         check_finite_floats(cfg)
+        if cfg.dist.tp > 1 or cfg.dist.pp > 1:
+            raise RLError(f"dist.tp={cfg.dist.tp}, dist.pp={cfg.dist.pp}: GRPO samples with the whole model on every "
+                          "rank, so it runs data-parallel only (dist.tp 1, dist.pp 1)")
         if cfg.rl.prompts % world:
             raise RLError(f"rl.prompts={cfg.rl.prompts} must divide over {world} ranks (each rank samples whole groups)")
         self.check_context(cfg)

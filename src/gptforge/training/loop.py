@@ -75,7 +75,7 @@ def train(cfg, recipe: Recipe | None = None, resume: str | Path | None = None, f
         # --- data -----------------------------------------------------------------------------------
         B, T = cfg.train.micro_batch, cfg.train.seq_len
         train_loader, val_loader, val_available = recipe.loaders(cfg, info)
-        val_steps = max(1, min(cfg.train.val_tokens // (B * T * info.world), val_available))
+        val_steps = max(1, min(cfg.train.val_tokens // (B * T * info.dp_world), val_available))
 
         # --- model and optimizer (or the resumed ones) -----------------------------------------------
         # Wrapping (compile, DDP / FSDP2) comes before the optimizer: FSDP turns parameters into shards.
@@ -96,7 +96,7 @@ def train(cfg, recipe: Recipe | None = None, resume: str | Path | None = None, f
 
         ctx = RunCtx(cfg, info, model, wrapped, state, autocast, None, log, grad_accum,
                      extras={"val": val_loader, "val_steps": val_steps,
-                             "tokens_seen": cfg.train.tokens_before(start_step, info.world) if grad_accum else 0})
+                             "tokens_seen": cfg.train.tokens_before(start_step, info.dp_world) if grad_accum else 0})
         recipe.prepare_model(ctx)  # eval tasks, a reference model: bad settings fail before the run dir is touched
 
         # --- run directory: config and environment, written once by rank 0 -----------------------------
@@ -108,7 +108,7 @@ def train(cfg, recipe: Recipe | None = None, resume: str | Path | None = None, f
             f"({info.sharded}) | " + (f"B {B} T {T} x accum {grad_accum} = {cfg.train.total_batch_tokens:,} tokens/step | "
                                       if grad_accum else "") + f"{max_steps} steps | run dir {run.run_dir}")
         if cfg.train.batch_warmup_steps:
-            log(f"batch-size schedule: accum {cfg.train.accum_at(0, info.world)} -> {grad_accum} micro-batches over "
+            log(f"batch-size schedule: accum {cfg.train.accum_at(0, info.dp_world)} -> {grad_accum} micro-batches over "
                 f"the first {cfg.train.batch_warmup_steps} steps")
         recipe.begin(ctx, start_step)
         barrier(info)

@@ -30,20 +30,20 @@ class Pretrain(Recipe):
 
     def loaders(self, cfg: Config, info: DistInfo) -> tuple[Any, Any, int]:
         B, T = cfg.train.micro_batch, cfg.train.seq_len
-        train = make_loader(list_shards(cfg.data.dir, cfg.data.train_split), B, T, info.rank, info.world,
+        train = make_loader(list_shards(cfg.data.dir, cfg.data.train_split), B, T, info.dp_rank, info.dp_world,
                             align=cfg.data.align, shuffle=cfg.data.shuffle, seed=cfg.data.shuffle_seed,
                             eot=cfg.data.eot_token, step_tokens=_shard_step_tokens(cfg, info),
                             vocab_size=cfg.model.vocab_size)
         val_files = list_shards(cfg.data.dir, cfg.data.val_split)
-        val = ShardLoader(val_files, B, T, info.rank, info.world, vocab_size=cfg.model.vocab_size)
-        return train, val, sum(read_header(f)[2] for f in val_files) // (B * T * info.world)
+        val = ShardLoader(val_files, B, T, info.dp_rank, info.dp_world, vocab_size=cfg.model.vocab_size)
+        return train, val, sum(read_header(f)[2] for f in val_files) // (B * T * info.dp_world)
 
     def prepare_model(self, run: RunCtx) -> None:
         self.tasks = prepare_for_training(run.cfg, run.model, run.log)  # loaded once; None when eval.every 0
 
     def step(self, run: RunCtx, step: int) -> dict[str, float]:
         cfg, info = run.cfg, run.info
-        accum = cfg.train.accum_at(step, info.world)
+        accum = cfg.train.accum_at(step, info.dp_world)
         loss, norm = train_step(run.wrapped, run.model, run.optimizer, run.state.loader, accum, run.autocast, info,
                                 cfg.optim.grad_clip)
         return {"loss": loss.item(), "grad_norm": float(norm),
@@ -75,7 +75,7 @@ def _shard_step_tokens(cfg: Config, info: DistInfo) -> int:
     depend on how it is split over ranks and micro-steps. Under a batch-size schedule steps change
     size, so the unit is one micro-batch of all ranks (a step may then span two shards)."""
     if cfg.train.batch_warmup_steps:
-        return cfg.train.micro_batch * cfg.train.seq_len * info.world
+        return cfg.train.micro_batch * cfg.train.seq_len * info.dp_world
     return cfg.train.total_batch_tokens
 
 

@@ -62,8 +62,10 @@ class Recipe:
 
     def check(self, cfg: Config, world: int) -> int:
         """Settings checked before any process group or compute; returns gradient-accumulation steps
-        (0: the recipe's steps are not token batches)."""
-        return cfg.validate(world)
+        (0: the recipe's steps are not token batches). The mesh (dist.tp, dist.pp) and the batch."""
+        from gptforge.parallel.mesh import check_layout
+
+        return check_layout(cfg, world)
 
     def loaders(self, cfg: Config, info: DistInfo) -> tuple[Any, Any, int]:
         """(train source with state_dict()/load_state_dict(), val source, val batches available)."""

@@ -77,9 +77,10 @@ def conversation_loaders(cfg: Config, template: ChatTemplate) -> Callable[[Any],
     train_convs, val_convs = split_conversations(rendered, sft.val_count, sft.seed)
 
     def make(info: Any) -> tuple:
-        train = ConversationLoader(train_convs, B, T, info.rank, info.world, shuffle=True, seed=sft.seed,
+        # the data dimension's rank and size: tensor/pipeline-parallel ranks of one replica read the same rows
+        train = ConversationLoader(train_convs, B, T, info.dp_rank, info.dp_world, shuffle=True, seed=sft.seed,
                                    pad=template.bos)
-        val = ConversationLoader(val_convs, B, T, info.rank, info.world, shuffle=False, pad=template.bos)
+        val = ConversationLoader(val_convs, B, T, info.dp_rank, info.dp_world, shuffle=False, pad=template.bos)
         return train, val, max(1, val.num_batches())
 
     return make

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from gptforge.parallel.distributed import DistInfo, all_reduce_mean, grad_sync, local_tensor
+from gptforge.parallel.grads import grad_norm_and_clip, loss_context
 
 
 class PhaseTimer:
@@ -57,6 +58,10 @@ def train_step(
     """One optimizer step over ``grad_accum`` micro-batches. The loss is scaled by 1/grad_accum so
     the gradient does not depend on how the total batch is split; DDP syncs gradients only on the
     last micro-step. Returns (mean loss over ranks, pre-clip grad norm)."""
+    if getattr(wrapped, "pipeline", False):  # pipeline stages: the schedule runs the micro-batches
+        from gptforge.parallel.pipeline import pipeline_step
+
+        return pipeline_step(wrapped, model, optimizer, loader, grad_accum, autocast, info, grad_clip, timer)
     device = info.device
     loss_accum = torch.zeros((), device=device)
     for micro in range(grad_accum):
@@ -64,18 +69,20 @@ def train_step(
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         if timer:
             timer.mark("data")
-        with grad_sync(wrapped, info, sync=micro == grad_accum - 1):
+        with grad_sync(wrapped, info, sync=micro == grad_accum - 1), loss_context(info):
             with autocast():
                 _, loss = wrapped(x, y)
             loss = loss / grad_accum
-            loss_accum += loss.detach()
+            loss_accum += local_tensor(loss.detach())  # tensor parallel: a replicated DTensor
             if timer:
                 timer.mark("forward")
             loss.backward()
             if timer:
                 timer.mark("backward")
     all_reduce_mean(loss_accum, info)
-    if grad_clip > 0:
+    if info.mesh is not None:  # DTensors on a mesh: norm reduced by DTensor (and over stages)
+        norm = grad_norm_and_clip(list(model.parameters()), grad_clip, info)
+    elif grad_clip > 0:
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     else:
         norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
@@ -97,9 +104,9 @@ def evaluate_loss(model: torch.nn.Module, loader, steps: int, autocast, info: Di
         for _ in range(steps):
             x, y = loader.next_batch()
             x, y = x.to(info.device), y.to(info.device)
-            with autocast():
+            with autocast(), loss_context(info):
                 _, loss = model(x, y)
-            total += loss.detach().float()
+            total += local_tensor(loss.detach()).float()
     total /= steps
     all_reduce_mean(total, info)
     model.train(was_training)

@@ -1,0 +1,141 @@
+"""The device mesh: which layouts can work, and the named DeviceMesh a run trains on.
+
+    torchrun --nproc_per_node 4 -m gptforge train --preset tiny --dist.tp 2 --dist.pp 2
+
+A run's ranks form a 4-D mesh ``("pp", "dp_replicate", "dp_shard", "tp")``, laid out row-major by
+``init_device_mesh`` so that tensor-parallel ranks are neighbours (the same node when
+``--nproc-per-node`` >= tp). The data dimension is what is left of the world: ``world / (tp * pp)``
+ranks, ``dist.dp_replicate`` of them replicas (HSDP) and the rest FSDP shards (``dist.shard
+fsdp``), or all replicas (``dist.shard none``). :func:`check_layout` refuses a layout that cannot
+work before any data or model is touched (a :class:`ConfigError`, exit 2, naming the key).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from gptforge.config import Config, ConfigError
+
+DIMS = ("pp", "dp_replicate", "dp_shard", "tp")
+
+
+def wants_mesh(dist_cfg, world: int) -> bool:
+    """True when this run needs the device mesh (model parallelism or HSDP) rather than plain DDP /
+    ZeRO-1 / FSDP over the whole world. At world 1 every degree is accepted and has no effect, so a
+    checkpoint written under a mesh resumes on one process."""
+    return world > 1 and (dist_cfg.tp > 1 or dist_cfg.pp > 1 or dist_cfg.dp_replicate > 1)
+
+
+@dataclass(frozen=True)
+class Layout:
+    pp: int
+    dp_replicate: int
+    dp_shard: int
+    tp: int
+
+    @property
+    def dp(self) -> int:
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        return (self.pp, self.dp_replicate, self.dp_shard, self.tp)
+
+
+def layout_of(dist_cfg, world: int) -> Layout:
+    """The mesh shape for ``world`` ranks (call after :func:`check_layout`)."""
+    dp = world // (dist_cfg.tp * dist_cfg.pp)
+    if dist_cfg.shard == "fsdp":
+        return Layout(dist_cfg.pp, dist_cfg.dp_replicate, dp // dist_cfg.dp_replicate, dist_cfg.tp)
+    return Layout(dist_cfg.pp, dp, 1, dist_cfg.tp)  # every data-parallel rank a full replica
+
+
+def _fail(key: str, msg: str) -> None:
+    raise ConfigError(f"{key}: {msg}")
+
+
+def check_layout(cfg: Config, world: int, local_world: int | None = None) -> int:
+    """Refuse a mesh that cannot work for this model and world; returns the gradient-accumulation
+    steps (micro-batches per step of each data-parallel rank). ``local_world`` defaults to
+    torchrun's LOCAL_WORLD_SIZE when set (ranks per node)."""
+    d, m = cfg.dist, cfg.model
+    if not wants_mesh(d, world):
+        return cfg.validate(world)
+    if local_world is None and "LOCAL_WORLD_SIZE" in os.environ:
+        local_world = int(os.environ["LOCAL_WORLD_SIZE"])
+    if world % (d.tp * d.pp):
+        _fail("dist.tp", f"world {world} is not divisible by dist.tp * dist.pp = {d.tp} * {d.pp}; "
+              "choose degrees whose product divides the number of processes")
+    dp = world // (d.tp * d.pp)
+    if d.dp_replicate > 1 and d.shard != "fsdp":
+        _fail("dist.dp_replicate", f"{d.dp_replicate} (HSDP) needs --dist.shard fsdp; with dist.shard "
+              f"{d.shard} every data-parallel rank is already a replica")
+    if dp % d.dp_replicate:
+        _fail("dist.dp_replicate", f"{d.dp_replicate} does not divide the data dimension world/(tp*pp) = {dp}")
+    if d.shard == "zero1":
+        _fail("dist.shard", "zero1 does not combine with dist.tp/dist.pp; use --dist.shard fsdp (or none)")
+    if local_world is not None and d.tp > local_world:
+        _fail("dist.tp", f"{d.tp} is more than the {local_world} processes per node: tensor parallelism "
+              "all-reduces every layer and must stay inside a node; lower dist.tp or raise --nproc-per-node")
+    if d.tp > 1:
+        _check_tp(cfg, d.tp)
+    if d.pp > 1:
+        _check_pp(cfg, dp, d)
+    if (d.tp > 1 or d.pp > 1) and getattr(cfg.eval, "every", 0):
+        _fail("eval.every", "in-loop evaluation tasks do not run on a tensor- or pipeline-parallel model yet; "
+              "set eval.every 0 and evaluate the checkpoint (`gptforge eval --ckpt`)")
+    if getattr(m, "fused_ce", False) or getattr(m, "lm_head_fp8", False):
+        if d.tp > 1:
+            _fail("dist.tp", "model.fused_ce / model.lm_head_fp8 need the whole output head on one rank; "
+                  "switch them off under tensor parallelism (the loss is vocabulary-parallel instead)")
+    return cfg.validate(dp)
+
+
+def _check_tp(cfg: Config, tp: int) -> None:
+    m = cfg.model
+    kv = getattr(m, "kv_heads", m.n_head)
+    for key, value in (("model.n_head", m.n_head), ("model.n_kv_head", kv),
+                       ("padded vocabulary", m.padded_vocab_size), ("train.seq_len", cfg.train.seq_len)):
+        if value % tp:
+            _fail("dist.tp", f"{key} = {value} is not divisible by dist.tp = {tp} (each rank takes whole "
+                  "heads, an equal slice of the vocabulary and of the sequence)")
+    hidden = getattr(m, "hidden_dim", 4 * m.n_embd)
+    if hidden % tp:
+        _fail("dist.tp", f"the MLP width {hidden} is not divisible by dist.tp = {tp}")
+    if m.arch == "gpt2" and m.block_size % tp:
+        _fail("dist.tp", f"model.block_size = {m.block_size} is not divisible by dist.tp = {tp} (the position "
+              "table is split by rows)")
+
+
+def _check_pp(cfg: Config, dp: int, d) -> None:
+    stages = d.pp * (d.pp_virtual if d.pp_schedule == "interleaved1f1b" else 1)
+    if cfg.model.n_layer % stages:
+        _fail("dist.pp", f"model.n_layer = {cfg.model.n_layer} is not divisible by the {stages} pipeline stages "
+              f"(dist.pp {d.pp}" + (f" x dist.pp_virtual {d.pp_virtual})" if stages != d.pp else ")"))
+    accum = cfg.train.grad_accum(dp)
+    if accum < d.pp:
+        _fail("dist.pp", f"{accum} micro-batch(es) per step is fewer than the {d.pp} pipeline stages: the pipeline "
+              "would never fill; raise train.total_batch_tokens or lower train.micro_batch")
+    if d.pp_schedule == "interleaved1f1b" and accum % d.pp:
+        _fail("dist.pp_schedule", f"interleaved1f1b needs the micro-batches per step ({accum}) to be a multiple "
+              f"of dist.pp = {d.pp}")
+    if cfg.train.batch_warmup_steps:
+        _fail("dist.pp", "train.batch_warmup_steps changes the micro-batches per step; a pipeline schedule "
+              "has a fixed number (set train.batch_warmup_steps 0)")
+    if getattr(cfg.model, "attention", "causal") != "causal":
+        _fail("dist.pp", "model.attention=document is not carried through pipeline stages yet; use causal")
+
+
+def build_mesh(device_type: str, dist_cfg, world: int):
+    """The named DeviceMesh for this run (every rank calls it)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(device_type, layout_of(dist_cfg, world).shape, mesh_dim_names=DIMS)
+
+
+def data_coordinate(mesh) -> tuple[int, int]:
+    """(dp_rank, dp_world): this rank's place in the data dimension (the loader's rank and world)."""
+    coord = dict(zip(DIMS, mesh.get_coordinate(), strict=True))
+    shape = dict(zip(DIMS, mesh.shape, strict=True))
+    return coord["dp_replicate"] * shape["dp_shard"] + coord["dp_shard"], shape["dp_replicate"] * shape["dp_shard"]
