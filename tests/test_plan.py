@@ -64,7 +64,7 @@ def test_proposal_fits_and_divides_the_batch():
     assert propose(cfg, 16, 1)[1] is None  # 1.5B with AdamW needs ~23 GiB before any activation
 
 
-def test_plan_cli(tmp_path, capsys):
+def test_plan_recommends_a_micro_batch_and_writes_json(tmp_path, capsys):
     out = tmp_path / "plan.json"
     assert main(["plan", "--preset", "gpt2-350m", "--gpu-mem", "40", "--world", "8", "--json", str(out)]) == 0
     text = capsys.readouterr().out

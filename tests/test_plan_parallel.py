@@ -170,7 +170,7 @@ def test_plan_gpt3_175b_answers_at_once_without_building_a_model(tmp_path, capsy
     assert elapsed < 3.0, elapsed
 
 
-def test_layout_overrides():
+def test_a_planned_layout_prints_the_overrides_that_train_it():
     from gptforge.plan.report import layout_overrides
 
     lay = Layout(dp=32, tp=4, pp=8, interleave=4, shard="fsdp", dp_shard=2, recompute="block", micro_batch=2)

@@ -109,7 +109,7 @@ def test_kv_cache_matches_full_forward():
     assert torch.allclose(full, inc, atol=1e-5)
 
 
-def test_size_presets():
+def test_named_sizes_have_gpt2s_parameter_counts():
     for name, n in [("gpt2", 124_439_808), ("gpt2-medium", 354_823_168)]:
         cfg = GPTConfig.from_size(name, pad_vocab=False)
         with torch.device("meta"):

@@ -155,7 +155,7 @@ def _muon_config(shard_dir, out, **train):
     return cfg
 
 
-def test_muon_trains(shard_dir, tmp_path):
+def test_muon_lowers_the_loss_in_30_steps(shard_dir, tmp_path):
     res = train(_muon_config(shard_dir, tmp_path / "run", max_steps=30, val_every=0))
     assert res.train_losses[30] < res.train_losses[1] - 1.0
 

@@ -75,7 +75,7 @@ def test_stream_gives_pieces_then_done(client):
     assert "".join(e["text"] for e in events) == whole
 
 
-def test_stop_sequence(client):
+def test_generation_stops_before_a_stop_sequence(client):
     r = client.post("/api/generate", json={"prompt": "a", "max_new_tokens": 20, "temperature": 0, "stop_at_eot": False})
     full = r.json()["completions"][0]["text"]
     stop = full[5:8]
@@ -149,7 +149,7 @@ def test_many_concurrent_requests_queue_or_429(model, tokenizer):
     assert len(texts) <= 1  # greedy: every served request got the same answer
 
 
-def test_metrics_curve(client, tmp_path):
+def test_the_page_reads_the_loss_curve_from_metrics_jsonl(client, tmp_path):
     m = client.get("/api/metrics").json()
     assert m["available"] and m["train"][0] == [1, 9.9] and len(m["train"]) == 49
     assert m["val"] == [[25, 7.5], [49, 6.0]]

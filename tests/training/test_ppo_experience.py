@@ -35,7 +35,7 @@ def test_pad_rollouts_masks_the_replies():
         pad_rollouts([[1]], [[]], pad=0)
 
 
-def test_experience_tensors():
+def test_experience_holds_kl_penalised_rewards_advantages_and_returns():
     policy, ref = _gpt(0), _gpt(1)
     value = ValueModel(_gpt(2))
     torch.nn.init.normal_(value.score.weight, std=0.5)
