@@ -143,11 +143,12 @@ def _logits(model, ids) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def gpt2_file(tmp_path_factory):
-    """A GPT-2 base model exported as f16, read back once (the reader takes seconds over 50k tokens)."""
+    """A GPT-2 base model exported as f16 without the tokenizer (the reader takes seconds over 50k
+    tokens; the Llama file below carries and checks it)."""
+    from gptforge.interop.gguf import export_gguf
+
     model = gpt2_model()
-    code, out = _export(tmp_path_factory.mktemp("g"), model, "--dtype", "f16")
-    assert code == 0
-    return model, *_read(out / "model-f16.gguf")
+    return model, *_read(export_gguf(model, tmp_path_factory.mktemp("g"), dtype="f16", name="myrun", tokenizer=False))
 
 
 @pytest.fixture(scope="module")
@@ -159,18 +160,12 @@ def llama_file(tmp_path_factory):
     return model, *_read(out / "model-f32.gguf")
 
 
-def test_gpt2_metadata_and_tokenizer(gpt2_file):
+def test_gpt2_metadata(gpt2_file):
     _, f, _ = gpt2_file
     assert f["general.architecture"] == "gpt2" and f["general.name"] == "myrun" and f["general.file_type"] == 1
     assert (f["gpt2.context_length"], f["gpt2.embedding_length"], f["gpt2.block_count"],
             f["gpt2.attention.head_count"], f["gpt2.feed_forward_length"]) == (32, 32, 2, 2, 128)
-    assert f["tokenizer.ggml.model"] == "gpt2" and f["tokenizer.ggml.pre"] == "gpt-2"
-    toks, types = f["tokenizer.ggml.tokens"], f["tokenizer.ggml.token_type"]
-    assert len(toks) == len(types) == 50257 and toks[50256] == "<|endoftext|>" and toks[1212] == "This"
-    assert toks[11] == "," and toks[220] == "Ġ" and types[50256] == gguf.TokenType.CONTROL and types[0] == 1
-    assert len(f["tokenizer.ggml.merges"]) == 50000 and f["tokenizer.ggml.merges"][0] == "Ġ t"
-    assert f["tokenizer.ggml.bos_token_id"] == f["tokenizer.ggml.eos_token_id"] == 50256
-    assert "tokenizer.chat_template" not in f and f["tokenizer.ggml.add_bos_token"] is False
+    assert f["gpt2.attention.layer_norm_epsilon"] == pytest.approx(1e-5)
 
 
 def test_gpt2_tensors_and_logits(gpt2_file):
@@ -195,7 +190,13 @@ def test_llama_chat_model(llama_file):
     assert (f["llama.attention.head_count"], f["llama.attention.head_count_kv"], f["llama.rope.dimension_count"],
             f["llama.feed_forward_length"], f["llama.vocab_size"]) == (4, 2, 8, model.config.hidden_dim, T.vocab_size)
     assert f["llama.rope.freq_base"] == 500.0 and f["llama.attention.layer_norm_rms_epsilon"] == pytest.approx(1e-5)
+    assert f["general.name"] == "myrun"  # the run directory's name (export gguf --ckpt RUN/checkpoints/step_N)
+    assert f["tokenizer.ggml.model"] == "gpt2" and f["tokenizer.ggml.pre"] == "gpt-2"
     toks, types = f["tokenizer.ggml.tokens"], f["tokenizer.ggml.token_type"]
+    assert len(toks) == len(types) == T.vocab_size and toks[50256] == "<|endoftext|>" and toks[1212] == "This"
+    assert toks[11] == "," and toks[220] == "Ġ" and types[0] == gguf.TokenType.NORMAL
+    assert len(f["tokenizer.ggml.merges"]) == 50000 and f["tokenizer.ggml.merges"][0] == "Ġ t"
+    assert f["tokenizer.ggml.add_bos_token"] is False and f["tokenizer.ggml.eot_token_id"] == T.end
     assert toks[50257:] == ["<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
     assert all(t == gguf.TokenType.CONTROL for t in types[50256:])
     assert f["tokenizer.ggml.eos_token_id"] == T.end and f["tokenizer.ggml.bos_token_id"] == 50256
