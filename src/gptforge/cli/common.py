@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from gptforge.load import ModelSource
 
@@ -52,7 +53,11 @@ def chat_template_of(ckpt: str | None):
     """The chat template a checkpoint (or run directory) carries, or None."""
     if ckpt is None:
         return None
-    from gptforge.data.chat import template_from_meta
+    from gptforge.data.chat import ChatFormatError, template_from_meta
     from gptforge.training import checkpoint as ckpt_mod
 
-    return template_from_meta(ckpt_mod.read_meta(ckpt_mod.resolve_checkpoint(ckpt)))
+    where = ckpt_mod.resolve_checkpoint(ckpt)
+    try:
+        return template_from_meta(ckpt_mod.read_meta(where), where=str(Path(where) / "meta.json"))
+    except ChatFormatError as e:
+        raise CliError(str(e)) from None

@@ -100,7 +100,12 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     model = load(model_source(args))
     chat = chat_template_of(args.ckpt)  # a chat checkpoint: the HF tokenizer gets its template
-    tokenizer = not args.no_tokenizer and model.config.vocab_size == (chat.vocab_size if chat else GPT2_VOCAB)
+    want = chat.vocab_size if chat else GPT2_VOCAB
+    if not args.no_tokenizer and model.config.vocab_size != want:  # never a silent export without one
+        what = f"the chat template's {want} (GPT-2's 50257 + chat tokens)" if chat else "GPT-2's 50257"
+        raise CliError(f"model.vocab_size={model.config.vocab_size} is not {what}, so GPT-2's tokenizer does not "
+                       "describe this model; pass --no-tokenizer to export the weights alone")
+    tokenizer = not args.no_tokenizer
     n = sum(p.numel() for p in model.parameters())
     print(f"gptforge export: writing {n / 1e6:.1f}M parameters to {args.out} ...", file=sys.stderr,
           flush=True)  # seconds for the larger models: not silent

@@ -36,7 +36,7 @@ def cmd_sft(args: argparse.Namespace, overrides: list[str]) -> int:
             cfg.train.out_dir = args.out  # the run continues where it is now (it may have been moved or copied)
             cfg = apply_overrides(cfg, overrides)
             sft = SFTData(**{**meta["sft"], "data": args.data})
-            template = ChatTemplate.from_dict(meta["chat_template"])
+            template = ChatTemplate.from_dict(meta["chat_template"], f"{where}/meta.json", cfg.model.vocab_size)
             resume = str(where)
         else:
             if args.init_from is None:
