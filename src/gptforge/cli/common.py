@@ -49,6 +49,17 @@ def count(raw: str) -> int:
     return int(v)
 
 
+def port(raw: str) -> int:
+    """A TCP port number (argparse type): one line for 99999 instead of the server's tracebacks."""
+    try:
+        v = int(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a port number") from None
+    if not 1 <= v <= 65535:
+        raise argparse.ArgumentTypeError(f"{v} is not a TCP port; give 1 to 65535")
+    return v
+
+
 def chat_template_of(ckpt: str | None):
     """The chat template a checkpoint (or run directory) carries, or None."""
     if ckpt is None:

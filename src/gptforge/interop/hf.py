@@ -191,7 +191,7 @@ def _read_safetensors(files: list[Path], expected: dict[str, tuple[int, ...]]) -
     if missing or unexpected or wrong:
         found = "; ".join(f"{what} {v[:3]}{' ...' if len(v) > 3 else ''}" for what, v in
                           (("missing", missing), ("unexpected", unexpected), ("mis-shaped", wrong)) if v)
-        raise HFModelError(f"{files[0].parent}: the weights do not fit config.json ({found}); refusing a "
+        raise HFModelError(f"{files[0].parent}: the weights do not fit GPT-2 as config.json sizes it ({found}); refusing a "
                            "partly random model")
     return {name: h.get_tensor(k) for name, (h, k) in handles.items() if not name.endswith(IGNORED_SUFFIXES)}
 
@@ -421,9 +421,9 @@ def gpt2_ranks() -> dict[bytes, int]:
 
     path = assets.gpt2_ranks_path()
     if path.exists():
-        from tiktoken.load import load_tiktoken_bpe
+        from gptforge.data.tokenizer import load_ranks
 
-        return load_tiktoken_bpe(str(path), expected_hash=assets.GPT2_RANKS_SHA256)
+        return load_ranks(path)
     from gptforge.data.tokenizer import get_tokenizer
 
     return dict(get_tokenizer()._mergeable_ranks)  # tiktoken keeps the ranks only on this attribute
