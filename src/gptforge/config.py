@@ -224,6 +224,7 @@ class Config:
     def validate(self, world: int = 1) -> int:
         """Cross-section checks; returns gradient-accumulation steps for this world size."""
         check_finite_floats(self)  # a preset or a test may have set a field after construction
+        _check(bool(self.train.out_dir.strip()), "train.out_dir", self.train.out_dir, "a folder name (--out DIR)")
         uses_eot = self.data.shuffle == "documents" or self.data.align == "bos"
         if uses_eot and self.data.eot_token >= self.model.vocab_size:
             raise ConfigError(f"data.eot_token={self.data.eot_token} is not a token of model.vocab_size="
@@ -384,8 +385,9 @@ def apply_overrides(cfg: Config, args: list[str]) -> Config:
             k, v = a[2:].split("=", 1)
             i += 1
         else:
-            if i + 1 >= len(args):
-                raise ConfigError(f"{a} needs a value")
+            if i + 1 >= len(args) or args[i + 1].startswith("--"):  # a forgotten value: blame this flag
+                found = f" (found the flag {args[i + 1]} after it)" if i + 1 < len(args) else ""
+                raise ConfigError(f"{a} needs a value{found}; write {a} VALUE (or {a}=VALUE)")
             k, v = a[2:], args[i + 1]
             i += 2
         pairs.append((k, v))

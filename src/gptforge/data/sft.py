@@ -82,6 +82,9 @@ def _read_jsonl(path: Path, skip_bad: bool, stats: dict[str, int] | None) -> lis
             except json.JSONDecodeError as e:
                 _bad(where, f"not valid JSON ({e.msg})", skip_bad, stats)
                 continue
+            except RecursionError:  # [[[[... thousands deep: the parser's stack, not a crash of the run
+                _bad(where, "JSON nested too deeply to be a conversation", skip_bad, stats)
+                continue
             if not isinstance(row, dict) or not isinstance(row.get("messages"), list):
                 _bad(where, 'expected an object with a "messages" list', skip_bad, stats)
                 continue
@@ -132,6 +135,9 @@ def render_all(convs: Iterable[tuple[str, Any]], template: ChatTemplate, max_tok
             ids, mask = template.render(messages, enc)
         except ChatFormatError as e:
             _bad(where, str(e), skip_bad, stats)
+            continue
+        except RecursionError:  # a message nested just under the parser's limit, met while describing it
+            _bad(where, "a message is nested too deeply; expected {role, content} objects", skip_bad, stats)
             continue
         if len(ids) > max_tokens:
             _bad(where, f"{len(ids)} tokens is longer than the context ({max_tokens - 1} + 1); shorten it or raise "
