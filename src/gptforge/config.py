@@ -386,8 +386,7 @@ def apply_overrides(cfg: Config, args: list[str]) -> Config:
             i += 1
         else:
             if i + 1 >= len(args) or args[i + 1].startswith("--"):  # a forgotten value: blame this flag
-                found = f" (found the flag {args[i + 1]} after it)" if i + 1 < len(args) else ""
-                raise ConfigError(f"{a} needs a value{found}; write {a} VALUE (or {a}=VALUE)")
+                raise ConfigError(f"{a} needs a value; write {a} VALUE (or {a}=VALUE)")
             k, v = a[2:], args[i + 1]
             i += 2
         pairs.append((k, v))

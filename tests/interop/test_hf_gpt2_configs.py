@@ -95,7 +95,7 @@ def test_cli_refuses_an_unimplemented_config_in_one_line(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("key,value", [("n_layer", 3), ("n_embd", 32), ("vocab_size", 400), ("n_positions", 16),
-                                       ("n_layer", 10**9), ("vocab_size", -1), ("n_embd", "16")])
+                                       ("n_layer", 10**4), ("vocab_size", -1), ("n_embd", "16")])
 def test_sizes_that_disagree_with_the_weights_are_one_line(tmp_path, capsys, key, value):
     _, path = _save(tmp_path)
     cfg = json.loads((path / "config.json").read_text())

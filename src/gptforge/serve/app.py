@@ -145,7 +145,7 @@ def create_app(model: torch.nn.Module, enc: tiktoken.Encoding | None = None, set
     if chat_template:  # a chat model may emit its role/end ids, which tiktoken cannot decode
         from gptforge.data.chat import ChatTemplate, ChatTokenizer
 
-        enc = ChatTokenizer(enc, ChatTemplate.from_dict(chat_template))
+        enc = ChatTokenizer(enc, ChatTemplate.from_dict(chat_template, vocab_size=model.config.vocab_size))
     settings = settings or ServeSettings()
     settings.check()
     gate = ModelGate(settings.max_queue)

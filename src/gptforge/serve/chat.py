@@ -46,7 +46,7 @@ def add_chat_routes(app: FastAPI, model: Any, enc: Any, template: dict | None, s
     """Register the chat endpoints on ``app`` (``gate``: the app's ModelGate)."""
     from gptforge.generation import PromptError, SamplingParams, fit_new_tokens, stream_text
 
-    chat = ChatTemplate.from_dict(template) if template else None
+    chat = ChatTemplate.from_dict(template, vocab_size=model.config.vocab_size) if template else None
     enc = getattr(enc, "enc", enc)  # the plain tiktoken Encoding (create_app may have wrapped it)
     cenc = ChatTokenizer(enc, chat) if chat else None
     producers: set[asyncio.Task] = set()
