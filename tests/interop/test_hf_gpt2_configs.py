@@ -95,7 +95,7 @@ def test_cli_refuses_an_unimplemented_config_in_one_line(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("key,value", [("n_layer", 3), ("n_embd", 32), ("vocab_size", 400), ("n_positions", 16),
-                                       ("n_layer", 10**4), ("vocab_size", -1), ("n_embd", "16")])
+                                       ("vocab_size", -1), ("n_embd", "16")])
 def test_sizes_that_disagree_with_the_weights_are_one_line(tmp_path, capsys, key, value):
     _, path = _save(tmp_path)
     cfg = json.loads((path / "config.json").read_text())
@@ -129,3 +129,14 @@ def test_a_base_gpt2model_file_without_the_transformer_prefix_loads(tmp_path):
     idx = torch.randint(0, VOCAB, (1, 8), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         assert torch.allclose(load_hf(str(path))(idx)[0], hf(idx).logits, atol=1e-5, rtol=0)
+
+
+def test_sizes_are_bounded_before_anything_is_built():
+    """A config of 10**9 layers is refused from config.json alone (a regression must not allocate)."""
+    from gptforge.interop.hf import gpt2_config_from_hf
+
+    good = {"model_type": "gpt2", "n_layer": 2, "n_head": 2, "n_embd": 16, "n_positions": 32, "vocab_size": VOCAB}
+    assert gpt2_config_from_hf(good)["n_layer"] == 2
+    for key, value in [("n_layer", 10**9), ("vocab_size", 2**40), ("n_positions", True), ("n_head", 0)]:
+        with pytest.raises(HFModelError, match=key):
+            gpt2_config_from_hf({**good, key: value})
