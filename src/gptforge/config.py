@@ -289,8 +289,8 @@ def check_finite_floats(cfg: Config) -> None:
             value = getattr(sec, f.name)
             if isinstance(value, float) and not math.isfinite(value):
                 raise ConfigError(f"{section.name}.{f.name}={value!r} is not allowed; expected a finite number")
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) > MAX_INT:
-                raise ConfigError(f"{section.name}.{f.name}={value!r} is not allowed; expected a number up to 2**53")
+            if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT:
+                raise ConfigError(f"{section.name}.{f.name}={value!r} is not allowed; expected an integer up to 2**53")
 
 
 LOG_TARGETS = ("tensorboard", "wandb")  # train.log_to: metrics sinks (gptforge.training.sinks)
