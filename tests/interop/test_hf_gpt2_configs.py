@@ -140,3 +140,22 @@ def test_sizes_are_bounded_before_anything_is_built():
     for key, value in [("n_layer", 10**9), ("vocab_size", 2**40), ("n_positions", True), ("n_head", 0)]:
         with pytest.raises(HFModelError, match=key):
             gpt2_config_from_hf({**good, key: value})
+
+
+@pytest.mark.parametrize("key,value", [("num_hidden_layers", 3), ("num_hidden_layers", 10**6),
+                                       ("hidden_size", 64), ("vocab_size", 400)])
+def test_llama_sizes_that_disagree_with_the_weights_are_one_line_before_any_allocation(tmp_path, capsys, key, value):
+    """The Llama loader checks the header against a model on the meta device: 10**6 layers build nothing."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                 num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32)
+                     ).save_pretrained(tmp_path / "llama")
+    cfg = json.loads((tmp_path / "llama" / "config.json").read_text())
+    cfg[key] = value
+    if key == "hidden_size":
+        cfg["head_dim"] = value // cfg["num_attention_heads"]  # consistent, so only the weights disagree
+    (tmp_path / "llama" / "config.json").write_text(json.dumps(cfg))
+    _one_line_exit_2(capsys, ["sample", "--hf", str(tmp_path / "llama"), "--max-new-tokens", "2"],
+                     str(tmp_path / "llama"), "do not fit Llama")

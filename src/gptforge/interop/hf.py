@@ -168,8 +168,17 @@ def _safetensors_files(d: Path) -> list[Path]:
                        "(convert with transformers: from_pretrained(...).save_pretrained(dir))")
 
 
-def _read_safetensors(files: list[Path], expected: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
-    """Check every tensor's shape against ``expected`` from the files' headers, then read them."""
+def _gpt2_name(k: str) -> str:
+    return k if k.startswith(("transformer.", "lm_head.")) else "transformer." + k  # base GPT2Model files
+
+
+def read_safetensors(files: list[Path], expected: dict[str, tuple[int, ...]], optional: tuple[str, ...] = (),
+                     ignored: tuple[str, ...] = IGNORED_SUFFIXES, rename=_gpt2_name,
+                     family: str = "GPT-2") -> dict[str, torch.Tensor]:
+    """Check every tensor's shape against ``expected`` (names after ``rename``; ``optional`` ones may
+    be absent) from the files' headers, before any tensor is read, then read them. Anything missing,
+    unexpected or mis-shaped is one HFModelError naming it: a config whose sizes disagree with its
+    weights never builds a model, however large it claims to be."""
     from safetensors import SafetensorError, safe_open
 
     handles, shapes = {}, {}
@@ -177,23 +186,20 @@ def _read_safetensors(files: list[Path], expected: dict[str, tuple[int, ...]]) -
         for f in files:
             h = safe_open(str(f), framework="pt")
             for k in h.keys():
-                name = k if k.startswith(("transformer.", "lm_head.")) else "transformer." + k  # base GPT2Model files
-                handles[name] = (h, k)
-                shapes[name] = tuple(h.get_slice(k).get_shape())
+                handles[rename(k)] = (h, k)
+                shapes[rename(k)] = tuple(h.get_slice(k).get_shape())
     except (OSError, SafetensorError) as e:
         raise HFModelError(f"{f}: not a readable safetensors file ({e})") from None
-    names = [k for k in shapes if not k.endswith(IGNORED_SUFFIXES)]
-    missing = [k for k in expected if k not in shapes]
-    unexpected = [k for k in names if k not in expected and k != "lm_head.weight"]
+    names = [k for k in shapes if not k.endswith(ignored)]
+    missing = [k for k in expected if k not in shapes and k not in optional]
+    unexpected = [k for k in names if k not in expected]
     wrong = [f"{k} {shapes[k]} (config says {expected[k]})" for k in names if k in expected and shapes[k] != expected[k]]
-    if "lm_head.weight" in shapes and shapes["lm_head.weight"] != expected["transformer.wte.weight"]:
-        wrong.append(f"lm_head.weight {shapes['lm_head.weight']} (config says {expected['transformer.wte.weight']})")
     if missing or unexpected or wrong:
         found = "; ".join(f"{what} {v[:3]}{' ...' if len(v) > 3 else ''}" for what, v in
                           (("missing", missing), ("unexpected", unexpected), ("mis-shaped", wrong)) if v)
-        raise HFModelError(f"{files[0].parent}: the weights do not fit GPT-2 as config.json sizes it ({found}); refusing a "
-                           "partly random model")
-    return {name: h.get_tensor(k) for name, (h, k) in handles.items() if not name.endswith(IGNORED_SUFFIXES)}
+        raise HFModelError(f"{files[0].parent}: the weights do not fit {family} as config.json sizes it ({found}); "
+                           "refusing a partly random model")
+    return {name: h.get_tensor(k) for name, (h, k) in handles.items() if not name.endswith(ignored)}
 
 
 def _hub_state_dict(name: str) -> tuple[dict, dict[str, torch.Tensor]]:
@@ -227,7 +233,9 @@ def load_hf_state_dict(name_or_dir: str) -> tuple[dict, dict[str, torch.Tensor]]
     if d.is_dir():
         where = str(d / "config.json")
         cfg = gpt2_config_from_hf(_read_json(d / "config.json"), where)
-        sd = _read_safetensors(_safetensors_files(d), gpt2_shapes(cfg))
+        head = {"lm_head.weight": (cfg["vocab_size"], cfg["n_embd"])}  # tied: a file may store it anyway
+        sd = read_safetensors(_safetensors_files(d), gpt2_shapes(cfg) | head,
+                              optional=() if cfg["untied"] else ("lm_head.weight",))
     else:
         c, sd = _hub_state_dict(name_or_dir)
         where, cfg = name_or_dir, gpt2_config_from_hf(c, name_or_dir)
