@@ -22,6 +22,8 @@ from gptforge.models.gpt2 import GPTConfig
 from gptforge.models.registry import model_config, switch_family
 from gptforge.tokens import EOT
 
+MAX_SEED = 2**32  # numpy's and every seeded generator's range
+MAX_INT = 2**53  # no count, size or step comes near it: past it a value is a typo (1e30), and torch overflows
 COMPILE_MODES = ("default", "max-autotune", "max-autotune-no-cudagraphs", "reduce-overhead")
 
 
@@ -43,6 +45,7 @@ class DataConfig:
         _check(self.align in ("off", "bos"), "data.align", self.align, "off or bos")
         _check(self.shuffle in ("off", "shards", "documents"), "data.shuffle", self.shuffle, "off, shards or documents")
         _check(self.eot_token >= 0, "data.eot_token", self.eot_token, "a token id >= 0")
+        _check(0 <= self.shuffle_seed < MAX_SEED, "data.shuffle_seed", self.shuffle_seed, "an integer in [0, 2**32)")
 
 
 @dataclass
@@ -85,6 +88,7 @@ class OptimConfig:
         _check(self.weight_decay >= 0, "optim.weight_decay", self.weight_decay, "a number >= 0")
         _check(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, "optim.beta1/beta2", (self.beta1, self.beta2), "in [0, 1)")
         _check(self.grad_clip >= 0, "optim.grad_clip", self.grad_clip, "a number >= 0 (0 = off)")
+        _check(0 < self.eps < 1, "optim.eps", self.eps, "a small positive number (AdamW's epsilon, e.g. 1e-8)")
 
 
 @dataclass
@@ -128,6 +132,9 @@ class TrainConfig:
         _check(0 < self.batch_warmup_start <= 1, "train.batch_warmup_start", self.batch_warmup_start,
                "a fraction in (0, 1]")
         _check(self.compile_mode in COMPILE_MODES, "train.compile_mode", self.compile_mode, ", ".join(COMPILE_MODES))
+        _check(0 <= self.seed < MAX_SEED, "train.seed", self.seed, "an integer in [0, 2**32)")
+        _check(self.peak_flops >= 0, "train.peak_flops", self.peak_flops, "FLOP/s >= 0 (0 = look up by GPU name)")
+        _check(bool(self.out_dir.strip()), "train.out_dir", self.out_dir, "a folder name (--out DIR)")
 
     def grad_accum(self, world: int = 1) -> int:
         per_step = self.micro_batch * self.seq_len * world
@@ -233,6 +240,7 @@ class SFTConfig:
 
     def __post_init__(self) -> None:
         _check(self.val_count >= 0, "sft.val_count", self.val_count, "an integer >= 0")
+        _check(0 <= self.seed < 2**32, "sft.seed", self.seed, "an integer in [0, 2^32)")
 
 
 @dataclass
@@ -286,6 +294,11 @@ class Config:
     def validate(self, world: int = 1) -> int:
         """Cross-section checks; returns gradient-accumulation steps for this world size."""
         check_finite_floats(self)  # a preset or a test may have set a field after construction
+        _check(bool(self.train.out_dir.strip()), "train.out_dir", self.train.out_dir, "a folder name (--out DIR)")
+        uses_eot = self.data.shuffle == "documents" or self.data.align == "bos"
+        if uses_eot and self.data.eot_token >= self.model.vocab_size:
+            raise ConfigError(f"data.eot_token={self.data.eot_token} is not a token of model.vocab_size="
+                              f"{self.model.vocab_size}")
         if self.train.seq_len > self.model.block_size:
             raise ConfigError(
                 f"train.seq_len={self.train.seq_len} exceeds model.block_size={self.model.block_size}"
@@ -346,6 +359,8 @@ def check_finite_floats(cfg: Config) -> None:
             value = getattr(sec, f.name)
             if isinstance(value, float) and not math.isfinite(value):
                 raise ConfigError(f"{section.name}.{f.name}={value!r} is not allowed; expected a finite number")
+            if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT:
+                raise ConfigError(f"{section.name}.{f.name}={value!r} is not allowed; expected an integer up to 2**53")
 
 
 LOG_TARGETS = ("tensorboard", "wandb")  # train.log_to: metrics sinks (gptforge.run.sinks)
@@ -440,8 +455,8 @@ def apply_overrides(cfg: Config, args: list[str]) -> Config:
             k, v = a[2:].split("=", 1)
             i += 1
         else:
-            if i + 1 >= len(args):
-                raise ConfigError(f"{a} needs a value")
+            if i + 1 >= len(args) or args[i + 1].startswith("--"):  # a forgotten value: blame this flag
+                raise ConfigError(f"{a} needs a value; write {a} VALUE (or {a}=VALUE)")
             k, v = a[2:], args[i + 1]
             i += 2
         pairs.append((k, v))
@@ -470,6 +485,7 @@ def apply_overrides(cfg: Config, args: list[str]) -> Config:
             raise
         except ValueError as e:
             raise ConfigError(str(e)) from e
+    check_finite_floats(cfg)
     return cfg
 
 

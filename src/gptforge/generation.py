@@ -62,6 +62,36 @@ class SamplingParams:
             raise ValueError("stop: stop sequences must be non-empty strings")
 
 
+class PromptError(ValueError):
+    """A request that cannot run on this model (an id outside its vocabulary, no room in its context);
+    the message says what to change. sample/chat print it (exit 2), serve answers 400."""
+
+
+def fit_new_tokens(prompts: Sequence[Sequence[int]], model_cfg, requested: int | None, default: int,
+                   flag: str = "max_new_tokens") -> int:
+    """How many tokens to generate after ``prompts`` on a model of ``model_cfg``: the one rule for
+    sample, chat and serve. A default (``requested`` None) is clamped to the room the context leaves;
+    an explicit value that cannot fit is refused, as is a prompt id outside the model's vocabulary
+    (an llm.c or custom model with a small vocabulary, prompted with GPT-2's tokenizer)."""
+    vocab, block = model_cfg.vocab_size, model_cfg.block_size
+    for i, row in enumerate(prompts):
+        bad = next((t for t in row if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise PromptError(f"prompt {i}: token id {bad} is outside this model's vocabulary of {vocab} ids (it was "
+                              "not trained with GPT-2's tokenizer); prompt it with ids it knows")
+    longest = max((len(r) for r in prompts), default=0)
+    room = block - longest
+    if room < 1:
+        raise PromptError(f"the prompt is {longest} tokens; the model's context of {block} leaves no room to "
+                          "generate (shorten it)")
+    if requested is None:
+        return min(default, room)
+    if requested > room:
+        raise PromptError(f"prompt ({longest} tokens) + {flag} {requested} exceeds the model's context of {block} "
+                          f"tokens; ask for at most {room}")
+    return requested
+
+
 def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
     """logits (B, V), seen (B, V) bool. Same rule as transformers' RepetitionPenaltyLogitsProcessor,
     kept finite: an extreme penalty (1e-300 or 1e300) saturates at the dtype's range instead of

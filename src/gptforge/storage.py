@@ -79,9 +79,14 @@ def is_disk_full(exc: BaseException, where: Path, needed: int = 0, written: int 
     return False
 
 
-def disk_full_message(what: str, needed: int, where: Path) -> str:
-    """The one line a full disk gets, whoever was writing."""
+RESUME_HINT = ("run the same command again with --resume: the run continues from its newest checkpoint "
+               "that was written whole")
+
+
+def disk_full_message(what: str, needed: int, where: Path, then: str = "run the same command again") -> str:
+    """The one line a full disk gets, whoever was writing; ``then`` is how to continue (a training
+    run continues with ``--resume``: :data:`RESUME_HINT`)."""
     free = free_bytes(where)
     free_s = f"; {free / 1e9:.2g} GB free there" if free is not None else ""
     return (f"no space left on device while writing {what} (needs about {needed / 1e9:.2g} GB) in {where}"
-            f"{free_s}. Free some space (or point the output at a bigger disk) and run the same command again")
+            f"{free_s}. Free some space (or point the output at a bigger disk) and {then}")

@@ -345,6 +345,8 @@ def test_hf_configs_with_missing_features_are_refused(tmp_path, change, key):
 def test_hf_directory_without_safetensors_or_with_misshapen_weights_is_refused(tmp_path):
     from safetensors.torch import load_file
 
+    from gptforge.interop.hf import HFModelError
+
     hf = _hf_llama()
     hf.save_pretrained(tmp_path / "hf")
     cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
@@ -354,12 +356,12 @@ def test_hf_directory_without_safetensors_or_with_misshapen_weights_is_refused(t
         load_hf_llama(str(tmp_path / "hf"))
     cfg["intermediate_size"] = 64  # the weights say 72
     (tmp_path / "hf" / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ValueError, match="gate_proj.weight"):
+    with pytest.raises(HFModelError, match="gate_proj.weight"):  # from the header, before any allocation
         load_hf_llama(str(tmp_path / "hf"))
     sd = load_file(str(tmp_path / "hf" / "model.safetensors"))
     (tmp_path / "hf" / "model.safetensors").unlink()
     torch.save(sd, tmp_path / "hf" / "pytorch_model.bin")
-    with pytest.raises(FileNotFoundError, match="safetensors only"):  # never unpickled
+    with pytest.raises(HFModelError, match="safetensors only"):  # never unpickled
         load_hf_llama(str(tmp_path / "hf"))
 
 

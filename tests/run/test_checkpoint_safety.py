@@ -222,6 +222,7 @@ def test_disk_full_while_checkpointing_keeps_the_previous_one(run, tmp_path, mon
     assert m, err
     on_disk = sum(f.stat().st_size for f in (out / "checkpoints" / "step_000003").iterdir())
     assert 0.8 < float(m.group(1)) * 1e9 / on_disk < 1.25  # the estimate is what a checkpoint takes
+    assert "again with --resume" in err  # how to continue (issue 21)
     assert not (out / "checkpoints" / "step_000006.tmp").exists()  # the partial directory is gone
     assert [p.name for p in (out / "checkpoints").iterdir()] == ["step_000003"]
     ckpt.verify_checkpoint(out / "checkpoints" / "step_000003")  # intact: resume works from it

@@ -58,7 +58,7 @@ def test_the_header_is_read_without_loading_a_tensor(tmp_path):
 
 @pytest.mark.parametrize("key,value", HUGE)
 @pytest.mark.parametrize("command", [["sample", "--max-new-tokens", "2", "--device", "cpu"], ["export", "hf"],
-                                     ["eval", "--task", "val"]])
+                                     ["eval", "--tasks", "arithmetic"]])
 def test_a_huge_shape_in_meta_json_is_refused_naming_file_and_field(tmp_path, capsys, no_build, key, value, command):
     where = _ckpt(tmp_path)
     _lie(where, key, value)

@@ -63,6 +63,29 @@ def race_configs(presets: list[str], overrides: list[str], out_dir: Path, evals:
     return cfgs
 
 
+def check_race_inputs(cfgs: list[Config]) -> None:
+    """What ``train()`` would refuse, for every preset before the first trains (a later preset's bad
+    config or data must not surface after an hour of the first): the config's cross-checks, the eval
+    tasks, the run directory, and every shard of both splits against the model's vocabulary."""
+    from gptforge.data.shards import check_token_ids, list_shards, read_shard
+    from gptforge.run.preflight import check_run_dir
+    from gptforge.runtime import launched_world
+    from gptforge.training.evaluate import check_tasks
+
+    largest: dict[Path, int] = {}  # each shard is read once, however many presets share it
+    for cfg in cfgs:
+        cfg.validate(launched_world())
+        check_tasks(cfg)
+        check_run_dir(cfg.train.out_dir)
+        for split in (cfg.data.train_split, cfg.data.val_split):
+            for f in list_shards(cfg.data.dir, split):
+                if f not in largest:
+                    toks = read_shard(f)
+                    largest[f] = int(toks.max()) if toks.size else -1
+                if largest[f] >= cfg.model.vocab_size:
+                    check_token_ids(f, cfg.model.vocab_size)  # raises, naming the id, its offset and the fix
+
+
 def summarize(run_dir: Path, target: float) -> dict[str, Any]:
     """Steps, tokens and seconds to the first val loss <= target, from a run's metrics.jsonl."""
     records = read_metrics(run_dir / "metrics.jsonl")
@@ -89,6 +112,7 @@ def run_race(presets: list[str], overrides: list[str], out_dir: str | Path = "ru
 
     out_dir = Path(out_dir)
     cfgs = race_configs(presets, overrides, out_dir, evals)
+    check_race_inputs(cfgs)  # every preset, before the first one trains
     if plot:  # before any training: a missing matplotlib is one line and exit 2, not a lost race
         from gptforge.extras import require
 
@@ -103,6 +127,9 @@ def run_race(presets: list[str], overrides: list[str], out_dir: str | Path = "ru
             if not res.val_losses:
                 raise ConfigError(f"race: {name} produced no validation loss to use as the target")
             target = res.val_losses[max(res.val_losses)]
+            if not math.isfinite(target):
+                raise ConfigError(f"race: {name}'s final val loss is {target} (it diverged), no target to race to; "
+                                  "lower its --optim.lr or give --target")
         results[name] = {"preset": name, "max_steps": cfg.train.max_steps,
                          "tokens_per_step": cfg.train.total_batch_tokens, **summarize(Path(cfg.train.out_dir), target)}
     base = results[presets[0]]
@@ -114,10 +141,19 @@ def run_race(presets: list[str], overrides: list[str], out_dir: str | Path = "ru
                "data_dir": cfgs[0].data.dir, "val_tokens": cfgs[0].train.val_tokens, "overrides": list(overrides),
                "runs": [results[n] for n in presets]}
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "race.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (out_dir / "race.json").write_text(json.dumps(_standard(summary), indent=2, allow_nan=False) + "\n")
     if plot:
         summary["plot"] = str(plot_race(summary, out_dir / "race.png"))
     return summary
+
+
+def _standard(obj: Any) -> Any:
+    """Standard JSON: a non-finite float (a diverged run's loss) becomes null, at any depth."""
+    if isinstance(obj, dict):
+        return {k: _standard(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_standard(v) for v in obj]
+    return None if isinstance(obj, float) and not math.isfinite(obj) else obj
 
 
 def plot_race(summary: dict[str, Any], out: Path) -> Path:

@@ -12,20 +12,23 @@ from gptforge.load import ModelSource
 
 # --- chat ----------------------------------------------------------------------------------------
 
+CHAT_NEW_TOKENS = 128  # default reply cap (clamped to a small model's context)
+
 def cmd_chat(args: argparse.Namespace) -> int:
     """Multi-turn chat in the terminal: type a message, watch the reply stream; /reset, /quit."""
     import sys
 
     from gptforge.data.chat import ChatTokenizer
     from gptforge.data.tokenizer import get_tokenizer
-    from gptforge.generation import SamplingParams, stream_text
+    from gptforge.generation import PromptError, SamplingParams, fit_new_tokens, stream_text
     from gptforge.runtime import resolve_device
 
     template = chat_template_of(args.ckpt)
     if template is None:
         raise CliError(f"{args.ckpt} has no chat template: fine-tune it with `gptforge sft` (or use "
                          "`gptforge sample` for a base model)")
-    params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+    explicit = args.max_new_tokens  # None: the default, shrunk to what a small model's context leaves
+    params = SamplingParams(max_new_tokens=CHAT_NEW_TOKENS if explicit is None else explicit, temperature=args.temperature, top_k=args.top_k,
                             top_p=args.top_p, repetition_penalty=args.repetition_penalty, seed=args.seed,
                             stop_token=template.end)  # a reply ends at <|end|>
     try:
@@ -54,12 +57,15 @@ def cmd_chat(args: argparse.Namespace) -> int:
             continue
         history.append({"role": "user", "content": text})
         ids = template.render_for_generation(system + history, enc)
-        while len(ids) + params.max_new_tokens > model.config.block_size and len(history) > 1:
+        block = model.config.block_size
+        need = explicit if explicit is not None else min(CHAT_NEW_TOKENS, max(1, block // 4))  # room to keep
+        while len(ids) + need > block and len(history) > 1:
             history = history[2:] if len(history) > 2 else history[1:]  # drop the oldest exchange
             ids = template.render_for_generation(system + history, enc)
-        if len(ids) + params.max_new_tokens > model.config.block_size:
-            print(f"(message too long: {len(ids)} tokens + --max-new-tokens {params.max_new_tokens} exceed the "
-                  f"context of {model.config.block_size}; not sent)", flush=True)
+        try:
+            params.max_new_tokens = fit_new_tokens([ids], model.config, explicit, CHAT_NEW_TOKENS, "--max-new-tokens")
+        except PromptError as e:
+            print(f"(message not sent: {e})", flush=True)
             history.pop()
             continue
         print("assistant> ", end="", flush=True)
@@ -76,7 +82,8 @@ def args_chat(c: argparse.ArgumentParser) -> None:
                      "scripted); /reset clears the history, /quit leaves.")
     c.add_argument("--ckpt", required=True, help="checkpoint or run directory with a chat template")
     c.add_argument("--system", help="system prompt")
-    c.add_argument("--max-new-tokens", type=int, default=128)
+    c.add_argument("--max-new-tokens", type=int, default=None,
+                   help=f"reply length cap (default {CHAT_NEW_TOKENS}, less where the context is short)")
     c.add_argument("--temperature", type=float, default=0.7, help="0 = greedy")
     c.add_argument("--top-k", type=int, default=50, help="0 = off")
     c.add_argument("--top-p", type=float, default=None)

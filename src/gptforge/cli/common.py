@@ -7,6 +7,7 @@ import argparse
 import dataclasses
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from gptforge.load import ModelSource
 
@@ -65,14 +66,29 @@ def finite(raw: str) -> float:
     return v
 
 
+def port(raw: str) -> int:
+    """A TCP port number (argparse type): one line for 99999 instead of the server's tracebacks."""
+    try:
+        v = int(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a port number") from None
+    if not 1 <= v <= 65535:
+        raise argparse.ArgumentTypeError(f"{v} is not a TCP port; give 1 to 65535")
+    return v
+
+
 def chat_template_of(ckpt: str | None):
     """The chat template a checkpoint (or run directory) carries, or None."""
     if ckpt is None:
         return None
-    from gptforge.data.chat import template_from_meta
+    from gptforge.data.chat import ChatFormatError, template_from_meta
     from gptforge.run import checkpoint as ckpt_mod
 
-    return template_from_meta(ckpt_mod.read_meta(ckpt_mod.resolve_checkpoint(ckpt)))
+    where = ckpt_mod.resolve_checkpoint(ckpt)
+    try:
+        return template_from_meta(ckpt_mod.read_meta(where), where=str(Path(where) / "meta.json"))
+    except ChatFormatError as e:
+        raise CliError(str(e)) from None
 
 
 # --- the one resume / force path of train, sft and rl ----------------------------------------------

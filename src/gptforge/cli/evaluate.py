@@ -19,8 +19,7 @@ def args_eval(p: argparse.ArgumentParser) -> None:
     p.description = ("Zero-shot multiple-choice and last-word evaluation with one batched scorer. "
                      "Get the data first with `gptforge assets evals` (offline) or `--online`.")
     p.add_argument("--tasks", default="hellaswag",
-                   help="comma-separated: hellaswag, piqa, arc_easy, arc_challenge, winogrande, openbookqa, sciq, "
-                        "lambada (default %(default)s)")
+                   help=f"comma-separated: {', '.join(known_tasks())} (default %(default)s)")
     add_model_source(p)
     p.add_argument("--limit", type=int, default=0, help="first N examples of each task (0 = all)")
     p.add_argument("--json", help="write the results to this JSON file")
@@ -43,6 +42,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
     source = model_source(args)
     if args.limit < 0 or (args.batch_tokens is not None and args.batch_tokens < 1) or args.repeats < 1:
         raise CliError("--limit must be >= 0 (0 = all), --batch-tokens and --repeats >= 1")
+    names = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    unknown = [t for t in names if t not in known_tasks()]
+    if unknown or not names:
+        raise CliError(f"--tasks: {'unknown task(s) ' + ', '.join(unknown) if unknown else 'no task given'}; "
+                       f"known: {', '.join(known_tasks())}")
     generative, args.tasks = split_generative(args.tasks)  # arithmetic, gsm8k: answers are generated
     if generative:
         eval_generative(args, generative)
@@ -67,6 +71,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 # --- generative eval (called from cmd_eval for the tasks it knows) --------------------------------
+
+def known_tasks() -> list[str]:
+    """Every task ``--tasks`` takes: the scored (multiple-choice, last-word) and the generative ones."""
+    from gptforge.eval.generative import GENERATIVE
+    from gptforge.eval.tasks import TASKS
+
+    return [*TASKS, *GENERATIVE]
+
 
 def split_generative(tasks: str) -> tuple[list[str], str]:
     """(generative task names, the remaining comma-separated multiple-choice tasks)."""

@@ -7,9 +7,12 @@ import argparse
 import json
 import sys
 
-from gptforge.cli.common import CliError, add_model_source, chat_template_of, load, model_source
+from gptforge.cli.common import CliError, add_model_source, chat_template_of, load, model_source, port
 
 # --- sample ---------------------------------------------------------------------------------------
+
+SAMPLE_NEW_TOKENS = 32  # sample's default --max-new-tokens (clamped to a small model's context)
+MAX_SAMPLE_ROWS = 1024  # --num-samples x prompts: one batch, so this bounds the KV cache and the logits
 
 
 def args_sample(p: argparse.ArgumentParser) -> None:
@@ -17,7 +20,8 @@ def args_sample(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt", action="append", help="prompt (repeat for a batch of prompts); default "
                                                      "\"Hello, I'm a language model,\"")
     p.add_argument("--num-samples", type=int, default=5, help="samples per prompt (one sample streams live)")
-    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help=f"tokens to generate (default {SAMPLE_NEW_TOKENS}, fewer where the context is shorter)")
     p.add_argument("--top-k", type=int, default=50, help="0 = no top-k filtering")
     p.add_argument("--top-p", type=float, default=None, help="nucleus sampling threshold in (0, 1]")
     p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
@@ -34,8 +38,10 @@ def cmd_sample(args: argparse.Namespace) -> int:
     from gptforge.runtime import resolve_device
 
     source = model_source(args)
-    if args.num_samples < 1:
-        raise CliError("--num-samples must be >= 1")
+    rows = args.num_samples * len(args.prompt or [None])
+    if not 1 <= args.num_samples or rows > MAX_SAMPLE_ROWS:  # every sample is a row of one batch (KV cache)
+        raise CliError(f"--num-samples {args.num_samples} x {len(args.prompt or [None])} prompt(s): give 1 to "
+                       f"{MAX_SAMPLE_ROWS} rows in all (each is a row of one batch); run the command again for more")
     params = _sampling_params(args)
     model = load(source).to(resolve_device(args.device))
     enc = get_tokenizer()
@@ -46,12 +52,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
         enc = ChatTokenizer(enc, chat)
     prompts = [p for p in (args.prompt or ["Hello, I'm a language model,"]) for _ in range(args.num_samples)]
     ids = [enc.encode(p, allowed_special={"<|endoftext|>"}) or [enc.eot_token] for p in prompts]
-    longest = max(len(r) for r in ids)
-    if longest + params.max_new_tokens > model.config.block_size:
-        raise CliError(
-            f"prompt ({longest} tokens) + --max-new-tokens {params.max_new_tokens} exceeds the model's "
-            f"context of {model.config.block_size} tokens"
-        )
+    params.max_new_tokens = _fit(ids, model.config, args.max_new_tokens, SAMPLE_NEW_TOKENS)
     if len(prompts) == 1:  # one sample: stream tokens to the terminal as they are generated
         print(f"--- sample 0\n{prompts[0]}", end="", flush=True)
         for ev in stream_text(model, enc, ids, params):
@@ -66,11 +67,22 @@ def cmd_sample(args: argparse.Namespace) -> int:
     return 0
 
 
+def _fit(ids, model_cfg, requested: int | None, default: int) -> int:
+    """generation.fit_new_tokens with its refusal as a CliError naming the flag."""
+    from gptforge.generation import PromptError, fit_new_tokens
+
+    try:
+        return fit_new_tokens(ids, model_cfg, requested, default, flag="--max-new-tokens")
+    except PromptError as e:
+        raise CliError(str(e)) from None
+
+
 def _sampling_params(args: argparse.Namespace):
     from gptforge.generation import SamplingParams
     from gptforge.tokens import EOT
 
-    p = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+    n = args.max_new_tokens
+    p = SamplingParams(max_new_tokens=SAMPLE_NEW_TOKENS if n is None else n, temperature=args.temperature, top_k=args.top_k,
                        top_p=args.top_p, repetition_penalty=args.repetition_penalty, seed=args.seed,
                        stop=tuple(args.stop or ()), stop_token=EOT if args.stop_at_eot else None)
     try:
@@ -111,7 +123,13 @@ def cmd_export(args: argparse.Namespace) -> int:
             raise CliError("--no-tokenizer: a GGUF file must carry its tokenizer (llama.cpp reads it from the file)")
     model = load(model_source(args))
     chat = chat_template_of(args.ckpt)  # a chat checkpoint: the HF tokenizer gets its template
-    tokenizer = not args.no_tokenizer and model.config.vocab_size == (chat.vocab_size if chat else GPT2_VOCAB)
+    want = chat.vocab_size if chat else GPT2_VOCAB
+    # never a silent export without a tokenizer (gguf checks its vocabulary itself, after what llama.cpp can run)
+    if args.format != "gguf" and not args.no_tokenizer and model.config.vocab_size != want:
+        what = f"the chat template's {want} (GPT-2's 50257 + chat tokens)" if chat else "GPT-2's 50257"
+        raise CliError(f"model.vocab_size={model.config.vocab_size} is not {what}, so GPT-2's tokenizer does not "
+                       "describe this model; pass --no-tokenizer to export the weights alone")
+    tokenizer = not args.no_tokenizer
     n = sum(p.numel() for p in model.parameters())
     print(f"gptforge export: writing {n / 1e6:.1f}M parameters to {args.out} ...", file=sys.stderr,
           flush=True)  # seconds for the larger models: not silent
@@ -192,7 +210,7 @@ def args_serve(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key", default=None, metavar="KEY",
                    help="require 'Authorization: Bearer KEY' on /api and /v1 (OpenAI clients: api_key=KEY); "
                         "default: $GPTFORGE_API_KEY, else none")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=port, default=8000, help="TCP port, 1-65535 (default %(default)s)")
     p.add_argument("--metrics", help="metrics.jsonl for the loss curve (default: the checkpoint's run directory)")
     p.add_argument("--max-new-tokens-cap", type=int, default=512, help="largest max_new_tokens a request may ask")
     p.add_argument("--max-batch", type=int, default=8, help="most prompts in one request")

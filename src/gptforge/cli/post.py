@@ -47,7 +47,7 @@ def cmd_sft(args: argparse.Namespace, overrides: list[str]) -> int:
         cfg, resume, meta = resolve_run(args.out, args.resume, [*flags, *overrides], "sft", fresh,
                                         trusted=_trusted(args, overrides), frozen=SFT_FROZEN)
         if resume is not None:
-            template = ChatTemplate.from_dict(meta["chat_template"])
+            template = ChatTemplate.from_dict(meta["chat_template"], f"{resume}/meta.json", cfg.model.vocab_size)
         else:
             template = (chat_template_of(args.init_from) if Path(args.init_from).is_dir() else None) or ChatTemplate.gpt2()
         if args.dry_run:

@@ -14,8 +14,8 @@ def build_config(args: argparse.Namespace, overrides: list[str]):
     from gptforge.presets import get_preset
 
     cfg = get_preset(args.preset)
-    if args.out:
-        overrides = [*overrides, "--train.out_dir", args.out]
+    if args.out is not None:  # --out '' is refused by train.out_dir's check, not replaced by the preset's
+        overrides = [*overrides, f"--train.out_dir={args.out}"]
     apply_overrides(cfg, overrides)
     return cfg, overrides
 
@@ -190,10 +190,15 @@ def args_race(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_race(args: argparse.Namespace, overrides: list[str]) -> int:
+    import math
     from pathlib import Path
 
     from gptforge.bench.race import format_race, run_race
 
+    if args.target is not None and not (math.isfinite(args.target) and args.target > 0):
+        raise CliError(f"--target {args.target}: expected a finite val loss > 0")
+    if not args.out.strip() or args.evals < 1:
+        raise CliError("--out must name a folder and --evals be >= 1")
     try:
         summary = run_race(args.presets, overrides, out_dir=args.out, target=args.target, evals=args.evals,
                            plot=not args.no_plot)

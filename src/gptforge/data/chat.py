@@ -63,15 +63,29 @@ class ChatTemplate:
         return {"name": self.name, "bos": self.bos, "roles": dict(self.roles), "end": self.end}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> ChatTemplate:
-        try:
-            roles = {str(k): int(v) for k, v in d["roles"].items()}
-            t = cls(bos=int(d["bos"]), roles=roles, end=int(d["end"]), name=str(d.get("name", "custom")))
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise ChatFormatError(f"chat_template {d!r}: expected keys bos, roles, end ({e})") from e
-        if set(roles) != set(ROLES):
-            raise ChatFormatError(f"chat_template roles {sorted(roles)}: expected {', '.join(ROLES)}")
-        return t
+    def from_dict(cls, d: Any, where: str = "chat_template", vocab_size: int | None = None) -> ChatTemplate:
+        """The one reader of a stored template (a checkpoint's meta.json, the serve/chat page).
+        Every id must be an integer in [0, ``vocab_size``) when the model's vocabulary is known, and
+        the ids distinct; ``where`` names the file for the message."""
+        if not isinstance(d, dict) or not isinstance(d.get("roles"), dict):
+            raise ChatFormatError(f"{where}: expected an object with keys bos, roles, end, found {d!r:.120}")
+        if set(d["roles"]) != set(ROLES):
+            raise ChatFormatError(f"{where}: roles {sorted(map(str, d['roles']))}: expected {', '.join(ROLES)}")
+        fields_ = {"bos": d.get("bos"), "end": d.get("end"), **{f"roles.{r}": d["roles"][r] for r in ROLES}}
+        bound = f" and below model.vocab_size={vocab_size}" if vocab_size is not None else ""
+        for key, v in fields_.items():
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0 or (vocab_size is not None and v >= vocab_size):
+                raise ChatFormatError(f"{where}: chat_template.{key}={v!r}: expected a token id, an integer >= 0{bound}; "
+                                      "the checkpoint's template is damaged (re-run sft to write a good one)")
+        seen: dict[int, str] = {}
+        for key, v in fields_.items():
+            if v in seen:
+                raise ChatFormatError(f"{where}: chat_template.{key}={v} is also chat_template.{seen[v]}; each role "
+                                      "and the end marker need their own token")
+            seen[v] = key
+        name = d.get("name", "custom")
+        return cls(bos=d["bos"], roles={r: d["roles"][r] for r in ROLES}, end=d["end"],
+                   name=name if isinstance(name, str) else "custom")
 
     def check_model(self, model_cfg: Any) -> None:
         """Refuse a model whose embedding has no rows for the chat tokens."""
@@ -174,7 +188,13 @@ class ChatTokenizer:
         return "".join(dec.decode(self.decode_single_token_bytes(int(t))) for t in ids) + dec.decode(b"", final=True)
 
 
-def template_from_meta(meta: dict[str, Any]) -> ChatTemplate | None:
-    """The chat template a checkpoint's meta.json carries, or None for a base model."""
+def template_from_meta(meta: dict[str, Any], where: str = "meta.json") -> ChatTemplate | None:
+    """The chat template a checkpoint's meta.json carries, or None for a base model; its ids are
+    checked against the checkpoint's own ``model.vocab_size``."""
     d = meta.get("chat_template")
-    return ChatTemplate.from_dict(d) if d else None
+    if not d:
+        return None
+    model = (meta.get("config") or {}).get("model") if isinstance(meta.get("config"), dict) else None
+    vocab = model.get("vocab_size") if isinstance(model, dict) else None
+    vocab = vocab if isinstance(vocab, int) and not isinstance(vocab, bool) and vocab > 0 else None
+    return ChatTemplate.from_dict(d, where=where, vocab_size=vocab)

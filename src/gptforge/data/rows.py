@@ -81,6 +81,9 @@ def _read_jsonl(path: Path, columns: Sequence[str], check: Check, skip_bad: bool
             except json.JSONDecodeError as e:
                 bad_row(where, f"not valid JSON ({e.msg})", skip_bad, stats, error)
                 continue
+            except RecursionError:  # [[[[... thousands deep: the parser's stack, not a crash of the run
+                bad_row(where, f"JSON nested too deeply (expected {shape})", skip_bad, stats, error)
+                continue
             if not isinstance(row, dict) or any(c not in row for c in columns):
                 bad_row(where, f"expected {shape}", skip_bad, stats, error)
                 continue

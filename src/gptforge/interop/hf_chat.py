@@ -28,7 +28,7 @@ def check_tokenizer_vocab(vocab_size: int, chat_template: dict | None) -> ChatTe
     want = chat.vocab_size if chat else GPT2_VOCAB
     if vocab_size != want:
         what = f"the chat template's {want} (GPT-2's 50257 + chat tokens)" if chat else "GPT-2's 50257"
-        raise ValueError(f"model.vocab_size={vocab_size} is not {what}; export with tokenizer=False")
+        raise ValueError(f"model.vocab_size={vocab_size} is not {what}; export without the tokenizer (--no-tokenizer)")
     return chat
 
 

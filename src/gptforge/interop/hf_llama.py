@@ -116,11 +116,39 @@ def _read_weights(name_or_dir: str) -> dict[str, torch.Tensor]:
 
 
 def load_hf_llama(name_or_dir: str, **overrides) -> Llama:
-    """gptforge ``Llama`` (eval mode) from a HF LlamaForCausalLM directory or hub name."""
+    """gptforge ``Llama`` (eval mode) from a HF LlamaForCausalLM directory or hub name. A local
+    directory's weight shapes are checked against the config from the safetensors header (the
+    expected shapes come from a model on the meta device) before anything is allocated."""
     cfg = llama_config_from_hf(_read_config(name_or_dir), **overrides)  # refuse before reading weights
+    if Path(name_or_dir).is_dir():
+        sd = _read_checked(Path(name_or_dir), cfg)
+    else:
+        sd = _read_weights(name_or_dir)
     model = Llama(cfg)
-    load_hf_llama_state_dict(model, _read_weights(name_or_dir))
+    load_hf_llama_state_dict(model, sd)
     return model.eval()
+
+
+def _read_checked(d: Path, cfg: LlamaConfig) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError, safe_open
+
+    from gptforge.interop.hf import HFModelError, _safetensors_files, read_safetensors
+
+    files = _safetensors_files(d)
+    try:  # the layer count from the header names first: even on the meta device, 10**6 layers take minutes
+        names = [k for f in files for k in safe_open(str(f), framework="pt").keys()]
+    except (OSError, SafetensorError) as e:
+        raise HFModelError(f"{d}: not a readable safetensors file ({e})") from None
+    layers = len({k.split(".")[2] for k in names if k.startswith("model.layers.")})
+    if layers != cfg.n_layer:
+        raise HFModelError(f"{d}: the weights do not fit Llama as config.json sizes it (num_hidden_layers="
+                           f"{cfg.n_layer}, the weights hold {layers} layers); refusing a partly random model")
+    with torch.device("meta"):  # shapes only: nothing is allocated however wide the config says it is
+        expected = {k: tuple(v.shape) for k, v in Llama(cfg).state_dict().items()}
+    for k in ("model.embed_tokens.weight", "lm_head.weight"):  # HF stores the real rows, unpadded
+        expected[k] = (cfg.vocab_size, cfg.n_embd)
+    return read_safetensors(files, expected, optional=("lm_head.weight",) if cfg.tie_embeddings
+                            else (), ignored=IGNORED_SUFFIXES, rename=lambda k: k, family="Llama")
 
 
 def load_hf_llama_state_dict(model: Llama, sd_hf: dict[str, torch.Tensor]) -> None:

@@ -61,11 +61,19 @@ GLOBAL_KEYS = {"wte": "transformer.wte.weight", "wpe": "transformer.wpe.weight",
                "lnfw": "transformer.ln_f.weight", "lnfb": "transformer.ln_f.bias"}
 
 
+def _not_a_file(path: Path) -> str:
+    """Why ``path`` cannot be read as a file: it is a directory, a dangling link, or absent."""
+    if path.is_dir():
+        bins = sorted(p.name for p in path.glob("*.bin"))[:3]
+        return "is a directory, not a file" + (f" (it holds {', '.join(bins)})" if bins else "")
+    return "is a symlink to a missing file" if path.is_symlink() else "does not exist"
+
+
 def read_model_header(path: str | Path) -> dict[str, int]:
     """Validate an llm.c model file's header and length; return its fields."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"llm.c model file {path} does not exist")
+        raise FileNotFoundError(f"llm.c model file {path} " + _not_a_file(path))
     size = path.stat().st_size
     if size < HEADER_INTS * 4:
         raise LlmcFormatError(f"{path}: {size} bytes is shorter than the 1024-byte llm.c header")
@@ -188,7 +196,7 @@ def read_llmc_tokenizer(path: str | Path) -> tuple[list[bytes], int | None]:
     """(token bytes by id, eot id or None for version 1) from an llm.c tokenizer file."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"llm.c tokenizer file {path} does not exist")
+        raise FileNotFoundError(f"llm.c tokenizer file {path} " + _not_a_file(path))
     data = path.read_bytes()
     if len(data) < HEADER_INTS * 4:
         raise LlmcFormatError(f"{path}: {len(data)} bytes is shorter than the 1024-byte llm.c header")

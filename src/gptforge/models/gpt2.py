@@ -79,6 +79,11 @@ class GPTConfig:
     def __post_init__(self) -> None:
         if self.arch != "gpt2":
             raise ValueError(f"model.arch={self.arch!r} for a GPT-2 config")
+        for key in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"model.{key}={getattr(self, key)} must be >= 1")
+        if self.bos_token < 0 or (self.attention == "document" and self.bos_token >= self.vocab_size):
+            raise ValueError(f"model.bos_token={self.bos_token} must be a token id in [0, model.vocab_size)")
         if self.n_embd % self.n_head != 0:
             raise ValueError(f"model.n_embd={self.n_embd} must be divisible by model.n_head={self.n_head}")
         if self.recompute not in ("none", "mlp", "block"):

@@ -83,6 +83,8 @@ class LlamaConfig:
         for key in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
             if getattr(self, key) < 1:
                 raise ValueError(f"model.{key}={getattr(self, key)} must be >= 1")
+        if self.bos_token < 0 or (self.attention == "document" and self.bos_token >= self.vocab_size):
+            raise ValueError(f"model.bos_token={self.bos_token} must be a token id in [0, model.vocab_size)")
         if self.n_kv_head < 0:
             raise ValueError(f"model.n_kv_head={self.n_kv_head} must be >= 1 (or 0 = model.n_head)")
         if self.n_embd % self.n_head != 0:

@@ -35,7 +35,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from gptforge.errors import CheckpointError  # noqa: F401  (re-exported: callers catch ckpt.CheckpointError)
-from gptforge.storage import dir_bytes, disk_full_message, is_disk_full, tensor_bytes
+from gptforge.storage import RESUME_HINT, dir_bytes, disk_full_message, is_disk_full, tensor_bytes
 
 CKPT_PREFIX = "step_"
 TIED = "lm_head.weight"  # an output head that may share its tensor with the input embedding
@@ -138,7 +138,7 @@ class cleanup_on_failure:
         shutil.rmtree(self.tmp, ignore_errors=True)
         if isinstance(exc, Exception) and is_disk_full(exc, self.tmp.parent, self.needed, written):
             raise CheckpointError(disk_full_message(f"checkpoint step {self.step}", self.needed,
-                                                    self.tmp.parent)) from exc
+                                                    self.tmp.parent, then=RESUME_HINT)) from exc
         return False
 
 

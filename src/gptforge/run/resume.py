@@ -39,9 +39,10 @@ def resume_notice(saved: Config, cfg: Config, step: int, where: Path) -> tuple[b
     if new != old:
         before = lr_at(step, saved.optim, old) if step < old else saved.optim.lr * saved.optim.min_lr_frac
         after = lr_at(step, cfg.optim, new)
+        verb, how = ("extending", "stretched") if new > old else ("shortening", "compressed")
         return False, (
-            f"extending the run from train.max_steps {old} to {new}: the LR schedule (warmup + cosine) is "
-            f"stretched over {new} steps, so the lr at step {step + 1} is {after:.3e} (the old schedule had "
+            f"{verb} the run from train.max_steps {old} to {new}: the LR schedule (warmup + cosine) is "
+            f"{how} over {new} steps, so the lr at step {step + 1} is {after:.3e} (the old schedule had "
             f"{before:.3e}); it decays to {cfg.optim.lr * cfg.optim.min_lr_frac:.3e} at step {new}")
     return False, None
 

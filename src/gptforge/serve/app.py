@@ -139,7 +139,7 @@ def create_app(model: torch.nn.Module, enc: tiktoken.Encoding | None = None, set
     ``served``: what is served, from :func:`gptforge.serve.describe.describe_served`.
     ``chat_template``: the checkpoint's chat template (the page's chat mode, /api/chat, /v1/chat).
     ``api_key``: required as a Bearer token on /api and /v1 when given."""
-    from gptforge.generation import SamplingParams, stream_text
+    from gptforge.generation import PromptError, SamplingParams, fit_new_tokens, stream_text
 
     if enc is None:
         from gptforge.data.tokenizer import get_tokenizer
@@ -148,11 +148,10 @@ def create_app(model: torch.nn.Module, enc: tiktoken.Encoding | None = None, set
     if chat_template:  # a chat model may emit its role/end ids, which tiktoken cannot decode
         from gptforge.data.chat import ChatTemplate, ChatTokenizer
 
-        enc = ChatTokenizer(enc, ChatTemplate.from_dict(chat_template))
+        enc = ChatTokenizer(enc, ChatTemplate.from_dict(chat_template, vocab_size=model.config.vocab_size))
     settings = settings or ServeSettings()
     settings.check()
     gate = ModelGate(settings.max_queue)
-    block = model.config.block_size
     app = FastAPI(title="gptforge", description="Talk to a gptforge model.")
 
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)  # on the bytes read, chunked too
@@ -182,10 +181,10 @@ def create_app(model: torch.nn.Module, enc: tiktoken.Encoding | None = None, set
         if any(not s for s in req.stop):
             raise HTTPException(400, "stop: stop sequences must be non-empty strings")
         ids = [enc.encode(p, allowed_special={"<|endoftext|>"}) or [enc.eot_token] for p in prompts]
-        for i, row in enumerate(ids):
-            if len(row) + n_new > block:
-                raise HTTPException(400, f"prompt {i} is {len(row)} tokens; with max_new_tokens={n_new} "
-                                         f"that exceeds the model's context of {block} tokens")
+        try:  # the default shrinks to the room the context leaves; an explicit value must fit
+            n_new = fit_new_tokens(ids, model.config, req.max_new_tokens, n_new)
+        except PromptError as e:
+            raise HTTPException(400, str(e)) from None
         params = SamplingParams(max_new_tokens=n_new, temperature=req.temperature, top_k=req.top_k,
                                 top_p=req.top_p, repetition_penalty=req.repetition_penalty, seed=req.seed,
                                 stop=tuple(req.stop), stop_token=enc.eot_token if req.stop_at_eot else None)

@@ -44,12 +44,11 @@ class ChatRequest(BaseModel):
 
 def add_chat_routes(app: FastAPI, model: Any, enc: Any, template: dict | None, settings: Any, gate: Any) -> None:
     """Register the chat endpoints on ``app`` (``gate``: the app's ModelGate)."""
-    from gptforge.generation import SamplingParams, stream_text
+    from gptforge.generation import PromptError, SamplingParams, fit_new_tokens, stream_text
 
-    chat = ChatTemplate.from_dict(template) if template else None
+    chat = ChatTemplate.from_dict(template, vocab_size=model.config.vocab_size) if template else None
     enc = getattr(enc, "enc", enc)  # the plain tiktoken Encoding (create_app may have wrapped it)
     cenc = ChatTokenizer(enc, chat) if chat else None
-    block = model.config.block_size
     producers: set[asyncio.Task] = set()
 
     @app.get("/api/chat/info")
@@ -65,9 +64,10 @@ def add_chat_routes(app: FastAPI, model: Any, enc: Any, template: dict | None, s
         if n_new > settings.max_new_tokens_cap:
             raise HTTPException(400, f"max_new_tokens={n_new} is over this server's cap of {settings.max_new_tokens_cap}")
         ids = chat.render_for_generation([m.model_dump() for m in req.messages], enc)
-        if len(ids) + n_new > block:
-            raise HTTPException(400, f"messages are {len(ids)} tokens; with max_new_tokens={n_new} that exceeds the "
-                                     f"model's context of {block} tokens (start a new conversation)")
+        try:  # the default shrinks to the room the context leaves; an explicit value must fit
+            n_new = fit_new_tokens([ids], model.config, req.max_new_tokens, n_new)
+        except PromptError as e:
+            raise HTTPException(400, f"{e} (start a new conversation)") from None
         params = SamplingParams(max_new_tokens=n_new, temperature=req.temperature, top_k=req.top_k, top_p=req.top_p,
                                 repetition_penalty=req.repetition_penalty, seed=req.seed, stop_token=chat.end)
         gone, watcher = watch_disconnect(request)  # a client that hangs up while queued leaves the queue

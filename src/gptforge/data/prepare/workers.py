@@ -46,11 +46,23 @@ _CPU_READY = 0.0  # CPU seconds a worker spent starting (imports, tokenizer), re
 
 
 def _exit_with_parent(poll_s: float = 1.0) -> None:
-    """A worker whose main process was killed (SIGKILL, OOM killer) would wait on its queue forever:
-    a daemon thread ends it once it has been re-parented."""
+    """A worker whose main process was killed (SIGKILL, OOM killer) would wait on its queue forever,
+    and keep multiprocessing's resource tracker alive with it. Two guards, from the first line of the
+    worker's initializer:
+
+    * Linux: ``prctl(PR_SET_PDEATHSIG, SIGKILL)``, so the kernel kills the worker with its parent;
+    * everywhere: a daemon thread that polls for the parent's pid. The parent is the pid the pool was
+      started from (``multiprocessing.parent_process()``), not ``os.getppid()`` read now: a parent
+      killed while the worker was still importing has already been replaced by init, and a watchdog
+      that takes init for the parent never fires (the leak issue 21 found)."""
+    import multiprocessing
     import threading
 
-    parent = os.getppid()
+    parent_proc = multiprocessing.parent_process()
+    parent = parent_proc.pid if parent_proc is not None and parent_proc.pid else os.getppid()
+    _die_with_parent_linux()
+    if os.getppid() != parent:  # it died before the guards were in place
+        os._exit(1)
 
     def watch() -> None:
         while True:
@@ -59,6 +71,20 @@ def _exit_with_parent(poll_s: float = 1.0) -> None:
                 os._exit(1)
 
     threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
+def _die_with_parent_linux() -> None:
+    """PR_SET_PDEATHSIG = SIGKILL through libc's prctl; a no-op where there is none."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG (linux/prctl.h)
+    except (OSError, AttributeError):  # no libc symbol (static builds, musl variants): the thread remains
+        pass
 
 
 def init_worker(tokenizer: str, dtype: str, pool_worker: bool = False) -> None:

