@@ -99,6 +99,9 @@ class TrainConfig:
     batch_warmup_start: float = 0.25
     seed: int = 1337
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
+    # CPU threads torch computes with (intra-op), per process; 0 = auto: OMP_NUM_THREADS when set, else
+    # 1 per process on CPU (measured best on a loaded 2-core machine, docs/benchmarks.md), torch's own on GPU
+    threads: int = 0
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # autocast dtype; auto = bf16 on CUDA
     compile: Optional[bool] = None  # torch.compile the model; None = on for CUDA
     compile_mode: str = "default"  # torch.compile mode: default | max-autotune | max-autotune-no-cudagraphs | reduce-overhead
@@ -123,6 +126,7 @@ class TrainConfig:
             _check(getattr(self, name) > 0, f"train.{name}", getattr(self, name), "a positive integer")
         for name in ("val_every", "sample_every", "ckpt_every", "keep_ckpts", "val_tokens", "sample_tokens"):
             _check(getattr(self, name) >= 0, f"train.{name}", getattr(self, name), "an integer >= 0")
+        _check(self.threads >= 0, "train.threads", self.threads, "an integer >= 0 (0 = auto)")
         _check(self.log_every >= 1, "train.log_every", self.log_every, "an integer >= 1")
         _check(self.batch_warmup_steps >= 0, "train.batch_warmup_steps", self.batch_warmup_steps, "an integer >= 0")
         _check(0 < self.batch_warmup_start <= 1, "train.batch_warmup_start", self.batch_warmup_start,
