@@ -8,12 +8,25 @@ import dataclasses
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from gptforge.load import ModelSource
+if TYPE_CHECKING:  # torch: imported only when a command runs, so `gptforge --help` stays instant
+    from gptforge.load import ModelSource
 
 
 class CliError(Exception):
     """Bad input: printed without a traceback, exit status 2."""
+
+
+def show_defaults(p: argparse.ArgumentParser) -> None:
+    """Every option of a command says its default in --help (unless its help already does, or the
+    default is "not set")."""
+    for action in p._actions:
+        default = action.default
+        if (action.help == argparse.SUPPRESS or default in (None, False, argparse.SUPPRESS) or not action.option_strings
+                or "default" in (action.help or "").lower()):
+            continue
+        action.help = f"{action.help} (default %(default)s)" if action.help else "default %(default)s"
 
 
 def add_model_source(p: argparse.ArgumentParser) -> None:
@@ -26,6 +39,8 @@ def add_model_source(p: argparse.ArgumentParser) -> None:
 
 
 def model_source(args: argparse.Namespace) -> ModelSource:
+    from gptforge.load import ModelSource
+
     src = ModelSource(ckpt=args.ckpt, hf=args.hf, llmc=args.llmc, random=args.random)
     if len(src.given()) != 1:
         raise CliError("give exactly one of --ckpt DIR, --hf NAME_OR_DIR, --llmc FILE or --random SIZE")
@@ -108,6 +123,8 @@ def init_from(source: str, cfg) -> Callable:
     """Fine-tuning: take the model's family and shape from a gptforge checkpoint, a Hugging Face
     directory or an llm.c model file (so it overrides the preset's) and return a function that copies
     its weights in."""
+    from gptforge.load import ModelSource
+
     src = load(ModelSource.from_path(source))
     knobs = {k: getattr(cfg.model, k) for k in ("dropout", "recompute", "flash")  # training knobs stay the preset's
              if hasattr(cfg.model, k) and hasattr(src.config, k)}

@@ -14,7 +14,6 @@ import argparse
 from pathlib import Path
 
 from gptforge.cli.common import CliError, chat_template_of, finish, init_from, load, resolve_run
-from gptforge.load import ModelSource
 
 # --- sft -------------------------------------------------------------------------------------------
 
@@ -71,6 +70,8 @@ def _flag_overrides(args: argparse.Namespace, keys: dict[str, str]) -> list[str]
 
 def _base_shape(source: str):
     """The base model's config (the SFT config keeps its family and shape)."""
+    from gptforge.load import ModelSource
+
     return load(ModelSource.from_path(source)).config
 
 
