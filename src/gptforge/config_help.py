@@ -24,7 +24,7 @@ from typing import Any, Literal
 UNDOCUMENTED = "(undocumented)"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def field_comments(cls: type) -> dict[str, str]:
     """field name -> its comment: the one on the field's line(s), else the comment block right above."""
     try:

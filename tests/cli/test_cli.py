@@ -116,7 +116,7 @@ def test_sample_and_chat_help_show_defaults(command, flags, capsys, monkeypatch)
     lines = capsys.readouterr().out.splitlines()
     for flag in flags:
         i = next(i for i, ln in enumerate(lines) if ln.strip().startswith(flag + " "))
-        assert "default" in lines[i] + lines[i + 1], lines[i : i + 2]  # the help may start on the next line
+        assert "default" in " ".join(lines[i : i + 2]), lines[i : i + 2]  # the help may start on the next line
 
 
 def test_presets_list_whole_sentences(capsys):

@@ -110,11 +110,11 @@ def args_presets(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_presets(args: argparse.Namespace) -> int:
-    from gptforge.models.registry import FAMILIES
-    from gptforge.presets import PRESETS
-
     import shutil
     import textwrap
+
+    from gptforge.models.registry import FAMILIES
+    from gptforge.presets import PRESETS
 
     width = max(80, min(shutil.get_terminal_size((100, 24)).columns, 120))
     print("runs (--preset):")
