@@ -110,3 +110,21 @@ def test_rl_summary_reports_reward_and_held_out_accuracy(tmp_path):
     assert "held-out    compare accuracy 0.250 (step 0) -> 0.500 (step 6), 40 problems" in text
     assert "time        1m15s" in text and f"continue    gptforge rl --out {tmp_path} --resume" in text
     assert f"gptforge chat --ckpt {tmp_path}" in text and "--tasks compare" in text
+
+
+def test_train_threads_auto_takes_omp_num_threads_else_one_on_cpu(monkeypatch):
+    import torch
+
+    from gptforge.runtime import set_threads
+
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+        assert set_threads(0, torch.device("cpu")) == 1 == torch.get_num_threads()
+        monkeypatch.setenv("OMP_NUM_THREADS", "2")
+        assert set_threads(0, torch.device("cpu")) == 2 == torch.get_num_threads()
+        assert set_threads(3, torch.device("cpu")) == 3 == torch.get_num_threads()  # an explicit value wins
+    finally:
+        torch.set_num_threads(before)
+    with pytest.raises(ValueError, match="train.threads"):
+        get_preset("tiny").train.__class__(threads=-1)
