@@ -209,12 +209,14 @@ def generate(
 
 @dataclass
 class TextEvent:
-    """A piece of one row's output. ``finished`` rows carry ``reason``: stop | eot | length."""
+    """A piece of one row's output. ``finished`` rows carry ``reason`` (stop | eot | length) and
+    ``tokens``, the tokens the row generated (its stop token included)."""
 
     row: int
     text: str
     finished: bool = False
     reason: str | None = None
+    tokens: int = 0
 
 
 @dataclass
@@ -258,17 +260,17 @@ def stream_text(
             r.n_tokens += 1
             if params.stop_token is not None and tok == params.stop_token:
                 r.done = True
-                yield TextEvent(b, r.held + r.decoder.decode(b"", final=True), True, "eot")
+                yield TextEvent(b, r.held + r.decoder.decode(b"", final=True), True, "eot", r.n_tokens)
                 continue
             r.held += r.decoder.decode(enc.decode_single_token_bytes(tok), final=last)
             hits = [i for i in (r.held.find(s) for s in stops) if i >= 0]
             if hits:
                 r.done = True
-                yield TextEvent(b, r.held[: min(hits)], True, "stop")
+                yield TextEvent(b, r.held[: min(hits)], True, "stop", r.n_tokens)
                 continue
             if last:
                 r.done = True
-                yield TextEvent(b, r.held, True, "length")
+                yield TextEvent(b, r.held, True, "length", r.n_tokens)
                 continue
             now, r.held = _emit_safe(r.held, stops)
             if now:

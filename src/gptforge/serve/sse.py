@@ -34,7 +34,7 @@ def sse_response(it: Iterator, gate: Any, producers: set[asyncio.Task]) -> Strea
                     continue
                 body: dict[str, Any] = {"row": ev.row, "text": ev.text}
                 if ev.finished:
-                    body.update(finished=True, reason=ev.reason)
+                    body.update(finished=True, reason=ev.reason, tokens=ev.tokens)
                 yield f"data: {json.dumps(body)}\n\n"
             yield "event: done\ndata: {}\n\n"
         finally:
