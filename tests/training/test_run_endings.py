@@ -4,6 +4,7 @@ Ctrl-C aborts) and divergence (a non-finite loss exits 3, naming the step)."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -110,8 +111,8 @@ def test_a_deliberate_late_ctrl_c_still_aborts_through_the_reader_thread():
         t0 = time.monotonic()
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(5)
-        assert time.monotonic() - t0 < 2  # it woke the blocked main thread
+            time.sleep(30)
+        assert time.monotonic() - t0 < 20  # it woke the blocked main thread (room for a loaded machine)
     assert signal.set_wakeup_fd(-1) == -1  # the wakeup fd was given back
 
 
@@ -124,9 +125,9 @@ def test_ctrl_c_twice_during_a_step_slower_than_the_window_still_saves(shard_dir
     cmd = [sys.executable, "-u", "-m", "gptforge", "train", "--preset", "tiny", "--data.dir", str(shard_dir),
            "--out", str(out), "--model.vocab_size", "512", "--train.max_steps", "100000",
            "--train.val_every", "0", "--train.ckpt_every", "0", "--train.device", "cpu", "--train.threads", "1",
-           # one micro-batch of 8192 tokens: a single backward call longer than the window
-           "--model.n_layer", "4", "--model.n_embd", "256", "--model.n_head", "4", "--model.block_size", "256",
-           "--train.seq_len", "256", "--train.micro_batch", "32", "--train.total_batch_tokens", "8192"]
+           # one micro-batch of 4096 tokens through a 384-wide model: one backward call of seconds
+           "--model.n_layer", "4", "--model.n_embd", "384", "--model.n_head", "6", "--model.block_size", "256",
+           "--train.seq_len", "256", "--train.micro_batch", "16", "--train.total_batch_tokens", "4096"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     try:
@@ -135,7 +136,7 @@ def test_ctrl_c_twice_during_a_step_slower_than_the_window_still_saves(shard_dir
             if line.startswith("step      1/"):
                 break
             assert time.time() < deadline, "training did not start"
-        step_ms = float(line.split("|")[2].split()[0])
+        step_ms = float(re.search(r"\| ([\d.]+) ms", line).group(1))
         time.sleep(0.2)  # into step 2's forward
         proc.send_signal(signal.SIGINT)
         time.sleep(0.05)
