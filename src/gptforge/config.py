@@ -456,10 +456,3 @@ def apply_overrides(cfg: Config, args: list[str]) -> Config:
         except ValueError as e:
             raise ConfigError(str(e)) from e
     return cfg
-
-
-def describe_keys(default: Config | None = None) -> str:
-    """Human listing of every key (for --help-config): see :func:`gptforge.config_help.describe_keys`."""
-    from gptforge.config_help import describe_keys as describe
-
-    return describe(default)
