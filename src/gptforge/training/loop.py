@@ -108,7 +108,8 @@ def train(cfg, recipe: Recipe | None = None, resume: str | Path | None = None, f
         metrics.write("start", start_step, params=n_params, world=info.world, grad_accum=grad_accum, recipe=recipe.name,
                       precision=precision, compile=compile_model, device=str(device), gptforge=__version__)
         log(f"gptforge {__version__} | {recipe.name} | {n_params/1e6:.2f}M params | device {device} "
-            f"({run.env.get('gpu', 'cpu')}) | {threads} CPU thread{'s' * (threads != 1)} | {precision} | compile {compile_model} | world {info.world} "
+            f"({run.env.get('gpu', 'cpu')}) | {threads} CPU thread{'s' * (threads != 1)} | {precision} | "
+            f"compile {compile_model} | world {info.world} "
             f"({info.sharded}) | " + (f"B {B} T {T} x accum {grad_accum} = {cfg.train.total_batch_tokens:,} tokens/step | "
                                       if grad_accum else "") + f"{max_steps} steps | run dir {run.run_dir}")
         if cfg.train.batch_warmup_steps:
