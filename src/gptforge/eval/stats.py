@@ -24,7 +24,9 @@ def wilson(correct: float, n: int, z: float = Z95) -> tuple[float, float]:
     denom = 1 + z * z / n
     centre = (p + z * z / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return max(0.0, centre - half), min(1.0, centre + half)
+    lo = 0.0 if correct <= 0 else max(0.0, centre - half)  # exact at the ends (no 1e-17 from rounding)
+    hi = 1.0 if correct >= n else min(1.0, centre + half)
+    return lo, hi
 
 
 def chance_level(examples: Sequence[Any]) -> float | None:
@@ -34,6 +36,11 @@ def chance_level(examples: Sequence[Any]) -> float | None:
     if not counts or min(counts) < 2:
         return None
     return sum(1 / c for c in counts) / len(counts)
+
+
+# generative tasks whose answer is one of a few options named in the prompt: a guesser's accuracy. The
+# others (arithmetic, gsm8k) have an open numeric answer: no meaningful chance level.
+GENERATIVE_CHANCE = {"compare": 0.5}  # "Which is larger, 37 or 48?": one of the two numbers
 
 
 def with_context(result: dict[str, Any], chance: float | None) -> dict[str, Any]:
