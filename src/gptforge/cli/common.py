@@ -174,7 +174,7 @@ def summary(result, command: str) -> str:
         last = max(result.val_losses)
         lines.append(f"val loss    best {result.val_losses[best]:.4f} (step {best}), final "
                      f"{result.val_losses[last]:.4f} (step {last})")
-    task = "hellaswag" if command == "train" else "arithmetic"
+    task = {"train": "hellaswag", "sft": "arithmetic,compare"}.get(command, "arithmetic")
     if command == "rl":
         if "reward" in result.last_stats:
             lines.append(f"reward      final {result.last_stats['reward']:.3f} (step {result.steps_done}, "
