@@ -76,13 +76,18 @@ def test_a_late_duplicate_is_ignored_even_after_the_run_then_the_old_handler_is_
 
 def _long_op_seconds(target: float):
     """A single C++ call (no Python bytecode inside, GIL released) lasting about ``target`` seconds:
-    repeated squaring of a matrix in one torch.linalg.matrix_power call."""
-    x = torch.eye(600)
-    t0 = time.monotonic()
-    torch.linalg.matrix_power(x, 2 ** 4)
-    per_square = (time.monotonic() - t0) / 4
-    k = max(4, int(target / per_square))
-    return lambda: torch.linalg.matrix_power(x, 2 ** k)
+    repeated squaring of a matrix in one torch.linalg.matrix_power call (at most 40 squarings: the
+    matrix grows instead on a fast machine, so the exponent stays a small int64)."""
+    n = 400
+    while True:
+        x = torch.eye(n)
+        t0 = time.monotonic()
+        torch.linalg.matrix_power(x, 2 ** 4)
+        per_square = max((time.monotonic() - t0) / 4, 1e-6)
+        k = int(target / per_square)
+        if k <= 40:
+            return lambda: torch.linalg.matrix_power(x, 2 ** max(k, 4))
+        n = int(n * 1.5)
 
 
 def test_the_window_counts_from_arrival_even_when_a_long_op_delays_the_handler():
@@ -94,11 +99,16 @@ def test_the_window_counts_from_arrival_even_when_a_long_op_delays_the_handler()
         os.kill(os.getpid(), signal.SIGINT)  # handled at once (os.kill returns into Python)
         time.sleep(0.05)
         assert flag.stop and len(said) == 1
-        threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGINT)).start()  # lands inside the op
+        timer = threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGINT))  # lands inside the op
+        timer.start()
         t0 = time.monotonic()
-        long_op()  # the old handler-time window raised KeyboardInterrupt right here
-        for _ in range(10):  # let the handlers run
-            time.sleep(0.01)
+        try:
+            long_op()  # the old handler-time window raised KeyboardInterrupt right here
+            for _ in range(10):  # let the handlers run
+                time.sleep(0.01)
+        finally:
+            timer.cancel()  # never a stray SIGINT into the next test
+            timer.join()
         assert time.monotonic() - t0 > 0.4, "the op was shorter than the window: the test proves nothing"
     assert flag.stop and not flag._abort and len(said) == 1
 
