@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv (if needed) and install gptforge with its test dependencies, plus the offline
-# GPT-2 tokenizer ranks. Idempotent; safe to re-run.
+# GPT-2 tokenizer ranks. Idempotent and quick to re-run: pip runs only when pyproject.toml or the
+# extras changed since the last install (a stamp in the venv).
 #   TORCH_SPEC  torch requirement (default torch==2.13.0, the CPU build on the project machines;
 #               on a GPU machine with torch already in the venv nothing is reinstalled)
 #   VENV        virtual environment folder (default .venv)
@@ -18,5 +19,15 @@ if ! "$PY" -c "import torch" 2>/dev/null; then
   "$PY" -m pip install -q "$TORCH_SPEC"
 fi
 EXTRAS=${EXTRAS-dev}
-"$PY" -m pip install -q -e ".${EXTRAS:+[$EXTRAS]}"
+# Reinstall only when something it depends on changed: pyproject.toml, the extras asked for, or where
+# the editable install points (a venv reused from another checkout). A stamp in the venv remembers.
+STAMP="$VENV/.gptforge-install"
+WANT="$(cat pyproject.toml) extras=[$EXTRAS] src=$PWD/src"
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] && [ -x "$VENV/bin/gptforge" ] \
+   && "$PY" -c "import gptforge, sys; sys.exit(not gptforge.__file__.startswith('$PWD/src/'))" 2>/dev/null; then
+  echo "gptforge is installed and up to date in $VENV (pyproject.toml and extras unchanged)"
+else
+  "$PY" -m pip install -q -e ".${EXTRAS:+[$EXTRAS]}"
+  printf '%s' "$WANT" > "$STAMP"
+fi
 "$VENV/bin/gptforge" assets tokenizer

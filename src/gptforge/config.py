@@ -34,8 +34,8 @@ class ConfigError(ValueError):
 @dataclass
 class DataConfig:
     dir: str = "data/shakespeare"  # folder of llm.c shards: *train*.bin and *val*.bin
-    train_split: str = "train"
-    val_split: str = "val"
+    train_split: str = "train"  # shards whose names contain this are training data
+    val_split: str = "val"  # shards whose names contain this are validation data
     shuffle: Literal["off", "shards", "documents"] = "off"  # training order; off = llm.c's exactly
     shuffle_seed: int = 1337  # seeds the per-epoch permutations (part of the resumable loader state)
     eot_token: int = EOT  # document separator for shuffle=documents (GPT-2's <|endoftext|>)
@@ -54,9 +54,9 @@ class OptimConfig:
     min_lr_frac: float = 0.0  # final lr as a fraction of the peak (llm.c's -q)
     warmup_steps: int = 700  # linear warmup, then cosine decay to min_lr_frac * lr
     weight_decay: float = 0.1  # applied to >=2-D parameters only
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-8
+    beta1: float = 0.9  # AdamW's first-moment decay
+    beta2: float = 0.95  # AdamW's second-moment decay
+    eps: float = 1e-8  # AdamW's denominator epsilon
     grad_clip: float = 1.0  # max global grad norm; 0 turns clipping off
     fused: Optional[bool] = None  # fused AdamW kernel; None = on where the device supports it (CUDA, CPU)
     schedule: Literal["cosine", "wsd"] = "cosine"  # wsd = warmup, stable, linear cooldown (modded-nanogpt)
@@ -66,8 +66,8 @@ class OptimConfig:
     embed_lr: float = 0.0
     name: Literal["adamw", "muon"] = "adamw"  # muon = Muon on the hidden matrices, AdamW (lr above) on the rest
     muon_lr: float = 0.02  # Muon's peak lr (the schedule scales it like optim.lr)
-    muon_momentum: float = 0.95
-    muon_nesterov: bool = True
+    muon_momentum: float = 0.95  # Muon's momentum
+    muon_nesterov: bool = True  # Nesterov momentum in Muon
     muon_ns_steps: int = 5  # Newton-Schulz iterations per update
     muon_weight_decay: float = 0.0  # decoupled, lr-scaled, on the Muon matrices
     muon_params: str = "auto"  # auto = the blocks' Linear weights; or comma-separated name globs (2-D only)
@@ -96,13 +96,16 @@ class TrainConfig:
     micro_batch: int = 64  # B: sequences per micro-step per rank
     seq_len: int = 1024  # T
     total_batch_tokens: int = 524_288  # tokens per optimizer step, all ranks; reached by grad accumulation
-    max_steps: int = 18_865
+    max_steps: int = 18_865  # optimizer steps of the whole run (the lr schedule spans them)
     # batch-size schedule: the batch grows linearly, in whole micro-batches, from batch_warmup_start x
     # total_batch_tokens at step 0 to the full batch at step batch_warmup_steps (0 = constant batch)
     batch_warmup_steps: int = 0
-    batch_warmup_start: float = 0.25
-    seed: int = 1337
+    batch_warmup_start: float = 0.25  # the batch at step 0, as a fraction of the full batch
+    seed: int = 1337  # model init, dropout and sampling seed
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
+    # CPU threads torch computes with (intra-op), per process; 0 = auto: OMP_NUM_THREADS when set, else
+    # 1 per process on CPU (3-7x faster than torch's default on a loaded 2-core machine), torch's own on GPU
+    threads: int = 0
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # autocast dtype; auto = bf16 on CUDA
     compile: Optional[bool] = None  # torch.compile the model; None = on for CUDA
     compile_mode: str = "default"  # torch.compile mode: default | max-autotune | max-autotune-no-cudagraphs | reduce-overhead
@@ -110,12 +113,12 @@ class TrainConfig:
     val_every: int = 250  # steps between validation-loss evaluations (0 = never; always at the end)
     val_tokens: int = 10_485_760  # tokens per validation (llm.c: 20 steps x 524288 / ... ), capped by data
     sample_every: int = 0  # steps between printed samples (0 = only at the end)
-    sample_tokens: int = 32
+    sample_tokens: int = 32  # tokens per printed sample
     ckpt_every: int = 5000  # steps between checkpoints (0 = only at the end / on interrupt)
     keep_ckpts: int = 2  # newest checkpoints kept (0 = keep all)
     log_every: int = 1  # steps between log lines
     peak_flops: float = 0.0  # device peak FLOP/s for MFU; 0 = look it up by GPU name (none on CPU)
-    out_dir: str = "runs/default"
+    out_dir: str = "runs/default"  # the run directory: checkpoints, metrics.jsonl, config.json (= --out)
     log_to: str = ""  # also send metrics to: tensorboard, wandb (comma-separated; extras of the same names)
     # resume from a sharded (dcp/) checkpoint, whose metadata is a pickle that can run code; never
     # taken from a checkpoint's own config (see gptforge.run.checkpoint.require_trust)
@@ -127,6 +130,7 @@ class TrainConfig:
             _check(getattr(self, name) > 0, f"train.{name}", getattr(self, name), "a positive integer")
         for name in ("val_every", "sample_every", "ckpt_every", "keep_ckpts", "val_tokens", "sample_tokens"):
             _check(getattr(self, name) >= 0, f"train.{name}", getattr(self, name), "an integer >= 0")
+        _check(self.threads >= 0, "train.threads", self.threads, "an integer >= 0 (0 = auto)")
         _check(self.log_every >= 1, "train.log_every", self.log_every, "an integer >= 1")
         _check(self.batch_warmup_steps >= 0, "train.batch_warmup_steps", self.batch_warmup_steps, "an integer >= 0")
         _check(0 < self.batch_warmup_start <= 1, "train.batch_warmup_start", self.batch_warmup_start,
@@ -254,8 +258,8 @@ class RLConfig:
     raw: bool = False  # no chat template: plain "Question: ...\nAnswer:" prompts
     prompts: int = 8  # problems per step, over all ranks
     group: int = 8  # replies sampled per problem
-    max_new_tokens: int = 24
-    temperature: float = 1.0
+    max_new_tokens: int = 24  # longest reply sampled per problem
+    temperature: float = 1.0  # sampling temperature of the replies
     top_k: int = 0  # 0 = off
     kl_coef: float = 0.02  # KL penalty to the starting model
     clip_eps: float = 0.2  # ratio clip
@@ -487,16 +491,3 @@ def apply_overrides(cfg: Config, args: list[str]) -> Config:
             raise ConfigError(str(e)) from e
     check_finite_floats(cfg)
     return cfg
-
-
-def describe_keys(default: Config | None = None) -> str:
-    """Human listing of every key with its type and value (for --help-config): the defaults, or the
-    values of ``default`` (a preset with its overrides applied)."""
-    default = default or Config()
-    lines = []
-    for k, tp in config_keys(default).items():
-        section, name = k.split(".", 1)
-        val = getattr(getattr(default, section), name)
-        tname = getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
-        lines.append(f"  --{k:<28} {tname:<40} default {val!r}")
-    return "\n".join(lines)

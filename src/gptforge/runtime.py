@@ -4,6 +4,7 @@ dtype and the precision switches, each resolved in this one place.
     >>> device = resolve_device("auto")                  # cuda:LOCAL_RANK, mps or cpu
     >>> autocast = autocast_for(device, "auto")          # bf16 where the GPU supports it
     >>> with autocast(): logits, _ = model(idx)
+    >>> set_threads(cfg.train.threads, device)          # CPU threads, before any compute
 """
 
 from __future__ import annotations
@@ -77,3 +78,24 @@ def set_precision(cfg, device: torch.device):
         precision = "tf32"
     compile_model = device.type == "cuda" if train_cfg.compile is None else train_cfg.compile
     return autocast_for(device, train_cfg.dtype), precision, compile_model
+
+
+def auto_threads(device: torch.device) -> int:
+    """``train.threads 0``: OMP_NUM_THREADS when the user (or torchrun) set it; else one thread per
+    process on CPU, where torch's default (one per physical core) was 3-7x slower on a loaded 2-core
+    machine (docs/benchmarks.md, "CPU threads": a spinning OpenMP team loses to other processes for
+    the cores); on a GPU, torch's own choice (the CPU only feeds the device). A machine of one's own
+    may do better with more: ``gptforge bench --switch train.threads=N`` measures it."""
+    if os.environ.get("OMP_NUM_THREADS", "").strip().isdigit() and int(os.environ["OMP_NUM_THREADS"]) > 0:
+        return int(os.environ["OMP_NUM_THREADS"])
+    if device.type == "cpu":
+        return 1
+    return torch.get_num_threads()
+
+
+def set_threads(threads: int, device: torch.device) -> int:
+    """Set torch's intra-op CPU threads (``train.threads``; 0 = :func:`auto_threads`); return the count."""
+    n = threads or auto_threads(device)
+    if n != torch.get_num_threads():
+        torch.set_num_threads(n)
+    return n

@@ -17,6 +17,7 @@ for what was still to be written, the failure is taken to be a full disk.
 from __future__ import annotations
 
 import errno
+import os
 import shutil
 from collections.abc import Iterable
 from pathlib import Path
@@ -90,3 +91,24 @@ def disk_full_message(what: str, needed: int, where: Path, then: str = "run the 
     free_s = f"; {free / 1e9:.2g} GB free there" if free is not None else ""
     return (f"no space left on device while writing {what} (needs about {needed / 1e9:.2g} GB) in {where}"
             f"{free_s}. Free some space (or point the output at a bigger disk) and {then}")
+
+
+
+def current_umask() -> int:
+    """The process umask, read without changing it where Linux says it (``/proc/self/status``)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    old = os.umask(0o022)  # elsewhere: set and put back at once
+    os.umask(old)
+    return old
+
+
+def ordinary_file_mode(path: str | Path) -> None:
+    """Give ``path`` the mode an ordinary new file gets (0666 minus the umask). safetensors writes
+    through a private temporary file (0600), which would leave the weights unreadable to a group that
+    can read every other file of the checkpoint."""
+    os.chmod(path, 0o666 & ~current_umask())

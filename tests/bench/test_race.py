@@ -50,7 +50,10 @@ def test_race_json_on_a_tiny_run(race_presets, tmp_path, capsys):
     assert b["train_seconds"] == pytest.approx(sum(r["dt_ms"] for r in train_b) / 1000, abs=2e-3)
     assert b["token_ratio"] == pytest.approx(a["tokens"] / b["tokens"], rel=1e-3)
     assert (out / "race.png").stat().st_size > 1000
-    assert "target val loss" in capsys.readouterr().out
+    out_text = capsys.readouterr().out
+    assert "target val loss" in out_text
+    # the second run stopped because it reached the target: nothing to continue
+    assert "reached the target val loss" in out_text and "continue with --resume" not in out_text
 
 
 def test_race_bad_input_exits_2(race_presets, tmp_path, capsys):
@@ -71,7 +74,16 @@ def test_race_per_preset_overrides(race_presets, tmp_path):
                         tmp_path, evals=4)
     assert (a.optim.name, b.optim.name, b.train.max_steps, b.train.val_every) == ("adamw", "adamw", 12, 3)
     assert a.train.seed == b.train.seed == 3 and b.optim.schedule == "wsd"
-    assert b.train.out_dir == str(tmp_path / "race-muon,optim.name=adamw,train.max_steps=12")
+    assert b.train.out_dir == str(tmp_path / "race-muon_optim.name-adamw_train.max_steps-12")  # a safe folder name
+
+
+def test_race_folders_get_safe_unique_names():
+    from gptforge.bench.race import run_folder
+
+    assert run_folder("speedrun-d4,optim.name=adamw", set()) == "speedrun-d4_optim.name-adamw"
+    assert run_folder("a,data.dir=../x y", set()) == "a_data.dir-._x_y"  # no slash, no space, no ".."
+    assert run_folder("-x", set()) == "x" and run_folder("...", set()) == "run"
+    assert run_folder("a,b=c", {"a_b-c"}) == "a_b-c_2"
 
 
 def test_race_table_when_the_first_preset_misses_an_explicit_target():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 
+import pytest
 import torch
 
 from gptforge.cli import main
@@ -61,12 +62,14 @@ def test_chat_refuses_base_model(tmp_path, capsys):
 
 def test_eval_arithmetic_generative(tmp_path, tokenizer, capsys):
     path, model, t = _chat_ckpt(tmp_path)
-    assert main(["eval", "--tasks", "arithmetic", "--ckpt", str(path), "--limit", "6", "--device", "cpu",
+    assert main(["eval", "--tasks", "arithmetic,compare", "--ckpt", str(path), "--limit", "6", "--device", "cpu",
                  "--json", str(tmp_path / "r.json")]) == 0
     out = capsys.readouterr().out
-    assert "arithmetic" in out and "chat template" in out
-    res = json.loads((tmp_path / "r.json").read_text())[0]
+    assert "arithmetic" in out and "chat template" in out and "95% CI" in out
+    res, cmp = json.loads((tmp_path / "r.json").read_text())
     assert res["n"] == 6 and res["accuracy"] == 0.0  # a random model gets nothing right
+    assert res["chance"] is None and cmp["chance"] == 0.5  # an open number vs one of two named numbers
+    assert res["acc_ci95"][0] == 0.0 and res["acc_ci95"][1] == pytest.approx(0.390, abs=1e-3)  # Wilson, 0 of 6
 
 
 

@@ -95,3 +95,36 @@ def test_train_then_sample_end_to_end(shard_dir, tmp_path, tokenizer, capsys):
     assert first.count("--- sample") == 2 and first.count("Hello") == 2
     # a prompt that does not fit the context is refused with a clear message
     assert main([*args[:-2], "--max-new-tokens", "500"]) == 2
+
+
+def test_top_level_help_imports_no_torch():
+    import subprocess
+
+    code = ("import sys\nfrom gptforge.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "print('TORCH', 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
+    assert "train" in out and "TORCH False" in out, out
+
+
+@pytest.mark.parametrize("command, flags", [
+    ("sample", ["--max-new-tokens", "--temperature", "--top-k", "--seed", "--num-samples"]),
+    ("chat", ["--temperature", "--top-k", "--repetition-penalty", "--device"]),
+])
+def test_sample_and_chat_help_show_defaults(command, flags, capsys, monkeypatch):
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    lines = capsys.readouterr().out.splitlines()
+    for flag in flags:
+        i = next(i for i, ln in enumerate(lines) if ln.strip().startswith(flag + " "))
+        assert "default" in " ".join(lines[i : i + 2]), lines[i : i + 2]  # the help may start on the next line
+
+
+def test_presets_list_whole_sentences(capsys):
+    from gptforge.cli.data import first_sentence
+    from gptforge.presets import PRESETS
+
+    assert main(["presets"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    for name, fn in PRESETS.items():
+        sentence = first_sentence(fn.__doc__)
+        assert sentence.endswith((".", ")", "`")) and " ".join(sentence.split()) in out, name

@@ -55,12 +55,19 @@ def test_plot_writes_a_png_from_a_real_run(eval_run, tmp_path):
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
 
 
-def test_eval_command_writes_json(eval_run, tmp_path):
+def test_eval_command_writes_json(eval_run, tmp_path, capsys):
+    from gptforge.eval.stats import wilson
+
     out = tmp_path / "eval.json"
     assert main(["eval", "--tasks", "winogrande,piqa", "--ckpt", str(eval_run), "--limit", "5",
                  "--json", str(out)]) == 0
     res = json.loads(out.read_text())["results"]
     assert res["winogrande"]["n"] == 5 and res["piqa"]["n"] == 5 and "acc_norm" in res["piqa"]
+    # both tasks are two-choice: chance 0.5, and at n 5 every interval holds it
+    for r in res.values():
+        assert r["chance"] == 0.5 and r["acc_ci95"] == pytest.approx(wilson(r["acc"] * 5, 5))
+    table = capsys.readouterr().out
+    assert "95% CI" in table and "chance" in table and "not distinguishable from guessing" in table
 
 
 def test_eval_bench_writes_json(tmp_path, eval_data, tokenizer):

@@ -410,3 +410,35 @@ def test_dead_worker_is_an_error_not_a_hang(tmp_path, tokenizer, monkeypatch):
     src = FilesSource([write_parquet(tmp_path / "fw.parquet", make_docs(40, seed=11))])
     with pytest.raises(SourceError, match="worker process died.*re-run the same command"):
         prepare(src, tmp_path / "out", settings(tokenizer="dies", workers=2, start_method="fork"), progress=False)
+
+
+def test_the_progress_bar_counts_documents_and_shards_as_they_happen(tmp_path, tokenizer, monkeypatch):
+    from gptforge.data.prepare import pipeline
+
+    seen = []
+
+    class Bar:
+        total = None
+
+        def update(self, n):
+            pass
+
+        def set_postfix(self, refresh=True, **kw):
+            seen.append(kw)
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(pipeline, "_progress_bar", lambda *a: Bar())
+    docs = make_docs(40, seed=3)
+    prepare(FilesSource([write_parquet(tmp_path / "a.parquet", docs)]), tmp_path / "out", settings(), progress=True)
+    docs_seen = [p["docs"] for p in seen]
+    shards = [p["shards"] for p in seen]
+    assert docs_seen == sorted(docs_seen) and docs_seen[0] == 7 and docs_seen[-1] == 40  # chunk_docs 7
+    assert shards == sorted(shards) and 0 < shards[len(shards) // 2] < shards[-1]  # written along the way
+
+    seen.clear()  # a corpus whose val size is only known at the end: the held tokens move instead
+    prepare(FilesSource([write_parquet(tmp_path / "b.parquet", docs)]), tmp_path / "out2",
+            settings(val_tokens=10**9), progress=True)
+    held = [int(p["held_for_val_split"].split()[0].replace(",", "")) for p in seen]
+    assert held == sorted(held) and held[0] > 0 and all(p["shards"] == 0 for p in seen)

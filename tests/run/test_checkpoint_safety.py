@@ -115,6 +115,19 @@ def test_meta_records_every_files_sha256(run):
         ckpt.verify_checkpoint(d)
 
 
+def test_every_file_of_a_checkpoint_has_the_same_mode(run):
+    import os
+
+    from gptforge.storage import current_umask
+
+    umask = os.umask(0o022)  # the umask as it is (read, then put back), compared with /proc's
+    os.umask(umask)
+    assert current_umask() == umask
+    for d in ckpt.list_checkpoints(run["run"]):
+        modes = {f.name: f.stat().st_mode & 0o777 for f in d.iterdir()}
+        assert set(modes.values()) == {0o666 & ~umask}, modes  # model.safetensors too (safetensors: 0600)
+
+
 def _truncate(f: Path) -> None:
     f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
 

@@ -35,12 +35,14 @@ def server(tokenizer, tmp_path):
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text("".join(json.dumps({"kind": "train", "step": s, "loss": 10 * 0.97**s}) + "\n" for s in range(60))
                        + json.dumps({"kind": "val", "step": 59, "val_loss": 2.0}) + "\n")
-    app = create_app(model, tokenizer, ServeSettings(max_new_tokens_cap=64), metrics)
+    served = {"source": "ckpt", "path": "/runs/" + "a-very-long-run-directory-name-" * 8 + "x", "step": 12345}
+    app = create_app(model, tokenizer, ServeSettings(max_new_tokens_cap=64), metrics, served=served)
     with serve_in_thread(app) as url:
-        yield url
+        yield url, metrics
 
 
 def test_page_streams_text_and_draws_curve(server, tmp_path):
+    server, metrics = server
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
         try:
@@ -49,6 +51,10 @@ def test_page_streams_text_and_draws_curve(server, tmp_path):
             page.wait_for_selector("#model-info dt")  # /api/info answered
             page.wait_for_selector("#curve path")  # /api/metrics answered and drawn
             assert "train loss" in page.inner_text("#curve-note")
+            # numbers read as numbers, and a long run path wraps instead of widening the page
+            info = page.inner_text("#model-info")
+            assert "12,345" in info and "step 12,345" in page.inner_text("#model-line")
+            assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
             # count how often the generated text changes while it streams in
             page.evaluate("""() => {
                 window.__updates = [];
@@ -68,12 +74,25 @@ def test_page_streams_text_and_draws_curve(server, tmp_path):
             assert len(text) > 20
             assert len(set(u for u in updates if u > 0)) > 3, updates  # grew in several steps: streamed
             assert page.inner_text("#output .prompt") == "ROMEO:"
+            assert "40 tokens in" in page.inner_text("#status") and "pieces" not in page.inner_text("#status")
             page.screenshot(path=str(os.environ.get("GPTFORGE_SCREENSHOT", tmp_path / "page.png")), full_page=True)
             # a bad value shows the server's message instead of breaking the page
             page.fill("#max_new_tokens", "500")
             page.click("#generate")
             page.wait_for_function("document.getElementById('status').className === 'error'", timeout=30_000)
             assert "cap of 64" in page.inner_text("#status")
+            # an RL run's metrics: the curve is the reward, with the held-out accuracy
+            metrics.write_text("".join(json.dumps(r) + "\n" for r in [
+                {"kind": "start", "step": 0, "recipe": "grpo"},
+                {"kind": "eval", "step": 0, "task": "arithmetic", "acc": 0.1, "n": 50},
+                *({"kind": "rl", "step": s, "loss": 0.1, "reward": 0.1 + 0.01 * s} for s in range(1, 31)),
+                {"kind": "eval", "step": 30, "task": "arithmetic", "acc": 0.4, "n": 50}]))
+            page.reload()
+            page.wait_for_function("document.getElementById('curve-title').textContent === 'Reward curve'")
+            page.wait_for_selector("#curve circle")
+            note = page.inner_text("#curve-note")
+            assert "last reward 0.400 at step 30" in note and "held-out accuracy 0.400 at step 30" in note
+            assert page.locator("#curve circle").count() == 2  # the two held-out evaluations
         finally:
             browser.close()
 

@@ -69,7 +69,7 @@ def test_stream_gives_pieces_then_done(client):
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
     events = _sse(r.text)
     assert len([e for e in events if e.get("text")]) > 3  # many pieces, not one blob
-    assert events[-1] == {"row": 0, "text": events[-1]["text"], "finished": True, "reason": "length"}
+    assert events[-1] == {"row": 0, "text": events[-1]["text"], "finished": True, "reason": "length", "tokens": 16}
     assert r.text.rstrip().endswith("event: done\ndata: {}")
     whole = client.post("/api/generate", json=body).json()["completions"][0]["text"]
     assert "".join(e["text"] for e in events) == whole
@@ -155,6 +155,16 @@ def test_the_page_reads_the_loss_curve_from_metrics_jsonl(client, tmp_path):
     assert m["val"] == [[25, 7.5], [49, 6.0]]
     assert read_loss_curve(tmp_path / "nope.jsonl") == {"available": False, "train": [], "val": []}
     assert len(read_loss_curve(tmp_path / "metrics.jsonl", max_points=10)["train"]) <= 10
+    assert m["reward"] == [] and m["held_out"] == []  # a pretraining run: task evals are not held-out RL
+
+
+def test_metrics_curve_of_an_rl_run(tmp_path):
+    recs = [{"kind": "start", "step": 0, "recipe": "grpo"}, {"kind": "eval", "step": 0, "task": "compare", "acc": 0.5},
+            {"kind": "rl", "step": 1, "loss": 0.2, "reward": 0.25}, {"kind": "rl", "step": 2, "loss": 0.1, "reward": 0.75},
+            {"kind": "eval", "step": 2, "task": "compare", "acc": 0.625}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    m = read_loss_curve(tmp_path / "metrics.jsonl")
+    assert m["train"] == [] and m["reward"] == [[1, 0.25], [2, 0.75]] and m["held_out"] == [[0, 0.5], [2, 0.625]]
 
 
 def test_serve_cli_defaults_to_localhost():

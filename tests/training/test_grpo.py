@@ -27,6 +27,14 @@ def test_group_advantages_by_hand():
     assert torch.equal(adv[1], torch.zeros(4))  # a group that agrees teaches nothing
 
 
+def test_flat_groups_are_the_groups_without_reward_variance():
+    from gptforge.training.grpo import flat_groups
+
+    rewards = torch.tensor([[0.0, 0.0, 0.0], [1.0, 0.0, 1.0], [0.5, 0.5, 0.5], [1.0, 1.0, 0.999]])
+    assert flat_groups(rewards) == 2
+    assert torch.equal(group_advantages(rewards)[0], torch.zeros(3))  # why a flat group teaches nothing
+
+
 def test_grpo_loss_by_hand():
     L = math.log
     logp = torch.tensor([[L(0.5), L(0.25)], [L(0.5), L(0.1)]])
@@ -123,7 +131,7 @@ def test_reward_favouring_one_token_raises_its_probability(tmp_path, tokenizer):
     assert after > 3 * before, (before, after)
     rows = [json.loads(x) for x in (tmp_path / "rl" / "metrics.jsonl").read_text().splitlines()]
     rl = [r for r in rows if r["kind"] == "rl"]
-    assert len(rl) == 6 and {"reward", "kl", "accuracy", "reply_len", "loss"} <= set(rl[0])
+    assert len(rl) == 6 and {"reward", "kl", "accuracy", "reply_len", "loss", "flat_groups"} <= set(rl[0])
     assert rl[-1]["reward"] > rl[0]["reward"]
 
 
@@ -140,10 +148,15 @@ def test_rl_cli_logs_metrics_and_resumes_exactly(tmp_path, tokenizer, capsys):
     args = ["--task", "arithmetic", "--prompts", "2", "--group", "3", "--max-new-tokens", "4", "--eval-n", "4",
             "--lr", "1e-3", "--device", "cpu", "--ckpt-every", "0"]
     assert main(["rl", "--init-from", str(src), "--out", str(tmp_path / "full"), "--steps", "3", *args]) == 0
+    out = capsys.readouterr().out
+    # a random model answers nothing right: every group is flat, and RL says so (once) and logs it
+    assert out.count("every group's 3 replies got the same reward") == 1 and "flat groups 2/2" in out
+    assert "--- rl summary" in out and "held-out    arithmetic accuracy" in out and "gptforge chat --ckpt" in out
     assert main(["rl", "--init-from", str(src), "--out", str(tmp_path / "part"), "--steps", "2", *args]) == 0
     assert main(["rl", "--out", str(tmp_path / "part"), "--resume", "--steps", "3"]) == 0
     rows = [json.loads(x) for x in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if r["kind"] == "rl"] == [1, 2, 3]
+    assert [r["flat_groups"] for r in rows if r["kind"] == "rl"] == [2, 2, 2]
     assert [r["step"] for r in rows if r["kind"] == "eval"] == [0, 3]
     # the resumed run's steps: the same losses, rewards, KL and reply lengths (the same sampled replies)
     part = [json.loads(x) for x in (tmp_path / "part" / "metrics.jsonl").read_text().splitlines()]

@@ -4,12 +4,15 @@ Ctrl-C aborts) and divergence (a non-finite loss exits 3, naming the step)."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
+import torch
 
 from gptforge.cli import main
 from gptforge.run import checkpoint as ckpt
@@ -59,7 +62,7 @@ def test_a_late_duplicate_is_ignored_even_after_the_run_then_the_old_handler_is_
     before = signal.signal(signal.SIGTERM, lambda signum, frame: seen.append(signum))
     try:
         with StopFlag(grace_s=2.0, clock=clock, say=lambda m: None) as flag:
-            flag._handle(signal.SIGTERM, None)
+            flag._arrived(signal.SIGTERM, clock(), None)  # what the reader thread does on arrival
         assert signal.getsignal(signal.SIGTERM) == flag._handle  # the process may still be exiting
         clock.t += 1.0
         flag._handle(signal.SIGTERM, None)
@@ -71,18 +74,71 @@ def test_a_late_duplicate_is_ignored_even_after_the_run_then_the_old_handler_is_
         signal.signal(signal.SIGTERM, before)
 
 
+def _long_op_seconds(target: float):
+    """A single C++ call (no Python bytecode inside, GIL released) lasting about ``target`` seconds:
+    repeated squaring of a matrix in one torch.linalg.matrix_power call (at most 40 squarings: the
+    matrix grows instead on a fast machine, so the exponent stays a small int64)."""
+    n = 400
+    while True:
+        x = torch.eye(n)
+        t0 = time.monotonic()
+        torch.linalg.matrix_power(x, 2 ** 4)
+        per_square = max((time.monotonic() - t0) / 4, 1e-6)
+        k = int(target / per_square)
+        if k <= 40:
+            return lambda: torch.linalg.matrix_power(x, 2 ** max(k, 4))
+        n = int(n * 1.5)
+
+
+def test_the_window_counts_from_arrival_even_when_a_long_op_delays_the_handler():
+    """Two real SIGINTs 0.1 s apart while the main thread sits in one long torch op: the second's
+    Python handler can run only when the op ends, past the window; the stop must still be a save."""
+    long_op = _long_op_seconds(1.2)
+    said = []
+    with StopFlag(grace_s=0.4, say=said.append) as flag:
+        os.kill(os.getpid(), signal.SIGINT)  # handled at once (os.kill returns into Python)
+        time.sleep(0.05)
+        assert flag.stop and len(said) == 1
+        timer = threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGINT))  # lands inside the op
+        timer.start()
+        t0 = time.monotonic()
+        try:
+            long_op()  # the old handler-time window raised KeyboardInterrupt right here
+            for _ in range(10):  # let the handlers run
+                time.sleep(0.01)
+        finally:
+            timer.cancel()  # never a stray SIGINT into the next test
+            timer.join()
+        assert time.monotonic() - t0 > 0.4, "the op was shorter than the window: the test proves nothing"
+    assert flag.stop and not flag._abort and len(said) == 1
+
+
+def test_a_deliberate_late_ctrl_c_still_aborts_through_the_reader_thread():
+    with StopFlag(grace_s=0.2, say=lambda m: None) as flag:
+        assert flag._reader is not None  # the pytest main thread has a wakeup fd to give
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(30)
+        assert time.monotonic() - t0 < 20  # it woke the blocked main thread (room for a loaded machine)
+    assert signal.set_wakeup_fd(-1) == -1  # the wakeup fd was given back
+
+
 @pytest.mark.slow
-def test_two_sigterms_50ms_apart_still_leave_a_checkpoint(shard_dir, tmp_path):
-    """A real training process gets SIGTERM twice in quick succession (what `timeout` or a
-    process-group kill can deliver): it finishes the step, saves, and exits 130."""
+def test_ctrl_c_twice_during_a_step_slower_than_the_window_still_saves(shard_dir, tmp_path):
+    """A real training process whose step (one backward of ~2-4 s) is slower than the 2 s window gets
+    SIGINT, SIGTERM 50 ms later (what `timeout` or a process-group kill can deliver) and SIGINT again
+    0.3 s after the first (Ctrl-C pressed twice): it finishes the step, saves, and exits 130."""
     out = tmp_path / "run"
     cmd = [sys.executable, "-u", "-m", "gptforge", "train", "--preset", "tiny", "--data.dir", str(shard_dir),
            "--out", str(out), "--model.vocab_size", "512", "--train.max_steps", "100000",
-           "--train.val_every", "0", "--train.ckpt_every", "0", "--train.device", "cpu",
-           # steps of ~0.5 s, so the second signal lands inside a step, not after the run
-           "--model.n_layer", "4", "--model.n_embd", "256", "--model.n_head", "4", "--model.block_size", "256",
-           "--train.seq_len", "256", "--train.micro_batch", "4", "--train.total_batch_tokens", "1024"]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+           "--train.val_every", "0", "--train.ckpt_every", "0", "--train.device", "cpu", "--train.threads", "1",
+           # one micro-batch of 4096 tokens through a 384-wide model: one backward call of seconds
+           "--model.n_layer", "4", "--model.n_embd", "384", "--model.n_head", "6", "--model.block_size", "256",
+           "--train.seq_len", "256", "--train.micro_batch", "16", "--train.total_batch_tokens", "4096"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     try:
         deadline = time.time() + 120
@@ -90,15 +146,20 @@ def test_two_sigterms_50ms_apart_still_leave_a_checkpoint(shard_dir, tmp_path):
             if line.startswith("step      1/"):
                 break
             assert time.time() < deadline, "training did not start"
-        proc.send_signal(signal.SIGTERM)
+        step_ms = float(re.search(r"\| ([\d.]+) ms", line).group(1))
+        time.sleep(0.2)  # into step 2's forward
+        proc.send_signal(signal.SIGINT)
         time.sleep(0.05)
         proc.send_signal(signal.SIGTERM)
+        time.sleep(0.25)
+        proc.send_signal(signal.SIGINT)
         rest = proc.stdout.read()
         assert proc.wait(timeout=120) == 130, rest
     finally:
         if proc.poll() is None:
             proc.kill()
     assert "KeyboardInterrupt" not in rest and "continue with --resume" in rest
+    assert step_ms > 2000 * 0.5, f"a step of {step_ms} ms is not slow enough for this test to mean much"
     saved = ckpt.latest_checkpoint(out)
     assert saved is not None and ckpt.read_meta(saved)["step"] >= 1
     ckpt.verify_checkpoint(saved)

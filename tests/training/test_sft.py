@@ -102,11 +102,16 @@ def test_unpadded_base_model_is_refused(tmp_path, tokenizer, capsys):
 
 
 @pytest.mark.slow
-def test_sft_lowers_heldout_assistant_loss_and_carries_template(tmp_path, tokenizer):
+def test_sft_lowers_heldout_assistant_loss_and_carries_template(tmp_path, tokenizer, capsys):
     data = write_conversations(arithmetic_problems(400, seed=1), tmp_path / "conv.jsonl")
     base, run = _base(tmp_path), tmp_path / "run"
     assert main(_sft_args(base, data, run, "--train.max_steps", "15", "--optim.lr", "1e-2",
                           "--train.val_every", "15", "--base-loss")) == 0
+    out = capsys.readouterr().out
+    # the end-of-run sample is a chat turn: a held-out user message, then the model's reply
+    sample = out[out.index("--- sample 0 (step 15)"):].splitlines()
+    assert sample[1].startswith("user> ") and "<|" not in sample[1] and sample[2].startswith("assistant> ")
+    assert "--- sft summary" in out and f"gptforge chat --ckpt {run}" in out and "val loss    best" in out
     val = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     val = [r["val_loss"] for r in val if r["kind"] == "val"]
     meta = ckpt.read_meta(ckpt.latest_checkpoint(run))

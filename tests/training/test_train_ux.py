@@ -69,8 +69,65 @@ def test_finished_run_says_complete_then_extends_with_a_stretched_schedule(shard
     o = get_preset("tiny").optim
     min_lr = o.lr * o.min_lr_frac
     stretched = min_lr + 0.5 * (1 + math.cos(math.pi * (4 - o.warmup_steps) / (6 - o.warmup_steps))) * (o.lr - min_lr)
-    assert "from train.max_steps 4 to 6" in out and "stretched" in out and f"{stretched:.3e}" in out
-    assert f"old schedule had {min_lr:.3e}" in out
+    assert "from train.max_steps 4 to 6" in out and "stretched" in out and f"{stretched:.2e}" in out
+    assert f"old schedule had {min_lr:.2e}" in out
+    # the figure is the one the log prints on the first resumed step's line
+    step5 = next(ln for ln in out.splitlines() if ln.startswith("step      5/6"))
+    assert f"shows lr {stretched:.2e}" in out and f"lr {stretched:.2e}" in step5
     lrs = {r["step"]: r["lr"] for r in _records(run, "train")}
     assert lrs[5] == pytest.approx(stretched, rel=1e-12) and lrs[6] > min_lr
     assert _ckpts(run)[-1] == "step_000006"
+
+
+def test_a_run_ends_with_a_summary_and_raw_text_samples(shard_dir, tmp_path, capsys):
+    run = tmp_path / "run"
+    argv = _train_argv(shard_dir, run, "--train.max_steps", "2", "--train.val_every", "1")
+    argv[argv.index("--model.vocab_size") + 1] = "50304"  # the GPT-2 vocabulary, so samples decode
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "| 1 CPU thread |" in out.splitlines()[0]  # train.threads auto on CPU
+    lines = out[out.index("--- sample 0 (step 2)"):].splitlines()
+    assert not lines[1].startswith(("'", '"')) and "sample 0:" not in out  # printed as text, not a repr
+    summary = out[out.index("--- train summary"):]
+    vals = {r["step"]: r["val_loss"] for r in _records(run, "val")}
+    best = min(vals, key=vals.get)
+    assert f"val loss    best {vals[best]:.4f} (step {best}), final {vals[2]:.4f} (step 2)" in summary
+    assert "tokens      512" in summary  # 2 steps x 256 tokens
+    assert f"checkpoint  {run / 'checkpoints' / 'step_000002'}" in summary
+    for cmd in (f"gptforge sample --ckpt {run}", f"gptforge eval --ckpt {run}", f"gptforge export hf --ckpt {run}"):
+        assert cmd in summary
+    assert "gptforge chat" not in summary and "--resume" not in summary
+
+
+def test_rl_summary_reports_reward_and_held_out_accuracy(tmp_path):
+    from gptforge.cli.common import summary
+    from gptforge.training.loop import RunResult
+
+    recs = [{"kind": "eval", "step": 0, "task": "compare", "acc": 0.25, "n": 40},
+            {"kind": "eval", "step": 6, "task": "compare", "acc": 0.5, "n": 40}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    res = RunResult(run_dir=tmp_path, steps_done=6, last_stats={"reward": 0.625, "loss": 0.1}, seconds=75,
+                    interrupted=True, stop_reason="signal")
+    text = summary(res, "rl")
+    assert "reward      final 0.625 (step 6" in text
+    assert "held-out    compare accuracy 0.250 (step 0) -> 0.500 (step 6), 40 problems" in text
+    assert "time        1m15s" in text and f"continue    gptforge rl --out {tmp_path} --resume" in text
+    assert f"gptforge chat --ckpt {tmp_path}" in text and "--tasks compare" in text
+
+
+def test_train_threads_auto_takes_omp_num_threads_else_one_on_cpu(monkeypatch):
+    import torch
+
+    from gptforge.runtime import set_threads
+
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+        assert set_threads(0, torch.device("cpu")) == 1 == torch.get_num_threads()
+        monkeypatch.setenv("OMP_NUM_THREADS", "2")
+        assert set_threads(0, torch.device("cpu")) == 2 == torch.get_num_threads()
+        assert set_threads(3, torch.device("cpu")) == 3 == torch.get_num_threads()  # an explicit value wins
+    finally:
+        torch.set_num_threads(before)
+    with pytest.raises(ValueError, match="train.threads"):
+        get_preset("tiny").train.__class__(threads=-1)

@@ -45,7 +45,7 @@ def race_configs(presets: list[str], overrides: list[str], out_dir: Path, evals:
             k, v = kv.split("=", 1)
             pairs += [f"--{k}", v]
         cfg = apply_overrides(get_preset(name), [*overrides, *pairs])
-        cfg.train.out_dir = str(out_dir / spec.replace("/", "_"))
+        cfg.train.out_dir = str(out_dir / run_folder(spec, {Path(c.train.out_dir).name for c in cfgs}))
         cfg.train.val_every = max(1, cfg.train.max_steps // evals)
         cfg.train.ckpt_every = 0  # only the final (or stopping) checkpoint
         cfgs.append(cfg)
@@ -86,6 +86,20 @@ def check_race_inputs(cfgs: list[Config]) -> None:
                     check_token_ids(f, cfg.model.vocab_size)  # raises, naming the id, its offset and the fix
 
 
+def run_folder(spec: str, taken: set[str]) -> str:
+    """A folder name for a race entry (``speedrun-d4,optim.name=adamw`` -> ``speedrun-d4_optim.name-adamw``):
+    letters, digits, ``.``, ``_`` and ``-`` only (no commas, ``=``, spaces or slashes to quote in a
+    shell; no leading dot or dash), unique among ``taken``."""
+    import re
+
+    name = re.sub(r"=", "-", spec.replace(",", "_"))
+    name = re.sub(r"\.{2,}", ".", re.sub(r"[^A-Za-z0-9._-]+", "_", name)).strip("._-") or "run"
+    base, i = name, 2
+    while name in taken:
+        name, i = f"{base}_{i}", i + 1
+    return name
+
+
 def summarize(run_dir: Path, target: float) -> dict[str, Any]:
     """Steps, tokens and seconds to the first val loss <= target, from a run's metrics.jsonl."""
     records = read_metrics(run_dir / "metrics.jsonl")
@@ -121,7 +135,7 @@ def run_race(presets: list[str], overrides: list[str], out_dir: str | Path = "ru
     results: dict[str, dict[str, Any]] = {}
     for i, (name, cfg) in enumerate(zip(presets, cfgs, strict=True)):
         res = train(cfg, force=True, stop_at_val_loss=target)
-        if res.interrupted and not (target is not None and min(res.val_losses.values(), default=math.inf) <= target):
+        if res.stop_reason == "signal" and not (target is not None and min(res.val_losses.values(), default=2e9) <= target):
             raise KeyboardInterrupt(f"race stopped during {name} (signal); its run is in {cfg.train.out_dir}")
         if i == 0 and target is None:
             if not res.val_losses:

@@ -41,7 +41,7 @@ from gptforge.models.registry import build_model
 from gptforge.optim import build_optimizer, fused_available, set_lr
 from gptforge.parallel.distributed import DistInfo, wrap_model
 from gptforge.run.metrics import environment, flops_per_token, peak_flops
-from gptforge.runtime import resolve_device, set_precision
+from gptforge.runtime import resolve_device, set_precision, set_threads
 from gptforge.training.step import PhaseTimer, train_step
 from gptforge.training.switches import switch_problem
 
@@ -107,6 +107,7 @@ def bench_one(cfg: Config, steps: int, warmup: int, device: torch.device, trace:
     grad_accum = cfg.validate()
     torch.manual_seed(cfg.train.seed)
     autocast, precision, compile_model = set_precision(cfg, device)
+    threads = set_threads(cfg.train.threads, device)
     B, T = cfg.train.micro_batch, cfg.train.seq_len
     if device.type == "cuda":
         torch.cuda.init()  # the allocator's stats need CUDA initialised: the ladder's fp32 rung touches it first here
@@ -164,7 +165,7 @@ def bench_one(cfg: Config, steps: int, warmup: int, device: torch.device, trace:
         "micro_batch": B, "seq_len": T, "grad_accum": grad_accum,
         "phase_ms": phase_ms,
         "params": n_params,
-        "precision": precision, "compile": compile_model,
+        "precision": precision, "compile": compile_model, "threads": threads,
         "flash": cfg.model.flash, "pad_vocab": cfg.model.pad_vocab,
         "switches": {"fused_ce": getattr(cfg.model, "fused_ce", False),
                      "lm_head_fp8": getattr(cfg.model, "lm_head_fp8", False),

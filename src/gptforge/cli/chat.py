@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 
 from gptforge.cli.common import CliError, chat_template_of, load
-from gptforge.load import ModelSource
 
 # --- chat ----------------------------------------------------------------------------------------
 
@@ -35,6 +34,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
         params.check()
     except ValueError as e:
         raise CliError(f"--{str(e).replace('_', '-')}") from e
+    from gptforge.load import ModelSource
+
     model = load(ModelSource(ckpt=args.ckpt)).to(resolve_device(args.device)).eval()
     enc = ChatTokenizer(get_tokenizer(), template)
     system = [{"role": "system", "content": args.system}] if args.system else []

@@ -8,12 +8,25 @@ import dataclasses
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from gptforge.load import ModelSource
+if TYPE_CHECKING:  # torch: imported only when a command runs, so `gptforge --help` stays instant
+    from gptforge.load import ModelSource
 
 
 class CliError(Exception):
     """Bad input: printed without a traceback, exit status 2."""
+
+
+def show_defaults(p: argparse.ArgumentParser) -> None:
+    """Every option of a command says its default in --help (unless its help already does, or the
+    default is "not set")."""
+    for action in p._actions:
+        default = action.default
+        if (action.help == argparse.SUPPRESS or default in (None, False, argparse.SUPPRESS) or not action.option_strings
+                or "default" in (action.help or "").lower()):
+            continue
+        action.help = f"{action.help} (default %(default)s)" if action.help else "default %(default)s"
 
 
 def add_model_source(p: argparse.ArgumentParser) -> None:
@@ -26,6 +39,8 @@ def add_model_source(p: argparse.ArgumentParser) -> None:
 
 
 def model_source(args: argparse.Namespace) -> ModelSource:
+    from gptforge.load import ModelSource
+
     src = ModelSource(ckpt=args.ckpt, hf=args.hf, llmc=args.llmc, random=args.random)
     if len(src.given()) != 1:
         raise CliError("give exactly one of --ckpt DIR, --hf NAME_OR_DIR, --llmc FILE or --random SIZE")
@@ -138,6 +153,8 @@ def init_from(source: str, cfg) -> Callable:
     """Fine-tuning: take the model's family and shape from a gptforge checkpoint, a Hugging Face
     directory or an llm.c model file (so it overrides the preset's) and return a function that copies
     its weights in."""
+    from gptforge.load import ModelSource
+
     src = load(ModelSource.from_path(source))
     knobs = {k: getattr(cfg.model, k) for k in ("dropout", "recompute", "flash")  # training knobs stay the preset's
              if hasattr(cfg.model, k) and hasattr(src.config, k)}
@@ -151,13 +168,64 @@ def init_from(source: str, cfg) -> Callable:
 
 
 def finish(result, command: str) -> int:
-    """The exit status of a training command: 3 diverged (nothing saved past the last good checkpoint),
-    130 stopped by a signal (0 under torchrun; see run.faults.exit_status), 0 done."""
+    """The end of a training command: the run's summary on rank 0 (:func:`summary`), then the exit
+    status: 3 diverged (nothing saved past the last good checkpoint), 130 stopped by a signal (0 under
+    torchrun; see run.faults.exit_status), 0 done."""
+    import os
+
     from gptforge.run.faults import exit_status
 
+    if os.environ.get("RANK", "0") == "0" and result.diverged_at is None:
+        print(summary(result, command), flush=True)
     if result.diverged_at is not None:
         print(f"gptforge {command}: the run diverged (not finite) at step {result.diverged_at} (see the log line above); "
               f"nothing was saved past the last checkpoint: lower --optim.lr or check the data or reward, then "
               f"resume with --resume", file=sys.stderr)
         return 3
     return exit_status(result.interrupted)
+
+
+def summary(result, command: str) -> str:
+    """What a finished (or stopped) train/sft/rl run did and what to do next: steps, tokens, time, best
+    and final val loss (rl: final reward and held-out accuracy), the checkpoint, the next commands."""
+    from gptforge.run.metrics import fmt_duration, read_metrics
+
+    run = str(result.run_dir)
+    lines = [f"--- {command} summary: {run}"]
+    steps = f"{result.steps_done}"
+    if result.train_losses:
+        steps += f" (this invocation trained {min(result.train_losses)}-{max(result.train_losses)})"
+    lines.append(f"steps       {steps}")
+    if result.tokens:
+        lines.append(f"tokens      {result.tokens:,}")
+    lines.append(f"time        {fmt_duration(result.seconds)}")
+    if result.val_losses:
+        best = min(result.val_losses, key=result.val_losses.get)
+        last = max(result.val_losses)
+        lines.append(f"val loss    best {result.val_losses[best]:.4f} (step {best}), final "
+                     f"{result.val_losses[last]:.4f} (step {last})")
+    task = {"train": "hellaswag", "sft": "arithmetic,compare"}.get(command, "arithmetic")
+    if command == "rl":
+        if "reward" in result.last_stats:
+            lines.append(f"reward      final {result.last_stats['reward']:.3f} (step {result.steps_done}, "
+                         f"training problems)")
+        try:
+            evals = [r for r in read_metrics(result.run_dir, warn=lambda m: None) if r.get("kind") == "eval"]
+        except OSError:
+            evals = []
+        if evals:
+            first, last_eval = evals[0], evals[-1]
+            task = last_eval.get("task") or task
+            lines.append(f"held-out    {last_eval.get('task', '')} accuracy {first['acc']:.3f} (step {first['step']}) -> "
+                         f"{last_eval['acc']:.3f} (step {last_eval['step']}), {last_eval.get('n', '?')} problems")
+    ckpt = result.last_checkpoint
+    lines.append(f"checkpoint  {ckpt if ckpt is not None else '(none written by this invocation)'}")
+    if result.stop_reason in ("signal", "stop_at_step"):
+        lines.append(f"continue    gptforge {command} --out {run} --resume")
+    lines.append("next:")
+    if command in ("sft", "rl"):
+        lines.append(f"  gptforge chat --ckpt {run}")
+    lines.append(f"  gptforge sample --ckpt {run}" + (' --prompt "ROMEO:"' if command == "train" else ""))
+    lines.append(f"  gptforge eval --ckpt {run} --tasks {task} --limit 200")
+    lines.append(f"  gptforge export hf --ckpt {run} --out exports/{Path(run).name}")
+    return "\n".join(lines)

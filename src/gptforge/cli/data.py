@@ -127,17 +127,30 @@ def args_presets(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_presets(args: argparse.Namespace) -> int:
+    import shutil
+    import textwrap
+
     from gptforge.models.registry import FAMILIES
     from gptforge.presets import PRESETS
 
+    width = max(80, min(shutil.get_terminal_size((100, 24)).columns, 120))
     print("runs (--preset):")
     for name, fn in sorted(PRESETS.items()):
-        doc = (fn.__doc__ or "").strip().splitlines()[0] if fn.__doc__ else ""
-        print(f"  {name:<24} {doc}")
+        lines = textwrap.wrap(first_sentence(fn.__doc__ or ""), width=width - 27, break_on_hyphens=False) or [""]
+        print(f"  {name:<24} {lines[0]}" + "".join(f"\n{'':<27}{ln}" for ln in lines[1:]))
     print("model sizes (--random, --size):")
     for fam in FAMILIES.values():
         print(f"  {fam.name:<24} {', '.join(fam.size_names())}")
     return 0
+
+
+def first_sentence(doc: str) -> str:
+    """A docstring's first sentence, whole (its first paragraph's lines joined; never cut mid-sentence)."""
+    import re
+
+    para = " ".join(doc.strip().split("\n\n")[0].split())
+    m = re.search(r"(?<=[.!?])\s+(?=[A-Z`(])", para)
+    return para[: m.start()] if m else para
 
 
 # --- bench-prepare --------------------------------------------------------------------------------

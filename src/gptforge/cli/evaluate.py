@@ -101,9 +101,16 @@ def eval_generative(args: argparse.Namespace, names: list[str]) -> None:
     with torch.no_grad():
         results = evaluate_generative(model, get_tokenizer(), names, template, limit=args.limit,
                                       system=args.system)
-    print(f"{'task':<12} {'n':>6} {'accuracy':>9} {'format':>7}  ({'chat template' if template else 'raw prompt'})")
+    from gptforge.eval.stats import GENERATIVE_CHANCE, fmt_ci, wilson
+
+    print(f"{'task':<12} {'n':>6} {'accuracy':>9} {'95% CI':>12} {'chance':>7} {'format':>7}  "
+          f"({'chat template' if template else 'raw prompt'}; exact match of a generated answer)")
     for r in results:
         note = f"  ({r.too_long} prompts longer than the context count as wrong)" if r.too_long else ""
-        print(f"{r.task:<12} {r.n:>6} {r.accuracy:>9.4f} {r.format_rate:>7.4f}{note}")
+        chance = GENERATIVE_CHANCE.get(r.task)
+        print(f"{r.task:<12} {r.n:>6} {r.accuracy:>9.4f} {fmt_ci(wilson(r.accuracy * r.n, r.n)):>12} "
+              f"{'-' if chance is None else f'{chance:.3f}':>7} {r.format_rate:>7.4f}{note}")
     if args.json:
-        Path(args.json).write_text(json.dumps([r.__dict__ for r in results], indent=2) + "\n")
+        rows = [{**r.__dict__, "acc_ci95": list(wilson(r.accuracy * r.n, r.n)), "chance": GENERATIVE_CHANCE.get(r.task)}
+                for r in results]
+        Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")

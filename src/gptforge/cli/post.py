@@ -85,6 +85,7 @@ def add_trust_flag(p: argparse.ArgumentParser) -> None:
 
 def _base_shape(source: str):
     """The base model's config (the SFT config keeps its family and shape)."""
+
     return load(ModelSource.from_path(source)).config
 
 

@@ -42,7 +42,7 @@ def args_train(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
-    from gptforge.config import describe_keys
+    from gptforge.config_help import describe_keys
     from gptforge.run.resume import check_resume, saved_config
     from gptforge.runtime import launched_world
     from gptforge.training.evaluate import check_tasks

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from gptforge.eval.scorer import Request, evaluate_requests, tokenize
+from gptforge.eval.stats import chance_level, fmt_ci, with_context
 from gptforge.eval.tasks import Example, Task, get_tasks, load_rows
 from gptforge.eval.tasks.base import EvalDataError
 from gptforge.runtime import autocast_for
@@ -100,7 +101,7 @@ def evaluate(
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         r["seconds"] = time.perf_counter() - t0
-        results[p.task.name] = r
+        results[p.task.name] = with_context(r, chance_level(p.examples))
         if log is not None:
             log(f"{p.task.name}: done, {_summary(r)} ({r['seconds']:.1f} s)")
     return results
@@ -129,13 +130,28 @@ def _summary(r: dict) -> str:
 
 
 def format_table(results: dict[str, dict[str, float]]) -> str:
-    """A plain text table: task, n, acc, acc_norm, ppl, seconds."""
-    lines = [f"{'task':<14} {'n':>6} {'acc':>7} {'acc_norm':>9} {'ppl':>9} {'seconds':>8}"]
+    """A plain text table: task, n, acc and its 95% interval, acc_norm and its interval, the chance
+    level, ppl, seconds. An accuracy whose interval holds the chance level is noise at this n."""
+    lines = [f"{'task':<14} {'n':>6} {'acc':>7} {'95% CI':>12} {'acc_norm':>9} {'95% CI':>12} {'chance':>7} "
+             f"{'ppl':>9} {'seconds':>8}"]
     for name, r in results.items():
+        ci = fmt_ci(r["acc_ci95"]) if "acc_ci95" in r else "-"
         norm = f"{r['acc_norm']:.4f}" if "acc_norm" in r else "-"
+        norm_ci = fmt_ci(r["acc_norm_ci95"]) if "acc_norm_ci95" in r else "-"
+        chance = f"{r['chance']:.3f}" if r.get("chance") is not None else "-"
         ppl = f"{r['ppl']:.2f}" if "ppl" in r else "-"
-        lines.append(f"{name:<14} {r['n']:>6} {r['acc']:>7.4f} {norm:>9} {ppl:>9} {r.get('seconds', 0):>8.1f}")
+        lines.append(f"{name:<14} {r['n']:>6} {r['acc']:>7.4f} {ci:>12} {norm:>9} {norm_ci:>12} {chance:>7} "
+                     f"{ppl:>9} {r.get('seconds', 0):>8.1f}")
+    if any(_noise(r) for r in results.values()):
+        lines.append("(an accuracy whose 95% interval holds the chance level is not distinguishable from guessing "
+                     "at this n; raise --limit)")
     return "\n".join(lines)
+
+
+def _noise(r: dict) -> bool:
+    chance = r.get("chance")
+    return chance is not None and any(lo <= chance <= hi for key in ("acc_ci95", "acc_norm_ci95")
+                                      for lo, hi in [r.get(key, (2, 2))])
 
 
 def run_eval(

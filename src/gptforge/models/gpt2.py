@@ -59,14 +59,14 @@ def padded_vocab(vocab_size: int, multiple: int = PAD_MULTIPLE) -> int:
 @dataclass
 class GPTConfig:
     arch: str = "gpt2"  # model family (see gptforge.models.registry)
-    n_layer: int = 12
-    n_head: int = 12
-    n_embd: int = 768
+    n_layer: int = 12  # transformer blocks
+    n_head: int = 12  # attention heads per block (n_embd must divide by it)
+    n_embd: int = 768  # width of the residual stream
     block_size: int = 1024  # maximum context length (learned position embeddings)
     vocab_size: int = GPT2_VOCAB  # real tokens
     pad_vocab: bool = True  # embedding/lm_head rows rounded up to a multiple of 128
-    dropout: float = 0.0
-    bias: bool = True
+    dropout: float = 0.0  # dropout probability in training (0 = off, as in pretraining at scale)
+    bias: bool = True  # biases in Linear layers and LayerNorms (GPT-2 has them)
     flash: bool = True  # F.scaled_dot_product_attention; False = explicit matmul + softmax
     recompute: str = "none"  # activation recomputation: none | mlp | block
     attn_backend: str = "auto"  # SDPA kernel: auto | cudnn | flash | efficient | math (gptforge.kernels.attention)

@@ -52,22 +52,22 @@ SIZES: dict[str, dict] = {
 @dataclass
 class LlamaConfig:
     arch: str = "llama"  # model family (the registry's key); always "llama" here
-    n_layer: int = 12
+    n_layer: int = 12  # transformer blocks
     n_head: int = 12  # query heads
     n_kv_head: int = 0  # key/value heads, n_head a multiple of it (GQA); 0 = n_head (plain MHA)
-    n_embd: int = 768
+    n_embd: int = 768  # width of the residual stream
     intermediate_size: int = 0  # MLP width; 0 = derived (see hidden_dim)
     block_size: int = 1024  # maximum context length (rotary embeddings have no table, this is a limit)
     vocab_size: int = GPT2_VOCAB  # real tokens
     pad_vocab: bool = True  # embedding/lm_head rows rounded up to a multiple of 128
-    rope_theta: float = 10_000.0
-    norm_eps: float = 1e-5
+    rope_theta: float = 10_000.0  # base of the rotary position frequencies
+    norm_eps: float = 1e-5  # RMSNorm epsilon
     mlp: str = "swiglu"  # swiglu | relu2
     qk_norm: bool = False  # RMSNorm over each head's queries and keys, before the rotation
     logit_softcap: float = 0.0  # > 0: logits = cap * tanh(logits / cap); 0 = off
-    tie_embeddings: bool = False
+    tie_embeddings: bool = False  # lm_head shares the input embedding's weights
     zero_init_proj: bool = False  # o_proj and down_proj start at zero: each block starts as the identity
-    dropout: float = 0.0
+    dropout: float = 0.0  # dropout probability in training (0 = off)
     recompute: str = "none"  # activation recomputation: none | mlp | block
     flash: bool = True  # F.scaled_dot_product_attention; False = explicit matmul + softmax
     attn_backend: str = "auto"  # SDPA kernel: auto | cudnn | flash | efficient | math (gptforge.kernels.attention)

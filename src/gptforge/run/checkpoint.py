@@ -35,7 +35,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from gptforge.errors import CheckpointError  # noqa: F401  (re-exported: callers catch ckpt.CheckpointError)
-from gptforge.storage import RESUME_HINT, dir_bytes, disk_full_message, is_disk_full, tensor_bytes
+from gptforge.storage import RESUME_HINT, dir_bytes, disk_full_message, is_disk_full, ordinary_file_mode, tensor_bytes
 
 CKPT_PREFIX = "step_"
 TIED = "lm_head.weight"  # an output head that may share its tensor with the input embedding
@@ -115,6 +115,7 @@ def save_checkpoint(
     tmp = begin_checkpoint(run_dir, step)
     with cleanup_on_failure(tmp, step, needed):
         save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        ordinary_file_mode(tmp / "model.safetensors")  # safetensors leaves it 0600
         if opt_state is not None:
             torch.save(opt_state, tmp / "optimizer.pt")
         return finalize_checkpoint(run_dir, tmp, meta, keep, rng)

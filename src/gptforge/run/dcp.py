@@ -27,7 +27,7 @@ from safetensors.torch import save_file
 
 from gptforge.parallel.tensor import dcp_view
 from gptforge.run import checkpoint as ckpt
-from gptforge.storage import tensor_bytes
+from gptforge.storage import ordinary_file_mode, tensor_bytes
 
 DCP_DIR = "dcp"
 
@@ -75,6 +75,7 @@ def save_sharded(run_dir: str | Path, step: int, model: torch.nn.Module, optimiz
                     full = _read_full_model(tmp / DCP_DIR)
                 weights = {k: v.contiguous() for k, v in full.items() if not (k == ckpt.TIED and _tied(full))}
                 save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+                ordinary_file_mode(tmp / "model.safetensors")  # safetensors leaves it 0600
                 final = ckpt.finalize_checkpoint(run_dir, tmp, {**meta, "format": "dcp"}, keep, rng)
     except BaseException:
         failed += 1

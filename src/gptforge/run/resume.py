@@ -40,10 +40,12 @@ def resume_notice(saved: Config, cfg: Config, step: int, where: Path) -> tuple[b
         before = lr_at(step, saved.optim, old) if step < old else saved.optim.lr * saved.optim.min_lr_frac
         after = lr_at(step, cfg.optim, new)
         verb, how = ("extending", "stretched") if new > old else ("shortening", "compressed")
+        shape = "warmup + cosine" if cfg.optim.schedule == "cosine" else "warmup, stable, linear cooldown"
+        # the figures as the step log lines print them (``lr 5.50e-04`` on the line of step N + 1)
         return False, (
-            f"{verb} the run from train.max_steps {old} to {new}: the LR schedule (warmup + cosine) is "
-            f"{how} over {new} steps, so the lr at step {step + 1} is {after:.3e} (the old schedule had "
-            f"{before:.3e}); it decays to {cfg.optim.lr * cfg.optim.min_lr_frac:.3e} at step {new}")
+            f"{verb} the run from train.max_steps {old} to {new}: the LR schedule ({shape}) is "
+            f"{how} over {new} steps, so the log's first line (step {step + 1}) shows lr {after:.2e} (the "
+            f"old schedule had {before:.2e}); it decays to {cfg.optim.lr * cfg.optim.min_lr_frac:.2e} at step {new}")
     return False, None
 
 

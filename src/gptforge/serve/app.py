@@ -114,22 +114,32 @@ def _validation_message(exc: RequestValidationError) -> tuple[int, str]:
 
 
 def read_loss_curve(path: str | Path | None, max_points: int = 2000) -> dict[str, Any]:
-    """{"train": [[step, loss]...], "val": [[step, val_loss]...]} from metrics.jsonl, thinned to max_points."""
+    """{"train": [[step, loss]...], "val": [[step, val_loss]...], "reward": [[step, reward]...] (RL
+    steps), "held_out": [[step, acc]...] (RL held-out evaluations)} from metrics.jsonl, thinned to
+    max_points."""
     if path is None or not Path(path).exists():
         return {"available": False, "train": [], "val": []}
-    train, val = [], []
+    train, val, reward, held_out = [], [], [], []
+    recipe = None
     # the one metrics reader; a line being appended right now is skipped quietly
     for rec in read_metrics(path, warn=lambda _msg: None):
-        if rec.get("kind") == "train" and isinstance(rec.get("loss"), (int, float)):
+        if rec.get("kind") == "start":
+            recipe = rec.get("recipe")
+        elif rec.get("kind") == "train" and isinstance(rec.get("loss"), (int, float)):
             train.append([rec["step"], rec["loss"]])
         elif rec.get("kind") == "val" and isinstance(rec.get("val_loss"), (int, float)):
             val.append([rec["step"], rec["val_loss"]])
+        elif rec.get("kind") == "rl" and isinstance(rec.get("reward"), (int, float)):
+            reward.append([rec["step"], rec["reward"]])
+        elif rec.get("kind") == "eval" and recipe == "grpo" and isinstance(rec.get("acc"), (int, float)):
+            held_out.append([rec["step"], rec["acc"]])
 
     def thin(xs: list) -> list:
         stride = max(1, math.ceil(len(xs) / max_points))
         return [x for x in xs[::stride] if math.isfinite(x[1])]
 
-    return {"available": True, "path": str(path), "train": thin(train), "val": thin(val)}
+    return {"available": True, "path": str(path), "train": thin(train), "val": thin(val), "reward": thin(reward),
+            "held_out": thin(held_out)}
 
 
 def create_app(model: torch.nn.Module, enc: tiktoken.Encoding | None = None, settings: ServeSettings | None = None,

@@ -16,25 +16,33 @@ from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 
-def native_event(ev: Any) -> str:
-    """The native format: ``data: {"row", "text"}`` (+ ``"finished", "reason"`` at a row's end)."""
-    body: dict[str, Any] = {"row": ev.row, "text": ev.text}
-    if ev.finished:
-        body.update(finished=True, reason=ev.reason)
-    return f"data: {json.dumps(body)}\n\n"
+def native_events() -> Callable[[Any], str]:
+    """The native format, for one response: ``data: {"row", "text"}``, and at a row's end also
+    ``"finished", "reason"`` and ``"tokens"``, the tokens the row generated (its stop token included)."""
+    counts: dict[int, int] = {}
+
+    def event(ev: Any) -> str:
+        counts[ev.row] = counts.get(ev.row, 0) + len(ev.tokens)
+        body: dict[str, Any] = {"row": ev.row, "text": ev.text}
+        if ev.finished:
+            body.update(finished=True, reason=ev.reason, tokens=counts[ev.row])
+        return f"data: {json.dumps(body)}\n\n"
+
+    return event
 
 
 def native_error(e: Exception) -> str:
     return f"event: error\ndata: {json.dumps({'error': f'generation failed: {e}'})}\n\n"
 
 
-def sse_response(it: Iterator, gate: Any, producers: set[asyncio.Task], event: Callable[[Any], str] = native_event,
+def sse_response(it: Iterator, gate: Any, producers: set[asyncio.Task], event: Callable[[Any], str] | None = None,
                  error: Callable[[Exception], str] = native_error,
                  end: Callable[[], str] = lambda: "event: done\ndata: {}\n\n") -> StreamingResponse:
     """Stream ``it``'s generation events (``row``, ``text``, ``finished``, ``reason``) as SSE.
     ``gate`` is the acquired slot, released when generation ends; ``producers`` keeps strong
     references to running tasks so they are not collected. ``event``/``error``/``end`` write the
     wire format (native by default; ``serve/openai_api.py`` passes OpenAI's chunks)."""
+    event = event or native_events()
     pieces: asyncio.Queue = asyncio.Queue()  # at most batch x max_new_tokens events: bounded
     client_gone = asyncio.Event()
     task = asyncio.create_task(_produce(it, pieces, client_gone, gate))

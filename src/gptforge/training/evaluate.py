@@ -72,5 +72,47 @@ def print_samples(model: torch.nn.Module, cfg: Config, info: DistInfo, step: int
     model.train(was_training)
     for i, row in enumerate(out.tolist()):
         text = enc.decode([t for t in row[1:] if t < enc.n_vocab])  # chat tokens (SFT) are not tiktoken's
-        log(f"sample {i}: {text!r}")
+        log(f"--- sample {i} (step {step})\n{text}")  # raw text, as `gptforge sample` prints it
         metrics.write("sample", step, index=i, text=text)
+
+
+def print_chat_samples(model: torch.nn.Module, cfg: Config, info: DistInfo, step: int, metrics: MetricsLog, log,
+                       template, prompts: list[list[int]]) -> None:
+    """SFT's samples are chat turns: each prompt (a held-out conversation up to its first
+    ``<|assistant|>``) rendered as ``user>`` lines, then the reply the model writes, cut at ``<|end|>``."""
+    from gptforge.data.chat import ChatTokenizer
+    from gptforge.data.tokenizer import TokenizerUnavailable, get_tokenizer
+    from gptforge.generation import SamplingParams, complete
+
+    try:
+        enc = ChatTokenizer(get_tokenizer(), template)
+    except TokenizerUnavailable as e:
+        log(f"(no samples: {str(e).splitlines()[0]})")
+        return
+    was_training = model.training
+    for i, ids in enumerate(prompts):
+        n = min(cfg.train.sample_tokens, cfg.model.block_size - len(ids))
+        if n < 1:
+            continue
+        params = SamplingParams(max_new_tokens=n, temperature=0.7, top_k=50, seed=cfg.train.seed + step,
+                                stop_token=template.end)
+        reply = complete(model, enc, [ids], params)[0]["text"].strip()
+        turns = "\n".join(f"{role}> {text}" for role, text in chat_turns(ids, template, enc))
+        log(f"--- sample {i} (step {step})\n{turns}\nassistant> {reply}")
+        metrics.write("sample", step, index=i, prompt=turns, text=reply)
+    model.train(was_training)
+
+
+def chat_turns(ids: list[int], template, enc) -> list[tuple[str, str]]:
+    """(role, text) of each finished turn in rendered chat token ids."""
+    role_of = {i: r for r, i in template.roles.items()}
+    turns, role, body = [], None, []
+    for t in ids:
+        if t in role_of:
+            role, body = role_of[t], []
+        elif t == template.end and role is not None:
+            turns.append((role, enc.decode(body)))
+            role = None
+        elif role is not None:
+            body.append(t)
+    return turns

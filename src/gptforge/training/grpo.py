@@ -179,6 +179,12 @@ def grpo_step(wrapped: torch.nn.Module, model: torch.nn.Module, ref: torch.nn.Mo
     return {"loss": loss_sum, "kl": kl_sum, "grad_norm": float(local_tensor(norm))}
 
 
+def flat_groups(rewards: torch.Tensor) -> int:
+    """Groups (rows of ``rewards``, (P, G)) whose replies all got the same reward: their advantages are
+    all 0, so they give the policy no signal (GRPO learns only from differences within a group)."""
+    return int((rewards.max(dim=1).values == rewards.min(dim=1).values).sum())
+
+
 def _mix(*xs: int) -> int:
     """A seed from several integers, the same in every process (Python's str hash is not)."""
     import numpy as np
@@ -308,6 +314,7 @@ class GRPO(Recipe):
                           f"give at most {max(room, 0)}" + ("" if room > 0 else " (this model's context is too short)"))
 
     def loaders(self, cfg: Any, info: DistInfo) -> tuple[Any, Any, int]:
+        self._prompts = cfg.rl.prompts
         return _NoPosition(), None, 1
 
     def prepare_model(self, run: RunCtx) -> None:
@@ -349,12 +356,22 @@ class GRPO(Recipe):
                         self.pad, info, run.autocast)
         reward, acc, reply_len = all_reduce_mean(local, info).tolist()
         loss, kl = all_reduce_mean(torch.tensor([out["loss"], out["kl"]], device=run.device), info).tolist()
+        flat = int(all_reduce_sum(torch.tensor([float(flat_groups(r.view(len(mine), rl.group)))], device=run.device),
+                                  info).item())
+        if flat == len(problems) and not run.extras.get("flat_said"):
+            run.extras["flat_said"] = True
+            run.log(f"step {step + 1}: every group's {rl.group} replies got the same reward ({reward:.3f} on average), so "
+                    "every advantage is 0 and only the KL term moves the model: nothing is learned from the reward "
+                    "until some replies in a group score differently. If the reward stays flat, start from a longer "
+                    "SFT run (one that gets some answers right: see `gptforge eval --tasks "
+                    f"{rl.task}` on it), raise rl.group or rl.temperature, or use a graded reward")
         return {"loss": loss, "reward": reward, "accuracy": acc, "kl": kl, "grad_norm": out["grad_norm"],
-                "reply_len": reply_len, "sample_ms": sample_ms}
+                "reply_len": reply_len, "sample_ms": sample_ms, "flat_groups": float(flat)}
 
     def log_line(self, s: dict[str, float]) -> str:
+        flat = f" | flat groups {int(s['flat_groups'])}/{self._prompts}" if s.get("flat_groups") else ""
         return (f"reward {s['reward']:.3f} | acc {s['accuracy']:.3f} | kl {s['kl']:.4f} | len {s['reply_len']:.1f} "
-                f"| loss {s['loss']:.4f}")
+                f"| loss {s['loss']:.4f}{flat}")
 
     def evaluate(self, run: RunCtx, step: int, last: bool, force: bool = False) -> float | None:
         rl, info = run.cfg.rl, run.info

@@ -34,7 +34,7 @@ from gptforge.run.checkpointer import TrainState
 from gptforge.run.faults import maybe_inject_fault, oom_advice
 from gptforge.run.metrics import flops_per_token, fmt_duration, peak_flops
 from gptforge.run.session import RunSession
-from gptforge.runtime import launched_world, set_precision
+from gptforge.runtime import launched_world, set_precision, set_threads
 from gptforge.training.recipe import Recipe, RunCtx
 from gptforge.training.switches import check_switches
 
@@ -51,6 +51,9 @@ class RunResult:
     last_checkpoint: Path | None = None
     diverged_at: int | None = None  # the step whose loss (or another value) was not finite
     last_stats: dict[str, float] = field(default_factory=dict)  # the last step's record
+    tokens: int = 0  # training tokens seen by the end (all ranks; 0 for recipes without token batches)
+    seconds: float = 0.0  # wall time of this invocation's loop
+    stop_reason: str = ""  # why it stopped early: "signal", "target" (stop_at_val_loss) or "stop_at_step"
 
 
 def train(cfg, recipe: Recipe | None = None, resume: str | Path | None = None, force: bool = False,
@@ -70,6 +73,7 @@ def train(cfg, recipe: Recipe | None = None, resume: str | Path | None = None, f
         info, log, device = run.info, run.log, run.info.device
         torch.manual_seed(cfg.train.seed)
         autocast, precision, compile_model = set_precision(cfg, device)
+        threads = run.env["torch_threads"] = set_threads(cfg.train.threads, device)
         check_switches(cfg, device)  # fused_ce, lm_head_fp8, attn_backend, compile_mode
 
         # --- data -----------------------------------------------------------------------------------
@@ -104,7 +108,8 @@ def train(cfg, recipe: Recipe | None = None, resume: str | Path | None = None, f
         metrics.write("start", start_step, params=n_params, world=info.world, grad_accum=grad_accum, recipe=recipe.name,
                       precision=precision, compile=compile_model, device=str(device), gptforge=__version__)
         log(f"gptforge {__version__} | {recipe.name} | {n_params/1e6:.2f}M params | device {device} "
-            f"({run.env.get('gpu', 'cpu')}) | {precision} | compile {compile_model} | world {info.world} "
+            f"({run.env.get('gpu', 'cpu')}) | {threads} CPU thread{'s' * (threads != 1)} | {precision} | "
+            f"compile {compile_model} | world {info.world} "
             f"({info.sharded}) | " + (f"B {B} T {T} x accum {grad_accum} = {cfg.train.total_batch_tokens:,} tokens/step | "
                                       if grad_accum else "") + f"{max_steps} steps | run dir {run.run_dir}")
         if cfg.train.batch_warmup_steps:
@@ -159,8 +164,9 @@ def train(cfg, recipe: Recipe | None = None, resume: str | Path | None = None, f
             if vl is not None:
                 result.val_losses[steps_done] = vl
                 if stop_at_val_loss is not None and vl <= stop_at_val_loss:
-                    stop_at_step = steps_done  # reached the target: save and stop here
-            interrupted = any_rank(run.stop.stop, info) or (stop_at_step is not None and steps_done >= stop_at_step)
+                    stop_at_step, result.stop_reason = steps_done, "target"  # reached it: save and stop here
+            signalled = any_rank(run.stop.stop, info)
+            interrupted = signalled or (stop_at_step is not None and steps_done >= stop_at_step)
             if last or interrupted or (cfg.train.ckpt_every and steps_done % cfg.train.ckpt_every == 0):
                 if any_rank(not weights_finite(model), info):  # never save (or prune for) NaN weights
                     log(f"step {steps_done}: the weights are not finite; stopping without a checkpoint (lower "
@@ -170,10 +176,13 @@ def train(cfg, recipe: Recipe | None = None, resume: str | Path | None = None, f
                 result.last_checkpoint = run.checkpointer.save(state, train_loss=stats["loss"])
             if interrupted:
                 result.interrupted = True
-                log(f"stopped at step {steps_done}; continue with --resume")
+                result.stop_reason = "signal" if signalled else result.stop_reason or "stop_at_step"
+                log(f"reached the target val loss {stop_at_val_loss:g} at step {steps_done} (val loss {vl:.4f}); "
+                    "stopped" if result.stop_reason == "target" else f"stopped at step {steps_done}; continue with --resume")
                 break
+        result.tokens, result.seconds = ctx.extras["tokens_seen"], time.perf_counter() - t_start
         metrics.write("end", result.steps_done, interrupted=result.interrupted,
-                      diverged=result.diverged_at is not None, seconds=time.perf_counter() - t_start)
+                      diverged=result.diverged_at is not None, seconds=result.seconds)
     return result
 
 

@@ -66,8 +66,11 @@ class Pretrain(Recipe):
             if info.fsdp:  # generation on one rank would wait forever for the others' all-gathers
                 run.log("(no in-loop samples under dist.shard fsdp; use `gptforge sample --ckpt` on the checkpoint)")
             else:
-                print_samples(run.model, cfg, info, step, run.metrics, run.log)
+                self.print_samples(run, step)
         return vl
+
+    def print_samples(self, run: RunCtx, step: int) -> None:
+        print_samples(run.model, run.cfg, run.info, step, run.metrics, run.log)
 
 
 def _shard_step_tokens(cfg: Config, info: DistInfo) -> int:

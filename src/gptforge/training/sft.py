@@ -62,6 +62,13 @@ class SFT(Pretrain):
     def loaders(self, cfg: Config, info: Any) -> tuple[Any, Any, int]:
         return self.make(info)
 
+    def print_samples(self, run: Any, step: int) -> None:
+        """Chat turns: the first held-out conversations' opening turns, then the model's reply."""
+        from gptforge.training.evaluate import print_chat_samples
+
+        print_chat_samples(run.model, run.cfg, run.info, step, run.metrics, run.log, self.template,
+                           self.make.prompts)
+
 
 def conversation_loaders(cfg: Config, template: ChatTemplate) -> Callable[[Any], tuple]:
     """Read, render and split ``cfg.sft``'s conversations once; returns info -> (train, val, val batches)."""
@@ -83,7 +90,13 @@ def conversation_loaders(cfg: Config, template: ChatTemplate) -> Callable[[Any],
         val = ConversationLoader(val_convs, B, T, info.dp_rank, info.dp_world, shuffle=False, pad=template.bos)
         return train, val, max(1, val.num_batches())
 
+    make.prompts = [generation_prompt(r.ids.tolist(), template) for r in val_convs[:2]]  # type: ignore[attr-defined]
     return make
+
+
+def generation_prompt(ids: list[int], template: ChatTemplate) -> list[int]:
+    """A rendered conversation cut just after its first ``<|assistant|>``: what the model replies to."""
+    return ids[: ids.index(template.roles["assistant"]) + 1]
 
 
 def base_val_loss(cfg: Config, init_weights: Callable, loaders: Callable[[Any], tuple], max_batches: int = 16) -> float:

@@ -155,6 +155,15 @@ class _Writer:
         if self.val_size is not None:
             self._alloc()
 
+    def progress(self) -> dict[str, str | int]:
+        """The bar's figures as they happen: documents read (held ones included) and shards written;
+        while the val shard's size is not known yet (the first val_tokens / val_max_fraction tokens, or
+        the end of a smaller corpus) the tokens held for it, since no shard can be written before."""
+        out: dict[str, str | int] = {"docs": self.item + self.held_items, "shards": len(self.m["shards"])}
+        if self.val_size is None:
+            out["held_for_val_split"] = f"{self.held_tokens:,} tok"
+        return out
+
     @property
     def tokens_seen(self) -> int:
         return self.m["tokens"] + self.fill + self.held_tokens
@@ -396,7 +405,7 @@ def prepare(source, out: str | os.PathLike, settings: PrepareSettings | None = N
                 if total_items and expected_tokens is None and seen:  # ETA from tokens/item so far
                     bar.total = int(writer.tokens_seen / seen * total_items) + 1
                 bar.update(len(flat))
-                bar.set_postfix(docs=m["state"]["documents"], shards=len(m["shards"]), refresh=False)
+                bar.set_postfix(refresh=False, **writer.progress())
         writer.finish()  # the val size if still open, then the remainder: the last, shorter shard
         m["complete"] = True
         _write_json_atomic(out / MANIFEST, m)
