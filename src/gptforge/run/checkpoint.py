@@ -66,8 +66,8 @@ def model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     (Llama's default) is stored like any weight."""
     full = model.state_dict()
     sd = {k: v.detach().cpu().contiguous() for k, v in full.items()}
-    if _tied(full):
-        sd.pop(TIED)
+    for key in _tied_keys(full):  # "lm_head.weight", or "body.lm_head.weight" in a reward model
+        sd.pop(key)
     return sd
 
 
@@ -301,9 +301,18 @@ def load_model_weights(model: torch.nn.Module, ckpt_dir: str | Path) -> None:
             "checkpoint's own model config (drop --model.* overrides) or start a new run"
         )
     missing, unexpected = model.load_state_dict(sd, strict=False)
-    missing = [k for k in missing if not (k == TIED and _tied(own))]
+    missing = [k for k in missing if k not in _tied_keys(own)]
     if missing or unexpected:
         raise CheckpointError(f"{path} does not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+
+
+def _tied_keys(sd: dict[str, torch.Tensor]) -> list[str]:
+    """Every output head (``lm_head.weight`` at any depth: a reward or value model holds its family
+    model as ``body``) that is another entry's tensor."""
+    ptr = {}
+    for k, v in sd.items():
+        ptr.setdefault(v.data_ptr(), []).append(k)
+    return [k for k, v in sd.items() if (k == TIED or k.endswith("." + TIED)) and len(ptr[v.data_ptr()]) > 1]
 
 
 def _tied(sd: dict[str, torch.Tensor]) -> bool:

@@ -14,7 +14,8 @@ The math, for a pair with chosen reply y_c and rejected reply y_r to prompt x:
 
 Metrics: pair accuracy (the share of pairs with r_c > r_r) and the mean margin r_c − r_r, under TRL's
 names ``accuracy`` and ``margin``. The head is ``score`` (transformers' ``*ForSequenceClassification``
-name, without a bias), so ``export hf`` can write it as such.
+name, without a bias), so ``export hf`` can write it as such. :class:`RM` is the recipe of
+``gptforge rm --init-from runs/sft --data prefs.jsonl --out runs/rm`` on the one training loop.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from collections.abc import Sequence
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from gptforge.training.pairs import PairRecipe, weighted_mean
 
 # --- the math ---------------------------------------------------------------------------------------
 
@@ -72,6 +75,13 @@ class RewardModel(nn.Module):
         self.score = nn.Linear(C, 1, bias=False)
         nn.init.normal_(self.score.weight, std=init_std if init_std is not None else 1.0 / (C + 1) ** 0.5)
 
+    @property
+    def blocks(self) -> nn.ModuleList:  # FSDP shards and recomputes per block
+        return self.body.blocks
+
+    def num_parameters(self, exclude_embeddings: bool = False) -> int:
+        return self.body.num_parameters(exclude_embeddings) + self.score.weight.numel()
+
     def forward(self, ids: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
         h = self.body.hidden_states(ids)  # (N, T, C)
         h_last = h[torch.arange(ids.size(0), device=ids.device), at]  # (N, C)
@@ -112,3 +122,44 @@ def score_sequences(rm: RewardModel, seqs: Sequence[Sequence[int]], pad: int, ba
         out.append(rm(ids.to(device), at.to(device)).cpu())
     rm.train(was_training)
     return torch.cat(out) if out else torch.empty(0)
+
+
+# --- the recipe: `gptforge rm` on the one loop ------------------------------------------------------------
+
+
+class RM(PairRecipe):
+    """A reward model on the one loop: a family model plus the ``score`` head (checkpoints hold both,
+    ``body.*`` and ``score.weight``, with ``recipe: "rm"`` in meta.json), the Bradley–Terry loss per
+    micro-batch, held-out pair accuracy and margin as eval."""
+
+    name, kind, section = "rm", "rm", "rm"
+
+    def build_model(self, model_cfg) -> RewardModel:
+        from gptforge.models.registry import build_model
+
+        return RewardModel(build_model(model_cfg))
+
+    def _margin(self, run, batch):
+        return batch.margin if run.cfg.rm.use_margin else None
+
+    def micro_step(self, run, batch):
+        r = run.wrapped(batch.ids, last_index(batch.mask))  # the differentiable forward (DDP)
+        chosen, rejected = r[: batch.n], r[batch.n :]
+        loss = bradley_terry_loss(chosen, rejected, self._margin(run, batch), run.cfg.rm.center_coef)
+        return loss, {"loss": loss.item(), **pair_metrics(chosen, rejected)}
+
+    def score_held_out(self, run):
+        parts = []
+        for b in self.held_out_batches(run):
+            chosen, rejected = run.model.pair_rewards(b.ids, b.mask)
+            loss = bradley_terry_loss(chosen, rejected, self._margin(run, b), run.cfg.rm.center_coef)
+            parts.append((b.n, {"loss": loss.item(), **pair_metrics(chosen, rejected)}))
+        return weighted_mean(parts, run)
+
+    def log_line(self, s):
+        return f"acc {s['accuracy']:.3f} | margin {s['margin']:.3f} | loss {s['loss']:.4f}"
+
+
+def body_init(init_weights):
+    """A fine-tuning ``init_weights`` for the family model, applied to a reward (or value) model's body."""
+    return None if init_weights is None else (lambda m: init_weights(m.body))
