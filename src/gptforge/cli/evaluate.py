@@ -34,6 +34,8 @@ def args_eval(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=3, help="--bench: timed repeats, best kept (default %(default)s)")
     p.add_argument("--raw", action="store_true", help="generative tasks: ignore the checkpoint's chat template")
     p.add_argument("--system", help="generative tasks: a system prompt (chat template only)")
+    p.add_argument("--preferences", metavar="FILE", help="a reward model (--ckpt runs/rm): its pair accuracy and "
+                                                         "margin on these preference pairs (JSONL or HF dataset)")
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -41,6 +43,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from gptforge.parallel.distributed import cleanup, init_distributed
 
     source = model_source(args)
+    if args.preferences:
+        return eval_preferences(args)
     if args.limit < 0 or (args.batch_tokens is not None and args.batch_tokens < 1) or args.repeats < 1:
         raise CliError("--limit must be >= 0 (0 = all), --batch-tokens and --repeats >= 1")
     generative, args.tasks = split_generative(args.tasks)  # arithmetic, gsm8k: answers are generated
@@ -95,3 +99,30 @@ def eval_generative(args: argparse.Namespace, names: list[str]) -> None:
         print(f"{r.task:<12} {r.n:>6} {r.accuracy:>9.4f} {r.format_rate:>7.4f}{note}")
     if args.json:
         Path(args.json).write_text(json.dumps([r.__dict__ for r in results], indent=2) + "\n")
+
+
+def eval_preferences(args: argparse.Namespace) -> int:
+    """`gptforge eval --ckpt runs/rm --preferences held_out.jsonl`: a reward model's pair accuracy."""
+    from gptforge.data.chat import ChatTemplate
+    from gptforge.data.preference import PreferenceDataError, read_preferences, render_pairs
+    from gptforge.runtime import resolve_device
+    from gptforge.training.rm import load_reward_model, preference_accuracy
+
+    if args.ckpt is None:
+        raise CliError("--preferences scores a reward model: give it as --ckpt RUN (a `gptforge rm` run)")
+    try:
+        rm, template = load_reward_model(args.ckpt)
+    except ValueError as e:
+        raise CliError(f"--ckpt: {e}") from e
+    template = template or ChatTemplate.gpt2()
+    try:
+        rows = read_preferences(args.preferences)
+        pairs = render_pairs(rows[: args.limit] if args.limit else rows, template, rm.config.block_size)
+    except PreferenceDataError as e:
+        raise CliError(f"--preferences: {e}") from e
+    r = preference_accuracy(rm.to(resolve_device(args.device)), pairs, template.bos)
+    print(f"{'pairs':>6} {'accuracy':>9} {'margin':>8} {'loss':>8}")
+    print(f"{r['n']:>6} {r['accuracy']:>9.4f} {r['margin']:>8.4f} {r['loss']:>8.4f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(r, indent=2) + "\n")
+    return 0

@@ -97,7 +97,10 @@ def args_export(p: argparse.ArgumentParser) -> None:
 def cmd_export(args: argparse.Namespace) -> int:
     from gptforge.interop import hf, llmc
     from gptforge.tokens import GPT2_VOCAB
+    from gptforge.training.rm import checkpoint_is_reward_model
 
+    if checkpoint_is_reward_model(args.ckpt):
+        return _export_reward_model(args)
     model = load(model_source(args))
     chat = chat_template_of(args.ckpt)  # a chat checkpoint: the HF tokenizer gets its template
     tokenizer = not args.no_tokenizer and model.config.vocab_size == (chat.vocab_size if chat else GPT2_VOCAB)
@@ -127,6 +130,25 @@ def cmd_export(args: argparse.Namespace) -> int:
     except (FileExistsError, ValueError) as e:
         raise CliError(str(e)) from e
     print(json.dumps({"format": args.format, "files": [str(f) for f in files]}))
+    return 0
+
+
+def _export_reward_model(args: argparse.Namespace) -> int:
+    """`gptforge export hf --ckpt runs/rm`: a *ForSequenceClassification directory (one label)."""
+    from gptforge.data.chat import ChatTemplate
+    from gptforge.interop.hf_reward import export_reward_hf
+    from gptforge.training.rm import load_reward_model
+
+    if args.format != "hf":
+        raise CliError("a reward model exports as a Hugging Face sequence classifier only: use `export hf`")
+    rm, chat = load_reward_model(args.ckpt)
+    chat = chat or ChatTemplate.gpt2()
+    try:
+        files = export_reward_hf(rm, args.out, pad=chat.bos, force=args.force, tokenizer=not args.no_tokenizer,
+                                 chat_template=chat.to_dict())
+    except (FileExistsError, ValueError) as e:
+        raise CliError(str(e)) from e
+    print(json.dumps({"format": "hf", "kind": "reward_model", "files": [str(f) for f in files]}))
     return 0
 
 

@@ -261,15 +261,16 @@ class PairLoader:
         self._perm = self._order(self.epoch)
 
 
-def pair_loaders(section: Any, template: ChatTemplate, B: int, T: int, command: str):
+def pair_loaders(section: Any, template: ChatTemplate, B: int, max_tokens: int, command: str):
     """Read, render and split a recipe section's pairs (``cfg.rm`` / ``cfg.dpo``: data, split, val_count,
-    seed, skip_bad) once, before any compute; returns info -> (train loader, val pairs, val batches)."""
+    seed, skip_bad) once, before any compute, refusing a side longer than ``max_tokens``; returns
+    info -> (train loader, val pairs, val batches)."""
     if not section.data:
         raise PreferenceDataError(f"{command}.data is empty: give --data FILE.jsonl (gptforge prepare preferences "
                                   "writes one) or a Hugging Face preference dataset")
     stats: dict[str, int] = {}
     pairs = read_preferences(section.data, section.split, section.skip_bad, stats)
-    rendered = render_pairs(pairs, template, T + 1, skip_bad=section.skip_bad, stats=stats)
+    rendered = render_pairs(pairs, template, max_tokens, skip_bad=section.skip_bad, stats=stats)
     if stats.get("skipped"):
         print(f"[gptforge {command}] skipped {stats['skipped']} bad preference row(s) (--skip-bad)", flush=True)
     train, val = split_pairs(rendered, section.val_count, section.seed)

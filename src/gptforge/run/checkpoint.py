@@ -275,9 +275,10 @@ def require_trust(ckpt_dir: str | Path, trusted: bool) -> None:
         )
 
 
-def load_model_weights(model: torch.nn.Module, ckpt_dir: str | Path) -> None:
+def load_model_weights(model: torch.nn.Module, ckpt_dir: str | Path, prefix: str = "") -> None:
     """``model.safetensors`` into ``model`` (verified against meta.json's checksum, shapes checked
-    first; a tied head may be absent). Never reads ``dcp/``: its metadata is a pickle."""
+    first; a tied head may be absent). ``prefix``: only the weights under it (``policy.`` of a PPO
+    checkpoint, which holds the policy and the value model). Never reads ``dcp/``: its metadata is a pickle."""
     path = Path(ckpt_dir) / "model.safetensors"
     if not path.exists() and (Path(ckpt_dir) / "dcp").is_dir():  # sharded (FSDP) checkpoint, old layout
         raise CheckpointError(
@@ -292,6 +293,8 @@ def load_model_weights(model: torch.nn.Module, ckpt_dir: str | Path) -> None:
         sd = load_file(str(path))
     except Exception as e:  # safetensors: a truncated or garbled file (old checkpoints have no checksum)
         raise CheckpointError(f"{path} cannot be read ({e}); the checkpoint is damaged") from e
+    if prefix:
+        sd = {k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)}
     own = model.state_dict()
     wrong = [f"{k}: checkpoint {tuple(v.shape)} vs model {tuple(own[k].shape)}"
              for k, v in sd.items() if k in own and tuple(v.shape) != tuple(own[k].shape)]

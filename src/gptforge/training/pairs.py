@@ -45,11 +45,12 @@ class PairRecipe(Recipe):
     ``score_held_out(run) -> metrics`` (with ``loss``)."""
 
     section = ""  # "rm" | "dpo": the config section with data, split, val_count, seed, grad_accum
+    predicts_next = True  # the forward sees a side less its last token (DPO's targets), so seq_len + 1 fit
 
     def __init__(self, cfg: Config, template: ChatTemplate):
         self.template = template
-        self.make = pair_loaders(getattr(cfg, self.section), template, cfg.train.micro_batch, cfg.train.seq_len,
-                                 self.section)  # reads and checks the data before any compute
+        self.make = pair_loaders(getattr(cfg, self.section), template, cfg.train.micro_batch,
+                                 cfg.train.seq_len + int(self.predicts_next), self.section)  # reads and checks the data before any compute
         self.val: list[RenderedPair] = []
 
     def meta(self) -> dict[str, Any]:

@@ -133,6 +133,7 @@ class RM(PairRecipe):
     micro-batch, held-out pair accuracy and margin as eval."""
 
     name, kind, section = "rm", "rm", "rm"
+    predicts_next = False  # the whole side goes through the model: at most train.seq_len tokens
 
     def build_model(self, model_cfg) -> RewardModel:
         from gptforge.models.registry import build_model
@@ -163,3 +164,51 @@ class RM(PairRecipe):
 def body_init(init_weights):
     """A fine-tuning ``init_weights`` for the family model, applied to a reward (or value) model's body."""
     return None if init_weights is None else (lambda m: init_weights(m.body))
+
+
+def load_reward_model(path: str) -> tuple[RewardModel, object]:
+    """(the reward model, its chat template or None) of a ``gptforge rm`` checkpoint or run directory, on
+    the CPU in eval mode; ValueError naming the path for any other checkpoint."""
+    from gptforge.config import Config
+    from gptforge.data.chat import template_from_meta
+    from gptforge.models.registry import build_model
+    from gptforge.run import checkpoint as ckpt
+
+    where = ckpt.resolve_checkpoint(path)
+    meta = ckpt.read_meta(where)
+    if meta.get("recipe") != "rm":
+        raise ValueError(f"{path} is a {meta.get('recipe', 'pretrain')} checkpoint, not a reward model: train one "
+                         "with `gptforge rm --init-from SFT --data PREFS.jsonl --out runs/rm`")
+    rm = RewardModel(build_model(Config.from_dict(meta["config"]).model))
+    ckpt.load_model_weights(rm, where)
+    return rm.eval(), template_from_meta(meta)
+
+
+def checkpoint_is_reward_model(path: str | None) -> bool:
+    """Whether ``path`` names a ``gptforge rm`` checkpoint or run (False for anything unreadable)."""
+    if not path:
+        return False
+    from gptforge.run import checkpoint as ckpt
+
+    try:
+        return ckpt.read_meta(ckpt.resolve_checkpoint(path)).get("recipe") == "rm"
+    except Exception:
+        return False
+
+
+@torch.no_grad()
+def preference_accuracy(rm: RewardModel, pairs: Sequence, pad: int, batch_size: int = 16) -> dict[str, float]:
+    """A reward model on rendered pairs (``gptforge eval --preferences``): pair accuracy, mean margin,
+    the rewards' means and the Bradley–Terry loss, over every pair."""
+    from gptforge.data.preference import collate
+
+    device = next(rm.parameters()).device
+    cs, rs = [], []
+    for i in range(0, len(pairs), batch_size):
+        idx = list(range(i, min(i + batch_size, len(pairs))))
+        b = collate([pairs[k] for k in idx], idx, pad).to(device)
+        c, r = rm.pair_rewards(b.ids, b.mask)
+        cs.append(c.cpu())
+        rs.append(r.cpu())
+    c, r = torch.cat(cs), torch.cat(rs)
+    return {"n": len(pairs), **pair_metrics(c, r), "loss": bradley_terry_loss(c, r).item()}
