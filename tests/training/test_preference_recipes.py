@@ -170,3 +170,20 @@ def test_grpo_with_reward_model_logs_score_beside_accuracy(world, tmp_path):
                  "--reward-model", str(tmp / "rm"), *CPU]) == 0
     (row,) = _rows(tmp_path / "g", "rl")
     assert row["reward"] != 0.0 and 0.0 <= row["accuracy"] <= 1.0
+
+
+def test_reward_and_value_bodies_freeze_only_an_untied_head():
+    """hidden_states never runs the LM head: Llama's untied head is frozen (no optimizer state, no DDP
+    wait); GPT-2's tied head is the input embedding and trains."""
+    from gptforge.config import OptimConfig
+    from gptforge.models.registry import model_config
+    from gptforge.optim import build_optimizer
+    from gptforge.training.rm import RM
+
+    shape = {"n_layer": 1, "n_head": 2, "n_embd": 32, "block_size": 16}
+    llama = RM.build_model(RM.__new__(RM), model_config({"arch": "llama", **shape}))
+    assert [n for n, p in llama.named_parameters() if not p.requires_grad] == ["body.lm_head.weight"]
+    opt = build_optimizer(llama, OptimConfig(), "cpu")
+    assert all(p is not llama.body.lm_head.weight for g in opt.param_groups for p in g["params"])
+    gpt = RM.build_model(RM.__new__(RM), model_config({"arch": "gpt2", **shape}))
+    assert all(p.requires_grad for p in gpt.parameters())

@@ -261,8 +261,9 @@ class PPO(GRPO):
 
     def build_model(self, model_cfg: Any) -> PolicyValue:
         from gptforge.models.registry import build_model
+        from gptforge.training.rm import freeze_unused_head
 
-        return PolicyValue(build_model(model_cfg), ValueModel(build_model(model_cfg)))
+        return PolicyValue(build_model(model_cfg), ValueModel(freeze_unused_head(build_model(model_cfg))))
 
     def policy(self, run: Any) -> nn.Module:
         return run.model.policy

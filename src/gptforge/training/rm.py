@@ -138,7 +138,7 @@ class RM(PairRecipe):
     def build_model(self, model_cfg) -> RewardModel:
         from gptforge.models.registry import build_model
 
-        return RewardModel(build_model(model_cfg))
+        return RewardModel(freeze_unused_head(build_model(model_cfg)))
 
     def _margin(self, run, batch):
         return batch.margin if run.cfg.rm.use_margin else None
@@ -159,6 +159,17 @@ class RM(PairRecipe):
 
     def log_line(self, s):
         return f"acc {s['accuracy']:.3f} | margin {s['margin']:.3f} | loss {s['loss']:.4f}"
+
+
+def freeze_unused_head(body: nn.Module) -> nn.Module:
+    """A body read through ``hidden_states`` never runs its LM head: an untied head (Llama's default) is
+    frozen, so the optimizer skips it and DDP does not wait for its gradient. A tied head is the input
+    embedding, which trains."""
+    head = getattr(getattr(body, "lm_head", None), "weight", None)
+    if head is not None and all(p.data_ptr() != head.data_ptr() for n, p in body.named_parameters()
+                                if n != "lm_head.weight"):  # (a tied head is listed once, as the embedding)
+        head.requires_grad_(False)
+    return body
 
 
 def body_init(init_weights):
