@@ -91,8 +91,9 @@ def cmd_prepare(args: argparse.Namespace) -> int:
         except ValueError as e:
             raise CliError(f"prepare preferences: {e} (--n, --kinds)") from e
         path = write_preferences(rows, args.out)
-        print(f"wrote {len(rows)} {args.task} preference pairs to {path} (train on them: gptforge rm --init-from RUN "
-              f"--data {path} --out runs/rm)")
+        use = (f"score a reward model on them: gptforge eval --ckpt runs/rm --preferences {path}" if args.held_out else
+               f"train on them: gptforge rm --init-from RUN --data {path} --out runs/rm")
+        print(f"wrote {len(rows)} {args.task} preference pairs to {path} ({use})")
         return 0
     if args.source_name == "shakespeare":
         from gptforge.data.prepare.shakespeare import prepare
