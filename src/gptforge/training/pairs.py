@@ -12,7 +12,6 @@ never trained on) are scored at the start, every ``eval_every`` steps and at the
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -132,5 +131,3 @@ def weighted_mean(parts: list[tuple[int, dict[str, float]]], run: RunCtx) -> dic
     tot = all_reduce_sum(tot.to(run.device), run.info).cpu()
     return {k: float(tot[i] / tot[-1]) for i, k in enumerate(keys)}
 
-
-InitFn = Callable[[torch.nn.Module], None]
