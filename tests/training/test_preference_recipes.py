@@ -187,3 +187,14 @@ def test_reward_and_value_bodies_freeze_only_an_untied_head():
     assert all(p is not llama.body.lm_head.weight for g in opt.param_groups for p in g["params"])
     gpt = RM.build_model(RM.__new__(RM), model_config({"arch": "gpt2", **shape}))
     assert all(p.requires_grad for p in gpt.parameters())
+
+
+def test_win_rate_against_the_reference_judged_by_a_reward_model(world, tmp_path, capsys):
+    tmp, sft, _ = world
+    out = tmp_path / "w.json"
+    assert main(["eval", "--tasks", "compare", "--limit", "3", "--ckpt", str(sft), "--against", str(sft),
+                 "--reward-model", str(tmp / "rm"), "--json", str(out)]) == 0
+    (r,) = json.loads(out.read_text())
+    assert r["n"] == 3 and r["win_rate"] == 0.5 and r["policy_score"] == r["reference_score"]  # itself: all ties
+    assert main(["eval", "--tasks", "compare", "--ckpt", str(sft), "--against", str(sft)]) == 2
+    assert "--reward-model" in capsys.readouterr().err

@@ -223,3 +223,29 @@ def preference_accuracy(rm: RewardModel, pairs: Sequence, pad: int, batch_size: 
         rs.append(r.cpu())
     c, r = torch.cat(cs), torch.cat(rs)
     return {"n": len(pairs), **pair_metrics(c, r), "loss": bradley_terry_loss(c, r).item()}
+
+
+@torch.no_grad()
+def win_rate(rm: RewardModel, template, enc, policy: nn.Module, reference: nn.Module, problems: Sequence,
+             max_new_tokens: int, system: str | None = None) -> dict[str, float]:
+    """A policy against its reference on ``problems``, judged by ``rm``: both answer greedily, ``rm``
+    scores each (prompt, reply) rendered with the chat template; a win counts 1, a tie 1/2. Also the
+    true exact-match accuracy of both, so a judge that is fooled shows."""
+    from gptforge.data.preference import render_side
+    from gptforge.eval.generative import generate_replies, prompt_ids
+    from gptforge.eval.tasks.verifiable import is_correct
+
+    prompts = [prompt_ids(p, enc, template, system) for p in problems]
+    out: dict[str, float] = {"n": len(problems)}
+    scores = []
+    for name, model in (("policy", policy), ("reference", reference)):
+        replies = generate_replies(model, enc, prompts, template, max_new_tokens)
+        msgs = [p.messages(with_solution=False) for p in problems]
+        seqs = [render_side(m, [{"role": "assistant", "content": r}], template).ids.tolist()
+                for m, r in zip(msgs, replies, strict=True)]
+        s = score_sequences(rm, seqs, template.bos)
+        scores.append(s)
+        out[f"{name}_score"] = s.mean().item()
+        out[f"{name}_acc"] = sum(is_correct(r, p.answer) for r, p in zip(replies, problems, strict=True)) / len(problems)
+    out["win_rate"] = ((scores[0] > scores[1]).float() + 0.5 * (scores[0] == scores[1]).float()).mean().item()
+    return out
