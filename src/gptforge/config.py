@@ -18,6 +18,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
 
+from gptforge.config_recipes import DPOConfig, RMConfig  # noqa: F401 (sections; re-exported)
 from gptforge.models.gpt2 import GPTConfig
 from gptforge.models.registry import model_config, switch_family
 from gptforge.tokens import EOT
@@ -267,11 +268,23 @@ class RLConfig:
     adv_eps: float = 1e-4  # added to the group's reward std
     eval_every: int = 0  # steps between held-out evaluations (0 = only at start and end)
     eval_n: int = 200  # held-out problems (never trained on)
+    algo: str = "grpo"  # grpo | ppo (value head, GAE, KL in the per-token reward)
+    reward_model: str = ""  # a `gptforge rm` checkpoint scoring replies instead of the reward function
+    gamma: float = 1.0  # PPO: discount
+    lam: float = 0.95  # PPO: GAE lambda
+    vf_coef: float = 0.1  # PPO: value loss weight
+    clip_value: float = 0.2  # PPO: value clip
 
     def __post_init__(self) -> None:
+        _check(self.algo in ("grpo", "ppo"), "rl.algo", self.algo, "grpo or ppo")
+        _check(0 <= self.gamma <= 1 and 0 <= self.lam <= 1, "rl.gamma/rl.lam", (self.gamma, self.lam),
+               "numbers in [0, 1]")
+        _check(self.vf_coef >= 0 and self.clip_value > 0, "rl.vf_coef/rl.clip_value", (self.vf_coef, self.clip_value),
+               "vf_coef >= 0 and clip_value > 0")
         for name in ("prompts", "max_new_tokens", "updates_per_batch"):
             _check(getattr(self, name) >= 1, f"rl.{name}", getattr(self, name), "an integer >= 1")
-        _check(self.group >= 2, "rl.group", self.group, "an integer >= 2 (GRPO compares replies within a group)")
+        _check(self.group >= (2 if self.algo == "grpo" else 1), "rl.group", self.group,
+               "an integer >= 2 (GRPO compares replies within a group; PPO takes 1)")
         _check(self.temperature > 0, "rl.temperature", self.temperature, "a number > 0 (a group needs sampling)")
         _check(self.top_k >= 0, "rl.top_k", self.top_k, "an integer >= 0 (0 = off)")
         _check(self.kl_coef >= 0, "rl.kl_coef", self.kl_coef, "a number >= 0")
@@ -290,7 +303,9 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     dist: DistConfig = field(default_factory=DistConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)  # read by the sft recipe only
-    rl: RLConfig = field(default_factory=RLConfig)  # read by the GRPO recipe only
+    rl: RLConfig = field(default_factory=RLConfig)  # read by the GRPO and PPO recipes only
+    rm: RMConfig = field(default_factory=RMConfig)  # read by the reward-model recipe only
+    dpo: DPOConfig = field(default_factory=DPOConfig)  # read by the DPO recipe only
 
     def __post_init__(self) -> None:
         check_finite_floats(self)

@@ -66,10 +66,17 @@ def load_model(source: ModelSource) -> torch.nn.Module:
         torch.manual_seed(0)
         return build_model(size_config(source.random)).eval()
     where = ckpt.resolve_checkpoint(source.ckpt)
-    cfg = Config.from_dict(ckpt.read_meta(where)["config"])
-    check_weights_fit(where, cfg.model)  # meta.json's shape, bounded by the weights file's header first
+    meta = ckpt.read_meta(where)
+    cfg = Config.from_dict(meta["config"])
+    recipe = meta.get("recipe")
+    if recipe == "rm":  # the one place every text command (sample, chat, serve, eval tasks) loads through
+        raise ValueError(f"{where} is a reward model (`gptforge rm`): a reward model does not generate text. Score "
+                         f"preference pairs with `gptforge eval --ckpt {source.ckpt} --preferences FILE.jsonl`, "
+                         f"export it with `gptforge export hf`, or use it in `gptforge rl --reward-model`")
+    check_weights_fit(where, cfg.model, prefix="policy." if recipe == "ppo" else "")  # shapes bounded by the file first
     model = build_model(cfg.model)
     # model.safetensors only (FSDP checkpoints hold a consolidated copy): never dcp/, whose metadata is
-    # a pickle; verified against meta.json's checksum
-    ckpt.load_model_weights(model, where)
+    # a pickle; verified against meta.json's checksum. A PPO checkpoint holds the policy and the value
+    # model: the policy is the model.
+    ckpt.load_model_weights(model, where, prefix="policy." if recipe == "ppo" else "")
     return model.eval()

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import gptforge.load
-import gptforge.training.loop
+import gptforge.training.recipe
 from gptforge.cli import main
 from gptforge.config import Config
 from gptforge.models.gpt2 import GPT, GPTConfig
@@ -40,7 +40,7 @@ def no_build(monkeypatch):
         raise AssertionError(f"build_model reached with {cfg}")
 
     monkeypatch.setattr(gptforge.load, "build_model", refuse)
-    monkeypatch.setattr(gptforge.training.loop, "build_model", refuse)
+    monkeypatch.setattr(gptforge.training.recipe.Recipe, "build_model", lambda self, cfg: refuse(cfg))  # every recipe
 
 
 @pytest.fixture(name="no_build")

@@ -12,7 +12,8 @@ import torch
 
 from gptforge.models.gpt2 import GPT, GPTConfig
 from gptforge.training.dpo import sequence_logps
-from gptforge.training.ppo import ValueModel, make_experience, pad_rollouts, ppo_batch_loss, token_logprobs
+from gptforge.training.grpo import token_logprobs
+from gptforge.training.ppo import ValueModel, make_experience, pad_rollouts, ppo_batch_loss
 
 
 def _gpt(seed=0):
@@ -81,4 +82,4 @@ def test_a_few_updates_prefer_the_higher_scored_reply():
             opt.step()
             opt.zero_grad()
     assert p20_over_p21() > before + 1.0, (before, p20_over_p21())
-    assert token_logprobs(policy, ids, 1).shape == (1, 1)
+    assert token_logprobs(policy, ids, 1.0, 1).shape == (1, 1)

@@ -10,7 +10,7 @@
 Each command is ``args_NAME(parser)`` (its flags) and ``cmd_NAME(args[, overrides])`` in the module
 the table names: ``run`` (commands taking a run config: train, bench, plan, race), ``model``
 (commands taking a model: ``--ckpt``/``--hf``/``--llmc``/``--random`` everywhere), ``evaluate``,
-``post`` (sft, rl), ``chat``, ``data``; a module is imported only when its command is asked for, so
+``post`` (sft, rl), ``align`` (rm, dpo), ``chat``, ``data``; a module is imported only when its command is asked for, so
 ``gptforge --help`` answers without importing torch. Exit status 2 means bad input
 (unknown key, bad value, missing file) found before any compute, or a damaged checkpoint or a full
 disk; 3 that training stopped because the loss was not finite; 130 an interrupted run.
@@ -44,7 +44,10 @@ COMMANDS: dict[str, tuple[str, bool, str]] = {
     "plan": ("run", True, "estimate memory per GPU and propose micro-batch, recompute and sharding"),
     "race": ("run", True, "tokens (and time) each preset needs to reach a target val loss"),
     "sft": ("post", True, "chat fine-tuning on conversations (JSONL of {\"messages\": [...]} or a HF dataset)"),
-    "rl": ("post", True, "GRPO on verifiable rewards (arithmetic, compare, gsm8k) from an SFT checkpoint"),
+    "rl": ("post", True, "GRPO or PPO on verifiable rewards (arithmetic, compare, gsm8k) or a reward model, from an "
+                         "SFT checkpoint"),
+    "rm": ("align", True, "train a reward model on preference pairs (Bradley-Terry) from an SFT or base model"),
+    "dpo": ("align", True, "DPO / IPO on preference pairs against the frozen starting model"),
     "chat": ("chat", False, "talk to a chat (SFT/RL) checkpoint in the terminal"),
 }
 

@@ -108,10 +108,10 @@ def chat_template_of(ckpt: str | None):
 
 # --- the one resume / force path of train, sft and rl ----------------------------------------------
 
-COMMAND_OF = {"pretrain": "train", "sft": "sft", "grpo": "rl"}  # recipe -> the command that continues it
+COMMAND_OF = {"pretrain": "train", "sft": "sft", "grpo": "rl", "ppo": "rl", "rm": "rm", "dpo": "dpo"}  # recipe -> the command that continues it
 
 
-def resolve_run(out: str | None, resume: str | None, overrides: list[str], recipe: str, fresh: Callable[[], object],
+def resolve_run(out: str | None, resume: str | None, overrides: list[str], recipe: str | tuple[str, ...], fresh: Callable[[], object],
                 trusted: bool = False, frozen: tuple[str, ...] = (), default_out: str | None = None):
     """(config, checkpoint to resume or None, its meta or None) for ``gptforge train|sft|rl``.
 
@@ -119,7 +119,7 @@ def resolve_run(out: str | None, resume: str | None, overrides: list[str], recip
     resumed run is the checkpoint's own config with this command line's overrides on top, all of them
     applied (``frozen`` keys refused if changed), written to ``out``, else to the run the ``--resume``
     path names, else to ``default_out``; never where the checkpoint says it came from. It must be a run
-    of the same recipe. Trust comes only from this command line. ``--force`` (start over) is the
+    of the same recipe (or one of a tuple: ``rl`` continues GRPO and PPO). Trust comes only from this command line. ``--force`` (start over) is the
     loop's, after data and model are known to be good."""
     from gptforge.run import checkpoint as ckpt
     from gptforge.run.checkpointer import Checkpointer
@@ -140,9 +140,10 @@ def resolve_run(out: str | None, resume: str | None, overrides: list[str], recip
     found = Checkpointer.find(run_dir, resume, warn=lambda m: print(m, file=sys.stderr))
     meta = ckpt.read_meta(found)
     kind = recipe_of(meta)
-    if kind != recipe:
+    if kind not in ((recipe,) if isinstance(recipe, str) else recipe):
+        name = recipe if isinstance(recipe, str) else COMMAND_OF[recipe[0]]
         raise CliError(f"--resume: {found} is a {kind} checkpoint; continue it with `gptforge {COMMAND_OF[kind]} "
-                       f"--out {run_dir} --resume`, or start a new {recipe} run from it with --init-from")
+                       f"--out {run_dir} --resume`, or start a new {name} run from it with --init-from")
     cfg = resume_config(meta, overrides, run_dir, frozen)
     check_weights_fit(found, cfg.model)  # meta.json's shape against the weights file, before anything else
     cfg.train.trust_checkpoint = trusted

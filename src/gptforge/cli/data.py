@@ -41,6 +41,18 @@ def args_prepare(p: argparse.ArgumentParser) -> None:
     pc.add_argument("--seed", type=int, default=0, help="problem generator seed (default %(default)s)")
     pc.add_argument("--digits", type=int, default=2, help="arithmetic: digits per operand (default %(default)s)")
     pc.add_argument("--out", required=True, help="the JSONL file to write")
+    pp = prs.add_parser("preferences", help="preference pairs ({\"prompt\", \"chosen\", \"rejected\"} JSONL) from a "
+                                            "generated task: chosen = the worked answer, rejected = a wrong number, "
+                                            "the wrong operand or a broken format (the row's \"kind\")")
+    pp.add_argument("task", choices=["arithmetic", "compare"], help="the generated task")
+    pp.add_argument("--n", type=count, default=2000, help="pairs (default %(default)s)")
+    pp.add_argument("--seed", type=int, default=0, help="problems and rejected kinds (default %(default)s)")
+    pp.add_argument("--held-out", action="store_true", help="make the pairs from the task's eval problems (the "
+                                                            "first N: a held-out preference file); without it "
+                                                            "those problems are left out")
+    pp.add_argument("--kinds", default="wrong_number,wrong_operand,broken_format",
+                    help="comma-separated rejected kinds (default all three)")
+    pp.add_argument("--out", required=True, help="the JSONL file to write")
 
 
 def _shard_options(p: argparse.ArgumentParser) -> None:
@@ -69,6 +81,19 @@ def cmd_prepare(args: argparse.Namespace) -> int:
         path = write_conversations(training_problems(args.n, args.seed, args.digits, task=args.task), args.out)
         print(f"wrote {args.n} {args.task} conversations to {path} (train on them: gptforge sft --init-from RUN "
               f"--data {path} --out runs/sft)")
+        return 0
+    if args.source_name == "preferences":
+        from gptforge.eval.tasks.preferences import preference_set, write_preferences
+
+        try:
+            rows = preference_set(args.task, args.n, args.seed, [k.strip() for k in args.kinds.split(",") if k.strip()],
+                                  held_out=args.held_out)
+        except ValueError as e:
+            raise CliError(f"prepare preferences: {e} (--n, --kinds)") from e
+        path = write_preferences(rows, args.out)
+        use = (f"score a reward model on them: gptforge eval --ckpt runs/rm --preferences {path}" if args.held_out else
+               f"train on them: gptforge rm --init-from RUN --data {path} --out runs/rm")
+        print(f"wrote {len(rows)} {args.task} preference pairs to {path} ({use})")
         return 0
     if args.source_name == "shakespeare":
         from gptforge.data.prepare.shakespeare import prepare

@@ -33,6 +33,12 @@ def args_eval(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=3, help="--bench: timed repeats, best kept (default %(default)s)")
     p.add_argument("--raw", action="store_true", help="generative tasks: ignore the checkpoint's chat template")
     p.add_argument("--system", help="generative tasks: a system prompt (chat template only)")
+    p.add_argument("--reward-model", metavar="RUN", help="with --against REF and generative --tasks: the model's win "
+                                                         "rate against REF on the tasks' held-out prompts, judged by "
+                                                         "this reward model (greedy replies), beside both accuracies")
+    p.add_argument("--against", metavar="CKPT", help="the reference model of --reward-model (e.g. the SFT start)")
+    p.add_argument("--preferences", metavar="FILE", help="a reward model (--ckpt runs/rm): its pair accuracy and "
+                                                         "margin on these preference pairs (JSONL or HF dataset)")
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -40,6 +46,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from gptforge.parallel.distributed import cleanup, init_distributed
 
     source = model_source(args)
+    if args.preferences:
+        return eval_preferences(args)
+    if args.reward_model or args.against:
+        return eval_win_rate(args)
     if args.limit < 0 or (args.batch_tokens is not None and args.batch_tokens < 1) or args.repeats < 1:
         raise CliError("--limit must be >= 0 (0 = all), --batch-tokens and --repeats >= 1")
     names = [t.strip() for t in args.tasks.split(",") if t.strip()]
@@ -114,3 +124,64 @@ def eval_generative(args: argparse.Namespace, names: list[str]) -> None:
         rows = [{**r.__dict__, "acc_ci95": list(wilson(r.accuracy * r.n, r.n)), "chance": GENERATIVE_CHANCE.get(r.task)}
                 for r in results]
         Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
+
+
+def eval_preferences(args: argparse.Namespace) -> int:
+    """`gptforge eval --ckpt runs/rm --preferences held_out.jsonl`: a reward model's pair accuracy."""
+    from gptforge.data.chat import ChatTemplate
+    from gptforge.data.preference import PreferenceDataError, read_preferences, render_pairs
+    from gptforge.runtime import resolve_device
+    from gptforge.training.rm import load_reward_model, preference_accuracy
+
+    if args.ckpt is None:
+        raise CliError("--preferences scores a reward model: give it as --ckpt RUN (a `gptforge rm` run)")
+    try:
+        rm, template = load_reward_model(args.ckpt)
+    except ValueError as e:
+        raise CliError(f"--ckpt: {e}") from e
+    template = template or ChatTemplate.gpt2()
+    try:
+        rows = read_preferences(args.preferences)
+        pairs = render_pairs(rows[: args.limit] if args.limit else rows, template, rm.config.block_size)
+    except PreferenceDataError as e:
+        raise CliError(f"--preferences: {e}") from e
+    r = preference_accuracy(rm.to(resolve_device(args.device)), pairs, template.bos)
+    print(f"{'pairs':>6} {'accuracy':>9} {'margin':>8} {'loss':>8}")
+    print(f"{r['n']:>6} {r['accuracy']:>9.4f} {r['margin']:>8.4f} {r['loss']:>8.4f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(r, indent=2) + "\n")
+    return 0
+
+
+def eval_win_rate(args: argparse.Namespace) -> int:
+    """`gptforge eval --tasks compare --ckpt runs/dpo --against runs/sft --reward-model runs/rm`."""
+    from gptforge.data.tokenizer import get_tokenizer
+    from gptforge.eval.generative import GENERATIVE
+    from gptforge.load import ModelSource
+    from gptforge.run.checkpoint import CheckpointError
+    from gptforge.training.rm import load_reward_model, win_rate
+
+    if not (args.reward_model and args.against and args.ckpt):
+        raise CliError("a win rate needs --ckpt POLICY, --against REFERENCE and --reward-model RM")
+    names, rest = split_generative(args.tasks)
+    if not names or rest:
+        raise CliError(f"--tasks {args.tasks}: a win rate is taken on generative tasks ({', '.join(GENERATIVE)})")
+    try:
+        rm, rm_template = load_reward_model(args.reward_model)
+    except (ValueError, CheckpointError) as e:
+        raise CliError(f"--reward-model: {e}") from e
+    template = chat_template_of(args.ckpt)
+    if template is None or rm_template is None or template.to_dict() != rm_template.to_dict():
+        raise CliError("--reward-model: the policy and the reward model must share a chat template")
+    policy, ref = load(model_source(args)).eval(), load(ModelSource.from_path(args.against)).eval()
+    results = []
+    for name in names:
+        task = GENERATIVE[name]
+        problems = task.problems(args.limit)[: args.limit or None]
+        r = win_rate(rm, template, get_tokenizer(), policy, ref, problems, task.max_new_tokens, args.system)
+        results.append({"task": name, **r})
+        print(f"{name}: win rate {r['win_rate']:.4f} over {r['n']} prompts | reward {r['policy_score']:.3f} vs "
+              f"{r['reference_score']:.3f} | true accuracy {r['policy_acc']:.4f} vs {r['reference_acc']:.4f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+    return 0

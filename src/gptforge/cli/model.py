@@ -111,7 +111,10 @@ def args_export(p: argparse.ArgumentParser) -> None:
 def cmd_export(args: argparse.Namespace) -> int:
     from gptforge.interop import hf, llmc
     from gptforge.tokens import GPT2_VOCAB
+    from gptforge.training.rm import checkpoint_is_reward_model
 
+    if checkpoint_is_reward_model(args.ckpt):
+        return _export_reward_model(args)
     dtype = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}.get(args.dtype, args.dtype)
     if args.format == "llmc" and dtype == "float16":
         raise CliError("--dtype float16: llm.c model files are float32 or bfloat16")
@@ -175,6 +178,25 @@ def _export_name(args: argparse.Namespace) -> str:
     if p.parent.name == "checkpoints":
         p = p.parent.parent
     return p.name or "gptforge"
+
+
+def _export_reward_model(args: argparse.Namespace) -> int:
+    """`gptforge export hf --ckpt runs/rm`: a *ForSequenceClassification directory (one label)."""
+    from gptforge.data.chat import ChatTemplate
+    from gptforge.interop.hf_reward import export_reward_hf
+    from gptforge.training.rm import load_reward_model
+
+    if args.format != "hf":
+        raise CliError("a reward model exports as a Hugging Face sequence classifier only: use `export hf`")
+    rm, chat = load_reward_model(args.ckpt)
+    chat = chat or ChatTemplate.gpt2()
+    try:
+        files = export_reward_hf(rm, args.out, pad=chat.bos, force=args.force, tokenizer=not args.no_tokenizer,
+                                 chat_template=chat.to_dict())
+    except (FileExistsError, ValueError) as e:
+        raise CliError(str(e)) from e
+    print(json.dumps({"format": "hf", "kind": "reward_model", "files": [str(f) for f in files]}))
+    return 0
 
 
 def args_import(p: argparse.ArgumentParser) -> None:

@@ -2,6 +2,7 @@
 
     gptforge sft --init-from runs/base --data conv.jsonl --out runs/sft [--section.key VALUE ...]
     gptforge rl --init-from runs/sft --task arithmetic --out runs/rl [--section.key VALUE ...]
+    gptforge rl --init-from runs/sft --task compare --algo ppo --reward-model runs/rm --out runs/ppo
 
 Both are recipes on the one training loop and take the same resume/force path as ``train``
 (:func:`gptforge.cli.common.resolve_run`): flags given with ``--resume`` apply on top of the run's
@@ -121,8 +122,11 @@ RL_FLAGS = {  # the short flags of `gptforge rl` -> the config keys they set (an
     "steps": "train.max_steps", "lr": "optim.lr", "warmup_steps": "optim.warmup_steps",
     "micro_batch": "train.micro_batch", "ckpt_every": "train.ckpt_every", "keep_ckpts": "train.keep_ckpts",
     "seed": "train.seed", "device": "train.device", "raw": "rl.raw", "reward": "rl.reward",
+    "algo": "rl.algo", "reward_model": "rl.reward_model", "gamma": "rl.gamma", "lam": "rl.lam",
+    "vf_coef": "rl.vf_coef", "clip_value": "rl.clip_value",
 }
-RL_FROZEN = ("rl.task", "rl.eval_n", "rl.init_from", "rl.raw")  # they decide what is trained and held out
+RL_FROZEN = ("rl.task", "rl.eval_n", "rl.init_from", "rl.raw", "rl.algo",  # they decide what is trained
+             "rl.reward_model")  # and held out, and which recipe continues the run
 
 
 def cmd_rl(args: argparse.Namespace, overrides: list[str]) -> int:
@@ -145,7 +149,7 @@ def cmd_rl(args: argparse.Namespace, overrides: list[str]) -> int:
         return apply_overrides(cfg, [*flags, *overrides, "--train.out_dir", args.out])
 
     try:
-        cfg, resume, meta = resolve_run(args.out, args.resume, [*flags, *overrides], "grpo", fresh,
+        cfg, resume, meta = resolve_run(args.out, args.resume, [*flags, *overrides], ("grpo", "ppo"), fresh,
                                         trusted=_trusted(args, overrides), frozen=RL_FROZEN)
         given_reward = args.reward is not None or any(o.startswith("--rl.reward") for o in overrides)
         if ":" in cfg.rl.reward and not given_reward:  # code is named only by this command line
@@ -160,19 +164,43 @@ def cmd_rl(args: argparse.Namespace, overrides: list[str]) -> int:
             print(cfg.to_json())
             return 0
         reward = load_reward(cfg.rl.reward)
+        rm = _reward_model(cfg.rl.reward_model, template)
         init = init_from(args.init_from, cfg) if resume is None else None
-        recipe = GRPO(cfg, template, get_tokenizer(), reward)
+        if cfg.rl.algo == "ppo":
+            from gptforge.training.ppo import PPO
+
+            base, recipe = init, PPO(cfg, template, get_tokenizer(), reward, reward_model=rm)
+            init = None if base is None else (lambda m: (base(m.policy), base(m.value.body)))
+        else:
+            recipe = GRPO(cfg, template, get_tokenizer(), reward, reward_model=rm)
         result = train(cfg, recipe, resume=resume, force=args.force, init_weights=init)
     except (RLError, RewardError, ChatFormatError) as e:
         raise CliError(str(e)) from e
     return finish(result, "rl")
 
 
+def _reward_model(path: str, template):
+    """``--reward-model RUN``: a `gptforge rm` checkpoint that scores the replies (same chat template)."""
+    if not path:
+        return None
+    from gptforge.run.checkpoint import CheckpointError
+    from gptforge.training.rm import load_reward_model
+
+    try:
+        rm, rm_template = load_reward_model(path)
+    except (ValueError, FileNotFoundError, CheckpointError) as e:
+        raise CliError(f"--reward-model: {e}") from e
+    if (rm_template.to_dict() if rm_template else None) != (template.to_dict() if template else None):
+        raise CliError(f"--reward-model {path}: its chat template differs from the policy's; the reward model "
+                       "must read the replies as the policy writes them (train it from the same SFT checkpoint)")
+    return rm
+
+
 def args_rl(r: argparse.ArgumentParser) -> None:
     from gptforge.config import Config
 
     d = Config(train=rl_train_defaults(), optim=rl_optim_defaults())
-    r.description = ("GRPO: sample a group of replies per problem, score them, group-relative advantages, clipped "
+    r.description = ("GRPO (or PPO with --algo ppo; a learned reward with --reward-model): sample a group of replies per problem, score them, group-relative advantages, clipped "
                      "ratio and a KL penalty to the starting model. Logs reward, KL, reply length and accuracy per "
                      "step to RUN/metrics.jsonl; checkpoints resume; runs under torchrun (rollouts split by rank). "
                      "Every config key can be set as --section.key VALUE (see `gptforge train --help-config`: "
@@ -202,6 +230,15 @@ def args_rl(r: argparse.ArgumentParser) -> None:
         section, field = key.split(".")
         r.add_argument("--" + name.replace("_", "-"), dest=name, type=finite if tp is float else tp,
                        help=f"{help_}; --{key} (default {getattr(getattr(d, section), field)})")
+    r.add_argument("--algo", choices=["grpo", "ppo"], help="grpo (default): group-relative advantages; ppo: a "
+                                                          "value model, GAE, clipped policy and value losses, "
+                                                          "the KL penalty in the per-token reward")
+    r.add_argument("--reward-model", metavar="RUN", help="a `gptforge rm` run or checkpoint that scores the replies "
+                                                         "instead of --reward (accuracy stays the true task's)")
+    for name, help_ in [("gamma", "PPO discount (rl.gamma, default 1)"), ("lam", "PPO GAE lambda (rl.lam, default 0.95)"),
+                        ("vf_coef", "PPO value-loss weight (rl.vf_coef, default 0.1)"),
+                        ("clip_value", "PPO value clip (rl.clip_value, default 0.2)")]:
+        r.add_argument("--" + name.replace("_", "-"), dest=name, type=float, help=help_)
     r.add_argument("--raw", action="store_true", help="no chat template: plain 'Question: ...\\nAnswer:' prompts")
     r.add_argument("--device", default=None, help="train.device (default auto)")
 

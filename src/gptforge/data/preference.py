@@ -259,3 +259,24 @@ class PairLoader:
         self.seed, self.shuffle = int(state["seed"]), bool(state["shuffle"])
         self.epoch, self.cursor = int(state["epoch"]), int(state["cursor"])
         self._perm = self._order(self.epoch)
+
+
+def pair_loaders(section: Any, template: ChatTemplate, B: int, max_tokens: int, command: str):
+    """Read, render and split a recipe section's pairs (``cfg.rm`` / ``cfg.dpo``: data, split, val_count,
+    seed, skip_bad) once, before any compute, refusing a side longer than ``max_tokens``; returns
+    info -> (train loader, val pairs, val batches)."""
+    if not section.data:
+        raise PreferenceDataError(f"{command}.data is empty: give --data FILE.jsonl (gptforge prepare preferences "
+                                  "writes one) or a Hugging Face preference dataset")
+    stats: dict[str, int] = {}
+    pairs = read_preferences(section.data, section.split, section.skip_bad, stats)
+    rendered = render_pairs(pairs, template, max_tokens, skip_bad=section.skip_bad, stats=stats)
+    if stats.get("skipped"):
+        print(f"[gptforge {command}] skipped {stats['skipped']} bad preference row(s) (--skip-bad)", flush=True)
+    train, val = split_pairs(rendered, section.val_count, section.seed)
+
+    def make(info: Any) -> tuple[PairLoader, list[RenderedPair], int]:
+        loader = PairLoader(train, B, info.rank, info.world, shuffle=True, seed=section.seed, pad=template.bos)
+        return loader, val, max(1, math.ceil(len(val) / (B * info.world)))
+
+    return make

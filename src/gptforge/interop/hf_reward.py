@@ -64,3 +64,30 @@ def reward_model_to_transformers(rm: Any, pad: int) -> Any:
     if missing or unexpected:
         raise ValueError(f"weights do not fit transformers' {arch}: missing {missing[:5]}, unexpected {unexpected[:5]}")
     return hf.eval()
+
+
+def export_reward_hf(rm: Any, out_dir: str, pad: int, force: bool = False, tokenizer: bool = True,
+                     chat_template: dict | None = None) -> list:
+    """Write ``rm`` as a Hugging Face ``*ForSequenceClassification`` directory (``gptforge export hf``
+    on a reward-model checkpoint): model.safetensors, config.json and the tokenizer (with the chat
+    template). ``AutoModelForSequenceClassification.from_pretrained(dir)`` then gives rm's scores."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from gptforge.interop.hf import check_out_dir, write_tokenizer
+    from gptforge.interop.hf_chat import check_tokenizer_vocab
+
+    cfg = rm.body.config
+    if cfg.arch == "gpt2" and not cfg.bias:
+        raise ValueError("Hugging Face GPT-2 has biases in every Linear and LayerNorm; a model.bias=false reward "
+                         "model cannot be exported to GPT2ForSequenceClassification")
+    config = reward_model_hf_config(rm, pad)  # refuses a family without a classifier, before writing
+    chat = check_tokenizer_vocab(cfg.vocab_size, chat_template) if tokenizer else None
+    out = check_out_dir(out_dir, force)
+    files = [out / "model.safetensors", out / "config.json"]
+    save_file(reward_model_state_dict_for_hf(rm), str(files[0]), metadata={"format": "pt"})
+    files[1].write_text(json.dumps(config, indent=2) + "\n")
+    if tokenizer:
+        files += write_tokenizer(out, chat, model_max_length=cfg.block_size)
+    return files

@@ -92,8 +92,8 @@ def model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     (Llama's default) is stored like any weight."""
     full = model.state_dict()
     sd = {k: v.detach().cpu().contiguous() for k, v in full.items()}
-    if _tied(full):
-        sd.pop(TIED)
+    for key in _tied_keys(full):  # "lm_head.weight", or "body.lm_head.weight" in a reward model
+        sd.pop(key)
     return sd
 
 
@@ -302,9 +302,10 @@ def require_trust(ckpt_dir: str | Path, trusted: bool) -> None:
         )
 
 
-def load_model_weights(model: torch.nn.Module, ckpt_dir: str | Path) -> None:
+def load_model_weights(model: torch.nn.Module, ckpt_dir: str | Path, prefix: str = "") -> None:
     """``model.safetensors`` into ``model`` (verified against meta.json's checksum, shapes checked
-    first; a tied head may be absent). Never reads ``dcp/``: its metadata is a pickle."""
+    first; a tied head may be absent). ``prefix``: only the weights under it (``policy.`` of a PPO
+    checkpoint, which holds the policy and the value model). Never reads ``dcp/``: its metadata is a pickle."""
     path = Path(ckpt_dir) / "model.safetensors"
     if not path.exists() and (Path(ckpt_dir) / "dcp").is_dir():  # sharded (FSDP) checkpoint, old layout
         raise CheckpointError(
@@ -319,6 +320,8 @@ def load_model_weights(model: torch.nn.Module, ckpt_dir: str | Path) -> None:
         sd = load_file(str(path))
     except Exception as e:  # safetensors: a truncated or garbled file (old checkpoints have no checksum)
         raise CheckpointError(f"{path} cannot be read ({e}); the checkpoint is damaged") from e
+    if prefix:
+        sd = {k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)}
     own = model.state_dict()
     wrong = [f"{k}: checkpoint {tuple(v.shape)} vs model {tuple(own[k].shape)}"
              for k, v in sd.items() if k in own and tuple(v.shape) != tuple(own[k].shape)]
@@ -328,9 +331,18 @@ def load_model_weights(model: torch.nn.Module, ckpt_dir: str | Path) -> None:
             "checkpoint's own model config (drop --model.* overrides) or start a new run"
         )
     missing, unexpected = model.load_state_dict(sd, strict=False)
-    missing = [k for k in missing if not (k == TIED and _tied(own))]
+    missing = [k for k in missing if k not in _tied_keys(own)]
     if missing or unexpected:
         raise CheckpointError(f"{path} does not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+
+
+def _tied_keys(sd: dict[str, torch.Tensor]) -> list[str]:
+    """Every output head (``lm_head.weight`` at any depth: a reward or value model holds its family
+    model as ``body``) that is another entry's tensor."""
+    ptr = {}
+    for k, v in sd.items():
+        ptr.setdefault(v.data_ptr(), []).append(k)
+    return [k for k, v in sd.items() if (k == TIED or k.endswith("." + TIED)) and len(ptr[v.data_ptr()]) > 1]
 
 
 def _tied(sd: dict[str, torch.Tensor]) -> bool:

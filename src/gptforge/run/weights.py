@@ -63,11 +63,16 @@ def weights_header(path: str | Path) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def check_weights_fit(ckpt_dir: str | Path, model_cfg: Any) -> None:
+# where a recipe's checkpoint keeps the language model among its tensors (the rest: a score or value head)
+MODEL_PREFIX = {"rm": "body.", "ppo": "policy."}
+
+
+def check_weights_fit(ckpt_dir: str | Path, model_cfg: Any, prefix: str | None = None) -> None:
     """Raise CheckpointError (naming meta.json, the ``model.*`` field and the tensor) unless the model
     ``model_cfg`` describes has exactly the tensors of ``ckpt_dir/model.safetensors``, by name and
     shape (a tied output head may be absent). Allocates nothing of the model's size. A checkpoint
-    without ``model.safetensors`` (old sharded-only ones) is left to its loader, which names it."""
+    without ``model.safetensors`` (old sharded-only ones) is left to its loader, which names it.
+    ``prefix``: the model's tensors are those under it (None: by the checkpoint's recipe, MODEL_PREFIX)."""
     from gptforge.models.registry import build_model
     from gptforge.run.checkpoint import TIED, verify_checkpoint
 
@@ -77,6 +82,12 @@ def check_weights_fit(ckpt_dir: str | Path, model_cfg: Any) -> None:
         return
     verify_checkpoint(ckpt_dir, only=("model.safetensors",))  # a damaged file is named as such first
     found = weights_header(path)
+    if prefix is None:
+        from gptforge.run.checkpoint import read_meta
+
+        prefix = MODEL_PREFIX.get(str(read_meta(ckpt_dir).get("recipe")), "")
+    if prefix:
+        found = {k[len(prefix):]: v for k, v in found.items() if k.startswith(prefix)}
     layers = {int(m.group(1)) for k in found if (m := _LAYER.search(k))}
     hint = ("Resume with the checkpoint's own model config (drop --model.* overrides); if nothing was "
             "overridden, its meta.json is damaged or belongs to other weights")

@@ -16,16 +16,19 @@ Metrics under TRL's names: ``rewards/chosen`` = mean β h_c, ``rewards/rejected`
 ``rewards/margins`` = mean β (h_c − h_r), ``rewards/accuracies`` = share of pairs with h_c > h_r,
 ``logps/chosen`` and ``logps/rejected`` = mean sequence log-probs under the policy. The reference's
 log-probs can be computed once (:func:`reference_logps`) and looked up by a batch's ``index``.
+:class:`DPO` is the recipe of ``gptforge dpo --init-from runs/sft --data prefs.jsonl --out runs/dpo``.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 
 from gptforge.data.preference import PairBatch, RenderedPair, collate
+from gptforge.training.pairs import PairRecipe, weighted_mean
 
 LOSS_TYPES = ("sigmoid", "ipo")
 
@@ -119,3 +122,106 @@ def dpo_batch_loss(policy: torch.nn.Module, batch: PairBatch, beta: float, loss_
         with torch.no_grad():
             ref_c, ref_r, _, _ = pair_logps(ref, batch)
     return dpo_loss(c, r, ref_c, ref_r, beta, loss_type, n_c, n_r)
+
+
+# --- the recipe: `gptforge dpo` on the one loop -------------------------------------------------------------
+
+class DPO(PairRecipe):
+    """DPO / IPO on the one loop. The reference is the starting model: its log-probs computed once and
+    cached in ``RUN/ref_logps.pt`` keyed by the pairs' fingerprint (``dpo.precompute_ref``, the default;
+    recomputed when the data no longer matches), or a frozen copy run beside the policy. Eval: the
+    held-out pairs' DPO metrics and, with ``dpo.task``, held-out greedy accuracy on that task."""
+
+    name, kind, section = "dpo", "dpo", "dpo"
+
+    def __init__(self, cfg, template, enc=None):
+        super().__init__(cfg, template)
+        from gptforge.data.chat import ChatTokenizer
+        from gptforge.data.tokenizer import get_tokenizer
+        from gptforge.eval.generative import GENERATED
+
+        self.enc = ChatTokenizer(enc or get_tokenizer(), template)
+        self.problems = []
+        if cfg.dpo.task:
+            if cfg.dpo.task not in GENERATED:
+                from gptforge.config import ConfigError
+
+                raise ConfigError(f"dpo.task {cfg.dpo.task!r}: generated tasks are {', '.join(GENERATED)}")
+            self.problems = GENERATED[cfg.dpo.task][1](cfg.dpo.eval_n)[: cfg.dpo.eval_n]
+        self.ref, self.tables = None, None
+
+    def _reference(self, run):
+        """The starting model: the run's own weights before the first step, else ``dpo.init_from``'s."""
+        if run.state.step == 0:
+            ref = copy.deepcopy(run.model)
+        else:
+            from gptforge.load import ModelSource, load_model
+
+            ref = load_model(ModelSource.from_path(run.cfg.dpo.init_from)).to(run.device)
+        return ref.eval().requires_grad_(False)
+
+    def prepare_model(self, run):
+        if not run.cfg.dpo.precompute_ref:
+            self.ref = self._reference(run)
+
+    def begin(self, run, start_step):
+        if run.cfg.dpo.precompute_ref:
+            self.tables = self._cached_tables(run)
+        super().begin(run, start_step)
+
+    def _cached_tables(self, run):
+        """{"train": (n, 2), "val": (m, 2)} reference log-probs, from RUN/ref_logps.pt when its
+        fingerprints match these pairs, else computed now (and written by rank 0)."""
+        from pathlib import Path
+
+        from gptforge.data.preference import fingerprint
+
+        loader = run.state.loader
+        keys = {"train": loader.fingerprint, "val": fingerprint(self.val)}
+        path = Path(run.cfg.train.out_dir) / "ref_logps.pt"
+        if path.is_file():
+            try:
+                saved = torch.load(path, weights_only=True)
+                if saved.get("fingerprints") == keys:
+                    run.log(f"reference log-probs from {path}")
+                    return {"train": saved["train"], "val": saved["val"]}
+                run.log(f"{path} was computed for other pairs; recomputing")
+            except Exception as e:  # a damaged cache is only a cache
+                run.log(f"{path} is unreadable ({e}); recomputing")
+        ref = self._reference(run)
+        pad = self.template.bos
+        with run.autocast():
+            tables = {"train": reference_logps(ref, loader.pairs, run.cfg.train.micro_batch, pad),
+                      "val": reference_logps(ref, self.val, run.cfg.train.micro_batch, pad)}
+        del ref
+        if run.info.is_main:
+            tmp = path.with_suffix(".tmp")
+            torch.save({"fingerprints": keys, **tables}, tmp)
+            tmp.replace(path)
+        run.log(f"reference log-probs of {len(loader.pairs)} + {len(self.val)} pairs -> {path}")
+        return tables
+
+    def micro_step(self, run, batch):
+        d = run.cfg.dpo
+        return dpo_batch_loss(run.wrapped, batch, d.beta, d.loss_type, ref=self.ref,
+                              ref_table=None if self.tables is None else self.tables["train"])
+
+    def score_held_out(self, run):
+        d, parts = run.cfg.dpo, []
+        for b in self.held_out_batches(run):
+            parts.append((b.n, dpo_batch_loss(run.model, b, d.beta, d.loss_type, ref=self.ref,
+                                              ref_table=None if self.tables is None else self.tables["val"])[1]))
+        out = weighted_mean(parts, run)
+        if self.problems:
+            from gptforge.parallel.distributed import all_reduce_sum
+            from gptforge.training.grpo import held_out_correct
+
+            mine = self.problems[run.info.rank :: run.info.world]
+            hits = held_out_correct(run.model, self.enc, self.template, mine, d.max_new_tokens)
+            tot = all_reduce_sum(torch.tensor([float(hits), float(len(mine))], device=run.device), run.info).tolist()
+            out[f"{d.task}_acc"] = tot[0] / tot[1]
+        return out
+
+    def log_line(self, s):
+        return (f"acc {s['rewards/accuracies']:.3f} | margin {s['rewards/margins']:.3f} | "
+                f"chosen {s['rewards/chosen']:.3f} | rejected {s['rewards/rejected']:.3f} | loss {s['loss']:.4f}")

@@ -273,8 +273,9 @@ class GRPO(Recipe):
     name, kind = "grpo", "rl"
 
     def __init__(self, cfg: Any, template: ChatTemplate | None, enc: Any, reward_fn: RewardFn,
-                 problems_at: Callable[[int], list[Problem]] | None = None, held_out: Sequence[Problem] | None = None):
-        self.template, self.reward_fn = template, reward_fn
+                 problems_at: Callable[[int], list[Problem]] | None = None, held_out: Sequence[Problem] | None = None,
+                 reward_model: torch.nn.Module | None = None):
+        self.template, self.reward_fn, self.reward_model = template, reward_fn, reward_model
         if template is not None:
             template.check_model(cfg.model)
             if cfg.model.vocab_size < template.vocab_size:
@@ -321,9 +322,11 @@ class GRPO(Recipe):
         """The reference is the starting model, frozen: a copy of the init weights on a fresh run, the
         ``rl.init_from`` checkpoint's weights on a resume."""
         self.ref = None
+        if self.reward_model is not None:
+            self.reward_model.to(run.device).eval().requires_grad_(False)
         if run.cfg.rl.kl_coef > 0:
             if run.state.step == 0:
-                self.ref = copy.deepcopy(run.model)
+                self.ref = copy.deepcopy(self.policy(run))
             else:
                 from gptforge.load import ModelSource, load_model
 
@@ -346,7 +349,7 @@ class GRPO(Recipe):
                                 rows=(info.rank * share * rl.group, len(problems) * rl.group))
         rollouts = sample_replies(run.model, self.enc, self.template, mine, rl.group, params)
         sample_ms = (time.perf_counter() - t0) * 1000
-        r = torch.tensor(score(self.reward_fn, rollouts.problems, rollouts.texts), dtype=torch.float32)
+        r = self.rewards(rollouts)
         correct = [is_correct(t, p.answer) for t, p in zip(rollouts.texts, rollouts.problems, strict=True)]
         local = torch.tensor([r.mean().item(), sum(correct) / len(correct),
                               sum(len(x) for x in rollouts.replies) / len(rollouts.replies)], device=run.device)
@@ -368,6 +371,20 @@ class GRPO(Recipe):
         return {"loss": loss, "reward": reward, "accuracy": acc, "kl": kl, "grad_norm": out["grad_norm"],
                 "reply_len": reply_len, "sample_ms": sample_ms, "flat_groups": float(flat)}
 
+    def rewards(self, rollouts: Rollouts) -> torch.Tensor:
+        """(N,) float32: the reward function of each reply's text, or the reward model's score of the
+        prompt + reply tokens (``rl.reward_model``; ``accuracy`` stays the true task's, beside it)."""
+        if self.reward_model is not None:
+            from gptforge.training.rm import score_sequences
+
+            seqs = [p + r for p, r in zip(rollouts.prompts, rollouts.replies, strict=True)]
+            return score_sequences(self.reward_model, seqs, self.pad)
+        return torch.tensor(score(self.reward_fn, rollouts.problems, rollouts.texts), dtype=torch.float32)
+
+    def policy(self, run: RunCtx) -> torch.nn.Module:
+        """The model that generates (PPO's run model also holds a value model)."""
+        return run.model
+
     def log_line(self, s: dict[str, float]) -> str:
         flat = f" | flat groups {int(s['flat_groups'])}/{self._prompts}" if s.get("flat_groups") else ""
         return (f"reward {s['reward']:.3f} | acc {s['accuracy']:.3f} | kl {s['kl']:.4f} | len {s['reply_len']:.1f} "
@@ -378,7 +395,7 @@ class GRPO(Recipe):
         if not self.held_out or not (force or last or (rl.eval_every and step % rl.eval_every == 0)):
             return None
         mine = self.held_out[info.rank :: info.world]  # every rank scores a share; the counts are summed
-        hits = held_out_correct(run.model, self.enc, self.template, mine, rl.max_new_tokens)
+        hits = held_out_correct(self.policy(run), self.enc, self.template, mine, rl.max_new_tokens)
         total = all_reduce_sum(torch.tensor([float(hits), float(len(mine))], device=run.device), info).tolist()
         acc = total[0] / total[1]
         run.metrics.write("eval", step, task=rl.task, acc=acc, n=int(total[1]))

@@ -27,7 +27,6 @@ from pathlib import Path
 import torch
 
 from gptforge import __version__
-from gptforge.models.registry import build_model
 from gptforge.optim import build_optimizer, set_lr
 from gptforge.parallel.distributed import any_rank, barrier, local_tensor, seed_rank, wrap_model
 from gptforge.run.checkpointer import TrainState
@@ -83,7 +82,7 @@ def train(cfg, recipe: Recipe | None = None, resume: str | Path | None = None, f
 
         # --- model and optimizer (or the resumed ones) -----------------------------------------------
         # Wrapping (compile, DDP / FSDP2) comes before the optimizer: FSDP turns parameters into shards.
-        model = build_model(cfg.model).to(device)
+        model = recipe.build_model(cfg.model).to(device)  # a family model, or one with a head (rm, ppo)
         n_params = model.num_parameters()
         if run.resume_dir is None and init_weights is not None:
             init_weights(model)  # fine-tuning: before wrapping/compiling; the optimizer state starts fresh

@@ -25,13 +25,17 @@ whitening is the unbiased one (Bessel), as TRL's ``masked_var``.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
+from gptforge.generation import SamplingParams
+from gptforge.parallel.distributed import all_reduce_mean, grad_sync, local_tensor
+from gptforge.training.grpo import GRPO, _mix, is_correct, sample_replies, token_logprobs
 from gptforge.training.rm import last_index
 
 # --- the math ---------------------------------------------------------------------------------------
@@ -172,13 +176,6 @@ class Experience:
     returns: torch.Tensor
 
 
-def token_logprobs(model: nn.Module, ids: torch.Tensor, start: int, temperature: float = 1.0) -> torch.Tensor:
-    """log p(ids[:, t + 1] | ids[:, :t + 1]) for t >= ``start`` -> (N, T − 1 − start) float32, under
-    softmax(logits / temperature) (the sampling distribution, as TRL's PPO and GRPO)."""
-    logits, _ = model(ids[:, :-1], logits_to_keep=ids.size(1) - 1 - start)
-    return torch.gather(F.log_softmax(logits.float() / temperature, dim=-1), 2, ids[:, 1 + start :, None]).squeeze(2)
-
-
 def pad_rollouts(prompts: Sequence[Sequence[int]], replies: Sequence[Sequence[int]], pad: int
                  ) -> tuple[torch.Tensor, torch.Tensor, int]:
     """(ids (N, T) right-padded prompt + reply, reply mask over targets (N, L), start)."""
@@ -205,8 +202,8 @@ def make_experience(policy: nn.Module, ref: nn.Module, value_model: nn.Module, p
     device = next(policy.parameters()).device
     ids, mask, start = pad_rollouts(prompts, replies, pad)
     ids, mask = ids.to(device), mask.to(device)
-    logp = token_logprobs(policy, ids, start, temperature)
-    ref_logp = token_logprobs(ref, ids, start, temperature)
+    logp = token_logprobs(policy, ids, temperature, start)
+    ref_logp = token_logprobs(ref, ids, temperature, start)
     values = value_model(ids)[:, start:-1] * mask  # V(t): the state whose next token is target t
     rewards, _ = kl_penalized_rewards(scores.to(device), logp, ref_logp, mask, kl_coef, kl_estimator)
     adv, returns = gae(rewards, values, gamma, lam)
@@ -220,7 +217,102 @@ def ppo_batch_loss(policy: nn.Module, value_model: nn.Module, exp: Experience, r
     and values, then :func:`ppo_loss`."""
     r = slice(None) if rows is None else rows
     ids, mask = exp.ids[r], exp.mask[r]
-    logp = token_logprobs(policy, ids, exp.start, temperature)
+    logp = token_logprobs(policy, ids, temperature, exp.start)
     values = value_model(ids)[:, exp.start : -1]
     return ppo_loss(logp, exp.logprobs[r], exp.advantages[r], values, exp.values[r], exp.returns[r], mask,
                     clip_eps, clip_value, vf_coef)
+
+
+# --- the recipe: `gptforge rl --algo ppo` on the one loop ----------------------------------------------------
+
+class PolicyValue(nn.Module):
+    """PPO's run model: the policy (a family model) and the value model (its own body, started from the
+    policy's weights, plus a zero ``score`` head: TRL's separate value model). One optimizer trains
+    both; checkpoints hold both (``policy.*``, ``value.*``, ``recipe: "ppo"``) and every command that
+    loads a model (``chat``, ``eval``, ``export``) reads the policy (:func:`gptforge.load.load_model`).
+    ``forward(ids, start, temperature)`` -> (the policy's token log-probs, the values), both (N, L)
+    over the targets from ``start`` on: one differentiable call, so DDP sees both models."""
+
+    def __init__(self, policy: nn.Module, value: ValueModel):
+        super().__init__()
+        self.policy, self.value = policy, value
+        self.config = policy.config
+
+    @property
+    def blocks(self) -> nn.ModuleList:  # FSDP shards and recomputes per block
+        return nn.ModuleList([*self.policy.blocks, *self.value.body.blocks])
+
+    def num_parameters(self, exclude_embeddings: bool = False) -> int:
+        return (self.policy.num_parameters(exclude_embeddings) + self.value.body.num_parameters(exclude_embeddings)
+                + self.value.score.weight.numel())
+
+    def forward(self, ids: torch.Tensor, start: int, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+        return token_logprobs(self.policy, ids, temperature, start), self.value(ids)[:, start:-1]
+
+
+class PPO(GRPO):
+    """PPO on the one loop, built on GRPO's problems, sampling, rewards and held-out eval: each step samples ``rl.prompts`` x ``rl.group`` replies with the policy,
+    scores them (reward function or ``rl.reward_model``), builds the experience (KL-penalised
+    per-token rewards, GAE, whitened advantages) and makes ``rl.updates_per_batch`` optimizer steps on
+    it, each over micro-batches of ``train.micro_batch`` replies (the clipped losses' token means
+    per micro-batch, weighted by its replies)."""
+
+    name, kind = "ppo", "rl"
+
+    def build_model(self, model_cfg: Any) -> PolicyValue:
+        from gptforge.models.registry import build_model
+        from gptforge.training.rm import freeze_unused_head
+
+        return PolicyValue(build_model(model_cfg), ValueModel(freeze_unused_head(build_model(model_cfg))))
+
+    def policy(self, run: Any) -> nn.Module:
+        return run.model.policy
+
+    def step(self, run: Any, step: int) -> dict[str, float]:
+        cfg, info, rl = run.cfg, run.info, run.cfg.rl
+        problems = self.problems_at(step)
+        share = len(problems) // info.world
+        mine = problems[info.rank * share : (info.rank + 1) * share]
+        t0 = time.perf_counter()
+        params = SamplingParams(max_new_tokens=rl.max_new_tokens, temperature=rl.temperature,
+                                top_k=rl.top_k or None, seed=_mix(cfg.train.seed, step, 1),
+                                rows=(info.rank * share * rl.group, len(problems) * rl.group))
+        policy = run.model.policy
+        rollouts = sample_replies(policy, self.enc, self.template, mine, rl.group, params)
+        sample_ms = (time.perf_counter() - t0) * 1000
+        r = self.rewards(rollouts)
+        correct = [is_correct(t, p.answer) for t, p in zip(rollouts.texts, rollouts.problems, strict=True)]
+        local = torch.tensor([r.mean().item(), sum(correct) / len(correct),
+                              sum(len(x) for x in rollouts.replies) / len(rollouts.replies)], device=run.device)
+        if not bool(torch.isfinite(r).all()):
+            return {"loss": float("nan"), "reward": float(all_reduce_mean(local, info)[0])}
+        with run.autocast():
+            exp = make_experience(policy, self.ref if self.ref is not None else policy, run.model.value,
+                                  rollouts.prompts, rollouts.replies, r, self.pad, rl.kl_coef, rl.gamma, rl.lam,
+                                  rl.temperature)
+        kl = ((exp.logprobs - exp.ref_logprobs) * exp.mask).sum(dim=1).mean().item()
+        N, mb = exp.ids.size(0), cfg.train.micro_batch
+        chunks = [torch.arange(i, min(i + mb, N), device=exp.ids.device) for i in range(0, N, mb)]
+        run.model.train()
+        norm, sums = torch.zeros(()), {}
+        for _ in range(rl.updates_per_batch):
+            sums = {}
+            for k, rows in enumerate(chunks):
+                with grad_sync(run.wrapped, info, sync=k == len(chunks) - 1), run.autocast():
+                    logp, values = run.wrapped(exp.ids[rows], exp.start, rl.temperature)
+                    loss, st = ppo_loss(logp, exp.logprobs[rows], exp.advantages[rows], values, exp.values[rows],
+                                        exp.returns[rows], exp.mask[rows], rl.clip_eps, rl.clip_value, rl.vf_coef)
+                    (loss * len(rows) / N).backward()
+                for key, v in st.items():
+                    sums[key] = sums.get(key, 0.0) + v * len(rows) / N
+            params_ = list(run.model.parameters())
+            norm = (torch.nn.utils.clip_grad_norm_(params_, cfg.optim.grad_clip) if cfg.optim.grad_clip > 0 else
+                    torch.nn.utils.get_total_norm([p.grad for p in params_ if p.grad is not None]))
+            run.optimizer.step()
+            run.optimizer.zero_grad(set_to_none=True)
+        run.model.eval()
+        reward, acc, reply_len = all_reduce_mean(local, info).tolist()
+        keys = ["loss", "policy_loss", "value_loss", "clipfrac", "approx_kl"]
+        vals = all_reduce_mean(torch.tensor([sums[k] for k in keys] + [kl], device=run.device), info).tolist()
+        return {**dict(zip(keys, vals[:-1], strict=True)), "reward": reward, "accuracy": acc, "kl": vals[-1],
+                "grad_norm": float(local_tensor(norm)), "reply_len": reply_len, "sample_ms": sample_ms}

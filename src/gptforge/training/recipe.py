@@ -67,6 +67,13 @@ class Recipe:
 
         return check_layout(cfg, world)
 
+    def build_model(self, model_cfg: Any) -> torch.nn.Module:
+        """The module the run trains and checkpoints: the family model, or one wrapping it with a head
+        (a reward model's score, PPO's value model). Fine-tuning weights go in through ``init_weights``."""
+        from gptforge.models.registry import build_model
+
+        return build_model(model_cfg)
+
     def loaders(self, cfg: Config, info: DistInfo) -> tuple[Any, Any, int]:
         """(train source with state_dict()/load_state_dict(), val source, val batches available)."""
         raise NotImplementedError

@@ -14,7 +14,8 @@ The math, for a pair with chosen reply y_c and rejected reply y_r to prompt x:
 
 Metrics: pair accuracy (the share of pairs with r_c > r_r) and the mean margin r_c − r_r, under TRL's
 names ``accuracy`` and ``margin``. The head is ``score`` (transformers' ``*ForSequenceClassification``
-name, without a bias), so ``export hf`` can write it as such.
+name, without a bias), so ``export hf`` can write it as such. :class:`RM` is the recipe of
+``gptforge rm --init-from runs/sft --data prefs.jsonl --out runs/rm`` on the one training loop.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from collections.abc import Sequence
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from gptforge.training.pairs import PairRecipe, weighted_mean
 
 # --- the math ---------------------------------------------------------------------------------------
 
@@ -72,6 +75,13 @@ class RewardModel(nn.Module):
         self.score = nn.Linear(C, 1, bias=False)
         nn.init.normal_(self.score.weight, std=init_std if init_std is not None else 1.0 / (C + 1) ** 0.5)
 
+    @property
+    def blocks(self) -> nn.ModuleList:  # FSDP shards and recomputes per block
+        return self.body.blocks
+
+    def num_parameters(self, exclude_embeddings: bool = False) -> int:
+        return self.body.num_parameters(exclude_embeddings) + self.score.weight.numel()
+
     def forward(self, ids: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
         h = self.body.hidden_states(ids)  # (N, T, C)
         h_last = h[torch.arange(ids.size(0), device=ids.device), at]  # (N, C)
@@ -112,3 +122,130 @@ def score_sequences(rm: RewardModel, seqs: Sequence[Sequence[int]], pad: int, ba
         out.append(rm(ids.to(device), at.to(device)).cpu())
     rm.train(was_training)
     return torch.cat(out) if out else torch.empty(0)
+
+
+# --- the recipe: `gptforge rm` on the one loop ------------------------------------------------------------
+
+
+class RM(PairRecipe):
+    """A reward model on the one loop: a family model plus the ``score`` head (checkpoints hold both,
+    ``body.*`` and ``score.weight``, with ``recipe: "rm"`` in meta.json), the Bradley–Terry loss per
+    micro-batch, held-out pair accuracy and margin as eval."""
+
+    name, kind, section = "rm", "rm", "rm"
+    predicts_next = False  # the whole side goes through the model: at most train.seq_len tokens
+
+    def build_model(self, model_cfg) -> RewardModel:
+        from gptforge.models.registry import build_model
+
+        return RewardModel(freeze_unused_head(build_model(model_cfg)))
+
+    def _margin(self, run, batch):
+        return batch.margin if run.cfg.rm.use_margin else None
+
+    def micro_step(self, run, batch):
+        r = run.wrapped(batch.ids, last_index(batch.mask))  # the differentiable forward (DDP)
+        chosen, rejected = r[: batch.n], r[batch.n :]
+        loss = bradley_terry_loss(chosen, rejected, self._margin(run, batch), run.cfg.rm.center_coef)
+        return loss, {"loss": loss.item(), **pair_metrics(chosen, rejected)}
+
+    def score_held_out(self, run):
+        parts = []
+        for b in self.held_out_batches(run):
+            chosen, rejected = run.model.pair_rewards(b.ids, b.mask)
+            loss = bradley_terry_loss(chosen, rejected, self._margin(run, b), run.cfg.rm.center_coef)
+            parts.append((b.n, {"loss": loss.item(), **pair_metrics(chosen, rejected)}))
+        return weighted_mean(parts, run)
+
+    def log_line(self, s):
+        return f"acc {s['accuracy']:.3f} | margin {s['margin']:.3f} | loss {s['loss']:.4f}"
+
+
+def freeze_unused_head(body: nn.Module) -> nn.Module:
+    """A body read through ``hidden_states`` never runs its LM head: an untied head (Llama's default) is
+    frozen, so the optimizer skips it and DDP does not wait for its gradient. A tied head is the input
+    embedding, which trains."""
+    head = getattr(getattr(body, "lm_head", None), "weight", None)
+    if head is not None and all(p.data_ptr() != head.data_ptr() for n, p in body.named_parameters()
+                                if n != "lm_head.weight"):  # (a tied head is listed once, as the embedding)
+        head.requires_grad_(False)
+    return body
+
+
+def body_init(init_weights):
+    """A fine-tuning ``init_weights`` for the family model, applied to a reward (or value) model's body."""
+    return None if init_weights is None else (lambda m: init_weights(m.body))
+
+
+def load_reward_model(path: str) -> tuple[RewardModel, object]:
+    """(the reward model, its chat template or None) of a ``gptforge rm`` checkpoint or run directory, on
+    the CPU in eval mode; ValueError naming the path for any other checkpoint."""
+    from gptforge.config import Config
+    from gptforge.data.chat import template_from_meta
+    from gptforge.models.registry import build_model
+    from gptforge.run import checkpoint as ckpt
+
+    where = ckpt.resolve_checkpoint(path)
+    meta = ckpt.read_meta(where)
+    if meta.get("recipe") != "rm":
+        raise ValueError(f"{path} is a {meta.get('recipe', 'pretrain')} checkpoint, not a reward model: train one "
+                         "with `gptforge rm --init-from SFT --data PREFS.jsonl --out runs/rm`")
+    rm = RewardModel(build_model(Config.from_dict(meta["config"]).model))
+    ckpt.load_model_weights(rm, where)
+    return rm.eval(), template_from_meta(meta)
+
+
+def checkpoint_is_reward_model(path: str | None) -> bool:
+    """Whether ``path`` names a ``gptforge rm`` checkpoint or run (False for anything unreadable)."""
+    if not path:
+        return False
+    from gptforge.run import checkpoint as ckpt
+
+    try:
+        return ckpt.read_meta(ckpt.resolve_checkpoint(path)).get("recipe") == "rm"
+    except Exception:
+        return False
+
+
+@torch.no_grad()
+def preference_accuracy(rm: RewardModel, pairs: Sequence, pad: int, batch_size: int = 16) -> dict[str, float]:
+    """A reward model on rendered pairs (``gptforge eval --preferences``): pair accuracy, mean margin,
+    the rewards' means and the Bradley–Terry loss, over every pair."""
+    from gptforge.data.preference import collate
+
+    device = next(rm.parameters()).device
+    cs, rs = [], []
+    for i in range(0, len(pairs), batch_size):
+        idx = list(range(i, min(i + batch_size, len(pairs))))
+        b = collate([pairs[k] for k in idx], idx, pad).to(device)
+        c, r = rm.pair_rewards(b.ids, b.mask)
+        cs.append(c.cpu())
+        rs.append(r.cpu())
+    c, r = torch.cat(cs), torch.cat(rs)
+    return {"n": len(pairs), **pair_metrics(c, r), "loss": bradley_terry_loss(c, r).item()}
+
+
+@torch.no_grad()
+def win_rate(rm: RewardModel, template, enc, policy: nn.Module, reference: nn.Module, problems: Sequence,
+             max_new_tokens: int, system: str | None = None) -> dict[str, float]:
+    """A policy against its reference on ``problems``, judged by ``rm``: both answer greedily, ``rm``
+    scores each (prompt, reply) rendered with the chat template; a win counts 1, a tie 1/2. Also the
+    true exact-match accuracy of both, so a judge that is fooled shows."""
+    from gptforge.data.preference import render_side
+    from gptforge.eval.generative import generate_replies, prompt_ids
+    from gptforge.eval.tasks.verifiable import is_correct
+
+    prompts = [prompt_ids(p, enc, template, system) for p in problems]
+    out: dict[str, float] = {"n": len(problems)}
+    scores = []
+    for name, model in (("policy", policy), ("reference", reference)):
+        replies = generate_replies(model, enc, prompts, template, max_new_tokens)
+        msgs = [p.messages(with_solution=False) for p in problems]
+        seqs = [render_side(m, [{"role": "assistant", "content": r}], template).ids.tolist()
+                for m, r in zip(msgs, replies, strict=True)]
+        s = score_sequences(rm, seqs, template.bos)
+        scores.append(s)
+        out[f"{name}_score"] = s.mean().item()
+        out[f"{name}_acc"] = sum(is_correct(r, p.answer) for r, p in zip(replies, problems, strict=True)) / len(problems)
+    out["win_rate"] = ((scores[0] > scores[1]).float() + 0.5 * (scores[0] == scores[1]).float()).mean().item()
+    return out

@@ -1,0 +1,200 @@
+"""The preference commands end to end on a tiny chat model: ``prepare preferences``, ``rm`` (resume,
+eval, export to transformers with the same scores, refused by the text commands), ``dpo`` (resume, the
+cached reference equals the frozen one, TRL's metric names) and ``rl --algo ppo`` / ``--reward-model``
+(resume bit-exactly; the learned reward beside the true accuracy)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from gptforge.cli import main
+from gptforge.config import Config
+from gptforge.data.chat import ChatTemplate
+from gptforge.eval.tasks.preferences import preference_set, write_preferences
+from gptforge.models.gpt2 import GPT, GPTConfig
+from gptforge.run import checkpoint as ckpt
+
+CPU = ["--device", "cpu", "--ckpt-every", "0"]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory, tokenizer):
+    """A tiny chat (SFT-like) checkpoint, a compare preference file and one trained reward model."""
+    tmp = tmp_path_factory.mktemp("prefs")
+    torch.manual_seed(0)
+    t = ChatTemplate.gpt2()
+    cfg = GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=64, vocab_size=t.vocab_size)
+    sft = ckpt.save_checkpoint(tmp / "sft", 1, GPT(cfg), None,
+                               {"config": Config(model=cfg).to_dict(), "chat_template": t.to_dict()})
+    prefs = write_preferences(preference_set("compare", 48, seed=1), tmp / "prefs.jsonl")
+    assert main(["rm", "--init-from", str(sft), "--data", str(prefs), "--out", str(tmp / "rm"), "--steps", "3",
+                 "--val-count", "8", "--micro-batch", "4", "--lr", "1e-3", *CPU]) == 0
+    return tmp, sft, prefs
+
+
+def _rows(run, kind):
+    return [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+            if r["kind"] == kind and not r.get("replayed")]
+
+
+def _same_weights(a, b):
+    sa = ckpt.load_file(str(ckpt.latest_checkpoint(a) / "model.safetensors"))
+    sb = ckpt.load_file(str(ckpt.latest_checkpoint(b) / "model.safetensors"))
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        assert torch.equal(sa[k], sb[k]), k
+
+
+def test_prepare_preferences(tmp_path, capsys):
+    out = tmp_path / "p.jsonl"
+    assert main(["prepare", "preferences", "arithmetic", "--n", "5", "--out", str(out), "--seed", "3"]) == 0
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert len(rows) == 5 and {r["kind"] for r in rows} <= {"wrong_number", "wrong_operand", "broken_format"}
+    assert rows == preference_set("arithmetic", 5, seed=3)
+    assert main(["prepare", "preferences", "compare", "--n", "3", "--held-out", "--out", str(out)]) == 0
+    assert [json.loads(x) for x in out.read_text().splitlines()] == preference_set("compare", 3, held_out=True)
+    assert main(["prepare", "preferences", "compare", "--n", "3", "--kinds", "nope", "--out", str(out)]) == 2
+    assert "--kinds" in capsys.readouterr().err
+
+
+def test_rm_resumes_exactly_scores_and_exports(world, tmp_path, capsys):
+    tmp, sft, prefs = world
+    args = ["--data", str(prefs), "--val-count", "8", "--micro-batch", "4", "--lr", "1e-3", *CPU]
+    assert main(["rm", "--init-from", str(sft), "--out", str(tmp_path / "part"), "--steps", "2", *args]) == 0
+    assert main(["rm", "--out", str(tmp_path / "part"), "--resume", "--steps", "3"]) == 0
+    full, part = tmp / "rm", tmp_path / "part"
+    keys = ("loss", "accuracy", "margin", "grad_norm", "lr")
+    assert [{k: r[k] for k in keys} for r in _rows(full, "rm")] == [{k: r[k] for k in keys} for r in _rows(part, "rm")]
+    assert [r["step"] for r in _rows(full, "eval")] == [0, 3] and "accuracy" in _rows(full, "eval")[-1]
+    _same_weights(full, part)
+    meta = ckpt.read_meta(ckpt.latest_checkpoint(full))
+    assert meta["recipe"] == "rm" and meta["chat_template"] == ChatTemplate.gpt2().to_dict()
+
+    # a reward model does not generate text: the text commands refuse it, naming why
+    assert main(["sample", "--ckpt", str(full), "--prompt", "hi"]) == 2
+    assert "a reward model does not generate text" in capsys.readouterr().err
+    assert main(["export", "llmc", "--ckpt", str(full), "--out", str(tmp_path / "x")]) == 2
+    # eval --preferences: the same numbers as scoring the pairs by hand
+    assert main(["eval", "--ckpt", str(full), "--preferences", str(prefs), "--json", str(tmp_path / "e.json")]) == 0
+    got = json.loads((tmp_path / "e.json").read_text())
+    from gptforge.data.preference import read_preferences, render_pairs
+    from gptforge.training.rm import load_reward_model, score_sequences
+
+    rm, template = load_reward_model(str(full))
+    pairs = render_pairs(read_preferences(str(prefs)), template, 64)
+    c = score_sequences(rm, [p.chosen.ids.tolist() for p in pairs], template.bos)
+    r = score_sequences(rm, [p.rejected.ids.tolist() for p in pairs], template.bos)
+    assert got["n"] == 48 and got["accuracy"] == pytest.approx((c > r).float().mean().item())
+
+    # export hf: transformers' GPT2ForSequenceClassification gives the same scores (right-padded batch)
+    transformers = pytest.importorskip("transformers")
+    assert main(["export", "hf", "--ckpt", str(full), "--out", str(tmp_path / "hf")]) == 0
+    hf = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "hf").eval()
+    assert type(hf).__name__ == "GPT2ForSequenceClassification"
+    seqs = [p.chosen.ids.tolist() for p in pairs[:4]] + [p.rejected.ids.tolist() for p in pairs[:4]]
+    L = max(map(len, seqs))
+    ids = torch.tensor([s + [template.bos] * (L - len(s)) for s in seqs])
+    with torch.no_grad():
+        theirs = hf(ids).logits[:, 0]
+    torch.testing.assert_close(theirs, torch.cat([c[:4], r[:4]]), atol=1e-4, rtol=1e-4)
+
+
+def test_dpo_resumes_exactly_with_cached_reference(world, tmp_path, capsys):
+    _, sft, prefs = world
+    args = ["--data", str(prefs), "--val-count", "8", "--micro-batch", "4", "--lr", "1e-3", "--task", "compare",
+            "--eval-n", "2", *CPU]
+    assert main(["dpo", "--init-from", str(sft), "--out", str(tmp_path / "full"), "--steps", "3", *args]) == 0
+    assert main(["dpo", "--init-from", str(sft), "--out", str(tmp_path / "part"), "--steps", "2", *args]) == 0
+    (tmp_path / "part" / "ref_logps.pt").write_bytes(b"damaged")  # a damaged cache is recomputed
+    assert main(["dpo", "--out", str(tmp_path / "part"), "--resume", "--steps", "3"]) == 0
+    assert "recomputing" in capsys.readouterr().out
+    full, part = _rows(tmp_path / "full", "dpo"), _rows(tmp_path / "part", "dpo")
+    trl = ("loss", "rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies", "logps/chosen",
+           "logps/rejected")
+    assert [{k: r[k] for k in trl} for r in full] == [{k: r[k] for k in trl} for r in part]
+    assert full[-1]["rewards/margins"] != 0.0
+    assert "compare_acc" in _rows(tmp_path / "full", "eval")[-1]
+    _same_weights(tmp_path / "full", tmp_path / "part")
+    # the frozen reference model beside the policy gives the cached reference's numbers
+    assert main(["dpo", "--init-from", str(sft), "--out", str(tmp_path / "frozen"), "--steps", "3", *args,
+                 "--dpo.precompute_ref", "false"]) == 0
+    for a, b in zip(full, _rows(tmp_path / "frozen", "dpo"), strict=True):
+        for k in trl:
+            assert a[k] == pytest.approx(b[k], rel=1e-4, abs=1e-5), k
+    assert not (tmp_path / "frozen" / "ref_logps.pt").exists()
+    # bad input names the flag, exit 2, before any run directory is made
+    assert main(["dpo", "--init-from", str(sft), "--out", str(tmp_path / "bad"), *args, "--beta", "0"]) == 2
+    assert "dpo.beta" in capsys.readouterr().err
+    assert main(["dpo", "--init-from", str(sft), "--out", str(tmp_path / "bad"), "--data", str(tmp_path / "no.jsonl"),
+                 *CPU]) == 2
+    assert not (tmp_path / "bad").exists()
+    # IPO runs on the same path
+    assert main(["dpo", "--init-from", str(sft), "--out", str(tmp_path / "ipo"), "--steps", "1", *args,
+                 "--loss-type", "ipo"]) == 0
+
+
+def test_ppo_with_reward_model_resumes_exactly(world, tmp_path, capsys):
+    tmp, sft, _ = world
+    args = ["--task", "compare", "--prompts", "2", "--group", "2", "--max-new-tokens", "4", "--eval-n", "2",
+            "--lr", "1e-3", "--algo", "ppo", "--reward-model", str(tmp / "rm"), "--updates-per-batch", "2", *CPU]
+    assert main(["rl", "--init-from", str(sft), "--out", str(tmp_path / "full"), "--steps", "3", *args]) == 0
+    assert main(["rl", "--init-from", str(sft), "--out", str(tmp_path / "part"), "--steps", "2", *args]) == 0
+    assert main(["rl", "--out", str(tmp_path / "part"), "--resume", "--steps", "3"]) == 0
+    keys = ("loss", "policy_loss", "value_loss", "reward", "accuracy", "kl", "grad_norm", "reply_len")
+    full, part = _rows(tmp_path / "full", "rl"), _rows(tmp_path / "part", "rl")
+    assert [{k: r[k] for k in keys} for r in full] == [{k: r[k] for k in keys} for r in part]
+    assert all(r["reward"] != 0.0 for r in full) and full[-1]["value_loss"] > 0  # the learned reward is in use
+    _same_weights(tmp_path / "full", tmp_path / "part")
+    assert ckpt.read_meta(ckpt.latest_checkpoint(tmp_path / "full"))["recipe"] == "ppo"
+    # every model command reads a PPO checkpoint's policy
+    from gptforge.load import ModelSource, load_model
+
+    policy = load_model(ModelSource(ckpt=str(tmp_path / "full")))
+    sd = ckpt.load_file(str(ckpt.latest_checkpoint(tmp_path / "full") / "model.safetensors"))
+    assert torch.equal(policy.state_dict()["transformer.h.0.attn.c_attn.weight"],
+                       sd["policy.transformer.h.0.attn.c_attn.weight"])
+    # the algorithm and the reward model are frozen on resume; GRPO refuses to continue a PPO run
+    assert main(["rl", "--out", str(tmp_path / "part"), "--resume", "--steps", "4", "--algo", "grpo"]) == 2
+    assert "rl.algo" in capsys.readouterr().err
+    assert main(["rl", "--init-from", str(sft), "--out", str(tmp_path / "x"), "--reward-model", str(sft), *CPU]) == 2
+    assert "not a reward model" in capsys.readouterr().err
+
+
+def test_grpo_with_reward_model_logs_score_beside_accuracy(world, tmp_path):
+    tmp, sft, _ = world
+    assert main(["rl", "--init-from", str(sft), "--out", str(tmp_path / "g"), "--steps", "1", "--task", "compare",
+                 "--prompts", "2", "--group", "2", "--max-new-tokens", "4", "--eval-n", "2",
+                 "--reward-model", str(tmp / "rm"), *CPU]) == 0
+    (row,) = _rows(tmp_path / "g", "rl")
+    assert row["reward"] != 0.0 and 0.0 <= row["accuracy"] <= 1.0
+
+
+def test_reward_and_value_bodies_freeze_only_an_untied_head():
+    """hidden_states never runs the LM head: Llama's untied head is frozen (no optimizer state, no DDP
+    wait); GPT-2's tied head is the input embedding and trains."""
+    from gptforge.config import OptimConfig
+    from gptforge.models.registry import model_config
+    from gptforge.optim import build_optimizer
+    from gptforge.training.rm import RM
+
+    shape = {"n_layer": 1, "n_head": 2, "n_embd": 32, "block_size": 16}
+    llama = RM.build_model(RM.__new__(RM), model_config({"arch": "llama", **shape}))
+    assert [n for n, p in llama.named_parameters() if not p.requires_grad] == ["body.lm_head.weight"]
+    opt = build_optimizer(llama, OptimConfig(), "cpu")
+    assert all(p is not llama.body.lm_head.weight for g in opt.param_groups for p in g["params"])
+    gpt = RM.build_model(RM.__new__(RM), model_config({"arch": "gpt2", **shape}))
+    assert all(p.requires_grad for p in gpt.parameters())
+
+
+def test_win_rate_against_the_reference_judged_by_a_reward_model(world, tmp_path, capsys):
+    tmp, sft, _ = world
+    out = tmp_path / "w.json"
+    assert main(["eval", "--tasks", "compare", "--limit", "3", "--ckpt", str(sft), "--against", str(sft),
+                 "--reward-model", str(tmp / "rm"), "--json", str(out)]) == 0
+    (r,) = json.loads(out.read_text())
+    assert r["n"] == 3 and r["win_rate"] == 0.5 and r["policy_score"] == r["reference_score"]  # itself: all ties
+    assert main(["eval", "--tasks", "compare", "--ckpt", str(sft), "--against", str(sft)]) == 2
+    assert "--reward-model" in capsys.readouterr().err
