@@ -45,6 +45,9 @@ def test_export_hf_logits_match_transformers(tmp_path, pad_vocab):
                  "--no-tokenizer"]) == 0
     hf = GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
     assert hf.config.vocab_size == 50257 and hf.transformer.wte.weight.shape == (50257, 32)  # padding sliced off
+    # the weights are as readable as config.json (safetensors alone would leave them 0600)
+    modes = {f.name: f.stat().st_mode & 0o777 for f in (tmp_path / "hf").iterdir()}
+    assert len(set(modes.values())) == 1, modes
     with torch.no_grad():
         ref = hf(IDX).logits
         got, _ = model(IDX)

@@ -373,6 +373,7 @@ def export_hf(model: torch.nn.Module, out_dir: str | Path, force: bool = False, 
     from safetensors.torch import save_file
 
     from gptforge.interop.hf_chat import check_tokenizer_vocab
+    from gptforge.storage import ordinary_file_mode
 
     cfg = model.config
     if not cfg.bias:
@@ -384,6 +385,7 @@ def export_hf(model: torch.nn.Module, out_dir: str | Path, force: bool = False, 
     sd.pop("lm_head.weight", None)  # tied to transformer.wte.weight (tie_word_embeddings)
     files = [out / "model.safetensors", out / "config.json"]
     save_file(sd, str(files[0]), metadata={"format": "pt"})
+    ordinary_file_mode(files[0])  # safetensors writes 0600; the other files get the umask's mode
     files[1].write_text(json.dumps(hf_config(cfg), indent=2) + "\n")
     if tokenizer:
         files += write_tokenizer(out, chat, model_max_length=cfg.block_size)

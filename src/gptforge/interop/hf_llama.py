@@ -247,6 +247,7 @@ def export_hf_llama(model: Llama, out_dir: str | Path, force: bool = False, toke
     from safetensors.torch import save_file
 
     from gptforge.interop.hf_chat import check_tokenizer_vocab
+    from gptforge.storage import ordinary_file_mode
 
     cfg = model.config
     config = hf_llama_config(cfg)  # refuse before touching the output directory
@@ -255,6 +256,7 @@ def export_hf_llama(model: Llama, out_dir: str | Path, force: bool = False, toke
     sd = llama_state_dict_for_hf(model)
     files = [out / "model.safetensors", out / "config.json"]
     save_file(sd, str(files[0]), metadata={"format": "pt"})
+    ordinary_file_mode(files[0])  # safetensors writes 0600; the other files get the umask's mode
     files[1].write_text(json.dumps(config, indent=2) + "\n")
     if tokenizer:
         files += write_tokenizer(out, chat, model_max_length=cfg.block_size)

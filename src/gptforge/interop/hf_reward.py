@@ -77,6 +77,7 @@ def export_reward_hf(rm: Any, out_dir: str, pad: int, force: bool = False, token
 
     from gptforge.interop.hf import check_out_dir, write_tokenizer
     from gptforge.interop.hf_chat import check_tokenizer_vocab
+    from gptforge.storage import ordinary_file_mode
 
     cfg = rm.body.config
     if cfg.arch == "gpt2" and not cfg.bias:
@@ -87,6 +88,7 @@ def export_reward_hf(rm: Any, out_dir: str, pad: int, force: bool = False, token
     out = check_out_dir(out_dir, force)
     files = [out / "model.safetensors", out / "config.json"]
     save_file(reward_model_state_dict_for_hf(rm), str(files[0]), metadata={"format": "pt"})
+    ordinary_file_mode(files[0])  # safetensors writes 0600; the other files get the umask's mode
     files[1].write_text(json.dumps(config, indent=2) + "\n")
     if tokenizer:
         files += write_tokenizer(out, chat, model_max_length=cfg.block_size)
