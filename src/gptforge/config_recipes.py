@@ -31,6 +31,7 @@ class _PairData:
 
     def _validate(self, section: str) -> None:
         _check(self.val_count >= 1, f"{section}.val_count", self.val_count, "an integer >= 1")
+        _check(0 <= self.seed < 2**32, f"{section}.seed", self.seed, "an integer in [0, 2^32)")
         _check(self.grad_accum >= 1, f"{section}.grad_accum", self.grad_accum, "an integer >= 1")
         _check(self.eval_every >= 0, f"{section}.eval_every", self.eval_every, "an integer >= 0")
 
@@ -54,7 +55,7 @@ DPO_LOSS_TYPES = ("sigmoid", "ipo")
 class DPOConfig(_PairData):
     """``gptforge dpo``: DPO / IPO against a frozen reference (the starting model)."""
 
-    beta: float = 0.1
+    beta: float = 0.1  # strength of the implicit KL to the reference (larger: stay closer to it)
     loss_type: str = "sigmoid"  # sigmoid (DPO) | ipo
     precompute_ref: bool = True  # reference log-probs computed once, cached in RUN/ref_logps.pt
     init_from: str = ""  # the starting model, which is also the reference
