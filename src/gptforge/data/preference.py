@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from gptforge.data.chat import ChatFormatError, ChatTemplate
+from gptforge.data.order import EpochOrder
 from gptforge.data.rows import DataError, bad_row, read_rows
 
 
@@ -205,7 +206,7 @@ def collate(pairs: Sequence[RenderedPair], index: Sequence[int], pad: int) -> Pa
     return PairBatch(torch.from_numpy(ids), torch.from_numpy(mask), torch.tensor(list(index), dtype=torch.long), margin)
 
 
-class PairLoader:
+class PairLoader(EpochOrder):
     """Batches of ``B`` pairs per rank; all ranks walk the same seeded order of ``B * world`` pairs a
     step and each takes its own ``B``. State (epoch, cursor) resumes bit-exactly."""
 
@@ -220,25 +221,11 @@ class PairLoader:
         self.fingerprint = fingerprint(pairs)
         self.reset()
 
-    def reset(self) -> None:
-        self.epoch, self.cursor = 0, 0
-        self._perm = self._order(0)
-
-    def _order(self, epoch: int) -> np.ndarray:
-        if not self.shuffle:
-            return np.arange(len(self.pairs))
-        return np.random.default_rng([self.seed, epoch]).permutation(len(self.pairs))
-
-    def _take(self) -> int:
-        i = int(self._perm[self.cursor])
-        self.cursor += 1
-        if self.cursor == len(self.pairs):
-            self.epoch, self.cursor = self.epoch + 1, 0
-            self._perm = self._order(self.epoch)
-        return i
+    def _count(self) -> int:
+        return len(self.pairs)
 
     def next_batch(self) -> PairBatch:
-        picks = [self._take() for _ in range(self.B * self.world)][self.rank * self.B : (self.rank + 1) * self.B]
+        picks = [self._advance() for _ in range(self.B * self.world)][self.rank * self.B : (self.rank + 1) * self.B]
         return collate([self.pairs[i] for i in picks], picks, self.pad)
 
     def num_batches(self) -> int:
@@ -257,8 +244,7 @@ class PairLoader:
                 f"checkpoint was trained on other preference pairs (fingerprint {state['fingerprint']}, now "
                 f"{self.fingerprint}); resume with the original --data, --val-count and --seed")
         self.seed, self.shuffle = int(state["seed"]), bool(state["shuffle"])
-        self.epoch, self.cursor = int(state["epoch"]), int(state["cursor"])
-        self._perm = self._order(self.epoch)
+        self._seek(int(state["epoch"]), int(state["cursor"]))
 
 
 def pair_loaders(section: Any, template: ChatTemplate, B: int, max_tokens: int, command: str):

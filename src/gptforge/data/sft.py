@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from gptforge.data.chat import ChatFormatError, ChatTemplate
+from gptforge.data.order import EpochOrder
 from gptforge.data.rows import DataError, bad_row, read_rows
 
 
@@ -101,7 +102,7 @@ def fingerprint(rendered: Sequence[Rendered]) -> str:
     return h.hexdigest()[:16]
 
 
-class ConversationLoader:
+class ConversationLoader(EpochOrder):
     """Packed, padded, masked batches of whole conversations (see the module docstring)."""
 
     def __init__(self, convs: list[Rendered], B: int, T: int, rank: int = 0, world: int = 1, shuffle: bool = True,
@@ -116,22 +117,11 @@ class ConversationLoader:
         self.fingerprint = fingerprint(convs)
         self.reset()
 
-    def reset(self) -> None:
-        self.epoch, self.cursor = 0, 0
-        self._perm = self._order(0)
-
-    def _order(self, epoch: int) -> np.ndarray:
-        if not self.shuffle:
-            return np.arange(len(self.convs))
-        return np.random.default_rng([self.seed, epoch]).permutation(len(self.convs))
+    def _count(self) -> int:
+        return len(self.convs)
 
     def _take(self) -> Rendered:
-        c = self.convs[self._perm[self.cursor]]
-        self.cursor += 1
-        if self.cursor == len(self.convs):
-            self.epoch, self.cursor = self.epoch + 1, 0
-            self._perm = self._order(self.epoch)
-        return c
+        return self.convs[self._advance()]
 
     def _peek(self) -> Rendered:
         return self.convs[self._perm[self.cursor]]
@@ -178,5 +168,4 @@ class ConversationLoader:
                 f"{self.fingerprint}); resume with the original --data, --val-count and --seed"
             )
         self.seed, self.shuffle = int(state["seed"]), bool(state["shuffle"])
-        self.epoch, self.cursor = int(state["epoch"]), int(state["cursor"])
-        self._perm = self._order(self.epoch)
+        self._seek(int(state["epoch"]), int(state["cursor"]))
