@@ -31,11 +31,12 @@ def main() -> None:
     a = ap.parse_args()
 
     from gptforge.cli.common import chat_template_of
+    from gptforge.config import RLConfig
     from gptforge.data.chat import ChatTokenizer
     from gptforge.data.tokenizer import get_tokenizer
     from gptforge.generation import SamplingParams
     from gptforge.load import ModelSource, load_model
-    from gptforge.training.grpo import RLConfig, grpo_step, problem_stream, sample_replies
+    from gptforge.training.grpo import grpo_step, problem_stream, rl_config, sample_replies
     from gptforge.training.rewards import load_reward, score
 
     if a.threads:
@@ -43,11 +44,13 @@ def main() -> None:
     model = load_model(ModelSource(ckpt=a.ckpt)).eval()
     template = chat_template_of(a.ckpt)
     enc = ChatTokenizer(get_tokenizer(), template)
-    cfg = RLConfig(task=a.task, prompts=a.prompts, group=a.group, max_new_tokens=a.max_new_tokens,
-                   temperature=a.temperature, top_k=a.top_k, lr=1e-4)
-    problems_at, _ = problem_stream(cfg)
+    cfg = rl_config(model.config, "runs/bench-rl", a.ckpt)  # the settings `gptforge rl` would use, plus these
+    cfg.rl = RLConfig(task=a.task, prompts=a.prompts, group=a.group, max_new_tokens=a.max_new_tokens,
+                      temperature=a.temperature, top_k=a.top_k, init_from=a.ckpt)
+    cfg.optim.lr = 1e-4
+    problems_at, _ = problem_stream(cfg.rl, cfg.train.seed)
     ref = copy.deepcopy(model).eval()
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr)
     reward = load_reward("exact_match")
     sample_s, update_s = [], []
     for step in range(a.steps + 1):
@@ -56,7 +59,7 @@ def main() -> None:
         ro = sample_replies(model, enc, template, problems_at(step), a.group, params)
         t1 = time.perf_counter()
         r = torch.tensor(score(reward, ro.problems, ro.texts)).view(a.prompts, a.group)
-        grpo_step(model, ref, opt, ro, r, cfg, pad=template.bos)
+        grpo_step(model, model, ref, opt, ro, r, cfg, pad=template.bos)
         t2 = time.perf_counter()
         if step:  # step 0 warms up
             sample_s.append(t1 - t0)
