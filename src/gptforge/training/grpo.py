@@ -338,7 +338,11 @@ class GRPO(Recipe):
         if start_step == 0:
             self.evaluate(run, 0, last=False, force=True)
 
-    def step(self, run: RunCtx, step: int) -> dict[str, float]:
+    def sample_and_score(self, run: RunCtx, step: int, model: torch.nn.Module) -> tuple[Rollouts, torch.Tensor,
+                                                                                       torch.Tensor, float, bool]:
+        """This rank's share of step ``step``'s problems, ``rl.group`` replies each from ``model``, scored:
+        (rollouts, rewards (n,), this rank's [mean reward, accuracy, reply length], sampling ms, whether
+        any rank got a non-finite reward: then every rank must stop before the update)."""
         cfg, info, rl = run.cfg, run.info, run.cfg.rl
         problems = self.problems_at(step)
         share = len(problems) // info.world
@@ -347,21 +351,28 @@ class GRPO(Recipe):
         params = SamplingParams(max_new_tokens=rl.max_new_tokens, temperature=rl.temperature, top_k=rl.top_k or None,
                                 seed=_mix(cfg.train.seed, step, 1),
                                 rows=(info.rank * share * rl.group, len(problems) * rl.group))
-        rollouts = sample_replies(run.model, self.enc, self.template, mine, rl.group, params)
+        rollouts = sample_replies(model, self.enc, self.template, mine, rl.group, params)
         sample_ms = (time.perf_counter() - t0) * 1000
         r = self.rewards(rollouts)
         correct = [is_correct(t, p.answer) for t, p in zip(rollouts.texts, rollouts.problems, strict=True)]
         local = torch.tensor([r.mean().item(), sum(correct) / len(correct),
                               sum(len(x) for x in rollouts.replies) / len(rollouts.replies)], device=run.device)
-        if any_rank(not bool(torch.isfinite(r).all()), info):  # 1e308: finite in Python, inf in float32; every rank stops
+        bad = any_rank(not bool(torch.isfinite(r).all()), info)  # 1e308: finite in Python, inf in float32
+        return rollouts, r, local, sample_ms, bad
+
+    def step(self, run: RunCtx, step: int) -> dict[str, float]:
+        cfg, info, rl = run.cfg, run.info, run.cfg.rl
+        rollouts, r, local, sample_ms, bad = self.sample_and_score(run, step, run.model)
+        n = len(rollouts.problems) // rl.group  # this rank's problems
+        if bad:  # every rank stops here, before the update
             return {"loss": float("nan"), "reward": float(all_reduce_mean(local, info)[0])}
-        out = grpo_step(run.wrapped, run.model, self.ref, run.optimizer, rollouts, r.view(len(mine), rl.group), cfg,
+        out = grpo_step(run.wrapped, run.model, self.ref, run.optimizer, rollouts, r.view(n, rl.group), cfg,
                         self.pad, info, run.autocast)
         reward, acc, reply_len = all_reduce_mean(local, info).tolist()
         loss, kl = all_reduce_mean(torch.tensor([out["loss"], out["kl"]], device=run.device), info).tolist()
-        flat = int(all_reduce_sum(torch.tensor([float(flat_groups(r.view(len(mine), rl.group)))], device=run.device),
+        flat = int(all_reduce_sum(torch.tensor([float(flat_groups(r.view(n, rl.group)))], device=run.device),
                                   info).item())
-        if flat == len(problems) and not run.extras.get("flat_said"):
+        if flat == rl.prompts and not run.extras.get("flat_said"):  # every problem of every rank
             run.extras["flat_said"] = True
             run.log(f"step {step + 1}: every group's {rl.group} replies got the same reward ({reward:.3f} on average), so "
                     "every advantage is 0 and only the KL term moves the model: nothing is learned from the reward "

@@ -25,7 +25,6 @@ whitening is the unbiased one (Bessel), as TRL's ``masked_var``.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -33,9 +32,8 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from gptforge.generation import SamplingParams
 from gptforge.parallel.distributed import all_reduce_mean, grad_sync, local_tensor
-from gptforge.training.grpo import GRPO, _mix, is_correct, sample_replies, token_logprobs
+from gptforge.training.grpo import GRPO, token_logprobs
 from gptforge.training.rm import last_index
 
 # --- the math ---------------------------------------------------------------------------------------
@@ -270,21 +268,9 @@ class PPO(GRPO):
 
     def step(self, run: Any, step: int) -> dict[str, float]:
         cfg, info, rl = run.cfg, run.info, run.cfg.rl
-        problems = self.problems_at(step)
-        share = len(problems) // info.world
-        mine = problems[info.rank * share : (info.rank + 1) * share]
-        t0 = time.perf_counter()
-        params = SamplingParams(max_new_tokens=rl.max_new_tokens, temperature=rl.temperature,
-                                top_k=rl.top_k or None, seed=_mix(cfg.train.seed, step, 1),
-                                rows=(info.rank * share * rl.group, len(problems) * rl.group))
         policy = run.model.policy
-        rollouts = sample_replies(policy, self.enc, self.template, mine, rl.group, params)
-        sample_ms = (time.perf_counter() - t0) * 1000
-        r = self.rewards(rollouts)
-        correct = [is_correct(t, p.answer) for t, p in zip(rollouts.texts, rollouts.problems, strict=True)]
-        local = torch.tensor([r.mean().item(), sum(correct) / len(correct),
-                              sum(len(x) for x in rollouts.replies) / len(rollouts.replies)], device=run.device)
-        if not bool(torch.isfinite(r).all()):
+        rollouts, r, local, sample_ms, bad = self.sample_and_score(run, step, policy)
+        if bad:  # every rank stops here, before the update
             return {"loss": float("nan"), "reward": float(all_reduce_mean(local, info)[0])}
         with run.autocast():
             exp = make_experience(policy, self.ref if self.ref is not None else policy, run.model.value,
