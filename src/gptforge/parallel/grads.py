@@ -29,6 +29,14 @@ def grad_norm_and_clip(params: list[torch.Tensor], max_norm: float, info, skip: 
     ``skip``: ids of parameters held by two stages (a tied embedding), counted on one of them."""
     from torch.distributed.tensor import DTensor
 
+    for p in params:
+        # a sequence-parallel norm's weight is replicated over TP, but its gradient comes out of the
+        # backward a Partial sum over the sequence shards; reduce it once here (Megatron-LM's all-reduce
+        # of the layer-norm gradients), or the norm and then every optimizer op touching it would each
+        # all-reduce it again (fused AdamW: twice per step in all)
+        g = p.grad
+        if isinstance(g, DTensor) and isinstance(p, DTensor) and g.placements != p.placements:
+            p.grad = g.redistribute(placements=p.placements)
     grads = [p.grad for p in params if p.grad is not None and id(p) not in (skip or set())]
     if grads:
         total = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
