@@ -206,6 +206,9 @@ class DistConfig:
     dp_replicate: int = 1  # HSDP: replicas of the data dimension (with dist.shard fsdp)
     pp_schedule: Literal["gpipe", "1f1b", "interleaved1f1b"] = "1f1b"  # micro-batches = grad-accum steps
     pp_virtual: int = 2  # stages per rank for interleaved1f1b (the others use 1)
+    # count every step's collectives (bytes per mesh dimension and kind, rank 0's, into metrics.jsonl
+    # as "comm"; gptforge.parallel.comm): a check of the planner's communication model, slow
+    count_comm: bool = False
 
     def __post_init__(self) -> None:
         _check(self.shard in ("none", "zero1", "fsdp"), "dist.shard", self.shard, "none, zero1 or fsdp")

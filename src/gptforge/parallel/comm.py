@@ -1,86 +1,151 @@
-"""Tensor-parallel communication: the formula for one micro-batch's traffic, and a counter that
-measures it (DTensor's ``CommDebugMode`` with the bytes added).
+"""Counting a training step's communication: every collective and point-to-point call, by mesh
+dimension and kind, in bytes, to hold against the planner's prediction
+(:func:`gptforge.plan.cost.comm_volume`, whose docstring states the communication model).
 
-    counter = CommVolume()
-    with counter, loss_parallel():
-        model(x, y)[1].backward()
-    assert counter.elements == tp_traffic(model.config, B, T, tp)
+    torchrun --nproc_per_node 2 -m gptforge train --preset tiny --dist.tp 2 --dist.count_comm true
 
-The unit is one collective's *full tensor*, in elements: an all-gather's output, a reduce-scatter's
-input, an all-reduce's input. (On a ring each rank sends (tp-1)/tp of that for an all-gather or a
-reduce-scatter and 2(tp-1)/tp for an all-reduce; multiply by the activation dtype's bytes.)
+Under ``dist.count_comm`` each step runs inside :class:`CommCounter` and rank 0 writes its bytes into
+``metrics.jsonl`` as ``comm.<dim>.<kind>`` (dim: ``tp``, ``pp``, ``dp`` or ``world``; kind:
+``all_gather``, ``reduce_scatter``, ``all_reduce``, ``send``). The counter is a dispatch mode in the
+manner of DTensor's ``CommDebugMode``: it sees the functional collectives DTensor issues, the c10d
+calls FSDP2 and the pipeline schedules make, and ``torch.distributed``'s own (it steps aside for
+DTensor ops, so their inner collectives reach it). It is slow (Python on every op): a check, not a
+mode to train in.
 
-One micro-batch of N = B*T tokens through L blocks of width C, forward and backward, under the
-Megatron + sequence-parallel layout of :mod:`gptforge.parallel.tensor`:
-
-- all-gather    (2L + 1) N C forward (each block's attention and MLP inputs, the head's input)
-              + (2L + 1) N C backward (the mirror of each reduce-scatter: blocks' outputs, embedding)
-- reduce-scatter (2L + 1) N C forward (each block's two outputs, the embedding)
-              + (2L + 1) N C backward (the mirror of each all-gather)
-- all-reduce    3 N (``loss_parallel``: each row's max, sum of exponentials and target logit)
-- GPT-2 adds its position table, T C reduce-scattered forward and all-gathered backward, and the
-  fused q/k/v bias, whose gradient (3C per layer) is all-gathered from the ranks' rows.
-
-Not in the formula: parameter-gradient reductions done at the optimizer step (the replicated norm
-weights and row-parallel biases, O(L C) elements), and FSDP's or the pipeline's traffic.
+The unit is a call's *payload*, the logical tensor handed to it: an all-gather's gathered output, a
+reduce-scatter's whole input, an all-reduce's tensor, a send's tensor (receives are not counted: each
+is the other side's send). Scalar all-reduces (the loss mean, the gradient norm, the stop flag) are
+kept apart under ``comm.scalars`` (calls, not bytes): they cost latency, not bandwidth, and the
+planner does not model them.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
 
 import torch
-from torch.distributed.tensor import DTensor
-from torch.distributed.tensor.debug import CommDebugMode
+import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
 
-OPS = ("all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce")
+# op name -> (kind, how the payload is read from the arguments)
+_FUNCTIONAL = {  # torch.ops._c10d_functional (DTensor's redistributions): (input, ..., group_name)
+    "all_gather_into_tensor": "all_gather",
+    "reduce_scatter_tensor": "reduce_scatter",
+    "all_reduce": "all_reduce",
+}
+_C10D = {  # torch.ops.c10d (torch.distributed's calls: FSDP2, pipelining, the loop's reductions)
+    "_allgather_base_": "all_gather",  # (output, input, group, ...)
+    "allgather_into_tensor_coalesced_": "all_gather",  # (outputs, inputs, group, ...)
+    "_reduce_scatter_base_": "reduce_scatter",  # (output, input, group, ...)
+    "reduce_scatter_tensor_coalesced_": "reduce_scatter",  # (outputs, inputs, group, ...)
+    "allreduce_": "all_reduce",  # (tensors, group, ...)
+    "allreduce_coalesced_": "all_reduce",
+    "send": "send",  # (tensors, group, dst, tag)
+    "broadcast_": "broadcast",  # (tensors, group, ...): DDP's buffers
+}
+_OTHER_C10D = ("allgather_", "reduce_scatter_", "alltoall_", "alltoall_base_", "gather_",
+               "scatter_", "reduce_")
 
 
-def tp_traffic(model_cfg, batch: int, seq: int, tp: int) -> dict[str, int]:
-    """Predicted full-tensor elements per collective kind for one micro-batch's forward + backward."""
-    if tp == 1:
-        return {op: 0 for op in OPS}
-    L, C, N = model_cfg.n_layer, model_cfg.n_embd, batch * seq
-    act = 2 * (2 * L + 1) * N * C
-    out = {"all_gather_into_tensor": act, "reduce_scatter_tensor": act, "all_reduce": 3 * N}
-    if model_cfg.arch == "gpt2":
-        out["all_gather_into_tensor"] += seq * C + (L * 3 * C if model_cfg.bias else 0)
-        out["reduce_scatter_tensor"] += seq * C
+def _bytes(x) -> int:
+    if isinstance(x, torch.Tensor):
+        return x.numel() * x.element_size()
+    return sum(_bytes(t) for t in x)
+
+
+def _numel(x) -> int:
+    return x.numel() if isinstance(x, torch.Tensor) else sum(_numel(t) for t in x)
+
+
+class CommCounter(TorchDispatchMode):
+    """Adds up the payload bytes of every collective issued while active, in ``self.bytes``
+    (``"<dim>.<kind>"`` -> bytes); ``groups`` names process groups by their ranks (a frozenset of
+    global ranks -> mesh dimension: DTensor may reach one dimension through several group objects),
+    others count as ``world`` (the whole world) or ``other``. Collectives this model has no kind for
+    (broadcast, all-to-all, ...) land in ``self.unknown`` by op name."""
+
+    def __init__(self, groups: dict[frozenset, str] | None = None):
+        from torch.distributed.tensor import DTensor
+
+        super().__init__()
+        self._dtensor = DTensor
+        self.groups = dict(groups or {})
+        self.bytes: Counter = Counter()
+        self.scalars: Counter = Counter()
+        self.unknown: Counter = Counter()
+
+    def _dim(self, group) -> str:
+        if isinstance(group, str):
+            group = dist.distributed_c10d._resolve_process_group(group)
+        elif isinstance(group, torch.ScriptObject):  # how a c10d op's argument reaches a dispatch mode
+            group = dist.ProcessGroup.unbox(group)
+        ranks = frozenset(dist.get_process_group_ranks(group))
+        if len(ranks) == 1:
+            return ""  # a one-rank group (HSDP's replicas when there is one): nothing moves
+        if ranks in self.groups:
+            return self.groups[ranks]
+        return "world" if len(ranks) == dist.get_world_size() else "other"
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if any(t is self._dtensor for t in types):
+            return NotImplemented  # let DTensor run the op; its collectives come back through this mode
+        ns, name = func.namespace, func._overloadpacket.__name__
+        if ns == "_c10d_functional" and name in _FUNCTIONAL:
+            kind, t = _FUNCTIONAL[name], args[0]
+            n = _bytes(t) * (int(args[1]) if kind == "all_gather" else 1)  # gathered: every rank's input
+            self._add(self._dim(args[-1]), kind, n, t.numel())
+        elif ns == "c10d" and name in _C10D:
+            kind = _C10D[name]
+            if kind in ("send", "all_reduce", "broadcast"):
+                payload, group = args[0], args[1]
+            else:  # an all-gather's output, a reduce-scatter's input
+                payload, group = (args[0] if kind == "all_gather" else args[1]), args[2]
+            self._add(self._dim(group), kind, _bytes(payload), _numel(payload))
+        elif ns == "c10d" and name in _OTHER_C10D:
+            self.unknown[name] += 1
+        return func(*args, **(kwargs or {}))
+
+    def _add(self, dim: str, kind: str, nbytes: int, numel: int) -> None:
+        if not dim:
+            return
+        if kind == "all_reduce" and numel == 1:
+            self.scalars[f"{dim}.{kind}"] += 1
+        else:
+            self.bytes[f"{dim}.{kind}"] += nbytes
+
+
+def mesh_groups(mesh) -> dict[frozenset, str]:
+    """This rank's groups along a gptforge mesh's dimensions, by their ranks -> the planner's dims
+    (``tp``, ``pp``, ``dp``: the replicas, the shards, and both together)."""
+    if mesh is None:
+        return {}
+    out = {}
+    for dims in [(d,) for d in mesh.mesh_dim_names] + [("dp_replicate", "dp_shard")]:
+        sub = mesh[dims]
+        ranks = frozenset(sub.mesh.flatten().tolist())
+        out.setdefault(ranks, "dp" if dims[0].startswith("dp") else dims[0])
     return out
 
 
-class CommVolume(CommDebugMode):
-    """``CommDebugMode`` that also adds up each collective's full-tensor elements (see the module
-    docstring), in ``self.elements``."""
-
-    def __init__(self):
-        super().__init__()
-        self.elements: Counter = Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if not isinstance(func, torch._ops.HigherOrderOperator) and not any(t == DTensor for t in types):
-            name = func._overloadpacket.__name__
-            if name in OPS and args and isinstance(args[0], torch.Tensor):
-                n = args[0].numel()
-                if name == "all_gather_into_tensor":
-                    n *= int(args[1])  # group size: the output is every rank's input
-                self.elements[name] += n
-        return super().__torch_dispatch__(func, types, args, kwargs)
-
-
-def measure_tp_traffic(model_cfg, batch: int, seq: int, tp_mesh, seed: int = 0) -> dict[str, int]:
-    """Build ``model_cfg``'s model, shard it over ``tp_mesh`` and count one random micro-batch's
-    forward + backward traffic (every rank of the mesh calls it)."""
-    from torch.distributed.tensor.parallel import loss_parallel
-
-    from gptforge.models.registry import build_model
-    from gptforge.parallel.tensor import apply_tp
-
-    torch.manual_seed(seed)
-    model = build_model(model_cfg)
-    apply_tp(model, tp_mesh)
-    x = torch.randint(0, model_cfg.vocab_size, (batch, seq))
-    counter = CommVolume()
-    with counter, loss_parallel():
-        model(x, torch.roll(x, -1, dims=1))[1].backward()
-    return {op: counter.elements[op] for op in OPS}
+@contextlib.contextmanager
+def count_comm(enabled: bool, info, wrapped=None):
+    """Count the collectives of the ``with`` body when ``enabled``: yields a dict that afterwards holds
+    ``{"comm": {"<dim>.<kind>": bytes, ..., "scalars": calls}}`` (empty when not enabled or on one
+    process). Without a mesh every group is the data dimension; a pipeline's tied-embedding pair
+    (``wrapped.tied_group``) counts as ``pp``."""
+    out: dict = {}
+    if not enabled or not dist.is_initialized():
+        yield out
+        return
+    world = frozenset(range(dist.get_world_size()))
+    groups = mesh_groups(info.mesh) if info.mesh is not None else {world: "dp"}
+    tied = getattr(wrapped, "tied_group", None)
+    if tied is not None:
+        groups[frozenset(dist.get_process_group_ranks(tied))] = "pp"
+    counter = CommCounter(groups)
+    with counter:
+        yield out
+    if counter.unknown:
+        raise RuntimeError(f"dist.count_comm: collectives the count has no kind for: {dict(counter.unknown)}")
+    out["comm"] = {**dict(sorted(counter.bytes.items())), "scalars": sum(counter.scalars.values())}

@@ -19,6 +19,7 @@ from gptforge.config import Config
 from gptforge.data.aligned import make_loader
 from gptforge.data.loader import ShardLoader
 from gptforge.data.shards import list_shards, read_header
+from gptforge.parallel.comm import count_comm
 from gptforge.parallel.distributed import DistInfo
 from gptforge.training.evaluate import evaluate_during_training, prepare_for_training, print_samples
 from gptforge.training.recipe import Recipe, RunCtx
@@ -44,10 +45,11 @@ class Pretrain(Recipe):
     def step(self, run: RunCtx, step: int) -> dict[str, float]:
         cfg, info = run.cfg, run.info
         accum = cfg.train.accum_at(step, info.dp_world)
-        loss, norm = train_step(run.wrapped, run.model, run.optimizer, run.state.loader, accum, run.autocast, info,
-                                cfg.optim.grad_clip)
+        with count_comm(cfg.dist.count_comm, info, run.wrapped) as comm:
+            loss, norm = train_step(run.wrapped, run.model, run.optimizer, run.state.loader, accum, run.autocast,
+                                    info, cfg.optim.grad_clip)
         return {"loss": loss.item(), "grad_norm": float(norm),
-                "tokens": accum * (cfg.train.total_batch_tokens // run.grad_accum)}
+                "tokens": accum * (cfg.train.total_batch_tokens // run.grad_accum), **comm}
 
     def log_line(self, stats: dict[str, float]) -> str:
         return f"loss {stats['loss']:.4f} | lr {stats['lr']:.2e} | norm {stats['grad_norm']:.3f}"
