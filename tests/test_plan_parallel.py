@@ -79,8 +79,10 @@ def test_comm_volume_against_a_hand_count():
     first = comm_volume(cfg, lay, G, T, stage=0, precision="float32")
     # one block per stage: forward gathers 2 norm outputs and reduce-scatters 2 row-parallel outputs,
     # backward the reverse; the last stage gathers the head's input, the first reduce-scatters the
-    # embedding and the (T x C) position rows, each with the reverse in the backward
-    assert last["tp.all_gather"]["payload"] == last["tp.reduce_scatter"]["payload"] == m * 5 * x * 4
+    # embedding and the (T x C) position rows, each with the reverse in the backward; every block
+    # gathers its fused q/k/v bias's gradient (3C)
+    assert last["tp.reduce_scatter"]["payload"] == m * 5 * x * 4
+    assert last["tp.all_gather"]["payload"] == m * (5 * x + 3 * C) * 4
     assert first["tp.reduce_scatter"]["payload"] == m * (5 * x + T * C) * 4
     assert first["tp.all_gather"]["sent"] == pytest.approx(first["tp.all_gather"]["payload"] / 2)  # (g-1)/g
     assert sum(d[3] for d in last["detail"] if d[:2] == ("tp", "all_gather")) == last["tp.all_gather"]["payload"]
@@ -88,20 +90,26 @@ def test_comm_volume_against_a_hand_count():
     assert first["pp.send"]["payload"] == last["pp.send"]["payload"] == m * x / 2 * 4
     # under autocast the row-parallel outputs (and their gradients) are bf16, the rest fp32
     bf16 = comm_volume(cfg, lay, G, T)
-    assert bf16["tp.all_gather"]["payload"] == m * (2 * x * 4 + 2 * x * 2 + x * 4)
+    assert bf16["tp.all_gather"]["payload"] == m * (2 * x * 4 + 2 * x * 2 + x * 4 + 3 * C * 4)
     # data: under a mesh FSDP2 with shard groups of 1 all-reduces the fp32 gradients across the replicas,
     # once per step behind a pipeline; the tied table's two copies all-reduce between the end stages
     c = counts(cfg)
     with torch.device("meta"):
         block = build_model(cfg).blocks[0]
-    whole = sum(p.numel() for n, p in block.named_parameters() if n.startswith("ln_") or n.endswith("c_proj.bias"))
-    split = sum(p.numel() for p in block.parameters()) - whole
+    norms = sum(p.numel() for n, p in block.named_parameters() if n.startswith("ln_"))
+    whole = norms + sum(p.numel() for n, p in block.named_parameters() if n.endswith("c_proj.bias"))
     assert (c.layer_replicated, c.final_norm) == (whole, 2 * C)
+    whole += block.attn.c_attn.bias.numel()  # gptforge keeps the fused q/k/v bias whole under TP
+    split = sum(p.numel() for p in block.parameters()) - whole
     n_last = split / 2 + whole + 2 * C + c.vocab * C / 2  # one block, ln_f whole, half the tied table
     assert last["dp.all_reduce"]["payload"] == pytest.approx(n_last * 4)
     assert last["dp.all_reduce"]["sent"] == pytest.approx(n_last * 4)  # 2(g-1)/g = 1 at g = 2
     assert last["pp.all_reduce"]["payload"] == pytest.approx(c.vocab * C / 2 * 4)
-    assert last["tp.all_reduce"]["payload"] == m * (whole + 2 * C) * 4  # norms' and biases' gradients
+    # the norms' gradients once per step (a pipeline: FSDP2 reduces after the last micro-batch only),
+    # loss_parallel's 3 statistics per position, and the norm's one value per parameter tensor (the
+    # last stage: a block's 12 and ln_f's 2; the tied head is counted on the first stage)
+    assert last["tp.all_reduce"]["payload"] == ((norms + 2 * C) + m * 3 * b * T + 12 + 2) * 4
+    assert first["tp.all_reduce"]["payload"] == (norms + 12 + 2) * 4
     # without a pipeline, FSDP2 reduces every micro-batch
     tp_only = comm_volume(cfg, Layout(dp=2, tp=2, micro_batch=b), G, T)
     n_rank = (split / 2 + whole) * 2 + (c.vocab + cfg.block_size) * C / 2 + 2 * C  # tables split by rows
@@ -117,14 +125,19 @@ def test_comm_volume_against_a_hand_count():
     hsdp = comm_volume(cfg, Layout(dp=4, micro_batch=b, shard="fsdp", dp_shard=2), G, T)
     assert hsdp["dp.all_gather"]["group"] == 2 and hsdp["dp.all_gather"]["sent"] == pytest.approx(
         fsdp["dp.all_gather"]["payload"] / 2)
-    assert hsdp["dp.all_reduce"]["payload"] == pytest.approx(m4 * c.params / 2 * 4)
+    # (and the gradient norm's per-tensor norms over the shards: 2 blocks x 12 tensors, wte, wpe, ln_f's 2)
+    assert hsdp["dp.all_reduce"]["payload"] == pytest.approx(m4 * c.params / 2 * 4 + (2 * 12 + 4) * 4)
     # DDP: one all-reduce after the last micro-batch, whatever the accumulation
     ddp = comm_volume(cfg, Layout(dp=4, micro_batch=1), G, T)
     assert ddp["dp.all_reduce"]["payload"] == c.params * 4 and set(ddp) == {"dp.all_reduce", "detail"}
-    # recomputing blocks runs their forward collectives again
+    # recomputing blocks runs their forward collectives again, but torch's checkpoint stops before the
+    # block's last reduce-scatter (its output is not needed for the backward); Megatron-LM reruns all
     rc = comm_volume(cfg, dataclasses.replace(lay, recompute="block"), G, T, precision="float32")
     assert rc["tp.all_gather"]["payload"] - last["tp.all_gather"]["payload"] == m * 2 * x * 4
-    assert rc["tp.reduce_scatter"]["payload"] - last["tp.reduce_scatter"]["payload"] == m * 2 * x * 4
+    assert rc["tp.reduce_scatter"]["payload"] - last["tp.reduce_scatter"]["payload"] == m * 1 * x * 4
+    meg, meg_rc = (comm_volume(cfg, dataclasses.replace(lay, engine="megatron", recompute=r), G, T,
+                               precision="float32") for r in ("none", "block"))
+    assert meg_rc["tp.reduce_scatter"]["payload"] - meg["tp.reduce_scatter"]["payload"] == m * 2 * x * 4
 
 
 def test_layouts_that_cannot_run_are_refused():

@@ -31,6 +31,11 @@ class Counts:
     mlp_in_params: int  # the MLP's input projection(s): what ``recompute mlp`` runs again
     layer_replicated: int  # per block, what tensor parallelism leaves whole: norms, row-parallel output biases
     final_norm: int  # the final norm's parameters (part of head_params)
+    layer_norms: int  # per block, the norms' (and QK-norms') parameters: sequence-parallel, gradients summed over TP
+    qkv_bias: int  # per block, a fused q/k/v bias (GPT-2's c_attn), whose gradient TP all-gathers
+    layer_tensors: int  # parameter tensors per block (the gradient norm reduces one value per tensor)
+    embed_tensors: int  # ... on the input side (token table, position table)
+    head_tensors: int  # ... on the output side (final norm, an untied head)
     tied: bool  # the output head is the input token table
     layer_flops: float  # forward FLOPs per token in one block at this sequence length
     head_flops: float  # forward FLOPs per token of the output projection (2 * C * padded vocab)

@@ -344,7 +344,8 @@ def counts(cfg: GPTConfig, seq_len: int) -> Counts:
     return Counts(
         params=embed + pos + cfg.n_layer * layer + norm, layer_params=layer, embed_params=embed + pos,
         head_params=norm, lookup=0, positions=pos, mlp_in_params=4 * C * C + 4 * C * b,
-        layer_replicated=2 * norm + 2 * C * b, final_norm=norm, tied=True,
+        layer_replicated=2 * norm + 2 * C * b, final_norm=norm, tied=True, layer_norms=2 * norm,
+        qkv_bias=3 * C * b, layer_tensors=6 * (1 + b), embed_tensors=2, head_tensors=1 + b,
         layer_flops=2.0 * 12 * C * C + attention_flops(C, seq_len), head_flops=2.0 * C * V,
         n_layer=cfg.n_layer, n_embd=C, n_head=cfg.n_head, kv_heads=cfg.n_head, vocab=V, seq_len=seq_len,
     )

@@ -424,7 +424,9 @@ def counts(cfg: LlamaConfig, seq_len: int) -> Counts:
     return Counts(
         params=embed + cfg.n_layer * layer + head, layer_params=layer, embed_params=embed, head_params=head,
         lookup=0 if cfg.tie_embeddings else embed, positions=0, mlp_in_params=mlp_in,
-        layer_replicated=layer - matmul, final_norm=C, tied=cfg.tie_embeddings,
+        layer_replicated=layer - matmul, final_norm=C, tied=cfg.tie_embeddings, layer_norms=layer - matmul,
+        qkv_bias=0, layer_tensors=2 + 4 + (3 if cfg.mlp == "swiglu" else 2) + (2 if cfg.qk_norm else 0),
+        embed_tensors=1, head_tensors=1 + (0 if cfg.tie_embeddings else 1),
         layer_flops=2.0 * matmul + attention_flops(cfg.n_head * hd, seq_len), head_flops=2.0 * C * V,
         n_layer=cfg.n_layer, n_embd=C, n_head=cfg.n_head, kv_heads=cfg.kv_heads, vocab=V, seq_len=seq_len,
     )

@@ -25,17 +25,22 @@ The communication model (every collective is a ring; the bytes a rank *sends*):
   fp32 under autocast) and reduce-scatters the row-parallel outputs (2 RS, bf16), S = b*T*C
   activations each; the backward does the reverse (2 RS + 2 AG of the gradients). Without sequence
   parallelism these are Megatron's 4 all-reduces per block (an all-reduce = RS + AG: the same
-  bytes). ``recompute block`` runs the forward again (+2 AG + 2 RS). The first stage
+  bytes). ``recompute block`` runs the forward again: +2 AG + 2 RS under Megatron-LM, +2 AG + 1 RS
+  under gptforge (torch's checkpoint stops once every saved tensor is back, before the MLP's output). The first stage
   reduce-scatters the vocabulary-parallel embedding and GPT-2's row-split position table (fwd RS,
   bwd AG), the last all-gathers the final norm's output for the vocabulary-parallel head (fwd AG,
-  bwd RS); gradients of parameters TP does not split (norms, output biases) are all-reduced once per
-  micro-batch (fp32).
+  bwd RS), and ``loss_parallel`` all-reduces three fp32 statistics per position (max, sum of
+  exponentials, target logit). The norms' weights are whole on every rank but see one sequence shard,
+  so their fp32 gradients are all-reduced: once per step, or by FSDP2 every micro-batch when it
+  reduces every micro-batch; GPT-2's fused q/k/v bias is whole too and all-gathers its gradient
+  (3C per block and micro-batch); torch's gradient norm all-reduces one fp32 per parameter tensor.
+  (Row-parallel output biases need nothing: their gradient comes from the gathered output gradient.)
 * **pipeline**: each micro-batch crosses every stage boundary forward (activations) and backward
   (their gradients): b*T*C/tp elements each way (sequence-parallel shards of the fp32 residual
   stream: Megatron's scatter/gather optimisation); with ``v`` virtual stages a rank sends up to v
-  times as often. The **bubble** of 1F1B is (p-1)/m of the ideal time, interleaved (p-1)/(m*v):
+  times as often (the first step also sends shapes). The **bubble** of 1F1B is (p-1)/m of the ideal time, interleaved (p-1)/(m*v):
   step = (m + (p-1)/v) micro-batch times. Tied embeddings on both end stages all-reduce their
-  gradient between them once per step.
+  gradient between them once per step (its FSDP shard, when FSDP2 shards the data dimension).
 * **data parallelism** (gptforge): without TP/PP, DDP all-reduces the fp32 gradients once per step
   (``no_sync`` before the last micro-batch); ZeRO-1 (``zero1``) does that and all-gathers the updated
   fp32 parameters; FSDP2 (``fsdp``, ZeRO-3) all-gathers the bf16 parameters in every micro-batch's
@@ -156,10 +161,17 @@ def check(model_cfg, layout: Layout, global_batch: int) -> str | None:
     return None
 
 
+def _tp_layer(c, L: Layout) -> float:
+    """One block's parameters on one TP rank: the matmul weights split, norms and row-parallel output
+    biases whole, and under gptforge's engine GPT-2's fused q/k/v bias whole too (Megatron splits it)."""
+    whole = c.layer_replicated + (c.qkv_bias if L.engine == "gptforge" else 0)
+    return (c.layer_params - whole) / L.tp + whole
+
+
 def _stage_params(c, L: Layout, stage: int) -> tuple[float, float]:
     """(parameters on one rank of ``stage``, the tied table's copy among them): TP splits the matmul
     weights, the vocabulary and the position table; norms and row-parallel output biases stay whole."""
-    layer = (c.layer_params - c.layer_replicated) / L.tp + c.layer_replicated
+    layer = _tp_layer(c, L)
     n = layer * c.n_layer / L.pp
     tied = 0.0
     if stage == 0:
@@ -170,6 +182,17 @@ def _stage_params(c, L: Layout, stage: int) -> tuple[float, float]:
             tied = c.vocab * c.n_embd / L.tp
             n += tied
     return n, tied
+
+
+def _stage_tensors(c, L: Layout, stage: int) -> int:
+    """Parameter tensors whose gradients the norm sees on one rank of ``stage`` (a tied table held by
+    both end stages is counted on the first)."""
+    n = c.layer_tensors * c.n_layer // L.pp
+    if stage == 0:
+        n += c.embed_tensors
+    if stage == L.pp - 1:
+        n += c.head_tensors
+    return n
 
 
 def comm_volume(model_cfg, layout: Layout, global_batch: int, seq_len: int, stage: int | None = None,
@@ -192,8 +215,9 @@ def comm_volume(model_cfg, layout: Layout, global_batch: int, seq_len: int, stag
 
     Behind a pipeline the FSDP gathers are an upper bound: torch's pipeline stages keep parameters
     unsharded after a backward until the last micro-batch, so some of the per-micro-batch gathers
-    counted here do not happen. Not counted: ``loss_parallel``'s per-token statistics (a few fp32 values per token), the scalar
-    all-reduces of the loss and the gradient norm, and how a fused q/k/v bias gathers its gradient."""
+    counted here do not happen. Not counted: scalar all-reduces (the loss, the gradient norm, a stop
+    flag: latency, not bandwidth). The ``tp`` and ``pp`` entries of a float32 run are what
+    ``dist.count_comm`` counts, byte for byte (tests/training/test_model_parallel.py)."""
     c = counts(model_cfg, seq_len)
     L = layout
     stage = L.pp - 1 if stage is None else stage
@@ -217,11 +241,14 @@ def comm_volume(model_cfg, layout: Layout, global_batch: int, seq_len: int, stag
     passes = 3 if L.recompute == "block" else 2  # forward, backward (+ recomputed forward)
     if L.tp > 1:
         fwd = passes - 1  # forward passes per micro-batch
+        # torch's checkpoint stops recomputing once every saved tensor is back: a block's last
+        # reduce-scatter (the MLP's output) is not run again (Megatron-LM reruns the whole forward)
+        rs_fwd = 2 * fwd - (1 if (L.recompute == "block" and ours) else 0)
         # per block: the two norm outputs gathered (forward), their gradients reduce-scattered (backward);
         # the two row-parallel outputs reduce-scattered (forward), their gradients gathered (backward)
         add("tp", "all_gather", "block inputs (norm outputs)", m * blocks * 2 * fwd * tokens * wide, L.tp)
         add("tp", "reduce_scatter", "block inputs' gradients", m * blocks * 2 * tokens * wide, L.tp)
-        add("tp", "reduce_scatter", "row-parallel outputs", m * blocks * 2 * fwd * tokens * narrow, L.tp)
+        add("tp", "reduce_scatter", "row-parallel outputs", m * blocks * rs_fwd * tokens * narrow, L.tp)
         add("tp", "all_gather", "row-parallel outputs' gradients", m * blocks * 2 * tokens * narrow, L.tp)
         if stage == 0:
             add("tp", "reduce_scatter", "vocabulary-parallel embedding", m * tokens * wide, L.tp)
@@ -232,14 +259,26 @@ def comm_volume(model_cfg, layout: Layout, global_batch: int, seq_len: int, stag
         if stage == L.pp - 1:
             add("tp", "all_gather", "final norm output -> head", m * tokens * wide, L.tp)
             add("tp", "reduce_scatter", "head input's gradient", m * tokens * wide, L.tp)
-        replicated = blocks * c.layer_replicated + (c.final_norm if stage == L.pp - 1 else 0)
-        add("tp", "all_reduce", "gradients of norms and output biases", m * replicated * 4, L.tp)
+            # loss_parallel: each position's max logit, sum of exponentials and target logit (fp32)
+            add("tp", "all_reduce", "vocabulary-parallel loss statistics", m * 3 * L.micro_batch * seq_len * 4, L.tp)
+        # a fused q/k/v bias is held whole; each rank adds its heads' rows, so its gradient is gathered
+        add("tp", "all_gather", "fused q/k/v bias gradient", m * blocks * c.qkv_bias * 4, L.tp)
+        # the norms' weights are whole on every rank but see only their sequence shard: their gradients
+        # (fp32) are partial sums, all-reduced once per step (gptforge.parallel.grads; Megatron-LM the
+        # same), or by FSDP2 before each of its reductions (every micro-batch without a pipeline)
+        norms = blocks * c.layer_norms + (c.final_norm if stage == L.pp - 1 else 0)
+        fsdp_syncs = m if (ours and L.dp > 1 and L.pp == 1) else 1
+        add("tp", "all_reduce", "gradients of the norms", fsdp_syncs * norms * 4, L.tp)
+        if ours:  # torch's gradient norm all-reduces the stacked per-tensor norms (one fp32 per tensor)
+            add("tp", "all_reduce", "per-tensor gradient norms", _stage_tensors(c, L, stage) * 4, L.tp)
     if L.pp > 1:
         v = L.interleave
         sends = (v - (stage == L.pp - 1)) + (v - (stage == 0))
         add("pp", "send", "activations forward, their gradients backward", m * sends * tokens / L.tp * wide, 2)
         if c.tied and stage in (0, L.pp - 1):
-            add("pp", "all_reduce", "tied embedding's gradient", c.vocab * c.n_embd / L.tp * 4, 2)
+            # FSDP2 has reduce-scattered it by then: the two stages sum their shard
+            shard = L.shard_group if L.shard == "fsdp" else 1
+            add("pp", "all_reduce", "tied embedding's gradient", c.vocab * c.n_embd / L.tp / shard * 4, 2)
     n_rank, _ = _stage_params(c, L, stage)
     grad_b = 2 if L.engine == "deepspeed" else 4
     param_b = 4 if precision == "float32" and ours else 2
@@ -252,9 +291,11 @@ def comm_volume(model_cfg, layout: Layout, global_batch: int, seq_len: int, stag
         syncs = 1 if (L.pp > 1 or not ours) else m
         if g > 1:
             gathers = 2 + (L.engine == "deepspeed" and L.recompute == "block")
-            kept = 0 if not ours else (c.layer_params - c.layer_replicated) / L.tp + c.layer_replicated
+            kept = 0 if not ours else _tp_layer(c, L)
             add("dp", "all_gather", "parameters (forward, backward)", m * (gathers * n_rank - kept) * param_b, g)
             add("dp", "reduce_scatter", "gradients", syncs * n_rank * grad_b, g)
+            if ours:  # the gradient norm's per-tensor norms, partial over the shards
+                add("dp", "all_reduce", "per-tensor gradient norms", _stage_tensors(c, L, stage) * 4, g)
         if L.dp > g:
             add("dp", "all_reduce", "gradient shards across replicas", syncs * n_rank / g * grad_b, L.dp // g)
     else:
@@ -381,3 +422,15 @@ def memory(model_cfg, layout: Layout, cluster: Cluster, global_batch: int, seq_l
 def days(cost: Cost, tokens: float, global_batch: int, seq_len: int) -> float:
     """Days to train on ``tokens`` tokens at this step time."""
     return math.ceil(tokens / (global_batch * seq_len)) * cost.step_s / 86400
+
+
+def run_layout(cfg, world: int) -> tuple[Layout, int]:
+    """(the planner's :class:`Layout`, the global batch in sequences) of a training config run on
+    ``world`` ranks: what ``dist.*``, ``train.micro_batch`` and ``model.recompute`` select."""
+    d = cfg.dist
+    dp = world // (d.tp * d.pp)
+    mesh = world > 1 and (d.tp > 1 or d.pp > 1 or d.dp_replicate > 1)
+    layout = Layout(dp=dp, tp=d.tp, pp=d.pp, micro_batch=cfg.train.micro_batch, recompute=cfg.model.recompute,
+                    shard=d.shard, interleave=d.pp_virtual if d.pp_schedule == "interleaved1f1b" else 1,
+                    dp_shard=dp // d.dp_replicate if (mesh and d.shard == "fsdp") else 0)
+    return layout, cfg.train.total_batch_tokens // cfg.train.seq_len
