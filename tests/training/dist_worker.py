@@ -4,9 +4,7 @@
 
 jobs.json: [{"config": Config.to_dict(), "resume": null|"latest", "stop_at_step": null|int,
 "copy_to": [dirs], "out": "result.json"}, ...], or {"cli": ["rl", ...]} for a command run in-process
-on the same process group (its run directory holds what the test reads), or {"traffic": [model configs],
-"batch", "seq", "out"} (the tensor-parallel traffic of one micro-batch, counted over the whole world as
-one TP group). Rank 0 writes each job's per-step train and val
+on the same process group (its run directory holds what the test reads),. Rank 0 writes each job's per-step train and val
 losses to its "out" file, and copies the run directory to each "copy_to" folder afterwards (so a
 checkpoint can be resumed again elsewhere). One launch runs several jobs so the suite pays for
 process start-up once.
@@ -45,9 +43,6 @@ def main(path: str) -> None:
             assert cli(job["cli"]) == 0, job["cli"]
             dist.barrier()
             continue
-        if "traffic" in job:  # tensor-parallel traffic of one micro-batch, counted (parallel/comm.py)
-            _traffic(job)
-            continue
         cfg = Config.from_dict(job["config"])
         res = train(cfg, resume=job.get("resume"), stop_at_step=job.get("stop_at_step"))
         if int(os.environ["RANK"]) == 0:
@@ -58,20 +53,6 @@ def main(path: str) -> None:
         assert dist.is_initialized()  # train() left the harness's group alone
         dist.barrier()  # rank 0's copies are done before the next job reads them
     dist.destroy_process_group()
-
-
-def _traffic(job: dict) -> None:
-    from torch.distributed.device_mesh import init_device_mesh
-
-    from gptforge.models.registry import model_config
-    from gptforge.parallel.comm import measure_tp_traffic
-
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=("tp",))
-    out = [measure_tp_traffic(model_config(m), job["batch"], job["seq"], mesh) for m in job["traffic"]]
-    if int(os.environ["RANK"]) == 0:
-        with open(job["out"], "w") as f:
-            json.dump(out, f)
-    dist.barrier()
 
 
 if __name__ == "__main__":
