@@ -206,13 +206,16 @@ class DistConfig:
     dp_replicate: int = 1  # HSDP: replicas of the data dimension (with dist.shard fsdp)
     pp_schedule: Literal["gpipe", "1f1b", "interleaved1f1b"] = "1f1b"  # micro-batches = grad-accum steps
     pp_virtual: int = 2  # stages per rank for interleaved1f1b (the others use 1)
-    # count every step's collectives (bytes per mesh dimension and kind, rank 0's, into metrics.jsonl
-    # as "comm"; gptforge.parallel.comm): a check of the planner's communication model, slow
-    count_comm: bool = False
+    # count the collectives of every N-th step (bytes per mesh dimension and kind, rank 0's, into
+    # metrics.jsonl as "comm"; gptforge.parallel.comm), 0 = never: a check of the planner's
+    # communication model, slow on the steps it counts
+    count_comm: int = 0
 
     def __post_init__(self) -> None:
         _check(self.shard in ("none", "zero1", "fsdp"), "dist.shard", self.shard, "none, zero1 or fsdp")
         _check(self.timeout > 0, "dist.timeout", self.timeout, "a positive number of seconds")
+        _check(isinstance(self.count_comm, int) and not isinstance(self.count_comm, bool) and self.count_comm >= 0,
+               "dist.count_comm", self.count_comm, "an integer >= 0 (count every N-th step; 0 = never)")
         for key in ("tp", "pp", "dp_replicate"):
             _check(isinstance(getattr(self, key), int) and getattr(self, key) >= 1, f"dist.{key}",
                    getattr(self, key), "an integer >= 1")

@@ -42,8 +42,8 @@ VOCAB = 500  # padded to 512: the vocabulary-sharded head must mask the padded r
 
 
 def _cfg(data: Path, out: Path, arch: str = "gpt2", n_layer: int = 2, optim: str = "adamw", **dist) -> Config:
-    # 4 micro-batches of 2 x 16 tokens per step on one process (2 per rank under a data dimension of 2)
-    cfg = tiny_config(data, out, max_steps=STEPS, micro_batch=2, total_batch_tokens=128, val_every=0,
+    # 2 micro-batches of 2 x 16 tokens per step on one process (1 per rank under a data dimension of 2)
+    cfg = tiny_config(data, out, max_steps=STEPS, micro_batch=2, total_batch_tokens=64, val_every=0,
                       val_tokens=64, ckpt_every=0, keep_ckpts=0)
     cfg.model.dropout = 0.0
     cfg.model.vocab_size = VOCAB
@@ -51,8 +51,9 @@ def _cfg(data: Path, out: Path, arch: str = "gpt2", n_layer: int = 2, optim: str
     if arch == "llama":  # GQA (4 query heads over 2 key/value heads) and QK-norm, untied head
         cfg.model = LlamaConfig(n_layer=n_layer, n_head=4, n_kv_head=2, n_embd=32, block_size=32, vocab_size=VOCAB,
                                 qk_norm=True)
-    if optim == "muon":
+    if optim == "muon":  # 3 steps: an extra beyond the issue's layouts (see test_layout_matches_one_process)
         cfg.optim = OptimConfig(name="muon", lr=3e-3, muon_lr=0.02, warmup_steps=2, min_lr_frac=0.1)
+        cfg.train.max_steps = MUON_STEPS
     cfg.dist = DistConfig(**dist)
     cfg.train.trust_checkpoint = True  # DCP checkpoints these tests wrote themselves
     return cfg
@@ -80,29 +81,36 @@ def _run(run_dir: Path) -> dict:
 
 
 # name -> (arch, n_layer, dist[, optim]); the 4-rank launch, then the 2-rank one. Every job but Muon's
-# also counts its collectives (dist.count_comm) for test_counted_traffic_equals_the_planner
+# also counts its last step's collectives (dist.count_comm) for test_counted_traffic_equals_the_planner.
+# The 1-process references train the same global batch (4 sequences) in 2 micro-batches
 FOUR = {
     "g_tp2pp2": ("gpt2", 2, dict(tp=2, pp=2)),  # 1F1B; its step-5 checkpoint starts the cross-mesh chain
     "l_tp2pp2": ("llama", 2, dict(tp=2, pp=2, pp_schedule="gpipe")),  # with block recomputation
-    "g4_fsdp_tp2": ("gpt2", 4, dict(tp=2, shard="fsdp")),  # with MLP recomputation
+    "g1_fsdp_tp2": ("gpt2", 1, dict(tp=2, shard="fsdp")),  # one layer, with MLP recomputation
     "l_fsdp_tp2": ("llama", 2, dict(tp=2, shard="fsdp")),
-    "g_hsdp": ("gpt2", 2, dict(dp_replicate=2, shard="fsdp")),
-    "g_pp2_fsdp2": ("gpt2", 2, dict(pp=2, shard="fsdp")),  # stages x FSDP, the tied head on both ends
+    "g_hsdp": ("gpt2", 2, dict(dp_replicate=2, shard="fsdp")),  # B 1
+    "l_hsdp": ("llama", 2, dict(dp_replicate=2, shard="fsdp")),  # B 1
+    "g_pp2_fsdp2": ("gpt2", 2, dict(pp=2, shard="fsdp")),  # stages x FSDP, the tied head on both ends, B 1
 }
-TWO = {  # (GPT-2 under TP2 alone: the last steps of the cross-mesh chain)
+TWO = {
+    "g_tp2": ("gpt2", 2, dict(tp=2)),
+    "l_tp2": ("llama", 2, dict(tp=2)),
     "l_tp2_muon": ("llama", 2, dict(tp=2), "muon"),  # Muon gathers each TP-sharded matrix
     "g_pp2": ("gpt2", 2, dict(pp=2, pp_schedule="gpipe")),
     "l_pp2": ("llama", 2, dict(pp=2, pp_schedule="1f1b")),  # stopped at step 5, resumed (same mesh)
     "g4_ipp2": ("gpt2", 4, dict(pp=2, pp_schedule="interleaved1f1b")),  # 2 stages per rank
 }
+MUON_STEPS = 3
 CHAIN = 5  # TP2 x PP2 for steps 1-5, one process for 6-7, TP2 for 8-10
 
 
 def _layout_cfg(data: Path, tmp: Path, name: str) -> Config:
     arch, n_layer, d, *opt = {**FOUR, **TWO}[name]
     cfg = _cfg(data, tmp / name, arch, n_layer, *opt, **d)
-    cfg.model.recompute = {"l_tp2pp2": "block", "g4_fsdp_tp2": "mlp"}.get(name, "none")  # same math
-    cfg.dist.count_comm = not opt
+    cfg.model.recompute = {"l_tp2pp2": "block", "g1_fsdp_tp2": "mlp"}.get(name, "none")  # same math
+    cfg.dist.count_comm = 0 if opt else STEPS  # the last step (the first also sends pipeline shapes)
+    if name in ("g_pp2_fsdp2", "g_hsdp", "l_hsdp"):  # 2 micro-batches per pipeline (one per stage) on 2 data ranks;
+        cfg.train.micro_batch = 1  # HSDP: one sequence on each of 4 data ranks
     return cfg
 
 
@@ -121,7 +129,8 @@ def mp(tmp_path_factory):
     # the 1-process references, and the middle of the cross-mesh chain: the TP2 x PP2 checkpoint of
     # step 5 (DCP, four ranks' shards) resumed on one process for steps 6-7 (a single-file checkpoint)
     refs = {key: _run(train(_cfg(data, tmp / f"ref_{'_'.join(map(str, key))}", *key)).run_dir)
-            for key in (("gpt2", 2, "adamw"), ("llama", 2, "adamw"), ("gpt2", 4, "adamw"), ("llama", 2, "muon"))}
+            for key in (("gpt2", 1, "adamw"), ("gpt2", 2, "adamw"), ("llama", 2, "adamw"), ("gpt2", 4, "adamw"),
+                        ("llama", 2, "muon"))}
     chain = tmp / "chain"
     shutil.copytree(tmp / "g_tp2pp2", chain)
     shutil.rmtree(chain / "checkpoints" / f"step_{STEPS:06d}")
@@ -143,11 +152,10 @@ def mp(tmp_path_factory):
     return {"runs": runs, "refs": refs, "chain": _run(chain), "chain_one": one, "data": data, "tmp": tmp}
 
 
-def _same(run: dict, ref: dict, steps=range(1, STEPS + 1), rtol: float = 1e-5, norm_rtol: float | None = None,
-          muon: bool = False) -> None:
+def _same(run: dict, ref: dict, steps=range(1, STEPS + 1), rtol: float = 1e-5, muon: bool = False) -> None:
     for s in steps:
         assert run["loss"][s] == pytest.approx(ref["loss"][s], rel=rtol), ("loss", s)
-        assert run["norm"][s] == pytest.approx(ref["norm"][s], rel=norm_rtol or rtol), ("grad norm", s)
+        assert run["norm"][s] == pytest.approx(ref["norm"][s], rel=rtol), ("grad norm", s)
     assert set(run["weights"]) == set(ref["weights"])
     for k, w in ref["weights"].items():
         diff = (run["weights"][k] - w).abs()
@@ -161,10 +169,12 @@ def test_layout_matches_one_process(mp, name):
     optim = opt[0] if opt else "adamw"
     if optim == "muon":
         # Muon orthogonalises in bfloat16: a last-bit difference in a summed gradient can round an element
-        # of the update the other way (as under FSDP, test_muon_distributed). Over 10 steps the losses
-        # stay within ~1e-5 relative (held to 1e-4), the gradient norm drifts to ~8e-4 relative from step
-        # 6 on (held to 2e-3), and weights agree on average to under a tenth of one Muon step (0.02 x ~0.2)
-        _same(mp["runs"][name], mp["refs"][(arch, n_layer, optim)], rtol=1e-4, norm_rtol=2e-3, muon=True)
+        # of the update the other way (as under FSDP, test_muon_distributed), so losses and norms agree to
+        # ~1e-5 relative (held to 1e-4), and weights on average to under a tenth of one Muon step (0.02 x
+        # ~0.2). Over more steps these roundings compound: by steps 6-10 the gradient norm differs by up
+        # to ~8e-4 relative while the loss stays within 1e-5 (measured), so Muon runs 3 steps
+        _same(mp["runs"][name], mp["refs"][(arch, n_layer, optim)], steps=range(1, MUON_STEPS + 1), rtol=1e-4,
+              muon=True)
     else:
         _same(mp["runs"][name], mp["refs"][(arch, n_layer, optim)])
 
@@ -231,8 +241,8 @@ def test_layout_checks_name_heads_micro_batches_and_nodes(tmp_path):
     cfg.train.total_batch_tokens = 32  # one micro-batch, two stages
     with pytest.raises(ConfigError, match="fewer than the 2 pipeline stages"):
         check_layout(cfg, 2, local_world=2)
-    assert check_layout(_cfg(tmp_path, tmp_path / "out", tp=2, pp=2), 4, local_world=4) == 4
-    assert check_layout(_cfg(tmp_path, tmp_path / "out", tp=2, pp=2), 1) == 4  # one process: no effect
+    assert check_layout(_cfg(tmp_path, tmp_path / "out", tp=2, pp=2), 4, local_world=4) == 2
+    assert check_layout(_cfg(tmp_path, tmp_path / "out", tp=2, pp=2), 1) == 2  # one process: no effect
 
 
 # --- the GPU lane: the same layouts on NCCL, one GPU per rank ----------------------------------------

@@ -2,9 +2,9 @@
 dimension and kind, in bytes, to hold against the planner's prediction
 (:func:`gptforge.plan.cost.comm_volume`, whose docstring states the communication model).
 
-    torchrun --nproc_per_node 2 -m gptforge train --preset tiny --dist.tp 2 --dist.count_comm true
+    torchrun --nproc_per_node 2 -m gptforge train --preset tiny --dist.tp 2 --dist.count_comm 10
 
-Under ``dist.count_comm`` each step runs inside :class:`CommCounter` and rank 0 writes its bytes into
+Under ``dist.count_comm N`` every N-th step runs inside :class:`CommCounter` and rank 0 writes its bytes into
 ``metrics.jsonl`` as ``comm.<dim>.<kind>`` (dim: ``tp``, ``pp``, ``dp`` or ``world``; kind:
 ``all_gather``, ``reduce_scatter``, ``all_reduce``, ``send``). The counter is a dispatch mode in the
 manner of DTensor's ``CommDebugMode``: it sees the functional collectives DTensor issues, the c10d

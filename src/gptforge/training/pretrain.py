@@ -45,7 +45,8 @@ class Pretrain(Recipe):
     def step(self, run: RunCtx, step: int) -> dict[str, float]:
         cfg, info = run.cfg, run.info
         accum = cfg.train.accum_at(step, info.dp_world)
-        with count_comm(cfg.dist.count_comm, info, run.wrapped) as comm:
+        every = cfg.dist.count_comm
+        with count_comm(bool(every) and (step + 1) % every == 0, info, run.wrapped) as comm:
             loss, norm = train_step(run.wrapped, run.model, run.optimizer, run.state.loader, accum, run.autocast,
                                     info, cfg.optim.grad_clip)
         return {"loss": loss.item(), "grad_norm": float(norm),
