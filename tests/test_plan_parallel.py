@@ -38,6 +38,13 @@ def test_family_counts_match_the_built_model(cfg):
     whole = [n for n in named if "norm" in n or n.startswith("ln_") or n.endswith("c_proj.bias")]
     assert c.layer_replicated == sum(named[n].numel() for n in whole)  # what TP leaves whole
     assert c.mlp_in_params == sum(p.numel() for n, p in named.items() if any(k in n for k in ("c_fc", "gate_", "up_")))
+    # what the communication model needs: norms (sequence-parallel), a fused q/k/v bias, tensor counts
+    assert c.layer_norms == sum(p.numel() for n, p in named.items() if "norm" in n or n.startswith("ln_"))
+    assert c.qkv_bias == sum(p.numel() for n, p in named.items() if n == "attn.c_attn.bias")
+    assert c.layer_tensors == len(named)
+    first = {n for n, _ in model.named_parameters() if n.split(".")[1] in ("wte", "wpe", "embed_tokens")}
+    last = {n for n, _ in model.named_parameters() if n.split(".")[1] in ("ln_f", "norm") or n.startswith("lm_head")}
+    assert (c.embed_tensors, c.head_tensors) == (len(first), len(last))
     embeds = [m.weight for m in model.modules() if isinstance(m, torch.nn.Embedding)]
     assert c.tied == any(w is model.lm_head.weight for w in embeds)
     # llm.c's and PaLM's counts, written out independently of models/counting.py
