@@ -77,6 +77,9 @@ def set_precision(cfg, device: torch.device):
     if precision == "float32" and device.type == "cuda" and train_cfg.tf32:
         precision = "tf32"
     compile_model = device.type == "cuda" if train_cfg.compile is None else train_cfg.compile
+    dist_cfg = getattr(cfg, "dist", None)
+    if train_cfg.compile is None and dist_cfg is not None and dist_cfg.tp > 1 and launched_world() > 1:
+        compile_model = False  # auto: off under tensor parallelism (asking for it is refused, parallel/mesh.py)
     return autocast_for(device, train_cfg.dtype), precision, compile_model
 
 
