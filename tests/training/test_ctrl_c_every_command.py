@@ -2,7 +2,8 @@
 ``--resume`` (and each ``--algo`` it can run) gets a real SIGINT after step 2 of 3, must exit 130 with
 an intact step-2 checkpoint, and ``--resume`` must then finish bit-exactly as the uninterrupted run
 (every metrics record but timings, and every weight). A new resumable command without a case here
-fails :func:`test_every_resumable_command_has_a_case`.
+fails :func:`test_every_resumable_command_has_a_case`
+(the runs are in tests/training/commands.py).
 
 The signal is ``GPTFORGE_FAULT_INJECT=0:2:int``: ``os.kill(own pid, SIGINT)`` right after step 2's
 optimizer step, through the real handler (:mod:`gptforge.run.signals`) and the real exit status, in
@@ -19,68 +20,23 @@ import signal
 import pytest
 import torch
 
-from gptforge.cli import COMMANDS, build_parser, main
-from gptforge.config import Config
-from gptforge.data.chat import ChatTemplate
-from gptforge.eval.tasks.preferences import preference_set, write_preferences
-from gptforge.eval.tasks.synthetic import arithmetic_problems, write_conversations
-from gptforge.models.gpt2 import GPT, GPTConfig
+from gptforge.cli import main
 from gptforge.run import checkpoint as ckpt
-from tests.conftest import make_shards
+from tests.training.commands import RUNS, case_id, make_world, training_commands
 
-CPU = ["--device", "cpu", "--ckpt-every", "0"]
-RL = ["--prompts", "2", "--group", "2", "--max-new-tokens", "4", "--eval-n", "2", "--steps", "3", *CPU]
-PAIRS = ["--val-count", "4", "--micro-batch", "2", "--lr", "1e-3", "--steps", "3", *CPU]
-
-# (command, --algo or None) -> the arguments of a fresh 3-step run, given the fixture's files
-CASES = {
-    ("train", None): lambda w: ["train", "--preset", "tiny", "--data.dir", w["shards"], "--model.vocab_size", "512",
-                                "--train.max_steps", "3", "--train.val_every", "0", "--train.ckpt_every", "0",
-                                "--train.device", "cpu"],
-    ("sft", None): lambda w: ["sft", "--init-from", w["chat"], "--data", w["conv"], "--val-count", "4",
-                              "--train.seq_len", "64", "--train.micro_batch", "2", "--train.total_batch_tokens", "128",
-                              "--train.max_steps", "3", "--train.ckpt_every", "0", "--train.device", "cpu"],
-    ("rl", "grpo"): lambda w: ["rl", "--init-from", w["chat"], "--algo", "grpo", *RL],
-    ("rl", "ppo"): lambda w: ["rl", "--init-from", w["chat"], "--algo", "ppo", "--updates-per-batch", "2", *RL],
-    ("rm", None): lambda w: ["rm", "--init-from", w["chat"], "--data", w["prefs"], *PAIRS],
-    ("dpo", None): lambda w: ["dpo", "--init-from", w["chat"], "--data", w["prefs"], *PAIRS],
-}
-TIMINGS = {"dt_ms", "cpu_ms", "tokens_per_s", "mfu", "sample_ms", "seconds", "eval_ms"}
-
-
-def resumable_commands() -> list[tuple[str, str | None]]:
-    """Every (command, algo) of the CLI's table whose parser has --resume; algo for each --algo choice."""
-    sub = next(a for a in build_parser()._subparsers._group_actions if a.dest == "command").choices
-    out = []
-    for name in COMMANDS:
-        flags = sub[name]._option_string_actions
-        if "--resume" not in flags:
-            continue
-        algos = flags["--algo"].choices if "--algo" in flags else [None]
-        out += [(name, algo) for algo in algos]
-    return out
-
-
-RESUMABLE = resumable_commands()
+TIMINGS = {"dt_ms", "cpu_ms", "tokens_per_s", "mfu", "sample_ms", "seconds", "eval_ms", "time"}
+RESUMABLE = training_commands()
 
 
 def test_every_resumable_command_has_a_case():
     assert {c for c, _ in RESUMABLE} >= {"train", "sft", "rl", "rm", "dpo"}  # the enumeration itself works
-    missing = [c for c in RESUMABLE if c not in CASES]
-    assert not missing, f"add a Ctrl-C case for {missing} to CASES"
+    missing = [c for c in RESUMABLE if c not in RUNS]
+    assert not missing, f"add a run for {missing} to tests/training/commands.py RUNS"
 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory, tokenizer):
-    tmp = tmp_path_factory.mktemp("ctrlc")
-    torch.manual_seed(0)
-    t = ChatTemplate.gpt2()
-    cfg = GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=64, vocab_size=t.vocab_size)
-    chat = ckpt.save_checkpoint(tmp / "chat", 1, GPT(cfg), None,
-                                {"config": Config(model=cfg).to_dict(), "chat_template": t.to_dict()})
-    return {"tmp": tmp, "chat": str(chat), "shards": str(make_shards(tmp / "shards", 20_000, 4_000)),
-            "conv": str(write_conversations(arithmetic_problems(40, seed=2), tmp / "conv.jsonl")),
-            "prefs": str(write_preferences(preference_set("compare", 24, seed=1), tmp / "prefs.jsonl"))}
+    return make_world(tmp_path_factory.mktemp("ctrlc"))
 
 
 def _records(run) -> list[dict]:
@@ -89,15 +45,15 @@ def _records(run) -> list[dict]:
     for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()):
         if r.get("replayed") or r["kind"] in ("start", "end"):
             continue
-        out.append({k: v for k, v in r.items() if k not in TIMINGS and k != "time"})
+        out.append({k: v for k, v in r.items() if k not in TIMINGS})
     return out
 
 
-@pytest.mark.parametrize("command,algo", RESUMABLE, ids=[c if a is None else f"{c}-{a}" for c, a in RESUMABLE])
+@pytest.mark.parametrize("command,algo", RESUMABLE, ids=[case_id(c) for c in RESUMABLE])
 def test_ctrl_c_saves_exits_130_and_resumes_bit_exactly(world, tmp_path, monkeypatch, capsys, command, algo):
-    if (command, algo) not in CASES:
-        pytest.fail(f"no Ctrl-C case for {command} {algo or ''}: add one to CASES")
-    argv = CASES[command, algo](world)
+    if (command, algo) not in RUNS:
+        pytest.fail(f"no run for {case_id((command, algo))}: add one to tests/training/commands.py RUNS")
+    argv = RUNS[command, algo](world)
     full, part = tmp_path / "full", tmp_path / "part"
     before = signal.getsignal(signal.SIGINT)
     try:
