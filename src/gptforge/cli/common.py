@@ -38,6 +38,17 @@ def add_model_source(p: argparse.ArgumentParser) -> None:
                                                    "benchmarks and smoke tests")
 
 
+def name_flag(msg: str, args: argparse.Namespace) -> str:
+    """A refusal of a config key that one of the command's short flags set (``--steps -1`` sets
+    ``train.max_steps``) starts with that flag as typed, unless it names it already: the user sees
+    what they wrote, and the key in the message says where it goes."""
+    import re
+
+    typed = [t for key, t in getattr(args, "flag_keys", {}).items()
+             if re.search(rf"(?<![\w.]){re.escape(key)}(?![\w])", msg) and t.split()[0] not in msg]
+    return f"{' '.join(typed)}: {msg}" if typed else msg
+
+
 def model_source(args: argparse.Namespace) -> ModelSource:
     from gptforge.load import ModelSource
 
@@ -47,14 +58,21 @@ def model_source(args: argparse.Namespace) -> ModelSource:
     return src
 
 
-def load(source: ModelSource):
-    """``load.load_model`` with its bad-input errors as CliError."""
+def load(source: ModelSource, flag: str | None = None):
+    """``load.load_model`` with its bad-input errors as CliError; with ``flag`` (the command-line flag
+    that named the model, e.g. ``--init-from``) every refusal of it, a missing or damaged checkpoint
+    too, starts with that flag, so a command taking several models says which one is wrong."""
+    from gptforge.errors import CheckpointError
     from gptforge.load import load_model
 
     try:
         return load_model(source)
     except ValueError as e:
-        raise CliError(str(e)) from e
+        raise CliError(f"{flag}: {e}" if flag else str(e)) from e
+    except (CheckpointError, FileNotFoundError) as e:
+        if flag is None:
+            raise
+        raise CliError(f"{flag}: {e}") from e
 
 
 def count(raw: str) -> int:
@@ -156,7 +174,7 @@ def init_from(source: str, cfg) -> Callable:
     its weights in."""
     from gptforge.load import ModelSource
 
-    src = load(ModelSource.from_path(source))
+    src = load(ModelSource.from_path(source), "--init-from")
     knobs = {k: getattr(cfg.model, k) for k in ("dropout", "recompute", "flash")  # training knobs stay the preset's
              if hasattr(cfg.model, k) and hasattr(src.config, k)}
     cfg.model = dataclasses.replace(src.config, **knobs)

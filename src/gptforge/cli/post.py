@@ -62,12 +62,16 @@ def cmd_sft(args: argparse.Namespace, overrides: list[str]) -> int:
 
 
 def _flag_overrides(args: argparse.Namespace, keys: dict[str, str]) -> list[str]:
-    """A command's own flags as --section.key overrides (only those given: None/False means not given)."""
+    """A command's own flags as --section.key overrides (only those given: None/False means not given).
+    Which flag set which key is kept on ``args`` (``flag_keys``), so a refusal of the key also names
+    the flag that was typed (:func:`gptforge.cli.common.name_flag`)."""
     out: list[str] = []
+    args.flag_keys = {}
     for flag, key in keys.items():
         v = getattr(args, flag, None)
         if v is not None and v is not False:
             out += [f"--{key}", str(v)]
+            args.flag_keys[key] = f"--{flag.replace('_', '-')} {v}"
     return out
 
 
@@ -87,7 +91,7 @@ def add_trust_flag(p: argparse.ArgumentParser) -> None:
 def _base_shape(source: str):
     """The base model's config (the SFT config keeps its family and shape)."""
 
-    return load(ModelSource.from_path(source)).config
+    return load(ModelSource.from_path(source), "--init-from").config
 
 
 def args_sft(s: argparse.ArgumentParser) -> None:
