@@ -274,9 +274,12 @@ class RLConfig:
     lam: float = 0.95  # PPO: GAE lambda
     vf_coef: float = 0.1  # PPO: value loss weight
     clip_value: float = 0.2  # PPO: value clip
+    value_init: str = "auto"  # PPO: the value model's start: reward_model (TRL's), policy, or auto (the reward model when rl.reward_model is set)
 
     def __post_init__(self) -> None:
         _check(self.algo in ("grpo", "ppo"), "rl.algo", self.algo, "grpo or ppo")
+        _check(self.value_init in ("auto", "policy", "reward_model"), "rl.value_init", self.value_init,
+               "auto, policy or reward_model")
         _check(0 <= self.gamma <= 1 and 0 <= self.lam <= 1, "rl.gamma/rl.lam", (self.gamma, self.lam),
                "numbers in [0, 1]")
         _check(self.vf_coef >= 0 and self.clip_value > 0, "rl.vf_coef/rl.clip_value", (self.vf_coef, self.clip_value),
