@@ -57,6 +57,7 @@ class DPOConfig(_PairData):
 
     beta: float = 0.1  # strength of the implicit KL to the reference (larger: stay closer to it)
     loss_type: str = "sigmoid"  # sigmoid (DPO) | ipo
+    sft_coef: float = 0.0  # weight of an SFT (NLL) loss on the chosen replies added to the DPO loss (RPO; TRL's loss_type [sigmoid, sft])
     precompute_ref: bool = True  # reference log-probs computed once, cached in RUN/ref_logps.pt
     init_from: str = ""  # the starting model, which is also the reference
     task: str = ""  # a generated task (compare, arithmetic) whose held-out greedy accuracy is the eval; "" = none
@@ -68,4 +69,5 @@ class DPOConfig(_PairData):
         _check(self.beta > 0, "dpo.beta", self.beta, "a number > 0")
         _check(self.loss_type in DPO_LOSS_TYPES, "dpo.loss_type", self.loss_type, " or ".join(DPO_LOSS_TYPES))
         _check(self.eval_n >= 0, "dpo.eval_n", self.eval_n, "an integer >= 0")
+        _check(0 <= self.sft_coef <= 100, "dpo.sft_coef", self.sft_coef, "a number in [0, 100] (0 = off)")
         _check(self.max_new_tokens >= 1, "dpo.max_new_tokens", self.max_new_tokens, "an integer >= 1")

@@ -116,3 +116,24 @@ def test_refusals_name_the_flag(chat_world, tmp_path, capsys, extra, says):
     err = capsys.readouterr().err
     assert says in err and "Traceback" not in err
     assert not (tmp_path / "x.jsonl").exists()
+
+
+def test_solution_as_chosen_pairs_it_with_wrong_samples(monkeypatch, tokenizer):
+    """``chosen="solution"`` (SPIN): chosen is the worked solution; rejected are distinct wrong samples,
+    never a correct one and never the solution itself."""
+    problems = compare_eval_problems(3)
+
+    def fake(model, enc, template, probs, group, params):
+        texts = []
+        for p in probs:
+            texts += [p.solution, f"The answer is {p.answer}.", "The answer is 1.", "The answer is 1."]
+        rows = [p for p in probs for _ in range(group)]
+        return grpo.Rollouts(rows, [[1]] * len(rows), [[2]] * len(rows), texts)
+
+    monkeypatch.setattr(grpo, "sample_replies", fake)
+    rows, _ = policy_pairs(None, tokenizer, None, problems, PairSettings(samples=4, pairs_per_problem=3, chosen="solution"))
+    assert len(rows) == 3  # one distinct wrong reply per problem
+    for r, p in zip(rows, problems, strict=True):
+        assert r["chosen"][0]["content"] == p.solution and r["rejected"][0]["content"] == "The answer is 1."
+    with pytest.raises(ValueError, match="--chosen"):
+        PairSettings(chosen="gold").check()

@@ -59,6 +59,9 @@ def args_prepare(p: argparse.ArgumentParser) -> None:
     op.add_argument("--judge", default="task", metavar="task|RM_RUN",
                     help="who prefers: task = the verifier (chosen correct, rejected wrong; default), or a "
                          "`gptforge rm` run (chosen = its best-scored reply, rejected = its worst)")
+    op.add_argument("--chosen", default="sample", choices=["sample", "solution"],
+                    help="sample: the reply the judge prefers (default); solution: the task's worked solution, "
+                         "against a wrong (or the RM's worst) sampled reply (SPIN)")
     op.add_argument("--samples", type=count, default=8, help="replies per problem (default %(default)s)")
     op.add_argument("--temperature", type=finite, default=0.7, help="sampling temperature (default %(default)s)")
     op.add_argument("--top-k", type=count, default=50, help="top-k sampling, 0 = off (default %(default)s)")
@@ -80,7 +83,8 @@ def _policy_preferences(args: argparse.Namespace) -> int:
     from gptforge.training.policy_pairs import PairSettings, policy_pairs, problems_for
 
     settings = PairSettings(samples=args.samples, temperature=args.temperature, top_k=args.top_k,
-                            max_new_tokens=args.max_new_tokens, pairs_per_problem=args.pairs_per_problem, seed=args.seed)
+                            max_new_tokens=args.max_new_tokens, pairs_per_problem=args.pairs_per_problem, seed=args.seed,
+                            chosen=args.chosen)
     try:
         settings.check()
         problems = problems_for(args.task, args.n, args.seed, args.held_out)

@@ -12,6 +12,11 @@ For each problem the policy samples ``samples`` replies (the RL sampler: chat te
 - a reward model (a ``gptforge rm`` run): chosen = its highest-scored reply, rejected = its lowest
   (best-of-n against worst-of-n, as in RSO and Llama 2's rejection sampling); ties give no pair.
 
+``chosen="solution"`` keeps the rejected side on-policy but takes the task's worked solution as the
+chosen reply (SPIN, Chen et al. 2024: the data's answer against the model's own): a sampled reply can
+be right by luck ("86 is larger than 30. The answer is 89."), and DPO would then raise its wrong copy
+of the numbers along with the right answer.
+
 The generator's pairs (:mod:`gptforge.eval.tasks.preferences`) are off-policy: their rejected replies
 are wrong in three scripted ways, which are not how the policy is wrong. These pairs are the policy's
 own mistakes, so DPO moves probability where the policy actually puts it. Every row records the truth
@@ -38,6 +43,7 @@ class PairSettings:
     top_k: int = 50  # 0 = off
     max_new_tokens: int = 24
     pairs_per_problem: int = 1  # distinct (chosen, rejected) pairs taken from one problem's replies, at most
+    chosen: str = "sample"  # sample: a reply the judge prefers; solution: the task's worked solution (SPIN)
     batch: int = 16  # problems sampled together (x samples replies in one batch)
     seed: int = 0
 
@@ -49,6 +55,8 @@ class PairSettings:
             raise ValueError(f"--temperature {self.temperature}: must be in (0, 10] (pairs need distinct samples)")
         if self.top_k < 0:
             raise ValueError(f"--top-k {self.top_k}: must be >= 0 (0 = off)")
+        if self.chosen not in ("sample", "solution"):
+            raise ValueError(f"--chosen {self.chosen!r}: sample or solution")
 
 
 def pairs_from_scores(texts: Sequence[str], scores: Sequence[float], k: int, rng: random.Random,
@@ -76,6 +84,24 @@ def pairs_from_scores(texts: Sequence[str], scores: Sequence[float], k: int, rng
             continue
         out.append((c, r))
         used |= {c, r}
+    return out
+
+
+def solution_rejects(texts: Sequence[str], scores: Sequence[float], truth: Sequence[float], solution: str, k: int,
+                     judged_by_rm: bool) -> list[int]:
+    """Up to ``k`` distinct replies to pair under the worked ``solution`` (``chosen="solution"``, as
+    SPIN pairs the data's answer with the model's own): the wrong ones by the verifier, or the reward
+    model's lowest-scored ones; never a reply equal to the solution, nor a correct one."""
+    seen = {solution.strip()}
+    order = sorted(range(len(texts)), key=lambda i: (scores[i], i)) if judged_by_rm else range(len(texts))
+    out = []
+    for i in order:
+        if len(out) == k:
+            break
+        if truth[i] or texts[i].strip() in seen:
+            continue
+        seen.add(texts[i].strip())
+        out.append(i)
     return out
 
 
@@ -115,16 +141,20 @@ def policy_pairs(policy: torch.nn.Module, enc: Any, template: Any, problems: Seq
         for j, p in enumerate(batch):
             sl = slice(j * K, (j + 1) * K)
             texts, sc, tr = ro.texts[sl], judged[sl], truth[sl]
-            got = pairs_from_scores(texts, sc, settings.pairs_per_problem, rng,
-                                    threshold=1.0 if reward_model is None else None)
+            if settings.chosen == "solution":  # the worked solution against the policy's wrong / worst replies
+                got = [(None, r) for r in solution_rejects(texts, sc, tr, p.solution, settings.pairs_per_problem,
+                                                           judged_by_rm=reward_model is not None)]
+            else:
+                got = pairs_from_scores(texts, sc, settings.pairs_per_problem, rng,
+                                        threshold=1.0 if reward_model is None else None)
             n_pairs_problems += bool(got)
             for c, r in got:
                 rows.append({"prompt": p.messages(with_solution=False),
-                             "chosen": [{"role": "assistant", "content": texts[c]}],
+                             "chosen": [{"role": "assistant", "content": p.solution if c is None else texts[c]}],
                              "rejected": [{"role": "assistant", "content": texts[r]}],
                              "kind": "policy", "answer": p.answer,
-                             "chosen_score": sc[c], "rejected_score": sc[r],
-                             "chosen_correct": bool(tr[c]), "rejected_correct": bool(tr[r])})
+                             "chosen_score": None if c is None else sc[c], "rejected_score": sc[r],
+                             "chosen_correct": True if c is None else bool(tr[c]), "rejected_correct": bool(tr[r])})
         done = min(start + settings.batch, len(problems))
         stats = {"problems": done, "replies": n_replies, "sample_accuracy": n_correct / max(n_replies, 1),
                  "pairs": len(rows), "problems_with_pairs": n_pairs_problems}
