@@ -63,6 +63,7 @@ class DPOConfig(_PairData):
 
     beta: float = 0.1  # strength of the implicit KL to the reference (larger: stay closer to it)
     loss_type: str = "sigmoid"  # sigmoid (DPO) | ipo
+    sft_coef: float = 0.0  # weight of an SFT (NLL) loss on the chosen replies added to the DPO loss (RPO; TRL's loss_type [sigmoid, sft])
     precompute_ref: bool = True  # reference log-probs computed once, cached in RUN/ref_logps.pt
     init_from: str = ""  # the starting model, which is also the reference
     task: str = ""  # a generated task (compare, arithmetic) whose held-out greedy accuracy is the eval; "" = none
@@ -74,6 +75,7 @@ class DPOConfig(_PairData):
         _check(self.beta > 0, "dpo.beta", self.beta, "a number > 0")
         _check(self.loss_type in DPO_LOSS_TYPES, "dpo.loss_type", self.loss_type, " or ".join(DPO_LOSS_TYPES))
         _check(0 <= self.eval_n <= MAX_EVAL_PROBLEMS, "dpo.eval_n", self.eval_n, f"an integer in [0, {MAX_EVAL_PROBLEMS}]")
+        _check(0 <= self.sft_coef <= 100, "dpo.sft_coef", self.sft_coef, "a number in [0, 100] (0 = off)")
         _check(self.max_new_tokens >= 1, "dpo.max_new_tokens", self.max_new_tokens, "an integer >= 1")
 
 
@@ -103,9 +105,12 @@ class RLConfig:
     lam: float = 0.95  # PPO: GAE lambda
     vf_coef: float = 0.1  # PPO: value loss weight
     clip_value: float = 0.2  # PPO: value clip
+    value_init: str = "auto"  # PPO: the value model's start: reward_model (TRL's), policy, or auto (the reward model when rl.reward_model is set)
 
     def __post_init__(self) -> None:
         _check(self.algo in ("grpo", "ppo"), "rl.algo", self.algo, "grpo or ppo")
+        _check(self.value_init in ("auto", "policy", "reward_model"), "rl.value_init", self.value_init,
+               "auto, policy or reward_model")
         _check(0 <= self.gamma <= 1 and 0 <= self.lam <= 1, "rl.gamma/rl.lam", (self.gamma, self.lam),
                "numbers in [0, 1]")
         _check(self.vf_coef >= 0 and self.clip_value > 0, "rl.vf_coef/rl.clip_value", (self.vf_coef, self.clip_value),

@@ -242,9 +242,20 @@ def summary(result, command: str) -> str:
     if result.stop_reason in ("signal", "stop_at_step"):
         lines.append(f"continue    gptforge {command} --out {run} --resume")
     lines.append("next:")
-    if command in ("sft", "rl"):
-        lines.append(f"  gptforge chat --ckpt {run}")
-    lines.append(f"  gptforge sample --ckpt {run}" + (' --prompt "ROMEO:"' if command == "train" else ""))
-    lines.append(f"  gptforge eval --ckpt {run} --tasks {task} --limit 200")
-    lines.append(f"  gptforge export hf --ckpt {run} --out exports/{Path(run).name}")
+    lines += [f"  {c}" for c in next_commands(command, run, task)]
     return "\n".join(lines)
+
+
+def next_commands(command: str, run: str, task: str) -> list[str]:
+    """The commands a finished ``command`` run is ready for. A reward model does not generate text, so
+    it is offered scoring, RL and labelling instead of sample/chat (which would refuse it)."""
+    export = f"gptforge export hf --ckpt {run} --out exports/{Path(run).name}"
+    if command == "rm":
+        return [f"gptforge eval --ckpt {run} --preferences PREFS_EVAL.jsonl",
+                f"gptforge rl --init-from SFT_RUN --task {task} --reward-model {run} --out runs/rl_rm",
+                f"gptforge prepare preferences {task} --policy SFT_RUN --judge {run} --out prefs_judged.jsonl",
+                export]
+    out = [f"gptforge chat --ckpt {run}"] if command in ("sft", "rl", "dpo") else []
+    out.append(f"gptforge sample --ckpt {run}" + (' --prompt "ROMEO:"' if command == "train" else ""))
+    out.append(f"gptforge eval --ckpt {run} --tasks {task} --limit 200")
+    return [*out, export]

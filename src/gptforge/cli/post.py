@@ -174,7 +174,18 @@ def cmd_rl(args: argparse.Namespace, overrides: list[str]) -> int:
             from gptforge.training.ppo import PPO
 
             base, recipe = init, PPO(cfg, template, get_tokenizer(), reward, reward_model=rm)
-            init = None if base is None else (lambda m: (base(m.policy), base(m.value.body)))
+            if cfg.rl.value_init == "reward_model" and rm is None:
+                raise CliError("rl.value_init reward_model needs --reward-model RUN (or use rl.value_init policy)")
+            value_rm = rm if cfg.rl.value_init in ("auto", "reward_model") else None
+
+            def init_ppo(m):  # the policy from --init-from; the value model from the reward model (TRL) or the policy
+                base(m.policy)
+                if value_rm is None:
+                    base(m.value.body)
+                else:
+                    m.value.start_from_reward_model(value_rm)
+
+            init = None if base is None else init_ppo
         else:
             recipe = GRPO(cfg, template, get_tokenizer(), reward, reward_model=rm)
         result = train(cfg, recipe, resume=resume, force=args.force, init_weights=init)

@@ -35,7 +35,7 @@ import torch
 import torch.nn as nn
 
 from gptforge.parallel.distributed import all_reduce_mean, all_reduce_sum, grad_sync, local_tensor
-from gptforge.training.grpo import GRPO, token_logprobs
+from gptforge.training.grpo import GRPO, RLError, token_logprobs
 from gptforge.training.rm import last_index
 
 # --- the math ---------------------------------------------------------------------------------------
@@ -156,6 +156,19 @@ class ValueModel(nn.Module):
         v = cls(copy.deepcopy(rm.body))
         v.score.weight.data.copy_(rm.score.weight.data)
         return v
+
+    @torch.no_grad()
+    def start_from_reward_model(self, rm: nn.Module) -> None:
+        """Take ``rm``'s weights (body and score head) in place (``rl.value_init reward_model``): the
+        value of a finished reply then starts at the reward model's score of it. RLError when the
+        reward model's shape differs from the value model's (the policy's)."""
+        try:
+            self.body.load_state_dict(rm.body.state_dict(), strict=True)
+        except RuntimeError as e:
+            raise RLError("rl.value_init reward_model: the reward model's shape differs from the policy's "
+                          f"({str(e).splitlines()[0]}); use rl.value_init policy, or a reward model trained "
+                          "from the same SFT model") from None
+        self.score.weight.copy_(rm.score.weight)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return self.score(self.body.hidden_states(ids)).squeeze(-1).float()  # (N, T)
