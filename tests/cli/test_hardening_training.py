@@ -3,7 +3,7 @@
 their own parsers, so a new command or flag is covered (or fails here naming what is missing):
 
 * every ``--data`` flag: an empty file, blank lines, not JSON, not an object, missing fields, a
-  conversation without a reply;
+  conversation without a reply, every row bad under ``--skip-bad``;
 * every model flag: ``--init-from`` a reward model or a missing path, ``--reward-model`` a checkpoint
   that is not a reward model or a missing path;
 * every numeric flag: -1, and 1e30 for a count, nan and inf for a number; and the counts that would
@@ -76,7 +76,8 @@ PREF_WITHOUT_REPLY = {"prompt": "q", "chosen": [{"role": "user", "content": "a"}
 WITHOUT_REPLY = {"sft": {"messages": [{"role": "user", "content": "hi"}]}, "rm": PREF_WITHOUT_REPLY,
                  "dpo": PREF_WITHOUT_REPLY}  # a row whose conversation has no reply, per --data command
 BAD_FILES = {"empty": ("", None), "blank_lines": ("\n \n", None), "not_json": ("hello\n", 1),
-             "not_an_object": ("[1, 2]\n", 1), "missing_fields": ('{"x": 1}\n', 1), "no_reply": (None, 1)}
+             "not_an_object": ("[1, 2]\n", 1), "missing_fields": ('{"x": 1}\n', 1), "no_reply": (None, 1),
+             "all_skipped": ("hello\n[1]\n", None)}  # every row bad, with --skip-bad
 DATA_COMMANDS = [c for c in COMMAND_NAMES if "--data" in _flags(c)]
 
 
@@ -89,8 +90,11 @@ def test_every_data_flag_refuses_a_bad_file_naming_it(world, tmp_path, capsys, c
         text = json.dumps(WITHOUT_REPLY[command]) + "\n"
     bad = tmp_path / f"{kind}.jsonl"
     bad.write_text(text)
-    _refused(capsys, _with(_run_argv(command, world), "--data", str(bad)), tmp_path / "run",
-             f"{bad}:{row}:" if row else f"--data {bad}")
+    argv = _with(_run_argv(command, world), "--data", str(bad))
+    if kind == "all_skipped":
+        assert "--skip-bad" in _flags(command)
+        argv.append("--skip-bad")
+    _refused(capsys, argv, tmp_path / "run", f"{bad}:{row}:" if row else f"{bad}: no ")
 
 
 # --- every model flag -------------------------------------------------------------------------------------
