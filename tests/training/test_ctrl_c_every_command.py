@@ -55,7 +55,10 @@ def test_ctrl_c_saves_exits_130_and_resumes_bit_exactly(world, tmp_path, monkeyp
         pytest.fail(f"no run for {case_id((command, algo))}: add one to tests/training/commands.py RUNS")
     argv = RUNS[command, algo](world)
     full, part = tmp_path / "full", tmp_path / "part"
-    before = signal.getsignal(signal.SIGINT)
+    def unhandled(signum, frame):  # without this, a command that installed no stop handler would end the session
+        raise AssertionError(f"SIGINT reached the test: `{command}` did not install the run's stop handler")
+
+    before = signal.signal(signal.SIGINT, unhandled)
     try:
         assert main([*argv, "--out", str(full)]) == 0
         monkeypatch.setenv("GPTFORGE_FAULT_INJECT", "0:2:int")
