@@ -1,6 +1,7 @@
 """Scale-out on CPU with gloo and 2 processes: DDP, ZeRO-1 and FSDP2 against one process with 2x
-gradient accumulation; sharded checkpoints resumed at world 2 and world 1; a rank killed mid-run
-and restarted by torchrun; bad input before training.
+gradient accumulation; the GRPO, PPO, reward-model and DPO recipes against one process; sharded
+checkpoints resumed at world 2 and world 1; a rank killed mid-run and restarted by torchrun; bad input
+before training. One torchrun launch (the ``runs`` fixture) runs every world-2 job.
 
 The reference for every distributed run is the single-process loop (itself tested for bit-exact
 resume and split-independent gradients in test_training.py): same data, same total batch, float32.
