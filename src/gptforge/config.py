@@ -18,7 +18,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
 
-from gptforge.config_recipes import DPOConfig, RMConfig  # noqa: F401 (sections; re-exported)
+from gptforge.config_recipes import DPOConfig, RLConfig, RMConfig  # noqa: F401 (sections; re-exported)
 from gptforge.models.gpt2 import GPTConfig
 from gptforge.models.registry import model_config, switch_family
 from gptforge.tokens import EOT
@@ -252,52 +252,6 @@ class SFTConfig:
     def __post_init__(self) -> None:
         _check(self.val_count >= 0, "sft.val_count", self.val_count, "an integer >= 0")
         _check(0 <= self.seed < 2**32, "sft.seed", self.seed, "an integer in [0, 2^32)")
-
-
-@dataclass
-class RLConfig:
-    """``gptforge rl``: GRPO's own settings. Steps, lr, warmup, weight decay, clipping, checkpoints and
-    seed are the shared ``train.*`` / ``optim.*`` keys; ``train.micro_batch`` is replies per forward."""
-
-    task: str = "arithmetic"  # arithmetic | compare | gsm8k
-    reward: str = "exact_match"  # a built-in reward (never module:function: code comes from --reward only)
-    init_from: str = ""  # the starting and reference model: a checkpoint or run directory
-    raw: bool = False  # no chat template: plain "Question: ...\nAnswer:" prompts
-    prompts: int = 8  # problems per step, over all ranks
-    group: int = 8  # replies sampled per problem
-    max_new_tokens: int = 24  # longest reply sampled per problem
-    temperature: float = 1.0  # sampling temperature of the replies
-    top_k: int = 0  # 0 = off
-    kl_coef: float = 0.02  # KL penalty to the starting model
-    clip_eps: float = 0.2  # ratio clip
-    updates_per_batch: int = 1  # optimizer steps on each sampled batch (> 1: the ratio moves and clips)
-    adv_eps: float = 1e-4  # added to the group's reward std
-    eval_every: int = 0  # steps between held-out evaluations (0 = only at start and end)
-    eval_n: int = 200  # held-out problems (never trained on)
-    algo: str = "grpo"  # grpo | ppo (value head, GAE, KL in the per-token reward)
-    reward_model: str = ""  # a `gptforge rm` checkpoint scoring replies instead of the reward function
-    gamma: float = 1.0  # PPO: discount
-    lam: float = 0.95  # PPO: GAE lambda
-    vf_coef: float = 0.1  # PPO: value loss weight
-    clip_value: float = 0.2  # PPO: value clip
-
-    def __post_init__(self) -> None:
-        _check(self.algo in ("grpo", "ppo"), "rl.algo", self.algo, "grpo or ppo")
-        _check(0 <= self.gamma <= 1 and 0 <= self.lam <= 1, "rl.gamma/rl.lam", (self.gamma, self.lam),
-               "numbers in [0, 1]")
-        _check(self.vf_coef >= 0 and self.clip_value > 0, "rl.vf_coef/rl.clip_value", (self.vf_coef, self.clip_value),
-               "vf_coef >= 0 and clip_value > 0")
-        for name in ("prompts", "max_new_tokens", "updates_per_batch"):
-            _check(getattr(self, name) >= 1, f"rl.{name}", getattr(self, name), "an integer >= 1")
-        _check(self.group >= (2 if self.algo == "grpo" else 1), "rl.group", self.group,
-               "an integer >= 2 (GRPO compares replies within a group; PPO takes 1)")
-        _check(self.temperature > 0, "rl.temperature", self.temperature, "a number > 0 (a group needs sampling)")
-        _check(self.top_k >= 0, "rl.top_k", self.top_k, "an integer >= 0 (0 = off)")
-        _check(self.kl_coef >= 0, "rl.kl_coef", self.kl_coef, "a number >= 0")
-        _check(0 < self.clip_eps < 1, "rl.clip_eps", self.clip_eps, "a number in (0, 1)")
-        _check(self.adv_eps > 0, "rl.adv_eps", self.adv_eps, "a number > 0")
-        for name in ("eval_every", "eval_n"):
-            _check(getattr(self, name) >= 0, f"rl.{name}", getattr(self, name), "an integer >= 0")
 
 
 @dataclass

@@ -1,15 +1,21 @@
-"""The config sections of the preference recipes: ``rm`` (``gptforge rm``) and ``dpo`` (``gptforge dpo``).
+"""The config sections of the post-training recipes: ``rl`` (``gptforge rl``), ``rm`` (``gptforge rm``) and
+``dpo`` (``gptforge dpo``).
 
     gptforge dpo --init-from runs/sft --data prefs.jsonl --out runs/dpo --dpo.beta 0.1 --dpo.loss_type ipo
 
 They live beside :mod:`gptforge.config` (which imports them, so ``from gptforge.config import
-RMConfig`` works) only to keep that file short; they validate like every section there.
+RLConfig`` works) only to keep that file short; they validate like every section there.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+# more held-out task problems than any task holds (arithmetic has ~12,000 distinct ones, compare 8,010,
+# gsm8k 1,319): a larger count is a typo that would generate problems for minutes before the first step
+MAX_EVAL_PROBLEMS = 100_000
+MAX_ROLLOUTS = 1_000_000  # replies an RL step samples (rl.prompts x rl.group): large runs sample ~10^4
 
 
 def _check(ok: bool, key: str, value: Any, allowed: str) -> None:
@@ -57,6 +63,7 @@ class DPOConfig(_PairData):
 
     beta: float = 0.1  # strength of the implicit KL to the reference (larger: stay closer to it)
     loss_type: str = "sigmoid"  # sigmoid (DPO) | ipo
+    sft_coef: float = 0.0  # weight of an SFT (NLL) loss on the chosen replies added to the DPO loss (RPO; TRL's loss_type [sigmoid, sft])
     precompute_ref: bool = True  # reference log-probs computed once, cached in RUN/ref_logps.pt
     init_from: str = ""  # the starting model, which is also the reference
     task: str = ""  # a generated task (compare, arithmetic) whose held-out greedy accuracy is the eval; "" = none
@@ -67,5 +74,57 @@ class DPOConfig(_PairData):
         self._validate("dpo")
         _check(self.beta > 0, "dpo.beta", self.beta, "a number > 0")
         _check(self.loss_type in DPO_LOSS_TYPES, "dpo.loss_type", self.loss_type, " or ".join(DPO_LOSS_TYPES))
-        _check(self.eval_n >= 0, "dpo.eval_n", self.eval_n, "an integer >= 0")
+        _check(0 <= self.eval_n <= MAX_EVAL_PROBLEMS, "dpo.eval_n", self.eval_n, f"an integer in [0, {MAX_EVAL_PROBLEMS}]")
+        _check(0 <= self.sft_coef <= 100, "dpo.sft_coef", self.sft_coef, "a number in [0, 100] (0 = off)")
         _check(self.max_new_tokens >= 1, "dpo.max_new_tokens", self.max_new_tokens, "an integer >= 1")
+
+
+@dataclass
+class RLConfig:
+    """``gptforge rl``: GRPO's own settings. Steps, lr, warmup, weight decay, clipping, checkpoints and
+    seed are the shared ``train.*`` / ``optim.*`` keys; ``train.micro_batch`` is replies per forward."""
+
+    task: str = "arithmetic"  # arithmetic | compare | gsm8k
+    reward: str = "exact_match"  # a built-in reward (never module:function: code comes from --reward only)
+    init_from: str = ""  # the starting and reference model: a checkpoint or run directory
+    raw: bool = False  # no chat template: plain "Question: ...\nAnswer:" prompts
+    prompts: int = 8  # problems per step, over all ranks
+    group: int = 8  # replies sampled per problem
+    max_new_tokens: int = 24  # longest reply sampled per problem
+    temperature: float = 1.0  # sampling temperature of the replies
+    top_k: int = 0  # 0 = off
+    kl_coef: float = 0.02  # KL penalty to the starting model
+    clip_eps: float = 0.2  # ratio clip
+    updates_per_batch: int = 1  # optimizer steps on each sampled batch (> 1: the ratio moves and clips)
+    adv_eps: float = 1e-4  # added to the group's reward std
+    eval_every: int = 0  # steps between held-out evaluations (0 = only at start and end)
+    eval_n: int = 200  # held-out problems (never trained on)
+    algo: str = "grpo"  # grpo | ppo (value head, GAE, KL in the per-token reward)
+    reward_model: str = ""  # a `gptforge rm` checkpoint scoring replies instead of the reward function
+    gamma: float = 1.0  # PPO: discount
+    lam: float = 0.95  # PPO: GAE lambda
+    vf_coef: float = 0.1  # PPO: value loss weight
+    clip_value: float = 0.2  # PPO: value clip
+    value_init: str = "auto"  # PPO: the value model's start: reward_model (TRL's), policy, or auto (the reward model when rl.reward_model is set)
+
+    def __post_init__(self) -> None:
+        _check(self.algo in ("grpo", "ppo"), "rl.algo", self.algo, "grpo or ppo")
+        _check(self.value_init in ("auto", "policy", "reward_model"), "rl.value_init", self.value_init,
+               "auto, policy or reward_model")
+        _check(0 <= self.gamma <= 1 and 0 <= self.lam <= 1, "rl.gamma/rl.lam", (self.gamma, self.lam),
+               "numbers in [0, 1]")
+        _check(self.vf_coef >= 0 and self.clip_value > 0, "rl.vf_coef/rl.clip_value", (self.vf_coef, self.clip_value),
+               "vf_coef >= 0 and clip_value > 0")
+        for name in ("prompts", "max_new_tokens", "updates_per_batch"):
+            _check(getattr(self, name) >= 1, f"rl.{name}", getattr(self, name), "an integer >= 1")
+        _check(self.group >= (2 if self.algo == "grpo" else 1), "rl.group", self.group,
+               "an integer >= 2 (GRPO compares replies within a group; PPO takes 1)")
+        _check(self.temperature > 0, "rl.temperature", self.temperature, "a number > 0 (a group needs sampling)")
+        _check(self.top_k >= 0, "rl.top_k", self.top_k, "an integer >= 0 (0 = off)")
+        _check(self.kl_coef >= 0, "rl.kl_coef", self.kl_coef, "a number >= 0")
+        _check(0 < self.clip_eps < 1, "rl.clip_eps", self.clip_eps, "a number in (0, 1)")
+        _check(self.adv_eps > 0, "rl.adv_eps", self.adv_eps, "a number > 0")
+        _check(self.eval_every >= 0, "rl.eval_every", self.eval_every, "an integer >= 0")
+        _check(0 <= self.eval_n <= MAX_EVAL_PROBLEMS, "rl.eval_n", self.eval_n, f"an integer in [0, {MAX_EVAL_PROBLEMS}]")
+        _check(self.prompts * self.group <= MAX_ROLLOUTS, "rl.prompts x rl.group", (self.prompts, self.group),
+               f"at most {MAX_ROLLOUTS:,} replies a step (all are sampled before the update)")

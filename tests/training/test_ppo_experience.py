@@ -83,3 +83,22 @@ def test_a_few_updates_prefer_the_higher_scored_reply():
             opt.zero_grad()
     assert p20_over_p21() > before + 1.0, (before, p20_over_p21())
     assert token_logprobs(policy, ids, 1.0, 1).shape == (1, 1)
+
+
+def test_value_model_starts_from_the_reward_model():
+    """rl.value_init reward_model (TRL's start): the value at each reply's last token equals the reward
+    model's score of the same sequence; a reward model of another shape is refused, naming the key."""
+    from gptforge.training.grpo import RLError
+    from gptforge.training.rm import RewardModel, freeze_unused_head
+
+    rm = RewardModel(_gpt(1))
+    torch.nn.init.normal_(rm.score.weight, std=0.5)
+    value = ValueModel(freeze_unused_head(_gpt(2)))
+    value.start_from_reward_model(rm)
+    ids, mask, start = pad_rollouts(PROMPTS, REPLIES, pad=39)
+    last = torch.tensor([len(p) + len(r) - 1 for p, r in zip(PROMPTS, REPLIES, strict=True)])
+    with torch.no_grad():
+        assert torch.allclose(value(ids)[torch.arange(4), last], rm(ids, last), atol=1e-6)
+    other = RewardModel(GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=40, pad_vocab=False)))
+    with pytest.raises(RLError, match="rl.value_init"):
+        value.start_from_reward_model(other)

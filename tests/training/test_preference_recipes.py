@@ -1,5 +1,5 @@
 """The preference commands end to end on a tiny chat model: ``prepare preferences``, ``rm`` (resume,
-eval, export to transformers with the same scores, refused by the text commands), ``dpo`` (resume, the
+eval, refused by the text commands; `export hf` of either family to transformers with the same scores), ``dpo`` (resume, the
 cached reference equals the frozen one, TRL's metric names) and ``rl --algo ppo`` / ``--reward-model``
 (resume bit-exactly; the learned reward beside the true accuracy)."""
 
@@ -60,7 +60,7 @@ def test_prepare_preferences(tmp_path, capsys):
     assert "--kinds" in capsys.readouterr().err
 
 
-def test_rm_resumes_exactly_scores_and_exports(world, tmp_path, capsys):
+def test_rm_resumes_exactly_and_scores(world, tmp_path, capsys):
     tmp, sft, prefs = world
     args = ["--data", str(prefs), "--val-count", "8", "--micro-batch", "4", "--lr", "1e-3", *CPU]
     assert main(["rm", "--init-from", str(sft), "--out", str(tmp_path / "part"), "--steps", "2", *args]) == 0
@@ -89,17 +89,44 @@ def test_rm_resumes_exactly_scores_and_exports(world, tmp_path, capsys):
     r = score_sequences(rm, [p.rejected.ids.tolist() for p in pairs], template.bos)
     assert got["n"] == 48 and got["accuracy"] == pytest.approx((c > r).float().mean().item())
 
-    # export hf: transformers' GPT2ForSequenceClassification gives the same scores (right-padded batch)
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_export_hf_of_a_reward_model_scores_the_same_in_transformers(world, tmp_path, arch):
+    """`gptforge export hf` of an rm run of either family -> transformers' *ForSequenceClassification
+    directory; AutoModelForSequenceClassification gives the run's scores on a right-padded batch."""
     transformers = pytest.importorskip("transformers")
-    assert main(["export", "hf", "--ckpt", str(full), "--out", str(tmp_path / "hf")]) == 0
+    from gptforge.data.preference import read_preferences, render_pairs
+    from gptforge.training.rm import load_reward_model, score_sequences
+
+    tmp, sft, prefs = world
+    run = tmp / "rm"
+    if arch == "llama":  # a Llama chat model (GQA, untied head), then a reward model trained from it
+        from gptforge.models.registry import build_model, model_config
+
+        torch.manual_seed(0)
+        t = ChatTemplate.gpt2()
+        cfg = model_config({"arch": "llama", "n_layer": 1, "n_head": 4, "n_kv_head": 2, "n_embd": 32,
+                            "block_size": 64, "vocab_size": t.vocab_size})
+        chat = ckpt.save_checkpoint(tmp_path / "sft", 1, build_model(cfg), None,
+                                    {"config": Config(model=cfg).to_dict(), "chat_template": t.to_dict()})
+        run = tmp_path / "rm"
+        assert main(["rm", "--init-from", str(chat), "--data", str(prefs), "--out", str(run), "--steps", "2",
+                     "--val-count", "8", "--micro-batch", "4", "--lr", "1e-3", *CPU]) == 0
+    rm, template = load_reward_model(str(run))
+    assert rm.config.arch == arch
+    pairs = render_pairs(read_preferences(str(prefs)), template, 64)[:4]
+    seqs = [p.chosen.ids.tolist() for p in pairs] + [p.rejected.ids.tolist() for p in pairs]
+    ours = score_sequences(rm, seqs, template.bos)
+    assert main(["export", "hf", "--ckpt", str(run), "--out", str(tmp_path / "hf")]) == 0
     hf = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "hf").eval()
-    assert type(hf).__name__ == "GPT2ForSequenceClassification"
-    seqs = [p.chosen.ids.tolist() for p in pairs[:4]] + [p.rejected.ids.tolist() for p in pairs[:4]]
+    assert type(hf).__name__ == {"gpt2": "GPT2", "llama": "Llama"}[arch] + "ForSequenceClassification"
     L = max(map(len, seqs))
+    assert len({len(s) for s in seqs}) > 1  # some rows padded: transformers must read each at its own end
     ids = torch.tensor([s + [template.bos] * (L - len(s)) for s in seqs])
     with torch.no_grad():
         theirs = hf(ids).logits[:, 0]
-    torch.testing.assert_close(theirs, torch.cat([c[:4], r[:4]]), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(theirs, ours, atol=1e-4, rtol=1e-4)
+    assert ours.std() > 0  # scores that differ, not one constant
 
 
 def test_dpo_resumes_exactly_with_cached_reference(world, tmp_path, capsys):

@@ -131,3 +131,26 @@ def test_train_threads_auto_takes_omp_num_threads_else_one_on_cpu(monkeypatch):
         torch.set_num_threads(before)
     with pytest.raises(ValueError, match="train.threads"):
         get_preset("tiny").train.__class__(threads=-1)
+
+
+@pytest.mark.parametrize("command", sorted(set(__import__("gptforge.cli.common", fromlist=["x"]).COMMAND_OF.values())))
+def test_every_training_commands_next_steps_parse_and_suit_the_checkpoint(command, tmp_path):
+    """Every training command's end-of-run summary offers only commands that exist, parse, and accept
+    that run's checkpoint kind: a reward model is never offered sample/chat (they refuse it)."""
+    import shlex
+
+    from gptforge.cli import build_parser
+    from gptforge.cli.common import next_commands
+
+    cmds = next_commands(command, str(tmp_path / "run"), "compare")
+    assert cmds and all(c.startswith("gptforge ") for c in cmds)
+    for c in cmds:
+        try:
+            build_parser().parse_args(shlex.split(c)[1:])
+        except SystemExit:
+            pytest.fail(f"{command}'s summary offers `{c}`, which does not parse")
+    verbs = {shlex.split(c)[1] for c in cmds}
+    if command == "rm":
+        assert not verbs & {"sample", "chat"} and {"eval", "rl", "export"} <= verbs
+    else:
+        assert {"sample", "eval", "export"} <= verbs

@@ -105,14 +105,19 @@ def _models(seed):
     return GPT(cfg), GPT(cfg)
 
 
-@pytest.mark.parametrize("loss_type", ["sigmoid", "ipo"])
+@pytest.mark.parametrize("loss_type", ["sigmoid", "ipo", "sigmoid+sft"])
 def test_dpo_loss_metrics_and_gradient_equal_trls(pairs, tmp_path, loss_type):
+    """"sigmoid+sft": DPO plus 0.5 x the chosen replies' NLL (RPO), TRL's loss_type ["sigmoid", "sft"]
+    with loss_weights [1, 0.5]."""
     from trl import DPOConfig, DPOTrainer
 
     policy, ref = _models(0)
     hf_policy, hf_ref = _hf_lm(policy), _hf_lm(ref)
-    trainer = DPOTrainer(model=hf_policy, ref_model=hf_ref, args=_args(DPOConfig, tmp_path, beta=0.1,
-                         loss_type=[loss_type]), train_dataset=_dummy_rows(), processing_class=_tok())
+    sft_coef = 0.5 if loss_type.endswith("+sft") else 0.0
+    trl_kw = {"loss_type": ["sigmoid", "sft"], "loss_weights": [1.0, sft_coef]} if sft_coef else {"loss_type": [loss_type]}
+    loss_type = loss_type.split("+")[0]
+    trainer = DPOTrainer(model=hf_policy, ref_model=hf_ref, args=_args(DPOConfig, tmp_path, beta=0.1, **trl_kw),
+                         train_dataset=_dummy_rows(), processing_class=_tok())
     batch = collate(pairs, range(len(pairs)), PAD)
     # TRL's own collator, given each side split into prompt and completion, lays the batch out as ours
     first = [int(p.chosen.mask.argmax()) for p in pairs]
@@ -123,7 +128,7 @@ def test_dpo_loss_metrics_and_gradient_equal_trls(pairs, tmp_path, loss_type):
     hf_policy.train()
     want = trainer.compute_loss(hf_policy, inputs)
     want.backward()
-    got, metrics = dpo_batch_loss(policy, batch, beta=0.1, loss_type=loss_type, ref=ref)
+    got, metrics = dpo_batch_loss(policy, batch, beta=0.1, loss_type=loss_type, ref=ref, sft_coef=sft_coef)
     got.backward()
     assert abs(got.item() - want.item()) <= 1e-5, (got.item(), want.item())
     trl_metrics = {k: v[-1] for k, v in trainer._metrics["train"].items()}
@@ -134,7 +139,7 @@ def test_dpo_loss_metrics_and_gradient_equal_trls(pairs, tmp_path, loss_type):
     _assert_same_grads(_grads_hf_names(policy, policy.config), hf_policy)
     # reference log-probs computed once give the same loss as the frozen reference model
     table = reference_logps(ref, pairs, batch_size=2)
-    again, _ = dpo_batch_loss(policy, batch, beta=0.1, loss_type=loss_type, ref_table=table)
+    again, _ = dpo_batch_loss(policy, batch, beta=0.1, loss_type=loss_type, ref_table=table, sft_coef=sft_coef)
     assert again.item() == pytest.approx(got.item(), abs=1e-6)
 
 

@@ -22,7 +22,7 @@ import argparse
 import importlib
 import sys
 
-from gptforge.cli.common import CliError, show_defaults
+from gptforge.cli.common import CliError, name_flag, show_defaults
 
 EXIT_BAD_INPUT = 2
 
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         return handler(args, rest) if takes_overrides else handler(args)
     except (CliError, ConfigError, ShardError, CheckpointError, TokenizerUnavailable, FileNotFoundError,
             EvalDataError, DeviceUnavailable, DiskFullError, MissingExtra) as e:
-        print(f"gptforge {args.command}: error: {e}", file=sys.stderr)
+        print(f"gptforge {args.command}: error: {name_flag(str(e), args)}", file=sys.stderr)
         return EXIT_BAD_INPUT
 
 

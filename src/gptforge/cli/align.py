@@ -21,7 +21,8 @@ PAIR_FLAGS = {"data": "{s}.data", "split": "{s}.split", "val_count": "{s}.val_co
               "skip_bad": "{s}.skip_bad", "eval_every": "{s}.eval_every", "steps": "train.max_steps",
               "lr": "optim.lr", "micro_batch": "train.micro_batch", "ckpt_every": "train.ckpt_every",
               "device": "train.device"}
-DPO_FLAGS = {"beta": "dpo.beta", "loss_type": "dpo.loss_type", "task": "dpo.task", "eval_n": "dpo.eval_n"}
+DPO_FLAGS = {"beta": "dpo.beta", "loss_type": "dpo.loss_type", "sft_coef": "dpo.sft_coef", "task": "dpo.task",
+             "eval_n": "dpo.eval_n"}
 
 
 def _frozen(section: str) -> tuple[str, ...]:
@@ -132,5 +133,7 @@ def args_dpo(p: argparse.ArgumentParser) -> None:
     _common(p, "dpo")
     p.add_argument("--beta", type=float, help="dpo.beta (default 0.1)")
     p.add_argument("--loss-type", choices=["sigmoid", "ipo"], help="dpo.loss_type (default sigmoid)")
+    p.add_argument("--sft-coef", type=float, help="dpo.sft_coef: add this weight times the chosen replies' NLL "
+                                                  "(RPO; default 0 = plain DPO)")
     p.add_argument("--task", choices=["arithmetic", "compare"], help="dpo.task: held-out greedy accuracy as eval")
     p.add_argument("--eval-n", type=int, help="held-out task problems (dpo.eval_n)")

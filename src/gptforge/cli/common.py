@@ -38,6 +38,17 @@ def add_model_source(p: argparse.ArgumentParser) -> None:
                                                    "benchmarks and smoke tests")
 
 
+def name_flag(msg: str, args: argparse.Namespace) -> str:
+    """A refusal of a config key that one of the command's short flags set (``--steps -1`` sets
+    ``train.max_steps``) starts with that flag as typed, unless it names it already: the user sees
+    what they wrote, and the key in the message says where it goes."""
+    import re
+
+    typed = [t for key, t in getattr(args, "flag_keys", {}).items()
+             if re.search(rf"(?<![\w.]){re.escape(key)}(?![\w])", msg) and t.split()[0] not in msg]
+    return f"{' '.join(typed)}: {msg}" if typed else msg
+
+
 def model_source(args: argparse.Namespace) -> ModelSource:
     from gptforge.load import ModelSource
 
@@ -47,14 +58,21 @@ def model_source(args: argparse.Namespace) -> ModelSource:
     return src
 
 
-def load(source: ModelSource):
-    """``load.load_model`` with its bad-input errors as CliError."""
+def load(source: ModelSource, flag: str | None = None):
+    """``load.load_model`` with its bad-input errors as CliError; with ``flag`` (the command-line flag
+    that named the model, e.g. ``--init-from``) every refusal of it, a missing or damaged checkpoint
+    too, starts with that flag, so a command taking several models says which one is wrong."""
+    from gptforge.errors import CheckpointError
     from gptforge.load import load_model
 
     try:
         return load_model(source)
     except ValueError as e:
-        raise CliError(str(e)) from e
+        raise CliError(f"{flag}: {e}" if flag else str(e)) from e
+    except (CheckpointError, FileNotFoundError) as e:
+        if flag is None:
+            raise
+        raise CliError(f"{flag}: {e}") from e
 
 
 def count(raw: str) -> int:
@@ -156,7 +174,7 @@ def init_from(source: str, cfg) -> Callable:
     its weights in."""
     from gptforge.load import ModelSource
 
-    src = load(ModelSource.from_path(source))
+    src = load(ModelSource.from_path(source), "--init-from")
     knobs = {k: getattr(cfg.model, k) for k in ("dropout", "recompute", "flash")  # training knobs stay the preset's
              if hasattr(cfg.model, k) and hasattr(src.config, k)}
     cfg.model = dataclasses.replace(src.config, **knobs)
@@ -224,9 +242,20 @@ def summary(result, command: str) -> str:
     if result.stop_reason in ("signal", "stop_at_step"):
         lines.append(f"continue    gptforge {command} --out {run} --resume")
     lines.append("next:")
-    if command in ("sft", "rl"):
-        lines.append(f"  gptforge chat --ckpt {run}")
-    lines.append(f"  gptforge sample --ckpt {run}" + (' --prompt "ROMEO:"' if command == "train" else ""))
-    lines.append(f"  gptforge eval --ckpt {run} --tasks {task} --limit 200")
-    lines.append(f"  gptforge export hf --ckpt {run} --out exports/{Path(run).name}")
+    lines += [f"  {c}" for c in next_commands(command, run, task)]
     return "\n".join(lines)
+
+
+def next_commands(command: str, run: str, task: str) -> list[str]:
+    """The commands a finished ``command`` run is ready for. A reward model does not generate text, so
+    it is offered scoring, RL and labelling instead of sample/chat (which would refuse it)."""
+    export = f"gptforge export hf --ckpt {run} --out exports/{Path(run).name}"
+    if command == "rm":
+        return [f"gptforge eval --ckpt {run} --preferences PREFS_EVAL.jsonl",
+                f"gptforge rl --init-from SFT_RUN --task {task} --reward-model {run} --out runs/rl_rm",
+                f"gptforge prepare preferences {task} --policy SFT_RUN --judge {run} --out prefs_judged.jsonl",
+                export]
+    out = [f"gptforge chat --ckpt {run}"] if command in ("sft", "rl", "dpo") else []
+    out.append(f"gptforge sample --ckpt {run}" + (' --prompt "ROMEO:"' if command == "train" else ""))
+    out.append(f"gptforge eval --ckpt {run} --tasks {task} --limit 200")
+    return [*out, export]

@@ -7,7 +7,7 @@ import json
 import os
 import sys
 
-from gptforge.cli.common import CliError, count
+from gptforge.cli.common import CliError, count, finite
 
 # --- prepare --------------------------------------------------------------------------------------
 
@@ -50,9 +50,88 @@ def args_prepare(p: argparse.ArgumentParser) -> None:
     pp.add_argument("--held-out", action="store_true", help="make the pairs from the task's eval problems (the "
                                                             "first N: a held-out preference file); without it "
                                                             "those problems are left out")
-    pp.add_argument("--kinds", default="wrong_number,wrong_operand,broken_format",
-                    help="comma-separated rejected kinds (default all three)")
+    pp.add_argument("--kinds", default=None,
+                    help="comma-separated rejected kinds of the generator (default all three; not with --policy)")
     pp.add_argument("--out", required=True, help="the JSONL file to write")
+    op = pp.add_argument_group("pairs from a policy's own samples (on-policy: the policy's real mistakes)")
+    op.add_argument("--policy", metavar="CKPT", help="an SFT/RL/DPO checkpoint or run: sample --samples replies "
+                                                    "to each problem and pair a better with a worse one")
+    op.add_argument("--judge", default="task", metavar="task|RM_RUN",
+                    help="who prefers: task = the verifier (chosen correct, rejected wrong; default), or a "
+                         "`gptforge rm` run (chosen = its best-scored reply, rejected = its worst)")
+    op.add_argument("--chosen", default="sample", choices=["sample", "solution"],
+                    help="sample: the reply the judge prefers (default); solution: the task's worked solution, "
+                         "against a wrong (or the RM's worst) sampled reply (SPIN)")
+    op.add_argument("--samples", type=count, default=8, help="replies per problem (default %(default)s)")
+    op.add_argument("--temperature", type=finite, default=0.7, help="sampling temperature (default %(default)s)")
+    op.add_argument("--top-k", type=count, default=50, help="top-k sampling, 0 = off (default %(default)s)")
+    op.add_argument("--max-new-tokens", type=count, default=24, help="longest reply (default %(default)s)")
+    op.add_argument("--pairs-per-problem", type=count, default=1,
+                    help="pairs taken from one problem's replies, at most (default %(default)s)")
+    op.add_argument("--device", default="auto", help="where the policy samples: auto, cpu, cuda, cuda:N, mps "
+                                                     "(default %(default)s)")
+
+
+def _policy_preferences(args: argparse.Namespace) -> int:
+    """``prepare preferences TASK --policy CKPT``: pairs from the policy's own samples (training.policy_pairs)."""
+    import torch
+    from tqdm import tqdm
+
+    from gptforge.cli.common import chat_template_of, load
+    from gptforge.data.tokenizer import get_tokenizer
+    from gptforge.eval.tasks.preferences import write_preferences
+    from gptforge.training.policy_pairs import PairSettings, policy_pairs, problems_for
+
+    settings = PairSettings(samples=args.samples, temperature=args.temperature, top_k=args.top_k,
+                            max_new_tokens=args.max_new_tokens, pairs_per_problem=args.pairs_per_problem, seed=args.seed,
+                            chosen=args.chosen)
+    try:
+        settings.check()
+        problems = problems_for(args.task, args.n, args.seed, args.held_out)
+    except ValueError as e:
+        raise CliError(f"prepare preferences: {e}") from e
+    template = chat_template_of(args.policy)
+    if template is None:
+        raise CliError(f"--policy {args.policy}: it has no chat template (meta.json chat_template); sample from an "
+                       "SFT checkpoint (`gptforge sft`) or a run made from one")
+    from gptforge.load import ModelSource
+    from gptforge.runtime import resolve_device, set_threads
+
+    device = resolve_device(args.device)
+    set_threads(0, device)
+    policy = load(ModelSource(ckpt=args.policy)).to(device)
+    judge = None
+    if args.judge != "task":
+        from gptforge.training.rm import load_reward_model
+
+        try:
+            judge, judge_template = load_reward_model(args.judge)
+        except (ValueError, FileNotFoundError) as e:
+            raise CliError(f"--judge {args.judge}: {e}") from None
+        if (judge_template.to_dict() if judge_template else None) != template.to_dict():
+            raise CliError(f"--judge {args.judge}: its chat template differs from the policy's; a reward model scores "
+                           "replies rendered with the template it was trained on")
+        judge = judge.to(device)
+    bar = tqdm(total=len(problems), unit="problem", desc=f"sampling {args.samples} per problem", dynamic_ncols=True)
+
+    def progress(done: int, st: dict) -> None:
+        bar.update(done - bar.n)
+        bar.set_postfix(pairs=st["pairs"], acc=f"{st['sample_accuracy']:.3f}")
+
+    torch.manual_seed(args.seed)
+    rows, stats = policy_pairs(policy, get_tokenizer(), template, problems, settings, reward_model=judge,
+                               progress=progress)
+    bar.close()
+    if not rows:
+        raise CliError(f"prepare preferences: no pairs: the judge scored every problem's {args.samples} replies alike "
+                       f"(sample accuracy {stats['sample_accuracy']:.3f}); raise --samples or --temperature")
+    path = write_preferences(rows, args.out)
+    truth = (f", {stats['pairs_true_order']:.1%} of them with a correct chosen and a wrong rejected reply"
+             if "pairs_true_order" in stats else "")
+    print(f"wrote {len(rows)} on-policy {args.task} preference pairs to {path} from {stats['problems']} problems "
+          f"({stats['problems_with_pairs']} gave a pair; the policy's replies were right {stats['sample_accuracy']:.1%} "
+          f"of the time{truth}). Train on them: gptforge dpo --init-from {args.policy} --data {path} --out runs/dpo")
+    return 0
 
 
 def _shard_options(p: argparse.ArgumentParser) -> None:
@@ -83,10 +162,16 @@ def cmd_prepare(args: argparse.Namespace) -> int:
               f"--data {path} --out runs/sft)")
         return 0
     if args.source_name == "preferences":
-        from gptforge.eval.tasks.preferences import preference_set, write_preferences
+        from gptforge.eval.tasks.preferences import KINDS, preference_set, write_preferences
 
+        if args.policy is not None:
+            if args.kinds is not None:
+                raise CliError("prepare preferences: --kinds chooses the generator's rejected kinds; with --policy the "
+                               "rejected replies are the policy's own (leave --kinds out)")
+            return _policy_preferences(args)
         try:
-            rows = preference_set(args.task, args.n, args.seed, [k.strip() for k in args.kinds.split(",") if k.strip()],
+            rows = preference_set(args.task, args.n, args.seed,
+                                  [k.strip() for k in (args.kinds or ",".join(KINDS)).split(",") if k.strip()],
                                   held_out=args.held_out)
         except ValueError as e:
             raise CliError(f"prepare preferences: {e} (--n, --kinds)") from e

@@ -62,12 +62,16 @@ def cmd_sft(args: argparse.Namespace, overrides: list[str]) -> int:
 
 
 def _flag_overrides(args: argparse.Namespace, keys: dict[str, str]) -> list[str]:
-    """A command's own flags as --section.key overrides (only those given: None/False means not given)."""
+    """A command's own flags as --section.key overrides (only those given: None/False means not given).
+    Which flag set which key is kept on ``args`` (``flag_keys``), so a refusal of the key also names
+    the flag that was typed (:func:`gptforge.cli.common.name_flag`)."""
     out: list[str] = []
+    args.flag_keys = {}
     for flag, key in keys.items():
         v = getattr(args, flag, None)
         if v is not None and v is not False:
             out += [f"--{key}", str(v)]
+            args.flag_keys[key] = f"--{flag.replace('_', '-')} {v}"
     return out
 
 
@@ -87,7 +91,7 @@ def add_trust_flag(p: argparse.ArgumentParser) -> None:
 def _base_shape(source: str):
     """The base model's config (the SFT config keeps its family and shape)."""
 
-    return load(ModelSource.from_path(source)).config
+    return load(ModelSource.from_path(source), "--init-from").config
 
 
 def args_sft(s: argparse.ArgumentParser) -> None:
@@ -170,7 +174,18 @@ def cmd_rl(args: argparse.Namespace, overrides: list[str]) -> int:
             from gptforge.training.ppo import PPO
 
             base, recipe = init, PPO(cfg, template, get_tokenizer(), reward, reward_model=rm)
-            init = None if base is None else (lambda m: (base(m.policy), base(m.value.body)))
+            if cfg.rl.value_init == "reward_model" and rm is None:
+                raise CliError("rl.value_init reward_model needs --reward-model RUN (or use rl.value_init policy)")
+            value_rm = rm if cfg.rl.value_init in ("auto", "reward_model") else None
+
+            def init_ppo(m):  # the policy from --init-from; the value model from the reward model (TRL) or the policy
+                base(m.policy)
+                if value_rm is None:
+                    base(m.value.body)
+                else:
+                    m.value.start_from_reward_model(value_rm)
+
+            init = None if base is None else init_ppo
         else:
             recipe = GRPO(cfg, template, get_tokenizer(), reward, reward_model=rm)
         result = train(cfg, recipe, resume=resume, force=args.force, init_weights=init)

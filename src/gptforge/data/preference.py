@@ -261,7 +261,18 @@ def pair_loaders(section: Any, template: ChatTemplate, B: int, max_tokens: int, 
         print(f"[gptforge {command}] skipped {stats['skipped']} bad preference row(s) (--skip-bad)", flush=True)
     train, val = split_pairs(rendered, section.val_count, section.seed)
 
+    def check_step(world: int) -> None:  # a pair twice in one step is a typo (--micro-batch 1e9 would hang)
+        n = B * section.grad_accum * world
+        if n > len(train):
+            raise PreferenceDataError(
+                f"--micro-batch {B} x {command}.grad_accum {section.grad_accum}" + (f" x world {world}" if world > 1 else "")
+                + f" = {n} pairs a step, more than the {len(train)} training pairs of --data {section.data} (after "
+                f"--val-count {section.val_count}); lower --micro-batch or {command}.grad_accum")
+
+    check_step(1)
+
     def make(info: Any) -> tuple[PairLoader, list[RenderedPair], int]:
+        check_step(info.world)
         loader = PairLoader(train, B, info.rank, info.world, shuffle=True, seed=section.seed, pad=template.bos)
         return loader, val, max(1, math.ceil(len(val) / (B * info.world)))
 

@@ -42,7 +42,8 @@ def read_rows(source: str, split: str, columns: Sequence[str], check: Check, ski
     ``what`` describes the file for a missing path."""
     path = Path(source)
     if path.is_file() and path.suffix != ".parquet":
-        return _read_jsonl(path, columns, check, skip_bad, stats, error, jsonl_shape)
+        return _some(_read_jsonl(path, columns, check, skip_bad, stats, error, jsonl_shape), source, stats, error,
+                     "no rows (the file is empty or holds only blank lines)")
     if not path.exists() and path.suffix in (".jsonl", ".json", ".parquet"):
         raise error(f"--data {source}: no such file (give {what} or a HF dataset)")
     ds = load_hf(source, split, error)
@@ -60,7 +61,17 @@ def read_rows(source: str, split: str, columns: Sequence[str], check: Check, ski
             bad_row(where, why, skip_bad, stats, error)
             continue
         out.append((where, row))
-    return out
+    return _some(out, name, stats, error, "no rows (the split is empty)")
+
+
+def _some(rows: list, name: str, stats: dict[str, int] | None, error: type[DataError], empty: str) -> list:
+    """``rows``, or a refusal naming the file (or dataset and split) when none is left: no row would
+    otherwise surface later as an error that names nothing (an empty loader, no held-out rows)."""
+    if rows:
+        return rows
+    skipped = (stats or {}).get("skipped", 0)
+    why = f"no usable rows (all {skipped} were bad and skipped: --skip-bad)" if skipped else empty
+    raise error(f"{name}: {why}")
 
 
 def _read_jsonl(path: Path, columns: Sequence[str], check: Check, skip_bad: bool, stats: dict[str, int] | None,

@@ -6,7 +6,8 @@ torchrun's ``--max-restarts N`` restarts the whole worker group when a rank dies
 workers see ``TORCHELASTIC_RESTART_COUNT > 0`` and ``train()`` then resumes from the newest complete
 checkpoint (checkpoints are renamed into place only when complete, so a rank dying mid-save leaves
 nothing that resume would pick). ``GPTFORGE_FAULT_INJECT=RANK:STEP`` kills one rank mid-run to
-exercise exactly that.
+exercise exactly that; ``RANK:STEP:int`` is a Ctrl-C (SIGINT) at a known step, which the tests send
+to every training command in turn.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def exit_status(interrupted: bool) -> int:
 def maybe_inject_fault(info: DistInfo, steps_done: int) -> None:
     """Fault injection for testing: ``GPTFORGE_FAULT_INJECT=RANK:STEP`` kills that rank (SIGKILL, no
     cleanup: like a crashed node) right after optimizer step STEP; ``RANK:STEP:term`` sends it SIGTERM
-    instead (a polite stop that only this rank receives). First attempt only, so a group restarted by
+    instead (a polite stop that only this rank receives), ``RANK:STEP:int`` SIGINT (Ctrl-C). First attempt only, so a group restarted by
     torchrun runs to the end."""
     spec = os.environ.get(FAULT_ENV)
     if not spec or elastic_restart():
@@ -77,11 +78,11 @@ def maybe_inject_fault(info: DistInfo, steps_done: int) -> None:
     parts = spec.split(":")
     try:
         rank, step = int(parts[0]), int(parts[1])
-        sig = {"kill": signal.SIGKILL, "term": signal.SIGTERM}[parts[2] if len(parts) > 2 else "kill"]
+        sig = {"kill": signal.SIGKILL, "term": signal.SIGTERM, "int": signal.SIGINT}[parts[2] if len(parts) > 2 else "kill"]
         if len(parts) > 3:
             raise ValueError
     except (ValueError, IndexError, KeyError):
-        raise ConfigError(f"{FAULT_ENV}={spec!r}: expected RANK:STEP or RANK:STEP:kill|term, e.g. 1:5") from None
+        raise ConfigError(f"{FAULT_ENV}={spec!r}: expected RANK:STEP or RANK:STEP:kill|term|int, e.g. 1:5") from None
     if info.rank == rank and steps_done == step:
         print(f"[gptforge] {FAULT_ENV}: sending {sig.name} to rank {rank} after step {step}",
               file=sys.stderr, flush=True)

@@ -11,6 +11,9 @@ The math, for a pair (x, y_c, y_r), a policy π and a reference π_ref:
     sigmoid (DPO):  loss = −mean log σ(β (h_c − h_r))
     ipo:            loss =  mean (h_c / n_c − h_r / n_r − 1/(2β))²
                     n_c, n_r: reply lengths in tokens (TRL's IPO is length-normalised; so is this)
+    + sft_coef · NLL  with NLL = −Σ log π(y_c|x) / Σ n_c, the chosen replies' mean token loss
+                    (RPO, Pang et al. 2024; TRL's loss_type ["sigmoid", "sft"], loss_weights [1, sft_coef]):
+                    DPO alone lowers the chosen replies' likelihood along with the rejected ones'
 
 Metrics under TRL's names: ``rewards/chosen`` = mean β h_c, ``rewards/rejected`` = mean β h_r,
 ``rewards/margins`` = mean β (h_c − h_r), ``rewards/accuracies`` = share of pairs with h_c > h_r,
@@ -109,10 +112,11 @@ def reference_logps(ref: torch.nn.Module, pairs: Sequence[RenderedPair], batch_s
 
 
 def dpo_batch_loss(policy: torch.nn.Module, batch: PairBatch, beta: float, loss_type: str = "sigmoid",
-                   ref: torch.nn.Module | None = None, ref_table: torch.Tensor | None = None,
+                   ref: torch.nn.Module | None = None, ref_table: torch.Tensor | None = None, sft_coef: float = 0.0,
                    ) -> tuple[torch.Tensor, dict[str, float]]:
     """The DPO step function: a pair batch -> (loss, metrics), the reference's log-probs from a frozen
-    ``ref`` model or from a :func:`reference_logps` table (one of the two)."""
+    ``ref`` model or from a :func:`reference_logps` table (one of the two); ``sft_coef`` > 0 adds that
+    weight times the chosen replies' mean token NLL (metric ``nll_loss``)."""
     if (ref is None) == (ref_table is None):
         raise ValueError("give the reference as a model (ref) or as precomputed log-probs (ref_table), not both")
     c, r, n_c, n_r = pair_logps(policy, batch)
@@ -121,7 +125,12 @@ def dpo_batch_loss(policy: torch.nn.Module, batch: PairBatch, beta: float, loss_
     else:
         with torch.no_grad():
             ref_c, ref_r, _, _ = pair_logps(ref, batch)
-    return dpo_loss(c, r, ref_c, ref_r, beta, loss_type, n_c, n_r)
+    loss, metrics = dpo_loss(c, r, ref_c, ref_r, beta, loss_type, n_c, n_r)
+    if sft_coef > 0:
+        nll = -c.sum() / n_c.sum()
+        loss = loss + sft_coef * nll
+        metrics = {**metrics, "loss": loss.item(), "nll_loss": nll.item()}
+    return loss, metrics
 
 
 # --- the recipe: `gptforge dpo` on the one loop -------------------------------------------------------------
@@ -204,12 +213,12 @@ class DPO(PairRecipe):
     def micro_step(self, run, batch):
         d = run.cfg.dpo
         return dpo_batch_loss(run.wrapped, batch, d.beta, d.loss_type, ref=self.ref,
-                              ref_table=None if self.tables is None else self.tables["train"])
+                              ref_table=None if self.tables is None else self.tables["train"], sft_coef=d.sft_coef)
 
     def score_held_out(self, run):
         d, parts = run.cfg.dpo, []
         for b in self.held_out_batches(run):
-            parts.append((b.n, dpo_batch_loss(run.model, b, d.beta, d.loss_type, ref=self.ref,
+            parts.append((b.n, dpo_batch_loss(run.model, b, d.beta, d.loss_type, ref=self.ref, sft_coef=d.sft_coef,
                                               ref_table=None if self.tables is None else self.tables["val"])[1]))
         out = weighted_mean(parts, run)
         if self.problems:

@@ -207,6 +207,11 @@ def problem_stream(cfg: Any, seed: int) -> tuple[Callable[[int], list[Problem]],
         make, eval_set = GENERATED[cfg.task]
         held_out = eval_set(cfg.eval_n or 1)[: cfg.eval_n]
         banned = {p.question for p in eval_set(0)} | {p.question for p in held_out}
+        probe = make(1000, seed=_mix(seed, 4))  # a generated task has a few thousand distinct problems: a large
+        free = sum(p.question not in banned for p in probe) / len(probe)  # held-out set leaves none to train on
+        if free < 0.05:  # (and drawing a step's problems would loop for ever)
+            raise RLError(f"--eval-n {cfg.eval_n} (rl.eval_n): {len(banned)} held-out {cfg.task} problems leave almost "
+                          f"none to train on (of 1000 new draws, {free:.1%} are not held out); lower --eval-n")
 
         def at(step: int) -> list[Problem]:
             out: list[Problem] = []

@@ -20,20 +20,22 @@ The math, per reply token t (mask m_t = 1 on the reply's tokens; everything is 0
     loss      = policy + vf_coef · value
 
 Means are over the masked tokens of the whole batch (TRL's ``masked_mean``); the variance in the
-whitening is the unbiased one (Bessel), as TRL's ``masked_var``.
+whitening is the unbiased one (Bessel), as TRL's ``masked_var``. Under data parallelism the whitening's
+mean and variance are the whole step's, over every rank's rollouts (TRL whitens each process's share),
+so a run on N processes equals one process with the same rollouts.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn as nn
 
-from gptforge.parallel.distributed import all_reduce_mean, grad_sync, local_tensor
-from gptforge.training.grpo import GRPO, token_logprobs
+from gptforge.parallel.distributed import all_reduce_mean, all_reduce_sum, grad_sync, local_tensor
+from gptforge.training.grpo import GRPO, RLError, token_logprobs
 from gptforge.training.rm import last_index
 
 # --- the math ---------------------------------------------------------------------------------------
@@ -45,15 +47,19 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (x * m).sum() / m.sum()
 
 
-def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8) -> torch.Tensor:
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8,
+                  reduce: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
     """(x − mean) / sqrt(var + eps) over the masked entries (unbiased variance); ``shift_mean`` False
-    keeps the mean (scales only, for whitening rewards). Entries outside the mask are set to 0."""
+    keeps the mean (scales only, for whitening rewards). Entries outside the mask are set to 0.
+    ``reduce`` sums a tensor over every rank (data parallel): the statistics are then the whole
+    batch's, as on one process, instead of each rank's share's."""
     m = mask.to(x.dtype)
-    n = m.sum()
+    total = (lambda t: t) if reduce is None else reduce
+    s, n = total(torch.stack([(x * m).sum(), m.sum()])).unbind()
     if n < 2:
         raise ValueError("whitening needs at least two masked entries (a larger batch or longer replies)")
-    mean = (x * m).sum() / n
-    var = (((x - mean) ** 2) * m).sum() / n * (n / (n - 1))
+    mean = s / n
+    var = total((((x - mean) ** 2) * m).sum().reshape(1))[0] / n * (n / (n - 1))
     out = (x - mean) * torch.rsqrt(var + eps)
     if not shift_mean:
         out = out + mean
@@ -151,6 +157,19 @@ class ValueModel(nn.Module):
         v.score.weight.data.copy_(rm.score.weight.data)
         return v
 
+    @torch.no_grad()
+    def start_from_reward_model(self, rm: nn.Module) -> None:
+        """Take ``rm``'s weights (body and score head) in place (``rl.value_init reward_model``): the
+        value of a finished reply then starts at the reward model's score of it. RLError when the
+        reward model's shape differs from the value model's (the policy's)."""
+        try:
+            self.body.load_state_dict(rm.body.state_dict(), strict=True)
+        except RuntimeError as e:
+            raise RLError("rl.value_init reward_model: the reward model's shape differs from the policy's "
+                          f"({str(e).splitlines()[0]}); use rl.value_init policy, or a reward model trained "
+                          "from the same SFT model") from None
+        self.score.weight.copy_(rm.score.weight)
+
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return self.score(self.body.hidden_states(ids)).squeeze(-1).float()  # (N, T)
 
@@ -194,9 +213,10 @@ def pad_rollouts(prompts: Sequence[Sequence[int]], replies: Sequence[Sequence[in
 def make_experience(policy: nn.Module, ref: nn.Module, value_model: nn.Module, prompts: Sequence[Sequence[int]],
                     replies: Sequence[Sequence[int]], scores: torch.Tensor, pad: int, kl_coef: float = 0.05,
                     gamma: float = 1.0, lam: float = 0.95, temperature: float = 1.0, kl_estimator: str = "k1",
-                    ) -> Experience:
+                    reduce: Callable[[torch.Tensor], torch.Tensor] | None = None) -> Experience:
     """Score-carrying rollouts -> :class:`Experience`: log-probs under the policy and the reference,
-    the value head's values, the KL-penalised per-token rewards, GAE and whitened advantages."""
+    the value head's values, the KL-penalised per-token rewards, GAE and whitened advantages (over
+    every rank's rollouts with ``reduce``, a sum over ranks: see :func:`masked_whiten`)."""
     device = next(policy.parameters()).device
     ids, mask, start = pad_rollouts(prompts, replies, pad)
     ids, mask = ids.to(device), mask.to(device)
@@ -205,7 +225,8 @@ def make_experience(policy: nn.Module, ref: nn.Module, value_model: nn.Module, p
     values = value_model(ids)[:, start:-1] * mask  # V(t): the state whose next token is target t
     rewards, _ = kl_penalized_rewards(scores.to(device), logp, ref_logp, mask, kl_coef, kl_estimator)
     adv, returns = gae(rewards, values, gamma, lam)
-    return Experience(ids, start, mask, logp, ref_logp, values, rewards, masked_whiten(adv, mask), returns * mask)
+    return Experience(ids, start, mask, logp, ref_logp, values, rewards, masked_whiten(adv, mask, reduce=reduce),
+                      returns * mask)
 
 
 def ppo_batch_loss(policy: nn.Module, value_model: nn.Module, exp: Experience, rows: torch.Tensor | None = None,
@@ -275,7 +296,7 @@ class PPO(GRPO):
         with run.autocast():
             exp = make_experience(policy, self.ref if self.ref is not None else policy, run.model.value,
                                   rollouts.prompts, rollouts.replies, r, self.pad, rl.kl_coef, rl.gamma, rl.lam,
-                                  rl.temperature)
+                                  rl.temperature, reduce=lambda t: all_reduce_sum(t, info))
         kl = ((exp.logprobs - exp.ref_logprobs) * exp.mask).sum(dim=1).mean().item()
         N, mb = exp.ids.size(0), cfg.train.micro_batch
         chunks = [torch.arange(i, min(i + mb, N), device=exp.ids.device) for i in range(0, N, mb)]

@@ -1,0 +1,69 @@
+"""The training commands, read from the CLI's own table, and a tiny fresh run of each: what the class
+tests (Ctrl-C and resume in test_ctrl_c_every_command.py, hostile input in
+tests/cli/test_hardening_training.py) iterate, so a new command is covered or fails them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from gptforge.cli import COMMANDS, build_parser
+
+CPU = ["--device", "cpu", "--ckpt-every", "0"]
+RL = ["--prompts", "2", "--group", "2", "--max-new-tokens", "4", "--eval-n", "2", "--steps", "3", *CPU]
+PAIRS = ["--val-count", "4", "--micro-batch", "2", "--lr", "1e-3", "--steps", "3", *CPU]
+
+# (command, --algo or None) -> the arguments of a fresh 3-step run (no --out), given world()'s files
+RUNS = {
+    ("train", None): lambda w: ["train", "--preset", "tiny", "--data.dir", w["shards"], "--model.vocab_size", "512",
+                                "--train.max_steps", "3", "--train.val_every", "0", "--train.ckpt_every", "0",
+                                "--train.device", "cpu"],
+    ("sft", None): lambda w: ["sft", "--init-from", w["chat"], "--data", w["conv"], "--val-count", "4",
+                              "--train.seq_len", "64", "--train.micro_batch", "2", "--train.total_batch_tokens", "128",
+                              "--train.max_steps", "3", "--train.ckpt_every", "0", "--train.device", "cpu"],
+    ("rl", "grpo"): lambda w: ["rl", "--init-from", w["chat"], "--algo", "grpo", *RL],
+    ("rl", "ppo"): lambda w: ["rl", "--init-from", w["chat"], "--algo", "ppo", "--updates-per-batch", "2", *RL],
+    ("rm", None): lambda w: ["rm", "--init-from", w["chat"], "--data", w["prefs"], *PAIRS],
+    ("dpo", None): lambda w: ["dpo", "--init-from", w["chat"], "--data", w["prefs"], *PAIRS],
+}
+
+
+def subparsers() -> dict:
+    return next(a for a in build_parser()._subparsers._group_actions if a.dest == "command").choices
+
+
+def training_commands() -> list[tuple[str, str | None]]:
+    """Every (command, algo) of the CLI's table whose parser has --resume (a command that trains and
+    checkpoints); algo for each --algo choice, else None."""
+    sub, out = subparsers(), []
+    for name in COMMANDS:
+        flags = sub[name]._option_string_actions
+        if "--resume" in flags:
+            out += [(name, algo) for algo in (flags["--algo"].choices if "--algo" in flags else [None])]
+    return out
+
+
+def case_id(case: tuple[str, str | None]) -> str:
+    return case[0] if case[1] is None else f"{case[0]}-{case[1]}"
+
+
+def make_world(tmp: Path) -> dict[str, str]:
+    """A tiny chat checkpoint (GPT-2 vocabulary plus the chat tokens), token shards, a conversation
+    file and a preference file: what every training command's fresh run starts from."""
+    from gptforge.config import Config
+    from gptforge.data.chat import ChatTemplate
+    from gptforge.eval.tasks.preferences import preference_set, write_preferences
+    from gptforge.eval.tasks.synthetic import arithmetic_problems, write_conversations
+    from gptforge.models.gpt2 import GPT, GPTConfig
+    from gptforge.run import checkpoint as ckpt
+    from tests.conftest import make_shards
+
+    torch.manual_seed(0)
+    t = ChatTemplate.gpt2()
+    cfg = GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=64, vocab_size=t.vocab_size)
+    chat = ckpt.save_checkpoint(tmp / "chat", 1, GPT(cfg), None,
+                                {"config": Config(model=cfg).to_dict(), "chat_template": t.to_dict()})
+    return {"tmp": str(tmp), "chat": str(chat), "shards": str(make_shards(tmp / "shards", 20_000, 4_000)),
+            "conv": str(write_conversations(arithmetic_problems(40, seed=2), tmp / "conv.jsonl")),
+            "prefs": str(write_preferences(preference_set("compare", 24, seed=1), tmp / "prefs.jsonl"))}

@@ -1,0 +1,139 @@
+"""On-policy preference pairs (``prepare preferences --policy``): the pairing rule, the verifier's
+labels against the truth, a reward model's labels against its own scores recomputed from the written
+file, determinism, and the command's refusals."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+from gptforge.cli import main
+from gptforge.config import Config
+from gptforge.data.chat import ChatTemplate
+from gptforge.eval.generative import compare_eval_problems
+from gptforge.eval.tasks.preferences import preference_set, write_preferences
+from gptforge.eval.tasks.verifiable import is_correct
+from gptforge.models.gpt2 import GPT, GPTConfig
+from gptforge.run import checkpoint as ckpt
+from gptforge.training import grpo
+from gptforge.training.policy_pairs import PairSettings, pairs_from_scores, policy_pairs, problems_for
+
+
+def test_pairs_from_scores_verifier_and_ranking():
+    rng = random.Random(0)
+    texts = ["a", "b", "c", "d", "e", "f"]
+    got = pairs_from_scores(texts, [1, 0, 1, 0, 0, 1], 2, rng, threshold=1.0)
+    assert len(got) == 2 and len({i for p in got for i in p}) == 4  # no reply used twice
+    assert all(texts[c] in "acf" and texts[r] in "bde" for c, r in got)
+    # all right or all wrong: no pair; the same text on both sides: no pair
+    assert pairs_from_scores(texts, [1] * 6, 3, rng, threshold=1.0) == []
+    assert pairs_from_scores(["x", "x"], [1, 0], 1, rng, threshold=1.0) == []
+    # a reward model's scores: the best against the worst, then the next best against the next worst
+    assert pairs_from_scores(texts, [0.5, 2.0, -1.0, 0.1, 3.0, 0.2], 2, rng) == [(4, 2), (1, 3)]
+    assert pairs_from_scores(texts[:2], [1.0, 1.0], 1, rng) == []  # a tie prefers nothing
+
+
+def test_verifier_labels_equal_the_truth(monkeypatch, tokenizer):
+    """With the sampler replaced by known replies, each problem gives a pair iff its replies are mixed,
+    chosen is correct and rejected wrong (checked with the task's own verifier), and the stats count
+    the replies."""
+    problems = compare_eval_problems(6)
+
+    def fake(model, enc, template, probs, group, params):
+        texts = []
+        for p in probs:
+            i = problems.index(p)
+            right, wrong = f"The answer is {p.answer}.", f"The answer is {int(p.answer) + 1}."
+            texts += [right if (i % 3 == 0 or (i % 3 == 1 and k == 0)) else wrong for k in range(group)]
+        rows = [p for p in probs for _ in range(group)]
+        return grpo.Rollouts(rows, [[1]] * len(rows), [[2]] * len(rows), texts)
+
+    monkeypatch.setattr(grpo, "sample_replies", fake)
+    rows, stats = policy_pairs(None, tokenizer, None, problems, PairSettings(samples=4, pairs_per_problem=3, batch=4))
+    # problem i: i % 3 == 0 all right, == 1 one right of four (one pair), == 2 all wrong
+    assert len(rows) == 2 and stats["problems_with_pairs"] == 2 and stats["replies"] == 24
+    assert stats["sample_accuracy"] == pytest.approx((4 + 1 + 4 + 1) / 24)
+    for r in rows:
+        assert is_correct(r["chosen"][0]["content"], r["answer"]) and r["chosen_correct"]
+        assert not is_correct(r["rejected"][0]["content"], r["answer"]) and not r["rejected_correct"]
+        assert r["kind"] == "policy" and r["prompt"][0]["content"].startswith("Which is larger")
+
+
+@pytest.fixture(scope="module")
+def chat_world(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("onpolicy")
+    torch.manual_seed(0)
+    t = ChatTemplate.gpt2()
+    cfg = GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=96, vocab_size=t.vocab_size)
+    sft = ckpt.save_checkpoint(tmp / "sft", 1, GPT(cfg), None,
+                               {"config": Config(model=cfg).to_dict(), "chat_template": t.to_dict()})
+    plain = ckpt.save_checkpoint(tmp / "plain", 1, GPT(cfg), None, {"config": Config(model=cfg).to_dict()})
+    prefs = write_preferences(preference_set("compare", 24, seed=1), tmp / "prefs.jsonl")
+    assert main(["rm", "--init-from", str(sft), "--data", str(prefs), "--out", str(tmp / "rm"), "--steps", "2",
+                 "--val-count", "4", "--micro-batch", "4", "--lr", "1e-3", "--device", "cpu", "--ckpt-every", "0"]) == 0
+    return tmp, sft, plain
+
+
+def test_reward_model_judge_end_to_end(chat_world, tmp_path, capsys):
+    """``--judge RM``: every row's chosen reply scored above its rejected one; the scores written are
+    the reward model's on the same tokens; the same command writes the same file; the file trains DPO."""
+    tmp, sft, _ = chat_world
+    out, again = tmp_path / "p.jsonl", tmp_path / "q.jsonl"
+    args = ["prepare", "preferences", "compare", "--policy", str(sft), "--judge", str(tmp / "rm"), "--n", "6",
+            "--samples", "4", "--max-new-tokens", "6", "--temperature", "1.5", "--seed", "4", "--device", "cpu"]
+    assert main([*args, "--out", str(out)]) == 0
+    assert "on-policy compare preference pairs" in capsys.readouterr().out
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert 1 <= len(rows) <= 6 and all(r["chosen_score"] > r["rejected_score"] for r in rows)
+    assert {r["prompt"][0]["content"] for r in rows} <= {p.question for p in problems_for("compare", 6, 4)}
+    assert main([*args, "--out", str(again)]) == 0
+    assert again.read_text() == out.read_text()
+    assert main(["dpo", "--init-from", str(sft), "--data", str(out), "--out", str(tmp_path / "dpo"), "--steps", "1",
+                 "--val-count", "1", "--micro-batch", "2", "--device", "cpu", "--ckpt-every", "0"]) == 0
+
+
+@pytest.mark.parametrize("extra, says", [
+    (["--kinds", "wrong_number"], "--kinds"),
+    (["--samples", "1"], "--samples"),
+    (["--temperature", "0"], "--temperature"),
+    (["--pairs-per-problem", "0"], "--pairs-per-problem"),
+    (["--judge", "SFT"], "not a reward model"),
+    (["--judge", "MISSING"], "MISSING"),
+    (["--policy", "PLAIN"], "no chat template"),
+    (["--policy", "MISSING"], "MISSING"),
+    (["--device", "nonsense"], "nonsense"),
+])
+def test_refusals_name_the_flag(chat_world, tmp_path, capsys, extra, says):
+    tmp, sft, plain = chat_world
+    subst = {"SFT": str(sft), "PLAIN": str(plain), "MISSING": str(tmp_path / "missing")}
+    extra = [subst.get(x, x) for x in extra]
+    says = subst.get(says, says)
+    args = ["prepare", "preferences", "compare", "--policy", str(sft), "--n", "2", "--out", str(tmp_path / "x.jsonl")]
+    assert main([*args, *extra]) == 2
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err
+    assert not (tmp_path / "x.jsonl").exists()
+
+
+def test_solution_as_chosen_pairs_it_with_wrong_samples(monkeypatch, tokenizer):
+    """``chosen="solution"`` (SPIN): chosen is the worked solution; rejected are distinct wrong samples,
+    never a correct one and never the solution itself."""
+    problems = compare_eval_problems(3)
+
+    def fake(model, enc, template, probs, group, params):
+        texts = []
+        for p in probs:
+            texts += [p.solution, f"The answer is {p.answer}.", "The answer is 1.", "The answer is 1."]
+        rows = [p for p in probs for _ in range(group)]
+        return grpo.Rollouts(rows, [[1]] * len(rows), [[2]] * len(rows), texts)
+
+    monkeypatch.setattr(grpo, "sample_replies", fake)
+    rows, _ = policy_pairs(None, tokenizer, None, problems, PairSettings(samples=4, pairs_per_problem=3, chosen="solution"))
+    assert len(rows) == 3  # one distinct wrong reply per problem
+    for r, p in zip(rows, problems, strict=True):
+        assert r["chosen"][0]["content"] == p.solution and r["rejected"][0]["content"] == "The answer is 1."
+    with pytest.raises(ValueError, match="--chosen"):
+        PairSettings(chosen="gold").check()
