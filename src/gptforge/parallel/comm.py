@@ -4,9 +4,10 @@ dimension and kind, in bytes, to hold against the planner's prediction
 
     torchrun --nproc_per_node 2 -m gptforge train --preset tiny --dist.tp 2 --dist.count_comm 10
 
-Under ``dist.count_comm N`` every N-th step runs inside :class:`CommCounter` and rank 0 writes its bytes into
-``metrics.jsonl`` as ``comm.<dim>.<kind>`` (dim: ``tp``, ``pp``, ``dp`` or ``world``; kind:
-``all_gather``, ``reduce_scatter``, ``all_reduce``, ``send``). The counter is a dispatch mode in the
+Under ``dist.count_comm N`` every N-th step runs inside :class:`CommCounter` and rank 0 writes its
+bytes into that step's ``metrics.jsonl`` record as ``"comm": {"<dim>.<kind>": bytes, ...}`` (dim:
+``tp``, ``pp``, ``dp``, or ``world`` / ``other`` for a group that is no mesh dimension; kind:
+``all_gather``, ``reduce_scatter``, ``all_reduce``, ``send``, ``broadcast``). The counter is a dispatch mode in the
 manner of DTensor's ``CommDebugMode``: it sees the functional collectives DTensor issues, the c10d
 calls FSDP2 and the pipeline schedules make, and ``torch.distributed``'s own (it steps aside for
 DTensor ops, so their inner collectives reach it). It is slow (Python on every op): a check, not a
@@ -28,7 +29,7 @@ import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
-# op name -> (kind, how the payload is read from the arguments)
+# op name -> kind (the argument comments say where the payload and the group are)
 _FUNCTIONAL = {  # torch.ops._c10d_functional (DTensor's redistributions): (input, ..., group_name)
     "all_gather_into_tensor": "all_gather",
     "reduce_scatter_tensor": "reduce_scatter",
