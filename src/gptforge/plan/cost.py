@@ -45,7 +45,8 @@ The communication model (every collective is a ring; the bytes a rank *sends*):
   (``no_sync`` before the last micro-batch); ZeRO-1 (``zero1``) does that and all-gathers the updated
   fp32 parameters; FSDP2 (``fsdp``, ZeRO-3) all-gathers the bf16 parameters in every micro-batch's
   forward and again in its backward (the last block stays gathered) and reduce-scatters fp32
-  gradients every micro-batch. Under a TP/PP mesh the data dimension is always FSDP2 over (replicas x
+  gradients every micro-batch (behind a pipeline, which keeps parameters gathered after a backward
+  until the last micro-batch, a unit is gathered m + 1 times a step). Under a TP/PP mesh the data dimension is always FSDP2 over (replicas x
   shards): shard groups of ``dp_shard`` (HSDP when < ``dp``) with ``fsdp``, of 1 with ``none`` (then
   only the replicas' all-reduce); it reduces every micro-batch without a pipeline, once after the
   last micro-batch with one (torch's pipeline stages turn gradient sync off until then); the
@@ -213,11 +214,10 @@ def comm_volume(model_cfg, layout: Layout, global_batch: int, seq_len: int, stag
     parameters) or ``float32`` (everything 4 bytes: a CPU run). The ``megatron`` and ``deepspeed``
     engines move fp16 activations and parameters (gradients: fp32 and fp16).
 
-    Behind a pipeline the FSDP gathers are an upper bound: torch's pipeline stages keep parameters
-    unsharded after a backward until the last micro-batch, so some of the per-micro-batch gathers
-    counted here do not happen. Not counted: scalar all-reduces (the loss, the gradient norm, a stop
-    flag: latency, not bandwidth). The ``tp`` and ``pp`` entries of a float32 run are what
-    ``dist.count_comm`` counts, byte for byte (tests/training/test_model_parallel.py)."""
+    Not counted: scalar all-reduces (the loss, the gradient norm, a stop flag: latency, not bandwidth).
+    For a float32 run every entry is what ``dist.count_comm`` counts, byte for byte
+    (tests/training/test_model_parallel.py: TP, PP with GPipe, 1F1B and interleaving, TP x PP, FSDP x
+    TP, HSDP, PP x FSDP with 1F1B and interleaving; GPipe x FSDP checked once by hand)."""
     c = counts(model_cfg, seq_len)
     L = layout
     stage = L.pp - 1 if stage is None else stage
@@ -291,8 +291,14 @@ def comm_volume(model_cfg, layout: Layout, global_batch: int, seq_len: int, stag
         syncs = 1 if (L.pp > 1 or not ours) else m
         if g > 1:
             gathers = 2 + (L.engine == "deepspeed" and L.recompute == "block")
-            kept = 0 if not ours else _tp_layer(c, L)
-            add("dp", "all_gather", "parameters (forward, backward)", m * (gathers * n_rank - kept) * param_b, g)
+            kept = 0 if not ours else _tp_layer(c, L)  # the rank's last block: not resharded after forward
+            ag = m * (gathers * n_rank - kept)
+            if ours and L.pp > 1:
+                # torch's stages keep parameters gathered after a backward until the last micro-batch: a unit
+                # resharded after its forward is gathered m + 1 times a step (every forward until the first
+                # backward, then every backward that follows a forward), the last block once
+                ag = (m + 1) * (n_rank - kept) + kept
+            add("dp", "all_gather", "parameters (forward, backward)", ag * param_b, g)
             add("dp", "reduce_scatter", "gradients", syncs * n_rank * grad_b, g)
             if ours:  # the gradient norm's per-tensor norms, partial over the shards
                 add("dp", "all_reduce", "per-tensor gradient norms", _stage_tensors(c, L, stage) * 4, g)
