@@ -101,9 +101,16 @@ TWO = {
     "g_pp2": ("gpt2", 2, dict(pp=2, pp_schedule="gpipe")),
     "l_pp2": ("llama", 2, dict(pp=2, pp_schedule="1f1b")),  # stopped at step 5, resumed (same mesh)
     "g4_ipp2": ("gpt2", 4, dict(pp=2, pp_schedule="interleaved1f1b")),  # 2 stages per rank
+    "g_pp2_ramp": ("gpt2", 2, dict(pp=2)),  # 1F1B under a batch-size ramp: 2, 3, 3, then 4 micro-batches
 }
 MUON_STEPS = 3
 CHAIN = 5  # TP2 x PP2 for steps 1-5, one process for 6-7, TP2 for 8-10
+
+
+def _ramp(cfg: Config) -> Config:
+    """A batch-size ramp over the first 4 steps from half the batch, in micro-batches of one sequence."""
+    cfg.train.micro_batch, cfg.train.batch_warmup_steps, cfg.train.batch_warmup_start = 1, 4, 0.5
+    return cfg
 
 
 def _layout_cfg(data: Path, tmp: Path, name: str) -> Config:
@@ -111,6 +118,8 @@ def _layout_cfg(data: Path, tmp: Path, name: str) -> Config:
     cfg = _cfg(data, tmp / name, arch, n_layer, *opt, **d)
     cfg.model.recompute = {"l_tp2pp2": "block", "g1_fsdp_tp2": "mlp"}.get(name, "none")  # same math
     cfg.dist.count_comm = 0 if opt else STEPS  # the last step (the first also sends pipeline shapes)
+    if name == "g_pp2_ramp":
+        _ramp(cfg)
     if name in ("g_pp2_fsdp2", "g4_ipp2_fsdp2", "g_hsdp", "l_hsdp"):  # 2 micro-batches per pipeline (one per stage) on 2 data ranks;
         cfg.train.micro_batch = 1  # HSDP: one sequence on each of 4 data ranks
     return cfg
@@ -133,6 +142,7 @@ def mp(tmp_path_factory):
     refs = {key: _run(train(_cfg(data, tmp / f"ref_{'_'.join(map(str, key))}", *key)).run_dir)
             for key in (("gpt2", 1, "adamw"), ("gpt2", 2, "adamw"), ("llama", 2, "adamw"), ("gpt2", 4, "adamw"),
                         ("llama", 2, "muon"))}
+    refs[("gpt2", 2, "ramp")] = _run(train(_ramp(_cfg(data, tmp / "ref_gpt2_2_ramp"))).run_dir)
     chain = tmp / "chain"
     shutil.copytree(tmp / "g_tp2pp2", chain)
     shutil.rmtree(chain / "checkpoints" / f"step_{STEPS:06d}")
@@ -168,7 +178,7 @@ def _same(run: dict, ref: dict, steps=range(1, STEPS + 1), rtol: float = 1e-5, m
 @pytest.mark.parametrize("name", [*FOUR, *TWO])
 def test_layout_matches_one_process(mp, name):
     arch, n_layer, _, *opt = {**FOUR, **TWO}[name]
-    optim = opt[0] if opt else "adamw"
+    optim = "ramp" if name == "g_pp2_ramp" else opt[0] if opt else "adamw"
     if optim == "muon":
         # Muon orthogonalises in bfloat16: a last-bit difference in a summed gradient can round an element
         # of the update the other way (as under FSDP, test_muon_distributed), so losses and norms agree to
@@ -238,6 +248,15 @@ def test_layout_checks_name_heads_micro_batches_and_nodes(tmp_path):
     cfg = _cfg(tmp_path, tmp_path / "out", pp=2)
     cfg.train.total_batch_tokens = 32  # one micro-batch, two stages
     with pytest.raises(ConfigError, match="fewer than the 2 pipeline stages"):
+        check_layout(cfg, 2, local_world=2)
+    cfg = _ramp(_cfg(tmp_path, tmp_path / "out", pp=2))
+    assert check_layout(cfg, 2, local_world=2) == 4  # the ramp starts at 2 micro-batches: enough
+    cfg.train.batch_warmup_start = 0.25  # ... at 1: the pipeline would not fill
+    with pytest.raises(ConfigError, match="ramp starts at 1 micro-batch"):
+        check_layout(cfg, 2, local_world=2)
+    cfg.train.batch_warmup_start, cfg.dist.pp_schedule = 0.5, "interleaved1f1b"
+    cfg.model.n_layer = 4
+    with pytest.raises(ConfigError, match=r"dist\.pp_schedule"):
         check_layout(cfg, 2, local_world=2)
     cfg = _cfg(tmp_path, tmp_path / "out", "llama", tp=2)
     cfg.train.compile = True  # per-block compile under DTensor TP: crashes in Llama's backward (torch 2.13)

@@ -126,9 +126,14 @@ def _check_pp(cfg: Config, dp: int, d) -> None:
     if d.pp_schedule == "interleaved1f1b" and accum % d.pp:
         _fail("dist.pp_schedule", f"interleaved1f1b needs the micro-batches per step ({accum}) to be a multiple "
               f"of dist.pp = {d.pp}")
-    if cfg.train.batch_warmup_steps:
-        _fail("dist.pp", "train.batch_warmup_steps changes the micro-batches per step; a pipeline schedule "
-              "has a fixed number (set train.batch_warmup_steps 0)")
+    if cfg.train.batch_warmup_steps:  # the ramp: a schedule per micro-batch count (parallel/pipeline.py)
+        first = cfg.train.accum_at(0, dp)  # the smallest: the ramp only grows
+        if first < d.pp:
+            _fail("dist.pp", f"the batch-size ramp starts at {first} micro-batch(es) per step, fewer than the {d.pp} "
+                  "pipeline stages; raise train.batch_warmup_start or train.total_batch_tokens")
+        if d.pp_schedule == "interleaved1f1b":
+            _fail("dist.pp_schedule", "interleaved1f1b needs a multiple of dist.pp micro-batches in every step; "
+                  "a batch-size ramp (train.batch_warmup_steps) changes them: use 1f1b or gpipe with it")
     if getattr(cfg.model, "attention", "causal") != "causal":
         _fail("dist.pp", "model.attention=document is not carried through pipeline stages yet; use causal")
 
