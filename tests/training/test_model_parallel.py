@@ -98,10 +98,9 @@ TWO = {
     "g_tp2": ("gpt2", 2, dict(tp=2)),
     "l_tp2": ("llama", 2, dict(tp=2)),
     "l_tp2_muon": ("llama", 2, dict(tp=2), "muon"),  # Muon gathers each TP-sharded matrix
-    "g_pp2": ("gpt2", 2, dict(pp=2, pp_schedule="gpipe")),
+    "g_pp2": ("gpt2", 2, dict(pp=2, pp_schedule="gpipe")),  # under a batch-size ramp: 2, 3, 3, then 4 micro-batches
     "l_pp2": ("llama", 2, dict(pp=2, pp_schedule="1f1b")),  # stopped at step 5, resumed (same mesh)
     "g4_ipp2": ("gpt2", 4, dict(pp=2, pp_schedule="interleaved1f1b")),  # 2 stages per rank
-    "g_pp2_ramp": ("gpt2", 2, dict(pp=2)),  # 1F1B under a batch-size ramp: 2, 3, 3, then 4 micro-batches
 }
 MUON_STEPS = 3
 CHAIN = 5  # TP2 x PP2 for steps 1-5, one process for 6-7, TP2 for 8-10
@@ -118,7 +117,7 @@ def _layout_cfg(data: Path, tmp: Path, name: str) -> Config:
     cfg = _cfg(data, tmp / name, arch, n_layer, *opt, **d)
     cfg.model.recompute = {"l_tp2pp2": "block", "g1_fsdp_tp2": "mlp"}.get(name, "none")  # same math
     cfg.dist.count_comm = 0 if opt else STEPS  # the last step (the first also sends pipeline shapes)
-    if name == "g_pp2_ramp":
+    if name == "g_pp2":
         _ramp(cfg)
     if name in ("g_pp2_fsdp2", "g4_ipp2_fsdp2", "g_hsdp", "l_hsdp"):  # 2 micro-batches per pipeline (one per stage) on 2 data ranks;
         cfg.train.micro_batch = 1  # HSDP: one sequence on each of 4 data ranks
@@ -178,7 +177,7 @@ def _same(run: dict, ref: dict, steps=range(1, STEPS + 1), rtol: float = 1e-5, m
 @pytest.mark.parametrize("name", [*FOUR, *TWO])
 def test_layout_matches_one_process(mp, name):
     arch, n_layer, _, *opt = {**FOUR, **TWO}[name]
-    optim = "ramp" if name == "g_pp2_ramp" else opt[0] if opt else "adamw"
+    optim = "ramp" if name == "g_pp2" else opt[0] if opt else "adamw"
     if optim == "muon":
         # Muon orthogonalises in bfloat16: a last-bit difference in a summed gradient can round an element
         # of the update the other way (as under FSDP, test_muon_distributed), so losses and norms agree to
