@@ -98,6 +98,8 @@ def test_reward_model_judge_end_to_end(chat_world, tmp_path, capsys):
 @pytest.mark.parametrize("extra, says", [
     (["--kinds", "wrong_number"], "--kinds"),
     (["--samples", "1"], "--samples"),
+    (["--samples", "1e6"], "--samples"),
+    (["--n", "1e9"], "--n"),
     (["--temperature", "0"], "--temperature"),
     (["--pairs-per-problem", "0"], "--pairs-per-problem"),
     (["--judge", "SFT"], "not a reward model"),

@@ -151,7 +151,14 @@ def _shard_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
+MAX_GENERATED = 10_000_000  # rows of a generated conversation or preference file
+
+
 def cmd_prepare(args: argparse.Namespace) -> int:
+    if args.source_name in ("conversations", "preferences") and not 1 <= args.n <= MAX_GENERATED:
+        raise CliError(f"--n {args.n}: must be in 1..{MAX_GENERATED:,} (generated rows are held in memory)")
+    if args.source_name == "preferences" and args.policy is not None and not 2 <= args.samples <= 1024:
+        raise CliError(f"--samples {args.samples}: must be in 2..1024 (replies sampled per problem, in one batch)")
     if args.source_name == "conversations":
         from gptforge.eval.tasks.synthetic import training_problems, write_conversations
 
