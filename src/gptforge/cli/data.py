@@ -90,23 +90,24 @@ def _policy_preferences(args: argparse.Namespace) -> int:
         problems = problems_for(args.task, args.n, args.seed, args.held_out)
     except ValueError as e:
         raise CliError(f"prepare preferences: {e}") from e
-    template = chat_template_of(args.policy)
-    if template is None:
-        raise CliError(f"--policy {args.policy}: it has no chat template (meta.json chat_template); sample from an "
-                       "SFT checkpoint (`gptforge sft`) or a run made from one")
     from gptforge.load import ModelSource
     from gptforge.runtime import resolve_device, set_threads
 
     device = resolve_device(args.device)
     set_threads(0, device)
-    policy = load(ModelSource(ckpt=args.policy)).to(device)
+    policy = load(ModelSource(ckpt=args.policy), "--policy").to(device)
+    template = chat_template_of(args.policy)
+    if template is None:
+        raise CliError(f"--policy {args.policy}: it has no chat template (meta.json chat_template); sample from an "
+                       "SFT checkpoint (`gptforge sft`) or a run made from one")
     judge = None
     if args.judge != "task":
+        from gptforge.errors import CheckpointError
         from gptforge.training.rm import load_reward_model
 
         try:
             judge, judge_template = load_reward_model(args.judge)
-        except (ValueError, FileNotFoundError) as e:
+        except (ValueError, FileNotFoundError, CheckpointError) as e:
             raise CliError(f"--judge {args.judge}: {e}") from None
         if (judge_template.to_dict() if judge_template else None) != template.to_dict():
             raise CliError(f"--judge {args.judge}: its chat template differs from the policy's; a reward model scores "
