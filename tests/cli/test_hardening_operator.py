@@ -250,3 +250,17 @@ def test_shortening_max_steps_on_resume_is_not_called_extending(tmp_path):
     assert resume_notice(saved, shorter, 50, where)[1].startswith("shortening the run from train.max_steps 100 to 60")
     assert "compressed" in resume_notice(saved, shorter, 50, where)[1]
     assert resume_notice(saved, longer, 50, where)[1].startswith("extending the run")
+
+
+@pytest.mark.parametrize("argv", [
+    ["prepare", "conversations", "compare", "--n", "2", "--out", "{dir}"],
+    ["prepare", "preferences", "compare", "--n", "2", "--out", "{dir}"],
+    ["prepare", "preferences", "compare", "--n", "2", "--out", "{file}/under_a_file.jsonl"],
+    ["prepare", "conversations", "arithmetic", "--n", "2", "--out", "{file}/x.jsonl"],
+])
+def test_an_output_path_of_the_wrong_kind_is_one_line_for_every_command(argv, tmp_path, capsys):
+    """The class, at main's one handler: a file path that is a folder, or lies under a file, is refused
+    naming the path (exit 2), whichever command writes it."""
+    (tmp_path / "f").write_text("x")
+    argv = [a.format(dir=tmp_path, file=tmp_path / "f") for a in argv]
+    _one_line(capsys, argv, str(tmp_path))

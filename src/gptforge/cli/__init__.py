@@ -97,6 +97,10 @@ def main(argv: list[str] | None = None) -> int:
             EvalDataError, DeviceUnavailable, DiskFullError, MissingExtra) as e:
         print(f"gptforge {args.command}: error: {name_flag(str(e), args)}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except (IsADirectoryError, NotADirectoryError, FileExistsError, PermissionError) as e:  # a given path of the wrong kind
+        print(f"gptforge {args.command}: error: {e.filename}: {e.strerror.lower()} (check the paths given: a file "
+              "where a folder is expected, or the reverse, or one this user may not write)", file=sys.stderr)
+        return EXIT_BAD_INPUT
 
 
 if __name__ == "__main__":
