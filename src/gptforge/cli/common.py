@@ -38,6 +38,11 @@ def add_model_source(p: argparse.ArgumentParser) -> None:
                                                    "benchmarks and smoke tests")
 
 
+def article(kind: str) -> str:
+    """``an sft`` / ``an rm`` (read as letters: an S-F-T), ``a dpo``, ``a pretrain``."""
+    return "an" if kind in ("sft", "rm") or kind[:1] in tuple("aeiou") else "a"
+
+
 def name_flag(msg: str, args: argparse.Namespace) -> str:
     """A refusal of a config key that one of the command's short flags set (``--steps -1`` sets
     ``train.max_steps``) starts with that flag as typed, unless it names it already: the user sees
@@ -160,7 +165,7 @@ def resolve_run(out: str | None, resume: str | None, overrides: list[str], recip
     kind = recipe_of(meta)
     if kind not in ((recipe,) if isinstance(recipe, str) else recipe):
         name = recipe if isinstance(recipe, str) else COMMAND_OF[recipe[0]]
-        raise CliError(f"--resume: {found} is a {kind} checkpoint; continue it with `gptforge {COMMAND_OF[kind]} "
+        raise CliError(f"--resume: {found} is {article(kind)} {kind} checkpoint; continue it with `gptforge {COMMAND_OF[kind]} "
                        f"--out {run_dir} --resume`, or start a new {name} run from it with --init-from")
     cfg = resume_config(meta, overrides, run_dir, frozen)
     check_weights_fit(found, cfg.model)  # meta.json's shape against the weights file, before anything else

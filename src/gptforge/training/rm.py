@@ -188,7 +188,8 @@ def load_reward_model(path: str) -> tuple[RewardModel, object]:
     where = ckpt.resolve_checkpoint(path)
     meta = ckpt.read_meta(where)
     if meta.get("recipe") != "rm":
-        raise ValueError(f"{path} is a {meta.get('recipe', 'pretrain')} checkpoint, not a reward model: train one "
+        kind = meta.get("recipe", "pretrain")
+        raise ValueError(f"{path} is {'an' if kind == 'sft' else 'a'} {kind} checkpoint, not a reward model: train one "
                          "with `gptforge rm --init-from SFT --data PREFS.jsonl --out runs/rm`")
     rm = RewardModel(build_model(Config.from_dict(meta["config"]).model))
     ckpt.load_model_weights(rm, where)
