@@ -244,6 +244,14 @@ def test_layout_checks_name_heads_micro_batches_and_nodes(tmp_path):
     cfg = _cfg(tmp_path, tmp_path / "out", tp=2)
     with pytest.raises(ConfigError, match="processes per node"):  # TP across nodes
         check_layout(cfg, 4, local_world=1)
+    # a family's own plan's constraint: GPT-2's position table is split by rows, Llama has none
+    cfg = _cfg(tmp_path, tmp_path / "out", tp=2)
+    cfg.model.block_size = 33
+    with pytest.raises(ConfigError, match=r"model\.block_size = 33 .*position table"):
+        check_layout(cfg, 2, local_world=2)
+    cfg = _cfg(tmp_path, tmp_path / "out", "llama", tp=2)
+    cfg.model.block_size = 33
+    check_layout(cfg, 2, local_world=2)
     cfg = _cfg(tmp_path, tmp_path / "out", pp=2)
     cfg.train.total_batch_tokens = 32  # one micro-batch, two stages
     with pytest.raises(ConfigError, match="fewer than the 2 pipeline stages"):

@@ -288,6 +288,16 @@ class GPT(nn.Module):
         x = self.hidden_states(idx, kv_cache, pos, attn_mask)
         return logits_and_loss(x, self.lm_head, targets, self.config, self.training, logits_to_keep)
 
+    def embed(self, idx: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """Token ids (B, T) at positions ``pos`` -> the first block's input (B, T, C): token plus
+        position embeddings, then dropout (the pipeline's first stage calls this too)."""
+        return self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+
+    def block_args(self, pos: torch.Tensor) -> tuple:
+        """What every block takes after its input, for positions ``pos``: nothing for GPT-2 (positions are
+        in the embedding); Llama's blocks take the rotary cos/sin."""
+        return ()
+
     def hidden_states(self, idx: torch.Tensor, kv_cache: KVCache | None = None, pos: torch.Tensor | None = None,
                       attn_mask: torch.Tensor | None = None) -> torch.Tensor:
         """idx (B, T) -> the final hidden states (B, T, C), after ``ln_f`` and before the LM head (what
@@ -299,7 +309,7 @@ class GPT(nn.Module):
         if pos is None:
             pos = torch.arange(past, past + T, dtype=torch.long, device=idx.device)  # (T,)
         attn_mask = masks.for_forward(idx, past, attn_mask, self.config, kv_cache is not None)  # built once for every layer
-        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))  # (B, T, C)
+        x = self.embed(idx, pos)  # (B, T, C)
         for i, block in enumerate(self.transformer.h):
             if self.config.recompute == "block" and self.training and torch.is_grad_enabled():
                 x = torch.utils.checkpoint.checkpoint(block, x, None, i, attn_mask, use_reentrant=False)

@@ -358,6 +358,16 @@ class Llama(nn.Module):
         x = self.hidden_states(idx, kv_cache, pos, attn_mask)
         return logits_and_loss(x, self.lm_head, targets, self.config, self.training, logits_to_keep)
 
+    def embed(self, idx: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """Token ids (B, T) -> the first block's input (B, T, C): token embeddings, then dropout (no
+        position table: positions enter every block as rotary cos/sin, :meth:`block_args`)."""
+        return self.drop(self.model.embed_tokens(idx))
+
+    def block_args(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """What every block takes after its input: the rotary (cos, sin) for positions ``pos`` (T,) or
+        (B, T). The pipeline's stages call this for their own blocks."""
+        return rope_cos_sin(pos, self.config.head_dim, self.config.rope_theta)
+
     def hidden_states(self, idx: torch.Tensor, kv_cache: KVCache | None = None, pos: torch.Tensor | None = None,
                       attn_mask: torch.Tensor | None = None) -> torch.Tensor:
         """idx (B, T) -> the final hidden states (B, T, C), after the last RMSNorm and before the LM
@@ -370,8 +380,8 @@ class Llama(nn.Module):
         if pos is None:
             pos = torch.arange(past, past + T, dtype=torch.long, device=idx.device)  # (T,)
         attn_mask = masks.for_forward(idx, past, attn_mask, cfg, kv_cache is not None)  # built once for every layer
-        x = self.drop(self.model.embed_tokens(idx))  # (B, T, C)
-        cos, sin = rope_cos_sin(pos, cfg.head_dim, cfg.rope_theta)  # (T, hd) or (B, T, hd)
+        x = self.embed(idx, pos)  # (B, T, C)
+        cos, sin = self.block_args(pos)  # (T, hd) or (B, T, hd)
         for i, block in enumerate(self.model.layers):
             if cfg.recompute == "block" and self.training and torch.is_grad_enabled():
                 x = torch.utils.checkpoint.checkpoint(block, x, cos, sin, None, i, attn_mask, use_reentrant=False)

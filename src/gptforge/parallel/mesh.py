@@ -109,9 +109,12 @@ def _check_tp(cfg: Config, tp: int) -> None:
     hidden = getattr(m, "hidden_dim", 4 * m.n_embd)
     if hidden % tp:
         _fail("dist.tp", f"the MLP width {hidden} is not divisible by dist.tp = {tp}")
-    if m.arch == "gpt2" and m.block_size % tp:
-        _fail("dist.tp", f"model.block_size = {m.block_size} is not divisible by dist.tp = {tp} (the position "
-              "table is split by rows)")
+    from gptforge.parallel.tensor import PLAN_DIVIDES  # the family's own plan's constraints
+
+    for key, why in PLAN_DIVIDES.get(m.arch, ()):
+        value = getattr(m, key.split(".", 1)[1])
+        if value % tp:
+            _fail("dist.tp", f"{key} = {value} is not divisible by dist.tp = {tp} ({why})")
 
 
 def _check_pp(cfg: Config, dp: int, d) -> None:

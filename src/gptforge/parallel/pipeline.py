@@ -48,22 +48,18 @@ class Stage(nn.Module):
         self.embed = nn.ModuleDict({n: parts[n] for n in first_mods}) if first else None
         self.norm = parts[last_mods[0]] if last else None
         self.lm_head = model.lm_head if last else None
+        # the family's own embedding and per-block arguments (bound methods: its modules, not copies);
+        # its dropout registered here too, so the stage's train()/eval() reach it
+        self._embed, self._block_args = model.embed, model.block_args
         self.drop = getattr(model, "drop", None) or getattr(parts, "drop", None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         cfg = self.cfg
         T = x.size(1) if self.first else x.size(1) * self.tp  # hidden states are sequence-sharded under TP
         pos = torch.arange(T, dtype=torch.long, device=x.device)
-        extra: tuple = ()
-        if cfg.arch == "gpt2":
-            if self.first:
-                x = self.drop(self.embed["wte"](x) + self.embed["wpe"](pos))
-        else:
-            from gptforge.models.llama import rope_cos_sin
-
-            if self.first:
-                x = self.drop(self.embed["embed_tokens"](x))
-            extra = rope_cos_sin(pos, cfg.head_dim, cfg.rope_theta)
+        if self.first:
+            x = self._embed(x, pos)
+        extra = self._block_args(pos)
         for i, block in enumerate(self.layers, start=self.lo):
             if cfg.recompute == "block" and self.training and torch.is_grad_enabled():
                 x = torch.utils.checkpoint.checkpoint(block, x, *extra, None, i, None, use_reentrant=False)

@@ -149,6 +149,10 @@ def _present(model: nn.Module, plan: dict) -> dict:
 
 PLANS = {"gpt2": _gpt2, "llama": _llama}
 
+# what a family's plan splits beyond heads, vocabulary, MLP width and sequence, which dist.tp must divide:
+# (config key, why); GPT-2's position table (block_size, C) is split by rows
+PLAN_DIVIDES = {"gpt2": (("model.block_size", "the position table is split by rows"),), "llama": ()}
+
 
 def apply_tp(model: nn.Module, tp_mesh) -> None:
     """Shard ``model`` in place over the 1-D ``tp_mesh`` (its parameters become DTensors)."""
