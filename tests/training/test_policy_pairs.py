@@ -95,6 +95,21 @@ def test_reward_model_judge_end_to_end(chat_world, tmp_path, capsys):
                  "--val-count", "1", "--micro-batch", "2", "--device", "cpu", "--ckpt-every", "0"]) == 0
 
 
+def test_policy_flags_without_a_policy_are_refused(tmp_path, capsys):
+    """--judge/--samples/... only mean something with --policy: refused, not silently ignored; and the
+    defaults the refusal compares with are the parser's own."""
+    from gptforge.cli import build_parser
+
+    out = tmp_path / "x.jsonl"
+    assert main(["prepare", "preferences", "compare", "--n", "2", "--samples", "4", "--out", str(out)]) == 2
+    assert "--samples" in capsys.readouterr().err and not out.exists()
+    defaults = build_parser().parse_args(["prepare", "preferences", "compare", "--out", "x"])
+    assert main(["prepare", "preferences", "compare", "--n", "2", "--out", str(out)]) == 0
+    from gptforge.cli.data import POLICY_DEFAULTS
+
+    assert {k: getattr(defaults, k) for k in POLICY_DEFAULTS} == POLICY_DEFAULTS
+
+
 @pytest.mark.parametrize("extra, says", [
     (["--kinds", "wrong_number"], "--kinds"),
     (["--samples", "1"], "--samples"),

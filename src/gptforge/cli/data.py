@@ -153,6 +153,9 @@ def _shard_options(p: argparse.ArgumentParser) -> None:
 
 
 MAX_GENERATED = 10_000_000  # rows of a generated conversation or preference file
+# prepare preferences' flags that only mean something with --policy, at their defaults
+POLICY_DEFAULTS = {"judge": "task", "chosen": "sample", "samples": 8, "temperature": 0.7, "top_k": 50,
+                   "max_new_tokens": 24, "pairs_per_problem": 1, "device": "auto"}
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
@@ -172,6 +175,10 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     if args.source_name == "preferences":
         from gptforge.eval.tasks.preferences import KINDS, preference_set, write_preferences
 
+        given = [f"--{k.replace('_', '-')}" for k, d in POLICY_DEFAULTS.items() if getattr(args, k) != d]
+        if args.policy is None and given:
+            raise CliError(f"prepare preferences: {', '.join(given)} sample from a policy: add --policy RUN (without "
+                           "it the pairs are the generator's, with --kinds)")
         if args.policy is not None:
             if args.kinds is not None:
                 raise CliError("prepare preferences: --kinds chooses the generator's rejected kinds; with --policy the "
