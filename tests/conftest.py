@@ -47,6 +47,23 @@ def shard_dir(tmp_path) -> Path:
     return make_shards(tmp_path / "data")
 
 
+def tiny_chat_checkpoint(out: Path, chat: bool = True, seed: int = 0, **shape) -> Path:
+    """A random one-layer GPT-2 with the chat tokens in its vocabulary, saved as a checkpoint (step 1)
+    carrying the GPT-2 chat template (``chat`` False: the same model without it): what the chat-side
+    commands (sft, dpo, rm, rl, prepare preferences --policy, export) start from in tests."""
+    import torch
+
+    from gptforge.data.chat import ChatTemplate
+    from gptforge.models.gpt2 import GPT
+    from gptforge.run import checkpoint as ckpt
+
+    torch.manual_seed(seed)
+    t = ChatTemplate.gpt2()
+    cfg = GPTConfig(**{"n_layer": 1, "n_head": 2, "n_embd": 32, "block_size": 64, **shape, "vocab_size": t.vocab_size})
+    meta = {"config": Config(model=cfg).to_dict(), **({"chat_template": t.to_dict()} if chat else {})}
+    return ckpt.save_checkpoint(out, 1, GPT(cfg), None, meta)
+
+
 def tiny_config(data_dir: Path, out_dir: Path, **train) -> Config:
     t = dict(micro_batch=4, seq_len=16, total_batch_tokens=128, max_steps=8, device="cpu", dtype="float32",
              compile=False, val_every=4, val_tokens=256, sample_every=0, ckpt_every=0, keep_ckpts=0,

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
 from gptforge.cli import COMMANDS, build_parser
 
 CPU = ["--device", "cpu", "--ckpt-every", "0"]
@@ -51,19 +49,11 @@ def case_id(case: tuple[str, str | None]) -> str:
 def make_world(tmp: Path) -> dict[str, str]:
     """A tiny chat checkpoint (GPT-2 vocabulary plus the chat tokens), token shards, a conversation
     file and a preference file: what every training command's fresh run starts from."""
-    from gptforge.config import Config
-    from gptforge.data.chat import ChatTemplate
     from gptforge.eval.tasks.preferences import preference_set, write_preferences
     from gptforge.eval.tasks.synthetic import arithmetic_problems, write_conversations
-    from gptforge.models.gpt2 import GPT, GPTConfig
-    from gptforge.run import checkpoint as ckpt
-    from tests.conftest import make_shards
+    from tests.conftest import make_shards, tiny_chat_checkpoint
 
-    torch.manual_seed(0)
-    t = ChatTemplate.gpt2()
-    cfg = GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=64, vocab_size=t.vocab_size)
-    chat = ckpt.save_checkpoint(tmp / "chat", 1, GPT(cfg), None,
-                                {"config": Config(model=cfg).to_dict(), "chat_template": t.to_dict()})
+    chat = tiny_chat_checkpoint(tmp / "chat")
     return {"tmp": str(tmp), "chat": str(chat), "shards": str(make_shards(tmp / "shards", 20_000, 4_000)),
             "conv": str(write_conversations(arithmetic_problems(40, seed=2), tmp / "conv.jsonl")),
             "prefs": str(write_preferences(preference_set("compare", 24, seed=1), tmp / "prefs.jsonl"))}

@@ -8,18 +8,14 @@ import json
 import random
 
 import pytest
-import torch
 
 from gptforge.cli import main
-from gptforge.config import Config
-from gptforge.data.chat import ChatTemplate
 from gptforge.eval.generative import compare_eval_problems
 from gptforge.eval.tasks.preferences import preference_set, write_preferences
 from gptforge.eval.tasks.verifiable import is_correct
-from gptforge.models.gpt2 import GPT, GPTConfig
-from gptforge.run import checkpoint as ckpt
 from gptforge.training import grpo
 from gptforge.training.policy_pairs import PairSettings, pairs_from_scores, policy_pairs, problems_for
+from tests.conftest import tiny_chat_checkpoint
 
 
 def test_pairs_from_scores_verifier_and_ranking():
@@ -65,12 +61,8 @@ def test_verifier_labels_equal_the_truth(monkeypatch, tokenizer):
 @pytest.fixture(scope="module")
 def chat_world(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("onpolicy")
-    torch.manual_seed(0)
-    t = ChatTemplate.gpt2()
-    cfg = GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=96, vocab_size=t.vocab_size)
-    sft = ckpt.save_checkpoint(tmp / "sft", 1, GPT(cfg), None,
-                               {"config": Config(model=cfg).to_dict(), "chat_template": t.to_dict()})
-    plain = ckpt.save_checkpoint(tmp / "plain", 1, GPT(cfg), None, {"config": Config(model=cfg).to_dict()})
+    sft = tiny_chat_checkpoint(tmp / "sft", block_size=96)
+    plain = tiny_chat_checkpoint(tmp / "plain", chat=False, block_size=96)
     prefs = write_preferences(preference_set("compare", 24, seed=1), tmp / "prefs.jsonl")
     assert main(["rm", "--init-from", str(sft), "--data", str(prefs), "--out", str(tmp / "rm"), "--steps", "2",
                  "--val-count", "4", "--micro-batch", "4", "--lr", "1e-3", "--device", "cpu", "--ckpt-every", "0"]) == 0

@@ -14,8 +14,8 @@ from gptforge.cli import main
 from gptforge.config import Config
 from gptforge.data.chat import ChatTemplate
 from gptforge.eval.tasks.preferences import preference_set, write_preferences
-from gptforge.models.gpt2 import GPT, GPTConfig
 from gptforge.run import checkpoint as ckpt
+from tests.conftest import tiny_chat_checkpoint
 
 CPU = ["--device", "cpu", "--ckpt-every", "0"]
 
@@ -24,11 +24,7 @@ CPU = ["--device", "cpu", "--ckpt-every", "0"]
 def world(tmp_path_factory, tokenizer):
     """A tiny chat (SFT-like) checkpoint, a compare preference file and one trained reward model."""
     tmp = tmp_path_factory.mktemp("prefs")
-    torch.manual_seed(0)
-    t = ChatTemplate.gpt2()
-    cfg = GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=64, vocab_size=t.vocab_size)
-    sft = ckpt.save_checkpoint(tmp / "sft", 1, GPT(cfg), None,
-                               {"config": Config(model=cfg).to_dict(), "chat_template": t.to_dict()})
+    sft = tiny_chat_checkpoint(tmp / "sft")
     prefs = write_preferences(preference_set("compare", 48, seed=1), tmp / "prefs.jsonl")
     assert main(["rm", "--init-from", str(sft), "--data", str(prefs), "--out", str(tmp / "rm"), "--steps", "3",
                  "--val-count", "8", "--micro-batch", "4", "--lr", "1e-3", *CPU]) == 0
