@@ -56,7 +56,8 @@ def test_logits_match_transformers_on_cuda():
 def test_attention_backends_with_gqa_match_math_or_are_refused(backend):
     from gptforge.kernels.attention import sdpa_problem
 
-    why = sdpa_problem(backend, CUDA, torch.bfloat16, SHAPE["n_embd"] // SHAPE["n_head"])
+    why = sdpa_problem(backend, CUDA, torch.bfloat16, SHAPE["n_embd"] // SHAPE["n_head"],
+                      gqa=SHAPE.get("n_kv_head", SHAPE["n_head"]) != SHAPE["n_head"])
     if why:
         assert f"model.attn_backend={backend}" in why
         pytest.skip(why)

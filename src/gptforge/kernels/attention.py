@@ -51,18 +51,22 @@ def sdpa_for(backend: str) -> Callable[..., torch.Tensor]:
     return sdpa
 
 
-def sdpa_problem(backend: str, device: torch.device, dtype: torch.dtype, head_size: int) -> str | None:
-    """Why ``backend`` cannot run causal attention on ``device`` in ``dtype``, or None (probed)."""
+def sdpa_problem(backend: str, device: torch.device, dtype: torch.dtype, head_size: int,
+                 gqa: bool = False) -> str | None:
+    """Why ``backend`` cannot run causal attention on ``device`` in ``dtype``, or None (probed with the
+    model's own head layout: ``gqa`` = fewer key/value heads than query heads, which some kernels lack)."""
     if backend == "auto":
         return None
-    where = f"{device.type} {str(dtype).replace('torch.', '')} head size {head_size}"
+    where = f"{device.type} {str(dtype).replace('torch.', '')} head size {head_size}" + (
+        " with grouped-query attention" if gqa else "")
     if device.type != "cuda" and backend not in CPU_BACKENDS:
         return (f"model.attn_backend={backend}: SDPA has no {backend} kernel on {where} (CPU has "
                 f"{', '.join(CPU_BACKENDS)}); use --model.attn_backend auto")
     q = torch.randn(1, 2, 16, head_size, device=device, dtype=dtype)
+    kv = q[:, :1] if gqa else q
     try:
         with sdpa_kernel(BACKENDS[backend]):
-            F.scaled_dot_product_attention(q, q, q, is_causal=True)
+            F.scaled_dot_product_attention(q, kv, kv, is_causal=True, enable_gqa=gqa)
     except RuntimeError as e:
         first = str(e).strip().splitlines()[0][:160]
         return (f"model.attn_backend={backend}: SDPA has no {backend} kernel for {where} here ({first}); "

@@ -44,7 +44,8 @@ def switch_problem(cfg: Config, device: torch.device) -> str | None:
         from gptforge.kernels.attention import sdpa_problem
 
         dtype = torch.bfloat16 if resolve_dtype(device, t.dtype) == "bfloat16" else torch.float32
-        why = sdpa_problem(attn_backend, device, dtype, m.n_embd // m.n_head)
+        why = sdpa_problem(attn_backend, device, dtype, m.n_embd // m.n_head,
+                           gqa=getattr(m, "kv_heads", m.n_head) != m.n_head)
         if why:
             return why
     if t.compile_mode != "default":
