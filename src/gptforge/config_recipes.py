@@ -100,7 +100,8 @@ class RLConfig:
     eval_every: int = 0  # steps between held-out evaluations (0 = only at start and end)
     eval_n: int = 200  # held-out problems (never trained on)
     algo: str = "grpo"  # grpo | ppo (value head, GAE, KL in the per-token reward)
-    reward_model: str = ""  # a `gptforge rm` checkpoint scoring replies instead of the reward function
+    reward_model: str = ""  # a `gptforge rm` checkpoint scoring replies instead of the reward function; "A,B,..." = an ensemble
+    reward_reduce: str = "mean"  # an ensemble's score: the members' mean, or their min (worst case)
     gamma: float = 1.0  # PPO: discount
     lam: float = 0.95  # PPO: GAE lambda
     vf_coef: float = 0.1  # PPO: value loss weight
@@ -109,6 +110,7 @@ class RLConfig:
 
     def __post_init__(self) -> None:
         _check(self.algo in ("grpo", "ppo"), "rl.algo", self.algo, "grpo or ppo")
+        _check(self.reward_reduce in ("mean", "min"), "rl.reward_reduce", self.reward_reduce, "mean or min")
         _check(self.value_init in ("auto", "policy", "reward_model"), "rl.value_init", self.value_init,
                "auto, policy or reward_model")
         _check(0 <= self.gamma <= 1 and 0 <= self.lam <= 1, "rl.gamma/rl.lam", (self.gamma, self.lam),

@@ -221,3 +221,54 @@ def test_win_rate_against_the_reference_judged_by_a_reward_model(world, tmp_path
     assert r["n"] == 3 and r["win_rate"] == 0.5 and r["policy_score"] == r["reference_score"]  # itself: all ties
     assert main(["eval", "--tasks", "compare", "--ckpt", str(sft), "--against", str(sft)]) == 2
     assert "--reward-model" in capsys.readouterr().err
+
+
+def test_reward_model_ensemble_is_the_members_mean_or_min_in_every_reader(world, tmp_path, capsys):
+    """``RUN1,RUN2`` names an ensemble wherever a reward model is read (rl, eval, prepare --judge): its
+    score is the members' mean (or min under rl.reward_reduce min), checked against each member's own."""
+    from gptforge.data.preference import read_preferences, render_pairs
+    from gptforge.training.rm import RewardEnsemble, load_reward_model, score_sequences
+
+    tmp, sft, prefs = world
+    a, b = str(tmp / "rm"), str(tmp_path / "rm2")
+    assert main(["rm", "--init-from", str(sft), "--data", str(prefs), "--out", b, "--steps", "2", "--seed", "5",
+                 "--val-count", "8", "--micro-batch", "4", "--lr", "1e-3", *CPU]) == 0
+    ens, template = load_reward_model(f"{a},{b}")
+    assert isinstance(ens, RewardEnsemble) and template.to_dict() == ChatTemplate.gpt2().to_dict()
+    seqs = [p.chosen.ids.tolist() for p in render_pairs(read_preferences(str(prefs)), template, 64)[:6]]
+    each = torch.stack([score_sequences(load_reward_model(x)[0], seqs, template.bos) for x in (a, b)])
+    assert (each[0] - each[1]).abs().max() > 1e-3  # two different members, or the test proves nothing
+    torch.testing.assert_close(score_sequences(ens, seqs, template.bos), each.mean(0))
+    ens.reduce = "min"
+    torch.testing.assert_close(score_sequences(ens, seqs, template.bos), each.min(0).values)
+
+    # every reader takes it: PPO (value model from the first member), eval, win rate, on-policy pairs
+    rl = ["--task", "compare", "--prompts", "2", "--group", "2", "--max-new-tokens", "4", "--eval-n", "2", "--steps",
+          "1", "--algo", "ppo", *CPU]
+    for reduce in ("mean", "min"):
+        assert main(["rl", "--init-from", str(sft), "--out", str(tmp_path / reduce), "--reward-model", f"{a},{b}",
+                     "--rl.reward_reduce", reduce, *rl]) == 0
+        assert _rows(tmp_path / reduce, "rl")[0]["reward"] != 0.0
+    assert main(["eval", "--ckpt", f"{a},{b}", "--preferences", str(prefs)]) == 0
+    assert main(["eval", "--tasks", "compare", "--limit", "2", "--ckpt", str(sft), "--against", str(sft),
+                 "--reward-model", f"{a},{b}"]) == 0
+    assert main(["prepare", "preferences", "compare", "--policy", str(sft), "--judge", f"{a},{b}", "--n", "2",
+                 "--samples", "2", "--max-new-tokens", "4", "--device", "cpu", "--out", str(tmp_path / "p.jsonl")]) == 0
+    capsys.readouterr()
+
+    # careless lists are refused, naming what is wrong, by every reader
+    bad = {f"{a},,{b}": "empty name", f"{a},{a}": "named twice", f"{a},{sft}": "not a reward model",
+           f"{a},{tmp_path / 'nope'}": "nope"}
+    for spec, why in bad.items():
+        for argv in (["rl", "--init-from", str(sft), "--out", str(tmp_path / "bad"), "--reward-model", spec, *rl],
+                     ["eval", "--ckpt", spec, "--preferences", str(prefs)],
+                     ["eval", "--tasks", "compare", "--limit", "2", "--ckpt", str(sft), "--against", str(sft),
+                      "--reward-model", spec],
+                     ["prepare", "preferences", "compare", "--policy", str(sft), "--judge", spec, "--n", "2",
+                      "--out", str(tmp_path / "q.jsonl")]):
+            assert main(argv) == 2, (argv, spec)
+            err = capsys.readouterr().err
+            assert why in err and "Traceback" not in err, (argv, err)
+    assert main(["rl", "--init-from", str(sft), "--out", str(tmp_path / "one"), "--reward-model", a,
+                 "--rl.reward_reduce", "min", *rl]) == 2
+    assert "ensemble" in capsys.readouterr().err

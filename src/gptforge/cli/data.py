@@ -58,7 +58,8 @@ def args_prepare(p: argparse.ArgumentParser) -> None:
                                                     "to each problem and pair a better with a worse one")
     op.add_argument("--judge", default="task", metavar="task|RM_RUN",
                     help="who prefers: task = the verifier (chosen correct, rejected wrong; default), or a "
-                         "`gptforge rm` run (chosen = its best-scored reply, rejected = its worst)")
+                         "`gptforge rm` run (chosen = its best-scored reply, rejected = its worst); RUN1,RUN2,... = "
+                         "an ensemble's mean score")
     op.add_argument("--chosen", default="sample", choices=["sample", "solution"],
                     help="sample: the reply the judge prefers (default); solution: the task's worked solution, "
                          "against a wrong (or the RM's worst) sampled reply (SPIN)")

@@ -35,7 +35,8 @@ def args_eval(p: argparse.ArgumentParser) -> None:
     p.add_argument("--system", help="generative tasks: a system prompt (chat template only)")
     p.add_argument("--reward-model", metavar="RUN", help="with --against REF and generative --tasks: the model's win "
                                                          "rate against REF on the tasks' held-out prompts, judged by "
-                                                         "this reward model (greedy replies), beside both accuracies")
+                                                         "this reward model (greedy replies), beside both accuracies; RUN1,RUN2,... = "
+                                                         "an ensemble's mean score")
     p.add_argument("--against", metavar="CKPT", help="the reference model of --reward-model (e.g. the SFT start)")
     p.add_argument("--preferences", metavar="FILE", help="a reward model (--ckpt runs/rm): its pair accuracy and "
                                                          "margin on these preference pairs (JSONL or HF dataset)")

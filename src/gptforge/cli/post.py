@@ -130,7 +130,7 @@ RL_FLAGS = {  # the short flags of `gptforge rl` -> the config keys they set (an
     "vf_coef": "rl.vf_coef", "clip_value": "rl.clip_value",
 }
 RL_FROZEN = ("rl.task", "rl.eval_n", "rl.init_from", "rl.raw", "rl.algo",  # they decide what is trained
-             "rl.reward_model")  # and held out, and which recipe continues the run
+             "rl.reward_model", "rl.reward_reduce")  # and held out, and which recipe continues the run
 
 
 def cmd_rl(args: argparse.Namespace, overrides: list[str]) -> int:
@@ -168,7 +168,7 @@ def cmd_rl(args: argparse.Namespace, overrides: list[str]) -> int:
             print(cfg.to_json())
             return 0
         reward = load_reward(cfg.rl.reward)
-        rm = _reward_model(cfg.rl.reward_model, template)
+        rm = _reward_model(cfg.rl.reward_model, template, cfg.rl.reward_reduce)
         init = init_from(args.init_from, cfg) if resume is None else None
         if cfg.rl.algo == "ppo":
             from gptforge.training.ppo import PPO
@@ -194,17 +194,24 @@ def cmd_rl(args: argparse.Namespace, overrides: list[str]) -> int:
     return finish(result, "rl")
 
 
-def _reward_model(path: str, template):
-    """``--reward-model RUN``: a `gptforge rm` checkpoint that scores the replies (same chat template)."""
+def _reward_model(path: str, template, reduce: str = "mean"):
+    """``--reward-model RUN[,RUN...]``: a `gptforge rm` checkpoint (or an ensemble of them, read with
+    ``reduce``) that scores the replies (same chat template)."""
     if not path:
+        if reduce != "mean":
+            raise CliError(f"rl.reward_reduce {reduce} reads an ensemble: give --reward-model RUN1,RUN2[,...]")
         return None
     from gptforge.run.checkpoint import CheckpointError
-    from gptforge.training.rm import load_reward_model
+    from gptforge.training.rm import RewardEnsemble, load_reward_model
 
     try:
         rm, rm_template = load_reward_model(path)
     except (ValueError, FileNotFoundError, CheckpointError) as e:
         raise CliError(f"--reward-model: {e}") from e
+    if isinstance(rm, RewardEnsemble):
+        rm.reduce = reduce
+    elif reduce != "mean":
+        raise CliError(f"rl.reward_reduce {reduce} reads an ensemble: give --reward-model RUN1,RUN2[,...]")
     if (rm_template.to_dict() if rm_template else None) != (template.to_dict() if template else None):
         raise CliError(f"--reward-model {path}: its chat template differs from the policy's; the reward model "
                        "must read the replies as the policy writes them (train it from the same SFT checkpoint)")
@@ -249,7 +256,9 @@ def args_rl(r: argparse.ArgumentParser) -> None:
                                                           "value model, GAE, clipped policy and value losses, "
                                                           "the KL penalty in the per-token reward")
     r.add_argument("--reward-model", metavar="RUN", help="a `gptforge rm` run or checkpoint that scores the replies "
-                                                         "instead of --reward (accuracy stays the true task's)")
+                                                         "instead of --reward (accuracy stays the true task's); "
+                                                         "RUN1,RUN2,... = an ensemble, their mean score (or min: "
+                                                         "--rl.reward_reduce min)")
     for name, help_ in [("gamma", "PPO discount (rl.gamma, default 1)"), ("lam", "PPO GAE lambda (rl.lam, default 0.95)"),
                         ("vf_coef", "PPO value-loss weight (rl.vf_coef, default 0.1)"),
                         ("clip_value", "PPO value clip (rl.clip_value, default 0.2)")]:

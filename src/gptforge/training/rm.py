@@ -62,7 +62,18 @@ def last_index(mask: torch.Tensor) -> torch.Tensor:
 # --- the model ----------------------------------------------------------------------------------------
 
 
-class RewardModel(nn.Module):
+class _Scorer(nn.Module):
+    """What reads pairs through any ``forward(ids, at) -> (N,)`` scorer (a reward model or an ensemble)."""
+
+    def pair_rewards(self, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A :class:`gptforge.data.preference.PairBatch`'s ids and mask (2n, L), chosen rows first ->
+        (chosen rewards (n,), rejected rewards (n,)), each read at its reply's last token."""
+        r = self(ids, last_index(mask))
+        n = ids.size(0) // 2
+        return r[:n], r[n:]
+
+
+class RewardModel(_Scorer):
     """A family model (anything with ``hidden_states(idx) -> (N, T, C)`` and ``config.n_embd``) plus a
     linear ``score`` head. ``forward(ids, at)`` -> (N,) rewards read at positions ``at`` (N,). The head
     starts at N(0, 1/(C+1)) (OpenAI's lm-human-preferences reward head) unless ``init_std`` is given."""
@@ -87,12 +98,6 @@ class RewardModel(nn.Module):
         h_last = h[torch.arange(ids.size(0), device=ids.device), at]  # (N, C)
         return self.score(h_last).squeeze(-1).float()  # (N,)
 
-    def pair_rewards(self, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """A :class:`gptforge.data.preference.PairBatch`'s ids and mask (2n, L), chosen rows first ->
-        (chosen rewards (n,), rejected rewards (n,)), each read at its reply's last token."""
-        r = self(ids, last_index(mask))
-        n = ids.size(0) // 2
-        return r[:n], r[n:]
 
 
 def rm_loss(model: RewardModel, ids: torch.Tensor, mask: torch.Tensor, margin: torch.Tensor | None = None,
@@ -177,9 +182,71 @@ def body_init(init_weights):
     return None if init_weights is None else (lambda m: init_weights(m.body))
 
 
-def load_reward_model(path: str) -> tuple[RewardModel, object]:
+class RewardEnsemble(_Scorer):
+    """Several reward models read as one: ``forward(ids, at)`` -> the members' mean score (``reduce``
+    "mean"), or their minimum ("min": worst-case optimisation). Coste et al. (2023, "Reward Model
+    Ensembles Help Mitigate Overoptimization"): members trained alike from different seeds agree on what
+    their labels taught them and disagree on the rest, so a policy optimised against the ensemble finds
+    fewer of any one member's blind spots. ``body``, ``score`` and ``config`` are the first member's
+    (PPO's value model starts from it)."""
+
+    REDUCE = ("mean", "min")
+
+    def __init__(self, members: Sequence[RewardModel], reduce: str = "mean"):
+        super().__init__()
+        if len(members) < 2:
+            raise ValueError("a reward-model ensemble needs at least two members")
+        self.members = nn.ModuleList(members)
+        self.config = members[0].config
+        self.reduce = reduce
+
+    @property
+    def reduce(self) -> str:
+        return self._reduce
+
+    @reduce.setter
+    def reduce(self, how: str) -> None:
+        if how not in self.REDUCE:
+            raise ValueError(f"reward-model ensemble reduce {how!r}; allowed: {', '.join(self.REDUCE)}")
+        self._reduce = how
+
+    @property
+    def body(self) -> nn.Module:
+        return self.members[0].body
+
+    @property
+    def score(self) -> nn.Linear:
+        return self.members[0].score
+
+    def forward(self, ids: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
+        s = torch.stack([m(ids, at) for m in self.members])  # (members, N)
+        return s.mean(0) if self.reduce == "mean" else s.min(0).values
+
+
+def load_reward_model(path: str) -> tuple[RewardModel | RewardEnsemble, object]:
     """(the reward model, its chat template or None) of a ``gptforge rm`` checkpoint or run directory, on
-    the CPU in eval mode; ValueError naming the path for any other checkpoint."""
+    the CPU in eval mode; ValueError naming the path for any other checkpoint. ``"A,B,..."`` (a path
+    that does not exist as written) is a :class:`RewardEnsemble` of those runs, which must share one
+    chat template."""
+    from pathlib import Path
+
+    if "," in path and not Path(path).exists():
+        names = [n.strip() for n in path.split(",")]
+        if any(not n for n in names):
+            raise ValueError(f"{path!r}: an empty name in the comma-separated list of reward models")
+        if len(set(names)) != len(names):
+            raise ValueError(f"{path!r}: a reward model named twice; an ensemble's members are different runs")
+        members, templates = zip(*(load_reward_model(n) for n in names), strict=True)
+        shown = [t.to_dict() if t is not None else None for t in templates]
+        for n, t in zip(names[1:], shown[1:], strict=True):
+            if t != shown[0]:
+                raise ValueError(f"{n}: its chat template differs from {names[0]}'s; an ensemble's members must "
+                                 "read replies rendered alike (train them from the same SFT checkpoint)")
+        return RewardEnsemble(list(members)).eval(), templates[0]
+    return _load_one_reward_model(path)
+
+
+def _load_one_reward_model(path: str) -> tuple[RewardModel, object]:
     from gptforge.config import Config
     from gptforge.data.chat import template_from_meta
     from gptforge.models.registry import build_model
