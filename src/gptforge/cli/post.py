@@ -196,25 +196,23 @@ def cmd_rl(args: argparse.Namespace, overrides: list[str]) -> int:
 
 def _reward_model(path: str, template, reduce: str = "mean"):
     """``--reward-model RUN[,RUN...]``: a `gptforge rm` checkpoint (or an ensemble of them, read with
-    ``reduce``) that scores the replies (same chat template)."""
-    if not path:
-        if reduce != "mean":
-            raise CliError(f"rl.reward_reduce {reduce} reads an ensemble: give --reward-model RUN1,RUN2[,...]")
-        return None
+    ``reduce``) that scores the replies (same chat template); None without one."""
     from gptforge.run.checkpoint import CheckpointError
     from gptforge.training.rm import RewardEnsemble, load_reward_model
 
-    try:
-        rm, rm_template = load_reward_model(path)
-    except (ValueError, FileNotFoundError, CheckpointError) as e:
-        raise CliError(f"--reward-model: {e}") from e
+    rm = None
+    if path:
+        try:
+            rm, rm_template = load_reward_model(path)
+        except (ValueError, FileNotFoundError, CheckpointError) as e:
+            raise CliError(f"--reward-model: {e}") from e
+        if (rm_template.to_dict() if rm_template else None) != (template.to_dict() if template else None):
+            raise CliError(f"--reward-model {path}: its chat template differs from the policy's; the reward model "
+                           "must read the replies as the policy writes them (train it from the same SFT checkpoint)")
     if isinstance(rm, RewardEnsemble):
         rm.reduce = reduce
     elif reduce != "mean":
         raise CliError(f"rl.reward_reduce {reduce} reads an ensemble: give --reward-model RUN1,RUN2[,...]")
-    if (rm_template.to_dict() if rm_template else None) != (template.to_dict() if template else None):
-        raise CliError(f"--reward-model {path}: its chat template differs from the policy's; the reward model "
-                       "must read the replies as the policy writes them (train it from the same SFT checkpoint)")
     return rm
 
 
