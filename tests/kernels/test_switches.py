@@ -55,6 +55,28 @@ def test_gpu_only_attention_backends_are_refused_on_cpu(backend):
         check_switches(_cfg("--model.attn_backend", backend), CPU)
 
 
+@pytest.mark.parametrize("arch,kv,gqa", [("gpt2", None, False), ("llama", 4, False), ("llama", 2, True)])
+def test_the_backend_probe_uses_the_models_head_layout(monkeypatch, arch, kv, gqa):
+    """SDPA's efficient kernel has no dense grouped-query path (seen on an H100, torch 2.11): the probe
+    must ask with the model's own key/value head count, or a GQA run crashes after start-up."""
+    import gptforge.kernels.attention as attention
+
+    seen = []
+    monkeypatch.setattr(attention, "sdpa_problem", lambda *a, **k: seen.append((a, k)))
+    shape = ["--model.arch", arch, "--model.n_head", "4", "--model.attn_backend", "math"]
+    switch_problem(_cfg(*shape, *(["--model.n_kv_head", str(kv)] if kv else [])), CPU)
+    ((args, kwargs),) = seen
+    assert args[0] == "math" and kwargs == {"gqa": gqa}
+
+
+def test_gqa_probe_runs_a_grouped_query_call():
+    """The probe itself with gqa=True: math and flash on CPU can run grouped-query attention."""
+    from gptforge.kernels.attention import sdpa_problem
+
+    assert sdpa_problem("math", CPU, torch.float32, 16, gqa=True) is None
+    assert sdpa_problem("flash", CPU, torch.float32, 16, gqa=True) is None
+
+
 def test_attention_backend_needs_sdpa_and_a_known_name():
     with pytest.raises(ConfigError, match="model.flash=true"):
         _cfg("--model.flash", "false", "--model.attn_backend", "math")
