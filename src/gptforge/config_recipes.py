@@ -102,6 +102,9 @@ class RLConfig:
     algo: str = "grpo"  # grpo | ppo (value head, GAE, KL in the per-token reward)
     reward_model: str = ""  # a `gptforge rm` checkpoint scoring replies instead of the reward function; "A,B,..." = an ensemble
     reward_reduce: str = "mean"  # an ensemble's score: the members' mean, or their min (worst case)
+    reward_norm: bool = False  # whiten a reward model's score (each ensemble member's, before the reduce): shift and scale set on step 1's replies, so the starting policy's score mean 0, std 1 (Ziegler et al. 2019)
+    kl_target: float = 0.0  # adaptive KL (Ziegler et al. 2019): rl.kl_coef is the start, moved each step toward this logged kl; 0 = a fixed rl.kl_coef
+    kl_horizon: int = 10000  # adaptive KL: replies over which the coefficient may change by a factor of e^0.2 (TRL's horizon)
     gamma: float = 1.0  # PPO: discount
     lam: float = 0.95  # PPO: GAE lambda
     vf_coef: float = 0.1  # PPO: value loss weight
@@ -124,6 +127,10 @@ class RLConfig:
         _check(self.temperature > 0, "rl.temperature", self.temperature, "a number > 0 (a group needs sampling)")
         _check(self.top_k >= 0, "rl.top_k", self.top_k, "an integer >= 0 (0 = off)")
         _check(self.kl_coef >= 0, "rl.kl_coef", self.kl_coef, "a number >= 0")
+        _check(self.kl_target >= 0, "rl.kl_target", self.kl_target, "a number >= 0 (0 = a fixed rl.kl_coef)")
+        _check(self.kl_horizon >= 1, "rl.kl_horizon", self.kl_horizon, "an integer >= 1 (replies)")
+        _check(not self.kl_target or self.kl_coef > 0, "rl.kl_coef", self.kl_coef,
+               "a number > 0 with rl.kl_target (the adaptive coefficient starts there)")
         _check(0 < self.clip_eps < 1, "rl.clip_eps", self.clip_eps, "a number in (0, 1)")
         _check(self.adv_eps > 0, "rl.adv_eps", self.adv_eps, "a number > 0")
         _check(self.eval_every >= 0, "rl.eval_every", self.eval_every, "an integer >= 0")

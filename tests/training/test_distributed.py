@@ -155,7 +155,9 @@ RL_ARGS = ["--task", "arithmetic", "--prompts", "4", "--group", "3", "--max-new-
 # world 2 takes 2 pairs (rm, dpo) or 2 problems' replies (ppo) per rank; world 1 accumulates both halves
 ALIGN = {"rm": ["--micro-batch", "2", "--val-count", "6"], "dpo": ["--micro-batch", "2", "--val-count", "6"],
          "ppo": ["--algo", "ppo", "--task", "arithmetic", "--prompts", "4", "--group", "2", "--max-new-tokens", "5",
-                 "--eval-n", "4", "--temperature", "1.5", "--micro-batch", "2", "--updates-per-batch", "2"]}
+                 "--eval-n", "4", "--temperature", "1.5", "--micro-batch", "2", "--updates-per-batch", "2",
+                 # the whitening's statistics and the adaptive KL coefficient are every rank's, not one rank's
+                 "--reward-norm", "--kl-target", "0.01", "--rl.kl_horizon", "8"]}
 
 
 def _align_argv(name: str, chat: Path, prefs: Path, out: Path, world: int) -> list[str]:

@@ -272,3 +272,113 @@ def test_reward_model_ensemble_is_the_members_mean_or_min_in_every_reader(world,
     assert main(["rl", "--init-from", str(sft), "--out", str(tmp_path / "one"), "--reward-model", a,
                  "--rl.reward_reduce", "min", *rl]) == 2
     assert "ensemble" in capsys.readouterr().err
+
+
+def test_reward_norm_whitens_each_member_by_the_first_batch_then_keeps_it():
+    """rl.reward_norm: each member's score is whitened by the mean and (population) std it gave the first
+    batch, then the members are reduced; later batches reuse those numbers. Checked against the members
+    scored one sequence at a time, whitened in float64."""
+    from types import SimpleNamespace
+
+    from gptforge.models.registry import build_model, model_config
+    from gptforge.parallel.distributed import DistInfo
+    from gptforge.training.grpo import GRPO, RLState, Rollouts
+    from gptforge.training.rm import RewardEnsemble, RewardModel
+
+    shape = model_config({"arch": "gpt2", "n_layer": 1, "n_head": 2, "n_embd": 32, "block_size": 16, "vocab_size": 64})
+    torch.manual_seed(0)
+    members = [RewardModel(build_model(shape)).eval() for _ in range(3)]
+    g = torch.Generator().manual_seed(1)
+
+    def batch(n):
+        prompts = [torch.randint(1, 64, (int(torch.randint(2, 5, (1,), generator=g)),), generator=g).tolist() for _ in range(n)]
+        replies = [torch.randint(1, 64, (int(torch.randint(1, 6, (1,), generator=g)),), generator=g).tolist() for _ in range(n)]
+        return Rollouts([None] * n, prompts, replies, [""] * n)
+
+    def one_by_one(rollouts):  # (members, n) float64, each sequence alone (no padding at all)
+        return torch.tensor([[m(torch.tensor([p + r]), torch.tensor([len(p + r) - 1])).item()
+                              for p, r in zip(rollouts.prompts, rollouts.replies, strict=True)] for m in members],
+                            dtype=torch.float64)
+
+    logs: list[str] = []
+    run = SimpleNamespace(cfg=SimpleNamespace(rl=SimpleNamespace(reward_norm=True)), info=DistInfo(), log=logs.append)
+    for reduce in ("mean", "min"):
+        recipe = GRPO.__new__(GRPO)
+        recipe.reward_model, recipe.pad, recipe.state = RewardEnsemble(members, reduce), 0, RLState()
+        first, second = batch(12), batch(7)
+        ref1, ref2 = one_by_one(first), one_by_one(second)
+        mean, std = ref1.mean(1, keepdim=True), ref1.std(1, unbiased=False, keepdim=True)
+        red = (lambda s: s.mean(0)) if reduce == "mean" else (lambda s: s.min(0).values)
+        torch.testing.assert_close(recipe.rewards(first, run).double(), red((ref1 - mean) / std), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(recipe.rewards(second, run).double(), red((ref2 - mean) / std), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(torch.tensor(recipe.state.reward_norm["scale"], dtype=torch.float64), std[:, 0])
+    assert "whitened" in logs[0]
+
+
+def test_adaptive_kl_and_reward_norm_resume_exactly_and_refuse_bad_state(world, tmp_path, capsys):
+    """rl.kl_target moves the KL coefficient by Ziegler et al.'s rule (checked by hand each step, GRPO and
+    PPO); it and rl.reward_norm's whitening live in the checkpoint, so a resumed run equals an
+    uninterrupted one; a damaged or foreign value there is refused, naming meta.json's field."""
+    tmp, sft, _ = world
+    rm = str(tmp / "rm")
+    args = ["--task", "compare", "--prompts", "2", "--group", "2", "--max-new-tokens", "4", "--eval-n", "2",
+            "--lr", "1e-3", "--algo", "ppo", "--reward-model", rm, "--reward-norm", "--kl-coef", "0.05",
+            "--kl-target", "0.001", "--rl.kl_horizon", "8", *CPU]
+    assert main(["rl", "--init-from", str(sft), "--out", str(tmp_path / "full"), "--steps", "3", *args]) == 0
+    assert main(["rl", "--init-from", str(sft), "--out", str(tmp_path / "part"), "--steps", "2", *args]) == 0
+    assert main(["rl", "--out", str(tmp_path / "part"), "--resume", "--steps", "3"]) == 0
+    keys = ("loss", "reward", "kl", "kl_coef", "grad_norm")
+    full, part = _rows(tmp_path / "full", "rl"), _rows(tmp_path / "part", "rl")
+    assert [{k: r[k] for k in keys} for r in full] == [{k: r[k] for k in keys} for r in part]
+    _same_weights(tmp_path / "full", tmp_path / "part")
+    assert abs(full[0]["reward"]) < 1e-5  # one reward model, whitened on step 1's own replies: mean 0
+    assert full[0]["kl_coef"] == 0.05
+    for a, b in zip(full, full[1:]):  # c * (1 + clip(kl / target - 1, -0.2, 0.2) * replies / horizon)
+        err = min(max(a["kl"] / 0.001 - 1, -0.2), 0.2)
+        assert b["kl_coef"] == pytest.approx(a["kl_coef"] * (1 + err * 4 / 8), rel=1e-12)
+    assert len({r["kl_coef"] for r in full}) == 3  # it moved every step
+    grpo = [*args[: args.index("--algo")], *args[args.index("--algo") + 2 :]]
+    assert main(["rl", "--init-from", str(sft), "--out", str(tmp_path / "g"), "--steps", "2", *grpo]) == 0
+    g = _rows(tmp_path / "g", "rl")
+    err = min(max(g[0]["kl"] / 0.001 - 1, -0.2), 0.2)
+    assert g[1]["kl_coef"] == pytest.approx(0.05 * (1 + err * 4 / 8), rel=1e-12) and g[1]["kl_coef"] != 0.05
+    capsys.readouterr()
+
+    # what the checkpoint carries is checked on the way back in
+    meta_path = ckpt.latest_checkpoint(tmp_path / "part") / "meta.json"
+    good = json.loads(meta_path.read_text())
+    assert set(good["loader"]) == {"kl_coef", "reward_norm"}
+    damaged = {"kl_coef": [-1, 0, "0.1", True, None, [1]], "reward_norm": [
+        {"shift": [0.0], "scale": [0.0]}, {"shift": [0.0, 1.0], "scale": [1.0, 1.0]}, {"shift": [], "scale": []},
+        {"shift": ["a"], "scale": [1.0]}, {"shift": [0.0]}, [0.0, 1.0], {"shift": [1e400], "scale": [1.0]}]}
+    for field, values in damaged.items():
+        for v in values:
+            meta = json.loads(json.dumps(good))
+            meta["loader"][field] = v
+            if v is None:
+                del meta["loader"][field]
+                if field == "kl_coef":
+                    continue  # no coefficient saved: the run starts from rl.kl_coef again (a run from before this)
+            meta_path.write_text(json.dumps(meta))
+            assert main(["rl", "--out", str(tmp_path / "part"), "--resume", "--steps", "4"]) == 2, (field, v)
+            err = capsys.readouterr().err
+            assert ("loader" in err or "reward_norm" in err) and "Traceback" not in err, (field, v, err)
+    meta_path.write_text(json.dumps({**good, "loader": {}}))  # a run that never set its whitening
+    assert main(["rl", "--out", str(tmp_path / "part"), "--resume", "--steps", "4"]) == 2
+    assert "reward_norm" in capsys.readouterr().err
+    meta_path.write_text(json.dumps(good))
+
+    # careless settings are refused before any work, naming the key
+    refusals = [(["--resume", "--steps", "4", "--rl.reward_norm", "false"], "rl.reward_norm"),  # frozen
+                (["--resume", "--steps", "4", "--kl-target", "-1"], "rl.kl_target"),
+                (["--resume", "--steps", "4", "--rl.kl_horizon", "0"], "rl.kl_horizon")]
+    for extra, key in refusals:
+        assert main(["rl", "--out", str(tmp_path / "part"), *extra]) == 2, extra
+        assert key in capsys.readouterr().err
+    one = ["--task", "compare", "--prompts", "2", "--group", "2", "--max-new-tokens", "4", "--eval-n", "2", *CPU]
+    assert main(["rl", "--init-from", str(sft), "--out", str(tmp_path / "x"), "--reward-norm", *one]) == 2
+    assert "--reward-model" in capsys.readouterr().err
+    assert main(["rl", "--init-from", str(sft), "--out", str(tmp_path / "x"), "--kl-target", "1", "--kl-coef", "0",
+                 *one]) == 2
+    assert "rl.kl_coef" in capsys.readouterr().err
+    assert not (tmp_path / "x" / "checkpoints").exists()

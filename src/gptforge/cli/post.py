@@ -127,10 +127,12 @@ RL_FLAGS = {  # the short flags of `gptforge rl` -> the config keys they set (an
     "micro_batch": "train.micro_batch", "ckpt_every": "train.ckpt_every", "keep_ckpts": "train.keep_ckpts",
     "seed": "train.seed", "device": "train.device", "raw": "rl.raw", "reward": "rl.reward",
     "algo": "rl.algo", "reward_model": "rl.reward_model", "gamma": "rl.gamma", "lam": "rl.lam",
-    "vf_coef": "rl.vf_coef", "clip_value": "rl.clip_value",
+    "vf_coef": "rl.vf_coef", "clip_value": "rl.clip_value", "kl_target": "rl.kl_target",
+    "reward_norm": "rl.reward_norm",
 }
 RL_FROZEN = ("rl.task", "rl.eval_n", "rl.init_from", "rl.raw", "rl.algo",  # they decide what is trained
-             "rl.reward_model", "rl.reward_reduce")  # and held out, and which recipe continues the run
+             "rl.reward_model", "rl.reward_reduce",  # and held out, and which recipe continues the run
+             "rl.reward_norm")  # (the whitening is set on step 1 and kept in the checkpoint)
 
 
 def cmd_rl(args: argparse.Namespace, overrides: list[str]) -> int:
@@ -240,7 +242,10 @@ def args_rl(r: argparse.ArgumentParser) -> None:
         ("steps", int, "optimizer steps (train.max_steps)"), ("prompts", int, "problems per step, all ranks"),
         ("group", int, "replies per problem"), ("max_new_tokens", int, "reply length cap"),
         ("temperature", float, "sampling temperature"), ("top_k", int, "0 = off"), ("lr", float, "learning rate"),
-        ("warmup_steps", int, "linear LR warmup"), ("kl_coef", float, "KL penalty to the starting model"),
+        ("warmup_steps", int, "linear LR warmup"),
+        ("kl_coef", float, "KL penalty to the starting model (with --kl-target: its start)"),
+        ("kl_target", float, "adaptive KL (Ziegler et al.): move the KL coefficient each step toward this logged "
+                             "kl, by at most 20%% per rl.kl_horizon replies (0 = off)"),
         ("clip_eps", float, "ratio clip"), ("updates_per_batch", int, "optimizer steps per sampled batch"),
         ("micro_batch", int, "replies per forward"), ("eval_every", int, "steps between held-out evals (0 = start and end)"),
         ("eval_n", int, "held-out problems"), ("ckpt_every", int, "steps between checkpoints"),
@@ -261,6 +266,9 @@ def args_rl(r: argparse.ArgumentParser) -> None:
                         ("vf_coef", "PPO value-loss weight (rl.vf_coef, default 0.1)"),
                         ("clip_value", "PPO value clip (rl.clip_value, default 0.2)")]:
         r.add_argument("--" + name.replace("_", "-"), dest=name, type=float, help=help_)
+    r.add_argument("--reward-norm", action="store_true", help="whiten the reward model's score (each ensemble "
+                   "member's): shifted and scaled so the starting policy's replies of step 1 score mean 0, std 1, "
+                   "which makes --kl-coef mean the same for any reward model (rl.reward_norm)")
     r.add_argument("--raw", action="store_true", help="no chat template: plain 'Question: ...\\nAnswer:' prompts")
     r.add_argument("--device", default=None, help="train.device (default auto)")
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -139,12 +140,15 @@ def _batch(rollouts: Rollouts, rows: Sequence[int], pad: int, device: torch.devi
 
 def grpo_step(wrapped: torch.nn.Module, model: torch.nn.Module, ref: torch.nn.Module | None,
               optimizer: torch.optim.Optimizer, rollouts: Rollouts, rewards: torch.Tensor, cfg: Any, pad: int,
-              info: DistInfo | None = None, autocast: Callable = contextlib.nullcontext) -> dict[str, float]:
+              info: DistInfo | None = None, autocast: Callable = contextlib.nullcontext,
+              kl_coef: float | None = None) -> dict[str, float]:
     """Update on one batch of rollouts (this rank's share); rewards (P, G). ``wrapped`` (DDP or the
     model itself) runs the differentiable forward, ``model`` the no-grad ones. ``cfg``: the run Config
-    (``rl.*``, ``train.micro_batch`` replies per forward, ``optim.grad_clip``). Returns loss, KL, grad norm."""
+    (``rl.*``, ``train.micro_batch`` replies per forward, ``optim.grad_clip``); ``kl_coef``: this step's
+    (the adaptive controller's), ``rl.kl_coef`` when None. Returns loss, KL, grad norm."""
     info = info or DistInfo()
     rl, device = cfg.rl, next(model.parameters()).device
+    kl_coef = rl.kl_coef if kl_coef is None else kl_coef
     adv = group_advantages(rewards, rl.adv_eps).flatten().to(device)
     N, mb = adv.numel(), cfg.train.micro_batch
     chunks = [list(range(i, min(i + mb, N))) for i in range(0, N, mb)]
@@ -153,7 +157,7 @@ def grpo_step(wrapped: torch.nn.Module, model: torch.nn.Module, ref: torch.nn.Mo
     batches = [(ids, mask[:, s:]) for (ids, mask), s in zip(batches, starts, strict=True)]
     T = rl.temperature
     with torch.no_grad(), autocast():
-        refs = [token_logprobs(ref, ids, T, s) if ref is not None and rl.kl_coef > 0 else None
+        refs = [token_logprobs(ref, ids, T, s) if ref is not None and kl_coef > 0 else None
                 for (ids, _), s in zip(batches, starts, strict=True)]
         olds = ([token_logprobs(model, ids, T, s) for (ids, _), s in zip(batches, starts, strict=True)]
                 if rl.updates_per_batch > 1 else None)
@@ -165,7 +169,7 @@ def grpo_step(wrapped: torch.nn.Module, model: torch.nn.Module, ref: torch.nn.Mo
             with grad_sync(wrapped, info, sync=k == len(chunks) - 1), autocast():
                 logp = token_logprobs(wrapped, ids, T, starts[k])
                 old = olds[k] if olds is not None else logp.detach()
-                loss, kl = grpo_loss(logp, old, refs[k], adv[rows[0] : rows[-1] + 1], mask, rl.clip_eps, rl.kl_coef)
+                loss, kl = grpo_loss(logp, old, refs[k], adv[rows[0] : rows[-1] + 1], mask, rl.clip_eps, kl_coef)
                 (loss * len(rows) / N).backward()  # mean over this rank's N replies; DDP averages equal shares
             loss_sum += loss.item() * len(rows) / N
             kl_sum += kl.item() * len(rows) / N
@@ -261,14 +265,67 @@ def rl_config(model: Any, out_dir: str, init_from: str) -> Any:
 
 # --- the recipe ------------------------------------------------------------------------------------------
 
-class _NoPosition:
-    """GRPO's batch source is a function of the step: nothing to save or restore."""
+class RLState:
+    """What an RL run carries between steps besides the weights (its batches are a function of the step):
+    the adaptive KL coefficient (``rl.kl_target``) and the reward model's whitening (``rl.reward_norm``).
+    Saved as the loader state in every checkpoint's meta.json and checked on the way back in: a
+    checkpoint is data, and a bad number there must not steer a run."""
+
+    def __init__(self) -> None:
+        self.kl_coef: float | None = None  # None: rl.kl_coef (a fixed coefficient, or the adaptive one's start)
+        self.reward_norm: dict[str, list[float]] | None = None  # {"shift": [...], "scale": [...]}, one per member
 
     def state_dict(self) -> dict:
-        return {}
+        return {k: v for k, v in (("kl_coef", self.kl_coef), ("reward_norm", self.reward_norm)) if v is not None}
 
     def load_state_dict(self, state: dict) -> None:
-        pass
+        import math
+
+        def number(x: Any, positive: bool) -> bool:
+            return (isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+                    and (x > 0 if positive else True))
+
+        where = "checkpoint meta.json loader"
+        if not isinstance(state, dict):
+            raise RLError(f"{where}: not an object; the checkpoint is damaged (resume from another one)")
+        kl, norm = state.get("kl_coef"), state.get("reward_norm")
+        if kl is not None and not number(kl, positive=True):
+            raise RLError(f"{where}.kl_coef = {kl!r}: not a finite number > 0; the checkpoint is damaged")
+        if norm is not None:
+            ok = (isinstance(norm, dict) and set(norm) == {"shift", "scale"}
+                  and all(isinstance(norm[k], list) and norm[k] for k in ("shift", "scale"))
+                  and len(norm["shift"]) == len(norm["scale"])
+                  and all(number(x, False) for x in norm["shift"]) and all(number(x, True) for x in norm["scale"]))
+            if not ok:
+                raise RLError(f"{where}.reward_norm = {norm!r}: not {{'shift': [finite numbers], 'scale': [numbers > 0]}}"
+                              " of one length (one per reward model); the checkpoint is damaged")
+        self.kl_coef = None if kl is None else float(kl)
+        self.reward_norm = None if norm is None else {k: [float(x) for x in norm[k]] for k in ("shift", "scale")}
+
+
+def adapt_kl_coef(coef: float, kl: float, target: float, n: int, horizon: int) -> float:
+    """Ziegler et al. (2019)'s adaptive KL controller, in TRL's form: after a step of ``n`` replies whose
+    KL was ``kl``, ``coef * (1 + clip(kl / target - 1, -0.2, 0.2) * n / horizon)``."""
+    err = min(max(kl / target - 1.0, -0.2), 0.2)
+    return coef * (1.0 + err * n / horizon)
+
+
+def whitening(scores: torch.Tensor, info: DistInfo) -> dict[str, list[float]] | None:
+    """(members, n) scores of this rank's replies -> each member's mean and std over every rank's replies,
+    as {"shift": [...], "scale": [...]} (population std, float64); None when a score is not finite (the
+    step then stops the run). Every rank must call it (it all-reduces)."""
+    s = scores.double()
+    sums = torch.stack([s.sum(1), (s * s).sum(1), torch.full((s.size(0),), float(s.size(1)), dtype=torch.float64)])
+    sums = all_reduce_sum(sums.to(info.device), info).cpu()
+    mean = sums[0] / sums[2]
+    std = (sums[1] / sums[2] - mean * mean).clamp(min=0).sqrt()
+    if not bool(torch.isfinite(mean).all() and torch.isfinite(std).all()):
+        return None
+    if bool((std < 1e-6).any()):
+        k = int((std < 1e-6).nonzero()[0])
+        raise RLError(f"rl.reward_norm: reward model {k + 1} gave all {int(sums[2][0])} replies of step 1 the same "
+                      f"score ({mean[k].item():.4g}): there is no spread to scale by (use it without rl.reward_norm)")
+    return {"shift": mean.tolist(), "scale": std.tolist()}
 
 
 class GRPO(Recipe):
@@ -321,7 +378,19 @@ class GRPO(Recipe):
 
     def loaders(self, cfg: Any, info: DistInfo) -> tuple[Any, Any, int]:
         self._prompts = cfg.rl.prompts
-        return _NoPosition(), None, 1
+        self.state = RLState()
+        return self.state, None, 1
+
+    def kl_coef(self, run: RunCtx) -> float:
+        """This step's KL coefficient: rl.kl_coef, or where the adaptive controller has moved it."""
+        return self.state.kl_coef if self.state.kl_coef is not None else run.cfg.rl.kl_coef
+
+    def after_step(self, run: RunCtx, out: dict[str, float]) -> dict[str, float]:
+        """The step's stats, plus the KL coefficient it used; with ``rl.kl_target`` the controller moves it."""
+        rl, coef = run.cfg.rl, self.kl_coef(run)
+        if rl.kl_target and math.isfinite(out.get("kl", float("nan"))):
+            self.state.kl_coef = adapt_kl_coef(coef, out["kl"], rl.kl_target, rl.prompts * rl.group, rl.kl_horizon)
+        return {**out, "kl_coef": coef}
 
     def prepare_model(self, run: RunCtx) -> None:
         """The reference is the starting model, frozen: a copy of the init weights on a fresh run, the
@@ -329,6 +398,17 @@ class GRPO(Recipe):
         self.ref = None
         if self.reward_model is not None:
             self.reward_model.to(run.device).eval().requires_grad_(False)
+        norm = self.state.reward_norm
+        if run.cfg.rl.reward_norm:
+            if self.reward_model is None:
+                raise RLError("rl.reward_norm whitens a reward model's score: give --reward-model RUN[,RUN...]")
+            members = len(getattr(self.reward_model, "members", [None]))
+            if run.state.step > 0 and norm is None:
+                raise RLError("rl.reward_norm: the checkpoint holds no whitening (meta.json loader.reward_norm), set "
+                              "on the run's first step; resume from a checkpoint of this run")
+            if norm is not None and len(norm["shift"]) != members:
+                raise RLError(f"rl.reward_norm: the checkpoint whitens {len(norm['shift'])} reward model(s), "
+                              f"rl.reward_model has {members}; the checkpoint is not this run's")
         if run.cfg.rl.kl_coef > 0:
             if run.state.step == 0:
                 self.ref = copy.deepcopy(self.policy(run))
@@ -358,7 +438,7 @@ class GRPO(Recipe):
                                 rows=(info.rank * share * rl.group, len(problems) * rl.group))
         rollouts = sample_replies(model, self.enc, self.template, mine, rl.group, params)
         sample_ms = (time.perf_counter() - t0) * 1000
-        r = self.rewards(rollouts)
+        r = self.rewards(rollouts, run)
         correct = [is_correct(t, p.answer) for t, p in zip(rollouts.texts, rollouts.problems, strict=True)]
         local = torch.tensor([r.mean().item(), sum(correct) / len(correct),
                               sum(len(x) for x in rollouts.replies) / len(rollouts.replies)], device=run.device)
@@ -372,7 +452,7 @@ class GRPO(Recipe):
         if bad:  # every rank stops here, before the update
             return {"loss": float("nan"), "reward": float(all_reduce_mean(local, info)[0])}
         out = grpo_step(run.wrapped, run.model, self.ref, run.optimizer, rollouts, r.view(n, rl.group), cfg,
-                        self.pad, info, run.autocast)
+                        self.pad, info, run.autocast, kl_coef=self.kl_coef(run))
         reward, acc, reply_len = all_reduce_mean(local, info).tolist()
         loss, kl = all_reduce_mean(torch.tensor([out["loss"], out["kl"]], device=run.device), info).tolist()
         flat = int(all_reduce_sum(torch.tensor([float(flat_groups(r.view(n, rl.group)))], device=run.device),
@@ -384,17 +464,31 @@ class GRPO(Recipe):
                     "until some replies in a group score differently. If the reward stays flat, start from a longer "
                     "SFT run (one that gets some answers right: see `gptforge eval --tasks "
                     f"{rl.task}` on it), raise rl.group or rl.temperature, or use a graded reward")
-        return {"loss": loss, "reward": reward, "accuracy": acc, "kl": kl, "grad_norm": out["grad_norm"],
-                "reply_len": reply_len, "sample_ms": sample_ms, "flat_groups": float(flat)}
+        return self.after_step(run, {"loss": loss, "reward": reward, "accuracy": acc, "kl": kl,
+                                     "grad_norm": out["grad_norm"], "reply_len": reply_len, "sample_ms": sample_ms,
+                                     "flat_groups": float(flat)})
 
-    def rewards(self, rollouts: Rollouts) -> torch.Tensor:
+    def rewards(self, rollouts: Rollouts, run: RunCtx) -> torch.Tensor:
         """(N,) float32: the reward function of each reply's text, or the reward model's score of the
-        prompt + reply tokens (``rl.reward_model``; ``accuracy`` stays the true task's, beside it)."""
+        prompt + reply tokens (``rl.reward_model``; ``accuracy`` stays the true task's, beside it). With
+        ``rl.reward_norm`` each member's score is first whitened by the mean and std it gave the run's
+        first batch (the starting policy's replies, every rank's), then the members are reduced."""
         if self.reward_model is not None:
-            from gptforge.training.rm import score_sequences
+            from gptforge.training.rm import reduce_member_scores, score_sequences
 
             seqs = [p + r for p, r in zip(rollouts.prompts, rollouts.replies, strict=True)]
-            return score_sequences(self.reward_model, seqs, self.pad)
+            s = score_sequences(self.reward_model, seqs, self.pad, members=True)  # (members, N)
+            if run.cfg.rl.reward_norm:
+                if self.state.reward_norm is None:
+                    self.state.reward_norm = n = whitening(s, run.info)
+                    if n is None:  # a non-finite score: sample_and_score stops the run
+                        return reduce_member_scores(s, self.reward_model.reduce).float()
+                    run.log("rl.reward_norm: the reward model's score on the starting policy's replies, "
+                            + ", ".join(f"mean {m:.3f} std {d:.3f}" for m, d in zip(n["shift"], n["scale"], strict=True))
+                            + " (member by member): whitened to mean 0, std 1 from now on")
+                n = self.state.reward_norm
+                s = (s - torch.tensor(n["shift"])[:, None]) / torch.tensor(n["scale"])[:, None]
+            return reduce_member_scores(s, self.reward_model.reduce).float()
         return torch.tensor(score(self.reward_fn, rollouts.problems, rollouts.texts), dtype=torch.float32)
 
     def policy(self, run: RunCtx) -> torch.nn.Module:

@@ -295,7 +295,7 @@ class PPO(GRPO):
             return {"loss": float("nan"), "reward": float(all_reduce_mean(local, info)[0])}
         with run.autocast():
             exp = make_experience(policy, self.ref if self.ref is not None else policy, run.model.value,
-                                  rollouts.prompts, rollouts.replies, r, self.pad, rl.kl_coef, rl.gamma, rl.lam,
+                                  rollouts.prompts, rollouts.replies, r, self.pad, self.kl_coef(run), rl.gamma, rl.lam,
                                   rl.temperature, reduce=lambda t: all_reduce_sum(t, info))
         kl = ((exp.logprobs - exp.ref_logprobs) * exp.mask).sum(dim=1).mean().item()
         N, mb = exp.ids.size(0), cfg.train.micro_batch
@@ -321,5 +321,6 @@ class PPO(GRPO):
         reward, acc, reply_len = all_reduce_mean(local, info).tolist()
         keys = ["loss", "policy_loss", "value_loss", "clipfrac", "approx_kl"]
         vals = all_reduce_mean(torch.tensor([sums[k] for k in keys] + [kl], device=run.device), info).tolist()
-        return {**dict(zip(keys, vals[:-1], strict=True)), "reward": reward, "accuracy": acc, "kl": vals[-1],
-                "grad_norm": float(local_tensor(norm)), "reply_len": reply_len, "sample_ms": sample_ms}
+        return self.after_step(run, {**dict(zip(keys, vals[:-1], strict=True)), "reward": reward, "accuracy": acc,
+                                     "kl": vals[-1], "grad_norm": float(local_tensor(norm)), "reply_len": reply_len,
+                                     "sample_ms": sample_ms})

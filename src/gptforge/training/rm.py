@@ -65,6 +65,12 @@ def last_index(mask: torch.Tensor) -> torch.Tensor:
 class _Scorer(nn.Module):
     """What reads pairs through any ``forward(ids, at) -> (N,)`` scorer (a reward model or an ensemble)."""
 
+    reduce = "mean"  # how member scores combine (an ensemble's setting; one model is its own mean)
+
+    def member_scores(self, ids: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
+        """(members, N): each member's own score (one row for a single reward model)."""
+        return self(ids, at)[None]
+
     def pair_rewards(self, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """A :class:`gptforge.data.preference.PairBatch`'s ids and mask (2n, L), chosen rows first ->
         (chosen rewards (n,), rejected rewards (n,)), each read at its reply's last token."""
@@ -109,9 +115,11 @@ def rm_loss(model: RewardModel, ids: torch.Tensor, mask: torch.Tensor, margin: t
 
 
 @torch.no_grad()
-def score_sequences(rm: RewardModel, seqs: Sequence[Sequence[int]], pad: int, batch_size: int = 32) -> torch.Tensor:
+def score_sequences(rm: RewardModel, seqs: Sequence[Sequence[int]], pad: int, batch_size: int = 32,
+                    members: bool = False) -> torch.Tensor:
     """Rewards (N,) float32 on the CPU for token sequences (prompt + reply each, e.g. RL rollouts),
-    each read at its own last token; right-padded batches, so the padding is never seen (causal)."""
+    each read at its own last token; right-padded batches, so the padding is never seen (causal).
+    ``members``: each member's own score instead, (members, N) (one row for a single reward model)."""
     if any(len(s) == 0 for s in seqs):
         raise ValueError("an empty sequence has no token to read a reward at")
     device = next(rm.parameters()).device
@@ -124,9 +132,10 @@ def score_sequences(rm: RewardModel, seqs: Sequence[Sequence[int]], pad: int, ba
         for k, s in enumerate(chunk):
             ids[k, : len(s)] = torch.as_tensor(list(s), dtype=torch.long)
         at = torch.tensor([len(s) - 1 for s in chunk])
-        out.append(rm(ids.to(device), at.to(device)).cpu())
+        ids, at = ids.to(device), at.to(device)
+        out.append((rm.member_scores(ids, at) if members else rm(ids, at)).cpu())
     rm.train(was_training)
-    return torch.cat(out) if out else torch.empty(0)
+    return torch.cat(out, dim=-1) if out else torch.empty(0)
 
 
 # --- the recipe: `gptforge rm` on the one loop ------------------------------------------------------------
@@ -218,9 +227,16 @@ class RewardEnsemble(_Scorer):
     def score(self) -> nn.Linear:
         return self.members[0].score
 
+    def member_scores(self, ids: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
+        return torch.stack([m(ids, at) for m in self.members])  # (members, N)
+
     def forward(self, ids: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
-        s = torch.stack([m(ids, at) for m in self.members])  # (members, N)
-        return s.mean(0) if self.reduce == "mean" else s.min(0).values
+        return reduce_member_scores(self.member_scores(ids, at), self.reduce)
+
+
+def reduce_member_scores(scores: torch.Tensor, how: str = "mean") -> torch.Tensor:
+    """(members, N) -> (N,): the members' mean, or their minimum (``how`` "min")."""
+    return scores.mean(0) if how == "mean" else scores.min(0).values
 
 
 def load_reward_model(path: str) -> tuple[RewardModel | RewardEnsemble, object]:
