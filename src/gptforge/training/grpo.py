@@ -11,7 +11,9 @@ advantages ``(r - mean_group) / (std_group + eps)``, and minimise, per reply tok
     -[ min(ratio * A, clip(ratio, 1 - clip_eps, 1 + clip_eps) * A) - kl_coef * KL ]
     ratio = exp(logp - logp_old),  KL = exp(ref - logp) - (ref - logp) - 1   (k3, >= 0)
 
-averaged over each reply's tokens, then over replies (TRL's ``loss_type="grpo"`` normalisation). ``ref``
+averaged over each reply's tokens, then over replies (TRL's ``loss_type="grpo"`` normalisation). With
+``rl.kl_target`` the coefficient adapts after each step (:func:`adapt_kl_coef`, on the logged mean token
+KL); it is kept in :class:`RLState`, the run's only state besides the weights. ``ref``
 is the frozen starting model; with one update per batch (``rl.updates_per_batch`` 1) ``logp_old`` is
 the sampling policy, so ratio = 1 and the gradient is the plain policy gradient plus the KL term.
 

@@ -23,6 +23,13 @@ Means are over the masked tokens of the whole batch (TRL's ``masked_mean``); the
 whitening is the unbiased one (Bessel), as TRL's ``masked_var``. Under data parallelism the whitening's
 mean and variance are the whole step's, over every rank's rollouts (TRL whitens each process's share),
 so a run on N processes equals one process with the same rollouts.
+
+Two settings from Ziegler et al. (2019), shared with GRPO (:class:`gptforge.training.grpo.RLState`):
+``rl.reward_norm`` whitens a reward model's score (each ensemble member's) by the mean and std it
+gave step 1's replies, so ``kl_coef`` weighs the KL against a reward of unit spread whatever the
+reward model's scale; ``rl.kl_target`` makes ``kl_coef`` adaptive,
+``kl_coef ← kl_coef · (1 + clip(KL / target − 1, ±0.2) · replies / rl.kl_horizon)`` after each step,
+KL being the step's mean per-reply sum of KL_t (the logged ``kl``).
 """
 
 from __future__ import annotations
