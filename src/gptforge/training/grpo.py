@@ -379,7 +379,7 @@ class GRPO(Recipe):
                           f"give at most {max(room, 0)}" + ("" if room > 0 else " (this model's context is too short)"))
 
     def loaders(self, cfg: Any, info: DistInfo) -> tuple[Any, Any, int]:
-        self._prompts = cfg.rl.prompts
+        self._prompts, self._adaptive = cfg.rl.prompts, cfg.rl.kl_target > 0
         self.state = RLState()
         return self.state, None, 1
 
@@ -499,7 +499,8 @@ class GRPO(Recipe):
 
     def log_line(self, s: dict[str, float]) -> str:
         flat = f" | flat groups {int(s['flat_groups'])}/{self._prompts}" if s.get("flat_groups") else ""
-        return (f"reward {s['reward']:.3f} | acc {s['accuracy']:.3f} | kl {s['kl']:.4f} | len {s['reply_len']:.1f} "
+        coef = f" (coef {s['kl_coef']:.4g})" if self._adaptive and "kl_coef" in s else ""
+        return (f"reward {s['reward']:.3f} | acc {s['accuracy']:.3f} | kl {s['kl']:.4f}{coef} | len {s['reply_len']:.1f} "
                 f"| loss {s['loss']:.4f}{flat}")
 
     def evaluate(self, run: RunCtx, step: int, last: bool, force: bool = False) -> float | None:
