@@ -162,6 +162,7 @@ def resolve_run(out: str | None, resume: str | None, overrides: list[str], recip
         raise CliError("--resume needs --out RUN_DIR (or the checkpoint itself: --resume RUN/checkpoints/step_N)")
     found = Checkpointer.find(run_dir, resume, warn=lambda m: print(m, file=sys.stderr))
     meta = ckpt.read_meta(found)
+    ckpt.check_resume_meta(meta, found / "meta.json")  # the step, world and RNG it will continue from
     kind = recipe_of(meta)
     if kind not in ((recipe,) if isinstance(recipe, str) else recipe):
         name = recipe if isinstance(recipe, str) else COMMAND_OF[recipe[0]]

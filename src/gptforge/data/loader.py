@@ -130,12 +130,18 @@ class ShardLoader:
                 f"checkpoint loader state was saved with data.align={state['align']}, but this run has "
                 "data.align=off; its position counts other rows. Resume with --data.align " + str(state["align"])
             )
-        mode, seed = state.get("shuffle", "off"), state.get("seed", self.seed)
+        from gptforge.errors import saved_int
+
+        mode = state.get("shuffle", "off")
+        seed = saved_int(state, "seed", 0, 2**32) if "seed" in state else self.seed
         if mode != self.shuffle or (mode != "off" and seed != self.seed):
             raise ShardError(
                 f"checkpoint loader state was saved with data.shuffle={mode} data.shuffle_seed={seed}, "
                 f"but this run has data.shuffle={self.shuffle} data.shuffle_seed={self.seed}; its position would "
                 "mean other batches. Resume with the original settings"
             )
-        self.shard, self.pos, self.epoch = int(state["shard"]), int(state["pos"]), int(state.get("epoch", 0))
+        self.epoch = saved_int({"epoch": 0, **state}, "epoch", 0)  # (checkpoints before epochs were counted: 0)
+        self.shard = saved_int(state, "shard", 0, len(self.files))
+        n = read_header(self.files[self._order()[self.shard]])[2]  # the position must be inside that shard
+        self.pos = saved_int(state, "pos", 0, n)
         self._tokens = None

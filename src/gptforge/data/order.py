@@ -36,6 +36,14 @@ class EpochOrder:
             return np.arange(self._count())
         return np.random.default_rng([self.seed, epoch]).permutation(self._count())
 
+    def _load_position(self, state: dict) -> None:
+        """Seed, shuffle and (epoch, cursor) from a checkpoint's loader state, each checked (a cursor
+        past the items, or a shuffle of "false", is a damaged checkpoint, not a position)."""
+        from gptforge.errors import saved_bool, saved_int
+
+        self.seed, self.shuffle = saved_int(state, "seed", 0, 2**32), saved_bool(state, "shuffle")
+        self._seek(saved_int(state, "epoch", 0), saved_int(state, "cursor", 0, self._count()))
+
     def _advance(self) -> int:
         """The next item's index; the epoch turns (and the order with it) after the last one."""
         i = int(self._perm[self.cursor])

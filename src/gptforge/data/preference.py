@@ -239,12 +239,11 @@ class PairLoader(EpochOrder):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("kind") != "preference":
             raise PreferenceDataError("checkpoint loader state is not from a preference run (no pair position)")
-        if state["fingerprint"] != self.fingerprint:
+        if state.get("fingerprint") != self.fingerprint:
             raise PreferenceDataError(
-                f"checkpoint was trained on other preference pairs (fingerprint {state['fingerprint']}, now "
+                f"checkpoint was trained on other preference pairs (fingerprint {state.get('fingerprint')}, now "
                 f"{self.fingerprint}); resume with the original --data, --val-count and --seed")
-        self.seed, self.shuffle = int(state["seed"]), bool(state["shuffle"])
-        self._seek(int(state["epoch"]), int(state["cursor"]))
+        self._load_position(state)
 
 
 def pair_loaders(section: Any, template: ChatTemplate, B: int, max_tokens: int, command: str):

@@ -162,10 +162,9 @@ class ConversationLoader(EpochOrder):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("kind") != "conversations":
             raise SFTDataError("checkpoint loader state is not from an SFT run (no conversation position)")
-        if state["fingerprint"] != self.fingerprint:
+        if state.get("fingerprint") != self.fingerprint:
             raise SFTDataError(
-                f"checkpoint was trained on other conversations (fingerprint {state['fingerprint']}, now "
+                f"checkpoint was trained on other conversations (fingerprint {state.get('fingerprint')}, now "
                 f"{self.fingerprint}); resume with the original --data, --val-count and --seed"
             )
-        self.seed, self.shuffle = int(state["seed"]), bool(state["shuffle"])
-        self._seek(int(state["epoch"]), int(state["cursor"]))
+        self._load_position(state)

@@ -206,6 +206,42 @@ def read_meta(ckpt_dir: str | Path, required: tuple[str, ...] = META_KEYS) -> di
     return meta
 
 
+def check_resume_meta(meta: dict[str, Any], meta_path: Path) -> None:
+    """What a resume reads from meta.json besides the config and the loader state (each loader checks its
+    own): the step (which must be the one the checkpoint directory is named by), the world it was saved
+    at and the Python RNG state, by type and range; LoaderStateError naming the file and the field, so a
+    damaged value is refused before anything reads it, instead of surfacing as a traceback or a silently
+    different run. Every ``--resume`` goes through it (``cli.common.resolve_run``, ``Checkpointer``)."""
+    import random
+    import re
+
+    from gptforge.errors import LoaderStateError, saved_int
+
+    try:
+        step = saved_int(meta, "step", 0, section="")
+        named = re.fullmatch(r"step_(\d+)", meta_path.parent.name)  # a checkpoint directory is named by its step
+        if named and int(named.group(1)) != step:
+            raise LoaderStateError(f"step = {step}, but the checkpoint directory is {meta_path.parent.name}")
+        if "world" in meta:
+            saved_int(meta, "world", 1, section="")
+        rng = meta.get("rng", {})
+        if not isinstance(rng, dict):
+            raise LoaderStateError(f"rng = {rng!r}: not an object")
+        if "python" in rng:
+            py = rng["python"]
+            ok = (isinstance(py, list) and len(py) == 3 and isinstance(py[1], list)
+                  and all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2**32 for x in py[1])
+                  and (py[2] is None or isinstance(py[2], float)))
+            if not ok:
+                raise LoaderStateError("rng.python: not Python's random.getstate() (version, 625 integers, gauss)")
+            random.Random().setstate((py[0], tuple(py[1]), py[2]))  # Python's own check of the state
+    except LoaderStateError as e:
+        raise LoaderStateError(f"{meta_path}: {e}; the checkpoint is damaged (resume from another one)") from e
+    except (TypeError, ValueError) as e:
+        raise LoaderStateError(f"{meta_path}: rng.python: not a Python random state ({e}); the checkpoint is "
+                               "damaged (resume from another one)") from e
+
+
 def _read_meta_json(ckpt_dir: str | Path) -> dict[str, Any]:
     ckpt_dir = Path(ckpt_dir)
     meta_path = ckpt_dir / "meta.json"

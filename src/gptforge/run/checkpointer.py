@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from gptforge import __version__
+from gptforge.errors import LoaderStateError
 from gptforge.optim import build_optimizer
 from gptforge.parallel.distributed import DistInfo, barrier, gather_rng_states, seed_rank
 from gptforge.run import checkpoint as files
@@ -58,6 +59,7 @@ class Checkpointer:
             # sampling seeds are functions of the step); every other checkpoint must carry both
             if not ("rl" in self.meta and "recipe" not in self.meta):
                 self.meta = files.read_meta(resume_from, files.RESUME_META_KEYS)
+            files.check_resume_meta(self.meta, Path(resume_from) / "meta.json")
         self.sharded = resume_from is not None and dcp.is_sharded(resume_from)  # the format it reads
         self.trusted = bool(getattr(cfg.train, "trust_checkpoint", False))
         if self.sharded:  # dcp/.metadata is a pickle: refused here, before any data or compute
@@ -118,11 +120,28 @@ class Checkpointer:
             self._carried_optim = None
         else:
             files.load_optimizer(where, state.optimizer, state.model)
-        state.loader.load_state_dict(self.meta.get("loader", {}))
+        self._restore_loader(state.loader, Path(where) / "meta.json")
         state.step = self.start_step
         self._restore_rng()
         self.log(f"resumed from {where} at step {state.step} (saved at world {self.meta.get('world', 1)}, "
                  f"now {info.world})")
+
+    def _restore_loader(self, loader: Any, meta_path: Path) -> None:
+        """The run's position (meta.json ``loader``) into ``loader``, which checks each field it reads
+        (:func:`gptforge.errors.saved_int`). Any loader, including one written later, is covered: a field
+        it reads without checking (missing, or of another type) is refused here too, naming the file,
+        rather than escaping as a traceback."""
+        plain = (KeyError, TypeError, ValueError, IndexError, AttributeError)
+        try:
+            loader.load_state_dict(self.meta.get("loader", {}))
+        except LoaderStateError as e:
+            raise LoaderStateError(f"{meta_path}: {e}; the checkpoint is damaged or not this run's (resume from "
+                                   "another checkpoint)") from e
+        except plain as e:
+            if type(e) not in plain:  # the loader's own error (ShardError, ...) already says what to do
+                raise
+            raise LoaderStateError(f"{meta_path}: the saved run position ('loader') is damaged ({type(e).__name__}: "
+                                   f"{e}); resume from another checkpoint") from e
 
     def _restore_rng(self) -> None:
         """Rank 0's saved state everywhere, then each rank its own saved stream when the world is

@@ -283,24 +283,25 @@ class RLState:
     def load_state_dict(self, state: dict) -> None:
         import math
 
+        from gptforge.errors import LoaderStateError
+
         def number(x: Any, positive: bool) -> bool:
             return (isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
                     and (x > 0 if positive else True))
 
-        where = "checkpoint meta.json loader"
         if not isinstance(state, dict):
-            raise RLError(f"{where}: not an object; the checkpoint is damaged (resume from another one)")
+            raise LoaderStateError(f"loader = {state!r}: not an object")
         kl, norm = state.get("kl_coef"), state.get("reward_norm")
         if kl is not None and not number(kl, positive=True):
-            raise RLError(f"{where}.kl_coef = {kl!r}: not a finite number > 0; the checkpoint is damaged")
+            raise LoaderStateError(f"loader.kl_coef = {kl!r}: not a finite number > 0")
         if norm is not None:
             ok = (isinstance(norm, dict) and set(norm) == {"shift", "scale"}
                   and all(isinstance(norm[k], list) and norm[k] for k in ("shift", "scale"))
                   and len(norm["shift"]) == len(norm["scale"])
                   and all(number(x, False) for x in norm["shift"]) and all(number(x, True) for x in norm["scale"]))
             if not ok:
-                raise RLError(f"{where}.reward_norm = {norm!r}: not {{'shift': [finite numbers], 'scale': [numbers > 0]}}"
-                              " of one length (one per reward model); the checkpoint is damaged")
+                raise LoaderStateError(f"loader.reward_norm = {norm!r}: not {{'shift': [finite numbers], 'scale': "
+                                       "[numbers > 0]}} of one length (one per reward model)")
         self.kl_coef = None if kl is None else float(kl)
         self.reward_norm = None if norm is None else {k: [float(x) for x in norm[k]] for k in ("shift", "scale")}
 
