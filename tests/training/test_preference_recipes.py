@@ -141,6 +141,21 @@ def test_dpo_resumes_exactly_with_cached_reference(world, tmp_path, capsys):
     assert full[-1]["rewards/margins"] != 0.0
     assert "compare_acc" in _rows(tmp_path / "full", "eval")[-1]
     _same_weights(tmp_path / "full", tmp_path / "part")
+    # a cache with the right fingerprints and a wrong number is still only a cache: recomputed, same run
+    assert main(["dpo", "--init-from", str(sft), "--out", str(tmp_path / "nan"), "--steps", "2", *args]) == 0
+    cache = torch.load(tmp_path / "nan" / "ref_logps.pt", weights_only=True)
+    cache["train"][0, 0] = float("nan")
+    torch.save(cache, tmp_path / "nan" / "ref_logps.pt")
+    capsys.readouterr()
+    assert main(["dpo", "--out", str(tmp_path / "nan"), "--resume", "--steps", "3"]) == 0
+    assert "non-finite" in capsys.readouterr().out
+    assert [{k: r[k] for k in trl} for r in full] == [{k: r[k] for k in trl} for r in _rows(tmp_path / "nan", "dpo")]
+    from gptforge.training.dpo import _table_fits
+
+    good = cache["val"]
+    assert _table_fits(good, len(good)) and not _table_fits(good, len(good) + 1)
+    for bad in (good[1:], good.long(), -good, good[:, :1], good.clone().fill_(float("-inf")), "x", None):
+        assert not _table_fits(bad, len(good)), bad
     # the frozen reference model beside the policy gives the cached reference's numbers
     assert main(["dpo", "--init-from", str(sft), "--out", str(tmp_path / "frozen"), "--steps", "3", *args,
                  "--dpo.precompute_ref", "false"]) == 0

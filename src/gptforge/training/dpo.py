@@ -191,10 +191,13 @@ class DPO(PairRecipe):
         if path.is_file():
             try:
                 saved = torch.load(path, weights_only=True)
-                if saved.get("fingerprints") == keys:
+                if saved.get("fingerprints") != keys:
+                    run.log(f"{path} was computed for other pairs; recomputing")
+                elif all(_table_fits(saved.get(k), n) for k, n in (("train", len(loader.pairs)), ("val", len(self.val)))):
                     run.log(f"reference log-probs from {path}")
                     return {"train": saved["train"], "val": saved["val"]}
-                run.log(f"{path} was computed for other pairs; recomputing")
+                else:  # the fingerprints are right and the numbers are not: still only a cache
+                    run.log(f"{path} holds tables of the wrong shape, type or non-finite values; recomputing")
             except Exception as e:  # a damaged cache is only a cache
                 run.log(f"{path} is unreadable ({e}); recomputing")
         ref = self._reference(run)
@@ -234,3 +237,9 @@ class DPO(PairRecipe):
     def log_line(self, s):
         return (f"acc {s['rewards/accuracies']:.3f} | margin {s['rewards/margins']:.3f} | "
                 f"chosen {s['rewards/chosen']:.3f} | rejected {s['rewards/rejected']:.3f} | loss {s['loss']:.4f}")
+
+
+def _table_fits(t: object, n: int) -> bool:
+    """A cached reference table for ``n`` pairs: a finite float tensor (n, 2) (chosen, rejected)."""
+    return (isinstance(t, torch.Tensor) and t.dtype.is_floating_point and tuple(t.shape) == (n, 2)
+            and bool(torch.isfinite(t).all()) and bool((t <= 0).all()))  # log-probabilities
