@@ -297,7 +297,8 @@ def test_reward_norm_whitens_each_member_by_the_first_batch_then_keeps_it():
 
     from gptforge.models.registry import build_model, model_config
     from gptforge.parallel.distributed import DistInfo
-    from gptforge.training.grpo import GRPO, RLState, Rollouts
+    from gptforge.training.grpo import GRPO, Rollouts
+    from gptforge.training.rl_state import RLState
     from gptforge.training.rm import RewardEnsemble, RewardModel
 
     shape = model_config({"arch": "gpt2", "n_layer": 1, "n_head": 2, "n_embd": 32, "block_size": 16, "vocab_size": 64})
@@ -348,7 +349,7 @@ def test_adaptive_kl_and_reward_norm_resume_exactly_and_refuse_bad_state(world, 
     _same_weights(tmp_path / "full", tmp_path / "part")
     assert abs(full[0]["reward"]) < 1e-5  # one reward model, whitened on step 1's own replies: mean 0
     assert full[0]["kl_coef"] == 0.05
-    for a, b in zip(full, full[1:]):  # c * (1 + clip(kl / target - 1, -0.2, 0.2) * replies / horizon)
+    for a, b in zip(full[:-1], full[1:], strict=True):  # c * (1 + clip(kl / target - 1, -0.2, 0.2) * replies / horizon)
         err = min(max(a["kl"] / 0.001 - 1, -0.2), 0.2)
         assert b["kl_coef"] == pytest.approx(a["kl_coef"] * (1 + err * 4 / 8), rel=1e-12)
     assert len({r["kl_coef"] for r in full}) == 3  # it moved every step

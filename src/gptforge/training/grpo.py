@@ -44,11 +44,7 @@ from gptforge.generation import SamplingParams, stream_tokens
 from gptforge.parallel.distributed import DistInfo, all_reduce_mean, all_reduce_sum, any_rank, grad_sync, local_tensor
 from gptforge.training.recipe import Recipe, RunCtx
 from gptforge.training.rewards import RewardFn, score
-
-
-class RLError(ValueError):
-    """Bad RL settings or inputs; the message names the flag."""
-
+from gptforge.training.rl_state import RLError, RLState, adapt_kl_coef, whitening
 
 # --- the math: advantages and the loss (tested against hand-computed numbers) ----------------------
 
@@ -266,70 +262,6 @@ def rl_config(model: Any, out_dir: str, init_from: str) -> Any:
 
 
 # --- the recipe ------------------------------------------------------------------------------------------
-
-class RLState:
-    """What an RL run carries between steps besides the weights (its batches are a function of the step):
-    the adaptive KL coefficient (``rl.kl_target``) and the reward model's whitening (``rl.reward_norm``).
-    Saved as the loader state in every checkpoint's meta.json and checked on the way back in: a
-    checkpoint is data, and a bad number there must not steer a run."""
-
-    def __init__(self) -> None:
-        self.kl_coef: float | None = None  # None: rl.kl_coef (a fixed coefficient, or the adaptive one's start)
-        self.reward_norm: dict[str, list[float]] | None = None  # {"shift": [...], "scale": [...]}, one per member
-
-    def state_dict(self) -> dict:
-        return {k: v for k, v in (("kl_coef", self.kl_coef), ("reward_norm", self.reward_norm)) if v is not None}
-
-    def load_state_dict(self, state: dict) -> None:
-        import math
-
-        from gptforge.errors import LoaderStateError
-
-        def number(x: Any, positive: bool) -> bool:
-            return (isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-                    and (x > 0 if positive else True))
-
-        if not isinstance(state, dict):
-            raise LoaderStateError(f"loader = {state!r}: not an object")
-        kl, norm = state.get("kl_coef"), state.get("reward_norm")
-        if kl is not None and not number(kl, positive=True):
-            raise LoaderStateError(f"loader.kl_coef = {kl!r}: not a finite number > 0")
-        if norm is not None:
-            ok = (isinstance(norm, dict) and set(norm) == {"shift", "scale"}
-                  and all(isinstance(norm[k], list) and norm[k] for k in ("shift", "scale"))
-                  and len(norm["shift"]) == len(norm["scale"])
-                  and all(number(x, False) for x in norm["shift"]) and all(number(x, True) for x in norm["scale"]))
-            if not ok:
-                raise LoaderStateError(f"loader.reward_norm = {norm!r}: not {{'shift': [finite numbers], 'scale': "
-                                       "[numbers > 0]}} of one length (one per reward model)")
-        self.kl_coef = None if kl is None else float(kl)
-        self.reward_norm = None if norm is None else {k: [float(x) for x in norm[k]] for k in ("shift", "scale")}
-
-
-def adapt_kl_coef(coef: float, kl: float, target: float, n: int, horizon: int) -> float:
-    """Ziegler et al. (2019)'s adaptive KL controller, in TRL's form: after a step of ``n`` replies whose
-    KL was ``kl``, ``coef * (1 + clip(kl / target - 1, -0.2, 0.2) * n / horizon)``."""
-    err = min(max(kl / target - 1.0, -0.2), 0.2)
-    return coef * (1.0 + err * n / horizon)
-
-
-def whitening(scores: torch.Tensor, info: DistInfo) -> dict[str, list[float]] | None:
-    """(members, n) scores of this rank's replies -> each member's mean and std over every rank's replies,
-    as {"shift": [...], "scale": [...]} (population std, float64); None when a score is not finite (the
-    step then stops the run). Every rank must call it (it all-reduces)."""
-    s = scores.double()
-    sums = torch.stack([s.sum(1), (s * s).sum(1), torch.full((s.size(0),), float(s.size(1)), dtype=torch.float64)])
-    sums = all_reduce_sum(sums.to(info.device), info).cpu()
-    mean = sums[0] / sums[2]
-    std = (sums[1] / sums[2] - mean * mean).clamp(min=0).sqrt()
-    if not bool(torch.isfinite(mean).all() and torch.isfinite(std).all()):
-        return None
-    if bool((std < 1e-6).any()):
-        k = int((std < 1e-6).nonzero()[0])
-        raise RLError(f"rl.reward_norm: reward model {k + 1} gave all {int(sums[2][0])} replies of step 1 the same "
-                      f"score ({mean[k].item():.4g}): there is no spread to scale by (use it without rl.reward_norm)")
-    return {"shift": mean.tolist(), "scale": std.tolist()}
-
 
 class GRPO(Recipe):
     """GRPO on the one loop. ``template`` None: ``rl.raw`` plain-text prompts. ``reward_fn`` comes from
