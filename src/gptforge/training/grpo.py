@@ -44,7 +44,7 @@ from gptforge.generation import SamplingParams, stream_tokens
 from gptforge.parallel.distributed import DistInfo, all_reduce_mean, all_reduce_sum, any_rank, grad_sync, local_tensor
 from gptforge.training.recipe import Recipe, RunCtx
 from gptforge.training.rewards import RewardFn, score
-from gptforge.training.rl_state import RLError, RLState, adapt_kl_coef, whitening
+from gptforge.training.rl_state import RLError, RLState, adapt_kl_coef
 
 # --- the math: advantages and the loss (tested against hand-computed numbers) ----------------------
 
@@ -414,15 +414,7 @@ class GRPO(Recipe):
             seqs = [p + r for p, r in zip(rollouts.prompts, rollouts.replies, strict=True)]
             s = score_sequences(self.reward_model, seqs, self.pad, members=True)  # (members, N)
             if run.cfg.rl.reward_norm:
-                if self.state.reward_norm is None:
-                    self.state.reward_norm = n = whitening(s, run.info)
-                    if n is None:  # a non-finite score: sample_and_score stops the run
-                        return reduce_member_scores(s, self.reward_model.reduce).float()
-                    run.log("rl.reward_norm: the reward model's score on the starting policy's replies, "
-                            + ", ".join(f"mean {m:.3f} std {d:.3f}" for m, d in zip(n["shift"], n["scale"], strict=True))
-                            + " (member by member): whitened to mean 0, std 1 from now on")
-                n = self.state.reward_norm
-                s = (s - torch.tensor(n["shift"])[:, None]) / torch.tensor(n["scale"])[:, None]
+                s = self.state.whiten(s, run.info, run.log)
             return reduce_member_scores(s, self.reward_model.reduce).float()
         return torch.tensor(score(self.reward_fn, rollouts.problems, rollouts.texts), dtype=torch.float32)
 

@@ -24,7 +24,7 @@ whitening is the unbiased one (Bessel), as TRL's ``masked_var``. Under data para
 mean and variance are the whole step's, over every rank's rollouts (TRL whitens each process's share),
 so a run on N processes equals one process with the same rollouts.
 
-Two settings from Ziegler et al. (2019), shared with GRPO (:class:`gptforge.training.grpo.RLState`):
+Two settings from Ziegler et al. (2019), shared with GRPO (:class:`gptforge.training.rl_state.RLState`):
 ``rl.reward_norm`` whitens a reward model's score (each ensemble member's) by the mean and std it
 gave step 1's replies, so ``kl_coef`` weighs the KL against a reward of unit spread whatever the
 reward model's scale; ``rl.kl_target`` makes ``kl_coef`` adaptive,

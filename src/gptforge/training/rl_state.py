@@ -64,6 +64,21 @@ class RLState:
         self.reward_norm = None if norm is None else {k: [float(x) for x in norm[k]] for k in ("shift", "scale")}
 
 
+    def whiten(self, scores: torch.Tensor, info: DistInfo, log: Any = print) -> torch.Tensor:
+        """(members, N) reward-model scores, whitened member by member: on the run's first call the
+        numbers are set from these scores (every rank's, :func:`whitening`) and reported through ``log``;
+        every call after reuses them. Non-finite scores are returned as they are (the step stops the run)."""
+        if self.reward_norm is None:
+            self.reward_norm = n = whitening(scores, info)
+            if n is None:
+                return scores
+            log("rl.reward_norm: the reward model's score on the starting policy's replies, "
+                + ", ".join(f"mean {m:.3f} std {d:.3f}" for m, d in zip(n["shift"], n["scale"], strict=True))
+                + " (member by member): whitened to mean 0, std 1 from now on")
+        n = self.reward_norm
+        return (scores - torch.tensor(n["shift"])[:, None]) / torch.tensor(n["scale"])[:, None]
+
+
 def adapt_kl_coef(coef: float, kl: float, target: float, n: int, horizon: int) -> float:
     """Ziegler et al. (2019)'s adaptive KL controller, in TRL's form: after a step of ``n`` replies whose
     KL was ``kl``, ``coef * (1 + clip(kl / target - 1, -0.2, 0.2) * n / horizon)``."""
