@@ -49,6 +49,7 @@ COMMANDS: dict[str, tuple[str, bool, str]] = {
     "rm": ("align", True, "train a reward model on preference pairs (Bradley-Terry) from an SFT or base model"),
     "dpo": ("align", True, "DPO / IPO on preference pairs against the frozen starting model"),
     "chat": ("chat", False, "talk to a chat (SFT/RL) checkpoint in the terminal"),
+    "tokenizer": ("tokenizer", False, "train a byte-level BPE tokenizer on a corpus (tokenizer train)"),
 }
 
 
