@@ -98,7 +98,7 @@ def _train(args: argparse.Namespace) -> int:
         source = open_source(args.paths, args.hf_dataset, args.hf_config, args.split, args.text_field)
         progress = not args.no_progress
         print(f"training a {spec.vocab_size:,}-id byte-level BPE with {spec.trainer} (pattern {args.pattern[:40]}, "
-              f"special tokens {' '.join(spec.specials)}) ...", file=sys.stderr)
+              f"special tokens {' '.join(spec.specials)}) ...", flush=True)
         report = train(source, spec, out, progress=progress, log=lambda m: print(m, file=sys.stderr))
     except (TrainError, SourceError, TokenizerError) as e:
         raise CliError(str(e)) from None

@@ -381,7 +381,10 @@ def train(source: Any, spec: TrainSpec, out: str | os.PathLike, progress: bool =
         if bar is not None:
             bar.close()
         bad = f"; {stats.bad_rows} bad rows, the first: {stats.first_bad}" if stats.bad_rows else ""
-        raise TrainError(f"no text to train on in the input ({stats.held_out_pieces} held-out pieces){bad}")
+        d = source.describe()
+        names = [f["path"] for f in d.get("files", [])] or [str(d.get("path", "the input"))]
+        where = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        raise TrainError(f"{where}: no text to train on ({stats.held_out_pieces} pieces held out){bad}")
     out.mkdir(parents=True, exist_ok=True)
     tok = build_tokenizer(_chain(first, texts), spec, out, name=out.resolve().name or "tokenizer",
                           progress=progress)
