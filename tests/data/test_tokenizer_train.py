@@ -268,7 +268,9 @@ def test_cli_trains_prints_the_table_and_refuses_to_overwrite(corpus, tmp_path, 
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "--out" in err and "--force" in err and len(err.strip().splitlines()) == 1
-    assert main([*argv, "--force"]) == 0
+    assert main([*argv, "--force", "--trainer", "tokenizers"]) == 0  # the other kind replaces it whole
+    assert sorted(p.name for p in (out / "tokenizer").iterdir()) == ["info.json", "tokenizer.json"]
+    assert load_tokenizer(out).kind == "hf"
 
 
 @pytest.mark.parametrize(("extra", "needle"), [
@@ -277,6 +279,7 @@ def test_cli_trains_prints_the_table_and_refuses_to_overwrite(corpus, tmp_path, 
     (["--pattern", "(unclosed"], "--pattern"),
     (["--special", "<|endoftext|>", "<|endoftext|>"], "--special <|endoftext|>: given twice"),
     (["--special", "<|im_end|>"], "<|endoftext|> must be one"),
+    (["--special", "x"], "--special x: one byte is an ordinary token"),
     (["--held-out", "0.9"], "--held-out"),
     (["--max-chars", "0"], "--max-chars"),
 ])

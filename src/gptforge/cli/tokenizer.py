@@ -96,6 +96,9 @@ def _train(args: argparse.Namespace) -> int:
             raise CliError(f"--out {out}: already holds a tokenizer ({out / BUNDLE_DIR / INFO}); add --force to "
                            "replace it")
         source = open_source(args.paths, args.hf_dataset, args.hf_config, args.split, args.text_field)
+        if args.force:  # a bundle of the other kind would leave its file behind (tokenizer.json / ranks.tiktoken)
+            for name in (INFO, "tokenizer.json", "ranks.tiktoken"):
+                (out / BUNDLE_DIR / name).unlink(missing_ok=True)
         progress = not args.no_progress
         print(f"training a {spec.vocab_size:,}-id byte-level BPE with {spec.trainer} (pattern {args.pattern[:40]}, "
               f"special tokens {' '.join(spec.specials)}) ...", flush=True)

@@ -115,6 +115,9 @@ def check_spec(spec: TrainSpec) -> TrainSpec:
             raise TrainError("--special: a special token needs text")
         if s in seen:
             raise TrainError(f"--special {s}: given twice; each special token needs its own id")
+        if len(s.encode()) == 1:
+            raise TrainError(f"--special {s}: one byte is an ordinary token already; a special token needs text "
+                             "no ordinary token has (such as <|pad|>)")
         seen.add(s)
     if EOS not in seen:
         raise TrainError(f"--special: {EOS} must be one of the special tokens (it is the eos and the document "
@@ -267,6 +270,7 @@ def build_tokenizer(texts: Iterable[str], spec: TrainSpec, out: Path, name: str,
         tok: Tokenizer = HFTokenizer(text, name=name, where=f"{out}/tokenizer/tokenizer.json", eos=EOS,
                                      chat_template=chat)
         save_tokenizer(tok, out)
+        del text
     elif spec.trainer == "rustbpe":
         ranks = train_rustbpe_ranks(texts, spec)
         with tempfile.TemporaryDirectory() as tmp:
@@ -276,8 +280,10 @@ def build_tokenizer(texts: Iterable[str], spec: TrainSpec, out: Path, name: str,
             tok = tiktoken_from_ranks(path, spec.regex, specials, name=name)
             tok.chat_template = chat
             save_tokenizer(tok, out)
+            del ranks
     else:
         raise TrainError(f"--trainer {spec.trainer}: resolve it with check_spec first")
+    del tok  # freed before the bundle is read back (checked as any bundle is), so the two never add up
     return load_tokenizer(out)
 
 
