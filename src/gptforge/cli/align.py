@@ -12,9 +12,8 @@ frozen); Ctrl-C saves a checkpoint and exits 130; bad input exits 2 naming the f
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from gptforge.cli.common import CliError, chat_template_of, finish, init_from, resolve_run
+from gptforge.cli.common import CliError, finish, init_from, resolve_run, run_words
 from gptforge.cli.post import _base_shape, _flag_overrides
 
 PAIR_FLAGS = {"data": "{s}.data", "split": "{s}.split", "val_count": "{s}.val_count", "seed": "{s}.seed",
@@ -30,7 +29,7 @@ def _frozen(section: str) -> tuple[str, ...]:
 
 
 def _run_pairs(args: argparse.Namespace, overrides: list[str], section: str, lr: float, make_recipe) -> int:
-    from gptforge.data.chat import ChatFormatError, ChatTemplate
+    from gptforge.data.chat import ChatFormatError
     from gptforge.data.rows import DataError
     from gptforge.training.loop import train
     from gptforge.training.pairs import pair_config
@@ -59,15 +58,15 @@ def _run_pairs(args: argparse.Namespace, overrides: list[str], section: str, lr:
     try:
         cfg, resume, meta = resolve_run(args.out, args.resume, [*flags, *overrides], section, fresh,
                                         frozen=_frozen(section))
-        if resume is not None:
-            template = ChatTemplate.from_dict(meta["chat_template"])
-        else:
-            template = (chat_template_of(args.init_from) if Path(args.init_from).is_dir() else None) or ChatTemplate.gpt2()
+        tok, template = run_words(resume, meta, cfg, args.init_from)
+        if resume is None:
             prepare_chat_model(cfg, template)
+        elif template is None:
+            raise CliError(f"{resume}/meta.json has no chat_template: the checkpoint is damaged")
         if args.dry_run:
             print(cfg.to_json())
             return 0
-        recipe = make_recipe(cfg, template)
+        recipe = make_recipe(cfg, template, tok)
         if section == "rm":
             from gptforge.training.rm import body_init
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from gptforge.cli.common import CliError, chat_template_of, load
+from gptforge.cli.common import CliError, load, text_encoder, words
 
 # --- chat ----------------------------------------------------------------------------------------
 
@@ -17,12 +17,12 @@ def cmd_chat(args: argparse.Namespace) -> int:
     """Multi-turn chat in the terminal: type a message, watch the reply stream; /reset, /quit."""
     import sys
 
-    from gptforge.data.chat import ChatTokenizer
-    from gptforge.data.tokenizer import get_tokenizer
     from gptforge.generation import PromptError, SamplingParams, fit_new_tokens, stream_text
+    from gptforge.load import ModelSource
     from gptforge.runtime import resolve_device
 
-    template = chat_template_of(args.ckpt)
+    source = ModelSource(ckpt=args.ckpt)
+    tok, template = words(source)
     if template is None:
         raise CliError(f"{args.ckpt} has no chat template: fine-tune it with `gptforge sft` (or use "
                          "`gptforge sample` for a base model)")
@@ -34,10 +34,9 @@ def cmd_chat(args: argparse.Namespace) -> int:
         params.check()
     except ValueError as e:
         raise CliError(f"--{str(e).replace('_', '-')}") from e
-    from gptforge.load import ModelSource
-
-    model = load(ModelSource(ckpt=args.ckpt)).to(resolve_device(args.device)).eval()
-    enc = ChatTokenizer(get_tokenizer(), template)
+    model = load(source).to(resolve_device(args.device)).eval()
+    words(source, model)  # the tokenizer fits the model's logits
+    enc = text_encoder(tok, template)
     system = [{"role": "system", "content": args.system}] if args.system else []
     history: list[dict[str, str]] = []
     interactive = sys.stdin.isatty()

@@ -115,7 +115,7 @@ def port(raw: str) -> int:
     return v
 
 
-def chat_template_of(ckpt: str | None):
+def chat_template_of(ckpt: str | None, tok=None):
     """The chat template a checkpoint (or run directory) carries, or None."""
     if ckpt is None:
         return None
@@ -124,9 +124,54 @@ def chat_template_of(ckpt: str | None):
 
     where = ckpt_mod.resolve_checkpoint(ckpt)
     try:
-        return template_from_meta(ckpt_mod.read_meta(where), where=str(Path(where) / "meta.json"))
+        return template_from_meta(ckpt_mod.read_meta(where), where=str(Path(where) / "meta.json"), tok=tok)
     except ChatFormatError as e:
         raise CliError(str(e)) from None
+
+
+def words(source: ModelSource, model=None, flag: str | None = None, fallback: bool = False):
+    """(tokenizer, chat template or None) of ``source``'s model: the one way every text command
+    gets them (see :func:`gptforge.load.load_tokenizer_of`). ``model``: check the tokenizer fits its
+    logits. ``fallback``: a recipe choosing a template to tune with (the tokenizer's own, else
+    gptforge's for GPT-2). A damaged tokenizer or template is a CliError naming the file (and ``flag``)."""
+    from gptforge.data.chat import ChatFormatError
+    from gptforge.data.tokenizer import TokenizerError
+    from gptforge.load import load_chat_template_of, load_tokenizer_of
+
+    try:
+        tok = load_tokenizer_of(source, model)
+        return tok, load_chat_template_of(source, tok, fallback=fallback)
+    except (TokenizerError, ChatFormatError) as e:
+        raise CliError(f"{flag}: {e}" if flag else str(e)) from None
+
+
+def run_words(resume, meta: dict | None, cfg, init_from_path: str | None, fallback: bool = True):
+    """(tokenizer, chat template) of a fine-tuning run (sft, rl, rm, dpo): a resumed run's from its
+    checkpoint; a fresh one's from ``--init-from`` (with ``fallback``, a base model gets the template
+    its tokenizer brings, else gptforge's for GPT-2)."""
+    from gptforge.data.chat import ChatFormatError, template_from_dict
+    from gptforge.data.tokenizer import TokenizerError, tokenizer_from_meta
+    from gptforge.load import ModelSource
+
+    if resume is None:
+        return words(ModelSource.from_path(init_from_path), flag="--init-from", fallback=fallback)
+    try:
+        tok = tokenizer_from_meta(meta, resume)
+        d = meta.get("chat_template")
+        chat = template_from_dict(d, f"{resume}/meta.json", cfg.model.vocab_size, tok=tok) if d else None
+    except (TokenizerError, ChatFormatError) as e:
+        raise CliError(f"--resume: {e}") from None
+    return tok, chat
+
+
+def text_encoder(tok, chat):
+    """What a generation stream decodes with: the tokenizer, wrapped so gptforge's own chat ids (on
+    GPT-2's padded rows) print by name."""
+    if chat is None:
+        return tok
+    from gptforge.data.chat import ChatTokenizer
+
+    return ChatTokenizer(tok, chat)
 
 
 # --- the one resume / force path of train, sft and rl ----------------------------------------------

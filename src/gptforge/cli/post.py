@@ -12,9 +12,8 @@ settings, or are refused naming the key; nothing is silently dropped.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from gptforge.cli.common import CliError, chat_template_of, finish, finite, init_from, load, resolve_run
+from gptforge.cli.common import CliError, finish, finite, init_from, load, resolve_run, run_words
 from gptforge.load import ModelSource
 
 # --- sft -------------------------------------------------------------------------------------------
@@ -23,7 +22,7 @@ SFT_FROZEN = ("sft.split", "sft.val_count", "sft.seed")  # they decide which con
 
 
 def cmd_sft(args: argparse.Namespace, overrides: list[str]) -> int:
-    from gptforge.data.chat import ChatFormatError, ChatTemplate
+    from gptforge.data.chat import ChatFormatError
     from gptforge.data.sft import SFTDataError
     from gptforge.training.sft import run_sft
 
@@ -47,15 +46,12 @@ def cmd_sft(args: argparse.Namespace, overrides: list[str]) -> int:
     try:
         cfg, resume, meta = resolve_run(args.out, args.resume, [*flags, *overrides], "sft", fresh,
                                         trusted=_trusted(args, overrides), frozen=SFT_FROZEN)
-        if resume is not None:
-            template = ChatTemplate.from_dict(meta["chat_template"], f"{resume}/meta.json", cfg.model.vocab_size)
-        else:
-            template = (chat_template_of(args.init_from) if Path(args.init_from).is_dir() else None) or ChatTemplate.gpt2()
+        tok, template = run_words(resume, meta, cfg, args.init_from)
         if args.dry_run:
             print(cfg.to_json())
             return 0
         result = run_sft(cfg, template, resume=resume, force=args.force, init_weights=init_weights,
-                         base_loss=args.base_loss)
+                         base_loss=args.base_loss, tok=tok)
     except (SFTDataError, ChatFormatError) as e:
         raise CliError(str(e)) from e
     return finish(result, "sft")
@@ -137,7 +133,6 @@ RL_FROZEN = ("rl.task", "rl.eval_n", "rl.init_from", "rl.raw", "rl.algo",  # the
 
 def cmd_rl(args: argparse.Namespace, overrides: list[str]) -> int:
     from gptforge.data.chat import ChatFormatError
-    from gptforge.data.tokenizer import get_tokenizer
     from gptforge.training.grpo import GRPO, RLError, rl_config
     from gptforge.training.loop import train
     from gptforge.training.rewards import RewardError, load_reward
@@ -162,7 +157,8 @@ def cmd_rl(args: argparse.Namespace, overrides: list[str]) -> int:
             raise CliError(f"this run was trained with the reward function {cfg.rl.reward!r}, which is code: a "
                            f"checkpoint never decides what code runs. Pass --reward {cfg.rl.reward} to run it again")
         source = str(resume) if resume is not None else args.init_from
-        template = None if cfg.rl.raw else chat_template_of(source)
+        tok, template = run_words(resume, meta, cfg, args.init_from, fallback=False)
+        template = None if cfg.rl.raw else template
         if template is None and not cfg.rl.raw:
             raise CliError(f"{source} has no chat template (meta.json chat_template): fine-tune it with `gptforge "
                            "sft` first, or pass --raw to prompt it with plain 'Question: ...\\nAnswer:' text")
@@ -175,7 +171,7 @@ def cmd_rl(args: argparse.Namespace, overrides: list[str]) -> int:
         if cfg.rl.algo == "ppo":
             from gptforge.training.ppo import PPO
 
-            base, recipe = init, PPO(cfg, template, get_tokenizer(), reward, reward_model=rm)
+            base, recipe = init, PPO(cfg, template, tok, reward, reward_model=rm)
             if cfg.rl.value_init == "reward_model" and rm is None:
                 raise CliError("rl.value_init reward_model needs --reward-model RUN (or use rl.value_init policy)")
             value_rm = rm if cfg.rl.value_init in ("auto", "reward_model") else None
@@ -189,7 +185,7 @@ def cmd_rl(args: argparse.Namespace, overrides: list[str]) -> int:
 
             init = None if base is None else init_ppo
         else:
-            recipe = GRPO(cfg, template, get_tokenizer(), reward, reward_model=rm)
+            recipe = GRPO(cfg, template, tok, reward, reward_model=rm)
         result = train(cfg, recipe, resume=resume, force=args.force, init_weights=init)
     except (RLError, RewardError, ChatFormatError) as e:
         raise CliError(str(e)) from e

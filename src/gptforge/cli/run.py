@@ -60,6 +60,8 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
         if resume is not None:
             raise CliError("--init-from starts a new run from other weights; it cannot be combined with --resume")
         init_weights = init_from(args.init_from, cfg)
+    if resume is None:  # the model speaks its shards' tokenizer (resumes are checked in the loop)
+        _fit_data_tokenizer(cfg, args.init_from)
     # fail on a mesh or a batch that cannot divide before touching data or devices
     from gptforge.parallel.mesh import check_layout
 
@@ -73,6 +75,27 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
     from gptforge.training.loop import train
 
     return finish(train(cfg, resume=resume, force=args.force, init_weights=init_weights), "train")
+
+
+def _fit_data_tokenizer(cfg, init_from: str | None) -> None:
+    """A fresh run's model takes the vocabulary of the tokenizer its shards were made with; weights
+    from ``--init-from`` must speak that same tokenizer."""
+    from gptforge.data.tokenizer import TokenizerError, shard_tokenizer
+    from gptforge.training.pretrain import fit_vocab
+
+    try:
+        tok = shard_tokenizer(cfg.data.dir)
+        if init_from is not None:
+            from gptforge.load import ModelSource, load_tokenizer_of
+
+            theirs = load_tokenizer_of(ModelSource.from_path(init_from))
+            if theirs.fingerprint != tok.fingerprint:
+                raise CliError(f"--init-from {init_from} speaks the {theirs.describe()}, but the shards in "
+                               f"{cfg.data.dir} were made with the {tok.describe()}: prepare the data with the "
+                               f"model's tokenizer (gptforge prepare ... --tokenizer {init_from})")
+        fit_vocab(cfg, tok, log=lambda _: None)
+    except TokenizerError as e:
+        raise CliError(str(e)) from None
 
 
 def _default_out(preset: str, overrides: list[str]) -> str:

@@ -156,19 +156,26 @@ def _role_content(m: Any, i: int) -> tuple[str, str]:
 
 
 def _tokenizer() -> Any:
-    from gptforge.data.tokenizer import get_tokenizer
+    from gptforge.data.tokenizer import gpt2_tokenizer
 
-    return get_tokenizer()
+    return gpt2_tokenizer()
 
 
 class ChatTokenizer:
-    """A tiktoken Encoding that also decodes the chat ids (tiktoken cannot: they are not in its
-    ranks). Duck-types what :func:`gptforge.generation.stream_text` uses."""
+    """A tokenizer (:class:`gptforge.data.tokenizer.Tokenizer`) that also decodes the chat ids of
+    gptforge's own template (they live on GPT-2's padded rows, not in its ranks). Duck-types what
+    :func:`gptforge.generation.stream_text` uses; a Jinja template's tokens are the tokenizer's own
+    special tokens, so it needs no wrapper."""
 
-    def __init__(self, enc: Any, template: ChatTemplate):
+    def __init__(self, enc: Any, template: Any):
         self.enc, self.template = enc, template
         self._names = {i: s.encode() for i, s in template.names.items()}
         self.eot_token = enc.eot_token
+        self.n_vocab = enc.n_vocab
+        self.special_tokens = getattr(enc, "special_tokens", {})
+
+    def __getattr__(self, name: str) -> Any:  # fingerprint, describe, encode_batch_numpy, ...
+        return getattr(self.enc, name)
 
     def encode(self, text: str, **kw: Any) -> list[int]:
         return self.enc.encode(text, **kw)
@@ -179,6 +186,8 @@ class ChatTokenizer:
     def decode_single_token_bytes(self, tok: int) -> bytes:
         if tok in self._names:
             return self._names[tok]
+        if hasattr(self.enc, "token_bytes"):
+            return self.enc.token_bytes(tok)
         if tok >= self.enc.n_vocab:  # an unused padded row: never crash a stream over it
             return f"<|{tok}|>".encode()
         return self.enc.decode_single_token_bytes(tok)
@@ -188,13 +197,53 @@ class ChatTokenizer:
         return "".join(dec.decode(self.decode_single_token_bytes(int(t))) for t in ids) + dec.decode(b"", final=True)
 
 
-def template_from_meta(meta: dict[str, Any], where: str = "meta.json") -> ChatTemplate | None:
+def template_from_meta(meta: dict[str, Any], where: str = "meta.json", tok: Any = None):
     """The chat template a checkpoint's meta.json carries, or None for a base model; its ids are
-    checked against the checkpoint's own ``model.vocab_size``."""
+    checked against the checkpoint's own ``model.vocab_size``. Two kinds: gptforge's own (role ids)
+    and a model's Jinja template (``"kind": "jinja"``, rendered with ``tok``, the checkpoint's
+    tokenizer)."""
     d = meta.get("chat_template")
     if not d:
         return None
     model = (meta.get("config") or {}).get("model") if isinstance(meta.get("config"), dict) else None
     vocab = model.get("vocab_size") if isinstance(model, dict) else None
     vocab = vocab if isinstance(vocab, int) and not isinstance(vocab, bool) and vocab > 0 else None
-    return ChatTemplate.from_dict(d, where=where, vocab_size=vocab)
+    return template_from_dict(d, where=where, vocab_size=vocab, tok=tok)
+
+
+def template_from_dict(d: Any, where: str = "chat_template", vocab_size: int | None = None, tok: Any = None):
+    """The one reader of a stored chat template of either kind."""
+    if isinstance(d, dict) and d.get("kind") == "jinja":
+        from gptforge.data.chat_jinja import JinjaChatTemplate
+
+        if tok is None:
+            from gptforge.data.tokenizer import gpt2_tokenizer
+
+            tok = gpt2_tokenizer()
+        return JinjaChatTemplate.from_dict(d, tok, where=where, vocab_size=vocab_size)
+    return ChatTemplate.from_dict(d, where=where, vocab_size=vocab_size)
+
+
+def template_from_tokenizer(tok: Any):
+    """The Jinja chat template that came with a tokenizer (a Hugging Face model's, a trained
+    tokenizer's ChatML), or None."""
+    source = getattr(tok, "chat_template", None)
+    if not source:
+        return None
+    from gptforge.data.chat_jinja import JinjaChatTemplate
+
+    return JinjaChatTemplate(source, tok, name=f"{tok.name}-chat")
+
+
+def default_template(tok: Any):
+    """The template a recipe tunes a base model with when nothing names one: the tokenizer's own,
+    else gptforge's for GPT-2's BPE. Another tokenizer without a template is refused: gptforge's role
+    ids live on GPT-2's padded rows and mean nothing in another vocabulary."""
+    own = template_from_tokenizer(tok)
+    if own is not None:
+        return own
+    if tok is None or getattr(tok, "is_gpt2", True):
+        return ChatTemplate.gpt2()
+    raise ChatFormatError(f"the model's {tok.describe()} has no chat template, and gptforge's own belongs to GPT-2's "
+                          "vocabulary: train the tokenizer with `gptforge tokenizer train` (its ChatML special tokens "
+                          "and template come with it) or use a model whose tokenizer_config.json has a chat_template")

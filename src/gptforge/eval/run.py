@@ -39,10 +39,10 @@ def prepare_tasks(names: str | list[str], limit: int | None = None, log: Callabl
     A limit beyond the data is clamped, and the log says so."""
     if limit is not None and limit < 0:
         raise EvalDataError(f"limit {limit}: must be >= 0 (0 or none = all examples)")
-    if enc is None:
-        from gptforge.data.tokenizer import get_tokenizer
+    if enc is None:  # the model's tokenizer, when the caller has one; GPT-2's otherwise
+        from gptforge.data.tokenizer import gpt2_tokenizer
 
-        enc = get_tokenizer()
+        enc = gpt2_tokenizer()
     out = []
     for task in get_tasks(names):
         rows = load_rows(task.name)
@@ -62,12 +62,16 @@ def default_batch_tokens(device: torch.device) -> int:
     return 32768 if device.type == "cuda" else 2048
 
 
-def check_model_vocab(model: torch.nn.Module) -> None:
+def check_model_vocab(model: torch.nn.Module, enc=None) -> None:
+    """The model's logits cover every id the task text can tokenize to (``enc``: the model's
+    tokenizer; GPT-2's when None)."""
     vocab = model.config.vocab_size
-    if vocab < GPT2_VOCAB:
+    need = enc.n_vocab if enc is not None else GPT2_VOCAB
+    if vocab < need:
         raise EvalDataError(
-            f"the model's vocab_size is {vocab}, but the evaluation tasks are GPT-2 BPE text (50,257 tokens); "
-            "evaluate a model with model.vocab_size >= 50257"
+            f"the model's vocab_size is {vocab}, but the evaluation tasks are tokenized with "
+            f"{enc.describe() if enc is not None else 'GPT-2 BPE (50,257 tokens)'}; evaluate a model with "
+            f"model.vocab_size >= {need}"
         )
 
 
@@ -85,7 +89,11 @@ def evaluate(
     With ``log`` (the ``eval`` command, rank 0): a progress bar per task on stderr and a line per
     finished task, so a long evaluation is never silent."""
     device = torch.device(device)
-    check_model_vocab(model)
+    top = max((max(max(c, default=0), max(x, default=0)) for p in prepared for reqs in p.requests for c, x in reqs),
+              default=0)
+    if top >= model.config.vocab_size:  # task text tokenized with a larger vocabulary than the model's
+        raise EvalDataError(f"the model's vocab_size is {model.config.vocab_size}, but the tasks were tokenized "
+                            f"to ids up to {top}: evaluate with the model's own tokenizer")
     autocast = autocast or autocast_for(device)
     batch_tokens = batch_tokens or default_batch_tokens(device)
     results = {}
@@ -165,6 +173,7 @@ def run_eval(
     timer: Callable[..., dict] | None = None,
     json_out: str | None = None,
     source: dict | None = None,
+    enc=None,
 ) -> dict:
     """``gptforge eval``: score ``model`` (already on ``info.device``) on the tasks, print the table
     and write JSON on rank 0. ``timer`` (``gptforge.bench.eval.run_eval_bench``, for ``--bench``)
@@ -174,7 +183,7 @@ def run_eval(
     from pathlib import Path
 
     log = print if info.is_main else (lambda _: None)
-    prepared = prepare_tasks(tasks, limit or None, log)
+    prepared = prepare_tasks(tasks, limit or None, log, enc=enc)
     autocast = autocast_for(info.device, dtype)
     batch_tokens = batch_tokens or default_batch_tokens(info.device)
     if timer is not None:

@@ -448,9 +448,9 @@ def gpt2_ranks() -> dict[bytes, int]:
         from gptforge.data.tokenizer import load_ranks
 
         return load_ranks(path)
-    from gptforge.data.tokenizer import get_tokenizer
+    from gptforge.data.tokenizer import gpt2_tokenizer
 
-    return dict(get_tokenizer()._mergeable_ranks)  # tiktoken keeps the ranks only on this attribute
+    return dict(gpt2_tokenizer().enc._mergeable_ranks)  # tiktoken keeps the ranks only on this attribute
 
 
 def write_hf_tokenizer(out: Path, model_max_length: int = 1024) -> list[Path]:
@@ -474,9 +474,52 @@ def write_hf_tokenizer(out: Path, model_max_length: int = 1024) -> list[Path]:
     return paths
 
 
-def write_tokenizer(out: Path, chat, model_max_length: int) -> list[Path]:
+def tokenizer_json_of(tok) -> str:
+    """A tokenizer as Hugging Face ``tokenizer.json`` text: an hf tokenizer's own; tiktoken ranks
+    (a trained or GPT-2-style tokenizer) converted as transformers' TikTokenConverter does: the split
+    pattern, then byte-level BPE whose merges are the ranks in order, ``ignore_merges`` (a piece
+    that is a whole token is taken as it is, as tiktoken does), the special tokens as added tokens."""
+    if tok.kind == "hf":
+        return tok._text
+    vocab, merges = ranks_to_vocab_merges(dict(tok.enc._mergeable_ranks))
+    added = [{"id": i, "content": s, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
+              "special": True} for s, i in sorted(tok.special_tokens.items(), key=lambda kv: kv[1])]
+    return json.dumps({
+        "version": "1.0", "truncation": None, "padding": None, "added_tokens": added, "normalizer": None,
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": tok.pattern}, "behavior": "Isolated", "invert": False},
+            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]},
+        "post_processor": None,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": True,
+                  "vocab": vocab, "merges": [[a, b] for a, b in merges]},
+    }, ensure_ascii=False)
+
+
+def write_model_tokenizer(out: Path, tok, chat, model_max_length: int) -> list[Path]:
+    """A model's own (non-GPT-2) tokenizer as Hugging Face files: its ``tokenizer.json`` as it is,
+    and a ``tokenizer_config.json`` naming bos/eos and carrying the chat template's Jinja, so
+    ``AutoTokenizer.from_pretrained(out).apply_chat_template`` renders what gptforge renders."""
+    names = {i: s for s, i in tok.special_tokens.items()}
+    eos = chat.end if chat is not None and chat.end in names else tok.eos_token_id
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": model_max_length,
+              "bos_token": names.get(tok.bos_token_id), "eos_token": names.get(eos),
+              "pad_token": names.get(tok.eot_token), "clean_up_tokenization_spaces": False}
+    if chat is not None:
+        config["chat_template"] = chat.jinja()
+    paths = [out / "tokenizer.json", out / "tokenizer_config.json"]
+    paths[0].write_text(tokenizer_json_of(tok), encoding="utf-8")
+    paths[1].write_text(json.dumps(config, indent=2, ensure_ascii=False), encoding="utf-8")
+    return paths
+
+
+def write_tokenizer(out: Path, chat, model_max_length: int, tok=None) -> list[Path]:
     """GPT-2's tokenizer files, with the chat tokens and template when ``chat`` (a ChatTemplate) is
-    given: what both exporters write (gptforge's Llama uses GPT-2's BPE too)."""
+    given: what both exporters write (gptforge's Llama uses GPT-2's BPE too). ``tok``: the model's
+    tokenizer when it is not GPT-2's (written by :func:`write_model_tokenizer`)."""
+    if tok is not None and not tok.is_gpt2:
+        return write_model_tokenizer(out, tok, chat, model_max_length)
     files = write_hf_tokenizer(out, model_max_length=model_max_length)
     if chat is not None:
         from gptforge.interop.hf_chat import write_hf_chat_template

@@ -164,6 +164,10 @@ def finalize_checkpoint(run_dir: str | Path, tmp: Path, meta: dict[str, Any], ke
     if rng is not None:
         torch.save(rng[0], tmp / "rng.pt")
         meta["rng"] = rng[1]
+    if hasattr(meta.get("tokenizer"), "fingerprint"):  # a Tokenizer: every checkpoint carries its words
+        from gptforge.data.tokenizer import save_tokenizer
+
+        meta["tokenizer"] = save_tokenizer(meta["tokenizer"], tmp)
     for f in tmp.rglob("*"):  # sharded checkpoints keep their shards in a subfolder
         if f.is_file():
             with open(f, "rb") as fh:

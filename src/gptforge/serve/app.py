@@ -39,7 +39,6 @@ from gptforge.serve.limits import BearerAuth, BodyLimit, acquire_unless_gone, wa
 from gptforge.serve.sse import sse_response
 
 if TYPE_CHECKING:
-    import tiktoken
     import torch
 
 STATIC = Path(__file__).parent / "static"
@@ -142,7 +141,7 @@ def read_loss_curve(path: str | Path | None, max_points: int = 2000) -> dict[str
             "held_out": thin(held_out)}
 
 
-def create_app(model: torch.nn.Module, enc: tiktoken.Encoding | None = None, settings: ServeSettings | None = None,
+def create_app(model: torch.nn.Module, enc: Any = None, settings: ServeSettings | None = None,
                metrics_path: str | Path | None = None, served: dict | None = None,
                chat_template: dict | None = None, api_key: str | None = None) -> FastAPI:
     """The FastAPI app around one loaded model (tests build it directly and call it in-process).
@@ -151,14 +150,14 @@ def create_app(model: torch.nn.Module, enc: tiktoken.Encoding | None = None, set
     ``api_key``: required as a Bearer token on /api and /v1 when given."""
     from gptforge.generation import PromptError, SamplingParams, fit_new_tokens, stream_text
 
-    if enc is None:
-        from gptforge.data.tokenizer import get_tokenizer
+    if enc is None:  # the model's tokenizer (gptforge serve passes it); GPT-2's when nothing says
+        from gptforge.data.tokenizer import gpt2_tokenizer
 
-        enc = get_tokenizer()
-    if chat_template:  # a chat model may emit its role/end ids, which tiktoken cannot decode
-        from gptforge.data.chat import ChatTemplate, ChatTokenizer
+        enc = gpt2_tokenizer()
+    if chat_template:  # a chat model may emit its role/end ids, which the plain tokenizer cannot decode
+        from gptforge.data.chat import ChatTokenizer, template_from_dict
 
-        enc = ChatTokenizer(enc, ChatTemplate.from_dict(chat_template, vocab_size=model.config.vocab_size))
+        enc = ChatTokenizer(enc, template_from_dict(chat_template, vocab_size=model.config.vocab_size, tok=enc))
     settings = settings or ServeSettings()
     settings.check()
     gate = ModelGate(settings.max_queue)
@@ -275,11 +274,11 @@ def create_app(model: torch.nn.Module, enc: tiktoken.Encoding | None = None, set
 
 def run_server(model: torch.nn.Module, settings: ServeSettings, host: str = "127.0.0.1", port: int = 8000,
                metrics_path: str | Path | None = None, served: dict | None = None,
-               chat_template: dict | None = None, api_key: str | None = None) -> None:
+               chat_template: dict | None = None, api_key: str | None = None, enc: Any = None) -> None:
     import uvicorn
 
-    app = create_app(model, settings=settings, metrics_path=metrics_path, served=served, chat_template=chat_template,
-                     api_key=api_key)
+    app = create_app(model, enc, settings=settings, metrics_path=metrics_path, served=served,
+                     chat_template=chat_template, api_key=api_key)
     print(f"gptforge serve: http://{host}:{port}/  (JSON API under /api, OpenAI's under /v1, schema at /docs"
           f"{'; Bearer key required' if api_key else ''}; Ctrl-C stops)", flush=True)
     uvicorn.run(app, host=host, port=port, log_level="warning")

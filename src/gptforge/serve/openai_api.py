@@ -47,11 +47,11 @@ def model_id(served: dict | None) -> str:
 def add_openai_routes(app: FastAPI, model: Any, enc: Any, chat_template: dict | None, settings: Any, gate: Any,
                       served: dict | None = None) -> None:
     """Register ``/v1/...`` on ``app`` (``gate``: the app's ModelGate; ``settings``: its ServeSettings)."""
-    from gptforge.data.chat import ChatTemplate, ChatTokenizer
+    from gptforge.data.chat import ChatTokenizer, template_from_dict
     from gptforge.generation import SamplingParams, stream_text
 
-    chat = ChatTemplate.from_dict(chat_template) if chat_template else None
     base_enc = getattr(enc, "enc", enc)
+    chat = template_from_dict(chat_template, tok=base_enc) if chat_template else None
     chat_enc = ChatTokenizer(base_enc, chat) if chat else None
     block, vocab = model.config.block_size, model.config.vocab_size
     name, created = model_id(served), int(time.time())

@@ -144,12 +144,11 @@ class DPO(PairRecipe):
     name, kind, section = "dpo", "dpo", "dpo"
 
     def __init__(self, cfg, template, enc=None):
-        super().__init__(cfg, template)
+        super().__init__(cfg, template, enc)
         from gptforge.data.chat import ChatTokenizer
-        from gptforge.data.tokenizer import get_tokenizer
         from gptforge.eval.generative import GENERATED
 
-        self.enc = ChatTokenizer(enc or get_tokenizer(), template)
+        self.enc = ChatTokenizer(self.words(), template)
         self.problems = []
         if cfg.dpo.task:
             if cfg.dpo.task not in GENERATED:

@@ -53,21 +53,24 @@ def evaluate_during_training(model: torch.nn.Module, prepared: list[PreparedTask
     return results
 
 
-def print_samples(model: torch.nn.Module, cfg: Config, info: DistInfo, step: int, metrics: MetricsLog, log) -> None:
-    from gptforge.data.tokenizer import TokenizerUnavailable, get_tokenizer
+def print_samples(model: torch.nn.Module, cfg: Config, info: DistInfo, step: int, metrics: MetricsLog, log,
+                  enc=None) -> None:
+    """Two samples from the document separator, decoded with the run's tokenizer ``enc``."""
+    from gptforge.data.tokenizer import TokenizerUnavailable, gpt2_tokenizer
     from gptforge.generation import generate
 
-    if cfg.model.vocab_size < EOT + 1:
-        log(f"(no samples: model.vocab_size={cfg.model.vocab_size} is not the GPT-2 vocabulary)")
-        return
-    try:
-        enc = get_tokenizer()
-    except TokenizerUnavailable as e:
-        log(f"(no samples: {str(e).splitlines()[0]})")
-        return
+    if enc is None:
+        if cfg.model.vocab_size < EOT + 1:
+            log(f"(no samples: model.vocab_size={cfg.model.vocab_size} is not the GPT-2 vocabulary)")
+            return
+        try:
+            enc = gpt2_tokenizer()
+        except TokenizerUnavailable as e:
+            log(f"(no samples: {str(e).splitlines()[0]})")
+            return
     was_training = model.training
     n = min(cfg.train.sample_tokens, cfg.model.block_size - 1)
-    idx = torch.full((2, 1), EOT, dtype=torch.long, device=info.device)
+    idx = torch.full((2, 1), enc.eot_token, dtype=torch.long, device=info.device)
     out = generate(model, idx, max_new_tokens=n, temperature=1.0, top_k=50, seed=cfg.train.seed + step)
     model.train(was_training)
     for i, row in enumerate(out.tolist()):
@@ -77,15 +80,15 @@ def print_samples(model: torch.nn.Module, cfg: Config, info: DistInfo, step: int
 
 
 def print_chat_samples(model: torch.nn.Module, cfg: Config, info: DistInfo, step: int, metrics: MetricsLog, log,
-                       template, prompts: list[list[int]]) -> None:
+                       template, prompts: list[list[int]], enc=None) -> None:
     """SFT's samples are chat turns: each prompt (a held-out conversation up to its first
     ``<|assistant|>``) rendered as ``user>`` lines, then the reply the model writes, cut at ``<|end|>``."""
     from gptforge.data.chat import ChatTokenizer
-    from gptforge.data.tokenizer import TokenizerUnavailable, get_tokenizer
+    from gptforge.data.tokenizer import TokenizerUnavailable, gpt2_tokenizer
     from gptforge.generation import SamplingParams, complete
 
     try:
-        enc = ChatTokenizer(get_tokenizer(), template)
+        enc = ChatTokenizer(enc or gpt2_tokenizer(), template)
     except TokenizerUnavailable as e:
         log(f"(no samples: {str(e).splitlines()[0]})")
         return
@@ -105,6 +108,8 @@ def print_chat_samples(model: torch.nn.Module, cfg: Config, info: DistInfo, step
 
 def chat_turns(ids: list[int], template, enc) -> list[tuple[str, str]]:
     """(role, text) of each finished turn in rendered chat token ids."""
+    if not hasattr(template, "roles"):  # a Jinja template: the prompt as rendered text
+        return [("prompt", enc.decode(ids))]
     role_of = {i: r for r, i in template.roles.items()}
     turns, role, body = [], None, []
     for t in ids:

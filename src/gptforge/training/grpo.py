@@ -273,6 +273,7 @@ class GRPO(Recipe):
                  problems_at: Callable[[int], list[Problem]] | None = None, held_out: Sequence[Problem] | None = None,
                  reward_model: torch.nn.Module | None = None):
         self.template, self.reward_fn, self.reward_model = template, reward_fn, reward_model
+        self.tokenizer = getattr(enc, "enc", enc)  # the run's tokenizer (checkpoints carry it)
         if template is not None:
             template.check_model(cfg.model)
             if cfg.model.vocab_size < template.vocab_size:

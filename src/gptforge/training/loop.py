@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from gptforge import __version__
+from gptforge.config import ConfigError
 from gptforge.optim import build_optimizer, set_lr
 from gptforge.parallel.distributed import any_rank, barrier, local_tensor, seed_rank, wrap_model
 from gptforge.run.checkpointer import TrainState
@@ -55,6 +56,21 @@ class RunResult:
     stop_reason: str = ""  # why it stopped early: "signal", "target" (stop_at_val_loss) or "stop_at_step"
 
 
+def check_run_tokenizer(tok, resume_dir: Path | None, vocab_size: int) -> None:
+    """The run's tokenizer fits its model, and a resumed run keeps the tokenizer its checkpoint was
+    trained with (both named when they differ)."""
+    from gptforge.data.tokenizer import check_fits, tokenizer_from_meta
+
+    if resume_dir is not None:
+        from gptforge.run.checkpoint import read_meta
+
+        saved = tokenizer_from_meta(read_meta(resume_dir), resume_dir)
+        if saved.fingerprint != tok.fingerprint:
+            raise ConfigError(f"{resume_dir} was trained with the {saved.describe()}, but this run's data speaks the "
+                              f"{tok.describe()}: resume on the shards the run was trained on")
+    check_fits(tok, vocab_size)
+
+
 def train(cfg, recipe: Recipe | None = None, resume: str | Path | None = None, force: bool = False,
           stop_at_step: int | None = None, init_weights: Callable[[torch.nn.Module], None] | None = None,
           stop_at_val_loss: float | None = None) -> RunResult:
@@ -70,6 +86,7 @@ def train(cfg, recipe: Recipe | None = None, resume: str | Path | None = None, f
     with RunSession(cfg, resume, force, extra_meta=recipe.meta()) as run:
         # --- setup: precision and switches, checked before any compute ------------------------------
         info, log, device = run.info, run.log, run.info.device
+        check_run_tokenizer(recipe.words(), run.resume_dir, cfg.model.vocab_size)
         torch.manual_seed(cfg.train.seed)
         autocast, precision, compile_model = set_precision(cfg, device)
         threads = run.env["torch_threads"] = set_threads(cfg.train.threads, device)

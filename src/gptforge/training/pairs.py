@@ -46,8 +46,9 @@ class PairRecipe(Recipe):
     section = ""  # "rm" | "dpo": the config section with data, split, val_count, seed, grad_accum
     predicts_next = True  # the forward sees a side less its last token (DPO's targets), so seq_len + 1 fit
 
-    def __init__(self, cfg: Config, template: ChatTemplate):
+    def __init__(self, cfg: Config, template: ChatTemplate, enc: Any = None):
         self.template = template
+        self.tokenizer = getattr(enc, "enc", enc) or getattr(template, "tok", None)  # the starting model's
         self.make = pair_loaders(getattr(cfg, self.section), template, cfg.train.micro_batch,
                                  cfg.train.seq_len + int(self.predicts_next), self.section)  # reads and checks the data before any compute
         self.val: list[RenderedPair] = []

@@ -19,6 +19,7 @@ from gptforge.config import Config
 from gptforge.data.aligned import make_loader
 from gptforge.data.loader import ShardLoader
 from gptforge.data.shards import list_shards, read_header
+from gptforge.data.tokenizer import shard_tokenizer
 from gptforge.parallel.comm import count_comm
 from gptforge.parallel.distributed import DistInfo
 from gptforge.training.evaluate import evaluate_during_training, prepare_for_training, print_samples
@@ -28,6 +29,12 @@ from gptforge.training.step import evaluate_loss, train_step
 
 class Pretrain(Recipe):
     name, kind = "pretrain", "train"
+
+    def check(self, cfg: Config, world: int) -> int:
+        """The run speaks the tokenizer its shards were made with (``data.dir``'s tokenizer/)."""
+        self.tokenizer = shard_tokenizer(cfg.data.dir)
+        fit_vocab(cfg, self.tokenizer)
+        return super().check(cfg, world)
 
     def loaders(self, cfg: Config, info: DistInfo) -> tuple[Any, Any, int]:
         B, T = cfg.train.micro_batch, cfg.train.seq_len
@@ -73,7 +80,23 @@ class Pretrain(Recipe):
         return vl
 
     def print_samples(self, run: RunCtx, step: int) -> None:
-        print_samples(run.model, run.cfg, run.info, step, run.metrics, run.log)
+        print_samples(run.model, run.cfg, run.info, step, run.metrics, run.log, enc=self.words())
+
+
+def fit_vocab(cfg: Config, tok: Any, log=print) -> None:
+    """A model left at GPT-2's vocabulary (the presets') over shards of another tokenizer takes that
+    tokenizer's size, and its document separator; a size the user chose must cover the tokenizer."""
+    import dataclasses
+
+    from gptforge.tokens import EOT, GPT2_VOCAB
+
+    if not tok.is_gpt2 and cfg.model.vocab_size == GPT2_VOCAB:
+        cfg.model = dataclasses.replace(cfg.model, vocab_size=tok.n_vocab)
+        log(f"model.vocab_size {GPT2_VOCAB} -> {tok.n_vocab}: the {tok.describe()} of {cfg.data.dir}")
+    if cfg.data.eot_token == EOT and tok.eot_token != EOT:
+        cfg.data.eot_token = tok.eot_token
+    # that the tokenizer fits the model is checked by the loop (check_run_tokenizer), after a resumed
+    # run's own tokenizer is compared: "another tokenizer" says more than "does not fit"
 
 
 def _shard_step_tokens(cfg: Config, info: DistInfo) -> int:

@@ -55,10 +55,19 @@ class Recipe:
 
     name = "pretrain"  # stored in every checkpoint's meta.json as "recipe"
     kind = "train"  # the metrics.jsonl kind of one step's record
+    tokenizer: Any = None  # the run's Tokenizer (gptforge.data.tokenizer): GPT-2's unless the command sets one
+
+    def words(self) -> Any:
+        """The run's tokenizer; every checkpoint carries it (meta.json's "tokenizer" and its files)."""
+        if self.tokenizer is None:
+            from gptforge.data.tokenizer import gpt2_tokenizer
+
+            self.tokenizer = gpt2_tokenizer()
+        return self.tokenizer
 
     def meta(self) -> dict[str, Any]:
-        """Extra keys for every checkpoint's meta.json (the chat template, ...)."""
-        return {"recipe": self.name}
+        """Extra keys for every checkpoint's meta.json (the tokenizer, the chat template, ...)."""
+        return {"recipe": self.name, "tokenizer": self.words()}
 
     def check(self, cfg: Config, world: int) -> int:
         """Settings checked before any process group or compute; returns gradient-accumulation steps

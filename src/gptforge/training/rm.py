@@ -276,7 +276,9 @@ def _load_one_reward_model(path: str) -> tuple[RewardModel, object]:
                          "with `gptforge rm --init-from SFT --data PREFS.jsonl --out runs/rm`")
     rm = RewardModel(build_model(Config.from_dict(meta["config"]).model))
     ckpt.load_model_weights(rm, where)
-    return rm.eval(), template_from_meta(meta)
+    from gptforge.data.tokenizer import tokenizer_from_meta
+
+    return rm.eval(), template_from_meta(meta, where=str(where / "meta.json"), tok=tokenizer_from_meta(meta, where))
 
 
 def checkpoint_is_reward_model(path: str | None) -> bool:

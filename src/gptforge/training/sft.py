@@ -21,6 +21,7 @@ from gptforge.config import Config, ConfigError, DataConfig, OptimConfig, SFTCon
 from gptforge.data.chat import ChatTemplate
 from gptforge.models.gpt2 import GPTConfig
 from gptforge.training.pretrain import Pretrain
+from gptforge.training.recipe import Recipe
 
 
 def sft_config(model: GPTConfig, out_dir: str, data: str = "") -> Config:
@@ -51,13 +52,18 @@ class SFT(Pretrain):
 
     name = "sft"
 
-    def __init__(self, cfg: Config, template: ChatTemplate, base_val_loss: float | None = None):
+    def __init__(self, cfg: Config, template: ChatTemplate, base_val_loss: float | None = None, tok: Any = None):
         self.template = template
+        self.tokenizer = tok if tok is not None else getattr(template, "tok", None)  # a Jinja template's own
         self.extra = {} if base_val_loss is None else {"base_val_loss": base_val_loss}
         self.make = conversation_loaders(cfg, template)  # reads and checks the data before any compute
 
     def meta(self) -> dict[str, Any]:
         return {**super().meta(), "chat_template": self.template.to_dict(), **self.extra}
+
+    def check(self, cfg: Config, world: int) -> int:
+        """Conversations, not shards: the tokenizer is the starting model's (set by the command)."""
+        return Recipe.check(self, cfg, world)
 
     def loaders(self, cfg: Config, info: Any) -> tuple[Any, Any, int]:
         return self.make(info)
@@ -67,7 +73,7 @@ class SFT(Pretrain):
         from gptforge.training.evaluate import print_chat_samples
 
         print_chat_samples(run.model, run.cfg, run.info, step, run.metrics, run.log, self.template,
-                           self.make.prompts)
+                           self.make.prompts, enc=self.words())
 
 
 def conversation_loaders(cfg: Config, template: ChatTemplate) -> Callable[[Any], tuple]:
@@ -90,13 +96,16 @@ def conversation_loaders(cfg: Config, template: ChatTemplate) -> Callable[[Any],
         val = ConversationLoader(val_convs, B, T, info.dp_rank, info.dp_world, shuffle=False, pad=template.bos)
         return train, val, max(1, val.num_batches())
 
-    make.prompts = [generation_prompt(r.ids.tolist(), template) for r in val_convs[:2]]  # type: ignore[attr-defined]
+    make.prompts = [generation_prompt(r.ids.tolist(), template, r.mask.tolist()) for r in val_convs[:2]]  # type: ignore[attr-defined]
     return make
 
 
-def generation_prompt(ids: list[int], template: ChatTemplate) -> list[int]:
-    """A rendered conversation cut just after its first ``<|assistant|>``: what the model replies to."""
-    return ids[: ids.index(template.roles["assistant"]) + 1]
+def generation_prompt(ids: list[int], template: ChatTemplate, mask: list[int] | None = None) -> list[int]:
+    """A rendered conversation cut just after its first ``<|assistant|>`` (a Jinja template: just
+    before the first token trained on, i.e. after the assistant's header): what the model replies to."""
+    if hasattr(template, "roles"):
+        return ids[: ids.index(template.roles["assistant"]) + 1]
+    return ids[: next((i for i, m in enumerate(mask or []) if m), len(ids))]
 
 
 def base_val_loss(cfg: Config, init_weights: Callable, loaders: Callable[[Any], tuple], max_batches: int = 16) -> float:
@@ -120,7 +129,8 @@ def base_val_loss(cfg: Config, init_weights: Callable, loaders: Callable[[Any], 
 
 
 def run_sft(cfg: Config, template: ChatTemplate, resume: str | None = None, force: bool = False,
-            init_weights: Callable | None = None, stop_at_step: int | None = None, base_loss: bool = False):
+            init_weights: Callable | None = None, stop_at_step: int | None = None, base_loss: bool = False,
+            tok: Any = None):
     """Train ``cfg`` on the conversations of ``cfg.sft``; returns the loop's RunResult. ``base_loss``:
     first score the starting model on the held-out conversations (printed, and kept in meta.json)."""
     from gptforge.training.loop import train
@@ -130,7 +140,7 @@ def run_sft(cfg: Config, template: ChatTemplate, resume: str | None = None, forc
     if cfg.train.seq_len > cfg.model.block_size:
         raise ConfigError(f"train.seq_len={cfg.train.seq_len} exceeds model.block_size={cfg.model.block_size}")
     prepare_chat_model(cfg, template)
-    recipe = SFT(cfg, template)
+    recipe = SFT(cfg, template, tok=tok)
     if base_loss and init_weights is not None and resume is None:
         recipe.extra["base_val_loss"] = base_val_loss(cfg, init_weights, recipe.make)
         print(f"[gptforge sft] base model's held-out assistant loss {recipe.extra['base_val_loss']:.4f}", flush=True)

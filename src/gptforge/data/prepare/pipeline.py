@@ -62,6 +62,7 @@ from gptforge.data.prepare.workers import (
     tokenize,
 )
 from gptforge.data.shards import FORMATS, ShardError, magic_for, read_header, write_shard
+from gptforge.data.tokenizer import save_tokenizer
 from gptforge.storage import DiskFullError, disk_full_message, is_disk_full
 
 MANIFEST = "manifest.json"
@@ -370,8 +371,10 @@ def prepare(source, out: str | os.PathLike, settings: PrepareSettings | None = N
     enc = load_tokenizer(settings.tokenizer)
     magic = magic_for(enc.n_vocab - 1)  # by vocabulary, so every shard of a dataset has one format
     ident = {"source": source.describe(), "settings": {**settings.identity(), "magic": magic,
-                                                       "eot": enc.eot_token, "n_vocab": enc.n_vocab}}
+                                                       "eot": enc.eot_token, "n_vocab": enc.n_vocab,
+                                                       "tokenizer_fingerprint": enc.fingerprint}}
     m = _open_manifest(out, ident, force)
+    save_tokenizer(enc, out)  # the shards' tokenizer beside them: train reads it and checks its model's
     t0 = time.perf_counter()
     if m["complete"]:
         return _summary(m, out, 0, t0, workers, None)

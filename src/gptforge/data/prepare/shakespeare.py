@@ -20,7 +20,7 @@ import numpy as np
 
 from gptforge import assets
 from gptforge.data.shards import write_shard
-from gptforge.data.tokenizer import encode_document, get_tokenizer
+from gptforge.data.tokenizer import encode_document, load_tokenizer, save_tokenizer
 
 TINY_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 VAL_TOKENS = 32_768
@@ -50,16 +50,19 @@ def documents(source: str) -> tuple[str, list[str]]:
     return "plays", [p.read_text(encoding="utf-8", errors="strict") for p in plays]
 
 
-def prepare(out: str | Path = "data/shakespeare", source: str = "auto") -> dict:
+def prepare(out: str | Path = "data/shakespeare", source: str = "auto", tokenizer: str = "gpt2") -> dict:
+    """``tokenizer``: what :func:`gptforge.data.tokenizer.load_tokenizer` reads (gpt2, a trained
+    tokenizer's folder, a tokenizer.json ...); it is saved beside the shards, which train checks."""
     out = Path(out)
+    enc = load_tokenizer(tokenizer)
+    dtype = np.uint16 if enc.n_vocab <= 1 << 16 else np.uint32  # write_shard picks the format by the ids
     out.mkdir(parents=True, exist_ok=True)
-    enc = get_tokenizer()
     used, docs = documents(source)
     if used == "tiny":
-        tokens = np.concatenate([np.asarray(encode_document(enc, d), dtype=np.uint16) for d in docs])
+        tokens = np.concatenate([np.asarray(encode_document(enc, d), dtype=dtype) for d in docs])
         val, train = tokens[:VAL_TOKENS], tokens[VAL_TOKENS:]
     else:
-        encoded = [np.asarray(encode_document(enc, d), dtype=np.uint16) for d in docs]
+        encoded = [np.asarray(encode_document(enc, d), dtype=dtype) for d in docs]
         n_val = 0
         val_docs = 0
         while n_val < VAL_TOKENS and val_docs < len(encoded) - 1:
@@ -69,6 +72,7 @@ def prepare(out: str | Path = "data/shakespeare", source: str = "auto") -> dict:
         train = np.concatenate(encoded[val_docs:])
     write_shard(out / "shakespeare_val.bin", val)
     write_shard(out / "shakespeare_train.bin", train)
+    save_tokenizer(enc, out)
     summary = {"source": used, "documents": len(docs), "val_tokens": int(val.size), "train_tokens": int(train.size),
-               "out": str(out)}
+               "tokenizer": enc.describe(), "out": str(out)}
     return summary

@@ -9,33 +9,22 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Callable
 
 import numpy as np
 
 from gptforge.data.prepare.sources import SourceError
 
 
-def _gpt2():
-    from gptforge.data.tokenizer import get_tokenizer
-
-    return get_tokenizer()
-
-
-# name -> zero-argument factory; other names go to tiktoken.get_encoding (online the first time)
-TOKENIZERS: dict[str, Callable] = {"gpt2": _gpt2}
-
-
-def load_tokenizer(name: str):
-    """A tiktoken Encoding by name: ``gpt2`` (offline-capable) or any tiktoken encoding."""
-    if name in TOKENIZERS:
-        return TOKENIZERS[name]()
-    import tiktoken
+def load_tokenizer(spec: str):
+    """The tokenizer ``--tokenizer`` names (:func:`gptforge.data.tokenizer.load_tokenizer`: gpt2, a
+    trained tokenizer's folder, a tokenizer.json, a Hugging Face directory, a tiktoken name)."""
+    from gptforge.data.tokenizer import TokenizerError
+    from gptforge.data.tokenizer import load_tokenizer as load
 
     try:
-        return tiktoken.get_encoding(name)
-    except ValueError as e:
-        raise SourceError(f"unknown tokenizer {name!r}: use gpt2 or a tiktoken encoding name") from e
+        return load(spec)
+    except (TokenizerError, FileNotFoundError) as e:
+        raise SourceError(f"--tokenizer: {e}") from None
 
 
 # --- worker side: top-level functions, so spawn/forkserver can pickle them ----------------------------
@@ -94,6 +83,8 @@ def init_worker(tokenizer: str, dtype: str, pool_worker: bool = False) -> None:
 
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         _exit_with_parent()
+    if pool_worker:  # processes are the parallelism here: no thread pool inside each (tokenizers' Rayon)
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
     _ENC, _DTYPE = load_tokenizer(tokenizer), np.dtype(dtype)
     _CPU_READY = time.process_time()
 
@@ -102,16 +93,13 @@ def tokenize(texts: list[str]) -> tuple[np.ndarray, np.ndarray, dict]:
     """Concatenated ``[EOT, *tokens]`` of each text, each document's length, and this process's
     stats (pid, CPU seconds so far, peak RSS) for the summary.
 
-    ``encode_to_numpy`` with no special tokens allowed or disallowed gives ``encode_ordinary``'s ids
-    (a literal "<|endoftext|>" in the text is plain text) straight into a buffer, without a Python
-    int per token; tiktoken < 0.7 lacks it and takes the list path.
+    ``encode_batch_numpy`` gives ``encode_ordinary``'s ids (a literal "<|endoftext|>" in the text is
+    plain text) straight into arrays: tiktoken's ``encode_to_numpy`` (no Python int per token), or
+    the ``tokenizers`` library's batch encode.
     """
     enc = _ENC
     eot = np.array([enc.eot_token], dtype=_DTYPE)
-    if hasattr(enc, "encode_to_numpy"):
-        docs = [enc.encode_to_numpy(t, allowed_special=set(), disallowed_special=()) for t in texts]
-    else:
-        docs = [np.asarray(enc.encode_ordinary(t), dtype=np.uint32) for t in texts]
+    docs = enc.encode_batch_numpy(texts)
     lengths = np.fromiter((len(d) + 1 for d in docs), dtype=np.int64, count=len(docs))
     parts = [a for d in docs for a in (eot, d)]
     flat = np.concatenate(parts).astype(_DTYPE, copy=False) if parts else np.empty(0, dtype=_DTYPE)
