@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import random
 import re
-import time
+import threading
 import tracemalloc
 from types import SimpleNamespace
 
@@ -185,7 +185,14 @@ def test_ids_equal_transformers(which, request):
 
 def test_mask_equals_transformers_generation_markers(gen):
     ours, hf = gen
-    for conv in CONVS:
+    # a second template whose markers leave the end token out: prefixes would take it in
+    content_only = GEN.replace("{{ message['content'] }}<|im_end|>{% endgeneration %}",
+                               "{{ message['content'] }}{% endgeneration %}<|im_end|>")
+    hf2 = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(hf.backend_tokenizer.to_str()),
+                                  eos_token="<|endoftext|>")
+    hf2.chat_template = content_only
+    cases = [(ours, hf), (JinjaChatTemplate(content_only, ours.tok), hf2)]
+    for (ours, hf), conv in ((c, conv) for c in cases for conv in CONVS):
         ids, mask = ours.render(conv)
         ref = hf.apply_chat_template(conv, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
         assert ids == list(ref["input_ids"])
@@ -295,6 +302,7 @@ def test_attributes_and_round_trip(chatml, llama):
     ({"template": CHATML, "end": "<|nope|>"}, "chat_template.end"),
     ({"template": CHATML, "kind": "ids"}, "chat_template.kind"),
     ({"template": "{{ x.__class__ }}"}, "Python internals"),
+    ({"template": "a\ufdd0b"}, "U+FDD0"),
 ])
 def test_from_dict_refuses_naming_where_and_field(chatml, d, field):
     with pytest.raises(ChatFormatError) as e:
@@ -358,10 +366,10 @@ HOSTILE = {
     "squaring": ("{% set ns = namespace(x=3) %}{% for i in range(99) %}{% set ns.x = ns.x * ns.x %}{% endfor %}"
                  "{{ ns.x }}", "huge integer"),
     "list times": ("{% set s = 'a' * 1000000 %}{{ ([s] * 100000) | join }}", "'*' would make"),
-    "output": ("{% for i in range(99999) %}{{ 'x' * 1000 }}{% endfor %}", "output is larger"),
-    "buffered in a macro": ("{% macro m() %}{% for i in range(99999) %}{{ 'y' * 1000 }}{% endfor %}{% endmacro %}"
+    "output": ("{% for i in range(9999) %}{{ 'x' * 10000 }}{% endfor %}", "output is larger"),
+    "buffered in a macro": ("{% macro m() %}{% for i in range(9999) %}{{ 'y' * 10000 }}{% endfor %}{% endmacro %}"
                             "{% set s = m() %}", "in all"),
-    "literal in a macro": ("{% macro m() %}{% for i in range(99999) %}" + "z" * 2000 + "{% endfor %}{% endmacro %}"
+    "literal in a macro": ("{% macro m() %}{% for i in range(9999) %}" + "z" * 20000 + "{% endfor %}{% endmacro %}"
                            "{% set s = m() %}", "in all"),
     "center": ("{{ 'a' | center(10**10) }}", "too large"),
     "percent": ("{{ '%999999999s' % 'a' }}", "width"),
@@ -383,17 +391,26 @@ def test_hostile_templates_refused_in_one_line_within_bounds(name, chatml, monke
     if why == "deadline":
         monkeypatch.setattr(chat_jinja, "DEADLINE_S", 0.3)  # the same bound, a faster test
     conv = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
-    tracemalloc.start()
-    t0 = time.monotonic()
-    try:
-        with pytest.raises(ChatFormatError) as e:
+    caught: list[BaseException] = []
+
+    def run() -> None:
+        try:
             JinjaChatTemplate(source, chatml[0].tok, name="evil", where="tok/tokenizer_config.json").render(conv)
+        except BaseException as e:  # noqa: BLE001 - handed to the test thread
+            caught.append(e)
+
+    tracemalloc.start()
+    try:
+        worker = threading.Thread(target=run, daemon=True)  # an unbounded render fails the test, not hangs it
+        worker.start()
+        worker.join(10)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    msg = str(e.value)
+    assert not worker.is_alive(), f"{name}: still rendering after 10 s"
+    assert len(caught) == 1 and isinstance(caught[0], ChatFormatError), caught
+    msg = str(caught[0])
     assert why in msg and msg.startswith("tok/tokenizer_config.json") and "\n" not in msg
-    assert time.monotonic() - t0 < 5
     assert peak < 400 << 20, f"{name}: {peak / 2**20:.0f} MiB allocated"
 
 
@@ -413,9 +430,12 @@ def test_render_keywords_are_plain_data(chatml):
         tmpl.render_text(CONVS[0], greeting=object())
 
 
-def test_strftime_now_and_tojson_as_transformers(chatml):
+def test_globals_filters_and_variables_as_transformers(chatml):
     ours, hf = chatml
-    src = "{{ strftime_now('%Y') }}|{{ messages | tojson }}|{{ {'a': '<é>'} | tojson(indent=2) }}"
+    src = ("{{ strftime_now('%Y') }}|{{ messages | tojson }}|{{ {'a': '<é>'} | tojson(indent=2) }}|"
+           "{% if tools is none and documents is none %}none{% endif %}|{{ bos_token }}{{ eos_token }}|"
+           "{% set ns = namespace(n=0) %}{% for m in messages %}{% if loop.index > 2 %}{% break %}{% endif %}"
+           "{% set ns.n = ns.n + 1 %}{% endfor %}{{ ns.n }}|{{ dict(a=1) | tojson }}")
     hf_t = hf.apply_chat_template(CONVS[1], tokenize=False, chat_template=src)
     assert JinjaChatTemplate(src, ours.tok).render_text(CONVS[1]) == hf_t
-    assert re.match(r"\d{4}\|", hf_t)
+    assert re.match(r"\d{4}\|", hf_t) and "|none|<|im_start|><|im_end|>|2|" in hf_t

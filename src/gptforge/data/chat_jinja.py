@@ -38,6 +38,7 @@ at most 16 Mi characters. Each is a one-line :class:`ChatFormatError` naming the
 
 from __future__ import annotations
 
+import bisect
 import contextvars
 import functools
 import json
@@ -392,6 +393,8 @@ def _compile(source: str, where: str) -> jinja2.Template:
         raise ChatFormatError(f"{where}: template: expected Jinja text, found {type(source).__name__}")
     if len(source) > MAX_TEMPLATE_BYTES or len(source.encode("utf-8", "surrogatepass")) > MAX_TEMPLATE_BYTES:
         raise ChatFormatError(f"{where}: template: larger than {MAX_TEMPLATE_BYTES // 1024} KiB")
+    if _MARKERS.search(source):
+        raise ChatFormatError(f"{where}: template: holds U+FDD0..U+FDD3, which gptforge reserves to mark message text")
     env = _BoundedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=[_Generation, jinja2.ext.loopcontrols])
     env.filters["tojson"] = _tojson
     env.filters = {k: _guard_filter(k, f) for k, f in env.filters.items()}
@@ -578,6 +581,7 @@ class JinjaChatTemplate:
         names = self.names
         ctx: dict[str, Any] = {k: v for k, v in (("bos_token", names.get(self.tok.bos_token_id)),
                                                  ("eos_token", names.get(self.tok.eos_token_id))) if v is not None}
+        ctx.update(tools=None, documents=None)  # transformers always passes both
         ctx.update(_plain(extra, f"{self.where}: render keyword"))
         ctx.update(messages=msgs, add_generation_prompt=bool(add_generation_prompt))
         state = _Render(track)
@@ -635,24 +639,31 @@ class JinjaChatTemplate:
         ranges += [(a + s, a + e) for s, e in _char_ranges(self.tok, stretch, got)]
 
 
-def _unmark(text: str) -> tuple[str, list[int], set[int], set[int], list[int], list[tuple[int, int]]]:
-    """Remove the markers: the clean text, index[i] = the clean position of marked position i, the
-    clean positions of content opens, closes and every marker, and the generation spans."""
+class _Index:
+    """Marked position -> clean position (the markers removed before it)."""
+
+    def __init__(self, markers: list[int]):
+        self.markers = markers
+
+    def __getitem__(self, i: int) -> int:
+        return i - bisect.bisect_left(self.markers, i)
+
+
+def _unmark(text: str) -> tuple[str, _Index, set[int], set[int], list[int], list[tuple[int, int]]]:
+    """Remove the markers: the clean text, the index from marked to clean positions, the clean
+    positions of content opens, closes and every content marker, and the generation spans."""
     clean: list[str] = []
-    index: list[int] = []
+    where: list[int] = []  # marked positions of the markers
     opens: set[int] = set()
     closes: set[int] = set()
     breaks: list[int] = []
     gen: list[tuple[int, int]] = []
     gen_start: int | None = None
-    pos = 0  # clean position
     last = 0
     for m in _MARKERS.finditer(text):
-        seg = text[last:m.start()]
-        clean.append(seg)
-        index += range(pos, pos + len(seg))
-        pos += len(seg)
-        index.append(pos)  # the marker itself maps to where it was
+        clean.append(text[last:m.start()])
+        pos = m.start() - len(where)  # its clean position
+        where.append(m.start())
         c = m.group(0)
         if c == OPEN:
             opens.add(pos)
@@ -666,10 +677,8 @@ def _unmark(text: str) -> tuple[str, list[int], set[int], set[int], list[int], l
             gen.append((gen_start, pos))
             gen_start = None
         last = m.end()
-    seg = text[last:]
-    clean.append(seg)
-    index += range(pos, pos + len(seg) + 1)
-    return "".join(clean), index, opens, closes, breaks, gen
+    clean.append(text[last:])
+    return "".join(clean), _Index(where), opens, closes, breaks, gen
 
 
 def _char_ranges(tok: Any, text: str, ids: list[int]) -> list[tuple[int, int]]:
