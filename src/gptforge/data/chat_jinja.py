@@ -519,34 +519,41 @@ class JinjaChatTemplate:
         marked = [self._mark(m) for m in msgs]
         text = self._render(marked, False, {}, track=self._has_generation)
         clean, index, opens, closes, breaks, gen = _unmark(text)
-        if self._has_generation:
-            spans = gen
-        else:
-            spans = []
-            for k, m in enumerate(marked):
-                if m["role"] != "assistant":
-                    continue
-                p = self._render(marked[:k], True, {}, track=False)
-                q = self._render(marked[: k + 1], False, {}, track=False)
-                if not (q.startswith(p) and text.startswith(q)):
-                    raise ChatFormatError(
-                        f"{self.where}: template {self.name!r}: the render of the first {k} messages with the "
-                        "generation prompt is not a prefix of the render with message {k}, so the assistant's "
-                        "tokens cannot be found; add {% generation %} markers around the assistant's text")
-                spans.append((index[len(p)], index[len(q)], True))
         ids, ranges, control = self._encode(clean, opens, closes, breaks)
+        spans = gen if self._has_generation else self._reply_spans(marked, text, index, control)
+        ends = [e for _, e in ranges]  # ascending: tokens tile the text in order
         mask = [0] * len(ids)
-        for a, b, *cut in spans:
-            if cut:  # a prefix span ends after its first stop token
-                stop = next((e for (s, e), t in control if s >= a and e <= b and t in self.stop_tokens), None)
-                b = stop if stop is not None else b
-            for i, (s, e) in enumerate(ranges):
-                if s < b and e > a:
-                    mask[i] = 1
+        for a, b in spans:  # every token overlapping a span (transformers' rule)
+            i = bisect.bisect_right(ends, a)
+            while i < len(ids) and ranges[i][0] < b:
+                mask[i] = 1
+                i += 1
         if not any(mask):
             raise ChatFormatError(f"{self.where}: template {self.name!r} renders no assistant text for this "
                                   "conversation (nothing to train on)")
         return ids, mask
+
+    def _reply_spans(self, marked: list[dict[str, str]], text: str, index: _Index,
+                     control: list[tuple[tuple[int, int], int]]) -> list[tuple[int, int]]:
+        """Without generation markers: each assistant reply is what rendering message k adds to the
+        prompt for it (``messages[:k]`` plus the generation prompt), up to and including the first
+        stop token the template writes there (so ChatML's newline after <|im_end|> is not trained)."""
+        spans = []
+        for k, m in enumerate(marked):
+            if m["role"] != "assistant":
+                continue
+            p = self._render(marked[:k], True, {}, track=False)
+            q = self._render(marked[: k + 1], False, {}, track=False)
+            if not (q.startswith(p) and text.startswith(q)):
+                raise ChatFormatError(
+                    f"{self.where}: template {self.name!r}: the render of messages[:{k}] with the generation "
+                    f"prompt is not a prefix of the render of messages[:{k + 1}], nor that of the whole "
+                    "conversation, so the assistant's tokens cannot be found; put {% generation %} ... "
+                    "{% endgeneration %} around the assistant's text in the template")
+            a, b = index[len(p)], index[len(q)]
+            stop = next((e for (s, e), t in control if s >= a and e <= b and t in self.stop_tokens), None)
+            spans.append((a, stop if stop is not None else b))
+        return spans
 
     def render_for_generation(self, messages: Sequence[Any], enc: Any = None) -> list[int]:
         """The prompt for the assistant's next reply (``add_generation_prompt=True``), content-safe."""
