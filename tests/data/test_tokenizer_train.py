@@ -20,6 +20,7 @@ from gptforge.data.tokenizer_train import (
     CorpusStats,
     TrainSpec,
     check_spec,
+    chunks,
     open_source,
     pieces,
     split_corpus,
@@ -133,7 +134,7 @@ def test_encode_equals_the_library_that_made_it(trained, corpus):
         stats = CorpusStats()
         texts = list(split_corpus(open_source([str(corpus)]).items(), stats, 0.1, 10 ** 12))
         ref = rustbpe.Tokenizer()
-        ref.train_from_iterator(iter(texts), VOCAB - 3, pattern=GPT4_PAT)
+        ref.train_from_iterator(chunks(texts), VOCAB - 3, pattern=GPT4_PAT)
         assert dict(ref.get_mergeable_ranks()) == load_ranks(out / "tokenizer" / "ranks.tiktoken", None)
         theirs = [ref.encode(s) for s in strings]
     bad = [(s, a, b) for s, a, b in zip(strings, ours, theirs, strict=True) if a != b]

@@ -8,10 +8,13 @@ shakespeare``, 42 files, ~5 MB), one document per play; ``--copies N`` feeds it 
 word counts, N times larger: the reading and counting phase scales, the merges do not).
 
 * ``speed``: each of four runs in its own fresh process, so its peak RSS (``ru_maxrss``) is its own:
-  ``rustbpe`` and ``tokenizers`` called directly (read the files, train, take the ranks / the
-  tokenizer.json), and ``gptforge tokenizer train`` with each trainer (the library path: reading
-  through prepare's sources, saving the bundle, reading it back; no held-out report). The order is
-  rotated every repeat; the best and the median wall time are reported, and the peak RSS of the
+  ``rustbpe`` and ``tokenizers`` called directly as their users would (whole plays as the texts,
+  the libraries' defaults: read the files, train, take the ranks / the tokenizer.json), and
+  ``gptforge tokenizer train`` with each trainer (the library path: reading through prepare's
+  sources, texts cut into parts of at most 64K characters fed 512 at a time, saving the bundle,
+  reading it back; no held-out report). The order is
+  rotated every repeat; the best and the median wall time (and CPU time, steadier on a shared
+  machine) are reported, and the peak RSS of the
   process beside the RSS of the same process before any text was read (Python + the imports).
 * ``compression``: a tokenizer trained on every other play (``--held-out 0.5``) encodes the other
   half; its tokens / GPT-2's tokens on that half (below 1: fewer tokens than GPT-2).
@@ -63,21 +66,28 @@ def child(run: str, vocab_size: int, copies: int, files: list[str]) -> dict:
             for f in files:
                 yield Path(f).read_text(encoding="utf-8")
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     if run == "rustbpe":
         t = rustbpe.Tokenizer()
         t.train_from_iterator(texts(), vocab_size - len(DEFAULT_SPECIALS), pattern=GPT4_PAT)
         n = len(t.get_mergeable_ranks()) + len(DEFAULT_SPECIALS)
-    elif run == "tokenizers":
-        from gptforge.data.tokenizer_train import train_tokenizers_json
+    elif run == "tokenizers":  # the same trainer settings as gptforge's, whole plays as the texts
+        from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-        n = len(json.loads(train_tokenizers_json(texts(), spec))["model"]["vocab"]) + len(DEFAULT_SPECIALS)
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(GPT4_PAT), behavior="isolated"),
+                                                     pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        tok.decoder = decoders.ByteLevel()
+        tok.train_from_iterator(texts(), trainers.BpeTrainer(
+            vocab_size=spec.n_ordinary, min_frequency=0, show_progress=False,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+        n = tok.get_vocab_size() + len(DEFAULT_SPECIALS)
     else:
         with tempfile.TemporaryDirectory() as out:  # no held-out report: it encodes text, it does not train
             texts_ = tt.split_corpus(FilesSource(files * copies).items(), tt.CorpusStats(), 0.0, spec.max_chars)
             n = tt.build_tokenizer(texts_, tt.check_spec(spec), Path(out), name="bench").n_vocab
-    seconds = time.perf_counter() - t0
-    return {"run": run, "seconds": seconds, "peak_rss_mb": _rss_mb(), "rss_before_mb": base, "n_vocab": n}
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return {"run": run, "seconds": seconds, "cpu_s": cpu, "peak_rss_mb": _rss_mb(), "rss_before_mb": base, "n_vocab": n}
 
 
 def _spawn(run: str, vocab_size: int, copies: int, files: list[str]) -> dict:
@@ -96,12 +106,14 @@ def speed(vocab_size: int, copies: int, repeats: int, files: list[str]) -> dict:
         for run in order:
             res = _spawn(run, vocab_size, copies, files)
             results[run].append(res)
-            print(f"  {run:<20} {res['seconds']:7.2f} s  peak RSS {res['peak_rss_mb']:7.0f} MB "
+            print(f"  {run:<20} {res['seconds']:7.2f} s (CPU {res['cpu_s']:6.2f} s)  peak RSS {res['peak_rss_mb']:7.0f} MB "
                   f"(before the text {res['rss_before_mb']:.0f} MB)", file=sys.stderr)
     out = {}
     for run, rs in results.items():
         secs = [r["seconds"] for r in rs]
+        cpus = [r["cpu_s"] for r in rs]
         out[run] = {"best_s": min(secs), "median_s": statistics.median(secs), "runs_s": secs,
+                    "best_cpu_s": min(cpus), "median_cpu_s": statistics.median(cpus),
                     "peak_rss_mb": max(r["peak_rss_mb"] for r in rs), "rss_before_mb": rs[0]["rss_before_mb"],
                     "n_vocab": rs[0]["n_vocab"]}
     return out

@@ -18,9 +18,9 @@ What it makes (as nanochat's tokenizer, in a gptforge bundle ``OUT/tokenizer/``)
 
 Two trainers, both maintained libraries (no hand-written BPE): nanochat's ``rustbpe`` (extra
 ``data``; the bundle is tiktoken ranks, encoded by tiktoken) and Hugging Face ``tokenizers``'
-``BpeTrainer`` (the bundle is a ``tokenizer.json``). ``auto`` takes rustbpe when it is installed:
-on Shakespeare's plays it trained a 32K vocabulary ~3x faster at less than half the peak memory
-(docs/benchmarks.md, "Tokenizer training").
+``BpeTrainer`` (the bundle is a ``tokenizer.json``). ``auto`` takes rustbpe when it is installed: training a 32K vocabulary
+on Shakespeare's plays (5 MB, and 20 copies of them, 100 MB) it took about a third of the CPU
+time of the tokenizers trainer, at less peak memory (docs/benchmarks.md, "Tokenizer training").
 
 Documents are read with ``prepare``'s readers (:mod:`gptforge.data.prepare.sources`), split into
 pieces of at most :data:`PIECE_CHARS` (a document, or a part of a longer one cut at a newline), and
@@ -63,6 +63,11 @@ CHATML_TEMPLATE = ("{% for message in messages %}{{'<|im_start|>' + message['rol
                    "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
                    "{% endif %}")
 PIECE_CHARS = 1 << 20  # a longer document is cut (at a newline) into pieces of at most this many characters
+# what a trainer is fed: parts of at most CHUNK_CHARS, BUFFER of them at a time (rustbpe buffers a fixed
+# count of texts; with whole books as texts that count was the whole corpus), so at most ~32 MB of text
+# is waiting in the trainer's buffer whatever the documents' sizes
+CHUNK_CHARS = 1 << 16
+BUFFER = 512
 HELD_OUT_CAP = 10_000_000  # characters of held-out text kept for the report (more are still kept out of training)
 DEFAULT_MAX_CHARS = 1_000_000_000
 DEFAULT_HELD_OUT = 0.05
@@ -223,6 +228,12 @@ def open_source(paths: list[str], hf_dataset: str | None = None, hf_config: str 
 
 # --- the two trainers -----------------------------------------------------------------------------------
 
+def chunks(texts: Iterable[str], limit: int = CHUNK_CHARS) -> Iterator[str]:
+    """What the trainers are fed: ``texts`` cut (at newlines) into parts of at most ``limit``."""
+    for t in texts:
+        yield from pieces(t, limit)
+
+
 def train_tokenizers_json(texts: Iterable[str], spec: TrainSpec, progress: bool = False) -> str:
     """Hugging Face ``tokenizers``' BpeTrainer: byte-level BPE over ``spec.regex`` pieces; the
     specials appended after the learnt tokens. Returns the tokenizer.json text."""
@@ -236,7 +247,7 @@ def train_tokenizers_json(texts: Iterable[str], spec: TrainSpec, progress: bool 
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=spec.n_ordinary, min_frequency=0, show_progress=progress,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=[])
-    tok.train_from_iterator(texts, trainer)
+    tok.train_from_iterator(chunks(texts), trainer)
     tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in spec.specials])
     return tok.to_str()
 
@@ -247,7 +258,7 @@ def train_rustbpe_ranks(texts: Iterable[str], spec: TrainSpec) -> dict[bytes, in
 
     rustbpe = require("rustbpe", extra="data", for_what="gptforge tokenizer train --trainer rustbpe")
     t = rustbpe.Tokenizer()
-    t.train_from_iterator(iter(texts), spec.n_ordinary, pattern=spec.regex)
+    t.train_from_iterator(chunks(texts), spec.n_ordinary, buffer_size=BUFFER, pattern=spec.regex)
     return dict(t.get_mergeable_ranks())
 
 
