@@ -8,7 +8,9 @@ Semantics (what ``render_text`` equals): transformers' sandbox, an
 ``ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)`` with ``loopcontrols`` and a
 ``{% generation %}`` tag, its ``tojson`` filter (no HTML escaping), the globals ``raise_exception``,
 ``strftime_now``, ``dict`` and ``namespace``, and the variables ``messages``,
-``add_generation_prompt``, ``bos_token``, ``eos_token`` plus any extra keyword.
+``add_generation_prompt``, ``bos_token``, ``eos_token``, ``tools=None``, ``documents=None`` plus
+any extra keyword (plain JSON data only). Messages reach the template as ``{"role", "content"}``
+(string content, a role name of letters, digits, ``_`` and ``-``); other keys are not passed.
 
 Ids (``render``): the template's own special-token text becomes control ids; special-token text
 typed inside a message stays text. Before rendering, every special-token occurrence inside a
@@ -18,22 +20,30 @@ other match is a control id, and the stretches between control ids are encoded w
 ``encode_ordinary`` (so ids equal the reference encoding of the rendered text whenever no message
 types special text). Content the template transforms (``| trim``, ``split``) keeps its markers, so
 no sentinel matching is needed. U+FDD0..U+FDD3 are removed from message content (Unicode reserves
-noncharacters for internal use).
+noncharacters for internal use). Stretches are encoded on their own, so a tokenizer whose
+pre-tokenizer prepends a space to each piece (SentencePiece's Metaspace, Llama 2) differs from
+transformers after every control id, as ``Tokenizer.encode(allowed_special=...)`` does.
 
-Loss mask (``render``): 1 on the assistant's tokens. With ``{% generation %}`` markers in the
-template, exactly the tokens overlapping a generation block (as transformers'
-``return_assistant_tokens_mask``). Otherwise from prefixes: for each assistant message k, the text
-between ``render(messages[:k], add_generation_prompt=True)`` and ``render(messages[:k+1])``, cut
-after the first stop token in it: the content and its end-of-turn token are trained, the role header
-(``<|im_start|>assistant\\n``) and what follows the end token (ChatML's newline) are not. A template
-whose renders are not prefixes of each other is refused (add ``{% generation %}`` markers to it).
+Loss mask (``render``): 1 on the assistant's tokens, every token overlapping an assistant span
+(transformers' rule: a token across the header's end and the reply's start, such as ByteLevel's
+``"\\n\\n"``, is trained). With ``{% generation %}`` markers in the template the spans are the
+generation blocks (as transformers' ``return_assistant_tokens_mask``). Otherwise they come from
+prefixes: for each assistant message k, the text between ``render(messages[:k],
+add_generation_prompt=True)`` and ``render(messages[:k+1])``, cut after the first stop token the
+template writes there: the content and its end-of-turn token are trained, the role header
+(``<|im_start|>assistant\\n``) and what follows the end token (ChatML's newline) are not. A
+template whose renders are not prefixes of each other is refused (add ``{% generation %}`` markers
+to it). Prefixes cost two renders per assistant turn (quadratic in the conversation's length).
 
 Bounds (the issue's "Bad input"): a template is at most 256 KiB and must compile; reaching for
-Python internals is the sandbox's SecurityError; every render has a 2 s wall-clock deadline checked
-at every call, attribute, item, operator, filter, loop iteration and output piece; values made by
-``*``, ``+``, ``**``, ``%``, ``~``, filters and string methods are bounded (16 Mi characters each,
-64 Mi in all, widths 64 Ki) before they are allocated where the size can be foreseen; the output is
-at most 16 Mi characters. Each is a one-line :class:`ChatFormatError` naming the template.
+Python internals is refused when it loads (attribute names ``__...``, ``mro``, frame and code
+attributes) and at the access itself in a render (the sandbox's SecurityError, raised where Jinja
+would hand back an Undefined); every render has a 2 s wall-clock deadline, checked at every call,
+attribute, item, operator, filter, loop iteration and output piece; values made by ``*``, ``+``,
+``**``, ``%``, ``~``, filters and string methods are bounded (16 Mi characters each, 64 Mi in all,
+widths 64 Ki), before they are allocated where the size can be foreseen (a template could still
+keep several bounded values alive within the deadline); the output is at most 16 Mi characters.
+Each is a one-line :class:`ChatFormatError` naming the template.
 """
 
 from __future__ import annotations
