@@ -321,3 +321,19 @@ def test_auto_takes_rustbpe_when_installed():
     except ImportError:
         want = "tokenizers"
     assert check_spec(TrainSpec()).trainer == want
+
+
+def test_a_hugging_face_dataset_source_streams_into_training(tmp_path):
+    """The --hf-dataset path is `datasets` streaming (prepare's HFStreamSource); offline here through
+    the json builder on a local file, as prepare's FineWeb path is tested."""
+    pytest.importorskip("datasets")
+    from gptforge.data.prepare.sources import HFStreamSource
+
+    rng = random.Random(9)
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps({"text": _document(rng, 200)}) + "\n" for _ in range(20)))
+    assert isinstance(open_source([], hf_dataset="some/name"), HFStreamSource)
+    source = HFStreamSource("json", data_files=[str(tmp_path / "d.jsonl")])
+    report = train(source, TrainSpec(vocab_size=300, trainer="tokenizers", held_out=0.25), tmp_path / "o",
+                   progress=True, log=lambda m: None)
+    assert report["train"]["train_pieces"] == 15 and report["train"]["held_out_pieces"] == 5
+    assert load_tokenizer(tmp_path / "o").n_vocab == 300
