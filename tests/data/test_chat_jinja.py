@@ -5,6 +5,7 @@ bounds on hostile templates."""
 
 from __future__ import annotations
 
+import pickle
 import random
 import re
 import threading
@@ -285,7 +286,10 @@ def test_attributes_and_round_trip(chatml, llama):
     d = ours.to_dict()
     assert d == {"kind": "jinja", "name": "jinja", "template": CHATML, "end": "<|im_end|>"}
     back = JinjaChatTemplate.from_dict(d, ours.tok, vocab_size=ours.tok.n_vocab)
-    assert back.end == ours.end and back.render(CONVS[0]) == ours.render(CONVS[0])
+    assert back == ours and back.render(CONVS[0]) == ours.render(CONVS[0])
+    pickled = pickle.loads(pickle.dumps(ours))  # a data loader's workers
+    assert pickled == ours and pickled.render(CONVS[1]) == ours.render(CONVS[1])
+    assert back != JinjaChatTemplate(CHATML + " ", ours.tok) and "<|im_end|>" in repr(ours)
     lt = llama[0]
     assert lt.end == lt.tok.special_tokens["<|eot_id|>"] and lt.bos == lt.tok.special_tokens["<|begin_of_text|>"]
     g = JinjaChatTemplate(GEN, HFTokenizer(_train(CHATML_SPECIALS), eos="<|endoftext|>"))

@@ -478,6 +478,20 @@ class JinjaChatTemplate:
     def jinja(self) -> str:
         return self.source
 
+    def __reduce__(self) -> tuple:
+        """Pickles (a data loader's worker processes) as its source, recompiled on arrival."""
+        return (type(self), (self.source, self.tok, self.name, self.names[self.end], self.where))
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, JinjaChatTemplate) and (self.source, self.end) == (other.source, other.end)
+                and self.tok.fingerprint == other.tok.fingerprint)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable-looking; compare, do not hash
+
+    def __repr__(self) -> str:
+        return (f"JinjaChatTemplate(name={self.name!r}, end={self.names[self.end]!r}, "
+                f"{len(self.source):,} characters, {self.tok.describe()})")
+
     def to_dict(self) -> dict[str, Any]:
         return {"kind": "jinja", "name": self.name, "template": self.source, "end": self.names[self.end]}
 
