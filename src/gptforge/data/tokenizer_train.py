@@ -148,7 +148,9 @@ def check_spec(spec: TrainSpec) -> TrainSpec:
 
 def check_pattern(regex: str, given: str) -> None:
     """The pattern must compile in both regex engines it meets: Oniguruma (``tokenizers``) and
-    fancy-regex (tiktoken, and rustbpe, which uses the same crate)."""
+    fancy-regex (tiktoken, and rustbpe, which uses the same crate); and it must match every
+    character of a probe text (letters, digits, punctuation, whitespace runs, other scripts, emoji),
+    since tiktoken drops the characters a pattern skips."""
     import tiktoken
     from tokenizers import Regex
 
@@ -160,6 +162,20 @@ def check_pattern(regex: str, given: str) -> None:
                           special_tokens={})
     except Exception as e:  # both libraries raise plain Exception / ValueError on a bad regex
         raise TrainError(f"--pattern {given[:80]!r}: not a valid regex ({str(e).splitlines()[0][:160]})") from None
+    import regex as re_  # tiktoken's own dependency; its dialect has the possessive quantifiers both patterns use
+
+    try:
+        covered = {i for m in re_.finditer(regex, PATTERN_PROBE) for i in range(m.start(), m.end())}
+    except re_.error:
+        return  # a construct only the two engines above know: the coverage is not checked
+    missed = "".join(dict.fromkeys(c for i, c in enumerate(PATTERN_PROBE) if i not in covered))
+    if missed:
+        raise TrainError(f"--pattern {given[:80]!r}: does not match every character (it skips {missed[:20]!r} in a "
+                         "probe text), and tiktoken drops what the pattern skips; end it with an alternative such "
+                         "as |\\s+|.")
+
+
+PATTERN_PROBE = "Hello, world's 12345 text\n\n  \t tabs; 東京 émigré 😀 <|endoftext|> x=y+1\r\n"
 
 
 # --- reading ------------------------------------------------------------------------------------------
