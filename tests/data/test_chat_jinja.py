@@ -461,3 +461,20 @@ def test_metaspace_tokenizer_ids_equal_transformers():
     hf.chat_template = CHATML
     conv = [{"role": "user", "content": "hello world"}, {"role": "assistant", "content": "the quick fox"}]
     assert ours.render(conv)[0] == _hf_ids(hf, conv)
+
+
+def test_gptforge_template_through_gpt2(gptforge):
+    """gptforge's own template on GPT-2 (its role markers are text there): ids are the text's
+    encoding after the one <|endoftext|>, and the replies plus their <|end|> are what is trained."""
+    ours, _ = gptforge
+    for conv in CONVS[:10]:
+        ids, mask = ours.render(conv)
+        text = ours.render_text(conv)
+        assert ids == [50256, *ours.tok.encode_ordinary(text[len("<|endoftext|>"):])]
+        want = [m["content"] + "<|end|>" for m in conv if m["role"] == "assistant"]
+        runs = _runs(ids, mask)
+        assert len(runs) == len(want)
+        for run, w in zip(runs, want, strict=True):  # the text between two roles' markers merges
+            # across them in GPT-2's BPE (``|><``): only a first or last token may reach outside
+            inner = b"".join(ours.tok.token_bytes(t) for t in run[1:-1])  # bytes: a token may split a character
+            assert w in ours.decode(run) and inner in w.encode()
