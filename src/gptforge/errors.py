@@ -30,3 +30,9 @@ def saved_bool(state: object, key: str, section: str = "loader") -> bool:
     if not isinstance(v, bool):
         raise LoaderStateError(f"{section + '.' if section else ''}{key} = {v!r}: not true or false")
     return v
+
+
+class ChatFormatError(ValueError):
+    """A conversation or chat template that cannot be rendered (unknown role, no assistant turn, bad
+    content, a damaged or hostile template). Defined here so both template kinds (data/chat.py and
+    data/chat_jinja.py) raise it without importing each other."""

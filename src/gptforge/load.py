@@ -98,14 +98,18 @@ def load_tokenizer_of(source: ModelSource, model: torch.nn.Module | None = None)
     50,257-token tokenizer is refused here, not mid-generation)."""
     from gptforge.data import tokenizer as tk
 
+    recorded = True  # the model names its tokenizer (else GPT-2's is assumed, as before tokenizers were data)
     if source.ckpt is not None:
         where = ckpt.resolve_checkpoint(source.ckpt)
-        tok = tk.tokenizer_from_meta(ckpt.read_meta(where), where)
+        meta = ckpt.read_meta(where)
+        recorded = "tokenizer" in meta
+        tok = tk.tokenizer_from_meta(meta, where)
     elif source.hf is not None:
         tok = _hf_tokenizer(source.hf)
+        recorded = not tok.is_gpt2
     else:
-        tok = tk.gpt2_tokenizer()
-    if model is not None:
+        tok, recorded = tk.gpt2_tokenizer(), False
+    if model is not None and recorded:  # an assumed GPT-2 on a smaller model: prompts are checked per id
         tk.check_fits(tok, model.config.vocab_size, where=f"the model's vocab_size ({source.given()[0]})")
     return tok
 

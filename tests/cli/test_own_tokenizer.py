@@ -98,3 +98,43 @@ def test_sft_and_chat_use_the_tokenizers_chatml_template(own, tmp_path, capsys, 
     assert main(["chat", "--ckpt", str(tmp_path / "sft"), "--max-new-tokens", "6", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
     assert out.strip(), out
+
+
+def test_exports_carry_the_models_own_tokenizer(own, tmp_path):
+    """export hf: transformers loads the tokenizer and the Llama from the folder and agrees with gptforge
+    (ids and logits); export gguf: the file's token list is the tokenizer's; export llmc: llm.c's token table."""
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from gptforge.data.tokenizer import load_tokenizer
+    from gptforge.load import ModelSource, load_model
+
+    tok = load_tokenizer(own / "tok")
+    assert main(["export", "hf", "--ckpt", str(own / "run"), "--out", str(tmp_path / "hf")]) == 0
+    hf_tok = AutoTokenizer.from_pretrained(tmp_path / "hf")
+    text = "The king speaks to the queen: seven swords, 20 ships."
+    ids = tok.encode_ordinary(text)
+    assert hf_tok(text, add_special_tokens=False)["input_ids"] == ids
+    assert hf_tok.eos_token == "<|endoftext|>"
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    ours = load_model(ModelSource(ckpt=str(own / "run")))
+    x = torch.tensor([ids])
+    with torch.no_grad():
+        torch.testing.assert_close(hf(x).logits, ours(x)[0], atol=1e-4, rtol=1e-4)
+    pytest.importorskip("gguf")
+    from gguf import GGUFReader
+
+    assert main(["export", "gguf", "--ckpt", str(own / "run"), "--out", str(tmp_path / "gguf")]) == 0
+    r = GGUFReader(str(next((tmp_path / "gguf").glob("*.gguf"))))
+    f = r.fields["tokenizer.ggml.tokens"]
+    tokens = [bytes(f.parts[i]).decode() for i in f.data]
+    assert len(tokens) == 320 and tokens[tok.eot_token] == "<|endoftext|>"
+    assert bytes(r.fields["tokenizer.ggml.pre"].parts[-1]).decode() == "llama-bpe"
+    assert main(["export", "llmc", "--ckpt", str(own / "run"), "--out", str(tmp_path / "llmc")]) == 2  # a Llama
+    from gptforge.interop.llmc import read_llmc_tokenizer, write_llmc_tokenizer
+
+    write_llmc_tokenizer(tok, tmp_path / "tokenizer.bin")
+    table, eot = read_llmc_tokenizer(tmp_path / "tokenizer.bin")
+    assert eot == tok.eot_token and b"".join(table[i] for i in ids).decode() == text
+    assert np.all([len(t) > 0 for t in table])

@@ -24,13 +24,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gptforge.errors import ChatFormatError  # noqa: F401 (re-exported: callers import it from here)
 from gptforge.tokens import EOT as GPT2_EOT  # the bos of every conversation
 
 ROLES = ("system", "user", "assistant")
 
 
-class ChatFormatError(ValueError):
-    """A conversation that cannot be rendered (unknown role, no assistant turn, bad content)."""
 
 
 @dataclass(frozen=True)
@@ -159,6 +158,11 @@ def _tokenizer() -> Any:
     from gptforge.data.tokenizer import gpt2_tokenizer
 
     return gpt2_tokenizer()
+
+
+def plain_tokenizer(enc: Any) -> Any:
+    """The tokenizer inside a :class:`ChatTokenizer` (or ``enc`` itself)."""
+    return enc.enc if isinstance(enc, ChatTokenizer) else enc
 
 
 class ChatTokenizer:

@@ -65,7 +65,7 @@ import jinja2.utils
 from jinja2.exceptions import SecurityError, TemplateError, TemplateSyntaxError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from gptforge.data.chat import ChatFormatError
+from gptforge.errors import ChatFormatError
 
 MAX_TEMPLATE_BYTES = 256 << 10
 DEADLINE_S = 2.0  # per render

@@ -116,6 +116,23 @@ class Tokenizer:
         """``encode_ordinary`` of each text as an array (``prepare``'s hot path; kinds override it)."""
         return [np.asarray(self._encode_plain(t), dtype=dtype) for t in texts]
 
+    @functools.cached_property
+    def _ids_by_bytes(self) -> dict[bytes, int]:
+        out: dict[bytes, int] = {}
+        for i in range(self.n_vocab):
+            try:
+                out.setdefault(self.decode_single_token_bytes(i), i)
+            except (KeyError, ValueError):
+                pass
+        return out
+
+    def encode_single_token(self, piece: bytes | str) -> int:
+        """The id of one whole token given as its bytes or text (tiktoken's method; KeyError if none)."""
+        b = piece.encode() if isinstance(piece, str) else bytes(piece)
+        if isinstance(piece, str) and piece in self.special_tokens:
+            return self.special_tokens[piece]
+        return self._ids_by_bytes[b]
+
     def token_id(self, name: str) -> int:
         """The id of special token ``name`` (KeyError naming the ones there are)."""
         if name not in self.special_tokens:
@@ -206,6 +223,9 @@ class TiktokenTokenizer(Tokenizer):
 
     def decode_single_token_bytes(self, token: int) -> bytes:
         return self.enc.decode_single_token_bytes(token)
+
+    def encode_single_token(self, piece: bytes | str) -> int:
+        return self.enc.encode_single_token(piece)
 
     def _identity(self) -> dict:
         return {"kind": self.kind, "ranks_sha256": self.ranks_sha256, "pattern": self.pattern,
@@ -677,6 +697,11 @@ def shard_tokenizer(data_dir: str | Path) -> Tokenizer:
             raise TokenizerError(f"{manifest}: the shards were made with tokenizer {name!r:.80} but {d / BUNDLE_DIR} "
                                  "holds no copy of it; prepare them again")
     return gpt2_tokenizer()
+
+
+def shard_tokenizer_recorded(data_dir: str | Path) -> bool:
+    """Whether ``data_dir``'s shards name their tokenizer (prepared by gptforge since tokenizers are data)."""
+    return (Path(data_dir) / BUNDLE_DIR / INFO).is_file()
 
 
 def check_fits(tok: Tokenizer, vocab_size: int, where: str = "model.vocab_size") -> None:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gptforge.data.chat import ChatTemplate, ChatTokenizer
+from gptforge.data.chat import ChatTemplate, ChatTokenizer, plain_tokenizer
 from gptforge.eval.tasks.base import EvalDataError
 from gptforge.eval.tasks.verifiable import (
     Problem,
@@ -89,7 +89,7 @@ def generate_replies(model: Any, enc: Any, prompts: Sequence[list[int]], templat
                      seed: int | None = 0) -> list[str]:
     """Replies to token prompts, batched (left-padded, KV cache), greedy unless ``temperature``."""
     if template is not None:
-        enc = ChatTokenizer(getattr(enc, "enc", enc), template)
+        enc = ChatTokenizer(plain_tokenizer(enc), template)
         params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_k=None,
                                 stop_token=template.end, seed=seed)
     else:

@@ -26,6 +26,7 @@ What llama.cpp's architectures cannot express is refused by name before anything
 from __future__ import annotations
 
 import functools
+import json
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +73,8 @@ def check_gguf_model(model: torch.nn.Module, chat_template: dict | None, tokeniz
 
 
 def export_gguf(model: torch.nn.Module, out_dir: str | Path, dtype: str = "f32", force: bool = False,
-                chat_template: dict | None = None, name: str = "gptforge", tokenizer: bool = True) -> Path:
+                chat_template: dict | None = None, name: str = "gptforge", tokenizer: Any = True,
+                chat: Any = None) -> Path:
     """Write ``model`` as ``out_dir/model-<dtype>.gguf``; returns the file's path. ``tokenizer=False``
     leaves the tokenizer out: llama.cpp cannot load such a file (for tools that add their own, and
     tests: reading 50k tokens back takes the ``gguf`` reader seconds)."""
@@ -80,7 +82,10 @@ def export_gguf(model: torch.nn.Module, out_dir: str | Path, dtype: str = "f32",
 
     if dtype not in DTYPES:
         raise ValueError(f"--dtype {dtype!r}: one of {', '.join(DTYPES)}")
-    check_gguf_model(model, chat_template, tokenizer)  # before the output folder is touched
+    own = tokenizer if hasattr(tokenizer, "fingerprint") and not tokenizer.is_gpt2 else None  # a model's own
+    if own is not None:
+        pre = gguf_pre_tokenizer(own)  # refused before the output folder is touched
+    check_gguf_model(model, chat_template, bool(tokenizer) and own is None)  # before the output folder is touched
     gguf = _gguf()
     out = check_out_dir(out_dir, force)
     path = out / f"model-{dtype}.gguf"
@@ -107,7 +112,9 @@ def export_gguf(model: torch.nn.Module, out_dir: str | Path, dtype: str = "f32",
         w.add_rope_dimension_count(cfg.head_dim)
         w.add_vocab_size(cfg.vocab_size)
         tensors = llama_tensors(model)
-    if tokenizer:
+    if own is not None:
+        add_model_tokenizer(w, cfg.vocab_size, own, chat, pre)
+    elif tokenizer:
         add_tokenizer(w, cfg.vocab_size, chat_template)
     add_weights(w, tensors, dtype)
     w.write_header_to_file()
@@ -189,6 +196,55 @@ def gpt2_vocab_merges() -> tuple[tuple[str, ...], tuple[str, ...]]:
         tokens[i] = tok
     tokens[EOT] = "<|endoftext|>"
     return tuple(tokens), tuple(f"{a} {b}" for a, b in merges)
+
+
+def gguf_pre_tokenizer(tok: Any) -> str:
+    """llama.cpp's name for the tokenizer's split pattern (it runs its own copy of each known regex)."""
+    from gptforge.data.tokenizer import GPT4_PAT, R50K_PAT
+
+    pattern = getattr(tok, "pattern", None)
+    if pattern is None and tok.kind == "hf":
+        pre = tok._json.get("pre_tokenizer") or {}
+        parts = pre.get("pretokenizers", [pre]) if isinstance(pre, dict) else []
+        pattern = next((p.get("pattern", {}).get("Regex") for p in parts if isinstance(p, dict) and p.get("type") == "Split"),
+                       None)
+    known = {R50K_PAT: "gpt-2", GPT4_PAT: "llama-bpe"}
+    if pattern not in known:
+        raise ValueError(f"the model's {tok.describe()} splits text with a pattern llama.cpp has no name for, so a "
+                         "GGUF file cannot describe it; export hf instead (its tokenizer.json carries the pattern)")
+    return known[pattern]
+
+
+def add_model_tokenizer(w: Any, vocab_size: int, tok: Any, chat: Any, pre: str) -> None:
+    """tokenizer.ggml.* for a model's own byte-level BPE (a trained tokenizer, GPT-4's split): its
+    vocabulary and merges as tokenizer.json spells them, its special tokens as control tokens, the
+    model's padded rows as unused; the chat template's Jinja and end-of-turn token."""
+    gguf = _gguf()
+    from gptforge.interop.hf import tokenizer_json_of
+
+    model = json.loads(tokenizer_json_of(tok))["model"]
+    if model.get("type") != "BPE":
+        raise ValueError(f"the model's {tok.describe()} is not a byte-level BPE; export hf instead")
+    tokens = [f"<|unused_{i}|>" for i in range(vocab_size)]
+    types = [gguf.TokenType.UNUSED] * vocab_size
+    for piece, i in model["vocab"].items():
+        tokens[i], types[i] = piece, gguf.TokenType.NORMAL
+    for piece, i in tok.special_tokens.items():
+        tokens[i], types[i] = piece, gguf.TokenType.CONTROL
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(tokens)
+    w.add_token_types([int(t) for t in types])
+    w.add_token_merges(merges)
+    w.add_bos_token_id(tok.bos_token_id if tok.bos_token_id is not None else tok.eot_token)
+    end = chat.end if chat is not None else tok.eos_token_id
+    w.add_eos_token_id(end if end is not None else tok.eot_token)
+    if chat is not None:
+        w.add_eot_token_id(chat.end)
+        w.add_chat_template(chat.jinja())
+    w.add_add_bos_token(False)
+    w.add_add_eos_token(False)
 
 
 def add_tokenizer(w: Any, vocab_size: int, chat_template: dict | None) -> None:

@@ -18,7 +18,7 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from gptforge.data.chat import ChatTokenizer, template_from_dict
+from gptforge.data.chat import ChatTokenizer, plain_tokenizer, template_from_dict
 from gptforge.serve.limits import acquire_unless_gone, watch_disconnect
 from gptforge.serve.sse import sse_response
 
@@ -46,7 +46,7 @@ def add_chat_routes(app: FastAPI, model: Any, enc: Any, template: dict | None, s
     """Register the chat endpoints on ``app`` (``gate``: the app's ModelGate)."""
     from gptforge.generation import PromptError, SamplingParams, fit_new_tokens, stream_text
 
-    enc = getattr(enc, "enc", enc)  # the plain tokenizer (create_app may have wrapped it)
+    enc = plain_tokenizer(enc)  # the plain tokenizer (create_app may have wrapped it)
     chat = template_from_dict(template, vocab_size=model.config.vocab_size, tok=enc) if template else None
     cenc = ChatTokenizer(enc, chat) if chat else None
     producers: set[asyncio.Task] = set()

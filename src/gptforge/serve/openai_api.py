@@ -47,10 +47,10 @@ def model_id(served: dict | None) -> str:
 def add_openai_routes(app: FastAPI, model: Any, enc: Any, chat_template: dict | None, settings: Any, gate: Any,
                       served: dict | None = None) -> None:
     """Register ``/v1/...`` on ``app`` (``gate``: the app's ModelGate; ``settings``: its ServeSettings)."""
-    from gptforge.data.chat import ChatTokenizer, template_from_dict
+    from gptforge.data.chat import ChatTokenizer, plain_tokenizer, template_from_dict
     from gptforge.generation import SamplingParams, stream_text
 
-    base_enc = getattr(enc, "enc", enc)
+    base_enc = plain_tokenizer(enc)
     chat = template_from_dict(chat_template, tok=base_enc) if chat_template else None
     chat_enc = ChatTokenizer(base_enc, chat) if chat else None
     block, vocab = model.config.block_size, model.config.vocab_size

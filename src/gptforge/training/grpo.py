@@ -38,7 +38,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from gptforge.data.chat import ChatTemplate, ChatTokenizer
+from gptforge.data.chat import ChatTemplate, ChatTokenizer, plain_tokenizer
 from gptforge.eval.tasks.verifiable import Problem, is_correct
 from gptforge.generation import SamplingParams, stream_tokens
 from gptforge.parallel.distributed import DistInfo, all_reduce_mean, all_reduce_sum, any_rank, grad_sync, local_tensor
@@ -273,7 +273,7 @@ class GRPO(Recipe):
                  problems_at: Callable[[int], list[Problem]] | None = None, held_out: Sequence[Problem] | None = None,
                  reward_model: torch.nn.Module | None = None):
         self.template, self.reward_fn, self.reward_model = template, reward_fn, reward_model
-        self.tokenizer = getattr(enc, "enc", enc)  # the run's tokenizer (checkpoints carry it)
+        self.tokenizer = plain_tokenizer(enc)  # the run's tokenizer (checkpoints carry it)
         if template is not None:
             template.check_model(cfg.model)
             if cfg.model.vocab_size < template.vocab_size:

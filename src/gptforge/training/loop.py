@@ -86,7 +86,8 @@ def train(cfg, recipe: Recipe | None = None, resume: str | Path | None = None, f
     with RunSession(cfg, resume, force, extra_meta=recipe.meta()) as run:
         # --- setup: precision and switches, checked before any compute ------------------------------
         info, log, device = run.info, run.log, run.info.device
-        check_run_tokenizer(recipe.words(), run.resume_dir, cfg.model.vocab_size)
+        if not recipe.words_unknown:
+            check_run_tokenizer(recipe.words(), run.resume_dir, cfg.model.vocab_size)
         torch.manual_seed(cfg.train.seed)
         autocast, precision, compile_model = set_precision(cfg, device)
         threads = run.env["torch_threads"] = set_threads(cfg.train.threads, device)

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from gptforge.config import Config, ConfigError, OptimConfig, TrainConfig
-from gptforge.data.chat import ChatTemplate
+from gptforge.data.chat import ChatTemplate, plain_tokenizer
 from gptforge.data.preference import PairBatch, RenderedPair, collate, pair_loaders
 from gptforge.parallel.distributed import all_reduce_mean, grad_sync, local_tensor
 from gptforge.training.recipe import Recipe, RunCtx
@@ -48,7 +48,7 @@ class PairRecipe(Recipe):
 
     def __init__(self, cfg: Config, template: ChatTemplate, enc: Any = None):
         self.template = template
-        self.tokenizer = getattr(enc, "enc", enc) or getattr(template, "tok", None)  # the starting model's
+        self.tokenizer = plain_tokenizer(enc) or getattr(template, "tok", None)  # the starting model's
         self.make = pair_loaders(getattr(cfg, self.section), template, cfg.train.micro_batch,
                                  cfg.train.seq_len + int(self.predicts_next), self.section)  # reads and checks the data before any compute
         self.val: list[RenderedPair] = []

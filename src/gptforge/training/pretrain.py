@@ -19,7 +19,7 @@ from gptforge.config import Config
 from gptforge.data.aligned import make_loader
 from gptforge.data.loader import ShardLoader
 from gptforge.data.shards import list_shards, read_header
-from gptforge.data.tokenizer import shard_tokenizer
+from gptforge.data.tokenizer import shard_tokenizer, shard_tokenizer_recorded
 from gptforge.parallel.comm import count_comm
 from gptforge.parallel.distributed import DistInfo
 from gptforge.training.evaluate import evaluate_during_training, prepare_for_training, print_samples
@@ -32,8 +32,12 @@ class Pretrain(Recipe):
 
     def check(self, cfg: Config, world: int) -> int:
         """The run speaks the tokenizer its shards were made with (``data.dir``'s tokenizer/)."""
-        self.tokenizer = shard_tokenizer(cfg.data.dir)
-        fit_vocab(cfg, self.tokenizer)
+        tok = shard_tokenizer(cfg.data.dir)
+        if not shard_tokenizer_recorded(cfg.data.dir) and tok.n_vocab > cfg.model.vocab_size:
+            self.words_unknown = True  # shards of unknown origin on a model smaller than GPT-2: ids are checked
+        else:  # as the loader reads them; no tokenizer is claimed for the checkpoints
+            self.tokenizer = tok
+            fit_vocab(cfg, tok)
         return super().check(cfg, world)
 
     def loaders(self, cfg: Config, info: DistInfo) -> tuple[Any, Any, int]:
@@ -80,7 +84,8 @@ class Pretrain(Recipe):
         return vl
 
     def print_samples(self, run: RunCtx, step: int) -> None:
-        print_samples(run.model, run.cfg, run.info, step, run.metrics, run.log, enc=self.words())
+        enc = None if self.words_unknown else self.words()
+        print_samples(run.model, run.cfg, run.info, step, run.metrics, run.log, enc=enc)
 
 
 def fit_vocab(cfg: Config, tok: Any, log=print) -> None:

@@ -56,17 +56,23 @@ class Recipe:
     name = "pretrain"  # stored in every checkpoint's meta.json as "recipe"
     kind = "train"  # the metrics.jsonl kind of one step's record
     tokenizer: Any = None  # the run's Tokenizer (gptforge.data.tokenizer): GPT-2's unless the command sets one
+    words_unknown = False  # shards that name no tokenizer, on a model smaller than GPT-2's: none is recorded
 
     def words(self) -> Any:
         """The run's tokenizer; every checkpoint carries it (meta.json's "tokenizer" and its files)."""
-        if self.tokenizer is None:
-            from gptforge.data.tokenizer import gpt2_tokenizer
+        from gptforge.data.tokenizer import Tokenizer, gpt2_tokenizer
 
+        if self.tokenizer is None:
             self.tokenizer = gpt2_tokenizer()
+        if not isinstance(self.tokenizer, Tokenizer):  # a raw tiktoken Encoding would be written as its repr
+            raise TypeError(f"{type(self).__name__}.tokenizer is a {type(self.tokenizer).__name__}, not a "
+                            "gptforge.data.tokenizer.Tokenizer")
         return self.tokenizer
 
     def meta(self) -> dict[str, Any]:
         """Extra keys for every checkpoint's meta.json (the tokenizer, the chat template, ...)."""
+        if self.words_unknown:
+            return {"recipe": self.name}
         return {"recipe": self.name, "tokenizer": self.words()}
 
     def check(self, cfg: Config, world: int) -> int:
