@@ -33,7 +33,7 @@ def own(tmp_path_factory):
     assert main(["prepare", "files", str(root / "corpus"), "--out", str(root / "data"), "--tokenizer",
                  str(root / "tok"), "--val-tokens", "2000", "--workers", "1", "--no-progress"]) == 0
     assert main(["train", "--preset", "llama-tiny", "--data.dir", str(root / "data"), "--out", str(root / "run"),
-                 "--train.max_steps", "4", "--train.micro_batch", "2", "--train.seq_len", "64",
+                 "--train.max_steps", "4", "--train.micro_batch", "2", "--train.seq_len", "64", "--model.block_size", "128",
                  "--train.total_batch_tokens", "128", "--train.val_every", "0", "--train.val_tokens", "256",
                  "--train.device", "cpu", "--train.compile", "false", "--eval.every", "0"]) == 0
     return root
@@ -78,26 +78,101 @@ def test_shards_of_another_tokenizer_are_refused(own, tmp_path, capsys):
     assert "was trained with the tokenizer 'tok'" in err and "'gpt2'" in err
 
 
-def test_sft_and_chat_use_the_tokenizers_chatml_template(own, tmp_path, capsys, monkeypatch):
-    import io
-
+@pytest.fixture(scope="module")
+def sft_run(own):
+    """The pretrained model fine-tuned for 3 steps on conversations: the tokenizer's ChatML template."""
     rows = [{"messages": [{"role": "user", "content": f"Say {w}"}, {"role": "assistant", "content": f"{w} {w}."}]}
             for w in WORDS * 3]
-    (tmp_path / "convs.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    assert main(["sft", "--init-from", str(own / "run"), "--data", str(tmp_path / "convs.jsonl"), "--out",
-                 str(tmp_path / "sft"), "--val-count", "8", "--train.max_steps", "3", "--train.micro_batch", "2",
+    (own / "convs.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    assert main(["sft", "--init-from", str(own / "run"), "--data", str(own / "convs.jsonl"), "--out",
+                 str(own / "sft"), "--val-count", "8", "--train.max_steps", "3", "--train.micro_batch", "2",
                  "--train.seq_len", "64", "--train.total_batch_tokens", "128", "--train.val_every", "0",
                  "--train.device", "cpu"]) == 0
+    return own / "sft"
+
+
+def test_sft_and_chat_use_the_tokenizers_chatml_template(own, sft_run, capsys, monkeypatch):
+    import io
+
+    from gptforge.data.tokenizer import load_tokenizer
     from gptforge.run.checkpoint import latest_checkpoint, read_meta
 
-    meta = read_meta(latest_checkpoint(tmp_path / "sft"))
+    meta = read_meta(latest_checkpoint(sft_run))
     assert meta["chat_template"]["kind"] == "jinja" and "<|im_start|>" in meta["chat_template"]["template"]
     assert meta["config"]["model"]["vocab_size"] == 320  # the ChatML tokens are the tokenizer's own
+    assert meta["tokenizer"]["fingerprint"] == load_tokenizer(own / "tok").fingerprint
     capsys.readouterr()
     monkeypatch.setattr("sys.stdin", io.StringIO("Say crown\n/quit\n"))
-    assert main(["chat", "--ckpt", str(tmp_path / "sft"), "--max-new-tokens", "6", "--device", "cpu"]) == 0
-    out = capsys.readouterr().out
-    assert out.strip(), out
+    assert main(["chat", "--ckpt", str(sft_run), "--max-new-tokens", "6", "--temperature", "0", "--device", "cpu"]) == 0
+    reply = capsys.readouterr().out
+    # the same greedy reply through the template rendered by hand and the model's own generate
+    import torch
+
+    from gptforge.data.chat import template_from_meta
+    from gptforge.generation import generate
+    from gptforge.load import ModelSource, load_model
+
+    tok = load_tokenizer(own / "tok")
+    chat = template_from_meta(meta, tok=tok)
+    ids = chat.render_for_generation([{"role": "user", "content": "Say crown"}])
+    assert ids[-3:] == tok.encode("<|im_start|>assistant\n", allowed_special="all")[-3:]
+    model = load_model(ModelSource(ckpt=str(sft_run)))
+    out = generate(model, torch.tensor([ids]), max_new_tokens=6, temperature=0.0)[0, len(ids):].tolist()
+    if chat.end in out:
+        out = out[: out.index(chat.end)]
+    assert tok.decode(out).strip() in reply
+
+
+def test_preference_and_rl_recipes_and_eval_run_on_the_models_tokenizer(own, sft_run, tmp_path, capsys):
+    from gptforge.run.checkpoint import latest_checkpoint, read_meta
+
+    assert main(["prepare", "preferences", "compare", "--n", "40", "--out", str(tmp_path / "prefs.jsonl")]) == 0
+    small = ["--train.micro_batch", "2", "--train.seq_len", "128", "--train.total_batch_tokens", "256",
+             "--train.val_every", "0", "--train.device", "cpu", "--val-count", "4"]
+    fp = read_meta(latest_checkpoint(sft_run))["tokenizer"]["fingerprint"]
+    for cmd in ("rm", "dpo"):
+        assert main([cmd, "--init-from", str(sft_run), "--data", str(tmp_path / "prefs.jsonl"), "--out",
+                     str(tmp_path / cmd), "--steps", "2", *small]) == 0, cmd
+        meta = read_meta(latest_checkpoint(tmp_path / cmd))
+        assert meta["tokenizer"]["fingerprint"] == fp and meta["chat_template"]["kind"] == "jinja"
+    assert main(["rl", "--init-from", str(sft_run), "--task", "compare", "--out", str(tmp_path / "rl"), "--steps", "1",
+                 "--prompts", "2", "--group", "2", "--max-new-tokens", "4", "--eval-n", "2", "--device", "cpu"]) == 0
+    assert read_meta(latest_checkpoint(tmp_path / "rl"))["tokenizer"]["fingerprint"] == fp
+    capsys.readouterr()
+    assert main(["eval", "--ckpt", str(sft_run), "--tasks", "compare", "--limit", "3", "--device", "cpu"]) == 0
+    assert "chat template" in capsys.readouterr().out
+    assert main(["eval", "--ckpt", str(tmp_path / "rm"), "--preferences", str(tmp_path / "prefs.jsonl"),
+                 "--limit", "4", "--device", "cpu"]) == 0
+    # the reward model exports with the model's own tokenizer and template
+    assert main(["export", "hf", "--ckpt", str(tmp_path / "rm"), "--out", str(tmp_path / "rm_hf")]) == 0
+    from transformers import AutoTokenizer
+
+    hf_tok = AutoTokenizer.from_pretrained(tmp_path / "rm_hf")
+    assert "<|im_start|>" in hf_tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
+
+
+def test_serve_speaks_the_models_tokenizer_and_template(own, sft_run):
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from gptforge.cli.common import words
+    from gptforge.load import ModelSource, load_model
+    from gptforge.serve.app import create_app
+
+    source = ModelSource(ckpt=str(sft_run))
+    model = load_model(source)
+    tok, chat = words(source, model)
+    client = TestClient(create_app(model, tok, chat_template=chat.to_dict()))
+    r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Say crown"}],
+                                                   "max_tokens": 5, "temperature": 0})
+    assert r.status_code == 200, r.text
+    text = r.json()["choices"][0]["message"]["content"]
+    r2 = client.post("/v1/completions", json={"prompt": "The king", "max_tokens": 4, "temperature": 0})
+    assert r2.status_code == 200, r2.text
+    assert isinstance(text, str) and "<|im_start|>" not in text
+    # a prompt in token ids beyond the tokenizer's vocabulary is refused, not embedded
+    r3 = client.post("/v1/completions", json={"prompt": [[5000]], "max_tokens": 2})
+    assert r3.status_code == 400
 
 
 def test_exports_carry_the_models_own_tokenizer(own, tmp_path):

@@ -226,9 +226,17 @@ def _export_reward_model(args: argparse.Namespace) -> int:
         raise CliError("a reward model exports as a Hugging Face sequence classifier only: use `export hf`")
     rm, chat = load_reward_model(args.ckpt)
     chat = chat or ChatTemplate.gpt2()
+    tok = getattr(chat, "tok", None)  # a Jinja template's tokenizer: the model's own
     try:
-        files = export_reward_hf(rm, args.out, pad=chat.bos, force=args.force, tokenizer=not args.no_tokenizer,
-                                 chat_template=chat.to_dict())
+        if tok is not None and not tok.is_gpt2:
+            from gptforge.interop.hf import write_model_tokenizer
+
+            files = export_reward_hf(rm, args.out, pad=chat.bos, force=args.force, tokenizer=False)
+            if not args.no_tokenizer:
+                files += write_model_tokenizer(Path(args.out), tok, chat, rm.config.block_size)
+        else:
+            files = export_reward_hf(rm, args.out, pad=chat.bos, force=args.force, tokenizer=not args.no_tokenizer,
+                                     chat_template=chat.to_dict())
     except (FileExistsError, ValueError) as e:
         raise CliError(str(e)) from e
     print(json.dumps({"format": "hf", "kind": "reward_model", "files": [str(f) for f in files]}))
