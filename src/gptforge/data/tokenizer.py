@@ -601,6 +601,7 @@ def tokenizer_from_entry(info: Any, folder: Path | None, where: str) -> Tokenize
     if not isinstance(info, dict) or info.get("format") != INFO_FORMAT or info.get("kind") not in ("tiktoken", "hf"):
         raise TokenizerError(f"{where}: tokenizer.format/kind: expected format {INFO_FORMAT!r} and kind tiktoken or "
                              f"hf, found {str(info)[:120]}")
+    _check_entry(info, where)
     fp = info.get("fingerprint")
     if info.get("builtin") == "gpt2":
         tok: Tokenizer = gpt2_tokenizer()
@@ -608,9 +609,14 @@ def tokenizer_from_entry(info: Any, folder: Path | None, where: str) -> Tokenize
         files = info.get("files")
         if not isinstance(files, dict) or not files or folder is None:
             raise TokenizerError(f"{where}: tokenizer.files: the bundle lists no files to read")
+        if len(files) > 16:
+            raise TokenizerError(f"{where}: tokenizer.files lists {len(files):,} files; a tokenizer bundle has a few")
         for name, sha in files.items():
-            if not isinstance(name, str) or "/" in name or "\\" in name or name.startswith(".") or not isinstance(sha, str):
+            if not isinstance(name, str) or "/" in name or "\\" in name or "\0" in name or name.startswith("."):
                 raise TokenizerError(f"{where}: tokenizer.files: {name!r:.60} is not a file name of the bundle")
+            if not isinstance(sha, str) or not re.fullmatch(r"[0-9a-f]{64}", sha):
+                raise TokenizerError(f"{where}: tokenizer.files[{name[:60]!r}] = {json.dumps(sha)[:70]}: expected a sha256 "
+                                     "(64 hex digits)")
             f = folder / name
             _bounded(f)
             if assets.sha256_file(f) != sha:
@@ -638,7 +644,55 @@ def tokenizer_from_entry(info: Any, folder: Path | None, where: str) -> Tokenize
     if fp != tok.fingerprint:
         raise TokenizerError(f"{where}: tokenizer.fingerprint {str(fp)[:16]}... is not the fingerprint of the "
                              f"tokenizer its files make ({tok.short}...); the bundle is damaged")
+    _check_entry_agrees(info, tok, where)
     return tok
+
+
+_ENTRY_TYPES: dict[str, tuple[type, ...]] = {
+    "name": (str,), "fingerprint": (str,), "n_vocab": (int,), "eot": (int,), "bos": (int, type(None)),
+    "eos": (int, type(None)), "special_tokens": (dict,), "chat_template": (str, type(None)),
+    "pattern": (str,), "ranks_sha256": (str,), "builtin": (str,), "files": (dict,)}
+_ENTRY_REQUIRED = ("name", "fingerprint", "n_vocab", "eot", "special_tokens")
+
+
+def _check_entry(info: dict, where: str) -> None:
+    """Every field of a bundle's info (or meta.json's ``"tokenizer"``) of its type, before any is used:
+    a list where an id belongs is a refusal naming the field, not a TypeError deep inside."""
+    for key in _ENTRY_REQUIRED:
+        if key not in info:
+            raise TokenizerError(f"{where}: tokenizer.{key} is missing; the tokenizer bundle is damaged")
+    for key, types in _ENTRY_TYPES.items():
+        if key not in info:
+            continue
+        v = info[key]
+        if isinstance(v, bool) or not isinstance(v, types):
+            want = " or ".join("null" if t is type(None) else t.__name__ for t in types)
+            raise TokenizerError(f"{where}: tokenizer.{key} = {json.dumps(v, default=str)[:60]}: expected {want}")
+        if isinstance(v, int) and not 0 <= v < MAX_VOCAB + (key == "n_vocab"):
+            raise TokenizerError(f"{where}: tokenizer.{key} = {v}: outside [0, {MAX_VOCAB:,}]")
+        if isinstance(v, str) and len(v) > (MAX_INFO_BYTES if key in ("chat_template", "pattern") else 4096):
+            raise TokenizerError(f"{where}: tokenizer.{key}: a {len(v):,}-character string; the bundle is damaged")
+    if not re.fullmatch(r"[0-9a-f]{64}", info["fingerprint"]):
+        raise TokenizerError(f"{where}: tokenizer.fingerprint {info['fingerprint'][:80]!r}: expected 64 hex digits")
+    if "builtin" in info and info["builtin"] != "gpt2":
+        raise TokenizerError(f"{where}: tokenizer.builtin {info['builtin'][:80]!r}: the only built-in tokenizer is 'gpt2'")
+    specials = info["special_tokens"]
+    if len(specials) > MAX_SPECIALS:
+        raise TokenizerError(f"{where}: tokenizer.special_tokens: {len(specials):,} of them (at most {MAX_SPECIALS})")
+    for s, i in specials.items():
+        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < MAX_VOCAB:
+            raise TokenizerError(f"{where}: tokenizer.special_tokens[{s[:40]!r}] = {json.dumps(i, default=str)[:40]}: "
+                                 f"expected a token id in [0, {MAX_VOCAB:,})")
+
+
+def _check_entry_agrees(info: dict, tok: Tokenizer, where: str) -> None:
+    """What the entry says of the tokenizer (its size, special tokens, bos/eos and document separator)
+    is what its files make: a lie there would change the ids every document starts with."""
+    for key, real in (("n_vocab", tok.n_vocab), ("eot", tok.eot_token), ("bos", tok.bos_token_id),
+                      ("eos", tok.eos_token_id), ("special_tokens", dict(tok.special_tokens))):
+        if key in info and info[key] != real:
+            raise TokenizerError(f"{where}: tokenizer.{key} = {json.dumps(info[key])[:80]} but the tokenizer its "
+                                 f"files make has {json.dumps(real)[:80]}; the bundle is damaged")
 
 
 def tokenizer_from_meta(meta: dict, ckpt_dir: str | Path) -> Tokenizer:

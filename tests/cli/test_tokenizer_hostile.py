@@ -1,0 +1,124 @@
+"""Hostile and careless use of the tokenizer seam (issue 31, "Bad input"): a damaged, foreign or lying
+tokenizer bundle in a checkpoint, bad ``--tokenizer`` values, hostile ``tokenizer train`` input and
+hostile chat templates each give a one-line refusal naming the file and the field, exit 2, no
+traceback, through every command (they all read a model's words through one seam)."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from gptforge.cli import main
+
+WORDS = ("the king queen castle sword river night day love war bread wine horse ship storm crown "
+         "speak answer question number seven eleven twenty").split()
+SMALL = ["--train.micro_batch", "2", "--train.seq_len", "64", "--train.total_batch_tokens", "128",
+         "--train.val_every", "0", "--train.device", "cpu"]
+
+
+def corpus(folder: Path, docs: int = 12) -> None:
+    import random
+
+    rng = random.Random(0)
+    folder.mkdir()
+    for i in range(docs):
+        lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 12))).capitalize() + "." for _ in range(30)]
+        (folder / f"doc{i:03d}.txt").write_text("\n".join(lines) + "\n")
+
+
+@pytest.fixture(scope="module")
+def own(tmp_path_factory):
+    """A trained tokenizer, shards made with it, a 2-step Llama on them and a 2-step sft of it."""
+    root = tmp_path_factory.mktemp("hostile")
+    corpus(root / "corpus")
+    assert main(["tokenizer", "train", str(root / "corpus"), "--out", str(root / "tok"), "--vocab-size", "300",
+                 "--trainer", "tokenizers", "--no-progress"]) == 0
+    assert main(["prepare", "files", str(root / "corpus"), "--out", str(root / "data"), "--tokenizer",
+                 str(root / "tok"), "--val-tokens", "1000", "--workers", "1", "--no-progress"]) == 0
+    assert main(["train", "--preset", "llama-tiny", "--data.dir", str(root / "data"), "--out", str(root / "run"),
+                 "--train.max_steps", "2", "--train.val_tokens", "128", "--train.compile", "false",
+                 "--eval.every", "0", *SMALL]) == 0
+    rows = [{"messages": [{"role": "user", "content": f"Say {w}"}, {"role": "assistant", "content": f"{w} {w}."}]}
+            for w in WORDS * 2]
+    (root / "convs.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    assert main(["sft", "--init-from", str(root / "run"), "--data", str(root / "convs.jsonl"), "--out",
+                 str(root / "sft"), "--val-count", "4", "--train.max_steps", "2", *SMALL]) == 0
+    return root
+
+
+def copy_run(own: Path, tmp_path: Path, name: str = "sft") -> tuple[Path, Path]:
+    """A copy of one of the fixture's runs (run dir, its checkpoint) to damage."""
+    run = tmp_path / name
+    shutil.copytree(own / name, run)
+    return run, next((run / "checkpoints").glob("step_*"))
+
+
+def edit_meta(ck: Path, fn) -> None:
+    meta = json.loads((ck / "meta.json").read_text())
+    fn(meta)
+    (ck / "meta.json").write_text(json.dumps(meta))
+
+
+def refused(argv: list[str], capsys, *needles: str, stdin: str = "hi\n/quit\n", monkeypatch=None) -> str:
+    """``argv`` exits 2 with one error line holding every needle, and no traceback."""
+    capsys.readouterr()
+    if monkeypatch is not None:
+        monkeypatch.setattr("sys.stdin", io.StringIO(stdin))
+    rc = main(argv)
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert "Traceback" not in err, err
+    line = err.strip().splitlines()[-1]
+    for n in needles:
+        assert n in line, line
+    return line
+
+
+def sample(run: Path) -> list[str]:
+    return ["sample", "--ckpt", str(run), "--prompt", "The king", "--num-samples", "1", "--max-new-tokens", "2",
+            "--device", "cpu"]
+
+
+def sft_resume(run: Path, own: Path) -> list[str]:
+    return ["sft", "--resume", str(run), "--out", str(run), "--data", str(own / "convs.jsonl"),
+            "--train.max_steps", "3", "--train.device", "cpu"]
+
+
+# --- meta.json's "tokenizer" entry: wrong types and lies -----------------------------------------------
+
+def _tok(fn):
+    return lambda m: fn(m["tokenizer"])
+
+
+ENTRY_DAMAGE = {
+    # wrong types where ids belong used to be TypeError: unhashable type: 'list' deep in the reader
+    "special_tokens": (_tok(lambda t: t.__setitem__("special_tokens", {"<|endoftext|>": [297]})), "special_tokens"),
+    "bos": (_tok(lambda t: t.__setitem__("bos", [1])), "tokenizer.bos"),
+    "eos": (_tok(lambda t: t.__setitem__("eos", {"a": 1})), "tokenizer.eos"),
+    # lies the fingerprint does not cover: the document separator and size are the files'
+    "n_vocab": (_tok(lambda t: t.__setitem__("n_vocab", 5000)), "tokenizer.n_vocab"),
+    "specials-swap": (_tok(lambda t: t.__setitem__("special_tokens", {k: 597 - v if v != 298 else v
+                                                                      for k, v in t["special_tokens"].items()})),
+                      "tokenizer."),
+    "builtin": (_tok(lambda t: t.__setitem__("builtin", "cl100k_base")), "tokenizer.builtin"),
+    "sha": (_tok(lambda t: t["files"].__setitem__("tokenizer.json", 5)), "tokenizer.files['tokenizer.json']"),
+    "many-files": (_tok(lambda t: t["files"].update({f"f{i}": "0" * 64 for i in range(40)})), "tokenizer.files"),
+    "name": (_tok(lambda t: t.pop("name")), "tokenizer.name"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ENTRY_DAMAGE))
+def test_a_damaged_tokenizer_entry_is_refused_naming_the_field(own, tmp_path, capsys, case):
+    fn, field = ENTRY_DAMAGE[case]
+    run, ck = copy_run(own, tmp_path)
+    edit_meta(ck, fn)
+    refused(sample(run), capsys, "meta.json", field)
+    refused(sft_resume(run, own), capsys, "meta.json", field)
+
+
+def test_the_fixture_runs_are_good(own, capsys):
+    assert main(sample(own / "sft")) == 0
