@@ -122,3 +122,70 @@ def test_a_damaged_tokenizer_entry_is_refused_naming_the_field(own, tmp_path, ca
 
 def test_the_fixture_runs_are_good(own, capsys):
     assert main(sample(own / "sft")) == 0
+
+
+# --- hostile chat templates in meta.json ------------------------------------------------------------
+
+def set_template(ck: Path, template) -> None:
+    edit_meta(ck, lambda m: m["chat_template"].__setitem__("template", template))
+
+
+def test_a_template_that_renders_an_empty_prompt_is_refused(own, tmp_path, capsys, monkeypatch):
+    """It was `ValueError: every prompt needs at least one token (use [50256] ...)` out of chat and
+    eval, a traceback naming GPT-2's id on a model that has no such token."""
+    run, ck = copy_run(own, tmp_path)
+    set_template(ck, "{% if false %}x{% endif %}")
+    refused(["chat", "--ckpt", str(run), "--max-new-tokens", "2", "--device", "cpu"], capsys, "meta.json",
+            "empty prompt", monkeypatch=monkeypatch)
+    refused(["eval", "--ckpt", str(run), "--tasks", "arithmetic", "--limit", "2", "--device", "cpu"], capsys,
+            "meta.json", "empty prompt")
+
+
+HOSTILE_TEMPLATES = {
+    "class": ("{{ ''.__class__.__mro__[1].__subclasses__() }}", "Python internals"),
+    "globals": ("{{ cycler.__init__.__globals__.os.system('echo PWNED') }}", "Python internals"),
+    "loop": ("{% for i in range(100000000) %}{% for j in range(100000000) %}x{% endfor %}{% endfor %}", "Range too big"),
+    "huge": ("{{ 'x' * 1000000000 }}", "characters"),
+    "raises": ("{{ raise_exception('roles must alternate') }}", "roles must alternate"),
+    "recursion": ("{% macro f(n) %}{{ f(n+1) }}{% endmacro %}{{ f(0) }}", "RecursionError"),
+    "not-text": (5, "chat_template.template"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_TEMPLATES))
+def test_a_hostile_template_is_refused_by_chat_and_sft_resume(own, tmp_path, capsys, monkeypatch, case):
+    template, needle = HOSTILE_TEMPLATES[case]
+    run, ck = copy_run(own, tmp_path)
+    set_template(ck, template)
+    refused(["chat", "--ckpt", str(run), "--max-new-tokens", "2", "--device", "cpu"], capsys, "meta.json", needle,
+            monkeypatch=monkeypatch)
+    refused(sft_resume(run, own), capsys, "meta.json", needle)
+    assert "PWNED" not in capsys.readouterr().out
+
+
+def served_app(run: Path, monkeypatch):
+    """The app `gptforge serve --ckpt run` would serve (uvicorn.run captured, not started)."""
+    import uvicorn
+
+    got = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: got.setdefault("app", app))
+    assert main(["serve", "--ckpt", str(run), "--device", "cpu"]) == 0
+    return got["app"]
+
+
+@pytest.mark.xfail(strict=True, reason="serve/chat.py chat_stream and serve/openai_api.py chat_completions call "
+                   "chat.render_for_generation outside any handler: a template that refuses a conversation "
+                   "(raise_exception, as Llama 2 / Mistral templates do on roles that do not alternate) is an "
+                   "opaque 500 with a traceback in the log, not a 400 naming the template")
+def test_serve_answers_a_refusing_template_with_a_400(own, tmp_path, monkeypatch):
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    run, ck = copy_run(own, tmp_path)
+    set_template(ck, "{{ raise_exception('roles must alternate') }}")
+    client = TestClient(served_app(run, monkeypatch), raise_server_exceptions=False)
+    messages = [{"role": "user", "content": "Say crown"}]
+    r = client.post("/api/chat", json={"messages": messages, "max_new_tokens": 2})
+    assert r.status_code == 400 and "roles must alternate" in r.text, (r.status_code, r.text)
+    r = client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 2})
+    assert r.status_code == 400 and "roles must alternate" in r.text, (r.status_code, r.text)

@@ -583,7 +583,11 @@ class JinjaChatTemplate:
         """The prompt for the assistant's next reply (``add_generation_prompt=True``), content-safe."""
         marked = [self._mark(m) for m in self._messages(messages)]
         clean, _, opens, closes, breaks, _ = _unmark(self._render(marked, True, {}, track=False))
-        return self._encode(clean, opens, closes, breaks)[0]
+        ids = self._encode(clean, opens, closes, breaks)[0]
+        if not ids:  # a model cannot continue nothing; generation would fail later, far from the cause
+            raise ChatFormatError(f"{self.where}: template {self.name!r} renders an empty prompt for this "
+                                  "conversation; the template is damaged")
+        return ids
 
     # --- pieces ---------------------------------------------------------------------------------
     @staticmethod
