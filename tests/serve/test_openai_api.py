@@ -237,3 +237,20 @@ def test_echo_scores_the_prompt_like_an_eval_harness(client, served, tokenizer):
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model="run", prompt="Hi", max_tokens=0)
     assert e.value.body["param"] == "max_tokens"
+
+
+def test_text_prompts_past_a_small_models_vocabulary_are_400_not_500(tokenizer):
+    """A model with fewer rows than its tokenizer's ids (weights of unknown origin served with GPT-2's
+    BPE): a text prompt that tokenizes past the vocabulary is OpenAI's 400, on both completion paths."""
+    from fastapi.testclient import TestClient
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=64, vocab_size=300)).eval()
+    with TestClient(create_app(model, tokenizer), raise_server_exceptions=False) as c:
+        for body in ({"prompt": "hello world", "max_tokens": 2}, {"prompt": "hello world", "max_tokens": 0,
+                                                                  "echo": True}):
+            r = c.post("/v1/completions", json={"model": "x", **body})
+            assert r.status_code == 400, r.text
+            assert "outside this model's vocabulary of 300" in r.json()["error"]["message"]
+        r = c.post("/v1/completions", json={"model": "x", "prompt": "!", "max_tokens": 2})  # id 0: in range
+        assert r.status_code == 200

@@ -74,7 +74,9 @@ def add_openai_routes(app: FastAPI, model: Any, enc: Any, chat_template: dict | 
 
     def sampling(req: Any, prompt_ids: list[list[int]], max_tokens: int | None, stop_token: int,
                  default_new: int) -> SamplingParams:
-        """The request's knobs checked against the server's limits and the model's context."""
+        """The request's knobs checked against the server's limits and the model's context, and every
+        prompt id against its vocabulary."""
+        in_vocab(req, prompt_ids)
         if len(prompt_ids) * req.n > settings.max_batch:
             raise OpenAIError(400, f"n: {len(prompt_ids)} prompt(s) x n={req.n} replies is over this server's "
                                    f"batch limit of {settings.max_batch}", "n")
@@ -100,6 +102,15 @@ def add_openai_routes(app: FastAPI, model: Any, enc: Any, chat_template: dict | 
         except ValueError as e:  # ranges the schema did not already cover
             raise OpenAIError(400, str(e), str(e).split("=")[0].split(":")[0]) from e
         return p
+
+    def in_vocab(req: Any, prompt_ids: list[list[int]]) -> None:
+        """A text prompt's ids too: a model smaller than the tokenizer (weights of unknown origin served
+        with GPT-2's BPE) would otherwise index past its embedding."""
+        for i, row in enumerate(prompt_ids):
+            if (bad := max(row, default=0)) >= vocab:
+                field = "messages" if chat_route(req) else "prompt"
+                raise OpenAIError(400, f"{field}: prompt {i} tokenizes to id {bad}, outside this model's vocabulary "
+                                       f"of {vocab} (the text is not in the model's tokenizer)", field)
 
     def chat_route(req: Any) -> bool:
         return isinstance(req, ChatRequest)
@@ -186,6 +197,7 @@ def add_openai_routes(app: FastAPI, model: Any, enc: Any, chat_template: dict | 
         tok = chat_enc or enc
         echo = [p if isinstance(p, str) else tok.decode(p) for p in prompts] if req.echo else None
         if req.max_tokens == 0:  # echo only: score the prompts, generate nothing
+            in_vocab(req, ids)
             if len(ids) * req.n > settings.max_batch:
                 raise OpenAIError(400, f"n: {len(ids)} prompt(s) x n={req.n} is over this server's batch limit of "
                                        f"{settings.max_batch}", "n")
