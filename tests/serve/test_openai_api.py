@@ -254,3 +254,19 @@ def test_text_prompts_past_a_small_models_vocabulary_are_400_not_500(tokenizer):
             assert "outside this model's vocabulary of 300" in r.json()["error"]["message"]
         r = c.post("/v1/completions", json={"model": "x", "prompt": "!", "max_tokens": 2})  # id 0: in range
         assert r.status_code == 200
+
+
+def test_hostile_bodies_are_openai_400s_not_500s(served):
+    """The class of issue 33's API holes: a body nested a thousand levels deep and a lone surrogate
+    (which no UTF-8 reply can echo) are 400 with OpenAI's error object, on every /v1 route."""
+    import httpx
+
+    with httpx.Client(base_url=served[2], headers={"Authorization": f"Bearer {KEY}"}, timeout=30) as c:
+        deep = '{"model": "x", "prompt": ' + "[" * 5000 + "]" * 5000 + "}"
+        lone = '{"model": "x", "prompt": "hi \\ud800", "max_tokens": 0, "echo": true}'
+        lone_chat = '{"model": "x", "messages": [{"role": "user", "content": "\\udfff"}], "max_tokens": 1}'
+        for route, body in (("/v1/completions", deep), ("/v1/chat/completions", deep.replace('"prompt"', '"messages"')),
+                            ("/v1/completions", lone), ("/v1/chat/completions", lone_chat)):
+            r = c.post(route, content=body, headers={"content-type": "application/json"})
+            assert r.status_code == 400, (route, body[:40], r.status_code, r.text[:200])
+            assert "error" in r.json() and r.json()["error"]["message"]

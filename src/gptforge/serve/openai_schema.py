@@ -166,10 +166,21 @@ def parse(model: type[BaseModel], raw: bytes) -> Any:
         data = json.loads(raw or b"null")
     except (ValueError, UnicodeDecodeError) as e:
         raise OpenAIError(400, f"malformed JSON body: {e}") from e
+    except RecursionError:  # a body nested ~1000 levels deep: Python's parser gives up, the request is bad
+        raise OpenAIError(400, "malformed JSON body: nested too deeply") from None
     if not isinstance(data, dict):
         raise OpenAIError(400, "the body must be a JSON object")
+    try:  # a "\ud800" escape decodes to a lone surrogate: not text, and no UTF-8 answer could echo it
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise OpenAIError(400, f"the body holds an unpaired surrogate (\\u{ord(e.object[e.start]):04x}), which is "
+                               "not text: send UTF-8 text") from None
+    except RecursionError:
+        raise OpenAIError(400, "malformed JSON body: nested too deeply") from None
     try:
         req = model.model_validate(data)
+    except RecursionError:
+        raise OpenAIError(400, "malformed JSON body: nested too deeply") from None
     except ValidationError as e:
         errs = e.errors()
         first = errs[0]
