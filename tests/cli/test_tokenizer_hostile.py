@@ -189,3 +189,65 @@ def test_serve_answers_a_refusing_template_with_a_400(own, tmp_path, monkeypatch
     assert r.status_code == 400 and "roles must alternate" in r.text, (r.status_code, r.text)
     r = client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 2})
     assert r.status_code == 400 and "roles must alternate" in r.text, (r.status_code, r.text)
+
+
+# --- prepare --tokenizer: careless values ---------------------------------------------------------------
+
+def prepare(own: Path, out: Path, spec) -> list[str]:
+    return ["prepare", "files", str(own / "corpus"), "--out", str(out), "--tokenizer", str(spec), "--val-tokens",
+            "1000", "--workers", "1", "--no-progress"]
+
+
+def test_a_named_tiktoken_encoding_offline_is_one_line(own, tmp_path, capsys, monkeypatch):
+    """It was requests' ConnectionError traceback."""
+    import tiktoken
+
+    def offline(name):
+        raise ConnectionError("Failed to resolve 'openaipublic.blob.core.windows.net'")
+
+    monkeypatch.setattr(tiktoken, "get_encoding", offline)
+    refused(prepare(own, tmp_path / "o", "cl100k_base"), capsys, "--tokenizer cl100k_base", ".tiktoken")
+
+
+def test_a_named_tiktoken_encoding_is_saved_with_its_shards(own, tmp_path, monkeypatch):
+    """It prepared nothing: 'its ranks file is not known, so it cannot be saved'. Its ranks go into the
+    bundle and read back with the same fingerprint (r50k_base is GPT-2's)."""
+    import tiktoken
+
+    from gptforge.data.tokenizer import gpt2_tokenizer, load_tokenizer, shard_tokenizer
+
+    gpt2 = gpt2_tokenizer().enc
+    assert load_tokenizer_named(monkeypatch, tiktoken, gpt2, "r50k_base").is_gpt2
+    fake = tiktoken.Encoding(name="cl100k_base", pat_str=gpt2._pat_str, mergeable_ranks=gpt2._mergeable_ranks,
+                             special_tokens={"<|endoftext|>": 50256, "<|fim_prefix|>": 50257})
+    tok = load_tokenizer_named(monkeypatch, tiktoken, fake, "cl100k_base")
+    assert main(prepare(own, tmp_path / "o", "cl100k_base")) == 0
+    back = shard_tokenizer(tmp_path / "o")
+    assert back.fingerprint == tok.fingerprint and back.special_tokens == tok.special_tokens
+    assert load_tokenizer(tmp_path / "o").encode_ordinary("The king.") == tok.encode_ordinary("The king.")
+
+
+def load_tokenizer_named(monkeypatch, tiktoken, enc, name):
+    from gptforge.data.tokenizer import load_tokenizer
+
+    monkeypatch.setattr(tiktoken, "get_encoding", lambda n: enc)
+    return load_tokenizer(name)
+
+
+BAD_SPECS = {
+    "missing-file": (lambda d: "/nope/tok.json", "/nope/tok.json"),
+    "not-a-tokenizer": (lambda d: (d / "x.json").write_text('{"a": 1}') and d / "x.json", "x.json"),
+    "binary": (lambda d: (d / "x.bin").write_bytes(bytes(range(256)) * 4) and d / "x.bin", "x.bin"),
+    "bad-ranks": (lambda d: (d / "x.tiktoken").write_text("not base64\n") and d / "x.tiktoken", "x.tiktoken"),
+    "deep-json": (lambda d: (d / "x.json").write_text("[" * 100000 + "]" * 100000) and d / "x.json", "x.json"),
+    "empty-folder": (lambda d: d, "hostile"),
+    "truncated-info": (lambda d: (d / "info.json").write_text("{") and d, "info.json"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_SPECS))
+def test_prepare_refuses_a_bad_tokenizer_naming_it(own, tmp_path, capsys, case):
+    make, needle = BAD_SPECS[case]
+    d = tmp_path / "hostile"
+    d.mkdir()
+    refused(prepare(own, tmp_path / "o", make(d)), capsys, "--tokenizer", needle)

@@ -238,10 +238,20 @@ class TiktokenTokenizer(Tokenizer):
     def _save_files(self, folder: Path) -> dict[str, str]:
         if self.builtin:
             return {}
-        if self.ranks_path is None:
-            raise TokenizerError(f"{self.describe()}: its ranks file is not known, so it cannot be saved")
+        if self.ranks_path is None:  # a tiktoken encoding by name: its ranks as tiktoken writes them
+            data = _ranks_bytes(self.enc)
+            (folder / "ranks.tiktoken").write_bytes(data)
+            return {"ranks.tiktoken": hashlib.sha256(data).hexdigest()}
         shutil.copyfile(self.ranks_path, folder / "ranks.tiktoken")
         return {"ranks.tiktoken": self.ranks_sha256}
+
+
+def _ranks_bytes(enc: Any) -> bytes:
+    """An Encoding's ranks in the ``.tiktoken`` format (base64 token, space, rank; by rank)."""
+    import base64
+
+    ranks = sorted(enc._mergeable_ranks.items(), key=lambda kv: kv[1])
+    return "".join(f"{base64.b64encode(t).decode()} {r}\n" for t, r in ranks).encode()
 
 
 @functools.lru_cache(maxsize=1)
@@ -729,8 +739,14 @@ def load_tokenizer(spec: str | os.PathLike | None) -> Tokenizer:
     import tiktoken
 
     if str(spec) in tiktoken.list_encoding_names():
-        enc = tiktoken.get_encoding(str(spec))
-        return TiktokenTokenizer(enc, str(spec), hashlib.sha256(str(spec).encode()).hexdigest(), builtin=False)
+        try:
+            enc = tiktoken.get_encoding(str(spec))
+        except Exception as e:  # offline: requests' and urllib's errors come in many types
+            raise TokenizerUnavailable(
+                f"--tokenizer {spec}: tiktoken could not load its ranks ({type(e).__name__}; it downloads them the "
+                f"first time). Fix: run once with network access, or give a .tiktoken ranks file as --tokenizer") from None
+        # its identity is its ranks (as a bundle stores them), so it reads back with the same fingerprint
+        return TiktokenTokenizer(enc, str(spec), hashlib.sha256(_ranks_bytes(enc)).hexdigest(), builtin=False)
     raise TokenizerError(f"--tokenizer {spec}: not gpt2, a tiktoken encoding name, a tokenizer.json, a folder holding "
                          "one, or a .tiktoken ranks file")
 
