@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
 
 from gptforge.config_recipes import DPOConfig, RLConfig, RMConfig  # noqa: F401 (sections; re-exported)
+from gptforge.errors import saved_field_types
 from gptforge.models.gpt2 import GPTConfig
 from gptforge.models.registry import model_config, switch_family
 from gptforge.tokens import EOT
@@ -318,6 +319,7 @@ class Config:
             if unknown:
                 raise ConfigError(f"unknown key(s) in section {f.name!r}: {sorted(unknown)}")
             try:
+                saved_field_types(f.name, section_cls, values)  # JSON types first: the checks compare numbers
                 kwargs[f.name] = section_cls(**values)
             except ValueError as e:
                 raise ConfigError(str(e)) from e

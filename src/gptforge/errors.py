@@ -36,3 +36,54 @@ class ChatFormatError(ValueError):
     """A conversation or chat template that cannot be rendered (unknown role, no assistant turn, bad
     content, a damaged or hostile template). Defined here so both template kinds (data/chat.py and
     data/chat_jinja.py) raise it without importing each other."""
+
+
+def saved_field_types(section: str, cls: type, values: dict) -> None:
+    """Each value of ``values`` (a config section read back from a checkpoint's meta.json) has the JSON
+    type its dataclass field ``cls`` declares (bool, int, float, str, a Literal's values, Optional),
+    else ValueError naming ``section.key``, what was found and what was expected. The command line's
+    parser converts strings to these types; a saved config is JSON already, so its types are checked
+    instead, before ``__post_init__`` compares a string with a number (a TypeError traceback)."""
+    import dataclasses
+    import typing
+
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.name in values and not _json_is(values[f.name], hints.get(f.name, typing.Any)):
+            raise ValueError(f"{section}.{f.name} = {values[f.name]!r:.80}: expected {_json_name(hints[f.name])} "
+                             "(the saved config is damaged)")
+
+
+def _json_is(v: object, tp: object) -> bool:
+    import typing
+
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if tp is typing.Any:
+        return True
+    if origin is typing.Union:
+        return any(_json_is(v, a) for a in args)
+    if tp is type(None):
+        return v is None
+    if origin is typing.Literal:
+        return any(v == a and type(v) is type(a) for a in args)
+    if tp is bool:
+        return isinstance(v, bool)
+    if tp is int:
+        return isinstance(v, int) and not isinstance(v, bool)
+    if tp is float:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+    if tp is str:
+        return isinstance(v, str)
+    return True  # containers and nested types: their own readers check them
+
+
+def _json_name(tp: object) -> str:
+    import typing
+
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Union:
+        return " or ".join(_json_name(a) for a in args)
+    if origin is typing.Literal:
+        return "one of " + ", ".join(repr(a) for a in args)
+    return {bool: "true or false", int: "an integer", float: "a number", str: "a string",
+            type(None): "null"}.get(tp, str(tp))

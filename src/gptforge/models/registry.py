@@ -97,6 +97,9 @@ def model_config(values: dict[str, Any] | None = None) -> Any:
     unknown = set(values) - known
     if unknown:
         raise ValueError(f"unknown key(s) in section 'model' for model.arch={fam.name}: {sorted(unknown)}")
+    from gptforge.errors import saved_field_types
+
+    saved_field_types("model", fam.config_cls, values)  # a saved config's JSON types, before its checks run
     return fam.config_cls(**values)
 
 
