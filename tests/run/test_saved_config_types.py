@@ -42,7 +42,7 @@ def _configs():
 
 def test_every_key_of_every_section_refuses_a_wrong_json_type():
     checked = 0
-    for name, cfg in _configs().items():
+    for _name, cfg in _configs().items():
         d = cfg.to_dict()
         Config.from_dict(json.loads(json.dumps(d)))  # the saved form reads back as it was written
         for section, values in d.items():
