@@ -68,7 +68,10 @@ def refused(argv: list[str], capsys, *needles: str, stdin: str = "hi\n/quit\n", 
     capsys.readouterr()
     if monkeypatch is not None:
         monkeypatch.setattr("sys.stdin", io.StringIO(stdin))
-    rc = main(argv)
+    try:
+        rc = main(argv)
+    except SystemExit as e:  # argparse's own refusals
+        rc = e.code
     err = capsys.readouterr().err
     assert rc == 2, err
     assert "Traceback" not in err, err
@@ -251,3 +254,55 @@ def test_prepare_refuses_a_bad_tokenizer_naming_it(own, tmp_path, capsys, case):
     d = tmp_path / "hostile"
     d.mkdir()
     refused(prepare(own, tmp_path / "o", make(d)), capsys, "--tokenizer", needle)
+
+
+# --- tokenizer train: hostile input ----------------------------------------------------------------------
+
+def train_tok(paths, out: Path, *extra: str) -> list[str]:
+    return ["tokenizer", "train", *map(str, paths), "--out", str(out), "--trainer", "tokenizers", "--no-progress",
+            *(extra or ("--vocab-size", "300"))]
+
+
+def test_one_enormous_line_trains_a_tokenizer_gptforge_reads(tmp_path, capsys):
+    """A corpus of one 2 MB line of a repeated pattern merged into an 8,192-character token, and the
+    trainer's own output was refused: 'model.vocab holds a 8,192-character token (at most 4096)'."""
+    from gptforge.data.tokenizer import MAX_TOKEN_BYTES, load_tokenizer
+
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "a.txt").write_text("ab" * 1_000_000)
+    assert main(train_tok([tmp_path / "c"], tmp_path / "tok")) == 0, capsys.readouterr().err
+    tok = load_tokenizer(tmp_path / "tok")
+    assert max(len(tok.decode_single_token_bytes(i)) for i in range(tok.n_vocab)
+               if i not in tok.special_tokens.values()) <= MAX_TOKEN_BYTES
+
+
+def _write(d: Path, name: str, data) -> Path:
+    d.mkdir(exist_ok=True)
+    (d / name).write_bytes(data) if isinstance(data, bytes) else (d / name).write_text(data)
+    return d
+
+
+HOSTILE_CORPORA = {
+    "empty-file": (lambda d: _write(d, "a.txt", ""), "no text to train on"),
+    "empty-folder": (lambda d: _write(d, "a.bin", b"\0"), "holds no"),
+    "binary": (lambda d: _write(d, "a.txt", bytes(range(256)) * 100), "not valid UTF-8"),
+    "jsonl-no-text": (lambda d: _write(d, "a.jsonl", '{"text": 5}\n[1]\nnot json\n'), "a.jsonl"),
+    "missing": (lambda d: d / "nope", "no such file"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_CORPORA))
+def test_tokenizer_train_refuses_a_corpus_without_text(tmp_path, capsys, case):
+    make, needle = HOSTILE_CORPORA[case]
+    refused(train_tok([make(tmp_path / "c")], tmp_path / "tok"), capsys, needle)
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "10000000000", "abc", "1.5", "nan", "258"])
+def test_tokenizer_train_refuses_a_bad_vocab_size(own, tmp_path, capsys, value):
+    refused(train_tok([own / "corpus"], tmp_path / "tok", "--vocab-size", value), capsys, "--vocab-size")
+
+
+def test_tokenizer_train_refuses_an_out_that_is_a_file(own, tmp_path, capsys):
+    (tmp_path / "f").write_text("x")
+    refused(train_tok([own / "corpus"], tmp_path / "f"), capsys, str(tmp_path / "f"))
+    assert (tmp_path / "f").read_text() == "x"

@@ -43,6 +43,7 @@ from typing import Any
 
 from gptforge.data.tokenizer import (
     GPT4_PAT,
+    MAX_TOKEN_BYTES,
     MAX_VOCAB,
     R50K_PAT,
     HFTokenizer,
@@ -261,8 +262,11 @@ def train_tokenizers_json(texts: Iterable[str], spec: TrainSpec, progress: bool 
         pre_tokenizers.Split(Regex(spec.regex), behavior="isolated"),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tok.decoder = decoders.ByteLevel()
+    # max_token_length: no token longer than a tokenizer.json gptforge reads back may hold (one enormous
+    # line of a repeated pattern merged into an 8,192-character token, and the bundle was refused)
     trainer = trainers.BpeTrainer(vocab_size=spec.n_ordinary, min_frequency=0, show_progress=progress,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=[])
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=[],
+                                  max_token_length=MAX_TOKEN_BYTES)
     tok.train_from_iterator(chunks(texts), trainer)
     tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in spec.specials])
     return tok.to_str()
