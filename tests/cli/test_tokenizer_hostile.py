@@ -306,3 +306,66 @@ def test_tokenizer_train_refuses_an_out_that_is_a_file(own, tmp_path, capsys):
     (tmp_path / "f").write_text("x")
     refused(train_tok([own / "corpus"], tmp_path / "f"), capsys, str(tmp_path / "f"))
     assert (tmp_path / "f").read_text() == "x"
+
+
+# --- shards whose tokenizer is not the model's, or not known -----------------------------------------------
+
+TRAIN = ["--train.max_steps", "1", "--train.micro_batch", "2", "--train.seq_len", "32", "--train.total_batch_tokens",
+         "64", "--train.val_every", "0", "--train.device", "cpu", "--train.val_tokens", "128", "--eval.every", "0",
+         "--train.compile", "false"]
+
+
+@pytest.fixture(scope="module")
+def other_shards(own, tmp_path_factory):
+    """Shards of the same corpus made by another trained tokenizer (320 ids)."""
+    root = tmp_path_factory.mktemp("other")
+    assert main(["tokenizer", "train", str(own / "corpus"), "--out", str(root / "tok2"), "--vocab-size", "320",
+                 "--trainer", "tokenizers", "--no-progress"]) == 0
+    assert main(prepare(own, root / "data2", root / "tok2")) == 0
+    return root / "data2"
+
+
+def test_shards_of_another_trained_tokenizer_are_refused_naming_both(own, other_shards, tmp_path, capsys):
+    from gptforge.data.tokenizer import load_tokenizer, shard_tokenizer
+
+    ours, theirs = load_tokenizer(own / "tok").short, shard_tokenizer(other_shards).short
+    run, _ = copy_run(own, tmp_path, "run")
+    refused(["train", "--resume", "--out", str(run), "--data.dir", str(other_shards), "--train.max_steps", "4"],
+            capsys, ours, theirs)
+    refused(["train", "--preset", "llama-tiny", "--data.dir", str(other_shards), "--out", str(tmp_path / "x"),
+             "--init-from", str(own / "sft"), *TRAIN], capsys, ours, theirs)
+
+
+def _manifest(fn):
+    def damage(d: Path) -> None:
+        shutil.rmtree(d / "tokenizer")
+        m = json.loads((d / "manifest.json").read_text())
+        (d / "manifest.json").write_text(json.dumps(fn(m)))
+    return damage
+
+
+def _info_dir(d: Path) -> None:
+    (d / "tokenizer" / "info.json").unlink()
+    (d / "tokenizer" / "info.json").mkdir()
+
+
+SHARD_DAMAGE = {
+    # these trained a fresh GPT-2-sized model on ids of another tokenizer, and its checkpoint claimed GPT-2
+    "manifest-not-object": (_manifest(lambda m: [1, 2]), "manifest.json"),
+    "manifest-settings-list": (_manifest(lambda m: {**m, "settings": [1]}), "manifest.json: settings"),
+    "manifest-tokenizer-int": (_manifest(lambda m: {**m, "settings": {**m["settings"], "tokenizer": 5}}),
+                               "settings.tokenizer"),
+    "bundle-removed": (lambda d: shutil.rmtree(d / "tokenizer"), "holds no copy"),
+    "info-truncated": (lambda d: (d / "tokenizer" / "info.json").write_text("{"), "info.json: not valid JSON"),
+    "info-is-a-folder": (_info_dir, "info.json: not a file"),  # was "holds no copy of it"
+}
+
+
+@pytest.mark.parametrize("case", sorted(SHARD_DAMAGE))
+def test_shards_whose_tokenizer_is_not_known_are_refused(own, tmp_path, capsys, case):
+    damage, needle = SHARD_DAMAGE[case]
+    data = tmp_path / "data"
+    shutil.copytree(own / "data", data)
+    damage(data)
+    refused(["train", "--preset", "llama-tiny", "--data.dir", str(data), "--out", str(tmp_path / "x"), *TRAIN],
+            capsys, needle)

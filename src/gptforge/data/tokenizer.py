@@ -755,14 +755,26 @@ def shard_tokenizer(data_dir: str | Path) -> Tokenizer:
     """The tokenizer that made the shards in ``data_dir``: the bundle ``prepare`` keeps beside them
     (``tokenizer/info.json``); shards prepared before tokenizers were recorded are GPT-2's."""
     d = Path(data_dir)
-    if (d / BUNDLE_DIR / INFO).is_file():
-        return read_tokenizer_dir(d)
+    if (d / BUNDLE_DIR / INFO).exists() or (d / BUNDLE_DIR / INFO).is_symlink():
+        return read_tokenizer_dir(d)  # names what is wrong with it (not a file, damaged, ...)
     manifest = d / "manifest.json"
     if manifest.is_file() and manifest.stat().st_size < MAX_INFO_BYTES * 16:
+        # a damaged manifest cannot say the shards are GPT-2's: ids of another tokenizer trained as
+        # GPT-2's, silently, and the checkpoint then claimed GPT-2
         try:
-            name = (json.loads(manifest.read_text()).get("settings") or {}).get("tokenizer", "gpt2")
-        except (json.JSONDecodeError, AttributeError, UnicodeDecodeError):
-            name = "gpt2"  # the manifest's own reader (prepare) names its damage; shards are checked as they load
+            m = json.loads(manifest.read_bytes().decode("utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+            raise TokenizerError(f"{manifest}: not valid JSON, so which tokenizer made the shards is not known; "
+                                 "prepare them again") from None
+        settings = (m.get("settings") or {}) if isinstance(m, dict) else None
+        if not isinstance(settings, dict):
+            field, found = ("settings", settings) if isinstance(m, dict) else ("the manifest", m)
+            raise TokenizerError(f"{manifest}: {field}: expected an object, found {json.dumps(found)[:60]}, so which "
+                                 "tokenizer made the shards is not known; prepare them again")
+        name = settings.get("tokenizer", "gpt2")
+        if not isinstance(name, str):
+            raise TokenizerError(f"{manifest}: settings.tokenizer: expected the name of the tokenizer that made the "
+                                 f"shards, found {json.dumps(name)[:80]}; prepare them again")
         if name != "gpt2":
             raise TokenizerError(f"{manifest}: the shards were made with tokenizer {name!r:.80} but {d / BUNDLE_DIR} "
                                  "holds no copy of it; prepare them again")
