@@ -1,0 +1,523 @@
+"""Read a GGUF file (llama.cpp, Ollama, LM Studio) into gptforge: a Llama, its tokenizer, its chat template.
+
+    >>> from gptforge.interop.gguf_read import read_gguf
+    >>> g = read_gguf("SmolLM2-135M-Instruct.Q4_1.gguf")   # gptforge.interop.smollm2.fetch_smollm2()
+    >>> g.model, g.tokenizer, g.chat_template, g.metadata["general.name"]
+
+The reverse of ``gguf.py``'s exporter, through the ``gguf`` package (llama.cpp's own reader and
+dequantizers): tensors are dequantized to float32 (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and
+the K-quants Q2_K..Q6_K); llama.cpp's tensor names map back to Hugging Face's, and the query/key rows
+are put back from llama.cpp's interleaved rotary pairs into rotate-half order (exactly undoing
+``rotate_half_to_interleaved``, which is llama.cpp's converter's permutation). The config comes from
+the ``llama.*`` keys; what gptforge's Llama cannot represent (another architecture, rope scaling,
+partial rotary, experts, sliding windows, biases, per-layer widths) is refused by name.
+
+The tokenizer is rebuilt as a ``tokenizer.json`` text from ``tokenizer.ggml.*``: for the byte-level
+BPE (``tokenizer.ggml.model`` "gpt2") the vocabulary by id, the merges, the control tokens as special
+added tokens and the user-defined ones as plain added tokens, and the pre-tokenizer llama.cpp runs
+for ``tokenizer.ggml.pre`` (its regexes in ``llama-vocab.cpp``; see ``PRE_TOKENIZERS``).
+
+A GGUF file is untrusted: its header is walked once with bounds (counts, string and array lengths,
+tensor ranks, shapes, types, offsets against the file size) before the ``gguf`` reader maps it, and
+tensor shapes are checked against the config before anything is dequantized. Every refusal is a
+one-line :class:`GGUFReadError` (a ``ValueError``) naming the file and the key or tensor.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import mmap
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+MAX_TENSORS = 1 << 16  # Llama 3 405B has ~1,100 tensors
+MAX_KV = 1 << 14
+MAX_KEY = 1 << 16
+MAX_STRING = 1 << 20  # a scalar string (chat templates are a few KB)
+MAX_ARRAY = 1 << 22  # tokens and merges (Gemma 3's 262,144 tokens fit)
+MAX_ITEM_STRING = 1 << 16  # one token or merge
+MAX_DIMS = 4
+MAX_ELEMENTS = 1 << 36
+MAX_LAYERS = 1024
+MAX_CONTEXT = 1 << 24
+GGUF_MAGIC = b"GGUF"
+DEFAULT_ALIGNMENT = 32
+
+# GGUF value types -> (struct format, size); 8 = string, 9 = array
+_SCALARS = {0: ("<B", 1), 1: ("<b", 1), 2: ("<H", 2), 3: ("<h", 2), 4: ("<I", 4), 5: ("<i", 4), 6: ("<f", 4),
+            7: ("<?", 1), 10: ("<Q", 8), 11: ("<q", 8), 12: ("<d", 8)}
+_STRING, _ARRAY = 8, 9
+
+# tensor types read (their names in gguf.GGMLQuantizationType); anything else is refused by name
+SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
+                   "Q6_K")
+
+# llama.cpp's tensor names (per block) -> Hugging Face's (gptforge's Llama)
+BLOCK_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+TOP_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+             "output.weight": "lm_head.weight"}
+
+# llama.cpp's split for each tokenizer.ggml.pre it names (llama-vocab.cpp, llm_tokenizer_bpe): the regexes
+# run one after another, each splitting the pieces the previous one left; no normalizer.
+_GPT2_REGEX = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+_LLAMA3_REGEX = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2_REGEX = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+PRE_TOKENIZERS: dict[str, tuple[list[str], bool]] = {  # name -> (regexes in order, ignore_merges)
+    # GPT-2's regex (llama.cpp writes it without the final |\s+, which its splitter supplies: text no
+    # alternative matches stays a piece of its own, as a Split that keeps the gaps does)
+    "gpt-2": ([_GPT2_REGEX], False),
+    # every numeric character alone first, then GPT-2's regex (StarCoder's split, which SmolLM uses)
+    "smollm": ([r"\p{N}", _GPT2_REGEX], False),
+    "starcoder": ([r"\p{N}", _GPT2_REGEX], False),
+    # Llama 3's regex (digits in runs of up to three); llama.cpp sets ignore_merges for this family:
+    # a word that is itself a token is taken whole, before any merge
+    "llama-bpe": ([_LLAMA3_REGEX], True),
+    "llama3": ([_LLAMA3_REGEX], True),
+    "llama-v3": ([_LLAMA3_REGEX], True),
+    # Qwen2's: Llama 3's with single digits
+    "qwen2": ([_QWEN2_REGEX], False),
+}
+
+TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = 1, 2, 3, 4, 5, 6
+
+
+class GGUFReadError(ValueError):
+    """A GGUF file gptforge cannot read faithfully; the one-line message names the file and the key."""
+
+
+@dataclass
+class GGUFModel:
+    """What a GGUF file holds, as gptforge objects."""
+
+    model: Any  # gptforge.models.llama.Llama, eval mode, float32
+    tokenizer: Any  # gptforge.data.tokenizer.HFTokenizer
+    chat_template: str | None
+    metadata: dict[str, Any] = field(default_factory=dict)  # the scalar keys (provenance)
+    path: Path | None = None
+
+
+@dataclass
+class _TensorInfo:
+    name: str
+    shape: tuple[int, ...]  # torch order (rows first): GGUF's dims reversed
+    type_name: str
+    offset: int  # from the start of the data section
+    n_bytes: int
+
+
+def _gguf():
+    from gptforge.extras import require
+
+    return require("gguf", extra="gguf", for_what="reading a GGUF file")
+
+
+# ----------------------------------------------------------------------------- header walk (bounded)
+
+
+class _Cursor:
+    def __init__(self, buf: Any, path: Path):
+        self.buf, self.pos, self.size, self.path = buf, 0, len(buf), path
+
+    def fail(self, what: str) -> GGUFReadError:
+        return GGUFReadError(f"{self.path}: {what}; not a GGUF file gptforge can read")
+
+    def take(self, n: int, what: str) -> bytes:
+        if n < 0 or self.pos + n > self.size:
+            raise self.fail(f"truncated at byte {self.pos} reading {what} ({n} bytes, file has {self.size})")
+        b = self.buf[self.pos:self.pos + n]
+        self.pos += n
+        return b
+
+    def scalar(self, fmt: str, size: int, what: str) -> Any:
+        return struct.unpack(fmt, self.take(size, what))[0]
+
+    def string(self, limit: int, what: str) -> str:
+        n = self.scalar("<Q", 8, f"{what} length")
+        if n > limit:
+            raise self.fail(f"{what} is {n} bytes long (at most {limit})")
+        try:
+            return self.take(n, what).decode("utf-8")
+        except UnicodeDecodeError:
+            raise self.fail(f"{what} is not UTF-8") from None
+
+
+def _walk_header(path: Path, buf: Any) -> tuple[dict[str, Any], dict[str, tuple[int, int]], list[_TensorInfo]]:
+    """Scalars by key, arrays as key -> (item type, count), tensor infos; everything bounded by the file size."""
+    gguf = _gguf()
+    c = _Cursor(buf, path)
+    if c.take(4, "the magic") != GGUF_MAGIC:
+        raise c.fail("no GGUF magic at the start")
+    version = c.scalar("<I", 4, "the version")
+    if version not in (2, 3):
+        raise c.fail(f"GGUF.version={version} (gptforge reads versions 2 and 3)")
+    n_tensors = c.scalar("<Q", 8, "the tensor count")
+    n_kv = c.scalar("<Q", 8, "the key count")
+    if n_tensors > MAX_TENSORS or n_tensors * 24 > c.size:  # each tensor info takes at least 24 bytes
+        raise c.fail(f"GGUF.tensor_count={n_tensors} is absurd for a {c.size}-byte file (at most {MAX_TENSORS})")
+    if n_kv > MAX_KV or n_kv * 13 > c.size:
+        raise c.fail(f"GGUF.kv_count={n_kv} is absurd for a {c.size}-byte file (at most {MAX_KV})")
+    scalars: dict[str, Any] = {}
+    arrays: dict[str, tuple[int, int]] = {}
+    for _ in range(n_kv):
+        key = c.string(MAX_KEY, "a metadata key")
+        vtype = c.scalar("<I", 4, f"{key}'s type")
+        if vtype in _SCALARS:
+            scalars[key] = c.scalar(*_SCALARS[vtype], key)
+        elif vtype == _STRING:
+            scalars[key] = c.string(MAX_STRING, key)
+        elif vtype == _ARRAY:
+            itype = c.scalar("<I", 4, f"{key}'s item type")
+            count = c.scalar("<Q", 8, f"{key}'s length")
+            if itype in _SCALARS:
+                size = _SCALARS[itype][1]
+            elif itype == _STRING:
+                size = 8
+            else:
+                raise c.fail(f"{key} is an array of type {itype} (nested arrays are not read)")
+            if count > MAX_ARRAY or count * size > c.size - c.pos:
+                raise c.fail(f"{key} claims {count} items (at most {MAX_ARRAY}, and they must fit in the file)")
+            if itype == _STRING:
+                for _ in range(count):
+                    n = c.scalar("<Q", 8, f"an item of {key}")
+                    if n > MAX_ITEM_STRING:
+                        raise c.fail(f"an item of {key} is {n} bytes long (at most {MAX_ITEM_STRING})")
+                    c.take(n, f"an item of {key}")
+            else:
+                c.take(count * size, key)
+            arrays[key] = (itype, count)
+        else:
+            raise c.fail(f"metadata key {key} has unknown type {vtype}")
+    alignment = scalars.get("general.alignment", DEFAULT_ALIGNMENT)
+    if not isinstance(alignment, int) or not 1 <= alignment <= 1 << 16 or alignment & (alignment - 1):
+        raise c.fail(f"general.alignment={alignment!r} must be a power of two up to 65536")
+    infos: list[_TensorInfo] = []
+    names: set[str] = set()
+    for _ in range(n_tensors):
+        name = c.string(256, "a tensor name")
+        n_dims = c.scalar("<I", 4, f"tensor {name}'s rank")
+        if not 1 <= n_dims <= MAX_DIMS:
+            raise c.fail(f"tensor {name} has {n_dims} dimensions (1 to {MAX_DIMS})")
+        dims = [c.scalar("<Q", 8, f"tensor {name}'s shape") for _ in range(n_dims)]
+        ttype = c.scalar("<I", 4, f"tensor {name}'s type")
+        offset = c.scalar("<Q", 8, f"tensor {name}'s offset")
+        try:
+            qtype = gguf.GGMLQuantizationType(ttype)
+        except ValueError:
+            raise c.fail(f"tensor {name} has unknown type {ttype}") from None
+        if qtype.name not in SUPPORTED_TYPES:
+            raise GGUFReadError(f"{path}: tensor {name} is {qtype.name}; gptforge dequantizes "
+                                f"{', '.join(SUPPORTED_TYPES)} (requantize with llama-quantize)")
+        if any(d < 1 for d in dims) or math.prod(dims) > MAX_ELEMENTS:
+            raise c.fail(f"tensor {name} has shape {dims} (each dimension >= 1, at most {MAX_ELEMENTS} elements)")
+        block, type_size = gguf.GGML_QUANT_SIZES[qtype]
+        if dims[0] % block:
+            raise c.fail(f"tensor {name}'s rows of {dims[0]} are not whole {qtype.name} blocks of {block}")
+        if name in names:
+            raise c.fail(f"tensor {name} appears twice")
+        names.add(name)
+        n_bytes = math.prod(dims) // block * type_size
+        infos.append(_TensorInfo(name, tuple(reversed(dims)), qtype.name, offset, n_bytes))
+    data_start = -(-c.pos // alignment) * alignment
+    for t in infos:
+        if t.offset % alignment or data_start + t.offset + t.n_bytes > c.size:
+            raise c.fail(f"tensor {t.name}'s data (offset {t.offset}, {t.n_bytes} bytes) lies outside the "
+                         f"{c.size}-byte file or off its {alignment}-byte alignment (truncated?)")
+    return scalars, arrays, infos
+
+
+# ----------------------------------------------------------------------------- config
+
+
+def _key(scalars: dict, key: str, path: Path, kind: type | tuple = int, required: bool = True,
+         default: Any = None) -> Any:
+    if key not in scalars:
+        if required:
+            raise GGUFReadError(f"{path}: metadata key {key} is missing; gptforge needs it to build the Llama")
+        return default
+    v = scalars[key]
+    if not isinstance(v, kind) or isinstance(v, bool) and kind is not bool:
+        raise GGUFReadError(f"{path}: metadata key {key}={v!r} has the wrong type")
+    return v
+
+
+def _refuse(path: Path, key: str, value: Any, why: str) -> GGUFReadError:
+    return GGUFReadError(f"{path}: {key}={value!r}: {why}; gptforge's Llama does not implement it and will not "
+                         "load the model wrong")
+
+
+def llama_config_from_gguf(scalars: dict, arrays: dict, names: set[str], path: Path, vocab_size: int):
+    """A ``LlamaConfig`` from GGUF metadata, refusing what gptforge's Llama cannot represent."""
+    from gptforge.models.llama import LlamaConfig
+
+    arch = scalars.get("general.architecture")
+    if arch != "llama":
+        raise GGUFReadError(f"{path}: general.architecture={arch!r}; gptforge reads GGUF architecture 'llama' only")
+    for key in ("llama.feed_forward_length", "llama.attention.head_count", "llama.attention.head_count_kv"):
+        if key in arrays:
+            raise _refuse(path, key, "an array", "per-layer widths")
+    n_layer = _key(scalars, "llama.block_count", path)
+    n_embd = _key(scalars, "llama.embedding_length", path)
+    n_head = _key(scalars, "llama.attention.head_count", path)
+    n_kv = _key(scalars, "llama.attention.head_count_kv", path, required=False, default=n_head)
+    ffn = _key(scalars, "llama.feed_forward_length", path)
+    ctx = _key(scalars, "llama.context_length", path)
+    for key, v, hi in (("llama.block_count", n_layer, MAX_LAYERS), ("llama.embedding_length", n_embd, 1 << 16),
+                       ("llama.attention.head_count", n_head, 1 << 10), ("llama.attention.head_count_kv", n_kv, 1 << 10),
+                       ("llama.feed_forward_length", ffn, 1 << 18), ("llama.context_length", ctx, MAX_CONTEXT)):
+        if not 1 <= v <= hi:
+            raise GGUFReadError(f"{path}: metadata key {key}={v} is out of range (1 to {hi})")
+    if n_embd % n_head or n_head % n_kv or (n_embd // n_head) % 2:
+        raise GGUFReadError(f"{path}: llama.embedding_length={n_embd}, llama.attention.head_count={n_head} and "
+                            f"head_count_kv={n_kv} do not make whole, even heads shared evenly")
+    head_dim = n_embd // n_head
+    theta = _key(scalars, "llama.rope.freq_base", path, (int, float), required=False, default=10_000.0)
+    eps = _key(scalars, "llama.attention.layer_norm_rms_epsilon", path, (int, float), required=False, default=1e-5)
+    scaling = scalars.get("llama.rope.scaling.type", "none")
+    if scaling not in ("none", ""):
+        raise _refuse(path, "llama.rope.scaling.type", scaling, "rope scaling changes the rotary frequencies")
+    if scalars.get("llama.rope.scaling.factor", 1.0) not in (0.0, 1.0):
+        raise _refuse(path, "llama.rope.scaling.factor", scalars["llama.rope.scaling.factor"],
+                      "rope scaling changes the rotary frequencies")
+    if "rope_freqs.weight" in names:
+        raise _refuse(path, "tensor rope_freqs.weight", "present", "per-frequency rope factors (Llama 3.1 scaling)")
+    for key in ("llama.rope.dimension_count", "llama.attention.key_length", "llama.attention.value_length"):
+        if key in scalars and scalars[key] != head_dim:
+            raise _refuse(path, key, scalars[key], f"heads of {head_dim} channels (embedding_length/head_count), "
+                          "all of them rotated")
+    for key in ("llama.expert_count", "llama.attention.sliding_window"):
+        if scalars.get(key):
+            raise _refuse(path, key, scalars[key], "experts and sliding windows")
+    if not 1 <= vocab_size <= 1 << 20:
+        raise GGUFReadError(f"{path}: tokenizer.ggml.tokens holds {vocab_size} tokens (1 to {1 << 20})")
+    declared = scalars.get("llama.vocab_size", vocab_size)
+    if declared != vocab_size:
+        raise GGUFReadError(f"{path}: llama.vocab_size={declared} but tokenizer.ggml.tokens holds {vocab_size}")
+    return LlamaConfig(n_layer=n_layer, n_head=n_head, n_kv_head=n_kv, n_embd=n_embd, intermediate_size=ffn,
+                       block_size=ctx, vocab_size=vocab_size, rope_theta=float(theta), norm_eps=float(eps),
+                       tie_embeddings="output.weight" not in names)
+
+
+def _expected_shapes(cfg) -> dict[str, tuple[int, ...]]:
+    """llama.cpp tensor name -> (rows, cols) the config implies (vocabulary rows unpadded)."""
+    C, H, hd, kv = cfg.n_embd, cfg.hidden_dim, cfg.head_dim, cfg.kv_heads
+    out = {"token_embd.weight": (cfg.vocab_size, C), "output_norm.weight": (C,)}
+    if not cfg.tie_embeddings:
+        out["output.weight"] = (cfg.vocab_size, C)
+    per = {"attn_norm.weight": (C,), "attn_q.weight": (C, C), "attn_k.weight": (kv * hd, C),
+           "attn_v.weight": (kv * hd, C), "attn_output.weight": (C, C), "ffn_norm.weight": (C,),
+           "ffn_gate.weight": (H, C), "ffn_up.weight": (H, C), "ffn_down.weight": (C, H)}
+    for i in range(cfg.n_layer):
+        out.update({f"blk.{i}.{k}": v for k, v in per.items()})
+    return out
+
+
+def interleaved_to_rotate_half(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """The inverse of ``gguf.rotate_half_to_interleaved`` (llama.cpp converter's q/k permutation):
+    within each head, rows (2i, 2i+1) go back to (i, i + head_dim/2)."""
+    rows, cols = w.shape
+    hd = rows // n_heads
+    return w.reshape(n_heads, hd // 2, 2, cols).transpose(1, 2).reshape(rows, cols)
+
+
+# ----------------------------------------------------------------------------- tokenizer
+
+
+def _byte_alphabet() -> dict[int, str]:
+    from gptforge.data.tokenizer import _bytes_to_unicode
+
+    return _bytes_to_unicode()
+
+
+def tokenizer_json_from_gguf(tokens: list[str], types: list[int] | None, merges: list[str], pre: str,
+                             path: Path, bos_id: int | None = None, eos_id: int | None = None) -> str:
+    """A ``tokenizer.json`` text for a GGUF byte-level BPE (``tokenizer.ggml.model`` "gpt2")."""
+    if pre not in PRE_TOKENIZERS:
+        raise GGUFReadError(f"{path}: tokenizer.ggml.pre={pre!r}: gptforge knows how llama.cpp splits text for "
+                            f"{', '.join(sorted(PRE_TOKENIZERS))} only")
+    regexes, ignore_merges = PRE_TOKENIZERS[pre]
+    alphabet = set(_byte_alphabet().values())
+    spell = _byte_alphabet()
+    vocab: dict[str, int] = {}
+    added = []
+    for i, tok in enumerate(tokens):
+        kind = types[i] if types else TOKEN_NORMAL
+        special = kind == TOKEN_CONTROL or i in (bos_id, eos_id)
+        if special or kind == TOKEN_USER_DEFINED:
+            added.append({"id": i, "content": tok, "single_word": False, "lstrip": False, "rstrip": False,
+                          "normalized": False, "special": special})
+        # the BPE model spells every token in the byte alphabet; a user-defined token llama.cpp stored as
+        # its text is spelled from its UTF-8 bytes (as transformers' GGUF reader does)
+        piece = tok if set(tok) <= alphabet else "".join(spell[b] for b in tok.encode("utf-8"))
+        vocab.setdefault(piece, i)  # a duplicate spelling keeps its first id, as tokenizers would
+    steps: list[dict] = [{"type": "Split", "pattern": {"Regex": r}, "behavior": "Isolated", "invert": False}
+                         for r in regexes]
+    steps.append({"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False})
+    doc = {
+        "version": "1.0", "truncation": None, "padding": None, "added_tokens": added, "normalizer": None,
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": steps},
+        "post_processor": None,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
+                  "ignore_merges": ignore_merges, "vocab": vocab, "merges": merges},
+    }
+    return json.dumps(doc, ensure_ascii=False)
+
+
+def _tokenizer(reader: Any, scalars: dict, arrays: dict, path: Path):
+    from gptforge.data.tokenizer import HFTokenizer, TokenizerError
+
+    model = scalars.get("tokenizer.ggml.model")
+    if model != "gpt2":
+        raise GGUFReadError(f"{path}: tokenizer.ggml.model={model!r}: gptforge reads the byte-level BPE ('gpt2') "
+                            "only; SentencePiece ('llama') and others are not converted yet")
+    for key, itype in (("tokenizer.ggml.tokens", _STRING), ("tokenizer.ggml.merges", _STRING)):
+        if arrays.get(key, (itype,))[0] != itype or key not in arrays:
+            raise GGUFReadError(f"{path}: {key} is missing or not a list of strings")
+    tokens = _string_array(reader, "tokenizer.ggml.tokens")
+    merges = _string_array(reader, "tokenizer.ggml.merges")
+    types = None
+    if "tokenizer.ggml.token_type" in arrays:
+        f = reader.fields["tokenizer.ggml.token_type"]
+        types = [int(f.parts[i][0]) for i in f.data]
+        if len(types) != len(tokens):
+            raise GGUFReadError(f"{path}: tokenizer.ggml.token_type has {len(types)} entries for {len(tokens)} tokens")
+    ids = {}
+    for key in ("tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id"):
+        v = scalars.get(key)
+        if v is not None and not (isinstance(v, int) and 0 <= v < len(tokens)):
+            raise GGUFReadError(f"{path}: {key}={v!r} is not a token id (0 to {len(tokens) - 1})")
+        ids[key] = v
+    bos_id, eos_id = ids["tokenizer.ggml.bos_token_id"], ids["tokenizer.ggml.eos_token_id"]
+    text = tokenizer_json_from_gguf(tokens, types, merges, str(scalars.get("tokenizer.ggml.pre", "gpt-2")), path,
+                                    bos_id, eos_id)
+    template = scalars.get("tokenizer.chat_template")
+    template = template if isinstance(template, str) and template else None
+    try:
+        tok = HFTokenizer(text, name=path.stem, where=f"{path} (tokenizer.ggml.*)",
+                          bos=tokens[bos_id] if bos_id is not None else None,
+                          eos=tokens[eos_id] if eos_id is not None else None, chat_template=template)
+    except TokenizerError as e:
+        raise GGUFReadError(str(e).replace("\n", " ")) from None
+    return tok, template, len(tokens)
+
+
+def _string_array(reader: Any, key: str) -> list[str]:
+    f = reader.fields[key]
+    try:
+        return [bytes(f.parts[i]).decode("utf-8") for i in f.data]
+    except UnicodeDecodeError:
+        raise GGUFReadError(f"{reader.data.filename}: {key} holds a string that is not UTF-8") from None
+
+
+# ----------------------------------------------------------------------------- weights
+
+
+def _dequantize(reader_tensor: Any, info: _TensorInfo) -> torch.Tensor:
+    gguf = _gguf()
+    arr = gguf.quants.dequantize(reader_tensor.data, reader_tensor.tensor_type)
+    arr = np.asarray(arr, dtype=np.float32).reshape(info.shape)
+    if not np.isfinite(arr).all():
+        raise GGUFReadError(f"{reader_tensor.name}: holds NaN or infinite values")
+    if not (arr.flags.writeable and arr.flags.c_contiguous):  # F32 comes back as a view of the mapped file
+        arr = np.array(arr, dtype=np.float32, order="C")
+    return torch.from_numpy(arr)
+
+
+def read_gguf(path: str | Path) -> GGUFModel:
+    """A GGUF file -> :class:`GGUFModel` (gptforge Llama in eval mode, float32; its tokenizer and chat
+    template; the scalar metadata). Refuses (:class:`GGUFReadError`, naming the file and the key or
+    tensor) anything it cannot represent exactly, before allocating the model."""
+    path = Path(path)
+    if not path.is_file():
+        raise GGUFReadError(f"{path}: no such file")
+    with open(path, "rb") as fh:
+        try:
+            buf = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        except ValueError:  # an empty file cannot be mapped
+            raise GGUFReadError(f"{path}: empty; not a GGUF file gptforge can read") from None
+        try:
+            scalars, arrays, infos = _walk_header(path, buf)
+        finally:
+            buf.close()
+    gguf = _gguf()
+    names = {t.name for t in infos}
+    # the file is now known to be well-formed: the gguf package's reader maps it
+    try:
+        reader = gguf.GGUFReader(str(path), "r")
+    except Exception as e:  # its own checks (it raises ValueError, KeyError ...)
+        raise GGUFReadError(f"{path}: the gguf reader refuses it: {str(e)[:200]}") from None
+    arch = scalars.get("general.architecture")
+    if arch != "llama":  # before the tokenizer: the architecture is the first thing to refuse
+        raise GGUFReadError(f"{path}: general.architecture={arch!r}; gptforge reads GGUF architecture 'llama' only")
+    tok, template, n_tokens = _tokenizer(reader, scalars, arrays, path)
+    cfg = llama_config_from_gguf(scalars, arrays, names, path, n_tokens)
+    cfg.bos_token = tok.eot_token  # the document separator the tokenizer names
+    expected = _expected_shapes(cfg)
+    unknown = sorted(names - set(expected))
+    if unknown:
+        raise GGUFReadError(f"{path}: tensor {unknown[0]} has no place in gptforge's Llama "
+                            f"({len(unknown)} such tensors; biases, experts and extra norms are not implemented)")
+    missing = sorted(set(expected) - names)
+    if missing:
+        raise GGUFReadError(f"{path}: tensor {missing[0]} is missing ({len(missing)} missing)")
+    for t in infos:
+        if t.shape != expected[t.name]:
+            raise GGUFReadError(f"{path}: tensor {t.name} has shape {list(t.shape)}, the metadata implies "
+                                f"{list(expected[t.name])}")
+    model = _build(reader, infos, cfg, path)
+    return GGUFModel(model=model, tokenizer=tok, chat_template=template, metadata=dict(scalars), path=path)
+
+
+def _build(reader: Any, infos: list[_TensorInfo], cfg, path: Path):
+    from gptforge.interop.hf import _pad_rows
+    from gptforge.models.llama import Llama
+
+    by_name = {t.name: t for t in reader.tensors}
+    sd: dict[str, torch.Tensor] = {}
+    for info in infos:
+        rt = by_name.get(info.name)
+        if rt is None or rt.n_bytes != info.n_bytes or rt.data_offset != reader.data_offset + info.offset:
+            raise GGUFReadError(f"{path}: tensor {info.name}: the gguf reader disagrees with the header")
+        try:
+            w = _dequantize(rt, info)
+        except GGUFReadError as e:
+            raise GGUFReadError(f"{path}: tensor {e}") from None
+        if info.name in ("token_embd.weight", "output.weight"):
+            w = _pad_rows(w, cfg.padded_vocab_size)
+        if info.name.startswith("blk."):
+            _, i, rest = info.name.split(".", 2)
+            if rest == "attn_q.weight":
+                w = interleaved_to_rotate_half(w, cfg.n_head)
+            elif rest == "attn_k.weight":
+                w = interleaved_to_rotate_half(w, cfg.kv_heads)
+            key = f"model.layers.{i}.{BLOCK_NAMES[rest]}"
+        else:
+            key = TOP_NAMES[info.name]
+        sd[key] = w
+    with torch.device("meta"):  # no random init: the weights are assigned, not copied
+        model = Llama(cfg)
+    if cfg.tie_embeddings:
+        sd["lm_head.weight"] = sd["model.embed_tokens.weight"]
+    model.load_state_dict(sd, strict=True, assign=True)
+    if cfg.tie_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    return model.float().eval()
