@@ -398,3 +398,29 @@ def test_adaptive_kl_and_reward_norm_resume_exactly_and_refuse_bad_state(world, 
                  *one]) == 2
     assert "rl.kl_coef" in capsys.readouterr().err
     assert not (tmp_path / "x" / "checkpoints").exists()
+
+
+def test_a_reward_model_is_known_by_its_weights_not_its_spelling(world, tmp_path, capsys, monkeypatch):
+    """issue 33, class 4: a run started with a relative --reward-model resumes from another directory,
+    with the same model named by its absolute path; another model with the same spelling is refused,
+    naming both."""
+    import shutil
+
+    tmp, sft, prefs = world
+    shutil.copytree(tmp / "rm", tmp_path / "rm")
+    rl = ["--task", "compare", "--prompts", "2", "--group", "2", "--max-new-tokens", "4", "--eval-n", "2", *CPU]
+    monkeypatch.chdir(tmp_path)
+    assert main(["rl", "--init-from", str(sft), "--out", "run", "--reward-model", "rm", "--steps", "1", *rl]) == 0
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    capsys.readouterr()
+    assert main(["rl", "--out", str(tmp_path / "run"), "--resume", "--steps", "2", *CPU]) == 0  # saved absolute
+    assert main(["rl", "--out", str(tmp_path / "run"), "--resume", "--steps", "3", "--reward-model",
+                 "../rm", *CPU]) == 0  # the same weights, spelled another way
+    assert main(["rm", "--init-from", str(sft), "--data", str(prefs), "--out", str(tmp_path / "rm_other"), "--steps",
+                 "2", "--seed", "9", "--val-count", "8", "--micro-batch", "4", "--lr", "1e-3", *CPU]) == 0
+    capsys.readouterr()
+    assert main(["rl", "--out", str(tmp_path / "run"), "--resume", "--steps", "4", "--reward-model",
+                 str(tmp_path / "rm_other"), *CPU]) == 2
+    err = capsys.readouterr().err
+    assert "rm_other" in err and "this run was trained with" in err and str(tmp_path / "rm") in err

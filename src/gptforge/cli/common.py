@@ -195,8 +195,11 @@ def resolve_run(out: str | None, resume: str | None, overrides: list[str], recip
     from gptforge.run.weights import check_weights_fit
 
     if resume is None:
+        from gptforge.run.resume import absolute_model_paths
+
         cfg = fresh()
         cfg.train.trust_checkpoint = trusted
+        absolute_model_paths(cfg)  # so a resume from another directory finds the reward/reference models
         return cfg, None, None
     run_dir = out
     if run_dir is None and resume != "latest":  # --resume PATH: the run that PATH is in

@@ -89,6 +89,52 @@ def saved_config(meta: dict) -> Config:
     return Config.from_dict(d)
 
 
+# config keys that name other models (comma-separated checkpoint paths): saved as absolute paths, and on
+# resume compared by the models' weights (the sha256 meta.json records for model.safetensors), not spelling
+MODEL_PATH_KEYS = ("rl.reward_model", "rl.init_from", "dpo.init_from")
+
+
+def absolute_model_paths(cfg: Config) -> None:
+    """A fresh run's model-path keys as absolute paths, so a resume from another directory finds them."""
+    for key in MODEL_PATH_KEYS:
+        section, name = key.split(".", 1)
+        sec = getattr(cfg, section, None)
+        value = getattr(sec, name, "") if sec is not None else ""
+        if value:
+            setattr(sec, name, ",".join(os.path.abspath(p.strip()) if p.strip() else p for p in value.split(",")))
+
+
+def model_identity(path: str) -> str | None:
+    """The sha256 of the weights a checkpoint (or run directory's newest) holds, from its meta.json; None
+    when it cannot be read (then only the spelling can be compared)."""
+    from gptforge.run import checkpoint as ckpt
+
+    try:
+        where = ckpt.resolve_checkpoint(path)
+        files = ckpt.read_meta(where).get("files") or {}
+        return files.get("model.safetensors") or ckpt.sha256_file(where / "model.safetensors")
+    except (ckpt.CheckpointError, OSError, ValueError):
+        return None
+
+
+def same_models(old: str, new: str, key: str) -> bool:
+    """Whether two comma-separated model-path lists name the same weights in the same order; refuses
+    (ConfigError naming both) when a path cannot be read."""
+    a, b = [p.strip() for p in old.split(",")], [p.strip() for p in new.split(",")]
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b, strict=True):
+        ix, iy = model_identity(x), model_identity(y)
+        if iy is None:
+            raise ConfigError(f"--{key} {y!r}: no readable checkpoint there to compare with the run's {x!r}")
+        if ix is None:
+            raise ConfigError(f"--{key}: this run was trained with {x!r}, which cannot be read any more, so {y!r} "
+                              "cannot be checked to be the same model; put it back, or start a new run")
+        if ix != iy:
+            return False
+    return True
+
+
 def resume_config(meta: dict, overrides: list[str], out_dir: str, frozen: tuple[str, ...] = ()) -> Config:
     """A resumed run's config: the checkpoint's own, with this command line's overrides on top; every
     override applies (none is silently dropped), and a key in ``frozen`` (one whose change would make
@@ -102,6 +148,8 @@ def resume_config(meta: dict, overrides: list[str], out_dir: str, frozen: tuple[
     for key in frozen:
         section, name = key.split(".", 1)
         old, new = getattr(getattr(saved, section), name), getattr(getattr(cfg, section), name)
+        if key in MODEL_PATH_KEYS and old != new and same_models(old, new, key):
+            continue  # the same model(s) named another way (relative vs absolute, moved): identity is the weights
         if old != new:
             raise ConfigError(f"--{key} {new!r}: this run was trained with {old!r}, and a resume cannot change it "
                               "(start a new run with --out elsewhere, or resume without it)")
