@@ -369,3 +369,40 @@ def test_shards_whose_tokenizer_is_not_known_are_refused(own, tmp_path, capsys, 
     damage(data)
     refused(["train", "--preset", "llama-tiny", "--data.dir", str(data), "--out", str(tmp_path / "x"), *TRAIN],
             capsys, needle)
+
+
+# --- a self-consistent hostile bundle (every checksum and fingerprint recomputed: meta.json is not signed) ----
+
+def reforge(ck: Path, edit) -> None:
+    """Edit the checkpoint's tokenizer.json and recompute every sha256 and fingerprint that names it."""
+    import hashlib
+
+    from gptforge.data.tokenizer import HFTokenizer
+
+    tj = json.loads((ck / "tokenizer" / "tokenizer.json").read_text())
+    edit(tj)
+    text = json.dumps(tj)
+    (ck / "tokenizer" / "tokenizer.json").write_text(text)
+    fp, sha = HFTokenizer(text).fingerprint, hashlib.sha256(text.encode()).hexdigest()
+    info = json.loads((ck / "tokenizer" / "info.json").read_text())
+    info["files"]["tokenizer.json"], info["fingerprint"] = sha, fp
+    (ck / "tokenizer" / "info.json").write_text(json.dumps(info))
+
+    def fix(meta):
+        meta["tokenizer"]["files"]["tokenizer.json"], meta["tokenizer"]["fingerprint"] = sha, fp
+        meta["files"]["tokenizer/tokenizer.json"] = sha
+        meta["files"]["tokenizer/info.json"] = hashlib.sha256((ck / "tokenizer" / "info.json").read_bytes()).hexdigest()
+    edit_meta(ck, fix)
+
+
+def test_a_split_pattern_that_gives_up_is_a_refusal_not_a_rust_panic(own, tmp_path, capsys, monkeypatch):
+    """Oniguruma's retry limit on a catastrophic pattern is a Rust panic: pyo3's PanicException, a
+    BaseException that went through every `except Exception` as a traceback."""
+    run, ck = copy_run(own, tmp_path)
+    reforge(ck, lambda tj: tj["pre_tokenizer"]["pretokenizers"][0]["pattern"].__setitem__("Regex", r"(a|aa)+c|\s+|."))
+    assert main(sample(run)) == 0  # text the pattern copes with
+    argv = sample(run)
+    argv[argv.index("The king")] = "a" * 40 + "!"
+    refused(argv, capsys, "tokenizer.json", "gives up")
+    refused(["chat", "--ckpt", str(run), "--max-new-tokens", "2", "--device", "cpu"], capsys, "tokenizer.json",
+            "gives up", stdin="a" * 40 + "!\n/quit\n", monkeypatch=monkeypatch)

@@ -26,13 +26,14 @@ allowed_special={...})`` parses only the named ones.
 from __future__ import annotations
 
 import codecs
+import contextlib
 import functools
 import hashlib
 import json
 import os
 import re
 import shutil
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -406,11 +407,13 @@ class HFTokenizer(Tokenizer):
         return table
 
     def _encode_plain(self, text: str) -> list[int]:
-        return self._plain.encode(text, add_special_tokens=False).ids
+        with _library_failure(self.where, len(text)):
+            return self._plain.encode(text, add_special_tokens=False).ids
 
     def encode_batch_numpy(self, texts: Sequence[str], dtype: Any = np.uint32) -> list[np.ndarray]:
         batch = getattr(self._plain, "encode_batch_fast", self._plain.encode_batch)  # fast: no offsets
-        return [np.asarray(e.ids, dtype=dtype) for e in batch(list(texts), add_special_tokens=False)]
+        with _library_failure(self.where, sum(map(len, texts))):
+            return [np.asarray(e.ids, dtype=dtype) for e in batch(list(texts), add_special_tokens=False)]
 
     def decode_single_token_bytes(self, token: int) -> bytes:
         b = self._id_bytes[token]
@@ -425,6 +428,24 @@ class HFTokenizer(Tokenizer):
         data = self._text.encode()
         (folder / "tokenizer.json").write_bytes(data)
         return {"tokenizer.json": hashlib.sha256(data).hexdigest()}
+
+
+@contextlib.contextmanager
+def _library_failure(where: str, chars: int) -> Iterator[None]:
+    """The tokenizers library's failures on a text as a TokenizerError naming the file: a split regex
+    that gives up (Oniguruma's retry limit, on a catastrophic pattern or a pathological text) is a Rust
+    panic, which reaches Python as pyo3's PanicException, a BaseException that no ``except Exception``
+    (serve's included) stops."""
+    try:
+        yield
+    except (KeyboardInterrupt, SystemExit, GeneratorExit, MemoryError):
+        raise
+    except TokenizerError:
+        raise
+    except BaseException as e:  # noqa: BLE001 - PanicException is a BaseException; nothing else gets here
+        raise TokenizerError(f"{where}: the tokenizer failed on a text of {chars:,} characters "
+                             f"({type(e).__name__}: {str(e)[:200]}); its split pattern or normalizer "
+                             "gives up on this text") from None
 
 
 BOS_NAMES = ("<|begin_of_text|>", "<s>", "<|bos|>", "<bos>")
