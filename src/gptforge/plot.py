@@ -39,6 +39,8 @@ def _run_series(run: str | Path) -> dict:
     by_kind: dict[str, dict] = {"train": {}, "val": {}, "rl": {}}
     evals: dict[str, dict[int, dict]] = {}
     for r in records:  # files from before replayed records were marked repeat steps: the last one wins
+        if not isinstance(r.get("step"), int) or isinstance(r.get("step"), bool):
+            continue  # a record without a step (hand-edited, another tool's) has no place on a step axis
         if r.get("kind") in ("train", "val", "rl"):
             by_kind[r["kind"]][r["step"]] = r
         elif r.get("kind") == "eval" and "task" in r:

@@ -47,12 +47,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from gptforge.parallel.distributed import cleanup, init_distributed
 
     source = model_source(args)
+    # the command's own checks come before any of its paths (preferences, win rate, tasks) is taken
+    if args.limit < 0 or (args.batch_tokens is not None and args.batch_tokens < 1) or args.repeats < 1:
+        raise CliError("--limit must be >= 0 (0 = all), --batch-tokens and --repeats >= 1")
     if args.preferences:
         return eval_preferences(args)
     if args.reward_model or args.against:
         return eval_win_rate(args)
-    if args.limit < 0 or (args.batch_tokens is not None and args.batch_tokens < 1) or args.repeats < 1:
-        raise CliError("--limit must be >= 0 (0 = all), --batch-tokens and --repeats >= 1")
     names = [t.strip() for t in args.tasks.split(",") if t.strip()]
     unknown = [t for t in names if t not in known_tasks()]
     if unknown or not names:
@@ -172,10 +173,21 @@ def eval_win_rate(args: argparse.Namespace) -> int:
     except (ValueError, CheckpointError) as e:
         raise CliError(f"--reward-model: {e}") from e
     source = model_source(args)
-    policy, ref = load(source).eval(), load(ModelSource.from_path(args.against)).eval()
+    policy, ref = load(source).eval(), load(ModelSource.from_path(args.against), "--against").eval()
     tok, template = words(source, policy)
     if template is None or rm_template is None or template.to_dict() != rm_template.to_dict():
         raise CliError("--reward-model: the policy and the reward model must share a chat template")
+    ref_tok, _ = words(ModelSource.from_path(args.against), ref, flag="--against")
+    if ref_tok.fingerprint != tok.fingerprint:
+        raise CliError(f"--against {args.against}: it speaks the {ref_tok.describe()}, the policy the "
+                       f"{tok.describe()}: a win rate compares replies to the same prompts, in one tokenizer")
+    try:
+        template.check_model(ref.config)  # the reference must have rows for the template's tokens
+    except ValueError as e:
+        raise CliError(f"--against {args.against}: {e}") from None
+    if ref.config.vocab_size < template.vocab_size:
+        raise CliError(f"--against {args.against}: its logits ({ref.config.vocab_size}) do not cover the chat "
+                       f"template's tokens (ids up to {template.vocab_size - 1}): compare against a chat model")
     results = []
     for name in names:
         task = GENERATIVE[name]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gptforge.cli.common import CliError, finish, init_from, resolve_run
+from gptforge.cli.common import CliError, finish, finite, init_from, resolve_run
 
 
 def build_config(args: argparse.Namespace, overrides: list[str]):
@@ -166,7 +166,7 @@ def args_plan(p: argparse.ArgumentParser) -> None:
                      "Accepts --section.key overrides.")
     p.add_argument("--preset", default="gpt2-124m")
     p.add_argument("--out", help=argparse.SUPPRESS)
-    p.add_argument("--gpu-mem", type=float, default=None, help="GiB per GPU (default 80, or the --gpu preset's)")
+    p.add_argument("--gpu-mem", type=finite, default=None, help="GiB per GPU (default 80, or the --gpu preset's)")
     p.add_argument("--world", "--gpus", dest="world", type=int, default=8, help="number of GPUs (default %(default)s)")
     p.add_argument("--gpu", help="plan a parallel layout for this GPU: a100-40, a100-80, h100-80, h200")
     p.add_argument("--gpus-per-node", type=int, default=None, help="with --gpu: GPUs per node (default 8)")

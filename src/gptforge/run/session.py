@@ -99,9 +99,10 @@ class RunSession:
                 (run_dir / "metrics.jsonl").unlink(missing_ok=True)
             run_dir.mkdir(parents=True, exist_ok=True)
             torn, replayed = self.metrics.begin(start_step)
-            if torn or replayed:
-                self.log(f"metrics.jsonl: cut a torn last line ({torn} bytes), marked {replayed} records after step "
-                         f"{start_step} as replayed")
+            done = ([f"cut a torn last line ({torn} bytes)"] if torn else []) + \
+                ([f"marked {replayed} records after step {start_step} as replayed"] if replayed else [])
+            if done:  # say only what was done: an intact file replayed is not "cut"
+                self.log("metrics.jsonl: " + ", ".join(done))
             _write_text(run_dir / "config.json", cfg.to_json() + "\n")
             _write_text(run_dir / "env.json", json.dumps(self.env, indent=2) + "\n")
         self.progress = Progress(start_step, cfg.train.max_steps, info.is_main)

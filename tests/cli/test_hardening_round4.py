@@ -1,0 +1,79 @@
+"""Issue 33's smaller classes: a command's own checks on every path it takes (eval --against), floats
+that must be finite everywhere (plan --gpu-mem), old readers that tripped on odd records (plot), and a
+resume that says only what it did to metrics.jsonl."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from gptforge.cli import main
+from gptforge.config import Config
+from gptforge.models.gpt2 import GPT, GPTConfig
+from gptforge.run.checkpoint import save_checkpoint
+
+
+def test_eval_checks_come_before_every_path(tmp_path, capsys):
+    from tests.conftest import tiny_chat_checkpoint
+
+    sft = tiny_chat_checkpoint(tmp_path / "sft")
+    for argv in (["eval", "--ckpt", str(sft), "--tasks", "compare", "--against", str(sft), "--reward-model", str(sft),
+                  "--limit", "-3"],
+                 ["eval", "--ckpt", str(sft), "--preferences", "x.jsonl", "--limit", "-3"]):
+        assert main(argv) == 2
+        assert "--limit must be >= 0" in capsys.readouterr().err
+    # a reference model without the chat template's rows: refused naming --against, not an IndexError
+    torch.manual_seed(0)
+    base = GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=64, vocab_size=50257)
+    ref = save_checkpoint(tmp_path / "base", 1, GPT(base), None, {"config": Config(model=base).to_dict()})
+    rm_dir = tmp_path / "rm"
+    from gptforge.eval.tasks.preferences import preference_set, write_preferences
+
+    prefs = write_preferences(preference_set("compare", 16, seed=1), tmp_path / "p.jsonl")
+    assert main(["rm", "--init-from", str(sft), "--data", str(prefs), "--out", str(rm_dir), "--steps", "1",
+                 "--val-count", "4", "--micro-batch", "4", "--device", "cpu", "--ckpt-every", "0"]) == 0
+    capsys.readouterr()
+    assert main(["eval", "--ckpt", str(sft), "--tasks", "compare", "--limit", "2", "--against", str(ref),
+                 "--reward-model", str(rm_dir)]) == 2
+    err = capsys.readouterr().err
+    assert "--against" in err and "Traceback" not in err
+
+
+def test_plan_gpu_mem_must_be_finite(capsys):
+    for bad in ("nan", "inf", "-inf"):
+        try:
+            code = main(["plan", "--preset", "tiny", f"--gpu-mem={bad}"])
+        except SystemExit as e:  # argparse's refusal of the value
+            code = e.code
+        assert code == 2
+        assert "finite" in capsys.readouterr().err
+
+
+def test_plot_skips_records_without_a_step(tmp_path):
+    import pytest
+
+    pytest.importorskip("matplotlib")
+    run = tmp_path / "run"
+    run.mkdir()
+    rows = [{"kind": "train", "step": 1, "loss": 5.0, "tokens": 10}, {"kind": "train", "loss": 4.0},
+            {"kind": "val", "step": "x", "val_loss": 3.0}, {"kind": "train", "step": 2, "loss": 4.5, "tokens": 20}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["plot", str(run), "--image", str(tmp_path / "p.png")]) == 0
+    assert (tmp_path / "p.png").stat().st_size > 0
+
+
+def test_a_replaying_resume_on_an_intact_log_does_not_claim_a_cut(tmp_path, capsys):
+    from tests.conftest import make_shards
+
+    data = make_shards(tmp_path / "data")
+    args = ["train", "--preset", "tiny", "--data.dir", str(data), "--out", str(tmp_path / "run"), "--model.vocab_size",
+            "512", "--train.val_every", "0", "--train.device", "cpu", "--train.ckpt_every", "2"]
+    assert main([*args, "--train.max_steps", "3"]) == 0
+    import shutil
+
+    shutil.rmtree(tmp_path / "run" / "checkpoints" / "step_000003")  # as if killed before step 3's save
+    capsys.readouterr()
+    assert main([*args, "--resume", "--train.max_steps", "4"]) == 0  # resumes at step 2: step 3 is replayed
+    out = capsys.readouterr().out
+    assert "metrics.jsonl: marked 2 records after step 2 as replayed" in out and "torn" not in out
