@@ -377,13 +377,12 @@ def reforge(ck: Path, edit) -> None:
     """Edit the checkpoint's tokenizer.json and recompute every sha256 and fingerprint that names it."""
     import hashlib
 
-    from gptforge.data.tokenizer import HFTokenizer
-
     tj = json.loads((ck / "tokenizer" / "tokenizer.json").read_text())
     edit(tj)
     text = json.dumps(tj)
     (ck / "tokenizer" / "tokenizer.json").write_text(text)
-    fp, sha = HFTokenizer(text).fingerprint, hashlib.sha256(text.encode()).hexdigest()
+    ident = json.dumps({"kind": "hf", "tokenizer_json": tj}, sort_keys=True, separators=(",", ":"))  # Tokenizer.fingerprint
+    fp, sha = hashlib.sha256(ident.encode()).hexdigest(), hashlib.sha256(text.encode()).hexdigest()
     info = json.loads((ck / "tokenizer" / "info.json").read_text())
     info["files"]["tokenizer.json"], info["fingerprint"] = sha, fp
     (ck / "tokenizer" / "info.json").write_text(json.dumps(info))
@@ -406,3 +405,16 @@ def test_a_split_pattern_that_gives_up_is_a_refusal_not_a_rust_panic(own, tmp_pa
     refused(argv, capsys, "tokenizer.json", "gives up")
     refused(["chat", "--ckpt", str(run), "--max-new-tokens", "2", "--device", "cpu"], capsys, "tokenizer.json",
             "gives up", stdin="a" * 40 + "!\n/quit\n", monkeypatch=monkeypatch)
+
+
+@pytest.mark.parametrize("normalizer", [
+    {"type": "Replace", "pattern": {"String": "a"}, "content": "b" * 10000},
+    {"type": "Sequence", "normalizers": [{"type": "NFC"}, {"type": "Replace", "pattern": {"Regex": ""},
+                                                           "content": "b" * 1000}]},
+])
+def test_a_normalizer_that_multiplies_text_is_refused(own, tmp_path, capsys, normalizer):
+    """A 10,000-character Replace made a 1,000-character prompt 1.6 GB of encoding."""
+    run, ck = copy_run(own, tmp_path)
+    reforge(ck, lambda tj: tj.__setitem__("normalizer", normalizer))
+    refused(sample(run), capsys, "tokenizer.json", "normalizer", "multiply")
+    refused(sft_resume(run, own), capsys, "tokenizer.json", "normalizer", "multiply")

@@ -494,6 +494,7 @@ def _parse_tokenizer_json(text: str, where: str) -> dict:
     else:
         raise TokenizerError(f"{where}: model.type {model.get('type')!r} with a {type(vocab).__name__} vocab is not "
                              "a tokenizer gptforge reads (BPE, WordPiece, WordLevel or Unigram)")
+    _check_normalizer(d.get("normalizer"), where, "normalizer")
     added = d.get("added_tokens") or []
     if not isinstance(added, list) or len(added) > MAX_SPECIALS:
         raise TokenizerError(f"{where}: added_tokens must be a list of at most {MAX_SPECIALS}")
@@ -512,6 +513,31 @@ def _parse_tokenizer_json(text: str, where: str) -> dict:
             raise TokenizerError(f"{where}: added_tokens[{k}] special token {a['content']!r} takes id {a['id']}, "
                                  "which an ordinary token of model.vocab already has: duplicate id")
     return d
+
+
+MAX_REPLACEMENT = 16  # characters a normalizer may put in place of one match
+
+
+def _check_normalizer(n: Any, where: str, field: str) -> None:
+    """A normalizer that cannot multiply a text: a Replace (per match, and a regex may match the empty
+    string at every position) or Prepend writes at most MAX_REPLACEMENT characters. One writing 10,000
+    made a 1,000-character prompt 10 million characters and 1.6 GB of encoding (real ones write one:
+    Llama's and Mistral's ' ' -> '▁')."""
+    if n is None:
+        return
+    if not isinstance(n, dict):
+        raise TokenizerError(f"{where}: {field}: expected an object or null")
+    if n.get("type") == "Sequence":
+        subs = n.get("normalizers")
+        if not isinstance(subs, list) or len(subs) > 64:
+            raise TokenizerError(f"{where}: {field}.normalizers: expected a list of at most 64 normalizers")
+        for k, sub in enumerate(subs):
+            _check_normalizer(sub, where, f"{field}.normalizers[{k}]")
+    for key in ("content", "prepend"):
+        v = n.get(key)
+        if n.get("type") in ("Replace", "Prepend") and isinstance(v, str) and len(v) > MAX_REPLACEMENT:
+            raise TokenizerError(f"{where}: {field}.{key}: a {n['type']} normalizer writing {len(v):,} characters "
+                                 f"for each match (at most {MAX_REPLACEMENT}) would multiply every text it is given")
 
 
 def _check_ids(ids: list[int], where: str, field: str, dense: bool = False) -> None:
