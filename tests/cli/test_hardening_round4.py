@@ -77,3 +77,16 @@ def test_a_replaying_resume_on_an_intact_log_does_not_claim_a_cut(tmp_path, caps
     assert main([*args, "--resume", "--train.max_steps", "4"]) == 0  # resumes at step 2: step 3 is replayed
     out = capsys.readouterr().out
     assert "metrics.jsonl: marked 2 records after step 2 as replayed" in out and "torn" not in out
+
+
+def test_plans_search_does_not_grow_with_the_layer_count(capsys):
+    """issue 33, class 6: the layout search takes the pipeline depths that divide both the layers and
+    the GPUs (the divisors of their gcd): a billion layers costs what twelve do."""
+    import time
+
+    t = time.perf_counter()
+    assert main(["plan", "--preset", "gpt2-124m", "--gpu", "h100-80", "--gpus", "64", "--model.n_layer",
+                 "1000000000"]) == 1  # 1: planned, and nothing fits (7 quadrillion parameters)
+    assert time.perf_counter() - t < 30
+    out = capsys.readouterr().out
+    assert "layouts costed" in out and "nothing fits" in out

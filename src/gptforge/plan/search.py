@@ -13,6 +13,8 @@ second for any model size.
 
 from __future__ import annotations
 
+import math
+
 from gptforge.models.registry import counts
 from gptforge.plan.cluster import Cluster
 from gptforge.plan.cost import RECOMPUTES, SHARDS, Cost, Layout, check, estimate_cost, memory
@@ -20,12 +22,18 @@ from gptforge.plan.cost import RECOMPUTES, SHARDS, Cost, Layout, check, estimate
 GIB = 2**30
 
 
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted({*small, *(n // d for d in small)})
+
+
 def candidates(model_cfg, gpus: int, cluster: Cluster, global_batch: int):
     c = counts(model_cfg)
     tps = [t for t in (1, 2, 4, 8, 16, 32, 64) if t <= min(cluster.gpus_per_node, gpus) and gpus % t == 0]
     for tp in tps:
         hsdp = max(1, cluster.gpus_per_node // tp)  # HSDP: the FSDP group fills the rest of a node
-        for pp in (p for p in range(1, c.n_layer + 1) if c.n_layer % p == 0 and gpus % (tp * p) == 0):
+        for pp in _divisors(math.gcd(c.n_layer, gpus // tp)):  # stages divide the layers and the GPUs left:
+            # the divisors of their gcd, so the search costs O(sqrt(gpus)), whatever n_layer is
             dp = gpus // (tp * pp)
             if global_batch % dp:
                 continue
