@@ -90,3 +90,16 @@ def test_plans_search_does_not_grow_with_the_layer_count(capsys):
     assert time.perf_counter() - t < 30
     out = capsys.readouterr().out
     assert "layouts costed" in out and "nothing fits" in out
+
+
+def test_parallel_keys_on_one_process_say_they_do_nothing(tmp_path, capsys):
+    """issue 33, class 5: a key either acts or says why not. On one process the mesh degrees and the
+    sharding mode are accepted (a checkpoint written under them resumes here) and said to do nothing."""
+    from tests.conftest import make_shards
+
+    data = make_shards(tmp_path / "data")
+    assert main(["train", "--preset", "tiny", "--data.dir", str(data), "--out", str(tmp_path / "run"),
+                 "--model.vocab_size", "512", "--train.max_steps", "1", "--train.device", "cpu",
+                 "--dist.tp", "1000000000", "--dist.pp", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "dist.tp=1000000000, dist.pp=4 split the work across processes; on one process they have no effect" in out

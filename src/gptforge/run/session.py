@@ -75,8 +75,15 @@ class RunSession:
                 f"{run_dir} already holds checkpoints; pass --resume to continue that run, --force to start "
                 "over (deletes its checkpoints and metrics), or choose another --out"
             )
-        if self.info.world == 1 and cfg.dist.shard != "none":
-            self.log(f"(dist.shard={cfg.dist.shard} shards state across processes; on one process it has no effect)")
+        if self.info.world == 1:  # every key that splits work across processes says it does nothing here
+            idle = [f"dist.{k}={getattr(cfg.dist, k)}" for k, off in (("shard", "none"), ("tp", 1), ("pp", 1),
+                                                                       ("dp_replicate", 1)) if getattr(cfg.dist, k) != off]
+            if cfg.dist.pp > 1 and cfg.dist.pp_schedule == "interleaved1f1b":
+                idle.append(f"dist.pp_virtual={cfg.dist.pp_virtual}")
+            if idle:
+                self.log(f"({', '.join(idle)} split{'s' * (len(idle) == 1)} the work across processes; on one process "
+                         f"{'it has' if len(idle) == 1 else 'they have'} no effect: launch with torchrun "
+                         "--nproc_per_node N to use them)")
         self.env = environment(self.info.device)
         self.checkpointer = Checkpointer(cfg, self.info, run_dir, self.resume_dir, self.log,
                                          extra_meta={"git_sha": self.env.get("git_sha"), **self.extra_meta})
