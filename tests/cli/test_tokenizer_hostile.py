@@ -418,3 +418,20 @@ def test_a_normalizer_that_multiplies_text_is_refused(own, tmp_path, capsys, nor
     reforge(ck, lambda tj: tj.__setitem__("normalizer", normalizer))
     refused(sample(run), capsys, "tokenizer.json", "normalizer", "multiply")
     refused(sft_resume(run, own), capsys, "tokenizer.json", "normalizer", "multiply")
+
+
+def sft_init(src: Path, own: Path, out: Path) -> list[str]:
+    return ["sft", "--init-from", str(src), "--data", str(own / "convs.jsonl"), "--out", str(out), "--val-count", "4",
+            "--train.max_steps", "1", *SMALL]
+
+
+def test_a_tokenizers_own_hostile_template_is_refused_naming_its_file(own, tmp_path, capsys):
+    """The template a base model's tokenizer brings (sft tunes with it) was named only 'chat_template'."""
+    run, ck = copy_run(own, tmp_path, "run")
+    edit_meta(ck, lambda m: m["tokenizer"].__setitem__("chat_template", "{{ ''.__class__.__mro__ }}"))
+    refused(sft_init(run, own, tmp_path / "s1"), capsys, "meta.json (tokenizer.chat_template)", "Python internals")
+    assert main(["export", "hf", "--ckpt", str(own / "run"), "--out", str(tmp_path / "hf")]) == 0
+    cfg = json.loads((tmp_path / "hf" / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = "{% for %}"
+    (tmp_path / "hf" / "tokenizer_config.json").write_text(json.dumps(cfg))
+    refused(sft_init(tmp_path / "hf", own, tmp_path / "s2"), capsys, "tokenizer_config.json (chat_template)", "syntax")

@@ -449,7 +449,10 @@ class JinjaChatTemplate:
     kind = "jinja"
 
     def __init__(self, source: str, tok: Any, name: str = "jinja", end: str | None = None,
-                 where: str = "chat_template"):
+                 where: str | None = None):
+        if where is None:  # a tokenizer's own template names the file it came with
+            own = source == getattr(tok, "chat_template", None)
+            where = (getattr(tok, "chat_template_where", None) if own else None) or "chat_template"
         self.source, self.tok, self.name, self.where = source, tok, name, where
         specials: dict[str, int] = dict(tok.special_tokens)
         if end is not None:

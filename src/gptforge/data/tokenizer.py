@@ -85,6 +85,7 @@ class Tokenizer:
     eos_token_id: int | None = None
     special_tokens: dict[str, int]
     chat_template: str | None = None  # the Jinja chat template that came with the tokenizer, if any
+    chat_template_where: str | None = None  # the file (and field) it came from, for refusals
 
     # primitives
     def _encode_plain(self, text: str) -> list[int]:
@@ -606,10 +607,14 @@ def hf_tokenizer_from_dir(folder: str | Path) -> HFTokenizer:
         template = next((t.get("template") for t in template if isinstance(t, dict) and t.get("name") == "default"), None)
     if template is not None and not isinstance(template, str):
         raise TokenizerError(f"{cfg_path}: chat_template is a {type(template).__name__}, expected Jinja text")
+    template_where = f"{cfg_path} (chat_template)"
     if template is None and (folder / "chat_template.jinja").is_file():
         template = _read_text(folder / "chat_template.jinja", MAX_INFO_BYTES)
-    return HFTokenizer(_read_text(path), name=folder.name or "tokenizer", where=str(path), bos=bos, eos=eos,
-                       chat_template=template, source_path=path)
+        template_where = str(folder / "chat_template.jinja")
+    tok = HFTokenizer(_read_text(path), name=folder.name or "tokenizer", where=str(path), bos=bos, eos=eos,
+                      chat_template=template, source_path=path)
+    tok.chat_template_where = template_where
+    return tok
 
 
 def _token_text(v: Any, where: Path, key: str) -> str | None:
@@ -702,6 +707,8 @@ def tokenizer_from_entry(info: Any, folder: Path | None, where: str) -> Tokenize
         raise TokenizerError(f"{where}: tokenizer.fingerprint {str(fp)[:16]}... is not the fingerprint of the "
                              f"tokenizer its files make ({tok.short}...); the bundle is damaged")
     _check_entry_agrees(info, tok, where)
+    if tok.chat_template:
+        tok.chat_template_where = f"{where} (tokenizer.chat_template)"
     return tok
 
 
