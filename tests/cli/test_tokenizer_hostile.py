@@ -435,3 +435,54 @@ def test_a_tokenizers_own_hostile_template_is_refused_naming_its_file(own, tmp_p
     cfg["chat_template"] = "{% for %}"
     (tmp_path / "hf" / "tokenizer_config.json").write_text(json.dumps(cfg))
     refused(sft_init(tmp_path / "hf", own, tmp_path / "s2"), capsys, "tokenizer_config.json (chat_template)", "syntax")
+
+
+# --- a tiktoken bundle -------------------------------------------------------------------------------
+
+@pytest.fixture
+def tiktoken_bundle(tmp_path):
+    """A 258-id tiktoken bundle (256 bytes, one merge, <|endoftext|>), and a writer of forged copies whose
+    sha256 and fingerprint are recomputed (so only the checks of what they say can refuse them)."""
+    import hashlib
+
+    from gptforge.data.tokenizer import save_tokenizer, tiktoken_from_ranks
+    from gptforge.data.tokenizer_train import write_ranks
+
+    ranks = {bytes([i]): i for i in range(256)}
+    ranks[b"ab"] = 256
+    write_ranks(ranks, tmp_path / "r.tiktoken")
+    save_tokenizer(tiktoken_from_ranks(tmp_path / "r.tiktoken", special_tokens={"<|endoftext|>": 257}, name="small"),
+                   tmp_path / "good")
+    good = json.loads((tmp_path / "good" / "tokenizer" / "info.json").read_text())
+    lines = (tmp_path / "r.tiktoken").read_text().splitlines(keepends=True)
+
+    def forge(name: str, drop: int | None = None, specials: dict | None = None, **fields) -> Path:
+        text = "".join(line for k, line in enumerate(lines) if k != drop)
+        d = tmp_path / name / "tokenizer"
+        d.mkdir(parents=True)
+        (d / "ranks.tiktoken").write_text(text)
+        info = json.loads(json.dumps(good))
+        sha = hashlib.sha256(text.encode()).hexdigest()
+        info["files"]["ranks.tiktoken"] = sha
+        if specials is not None:
+            info["special_tokens"] = specials
+        info.update(fields)
+        ident = {"kind": "tiktoken", "ranks_sha256": sha, "pattern": info["pattern"],
+                 "special_tokens": sorted(info["special_tokens"].items())}
+        info["fingerprint"] = hashlib.sha256(json.dumps(ident, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+        (d / "info.json").write_text(json.dumps(info))
+        return d.parent
+
+    return forge
+
+
+def test_a_tiktoken_bundle_missing_a_byte_is_refused(tiktoken_bundle, own, tmp_path, capsys):
+    """tiktoken panicked (PanicException: 'no entry found for key') on the first text holding byte 0x00."""
+    bundle = tiktoken_bundle("nobyte", drop=0)
+    refused(prepare(own, tmp_path / "o", bundle), capsys, "info.json", "ranks", "0x00")
+
+
+def test_a_tiktoken_bundle_without_an_eos_is_refused(tiktoken_bundle, own, tmp_path, capsys):
+    """It was KeyError: '<|endoftext|>' out of tiktoken's eot_token."""
+    bundle = tiktoken_bundle("noeos", specials={"<|pad|>": 257}, eos=None)
+    refused(prepare(own, tmp_path / "o", bundle), capsys, "info.json", "no bos or eos")

@@ -209,18 +209,29 @@ class TiktokenTokenizer(Tokenizer):
         self.enc, self.name, self.ranks_sha256, self.builtin, self.ranks_path = enc, name, ranks_sha256, builtin, ranks_path
         self.special_tokens = dict(enc._special_tokens)
         self.n_vocab = enc.n_vocab
-        self.eos_token_id = self.special_tokens.get(eos) if eos else enc.eot_token
+        # enc.eot_token is a KeyError where there is no <|endoftext|>: by name, and refused when none
+        self.eos_token_id = self.special_tokens.get(eos or EOT_TEXT)
         self.bos_token_id = self.special_tokens.get(bos) if bos else None
-        self.eot_token = self.bos_token_id if self.bos_token_id is not None else enc.eot_token
+        for field, tok, tid in (("bos", bos, self.bos_token_id), ("eos", eos, self.eos_token_id)):
+            if tok and tid is None:
+                raise TokenizerError(f"tokenizer {name!r}: {field} token {tok!r} is not one of its special tokens "
+                                     f"({', '.join(sorted(self.special_tokens)) or 'none'})")
+        eot = self.bos_token_id if self.bos_token_id is not None else self.eos_token_id
+        if eot is None:
+            raise TokenizerError(f"tokenizer {name!r}: no bos or eos special token (such as {EOT_TEXT}): shards need "
+                                 "a document separator")
+        self.eot_token = eot
         self.pattern = enc._pat_str
 
     def _encode_plain(self, text: str) -> list[int]:
-        return self.enc.encode_ordinary(text)
+        with _library_failure(f"tokenizer {self.name!r}", len(text)):
+            return self.enc.encode_ordinary(text)
 
     def encode_batch_numpy(self, texts: Sequence[str], dtype: Any = np.uint32) -> list[np.ndarray]:
         if hasattr(self.enc, "encode_to_numpy"):  # no Python int per token (tiktoken >= 0.7)
-            return [self.enc.encode_to_numpy(t, allowed_special=set(), disallowed_special=()).astype(dtype, copy=False)
-                    for t in texts]
+            with _library_failure(f"tokenizer {self.name!r}", sum(map(len, texts))):
+                return [self.enc.encode_to_numpy(t, allowed_special=set(), disallowed_special=()).astype(dtype, copy=False)
+                        for t in texts]
         return super().encode_batch_numpy(texts, dtype)
 
     def decode_single_token_bytes(self, token: int) -> bytes:
@@ -309,8 +320,10 @@ def load_ranks(path, expected_sha256: str | None = assets.GPT2_RANKS_SHA256) -> 
 
 
 def tiktoken_from_ranks(path: str | Path, pattern: str = R50K_PAT, special_tokens: dict[str, int] | None = None,
-                        name: str | None = None, where: str | None = None) -> TiktokenTokenizer:
-    """Any tiktoken ranks file. Special tokens default to ``<|endoftext|>`` right after the ranks."""
+                        name: str | None = None, where: str | None = None, bos: str | None = None,
+                        eos: str | None = None) -> TiktokenTokenizer:
+    """Any tiktoken ranks file. Special tokens default to ``<|endoftext|>`` right after the ranks.
+    ``bos``/``eos``: special-token texts (default: no bos, ``<|endoftext|>`` the eos)."""
     import tiktoken
 
     path = Path(path)
@@ -318,6 +331,10 @@ def tiktoken_from_ranks(path: str | Path, pattern: str = R50K_PAT, special_token
     sha = assets.sha256_file(path) if path.is_file() else ""
     ranks = load_ranks(path, expected_sha256=None)
     _check_ids(sorted(ranks.values()), where, "ranks", dense=False)
+    missing = [b for b in range(256) if bytes([b]) not in ranks]
+    if missing:  # tiktoken panics on a text holding a byte it has no token for
+        raise TokenizerError(f"{where}: ranks: {len(missing)} of the 256 single bytes have no token (the first: "
+                             f"0x{missing[0]:02x}); a byte-level BPE needs them all to encode every text")
     specials = dict(special_tokens) if special_tokens is not None else {EOT_TEXT: max(ranks.values(), default=-1) + 1}
     _check_specials(specials, where, {v for v in ranks.values()})
     for s in specials:
@@ -329,7 +346,10 @@ def tiktoken_from_ranks(path: str | Path, pattern: str = R50K_PAT, special_token
         enc = tiktoken.Encoding(name=name or path.stem, pat_str=pattern, mergeable_ranks=ranks, special_tokens=specials)
     except (ValueError, re.error) as e:
         raise TokenizerError(f"{where}: pattern {pattern[:80]!r} or special tokens refused by tiktoken: {e}") from None
-    return TiktokenTokenizer(enc, name or path.stem, sha, ranks_path=path)
+    try:
+        return TiktokenTokenizer(enc, name or path.stem, sha, ranks_path=path, bos=bos, eos=eos)
+    except TokenizerError as e:
+        raise TokenizerError(f"{where}: {e}") from None
 
 
 # --- Hugging Face tokenizers --------------------------------------------------------------------------
@@ -700,8 +720,9 @@ def tokenizer_from_entry(info: Any, folder: Path | None, where: str) -> Tokenize
             pattern, specials = info.get("pattern"), info.get("special_tokens")
             if not isinstance(pattern, str) or not isinstance(specials, dict):
                 raise TokenizerError(f"{where}: tokenizer.pattern / special_tokens missing for a tiktoken tokenizer")
+            by_id = {v: k for k, v in specials.items()}
             tok = tiktoken_from_ranks(folder / "ranks.tiktoken", pattern, specials, name=str(info.get("name") or "ranks"),
-                                      where=where)
+                                      where=where, bos=by_id.get(info.get("bos")), eos=by_id.get(info.get("eos")))
             tok.chat_template = chat
     if fp != tok.fingerprint:
         raise TokenizerError(f"{where}: tokenizer.fingerprint {str(fp)[:16]}... is not the fingerprint of the "
