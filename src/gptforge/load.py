@@ -118,20 +118,23 @@ def _hf_tokenizer(name_or_dir: str):
     from gptforge.data import tokenizer as tk
 
     d = Path(name_or_dir)
-    if d.is_dir():
-        return tk.hf_tokenizer_from_dir(d) if (d / "tokenizer.json").is_file() else tk.gpt2_tokenizer()
+    if d.is_dir():  # a tokenizer.json that is there but damaged (a folder, a dangling link) is named, not skipped
+        there = (d / "tokenizer.json").exists() or (d / "tokenizer.json").is_symlink()
+        return tk.hf_tokenizer_from_dir(d) if there else tk.gpt2_tokenizer()
     try:  # the online path: the hub's tokenizer files, when the repository has them
         from huggingface_hub import hf_hub_download
 
         path = Path(hf_hub_download(name_or_dir, "tokenizer.json"))
-        for extra in ("tokenizer_config.json",):
-            try:
-                hf_hub_download(name_or_dir, extra)
-            except Exception:  # optional file
-                pass
-        return tk.hf_tokenizer_from_dir(path.parent)
     except Exception:  # no hub access, or no tokenizer.json there (GPT-2's repository has one too)
         return tk.gpt2_tokenizer()
+    for extra in ("tokenizer_config.json",):
+        try:
+            hf_hub_download(name_or_dir, extra)
+        except Exception:  # optional file
+            pass
+    # outside the try: a downloaded tokenizer that is damaged or hostile is refused naming the file, not
+    # silently swapped for GPT-2's (the model's text would have been decoded with the wrong vocabulary)
+    return tk.hf_tokenizer_from_dir(path.parent)
 
 
 def load_chat_template_of(source: ModelSource, tok, fallback: bool = False):

@@ -486,3 +486,27 @@ def test_a_tiktoken_bundle_without_an_eos_is_refused(tiktoken_bundle, own, tmp_p
     """It was KeyError: '<|endoftext|>' out of tiktoken's eot_token."""
     bundle = tiktoken_bundle("noeos", specials={"<|pad|>": 257}, eos=None)
     refused(prepare(own, tmp_path / "o", bundle), capsys, "info.json", "no bos or eos")
+
+
+# --- a Hugging Face model's tokenizer ----------------------------------------------------------------------
+
+def test_a_damaged_hub_tokenizer_is_refused_not_swapped_for_gpt2(tmp_path, monkeypatch):
+    """A downloaded tokenizer.json that gptforge refuses was silently replaced by GPT-2's."""
+    import huggingface_hub
+
+    from gptforge.data.tokenizer import TokenizerError
+    from gptforge.load import ModelSource, load_tokenizer_of
+
+    (tmp_path / "tokenizer.json").write_text('{"model": {"type": "BPE", "vocab": {"a": 0}, "merges": ["a b"]}}')
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", lambda repo, name, **kw: str(tmp_path / name))
+    with pytest.raises(TokenizerError, match="tokenizer.json: model.merges"):
+        load_tokenizer_of(ModelSource(hf="someone/model"))
+
+
+def test_a_hf_directory_whose_tokenizer_json_is_a_folder_is_refused(own, tmp_path, capsys):
+    """It was GPT-2's tokenizer on a 300-id model, silently."""
+    assert main(["export", "hf", "--ckpt", str(own / "run"), "--out", str(tmp_path / "hf")]) == 0
+    (tmp_path / "hf" / "tokenizer.json").unlink()
+    (tmp_path / "hf" / "tokenizer.json").mkdir()
+    refused(["sample", "--hf", str(tmp_path / "hf"), "--prompt", "The king", "--num-samples", "1",
+             "--max-new-tokens", "2", "--device", "cpu"], capsys, "tokenizer.json", "not a file")
