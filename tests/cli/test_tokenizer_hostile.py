@@ -510,3 +510,17 @@ def test_a_hf_directory_whose_tokenizer_json_is_a_folder_is_refused(own, tmp_pat
     (tmp_path / "hf" / "tokenizer.json").mkdir()
     refused(["sample", "--hf", str(tmp_path / "hf"), "--prompt", "The king", "--num-samples", "1",
              "--max-new-tokens", "2", "--device", "cpu"], capsys, "tokenizer.json", "not a file")
+
+
+@pytest.mark.parametrize("name", ["tokenizer_config.json", "chat_template.jinja"])
+def test_a_hf_tokenizers_side_file_that_is_a_folder_is_named(own, tmp_path, capsys, name):
+    """tokenizer_config.json (bos, eos, the chat template) as a folder was skipped in silence."""
+    assert main(["export", "hf", "--ckpt", str(own / "run"), "--out", str(tmp_path / "hf")]) == 0
+    if name == "chat_template.jinja":
+        cfg = json.loads((tmp_path / "hf" / "tokenizer_config.json").read_text())
+        cfg.pop("chat_template", None)
+        (tmp_path / "hf" / "tokenizer_config.json").write_text(json.dumps(cfg))
+    else:
+        (tmp_path / "hf" / name).unlink()
+    (tmp_path / "hf" / name).mkdir()
+    refused(prepare(own, tmp_path / "o", tmp_path / "hf"), capsys, name, "not a file")

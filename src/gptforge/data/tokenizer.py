@@ -614,7 +614,7 @@ def hf_tokenizer_from_dir(folder: str | Path) -> HFTokenizer:
     path = folder / "tokenizer.json"
     cfg: dict = {}
     cfg_path = folder / "tokenizer_config.json"
-    if cfg_path.is_file():
+    if _there(cfg_path):  # a damaged one (a folder, a dangling link) is named, not skipped: bos/eos/template
         try:
             cfg = json.loads(_read_text(cfg_path, MAX_INFO_BYTES * 8))
         except json.JSONDecodeError as e:
@@ -628,13 +628,17 @@ def hf_tokenizer_from_dir(folder: str | Path) -> HFTokenizer:
     if template is not None and not isinstance(template, str):
         raise TokenizerError(f"{cfg_path}: chat_template is a {type(template).__name__}, expected Jinja text")
     template_where = f"{cfg_path} (chat_template)"
-    if template is None and (folder / "chat_template.jinja").is_file():
+    if template is None and _there(folder / "chat_template.jinja"):
         template = _read_text(folder / "chat_template.jinja", MAX_INFO_BYTES)
         template_where = str(folder / "chat_template.jinja")
     tok = HFTokenizer(_read_text(path), name=folder.name or "tokenizer", where=str(path), bos=bos, eos=eos,
                       chat_template=template, source_path=path)
     tok.chat_template_where = template_where
     return tok
+
+
+def _there(path: Path) -> bool:
+    return path.exists() or path.is_symlink()
 
 
 def _token_text(v: Any, where: Path, key: str) -> str | None:
