@@ -524,3 +524,10 @@ def test_a_hf_tokenizers_side_file_that_is_a_folder_is_named(own, tmp_path, caps
         (tmp_path / "hf" / name).unlink()
     (tmp_path / "hf" / name).mkdir()
     refused(prepare(own, tmp_path / "o", tmp_path / "hf"), capsys, name, "not a file")
+
+
+def test_a_huge_added_token_is_refused(own, tmp_path, capsys):
+    """A 1 MB special token went into every special-token regex (chat rendering, encode(allowed_special))."""
+    run, ck = copy_run(own, tmp_path)
+    reforge(ck, lambda tj: tj["added_tokens"][-1].__setitem__("content", "<|" + "x" * (1 << 20) + "|>"))
+    refused(sample(run), capsys, "tokenizer.json", "added_tokens[2].content")

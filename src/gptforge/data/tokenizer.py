@@ -524,6 +524,9 @@ def _parse_tokenizer_json(text: str, where: str) -> dict:
         if not isinstance(a, dict) or not isinstance(a.get("content"), str) or not isinstance(a.get("id"), int) \
                 or isinstance(a.get("id"), bool) or not 0 <= a["id"] < MAX_VOCAB or not a["content"]:
             raise TokenizerError(f"{where}: added_tokens[{k}] needs a non-empty \"content\" and an \"id\" in [0, {MAX_VOCAB:,})")
+        if len(a["content"]) > MAX_TOKEN_BYTES:
+            raise TokenizerError(f"{where}: added_tokens[{k}].content: a {len(a['content']):,}-character token "
+                                 f"(at most {MAX_TOKEN_BYTES})")
         if a["id"] in seen and seen[a["id"]] != a["content"]:
             raise TokenizerError(f"{where}: added_tokens[{k}] id {a['id']} is also {seen[a['id']]!r}: duplicate id")
         seen[a["id"]] = a["content"]
@@ -578,7 +581,8 @@ def _check_specials(specials: Any, where: str, ordinary_ids: set[int]) -> None:
         raise TokenizerError(f"{where}: special_tokens must be an object of at most {MAX_SPECIALS} name -> id")
     seen: dict[int, str] = {}
     for s, i in specials.items():
-        if not isinstance(s, str) or not s or isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < MAX_VOCAB:
+        if not isinstance(s, str) or not s or len(s) > MAX_TOKEN_BYTES or isinstance(i, bool) or not isinstance(i, int) \
+                or not 0 <= i < MAX_VOCAB:
             raise TokenizerError(f"{where}: special_tokens[{s!r:.40}] = {i!r:.20}: expected a token id in [0, {MAX_VOCAB:,})")
         if i in ordinary_ids:
             raise TokenizerError(f"{where}: special token {s!r} has id {i}, which an ordinary token already has")
