@@ -189,9 +189,13 @@ def test_gptforge_export_reads_back(tmp_path, dtype):
     model = tiny_llama(vocab=50257, n_embd=32, n_head=4, n_kv_head=2)
     path = export_gguf(model, tmp_path / "out", dtype=dtype)
     g = read_gguf(path)
-    tol = 1e-5 if dtype == "f32" else 2e-2
+    if dtype == "f16":  # the exporter rounds matrices to float16 and keeps norms float32
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.dim() == 2:
+                    p.copy_(p.half().float())
     ids = torch.tensor([[15496, 11, 314, 1101, 257, 3303, 2746, 11, 50256, 464]])
-    torch.testing.assert_close(_logits(g.model, ids), _logits(model, ids), atol=tol, rtol=0)
+    torch.testing.assert_close(_logits(g.model, ids), _logits(model, ids), atol=1e-5, rtol=0)
     ref = gpt2_tokenizer()
     for s in strings(300, seed=3):
         assert g.tokenizer.encode_ordinary(s) == ref.encode_ordinary(s), s
