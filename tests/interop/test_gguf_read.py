@@ -53,7 +53,7 @@ def tiny_llama(vocab: int = len(TOKENS), **kw) -> Llama:
     return m.eval()
 
 
-def write_gguf(path: Path, model: Llama, qtype: str = "F32", pre: str = "smollm", arch: str = "llama",
+def write_gguf(path: Path, model: Llama, qtype: str = "F32", pre: str | None = "smollm", arch: str = "llama",
                tok_model: str = "gpt2", kv: dict | None = None, tensors: dict | None = None) -> Path:
     """A llama GGUF as llama.cpp's converter lays it out (``llama_tensors``: names, q/k permutation),
     matrices in ``qtype``, norms F32, with the small byte-level tokenizer above."""
@@ -70,7 +70,8 @@ def write_gguf(path: Path, model: Llama, qtype: str = "F32", pre: str = "smollm"
     for k, v in (kv or {}).items():
         (w.add_string if isinstance(v, str) else w.add_float32)(k, v)
     w.add_tokenizer_model(tok_model)
-    w.add_tokenizer_pre(pre)
+    if pre is not None:
+        w.add_tokenizer_pre(pre)
     w.add_token_list(TOKENS)
     w.add_token_types(TYPES)
     w.add_token_merges(MERGES)
@@ -335,6 +336,7 @@ def test_refuses_what_llama_cannot_represent(tmp_path):
         (dict(kv={"llama.rope.scaling.type": "yarn"}), "rope scaling"),
         (dict(tok_model="llama"), "tokenizer.ggml.model='llama'"),
         (dict(pre="deepseek-llm"), "tokenizer.ggml.pre='deepseek-llm'"),
+        (dict(pre=None), "tokenizer.ggml.pre is missing"),
     ]
     for i, (kw, match) in enumerate(cases):
         path = write_gguf(tmp_path / f"c{i}.gguf", model, **kw)

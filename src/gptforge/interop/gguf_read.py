@@ -407,8 +407,11 @@ def _tokenizer(reader: Any, scalars: dict, arrays: dict, path: Path):
             raise GGUFReadError(f"{path}: {key}={v!r} is not a token id (0 to {len(tokens) - 1})")
         ids[key] = v
     bos_id, eos_id = ids["tokenizer.ggml.bos_token_id"], ids["tokenizer.ggml.eos_token_id"]
-    text = tokenizer_json_from_gguf(tokens, types, merges, str(scalars.get("tokenizer.ggml.pre", "gpt-2")), path,
-                                    bos_id, eos_id)
+    pre = scalars.get("tokenizer.ggml.pre")
+    if not isinstance(pre, str):  # llama.cpp falls back to its "default" regexes, which are not GPT-2's
+        raise GGUFReadError(f"{path}: tokenizer.ggml.pre is missing; gptforge reproduces llama.cpp's split for "
+                            f"{', '.join(sorted(PRE_TOKENIZERS))} only, not its 'default' one")
+    text = tokenizer_json_from_gguf(tokens, types, merges, pre, path, bos_id, eos_id)
     template = scalars.get("tokenizer.chat_template")
     template = template if isinstance(template, str) and template else None
     try:
