@@ -183,7 +183,8 @@ def stream_tokens(
     """
     params.check()
     if not prompts or any(len(r) == 0 for r in prompts):
-        raise ValueError("every prompt needs at least one token (use [50256] <|endoftext|> for an empty prompt)")
+        raise ValueError("every prompt needs at least one token (for an empty prompt, use the tokenizer's "
+                         "document separator: its eot_token, GPT-2's <|endoftext|> = 50256)")
     block = model.config.block_size
     longest = max(len(r) for r in prompts)
     if longest + params.max_new_tokens > block:

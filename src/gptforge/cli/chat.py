@@ -17,6 +17,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
     """Multi-turn chat in the terminal: type a message, watch the reply stream; /reset, /quit."""
     import sys
 
+    from gptforge.data.tokenizer import TokenizerError
+    from gptforge.errors import ChatFormatError
     from gptforge.generation import PromptError, SamplingParams, fit_new_tokens, stream_text
     from gptforge.load import ModelSource
     from gptforge.runtime import resolve_device
@@ -38,6 +40,10 @@ def cmd_chat(args: argparse.Namespace) -> int:
     words(source, model)  # the tokenizer fits the model's logits
     enc = text_encoder(tok, template)
     system = [{"role": "system", "content": args.system}] if args.system else []
+    try:  # a template (or tokenizer) that cannot render a plain first message is broken: refused before any
+        template.render_for_generation([*system, {"role": "user", "content": "Hello"}], enc)  # typing starts
+    except (ChatFormatError, TokenizerError) as e:
+        raise CliError(str(e)) from None
     history: list[dict[str, str]] = []
     interactive = sys.stdin.isatty()
     if interactive:
@@ -56,15 +62,20 @@ def cmd_chat(args: argparse.Namespace) -> int:
         if not text.strip():
             continue
         history.append({"role": "user", "content": text})
-        ids = template.render_for_generation(system + history, enc)
         block = model.config.block_size
         need = explicit if explicit is not None else min(CHAT_NEW_TOKENS, max(1, block // 4))  # room to keep
-        while len(ids) + need > block and len(history) > 1:
-            history = history[2:] if len(history) > 2 else history[1:]  # drop the oldest exchange
+        try:  # a message the template refuses (roles, content) or the tokenizer cannot take: said, not fatal
             ids = template.render_for_generation(system + history, enc)
-        try:
+            dropped = 0
+            while len(ids) + need > block and len(history) > 1:
+                cut = 2 if len(history) > 2 else 1
+                history, dropped = history[cut:], dropped + cut  # drop the oldest exchange
+                ids = template.render_for_generation(system + history, enc)
+            if dropped:
+                print(f"(the context of {block} tokens is full: the oldest {dropped} message{'s' * (dropped > 1)} "
+                      "left the conversation)", flush=True)
             params.max_new_tokens = fit_new_tokens([ids], model.config, explicit, CHAT_NEW_TOKENS, "--max-new-tokens")
-        except PromptError as e:
+        except (PromptError, ChatFormatError, TokenizerError) as e:
             print(f"(message not sent: {e})", flush=True)
             history.pop()
             continue

@@ -175,6 +175,34 @@ def create_app(model: torch.nn.Module, enc: Any = None, settings: ServeSettings 
     async def on_http(request: Request, exc: HTTPException):
         return _error(exc.status_code, str(exc.detail))
 
+    # The one error boundary of every route (/api, /v1, the page), in each family's shape: what the client
+    # sent that the model's template or tokenizer cannot take is a 400; anything else a 500 whose id is in
+    # the server log beside the traceback (Starlette re-raises it after the answer is sent).
+    from gptforge.data.tokenizer import TokenizerError
+    from gptforge.errors import ChatFormatError
+
+    def family_error(request: Request, status: int, message: str, param: str | None = None):
+        if request.url.path.startswith("/v1"):
+            from gptforge.serve.openai_schema import OpenAIError
+
+            return OpenAIError(status, message, param).response()
+        return _error(status, message)
+
+    @app.exception_handler(ChatFormatError)
+    @app.exception_handler(TokenizerError)
+    async def on_unrenderable(request: Request, exc: Exception):
+        return family_error(request, 400, f"the model's chat template or tokenizer cannot take this input: {exc}",
+                            "messages")
+
+    @app.exception_handler(Exception)
+    async def on_crash(request: Request, exc: Exception):
+        import logging
+        import uuid
+
+        rid = uuid.uuid4().hex[:12]
+        logging.getLogger("gptforge.serve").error("error %s on %s %s: %r", rid, request.method, request.url.path, exc)
+        return family_error(request, 500, f"internal error {rid} (the server log has its traceback)")
+
     def prepare(req: GenerateRequest) -> tuple[list[list[int]], SamplingParams]:
         if (req.prompt is None) == (req.prompts is None):
             raise HTTPException(400, "give exactly one of prompt (a string) or prompts (a list of strings)")
