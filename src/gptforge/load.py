@@ -21,6 +21,8 @@ from gptforge.models.registry import build_model, size_config
 from gptforge.run import checkpoint as ckpt
 from gptforge.run.weights import check_weights_fit
 
+KINDS = ("ckpt", "hf", "llmc", "random", "gguf")
+
 
 @dataclass(frozen=True)
 class ModelSource:
@@ -28,12 +30,13 @@ class ModelSource:
     hf: str | None = None  # a Hugging Face hub name (online) or save_pretrained directory
     llmc: str | None = None  # an llm.c model file
     random: str | None = None  # a model size name: random weights (benchmarks, smoke tests)
+    gguf: str | None = None  # a GGUF file (llama.cpp's format; dequantized to float32)
 
     def given(self) -> list[str]:
-        return [k for k in ("ckpt", "hf", "llmc", "random") if getattr(self, k) is not None]
+        return [k for k in KINDS if getattr(self, k) is not None]
 
     def describe(self) -> dict[str, str | None]:
-        return {k: getattr(self, k) for k in ("ckpt", "hf", "llmc", "random")}
+        return {k: getattr(self, k) for k in KINDS}
 
     @classmethod
     def from_path(cls, path: str) -> ModelSource:
@@ -42,7 +45,7 @@ class ModelSource:
         (``--init-from``; a run directory has a config.json too, beside its checkpoints/)."""
         p = Path(path)
         if p.is_file():
-            return cls(llmc=path)
+            return cls(gguf=path) if p.suffix.lower() == ".gguf" else cls(llmc=path)
         if (p / "config.json").is_file() and not (p / "meta.json").exists() and not ckpt.ckpt_root(p).is_dir():
             return cls(hf=path)
         return cls(ckpt=path)
@@ -51,7 +54,11 @@ class ModelSource:
 def load_model(source: ModelSource) -> torch.nn.Module:
     """The model ``source`` names, in eval mode, on the CPU."""
     if len(source.given()) != 1:
-        raise ValueError("give exactly one of --ckpt DIR, --hf NAME_OR_DIR, --llmc FILE or --random SIZE")
+        raise ValueError("give exactly one of --ckpt DIR, --hf NAME_OR_DIR, --llmc FILE, --gguf FILE or --random SIZE")
+    if source.gguf is not None:
+        from gptforge.interop.gguf_read import read_gguf
+
+        return read_gguf(source.gguf).model
     if source.hf is not None:
         # the family by config.json's model_type (an unknown one is refused there), then its loader
         from gptforge.interop import hf_module
@@ -107,6 +114,8 @@ def load_tokenizer_of(source: ModelSource, model: torch.nn.Module | None = None)
     elif source.hf is not None:
         tok = _hf_tokenizer(source.hf)
         recorded = not tok.is_gpt2
+    elif source.gguf is not None:  # the file's own tokenizer.ggml.* and chat template
+        tok = _gguf_words(source.gguf)[0]
     else:
         tok, recorded = tk.gpt2_tokenizer(), False
     if model is not None and recorded:  # an assumed GPT-2 on a smaller model: prompts are checked per id
@@ -152,4 +161,19 @@ def load_chat_template_of(source: ModelSource, tok, fallback: bool = False):
             return chat
     elif source.hf is not None and not fallback:
         return template_from_tokenizer(tok)
+    elif source.gguf is not None:
+        template = _gguf_words(source.gguf)[1]
+        if template:
+            from gptforge.data.chat_jinja import JinjaChatTemplate
+
+            return JinjaChatTemplate(template, tok, name=Path(source.gguf).stem,
+                                     where=f"{source.gguf} (tokenizer.chat_template)")
     return default_template(tok) if fallback else None
+
+
+def _gguf_words(path: str):
+    """(tokenizer, chat template text) of a GGUF file, read from its metadata only (no weights)."""
+    from gptforge.interop.gguf_read import read_gguf
+
+    g = read_gguf(path, weights=False)
+    return g.tokenizer, g.chat_template

@@ -213,3 +213,31 @@ def test_exports_carry_the_models_own_tokenizer(own, tmp_path):
     table, eot = read_llmc_tokenizer(tmp_path / "tokenizer.bin")
     assert eot == tok.eot_token and b"".join(table[i] for i in ids).decode() == text
     assert np.all([len(t) > 0 for t in table])
+
+
+def test_a_gguf_file_is_a_model_source_everywhere(own, sft_run, tmp_path, capsys, monkeypatch):
+    """export gguf -> sample/chat --gguf and import gguf: the file's own tokenizer (rebuilt from its
+    tokenizer.ggml.* keys) and template speak as the checkpoint's did; greedy text is the same."""
+    import io
+
+    pytest.importorskip("gguf")
+    assert main(["export", "gguf", "--ckpt", str(sft_run), "--out", str(tmp_path / "g")]) == 0
+    gguf_file = str(next((tmp_path / "g").glob("*.gguf")))
+    greedy = ["--prompt", "The king", "--num-samples", "1", "--max-new-tokens", "8", "--temperature", "0",
+              "--device", "cpu"]
+    capsys.readouterr()
+    assert main(["sample", "--ckpt", str(sft_run), *greedy]) == 0
+    want = capsys.readouterr().out
+    assert main(["sample", "--gguf", gguf_file, *greedy]) == 0
+    assert capsys.readouterr().out == want
+    assert main(["import", "gguf", "--model", gguf_file, "--out", str(tmp_path / "imported")]) == 0
+    capsys.readouterr()
+    assert main(["sample", "--ckpt", str(tmp_path / "imported"), *greedy]) == 0
+    assert capsys.readouterr().out == want
+    for src in (["--ckpt", str(sft_run)], ["--gguf", gguf_file], ["--ckpt", str(tmp_path / "imported")]):
+        monkeypatch.setattr("sys.stdin", io.StringIO("Say crown\n/quit\n"))
+        assert main(["chat", *src, "--max-new-tokens", "5", "--temperature", "0", "--device", "cpu"]) == 0
+        out = capsys.readouterr().out
+        if src[0] == "--ckpt" and src[1] == str(sft_run):
+            reply = out
+        assert out == reply, src

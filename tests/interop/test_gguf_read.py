@@ -490,3 +490,26 @@ def test_smollm2_answers_paris(smollm, smollm_hf):
     reply = out[: out.index(chat.end)] if chat.end in out else out
     assert chat.end in out
     assert smollm.tokenizer.decode(reply) == "The capital of France is Paris."
+
+
+@pytest.mark.slow
+@pytest.mark.smollm
+def test_smollm2_through_the_cli(smollm_path, tmp_path, capsys, monkeypatch):
+    """The real model as a user meets it: `chat --gguf` answers; `import gguf` makes a checkpoint whose
+    chat and sample give the same greedy text; eval's generative path takes it too."""
+    import io
+
+    from gptforge.cli import main
+
+    question = "What is the capital of France?\n/quit\n"
+    monkeypatch.setattr("sys.stdin", io.StringIO(question))
+    assert main(["chat", "--gguf", str(smollm_path), "--temperature", "0", "--max-new-tokens", "20",
+                 "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "The capital of France is Paris." in out
+    assert main(["import", "gguf", "--model", str(smollm_path), "--out", str(tmp_path / "smol")]) == 0
+    capsys.readouterr()
+    monkeypatch.setattr("sys.stdin", io.StringIO(question))
+    assert main(["chat", "--ckpt", str(tmp_path / "smol"), "--temperature", "0", "--max-new-tokens", "20",
+                 "--device", "cpu"]) == 0
+    assert capsys.readouterr().out == out

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from gptforge.cli.common import CliError, load, text_encoder, words
+from gptforge.cli.common import CliError, add_model_source, load, model_source, text_encoder, words
 
 # --- chat ----------------------------------------------------------------------------------------
 
@@ -20,14 +20,13 @@ def cmd_chat(args: argparse.Namespace) -> int:
     from gptforge.data.tokenizer import TokenizerError
     from gptforge.errors import ChatFormatError
     from gptforge.generation import PromptError, SamplingParams, fit_new_tokens, stream_text
-    from gptforge.load import ModelSource
     from gptforge.runtime import resolve_device
 
-    source = ModelSource(ckpt=args.ckpt)
+    source = model_source(args)
     tok, template = words(source)
     if template is None:
-        raise CliError(f"{args.ckpt} has no chat template: fine-tune it with `gptforge sft` (or use "
-                         "`gptforge sample` for a base model)")
+        raise CliError(f"{source.describe()[source.given()[0]]} has no chat template: fine-tune it with `gptforge "
+                       "sft` (or use `gptforge sample` for a base model)")
     explicit = args.max_new_tokens  # None: the default, shrunk to what a small model's context leaves
     params = SamplingParams(max_new_tokens=CHAT_NEW_TOKENS if explicit is None else explicit, temperature=args.temperature, top_k=args.top_k,
                             top_p=args.top_p, repetition_penalty=args.repetition_penalty, seed=args.seed,
@@ -91,7 +90,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
 def args_chat(c: argparse.ArgumentParser) -> None:
     c.description = ("Multi-turn chat with streaming replies. Reads messages line by line from stdin (so it can be "
                      "scripted); /reset clears the history, /quit leaves.")
-    c.add_argument("--ckpt", required=True, help="checkpoint or run directory with a chat template")
+    add_model_source(c)  # a chat checkpoint, or a GGUF / Hugging Face model that brings its chat template
     c.add_argument("--system", help="system prompt")
     c.add_argument("--max-new-tokens", type=int, default=None,
                    help=f"reply length cap (default {CHAT_NEW_TOKENS}, less where the context is short)")

@@ -36,6 +36,8 @@ def add_model_source(p: argparse.ArgumentParser) -> None:
     p.add_argument("--llmc", help="llm.c model file (gpt2_124M.bin, version 3 or 5)")
     p.add_argument("--random", metavar="SIZE", help="random weights of a model size (d2, gpt2, ...): "
                                                    "benchmarks and smoke tests")
+    p.add_argument("--gguf", metavar="FILE", help="a GGUF file (llama.cpp, Ollama, LM Studio; Llama architecture): "
+                                                  "its weights dequantized to float32, its tokenizer and chat template")
 
 
 def article(kind: str) -> str:
@@ -57,9 +59,9 @@ def name_flag(msg: str, args: argparse.Namespace) -> str:
 def model_source(args: argparse.Namespace) -> ModelSource:
     from gptforge.load import ModelSource
 
-    src = ModelSource(ckpt=args.ckpt, hf=args.hf, llmc=args.llmc, random=args.random)
+    src = ModelSource(ckpt=args.ckpt, hf=args.hf, llmc=args.llmc, random=args.random, gguf=getattr(args, "gguf", None))
     if len(src.given()) != 1:
-        raise CliError("give exactly one of --ckpt DIR, --hf NAME_OR_DIR, --llmc FILE or --random SIZE")
+        raise CliError("give exactly one of --ckpt DIR, --hf NAME_OR_DIR, --llmc FILE, --gguf FILE or --random SIZE")
     return src
 
 
@@ -141,7 +143,7 @@ def words(source: ModelSource, model=None, flag: str | None = None, fallback: bo
     try:
         tok = load_tokenizer_of(source, model)
         return tok, load_chat_template_of(source, tok, fallback=fallback)
-    except (TokenizerError, ChatFormatError) as e:
+    except (TokenizerError, ChatFormatError, ValueError) as e:  # ValueError: a GGUF file's GGUFReadError
         raise CliError(f"{flag}: {e}" if flag else str(e)) from None
 
 

@@ -244,24 +244,35 @@ def _export_reward_model(args: argparse.Namespace) -> int:
 
 
 def args_import(p: argparse.ArgumentParser) -> None:
-    p.add_argument("format", choices=["llmc"])
-    p.add_argument("--model", required=True, help="llm.c model file")
+    p.description = ("Make a gptforge checkpoint of another program's model: its weights, its tokenizer and chat "
+                     "template (carried in the checkpoint like any run's), and where it came from.")
+    p.add_argument("format", choices=["llmc", "gguf", "hf"],
+                   help="llmc: an llm.c model file (GPT-2's tokenizer); gguf: a GGUF file (Llama architecture; "
+                        "weights dequantized to float32, the file's tokenizer and template); hf: a Hugging Face "
+                        "directory or hub name (its tokenizer.json and chat template)")
+    p.add_argument("--model", required=True, help="the model file (llmc, gguf) or directory / hub name (hf)")
     p.add_argument("--out", required=True, help="run directory; the checkpoint is RUN/checkpoints/step_000000")
-    p.add_argument("--force", action="store_true")
+    p.add_argument("--force", action="store_true", help="add step_000000 to a run directory holding checkpoints")
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    """An llm.c model file -> a weights-only gptforge checkpoint (sample, evaluate, export, serve)."""
+    """Another program's model -> a weights-only gptforge checkpoint (sample, chat, eval, export, serve,
+    and --init-from of every recipe), carrying the model's tokenizer and chat template."""
     from gptforge.config import Config
-    from gptforge.interop.llmc import read_llmc_model
+    from gptforge.load import ModelSource
     from gptforge.run import checkpoint as ckpt
 
-    model = read_llmc_model(args.model)
     if ckpt.latest_checkpoint(args.out) is not None and not args.force:
         raise CliError(f"--out {args.out} already holds checkpoints; pass --force to add step_000000 there")
-    cfg = Config(model=model.config)
-    where = ckpt.save_checkpoint(args.out, 0, model, None, {"config": cfg.to_dict(), "source": str(args.model)})
-    print(json.dumps({"checkpoint": str(where), "params": model.num_parameters()}))
+    source = ModelSource(**{args.format: args.model})
+    model = load(source, "--model")
+    tok, chat = words(source, model, flag="--model")
+    meta = {"config": Config(model=model.config).to_dict(), "source": str(args.model), "tokenizer": tok}
+    if chat is not None:
+        meta["chat_template"] = chat.to_dict()
+    where = ckpt.save_checkpoint(args.out, 0, model, None, meta)
+    print(json.dumps({"checkpoint": str(where), "params": model.num_parameters(), "tokenizer": tok.describe(),
+                      "chat_template": chat.to_dict().get("name") if chat is not None else None}))
     return 0
 
 
@@ -319,7 +330,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     model = load(source).to(resolve_device(args.device))
     tok, chat = words(source, model)  # a chat checkpoint: the page opens in chat mode
     run_server(model, settings, host=args.host, port=args.port, metrics_path=metrics,
-               served=describe_served(model, args.ckpt, args.hf, args.llmc, args.random),
+               served=describe_served(model, args.ckpt, args.hf, args.llmc, args.random, args.gguf),
                chat_template=chat.to_dict() if chat else None, api_key=api_key, enc=tok)
     return 0
 

@@ -445,7 +445,7 @@ def _dequantize(reader_tensor: Any, info: _TensorInfo) -> torch.Tensor:
     return torch.from_numpy(arr)
 
 
-def read_gguf(path: str | Path) -> GGUFModel:
+def read_gguf(path: str | Path, weights: bool = True) -> GGUFModel:
     """A GGUF file -> :class:`GGUFModel` (gptforge Llama in eval mode, float32; its tokenizer and chat
     template; the scalar metadata). Refuses (:class:`GGUFReadError`, naming the file and the key or
     tensor) anything it cannot represent exactly, before allocating the model."""
@@ -486,7 +486,7 @@ def read_gguf(path: str | Path) -> GGUFModel:
         if t.shape != expected[t.name]:
             raise GGUFReadError(f"{path}: tensor {t.name} has shape {list(t.shape)}, the metadata implies "
                                 f"{list(expected[t.name])}")
-    model = _build(reader, infos, cfg, path)
+    model = _build(reader, infos, cfg, path) if weights else None  # weights=False: the words only (fast)
     return GGUFModel(model=model, tokenizer=tok, chat_template=template, metadata=dict(scalars), path=path)
 
 

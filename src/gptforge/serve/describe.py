@@ -16,11 +16,12 @@ from typing import Any
 
 
 def describe_served(model, ckpt: str | None = None, hf: str | None = None, llmc: str | None = None,
-                    random: str | None = None) -> dict[str, Any]:
+                    random: str | None = None, gguf: str | None = None) -> dict[str, Any]:
     """A JSON-ready description of the served model and where it came from."""
     cfg = model.config
     out: dict[str, Any] = {
-        "source": "ckpt" if ckpt else "hf" if hf else "llmc" if llmc else "random" if random else "memory",
+        "source": ("ckpt" if ckpt else "hf" if hf else "llmc" if llmc else "gguf" if gguf else "random" if random
+                   else "memory"),
         "path": None, "run_dir": None, "step": None, "tokens_trained": None,
         "family": getattr(cfg, "arch", "gpt2"),
         "parameters": sum(p.numel() for p in model.parameters()), "layers": cfg.n_layer, "heads": cfg.n_head, "width": cfg.n_embd,
@@ -33,6 +34,8 @@ def describe_served(model, ckpt: str | None = None, hf: str | None = None, llmc:
         out["path"] = str(Path(hf).resolve()) if Path(hf).exists() else hf
     elif llmc is not None:
         out["path"] = str(Path(llmc).resolve())
+    elif gguf is not None:
+        out["path"] = str(Path(gguf).resolve())
     elif ckpt is not None:
         from gptforge.run import checkpoint as ck
 
