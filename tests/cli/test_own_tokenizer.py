@@ -241,3 +241,24 @@ def test_a_gguf_file_is_a_model_source_everywhere(own, sft_run, tmp_path, capsys
         if src[0] == "--ckpt" and src[1] == str(sft_run):
             reply = out
         assert out == reply, src
+
+
+def test_sft_starts_from_a_gguf_file(own, sft_run, tmp_path):
+    """--init-from FILE.gguf: the file's weights, tokenizer and template start the run, which carries them."""
+    pytest.importorskip("gguf")
+    from gptforge.data.tokenizer import load_tokenizer
+    from gptforge.run.checkpoint import latest_checkpoint, read_meta
+
+    assert main(["export", "gguf", "--ckpt", str(sft_run), "--out", str(tmp_path / "g")]) == 0
+    gguf_file = str(next((tmp_path / "g").glob("*.gguf")))
+    assert main(["sft", "--init-from", gguf_file, "--data", str(own / "convs.jsonl"), "--out", str(tmp_path / "s"),
+                 "--val-count", "8", "--train.max_steps", "2", "--train.micro_batch", "2", "--train.seq_len", "64",
+                 "--train.total_batch_tokens", "128", "--train.val_every", "0", "--train.device", "cpu"]) == 0
+    meta = read_meta(latest_checkpoint(tmp_path / "s"))
+    assert meta["chat_template"]["kind"] == "jinja" and meta["config"]["model"]["vocab_size"] == 320
+    tok = load_tokenizer(own / "tok")
+    from gptforge.data.tokenizer import tokenizer_from_meta
+
+    carried = tokenizer_from_meta(meta, latest_checkpoint(tmp_path / "s"))
+    text = "The king speaks: 7 swords, 20 ships!"
+    assert carried.encode_ordinary(text) == tok.encode_ordinary(text)
