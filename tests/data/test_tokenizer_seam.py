@@ -53,6 +53,7 @@ def test_hf_tokenizer_encodes_as_transformers_on_10000_strings(tmp_path):
 
     d = train_small(tmp_path)
     ours = tk.load_tokenizer(d)
+    assert ours._fast is not None  # a trained BPE with ignore_merges runs on its tiktoken twin: checked here
     ref = PreTrainedTokenizerFast(tokenizer_file=str(d / "tokenizer.json"))
     strings = random_strings(10_000)
     for s in strings:
@@ -238,3 +239,20 @@ def test_no_module_reaches_past_the_seam_for_a_tokenizer():
                 if any(m == "tiktoken" or m.startswith("tiktoken.") for m in mods):
                     offenders.append(f"{rel}:{node.lineno}: imports tiktoken (use gptforge.data.tokenizer)")
     assert not offenders, "\n".join(offenders)
+
+
+def test_a_bpe_without_ignore_merges_stays_on_the_library(tmp_path):
+    """The tiktoken twin takes a whole-token piece whole; a file without ignore_merges may not, so it
+    keeps the tokenizers library (and still equals it)."""
+    from tokenizers import Tokenizer
+
+    d = train_small(tmp_path)
+    obj = json.loads((d / "tokenizer.json").read_text())
+    obj["model"]["ignore_merges"] = False
+    (tmp_path / "plain.json").write_text(json.dumps(obj))
+    ours = tk.load_tokenizer(tmp_path / "plain.json")
+    assert ours._fast is None
+    ref = Tokenizer.from_str(json.dumps(obj))
+    ref.encode_special_tokens = True
+    for s in random_strings(500, seed=3):
+        assert ours.encode_ordinary(s) == ref.encode(s, add_special_tokens=False).ids

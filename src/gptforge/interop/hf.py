@@ -506,8 +506,9 @@ def write_model_tokenizer(out: Path, tok, chat, model_max_length: int) -> list[P
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": model_max_length,
               "bos_token": names.get(tok.bos_token_id), "eos_token": names.get(eos),
               "pad_token": names.get(tok.eot_token), "clean_up_tokenization_spaces": False}
-    if chat is not None:
-        config["chat_template"] = chat.jinja()
+    template = chat.jinja() if chat is not None else getattr(tok, "chat_template", None)  # a base model's tokenizer's own
+    if template:
+        config["chat_template"] = template
     paths = [out / "tokenizer.json", out / "tokenizer_config.json"]
     paths[0].write_text(tokenizer_json_of(tok), encoding="utf-8")
     paths[1].write_text(json.dumps(config, indent=2, ensure_ascii=False), encoding="utf-8")
