@@ -262,3 +262,19 @@ def test_sft_starts_from_a_gguf_file(own, sft_run, tmp_path):
     carried = tokenizer_from_meta(meta, latest_checkpoint(tmp_path / "s"))
     text = "The king speaks: 7 swords, 20 ships!"
     assert carried.encode_ordinary(text) == tok.encode_ordinary(text)
+
+
+def test_sft_starts_from_a_hugging_face_export_of_the_base(own, sft_run, tmp_path):
+    """issue 32's first failure: sft --init-from a Hugging Face directory. The base model's export
+    carries its tokenizer's own (ChatML) template, which the SFT run takes and keeps."""
+    from gptforge.run.checkpoint import latest_checkpoint, read_meta
+
+    assert main(["export", "hf", "--ckpt", str(own / "run"), "--out", str(tmp_path / "hf")]) == 0
+    cfg = json.loads((tmp_path / "hf" / "tokenizer_config.json").read_text())
+    assert "<|im_start|>" in cfg["chat_template"]
+    assert main(["sft", "--init-from", str(tmp_path / "hf"), "--data", str(own / "convs.jsonl"), "--out",
+                 str(tmp_path / "s"), "--val-count", "8", "--train.max_steps", "2", "--train.micro_batch", "2",
+                 "--train.seq_len", "64", "--train.total_batch_tokens", "128", "--train.val_every", "0",
+                 "--train.device", "cpu"]) == 0
+    meta = read_meta(latest_checkpoint(tmp_path / "s"))
+    assert meta["chat_template"]["kind"] == "jinja" and meta["tokenizer"]["kind"] == "hf"
