@@ -101,7 +101,9 @@ STRICT_SKIPS = os.environ.get("GPTFORGE_STRICT_SKIPS") == "1"
 
 
 def _strict(report, is_gpu: bool) -> None:
-    if STRICT_SKIPS and report.skipped and not is_gpu:
+    # a strict xfail is reported as skipped, but it is no missing install: it is a known gap, written down,
+    # that fails the run the day it starts passing
+    if STRICT_SKIPS and report.skipped and not is_gpu and not hasattr(report, "wasxfail"):
         report.outcome = "failed"
         report.longrepr = f"skipped under GPTFORGE_STRICT_SKIPS=1 (a missing install step?): {report.longrepr}"
 
