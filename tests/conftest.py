@@ -119,3 +119,20 @@ def pytest_runtest_makereport(item, call):
 def pytest_make_collect_report(collector):
     outcome = yield
     _strict(outcome.get_result(), False)  # a whole module skipped at import
+
+
+WORDS = ("the king queen castle sword river night day love war bread wine horse ship storm crown "
+         "speak answer question number seven eleven twenty").split()
+
+
+def word_corpus(folder: Path, docs: int = 60, seed: int = 0) -> Path:
+    """``docs`` small text files of sentences over :data:`WORDS`: a corpus a 300-token tokenizer can be
+    trained on in a second (the own-tokenizer tests)."""
+    import random
+
+    rng = random.Random(seed)
+    folder.mkdir()
+    for i in range(docs):
+        lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 12))).capitalize() + "." for _ in range(30)]
+        (folder / f"doc{i:03d}.txt").write_text("\n".join(lines) + "\n")
+    return folder

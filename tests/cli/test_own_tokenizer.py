@@ -5,29 +5,18 @@ mixing tokenizers (shards of another tokenizer, --init-from another tokenizer's 
 from __future__ import annotations
 
 import json
-import random
 
 import pytest
 
 from gptforge.cli import main
-
-WORDS = ("the king queen castle sword river night day love war bread wine horse ship storm crown "
-         "speak answer question number seven eleven twenty").split()
-
-
-def corpus(folder, docs: int = 60, seed: int = 0) -> None:
-    rng = random.Random(seed)
-    folder.mkdir()
-    for i in range(docs):
-        lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 12))).capitalize() + "." for _ in range(30)]
-        (folder / f"doc{i:03d}.txt").write_text("\n".join(lines) + "\n")
+from tests.conftest import WORDS, word_corpus
 
 
 @pytest.fixture(scope="module")
 def own(tmp_path_factory):
     """A trained tokenizer, shards made with it, and a 4-step Llama pretrained on them."""
     root = tmp_path_factory.mktemp("own")
-    corpus(root / "corpus")
+    word_corpus(root / "corpus")
     assert main(["tokenizer", "train", str(root / "corpus"), "--out", str(root / "tok"), "--vocab-size", "320",
                  "--trainer", "tokenizers", "--no-progress"]) == 0
     assert main(["prepare", "files", str(root / "corpus"), "--out", str(root / "data"), "--tokenizer",

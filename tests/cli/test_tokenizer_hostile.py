@@ -13,28 +13,17 @@ from pathlib import Path
 import pytest
 
 from gptforge.cli import main
+from tests.conftest import WORDS, word_corpus
 
-WORDS = ("the king queen castle sword river night day love war bread wine horse ship storm crown "
-         "speak answer question number seven eleven twenty").split()
 SMALL = ["--train.micro_batch", "2", "--train.seq_len", "64", "--train.total_batch_tokens", "128",
          "--train.val_every", "0", "--train.device", "cpu"]
-
-
-def corpus(folder: Path, docs: int = 12) -> None:
-    import random
-
-    rng = random.Random(0)
-    folder.mkdir()
-    for i in range(docs):
-        lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 12))).capitalize() + "." for _ in range(30)]
-        (folder / f"doc{i:03d}.txt").write_text("\n".join(lines) + "\n")
 
 
 @pytest.fixture(scope="module")
 def own(tmp_path_factory):
     """A trained tokenizer, shards made with it, a 2-step Llama on them and a 2-step sft of it."""
     root = tmp_path_factory.mktemp("hostile")
-    corpus(root / "corpus")
+    word_corpus(root / "corpus", docs=12)
     assert main(["tokenizer", "train", str(root / "corpus"), "--out", str(root / "tok"), "--vocab-size", "300",
                  "--trainer", "tokenizers", "--no-progress"]) == 0
     assert main(["prepare", "files", str(root / "corpus"), "--out", str(root / "data"), "--tokenizer",

@@ -28,9 +28,9 @@ Q = gguf.GGMLQuantizationType
 
 
 def _alphabet() -> list[str]:
-    from gptforge.data.tokenizer import _bytes_to_unicode
+    from gptforge.data.tokenizer import bytes_to_unicode
 
-    table = _bytes_to_unicode()
+    table = bytes_to_unicode()
     return [table[b] for b in range(256)]
 
 

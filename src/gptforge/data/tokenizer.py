@@ -354,8 +354,9 @@ def tiktoken_from_ranks(path: str | Path, pattern: str = R50K_PAT, special_token
 
 # --- Hugging Face tokenizers --------------------------------------------------------------------------
 
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte -> printable character table (the ByteLevel pre-tokenizer's alphabet)."""
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable character table (OpenAI's encoder.py; the ByteLevel
+    pre-tokenizer's alphabet, in which tokenizer.json, vocab.json and GGUF token lists spell tokens)."""
     bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
     cs = bs[:]
     n = 0
@@ -367,7 +368,7 @@ def _bytes_to_unicode() -> dict[int, str]:
     return dict(zip(bs, map(chr, cs), strict=True))
 
 
-BYTE_DECODER = {c: b for b, c in _bytes_to_unicode().items()}
+BYTE_DECODER = {c: b for b, c in bytes_to_unicode().items()}
 _BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 
 

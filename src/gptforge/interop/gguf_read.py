@@ -341,9 +341,9 @@ def interleaved_to_rotate_half(w: torch.Tensor, n_heads: int) -> torch.Tensor:
 
 
 def _byte_alphabet() -> dict[int, str]:
-    from gptforge.data.tokenizer import _bytes_to_unicode
+    from gptforge.data.tokenizer import bytes_to_unicode
 
-    return _bytes_to_unicode()
+    return bytes_to_unicode()
 
 
 def tokenizer_json_from_gguf(tokens: list[str], types: list[int] | None, merges: list[str], pre: str,

@@ -392,17 +392,6 @@ def export_hf(model: torch.nn.Module, out_dir: str | Path, force: bool = False, 
     return files
 
 
-def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible byte -> printable character map (as in OpenAI's encoder.py)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, (chr(c) for c in cs), strict=True))
 
 
 def _bpe_parts(ranks: dict[bytes, int], token: bytes, max_rank: int) -> list[bytes]:
@@ -422,6 +411,8 @@ def _bpe_parts(ranks: dict[bytes, int], token: bytes, max_rank: int) -> list[byt
 def ranks_to_vocab_merges(ranks: dict[bytes, int]) -> tuple[dict[str, int], list[tuple[str, str]]]:
     """tiktoken ranks -> (vocab.json mapping, merges in rank order). Each multi-byte token is the
     merge of the two parts BPE reaches with the merges ranked before it."""
+    from gptforge.data.tokenizer import bytes_to_unicode
+
     b2u = bytes_to_unicode()
 
     def u(b: bytes) -> str:
