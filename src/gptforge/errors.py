@@ -32,6 +32,11 @@ def saved_bool(state: object, key: str, section: str = "loader") -> bool:
     return v
 
 
+class ResourceError(ValueError):
+    """Work that does not fit the machine, found before it is started (a model whose parameters alone
+    are more memory than this machine has free): the message says how much is needed and what is there."""
+
+
 class ChatFormatError(ValueError):
     """A conversation or chat template that cannot be rendered (unknown role, no assistant turn, bad
     content, a damaged or hostile template). Defined here so both template kinds (data/chat.py and

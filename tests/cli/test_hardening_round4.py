@@ -103,3 +103,14 @@ def test_parallel_keys_on_one_process_say_they_do_nothing(tmp_path, capsys):
                  "--dist.tp", "1000000000", "--dist.pp", "4"]) == 0
     out = capsys.readouterr().out
     assert "dist.tp=1000000000, dist.pp=4 split the work across processes; on one process they have no effect" in out
+
+
+def test_a_model_larger_than_the_memory_is_refused_before_it_is_built(capsys, tmp_path):
+    """issue 33, class 6: size before work. Every command builds through registry.build_model, which
+    checks the float32 parameters against the memory free now."""
+    for argv in (["export", "gguf", "--random", "gpt3-175b", "--out", str(tmp_path / "g")],
+                 ["sample", "--random", "megatron-1t"], ["serve", "--random", "gpt3-175b"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "GiB in float32" in err and "free" in err and "Traceback" not in err
+    assert not (tmp_path / "g").exists()  # refused before the output folder is made

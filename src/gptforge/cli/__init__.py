@@ -86,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     from gptforge.data.chat import ChatFormatError
     from gptforge.data.shards import ShardError
     from gptforge.data.tokenizer import TokenizerError, TokenizerUnavailable
+    from gptforge.errors import ResourceError
     from gptforge.eval.tasks.base import EvalDataError
     from gptforge.extras import MissingExtra
     from gptforge.run.checkpoint import CheckpointError
@@ -96,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         handler = _fn(args.command, "cmd")
         return handler(args, rest) if takes_overrides else handler(args)
     except (CliError, ConfigError, ShardError, CheckpointError, TokenizerUnavailable, TokenizerError, ChatFormatError,
-            FileNotFoundError,
+            ResourceError, FileNotFoundError,
             EvalDataError, DeviceUnavailable, DiskFullError, MissingExtra) as e:
         print(f"gptforge {args.command}: error: {name_flag(str(e), args)}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -127,8 +127,41 @@ def all_sizes() -> list[str]:
 
 
 def build_model(model_cfg: Any) -> nn.Module:
-    """A freshly initialised model of the family ``model_cfg.arch`` names."""
+    """A freshly initialised model of the family ``model_cfg.arch`` names, after its float32 parameters
+    are checked against the memory this machine has free: a size nobody bounded (``--random gpt3-175b``,
+    a typo'd ``--model.n_layer``) is one line, not the kernel's OOM killer an hour into an allocation.
+    Every command builds its models here, so each inherits the check."""
+    import torch
+
+    if torch.get_default_device().type != "meta":  # shapes only (`with torch.device("meta")`): nothing allocated
+        check_memory(model_cfg)
     return family_of(model_cfg).model_cls(model_cfg)
+
+
+def check_memory(model_cfg: Any, bytes_per_param: int = 4) -> None:
+    """ResourceError when the parameters alone (float32, the dtype models are built in) exceed the
+    memory available now (Linux's MemAvailable; elsewhere no check)."""
+    from gptforge.errors import ResourceError
+
+    need = counts(model_cfg).params * bytes_per_param
+    avail = available_memory()
+    if avail is not None and need > avail:
+        raise ResourceError(f"model.{model_cfg.arch} with n_layer={model_cfg.n_layer}, n_embd={model_cfg.n_embd} has "
+                            f"{counts(model_cfg).params / 1e9:,.1f}B parameters: {need / 2**30:,.1f} GiB in float32 "
+                            f"before any activation, and this machine has {avail / 2**30:,.1f} GiB free. Use a "
+                            "smaller model, or `gptforge plan` to size it for many GPUs")
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available to new allocations (``MemAvailable``), or None where it is not known."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def counts(model_cfg: Any, seq_len: int | None = None) -> Any:
