@@ -261,6 +261,10 @@ def test_sft_starts_from_a_hugging_face_export_of_the_base(own, sft_run, tmp_pat
     assert main(["export", "hf", "--ckpt", str(own / "run"), "--out", str(tmp_path / "hf")]) == 0
     cfg = json.loads((tmp_path / "hf" / "tokenizer_config.json").read_text())
     assert "<|im_start|>" in cfg["chat_template"]
+    from gptforge.data.tokenizer import load_tokenizer
+
+    eot = load_tokenizer(own / "tok").eot_token  # a base model's text ends at its <|endoftext|>
+    assert json.loads((tmp_path / "hf" / "generation_config.json").read_text())["eos_token_id"] == eot
     assert main(["sft", "--init-from", str(tmp_path / "hf"), "--data", str(own / "convs.jsonl"), "--out",
                  str(tmp_path / "s"), "--val-count", "8", "--train.max_steps", "2", "--train.micro_batch", "2",
                  "--train.seq_len", "64", "--train.total_batch_tokens", "128", "--train.val_every", "0",

@@ -503,7 +503,23 @@ def write_model_tokenizer(out: Path, tok, chat, model_max_length: int) -> list[P
     paths = [out / "tokenizer.json", out / "tokenizer_config.json"]
     paths[0].write_text(tokenizer_json_of(tok), encoding="utf-8")
     paths[1].write_text(json.dumps(config, indent=2, ensure_ascii=False), encoding="utf-8")
-    return paths
+    return paths + write_generation_config(out, tok.bos_token_id, eos, tok.eot_token)
+
+
+def write_generation_config(out: Path, bos: int | None, eos: int | None, pad: int | None) -> list[Path]:
+    """``generation_config.json``, and the same ids in ``config.json``: where a reader's ``generate`` stops
+    (a chat model's end-of-turn token, as gptforge's chat stops; a base model's end of text) and pads.
+    Without it transformers ran a chat export past its end-of-turn token into the next turn."""
+    ids = {"bos_token_id": bos, "eos_token_id": eos, "pad_token_id": pad}
+    gen = out / "generation_config.json"
+    gen.write_text(json.dumps({**{k: v for k, v in ids.items() if v is not None}, "_from_model_config": False},
+                              indent=2) + "\n")
+    cfg_path = out / "config.json"
+    if cfg_path.is_file():  # the exporters write config.json first
+        cfg = json.loads(cfg_path.read_text())
+        cfg.update({k: v for k, v in ids.items() if v is not None})
+        cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
+    return [gen]
 
 
 def write_tokenizer(out: Path, chat, model_max_length: int, tok=None) -> list[Path]:
@@ -517,4 +533,5 @@ def write_tokenizer(out: Path, chat, model_max_length: int, tok=None) -> list[Pa
         from gptforge.interop.hf_chat import write_hf_chat_template
 
         write_hf_chat_template(out, chat)
-    return files
+    # a chat reply ends at the template's end-of-turn token (<|end|>), a base model's text at <|endoftext|>
+    return files + write_generation_config(out, EOT, chat.end if chat is not None else EOT, EOT)
