@@ -1,0 +1,199 @@
+"""The tokenizer interface, its errors and bounds (the seam's bottom: imports no kind)."""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import functools
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gptforge import assets
+from gptforge.tokens import EOT, EOT_TEXT
+
+# tiktoken's r50k_base pattern == GPT-2's
+R50K_PAT = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
+# GPT-4's (cl100k) split pattern, as nanochat uses for its own tokenizer (digits in groups of 1-3)
+GPT4_PAT = r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"""
+
+
+BUNDLE_DIR = "tokenizer"  # the folder a checkpoint or a shard folder keeps its tokenizer in
+INFO = "info.json"
+INFO_FORMAT = "gptforge-tokenizer/1"
+MAX_TOKENIZER_BYTES = 64 << 20  # Llama 3's tokenizer.json is 9 MB, Gemma's 33 MB
+MAX_INFO_BYTES = 1 << 20
+MAX_VOCAB = 1 << 20  # Gemma 3's 262,144 fits; a larger one is a damaged file, not a model
+MAX_TOKEN_BYTES = 1 << 12  # one token's text
+MAX_SPECIALS = 1 << 12
+
+
+class TokenizerUnavailable(RuntimeError):
+    """GPT-2's ranks are not here and cannot be downloaded (the message says how to get them)."""
+
+
+class TokenizerError(ValueError):
+    """A tokenizer file that is not a good tokenizer: the message names the file and the field."""
+
+
+
+@contextlib.contextmanager
+def _library_failure(where: str, chars: int) -> Iterator[None]:
+    """The tokenizers library's failures on a text as a TokenizerError naming the file: a split regex
+    that gives up (Oniguruma's retry limit, on a catastrophic pattern or a pathological text) is a Rust
+    panic, which reaches Python as pyo3's PanicException, a BaseException that no ``except Exception``
+    (serve's included) stops."""
+    try:
+        yield
+    except (KeyboardInterrupt, SystemExit, GeneratorExit, MemoryError):
+        raise
+    except TokenizerError:
+        raise
+    except BaseException as e:  # noqa: BLE001 - PanicException is a BaseException; nothing else gets here
+        raise TokenizerError(f"{where}: the tokenizer failed on a text of {chars:,} characters "
+                             f"({type(e).__name__}: {str(e)[:200]}); its split pattern or normalizer "
+                             "gives up on this text") from None
+
+
+
+# --- the interface ----------------------------------------------------------------------------------
+
+class Tokenizer:
+    """What every command uses. Subclasses set the attributes and implement the four primitives
+    (``_encode_plain``, ``decode_single_token_bytes``, ``entry``, ``_save_files``).
+
+    ``n_vocab``: one past the largest id the tokenizer can produce (the model's logits must cover it).
+    ``eot_token``: the document separator shards put before every document (llm.c's convention): the
+    bos token where there is one, else the eos / ``<|endoftext|>`` token.
+    ``special_tokens``: name -> id of every control token (text typed by a user never becomes one).
+    """
+
+    kind: str = ""
+    name: str = ""
+    n_vocab: int = 0
+    eot_token: int = 0
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+    special_tokens: dict[str, int]
+    chat_template: str | None = None  # the Jinja chat template that came with the tokenizer, if any
+    chat_template_where: str | None = None  # the file (and field) it came from, for refusals
+
+    # primitives
+    def _encode_plain(self, text: str) -> list[int]:
+        raise NotImplementedError
+
+    def decode_single_token_bytes(self, token: int) -> bytes:
+        raise NotImplementedError
+
+    # derived
+    def encode_ordinary(self, text: str) -> list[int]:
+        """``text`` to ids; special-token text inside it stays text."""
+        return self._encode_plain(text)
+
+    def encode(self, text: str, allowed_special: Iterable[str] | str = (), **_: Any) -> list[int]:
+        """Like tiktoken's: the special tokens named in ``allowed_special`` ("all" for every one) are
+        parsed where they appear; every other special-token text stays text."""
+        names = set(self.special_tokens) if allowed_special == "all" else set(allowed_special) & set(self.special_tokens)
+        if not names:
+            return self._encode_plain(text)
+        out: list[int] = []
+        pattern = "(" + "|".join(re.escape(s) for s in sorted(names, key=len, reverse=True)) + ")"
+        for i, part in enumerate(re.split(pattern, text)):
+            if i % 2:
+                out.append(self.special_tokens[part])
+            elif part:
+                out += self._encode_plain(part)
+        return out
+
+    def encode_batch_numpy(self, texts: Sequence[str], dtype: Any = np.uint32) -> list[np.ndarray]:
+        """``encode_ordinary`` of each text as an array (``prepare``'s hot path; kinds override it)."""
+        return [np.asarray(self._encode_plain(t), dtype=dtype) for t in texts]
+
+    @functools.cached_property
+    def _ids_by_bytes(self) -> dict[bytes, int]:
+        out: dict[bytes, int] = {}
+        for i in range(self.n_vocab):
+            try:
+                out.setdefault(self.decode_single_token_bytes(i), i)
+            except (KeyError, ValueError):
+                pass
+        return out
+
+    def encode_single_token(self, piece: bytes | str) -> int:
+        """The id of one whole token given as its bytes or text (tiktoken's method; KeyError if none)."""
+        b = piece.encode() if isinstance(piece, str) else bytes(piece)
+        if isinstance(piece, str) and piece in self.special_tokens:
+            return self.special_tokens[piece]
+        return self._ids_by_bytes[b]
+
+    def token_id(self, name: str) -> int:
+        """The id of special token ``name`` (KeyError naming the ones there are)."""
+        if name not in self.special_tokens:
+            raise KeyError(f"{self.describe()} has no special token {name!r}; it has "
+                           f"{', '.join(sorted(self.special_tokens)) or 'none'}")
+        return self.special_tokens[name]
+
+    @functools.cached_property
+    def _special_names(self) -> dict[int, bytes]:
+        return {i: s.encode() for s, i in self.special_tokens.items()}
+
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes one id prints as, for every int: specials by name, an id outside the vocabulary
+        (an unused padded row of the model) as ``<|id|>``, so a stream never crashes over one."""
+        token = int(token)
+        if token in self._special_names:
+            return self._special_names[token]
+        if not 0 <= token < self.n_vocab:
+            return f"<|{token}|>".encode()
+        try:
+            return self.decode_single_token_bytes(token)
+        except (KeyError, ValueError):  # a hole in the vocabulary
+            return f"<|{token}|>".encode()
+
+    def decode(self, ids: Sequence[int], errors: str = "replace") -> str:
+        dec = codecs.getincrementaldecoder("utf-8")(errors)
+        return "".join(dec.decode(self.token_bytes(t)) for t in ids) + dec.decode(b"", final=True)
+
+    # identity
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        """sha256 of what the tokenizer encodes to: the ranks or the tokenizer.json's canonical JSON,
+        the split pattern and the special tokens; not the files' spelling, not the chat template."""
+        return hashlib.sha256(json.dumps(self._identity(), sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+    def _identity(self) -> dict:
+        raise NotImplementedError
+
+    @property
+    def short(self) -> str:
+        return self.fingerprint[:12]
+
+    def describe(self) -> str:
+        return f"tokenizer {self.name!r} ({self.kind}, {self.n_vocab:,} ids, fingerprint {self.short})"
+
+    @property
+    def is_gpt2(self) -> bool:
+        return self.fingerprint == gpt2_fingerprint()
+
+    def entry(self) -> dict[str, Any]:
+        """The description stored in info.json and in a checkpoint's meta.json (``"tokenizer"``)."""
+        return {"format": INFO_FORMAT, "kind": self.kind, "name": self.name, "fingerprint": self.fingerprint,
+                "n_vocab": self.n_vocab, "eot": self.eot_token, "bos": self.bos_token_id, "eos": self.eos_token_id,
+                "special_tokens": dict(self.special_tokens),
+                **({"chat_template": self.chat_template} if self.chat_template else {})}
+
+    def _save_files(self, folder: Path) -> dict[str, str]:
+        """Write the files the tokenizer is made of into ``folder``; name -> sha256."""
+        raise NotImplementedError
+
+
+def gpt2_fingerprint() -> str:
+    """GPT-2's fingerprint without reading its ranks (the identity is their known sha256)."""
+    ident = {"kind": "tiktoken", "ranks_sha256": assets.GPT2_RANKS_SHA256, "pattern": R50K_PAT,
+             "special_tokens": [[EOT_TEXT, EOT]]}
+    return hashlib.sha256(json.dumps(ident, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
