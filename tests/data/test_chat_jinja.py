@@ -20,7 +20,7 @@ pytest.importorskip("tokenizers")
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
 from transformers import PreTrainedTokenizerFast  # noqa: E402
 
-from gptforge.data import chat_jinja  # noqa: E402
+from gptforge.data import jinja_sandbox  # noqa: E402
 from gptforge.data.chat import ChatFormatError, ChatTemplate  # noqa: E402
 from gptforge.data.chat_jinja import JinjaChatTemplate  # noqa: E402
 from gptforge.data.tokenizer import HFTokenizer  # noqa: E402
@@ -393,7 +393,7 @@ HOSTILE = {
 def test_hostile_templates_refused_in_one_line_within_bounds(name, chatml, monkeypatch):
     source, why = HOSTILE[name]
     if why == "deadline":
-        monkeypatch.setattr(chat_jinja, "DEADLINE_S", 0.3)  # the same bound, a faster test
+        monkeypatch.setattr(jinja_sandbox, "DEADLINE_S", 0.3)  # the same bound, a faster test
     conv = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
     caught: list[BaseException] = []
 

@@ -203,7 +203,7 @@ def test_a_vocabulary_larger_than_the_model_is_refused(tokenizer):
 GPT2_DEFAULT_OK = {
     "data/chat.py": "gptforge's own template belongs to GPT-2's vocabulary",
     "load.py": "llm.c files, random weights and GPT-2 HF directories speak GPT-2",
-    "interop/hf.py": "GPT-2's ranks as vocab.json/merges.txt for GPT-2 exports",
+    "interop/hf_tokenizer.py": "GPT-2's ranks as vocab.json/merges.txt for GPT-2 exports",
     "eval/run.py": "default of prepare_tasks(enc=None)",
     "serve/app.py": "default of create_app(enc=None)",
     "training/recipe.py": "default of a recipe built without a tokenizer",

@@ -115,7 +115,6 @@ def args_export(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from gptforge.interop import hf, llmc
     from gptforge.tokens import GPT2_VOCAB
     from gptforge.training.rm import checkpoint_is_reward_model
 
@@ -165,21 +164,29 @@ def cmd_export(args: argparse.Namespace) -> int:
                                  chat_template=chat.to_dict() if chat is not None else None,
                                  name=_export_name(args))]
         else:
-            llmc.check_llmc_model(model)  # before the output folder is created
-            out = hf.check_out_dir(args.out, args.force)
-            files = [llmc.write_llmc_model(model, out / "model.bin", dtype=dtype)]
-            if tokenizer:
-                files.append(llmc.write_llmc_tokenizer(tok, out / "tokenizer.bin"))
+            files = _export_llmc(args, model, tok, dtype, tokenizer)
     except (FileExistsError, ValueError) as e:
         raise CliError(str(e)) from e
     print(json.dumps({"format": args.format, "files": [str(f) for f in files]}))
     return 0
 
 
+def _export_llmc(args: argparse.Namespace, model, tok, dtype: str, tokenizer: bool) -> list:
+    """llm.c's model file, and its token table from the model's tokenizer (any byte-level one)."""
+    from gptforge.interop import hf, llmc
+
+    llmc.check_llmc_model(model)  # before the output folder is created
+    out = hf.check_out_dir(args.out, args.force)
+    files = [llmc.write_llmc_model(model, out / "model.bin", dtype=dtype)]
+    if tokenizer:
+        files.append(llmc.write_llmc_tokenizer(tok, out / "tokenizer.bin"))
+    return files
+
+
 def _export_own_tokenizer(args: argparse.Namespace, model, tok, chat, dtype: str) -> int:
     """Export of a model whose tokenizer is not GPT-2's: the weights as for any model, then the
     model's own tokenizer (its tokenizer.json and chat template; llm.c's token table; GGUF metadata)."""
-    from gptforge.interop import hf, hf_module, llmc
+    from gptforge.interop import hf, hf_module
 
     tokenizer = not args.no_tokenizer
     try:
@@ -194,11 +201,7 @@ def _export_own_tokenizer(args: argparse.Namespace, model, tok, chat, dtype: str
             files = [export_gguf(model, args.out, dtype=short, force=args.force, name=_export_name(args),
                                  tokenizer=tok, chat=chat)]
         else:
-            llmc.check_llmc_model(model)
-            out = hf.check_out_dir(args.out, args.force)
-            files = [llmc.write_llmc_model(model, out / "model.bin", dtype=dtype)]
-            if tokenizer:
-                files.append(llmc.write_llmc_tokenizer(tok, out / "tokenizer.bin"))
+            files = _export_llmc(args, model, tok, dtype, tokenizer)
     except (FileExistsError, ValueError) as e:
         raise CliError(str(e)) from e
     print(json.dumps({"format": args.format, "files": [str(f) for f in files], "tokenizer": tok.describe()}))

@@ -131,6 +131,21 @@ class Tokenizer:
             return self.special_tokens[piece]
         return self._ids_by_bytes[b]
 
+    def _set_ends(self, where: str, bos: str | None, eos: str | None, bos_id: int | None, eos_id: int | None,
+                  hint: str = "") -> None:
+        """bos/eos ids (the texts a config named must be special tokens) and the document separator:
+        the bos token where there is one, else the eos; a tokenizer with neither is refused."""
+        self.bos_token_id, self.eos_token_id = bos_id, eos_id
+        for field, text, tid in (("bos", bos, bos_id), ("eos", eos, eos_id)):
+            if text and tid is None:
+                raise TokenizerError(f"{where}: {field} token {text!r} is not one of its special tokens "
+                                     f"({', '.join(sorted(self.special_tokens)) or 'none'})")
+        eot = bos_id if bos_id is not None else eos_id
+        if eot is None:
+            raise TokenizerError(f"{where}: no bos or eos special token (such as {EOT_TEXT}): shards need a "
+                                 f"document separator{hint}")
+        self.eot_token = eot
+
     def token_id(self, name: str) -> int:
         """The id of special token ``name`` (KeyError naming the ones there are)."""
         if name not in self.special_tokens:

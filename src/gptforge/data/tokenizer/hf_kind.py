@@ -58,17 +58,10 @@ class HFTokenizer(Tokenizer):
         self.n_vocab = max(vocab.values(), default=-1) + 1
         added = self._json.get("added_tokens") or []
         self.special_tokens = {a["content"]: a["id"] for a in added if a.get("special")}
-        self.bos_token_id = self.special_tokens.get(bos) if bos else _guess(self.special_tokens, BOS_NAMES)
-        self.eos_token_id = self.special_tokens.get(eos) if eos else _guess(self.special_tokens, EOS_NAMES)
-        for field, tok, tid in (("bos", bos, self.bos_token_id), ("eos", eos, self.eos_token_id)):
-            if tok and tid is None:
-                raise TokenizerError(f"{where}: {field} token {tok!r} is not one of its special tokens "
-                                     f"({', '.join(sorted(self.special_tokens)) or 'none'})")
-        eot = self.bos_token_id if self.bos_token_id is not None else self.eos_token_id
-        if eot is None:
-            raise TokenizerError(f"{where}: no bos or eos special token (such as <|endoftext|>): shards need a "
-                                 "document separator; add one with `gptforge tokenizer train --special ...`")
-        self.eot_token = eot
+        self._set_ends(where, bos, eos,
+                       self.special_tokens.get(bos) if bos else _guess(self.special_tokens, BOS_NAMES),
+                       self.special_tokens.get(eos) if eos else _guess(self.special_tokens, EOS_NAMES),
+                       hint="; add one with `gptforge tokenizer train --special ...`")
         self.chat_template = chat_template
         self._id_bytes = self._byte_table(vocab)
         self._fast = self._tiktoken_twin(vocab)  # None unless provably the same encoder, and checked

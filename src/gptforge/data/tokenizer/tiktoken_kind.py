@@ -31,17 +31,8 @@ class TiktokenTokenizer(Tokenizer):
         self.special_tokens = dict(enc._special_tokens)
         self.n_vocab = enc.n_vocab
         # enc.eot_token is a KeyError where there is no <|endoftext|>: by name, and refused when none
-        self.eos_token_id = self.special_tokens.get(eos or EOT_TEXT)
-        self.bos_token_id = self.special_tokens.get(bos) if bos else None
-        for field, tok, tid in (("bos", bos, self.bos_token_id), ("eos", eos, self.eos_token_id)):
-            if tok and tid is None:
-                raise TokenizerError(f"tokenizer {name!r}: {field} token {tok!r} is not one of its special tokens "
-                                     f"({', '.join(sorted(self.special_tokens)) or 'none'})")
-        eot = self.bos_token_id if self.bos_token_id is not None else self.eos_token_id
-        if eot is None:
-            raise TokenizerError(f"tokenizer {name!r}: no bos or eos special token (such as {EOT_TEXT}): shards need "
-                                 "a document separator")
-        self.eot_token = eot
+        self._set_ends(f"tokenizer {name!r}", bos, eos, self.special_tokens.get(bos) if bos else None,
+                       self.special_tokens.get(eos or EOT_TEXT))
         self.pattern = enc._pat_str
 
     def _encode_plain(self, text: str) -> list[int]:
