@@ -11,6 +11,7 @@ the source says (a checkpoint's ``model.arch``, a Hugging Face ``model_type``).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -172,7 +173,15 @@ def load_chat_template_of(source: ModelSource, tok, fallback: bool = False):
 
 
 def _gguf_words(path: str):
-    """(tokenizer, chat template text) of a GGUF file, read from its metadata only (no weights)."""
+    """(tokenizer, chat template text) of a GGUF file, read from its metadata only (no weights); read
+    once per file version, though a command asks for both in turn."""
+    p = Path(path)
+    st = p.stat() if p.is_file() else None
+    return _gguf_words_of(str(p.resolve()), st.st_size if st else -1, st.st_mtime_ns if st else -1)
+
+
+@functools.lru_cache(maxsize=4)
+def _gguf_words_of(path: str, size: int, mtime_ns: int):
     from gptforge.interop.gguf_read import read_gguf
 
     g = read_gguf(path, weights=False)

@@ -17,7 +17,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
     """Multi-turn chat in the terminal: type a message, watch the reply stream; /reset, /quit."""
     import sys
 
-    from gptforge.data.tokenizer import TokenizerError
+    from gptforge.data.tokenizer import TokenizerError, check_fits
     from gptforge.errors import ChatFormatError
     from gptforge.generation import PromptError, SamplingParams, fit_new_tokens, stream_text
     from gptforge.runtime import resolve_device
@@ -36,7 +36,10 @@ def cmd_chat(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise CliError(f"--{str(e).replace('_', '-')}") from e
     model = load(source).to(resolve_device(args.device)).eval()
-    words(source, model)  # the tokenizer fits the model's logits
+    try:  # the tokenizer read above fits the model's logits
+        check_fits(tok, model.config.vocab_size, where=f"the model's vocab_size ({source.given()[0]})")
+    except TokenizerError as e:
+        raise CliError(str(e)) from None
     enc = text_encoder(tok, template)
     system = [{"role": "system", "content": args.system}] if args.system else []
     try:  # a template (or tokenizer) that cannot render a plain first message is broken: refused before any
