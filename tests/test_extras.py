@@ -81,3 +81,29 @@ def test_extras_match_pyproject_and_dev_installs_them_all():
     for extra, pkgs in declared.items():
         if extra not in NOT_IN_DEV:
             assert set(pkgs) <= dev, (extra, set(pkgs) - dev)
+
+
+OPTIONAL_IN_TESTS = {"fastapi", "uvicorn", "httpx", "pyarrow", "datasets", "matplotlib", "gguf", "trl", "tensorboard",
+                     "wandb", "openai", "playwright", "rustbpe", "transformers", "triton", "llama_cpp"}
+
+
+def test_no_test_module_imports_an_optional_package_before_skipping_on_it():
+    """A test file that imports an optional package at module level, with no importorskip before it, stops the
+    whole run's collection on a machine without that package (the GPU device has no fastapi: the GPU lane's
+    run of 2026-11-25 ended in a collection error). Each such import must follow its importorskip."""
+    import ast
+    bad = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        skipped: set[str] = set()
+        for node in ast.parse(path.read_text()).body:
+            call = node.value if isinstance(node, (ast.Expr, ast.Assign)) else None
+            if (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+                    and call.func.attr == "importorskip" and call.args and isinstance(call.args[0], ast.Constant)):
+                skipped.add(str(call.args[0].value).split(".")[0])
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            for name in names:
+                top = name.split(".")[0]
+                if top in OPTIONAL_IN_TESTS and top not in skipped:
+                    bad.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {name} before pytest.importorskip({top!r})")
+    assert not bad, "\n".join(bad)

@@ -15,14 +15,15 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from gptforge.cli import main
 from gptforge.data.prepare.pipeline import PrepareSettings, prepare
 from gptforge.data.prepare.sources import FilesSource, HFStreamSource, SourceError
 from gptforge.data.shards import ShardError, read_header, read_shard
+
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
 
 SHARD = 2000  # tokens per shard in these tests: ~8 shards, many documents straddle a boundary
 WORDS = ["the", "model", "café", "naïve", "言語", "tokens", "shard", "\n", "  ", "1234", "données", "🙂", "it's", "GPT", "<|endoftext|>"]

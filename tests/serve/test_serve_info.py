@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import json
 
-from fastapi.testclient import TestClient
+import pytest
 
-from gptforge.cli import main
+pytest.importorskip("fastapi")
+from fastapi.testclient import TestClient  # noqa: E402
+
+from gptforge.cli import main  # noqa: E402
 from gptforge.load import ModelSource, load_model
 from gptforge.serve.app import ServeSettings, create_app
 from gptforge.serve.describe import describe_served
