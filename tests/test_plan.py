@@ -86,3 +86,16 @@ def test_bigger_presets_use_llmc_hyperparameters():
     for p in (p350, p774, p15):
         assert p.dist.shard == "zero1" and p.optim.warmup_steps == 700 and p.optim.weight_decay == 0.1
         assert p.validate(8) >= 1  # the total batch divides on 8 GPUs, as in llm.c
+
+
+def test_an_indivisible_world_is_named_as_divisibility_not_size():
+    """Issue 34: 100 ranks x 2048 tokens fit inside 3,145,728 but do not divide it; 'smaller than' was false."""
+    from gptforge.config import ConfigError
+
+    cfg = get_preset("gpt3-175b")
+    with pytest.raises(ConfigError, match="not a multiple") as e:
+        propose(cfg, 80, 100)
+    assert "smaller" not in str(e.value)
+    cfg.train.total_batch_tokens = cfg.train.seq_len * 4
+    with pytest.raises(ConfigError, match="smaller than one sequence per rank"):
+        propose(cfg, 80, 8)

@@ -121,10 +121,14 @@ def propose(cfg: Config, gpu_mem_gib: float, world: int, reserve_gib: float = 2.
     budget = (gpu_mem_gib - reserve_gib) * GIB
     batches = _micro_batches(cfg, world)
     if not batches:
-        raise ConfigError(
-            f"train.total_batch_tokens={cfg.train.total_batch_tokens} is smaller than one sequence per rank "
-            f"(seq_len {cfg.train.seq_len} x world {world}); raise it or lower the world size"
-        )
+        T, total = cfg.train.seq_len, cfg.train.total_batch_tokens
+        if total < T * world:
+            raise ConfigError(f"train.total_batch_tokens={total} is smaller than one sequence per rank "
+                              f"(seq_len {T} x world {world}); raise it or lower the world size")
+        raise ConfigError(f"train.total_batch_tokens={total} is not a multiple of one sequence per rank "
+                          f"(seq_len {T} x world {world} = {T * world}), so no micro-batch divides it: use a "
+                          f"world size that divides {total // T} sequences, or a total batch that "
+                          f"{T * world} divides")
     rows: list[Estimate] = []
     for sharding, rc in PREFERENCE:
         if sharding != "none" and world == 1:
