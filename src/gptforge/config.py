@@ -18,7 +18,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
 
-from gptforge.config_recipes import DPOConfig, RLConfig, RMConfig  # noqa: F401 (sections; re-exported)
+from gptforge.config_recipes import DPOConfig, LoRAConfig, RLConfig, RMConfig  # noqa: F401 (sections; re-exported)
 from gptforge.errors import saved_field_types
 from gptforge.models.gpt2 import GPTConfig
 from gptforge.models.registry import model_config, switch_family
@@ -267,6 +267,7 @@ class Config:
     rl: RLConfig = field(default_factory=RLConfig)  # read by the GRPO and PPO recipes only
     rm: RMConfig = field(default_factory=RMConfig)  # read by the reward-model recipe only
     dpo: DPOConfig = field(default_factory=DPOConfig)  # read by the DPO recipe only
+    lora: LoRAConfig = field(default_factory=LoRAConfig)  # low-rank adapters: sft, dpo, rm, rl (rank 0 = off)
 
     def __post_init__(self) -> None:
         check_finite_floats(self)

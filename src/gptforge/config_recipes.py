@@ -1,5 +1,5 @@
-"""The config sections of the post-training recipes: ``rl`` (``gptforge rl``), ``rm`` (``gptforge rm``) and
-``dpo`` (``gptforge dpo``).
+"""The config sections of the post-training recipes: ``rl`` (``gptforge rl``), ``rm`` (``gptforge rm``),
+``dpo`` (``gptforge dpo``), and ``lora`` (low-rank adapters for sft, dpo, rm and rl).
 
     gptforge dpo --init-from runs/sft --data prefs.jsonl --out runs/dpo --dpo.beta 0.1 --dpo.loss_type ipo
 
@@ -137,3 +137,30 @@ class RLConfig:
         _check(0 <= self.eval_n <= MAX_EVAL_PROBLEMS, "rl.eval_n", self.eval_n, f"an integer in [0, {MAX_EVAL_PROBLEMS}]")
         _check(self.prompts * self.group <= MAX_ROLLOUTS, "rl.prompts x rl.group", (self.prompts, self.group),
                f"at most {MAX_ROLLOUTS:,} replies a step (all are sampled before the update)")
+
+
+MAX_LORA_RANK = 65_536  # wider than any layer of any model this trains; the real bound is min(in, out), checked on the model
+
+
+@dataclass
+class LoRAConfig:
+    """``--lora.rank 8``: train low-rank adapters instead of the whole model (sft, dpo, rm, rl; Hu et al.
+    2021, as ``peft`` computes it): W x + (alpha / rank) B A dropout(x), B starting at zero; the base is
+    frozen and only the adapters (and a reward model's score head) train and are checkpointed."""
+
+    rank: int = 0  # r, the adapters' inner width; 0 = off (full fine-tuning)
+    alpha: float = 16.0  # the update is scaled by alpha / rank (peft's lora_alpha)
+    dropout: float = 0.0  # dropout on the adapters' input (peft's lora_dropout)
+    targets: str = ""  # comma-separated module names (gpt2: c_attn,c_proj,c_fc; llama: q_proj,...); "" = the family's default (gpt2 c_attn, llama q_proj,v_proj: peft's)
+    base: str = ""  # the frozen base model (a checkpoint, HF directory or GGUF file); "" = --init-from's, recorded at the start
+
+    def __post_init__(self) -> None:
+        _check(0 <= self.rank <= MAX_LORA_RANK, "lora.rank", self.rank, f"an integer in [0, {MAX_LORA_RANK}] (0 = off)")
+        _check(self.alpha > 0, "lora.alpha", self.alpha, "a number > 0")
+        _check(0 <= self.dropout < 1, "lora.dropout", self.dropout, "a number in [0, 1)")
+        names = [t.strip() for t in self.targets.split(",")] if self.targets.strip() else []
+        _check(all(names), "lora.targets", self.targets, "comma-separated module names, e.g. q_proj,v_proj")
+
+    def target_names(self) -> list[str]:
+        """The targets given, in order, without repeats ([] = the family's default)."""
+        return list(dict.fromkeys(t.strip() for t in self.targets.split(",") if t.strip()))
