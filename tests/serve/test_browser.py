@@ -107,11 +107,18 @@ def test_page_sends_the_api_key_from_its_fragment(tokenizer):
             browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
             try:
                 page = browser.new_page()
+                errors = []
+                page.on("pageerror", lambda e: errors.append(str(e)))
                 page.goto(url + "/")
                 assert page.evaluate("fetch('/api/info').then((r) => r.status)") == 401
-                page.goto(url + "/#key=k3y")
-                page.reload()
+                # issue 34: opened without the key, the page says how to pass it (no raw JS error)
+                page.wait_for_selector("#key-box", state="visible")
+                assert "--api-key" in page.inner_text("#model-line") and "#key=" in page.inner_text("#model-line")
+                assert "concat" not in page.inner_text("#curve-note") and not errors
+                page.fill("#key-input", "k3y")
+                page.click("#key-use")  # the box puts the key in the fragment and reloads
                 page.wait_for_selector("#model-info dt")  # /api/info answered with the key
+                assert page.is_hidden("#key-box")
                 page.fill("#prompt", "ROMEO:")
                 page.fill("#max_new_tokens", "8")
                 page.fill("#temperature", "0")

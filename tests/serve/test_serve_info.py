@@ -40,6 +40,11 @@ def test_info_names_the_checkpoint_step_family_size_and_tokens(shard_dir, tmp_pa
     meta["config"]["model"]["arch"] = "llama"
     (ckpt / "meta.json").write_text(json.dumps(meta))
     assert describe_served(model, ckpt=str(run))["family"] == "llama"
+    # issue 34: an RL (or SFT, DPO, RM) step is not train.total_batch_tokens: unknown, not step x batch
+    meta["config"]["rl"]["init_from"] = "runs/sft"
+    (ckpt / "meta.json").write_text(json.dumps(meta))
+    s = describe_served(model, ckpt=str(run))
+    assert s["tokens_trained"] is None and s["recipe"] == "rl" and s["fine_tuned_from"] == "runs/sft"
 
 
 def test_info_for_weights_from_elsewhere(tmp_path, tokenizer):

@@ -6,7 +6,8 @@
 Where the weights came from (a checkpoint, a Hugging Face name or directory, an llm.c file), the
 checkpoint path and step, the model family (the config's ``model.arch`` where a checkpoint records
 one, else ``gpt2``), its size and how many tokens it was trained on (step x the run's
-``train.total_batch_tokens``; unknown for imported or external weights).
+``train.total_batch_tokens`` for a pretraining run; unknown for imported or external weights and for
+post-training runs, whose steps are not token batches: those name what they were tuned from).
 """
 
 from __future__ import annotations
@@ -47,6 +48,19 @@ def describe_served(model, ckpt: str | None = None, hf: str | None = None, llmc:
                    run_dir=str(where.parent.parent.resolve()) if where.parent.name == "checkpoints" else None)
         out["family"] = config.get("model", {}).get("arch", out["family"])
         batch = config.get("train", {}).get("total_batch_tokens")
-        if "source" not in meta and batch:  # an imported checkpoint ("source": the llm.c file) has no history
+        recipe, tuned = _post_training(config)
+        if recipe is not None:  # SFT/RL/DPO/RM steps are not train.total_batch_tokens each: unknown, not step x batch
+            out.update(recipe=recipe, fine_tuned_from=tuned)
+        elif "source" not in meta and batch:  # an imported checkpoint ("source": the llm.c file) has no history
             out["tokens_trained"] = step * int(batch)
     return out
+
+
+def _post_training(config: dict[str, Any]) -> tuple[str | None, str | None]:
+    """(recipe, starting model) of a post-training run (sft, rl, dpo, rm) from its config, the starting
+    model where the config records one; (None, None) for pretraining."""
+    for section, key in (("rl", "init_from"), ("dpo", "init_from"), ("sft", "data"), ("rm", "data")):
+        part = config.get(section) or {}
+        if part.get(key):
+            return section, (str(part["init_from"]) if part.get("init_from") else None)
+    return None, None
