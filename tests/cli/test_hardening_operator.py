@@ -264,3 +264,24 @@ def test_an_output_path_of_the_wrong_kind_is_one_line_for_every_command(argv, tm
     (tmp_path / "f").write_text("x")
     argv = [a.format(dir=tmp_path, file=tmp_path / "f") for a in argv]
     _one_line(capsys, argv, str(tmp_path))
+
+
+def test_serve_on_a_busy_port_refuses_before_its_url_with_its_own_exit(capsys, monkeypatch):
+    """Issue 34: a port in use is one line naming it and what to do, exit 4 (not 3, which means
+    divergence), before the model loads or the URL is printed."""
+    import socket
+
+    pytest.importorskip("fastapi")
+    pytest.importorskip("uvicorn")
+    import gptforge.cli.model as cli_model
+    from gptforge.cli.common import EXIT_PORT_BUSY
+
+    monkeypatch.setattr(cli_model, "load", lambda *a, **k: pytest.fail("the model loaded on a busy port"))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        assert main(["serve", "--random", "d2", "--port", str(port)]) == EXIT_PORT_BUSY == 4
+    out, err = capsys.readouterr()
+    assert "http://" not in out + err and "Errno" not in err
+    assert len(err.strip().splitlines()) == 1 and f"port {port}" in err and f"--port {port + 1}" in err

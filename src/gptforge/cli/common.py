@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -12,6 +13,9 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # torch: imported only when a command runs, so `gptforge --help` stays instant
     from gptforge.load import ModelSource
+
+
+EXIT_PORT_BUSY = 4  # serve: the port (or host) cannot be listened on; said before the model loads
 
 
 class CliError(Exception):
@@ -239,6 +243,7 @@ def init_from(source: str, cfg) -> Callable:
     def init_weights(model) -> None:
         model.load_state_dict(sd)
 
+    init_weights.source = os.path.abspath(source)  # type: ignore[attr-defined]  # a LoRA run's lora.base
     return init_weights
 
 

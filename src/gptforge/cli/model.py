@@ -115,6 +115,26 @@ def args_export(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    """The whole export (weights, config, tokenizer files) is built in a temporary folder beside --out
+    and renamed into place (storage.atomic_dir): a full disk or a kill leaves the earlier export whole."""
+    from gptforge.storage import atomic_dir
+
+    final = args.out
+    with atomic_dir(final, args.force, what=f"the {args.format} export") as tmp:
+        args.out, args.out_final = str(tmp), final
+        try:
+            return _export(args)
+        finally:
+            args.out = final
+
+
+def _final(args: argparse.Namespace, f) -> str:
+    """Where ``f``, written under the temporary export folder, is once the folder is renamed into place."""
+    final = getattr(args, "out_final", None)
+    return str(Path(final) / Path(f).relative_to(args.out)) if final is not None else str(f)
+
+
+def _export(args: argparse.Namespace) -> int:
     from gptforge.tokens import GPT2_VOCAB
     from gptforge.training.rm import checkpoint_is_reward_model
 
@@ -142,7 +162,8 @@ def cmd_export(args: argparse.Namespace) -> int:
                        "describe this model; pass --no-tokenizer to export the weights alone")
     tokenizer = not args.no_tokenizer
     n = sum(p.numel() for p in model.parameters())
-    print(f"gptforge export: writing {n / 1e6:.1f}M parameters to {args.out} ...", file=sys.stderr,
+    print(f"gptforge export: writing {n / 1e6:.1f}M parameters to {getattr(args, 'out_final', args.out)} ...",
+          file=sys.stderr,
           flush=True)  # seconds for the larger models: not silent
     try:
         if args.format == "hf":
@@ -167,7 +188,7 @@ def cmd_export(args: argparse.Namespace) -> int:
             files = _export_llmc(args, model, tok, dtype, tokenizer)
     except (FileExistsError, ValueError) as e:
         raise CliError(str(e)) from e
-    print(json.dumps({"format": args.format, "files": [str(f) for f in files]}))
+    print(json.dumps({"format": args.format, "files": [_final(args, f) for f in files]}))
     return 0
 
 
@@ -204,7 +225,7 @@ def _export_own_tokenizer(args: argparse.Namespace, model, tok, chat, dtype: str
             files = _export_llmc(args, model, tok, dtype, tokenizer)
     except (FileExistsError, ValueError) as e:
         raise CliError(str(e)) from e
-    print(json.dumps({"format": args.format, "files": [str(f) for f in files], "tokenizer": tok.describe()}))
+    print(json.dumps({"format": args.format, "files": [_final(args, f) for f in files], "tokenizer": tok.describe()}))
     return 0
 
 
@@ -242,7 +263,7 @@ def _export_reward_model(args: argparse.Namespace) -> int:
                                      chat_template=chat.to_dict())
     except (FileExistsError, ValueError) as e:
         raise CliError(str(e)) from e
-    print(json.dumps({"format": "hf", "kind": "reward_model", "files": [str(f) for f in files]}))
+    print(json.dumps({"format": "hf", "kind": "reward_model", "files": [_final(args, f) for f in files]}))
     return 0
 
 
@@ -290,7 +311,8 @@ def args_serve(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key", default=None, metavar="KEY",
                    help="require 'Authorization: Bearer KEY' on /api and /v1 (OpenAI clients: api_key=KEY); "
                         "default: $GPTFORGE_API_KEY, else none")
-    p.add_argument("--port", type=port, default=8000, help="TCP port, 1-65535 (default %(default)s)")
+    p.add_argument("--port", type=port, default=8000, help="TCP port, 1-65535 (default %(default)s); a port in use "
+                                                          "is refused before the model loads, exit 4")
     p.add_argument("--metrics", help="metrics.jsonl for the loss curve (default: the checkpoint's run directory)")
     p.add_argument("--max-new-tokens-cap", type=int, default=512, help="largest max_new_tokens a request may ask")
     p.add_argument("--max-batch", type=int, default=8, help="most prompts in one request")
@@ -328,13 +350,24 @@ def cmd_serve(args: argparse.Namespace) -> int:
         where = ckpt.resolve_checkpoint(args.ckpt)
         found = [p / "metrics.jsonl" for p in (where, *where.parents[:3]) if (p / "metrics.jsonl").exists()]
         metrics = str(found[0]) if found else None
+    from gptforge.cli.common import EXIT_PORT_BUSY
+    from gptforge.serve.app import PortBusy, bind_port
     from gptforge.serve.describe import describe_served
 
-    model = load(source).to(resolve_device(args.device))
-    tok, chat = words(source, model)  # a chat checkpoint: the page opens in chat mode
+    try:
+        sock = bind_port(args.host, args.port)  # before the model loads and the URL is printed
+    except PortBusy as e:
+        print(f"gptforge serve: {e}", file=sys.stderr)
+        return EXIT_PORT_BUSY
+    try:
+        model = load(source).to(resolve_device(args.device))
+        tok, chat = words(source, model)  # a chat checkpoint: the page opens in chat mode
+    except BaseException:
+        sock.close()
+        raise
     run_server(model, settings, host=args.host, port=args.port, metrics_path=metrics,
                served=describe_served(model, args.ckpt, args.hf, args.llmc, args.random, args.gguf),
-               chat_template=chat.to_dict() if chat else None, api_key=api_key, enc=tok)
+               chat_template=chat.to_dict() if chat else None, api_key=api_key, enc=tok, sock=sock)
     return 0
 
 
@@ -351,6 +384,7 @@ def args_bench_generate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=0, help="CPU threads for torch (0 = torch's default)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="weights of both models")
     p.add_argument("--json", help="write results to this JSON file")
+    p.add_argument("--force", action="store_true", help="replace the --json file if it exists")
 
 
 def cmd_bench_generate(args: argparse.Namespace) -> int:

@@ -300,13 +300,46 @@ def create_app(model: torch.nn.Module, enc: Any = None, settings: ServeSettings 
     return app
 
 
+class PortBusy(OSError):
+    """The address ``serve`` was asked to listen on is taken (or not this machine's)."""
+
+
+def bind_port(host: str, port: int):
+    """A listening socket on ``host:port``, bound before the model loads and before the URL is printed, so
+    a busy port is one line, not a URL and then uvicorn's ``[Errno 98]``. SO_REUSEADDR as uvicorn sets it
+    (a port in TIME_WAIT is free)."""
+    import socket
+
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError as e:
+        raise PortBusy(f"cannot listen on {host}:{port}: {e.strerror or e}; check --host") from e
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as e:
+        sock.close()
+        import errno
+
+        if e.errno == errno.EADDRINUSE:
+            raise PortBusy(f"port {port} on {host} is already in use (another gptforge serve?): stop that "
+                           f"server or pass --port {port + 1}") from e
+        raise PortBusy(f"cannot listen on {host}:{port}: {e.strerror or e}; check --host and --port") from e
+    return sock
+
+
 def run_server(model: torch.nn.Module, settings: ServeSettings, host: str = "127.0.0.1", port: int = 8000,
                metrics_path: str | Path | None = None, served: dict | None = None,
-               chat_template: dict | None = None, api_key: str | None = None, enc: Any = None) -> None:
+               chat_template: dict | None = None, api_key: str | None = None, enc: Any = None,
+               sock: Any = None) -> None:
+    """Serve until Ctrl-C on ``sock`` (from :func:`bind_port`; bound here when not given)."""
     import uvicorn
 
+    sock = sock if sock is not None else bind_port(host, port)
     app = create_app(model, enc, settings=settings, metrics_path=metrics_path, served=served,
                      chat_template=chat_template, api_key=api_key)
     print(f"gptforge serve: http://{host}:{port}/  (JSON API under /api, OpenAI's under /v1, schema at /docs"
-          f"{'; Bearer key required' if api_key else ''}; Ctrl-C stops)", flush=True)
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+          f"{'; Bearer key required: open the page as /#key=KEY' if api_key else ''}; Ctrl-C stops)", flush=True)
+    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
