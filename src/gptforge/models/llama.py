@@ -3,7 +3,9 @@
 A pre-norm decoder like ``gpt2.py``, with the changes Llama and modded-nanogpt made: RMSNorm instead
 of LayerNorm, rotary position embeddings instead of learned ones, grouped-query attention (``n_kv_head``
 key/value heads shared by ``n_head`` query heads), a SwiGLU MLP (or ReLU²), an untied output head,
-no biases; plus optional QK-norm and a logit soft-cap (``cap * tanh(logits / cap)``).
+no biases; plus optional QK-norm and a logit soft-cap (``cap * tanh(logits / cap)``), and the variants
+common small models need: q/k/v biases (``qkv_bias``, Qwen2) and rope scaling (``rope_type`` linear
+or llama3, Llama 3.1/3.2; ``models/rope.py``).
 
 Parameter names are Hugging Face ``LlamaForCausalLM``'s (``model.embed_tokens.weight``,
 ``model.layers.0.self_attn.q_proj.weight``, ... ``lm_head.weight``) and rotary embeddings use HF's
@@ -29,7 +31,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from gptforge.kernels.attention import BACKENDS, sdpa_for
-from gptforge.models import masks
+from gptforge.models import masks, rope
 from gptforge.models.counting import Counts, attention_flops
 from gptforge.models.gpt2 import KVCache, padded_vocab
 from gptforge.models.head import logits_and_loss
@@ -42,10 +44,10 @@ SIZES: dict[str, dict] = {
     # GPT-2 small's compute per token: 12 layers, 768 wide, MHA, SwiGLU 2048 (3*768*2048 = GPT-2's 2*768*3072),
     # GPT-2 tokenizer; the untied head adds 38.6M parameters but no FLOPs
     "llama-124m": dict(n_layer=12, n_head=12, n_kv_head=12, n_embd=768, intermediate_size=2048, block_size=1024),
-    # Llama-3.2-1B's shape (tied embeddings, 128,256 vocabulary) for `plan`; its llama3 rope scaling is not
-    # implemented, so this is the shape, not a loader for Meta's weights
+    # Llama-3.2-1B's shape (tied embeddings, 128,256 vocabulary, llama3 rope scaling) for `plan`
     "llama3-1b": dict(n_layer=16, n_head=32, n_kv_head=8, n_embd=2048, intermediate_size=8192, block_size=8192,
-                      vocab_size=128_256, pad_vocab=False, rope_theta=500_000.0, tie_embeddings=True),
+                      vocab_size=128_256, pad_vocab=False, rope_theta=500_000.0, tie_embeddings=True,
+                      rope_type="llama3", rope_factor=32.0, rope_original_context=8192),
 }
 
 
@@ -61,6 +63,12 @@ class LlamaConfig:
     vocab_size: int = GPT2_VOCAB  # real tokens
     pad_vocab: bool = True  # embedding/lm_head rows rounded up to a multiple of 128
     rope_theta: float = 10_000.0  # base of the rotary position frequencies
+    rope_type: str = "default"  # rope scaling: default | linear | llama3 (HF rope_scaling's rope_type)
+    rope_factor: float = 1.0  # linear, llama3: how many times the trained context is stretched
+    rope_low_freq_factor: float = 1.0  # llama3: wavelengths over original_context/low are divided by factor
+    rope_high_freq_factor: float = 4.0  # llama3: wavelengths under original_context/high are kept
+    rope_original_context: int = 0  # llama3: the context it was trained on (original_max_position_embeddings)
+    qkv_bias: bool = False  # biases on the q, k and v projections, none on o_proj (Qwen2)
     norm_eps: float = 1e-5  # RMSNorm epsilon
     mlp: str = "swiglu"  # swiglu | relu2
     qk_norm: bool = False  # RMSNorm over each head's queries and keys, before the rotation
@@ -115,6 +123,7 @@ class LlamaConfig:
         masks.check_config(self.attention, self.doc_mask)
         if not (self.rope_theta > 0 and math.isfinite(self.rope_theta)):
             raise ValueError(f"model.rope_theta={self.rope_theta} must be a positive number")
+        rope.check_config(self)
         if not self.norm_eps > 0:
             raise ValueError(f"model.norm_eps={self.norm_eps} must be > 0")
         if not (self.logit_softcap >= 0 and math.isfinite(self.logit_softcap)):
@@ -167,13 +176,14 @@ class RMSNorm(nn.Module):
         return self.weight * xf.to(x.dtype)
 
 
-def rope_cos_sin(pos: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_cos_sin(pos: torch.Tensor, head_dim: int, theta: float, **scaling) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotary angles for positions ``pos`` ((T,) or (B, T)) -> cos, sin of shape (..., T, head_dim).
 
     Channel i and i + head_dim/2 form a pair rotated by pos * theta^(-2i/head_dim) (HF's layout, not
-    the interleaved pairs of Meta's reference code). Computed in float32 on the fly: no table to
-    outgrow, nothing for ``.to(bfloat16)`` to round."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=pos.device, dtype=torch.float32) / head_dim))
+    the interleaved pairs of Meta's reference code), the frequencies scaled as ``scaling`` says
+    (``rope.inv_freq``). Computed in float32 on the fly: no table to outgrow, nothing for
+    ``.to(bfloat16)`` to round."""
+    inv_freq = rope.inv_freq(head_dim, theta, device=pos.device, **scaling)
     freqs = pos.float()[..., None] * inv_freq  # (..., T, hd/2)
     emb = torch.cat((freqs, freqs), dim=-1)  # (..., T, hd)
     return emb.cos(), emb.sin()
@@ -200,9 +210,9 @@ class Attention(nn.Module):
         self.flash = cfg.flash
         self.sdpa = sdpa_for(cfg.attn_backend)  # F.scaled_dot_product_attention, maybe pinned to one kernel
         self.dropout = cfg.dropout
-        self.q_proj = nn.Linear(cfg.n_embd, cfg.n_head * cfg.head_dim, bias=False)
-        self.k_proj = nn.Linear(cfg.n_embd, cfg.kv_heads * cfg.head_dim, bias=False)
-        self.v_proj = nn.Linear(cfg.n_embd, cfg.kv_heads * cfg.head_dim, bias=False)
+        self.q_proj = nn.Linear(cfg.n_embd, cfg.n_head * cfg.head_dim, bias=cfg.qkv_bias)
+        self.k_proj = nn.Linear(cfg.n_embd, cfg.kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
+        self.v_proj = nn.Linear(cfg.n_embd, cfg.kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(cfg.n_head * cfg.head_dim, cfg.n_embd, bias=False)
         self.o_proj.RESIDUAL_SCALE = True  # type: ignore[attr-defined]  # see Llama._init_weights
         if cfg.qk_norm:
@@ -321,6 +331,8 @@ class Llama(nn.Module):
     def _init_weights(self, module: nn.Module) -> None:
         # N(0, 0.02) as GPT-2; projections into the residual stream 1/sqrt(2*n_layer) smaller, or zero
         if isinstance(module, nn.Linear):
+            if module.bias is not None:  # q/k/v biases (qkv_bias) start at zero
+                torch.nn.init.zeros_(module.bias)
             std = 0.02
             if getattr(module, "RESIDUAL_SCALE", False):
                 if self.config.zero_init_proj:
@@ -366,7 +378,7 @@ class Llama(nn.Module):
     def block_args(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """What every block takes after its input: the rotary (cos, sin) for positions ``pos`` (T,) or
         (B, T). The pipeline's stages call this for their own blocks."""
-        return rope_cos_sin(pos, self.config.head_dim, self.config.rope_theta)
+        return rope_cos_sin(pos, self.config.head_dim, self.config.rope_theta, **rope.scaling_of(self.config))
 
     def hidden_states(self, idx: torch.Tensor, kv_cache: KVCache | None = None, pos: torch.Tensor | None = None,
                       attn_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -426,16 +438,18 @@ def counts(cfg: LlamaConfig, seq_len: int) -> Counts:
     """Parameters and FLOPs of :class:`Llama` from its config (equal to ``Llama(cfg).num_parameters()``)."""
     C, V, H, hd = cfg.n_embd, cfg.padded_vocab_size, cfg.hidden_dim, cfg.head_dim
     attn = C * cfg.n_head * hd * 2 + C * cfg.kv_heads * hd * 2
+    bias = (cfg.n_head + 2 * cfg.kv_heads) * hd if cfg.qkv_bias else 0  # split by heads under TP, as the weights
     mlp_in = (2 if cfg.mlp == "swiglu" else 1) * C * H
     matmul = attn + mlp_in + H * C
-    layer = matmul + 2 * C + (2 * hd if cfg.qk_norm else 0)
+    norms = 2 * C + (2 * hd if cfg.qk_norm else 0)
+    layer = matmul + bias + norms
     embed = V * C
     head = C + (0 if cfg.tie_embeddings else V * C)
     return Counts(
         params=embed + cfg.n_layer * layer + head, layer_params=layer, embed_params=embed, head_params=head,
         lookup=0 if cfg.tie_embeddings else embed, positions=0, mlp_in_params=mlp_in,
-        layer_replicated=layer - matmul, final_norm=C, tied=cfg.tie_embeddings, layer_norms=layer - matmul,
-        qkv_bias=0, layer_tensors=2 + 4 + (3 if cfg.mlp == "swiglu" else 2) + (2 if cfg.qk_norm else 0),
+        layer_replicated=norms, final_norm=C, tied=cfg.tie_embeddings, layer_norms=norms, qkv_bias=0,
+        layer_tensors=2 + 4 + (3 if cfg.mlp == "swiglu" else 2) + (2 if cfg.qk_norm else 0) + (3 if bias else 0),
         embed_tensors=1, head_tensors=1 + (0 if cfg.tie_embeddings else 1),
         layer_flops=2.0 * matmul + attention_flops(cfg.n_head * hd, seq_len), head_flops=2.0 * C * V,
         n_layer=cfg.n_layer, n_embd=C, n_head=cfg.n_head, kv_heads=cfg.kv_heads, vocab=V, seq_len=seq_len,

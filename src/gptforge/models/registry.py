@@ -46,6 +46,7 @@ class Family:
     hf_model_type: str | None  # Hugging Face config.json ``model_type`` it maps to (None: no HF interop)
     llmc: bool  # llm.c model files can hold it
     sizes: str = "SIZES"  # name -> shape table in ``module`` (for ``--random SIZE`` and presets)
+    hf_also: tuple[str, ...] = ()  # other model_types the family loads (a variant its config expresses)
 
     def _get(self, attr: str) -> Any:
         return getattr(importlib.import_module(self.module), attr)
@@ -75,7 +76,8 @@ def register(family: Family) -> Family:
 
 
 register(Family("gpt2", "gptforge.models.gpt2", "GPTConfig", "GPT", hf_model_type="gpt2", llmc=True))
-register(Family("llama", "gptforge.models.llama", "LlamaConfig", "Llama", hf_model_type="llama", llmc=False))
+register(Family("llama", "gptforge.models.llama", "LlamaConfig", "Llama", hf_model_type="llama", llmc=False,
+                hf_also=("qwen2",)))  # Qwen2: a Llama with q/k/v biases (model.qkv_bias)
 
 
 def get_family(arch: str) -> Family:
