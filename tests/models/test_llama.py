@@ -324,8 +324,8 @@ def test_config_validation_names_the_key(kw, key):
 
 @pytest.mark.parametrize(
     "change, key",
-    [({"rope_scaling": {"rope_type": "llama3", "factor": 32.0}}, "rope_scaling"),
-     ({"rope_scaling": {"type": "linear", "factor": 2.0}}, "rope_scaling"),
+    [({"rope_scaling": {"rope_type": "dynamic", "factor": 32.0}}, "rope_scaling.rope_type='dynamic'"),
+     ({"rope_scaling": {"type": "longrope", "factor": 2.0}}, "rope_scaling.rope_type='longrope'"),
      ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}}, "rope_type"),
      ({"sliding_window": 4096}, "sliding_window"), ({"attention_bias": True}, "attention_bias"),
      ({"mlp_bias": True}, "mlp_bias"), ({"head_dim": 16}, "head_dim"), ({"hidden_act": "gelu"}, "hidden_act"),

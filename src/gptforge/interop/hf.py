@@ -43,7 +43,8 @@ IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias")
 # Hugging Face ``config.json`` model_type -> the gptforge model family that implements it, from the
 # registry (Family.hf_model_type). Anything else is refused by name instead of loading as a randomly
 # initialised GPT-2; a family registered with hf_model_type="llama" plugs in with no change here.
-HF_MODEL_TYPES: dict[str, str] = {f.hf_model_type: f.name for f in FAMILIES.values() if f.hf_model_type}
+HF_MODEL_TYPES: dict[str, str] = {t: f.name for f in FAMILIES.values() if f.hf_model_type
+                                  for t in (f.hf_model_type, *f.hf_also)}
 
 
 class HFModelError(CheckpointError):

@@ -1,10 +1,12 @@
-"""Hugging Face ``LlamaForCausalLM`` <-> gptforge ``Llama``, both ways.
+"""Hugging Face ``LlamaForCausalLM`` and ``Qwen2ForCausalLM`` <-> gptforge ``Llama``, both ways.
 
 gptforge's Llama uses HF's parameter names and rotary layout, so the key map is the identity; only
 the vocabulary padding (rows up to a multiple of 128) is added on the way in and sliced off on the way
-out. A HF config that asks for something gptforge does not implement (rope scaling, sliding windows,
-biases, a head_dim other than hidden/heads, an activation other than SiLU) is refused by name
-before any weight is read: a model is never loaded wrong.
+out. Rope scaling ``linear`` and ``llama3`` (Llama 3.1/3.2) map to ``model.rope_*``; a ``qwen2``
+directory is a Llama with q/k/v biases (``model.qkv_bias``), and a model with them exports as one.
+A HF config that asks for something gptforge does not implement (another rope scaling, sliding
+windows that slide, biases on o_proj or the MLP, a head_dim other than hidden/heads, an activation
+other than SiLU) is refused by name before any weight is read: a model is never loaded wrong.
 
     >>> model = load_hf_llama("./my-llama-dir")        # a save_pretrained directory (or a hub name, online)
     >>> export_hf_llama(model, "exports/llama-hf")      # LlamaForCausalLM.from_pretrained loads it
@@ -40,29 +42,77 @@ def _refuse(key: str, value, why: str) -> HFConfigError:
                          "and will not load the model wrong")
 
 
+def _number(where: str, d: dict, key: str, default=None) -> float:
+    v = d.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise HFConfigError(f"Hugging Face config {where}.{key}={v!r}: expected a number")
+    return v
+
+
+def rope_from_hf(c: dict) -> dict:
+    """``model.rope_*`` fields from ``rope_scaling`` (transformers < 5) or ``rope_parameters`` (>= 5; the
+    former wins when both are set, as transformers 5 reads them); other scalings refused by name."""
+    rope = c.get("rope_parameters") or {}
+    where = "rope_scaling" if c.get("rope_scaling") else "rope_parameters"
+    scaling = c.get("rope_scaling") or rope
+    if not isinstance(scaling, dict) or not isinstance(rope, dict):
+        raise HFConfigError(f"Hugging Face config {where}={scaling!r}: expected an object")
+    for d in (scaling, rope, c):
+        if d.get("partial_rotary_factor", 1.0) != 1.0:
+            raise _refuse("partial_rotary_factor", d["partial_rotary_factor"], "only part of each head rotates")
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind not in ("default", "linear", "llama3"):
+        raise _refuse(f"{where}.rope_type", kind, "this rope scaling changes the rotary frequencies in a way only "
+                      "default, linear and llama3 are implemented for")
+    out: dict = {"rope_type": kind}
+    if kind != "default":
+        out["rope_factor"] = float(_number(where, scaling, "factor"))
+    if kind == "llama3":
+        out["rope_low_freq_factor"] = float(_number(where, scaling, "low_freq_factor"))
+        out["rope_high_freq_factor"] = float(_number(where, scaling, "high_freq_factor"))
+        orig = scaling.get("original_max_position_embeddings", c.get("max_position_embeddings"))
+        if isinstance(orig, bool) or not isinstance(orig, int):
+            raise HFConfigError(f"Hugging Face config {where}.original_max_position_embeddings={orig!r}: expected "
+                                "an integer")
+        out["rope_original_context"] = orig
+    return out
+
+
+def _sliding_window_slides(c: dict) -> bool:
+    """Qwen2's sliding window changes some layer's attention within the model's context."""
+    if not c.get("use_sliding_window") or c.get("sliding_window") is None:
+        return False
+    window, ctx = c["sliding_window"], c.get("max_position_embeddings", 2048)
+    if isinstance(window, int) and not isinstance(window, bool) and window >= ctx:
+        return False  # a window as long as the context is causal attention
+    types = c.get("layer_types")
+    if isinstance(types, list):
+        return "sliding_attention" in types
+    return c.get("max_window_layers", 28) < c["num_hidden_layers"]
+
+
 def llama_config_from_hf(c: dict, **overrides) -> LlamaConfig:
-    """A ``LlamaConfig`` from a HF ``config.json`` dict, refusing features gptforge lacks."""
-    if c.get("model_type") != "llama":
-        raise HFConfigError(f"Hugging Face config model_type={c.get('model_type')!r}: only 'llama' "
-                            "(LlamaForCausalLM) loads into gptforge's Llama")
+    """A ``LlamaConfig`` from a HF ``config.json`` dict (``llama`` or ``qwen2``), refusing features gptforge lacks."""
+    model_type = c.get("model_type")
+    if model_type not in ("llama", "qwen2"):
+        raise HFConfigError(f"Hugging Face config model_type={model_type!r}: only 'llama' (LlamaForCausalLM) and "
+                            "'qwen2' (Qwen2ForCausalLM) load into gptforge's Llama")
     absent = [k for k in REQUIRED if not isinstance(c.get(k), int)]
     if absent:
         raise HFConfigError(f"Hugging Face config lacks integer {', '.join(absent)}; is this a LlamaForCausalLM config?")
-    if c.get("rope_scaling"):
-        kind = c["rope_scaling"].get("rope_type", c["rope_scaling"].get("type")) if isinstance(
-            c["rope_scaling"], dict) else c["rope_scaling"]
-        raise _refuse("rope_scaling", kind, "rope scaling changes the rotary frequencies")
     rope = c.get("rope_parameters") or {}  # transformers >= 5 keeps rope_theta and the rope type here
-    if rope.get("rope_type", "default") != "default":
-        raise _refuse("rope_parameters.rope_type", rope["rope_type"], "rope scaling changes the rotary frequencies")
-    for where in (rope, c):
-        if where.get("partial_rotary_factor", 1.0) != 1.0:
-            raise _refuse("partial_rotary_factor", where["partial_rotary_factor"], "only part of each head rotates")
-    if c.get("sliding_window") or c.get("use_sliding_window"):
+    scaling = rope_from_hf(c)
+    if model_type == "qwen2":  # q/k/v biases always; a sliding window only where it slides
+        if _sliding_window_slides(c):
+            raise _refuse("use_sliding_window", True, f"sliding-window attention (sliding_window="
+                          f"{c.get('sliding_window')}, max_window_layers={c.get('max_window_layers')})")
+    elif c.get("sliding_window") or c.get("use_sliding_window"):
         raise _refuse("sliding_window", c.get("sliding_window"), "sliding-window attention")
-    for key in ("attention_bias", "mlp_bias"):
-        if c.get(key):
-            raise _refuse(key, c[key], "biases in the projections")
+    if c.get("attention_bias"):  # LlamaForCausalLM's attention_bias puts one on o_proj too (Qwen2's does not)
+        raise _refuse("attention_bias", c["attention_bias"], "a bias on o_proj (q/k/v biases alone are Qwen2's, "
+                      "model_type qwen2)")
+    if c.get("mlp_bias"):
+        raise _refuse("mlp_bias", c["mlp_bias"], "biases in the MLP projections")
     if c.get("hidden_act", "silu") != "silu":
         raise _refuse("hidden_act", c["hidden_act"], "the MLP is SwiGLU with SiLU")
     hidden, heads = c["hidden_size"], c["num_attention_heads"]
@@ -74,9 +124,12 @@ def llama_config_from_hf(c: dict, **overrides) -> LlamaConfig:
         n_layer=c["num_hidden_layers"], n_head=heads, n_kv_head=c.get("num_key_value_heads") or heads,
         n_embd=hidden, intermediate_size=c["intermediate_size"], block_size=c.get("max_position_embeddings", 2048),
         vocab_size=c["vocab_size"], rope_theta=float(theta), norm_eps=c.get("rms_norm_eps", 1e-6),
-        tie_embeddings=bool(c.get("tie_word_embeddings", False)),
+        tie_embeddings=bool(c.get("tie_word_embeddings", False)), qkv_bias=model_type == "qwen2", **scaling,
     )
-    return LlamaConfig(**{**kwargs, **overrides})
+    try:
+        return LlamaConfig(**{**kwargs, **overrides})
+    except ValueError as e:  # the values transformers would take but no model has (a factor of 0 ...)
+        raise HFConfigError(f"Hugging Face config: {e}") from None
 
 
 def _read_config(name_or_dir: str) -> dict:
@@ -174,8 +227,20 @@ def load_hf_llama_state_dict(model: Llama, sd_hf: dict[str, torch.Tensor]) -> No
         raise ValueError(f"weights do not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
 
 
+def rope_to_hf(cfg: LlamaConfig) -> dict | None:
+    """``rope_scaling`` for transformers (None when unscaled); ``rope_parameters`` is it plus rope_theta."""
+    if cfg.rope_type == "default":
+        return None
+    out = {"rope_type": cfg.rope_type, "factor": cfg.rope_factor}
+    if cfg.rope_type == "llama3":
+        out.update(low_freq_factor=cfg.rope_low_freq_factor, high_freq_factor=cfg.rope_high_freq_factor,
+                   original_max_position_embeddings=cfg.rope_original_context)
+    return out
+
+
 def hf_llama_config(cfg: LlamaConfig) -> dict:
-    """config.json for transformers' LlamaForCausalLM describing ``cfg`` (refuses what it cannot express)."""
+    """config.json for transformers' LlamaForCausalLM describing ``cfg`` (refuses what it cannot express);
+    with q/k/v biases, Qwen2ForCausalLM's (the same model, biases on q/k/v only)."""
     unsupported = {"qk_norm": cfg.qk_norm, "mlp": cfg.mlp if cfg.mlp != "swiglu" else None,
                    "logit_softcap": cfg.logit_softcap or None}
     for key, value in unsupported.items():
@@ -183,9 +248,10 @@ def hf_llama_config(cfg: LlamaConfig) -> dict:
             raise ValueError(f"model.{key}={value!r}: Hugging Face LlamaForCausalLM has no such option, so this "
                              "model cannot be exported as a Llama (train with the default to export)")
     gpt2_vocab = cfg.vocab_size in (GPT2_VOCAB, CHAT_VOCAB)  # GPT-2's BPE (a chat model adds its tokens)
-    return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+    scaling = rope_to_hf(cfg)
+    config = {
+        "architectures": ["Qwen2ForCausalLM" if cfg.qkv_bias else "LlamaForCausalLM"],
+        "model_type": "qwen2" if cfg.qkv_bias else "llama",
         "vocab_size": cfg.vocab_size,
         "hidden_size": cfg.n_embd,
         "intermediate_size": cfg.hidden_dim,
@@ -197,8 +263,8 @@ def hf_llama_config(cfg: LlamaConfig) -> dict:
         "max_position_embeddings": cfg.block_size,
         "rms_norm_eps": cfg.norm_eps,
         "rope_theta": cfg.rope_theta,  # transformers < 5 reads these two ...
-        "rope_scaling": None,
-        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},  # ... >= 5 this
+        "rope_scaling": scaling,
+        "rope_parameters": {**(scaling or {"rope_type": "default"}), "rope_theta": cfg.rope_theta},  # ... >= 5 this
         "attention_bias": False,
         "attention_dropout": 0.0,
         "mlp_bias": False,
@@ -208,6 +274,11 @@ def hf_llama_config(cfg: LlamaConfig) -> dict:
         "eos_token_id": EOT if gpt2_vocab else None,
         "torch_dtype": "float32",
     }
+    if cfg.qkv_bias:  # Qwen2's config: no bias switches (q/k/v have them, o_proj not), no window that slides
+        for key in ("attention_bias", "mlp_bias", "head_dim"):
+            del config[key]
+        config.update(use_sliding_window=False, sliding_window=None, max_window_layers=cfg.n_layer)
+    return config
 
 
 def llama_state_dict_for_hf(model: Llama) -> dict[str, torch.Tensor]:
@@ -226,11 +297,11 @@ def llama_state_dict_for_hf(model: Llama) -> dict[str, torch.Tensor]:
 
 def to_transformers(model: Llama):
     """A transformers ``LlamaForCausalLM`` holding ``model``'s weights, in memory (benchmarks, tests)."""
-    from transformers import LlamaConfig as HFLlamaConfig
-    from transformers import LlamaForCausalLM
+    import transformers
 
     config = {k: v for k, v in hf_llama_config(model.config).items() if k not in ("architectures", "model_type")}
-    hf = LlamaForCausalLM(HFLlamaConfig(**config))
+    kind = "Qwen2" if model.config.qkv_bias else "Llama"
+    hf = getattr(transformers, f"{kind}ForCausalLM")(getattr(transformers, f"{kind}Config")(**config))
     missing, unexpected = hf.load_state_dict(llama_state_dict_for_hf(model), strict=False)
     if unexpected or [k for k in missing if not (model.config.tie_embeddings and k == "lm_head.weight")]:
         raise ValueError(f"weights do not fit transformers' Llama: missing {missing[:5]}, unexpected {unexpected[:5]}")
