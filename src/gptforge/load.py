@@ -81,6 +81,8 @@ def load_model(source: ModelSource) -> torch.nn.Module:
         raise ValueError(f"{where} is a reward model (`gptforge rm`): a reward model does not generate text. Score "
                          f"preference pairs with `gptforge eval --ckpt {source.ckpt} --preferences FILE.jsonl`, "
                          f"export it with `gptforge export hf`, or use it in `gptforge rl --reward-model`")
+    if meta.get("lora"):  # adapters only: onto their base, merged (W + alpha/r BA), a plain family model
+        return lora_merged(where, meta, cfg).eval()
     check_weights_fit(where, cfg.model, prefix="policy." if recipe == "ppo" else "")  # shapes bounded by the file first
     model = build_model(cfg.model)
     # model.safetensors only (FSDP checkpoints hold a consolidated copy): never dcp/, whose metadata is
@@ -88,6 +90,32 @@ def load_model(source: ModelSource) -> torch.nn.Module:
     # model: the policy is the model.
     ckpt.load_model_weights(model, where, prefix="policy." if recipe == "ppo" else "")
     return model.eval()
+
+
+def lora_merged(where: Path, meta: dict, cfg: Config, merge: bool = True) -> torch.nn.Module:
+    """A LoRA checkpoint's model: its base (``lora.base``, any model source, checked against the recorded
+    sha256), its adapters on, folded in when ``merge``. A base or adapters that do not fit is refused
+    as a ValueError naming the file."""
+    from gptforge.models.lora import add_lora, merge_lora, weights_fingerprint
+
+    lc, rec = cfg.lora, meta["lora"]
+    base = load_model(ModelSource.from_path(lc.base)) if lc.base else None
+    if base is None:
+        raise ValueError(f"{where}/meta.json: a LoRA checkpoint that names no lora.base; its base model is unknown")
+    got = weights_fingerprint(base)
+    if got != rec.get("base_sha256"):
+        raise ValueError(f"{where}: its adapters were trained on {rec.get('base')!r} (weights sha256 "
+                         f"{str(rec.get('base_sha256'))[:12]}), but {lc.base!r} now holds weights sha256 {got[:12]}")
+    model = build_model(cfg.model)
+    try:
+        model.load_state_dict(base.state_dict())
+    except RuntimeError as e:
+        raise ValueError(f"{where}: lora.base {lc.base!r} does not fit the model meta.json describes") from e
+    add_lora(model, cfg.model.arch, lc.rank, lc.alpha, 0.0, lc.target_names())
+    model.lora_state_keys = sorted(n for n, _ in model.named_parameters() if ".lora_" in n)  # type: ignore[attr-defined]
+    ckpt.load_model_weights(model, where)  # shapes checked: another rank or targets is named there
+    del model.lora_state_keys
+    return merge_lora(model) if merge else model
 
 
 # --- a model's words: its tokenizer and chat template -------------------------------------------------

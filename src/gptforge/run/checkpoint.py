@@ -91,6 +91,9 @@ def model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The weights to store: a tied output head (GPT-2's lm_head = wte) is stored once; an untied one
     (Llama's default) is stored like any weight."""
     full = model.state_dict()
+    keep = getattr(model, "lora_state_keys", None)  # a LoRA run stores only what trains (training/lora.py)
+    if keep is not None:
+        full = {k: full[k] for k in keep}
     sd = {k: v.detach().cpu().contiguous() for k, v in full.items()}
     for key in _tied_keys(full):  # "lm_head.weight", or "body.lm_head.weight" in a reward model
         sd.pop(key)
@@ -372,6 +375,8 @@ def load_model_weights(model: torch.nn.Module, ckpt_dir: str | Path, prefix: str
         )
     missing, unexpected = model.load_state_dict(sd, strict=False)
     missing = [k for k in missing if k not in _tied_keys(own)]
+    if getattr(model, "lora_state_keys", None) is not None:  # a LoRA checkpoint: the frozen base is not in it
+        missing = [k for k in missing if k in model.lora_state_keys]
     if missing or unexpected:
         raise CheckpointError(f"{path} does not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
 

@@ -91,7 +91,7 @@ def saved_config(meta: dict) -> Config:
 
 # config keys that name other models (comma-separated checkpoint paths): saved as absolute paths, and on
 # resume compared by the models' weights (the sha256 meta.json records for model.safetensors), not spelling
-MODEL_PATH_KEYS = ("rl.reward_model", "rl.init_from", "dpo.init_from")
+MODEL_PATH_KEYS = ("rl.reward_model", "rl.init_from", "dpo.init_from", "lora.base")
 
 
 def absolute_model_paths(cfg: Config) -> None:

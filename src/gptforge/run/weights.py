@@ -82,9 +82,11 @@ def check_weights_fit(ckpt_dir: str | Path, model_cfg: Any, prefix: str | None =
         return
     verify_checkpoint(ckpt_dir, only=("model.safetensors",))  # a damaged file is named as such first
     found = weights_header(path)
-    if prefix is None:
-        from gptforge.run.checkpoint import read_meta
+    from gptforge.run.checkpoint import read_meta
 
+    if read_meta(ckpt_dir, ()).get("lora"):  # adapters only (a LoRA run): checked as they load onto the base
+        return
+    if prefix is None:
         prefix = MODEL_PREFIX.get(str(read_meta(ckpt_dir).get("recipe")), "")
     if prefix:
         found = {k[len(prefix):]: v for k, v in found.items() if k.startswith(prefix)}

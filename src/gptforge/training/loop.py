@@ -104,7 +104,12 @@ def train(cfg, recipe: Recipe | None = None, resume: str | Path | None = None, f
         n_params = model.num_parameters()
         if run.resume_dir is None and init_weights is not None:
             init_weights(model)  # fine-tuning: before wrapping/compiling; the optimizer state starts fresh
-        run.checkpointer.restore_weights(model)  # full weights, before FSDP shards them
+        if cfg.lora.rank:  # base frozen (loaded from lora.base on resume), adapters on: only they train and are saved
+            from gptforge.training.lora import attach_lora
+
+            run.checkpointer.extra_meta["lora"] = attach_lora(model, cfg, info, recipe.name, run.checkpointer.meta,
+                                                              init_weights, log)
+        run.checkpointer.restore_weights(model)  # full weights (a LoRA run's adapters), before FSDP shards them
         seed_rank(cfg.train.seed, info)  # after init: same weights everywhere, then a stream per rank
         param_dtype = torch.bfloat16 if info.fsdp and device.type == "cuda" and precision == "bfloat16" else None
         wrapped = wrap_model(model, info, compile_model, cfg.dist, param_dtype, cfg.train.compile_mode)

@@ -188,7 +188,14 @@ def freeze_unused_head(body: nn.Module) -> nn.Module:
 
 def body_init(init_weights):
     """A fine-tuning ``init_weights`` for the family model, applied to a reward (or value) model's body."""
-    return None if init_weights is None else (lambda m: init_weights(m.body))
+    if init_weights is None:
+        return None
+
+    def init(m):
+        init_weights(m.body)
+
+    init.source = getattr(init_weights, "source", "")  # type: ignore[attr-defined]  # a LoRA run's lora.base
+    return init
 
 
 class RewardEnsemble(_Scorer):

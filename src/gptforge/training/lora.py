@@ -1,0 +1,105 @@
+"""LoRA on the run stack: the base frozen, adapters on, only they train and are checkpointed.
+
+    gptforge sft --init-from runs/base --data conv.jsonl --out runs/lora --lora.rank 8 --lora.targets q_proj,v_proj
+
+The loop calls :func:`attach_lora` once the model holds its starting weights and before any wrapping
+(compile, DDP): it loads the base when there is no ``init_weights`` (a resume: checkpoints hold only the
+adapters), fingerprints the frozen base (sha256 of its weights), refuses a resume whose base is another
+model (naming both), puts the adapters on (:mod:`gptforge.models.lora`), freezes everything but the
+adapters and any head that is not the family model's (a reward model's ``score``), and says how many
+parameters train. ``model.lora_state_keys`` then tells the checkpoint writer and reader to keep only the
+trained tensors; meta.json's ``lora`` records the base path and fingerprint.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch.nn as nn
+
+from gptforge.config import Config, ConfigError
+from gptforge.models.lora import LoRAError, add_lora, resolve_targets, weights_fingerprint
+
+
+def family_models(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """(name, module) of each family model inside the trained module: the module itself (sft, dpo,
+    grpo) or a reward model's ``body``."""
+    from gptforge.models.registry import FAMILIES
+
+    classes = tuple(f.model_cls for f in FAMILIES.values())
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, classes)]
+
+
+def load_base(fams: list[tuple[str, nn.Module]], base: str) -> None:
+    """The base's weights (any model source: checkpoint, HF directory, GGUF, llm.c) into each family model."""
+    from gptforge.load import ModelSource, load_model
+
+    if not base:
+        raise ConfigError("lora.base is empty: a LoRA run needs its base model (start it with --init-from, or "
+                          "give --lora.base CKPT_OR_HF_DIR_OR_GGUF)")
+    try:
+        sd = load_model(ModelSource.from_path(base)).state_dict()
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"lora.base {base!r} cannot be read: {str(e).splitlines()[0]}") from e
+    for name, m in fams:
+        try:
+            m.load_state_dict(sd)
+        except RuntimeError as e:
+            raise ConfigError(f"lora.base {base!r} does not fit this run's model{' ' + name if name else ''}: "
+                              f"{str(e).splitlines()[1].strip() if len(str(e).splitlines()) > 1 else e}") from e
+
+
+def check_lora_run(cfg: Config, info: Any, recipe: str) -> None:
+    """What LoRA does not cover yet, refused before any compute."""
+    if recipe == "ppo":
+        raise ConfigError("lora.rank with rl.algo ppo is not supported yet (its value model starts from another "
+                          "model); use rl.algo grpo, or lora.rank 0")
+    if info.world > 1 and (info.fsdp or cfg.dist.tp > 1 or cfg.dist.pp > 1):
+        raise ConfigError(f"lora.rank={cfg.lora.rank} runs on one process or under DDP (dist.shard none, dist.tp 1, "
+                          "dist.pp 1); FSDP, tensor and pipeline parallelism do not take adapters yet")
+
+
+def attach_lora(model: nn.Module, cfg: Config, info: Any, recipe: str, resume_meta: dict | None,
+                init_weights: Any, log: Any) -> dict[str, Any]:
+    """See the module docstring; returns meta.json's ``lora`` record. ``resume_meta``: the resumed
+    checkpoint's meta.json (None on a fresh run)."""
+    lc = cfg.lora
+    check_lora_run(cfg, info, recipe)
+    if not lc.base:  # recorded (absolute) so a resume, sample or export finds the base again
+        lc.base = str(getattr(init_weights, "source", "") or "")
+    fams = family_models(model)
+    if not fams:
+        raise ConfigError(f"lora.rank={lc.rank}: the {recipe} model holds no family model to adapt")
+    if resume_meta is not None or init_weights is None:
+        load_base(fams, lc.base)  # the checkpoint holds only the adapters
+    fingerprint = weights_fingerprint(fams[0][1])
+    saved = (resume_meta or {}).get("lora") or {}
+    if resume_meta is not None and saved.get("base_sha256") != fingerprint:
+        raise ConfigError(f"lora.base: this run was trained on {saved.get('base')!r} (weights sha256 "
+                          f"{str(saved.get('base_sha256'))[:12]}), but {lc.base!r} has weights sha256 {fingerprint[:12]}: "
+                          "resume on the same base model (--lora.base PATH), or start a new run")
+    model.requires_grad_(False)
+    heads = [p for n, p in model.named_parameters() if not any(n == f or n.startswith(f + ".") for f, _ in fams if f)]
+    if any(f == "" for f, _ in fams):
+        heads = []  # the module is the family model itself: no extra head
+    try:
+        layers = [n for _, m in fams for n in add_lora(m, cfg.model.arch, lc.rank, lc.alpha, lc.dropout,
+                                                       lc.target_names())]
+    except LoRAError as e:
+        raise ConfigError(str(e)) from e
+    for p in heads:
+        p.requires_grad_(True)
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    model.lora_state_keys = sorted(trainable)  # what checkpoints hold (run/checkpoint.py)
+    n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in model.parameters())
+    targets = ",".join(resolve_targets(cfg.model.arch, lc.target_names()))
+    log(f"LoRA rank {lc.rank} (alpha {lc.alpha:g}) on {targets} "
+        f"({len(layers)} layers): {_m(n_train)} of {_m(total)} parameters train ({100 * n_train / total:.2f}%); "
+        f"base {lc.base or '(given weights)'} sha256 {fingerprint[:12]}")
+    return {"base": lc.base, "base_sha256": fingerprint, "layers": len(layers), "trainable": n_train, "total": total}
+
+
+def _m(n: int) -> str:
+    return f"{n:,}" if n < 100_000 else f"{n / 1e6:.2f}M" if n < 1e9 else f"{n / 1e9:.2f}B"
+
