@@ -149,8 +149,14 @@ def eval_preferences(args: argparse.Namespace) -> int:
     except PreferenceDataError as e:
         raise CliError(f"--preferences: {e}") from e
     r = preference_accuracy(rm.to(resolve_device(args.device)), pairs, template.bos)
-    print(f"{'pairs':>6} {'accuracy':>9} {'margin':>8} {'loss':>8}")
-    print(f"{r['n']:>6} {r['accuracy']:>9.4f} {r['margin']:>8.4f} {r['loss']:>8.4f}")
+    from gptforge.eval.stats import RM_SCORE_SCALE, fmt_loss, fmt_rate, fmt_score, rate_context
+
+    print(f"reward model {args.ckpt} on {args.preferences}: {r['n']} preference pairs")
+    print("  " + fmt_rate("pair accuracy (chosen scored above rejected)", r["accuracy"], r["n"], chance=0.5,
+                          hint="the model prefers the rejected replies: check the pairs' chosen/rejected order"))
+    print("  " + fmt_score("mean margin chosen - rejected", r["margin"], RM_SCORE_SCALE.replace("score", "score difference")))
+    print("  " + fmt_loss("Bradley-Terry loss", r["loss"]) + "; a model that cannot tell the replies apart: 0.6931")
+    r = {**r, "accuracy_context": rate_context(r["accuracy"], r["n"], 0.5)}
     if args.json:
         Path(args.json).write_text(json.dumps(r, indent=2) + "\n")
     return 0
@@ -194,8 +200,16 @@ def eval_win_rate(args: argparse.Namespace) -> int:
         problems = task.problems(args.limit)[: args.limit or None]
         r = win_rate(rm, template, tok, policy, ref, problems, task.max_new_tokens, args.system)
         results.append({"task": name, **r})
-        print(f"{name}: win rate {r['win_rate']:.4f} over {r['n']} prompts | reward {r['policy_score']:.3f} vs "
-              f"{r['reference_score']:.3f} | true accuracy {r['policy_acc']:.4f} vs {r['reference_acc']:.4f}")
+        from gptforge.eval.stats import GENERATIVE_CHANCE, RM_SCORE_SCALE, fmt_rate, rate_context
+
+        n = int(r["n"])
+        print(f"{name}: {args.ckpt} against {args.against}, judged by {args.reward_model}")
+        print("  " + fmt_rate("win rate (ties count 1/2)", r["win_rate"], n, chance=0.5, chance_name="parity"))
+        print(f"  mean {RM_SCORE_SCALE}: {r['policy_score']:.3f} vs {r['reference_score']:.3f}")
+        chance = GENERATIVE_CHANCE.get(name)
+        print("  " + fmt_rate("true accuracy (policy)", r["policy_acc"], n, chance=chance))
+        print("  " + fmt_rate("true accuracy (reference)", r["reference_acc"], n, chance=chance))
+        results[-1]["win_rate_context"] = rate_context(r["win_rate"], n, 0.5)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
     return 0

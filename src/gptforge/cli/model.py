@@ -112,6 +112,10 @@ def args_export(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "f32", "bf16", "f16"],
                    help="llmc: float32 or bfloat16 (version 3 or 5); gguf: f32, f16 or bf16 (default f32)")
     p.add_argument("--no-tokenizer", action="store_true", help="skip the tokenizer files")
+    p.add_argument("--adapters-only", action="store_true",
+                   help="hf, a LoRA run (--lora.rank): write only its adapters in peft's format (adapter_config.json + "
+                        "adapter_model.safetensors; peft.PeftModel.from_pretrained loads them on the exported base); "
+                        "without it a LoRA run is exported merged (W + alpha/r BA)")
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -128,6 +132,20 @@ def cmd_export(args: argparse.Namespace) -> int:
             args.out = final
 
 
+def _export_adapters(args: argparse.Namespace) -> int:
+    """``export hf --adapters-only``: a LoRA checkpoint's adapters in peft's format (interop/lora_export.py)."""
+    from gptforge.interop.lora_export import write_peft_adapters
+
+    if args.format != "hf" or args.ckpt is None:
+        raise CliError("--adapters-only writes peft's format: give `export hf --ckpt RUN` (a LoRA run)")
+    try:
+        files = write_peft_adapters(args.ckpt, args.out)
+    except ValueError as e:
+        raise CliError(str(e)) from e
+    print(json.dumps({"format": "peft", "files": [_final(args, f) for f in files]}))
+    return 0
+
+
 def _final(args: argparse.Namespace, f) -> str:
     """Where ``f``, written under the temporary export folder, is once the folder is renamed into place."""
     final = getattr(args, "out_final", None)
@@ -138,6 +156,8 @@ def _export(args: argparse.Namespace) -> int:
     from gptforge.tokens import GPT2_VOCAB
     from gptforge.training.rm import checkpoint_is_reward_model
 
+    if getattr(args, "adapters_only", False):
+        return _export_adapters(args)
     if checkpoint_is_reward_model(args.ckpt):
         return _export_reward_model(args)
     dtype = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}.get(args.dtype, args.dtype)
