@@ -74,7 +74,7 @@ def _run_pairs(args: argparse.Namespace, overrides: list[str], section: str, lr:
         result = train(cfg, recipe, resume=resume, force=args.force, init_weights=init)
     except (DataError, ChatFormatError) as e:
         raise CliError(str(e)) from e
-    return finish(result, section)
+    return finish(result, section, cfg, args.init_from)
 
 
 def cmd_rm(args: argparse.Namespace, overrides: list[str]) -> int:

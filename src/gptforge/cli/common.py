@@ -247,7 +247,7 @@ def init_from(source: str, cfg) -> Callable:
     return init_weights
 
 
-def finish(result, command: str) -> int:
+def finish(result, command: str, cfg=None) -> int:
     """The end of a training command: the run's summary on rank 0 (:func:`summary`), then the exit
     status: 3 diverged (nothing saved past the last good checkpoint), 130 stopped by a signal (0 under
     torchrun; see run.faults.exit_status), 0 done."""
@@ -256,7 +256,7 @@ def finish(result, command: str) -> int:
     from gptforge.run.faults import exit_status
 
     if os.environ.get("RANK", "0") == "0" and result.diverged_at is None:
-        print(summary(result, command), flush=True)
+        print(summary(result, command, cfg), flush=True)
     if result.diverged_at is not None:
         print(f"gptforge {command}: the run diverged (not finite) at step {result.diverged_at} (see the log line above); "
               f"nothing was saved past the last checkpoint: lower --optim.lr or check the data or reward, then "

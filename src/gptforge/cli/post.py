@@ -54,7 +54,7 @@ def cmd_sft(args: argparse.Namespace, overrides: list[str]) -> int:
                          base_loss=args.base_loss, tok=tok)
     except (SFTDataError, ChatFormatError) as e:
         raise CliError(str(e)) from e
-    return finish(result, "sft")
+    return finish(result, "sft", cfg, args.init_from)
 
 
 def _flag_overrides(args: argparse.Namespace, keys: dict[str, str]) -> list[str]:
@@ -189,7 +189,7 @@ def cmd_rl(args: argparse.Namespace, overrides: list[str]) -> int:
         result = train(cfg, recipe, resume=resume, force=args.force, init_weights=init)
     except (RLError, RewardError, ChatFormatError) as e:
         raise CliError(str(e)) from e
-    return finish(result, "rl")
+    return finish(result, "rl", cfg, args.init_from)
 
 
 def _reward_model(path: str, template, reduce: str = "mean"):

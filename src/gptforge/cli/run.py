@@ -74,7 +74,7 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
         return 0  # a finished run: said so, and how to extend it
     from gptforge.training.loop import train
 
-    return finish(train(cfg, resume=resume, force=args.force, init_weights=init_weights), "train")
+    return finish(train(cfg, resume=resume, force=args.force, init_weights=init_weights), "train", cfg)
 
 
 def _fit_data_tokenizer(cfg, init_from: str | None) -> None:

@@ -230,7 +230,7 @@ class DPO(PairRecipe):
             mine = self.problems[run.info.rank :: run.info.world]
             hits = held_out_correct(run.model, self.enc, self.template, mine, d.max_new_tokens)
             tot = all_reduce_sum(torch.tensor([float(hits), float(len(mine))], device=run.device), run.info).tolist()
-            out[f"{d.task}_acc"] = tot[0] / tot[1]
+            out[f"{d.task}_acc"], out["task_n"] = tot[0] / tot[1], int(tot[1])  # n: the summary's interval
         return out
 
     def log_line(self, s):

@@ -114,7 +114,7 @@ class PairRecipe(Recipe):
         with torch.no_grad(), run.autocast():
             m = self.score_held_out(run)
         run.model.train(was)
-        run.metrics.write("eval", step, **m)
+        run.metrics.write("eval", step, n=len(self.val), **m)  # n: the summary's interval
         run.log(f"step {step:>5} | held-out ({len(self.val)} pairs) | " + " | ".join(
             f"{k} {v:.4f}" for k, v in m.items() if isinstance(v, float)))
         return m["loss"]
