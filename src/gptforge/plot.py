@@ -128,8 +128,10 @@ def plot_runs(runs: list[str], out: str | Path, labels: str | None = None) -> Pa
             if ax.get_legend_handles_labels()[0]:
                 ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
+    from gptforge.storage import atomic_path
+
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
+    with atomic_path(out, what="the plot") as tmp:  # format from the final name: the temporary has none
+        fig.savefig(tmp, dpi=110, format=out.suffix.lstrip(".").lower() or None)
     plt.close(fig)
     return out

@@ -16,17 +16,24 @@ for what was still to be written, the failure is taken to be a full disk.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import json
 import os
+import secrets
 import shutil
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 _ENOSPC_TEXT = ("No space left on device", "os error 28", "Disk quota exceeded", "os error 122")
 
 
-class DiskFullError(OSError):
+class OutputError(OSError):
+    """An output gptforge could not (or may not) write; the message is one line naming the file."""
+
+
+class DiskFullError(OutputError):
     """No space left while writing: the message names what was being written and how much it needs."""
 
 
@@ -112,3 +119,294 @@ def ordinary_file_mode(path: str | Path) -> None:
     through a private temporary file (0600), which would leave the weights unreadable to a group that
     can read every other file of the checkpoint."""
     os.chmod(path, 0o666 & ~current_umask())
+
+
+# --- the one writer ---------------------------------------------------------------------------------
+# Every file gptforge produces outside a checkpoint (exports, generated data, plots, reports, caches,
+# tokenizer bundles) is written here, the way git writes its index and refs (a lock file beside the
+# target, fsync, rename) and PyTorch DCP commits a checkpoint (every file first, then the one step
+# that makes it visible):
+#
+# * a file goes to a temporary name in the *same* folder (same filesystem, so the rename is atomic),
+#   is fsynced, renamed over the final name with os.replace, and the folder is fsynced so the rename
+#   itself survives a power cut. A crash, a kill or a full disk at any point leaves either the old
+#   file or the new one under the final name, never a part of one; the temporary is named
+#   ``.NAME.tmp-PID-XXXX`` (hidden, never mistaken for an output) and deleted on any failure we see.
+# * a folder output (export hf: weights + config + tokenizer files, which only make sense together)
+#   is built whole in a temporary sibling folder, every file fsynced, and renamed into place. Writing
+#   each file atomically would not do: a kill between two of them leaves new weights beside an old
+#   config.json. Replacing an earlier folder (--force) keeps the entries the new output does not
+#   write (hard links, so no copy of large files), then swaps the two folders with two renames: a
+#   kill between them leaves the old folder whole under ``.NAME.old-...`` beside a missing NAME,
+#   which the next write of the same NAME puts back first (the checkpoint writer's scheme).
+# * overwriting an existing output needs ``force``, and ``force`` never reaches into a checkpoint or
+#   a run directory (those belong to the run stack: --resume and train's own --force).
+# * ENOSPC/EDQUOT become :class:`DiskFullError` and EROFS/EACCES/EPERM :class:`NotWritableError`:
+#   one line naming the file, what failed and what to do, which the CLI prints with exit status 2.
+
+
+_NOT_WRITABLE = {errno.EROFS: "read-only file system", errno.EACCES: "permission denied",
+                 errno.EPERM: "operation not permitted"}
+_NOT_WRITABLE_TEXT = {"os error 30": "read-only file system", "Read-only file system": "read-only file system",
+                      "os error 13": "permission denied", "Permission denied": "permission denied"}
+# what marks a directory the run stack owns (run/checkpoint.py, run/lock.py, run/session.py)
+RUN_DIR_MARKERS = ("checkpoints", "metrics.jsonl", ".gptforge.lock", "env.json")
+CHECKPOINT_MARKER = "meta.json"
+
+
+class NotWritableError(OutputError):
+    """The output's folder is read-only or not this user's to write."""
+
+
+class OutputExistsError(OutputError, FileExistsError):
+    """The output exists and --force was not given, or it is a checkpoint or run directory."""
+
+
+def not_writable_reason(exc: BaseException) -> str | None:
+    """"read-only file system" / "permission denied" when ``exc`` (or its cause) says so, else None."""
+    for e in (exc, exc.__cause__, exc.__context__):
+        if isinstance(e, OSError) and e.errno in _NOT_WRITABLE:
+            return _NOT_WRITABLE[e.errno]
+        if e is not None and not isinstance(e, OSError):
+            for text, reason in _NOT_WRITABLE_TEXT.items():
+                if text in str(e):
+                    return reason
+    return None
+
+
+def output_error(exc: BaseException, path: Path, what: str, needed: int = 0,
+                 written: int = 0) -> OutputError | None:
+    """The one-line error ``exc`` (raised while writing ``what`` at ``path``) means, or None when it is
+    not the disk's doing (then the caller re-raises ``exc``)."""
+    if isinstance(exc, OutputError):
+        return exc
+    where = Path(path).parent
+    if is_disk_full(exc, where, needed, written):
+        return DiskFullError(disk_full_message(f"{what} ({path})", needed, where))
+    reason = not_writable_reason(exc)
+    if reason is not None:
+        return NotWritableError(f"cannot write {what} to {path}: {reason}. Point the output at a folder this user "
+                                "can write (or fix its permissions) and run the same command again")
+    return None
+
+
+@contextlib.contextmanager
+def output_errors(path: str | Path, what: str, needed: int = 0) -> Iterator[None]:
+    """Around writing ``what`` at ``path``: a full disk or a read-only target becomes its one-line error."""
+    try:
+        yield
+    except Exception as e:
+        err = output_error(e, Path(path), what, needed)
+        if err is None or err is e:
+            raise
+        raise err from e
+
+
+def run_owner(path: str | Path) -> str | None:
+    """"a checkpoint" / "a run directory" when ``path`` is (or lies inside) one the run stack owns."""
+    p = Path(path).absolute()
+    for q in (p, *p.parents):
+        if (q / CHECKPOINT_MARKER).is_file() and (q.name.startswith("step_") or q.parent.name == "checkpoints"
+                                                  or (q / "model.safetensors").exists()):
+            return f"the checkpoint {q}"
+        if q.name == "checkpoints" and any((q.parent / m).exists() for m in RUN_DIR_MARKERS[1:]):
+            return f"the run directory {q.parent}"
+    if p.is_dir() and any((p / m).exists() for m in RUN_DIR_MARKERS):
+        return f"the run directory {p}"
+    return None
+
+
+def check_output(path: str | Path, force: bool, kind: str = "file", flag: str = "--out") -> Path:
+    """Refuse, before any work, an output that would replace something it may not: an existing file
+    (a non-empty folder) without ``force``, and, with or without it, a checkpoint or run directory
+    or a file inside one that the run stack wrote. ``kind``: "file" or "dir"."""
+    p = Path(path)
+    owner = run_owner(p if kind == "dir" or p.is_dir() else p.parent)
+    if owner is not None and (kind == "dir" or p.exists() or "checkpoint" in owner):
+        raise OutputExistsError(f"{flag} {p}: that is {owner}, which only training writes; --force never replaces "
+                                "one. Choose another path")
+    if kind == "dir":
+        if p.exists() and not p.is_dir():
+            raise OutputExistsError(f"{flag} {p} exists and is not a folder; choose a folder")
+        if p.is_dir() and any(p.iterdir()) and not force:
+            raise OutputExistsError(f"{flag} {p} is not empty; choose an empty folder or pass --force to replace "
+                                    "what it holds")
+    else:
+        if p.is_dir():
+            raise OutputExistsError(f"{flag} {p} is a folder; name the file to write")
+        if p.exists() and not force:
+            raise OutputExistsError(f"{flag} {p} exists; pass --force to replace it (or choose another name)")
+    return p
+
+
+def fsync_dir(path: str | Path) -> None:
+    """Make a rename in ``path`` durable (where the platform allows opening a directory)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError as e:
+        if e.errno not in (errno.EINVAL, errno.EBADF):  # filesystems without directory fsync
+            raise
+    finally:
+        os.close(fd)
+
+
+def fsync_file(path: str | Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _temp_name(path: Path, kind: str) -> Path:
+    return path.with_name(f".{path.name}.{kind}-{os.getpid()}-{secrets.token_hex(3)}")
+
+
+def is_temporary(name: str) -> bool:
+    """Whether ``name`` is one of this writer's temporaries (``.NAME.tmp-PID-XXXXXX``)."""
+    return name.startswith(".") and ".tmp-" in name
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def remove_stale_temporaries(path: Path) -> None:
+    """Delete the temporaries a killed writer of ``path`` left beside it (their process is gone)."""
+    if not path.parent.is_dir():
+        return
+    for q in path.parent.glob(f".{glob_escape(path.name)}.tmp-*"):
+        pid = q.name.rsplit(".tmp-", 1)[1].split("-")[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(q, ignore_errors=True) if q.is_dir() and not q.is_symlink() else q.unlink(missing_ok=True)
+
+
+def glob_escape(name: str) -> str:
+    return "".join(f"[{c}]" if c in "*?[" else c for c in name)
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | Path, what: str | None = None, needed: int = 0) -> Iterator[Path]:
+    """Yield a temporary path beside ``path`` for any writer (safetensors, torch.save, matplotlib) to
+    write; on success it is fsynced and renamed to ``path``, on failure deleted. Disk errors become
+    one-line :class:`OutputError` s naming ``what`` (default: the file's name)."""
+    path = Path(path)
+    what = what or path.name
+    tmp = None
+    with output_errors(path, what, needed):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temporaries(path)
+        tmp = _temp_name(path, "tmp")
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))  # the mode an ordinary file gets
+        try:
+            yield tmp
+            fsync_file(tmp)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise
+        fsync_dir(path.parent)
+
+
+@contextlib.contextmanager
+def atomic_open(path: str | Path, mode: str = "w", what: str | None = None, **kw: Any) -> Iterator[Any]:
+    """``open(path, mode)`` that writes a temporary beside ``path`` and renames it over ``path`` only
+    when the block ends without an error (see :func:`atomic_path`)."""
+    if mode not in ("w", "wb"):
+        raise ValueError(f"atomic_open: mode {mode!r} (w or wb)")
+    with atomic_path(path, what) as tmp, open(tmp, mode, **kw) as f:
+        yield f
+
+
+def write_bytes(path: str | Path, data: bytes, what: str | None = None) -> Path:
+    with atomic_open(path, "wb", what) as f:
+        f.write(data)
+    return Path(path)
+
+
+def write_text(path: str | Path, text: str, what: str | None = None, encoding: str = "utf-8") -> Path:
+    with atomic_open(path, "w", what, encoding=encoding) as f:
+        f.write(text)
+    return Path(path)
+
+
+def write_json(path: str | Path, obj: Any, what: str | None = None, indent: int | None = 2, **kw: Any) -> Path:
+    """``obj`` as JSON (a trailing newline) at ``path``, atomically; ``kw`` goes to json.dumps."""
+    return write_text(path, json.dumps(obj, indent=indent, **kw) + "\n", what)
+
+
+def _carry_over(old: Path, new: Path, top: bool = True) -> None:
+    """Hard-link (copy where links are refused) the entries of ``old`` that ``new`` does not have; an
+    entry ``new`` has (a file or a whole subfolder, e.g. tokenizer/) replaces the old one whole."""
+    for entry in old.iterdir():
+        target = new / entry.name
+        if top and (target.exists() or target.is_symlink() or is_temporary(entry.name)):
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            target.mkdir()
+            _carry_over(entry, target, top=False)
+        elif entry.is_symlink():
+            os.symlink(os.readlink(entry), target)
+        else:
+            try:
+                os.link(entry, target)
+            except OSError:
+                shutil.copy2(entry, target)
+
+
+def _restore_interrupted(path: Path) -> None:
+    """A swap killed between its two renames left NAME missing and ``.NAME.old-*`` whole: put it back."""
+    if path.exists():
+        return
+    olds = sorted(path.parent.glob(f".{path.name}.old-*"), key=lambda p: p.stat().st_mtime) \
+        if path.parent.is_dir() else []
+    if olds:
+        os.replace(olds[-1], path)
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str | Path, force: bool = False, what: str | None = None, flag: str = "--out") -> Iterator[Path]:
+    """Build a folder output in a temporary sibling folder (yielded) and rename it into place when
+    the block succeeds (see the notes above). ``force`` replaces an existing non-empty folder (its
+    other entries are kept); never a checkpoint or run directory."""
+    path = Path(path)
+    what = what or f"the folder {path.name}"
+    with output_errors(path, what):
+        _restore_interrupted(path)
+        check_output(path, force, "dir", flag)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temporaries(path)
+        tmp = _temp_name(path, "tmp")
+        tmp.mkdir()
+        try:
+            yield tmp
+            if path.is_dir():
+                _carry_over(path, tmp)
+            for f in sorted(tmp.rglob("*")):
+                if f.is_file() and not f.is_symlink():
+                    fsync_file(f)
+            for d in sorted((q for q in tmp.rglob("*") if q.is_dir()), reverse=True):
+                fsync_dir(d)
+            fsync_dir(tmp)
+            old = None
+            if path.is_dir() and any(path.iterdir()):
+                old = _temp_name(path, "old")
+                os.replace(path, old)
+            os.replace(tmp, path)  # onto a missing or empty folder: one atomic step
+            fsync_dir(path.parent)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)

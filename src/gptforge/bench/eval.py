@@ -9,11 +9,9 @@ records whether both made identical predictions.
 
 from __future__ import annotations
 
-import json
 import platform
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
@@ -76,5 +74,7 @@ def run_eval_bench(model: torch.nn.Module, prepared: PreparedTask, enc, device: 
         f"one-at-a-time {res['reference_examples_per_s']:.1f} ex/s | speedup {res['speedup']:.2f}x | "
         f"identical predictions {same}/{n}")
     if out:
-        Path(out).write_text(json.dumps(res, indent=2) + "\n")
+        from gptforge import storage
+
+        storage.write_json(out, res)  # temporary name, fsync, rename
     return res

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import platform
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -78,5 +77,7 @@ def run_bench_generate(size: str = "gpt2", batches: list[int] | tuple[int, ...] 
         "results": rows,
     }
     if out:
-        Path(out).write_text(json.dumps(result, indent=2) + "\n")
+        from gptforge import storage
+
+        storage.write_json(out, result)  # temporary name, fsync, rename
     return result

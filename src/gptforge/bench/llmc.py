@@ -181,7 +181,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(format_comparison(c))
     if args.json:
-        Path(args.json).write_text(json.dumps(c, indent=2) + "\n")
+        from gptforge import storage
+
+        storage.write_json(args.json, c)  # temporary name, fsync, rename
         print(f"[bench_llmc] wrote {args.json}", file=sys.stderr)
     return 0
 

@@ -16,7 +16,6 @@ false``. Stopping at a validation point means the tokens are exact to within ``v
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -155,7 +154,9 @@ def run_race(presets: list[str], overrides: list[str], out_dir: str | Path = "ru
                "data_dir": cfgs[0].data.dir, "val_tokens": cfgs[0].train.val_tokens, "overrides": list(overrides),
                "runs": [results[n] for n in presets]}
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "race.json").write_text(json.dumps(_standard(summary), indent=2, allow_nan=False) + "\n")
+    from gptforge.storage import write_json
+
+    write_json(out_dir / "race.json", _standard(summary), allow_nan=False)
     if plot:
         summary["plot"] = str(plot_race(summary, out_dir / "race.png"))
     return summary
@@ -191,7 +192,10 @@ def plot_race(summary: dict[str, Any], out: Path) -> Path:
     ax.legend(fontsize=8)
     ax.set_title("race: val loss vs tokens")
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
+    from gptforge.storage import atomic_path
+
+    with atomic_path(out, what="the race plot") as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)
     return out
 

@@ -7,7 +7,6 @@ their median (or best), and a JSON report with the machine it ran on.
 
 from __future__ import annotations
 
-import json
 import platform
 import statistics
 import sys
@@ -92,5 +91,7 @@ def machine(device: torch.device | str | None = None) -> dict[str, Any]:
 def write_json(path: str | Path | None, report: dict[str, Any]) -> None:
     """Write ``report`` as indented JSON (nothing when ``path`` is None) and say where."""
     if path:
-        Path(path).write_text(json.dumps(report, indent=2) + "\n")
+        from gptforge import storage
+
+        storage.write_json(path, report)  # temporary name, fsync, rename
         print(f"[bench] wrote {path}", file=sys.stderr)

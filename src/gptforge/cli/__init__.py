@@ -82,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     takes_overrides = COMMANDS[args.command][1]
     if rest and not takes_overrides:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    from gptforge.cli.outputs import check_outputs
     from gptforge.config import ConfigError
     from gptforge.data.chat import ChatFormatError
     from gptforge.data.shards import ShardError
@@ -91,19 +92,30 @@ def main(argv: list[str] | None = None) -> int:
     from gptforge.extras import MissingExtra
     from gptforge.run.checkpoint import CheckpointError
     from gptforge.runtime import DeviceUnavailable
-    from gptforge.storage import DiskFullError
+    from gptforge.storage import DiskFullError, OutputError
 
     try:
+        check_outputs(args.command, args)  # an output that may not be replaced: refused before any work
         handler = _fn(args.command, "cmd")
         return handler(args, rest) if takes_overrides else handler(args)
     except (CliError, ConfigError, ShardError, CheckpointError, TokenizerUnavailable, TokenizerError, ChatFormatError,
             ResourceError, FileNotFoundError,
-            EvalDataError, DeviceUnavailable, DiskFullError, MissingExtra) as e:
+            EvalDataError, DeviceUnavailable, DiskFullError, OutputError, MissingExtra) as e:
         print(f"gptforge {args.command}: error: {name_flag(str(e), args)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except (IsADirectoryError, NotADirectoryError, FileExistsError, PermissionError) as e:  # a given path of the wrong kind
         print(f"gptforge {args.command}: error: {e.filename}: {e.strerror.lower()} (check the paths given: a file "
               "where a folder is expected, or the reverse, or one this user may not write)", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except OSError as e:  # a full or read-only disk met outside the one writer (a mkdir): the same one line
+        from pathlib import Path
+
+        from gptforge.storage import output_error
+
+        err = output_error(e, Path(e.filename or "."), "the output")
+        if err is None:
+            raise
+        print(f"gptforge {args.command}: error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
 
 

@@ -47,6 +47,7 @@ def args_prepare(p: argparse.ArgumentParser) -> None:
     pc.add_argument("--seed", type=int, default=0, help="problem generator seed (default %(default)s)")
     pc.add_argument("--digits", type=int, default=2, help="arithmetic: digits per operand (default %(default)s)")
     pc.add_argument("--out", required=True, help="the JSONL file to write")
+    pc.add_argument("--force", action="store_true", help="replace the --out file if it exists")
     pp = prs.add_parser("preferences", help="preference pairs ({\"prompt\", \"chosen\", \"rejected\"} JSONL) from a "
                                             "generated task: chosen = the worked answer, rejected = a wrong number, "
                                             "the wrong operand or a broken format (the row's \"kind\")")
@@ -59,6 +60,7 @@ def args_prepare(p: argparse.ArgumentParser) -> None:
     pp.add_argument("--kinds", default=None,
                     help="comma-separated rejected kinds of the generator (default all three; not with --policy)")
     pp.add_argument("--out", required=True, help="the JSONL file to write")
+    pp.add_argument("--force", action="store_true", help="replace the --out file if it exists")
     op = pp.add_argument_group("pairs from a policy's own samples (on-policy: the policy's real mistakes)")
     op.add_argument("--policy", metavar="CKPT", help="an SFT/RL/DPO checkpoint or run: sample --samples replies "
                                                     "to each problem and pair a better with a worse one")
@@ -328,6 +330,7 @@ def args_bench_prepare(p: argparse.ArgumentParser) -> None:
     p.add_argument("--memory-factor", type=int, default=4, help="the memory check's larger corpus is this many "
                                                                  "times bigger (default 4)")
     p.add_argument("--json", help="write results to this JSON file")
+    p.add_argument("--force", action="store_true", help="replace the --json file if it exists")
     p.add_argument("--workdir", help="folder for the temporary corpus and shards (default: system temp)")
 
 
@@ -352,6 +355,7 @@ def args_plot(p: argparse.ArgumentParser) -> None:
                      "with GPT-2 124M / GPT-3 125M reference lines where they apply.")
     p.add_argument("runs", nargs="+", metavar="RUN", help="run directories (or metrics.jsonl files)")
     p.add_argument("--image", required=True, metavar="FILE", help="image to write, e.g. curves.png (or .svg, .pdf)")
+    p.add_argument("--force", action="store_true", help="replace the --image file if it exists")
     p.add_argument("--labels", help="comma-separated legend names, one per run (default: folder names)")
 
 

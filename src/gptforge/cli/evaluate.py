@@ -8,8 +8,6 @@ tasks (arithmetic, gsm8k) by greedy exact match with the checkpoint's chat templ
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
 from gptforge.cli.common import CliError, add_model_source, load, model_source, words
 
@@ -23,6 +21,7 @@ def args_eval(p: argparse.ArgumentParser) -> None:
     add_model_source(p)
     p.add_argument("--limit", type=int, default=0, help="first N examples of each task (0 = all)")
     p.add_argument("--json", help="write the results to this JSON file")
+    p.add_argument("--force", action="store_true", help="replace the --json file if it exists")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                    help="autocast dtype; auto = bf16 on CUDA where supported")
@@ -126,7 +125,9 @@ def eval_generative(args: argparse.Namespace, names: list[str]) -> None:
     if args.json:
         rows = [{**r.__dict__, "acc_ci95": list(wilson(r.accuracy * r.n, r.n)), "chance": GENERATIVE_CHANCE.get(r.task)}
                 for r in results]
-        Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
+        from gptforge import storage
+
+        storage.write_json(args.json, rows)  # temporary name, fsync, rename
 
 
 def eval_preferences(args: argparse.Namespace) -> int:
@@ -158,7 +159,9 @@ def eval_preferences(args: argparse.Namespace) -> int:
     print("  " + fmt_loss("Bradley-Terry loss", r["loss"]) + "; a model that cannot tell the replies apart: 0.6931")
     r = {**r, "accuracy_context": rate_context(r["accuracy"], r["n"], 0.5)}
     if args.json:
-        Path(args.json).write_text(json.dumps(r, indent=2) + "\n")
+        from gptforge import storage
+
+        storage.write_json(args.json, r)  # temporary name, fsync, rename
     return 0
 
 
@@ -211,5 +214,7 @@ def eval_win_rate(args: argparse.Namespace) -> int:
         print("  " + fmt_rate("true accuracy (reference)", r["reference_acc"], n, chance=chance))
         results[-1]["win_rate_context"] = rate_context(r["win_rate"], n, 0.5)
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+        from gptforge import storage
+
+        storage.write_json(args.json, results)  # temporary name, fsync, rename
     return 0

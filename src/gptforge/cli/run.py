@@ -132,6 +132,7 @@ def args_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=10, help="timed steps (default %(default)s)")
     p.add_argument("--warmup", type=int, default=3, help="untimed warm-up steps (default %(default)s)")
     p.add_argument("--json", help="write results to this JSON file")
+    p.add_argument("--force", action="store_true", help="replace the --json file if it exists")
     p.add_argument("--ladder", action="store_true",
                    help="run the speed ladder fp32 -> tf32 -> bf16 -> compile -> flash -> pad vocab -> fused AdamW")
     p.add_argument("--sweep-micro-batch", metavar="B1,B2,...", help="time the preset at each micro-batch size")
@@ -176,6 +177,7 @@ def args_plan(p: argparse.ArgumentParser) -> None:
     p.add_argument("--measure", action="store_true", help="run a few steps here and compare with the estimate")
     p.add_argument("--steps", type=int, default=2, help="steps for --measure (default %(default)s)")
     p.add_argument("--json", help="write the plan to this JSON file")
+    p.add_argument("--force", action="store_true", help="replace the --json file if it exists")
 
 
 def cmd_plan(args: argparse.Namespace, overrides: list[str]) -> int:

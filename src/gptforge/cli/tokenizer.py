@@ -86,6 +86,7 @@ def _train(args: argparse.Namespace) -> int:
         open_source,
         train,
     )
+    from gptforge.storage import atomic_dir
 
     out = Path(args.out)
     try:
@@ -96,13 +97,15 @@ def _train(args: argparse.Namespace) -> int:
             raise CliError(f"--out {out}: already holds a tokenizer ({out / BUNDLE_DIR / INFO}); add --force to "
                            "replace it")
         source = open_source(args.paths, args.hf_dataset, args.hf_config, args.split, args.text_field)
-        if args.force:  # a bundle of the other kind would leave its file behind (tokenizer.json / ranks.tiktoken)
-            for name in (INFO, "tokenizer.json", "ranks.tiktoken"):
-                (out / BUNDLE_DIR / name).unlink(missing_ok=True)
         progress = not args.no_progress
         print(f"training a {spec.vocab_size:,}-id byte-level BPE with {spec.trainer} (pattern {args.pattern[:40]}, "
               f"special tokens {' '.join(spec.specials)}) ...", flush=True)
-        report = train(source, spec, out, progress=progress, log=lambda m: print(m, file=sys.stderr))
+        # built in a temporary folder beside OUT and renamed into place (storage.atomic_dir): a kill or a full
+        # disk leaves the earlier tokenizer whole; --force replaces OUT/tokenizer/ whole (no file of the other
+        # kind left behind) and keeps OUT's other entries
+        with atomic_dir(out, args.force, what="the tokenizer") as tmp:
+            report = train(source, spec, tmp, progress=progress, log=lambda m: print(m, file=sys.stderr),
+                           name=out.resolve().name or "tokenizer")
     except (TrainError, SourceError, TokenizerError) as e:
         raise CliError(str(e)) from None
     t = report["train"]

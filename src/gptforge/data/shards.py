@@ -50,17 +50,11 @@ def write_shard(path: str | os.PathLike, tokens, magic: int | None = None) -> Pa
         raise ValueError(f"{path}: token {max_tok} does not fit {dtype} (magic {magic})")
     header = np.zeros(HEADER_INTS, dtype="<i4")
     header[0], header[1], header[2] = magic, version, toks.size
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(header.tobytes())
-            f.write(toks.astype(dtype, copy=False).tobytes())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:  # a full disk or an interrupt: leave no partial file behind
-        tmp.unlink(missing_ok=True)
-        raise
+    from gptforge.storage import atomic_open
+
+    with atomic_open(path, "wb", what="the shard") as f:  # never a partial shard under the final name
+        f.write(header.tobytes())
+        f.write(toks.astype(dtype, copy=False).tobytes())
     return path
 
 

@@ -31,7 +31,6 @@ code, math and other languages (nanochat's ``tok_eval``).
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import tempfile
@@ -399,9 +398,10 @@ def format_report(report: dict[str, Any]) -> str:
 # --- the whole command -------------------------------------------------------------------------------------
 
 def train(source: Any, spec: TrainSpec, out: str | os.PathLike, progress: bool = True,
-          log: Callable[[str], None] = print) -> dict[str, Any]:
+          log: Callable[[str], None] = print, name: str | None = None) -> dict[str, Any]:
     """Read ``source`` (a :mod:`prepare.sources` source), train, save ``out/tokenizer/`` and
-    ``out/report.json``; return the report (with ``"train"``: what was read and how long it took)."""
+    ``out/report.json``; return the report (with ``"train"``: what was read and how long it took).
+    ``name``: the tokenizer's name (default: ``out``'s folder name)."""
     out = Path(out)
     spec = check_spec(spec)
     stats = CorpusStats()
@@ -426,7 +426,7 @@ def train(source: Any, spec: TrainSpec, out: str | os.PathLike, progress: bool =
         where = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
         raise TrainError(f"{where}: no text to train on ({stats.held_out_pieces} pieces held out){bad}")
     out.mkdir(parents=True, exist_ok=True)
-    tok = build_tokenizer(_chain(first, texts), spec, out, name=out.resolve().name or "tokenizer",
+    tok = build_tokenizer(_chain(first, texts), spec, out, name=name or out.resolve().name or "tokenizer",
                           progress=progress)
     seconds = time.perf_counter() - t0
     if bar is not None:
@@ -442,9 +442,9 @@ def train(source: Any, spec: TrainSpec, out: str | os.PathLike, progress: bool =
                        "train_pieces": stats.train_pieces, "held_out_pieces": stats.held_out_pieces,
                        "held_out_chars_evaluated": sum(map(len, stats.held_out)), "stopped_at_max_chars": stats.capped,
                        "bad_rows": stats.bad_rows, "seconds": round(seconds, 3)}
-    tmp = out / "report.json.tmp"
-    tmp.write_text(json.dumps(report, indent=1))
-    os.replace(tmp, out / "report.json")
+    from gptforge.storage import write_json
+
+    write_json(out / "report.json", report, what="the tokenizer report", indent=1)
     return report
 
 

@@ -179,8 +179,6 @@ def run_eval(
     and write JSON on rank 0. ``timer`` (``gptforge.bench.eval.run_eval_bench``, for ``--bench``)
     instead times batched against one-at-a-time scoring:
     ``timer(model, prepared_task, device, autocast, batch_tokens, log) -> dict``."""
-    import json
-    from pathlib import Path
 
     log = print if info.is_main else (lambda _: None)
     prepared = prepare_tasks(tasks, limit or None, log, enc=enc)
@@ -193,7 +191,9 @@ def run_eval(
                            log=log if info.is_main else None)
         log(format_table(results))
     if json_out and info.is_main:
-        Path(json_out).write_text(json.dumps({"model": source, "limit": limit, "dtype": dtype,
-                                              "world": info.world, "results": results}, indent=2) + "\n")
+        from gptforge import storage
+
+        storage.write_json(json_out, {"model": source, "limit": limit, "dtype": dtype,  # temporary name, fsync, rename
+                                      "world": info.world, "results": results})
         log(f"wrote {json_out}")
     return results

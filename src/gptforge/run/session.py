@@ -129,15 +129,11 @@ class RunSession:
 
 
 def _write_text(path: Path, text: str) -> None:
-    """A small run file; a full disk is the same one-line DiskFullError as a checkpoint's."""
-    from gptforge.storage import DiskFullError, disk_full_message, is_disk_full
+    """A small run file, through the one writer (temporary name, fsync, rename): a full disk or a
+    read-only run directory is the same one-line error as a checkpoint's."""
+    from gptforge.storage import write_text
 
-    try:
-        path.write_text(text)
-    except OSError as e:
-        if is_disk_full(e, path.parent, len(text)):
-            raise DiskFullError(disk_full_message(path.name, len(text), path.parent)) from e
-        raise
+    write_text(path, text)
 
 
 _bar = None  # the live progress bar, so log lines print above it

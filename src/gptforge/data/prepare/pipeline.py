@@ -63,7 +63,7 @@ from gptforge.data.prepare.workers import (
 )
 from gptforge.data.shards import FORMATS, ShardError, magic_for, read_header, write_shard
 from gptforge.data.tokenizer import save_tokenizer
-from gptforge.storage import DiskFullError, disk_full_message, is_disk_full
+from gptforge.storage import DiskFullError, disk_full_message, is_disk_full, is_temporary
 
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "gptforge-shards/1"
@@ -112,17 +112,9 @@ def _chunks(items: Iterator[Item], start: int, docs: int, chars: int) -> Iterato
 
 
 def _write_json_atomic(path: Path, obj: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with open(tmp, "w") as f:
-            json.dump(obj, f, indent=1)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    from gptforge.storage import write_json
+
+    write_json(path, obj, indent=1)
 
 
 class _Writer:
@@ -344,7 +336,7 @@ def _open_manifest(out: Path, ident: dict, force: bool) -> dict:
                                  "written. Delete the folder (or pass --force) and prepare again")
     listed = {s["file"] for s in m["shards"]} if m else set()
     for f in out.iterdir():  # leftovers of a killed run are never trusted
-        if f.name.endswith(".tmp") or (f.name.startswith(f"{name}_") and f.suffix == ".bin" and f.name not in listed):
+        if f.name.endswith(".tmp") or is_temporary(f.name) or (f.name.startswith(f"{name}_") and f.suffix == ".bin" and f.name not in listed):
             f.unlink()
     if m is None:
         m = {"format": MANIFEST_FORMAT, **ident, "shards": [], "tokens": 0, "complete": False,

@@ -32,7 +32,9 @@ def download_tiny(timeout: float = 10.0) -> str:
         return cached.read_text(encoding="utf-8")
     with urllib.request.urlopen(TINY_URL, timeout=timeout) as r:
         text = r.read().decode("utf-8")
-    cached.write_text(text, encoding="utf-8")
+    from gptforge.storage import write_text
+
+    write_text(cached, text, what="the Shakespeare cache")
     return text
 
 

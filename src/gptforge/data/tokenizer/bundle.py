@@ -34,9 +34,9 @@ def save_tokenizer(tok: Tokenizer, parent: str | Path) -> dict[str, Any]:
     folder.mkdir(parents=True, exist_ok=True)
     files = tok._save_files(folder)
     info = {**tok.entry(), "files": files}
-    tmp = folder / (INFO + ".tmp")
-    tmp.write_text(json.dumps(info, indent=1))
-    os.replace(tmp, folder / INFO)
+    from gptforge.storage import write_json
+
+    write_json(folder / INFO, info, what="the tokenizer bundle", indent=1)  # last: the bundle's completion marker
     return info
 
 

@@ -170,7 +170,9 @@ class HFTokenizer(Tokenizer):
 
     def _save_files(self, folder: Path) -> dict[str, str]:
         data = self._text.encode()
-        (folder / "tokenizer.json").write_bytes(data)
+        from gptforge.storage import write_bytes
+
+        write_bytes(folder / "tokenizer.json", data, what="the tokenizer")
         return {"tokenizer.json": hashlib.sha256(data).hexdigest()}
 
 

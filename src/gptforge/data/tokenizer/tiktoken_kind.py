@@ -65,9 +65,14 @@ class TiktokenTokenizer(Tokenizer):
             return {}
         if self.ranks_path is None:  # a tiktoken encoding by name: its ranks as tiktoken writes them
             data = _ranks_bytes(self.enc)
-            (folder / "ranks.tiktoken").write_bytes(data)
+            from gptforge.storage import write_bytes
+
+            write_bytes(folder / "ranks.tiktoken", data, what="the tokenizer's ranks")
             return {"ranks.tiktoken": hashlib.sha256(data).hexdigest()}
-        shutil.copyfile(self.ranks_path, folder / "ranks.tiktoken")
+        from gptforge.storage import atomic_path
+
+        with atomic_path(folder / "ranks.tiktoken", what="the tokenizer's ranks") as tmp:
+            shutil.copyfile(self.ranks_path, tmp)
         return {"ranks.tiktoken": self.ranks_sha256}
 
 

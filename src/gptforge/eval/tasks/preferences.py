@@ -131,9 +131,10 @@ def preference_set(task: str, n: int, seed: int = 0, kinds: Sequence[str] = KIND
 
 def write_preferences(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
     """One row per line: a preference JSONL file (``gptforge.data.preference.read_preferences`` reads it)."""
+    from gptforge.storage import atomic_open
+
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
+    with atomic_open(path, "w", what="the preference file", encoding="utf-8") as f:  # never half a file
         for r in rows:
             f.write(json.dumps(r) + "\n")
     return path

@@ -25,9 +25,10 @@ __all__ = ["GENERATIVE_TASKS", "Problem", "arithmetic_problems", "extract_answer
 
 def write_conversations(problems: list[Problem], path: str | Path) -> Path:
     """One ``{"messages": [...]}`` per line: an SFT data file."""
+    from gptforge.storage import atomic_open
+
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
+    with atomic_open(path, "w", what="the conversations file", encoding="utf-8") as f:  # never half a file
         for p in problems:
             f.write(json.dumps({"messages": p.messages()}) + "\n")
     return path

@@ -1,0 +1,69 @@
+"""What each command writes, declared once: the CLI checks every declared output before the command
+runs, and the writer test walks this table (tests/cli/test_writers.py), so a command added later with
+an output flag it does not declare here fails that test.
+
+    gptforge export hf --ckpt runs/x --out exports/x          # refused if exports/x holds files
+    gptforge export hf --ckpt runs/x --out exports/x --force  # replaces them, never a run or checkpoint
+
+Kinds:
+
+* ``file`` / ``dir``: written by :mod:`gptforge.storage`'s one writer (temporary name, fsync, rename).
+  An existing output is replaced only with ``--force``, and ``--force`` never replaces a checkpoint or
+  a run directory; checked here before any work is done.
+* ``run``: a run directory, written by the run stack (checkpoints renamed into place, ``--resume``,
+  and training's own ``--force``).
+* ``shards``: prepare's resumable shard folder (shards and manifest.json written by the same writer;
+  re-running resumes, ``--force`` starts over).
+* ``cache``: gptforge's cache folder (``$GPTFORGE_CACHE``), filled by the same writer.
+* ``scratch``: a folder for temporary work files, deleted afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+# command -> {"[SUBCOMMAND ]--flag" (or "" for a fixed place): kind}
+OUTPUTS: dict[str, dict[str, str]] = {
+    "train": {"--out": "run"},
+    "prepare": {"shakespeare --out": "shards", "fineweb --out": "shards", "files --out": "shards",
+                "conversations --out": "file", "preferences --out": "file"},
+    "assets": {"": "cache"},
+    "bench": {"--json": "file", "--out": "run"},
+    "bench-prepare": {"--json": "file", "--workdir": "scratch"},
+    "eval": {"--json": "file"},
+    "plot": {"--image": "file"},
+    "export": {"--out": "dir"},
+    "import": {"--out": "run"},
+    "bench-generate": {"--json": "file"},
+    "plan": {"--json": "file", "--out": "run"},
+    "race": {"--out": "run"},
+    "sft": {"--out": "run"},
+    "rl": {"--out": "run"},
+    "rm": {"--out": "run"},
+    "dpo": {"--out": "run"},
+    "tokenizer": {"train --out": "dir"},
+}
+CHECKED = ("file", "dir")  # the kinds checked here, before the command runs
+SUBCOMMAND_DESTS = ("source_name", "action", "format")  # where a command keeps its subcommand's name
+
+
+def declared(command: str, args: argparse.Namespace) -> list[tuple[str, str, str]]:
+    """(flag, dest, kind) of each output ``command`` declares for the subcommand ``args`` chose."""
+    chosen = {getattr(args, d, None) for d in SUBCOMMAND_DESTS}
+    out = []
+    for key, kind in OUTPUTS.get(command, {}).items():
+        sub, _, flag = key.rpartition(" ")
+        if flag and (not sub or sub in chosen):
+            out.append((flag, flag.lstrip("-").replace("-", "_"), kind))
+    return out
+
+
+def check_outputs(command: str, args: argparse.Namespace) -> None:
+    """Refuse (OutputExistsError, one line) a declared file or folder output that exists without
+    ``--force``, or that is a checkpoint or run directory, before the command does any work."""
+    from gptforge.storage import check_output
+
+    for flag, dest, kind in declared(command, args):
+        value = getattr(args, dest, None)
+        if kind in CHECKED and value:
+            check_output(value, bool(getattr(args, "force", False)), kind, flag)
