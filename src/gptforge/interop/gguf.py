@@ -59,6 +59,10 @@ def check_gguf_model(model: torch.nn.Module, chat_template: dict | None, tokeniz
             if value:
                 raise ValueError(f"model.{key}={value!r}: llama.cpp's llama architecture has no such option, so this "
                                  "model cannot be exported to GGUF (train with the default to export)")
+        if cfg.qkv_bias and cfg.rope_type == "llama3":
+            raise ValueError("model.rope_type='llama3' with model.qkv_bias=true: a model with q/k/v biases is written "
+                             "as llama.cpp's qwen2 architecture, and gptforge writes Llama 3's per-frequency rope "
+                             "divisors (rope_freqs.weight) for its llama architecture only; export hf instead")
     else:
         raise ValueError(f"model.arch={arch!r}: GGUF export knows gpt2 and llama")
     if not tokenizer:
@@ -90,7 +94,8 @@ def export_gguf(model: torch.nn.Module, out_dir: str | Path, dtype: str = "f32",
     out = check_out_dir(out_dir, force)
     path = out / f"model-{dtype}.gguf"
     cfg = model.config
-    arch = getattr(cfg, "arch", "gpt2")
+    # a Llama with q/k/v biases is llama.cpp's qwen2 (as convert_hf_to_gguf.py writes Qwen2ForCausalLM)
+    arch = "qwen2" if getattr(cfg, "qkv_bias", False) else getattr(cfg, "arch", "gpt2")
     w = gguf.GGUFWriter(None, arch)  # the file is given at the end: a temporary renamed into place
     w.add_type(gguf.GGUFType.MODEL)
     w.add_name(name)
@@ -111,6 +116,11 @@ def export_gguf(model: torch.nn.Module, out_dir: str | Path, dtype: str = "f32",
         w.add_rope_freq_base(cfg.rope_theta)
         w.add_rope_dimension_count(cfg.head_dim)
         w.add_vocab_size(cfg.vocab_size)
+        if cfg.rope_type == "linear":
+            w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+            w.add_rope_scaling_factor(cfg.rope_factor)
+        elif cfg.rope_type == "llama3":  # the divisors go in tensor rope_freqs.weight (llama_tensors)
+            w.add_rope_scaling_orig_ctx_len(cfg.rope_original_context)  # read by YaRN only; pins the inverse
         tensors = llama_tensors(model)
     if own is not None:
         add_model_tokenizer(w, cfg.vocab_size, own, chat, pre)
@@ -168,15 +178,25 @@ def rotate_half_to_interleaved(w: torch.Tensor, n_heads: int) -> torch.Tensor:
 
 
 def llama_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """gptforge Llama state (HF names) -> llama.cpp's llama tensor names."""
+    """gptforge Llama state (HF names) -> llama.cpp's llama (or, with q/k/v biases, qwen2) tensor names;
+    llama3 rope scaling as llama.cpp's per-frequency divisors, ``rope_freqs.weight``."""
+    from gptforge.models import rope
+
     cfg = model.config
     sd, V = model.state_dict(), cfg.vocab_size
     out = {"token_embd.weight": sd["model.embed_tokens.weight"][:V], "output_norm.weight": sd["model.norm.weight"]}
+    if cfg.rope_type == "llama3":
+        out["rope_freqs.weight"] = rope.rope_factors(cfg.head_dim, cfg.rope_theta, **rope.scaling_of(cfg))
+    # qwen2's rotary in llama.cpp is NEOX (rotate-half, as HF's): its q/k rows stay in order
+    order = (lambda w, n: w) if cfg.qkv_bias else rotate_half_to_interleaved
     for i in range(cfg.n_layer):
         p = f"model.layers.{i}."
         out[f"blk.{i}.attn_norm.weight"] = sd[p + "input_layernorm.weight"]
-        out[f"blk.{i}.attn_q.weight"] = rotate_half_to_interleaved(sd[p + "self_attn.q_proj.weight"], cfg.n_head)
-        out[f"blk.{i}.attn_k.weight"] = rotate_half_to_interleaved(sd[p + "self_attn.k_proj.weight"], cfg.kv_heads)
+        out[f"blk.{i}.attn_q.weight"] = order(sd[p + "self_attn.q_proj.weight"], cfg.n_head)
+        out[f"blk.{i}.attn_k.weight"] = order(sd[p + "self_attn.k_proj.weight"], cfg.kv_heads)
+        if cfg.qkv_bias:
+            for x in "qkv":
+                out[f"blk.{i}.attn_{x}.bias"] = sd[p + f"self_attn.{x}_proj.bias"]
         out[f"blk.{i}.attn_v.weight"] = sd[p + "self_attn.v_proj.weight"]
         out[f"blk.{i}.attn_output.weight"] = sd[p + "self_attn.o_proj.weight"]
         out[f"blk.{i}.ffn_norm.weight"] = sd[p + "post_attention_layernorm.weight"]
