@@ -155,8 +155,8 @@ def eval_preferences(args: argparse.Namespace) -> int:
     print(f"reward model {args.ckpt} on {args.preferences}: {r['n']} preference pairs")
     print("  " + fmt_rate("pair accuracy (chosen scored above rejected)", r["accuracy"], r["n"], chance=0.5,
                           hint="the model prefers the rejected replies: check the pairs' chosen/rejected order"))
-    print("  " + fmt_score("mean margin chosen - rejected", r["margin"], RM_SCORE_SCALE.replace("score", "score difference")))
-    print("  " + fmt_loss("Bradley-Terry loss", r["loss"]) + "; a model that cannot tell the replies apart: 0.6931")
+    print("  " + fmt_score("mean margin chosen - rejected", r["margin"], "a difference of " + RM_SCORE_SCALE))
+    print("  " + fmt_loss("Bradley-Terry loss", r["loss"], "nats/pair; a model that cannot tell the replies apart: 0.6931"))
     r = {**r, "accuracy_context": rate_context(r["accuracy"], r["n"], 0.5)}
     if args.json:
         from gptforge import storage
