@@ -154,7 +154,7 @@ def test_rl_cli_logs_metrics_and_resumes_exactly(tmp_path, tokenizer, capsys):
     out = capsys.readouterr().out
     # a random model answers nothing right: every group is flat, and RL says so (once) and logs it
     assert out.count("every group's 3 replies got the same reward") == 1 and "flat groups 2/2" in out
-    assert "--- rl summary" in out and "held-out    arithmetic accuracy" in out and "gptforge chat --ckpt" in out
+    assert "--- rl summary" in out and "held-out    arithmetic: accuracy (step" in out and "gptforge chat --ckpt" in out
     assert main(["rl", "--init-from", str(src), "--out", str(tmp_path / "part"), "--steps", "2", *args]) == 0
     assert main(["rl", "--out", str(tmp_path / "part"), "--resume", "--steps", "3"]) == 0
     rows = [json.loads(x) for x in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]

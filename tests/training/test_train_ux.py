@@ -109,8 +109,10 @@ def test_rl_summary_reports_reward_and_held_out_accuracy(tmp_path):
     res = RunResult(run_dir=tmp_path, steps_done=6, last_stats={"reward": 0.625, "loss": 0.1}, seconds=75,
                     interrupted=True, stop_reason="signal")
     text = summary(res, "rl")
-    assert "reward      final 0.625 (step 6" in text
-    assert "held-out    compare accuracy 0.250 (step 0) -> 0.500 (step 6), 40 problems" in text
+    assert "reward      final 0.625 (step 6, training problems; reward function: " in text
+    # every held-out rate with its interval, n and chance level (eval.stats.fmt_rate)
+    assert "held-out    compare: accuracy (step 0) 0.250 (95% CI 0.142-0.402, n 40, chance 0.500)" in text
+    assert "held-out    compare: accuracy (step 6) 0.500 (95% CI 0.352-0.648, n 40, chance 0.500)" in text
     assert "time        1m15s" in text and f"continue    gptforge rl --out {tmp_path} --resume" in text
     assert f"gptforge chat --ckpt {tmp_path}" in text and "--tasks compare" in text
 
@@ -154,3 +156,25 @@ def test_every_training_commands_next_steps_parse_and_suit_the_checkpoint(comman
         assert not verbs & {"sample", "chat"} and {"eval", "rl", "export"} <= verbs
     else:
         assert {"sample", "eval", "export"} <= verbs
+
+
+def test_next_steps_come_from_the_runs_own_task_and_paths(tmp_path):
+    """Issue 34: `dpo --task compare` suggests `eval --tasks compare`; `rm` on compare pairs suggests
+    `rl --task compare` from the model it started from, and a held-out compare file, not placeholders."""
+    from gptforge.cli.common import summary
+    from gptforge.config import Config
+    from gptforge.eval.tasks.preferences import preference_set, write_preferences
+    from gptforge.training.loop import RunResult
+
+    prefs = write_preferences(preference_set("compare", 2), tmp_path / "p.jsonl")
+    res = RunResult(run_dir=tmp_path / "run", steps_done=1)
+    cfg = Config()
+    cfg.dpo.task, cfg.dpo.init_from, cfg.dpo.data = "compare", "runs/my_sft", str(prefs)
+    text = summary(res, "dpo", cfg, "runs/my_sft")
+    assert "--tasks compare" in text and "arithmetic" not in text
+    cfg.rm.data = str(prefs)
+    text = summary(res, "rm", cfg, "runs/my_sft")
+    assert "rl --init-from runs/my_sft --task compare" in text and "preferences compare --policy runs/my_sft" in text
+    assert "SFT_RUN" not in text and "PREFS_EVAL" not in text and "--held-out" in text
+    cfg.rl.task = "compare"
+    assert "--tasks compare" in summary(res, "rl", cfg, "runs/my_sft")

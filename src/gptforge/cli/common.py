@@ -247,7 +247,7 @@ def init_from(source: str, cfg) -> Callable:
     return init_weights
 
 
-def finish(result, command: str, cfg=None) -> int:
+def finish(result, command: str, cfg=None, start: str | None = None) -> int:
     """The end of a training command: the run's summary on rank 0 (:func:`summary`), then the exit
     status: 3 diverged (nothing saved past the last good checkpoint), 130 stopped by a signal (0 under
     torchrun; see run.faults.exit_status), 0 done."""
@@ -256,7 +256,7 @@ def finish(result, command: str, cfg=None) -> int:
     from gptforge.run.faults import exit_status
 
     if os.environ.get("RANK", "0") == "0" and result.diverged_at is None:
-        print(summary(result, command, cfg), flush=True)
+        print(summary(result, command, cfg, start), flush=True)
     if result.diverged_at is not None:
         print(f"gptforge {command}: the run diverged (not finite) at step {result.diverged_at} (see the log line above); "
               f"nothing was saved past the last checkpoint: lower --optim.lr or check the data or reward, then "
@@ -265,9 +265,11 @@ def finish(result, command: str, cfg=None) -> int:
     return exit_status(result.interrupted)
 
 
-def summary(result, command: str) -> str:
-    """What a finished (or stopped) train/sft/rl run did and what to do next: steps, tokens, time, best
-    and final val loss (rl: final reward and held-out accuracy), the checkpoint, the next commands."""
+def summary(result, command: str, cfg=None, start: str | None = None) -> str:
+    """What a finished (or stopped) train/sft/rl/dpo/rm run did and what to do next: steps, tokens, time,
+    best and final val loss, held-out rates with their interval and chance level (eval.stats.fmt_rate),
+    rewards with their scale, the checkpoint, and next commands built from the run's own settings."""
+    from gptforge.eval.stats import GENERATIVE_CHANCE, fmt_rate
     from gptforge.run.metrics import fmt_duration, read_metrics
 
     run = str(result.run_dir)
@@ -282,39 +284,117 @@ def summary(result, command: str) -> str:
     if result.val_losses:
         best = min(result.val_losses, key=result.val_losses.get)
         last = max(result.val_losses)
+        unit = {"rm": "Bradley-Terry, nats/pair; 0.6931 = guessing", "dpo": "nats/pair; 0.6931 = the reference"}
         lines.append(f"val loss    best {result.val_losses[best]:.4f} (step {best}), final "
-                     f"{result.val_losses[last]:.4f} (step {last})")
-    task = {"train": "hellaswag", "sft": "arithmetic,compare"}.get(command, "arithmetic")
+                     f"{result.val_losses[last]:.4f} (step {last}) ({unit.get(command, 'nats/token')})")
+    hints = run_hints(command, cfg, start)
+    try:
+        evals = [r for r in read_metrics(result.run_dir, warn=lambda m: None) if r.get("kind") == "eval"]
+    except OSError:
+        evals = []
     if command == "rl":
         if "reward" in result.last_stats:
-            lines.append(f"reward      final {result.last_stats['reward']:.3f} (step {result.steps_done}, "
-                         f"training problems)")
-        try:
-            evals = [r for r in read_metrics(result.run_dir, warn=lambda m: None) if r.get("kind") == "eval"]
-        except OSError:
-            evals = []
+            lines.append("reward      " + reward_words(cfg, result.last_stats["reward"], result.steps_done))
         if evals:
             first, last_eval = evals[0], evals[-1]
-            task = last_eval.get("task") or task
-            lines.append(f"held-out    {last_eval.get('task', '')} accuracy {first['acc']:.3f} (step {first['step']}) -> "
-                         f"{last_eval['acc']:.3f} (step {last_eval['step']}), {last_eval.get('n', '?')} problems")
+            task = last_eval.get("task") or hints["task"]
+            hints["task"] = task
+            n = int(last_eval.get("n", 0) or 0)
+            chance = GENERATIVE_CHANCE.get(task)
+            if n:
+                lines.append(f"held-out    {task}: " + fmt_rate(f"accuracy (step {first['step']})", first["acc"], n, chance))
+                lines.append(f"held-out    {task}: " + fmt_rate(f"accuracy (step {last_eval['step']})", last_eval["acc"],
+                                                                  n, chance))
+    elif command == "train" and evals:  # the in-loop task evals (eval.every): each task's last
+        for name in dict.fromkeys(r.get("task") for r in evals if r.get("task")):
+            r = [e for e in evals if e.get("task") == name][-1]
+            key = "acc_norm" if "acc_norm" in r else "acc"
+            if r.get(key) is not None and r.get("n"):
+                lines.append(f"eval        {name}: " + fmt_rate(f"{key} (step {r['step']})", r[key], int(r["n"]),
+                                                                r.get("chance")))
+    elif command in ("rm", "dpo") and evals:
+        last_eval = evals[-1]
+        n = int(last_eval.get("n", 0) or 0)
+        acc = last_eval.get("accuracy", last_eval.get("rewards/accuracies"))
+        what = "reward model scores chosen above rejected" if command == "rm" else "implicit reward ranks chosen first"
+        if acc is not None and n:
+            lines.append("held-out    " + fmt_rate(f"pair accuracy ({what})", acc, n, chance=0.5,
+                                                   hint="the model prefers the rejected replies: check the pairs' "
+                                                        "chosen/rejected order, or lower the learning rate"))
+        task = cfg.dpo.task if command == "dpo" and cfg is not None else ""
+        if task and f"{task}_acc" in last_eval and last_eval.get("task_n"):
+            lines.append(f"held-out    {task}: " + fmt_rate("greedy accuracy", last_eval[f"{task}_acc"],
+                                                            int(last_eval["task_n"]), GENERATIVE_CHANCE.get(task)))
     ckpt = result.last_checkpoint
     lines.append(f"checkpoint  {ckpt if ckpt is not None else '(none written by this invocation)'}")
     if result.stop_reason in ("signal", "stop_at_step"):
         lines.append(f"continue    gptforge {command} --out {run} --resume")
     lines.append("next:")
-    lines += [f"  {c}" for c in next_commands(command, run, task)]
+    lines += [f"  {c}" for c in next_commands(command, run, **hints)]
     return "\n".join(lines)
 
 
-def next_commands(command: str, run: str, task: str) -> list[str]:
-    """The commands a finished ``command`` run is ready for. A reward model does not generate text, so
-    it is offered scoring, RL and labelling instead of sample/chat (which would refuse it)."""
+def reward_words(cfg, value: float, step: int) -> str:
+    """The final RL reward with its scale: a reward model's logit score, or the reward function's value."""
+    from gptforge.eval.stats import RM_SCORE_SCALE, fmt_score
+
+    if cfg is not None and cfg.rl.reward_model:
+        return fmt_score("final", value, f"step {step}, training problems; mean {RM_SCORE_SCALE}")
+    fn = (cfg.rl.reward if cfg is not None else "") or "the task's exact match, 1 right and 0 wrong"
+    return fmt_score("final", value, f"step {step}, training problems; reward function: {fn}; mean per reply")
+
+
+def run_hints(command: str, cfg, start: str | None = None) -> dict[str, str]:
+    """The task, data and starting model a run was given, for its next commands; placeholders only
+    where the run does not know (an SFT run's task is whatever its conversations teach)."""
+    task = {"train": "hellaswag", "sft": "arithmetic,compare"}.get(command, "arithmetic")
+    data, start = "PREFS_EVAL.jsonl", start or "SFT_RUN"  # data: held-out pairs, which no run is told of
+    if cfg is None:
+        return {"task": task, "data": data, "start": start}
+    if command == "rl":
+        task = cfg.rl.task
+    elif command in ("dpo", "rm"):
+        sec = getattr(cfg, command)
+        task = (getattr(sec, "task", "") or _pairs_task(sec.data)) or ("arithmetic,compare" if command == "dpo"
+                                                                       else "arithmetic")
+        start = getattr(sec, "init_from", "") or start
+    return {"task": task, "data": data, "start": start}
+
+
+def _pairs_task(data: str) -> str:
+    """The generated task whose problems a local preference file holds ("" when not one of ours): its
+    first row's question is matched against the generators' wording."""
+    import json
+    import re
+
+    try:
+        with open(data, encoding="utf-8") as f:
+            row = json.loads(f.readline(65536))
+        prompt = row["prompt"]
+        text = prompt if isinstance(prompt, str) else " ".join(m.get("content", "") for m in prompt)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return ""
+    if re.search(r"Which is larger, \d+ or \d+\?", text):
+        return "compare"
+    if re.search(r"What is \d+ [+-] \d+\?", text):
+        return "arithmetic"
+    return ""
+
+
+def next_commands(command: str, run: str, task: str, data: str = "PREFS_EVAL.jsonl", start: str = "SFT_RUN") -> list[str]:
+    """The commands a finished ``command`` run is ready for, with its own task, data and starting model.
+    A reward model does not generate text, so it is offered scoring, RL and labelling instead of
+    sample/chat (which would refuse it)."""
     export = f"gptforge export hf --ckpt {run} --out exports/{Path(run).name}"
     if command == "rm":
-        return [f"gptforge eval --ckpt {run} --preferences PREFS_EVAL.jsonl",
-                f"gptforge rl --init-from SFT_RUN --task {task} --reward-model {run} --out runs/rl_rm",
-                f"gptforge prepare preferences {task} --policy SFT_RUN --judge {run} --out prefs_judged.jsonl",
+        one = task.split(",")[0]
+        held = []
+        if data == "PREFS_EVAL.jsonl" and one in ("compare", "arithmetic"):  # held-out pairs of the run's task
+            data = f"data/{one}_prefs_eval.jsonl"
+            held = [f"gptforge prepare preferences {one} --n 500 --held-out --out {data}"]
+        return [*held, f"gptforge eval --ckpt {run} --preferences {data}",
+                f"gptforge rl --init-from {start} --task {one} --reward-model {run} --out runs/rl_rm",
+                f"gptforge prepare preferences {one} --policy {start} --judge {run} --out prefs_judged.jsonl",
                 export]
     out = [f"gptforge chat --ckpt {run}"] if command in ("sft", "rl", "dpo") else []
     out.append(f"gptforge sample --ckpt {run}" + (' --prompt "ROMEO:"' if command == "train" else ""))
