@@ -332,7 +332,7 @@ def test_refuses_absurd_headers(tmp_path, raw, match):
 def test_refuses_what_llama_cannot_represent(tmp_path):
     model = tiny_llama()
     cases = [
-        (dict(kv={"llama.rope.scaling.type": "linear"}), "llama.rope.scaling.type='linear'"),
+        (dict(kv={"llama.rope.scaling.type": "longrope"}), "llama.rope.scaling.type='longrope'"),
         (dict(kv={"llama.rope.scaling.type": "yarn"}), "rope scaling"),
         (dict(tok_model="llama"), "tokenizer.ggml.model='llama'"),
         (dict(pre="deepseek-llm"), "tokenizer.ggml.pre='deepseek-llm'"),

@@ -9,8 +9,12 @@ dequantizers): tensors are dequantized to float32 (F32, F16, BF16, Q8_0, Q4_0, Q
 the K-quants Q2_K..Q6_K); llama.cpp's tensor names map back to Hugging Face's, and the query/key rows
 are put back from llama.cpp's interleaved rotary pairs into rotate-half order (exactly undoing
 ``rotate_half_to_interleaved``, which is llama.cpp's converter's permutation). The config comes from
-the ``llama.*`` keys; what gptforge's Llama cannot represent (another architecture, rope scaling,
-partial rotary, experts, sliding windows, biases, per-layer widths) is refused by name.
+the ``llama.*`` keys. Architecture ``qwen2`` (its ``qwen2.*`` keys) is a Llama with q/k/v biases
+(``attn_q.bias`` ...) and rotate-half rotary, so its rows are not reordered. Rope scaling: ``linear``
+(``rope.scaling.type``/``factor``), and Llama 3.1/3.2's, which llama.cpp stores as per-frequency
+divisors (tensor ``rope_freqs.weight``) that ``models.rope.scaling_from_factors`` turns back into
+llama3 parameters. What gptforge's Llama cannot represent (another architecture or rope scaling,
+partial rotary, experts, sliding windows, other biases, per-layer widths) is refused by name.
 
 The tokenizer is rebuilt as a ``tokenizer.json`` text from ``tokenizer.ggml.*``: for the byte-level
 BPE (``tokenizer.ggml.model`` "gpt2") the vocabulary by id, the merges, the control tokens as special
@@ -69,7 +73,12 @@ BLOCK_NAMES = {
     "ffn_gate.weight": "mlp.gate_proj.weight",
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",  # qwen2
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
 }
+ARCHITECTURES = ("llama", "qwen2")  # qwen2: a Llama with q/k/v biases and rotate-half (NEOX) rotary
+ROPE_FREQS = "rope_freqs.weight"  # llama.cpp's per-frequency rope divisors (Llama 3.1/3.2's scaling)
 TOP_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
              "output.weight": "lm_head.weight"}
 
@@ -263,56 +272,84 @@ def _refuse(path: Path, key: str, value: Any, why: str) -> GGUFReadError:
                          "load the model wrong")
 
 
-def llama_config_from_gguf(scalars: dict, arrays: dict, names: set[str], path: Path, vocab_size: int):
-    """A ``LlamaConfig`` from GGUF metadata, refusing what gptforge's Llama cannot represent."""
+def _rope_scaling(scalars: dict, path: Path, arch: str, head_dim: int, theta: float,
+                  rope_freqs: torch.Tensor | None) -> dict:
+    """``model.rope_*`` from ``{arch}.rope.scaling.*`` and the ``rope_freqs.weight`` divisors."""
+    from gptforge.models import rope
+
+    kind = scalars.get(f"{arch}.rope.scaling.type", "linear")  # llama.cpp's default: a factor alone is linear
+    factor = _key(scalars, f"{arch}.rope.scaling.factor", path, (int, float), required=False, default=0.0)
+    if kind not in ("none", "", "linear"):
+        raise _refuse(path, f"{arch}.rope.scaling.type", kind, "only linear rope scaling and Llama 3's "
+                      "(rope_freqs.weight) are implemented")
+    linear = factor not in (0.0, 1.0)  # llama.cpp divides every frequency by a factor whatever the type says
+    if linear and not (factor > 0 and math.isfinite(factor)):
+        raise _refuse(path, f"{arch}.rope.scaling.factor", factor, "a rope scaling factor must be positive")
+    if rope_freqs is None:
+        return rope.config_fields({"rope_type": "linear", "factor": float(factor)} if linear else {})
+    if linear or arch != "llama":
+        raise _refuse(path, f"tensor {ROPE_FREQS}", "present", f"per-frequency rope divisors with architecture "
+                      f"{arch} or {arch}.rope.scaling.factor={factor}")
+    orig = scalars.get(f"{arch}.rope.scaling.original_context_length")
+    scaling = rope.scaling_from_factors(head_dim, theta, rope_freqs, orig if isinstance(orig, int) and orig > 0
+                                        else None)
+    if scaling is None:
+        raise _refuse(path, f"tensor {ROPE_FREQS}", rope_freqs[:4].tolist(), "these per-frequency rope divisors "
+                      "follow neither linear nor Llama 3's scaling")
+    return rope.config_fields(scaling)
+
+
+def llama_config_from_gguf(scalars: dict, arrays: dict, names: set[str], path: Path, vocab_size: int,
+                           rope_freqs: torch.Tensor | None = None):
+    """A ``LlamaConfig`` from GGUF metadata (architecture llama or qwen2), refusing what gptforge's
+    Llama cannot represent. ``rope_freqs``: the file's ``rope_freqs.weight``, dequantized."""
     from gptforge.models.llama import LlamaConfig
 
     arch = scalars.get("general.architecture")
-    if arch != "llama":
-        raise GGUFReadError(f"{path}: general.architecture={arch!r}; gptforge reads GGUF architecture 'llama' only")
-    for key in ("llama.feed_forward_length", "llama.attention.head_count", "llama.attention.head_count_kv"):
+    if arch not in ARCHITECTURES:
+        raise GGUFReadError(f"{path}: general.architecture={arch!r}; gptforge reads GGUF architectures "
+                            f"{', '.join(ARCHITECTURES)}")
+    for key in (f"{arch}.feed_forward_length", f"{arch}.attention.head_count", f"{arch}.attention.head_count_kv"):
         if key in arrays:
             raise _refuse(path, key, "an array", "per-layer widths")
-    n_layer = _key(scalars, "llama.block_count", path)
-    n_embd = _key(scalars, "llama.embedding_length", path)
-    n_head = _key(scalars, "llama.attention.head_count", path)
-    n_kv = _key(scalars, "llama.attention.head_count_kv", path, required=False, default=n_head)
-    ffn = _key(scalars, "llama.feed_forward_length", path)
-    ctx = _key(scalars, "llama.context_length", path)
-    for key, v, hi in (("llama.block_count", n_layer, MAX_LAYERS), ("llama.embedding_length", n_embd, 1 << 16),
-                       ("llama.attention.head_count", n_head, 1 << 10), ("llama.attention.head_count_kv", n_kv, 1 << 10),
-                       ("llama.feed_forward_length", ffn, 1 << 18), ("llama.context_length", ctx, MAX_CONTEXT)):
+    n_layer = _key(scalars, f"{arch}.block_count", path)
+    n_embd = _key(scalars, f"{arch}.embedding_length", path)
+    n_head = _key(scalars, f"{arch}.attention.head_count", path)
+    n_kv = _key(scalars, f"{arch}.attention.head_count_kv", path, required=False, default=n_head)
+    ffn = _key(scalars, f"{arch}.feed_forward_length", path)
+    ctx = _key(scalars, f"{arch}.context_length", path)
+    for key, v, hi in (("block_count", n_layer, MAX_LAYERS), ("embedding_length", n_embd, 1 << 16),
+                       ("attention.head_count", n_head, 1 << 10), ("attention.head_count_kv", n_kv, 1 << 10),
+                       ("feed_forward_length", ffn, 1 << 18), ("context_length", ctx, MAX_CONTEXT)):
         if not 1 <= v <= hi:
-            raise GGUFReadError(f"{path}: metadata key {key}={v} is out of range (1 to {hi})")
+            raise GGUFReadError(f"{path}: metadata key {arch}.{key}={v} is out of range (1 to {hi})")
     if n_embd % n_head or n_head % n_kv or (n_embd // n_head) % 2:
-        raise GGUFReadError(f"{path}: llama.embedding_length={n_embd}, llama.attention.head_count={n_head} and "
+        raise GGUFReadError(f"{path}: {arch}.embedding_length={n_embd}, {arch}.attention.head_count={n_head} and "
                             f"head_count_kv={n_kv} do not make whole, even heads shared evenly")
     head_dim = n_embd // n_head
-    theta = _key(scalars, "llama.rope.freq_base", path, (int, float), required=False, default=10_000.0)
-    eps = _key(scalars, "llama.attention.layer_norm_rms_epsilon", path, (int, float), required=False, default=1e-5)
-    scaling = scalars.get("llama.rope.scaling.type", "none")
-    if scaling not in ("none", ""):
-        raise _refuse(path, "llama.rope.scaling.type", scaling, "rope scaling changes the rotary frequencies")
-    if scalars.get("llama.rope.scaling.factor", 1.0) not in (0.0, 1.0):
-        raise _refuse(path, "llama.rope.scaling.factor", scalars["llama.rope.scaling.factor"],
-                      "rope scaling changes the rotary frequencies")
-    if "rope_freqs.weight" in names:
-        raise _refuse(path, "tensor rope_freqs.weight", "present", "per-frequency rope factors (Llama 3.1 scaling)")
-    for key in ("llama.rope.dimension_count", "llama.attention.key_length", "llama.attention.value_length"):
+    theta = _key(scalars, f"{arch}.rope.freq_base", path, (int, float), required=False, default=10_000.0)
+    eps = _key(scalars, f"{arch}.attention.layer_norm_rms_epsilon", path, (int, float), required=False, default=1e-5)
+    if not (theta > 0 and math.isfinite(theta)):
+        raise GGUFReadError(f"{path}: metadata key {arch}.rope.freq_base={theta} must be a positive number")
+    scaling = _rope_scaling(scalars, path, arch, head_dim, float(theta), rope_freqs)
+    for key in (f"{arch}.rope.dimension_count", f"{arch}.attention.key_length", f"{arch}.attention.value_length"):
         if key in scalars and scalars[key] != head_dim:
             raise _refuse(path, key, scalars[key], f"heads of {head_dim} channels (embedding_length/head_count), "
                           "all of them rotated")
-    for key in ("llama.expert_count", "llama.attention.sliding_window"):
+    for key in (f"{arch}.expert_count", f"{arch}.attention.sliding_window"):
         if scalars.get(key):
             raise _refuse(path, key, scalars[key], "experts and sliding windows")
     if not 1 <= vocab_size <= 1 << 20:
         raise GGUFReadError(f"{path}: tokenizer.ggml.tokens holds {vocab_size} tokens (1 to {1 << 20})")
-    declared = scalars.get("llama.vocab_size", vocab_size)
+    declared = scalars.get(f"{arch}.vocab_size", vocab_size)
     if declared != vocab_size:
-        raise GGUFReadError(f"{path}: llama.vocab_size={declared} but tokenizer.ggml.tokens holds {vocab_size}")
-    return LlamaConfig(n_layer=n_layer, n_head=n_head, n_kv_head=n_kv, n_embd=n_embd, intermediate_size=ffn,
-                       block_size=ctx, vocab_size=vocab_size, rope_theta=float(theta), norm_eps=float(eps),
-                       tie_embeddings="output.weight" not in names)
+        raise GGUFReadError(f"{path}: {arch}.vocab_size={declared} but tokenizer.ggml.tokens holds {vocab_size}")
+    try:
+        return LlamaConfig(n_layer=n_layer, n_head=n_head, n_kv_head=n_kv, n_embd=n_embd, intermediate_size=ffn,
+                           block_size=ctx, vocab_size=vocab_size, rope_theta=float(theta), norm_eps=float(eps),
+                           tie_embeddings="output.weight" not in names, qkv_bias=arch == "qwen2", **scaling)
+    except ValueError as e:
+        raise GGUFReadError(f"{path}: {e}") from None
 
 
 def _expected_shapes(cfg) -> dict[str, tuple[int, ...]]:
@@ -324,6 +361,8 @@ def _expected_shapes(cfg) -> dict[str, tuple[int, ...]]:
     per = {"attn_norm.weight": (C,), "attn_q.weight": (C, C), "attn_k.weight": (kv * hd, C),
            "attn_v.weight": (kv * hd, C), "attn_output.weight": (C, C), "ffn_norm.weight": (C,),
            "ffn_gate.weight": (H, C), "ffn_up.weight": (H, C), "ffn_down.weight": (C, H)}
+    if cfg.qkv_bias:
+        per.update({"attn_q.bias": (C,), "attn_k.bias": (kv * hd,), "attn_v.bias": (kv * hd,)})
     for i in range(cfg.n_layer):
         out.update({f"blk.{i}.{k}": v for k, v in per.items()})
     return out
@@ -469,12 +508,21 @@ def read_gguf(path: str | Path, weights: bool = True) -> GGUFModel:
     except Exception as e:  # its own checks (it raises ValueError, KeyError ...)
         raise GGUFReadError(f"{path}: the gguf reader refuses it: {str(e)[:200]}") from None
     arch = scalars.get("general.architecture")
-    if arch != "llama":  # before the tokenizer: the architecture is the first thing to refuse
-        raise GGUFReadError(f"{path}: general.architecture={arch!r}; gptforge reads GGUF architecture 'llama' only")
+    if arch not in ARCHITECTURES:  # before the tokenizer: the architecture is the first thing to refuse
+        raise GGUFReadError(f"{path}: general.architecture={arch!r}; gptforge reads GGUF architectures "
+                            f"{', '.join(ARCHITECTURES)}")
     tok, template, n_tokens = _tokenizer(reader, scalars, arrays, path)
-    cfg = llama_config_from_gguf(scalars, arrays, names, path, n_tokens)
+    rope_freqs = None
+    info = next((t for t in infos if t.name == ROPE_FREQS), None)
+    if info is not None:  # a few floats, read before the config: they are its rope scaling
+        if len(info.shape) != 1 or info.shape[0] > 1 << 12:
+            raise GGUFReadError(f"{path}: tensor {ROPE_FREQS} has shape {list(info.shape)}, not (head_dim/2,)")
+        rope_freqs = _dequantize(next(t for t in reader.tensors if t.name == ROPE_FREQS), info)
+    cfg = llama_config_from_gguf(scalars, arrays, names, path, n_tokens, rope_freqs)
     cfg.bos_token = tok.eot_token  # the document separator the tokenizer names
     expected = _expected_shapes(cfg)
+    if ROPE_FREQS in names:  # the rope divisors, already read into the config
+        expected[ROPE_FREQS] = (cfg.head_dim // 2,)
     unknown = sorted(names - set(expected))
     if unknown:
         raise GGUFReadError(f"{path}: tensor {unknown[0]} has no place in gptforge's Llama "
@@ -497,6 +545,8 @@ def _build(reader: Any, infos: list[_TensorInfo], cfg, path: Path):
     by_name = {t.name: t for t in reader.tensors}
     sd: dict[str, torch.Tensor] = {}
     for info in infos:
+        if info.name == ROPE_FREQS:  # read into the config (model.rope_*), not a weight
+            continue
         rt = by_name.get(info.name)
         if rt is None or rt.n_bytes != info.n_bytes or rt.data_offset != reader.data_offset + info.offset:
             raise GGUFReadError(f"{path}: tensor {info.name}: the gguf reader disagrees with the header")
@@ -508,7 +558,9 @@ def _build(reader: Any, infos: list[_TensorInfo], cfg, path: Path):
             w = _pad_rows(w, cfg.padded_vocab_size)
         if info.name.startswith("blk."):
             _, i, rest = info.name.split(".", 2)
-            if rest == "attn_q.weight":
+            if cfg.qkv_bias:  # qwen2: llama.cpp's NEOX rotary is rotate-half, nothing to reorder
+                pass
+            elif rest == "attn_q.weight":
                 w = interleaved_to_rotate_half(w, cfg.n_head)
             elif rest == "attn_k.weight":
                 w = interleaved_to_rotate_half(w, cfg.kv_heads)

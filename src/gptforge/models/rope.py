@@ -78,3 +78,50 @@ def scaling_of(cfg) -> dict:
     """The keyword arguments :func:`inv_freq` takes after ``head_dim`` and ``theta``, from a Llama config."""
     return dict(rope_type=cfg.rope_type, factor=cfg.rope_factor, low_freq_factor=cfg.rope_low_freq_factor,
                 high_freq_factor=cfg.rope_high_freq_factor, original_context=cfg.rope_original_context)
+
+
+def scaling_from_factors(head_dim: int, theta: float, factors: torch.Tensor,
+                         original_context: int | None = None) -> dict | None:
+    """The inverse of :func:`rope_factors`: llama.cpp's per-frequency divisors (a GGUF's
+    ``rope_freqs.weight``, which Llama 3.1/3.2 files carry instead of their scaling parameters) back
+    to :func:`inv_freq`'s keyword arguments, or None when no parameters reproduce them (to 1e-5).
+
+    All ones is no scaling, one value everywhere is ``linear``; otherwise ``llama3``: its factor is
+    the divisor of the longest wavelength, and the blend between the two thresholds is linear in
+    1/wavelength, so two blended frequencies fix ``low/high_freq_factor`` once ``original_context``
+    is known (when it is not, ``low_freq_factor`` 1, Meta's value, fixes it)."""
+    r = factors.double()
+    if r.shape != (head_dim // 2,) or not bool(torch.isfinite(r).all()) or bool((r <= 0).any()):
+        return None
+    if bool(torch.allclose(r, torch.ones_like(r), rtol=0, atol=1e-6)):
+        return {"rope_type": "default"}
+    if bool(torch.allclose(r, r[-1].expand_as(r), rtol=1e-6, atol=0)):
+        return {"rope_type": "linear", "factor": round(float(r[-1]), 6)}
+    factor = float(r[-1])
+    wavelen = 2 * math.pi / inv_freq(head_dim, theta).double()
+    s = (1 / r - 1 / factor) / (1 - 1 / factor)  # 0 where divided by factor, 1 where kept
+    blend = ((s > 1e-5) & (s < 1 - 1e-5)).nonzero().flatten()
+    if len(blend) < 2:
+        return None
+    i, j = int(blend[0]), int(blend[-1])
+    a = float((s[j] - s[i]) / (1 / wavelen[j] - 1 / wavelen[i]))  # s = a / wavelen - b
+    b = float(a / wavelen[i] - s[i])
+    if not (a > 0 and b > 0):
+        return None
+    orig = original_context or round(a / b)  # low_freq_factor = b * orig / a, high = low + orig / a
+    for digits in (6, None):  # the round numbers configs are written with, else the exact fit
+        low, high = b * orig / a, b * orig / a + orig / a
+        if digits:
+            low, high = round(low, digits), round(high, digits)
+        out = dict(rope_type="llama3", factor=round(factor, 6) if digits else factor, low_freq_factor=low,
+                   high_freq_factor=high, original_context=int(orig))
+        if bool(torch.allclose(rope_factors(head_dim, theta, **out).double(), r, rtol=1e-5, atol=0)):
+            return out
+    return None
+
+
+def config_fields(scaling: dict) -> dict:
+    """:func:`inv_freq`'s keyword arguments as a Llama config's ``rope_*`` fields (the inverse of :func:`scaling_of`)."""
+    names = dict(rope_type="rope_type", factor="rope_factor", low_freq_factor="rope_low_freq_factor",
+                 high_freq_factor="rope_high_freq_factor", original_context="rope_original_context")
+    return {names[k]: v for k, v in scaling.items()}
