@@ -64,11 +64,13 @@ def _job(cfg: Config, name: str, tmp: Path, **extra) -> dict:
     return {"config": cfg.to_dict(), "out": str(tmp / f"{name}.json"), **extra}
 
 
-def _launch(jobs: list[dict], tmp: Path, nproc: int, name: str) -> None:
+def _launch(jobs: list[dict], tmp: Path, nproc: int, name: str) -> str:
+    """Runs ``jobs`` under torchrun; returns what the workers printed (stdout and stderr)."""
     spec = tmp / f"{name}.json"
     spec.write_text(json.dumps(jobs))
     proc = _torchrun(["--nproc_per_node", str(nproc), str(HERE / "dist_worker.py"), str(spec)], timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return proc.stdout + proc.stderr
 
 
 def _run(run_dir: Path) -> dict:
@@ -158,9 +160,10 @@ def mp(tmp_path_factory):
     whole.train.out_dir = str(tmp / "l_pp2_whole")
     jobs.insert(i + 2, _job(whole, "l_pp2_whole", tmp))
     jobs.append(_job(_cfg(data, chain, tp=2), "chain", tmp, resume="latest"))  # steps 8-10 under TP2
-    _launch(jobs, tmp, 2, "two")
+    printed = _launch(jobs, tmp, 2, "two")
     runs = {name: _run(tmp / name) for name in [*FOUR, *TWO, "l_pp2_whole"]}
-    return {"runs": runs, "refs": refs, "chain": _run(chain), "chain_one": one, "data": data, "tmp": tmp}
+    return {"runs": runs, "refs": refs, "chain": _run(chain), "chain_one": one, "data": data, "tmp": tmp,
+            "printed_two": printed}
 
 
 def _same(run: dict, ref: dict, steps=range(1, STEPS + 1), rtol: float = 1e-5, muon: bool = False) -> None:
@@ -213,6 +216,15 @@ def test_counted_traffic_equals_the_planner(mp, name):
     assert counted == predicted, {k: (counted.get(k), predicted.get(k)) for k in {*counted, *predicted}
                                   if counted.get(k) != predicted.get(k)}
     assert any(k.startswith("tp.") or k.startswith("pp.") for k in counted) or layout.dp > 1
+
+
+def test_tp_and_pp_runs_name_their_own_layout(mp):
+    """Issue 34: a TP or PP run (FSDP off) does not say 'dist.shard fsdp', and torch's 'torch.distributed
+    is disabled' warning (rank 0 reading a pipeline checkpoint back whole) does not leak on save."""
+    out = mp["printed_two"]
+    assert "dist.shard fsdp" not in out and "torch.distributed is disabled" not in out
+    assert "no in-loop samples under tensor parallel (dist.tp 2)" in out
+    assert "no in-loop samples under pipeline parallel (dist.pp 2)" in out
 
 
 def test_checkpoint_crosses_meshes(mp):

@@ -58,6 +58,13 @@ class DistInfo:
             return f"pp{pp}.dp{rep}x{shard}.tp{tp}"
         return "fsdp" if self.fsdp else "zero1" if self.zero else "none"
 
+    @property
+    def layout(self) -> str:
+        """The parallel layout that runs, in words ("tensor parallel (dist.tp 2)", "FSDP"): for messages."""
+        from gptforge.run.checkpoint import layout_words
+
+        return layout_words(self.sharded)
+
 
 def init_distributed(device_name: str = "auto", dist_cfg: DistConfig | None = None) -> DistInfo:
     """Join the torchrun job if there is one. Sharding switches are checked against the device and

@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -347,11 +348,31 @@ def damaged_note(run_dir: str | Path) -> str:
     return f" that verifies ({n} damaged, named above)" if n else ""
 
 
+def layout_words(sharding: str) -> str:
+    """meta.json's ``sharding`` (``DistInfo.sharded``: "fsdp", "zero1", "none" or a mesh such as
+    "pp2.dp1x1.tp1") in words: the parallel layout that ran, not an assumed FSDP."""
+    if sharding == "fsdp":
+        return "FSDP"
+    if sharding == "zero1":
+        return "ZeRO-1"
+    m = re.fullmatch(r"pp(\d+)\.dp(\d+)x(\d+)\.tp(\d+)", sharding or "")
+    if not m:
+        return sharding or "one process"
+    pp, rep, shard, tp = (int(x) for x in m.groups())
+    parts = [f"tensor parallel (dist.tp {tp})" if tp > 1 else "", f"pipeline parallel (dist.pp {pp})" if pp > 1 else "",
+             f"FSDP over {shard}" if shard > 1 else "", f"replicated x{rep}" if rep > 1 else ""]
+    return " + ".join(p for p in parts if p) or "one process"
+
+
 def require_trust(ckpt_dir: str | Path, trusted: bool) -> None:
     """Reading a sharded (dcp/) checkpoint unpickles its .metadata: only with the user's say-so."""
     if not trusted:
+        try:
+            layout = layout_words(str(_read_meta_json(ckpt_dir).get("sharding", "fsdp")))
+        except (CheckpointError, OSError, ValueError):
+            layout = "FSDP"
         raise CheckpointError(
-            f"{ckpt_dir} is a sharded (FSDP) checkpoint: resuming it reads dcp/.metadata, a pickle that can "
+            f"{ckpt_dir} is a sharded (DCP) checkpoint of a {layout} run: resuming it reads dcp/.metadata, a pickle that can "
             f"run code. If you trust where it came from, pass {TRUST_FLAG} (config: train.trust_checkpoint "
             "true); weights alone load safely from its model.safetensors (sample, eval, export, --init-from)"
         )

@@ -99,7 +99,9 @@ def _read_full_model(dcp_dir: Path) -> dict[str, torch.Tensor]:
     meta = dcp.FileSystemReader(str(dcp_dir)).read_metadata().state_dict_metadata
     state = {k: torch.empty(tuple(m.size), dtype=m.properties.dtype) for k, m in meta.items()
              if k.startswith("model.") and hasattr(m, "size")}
-    dcp.load(state, checkpoint_id=str(dcp_dir), no_dist=True)
+    with warnings.catch_warnings():  # one process reading on purpose: torch's "is disabled" warning is noise
+        warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
+        dcp.load(state, checkpoint_id=str(dcp_dir), no_dist=True)
     return {k[len("model."):]: v for k, v in state.items()}
 
 

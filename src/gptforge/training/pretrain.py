@@ -78,7 +78,8 @@ class Pretrain(Recipe):
                                      run.extras["tokens_seen"], run.metrics, run.log)
         if info.is_main and (last or (cfg.train.sample_every and step % cfg.train.sample_every == 0)):
             if info.fsdp:  # generation on one rank would wait forever for the others' all-gathers
-                run.log("(no in-loop samples under dist.shard fsdp; use `gptforge sample --ckpt` on the checkpoint)")
+                run.log(f"(no in-loop samples under {info.layout}: generation on one rank would wait for the "
+                        "others; use `gptforge sample --ckpt` on the checkpoint)")
             else:
                 self.print_samples(run, step)
         return vl
