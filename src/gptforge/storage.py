@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import glob
 import json
 import os
 import secrets
@@ -152,6 +153,7 @@ _NOT_WRITABLE_TEXT = {"os error 30": "read-only file system", "Read-only file sy
 # what marks a directory the run stack owns (run/checkpoint.py, run/lock.py, run/session.py)
 RUN_DIR_MARKERS = ("checkpoints", "metrics.jsonl", ".gptforge.lock", "env.json")
 CHECKPOINT_MARKER = "meta.json"
+RUN_FILES = (*RUN_DIR_MARKERS, "config.json")  # a run directory's own files: a new report beside them is fine
 
 
 class NotWritableError(OutputError):
@@ -222,7 +224,7 @@ def check_output(path: str | Path, force: bool, kind: str = "file", flag: str = 
     or a file inside one that the run stack wrote. ``kind``: "file" or "dir"."""
     p = Path(path)
     owner = run_owner(p if kind == "dir" or p.is_dir() else p.parent)
-    if owner is not None and (kind == "dir" or p.exists() or "checkpoint" in owner):
+    if owner is not None and (kind == "dir" or p.exists() or "checkpoint" in owner or p.name in RUN_FILES):
         raise OutputExistsError(f"{flag} {p}: that is {owner}, which only training writes; --force never replaces "
                                 "one. Choose another path")
     if kind == "dir":
@@ -262,8 +264,10 @@ def fsync_file(path: str | Path) -> None:
         os.close(fd)
 
 
-def _temp_name(path: Path, kind: str) -> Path:
-    return path.with_name(f".{path.name}.{kind}-{os.getpid()}-{secrets.token_hex(3)}")
+def _temp_name(path: Path, kind: str, suffix: str = "") -> Path:
+    """``.NAME.tmp-PID-XXXXXX[SUFFIX]``: hidden, beside NAME, naming its writer's process; a file's keeps
+    its suffix, for writers that choose a format by it (matplotlib, a .gz trace)."""
+    return path.with_name(f".{path.name}.{kind}-{os.getpid()}-{secrets.token_hex(3)}{suffix}")
 
 
 def is_temporary(name: str) -> bool:
@@ -285,14 +289,10 @@ def remove_stale_temporaries(path: Path) -> None:
     """Delete the temporaries a killed writer of ``path`` left beside it (their process is gone)."""
     if not path.parent.is_dir():
         return
-    for q in path.parent.glob(f".{glob_escape(path.name)}.tmp-*"):
-        pid = q.name.rsplit(".tmp-", 1)[1].split("-")[0]
+    for q in path.parent.glob(f".{glob.escape(path.name)}.tmp-*"):
+        pid = q.name.rsplit(".tmp-", 1)[1].split("-")[0]  # .NAME.tmp-PID-XXXXXX[.suffix]
         if pid.isdigit() and not _alive(int(pid)):
             shutil.rmtree(q, ignore_errors=True) if q.is_dir() and not q.is_symlink() else q.unlink(missing_ok=True)
-
-
-def glob_escape(name: str) -> str:
-    return "".join(f"[{c}]" if c in "*?[" else c for c in name)
 
 
 @contextlib.contextmanager
@@ -306,7 +306,7 @@ def atomic_path(path: str | Path, what: str | None = None, needed: int = 0) -> I
     with output_errors(path, what, needed):
         path.parent.mkdir(parents=True, exist_ok=True)
         remove_stale_temporaries(path)
-        tmp = _temp_name(path, "tmp")
+        tmp = _temp_name(path, "tmp", path.suffix)
         os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))  # the mode an ordinary file gets
         try:
             yield tmp
@@ -365,6 +365,27 @@ def _carry_over(old: Path, new: Path, top: bool = True) -> None:
                 shutil.copy2(entry, target)
 
 
+def exchange(a: Path, b: Path) -> bool:
+    """Swap two folders in one atomic step (Linux renameat2 RENAME_EXCHANGE); False where the platform or
+    filesystem cannot, and the caller falls back to two renames."""
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EXDEV):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
 def _restore_interrupted(path: Path) -> None:
     """A swap killed between its two renames left NAME missing and ``.NAME.old-*`` whole: put it back."""
     if path.exists():
@@ -401,9 +422,14 @@ def atomic_dir(path: str | Path, force: bool = False, what: str | None = None, f
             fsync_dir(tmp)
             old = None
             if path.is_dir() and any(path.iterdir()):
-                old = _temp_name(path, "old")
-                os.replace(path, old)
-            os.replace(tmp, path)  # onto a missing or empty folder: one atomic step
+                if exchange(tmp, path):  # one atomic step: tmp now holds the old folder
+                    old = tmp
+                else:
+                    old = _temp_name(path, "old")
+                    os.replace(path, old)
+                    os.replace(tmp, path)
+            else:
+                os.replace(tmp, path)  # onto a missing or empty folder: one atomic step
             fsync_dir(path.parent)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
