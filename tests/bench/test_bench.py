@@ -31,8 +31,11 @@ def test_bench_writes_json_with_phases_and_mfu(tmp_path):
         assert r["mfu_llmc"] == pytest.approx((6 * N + 6 * L * C * T) * r["tokens_per_s"] / 1e12)
         assert r["mfu_palm"] == pytest.approx((6 * (N - 64 * C) + 12 * L * C * T) * r["tokens_per_s"] / 1e12)
         assert r["process_max_rss_MiB"] > 0
+        assert r["cpu_user_s_per_step"] > 0 and r["cpu_sys_s_per_step"] >= 0 and r["minor_faults_per_step"] >= 0
+        assert 0 <= r["sys_frac"] < 1
         assert r["tokens_per_step"] == cfg.train.total_batch_tokens  # 256 divides by 2*32 and 4*32
     assert saved["results"][1]["grad_accum"] == 2 and saved["results"][0]["grad_accum"] == 4
+    assert saved["allocator"]  # what served the memory, beside the numbers it shapes
 
 
 def test_ladder_on_cpu_skips_what_cpu_cannot_do_and_says_why(tmp_path):

@@ -3,6 +3,7 @@ their median (or best), and a JSON report with the machine it ran on.
 
     >>> t = timed(lambda: model(x), device, repeats=5, warmup=1)
     >>> t.median, t.best, t.times
+    >>> u0 = resource.getrusage(resource.RUSAGE_SELF); ...; cpu_usage(u0, resource.getrusage(...), steps)
 """
 
 from __future__ import annotations
@@ -72,6 +73,19 @@ def timed_pair(fa: Callable[[], Any], fb: Callable[[], Any], device, repeats: in
             dt, t.result = time_once(f, device)
             t.times.append(dt)
     return ta, tb
+
+
+def cpu_usage(before, after, steps: int) -> dict[str, float]:
+    """Per timed step, from two ``resource.getrusage`` readings: user and system CPU seconds, minor page
+    faults, and the kernel's share of the CPU time. On a CPU run a big ``sys`` share means the kernel
+    is mapping and zero-filling memory that the allocator gave back (issue 35); on a GPU run they
+    measure the host side only."""
+    steps = max(steps, 1)
+    user = (after.ru_utime - before.ru_utime) / steps
+    sys_s = (after.ru_stime - before.ru_stime) / steps
+    return {"cpu_user_s_per_step": user, "cpu_sys_s_per_step": sys_s,
+            "minor_faults_per_step": (after.ru_minflt - before.ru_minflt) / steps,
+            "sys_frac": sys_s / (user + sys_s) if user + sys_s > 0 else 0.0}
 
 
 def machine(device: torch.device | str | None = None) -> dict[str, Any]:

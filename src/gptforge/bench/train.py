@@ -8,7 +8,9 @@ Each configuration is built fresh and trained on a synthetic shard (uniform rand
 written to a temporary llm.c file, read through the real loader), so data loading is part of
 what is measured. Per configuration it reports ms/step (median of the timed steps), tokens/s, MFU
 by llm.c's formula (6N + 6LCT FLOPs/token) and by PaLM's (6N' + 12LCT), the forward / backward /
-optimizer / data-wait split, and peak memory (CUDA allocator peak, or process max RSS on CPU).
+optimizer / data-wait split, peak memory (CUDA allocator peak, or process max RSS on CPU), and the
+process's user and system CPU seconds and minor page faults per timed step (``sys_frac``: the
+kernel's share; a big one on CPU is memory being mapped and unmapped every step, issue 35).
 
 ``--switch KEY=VALUE`` (repeatable) times the config as given, then once per switch with it applied:
 each speed switch on and off side by side in one process (``--switch model.fused_ce=true``).
@@ -33,7 +35,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from gptforge.bench.timing import machine, sync, write_json
+from gptforge import allocator
+from gptforge.bench.timing import cpu_usage, machine, sync, write_json
 from gptforge.config import Config, ConfigError, apply_overrides
 from gptforge.data.loader import ShardLoader
 from gptforge.data.shards import write_shard
@@ -127,6 +130,7 @@ def bench_one(cfg: Config, steps: int, warmup: int, device: torch.device, trace:
         for step in range(warmup + steps):
             if step == warmup:
                 warmup_s = time.perf_counter() - t_compile
+                usage0 = resource.getrusage(resource.RUSAGE_SELF)  # CPU time and page faults of the timed steps
                 prof = _profiler(trace, device) if trace else None
                 if prof:
                     prof.__enter__()
@@ -143,11 +147,15 @@ def bench_one(cfg: Config, steps: int, warmup: int, device: torch.device, trace:
                 phases.append(timer.totals())
             else:
                 timer.totals()
+        usage = cpu_usage(usage0, resource.getrusage(resource.RUSAGE_SELF), steps)
         if warmup == 0:
             warmup_s = 0.0
         if trace and prof:
             prof.__exit__(None, None, None)
-            prof.export_chrome_trace(trace)
+            from gptforge.storage import atomic_path
+
+            with atomic_path(trace, what="the trace") as tmp:  # keeps the suffix: a .gz trace is compressed
+                prof.export_chrome_trace(str(tmp))
         final_loss = loss.item()
     ms = statistics.median(step_times) * 1000
     tokens_per_step = cfg.train.total_batch_tokens
@@ -164,6 +172,7 @@ def bench_one(cfg: Config, steps: int, warmup: int, device: torch.device, trace:
         "tokens_per_step": tokens_per_step,
         "micro_batch": B, "seq_len": T, "grad_accum": grad_accum,
         "phase_ms": phase_ms,
+        **usage,
         "params": n_params,
         "precision": precision, "compile": compile_model, "threads": threads,
         "flash": cfg.model.flash, "pad_vocab": cfg.model.pad_vocab,
@@ -250,6 +259,7 @@ def run_bench(
         "command": " ".join(["gptforge", *sys.argv[1:]]) if sys.argv and sys.argv[0].endswith("gptforge") else None,
         "env": {k: v for k, v in environment(device).items() if k != "nvidia_smi"},
         "machine": machine(device),
+        "allocator": allocator.describe(),
         "steps": steps, "warmup": warmup,
         "config": cfg.to_dict(),
         "results": results,
@@ -260,7 +270,8 @@ def run_bench(
 
 
 def format_table(results: list[dict]) -> str:
-    head = f"{'config':<18} {'ms/step':>9} {'tok/s':>11} {'x first':>7} {'MFU llm.c':>9} {'fwd':>7} {'bwd':>7} {'opt':>7} {'data':>7} {'peak MiB':>9}"
+    head = (f"{'config':<18} {'ms/step':>9} {'tok/s':>11} {'x first':>7} {'MFU llm.c':>9} {'fwd':>7} {'bwd':>7} {'opt':>7} "
+            f"{'data':>7} {'peak MiB':>9} {'user s':>7} {'sys s':>7} {'faults':>9}")
     lines = [head, "-" * len(head)]
     for r in results:
         if "skipped" in r:
@@ -271,6 +282,9 @@ def format_table(results: list[dict]) -> str:
         mfu = f"{100 * r['mfu_llmc']:.1f}%" if r["mfu_llmc"] is not None else "n/a"
         lines.append(
             f"{r['name']:<18} {r['ms_per_step']:>9.1f} {r['tokens_per_s']:>11,.0f} {r.get('speedup_vs_first', 1):>7.2f} "
-            f"{mfu:>9} {p['forward']:>7.1f} {p['backward']:>7.1f} {p['optimizer']:>7.1f} {p['data']:>7.1f} {mem:>9.0f}"
+            f"{mfu:>9} {p['forward']:>7.1f} {p['backward']:>7.1f} {p['optimizer']:>7.1f} {p['data']:>7.1f} {mem:>9.0f} "
+            f"{r['cpu_user_s_per_step']:>7.3f} {r['cpu_sys_s_per_step']:>7.3f} {r['minor_faults_per_step']:>9,.0f}"
         )
+    if any("cpu_user_s_per_step" in r for r in results):
+        lines.append("user s, sys s, faults: per timed step, this process (all threads; resource.getrusage)")
     return "\n".join(lines)

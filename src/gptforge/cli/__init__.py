@@ -76,6 +76,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from gptforge import allocator
+
+    allocator.setup(reexec=argv is None)  # before torch loads: big CPU blocks kept across steps (issue 35)
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(argv)
     args, rest = parser.parse_known_args(argv)

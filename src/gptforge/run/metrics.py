@@ -73,6 +73,8 @@ def environment(device: torch.device) -> dict[str, Any]:
     """Versions, device and git SHA: a log is evidence."""
     import numpy
 
+    from gptforge import allocator
+
     env: dict[str, Any] = {
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "python": sys.version.split()[0],
@@ -83,6 +85,7 @@ def environment(device: torch.device) -> dict[str, Any]:
         "device": str(device),
         "git_sha": git_sha(),
         "argv": sys.argv,
+        "allocator": allocator.describe(),  # glibc keeping large blocks, or the system's (issue 35)
     }
     try:
         import tiktoken

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from gptforge import __version__
+from gptforge import __version__, allocator
 from gptforge.config import ConfigError
 from gptforge.optim import build_optimizer, set_lr
 from gptforge.parallel.distributed import any_rank, barrier, local_tensor, seed_rank, wrap_model
@@ -131,7 +131,7 @@ def train(cfg, recipe: Recipe | None = None, resume: str | Path | None = None, f
                       precision=precision, compile=compile_model, device=str(device), gptforge=__version__)
         log(f"gptforge {__version__} | {recipe.name} | {n_params/1e6:.2f}M params | device {device} "
             f"({run.env.get('gpu', 'cpu')}) | {threads} CPU thread{'s' * (threads != 1)} | {precision} | "
-            f"compile {compile_model} | world {info.world} "
+            f"compile {compile_model} | {allocator.short()} | world {info.world} "
             f"({info.sharded}) | " + (f"B {B} T {T} x accum {grad_accum} = {cfg.train.total_batch_tokens:,} tokens/step | "
                                       if grad_accum else "") + f"{max_steps} steps | run dir {run.run_dir}")
         if cfg.train.batch_warmup_steps:

@@ -1,0 +1,119 @@
+"""The allocator every command sets up first (issue 35): big CPU blocks are kept across steps, so the
+kernel stops mapping and zero-filling them each time, and the numbers do not change."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from gptforge import allocator
+
+GLIBC = allocator._glibc() is not None
+TCMALLOC = allocator.find_tcmalloc() is not None
+
+FAULTS_PER_STEP = """
+import resource
+from gptforge import allocator
+print(allocator.setup())
+import torch
+import torch.nn.functional as F
+
+torch.manual_seed(0)
+head = torch.nn.Linear(64, 50304, bias=False)  # a GPT-2 head: 256 x 50,304 logits = 51 MB, and their gradient
+opt = torch.optim.AdamW(head.parameters(), lr=1e-2)
+x, y = torch.randn(256, 64), torch.randint(0, 50304, (256,))
+faults, losses = [], []
+for _ in range(10):
+    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    loss = F.cross_entropy(head(x), y)
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
+    losses.append(loss.item())
+print(sum(faults[-4:]))  # after warm-up
+print(repr(losses))
+"""
+
+
+def _run(code: str, mode: str) -> list[str]:
+    env = {**os.environ, allocator.ENV: mode}
+    env.pop("LD_PRELOAD", None)
+    env.pop("GPTFORGE_ALLOCATOR_REEXECED", None)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.split("\n")
+
+
+@pytest.mark.skipif(not GLIBC, reason="glibc only")
+@pytest.mark.parametrize("mode", ["glibc", "auto"])
+def test_big_blocks_are_reused_not_faulted_in_every_step_and_the_numbers_do_not_change(mode):
+    said, faults, losses = _run(FAULTS_PER_STEP, mode)[:3]
+    assert said.startswith("tcmalloc-minimal" if mode == "auto" and TCMALLOC else "glibc malloc, large blocks kept")
+    # the default maps, zero-fills and unmaps the logits and their gradient: ~50,000 faults a step
+    assert int(faults) < 40_000, f"{faults} page faults in 4 steps"
+    said, system_faults, system_losses = _run(FAULTS_PER_STEP, "system")[:3]
+    assert said == "system malloc (GPTFORGE_ALLOCATOR=system)"
+    assert int(system_faults) > 4 * 40_000  # what the fix removes (if this fails, the default has changed)
+    assert losses == system_losses  # repr of Python floats: equal is bit for bit
+
+
+def test_an_unknown_choice_is_named_and_falls_back(monkeypatch, capsys):
+    monkeypatch.setenv(allocator.ENV, "jemallocc")
+    assert allocator.choice() == "auto"
+    assert "GPTFORGE_ALLOCATOR='jemallocc' is not one of auto, tcmalloc, glibc, system" in capsys.readouterr().err
+
+
+def test_tcmalloc_where_missing_says_so_and_uses_glibc(monkeypatch, capsys):
+    monkeypatch.setenv(allocator.ENV, "tcmalloc")
+    monkeypatch.setattr(allocator, "tcmalloc_loaded", lambda: False)
+    monkeypatch.setattr(allocator, "find_tcmalloc", lambda: None)
+    monkeypatch.setattr(allocator, "_active", None)
+    monkeypatch.setattr(allocator, "keep_large_blocks", lambda: "glibc stand-in")
+    assert allocator.setup() == "glibc stand-in"
+    assert "tcmalloc-minimal is not installed" in capsys.readouterr().err
+
+
+def test_a_call_from_python_changes_nothing(monkeypatch):
+    monkeypatch.setattr(allocator, "tcmalloc_loaded", lambda: False)
+    monkeypatch.setattr(allocator, "_active", None)
+    monkeypatch.setattr(allocator, "keep_large_blocks", lambda: pytest.fail("mallopt from an in-process call"))
+    monkeypatch.setattr(allocator, "_reexec_with", lambda lib: pytest.fail("re-exec from an in-process call"))
+    assert allocator.setup(reexec=False) == "system malloc (in-process call)"
+
+
+@pytest.mark.skipif(not TCMALLOC, reason="tcmalloc-minimal is not installed (scripts/system_deps.sh installs it)")
+def test_auto_reexecs_once_under_tcmalloc():
+    code = ("import os; from gptforge import allocator; print(allocator.setup()); "
+            "print(any('tcmalloc' in l for l in open('/proc/self/maps')), os.environ['LD_PRELOAD'])")
+    said, loaded = _run(code, "auto")[:2]
+    assert said == "tcmalloc-minimal (LD_PRELOAD, set by gptforge)" and loaded.startswith("True /")
+
+
+@pytest.mark.skipif(not GLIBC, reason="glibc only")
+def test_training_losses_are_bit_identical_with_and_without_and_the_run_says_which(tmp_path, shard_dir):
+    """Where blocks live must not change a single bit of the arithmetic. The full 50,304-wide vocabulary,
+    so the logits and their gradient are the big blocks the default allocator maps and unmaps."""
+    runs = {}
+    for mode in ("system", "auto"):
+        out = tmp_path / mode
+        cmd = [sys.executable, "-m", "gptforge", "train", "--preset", "tiny", "--data.dir", str(shard_dir),
+               "--out", str(out), "--train.max_steps", "6", "--train.val_every", "0", "--train.ckpt_every", "0",
+               "--train.device", "cpu", "--train.threads", "1"]
+        env = {**os.environ, allocator.ENV: mode}
+        env.pop("LD_PRELOAD", None)
+        env.pop("GPTFORGE_ALLOCATOR_REEXECED", None)
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+        assert r.returncode == 0, r.stderr
+        records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        losses = [(r["loss"], r["grad_norm"]) for r in records if r["kind"] == "train"]
+        runs[mode] = (losses, json.loads((out / "env.json").read_text())["allocator"], r.stdout + r.stderr)
+    assert len(runs["system"][0]) == 6
+    assert runs["system"][0] == runs["auto"][0]  # JSON floats round-trip: equal is bit for bit
+    assert runs["system"][1] == "system malloc (GPTFORGE_ALLOCATOR=system)" and "| system malloc |" in runs["system"][2]
+    want = "tcmalloc-minimal" if TCMALLOC else "glibc malloc, large blocks kept"
+    assert runs["auto"][1].startswith(want) and f"| {want} |" in runs["auto"][2]
