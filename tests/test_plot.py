@@ -26,19 +26,35 @@ def _rl_run(folder):
     return folder
 
 
-def test_an_rl_run_has_a_reward_row_and_its_held_out_accuracy(tmp_path):
+def test_an_rl_run_has_a_reward_row_and_its_held_out_accuracy(tmp_path, monkeypatch):
+    """Each recipe on its own axes (issue 34): an RL run's surrogate loss (about 0) never lands on the
+    token-loss axes beside an SFT or pretraining run; RL records count steps, not tokens, so their
+    tokens panels say so instead of an empty 0-1 axis labelled in milli-tokens."""
     pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
     run = _rl_run(tmp_path / "rl")
     s = _run_series(run)
-    assert sorted(s["rl"]) == [1, 2, 3, 4, 5] and s["train"] is s["rl"]  # the loss row shows RL's loss
+    assert sorted(s["rl"]) == [1, 2, 3, 4, 5] and not s["train"]  # the RL loss is not a token loss
     assert {step: r["acc"] for step, r in s["eval"]["arithmetic"].items()} == {0: 0.1, 5: 0.4}
     pre = tmp_path / "pre"
     pre.mkdir()
-    (pre / "metrics.jsonl").write_text("".join(json.dumps({"kind": "train", "step": k, "loss": 5.0 - k}) + "\n"
-                                               for k in range(1, 4)))
+    (pre / "metrics.jsonl").write_text("".join(json.dumps({"kind": "train", "step": k, "loss": 5.0 - k,
+                                                           "tokens": 2048 * k}) + "\n" for k in range(1, 4)))
+    figs = []
+    close = plt.close
+    monkeypatch.setattr(plt, "close", lambda fig=None: (figs.append(fig), close(fig)))
     rows = {}
     for name, runs in (("pre", [pre]), ("rl", [run]), ("both", [pre, run])):
         out = plot_runs([str(r) for r in runs], tmp_path / f"{name}.png")
         rows[name] = _png_size(out)[1]
-    # loss only; loss + reward + arithmetic; the same three rows when a pretraining run is beside it
-    assert rows["rl"] == rows["both"] == pytest.approx(3 * rows["pre"], rel=0.02)
+    # loss only; reward + arithmetic; loss + reward + arithmetic when a pretraining run is beside it
+    assert rows["rl"] == pytest.approx(2 * rows["pre"], rel=0.02)
+    assert rows["both"] == pytest.approx(3 * rows["pre"], rel=0.02)
+    loss_step, loss_tokens = figs[-1].axes[0], figs[-1].axes[1]
+    assert [ln.get_label() for ln in loss_step.lines] == ["pre train"]  # no "rl train" flat at 0
+    assert "loss" in loss_step.get_title()
+    reward_tokens = figs[-1].axes[3]
+    assert not reward_tokens.lines and any("no token counts" in t.get_text() for t in reward_tokens.texts)
+    labels = [t.get_text() for t in loss_tokens.get_xticklabels() if t.get_text()]
+    assert labels and not any(lab.endswith("m") for lab in labels)  # whole tokens, not milli-tokens

@@ -51,7 +51,9 @@ def _run_series(run: str | Path) -> dict:
     cfg_file = mfile.parent / "config.json"
     if cfg_file.exists():
         data_dir = json.loads(cfg_file.read_text()).get("data", {}).get("dir", "")
-    return {"train": by_kind["train"] or by_kind["rl"], "val": by_kind["val"], "rl": by_kind["rl"], "eval": evals,
+    # an RL step's loss is a policy-gradient surrogate (about 0), not a token loss: RL runs get their own
+    # reward row and stay off the loss axes
+    return {"train": by_kind["train"], "val": by_kind["val"], "rl": by_kind["rl"], "eval": evals,
             "fineweb": "fineweb" in data_dir.lower()}
 
 
@@ -75,25 +77,31 @@ def plot_runs(runs: list[str], out: str | Path, labels: str | None = None) -> Pa
     series = [_run_series(r) for r in runs]
     tasks = sorted({t for s in series for t in s["eval"]})
     rl = any(s["rl"] for s in series)
-    rows = 1 + rl + len(tasks)
+    lossy = any(s["train"] or s["val"] for s in series)  # a loss row only where some run has token losses
+    rows = lossy + rl + len(tasks)
     fig, axes = plt.subplots(rows, 2, figsize=(13, 3.6 * rows), squeeze=False)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for col, x in enumerate(("step", "tokens")):
         ax = axes[0][col]
         for i, (name, s) in enumerate(zip(names, series, strict=True)):
+            if not lossy:
+                break
             c = colors[i % len(colors)]
             xs, ys = _xy(s["train"], "loss", x)
-            ax.plot(xs, ys, color=c, alpha=0.35, linewidth=0.8, label=f"{name} train")
+            if xs:  # a run without token losses (RL) draws nothing here, not an empty legend entry
+                ax.plot(xs, ys, color=c, alpha=0.35, linewidth=0.8, label=f"{name} train")
             xs, ys = _xy(s["val"], "val_loss", x)
-            ax.plot(xs, ys, color=c, linewidth=2, marker="o" if len(xs) < 30 else None, markersize=3,
-                    label=f"{name} val")
-        if any(s["fineweb"] for s in series):
+            if xs:
+                ax.plot(xs, ys, color=c, linewidth=2, marker="o" if len(xs) < 30 else None, markersize=3,
+                        label=f"{name} val")
+        if lossy and any(s["fineweb"] for s in series):
             ax.axhline(GPT2_124M_FINEWEB_VAL_LOSS, color="tab:red", linestyle="--", linewidth=1,
                        label=f"GPT-2 124M val ({GPT2_124M_FINEWEB_VAL_LOSS})")
-        ax.set_ylabel("loss")
-        ax.set_title(f"loss vs {'tokens' if x == 'tokens' else 'step'}")
+        if lossy:
+            ax.set_ylabel("loss (nats/token)")
+            ax.set_title(f"loss vs {'tokens' if x == 'tokens' else 'step'}")
         if rl:
-            ax = axes[1][col]
+            ax = axes[int(lossy)][col]
             for i, (name, s) in enumerate(zip(names, series, strict=True)):
                 for key, style in (("reward", "-"), ("accuracy", ":")):
                     xs, ys = _xy(s["rl"], key, x)
@@ -102,7 +110,7 @@ def plot_runs(runs: list[str], out: str | Path, labels: str | None = None) -> Pa
                                 label=f"{name} {key}")
             ax.set_ylabel("reward")
             ax.set_title(f"RL reward (sampled replies) vs {'tokens' if x == 'tokens' else 'step'}")
-        for r, task in enumerate(tasks, start=1 + rl):
+        for r, task in enumerate(tasks, start=int(lossy) + rl):
             ax = axes[r][col]
             metric, refs = TASK_REFERENCES.get(task, ("acc_norm", []))
             for i, (name, s) in enumerate(zip(names, series, strict=True)):
@@ -120,8 +128,15 @@ def plot_runs(runs: list[str], out: str | Path, labels: str | None = None) -> Pa
     for row in axes:
         for col, ax in enumerate(row):
             ax.set_xlabel("tokens" if col == 1 else "step")
+            if not any(len(ln.get_xdata()) for ln in ax.lines):  # e.g. RL records count steps, not tokens: say so instead of an empty 0-1 axis
+                ax.text(0.5, 0.5, f"no {'token counts' if col == 1 else 'values'} in these runs' records",
+                        ha="center", va="center", transform=ax.transAxes, color="gray")
+                ax.set_xticks([])
+                ax.set_yticks([])
+                continue
             if col == 1:
-                ax.xaxis.set_major_formatter(EngFormatter())
+                ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+                ax.xaxis.set_major_formatter(EngFormatter(sep=""))  # 2k, 1.5M tokens
             else:
                 ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
             ax.grid(alpha=0.3)
