@@ -42,7 +42,7 @@ def test_verifier_labels_equal_the_truth(monkeypatch, tokenizer):
         texts = []
         for p in probs:
             i = problems.index(p)
-            right, wrong = f"The answer is {p.answer}.", f"The answer is {int(p.answer) + 1}."
+            right, wrong = p.solution, f"The answer is {int(p.answer) + 1}."
             texts += [right if (i % 3 == 0 or (i % 3 == 1 and k == 0)) else wrong for k in range(group)]
         rows = [p for p in probs for _ in range(group)]
         return grpo.Rollouts(rows, [[1]] * len(rows), [[2]] * len(rows), texts)
@@ -56,6 +56,34 @@ def test_verifier_labels_equal_the_truth(monkeypatch, tokenizer):
         assert is_correct(r["chosen"][0]["content"], r["answer"]) and r["chosen_correct"]
         assert not is_correct(r["rejected"][0]["content"], r["answer"]) and not r["rejected_correct"]
         assert r["kind"] == "policy" and r["prompt"][0]["content"].startswith("Which is larger")
+
+
+def test_the_task_judge_checks_the_working_not_only_the_final_number(monkeypatch, tokenizer):
+    """Issue 34: "60 is larger than 59. The answer is 63." ends on the right number by luck; the judge
+    (is_verified) checks the task's form and its consistency with the question, so it is rejected."""
+    from gptforge.eval.tasks.verifiable import Problem, is_verified
+
+    p = Problem("Which is larger, 63 or 12?", "63", "63 is larger than 12. The answer is 63.")
+    assert is_verified(p.solution, p)
+    for lucky in ("60 is larger than 59. The answer is 63.", "12 is larger than 63. The answer is 63.",
+                  "The answer is 63.", "63 is larger than 12. The answer is 12."):
+        assert not is_verified(lucky, p), lucky
+    a = Problem("What is 37 + 48?", "85", "37 + 48 = 85. The answer is 85.")
+    assert is_verified(a.solution, a) and is_verified("48 + 37 = 85. The answer is 85.", a)
+    assert not is_verified("37 + 40 = 85. The answer is 85.", a) and not is_verified("37 - 48 = 85. The answer is 85.", a)
+    assert is_verified("Half of 170 is 85. The answer is 85.", Problem("gsm8k-like", "85", "170 / 2 = 85 The answer is 85."))
+
+    problems = [p]
+
+    def fake(model, enc, template, probs, group, params):
+        texts = ["60 is larger than 59. The answer is 63.", "63 is larger than 12. The answer is 12.",
+                 p.solution, "63 is larger than 12. The answer is 12."][:group]
+        return grpo.Rollouts(list(probs) * group, [[1]] * group, [[2]] * group, texts)
+
+    monkeypatch.setattr(grpo, "sample_replies", fake)
+    rows, _ = policy_pairs(None, tokenizer, None, problems, PairSettings(samples=4, pairs_per_problem=2, batch=1))
+    assert rows and all(r["chosen"][0]["content"] == p.solution for r in rows)
+    assert "60 is larger than 59. The answer is 63." in {r["rejected"][0]["content"] for r in rows}
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +163,7 @@ def test_solution_as_chosen_pairs_it_with_wrong_samples(monkeypatch, tokenizer):
     def fake(model, enc, template, probs, group, params):
         texts = []
         for p in probs:
-            texts += [p.solution, f"The answer is {p.answer}.", "The answer is 1.", "The answer is 1."]
+            texts += [p.solution, p.solution, "The answer is 1.", "The answer is 1."]
         rows = [p for p in probs for _ in range(group)]
         return grpo.Rollouts(rows, [[1]] * len(rows), [[2]] * len(rows), texts)
 

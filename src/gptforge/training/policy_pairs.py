@@ -7,8 +7,9 @@ For each problem the policy samples ``samples`` replies (the RL sampler: chat te
 ``temperature``/``top_k``); a judge scores them and the problem gives a pair when the scores differ:
 
 - ``judge="task"`` (the verifier, standing in for a human labeller): chosen = a correct reply, rejected
-  = a wrong one (exact match of the final answer); a problem whose replies are all right or all wrong
-  gives no pair;
+  = a wrong one (:func:`~gptforge.eval.tasks.verifiable.is_verified`: the right final answer, in the
+  task's form and consistent with the question, so "60 is larger than 59. The answer is 63." is not
+  chosen); a problem whose replies are all right or all wrong gives no pair;
 - a reward model (a ``gptforge rm`` run): chosen = its highest-scored reply, rejected = its lowest
   (best-of-n against worst-of-n, as in RSO and Llama 2's rejection sampling); ties give no pair.
 
@@ -33,7 +34,7 @@ from typing import Any
 
 import torch
 
-from gptforge.eval.tasks.verifiable import Problem, is_correct
+from gptforge.eval.tasks.verifiable import Problem, is_verified
 
 
 @dataclass(frozen=True)
@@ -130,7 +131,8 @@ def policy_pairs(policy: torch.nn.Module, enc: Any, template: Any, problems: Seq
         params = SamplingParams(max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
                                 top_k=settings.top_k or None, seed=settings.seed * 1_000_003 + start)
         ro = sample_replies(policy, enc, template, batch, K, params)
-        truth = [1.0 if is_correct(t, p.answer) else 0.0 for p, t in zip(ro.problems, ro.texts, strict=True)]
+        # the task's judge: the right answer in the task's form, consistent with the question (is_verified)
+        truth = [1.0 if is_verified(t, p) else 0.0 for p, t in zip(ro.problems, ro.texts, strict=True)]
         if reward_model is not None:
             seqs = [p + r for p, r in zip(ro.prompts, ro.replies, strict=True)]
             judged = score_sequences(reward_model, seqs, pad).tolist()  # right-padded: pad never seen

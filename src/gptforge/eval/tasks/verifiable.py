@@ -46,6 +46,34 @@ def is_correct(text: str, answer: str) -> bool:
     return got is not None and got == answer
 
 
+_ARITH_CLAIM = re.compile(r"^(\d+) ([+-]) (\d+) = (-?\d+)\. The answer is (-?\d+)\.$")
+_COMPARE_CLAIM = re.compile(r"^(\d+) is larger than (\d+)\. The answer is (\d+)\.$")
+
+
+def is_verified(text: str, problem: Problem) -> bool:
+    """The judge of on-policy pairs: the final answer is right *and*, for a task whose worked solution
+    has a checkable form (arithmetic, compare), the reply is in that form, about the question's own
+    numbers, and true. "60 is larger than 59. The answer is 63." to "Which is larger, 63 or 12?" ends
+    on the right number by luck: it is not a reply to prefer. Other tasks (GSM8K): the final answer."""
+    if not is_correct(text, problem.answer):
+        return False
+    asked = sorted(re.findall(r"\d+", problem.question))
+    if _ARITH_CLAIM.match(problem.solution):
+        m = _ARITH_CLAIM.match(text.strip())
+        if m is None:
+            return False
+        a, op, b, c, ans = m.groups()
+        same_terms = sorted([a, b]) == asked and (op in problem.question)
+        return same_terms and int(c) == (int(a) + int(b) if op == "+" else int(a) - int(b)) and c == ans
+    if _COMPARE_CLAIM.match(problem.solution):
+        m = _COMPARE_CLAIM.match(text.strip())
+        if m is None:
+            return False
+        hi, lo, ans = m.groups()
+        return sorted([hi, lo]) == asked and int(hi) > int(lo) and hi == ans
+    return True
+
+
 def follows_arithmetic_format(text: str) -> bool:
     return bool(ARITH_FORMAT_RE.match(text.strip()))
 
