@@ -142,3 +142,24 @@ def test_lora_ppo_is_refused_by_name(tmp_path, tokenizer, capsys):
     assert main(["rl", "--init-from", str(sft), "--out", str(tmp_path / "ppo"), "--algo", "ppo", "--steps", "1",
                  "--lora.rank", "2", "--device", "cpu"]) == 2  # not covered yet
     assert "lora.rank with rl.algo ppo is not supported yet" in capsys.readouterr().err
+
+
+def test_plan_gives_the_frozen_base_no_gradients_or_optimizer_state():
+    import copy
+
+    from gptforge.models.lora import adapter_params, add_lora
+    from gptforge.models.registry import build_model, size_config
+    from gptforge.plan.memory import estimate
+
+    cfg = Config(model=size_config("llama-tiny", block_size=64))
+    cfg.train.seq_len = 64
+    full = estimate(cfg, micro_batch=2)
+    lora = copy.deepcopy(cfg)
+    lora.lora.rank, lora.lora.targets = 8, "q_proj,v_proj,down_proj"
+    est = estimate(lora, micro_batch=2)
+    model = build_model(cfg.model)
+    add_lora(model, "llama", 8, 16.0, 0.0, ["q_proj", "v_proj", "down_proj"])
+    n = sum(p.numel() for n_, p in model.named_parameters() if ".lora_" in n_)
+    assert adapter_params(cfg.model, 8, ["q_proj", "v_proj", "down_proj"]) == n
+    assert est.grads == 4 * n and est.optimizer == 8 * n and est.weights == full.weights + 4 * n
+    assert est.activations == full.activations and est.peak < full.peak

@@ -132,3 +132,14 @@ def weights_fingerprint(model: nn.Module) -> str:
         h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
         h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
+
+
+def adapter_params(model_cfg, rank: int, targets: list[str]) -> int:
+    """Parameters the adapters of ``rank`` on ``targets`` add to the model ``model_cfg`` describes, counted
+    on the meta device (nothing allocated, any size answers at once): ``plan``'s LoRA memory."""
+    from gptforge.models.registry import build_model
+
+    with torch.device("meta"):
+        model = build_model(model_cfg)
+    layers = target_modules(model, resolve_targets(model_cfg.arch, targets))
+    return sum(rank * (m.in_features + m.out_features) for _, m in layers)

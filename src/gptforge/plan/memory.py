@@ -10,7 +10,9 @@ The estimate adds up, per rank and in bytes:
   FSDP's all-gathered unsharded copies (the root's embeddings and two blocks, in the parameter dtype);
 * **gradients**: 4N (DDP's buckets are the gradients: ``gradient_as_bucket_view``), ``/world`` under FSDP;
 * **optimizer state**: AdamW's two moments, 8N, ``/world`` under ZeRO-1 or FSDP, plus the foreach
-  kernels' temporaries during ``step()`` (4N; none with fused AdamW);
+  kernels' temporaries during ``step()`` (4N; none with fused AdamW); with ``--lora.rank`` the base is
+  frozen, so gradients and optimizer state are the adapters' (``models.lora.adapter_params``) and the
+  weights gain them;
 * **activations**: what autograd saves per token per layer, the family's ``layer_act_bytes`` (counted
   from ``models/gpt2.py`` / ``models/llama.py``); for GPT-2 in float32
   68·C bytes (LayerNorm inputs and outputs, q/k/v, attention output and its contiguous copy, the
@@ -78,9 +80,19 @@ def estimate(cfg: Config, world: int = 1, *, micro_batch: int | None = None, sha
     weights = 4 * N / shard
     if sharding == "fsdp" and world > 1:  # gathered copies: root (embeddings, ln_f) and two blocks
         weights += pbytes * (c.embed_params + c.head_params + 2 * c.layer_params)
-    grads = 4 * N / shard
-    optim = 8 * N / (world if sharding in ("zero1", "fsdp") else 1)
-    temps = 0 if fused else 4 * N / (world if sharding in ("zero1", "fsdp") else 1)
+    trained = N
+    if getattr(cfg, "lora", None) is not None and cfg.lora.rank:  # a frozen base: gradients and AdamW state
+        from gptforge.config import ConfigError  # for the adapters only (activations stay: the gradient
+        from gptforge.models.lora import LoRAError, adapter_params  # still flows through the base)
+
+        try:
+            trained = adapter_params(m, cfg.lora.rank, cfg.lora.target_names())
+        except LoRAError as e:
+            raise ConfigError(str(e)) from e
+        weights += 4 * trained
+    grads = 4 * trained / shard
+    optim = 8 * trained / (world if sharding in ("zero1", "fsdp") else 1)
+    temps = 0 if fused else 4 * trained / (world if sharding in ("zero1", "fsdp") else 1)
     tokens = B * T
     per_layer = layer_act_bytes(m, dtype, rc) * tokens
     acts = L * per_layer

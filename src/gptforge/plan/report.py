@@ -50,7 +50,7 @@ def run_plan(cfg: Config, preset: str, *, gpu_mem: float = 80.0, world: int = 8,
         rows, best = propose(cfg, gpu_mem, world, reserve_gib=reserve)
         print(f"{preset}: {report['params'] / 1e6:.0f}M params, T {cfg.train.seq_len}, "
               f"{cfg.train.total_batch_tokens:,} tokens/step, world {world}, {gpu_mem:g} GiB per GPU "
-              f"(bf16, {reserve:g} GiB reserved)\n{head}  (GiB per rank)")
+              f"(bf16, {reserve:g} GiB reserved)" + _lora_note(cfg) + f"\n{head}  (GiB per rank)")
         for r in rows:
             print(r.row() + ("  <- fits" if r.peak <= (gpu_mem - reserve) * GIB else "  (does not fit)"))
         report.update(world=world, gpu_mem_gib=gpu_mem, rows=[vars(r) for r in rows],
@@ -135,3 +135,14 @@ def run_parallel(cfg: Config, preset: str, *, gpus: int, gpu: str, gpu_mem: floa
 
         storage.write_json(json_out, report)  # temporary name, fsync, rename
     return 0 if best else 1
+
+
+def _lora_note(cfg) -> str:
+    """", LoRA rank r on ...: N adapter parameters train" when ``--lora.rank`` is set (the base is frozen)."""
+    if not cfg.lora.rank:
+        return ""
+    from gptforge.models.lora import adapter_params, resolve_targets
+
+    n = adapter_params(cfg.model, cfg.lora.rank, cfg.lora.target_names())
+    targets = ",".join(resolve_targets(cfg.model.arch, cfg.lora.target_names()))
+    return f", LoRA rank {cfg.lora.rank} on {targets}: {n / 1e6:.2f}M adapter parameters train, the base is frozen"
