@@ -1,0 +1,327 @@
+"""Each RL recipe's real step (GRPO and PPO on the one loop) checked against a direct computation of the
+quantities it uses and logs (issue 36): the tensors a step hands to its loss are captured with
+monkeypatched spies, and every one is recomputed here by hand in float64 from the rollouts, the rewards
+and snapshots of the weights (a forward per row, no padding, the formulas written out): log-probs,
+group advantages, ratios and clipping, KL, per-token rewards, GAE, whitening, returns, losses, the
+logged loss and KL, the adaptive KL coefficient, a reward-model ensemble's whitened and reduced scores.
+
+The configurations that change the code path each take it here: several updates per batch (GRPO and
+PPO), an ensemble with ``rl.reward_norm``, an adaptive ``rl.kl_target``.
+
+Planted bugs these catch: PPO's advantages whitened without subtracting their mean in
+``make_experience``; GRPO ignoring its old log-probs with ``rl.updates_per_batch`` > 1 (ratio 1, no
+clipping); the KL in the reward with the wrong sign or coefficient; GAE's lambda dropped; returns
+from whitened advantages; the adaptive coefficient not applied; reward whitening refit every step or
+applied after the reduce.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+
+from gptforge.config import RLConfig
+from gptforge.data.chat import ChatTemplate, ChatTokenizer
+from gptforge.eval.tasks.verifiable import Problem
+from gptforge.models.gpt2 import GPT, GPTConfig
+from gptforge.training import grpo, ppo
+from gptforge.training.grpo import GRPO, rl_config
+from gptforge.training.loop import train
+from gptforge.training.ppo import PPO
+from gptforge.training.rm import RewardEnsemble, RewardModel
+
+T_SAMPLE = 1.3  # a sampling temperature other than 1: the log-probs are those of softmax(logits / T)
+
+
+def _small() -> tuple[GPTConfig, ChatTemplate]:
+    # 64 tokens: GPT-2 ids 0..58 are single ASCII characters; chat ids 59..63
+    t = ChatTemplate(bos=59, roles={"system": 60, "user": 61, "assistant": 62}, end=63, name="test")
+    return GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=32, vocab_size=64, pad_vocab=False), t
+
+
+def graded(problem, reply: str) -> float:
+    """A reward with spread inside every group."""
+    return (sum(map(ord, reply)) % 5) / 4 + 0.1 * len(reply)
+
+
+def _run(tmp_path, tokenizer, algo: str, steps: int = 2, reward_model=None, reward_fn=graded, **rl) -> list[dict]:
+    mcfg, t = _small()
+    cfg = rl_config(mcfg, str(tmp_path / algo), "")
+    cfg.rl = RLConfig(prompts=2, group=4, max_new_tokens=4, eval_n=0, temperature=T_SAMPLE, algo=algo,
+                      **{"kl_coef": 0.1, **rl})
+    cfg.optim.lr, cfg.train.max_steps, cfg.train.ckpt_every, cfg.train.device = 3e-2, steps, 0, "cpu"
+    cfg.train.micro_batch, cfg.optim.grad_clip = 4, 0.0  # two micro-batches of 4 replies per update
+    recipe_cls = PPO if algo == "ppo" else GRPO
+    recipe = recipe_cls(cfg, t, tokenizer, reward_fn, problems_at=lambda step: [Problem("!", ""), Problem("?", "")],
+                        held_out=[], reward_model=reward_model)
+    recipe.words_unknown = True  # the 64-id toy speaks GPT-2's first 59 ids, not the whole tokenizer
+    torch.manual_seed(0)
+    train(cfg, recipe)
+    return [json.loads(x) for x in (tmp_path / algo / "metrics.jsonl").read_text().splitlines()
+            if json.loads(x)["kind"] == "rl"]
+
+
+# ---------------------------------------------------------------- hand computations, float64
+@torch.no_grad()
+def hand_logp(model, prompt, reply, temperature) -> torch.Tensor:
+    """log softmax(logits / T) of each reply token given everything before it, one row, float64."""
+    m = copy.deepcopy(model).double().eval()
+    seq = list(prompt) + list(reply)
+    logits, _ = m(torch.tensor([seq[:-1]]))
+    lp = torch.log_softmax(logits[0].double() / temperature, -1)
+    return torch.stack([lp[len(prompt) - 1 + j, tok] for j, tok in enumerate(reply)])
+
+
+@torch.no_grad()
+def hand_values(value_model, prompt, reply) -> torch.Tensor:
+    """V of the state before each reply token (the value head at the token that precedes it)."""
+    m = copy.deepcopy(value_model).double().eval()
+    h = m.body.hidden_states(torch.tensor([list(prompt) + list(reply)]))[0]  # (T, C)
+    v = h @ m.score.weight[0]
+    return v[len(prompt) - 1 : len(prompt) - 1 + len(reply)]
+
+
+def rows_of(x: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor]:
+    """A right-padded (N, L) tensor -> each row's reply-token entries, in order."""
+    return [x[k][mask[k].bool()].double() for k in range(x.size(0))]
+
+
+def close(a, b, tol=2e-5):
+    torch.testing.assert_close(torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64),
+                               atol=tol, rtol=tol)
+
+
+# ---------------------------------------------------------------- GRPO
+class GRPOSpy:
+    """Records each grpo_step (the weights it starts from, its rollouts, rewards and coefficient) and each
+    grpo_loss call in it (the weights at the call and the tensors it was given)."""
+
+    def __init__(self, monkeypatch):
+        self.steps: list[dict] = []
+        real_step, real_loss = grpo.grpo_step, grpo.grpo_loss
+
+        def step(wrapped, model, ref, optimizer, rollouts, rewards, cfg, pad, info=None, autocast=None, kl_coef=None):
+            self.model = model
+            self.steps.append({"init": copy.deepcopy(model), "ref": copy.deepcopy(ref), "rollouts": rollouts,
+                               "rewards": rewards.clone(), "kl_coef": kl_coef, "calls": []})
+            return real_step(wrapped, model, ref, optimizer, rollouts, rewards, cfg, pad, info, autocast, kl_coef)
+
+        def loss(logp, old_logp, ref_logp, adv, mask, clip_eps, kl_coef):
+            out = real_loss(logp, old_logp, ref_logp, adv, mask, clip_eps, kl_coef)
+            self.steps[-1]["calls"].append({"now": copy.deepcopy(self.model), "logp": logp.detach().clone(),
+                                            "old": old_logp.clone(), "adv": adv.clone(), "mask": mask.clone(),
+                                            "loss": out[0].item(), "kl": out[1].item()})
+            return out
+
+        monkeypatch.setattr(grpo, "grpo_step", step)
+        monkeypatch.setattr(grpo, "grpo_loss", loss)
+
+
+def hand_grpo_loss(now, init, ref, prompts, replies, adv, clip_eps, kl_coef, T, clip=True):
+    losses, kls, ratios = [], [], []
+    for p, r, a in zip(prompts, replies, adv, strict=True):
+        lp, old, lr = hand_logp(now, p, r, T), hand_logp(init, p, r, T), hand_logp(ref, p, r, T)
+        ratio = torch.exp(lp - old)
+        clipped = ratio.clamp(1 - clip_eps, 1 + clip_eps) if clip else ratio
+        surr = torch.minimum(ratio * a, clipped * a)
+        d = lr - lp
+        kl = torch.exp(d) - d - 1
+        losses.append((-(surr - kl_coef * kl)).mean())
+        kls.append(kl.mean())
+        ratios.append(ratio)
+    return torch.stack(losses).mean(), torch.stack(kls).mean(), torch.cat(ratios)
+
+
+@pytest.mark.parametrize("updates", [1, 2])
+def test_grpo_step_against_a_hand_computation(tmp_path, tokenizer, monkeypatch, updates):
+    spy = GRPOSpy(monkeypatch)
+    logged = _run(tmp_path, tokenizer, "grpo", steps=2, updates_per_batch=updates, clip_eps=0.05)
+    assert len(spy.steps) == 2
+    for s, rec in zip(spy.steps, logged, strict=True):
+        ro = rec_r = s["rollouts"]
+        rewards = torch.tensor([graded(pb, x) for pb, x in zip(ro.problems, ro.texts, strict=True)], dtype=torch.float64)
+        close(s["rewards"].flatten(), rewards, 1e-6)
+        g = rewards.view(2, 4)
+        adv = ((g - g.mean(1, keepdim=True)) / (g.std(1, keepdim=True) + 1e-4)).flatten()  # sample std, as TRL
+        assert s["kl_coef"] == 0.1
+        assert len(s["calls"]) == 2 * updates  # two micro-batches per update
+        clip_acted = []
+        for i, call in enumerate(s["calls"]):
+            u, rows = i // 2, range((i % 2) * 4, (i % 2) * 4 + 4)
+            P, R = [rec_r.prompts[k] for k in rows], [rec_r.replies[k] for k in rows]
+            close(call["adv"], adv[list(rows)])
+            # old log-probs: the sampling policy's (the weights before this batch's first update)
+            for k, (p, r) in enumerate(zip(P, R, strict=True)):
+                close(rows_of(call["old"], call["mask"])[k], hand_logp(s["init"], p, r, T_SAMPLE))
+                close(rows_of(call["logp"], call["mask"])[k], hand_logp(call["now"], p, r, T_SAMPLE))
+            want, kl, ratio = hand_grpo_loss(call["now"], s["init"], s["ref"], P, R, adv[list(rows)], 0.05, 0.1,
+                                             T_SAMPLE)
+            close(call["loss"], want)
+            close(call["kl"], kl)
+            if u == 0:
+                close(ratio, torch.ones_like(ratio), 1e-6)
+            else:  # the second update: the policy moved, the ratio is not 1 and the clip acts
+                assert (ratio - 1).abs().max() > 0.05
+                unclipped, _, _ = hand_grpo_loss(call["now"], s["init"], s["ref"], P, R, adv[list(rows)], 0.05, 0.1,
+                                                 T_SAMPLE, clip=False)
+                clip_acted.append(abs(unclipped.item() - want.item()))
+        if updates > 1:  # somewhere in the second update the clipped surrogate differs from the plain one
+            assert max(clip_acted) > 1e-4
+        # the logged loss and KL: the last update's, averaged over the micro-batches by their replies
+        last = s["calls"][-2:]
+        close(rec["loss"], sum(c["loss"] for c in last) / 2, 1e-6)
+        close(rec["kl"], sum(c["kl"] for c in last) / 2, 1e-6)
+        close(rec["reward"], rewards.mean(), 1e-6)
+
+
+def test_grpo_adaptive_kl_moves_the_coefficient_by_the_controller(tmp_path, tokenizer, monkeypatch):
+    spy = GRPOSpy(monkeypatch)
+    logged = _run(tmp_path, tokenizer, "grpo", steps=3, kl_target=1e-4, kl_horizon=16)
+    coef = 0.1
+    for s, rec in zip(spy.steps, logged, strict=True):
+        assert s["kl_coef"] == pytest.approx(coef, rel=1e-12) and rec["kl_coef"] == pytest.approx(coef, rel=1e-12)
+        # Ziegler et al.: coef * (1 + clip(KL / target - 1, ±0.2) * replies / horizon)
+        err = min(max(rec["kl"] / 1e-4 - 1, -0.2), 0.2)
+        coef = coef * (1 + err * 8 / 16)
+    assert spy.steps[-1]["kl_coef"] != 0.1
+
+
+def test_grpo_reward_model_ensemble_whitened_then_reduced(tmp_path, tokenizer, monkeypatch):
+    """rl.reward_model A,B with rl.reward_norm and min: each member's score whitened by the mean and
+    population std it gave step 1's replies (kept for step 2), then the members' minimum."""
+    mcfg, _ = _small()
+    torch.manual_seed(5)
+    members = [RewardModel(GPT(mcfg), init_std=1.0), RewardModel(GPT(mcfg), init_std=3.0)]
+    ens = RewardEnsemble(members, reduce="min")
+    frozen = copy.deepcopy(ens)
+    spy = GRPOSpy(monkeypatch)
+    _run(tmp_path, tokenizer, "grpo", steps=2, reward_model=ens, reward_norm=True)
+
+    def member_scores(s):
+        ro = s["rollouts"]
+        out = []
+        for m in frozen.members:
+            md = copy.deepcopy(m).double().eval()
+            row = []
+            for p, r in zip(ro.prompts, ro.replies, strict=True):
+                h = md.body.hidden_states(torch.tensor([p + r]))[0, -1]
+                row.append(h @ md.score.weight[0])
+            out.append(torch.stack(row))
+        return torch.stack(out)  # (members, N)
+
+    first = member_scores(spy.steps[0])
+    shift, scale = first.mean(1, keepdim=True), first.std(1, unbiased=False, keepdim=True)
+    for s in spy.steps:
+        want = ((member_scores(s) - shift) / scale).min(0).values
+        close(s["rewards"].flatten(), want, 1e-4)
+    assert not torch.allclose(((first - shift) / scale).mean(0), ((first - shift) / scale).min(0).values)
+
+
+# ---------------------------------------------------------------- PPO
+class PPOSpy:
+    def __init__(self, monkeypatch):
+        self.steps: list[dict] = []
+        real_exp, real_loss = ppo.make_experience, ppo.ppo_loss
+
+        def make_experience(policy, ref, value_model, prompts, replies, scores, pad, kl_coef=0.05, gamma=1.0,
+                            lam=0.95, temperature=1.0, kl_estimator="k1", reduce=None):
+            self.policy, self.value = policy, value_model
+            exp = real_exp(policy, ref, value_model, prompts, replies, scores, pad, kl_coef, gamma, lam, temperature,
+                           kl_estimator, reduce)
+            self.steps.append({"policy": copy.deepcopy(policy), "ref": copy.deepcopy(ref),
+                               "value": copy.deepcopy(value_model), "prompts": prompts, "replies": replies,
+                               "scores": scores.clone(), "kl_coef": kl_coef, "gamma": gamma, "lam": lam,
+                               "exp": exp, "calls": []})
+            return exp
+
+        def loss(logprobs, old_logprobs, advantages, values, old_values, returns, mask, clip_eps=0.2,
+                 clip_value=0.2, vf_coef=0.1, value_mask=None):
+            out = real_loss(logprobs, old_logprobs, advantages, values, old_values, returns, mask, clip_eps,
+                            clip_value, vf_coef, value_mask)
+            self.steps[-1]["calls"].append({"policy": copy.deepcopy(self.policy), "value": copy.deepcopy(self.value),
+                                            "loss": out[0].item(), "stats": out[1]})
+            return out
+
+        monkeypatch.setattr(ppo, "make_experience", make_experience)
+        monkeypatch.setattr(ppo, "ppo_loss", loss)
+
+
+def hand_experience(s, T):
+    """Per row: log-probs, reference log-probs, values, per-token rewards, GAE advantages and returns;
+    then the advantages whitened over every reply token of the batch (mean subtracted, unbiased var)."""
+    out = []
+    for p, r, score in zip(s["prompts"], s["replies"], s["scores"].double(), strict=True):
+        lp, ref = hand_logp(s["policy"], p, r, T), hand_logp(s["ref"], p, r, T)
+        v = hand_values(s["value"], p, r)
+        rew = -s["kl_coef"] * (lp - ref)  # k1: KL_t = log π_old − log π_ref
+        rew[-1] += score
+        adv, nxt_a, nxt_v = torch.zeros_like(v), 0.0, 0.0
+        for t in reversed(range(len(r))):
+            delta = rew[t] + s["gamma"] * nxt_v - v[t]
+            nxt_a = delta + s["gamma"] * s["lam"] * nxt_a
+            adv[t], nxt_v = nxt_a, v[t]
+        out.append({"lp": lp, "ref": ref, "v": v, "rew": rew, "adv": adv, "ret": adv + v})
+    flat = torch.cat([o["adv"] for o in out])
+    mean, var = flat.mean(), flat.var(unbiased=True)
+    for o in out:
+        o["white"] = (o["adv"] - mean) / torch.sqrt(var + 1e-8)
+    return out
+
+
+@pytest.mark.parametrize("updates", [1, 2])
+def test_ppo_step_against_a_hand_computation(tmp_path, tokenizer, monkeypatch, updates):
+    spy = PPOSpy(monkeypatch)
+    logged = _run(tmp_path, tokenizer, "ppo", steps=2, updates_per_batch=updates, gamma=0.9, lam=0.8, clip_eps=0.05,
+                  clip_value=0.05, vf_coef=0.3)
+    assert len(spy.steps) == 2
+    for i_step, (s, rec) in enumerate(zip(spy.steps, logged, strict=True)):
+        exp, H = s["exp"], hand_experience(s, T_SAMPLE)
+        assert (s["kl_coef"], s["gamma"], s["lam"]) == (0.1, 0.9, 0.8)
+        enc = ChatTokenizer(tokenizer, _small()[1])  # the rollouts' text, as the recipe reads it
+        texts = [enc.decode([t for t in r if t != 63]).strip() for r in s["replies"]]
+        close(s["scores"], [graded(None, x) for x in texts], 1e-6)
+        for name, key in (("logprobs", "lp"), ("ref_logprobs", "ref"), ("values", "v"), ("rewards", "rew"),
+                          ("advantages", "white"), ("returns", "ret")):
+            for k, row in enumerate(rows_of(getattr(exp, name), exp.mask)):
+                close(row, H[k][key], 5e-5)
+        white = torch.cat([h["white"] for h in H])
+        assert abs(white.mean().item()) < 1e-6 and white.std().item() == pytest.approx(1, abs=1e-6)
+        if i_step == 1:  # the policy has moved from the reference: the KL and the values are not 0
+            assert torch.cat([h["lp"] - h["ref"] for h in H]).abs().max() > 1e-3
+            assert torch.cat([h["v"] for h in H]).abs().max() > 1e-3
+        # the logged KL: the batch's mean per-reply sum of log π_old − log π_ref
+        close(rec["kl"], torch.stack([(h["lp"] - h["ref"]).sum() for h in H]).mean(), 1e-5)
+        # every loss call: fresh log-probs and values against the experience's, clipped, by hand
+        assert len(s["calls"]) == 2 * updates
+        for i, call in enumerate(s["calls"]):
+            rows = range((i % 2) * 4, (i % 2) * 4 + 4)
+            pg, vl, ratios = [], [], []
+            for k in rows:
+                p, r, h = s["prompts"][k], s["replies"][k], H[k]
+                ratio = torch.exp(hand_logp(call["policy"], p, r, T_SAMPLE) - h["lp"])
+                pg.append(torch.maximum(-h["white"] * ratio, -h["white"] * ratio.clamp(0.95, 1.05)))
+                v = hand_values(call["value"], p, r)
+                vc = torch.clamp(v, h["v"] - 0.05, h["v"] + 0.05)
+                vl.append(torch.maximum((v - h["ret"]) ** 2, (vc - h["ret"]) ** 2))
+                ratios.append(ratio)
+            want = torch.cat(pg).mean() + 0.3 * 0.5 * torch.cat(vl).mean()
+            close(call["loss"], want, 5e-5)
+            ratio = torch.cat(ratios)
+            if i // 2 == 1:
+                assert (ratio - 1).abs().max() > 0.05  # the clip acts on the second update
+        last = s["calls"][-2:]
+        close(rec["loss"], sum(c["loss"] for c in last) / 2, 1e-6)
+
+
+def test_ppo_adaptive_kl_feeds_the_experience(tmp_path, tokenizer, monkeypatch):
+    spy = PPOSpy(monkeypatch)
+    logged = _run(tmp_path, tokenizer, "ppo", steps=3, kl_target=1e-4, kl_horizon=16)
+    coef = 0.1
+    for s, rec in zip(spy.steps, logged, strict=True):
+        assert s["kl_coef"] == pytest.approx(coef, rel=1e-12)
+        err = min(max(rec["kl"] / 1e-4 - 1, -0.2), 0.2)
+        coef = coef * (1 + err * 8 / 16)
+    assert spy.steps[-1]["kl_coef"] != 0.1
