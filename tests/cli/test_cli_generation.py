@@ -38,6 +38,20 @@ def test_sample_streams_one_and_batches_several(ckpt, tokenizer, capsys):
     assert main(argv) == 0 and capsys.readouterr().out == out  # seeded
 
 
+def test_greedy_sample_prints_one_sample_per_prompt(ckpt, tokenizer, capsys):
+    """Issue 34: --temperature 0 printed the default 5 samples, all the same; now one, and an explicit
+    --num-samples N is answered with one sample and a line saying why."""
+    model, where = ckpt
+    greedy = ["sample", "--ckpt", str(where), "--prompt", "ROMEO:", "--max-new-tokens", "4", "--temperature", "0"]
+    assert main(greedy) == 0
+    out, err = capsys.readouterr()
+    assert out.count("--- sample") == 1 and not err
+    assert main([*greedy, "--num-samples", "3"]) == 0
+    out2, err = capsys.readouterr()
+    assert out2 == out and "identical" in err and "--temperature 0" in err
+    assert main([*greedy[:-2], "--seed", "1"]) == 0 and capsys.readouterr().out.count("--- sample") == 5  # sampling: 5
+
+
 def test_sample_from_llmc_file_equals_checkpoint(ckpt, tmp_path, capsys):
     model, where = ckpt
     write_llmc_model(model, tmp_path / "m.bin")

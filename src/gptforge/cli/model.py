@@ -28,7 +28,9 @@ def args_sample(p: argparse.ArgumentParser) -> None:
     add_model_source(p)
     p.add_argument("--prompt", action="append", help="prompt (repeat for a batch of prompts); default "
                                                      "\"Hello, I'm a language model,\"")
-    p.add_argument("--num-samples", type=int, default=5, help="samples per prompt (one sample streams live)")
+    p.add_argument("--num-samples", type=int, default=None,
+                   help="samples per prompt (default 5; 1 under --temperature 0, where every sample is the same; "
+                        "one sample streams live)")
     p.add_argument("--max-new-tokens", type=int, default=None,
                    help=f"tokens to generate (default {SAMPLE_NEW_TOKENS}, fewer where the context is shorter)")
     p.add_argument("--top-k", type=int, default=50, help="0 = no top-k filtering")
@@ -47,6 +49,12 @@ def cmd_sample(args: argparse.Namespace) -> int:
     from gptforge.runtime import resolve_device
 
     source = model_source(args)
+    if args.num_samples is None:
+        args.num_samples = 1 if args.temperature == 0 else 5
+    elif args.temperature == 0 and args.num_samples > 1:  # greedy decoding gives one text per prompt
+        print(f"gptforge sample: --temperature 0 is greedy, so the {args.num_samples} samples per prompt would "
+              "be identical: printing one", file=sys.stderr)
+        args.num_samples = 1
     rows = args.num_samples * len(args.prompt or [None])
     if not 1 <= args.num_samples or rows > MAX_SAMPLE_ROWS:  # every sample is a row of one batch (KV cache)
         raise CliError(f"--num-samples {args.num_samples} x {len(args.prompt or [None])} prompt(s): give 1 to "
