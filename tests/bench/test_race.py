@@ -95,5 +95,11 @@ def test_race_table_when_the_first_preset_misses_an_explicit_target():
             {"preset": "b", "reached": True, "steps": 46, "tokens": 40704, "train_seconds": 12.5,
              "token_ratio": None, "final_val_loss": 6.3}]
     lines = format_race({"target_val_loss": 6.33, "target_from": "--target", "runs": runs}).splitlines()
-    assert lines[2].split()[:2] == ["a", "no"] and "final val 6.7" in lines[2]
+    assert lines[2].split()[:2] == ["a", "no"] and "final val loss 6.7000" in lines[2]
     assert lines[3].split() == ["b", "yes", "46", "40,704", "12.5", "-"]
+    # issue 34: a raw float is rounded, and a long preset name keeps the columns
+    runs[0].update(preset="shakespeare-cpu,train.lr=3e-3,model.n_layer=6", final_val_loss=7.019979000091553)
+    lines = format_race({"target_val_loss": 6.33, "target_from": "--target", "runs": runs}).splitlines()
+    assert "(final val loss 7.0200)" in lines[2] and "7.0199" not in lines[2]
+    ends = {__import__("re").match(r"\S+\s+\S+", line).end() for line in lines[1:]}  # the 'reached' column
+    assert len(ends) == 1

@@ -201,14 +201,17 @@ def plot_race(summary: dict[str, Any], out: Path) -> Path:
 
 
 def format_race(summary: dict[str, Any]) -> str:
+    """The race's table; the preset column is as wide as the longest name, so long names keep the columns."""
+    w = max([24, *(len(str(r["preset"])) for r in summary["runs"])])
     lines = [f"target val loss {summary['target_val_loss']:.4f} ({summary['target_from']})",
-             f"{'preset':<24} {'reached':>7} {'steps':>7} {'tokens':>12} {'train s':>9} {'x tokens':>9}"]
+             f"{'preset':<{w}} {'reached':>7} {'steps':>7} {'tokens':>12} {'train s':>9} {'x tokens':>9}"]
     for r in summary["runs"]:
         if r["reached"]:  # no ratio when the first preset missed an explicit --target
             ratio = f"{r['token_ratio']:>9.2f}" if r["token_ratio"] is not None else f"{'-':>9}"
-            lines.append(f"{r['preset']:<24} {'yes':>7} {r['steps']:>7} {r['tokens']:>12,} {r['train_seconds']:>9.1f} "
+            lines.append(f"{r['preset']:<{w}} {'yes':>7} {r['steps']:>7} {r['tokens']:>12,} {r['train_seconds']:>9.1f} "
                          f"{ratio}")
         else:
-            lines.append(f"{r['preset']:<24} {'no':>7} {'-':>7} {'-':>12} {'-':>9} {'-':>9}  "
-                         f"(final val {r['final_val_loss']})")
+            final = r.get("final_val_loss")
+            final = f"{final:.4f}" if isinstance(final, (int, float)) else "none"
+            lines.append(f"{r['preset']:<{w}} {'no':>7} {'-':>7} {'-':>12} {'-':>9} {'-':>9}  (final val loss {final})")
     return "\n".join(lines)
