@@ -68,7 +68,7 @@ def write_gguf(path: Path, model: Llama, qtype: str = "F32", pre: str | None = "
     w.add_layer_norm_rms_eps(cfg.norm_eps)
     w.add_rope_freq_base(cfg.rope_theta)
     for k, v in (kv or {}).items():
-        (w.add_string if isinstance(v, str) else w.add_float32)(k, v)
+        (w.add_string if isinstance(v, str) else w.add_uint32 if isinstance(v, int) else w.add_float32)(k, v)
     w.add_tokenizer_model(tok_model)
     if pre is not None:
         w.add_tokenizer_pre(pre)

@@ -4,8 +4,9 @@ rope scaling ``llama3`` (Llama 3.1/3.2) and ``linear``, and Qwen2's q/k/v biases
 Tiny random models are built in transformers with a fixed seed and saved with ``save_pretrained``;
 gptforge loads them (the HF load path every command uses), and the logits are compared in float32 at
 a sequence longer than ``original_max_position_embeddings``, so the scaling changes every answer.
-Then back out: ``export hf`` reloaded in transformers, ``export gguf`` read back by gptforge's reader
-(and by transformers' GGUF loader, which knows Qwen2's biases but no rope scaling), generation with
+Then back out: ``export hf`` reloaded in transformers, ``export gguf``'s keys and tensors read back by
+gptforge's reader (and by transformers' GGUF loader, which knows Qwen2's biases but no rope scaling,
+on GPT-2's vocabulary: slow), generation with
 a KV cache past the original context, and the refusals of what is still not implemented.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -22,7 +24,7 @@ from gptforge.generation import SamplingParams, generate, stream_tokens  # noqa:
 from gptforge.interop.hf_llama import HFConfigError, export_hf_llama, load_hf_llama  # noqa: E402
 from gptforge.models.llama import Llama, LlamaConfig  # noqa: E402
 
-VOCAB = 50257  # GPT-2's, so export gguf can carry its tokenizer and read_gguf can read the file back
+VOCAB = 268  # the small byte-level tokenizer of test_gguf_read (no multiple of 128: padded rows)
 T = 96  # > original_max_position_embeddings (32): the scaled frequencies decide the logits
 COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-6, rope_theta=500.0)
@@ -112,12 +114,21 @@ def _logits_hf(hf) -> torch.Tensor:
 
 
 def test_export_gguf_reads_back(variant, tmp_path):
+    """export gguf's metadata and tensors, given test_gguf_read's small tokenizer (GPT-2's 50k tokens
+    take the gguf reader seconds), read back by read_gguf: the config and the logits."""
+    gguf = pytest.importorskip("gguf")
     from gptforge.interop.gguf import export_gguf
     from gptforge.interop.gguf_read import read_gguf
+    from tests.interop.test_gguf_read import write_gguf
 
-    pytest.importorskip("gguf")
     name, hf, d, model, ref = variant
-    g = read_gguf(export_gguf(model, tmp_path / "gguf"))
+    r = gguf.GGUFReader(str(export_gguf(model, tmp_path / "out", tokenizer=False)))
+    arch = r.fields["general.architecture"].contents()
+    kv = {k: f.contents() for k, f in r.fields.items() if ".rope.scaling." in k}
+    tensors = {t.name: torch.from_numpy(np.array(t.data)) for t in r.tensors}
+    if model.config.rope_type == "llama3":  # Llama 3's scaling travels as llama.cpp's per-frequency divisors
+        assert "rope_freqs.weight" in tensors and kv == {f"{arch}.rope.scaling.original_context_length": 32}
+    g = read_gguf(write_gguf(tmp_path / "m.gguf", model, arch=arch, kv=kv, tensors=tensors))
     assert g.metadata["general.architecture"] == ("qwen2" if model.config.qkv_bias else "llama")
     fields = [f for f in model.config.to_dict() if f.startswith("rope_") or f in ("qkv_bias", "tie_embeddings")]
     assert {f: getattr(g.model.config, f) for f in fields} == {f: getattr(model.config, f) for f in fields}
@@ -132,6 +143,7 @@ def test_transformers_gguf_load_of_a_qwen2_export(tmp_path):
 
     pytest.importorskip("gguf")
     hf = _hf_model("qwen2")
+    hf.resize_token_embeddings(50257)  # export gguf carries GPT-2's tokenizer, which transformers' loader reads
     hf.save_pretrained(tmp_path / "hf")
     path = export_gguf(load_hf_llama(str(tmp_path / "hf")), tmp_path / "gguf")
     back = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name).eval()
@@ -141,16 +153,16 @@ def test_transformers_gguf_load_of_a_qwen2_export(tmp_path):
 
 def test_generation_with_cache_equals_without_and_transformers(variant):
     name, hf, d, model, ref = variant
-    prompts = [IDX[0, :20].tolist(), IDX[1, :7].tolist()]  # a left-padded batch run past position 32
-    p = SamplingParams(max_new_tokens=40, temperature=0.0)
+    prompts = [IDX[0, :16].tolist(), IDX[1, :5].tolist()]  # a left-padded batch run past position 32
+    p = SamplingParams(max_new_tokens=24, temperature=0.0)
     cached = torch.stack(list(stream_tokens(model, prompts, p, use_cache=True)), 1)
     full = torch.stack(list(stream_tokens(model, prompts, p, use_cache=False)), 1)
     assert torch.equal(cached, full)
-    prompt = IDX[:1, :20]
+    prompt = IDX[:1, :16]
     with torch.no_grad():
-        want = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=40, do_sample=False,
+        want = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=24, do_sample=False,
                            pad_token_id=0)
-    assert torch.equal(generate(model, prompt, 40, temperature=0.0), want)
+    assert torch.equal(generate(model, prompt, 24, temperature=0.0), want)
 
 
 # ----------------------------------------------------------------------------- still refused, by name
