@@ -39,3 +39,24 @@ def test_help_config_lists_choices_and_descriptions(capsys):
     assert lines[i + 1].strip().startswith("training order")  # the field's comment, under it
     j = next(i for i, ln in enumerate(lines) if ln.strip().startswith("--train.threads "))
     assert "CPU threads" in lines[j + 1]
+
+
+@pytest.mark.parametrize("command, key, value", [("rl", "--optim.lr", "1e-05"), ("sft", "--optim.lr", "0.0001"),
+                                                  ("dpo", "--dpo.beta", "0.1"), ("rm", "--optim.lr", "1e-05")])
+def test_recipe_help_config_needs_no_out_or_init_from(capsys, command, key, value):
+    """Issue 34: `rl --help-config` failed without --out and --init-from; every recipe lists its keys
+    with its own defaults (RL's learning rate, not pretraining's) and exits 0, as --help does."""
+    with pytest.raises(SystemExit) as e:
+        main([command, "--help-config"])
+    assert e.value.code == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.strip().startswith(key + " "))
+    assert line.split()[-1] == value
+
+
+def test_sft_takes_steps_like_rl_and_dpo(tmp_path, capsys):
+    from tests.conftest import tiny_chat_checkpoint
+
+    base = tiny_chat_checkpoint(tmp_path / "base")
+    assert main(["sft", "--init-from", str(base), "--data", "x.jsonl", "--out", str(tmp_path / "r"), "--steps", "7",
+                 "--dry-run"]) == 0
+    assert '"max_steps": 7' in capsys.readouterr().out

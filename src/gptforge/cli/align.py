@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 
-from gptforge.cli.common import CliError, finish, init_from, resolve_run, run_words
+from gptforge.cli.common import CliError, add_help_config, finish, init_from, resolve_run, run_words
 from gptforge.cli.post import _base_shape, _flag_overrides
 
 PAIR_FLAGS = {"data": "{s}.data", "split": "{s}.split", "val_count": "{s}.val_count", "seed": "{s}.seed",
@@ -89,6 +89,12 @@ def cmd_dpo(args: argparse.Namespace, overrides: list[str]) -> int:
     return _run_pairs(args, overrides, "dpo", 5e-6, DPO)
 
 
+def _pair_defaults(section: str):
+    from gptforge.training.pairs import pair_config
+
+    return pair_config(None, "RUN", 1e-5 if section == "rm" else 5e-6)
+
+
 def _common(p: argparse.ArgumentParser, section: str) -> None:
     from gptforge.config import Config
 
@@ -103,6 +109,7 @@ def _common(p: argparse.ArgumentParser, section: str) -> None:
                    help=f"continue the {section} run in --out (or from CKPT); flags given now apply on top")
     p.add_argument("--force", action="store_true", help="start over in a run directory that holds checkpoints")
     p.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
+    add_help_config(p, section, lambda: _pair_defaults(section))
     p.add_argument("--val-count", type=int, help=f"held-out pairs ({section}.val_count, default {d.val_count})")
     p.add_argument("--split", help=f"HF dataset split ({section}.split, default {d.split})")
     p.add_argument("--seed", type=int, help=f"held-out split and pair order ({section}.seed)")

@@ -18,6 +18,23 @@ if TYPE_CHECKING:  # torch: imported only when a command runs, so `gptforge --he
 EXIT_PORT_BUSY = 4  # serve: the port (or host) cannot be listened on; said before the model loads
 
 
+def add_help_config(p: argparse.ArgumentParser, command: str, defaults: Callable) -> None:
+    """``--help-config`` for a recipe command: every config key with its value in the command's own
+    defaults (``defaults()`` builds them), printed and exit 0 as ``--help`` does, so it needs neither
+    ``--out`` nor ``--init-from``."""
+
+    class HelpConfig(argparse.Action):
+        def __call__(self, parser, namespace, values, option_string=None):
+            from gptforge.config_help import describe_keys
+
+            print(f"Config keys of `gptforge {command}` (set with --section.key VALUE), with its defaults; the "
+                  f"model section comes from --init-from:\n" + describe_keys(defaults()))
+            parser.exit(0)
+
+    p.add_argument("--help-config", nargs=0, action=HelpConfig,
+                   help=f"list every config key with its type and its default under `gptforge {command}`, and exit")
+
+
 class CliError(Exception):
     """Bad input: printed without a traceback, exit status 2."""
 

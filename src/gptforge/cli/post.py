@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 
-from gptforge.cli.common import CliError, finish, finite, init_from, load, resolve_run, run_words
+from gptforge.cli.common import CliError, add_help_config, finish, finite, init_from, load, resolve_run, run_words
 from gptforge.load import ModelSource
 
 # --- sft -------------------------------------------------------------------------------------------
@@ -27,7 +27,7 @@ def cmd_sft(args: argparse.Namespace, overrides: list[str]) -> int:
     from gptforge.training.sft import run_sft
 
     flags = _flag_overrides(args, {"data": "sft.data", "split": "sft.split", "val_count": "sft.val_count",
-                                   "seed": "sft.seed", "skip_bad": "sft.skip_bad"})
+                                   "seed": "sft.seed", "skip_bad": "sft.skip_bad", "steps": "train.max_steps"})
     if args.resume is not None and args.init_from is not None:
         raise CliError("--init-from starts a new SFT run; it cannot be combined with --resume")
     if args.resume is None and (args.init_from is None or args.data is None):
@@ -90,10 +90,23 @@ def _base_shape(source: str):
     return load(ModelSource.from_path(source), "--init-from").config
 
 
+def _sft_defaults():
+    from gptforge.models.gpt2 import GPTConfig
+    from gptforge.training.sft import sft_config
+
+    return sft_config(GPTConfig(), "RUN")
+
+
+def _rl_defaults():
+    from gptforge.training.grpo import rl_config
+
+    return rl_config(None, "RUN", "SFT_CKPT")
+
+
 def args_sft(s: argparse.ArgumentParser) -> None:
     s.description = ("Supervised fine-tuning: render conversations with the chat template, train on assistant "
                      "tokens only, report val loss on held-out conversations. Accepts --section.key overrides "
-                     "like train (see `gptforge train --help-config`).")
+                     "like train (list them with --help-config).")
     s.add_argument("--init-from", metavar="CKPT_OR_LLMC_FILE", help="base model: gptforge checkpoint/run dir or "
                                                                     "llm.c file (trained with model.pad_vocab true)")
     s.add_argument("--data", help="FILE.jsonl with one {\"messages\": [...]} per line, or a Hugging "
@@ -109,6 +122,8 @@ def args_sft(s: argparse.ArgumentParser) -> None:
     s.add_argument("--force", action="store_true", help="start over in a run directory that holds checkpoints")
     add_trust_flag(s)
     s.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
+    s.add_argument("--steps", type=int, help="optimizer steps (train.max_steps; like rl and dpo)")
+    add_help_config(s, "sft", _sft_defaults)
     s.add_argument("--base-loss", action="store_true", help="first score the base model on the held-out "
                                                             "conversations (CPU; kept in meta.json)")
 
@@ -221,7 +236,7 @@ def args_rl(r: argparse.ArgumentParser) -> None:
     r.description = ("GRPO (or PPO with --algo ppo; a learned reward with --reward-model): sample a group of replies per problem, score them, group-relative advantages, clipped "
                      "ratio and a KL penalty to the starting model. Logs reward, KL, reply length and accuracy per "
                      "step to RUN/metrics.jsonl; checkpoints resume; runs under torchrun (rollouts split by rank). "
-                     "Every config key can be set as --section.key VALUE (see `gptforge train --help-config`: "
+                     "Every config key can be set as --section.key VALUE (list them with --help-config: "
                      "the rl.* and optim.* sections); the flags below are short names for the common ones.")
     r.add_argument("--init-from", help="SFT checkpoint or run directory (must carry a chat template)")
     r.add_argument("--out", required=True, help="run directory")
@@ -230,6 +245,7 @@ def args_rl(r: argparse.ArgumentParser) -> None:
     r.add_argument("--force", action="store_true", help="start over in a run directory that holds checkpoints")
     add_trust_flag(r)
     r.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
+    add_help_config(r, "rl", _rl_defaults)
     r.add_argument("--task", choices=["arithmetic", "compare", "gsm8k"], help=f"default {d.rl.task}")
     r.add_argument("--reward", help="exact_match (default), exact_match_with_format, numeric_closeness, or "
                                     "module:function taking (problem, reply) -> float (code: never read back from "
