@@ -28,7 +28,7 @@ OUTPUTS: dict[str, dict[str, str]] = {
     "prepare": {"shakespeare --out": "shards", "fineweb --out": "shards", "files --out": "shards",
                 "conversations --out": "file", "preferences --out": "file"},
     "assets": {"": "cache"},
-    "bench": {"--json": "file", "--out": "run"},
+    "bench": {"--json": "file", "--trace": "file", "--out": "run"},
     "bench-prepare": {"--json": "file", "--workdir": "scratch"},
     "eval": {"--json": "file"},
     "plot": {"--image": "file"},
