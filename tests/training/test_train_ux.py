@@ -178,3 +178,8 @@ def test_next_steps_come_from_the_runs_own_task_and_paths(tmp_path):
     assert "SFT_RUN" not in text and "PREFS_EVAL" not in text and "--held-out" in text
     cfg.rl.task = "compare"
     assert "--tasks compare" in summary(res, "rl", cfg, "runs/my_sft")
+    from gptforge.eval.tasks.synthetic import write_conversations
+    from gptforge.eval.tasks.verifiable import compare_problems
+
+    cfg.sft.data = str(write_conversations(compare_problems(2), tmp_path / "conv.jsonl"))
+    assert "--tasks compare --limit" in summary(res, "sft", cfg, "runs/base")  # the task its conversations teach

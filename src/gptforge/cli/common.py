@@ -370,6 +370,8 @@ def run_hints(command: str, cfg, start: str | None = None) -> dict[str, str]:
         return {"task": task, "data": data, "start": start}
     if command == "rl":
         task = cfg.rl.task
+    elif command == "sft":
+        task = _pairs_task(cfg.sft.data) or task
     elif command in ("dpo", "rm"):
         sec = getattr(cfg, command)
         task = (getattr(sec, "task", "") or _pairs_task(sec.data)) or ("arithmetic,compare" if command == "dpo"
@@ -379,16 +381,16 @@ def run_hints(command: str, cfg, start: str | None = None) -> dict[str, str]:
 
 
 def _pairs_task(data: str) -> str:
-    """The generated task whose problems a local preference file holds ("" when not one of ours): its
-    first row's question is matched against the generators' wording."""
+    """The generated task whose problems a local preference or conversation file holds ("" when not one
+    of ours): its first row's prompt (or messages) is matched against the generators' wording."""
     import json
     import re
 
     try:
         with open(data, encoding="utf-8") as f:
             row = json.loads(f.readline(65536))
-        prompt = row["prompt"]
-        text = prompt if isinstance(prompt, str) else " ".join(m.get("content", "") for m in prompt)
+        prompt = row["prompt"] if "prompt" in row else row["messages"]
+        text = prompt if isinstance(prompt, str) else " ".join(str(m.get("content", "")) for m in prompt)
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return ""
     if re.search(r"Which is larger, \d+ or \d+\?", text):
