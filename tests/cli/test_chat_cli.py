@@ -53,6 +53,16 @@ def test_chat_multi_turn_through_stdin(tmp_path, tokenizer, monkeypatch, capsys)
     assert replies == [r1, r2, r3]
 
 
+def test_chat_says_when_old_turns_leave_a_full_context(tmp_path, monkeypatch, capsys):
+    """Issue 34: when the context fills, the oldest exchange leaves the conversation, and chat says so."""
+    path, _, _ = _chat_ckpt(tmp_path)  # block_size 64
+    turns = "".join(f"Please tell me about the number {i} and its neighbours.\n" for i in range(4))
+    monkeypatch.setattr("sys.stdin", io.StringIO(turns + "/quit\n"))
+    assert main(["chat", "--ckpt", str(path), "--temperature", "0", "--max-new-tokens", "8", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "(the context of 64 tokens is full: the oldest 2 messages left the conversation)" in out
+
+
 def test_chat_refuses_base_model(tmp_path, capsys):
     cfg = GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=64)
     base = ckpt.save_checkpoint(tmp_path / "b", 0, GPT(cfg), None, {"config": Config(model=cfg).to_dict()})
