@@ -1,19 +1,44 @@
-"""A full disk, recognised and named the same way by every writer (checkpoints, prepared shards).
+"""The one writer of every file gptforge produces, and a full or read-only disk named in one line.
 
-    try:
-        write_something(tmp)
-    except Exception as e:
-        if is_disk_full(e, tmp, needed):
-            raise DiskFullError(disk_full_message("checkpoint step 300", needed, tmp)) from e
-        raise
+    from gptforge import storage
+    storage.write_json("eval.json", results)                 # reports, generated data, caches
+    with storage.atomic_path(out / "model-f16.gguf") as tmp:  # any writer that takes a path
+        gguf_writer.write_header_to_file(path=tmp) ...
+    with storage.atomic_dir("exports/hf", force=False) as tmp:  # a folder of files that belong together
+        export_hf(model, tmp)
+
+How it writes, after git's lock files (``index.lock``: write beside, fsync, rename) and PyTorch
+DCP's commit (every file first, then the one step that makes the checkpoint visible):
+
+* **A file** goes to a temporary name in the *same* folder (same filesystem, so the rename is
+  atomic), ``.NAME.tmp-PID-XXXXXX[.suffix]`` (hidden, never mistaken for an output; the suffix kept
+  for writers that pick a format by it), is fsynced, renamed over NAME with ``os.replace``, and the
+  folder is fsynced so the rename itself survives a power cut. A crash, a kill or a full disk at any
+  point leaves the old file or the new one under NAME, never a part of one. A failure the writer
+  sees deletes the temporary; one a SIGKILL leaves is deleted by the next write of NAME (its
+  process is gone).
+* **A folder output** (export hf: weights, config and tokenizer files, which only make sense
+  together) is built whole in a temporary sibling folder, every file and folder fsynced, then
+  renamed into place. Writing each file atomically in place would not do: a kill between two of
+  them leaves new weights beside an old config.json. Replacing an earlier folder (``force``) keeps
+  the entries the new output does not write (hard links: no copy of large files) and swaps the two
+  folders in one step (Linux ``renameat2(RENAME_EXCHANGE)``); where that is missing, two renames,
+  and a kill between them leaves the old folder whole as ``.NAME.old-...``, which the next write of
+  NAME puts back first (the checkpoint writer's scheme).
+* **Overwriting** an existing output needs ``force``, and ``force`` never replaces a checkpoint or a
+  run directory, nor a run's own files (:func:`check_output`; those belong to the run stack, which
+  writes checkpoints its own way: run/checkpoint.py, a temporary folder renamed in).
+* **Errors**: ENOSPC/EDQUOT become :class:`DiskFullError`, EROFS/EACCES/EPERM
+  :class:`NotWritableError`, both :class:`OutputError`: one line naming the file, what failed and
+  what to do, which the CLI prints with exit status 2, as ``train`` does for a full disk.
 
 Writers do not agree on how they report ENOSPC: Python raises ``OSError(errno.ENOSPC)``,
 safetensors a ``SafetensorError`` whose text holds "No space left on device (os error 28)", and
 ``torch.save`` a bare ``RuntimeError`` ("basic_ios::clear: iostream error", or "unexpected pos ...")
 with no errno at all. For the last kind the filesystem itself is asked: if it no longer has room
-for what was still to be written, the failure is taken to be a full disk.
+for what was still to be written, the failure is taken to be a full disk. No torch import here:
+prepare's workers load this module.
 """
-
 from __future__ import annotations
 
 import contextlib
@@ -122,29 +147,7 @@ def ordinary_file_mode(path: str | Path) -> None:
     os.chmod(path, 0o666 & ~current_umask())
 
 
-# --- the one writer ---------------------------------------------------------------------------------
-# Every file gptforge produces outside a checkpoint (exports, generated data, plots, reports, caches,
-# tokenizer bundles) is written here, the way git writes its index and refs (a lock file beside the
-# target, fsync, rename) and PyTorch DCP commits a checkpoint (every file first, then the one step
-# that makes it visible):
-#
-# * a file goes to a temporary name in the *same* folder (same filesystem, so the rename is atomic),
-#   is fsynced, renamed over the final name with os.replace, and the folder is fsynced so the rename
-#   itself survives a power cut. A crash, a kill or a full disk at any point leaves either the old
-#   file or the new one under the final name, never a part of one; the temporary is named
-#   ``.NAME.tmp-PID-XXXX`` (hidden, never mistaken for an output) and deleted on any failure we see.
-# * a folder output (export hf: weights + config + tokenizer files, which only make sense together)
-#   is built whole in a temporary sibling folder, every file fsynced, and renamed into place. Writing
-#   each file atomically would not do: a kill between two of them leaves new weights beside an old
-#   config.json. Replacing an earlier folder (--force) keeps the entries the new output does not
-#   write (hard links, so no copy of large files), then swaps the two folders with two renames: a
-#   kill between them leaves the old folder whole under ``.NAME.old-...`` beside a missing NAME,
-#   which the next write of the same NAME puts back first (the checkpoint writer's scheme).
-# * overwriting an existing output needs ``force``, and ``force`` never reaches into a checkpoint or
-#   a run directory (those belong to the run stack: --resume and train's own --force).
-# * ENOSPC/EDQUOT become :class:`DiskFullError` and EROFS/EACCES/EPERM :class:`NotWritableError`:
-#   one line naming the file, what failed and what to do, which the CLI prints with exit status 2.
-
+# --- the one writer (see the module docstring) -----------------------------------------------------
 
 _NOT_WRITABLE = {errno.EROFS: "read-only file system", errno.EACCES: "permission denied",
                  errno.EPERM: "operation not permitted"}
