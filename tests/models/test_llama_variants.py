@@ -233,3 +233,52 @@ def test_gguf_export_of_llama3_rope_with_biases_is_refused(tmp_path):
         export_gguf(model, tmp_path / "g")
     _one_line(e)
     assert not (tmp_path / "g").exists()
+
+
+# ----------------------------------------------------------------------------- llama.cpp's rope divisors
+
+
+@pytest.mark.parametrize("hd, theta, scaling", [
+    (64, 500_000.0, dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                         original_context=8192)),  # Llama 3.2 1B/3B
+    (128, 500_000.0, dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                          original_context=8192)),  # Llama 3.1 8B
+    (32, 500.0, dict(rope_type="llama3", factor=8.0, low_freq_factor=2.0, high_freq_factor=5.0, original_context=40)),
+    (16, 500.0, dict(rope_type="linear", factor=4.0)), (16, 500.0, dict(rope_type="default")),
+])
+def test_rope_divisors_turn_back_into_the_parameters(hd, theta, scaling):
+    from gptforge.models import rope
+
+    divisors = rope.rope_factors(hd, theta, **scaling)
+    orig = scaling.get("original_context")
+    assert rope.scaling_from_factors(hd, theta, divisors, orig) == scaling
+    if scaling["rope_type"] == "llama3":  # without the context, Meta's low_freq_factor 1 picks one equal scaling
+        again = rope.scaling_from_factors(hd, theta, divisors)
+        assert again["low_freq_factor"] == 1.0
+        torch.testing.assert_close(rope.inv_freq(hd, theta, **again), rope.inv_freq(hd, theta, **scaling), rtol=1e-6,
+                                   atol=0)
+    bent = divisors.clone()
+    bent[len(bent) // 2] *= 1.01  # divisors no scaling gives: refused, not guessed
+    assert rope.scaling_from_factors(hd, theta, bent, orig) is None
+
+
+def test_gguf_rope_divisors_refused_where_they_cannot_be_read(tmp_path):
+    pytest.importorskip("gguf")
+    from gptforge.interop.gguf import llama_tensors
+    from gptforge.interop.gguf_read import GGUFReadError, read_gguf
+    from tests.interop.test_gguf_read import write_gguf
+
+    torch.manual_seed(0)
+    model = Llama(LlamaConfig(n_layer=1, n_head=4, n_embd=64, block_size=64, vocab_size=VOCAB, rope_theta=500.0,
+                              rope_type="llama3", rope_factor=8.0, rope_original_context=32)).eval()
+    tensors = llama_tensors(model)
+    bent = dict(tensors, **{"rope_freqs.weight": tensors["rope_freqs.weight"] * torch.linspace(1, 2, 8)})
+    cases = [(dict(tensors=bent), "rope_freqs.weight"),  # no scaling gives these divisors
+             (dict(tensors=tensors, kv={"llama.rope.scaling.factor": 2.0}), "llama.rope.scaling.factor=2.0"),
+             (dict(tensors=tensors, kv={"llama.rope.scaling.type": "yarn"}), "llama.rope.scaling.type='yarn'")]
+    for i, (kw, match) in enumerate(cases):
+        with pytest.raises(GGUFReadError, match=match) as e:
+            read_gguf(write_gguf(tmp_path / f"{i}.gguf", model, **kw))
+        _one_line(e)
+    g = read_gguf(write_gguf(tmp_path / "ok.gguf", model, tensors=tensors))  # no original_context_length key
+    assert (g.model.config.rope_type, g.model.config.rope_original_context) == ("llama3", 32)

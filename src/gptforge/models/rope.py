@@ -109,7 +109,7 @@ def scaling_from_factors(head_dim: int, theta: float, factors: torch.Tensor,
     if not (a > 0 and b > 0):
         return None
     orig = original_context or round(a / b)  # low_freq_factor = b * orig / a, high = low + orig / a
-    for digits in (6, None):  # the round numbers configs are written with, else the exact fit
+    for digits in (3, 4, 5, 6, None):  # the round numbers configs are written with, else the exact fit
         low, high = b * orig / a, b * orig / a + orig / a
         if digits:
             low, high = round(low, digits), round(high, digits)
