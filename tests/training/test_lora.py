@@ -109,6 +109,19 @@ def test_bad_rank_or_target_is_one_line(world, tmp_path, capsys, flags, words):
     assert len(err.splitlines()) == 1 and all(w in err for w in words), err
 
 
+def test_a_resume_cannot_change_the_adapters(world, tmp_path, capsys):
+    _, base, data = world
+    run = tmp_path / "run"
+    assert main(_sft(base, data, run, "--train.max_steps", "1")) == 0
+    capsys.readouterr()
+    for flag, value in (("--lora.alpha", "4"), ("--lora.rank", "2"), ("--lora.targets", "c_attn")):
+        assert main(["sft", "--out", str(run), "--resume", "--train.max_steps", "2", flag, value]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and f"{flag} " in err and "resume cannot change it" in err, err
+    assert main(_sft(base, data, tmp_path / "two", "--train.max_steps", "1", "--lora.base", str(run))) == 2
+    assert "name different models" in capsys.readouterr().err
+
+
 def test_adapters_of_another_shape_are_refused(world, tmp_path, capsys):
     _, base, data = world
     run = tmp_path / "run"

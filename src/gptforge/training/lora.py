@@ -13,6 +13,7 @@ trained tensors; meta.json's ``lora`` records the base path and fingerprint.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch.nn as nn
@@ -65,8 +66,18 @@ def attach_lora(model: nn.Module, cfg: Config, info: Any, recipe: str, resume_me
     checkpoint's meta.json (None on a fresh run)."""
     lc = cfg.lora
     check_lora_run(cfg, info, recipe)
+    source = str(getattr(init_weights, "source", "") or "")
+    if resume_meta is None and lc.base and source and os.path.abspath(lc.base) != source:
+        raise ConfigError(f"lora.base {lc.base!r} and --init-from {source!r} name different models: the adapters' "
+                          "base is the starting model (leave lora.base out)")
     if not lc.base:  # recorded (absolute) so a resume, sample or export finds the base again
-        lc.base = str(getattr(init_weights, "source", "") or "")
+        lc.base = source
+    if resume_meta is not None:  # the adapters' shape and scale are the run's: another value is another run
+        old = (resume_meta.get("config") or {}).get("lora") or {}
+        for key in ("rank", "alpha", "targets"):
+            if key in old and old[key] != getattr(lc, key):
+                raise ConfigError(f"--lora.{key} {getattr(lc, key)!r}: this run was trained with {old[key]!r}, and a "
+                                  "resume cannot change it (start a new run with --out elsewhere)")
     fams = family_models(model)
     if not fams:
         raise ConfigError(f"lora.rank={lc.rank}: the {recipe} model holds no family model to adapt")
