@@ -96,13 +96,15 @@ def test_a_disk_that_fills_during_a_metrics_write_is_one_line_and_leaves_no_torn
 
 @pytest.mark.parametrize("what", ["config.json", "env.json"])
 def test_a_full_disk_writing_the_run_files_is_the_same_error(shard_dir, tmp_path, monkeypatch, capsys, what):
-    real = Path.write_text
+    import builtins
 
-    def write_text(self, *a, **k):
-        if self.name == what:
+    real = builtins.open
+
+    def open_(file, mode="r", *a, **k):  # the one writer's temporary for ``what``: .config.json.tmp-...
+        if "w" in mode and not isinstance(file, int) and Path(os.fsdecode(file)).name.startswith(f".{what}.tmp-"):
             raise OSError(errno.ENOSPC, "No space left on device")
-        return real(self, *a, **k)
+        return real(file, mode, *a, **k)
 
-    monkeypatch.setattr(Path, "write_text", write_text)
+    monkeypatch.setattr(builtins, "open", open_)
     assert main(_train(shard_dir, tmp_path / "run", "--train.max_steps", "2")) == 2
     assert f"no space left on device while writing {what}" in capsys.readouterr().err
