@@ -67,7 +67,14 @@ def _acts(cfg, blocks: int, tok: int, recompute: str = "none", tp: int = 1) -> f
     return blocks * ACT_PER_C[recompute] * cfg.n_embd * tok / tp
 
 
-def _hand(cfg, P, *, dp=1, tp=1, pp=1, mb=2, gb=32, shard="none", dp_shard=0, v=1, recompute="none") -> dict:
+def _scores(cfg, mb: int, tp: int) -> float:
+    """The explicit (non-flash) attention's T x T probabilities per block and micro-batch: 6 bytes a score
+    under bf16 autocast (the bf16 scores and their fp32 softmax)."""
+    return 0.0 if cfg.flash else mb * cfg.n_head / tp * SEQ * SEQ * 6
+
+
+def _hand(cfg, P, *, dp=1, tp=1, pp=1, mb=2, gb=32, shard="none", dp_shard=0, v=1, recompute="none",
+          flash=True) -> dict:
     """The fuller stage's bytes, counted by hand."""
     m = gb // (dp * mb)
     tok = mb * SEQ
@@ -93,9 +100,12 @@ def _hand(cfg, P, *, dp=1, tp=1, pp=1, mb=2, gb=32, shard="none", dp_shard=0, v=
             inflight = min(m, pp)  # 1F1B: the first stage holds p micro-batches' activations
         else:
             inflight = min(m, pp) * (1 + (pp - 1) / (pp * v))
-        acts = _acts(cfg, per_stage, tok, recompute, tp) * inflight
-        if recompute == "block":  # one block's full activations while it is recomputed
-            acts += _acts(cfg, 1, tok, "none", tp)
+        per_mb = _acts(cfg, per_stage, tok, recompute, tp)
+        if recompute != "block":
+            per_mb += per_stage * _scores(cfg, mb, tp)
+        acts = per_mb * inflight
+        if recompute == "block":  # one block's full activations (and scores) while it is recomputed
+            acts += _acts(cfg, 1, tok, "none", tp) + _scores(cfg, mb, tp)
         if s == pp - 1:
             acts += tok * 16 * cfg.vocab_size / tp  # logits, log-softmax and their gradients
         stages.append({"stage": s, "weights": weights, "grads": grads, "optimizer": optim, "activations": acts,
@@ -117,12 +127,16 @@ LAYOUTS = [
     dict(pp=2, v=2),
     dict(pp=4, recompute="block"),
     dict(pp=2, recompute="mlp", dp=2, shard="zero1"),
+    dict(shard="fsdp"),  # one rank: nothing to shard or gather
+    dict(dp=2, tp=2, shard="fsdp"),
+    dict(pp=2, flash=False),
+    dict(pp=2, flash=False, tp=2, recompute="block"),
 ]
 
 
 @pytest.mark.parametrize("kw", LAYOUTS, ids=lambda kw: "-".join(f"{k}{v}" for k, v in kw.items()))
 def test_memory_per_layout_matches_a_hand_count(kw):
-    cfg = _cfg()
+    cfg = dataclasses.replace(_cfg(), flash=kw.get("flash", True))
     P = _params(cfg)
     want = _hand(cfg, P, **kw)
     L = Layout(dp=kw.get("dp", 1), tp=kw.get("tp", 1), pp=kw.get("pp", 1), micro_batch=kw.get("mb", 2),

@@ -400,7 +400,7 @@ def memory(model_cfg, layout: Layout, cluster: Cluster, global_batch: int, seq_l
         g = L.shard_group if L.shard == "fsdp" else 1
         weights = 4 * n / g
         if L.shard == "fsdp" and g > 1:
-            weights += 2 * 2 * c.layer_params / L.tp
+            weights += 2 * 2 * _tp_layer(c, L)  # two gathered bf16 blocks, as one TP rank holds them
         grads = 4 * n / g
         optim = 8 * n / (L.dp if L.shard == "zero1" else g)
         blocks = c.n_layer // L.pp
