@@ -426,7 +426,8 @@ class GRPO(Recipe):
     def log_line(self, s: dict[str, float]) -> str:
         flat = f" | flat groups {int(s['flat_groups'])}/{self._prompts}" if s.get("flat_groups") else ""
         coef = f" (coef {s['kl_coef']:.4g})" if self._adaptive and "kl_coef" in s else ""
-        return (f"reward {s['reward']:.3f} | acc {s['accuracy']:.3f} | kl {s['kl']:.4f}{coef} | len {s['reply_len']:.1f} "
+        name = "reward (rm score, logit)" if self.reward_model is not None else "reward"  # its scale, in the log
+        return (f"{name} {s['reward']:.3f} | acc {s['accuracy']:.3f} | kl {s['kl']:.4f}{coef} | len {s['reply_len']:.1f} "
                 f"| loss {s['loss']:.4f}{flat}")
 
     def evaluate(self, run: RunCtx, step: int, last: bool, force: bool = False) -> float | None:
