@@ -63,8 +63,10 @@ def test_every_command_that_prints_a_rate_gives_its_context(tmp_path, tokenizer,
           "--steps", "1", *CPU]
     assert main(["rl", "--init-from", str(sft), "--out", str(tmp_path / "ppo"), "--algo", "ppo",
                  "--reward-model", str(tmp_path / "rm"), *rl]) == 0
-    out = _summary(capsys.readouterr().out, "rl")
+    full = capsys.readouterr().out
+    out = _summary(full, "rl")
     assert rate_lines_have_context(out, chance_expected=True) == 2 and RM_SCORE_SCALE in out
+    assert "reward (rm score, logit) " in full  # the per-step log line names the scale too
 
     assert main(["eval", "--ckpt", str(tmp_path / "rm"), "--preferences", str(prefs)]) == 0
     out = capsys.readouterr().out
