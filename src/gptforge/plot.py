@@ -107,7 +107,7 @@ def plot_runs(runs: list[str], out: str | Path, labels: str | None = None) -> Pa
                     xs, ys = _xy(s["rl"], key, x)
                     if xs:
                         ax.plot(xs, ys, color=colors[i % len(colors)], linestyle=style, linewidth=1.5,
-                                label=f"{name} {key}")
+                                marker="o" if len(xs) < 30 else None, markersize=3, label=f"{name} {key}")
             ax.set_ylabel("reward")
             ax.set_title(f"RL reward (sampled replies) vs {'tokens' if x == 'tokens' else 'step'}")
         for r, task in enumerate(tasks, start=int(lossy) + rl):
