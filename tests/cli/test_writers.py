@@ -420,3 +420,34 @@ def test_a_sigkilled_export_gguf_force_keeps_the_earlier_export(world, tmp_path)
     assert snapshot(out) == before and list(before) == ["model-f32.gguf"]
     assert main([*argv, "--force"]) == 0  # and the next export cleans up what the killed one left
     assert temporaries(tmp_path) == [] and list(snapshot(out)) == ["model-f32.gguf"]
+
+
+# --- no writer outside the one writer ---------------------------------------------------------------------
+
+RAW_WRITE = re.compile(r"""\.write_text\(|\.write_bytes\(|\bopen\([^)]*["'](w|wb|a|ab|x|xb|w\+b)["']|savefig\(|"""
+                       r"""\bsave_file\(|torch\.save\(|export_chrome_trace\(|\.tofile\(|np\.save\(|shutil\.copy""")
+RAW_ALLOWED = {  # module -> why its raw writes are safe (each writes into a temporary the one writer owns)
+    "storage.py": "the one writer itself",
+    "run/checkpoint.py": "checkpoints: a step_N.tmp folder, fsynced and renamed in (the run stack's scheme)",
+    "run/dcp.py": "sharded checkpoints: the same temporary folder",
+    "run/metrics.py": "metrics.jsonl repair: a temporary beside it, renamed in",
+    "training/dpo.py": "the reference log-prob cache: a temporary in the run directory, renamed in",
+    "interop/hf.py": "writes into the folder `export` builds with storage.atomic_dir",
+    "interop/hf_llama.py": "the same", "interop/hf_reward.py": "the same", "interop/hf_tokenizer.py": "the same",
+    "interop/hf_chat.py": "the same", "interop/lora_export.py": "the same",
+    "interop/smollm2.py": "a TemporaryDirectory beside the cached file, renamed in",
+    "data/tokenizer_train.py": "ranks into a TemporaryDirectory (scratch)",
+    "data/prepare/pipeline.py": "the spill file (scratch, deleted)",
+    "data/tokenizer/tiktoken_kind.py": "copies the ranks into storage.atomic_path's temporary",
+    "plot.py": "savefig into storage.atomic_path's temporary", "bench/race.py": "the same",
+    "bench/train.py": "the Chrome trace into storage.atomic_path's temporary",
+}
+
+
+def test_no_module_writes_past_the_one_writer():
+    """A module that writes a file with open(..., "w"), write_text, savefig, torch.save ... is one of the
+    modules named above, with the reason its writes are safe; anything new goes through gptforge.storage."""
+    src = Path(__file__).parents[2] / "src" / "gptforge"
+    raw = {p.relative_to(src).as_posix() for p in src.rglob("*.py")
+           if any(RAW_WRITE.search(line) and not line.lstrip().startswith("#") for line in p.read_text().splitlines())}
+    assert raw - set(RAW_ALLOWED) == set(), "write through gptforge.storage (or say here why not)"

@@ -79,7 +79,9 @@ class WandbSink:
         id_file = run_dir / "wandb_run_id"
         run_id = id_file.read_text().strip() if id_file.exists() else secrets.token_hex(4)  # W&B-style 8 chars
         run_dir.mkdir(parents=True, exist_ok=True)
-        id_file.write_text(run_id + "\n")
+        from gptforge.storage import write_text
+
+        write_text(id_file, run_id + "\n")  # a torn id would start a second W&B run on resume
         self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "gptforge"), name=run_dir.name, id=run_id,
                               resume="allow", dir=str(run_dir), config=config)
 
