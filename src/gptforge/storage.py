@@ -46,6 +46,7 @@ import errno
 import glob
 import json
 import os
+import re
 import secrets
 import shutil
 from collections.abc import Iterable, Iterator
@@ -274,8 +275,9 @@ def _temp_name(path: Path, kind: str, suffix: str = "") -> Path:
 
 
 def is_temporary(name: str) -> bool:
-    """Whether ``name`` is one of this writer's temporaries (``.NAME.tmp-PID-XXXXXX``)."""
-    return name.startswith(".") and ".tmp-" in name
+    """Whether ``name`` is one of this writer's temporaries (``.NAME.tmp-PID-XXXXXX``, or the earlier
+    folder ``.NAME.old-PID-XXXXXX`` during a swap)."""
+    return name.startswith(".") and (".tmp-" in name or ".old-" in name)
 
 
 def _alive(pid: int) -> bool:
@@ -292,8 +294,8 @@ def remove_stale_temporaries(path: Path) -> None:
     """Delete the temporaries a killed writer of ``path`` left beside it (their process is gone)."""
     if not path.parent.is_dir():
         return
-    for q in path.parent.glob(f".{glob.escape(path.name)}.tmp-*"):
-        pid = q.name.rsplit(".tmp-", 1)[1].split("-")[0]  # .NAME.tmp-PID-XXXXXX[.suffix]
+    for q in [*path.parent.glob(f".{glob.escape(path.name)}.tmp-*"), *path.parent.glob(f".{glob.escape(path.name)}.old-*")]:
+        pid = re.split(r"\.(?:tmp|old)-", q.name)[-1].split("-")[0]  # .NAME.tmp-PID-XXXXXX[.suffix]
         if pid.isdigit() and not _alive(int(pid)):
             shutil.rmtree(q, ignore_errors=True) if q.is_dir() and not q.is_symlink() else q.unlink(missing_ok=True)
 
@@ -304,6 +306,8 @@ def atomic_path(path: str | Path, what: str | None = None, needed: int = 0) -> I
     write; on success it is fsynced and renamed to ``path``, on failure deleted. Disk errors become
     one-line :class:`OutputError` s naming ``what`` (default: the file's name)."""
     path = Path(path)
+    if path.is_symlink():  # a link to the real file (on a bigger disk): replace that file, keep the link
+        path = path.resolve()
     what = what or path.name
     tmp = None
     with output_errors(path, what, needed):
@@ -405,6 +409,8 @@ def atomic_dir(path: str | Path, force: bool = False, what: str | None = None, f
     the block succeeds (see the notes above). ``force`` replaces an existing non-empty folder (its
     other entries are kept); never a checkpoint or run directory."""
     path = Path(path)
+    if path.is_symlink():  # a link to the real folder: build beside it, on its filesystem; keep the link
+        path = path.resolve()
     what = what or f"the folder {path.name}"
     with output_errors(path, what):
         _restore_interrupted(path)
