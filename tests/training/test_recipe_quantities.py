@@ -51,7 +51,7 @@ def _run(tmp_path, tokenizer, algo: str, steps: int = 2, reward_model=None, rewa
     mcfg, t = _small()
     cfg = rl_config(mcfg, str(tmp_path / algo), "")
     cfg.rl = RLConfig(prompts=2, group=4, max_new_tokens=4, eval_n=0, temperature=T_SAMPLE, algo=algo,
-                      **{"kl_coef": 0.1, **rl})
+                      **{"kl_coef": 0.1, "adv_eps": 1e-3, **rl})
     cfg.optim.lr, cfg.train.max_steps, cfg.train.ckpt_every, cfg.train.device = 3e-2, steps, 0, "cpu"
     cfg.train.micro_batch, cfg.optim.grad_clip = 4, 0.0  # two micro-batches of 4 replies per update
     recipe_cls = PPO if algo == "ppo" else GRPO
@@ -123,7 +123,8 @@ class GRPOSpy:
 def hand_grpo_loss(now, init, ref, prompts, replies, adv, clip_eps, kl_coef, T, clip=True):
     losses, kls, ratios = [], [], []
     for p, r, a in zip(prompts, replies, adv, strict=True):
-        lp, old, lr = hand_logp(now, p, r, T), hand_logp(init, p, r, T), hand_logp(ref, p, r, T)
+        lp, old = hand_logp(now, p, r, T), hand_logp(init, p, r, T)
+        lr = hand_logp(ref, p, r, T) if ref is not None else lp  # no reference: no KL term
         ratio = torch.exp(lp - old)
         clipped = ratio.clamp(1 - clip_eps, 1 + clip_eps) if clip else ratio
         surr = torch.minimum(ratio * a, clipped * a)
@@ -135,18 +136,18 @@ def hand_grpo_loss(now, init, ref, prompts, replies, adv, clip_eps, kl_coef, T, 
     return torch.stack(losses).mean(), torch.stack(kls).mean(), torch.cat(ratios)
 
 
-@pytest.mark.parametrize("updates", [1, 2])
-def test_grpo_step_against_a_hand_computation(tmp_path, tokenizer, monkeypatch, updates):
+@pytest.mark.parametrize("updates,kl_coef", [(1, 0.1), (2, 0.1), (2, 0.0)])
+def test_grpo_step_against_a_hand_computation(tmp_path, tokenizer, monkeypatch, updates, kl_coef):
     spy = GRPOSpy(monkeypatch)
-    logged = _run(tmp_path, tokenizer, "grpo", steps=2, updates_per_batch=updates, clip_eps=0.05)
+    logged = _run(tmp_path, tokenizer, "grpo", steps=2, updates_per_batch=updates, clip_eps=0.05, kl_coef=kl_coef)
     assert len(spy.steps) == 2
     for s, rec in zip(spy.steps, logged, strict=True):
         ro = rec_r = s["rollouts"]
         rewards = torch.tensor([graded(pb, x) for pb, x in zip(ro.problems, ro.texts, strict=True)], dtype=torch.float64)
         close(s["rewards"].flatten(), rewards, 1e-6)
         g = rewards.view(2, 4)
-        adv = ((g - g.mean(1, keepdim=True)) / (g.std(1, keepdim=True) + 1e-4)).flatten()  # sample std, as TRL
-        assert s["kl_coef"] == 0.1
+        adv = ((g - g.mean(1, keepdim=True)) / (g.std(1, keepdim=True) + 1e-3)).flatten()  # sample std, as TRL
+        assert s["kl_coef"] == kl_coef and (s["ref"] is None) == (kl_coef == 0)
         assert len(s["calls"]) == 2 * updates  # two micro-batches per update
         clip_acted = []
         for i, call in enumerate(s["calls"]):
@@ -157,7 +158,7 @@ def test_grpo_step_against_a_hand_computation(tmp_path, tokenizer, monkeypatch, 
             for k, (p, r) in enumerate(zip(P, R, strict=True)):
                 close(rows_of(call["old"], call["mask"])[k], hand_logp(s["init"], p, r, T_SAMPLE))
                 close(rows_of(call["logp"], call["mask"])[k], hand_logp(call["now"], p, r, T_SAMPLE))
-            want, kl, ratio = hand_grpo_loss(call["now"], s["init"], s["ref"], P, R, adv[list(rows)], 0.05, 0.1,
+            want, kl, ratio = hand_grpo_loss(call["now"], s["init"], s["ref"], P, R, adv[list(rows)], 0.05, kl_coef,
                                              T_SAMPLE)
             close(call["loss"], want)
             close(call["kl"], kl)
@@ -165,8 +166,8 @@ def test_grpo_step_against_a_hand_computation(tmp_path, tokenizer, monkeypatch, 
                 close(ratio, torch.ones_like(ratio), 1e-6)
             else:  # the second update: the policy moved, the ratio is not 1 and the clip acts
                 assert (ratio - 1).abs().max() > 0.05
-                unclipped, _, _ = hand_grpo_loss(call["now"], s["init"], s["ref"], P, R, adv[list(rows)], 0.05, 0.1,
-                                                 T_SAMPLE, clip=False)
+                unclipped, _, _ = hand_grpo_loss(call["now"], s["init"], s["ref"], P, R, adv[list(rows)], 0.05,
+                                                 kl_coef, T_SAMPLE, clip=False)
                 clip_acted.append(abs(unclipped.item() - want.item()))
         if updates > 1:  # somewhere in the second update the clipped surrogate differs from the plain one
             assert max(clip_acted) > 1e-4
