@@ -156,12 +156,27 @@ def test_a_hostile_template_is_refused_by_chat_and_sft_resume(own, tmp_path, cap
 
 
 def served_app(run: Path, monkeypatch):
-    """The app `gptforge serve --ckpt run` would serve (uvicorn.run captured, not started)."""
+    """The app `gptforge serve --ckpt run` would serve (uvicorn's server captured, not started; the
+    port serve binds first is a free one)."""
+    import socket
+
     import uvicorn
 
     got = {}
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: got.setdefault("app", app))
-    assert main(["serve", "--ckpt", str(run), "--device", "cpu"]) == 0
+
+    class Captured:
+        def __init__(self, config):
+            got["app"] = config.app
+
+        def run(self, sockets=None):
+            for s in sockets or []:
+                s.close()
+
+    monkeypatch.setattr(uvicorn, "Server", Captured)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert main(["serve", "--ckpt", str(run), "--device", "cpu", "--port", str(port)]) == 0
     return got["app"]
 
 
