@@ -84,7 +84,7 @@ def test_extras_match_pyproject_and_dev_installs_them_all():
 
 
 OPTIONAL_IN_TESTS = {"fastapi", "uvicorn", "httpx", "pyarrow", "datasets", "matplotlib", "gguf", "trl", "tensorboard",
-                     "wandb", "openai", "playwright", "rustbpe", "transformers", "triton", "llama_cpp"}
+                     "wandb", "openai", "playwright", "rustbpe", "transformers", "triton", "llama_cpp", "peft"}
 
 
 def test_no_test_module_imports_an_optional_package_before_skipping_on_it():
