@@ -4,6 +4,7 @@ finished shards kept so the same command resumes. (Checkpoints: tests/run/test_c
 from __future__ import annotations
 
 import errno
+import os
 import re
 
 import pytest
@@ -56,3 +57,70 @@ def test_prepare_on_a_full_disk_says_so_and_keeps_finished_shards(tmp_path, monk
     capsys.readouterr()
     assert len(read_shard(out / "data_train_000002.bin")) == 1000
 
+
+
+# --- the one writer's own rules (the commands are walked in tests/cli/test_writers.py) ------------------
+
+def test_a_folder_replaced_with_force_keeps_other_entries_and_replaces_subfolders_whole(tmp_path):
+    from gptforge.storage import OutputExistsError, atomic_dir
+
+    out = tmp_path / "exp"
+    with atomic_dir(out) as t:
+        (t / "model.bin").write_text("old")
+        (t / "tokenizer").mkdir()
+        (t / "tokenizer" / "ranks.tiktoken").write_text("old kind")
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(OutputExistsError, match="--force"):
+        with atomic_dir(out) as t:
+            pass
+    with atomic_dir(out, force=True) as t:
+        (t / "model.bin").write_text("new")
+        (t / "tokenizer").mkdir()
+        (t / "tokenizer" / "tokenizer.json").write_text("new kind")
+    assert {p.relative_to(out).as_posix(): p.read_text() for p in out.rglob("*") if p.is_file()} == {
+        "model.bin": "new", "notes.txt": "mine", "tokenizer/tokenizer.json": "new kind"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["exp"]  # no temporary left
+
+
+def test_a_swap_without_renameat2_and_a_kill_between_its_renames(tmp_path, monkeypatch):
+    import gptforge.storage as storage
+
+    monkeypatch.setattr(storage, "exchange", lambda a, b: False)  # another platform: two renames
+    out = tmp_path / "exp"
+    with storage.atomic_dir(out) as t:
+        (t / "a").write_text("1")
+    with storage.atomic_dir(out, force=True) as t:
+        (t / "a").write_text("2")
+    assert (out / "a").read_text() == "2" and sorted(p.name for p in tmp_path.iterdir()) == ["exp"]
+    # a kill between the two renames: NAME missing, the old folder whole beside it; the next write restores
+    os.rename(out, tmp_path / ".exp.old-999999999-abcdef")
+    with pytest.raises(storage.OutputExistsError):
+        with storage.atomic_dir(out) as t:
+            pass
+    assert (out / "a").read_text() == "2"
+
+
+def test_a_killed_writers_temporaries_are_removed_by_the_next_write(tmp_path):
+    from gptforge.storage import write_text
+
+    stale = tmp_path / ".r.json.tmp-999999999-abcdef.json"  # no such process
+    stale.write_text("half")
+    live = tmp_path / f".r.json.tmp-{os.getpid()}-abcdef.json"  # a writer still running: left alone
+    live.write_text("half")
+    write_text(tmp_path / "r.json", "{}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["r.json", live.name])
+
+
+def test_force_never_reaches_a_run_or_a_checkpoint(tmp_path):
+    from gptforge.storage import OutputExistsError, check_output
+
+    run = tmp_path / "run"
+    step = run / "checkpoints" / "step_000010"
+    step.mkdir(parents=True)
+    (step / "meta.json").write_text("{}")
+    for p, kind in [(run, "dir"), (step, "dir"), (run / "checkpoints", "dir"), (step / "model.safetensors", "file"),
+                    (step / "new.json", "file"), (run / "metrics.jsonl", "file"), (run / "config.json", "file")]:
+        with pytest.raises(OutputExistsError, match="--force never"):
+            check_output(p, True, kind)
+    assert check_output(run / "curves.png", True, "file") == run / "curves.png"  # a new report beside a run: fine
+    assert check_output(run / "exports" / "hf", True, "dir") == run / "exports" / "hf"

@@ -215,7 +215,7 @@ def run_owner(path: str | Path) -> str | None:
         if (q / CHECKPOINT_MARKER).is_file() and (q.name.startswith("step_") or q.parent.name == "checkpoints"
                                                   or (q / "model.safetensors").exists()):
             return f"the checkpoint {q}"
-        if q.name == "checkpoints" and any((q.parent / m).exists() for m in RUN_DIR_MARKERS[1:]):
+        if q.name == "checkpoints" and (any(q.glob("step_*")) or any((q.parent / m).exists() for m in RUN_DIR_MARKERS[1:])):
             return f"the run directory {q.parent}"
     if p.is_dir() and any((p / m).exists() for m in RUN_DIR_MARKERS):
         return f"the run directory {p}"
