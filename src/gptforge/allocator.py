@@ -78,7 +78,9 @@ def tcmalloc_loaded() -> bool:
 
 
 def find_tcmalloc() -> str | None:
-    """Path of tcmalloc-minimal's shared library, or None."""
+    """Path of tcmalloc-minimal's shared library, or None (off Linux: LD_PRELOAD is a Linux loader's)."""
+    if not sys.platform.startswith("linux"):
+        return None
     for p in TCMALLOC_PATHS:
         if Path(p).is_file():
             return p
@@ -138,7 +140,8 @@ def setup(reexec: bool = True) -> str:
         return _active
     if want in ("auto", "tcmalloc"):
         lib = find_tcmalloc()
-        if lib and not os.environ.get(_REEXEC_GUARD) and "torch" not in sys.modules:
+        if (lib and not os.environ.get(_REEXEC_GUARD) and "torch" not in sys.modules and sys.executable
+                and getattr(sys, "orig_argv", None)):
             _reexec_with(lib)  # does not return
         if want == "tcmalloc":
             why = ("is not installed (Debian: apt-get install libtcmalloc-minimal4)" if not lib
