@@ -191,8 +191,10 @@ def output_error(exc: BaseException, path: Path, what: str, needed: int = 0,
         return DiskFullError(disk_full_message(f"{what} ({path})", needed, where))
     reason = not_writable_reason(exc)
     if reason is not None:
-        return NotWritableError(f"cannot write {what} to {path}: {reason}. Point the output at a folder this user "
-                                "can write (or fix its permissions) and run the same command again")
+        fix = ("a writable disk" if reason.startswith("read-only") else
+               "a folder this user can write (or fix its permissions)")
+        return NotWritableError(f"cannot write {what} to {path}: {reason}. Point the output at {fix} and run the "
+                                "same command again")
     return None
 
 
@@ -208,17 +210,20 @@ def output_errors(path: str | Path, what: str, needed: int = 0) -> Iterator[None
         raise err from e
 
 
-def run_owner(path: str | Path) -> str | None:
-    """"a checkpoint" / "a run directory" when ``path`` is (or lies inside) one the run stack owns."""
+def run_owner(path: str | Path) -> tuple[str, Path] | None:
+    """("checkpoint" | "run directory", where) when ``path`` is, or lies inside, a checkpoint or a run's
+    checkpoints/ folder, or is a run directory: the markers run/checkpoint.py, run/lock.py and
+    run/session.py leave (meta.json in a step_N folder; checkpoints/, metrics.jsonl, the lock)."""
     p = Path(path).absolute()
     for q in (p, *p.parents):
         if (q / CHECKPOINT_MARKER).is_file() and (q.name.startswith("step_") or q.parent.name == "checkpoints"
                                                   or (q / "model.safetensors").exists()):
-            return f"the checkpoint {q}"
-        if q.name == "checkpoints" and (any(q.glob("step_*")) or any((q.parent / m).exists() for m in RUN_DIR_MARKERS[1:])):
-            return f"the run directory {q.parent}"
+            return "checkpoint", q
+        if q.name == "checkpoints" and (any(q.glob("step_*"))
+                                        or any((q.parent / m).exists() for m in RUN_DIR_MARKERS[1:])):
+            return "run directory", q.parent
     if p.is_dir() and any((p / m).exists() for m in RUN_DIR_MARKERS):
-        return f"the run directory {p}"
+        return "run directory", p
     return None
 
 
@@ -228,9 +233,10 @@ def check_output(path: str | Path, force: bool, kind: str = "file", flag: str = 
     or a file inside one that the run stack wrote. ``kind``: "file" or "dir"."""
     p = Path(path)
     owner = run_owner(p if kind == "dir" or p.is_dir() else p.parent)
-    if owner is not None and (kind == "dir" or p.exists() or "checkpoint" in owner or p.name in RUN_FILES):
-        raise OutputExistsError(f"{flag} {p}: that is {owner}, which only training writes; --force never replaces "
-                                "one. Choose another path")
+    if owner is not None and (kind == "dir" or p.exists() or owner[0] == "checkpoint" or p.name in RUN_FILES):
+        what = "that is" if kind == "dir" and owner[1] == p.absolute() else "that is inside"
+        raise OutputExistsError(f"{flag} {p}: {what} the {owner[0]} {owner[1]}, which only training writes; --force "
+                                "never replaces one. Choose another path")
     if kind == "dir":
         if p.exists() and not p.is_dir():
             raise OutputExistsError(f"{flag} {p} exists and is not a folder; choose a folder")
@@ -294,7 +300,8 @@ def remove_stale_temporaries(path: Path) -> None:
     """Delete the temporaries a killed writer of ``path`` left beside it (their process is gone)."""
     if not path.parent.is_dir():
         return
-    for q in [*path.parent.glob(f".{glob.escape(path.name)}.tmp-*"), *path.parent.glob(f".{glob.escape(path.name)}.old-*")]:
+    name = glob.escape(path.name)
+    for q in [*path.parent.glob(f".{name}.tmp-*"), *path.parent.glob(f".{name}.old-*")]:
         pid = re.split(r"\.(?:tmp|old)-", q.name)[-1].split("-")[0]  # .NAME.tmp-PID-XXXXXX[.suffix]
         if pid.isdigit() and not _alive(int(pid)):
             shutil.rmtree(q, ignore_errors=True) if q.is_dir() and not q.is_symlink() else q.unlink(missing_ok=True)
