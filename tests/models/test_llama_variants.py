@@ -282,3 +282,24 @@ def test_gguf_rope_divisors_refused_where_they_cannot_be_read(tmp_path):
         _one_line(e)
     g = read_gguf(write_gguf(tmp_path / "ok.gguf", model, tensors=tensors))  # no original_context_length key
     assert (g.model.config.rope_type, g.model.config.rope_original_context) == ("llama3", 32)
+
+
+def test_a_qwen2_reward_model_scores_the_same_in_transformers():
+    """A reward model on a biased Llama exports as Qwen2ForSequenceClassification, the same scores."""
+    from gptforge.interop.hf_reward import reward_model_to_transformers
+    from gptforge.models.registry import counts
+    from gptforge.training.rm import RewardModel
+
+    torch.manual_seed(0)
+    body = Llama(LlamaConfig(n_layer=2, n_head=4, n_kv_head=2, n_embd=32, block_size=64, vocab_size=101,
+                             qkv_bias=True, rope_type="linear", rope_factor=2.0))
+    assert counts(body.config).params == body.num_parameters()  # the planner counts the biases
+    rm = RewardModel(body).eval()
+    with torch.no_grad():
+        for p in rm.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    ids = torch.randint(0, 100, (2, 40), generator=torch.Generator().manual_seed(0))
+    hf = reward_model_to_transformers(rm, pad=100)
+    assert type(hf).__name__ == "Qwen2ForSequenceClassification"
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits[:, 0], rm(ids, torch.tensor([39, 39])), atol=2e-5, rtol=0)
