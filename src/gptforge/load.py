@@ -92,10 +92,11 @@ def load_model(source: ModelSource) -> torch.nn.Module:
     return model.eval()
 
 
-def lora_merged(where: Path, meta: dict, cfg: Config, merge: bool = True) -> torch.nn.Module:
+def lora_merged(where: Path, meta: dict, cfg: Config, merge: bool = True, wrap=None) -> torch.nn.Module:
     """A LoRA checkpoint's model: its base (``lora.base``, any model source, checked against the recorded
     sha256), its adapters on, folded in when ``merge``. A base or adapters that do not fit is refused
-    as a ValueError naming the file."""
+    as a ValueError naming the file. ``wrap``: the module the run trained around the family model (a
+    reward model's ``RewardModel``), whose own head the checkpoint holds beside the adapters."""
     from gptforge.models.lora import add_lora, merge_lora, weights_fingerprint
 
     lc, rec = cfg.lora, meta["lora"]
@@ -112,10 +113,14 @@ def lora_merged(where: Path, meta: dict, cfg: Config, merge: bool = True) -> tor
     except RuntimeError as e:
         raise ValueError(f"{where}: lora.base {lc.base!r} does not fit the model meta.json describes") from e
     add_lora(model, cfg.model.arch, lc.rank, lc.alpha, 0.0, lc.target_names())
-    model.lora_state_keys = sorted(n for n, _ in model.named_parameters() if ".lora_" in n)  # type: ignore[attr-defined]
-    ckpt.load_model_weights(model, where)  # shapes checked: another rank or targets is named there
-    del model.lora_state_keys
-    return merge_lora(model) if merge else model
+    full = wrap(model) if wrap is not None else model
+    base_ids = {id(p) for n, p in model.named_parameters() if ".lora_" not in n}
+    full.lora_state_keys = sorted(n for n, p in full.named_parameters() if id(p) not in base_ids)  # type: ignore[attr-defined]
+    ckpt.load_model_weights(full, where)  # shapes checked: another rank or targets is named there
+    del full.lora_state_keys
+    if merge:
+        merge_lora(model)
+    return full
 
 
 # --- a model's words: its tokenizer and chat template -------------------------------------------------

@@ -149,6 +149,12 @@ def test_rm_dpo_and_rl_train_adapters(tmp_path, tokenizer):
     adapters = ["transformer.h.0.attn.c_attn.lora_A.weight", "transformer.h.0.attn.c_attn.lora_B.weight"]
     assert keys["dpo"] == keys["rl"] == adapters
     assert keys["rm"] == ["body." + k for k in adapters] + ["score.weight"]  # the reward head trains too
+    from gptforge.training.rm import load_reward_model
+
+    rm, _ = load_reward_model(str(tmp_path / "rm"))  # merged onto its base: a plain reward model, trained head
+    saved = load_file(str(_latest(tmp_path / "rm") / "model.safetensors"))
+    assert torch.equal(rm.score.weight, saved["score.weight"]) and not any(".lora_" in n for n, _ in rm.named_parameters())
+    assert main(["export", "hf", "--ckpt", str(tmp_path / "rm"), "--out", str(tmp_path / "rm_hf")]) == 0
 
 def test_lora_ppo_is_refused_by_name(tmp_path, tokenizer, capsys):
     sft = tiny_chat_checkpoint(tmp_path / "sft")

@@ -281,8 +281,14 @@ def _load_one_reward_model(path: str) -> tuple[RewardModel, object]:
         kind = meta.get("recipe", "pretrain")
         raise ValueError(f"{path} is {'an' if kind == 'sft' else 'a'} {kind} checkpoint, not a reward model: train one "
                          "with `gptforge rm --init-from SFT --data PREFS.jsonl --out runs/rm`")
-    rm = RewardModel(build_model(Config.from_dict(meta["config"]).model))
-    ckpt.load_model_weights(rm, where)
+    cfg = Config.from_dict(meta["config"])
+    if meta.get("lora"):  # adapters and head on the recorded base, merged (load.lora_merged checks the base)
+        from gptforge.load import lora_merged
+
+        rm = lora_merged(where, meta, cfg, wrap=RewardModel)
+    else:
+        rm = RewardModel(build_model(cfg.model))
+        ckpt.load_model_weights(rm, where)
     from gptforge.data.tokenizer import tokenizer_from_meta
 
     return rm.eval(), template_from_meta(meta, where=str(where / "meta.json"), tok=tokenizer_from_meta(meta, where))
