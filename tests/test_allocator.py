@@ -43,6 +43,7 @@ print(repr(losses))
 def _run(code: str, mode: str) -> list[str]:
     env = {**os.environ, allocator.ENV: mode}
     env.pop("LD_PRELOAD", None)
+    env.pop("GLIBC_TUNABLES", None)
     env.pop("GPTFORGE_ALLOCATOR_REEXECED", None)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert r.returncode == 0, r.stderr
@@ -106,6 +107,7 @@ def test_training_losses_are_bit_identical_with_and_without_and_the_run_says_whi
                "--train.device", "cpu", "--train.threads", "1"]
         env = {**os.environ, allocator.ENV: mode}
         env.pop("LD_PRELOAD", None)
+        env.pop("GLIBC_TUNABLES", None)
         env.pop("GPTFORGE_ALLOCATOR_REEXECED", None)
         r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
         assert r.returncode == 0, r.stderr

@@ -136,7 +136,9 @@ def setup(reexec: bool = True) -> str:
         _active = "tcmalloc-minimal (LD_PRELOAD" + (", set by gptforge)" if os.environ.get(_REEXEC_GUARD) else ")")
         return _active
     if want == "system" or not reexec:
-        _active = f"system malloc ({ENV}=system)" if want == "system" else "system malloc (in-process call)"
+        why = f"{ENV}=system" if want == "system" else "in-process call"
+        extra = [f"{k}={os.environ[k]}" for k in ("LD_PRELOAD", "GLIBC_TUNABLES") if os.environ.get(k)]
+        _active = f"system malloc ({', '.join([why, *extra])})"  # a user's own preload or tunables, named
         return _active
     if want in ("auto", "tcmalloc"):
         lib = find_tcmalloc()
