@@ -13,7 +13,10 @@ versions of the same models (``export hf``). Differences from gptforge's own lay
   written twice, as ``token_embd`` and ``output``, as the converter does.
 * A Llama's query and key rows are reordered per head from the rotate-half pairing (HF's, and
   gptforge's) to the interleaved pairs llama.cpp's ``llama`` rotary uses; a tied head is left out
-  (llama.cpp falls back to ``token_embd``).
+  (llama.cpp falls back to ``token_embd``). A Llama with q/k/v biases (``model.qkv_bias``) is written
+  as llama.cpp's ``qwen2``, whose rotary is rotate-half already: its rows stay, its biases are added.
+* Rope scaling: ``linear`` as ``rope.scaling.type``/``factor``; ``llama3`` as llama.cpp's converter
+  writes Llama 3.1/3.2, per-frequency divisors in the tensor ``rope_freqs.weight``.
 * The vocabulary padding rows are sliced off; the tokenizer is GPT-2's BPE (``tokenizer.ggml.model``
   ``gpt2``, pre-tokenizer ``gpt-2``: tokens, merges, token types), plus a chat checkpoint's role and
   end tokens (control tokens) and its template as the Jinja ``tokenizer.chat_template``.
