@@ -47,13 +47,14 @@ def graded(problem, reply: str) -> float:
     return (sum(map(ord, reply)) % 5) / 4 + 0.1 * len(reply)
 
 
-def _run(tmp_path, tokenizer, algo: str, steps: int = 2, reward_model=None, reward_fn=graded, **rl) -> list[dict]:
+def _run(tmp_path, tokenizer, algo: str, steps: int = 2, reward_model=None, reward_fn=graded, grad_clip=0.0,
+         **rl) -> list[dict]:
     mcfg, t = _small()
     cfg = rl_config(mcfg, str(tmp_path / algo), "")
     cfg.rl = RLConfig(prompts=2, group=4, max_new_tokens=4, eval_n=0, temperature=T_SAMPLE, algo=algo,
                       **{"kl_coef": 0.1, "adv_eps": 1e-3, **rl})
     cfg.optim.lr, cfg.train.max_steps, cfg.train.ckpt_every, cfg.train.device = 3e-2, steps, 0, "cpu"
-    cfg.train.micro_batch, cfg.optim.grad_clip = 4, 0.0  # two micro-batches of 4 replies per update
+    cfg.train.micro_batch, cfg.optim.grad_clip = 4, grad_clip  # two micro-batches of 4 replies per update
     recipe_cls = PPO if algo == "ppo" else GRPO
     recipe = recipe_cls(cfg, t, tokenizer, reward_fn, problems_at=lambda step: [Problem("!", ""), Problem("?", "")],
                         held_out=[], reward_model=reward_model)
@@ -65,10 +66,14 @@ def _run(tmp_path, tokenizer, algo: str, steps: int = 2, reward_model=None, rewa
 
 
 # ---------------------------------------------------------------- hand computations, float64
-@torch.no_grad()
-def hand_logp(model, prompt, reply, temperature) -> torch.Tensor:
-    """log softmax(logits / T) of each reply token given everything before it, one row, float64."""
-    m = copy.deepcopy(model).double().eval()
+def hand_logp(model, prompt, reply, temperature, grad=False) -> torch.Tensor:
+    """log softmax(logits / T) of each reply token given everything before it, one row, float64.
+    ``grad``: ``model`` is already a float64 copy, and the result keeps its graph."""
+    with torch.set_grad_enabled(grad):
+        return _hand_logp(model if grad else copy.deepcopy(model).double().eval(), prompt, reply, temperature)
+
+
+def _hand_logp(m, prompt, reply, temperature) -> torch.Tensor:
     seq = list(prompt) + list(reply)
     logits, _ = m(torch.tensor([seq[:-1]]))
     lp = torch.log_softmax(logits[0].double() / temperature, -1)
@@ -111,7 +116,8 @@ class GRPOSpy:
 
         def loss(logp, old_logp, ref_logp, adv, mask, clip_eps, kl_coef):
             out = real_loss(logp, old_logp, ref_logp, adv, mask, clip_eps, kl_coef)
-            self.steps[-1]["calls"].append({"now": copy.deepcopy(self.model), "logp": logp.detach().clone(),
+            self.steps[-1]["calls"].append({"now": copy.deepcopy(self.model), "kl_coef": kl_coef,
+                                            "logp": logp.detach().clone(),
                                             "old": old_logp.clone(), "adv": adv.clone(), "mask": mask.clone(),
                                             "loss": out[0].item(), "kl": out[1].item()})
             return out
@@ -120,10 +126,10 @@ class GRPOSpy:
         monkeypatch.setattr(grpo, "grpo_loss", loss)
 
 
-def hand_grpo_loss(now, init, ref, prompts, replies, adv, clip_eps, kl_coef, T, clip=True):
+def hand_grpo_loss(now, init, ref, prompts, replies, adv, clip_eps, kl_coef, T, clip=True, grad=False):
     losses, kls, ratios = [], [], []
     for p, r, a in zip(prompts, replies, adv, strict=True):
-        lp, old = hand_logp(now, p, r, T), hand_logp(init, p, r, T)
+        lp, old = hand_logp(now, p, r, T, grad), hand_logp(init, p, r, T)
         lr = hand_logp(ref, p, r, T) if ref is not None else lp  # no reference: no KL term
         ratio = torch.exp(lp - old)
         clipped = ratio.clamp(1 - clip_eps, 1 + clip_eps) if clip else ratio
@@ -136,10 +142,11 @@ def hand_grpo_loss(now, init, ref, prompts, replies, adv, clip_eps, kl_coef, T, 
     return torch.stack(losses).mean(), torch.stack(kls).mean(), torch.cat(ratios)
 
 
-@pytest.mark.parametrize("updates,kl_coef", [(1, 0.1), (2, 0.1), (2, 0.0)])
-def test_grpo_step_against_a_hand_computation(tmp_path, tokenizer, monkeypatch, updates, kl_coef):
+@pytest.mark.parametrize("updates,kl_coef,clip", [(1, 0.1, 1e3), (2, 0.1, 1e3), (2, 0.0, 0.0)])
+def test_grpo_step_against_a_hand_computation(tmp_path, tokenizer, monkeypatch, updates, kl_coef, clip):
     spy = GRPOSpy(monkeypatch)
-    logged = _run(tmp_path, tokenizer, "grpo", steps=2, updates_per_batch=updates, clip_eps=0.05, kl_coef=kl_coef)
+    logged = _run(tmp_path, tokenizer, "grpo", steps=2, updates_per_batch=updates, clip_eps=0.05, kl_coef=kl_coef,
+                  grad_clip=clip)
     assert len(spy.steps) == 2
     for s, rec in zip(spy.steps, logged, strict=True):
         ro = rec_r = s["rollouts"]
@@ -176,6 +183,14 @@ def test_grpo_step_against_a_hand_computation(tmp_path, tokenizer, monkeypatch, 
         close(rec["loss"], sum(c["loss"] for c in last) / 2, 1e-6)
         close(rec["kl"], sum(c["kl"] for c in last) / 2, 1e-6)
         close(rec["reward"], rewards.mean(), 1e-6)
+        # the logged gradient norm: of the last update's loss, the replies' mean over both micro-batches
+        now = copy.deepcopy(last[0]["now"]).double().train()
+        total = sum(hand_grpo_loss(now, s["init"], s["ref"], [ro.prompts[k] for k in rows],
+                                   [ro.replies[k] for k in rows], adv[list(rows)], 0.05, kl_coef, T_SAMPLE,
+                                   grad=True)[0] * 0.5 for rows in (range(0, 4), range(4, 8)))
+        total.backward()
+        norm = torch.sqrt(sum((p.grad.double() ** 2).sum() for p in now.parameters() if p.grad is not None))
+        close(rec["grad_norm"], norm, 1e-4)
 
 
 def test_grpo_adaptive_kl_moves_the_coefficient_by_the_controller(tmp_path, tokenizer, monkeypatch):
@@ -184,6 +199,7 @@ def test_grpo_adaptive_kl_moves_the_coefficient_by_the_controller(tmp_path, toke
     coef = 0.1
     for s, rec in zip(spy.steps, logged, strict=True):
         assert s["kl_coef"] == pytest.approx(coef, rel=1e-12) and rec["kl_coef"] == pytest.approx(coef, rel=1e-12)
+        assert all(c["kl_coef"] == s["kl_coef"] for c in s["calls"])  # the loss is given this step's coefficient
         # Ziegler et al.: coef * (1 + clip(KL / target - 1, ±0.2) * replies / horizon)
         err = min(max(rec["kl"] / 1e-4 - 1, -0.2), 0.2)
         coef = coef * (1 + err * 8 / 16)
