@@ -83,10 +83,14 @@ def test_hf_config_refusal_is_exit_2(llama_run, tmp_path, capsys):
     out = tmp_path / "hf"
     assert main(["export", "hf", "--ckpt", str(llama_run), "--out", str(out), "--no-tokenizer"]) == 0
     cfg = json.loads((out / "config.json").read_text())
-    cfg["rope_scaling"] = {"rope_type": "llama3", "factor": 32.0}
+    cfg["rope_scaling"] = {"rope_type": "yarn", "factor": 32.0}  # a scaling gptforge does not implement
     (out / "config.json").write_text(json.dumps(cfg))
     assert main(["sample", "--hf", str(out), *SAMPLE]) == 2
-    assert "rope_scaling='llama3'" in capsys.readouterr().err
+    assert "yarn" in capsys.readouterr().err
+    cfg["rope_scaling"] = {"rope_type": "llama3", "factor": 32.0}  # implemented, but its other fields are missing
+    (out / "config.json").write_text(json.dumps(cfg))
+    assert main(["sample", "--hf", str(out), *SAMPLE]) == 2
+    assert "rope_scaling.low_freq_factor" in capsys.readouterr().err
 
 
 def test_eval_and_serve_on_a_llama(llama_run, tmp_path, eval_data, tokenizer):

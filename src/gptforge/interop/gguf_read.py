@@ -37,6 +37,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from gptforge.interop.gguf_tokenizer import _STRING, GGUFReadError, tokenizer_from_gguf
+
 MAX_TENSORS = 1 << 16  # Llama 3 405B has ~1,100 tensors
 MAX_KV = 1 << 14
 MAX_KEY = 1 << 16
@@ -53,7 +55,7 @@ DEFAULT_ALIGNMENT = 32
 # GGUF value types -> (struct format, size); 8 = string, 9 = array
 _SCALARS = {0: ("<B", 1), 1: ("<b", 1), 2: ("<H", 2), 3: ("<h", 2), 4: ("<I", 4), 5: ("<i", 4), 6: ("<f", 4),
             7: ("<?", 1), 10: ("<Q", 8), 11: ("<q", 8), 12: ("<d", 8)}
-_STRING, _ARRAY = 8, 9
+_ARRAY = 9  # _STRING (8) comes with the tokenizer's reader, which reads strings too
 
 # tensor types read (their names in gguf.GGMLQuantizationType); anything else is refused by name
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
@@ -80,9 +82,6 @@ TOP_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weig
              "output.weight": "lm_head.weight"}
 
 
-
-class GGUFReadError(ValueError):
-    """A GGUF file gptforge cannot read faithfully; the one-line message names the file and the key."""
 
 
 @dataclass
@@ -390,8 +389,6 @@ def read_gguf(path: str | Path, weights: bool = True) -> GGUFModel:
     if arch not in ARCHITECTURES:  # before the tokenizer: the architecture is the first thing to refuse
         raise GGUFReadError(f"{path}: general.architecture={arch!r}; gptforge reads GGUF architectures "
                             f"{', '.join(ARCHITECTURES)}")
-    from gptforge.interop.gguf_tokenizer import tokenizer_from_gguf
-
     tok, template, n_tokens = tokenizer_from_gguf(reader, scalars, arrays, path)
     rope_freqs = None
     info = next((t for t in infos if t.name == ROPE_FREQS), None)

@@ -15,7 +15,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gptforge.interop.gguf_read import _STRING, GGUFReadError
+_STRING = 8  # GGUF's string value type (gguf_read.py reads the others)
+
+
+class GGUFReadError(ValueError):
+    """A GGUF file gptforge cannot read faithfully; the one-line message names the file and the key."""
+
 
 # llama.cpp's split for each tokenizer.ggml.pre it names (llama-vocab.cpp, llm_tokenizer_bpe): the regexes
 # run one after another, each splitting the pieces the previous one left; no normalizer.

@@ -62,6 +62,10 @@ def check_config(cfg) -> None:
     if cfg.rope_type == "default" and cfg.rope_factor != 1.0:
         raise ValueError(f"model.rope_factor={cfg.rope_factor} scales nothing with model.rope_type=default; "
                          "set model.rope_type linear or llama3")
+    for name in ("rope_low_freq_factor", "rope_high_freq_factor"):  # checked whatever the type: a saved -1 is a typo
+        v = getattr(cfg, name)
+        if not (v > 0 and math.isfinite(v)):
+            raise ValueError(f"model.{name}={v} must be a positive number")
     if cfg.rope_original_context < 0:
         raise ValueError(f"model.rope_original_context={cfg.rope_original_context} must be >= 0")
     if cfg.rope_type == "llama3":

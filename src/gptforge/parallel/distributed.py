@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,9 +62,23 @@ class DistInfo:
     @property
     def layout(self) -> str:
         """The parallel layout that runs, in words ("tensor parallel (dist.tp 2)", "FSDP"): for messages."""
-        from gptforge.run.checkpoint import layout_words
-
         return layout_words(self.sharded)
+
+
+def layout_words(sharding: str) -> str:
+    """meta.json's ``sharding`` (``DistInfo.sharded``: "fsdp", "zero1", "none" or a mesh such as
+    "pp2.dp1x1.tp1") in words: the parallel layout that ran, not an assumed FSDP."""
+    if sharding == "fsdp":
+        return "FSDP"
+    if sharding == "zero1":
+        return "ZeRO-1"
+    m = re.fullmatch(r"pp(\d+)\.dp(\d+)x(\d+)\.tp(\d+)", sharding or "")
+    if not m:
+        return sharding or "one process"
+    pp, rep, shard, tp = (int(x) for x in m.groups())
+    parts = [f"tensor parallel (dist.tp {tp})" if tp > 1 else "", f"pipeline parallel (dist.pp {pp})" if pp > 1 else "",
+             f"FSDP over {shard}" if shard > 1 else "", f"replicated x{rep}" if rep > 1 else ""]
+    return " + ".join(p for p in parts if p) or "one process"
 
 
 def init_distributed(device_name: str = "auto", dist_cfg: DistConfig | None = None) -> DistInfo:

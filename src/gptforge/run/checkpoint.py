@@ -36,6 +36,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from gptforge.errors import CheckpointError  # noqa: F401  (re-exported: callers catch ckpt.CheckpointError)
+from gptforge.parallel.distributed import layout_words  # noqa: F401  (re-exported: meta.json's sharding in words)
 from gptforge.storage import (
     RESUME_HINT,
     dir_bytes,
@@ -233,7 +234,6 @@ def check_resume_meta(meta: dict[str, Any], meta_path: Path) -> None:
     damaged value is refused before anything reads it, instead of surfacing as a traceback or a silently
     different run. Every ``--resume`` goes through it (``cli.common.resolve_run``, ``Checkpointer``)."""
     import random
-    import re
 
     from gptforge.errors import LoaderStateError, saved_int
 
@@ -346,22 +346,6 @@ def damaged_note(run_dir: str | Path) -> str:
     """For the "nothing to resume" error: whether checkpoints exist but all failed verification."""
     n = len(list_checkpoints(run_dir))
     return f" that verifies ({n} damaged, named above)" if n else ""
-
-
-def layout_words(sharding: str) -> str:
-    """meta.json's ``sharding`` (``DistInfo.sharded``: "fsdp", "zero1", "none" or a mesh such as
-    "pp2.dp1x1.tp1") in words: the parallel layout that ran, not an assumed FSDP."""
-    if sharding == "fsdp":
-        return "FSDP"
-    if sharding == "zero1":
-        return "ZeRO-1"
-    m = re.fullmatch(r"pp(\d+)\.dp(\d+)x(\d+)\.tp(\d+)", sharding or "")
-    if not m:
-        return sharding or "one process"
-    pp, rep, shard, tp = (int(x) for x in m.groups())
-    parts = [f"tensor parallel (dist.tp {tp})" if tp > 1 else "", f"pipeline parallel (dist.pp {pp})" if pp > 1 else "",
-             f"FSDP over {shard}" if shard > 1 else "", f"replicated x{rep}" if rep > 1 else ""]
-    return " + ".join(p for p in parts if p) or "one process"
 
 
 def require_trust(ckpt_dir: str | Path, trusted: bool) -> None:
