@@ -498,3 +498,54 @@ def _types(ann):
     yield ann
     for a in typing.get_args(ann):
         yield from _types(a)
+
+
+# ---------------------------------------------------------------- refusals: status, the field named, the code
+@pytest.mark.parametrize("path,body,param,code", [
+    ("/v1/completions", {"stop": ["a", "b", "c", "d", "e"]}, "stop", None),
+    ("/v1/completions", {"stop": ["a", ""]}, "stop", None),
+    ("/v1/chat/completions", {"stop": [""]}, "stop", None),
+    ("/v1/completions", {"n": 5}, "n", None),  # over the batch limit of 4
+    ("/v1/completions", {"prompt": [PROMPT, PROMPT], "n": 3}, "n", None),
+    ("/v1/completions", {"max_tokens": 33}, "max_tokens", None),  # over the cap of 32
+    ("/v1/completions", {"max_tokens": 20, "prompt": "word " * 50}, "max_tokens", "context_length_exceeded"),
+    ("/v1/completions", {"prompt": "word " * 70}, "prompt", "context_length_exceeded"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "word " * 70}]}, "messages",
+     "context_length_exceeded"),
+    ("/v1/chat/completions", {"max_completion_tokens": 33}, "max_tokens", None),
+    ("/v1/completions", {"temperature": 2.5}, "temperature", None),
+    ("/v1/completions", {"top_p": 0}, "top_p", None),
+    ("/v1/completions", {"max_tokens": 0}, "max_tokens", None),  # 0 needs echo
+    ("/v1/completions", {"echo": True, "stream": True}, "echo", None),
+    ("/v1/completions", {"logprobs": 1, "stream": True}, "logprobs", None),
+    ("/v1/chat/completions", {"logprobs": True, "stream": True}, "logprobs", None),
+    ("/v1/completions", {"prompt": [[1, 2], [99999]]}, "prompt", None),
+    ("/v1/completions", {"prompt": []}, "prompt", None),
+    ("/v1/chat/completions", {"messages": [{"role": "tool", "content": "x"}]}, "messages.0.role", None),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+     "messages.0.content", None),
+    ("/v1/chat/completions", {"messages": [{"role": "user"}]}, "messages.0.content", None),
+])
+def test_v1_refusals_name_the_field(client, path, body, param, code):
+    base = {"prompt": PROMPT} if path == "/v1/completions" else {"messages": MSGS}
+    r = client.post(path, json={**base, **body})
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["param"] == param and err["code"] == code, r.text
+    assert err["type"] == "invalid_request_error" and err["message"]
+
+
+def test_v1_limits_accept_what_fits(client):
+    """The edges: four stop sequences, n at the batch limit, max_tokens at the cap and at the context's room."""
+    assert v1_text(client, {"max_tokens": 2, "stop": ["a", "b", "c", "d"], "temperature": 0})
+    assert len(v1_text(client, {"max_tokens": 2, "n": 4, "temperature": 0})) == 4
+    assert v1_text(client, {"max_tokens": 32, "temperature": 0})
+    r = client.post("/v1/completions", json={"prompt": [1] * 60, "max_tokens": 4, "temperature": 0}).json()
+    assert r["usage"]["completion_tokens"] == 4  # 60 + 4 = the 64-token context exactly
+
+
+def test_v1_chat_without_a_template_is_refused(tokenizer):
+    app = create_app(_model(), tokenizer, ServeSettings(max_new_tokens_cap=8))
+    with TestClient(app) as c:
+        r = c.post("/v1/chat/completions", json={"messages": MSGS})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "no_chat_template"
+        assert c.get("/v1/models").json()["data"][0]["id"] == "gptforge"
