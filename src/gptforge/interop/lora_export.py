@@ -46,21 +46,10 @@ def peft_adapter_config(cfg, base: str) -> dict:
     }
 
 
-def write_peft_adapters(ckpt_dir: str | Path, out_dir: str | Path) -> list[Path]:
-    """Write a LoRA checkpoint's adapters into ``out_dir`` (which exists) in peft's format. The
-    adapters are first put onto their base (fingerprint and shapes checked: a mismatch is a ValueError
-    naming the checkpoint)."""
-    from gptforge.config import Config
-    from gptforge.load import lora_merged
-    from gptforge.run import checkpoint as ckpt
-
-    where = ckpt.resolve_checkpoint(ckpt_dir)
-    meta = ckpt.read_meta(where)
-    if not meta.get("lora"):
-        raise ValueError(f"{where} holds no LoRA adapters (it is not a run with lora.rank > 0): export it whole with "
-                         "`gptforge export hf` without --adapters-only")
-    cfg = Config.from_dict(meta["config"])
-    model = lora_merged(where, meta, cfg, merge=False)
+def write_peft_adapters(model, cfg, out_dir: str | Path) -> list[Path]:
+    """Write the adapters of ``model`` (a LoRA model on its base, unmerged: ``load.lora_merged(...,
+    merge=False)``, which checked the base's fingerprint and the shapes) into ``out_dir`` (which exists)
+    in peft's format, with ``cfg`` (the run's Config) for the adapter config."""
     out = Path(out_dir)
     weights, config = out / "adapter_model.safetensors", out / "adapter_config.json"
     save_file(peft_adapter_state(model), str(weights), metadata={"format": "pt"})
