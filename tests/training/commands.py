@@ -19,7 +19,7 @@ RUNS = {
                                 "--train.device", "cpu"],
     ("sft", None): lambda w: ["sft", "--init-from", w["chat"], "--data", w["conv"], "--val-count", "4",
                               "--train.seq_len", "64", "--train.micro_batch", "2", "--train.total_batch_tokens", "128",
-                              "--train.max_steps", "3", "--train.ckpt_every", "0", "--train.device", "cpu"],
+                              "--steps", "3", "--train.ckpt_every", "0", "--train.device", "cpu"],
     ("rl", "grpo"): lambda w: ["rl", "--init-from", w["chat"], "--algo", "grpo", *RL],
     ("rl", "ppo"): lambda w: ["rl", "--init-from", w["chat"], "--algo", "ppo", "--updates-per-batch", "2", *RL],
     ("rm", None): lambda w: ["rm", "--init-from", w["chat"], "--data", w["prefs"], *PAIRS],
