@@ -57,8 +57,8 @@ def model():
     return _model()
 
 
-@pytest.fixture(scope="module")
-def client(model, tokenizer):
+@pytest.fixture  # per test, not per module: mutmut maps a test to the functions its own setup calls, and the
+def client(model, tokenizer):  # routes are closures made in add_openai_routes when the app is built
     app = create_app(model, tokenizer, ServeSettings(max_new_tokens_cap=32, max_batch=4), chat_template=T.to_dict())
     with TestClient(app) as c:
         yield c
