@@ -342,3 +342,15 @@ def test_ppo_adaptive_kl_feeds_the_experience(tmp_path, tokenizer, monkeypatch):
         err = min(max(rec["kl"] / 1e-4 - 1, -0.2), 0.2)
         coef = coef * (1 + err * 8 / 16)
     assert spy.steps[-1]["kl_coef"] != 0.1
+
+
+def test_whitening_needs_two_entries_and_says_so():
+    """The size guard at its edge: two masked entries whiten (to ±1/sqrt(2), the unbiased variance), one is
+    refused with the reason; an unknown KL estimator is refused by name."""
+    x, mask = torch.tensor([[1.0, 3.0, 7.0]]), torch.tensor([[True, True, False]])
+    w = ppo.masked_whiten(x, mask)
+    close(w, [[-(2**-0.5), 2**-0.5, 0.0]], 1e-6)
+    with pytest.raises(ValueError, match="whitening needs at least two masked entries"):
+        ppo.masked_whiten(x, torch.tensor([[True, False, False]]))
+    with pytest.raises(ValueError, match="kl_estimator 'k2': expected k1 or k3"):
+        ppo.kl_penalized_rewards(torch.zeros(1), x, x, mask, 0.1, "k2")
