@@ -50,7 +50,9 @@ def test_prepare_preferences(tmp_path, capsys):
     rows = [json.loads(x) for x in out.read_text().splitlines()]
     assert len(rows) == 5 and {r["kind"] for r in rows} <= {"wrong_number", "wrong_operand", "broken_format"}
     assert rows == preference_set("arithmetic", 5, seed=3)
-    assert main(["prepare", "preferences", "compare", "--n", "3", "--held-out", "--out", str(out)]) == 0
+    assert main(["prepare", "preferences", "compare", "--n", "3", "--held-out", "--out", str(out)]) == 2
+    assert "--force" in capsys.readouterr().err and len(out.read_text().splitlines()) == 5  # not replaced silently
+    assert main(["prepare", "preferences", "compare", "--n", "3", "--held-out", "--out", str(out), "--force"]) == 0
     assert [json.loads(x) for x in out.read_text().splitlines()] == preference_set("compare", 3, held_out=True)
     assert main(["prepare", "preferences", "compare", "--n", "3", "--kinds", "nope", "--out", str(out)]) == 2
     assert "--kinds" in capsys.readouterr().err
