@@ -54,7 +54,7 @@ def test_prepare_preferences(tmp_path, capsys):
     assert "--force" in capsys.readouterr().err and len(out.read_text().splitlines()) == 5  # not replaced silently
     assert main(["prepare", "preferences", "compare", "--n", "3", "--held-out", "--out", str(out), "--force"]) == 0
     assert [json.loads(x) for x in out.read_text().splitlines()] == preference_set("compare", 3, held_out=True)
-    assert main(["prepare", "preferences", "compare", "--n", "3", "--kinds", "nope", "--out", str(out)]) == 2
+    assert main(["prepare", "preferences", "compare", "--n", "3", "--kinds", "nope", "--out", str(tmp_path / "k.jsonl")]) == 2
     assert "--kinds" in capsys.readouterr().err
 
 
