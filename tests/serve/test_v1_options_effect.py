@@ -549,3 +549,13 @@ def test_v1_chat_without_a_template_is_refused(tokenizer):
         r = c.post("/v1/chat/completions", json={"messages": MSGS})
         assert r.status_code == 400 and r.json()["error"]["code"] == "no_chat_template"
         assert c.get("/v1/models").json()["data"][0]["id"] == "gptforge"
+
+
+def test_v1_models_names_the_served_run(model, tokenizer):
+    app = create_app(model, tokenizer, ServeSettings(max_new_tokens_cap=8), chat_template=T.to_dict(),
+                     served={"source": "ckpt", "run_dir": "/runs/my-run"})
+    with TestClient(app) as c:
+        assert [m["id"] for m in c.get("/v1/models").json()["data"]] == ["my-run"]
+        assert c.get("/v1/models/my-run").json()["max_model_len"] == 64
+        assert c.get("/v1/models/other").status_code == 404
+        assert c.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 1}).json()["model"] == "my-run"
