@@ -559,3 +559,19 @@ def test_v1_models_names_the_served_run(model, tokenizer):
         assert c.get("/v1/models/my-run").json()["max_model_len"] == 64
         assert c.get("/v1/models/other").status_code == 404
         assert c.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 1}).json()["model"] == "my-run"
+
+
+def test_v1_context_edges_and_the_overflow_message(client):
+    """A 63-token prompt leaves room for one token: the default takes it, two are refused naming max_tokens
+    with OpenAI's numbers; a 64-token prompt leaves none and names the prompt."""
+    r = client.post("/v1/completions", json={"prompt": [1] * 63, "temperature": 0}).json()
+    assert r["usage"]["completion_tokens"] == 1
+    err = client.post("/v1/completions", json={"prompt": [1] * 63, "max_tokens": 2}).json()["error"]
+    assert err["param"] == "max_tokens" and err["code"] == "context_length_exceeded"
+    assert err["message"] == ("This model's maximum context length is 64 tokens. However, you requested 65 tokens "
+                              "(63 in the prompt, 2 in the completion). Please reduce the prompt or the completion "
+                              "length.")
+    err = client.post("/v1/completions", json={"prompt": [1] * 64}).json()["error"]
+    assert err["param"] == "prompt" and "requested 65 tokens (64 in the prompt, 1 in the completion)" in err["message"]
+    err = client.post("/v1/completions", json={"prompt": PROMPT, "stop": [""]}).json()["error"]
+    assert err["message"] == "stop: stop sequences must be non-empty strings"
