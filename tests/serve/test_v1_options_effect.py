@@ -575,3 +575,13 @@ def test_v1_context_edges_and_the_overflow_message(client):
     assert err["param"] == "prompt" and "requested 65 tokens (64 in the prompt, 1 in the completion)" in err["message"]
     err = client.post("/v1/completions", json={"prompt": PROMPT, "stop": [""]}).json()["error"]
     assert err["message"] == "stop: stop sequences must be non-empty strings"
+
+
+def test_v1_defaults_are_openais(client, model, tokenizer):
+    """Left out: max_tokens is 16 on /v1/completions (OpenAI's default), temperature 1; top_k -1 and 0 are off."""
+    r = client.post("/v1/completions", json={"prompt": PROMPT, "seed": 4}).json()
+    assert r["usage"]["completion_tokens"] == 16 or r["choices"][0]["finish_reason"] == "stop"
+    want = v1_text(client, {"max_tokens": 16, "temperature": 1.0, "seed": 4})
+    assert [(c["text"], c["finish_reason"]) for c in r["choices"]] == want
+    for k in (-1, 0):
+        assert v1_text(client, {"max_tokens": 6, "seed": 4, "top_k": k}) == v1_text(client, {"max_tokens": 6, "seed": 4})
