@@ -163,7 +163,7 @@ def _hf_tokenizer(name_or_dir: str):
     d = Path(name_or_dir)
     if d.is_dir():  # a tokenizer.json that is there but damaged (a folder, a dangling link) is named, not skipped
         there = (d / "tokenizer.json").exists() or (d / "tokenizer.json").is_symlink()
-        return tk.hf_tokenizer_from_dir(d) if there else tk.gpt2_tokenizer()
+        return _gpt2_if_same(tk.hf_tokenizer_from_dir(d)) if there else tk.gpt2_tokenizer()
     try:  # the online path: the hub's tokenizer files, when the repository has them
         from huggingface_hub import hf_hub_download
 
@@ -177,7 +177,34 @@ def _hf_tokenizer(name_or_dir: str):
             pass
     # outside the try: a downloaded tokenizer that is damaged or hostile is refused naming the file, not
     # silently swapped for GPT-2's (the model's text would have been decoded with the wrong vocabulary)
-    return tk.hf_tokenizer_from_dir(path.parent)
+    return _gpt2_if_same(tk.hf_tokenizer_from_dir(path.parent))
+
+
+def _gpt2_if_same(tok):
+    """GPT-2's own tokenizer where a ``tokenizer.json`` is exactly GPT-2's BPE (the hub's ``gpt2`` and
+    every GPT-2 ``save_pretrained`` carry one) and names no chat template; else ``tok``. Such a model
+    speaks GPT-2's tokenizer, as a vocab.json + merges.txt directory does: gptforge's chat tokens on
+    its padded rows apply (sft, dpo, rm and rl tune it into a chat model) and its exports name GPT-2's
+    ranks. Same means the same encoder: no normalizer, GPT-2's byte-level split, a plain BPE, only
+    ``<|endoftext|>`` (50256) added, and GPT-2's vocabulary and merges in order."""
+    from gptforge.tokens import EOT, EOT_TEXT
+
+    j = tok._json
+    model, pre = j.get("model") or {}, j.get("pre_tokenizer") or {}
+    if (tok.chat_template or tok.n_vocab != EOT + 1 or tok.special_tokens != {EOT_TEXT: EOT}
+            or len(j.get("added_tokens") or []) != 1 or j.get("normalizer") is not None
+            or pre.get("type") != "ByteLevel" or pre.get("add_prefix_space") or pre.get("use_regex") is False
+            or model.get("type") != "BPE" or model.get("dropout") or model.get("byte_fallback")
+            or model.get("continuing_subword_prefix") or model.get("end_of_word_suffix")
+            or len(model.get("merges") or []) != 50000):
+        return tok
+    from gptforge.data import tokenizer as tk
+    from gptforge.interop.hf_tokenizer import gpt2_ranks, ranks_to_vocab_merges
+
+    vocab, merges = ranks_to_vocab_merges(gpt2_ranks())
+    theirs = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+    same = model.get("vocab") == {**vocab, EOT_TEXT: EOT} and theirs == merges
+    return tk.gpt2_tokenizer() if same else tok
 
 
 def load_chat_template_of(source: ModelSource, tok, fallback: bool = False):
