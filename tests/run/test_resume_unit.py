@@ -1,0 +1,231 @@
+"""The resume path's pieces (gptforge.run.resume) called directly, each against a hand-written expectation
+(issue 36: the `run` mutation lane's fast tests): the notice's exact words and its learning rates from
+llm.c's warmup + cosine (and modded-nanogpt's warmup-stable-decay) written out here in float64, the
+recipe and config read from old meta.json layouts, model paths made absolute, model identity by the
+weights' sha256 (hashlib), and a resumed config's overrides, frozen keys, output directory and trust.
+No training runs; each test takes milliseconds."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+
+import pytest
+import torch
+
+from gptforge.config import Config, ConfigError
+from gptforge.models.gpt2 import GPT, GPTConfig
+from gptforge.run import checkpoint as ckpt
+from gptforge.run import resume
+
+
+def _cfg(max_steps=10, lr=1e-3, warmup=2, min_frac=0.1, schedule="cosine", cooldown=0.4) -> Config:
+    c = Config()
+    c.train.max_steps = max_steps
+    c.optim.lr, c.optim.warmup_steps, c.optim.min_lr_frac = lr, warmup, min_frac
+    c.optim.schedule, c.optim.cooldown_frac = schedule, cooldown
+    return c
+
+
+def _cosine(step, lr, warmup, min_frac, max_steps):
+    """llm.c's train_gpt2.cu get_learning_rate, 0-based step, written out."""
+    lo = lr * min_frac
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    if step >= max_steps:
+        return lo
+    return lo + 0.5 * (1.0 + math.cos(math.pi * (step - warmup) / (max_steps - warmup))) * (lr - lo)
+
+
+# --- the notice --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("under_checkpoints", [True, False])
+def test_a_finished_run_is_complete_and_says_how_to_extend_it(tmp_path, under_checkpoints):
+    run = tmp_path / "run"
+    where = run / "checkpoints" / "step_000004" if under_checkpoints else run
+    shown = run if under_checkpoints else where
+    for step in (4, 5):  # at train.max_steps, or past it
+        complete, msg = resume.resume_notice(_cfg(4), _cfg(4), step, where)
+        assert complete is True
+        assert msg == (f"run {shown} is complete: its newest checkpoint ({where.name}) is at step {step} of "
+                       f"train.max_steps 4; nothing to train. To train further: gptforge train --out {shown} --resume "
+                       f"--train.max_steps {2 * step} (the LR schedule is stretched to the new length). To use it: "
+                       f"gptforge sample --ckpt {shown}")
+    assert resume.resume_notice(_cfg(4), _cfg(4), 3, where) == (False, None)  # one step left: nothing to say
+
+
+def test_a_changed_model_is_not_called_complete(tmp_path):
+    saved, cfg = _cfg(4), _cfg(4)
+    cfg.model = GPTConfig(n_layer=saved.model.n_layer + 1)
+    assert resume.resume_notice(saved, cfg, 4, tmp_path / "run") == (False, None)  # checked against the weights later
+
+
+@pytest.mark.parametrize("step", [1, 5, 10, 12])  # in the old warmup, in the old decay, at its end, past it
+def test_extending_states_the_old_and_new_learning_rates(tmp_path, step):
+    saved = _cfg(10, lr=1e-3, warmup=2, min_frac=0.1)
+    cfg = _cfg(20, lr=3e-3, warmup=3, min_frac=0.2)  # overrides of the optimizer apply to the new schedule only
+    complete, msg = resume.resume_notice(saved, cfg, step, tmp_path / "run" / "checkpoints" / "s")
+    before = _cosine(step, 1e-3, 2, 0.1, 10) if step < 10 else 1e-3 * 0.1
+    after = _cosine(step, 3e-3, 3, 0.2, 20)
+    assert not complete
+    assert msg == (f"extending the run from train.max_steps 10 to 20: the LR schedule (warmup + cosine) is stretched "
+                   f"over 20 steps, so the log's first line (step {step + 1}) shows lr {after:.2e} (the old schedule "
+                   f"had {before:.2e}); it decays to {3e-3 * 0.2:.2e} at step 20")
+
+
+def test_shortening_a_wsd_run_says_compressed(tmp_path):
+    saved = _cfg(20, lr=1e-3, warmup=2, min_frac=0.0, schedule="wsd", cooldown=0.5)
+    cfg = _cfg(12, lr=1e-3, warmup=2, min_frac=0.0, schedule="wsd", cooldown=0.5)
+    # wsd at step 9 of 12: cooldown round(0.5 * 12) = 6 steps, 3 left -> lr * 3/6; of 20: 11 left > 10 -> lr
+    complete, msg = resume.resume_notice(saved, cfg, 9, tmp_path / "r")
+    assert not complete
+    assert msg == ("shortening the run from train.max_steps 20 to 12: the LR schedule (warmup, stable, linear cooldown) "
+                   f"is compressed over 12 steps, so the log's first line (step 10) shows lr {1e-3 * 3 / 6:.2e} (the old "
+                   f"schedule had {1e-3:.2e}); it decays to {0.0:.2e} at step 12")
+
+
+@pytest.mark.parametrize("rank,printed", [(None, True), ("0", True), ("1", False)])
+def test_check_resume_prints_on_rank_0_only(tmp_path, capsys, monkeypatch, rank, printed):
+    if rank is None:
+        monkeypatch.delenv("RANK", raising=False)
+    else:
+        monkeypatch.setenv("RANK", rank)
+    assert resume.check_resume(_cfg(4), _cfg(4), 4, tmp_path / "run") is True
+    out = capsys.readouterr().out
+    assert (out.startswith(f"run {tmp_path / 'run'} is complete") and out.endswith("\n")) == printed and \
+        (out == "") != printed
+    assert resume.check_resume(_cfg(4), _cfg(4), 3, tmp_path / "run") is False
+    assert capsys.readouterr().out == ""
+
+
+# --- what a checkpoint's meta.json says ----------------------------------------------------------------
+
+
+def test_recipe_of_reads_the_recipe_or_the_old_keys():
+    assert resume.recipe_of({"recipe": "dpo", "rl": {}}) == "dpo"
+    assert resume.recipe_of({"recipe": None, "rl": {}}) == "grpo"  # only a string names a recipe
+    assert resume.recipe_of({"rl": {}, "sft": {}}) == "grpo"
+    assert resume.recipe_of({"sft": {}}) == "sft"
+    assert resume.recipe_of({"config": {}}) == "pretrain"
+
+
+def _old_config() -> dict:
+    return {k: v for k, v in _cfg(10).to_dict().items() if k not in ("sft", "rl")}
+
+
+def test_saved_config_reads_the_flat_rl_settings_of_old_checkpoints():
+    legacy = {"steps": 4, "lr": 2e-4, "warmup_steps": 3, "weight_decay": 0.05, "grad_clip": 0.5, "ckpt_every": 7,
+              "keep_ckpts": 5, "seed": 11, "device": "cpu", "micro_batch": 6, "out_dir": "elsewhere",
+              "group": 3, "kl_coef": 0.02}
+    meta = {"config": _old_config(), "rl": dict(legacy), "sft": {"val_count": 16, "seed": 3}}
+    before = json.dumps(meta, sort_keys=True)
+    cfg = resume.saved_config(meta)
+    assert json.dumps(meta, sort_keys=True) == before  # the meta it was given is not modified
+    assert (cfg.train.max_steps, cfg.optim.lr, cfg.optim.warmup_steps, cfg.optim.weight_decay, cfg.optim.grad_clip,
+            cfg.train.ckpt_every, cfg.train.keep_ckpts, cfg.train.seed, cfg.train.device, cfg.train.micro_batch,
+            cfg.train.out_dir) == (4, 2e-4, 3, 0.05, 0.5, 7, 5, 11, "cpu", 6, "elsewhere")
+    assert (cfg.rl.group, cfg.rl.kl_coef) == (3, 0.02)
+    assert (cfg.sft.val_count, cfg.sft.seed) == (16, 3)
+    # the config's own sections win over settings beside it
+    new = _cfg(10).to_dict()
+    new["rl"]["group"], new["sft"]["val_count"], new["train"]["max_steps"] = 5, 8, 9
+    cfg = resume.saved_config({"config": new, "rl": {"group": 7, "steps": 4}, "sft": {"val_count": 16}})
+    assert (cfg.rl.group, cfg.sft.val_count, cfg.train.max_steps) == (5, 8, 9)
+    defaults = Config()
+    cfg = resume.saved_config({"config": _old_config(), "rl": "not a dict", "sft": None})
+    assert (cfg.rl.group, cfg.sft.val_count) == (defaults.rl.group, defaults.sft.val_count)
+
+
+def test_model_paths_become_absolute_part_by_part(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = Config()
+    cfg.rl.reward_model, cfg.rl.init_from, cfg.dpo.init_from, cfg.lora.base = " a, ,b/c", "sft", str(tmp_path), ""
+    resume.absolute_model_paths(cfg)
+    assert cfg.rl.reward_model == f"{tmp_path}/a, ,{tmp_path}/b/c"
+    assert (cfg.rl.init_from, cfg.dpo.init_from, cfg.lora.base) == (f"{tmp_path}/sft", str(tmp_path), "")
+
+
+# --- model identity, and a resumed run's config -----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """Runs A and B (the same weights, in different places) and C (other weights)."""
+    tmp = tmp_path_factory.mktemp("ids")
+    mcfg = GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=8, vocab_size=16)
+    out = {}
+    for name, seed in (("A", 0), ("C", 1)):
+        torch.manual_seed(seed)
+        ckpt.save_checkpoint(tmp / name, 1, GPT(mcfg), None, {"config": Config(model=mcfg).to_dict()})
+        out[name] = tmp / name
+    shutil.copytree(tmp / "A", tmp / "B")
+    out["B"] = tmp / "B"
+    return out
+
+
+def _sha(run) -> str:
+    return hashlib.sha256((ckpt.latest_checkpoint(run) / "model.safetensors").read_bytes()).hexdigest()
+
+
+def test_model_identity_is_the_weights_sha256(models, tmp_path):
+    a = models["A"]
+    assert resume.model_identity(str(a)) == _sha(a) == resume.model_identity(str(ckpt.latest_checkpoint(a)))
+    assert resume.model_identity(str(models["C"])) == _sha(models["C"]) != _sha(a)
+    old = tmp_path / "old"  # a checkpoint from before meta.json recorded checksums: the file is hashed
+    shutil.copytree(a, old)
+    meta_path = ckpt.latest_checkpoint(old) / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta.pop("files", None)
+    meta_path.write_text(json.dumps(meta))
+    assert resume.model_identity(str(old)) == _sha(a)
+    assert resume.model_identity(str(tmp_path / "nothing")) is None
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "meta.json").write_text("{not json")
+    assert resume.model_identity(str(tmp_path / "junk")) is None
+
+
+def test_same_models_compares_weights_in_order(models, tmp_path):
+    a, b, c = (str(models[k]) for k in "ABC")
+    assert resume.same_models(a, b, "rl.reward_model")
+    assert resume.same_models(f"{a},{c}", f" {b} , {c}", "rl.reward_model")
+    assert not resume.same_models(f"{a},{c}", f"{c},{a}", "rl.reward_model")
+    assert not resume.same_models(a, c, "rl.reward_model")
+    assert not resume.same_models(a, f"{a},{b}", "rl.reward_model")
+    gone = str(tmp_path / "gone")
+    with pytest.raises(ConfigError) as e:
+        resume.same_models(a, gone, "rl.reward_model")
+    assert str(e.value) == f"--rl.reward_model {gone!r}: no readable checkpoint there to compare with the run's {a!r}"
+    with pytest.raises(ConfigError) as e:
+        resume.same_models(gone, gone + "2", "dpo.init_from")  # both unreadable: the new one is named first
+    assert str(e.value).startswith(f"--dpo.init_from {gone + '2'!r}: no readable checkpoint there")
+    with pytest.raises(ConfigError) as e:
+        resume.same_models(gone, a, "lora.base")
+    assert str(e.value) == (f"--lora.base: this run was trained with {gone!r}, which cannot be read any more, so {a!r} "
+                            "cannot be checked to be the same model; put it back, or start a new run")
+
+
+def test_resume_config_applies_overrides_refuses_frozen_changes_and_never_trusts(models, tmp_path):
+    saved = _cfg(10)
+    saved.train.out_dir, saved.train.trust_checkpoint = "where/it/was", True
+    saved.rl.task, saved.rl.reward_model = "compare", str(models["A"])
+    meta = {"config": saved.to_dict()}
+    frozen = ("rl.task", "rl.reward_model")
+    cfg = resume.resume_config(meta, ["--train.max_steps", "12", "--rl.task", "compare"], "here", frozen)
+    assert (cfg.train.max_steps, cfg.train.out_dir, cfg.train.trust_checkpoint) == (12, "here", False)
+    assert meta["config"]["train"]["max_steps"] == 10
+    # the same weights under another name pass, and the new name is kept
+    cfg = resume.resume_config(meta, ["--rl.reward_model", str(models["B"])], "here", frozen)
+    assert cfg.rl.reward_model == str(models["B"])
+    with pytest.raises(ConfigError) as e:
+        resume.resume_config(meta, ["--rl.reward_model", str(models["C"])], "here", frozen)
+    assert str(e.value) == (f"--rl.reward_model {str(models['C'])!r}: this run was trained with {str(models['A'])!r}, "
+                            "and a resume cannot change it (start a new run with --out elsewhere, or resume without it)")
+    with pytest.raises(ConfigError, match=r"^--rl.task 'arithmetic': this run was trained with 'compare', and a resume"):
+        resume.resume_config(meta, ["--rl.task", "arithmetic"], "here", frozen)
+    # a key not frozen changes freely; a model-path key that is not frozen is not even compared
+    cfg = resume.resume_config(meta, ["--rl.task", "arithmetic", "--rl.reward_model", str(tmp_path / "gone")], "o")
+    assert (cfg.rl.task, cfg.rl.reward_model) == ("arithmetic", str(tmp_path / "gone"))

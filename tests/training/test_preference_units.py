@@ -1,0 +1,247 @@
+"""The reward model's and DPO's small pieces, each against a hand computation (issue 36: the `training`
+lane's fast tests for rm.py and dpo.py beyond the losses): where a reward is read (the reply's last
+token), the score head's N(0, 1/(C+1)) start (OpenAI's lm-human-preferences), an ensemble's mean and
+minimum, which LM head is frozen, the cached reference table's checks, reward-model checkpoints told
+from others by meta.json, and the refusals' words. Stub bodies and 1-layer models: milliseconds."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn as nn
+
+from gptforge.config import Config
+from gptforge.data.preference import PairBatch
+from gptforge.models.gpt2 import GPT, GPTConfig
+from gptforge.run import checkpoint as ckpt
+from gptforge.training import dpo as dpo_mod
+from gptforge.training import rm as rm_mod
+
+
+class Body(nn.Module):
+    """hidden_states(ids) = H[ids] (a fixed (V, C) table per token): readable by hand."""
+
+    def __init__(self, C=3, V=10, seed=0, n_params=(100, 60)):
+        super().__init__()
+        self.config = SimpleNamespace(n_embd=C)
+        self.H = nn.Parameter(torch.randn(V, C, generator=torch.Generator().manual_seed(seed)))
+        self.n_params = n_params
+
+    def hidden_states(self, ids):
+        return self.H[ids]
+
+    def num_parameters(self, exclude_embeddings=False):
+        return self.n_params[bool(exclude_embeddings)]
+
+
+def test_last_index_is_each_rows_last_reply_token():
+    mask = torch.tensor([[0, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 1], [1, 1, 1, 1]], dtype=torch.bool)
+    assert rm_mod.last_index(mask).tolist() == [2, 0, 3, 3]
+    with pytest.raises(ValueError, match=r"^a row has no reply token to read a reward at$"):
+        rm_mod.last_index(torch.tensor([[0, 1], [0, 0]], dtype=torch.bool))
+
+
+@pytest.mark.parametrize("C", [1, 3])
+def test_score_head_starts_at_n_0_1_over_c_plus_1(C):
+    torch.manual_seed(7)
+    rm = rm_mod.RewardModel(Body(C))
+    torch.manual_seed(7)
+    nn.Linear(C, 1, bias=False)  # the head's own default init draws first
+    z = torch.randn(1, C)
+    torch.testing.assert_close(rm.score.weight.detach(), z / math.sqrt(C + 1), rtol=1e-6, atol=0)
+    torch.manual_seed(7)
+    rm = rm_mod.RewardModel(Body(C), init_std=0.25)
+    torch.testing.assert_close(rm.score.weight.detach(), z * 0.25, rtol=1e-6, atol=0)
+    assert rm.score.bias is None and rm.num_parameters() == 100 + C and rm.num_parameters(True) == 60 + C
+
+
+def _rm(seed, w):
+    rm = rm_mod.RewardModel(Body(seed=seed))
+    with torch.no_grad():
+        rm.score.weight.copy_(torch.tensor([w]))
+    return rm
+
+
+def test_rewards_are_read_at_the_given_positions_and_pairs_split_chosen_first():
+    rm = _rm(0, [1.0, -2.0, 0.5])
+    ids = torch.tensor([[1, 2, 3], [4, 5, 6], [7, 8, 9], [0, 1, 2]])
+    mask = torch.tensor([[0, 1, 0], [0, 1, 1], [1, 0, 0], [0, 0, 1]], dtype=torch.bool)
+    H, w = rm.body.H.detach().double(), torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64)
+    want = [H[2] @ w, H[6] @ w, H[7] @ w, H[2] @ w]  # rows' last reply tokens: 2, 6, 7, 2
+    got = rm(ids, torch.tensor([1, 2, 0, 2]))
+    assert got.dtype == torch.float32 and got.shape == (4,)
+    torch.testing.assert_close(got.double(), torch.stack(want), rtol=1e-6, atol=1e-6)
+    c, r = rm.pair_rewards(ids, mask)
+    torch.testing.assert_close(torch.cat([c, r]).double(), torch.stack(want), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(rm.member_scores(ids, torch.tensor([1, 2, 0, 2])), got[None])
+    loss, m = rm_mod.rm_loss(rm, ids, mask, torch.tensor([0.5, -1.0]), center_coef=0.1)
+    d = torch.stack(want[:2]) - torch.stack(want[2:]) - torch.tensor([0.5, -1.0], dtype=torch.float64)
+    ref = -torch.nn.functional.logsigmoid(d).mean() + 0.1 * ((torch.stack(want[:2]) + torch.stack(want[2:])) ** 2).mean()
+    assert loss.item() == pytest.approx(ref.item(), rel=1e-6) and m["loss"] == loss.item()
+    assert m["reward_chosen"] == pytest.approx((want[0] + want[1]).item() / 2, rel=1e-6)
+    assert m["reward_rejected"] == pytest.approx((want[2] + want[3]).item() / 2, rel=1e-6)
+
+
+def test_an_ensemble_is_its_members_mean_or_min():
+    a, b, c = _rm(0, [1.0, 0.0, 0.0]), _rm(1, [0.0, 1.0, 0.0]), _rm(2, [0.0, 0.0, 1.0])
+    ids, at = torch.tensor([[1, 2], [3, 4]]), torch.tensor([1, 0])
+    each = torch.stack([a(ids, at), b(ids, at), c(ids, at)])
+    ens = rm_mod.RewardEnsemble([a, b, c])
+    assert ens.reduce == "mean" and ens.body is a.body and ens.score is a.score and ens.config is a.config
+    torch.testing.assert_close(ens.member_scores(ids, at), each)
+    torch.testing.assert_close(ens(ids, at), (each[0] + each[1] + each[2]) / 3)
+    ens.reduce = "min"
+    torch.testing.assert_close(ens(ids, at), torch.minimum(torch.minimum(each[0], each[1]), each[2]))
+    assert rm_mod.RewardEnsemble([a, b], reduce="min").reduce == "min"
+    torch.testing.assert_close(rm_mod.reduce_member_scores(torch.tensor([[1.0, 5.0], [3.0, -1.0]])),
+                               torch.tensor([2.0, 2.0]))
+    torch.testing.assert_close(rm_mod.reduce_member_scores(torch.tensor([[1.0, 5.0], [3.0, -1.0]]), "min"),
+                               torch.tensor([1.0, -1.0]))
+    with pytest.raises(ValueError, match=r"^a reward-model ensemble needs at least two members$"):
+        rm_mod.RewardEnsemble([a])
+    with pytest.raises(ValueError, match=r"^reward-model ensemble reduce 'max'; allowed: mean, min$"):
+        ens.reduce = "max"
+
+
+def test_only_an_untied_lm_head_is_frozen():
+    from gptforge.models.llama import Llama, LlamaConfig
+
+    shape = {"n_layer": 1, "n_head": 2, "n_embd": 16, "block_size": 8, "vocab_size": 32}
+    untied = rm_mod.freeze_unused_head(Llama(LlamaConfig(**shape)))
+    assert [n for n, p in untied.named_parameters() if not p.requires_grad] == ["lm_head.weight"]
+    tied = rm_mod.freeze_unused_head(Llama(LlamaConfig(**shape, tie_embeddings=True)))
+    assert all(p.requires_grad for p in tied.parameters())
+    gpt = rm_mod.freeze_unused_head(GPT(GPTConfig(**shape)))
+    assert all(p.requires_grad for p in gpt.parameters())
+    body = Body()
+    assert rm_mod.freeze_unused_head(body) is body and body.H.requires_grad
+
+
+def test_body_init_runs_on_the_body_and_keeps_the_source():
+    assert rm_mod.body_init(None) is None
+    seen = []
+
+    def init(m):
+        seen.append(m)
+
+    init.source = "runs/base"
+    wrapped = rm_mod.body_init(init)
+    holder = SimpleNamespace(body="the body")
+    wrapped(holder)
+    assert seen == ["the body"] and wrapped.source == "runs/base"
+    assert rm_mod.body_init(lambda m: None).source == ""
+
+
+def _save(tmp, name, model, recipe=None, **meta):
+    cfg = Config(model=GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=8, vocab_size=16))
+    extra = {"recipe": recipe} if recipe else {}
+    return ckpt.save_checkpoint(tmp / name, 1, model, None, {"config": cfg.to_dict(), **extra, **meta})
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("rms")
+    mcfg = GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=8, vocab_size=16)
+    out = {}
+    for name, seed in (("rm1", 0), ("rm2", 1)):
+        torch.manual_seed(seed)
+        out[name] = (rm_mod.RewardModel(GPT(mcfg)), _save(tmp, name, rm_mod.RewardModel(GPT(mcfg)), "rm"))
+    torch.manual_seed(0)
+    out["pre"] = (None, _save(tmp, "pre", GPT(mcfg)))
+    out["sft"] = (None, _save(tmp, "sft", GPT(mcfg), "sft"))
+    return tmp, out
+
+
+def test_reward_model_checkpoints_load_and_others_are_refused(saved):
+    tmp, out = saved
+    assert rm_mod.checkpoint_is_reward_model(str(out["rm1"][1])) and rm_mod.checkpoint_is_reward_model(str(tmp / "rm1"))
+    for path in (None, "", str(out["pre"][1]), str(out["sft"][1]), str(tmp / "nothing")):
+        assert rm_mod.checkpoint_is_reward_model(path) is False, path
+    rm, template = rm_mod.load_reward_model(str(tmp / "rm1"))
+    assert isinstance(rm, rm_mod.RewardModel) and not rm.training and template is None
+    saved_sd = ckpt.read_meta(out["rm1"][1])["files"]["model.safetensors"]
+    from safetensors.torch import load_file
+
+    want = load_file(str(out["rm1"][1] / "model.safetensors"))
+    assert saved_sd and all(torch.equal(rm.state_dict()[k], v) for k, v in want.items())
+    ens, _ = rm_mod.load_reward_model(f"{tmp / 'rm1'}, {tmp / 'rm2'}")
+    assert isinstance(ens, rm_mod.RewardEnsemble) and not ens.training and len(ens.members) == 2
+    assert torch.equal(ens.members[1].score.weight, load_file(str(out["rm2"][1] / "model.safetensors"))["score.weight"])
+    for name, article in (("pre", "a pretrain"), ("sft", "an sft")):
+        with pytest.raises(ValueError) as e:
+            rm_mod.load_reward_model(str(tmp / name))
+        assert str(e.value) == (f"{tmp / name} is {article} checkpoint, not a reward model: train one with "
+                                "`gptforge rm --init-from SFT --data PREFS.jsonl --out runs/rm`")
+    with pytest.raises(ValueError, match=r"an empty name in the comma-separated list of reward models$"):
+        rm_mod.load_reward_model(f"{tmp / 'rm1'},,{tmp / 'rm2'}")
+    with pytest.raises(ValueError, match=r"a reward model named twice; an ensemble's members are different runs$"):
+        rm_mod.load_reward_model(f"{tmp / 'rm1'},{tmp / 'rm1'}")
+
+
+def test_an_ensembles_members_must_share_the_chat_template(saved, tmp_path):
+    from gptforge.data.chat import ChatTemplate
+
+    tmp, out = saved
+    torch.manual_seed(0)
+    mcfg = GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=8, vocab_size=ChatTemplate.gpt2().vocab_size)
+    cfg = Config(model=mcfg).to_dict()
+    for name in ("t1", "t2"):
+        ckpt.save_checkpoint(tmp_path / name, 1, rm_mod.RewardModel(GPT(mcfg)), None,
+                             {"config": cfg, "recipe": "rm", "chat_template": ChatTemplate.gpt2().to_dict()})
+    ckpt.save_checkpoint(tmp_path / "t3", 1, rm_mod.RewardModel(GPT(mcfg)), None, {"config": cfg, "recipe": "rm"})
+    ens, template = rm_mod.load_reward_model(f"{tmp_path / 't1'},{tmp_path / 't2'}")
+    assert template.to_dict() == ChatTemplate.gpt2().to_dict()
+    with pytest.raises(ValueError) as e:
+        rm_mod.load_reward_model(f"{tmp_path / 't1'},{tmp_path / 't3'}")
+    assert str(e.value) == (f"{tmp_path / 't3'}: its chat template differs from {tmp_path / 't1'}'s; an ensemble's "
+                            "members must read replies rendered alike (train them from the same SFT checkpoint)")
+
+
+def test_log_lines():
+    s = {"accuracy": 0.75, "margin": 1.23456, "loss": 0.5, "rewards/accuracies": 0.5, "rewards/margins": -0.1,
+         "rewards/chosen": 0.2, "rewards/rejected": 0.3}
+    assert rm_mod.RM.log_line(None, s) == "acc 0.750 | margin 1.235 | loss 0.5000"
+    assert dpo_mod.DPO.log_line(None, s) == "acc 0.500 | margin -0.100 | chosen 0.200 | rejected 0.300 | loss 0.5000"
+
+
+# --- DPO -----------------------------------------------------------------------------------------------
+
+
+def test_a_cached_reference_table_is_checked_before_use():
+    good = -torch.rand(3, 2)
+    assert dpo_mod._table_fits(good, 3) and dpo_mod._table_fits(torch.zeros(3, 2), 3)  # log p = 0 is allowed
+    assert dpo_mod._table_fits(good.double(), 3)
+    for bad, n in ((good, 4), (good[:, :1], 3), (good.T, 3), (-torch.ones(3, 2, dtype=torch.long), 3),
+                   (good.numpy(), 3), (torch.tensor([[0.1, -1.0]] + [[-1.0, -1.0]] * 2), 3),
+                   (torch.tensor([[float("nan"), -1.0]] + [[-1.0, -1.0]] * 2), 3),
+                   (torch.tensor([[float("-inf"), -1.0]] + [[-1.0, -1.0]] * 2), 3), (None, 3)):
+        assert not dpo_mod._table_fits(bad, n), (bad, n)
+
+
+def test_sequence_logps_refuses_a_batch_without_reply_tokens_and_nll_only_with_sft_coef():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=8, vocab_size=16)).eval()
+    ids = torch.randint(0, 16, (2, 6))
+    mask = torch.zeros(2, 6, dtype=torch.bool)
+    mask[:, 0] = True  # the first token is never a target
+    with pytest.raises(ValueError, match=r"^no reply tokens to score$"):
+        dpo_mod.sequence_logps(model, ids, mask)
+    mask[0, 3:], mask[1, 5] = True, True
+    batch = PairBatch(ids, mask, torch.tensor([1]), None)
+    table = torch.tensor([[-9.0, -9.0], [-20.0, -21.0]])
+    loss, m = dpo_mod.dpo_batch_loss(model, batch, 0.1, ref_table=table)
+    assert "nll_loss" not in m
+    with torch.no_grad():
+        lp = torch.log_softmax(model(ids[:, :-1])[0].double(), -1)
+    pc = sum(lp[0, t - 1, ids[0, t]].item() for t in (3, 4, 5))
+    pr = lp[1, 4, ids[1, 5]].item()
+    dpo = -torch.nn.functional.logsigmoid(torch.tensor(0.1 * ((pc + 20.0) - (pr + 21.0)))).item()
+    assert loss.item() == pytest.approx(dpo, rel=1e-5)
+    loss, m = dpo_mod.dpo_batch_loss(model, batch, 0.1, ref_table=table, sft_coef=0.5)
+    assert m["nll_loss"] == pytest.approx(-pc / 3, rel=1e-5) and loss.item() == pytest.approx(dpo - 0.5 * pc / 3, rel=1e-5)
+    assert m["loss"] == loss.item()
+    with pytest.raises(ValueError, match="not both"):
+        dpo_mod.dpo_batch_loss(model, batch, 0.1, ref=model, ref_table=table)
