@@ -182,6 +182,10 @@ def test_model_identity_is_the_weights_sha256(models, tmp_path):
     meta.pop("files", None)
     meta_path.write_text(json.dumps(meta))
     assert resume.model_identity(str(old)) == _sha(a)
+    # the checksum meta.json records is read, not recomputed (a big model is not hashed on every resume)
+    meta["files"] = {"model.safetensors": "recorded"}
+    meta_path.write_text(json.dumps(meta))
+    assert resume.model_identity(str(old)) == "recorded"
     assert resume.model_identity(str(tmp_path / "nothing")) is None
     (tmp_path / "junk").mkdir()
     (tmp_path / "junk" / "meta.json").write_text("{not json")
