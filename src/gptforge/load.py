@@ -116,7 +116,9 @@ def lora_merged(where: Path, meta: dict, cfg: Config, merge: bool = True, wrap=N
     full = wrap(model) if wrap is not None else model
     base_ids = {id(p) for n, p in model.named_parameters() if ".lora_" not in n}
     full.lora_state_keys = sorted(n for n, p in full.named_parameters() if id(p) not in base_ids)  # type: ignore[attr-defined]
-    ckpt.load_model_weights(full, where)  # shapes checked: another rank or targets is named there
+    # shapes checked: another rank or targets is named there. A PPO run's adapters are its policy's
+    # (``policy.*``; its value model, saved beside them, is not the model)
+    ckpt.load_model_weights(full, where, prefix="policy." if meta.get("recipe") == "ppo" else "")
     del full.lora_state_keys
     if merge:
         merge_lora(model)

@@ -122,6 +122,9 @@ def runs(tmp_path_factory, tokenizer):
     prefs = write_preferences(preference_set("compare", 32, seed=1), tmp / "prefs.jsonl")
     for name in ALIGN:
         jobs.append({"cli": _align_argv(name, chat, prefs, tmp / f"{name}2", world=2)})
+    # LoRA SFT under DDP: each rank a micro-batch, against one process accumulating both (below)
+    lora_base, convs = _lora_world(tmp)
+    jobs.append({"cli": _lora_sft_argv(lora_base, convs, tmp / "lora_sft2")})
     spec = tmp / "jobs.json"
     spec.write_text(json.dumps(jobs))
     proc = _torchrun([str(HERE / "dist_worker.py"), str(spec)])
@@ -143,6 +146,7 @@ def runs(tmp_path_factory, tokenizer):
     assert cli(["rl", "--init-from", str(chat), "--out", str(tmp / "rl1"), *RL_ARGS]) == 0
     for name in ALIGN:
         assert cli(_align_argv(name, chat, prefs, tmp / f"{name}1", world=1)) == 0
+    assert cli(_lora_sft_argv(lora_base, convs, tmp / "lora_sft1")) == 0
     out["dirs"] = tmp
     out["log"] = proc.stdout
     return out
@@ -168,6 +172,27 @@ def _align_argv(name: str, chat: Path, prefs: Path, out: Path, world: int) -> li
         return ["rl", *common, "--steps", "2", *ALIGN[name], "--reward-model", str(out.parent / "rm2")]
     common += ["--steps", "3"]
     return [name, *common, "--data", str(prefs), *ALIGN[name], f"--{name}.grad_accum", str(3 - world)]
+
+
+def _lora_world(tmp: Path) -> tuple[Path, Path]:
+    """A tiny base model and arithmetic conversations for LoRA SFT."""
+    from gptforge.eval.tasks.synthetic import arithmetic_problems, write_conversations
+    from gptforge.models.gpt2 import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    mcfg = GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=64)
+    base = ckpt.save_checkpoint(tmp / "lora_base", 0, GPT(mcfg), None, {"config": Config(model=mcfg).to_dict()})
+    return base, write_conversations(arithmetic_problems(120, seed=2), tmp / "conv.jsonl")
+
+
+def _lora_sft_argv(base: Path, convs: Path, out: Path) -> list[str]:
+    """2 micro-batches of 2 conversations' tokens per step: one per rank at world 2, accumulated at world 1.
+    No dropout (the ranks would draw other masks than one process)."""
+    return ["sft", "--init-from", str(base), "--data", str(convs), "--out", str(out), "--val-count", "16",
+            "--train.seq_len", "64", "--train.micro_batch", "2", "--train.total_batch_tokens", "256",
+            "--train.device", "cpu", "--train.dtype", "float32", "--train.max_steps", "3", "--train.val_every", "3",
+            "--train.sample_every", "0", "--optim.lr", "1e-2", "--optim.warmup_steps", "1",
+            "--lora.rank", "4", "--lora.alpha", "8", "--lora.dropout", "0", "--lora.targets", "c_attn,c_fc"]
 
 
 def _chat_checkpoint(tmp: Path) -> Path:
@@ -235,6 +260,26 @@ def test_rm_dpo_and_ppo_on_two_ranks_equal_one_rank_accumulating(runs, name):
     atol = 1e-5 if name == "ppo" else 1e-6
     for k in w1:
         torch.testing.assert_close(w1[k], w2[k], rtol=1e-4, atol=atol, msg=lambda m, k=k: f"{k}: {m}")
+
+
+def test_lora_sft_on_two_ranks_equals_one_rank_accumulating(runs):
+    """DDP over a LoRA model (frozen base, adapters trainable): the same losses and the same trained
+    adapters as one process accumulating both ranks' micro-batches, and only the adapters are saved."""
+    from gptforge.run.metrics import read_metrics
+
+    one, two = ([r for r in read_metrics(runs["dirs"] / f"lora_sft{w}") if r["kind"] in ("train", "val")]
+                for w in (1, 2))
+    assert [(r["kind"], r["step"]) for r in one] == [(r["kind"], r["step"]) for r in two] and len(one) == 4
+    for a, b in zip(one, two, strict=True):
+        key = "loss" if a["kind"] == "train" else "val_loss"
+        assert a[key] == pytest.approx(b[key], rel=1e-5), (a, b)
+    assert len({r["loss"] for r in one if r["kind"] == "train"}) == 3  # it trains
+    w1, w2 = (ckpt.load_file(str(ckpt.latest_checkpoint(runs["dirs"] / f"lora_sft{w}") / "model.safetensors"))
+              for w in (1, 2))
+    assert sorted(w1) == sorted(w2) and len(w1) == 4 and all(".lora_" in k for k in w1)  # adapters only
+    assert all(w1[k].abs().max() > 0 for k in w1 if ".lora_B." in k)  # B left zero: they trained
+    for k in w1:
+        torch.testing.assert_close(w1[k], w2[k], rtol=1e-4, atol=1e-6, msg=lambda m, k=k: f"{k}: {m}")
 
 
 def _close(a: dict[int, float], b: dict[int, float], steps, rtol=2e-5):

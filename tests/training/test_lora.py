@@ -1,6 +1,7 @@
 """LoRA on the run stack (``--lora.rank``): only the adapters train and are checkpointed, with the base's
 fingerprint; a resume is bit-exact and refuses another base; bad ranks, targets and adapters are one-line
-refusals (exit 2); rm trains its score head beside the adapters, dpo and rl (GRPO) train adapters only."""
+refusals (exit 2); rm trains its score head beside the adapters, dpo and rl (GRPO) train adapters only
+(PPO, whose value model trains in full beside the policy's adapters: test_lora_ppo.py)."""
 
 from __future__ import annotations
 
@@ -155,13 +156,6 @@ def test_rm_dpo_and_rl_train_adapters(tmp_path, tokenizer):
     saved = load_file(str(_latest(tmp_path / "rm") / "model.safetensors"))
     assert torch.equal(rm.score.weight, saved["score.weight"]) and not any(".lora_" in n for n, _ in rm.named_parameters())
     assert main(["export", "hf", "--ckpt", str(tmp_path / "rm"), "--out", str(tmp_path / "rm_hf")]) == 0
-
-def test_lora_ppo_is_refused_by_name(tmp_path, tokenizer, capsys):
-    sft = tiny_chat_checkpoint(tmp_path / "sft")
-    assert main(["rl", "--init-from", str(sft), "--out", str(tmp_path / "ppo"), "--algo", "ppo", "--steps", "1",
-                 "--lora.rank", "2", "--device", "cpu"]) == 2  # not covered yet
-    assert "lora.rank with rl.algo ppo is not supported yet" in capsys.readouterr().err
-
 
 def test_plan_gives_the_frozen_base_no_gradients_or_optimizer_state():
     import copy

@@ -198,6 +198,8 @@ def cmd_rl(args: argparse.Namespace, overrides: list[str]) -> int:
                 else:
                     m.value.start_from_reward_model(value_rm)
 
+            if base is not None:  # a LoRA run's lora.base: the policy's starting model
+                init_ppo.source = getattr(base, "source", "")  # type: ignore[attr-defined]
             init = None if base is None else init_ppo
         else:
             recipe = GRPO(cfg, template, tok, reward, reward_model=rm)

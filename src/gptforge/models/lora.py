@@ -2,6 +2,7 @@
 
     >>> adapters = add_lora(model, "llama", rank=8, alpha=16, dropout=0.0, targets=["q_proj", "v_proj"])
     >>> y = model(x)                  # each targeted nn.Linear: W x + b + (alpha / r) B A dropout(x)
+    >>> with adapters_off(model): ...  # the base alone (peft's disable_adapter): a reference model for free
     >>> merge_lora(model)             # W <- W + (alpha / r) B A; plain nn.Linear again
 
 Like parallelism and compilation, adapters are put on a built model from outside (the family files
@@ -18,8 +19,11 @@ The targets of each family are named here, in models/, so no family branch lives
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -44,8 +48,11 @@ class LoRALinear(nn.Linear):
     lora_B: nn.Linear
     lora_dropout: nn.Module
     scaling: float
+    adapter_on: bool = True  # False inside :func:`adapters_off`: the layer is its base nn.Linear, bit for bit
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.adapter_on:
+            return F.linear(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias) + self.lora_B(self.lora_A(self.lora_dropout(x))) * self.scaling
 
     def delta(self) -> torch.Tensor:
@@ -107,6 +114,45 @@ def lora_layers(model: nn.Module) -> list[tuple[str, LoRALinear]]:
 def is_adapter_key(name: str) -> bool:
     """A state-dict key of an adapter (``...lora_A.weight`` / ``...lora_B.weight``)."""
     return ".lora_A." in name or ".lora_B." in name or name.startswith(("lora_A.", "lora_B."))
+
+
+@contextlib.contextmanager
+def adapters_off(model: nn.Module) -> Iterator[nn.Module]:
+    """Run ``model`` as its base inside the block (every adapter skipped, peft's ``disable_adapter()``):
+    each adapted layer computes exactly its frozen ``nn.Linear``, so the outputs are the base model's
+    bit for bit, with no second copy of the weights."""
+    saved = [(m, m.adapter_on) for _, m in lora_layers(model)]
+    for m, _ in saved:
+        m.adapter_on = False
+    try:
+        yield model
+    finally:
+        for m, on in saved:
+            m.adapter_on = on
+
+
+class BaseOf:
+    """A LoRA model's frozen base, called like a model: ``BaseOf(policy)(ids, ...)`` runs ``policy`` with
+    its adapters off, in eval mode (dropout off, as a frozen copy would be) and without autograd. RL and
+    DPO use it as the reference model (TRL's choice with peft: ``ref_model=None``), saving the copy of the
+    weights a separate reference costs. Not an ``nn.Module`` on purpose: it must not register the
+    policy as a submodule (freezing or moving "the reference" would then freeze or move the policy)."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+
+    @torch.no_grad()
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        was = self.model.training
+        self.model.eval()
+        try:
+            with adapters_off(self.model):
+                return self.model(*args, **kwargs)
+        finally:
+            self.model.train(was)
+
+    def parameters(self) -> Iterator[nn.Parameter]:
+        return self.model.parameters()
 
 
 @torch.no_grad()

@@ -330,7 +330,8 @@ class GRPO(Recipe):
 
     def prepare_model(self, run: RunCtx) -> None:
         """The reference is the starting model, frozen: a copy of the init weights on a fresh run, the
-        ``rl.init_from`` checkpoint's weights on a resume."""
+        ``rl.init_from`` checkpoint's weights on a resume. A LoRA run's reference is its base, the policy
+        with the adapters off (no copy: TRL's reference with peft), on a fresh run and a resume alike."""
         self.ref = None
         if self.reward_model is not None:
             self.reward_model.to(run.device).eval().requires_grad_(False)
@@ -345,7 +346,11 @@ class GRPO(Recipe):
             if norm is not None and len(norm["shift"]) != members:
                 raise RLError(f"rl.reward_norm: the checkpoint whitens {len(norm['shift'])} reward model(s), "
                               f"rl.reward_model has {members}; the checkpoint is not this run's")
-        if run.cfg.rl.kl_coef > 0:
+        if run.cfg.rl.kl_coef > 0 and run.cfg.lora.rank:
+            from gptforge.models.lora import BaseOf
+
+            self.ref = BaseOf(self.policy(run))  # the base: the starting weights, checked by fingerprint on resume
+        elif run.cfg.rl.kl_coef > 0:
             if run.state.step == 0:
                 self.ref = copy.deepcopy(self.policy(run))
             else:

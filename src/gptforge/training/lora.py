@@ -9,6 +9,12 @@ model (naming both), puts the adapters on (:mod:`gptforge.models.lora`), freezes
 adapters and any head that is not the family model's (a reward model's ``score``), and says how many
 parameters train. ``model.lora_state_keys`` then tells the checkpoint writer and reader to keep only the
 trained tensors; meta.json's ``lora`` records the base path and fingerprint.
+
+PPO (``rl.algo ppo``) as TRL's ``PPOTrainer(peft_config=...)``: the policy takes the adapters, and the
+value model (its own body and score head, started from the policy or the reward model) trains in full
+and is checkpointed whole beside them; a run module names such parts in ``trains_whole``. The KL's
+reference is the base itself, the policy with its adapters off (:class:`gptforge.models.lora.BaseOf`),
+not a second copy of the weights.
 """
 
 from __future__ import annotations
@@ -22,13 +28,19 @@ from gptforge.config import Config, ConfigError
 from gptforge.models.lora import LoRAError, add_lora, resolve_targets, weights_fingerprint
 
 
+def _under(name: str, prefixes: tuple[str, ...] | list[str]) -> bool:
+    return any(name == f or name.startswith(f + ".") for f in prefixes)
+
+
 def family_models(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """(name, module) of each family model inside the trained module: the module itself (sft, dpo,
-    grpo) or a reward model's ``body``."""
+    """(name, module) of each family model inside the trained module that takes adapters: the module
+    itself (sft, dpo, grpo), a reward model's ``body``, PPO's ``policy`` (not the value model's body: the
+    module's ``trains_whole`` parts train in full)."""
     from gptforge.models.registry import FAMILIES
 
     classes = tuple(f.model_cls for f in FAMILIES.values())
-    return [(n, m) for n, m in model.named_modules() if isinstance(m, classes)]
+    whole = tuple(getattr(model, "trains_whole", ()))
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, classes) and not _under(n, whole)]
 
 
 def load_base(fams: list[tuple[str, nn.Module]], base: str) -> None:
@@ -52,9 +64,6 @@ def load_base(fams: list[tuple[str, nn.Module]], base: str) -> None:
 
 def check_lora_run(cfg: Config, info: Any, recipe: str) -> None:
     """What LoRA does not cover yet, refused before any compute."""
-    if recipe == "ppo":
-        raise ConfigError("lora.rank with rl.algo ppo is not supported yet (its value model starts from another "
-                          "model); use rl.algo grpo, or lora.rank 0")
     if info.world > 1 and (info.fsdp or cfg.dist.tp > 1 or cfg.dist.pp > 1):
         raise ConfigError(f"lora.rank={cfg.lora.rank} runs on one process or under DDP (dist.shard none, dist.tp 1, "
                           "dist.pp 1); FSDP, tensor and pipeline parallelism do not take adapters yet")
@@ -89,8 +98,9 @@ def attach_lora(model: nn.Module, cfg: Config, info: Any, recipe: str, resume_me
         raise ConfigError(f"lora.base: this run was trained on {saved.get('base')!r} (weights sha256 "
                           f"{str(saved.get('base_sha256'))[:12]}), but {lc.base!r} has weights sha256 {fingerprint[:12]}: "
                           "resume on the same base model (--lora.base PATH), or start a new run")
+    trained_before = {n for n, p in model.named_parameters() if p.requires_grad}  # (an unused head stays frozen)
     model.requires_grad_(False)
-    heads = [p for n, p in model.named_parameters() if not any(n == f or n.startswith(f + ".") for f, _ in fams if f)]
+    heads = [p for n, p in model.named_parameters() if n in trained_before and not _under(n, [f for f, _ in fams])]
     if any(f == "" for f, _ in fams):
         heads = []  # the module is the family model itself: no extra head
     try:
@@ -105,8 +115,16 @@ def attach_lora(model: nn.Module, cfg: Config, info: Any, recipe: str, resume_me
     n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in model.parameters())
     targets = ",".join(resolve_targets(cfg.model.arch, lc.target_names()))
-    log(f"LoRA rank {lc.rank} (alpha {lc.alpha:g}) on {targets} "
-        f"({len(layers)} layers): {_m(n_train)} of {_m(total)} parameters train ({100 * n_train / total:.2f}%); "
+    whole = list(getattr(model, "trains_whole", ()))
+    if whole:  # PPO: say the adapted policy's share, then the value model that trains in full (TRL's choice)
+        n_whole = sum(p.numel() for n, p in model.named_parameters() if p.requires_grad and _under(n, whole))
+        n_fam = sum(p.numel() for _, m in fams for p in m.parameters())
+        said = (f"{_m(n_train - n_whole)} of the {_m(n_fam)} {' and '.join(f for f, _ in fams)} parameters train "
+                f"({100 * (n_train - n_whole) / n_fam:.2f}%), and the {' and '.join(whole)} model trains in full "
+                f"({_m(n_whole)}, as TRL's PPO with peft): {_m(n_train)} of {_m(total)} in all")
+    else:
+        said = f"{_m(n_train)} of {_m(total)} parameters train ({100 * n_train / total:.2f}%)"
+    log(f"LoRA rank {lc.rank} (alpha {lc.alpha:g}) on {targets} ({len(layers)} layers): {said}; "
         f"base {lc.base or '(given weights)'} sha256 {fingerprint[:12]}")
     return {"base": lc.base, "base_sha256": fingerprint, "layers": len(layers), "trainable": n_train, "total": total}
 

@@ -257,7 +257,11 @@ class PolicyValue(nn.Module):
     both; checkpoints hold both (``policy.*``, ``value.*``, ``recipe: "ppo"``) and every command that
     loads a model (``chat``, ``eval``, ``export``) reads the policy (:func:`gptforge.load.load_model`).
     ``forward(ids, start, temperature)`` -> (the policy's token log-probs, the values), both (N, L)
-    over the targets from ``start`` on: one differentiable call, so DDP sees both models."""
+    over the targets from ``start`` on: one differentiable call, so DDP sees both models. With LoRA
+    (``lora.rank``) only the policy takes adapters; the value model trains in full (``trains_whole``), as
+    TRL's ``PPOTrainer`` with a ``peft_config``, and checkpoints hold the adapters and the value model."""
+
+    trains_whole = ("value",)  # read by training/lora.py
 
     def __init__(self, policy: nn.Module, value: ValueModel):
         super().__init__()
