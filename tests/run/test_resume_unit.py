@@ -56,6 +56,7 @@ def test_a_finished_run_is_complete_and_says_how_to_extend_it(tmp_path, under_ch
                        f"--train.max_steps {2 * step} (the LR schedule is stretched to the new length). To use it: "
                        f"gptforge sample --ckpt {shown}")
     assert resume.resume_notice(_cfg(4), _cfg(4), 3, where) == (False, None)  # one step left: nothing to say
+    assert resume.resume_notice(_cfg(1), _cfg(1), 1, where)[1].count("--train.max_steps 2 (") == 1  # 2 x 1
 
 
 def test_a_changed_model_is_not_called_complete(tmp_path):
@@ -75,6 +76,15 @@ def test_extending_states_the_old_and_new_learning_rates(tmp_path, step):
     assert msg == (f"extending the run from train.max_steps 10 to 20: the LR schedule (warmup + cosine) is stretched "
                    f"over 20 steps, so the log's first line (step {step + 1}) shows lr {after:.2e} (the old schedule "
                    f"had {before:.2e}); it decays to {3e-3 * 0.2:.2e} at step 20")
+
+
+def test_a_run_that_ended_inside_its_warmup_had_its_final_lr(tmp_path):
+    """The old schedule at its end is min_lr, even where the warmup was longer than the run (the formula
+    would still be warming up there)."""
+    saved = _cfg(4, lr=1e-3, warmup=10, min_frac=0.1)
+    cfg = _cfg(8, lr=1e-3, warmup=10, min_frac=0.1)
+    _, msg = resume.resume_notice(saved, cfg, 4, tmp_path / "r")
+    assert f"(the old schedule had {1e-4:.2e})" in msg and f"shows lr {1e-3 * 5 / 10:.2e}" in msg
 
 
 def test_shortening_a_wsd_run_says_compressed(tmp_path):
