@@ -146,7 +146,8 @@ MAX_LORA_RANK = 65_536  # wider than any layer of any model this trains; the rea
 class LoRAConfig:
     """``--lora.rank 8``: train low-rank adapters instead of the whole model (sft, dpo, rm, rl; Hu et al.
     2021, as ``peft`` computes it): W x + (alpha / rank) B A dropout(x), B starting at zero; the base is
-    frozen and only the adapters (and a reward model's score head) train and are checkpointed."""
+    frozen and only the adapters (and a reward model's score head, or PPO's value model, which trains in
+    full as TRL's PPOTrainer with peft) train and are checkpointed."""
 
     rank: int = 0  # r, the adapters' inner width; 0 = off (full fine-tuning)
     alpha: float = 16.0  # the update is scaled by alpha / rank (peft's lora_alpha)
