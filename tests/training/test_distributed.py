@@ -162,11 +162,13 @@ ALIGN = {"rm": ["--micro-batch", "2", "--val-count", "6"], "dpo": ["--micro-batc
                  "--eval-n", "4", "--temperature", "1.5", "--micro-batch", "2", "--updates-per-batch", "2",
                  # the whitening's statistics and the adaptive KL coefficient are every rank's, not one rank's
                  "--reward-norm", "--kl-target", "0.01", "--rl.kl_horizon", "8"]}
+# PPO with LoRA: the policy's adapters and the whole value model under DDP, the base frozen (and the reference)
+ALIGN["ppo_lora"] = [*ALIGN["ppo"], "--lora.rank", "2", "--lora.targets", "c_attn"]
 
 
 def _align_argv(name: str, chat: Path, prefs: Path, out: Path, world: int) -> list[str]:
     common = ["--init-from", str(chat), "--out", str(out), "--lr", "3e-3", "--device", "cpu"]
-    if name == "ppo":  # scored by the world-2 reward model (trained first): random replies all score 0 on a task.
+    if name.startswith("ppo"):  # scored by the world-2 reward model (trained first): random replies all score 0 on a task.
         # 2 steps: step 3 samples from weights that differ by float noise (the gradients' sum order) and, at
         # temperature 1.5, a draw near a token boundary then picks another token (seen: step 3's rewards differ)
         return ["rl", *common, "--steps", "2", *ALIGN[name], "--reward-model", str(out.parent / "rm2")]
@@ -245,7 +247,7 @@ def test_rm_dpo_and_ppo_on_two_ranks_equal_one_rank_accumulating(runs, name):
                 for w in (1, 2))
     assert [(r["kind"], r["step"]) for r in one] == [(r["kind"], r["step"]) for r in two]
     steps = [r for r in one if r["kind"] != "eval"]
-    n = 2 if name == "ppo" else 3
+    n = 2 if name.startswith("ppo") else 3
     assert [r["step"] for r in steps] == list(range(1, n + 1)) and len({r["loss"] for r in steps}) == n  # it trains
     timings = {"dt_ms", "cpu_ms", "sample_ms", "time", "t"}
     for a, b in zip(one, two, strict=True):
@@ -255,9 +257,13 @@ def test_rm_dpo_and_ppo_on_two_ranks_equal_one_rank_accumulating(runs, name):
     w1, w2 = (ckpt.load_file(str(ckpt.latest_checkpoint(runs["dirs"] / f"{name}{w}") / "model.safetensors"))
               for w in (1, 2))
     assert w1.keys() == w2.keys()
+    if name == "ppo_lora":  # the policy's adapters (trained) and the value model; no frozen base weight
+        assert sorted(k for k in w1 if not k.startswith("value.")) == [
+            f"policy.transformer.h.0.attn.c_attn.lora_{x}.weight" for x in "AB"]
+        assert w1["policy.transformer.h.0.attn.c_attn.lora_B.weight"].abs().max() > 0
     # PPO: Adam divides by the gradient's RMS, so a bias whose gradient is float noise (seen: 2.8e-6 on
     # c_attn.bias) moves by a noisy share of lr 3e-3; 1e-5 is under 1% of one step
-    atol = 1e-5 if name == "ppo" else 1e-6
+    atol = 1e-5 if name.startswith("ppo") else 1e-6
     for k in w1:
         torch.testing.assert_close(w1[k], w2[k], rtol=1e-4, atol=atol, msg=lambda m, k=k: f"{k}: {m}")
 
