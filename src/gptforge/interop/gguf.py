@@ -228,13 +228,21 @@ def gpt2_vocab_merges() -> tuple[tuple[str, ...], tuple[str, ...]]:
 def gguf_pre_tokenizer(tok: Any) -> str:
     """llama.cpp's name for the tokenizer's split pattern (it runs its own copy of each known regex)."""
     from gptforge.data.tokenizer import GPT4_PAT, R50K_PAT
+    from gptforge.interop.gguf_tokenizer import PRE_TOKENIZERS
 
     pattern = getattr(tok, "pattern", None)
     if pattern is None and tok.kind == "hf":
         pre = tok._json.get("pre_tokenizer") or {}
         parts = pre.get("pretokenizers", [pre]) if isinstance(pre, dict) else []
-        pattern = next((p.get("pattern", {}).get("Regex") for p in parts if isinstance(p, dict) and p.get("type") == "Split"),
-                       None)
+        splits = [p.get("pattern", {}).get("Regex") for p in parts if isinstance(p, dict) and p.get("type") == "Split"]
+        # a tokenizer read from a GGUF file (gguf_tokenizer.py) keeps llama.cpp's regexes for its
+        # tokenizer.ggml.pre, in order: SmolLM2's "smollm" splits every digit first
+        ignore = bool((tok._json.get("model") or {}).get("ignore_merges"))
+        named = [n for n, (regexes, ign) in PRE_TOKENIZERS.items() if splits == regexes and ign == ignore]
+        last = parts[-1] if parts and isinstance(parts[-1], dict) else {}
+        if named and len(splits) == len(parts) - 1 and last.get("type") == "ByteLevel" and not last.get("use_regex", True):
+            return named[0]
+        pattern = splits[0] if splits else None
     known = {R50K_PAT: "gpt-2", GPT4_PAT: "llama-bpe"}
     if pattern not in known:
         raise ValueError(f"the model's {tok.describe()} splits text with a pattern llama.cpp has no name for, so a "
@@ -249,13 +257,17 @@ def add_model_tokenizer(w: Any, vocab_size: int, tok: Any, chat: Any, pre: str) 
     gguf = _gguf()
     from gptforge.interop.hf import tokenizer_json_of
 
-    model = json.loads(tokenizer_json_of(tok))["model"]
+    doc = json.loads(tokenizer_json_of(tok))
+    model = doc["model"]
     if model.get("type") != "BPE":
         raise ValueError(f"the model's {tok.describe()} is not a byte-level BPE; export hf instead")
     tokens = [f"<|unused_{i}|>" for i in range(vocab_size)]
     types = [gguf.TokenType.UNUSED] * vocab_size
     for piece, i in model["vocab"].items():
         tokens[i], types[i] = piece, gguf.TokenType.NORMAL
+    for a in doc.get("added_tokens") or []:  # matched whole in text but not control: llama.cpp's USER_DEFINED
+        if not a.get("special") and 0 <= a.get("id", -1) < vocab_size:
+            tokens[a["id"]], types[a["id"]] = a["content"], gguf.TokenType.USER_DEFINED
     for piece, i in tok.special_tokens.items():
         tokens[i], types[i] = piece, gguf.TokenType.CONTROL
     merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
