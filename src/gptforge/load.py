@@ -11,7 +11,6 @@ the source says (a checkpoint's ``model.arch``, a Hugging Face ``model_type``).
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,7 +58,9 @@ def load_model(source: ModelSource) -> torch.nn.Module:
     if source.gguf is not None:
         from gptforge.interop.gguf_read import read_gguf
 
-        return read_gguf(source.gguf).model
+        g = read_gguf(source.gguf)
+        _remember_gguf_words(_gguf_key(source.gguf), g)  # a command asks for its tokenizer next: not built twice
+        return g.model
     if source.hf is not None:
         # the family by config.json's model_type (an unknown one is refused there), then its loader
         from gptforge.interop import hf_module
@@ -234,17 +235,28 @@ def load_chat_template_of(source: ModelSource, tok, fallback: bool = False):
     return default_template(tok) if fallback else None
 
 
-def _gguf_words(path: str):
-    """(tokenizer, chat template text) of a GGUF file, read from its metadata only (no weights); read
-    once per file version, though a command asks for both in turn."""
+_GGUF_WORDS: dict[tuple, tuple] = {}  # (path, size, mtime) -> (tokenizer, chat template); the last 4 files
+
+
+def _gguf_key(path: str) -> tuple:
     p = Path(path)
     st = p.stat() if p.is_file() else None
-    return _gguf_words_of(str(p.resolve()), st.st_size if st else -1, st.st_mtime_ns if st else -1)
+    return str(p.resolve()), st.st_size if st else -1, st.st_mtime_ns if st else -1
 
 
-@functools.lru_cache(maxsize=4)
-def _gguf_words_of(path: str, size: int, mtime_ns: int):
-    from gptforge.interop.gguf_read import read_gguf
+def _remember_gguf_words(key: tuple, g) -> None:
+    _GGUF_WORDS[key] = g.tokenizer, g.chat_template
+    while len(_GGUF_WORDS) > 4:
+        del _GGUF_WORDS[next(iter(_GGUF_WORDS))]
 
-    g = read_gguf(path, weights=False)
-    return g.tokenizer, g.chat_template
+
+def _gguf_words(path: str):
+    """(tokenizer, chat template text) of a GGUF file, read from its metadata only (no weights) unless
+    ``load_model`` read the file already; read once per file version, though a command asks for both
+    in turn (building the 49,152-token tokenizer takes half a second of CPU)."""
+    key = _gguf_key(path)
+    if key not in _GGUF_WORDS:
+        from gptforge.interop.gguf_read import read_gguf
+
+        _remember_gguf_words(key, read_gguf(path, weights=False))
+    return _GGUF_WORDS[key]

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 _STRING = 8  # GGUF's string value type (gguf_read.py reads the others)
+_INTEGERS = (0, 1, 2, 3, 4, 5, 10, 11)  # GGUF's integer value types (uint8 ... int64)
 
 
 class GGUFReadError(ValueError):
@@ -90,8 +90,9 @@ def tokenizer_json_from_gguf(tokens: list[str], types: list[int] | None, merges:
     return json.dumps(doc, ensure_ascii=False)
 
 
-def tokenizer_from_gguf(reader: Any, scalars: dict, arrays: dict, path: Path):
-    """(HFTokenizer, chat template or None, token count) from a mapped file's ``tokenizer.ggml.*``."""
+def tokenizer_from_gguf(items: dict[str, list], scalars: dict, arrays: dict, path: Path):
+    """(HFTokenizer, chat template or None, token count) from a file's ``tokenizer.ggml.*``: ``items``
+    holds each array's items (strings as bytes), ``arrays`` each array's (item type, count)."""
     from gptforge.data.tokenizer import HFTokenizer, TokenizerError
 
     model = scalars.get("tokenizer.ggml.model")
@@ -101,12 +102,13 @@ def tokenizer_from_gguf(reader: Any, scalars: dict, arrays: dict, path: Path):
     for key, itype in (("tokenizer.ggml.tokens", _STRING), ("tokenizer.ggml.merges", _STRING)):
         if arrays.get(key, (itype,))[0] != itype or key not in arrays:
             raise GGUFReadError(f"{path}: {key} is missing or not a list of strings")
-    tokens = _string_array(reader, "tokenizer.ggml.tokens")
-    merges = _string_array(reader, "tokenizer.ggml.merges")
+    tokens = _string_array(items, "tokenizer.ggml.tokens", path)
+    merges = _string_array(items, "tokenizer.ggml.merges", path)
     types = None
     if "tokenizer.ggml.token_type" in arrays:
-        f = reader.fields["tokenizer.ggml.token_type"]
-        types = [int(f.parts[i][0]) for i in f.data]
+        types = items["tokenizer.ggml.token_type"]
+        if arrays["tokenizer.ggml.token_type"][0] not in _INTEGERS:
+            raise GGUFReadError(f"{path}: tokenizer.ggml.token_type is not a list of integers")
         if len(types) != len(tokens):
             raise GGUFReadError(f"{path}: tokenizer.ggml.token_type has {len(types)} entries for {len(tokens)} tokens")
     ids = {}
@@ -132,9 +134,8 @@ def tokenizer_from_gguf(reader: Any, scalars: dict, arrays: dict, path: Path):
     return tok, template, len(tokens)
 
 
-def _string_array(reader: Any, key: str) -> list[str]:
-    f = reader.fields[key]
+def _string_array(items: dict[str, list], key: str, path: Path) -> list[str]:
     try:
-        return [bytes(f.parts[i]).decode("utf-8") for i in f.data]
+        return [b.decode("utf-8") for b in items[key]]
     except UnicodeDecodeError:
-        raise GGUFReadError(f"{reader.data.filename}: {key} holds a string that is not UTF-8") from None
+        raise GGUFReadError(f"{path}: {key} holds a string that is not UTF-8") from None

@@ -135,9 +135,34 @@ def build_model(model_cfg: Any) -> nn.Module:
     Every command builds its models here, so each inherits the check."""
     import torch
 
-    if torch.get_default_device().type != "meta":  # shapes only (`with torch.device("meta")`): nothing allocated
-        check_memory(model_cfg)
+    if torch.get_default_device().type == "meta":  # shapes only (`with torch.device("meta")`): nothing allocated
+        with _skip_init_on_meta():
+            return family_of(model_cfg).model_cls(model_cfg)
+    check_memory(model_cfg)
     return family_of(model_cfg).model_cls(model_cfg)
+
+
+_INIT_OPS = frozenset({"normal_", "uniform_", "zero_", "zeros_", "ones_", "fill_", "constant_", "trunc_normal_",
+                       "kaiming_uniform_", "kaiming_normal_", "xavier_uniform_", "xavier_normal_"})
+
+
+def _skip_init_on_meta():
+    """A torch function mode under which initialising a meta tensor does nothing, as it would anyway (a
+    meta tensor holds no values). The point is time: torch runs meta ``normal_`` through a Python
+    decomposition whose first use imports ``torch._dynamo``, 1.4 s of CPU in every command that loads
+    a model (they build it on meta first)."""
+    import torch
+
+    class SkipInitOnMeta(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if getattr(func, "__name__", "") in _INIT_OPS:
+                t = args[0] if args else kwargs.get("tensor")
+                if isinstance(t, torch.Tensor) and t.device.type == "meta":
+                    return t
+            return func(*args, **kwargs)
+
+    return SkipInitOnMeta()
 
 
 def check_memory(model_cfg: Any, bytes_per_param: int = 4) -> None:
