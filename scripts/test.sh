@@ -3,4 +3,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# the allocator gptforge itself picks (issue 35): tcmalloc-minimal where installed keeps torch's big CPU
+# blocks instead of mapping and faulting them in every step; most tests run gptforge in this process,
+# so it is preloaded here (GPTFORGE_ALLOCATOR=system opts out; the browser tests start Chromium without it)
+if [ "${GPTFORGE_ALLOCATOR:-auto}" != system ] && [ -z "${LD_PRELOAD:-}" ]; then
+  TCMALLOC=$(.venv/bin/python -c "from gptforge.allocator import find_tcmalloc; print(find_tcmalloc() or '')")
+  [ -n "$TCMALLOC" ] && export LD_PRELOAD=$TCMALLOC
+fi
 exec .venv/bin/python -m pytest -q "$@"

@@ -4,6 +4,7 @@ and a uvicorn server on a free loopback port running in a thread for the test's 
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import socket
 import threading
@@ -13,6 +14,8 @@ from collections.abc import Iterator
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+# Chromium brings its own allocator: it does not inherit the test run's preloaded tcmalloc (scripts/test.sh)
+ENV = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
 
 
 @contextlib.contextmanager

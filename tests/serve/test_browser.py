@@ -14,7 +14,7 @@ import time
 import pytest
 import torch
 
-from tests.serve.browser import ARGS, CHROMIUM, serve_in_thread
+from tests.serve.browser import ARGS, CHROMIUM, ENV, serve_in_thread
 
 if not os.path.exists(CHROMIUM):
     pytest.skip("no /usr/bin/chromium: run scripts/system_deps.sh (CI does)", allow_module_level=True)
@@ -44,7 +44,7 @@ def server(tokenizer, tmp_path):
 def test_page_streams_text_and_draws_curve(server, tmp_path):
     server, metrics = server
     with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True, env=ENV)
         try:
             page = browser.new_page(viewport={"width": 1200, "height": 800})
             page.goto(server + "/")
@@ -104,7 +104,7 @@ def test_page_sends_the_api_key_from_its_fragment(tokenizer):
     model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=64)).eval()
     with serve_in_thread(create_app(model, tokenizer, ServeSettings(max_new_tokens_cap=8), api_key="k3y")) as url:
         with sync_api.sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True, env=ENV)
             try:
                 page = browser.new_page()
                 errors = []

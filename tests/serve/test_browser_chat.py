@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from tests.serve.browser import ARGS, CHROMIUM, serve_in_thread
+from tests.serve.browser import ARGS, CHROMIUM, ENV, serve_in_thread
 
 if not os.path.exists(CHROMIUM):
     pytest.skip("no /usr/bin/chromium: run scripts/system_deps.sh (CI does)", allow_module_level=True)
@@ -40,7 +40,7 @@ def test_chat_mode_streams_turns_with_history(chat_server, tokenizer, tmp_path):
     url, model = chat_server
     sent: list[dict] = []
     with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True, env=ENV)
         try:
             page = browser.new_page(viewport={"width": 1200, "height": 800})
             page.on("request", lambda r: sent.append(json.loads(r.post_data)) if r.url.endswith("/api/chat") else None)
