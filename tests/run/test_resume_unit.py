@@ -238,6 +238,10 @@ def test_resume_config_applies_overrides_refuses_frozen_changes_and_never_trusts
         resume.resume_config(meta, ["--rl.reward_model", str(models["C"])], "here", frozen)
     assert str(e.value) == (f"--rl.reward_model {str(models['C'])!r}: this run was trained with {str(models['A'])!r}, "
                             "and a resume cannot change it (start a new run with --out elsewhere, or resume without it)")
+    gone = str(tmp_path / "gone")
+    with pytest.raises(ConfigError) as e:  # a frozen model path that cannot be read: named by its key
+        resume.resume_config(meta, ["--rl.reward_model", gone], "here", frozen)
+    assert str(e.value).startswith(f"--rl.reward_model {gone!r}: no readable checkpoint there")
     with pytest.raises(ConfigError, match=r"^--rl.task 'arithmetic': this run was trained with 'compare', and a resume"):
         resume.resume_config(meta, ["--rl.task", "arithmetic"], "here", frozen)
     # a key not frozen changes freely; a model-path key that is not frozen is not even compared
