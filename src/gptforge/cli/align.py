@@ -100,7 +100,7 @@ def _common(p: argparse.ArgumentParser, section: str) -> None:
 
     d = getattr(Config(), section)
     p.add_argument("--init-from", metavar="CKPT", help="starting model: an SFT (chat) checkpoint or run directory, a "
-                                                        "base checkpoint, a Hugging Face directory or llm.c file")
+                                                        "base checkpoint, a Hugging Face directory, a GGUF file or an llm.c file")
     p.add_argument("--data", help="preference pairs: FILE.jsonl of {\"prompt\", \"chosen\", \"rejected\"} (TRL's "
                                   "conversational or string form; `gptforge prepare preferences` writes one), or a "
                                   "Hugging Face dataset (Hub name, save_to_disk folder, .parquet)")

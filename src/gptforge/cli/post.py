@@ -107,8 +107,9 @@ def args_sft(s: argparse.ArgumentParser) -> None:
     s.description = ("Supervised fine-tuning: render conversations with the chat template, train on assistant "
                      "tokens only, report val loss on held-out conversations. Accepts --section.key overrides "
                      "like train (list them with --help-config).")
-    s.add_argument("--init-from", metavar="CKPT_OR_LLMC_FILE", help="base model: gptforge checkpoint/run dir or "
-                                                                    "llm.c file (trained with model.pad_vocab true)")
+    s.add_argument("--init-from", metavar="MODEL", help="base model: a gptforge checkpoint or run dir, a Hugging Face "
+                                                      "directory, a GGUF file or an llm.c file (trained with "
+                                                      "model.pad_vocab true)")
     s.add_argument("--data", help="FILE.jsonl with one {\"messages\": [...]} per line, or a Hugging "
                                                  "Face chat dataset with a messages column: a Hub name (online), a "
                                                  "save_to_disk directory, a local dataset folder or a .parquet file")
@@ -240,7 +241,8 @@ def args_rl(r: argparse.ArgumentParser) -> None:
                      "step to RUN/metrics.jsonl; checkpoints resume; runs under torchrun (rollouts split by rank). "
                      "Every config key can be set as --section.key VALUE (list them with --help-config: "
                      "the rl.* and optim.* sections); the flags below are short names for the common ones.")
-    r.add_argument("--init-from", help="SFT checkpoint or run directory (must carry a chat template)")
+    r.add_argument("--init-from", metavar="MODEL", help="a chat model: an SFT checkpoint or run directory, or a "
+                                                        "GGUF file or Hugging Face directory with a chat template")
     r.add_argument("--out", required=True, help="run directory")
     r.add_argument("--resume", nargs="?", const="latest", default=None, metavar="CKPT",
                    help="continue the RL run in --out (or from CKPT); flags given now apply on top of its settings")

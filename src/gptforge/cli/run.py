@@ -33,9 +33,9 @@ def args_train(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trust-checkpoint", action="store_true",
                    help="allow --resume from a sharded (FSDP, dcp/) checkpoint: its metadata is a pickle that can "
                         "run code, so only for checkpoints you trust (same as --train.trust_checkpoint true)")
-    p.add_argument("--init-from", metavar="CKPT_OR_LLMC_FILE",
+    p.add_argument("--init-from", metavar="MODEL",
                    help="fine-tune: start from these weights (gptforge checkpoint/run dir, Hugging Face "
-                        "save_pretrained dir, or llm.c model file)")
+                        "save_pretrained dir, GGUF file or llm.c model file)")
     p.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
     p.add_argument("--help-config", action="store_true",
                    help="list every config key with its type and its value in this preset (with overrides)")
