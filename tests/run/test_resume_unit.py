@@ -244,6 +244,9 @@ def test_resume_config_applies_overrides_refuses_frozen_changes_and_never_trusts
     assert str(e.value).startswith(f"--rl.reward_model {gone!r}: no readable checkpoint there")
     with pytest.raises(ConfigError, match=r"^--rl.task 'arithmetic': this run was trained with 'compare', and a resume"):
         resume.resume_config(meta, ["--rl.task", "arithmetic"], "here", frozen)
+    with pytest.raises(ConfigError, match=r"^--rl.task 'arithmetic'"):  # a model path passing goes on to the next key
+        resume.resume_config(meta, ["--rl.reward_model", str(models["B"]), "--rl.task", "arithmetic"], "here",
+                             ("rl.reward_model", "rl.task"))
     # a key not frozen changes freely; a model-path key that is not frozen is not even compared
     cfg = resume.resume_config(meta, ["--rl.task", "arithmetic", "--rl.reward_model", str(tmp_path / "gone")], "o")
     assert (cfg.rl.task, cfg.rl.reward_model) == ("arithmetic", str(tmp_path / "gone"))
