@@ -11,6 +11,7 @@ the source says (a checkpoint's ``model.arch``, a Hugging Face ``model_type``).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -202,12 +203,19 @@ def _gpt2_if_same(tok):
             or len(model.get("merges") or []) != 50000):
         return tok
     from gptforge.data import tokenizer as tk
-    from gptforge.interop.hf_tokenizer import gpt2_ranks, ranks_to_vocab_merges
 
-    vocab, merges = ranks_to_vocab_merges(gpt2_ranks())
+    vocab, merges = _gpt2_vocab_merges()
     theirs = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in model["merges"]]
     same = model.get("vocab") == {**vocab, EOT_TEXT: EOT} and theirs == merges
     return tk.gpt2_tokenizer() if same else tok
+
+
+@functools.cache
+def _gpt2_vocab_merges() -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """GPT-2's ranks as tokenizer.json spells them (vocab, merges in order): ~1 s to derive, once."""
+    from gptforge.interop.hf_tokenizer import gpt2_ranks, ranks_to_vocab_merges
+
+    return ranks_to_vocab_merges(gpt2_ranks())
 
 
 def load_chat_template_of(source: ModelSource, tok, fallback: bool = False):
