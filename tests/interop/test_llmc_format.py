@@ -115,6 +115,13 @@ def test_writer_produces_the_spec_bytes(tmp_path, dtype, version):
     else:
         body = flat.tobytes()
     assert (tmp_path / "w.bin").read_bytes() == _header(version=version, V=100, Vp=128).tobytes() + body
+    # a model padded to 128 rows already: its padding rows (random at init) are written as zeros, as llm.c's
+    padded = GPT(GPTConfig(n_layer=L, n_head=NH, n_embd=C, block_size=T, vocab_size=100))
+    padded.load_state_dict({**{k: v for k, v in model.state_dict().items() if k != "lm_head.weight"},
+                            "transformer.wte.weight": torch.cat([
+        model.transformer.wte.weight.detach(), torch.randn(28, C)])}, strict=False)  # (lm_head is wte, tied)
+    assert padded.transformer.wte.weight[100:].abs().sum() > 0
+    assert llmc.write_llmc_model(padded, tmp_path / "p.bin", dtype).read_bytes() == (tmp_path / "w.bin").read_bytes()
     with pytest.raises(ValueError, match=r"^dtype='float16'; llm.c files hold float32 or bfloat16$"):
         llmc.write_llmc_model(model, tmp_path / "x.bin", "float16")
     assert not (tmp_path / "x.bin").exists()

@@ -148,11 +148,10 @@ def write_llmc_model(model: GPT, path: str | Path, dtype: str = "float32") -> Pa
     L, C, V = cfg.n_layer, cfg.n_embd, cfg.vocab_size
     Vp = padded_vocab(V)  # llm.c pads to a multiple of 128, as gptforge does
     sd = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
-    wte = sd["transformer.wte.weight"]
-    if wte.size(0) != Vp:  # rows past V never get probability; llm.c's exporter fills them with zeros
-        padded = torch.zeros(Vp, C)
-        padded[:V] = wte[:V]
-        wte = padded
+    # rows past V never get probability; llm.c's exporter (train_gpt2.py write_model) fills them with
+    # zeros, so this does too, also for a model already padded to Vp (whose padding rows hold its init)
+    wte = torch.zeros(Vp, C)
+    wte[:V] = sd["transformer.wte.weight"][:V]
     tensors = {"wte": wte, "wpe": sd["transformer.wpe.weight"], "lnfw": sd["transformer.ln_f.weight"],
                "lnfb": sd["transformer.ln_f.bias"]}
     for name, key in LAYER_KEYS.items():
