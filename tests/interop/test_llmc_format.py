@@ -244,3 +244,25 @@ def test_tokenizer_refusals_name_the_file(tmp_path):
 def _write(p, data):
     p.write_bytes(data)
     return p
+
+
+def test_a_full_disk_names_the_llmc_file_and_leaves_nothing(tmp_path, monkeypatch):
+    import errno
+
+    class Full(_Enc):
+        def decode_single_token_bytes(self, i):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(Exception) as e:
+        llmc.write_llmc_tokenizer(Full([b"a"], 0), tmp_path / "t.bin")
+    assert f"while writing the llm.c tokenizer file ({tmp_path / 't.bin'})" in str(e.value)
+
+    def full(*a):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(llmc, "_param_shapes", full)  # the first tensor's write
+    model = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=8, vocab_size=16))
+    with pytest.raises(Exception) as e:
+        llmc.write_llmc_model(model, tmp_path / "m.bin")
+    assert f"while writing the llm.c model file ({tmp_path / 'm.bin'})" in str(e.value)
+    assert list(tmp_path.iterdir()) == []
