@@ -266,3 +266,18 @@ def test_a_full_disk_names_the_llmc_file_and_leaves_nothing(tmp_path, monkeypatc
         llmc.write_llmc_model(model, tmp_path / "m.bin")
     assert f"while writing the llm.c model file ({tmp_path / 'm.bin'})" in str(e.value)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_bfloat16_file_with_an_odd_parameter_count_reads_every_value(tmp_path):
+    """C = 3, maxT = 2, one layer: 128*3 + 2*3 + (12*9 + 13*3) + 2*3 = 543 parameters, 1,086 bytes of
+    bfloat16 (not a whole number of float32s)."""
+    n = 128 * 3 + 2 * 3 + (12 * 9 + 13 * 3) + 2 * 3
+    assert n % 2 == 1
+    vals = (np.arange(n) % 251 - 125).astype("<f4")  # small integers: exact in bfloat16
+    h = np.zeros(256, dtype="<i4")
+    h[:8] = [20240326, 5, 2, 100, 1, 1, 3, 128]
+    (tmp_path / "odd.bin").write_bytes(h.tobytes() + (vals.view("<u4") >> 16).astype("<u2").tobytes())
+    m = llmc.read_llmc_model(tmp_path / "odd.bin")
+    assert m.config.flash  # the default: the fused attention kernel
+    assert m.transformer.ln_f.bias.tolist() == vals[-3:].tolist()
+    assert m.transformer.wte.weight[:100].flatten().tolist() == vals[: 100 * 3].tolist()
