@@ -356,7 +356,7 @@ class GRPO(Recipe):
             else:
                 from gptforge.load import ModelSource, load_model
 
-                self.ref = load_model(ModelSource(ckpt=run.cfg.rl.init_from)).to(run.device)
+                self.ref = load_model(ModelSource.from_path(run.cfg.rl.init_from)).to(run.device)
             self.ref.eval().requires_grad_(False)
         run.model.eval()
 
