@@ -174,3 +174,30 @@ def test_solution_as_chosen_pairs_it_with_wrong_samples(monkeypatch, tokenizer):
         assert r["chosen"][0]["content"] == p.solution and r["rejected"][0]["content"] == "The answer is 1."
     with pytest.raises(ValueError, match="--chosen"):
         PairSettings(chosen="gold").check()
+
+
+@pytest.mark.parametrize("kind", ["hf"])  # gguf: gptforge reads llama/qwen2 GGUFs only, and this model is GPT-2
+def test_any_model_source_is_a_policy(chat_world, tmp_path, capsys, kind):
+    """``--policy`` takes every model source the other commands take (issue 32): the SFT model exported
+    to a GGUF file (f32) or a Hugging Face directory, judged by a reward model trained the same way from
+    that export (so its template is the export's), writes the same pairs, byte for byte, as the checkpoint
+    judged by the same reward model trained from the checkpoint."""
+    tmp, sft, _ = chat_world
+    export = tmp_path / "export"
+    extra = ["--dtype", "f32"] if kind == "gguf" else []
+    assert main(["export", kind, "--ckpt", str(sft), "--out", str(export), *extra]) == 0
+    policy = next(export.glob("*.gguf")) if kind == "gguf" else export
+    prefs = write_preferences(preference_set("compare", 24, seed=1), tmp_path / "prefs.jsonl")
+    outs = []
+    for name, model in (("ckpt", sft), ("export", policy)):
+        rm = tmp_path / f"rm_{name}"
+        assert main(["rm", "--init-from", str(model), "--data", str(prefs), "--out", str(rm), "--steps", "2",
+                     "--val-count", "4", "--micro-batch", "4", "--lr", "1e-3", "--device", "cpu",
+                     "--ckpt-every", "0"]) == 0
+        out = tmp_path / f"{name}.jsonl"
+        rc = main(["prepare", "preferences", "compare", "--policy", str(model), "--judge", str(rm), "--n", "4",
+                   "--samples", "4", "--max-new-tokens", "6", "--temperature", "1.5", "--seed", "4",
+                   "--device", "cpu", "--out", str(out)])
+        assert rc == 0, capsys.readouterr().err
+        outs.append(out.read_text())
+    assert outs[0] and outs[1] == outs[0]

@@ -103,8 +103,9 @@ def _policy_preferences(args: argparse.Namespace) -> int:
 
     device = resolve_device(args.device)
     set_threads(0, device)
-    policy = load(ModelSource(ckpt=args.policy), "--policy").to(device)
-    tok, template = words(ModelSource(ckpt=args.policy), policy, flag="--policy")
+    source = ModelSource.from_path(args.policy)  # any model source: a run, a Hugging Face directory, a GGUF file
+    policy = load(source, "--policy").to(device)
+    tok, template = words(source, policy, flag="--policy")
     if template is None:
         raise CliError(f"--policy {args.policy}: it has no chat template (meta.json chat_template); sample from an "
                        "SFT checkpoint (`gptforge sft`) or a run made from one")
