@@ -344,9 +344,12 @@ def test_refuses_what_llama_cannot_represent(tmp_path):
             read_gguf(path)
         _one_line(e, path)
     gpt2 = tmp_path / "gpt2.gguf"
-    write_gguf(gpt2, model, arch="gpt2")
-    with pytest.raises(GGUFReadError, match="general.architecture='gpt2'"):
+    write_gguf(gpt2, model, arch="gpt2")  # a Llama's keys and tensors under gpt2: refused by the first that differs
+    with pytest.raises(GGUFReadError, match=r"gpt2\.attention\.head_count_kv=2: grouped keys"):
         read_gguf(gpt2)
+    write_gguf(tmp_path / "mistral.gguf", model, arch="mistral")
+    with pytest.raises(GGUFReadError, match="general.architecture='mistral'"):
+        read_gguf(tmp_path / "mistral.gguf")
     tensors = dict(llama_tensors(model))
     tensors["blk.0.ffn_up.weight"] = tensors["blk.0.ffn_up.weight"].clone()
     tensors["blk.0.ffn_up.weight"][3, 5] = float("nan")

@@ -1,4 +1,4 @@
-"""Read a GGUF file (llama.cpp, Ollama, LM Studio) into gptforge: a Llama, its tokenizer, its chat template.
+"""Read a GGUF file (llama.cpp, Ollama, LM Studio) into gptforge: a Llama or a GPT-2, its tokenizer, its chat template.
 
     >>> from gptforge.interop.gguf_read import read_gguf
     >>> g = read_gguf("SmolLM2-135M-Instruct.Q4_1.gguf")   # gptforge.interop.smollm2.fetch_smollm2()
@@ -13,7 +13,11 @@ the ``llama.*`` keys. Architecture ``qwen2`` (its ``qwen2.*`` keys) is a Llama w
 (``attn_q.bias`` ...) and rotate-half rotary, so its rows are not reordered. Rope scaling: ``linear``
 (``rope.scaling.type``/``factor``), and Llama 3.1/3.2's, which llama.cpp stores as per-frequency
 divisors (tensor ``rope_freqs.weight``) that ``models.rope.scaling_from_factors`` turns back into
-llama3 parameters. What gptforge's Llama cannot represent (another architecture or rope scaling,
+llama3 parameters. Architecture ``gpt2`` (its ``gpt2.*`` keys; what ``gguf.py`` writes and llama.cpp's
+converter makes of Hugging Face's GPT-2) is gptforge's GPT: its matrices are (out, in) in the file as in
+``nn.Linear``, ``attn_qkv`` is ``c_attn``'s q, k, v rows in order, the head is tied to ``token_embd`` (an
+``output.weight`` that differs is refused), and its LayerNorm epsilon must be ``nn.LayerNorm``'s 1e-5, its
+MLP 4 x wide. What gptforge's Llama cannot represent (another architecture or rope scaling,
 partial rotary, experts, sliding windows, other biases, per-layer widths) is refused by name.
 
 The tokenizer is rebuilt as a ``tokenizer.json`` text from ``tokenizer.ggml.*`` (``gguf_tokenizer.py``:
@@ -77,10 +81,16 @@ BLOCK_NAMES = {
     "attn_k.bias": "self_attn.k_proj.bias",
     "attn_v.bias": "self_attn.v_proj.bias",
 }
-ARCHITECTURES = ("llama", "qwen2")  # qwen2: a Llama with q/k/v biases and rotate-half (NEOX) rotary
+ARCHITECTURES = ("llama", "qwen2", "gpt2")  # qwen2: a Llama with q/k/v biases and rotate-half (NEOX) rotary
 ROPE_FREQS = "rope_freqs.weight"  # llama.cpp's per-frequency rope divisors (Llama 3.1/3.2's scaling)
 TOP_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
              "output.weight": "lm_head.weight"}
+# llama.cpp's gpt2 tensors (per block, weight and bias each) -> gptforge's GPT (Hugging Face's GPT-2 names)
+GPT2_BLOCK_NAMES = {"attn_norm": "ln_1", "attn_qkv": "attn.c_attn", "attn_output": "attn.c_proj", "ffn_norm": "ln_2",
+                    "ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"}
+GPT2_TOP_NAMES = {"token_embd.weight": "transformer.wte.weight", "position_embd.weight": "transformer.wpe.weight",
+                  "output_norm.weight": "transformer.ln_f.weight", "output_norm.bias": "transformer.ln_f.bias"}
+GPT2_NORM_EPS = 1e-5  # nn.LayerNorm's, which models/gpt2.py uses (and gguf.py writes)
 
 
 
@@ -89,7 +99,7 @@ TOP_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weig
 class GGUFModel:
     """What a GGUF file holds, as gptforge objects."""
 
-    model: Any  # gptforge.models.llama.Llama, eval mode, float32
+    model: Any  # gptforge.models.llama.Llama or gptforge.models.gpt2.GPT, eval mode, float32
     tokenizer: Any  # gptforge.data.tokenizer.HFTokenizer
     chat_template: str | None
     metadata: dict[str, Any] = field(default_factory=dict)  # the scalar keys (provenance)
@@ -243,10 +253,10 @@ def _walk_header(path: Path, buf: Any) -> _Header:
 
 
 def _key(scalars: dict, key: str, path: Path, kind: type | tuple = int, required: bool = True,
-         default: Any = None) -> Any:
+         default: Any = None, what: str = "Llama") -> Any:
     if key not in scalars:
         if required:
-            raise GGUFReadError(f"{path}: metadata key {key} is missing; gptforge needs it to build the Llama")
+            raise GGUFReadError(f"{path}: metadata key {key} is missing; gptforge needs it to build the {what}")
         return default
     v = scalars[key]
     if not isinstance(v, kind) or isinstance(v, bool) and kind is not bool:
@@ -254,8 +264,8 @@ def _key(scalars: dict, key: str, path: Path, kind: type | tuple = int, required
     return v
 
 
-def _refuse(path: Path, key: str, value: Any, why: str) -> GGUFReadError:
-    return GGUFReadError(f"{path}: {key}={value!r}: {why}; gptforge's Llama does not implement it and will not "
+def _refuse(path: Path, key: str, value: Any, why: str, what: str = "Llama") -> GGUFReadError:
+    return GGUFReadError(f"{path}: {key}={value!r}: {why}; gptforge's {what} does not implement it and will not "
                          "load the model wrong")
 
 
@@ -339,6 +349,68 @@ def llama_config_from_gguf(scalars: dict, arrays: dict, names: set[str], path: P
         raise GGUFReadError(f"{path}: {e}") from None
 
 
+def gpt2_config_from_gguf(scalars: dict, arrays: dict, path: Path, vocab_size: int):
+    """A ``GPTConfig`` from GGUF metadata (architecture gpt2), refusing what gptforge's GPT cannot represent."""
+    from gptforge.models.gpt2 import GPTConfig
+
+    arch = "gpt2"
+    for key in (f"{arch}.feed_forward_length", f"{arch}.attention.head_count", f"{arch}.attention.head_count_kv"):
+        if key in arrays:
+            raise _refuse(path, key, "an array", "per-layer widths", "GPT")
+    n_layer = _key(scalars, f"{arch}.block_count", path, what="GPT")
+    n_embd = _key(scalars, f"{arch}.embedding_length", path, what="GPT")
+    n_head = _key(scalars, f"{arch}.attention.head_count", path, what="GPT")
+    ffn = _key(scalars, f"{arch}.feed_forward_length", path, what="GPT")
+    ctx = _key(scalars, f"{arch}.context_length", path, what="GPT")
+    for key, v, hi in (("block_count", n_layer, MAX_LAYERS), ("embedding_length", n_embd, 1 << 16),
+                       ("attention.head_count", n_head, 1 << 10), ("feed_forward_length", ffn, 1 << 18),
+                       ("context_length", ctx, MAX_CONTEXT)):
+        if not 1 <= v <= hi:
+            raise GGUFReadError(f"{path}: metadata key {arch}.{key}={v} is out of range (1 to {hi})")
+    if n_embd % n_head:
+        raise GGUFReadError(f"{path}: {arch}.embedding_length={n_embd} is not whole heads of "
+                            f"{arch}.attention.head_count={n_head}")
+    n_kv = scalars.get(f"{arch}.attention.head_count_kv", n_head)
+    if n_kv != n_head:
+        raise _refuse(path, f"{arch}.attention.head_count_kv", n_kv, f"grouped keys and values (head_count is "
+                      f"{n_head})", "GPT")
+    if ffn != 4 * n_embd:
+        raise _refuse(path, f"{arch}.feed_forward_length", ffn, f"an MLP other than 4 x embedding_length "
+                      f"({4 * n_embd})", "GPT")
+    eps = _key(scalars, f"{arch}.attention.layer_norm_epsilon", path, (int, float), what="GPT")
+    if not abs(eps - GPT2_NORM_EPS) <= GPT2_NORM_EPS * 1e-6:  # stored as float32: 1e-5 to a part in 10^7
+        raise _refuse(path, f"{arch}.attention.layer_norm_epsilon", eps, f"a LayerNorm epsilon other than "
+                      f"{GPT2_NORM_EPS}", "GPT")
+    for key in (f"{arch}.expert_count", f"{arch}.attention.sliding_window"):
+        if scalars.get(key):
+            raise _refuse(path, key, scalars[key], "experts and sliding windows", "GPT")
+    if not 1 <= vocab_size <= 1 << 20:
+        raise GGUFReadError(f"{path}: tokenizer.ggml.tokens holds {vocab_size} tokens (1 to {1 << 20})")
+    declared = scalars.get(f"{arch}.vocab_size", vocab_size)
+    if declared != vocab_size:
+        raise GGUFReadError(f"{path}: {arch}.vocab_size={declared} but tokenizer.ggml.tokens holds {vocab_size}")
+    try:
+        return GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=ctx, vocab_size=vocab_size)
+    except ValueError as e:
+        raise GGUFReadError(f"{path}: {e}") from None
+
+
+def _gpt2_expected_shapes(cfg, names: set[str]) -> dict[str, tuple[int, ...]]:
+    """llama.cpp gpt2 tensor name -> shape the config implies (vocabulary rows unpadded); ``output.weight``
+    only where the file has one (llama.cpp's converter writes the tied head again)."""
+    C, V = cfg.n_embd, cfg.vocab_size
+    out = {"token_embd.weight": (V, C), "position_embd.weight": (cfg.block_size, C), "output_norm.weight": (C,),
+           "output_norm.bias": (C,)}
+    if "output.weight" in names:
+        out["output.weight"] = (V, C)
+    per = {"attn_norm": ((C,), (C,)), "attn_qkv": ((3 * C, C), (3 * C,)), "attn_output": ((C, C), (C,)),
+           "ffn_norm": ((C,), (C,)), "ffn_up": ((4 * C, C), (4 * C,)), "ffn_down": ((C, 4 * C), (C,))}
+    for i in range(cfg.n_layer):
+        for name, (w, b) in per.items():
+            out[f"blk.{i}.{name}.weight"], out[f"blk.{i}.{name}.bias"] = w, b
+    return out
+
+
 def _expected_shapes(cfg) -> dict[str, tuple[int, ...]]:
     """llama.cpp tensor name -> (rows, cols) the config implies (vocabulary rows unpadded)."""
     C, H, hd, kv = cfg.n_embd, cfg.hidden_dim, cfg.head_dim, cfg.kv_heads
@@ -409,18 +481,22 @@ def read_gguf(path: str | Path, weights: bool = True) -> GGUFModel:
     tok, template, n_tokens = tokenizer_from_gguf(header.items, scalars, arrays, path)
     rope_freqs = None
     info = next((t for t in infos if t.name == ROPE_FREQS), None)
-    if info is not None:  # a few floats, read before the config: they are its rope scaling
+    if info is not None and arch != "gpt2":  # gpt2 has no rotary: refused below as a tensor with no place  # a few floats, read before the config: they are its rope scaling
         if len(info.shape) != 1 or info.shape[0] > 1 << 12:
             raise GGUFReadError(f"{path}: tensor {ROPE_FREQS} has shape {list(info.shape)}, not (head_dim/2,)")
         rope_freqs = _dequantize(data, header.data_start, info)
-    cfg = llama_config_from_gguf(scalars, arrays, names, path, n_tokens, rope_freqs)
+    if arch == "gpt2":
+        cfg = gpt2_config_from_gguf(scalars, arrays, path, n_tokens)
+        expected, family = _gpt2_expected_shapes(cfg, names), "GPT"
+    else:
+        cfg = llama_config_from_gguf(scalars, arrays, names, path, n_tokens, rope_freqs)
+        expected, family = _expected_shapes(cfg), "Llama"
+        if ROPE_FREQS in names:  # the rope divisors, already read into the config
+            expected[ROPE_FREQS] = (cfg.head_dim // 2,)
     cfg.bos_token = tok.eot_token  # the document separator the tokenizer names
-    expected = _expected_shapes(cfg)
-    if ROPE_FREQS in names:  # the rope divisors, already read into the config
-        expected[ROPE_FREQS] = (cfg.head_dim // 2,)
     unknown = sorted(names - set(expected))
     if unknown:
-        raise GGUFReadError(f"{path}: tensor {unknown[0]} has no place in gptforge's Llama "
+        raise GGUFReadError(f"{path}: tensor {unknown[0]} has no place in gptforge's {family} "
                             f"({len(unknown)} such tensors; biases, experts and extra norms are not implemented)")
     missing = sorted(set(expected) - names)
     if missing:
@@ -429,7 +505,8 @@ def read_gguf(path: str | Path, weights: bool = True) -> GGUFModel:
         if t.shape != expected[t.name]:
             raise GGUFReadError(f"{path}: tensor {t.name} has shape {list(t.shape)}, the metadata implies "
                                 f"{list(expected[t.name])}")
-    model = _build(data, header.data_start, infos, cfg, path) if weights else None  # weights=False: the words only (fast)
+    build = _build_gpt2 if arch == "gpt2" else _build
+    model = build(data, header.data_start, infos, cfg, path) if weights else None  # weights=False: the words only (fast)
     return GGUFModel(model=model, tokenizer=tok, chat_template=template, metadata=dict(scalars), path=path)
 
 
@@ -466,4 +543,41 @@ def _build(data: np.ndarray, data_start: int, infos: list[_TensorInfo], cfg, pat
     model.load_state_dict(sd, strict=True, assign=True)
     if cfg.tie_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
+    return model.float().eval()
+
+
+def _build_gpt2(data: np.ndarray, data_start: int, infos: list[_TensorInfo], cfg, path: Path):
+    """gptforge's GPT from llama.cpp's gpt2 tensors: names mapped, no transposes (the file's matrices are
+    ``nn.Linear``'s (out, in) already), the vocabulary rows padded back; the head tied to ``token_embd``."""
+    from gptforge.interop.hf import _pad_rows
+    from gptforge.models.registry import build_model
+
+    sd: dict[str, torch.Tensor] = {}
+    output = None
+    for info in infos:
+        try:
+            w = _dequantize(data, data_start, info)
+        except GGUFReadError as e:
+            raise GGUFReadError(f"{path}: tensor {e}") from None
+        if info.name == "output.weight":
+            output = w
+            continue
+        if info.name == "token_embd.weight":
+            w = _pad_rows(w, cfg.padded_vocab_size)
+        if info.name.startswith("blk."):
+            _, i, rest = info.name.split(".", 2)
+            part, kind = rest.rsplit(".", 1)
+            key = f"transformer.h.{i}.{GPT2_BLOCK_NAMES[part]}.{kind}"
+        else:
+            key = GPT2_TOP_NAMES[info.name]
+        sd[key] = w
+    wte = sd["transformer.wte.weight"]
+    if output is not None and not torch.equal(output, wte[: cfg.vocab_size]):
+        raise GGUFReadError(f"{path}: tensor output.weight differs from token_embd.weight; gptforge's GPT ties its "
+                            "head to the token embeddings and will not load the model wrong")
+    sd["lm_head.weight"] = wte
+    with torch.device("meta"):  # no random init: the weights are assigned, not copied
+        model = build_model(cfg)
+    model.load_state_dict(sd, strict=True, assign=True)
+    model.transformer.wte.weight = model.lm_head.weight  # the tie, as GPT.__init__ makes it
     return model.float().eval()
