@@ -176,7 +176,7 @@ def test_solution_as_chosen_pairs_it_with_wrong_samples(monkeypatch, tokenizer):
         PairSettings(chosen="gold").check()
 
 
-@pytest.mark.parametrize("kind", ["hf"])  # gguf: gptforge reads llama/qwen2 GGUFs only, and this model is GPT-2
+@pytest.mark.parametrize("kind", ["gguf", "hf"])
 def test_any_model_source_is_a_policy(chat_world, tmp_path, capsys, kind):
     """``--policy`` takes every model source the other commands take (issue 32): the SFT model exported
     to a GGUF file (f32) or a Hugging Face directory, judged by a reward model trained the same way from
