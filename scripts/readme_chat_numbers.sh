@@ -3,13 +3,13 @@
 # (issue 34, item 1). Runs: the default job (if runs/shakespeare-cpu is missing), the README's
 # `prepare conversations` and `sft` (400-step schedule, a checkpoint every 50), `eval --tasks compare
 # --limit 200` on each checkpoint, then `rl` from SFT step ${RL_FROM:-300} for ${RL_STEPS:-60} steps with
-# the README's settings, and `eval` of the RL run. Prints one table (greedy exact match, 95% interval)
+# the README's settings at sampling temperature ${RL_TEMP:-0.7}, and `eval` of the RL run. Prints one table (greedy exact match, 95% interval)
 # and writes it to ${OUT:-runs/readme_numbers}/table.md. One thread, as the README's timings.
 # Several hours on a 2-core CPU (SFT ~15 min, each eval ~1 min, RL ~20 s a step).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 GF=.venv/bin/gptforge
-OUT=${OUT:-runs/readme_numbers}; RL_FROM=${RL_FROM:-300}; RL_STEPS=${RL_STEPS:-60}
+OUT=${OUT:-runs/readme_numbers}; RL_FROM=${RL_FROM:-300}; RL_STEPS=${RL_STEPS:-60}; RL_TEMP=${RL_TEMP:-0.7}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 mkdir -p "$OUT"
 [ -d runs/shakespeare-cpu/checkpoints ] || bash scripts/default_job.sh
@@ -36,8 +36,8 @@ PY
   echo "|---|---|---|---|"
   for s in 100 150 200 250 300 350 400; do row "sft step $s" "$OUT/sft/checkpoints/step_$(printf %06d $s)"; done
 } | tee "$OUT/table.md"
-RL="$OUT/rl_from${RL_FROM}_${RL_STEPS}"
+RL="$OUT/rl_from${RL_FROM}_${RL_STEPS}$([ "$RL_TEMP" = 0.7 ] || echo "_t$RL_TEMP")"
 [ -d "$RL/checkpoints" ] || $GF rl --init-from "$OUT/sft/checkpoints/step_$(printf %06d "$RL_FROM")" --task compare \
   --out "$RL" --steps "$RL_STEPS" --prompts 16 --group 8 --lr 2e-4 --warmup-steps 10 --updates-per-batch 2 \
-  --temperature 0.7 --max-new-tokens 20
-row "rl $RL_STEPS steps from sft step $RL_FROM" "$RL" | tee -a "$OUT/table.md"
+  --temperature "$RL_TEMP" --max-new-tokens 20
+row "rl $RL_STEPS steps from sft step $RL_FROM at temperature $RL_TEMP" "$RL" | tee -a "$OUT/table.md"
