@@ -269,6 +269,19 @@ def _refuse(path: Path, key: str, value: Any, why: str, what: str = "Llama") -> 
                          "load the model wrong")
 
 
+def _check_extras_and_vocab(scalars: dict, path: Path, arch: str, vocab_size: int, what: str) -> None:
+    """What every architecture refuses alike: experts and sliding windows, and a vocabulary size that is
+    absurd or disagrees with ``{arch}.vocab_size``."""
+    for key in (f"{arch}.expert_count", f"{arch}.attention.sliding_window"):
+        if scalars.get(key):
+            raise _refuse(path, key, scalars[key], "experts and sliding windows", what)
+    if not 1 <= vocab_size <= 1 << 20:
+        raise GGUFReadError(f"{path}: tokenizer.ggml.tokens holds {vocab_size} tokens (1 to {1 << 20})")
+    declared = scalars.get(f"{arch}.vocab_size", vocab_size)
+    if declared != vocab_size:
+        raise GGUFReadError(f"{path}: {arch}.vocab_size={declared} but tokenizer.ggml.tokens holds {vocab_size}")
+
+
 def _rope_scaling(scalars: dict, path: Path, arch: str, head_dim: int, theta: float,
                   rope_freqs: torch.Tensor | None) -> dict:
     """``model.rope_*`` from ``{arch}.rope.scaling.*`` and the ``rope_freqs.weight`` divisors."""
@@ -333,14 +346,7 @@ def llama_config_from_gguf(scalars: dict, arrays: dict, names: set[str], path: P
         if key in scalars and scalars[key] != head_dim:
             raise _refuse(path, key, scalars[key], f"heads of {head_dim} channels (embedding_length/head_count), "
                           "all of them rotated")
-    for key in (f"{arch}.expert_count", f"{arch}.attention.sliding_window"):
-        if scalars.get(key):
-            raise _refuse(path, key, scalars[key], "experts and sliding windows")
-    if not 1 <= vocab_size <= 1 << 20:
-        raise GGUFReadError(f"{path}: tokenizer.ggml.tokens holds {vocab_size} tokens (1 to {1 << 20})")
-    declared = scalars.get(f"{arch}.vocab_size", vocab_size)
-    if declared != vocab_size:
-        raise GGUFReadError(f"{path}: {arch}.vocab_size={declared} but tokenizer.ggml.tokens holds {vocab_size}")
+    _check_extras_and_vocab(scalars, path, arch, vocab_size, "Llama")
     try:
         return LlamaConfig(n_layer=n_layer, n_head=n_head, n_kv_head=n_kv, n_embd=n_embd, intermediate_size=ffn,
                            block_size=ctx, vocab_size=vocab_size, rope_theta=float(theta), norm_eps=float(eps),
@@ -381,14 +387,7 @@ def gpt2_config_from_gguf(scalars: dict, arrays: dict, path: Path, vocab_size: i
     if not abs(eps - GPT2_NORM_EPS) <= GPT2_NORM_EPS * 1e-6:  # stored as float32: 1e-5 to a part in 10^7
         raise _refuse(path, f"{arch}.attention.layer_norm_epsilon", eps, f"a LayerNorm epsilon other than "
                       f"{GPT2_NORM_EPS}", "GPT")
-    for key in (f"{arch}.expert_count", f"{arch}.attention.sliding_window"):
-        if scalars.get(key):
-            raise _refuse(path, key, scalars[key], "experts and sliding windows", "GPT")
-    if not 1 <= vocab_size <= 1 << 20:
-        raise GGUFReadError(f"{path}: tokenizer.ggml.tokens holds {vocab_size} tokens (1 to {1 << 20})")
-    declared = scalars.get(f"{arch}.vocab_size", vocab_size)
-    if declared != vocab_size:
-        raise GGUFReadError(f"{path}: {arch}.vocab_size={declared} but tokenizer.ggml.tokens holds {vocab_size}")
+    _check_extras_and_vocab(scalars, path, arch, vocab_size, "GPT")
     try:
         return GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=ctx, vocab_size=vocab_size)
     except ValueError as e:
