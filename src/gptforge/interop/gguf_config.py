@@ -1,0 +1,162 @@
+"""GGUF metadata to a model config: the keys each architecture (llama, qwen2, gpt2) must hold, their
+bounds, and one-line refusals, naming the file and the key, of anything gptforge's models do not
+implement (rope scaling they cannot do, experts, sliding windows, grouped heads in a GPT, ...). Read by
+:func:`gptforge.interop.gguf_read.read_gguf` before any tensor is allocated."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gptforge.interop.gguf_tokenizer import GGUFReadError
+
+ARCHITECTURES = ("llama", "qwen2", "gpt2")  # qwen2: a Llama with q/k/v biases and rotate-half (NEOX) rotary
+ROPE_FREQS = "rope_freqs.weight"  # llama.cpp's per-frequency rope divisors (Llama 3.1/3.2's scaling)
+MAX_LAYERS = 1024
+MAX_CONTEXT = 1 << 24
+GPT2_NORM_EPS = 1e-5  # nn.LayerNorm's, which models/gpt2.py uses (and gguf.py writes)
+
+
+def _key(scalars: dict, key: str, path: Path, kind: type | tuple = int, required: bool = True,
+         default: Any = None, what: str = "Llama") -> Any:
+    if key not in scalars:
+        if required:
+            raise GGUFReadError(f"{path}: metadata key {key} is missing; gptforge needs it to build the {what}")
+        return default
+    v = scalars[key]
+    if not isinstance(v, kind) or isinstance(v, bool) and kind is not bool:
+        raise GGUFReadError(f"{path}: metadata key {key}={v!r} has the wrong type")
+    return v
+
+
+def _refuse(path: Path, key: str, value: Any, why: str, what: str = "Llama") -> GGUFReadError:
+    return GGUFReadError(f"{path}: {key}={value!r}: {why}; gptforge's {what} does not implement it and will not "
+                         "load the model wrong")
+
+
+def _check_extras_and_vocab(scalars: dict, path: Path, arch: str, vocab_size: int, what: str) -> None:
+    """What every architecture refuses alike: experts and sliding windows, and a vocabulary size that is
+    absurd or disagrees with ``{arch}.vocab_size``."""
+    for key in (f"{arch}.expert_count", f"{arch}.attention.sliding_window"):
+        if scalars.get(key):
+            raise _refuse(path, key, scalars[key], "experts and sliding windows", what)
+    if not 1 <= vocab_size <= 1 << 20:
+        raise GGUFReadError(f"{path}: tokenizer.ggml.tokens holds {vocab_size} tokens (1 to {1 << 20})")
+    declared = scalars.get(f"{arch}.vocab_size", vocab_size)
+    if declared != vocab_size:
+        raise GGUFReadError(f"{path}: {arch}.vocab_size={declared} but tokenizer.ggml.tokens holds {vocab_size}")
+
+
+def _rope_scaling(scalars: dict, path: Path, arch: str, head_dim: int, theta: float,
+                  rope_freqs: torch.Tensor | None) -> dict:
+    """``model.rope_*`` from ``{arch}.rope.scaling.*`` and the ``rope_freqs.weight`` divisors."""
+    from gptforge.models import rope
+
+    kind = scalars.get(f"{arch}.rope.scaling.type", "linear")  # llama.cpp's default: a factor alone is linear
+    factor = _key(scalars, f"{arch}.rope.scaling.factor", path, (int, float), required=False, default=0.0)
+    if kind not in ("none", "", "linear"):
+        raise _refuse(path, f"{arch}.rope.scaling.type", kind, "only linear rope scaling and Llama 3's "
+                      "(rope_freqs.weight) are implemented")
+    linear = factor not in (0.0, 1.0)  # llama.cpp divides every frequency by a factor whatever the type says
+    if linear and not (factor > 0 and math.isfinite(factor)):
+        raise _refuse(path, f"{arch}.rope.scaling.factor", factor, "a rope scaling factor must be positive")
+    if rope_freqs is None:
+        return rope.config_fields({"rope_type": "linear", "factor": float(factor)} if linear else {})
+    if linear or arch != "llama":
+        raise _refuse(path, f"tensor {ROPE_FREQS}", "present", f"per-frequency rope divisors with architecture "
+                      f"{arch} or {arch}.rope.scaling.factor={factor}")
+    orig = scalars.get(f"{arch}.rope.scaling.original_context_length")
+    scaling = rope.scaling_from_factors(head_dim, theta, rope_freqs, orig if isinstance(orig, int) and orig > 0
+                                        else None)
+    if scaling is None:
+        raise _refuse(path, f"tensor {ROPE_FREQS}", rope_freqs[:4].tolist(), "these per-frequency rope divisors "
+                      "follow neither linear nor Llama 3's scaling")
+    return rope.config_fields(scaling)
+
+
+def llama_config_from_gguf(scalars: dict, arrays: dict, names: set[str], path: Path, vocab_size: int,
+                           rope_freqs: torch.Tensor | None = None):
+    """A ``LlamaConfig`` from GGUF metadata (architecture llama or qwen2), refusing what gptforge's
+    Llama cannot represent. ``rope_freqs``: the file's ``rope_freqs.weight``, dequantized."""
+    from gptforge.models.llama import LlamaConfig
+
+    arch = scalars.get("general.architecture")
+    if arch not in ARCHITECTURES:
+        raise GGUFReadError(f"{path}: general.architecture={arch!r}; gptforge reads GGUF architectures "
+                            f"{', '.join(ARCHITECTURES)}")
+    for key in (f"{arch}.feed_forward_length", f"{arch}.attention.head_count", f"{arch}.attention.head_count_kv"):
+        if key in arrays:
+            raise _refuse(path, key, "an array", "per-layer widths")
+    n_layer = _key(scalars, f"{arch}.block_count", path)
+    n_embd = _key(scalars, f"{arch}.embedding_length", path)
+    n_head = _key(scalars, f"{arch}.attention.head_count", path)
+    n_kv = _key(scalars, f"{arch}.attention.head_count_kv", path, required=False, default=n_head)
+    ffn = _key(scalars, f"{arch}.feed_forward_length", path)
+    ctx = _key(scalars, f"{arch}.context_length", path)
+    for key, v, hi in (("block_count", n_layer, MAX_LAYERS), ("embedding_length", n_embd, 1 << 16),
+                       ("attention.head_count", n_head, 1 << 10), ("attention.head_count_kv", n_kv, 1 << 10),
+                       ("feed_forward_length", ffn, 1 << 18), ("context_length", ctx, MAX_CONTEXT)):
+        if not 1 <= v <= hi:
+            raise GGUFReadError(f"{path}: metadata key {arch}.{key}={v} is out of range (1 to {hi})")
+    if n_embd % n_head or n_head % n_kv or (n_embd // n_head) % 2:
+        raise GGUFReadError(f"{path}: {arch}.embedding_length={n_embd}, {arch}.attention.head_count={n_head} and "
+                            f"head_count_kv={n_kv} do not make whole, even heads shared evenly")
+    head_dim = n_embd // n_head
+    theta = _key(scalars, f"{arch}.rope.freq_base", path, (int, float), required=False, default=10_000.0)
+    eps = _key(scalars, f"{arch}.attention.layer_norm_rms_epsilon", path, (int, float), required=False, default=1e-5)
+    if not (theta > 0 and math.isfinite(theta)):
+        raise GGUFReadError(f"{path}: metadata key {arch}.rope.freq_base={theta} must be a positive number")
+    scaling = _rope_scaling(scalars, path, arch, head_dim, float(theta), rope_freqs)
+    for key in (f"{arch}.rope.dimension_count", f"{arch}.attention.key_length", f"{arch}.attention.value_length"):
+        if key in scalars and scalars[key] != head_dim:
+            raise _refuse(path, key, scalars[key], f"heads of {head_dim} channels (embedding_length/head_count), "
+                          "all of them rotated")
+    _check_extras_and_vocab(scalars, path, arch, vocab_size, "Llama")
+    try:
+        return LlamaConfig(n_layer=n_layer, n_head=n_head, n_kv_head=n_kv, n_embd=n_embd, intermediate_size=ffn,
+                           block_size=ctx, vocab_size=vocab_size, rope_theta=float(theta), norm_eps=float(eps),
+                           tie_embeddings="output.weight" not in names, qkv_bias=arch == "qwen2", **scaling)
+    except ValueError as e:
+        raise GGUFReadError(f"{path}: {e}") from None
+
+
+def gpt2_config_from_gguf(scalars: dict, arrays: dict, path: Path, vocab_size: int):
+    """A ``GPTConfig`` from GGUF metadata (architecture gpt2), refusing what gptforge's GPT cannot represent."""
+    from gptforge.models.gpt2 import GPTConfig
+
+    arch = "gpt2"
+    for key in (f"{arch}.feed_forward_length", f"{arch}.attention.head_count", f"{arch}.attention.head_count_kv"):
+        if key in arrays:
+            raise _refuse(path, key, "an array", "per-layer widths", "GPT")
+    n_layer = _key(scalars, f"{arch}.block_count", path, what="GPT")
+    n_embd = _key(scalars, f"{arch}.embedding_length", path, what="GPT")
+    n_head = _key(scalars, f"{arch}.attention.head_count", path, what="GPT")
+    ffn = _key(scalars, f"{arch}.feed_forward_length", path, what="GPT")
+    ctx = _key(scalars, f"{arch}.context_length", path, what="GPT")
+    for key, v, hi in (("block_count", n_layer, MAX_LAYERS), ("embedding_length", n_embd, 1 << 16),
+                       ("attention.head_count", n_head, 1 << 10), ("feed_forward_length", ffn, 1 << 18),
+                       ("context_length", ctx, MAX_CONTEXT)):
+        if not 1 <= v <= hi:
+            raise GGUFReadError(f"{path}: metadata key {arch}.{key}={v} is out of range (1 to {hi})")
+    if n_embd % n_head:
+        raise GGUFReadError(f"{path}: {arch}.embedding_length={n_embd} is not whole heads of "
+                            f"{arch}.attention.head_count={n_head}")
+    n_kv = scalars.get(f"{arch}.attention.head_count_kv", n_head)
+    if n_kv != n_head:
+        raise _refuse(path, f"{arch}.attention.head_count_kv", n_kv, f"grouped keys and values (head_count is "
+                      f"{n_head})", "GPT")
+    if ffn != 4 * n_embd:
+        raise _refuse(path, f"{arch}.feed_forward_length", ffn, f"an MLP other than 4 x embedding_length "
+                      f"({4 * n_embd})", "GPT")
+    eps = _key(scalars, f"{arch}.attention.layer_norm_epsilon", path, (int, float), what="GPT")
+    if not abs(eps - GPT2_NORM_EPS) <= GPT2_NORM_EPS * 1e-6:  # stored as float32: 1e-5 to a part in 10^7
+        raise _refuse(path, f"{arch}.attention.layer_norm_epsilon", eps, f"a LayerNorm epsilon other than "
+                      f"{GPT2_NORM_EPS}", "GPT")
+    _check_extras_and_vocab(scalars, path, arch, vocab_size, "GPT")
+    try:
+        return GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=ctx, vocab_size=vocab_size)
+    except ValueError as e:
+        raise GGUFReadError(f"{path}: {e}") from None
