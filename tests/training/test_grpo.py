@@ -217,6 +217,46 @@ def test_compare_task_is_verifiable_and_held_out():
     assert len(eval_q) == 500 and not eval_q & {p.question for p in training_problems(2000, 1, task="compare")}
 
 
+def test_arithmetic3_is_three_digit_verifiable_and_held_out_everywhere(tmp_path, capsys):
+    """arithmetic3 (issue 32's RL goal): 3-digit operands, answers checked by Python's own arithmetic, and its
+    eval set left out of SFT files (``--digits 3`` or the task's name), preference files and RL's draws.
+    Drawn at the eval set's own seed, so the problems would be the eval problems but for the ban."""
+    import re
+
+    from gptforge.cli.common import GENERATED_TASKS
+    from gptforge.eval.generative import ARITHMETIC_EVAL_SEED, GENERATED, GENERATIVE
+    from gptforge.eval.tasks.preferences import preference_set
+    from gptforge.eval.tasks.synthetic import training_problems
+    from gptforge.training.grpo import problem_stream
+
+    assert GENERATED_TASKS == list(GENERATED)  # the CLI's choices name every generated task
+    ev = GENERATIVE["arithmetic3"].problems(0)
+    eval_q = {p.question for p in ev}
+    assert len(eval_q) == 500
+    for p in ev:
+        a, op, b = re.fullmatch(r"What is (\d+) ([+-]) (\d+)\?", p.question).groups()
+        assert 100 <= int(a) <= 999 and 100 <= int(b) <= 999
+        assert p.answer == str(int(a) + int(b) if op == "+" else int(a) - int(b)) and int(p.answer) >= 0
+        assert load_reward("exact_match")(p, p.solution) == 1.0 and GENERATIVE["arithmetic3"].follows_format(p.solution)
+    two = {p.question for p in GENERATIVE["arithmetic"].problems(0)}
+    assert not two & eval_q
+    for digits, task in [(3, "arithmetic"), (2, "arithmetic3")]:  # both spellings draw 3-digit problems
+        got = training_problems(600, seed=ARITHMETIC_EVAL_SEED, digits=digits, task=task)
+        assert len(got) == 600 and not eval_q & {p.question for p in got}
+        assert all(len(p.question.split()[2]) == 3 for p in got)
+    assert not eval_q & {r["prompt"][0]["content"] for r in preference_set("arithmetic3", 600, seed=ARITHMETIC_EVAL_SEED)}
+    at, held_out = problem_stream(RLConfig(task="arithmetic3", prompts=50, eval_n=100), seed=0)
+    assert [p.question for p in held_out] == [p.question for p in ev[:100]]
+    assert not eval_q & {p.question for s in range(10) for p in at(s)}
+    out = tmp_path / "c.jsonl"
+    assert main(["prepare", "conversations", "arithmetic3", "--n", "5", "--out", str(out)]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 5 and all(len(r["messages"][0]["content"].split()[2]) == 3 for r in rows)
+    for bad in (["compare", "--digits", "3"], ["arithmetic3", "--digits", "2"], ["arithmetic", "--digits", "0"]):
+        assert main(["prepare", "conversations", bad[0], *bad[1:], "--n", "5", "--out", str(tmp_path / "x.jsonl")]) == 2
+        assert "--digits" in capsys.readouterr().err
+
+
 def test_checkpoints_from_before_the_run_stack_still_load_and_resume(tmp_path, tokenizer):
     """SFT and RL checkpoints written before ``sft`` and ``rl`` were config sections kept their settings
     beside the config in meta.json (RL: a flat RLConfig, one AdamW group over every parameter); they

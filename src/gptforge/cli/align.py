@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 
-from gptforge.cli.common import CliError, add_help_config, finish, init_from, resolve_run, run_words
+from gptforge.cli.common import GENERATED_TASKS, CliError, add_help_config, finish, init_from, resolve_run, run_words
 from gptforge.cli.post import _base_shape, _flag_overrides
 
 PAIR_FLAGS = {"data": "{s}.data", "split": "{s}.split", "val_count": "{s}.val_count", "seed": "{s}.seed",
@@ -141,5 +141,5 @@ def args_dpo(p: argparse.ArgumentParser) -> None:
     p.add_argument("--loss-type", choices=["sigmoid", "ipo"], help="dpo.loss_type (default sigmoid)")
     p.add_argument("--sft-coef", type=float, help="dpo.sft_coef: add this weight times the chosen replies' NLL "
                                                   "(RPO; default 0 = plain DPO)")
-    p.add_argument("--task", choices=["arithmetic", "compare"], help="dpo.task: held-out greedy accuracy as eval")
+    p.add_argument("--task", choices=GENERATED_TASKS, help="dpo.task: held-out greedy accuracy as eval")
     p.add_argument("--eval-n", type=int, help="held-out task problems (dpo.eval_n)")

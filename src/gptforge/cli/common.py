@@ -16,6 +16,8 @@ if TYPE_CHECKING:  # torch: imported only when a command runs, so `gptforge --he
 
 
 EXIT_PORT_BUSY = 4  # serve: the port (or host) cannot be listened on; said before the model loads
+# the generated tasks (gptforge.eval.generative.GENERATED, named here so that building the parser imports nothing)
+GENERATED_TASKS = ["arithmetic", "arithmetic3", "compare"]
 
 
 def add_help_config(p: argparse.ArgumentParser, command: str, defaults: Callable) -> None:

@@ -7,7 +7,7 @@ import json
 import os
 import sys
 
-from gptforge.cli.common import CliError, count, finite
+from gptforge.cli.common import GENERATED_TASKS, CliError, count, finite
 
 TOKENIZER_HELP = ("gpt2 (default, works offline); a folder `gptforge tokenizer train` wrote; a checkpoint or run "
                   "(its model's tokenizer); a Hugging Face tokenizer.json or a directory holding one; a .tiktoken "
@@ -41,17 +41,19 @@ def args_prepare(p: argparse.ArgumentParser) -> None:
     _shard_options(pl)
     pc = prs.add_parser("conversations", help="SFT conversations ({\"messages\": [...]} JSONL) from a generated "
                                               "verifiable task; its eval problems are left out")
-    pc.add_argument("task", choices=["arithmetic", "compare"], help="arithmetic: 'What is 23 + 58?'; compare: "
-                                                                    "'Which is larger, 70 or 33?'")
+    pc.add_argument("task", choices=GENERATED_TASKS, help="arithmetic: 'What is 23 + 58?'; arithmetic3: 'What is "
+                                                          "512 + 387?'; compare: 'Which is larger, 70 or 33?'")
     pc.add_argument("--n", type=count, default=5000, help="conversations (default %(default)s)")
     pc.add_argument("--seed", type=int, default=0, help="problem generator seed (default %(default)s)")
-    pc.add_argument("--digits", type=int, default=2, help="arithmetic: digits per operand (default %(default)s)")
+    pc.add_argument("--digits", type=int, default=None,
+                    help="arithmetic: digits per operand (default 2; 3 gives arithmetic3's problems, whose eval set "
+                         "is left out)")
     pc.add_argument("--out", required=True, help="the JSONL file to write")
     pc.add_argument("--force", action="store_true", help="replace the --out file if it exists")
     pp = prs.add_parser("preferences", help="preference pairs ({\"prompt\", \"chosen\", \"rejected\"} JSONL) from a "
                                             "generated task: chosen = the worked answer, rejected = a wrong number, "
                                             "the wrong operand or a broken format (the row's \"kind\")")
-    pp.add_argument("task", choices=["arithmetic", "compare"], help="the generated task")
+    pp.add_argument("task", choices=GENERATED_TASKS, help="the generated task")
     pp.add_argument("--n", type=count, default=2000, help="pairs (default %(default)s)")
     pp.add_argument("--seed", type=int, default=0, help="problems and rejected kinds (default %(default)s)")
     pp.add_argument("--held-out", action="store_true", help="make the pairs from the task's eval problems (the "
@@ -195,9 +197,12 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     if args.source_name == "conversations":
         from gptforge.eval.tasks.synthetic import training_problems, write_conversations
 
-        if args.n < 1 or not 1 <= args.digits <= 9:
-            raise CliError("--n must be >= 1 and --digits in 1..9")
-        path = write_conversations(training_problems(args.n, args.seed, args.digits, task=args.task), args.out)
+        digits = {"arithmetic": 2, "arithmetic3": 3}.get(args.task) if args.digits is None else args.digits
+        if args.digits is not None and (args.task not in ("arithmetic", "arithmetic3") or not 1 <= args.digits <= 9
+                                        or (args.task == "arithmetic3" and args.digits != 3)):
+            raise CliError(f"--digits {args.digits}: applies to task arithmetic (1..9 digits per operand; "
+                           f"arithmetic3 is 3), not to {args.task}")
+        path = write_conversations(training_problems(args.n, args.seed, digits or 2, task=args.task), args.out)
         print(f"wrote {args.n} {args.task} conversations to {path} (train on them: gptforge sft --init-from RUN "
               f"--data {path} --out runs/sft)")
         return 0

@@ -13,7 +13,17 @@ from __future__ import annotations
 
 import argparse
 
-from gptforge.cli.common import CliError, add_help_config, finish, finite, init_from, load, resolve_run, run_words
+from gptforge.cli.common import (
+    GENERATED_TASKS,
+    CliError,
+    add_help_config,
+    finish,
+    finite,
+    init_from,
+    load,
+    resolve_run,
+    run_words,
+)
 from gptforge.load import ModelSource
 
 # --- sft -------------------------------------------------------------------------------------------
@@ -250,7 +260,7 @@ def args_rl(r: argparse.ArgumentParser) -> None:
     add_trust_flag(r)
     r.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
     add_help_config(r, "rl", _rl_defaults)
-    r.add_argument("--task", choices=["arithmetic", "compare", "gsm8k"], help=f"default {d.rl.task}")
+    r.add_argument("--task", choices=[*GENERATED_TASKS, "gsm8k"], help=f"default {d.rl.task}")
     r.add_argument("--reward", help="exact_match (default), exact_match_with_format, numeric_closeness, or "
                                     "module:function taking (problem, reply) -> float (code: never read back from "
                                     "a checkpoint, give it again on --resume)")

@@ -52,6 +52,16 @@ def arithmetic_eval_problems(n: int = 0) -> list[Problem]:
     return _distinct(arithmetic_problems(2 * (n or 500) + 100, seed=ARITHMETIC_EVAL_SEED), n or 500)
 
 
+def arithmetic3_problems(n: int, seed: int = 0) -> list[Problem]:
+    """``n`` arithmetic problems with 3-digit operands ("What is 512 + 387?"): a harder task of the same form."""
+    return arithmetic_problems(n, seed, digits=3)
+
+
+def arithmetic3_eval_problems(n: int = 0) -> list[Problem]:
+    """The 3-digit arithmetic eval set: the first ``n`` (default 500) distinct problems of its own seed."""
+    return _distinct(arithmetic_problems(2 * (n or 500) + 100, seed=ARITHMETIC_EVAL_SEED, digits=3), n or 500)
+
+
 def compare_eval_problems(n: int = 0) -> list[Problem]:
     """The compare eval set: the first ``n`` (default 500) distinct problems of its own seed."""
     return _distinct(compare_problems(2 * (n or 500) + 100, seed=ARITHMETIC_EVAL_SEED), n or 500)
@@ -59,10 +69,13 @@ def compare_eval_problems(n: int = 0) -> list[Problem]:
 
 # generated tasks: task -> (train-problem generator (n, seed), eval set); training data leaves the eval set out
 GENERATED = {"arithmetic": (arithmetic_problems, arithmetic_eval_problems),
+             "arithmetic3": (arithmetic3_problems, arithmetic3_eval_problems),
              "compare": (compare_problems, compare_eval_problems)}
 
 GENERATIVE = {
     "arithmetic": GenerativeTask("arithmetic", arithmetic_eval_problems, follows_arithmetic_format, 24),
+    # "964 - 494 = 470. The answer is 470.": 24 tokens with one token a digit (SmolLM2, Llama 3), 14 in GPT-2's
+    "arithmetic3": GenerativeTask("arithmetic3", arithmetic3_eval_problems, follows_arithmetic_format, 32),
     "compare": GenerativeTask("compare", compare_eval_problems, follows_compare_format, 24),
     "gsm8k": GenerativeTask("gsm8k", gsm8k_problems, lambda t: extract_answer(t) is not None, 256),
 }

@@ -40,8 +40,12 @@ def training_problems(n: int, seed: int, digits: int = 2, exclude_eval: int = 50
     ``exclude_eval`` problems of its eval set (so that eval stays held out)."""
     from gptforge.eval.generative import GENERATED
 
+    if task == "arithmetic" and digits == 3:  # the problems of task arithmetic3, whose eval set is left out
+        task = "arithmetic3"
     make, eval_set = GENERATED[task]
-    banned = {p.question for p in eval_set(exclude_eval)} if exclude_eval and digits == 2 else set()
+    # arithmetic with other digit counts has no eval set of its own (2 digits is arithmetic's)
+    held = exclude_eval and (task != "arithmetic" or digits == 2)
+    banned = {p.question for p in eval_set(exclude_eval)} if held else set()
     out: list[Problem] = []
     k = 0
     while len(out) < n:
