@@ -62,6 +62,20 @@ def _spy(monkeypatch, cls):
     return calls
 
 
+def _spy_eval(monkeypatch, cls):
+    """Each held-out eval: the weights it scores with and its batches (this rank's held-out pairs)."""
+    evals = []
+    real = cls.held_out_batches
+
+    def held_out_batches(self, run):
+        batches = real(self, run)
+        evals.append({"model": copy.deepcopy(run.model), "batches": batches})
+        return batches
+
+    monkeypatch.setattr(cls, "held_out_batches", held_out_batches)
+    return evals
+
+
 @torch.no_grad()
 def seq_logp(model, ids, mask) -> tuple[float, int]:
     """One row: the sum of log p(token | everything before it) over the reply tokens, float64."""
@@ -116,35 +130,59 @@ def test_dpo_step_against_a_hand_computation(world, tmp_path, monkeypatch, flags
         assert rec["loss"] == pytest.approx(sum(c["loss"] for c in mine) / accum, rel=1e-5)
 
 
-@pytest.mark.parametrize("flags", [[], ["--rm.center_coef", "0.1", "--rm.grad_accum", "2"]],
-                         ids=["plain", "margins-centred-accum"])
-def test_rm_step_against_a_hand_computation(world, tmp_path, monkeypatch, flags):
+@torch.no_grad()
+def rm_rewards(model, b) -> tuple[torch.Tensor, torch.Tensor]:
+    """A pair batch's (chosen, rejected) rewards, float64: each row's final hidden state at its reply's
+    last token (the row cut there, so no padding is seen) times the score head, one row at a time."""
+    m = copy.deepcopy(model).double().eval()
+    r = []
+    for k in range(2 * b.n):
+        last = int(b.mask[k].nonzero().max())  # the reply's last token
+        h = m.body.hidden_states(b.ids[k : k + 1, : last + 1].cpu())[0, -1]
+        r.append((h @ m.score.weight[0]).item())
+    return torch.tensor(r[: b.n], dtype=torch.float64), torch.tensor(r[b.n :], dtype=torch.float64)
+
+
+def bt_loss(rc, rr, margin, center) -> float:
+    d = rc - rr if margin is None else rc - rr - margin.cpu().double()
+    return (-F.logsigmoid(d).mean() + center * ((rc + rr) ** 2).mean()).item()
+
+
+@pytest.mark.parametrize("data,flags", [("prefs", []), ("margins", ["--rm.center_coef", "0.1", "--rm.grad_accum", "2"]),
+                                        ("margins", ["--rm.use_margin", "false"])],
+                         ids=["plain", "margins-centred-accum", "margins-ignored"])
+def test_rm_step_against_a_hand_computation(world, tmp_path, monkeypatch, data, flags):
     tmp, sft, prefs = world
-    if flags:  # Llama 2's margins in the data: subtracted inside the sigmoid
+    if data == "margins":  # Llama 2's margins in the data: subtracted inside the sigmoid unless rm.use_margin false
         prefs = tmp / "margins.jsonl"
     calls = _spy(monkeypatch, rm_mod.RM)
+    evals = _spy_eval(monkeypatch, rm_mod.RM)
     assert main(["rm", "--init-from", str(sft), "--data", str(prefs), "--out", str(tmp_path / "r"), "--steps", "2",
                  "--val-count", "4", "--micro-batch", "4", "--lr", "5e-2", *CPU, *flags]) == 0
-    center = 0.1 if flags else 0.0
+    center = 0.1 if "--rm.center_coef" in flags else 0.0
+    use_margin = data == "margins" and "--rm.use_margin" not in flags
     for c in calls[1:]:
-        b, m = c["batch"], copy.deepcopy(c["model"]).double().eval()
-        with torch.no_grad():
-            r = []
-            for k in range(2 * b.n):
-                last = int(b.mask[k].nonzero().max())  # the reply's last token
-                h = m.body.hidden_states(b.ids[k : k + 1, : last + 1].cpu())[0, -1]
-                r.append((h @ m.score.weight[0]).item())
-        rc, rr = torch.tensor(r[: b.n]), torch.tensor(r[b.n :])
-        d = rc - rr
-        assert (b.margin is not None) == bool(flags)
-        if b.margin is not None:
-            d = d - b.margin.cpu().double()
-        loss = -F.logsigmoid(d).mean() + center * ((rc + rr) ** 2).mean()
-        assert c["loss"] == pytest.approx(loss.item(), abs=3e-5, rel=3e-5)
+        b = c["batch"]
+        rc, rr = rm_rewards(c["model"], b)
+        assert (b.margin is not None) == (data == "margins")
+        assert c["loss"] == pytest.approx(bt_loss(rc, rr, b.margin if use_margin else None, center), abs=3e-5, rel=3e-5)
         assert c["metrics"]["margin"] == pytest.approx((rc - rr).mean().item(), abs=3e-5, rel=3e-5)
         assert c["metrics"]["accuracy"] == (rc > rr).double().mean().item()
     logged = _rows(tmp_path / "r", "rm")
-    accum = 2 if flags else 1
+    accum = 2 if "--rm.grad_accum" in flags else 1
     for s, rec in enumerate(logged):
         mine = calls[1 + s * accum : 1 + (s + 1) * accum]
         assert rec["loss"] == pytest.approx(sum(c["loss"] for c in mine) / accum, rel=1e-5)
+    # the held-out evals (start and end) score the held-out pairs with the same loss: margins and centring
+    held = _rows(tmp_path / "r", "eval")
+    assert [r["step"] for r in held] == [0, 2] and len(evals) == 2
+    for e, rec in zip(evals, held, strict=True):
+        parts = [(b.n, rm_rewards(e["model"], b), b.margin) for b in e["batches"]]
+        n = sum(k for k, _, _ in parts)
+        assert n == 4 and rec["n"] == 4
+        if use_margin:
+            assert any(float(m.abs().sum()) > 0 for _, _, m in parts)  # the margins are not all 0
+        want = sum(k * bt_loss(rc, rr, m if use_margin else None, center) for k, (rc, rr), m in parts) / n
+        assert rec["loss"] == pytest.approx(want, abs=3e-5, rel=3e-5)
+        assert rec["margin"] == pytest.approx(sum(k * (rc - rr).mean().item() for k, (rc, rr), _ in parts) / n,
+                                              abs=3e-5, rel=3e-5)

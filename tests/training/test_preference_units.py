@@ -6,6 +6,7 @@ from others by meta.json, and the refusals' words. Stub bodies and 1-layer model
 
 from __future__ import annotations
 
+import copy
 import math
 from types import SimpleNamespace
 
@@ -245,3 +246,70 @@ def test_sequence_logps_refuses_a_batch_without_reply_tokens_and_nll_only_with_s
     assert m["loss"] == loss.item()
     with pytest.raises(ValueError, match="not both"):
         dpo_mod.dpo_batch_loss(model, batch, 0.1, ref=model, ref_table=table)
+
+
+def test_a_missing_path_is_refused_as_one_checkpoint_and_a_comma_in_a_real_name_is_kept(saved, tmp_path):
+    from gptforge.run.checkpoint import CheckpointError
+
+    tmp, out = saved
+    with pytest.raises(CheckpointError, match=r"nothing-here does not exist"):  # not read as a list of one
+        rm_mod.load_reward_model(str(tmp_path / "nothing-here"))
+    (tmp_path / "a,b").symlink_to(tmp / "rm2")  # a run directory whose name holds a comma: one model
+    rm, _ = rm_mod.load_reward_model(str(tmp_path / "a,b"))
+    assert isinstance(rm, rm_mod.RewardModel)
+    assert torch.equal(rm.score.weight, rm_mod.load_reward_model(str(tmp / "rm2"))[0].score.weight)
+
+
+def test_a_lora_reward_model_loads_merged_onto_its_recorded_base(tmp_path):
+    """A LoRA reward model's checkpoint holds the adapters and the head only: loading it puts them on the
+    base that meta.json records, merged; it scores as the unmerged model it was saved from (float64)."""
+    from gptforge.models.lora import add_lora, weights_fingerprint
+
+    mcfg = GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=8, vocab_size=16)  # _save's config
+    torch.manual_seed(3)
+    base = GPT(mcfg)
+    base_dir = _save(tmp_path, "base", base)
+    body = GPT(mcfg)
+    body.load_state_dict(base.state_dict())
+    add_lora(body, "gpt2", 2, 4.0, 0.0, ["c_attn"])
+    rm = rm_mod.RewardModel(body)
+    with torch.no_grad():  # B starts at 0: give the adapters an effect to lose
+        for n, p in rm.named_parameters():
+            if ".lora_" in n:
+                p.normal_(0.0, 0.5)
+    rm.lora_state_keys = sorted(n for n, _ in rm.named_parameters() if ".lora_" in n or n == "score.weight")
+    cfg = Config(model=mcfg)
+    cfg.lora.rank, cfg.lora.alpha, cfg.lora.targets, cfg.lora.base = 2, 4.0, "c_attn", str(base_dir)
+    ckpt.save_checkpoint(tmp_path / "lrm", 1, rm, None, {"config": cfg.to_dict(), "recipe": "rm",
+                                                         "lora": {"base": str(base_dir), "base_sha256": weights_fingerprint(base)}})
+    assert sorted(ckpt.read_meta(tmp_path / "lrm" / "checkpoints" / "step_000001")["files"]) == ["model.safetensors"]
+    loaded, template = rm_mod.load_reward_model(str(tmp_path / "lrm"))
+    assert isinstance(loaded, rm_mod.RewardModel) and template is None and not loaded.training
+    assert not any(".lora_" in n for n, _ in loaded.named_parameters())
+    ids, at = torch.tensor([[1, 5, 7, 2, 9], [3, 3, 0, 15, 4]]), torch.tensor([4, 2])
+    with torch.no_grad():
+        want = copy.deepcopy(rm).double().eval()(ids, at)
+        base_only = rm_mod.RewardModel(copy.deepcopy(base)).double()
+        base_only.score.weight.copy_(rm.score.weight)
+        assert (base_only(ids, at) - want).abs().max() > 1e-2  # the adapters matter here
+        torch.testing.assert_close(loaded(ids, at), want, rtol=1e-5, atol=1e-5)  # the head returns float32
+
+
+def test_a_reward_models_damaged_template_or_tokenizer_entry_is_named_by_its_meta_json(tmp_path):
+    from gptforge.data.chat import ChatFormatError, ChatTemplate
+    from gptforge.data.tokenizer import TokenizerError
+
+    mcfg = GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=8, vocab_size=ChatTemplate.gpt2().vocab_size)
+    torch.manual_seed(0)
+    cfg = Config(model=mcfg).to_dict()
+    bad = {**ChatTemplate.gpt2().to_dict(), "end": -1}
+    where = ckpt.save_checkpoint(tmp_path / "t", 1, rm_mod.RewardModel(GPT(mcfg)), None,
+                                 {"config": cfg, "recipe": "rm", "chat_template": bad})
+    with pytest.raises(ChatFormatError) as e:
+        rm_mod.load_reward_model(str(tmp_path / "t"))
+    assert str(e.value).startswith(f"{where / 'meta.json'}: chat_template.end=-1: expected a token id"), str(e.value)
+    where = ckpt.save_checkpoint(tmp_path / "k", 1, rm_mod.RewardModel(GPT(mcfg)), None,
+                                 {"config": cfg, "recipe": "rm", "tokenizer": {"format": "nope"}})
+    with pytest.raises(TokenizerError) as e:  # the tokenizer it reads replies with is its own, checked
+        rm_mod.load_reward_model(str(tmp_path / "k"))
+    assert str(e.value).startswith(f"{where / 'meta.json'}: tokenizer.format/kind:"), str(e.value)
