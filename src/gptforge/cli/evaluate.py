@@ -20,7 +20,8 @@ def args_eval(p: argparse.ArgumentParser) -> None:
                    help=f"comma-separated: {', '.join(known_tasks())} (default %(default)s)")
     add_model_source(p)
     p.add_argument("--limit", type=int, default=0, help="first N examples of each task (0 = all)")
-    p.add_argument("--json", help="write the results to this JSON file")
+    p.add_argument("--json", help="write the results to this JSON file (generative tasks: every reply, which "
+                                  "--paired-with reads)")
     p.add_argument("--force", action="store_true", help="replace the --json file if it exists")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
@@ -32,6 +33,10 @@ def args_eval(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=3, help="--bench: timed repeats, best kept (default %(default)s)")
     p.add_argument("--raw", action="store_true", help="generative tasks: ignore the checkpoint's chat template")
     p.add_argument("--system", help="generative tasks: a system prompt (chat template only)")
+    p.add_argument("--paired-with", metavar="JSON", help="generative tasks: compare each reply with an earlier "
+                                                         "`eval --json` of another model on the same problems: "
+                                                         "problems only one of the two gets right, and the exact "
+                                                         "McNemar p of the difference")
     p.add_argument("--reward-model", metavar="RUN", help="with --against REF and generative --tasks: the model's win "
                                                          "rate against REF on the tasks' held-out prompts, judged by "
                                                          "this reward model (greedy replies), beside both accuracies; RUN1,RUN2,... = "
@@ -49,6 +54,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     # the command's own checks come before any of its paths (preferences, win rate, tasks) is taken
     if args.limit < 0 or (args.batch_tokens is not None and args.batch_tokens < 1) or args.repeats < 1:
         raise CliError("--limit must be >= 0 (0 = all), --batch-tokens and --repeats >= 1")
+    if args.paired_with and (args.preferences or args.reward_model or args.against):
+        raise CliError("--paired-with compares the replies of generative --tasks; it does not apply to "
+                       "--preferences or --reward-model/--against")
     if args.preferences:
         return eval_preferences(args)
     if args.reward_model or args.against:
@@ -59,6 +67,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise CliError(f"--tasks: {'unknown task(s) ' + ', '.join(unknown) if unknown else 'no task given'}; "
                        f"known: {', '.join(known_tasks())}")
     generative, args.tasks = split_generative(args.tasks)  # arithmetic, gsm8k: answers are generated
+    if args.paired_with and not generative:
+        from gptforge.eval.generative import GENERATIVE
+
+        raise CliError(f"--paired-with compares the replies of generative tasks ({', '.join(GENERATIVE)}); "
+                       f"--tasks {args.tasks} has none")
     if generative:
         eval_generative(args, generative)
         if not args.tasks:
@@ -99,6 +112,61 @@ def split_generative(tasks: str) -> tuple[list[str], str]:
     return [t for t in names if t in GENERATIVE], ",".join(t for t in names if t not in GENERATIVE)
 
 
+PAIRED_MAX_BYTES = 256 << 20  # --paired-with: an eval JSON of 500 problems is ~100 KB
+
+
+def read_paired(path: str) -> dict[str, dict[str, bool]]:
+    """An earlier ``eval --json`` of generative tasks: task -> question -> right; refused by name when it is
+    not one (another kind of eval's JSON, one written before replies were kept, a hand-edited file)."""
+    import json
+    import os
+
+    where = f"--paired-with {path}"
+    try:
+        size = os.path.getsize(path)
+        if size > PAIRED_MAX_BYTES:
+            raise CliError(f"{where}: {size:,} bytes, more than an `eval --json` file of generative tasks holds "
+                           f"(limit {PAIRED_MAX_BYTES:,}); is it the right file?")
+        with open(path, encoding="utf-8") as f:
+            rows = json.load(f)
+    except OSError as e:
+        raise CliError(f"{where}: cannot read it ({e.strerror or e})") from e
+    except ValueError as e:  # not JSON, or not UTF-8
+        raise CliError(f"{where}: not JSON ({str(e)[:120]})") from e
+    if not isinstance(rows, list) or not all(isinstance(r, dict) and isinstance(r.get("task"), str) for r in rows):
+        raise CliError(f"{where}: not the JSON `gptforge eval --json` writes for generative tasks (a list of "
+                       "results, each with a 'task')")
+    out: dict[str, dict[str, bool]] = {}
+    for r in rows:
+        replies = r.get("replies")
+        if not isinstance(replies, list) or not all(isinstance(x, dict) and isinstance(x.get("question"), str)
+                                                    and isinstance(x.get("correct"), bool) for x in replies):
+            raise CliError(f"{where}: task {r['task']!r} has no 'replies' list of {{question, correct}} rows (written "
+                           "by an older gptforge, or not a generative task); re-run that eval with --json")
+        out[r["task"]] = {x["question"]: x["correct"] for x in replies}
+    return out
+
+
+def paired_lines(path: str, before: dict[str, dict[str, bool]], results: list) -> list[str]:
+    """One line per task evaluated now and in ``path`` (read by :func:`read_paired`): the paired counts on the
+    problems both scored."""
+    from gptforge.eval.stats import mcnemar_exact
+
+    lines = []
+    for r in results:
+        theirs = before[r.task]
+        both = [(x["correct"], theirs[x["question"]]) for x in r.replies if x["question"] in theirs]
+        if not both:
+            raise CliError(f"--paired-with {path}: none of its {r.task} problems is among the {r.n} scored now")
+        only_now = sum(a and not b for a, b in both)
+        only_then = sum(b and not a for a, b in both)
+        now, then = sum(a for a, _ in both), sum(b for _, b in both)
+        lines.append(f"{r.task}: paired with {path} on {len(both)} problems: this model {now} right, that one {then} "
+                     f"({100 * (now - then) / len(both):+.1f} points); only this one right on {only_now}, only that one "
+                     f"on {only_then}; exact McNemar p {mcnemar_exact(only_now, only_then):.3g}")
+    return lines
+
+
 def eval_generative(args: argparse.Namespace, names: list[str]) -> None:
     """`gptforge eval --tasks arithmetic,gsm8k`: greedy exact match, with the checkpoint's chat template."""
     import torch
@@ -106,6 +174,13 @@ def eval_generative(args: argparse.Namespace, names: list[str]) -> None:
     from gptforge.eval.generative import evaluate_generative
     from gptforge.runtime import resolve_device
 
+    before = None
+    if args.paired_with:  # read and checked before the model loads
+        before = read_paired(args.paired_with)
+        missing = [t for t in names if t not in before]
+        if missing:
+            raise CliError(f"--paired-with {args.paired_with}: holds no {', '.join(missing)} results (it has "
+                           f"{', '.join(before) or 'none'})")
     source = model_source(args)
     model = load(source).to(resolve_device(args.device)).eval()
     tok, chat = words(source, model)
@@ -122,6 +197,9 @@ def eval_generative(args: argparse.Namespace, names: list[str]) -> None:
         chance = GENERATIVE_CHANCE.get(r.task)
         print(f"{r.task:<12} {r.n:>6} {r.accuracy:>9.4f} {fmt_ci(wilson(r.accuracy * r.n, r.n)):>12} "
               f"{'-' if chance is None else f'{chance:.3f}':>7} {r.format_rate:>7.4f}{note}")
+    if args.paired_with:
+        for line in paired_lines(args.paired_with, before, results):
+            print(line)
     if args.json:
         rows = [{**r.__dict__, "acc_ci95": list(wilson(r.accuracy * r.n, r.n)), "chance": GENERATIVE_CHANCE.get(r.task)}
                 for r in results]

@@ -89,6 +89,8 @@ class GenerativeResult:
     format_rate: float
     too_long: int = 0
     samples: list[dict[str, Any]] = field(default_factory=list)  # the first few (question, reply, answer)
+    # every problem in order: question, answer, reply, correct (``eval --json`` keeps them, for paired comparisons)
+    replies: list[dict[str, Any]] = field(default_factory=list)
 
 
 def prompt_ids(problem: Problem, enc: Any, template: ChatTemplate | None, system: str | None = None) -> list[int]:
@@ -135,9 +137,11 @@ def evaluate_generative(model: Any, enc: Any, names: Sequence[str], template: Ch
                         strict=True):
             replies[i] = r
         n = len(problems)
-        correct = sum(is_correct(r, p.answer) for r, p in zip(replies, problems, strict=True))
+        rows = [{"question": p.question, "answer": p.answer, "reply": r, "correct": bool(is_correct(r, p.answer))}
+                for p, r in zip(problems, replies, strict=True)]
+        correct = sum(row["correct"] for row in rows)
         formatted = sum(task.follows_format(r) for r in replies)
         samples = [{"question": p.question, "reply": r, "answer": p.answer} for p, r in zip(problems[:3], replies,
                                                                                                   strict=False)]
-        results.append(GenerativeResult(name, n, correct / n, formatted / n, n - len(fits), samples))
+        results.append(GenerativeResult(name, n, correct / n, formatted / n, n - len(fits), samples, rows))
     return results

@@ -29,6 +29,15 @@ def wilson(correct: float, n: int, z: float = Z95) -> tuple[float, float]:
     return lo, hi
 
 
+def mcnemar_exact(b: int, c: int) -> float:
+    """Two-sided exact McNemar p-value of paired right/wrong outcomes: ``b`` problems only the first model
+    gets right, ``c`` only the second; under no difference each discordant pair is a fair coin."""
+    n, k = b + c, min(b, c)
+    if n == 0:
+        return 1.0
+    return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2**n)
+
+
 def chance_level(examples: Sequence[Any]) -> float | None:
     """The accuracy of guessing uniformly: the mean of 1 / candidates over the examples; None for
     open-ended tasks (one continuation scored against the whole vocabulary, such as LAMBADA)."""

@@ -1,0 +1,142 @@
+"""`gptforge eval --json` keeps every generative reply, and `--paired-with EARLIER.json` pairs two models on
+the same problems (issue 32's RL goal is stated as paired counts and an exact McNemar p). References: the
+binomial tail written out in float64 by hand, and counts made in the test from the JSON rows themselves."""
+
+from __future__ import annotations
+
+import json
+import re
+from math import comb
+
+import pytest
+
+from gptforge.cli import main
+from gptforge.eval.generative import GENERATIVE, GenerativeResult
+from gptforge.eval.stats import mcnemar_exact
+from tests.conftest import tiny_chat_checkpoint
+
+
+def _binomial_two_sided(b: int, c: int) -> float:
+    """P(X <= min) + P(X >= max) for X ~ Binomial(b + c, 1/2), summed term by term (symmetric: 2 x one tail)."""
+    n = b + c
+    pmf = [comb(n, i) * 0.5**n for i in range(n + 1)]
+    return min(1.0, sum(pmf[: min(b, c) + 1]) + sum(pmf[max(b, c):])) if b != c else 1.0
+
+
+@pytest.mark.parametrize(("b", "c"), [(26, 9), (9, 26), (0, 5), (5, 0), (3, 3), (0, 0), (1, 0), (40, 22), (7, 8)])
+def test_mcnemar_exact_is_the_binomial_tail(b, c):
+    assert mcnemar_exact(b, c) == pytest.approx(_binomial_two_sided(b, c), rel=1e-12)
+    assert round(mcnemar_exact(26, 9), 3) == 0.006  # issue 34: SFT -> RL, 26 vs 9 discordant, "p = 0.006"
+
+
+def _result(task: str, flags: list[bool]) -> GenerativeResult:
+    problems = GENERATIVE[task].problems(len(flags))
+    rows = [{"question": p.question, "answer": p.answer, "reply": "", "correct": f} for p, f in zip(problems, flags)]
+    return GenerativeResult(task, len(flags), sum(flags) / len(flags), 0.0, 0, [], rows)
+
+
+def test_paired_lines_count_each_direction():
+    from gptforge.cli.evaluate import paired_lines
+
+    now = _result("arithmetic3", [True, True, True, False, False, True, False])
+    then = {r["question"]: f for r, f in zip(now.replies, [False, True, False, False, True, True, False])}
+    then["What is 1 + 1?"] = True  # a problem not scored now: left out of the pairing
+    (line,) = paired_lines("A.json", {"arithmetic3": then}, [now])
+    # now right 4, then right 3 of the 7 shared; only now: rows 0, 2; only then: row 4
+    assert "on 7 problems: this model 4 right, that one 3 (+14.3 points)" in line
+    assert "only this one right on 2, only that one on 1" in line
+    assert f"McNemar p {_binomial_two_sided(2, 1):.3g}" in line
+
+
+def test_eval_json_keeps_every_reply_and_pairs_with_an_earlier_run(tmp_path, capsys, monkeypatch):
+    ckpt = tiny_chat_checkpoint(tmp_path / "m")
+    a = tmp_path / "a.json"
+    assert main(["eval", "--ckpt", str(ckpt), "--tasks", "arithmetic3", "--limit", "4", "--json", str(a),
+                 "--device", "cpu"]) == 0
+    (res,) = json.loads(a.read_text())
+    problems = GENERATIVE["arithmetic3"].problems(4)
+    assert [r["question"] for r in res["replies"]] == [p.question for p in problems]
+    for r, p in zip(res["replies"], problems):  # right = the reply's last "The answer is N" is the answer
+        m = re.findall(r"The answer is (-?\d+)", r["reply"])
+        assert r["correct"] == (bool(m) and m[-1] == p.answer) and r["answer"] == p.answer
+    assert res["accuracy"] == sum(r["correct"] for r in res["replies"]) / 4
+    capsys.readouterr()
+    # the earlier "model" right on problems 1 and 4 where this one is not (the random model is right on none)
+    right = [r["correct"] for r in res["replies"]]
+    assert not any(right)
+    for i in (1, 3):
+        res["replies"][i]["correct"] = True
+    a.write_text(json.dumps([res]))
+    assert main(["eval", "--ckpt", str(ckpt), "--tasks", "arithmetic3", "--limit", "4", "--paired-with", str(a),
+                 "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert (f"arithmetic3: paired with {a} on 4 problems: this model 0 right, that one 2 (-50.0 points); only this "
+            f"one right on 0, only that one on 2; exact McNemar p 0.5") in out
+
+
+def _refused(argv, capsys, *words):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--paired-with" in err and all(w in err for w in words), err
+    return err
+
+
+def test_paired_with_refusals_name_the_file_and_come_before_the_model_loads(tmp_path, capsys, monkeypatch):
+    import gptforge.cli.evaluate as ev
+
+    monkeypatch.setattr(ev, "load", lambda *a, **k: pytest.fail("the model loaded before --paired-with was checked"))
+    ckpt = tiny_chat_checkpoint(tmp_path / "m")
+    base = ["eval", "--ckpt", str(ckpt), "--tasks", "arithmetic3", "--limit", "2", "--device", "cpu", "--paired-with"]
+    good = {"task": "arithmetic3", "replies": [{"question": "What is 100 + 100?", "correct": True}]}
+    cases = {
+        "missing.json": (None, "cannot read"),
+        "text.json": ("not json at all", "not JSON"),
+        "latin1.json": (b"\xff\xfe\x00", "not JSON"),
+        "mc.json": (json.dumps({"results": {"hellaswag": {"acc": 0.3}}}), "not the JSON"),
+        "notask.json": (json.dumps([{"replies": []}]), "not the JSON"),
+        "old.json": (json.dumps([{"task": "arithmetic3", "samples": []}]), "no 'replies'"),
+        "badrow.json": (json.dumps([{"task": "arithmetic3", "replies": [{"question": 1, "correct": "yes"}]}]),
+                        "no 'replies'"),
+        "other.json": (json.dumps([{**good, "task": "compare"}]), "holds no arithmetic3"),
+    }
+    for name, (content, words) in cases.items():
+        path = tmp_path / name
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        elif content is not None:
+            path.write_text(content)
+        _refused([*base, str(path)], capsys, str(path), words)
+    _refused([*base, str(tmp_path)], capsys, "cannot read")  # a folder
+    monkeypatch.setattr(ev, "PAIRED_MAX_BYTES", 10)
+    (tmp_path / "big.json").write_text(json.dumps([good]))
+    _refused([*base, str(tmp_path / "big.json")], capsys, "bytes")
+    monkeypatch.setattr(ev, "PAIRED_MAX_BYTES", 256 << 20)
+    (tmp_path / "good.json").write_text(json.dumps([good]))
+    _refused(["eval", "--ckpt", str(ckpt), "--tasks", "hellaswag", "--paired-with", str(tmp_path / "good.json")],
+             capsys, "has none")
+    _refused(["eval", "--ckpt", str(ckpt), "--preferences", "p.jsonl", "--paired-with", str(tmp_path / "good.json")],
+             capsys, "does not apply")
+    monkeypatch.undo()
+    # loads, then finds no shared problem: the first 2 arithmetic3 eval problems are not "What is 100 + 100?"
+    _refused([*base, str(tmp_path / "good.json")], capsys, "none of its arithmetic3 problems")
+
+
+def test_every_reply_is_kept_with_its_own_verdict(monkeypatch):
+    """Rows built from the replies the model gave (here: the worked solution on even problems, a wrong number
+    or a broken format on odd ones), in problem order, each judged on its own."""
+    import gptforge.eval.generative as gen
+
+    problems = GENERATIVE["arithmetic3"].problems(6)
+    given = [p.solution if i % 2 == 0 else ("The answer is 7." if i % 4 == 1 else f"It is {p.answer}.")
+             for i, p in enumerate(problems)]
+    monkeypatch.setattr(gen, "generate_replies", lambda model, enc, prompts, *a, **k: given[: len(prompts)])
+    monkeypatch.setattr(gen, "prompt_ids", lambda p, enc, template, system=None: [1, 2, 3])
+
+    class M:
+        class config:
+            block_size = 64
+
+    (r,) = gen.evaluate_generative(M(), None, ["arithmetic3"], None, limit=6)
+    assert [x["reply"] for x in r.replies] == given and [x["question"] for x in r.replies] == [p.question for p in problems]
+    assert [x["correct"] for x in r.replies] == [True, False, True, False, True, False]
+    assert r.accuracy == 0.5 and r.format_rate == 0.5 and len(r.samples) == 3
