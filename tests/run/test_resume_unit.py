@@ -149,6 +149,58 @@ def test_saved_config_reads_the_flat_rl_settings_of_old_checkpoints():
     assert (cfg.rl.group, cfg.sft.val_count) == (defaults.rl.group, defaults.sft.val_count)
 
 
+
+@pytest.mark.parametrize("conf,field,shown", [([1, 2], "config", "[1, 2]"), ("optim", "config", "'optim'"),
+                                              (None, "config", "None"), ("missing", "config", "None")])
+def test_a_saved_config_that_is_not_an_object_is_refused_naming_the_file(conf, field, shown):
+    meta = {"step": 1} if conf == "missing" else {"config": conf, "step": 1}
+    with pytest.raises(ConfigError) as e:
+        resume.saved_config(meta, "run/checkpoints/step_000001/meta.json")
+    assert str(e.value) == (f"run/checkpoints/step_000001/meta.json: {field} = {shown}: expected an object "
+                            "(the saved config is damaged)")
+
+
+@pytest.mark.parametrize("section", ["model", "optim", "train", "rl", "lora"])
+@pytest.mark.parametrize("value", [[1], "x", True, None])
+def test_a_saved_config_section_or_value_of_the_wrong_type_is_refused_naming_the_file_and_the_field(section, value):
+    d = _cfg(10).to_dict()
+    d[section] = value
+    with pytest.raises(ConfigError) as e:
+        resume.saved_config({"config": d}, "R/meta.json")
+    assert str(e.value) == f"R/meta.json: config.{section} = {value!r}: expected an object (the saved config is damaged)"
+    d = _cfg(10).to_dict()
+    d["optim"]["lr"], d["extra"] = value, "an unknown section is not read"
+    with pytest.raises(ConfigError) as e:
+        resume.saved_config({"config": d}, "R/meta.json")
+    assert str(e.value) == f"R/meta.json: optim.lr = {value!r}: expected a number (the saved config is damaged)"
+    d = _cfg(10).to_dict()
+    d["model"]["arch"] = value
+    with pytest.raises(ConfigError) as e:  # a list here was a TypeError (unhashable) inside the family lookup
+        resume.saved_config({"config": d}, "R/meta.json")
+    assert str(e.value) == f"R/meta.json: model.arch={value!r} is not a known model family; known: gpt2, llama"
+    with pytest.raises(ConfigError, match=r"^meta\.json: optim\.lr = "):  # without a path: the file's name
+        d = _cfg(10).to_dict()
+        d["optim"]["lr"] = [value]
+        resume.saved_config({"config": d})
+
+
+def test_a_resume_from_a_damaged_config_exits_2_with_one_line_naming_the_meta_json(tmp_path, monkeypatch, capsys):
+    from gptforge.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    mcfg = GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=8, vocab_size=16)
+    d = Config(model=mcfg).to_dict()
+    d["optim"] = "adamw"
+    where = ckpt.save_checkpoint(tmp_path / "run", 1, GPT(mcfg), None, {"config": d, "step": 1})
+    assert main(["train", "--out", "run", "--resume"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"gptforge train: error: {where.relative_to(tmp_path) / 'meta.json'}: config.optim = 'adamw': "
+                   "expected an object (the saved config is damaged)"], err
+    meta = {"config": Config(model=mcfg).to_dict(), "step": 1}
+    meta["config"]["train"]["max_steps"] = "ten"
+    with pytest.raises(ConfigError, match=r"^S/meta\.json: train\.max_steps = 'ten': expected an integer"):
+        resume.resume_config(meta, [], str(tmp_path), where="S/meta.json")
+
 def test_model_paths_become_absolute_part_by_part(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     cfg = Config()

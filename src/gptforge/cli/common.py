@@ -241,7 +241,7 @@ def resolve_run(out: str | None, resume: str | None, overrides: list[str], recip
         name = recipe if isinstance(recipe, str) else COMMAND_OF[recipe[0]]
         raise CliError(f"--resume: {found} is {article(kind)} {kind} checkpoint; continue it with `gptforge {COMMAND_OF[kind]} "
                        f"--out {run_dir} --resume`, or start a new {name} run from it with --init-from")
-    cfg = resume_config(meta, overrides, run_dir, frozen)
+    cfg = resume_config(meta, overrides, run_dir, frozen, where=str(found / "meta.json"))
     check_weights_fit(found, cfg.model)  # meta.json's shape against the weights file, before anything else
     cfg.train.trust_checkpoint = trusted
     return cfg, found, meta

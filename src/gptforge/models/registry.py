@@ -81,7 +81,7 @@ register(Family("llama", "gptforge.models.llama", "LlamaConfig", "Llama", hf_mod
 
 
 def get_family(arch: str) -> Family:
-    if arch not in FAMILIES:
+    if not isinstance(arch, str) or arch not in FAMILIES:  # a saved config's JSON may hold a list here
         raise ValueError(f"model.arch={arch!r} is not a known model family; known: {', '.join(FAMILIES)}")
     return FAMILIES[arch]
 

@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -74,10 +75,19 @@ def recipe_of(meta: dict) -> str:
     return "grpo" if "rl" in meta else "sft" if "sft" in meta else "pretrain"
 
 
-def saved_config(meta: dict) -> Config:
+def saved_config(meta: dict, where: str = "meta.json") -> Config:
     """The config a checkpoint was trained with; SFT and RL checkpoints written before ``sft`` and ``rl``
-    became sections of the config (their settings sat beside it in meta.json) are read into today's keys."""
-    d = {k: dict(v) if isinstance(v, dict) else v for k, v in dict(meta["config"]).items()}
+    became sections of the config (their settings sat beside it in meta.json) are read into today's keys.
+    A damaged config (not an object, a section that is not one, a value of the wrong type or range) is a
+    ConfigError naming ``where`` (the meta.json) and the field, never a TypeError from inside."""
+    conf = meta.get("config")
+    if not isinstance(conf, dict):
+        raise ConfigError(f"{where}: config = {conf!r:.80}: expected an object (the saved config is damaged)")
+    sections = {f.name for f in dataclasses.fields(Config)}
+    for k, v in conf.items():
+        if k in sections and not isinstance(v, dict):
+            raise ConfigError(f"{where}: config.{k} = {v!r:.80}: expected an object (the saved config is damaged)")
+    d = {k: dict(v) if isinstance(v, dict) else v for k, v in conf.items()}
     if isinstance(meta.get("sft"), dict) and "sft" not in d:
         d["sft"] = dict(meta["sft"])
     if isinstance(meta.get("rl"), dict) and "rl" not in d:
@@ -86,7 +96,10 @@ def saved_config(meta: dict) -> Config:
             if old in rl:
                 d.setdefault(section, {})[key] = rl.pop(old)
         d["rl"] = rl
-    return Config.from_dict(d)
+    try:
+        return Config.from_dict(d)
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from e
 
 
 # config keys that name other models (comma-separated checkpoint paths): saved as absolute paths, and on
@@ -135,16 +148,18 @@ def same_models(old: str, new: str, key: str) -> bool:
     return True
 
 
-def resume_config(meta: dict, overrides: list[str], out_dir: str, frozen: tuple[str, ...] = ()) -> Config:
+def resume_config(meta: dict, overrides: list[str], out_dir: str, frozen: tuple[str, ...] = (),
+                  where: str = "meta.json") -> Config:
     """A resumed run's config: the checkpoint's own, with this command line's overrides on top; every
     override applies (none is silently dropped), and a key in ``frozen`` (one whose change would make
     the run another run, e.g. which conversations are held out) is refused naming it. The run is
     written where this command line says (``out_dir``), never where the checkpoint says it came from;
-    trust (``train.trust_checkpoint``) is never taken from the checkpoint."""
+    trust (``train.trust_checkpoint``) is never taken from the checkpoint. ``where``: the meta.json, named
+    by a damaged config's refusal."""
     from gptforge.config import apply_overrides
 
-    saved = saved_config(meta)
-    cfg = apply_overrides(saved_config(meta), overrides)
+    saved = saved_config(meta, where)
+    cfg = apply_overrides(saved_config(meta, where), overrides)
     for key in frozen:
         section, name = key.split(".", 1)
         old, new = getattr(getattr(saved, section), name), getattr(getattr(cfg, section), name)
