@@ -1,0 +1,471 @@
+"""Every option of every ``gptforge`` command tested through to its effect (issue 36), not only its refusal.
+
+``test_every_cli_option_has_an_effect_test`` walks ``build_parser()``: every command, every sub-command
+(``prepare SOURCE``, ``tokenizer train``) and every option string and positional of each. Each must be
+in ``EFFECTS`` (the pytest node ids of the tests that show its effect: the option changes something
+observable and the test checks it), or in ``OUTPUT_ONLY`` (it only selects what is printed, with a
+reason), or in ``NOT_YET`` (no effect test yet: a list that may only shrink, capped by ``NOT_YET_MAX``).
+An option the parser gains in none of them fails the walk; every node id named is looked up in its file
+with ``ast`` (no import, no collection), so an entry cannot point at nothing.
+
+The recipe commands' short flags (``rl --gamma`` = ``--rl.gamma``, ``dpo --val-count`` =
+``--dpo.val_count``, ...) are covered by two links: ``test_recipe_flags_reach_their_config_keys`` (every
+short flag, typed with a value other than the default, is in the resolved config ``--dry-run``
+prints, under the key its help names) and a test of that key's effect on the recipe (most of them the
+float64 hand computations of test_recipe_quantities.py). The ``--section.key`` overrides themselves are
+``apply_overrides`` (config.py), one code path for every key, tested by tests/cli/test_cli.py's
+test_overrides_parse_types for each value type.
+
+The effect tests here run tiny models (one layer, 32 wide) for a few steps each and compare with what
+the options promise, counted from the inputs: held-out rows counted from the file, problems per step
+and replies per problem from the calls of a recording reward, the logged learning rate from the
+warmup's formula, eval and checkpoint steps from the flags.
+
+Planted bugs these catch (each planted in a copy of src/ and seen to fail): a recipe's short flag left
+out of what it sets (``rl --seed``, ``rl --warmup-steps``, ``dpo --val-count``, ``rm --micro-batch``,
+``sft --skip-bad``); ``rl.top_k`` not passed to sampling; the pairs' held-out split ignoring its seed; the
+pair recipes' ``eval_every`` ignored; ``--base-loss`` never computed.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import json
+import os
+from collections import Counter
+from contextlib import redirect_stdout
+from pathlib import Path
+
+import pytest
+
+from gptforge.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+ME = "tests/cli/test_every_cli_option_has_an_effect.py"
+CPU = ["--device", "cpu"]
+
+
+# ---------------------------------------------------------------- the world: a tiny chat model and its data
+@pytest.fixture(scope="module")
+def world(tmp_path_factory, tokenizer):
+    from gptforge.eval.tasks.preferences import preference_set, write_preferences
+    from gptforge.eval.tasks.synthetic import arithmetic_problems, write_conversations
+    from tests.conftest import tiny_chat_checkpoint
+
+    tmp = tmp_path_factory.mktemp("opts")
+    conv = write_conversations(arithmetic_problems(30, seed=2), tmp / "conv.jsonl")
+    prefs = write_preferences(preference_set("compare", 24, seed=1), tmp / "prefs.jsonl")
+    for good in (conv, prefs):  # the same rows and one that is not JSON: --skip-bad's input
+        bad = tmp / f"bad_{good.name}"
+        lines = good.read_text().splitlines(keepends=True)
+        bad.write_text("".join(lines[:5]) + "{not json\n" + "".join(lines[5:]))
+    return {"tmp": tmp, "chat": str(tiny_chat_checkpoint(tmp / "chat")), "conv": str(conv), "prefs": str(prefs),
+            "bad_conv": str(tmp / "bad_conv.jsonl"), "bad_prefs": str(tmp / "bad_prefs.jsonl")}
+
+
+def _records(run: Path, kind: str) -> list[dict]:
+    return [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["kind"] == kind]
+
+
+def _ckpt_steps(run: Path) -> list[int]:
+    return sorted(int(p.name.split("_")[1]) for p in (run / "checkpoints").glob("step_*"))
+
+
+def _dry(argv: list[str]) -> dict:
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        assert main(argv) == 0, argv
+    return json.loads(buf.getvalue())
+
+
+# ---------------------------------------------------------------- link 1: every short flag reaches its key
+# (command, flag) -> (the config key the flag's help names, a value other than the default), written out
+# here from the help texts, not read from the CLI's own tables
+SHORT = {
+    "sft": {"--data": ("sft.data", "@bad_conv"), "--val-count": ("sft.val_count", 7), "--split": ("sft.split", "dev"),
+            "--seed": ("sft.seed", 11), "--skip-bad": ("sft.skip_bad", True), "--steps": ("train.max_steps", 9)},
+    "rl": {"--task": ("rl.task", "compare"), "--reward": ("rl.reward", "numeric_closeness"),
+           "--steps": ("train.max_steps", 9), "--prompts": ("rl.prompts", 3), "--group": ("rl.group", 5),
+           "--max-new-tokens": ("rl.max_new_tokens", 7), "--temperature": ("rl.temperature", 0.55),
+           "--top-k": ("rl.top_k", 3), "--lr": ("optim.lr", 0.00123), "--warmup-steps": ("optim.warmup_steps", 4),
+           "--kl-coef": ("rl.kl_coef", 0.033), "--kl-target": ("rl.kl_target", 0.7), "--clip-eps": ("rl.clip_eps", 0.07),
+           "--updates-per-batch": ("rl.updates_per_batch", 3), "--micro-batch": ("train.micro_batch", 5),
+           "--eval-every": ("rl.eval_every", 6), "--eval-n": ("rl.eval_n", 13), "--ckpt-every": ("train.ckpt_every", 8),
+           "--keep-ckpts": ("train.keep_ckpts", 6), "--seed": ("train.seed", 17), "--algo": ("rl.algo", "ppo"),
+           "--reward-model": ("rl.reward_model", "@chat"), "--gamma": ("rl.gamma", 0.91), "--lam": ("rl.lam", 0.81),
+           "--vf-coef": ("rl.vf_coef", 0.37), "--clip-value": ("rl.clip_value", 0.29),
+           "--reward-norm": ("rl.reward_norm", True), "--raw": ("rl.raw", True), "--device": ("train.device", "cpu")},
+}
+for _s in ("rm", "dpo"):
+    SHORT[_s] = {"--data": (f"{_s}.data", "@bad_prefs"), "--split": (f"{_s}.split", "dev"),
+                 "--val-count": (f"{_s}.val_count", 7), "--seed": (f"{_s}.seed", 11),
+                 "--skip-bad": (f"{_s}.skip_bad", True), "--eval-every": (f"{_s}.eval_every", 6),
+                 "--steps": ("train.max_steps", 9), "--lr": ("optim.lr", 0.00123),
+                 "--micro-batch": ("train.micro_batch", 3), "--ckpt-every": ("train.ckpt_every", 8),
+                 "--device": ("train.device", "cpu")}
+SHORT["dpo"].update({"--beta": ("dpo.beta", 0.37), "--loss-type": ("dpo.loss_type", "ipo"),
+                     "--sft-coef": ("dpo.sft_coef", 0.25), "--task": ("dpo.task", "compare"),
+                     "--eval-n": ("dpo.eval_n", 13)})
+NEEDS_DATA = {"sft": "conv", "rm": "prefs", "dpo": "prefs"}
+
+
+@pytest.mark.parametrize("command", sorted(SHORT))
+def test_recipe_flags_reach_their_config_keys(world, tmp_path, command):
+    """Each short flag of sft/rl/rm/dpo, typed with a value other than the default, is the resolved config's
+    value of the key its help names; and --dry-run prints that config and trains nothing."""
+    base = [command, "--init-from", world["chat"], "--out", str(tmp_path / "r"), "--dry-run"]
+    if command in NEEDS_DATA:
+        base += ["--data", world[NEEDS_DATA[command]]]
+    default = _dry(base)
+    argv = list(base)
+    want = {}
+    for flag, (key, value) in SHORT[command].items():
+        value = world[value[1:]] if isinstance(value, str) and value.startswith("@") else value
+        if flag == "--data":
+            argv[argv.index("--data") + 1] = value
+        elif value is True:
+            argv.append(flag)
+        else:
+            argv += [flag, str(value)]
+        want[key] = value
+    got = _dry(argv)
+    for key, value in want.items():
+        section, name = key.split(".")
+        assert got[section][name] == value, (command, key)
+        assert default[section][name] != value, f"{command} {key}: pick a test value other than the default"
+    assert not (tmp_path / "r" / "metrics.jsonl").exists() and not (tmp_path / "r" / "checkpoints").exists()
+
+
+# ---------------------------------------------------------------- rl: the rollout's shape, from a recording reward
+def recording_reward(problem, reply: str) -> float:
+    """A graded reward that writes each (problem, reply) it scores to $GPTFORGE_TEST_REWARD_LOG."""
+    with open(os.environ["GPTFORGE_TEST_REWARD_LOG"], "a") as f:
+        f.write(json.dumps({"q": problem.question, "r": reply}) + "\n")
+    return float(len(reply) % 3)
+
+
+def _rl(world, tmp_path, monkeypatch, name, *flags) -> tuple[Path, list[dict]]:
+    log = tmp_path / f"{name}.jsonl"
+    log.write_text("")
+    monkeypatch.setenv("GPTFORGE_TEST_REWARD_LOG", str(log))
+    out = tmp_path / name
+    assert main(["rl", "--init-from", world["chat"], "--out", str(out), "--reward", f"{__name__}:recording_reward",
+                 *CPU, *flags]) == 0
+    return out, [json.loads(x) for x in log.read_text().splitlines()]
+
+
+def test_rl_rollout_options_shape_what_is_sampled_scored_and_logged(world, tmp_path, monkeypatch):
+    """--steps, --prompts, --group, --max-new-tokens, --seed, --task, --top-k, --reward, --lr, --warmup-steps,
+    --eval-every, --eval-n, --ckpt-every, --keep-ckpts, --algo, --out: each checked against what it promises."""
+    a, calls_a = _rl(world, tmp_path, monkeypatch, "a", "--steps", "4", "--prompts", "3", "--group", "2",
+                     "--max-new-tokens", "5", "--seed", "5", "--lr", "2e-3", "--warmup-steps", "4",
+                     "--eval-every", "2", "--eval-n", "3", "--ckpt-every", "2", "--keep-ckpts", "1")
+    b, calls_b = _rl(world, tmp_path, monkeypatch, "b", "--steps", "3", "--prompts", "2", "--group", "3",
+                     "--max-new-tokens", "3", "--seed", "6", "--lr", "1e-3", "--warmup-steps", "2", "--eval-n", "2",
+                     "--eval-every", "0", "--ckpt-every", "1", "--keep-ckpts", "5", "--top-k", "1")
+    one = ["--steps", "1", "--prompts", "3", "--group", "2", "--max-new-tokens", "5", "--eval-n", "2"]
+    c, calls_c = _rl(world, tmp_path, monkeypatch, "c", *one, "--seed", "5", "--task", "compare", "--ckpt-every", "0")
+    _, calls_d = _rl(world, tmp_path, monkeypatch, "d", *one, "--seed", "5")
+    _, calls_e = _rl(world, tmp_path, monkeypatch, "e", *one, "--seed", "6")
+    f, _ = _rl(world, tmp_path, monkeypatch, "f", *one, "--algo", "ppo")
+    for run, calls, steps, prompts, group, new in ((a, calls_a, 4, 3, 2, 5), (b, calls_b, 3, 2, 3, 3)):
+        recs = _records(run, "rl")
+        assert [r["step"] for r in recs] == list(range(1, steps + 1))  # --steps
+        assert len(calls) == steps * prompts * group  # --reward scores every reply, and only those
+        for s, rec in enumerate(recs):
+            mine = calls[s * prompts * group:(s + 1) * prompts * group]
+            assert sorted(Counter(x["q"] for x in mine).values()) == [group] * prompts  # --prompts x --group
+            assert rec["reward"] == pytest.approx(sum(len(x["r"]) % 3 for x in mine) / len(mine))  # --reward's mean
+            assert rec["reply_len"] <= new  # --max-new-tokens caps every reply
+        assert max(r["reply_len"] for r in recs) == new  # a random model never stops early: it reaches the cap
+    # --lr and --warmup-steps: linear warmup, lr * step / warmup
+    assert [r["lr"] for r in _records(a, "rl")] == pytest.approx([2e-3 * s / 4 for s in (1, 2, 3, 4)], rel=1e-9)
+    assert [r["lr"] for r in _records(b, "rl")][:2] == pytest.approx([1e-3 / 2, 1e-3], rel=1e-9)
+    # --eval-every (0 = start and end) and --eval-n
+    assert [(r["step"], r["n"]) for r in _records(a, "eval")] == [(0, 3), (2, 3), (4, 3)]
+    assert [(r["step"], r["n"]) for r in _records(b, "eval")] == [(0, 2), (3, 2)]
+    # --ckpt-every and --keep-ckpts (the newest kept); the last step is saved whatever --ckpt-every says
+    assert (_ckpt_steps(a), _ckpt_steps(b), _ckpt_steps(c)) == ([4], [1, 2, 3], [1])
+    # --seed: the same seed draws the same problems, another seed others; --task compare: compare problems
+    first = lambda calls: sorted({x["q"] for x in calls[:6]})  # noqa: E731  step 1's problems
+    assert first(calls_d) == first(calls_a) and first(calls_e) != first(calls_a)
+    assert all(q.startswith("What is") for q in first(calls_a) + first(calls_e))
+    assert all(q.startswith("Which is larger") for q in first(calls_c))
+    # --algo ppo: the PPO recipe, a value model (the policy's body and a scalar head) beside it, its value loss logged
+    (start_a,), (start_f,) = _records(a, "start"), _records(f, "start")
+    assert (start_a["recipe"], start_f["recipe"]) == ("grpo", "ppo") and start_f["params"] > 1.9 * start_a["params"]
+    assert "value_loss" in _records(f, "rl")[0] and "value_loss" not in _records(a, "rl")[0]
+    # --top-k 1: greedy, every reply to a problem the same; without it some group's replies differ
+    for calls, greedy in ((calls_a, False), (calls_b, True)):
+        groups: dict[str, set] = {}
+        for x in calls:
+            groups.setdefault(x["q"], set()).add(x["r"])
+        assert all(len(g) == 1 for g in groups.values()) == greedy
+
+
+# ---------------------------------------------------------------- rm and dpo: the held-out split, the schedule
+def _spy_pairs(monkeypatch, recipe_cls) -> list[dict]:
+    from gptforge.training.pairs import PairRecipe
+
+    runs: list[dict] = []
+    real_loaders, real_micro = PairRecipe.loaders, recipe_cls.micro_step
+
+    def loaders(self, cfg, info):
+        train, val, n = real_loaders(self, cfg, info)
+        runs.append({"train": len(train.pairs), "val": [p.chosen.ids.tolist() + p.rejected.ids.tolist()
+                                                        for p in self.val], "batches": []})
+        return train, val, n
+
+    def micro_step(self, run, batch):
+        runs[-1]["batches"].append(batch.n)
+        return real_micro(self, run, batch)
+
+    monkeypatch.setattr(PairRecipe, "loaders", loaders)
+    monkeypatch.setattr(recipe_cls, "micro_step", micro_step)
+    return runs
+
+
+@pytest.mark.parametrize("command", ["rm", "dpo"])
+def test_pair_options_split_schedule_and_save_what_they_say(world, tmp_path, monkeypatch, capsys, command):
+    """--data, --skip-bad, --val-count, --seed, --eval-every, --steps, --micro-batch, --lr, --ckpt-every of
+    rm and dpo: held-out and training pairs counted from the file, batches, eval and checkpoint steps."""
+    from gptforge.training.dpo import DPO
+    from gptforge.training.rm import RM
+
+    spy = _spy_pairs(monkeypatch, RM if command == "rm" else DPO)
+    n_rows = len(Path(world["prefs"]).read_text().splitlines())  # the bad file: these rows and one bad line
+    go = lambda name, data, *flags: main([command, "--init-from", world["chat"], "--data", world[data],  # noqa: E731
+                                          "--out", str(tmp_path / name), *CPU, *flags])
+    capsys.readouterr()
+    assert go("x", "bad_prefs", "--val-count", "5", "--steps", "1") == 2
+    assert "bad_prefs.jsonl:6: not valid JSON" in capsys.readouterr().err
+    assert go("p1", "bad_prefs", "--skip-bad", "--val-count", "5", "--seed", "3", "--eval-every", "2", "--steps", "3",
+              "--micro-batch", "2", "--lr", "2e-3", "--ckpt-every", "2") == 0
+    assert "skipped 1 bad preference row" in capsys.readouterr().out
+    assert go("p2", "prefs", "--val-count", "6", "--seed", "4", "--eval-every", "0", "--steps", "3",
+              "--micro-batch", "3", "--lr", "4e-3", "--ckpt-every", "0") == 0
+    assert go("p3", "prefs", "--val-count", "5", "--seed", "4", "--steps", "1") == 0
+    p1, p2, p3 = spy
+    assert (p1["train"], len(p1["val"]), p2["train"], len(p2["val"])) == (n_rows - 5, 5, n_rows - 6, 6)
+    assert set(p1["batches"]) == {2} and set(p2["batches"]) == {3}  # --micro-batch pairs per forward
+    assert len(p3["val"]) == 5 and sorted(p3["val"]) != sorted(p1["val"])  # --seed picks the held-out pairs
+    r1, r2 = (tmp_path / "p1", tmp_path / "p2")
+    assert [r["step"] for r in _records(r1, command)] == [1, 2, 3] == [r["step"] for r in _records(r2, command)]
+    assert [(r["step"], r["n"]) for r in _records(r1, "eval")] == [(0, 5), (2, 5), (3, 5)]
+    assert [(r["step"], r["n"]) for r in _records(r2, "eval")] == [(0, 6), (3, 6)]
+    lr1, lr2 = ([r["lr"] for r in _records(r, command)] for r in (r1, r2))
+    assert lr2 == pytest.approx([2 * x for x in lr1], rel=1e-12) and len(set(lr1)) == 3  # the schedule of --lr
+    assert _ckpt_steps(r1) == [2, 3] and _ckpt_steps(r2) == [3]
+
+
+# ---------------------------------------------------------------- sft: the held-out conversations, the base loss
+def test_sft_options_split_and_score_what_they_say(world, tmp_path, monkeypatch, capsys):
+    """--data, --skip-bad, --val-count, --seed, --steps, --base-loss of sft: training and held-out conversations
+    counted from the file; the base loss is the starting model's held-out loss (the first val of a run whose
+    one step cannot move it, lr 1e-12)."""
+    from gptforge.data import sft as sft_data
+    from gptforge.run import checkpoint as ckpt
+
+    loaders: list[tuple[int, bool, list]] = []
+    real = sft_data.ConversationLoader.__init__
+
+    def init(self, convs, *a, shuffle=True, **k):
+        loaders.append((len(convs), shuffle, [c.ids.tolist() for c in convs]))
+        real(self, convs, *a, shuffle=shuffle, **k)
+
+    monkeypatch.setattr(sft_data.ConversationLoader, "__init__", init)
+    n_rows = len(Path(world["conv"]).read_text().splitlines())
+    small = ["--train.seq_len", "64", "--train.micro_batch", "2", "--train.total_batch_tokens", "128",
+             "--train.ckpt_every", "0", "--train.device", "cpu", "--train.sample_every", "0"]
+    go = lambda name, data, *flags: main(["sft", "--init-from", world["chat"], "--data", world[data],  # noqa: E731
+                                          "--out", str(tmp_path / name), *small, *flags])
+    capsys.readouterr()
+    assert go("x", "bad_conv", "--steps", "1") == 2 and "bad_conv.jsonl:6" in capsys.readouterr().err
+    got = {}
+    for name, data, flags in (("s1", "bad_conv", ["--skip-bad", "--val-count", "4", "--seed", "3", "--steps", "2",
+                                                   "--base-loss", "--optim.lr", "1e-12", "--optim.warmup_steps", "0",
+                                                   "--train.val_every", "1"]),
+                              ("s2", "conv", ["--val-count", "6", "--seed", "4", "--steps", "1"]),
+                              ("s3", "conv", ["--val-count", "4", "--seed", "4", "--steps", "1"])):
+        loaders.clear()
+        assert go(name, data, *flags) == 0
+        (n_train, shuffled, _), (n_val, val_shuffled, val) = loaders[-2:]  # the run's (--base-loss: a first pair)
+        assert shuffled and not val_shuffled
+        got[name] = (n_train, n_val, val)
+        assert ("skipped 1 bad conversation" in capsys.readouterr().out) == (name == "s1")
+    assert [got[k][:2] for k in ("s1", "s2")] == [(n_rows - 4, 4), (n_rows - 6, 6)]
+    assert sorted(got["s3"][2]) != sorted(got["s1"][2])  # --seed picks the held-out conversations
+    assert [r["step"] for r in _records(tmp_path / "s1", "train")] == [1, 2]
+    assert [r["step"] for r in _records(tmp_path / "s2", "train")] == [1]
+    base = ckpt.read_meta(ckpt.latest_checkpoint(tmp_path / "s1"))["base_val_loss"]
+    assert base == pytest.approx(_records(tmp_path / "s1", "val")[0]["val_loss"], abs=1e-5)
+    assert "base_val_loss" not in ckpt.read_meta(ckpt.latest_checkpoint(tmp_path / "s2"))
+
+
+# ---------------------------------------------------------------- the registry and the walk
+CHAIN = f"{ME}::test_recipe_flags_reach_their_config_keys"
+RL = f"{ME}::test_rl_rollout_options_shape_what_is_sampled_scored_and_logged"
+PAIRS = f"{ME}::test_pair_options_split_schedule_and_save_what_they_say"
+SFT = f"{ME}::test_sft_options_split_and_score_what_they_say"
+RQ = "tests/training/test_recipe_quantities.py::"
+PQ = "tests/training/test_pair_recipe_quantities.py::test_dpo_step_against_a_hand_computation"
+RESUME = "tests/training/test_ctrl_c_every_command.py::test_ctrl_c_saves_exits_130_and_resumes_bit_exactly"
+RECIPE_HELP = "tests/test_config_help.py::test_recipe_help_config_needs_no_out_or_init_from"
+SAMPLE = "tests/cli/test_sample_options_effect.py::"
+
+# (command, option or <positional>) -> the tests that show its effect
+EFFECTS: dict[tuple[str, str], tuple[str, ...]] = {
+    # train
+    ("train", "--resume"): (RESUME,),
+    ("train", "--help-config"): ("tests/test_config_help.py::test_help_config_lists_choices_and_descriptions",
+                                 "tests/models/test_registry.py::test_help_config_shows_the_preset_values_with_overrides"),
+    # sample: greedy outputs against a decoder written out in the test, sampled ones against the library
+    **{("sample", flag): (SAMPLE + test,) for flag, test in {
+        "--prompt": "test_prompt_max_new_tokens_and_temperature_zero",
+        "--max-new-tokens": "test_prompt_max_new_tokens_and_temperature_zero",
+        "--ckpt": "test_prompt_max_new_tokens_and_temperature_zero",
+        "--temperature": "test_seed_num_samples_temperature", "--num-samples": "test_seed_num_samples_temperature",
+        "--seed": "test_seed_num_samples_temperature", "--top-k": "test_top_p_and_top_k",
+        "--top-p": "test_top_p_and_top_k", "--repetition-penalty": "test_repetition_penalty", "--stop": "test_stop",
+        "--stop-at-eot": "test_stop_at_eot", "--device": "test_device_places_the_model"}.items()},
+    ("sample", "--llmc"): ("tests/cli/test_cli_generation.py::test_sample_from_llmc_file_equals_checkpoint",),
+    # eval
+    ("eval", "--tasks"): ("tests/cli/test_eval_cli.py::test_eval_command_writes_json",),
+    ("eval", "--limit"): ("tests/cli/test_eval_cli.py::test_eval_command_writes_json",),
+    ("eval", "--json"): ("tests/cli/test_eval_cli.py::test_eval_command_writes_json",),
+    ("eval", "--bench"): ("tests/cli/test_eval_cli.py::test_eval_bench_writes_json",),
+    # sft
+    **{("sft", f): (SFT,) for f in ("--data", "--skip-bad", "--val-count", "--seed", "--steps", "--base-loss", "--out")},
+    ("sft", "--dry-run"): (CHAIN,),
+    ("sft", "--resume"): (RESUME,),
+    ("sft", "--help-config"): (RECIPE_HELP,),
+    # rl: end to end here, or the short flag to its key (CHAIN) and the key's float64 hand computation
+    **{("rl", f): (RL,) for f in ("--steps", "--prompts", "--group", "--max-new-tokens", "--seed", "--task", "--top-k",
+                                  "--reward", "--lr", "--warmup-steps", "--eval-every", "--eval-n", "--ckpt-every",
+                                  "--keep-ckpts", "--algo", "--out")},
+    ("rl", "--temperature"): (CHAIN, RQ + "test_grpo_step_against_a_hand_computation"),
+    ("rl", "--kl-coef"): (CHAIN, RQ + "test_grpo_step_against_a_hand_computation"),
+    ("rl", "--clip-eps"): (CHAIN, RQ + "test_grpo_step_against_a_hand_computation"),
+    ("rl", "--updates-per-batch"): (CHAIN, RQ + "test_grpo_step_against_a_hand_computation",
+                                    RQ + "test_ppo_step_against_a_hand_computation"),
+    ("rl", "--micro-batch"): (CHAIN, RQ + "test_ppo_step_against_a_hand_computation"),
+    ("rl", "--kl-target"): (CHAIN, RQ + "test_grpo_adaptive_kl_moves_the_coefficient_by_the_controller",
+                            RQ + "test_ppo_adaptive_kl_feeds_the_experience"),
+    ("rl", "--reward-norm"): (CHAIN, RQ + "test_grpo_reward_model_ensemble_whitened_then_reduced"),
+    **{("rl", f): (CHAIN, RQ + "test_ppo_step_against_a_hand_computation")
+       for f in ("--gamma", "--lam", "--vf-coef", "--clip-value")},
+    ("rl", "--raw"): ("tests/training/test_grpo.py::test_rl_refuses_base_model_without_template",),
+    ("rl", "--dry-run"): (CHAIN,),
+    ("rl", "--resume"): (RESUME,),
+    ("rl", "--help-config"): (RECIPE_HELP,),
+    # rm and dpo
+    **{(c, f): (PAIRS,) for c in ("rm", "dpo") for f in ("--data", "--skip-bad", "--val-count", "--seed",
+                                                          "--eval-every", "--steps", "--micro-batch", "--lr",
+                                                          "--ckpt-every", "--out")},
+    **{(c, "--dry-run"): (CHAIN,) for c in ("rm", "dpo")},
+    **{(c, "--resume"): (RESUME,) for c in ("rm", "dpo")},
+    **{(c, "--help-config"): (RECIPE_HELP,) for c in ("rm", "dpo")},
+    ("dpo", "--beta"): (PQ,),
+    ("dpo", "--sft-coef"): (PQ,),
+    ("dpo", "--loss-type"): (PQ,),
+}
+
+# options that only choose what is printed, not what is computed or written
+OUTPUT_ONLY: dict[str, str] = {
+    "--help": "prints the command's usage and exits (argparse)",
+    "--no-progress": "hides the progress bar on stderr; the shards written are the same",
+}
+
+NOT_YET_MAX = 196  # lower it as NOT_YET shrinks; never raise it
+# options with no effect test yet, by command: each gets one (and leaves) before new options come in
+NOT_YET: set[tuple[str, str]] = {(c, o) for c, opts in {
+    "assets": ("--online", "<names>"),
+    "bench": ("--force", "--json", "--ladder", "--out", "--preset", "--steps", "--sweep-micro-batch", "--switch",
+              "--trace", "--warmup"),
+    "bench-generate": ("--batch", "--device", "--dtype", "--force", "--json", "--new-tokens", "--prompt-tokens",
+                       "--repeats", "--size", "--threads"),
+    "bench-prepare": ("--copies", "--force", "--json", "--memory-factor", "--repeats", "--shard-tokens",
+                      "--workdir", "--workers"),
+    "chat": ("--ckpt", "--device", "--gguf", "--hf", "--llmc", "--max-new-tokens", "--random",
+             "--repetition-penalty", "--seed", "--system", "--temperature", "--top-k", "--top-p"),
+    "dpo": ("--device", "--eval-n", "--force", "--init-from", "--split", "--task"),
+    "eval": ("--against", "--batch-tokens", "--ckpt", "--device", "--dtype", "--force", "--gguf", "--hf", "--llmc",
+             "--paired-with", "--preferences", "--random", "--raw", "--repeats", "--reward-model", "--system"),
+    "export": ("--adapters-only", "--ckpt", "--dtype", "--force", "--gguf", "--hf", "--llmc", "--no-tokenizer",
+               "--out", "--random", "<format>"),
+    "import": ("--force", "--model", "--out", "<format>"),
+    "plan": ("--force", "--gpu", "--gpu-mem", "--gpus-per-node", "--json", "--measure", "--out", "--preset",
+             "--reserve", "--steps", "--tokens", "--world"),
+    "plot": ("--force", "--image", "--labels", "<runs>"),
+    "prepare conversations": ("--digits", "--force", "--n", "--out", "--seed", "<task>"),
+    "prepare files": ("--force", "--name", "--out", "--shard-tokens", "--skip-bad", "--start-method",
+                      "--text-field", "--tokenizer", "--val-tokens", "--workers", "<paths>"),
+    "prepare fineweb": ("--data-files", "--edu", "--force", "--out", "--sample", "--shard-tokens", "--skip-bad",
+                        "--start-method", "--tokenizer", "--val-tokens", "--workers"),
+    "prepare preferences": ("--chosen", "--device", "--force", "--held-out", "--judge", "--kinds",
+                            "--max-new-tokens", "--n", "--out", "--pairs-per-problem", "--policy", "--samples",
+                            "--seed", "--temperature", "--top-k", "<task>"),
+    "prepare shakespeare": ("--out", "--source", "--tokenizer"),
+    "race": ("--evals", "--no-plot", "--out", "--target", "<presets>"),
+    "rl": ("--device", "--force", "--init-from", "--reward-model", "--trust-checkpoint"),
+    "rm": ("--device", "--force", "--init-from", "--split"),
+    "sample": ("--gguf", "--hf", "--random"),
+    "serve": ("--api-key", "--ckpt", "--device", "--gguf", "--hf", "--host", "--llmc", "--max-batch",
+              "--max-new-tokens-cap", "--max-queue", "--metrics", "--port", "--random"),
+    "sft": ("--force", "--init-from", "--split", "--trust-checkpoint"),
+    "tokenizer train": ("--force", "--held-out", "--hf-config", "--hf-dataset", "--max-chars", "--out",
+                        "--pattern", "--special", "--split", "--text-field", "--trainer", "--vocab-size",
+                        "<paths>"),
+    "train": ("--dry-run", "--force", "--init-from", "--out", "--preset", "--trust-checkpoint"),
+}.items() for o in opts}
+
+
+def cli_options() -> list[tuple[str, str]]:
+    """(command path, option) for every command and sub-command of ``build_parser()``: an option by its
+    longest spelling, a positional as <dest>."""
+    import argparse
+
+    from gptforge.cli import build_parser
+
+    out: list[tuple[str, str]] = []
+
+    def walk(parser, path):
+        for a in parser._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for name, sub in a.choices.items():
+                    walk(sub, [*path, name])
+            elif path:
+                out.append((" ".join(path), max(a.option_strings, key=len) if a.option_strings else f"<{a.dest}>"))
+
+    walk(build_parser(), [])
+    return out
+
+
+def _defined(node_id: str, cache: dict) -> bool:
+    """``path::name`` names a test function at the top level of that file (a parametrized one by its name)."""
+    path, name = node_id.split("::")
+    if path not in cache:
+        file = ROOT / path
+        tree = ast.parse(file.read_text()) if file.is_file() else ast.Module(body=[], type_ignores=[])
+        cache[path] = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    return name.startswith("test") and name in cache[path]
+
+
+def test_every_cli_option_has_an_effect_test():
+    options = cli_options()
+    assert len(options) > 250 and ("prepare files", "<paths>") in options  # the walk reaches sub-commands
+    walked = set(options)
+    untested = sorted(o for o in walked if o not in EFFECTS and o[1] not in OUTPUT_ONLY and o not in NOT_YET)
+    assert not untested, ("options with no effect test (write one and add it to EFFECTS; see the module "
+                          f"docstring): {untested}")
+    assert not set(EFFECTS) - walked, f"EFFECTS names options the CLI does not have: {set(EFFECTS) - walked}"
+    assert not NOT_YET - walked, f"NOT_YET names options the CLI does not have: {NOT_YET - walked}"
+    assert not set(EFFECTS) & NOT_YET, f"tested now, take them out of NOT_YET: {set(EFFECTS) & NOT_YET}"
+    assert len(NOT_YET) <= NOT_YET_MAX, "NOT_YET only shrinks: an option needs an effect test, not a NOT_YET entry"
+    cache: dict = {}
+    dangling = sorted({t for tests in EFFECTS.values() for t in tests if not _defined(t, cache)})
+    assert not dangling and all(EFFECTS.values()), f"EFFECTS entries that name no test: {dangling}"
+    covered = sum(1 for o in walked if o in EFFECTS)
+    print(f"\n{len(walked)} options walked: {covered} with an effect test, "
+          f"{sum(1 for o in walked if o[1] in OUTPUT_ONLY)} output-only, {len(NOT_YET)} NOT_YET")
