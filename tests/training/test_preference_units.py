@@ -313,3 +313,111 @@ def test_a_reward_models_damaged_template_or_tokenizer_entry_is_named_by_its_met
     with pytest.raises(TokenizerError) as e:  # the tokenizer it reads replies with is its own, checked
         rm_mod.load_reward_model(str(tmp_path / "k"))
     assert str(e.value).startswith(f"{where / 'meta.json'}: tokenizer.format/kind:"), str(e.value)
+
+
+# --- DPO's cached reference table (RUN/ref_logps.pt) ------------------------------------------------------
+
+
+def _pairs(seed, n, V=16):
+    from gptforge.data.preference import RenderedPair, RenderedSide
+
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        sides = []
+        for L, first in ((6, 3), (5, 2)):
+            ids = torch.randint(0, V, (L,), generator=g).numpy()
+            mask = (torch.arange(L) >= first).numpy()
+            sides.append(RenderedSide(ids, mask))
+        out.append(RenderedPair(*sides))
+    return out
+
+
+@torch.no_grad()
+def _hand_table(model, pairs):
+    """(n, 2) float64: each side's sum of log p(token | everything before it) over its reply tokens."""
+    m = copy.deepcopy(model).double().eval()
+    rows = []
+    for p in pairs:
+        row = []
+        for s in (p.chosen, p.rejected):
+            ids = torch.from_numpy(s.ids)
+            lp = torch.log_softmax(m(ids[None, :-1])[0][0].double(), -1)
+            row.append(sum(lp[t - 1, ids[t]].item() for t in range(1, len(ids)) if s.mask[t]))
+        rows.append(row)
+    return torch.tensor(rows, dtype=torch.float64)
+
+
+class _Run:
+    """What DPO._cached_tables reads of the run: its output folder, loader, model and rank."""
+
+    def __init__(self, out, model, train, main=True):
+        from gptforge.data.preference import PairLoader
+
+        self.cfg = SimpleNamespace(train=SimpleNamespace(out_dir=str(out), micro_batch=2))
+        self.state = SimpleNamespace(loader=PairLoader(train, B=2, shuffle=False, pad=0), step=0)
+        self.model, self.device, self.info, self.logs = model, "cpu", SimpleNamespace(is_main=main), []
+
+    def log(self, msg):
+        self.logs.append(msg)
+
+    def autocast(self):
+        import contextlib
+
+        return contextlib.nullcontext()
+
+
+def test_dpo_reference_table_is_cached_by_the_pairs_fingerprints_and_recomputed_otherwise(tmp_path):
+    from gptforge.data.preference import fingerprint
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=8, vocab_size=16))
+    train, val, other = _pairs(1, 3), _pairs(2, 2), _pairs(3, 2)
+    want = {"train": _hand_table(model, train), "val": _hand_table(model, val)}
+    dpo = object.__new__(dpo_mod.DPO)
+    dpo.template, dpo.val = SimpleNamespace(bos=0), val
+    path = tmp_path / "ref_logps.pt"
+
+    def tables(main=True, pairs=train):
+        run = _Run(tmp_path, model, pairs, main)
+        got = dpo._cached_tables(run)
+        assert set(got) == {"train", "val"} and got["train"].shape == (len(pairs), 2) and got["val"].shape == (2, 2)
+        return got, run.logs
+
+    got, logs = tables()  # nothing cached: computed and written
+    for k in ("train", "val"):
+        torch.testing.assert_close(got[k].double(), want[k], rtol=1e-5, atol=1e-5)
+    assert logs == [f"reference log-probs of 3 + 2 pairs -> {path}"]
+    saved = torch.load(path, weights_only=True)
+    assert saved["fingerprints"] == {"train": fingerprint(train), "val": fingerprint(val)}
+    assert torch.equal(saved["train"], got["train"]) and torch.equal(saved["val"], got["val"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ref_logps.pt"]  # written whole, no temporary left
+
+    marked = {**saved, "train": saved["train"] - 1.0, "val": saved["val"] - 2.0}  # still fits: read, not recomputed
+    torch.save(marked, path)
+    got, logs = tables()
+    assert torch.equal(got["train"], marked["train"]) and torch.equal(got["val"], marked["val"])
+    assert logs == [f"reference log-probs from {path}"]
+
+    for changed, seen in ((("val", fingerprint(other)), "other pairs"), (("train", "0" * 16), "other pairs")):
+        torch.save({**marked, "fingerprints": {**marked["fingerprints"], changed[0]: changed[1]}}, path)
+        got, logs = tables()
+        torch.testing.assert_close(got["train"].double(), want["train"], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got["val"].double(), want["val"], rtol=1e-5, atol=1e-5)
+        assert logs == [f"{path} was computed for {seen}; recomputing", f"reference log-probs of 3 + 2 pairs -> {path}"]
+    for bad in ({**marked, "train": marked["train"][:2]}, {**marked, "val": marked["val"].abs()}):
+        torch.save(bad, path)
+        got, logs = tables()
+        torch.testing.assert_close(got["val"].double(), want["val"], rtol=1e-5, atol=1e-5)
+        assert logs[0] == f"{path} holds tables of the wrong shape, type or non-finite values; recomputing"
+    path.write_bytes(b"not a torch file")
+    got, logs = tables()
+    torch.testing.assert_close(got["train"].double(), want["train"], rtol=1e-5, atol=1e-5)
+    assert logs[0].startswith(f"{path} is unreadable (") and logs[0].endswith("); recomputing") and len(logs) == 2
+    path.unlink()
+    got, logs = tables(main=False)  # another rank computes its own and writes nothing
+    torch.testing.assert_close(got["val"].double(), want["val"], rtol=1e-5, atol=1e-5)
+    assert not path.exists()
+    got, logs = tables(pairs=_pairs(4, 5))  # a different training set: its own table
+    torch.testing.assert_close(got["train"].double(), _hand_table(model, _pairs(4, 5)), rtol=1e-5, atol=1e-5)
+    assert logs == [f"reference log-probs of 5 + 2 pairs -> {path}"]
