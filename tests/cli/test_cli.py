@@ -106,6 +106,23 @@ def test_top_level_help_imports_no_torch():
     assert "train" in out and "TORCH False" in out, out
 
 
+def test_prepare_imports_no_torch_and_later_errors_still_exit_2(tokenizer, tmp_path):
+    """prepare needs no torch (issue 35: importing it was ~190 of prepare's ~270 MiB peak RSS); the bad-input
+    errors of torch-side modules are still caught once a command has imported them (exit 2, one line)."""
+    import subprocess
+
+    (tmp_path / "a.txt").write_text("To be, or not to be, that is the question.\n" * 200)
+    code = ("import sys\nfrom gptforge.cli import main\n"
+            f"rc = main(['prepare', 'files', {str(tmp_path / 'a.txt')!r}, '--out', {str(tmp_path / 'o')!r}, "
+            "'--workers', '1', '--val-tokens', '0', '--no-progress'])\n"
+            "print('PREPARE', rc, 'TORCH', 'torch' in sys.modules)\n"
+            "print('TRAIN', main(['train', '--preset', 'tiny', '--train.no_such_key', '1']))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "PREPARE 0 TORCH False" in r.stdout, (r.stdout, r.stderr)
+    assert list((tmp_path / "o").glob("*.bin")), "prepare wrote no shard"
+    assert "TRAIN 2" in r.stdout and "unknown config key --train.no_such_key" in r.stderr, (r.stdout, r.stderr)
+
+
 @pytest.mark.parametrize("command, flags", [
     ("sample", ["--max-new-tokens", "--temperature", "--top-k", "--seed", "--num-samples"]),
     ("chat", ["--temperature", "--top-k", "--repetition-penalty", "--device"]),

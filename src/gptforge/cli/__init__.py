@@ -85,6 +85,16 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     return p
 
 
+# bad-input errors of modules that import torch (gptforge.config imports the models): looked up only once the
+# command has imported them, since nothing else can raise them, so `prepare` and `--help` never load torch
+_TORCH_SIDE_ERRORS = (("gptforge.config", "ConfigError"), ("gptforge.run.checkpoint", "CheckpointError"),
+                      ("gptforge.runtime", "DeviceUnavailable"))
+
+
+def _loaded_errors() -> tuple[type[BaseException], ...]:
+    return tuple(getattr(sys.modules[m], name) for m, name in _TORCH_SIDE_ERRORS if m in sys.modules)
+
+
 def main(argv: list[str] | None = None) -> int:
     from gptforge import allocator
 
@@ -96,24 +106,21 @@ def main(argv: list[str] | None = None) -> int:
     if rest and not takes_overrides:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     from gptforge.cli.outputs import check_outputs
-    from gptforge.config import ConfigError
     from gptforge.data.chat import ChatFormatError
     from gptforge.data.shards import ShardError
     from gptforge.data.tokenizer import TokenizerError, TokenizerUnavailable
     from gptforge.errors import ResourceError
     from gptforge.eval.tasks.base import EvalDataError
     from gptforge.extras import MissingExtra
-    from gptforge.run.checkpoint import CheckpointError
-    from gptforge.runtime import DeviceUnavailable
     from gptforge.storage import DiskFullError, OutputError
 
+    bad_input = (CliError, ShardError, TokenizerUnavailable, TokenizerError, ChatFormatError, ResourceError,
+                 FileNotFoundError, EvalDataError, DiskFullError, OutputError, MissingExtra)
     try:
         check_outputs(args.command, args)  # an output that may not be replaced: refused before any work
         handler = _fn(args.command, "cmd")
         return handler(args, rest) if takes_overrides else handler(args)
-    except (CliError, ConfigError, ShardError, CheckpointError, TokenizerUnavailable, TokenizerError, ChatFormatError,
-            ResourceError, FileNotFoundError,
-            EvalDataError, DeviceUnavailable, DiskFullError, OutputError, MissingExtra) as e:
+    except (*bad_input, *_loaded_errors()) as e:  # evaluated after the command ran: what it imported is there
         print(f"gptforge {args.command}: error: {name_flag(str(e), args)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except (IsADirectoryError, NotADirectoryError, FileExistsError, PermissionError) as e:  # a given path of the wrong kind
