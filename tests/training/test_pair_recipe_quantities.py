@@ -87,14 +87,35 @@ def seq_logp(model, ids, mask) -> tuple[float, int]:
     return sum(lp[t - 1, seq[t]].item() for t in pos), len(pos)
 
 
+def dpo_hand(model, ref, b, beta, sft_coef, ipo) -> dict[str, float]:
+    """A pair batch's DPO / IPO loss (+ the RPO term) and margin, float64, from per-row log-probs."""
+    n = b.n
+    rows = [seq_logp(model, b.ids[k].cpu(), b.mask[k].cpu()) for k in range(2 * n)]
+    refs = [seq_logp(ref, b.ids[k].cpu(), b.mask[k].cpu()) for k in range(2 * n)]
+    pc, pr = torch.tensor([x for x, _ in rows[:n]]), torch.tensor([x for x, _ in rows[n:]])
+    rc, rr = torch.tensor([x for x, _ in refs[:n]]), torch.tensor([x for x, _ in refs[n:]])
+    lc, lr = torch.tensor([n_ for _, n_ in rows[:n]], dtype=torch.float64), \
+        torch.tensor([n_ for _, n_ in rows[n:]], dtype=torch.float64)
+    hc, hr = pc - rc, pr - rr
+    if ipo:
+        loss = ((hc / lc - hr / lr - 1 / (2 * beta)) ** 2).mean()
+    else:
+        loss = -F.logsigmoid(beta * (hc - hr)).mean()
+    if sft_coef:
+        loss = loss + sft_coef * (-pc.sum() / lc.sum())
+    return {"loss": loss.item(), "rewards/margins": (beta * (hc - hr)).mean().item(), "logps/chosen": pc.mean().item(),
+            "rewards/accuracies": (hc > hr).double().mean().item()}
+
+
 @pytest.mark.parametrize("flags", [[], ["--dpo.precompute_ref", "false", "--sft-coef", "0.5", "--beta", "0.3"],
                                    ["--loss-type", "ipo", "--dpo.grad_accum", "2"]],
                          ids=["cached-ref", "live-ref-rpo", "ipo-accum"])
 def test_dpo_step_against_a_hand_computation(world, tmp_path, monkeypatch, flags):
     tmp, sft, prefs = world
     calls = _spy(monkeypatch, dpo_mod.DPO)
+    evals = _spy_eval(monkeypatch, dpo_mod.DPO)
     assert main(["dpo", "--init-from", str(sft), "--data", str(prefs), "--out", str(tmp_path / "d"), "--steps", "2",
-                 "--val-count", "4", "--micro-batch", "4", "--lr", "5e-2", *CPU, *flags]) == 0
+                 "--val-count", "5", "--micro-batch", "4", "--lr", "5e-2", *CPU, *flags]) == 0
     beta = 0.3 if "--beta" in flags else 0.1
     sft_coef = 0.5 if "--sft-coef" in flags else 0.0
     ipo = "ipo" in flags
@@ -103,32 +124,27 @@ def test_dpo_step_against_a_hand_computation(world, tmp_path, monkeypatch, flags
     accum = 2 if "--dpo.grad_accum" in flags else 1
     assert len(steps) == 2 * accum
     for c in steps:
-        b = c["batch"]
-        n = b.n
-        rows = [seq_logp(c["model"], b.ids[k].cpu(), b.mask[k].cpu()) for k in range(2 * n)]
-        refs = [seq_logp(ref, b.ids[k].cpu(), b.mask[k].cpu()) for k in range(2 * n)]
-        pc, pr = torch.tensor([x for x, _ in rows[:n]]), torch.tensor([x for x, _ in rows[n:]])
-        rc, rr = torch.tensor([x for x, _ in refs[:n]]), torch.tensor([x for x, _ in refs[n:]])
-        lc, lr = torch.tensor([n_ for _, n_ in rows[:n]], dtype=torch.float64), \
-            torch.tensor([n_ for _, n_ in rows[n:]], dtype=torch.float64)
-        hc, hr = pc - rc, pr - rr
-        if ipo:
-            loss = ((hc / lc - hr / lr - 1 / (2 * beta)) ** 2).mean()
-        else:
-            loss = -F.logsigmoid(beta * (hc - hr)).mean()
-        if sft_coef:
-            loss = loss + sft_coef * (-pc.sum() / lc.sum())
-        assert c["loss"] == pytest.approx(loss.item(), abs=3e-5, rel=3e-5)
+        want = dpo_hand(c["model"], ref, c["batch"], beta, sft_coef, ipo)
+        assert c["loss"] == pytest.approx(want["loss"], abs=3e-5, rel=3e-5)
         m = c["metrics"]
-        assert m["rewards/margins"] == pytest.approx((beta * (hc - hr)).mean().item(), abs=3e-5, rel=3e-5)
-        assert m["logps/chosen"] == pytest.approx(pc.mean().item(), abs=3e-4, rel=3e-5)
+        assert m["rewards/margins"] == pytest.approx(want["rewards/margins"], abs=3e-5, rel=3e-5)
+        assert m["logps/chosen"] == pytest.approx(want["logps/chosen"], abs=3e-4, rel=3e-5)
     assert any(abs(c["metrics"]["rewards/margins"]) > 1e-3 for c in steps[accum:])  # the policy moved off the ref
     logged = _rows(tmp_path / "d", "dpo")
     assert len(logged) == 2
     for s, rec in enumerate(logged):
         mine = steps[s * accum : (s + 1) * accum]
         assert rec["loss"] == pytest.approx(sum(c["loss"] for c in mine) / accum, rel=1e-5)
-
+    # the held-out evals (start and end): the held-out pairs against the same reference (the cached
+    # table's held-out rows, or the live model), with the same loss; the end one off the reference
+    held = _rows(tmp_path / "d", "eval")
+    assert [r["step"] for r in held] == [0, 2] and len(evals) == 2
+    for e, rec in zip(evals, held, strict=True):
+        parts = [(b.n, dpo_hand(e["model"], ref, b, beta, sft_coef, ipo)) for b in e["batches"]]
+        assert sum(k for k, _ in parts) == 5 == rec["n"] and len(parts) == 2  # batches of 4 and 1: weighted by pairs
+        for key in ("loss", "rewards/margins", "rewards/accuracies"):
+            assert rec[key] == pytest.approx(sum(k * w[key] for k, w in parts) / 5, abs=3e-5, rel=3e-5), key
+    assert abs(held[-1]["rewards/margins"]) > 1e-3
 
 @torch.no_grad()
 def rm_rewards(model, b) -> tuple[torch.Tensor, torch.Tensor]:
@@ -158,7 +174,7 @@ def test_rm_step_against_a_hand_computation(world, tmp_path, monkeypatch, data, 
     calls = _spy(monkeypatch, rm_mod.RM)
     evals = _spy_eval(monkeypatch, rm_mod.RM)
     assert main(["rm", "--init-from", str(sft), "--data", str(prefs), "--out", str(tmp_path / "r"), "--steps", "2",
-                 "--val-count", "4", "--micro-batch", "4", "--lr", "5e-2", *CPU, *flags]) == 0
+                 "--val-count", "5", "--micro-batch", "4", "--lr", "5e-2", *CPU, *flags]) == 0
     center = 0.1 if "--rm.center_coef" in flags else 0.0
     use_margin = data == "margins" and "--rm.use_margin" not in flags
     for c in calls[1:]:
@@ -179,7 +195,7 @@ def test_rm_step_against_a_hand_computation(world, tmp_path, monkeypatch, data, 
     for e, rec in zip(evals, held, strict=True):
         parts = [(b.n, rm_rewards(e["model"], b), b.margin) for b in e["batches"]]
         n = sum(k for k, _, _ in parts)
-        assert n == 4 and rec["n"] == 4
+        assert n == 5 and rec["n"] == 5 and len(parts) == 2  # batches of 4 and 1: weighted by pairs
         if use_margin:
             assert any(float(m.abs().sum()) > 0 for _, _, m in parts)  # the margins are not all 0
         want = sum(k * bt_loss(rc, rr, m if use_margin else None, center) for k, (rc, rr), m in parts) / n

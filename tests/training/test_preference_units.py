@@ -421,3 +421,34 @@ def test_dpo_reference_table_is_cached_by_the_pairs_fingerprints_and_recomputed_
     got, logs = tables(pairs=_pairs(4, 5))  # a different training set: its own table
     torch.testing.assert_close(got["train"].double(), _hand_table(model, _pairs(4, 5)), rtol=1e-5, atol=1e-5)
     assert logs == [f"reference log-probs of 5 + 2 pairs -> {path}"]
+
+
+def test_dpo_reference_is_the_starting_model_also_after_a_resume(tmp_path):
+    mcfg = GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=8, vocab_size=16)  # _save's config
+    torch.manual_seed(0)
+    start = GPT(mcfg)
+    _save(tmp_path, "sft", start)
+    torch.manual_seed(1)
+    trained = GPT(mcfg).train()  # the run's weights (at step 0 the start; later, moved)
+    dpo = object.__new__(dpo_mod.DPO)
+    dpo.ref = None
+    run = SimpleNamespace(state=SimpleNamespace(step=0), model=trained, device="cpu",
+                          cfg=SimpleNamespace(dpo=SimpleNamespace(init_from=str(tmp_path / "sft"), precompute_ref=False)))
+
+    def same(a, b):
+        return a.state_dict().keys() == b.state_dict().keys() and all(
+            torch.equal(x, b.state_dict()[k]) for k, x in a.state_dict().items())
+
+    ref = dpo._reference(run)  # a fresh run: a frozen copy of its own starting weights
+    assert ref is not trained and same(ref, trained) and not same(ref, start)
+    assert not ref.training and not any(p.requires_grad for p in ref.parameters())
+    assert trained.training and all(p.requires_grad for p in trained.parameters())  # the policy still trains
+    run.state.step = 3
+    ref = dpo._reference(run)  # resumed: the starting model again (dpo.init_from), not the run's weights
+    assert same(ref, start) and not ref.training and not any(p.requires_grad for p in ref.parameters())
+    dpo.prepare_model(run)  # dpo.precompute_ref false: the live reference is kept beside the policy
+    assert same(dpo.ref, start)
+    dpo.ref = None
+    run.cfg.dpo.precompute_ref = True
+    dpo.prepare_model(run)  # the cached table instead: no model kept
+    assert dpo.ref is None
