@@ -57,6 +57,7 @@ def test_score_head_starts_at_n_0_1_over_c_plus_1(C):
     rm = rm_mod.RewardModel(Body(C), init_std=0.25)
     torch.testing.assert_close(rm.score.weight.detach(), z * 0.25, rtol=1e-6, atol=0)
     assert rm.score.bias is None and rm.num_parameters() == 100 + C and rm.num_parameters(True) == 60 + C
+    assert rm.config is rm.body.config  # what PPO's value model and export read the shape from
 
 
 def _rm(seed, w):
@@ -410,6 +411,10 @@ def test_dpo_reference_table_is_cached_by_the_pairs_fingerprints_and_recomputed_
         got, logs = tables()
         torch.testing.assert_close(got["val"].double(), want["val"], rtol=1e-5, atol=1e-5)
         assert logs[0] == f"{path} holds tables of the wrong shape, type or non-finite values; recomputing"
+    torch.save({**marked, "note": SimpleNamespace(a=1)}, path)  # a pickled object: read with weights_only, so refused
+    got, logs = tables()
+    torch.testing.assert_close(got["train"].double(), want["train"], rtol=1e-5, atol=1e-5)
+    assert logs[0].startswith(f"{path} is unreadable (") and "weights_only" in logs[0], logs[0]
     path.write_bytes(b"not a torch file")
     got, logs = tables()
     torch.testing.assert_close(got["train"].double(), want["train"], rtol=1e-5, atol=1e-5)
