@@ -31,7 +31,7 @@ def test_mcnemar_exact_is_the_binomial_tail(b, c):
 
 def _result(task: str, flags: list[bool]) -> GenerativeResult:
     problems = GENERATIVE[task].problems(len(flags))
-    rows = [{"question": p.question, "answer": p.answer, "reply": "", "correct": f} for p, f in zip(problems, flags)]
+    rows = [{"question": p.question, "answer": p.answer, "reply": "", "correct": f} for p, f in zip(problems, flags, strict=True)]
     return GenerativeResult(task, len(flags), sum(flags) / len(flags), 0.0, 0, [], rows)
 
 
@@ -39,7 +39,7 @@ def test_paired_lines_count_each_direction():
     from gptforge.cli.evaluate import paired_lines
 
     now = _result("arithmetic3", [True, True, True, False, False, True, False])
-    then = {r["question"]: f for r, f in zip(now.replies, [False, True, False, False, True, True, False])}
+    then = {r["question"]: f for r, f in zip(now.replies, [False, True, False, False, True, True, False], strict=True)}
     then["What is 1 + 1?"] = True  # a problem not scored now: left out of the pairing
     (line,) = paired_lines("A.json", {"arithmetic3": then}, [now])
     # now right 4, then right 3 of the 7 shared; only now: rows 0, 2; only then: row 4
@@ -56,7 +56,7 @@ def test_eval_json_keeps_every_reply_and_pairs_with_an_earlier_run(tmp_path, cap
     (res,) = json.loads(a.read_text())
     problems = GENERATIVE["arithmetic3"].problems(4)
     assert [r["question"] for r in res["replies"]] == [p.question for p in problems]
-    for r, p in zip(res["replies"], problems):  # right = the reply's last "The answer is N" is the answer
+    for r, p in zip(res["replies"], problems, strict=True):  # right = the reply's last "The answer is N" is the answer
         m = re.findall(r"The answer is (-?\d+)", r["reply"])
         assert r["correct"] == (bool(m) and m[-1] == p.answer) and r["answer"] == p.answer
     assert res["accuracy"] == sum(r["correct"] for r in res["replies"]) / 4
