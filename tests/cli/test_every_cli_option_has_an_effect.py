@@ -326,16 +326,18 @@ RECIPE_RUNS = {  # one step that cannot move the weights (lr 1e-12), given (init
 
 
 @pytest.mark.parametrize("command", sorted(RECIPE_RUNS))
-def test_init_from_is_the_weights_the_run_starts_from(world, tmp_path, command):
+def test_init_from_is_the_weights_the_run_starts_from_and_force_starts_over(world, tmp_path, capsys, command):
     """--init-from: after one step that cannot move them, the run's weights are the starting checkpoint's, to
     1e-6 (a reward model's body; its score head is new). The checkpoint is drawn at seed 7, not at the seed a
-    recipe would build a fresh model with."""
+    recipe would build a fresh model with. --force: the same run directory, refused without it, holds only
+    the new run afterwards (its checkpoints and metrics, from step 1)."""
     from gptforge.run import checkpoint as ckpt
     from tests.conftest import tiny_chat_checkpoint
 
     init = tiny_chat_checkpoint(tmp_path / "init", seed=7)
-    data = world["conv"] if command == "sft" else world["prefs"]
-    assert main([*RECIPE_RUNS[command](str(init), data), "--out", str(tmp_path / "r")]) == 0
+    argv = [*RECIPE_RUNS[command](str(init), world["conv"] if command == "sft" else world["prefs"]),
+            "--out", str(tmp_path / "r")]
+    assert main(argv) == 0
     start = ckpt.load_file(str(Path(init) / "model.safetensors"))
     end = ckpt.load_file(str(ckpt.latest_checkpoint(tmp_path / "r") / "model.safetensors"))
     if command == "rm":
@@ -343,6 +345,49 @@ def test_init_from_is_the_weights_the_run_starts_from(world, tmp_path, command):
     assert start.keys() == end.keys()
     for k in start:
         torch.testing.assert_close(end[k], start[k], rtol=0, atol=1e-6, msg=k)
+    capsys.readouterr()
+    assert main([*argv, "--steps", "2"]) == 2 and "--force to start over" in capsys.readouterr().err
+    assert main([*argv, "--steps", "2", "--force"]) == 0
+    kind = {"sft": "train", "rl": "rl"}.get(command, command)
+    assert len(_records(tmp_path / "r", "start")) == 1 and _ckpt_steps(tmp_path / "r") == [2]
+    assert [r["step"] for r in _records(tmp_path / "r", kind)] == [1, 2]
+
+
+class _Marker:
+    """Unpickling this creates a file: proof that the pickle was read."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (str(self.path), "w"))
+
+
+@pytest.mark.parametrize("command", ["train", "sft", "rl"])
+def test_trust_checkpoint_lets_a_resume_read_the_sharded_metadata(world, tmp_path, capsys, command):
+    """--trust-checkpoint: a resume from a sharded checkpoint reads its dcp/.metadata (a pickle) only with it."""
+    import contextlib
+    import pickle
+
+    from gptforge.run import checkpoint as ckpt
+    from tests.conftest import make_shards
+
+    out, marker = tmp_path / "r", tmp_path / "unpickled"
+    if command == "train":
+        argv = ["train", "--preset", "tiny", "--data.dir", str(make_shards(tmp_path / "shards", 20_000, 4_000)),
+                "--model.vocab_size", "512", "--train.max_steps", "1", "--train.val_every", "0",
+                "--train.sample_every", "0", "--train.device", "cpu"]
+    else:
+        argv = RECIPE_RUNS[command](world["chat"], world["conv"])
+    assert main([*argv, "--out", str(out)]) == 0
+    (ckpt.latest_checkpoint(out) / "dcp").mkdir()
+    (ckpt.latest_checkpoint(out) / "dcp" / ".metadata").write_bytes(pickle.dumps(_Marker(marker)))
+    resume = [command, "--out", str(out), "--resume", "--" + ("train.max_steps" if command == "train" else "steps"), "2"]
+    capsys.readouterr()
+    assert main(resume) == 2 and "--trust-checkpoint" in capsys.readouterr().err and not marker.exists()
+    with contextlib.suppress(Exception):  # the planted pickle is no DCP table: what comes after reading it fails
+        main([*resume, "--trust-checkpoint"])
+    assert marker.exists()
 
 
 @pytest.mark.parametrize("command", ["sft", "rm", "dpo"])
@@ -454,7 +499,10 @@ EFFECTS: dict[tuple[str, str], tuple[str, ...]] = {
     **{(c, "--dry-run"): (CHAIN,) for c in ("rm", "dpo")},
     **{(c, "--resume"): (RESUME,) for c in ("rm", "dpo")},
     **{(c, "--help-config"): (RECIPE_HELP,) for c in ("rm", "dpo")},
-    **{(c, "--init-from"): (f"{ME}::test_init_from_is_the_weights_the_run_starts_from",) for c in RECIPE_RUNS},
+    **{(c, f): (f"{ME}::test_init_from_is_the_weights_the_run_starts_from_and_force_starts_over",)
+       for c in RECIPE_RUNS for f in ("--init-from", "--force")},
+    **{(c, "--trust-checkpoint"): (f"{ME}::test_trust_checkpoint_lets_a_resume_read_the_sharded_metadata",)
+       for c in ("train", "sft", "rl")},
     **{(c, "--split"): (f"{ME}::test_split_reads_that_split_of_a_saved_dataset",) for c in ("sft", "rm", "dpo")},
     ("dpo", "--task"): (PAIRS,),
     ("dpo", "--eval-n"): (PAIRS,),
@@ -469,7 +517,7 @@ OUTPUT_ONLY: dict[str, str] = {
     "--no-progress": "hides the progress bar on stderr; the shards written are the same",
 }
 
-NOT_YET_MAX = 181  # lower it as NOT_YET shrinks; never raise it
+NOT_YET_MAX = 174  # lower it as NOT_YET shrinks; never raise it
 # options with no effect test yet, by command: each gets one (and leaves) before new options come in
 NOT_YET: set[tuple[str, str]] = {(c, o) for c, opts in {
     "assets": ("--online", "<names>"),
@@ -481,7 +529,7 @@ NOT_YET: set[tuple[str, str]] = {(c, o) for c, opts in {
                       "--workdir", "--workers"),
     "chat": ("--ckpt", "--device", "--gguf", "--hf", "--llmc", "--max-new-tokens", "--random",
              "--repetition-penalty", "--seed", "--system", "--temperature", "--top-k", "--top-p"),
-    "dpo": ("--device", "--force"),
+    "dpo": ("--device",),
     "eval": ("--batch-tokens", "--device", "--dtype", "--force", "--gguf", "--hf", "--llmc", "--random", "--raw",
              "--repeats", "--reward-model", "--system"),
     "export": ("--adapters-only", "--ckpt", "--dtype", "--force", "--gguf", "--hf", "--llmc", "--no-tokenizer",
@@ -500,15 +548,14 @@ NOT_YET: set[tuple[str, str]] = {(c, o) for c, opts in {
                             "--seed", "--temperature", "--top-k", "<task>"),
     "prepare shakespeare": ("--out", "--source", "--tokenizer"),
     "race": ("--evals", "--no-plot", "--out", "--target", "<presets>"),
-    "rl": ("--device", "--force", "--trust-checkpoint"),
-    "rm": ("--device", "--force"),
+    "rl": ("--device",),
+    "rm": ("--device",),
     "sample": ("--gguf", "--hf", "--random"),
     "serve": ("--api-key", "--ckpt", "--device", "--gguf", "--hf", "--host", "--llmc", "--max-batch",
               "--max-new-tokens-cap", "--max-queue", "--metrics", "--port", "--random"),
-    "sft": ("--force", "--trust-checkpoint"),
     "tokenizer train": ("--force", "--held-out", "--hf-config", "--hf-dataset", "--max-chars", "--out", "--pattern",
                         "--special", "--split", "--text-field", "--trainer", "--vocab-size", "<paths>"),
-    "train": ("--dry-run", "--init-from", "--out", "--preset", "--trust-checkpoint"),
+    "train": ("--dry-run", "--init-from", "--out", "--preset"),
 }.items() for o in opts}
 
 
