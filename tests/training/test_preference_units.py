@@ -457,3 +457,61 @@ def test_dpo_reference_is_the_starting_model_also_after_a_resume(tmp_path):
     run.cfg.dpo.precompute_ref = True
     dpo.prepare_model(run)  # the cached table instead: no model kept
     assert dpo.ref is None
+
+
+def test_dpo_task_eval_problems_and_the_unknown_task_refusal(tmp_path):
+    from gptforge.config import ConfigError
+    from gptforge.data.chat import ChatTemplate
+    from gptforge.eval.generative import GENERATED
+    from gptforge.eval.tasks.preferences import preference_set, write_preferences
+    from gptforge.eval.tasks.verifiable import compare_problems
+    from gptforge.training.pairs import pair_config
+
+    t = ChatTemplate.gpt2()
+    cfg = pair_config(GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=64, vocab_size=t.vocab_size), str(tmp_path))
+    cfg.dpo.data = str(write_preferences(preference_set("compare", 8, seed=1), tmp_path / "p.jsonl"))
+    cfg.dpo.val_count, cfg.train.micro_batch = 2, 2
+    assert dpo_mod.DPO(cfg, t).problems == []  # no task: no task eval
+    cfg.dpo.task, cfg.dpo.eval_n = "compare", 5
+    d = dpo_mod.DPO(cfg, t)
+    # the compare eval set: the first distinct problems of seed 2024 (generative.ARITHMETIC_EVAL_SEED)
+    first = []
+    for p in compare_problems(110, seed=2024):
+        if p.question not in [q.question for q in first]:
+            first.append(p)
+    assert [p.question for p in d.problems] == [p.question for p in first[:5]]
+    assert d.ref is None and d.tables is None
+    cfg.dpo.eval_n = 0
+    assert dpo_mod.DPO(cfg, t).problems == []  # eval_n 0: none (not the set's default 500)
+    cfg.dpo.task = "gsm8k"
+    with pytest.raises(ConfigError) as e:
+        dpo_mod.DPO(cfg, t)
+    assert str(e.value) == f"dpo.task 'gsm8k': generated tasks are {', '.join(GENERATED)}"
+
+
+def test_dpo_task_accuracy_is_this_ranks_share_summed_over_ranks(monkeypatch):
+    """score_held_out's task part on rank 1 of 2: it scores problems 1, 3, 5 (of 7) and adds the other
+    rank's counts (a stand-in all-reduce: 1 right of 4); the model's answers are a stand-in too."""
+    from gptforge.eval.generative import GENERATED
+    from gptforge.parallel import distributed
+    from gptforge.training import grpo
+
+    dpo = object.__new__(dpo_mod.DPO)
+    dpo.val, dpo.template, dpo.enc, dpo.ref, dpo.tables = [], SimpleNamespace(bos=0), "the chat tokenizer", None, None
+    dpo.problems = GENERATED["compare"][1](7)
+    seen = []
+
+    def held_out_correct(model, enc, template, problems, max_new):
+        seen.append((model, enc, template, [p.question for p in problems], max_new))
+        return 2
+
+    monkeypatch.setattr(grpo, "held_out_correct", held_out_correct)
+    monkeypatch.setattr(distributed, "all_reduce_sum",
+                        lambda t, info: t + torch.tensor([1.0, 4.0], dtype=t.dtype) if t.numel() == 2 else t)
+    run = SimpleNamespace(info=SimpleNamespace(rank=1, world=2), device="cpu", model="the model",
+                          cfg=SimpleNamespace(dpo=SimpleNamespace(beta=0.1, loss_type="sigmoid", sft_coef=0.0,
+                                                                  task="compare", max_new_tokens=9),
+                                              train=SimpleNamespace(micro_batch=2)))
+    out = dpo.score_held_out(run)
+    assert seen == [("the model", "the chat tokenizer", dpo.template, [dpo.problems[i].question for i in (1, 3, 5)], 9)]
+    assert out == {"compare_acc": 3 / 7, "task_n": 7} and isinstance(out["task_n"], int)
