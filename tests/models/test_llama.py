@@ -375,15 +375,19 @@ def test_export_refuses_what_hf_llama_cannot_express(tmp_path, opt, key):
 
 @pytest.mark.slow
 def test_torch_compile_matches_eager():
-    """The GPU default compiles the model: same loss and gradients as eager (about 25 s on a CPU)."""
+    """The GPU default compiles the model: same loss and gradients as eager (about 25 s on a CPU). On CPU the
+    compiled training forward returns its logits detached (issue 35: an output with a gradient path gets a
+    zero-filled (B, T, V) gradient every backward), with the same values."""
     model = _llama(qk_norm=True, logit_softcap=15.0).train()
     x = IDX[:2]
-    _, ref = model(x[:, :-1], x[:, 1:])
+    ref_logits, ref = model(x[:, :-1], x[:, 1:])
     ref.backward()
     grads = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
-    _, loss = torch.compile(model)(x[:, :-1], x[:, 1:])
+    logits, loss = torch.compile(model)(x[:, :-1], x[:, 1:])
     loss.backward()
     assert torch.allclose(loss, ref, atol=1e-6)
+    assert torch.allclose(logits, ref_logits, atol=1e-5)
+    assert logits.requires_grad == (x.device.type != "cpu")
     for p, g in zip(model.parameters(), grads, strict=True):
         _close(p.grad, g, atol=1e-5)

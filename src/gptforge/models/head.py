@@ -45,6 +45,11 @@ def logits_and_loss(x: torch.Tensor, lm_head: nn.Linear, targets: torch.Tensor |
     loss = None
     if targets is not None:
         loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+        if training and x.device.type == "cpu" and torch.compiler.is_compiling():
+            # every output of a compiled forward gets a gradient in backward, zeros when unused: the logits of a
+            # training forward (its callers use the loss) would cost a zero-filled (B, T, V) tensor and a pass
+            # over it each step (issue 35). Detached, they are returned without one.
+            logits = logits.detach()
     return logits, loss
 
 
