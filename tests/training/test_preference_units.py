@@ -481,6 +481,16 @@ def test_dpo_task_eval_problems_and_the_unknown_task_refusal(tmp_path):
             first.append(p)
     assert [p.question for p in d.problems] == [p.question for p in first[:5]]
     assert d.ref is None and d.tables is None
+    from tokenizers import Tokenizer as HFTok
+    from tokenizers import models
+
+    from gptforge.data.tokenizer import HFTokenizer
+
+    hf = HFTok(models.WordLevel({"a": 0, "b": 1, "<|endoftext|>": 2}, unk_token="<|endoftext|>"))
+    hf.add_special_tokens(["<|endoftext|>"])
+    own = HFTokenizer(hf.to_str(), name="tiny", where="test", eos="<|endoftext|>")
+    d = dpo_mod.DPO(cfg, t, enc=own)  # the starting model's own tokenizer: the one its task eval decodes with
+    assert d.tokenizer is own and d.enc.enc is own and d.enc.template is t
     cfg.dpo.eval_n = 0
     assert dpo_mod.DPO(cfg, t).problems == []  # eval_n 0: none (not the set's default 500)
     cfg.dpo.task = "gsm8k"
