@@ -93,7 +93,9 @@ def cmd_chat(args: argparse.Namespace) -> int:
 def args_chat(c: argparse.ArgumentParser) -> None:
     c.description = ("Multi-turn chat with streaming replies. Reads messages line by line from stdin (so it can be "
                      "scripted); /reset clears the history, /quit leaves.")
-    add_model_source(c)  # a chat checkpoint, or a GGUF / Hugging Face model that brings its chat template
+    # a chat checkpoint, or a GGUF / Hugging Face model that brings its chat template; an llm.c file and random
+    # weights never carry one, so chat could only refuse them: it does not offer --llmc or --random
+    add_model_source(c, without=("--llmc", "--random"))
     c.add_argument("--system", help="system prompt")
     c.add_argument("--max-new-tokens", type=int, default=None,
                    help=f"reply length cap (default {CHAT_NEW_TOKENS}, less where the context is short)")

@@ -52,13 +52,15 @@ def show_defaults(p: argparse.ArgumentParser) -> None:
         action.help = f"{action.help} (default %(default)s)" if action.help else "default %(default)s"
 
 
-def add_model_source(p: argparse.ArgumentParser) -> None:
-    """The same four flags wherever a command takes a model."""
+def add_model_source(p: argparse.ArgumentParser, without: tuple[str, ...] = ()) -> None:
+    """The same model flags wherever a command takes a model (less ``without``: those it could never use)."""
     p.add_argument("--ckpt", help="checkpoint directory, or a run directory (its newest checkpoint)")
     p.add_argument("--hf", help="Hugging Face hub name (online) or save_pretrained directory")
-    p.add_argument("--llmc", help="llm.c model file (gpt2_124M.bin, version 3 or 5)")
-    p.add_argument("--random", metavar="SIZE", help="random weights of a model size (d2, gpt2, ...): "
-                                                   "benchmarks and smoke tests")
+    if "--llmc" not in without:
+        p.add_argument("--llmc", help="llm.c model file (gpt2_124M.bin, version 3 or 5)")
+    if "--random" not in without:
+        p.add_argument("--random", metavar="SIZE", help="random weights of a model size (d2, gpt2, ...): "
+                                                       "benchmarks and smoke tests")
     p.add_argument("--gguf", metavar="FILE", help="a GGUF file (llama.cpp, Ollama, LM Studio; Llama architecture): "
                                                   "its weights dequantized to float32, its tokenizer and chat template")
 
@@ -82,9 +84,12 @@ def name_flag(msg: str, args: argparse.Namespace) -> str:
 def model_source(args: argparse.Namespace) -> ModelSource:
     from gptforge.load import ModelSource
 
-    src = ModelSource(ckpt=args.ckpt, hf=args.hf, llmc=args.llmc, random=args.random, gguf=getattr(args, "gguf", None))
+    src = ModelSource(ckpt=args.ckpt, hf=args.hf, llmc=getattr(args, "llmc", None), random=getattr(args, "random", None),
+                      gguf=getattr(args, "gguf", None))
     if len(src.given()) != 1:
-        raise CliError("give exactly one of --ckpt DIR, --hf NAME_OR_DIR, --llmc FILE, --gguf FILE or --random SIZE")
+        flags = [f for f, dest in (("--ckpt DIR", "ckpt"), ("--hf NAME_OR_DIR", "hf"), ("--llmc FILE", "llmc"),
+                                   ("--gguf FILE", "gguf"), ("--random SIZE", "random")) if hasattr(args, dest)]
+        raise CliError(f"give exactly one of {', '.join(flags[:-1])} or {flags[-1]}")  # the ones this command has
     return src
 
 
