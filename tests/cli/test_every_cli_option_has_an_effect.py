@@ -791,6 +791,42 @@ def test_prepare_files_shards_are_the_reference_tokenization(tmp_path, tokenizer
     assert_matches(out, reference_shards(tokenizer, docs, 900, val=700), name="nm")
 
 
+def test_prepare_preferences_from_a_policy_samples_as_told(world, tmp_path):
+    """prepare preferences --policy with --chosen solution (a random policy is never right: every pair is the
+    worked solution against a distinct wrong sample): --pairs-per-problem and --samples bound the pairs per
+    problem; --top-k 1 leaves one distinct sample; --max-new-tokens cuts the (greedy) replies; --temperature
+    changes the draws."""
+    import re
+    from collections import Counter
+
+    def pairs(*flags) -> list[dict]:
+        out = tmp_path / "p.jsonl"
+        assert main(["prepare", "preferences", "compare", "--policy", world["chat"], "--chosen", "solution", "--n", "3",
+                     "--seed", "1", "--device", "cpu", "--out", str(out), "--force", *flags]) == 0
+        return [json.loads(x) for x in out.read_text().splitlines()]
+
+    def per_problem(rows) -> list[int]:
+        return sorted(Counter(r["prompt"][0]["content"] for r in rows).values())
+
+    base = ["--max-new-tokens", "5", "--samples", "4"]
+    many = pairs(*base, "--pairs-per-problem", "3")
+    assert per_problem(many) == [3, 3, 3]
+    for r in many:  # --chosen solution: the worked answer to the question, the rejected reply a sample
+        a, b = map(int, re.fullmatch(r"Which is larger, (\d+) or (\d+)\?", r["prompt"][0]["content"]).groups())
+        assert r["chosen"][0]["content"] == f"{max(a, b)} is larger than {min(a, b)}. The answer is {max(a, b)}."
+        assert r["rejected"][0]["content"] != r["chosen"][0]["content"]
+    assert per_problem(pairs(*base, "--pairs-per-problem", "1")) == [1, 1, 1]
+    assert per_problem(pairs("--max-new-tokens", "5", "--samples", "2", "--pairs-per-problem", "3")) == [2, 2, 2]
+    greedy5 = pairs(*base, "--pairs-per-problem", "3", "--top-k", "1")
+    assert per_problem(greedy5) == [1, 1, 1]  # --top-k 1: every sample the same
+    greedy2 = pairs("--max-new-tokens", "2", "--samples", "4", "--pairs-per-problem", "3", "--top-k", "1")
+    for short, long in zip(greedy2, greedy5, strict=True):
+        s, g = short["rejected"][0]["content"], long["rejected"][0]["content"]
+        assert g.startswith(s) and len(s) < len(g)  # --max-new-tokens 2: the first two of the same greedy tokens
+    assert [r["rejected"] for r in pairs(*base, "--pairs-per-problem", "3", "--temperature", "0.05")] != \
+        [r["rejected"] for r in many]
+
+
 # ---------------------------------------------------------------- the registry and the walk
 CHAIN = f"{ME}::test_recipe_flags_reach_their_config_keys"
 RL = f"{ME}::test_rl_rollout_options_shape_what_is_sampled_scored_and_logged"
@@ -881,6 +917,8 @@ EFFECTS: dict[tuple[str, str], tuple[str, ...]] = {
        for f in ("--gpu", "--world")},
     # race: the presets raced, 12 validations each, the summary and curves in --out
     **{("race", f): ("tests/bench/test_race.py::test_race_json_on_a_tiny_run",) for f in ("<presets>", "--evals", "--out")},
+    **{("prepare preferences", f): (f"{ME}::test_prepare_preferences_from_a_policy_samples_as_told",)
+       for f in ("--chosen", "--pairs-per-problem", "--samples", "--top-k", "--max-new-tokens", "--temperature")},
     ("sample", "--llmc"): ("tests/cli/test_cli_generation.py::test_sample_from_llmc_file_equals_checkpoint",),
     # eval
     ("eval", "--tasks"): ("tests/cli/test_eval_cli.py::test_eval_command_writes_json",),
@@ -945,7 +983,7 @@ OUTPUT_ONLY: dict[str, str] = {
     "--no-progress": "hides the progress bar on stderr; the shards written are the same",
 }
 
-NOT_YET_MAX = 74  # lower it as NOT_YET shrinks; never raise it
+NOT_YET_MAX = 68  # lower it as NOT_YET shrinks; never raise it
 # options with no effect test yet, by command: each gets one (and leaves) before new options come in
 NOT_YET: set[tuple[str, str]] = {(c, o) for c, opts in {
     "assets": ("--online", "<names>"),
@@ -962,8 +1000,6 @@ NOT_YET: set[tuple[str, str]] = {(c, o) for c, opts in {
     "prepare files": ("--start-method", "--workers"),
     "prepare fineweb": ("--data-files", "--edu", "--force", "--out", "--sample", "--shard-tokens", "--skip-bad",
                         "--start-method", "--tokenizer", "--val-tokens", "--workers"),
-    "prepare preferences": ("--chosen", "--max-new-tokens", "--pairs-per-problem", "--samples", "--temperature",
-                            "--top-k"),
     "prepare shakespeare": ("--out", "--source", "--tokenizer"),
     "race": ("--no-plot", "--target"),
     "sample": ("--random",),
