@@ -19,14 +19,23 @@ test_overrides_parse_types for each value type.
 The effect tests here run tiny models (one layer, 32 wide) for a few steps each and compare with what
 the options promise, counted from the inputs: held-out rows counted from the file, problems per step
 and replies per problem from the calls of a recording reward, the logged learning rate from the
-warmup's formula, eval and checkpoint steps from the flags.
+warmup's formula, eval and checkpoint steps from the flags, greedy replies from a decoder written out
+here, shards from test_prepare.py's single-process reference, weights from the files they came from.
+``--device`` is the one option checked by a refusal on a machine without CUDA: ``--device cuda`` is
+refused there by name, where the default (auto) would have run, so the value reached device selection.
 
 Planted bugs these catch (each planted in a copy of src/ and seen to fail): a recipe's short flag left
 out of what it sets (``rl --seed``, ``rl --warmup-steps``, ``dpo --val-count``, ``rm --micro-batch``,
 ``sft --skip-bad``, ``dpo --task``); ``rl.top_k`` not passed to sampling; the pairs' held-out split
 ignoring its seed; the pair recipes' ``eval_every`` ignored; ``--base-loss`` never computed; the
 --init-from weights not loaded (every recipe), or not into a reward model's body; ``sft.split`` or the
-pairs' split not passed to the reader.
+pairs' split not passed to the reader; --force not passed (sft, rm, dpo, import, every --json/--out
+file); --trust-checkpoint dropped (train, sft, rl); train --preset ignored; an llm.c reader zeroing one
+tensor; --gguf not read; eval's --system or --raw dropped; chat's --top-p, --top-k, --seed, --system,
+--repetition-penalty dropped; serve's --max-batch, --api-key, --metrics, --max-queue dropped; prepare
+conversations' --seed or --digits, preferences' --kinds and every --policy sampling knob dropped;
+prepare files' --text-field, --val-tokens, --name dropped; export --no-tokenizer ignored; tokenizer
+train's --held-out or --max-chars dropped.
 """
 
 from __future__ import annotations
