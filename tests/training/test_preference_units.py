@@ -516,9 +516,14 @@ def test_dpo_task_accuracy_is_this_ranks_share_summed_over_ranks(monkeypatch):
         return 2
 
     monkeypatch.setattr(grpo, "held_out_correct", held_out_correct)
-    monkeypatch.setattr(distributed, "all_reduce_sum",
-                        lambda t, info: t + torch.tensor([1.0, 4.0], dtype=t.dtype) if t.numel() == 2 else t)
-    run = SimpleNamespace(info=SimpleNamespace(rank=1, world=2), device="cpu", model="the model",
+    info = SimpleNamespace(rank=1, world=2)
+
+    def all_reduce_sum(t, over):
+        assert over is info
+        return t + torch.tensor([1.0, 4.0], dtype=t.dtype) if t.numel() == 2 else t
+
+    monkeypatch.setattr(distributed, "all_reduce_sum", all_reduce_sum)
+    run = SimpleNamespace(info=info, device="cpu", model="the model",
                           cfg=SimpleNamespace(dpo=SimpleNamespace(beta=0.1, loss_type="sigmoid", sft_coef=0.0,
                                                                   task="compare", max_new_tokens=9),
                                               train=SimpleNamespace(micro_batch=2)))
