@@ -252,6 +252,11 @@ def test_arithmetic3_is_three_digit_verifiable_and_held_out_everywhere(tmp_path,
     assert main(["prepare", "conversations", "arithmetic3", "--n", "5", "--out", str(out)]) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 5 and all(len(r["messages"][0]["content"].split()[2]) == 3 for r in rows)
+    from gptforge.cli.common import _pairs_task  # an SFT run's next commands name the task its file teaches
+
+    assert _pairs_task(str(out)) == "arithmetic3"
+    assert main(["prepare", "conversations", "arithmetic", "--n", "5", "--out", str(tmp_path / "c2.jsonl")]) == 0
+    assert _pairs_task(str(tmp_path / "c2.jsonl")) == "arithmetic"
     for bad in (["compare", "--digits", "3"], ["arithmetic3", "--digits", "2"], ["arithmetic", "--digits", "0"]):
         assert main(["prepare", "conversations", bad[0], *bad[1:], "--n", "5", "--out", str(tmp_path / "x.jsonl")]) == 2
         assert "--digits" in capsys.readouterr().err

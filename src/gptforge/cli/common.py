@@ -402,8 +402,8 @@ def _pairs_task(data: str) -> str:
         return ""
     if re.search(r"Which is larger, \d+ or \d+\?", text):
         return "compare"
-    if re.search(r"What is \d+ [+-] \d+\?", text):
-        return "arithmetic"
+    if m := re.search(r"What is (\d+) [+-] (\d+)\?", text):
+        return "arithmetic3" if len(m.group(1)) == len(m.group(2)) == 3 else "arithmetic"
     return ""
 
 
