@@ -22,8 +22,10 @@ class DeviceUnavailable(ValueError):
     """A device was asked for that this machine does not have (the CLI exits 2)."""
 
 
-def resolve_device(name: str, local_rank: int = 0) -> torch.device:
-    """"auto" -> cuda:local_rank, mps or cpu; "cuda" -> cuda:local_rank; anything else as given."""
+def resolve_device(name: str, local_rank: int = 0, flag: str = "train.device") -> torch.device:
+    """"auto" -> cuda:local_rank, mps or cpu; "cuda" -> cuda:local_rank; anything else as given. ``flag``:
+    the setting a refusal names (the config key, or ``--device`` for the commands that take that flag)."""
+    use = flag if flag.startswith("--") else f"--{flag}"
     if name == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda", local_rank)
@@ -33,13 +35,13 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     try:
         dev = torch.device(name)
     except RuntimeError:
-        raise DeviceUnavailable(f"train.device={name!r} is not a device; use auto, cpu, cuda, cuda:N or mps") from None
+        raise DeviceUnavailable(f"{flag}={name!r} is not a device; use auto, cpu, cuda, cuda:N or mps") from None
     if dev.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-        raise DeviceUnavailable(f"train.device={name!r} but MPS is not available here; use --train.device cpu or auto")
+        raise DeviceUnavailable(f"{flag}={name!r} but MPS is not available here; use {use} cpu or auto")
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             raise DeviceUnavailable(
-                f"train.device={name!r} but CUDA is not available here; use --train.device cpu or auto")
+                f"{flag}={name!r} but CUDA is not available here; use {use} cpu or auto")
         if dev.index is None:
             dev = torch.device("cuda", local_rank)
     return dev

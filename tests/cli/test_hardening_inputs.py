@@ -169,6 +169,22 @@ def test_device_cuda_without_cuda(shard_dir, tmp_path, capsys, monkeypatch):
                      "train.device='gpu0' is not a device")
 
 
+def test_device_refusals_name_the_flag_the_command_takes(tmp_path, capsys, monkeypatch):
+    """Commands with ``--device`` (eval, sample, chat, export, prepare preferences --policy) name it when they
+    refuse a device, not the training config key they do not have."""
+    from tests.conftest import tiny_chat_checkpoint
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the same on a GPU machine
+    ck = str(tiny_chat_checkpoint(tmp_path / "m"))
+    for argv in (["eval", "--ckpt", ck, "--tasks", "arithmetic", "--limit", "1"],
+                 ["eval", "--ckpt", ck, "--tasks", "hellaswag", "--limit", "1"],
+                 ["sample", "--ckpt", ck, "--max-new-tokens", "1"],
+                 ["chat", "--ckpt", ck, "--max-new-tokens", "1"]):
+        for dev, words in (("cuda", "CUDA is not available here; use --device cpu or auto"),
+                           ("gpu0", "is not a device")):
+            _one_line_exit_2([*argv, "--device", dev], capsys, f"--device={dev!r}", words)
+
+
 def test_meta_json_missing_keys(shard_dir, tmp_path, capsys, monkeypatch):
     from gptforge.training.loop import train
     from tests.conftest import tiny_config

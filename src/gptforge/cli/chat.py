@@ -35,7 +35,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
         params.check()
     except ValueError as e:
         raise CliError(f"--{str(e).replace('_', '-')}") from e
-    model = load(source).to(resolve_device(args.device)).eval()
+    model = load(source).to(resolve_device(args.device, flag="--device")).eval()
     try:  # the tokenizer read above fits the model's logits
         check_fits(tok, model.config.vocab_size, where=f"the model's vocab_size ({source.given()[0]})")
     except TokenizerError as e:

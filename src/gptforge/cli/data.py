@@ -103,7 +103,7 @@ def _policy_preferences(args: argparse.Namespace) -> int:
     from gptforge.load import ModelSource
     from gptforge.runtime import resolve_device, set_threads
 
-    device = resolve_device(args.device)
+    device = resolve_device(args.device, flag="--device")
     set_threads(0, device)
     source = ModelSource.from_path(args.policy)  # any model source: a run, a Hugging Face directory, a GGUF file
     policy = load(source, "--policy").to(device)

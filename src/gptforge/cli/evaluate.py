@@ -76,6 +76,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
         eval_generative(args, generative)
         if not args.tasks:
             return 0
+    from gptforge.runtime import resolve_device
+
+    resolve_device(args.device, flag="--device")  # a device this machine lacks is refused by the flag's name
     info = init_distributed(args.device)  # under torchrun every rank scores a share of the examples
     model = load(source)
     tok, _ = words(source, model)  # task text in the model's own tokens
@@ -182,7 +185,7 @@ def eval_generative(args: argparse.Namespace, names: list[str]) -> None:
             raise CliError(f"--paired-with {args.paired_with}: holds no {', '.join(missing)} results (it has "
                            f"{', '.join(before) or 'none'})")
     source = model_source(args)
-    model = load(source).to(resolve_device(args.device)).eval()
+    model = load(source).to(resolve_device(args.device, flag="--device")).eval()
     tok, chat = words(source, model)
     template = None if args.raw else chat
     with torch.no_grad():
@@ -227,7 +230,7 @@ def eval_preferences(args: argparse.Namespace) -> int:
         pairs = render_pairs(rows[: args.limit] if args.limit else rows, template, rm.config.block_size)
     except PreferenceDataError as e:
         raise CliError(f"--preferences: {e}") from e
-    r = preference_accuracy(rm.to(resolve_device(args.device)), pairs, template.bos)
+    r = preference_accuracy(rm.to(resolve_device(args.device, flag="--device")), pairs, template.bos)
     from gptforge.eval.stats import RM_SCORE_SCALE, fmt_loss, fmt_rate, fmt_score, rate_context
 
     print(f"reward model {args.ckpt} on {args.preferences}: {r['n']} preference pairs")

@@ -60,7 +60,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
         raise CliError(f"--num-samples {args.num_samples} x {len(args.prompt or [None])} prompt(s): give 1 to "
                        f"{MAX_SAMPLE_ROWS} rows in all (each is a row of one batch); run the command again for more")
     params = _sampling_params(args)
-    model = load(source).to(resolve_device(args.device))
+    model = load(source).to(resolve_device(args.device, flag="--device"))
     tok, chat = words(source, model)
     enc = text_encoder(tok, chat)  # a chat model may emit its role/end ids
     params.stop_token = tok.eos_token_id if args.stop_at_eot else None
@@ -398,7 +398,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"gptforge serve: {e}", file=sys.stderr)
         return EXIT_PORT_BUSY
     try:
-        model = load(source).to(resolve_device(args.device))
+        model = load(source).to(resolve_device(args.device, flag="--device"))
         tok, chat = words(source, model)  # a chat checkpoint: the page opens in chat mode
     except BaseException:
         sock.close()
