@@ -144,6 +144,10 @@ def test_saved_config_reads_the_flat_rl_settings_of_old_checkpoints():
     new["rl"]["group"], new["sft"]["val_count"], new["train"]["max_steps"] = 5, 8, 9
     cfg = resume.saved_config({"config": new, "rl": {"group": 7, "steps": 4}, "sft": {"val_count": 16}})
     assert (cfg.rl.group, cfg.sft.val_count, cfg.train.max_steps) == (5, 8, 9)
+    # a config without the sections the flat settings move to: they are made
+    bare = {k: v for k, v in _old_config().items() if k not in ("train", "optim")}
+    cfg = resume.saved_config({"config": bare, "rl": {"steps": 4, "lr": 2e-4, "group": 3}})
+    assert (cfg.train.max_steps, cfg.optim.lr, cfg.rl.group, cfg.train.seq_len) == (4, 2e-4, 3, Config().train.seq_len)
     defaults = Config()
     cfg = resume.saved_config({"config": _old_config(), "rl": "not a dict", "sft": None})
     assert (cfg.rl.group, cfg.sft.val_count) == (defaults.rl.group, defaults.sft.val_count)

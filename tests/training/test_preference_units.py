@@ -530,3 +530,14 @@ def test_dpo_task_accuracy_is_this_ranks_share_summed_over_ranks(monkeypatch):
     out = dpo.score_held_out(run)
     assert seen == [("the model", "the chat tokenizer", dpo.template, [dpo.problems[i].question for i in (1, 3, 5)], 9)]
     assert out == {"compare_acc": 3 / 7, "task_n": 7} and isinstance(out["task_n"], int)
+
+
+def test_dpo_loss_refusals_word_for_word():
+    c, r = torch.tensor([-3.0, -5.0]), torch.tensor([-4.0, -4.0])
+    with pytest.raises(ValueError) as e:
+        dpo_mod.dpo_loss(c, r, c, r, 0.1, "hinge")
+    assert str(e.value) == "dpo loss_type 'hinge': expected one of sigmoid, ipo"
+    for lens in ({"chosen_len": torch.tensor([2.0, 1.0])}, {"rejected_len": torch.tensor([2.0, 1.0])}, {}):
+        with pytest.raises(ValueError) as e:  # either length missing: refused, not a crash on None
+            dpo_mod.dpo_loss(c, r, c, r, 0.1, "ipo", **lens)
+        assert str(e.value) == "the ipo loss is length-normalised: pass chosen_len and rejected_len"
