@@ -541,3 +541,14 @@ def test_dpo_loss_refusals_word_for_word():
         with pytest.raises(ValueError) as e:  # either length missing: refused, not a crash on None
             dpo_mod.dpo_loss(c, r, c, r, 0.1, "ipo", **lens)
         assert str(e.value) == "the ipo loss is length-normalised: pass chosen_len and rejected_len"
+
+
+def test_ipo_divides_by_the_reply_length_one_token_replies_and_empty_ones_included():
+    # TRL's IPO: (h_c / n_c - h_r / n_r - 1 / (2 beta))^2; a one-token reply is divided by 1, an empty one
+    # (h = 0) is 0, not 0 / 0
+    c, r = torch.tensor([-1.0, -2.0, -3.0]), torch.tensor([-4.0, -5.0, -6.0])
+    rc, rr = torch.tensor([-1.5, -2.0, -3.25]), torch.tensor([-3.75, -5.0, -6.5])  # h_c, h_r = (.5, 0, .25), (-.25, 0, .5)
+    loss, _ = dpo_mod.dpo_loss(c, r, rc, rr, 0.5, "ipo", chosen_len=torch.tensor([1.0, 0.0, 1.0]),
+                               rejected_len=torch.tensor([1.0, 0.0, 2.0]))
+    want = ((0.5 + 0.25 - 1.0) ** 2 + (0.0 - 0.0 - 1.0) ** 2 + (0.25 - 0.25 - 1.0) ** 2) / 3
+    assert loss.item() == pytest.approx(want, abs=1e-7)
