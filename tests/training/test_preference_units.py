@@ -552,3 +552,32 @@ def test_ipo_divides_by_the_reply_length_one_token_replies_and_empty_ones_includ
                                rejected_len=torch.tensor([1.0, 0.0, 2.0]))
     want = ((0.5 + 0.25 - 1.0) ** 2 + (0.0 - 0.0 - 1.0) ** 2 + (0.25 - 0.25 - 1.0) ** 2) / 3
     assert loss.item() == pytest.approx(want, abs=1e-7)
+
+
+def test_sequence_logps_with_leading_rows_without_replies_and_a_temperature():
+    """Rows 0-2 have no reply token (they sum to 0 over 0 tokens) and row 3's reply starts at position 1:
+    the output head must start at the batch's first reply position, not at the first row that has one;
+    ``temperature`` divides the logits (float64 full-vocabulary recomputation)."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=8, vocab_size=16)).eval()
+    ids = torch.randint(0, 16, (4, 6), generator=torch.Generator().manual_seed(5))
+    mask = torch.zeros(4, 6, dtype=torch.bool)
+    mask[3, 2:] = True  # targets 2..5 (predicted from positions 1..4)
+    with torch.no_grad():
+        logits = model(ids[:, :-1])[0].double()
+    for temperature in (1.0, 0.7):
+        with torch.no_grad():
+            got, n = dpo_mod.sequence_logps(model, ids, mask, temperature=temperature)
+        lp = torch.log_softmax(logits / temperature, -1)
+        want = sum(lp[3, t - 1, ids[3, t]].item() for t in range(2, 6))
+        assert got.tolist() == pytest.approx([0.0, 0.0, 0.0, want], abs=1e-5) and n.tolist() == [0, 0, 0, 4]
+
+
+def test_dpo_batch_loss_refuses_both_or_neither_reference_word_for_word():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=8, vocab_size=16))
+    batch = PairBatch(torch.zeros(2, 4, dtype=torch.long), torch.ones(2, 4, dtype=torch.bool), torch.tensor([0]), None)
+    for kw in ({}, {"ref": model, "ref_table": torch.zeros(1, 2)}):
+        with pytest.raises(ValueError) as e:
+            dpo_mod.dpo_batch_loss(model, batch, 0.1, **kw)
+        assert str(e.value) == "give the reference as a model (ref) or as precomputed log-probs (ref_table), not both"
