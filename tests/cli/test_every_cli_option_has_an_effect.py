@@ -984,6 +984,9 @@ EFFECTS: dict[tuple[str, str], tuple[str, ...]] = {
                             "test_win_rate_against_the_reference_judged_by_a_reward_model",),
     ("eval", "--paired-with"): ("tests/eval/test_paired_eval.py::"
                                 "test_eval_json_keeps_every_reply_and_pairs_with_an_earlier_run",),
+    # eval --dtype: bf16 autocast is on around generation with bfloat16, off with float32/auto on CPU
+    ("eval", "--dtype"): ("tests/eval/test_paired_eval.py::"
+                          "test_generative_eval_takes_dtype_and_refuses_scoring_only_options",),
     # sft
     **{("sft", f): (SFT,) for f in ("--data", "--skip-bad", "--val-count", "--seed", "--steps", "--base-loss", "--out")},
     ("sft", "--dry-run"): (CHAIN,),
@@ -1035,7 +1038,7 @@ OUTPUT_ONLY: dict[str, str] = {
     "--no-progress": "hides the progress bar on stderr; the shards written are the same",
 }
 
-NOT_YET_MAX = 65  # lower it as NOT_YET shrinks; never raise it
+NOT_YET_MAX = 64  # lower it as NOT_YET shrinks; never raise it
 # options with no effect test yet, by command: each gets one (and leaves) before new options come in
 NOT_YET: set[tuple[str, str]] = {(c, o) for c, opts in {
     "assets": ("--online", "<names>"),
@@ -1045,7 +1048,7 @@ NOT_YET: set[tuple[str, str]] = {(c, o) for c, opts in {
     "bench-prepare": ("--copies", "--force", "--json", "--memory-factor", "--repeats", "--shard-tokens",
                       "--workdir", "--workers"),
     "chat": ("--hf",),
-    "eval": ("--batch-tokens", "--dtype", "--random", "--repeats", "--reward-model"),
+    "eval": ("--batch-tokens", "--random", "--repeats", "--reward-model"),
     "plan": ("--force", "--gpus-per-node", "--measure", "--out", "--reserve", "--steps", "--tokens"),
     "plot": ("--force", "--labels", "<runs>"),
     "prepare files": ("--start-method", "--workers"),

@@ -140,3 +140,30 @@ def test_every_reply_is_kept_with_its_own_verdict(monkeypatch):
     assert [x["reply"] for x in r.replies] == given and [x["question"] for x in r.replies] == [p.question for p in problems]
     assert [x["correct"] for x in r.replies] == [True, False, True, False, True, False]
     assert r.accuracy == 0.5 and r.format_rate == 0.5 and len(r.samples) == 3
+
+
+def test_generative_eval_takes_dtype_and_refuses_scoring_only_options(tmp_path, capsys, monkeypatch):
+    """``--dtype`` reaches generation (bf16 autocast around it, as for the scored tasks); ``--batch-tokens`` and
+    ``--bench``, which only the scorer has, are refused for generative-only ``--tasks`` instead of ignored."""
+    import torch
+
+    import gptforge.eval.generative as gen
+
+    seen = []
+
+    def record(*a, **k):
+        seen.append((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")))
+        return []
+
+    monkeypatch.setattr(gen, "evaluate_generative", record)
+    ckpt = str(tiny_chat_checkpoint(tmp_path / "m"))
+    for dtype in ("bfloat16", "float32", "auto"):
+        assert main(["eval", "--ckpt", ckpt, "--tasks", "arithmetic", "--limit", "1", "--device", "cpu",
+                     "--dtype", dtype]) == 0
+    assert [s[0] for s in seen] == [True, False, False] and seen[0][1] == torch.bfloat16
+    capsys.readouterr()
+    for extra, flag in ((["--batch-tokens", "512"], "--batch-tokens"), (["--bench"], "--bench")):
+        assert main(["eval", "--ckpt", ckpt, "--tasks", "arithmetic,compare", "--device", "cpu", *extra]) == 2
+        err = capsys.readouterr().err
+        assert flag in err and "arithmetic, compare generate" in err, err
+    assert len(seen) == 3  # refused before anything ran

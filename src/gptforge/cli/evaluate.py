@@ -72,6 +72,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
         raise CliError(f"--paired-with compares the replies of generative tasks ({', '.join(GENERATIVE)}); "
                        f"--tasks {args.tasks} has none")
+    if generative and not args.tasks and (args.batch_tokens is not None or args.bench):
+        raise CliError(f"--{'batch-tokens' if args.batch_tokens is not None else 'bench'} applies to the scored "
+                       f"tasks (hellaswag, piqa, ...); {', '.join(generative)} generate their answers, one batch of "
+                       "prompts at a time")
     if generative:
         eval_generative(args, generative)
         if not args.tasks:
@@ -175,7 +179,7 @@ def eval_generative(args: argparse.Namespace, names: list[str]) -> None:
     import torch
 
     from gptforge.eval.generative import evaluate_generative
-    from gptforge.runtime import resolve_device
+    from gptforge.runtime import autocast_for, resolve_device
 
     before = None
     if args.paired_with:  # read and checked before the model loads
@@ -185,10 +189,11 @@ def eval_generative(args: argparse.Namespace, names: list[str]) -> None:
             raise CliError(f"--paired-with {args.paired_with}: holds no {', '.join(missing)} results (it has "
                            f"{', '.join(before) or 'none'})")
     source = model_source(args)
-    model = load(source).to(resolve_device(args.device, flag="--device")).eval()
+    device = resolve_device(args.device, flag="--device")
+    model = load(source).to(device).eval()
     tok, chat = words(source, model)
     template = None if args.raw else chat
-    with torch.no_grad():
+    with torch.no_grad(), autocast_for(device, args.dtype)():  # --dtype: bf16 autocast as the scored tasks
         results = evaluate_generative(model, tok, names, template, limit=args.limit,
                                       system=args.system)
     from gptforge.eval.stats import GENERATIVE_CHANCE, fmt_ci, wilson
