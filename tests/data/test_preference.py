@@ -216,5 +216,5 @@ def test_preference_sets_keep_the_eval_problems_held_out():
     assert len(train) == 600 and not {r["prompt"][0]["content"] for r in train} & evals
     held = preference_set("compare", 50, held_out=True)
     assert [r["prompt"][0]["content"] for r in held] == [p.question for p in compare_eval_problems(50)]
-    with pytest.raises(ValueError, match="generated tasks are arithmetic, compare"):
+    with pytest.raises(ValueError, match="generated tasks are arithmetic, arithmetic3, compare"):
         preference_set("gsm8k", 3)

@@ -108,4 +108,4 @@ def test_eval_lists_the_generative_tasks_in_its_error_and_help(capsys):
     with pytest.raises(SystemExit):
         main(["eval", "--help"])
     out = " ".join(capsys.readouterr().out.split())
-    assert "arithmetic, compare, gsm8k" in out and "hellaswag, piqa" in out
+    assert "arithmetic, arithmetic3, compare, gsm8k" in out and "hellaswag, piqa" in out
