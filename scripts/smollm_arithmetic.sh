@@ -22,7 +22,7 @@ SFT_STEPS=${SFT_STEPS:-80}; SFT_LR=${SFT_LR:-1e-3}
 RL_STEPS=${RL_STEPS:-100}; RL_LR=${RL_LR:-1e-4}; RL_TEMP=${RL_TEMP:-1.0}; RL_PROMPTS=${RL_PROMPTS:-16}
 RL_GROUP=${RL_GROUP:-16}; RL_REWARD=${RL_REWARD:-exact_match}; RL_UPDATES=${RL_UPDATES:-2}; THREADS=${THREADS:-0}
 LORA=(--lora.rank 8 --lora.targets q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj)
-SYSTEM="Answer in exactly this form: '512 + 387 = 899. The answer is 899.'"
+SYSTEM="Answer in the form: 512 + 387 = 899. The answer is 899."
 mkdir -p "$OUT"
 G=$($GF assets smollm2 | sed 's/.*: //')
 [ -f "$G" ] || { echo "smollm_arithmetic: no SmolLM2 GGUF at '$G' (gptforge assets smollm2)" >&2; exit 2; }
