@@ -30,10 +30,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     a = ap.parse_args()
 
-    from gptforge.cli.common import chat_template_of
+    from gptforge.cli.common import words
     from gptforge.config import RLConfig
-    from gptforge.data.chat import ChatTokenizer
-    from gptforge.data.tokenizer import get_tokenizer
+    from gptforge.data.chat import ChatTokenizer, plain_tokenizer
     from gptforge.generation import SamplingParams
     from gptforge.load import ModelSource, load_model
     from gptforge.training.grpo import grpo_step, problem_stream, rl_config, sample_replies
@@ -41,9 +40,10 @@ def main() -> None:
 
     if a.threads:
         torch.set_num_threads(a.threads)
-    model = load_model(ModelSource(ckpt=a.ckpt)).eval()
-    template = chat_template_of(a.ckpt)
-    enc = ChatTokenizer(get_tokenizer(), template)
+    source = ModelSource(ckpt=a.ckpt)
+    model = load_model(source).eval()
+    tok, template = words(source, model)  # the checkpoint's own tokenizer and chat template
+    enc = ChatTokenizer(plain_tokenizer(tok), template)
     cfg = rl_config(model.config, "runs/bench-rl", a.ckpt)  # the settings `gptforge rl` would use, plus these
     cfg.rl = RLConfig(task=a.task, prompts=a.prompts, group=a.group, max_new_tokens=a.max_new_tokens,
                       temperature=a.temperature, top_k=a.top_k, init_from=a.ckpt)
