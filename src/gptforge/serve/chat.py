@@ -51,12 +51,12 @@ def add_chat_routes(app: FastAPI, model: Any, enc: Any, template: dict | None, s
     cenc = ChatTokenizer(enc, chat) if chat else None
     producers: set[asyncio.Task] = set()
 
-    @app.get("/api/chat/info")
-    async def chat_info():
+    # the handlers' work sits in plain closures: mutmut (issue 36) does not mutate decorated functions
+    def info() -> dict:
         return {"available": chat is not None, "template": chat.to_dict() if chat else None}
 
-    @app.post("/api/chat")
-    async def chat_stream(req: ChatRequest, request: Request):
+    def prepare(req: ChatRequest) -> tuple[list[int], SamplingParams]:
+        """The request's prompt ids and sampling parameters, or an HTTPException (400) saying why not."""
         if chat is None:
             raise HTTPException(400, "this model has no chat template (fine-tune it with `gptforge sft`); "
                                      "use /api/stream to continue text")
@@ -68,8 +68,17 @@ def add_chat_routes(app: FastAPI, model: Any, enc: Any, template: dict | None, s
             n_new = fit_new_tokens([ids], model.config, req.max_new_tokens, n_new)
         except PromptError as e:
             raise HTTPException(400, f"{e} (start a new conversation)") from None
-        params = SamplingParams(max_new_tokens=n_new, temperature=req.temperature, top_k=req.top_k, top_p=req.top_p,
-                                repetition_penalty=req.repetition_penalty, seed=req.seed, stop_token=chat.end)
+        return ids, SamplingParams(max_new_tokens=n_new, temperature=req.temperature, top_k=req.top_k,
+                                   top_p=req.top_p, repetition_penalty=req.repetition_penalty, seed=req.seed,
+                                   stop_token=chat.end)
+
+    @app.get("/api/chat/info")
+    async def chat_info():
+        return info()
+
+    @app.post("/api/chat")
+    async def chat_stream(req: ChatRequest, request: Request):
+        ids, params = prepare(req)
         gone, watcher = watch_disconnect(request)  # a client that hangs up while queued leaves the queue
         try:
             if not await acquire_unless_gone(gate, gone):
