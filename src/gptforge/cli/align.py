@@ -38,7 +38,7 @@ def _run_pairs(args: argparse.Namespace, overrides: list[str], section: str, lr:
     keys = {k: v.format(s=section) for k, v in PAIR_FLAGS.items()}
     if section == "dpo":
         keys.update(DPO_FLAGS)
-    flags = _flag_overrides(args, keys)
+    flags = _flag_overrides(args, keys, overrides)
     if args.resume is not None and args.init_from is not None:
         raise CliError(f"--init-from starts a new {section} run; it cannot be combined with --resume")
     if args.resume is None and (args.init_from is None or args.data is None):

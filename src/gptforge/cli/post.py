@@ -29,6 +29,8 @@ from gptforge.load import ModelSource
 # --- sft -------------------------------------------------------------------------------------------
 
 SFT_FROZEN = ("sft.split", "sft.val_count", "sft.seed")  # they decide which conversations are held out
+SFT_FLAGS = {"data": "sft.data", "split": "sft.split", "val_count": "sft.val_count", "seed": "sft.seed",
+             "skip_bad": "sft.skip_bad", "steps": "train.max_steps"}  # flag (dest) -> the key it sets
 
 
 def cmd_sft(args: argparse.Namespace, overrides: list[str]) -> int:
@@ -36,8 +38,7 @@ def cmd_sft(args: argparse.Namespace, overrides: list[str]) -> int:
     from gptforge.data.sft import SFTDataError
     from gptforge.training.sft import run_sft
 
-    flags = _flag_overrides(args, {"data": "sft.data", "split": "sft.split", "val_count": "sft.val_count",
-                                   "seed": "sft.seed", "skip_bad": "sft.skip_bad", "steps": "train.max_steps"})
+    flags = _flag_overrides(args, SFT_FLAGS, overrides)
     if args.resume is not None and args.init_from is not None:
         raise CliError("--init-from starts a new SFT run; it cannot be combined with --resume")
     if args.resume is None and (args.init_from is None or args.data is None):
@@ -67,17 +68,22 @@ def cmd_sft(args: argparse.Namespace, overrides: list[str]) -> int:
     return finish(result, "sft", cfg, args.init_from)
 
 
-def _flag_overrides(args: argparse.Namespace, keys: dict[str, str]) -> list[str]:
+def _flag_overrides(args: argparse.Namespace, keys: dict[str, str], overrides: list[str]) -> list[str]:
     """A command's own flags as --section.key overrides (only those given: None/False means not given).
     Which flag set which key is kept on ``args`` (``flag_keys``), so a refusal of the key also names
-    the flag that was typed (:func:`gptforge.cli.common.name_flag`)."""
+    the flag that was typed (:func:`gptforge.cli.common.name_flag`). A flag and its own key both given
+    (``--steps 10 --train.max_steps 20``) are refused: one of them would silently lose."""
+    typed = {a[2:].split("=", 1)[0] for a in overrides if a.startswith("--")}
     out: list[str] = []
     args.flag_keys = {}
     for flag, key in keys.items():
         v = getattr(args, flag, None)
         if v is not None and v is not False:
+            name = f"--{flag.replace('_', '-')}"
+            if key in typed:
+                raise CliError(f"{name} and --{key} both set {key}: give one of them")
             out += [f"--{key}", str(v)]
-            args.flag_keys[key] = f"--{flag.replace('_', '-')} {v}"
+            args.flag_keys[key] = f"{name} {v}"
     return out
 
 
@@ -163,7 +169,7 @@ def cmd_rl(args: argparse.Namespace, overrides: list[str]) -> int:
     from gptforge.training.loop import train
     from gptforge.training.rewards import RewardError, load_reward
 
-    flags = _flag_overrides(args, RL_FLAGS)
+    flags = _flag_overrides(args, RL_FLAGS, overrides)
     if args.resume is not None and args.init_from is not None:
         raise CliError("--init-from starts a new RL run; it cannot be combined with --resume")
     if args.resume is None and args.init_from is None:
