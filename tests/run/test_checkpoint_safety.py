@@ -85,6 +85,25 @@ def test_weights_only_commands_never_unpickle_dcp_metadata(run, tmp_path, capsys
     assert not marker.exists()
 
 
+@pytest.mark.parametrize("damage", ["garbage", "empty", "truncated", "foreign", "wrong_table"])
+def test_trusted_resume_from_a_damaged_dcp_metadata_is_one_line_naming_it(run, tmp_path, capsys, damage):
+    """With --trust-checkpoint the pickle is read; a damaged one (not a pickle, empty, cut short, or a pickle
+    of something else) is refused by name, exit 2, not a traceback."""
+    import types
+
+    out = _copy(run, tmp_path)
+    d = ckpt.latest_checkpoint(out)
+    (d / "dcp").mkdir()
+    whole = pickle.dumps({"state_dict_metadata": {}})
+    data = {"garbage": b"not a pickle at all", "empty": b"", "truncated": whole[: len(whole) // 2],
+            "foreign": pickle.dumps({"a": 1}),
+            "wrong_table": pickle.dumps(types.SimpleNamespace(state_dict_metadata=["model.x"]))}[damage]
+    (d / "dcp" / ".metadata").write_bytes(data)
+    assert main(_cli_train(run, out, "--resume", "--train.max_steps", "8", "--trust-checkpoint")) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "dcp/.metadata" in err and "damaged" in err, err
+
+
 def test_resume_from_dcp_needs_the_trust_flag_and_the_checkpoint_cannot_vouch_for_itself(run, tmp_path, capsys):
     out = _copy(run, tmp_path)
     marker = tmp_path / "pwned"

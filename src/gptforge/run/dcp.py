@@ -87,6 +87,22 @@ def save_sharded(run_dir: str | Path, step: int, model: torch.nn.Module, optimiz
     return final
 
 
+def _stored(dcp_dir: Path) -> dict[str, Any]:
+    """The key -> tensor metadata table of a DCP checkpoint's ``.metadata``; a damaged or foreign file (which
+    unpickles to something else, or not at all) is a CheckpointError naming it, not a traceback."""
+    dcp, _ = _dcp()
+    where = Path(dcp_dir) / ".metadata"
+    try:
+        table = dcp.FileSystemReader(str(dcp_dir)).read_metadata().state_dict_metadata
+    except Exception as e:  # unpickling runs arbitrary classes: any error means "not a DCP table"
+        raise ckpt.CheckpointError(f"{where}: not a readable DCP metadata file ({type(e).__name__}: {str(e)[:120]}); "
+                                   "the checkpoint is damaged: resume from an earlier one (--resume CKPT)") from e
+    if not isinstance(table, dict):
+        raise ckpt.CheckpointError(f"{where}: its table is a {type(table).__name__}, not a DCP metadata table; the "
+                                   "checkpoint is damaged: resume from an earlier one (--resume CKPT)")
+    return table
+
+
 def _split_by_stage(model: torch.nn.Module) -> bool:
     """True for a pipeline stage's model (gptforge.parallel.pipeline keeps its layers in a ModuleDict
     under their original indices): no rank holds the whole model."""
@@ -96,7 +112,7 @@ def _split_by_stage(model: torch.nn.Module) -> bool:
 def _read_full_model(dcp_dir: Path) -> dict[str, torch.Tensor]:
     """Every ``model.*`` tensor of a DCP checkpoint, whole, on the CPU (read by one process)."""
     dcp, _ = _dcp()
-    meta = dcp.FileSystemReader(str(dcp_dir)).read_metadata().state_dict_metadata
+    meta = _stored(dcp_dir)
     state = {k: torch.empty(tuple(m.size), dtype=m.properties.dtype) for k, m in meta.items()
              if k.startswith("model.") and hasattr(m, "size")}
     with warnings.catch_warnings():  # one process reading on purpose: torch's "is disabled" warning is noise
@@ -122,8 +138,7 @@ class _nothing:
 
 
 def _check_shapes(model: torch.nn.Module, ckpt_dir: Path) -> None:
-    dcp, _ = _dcp()
-    stored = dcp.FileSystemReader(str(ckpt_dir / DCP_DIR)).read_metadata().state_dict_metadata
+    stored = _stored(ckpt_dir / DCP_DIR)
     wrong = []
     for name, p in model.state_dict().items():
         meta = stored.get(f"model.{name}")
@@ -177,8 +192,7 @@ def _load(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, ckpt_
 def _flat_optimizer(ckpt_dir: Path) -> bool:
     """True when the checkpoint keys optimizer param groups by parameter name (written by pipeline
     stages), False for the by-index form of every other sharded run."""
-    dcp, _ = _dcp()
-    keys = dcp.FileSystemReader(str(ckpt_dir / DCP_DIR)).read_metadata().state_dict_metadata
+    keys = _stored(ckpt_dir / DCP_DIR)
     return any(k.startswith("optim.param_groups.") and not k.split(".")[2].isdigit() for k in keys)
 
 
