@@ -109,9 +109,8 @@ def test_info_and_the_refusal_without_a_template(tokenizer):
                                "use /api/stream to continue text")
 
 
-def test_a_jinja_template_on_the_models_own_tokenizer(tokenizer):
-    """The template is read with the served tokenizer: ChatML's <|im_end|> is a special token of this one
-    (not of GPT-2's), and it ends the reply."""
+def _own_tokenizer():
+    """A byte-level BPE trained here on the question (300 ids), with ChatML's special tokens."""
     pytest.importorskip("tokenizers")
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -123,7 +122,13 @@ def test_a_jinja_template_on_the_models_own_tokenizer(tokenizer):
     t.train_from_iterator(["What is 2 + 3? It is 5. user assistant system\n"] * 20, trainers.BpeTrainer(
         vocab_size=300, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"], show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tok = HFTokenizer(t.to_str(), eos="<|im_end|>")
+    return t, HFTokenizer(t.to_str(), eos="<|im_end|>")
+
+
+def test_a_jinja_template_on_the_models_own_tokenizer():
+    """The template is read with the served tokenizer: ChatML's <|im_end|> is a special token of this one
+    (not of GPT-2's), and it ends the reply."""
+    t, tok = _own_tokenizer()
     chatml = {"kind": "jinja", "name": "chatml", "end": "<|im_end|>",
               "template": "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
                           "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"}
@@ -132,3 +137,14 @@ def test_a_jinja_template_on_the_models_own_tokenizer(tokenizer):
         with _client(_model(64, answer=answer, vocab=tok.n_vocab), tok, cap=16, template=chatml) as c:
             assert c.get("/api/chat/info").json() == {"available": True, "template": chatml}
             assert _reply(c, max_new_tokens=3) == want
+
+
+def test_the_conversation_is_encoded_with_the_served_tokenizer(tokenizer):
+    """gptforge's template around another tokenizer's text: the prompt is <|endoftext|> <|user|>, the
+    message in the served tokenizer's ids, <|end|> <|assistant|>; the default length is the room left."""
+    t, tok = _own_tokenizer()
+    text = "Is a zebra 2 + 3?"  # "zebra" is not in the small BPE's merges: its bytes, one token each
+    n = 4 + len(tok.encode_ordinary(text))
+    assert n - 4 > len(tokenizer.encode_ordinary(text))  # GPT-2's BPE takes fewer: the two tell apart
+    with _client(_model(64, answer=t.token_to_id("5")), tok, cap=60) as c:
+        assert _reply(c, messages=[{"role": "user", "content": text}]) == ("5" * (64 - n), "length")
