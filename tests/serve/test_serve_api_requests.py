@@ -117,3 +117,28 @@ def test_stop_at_eot_both_ways(tokenizer, send):
         assert send(c, prompt="hi", max_new_tokens=3) == [("", "eot")]
         assert send(c, prompt="hi", max_new_tokens=3, stop_at_eot=True) == [("", "eot")]
         assert send(c, prompt="hi", max_new_tokens=3, stop_at_eot=False) == [("<|endoftext|>" * 3, "length")]
+
+
+def test_validation_errors_word_for_word(tokenizer):
+    """``_validation_message``: each error as ``field.path: pydantic's message (got the input)``, joined by
+    "; "; the body itself names no input; malformed JSON is a 400 with the json module's own reason."""
+    raw_bad = '{"prompt": "hi", '
+    try:
+        json.loads(raw_bad)
+    except json.JSONDecodeError as e:
+        reason = e.msg
+    cases = [
+        ('{"prompt": "hi", "max_new_tokens": 0}', 422,
+         "max_new_tokens: Input should be greater than or equal to 1 (got 0)"),
+        ('{"prompt": 5, "seed": -1}', 422,
+         "prompt: Input should be a valid string (got 5); seed: Input should be greater than or equal to 0 (got -1)"),
+        ('{"prompts": ["a", 3]}', 422, "prompts.1: Input should be a valid string (got 3)"),
+        ('{"prompt": "hi", "temprature": 1}', 422, "temprature: Extra inputs are not permitted (got 1)"),
+        ("[1, 2]", 422, "body: Input should be a valid dictionary or object to extract fields from"),
+        (raw_bad, 400, f"malformed JSON body: {reason}"),
+    ]
+    with _client(tokenizer) as c:
+        for raw, status, words in cases:
+            for route in ("/api/generate", "/api/stream"):
+                r = c.post(route, content=raw, headers={"content-type": "application/json"})
+                assert (r.status_code, r.json()) == (status, {"error": words}), (route, raw)
