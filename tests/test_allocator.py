@@ -82,6 +82,7 @@ def test_tcmalloc_where_missing_says_so_and_uses_glibc(monkeypatch, capsys):
 def test_a_call_from_python_changes_nothing(monkeypatch):
     monkeypatch.delenv("LD_PRELOAD", raising=False)  # scripts/test.sh preloads tcmalloc into the test run
     monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+    monkeypatch.delenv("GPTFORGE_ALLOCATOR", raising=False)  # the default choice, whatever the caller's shell says
     monkeypatch.setattr(allocator, "tcmalloc_loaded", lambda: False)
     monkeypatch.setattr(allocator, "_active", None)
     monkeypatch.setattr(allocator, "keep_large_blocks", lambda: pytest.fail("mallopt from an in-process call"))
