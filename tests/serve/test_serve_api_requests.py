@@ -142,3 +142,20 @@ def test_validation_errors_word_for_word(tokenizer):
             for route in ("/api/generate", "/api/stream"):
                 r = c.post(route, content=raw, headers={"content-type": "application/json"})
                 assert (r.status_code, r.json()) == (status, {"error": words}), (route, raw)
+
+
+def test_the_app_around_the_request_handlers():
+    """``create_app``'s own settings: GPT-2's BPE when no tokenizer is given ("hi" is its id 5303, one token of
+    the 32), the API key required on /api when given, and the API's published name."""
+    with TestClient(create_app(_model(32), None, ServeSettings(max_new_tokens_cap=60))) as c:
+        assert _generate(c, prompt="hi") == [("!" * 31, "length")]
+        info = c.get("/openapi.json").json()["info"]
+        assert (info["title"], info["description"]) == ("gptforge", "Talk to a gptforge model.")
+    with TestClient(create_app(_model(32), None, ServeSettings(max_new_tokens_cap=60), api_key="k3y")) as c:
+        r = c.post("/api/generate", json={"prompt": "hi", "max_new_tokens": 1, "temperature": 0})
+        assert r.status_code == 401 and r.json() == {"error": "missing or wrong API key: send the header "
+                                                              "'Authorization: Bearer <key>' with the key this server "
+                                                              "was started with (--api-key)"}
+        r = c.post("/api/generate", json={"prompt": "hi", "max_new_tokens": 2, "temperature": 0},
+                   headers={"Authorization": "Bearer k3y"})
+        assert r.status_code == 200 and r.json()["completions"] == [{"text": "!!", "finish_reason": "length"}]
