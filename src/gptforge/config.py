@@ -12,6 +12,7 @@ into exit status 2 before any compute.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import typing
@@ -327,8 +328,11 @@ class Config:
         return cls(**kwargs)
 
 
+@functools.cache
 def _section_types() -> dict[str, type]:
-    return {f.name: typing.get_type_hints(Config)[f.name] for f in dataclasses.fields(Config)}
+    """Section name -> its dataclass (evaluated once: ``get_type_hints`` compiles every annotation string)."""
+    hints = typing.get_type_hints(Config)
+    return {f.name: hints[f.name] for f in dataclasses.fields(Config)}
 
 
 def check_finite_floats(cfg: Config) -> None:

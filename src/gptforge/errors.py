@@ -2,6 +2,8 @@
 exits 2). Each layer's own errors (``ConfigError``, ``ShardError``, ...) live with their code; the ones
 here are raised by more than one layer."""
 
+import functools
+
 
 class CheckpointError(RuntimeError):
     """A checkpoint or model file that is missing, damaged or does not fit the model (names the file)."""
@@ -43,6 +45,13 @@ class ChatFormatError(ValueError):
     data/chat_jinja.py) raise it without importing each other."""
 
 
+@functools.cache
+def _hints(cls: type) -> dict:
+    import typing
+
+    return typing.get_type_hints(cls)
+
+
 def saved_field_types(section: str, cls: type, values: dict) -> None:
     """Each value of ``values`` (a config section read back from a checkpoint's meta.json) has the JSON
     type its dataclass field ``cls`` declares (bool, int, float, str, a Literal's values, Optional),
@@ -52,7 +61,7 @@ def saved_field_types(section: str, cls: type, values: dict) -> None:
     import dataclasses
     import typing
 
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     for f in dataclasses.fields(cls):
         if f.name in values and not _json_is(values[f.name], hints.get(f.name, typing.Any)):
             raise ValueError(f"{section}.{f.name} = {values[f.name]!r:.80}: expected {_json_name(hints[f.name])} "
