@@ -100,6 +100,33 @@ def test_reward_loading_and_errors():
     assert math.isnan(score(lambda p, r: float("nan"), [Problem("q", "2")], ["2"])[0])
 
 
+def test_digit_match_credits_digits_in_their_places():
+    """An independent count: digits equal position by position from the ones, over the longer number."""
+    digits = load_reward("digit_match")
+    say = "The answer is {}.".format
+    assert digits(Problem("q", "999"), say(999)) == 1.0
+    assert digits(Problem("q", "999"), say(899)) == pytest.approx(0.5 * 2 / 3)  # tens and ones right
+    assert digits(Problem("q", "999"), say(990)) == pytest.approx(0.5 * 2 / 3)  # hundreds and tens right
+    assert digits(Problem("q", "999"), say(919)) == pytest.approx(0.5 * 2 / 3)
+    assert digits(Problem("q", "222"), say(193)) == 0.0
+    assert digits(Problem("q", "1255"), say(255)) == pytest.approx(0.5 * 3 / 4)  # aligned from the ones
+    assert digits(Problem("q", "255"), say(1255)) == pytest.approx(0.5 * 3 / 4)  # an extra digit costs
+    assert digits(Problem("q", "-12"), say(-13)) == pytest.approx(0.5 * 1 / 2)
+    assert digits(Problem("q", "-12"), say(12)) == 0.0  # the sign is wrong: nothing
+    assert digits(Problem("q", "12"), say(-12)) == 0.0
+    assert digits(Problem("q", "12"), "twelve") == 0.0
+    assert digits(Problem("q", "larger"), say(12)) == 0.0  # a non-integer reference: no partial credit
+    assert digits(Problem("q", "7"), say(3)) == 0.0
+    # never reaches half an exact match's reward without being one: the best miss of 123 is 1123 (3 of 4)
+    from gptforge.cli import build_parser
+    from gptforge.training.rewards import BUILTIN
+
+    rl = next(a for a in build_parser()._subparsers._group_actions[0].choices["rl"]._actions if "--reward" in a.option_strings)
+    assert all(name in rl.help for name in BUILTIN), "rl --help names every built-in reward"
+    best = max((digits(Problem("q", "123"), say(n)), n) for n in range(2000) if n != 123)
+    assert best == (pytest.approx(0.5 * 3 / 4), 1123)
+
+
 def _small_vocab_model() -> tuple[GPT, ChatTemplate]:
     # 64 tokens: GPT-2 ids 0..58 are single ASCII characters ('!' = 0, 'A' = 32); chat ids 59..63
     torch.manual_seed(0)

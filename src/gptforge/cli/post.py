@@ -267,7 +267,7 @@ def args_rl(r: argparse.ArgumentParser) -> None:
     r.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
     add_help_config(r, "rl", _rl_defaults)
     r.add_argument("--task", choices=[*GENERATED_TASKS, "gsm8k"], help=f"default {d.rl.task}")
-    r.add_argument("--reward", help="exact_match (default), exact_match_with_format, numeric_closeness, or "
+    r.add_argument("--reward", help="exact_match (default), exact_match_with_format, numeric_closeness, digit_match, or "
                                     "module:function taking (problem, reply) -> float (code: never read back from "
                                     "a checkpoint, give it again on --resume)")
     for name, tp, help_ in [

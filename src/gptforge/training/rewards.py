@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib
 import math
 import numbers
+import re
 from collections.abc import Callable, Sequence
 
 import numpy
@@ -50,8 +51,26 @@ def numeric_closeness(problem: Problem, reply: str) -> float:
         return 0.0
 
 
+def digit_match(problem: Problem, reply: str) -> float:
+    """exact_match, else up to 0.5 for the digits of an integer answer that are right in their places:
+    0.5 * (digits equal to the answer's, aligned from the ones) / (digits of the longer of the two), 0 when
+    the signs differ or either is not an integer. Unlike numeric_closeness it rewards a right ones digit
+    under a wrong hundreds digit (899 for 999 scores 1/3, 990 for 999 scores 2/3 and is closer in value):
+    multi-digit arithmetic is learned digit by digit, and a model that guesses (every reply in a group
+    wrong) still gets replies that score differently, where exact_match gives GRPO nothing to learn from."""
+    if exact_match(problem, reply):
+        return 1.0
+    got, want = extract_answer(reply), problem.answer.strip()
+    if got is None or not _INT.fullmatch(got) or not _INT.fullmatch(want) or got.startswith("-") != want.startswith("-"):
+        return 0.0
+    a, b = got.lstrip("-")[::-1], want.lstrip("-")[::-1]
+    return 0.5 * sum(x == y for x, y in zip(a, b)) / max(len(a), len(b))
+
+
+_INT = re.compile(r"-?\d+")
+
 BUILTIN: dict[str, RewardFn] = {"exact_match": exact_match, "exact_match_with_format": exact_match_with_format,
-                                "numeric_closeness": numeric_closeness}
+                                "numeric_closeness": numeric_closeness, "digit_match": digit_match}
 
 
 def load_reward(spec: str) -> RewardFn:
