@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
 
 from gptforge.config_recipes import DPOConfig, LoRAConfig, RLConfig, RMConfig  # noqa: F401 (sections; re-exported)
-from gptforge.errors import saved_field_types
+from gptforge.errors import field_types, saved_field_types
 from gptforge.models.gpt2 import GPTConfig
 from gptforge.models.registry import model_config, switch_family
 from gptforge.tokens import EOT
@@ -330,8 +330,8 @@ class Config:
 
 @functools.cache
 def _section_types() -> dict[str, type]:
-    """Section name -> its dataclass (evaluated once: ``get_type_hints`` compiles every annotation string)."""
-    hints = typing.get_type_hints(Config)
+    """Section name -> its dataclass."""
+    hints = field_types(Config)
     return {f.name: hints[f.name] for f in dataclasses.fields(Config)}
 
 
@@ -424,7 +424,7 @@ def config_keys(cfg: Config | None = None) -> dict[str, Any]:
     for section, section_cls in _section_types().items():
         if section == "model":
             section_cls = type(cfg.model) if cfg is not None else GPTConfig
-        for name, tp in typing.get_type_hints(section_cls).items():
+        for name, tp in field_types(section_cls).items():
             out[f"{section}.{name}"] = tp
     return out
 
