@@ -338,8 +338,9 @@ def test_hf_configs_with_missing_features_are_refused(tmp_path, change, key):
     cfg.update(change)
     (tmp_path / "hf" / "config.json").write_text(json.dumps(cfg))
     (tmp_path / "hf" / "model.safetensors").unlink()  # refused from the config alone, before any weight is read
-    with pytest.raises(HFConfigError, match=key):
+    with pytest.raises(HFConfigError, match=key) as e:
         load_hf_llama(str(tmp_path / "hf"))
+    assert str(e.value).startswith(f"{tmp_path / 'hf' / 'config.json'}: "), "the refusal names the file"
 
 
 def test_hf_directory_without_safetensors_or_with_misshapen_weights_is_refused(tmp_path):

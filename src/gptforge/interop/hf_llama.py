@@ -172,7 +172,11 @@ def load_hf_llama(name_or_dir: str, **overrides) -> Llama:
     """gptforge ``Llama`` (eval mode) from a HF LlamaForCausalLM directory or hub name. A local
     directory's weight shapes are checked against the config from the safetensors header (the
     expected shapes come from a model on the meta device) before anything is allocated."""
-    cfg = llama_config_from_hf(_read_config(name_or_dir), **overrides)  # refuse before reading weights
+    local = Path(name_or_dir) / "config.json"
+    try:
+        cfg = llama_config_from_hf(_read_config(name_or_dir), **overrides)  # refuse before reading weights
+    except HFConfigError as e:  # which file (or hub model) the refused field is in
+        raise HFConfigError(f"{local if local.is_file() else name_or_dir}: {e}") from None
     if Path(name_or_dir).is_dir():
         sd = _read_checked(Path(name_or_dir), cfg)
     else:
