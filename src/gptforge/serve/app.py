@@ -167,13 +167,18 @@ def create_app(model: torch.nn.Module, enc: Any = None, settings: ServeSettings 
     if api_key:
         app.add_middleware(BearerAuth, key=api_key)  # outermost: nothing is read before the key is checked
 
+    # Route and handler bodies are plain closures, the decorated functions one-line calls of them: mutmut
+    # (scripts/mutation.sh) skips decorated functions, so a body under a decorator is never mutation-tested.
+    def http_error(exc: HTTPException) -> JSONResponse:
+        return _error(exc.status_code, str(exc.detail))
+
     @app.exception_handler(RequestValidationError)
     async def on_invalid(request: Request, exc: RequestValidationError):
         return _error(*_validation_message(exc))
 
     @app.exception_handler(HTTPException)
     async def on_http(request: Request, exc: HTTPException):
-        return _error(exc.status_code, str(exc.detail))
+        return http_error(exc)
 
     # The one error boundary of every route (/api, /v1, the page), in each family's shape: what the client
     # sent that the model's template or tokenizer cannot take is a 400; anything else a 500 whose id is in
@@ -188,20 +193,26 @@ def create_app(model: torch.nn.Module, enc: Any = None, settings: ServeSettings 
             return OpenAIError(status, message, param).response()
         return _error(status, message)
 
-    @app.exception_handler(ChatFormatError)
-    @app.exception_handler(TokenizerError)
-    async def on_unrenderable(request: Request, exc: Exception):
+    def unrenderable(request: Request, exc: Exception):
         return family_error(request, 400, f"the model's chat template or tokenizer cannot take this input: {exc}",
                             "messages")
 
-    @app.exception_handler(Exception)
-    async def on_crash(request: Request, exc: Exception):
+    def crash(request: Request, exc: Exception):
         import logging
         import uuid
 
         rid = uuid.uuid4().hex[:12]
         logging.getLogger("gptforge.serve").error("error %s on %s %s: %r", rid, request.method, request.url.path, exc)
         return family_error(request, 500, f"internal error {rid} (the server log has its traceback)")
+
+    @app.exception_handler(ChatFormatError)
+    @app.exception_handler(TokenizerError)
+    async def on_unrenderable(request: Request, exc: Exception):
+        return unrenderable(request, exc)
+
+    @app.exception_handler(Exception)
+    async def on_crash(request: Request, exc: Exception):
+        return crash(request, exc)
 
     def prepare(req: GenerateRequest) -> tuple[list[list[int]], SamplingParams]:
         if (req.prompt is None) == (req.prompts is None):
@@ -235,20 +246,22 @@ def create_app(model: torch.nn.Module, enc: Any = None, settings: ServeSettings 
     async def page():
         return FileResponse(STATIC / "index.html", media_type="text/html")
 
-    @app.get("/api/info")
-    async def info():
+    def describe() -> dict:
         from gptforge.serve.describe import describe_served
 
         return {"model": model.config.to_dict(), "parameters": model.num_parameters(),
                 "served": served or describe_served(model),
                 "limits": asdict(settings), "queue": {"waiting": gate.waiting}}
 
+    @app.get("/api/info")
+    async def info():
+        return describe()
+
     @app.get("/api/metrics")
     async def metrics():
         return await run_in_threadpool(read_loss_curve, metrics_path)
 
-    @app.post("/api/generate")
-    async def generate(req: GenerateRequest, request: Request):
+    async def run_generate(req: GenerateRequest, request: Request):
         ids, params = prepare(req)
         # A client that hangs up leaves the queue, or stops its generation at the next token.
         gone, watcher = watch_disconnect(request)
@@ -265,6 +278,10 @@ def create_app(model: torch.nn.Module, enc: Any = None, settings: ServeSettings 
             return _error(499, "client closed the request")  # nobody is there to read it
         return {"completions": results}
 
+    @app.post("/api/generate")
+    async def generate(req: GenerateRequest, request: Request):
+        return await run_generate(req, request)
+
     async def _collect(it, n_rows: int, gone: asyncio.Event) -> list[dict]:
         """complete() one token step at a time, each in a worker thread, checking for a hang-up between."""
         texts, reasons = [""] * n_rows, [None] * n_rows
@@ -278,8 +295,7 @@ def create_app(model: torch.nn.Module, enc: Any = None, settings: ServeSettings 
             it.close()
         return [{"text": t, "finish_reason": r} for t, r in zip(texts, reasons, strict=True)]
 
-    @app.post("/api/stream")
-    async def stream(req: GenerateRequest, request: Request):
+    async def run_stream(req: GenerateRequest, request: Request):
         ids, params = prepare(req)
         gone, watcher = watch_disconnect(request)  # only while queued: the response watches afterwards
         try:
@@ -288,6 +304,10 @@ def create_app(model: torch.nn.Module, enc: Any = None, settings: ServeSettings 
         finally:
             watcher.cancel()
         return sse_response(stream_text(model, enc, ids, params), gate, producers)
+
+    @app.post("/api/stream")
+    async def stream(req: GenerateRequest, request: Request):
+        return await run_stream(req, request)
 
     producers: set[asyncio.Task] = set()  # strong references, so running producers are not collected
 
