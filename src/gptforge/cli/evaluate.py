@@ -80,10 +80,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
         eval_generative(args, generative)
         if not args.tasks:
             return 0
-    from gptforge.runtime import resolve_device
 
-    resolve_device(args.device, flag="--device")  # a device this machine lacks is refused by the flag's name
-    info = init_distributed(args.device)  # under torchrun every rank scores a share of the examples
+    # under torchrun every rank scores a share of the examples; a device this machine lacks is refused by the
+    # flag's name
+    info = init_distributed(args.device, flag="--device")
     model = load(source)
     tok, _ = words(source, model)  # task text in the model's own tokens
     timer = None

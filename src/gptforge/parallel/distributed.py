@@ -81,16 +81,17 @@ def layout_words(sharding: str) -> str:
     return " + ".join(p for p in parts if p) or "one process"
 
 
-def init_distributed(device_name: str = "auto", dist_cfg: DistConfig | None = None) -> DistInfo:
+def init_distributed(device_name: str = "auto", dist_cfg: DistConfig | None = None,
+                     flag: str = "train.device") -> DistInfo:
     """Join the torchrun job if there is one. Sharding switches are checked against the device and
-    world here, before any data or model is touched."""
+    world here, before any data or model is touched. ``flag``: the setting a device refusal names."""
     dist_cfg = dist_cfg or DistConfig()
     if "RANK" not in os.environ:
         # nothing to shard across one process: ZeRO/FSDP switches (e.g. from a world-2 checkpoint's
         # config) are accepted and have no effect, so a sharded run can be resumed on one device
-        return DistInfo(device=resolve_device(device_name))
+        return DistInfo(device=resolve_device(device_name, flag=flag))
     rank, local_rank, world = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
-    device = resolve_device(device_name, local_rank)
+    device = resolve_device(device_name, local_rank, flag=flag)
     if dist_cfg.shard == "fsdp" and device.type not in ("cuda", "cpu"):
         raise ConfigError(
             f"dist.shard=fsdp on device {device.type!r}: FSDP2 runs on CUDA (NCCL) or CPU (gloo) only; "
