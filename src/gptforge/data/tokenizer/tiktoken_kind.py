@@ -46,6 +46,11 @@ class TiktokenTokenizer(Tokenizer):
                         for t in texts]
         return super().encode_batch_numpy(texts, dtype)
 
+    def encode_ordinary_batch(self, texts: Sequence[str], num_threads: int = 8) -> list[list[int]]:
+        """tiktoken's own thread pool over ``texts`` (bench-prepare's comparison with the worker pool)."""
+        with _library_failure(f"tokenizer {self.name!r}", sum(map(len, texts))):
+            return self.enc.encode_ordinary_batch(list(texts), num_threads=num_threads)
+
     def decode_single_token_bytes(self, token: int) -> bytes:
         return self.enc.decode_single_token_bytes(token)
 
