@@ -8,6 +8,15 @@ recording ``train_step``, the prompts and replies a decode benchmark runs from a
 ``generate``, the shards a prepare writes against test_prepare.py's single-process reference, the
 legend and the lines of a plot against the metrics files drawn. Benchmarks run tiny models for a step or
 two; the numbers they time are not checked, only what was timed.
+
+Planted bugs these catch (each planted in a copy of src/ and seen to fail): the parsed value dropped for
+its default in cmd_plan (--reserve, --tokens, --gpus-per-node, --measure, --steps), cmd_bench (--steps,
+--warmup, --json, --trace, --ladder, --sweep-micro-batch, --switch; --preset and --out dropped in
+build_config), cmd_bench_generate (--size, --prompt-tokens, --new-tokens, --repeats, --threads, --dtype),
+cmd_bench_prepare (--workers, --copies, --repeats, --shard-tokens, --memory-factor, --json, --workdir),
+cmd_prepare (fineweb's --edu, --sample, --val-tokens, --skip-bad, --force, --tokenizer; files' and fineweb's
+--workers and --start-method, each command on its own), cmd_plot (--labels; the runs reordered); --force
+ignored by the output check for plan, bench, bench-generate, bench-prepare and plot, one at a time.
 """
 
 from __future__ import annotations
@@ -226,17 +235,173 @@ def test_bench_prepare_corpus_runs_and_memory_check(tmp_path, monkeypatch, capsy
     monkeypatch.setattr(bench, "run_pipeline", record)
     work, out = tmp_path / "work", tmp_path / "bp.json"
     work.mkdir()
-    assert main(["bench-prepare", "--workers", "1", "--copies", "2", "--repeats", "2", "--memory-factor", "3",
+    assert main(["bench-prepare", "--workers", "1", "--copies", "2", "--repeats", "1", "--memory-factor", "3",
                  "--shard-tokens", "5000", "--workdir", str(work), "--json", str(out)]) == 0
     rep = _json(out)
     one_copy = rep["single_core"]["tokens"] + len(docs)  # each document also gets its <|endoftext|>
-    assert [r["workers"] for r in rep["pipeline"]] == [1] and len(rep["pipeline"][0]["all_tokens_per_s"]) == 2
-    assert [(r["workers"], r["tokens"]) for r in runs] == [(1, 2 * one_copy)] * 3 + [(1, 6 * one_copy)]
+    assert [r["workers"] for r in rep["pipeline"]] == [1] and len(rep["pipeline"][0]["all_tokens_per_s"]) == 1
+    assert [(r["workers"], r["tokens"]) for r in runs] == [(1, 2 * one_copy)] * 2 + [(1, 6 * one_copy)]
     assert [m["tokens"] for m in rep["memory"]] == [2 * one_copy, 6 * one_copy]
     for r in runs:
         assert r["corpus"].parent.parent == work
         assert r["train_shards"][:-1] and set(r["train_shards"][:-1]) == {5000} and r["train_shards"][-1] <= 5000
     assert list(work.iterdir()) == []
     capsys.readouterr()
-    assert main(["bench-prepare", "--workers", "1", "--copies", "1", "--repeats", "1", "--json", str(out)]) == 2
-    assert "--force" in capsys.readouterr().err and _json(out) == rep
+    again = ["bench-prepare", "--workers", "1", "--copies", "1", "--repeats", "1", "--memory-factor", "1", "--json",
+             str(out)]
+    assert main(again) == 2 and "--force" in capsys.readouterr().err and _json(out) == rep
+    assert main([*again, "--force"]) == 0 and _json(out)["pipeline"][0]["tokens"] == one_copy
+
+
+# ---------------------------------------------------------------- prepare fineweb / files: the shard options
+@pytest.fixture
+def offline_hf(monkeypatch, tmp_path):
+    pytest.importorskip("datasets")
+    pytest.importorskip("pyarrow")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+
+
+def test_prepare_fineweb_edu_sample_and_val_tokens(offline_hf, tmp_path, tokenizer, monkeypatch):
+    """prepare fineweb without --data-files streams HuggingFaceFW/fineweb, config sample-10BT, into
+    data/fineweb10B (the hub replaced by local FineWeb-shaped parquet, the dataset asked for recorded);
+    --edu: fineweb-edu, shards named edu_fineweb_*; --sample 100BT: config sample-100BT, folder
+    data/edu_fineweb100B; --val-tokens N: the val shard is the first N tokens (the shards are
+    test_prepare.py's single-process reference)."""
+    from gptforge.data.prepare import fineweb
+    from gptforge.data.prepare.sources import HFStreamSource
+    from tests.data.test_prepare import assert_matches, make_docs, reference_shards, write_parquet
+
+    docs = make_docs(60, seed=3)
+    part = write_parquet(tmp_path / "000.parquet", docs)
+    asked = []
+
+    def hub(path, name=None, split="train", **kw):
+        asked.append((path, name, split))
+        return HFStreamSource("parquet", data_files=[part])
+
+    monkeypatch.setattr(fineweb, "HFStreamSource", hub)
+    monkeypatch.chdir(tmp_path)
+    common = ["--shard-tokens", "1500", "--workers", "1", "--no-progress"]
+    assert main(["prepare", "fineweb", *common, "--val-tokens", "300"]) == 0
+    assert main(["prepare", "fineweb", "--edu", "--sample", "100BT", *common, "--val-tokens", "200"]) == 0
+    assert asked == [("HuggingFaceFW/fineweb", "sample-10BT", "train"),
+                     ("HuggingFaceFW/fineweb-edu", "sample-100BT", "train")]
+    assert_matches(tmp_path / "data" / "fineweb10B", reference_shards(tokenizer, docs, 1500, val=300), name="fineweb")
+    assert_matches(tmp_path / "data" / "edu_fineweb100B", reference_shards(tokenizer, docs, 1500, val=200),
+                   name="edu_fineweb")
+
+
+def test_prepare_fineweb_skip_bad_force_and_tokenizer(offline_hf, tmp_path, capsys):
+    """prepare fineweb --data-files: a row without text stops the run naming --skip-bad, and with --skip-bad
+    it is counted and left out; --force: another prepare over the folder's shards is refused without it and
+    replaces them with it; --tokenizer: the shards are that tokenizer's tokens and carry its fingerprint."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from gptforge import assets
+    from gptforge.data.shards import read_shard
+    from gptforge.data.tokenizer import R50K_PAT, save_tokenizer, shard_tokenizer, tiktoken_from_ranks
+    from tests.data.test_prepare import make_docs
+
+    docs = make_docs(50, seed=4)
+    bad = tmp_path / "bad.parquet"
+    pq.write_table(pa.table({"text": [*docs[:5], None, *docs[5:]]}), bad)
+    out = tmp_path / "o"
+    argv = ["prepare", "fineweb", "--data-files", str(bad), "--out", str(out), "--workers", "1", "--no-progress",
+            "--val-tokens", "0"]
+    capsys.readouterr()
+    assert main([*argv, "--shard-tokens", "1500"]) == 2 and "--skip-bad" in capsys.readouterr().err
+    assert main([*argv, "--shard-tokens", "1500", "--skip-bad", "--force"]) == 0
+    gpt2 = shard_tokenizer(out)
+    assert json.loads((out / "manifest.json").read_text())["state"]["skipped"] == 1
+    got = [t for f in sorted(out.glob("fineweb_train_*.bin")) for t in read_shard(f).tolist()]
+    assert got == [t for d in docs for t in [gpt2.eot_token, *gpt2.encode_ordinary(d)]]
+    assert main([*argv, "--shard-tokens", "900", "--skip-bad"]) == 2 and "--force" in capsys.readouterr().err
+    assert main([*argv, "--shard-tokens", "900", "--skip-bad", "--force"]) == 0
+    assert {len(read_shard(f)) for f in sorted(out.glob("fineweb_train_*.bin"))[:-1]} == {900}
+    # --tokenizer: GPT-2's ranks with <|endoftext|> moved to 100,000 (a saved bundle)
+    wide = tiktoken_from_ranks(assets.gpt2_ranks_path(), R50K_PAT, {"<|endoftext|>": 100_000}, name="gpt2-wide")
+    save_tokenizer(wide, tmp_path / "wide")
+    assert main([*argv, "--shard-tokens", "1500", "--skip-bad", "--force", "--tokenizer", str(tmp_path / "wide")]) == 0
+    assert shard_tokenizer(out).fingerprint == wide.fingerprint != gpt2.fingerprint
+    got = [t for f in sorted(out.glob("fineweb_train_*.bin")) for t in read_shard(f).tolist()]
+    assert got == [t for d in docs for t in [100_000, *wide.encode_ordinary(d)]]
+
+
+def test_prepare_workers_and_start_method_make_the_pool(offline_hf, tmp_path, tokenizer, monkeypatch):
+    """prepare files and fineweb: --workers 1 tokenizes in the main process (no pool), --workers 2 in a pool
+    of two processes started by --start-method (default spawn); the pool's results are the shards (the
+    pool recorded, then started with fork to stay quick)."""
+    import multiprocessing as mp
+
+    from gptforge.data.prepare import pipeline
+    from gptforge.data.shards import read_shard
+    from tests.data.test_prepare import make_docs, write_parquet
+
+    pools = []
+
+    class Pool(pipeline.ProcessPoolExecutor):
+        def __init__(self, max_workers, mp_context, **kw):
+            pools.append((max_workers, mp_context.get_start_method()))
+            super().__init__(max_workers, mp_context=mp.get_context("fork"), **kw)
+
+    monkeypatch.setattr(pipeline, "ProcessPoolExecutor", Pool)
+    docs = make_docs(60, seed=6)
+    part = write_parquet(tmp_path / "000.parquet", docs)
+    want = [t for d in docs for t in [tokenizer.eot_token, *tokenizer.encode_ordinary(d)]]
+    for cmd, name in ((["files", str(part)], "data"), (["fineweb", "--data-files", str(part)], "fineweb")):
+        for i, flags in enumerate((["--workers", "1"], ["--workers", "2"], ["--workers", "2", "--start-method",
+                                                                              "forkserver"])):
+            out = tmp_path / f"{name}{i}"
+            assert main(["prepare", *cmd, "--out", str(out), "--shard-tokens", "1500", "--val-tokens", "0",
+                         "--no-progress", *flags]) == 0
+            got = [t for f in sorted(out.glob(f"{name}_train_*.bin")) for t in read_shard(f).tolist()]
+            assert got == want
+    assert pools == [(2, "spawn"), (2, "forkserver")] * 2
+
+
+# ---------------------------------------------------------------- plot
+def test_plot_draws_each_run_under_its_label(tmp_path, monkeypatch, capsys):
+    """plot RUN... : each run's losses drawn from its metrics.jsonl (the figure caught as it is saved);
+    --labels: the legend names, in the runs' order (default the folders' names); --force: an existing image
+    is refused without it and replaced with it."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.figure
+
+    figs = []
+    real = matplotlib.figure.Figure.savefig
+
+    def catch(self, *a, **k):
+        figs.append(self)
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", catch)
+    runs = []
+    for name, losses in (("first", [5.0, 4.0, 3.5]), ("second", [6.0, 5.5, 5.25])):
+        run = tmp_path / name
+        run.mkdir()
+        (run / "metrics.jsonl").write_text("".join(
+            json.dumps({"kind": "train", "step": s, "loss": x, "tokens": 100 * s}) + "\n"
+            for s, x in enumerate(losses, start=1)))
+        runs.append((str(run), losses))
+
+    def lines(*flags) -> dict:
+        figs.clear()
+        assert main(["plot", *[r for r, _ in runs], "--image", str(tmp_path / "c.png"), *flags]) == 0
+        ax = figs[-1].axes[0]  # loss against step
+        return {ln.get_label(): (list(ln.get_xdata()), list(ln.get_ydata())) for ln in ax.lines}
+
+    steps = [1, 2, 3]
+    assert lines() == {"first train": (steps, runs[0][1]), "second train": (steps, runs[1][1])}
+    capsys.readouterr()
+    image = (tmp_path / "c.png").read_bytes()
+    assert main(["plot", runs[1][0], "--image", str(tmp_path / "c.png")]) == 2
+    assert "--force" in capsys.readouterr().err and (tmp_path / "c.png").read_bytes() == image
+    assert lines("--labels", "adam,muon", "--force") == {"adam train": (steps, runs[0][1]),
+                                                          "muon train": (steps, runs[1][1])}
+    figs.clear()
+    assert main(["plot", runs[1][0], runs[0][0], "--image", str(tmp_path / "c.png"), "--labels", "b,a",
+                 "--force"]) == 0
+    assert {ln.get_label(): list(ln.get_ydata()) for ln in figs[-1].axes[0].lines} == \
+        {"b train": runs[1][1], "a train": runs[0][1]}
