@@ -306,6 +306,10 @@ def test_v1_completions_refusals_word_for_word_and_their_edges(tokenizer):
         for lp in (0, 1):
             assert _v1(c, p, {"prompt": "hi", "logprobs": lp, "stream": True}) == _bad(
                 "logprobs: not available with stream=true on this server", "logprobs")
+    with _client(tokenizer, max_prompt_chars=100) as c:
+        # <|endoftext|> typed in a text prompt is that one token (GPT-2's 50256), as gptforge sample reads it
+        status, out = _v1(c, "/v1/completions", {"prompt": "hi<|endoftext|>", "max_tokens": 1})
+        assert status == 200 and out["usage"]["prompt_tokens"] == 2
 
 
 def test_v1_completions_echo(tokenizer):
@@ -340,7 +344,9 @@ def test_v1_completions_echo(tokenizer):
 
 def test_v1_chat_refusals_and_defaults(tokenizer):
     p = "/v1/chat/completions"
-    with _client(tokenizer, chat=False) as c:
+    with _client(tokenizer, chat=False) as c:  # a base model: text completion only, decoded by its own tokenizer
+        status, out = _v1(c, "/v1/completions", {"prompt": [5303], "echo": True, "max_tokens": 2})
+        assert status == 200 and out["choices"][0]["text"] == "hi!!"
         assert _v1(c, p, {"messages": [{"role": "user", "content": "hi"}]}) == _bad(
             "this model has no chat template (it is a base model; fine-tune it with `gptforge sft`); use "
             "/v1/completions to continue text", "messages", "no_chat_template")
