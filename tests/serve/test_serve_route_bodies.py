@@ -373,3 +373,78 @@ def test_v1_chat_refusals_and_defaults(tokenizer):
     with _client(tokenizer, max_new_tokens_cap=40) as c:
         status, out = _v1(c, p, {"messages": [{"role": "user", "content": "hi"}]})
         assert status == 200 and out["choices"][0]["message"]["content"] == "!" * 27  # the room the context leaves
+
+
+# ---------------------------------------------------------------- /v1 answers written out, whole and streamed
+def _chunks(text: str) -> list:
+    """An SSE body's ``data:`` payloads in order (JSON decoded, ``[DONE]`` kept as the string)."""
+    out = []
+    for block in text.split("\n\n"):
+        for line in block.splitlines():
+            if line.startswith("data: "):
+                out.append(line[6:] if line == "data: [DONE]" else json.loads(line[6:]))
+    return out
+
+
+def test_v1_answers_written_out(tokenizer):
+    """Every field of a whole answer and of each streamed chunk, for both endpoints: the id's prefix, the
+    object, the creation time, the served model's name, the choices and the usage."""
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "temperature": 0}
+    text = {"prompt": "hi", "max_tokens": 2, "temperature": 0}
+    usage = {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}  # chat: 4 template ids + "hi"
+    with _client(tokenizer) as c:
+        now = int(time.time())
+        out = c.post("/v1/chat/completions", json=chat).json()
+        assert re.fullmatch(r"chatcmpl-[0-9a-f]{32}", out.pop("id")) and abs(out.pop("created") - now) <= 60
+        assert out == {"object": "chat.completion", "model": "gptforge", "usage": usage, "choices": [
+            {"index": 0, "finish_reason": "length", "logprobs": None,
+             "message": {"role": "assistant", "content": "!!"}}]}
+        out = c.post("/v1/completions", json=text).json()
+        assert re.fullmatch(r"cmpl-[0-9a-f]{32}", out.pop("id")) and abs(out.pop("created") - now) <= 60
+        assert out == {"object": "text_completion", "model": "gptforge", "choices": [
+            {"index": 0, "finish_reason": "length", "logprobs": None, "text": "!!"}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}}
+
+        def streamed(path, body, prefix):
+            chunks = _chunks(c.post(path, json={**body, "stream": True}).text)
+            assert chunks[-1] == "[DONE]"
+            ids = {ch.pop("id") for ch in chunks[:-1]}
+            (rid,) = ids
+            assert re.fullmatch(prefix + r"-[0-9a-f]{32}", rid)
+            assert all(abs(ch.pop("created") - now) <= 60 and ch.pop("model") == "gptforge" for ch in chunks[:-1])
+            return chunks[:-1]
+
+        delta = [{"role": "assistant", "content": ""}, {"content": "!"}, {"content": "!"}, {}]
+        assert streamed("/v1/chat/completions", chat, "chatcmpl") == [
+            {"object": "chat.completion.chunk", "choices": [
+                {"index": 0, "delta": d, "logprobs": None, "finish_reason": "length" if d == {} else None}]}
+            for d in delta]
+        assert streamed("/v1/completions", text, "cmpl") == [
+            {"object": "text_completion", "choices": [
+                {"index": 0, "text": "!", "logprobs": None, "finish_reason": reason}]} for reason in (None, "length")]
+
+
+def test_a_generation_that_fails_is_told_to_the_client(tokenizer, monkeypatch):
+    """The model fails after its first token (out of memory, say): a whole /v1 answer is a 500 naming the
+    failure; a stream has already begun, so its failure is an event of the stream's own format, then its end."""
+    real = generation.stream_text
+
+    def failing(*a, **kw):
+        for ev in real(*a, **kw):
+            yield ev
+            raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(generation, "stream_text", failing)
+    said = "generation failed: out of memory"
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0}
+    text = {"prompt": "hi", "max_tokens": 4, "temperature": 0}
+    with _client(tokenizer) as c:
+        for path, body in (("/v1/chat/completions", chat), ("/v1/completions", text)):
+            r = c.post(path, json=body)
+            assert (r.status_code, r.json()) == (500, _oa("server_error", said)), path
+            chunks = _chunks(c.post(path, json={**body, "stream": True}).text)
+            assert chunks[-2:] == [_oa("server_error", said), "[DONE]"], path
+        r = c.post("/api/stream", json={"prompt": "hi", "max_new_tokens": 4, "temperature": 0})
+        assert r.text.endswith(f'event: error\ndata: {json.dumps({"error": said})}\n\nevent: done\ndata: {{}}\n\n')
+        # the model was released each time: a request now is answered
+        assert c.post("/v1/completions", json=text).status_code == 500  # (still failing, but not stuck)
