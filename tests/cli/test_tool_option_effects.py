@@ -405,3 +405,62 @@ def test_plot_draws_each_run_under_its_label(tmp_path, monkeypatch, capsys):
                  "--force"]) == 0
     assert {ln.get_label(): list(ln.get_ydata()) for ln in figs[-1].axes[0].lines} == \
         {"b train": runs[1][1], "a train": runs[0][1]}
+
+
+# ---------------------------------------------------------------- tokenizer train from a Hugging Face dataset
+WORDS = {("a", "train"): "aardvark", ("a", "test"): "quokka", ("b", "train"): "xylophone", ("b", "test"): "zeppelin"}
+
+
+def _two_config_dataset(tmp_path: Path) -> Path:
+    """A local dataset folder that datasets streams like a hub dataset: its README declares configs a and
+    b, each with a train and a test split; every split's rows repeat its own word (WORDS)."""
+    ds = tmp_path / "ds"
+    yaml = ["---", "configs:"]
+    for config in ("a", "b"):
+        (ds / config).mkdir(parents=True)
+        yaml += [f"- config_name: {config}", "  data_files:"]
+        for split in ("train", "test"):
+            w = WORDS[config, split]
+            rows = [{"text": " ".join([w] * 30) + f" {i}"} for i in range(40)]
+            (ds / config / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+            yaml += [f"  - split: {split}", f"    path: {config}/{split}.jsonl"]
+    (ds / "README.md").write_text("\n".join([*yaml, "---", ""]))
+    return ds
+
+
+def test_tokenizer_train_reads_the_hf_dataset_config_and_split_named(offline_hf, tmp_path):
+    """tokenizer train --hf-dataset D --hf-config C --split S: the tokenizer is learned from that config's
+    split, streamed with datasets (D a local folder whose README declares configs a and b, each with a train
+    and a test split, every one repeating its own word): that split's word becomes one token, the words
+    of the other three stay in pieces."""
+    from gptforge.data.tokenizer import load_tokenizer
+
+    ds = _two_config_dataset(tmp_path)
+
+    def learned(name, *flags) -> set[str]:
+        out = tmp_path / name
+        assert main(["tokenizer", "train", "--hf-dataset", str(ds), "--out", str(out), "--vocab-size", "300",
+                     "--trainer", "tokenizers", "--no-progress", *flags]) == 0
+        tok = load_tokenizer(str(out / "tokenizer"))
+        return {w for w in WORDS.values() if len(tok.encode_ordinary(" " + w)) == 1}
+
+    assert learned("a", "--hf-config", "a") == {"aardvark"}  # the default split: train
+    assert learned("b", "--hf-config", "b", "--split", "test") == {"zeppelin"}
+
+
+@pytest.mark.parametrize("flags, words", [
+    ([], ["Config name is missing", "'a', 'b'"]),
+    (["--hf-config", "c"], ["'c' not found", "'a', 'b'"]),
+    (["--hf-config", "a", "--split", "validation"], ["validation", "'train', 'test'"]),
+    (["--hf-config", "a", "--text-field", "body"], ["body"]),
+])
+def test_a_dataset_config_split_or_field_it_lacks_is_one_line(offline_hf, tmp_path, capsys, flags, words):
+    """A config, split or text field the dataset does not have: exit 2 with one line naming the dataset,
+    what is missing and what there is (datasets' ValueError traceback before)."""
+    ds = _two_config_dataset(tmp_path)
+    capsys.readouterr()
+    assert main(["tokenizer", "train", "--hf-dataset", str(ds), "--out", str(tmp_path / "t"), "--vocab-size", "300",
+                 "--no-progress", *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(ds) in err and all(w in err for w in words), err
+

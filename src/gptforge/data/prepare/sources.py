@@ -251,8 +251,16 @@ class HFStreamSource:
     def items(self, start: int = 0) -> Iterator[Item]:
         datasets = require("datasets", extra="data", for_what="streaming from Hugging Face (gptforge prepare fineweb)")
         kwargs = {"data_files": self.data_files} if self.data_files else {}
-        ds = datasets.load_dataset(self.path, name=self.name, split=self.split, streaming=True, **kwargs)
-        ds = ds.select_columns([self.text_field])
+        try:
+            ds = datasets.load_dataset(self.path, name=self.name, split=self.split, streaming=True, **kwargs)
+            ds = ds.select_columns([self.text_field])
+        except (ValueError, FileNotFoundError, ConnectionError) as e:
+            # a config, split or column the dataset lacks, no such dataset, or the hub out of reach: datasets
+            # says which and what there is over several lines (and a usage example); one line of it, naming
+            # the dataset
+            what = " ".join(x.strip() for x in str(e).splitlines()[:2] if x.strip())
+            raise SourceError(f"dataset {self.path} (config {self.name}, split {self.split}, text field "
+                              f"{self.text_field!r}): {what}") from None
         if start:
             ds = ds.skip(start)
         where0 = self.path if self.name is None else f"{self.path}/{self.name}"
