@@ -125,8 +125,9 @@ def test_input_the_tokenizer_or_template_cannot_take_is_a_400_in_each_familys_sh
         r = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "POISON"}]})
         assert (r.status_code, r.json()) == (400, _oa("invalid_request_error", said + "poisoned.json: this tokenizer "
                                                       "refuses POISON", "messages"))
-        r = c.post("/v1/completions", json={"prompt": "BADCHAT"})
-        assert r.status_code == 400 and r.json()["error"]["message"] == said + "message 0: cannot render BADCHAT"
+        r = c.post("/v1/completions", json={"prompt": "BADCHAT"})  # the field named is the one the text came in
+        assert (r.status_code, r.json()) == (400, _oa("invalid_request_error", said + "message 0: cannot render "
+                                                      "BADCHAT", "prompt"))
         # and the plain HTTP errors keep their status and words (http_error)
         r = c.post("/api/generate", json={"prompt": "hi", "max_new_tokens": 17})
         assert (r.status_code, r.json()) == (400, {"error": "max_new_tokens=17 is over this server's cap of 16"})

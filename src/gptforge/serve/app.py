@@ -194,8 +194,9 @@ def create_app(model: torch.nn.Module, enc: Any = None, settings: ServeSettings 
         return _error(status, message)
 
     def unrenderable(request: Request, exc: Exception):
+        field = "prompt" if request.url.path.startswith("/v1/completions") else "messages"  # the field it came in
         return family_error(request, 400, f"the model's chat template or tokenizer cannot take this input: {exc}",
-                            "messages")
+                            field)
 
     def crash(request: Request, exc: Exception):
         import logging
