@@ -1,5 +1,6 @@
 """The effect of the tool commands' options (plan, bench, bench-generate, bench-prepare, prepare fineweb's and
-files' shard options, plot), for the walk of tests/cli/test_every_cli_option_has_an_effect.py (issue 36).
+files' shard options, plot, tokenizer train from a dataset) and of --random, chat --hf and eval's
+--batch-tokens/--repeats, for the walk of tests/cli/test_every_cli_option_has_an_effect.py (issue 36).
 
 Each option is checked against what it promises, counted or computed here: days to a token budget from
 the step time (``ceil(tokens / batch tokens) x step``), a measured peak against the bytes AdamW must hold
@@ -15,8 +16,11 @@ its default in cmd_plan (--reserve, --tokens, --gpus-per-node, --measure, --step
 build_config), cmd_bench_generate (--size, --prompt-tokens, --new-tokens, --repeats, --threads, --dtype),
 cmd_bench_prepare (--workers, --copies, --repeats, --shard-tokens, --memory-factor, --json, --workdir),
 cmd_prepare (fineweb's --edu, --sample, --val-tokens, --skip-bad, --force, --tokenizer; files' and fineweb's
---workers and --start-method, each command on its own), cmd_plot (--labels; the runs reordered); --force
-ignored by the output check for plan, bench, bench-generate, bench-prepare and plot, one at a time.
+--workers and --start-method, each command on its own), cmd_plot (--labels; the runs reordered), cmd_tokenizer
+(--hf-dataset, --hf-config, --split; and the split dropped in open_source), cmd_eval (--batch-tokens, --repeats);
+--random d4 built as d2 in sample, d2 as d4 in eval, and the random weights unseeded; chat --hf dropped; --force
+ignored by the output check for plan, bench, bench-generate, bench-prepare and plot, one at a time; and the
+one-line dataset errors' except clause narrowed back to miss datasets' ValueError.
 """
 
 from __future__ import annotations
@@ -464,3 +468,102 @@ def test_a_dataset_config_split_or_field_it_lacks_is_one_line(offline_hf, tmp_pa
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and str(ds) in err and all(w in err for w in words), err
 
+
+
+# ---------------------------------------------------------------- --random SIZE, chat --hf: the model they name
+@pytest.fixture(scope="module")
+def seed0_sizes(tmp_path_factory):
+    """A GPT-2 model of size d2 (2 layers, 2 heads, 64 wide), GPT-2's vocabulary and a 1024 context, built
+    here from seed 0 and saved as a checkpoint: what --random d2 promises."""
+    from gptforge.config import Config
+    from gptforge.models.gpt2 import GPT, GPTConfig
+    from gptforge.run.checkpoint import save_checkpoint
+
+    tmp = tmp_path_factory.mktemp("random")
+    out = {}
+    for size, (layers, heads, width) in {"d2": (2, 2, 64)}.items():
+        torch.manual_seed(0)
+        m = GPT(GPTConfig(n_layer=layers, n_head=heads, n_embd=width, block_size=1024, vocab_size=50257))
+        out[size] = str(save_checkpoint(tmp / size, 1, m, None, {"config": Config(model=m.config).to_dict()}))
+    return out
+
+
+def test_random_is_a_seed_0_model_of_that_size(seed0_sizes, tmp_path, capsys):
+    """sample --random SIZE and eval --random SIZE: the same greedy text and the same eval as the seed-0
+    model of that size built here (sample/eval --ckpt of it); --random d4's text differs, so the comparison
+    can fail."""
+    def sample(*src) -> str:
+        assert main(["sample", *src, "--prompt", "ROMEO:", "--temperature", "0", "--max-new-tokens", "6",
+                     "--device", "cpu"]) == 0
+        return capsys.readouterr().out
+
+    def evaluate(*src) -> list:
+        out = tmp_path / "e.json"
+        assert main(["eval", *src, "--tasks", "arithmetic", "--limit", "2", "--raw", "--device", "cpu", "--json",
+                     str(out), "--force"]) == 0
+        return json.loads(out.read_text())
+
+    d2 = sample("--random", "d2")
+    assert d2 == sample("--ckpt", seed0_sizes["d2"]) != sample("--random", "d4")
+    assert evaluate("--random", "d2")[0]["samples"] == evaluate("--ckpt", seed0_sizes["d2"])[0]["samples"]
+
+
+def test_chat_hf_is_the_exported_chat_model(tmp_path, capsys, monkeypatch):
+    """chat --hf DIR (the tiny chat model exported by export hf): the same greedy reply as chat --ckpt of the
+    checkpoint it came from; another model's reply differs."""
+    from tests.conftest import tiny_chat_checkpoint
+
+    ck = {s: str(tiny_chat_checkpoint(tmp_path / f"chat{s}", seed=s)) for s in (0, 1)}
+    assert main(["export", "hf", "--ckpt", ck[0], "--out", str(tmp_path / "hf")]) == 0
+
+    def reply(*src) -> str:
+        monkeypatch.setattr("sys.stdin", __import__("io").StringIO("What is 2 + 3?\n/quit\n"))
+        assert main(["chat", *src, "--device", "cpu", "--temperature", "0", "--max-new-tokens", "8"]) == 0
+        return capsys.readouterr().out.split("assistant> ", 1)[1].rsplit("\n", 1)[0]
+
+    want = reply("--ckpt", ck[0])
+    assert reply("--hf", str(tmp_path / "hf")) == want != reply("--ckpt", ck[1])
+
+
+# ---------------------------------------------------------------- eval --batch-tokens, --bench --repeats
+def test_eval_batch_tokens_packs_the_forwards_and_repeats_times_them(eval_data, tokenizer, tmp_path, monkeypatch):
+    """eval --batch-tokens N: every forward of the scored task holds at most N tokens (or one row), so a
+    small N takes more forwards than a large one, for the same scores (the forwards' shapes recorded);
+    --bench --repeats R: the batched scorer runs once to warm up, then R timed times (its calls counted)."""
+    from gptforge.bench import eval as bench_eval
+    from gptforge.models.gpt2 import GPT
+
+    shapes = []
+    real_forward = GPT.forward
+
+    def forward(self, idx, *a, **k):
+        shapes.append(tuple(idx.shape))
+        return real_forward(self, idx, *a, **k)
+
+    monkeypatch.setattr(GPT, "forward", forward)
+    out = tmp_path / "e.json"
+
+    def run(*flags) -> dict:
+        shapes.clear()
+        assert main(["eval", "--random", "d2", "--tasks", "winogrande", "--limit", "4", "--device", "cpu",
+                     "--json", str(out), "--force", *flags]) == 0
+        return json.loads(out.read_text())
+
+    small, small_shapes = run("--batch-tokens", "40"), list(shapes)
+    large, large_shapes = run("--batch-tokens", "100000"), list(shapes)
+    assert all(b * t <= 40 or b == 1 for b, t in small_shapes)
+    assert len(large_shapes) == 1 and len(small_shapes) > 2  # 4 examples x 2 candidates in one forward, or many
+    drop = ("seconds", "examples_per_s", "tokens_per_s")
+    assert [{k: v for k, v in r.items() if k not in drop} for r in (small["results"]["winogrande"],
+                                                                     large["results"]["winogrande"])] == \
+        [{k: v for k, v in large["results"]["winogrande"].items() if k not in drop}] * 2
+    calls = []
+    real_score = bench_eval.score_requests
+
+    def counting(*a, **k):
+        calls.append(1)
+        return real_score(*a, **k)
+
+    monkeypatch.setattr(bench_eval, "score_requests", counting)
+    run("--bench", "--repeats", "2")  # the default is 3
+    assert len(calls) == 1 + 2
