@@ -1072,12 +1072,11 @@ OUTPUT_ONLY: dict[str, str] = {
     "--no-progress": "hides the progress bar on stderr; the shards written are the same",
 }
 
-NOT_YET_MAX = 9  # lower it as NOT_YET shrinks; never raise it
+NOT_YET_MAX = 8  # lower it as NOT_YET shrinks; never raise it
 # options with no effect test yet, by command: each gets one (and leaves) before new options come in
 NOT_YET: set[tuple[str, str]] = {(c, o) for c, opts in {
     "assets": ("--online", "<names>"),
     "eval": ("--reward-model",),
-    "plan": ("--out",),
     "prepare shakespeare": ("--out", "--source", "--tokenizer"),
     "race": ("--no-plot", "--target"),
 }.items() for o in opts}

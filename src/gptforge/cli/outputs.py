@@ -35,7 +35,7 @@ OUTPUTS: dict[str, dict[str, str]] = {
     "export": {"--out": "dir"},
     "import": {"--out": "run"},
     "bench-generate": {"--json": "file"},
-    "plan": {"--json": "file", "--out": "run"},
+    "plan": {"--json": "file"},
     "race": {"--out": "run"},
     "sft": {"--out": "run"},
     "rl": {"--out": "run"},

@@ -14,8 +14,9 @@ def build_config(args: argparse.Namespace, overrides: list[str]):
     from gptforge.presets import get_preset
 
     cfg = get_preset(args.preset)
-    if args.out is not None:  # --out '' is refused by train.out_dir's check, not replaced by the preset's
-        overrides = [*overrides, f"--train.out_dir={args.out}"]
+    out = getattr(args, "out", None)  # plan has none: it writes no run directory
+    if out is not None:  # --out '' is refused by train.out_dir's check, not replaced by the preset's
+        overrides = [*overrides, f"--train.out_dir={out}"]
     apply_overrides(cfg, overrides)
     return cfg, overrides
 
@@ -166,7 +167,6 @@ def args_plan(p: argparse.ArgumentParser) -> None:
                      "--measure compares the estimate with a measured peak for the preset as configured. "
                      "Accepts --section.key overrides.")
     p.add_argument("--preset", default="gpt2-124m")
-    p.add_argument("--out", help=argparse.SUPPRESS)
     p.add_argument("--gpu-mem", type=finite, default=None, help="GiB per GPU (default 80, or the --gpu preset's)")
     p.add_argument("--world", "--gpus", dest="world", type=int, default=8, help="number of GPUs (default %(default)s)")
     p.add_argument("--gpu", help="plan a parallel layout for this GPU: a100-40, a100-80, h100-80, h200")
