@@ -1,6 +1,6 @@
 """The effect of the tool commands' options (plan, bench, bench-generate, bench-prepare, prepare fineweb's and
-files' shard options, plot, tokenizer train from a dataset) and of --random, chat --hf and eval's
---batch-tokens/--repeats, for the walk of tests/cli/test_every_cli_option_has_an_effect.py (issue 36).
+files' shard options, plot, tokenizer train from a dataset, prepare shakespeare, race) and of --random, chat
+--hf and eval's --batch-tokens/--repeats, for the walk of tests/cli/test_every_cli_option_has_an_effect.py (issue 36).
 
 Each option is checked against what it promises, counted or computed here: days to a token budget from
 the step time (``ceil(tokens / batch tokens) x step``), a measured peak against the bytes AdamW must hold
@@ -19,8 +19,9 @@ cmd_prepare (fineweb's --edu, --sample, --val-tokens, --skip-bad, --force, --tok
 --workers and --start-method, each command on its own), cmd_plot (--labels; the runs reordered), cmd_tokenizer
 (--hf-dataset, --hf-config, --split; and the split dropped in open_source), cmd_eval (--batch-tokens, --repeats);
 --random d4 built as d2 in sample, d2 as d4 in eval, and the random weights unseeded; chat --hf dropped; --force
-ignored by the output check for plan, bench, bench-generate, bench-prepare and plot, one at a time; and the
-one-line dataset errors' except clause narrowed back to miss datasets' ValueError.
+ignored by the output check for plan, bench, bench-generate, bench-prepare and plot, one at a time; prepare
+shakespeare's --source, --tokenizer and --out dropped; race's --target and --no-plot dropped; plan's hidden --out
+put back; and the one-line dataset errors' except clause narrowed back to miss datasets' ValueError.
 """
 
 from __future__ import annotations
