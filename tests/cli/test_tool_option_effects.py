@@ -345,10 +345,11 @@ def test_prepare_fineweb_skip_bad_force_and_tokenizer(offline_hf, tmp_path, caps
     assert got == [t for d in docs for t in [100_000, *wide.encode_ordinary(d)]]
 
 
-def test_prepare_workers_and_start_method_make_the_pool(offline_hf, tmp_path, tokenizer, monkeypatch):
-    """prepare files and fineweb: --workers 1 tokenizes in the main process (no pool), --workers 2 in a pool
-    of two processes started by --start-method (default spawn); the pool's results are the shards (the
-    pool recorded, then started with fork to stay quick)."""
+def test_prepare_workers_and_start_method_make_the_pool(offline_hf, tmp_path, tokenizer, monkeypatch, capsys):
+    """prepare files and fineweb: --workers 1 tokenizes in the main process (no pool, no worker in the summary's
+    peak memory), --workers 2 in a pool of two processes started by --start-method (default spawn) whose
+    largest worker the summary reports; the shards are the same tokens either way (the pool recorded, then
+    started with fork to stay quick)."""
     import multiprocessing as mp
 
     from gptforge.data.prepare import pipeline
@@ -370,8 +371,11 @@ def test_prepare_workers_and_start_method_make_the_pool(offline_hf, tmp_path, to
         for i, flags in enumerate((["--workers", "1"], ["--workers", "2"], ["--workers", "2", "--start-method",
                                                                               "forkserver"])):
             out = tmp_path / f"{name}{i}"
+            capsys.readouterr()
             assert main(["prepare", *cmd, "--out", str(out), "--shard-tokens", "1500", "--val-tokens", "0",
                          "--no-progress", *flags]) == 0
+            summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+            assert (summary["peak_rss_mb"]["largest_worker"] is None) == (flags[1] == "1")
             got = [t for f in sorted(out.glob(f"{name}_train_*.bin")) for t in read_shard(f).tolist()]
             assert got == want
     assert pools == [(2, "spawn"), (2, "forkserver")] * 2
