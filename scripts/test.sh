@@ -10,4 +10,7 @@ if [ "${GPTFORGE_ALLOCATOR:-auto}" != system ] && [ -z "${LD_PRELOAD:-}" ]; then
   TCMALLOC=$(.venv/bin/python -c "from gptforge.allocator import find_tcmalloc; print(find_tcmalloc() or '')")
   [ -n "$TCMALLOC" ] && export LD_PRELOAD=$TCMALLOC
 fi
-exec .venv/bin/python -m pytest -q "$@"
+# one pytest worker per core, up to 4 (pytest-xdist); whole files to a worker, so a module's shared fixtures
+# (one torchrun launch serving several checks) run once. GPTFORGE_TEST_WORKERS=0 runs in this one process.
+WORKERS=${GPTFORGE_TEST_WORKERS:-$(n=$(nproc); echo $(( n < 4 ? n : 4 )))}
+exec .venv/bin/python -m pytest -q -n "$WORKERS" --dist loadfile "$@"

