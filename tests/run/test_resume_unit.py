@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 import shutil
 
 import pytest
@@ -149,8 +150,13 @@ def test_saved_config_reads_the_flat_rl_settings_of_old_checkpoints():
     cfg = resume.saved_config({"config": bare, "rl": {"steps": 4, "lr": 2e-4, "group": 3}})
     assert (cfg.train.max_steps, cfg.optim.lr, cfg.rl.group, cfg.train.seq_len) == (4, 2e-4, 3, Config().train.seq_len)
     defaults = Config()
-    cfg = resume.saved_config({"config": _old_config(), "rl": "not a dict", "sft": None})
+    cfg = resume.saved_config({"config": _old_config(), "sft": None})  # null: no settings beside the config
     assert (cfg.rl.group, cfg.sft.val_count) == (defaults.rl.group, defaults.sft.val_count)
+    for key, bad in (("rl", "not a dict"), ("sft", [16]), ("rl", 3)):  # damaged: refused, not defaults in silence
+        with pytest.raises(ConfigError, match=rf"^m/meta.json: {key} = {re.escape(repr(bad))}: expected an object"):
+            resume.saved_config({"config": _old_config(), key: bad}, where="m/meta.json")
+    # where the config has the section, the flat settings beside it are never read, damaged or not
+    assert resume.saved_config({"config": _cfg(10).to_dict(), "rl": "x"}).rl.group == _cfg(10).rl.group
 
 
 

@@ -88,6 +88,10 @@ def saved_config(meta: dict, where: str = "meta.json") -> Config:
         if k in sections and not isinstance(v, dict):
             raise ConfigError(f"{where}: config.{k} = {v!r:.80}: expected an object (the saved config is damaged)")
     d = {k: dict(v) if isinstance(v, dict) else v for k, v in conf.items()}
+    for legacy in ("sft", "rl"):  # read below only where the config lacks the section: refused there if damaged
+        if meta.get(legacy) is not None and legacy not in d and not isinstance(meta[legacy], dict):
+            raise ConfigError(f"{where}: {legacy} = {meta[legacy]!r:.80}: expected an object (an older checkpoint's "
+                              f"{legacy} settings; the saved config is damaged)")
     if isinstance(meta.get("sft"), dict) and "sft" not in d:
         d["sft"] = dict(meta["sft"])
     if isinstance(meta.get("rl"), dict) and "rl" not in d:
