@@ -445,22 +445,31 @@ def test_globals_filters_and_variables_as_transformers(chatml):
     assert re.match(r"\d{4}\|", hf_t) and "|none|<|im_start|><|im_end|>|2|" in hf_t
 
 
-@pytest.mark.xfail(strict=True, reason="known gap: with a SentencePiece-style Metaspace tokenizer (prepend_scheme "
-                   "'first', Llama 2 / Mistral v0.1) each stretch after a control id is encoded on its own and gains "
-                   "a '▁' prefix that transformers does not add; the fix belongs in the tokenizer seam (an encode "
-                   "that continues a text), shared with Tokenizer.encode(allowed_special=...)")
-def test_metaspace_tokenizer_ids_equal_transformers():
+@pytest.mark.parametrize("scheme", ["first", "always", "never", "first-in-sequence"])
+def test_metaspace_tokenizer_ids_equal_transformers(scheme):
+    """SentencePiece's Metaspace (Llama 2, Mistral v0.1): with prepend_scheme 'first' transformers prepends
+    '▁' only at the start of the whole input, not after <s> or <|im_start|>; 'always' after every special
+    token. The template's ids (every stretch between control ids), its generation prompt, its mask, and
+    Tokenizer.encode(allowed_special=...) equal transformers' encoding of the same text."""
     t = Tokenizer(models.BPE())
-    t.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first")
-    t.decoder = decoders.Metaspace(prepend_scheme="first")
+    meta = pre_tokenizers.Metaspace(prepend_scheme=scheme.split("-")[0])
+    t.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(), meta]) if "sequence" in scheme else meta
+    t.decoder = decoders.Metaspace(prepend_scheme=scheme.split("-")[0])
     t.train_from_iterator([CORPUS] * 20, trainers.BpeTrainer(vocab_size=300, show_progress=False,
                                                              special_tokens=["<s>", "</s>", *CHATML_SPECIALS[1:]]))
     text = t.to_str()
-    ours = JinjaChatTemplate(CHATML, HFTokenizer(text, bos="<s>", eos="</s>"))
+    tok = HFTokenizer(text, bos="<s>", eos="</s>")
+    ours = JinjaChatTemplate(CHATML, tok)
     hf = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(text), bos_token="<s>", eos_token="</s>")
     hf.chat_template = CHATML
-    conv = [{"role": "user", "content": "hello world"}, {"role": "assistant", "content": "the quick fox"}]
-    assert ours.render(conv)[0] == _hf_ids(hf, conv)
+    for conv in CONVS[:6]:
+        ids, mask = ours.render(conv)
+        assert ids == _hf_ids(hf, conv)
+        assert len(mask) == len(ids) and 0 < sum(mask) < len(ids)
+        assert ours.render_for_generation(conv[:-1]) == _hf_ids(hf, conv[:-1], add_generation_prompt=True)
+    s = "hello world<|im_start|>the quick fox<s> jumps</s>"
+    assert tok.encode(s, allowed_special="all") == hf(s, add_special_tokens=False)["input_ids"]
+    assert tok.encode_ordinary("the fox") == hf("the fox", add_special_tokens=False)["input_ids"]
 
 
 def test_gptforge_template_through_gpt2(gptforge):

@@ -20,9 +20,9 @@ other match is a control id, and the stretches between control ids are encoded w
 ``encode_ordinary`` (so ids equal the reference encoding of the rendered text whenever no message
 types special text). Content the template transforms (``| trim``, ``split``) keeps its markers, so
 no sentinel matching is needed. U+FDD0..U+FDD3 are removed from message content (Unicode reserves
-noncharacters for internal use). Stretches are encoded on their own, so a tokenizer whose
-pre-tokenizer prepends a space to each piece (SentencePiece's Metaspace, Llama 2) differs from
-transformers after every control id, as ``Tokenizer.encode(allowed_special=...)`` does.
+noncharacters for internal use). Stretches are encoded on their own, a stretch after a control id
+with ``encode_ordinary_continued``: a SentencePiece Metaspace pre-tokenizer with prepend_scheme
+'first' prepends '▁' at the start of the whole input only, as transformers encodes it.
 
 Loss mask (``render``): 1 on the assistant's tokens, every token overlapping an assistant span
 (transformers' rule: a token across the header's end and the reply's start, such as ByteLevel's
@@ -305,8 +305,8 @@ class JinjaChatTemplate:
     def _encode_stretch(self, text: str, a: int, b: int, ids: list[int], ranges: list[tuple[int, int]]) -> None:
         if a >= b:
             return
-        stretch = text[a:b]
-        got = self.tok.encode_ordinary(stretch)
+        stretch = text[a:b]  # the input's start, or text after a control id (a Metaspace tokenizer's '▁' differs)
+        got = self.tok.encode_ordinary(stretch) if a == 0 else self.tok.encode_ordinary_continued(stretch)
         ids += got
         ranges += [(a + s, a + e) for s, e in _char_ranges(self.tok, stretch, got)]
 
@@ -375,9 +375,11 @@ def _char_ranges(tok: Any, text: str, ids: list[int]) -> list[tuple[int, int]]:
             out.append((s, e))
             b = e_byte
         return out
-    plain = getattr(tok, "_plain", None)  # an HFTokenizer's ordinary-text tokenizer: it has offsets
-    if plain is not None:
-        enc = plain.encode(text, add_special_tokens=False)
-        if list(enc.ids) == list(ids):
-            return [tuple(o) for o in enc.offsets]
+    # an HFTokenizer's ordinary-text tokenizers have offsets: the one for the input's start, and its twin
+    # for text after a control id (encode_ordinary_continued)
+    for plain in (getattr(tok, "_plain", None), getattr(tok, "_continued", None)):
+        if plain is not None:
+            enc = plain.encode(text, add_special_tokens=False)
+            if list(enc.ids) == list(ids):
+                return [tuple(o) for o in enc.offsets]
     raise ChatFormatError(f"cannot place the tokens of {text[:40]!r} in the rendered text with the {tok.describe()}")

@@ -95,6 +95,12 @@ class Tokenizer:
         """``text`` to ids; special-token text inside it stays text."""
         return self._encode_plain(text)
 
+    def encode_ordinary_continued(self, text: str) -> list[int]:
+        """``encode_ordinary`` of text that continues an input after a control id (a chat template's stretch
+        after ``<|im_start|>``): the same ids, except for a tokenizer that treats the start of the whole
+        input specially (SentencePiece's Metaspace with prepend_scheme 'first' prepends '▁' there only)."""
+        return self._encode_plain(text)
+
     def encode(self, text: str, allowed_special: Iterable[str] | str = (), **_: Any) -> list[int]:
         """Like tiktoken's: the special tokens named in ``allowed_special`` ("all" for every one) are
         parsed where they appear; every other special-token text stays text."""
@@ -106,8 +112,8 @@ class Tokenizer:
         for i, part in enumerate(re.split(pattern, text)):
             if i % 2:
                 out.append(self.special_tokens[part])
-            elif part:
-                out += self._encode_plain(part)
+            elif part:  # only the first part starts the input; the others follow a special token
+                out += self._encode_plain(part) if i == 0 else self.encode_ordinary_continued(part)
         return out
 
     def encode_batch_numpy(self, texts: Sequence[str], dtype: Any = np.uint32) -> list[np.ndarray]:

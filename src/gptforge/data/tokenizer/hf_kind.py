@@ -54,6 +54,7 @@ class HFTokenizer(Tokenizer):
             raise TokenizerError(f"{where}: the tokenizers library refuses it: {str(e)[:300]}") from None
         self._plain = RustTokenizer.from_str(text)
         self._plain.encode_special_tokens = True  # special-token text in the input stays text
+        self._continued = self._continuation_twin(RustTokenizer)
         vocab = self._tok.get_vocab(with_added_tokens=True)
         self.n_vocab = max(vocab.values(), default=-1) + 1
         added = self._json.get("added_tokens") or []
@@ -144,6 +145,42 @@ class HFTokenizer(Tokenizer):
             else:
                 table[i] = self._tok.decode([i], skip_special_tokens=False).encode()
         return table
+
+    def _continuation_twin(self, rust_tokenizer: Any) -> Any:
+        """The file's tokenizer for text that follows earlier input, or None where it encodes alike. A
+        Metaspace pre-tokenizer with prepend_scheme 'first' prepends '▁' only to the piece at the start
+        of the whole input (transformers: after ``<s>`` or ``<|im_start|>`` no '▁' is added); gptforge
+        encodes the stretches between control ids one by one, so those after the first take a twin whose
+        scheme is 'never'. ('always' and the older add_prefix_space prepend to every piece, as does a
+        Prepend normalizer: per stretch is already right for them.)"""
+        import copy
+
+        doc = copy.deepcopy(self._json)
+        found = []
+
+        def never(node: Any) -> None:
+            if isinstance(node, dict):
+                if node.get("type") == "Metaspace" and node.get("prepend_scheme") == "first":
+                    node["prepend_scheme"] = "never"
+                    found.append(node)
+                for v in node.values():
+                    never(v)
+            elif isinstance(node, list):
+                for v in node:
+                    never(v)
+
+        never(doc.get("pre_tokenizer"))
+        if not found:
+            return None
+        twin = rust_tokenizer.from_str(json.dumps(doc))
+        twin.encode_special_tokens = True
+        return twin
+
+    def encode_ordinary_continued(self, text: str) -> list[int]:
+        if self._continued is None:
+            return self._encode_plain(text)
+        with _library_failure(self.where, len(text)):
+            return self._continued.encode(text, add_special_tokens=False).ids
 
     def _encode_plain(self, text: str) -> list[int]:
         if self._fast is not None:
