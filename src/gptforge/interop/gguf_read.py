@@ -21,7 +21,8 @@ MLP 4 x wide. What gptforge's Llama cannot represent (another architecture or ro
 partial rotary, experts, sliding windows, other biases, per-layer widths) is refused by name.
 
 The tokenizer is rebuilt as a ``tokenizer.json`` text from ``tokenizer.ggml.*`` (``gguf_tokenizer.py``:
-the byte-level BPE, with the pre-tokenizer llama.cpp runs for ``tokenizer.ggml.pre``).
+the byte-level BPE, with the pre-tokenizer llama.cpp runs for ``tokenizer.ggml.pre``; a SentencePiece
+vocabulary as transformers' GGUF loader builds it).
 
 A GGUF file is untrusted: its header is walked once with bounds (counts, string and array lengths,
 tensor ranks, shapes, types, offsets against the file size), and that walk is the only parse of it

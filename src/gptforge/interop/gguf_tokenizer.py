@@ -6,6 +6,11 @@
 For the byte-level BPE (``tokenizer.ggml.model`` "gpt2"): the vocabulary by id, the merges, the control
 tokens as special added tokens and the user-defined ones as plain added tokens, and the pre-tokenizer
 llama.cpp runs for ``tokenizer.ggml.pre`` (its regexes in ``llama-vocab.cpp``; see ``PRE_TOKENIZERS``).
+For the SentencePiece vocabulary (``tokenizer.ggml.model`` "llama": Llama 2, Mistral, TinyLlama): the
+tokens by id with their scores, as transformers' GGUF loader builds it: a BPE model with byte fallback
+whose merges are every pair of tokens that spells another token, best merged piece's score first (the
+greedy merge llama.cpp's ``llm_tokenizer_spm`` runs), a Metaspace pre-tokenizer writing spaces as '▁'
+with one prepended at the start of the input, no normalizer. See ``spm_tokenizer_json_from_gguf``.
 The arrays were bounded by ``gguf_read``'s header walk before anything here reads them.
 """
 
@@ -16,6 +21,7 @@ from pathlib import Path
 
 _STRING = 8  # GGUF's string value type (gguf_read.py reads the others)
 _INTEGERS = (0, 1, 2, 3, 4, 5, 10, 11)  # GGUF's integer value types (uint8 ... int64)
+_FLOATS = (6, 12)  # float32, float64
 
 
 class GGUFReadError(ValueError):
@@ -90,20 +96,104 @@ def tokenizer_json_from_gguf(tokens: list[str], types: list[int] | None, merges:
     return json.dumps(doc, ensure_ascii=False)
 
 
+def spm_merges(tokens: list[str], scores: list[float]) -> list[list[str]]:
+    """The BPE merges a SentencePiece vocabulary implies: every split of a token into two tokens, the
+    merged token's score highest first (llama.cpp merges the adjacent pair whose merged piece scores
+    best), ties by the longer left piece, then the longer right one, then the token's place in the
+    vocabulary and the pieces' ids. This is the order transformers' GGUF loader gives them
+    (``generate_merges``), so the two tokenizers are one; a repeated token keeps its last id and score."""
+    ids = {t: i for i, t in enumerate(tokens)}
+    score = dict(zip(tokens, scores, strict=True))
+    found: list[tuple[str, str, float]] = []
+    for tok, s in score.items():
+        pairs = [(tok[:k], tok[k:]) for k in range(1, len(tok)) if tok[:k] in ids and tok[k:] in ids]
+        pairs.sort(key=lambda lr: (ids[lr[0]], ids[lr[1]]))
+        found.extend((left, right, s) for left, right in pairs)
+    found.sort(key=lambda m: (m[2], len(m[0]), len(m[1])), reverse=True)  # stable: equal keys keep their order
+    return [[left, right] for left, right, _ in found]
+
+
+def spm_tokenizer_json_from_gguf(tokens: list[str], types: list[int] | None, scores: list[float],
+                                 merges: list[str] | None, path: Path, bos_id: int | None = None,
+                                 eos_id: int | None = None, unk_id: int | None = None, add_space_prefix: bool = True,
+                                 add_bos: bool = True, add_eos: bool = False) -> str:
+    """A ``tokenizer.json`` text for a GGUF SentencePiece vocabulary (``tokenizer.ggml.model`` "llama").
+
+    transformers' GGUF loader (``LlamaTokenizer`` over the file's tokens) is the shape: a BPE model, byte
+    fallback to the ``<0xXX>`` tokens, the merges the scores imply (``spm_merges``; the file's own
+    ``tokenizer.ggml.merges`` where it has them), a Metaspace pre-tokenizer that writes spaces as '▁'
+    and prepends one at the start of the whole input (prepend_scheme 'first'), no normalizer, a decoder
+    that undoes all of it, and a post-processor adding bos (and eos) as ``add_bos_token`` says. Control
+    tokens and the bos/eos/unk ids are special added tokens, user-defined ones plain added tokens.
+    ``add_space_prefix`` false (``tokenizer.ggml.add_space_prefix``): no '▁' is prepended, as llama.cpp
+    reads it (transformers' loader ignores that key and prepends one anyway).
+
+    Elsewhere llama.cpp's own tokenizer differs from transformers', and this follows transformers: text
+    that already begins with a space gets no second '▁' (llama.cpp prepends one to any text), nor does
+    text after a control token (llama.cpp prepends one after each); two different pieces of equal score
+    merge in the order above (the longer left piece first), where llama.cpp takes the leftmost pair."""
+    known = set(tokens)
+    missing = [b for b in range(256) if f"<0x{b:02X}>" not in known]
+    if missing:
+        raise GGUFReadError(f"{path}: tokenizer.ggml.tokens lacks the byte token <0x{missing[0]:02X}> ({len(missing)} "
+                            "of the 256 missing); gptforge converts SentencePiece vocabularies with byte fallback only")
+    added = []
+    for i, tok in enumerate(tokens):
+        kind = types[i] if types else TOKEN_NORMAL
+        special = kind == TOKEN_CONTROL or i in (bos_id, eos_id, unk_id)
+        if special or kind == TOKEN_USER_DEFINED:
+            added.append({"id": i, "content": tok, "single_word": False, "lstrip": False, "rstrip": False,
+                          "normalized": False, "special": special})
+    pairs = [m.split(" ", 1) for m in merges] if merges is not None else spm_merges(tokens, scores)
+    ends = [tid for flag, tid in ((add_bos, bos_id), (add_eos, eos_id)) if flag and tid is not None]
+
+    def seq(name: str, type_id: int) -> list[dict]:  # bos, the text, eos (those the flags add)
+        around = [{"SpecialToken": {"id": tokens[t], "type_id": type_id}} for t in ends]
+        body = [{"Sequence": {"id": name, "type_id": type_id}}]
+        return around[:1] + body + around[1:] if add_bos and bos_id is not None else body + around
+
+    special_ends = {tokens[t]: {"id": tokens[t], "ids": [t], "tokens": [tokens[t]]} for t in ends}
+    decoders = [{"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "}, {"type": "ByteFallback"},
+                {"type": "Fuse"}]
+    if add_space_prefix:
+        decoders.append({"type": "Strip", "content": " ", "start": 1, "stop": 0})
+    vocab = {tok: i for i, tok in enumerate(tokens)}  # a repeated token: its last id, as llama.cpp and transformers
+    doc = {
+        "version": "1.0", "truncation": None, "padding": None, "added_tokens": added, "normalizer": None,
+        "pre_tokenizer": {"type": "Metaspace", "replacement": "\u2581",
+                          "prepend_scheme": "first" if add_space_prefix else "never", "split": False},
+        "post_processor": {"type": "TemplateProcessing", "single": seq("A", 0), "pair": seq("A", 0) + seq("B", 1),
+                           "special_tokens": special_ends},
+        "decoder": {"type": "Sequence", "decoders": decoders},
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                  "end_of_word_suffix": None, "fuse_unk": True, "byte_fallback": True, "ignore_merges": False,
+                  "vocab": vocab, "merges": pairs},
+    }
+    return json.dumps(doc, ensure_ascii=False)
+
+
 def tokenizer_from_gguf(items: dict[str, list], scalars: dict, arrays: dict, path: Path):
     """(HFTokenizer, chat template or None, token count) from a file's ``tokenizer.ggml.*``: ``items``
     holds each array's items (strings as bytes), ``arrays`` each array's (item type, count)."""
     from gptforge.data.tokenizer import HFTokenizer, TokenizerError
 
     model = scalars.get("tokenizer.ggml.model")
-    if model != "gpt2":
+    if model not in ("gpt2", "llama"):
         raise GGUFReadError(f"{path}: tokenizer.ggml.model={model!r}: gptforge reads the byte-level BPE ('gpt2') "
-                            "only; SentencePiece ('llama') and others are not converted yet")
-    for key, itype in (("tokenizer.ggml.tokens", _STRING), ("tokenizer.ggml.merges", _STRING)):
-        if arrays.get(key, (itype,))[0] != itype or key not in arrays:
+                            "and SentencePiece ('llama') vocabularies only")
+    keys = ["tokenizer.ggml.tokens"] + (["tokenizer.ggml.merges"] if model == "gpt2" else [])
+    if model == "llama" and ("tokenizer.ggml.merges" in arrays or "tokenizer.ggml.merges" in scalars):
+        keys.append("tokenizer.ggml.merges")
+    for key in keys:
+        if arrays.get(key, (_STRING,))[0] != _STRING or key not in arrays:
             raise GGUFReadError(f"{path}: {key} is missing or not a list of strings")
     tokens = _string_array(items, "tokenizer.ggml.tokens", path)
-    merges = _string_array(items, "tokenizer.ggml.merges", path)
+    if not tokens:
+        raise GGUFReadError(f"{path}: tokenizer.ggml.tokens is empty")
+    merges = _string_array(items, "tokenizer.ggml.merges", path) if "tokenizer.ggml.merges" in keys else None
+    if merges is not None and any(m.count(" ") != 1 for m in merges):
+        bad = next(m for m in merges if m.count(" ") != 1)
+        raise GGUFReadError(f"{path}: tokenizer.ggml.merges holds {bad!r:.60}, not two tokens joined by one space")
     types = None
     if "tokenizer.ggml.token_type" in arrays:
         types = items["tokenizer.ggml.token_type"]
@@ -112,17 +202,31 @@ def tokenizer_from_gguf(items: dict[str, list], scalars: dict, arrays: dict, pat
         if len(types) != len(tokens):
             raise GGUFReadError(f"{path}: tokenizer.ggml.token_type has {len(types)} entries for {len(tokens)} tokens")
     ids = {}
-    for key in ("tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id"):
+    for key in ("tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id", "tokenizer.ggml.unknown_token_id"):
         v = scalars.get(key)
-        if v is not None and not (isinstance(v, int) and 0 <= v < len(tokens)):
+        if v is not None and not (isinstance(v, int) and not isinstance(v, bool) and 0 <= v < len(tokens)):
             raise GGUFReadError(f"{path}: {key}={v!r} is not a token id (0 to {len(tokens) - 1})")
         ids[key] = v
     bos_id, eos_id = ids["tokenizer.ggml.bos_token_id"], ids["tokenizer.ggml.eos_token_id"]
-    pre = scalars.get("tokenizer.ggml.pre")
-    if not isinstance(pre, str):  # llama.cpp falls back to its "default" regexes, which are not GPT-2's
-        raise GGUFReadError(f"{path}: tokenizer.ggml.pre is missing; gptforge reproduces llama.cpp's split for "
-                            f"{', '.join(sorted(PRE_TOKENIZERS))} only, not its 'default' one")
-    text = tokenizer_json_from_gguf(tokens, types, merges, pre, path, bos_id, eos_id)
+    if model == "llama":
+        scores = _scores(items, arrays, len(tokens), path)
+        flags = {}
+        for key, default in (("tokenizer.ggml.add_space_prefix", True), ("tokenizer.ggml.add_bos_token", True),
+                             ("tokenizer.ggml.add_eos_token", False)):
+            v = scalars.get(key, default)
+            if not isinstance(v, bool):
+                raise GGUFReadError(f"{path}: {key}={v!r} is not a boolean")
+            flags[key] = v
+        text = spm_tokenizer_json_from_gguf(
+            tokens, types, scores, merges, path, bos_id, eos_id, ids["tokenizer.ggml.unknown_token_id"],
+            add_space_prefix=flags["tokenizer.ggml.add_space_prefix"], add_bos=flags["tokenizer.ggml.add_bos_token"],
+            add_eos=flags["tokenizer.ggml.add_eos_token"])
+    else:
+        pre = scalars.get("tokenizer.ggml.pre")
+        if not isinstance(pre, str):  # llama.cpp falls back to its "default" regexes, which are not GPT-2's
+            raise GGUFReadError(f"{path}: tokenizer.ggml.pre is missing; gptforge reproduces llama.cpp's split for "
+                                f"{', '.join(sorted(PRE_TOKENIZERS))} only, not its 'default' one")
+        text = tokenizer_json_from_gguf(tokens, types, merges, pre, path, bos_id, eos_id)
     template = scalars.get("tokenizer.chat_template")
     template = template if isinstance(template, str) and template else None
     try:
@@ -132,6 +236,21 @@ def tokenizer_from_gguf(items: dict[str, list], scalars: dict, arrays: dict, pat
     except TokenizerError as e:
         raise GGUFReadError(str(e).replace("\n", " ")) from None
     return tok, template, len(tokens)
+
+
+def _scores(items: dict[str, list], arrays: dict, n_tokens: int, path: Path) -> list[float]:
+    key = "tokenizer.ggml.scores"
+    if key not in arrays:
+        raise GGUFReadError(f"{path}: {key} is missing: a SentencePiece vocabulary (tokenizer.ggml.model='llama') "
+                            "needs one score per token")
+    if arrays[key][0] not in _FLOATS:
+        raise GGUFReadError(f"{path}: {key} is not a list of floats (GGUF item type {arrays[key][0]})")
+    scores = items[key]
+    if len(scores) != n_tokens:
+        raise GGUFReadError(f"{path}: {key} has {len(scores)} entries for {n_tokens} tokens")
+    if any(s != s for s in scores):
+        raise GGUFReadError(f"{path}: {key} holds NaN")
+    return scores
 
 
 def _string_array(items: dict[str, list], key: str, path: Path) -> list[str]:

@@ -1,0 +1,228 @@
+"""SentencePiece GGUF vocabularies (``tokenizer.ggml.model`` "llama": Llama 2, Mistral, TinyLlama) read as
+tokenizers (issue 32: any GGUF model in every command).
+
+The files are written here with ``gguf.GGUFWriter`` (a tiny Llama, a vocabulary of tokens, scores and
+token types as llama.cpp's converter stores them: ``<unk>``/``<s>``/``</s>``, the 256 ``<0xXX>`` byte
+tokens, pieces spelled with '▁'); the reference is transformers' own GGUF loader of the same file
+(``AutoTokenizer.from_pretrained(dir, gguf_file=...)``): ids on plain words, runs of spaces, newlines,
+digits, unicode and characters missing from the vocabulary (byte fallback), a chat template rendered
+with control tokens, and bos from the post-processor. Two vocabularies: one by hand (pieces of equal
+score, a piece reachable by two splits), one trained (``tokenizers`` BPE, Metaspace, byte fallback;
+scores -id as SentencePiece's BPE writes them).
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+gguf = pytest.importorskip("gguf")
+transformers = pytest.importorskip("transformers")
+
+from gptforge.interop.gguf import llama_tensors  # noqa: E402
+from gptforge.interop.gguf_read import GGUFReadError, read_gguf  # noqa: E402
+from gptforge.load import ModelSource, load_chat_template_of, load_tokenizer_of  # noqa: E402
+from tests.interop.test_gguf_read import tiny_llama  # noqa: E402
+
+HEAD = [("<unk>", 2), ("<s>", 3), ("</s>", 3)] + [(f"<0x{b:02X}>", 6) for b in range(256)]
+TAIL = [("<|im_start|>", 3), ("<|im_end|>", 3), ("<think>", 4)]  # control, control, user-defined
+CHARS = ["▁"] + list("abcdefghijklmnopqrstuvwxyzTHI0123456789.,!?'[]/") + ["é", "中"]
+# (piece, score): "ab" and "bc" tie, and "abc" is made from either; "xy" and "yz" tie with no "xyz": "xyz" is
+# "xy"+"z" (the earlier token's merge first, as transformers orders them; llama.cpp: the leftmost pair);
+# "rs" and "pqr" tie: "pqrs" is "pqr"+"s" (the longer left piece first; llama.cpp: the leftmost pair);
+# "▁the" from "▁t"+"he" or "▁th"+"e"; runs of '▁' merge as their own pieces; "is" twice (its last id and
+# score count, in transformers as in llama.cpp)
+PIECES = [("▁t", -1), ("he", -2), ("▁the", -3), ("▁th", -4), ("in", -5), ("▁a", -6), ("▁▁", -7), ("▁▁▁▁", -8),
+          ("ab", -9), ("bc", -9), ("abc", -10), ("▁is", -11), ("is", -12), ("12", -13), ("▁1", -14), ("INST", -15),
+          ("▁[", -16), ("ST", -17), ("IN", -18), ("▁this", -19), ("th", -20), ("xy", -21), ("yz", -21),
+          ("pq", -22), ("rs", -23), ("pqr", -23), ("is", -24)]
+
+CHATML = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}" \
+         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+LLAMA2 = "{{ bos_token }}{% for m in messages %}{% if m.role == 'user' %}[INST] {{ m.content }} [/INST]" \
+         "{% else %} {{ m.content }}{{ eos_token }}{% endif %}{% endfor %}"
+CONV = [{"role": "user", "content": "is this the abc?"}, {"role": "assistant", "content": " 12 in\nthe  hat é中ü"},
+        {"role": "user", "content": "  the 1234 <think> [x]"}, {"role": "assistant", "content": "the end"}]
+
+WORDS = ["the", "this", "is", "abc", "bc", "xyz", "wxyz", "pqrs", "in", "12", "1234", "[INST]", "THIS", "é", "中", "ü", "🙂", "Ж", "a",
+         "<think>", "<s>", "</s>", "<|im_start|>", "<unk>", "<0x41>", "▁", "x"]
+GAPS = [" ", "  ", "   ", "    ", "\n", "\n\n", "\t", " \n ", "", "", "."]
+FIXED = ["the this", "  two  spaces", "trailing   ", "   ", " ", "", "a\nb", "\n\nthe", "1234 12 3", "xé中ü🙂",
+         "naïve café 東京", "abc abcbc bcabc", "xyz", "pqrs", "the<think>the", "[INST] hi [/INST]", "<s>the</s>", "▁the"]
+
+
+def texts(n: int = 300, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    return FIXED + ["".join(rng.choice(WORDS) + rng.choice(GAPS) for _ in range(rng.randint(1, 8))) for _ in range(n)]
+
+
+def hand_vocab() -> tuple[list[str], list[float], list[int]]:
+    tokens = [t for t, _ in HEAD] + CHARS + [p for p, _ in PIECES] + [t for t, _ in TAIL]
+    scores = [0.0] * len(HEAD) + [-1000.0 - i for i in range(len(CHARS))] + [float(s) for _, s in PIECES] + \
+             [0.0] * len(TAIL)
+    types = [k for _, k in HEAD] + [1] * (len(CHARS) + len(PIECES)) + [k for _, k in TAIL]
+    return tokens, scores, types
+
+
+def trained_vocab() -> tuple[list[str], list[float], list[int]]:
+    """A SentencePiece-style BPE trained here: Metaspace, byte fallback; the trainer's tokens by id, after
+    the control and byte tokens, each scored -id (SentencePiece's BPE: the earlier merge scores higher)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    corpus = ["the quick brown fox jumps over the lazy dog 12 times.", "In 2024 there were 1,234 dogs; then 56.",
+              "  indented text\nwith newlines\n\nand tabs\tthere", "naïve café résumé — Привет мир 中文 テキスト",
+              "Is this the real life? Is this just fantasy?", "[INST] what is 2+2? [/INST] four"] * 30
+    t = Tokenizer(models.BPE(byte_fallback=True))
+    t.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first")
+    t.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=400, show_progress=False))
+    pieces = [p for p, _ in sorted(t.get_vocab().items(), key=lambda kv: kv[1])]
+    tokens = [t for t, _ in HEAD] + pieces + [t for t, _ in TAIL]
+    scores = [0.0] * len(HEAD) + [-float(i) for i in range(len(pieces))] + [0.0] * len(TAIL)
+    types = [k for _, k in HEAD] + [1] * len(pieces) + [k for _, k in TAIL]
+    return tokens, scores, types
+
+
+VOCABS = {"hand": hand_vocab, "trained": trained_vocab}
+
+
+def write_spm_gguf(path: Path, tokens: list[str], scores, types: list[int] | None, template: str = CHATML,
+                   kv: dict | None = None, scores_type=gguf.GGUFValueType.FLOAT32, model: str = "llama") -> Path:
+    """A tiny Llama GGUF carrying a SentencePiece vocabulary under llama.cpp's keys; ``kv``: extra keys
+    (bool, int (uint32) or str values), ``None`` for scores or types leaves that key out."""
+    m = tiny_llama(vocab=len(tokens), n_layer=1)
+    cfg = m.config
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_context_length(cfg.block_size)
+    w.add_embedding_length(cfg.n_embd)
+    w.add_block_count(cfg.n_layer)
+    w.add_feed_forward_length(cfg.hidden_dim)
+    w.add_head_count(cfg.n_head)
+    w.add_head_count_kv(cfg.kv_heads)
+    w.add_layer_norm_rms_eps(cfg.norm_eps)
+    w.add_rope_freq_base(cfg.rope_theta)
+    w.add_tokenizer_model(model)
+    w.add_token_list(tokens)
+    if scores is not None:
+        w.add_key_value("tokenizer.ggml.scores", list(scores), gguf.GGUFValueType.ARRAY, sub_type=scores_type)
+    if types is not None:
+        w.add_token_types(types)
+    w.add_unk_token_id(0)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    for k, v in (kv or {}).items():
+        (w.add_bool if isinstance(v, bool) else w.add_uint32 if isinstance(v, int) else w.add_string)(k, v)
+    w.add_chat_template(template)
+    for name, t in llama_tensors(m).items():
+        w.add_tensor(name, np.ascontiguousarray(t.detach().float().numpy(), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def _hf(path: Path):
+    return transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+
+
+@pytest.mark.parametrize("which", sorted(VOCABS))
+def test_spm_ids_equal_transformers(tmp_path, which):
+    tokens, scores, types = VOCABS[which]()
+    path = write_spm_gguf(tmp_path / "m.gguf", tokens, scores, types)
+    ours, hf = read_gguf(path, weights=False).tokenizer, _hf(path)
+    strs = texts()
+    theirs = hf(strs, add_special_tokens=False, split_special_tokens=True).input_ids
+    for s, want in zip(strs, theirs, strict=True):
+        got = ours.encode_ordinary(s)  # control-token text stays text; <think> (user-defined) is whole
+        assert got == want, s
+        # every piece's bytes ('▁' a space, <0xXX> its byte): the text, after the '▁' prepended to it (none
+        # where it starts with a space: the Metaspace pre-tokenizer adds none there); a '▁' typed is a space
+        t = s.replace("▁", " ")
+        assert ours.decode(got) == (t if t.startswith((" ", "<think>")) or not t else " " + t), s
+    byte = [s for s in strs if any(0x03 <= i < 0x03 + 256 for i in ours.encode_ordinary(s))]
+    assert len(byte) > 50  # byte fallback is exercised (ü, 🙂, Ж, \n, \t are in neither vocabulary)
+    assert tokens.index("<think>") in ours.encode_ordinary("x<think>x")  # user-defined, whole
+    theirs = hf(strs, add_special_tokens=False).input_ids
+    assert [ours.encode(s, allowed_special="all") for s in strs] == theirs  # control tokens, then the rest
+    from tokenizers import Tokenizer
+
+    # the file's tokenizer.json as saved with a gptforge model: transformers adds bos as it does
+    assert Tokenizer.from_str(ours._text).encode(strs[0]).ids == hf(strs[0]).input_ids == [1, *theirs[0]]
+    assert (ours.bos_token_id, ours.eos_token_id) == (1, 2)
+    assert set(ours.special_tokens) == {"<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"}
+
+
+@pytest.mark.parametrize("template", ["chatml", "llama2"])
+def test_spm_chat_template_ids_equal_transformers(tmp_path, template):
+    """A chat template through the model source every command loads (``ModelSource(gguf=...)``): the
+    stretches between control tokens encode as continuations, as transformers encodes the whole text."""
+    src = {"chatml": CHATML, "llama2": LLAMA2}[template]
+    path = write_spm_gguf(tmp_path / "m.gguf", *trained_vocab(), template=src)
+    source = ModelSource(gguf=str(path))
+    tok = load_tokenizer_of(source)
+    chat, hf = load_chat_template_of(source, tok), _hf(path)
+    ids, mask = chat.render(CONV)
+    assert ids == list(hf.apply_chat_template(CONV, tokenize=True, return_dict=True)["input_ids"])
+    assert len(mask) == len(ids) and 0 < sum(mask) < len(ids)
+    if template == "chatml":
+        want = hf.apply_chat_template(CONV[:-1], tokenize=True, return_dict=True, add_generation_prompt=True)
+        assert chat.render_for_generation(CONV[:-1]) == list(want["input_ids"])
+    else:
+        assert ids[0] == 1 and ids.count(1) == 1  # the template's own bos, once
+
+
+def test_spm_flags(tmp_path):
+    """``add_bos_token`` false: no bos from the post-processor (transformers reads the key too).
+    ``add_space_prefix`` false: no '▁' before the text, as llama.cpp reads it; transformers' loader
+    ignores the key, so the reference is its encoding of the text without the space we add here."""
+    tokens, scores, types = hand_vocab()
+    from tokenizers import Tokenizer
+
+    nobos = write_spm_gguf(tmp_path / "nobos.gguf", tokens, scores, types, kv={"tokenizer.ggml.add_bos_token": False})
+    ours, hf = read_gguf(nobos, weights=False).tokenizer, _hf(nobos)
+    assert Tokenizer.from_str(ours._text).encode("the this").ids == hf("the this").input_ids == \
+        ours.encode_ordinary("the this")
+    eos = write_spm_gguf(tmp_path / "eos.gguf", tokens, scores, types, kv={"tokenizer.ggml.add_eos_token": True})
+    ours = read_gguf(eos, weights=False).tokenizer
+    assert Tokenizer.from_str(ours._text).encode("the").ids == [1, *ours.encode_ordinary("the"), 2]
+    plain = write_spm_gguf(tmp_path / "plain.gguf", tokens, scores, types,
+                           kv={"tokenizer.ggml.add_space_prefix": False})
+    ours, hf = read_gguf(plain, weights=False).tokenizer, _hf(plain)
+    for s in texts(100, seed=3):
+        if s and not s.startswith(("<s>", "</s>", "<|im", "<think>", " ", "▁")):  # (no '▁' before a space: above)
+            assert ours.encode_ordinary(" " + s) == hf(s, add_special_tokens=False, split_special_tokens=True).input_ids
+    assert ours.encode_ordinary("the") == [tokens.index("t"), tokens.index("he")]  # no '▁' prepended
+    assert ours.decode(ours.encode_ordinary("the this")) == "the this"
+
+
+def test_spm_refusals(tmp_path):
+    tokens, scores, types = hand_vocab()
+    cases = [
+        (dict(scores=scores[:-1]), rf"tokenizer\.ggml\.scores has {len(tokens) - 1} entries for {len(tokens)} tokens"),
+        (dict(scores=[int(s) for s in scores], scores_type=gguf.GGUFValueType.INT32),
+         r"tokenizer\.ggml\.scores is not a list of floats"),
+        (dict(scores=None), r"tokenizer\.ggml\.scores is missing"),
+        (dict(scores=[float("nan")] + scores[1:]), r"tokenizer\.ggml\.scores holds NaN"),
+        (dict(model="bert"), r"tokenizer\.ggml\.model='bert'"),
+        (dict(tokens=[t for t in tokens if t != "<0x7F>"], scores=scores[:-1], types=types[:-1]),
+         r"tokenizer\.ggml\.tokens lacks the byte token <0x7F>"),
+        (dict(kv={"tokenizer.ggml.add_space_prefix": 1}), r"tokenizer\.ggml\.add_space_prefix=1 is not a boolean"),
+        (dict(kv={"tokenizer.ggml.merges": "a b"}), r"tokenizer\.ggml\.merges is missing or not a list of strings"),
+    ]
+    for i, (kw, match) in enumerate(cases):
+        args = dict(tokens=tokens, scores=scores, types=types) | kw
+        path = write_spm_gguf(tmp_path / f"bad{i}.gguf", **args)
+        with pytest.raises(GGUFReadError, match=match) as e:
+            read_gguf(path, weights=False)
+        assert "\n" not in str(e.value) and str(path) in str(e.value)
+    # no tokens at all: refused as missing, naming the key
+    w = gguf.GGUFWriter(str(tmp_path / "notok.gguf"), "llama")
+    w.add_tokenizer_model("llama")
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.close()
+    with pytest.raises(GGUFReadError, match=r"notok\.gguf: tokenizer\.ggml\.tokens is missing"):
+        read_gguf(tmp_path / "notok.gguf", weights=False)
