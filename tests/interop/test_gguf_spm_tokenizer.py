@@ -226,3 +226,15 @@ def test_spm_refusals(tmp_path):
     w.close()
     with pytest.raises(GGUFReadError, match=r"notok\.gguf: tokenizer\.ggml\.tokens is missing"):
         read_gguf(tmp_path / "notok.gguf", weights=False)
+
+
+@pytest.mark.xfail(strict=True, reason="known difference, transformers followed: text that begins with a space. "
+                   "llama.cpp (llm_tokenizer_spm with add_space_prefix) and SentencePiece's dummy prefix prepend '▁' "
+                   "to any text; transformers' GGUF loader (Metaspace, prepend_scheme 'first') prepends none where "
+                   "the text already starts with one, and gptforge encodes as transformers does. On llama.cpp's "
+                   "Llama SentencePiece test vocabulary 15 of its 47 test strings (all that begin with a space) differ")
+def test_spm_text_starting_with_space_as_llama_cpp(tmp_path):
+    tokens, scores, types = hand_vocab()
+    tok = read_gguf(write_spm_gguf(tmp_path / "m.gguf", tokens, scores, types), weights=False).tokenizer
+    # llama.cpp: " " + " the", spaces as '▁': "▁▁the"; merged best score first: "▁t" (-1), "he" (-2), "▁the" (-3)
+    assert tok.encode_ordinary(" the") == [tokens.index("▁"), tokens.index("▁the")]
