@@ -220,6 +220,7 @@ def test_hang_ups_answer_499_and_the_queue_is_counted(tokenizer, monkeypatch, fi
     v1 = {"prompt": "hi", "max_tokens": 8, "temperature": 0}
     chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "temperature": 0}
     bodies = {"/api/generate": api, "/api/stream": api, "/v1/completions": v1, "/v1/chat/completions": chat}
+    scoring = {"prompt": "hi", "echo": True, "max_tokens": 0, "logprobs": 0}  # echo only: no generation, still queued
     closed = {"api": {"error": CLOSED}, "v1": _oa("invalid_request_error", CLOSED)}
     busy = {"api": {"error": BUSY}, "v1": _oa("rate_limit_error", BUSY, None, "server_busy")}
 
@@ -233,7 +234,7 @@ def test_hang_ups_answer_499_and_the_queue_is_counted(tokenizer, monkeypatch, fi
         first = asyncio.create_task(_call(app, "POST", first_route, bodies[first_route], first_leaves))
         await _until(lambda: _now(held.arrived == 1), "the first request to reach the model")
         assert await waiting() == 0  # on the model, not waiting
-        for route, body in bodies.items():
+        for route, body in [*bodies.items(), ("/v1/completions", scoring)]:
             family = route.split("/")[1]
             leaves = asyncio.Event()
             queued = asyncio.create_task(_call(app, "POST", route, body, leaves))
