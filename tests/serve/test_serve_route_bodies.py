@@ -40,13 +40,13 @@ CLOSED = "client closed the request"
 BUSY = "server busy: 1 requests already queued; retry shortly"
 
 
-def _model(block: int = 32, vocab: int = T.vocab_size) -> GPT:
+def _model(block: int = 32, vocab: int = T.vocab_size, answer: int = BANG) -> GPT:
     torch.manual_seed(0)
     m = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=block, vocab_size=vocab)).eval()
     with torch.no_grad():
         m.transformer.ln_f.weight.zero_()
         m.transformer.ln_f.bias.copy_(torch.randn(32))
-        m.transformer.wte.weight[BANG] = m.transformer.ln_f.bias * 10
+        m.transformer.wte.weight[answer] = m.transformer.ln_f.bias * 10
     return m
 
 
@@ -450,3 +450,12 @@ def test_a_generation_that_fails_is_told_to_the_client(tokenizer, monkeypatch):
         assert r.text.endswith(f'event: error\ndata: {json.dumps({"error": said})}\n\nevent: done\ndata: {{}}\n\n')
         # the model was released each time: a request now is answered
         assert c.post("/v1/completions", json=text).status_code == 500  # (still failing, but not stuck)
+
+
+def test_v1_chat_stops_at_the_templates_end_token(tokenizer):
+    """A chat model that answers <|end|> (the template's end, id 50260) first: the reply is empty and stopped."""
+    with _client(tokenizer, model=_model(answer=T.end)) as c:
+        out = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+                                                   "temperature": 0}).json()
+        assert (out["choices"][0]["message"]["content"], out["choices"][0]["finish_reason"]) == ("", "stop")
+        assert out["usage"]["completion_tokens"] == 1
