@@ -308,7 +308,7 @@ class JinjaChatTemplate:
         stretch = text[a:b]  # the input's start, or text after a control id (a Metaspace tokenizer's '▁' differs)
         got = self.tok.encode_ordinary(stretch) if a == 0 else self.tok.encode_ordinary_continued(stretch)
         ids += got
-        ranges += [(a + s, a + e) for s, e in _char_ranges(self.tok, stretch, got)]
+        ranges += [(a + s, a + e) for s, e in _char_ranges(self.tok, stretch, got, continued=a > 0)]
 
 
 class _Index:
@@ -353,10 +353,10 @@ def _unmark(text: str) -> tuple[str, _Index, set[int], set[int], list[int], list
     return "".join(clean), _Index(where), opens, closes, breaks, gen
 
 
-def _char_ranges(tok: Any, text: str, ids: list[int]) -> list[tuple[int, int]]:
+def _char_ranges(tok: Any, text: str, ids: list[int], continued: bool = False) -> list[tuple[int, int]]:
     """Each id's character range in ``text`` (a token that splits a character covers all of it).
     From the ids' bytes where they spell ``text`` (byte-level BPE, tiktoken); else from the
-    ``tokenizers`` offsets of an HFTokenizer (normalizers, SentencePiece prefixes)."""
+    tokenizer's own offsets (``Tokenizer.offsets``: an HFTokenizer's normalizers, SentencePiece prefixes)."""
     raw = text.encode("utf-8", "surrogatepass")
     pieces = [tok.token_bytes(t) for t in ids]
     if b"".join(pieces) == raw:
@@ -375,11 +375,7 @@ def _char_ranges(tok: Any, text: str, ids: list[int]) -> list[tuple[int, int]]:
             out.append((s, e))
             b = e_byte
         return out
-    # an HFTokenizer's ordinary-text tokenizers have offsets: the one for the input's start, and its twin
-    # for text after a control id (encode_ordinary_continued)
-    for plain in (getattr(tok, "_plain", None), getattr(tok, "_continued", None)):
-        if plain is not None:
-            enc = plain.encode(text, add_special_tokens=False)
-            if list(enc.ids) == list(ids):
-                return [tuple(o) for o in enc.offsets]
+    found = tok.offsets(text, ids, continued)  # an HFTokenizer's library knows them
+    if found is not None:
+        return found
     raise ChatFormatError(f"cannot place the tokens of {text[:40]!r} in the rendered text with the {tok.describe()}")

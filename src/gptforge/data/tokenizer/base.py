@@ -101,6 +101,11 @@ class Tokenizer:
         input specially (SentencePiece's Metaspace with prepend_scheme 'first' prepends '▁' there only)."""
         return self._encode_plain(text)
 
+    def offsets(self, text: str, ids: Sequence[int], continued: bool = False) -> list[tuple[int, int]] | None:
+        """Each id's character range in ``text`` where a kind's library reports them (normalizers,
+        SentencePiece prefixes); None here: the ids' bytes must spell the text."""
+        return None
+
     def encode(self, text: str, allowed_special: Iterable[str] | str = (), **_: Any) -> list[int]:
         """Like tiktoken's: the special tokens named in ``allowed_special`` ("all" for every one) are
         parsed where they appear; every other special-token text stays text."""

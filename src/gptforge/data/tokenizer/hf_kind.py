@@ -153,28 +153,27 @@ class HFTokenizer(Tokenizer):
         encodes the stretches between control ids one by one, so those after the first take a twin whose
         scheme is 'never'. ('always' and the older add_prefix_space prepend to every piece, as does a
         Prepend normalizer: per stretch is already right for them.)"""
-        import copy
-
-        doc = copy.deepcopy(self._json)
-        found = []
-
-        def never(node: Any) -> None:
+        def first_schemes(node: Any) -> list[dict]:  # the Metaspace nodes with scheme 'first', at any depth
             if isinstance(node, dict):
-                if node.get("type") == "Metaspace" and node.get("prepend_scheme") == "first":
-                    node["prepend_scheme"] = "never"
-                    found.append(node)
-                for v in node.values():
-                    never(v)
-            elif isinstance(node, list):
-                for v in node:
-                    never(v)
+                own = [node] if node.get("type") == "Metaspace" and node.get("prepend_scheme") == "first" else []
+                return own + [m for v in node.values() for m in first_schemes(v)]
+            return [m for v in node for m in first_schemes(v)] if isinstance(node, list) else []
 
-        never(doc.get("pre_tokenizer"))
-        if not found:
-            return None
+        if not first_schemes(self._json.get("pre_tokenizer")):
+            return None  # nearly every tokenizer: no copy of its JSON, no second library tokenizer
+        doc = json.loads(self._text)
+        for node in first_schemes(doc.get("pre_tokenizer")):
+            node["prepend_scheme"] = "never"
         twin = rust_tokenizer.from_str(json.dumps(doc))
         twin.encode_special_tokens = True
         return twin
+
+    def offsets(self, text: str, ids: Sequence[int], continued: bool = False) -> list[tuple[int, int]] | None:
+        """Each id's character range in ``text`` from the library's offsets, where ``ids`` are its encoding
+        (``continued``: as text after a control id); else None."""
+        lib = self._continued if continued and self._continued is not None else self._plain
+        enc = lib.encode(text, add_special_tokens=False)
+        return [tuple(o) for o in enc.offsets] if list(enc.ids) == list(ids) else None
 
     def encode_ordinary_continued(self, text: str) -> list[int]:
         if self._continued is None:
