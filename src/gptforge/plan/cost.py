@@ -33,7 +33,8 @@ The communication model (every collective is a ring; the bytes a rank *sends*):
   exponentials, target logit). The norms' weights are whole on every rank but see one sequence shard,
   so their fp32 gradients are all-reduced: once per step, or by FSDP2 every micro-batch when it
   reduces every micro-batch; GPT-2's fused q/k/v bias is whole too and all-gathers its gradient
-  (3C per block and micro-batch); torch's gradient norm all-reduces one fp32 per parameter tensor.
+  (3C per block and micro-batch; Megatron-LM splits it, so nothing to gather); torch's gradient norm
+  all-reduces one fp32 per parameter tensor.
   (Row-parallel output biases need nothing: their gradient comes from the gathered output gradient.)
 * **pipeline**: each micro-batch crosses every stage boundary forward (activations) and backward
   (their gradients): b*T*C/tp elements each way (sequence-parallel shards of the fp32 residual
@@ -261,8 +262,10 @@ def comm_volume(model_cfg, layout: Layout, global_batch: int, seq_len: int, stag
             add("tp", "reduce_scatter", "head input's gradient", m * tokens * wide, L.tp)
             # loss_parallel: each position's max logit, sum of exponentials and target logit (fp32)
             add("tp", "all_reduce", "vocabulary-parallel loss statistics", m * 3 * L.micro_batch * seq_len * 4, L.tp)
-        # a fused q/k/v bias is held whole; each rank adds its heads' rows, so its gradient is gathered
-        add("tp", "all_gather", "fused q/k/v bias gradient", m * blocks * c.qkv_bias * 4, L.tp)
+        # gptforge holds a fused q/k/v bias whole; each rank adds its heads' rows, so its gradient is
+        # gathered (Megatron-LM splits it with the column-parallel weight: each rank's gradient is local)
+        if ours:
+            add("tp", "all_gather", "fused q/k/v bias gradient", m * blocks * c.qkv_bias * 4, L.tp)
         # the norms' weights are whole on every rank but see only their sequence shard: their gradients
         # (fp32) are partial sums, all-reduced once per step (gptforge.parallel.grads; Megatron-LM the
         # same), or by FSDP2 before each of its reductions (every micro-batch without a pipeline)
