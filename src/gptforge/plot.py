@@ -13,7 +13,6 @@ Needs matplotlib (extra ``plot``).
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -50,7 +49,10 @@ def _run_series(run: str | Path) -> dict:
     data_dir = ""
     cfg_file = mfile.parent / "config.json"
     if cfg_file.exists():
-        data_dir = json.loads(cfg_file.read_text()).get("data", {}).get("dir", "")
+        from gptforge.storage import read_json
+
+        data = read_json(cfg_file, ValueError, "run's config.json").get("data")
+        data_dir = data.get("dir") if isinstance(data, dict) and isinstance(data.get("dir"), str) else ""
     # an RL step's loss is a policy-gradient surrogate (about 0), not a token loss: RL runs get their own
     # reward row and stay off the loss axes
     return {"train": by_kind["train"], "val": by_kind["val"], "rl": by_kind["rl"], "eval": evals,

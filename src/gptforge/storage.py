@@ -1,4 +1,5 @@
-"""The one writer of every file gptforge produces, and a full or read-only disk named in one line.
+"""The one writer of every file gptforge produces, and a full or read-only disk named in one line;
+also the one reader of the JSON files it is handed (``read_json``: bounded, one line per damage).
 
     from gptforge import storage
     storage.write_json("eval.json", results)                 # reports, generated data, caches
@@ -358,6 +359,52 @@ def write_text(path: str | Path, text: str, what: str | None = None, encoding: s
 def write_json(path: str | Path, obj: Any, what: str | None = None, indent: int | None = 2, **kw: Any) -> Path:
     """``obj`` as JSON (a trailing newline) at ``path``, atomically; ``kw`` goes to json.dumps."""
     return write_text(path, json.dumps(obj, indent=indent, **kw) + "\n", what)
+
+
+MAX_JSON_BYTES = 16 << 20  # config.json, meta.json, a manifest or an index: kilobytes; 16 MiB is damage, not size
+
+
+def read_json(path: str | Path, error: type[Exception] = ValueError, what: str = "JSON file",
+              limit: int = MAX_JSON_BYTES, top: type | None = dict, then: str = "") -> Any:
+    """The one reader of a JSON file that gptforge did not just write itself (a model's config.json, a
+    checkpoint's meta.json, a manifest, an index): the size is checked before a byte is read (a damaged
+    or hostile file of gigabytes costs nothing), the text must be UTF-8 JSON (depth bounded: Python's
+    parser raises RecursionError on ``[[[[...``), and the top level of type ``top`` (None: any). Every
+    failure is one ``error`` naming the file and what was found, with ``then`` (what to do) after it;
+    a missing file stays FileNotFoundError, which each caller words for its own flag."""
+    path = Path(path)
+    tail = f"; {then}" if then else ""
+    try:
+        if not path.is_file() and path.exists():
+            raise error(f"{path}: not a file (a folder or device), so cannot read it{tail}")
+        size = path.stat().st_size
+        if size > limit:
+            raise error(f"{path}: {size:,} bytes, more than a {what} holds (limit {limit:,}): damaged, or not a "
+                        f"{what}{tail}")
+        with open(path, "rb") as f:
+            raw = f.read(limit + 1)  # a file that grew since stat() is still read only this far
+    except FileNotFoundError:  # a dangling link too: each caller words a missing file for its own flag
+        raise FileNotFoundError(f"{path}: no such file{tail}") from None
+    except OSError as e:
+        raise error(f"{path}: cannot read it ({e.strerror or e}){tail}") from None
+    if len(raw) > limit:
+        raise error(f"{path}: more than {limit:,} bytes, more than a {what} holds: damaged, or not a {what}{tail}")
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise error(f"{path}: not UTF-8 text (byte {e.start}), so not a {what}{tail}") from None
+    except (ValueError, RecursionError) as e:  # JSONDecodeError is a ValueError; RecursionError: nesting
+        why = "nested too deeply" if isinstance(e, RecursionError) else str(e)
+        raise error(f"{path}: not valid JSON ({why}){tail}") from None
+    if top is not None and not isinstance(doc, top):
+        want = {dict: "an object", list: "a list"}.get(top, top.__name__)
+        raise error(f"{path}: expected {want} at the top of the {what}, found {_json_kind(doc)}{tail}")
+    return doc
+
+
+def _json_kind(v: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "true/false", type(None): "null"}.get(
+        type(v), "a number")
 
 
 def _carry_over(old: Path, new: Path, top: bool = True) -> None:

@@ -90,8 +90,8 @@ def test_paired_with_refusals_name_the_file_and_come_before_the_model_loads(tmp_
     good = {"task": "arithmetic3", "replies": [{"question": "What is 100 + 100?", "correct": True}]}
     cases = {
         "missing.json": (None, "cannot read"),
-        "text.json": ("not json at all", "not JSON"),
-        "latin1.json": (b"\xff\xfe\x00", "not JSON"),
+        "text.json": ("not json at all", "not valid JSON"),
+        "latin1.json": (b"\xff\xfe\x00", "not UTF-8"),
         "mc.json": (json.dumps({"results": {"hellaswag": {"acc": 0.3}}}), "not the JSON"),
         "notask.json": (json.dumps([{"replies": []}]), "not the JSON"),
         "old.json": (json.dumps([{"task": "arithmetic3", "samples": []}]), "no 'replies'"),

@@ -18,11 +18,12 @@ like-for-like figure (it includes the CUDA context, cuBLAS/cuDNN workspaces and 
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import statistics
 import sys
 from pathlib import Path
+
+from gptforge.storage import read_json
 
 STEP_RE = re.compile(
     r"^step\s+(\d+)/(\d+) \| loss ([-\d.naif]+) .*?\| ([\d.]+) ms \| ([-\d.]+)% \S+ MFU \| ([\d.]+) tok/s"
@@ -171,10 +172,7 @@ def main(argv: list[str] | None = None) -> int:
             if not Path(path).exists():
                 raise ReportError(f"{path}: no such file (did that run fail? see its log)")
         llmc = parse_llmc_log(Path(args.llmc_log).read_text(), args.llmc_log)
-        try:
-            gf = json.loads(Path(args.gptforge_json).read_text())
-        except json.JSONDecodeError as e:
-            raise ReportError(f"{args.gptforge_json}: not JSON ({e})") from None
+        gf = read_json(args.gptforge_json, ReportError, "gptforge bench --json report", top=None)
         c = compare(llmc, gf, args.skip, {"llmc": _read(args.llmc_smi), "gptforge": _read(args.gptforge_smi)})
     except ReportError as e:
         print(f"bench_llmc: error: {e}", file=sys.stderr)

@@ -125,21 +125,16 @@ PAIRED_MAX_BYTES = 256 << 20  # --paired-with: an eval JSON of 500 problems is ~
 def read_paired(path: str) -> dict[str, dict[str, bool]]:
     """An earlier ``eval --json`` of generative tasks: task -> question -> right; refused by name when it is
     not one (another kind of eval's JSON, one written before replies were kept, a hand-edited file)."""
-    import json
-    import os
+    from gptforge.storage import read_json
 
     where = f"--paired-with {path}"
     try:
-        size = os.path.getsize(path)
-        if size > PAIRED_MAX_BYTES:
-            raise CliError(f"{where}: {size:,} bytes, more than an `eval --json` file of generative tasks holds "
-                           f"(limit {PAIRED_MAX_BYTES:,}); is it the right file?")
-        with open(path, encoding="utf-8") as f:
-            rows = json.load(f)
-    except OSError as e:
-        raise CliError(f"{where}: cannot read it ({e.strerror or e})") from e
-    except ValueError as e:  # not JSON, or not UTF-8
-        raise CliError(f"{where}: not JSON ({str(e)[:120]})") from e
+        rows = read_json(path, CliError, "`eval --json` file of generative tasks", PAIRED_MAX_BYTES, top=None,
+                         then="is it the right file?")
+    except FileNotFoundError:
+        raise CliError(f"{where}: cannot read it (no such file)") from None
+    except CliError as e:  # read_json names the file; the flag goes first
+        raise CliError(f"--paired-with {e}") from None
     if not isinstance(rows, list) or not all(isinstance(r, dict) and isinstance(r.get("task"), str) for r in rows):
         raise CliError(f"{where}: not the JSON `gptforge eval --json` writes for generative tasks (a list of "
                        "results, each with a 'task')")

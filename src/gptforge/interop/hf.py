@@ -32,6 +32,7 @@ from gptforge.interop.hf_tokenizer import (  # noqa: F401 (re-exported: the toke
     write_tokenizer,
 )
 from gptforge.models.registry import FAMILIES
+from gptforge.storage import read_json
 from gptforge.tokens import EOT
 
 # HF GPT-2 uses Conv1D (weight shape (in, out)); we use nn.Linear (out, in).
@@ -66,11 +67,8 @@ def hf_model_type(name_or_dir: str) -> str:
         cfg_path = local / "config.json"
         if not cfg_path.is_file():
             raise FileNotFoundError(f"{local}: no config.json; give a directory written by save_pretrained()")
-        try:
-            cfg = json.loads(cfg_path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise HFModelError(f"{cfg_path}: not valid JSON ({e})") from None
-        if not isinstance(cfg, dict) or not isinstance(cfg.get("model_type"), str):
+        cfg = _read_json(cfg_path)
+        if not isinstance(cfg.get("model_type"), str):
             raise HFModelError(f"{cfg_path}: no 'model_type' string; is this a Hugging Face model directory?")
         return cfg["model_type"]
     from transformers import AutoConfig
@@ -152,13 +150,8 @@ def gpt2_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
 
 
 def _read_json(path: Path) -> dict:
-    try:
-        cfg = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-        raise HFModelError(f"{path}: not a readable JSON file ({e})") from None
-    if not isinstance(cfg, dict):
-        raise HFModelError(f"{path}: expected a JSON object, found {type(cfg).__name__}")
-    return cfg
+    """A Hugging Face directory's config.json or weight index (bounded, one line naming the file)."""
+    return read_json(path, HFModelError, f"Hugging Face {path.name}")
 
 
 def _safetensors_files(d: Path) -> list[Path]:

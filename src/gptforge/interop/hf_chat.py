@@ -18,6 +18,7 @@ import json
 from pathlib import Path
 
 from gptforge.data.chat import ChatTemplate
+from gptforge.storage import read_json
 from gptforge.tokens import GPT2_VOCAB
 
 
@@ -50,9 +51,7 @@ def write_hf_chat_template(out: Path, template: ChatTemplate) -> list[Path]:
     does. Renaming the control tokens would stop that too, but ``convert_tokens_to_ids("<|end|>")``
     would then silently give the unknown id.)"""
     vocab_path, config_path, special_path = out / "vocab.json", out / "tokenizer_config.json", out / "special_tokens_map.json"
-    vocab = json.loads(vocab_path.read_text(encoding="utf-8"))
-    config = json.loads(config_path.read_text(encoding="utf-8"))
-    special = json.loads(special_path.read_text(encoding="utf-8"))
+    vocab, config, special = (read_json(p) for p in (vocab_path, config_path, special_path))  # written just now
     added = {i: name for i, name in sorted(template.names.items()) if i != template.bos}
     for i, name in added.items():
         vocab[name] = i

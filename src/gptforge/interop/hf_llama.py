@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from gptforge.data.chat import ChatTemplate
-from gptforge.interop.hf import _pad_rows, check_out_dir, write_tokenizer
+from gptforge.interop.hf import _pad_rows, _read_json, check_out_dir, write_tokenizer
 from gptforge.models.llama import Llama, LlamaConfig
 from gptforge.tokens import EOT, GPT2_VOCAB
 
@@ -135,7 +135,7 @@ def llama_config_from_hf(c: dict, **overrides) -> LlamaConfig:
 def _read_config(name_or_dir: str) -> dict:
     path = Path(name_or_dir) / "config.json"
     if path.is_file():
-        return json.loads(path.read_text())
+        return _read_json(path)
     try:
         from transformers import AutoConfig
     except ImportError as e:  # pragma: no cover - depends on the environment
@@ -149,21 +149,9 @@ def _read_config(name_or_dir: str) -> dict:
 
 
 def _read_weights(name_or_dir: str) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    d = Path(name_or_dir)
-    if (d / "model.safetensors").is_file():
-        return load_file(str(d / "model.safetensors"))
-    index = d / "model.safetensors.index.json"
-    if index.is_file():  # sharded checkpoint: weight name -> file
-        sd: dict[str, torch.Tensor] = {}
-        for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
-            sd.update(load_file(str(d / shard)))
-        return sd
-    if d.is_dir():  # weights never come from a pickle (pytorch_model.bin)
-        raise FileNotFoundError(f"{d}: no model.safetensors (or model.safetensors.index.json); gptforge reads "
-                                "Hugging Face weights from safetensors only")
-    from transformers import LlamaForCausalLM  # a hub name
+    """A hub model's weights, safetensors only (a local directory is read by ``_read_checked``, its shapes
+    checked against the config first)."""
+    from transformers import LlamaForCausalLM
 
     return LlamaForCausalLM.from_pretrained(name_or_dir, use_safetensors=True).state_dict()
 

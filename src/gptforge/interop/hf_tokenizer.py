@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from gptforge.storage import read_json
 from gptforge.tokens import EOT, EOT_TEXT
 
 
@@ -133,7 +134,7 @@ def write_generation_config(out: Path, bos: int | None, eos: int | None, pad: in
                               indent=2) + "\n")
     cfg_path = out / "config.json"
     if cfg_path.is_file():  # the exporters write config.json first
-        cfg = json.loads(cfg_path.read_text())
+        cfg = read_json(cfg_path, what="config.json")
         cfg.update({k: v for k, v in ids.items() if v is not None})
         cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
     return [gen]

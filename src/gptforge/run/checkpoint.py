@@ -44,6 +44,7 @@ from gptforge.storage import (
     is_disk_full,
     not_writable_reason,
     ordinary_file_mode,
+    read_json,
     tensor_bytes,
 )
 
@@ -270,13 +271,7 @@ def _read_meta_json(ckpt_dir: str | Path) -> dict[str, Any]:
             f"{ckpt_dir} is not a gptforge checkpoint (no meta.json). "
             "Give a checkpoint directory such as runs/NAME/checkpoints/step_000300, or a run directory."
         )
-    try:
-        meta = json.loads(meta_path.read_text())
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{meta_path}: not valid JSON ({e}); the checkpoint is damaged") from e
-    if not isinstance(meta, dict):
-        raise CheckpointError(f"{meta_path}: not a JSON object; the checkpoint is damaged")
-    return meta
+    return read_json(meta_path, CheckpointError, "checkpoint's meta.json", then="the checkpoint is damaged")
 
 
 def resolve_checkpoint(path: str | Path) -> Path:

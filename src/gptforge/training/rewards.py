@@ -64,7 +64,7 @@ def digit_match(problem: Problem, reply: str) -> float:
     if got is None or not _INT.fullmatch(got) or not _INT.fullmatch(want) or got.startswith("-") != want.startswith("-"):
         return 0.0
     a, b = got.lstrip("-")[::-1], want.lstrip("-")[::-1]
-    return 0.5 * sum(x == y for x, y in zip(a, b)) / max(len(a), len(b))
+    return 0.5 * sum(x == y for x, y in zip(a, b, strict=False)) / max(len(a), len(b))
 
 
 _INT = re.compile(r"-?\d+")

@@ -40,7 +40,6 @@ The one pipeline behind ``prepare files`` and ``prepare fineweb``:
 from __future__ import annotations
 
 import collections
-import json
 import multiprocessing as mp
 import os
 import time
@@ -63,7 +62,7 @@ from gptforge.data.prepare.workers import (
 )
 from gptforge.data.shards import FORMATS, ShardError, magic_for, read_header, write_shard
 from gptforge.data.tokenizer import save_tokenizer
-from gptforge.storage import DiskFullError, disk_full_message, is_disk_full, is_temporary
+from gptforge.storage import DiskFullError, disk_full_message, is_disk_full, is_temporary, read_json
 
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "gptforge-shards/1"
@@ -310,10 +309,13 @@ def _open_manifest(out: Path, ident: dict, force: bool) -> dict:
     name = ident["settings"]["name"]
     m = None
     if path.exists():
-        try:
-            m = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
-            raise ShardError(f"{path}: not valid JSON ({e}); delete {out} or pass --force to start over") from e
+        m = read_json(path, ShardError, "shard manifest", then=f"delete {out} or pass --force to start over")
+        shards = m.get("shards")
+        if not isinstance(shards, list) or not all(
+                isinstance(s, dict) and isinstance(s.get("file"), str) and "/" not in s["file"] and "\\" not in s["file"]
+                and isinstance(s.get("tokens"), int) and isinstance(s.get("sha256"), str) for s in shards):
+            raise ShardError(f"{path}: shards: expected a list of {{file, tokens, sha256}} naming files in {out}; the "
+                             f"manifest is damaged: delete {out} or pass --force to start over")
         same = m.get("format") == MANIFEST_FORMAT and {k: m.get(k) for k in ident} == ident
         if not same and not force:
             raise ShardError(

@@ -24,6 +24,7 @@ from gptforge.data.tokenizer.base import (
 from gptforge.data.tokenizer.checks import _bounded, _read_text
 from gptforge.data.tokenizer.hf_kind import HFTokenizer, hf_tokenizer_from_dir
 from gptforge.data.tokenizer.tiktoken_kind import TiktokenTokenizer, _ranks_bytes, gpt2_tokenizer, tiktoken_from_ranks
+from gptforge.storage import read_json
 
 # --- bundles: a tokenizer as data in a checkpoint or a shard folder ----------------------------------
 
@@ -47,10 +48,8 @@ def read_tokenizer_dir(parent: str | Path, expect: dict | None = None) -> Tokeni
     parent = Path(parent)
     folder = parent if (parent / INFO).is_file() else parent / BUNDLE_DIR
     info_path = folder / INFO
-    try:
-        info = json.loads(_read_text(info_path, MAX_INFO_BYTES)) if info_path.exists() else expect
-    except json.JSONDecodeError as e:
-        raise TokenizerError(f"{info_path}: not valid JSON ({str(e)[:120]}); the tokenizer bundle is damaged") from None
+    info = (read_json(info_path, TokenizerError, "tokenizer bundle's info.json", MAX_INFO_BYTES, top=None,
+                      then="the tokenizer bundle is damaged") if info_path.exists() else expect)
     if info is None:
         raise FileNotFoundError(f"{info_path}: no tokenizer bundle here")
     return tokenizer_from_entry(info, folder, str(info_path))
@@ -211,14 +210,11 @@ def shard_tokenizer(data_dir: str | Path) -> Tokenizer:
     if (d / BUNDLE_DIR / INFO).exists() or (d / BUNDLE_DIR / INFO).is_symlink():
         return read_tokenizer_dir(d)  # names what is wrong with it (not a file, damaged, ...)
     manifest = d / "manifest.json"
-    if manifest.is_file() and manifest.stat().st_size < MAX_INFO_BYTES * 16:
-        # a damaged manifest cannot say the shards are GPT-2's: ids of another tokenizer trained as
-        # GPT-2's, silently, and the checkpoint then claimed GPT-2
-        try:
-            m = json.loads(manifest.read_bytes().decode("utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
-            raise TokenizerError(f"{manifest}: not valid JSON, so which tokenizer made the shards is not known; "
-                                 "prepare them again") from None
+    if manifest.exists() or manifest.is_symlink():
+        # a damaged manifest (or one too large to be one) cannot say the shards are GPT-2's: ids of another
+        # tokenizer trained as GPT-2's, silently, and the checkpoint then claimed GPT-2
+        m = read_json(manifest, TokenizerError, "shard manifest", top=None,
+                      then="so which tokenizer made the shards is not known; prepare them again")
         settings = (m.get("settings") or {}) if isinstance(m, dict) else None
         if not isinstance(settings, dict):
             field, found = ("settings", settings) if isinstance(m, dict) else ("the manifest", m)

@@ -14,6 +14,7 @@ import numpy as np
 
 from gptforge.data.tokenizer.base import MAX_INFO_BYTES, Tokenizer, TokenizerError, _library_failure
 from gptforge.data.tokenizer.checks import _parse_tokenizer_json, _read_text
+from gptforge.storage import read_json
 
 # --- Hugging Face tokenizers --------------------------------------------------------------------------
 
@@ -239,12 +240,7 @@ def hf_tokenizer_from_dir(folder: str | Path) -> HFTokenizer:
     cfg: dict = {}
     cfg_path = folder / "tokenizer_config.json"
     if _there(cfg_path):  # a damaged one (a folder, a dangling link) is named, not skipped: bos/eos/template
-        try:
-            cfg = json.loads(_read_text(cfg_path, MAX_INFO_BYTES * 8))
-        except json.JSONDecodeError as e:
-            raise TokenizerError(f"{cfg_path}: not valid JSON ({str(e)[:120]})") from None
-        if not isinstance(cfg, dict):
-            raise TokenizerError(f"{cfg_path}: expected a JSON object")
+        cfg = read_json(cfg_path, TokenizerError, "tokenizer_config.json", MAX_INFO_BYTES * 8)
     bos, eos = (_token_text(cfg.get(k), cfg_path, k) for k in ("bos_token", "eos_token"))
     template = cfg.get("chat_template")
     if isinstance(template, list):  # several named templates: the default one
