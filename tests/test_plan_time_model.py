@@ -286,6 +286,86 @@ def test_pipeline_x_fsdp_reduces_once_after_the_flush(nvl):
            bubble=(pp - 1) / m)
 
 
+
+def test_tp_x_pp_step_follows_the_slower_first_stage():
+    """TP and PP both over the network port: the first stage's embedding and position-row collectives
+    outweigh the last stage's small head, so the first stage sets the pipeline's pace."""
+    b, gb, tp, pp = 1, 4, 2, 2
+    m = gb // b
+    cost = estimate_cost(CFG, Layout(tp=tp, pp=pp, micro_batch=b), _toy(1), gb, T)
+    x = b * T * C
+    send_s = x / tp * 4 / (NIC * LINK_EFF)  # one sequence shard of the fp32 residual stream each way
+    stage = {}
+    for s, (first, last) in {0: (True, False), 1: (False, True)}.items():
+        mb, once = _tp_sent_per_microbatch(b, NL // pp, first, last)
+        stage[s] = (NL // pp * _block_s(b * T, tp=tp) + (_head_s(b * T, tp=tp) if last else 0.0)
+                    + (mb + once / m) / (NIC * LINK_EFF) + send_s)
+    assert stage[0] > stage[1]
+    pipe = (m + pp - 1) * stage[0]
+    tied = P["wte"] / tp * 4 / (NIC * LINK_EFF)  # the end stages' copies of the tied table (one TP shard)
+    n_last = NL // pp * P["tp_block"] + P["ln_f"] + P["wte"] / tp
+    _check(cost, step=pipe + tied + n_last * 32 / HBM, compute=pipe, dp=tied, world=tp * pp, gb=gb,
+           bubble=(pp - 1) / m)
+
+
+def test_comm_volume_item_by_item():
+    """Every collective of both end stages of DP 2 x TP 2 x PP 2 (bf16 autocast), written out."""
+    b, gb = 1, 8
+    lay = Layout(dp=2, tp=2, pp=2, micro_batch=b)
+    m, x, blocks = gb // (2 * b), b * T * C, NL // 2
+    block_items = [("tp", "all_gather", "block inputs (norm outputs)", m * blocks * 2 * x * 4),
+                   ("tp", "reduce_scatter", "block inputs' gradients", m * blocks * 2 * x * 4),
+                   ("tp", "reduce_scatter", "row-parallel outputs", m * blocks * 2 * x * 2),
+                   ("tp", "all_gather", "row-parallel outputs' gradients", m * blocks * 2 * x * 2)]
+    first = block_items + [
+        ("tp", "reduce_scatter", "vocabulary-parallel embedding", m * x * 4),
+        ("tp", "all_gather", "embedding output's gradient", m * x * 4),
+        ("tp", "reduce_scatter", "position table (T x C)", m * T * C * 4),
+        ("tp", "all_gather", "position rows' gradient", m * T * C * 4),
+        ("tp", "all_gather", "fused q/k/v bias gradient", m * blocks * 3 * C * 4),
+        ("tp", "all_reduce", "gradients of the norms", blocks * P["norms"] * 4),
+        ("tp", "all_reduce", "per-tensor gradient norms", (blocks * P["tensors"] + 2) * 4),
+        ("pp", "send", "activations forward, their gradients backward", m * x / 2 * 4),
+        ("pp", "all_reduce", "tied embedding's gradient", V * C / 2 * 4),
+        ("dp", "all_reduce", "gradient shards across replicas",
+         (blocks * P["tp_block"] + (P["wte"] + P["wpe"]) / 2) * 4)]
+    last = block_items + [
+        ("tp", "all_gather", "final norm output -> head", m * x * 4),
+        ("tp", "reduce_scatter", "head input's gradient", m * x * 4),
+        ("tp", "all_reduce", "vocabulary-parallel loss statistics", m * 3 * b * T * 4),
+        ("tp", "all_gather", "fused q/k/v bias gradient", m * blocks * 3 * C * 4),
+        ("tp", "all_reduce", "gradients of the norms", (blocks * P["norms"] + P["ln_f"]) * 4),
+        ("tp", "all_reduce", "per-tensor gradient norms", (blocks * P["tensors"] + 2) * 4),
+        ("pp", "send", "activations forward, their gradients backward", m * x / 2 * 4),
+        ("pp", "all_reduce", "tied embedding's gradient", V * C / 2 * 4),
+        ("dp", "all_reduce", "gradient shards across replicas",
+         (blocks * P["tp_block"] + P["ln_f"] + P["wte"] / 2) * 4)]
+    for stage, want in [(0, first), (1, last), (None, last)]:
+        got = comm_volume(CFG, lay, gb, T, stage=stage)
+        assert [d[:3] for d in got["detail"]] == [w[:3] for w in want], stage
+        assert [d[3] for d in got["detail"]] == pytest.approx([w[3] for w in want], rel=1e-12), stage
+        for key in {f"{w[0]}.{w[1]}" for w in want}:  # every group here has 2 ranks
+            items = [w[3] for w in want if f"{w[0]}.{w[1]}" == key]
+            share = {"all_reduce": 1.0, "send": 1.0}.get(key.split(".")[1], 0.5)
+            assert got[key] == pytest.approx({"payload": sum(items), "sent": share * sum(items), "group": 2})
+    assert set(got) == {"detail", "tp.all_gather", "tp.reduce_scatter", "tp.all_reduce", "pp.send", "pp.all_reduce",
+                        "dp.all_reduce"}
+
+
+def test_comm_volume_leaves_out_what_is_not_sent():
+    """One GPU sends nothing; a data group of one sends nothing; a model without biases gathers no
+    q/k/v bias; the Megatron engine's activations are 4 bytes in a float32 run."""
+    assert comm_volume(CFG, Layout(micro_batch=2), 8, T) == {"detail": []}
+    assert set(comm_volume(CFG, Layout(tp=2, micro_batch=2), 8, T)) == {
+        "detail", "tp.all_gather", "tp.reduce_scatter", "tp.all_reduce"}
+    nobias = comm_volume(dataclasses.replace(CFG, bias=False), Layout(tp=2, micro_batch=2), 8, T)
+    assert [d for d in nobias["detail"] if "q/k/v" in d[2]] == []
+    x = 2 * T * C
+    for precision, act in [("float32", 4), ("bf16", 2)]:
+        meg = comm_volume(CFG, Layout(tp=2, micro_batch=2, engine="megatron"), 8, T, precision=precision)
+        assert meg["detail"][0] == ("tp", "all_gather", "block inputs (norm outputs)", 4 * NL * 2 * x * act)
+
+
 # --- plan.memory.estimate (the data-parallel planner): activations by hand, per tensor ------------------
 
 
