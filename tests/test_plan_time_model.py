@@ -31,7 +31,7 @@ import torch
 from gptforge.config import Config, ConfigError
 from gptforge.models.registry import build_model, size_config
 from gptforge.plan.cluster import Cluster
-from gptforge.plan.cost import Layout, comm_volume, estimate_cost
+from gptforge.plan.cost import Layout, comm_volume, estimate_cost, memory
 from gptforge.plan.memory import estimate
 
 C, H, NL, V, T = 64, 4, 4, 256, 32
@@ -364,6 +364,35 @@ def test_comm_volume_leaves_out_what_is_not_sent():
     for precision, act in [("float32", 4), ("bf16", 2)]:
         meg = comm_volume(CFG, Layout(tp=2, micro_batch=2, engine="megatron"), 8, T, precision=precision)
         assert meg["detail"][0] == ("tp", "all_gather", "block inputs (norm outputs)", 4 * NL * 2 * x * act)
+
+
+
+@pytest.mark.parametrize("engine,recompute,gathers", [("deepspeed", "block", 3), ("deepspeed", "none", 2)])
+def test_zero3_gathers_of_deepspeed(engine, recompute, gathers):
+    """DeepSpeed's ZeRO-3 (one micro-batch, as in Megatron-LM's Table 2): fp16 parameters gathered for the
+    forward and the backward, and again for a recomputed forward; nothing kept gathered; fp16 gradients."""
+    dp = 4
+    vol = comm_volume(CFG, Layout(dp=dp, shard="fsdp", engine=engine, recompute=recompute), dp, T)
+    N = P["N"]
+    assert vol["dp.all_gather"] == pytest.approx({"payload": gathers * N * 2, "sent": gathers * N * 2 * 3 / 4,
+                                                  "group": dp})
+    assert vol["dp.reduce_scatter"]["payload"] == pytest.approx(N * 2)
+    assert set(vol) == {"detail", "dp.all_gather", "dp.reduce_scatter"}
+
+
+def test_fsdp_gathers_float32_parameters_in_a_float32_run():
+    dp, b, gb = 4, 1, 8
+    m = gb // (dp * b)
+    vol = comm_volume(CFG, Layout(dp=dp, shard="fsdp", micro_batch=b), gb, T, precision="float32")
+    assert vol["dp.all_gather"]["payload"] == pytest.approx(m * (2 * P["N"] - P["block"]) * 4)
+
+
+def test_cost_carries_the_memory_model():
+    lay, cl = Layout(dp=2, pp=2, micro_batch=1), _toy()
+    cost = estimate_cost(CFG, lay, cl, 8, T)
+    assert cost.mem == memory(CFG, lay, cl, 8, T)
+    given = {"total": 1.0}
+    assert estimate_cost(CFG, lay, cl, 8, T, mem=given).mem is given
 
 
 # --- plan.memory.estimate (the data-parallel planner): activations by hand, per tensor ------------------
