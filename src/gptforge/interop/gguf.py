@@ -19,7 +19,10 @@ versions of the same models (``export hf``). Differences from gptforge's own lay
   writes Llama 3.1/3.2, per-frequency divisors in the tensor ``rope_freqs.weight``.
 * The vocabulary padding rows are sliced off; the tokenizer is GPT-2's BPE (``tokenizer.ggml.model``
   ``gpt2``, pre-tokenizer ``gpt-2``: tokens, merges, token types), plus a chat checkpoint's role and
-  end tokens (control tokens) and its template as the Jinja ``tokenizer.chat_template``.
+  end tokens (control tokens) and its template as the Jinja ``tokenizer.chat_template``. A model's own
+  tokenizer goes in as its byte-level BPE (``add_model_tokenizer``) or, when it is a SentencePiece
+  vocabulary (a GGUF "llama" one read back, Llama 2's tokenizer.json), as llama.cpp's ``llama`` model
+  with scores that give its merges (``spm_vocab``).
 
 Weights are float32, float16 or bfloat16 (norms and biases stay float32, as in llama.cpp's own
 converter); quantising further (Q8_0, Q4_K_M ...) is llama.cpp's ``llama-quantize`` on this file.
@@ -90,8 +93,9 @@ def export_gguf(model: torch.nn.Module, out_dir: str | Path, dtype: str = "f32",
     if dtype not in DTYPES:
         raise ValueError(f"--dtype {dtype!r}: one of {', '.join(DTYPES)}")
     own = tokenizer if hasattr(tokenizer, "fingerprint") and not tokenizer.is_gpt2 else None  # a model's own
-    if own is not None:
-        pre = gguf_pre_tokenizer(own)  # refused before the output folder is touched
+    spm = spm_vocab(own, model.config.vocab_size) if own is not None else None  # refused before the folder is touched
+    if own is not None and spm is None:
+        pre = gguf_pre_tokenizer(own)
     check_gguf_model(model, chat_template, bool(tokenizer) and own is None)  # before the output folder is touched
     gguf = _gguf()
     out = check_out_dir(out_dir, force)
@@ -125,7 +129,9 @@ def export_gguf(model: torch.nn.Module, out_dir: str | Path, dtype: str = "f32",
         elif cfg.rope_type == "llama3":  # the divisors go in tensor rope_freqs.weight (llama_tensors)
             w.add_rope_scaling_orig_ctx_len(cfg.rope_original_context)  # read by YaRN only; pins the inverse
         tensors = llama_tensors(model)
-    if own is not None:
+    if spm is not None:
+        add_spm_tokenizer(w, own, chat, spm)
+    elif own is not None:
         add_model_tokenizer(w, cfg.vocab_size, own, chat, pre)
     elif tokenizer:
         add_tokenizer(w, cfg.vocab_size, chat_template)
@@ -284,6 +290,96 @@ def add_model_tokenizer(w: Any, vocab_size: int, tok: Any, chat: Any, pre: str) 
         w.add_chat_template(chat.jinja())
     w.add_add_bos_token(False)
     w.add_add_eos_token(False)
+
+
+def spm_vocab(tok: Any, vocab_size: int) -> dict | None:
+    """A SentencePiece-shaped tokenizer (what ``gguf_tokenizer`` builds from a GGUF "llama" vocabulary, and
+    what transformers gives Llama 2, Mistral, TinyLlama: a BPE with byte fallback under a Metaspace
+    pre-tokenizer) as llama.cpp's SentencePiece keys: tokens, scores and token types by id, and the flags.
+    None for a tokenizer of another shape (the byte-level BPE path takes it). Scores: llama.cpp merges the
+    adjacent pair whose merged piece scores best, so each merged piece gets the score that reproduces the
+    merge order; the scores are accepted only if ``gguf_tokenizer.spm_merges`` (transformers' GGUF loader's
+    order) gives back exactly the tokenizer's merges, else refused: a BPE whose merges no scores express
+    would split text differently after the round trip."""
+    from gptforge.interop.gguf_tokenizer import (
+        TOKEN_BYTE,
+        TOKEN_CONTROL,
+        TOKEN_NORMAL,
+        TOKEN_UNKNOWN,
+        TOKEN_UNUSED,
+        TOKEN_USER_DEFINED,
+        spm_merges,
+    )
+
+    doc = getattr(tok, "_json", None) if getattr(tok, "kind", None) == "hf" else None
+    model, pre = (doc.get("model") or {}, doc.get("pre_tokenizer") or {}) if isinstance(doc, dict) else ({}, {})
+    if not (model.get("type") == "BPE" and model.get("byte_fallback") and pre.get("type") == "Metaspace"):
+        return None
+    what = f"the model's {tok.describe()} (a BPE with byte fallback under a Metaspace pre-tokenizer)"
+    scheme = pre.get("prepend_scheme", "always")
+    if doc.get("normalizer") is not None or pre.get("replacement", "\u2581") != "\u2581" or pre.get("split") \
+            or scheme not in ("first", "never"):
+        raise ValueError(f"{what}: normalizer {json.dumps(doc.get('normalizer'))[:40]}, Metaspace replacement "
+                         f"{pre.get('replacement')!r}, split {pre.get('split')!r}, prepend_scheme {scheme!r}: llama.cpp's "
+                         "SentencePiece tokenizer has no normalizer, writes spaces as U+2581, does not split on them and "
+                         "prepends one at the start of the text ('first') or nowhere ('never'); export hf instead")
+    tokens = [f"<|unused_{i}|>" for i in range(vocab_size)]
+    types = [TOKEN_UNUSED] * vocab_size
+    for piece, i in model["vocab"].items():
+        if not 0 <= i < vocab_size:
+            raise ValueError(f"{what}: token {piece!r:.40} has id {i}, outside the model's {vocab_size} rows")
+        is_byte = len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">")
+        tokens[i], types[i] = piece, TOKEN_BYTE if is_byte else TOKEN_NORMAL
+    for a in doc.get("added_tokens") or []:
+        if 0 <= a.get("id", -1) < vocab_size:
+            tokens[a["id"]] = a["content"]
+            types[a["id"]] = TOKEN_CONTROL if a.get("special") else TOKEN_USER_DEFINED
+    unk = tokens.index("<unk>") if "<unk>" in tokens else None
+    if unk is not None:
+        types[unk] = TOKEN_UNKNOWN
+    merges = [m.split(" ", 1) if isinstance(m, str) else list(m) for m in model.get("merges") or []]
+    ids = {t: i for i, t in enumerate(tokens)}
+    scores, level, last = [0.0] * vocab_size, 0, None  # a run of merges sorted as spm_merges sorts one score's
+    for left, right in merges:
+        i = ids.get(left + right)
+        key = (len(left), len(right), ids.get(left, -1), ids.get(right, -1))
+        if i is None or ids.get(left) is None or ids.get(right) is None:
+            raise ValueError(f"{what}: merge {left!r:.30} + {right!r:.30} does not make a token of its vocabulary, so "
+                             "no SentencePiece scores express it; export hf instead")
+        if scores[i] == 0.0 and (last is None or key[:2] > last[1][:2] or (key[:2] == last[1][:2] and i < last[0])):
+            level += 1  # a new score unless this merge sorts after the previous one at that score
+        scores[i] = scores[i] or -float(level)
+        last = (i, key)
+    if spm_merges(tokens, scores) != merges:
+        raise ValueError(f"{what}: its merges are not in the order a SentencePiece vocabulary's scores give (every split "
+                         "of a piece together, the best piece first), so llama.cpp would split text differently; "
+                         "export hf instead")
+    single = ((doc.get("post_processor") or {}).get("single") or []) if isinstance(doc.get("post_processor"), dict) else []
+    first_last = [("SpecialToken" in s) for s in (single[:1] + single[-1:])] if single else [False, False]
+    return {"tokens": tokens, "scores": scores, "types": types, "unk": unk, "space_prefix": scheme == "first",
+            "add_bos": first_last[0] and len(single) > 1, "add_eos": first_last[-1] and len(single) > 1}
+
+
+def add_spm_tokenizer(w: Any, tok: Any, chat: Any, spm: dict) -> None:
+    """tokenizer.ggml.* for a SentencePiece vocabulary (``spm_vocab``), as llama.cpp's converter writes Llama 2's."""
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(spm["tokens"])
+    w.add_token_scores(spm["scores"])
+    w.add_token_types([int(t) for t in spm["types"]])
+    if tok.bos_token_id is not None:
+        w.add_bos_token_id(tok.bos_token_id)
+    end = chat.end if chat is not None else tok.eos_token_id
+    if end is not None:
+        w.add_eos_token_id(end)
+    if spm["unk"] is not None:
+        w.add_unk_token_id(spm["unk"])
+    if chat is not None:
+        w.add_eot_token_id(chat.end)
+        w.add_chat_template(chat.jinja())
+    w.add_add_bos_token(spm["add_bos"])
+    w.add_add_eos_token(spm["add_eos"])
+    w.add_add_space_prefix(spm["space_prefix"])
 
 
 def add_tokenizer(w: Any, vocab_size: int, chat_template: dict | None) -> None:
