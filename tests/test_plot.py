@@ -58,3 +58,18 @@ def test_an_rl_run_has_a_reward_row_and_its_held_out_accuracy(tmp_path, monkeypa
     assert not reward_tokens.lines and any("no token counts" in t.get_text() for t in reward_tokens.texts)
     labels = [t.get_text() for t in loss_tokens.get_xticklabels() if t.get_text()]
     assert labels and not any(lab.endswith("m") for lab in labels)  # whole tokens, not milli-tokens
+
+
+@pytest.mark.parametrize("content", ["[" * 100_000, "[1]", '{"data": [1]}', '{"data": {"dir": 5}}', "\x80"])
+def test_a_damaged_config_json_beside_the_metrics_is_a_warning(tmp_path, capsys, content):
+    """config.json only says whether the run trained on FineWeb (its reference lines): damaged, the run is
+    still drawn, with one warning naming the file where it cannot be read (not a traceback)."""
+    run = _rl_run(tmp_path / "rl")
+    (run / "config.json").write_text(content, encoding="latin-1")
+    s = _run_series(run)
+    assert sorted(s["rl"]) == [1, 2, 3, 4, 5] and s["fineweb"] is False
+    err = capsys.readouterr().err
+    assert (len(err.strip().splitlines()) == 1 and "config.json: " in err and "warning" in err) if content[0] in "[\x80" \
+        else not err, err
+    (run / "config.json").write_text(json.dumps({"data": {"dir": "data/fineweb10B"}}))
+    assert _run_series(run)["fineweb"] is True

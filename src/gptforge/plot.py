@@ -51,7 +51,11 @@ def _run_series(run: str | Path) -> dict:
     if cfg_file.exists():
         from gptforge.storage import read_json
 
-        data = read_json(cfg_file, ValueError, "run's config.json").get("data")
+        try:  # it only says whether to draw FineWeb's reference lines: a damaged one is a warning, as a torn line is
+            data = read_json(cfg_file, ValueError, "run's config.json").get("data")
+        except ValueError as e:
+            print(f"gptforge plot: warning: {e}; no reference lines for this run", file=sys.stderr)
+            data = None
         data_dir = data.get("dir") if isinstance(data, dict) and isinstance(data.get("dir"), str) else ""
     # an RL step's loss is a policy-gradient surrogate (about 0), not a token loss: RL runs get their own
     # reward row and stay off the loss axes
