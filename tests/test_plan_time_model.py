@@ -460,15 +460,18 @@ def test_estimate_logit_softcap_keeps_tanh_output_and_its_gradient():
     assert with_cap.activations - without.activations == 2 * 32 * 4 * 200 * 2  # fp32 tanh output + gradient
 
 
+@pytest.mark.parametrize("world", [2, 4])
 @pytest.mark.parametrize("pdtype,pbytes", [("bfloat16", 2), ("float32", 4)])
-def test_fsdp_gathers_root_and_two_blocks_in_the_parameter_dtype(pdtype, pbytes):
+def test_fsdp_gathers_root_and_two_blocks_in_the_parameter_dtype(pdtype, pbytes, world):
     cfg = _mem_cfg()
-    e = estimate(cfg, 4, micro_batch=2, sharding="fsdp", dtype=pdtype)
+    e = estimate(cfg, world, micro_batch=2, sharding="fsdp", dtype=pdtype)
     N, root = P_MEM["N"], P_MEM["embed"] + P_MEM["ln_f"]
-    assert e.weights == pytest.approx(4 * N / 4 + pbytes * (root + 2 * P_MEM["block"]))
-    assert (e.grads, e.optimizer) == (pytest.approx(4 * N / 4), pytest.approx(8 * N / 4))
+    assert e.weights == pytest.approx(4 * N / world + pbytes * (root + 2 * P_MEM["block"]))
+    assert (e.grads, e.optimizer) == (pytest.approx(4 * N / world), pytest.approx(8 * N / world))
     one = estimate(cfg, 1, micro_batch=2, sharding="fsdp", dtype=pdtype)  # one rank: nothing gathered
     assert (one.weights, one.grads, one.optimizer) == (4 * N, 4 * N, 8 * N)
+    default = estimate(cfg, micro_batch=2, sharding="fsdp", dtype=pdtype)  # the world defaults to one rank
+    assert (default.weights, default.grads, default.optimizer) == (4 * N, 4 * N, 8 * N)
 
 
 def test_peak_is_the_optimizer_step_when_its_temporaries_outgrow_the_activations():
