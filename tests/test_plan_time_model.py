@@ -395,6 +395,33 @@ def test_cost_carries_the_memory_model():
     assert estimate_cost(CFG, lay, cl, 8, T, mem=given).mem is given
 
 
+
+def test_data_parallel_items_by_name():
+    """The data dimension's collectives, item by item: DDP, ZeRO-1, FSDP, and a pipeline's replicas."""
+    N, b, gb = P["N"], 1, 8
+    items = lambda lay: [d[:3] for d in comm_volume(CFG, lay, gb, T)["detail"]]  # noqa: E731
+    assert items(Layout(dp=2)) == [("dp", "all_reduce", "gradients")]
+    zero1 = comm_volume(CFG, Layout(dp=2, shard="zero1"), gb, T)
+    assert [d[:3] for d in zero1["detail"]] == [("dp", "all_reduce", "gradients"),
+                                                 ("dp", "all_gather", "updated parameters")]
+    assert zero1["dp.all_gather"]["payload"] == N * 4  # the fp32 parameters, each rank's shard gathered
+    assert items(Layout(dp=2, shard="fsdp", micro_batch=b)) == [
+        ("dp", "all_gather", "parameters (forward, backward)"), ("dp", "reduce_scatter", "gradients"),
+        ("dp", "all_reduce", "per-tensor gradient norms")]
+    # a pipeline makes a mesh: its data dimension is FSDP2 with shard groups of 1, replicas all-reduced
+    assert [i for i in items(Layout(dp=2, pp=2)) if i[0] == "dp"] == [
+        ("dp", "all_reduce", "gradient shards across replicas")]
+
+
+def test_only_the_end_stages_of_a_tied_model_sum_the_table():
+    gb = 8
+    four = {s: comm_volume(CFG, Layout(pp=4), gb, T, stage=s) for s in range(4)}
+    assert [("pp.all_reduce" in four[s]) for s in range(4)] == [True, False, False, True]
+    untied = size_config("llama-tiny")  # its own head: nothing shared between the end stages
+    for s in (0, 1):
+        assert "pp.all_reduce" not in comm_volume(untied, Layout(pp=2), gb, 64, stage=s)
+
+
 # --- plan.memory.estimate (the data-parallel planner): activations by hand, per tensor ------------------
 
 
