@@ -192,3 +192,15 @@ def test_a_shard_manifest_that_lists_files_outside_its_folder_is_refused(tmp_pat
         assert outside.read_bytes() == b"keep"
     path.write_text("[" * 100_000)
     _refused(argv, capsys, "manifest.json", "nested too deeply")
+
+
+def test_an_error_class_that_is_an_os_error_is_not_taken_for_a_read_failure(tmp_path):
+    class BadOS(OSError):
+        pass
+
+    big = _sparse(tmp_path / "big.json", 1 << 30)
+    with pytest.raises(BadOS, match=r"1,073,741,824 bytes, more than"):
+        read_json(big, BadOS)
+    (tmp_path / "d").mkdir()
+    with pytest.raises(BadOS, match="not a file"):
+        read_json(tmp_path / "d", BadOS)

@@ -374,19 +374,21 @@ def read_json(path: str | Path, error: type[Exception] = ValueError, what: str =
     a missing file stays FileNotFoundError, which each caller words for its own flag."""
     path = Path(path)
     tail = f"; {then}" if then else ""
+    if not path.is_file() and path.exists():
+        raise error(f"{path}: not a file (a folder or device), so cannot read it{tail}")
     try:
-        if not path.is_file() and path.exists():
-            raise error(f"{path}: not a file (a folder or device), so cannot read it{tail}")
         size = path.stat().st_size
-        if size > limit:
-            raise error(f"{path}: {size:,} bytes, more than a {what} holds (limit {limit:,}): damaged, or not a "
-                        f"{what}{tail}")
-        with open(path, "rb") as f:
-            raw = f.read(limit + 1)  # a file that grew since stat() is still read only this far
+        raw = b""
+        if size <= limit:
+            with open(path, "rb") as f:
+                raw = f.read(limit + 1)  # a file that grew since stat() is still read only this far
     except FileNotFoundError:  # a dangling link too: each caller words a missing file for its own flag
         raise FileNotFoundError(f"{path}: no such file{tail}") from None
-    except OSError as e:
+    except OSError as e:  # (the errors raised for the caller are outside this try: one may be an OSError)
         raise error(f"{path}: cannot read it ({e.strerror or e}){tail}") from None
+    if size > limit:
+        raise error(f"{path}: {size:,} bytes, more than a {what} holds (limit {limit:,}): damaged, or not a "
+                    f"{what}{tail}")
     if len(raw) > limit:
         raise error(f"{path}: more than {limit:,} bytes, more than a {what} holds: damaged, or not a {what}{tail}")
     try:
