@@ -10,7 +10,9 @@ from __future__ import annotations
 import io
 import sys
 
-from gptforge.config import Config
+import pytest
+
+from gptforge.config import Config, ConfigError
 from gptforge.run import resume
 
 
@@ -33,3 +35,11 @@ def test_the_notice_is_in_a_block_buffered_stdout_when_check_resume_returns(tmp_
         f"stretched to the new length). To use it: gptforge sample --ckpt {run}\n")
     assert resume.check_resume(_cfg(4), _cfg(8), 4, run) is False  # extending: its notice is flushed too
     assert raw.getvalue().decode().splitlines()[1].startswith("extending the run from train.max_steps 4 to 8: ")
+
+
+def test_a_damaged_config_resumed_without_a_path_is_named_meta_json():
+    """``resume_config``'s ``where`` defaults to the file's own name (the saved_config default alike)."""
+    meta = {"config": {**_cfg(4).to_dict(), "optim": "adamw"}}
+    with pytest.raises(ConfigError) as e:
+        resume.resume_config(meta, [], "out")
+    assert str(e.value) == "meta.json: config.optim = 'adamw': expected an object (the saved config is damaged)"
