@@ -12,7 +12,6 @@ from gptforge.config import Config, DataConfig, OptimConfig, TrainConfig
 from gptforge.data.shards import write_shard
 from gptforge.models.gpt2 import GPTConfig
 
-
 # One pytest worker per core (scripts/test.sh, pytest-xdist): each computes on one thread, as gptforge's own
 # CPU runs do (train.threads auto); two OpenMP teams on two cores fight for them (docs/benchmarks.md, "CPU threads").
 if os.environ.get("PYTEST_XDIST_WORKER"):
