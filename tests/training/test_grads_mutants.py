@@ -11,17 +11,7 @@ from types import SimpleNamespace
 import torch
 
 from gptforge.parallel import grads
-
-
-class _Dim:
-    def __init__(self, n):
-        self.n = n
-
-    def size(self):
-        return self.n
-
-    def get_group(self):
-        return "pp-group"
+from tests.training.test_grad_norm_unit import _Dim  # the stand-in mesh dimension (its group is "pp-group")
 
 
 def test_the_zero_norm_of_a_rank_without_gradients_is_on_the_ranks_device(monkeypatch):
