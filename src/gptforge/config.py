@@ -305,7 +305,11 @@ class Config:
     def from_dict(cls, d: dict) -> Config:
         """Rebuild from :meth:`to_dict` output (e.g. a checkpoint's meta.json). Unknown keys are errors."""
         kwargs = {}
+        if not isinstance(d, dict):
+            raise ConfigError(f"config = {d!r:.80}: expected an object")
         for f in dataclasses.fields(cls):
+            if not isinstance(d.get(f.name, {}), dict):  # a section that is not one: named, not a TypeError
+                raise ConfigError(f"section {f.name!r} = {d[f.name]!r:.80}: expected an object")
             if f.name == "model":
                 try:
                     kwargs["model"] = model_config(d.get("model", {}))

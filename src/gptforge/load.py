@@ -20,6 +20,7 @@ import torch
 from gptforge.config import Config
 from gptforge.models.registry import build_model, size_config
 from gptforge.run import checkpoint as ckpt
+from gptforge.run.resume import saved_config
 from gptforge.run.weights import check_weights_fit
 
 KINDS = ("ckpt", "hf", "llmc", "random", "gguf")
@@ -77,7 +78,7 @@ def load_model(source: ModelSource) -> torch.nn.Module:
         return build_model(size_config(source.random)).eval()
     where = ckpt.resolve_checkpoint(source.ckpt)
     meta = ckpt.read_meta(where)
-    cfg = Config.from_dict(meta["config"])
+    cfg = saved_config(meta, str(where / "meta.json"))
     recipe = meta.get("recipe")
     if recipe == "rm":  # the one place every text command (sample, chat, serve, eval tasks) loads through
         raise ValueError(f"{where} is a reward model (`gptforge rm`): a reward model does not generate text. Score "

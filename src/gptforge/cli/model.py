@@ -146,9 +146,9 @@ def _export_adapters(args: argparse.Namespace) -> int:
 
     if args.format != "hf" or args.ckpt is None:
         raise CliError("--adapters-only writes peft's format: give `export hf --ckpt RUN` (a LoRA run)")
-    from gptforge.config import Config
     from gptforge.load import lora_merged
     from gptforge.run import checkpoint as ckpt
+    from gptforge.run.resume import saved_config
 
     try:
         where = ckpt.resolve_checkpoint(args.ckpt)
@@ -156,7 +156,7 @@ def _export_adapters(args: argparse.Namespace) -> int:
         if not meta.get("lora"):
             raise ValueError(f"{where} holds no LoRA adapters (it is not a run with lora.rank > 0): export it whole "
                              "with `gptforge export hf` without --adapters-only")
-        cfg = Config.from_dict(meta["config"])
+        cfg = saved_config(meta, str(where / "meta.json"))
         files = write_peft_adapters(lora_merged(where, meta, cfg, merge=False), cfg, args.out)
     except ValueError as e:
         raise CliError(str(e)) from e

@@ -71,7 +71,7 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
     if args.dry_run:
         print(cfg.to_json())
         return 0
-    if resume is not None and check_resume(saved_config(meta), cfg, int(meta["step"]), resume):
+    if resume is not None and check_resume(saved_config(meta, f"{resume}/meta.json"), cfg, int(meta["step"]), resume):
         return 0  # a finished run: said so, and how to extend it
     from gptforge.training.loop import train
 

@@ -270,10 +270,10 @@ def load_reward_model(path: str) -> tuple[RewardModel | RewardEnsemble, object]:
 
 
 def _load_one_reward_model(path: str) -> tuple[RewardModel, object]:
-    from gptforge.config import Config
     from gptforge.data.chat import template_from_meta
     from gptforge.models.registry import build_model
     from gptforge.run import checkpoint as ckpt
+    from gptforge.run.resume import saved_config
 
     where = ckpt.resolve_checkpoint(path)
     meta = ckpt.read_meta(where)
@@ -281,7 +281,7 @@ def _load_one_reward_model(path: str) -> tuple[RewardModel, object]:
         kind = meta.get("recipe", "pretrain")
         raise ValueError(f"{path} is {'an' if kind == 'sft' else 'a'} {kind} checkpoint, not a reward model: train one "
                          "with `gptforge rm --init-from SFT --data PREFS.jsonl --out runs/rm`")
-    cfg = Config.from_dict(meta["config"])
+    cfg = saved_config(meta, str(where / "meta.json"))
     if meta.get("lora"):  # adapters and head on the recorded base, merged (load.lora_merged checks the base)
         from gptforge.load import lora_merged
 
