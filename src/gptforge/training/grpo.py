@@ -42,6 +42,7 @@ from gptforge.data.chat import ChatTemplate, ChatTokenizer, plain_tokenizer
 from gptforge.eval.tasks.verifiable import Problem, is_correct
 from gptforge.generation import SamplingParams, stream_tokens
 from gptforge.parallel.distributed import DistInfo, all_reduce_mean, all_reduce_sum, any_rank, grad_sync, local_tensor
+from gptforge.training.packing import pack_replies, packed_logprobs
 from gptforge.training.recipe import Recipe, RunCtx
 from gptforge.training.rewards import RewardFn, score
 from gptforge.training.rl_state import RLError, RLState, adapt_kl_coef
@@ -121,19 +122,6 @@ def sample_replies(model: Any, enc: Any, template: ChatTemplate | None, problems
     return Rollouts(probs, prompts, replies, [x.strip() for x in texts])
 
 
-def _batch(rollouts: Rollouts, rows: Sequence[int], pad: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded prompt+reply sequences (n, T) and the reply-token mask over targets (n, T-1)."""
-    seqs = [rollouts.prompts[i] + rollouts.replies[i] for i in rows]
-    T = max(len(s) for s in seqs)
-    ids = torch.full((len(rows), T), pad, dtype=torch.long)
-    mask = torch.zeros(len(rows), T - 1)
-    for k, i in enumerate(rows):
-        s, n_p, n_r = seqs[k], len(rollouts.prompts[i]), len(rollouts.replies[i])
-        ids[k, : len(s)] = torch.tensor(s)
-        mask[k, n_p - 1 : n_p - 1 + n_r] = 1.0  # target t is token t+1: the reply starts at n_p
-    return ids.to(device), mask.to(device)
-
-
 # --- one GRPO step ------------------------------------------------------------------------------------
 
 def grpo_step(wrapped: torch.nn.Module, model: torch.nn.Module, ref: torch.nn.Module | None,
@@ -143,31 +131,30 @@ def grpo_step(wrapped: torch.nn.Module, model: torch.nn.Module, ref: torch.nn.Mo
     """Update on one batch of rollouts (this rank's share); rewards (P, G). ``wrapped`` (DDP or the
     model itself) runs the differentiable forward, ``model`` the no-grad ones. ``cfg``: the run Config
     (``rl.*``, ``train.micro_batch`` replies per forward, ``optim.grad_clip``); ``kl_coef``: this step's
-    (the adaptive controller's), ``rl.kl_coef`` when None. Returns loss, KL, grad norm."""
+    (the adaptive controller's), ``rl.kl_coef`` when None. Returns loss, KL, grad norm. A micro-batch's
+    replies to one prompt share rows that hold the prompt once (:mod:`gptforge.training.packing`): the
+    reference, old and policy log-probs each encode a group's prompt once, not once per reply."""
     info = info or DistInfo()
     rl, device = cfg.rl, next(model.parameters()).device
     kl_coef = rl.kl_coef if kl_coef is None else kl_coef
     adv = group_advantages(rewards, rl.adv_eps).flatten().to(device)
     N, mb = adv.numel(), cfg.train.micro_batch
     chunks = [list(range(i, min(i + mb, N))) for i in range(0, N, mb)]
-    batches = [_batch(rollouts, rows, pad, device) for rows in chunks]
-    starts = [int(mask.any(dim=0).nonzero()[0]) for _, mask in batches]  # each chunk's first reply position
-    batches = [(ids, mask[:, s:]) for (ids, mask), s in zip(batches, starts, strict=True)]
+    packs = [pack_replies([rollouts.prompts[i] for i in rows], [rollouts.replies[i] for i in rows],
+                          model.config.block_size, pad, device) for rows in chunks]  # each prompt once a row
     T = rl.temperature
     with torch.no_grad(), autocast():
-        refs = [token_logprobs(ref, ids, T, s) if ref is not None and kl_coef > 0 else None
-                for (ids, _), s in zip(batches, starts, strict=True)]
-        olds = ([token_logprobs(model, ids, T, s) for (ids, _), s in zip(batches, starts, strict=True)]
-                if rl.updates_per_batch > 1 else None)
+        refs = [packed_logprobs(ref, p, T) if ref is not None and kl_coef > 0 else None for p in packs]
+        olds = [packed_logprobs(model, p, T) for p in packs] if rl.updates_per_batch > 1 else None
     model.train()
     loss_sum, kl_sum, norm = 0.0, 0.0, torch.zeros(())
     for _ in range(rl.updates_per_batch):
         loss_sum, kl_sum = 0.0, 0.0
-        for k, ((ids, mask), rows) in enumerate(zip(batches, chunks, strict=True)):
+        for k, (pack, rows) in enumerate(zip(packs, chunks, strict=True)):
             with grad_sync(wrapped, info, sync=k == len(chunks) - 1), autocast():
-                logp = token_logprobs(wrapped, ids, T, starts[k])
+                logp = packed_logprobs(wrapped, pack, T)
                 old = olds[k] if olds is not None else logp.detach()
-                loss, kl = grpo_loss(logp, old, refs[k], adv[rows[0] : rows[-1] + 1], mask, rl.clip_eps, kl_coef)
+                loss, kl = grpo_loss(logp, old, refs[k], adv[rows[0] : rows[-1] + 1], pack.mask, rl.clip_eps, kl_coef)
                 (loss * len(rows) / N).backward()  # mean over this rank's N replies; DDP averages equal shares
             loss_sum += loss.item() * len(rows) / N
             kl_sum += kl.item() * len(rows) / N
