@@ -106,7 +106,8 @@ def llama_config_from_gguf(scalars: dict, arrays: dict, names: set[str], path: P
                             f"head_count_kv={n_kv} do not make whole, even heads shared evenly")
     head_dim = n_embd // n_head
     theta = _key(scalars, f"{arch}.rope.freq_base", path, (int, float), required=False, default=10_000.0)
-    eps = _key(scalars, f"{arch}.attention.layer_norm_rms_epsilon", path, (int, float), required=False, default=1e-5)
+    # required, as llama.cpp's loader requires it (transformers' would fall back to 1e-6): no guessed epsilon
+    eps = _key(scalars, f"{arch}.attention.layer_norm_rms_epsilon", path, (int, float))
     if not (theta > 0 and math.isfinite(theta)):
         raise GGUFReadError(f"{path}: metadata key {arch}.rope.freq_base={theta} must be a positive number")
     scaling = _rope_scaling(scalars, path, arch, head_dim, float(theta), rope_freqs)
