@@ -80,7 +80,7 @@ def tokenizer_json_from_gguf(tokens: list[str], types: list[int] | None, merges:
         # the BPE model spells every token in the byte alphabet; a user-defined token llama.cpp stored as
         # its text is spelled from its UTF-8 bytes (as transformers' GGUF reader does)
         piece = tok if set(tok) <= alphabet else "".join(spell[b] for b in tok.encode("utf-8"))
-        vocab.setdefault(piece, i)  # a duplicate spelling keeps its first id, as tokenizers would
+        vocab[piece] = i  # a token stored twice keeps its last id, as llama.cpp and transformers' GGUF loader do
     steps: list[dict] = [{"type": "Split", "pattern": {"Regex": r}, "behavior": "Isolated", "invert": False}
                          for r in regexes]
     steps.append({"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False})

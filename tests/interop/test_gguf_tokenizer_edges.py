@@ -1,0 +1,103 @@
+"""The tokenizer inside a GGUF file against transformers' own GGUF loader, on the edges the common tests
+do not reach (issues 32 and 36): a token stored twice, merges whose order decides the split, bos/eos
+named by id but typed normal, and SentencePiece's flags. Each file is written small with the ``gguf``
+package's ``GGUFWriter``; transformers reads the same file (``AutoTokenizer.from_pretrained(gguf_file=)``)
+and must give the ids gptforge gives."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+gguf = pytest.importorskip("gguf")
+transformers = pytest.importorskip("transformers")
+
+from gptforge.interop.gguf_read import read_gguf  # noqa: E402
+from tests.interop.test_gguf_read import _alphabet, tiny_llama  # noqa: E402
+
+EOT = "<|endoftext|>"  # a control token: gptforge's tokenizer needs a document separator
+
+
+def _bpe_file(path: Path, tokens: list[str], merges: list[str], types: list[int] | None = None,
+              pre: str = "gpt-2", bos: int | None = None, eos: int | None = None) -> Path:
+    """A vocabulary-only llama GGUF (byte-level BPE): the keys a reader needs and a one-layer model."""
+    import numpy as np
+
+    from gptforge.interop.gguf import llama_tensors
+
+    model = tiny_llama(vocab=len(tokens), n_layer=1, n_embd=32, n_head=2, n_kv_head=2)
+    w = gguf.GGUFWriter(str(path), "llama")
+    cfg = model.config
+    w.add_context_length(cfg.block_size)
+    w.add_embedding_length(cfg.n_embd)
+    w.add_block_count(cfg.n_layer)
+    w.add_feed_forward_length(cfg.hidden_dim)
+    w.add_head_count(cfg.n_head)
+    w.add_head_count_kv(cfg.kv_heads)
+    w.add_layer_norm_rms_eps(cfg.norm_eps)
+    w.add_rope_freq_base(cfg.rope_theta)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(tokens)
+    w.add_token_types(types or [3 if t == EOT else 1 for t in tokens])
+    w.add_token_merges(merges)
+    if bos is not None:
+        w.add_bos_token_id(bos)
+    if eos is not None:
+        w.add_eos_token_id(eos)
+    for name, t in llama_tensors(model).items():
+        w.add_tensor(name, np.ascontiguousarray(t.detach().float().numpy(), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def _theirs(path: Path):
+    return transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+
+
+def _ids(tok, text: str) -> list[int]:
+    return tok(text, add_special_tokens=False).input_ids
+
+
+def test_a_token_stored_twice_keeps_its_last_id_as_transformers(tmp_path):
+    """A byte-level vocabulary holding "Ġthe" at two ids: llama.cpp (``token_to_id[word] = i``) and
+    transformers (a dict built in file order) both keep the LAST id; text containing " the" must encode
+    to that id."""
+    tokens = [EOT, *_alphabet(), "Ġt", "he", "Ġthe", "ab", "Ġthe"]
+    merges = ["Ġ t", "h e", "Ġt he", "a b"]
+    path = _bpe_file(tmp_path / "dup.gguf", tokens, merges, eos=0)
+    ours, theirs = read_gguf(path, weights=False).tokenizer, _theirs(path)
+    last = len(tokens) - 1
+    for text in (" the", "ab the the", "x the"):
+        want = _ids(theirs, text)
+        assert last in want and tokens.index("Ġthe") not in want, (text, want)  # the fixture's own claim: transformers keeps the last
+        assert ours.encode_ordinary(text) == want, text
+    assert ours.decode([last]) == " the"
+
+
+def test_merge_order_decides_the_split_as_transformers(tmp_path):
+    """"a b" before "b c": "abc" is "ab"+"c"; the other order gives "a"+"bc". Both files against
+    transformers, so a reader that reverses or re-sorts the merges fails one of them."""
+    for merges, want in ((["a b", "b c"], ["ab", "c"]), (["b c", "a b"], ["a", "bc"])):
+        tokens = [EOT, *_alphabet(), "ab", "bc"]
+        path = _bpe_file(tmp_path / f"{merges[0][0]}.gguf", tokens, merges, eos=0)
+        ours, theirs = read_gguf(path, weights=False).tokenizer, _theirs(path)
+        ids = ours.encode_ordinary("abc")
+        assert ids == _ids(theirs, "abc")
+        assert [tokens[i] for i in ids] == want
+
+
+def test_bos_and_eos_named_by_id_are_special_even_typed_normal(tmp_path):
+    """A file whose bos/eos ids point at tokens typed NORMAL (1): llama.cpp still treats them as its
+    bos/eos, so gptforge matches their text whole as special tokens and never splits them."""
+    tokens = [*_alphabet(), "<s>", "</s>", "ab"]
+    path = _bpe_file(tmp_path / "be.gguf", tokens, ["a b"], bos=256, eos=257)
+    tok = read_gguf(path, weights=False).tokenizer
+    assert tok.bos_token_id == 256 and tok.eos_token_id == 257
+    assert {"<s>", "</s>"} <= set(tok.special_tokens)
+    assert tok.encode("x</s>", allowed_special="all") == [tokens.index("x"), 257]
+    assert 257 not in tok.encode_ordinary("x</s>")
