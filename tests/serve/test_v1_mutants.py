@@ -1,0 +1,190 @@
+"""What the serve lanes' mutants showed the tests did not pin (issue 36), through the HTTP API of every route
+that can reach it, against expectations written here:
+
+- the default reply length under a server cap below every route's default (OpenAI's 16 on /v1/completions,
+  64 on /api/generate, 128 on /api/chat, the cap on /v1/chat): the cap wins, on every route, whole and
+  streamed, and one more than the cap is refused on every route;
+- a prompt id at the model's vocabulary edge (the tokenizer larger than the model: GPT-2's BPE on a model
+  of 31,373 ids, where "hello" is id 31,373): a 400 naming the field on every route, never a reply made
+  from a row past the vocabulary; one id more of vocabulary and the same prompt is answered;
+- ids the model has but its tokenizer does not (a model with more rows than its tokenizer: llm.c's 50,304
+  for GPT-2's 50,257): they print as ``<|id|>`` on every route, as gptforge's tokenizers print an unused
+  padded row, instead of failing the request (they were a 500, or an error event in a stream).
+
+The model answers one chosen id greedily whatever the prompt (ln_f's output is its bias alone, and that
+id's row of the tied embedding points along it), so a reply of n tokens is that id's text n times.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("fastapi")
+from fastapi.testclient import TestClient  # noqa: E402
+
+from gptforge.data.chat import ChatTemplate  # noqa: E402
+from gptforge.models.gpt2 import GPT, GPTConfig  # noqa: E402
+from gptforge.serve.app import ServeSettings, create_app  # noqa: E402
+
+T = ChatTemplate.gpt2()
+BANG = 0  # GPT-2's id of "!"
+HELLO = 31373  # GPT-2's id of "hello" (checked below)
+USER = [{"role": "user", "content": "hello"}]
+
+
+def _model(vocab: int = T.vocab_size, block: int = 64, answer: int = BANG) -> GPT:
+    torch.manual_seed(0)
+    m = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=block, vocab_size=vocab)).eval()
+    with torch.no_grad():
+        m.transformer.ln_f.weight.zero_()
+        m.transformer.ln_f.bias.copy_(torch.randn(32))
+        m.transformer.wte.weight[answer] = m.transformer.ln_f.bias * 10
+    return m
+
+
+def _client(model, tokenizer, template=T.to_dict(), **settings) -> TestClient:
+    return TestClient(create_app(model, tokenizer, ServeSettings(**settings), chat_template=template),
+                      raise_server_exceptions=False)
+
+
+def _events(text: str) -> list:
+    """An SSE body's ``data:`` payloads in order (JSON decoded; ``[DONE]`` and ``{}`` left out)."""
+    out = []
+    for line in text.splitlines():
+        if line.startswith("data: ") and line not in ("data: [DONE]", "data: {}"):
+            out.append(json.loads(line[6:]))
+    return out
+
+
+def _reply(c, path: str, body: dict) -> tuple[str, int | None]:
+    """The text of one request's reply on any route, whole or streamed, and its completion-token count
+    where the route reports one."""
+    r = c.post(path, json={"temperature": 0, **body})
+    assert r.status_code == 200, r.text
+    if path in ("/api/stream", "/api/chat"):
+        evs = _events(r.text)
+        assert all("error" not in e for e in evs), r.text
+        return "".join(e.get("text", "") for e in evs), None
+    if body.get("stream"):
+        evs = _events(r.text)
+        assert all("error" not in e for e in evs), r.text
+        pieces = [ch.get("text", ch.get("delta", {}).get("content", "")) for e in evs for ch in e["choices"]]
+        usage = [e["usage"] for e in evs if e.get("usage")]
+        return "".join(pieces), usage[0]["completion_tokens"] if usage else None
+    out = r.json()
+    if path == "/api/generate":
+        return out["completions"][0]["text"], None
+    ch = out["choices"][0]
+    return ch["message"]["content"] if "message" in ch else ch["text"], out["usage"]["completion_tokens"]
+
+
+# every route and how it asks for a length
+ROUTES = [("/v1/completions", {"prompt": "hi"}, "max_tokens"),
+          ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}, "max_tokens"),
+          ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}, "max_completion_tokens"),
+          ("/api/generate", {"prompt": "hi"}, "max_new_tokens"),
+          ("/api/stream", {"prompt": "hi"}, "max_new_tokens"),
+          ("/api/chat", {"messages": [{"role": "user", "content": "hi"}]}, "max_new_tokens")]
+
+
+# ---------------------------------------------------------------- the cap below every route's default
+@pytest.mark.parametrize("path,body,field", ROUTES)
+def test_a_cap_below_the_routes_default_length_bounds_the_default(tokenizer, path, body, field):
+    """Cap 8: OpenAI's default of 16 on /v1/completions, /api/generate's 64 and /api/chat's 128 all give 8
+    tokens; 8 asked for is 8, 9 is refused naming the cap, in the route family's words."""
+    with _client(_model(), tokenizer, max_new_tokens_cap=8) as c:
+        assert _reply(c, path, body) in (("!" * 8, 8), ("!" * 8, None))
+        assert _reply(c, path, {**body, field: 8}) in (("!" * 8, 8), ("!" * 8, None))
+        if path.startswith("/v1"):
+            assert _reply(c, path, {**body, "stream": True, "stream_options": {"include_usage": True}}) == ("!" * 8, 8)
+        r = c.post(path, json={**body, field: 9})
+        assert r.status_code == 400
+        if path.startswith("/v1"):
+            assert r.json() == {"error": {"message": "max_tokens=9 is over this server's cap of 8",  # either field
+                                          "type": "invalid_request_error", "param": "max_tokens", "code": None}}
+        else:
+            assert r.json() == {"error": "max_new_tokens=9 is over this server's cap of 8"}
+
+
+def test_v1_completions_default_is_openais_16_under_a_larger_cap_and_shrinks_to_the_room(tokenizer):
+    with _client(_model(block=64), tokenizer, max_new_tokens_cap=40) as c:
+        assert _reply(c, "/v1/completions", {"prompt": "hi"}) == ("!" * 16, 16)
+    with _client(_model(block=12), tokenizer, max_new_tokens_cap=40) as c:  # "hi" is 1 token: room for 11
+        assert _reply(c, "/v1/completions", {"prompt": "hi"}) == ("!" * 11, 11)
+        assert _reply(c, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}) == (
+            "!" * 7, 7)  # <|endoftext|> <|user|> hi <|end|> <|assistant|>: 5 of 12
+
+
+# ---------------------------------------------------------------- a prompt id at the vocabulary's edge
+def _template_in(vocab: int) -> dict:
+    """gptforge's template with its chat ids inside a small vocabulary (ids 1-5, under GPT-2's "hello")."""
+    return {"name": "edge", "bos": 1, "roles": {"system": 2, "user": 3, "assistant": 4}, "end": 5}
+
+
+def test_prompt_ids_at_the_models_vocabulary_edge_are_a_400_on_every_route(tokenizer):
+    assert tokenizer.encode("hello") == [HELLO] and tokenizer.encode("!hello") == [BANG, HELLO]
+    outside = f"tokenizes to id {HELLO}, outside this model's vocabulary of {HELLO} (the text is not in the " \
+              "model's tokenizer)"
+    native = f"token id {HELLO} is outside this model's vocabulary of {HELLO} ids (it was not trained with " \
+             "GPT-2's tokenizer); prompt it with ids it knows"
+
+    def oa(message: str, param: str) -> dict:
+        return {"error": {"message": message, "type": "invalid_request_error", "param": param, "code": None}}
+
+    m = _model(vocab=HELLO)  # 31,373 ids; its padded embedding has a row 31,373 that a miscount would read
+    assert m.transformer.wte.weight.shape[0] > HELLO
+    with _client(m, tokenizer, template=_template_in(HELLO), max_new_tokens_cap=4, max_prompt_chars=50) as c:
+        for body in ({}, {"stream": True}):
+            r = c.post("/v1/chat/completions", json={"messages": USER, "max_tokens": 1, **body})
+            assert (r.status_code, r.json()) == (400, oa(f"messages: prompt 0 {outside}", "messages"))
+            r = c.post("/v1/completions", json={"prompt": ["!", "!hello"], "max_tokens": 1, **body})
+            assert (r.status_code, r.json()) == (400, oa(f"prompt: prompt 1 {outside}", "prompt"))
+        r = c.post("/v1/completions", json={"prompt": "hello", "max_tokens": 0, "echo": True, "logprobs": 0})
+        assert (r.status_code, r.json()) == (400, oa(f"prompt: prompt 0 {outside}", "prompt"))
+        r = c.post("/v1/completions", json={"prompt": [[BANG], [BANG, HELLO]], "max_tokens": 1})
+        assert (r.status_code, r.json()) == (400, oa(f"prompt 1: token ids must be a non-empty list in [0, {HELLO})",
+                                                     "prompt"))
+        for path in ("/api/generate", "/api/stream"):
+            r = c.post(path, json={"prompts": ["!", "!hello"], "max_new_tokens": 1})
+            assert (r.status_code, r.json()) == (400, {"error": f"prompt 1: {native}"})
+        r = c.post("/api/chat", json={"messages": USER, "max_new_tokens": 1})
+        assert (r.status_code, r.json()) == (400, {"error": f"prompt 0: {native} (start a new conversation)"})
+        # the last id of the vocabulary is in it
+        r = c.post("/v1/completions", json={"prompt": [HELLO - 1], "max_tokens": 1, "temperature": 0})
+        assert r.status_code == 200 and r.json()["choices"][0]["text"] == "!"
+    # one id more and the same prompts are answered
+    with _client(_model(vocab=HELLO + 1), tokenizer, template=_template_in(HELLO + 1), max_new_tokens_cap=4,
+                 max_prompt_chars=50) as c:
+        assert _reply(c, "/v1/chat/completions", {"messages": USER, "max_tokens": 2}) == ("!!", 2)
+        assert _reply(c, "/v1/completions", {"prompt": ["!", "!hello"], "max_tokens": 2}) == ("!!", 4)  # 2 rows
+        assert _reply(c, "/v1/completions", {"prompt": [[BANG, HELLO]], "max_tokens": 2}) == ("!!", 2)
+        assert _reply(c, "/api/generate", {"prompts": ["!", "!hello"], "max_new_tokens": 2}) == ("!!", None)
+        assert _reply(c, "/api/chat", {"messages": USER, "max_new_tokens": 2}) == ("!!", None)
+
+
+# ---------------------------------------------------------------- ids the model has and its tokenizer lacks
+PAST = 50300  # a row of a 50,304-row model (llm.c's padding of GPT-2) that GPT-2's 50,257 ids do not reach
+
+
+@pytest.mark.parametrize("template", [None, T.to_dict()], ids=["base", "chat"])
+def test_ids_past_the_tokenizer_print_as_their_number_on_every_route(tokenizer, template):
+    assert tokenizer.n_vocab == 50257
+    piece = f"<|{PAST}|>"
+    with _client(_model(vocab=50304, answer=PAST), tokenizer, template=template, max_new_tokens_cap=8) as c:
+        for path, body in [("/v1/completions", {"prompt": "hi", "max_tokens": 2}),
+                           ("/v1/completions", {"prompt": "hi", "max_tokens": 2, "stream": True}),
+                           ("/api/generate", {"prompt": "hi", "max_new_tokens": 2}),
+                           ("/api/stream", {"prompt": "hi", "max_new_tokens": 2})]:
+            assert _reply(c, path, body)[0] == piece * 2, path
+        # its log-probabilities name it the same way, and an echoed token-id prompt holding it too
+        r = c.post("/v1/completions", json={"prompt": [BANG, PAST], "max_tokens": 1, "echo": True, "logprobs": 1,
+                                            "temperature": 0})
+        assert r.status_code == 200, r.text
+        (ch,) = r.json()["choices"]
+        assert ch["text"] == "!" + piece + piece
+        assert ch["logprobs"]["tokens"] == ["!", piece, piece]
+        assert ch["logprobs"]["text_offset"] == [0, 1, 1 + len(piece)]
+        assert list(ch["logprobs"]["top_logprobs"][2]) == [piece]
