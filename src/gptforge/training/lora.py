@@ -45,6 +45,7 @@ def family_models(model: nn.Module) -> list[tuple[str, nn.Module]]:
 
 def load_base(fams: list[tuple[str, nn.Module]], base: str) -> None:
     """The base's weights (any model source: checkpoint, HF directory, GGUF, llm.c) into each family model."""
+    from gptforge.errors import CheckpointError
     from gptforge.load import ModelSource, load_model
 
     if not base:
@@ -52,7 +53,7 @@ def load_base(fams: list[tuple[str, nn.Module]], base: str) -> None:
                           "give --lora.base CKPT_OR_HF_DIR_OR_GGUF)")
     try:
         sd = load_model(ModelSource.from_path(base)).state_dict()
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, CheckpointError) as e:  # a damaged llm.c file, HF directory or checkpoint
         raise ConfigError(f"lora.base {base!r} cannot be read: {str(e).splitlines()[0]}") from e
     for name, m in fams:
         try:
