@@ -115,8 +115,10 @@ def test_one_token_replies_are_read_from_the_prompts_last_logit(make):
     assert packed.ids.tolist() == [p + [7, 9]]  # the one-token replies add nothing to the row
     got = rows_of(packed_logprobs(model, packed, T_SAMPLE), packed.mask)
     ref = copy.deepcopy(model).double()
-    for a, r in zip(got, replies, strict=True):
+    at_1 = rows_of(packed_logprobs(model, packed), packed.mask)  # the default temperature is 1
+    for a, b, r in zip(got, at_1, replies, strict=True):
         torch.testing.assert_close(a.double(), one_per_reply(ref, p, r), atol=2e-5, rtol=1e-5)
+        torch.testing.assert_close(b.double(), one_per_reply(ref, p, r, 1.0), atol=2e-5, rtol=1e-5)
 
 
 def test_the_layout_by_hand():
