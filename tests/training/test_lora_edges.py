@@ -253,14 +253,14 @@ def test_the_default_targets_are_peft_s(arch):
 
 def test_the_widest_rank_a_layer_allows():
     """A rank of min(in, out) of the narrowest targeted layer is allowed, one more is refused in one line
-    naming the field, the layer, its shape and the bound."""
+    naming the field, that layer (not the first), its shape and the bound."""
     holder = nn.Module()
-    holder.q_proj, holder.v_proj = nn.Linear(32, 12), nn.Linear(12, 40)
+    holder.q_proj, holder.v_proj = nn.Linear(32, 24), nn.Linear(12, 40)  # min(in, out): 24 and 12
     ok = copy.deepcopy(holder)
     assert add_lora(ok, "llama", rank=12, alpha=4.0, dropout=0.0, targets=["q_proj", "v_proj"]) == ["q_proj", "v_proj"]
     with pytest.raises(LoRAError) as e:
         add_lora(holder, "llama", rank=13, alpha=4.0, dropout=0.0, targets=["q_proj", "v_proj"])
-    assert str(e.value) == "lora.rank=13 is larger than layer q_proj (32 in, 12 out) allows: at most 12"
+    assert str(e.value) == "lora.rank=13 is larger than layer v_proj (12 in, 40 out) allows: at most 12"
     assert not lora_layers(holder)  # refused before any layer changed
 
 

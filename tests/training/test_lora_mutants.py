@@ -95,6 +95,17 @@ def test_a_given_base_equal_to_the_start_is_kept_and_the_default_targets_are_sai
                               f"base {tmp_path / 'b'} sha256 ")
 
 
+def test_a_relative_base_naming_the_start_is_the_start(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    rec, _ = _attach(_gpt(), _cfg(base="b"), source=str(tmp_path / "b"))
+    assert rec["base"] == "b"
+
+
+def test_a_fresh_run_without_weights_or_base_is_refused():
+    with pytest.raises(ConfigError, match=r"^lora.base is empty: a LoRA run needs its base model"):
+        attach_lora(_gpt(), _cfg(), DistInfo(), "sft", None, None, print)
+
+
 def test_no_source_and_no_base_is_said_as_given_weights():
     model = _gpt()
     said: list[str] = []
@@ -129,6 +140,27 @@ def test_ppo_adapts_the_policy_and_trains_the_value_model_in_full():
         f"({100 * 512 / fam:.2f}%), and the value model trains in full ({n_value:,}, as TRL's PPO with peft): "
         f"{512 + n_value:,} of {GPT_PARAMS + 512 + n_value:,} in all; base /runs/base sha256 ")
     assert f"({100 * 512 / fam:.2f}%)" == "(3.23%)"
+
+
+class _Two(nn.Module):
+    """A run module with two family models that take adapters and two parts that train in full."""
+
+    trains_whole = ("v", "w")
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.v, self.w = _gpt(), _gpt(), _gpt(1), _gpt(2)
+
+
+def test_several_family_models_and_whole_parts_are_named_in_the_log():
+    two = _Two()
+    rec, said = _attach(two, _cfg(targets="c_attn"))
+    assert rec["layers"] == 2 and rec["trainable"] == 2 * 512 + 2 * GPT_PARAMS
+    assert [n for n, _ in family_models(two)] == ["a", "b"]
+    fam = 2 * (GPT_PARAMS + 512)
+    assert said[0].startswith(f"LoRA rank 4 (alpha 8) on c_attn (2 layers): 1,024 of the {fam:,} a and b parameters "
+                              f"train ({100 * 1024 / fam:.2f}%), and the v and w model trains in full "
+                              f"({2 * GPT_PARAMS:,}, as TRL's PPO with peft): ")
 
 
 def test_family_models_and_under():
@@ -213,6 +245,15 @@ def test_a_resume_cannot_change_rank_alpha_or_targets(base_dir, key, old, new):
                             "(start a new run with --out elsewhere)")
 
 
+def test_a_resume_whose_meta_has_no_lora_config_is_not_compared(base_dir):
+    meta = _resume_meta(base_dir)
+    for config in ({}, {"lora": None}, None):
+        meta["config"] = config
+        assert attach_lora(_gpt(), _cfg(base=str(base_dir)), DistInfo(), "sft", meta, None, print)["layers"] == 2
+    meta["config"] = {"lora": {"rank": 4}}  # alpha and targets not recorded: only the rank is compared
+    assert attach_lora(_gpt(), _cfg(base=str(base_dir), alpha=2.0), DistInfo(), "sft", meta, None, print)["layers"] == 2
+
+
 def test_a_resume_on_another_base_is_refused(base_dir):
     meta = _resume_meta(base_dir)
     meta["lora"] = {"base": "/runs/first", "base_sha256": "ab" * 32}
@@ -238,7 +279,9 @@ def test_load_base_refusals(tmp_path, base_dir):
     assert str(e.value).startswith(f"lora.base {str(tmp_path / 'junk.bin')!r} cannot be read: ")
     assert "\n" not in str(e.value) and len(str(e.value)) > len(f"lora.base {str(tmp_path / 'junk.bin')!r} cannot be read: ")
     wider = GPT(GPTConfig(**{**MCFG, "n_embd": 64}))
-    for fam, where in ((family_models(wider), ""), (family_models(RewardModel(wider)), " body")):
+    longer = GPT(GPTConfig(**{**MCFG, "block_size": 32}))  # one tensor differs (wpe): a two-line torch error
+    for fam, where in ((family_models(wider), ""), (family_models(RewardModel(wider)), " body"),
+                       (family_models(longer), "")):
         with pytest.raises(ConfigError) as e:
             load_base(fam, str(base_dir))
         msg = str(e.value)
