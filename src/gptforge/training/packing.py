@@ -112,4 +112,4 @@ def packed_logprobs(model: torch.nn.Module, packed: Packed, temperature: float =
     logits, _ = model(packed.ids, pos=packed.pos, attn_mask=packed.attn_mask, logits_to_keep=packed.keep)
     logp = F.log_softmax(logits.float() / temperature, dim=-1)  # (R, keep, V)
     got = logp[packed.row, packed.col, packed.target]  # (N, L)
-    return torch.where(packed.mask.bool(), got, torch.zeros((), dtype=got.dtype, device=got.device))
+    return got.masked_fill(packed.mask == 0, 0.0)
