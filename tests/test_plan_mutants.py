@@ -11,6 +11,7 @@ import dataclasses
 import math
 
 import pytest
+import torch
 
 from gptforge.config import Config, ConfigError
 from gptforge.models import registry
@@ -99,6 +100,7 @@ NAMES = ("recompute in ('none', 'mlp', 'block'), shard in ('none', 'zero1', 'fsd
     (GPT2, Layout(pp=5, micro_batch=1), 8, "model.n_layer=12 not divisible by PP 5 x virtual stages 1"),
     (GPT2, Layout(pp=4, interleave=2), 8, "model.n_layer=12 not divisible by PP 4 x virtual stages 2"),
     (GPT2, Layout(dp=3, micro_batch=2), 10, "global batch 10 not divisible by DP 3 x micro-batch 2"),
+    (GPT2, Layout(micro_batch=2), 3, "global batch 3 not divisible by DP 1 x micro-batch 2"),
     (GPT2, Layout(pp=4, micro_batch=8), 16, "2 micro-batches is fewer than 4 pipeline stages"),
     (GPT2, Layout(pp=2), 1, "1 micro-batches is fewer than 2 pipeline stages"),
     (GPT2, Layout(pp=2, interleave=2), 3, "interleaving needs micro-batches (3) a multiple of PP 2"),
@@ -191,6 +193,18 @@ def test_cost_as_dict_spells_out_the_layout():
         "mem": {"total": 3.0}}
 
 
+def test_an_untied_heads_rows_are_split_by_tensor_parallelism():
+    """llama-tiny (untied head) on 2 TP ranks: every matrix and both vocabulary tables split in half, the
+    RMSNorm weights whole (counted from the built module's names); ``memory`` holds 4 bytes of each."""
+    cfg = size_config("llama-tiny")
+    with torch.device("meta"):
+        model = registry.build_model(cfg)
+    per_rank = sum(p.numel() if n.endswith("norm.weight") else p.numel() / 2 for n, p in model.named_parameters())
+    assert not cost.counts(cfg).tied and per_rank < model.num_parameters() / 2 + 1000
+    cl = Cluster(name="toy", gpus_per_node=8, mem_gib=80, peak_flops=1e12, hbm_bw=1e11, nvlink_bw=1e10, nic_bw=1e9)
+    assert cost.memory(cfg, Layout(tp=2), cl, 1, 16)["weights"] == 4 * per_rank
+
+
 # --- plan.memory: micro-batches, the recommendation, the table, the overrides -----------------------
 
 
@@ -260,8 +274,9 @@ def test_propose_reserve_and_one_gpu(fake_estimate):
 
 
 def test_propose_when_nothing_fits_lists_the_smallest_micro_batch(fake_estimate):
-    rows, best = propose(_mem_cfg(32 * 16), gpu_mem_gib=6.0, world=2)  # 4 GiB: fsdp's fixed 4 + anything > 4
-    assert best is None
+    rows, best = propose(_mem_cfg(32 * 16), gpu_mem_gib=6.0, world=2, dtype="float32", fused=False)  # 4 GiB
+    assert best is None  # fsdp's fixed 4 GiB + anything is over
+    assert {c for c in fake_estimate} == {(2, "float32", False)}  # the rows shown are estimated as asked
     assert _rows(rows) == [(s, r, 1) for s, r in planmem.PREFERENCE]
     assert [r.peak / GIB for r in rows] == [FIXED[s] + PER_SEQ[r] for s, r in planmem.PREFERENCE]
 
