@@ -13,7 +13,7 @@ import pytest
 gguf = pytest.importorskip("gguf")
 transformers = pytest.importorskip("transformers")
 
-from gptforge.interop.gguf_read import read_gguf  # noqa: E402
+from gptforge.interop.gguf_read import GGUFReadError, read_gguf  # noqa: E402
 from tests.interop.test_gguf_read import _alphabet, tiny_llama  # noqa: E402
 
 EOT = "<|endoftext|>"  # a control token: gptforge's tokenizer needs a document separator
@@ -101,3 +101,38 @@ def test_bos_and_eos_named_by_id_are_special_even_typed_normal(tmp_path):
     assert {"<s>", "</s>"} <= set(tok.special_tokens)
     assert tok.encode("x</s>", allowed_special="all") == [tokens.index("x"), 257]
     assert 257 not in tok.encode_ordinary("x</s>")
+
+
+def test_spm_merges_are_transformers_generate_merges():
+    """``spm_merges`` (the merges a SentencePiece vocabulary implies) is transformers' own
+    ``generate_merges`` over the same vocabulary: ties of score, a token stored twice (its last id and
+    score), and an empty token (no split has an empty side). Lengths that disagree are an error."""
+    from transformers.tokenization_utils_base import generate_merges
+
+    from gptforge.interop.gguf_tokenizer import spm_merges
+
+    tokens = ["", "a", "b", "c", "ab", "bc", "abc", "ca", "cab", "b", "abca", "bca"]
+    scores = [0.0, -1.0, -1.0, -1.0, -2.0, -2.0, -3.0, -2.0, -3.0, -5.0, -4.0, -3.0]
+    vocab = {t: i for i, t in enumerate(tokens)}
+    want = [list(m) for m in generate_merges(vocab, dict(zip(tokens, scores, strict=True)))]
+    got = spm_merges(tokens, scores)
+    assert got == want and len(got) > 8
+    assert all(left and right for left, right in got)
+    with pytest.raises(ValueError):
+        spm_merges(tokens, scores[:-1])
+
+
+def test_spm_score_refusals_name_the_key_and_type(tmp_path):
+    """The scores' refusals say what is wrong: missing (a SentencePiece vocabulary needs one score per
+    token), or stored as another GGUF item type (named by its number: 5 is int32)."""
+    from tests.interop.test_gguf_spm_tokenizer import hand_vocab, write_spm_gguf
+
+    tokens, scores, types = hand_vocab()
+    path = write_spm_gguf(tmp_path / "noscores.gguf", tokens, None, types)
+    with pytest.raises(GGUFReadError, match=r"tokenizer\.ggml\.scores is missing: a SentencePiece vocabulary "
+                                            r"\(tokenizer\.ggml\.model='llama'\) needs one score per token$"):
+        read_gguf(path, weights=False)
+    path = write_spm_gguf(tmp_path / "int.gguf", tokens, [int(s) for s in scores], types,
+                          scores_type=gguf.GGUFValueType.INT32)
+    with pytest.raises(GGUFReadError, match=r"tokenizer\.ggml\.scores is not a list of floats \(GGUF item type 5\)$"):
+        read_gguf(path, weights=False)
