@@ -48,6 +48,8 @@ RUNS = [  # (world, config keys, the layout written out by hand)
     (4, dict(shard="zero1"), Layout(dp=4, micro_batch=2, shard="zero1")),
     (4, dict(tp=2), Layout(dp=2, tp=2, micro_batch=2)),  # a mesh with shard none: replicas only
     (2, dict(pp=2), Layout(dp=1, pp=2, micro_batch=2)),
+    (2, dict(shard="fsdp", dp_replicate=2), Layout(dp=2, micro_batch=2, shard="fsdp", dp_shard=1)),  # 2 replicas
+    (4, dict(pp=2, shard="fsdp"), Layout(dp=2, pp=2, micro_batch=2, shard="fsdp", dp_shard=2)),  # a mesh by PP alone
     (1, dict(shard="fsdp"), Layout(dp=1, micro_batch=2, shard="fsdp")),
 ]
 
@@ -59,6 +61,7 @@ def test_run_layout_is_the_layout_written_out_by_hand(world, keys, expected):
     cfg = _train_cfg(**kw, **keys)
     layout, batch = run_layout(cfg, world)
     assert layout == expected
+    assert layout.describe() == expected.describe()  # whole numbers: "DP 4", never "DP 4.0"
     assert batch == (1 << 15) // 64 == 512  # sequences per optimizer step
 
 
