@@ -188,3 +188,52 @@ def test_ids_past_the_tokenizer_print_as_their_number_on_every_route(tokenizer, 
         assert ch["logprobs"]["tokens"] == ["!", piece, piece]
         assert ch["logprobs"]["text_offset"] == [0, 1, 1 + len(piece)]
         assert list(ch["logprobs"]["top_logprobs"][2]) == [piece]
+
+
+# ---------------------------------------------------------------- refusals of what the server cannot honour
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_penalties_and_logit_bias_are_refused_word_for_word(tokenizer, path):
+    body = {"prompt": "hi"} if path == "/v1/completions" else {"messages": [{"role": "user", "content": "hi"}]}
+    want = {name: f"{name}: not supported by this server (use 0; repetition_penalty is the penalty gptforge has)"
+            for name in ("presence_penalty", "frequency_penalty")}
+    with _client(_model(), tokenizer, max_new_tokens_cap=4) as c:
+        for name, value in (("presence_penalty", 0.5), ("frequency_penalty", -1), ("logit_bias", {"5": 1.0})):
+            r = c.post(path, json={**body, name: value})
+            message = want.get(name, "logit_bias: not supported by this server")
+            assert (r.status_code, r.json()) == (400, {"error": {"message": message, "type": "invalid_request_error",
+                                                                  "param": name, "code": None}})
+        for off in ({"presence_penalty": 0, "frequency_penalty": 0.0}, {"logit_bias": {}}):  # OpenAI's defaults
+            assert _reply(c, path, {**body, "max_tokens": 1, **off})[0] == "!"
+
+
+# ---------------------------------------------------------------- a Jinja template on the model's own tokenizer
+def test_v1_chat_reads_a_jinja_template_with_the_served_tokenizer():
+    """ChatML's <|im_end|> is a special token of the served tokenizer (a BPE trained here), not of GPT-2's:
+    the /v1 chat route reads the template with the served tokenizer, renders the prompt in its ids, and its
+    end ends the reply."""
+    pytest.importorskip("tokenizers")
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from gptforge.data.tokenizer import HFTokenizer
+
+    t = Tokenizer(models.BPE())
+    t.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    t.decoder = decoders.ByteLevel()
+    t.train_from_iterator(["What is 2 + 3? It is 5. user assistant system\n"] * 20, trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"], show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok = HFTokenizer(t.to_str(), eos="<|im_end|>")
+    chatml = {"kind": "jinja", "name": "chatml", "end": "<|im_end|>",
+              "template": "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
+                          "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"}
+    msgs = [{"role": "user", "content": "What is 2 + 3?"}]
+    # <|im_start|> "user\n" ... <|im_end|> "\n" <|im_start|> "assistant\n", in the small BPE's ids
+    n_prompt = len(t.encode("<|im_start|>user\nWhat is 2 + 3?<|im_end|>\n<|im_start|>assistant\n").ids)
+    for answer, want in ((t.token_to_id("<|im_end|>"), ("", "stop", 1)), (t.token_to_id("5"), ("555", "length", 3))):
+        with _client(_model(vocab=tok.n_vocab, answer=answer), tok, template=chatml, max_new_tokens_cap=16) as c:
+            r = c.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 3, "temperature": 0})
+            assert r.status_code == 200, r.text
+            out = r.json()
+            assert (out["choices"][0]["message"]["content"], out["choices"][0]["finish_reason"],
+                    out["usage"]["completion_tokens"]) == want
+            assert out["usage"]["prompt_tokens"] == n_prompt
