@@ -175,7 +175,8 @@ def test_family_models_and_under():
 
 
 @pytest.mark.parametrize("n, words", [(0, "0"), (99_999, "99,999"), (100_000, "0.10M"), (123_456_789, "123.46M"),
-                                      (999_999_999, "1000.00M"), (1_000_000_000, "1.00B"), (7_241_732_096, "7.24B")])
+                                      (999_999_999, "1000.00M"), (1_000_000_000, "1.00B"), (7_241_732_096, "7.24B"),
+                                      (999_995_500, "1000.00M"), (1_005_000_001, "1.01B")])  # 1e6, 1e9 exactly
 def test_parameter_counts_in_words(n, words):
     assert _m(n) == words
 
@@ -189,6 +190,13 @@ def test_sharded_layouts_are_refused(world, fsdp, tp, pp):
         check_lora_run(cfg, DistInfo(world=world, fsdp=fsdp), "sft")
     assert str(e.value) == ("lora.rank=4 runs on one process or under DDP (dist.shard none, dist.tp 1, dist.pp 1); "
                             "FSDP, tensor and pipeline parallelism do not take adapters yet")
+
+
+def test_attach_refuses_a_sharded_layout_before_anything():
+    model = _gpt()
+    with pytest.raises(ConfigError, match=r"^lora.rank=4 runs on one process or under DDP"):
+        _attach(model, _cfg(), info=DistInfo(world=2, fsdp=True))
+    assert all(p.requires_grad for p in model.parameters()) and not hasattr(model, "lora_state_keys")
 
 
 @pytest.mark.parametrize("world, fsdp, tp, pp", [(1, True, 2, 2), (2, False, 1, 1)])
@@ -277,7 +285,7 @@ def test_load_base_refusals(tmp_path, base_dir):
     with pytest.raises(ConfigError) as e:
         load_base(fams, str(tmp_path / "junk.bin"))
     assert str(e.value).startswith(f"lora.base {str(tmp_path / 'junk.bin')!r} cannot be read: ")
-    assert "\n" not in str(e.value) and len(str(e.value)) > len(f"lora.base {str(tmp_path / 'junk.bin')!r} cannot be read: ")
+    assert str(e.value).endswith("junk.bin: 8 bytes is shorter than the 1024-byte llm.c header")  # the file's reason
     wider = GPT(GPTConfig(**{**MCFG, "n_embd": 64}))
     longer = GPT(GPTConfig(**{**MCFG, "block_size": 32}))  # one tensor differs (wpe): a two-line torch error
     for fam, where in ((family_models(wider), ""), (family_models(RewardModel(wider)), " body"),
