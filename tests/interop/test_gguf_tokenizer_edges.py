@@ -136,3 +136,13 @@ def test_spm_score_refusals_name_the_key_and_type(tmp_path):
                           scores_type=gguf.GGUFValueType.INT32)
     with pytest.raises(GGUFReadError, match=r"tokenizer\.ggml\.scores is not a list of floats \(GGUF item type 5\)$"):
         read_gguf(path, weights=False)
+
+
+def test_an_unknown_pre_tokenizer_is_refused_naming_the_known_ones(tmp_path):
+    """``tokenizer.ggml.pre`` that gptforge has no llama.cpp split for: one line naming the file, the value
+    and every name it does know, sorted, so the user sees what would load."""
+    path = _bpe_file(tmp_path / "pre.gguf", [EOT, *_alphabet(), "ab"], ["a b"], pre="deepseek-llm", eos=0)
+    with pytest.raises(GGUFReadError) as e:
+        read_gguf(path, weights=False)
+    assert str(e.value) == (f"{path}: tokenizer.ggml.pre='deepseek-llm': gptforge knows how llama.cpp splits text "
+                            "for gpt-2, llama-bpe, llama-v3, llama3, qwen2, smollm, starcoder only")
