@@ -154,6 +154,10 @@ def test_a_group_over_the_limit_goes_on_in_a_new_row_starting_with_the_prompt():
     pack_replies([[1, 2]], [[3, 4, 5, 6, 7]], block_size=6, pad=0)  # exactly fits: 2 + 4 tokens
     with pytest.raises(ValueError, match="prompt"):
         pack_replies([[]], [[3]], block_size=6, pad=0)
+    with pytest.raises(ValueError, match="1 prompts for 2 replies"):
+        pack_replies([[1, 2]], [[3], [4]], block_size=6, pad=0)
+    with pytest.raises(ValueError, match="0 prompts for 0 replies"):
+        pack_replies([], [], block_size=6, pad=0)
 
 
 def test_a_bf16_model_scores_in_float32():

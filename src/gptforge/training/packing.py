@@ -55,23 +55,24 @@ def pack_replies(prompts: Sequence[Sequence[int]], replies: Sequence[Sequence[in
     ``block_size`` tokens a row; ``pad`` fills the rows' ends (its logits are never read). ValueError
     when a prompt is empty or a prompt and one reply do not fit ``block_size`` (their own sequence
     would not fit the model either)."""
-    if len(prompts) != len(replies):
-        raise ValueError(f"{len(prompts)} prompts for {len(replies)} replies")
+    if len(prompts) != len(replies) or not replies:
+        raise ValueError(f"{len(prompts)} prompts for {len(replies)} replies: give one prompt a reply, at least one")
     rows: list[tuple[list[int], list[int], list[int]]] = []  # (ids, positions, segments) per row
-    where: list[tuple[int, int, int]] = []  # per reply: (row, column of its prompt's last token, its first column)
-    prev: Sequence[int] | None = None
-    for p, r in zip(prompts, replies, strict=True):
-        n_p, body = len(p), list(r[:-1])  # the last token is a target only
+    where: list[tuple[int, int, int, list[int]]] = []  # per reply: row, prompt's last column, first column, tokens
+    prev: list[int] = []  # the last row's prompt (prompts are never empty: the first reply starts a row)
+    for i, p in enumerate(prompts):
+        r, n_p = list(replies[i]), len(p)
+        body = r[:-1]  # the last token is a target only
         if n_p == 0:
             raise ValueError("every reply needs a prompt of at least one token")
         if n_p + len(body) > block_size:
             raise ValueError(f"a prompt of {n_p} tokens and a reply of {len(r)} need {n_p + len(body)} positions; "
                              f"the model's context (block_size) is {block_size}")
-        if prev is None or list(p) != list(prev) or len(rows[-1][0]) + len(body) > block_size:
+        if list(p) != prev or len(rows[-1][0]) + len(body) > block_size:
+            prev = list(p)
             rows.append((list(p), list(range(n_p)), [0] * n_p))  # a new row starts with the prompt
-            prev = p
         ids, pos, seg = rows[-1]
-        where.append((len(rows) - 1, n_p - 1, len(ids)))
+        where.append((len(rows) - 1, n_p - 1, len(ids), r))
         label = max(seg) + 1
         ids += body
         pos += range(n_p, n_p + len(body))
@@ -87,15 +88,15 @@ def pack_replies(prompts: Sequence[Sequence[int]], replies: Sequence[Sequence[in
         seg_t[k, : len(seg)] = torch.tensor(seg)
     causal = torch.ones(T, T, dtype=torch.bool).tril()
     visible = (seg_t[:, None, :] == 0) | (seg_t[:, None, :] == seg_t[:, :, None])  # (R, query, key)
-    first = min(c for _, c, _ in where)  # the earliest column whose logit is read
+    first = min(c for _, c, _, _ in where)  # the earliest column whose logit is read
     keep = T - first
-    L = max(max((len(r) for r in replies), default=0), 1)
-    N = len(replies)
+    L = max(1, *(len(r) for _, _, _, r in where))
+    N = len(where)
     row = torch.zeros(N, L, dtype=torch.long)
     col = torch.zeros(N, L, dtype=torch.long)
     target = torch.zeros(N, L, dtype=torch.long)
     mask = torch.zeros(N, L)
-    for i, (r, (k, last, start)) in enumerate(zip(replies, where, strict=True)):
+    for i, (k, last, start, r) in enumerate(where):
         n = len(r)
         row[i, :n] = k
         col[i, :n] = torch.tensor([last] + list(range(start, start + n - 1)))[:n] - first
