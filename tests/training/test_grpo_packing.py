@@ -149,10 +149,11 @@ def test_a_group_over_the_limit_goes_on_in_a_new_row_starting_with_the_prompt():
     packed = pack_replies([[1, 2]] * 3, [[3, 4, 5], [6, 7, 8], [9, 10]], block_size=6, pad=0)
     assert packed.ids.tolist() == [[1, 2, 3, 4, 6, 7], [1, 2, 9, 0, 0, 0]]
     assert packed.pos.tolist() == [[0, 1, 2, 3, 2, 3], [0, 1, 2, 0, 0, 0]]
-    with pytest.raises(ValueError, match="block_size"):  # one reply alone does not fit
+    with pytest.raises(ValueError, match=r"^a prompt of 2 tokens and a reply of 6 need 7 positions; the model's "
+                       r"context \(block_size\) is 6$"):  # one reply alone does not fit
         pack_replies([[1, 2]], [[3, 4, 5, 6, 7, 8]], block_size=6, pad=0)
     pack_replies([[1, 2]], [[3, 4, 5, 6, 7]], block_size=6, pad=0)  # exactly fits: 2 + 4 tokens
-    with pytest.raises(ValueError, match="prompt"):
+    with pytest.raises(ValueError, match="^every reply needs a prompt of at least one token$"):
         pack_replies([[]], [[3]], block_size=6, pad=0)
     with pytest.raises(ValueError, match="1 prompts for 2 replies"):
         pack_replies([[1, 2]], [[3], [4]], block_size=6, pad=0)
