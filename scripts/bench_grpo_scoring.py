@@ -9,7 +9,7 @@ the same sampled replies (``rl.prompts`` x ``rl.group`` of ``--task``, one sampl
 ``--micro-batch`` replies, the policy being the GGUF model with LoRA adapters (rank 8, all 7 projections,
 lora_B drawn at std 0.02 so the policy differs from the reference, its base). The two ways alternate,
 ``--reps`` times each after a warm-up of each; prints one JSON line: tokens through the model, output-head
-rows, median seconds, the ratio, and the largest float32 log-prob difference between the two ways.
+rows, median wall and CPU seconds, the ratios, and the largest float32 log-prob difference between the two ways.
 """
 
 from __future__ import annotations
@@ -68,10 +68,10 @@ def main() -> None:
     model = load_model(source).eval()
     tok, template = words(source, model, fallback=True)
     enc = ChatTokenizer(plain_tokenizer(tok), template)
+    torch.manual_seed(0)  # lora_A's draw too: the same policy, so the same replies, every run
     add_lora(model, model.config.arch, rank=8, alpha=16.0, dropout=0.0,
              targets=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
     model.requires_grad_(False)  # as a LoRA run (training/lora.py): only the adapters train
-    torch.manual_seed(0)
     for _, m in lora_layers(model):
         torch.nn.init.normal_(m.lora_B.weight, std=0.02)
         m.lora_A.weight.requires_grad_(True)
@@ -128,25 +128,32 @@ def main() -> None:
 
     def timed(fn):
         model.zero_grad(set_to_none=True)
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         lp = fn()
-        return time.perf_counter() - t, lp
+        return time.perf_counter() - t, time.process_time() - c, lp
 
-    times: dict[str, list[float]] = {"unpacked": [], "packed": []}
+    wall: dict[str, list[float]] = {"unpacked": [], "packed": []}
+    cpu: dict[str, list[float]] = {"unpacked": [], "packed": []}  # this process's CPU seconds: steadier on a busy machine
     diff = 0.0
     for rep in range(a.reps + 1):  # rep 0 warms both up
         order = [("unpacked", run_unpacked), ("packed", run_packed)]
         got = {}
         for name, fn in order if rep % 2 == 0 else order[::-1]:
-            s, got[name] = timed(fn)
+            w, c, got[name] = timed(fn)
             if rep:
-                times[name].append(s)
+                wall[name].append(w)
+                cpu[name].append(c)
         diff = max(diff, (got["unpacked"] - got["packed"]).abs().max().item())
-    med = {k: statistics.median(v) for k, v in times.items()}
+    med = {k: statistics.median(v) for k, v in wall.items()}
+    mcpu = {k: statistics.median(v) for k, v in cpu.items()}
     print(json.dumps({**counts, "unpacked_s": round(med["unpacked"], 3), "packed_s": round(med["packed"], 3),
                       "ratio": round(med["unpacked"] / med["packed"], 2),
-                      "times_unpacked": [round(x, 3) for x in times["unpacked"]],
-                      "times_packed": [round(x, 3) for x in times["packed"]],
+                      "unpacked_cpu_s": round(mcpu["unpacked"], 3), "packed_cpu_s": round(mcpu["packed"], 3),
+                      "cpu_ratio": round(mcpu["unpacked"] / mcpu["packed"], 2),
+                      "wall_unpacked": [round(x, 3) for x in wall["unpacked"]],
+                      "wall_packed": [round(x, 3) for x in wall["packed"]],
+                      "cpu_unpacked": [round(x, 3) for x in cpu["unpacked"]],
+                      "cpu_packed": [round(x, 3) for x in cpu["packed"]],
                       "max_abs_logp_diff": diff, "threads": torch.get_num_threads(),
                       "load": os.getloadavg()[0]}))
 
