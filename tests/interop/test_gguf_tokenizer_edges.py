@@ -14,7 +14,7 @@ gguf = pytest.importorskip("gguf")
 transformers = pytest.importorskip("transformers")
 
 from gptforge.interop.gguf_read import GGUFReadError, read_gguf  # noqa: E402
-from tests.interop.test_gguf_read import _alphabet, tiny_llama  # noqa: E402
+from tests.interop.test_gguf_read import _alphabet, tiny_llama, write_gguf  # noqa: E402
 
 EOT = "<|endoftext|>"  # a control token: gptforge's tokenizer needs a document separator
 
@@ -176,3 +176,13 @@ def test_a_user_defined_token_stored_as_text_encodes_to_its_own_id(tmp_path):
     path = _bpe_file(tmp_path / "ud.gguf", UD_TOKENS, ["a b"], types=UD_TYPES, eos=0)
     tok = read_gguf(path, weights=False).tokenizer
     assert tok.encode_ordinary("xa b") == [UD_TOKENS.index("x"), len(UD_TOKENS) - 1]
+
+
+def test_added_tokens_match_where_transformers_matches_them(tmp_path):
+    """Control and user-defined tokens are matched inside words and keep the spaces around them (no
+    single_word, lstrip or rstrip), as transformers' GGUF loader adds them: the same ids on text that
+    puts them against letters and between spaces."""
+    path = write_gguf(tmp_path / "m.gguf", tiny_llama(), pre="gpt-2")
+    ours, theirs = read_gguf(path, weights=False).tokenizer, _theirs(path)
+    for text in ("x<think>y", "a <think> b", "x <|im_end|> y", "<|im_start|>user\n the<|im_end|>", " <think>"):
+        assert ours.encode(text, allowed_special="all") == _ids(theirs, text), text
