@@ -113,6 +113,8 @@ def test_one_token_replies_are_read_from_the_prompts_last_logit(make):
     prompts = [p] * len(replies)
     packed = pack_replies(prompts, replies, block_size=48, pad=0)
     assert packed.ids.tolist() == [p + [7, 9]]  # the one-token replies add nothing to the row
+    only = pack_replies(prompts[:4], replies[:4], block_size=48, pad=0)  # one column a reply: the prompt's last logit
+    assert only.ids.tolist() == [p] and only.mask.tolist() == [[1.0]] * 4 and only.col.tolist() == [[0]] * 4
     got = rows_of(packed_logprobs(model, packed, T_SAMPLE), packed.mask)
     ref = copy.deepcopy(model).double()
     at_1 = rows_of(packed_logprobs(model, packed), packed.mask)  # the default temperature is 1
