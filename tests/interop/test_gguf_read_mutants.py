@@ -199,3 +199,18 @@ def test_header_bounds(tmp_path):
                                             rf"holds {len(TOKENS)}") as e:
         read_gguf(bad)
     assert str(bad) in str(e.value)
+
+
+def test_a_folder_or_device_given_as_the_gguf_is_named_as_such(tmp_path, capsys):
+    """`import gguf --model DIR` (or /dev/zero) said "no such file" of something that exists."""
+    from gptforge.cli import main
+    from gptforge.interop.gguf_read import GGUFReadError, read_gguf
+
+    for p in (tmp_path, Path("/dev/zero")):
+        with pytest.raises(GGUFReadError, match=r"not a file \(a folder or device\)"):
+            read_gguf(p)
+    with pytest.raises(GGUFReadError, match=r": no such file$"):
+        read_gguf(tmp_path / "missing.gguf")
+    assert main(["import", "gguf", "--model", str(tmp_path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path}: not a file" in err and len(err.strip().splitlines()) == 1

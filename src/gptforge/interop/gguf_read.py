@@ -324,7 +324,8 @@ def read_gguf(path: str | Path, weights: bool = True) -> GGUFModel:
     tensor) anything it cannot represent exactly, before allocating the model."""
     path = Path(path)
     if not path.is_file():
-        raise GGUFReadError(f"{path}: no such file")
+        raise GGUFReadError(f"{path}: not a file (a folder or device); give a .gguf file" if path.exists()
+                            else f"{path}: no such file")
     with open(path, "rb") as fh:
         try:
             buf = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
