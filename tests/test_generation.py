@@ -208,3 +208,29 @@ def test_sample_from_draws_each_index_with_its_probability():
     one_hot = torch.zeros(3, 50_000)
     one_hot[0, 0], one_hot[1, 49_999], one_hot[2, 777] = 1.0, 1.0, 1.0
     assert g.sample_from(one_hot, gen).tolist() == [0, 49_999, 777]
+
+
+def test_stream_text_prints_an_id_past_the_tokenizer(monkeypatch, tokenizer):
+    """A model with more rows than its tokenizer (50,304 over GPT-2's 50,257, a padded import) may emit an
+    unused id: it prints as <|id|>, as serve and ChatTokenizer print one; `gptforge sample` raised KeyError."""
+    head, tail = tokenizer.encode("Hello"), tokenizer.encode(" world")
+    _scripted(monkeypatch, [head + [50300] + tail + [50257]])
+    events = list(stream_text(None, tokenizer, ["a"], SamplingParams(max_new_tokens=len(head) + len(tail) + 2)))
+    expect = tokenizer.decode(head) + "<|50300|>" + tokenizer.decode(tail) + "<|50257|>"
+    assert "".join(ev.text for ev in events) == expect == "Hello<|50300|> world<|50257|>"
+
+
+def test_sample_cli_on_a_model_wider_than_its_tokenizer(tmp_path, capsys):
+    from gptforge.cli import main
+    from gptforge.config import Config
+    from gptforge.run.checkpoint import save_checkpoint
+
+    torch.manual_seed(0)
+    cfg = Config(model=GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=64, vocab_size=50304))
+    ck = save_checkpoint(tmp_path / "run", 1, GPT(cfg.model), None, {"config": cfg.to_dict()})
+    assert main(["sample", "--ckpt", str(ck), "--max-new-tokens", "56", "--num-samples", "20", "--seed", "1"]) == 0
+    out = capsys.readouterr().out
+    import re
+
+    padded = [int(m) for m in re.findall(r"<\|(\d+)\|>", out)]
+    assert padded and all(50257 <= i < 50304 for i in padded)  # some were drawn (uniform-ish logits), each printed

@@ -284,6 +284,9 @@ def stream_text(
     with <|endoftext|> allowed; an empty prompt becomes [<|endoftext|>].
     """
     eot = enc.eot_token
+    # every id the model can emit prints: gptforge's tokenizers spell one past the vocabulary (an unused padded
+    # row, e.g. 50,304 rows over GPT-2's 50,257) as <|id|>, where tiktoken's bytes lookup raised KeyError
+    piece = getattr(enc, "token_bytes", enc.decode_single_token_bytes)
     ids = [(enc.encode(p, allowed_special={"<|endoftext|>"}) or [eot]) if isinstance(p, str) else list(p)
            for p in prompts]
     rows = [_RowText() for _ in ids]
@@ -300,7 +303,7 @@ def stream_text(
                 r.done = True
                 yield TextEvent(b, r.held + r.decoder.decode(b"", final=True), True, "eot", r.take())
                 continue
-            r.held += r.decoder.decode(enc.decode_single_token_bytes(tok), final=last)
+            r.held += r.decoder.decode(piece(tok), final=last)
             hits = [i for i in (r.held.find(s) for s in stops) if i >= 0]
             if hits:
                 r.done = True
