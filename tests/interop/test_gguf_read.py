@@ -53,12 +53,8 @@ def tiny_llama(vocab: int = len(TOKENS), **kw) -> Llama:
     return m.eval()
 
 
-def write_gguf(path: Path, model: Llama, qtype: str = "F32", pre: str | None = "smollm", arch: str = "llama",
-               tok_model: str = "gpt2", kv: dict | None = None, tensors: dict | None = None) -> Path:
-    """A llama GGUF as llama.cpp's converter lays it out (``llama_tensors``: names, q/k permutation),
-    matrices in ``qtype``, norms F32, with the small byte-level tokenizer above."""
-    cfg = model.config
-    w = gguf.GGUFWriter(str(path), arch)
+def add_llama_hparams(w, cfg) -> None:
+    """The llama hyperparameters of a GGUF, as llama.cpp's converter writes them (shared by the GGUF tests)."""
     w.add_context_length(cfg.block_size)
     w.add_embedding_length(cfg.n_embd)
     w.add_block_count(cfg.n_layer)
@@ -67,6 +63,29 @@ def write_gguf(path: Path, model: Llama, qtype: str = "F32", pre: str | None = "
     w.add_head_count_kv(cfg.kv_heads)
     w.add_layer_norm_rms_eps(cfg.norm_eps)
     w.add_rope_freq_base(cfg.rope_theta)
+
+
+def write_f32_tensors(w, model: Llama) -> None:
+    """``model``'s tensors in llama.cpp's layout as float32, then the file closed (shared by the GGUF tests)."""
+    import numpy as np
+
+    from gptforge.interop.gguf import llama_tensors
+
+    for name, t in llama_tensors(model).items():
+        w.add_tensor(name, np.ascontiguousarray(t.detach().float().numpy(), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def write_gguf(path: Path, model: Llama, qtype: str = "F32", pre: str | None = "smollm", arch: str = "llama",
+               tok_model: str = "gpt2", kv: dict | None = None, tensors: dict | None = None) -> Path:
+    """A llama GGUF as llama.cpp's converter lays it out (``llama_tensors``: names, q/k permutation),
+    matrices in ``qtype``, norms F32, with the small byte-level tokenizer above."""
+    cfg = model.config
+    w = gguf.GGUFWriter(str(path), arch)
+    add_llama_hparams(w, cfg)
     for k, v in (kv or {}).items():
         (w.add_string if isinstance(v, str) else w.add_uint32 if isinstance(v, int) else w.add_float32)(k, v)
     w.add_tokenizer_model(tok_model)

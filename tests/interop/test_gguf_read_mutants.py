@@ -17,7 +17,16 @@ gguf = pytest.importorskip("gguf")
 
 from gptforge.interop.gguf import llama_tensors  # noqa: E402
 from gptforge.interop.gguf_read import GGUFReadError, read_gguf  # noqa: E402
-from tests.interop.test_gguf_read import IDS, MERGES, TOKENS, TYPES, _logits, tiny_llama, write_gguf  # noqa: E402
+from tests.interop.test_gguf_read import (  # noqa: E402
+    IDS,
+    MERGES,
+    TOKENS,
+    TYPES,
+    _logits,
+    add_llama_hparams,
+    tiny_llama,
+    write_gguf,
+)
 
 Q = gguf.GGMLQuantizationType
 
@@ -72,14 +81,7 @@ def _write(path: Path, model, arch: str = "llama", alignment: int | None = None,
     w = gguf.GGUFWriter(str(path), arch)
     if alignment is not None:
         w.add_custom_alignment(alignment)
-    w.add_context_length(cfg.block_size)
-    w.add_embedding_length(cfg.n_embd)
-    w.add_block_count(cfg.n_layer)
-    w.add_feed_forward_length(cfg.hidden_dim)
-    w.add_head_count(cfg.n_head)
-    w.add_head_count_kv(cfg.kv_heads)
-    w.add_layer_norm_rms_eps(cfg.norm_eps)
-    w.add_rope_freq_base(cfg.rope_theta)
+    add_llama_hparams(w, cfg)
     for k, v in (kv or {}).items():
         w.add_uint32(k, v)
     w.add_tokenizer_model("gpt2")

@@ -16,16 +16,14 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 gguf = pytest.importorskip("gguf")
 transformers = pytest.importorskip("transformers")
 
-from gptforge.interop.gguf import llama_tensors  # noqa: E402
 from gptforge.interop.gguf_read import GGUFReadError, read_gguf  # noqa: E402
 from gptforge.load import ModelSource, load_chat_template_of, load_tokenizer_of  # noqa: E402
-from tests.interop.test_gguf_read import tiny_llama  # noqa: E402
+from tests.interop.test_gguf_read import add_llama_hparams, tiny_llama, write_f32_tensors  # noqa: E402
 
 HEAD = [("<unk>", 2), ("<s>", 3), ("</s>", 3)] + [(f"<0x{b:02X}>", 6) for b in range(256)]
 TAIL = [("<|im_start|>", 3), ("<|im_end|>", 3), ("<think>", 4)]  # control, control, user-defined
@@ -95,14 +93,7 @@ def write_spm_gguf(path: Path, tokens: list[str], scores, types: list[int] | Non
     m = tiny_llama(vocab=len(tokens), n_layer=1)
     cfg = m.config
     w = gguf.GGUFWriter(str(path), "llama")
-    w.add_context_length(cfg.block_size)
-    w.add_embedding_length(cfg.n_embd)
-    w.add_block_count(cfg.n_layer)
-    w.add_feed_forward_length(cfg.hidden_dim)
-    w.add_head_count(cfg.n_head)
-    w.add_head_count_kv(cfg.kv_heads)
-    w.add_layer_norm_rms_eps(cfg.norm_eps)
-    w.add_rope_freq_base(cfg.rope_theta)
+    add_llama_hparams(w, cfg)
     w.add_tokenizer_model(model)
     w.add_token_list(tokens)
     if scores is not None:
@@ -115,12 +106,7 @@ def write_spm_gguf(path: Path, tokens: list[str], scores, types: list[int] | Non
     for k, v in (kv or {}).items():
         (w.add_bool if isinstance(v, bool) else w.add_uint32 if isinstance(v, int) else w.add_string)(k, v)
     w.add_chat_template(template)
-    for name, t in llama_tensors(m).items():
-        w.add_tensor(name, np.ascontiguousarray(t.detach().float().numpy(), dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_f32_tensors(w, m)
     return path
 
 

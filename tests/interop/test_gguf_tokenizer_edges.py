@@ -14,7 +14,7 @@ gguf = pytest.importorskip("gguf")
 transformers = pytest.importorskip("transformers")
 
 from gptforge.interop.gguf_read import GGUFReadError, read_gguf  # noqa: E402
-from tests.interop.test_gguf_read import _alphabet, tiny_llama, write_gguf  # noqa: E402
+from tests.interop.test_gguf_read import _alphabet, add_llama_hparams, tiny_llama, write_f32_tensors, write_gguf  # noqa: E402
 
 EOT = "<|endoftext|>"  # a control token: gptforge's tokenizer needs a document separator
 
@@ -22,21 +22,12 @@ EOT = "<|endoftext|>"  # a control token: gptforge's tokenizer needs a document 
 def _bpe_file(path: Path, tokens: list[str], merges: list[str], types: list[int] | None = None,
               pre: str = "gpt-2", bos: int | None = None, eos: int | None = None) -> Path:
     """A vocabulary-only llama GGUF (byte-level BPE): the keys a reader needs and a one-layer model."""
-    import numpy as np
 
-    from gptforge.interop.gguf import llama_tensors
 
     model = tiny_llama(vocab=len(tokens), n_layer=1, n_embd=32, n_head=2, n_kv_head=2)
     w = gguf.GGUFWriter(str(path), "llama")
     cfg = model.config
-    w.add_context_length(cfg.block_size)
-    w.add_embedding_length(cfg.n_embd)
-    w.add_block_count(cfg.n_layer)
-    w.add_feed_forward_length(cfg.hidden_dim)
-    w.add_head_count(cfg.n_head)
-    w.add_head_count_kv(cfg.kv_heads)
-    w.add_layer_norm_rms_eps(cfg.norm_eps)
-    w.add_rope_freq_base(cfg.rope_theta)
+    add_llama_hparams(w, cfg)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre(pre)
     w.add_token_list(tokens)
@@ -47,12 +38,7 @@ def _bpe_file(path: Path, tokens: list[str], merges: list[str], types: list[int]
         w.add_bos_token_id(bos)
     if eos is not None:
         w.add_eos_token_id(eos)
-    for name, t in llama_tensors(model).items():
-        w.add_tensor(name, np.ascontiguousarray(t.detach().float().numpy(), dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_f32_tensors(w, model)
     return path
 
 
