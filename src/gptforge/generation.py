@@ -286,7 +286,11 @@ def stream_text(
     eot = enc.eot_token
     # every id the model can emit prints: gptforge's tokenizers spell one past the vocabulary (an unused padded
     # row, e.g. 50,304 rows over GPT-2's 50,257) as <|id|>, where tiktoken's bytes lookup raised KeyError
-    piece = getattr(enc, "token_bytes", enc.decode_single_token_bytes)
+    def piece(tok: int) -> bytes:  # the tokenizer's own bytes first (a ChatTokenizer names its chat tokens)
+        try:
+            return enc.decode_single_token_bytes(tok)
+        except (KeyError, ValueError):
+            return f"<|{tok}|>".encode()
     ids = [(enc.encode(p, allowed_special={"<|endoftext|>"}) or [eot]) if isinstance(p, str) else list(p)
            for p in prompts]
     rows = [_RowText() for _ in ids]
