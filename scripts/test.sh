@@ -10,6 +10,10 @@ if [ "${GPTFORGE_ALLOCATOR:-auto}" != system ] && [ -z "${LD_PRELOAD:-}" ]; then
   TCMALLOC=$(.venv/bin/python -c "from gptforge.allocator import find_tcmalloc; print(find_tcmalloc() or '')")
   [ -n "$TCMALLOC" ] && export LD_PRELOAD=$TCMALLOC
 fi
+# bytecode caches on: with PYTHONDONTWRITEBYTECODE set (as on the 2-core dev machine) every pytest worker and every
+# gptforge subprocess the tests start compiled and assertion-rewrote the whole tree again: ~8 of each worker's
+# ~18 s of collection (__pycache__/ is git-ignored)
+unset PYTHONDONTWRITEBYTECODE
 # one pytest worker per core, up to 4 (pytest-xdist); whole files to a worker, so a module's shared fixtures
 # (one torchrun launch serving several checks) run once. GPTFORGE_TEST_WORKERS=0 runs in this one process.
 WORKERS=${GPTFORGE_TEST_WORKERS:-$(n=$(nproc); echo $(( n < 4 ? n : 4 )))}

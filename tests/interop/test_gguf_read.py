@@ -424,13 +424,19 @@ def smollm(smollm_path):
 
 
 @pytest.fixture(scope="session")
-def smollm_hf(smollm_path):
+def smollm_hf_tok(smollm_path):
+    """transformers' tokenizer from the GGUF (~11 s here: it parses the 49,152 tokens and merges in Python)."""
+    transformers = pytest.importorskip("transformers")
+    return transformers.AutoTokenizer.from_pretrained(str(smollm_path.parent), gguf_file=smollm_path.name)
+
+
+@pytest.fixture(scope="session")
+def smollm_hf_model(smollm_path):
+    """transformers' model from the GGUF (~30 s more: the metadata again and every tensor dequantized)."""
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
     d, name = str(smollm_path.parent), smollm_path.name
-    tok = transformers.AutoTokenizer.from_pretrained(d, gguf_file=name)
-    model = transformers.AutoModelForCausalLM.from_pretrained(d, gguf_file=name, dtype=torch.float32).eval()
-    return tok, model
+    return transformers.AutoModelForCausalLM.from_pretrained(d, gguf_file=name, dtype=torch.float32).eval()
 
 
 MSGS = [{"role": "user", "content": "What is the capital of France?"}]
@@ -449,7 +455,7 @@ def test_smollm2_config_and_metadata(smollm):
 
 @pytest.mark.slow
 @pytest.mark.smollm
-def test_smollm2_tokenizer_equals_transformers(smollm, smollm_hf):
+def test_smollm2_tokenizer_equals_transformers(smollm, smollm_hf_tok):
     """10,000 generated strings. transformers' GGUF conversion has no split for "smollm" (it falls back
     to GPT-2's regex alone), but llama.cpp (llama-vocab.cpp) splits every \\p{N} character first for
     this pre type, as SmolLM2's own tokenizer.json does (Digits(individual_digits) then ByteLevel).
@@ -458,7 +464,7 @@ def test_smollm2_tokenizer_equals_transformers(smollm, smollm_hf):
     differ on some numeric strings (whitespace before a digit, " ²"), which is why the split matters."""
     from tokenizers import pre_tokenizers
 
-    hf_tok, _ = smollm_hf
+    hf_tok = smollm_hf_tok
     tok = smollm.tokenizer
     texts = strings(10_000)
     ours = [tok.encode_ordinary(s) for s in texts]
@@ -486,8 +492,9 @@ def test_smollm2_tokenizer_equals_transformers(smollm, smollm_hf):
 
 @pytest.mark.slow
 @pytest.mark.smollm
-def test_smollm2_logits_equal_transformers(smollm, smollm_hf):
-    hf_tok, hf_model = smollm_hf
+@pytest.mark.lane  # transformers' model load costs ~30 s; the lane's test_smollm_fidelity checks 20 sequences
+def test_smollm2_logits_equal_transformers(smollm, smollm_hf_tok, smollm_hf_model):
+    hf_tok, hf_model = smollm_hf_tok, smollm_hf_model
     ids = torch.tensor([hf_tok("The capital of France is Paris. The capital of Germany is Berlin. 12+34=46")
                         .input_ids])
     with torch.no_grad():
@@ -498,11 +505,11 @@ def test_smollm2_logits_equal_transformers(smollm, smollm_hf):
 
 @pytest.mark.slow
 @pytest.mark.smollm
-def test_smollm2_answers_paris(smollm, smollm_hf):
+def test_smollm2_answers_paris(smollm, smollm_hf_tok):
     from gptforge.data.chat_jinja import JinjaChatTemplate
     from gptforge.generation import generate
 
-    hf_tok, _ = smollm_hf
+    hf_tok = smollm_hf_tok
     chat = JinjaChatTemplate(smollm.chat_template, smollm.tokenizer)
     prompt = chat.render_for_generation(MSGS)
     theirs = hf_tok.apply_chat_template(MSGS, add_generation_prompt=True, tokenize=True)
