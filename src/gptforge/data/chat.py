@@ -187,18 +187,18 @@ class ChatTokenizer:
     def encode_ordinary(self, text: str) -> list[int]:
         return self.enc.encode_ordinary(text)
 
-    def decode_single_token_bytes(self, tok: int) -> bytes:
-        if tok in self._names:
-            return self._names[tok]
-        if hasattr(self.enc, "token_bytes"):
-            return self.enc.token_bytes(tok)
-        if tok >= self.enc.n_vocab:  # an unused padded row: never crash a stream over it
-            return f"<|{tok}|>".encode()
-        return self.enc.decode_single_token_bytes(tok)
+    def token_bytes(self, tok: int) -> bytes:
+        """What one id prints as, for every int (the Tokenizer protocol's ``token_bytes``): the template's
+        chat tokens by name, the rest as the inner tokenizer prints them (an unused row as ``<|id|>``).
+        Defined here, not left to ``__getattr__``, which would hand out the inner one and lose the names."""
+        tok = int(tok)
+        return self._names[tok] if tok in self._names else self.enc.token_bytes(tok)
+
+    decode_single_token_bytes = token_bytes  # tiktoken's name for it
 
     def decode(self, ids: Sequence[int]) -> str:
         dec = codecs.getincrementaldecoder("utf-8")("replace")
-        return "".join(dec.decode(self.decode_single_token_bytes(int(t))) for t in ids) + dec.decode(b"", final=True)
+        return "".join(dec.decode(self.token_bytes(t)) for t in ids) + dec.decode(b"", final=True)
 
 
 def template_from_meta(meta: dict[str, Any], where: str = "meta.json", tok: Any = None):

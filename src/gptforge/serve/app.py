@@ -75,21 +75,6 @@ class GenerateRequest(BaseModel):
     stop_at_eot: bool = True
 
 
-class _EveryId:
-    """The served tokenizer, decoding every id the model can emit, on every route: an id past the tokenizer's
-    vocabulary (an unused padded row) prints as ``<|id|>``, as gptforge's tokenizers and ChatTokenizer print
-    one, instead of failing the request (tiktoken has no bytes for it: a 500, or an error event mid-stream)."""
-
-    def __init__(self, enc: Any):
-        self.enc = enc
-
-    def __getattr__(self, name: str) -> Any:  # encode, eot_token, decode, ...
-        return getattr(self.enc, name)
-
-    def decode_single_token_bytes(self, tok: int) -> bytes:
-        return self.enc.token_bytes(tok)  # gptforge's Tokenizer: every int, specials by name
-
-
 class ModelGate:
     """One request on the model at a time; at most ``max_queue`` waiting, the rest get 429."""
 
@@ -173,8 +158,6 @@ def create_app(model: torch.nn.Module, enc: Any = None, settings: ServeSettings 
         from gptforge.data.chat import ChatTokenizer, template_from_dict
 
         enc = ChatTokenizer(enc, template_from_dict(chat_template, vocab_size=model.config.vocab_size, tok=enc))
-    else:  # a model may have more rows than its tokenizer has ids (llm.c's 50,304 for GPT-2's 50,257)
-        enc = _EveryId(enc)
     settings = settings or ServeSettings()
     settings.check()
     gate = ModelGate(settings.max_queue)

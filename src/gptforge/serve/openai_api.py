@@ -297,8 +297,8 @@ def token_logprobs(model: Any, prompts: list[list[int]], gen: list[list[int]], t
     return out
 
 
-def _piece(tok: Any, i: int) -> str:
-    return tok.decode_single_token_bytes(i).decode("utf-8", "replace")
+def _piece(tok: Any, i: int) -> str:  # every id the model can emit prints (an unused padded row as <|id|>)
+    return tok.token_bytes(i).decode("utf-8", "replace")
 
 
 def _completion_logprobs(rows: list[tuple], tok: Any, top: int) -> dict[str, Any]:
@@ -314,7 +314,7 @@ def _completion_logprobs(rows: list[tuple], tok: Any, top: int) -> dict[str, Any
 
 def _chat_logprobs(rows: list[tuple], tok: Any) -> dict[str, Any]:
     def entry(i: int, v: float) -> dict[str, Any]:
-        return {"token": _piece(tok, i), "logprob": v, "bytes": list(tok.decode_single_token_bytes(i))}
+        return {"token": _piece(tok, i), "logprob": v, "bytes": list(tok.token_bytes(i))}
 
     return {"content": [{**entry(t, c), "top_logprobs": [entry(i, v) for i, v in alts]} for t, c, alts in rows]}
 
