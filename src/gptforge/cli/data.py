@@ -283,7 +283,9 @@ def cmd_assets(args: argparse.Namespace) -> int:
         elif name == "shakespeare":
             print(f"Shakespeare plays: {assets.fetch_shakespeare_plays()}")
         elif name == "evals":
-            for task, path in assets.fetch_eval_data(online=args.online).items():
+            from gptforge.eval.tasks import cached_data_problem
+
+            for task, path in assets.fetch_eval_data(online=args.online, damaged=cached_data_problem).items():
                 print(f"{task}: {path}")
         elif name == "smollm2":
             from gptforge.interop.smollm2 import fetch_smollm2

@@ -14,8 +14,8 @@ TASKS: dict[str, Task] = {
               lambada.TASK)
 }
 
-__all__ = ["TASKS", "EvalDataError", "EvalDataMissing", "Example", "MalformedExample", "Task", "get_tasks",
-           "load_rows"]
+__all__ = ["TASKS", "EvalDataError", "EvalDataMissing", "Example", "MalformedExample", "Task", "cached_data_problem",
+           "get_tasks", "load_rows"]
 
 
 def get_tasks(names: str | list[str]) -> list[Task]:
@@ -28,3 +28,20 @@ def get_tasks(names: str | list[str]) -> list[Task]:
     if unknown:
         raise EvalDataError(f"unknown task(s) {', '.join(unknown)}; known: {', '.join(TASKS)}")
     return [TASKS[n] for n in dict.fromkeys(names)]
+
+
+def cached_data_problem(task: str) -> str | None:
+    """Why ``task``'s cached rows cannot be used, read and rendered as eval reads them (every row), or None:
+    what ``gptforge assets evals`` asks before it keeps a cached file instead of fetching it again."""
+    from gptforge.eval.tasks.verifiable import gsm8k_problems
+
+    try:
+        if task == "gsm8k":
+            gsm8k_problems()
+        else:
+            rows = load_rows(task)
+            for i, row in enumerate(rows):
+                TASKS[task].render(row, i)
+    except (EvalDataError, EvalDataMissing) as e:
+        return str(e)
+    return None
