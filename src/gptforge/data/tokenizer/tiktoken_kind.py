@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import functools
 import hashlib
 import re
@@ -116,13 +117,11 @@ def load_ranks(path, expected_sha256: str | None = assets.GPT2_RANKS_SHA256) -> 
     """A tiktoken ranks file, checked against ``expected_sha256`` when given: a damaged, truncated
     or foreign file (or a directory) is TokenizerUnavailable naming the file and the fix, not
     tiktoken's hash-mismatch traceback."""
-    from tiktoken.load import load_tiktoken_bpe
-
     path = Path(path)
     if expected_sha256 is None:
         _bounded(path)
     try:
-        return load_tiktoken_bpe(str(path), expected_hash=expected_sha256)
+        return _parse_ranks(path.read_bytes(), path, expected_sha256)
     except (ValueError, OSError, UnicodeDecodeError, IndexError) as e:
         if expected_sha256 != assets.GPT2_RANKS_SHA256:
             raise TokenizerError(f"{path}: not a tiktoken ranks file (lines of base64 token, rank): "
@@ -132,6 +131,25 @@ def load_ranks(path, expected_sha256: str | None = assets.GPT2_RANKS_SHA256) -> 
             f"the GPT-2 tokenizer ranks at {path} are damaged ({why}). Fix: run `gptforge assets tokenizer` "
             "to fetch them again (or point GPTFORGE_GPT2_RANKS at a good gpt2.tiktoken file)"
         ) from None
+
+
+def _parse_ranks(data: bytes, path: Path, expected_sha256: str | None) -> dict[bytes, int]:
+    """tiktoken's ranks format (``load_tiktoken_bpe``'s parse) read from the file itself. tiktoken's own
+    loader reads a local path through its download cache (``$TMPDIR/data-gym-cache``, keyed by the path
+    string, not the contents), so a ranks file rewritten in place (a tokenizer trained again into the same
+    folder) loaded its first contents for good, and every ranks file was copied into /tmp."""
+    if expected_sha256 is not None and hashlib.sha256(data).hexdigest() != expected_sha256:
+        raise ValueError(f"hash mismatch for {path} (expected {expected_sha256})")
+    ranks = {}
+    for line in data.splitlines():
+        if not line:
+            continue
+        try:
+            token, rank = line.split()
+            ranks[base64.b64decode(token, validate=True)] = int(rank)
+        except Exception as e:
+            raise ValueError(f"error parsing line {line[:80]!r} in {path}") from e
+    return ranks
 
 
 def tiktoken_from_ranks(path: str | Path, pattern: str = R50K_PAT, special_tokens: dict[str, int] | None = None,
