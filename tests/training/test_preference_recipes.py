@@ -176,6 +176,76 @@ def test_dpo_resumes_exactly_with_cached_reference(world, tmp_path, capsys):
                  "--loss-type", "ipo"]) == 0
 
 
+def test_a_cached_reference_belongs_to_its_reference_model(world, tmp_path, capsys):
+    """RUN/ref_logps.pt is keyed by the reference model too: a run started over in the same directory from
+    another model (--force), or from the same path after that model was replaced, computes its reference
+    again. The numbers are checked against the frozen reference computed beside the policy (no cache)."""
+    import shutil
+
+    _, sft, prefs = world
+    other = tiny_chat_checkpoint(tmp_path / "other", seed=7)
+    args = ["--data", str(prefs), "--val-count", "8", "--micro-batch", "4", "--lr", "1e-3", "--steps", "2", *CPU]
+    trl = ("loss", "rewards/chosen", "rewards/rejected", "rewards/margins")
+
+    def same_as_live_reference(run, model):
+        live = tmp_path / f"live_{run.name}"
+        assert main(["dpo", "--init-from", str(model), "--out", str(live), *args, "--dpo.precompute_ref", "false"]) == 0
+        for a, b in zip(_rows(run, "dpo"), _rows(live, "dpo"), strict=True):
+            for k in trl:
+                assert a[k] == pytest.approx(b[k], rel=1e-4, abs=1e-5), (run, k)
+
+    run = tmp_path / "run"
+    assert main(["dpo", "--init-from", str(sft), "--out", str(run), *args]) == 0
+    capsys.readouterr()
+    assert main(["dpo", "--init-from", str(other), "--out", str(run), "--force", *args]) == 0
+    assert "another reference model" in capsys.readouterr().out
+    (run / "metrics.jsonl").unlink()  # this attempt's rows only
+    assert main(["dpo", "--init-from", str(other), "--out", str(run), "--force", *args]) == 0
+    assert "reference log-probs from" in capsys.readouterr().out  # the same model again: the cache serves
+    same_as_live_reference(run, other)
+    # the same path, its model replaced (trained again into the same directory)
+    moved = tmp_path / "moved"
+    shutil.copytree(sft, moved)
+    run2 = tmp_path / "run2"
+    assert main(["dpo", "--init-from", str(moved), "--out", str(run2), *args]) == 0
+    shutil.rmtree(moved)
+    shutil.copytree(other, moved)
+    (run2 / "metrics.jsonl").unlink()
+    capsys.readouterr()
+    assert main(["dpo", "--init-from", str(moved), "--out", str(run2), "--force", *args]) == 0
+    assert "another reference model" in capsys.readouterr().out
+    same_as_live_reference(run2, other)
+
+
+def test_reference_identity_of_files_and_directories_follows_their_weights(tmp_path):
+    """A GGUF or llm.c file and a Hugging Face directory are known by their bytes (no meta.json to read)."""
+    from gptforge.training.dpo import reference_identity
+
+    cfg = Config()
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text("{}")
+    (hf / "model.safetensors").write_bytes(b"a" * 100)
+    (hf / "README.md").write_text("not weights")
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF" + b"\0" * 50)
+    seen = set()
+    for src, change in ((hf, lambda: (hf / "model.safetensors").write_bytes(b"b" * 100)),
+                        (gguf, lambda: gguf.write_bytes(b"GGUF" + b"\1" * 50))):
+        cfg.dpo.init_from = str(src)
+        before = reference_identity(cfg)
+        if src == hf:
+            (hf / "README.md").write_text("edited")  # not a weight or config file: the same model
+            assert reference_identity(cfg) == before
+        change()
+        after = reference_identity(cfg)
+        assert after != before and after["dtype"] == before["dtype"]
+        seen |= {before["reference"], after["reference"]}
+    assert len(seen) == 4
+    cfg.train.dtype = "bfloat16" if cfg.train.dtype != "bfloat16" else "float32"
+    assert reference_identity(cfg)["dtype"] != after["dtype"]
+
+
 def test_ppo_with_reward_model_resumes_exactly(world, tmp_path, capsys):
     tmp, sft, _ = world
     args = ["--task", "compare", "--prompts", "2", "--group", "2", "--max-new-tokens", "4", "--eval-n", "2",

@@ -137,8 +137,8 @@ def dpo_batch_loss(policy: torch.nn.Module, batch: PairBatch, beta: float, loss_
 
 class DPO(PairRecipe):
     """DPO / IPO on the one loop. The reference is the starting model: its log-probs computed once and
-    cached in ``RUN/ref_logps.pt`` keyed by the pairs' fingerprint (``dpo.precompute_ref``, the default;
-    recomputed when the data no longer matches), or a frozen copy run beside the policy. Eval: the
+    cached in ``RUN/ref_logps.pt`` keyed by the pairs' fingerprint, the reference model's and the dtype
+    (``dpo.precompute_ref``, the default; recomputed when any no longer matches), or a frozen copy run beside the policy. Eval: the
     held-out pairs' DPO metrics and, with ``dpo.task``, held-out greedy accuracy on that task."""
 
     name, kind, section = "dpo", "dpo", "dpo"
@@ -185,13 +185,13 @@ class DPO(PairRecipe):
         from gptforge.data.preference import fingerprint
 
         loader = run.state.loader
-        keys = {"train": loader.fingerprint, "val": fingerprint(self.val)}
+        keys = {"train": loader.fingerprint, "val": fingerprint(self.val), **reference_identity(run.cfg)}
         path = Path(run.cfg.train.out_dir) / "ref_logps.pt"
         if path.is_file():
             try:
                 saved = torch.load(path, weights_only=True)
                 if saved.get("fingerprints") != keys:
-                    run.log(f"{path} was computed for other pairs; recomputing")
+                    run.log(f"{path} was computed for other pairs, another reference model or dtype; recomputing")
                 elif all(_table_fits(saved.get(k), n) for k, n in (("train", len(loader.pairs)), ("val", len(self.val)))):
                     run.log(f"reference log-probs from {path}")
                     return {"train": saved["train"], "val": saved["val"]}
@@ -236,6 +236,35 @@ class DPO(PairRecipe):
     def log_line(self, s):
         return (f"acc {s['rewards/accuracies']:.3f} | margin {s['rewards/margins']:.3f} | "
                 f"chosen {s['rewards/chosen']:.3f} | rejected {s['rewards/rejected']:.3f} | loss {s['loss']:.4f}")
+
+
+def reference_identity(cfg) -> dict[str, str]:
+    """What the cached reference log-probs depend on besides the pairs: the reference model (``dpo.init_from``:
+    the sha256 of its weights, from a checkpoint's meta.json, else of its files) and the dtype they were
+    computed in. Without it a run started over in the same directory (``--force``, or a first run that
+    died before its first checkpoint) from another model reused the old model's numbers as its reference."""
+    from gptforge.run.resume import model_identity
+
+    src = cfg.dpo.init_from
+    return {"reference": f"{src}|{model_identity(src) or _files_sha256(src)}", "dtype": str(cfg.train.dtype)}
+
+
+def _files_sha256(src: str) -> str:
+    """sha256 over a model file (GGUF, llm.c) or a Hugging Face directory's weight and config files."""
+    import hashlib
+    from pathlib import Path
+
+    from gptforge.run.checkpoint import sha256_file
+
+    p = Path(src)
+    if p.is_file():
+        return sha256_file(p)
+    files = sorted(f for f in p.iterdir() if f.is_file() and f.suffix in (".safetensors", ".bin", ".gguf", ".json")) \
+        if p.is_dir() else []
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f"{f.name}|{sha256_file(f)}|".encode())
+    return h.hexdigest() if files else "unreadable"
 
 
 def _table_fits(t: object, n: int) -> bool:
