@@ -67,7 +67,9 @@ def test_scalars_tags_and_skips():
 
 def test_wandb_sink_logs_the_same_scalars(tmp_path, monkeypatch):
     """W&B itself is not installed in CI (a heavy optional extra): a recording stand-in for the
-    ``wandb`` module checks what the sink sends and that a resume reuses the run id."""
+    ``wandb`` module checks what the sink sends, that a resume (a later start step) reuses the run id and
+    that a run starting at step 0 again (--force, or a first run that died before its first checkpoint)
+    gets a new one: W&B drops steps below its run's last, so the old id would hide the new curves."""
     calls: dict[str, list] = {"init": [], "log": [], "finish": []}
 
     class Run:
@@ -82,14 +84,15 @@ def test_wandb_sink_logs_the_same_scalars(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", fake)
     monkeypatch.setattr(sinks, "check_available", lambda names: None)
     rec = {"kind": "train", "step": 3, "time": 0.0, "loss": 2.5, "lr": 1e-3}
-    for _ in range(2):  # a second open is a resume: same id
-        (sink,) = sinks.open_sinks("wandb", tmp_path / "run", 0, {"optim": {"lr": 1e-3}})
+    for start in (0, 2, 0, 5):  # fresh, resumed at 2, started over, resumed at 5
+        (sink,) = sinks.open_sinks("wandb", tmp_path / "run", start, {"optim": {"lr": 1e-3}})
         sink.write(rec)
         sink.close()
     ids = [c["id"] for c in calls["init"]]
-    assert ids[0] == ids[1] and len(ids[0]) == 8 and calls["init"][0]["resume"] == "allow"
+    assert ids[0] == ids[1] != ids[2] == ids[3] and len(ids[0]) == len(ids[2]) == 8
+    assert calls["init"][0]["resume"] == "allow"
     assert calls["init"][0]["dir"] == str(tmp_path / "run") and calls["init"][0]["config"] == {"optim": {"lr": 1e-3}}
-    assert calls["log"][0] == (3, {"train/loss": 2.5, "train/lr": 1e-3}) and len(calls["finish"]) == 2
+    assert calls["log"][0] == (3, {"train/loss": 2.5, "train/lr": 1e-3}) and len(calls["finish"]) == 4
 
 
 @pytest.mark.parametrize("value, words", [("tensorbored", "unknown tensorbored"),

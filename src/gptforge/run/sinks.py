@@ -71,13 +71,16 @@ class TensorBoardSink:
 
 
 class WandbSink:
-    """One W&B run per run directory, resumed across ``--resume``; honours WANDB_MODE and friends."""
+    """One W&B run per run of a directory, resumed across ``--resume``; honours WANDB_MODE and friends.
+    ``fresh`` (a run starting at step 0: the first, a ``--force`` start-over, or one that died before its
+    first checkpoint) takes a new id: W&B drops what is logged at a step below its run's last one, so the
+    old id would have swallowed the new run's curves."""
 
-    def __init__(self, run_dir: Path, config: dict[str, Any]):
+    def __init__(self, run_dir: Path, config: dict[str, Any], fresh: bool = True):
         import wandb
 
         id_file = run_dir / "wandb_run_id"
-        run_id = id_file.read_text().strip() if id_file.exists() else secrets.token_hex(4)  # W&B-style 8 chars
+        run_id = id_file.read_text().strip() if id_file.exists() and not fresh else secrets.token_hex(4)  # W&B's 8 chars
         run_dir.mkdir(parents=True, exist_ok=True)
         from gptforge.storage import write_text
 
@@ -115,5 +118,5 @@ def open_sinks(log_to: str, run_dir: str | Path, start_step: int = 0,
             # over: TensorBoard hides older events from step start_step + 1 on.
             sinks.append(TensorBoardSink(run_dir / "tensorboard", purge_step=start_step + 1))
         else:
-            sinks.append(WandbSink(run_dir, config or {}))
+            sinks.append(WandbSink(run_dir, config or {}, fresh=start_step == 0))
     return sinks
