@@ -430,13 +430,18 @@ def smollm_hf_tok(smollm_path):
     return transformers.AutoTokenizer.from_pretrained(str(smollm_path.parent), gguf_file=smollm_path.name)
 
 
+
+
 @pytest.fixture(scope="session")
-def smollm_hf_model(smollm_path):
-    """transformers' model from the GGUF (~30 s more: the metadata again and every tensor dequantized)."""
+def smollm_hf(smollm_path):
+    """transformers' (tokenizer, model) from the GGUF: ~40 s, so only the lane's tests use it (here and in
+    test_smollm_fidelity / test_hellaswag_smollm, which import it: it depends on nothing they lack)."""
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
     d, name = str(smollm_path.parent), smollm_path.name
-    return transformers.AutoModelForCausalLM.from_pretrained(d, gguf_file=name, dtype=torch.float32).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(d, gguf_file=name)
+    model = transformers.AutoModelForCausalLM.from_pretrained(d, gguf_file=name, dtype=torch.float32).eval()
+    return tok, model
 
 
 MSGS = [{"role": "user", "content": "What is the capital of France?"}]
@@ -493,8 +498,8 @@ def test_smollm2_tokenizer_equals_transformers(smollm, smollm_hf_tok):
 @pytest.mark.slow
 @pytest.mark.smollm
 @pytest.mark.lane  # transformers' model load costs ~30 s; the lane's test_smollm_fidelity checks 20 sequences
-def test_smollm2_logits_equal_transformers(smollm, smollm_hf_tok, smollm_hf_model):
-    hf_tok, hf_model = smollm_hf_tok, smollm_hf_model
+def test_smollm2_logits_equal_transformers(smollm, smollm_hf):
+    hf_tok, hf_model = smollm_hf
     ids = torch.tensor([hf_tok("The capital of France is Paris. The capital of Germany is Berlin. 12+34=46")
                         .input_ids])
     with torch.no_grad():
