@@ -614,6 +614,7 @@ def test_prepare_shakespeare_source_tokenizer_and_out(tmp_path, tokenizer, monke
     monkeypatch.setattr(assets, "cache_dir", lambda: cache)
     monkeypatch.setattr(assets, "fetch_shakespeare_plays", lambda: plays)
     monkeypatch.setattr(shakespeare, "VAL_TOKENS", 40)
+    monkeypatch.setattr(shakespeare, "TINY_BYTES", (cache / "tinyshakespeare.txt").stat().st_size)  # a whole copy
     monkeypatch.chdir(tmp_path)  # the default --out, data/shakespeare, under it
 
     def shards(out: Path) -> tuple[list[int], list[int]]:

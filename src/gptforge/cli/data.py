@@ -230,13 +230,15 @@ def cmd_prepare(args: argparse.Namespace) -> int:
         print(f"wrote {len(rows)} {args.task} preference pairs to {path} ({use})")
         return 0
     if args.source_name == "shakespeare":
-        from gptforge.data.prepare.shakespeare import prepare
+        from gptforge.data.prepare.shakespeare import ShakespeareError, prepare
         from gptforge.data.tokenizer import TokenizerError
 
         try:
             print(json.dumps(prepare(args.out or "data/shakespeare", args.source, resolve_tokenizer_spec(args.tokenizer))))
         except TokenizerError as e:
             raise CliError(f"--tokenizer: {e}") from None
+        except ShakespeareError as e:
+            raise CliError(f"prepare shakespeare: {e}") from None
         return 0
     from gptforge.data.prepare.pipeline import PrepareSettings, prepare
     from gptforge.data.prepare.sources import FilesSource, SourceError
