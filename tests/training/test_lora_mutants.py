@@ -91,7 +91,7 @@ def test_a_given_base_equal_to_the_start_is_kept_and_the_default_targets_are_sai
     cfg = _cfg(targets="", alpha=16.0, rank=2, base=str(tmp_path / "b"))
     rec, said = _attach(model, cfg, source=str(tmp_path / "b"))
     assert rec["base"] == str(tmp_path / "b") and rec["layers"] == 1 and rec["trainable"] == 2 * (32 + 96)
-    assert said[0].startswith("LoRA rank 2 (alpha 16) on c_attn (1 layers): 256 of 15,584 parameters train (1.64%); "
+    assert said[0].startswith("LoRA rank 2 (alpha 16) on c_attn (1 layer): 256 of 15,584 parameters train (1.64%); "
                               f"base {tmp_path / 'b'} sha256 ")
 
 
@@ -136,7 +136,7 @@ def test_ppo_adapts_the_policy_and_trains_the_value_model_in_full():
     assert rec["trainable"] == 512 + n_value and rec["total"] == GPT_PARAMS + 512 + n_value
     fam = GPT_PARAMS + 512
     assert said[0].startswith(
-        f"LoRA rank 4 (alpha 8) on c_attn (1 layers): 512 of the {fam:,} policy parameters train "
+        f"LoRA rank 4 (alpha 8) on c_attn (1 layer): 512 of the {fam:,} policy parameters train "
         f"({100 * 512 / fam:.2f}%), and the value model trains in full ({n_value:,}, as TRL's PPO with peft): "
         f"{512 + n_value:,} of {GPT_PARAMS + 512 + n_value:,} in all; base /runs/base sha256 ")
     assert f"({100 * 512 / fam:.2f}%)" == "(3.23%)"

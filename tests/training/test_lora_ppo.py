@@ -154,7 +154,7 @@ def sft(tmp_path_factory):
 def test_lora_ppo_checkpoints_adapters_and_value_model_and_resumes_bit_exactly(sft, tmp_path, tokenizer, capsys):
     assert main(_ppo(sft, tmp_path / "full", "--steps", "4")) == 0
     out = capsys.readouterr().out
-    assert ("LoRA rank 2 (alpha 16) on c_attn (1 layers): 256 of the 1.62M policy parameters train (0.02%), and the "
+    assert ("LoRA rank 2 (alpha 16) on c_attn (1 layer): 256 of the 1.62M policy parameters train (0.02%), and the "
             "value model trains in full (1.62M, as TRL's PPO with peft)") in out
     assert main(_ppo(sft, tmp_path / "part", "--steps", "2")) == 0
     assert main(["rl", "--out", str(tmp_path / "part"), "--resume", "--steps", "4", "--reward", f"{__name__}:reward"]) == 0

@@ -125,7 +125,7 @@ def attach_lora(model: nn.Module, cfg: Config, info: Any, recipe: str, resume_me
                 f"({_m(n_whole)}, as TRL's PPO with peft): {_m(n_train)} of {_m(total)} in all")
     else:
         said = f"{_m(n_train)} of {_m(total)} parameters train ({100 * n_train / total:.2f}%)"
-    log(f"LoRA rank {lc.rank} (alpha {lc.alpha:g}) on {targets} ({len(layers)} layers): {said}; "
+    log(f"LoRA rank {lc.rank} (alpha {lc.alpha:g}) on {targets} ({len(layers)} layer{'s' * (len(layers) != 1)}): {said}; "
         f"base {lc.base or '(given weights)'} sha256 {fingerprint[:12]}")
     return {"base": lc.base, "base_sha256": fingerprint, "layers": len(layers), "trainable": n_train, "total": total}
 
