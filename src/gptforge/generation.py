@@ -11,6 +11,8 @@ loop's samples:
 
 Prompts of different lengths share one batch by left padding: each row's first real token sits at
 position 0 (the model's learned absolute positions), and an attention mask hides the pad slots.
+Rows that repeat a prompt (GRPO's group of replies to one problem) share its prefill: each distinct
+prompt runs through the model once, and its rows start decoding from copies of its KV cache.
 
     >>> tokens = generate(model, prompt_ids, max_new_tokens=32, temperature=1.0, top_k=50, seed=42)
     >>> for ev in stream_text(model, enc, ["ROMEO:", "JULIET:"], SamplingParams(seed=1, stop=("\\n\\n",))):
@@ -171,13 +173,34 @@ def _positions_and_mask(pads: torch.Tensor, start: int, end: int) -> tuple[torch
     return pos, mask[:, None]  # (B, T), (B, 1, T, Tk)
 
 
+def _distinct_rows(prompts: Sequence[Sequence[int]], device) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(first, copy): the rows that hold each distinct prompt first, and per row the index into
+    ``first`` of its prompt, so ``first[copy]`` names, for every row, a row with the same prompt.
+    None when no prompt repeats (nothing to share)."""
+    where: dict[tuple[int, ...], int] = {}
+    first: list[int] = []
+    copy: list[int] = []
+    for b, row in enumerate(prompts):
+        key = tuple(row)
+        if key not in where:
+            where[key] = len(first)
+            first.append(b)
+        copy.append(where[key])
+    if len(first) == len(prompts):
+        return None
+    return (torch.tensor(first, dtype=torch.long, device=device), torch.tensor(copy, dtype=torch.long, device=device))
+
+
 @torch.no_grad()
 def stream_tokens(
-    model: torch.nn.Module, prompts: Sequence[Sequence[int]], params: SamplingParams, use_cache: bool = True
+    model: torch.nn.Module, prompts: Sequence[Sequence[int]], params: SamplingParams, use_cache: bool = True,
+    share_prefill: bool = True,
 ) -> Iterator[torch.Tensor]:
     """Yield the next token of every row, (B,) on the model's device, ``max_new_tokens`` times.
 
     ``use_cache=False`` recomputes the whole sequence each step (the reference for the cache).
+    With the cache, the prefill runs each distinct prompt once and copies its cache and last logits
+    to the rows that repeat it (``share_prefill=False``: every row's own prefill, for benchmarks).
     A private generator seeded with ``params.seed`` keeps sampling reproducible and leaves the
     global RNG alone (so sampling during training never perturbs it).
     """
@@ -202,16 +225,25 @@ def stream_tokens(
     seen = torch.zeros(B, model.config.vocab_size, dtype=torch.bool, device=device)
     for b, row in enumerate(prompts):  # the prompt counts as seen for the repetition penalty
         seen[b, torch.tensor(list(row), dtype=torch.long, device=device)] = True
-    cache = model.new_kv_cache(B, max_len=T0 + params.max_new_tokens) if use_cache else None
+    shared = _distinct_rows(prompts, device) if use_cache and share_prefill else None
+    cache = None
+    if use_cache:  # a shared prefill fills one cache row per distinct prompt, copied to B rows after it
+        cache = model.new_kv_cache(B if shared is None else shared[0].numel(), max_len=T0 + params.max_new_tokens)
     out = ids
     step_in = ids
-    for _ in range(params.max_new_tokens):
+    for step in range(params.max_new_tokens):
         start = out.size(1) - step_in.size(1)
+        x, row_pads = step_in, pads
+        if step == 0 and shared is not None:
+            x, row_pads = ids.index_select(0, shared[0]), pads.index_select(0, shared[0])
         if padded:
-            pos, mask = _positions_and_mask(pads, start, out.size(1))
-            logits, _ = model(step_in, kv_cache=cache, pos=pos, attn_mask=mask, logits_to_keep=1)
+            pos, mask = _positions_and_mask(row_pads, start, out.size(1))
+            logits, _ = model(x, kv_cache=cache, pos=pos, attn_mask=mask, logits_to_keep=1)
         else:
-            logits, _ = model(step_in, kv_cache=cache, logits_to_keep=1)  # the prefill needs only its last row
+            logits, _ = model(x, kv_cache=cache, logits_to_keep=1)  # the prefill needs only its last row
+        if step == 0 and shared is not None:  # every row takes its prompt's logits and its own copy of the cache
+            logits = logits.index_select(0, shared[1])
+            cache.take_rows(shared[1])
         nxt = _pick(logits[:, -1, :], params, seen, gen)  # (B,)
         seen[torch.arange(B, device=device), nxt] = True
         out = torch.cat([out, nxt[:, None]], dim=1)

@@ -226,6 +226,12 @@ class KVCache:
         self.length += self._pending
         self._pending = 0
 
+    def take_rows(self, rows: torch.Tensor) -> None:
+        """Make row i a copy of row ``rows[i]`` (the batch becomes ``len(rows)`` rows): a prompt that
+        several rows repeat is prefilled once, then each of its rows gets its own copy to extend."""
+        self.k = self.k.index_select(1, rows)
+        self.v = self.v.index_select(1, rows)
+
 
 class GPT(nn.Module):
     def __init__(self, cfg: GPTConfig):
