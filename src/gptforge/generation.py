@@ -312,17 +312,13 @@ def stream_text(
 ) -> Iterator[TextEvent]:
     """Yield text deltas per row as tokens arrive; ends when every row has finished.
 
-    ``enc`` is a tiktoken Encoding (``decode_single_token_bytes``). String prompts are encoded
-    with <|endoftext|> allowed; an empty prompt becomes [<|endoftext|>].
+    ``enc``: a gptforge tokenizer (:class:`gptforge.data.tokenizer.Tokenizer` or ChatTokenizer), whose
+    ``token_bytes`` prints every id the model can emit: one past the vocabulary (an unused padded row, e.g.
+    50,304 rows over GPT-2's 50,257) as ``<|id|>``, where tiktoken's bytes lookup raised KeyError. String
+    prompts are encoded with <|endoftext|> allowed; an empty prompt becomes [<|endoftext|>].
     """
     eot = enc.eot_token
-    # every id the model can emit prints: gptforge's tokenizers spell one past the vocabulary (an unused padded
-    # row, e.g. 50,304 rows over GPT-2's 50,257) as <|id|>, where tiktoken's bytes lookup raised KeyError
-    def piece(tok: int) -> bytes:  # the tokenizer's own bytes first (a ChatTokenizer names its chat tokens)
-        try:
-            return enc.decode_single_token_bytes(tok)
-        except (KeyError, ValueError):
-            return f"<|{tok}|>".encode()
+    piece = enc.token_bytes
     ids = [(enc.encode(p, allowed_special={"<|endoftext|>"}) or [eot]) if isinstance(p, str) else list(p)
            for p in prompts]
     rows = [_RowText() for _ in ids]
