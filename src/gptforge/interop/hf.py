@@ -63,6 +63,9 @@ def hf_model_type(name_or_dir: str) -> str:
     """``model_type`` from a local directory's config.json, or the hub config of a model name."""
     _transformers()  # before reading anything: a missing package is reported first
     local = Path(name_or_dir)
+    if local.exists() and not local.is_dir():  # transformers would take a file as its config (or weights: a pickle)
+        raise HFModelError(f"{local}: a file, not a directory; give the directory save_pretrained() wrote (its "
+                           "config.json and model.safetensors), or a hub name")
     if local.is_dir():
         cfg_path = local / "config.json"
         if not cfg_path.is_file():
@@ -120,8 +123,11 @@ def gpt2_config_from_hf(c: dict, where: str = "config.json") -> dict:
     if act not in TANH_GELU:
         raise _refuse(where, "activation_function", act, "the MLP uses the tanh GELU (gelu_new)")
     eps = c.get("layer_norm_epsilon", 1e-5)
-    if not isinstance(eps, (int, float)) or abs(eps - 1e-5) > 1e-12:
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not abs(eps - 1e-5) <= 1e-12:  # NaN too
         raise _refuse(where, "layer_norm_epsilon", eps, "LayerNorm uses eps 1e-5")
+    if not isinstance(c.get("tie_word_embeddings", True), bool):  # "no" would load tied, as transformers reads it
+        raise HFModelError(f"{where}: Hugging Face config tie_word_embeddings={c['tie_word_embeddings']!r}: expected "
+                           "true or false")
     if c.get("scale_attn_weights", True) is not True:
         raise _refuse(where, "scale_attn_weights", c["scale_attn_weights"], "attention scores are scaled by 1/sqrt(head size)")
     if c.get("scale_attn_by_inverse_layer_idx", False):

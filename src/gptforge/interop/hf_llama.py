@@ -18,6 +18,7 @@ come from safetensors only, never from a pickle (``pytorch_model.bin``).
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import torch
@@ -31,6 +32,14 @@ CHAT_VOCAB = ChatTemplate.gpt2().vocab_size
 
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # a buffer older transformers saved; recomputed here
 REQUIRED = ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "vocab_size")
+MAX_DIM = 1 << 24  # no Llama size comes near this (GPT-2's loader bounds its sizes the same); past it is damage
+# Every config.json field llama_config_from_hf reads besides REQUIRED, with what it must be when present
+# (null = transformers' default). Checked in one place before any is used: a string, a bool, a NaN or a
+# zero where a size belongs is one line naming the field, never a TypeError or ZeroDivisionError later.
+OPTIONAL_SIZES = ("num_key_value_heads", "max_position_embeddings", "head_dim")
+OPTIONAL_COUNTS = ("max_window_layers", "sliding_window")  # Qwen2's: 0 is meaningful (every layer slides)
+OPTIONAL_NUMBERS = ("rms_norm_eps", "rope_theta")
+OPTIONAL_BOOLS = ("tie_word_embeddings", "use_sliding_window", "attention_bias", "mlp_bias")
 
 
 class HFConfigError(ValueError):
@@ -91,15 +100,39 @@ def _sliding_window_slides(c: dict) -> bool:
     return c.get("max_window_layers", 28) < c["num_hidden_layers"]
 
 
+def _is_size(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 < v <= MAX_DIM
+
+
+def check_field_types(c: dict) -> None:
+    """HFConfigError naming the first field of ``c`` (a config.json dict) that is not what Llama reads it as."""
+    absent = [k for k in REQUIRED if not isinstance(c.get(k), int) or isinstance(c.get(k), bool)]
+    if absent:
+        raise HFConfigError(f"Hugging Face config lacks integer {', '.join(absent)}; is this a LlamaForCausalLM config?")
+    for k in REQUIRED + tuple(k for k in OPTIONAL_SIZES if c.get(k) is not None):
+        if not _is_size(c[k]):
+            raise HFConfigError(f"Hugging Face config {k}={c[k]!r}: expected a positive integer up to {MAX_DIM}")
+    for k in OPTIONAL_COUNTS:
+        if c.get(k) is not None and not (_is_size(c[k]) or c[k] == 0 and not isinstance(c[k], bool)):
+            raise HFConfigError(f"Hugging Face config {k}={c[k]!r}: expected an integer in [0, {MAX_DIM}]")
+    rope = c.get("rope_parameters") if isinstance(c.get("rope_parameters"), dict) else {}
+    for where, d in (("", c), ("rope_parameters.", rope)):
+        for k in OPTIONAL_NUMBERS:
+            v = d.get(k)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf):
+                raise HFConfigError(f"Hugging Face config {where}{k}={v!r}: expected a positive finite number")
+    for k in OPTIONAL_BOOLS:
+        if c.get(k) is not None and not isinstance(c[k], bool):
+            raise HFConfigError(f"Hugging Face config {k}={c[k]!r}: expected true or false")
+
+
 def llama_config_from_hf(c: dict, **overrides) -> LlamaConfig:
     """A ``LlamaConfig`` from a HF ``config.json`` dict (``llama`` or ``qwen2``), refusing features gptforge lacks."""
     model_type = c.get("model_type")
     if model_type not in ("llama", "qwen2"):
         raise HFConfigError(f"Hugging Face config model_type={model_type!r}: only 'llama' (LlamaForCausalLM) and "
                             "'qwen2' (Qwen2ForCausalLM) load into gptforge's Llama")
-    absent = [k for k in REQUIRED if not isinstance(c.get(k), int)]
-    if absent:
-        raise HFConfigError(f"Hugging Face config lacks integer {', '.join(absent)}; is this a LlamaForCausalLM config?")
+    check_field_types(c)
     rope = c.get("rope_parameters") or {}  # transformers >= 5 keeps rope_theta and the rope type here
     scaling = rope_from_hf(c)
     if model_type == "qwen2":  # q/k/v biases always; a sliding window only where it slides
