@@ -90,3 +90,27 @@ def test_a_file_given_as_a_hugging_face_directory_is_one_line(llama_dir, tmp_pat
     assert str(f) in _one_line(capsys)
     assert main(["import", "hf", "--model", str(f), "--out", str(tmp_path / "run")]) == 2
     assert str(f) in _one_line(capsys) and not (tmp_path / "run").exists()
+
+
+# shapes were checked from the header, dtypes not: int8 or bool tensors were cast into the float model and sampled
+@pytest.mark.parametrize("dtype, name", [(torch.int8, "I8"), (torch.bool, "BOOL"), (torch.int64, "I64")])
+def test_weights_that_are_not_floats_are_refused_naming_the_tensor(llama_dir, gpt2_dir, tmp_path, capsys, dtype, name):
+    from safetensors.torch import load_file, save_file
+
+    for src in (llama_dir, gpt2_dir):
+        d = _variant(src, tmp_path / src.name)
+        sd = load_file(d / "model.safetensors")
+        first = sorted(sd)[0]
+        save_file({**sd, first: sd[first].to(dtype)}, d / "model.safetensors")
+        assert main(["sample", "--hf", str(d), "--max-new-tokens", "1", "--num-samples", "1"]) == 2
+        err = _one_line(capsys)
+        assert str(d / "model.safetensors") in err and first in err and name in err, err
+
+
+@pytest.mark.parametrize("shard", ["..", ".", ""])
+def test_a_weight_index_naming_a_folder_is_refused(llama_dir, tmp_path, capsys, shard):
+    d = _variant(llama_dir, tmp_path / "sharded")
+    (d / "model.safetensors").rename(d / "a.safetensors")
+    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"lm_head.weight": shard}}))
+    assert main(["sample", "--hf", str(d), "--max-new-tokens", "1", "--num-samples", "1"]) == 2
+    assert "model.safetensors.index.json" in _one_line(capsys)

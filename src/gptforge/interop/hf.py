@@ -155,6 +155,9 @@ def gpt2_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")  # safetensors' names of the dtypes a weight may be stored in
+
+
 def _read_json(path: Path) -> dict:
     """A Hugging Face directory's config.json or weight index (bounded, one line naming the file)."""
     return read_json(path, HFModelError, f"Hugging Face {path.name}")
@@ -167,7 +170,8 @@ def _safetensors_files(d: Path) -> list[Path]:
     index = d / "model.safetensors.index.json"
     if index.is_file():
         wm = _read_json(index).get("weight_map")
-        if not isinstance(wm, dict) or not all(isinstance(v, str) and "/" not in v for v in wm.values()):
+        if not isinstance(wm, dict) or not all(isinstance(v, str) and "/" not in v and "\\" not in v
+                                               and v not in ("", ".", "..") for v in wm.values()):
             raise HFModelError(f"{index}: expected a 'weight_map' of weight name -> file name in this directory")
         return [d / f for f in sorted(set(wm.values()))]
     pickles = sorted(p.name for p in d.glob("*.bin")) + sorted(p.name for p in d.glob("*.pt*"))
@@ -190,16 +194,23 @@ def read_safetensors(files: list[Path], expected: dict[str, tuple[int, ...]], op
     weights never builds a model, however large it claims to be."""
     from safetensors import SafetensorError, safe_open
 
-    handles, shapes = {}, {}
+    handles, shapes, dtypes = {}, {}, {}
     try:
         for f in files:
             h = safe_open(str(f), framework="pt")
             for k in h.keys():
                 handles[rename(k)] = (h, k)
                 shapes[rename(k)] = tuple(h.get_slice(k).get_shape())
+                dtypes[rename(k)] = (f, h.get_slice(k).get_dtype())
     except (OSError, SafetensorError) as e:
         raise HFModelError(f"{f}: not a readable safetensors file ({e})") from None
     names = [k for k in shapes if not k.endswith(ignored)]
+    # a weight is a float: integer or bool tensors were cast into the float model without a word
+    not_float = [(k, *dtypes[k]) for k in names if dtypes[k][1] not in FLOAT_DTYPES]
+    if not_float:
+        k, f, dtype = not_float[0]
+        raise HFModelError(f"{f}: tensor {k} is {dtype}; {family} weights are floats ({', '.join(FLOAT_DTYPES)}), "
+                           "refusing to cast integers into them")
     missing = [k for k in expected if k not in shapes and k not in optional]
     unexpected = [k for k in names if k not in expected]
     wrong = [f"{k} {shapes[k]} (config says {expected[k]})" for k in names if k in expected and shapes[k] != expected[k]]
