@@ -114,3 +114,21 @@ def test_a_weight_index_naming_a_folder_is_refused(llama_dir, tmp_path, capsys, 
     (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"lm_head.weight": shard}}))
     assert main(["sample", "--hf", str(d), "--max-new-tokens", "1", "--num-samples", "1"]) == 2
     assert "model.safetensors.index.json" in _one_line(capsys)
+
+
+# Ctrl-C during import/export/sample (a model being read, a file being written) was a KeyboardInterrupt
+# traceback through whatever ran; only prepare, race and the training loop said so in one line
+@pytest.mark.parametrize("argv", [["import", "hf", "--model", "M", "--out", "OUT"],
+                                  ["export", "hf", "--hf", "M", "--out", "OUT"],
+                                  ["sample", "--hf", "M", "--max-new-tokens", "1"]])
+def test_ctrl_c_in_a_command_is_one_line_and_exit_130(llama_dir, tmp_path, capsys, monkeypatch, argv):
+    import gptforge.load
+
+    def interrupted(source):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(gptforge.load, "load_model", interrupted)
+    argv = [str(llama_dir) if a == "M" else str(tmp_path / "out") if a == "OUT" else a for a in argv]
+    assert main(argv) == 130
+    assert "interrupted" in _one_line(capsys)
+    assert not (tmp_path / "out").exists()

@@ -127,6 +127,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gptforge {args.command}: error: {e.filename}: {e.strerror.lower()} (check the paths given: a file "
               "where a folder is expected, or the reverse, or one this user may not write)", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except KeyboardInterrupt:  # Ctrl-C in any command without its own handling (import, export, sample ...):
+        # one line, not a traceback through whatever it was doing; the writers make a file final by rename
+        print(f"gptforge {args.command}: interrupted (Ctrl-C); no output was finished past what it printed",
+              file=sys.stderr)
+        return 130
     except OSError as e:  # a full or read-only disk met outside the one writer (a mkdir): the same one line
         from pathlib import Path
 
