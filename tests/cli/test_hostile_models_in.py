@@ -132,3 +132,22 @@ def test_ctrl_c_in_a_command_is_one_line_and_exit_130(llama_dir, tmp_path, capsy
     assert main(argv) == 130
     assert "interrupted" in _one_line(capsys)
     assert not (tmp_path / "out").exists()
+
+
+# a local path that is not a folder (a symlink loop, a missing ./dir) went to the hub (network, a long wait
+# offline) and came back as transformers' multi-line message
+@pytest.mark.parametrize("kind", ["loop", "missing"])
+def test_a_local_path_that_is_no_folder_never_reaches_the_hub(tmp_path, capsys, monkeypatch, kind):
+    import transformers as tf
+
+    def no_hub(*a, **k):
+        raise AssertionError("the hub was asked")
+
+    monkeypatch.setattr(tf.AutoConfig, "from_pretrained", no_hub)
+    p = tmp_path / "m"
+    if kind == "loop":
+        p.symlink_to(p)
+    assert main(["sample", "--hf", str(p), "--max-new-tokens", "1", "--num-samples", "1"]) == 2
+    assert str(p) in _one_line(capsys)
+    assert main(["sample", "--hf", "./nope/dir", "--max-new-tokens", "1"]) == 2
+    assert "./nope/dir" in _one_line(capsys)

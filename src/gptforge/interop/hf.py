@@ -66,6 +66,9 @@ def hf_model_type(name_or_dir: str) -> str:
     if local.exists() and not local.is_dir():  # transformers would take a file as its config (or weights: a pickle)
         raise HFModelError(f"{local}: a file, not a directory; give the directory save_pretrained() wrote (its "
                            "config.json and model.safetensors), or a hub name")
+    if not local.is_dir() and (local.is_symlink() or name_or_dir.startswith(("/", ".", "~")) or
+                               name_or_dir.count("/") > 1 or "\\" in name_or_dir):  # a path, never a hub name
+        raise FileNotFoundError(f"{name_or_dir}: no such directory (a local path; a hub name is NAME or ORG/NAME)")
     if local.is_dir():
         cfg_path = local / "config.json"
         if not cfg_path.is_file():
@@ -78,11 +81,10 @@ def hf_model_type(name_or_dir: str) -> str:
 
     try:
         return AutoConfig.from_pretrained(name_or_dir).model_type
-    except (OSError, ValueError) as e:
-        raise FileNotFoundError(
-            f"could not load Hugging Face model {name_or_dir!r}: {e}\n"
-            "Give a hub name (needs network) or a directory written by save_pretrained()."
-        ) from e
+    except (OSError, ValueError) as e:  # one line: transformers' own message runs over several
+        first = next((line for line in str(e).splitlines() if line.strip()), type(e).__name__)
+        raise FileNotFoundError(f"could not load Hugging Face model {name_or_dir!r}: {first.strip()}; give a hub "
+                                "name (needs network) or a directory written by save_pretrained()") from e
 
 
 def hf_family(name_or_dir: str) -> str:
