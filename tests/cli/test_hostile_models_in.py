@@ -151,3 +151,17 @@ def test_a_local_path_that_is_no_folder_never_reaches_the_hub(tmp_path, capsys, 
     assert str(p) in _one_line(capsys)
     assert main(["sample", "--hf", "./nope/dir", "--max-new-tokens", "1"]) == 2
     assert "./nope/dir" in _one_line(capsys)
+
+
+# the GGUF reader refused NaN or infinite weights; a save_pretrained directory holding them loaded and sampled
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_weights_that_are_not_finite_are_refused_naming_the_tensor(llama_dir, tmp_path, capsys, bad):
+    from safetensors.torch import load_file, save_file
+
+    d = _variant(llama_dir, tmp_path / "nan")
+    sd = load_file(d / "model.safetensors")
+    sd["model.norm.weight"][3] = bad
+    save_file(sd, d / "model.safetensors")
+    assert main(["sample", "--hf", str(d), "--max-new-tokens", "1", "--num-samples", "1"]) == 2
+    err = _one_line(capsys)
+    assert str(d / "model.safetensors") in err and "model.norm.weight" in err, err

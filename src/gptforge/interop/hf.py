@@ -221,7 +221,11 @@ def read_safetensors(files: list[Path], expected: dict[str, tuple[int, ...]], op
                           (("missing", missing), ("unexpected", unexpected), ("mis-shaped", wrong)) if v)
         raise HFModelError(f"{files[0].parent}: the weights do not fit {family} as config.json sizes it ({found}); "
                            "refusing a partly random model")
-    return {name: h.get_tensor(k) for name, (h, k) in handles.items() if not name.endswith(ignored)}
+    out = {name: h.get_tensor(k) for name, (h, k) in handles.items() if not name.endswith(ignored)}
+    for name, t in out.items():  # as the GGUF reader refuses them: a NaN weight samples garbage without a word
+        if not torch.isfinite(t).all():
+            raise HFModelError(f"{dtypes[name][0]}: tensor {name} holds NaN or infinite values; refusing a broken model")
+    return out
 
 
 def _hub_state_dict(name: str) -> tuple[dict, dict[str, torch.Tensor]]:
