@@ -39,33 +39,16 @@ def main() -> None:
     ap.add_argument("--plan-only", action="store_true", help="print the token counts and stop (no timing)")
     a = ap.parse_args()
 
+    from bench_grpo_scoring import lora_policy  # scripts/ is this script's sys.path[0]
+
     from gptforge import generation
-    from gptforge.cli.common import words
     from gptforge.config import RLConfig
-    from gptforge.data.chat import ChatTokenizer, plain_tokenizer
     from gptforge.eval.generative import prompt_ids
     from gptforge.generation import SamplingParams
-    from gptforge.load import ModelSource, load_model
-    from gptforge.models.lora import add_lora, lora_layers
     from gptforge.training import grpo
 
     torch.set_num_threads(a.threads)
-    if not a.gguf:
-        from gptforge.interop.smollm2 import fetch_smollm2
-
-        a.gguf = str(fetch_smollm2())
-    source = ModelSource(gguf=a.gguf)
-    model = load_model(source).eval()
-    tok, template = words(source, model, fallback=True)
-    enc = ChatTokenizer(plain_tokenizer(tok), template)
-    cfg = model.config
-    if a.lora_rank:
-        torch.manual_seed(0)
-        add_lora(model, cfg.arch, rank=a.lora_rank, alpha=2.0 * a.lora_rank, dropout=0.0,
-                 targets=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
-        model.requires_grad_(False)
-        for _, m in lora_layers(model):
-            torch.nn.init.normal_(m.lora_B.weight, std=0.02)
+    model, enc, template = lora_policy(a.gguf, rank=a.lora_rank)  # the scoring bench's policy
     head = model.lm_head.weight.numel()  # the output head (tied or not); embeddings are lookups, no FLOPs
     body = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not model.lm_head)
     rl = RLConfig(task=a.task, prompts=a.prompts, group=a.group, max_new_tokens=a.max_new_tokens,

@@ -36,6 +36,33 @@ def unpacked(prompts, replies, pad, device):
     return ids.to(device), mask[:, start:].to(device), start
 
 
+def lora_policy(gguf: str = "", rank: int = 8):
+    """(model, chat tokenizer, template): the GGUF (default SmolLM2-135M-Instruct) in eval mode, frozen, with
+    LoRA of ``rank`` (alpha 2 x rank; 0: none) on all 7 projections, lora_B drawn non-zero from seed 0 so the
+    policy differs from its base and every run samples the same replies. Shared with bench_grpo_sampling.py."""
+    from gptforge.cli.common import words
+    from gptforge.data.chat import ChatTokenizer, plain_tokenizer
+    from gptforge.load import ModelSource, load_model
+    from gptforge.models.lora import add_lora, lora_layers
+
+    if not gguf:
+        from gptforge.interop.smollm2 import fetch_smollm2
+
+        gguf = str(fetch_smollm2())
+    source = ModelSource(gguf=gguf)
+    model = load_model(source).eval()
+    tok, template = words(source, model, fallback=True)
+    enc = ChatTokenizer(plain_tokenizer(tok), template)
+    if rank:
+        torch.manual_seed(0)  # lora_A's draw too: the same policy, so the same replies, every run
+        add_lora(model, model.config.arch, rank=rank, alpha=2.0 * rank, dropout=0.0,
+                 targets=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+        model.requires_grad_(False)
+        for _, m in lora_layers(model):
+            torch.nn.init.normal_(m.lora_B.weight, std=0.02)
+    return model, enc, template
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gguf", default="", help="the model (default: SmolLM2-135M-Instruct, `gptforge assets smollm2`)")
@@ -50,30 +77,15 @@ def main() -> None:
     ap.add_argument("--plan-only", action="store_true", help="print the token counts and stop (no timing)")
     a = ap.parse_args()
 
-    from gptforge.cli.common import words
     from gptforge.config import RLConfig
-    from gptforge.data.chat import ChatTokenizer, plain_tokenizer
     from gptforge.generation import SamplingParams
-    from gptforge.load import ModelSource, load_model
-    from gptforge.models.lora import BaseOf, add_lora, lora_layers
+    from gptforge.models.lora import BaseOf, lora_layers
     from gptforge.training.grpo import problem_stream, sample_replies, token_logprobs
     from gptforge.training.packing import pack_replies, packed_logprobs
 
     torch.set_num_threads(a.threads)
-    if not a.gguf:
-        from gptforge.interop.smollm2 import fetch_smollm2
-
-        a.gguf = str(fetch_smollm2())
-    source = ModelSource(gguf=a.gguf)
-    model = load_model(source).eval()
-    tok, template = words(source, model, fallback=True)
-    enc = ChatTokenizer(plain_tokenizer(tok), template)
-    torch.manual_seed(0)  # lora_A's draw too: the same policy, so the same replies, every run
-    add_lora(model, model.config.arch, rank=8, alpha=16.0, dropout=0.0,
-             targets=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
-    model.requires_grad_(False)  # as a LoRA run (training/lora.py): only the adapters train
-    for _, m in lora_layers(model):
-        torch.nn.init.normal_(m.lora_B.weight, std=0.02)
+    model, enc, template = lora_policy(a.gguf, rank=8)
+    for _, m in lora_layers(model):  # as a LoRA run (training/lora.py): only the adapters train
         m.lora_A.weight.requires_grad_(True)
         m.lora_B.weight.requires_grad_(True)
     ref = BaseOf(model)
