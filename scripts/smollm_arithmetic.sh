@@ -13,7 +13,7 @@
 #
 # Every stage is skipped when its output exists, so re-running continues after an interruption (the SFT and
 # RL runs themselves resume). Knobs (env): OUT, DEVICE, N_EVAL, SFT_STEPS, SFT_LR, RL_STEPS, RL_LR, RL_TEMP,
-# RL_PROMPTS, RL_GROUP, RL_REWARD, RL_UPDATES, RL_EVAL_EVERY, THREADS. Prints the table and writes it to $OUT/table.md.
+# RL_PROMPTS, RL_GROUP, RL_REWARD, RL_UPDATES, RL_SCALE (rl.scale_rewards), RL_EVAL_EVERY, THREADS. Prints the table and writes it to $OUT/table.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 GF=${GF:-.venv/bin/gptforge}
@@ -23,6 +23,7 @@ SFT_STEPS=${SFT_STEPS:-80}; SFT_LR=${SFT_LR:-1e-3}
 # where every reply is wrong (the SFT model's subtraction) replies that score differently; lr 1e-3 lost 10 points
 RL_STEPS=${RL_STEPS:-80}; RL_LR=${RL_LR:-3e-4}; RL_TEMP=${RL_TEMP:-1.0}; RL_PROMPTS=${RL_PROMPTS:-8}
 RL_GROUP=${RL_GROUP:-8}; RL_REWARD=${RL_REWARD:-digit_match}; RL_UPDATES=${RL_UPDATES:-1}; THREADS=${THREADS:-0}
+RL_SCALE=${RL_SCALE:-group}
 RL_EVAL_EVERY=${RL_EVAL_EVERY:-20}  # the RL run's own held-out checks (the first N_EVAL/2 eval problems) every this many steps
 LORA=(--lora.rank 8 --lora.targets q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj)
 SYSTEM="Answer in the form: 512 + 387 = 899. The answer is 899."
@@ -51,7 +52,7 @@ SFT=$OUT/sft/checkpoints/step_$(printf %06d "$SFT_STEPS")
 ev "$OUT/sft.json" "$OUT/untuned.json" --ckpt "$SFT"
 RL_ARGS=(--task arithmetic3 --steps "$RL_STEPS" --prompts "$RL_PROMPTS" --group "$RL_GROUP" --max-new-tokens 32
          --temperature "$RL_TEMP" --lr "$RL_LR" --warmup-steps 5 --updates-per-batch "$RL_UPDATES"
-         --reward "$RL_REWARD" --eval-every "$RL_EVAL_EVERY" --eval-n $((N_EVAL / 2)) --ckpt-every 20 --keep-ckpts 0 --device "$DEVICE"
+         --reward "$RL_REWARD" --rl.scale_rewards "$RL_SCALE" --eval-every "$RL_EVAL_EVERY" --eval-n $((N_EVAL / 2)) --ckpt-every 20 --keep-ckpts 0 --device "$DEVICE"
          --train.threads "$THREADS" "${LORA[@]}")
 if [ ! -f "$OUT/rl/checkpoints/step_$(printf %06d "$RL_STEPS")/meta.json" ]; then
   if [ -d "$OUT/rl/checkpoints" ]; then $GF rl --out "$OUT/rl" --resume

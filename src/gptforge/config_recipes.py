@@ -96,7 +96,8 @@ class RLConfig:
     kl_coef: float = 0.02  # KL penalty to the starting model
     clip_eps: float = 0.2  # ratio clip
     updates_per_batch: int = 1  # optimizer steps on each sampled batch (> 1: the ratio moves and clips)
-    adv_eps: float = 1e-4  # added to the group's reward std
+    adv_eps: float = 1e-4  # added to the reward std that divides the advantages
+    scale_rewards: str = "group"  # GRPO: divide each reply's reward minus its group's mean by the group's std (group), the step's std over every rank (batch), or nothing (none: Dr. GRPO); TRL's scale_rewards
     eval_every: int = 0  # steps between held-out evaluations (0 = only at start and end)
     eval_n: int = 200  # held-out problems (never trained on)
     algo: str = "grpo"  # grpo | ppo (value head, GAE, KL in the per-token reward)
@@ -133,6 +134,10 @@ class RLConfig:
                "a number > 0 with rl.kl_target (the adaptive coefficient starts there)")
         _check(0 < self.clip_eps < 1, "rl.clip_eps", self.clip_eps, "a number in (0, 1)")
         _check(self.adv_eps > 0, "rl.adv_eps", self.adv_eps, "a number > 0")
+        _check(self.scale_rewards in ("group", "batch", "none"), "rl.scale_rewards", self.scale_rewards,
+               "group, batch or none")
+        _check(self.algo == "grpo" or self.scale_rewards == "group", "rl.scale_rewards", self.scale_rewards,
+               "group (the default) with rl.algo ppo: PPO whitens its GAE advantages instead")
         _check(self.eval_every >= 0, "rl.eval_every", self.eval_every, "an integer >= 0")
         _check(0 <= self.eval_n <= MAX_EVAL_PROBLEMS, "rl.eval_n", self.eval_n, f"an integer in [0, {MAX_EVAL_PROBLEMS}]")
         _check(self.prompts * self.group <= MAX_ROLLOUTS, "rl.prompts x rl.group", (self.prompts, self.group),

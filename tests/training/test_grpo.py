@@ -27,6 +27,33 @@ def test_group_advantages_by_hand():
     assert torch.equal(adv[1], torch.zeros(4))  # a group that agrees teaches nothing
 
 
+def test_scale_rewards_none_and_batch_by_hand(monkeypatch):
+    """rl.scale_rewards (TRL's): ``none`` leaves each reward minus its group's mean; ``batch`` divides it
+    by the sample std of every reward of the step, the other ranks' included (their count, sum and sum
+    of squares come through the all-reduce, stood in for here by one other rank's rewards)."""
+    import gptforge.training.grpo as grpo_mod
+    from gptforge.parallel.distributed import DistInfo
+
+    mine = torch.tensor([[1.0, 0.0, 0.0, 1.0], [0.25, 0.25, 0.25, 0.75]])
+    other = torch.tensor([[3.0, 0.0, 0.0, 0.0]])  # the other rank's share of the step
+    centred = torch.tensor([[0.5, -0.5, -0.5, 0.5], [-0.125, -0.125, -0.125, 0.375]])
+    torch.testing.assert_close(group_advantages(mine, 1e-4, "none"), centred)
+    one_rank = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.25, 0.25, 0.25, 0.75], dtype=torch.float64).std().item()
+    torch.testing.assert_close(group_advantages(mine, 1e-4, "batch"), centred / (one_rank + 1e-4))
+
+    def plus_other_rank(t, info):
+        r = other.double().flatten()
+        return t + torch.stack([torch.tensor(float(r.numel()), dtype=torch.float64), r.sum(), (r * r).sum()])
+
+    monkeypatch.setattr(grpo_mod, "all_reduce_sum", plus_other_rank)
+    both = torch.cat([mine.flatten(), other.flatten()]).double().std().item()  # 12 rewards, sample std
+    got = group_advantages(mine, 1e-4, "batch", DistInfo(rank=0, world=2))
+    torch.testing.assert_close(got, centred / (both + 1e-4))
+    assert abs(both - one_rank) > 0.3  # the other rank's rewards change the answer
+    with pytest.raises(ValueError, match="group, batch or none"):
+        group_advantages(mine, 1e-4, "groups")
+
+
 def test_flat_groups_are_the_groups_without_reward_variance():
     from gptforge.training.grpo import flat_groups
 

@@ -6,7 +6,8 @@ group advantages, ratios and clipping, KL, per-token rewards, GAE, whitening, re
 logged loss and KL, the adaptive KL coefficient, a reward-model ensemble's whitened and reduced scores.
 
 The configurations that change the code path each take it here: several updates per batch (GRPO and
-PPO), an ensemble with ``rl.reward_norm``, an adaptive ``rl.kl_target``.
+PPO), an ensemble with ``rl.reward_norm``, an adaptive ``rl.kl_target``, GRPO's ``rl.scale_rewards``
+batch and none.
 
 Planted bugs these catch: PPO's advantages whitened without subtracting their mean in
 ``make_experience``; GRPO ignoring its old log-probs with ``rl.updates_per_batch`` > 1 (ratio 1, no
@@ -142,18 +143,22 @@ def hand_grpo_loss(now, init, ref, prompts, replies, adv, clip_eps, kl_coef, T, 
     return torch.stack(losses).mean(), torch.stack(kls).mean(), torch.cat(ratios)
 
 
-@pytest.mark.parametrize("updates,kl_coef,clip", [(1, 0.1, 1e3), (2, 0.1, 1e3), (2, 0.0, 0.0)])
-def test_grpo_step_against_a_hand_computation(tmp_path, tokenizer, monkeypatch, updates, kl_coef, clip):
+@pytest.mark.parametrize("updates,kl_coef,clip,scale", [(1, 0.1, 1e3, "group"), (2, 0.1, 1e3, "group"),
+                                                         (2, 0.0, 0.0, "group"), (1, 0.1, 1e3, "batch"),
+                                                         (2, 0.1, 1e3, "none")])
+def test_grpo_step_against_a_hand_computation(tmp_path, tokenizer, monkeypatch, updates, kl_coef, clip, scale):
     spy = GRPOSpy(monkeypatch)
     logged = _run(tmp_path, tokenizer, "grpo", steps=2, updates_per_batch=updates, clip_eps=0.05, kl_coef=kl_coef,
-                  grad_clip=clip)
+                  grad_clip=clip, scale_rewards=scale)
     assert len(spy.steps) == 2
     for s, rec in zip(spy.steps, logged, strict=True):
         ro = rec_r = s["rollouts"]
         rewards = torch.tensor([graded(pb, x) for pb, x in zip(ro.problems, ro.texts, strict=True)], dtype=torch.float64)
         close(s["rewards"].flatten(), rewards, 1e-6)
         g = rewards.view(2, 4)
-        adv = ((g - g.mean(1, keepdim=True)) / (g.std(1, keepdim=True) + 1e-3)).flatten()  # sample std, as TRL
+        # rl.scale_rewards, as TRL: the group's sample std, the step's sample std over all 8 rewards, or none
+        std = {"group": g.std(1, keepdim=True) + 1e-3, "batch": g.std() + 1e-3, "none": 1.0}[scale]
+        adv = ((g - g.mean(1, keepdim=True)) / std).flatten()
         assert s["kl_coef"] == kl_coef and (s["ref"] is None) == (kl_coef == 0)
         assert len(s["calls"]) == 2 * updates  # two micro-batches per update
         clip_acted = []

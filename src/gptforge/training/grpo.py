@@ -6,7 +6,8 @@
 
 Each step: take ``prompts`` problems, sample ``group`` replies to each with the KV cache
 (``gptforge.generation``), score them with the reward function, turn rewards into group-relative
-advantages ``(r - mean_group) / (std_group + eps)``, and minimise, per reply token,
+advantages ``(r - mean_group) / (std_group + eps)`` (``rl.scale_rewards``: or over the step's std, or
+not divided), and minimise, per reply token,
 
     -[ min(ratio * A, clip(ratio, 1 - clip_eps, 1 + clip_eps) * A) - kl_coef * KL ]
     ratio = exp(logp - logp_old),  KL = exp(ref - logp) - (ref - logp) - 1   (k3, >= 0)
@@ -49,11 +50,25 @@ from gptforge.training.rl_state import RLError, RLState, adapt_kl_coef
 
 # --- the math: advantages and the loss (tested against hand-computed numbers) ----------------------
 
-def group_advantages(rewards: torch.Tensor, eps: float = 1e-4) -> torch.Tensor:
-    """rewards (P, G) -> (P, G): standardised within each group (sample std, as TRL's GRPO)."""
-    mean = rewards.mean(dim=1, keepdim=True)
-    std = rewards.std(dim=1, keepdim=True)
-    return (rewards - mean) / (std + eps)
+def group_advantages(rewards: torch.Tensor, eps: float = 1e-4, scale: str = "group",
+                     info: DistInfo | None = None) -> torch.Tensor:
+    """rewards (P, G) -> (P, G): each reward minus its group's mean, divided by (std + eps), TRL's
+    ``scale_rewards``: ``group`` the group's sample std (DeepSeekMath's GRPO); ``batch`` the sample std
+    of every reward of the step, over all ranks; ``none`` not divided (Dr. GRPO, Liu et al. 2025: a
+    group whose rewards barely differ then gives small advantages instead of unit ones)."""
+    centred = rewards - rewards.mean(dim=1, keepdim=True)
+    if scale == "none":
+        return centred
+    if scale == "group":
+        return centred / (rewards.std(dim=1, keepdim=True) + eps)
+    if scale != "batch":
+        raise ValueError(f"scale_rewards {scale!r}: group, batch or none")
+    info = info or DistInfo()
+    r = rewards.detach().double().flatten().cpu()
+    moments = torch.stack([torch.tensor(float(r.numel()), dtype=torch.float64), r.sum(), (r * r).sum()])
+    n, s1, s2 = all_reduce_sum(moments.to(info.device), info).cpu()  # every rank's count, sum, sum of squares
+    var = (s2 - s1 * s1 / n) / (n - 1) if n > 1 else torch.zeros((), dtype=torch.float64)
+    return centred / (float(var.clamp(min=0).sqrt()) + eps)
 
 
 def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tensor | None, adv: torch.Tensor,
@@ -137,7 +152,7 @@ def grpo_step(wrapped: torch.nn.Module, model: torch.nn.Module, ref: torch.nn.Mo
     info = info or DistInfo()
     rl, device = cfg.rl, next(model.parameters()).device
     kl_coef = rl.kl_coef if kl_coef is None else kl_coef
-    adv = group_advantages(rewards, rl.adv_eps).flatten().to(device)
+    adv = group_advantages(rewards, rl.adv_eps, rl.scale_rewards, info).flatten().to(device)
     N, mb = adv.numel(), cfg.train.micro_batch
     chunks = [list(range(i, min(i + mb, N))) for i in range(0, N, mb)]
     packs = [pack_replies([rollouts.prompts[i] for i in rows], [rollouts.replies[i] for i in rows],
