@@ -433,8 +433,8 @@ def config_keys(cfg: Config | None = None) -> dict[str, Any]:
     return out
 
 
-def apply_overrides(cfg: Config, args: list[str]) -> Config:
-    """Apply ``--section.key value`` (or ``--section.key=value``) pairs, then re-validate each section."""
+def override_pairs(args: list[str]) -> list[tuple[str, str]]:
+    """``--section.key value`` / ``--section.key=value`` arguments -> [(key, value)], in order."""
     pairs: list[tuple[str, str]] = []
     i = 0
     while i < len(args):
@@ -450,6 +450,12 @@ def apply_overrides(cfg: Config, args: list[str]) -> Config:
             k, v = a[2:], args[i + 1]
             i += 2
         pairs.append((k, v))
+    return pairs
+
+
+def apply_overrides(cfg: Config, args: list[str]) -> Config:
+    """Apply ``--section.key value`` (or ``--section.key=value``) pairs, then re-validate each section."""
+    pairs = override_pairs(args)
     for k, v in pairs:  # the model family first: it decides which model.* keys exist
         if k == "model.arch":
             try:
@@ -477,3 +483,37 @@ def apply_overrides(cfg: Config, args: list[str]) -> Config:
             raise ConfigError(str(e)) from e
     check_finite_floats(cfg)
     return cfg
+
+
+# --- options a run would ignore ---------------------------------------------------------------------------
+
+RECIPE_SECTIONS = {"pretrain": (), "sft": ("sft", "lora"), "grpo": ("rl", "lora"), "ppo": ("rl", "lora"),
+                   "rm": ("rm", "lora"), "dpo": ("dpo", "lora"),
+                   "plan": ("lora",)}  # the recipe sections each kind of run reads (plan: LoRA's memory)
+SECTION_OWNER = {"sft": "`gptforge sft`", "rl": "`gptforge rl`", "rm": "`gptforge rm`", "dpo": "`gptforge dpo`",
+                 "lora": "LoRA fine-tuning (sft, rl, rm, dpo)"}
+ACTS_ONLY_WITH = (  # (keys, whether this config lets them act, what they need)
+    (("lora.alpha", "lora.dropout", "lora.targets", "lora.base"), lambda c: c.lora.rank > 0,
+     "--lora.rank R > 0 (rank 0 is full fine-tuning: no adapters)"),
+    (("rl.gamma", "rl.lam", "rl.vf_coef", "rl.clip_value", "rl.value_init"), lambda c: c.rl.algo == "ppo",
+     "--algo ppo (GRPO has no value model)"),
+    (("rl.kl_horizon",), lambda c: c.rl.kl_target > 0, "--kl-target T > 0 (the adaptive KL controller)"),
+    (("rl.reward_reduce", "rl.reward_norm"), lambda c: bool(c.rl.reward_model), "--reward-model RUN (a learned reward)"),
+)
+
+
+def refuse_inert_overrides(cfg: Config, overrides: list[str], recipe: str, command: str) -> None:
+    """Refuse a ``--section.key`` given on a command line that the run would silently ignore: a key of
+    another command's section (``train --lora.rank 8``, ``sft --rl.kl_coef 0.1``), or a key that acts only
+    under a setting this config does not have (``--lora.alpha`` at ``lora.rank`` 0, ``rl --gamma`` under
+    GRPO). ``recipe``: the run's kind (:data:`RECIPE_SECTIONS`), ``command`` the one it runs under. One check for every command that starts or
+    resumes a run (``cli.common.resolve_run``), so a new command or option inherits it."""
+    reads = RECIPE_SECTIONS[recipe]
+    for key, _ in override_pairs(overrides):
+        section = key.split(".", 1)[0]
+        if section in SECTION_OWNER and section not in reads:
+            raise ConfigError(f"--{key}: `gptforge {command}` never reads {section}.* (the settings of "
+                              f"{SECTION_OWNER[section]}); drop it")
+        for keys, acts, needs in ACTS_ONLY_WITH:
+            if key in keys and not acts(cfg):
+                raise ConfigError(f"--{key} would have no effect: it acts only with {needs}; add that, or drop it")

@@ -218,7 +218,9 @@ def resolve_run(out: str | None, resume: str | None, overrides: list[str], recip
     applied (``frozen`` keys refused if changed), written to ``out``, else to the run the ``--resume``
     path names, else to ``default_out``; never where the checkpoint says it came from. It must be a run
     of the same recipe (or one of a tuple: ``rl`` continues GRPO and PPO). Trust comes only from this command line. ``--force`` (start over) is the
-    loop's, after data and model are known to be good."""
+    loop's, after data and model are known to be good. An override the run would ignore (another command's
+    section, or a key that acts only under a setting this run lacks) is refused here, for every command."""
+    from gptforge.config import refuse_inert_overrides
     from gptforge.run import checkpoint as ckpt
     from gptforge.run.checkpointer import Checkpointer
     from gptforge.run.resume import recipe_of, resume_config
@@ -228,6 +230,8 @@ def resolve_run(out: str | None, resume: str | None, overrides: list[str], recip
         from gptforge.run.resume import absolute_model_paths
 
         cfg = fresh()
+        kind = recipe if isinstance(recipe, str) else recipe[0]
+        refuse_inert_overrides(cfg, overrides, kind, COMMAND_OF[kind])
         cfg.train.trust_checkpoint = trusted
         absolute_model_paths(cfg)  # so a resume from another directory finds the reward/reference models
         return cfg, None, None
@@ -247,6 +251,7 @@ def resolve_run(out: str | None, resume: str | None, overrides: list[str], recip
         raise CliError(f"--resume: {found} is {article(kind)} {kind} checkpoint; continue it with `gptforge {COMMAND_OF[kind]} "
                        f"--out {run_dir} --resume`, or start a new {name} run from it with --init-from")
     cfg = resume_config(meta, overrides, run_dir, frozen, where=str(found / "meta.json"))
+    refuse_inert_overrides(cfg, overrides, kind, COMMAND_OF[kind])
     check_weights_fit(found, cfg.model)  # meta.json's shape against the weights file, before anything else
     cfg.train.trust_checkpoint = trusted
     return cfg, found, meta

@@ -144,8 +144,10 @@ def args_bench(p: argparse.ArgumentParser) -> None:
 
 def cmd_bench(args: argparse.Namespace, overrides: list[str]) -> int:
     from gptforge.bench.train import run_bench
+    from gptforge.config import refuse_inert_overrides
 
     cfg, _ = build_config(args, overrides)
+    refuse_inert_overrides(cfg, overrides, "pretrain", "bench")  # it times pretraining steps
     try:
         sweep = [int(b) for b in args.sweep_micro_batch.split(",")] if args.sweep_micro_batch else None
     except ValueError:
@@ -182,8 +184,10 @@ def args_plan(p: argparse.ArgumentParser) -> None:
 
 def cmd_plan(args: argparse.Namespace, overrides: list[str]) -> int:
     from gptforge import plan
+    from gptforge.config import refuse_inert_overrides
 
     cfg, _ = build_config(args, overrides)
+    refuse_inert_overrides(cfg, overrides, "plan", "plan")
     if args.world < 1 or (args.gpu_mem is not None and args.gpu_mem <= 0) or args.steps < 1:
         raise CliError("--world/--gpus and --steps must be >= 1 and --gpu-mem > 0 (GiB)")
     if args.gpus_per_node is not None and args.gpus_per_node < 1 or args.tokens <= 0 or args.reserve < 0:
