@@ -487,11 +487,11 @@ def apply_overrides(cfg: Config, args: list[str]) -> Config:
 
 # --- options a run would ignore ---------------------------------------------------------------------------
 
-RECIPE_SECTIONS = {"pretrain": (), "sft": ("sft", "lora"), "grpo": ("rl", "lora"), "ppo": ("rl", "lora"),
+RECIPE_SECTIONS = {"pretrain": ("lora",), "sft": ("sft", "lora"), "grpo": ("rl", "lora"), "ppo": ("rl", "lora"),
                    "rm": ("rm", "lora"), "dpo": ("dpo", "lora"),
-                   "plan": ("lora",)}  # the recipe sections each kind of run reads (plan: LoRA's memory)
+                   "plan": ("lora",), "bench": ()}  # the recipe sections each kind of run reads (plan: LoRA's memory)
 SECTION_OWNER = {"sft": "`gptforge sft`", "rl": "`gptforge rl`", "rm": "`gptforge rm`", "dpo": "`gptforge dpo`",
-                 "lora": "LoRA fine-tuning (sft, rl, rm, dpo)"}
+                 "lora": "LoRA runs (train --init-from, sft, rl, rm, dpo)"}
 ACTS_ONLY_WITH = (  # (keys, whether this config lets them act, what they need)
     (("lora.alpha", "lora.dropout", "lora.targets", "lora.base"), lambda c: c.lora.rank > 0,
      "--lora.rank R > 0 (rank 0 is full fine-tuning: no adapters)"),
@@ -504,9 +504,10 @@ ACTS_ONLY_WITH = (  # (keys, whether this config lets them act, what they need)
 
 def refuse_inert_overrides(cfg: Config, overrides: list[str], recipe: str, command: str) -> None:
     """Refuse a ``--section.key`` given on a command line that the run would silently ignore: a key of
-    another command's section (``train --lora.rank 8``, ``sft --rl.kl_coef 0.1``), or a key that acts only
+    another command's section (``train --rl.kl_coef 0.1``, ``sft --dpo.beta 0.5``), or a key that acts only
     under a setting this config does not have (``--lora.alpha`` at ``lora.rank`` 0, ``rl --gamma`` under
-    GRPO). ``recipe``: the run's kind (:data:`RECIPE_SECTIONS`), ``command`` the one it runs under. One check for every command that starts or
+    GRPO). ``train --init-from M --lora.rank R`` is LoRA continued pretraining, so pretrain reads lora.*.
+    ``recipe``: the run's kind (:data:`RECIPE_SECTIONS`), ``command`` the one it runs under. One check for every command that starts or
     resumes a run (``cli.common.resolve_run``), so a new command or option inherits it."""
     reads = RECIPE_SECTIONS[recipe]
     for key, _ in override_pairs(overrides):

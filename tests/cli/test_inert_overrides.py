@@ -1,12 +1,14 @@
 """An option the run would silently ignore is refused, for every command that starts or resumes a run.
 
 Two classes, each walked from the tables in ``gptforge.config`` (so a new section or a new dependent key is
-covered without a new test): a key of a section the command never reads (``train --lora.rank 8``,
-``sft --rl.kl_coef 0.1``: before, the run went on without it), and a key that acts only under a setting
+covered without a new test): a key of a section the command never reads (``train --rl.kl_coef 0.1``,
+``sft --dpo.beta 0.5``: before, the run went on without it), and a key that acts only under a setting
 this run lacks (``--lora.alpha`` at ``lora.rank`` 0, ``rl --gamma`` under GRPO, ``--rl.kl_horizon``
 without ``--kl-target``, ``--rl.reward_reduce`` without ``--reward-model``). Each refusal is one line,
 exit 2, naming the key; the same key with its setting given is accepted and reaches the config. Both on a
 fresh run (``--dry-run``) and on ``--resume``.
+
+``train --init-from M --lora.rank R`` is LoRA continued pretraining, so train reads lora.* (the walk checks it).
 
 Planted bugs these catch: the check skipped on resume; the check skipped on a fresh run; plan or bench unchecked; a command's own
 section refused (``rl`` told it never reads ``rl.*``); a dependent key refused even with its setting.

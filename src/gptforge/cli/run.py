@@ -147,7 +147,7 @@ def cmd_bench(args: argparse.Namespace, overrides: list[str]) -> int:
     from gptforge.config import refuse_inert_overrides
 
     cfg, _ = build_config(args, overrides)
-    refuse_inert_overrides(cfg, overrides, "pretrain", "bench")  # it times pretraining steps
+    refuse_inert_overrides(cfg, overrides, "bench", "bench")  # it times pretraining steps, never LoRA
     try:
         sweep = [int(b) for b in args.sweep_micro_batch.split(",")] if args.sweep_micro_batch else None
     except ValueError:
