@@ -165,3 +165,15 @@ def test_weights_that_are_not_finite_are_refused_naming_the_tensor(llama_dir, tm
     assert main(["sample", "--hf", str(d), "--max-new-tokens", "1", "--num-samples", "1"]) == 2
     err = _one_line(capsys)
     assert str(d / "model.safetensors") in err and "model.norm.weight" in err, err
+
+
+# `import hf --model D --out D` wrote checkpoints/ into the Hugging Face folder it read (and --out D/sub
+# inside it): a folder that is then both a model and a run. Refused before anything is read or written.
+@pytest.mark.parametrize("out", [".", "sub", "sub/deeper"])
+def test_import_never_writes_into_the_model_it_reads(llama_dir, tmp_path, capsys, out):
+    d = shutil.copytree(llama_dir, tmp_path / "llama")
+    before = sorted(p.name for p in d.iterdir())
+    assert main(["import", "hf", "--model", str(d), "--out", str(d / out)]) == 2
+    assert "--out" in (err := _one_line(capsys)) and "inside --model" in err
+    assert sorted(p.name for p in d.iterdir()) == before
+    assert main(["import", "hf", "--model", str(d), "--out", str(tmp_path / "run")]) == 0  # a folder of its own
