@@ -63,9 +63,18 @@ def _fn(name: str, kind: str):
     return getattr(module, f"{kind}_{name.replace('-', '_')}")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's refusal (a flag's bad value, an unknown or missing flag) as one line, exit 2, like every other
+    bad input, instead of the command's whole usage (16 lines for ``rl``) above it. Sub-commands' parsers are
+    of this class too (``add_subparsers`` makes its parsers of the parent's type), so every command has it."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The parser; with ``argv``, only the command it names gets its flags (and its module imported)."""
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="gptforge",
         description="Train GPT-2 and Llama-style language models from scratch and after: prepare data with any "
                     "tokenizer, pretrain (one CPU to many GPUs; FSDP, tensor and pipeline parallel), chat "
