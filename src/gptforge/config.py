@@ -506,12 +506,18 @@ def refuse_inert_overrides(cfg: Config, overrides: list[str], recipe: str, comma
     """Refuse a ``--section.key`` given on a command line that the run would silently ignore: a key of
     another command's section (``train --rl.kl_coef 0.1``, ``sft --dpo.beta 0.5``), or a key that acts only
     under a setting this config does not have (``--lora.alpha`` at ``lora.rank`` 0, ``rl --gamma`` under
-    GRPO). ``train --init-from M --lora.rank R`` is LoRA continued pretraining, so pretrain reads lora.*.
+    GRPO). A key given its default value changes nothing and passes (a whole config written out as
+    overrides reproduces a run). ``train --init-from M --lora.rank R`` is LoRA continued pretraining, so pretrain reads lora.*.
     ``recipe``: the run's kind (:data:`RECIPE_SECTIONS`), ``command`` the one it runs under. One check for every command that starts or
     resumes a run (``cli.common.resolve_run``), so a new command or option inherits it."""
     reads = RECIPE_SECTIONS[recipe]
     for key, _ in override_pairs(overrides):
-        section = key.split(".", 1)[0]
+        section, name = key.split(".", 1)
+        if section not in SECTION_OWNER:
+            continue
+        sec = getattr(cfg, section)
+        if getattr(sec, name) == getattr(type(sec)(), name):
+            continue  # the default, as every key of a whole config written out (a reproduced run) gives: nothing lost
         if section in SECTION_OWNER and section not in reads:
             raise ConfigError(f"--{key}: `gptforge {command}` never reads {section}.* (the settings of "
                               f"{SECTION_OWNER[section]}); drop it")

@@ -6,7 +6,7 @@ covered without a new test): a key of a section the command never reads (``train
 this run lacks (``--lora.alpha`` at ``lora.rank`` 0, ``rl --gamma`` under GRPO, ``--rl.kl_horizon``
 without ``--kl-target``, ``--rl.reward_reduce`` without ``--reward-model``). Each refusal is one line,
 exit 2, naming the key; the same key with its setting given is accepted and reaches the config. Both on a
-fresh run (``--dry-run``) and on ``--resume``.
+fresh run (``--dry-run``) and on ``--resume``. A key at its default value passes (nothing would be lost).
 
 ``train --init-from M --lora.rank R`` is LoRA continued pretraining, so train reads lora.* (the walk checks it).
 
@@ -123,3 +123,15 @@ def test_plan_and_bench_refuse_them_too(capsys):
     _refused(["bench", "--preset", "tiny", "--lora.rank", "2"], capsys, "--lora.rank", "`gptforge bench` never reads")
     assert main(["plan", "--preset", "tiny", "--lora.rank", "2", "--lora.targets", "c_attn"]) == 0
     assert "LoRA rank 2" in capsys.readouterr().out
+
+
+def test_a_default_value_changes_nothing_and_passes(world, tmp_path):
+    """Every key of a whole config written out as overrides (how test_distributed reproduces a run through
+    the CLI, or a user copying meta.json's config) names sections the command does not read, at their
+    defaults: nothing would be lost, so nothing is refused."""
+    for argv in ([*_argv(world, "sft", tmp_path / "r"), "--rl.kl_coef", "0.02", "--dpo.beta", "0.1"],
+                 [*_argv(world, "rl", tmp_path / "r"), "--gamma", "1.0", "--lora.alpha", "16"],
+                 [*_argv(world, "train", tmp_path / "r"), "--rl.kl_horizon", "10000", "--sft.val_count", "200"]):
+        buf = io.StringIO()
+        with redirect_stdout(buf):
+            assert main(argv) == 0, argv
