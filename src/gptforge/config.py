@@ -518,7 +518,7 @@ def refuse_inert_overrides(cfg: Config, overrides: list[str], recipe: str, comma
         sec = getattr(cfg, section)
         if getattr(sec, name) == getattr(type(sec)(), name):
             continue  # the default, as every key of a whole config written out (a reproduced run) gives: nothing lost
-        if section in SECTION_OWNER and section not in reads:
+        if section not in reads:
             raise ConfigError(f"--{key}: `gptforge {command}` never reads {section}.* (the settings of "
                               f"{SECTION_OWNER[section]}); drop it")
         for keys, acts, needs in ACTS_ONLY_WITH:
