@@ -21,7 +21,7 @@ LAYERS: list[list[str]] = [
     ["gptforge", "gptforge.tokens", "gptforge.errors", "gptforge.extras", "gptforge.runtime", "gptforge.assets",
      "gptforge.storage"],
     ["gptforge.models", "gptforge.data", "gptforge.kernels"],  # kernels: torch/triton only, used by the models
-    ["gptforge.config", "gptforge.config_help", "gptforge.presets", "gptforge.eval", "gptforge.generation", "gptforge.interop"],
+    ["gptforge.config", "gptforge.config_help", "gptforge.config_recipes", "gptforge.config_inert", "gptforge.presets", "gptforge.eval", "gptforge.generation", "gptforge.interop"],
     ["gptforge.optim", "gptforge.parallel"],  # optimizers and schedules; process groups and wrapping
     ["gptforge.run"],  # the run directory contract: checkpoints, metrics, signals, resume
     ["gptforge.load", "gptforge.plot"],  # read runs through gptforge.run, never through training

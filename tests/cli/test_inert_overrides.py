@@ -23,7 +23,7 @@ from contextlib import redirect_stdout
 import pytest
 
 from gptforge.cli import main
-from gptforge.config import ACTS_ONLY_WITH, RECIPE_SECTIONS, SECTION_OWNER
+from gptforge.config_inert import ACTS_ONLY_WITH, RECIPE_SECTIONS, SECTION_OWNER
 
 COMMANDS = {"train": "pretrain", "sft": "sft", "rl": "grpo", "rm": "rm", "dpo": "dpo"}
 NEEDS_DATA = {"sft": "conv", "rm": "prefs", "dpo": "prefs"}

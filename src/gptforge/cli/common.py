@@ -220,7 +220,7 @@ def resolve_run(out: str | None, resume: str | None, overrides: list[str], recip
     of the same recipe (or one of a tuple: ``rl`` continues GRPO and PPO). Trust comes only from this command line. ``--force`` (start over) is the
     loop's, after data and model are known to be good. An override the run would ignore (another command's
     section, or a key that acts only under a setting this run lacks) is refused here, for every command."""
-    from gptforge.config import refuse_inert_overrides
+    from gptforge.config_inert import refuse_inert_overrides
     from gptforge.run import checkpoint as ckpt
     from gptforge.run.checkpointer import Checkpointer
     from gptforge.run.resume import recipe_of, resume_config

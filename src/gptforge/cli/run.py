@@ -144,7 +144,7 @@ def args_bench(p: argparse.ArgumentParser) -> None:
 
 def cmd_bench(args: argparse.Namespace, overrides: list[str]) -> int:
     from gptforge.bench.train import run_bench
-    from gptforge.config import refuse_inert_overrides
+    from gptforge.config_inert import refuse_inert_overrides
 
     cfg, _ = build_config(args, overrides)
     refuse_inert_overrides(cfg, overrides, "bench", "bench")  # it times pretraining steps, never LoRA
@@ -184,7 +184,7 @@ def args_plan(p: argparse.ArgumentParser) -> None:
 
 def cmd_plan(args: argparse.Namespace, overrides: list[str]) -> int:
     from gptforge import plan
-    from gptforge.config import refuse_inert_overrides
+    from gptforge.config_inert import refuse_inert_overrides
 
     cfg, _ = build_config(args, overrides)
     refuse_inert_overrides(cfg, overrides, "plan", "plan")
