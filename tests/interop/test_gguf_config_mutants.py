@@ -8,38 +8,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 gguf = pytest.importorskip("gguf")
 
 from gptforge.interop.gguf_config import _check_extras_and_vocab  # noqa: E402
 from gptforge.interop.gguf_read import GGUFReadError, read_gguf  # noqa: E402
-from tests.interop.test_gguf_read import _alphabet, tiny_llama, write_gguf  # noqa: E402
+from tests.interop.test_gguf_read import _alphabet, rewrite_gguf, tiny_llama, write_gguf  # noqa: E402
 from tests.interop.test_gguf_tokenizer_edges import EOT, _bpe_file  # noqa: E402
 
 VT = gguf.GGUFValueType
-
-
-def _replaced(src: Path, dst: Path, key: str, value=None, vtype=None) -> Path:
-    """``src`` rewritten by the gguf package with metadata ``key`` set to ``value`` of GGUF type ``vtype``
-    (left out when ``vtype`` is None)."""
-    r = gguf.GGUFReader(str(src))
-    w = gguf.GGUFWriter(str(dst), str(bytes(r.fields["general.architecture"].parts[-1]), "utf-8"))
-    for k, f in r.fields.items():
-        if k.startswith("GGUF.") or k in ("general.architecture", key):
-            continue
-        vt = f.types[0]
-        (w.add_array(k, f.contents()) if vt == VT.ARRAY else w.add_key_value(k, f.contents(), vt))
-    if vtype is not None:
-        w.add_key_value(key, value, vtype)
-    for t in r.tensors:
-        w.add_tensor(t.name, np.array(t.data).reshape(tuple(int(x) for x in reversed(t.shape))))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return dst
 
 
 def _refused(path: Path, match: str) -> str:
@@ -58,12 +36,12 @@ def test_a_key_of_the_wrong_gguf_type_is_refused_as_llama_cpp_refuses_it(tmp_pat
     assert read_gguf(good, weights=False).metadata["llama.block_count"] == 2
     key = "llama.block_count"
     for i, (value, vtype) in enumerate([("2", VT.STRING), (2.0, VT.FLOAT32), (True, VT.BOOL)]):
-        bad = _replaced(good, tmp_path / f"t{i}.gguf", key, value, vtype)
+        bad = rewrite_gguf(good, tmp_path / f"t{i}.gguf", key, value, vtype)
         _refused(bad, rf"metadata key {key}={value!r} has the wrong type$")
-    missing = _replaced(good, tmp_path / "missing.gguf", key)
+    missing = rewrite_gguf(good, tmp_path / "missing.gguf", key)
     _refused(missing, rf"metadata key {key} is missing; gptforge needs it to build the Llama$")
     gpt = write_gguf(tmp_path / "gpt.gguf", tiny_llama(), arch="gpt2")
-    gpt = _replaced(gpt, tmp_path / "gptmissing.gguf", "gpt2.block_count")
+    gpt = rewrite_gguf(gpt, tmp_path / "gptmissing.gguf", "gpt2.block_count")
     _refused(gpt, r"metadata key gpt2\.block_count is missing; gptforge needs it to build the GPT$")
 
 

@@ -112,6 +112,27 @@ def write_gguf(path: Path, model: Llama, qtype: str = "F32", pre: str | None = "
     return path
 
 
+def rewrite_gguf(src: Path, dst: Path, key: str, value=None, vtype=None) -> Path:
+    """``src`` rewritten by the gguf package's reader and writer with metadata ``key`` set to ``value`` of
+    GGUF type ``vtype``, or left out when ``vtype`` is None; every other key and tensor as it was."""
+    r = gguf.GGUFReader(str(src))
+    w = gguf.GGUFWriter(str(dst), str(bytes(r.fields["general.architecture"].parts[-1]), "utf-8"))
+    for k, f in r.fields.items():
+        if k.startswith("GGUF.") or k in ("general.architecture", key):
+            continue
+        vt = f.types[0]
+        (w.add_array(k, f.contents()) if vt == gguf.GGUFValueType.ARRAY else w.add_key_value(k, f.contents(), vt))
+    if vtype is not None:
+        w.add_key_value(key, value, vtype)
+    for t in r.tensors:
+        w.add_tensor(t.name, np.array(t.data).reshape(tuple(int(x) for x in reversed(t.shape))))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst
+
+
 IDS = torch.tensor([[5, 77, 100, 3, 200, 9, 42, 260, 7, 1]])
 
 

@@ -24,32 +24,12 @@ from tests.interop.test_gguf_read import (  # noqa: E402
     TYPES,
     _logits,
     add_llama_hparams,
+    rewrite_gguf,
     tiny_llama,
     write_gguf,
 )
 
 Q = gguf.GGMLQuantizationType
-
-
-def _without_key(src: Path, dst: Path, key: str) -> Path:
-    """``src`` rewritten by the gguf package's reader and writer with metadata ``key`` left out."""
-    r = gguf.GGUFReader(str(src))
-    w = gguf.GGUFWriter(str(dst), str(bytes(r.fields["general.architecture"].parts[-1]), "utf-8"))
-    for k, f in r.fields.items():
-        if k.startswith("GGUF.") or k in ("general.architecture", key):
-            continue
-        vt = f.types[0]
-        if vt == gguf.GGUFValueType.ARRAY:
-            w.add_array(k, f.contents())
-        else:
-            w.add_key_value(k, f.contents(), vt)
-    for t in r.tensors:
-        w.add_tensor(t.name, np.array(t.data).reshape(tuple(int(x) for x in reversed(t.shape))))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return dst
 
 
 def test_a_llama_without_its_rms_epsilon_is_refused(tmp_path, capsys):
@@ -62,7 +42,7 @@ def test_a_llama_without_its_rms_epsilon_is_refused(tmp_path, capsys):
     good = write_gguf(tmp_path / "good.gguf", tiny_llama())
     assert read_gguf(good, weights=False).model is None
     key = "llama.attention.layer_norm_rms_epsilon"
-    bad = _without_key(good, tmp_path / "noeps.gguf", key)
+    bad = rewrite_gguf(good, tmp_path / "noeps.gguf", key)
     with pytest.raises(GGUFReadError, match=rf"{key} is missing") as e:
         read_gguf(bad)
     assert str(bad) in str(e.value) and "\n" not in str(e.value)
