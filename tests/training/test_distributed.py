@@ -116,6 +116,10 @@ def runs(tmp_path_factory, tokenizer):
     # GRPO across ranks: each rank samples half of the problems' groups; compared with one process below
     chat = _chat_checkpoint(tmp)
     jobs.append({"cli": ["rl", "--init-from", str(chat), "--out", str(tmp / "rl2"), *RL_ARGS]})
+    # graded rewards (a random model scores 0 on the task's own): the advantages, and scale_rewards batch's
+    # std over every rank's replies (count, sum and sum of squares all-reduced), against one process
+    for scale in GRADED:
+        jobs.append({"cli": ["rl", "--init-from", str(chat), "--out", str(tmp / f"rl_{scale}2"), *_graded(scale)]})
     # rm, dpo and PPO across ranks; each compared with one process accumulating the same global batch
     from gptforge.eval.tasks.preferences import preference_set, write_preferences
 
@@ -127,7 +131,9 @@ def runs(tmp_path_factory, tokenizer):
     jobs.append({"cli": _lora_sft_argv(lora_base, convs, tmp / "lora_sft2")})
     spec = tmp / "jobs.json"
     spec.write_text(json.dumps(jobs))
-    proc = _torchrun([str(HERE / "dist_worker.py"), str(spec)])
+    root = str(HERE.parent.parent)  # tests.training.graded_reward, importable by the workers
+    proc = _torchrun([str(HERE / "dist_worker.py"), str(spec)],
+                     env_extra={"PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     names = ("ddp", "zero", "fsdp", "fsdp_block", "fsdp_keep", "fsdp_part", "fsdp_rest", "fsdp_to_zero",
              "ddp_to_fsdp", "drop", "drop_part", "drop_rest")
@@ -144,6 +150,8 @@ def runs(tmp_path_factory, tokenizer):
     from gptforge.cli import main as cli
 
     assert cli(["rl", "--init-from", str(chat), "--out", str(tmp / "rl1"), *RL_ARGS]) == 0
+    for scale in GRADED:
+        assert cli(["rl", "--init-from", str(chat), "--out", str(tmp / f"rl_{scale}1"), *_graded(scale)]) == 0
     for name in ALIGN:
         assert cli(_align_argv(name, chat, prefs, tmp / f"{name}1", world=1)) == 0
     assert cli(_lora_sft_argv(lora_base, convs, tmp / "lora_sft1")) == 0
@@ -154,6 +162,12 @@ def runs(tmp_path_factory, tokenizer):
 
 RL_ARGS = ["--task", "arithmetic", "--prompts", "4", "--group", "3", "--max-new-tokens", "5", "--eval-n", "6",
            "--steps", "3", "--lr", "3e-3", "--temperature", "1.5", "--device", "cpu", "--micro-batch", "4"]
+
+GRADED = ("group", "batch")  # rl.scale_rewards under a graded reward
+
+
+def _graded(scale: str) -> list[str]:
+    return [*RL_ARGS, "--reward", "tests.training.graded_reward:graded", "--rl.scale_rewards", scale]
 
 
 # world 2 takes 2 pairs (rm, dpo) or 2 problems' replies (ppo) per rank; world 1 accumulates both halves
@@ -209,32 +223,41 @@ def _chat_checkpoint(tmp: Path) -> Path:
                                 {"config": Config(model=mcfg).to_dict(), "chat_template": t.to_dict()})
 
 
-def test_grpo_on_two_ranks_equals_one_rank(runs):
+@pytest.mark.parametrize("run", ["rl", *(f"rl_{s}" for s in GRADED)])
+def test_grpo_on_two_ranks_equals_one_rank(runs, run):
     """Rollouts split by rank (each rank samples whole groups, with the random draws those rows get in
     the whole batch) and DDP's average of equal shares give the 1-process run: the same replies, so
     the same rewards and accuracies exactly; losses and weights to float tolerance (the ranks' batches
-    are padded to other lengths, and the gradient is summed in another order)."""
+    are padded to other lengths, and the gradient is summed in another order). ``rl``: the task's
+    reward (all 0 for this random model); ``rl_group``/``rl_batch``: a graded reward, with the advantages
+    scaled by each group's std or by the std of the whole step's replies, gathered from both ranks."""
     from gptforge.run.metrics import read_metrics
 
-    one, two = (read_metrics(runs["dirs"] / name / "metrics.jsonl") for name in ("rl1", "rl2"))
+    one, two = (read_metrics(runs["dirs"] / name / "metrics.jsonl") for name in (f"{run}1", f"{run}2"))
     steps = [[r for r in recs if r["kind"] == "rl"] for recs in (one, two)]
     assert [r["step"] for r in steps[0]] == [r["step"] for r in steps[1]] == [1, 2, 3]
     for a, b in zip(*steps, strict=True):
-        assert (a["reward"], a["accuracy"], a["reply_len"]) == (b["reward"], b["accuracy"], b["reply_len"])
+        assert (a["accuracy"], a["reply_len"]) == (b["accuracy"], b["reply_len"])
+        assert a["reward"] == pytest.approx(b["reward"], rel=1e-6)  # equal rewards, averaged in float32 per rank
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-4, abs=1e-6)
         assert a["kl"] == pytest.approx(b["kl"], rel=1e-3, abs=1e-7)
+    if run != "rl":  # graded: the advantages are not all 0, so the update depends on their scale
+        assert all(0 < r["reward"] for r in steps[0]) and len({r["loss"] for r in steps[0]}) == 3
     evals = [[(r["step"], r["acc"], r["n"]) for r in recs if r["kind"] == "eval"] for recs in (one, two)]
     assert evals[0] == evals[1] and [e[0] for e in evals[0]] == [0, 3]
     from gptforge.models.gpt2 import GPT
 
     w = []
-    for name in ("rl1", "rl2"):
+    for name in (f"{run}1", f"{run}2"):
         last = ckpt.latest_checkpoint(runs["dirs"] / name)
         model = GPT(Config.from_dict(ckpt.read_meta(last)["config"]).model)
         ckpt.load_model_weights(model, last)
         w.append(model.state_dict())
+    # graded: as PPO's below, a bias whose gradient is float noise (c_attn's key bias: softmax ignores it)
+    # moves by a noisy share of lr 3e-3 under Adam (seen: 3.5e-6); 1e-5 is under 1% of one step
+    atol = 1e-6 if run == "rl" else 1e-5
     for k in w[0]:
-        torch.testing.assert_close(w[0][k], w[1][k], rtol=1e-4, atol=1e-6, msg=k)
+        torch.testing.assert_close(w[0][k], w[1][k], rtol=1e-4, atol=atol, msg=lambda m, k=k: f"{k}: {m}")
 
 
 @pytest.mark.parametrize("name", list(ALIGN))
