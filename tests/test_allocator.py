@@ -59,7 +59,9 @@ def test_big_blocks_are_reused_not_faulted_in_every_step_and_the_numbers_do_not_
     assert int(faults) < 40_000, f"{faults} page faults in 4 steps"
     said, system_faults, system_losses = _run(FAULTS_PER_STEP, "system")[:3]
     assert said == "system malloc (GPTFORGE_ALLOCATOR=system)"
-    assert int(system_faults) > 4 * 40_000  # what the fix removes (if this fails, the default has changed)
+    # what the fix removes (if this fails, the default has changed): 150,925-207,533 measured on the 2-core
+    # machine (glibc's dynamic mmap threshold makes it vary; 4 x 40,000 failed once under the suite's load)
+    assert int(system_faults) > 2 * 40_000
     assert losses == system_losses  # repr of Python floats: equal is bit for bit
 
 
