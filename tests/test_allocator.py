@@ -3,6 +3,7 @@ kernel stops mapping and zero-filling them each time, and the numbers do not cha
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -50,6 +51,13 @@ def _run(code: str, mode: str) -> list[str]:
     return r.stdout.split("\n")
 
 
+@functools.cache
+def _system_run() -> tuple[str, str, str]:
+    """The system allocator's run, once for both modes below (a subprocess of ~8 s on the 2-core machine)."""
+    said, faults, losses = _run(FAULTS_PER_STEP, "system")[:3]
+    return said, faults, losses
+
+
 @pytest.mark.skipif(not GLIBC, reason="glibc only")
 @pytest.mark.parametrize("mode", ["glibc", "auto"])
 def test_big_blocks_are_reused_not_faulted_in_every_step_and_the_numbers_do_not_change(mode):
@@ -57,7 +65,7 @@ def test_big_blocks_are_reused_not_faulted_in_every_step_and_the_numbers_do_not_
     assert said.startswith("tcmalloc-minimal" if mode == "auto" and TCMALLOC else "glibc malloc, large blocks kept")
     # the default maps, zero-fills and unmaps the logits and their gradient: ~50,000 faults a step
     assert int(faults) < 40_000, f"{faults} page faults in 4 steps"
-    said, system_faults, system_losses = _run(FAULTS_PER_STEP, "system")[:3]
+    said, system_faults, system_losses = _system_run()
     assert said == "system malloc (GPTFORGE_ALLOCATOR=system)"
     # what the fix removes (if this fails, the default has changed): 150,925-207,533 measured on the 2-core
     # machine (glibc's dynamic mmap threshold makes it vary; 4 x 40,000 failed once under the suite's load)
