@@ -1,0 +1,57 @@
+"""The ``train.*`` keys that shape a pretraining run, tested through to their effect (issue 36; the config-key
+walk in tests/cli/test_every_config_key_has_an_effect.py names these tests): one tiny run, and what it logs
+compared with counts made by hand from the settings, never with another run of the same code.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import gptforge.generation as generation
+from gptforge.run.metrics import read_metrics
+from gptforge.training.loop import train
+from tests.conftest import tiny_config
+
+
+def test_batch_logging_validation_and_sample_keys_shape_the_run(shard_dir, tmp_path, capsys, monkeypatch):
+    """seq_len 16 and micro_batch 2 with total_batch_tokens 128: 4 micro-batches of 32 tokens a step, 128
+    tokens a step counted in the metrics; val_every 4 of 6 steps: val losses at 4 and at the end (6), over
+    val_tokens 96 / 32 = 3 batches; log_every 4: printed step lines at 4 and at the end only (metrics every
+    step); sample_every 3: samples at 3 and 6, each generating sample_tokens 5 new tokens."""
+    asked = []
+    real = generation.generate
+
+    def spy(model, idx, max_new_tokens, **kw):
+        asked.append(max_new_tokens)
+        return real(model, idx, max_new_tokens=max_new_tokens, **kw)
+
+    monkeypatch.setattr(generation, "generate", spy)
+    cfg = tiny_config(shard_dir, tmp_path / "run", micro_batch=2, seq_len=16, total_batch_tokens=128, max_steps=6,
+                      val_every=4, val_tokens=96, log_every=4, sample_every=3, sample_tokens=5)
+    cfg.model.vocab_size = 50304  # samples are decoded with GPT-2's tokenizer (none below its vocabulary)
+    cfg.model.dropout = 0.0
+    train(cfg)
+    log = capsys.readouterr().out
+    recs = read_metrics(tmp_path / "run")
+    steps = [r for r in recs if r["kind"] == "train"]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4, 5, 6]
+    assert [r["tokens"] for r in steps] == [128 * k for k in range(1, 7)]
+    assert "B 2 T 16 x accum 4 = 128 tokens/step" in log
+    assert [r["step"] for r in recs if r["kind"] == "val"] == [4, 6]
+    assert log.count("(3 batches)") == 2
+    printed = [int(line.split("/")[0].split()[-1]) for line in log.splitlines() if line.startswith("step ") and "/6 |" in line]
+    assert printed == [4, 6]
+    assert sorted({r["step"] for r in recs if r["kind"] == "sample"}) == [3, 6]
+    assert asked == [5, 5]
+
+
+@pytest.mark.parametrize("start, per_step", [(0.25, [1, 2, 3, 3, 4, 4]), (0.5, [2, 3, 3, 4, 4, 4])])
+def test_the_batch_ramp_keys_set_each_steps_micro_batches(shard_dir, tmp_path, start, per_step):
+    """batch_warmup_steps 4 from batch_warmup_start of the 4 micro-batches (32 tokens each): the step's
+    micro-batches ramp linearly, rounded half up, at least one, to the full batch at step 4. By hand, for
+    start 0.25: 1, 1.75, 2.5, 3.25 -> 1, 2, 3, 3; for 0.5: 2, 2.5, 3, 3.5 -> 2, 3, 3, 4."""
+    cfg = tiny_config(shard_dir, tmp_path / "run", micro_batch=2, seq_len=16, total_batch_tokens=128, max_steps=6,
+                      val_every=0, batch_warmup_steps=4, batch_warmup_start=start)
+    train(cfg)
+    tokens = [r["tokens"] for r in read_metrics(tmp_path / "run") if r["kind"] == "train"]
+    assert [b - a for a, b in zip([0, *tokens], tokens, strict=False)] == [32 * n for n in per_step]
