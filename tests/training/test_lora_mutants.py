@@ -346,3 +346,27 @@ def test_adapter_params_by_hand():
     assert adapter_params(cfg, 4, ["c_attn", "c_fc"]) == 3 * ADAPT_ATTN_FC
     assert adapter_params(cfg, 2, []) == 3 * 2 * (32 + 96)  # the default: c_attn
     assert adapter_params(cfg, 8, ["c_proj"]) == 3 * 8 * ((32 + 32) + (128 + 32))  # attn.c_proj and mlp.c_proj
+
+
+@pytest.mark.parametrize("p", [0.0, 0.3])
+def test_lora_dropout_reaches_the_adapters_of_a_run(p):
+    """``lora.dropout`` through ``attach_lora`` (the run path): in training mode each adapted layer is
+    W x + b + (alpha / rank) B A dropout_p(x), written out here with the same random draw; dropout 0 leaves
+    the input whole (the layer equals it with the mask of ones)."""
+    import torch.nn.functional as F
+
+    model = _gpt()
+    _attach(model, _cfg(dropout=p))
+    model.train()
+    layer = model.transformer.h[0].attn.c_attn
+    torch.manual_seed(3)
+    with torch.no_grad():
+        layer.lora_B.weight.normal_()
+    x = torch.randn(2, 5, 32)
+    torch.manual_seed(11)
+    got = layer(x)
+    torch.manual_seed(11)
+    kept = F.dropout(x, p, training=True)
+    want = F.linear(x, layer.weight, layer.bias) + kept @ layer.lora_A.weight.T @ layer.lora_B.weight.T * (8.0 / 4)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert (kept == 0).any() == (p > 0)
