@@ -55,3 +55,39 @@ def test_the_batch_ramp_keys_set_each_steps_micro_batches(shard_dir, tmp_path, s
     train(cfg)
     tokens = [r["tokens"] for r in read_metrics(tmp_path / "run") if r["kind"] == "train"]
     assert [b - a for a, b in zip([0, *tokens], tokens, strict=False)] == [32 * n for n in per_step]
+
+
+def test_the_eval_keys_score_those_tasks_at_those_steps(shard_dir, tmp_path, eval_data, monkeypatch):
+    """eval.every 2 of 4 steps: task scores at steps 2 and 4 (and at the end, which is 4), one record per task
+    of eval.tasks, each over eval.limit 3 rows; eval.batch_tokens 512 is what the batched scorer is given
+    (the scorer's batching is checked against one-at-a-time scoring in tests/eval/test_eval.py)."""
+    import gptforge.training.evaluate as during
+
+    given = []
+    real = during.evaluate
+
+    def spy(model, prepared, device, autocast, batch_tokens, *rest):
+        given.append(batch_tokens)
+        return real(model, prepared, device, autocast, batch_tokens, *rest)
+
+    monkeypatch.setattr(during, "evaluate", spy)
+    cfg = tiny_config(shard_dir, tmp_path / "run", max_steps=4, val_every=0)
+    cfg.model.vocab_size = 50304  # the tasks are GPT-2 text
+    cfg.eval.every, cfg.eval.tasks, cfg.eval.limit, cfg.eval.batch_tokens = 2, "piqa,lambada", 3, 512
+    train(cfg)
+    evals = [(r["step"], r["task"], r["n"]) for r in read_metrics(tmp_path / "run") if r["kind"] == "eval"]
+    assert sorted(evals) == [(s, t, 3) for s in (2, 4) for t in ("lambada", "piqa")]
+    assert given == [512, 512]
+
+
+def test_val_split_names_the_shards_validation_reads(shard_dir, tmp_path, capsys):
+    """data.val_split dev: validation reads the toy_dev shard (100 tokens: 100 // (2 x 16) = 3 batches,
+    counted by hand), not toy_val's 8,000 tokens (val_tokens 1,024 would give 32 batches there)."""
+    from gptforge.data.shards import write_shard
+
+    write_shard(shard_dir / "toy_dev_000000.bin", list(range(100)))
+    cfg = tiny_config(shard_dir, tmp_path / "run", micro_batch=2, seq_len=16, total_batch_tokens=64, max_steps=2,
+                      val_every=2, val_tokens=1024)
+    cfg.data.val_split = "dev"
+    train(cfg)
+    assert "val loss" in (log := capsys.readouterr().out) and "(3 batches)" in log and "(32 batches)" not in log
