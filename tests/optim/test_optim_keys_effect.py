@@ -57,17 +57,20 @@ def _run(opt: torch.optim.Optimizer, params: list[torch.nn.Parameter]) -> list[l
     return seen
 
 
-@pytest.mark.parametrize("name", ["adamw", "muon"])
-def test_adamw_keys_reach_the_step(name):
-    """lr, beta1, beta2, eps and weight_decay, under plain AdamW and as Muon's AdamW part (the embeddings,
-    the head, the norms and the biases): each weight equals AdamW by hand; decay only on 2-D weights."""
+@pytest.mark.parametrize("name, fused", [("adamw", False), ("adamw", True), ("muon", False)])
+def test_adamw_keys_reach_the_step(name, fused):
+    """lr, beta1, beta2, eps and weight_decay, under plain AdamW (torch's fused kernel or not: optim.fused)
+    and as Muon's AdamW part (the embeddings, the head, the norms and the biases): each weight equals AdamW
+    by hand; decay only on 2-D weights."""
     model = _model()
-    cfg = OptimConfig(**ADAMW, **(MUON if name == "muon" else {}))
+    cfg = OptimConfig(**{**ADAMW, "fused": fused}, **(MUON if name == "muon" else {}))
     params = [p for p in model.parameters() if p.requires_grad]
     start = [p.detach().clone() for p in params]
     opt = build_optimizer(model, cfg, "cpu")
     muon = {id(p) for g in opt.param_groups if g.get("kind") == "muon" for p in g["params"]}
     assert (len(muon) > 0) == (name == "muon")
+    if name == "adamw":
+        assert opt.defaults["fused"] is fused  # the kernel asked for (same arithmetic, within float32)
     grads = _run(opt, params)
     checked = 0
     for i, (p, p0) in enumerate(zip(params, start, strict=True)):
@@ -101,3 +104,20 @@ def test_muon_keys_reach_the_step():
     assert len(ref) >= 4  # c_attn, attn c_proj, c_fc, mlp c_proj
     for r, p in zip(ref, group["params"], strict=True):
         torch.testing.assert_close(p.detach(), r.detach(), rtol=0, atol=2e-6)
+
+
+def test_muon_params_picks_the_matrices_muon_takes():
+    """optim.muon_params: name globs pick Muon's matrices (here the MLP's two), every other parameter goes
+    to AdamW; "auto" takes the blocks' four Linear weights (c_attn, attn c_proj, c_fc, mlp c_proj)."""
+    def groups(spec: str) -> tuple[list[str], int]:
+        model = _model()
+        names = {id(p): n for n, p in model.named_parameters()}
+        opt = build_optimizer(model, OptimConfig(**{**ADAMW, **MUON, "muon_params": spec}), "cpu")
+        muon = sorted(names[id(p)] for g in opt.param_groups if g.get("kind") == "muon" for p in g["params"])
+        return muon, sum(len(g["params"]) for g in opt.param_groups)
+
+    mlp, total = groups("*.mlp.c_fc.weight,*.mlp.c_proj.weight")
+    assert mlp == ["transformer.h.0.mlp.c_fc.weight", "transformer.h.0.mlp.c_proj.weight"]
+    auto, total_auto = groups("auto")
+    assert auto == sorted(f"transformer.h.0.{m}.weight" for m in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"))
+    assert total == total_auto == sum(1 for _ in _model().parameters())  # every parameter in exactly one group

@@ -91,3 +91,18 @@ def test_val_split_names_the_shards_validation_reads(shard_dir, tmp_path, capsys
     cfg.data.val_split = "dev"
     train(cfg)
     assert "val loss" in (log := capsys.readouterr().out) and "(3 batches)" in log and "(32 batches)" not in log
+
+
+def test_threads_is_the_intra_op_thread_count_the_run_computes_with(shard_dir, tmp_path, capsys):
+    """train.threads 3 (not this machine's default): torch computes with 3 intra-op threads and the start
+    line says so."""
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        cfg = tiny_config(shard_dir, tmp_path / "run", max_steps=1, val_every=0, threads=3)
+        train(cfg)
+        assert torch.get_num_threads() == 3
+        assert "| 3 CPU threads |" in capsys.readouterr().out
+    finally:
+        torch.set_num_threads(before)
