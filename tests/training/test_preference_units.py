@@ -466,6 +466,30 @@ def test_dpo_reference_is_the_starting_model_also_after_a_resume(tmp_path):
     assert dpo.ref is None
 
 
+def test_dpo_max_new_tokens_caps_the_task_evals_replies(tmp_path, monkeypatch):
+    """dpo.max_new_tokens 3: the held-out task eval of a DPO run (``--dpo.task``) asks for replies of at most 3
+    tokens, at the start and at the end, for the eval_n problems given."""
+    import gptforge.training.grpo as grpo
+    from gptforge.cli import main
+    from gptforge.eval.tasks.preferences import preference_set, write_preferences
+    from tests.conftest import tiny_chat_checkpoint
+
+    asked = []
+    real = grpo.held_out_correct
+
+    def spy(model, enc, template, problems, max_new):
+        asked.append((len(problems), max_new))
+        return real(model, enc, template, problems, max_new)
+
+    monkeypatch.setattr(grpo, "held_out_correct", spy)
+    chat = tiny_chat_checkpoint(tmp_path / "chat")
+    prefs = write_preferences(preference_set("compare", 16, seed=1), tmp_path / "p.jsonl")
+    assert main(["dpo", "--init-from", str(chat), "--data", str(prefs), "--out", str(tmp_path / "d"), "--steps", "1",
+                 "--micro-batch", "2", "--val-count", "4", "--device", "cpu", "--task", "compare", "--eval-n", "5",
+                 "--dpo.max_new_tokens", "3"]) == 0
+    assert asked == [(5, 3), (5, 3)]
+
+
 def test_dpo_task_eval_problems_and_the_unknown_task_refusal(tmp_path):
     from gptforge.config import ConfigError
     from gptforge.data.chat import ChatTemplate

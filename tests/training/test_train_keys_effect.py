@@ -106,3 +106,42 @@ def test_threads_is_the_intra_op_thread_count_the_run_computes_with(shard_dir, t
         assert "| 3 CPU threads |" in capsys.readouterr().out
     finally:
         torch.set_num_threads(before)
+
+
+def test_data_dir_and_train_split_name_the_shards_training_reads(shard_dir, tmp_path, monkeypatch):
+    """data.dir and data.train_split: the training loader is given exactly that folder's shards of that split
+    (here a lone toy_dev shard in a folder of its own), nothing of the other folder or split."""
+    import shutil
+
+    import gptforge.training.pretrain as pretrain
+
+    other = tmp_path / "other"
+    other.mkdir()
+    for f in shard_dir.iterdir():
+        shutil.copy(f, other / f.name)
+    shutil.copy(other / "toy_train_000000.bin", other / "toy_dev_000000.bin")
+    given = []
+    real = pretrain.make_loader
+
+    def spy(files, *a, **kw):
+        given.append([str(f) for f in files])
+        return real(files, *a, **kw)
+
+    monkeypatch.setattr(pretrain, "make_loader", spy)
+    cfg = tiny_config(shard_dir, tmp_path / "run", max_steps=1, val_every=0)
+    cfg.data.dir, cfg.data.train_split = str(other), "dev"
+    train(cfg)
+    assert given == [[str(other / "toy_dev_000000.bin")]]
+
+
+def test_dtype_bfloat16_computes_the_loss_under_bf16_autocast(shard_dir, tmp_path, capsys):
+    """train.dtype bfloat16 on CPU: the same run's first loss moves from float32's by bf16 rounding (more than
+    float32 noise, far less than a different model), and the start line names the precision."""
+    losses = {}
+    for dtype in ("float32", "bfloat16"):
+        cfg = tiny_config(shard_dir, tmp_path / dtype, max_steps=1, val_every=0, dtype=dtype)
+        cfg.model.dropout = 0.0
+        train(cfg)
+        losses[dtype] = [r["loss"] for r in read_metrics(tmp_path / dtype) if r["kind"] == "train"][0]
+        assert f"| {dtype} |" in capsys.readouterr().out
+    assert 1e-5 < abs(losses["bfloat16"] - losses["float32"]) < 0.05, losses
