@@ -342,6 +342,41 @@ def test_changed_settings_refused_unless_forced(tmp_path, tokenizer):
         prepare(FilesSource([path]), out, settings(shard_tokens=999), progress=False)
 
 
+def test_an_input_edited_in_place_is_refused_naming_it_and_force_prepares_it_again(tmp_path, tokenizer):
+    """A text file rewritten with the same size (an edit that keeps the byte count) after its shards were made:
+    running the same command again is refused in one line naming the file (before, path and size matched,
+    and the run said it was complete with the old text's shards); --force prepares it again, to exactly the
+    shards of the new text. A manifest written before files carried their modification time still resumes."""
+    import os
+
+    docs = make_docs(12, seed=3)
+    src = tmp_path / "txt"
+    src.mkdir()
+    for i, t in enumerate(docs):
+        (src / f"{i:02d}.txt").write_text(t, encoding="utf-8")
+    out = tmp_path / "out"
+    prepare(FilesSource([src]), out, settings(shard_tokens=300), progress=False)
+    manifest = json.loads((out / "manifest.json").read_text())
+    f = src / "03.txt"
+    docs[3] = docs[3].swapcase()
+    assert len(docs[3].encode()) == f.stat().st_size and docs[3] != f.read_text(encoding="utf-8")
+    f.write_text(docs[3], encoding="utf-8")
+    st = f.stat()
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    with pytest.raises(ShardError, match=f"^{f}: changed since the shards in {out} were made") as e:
+        prepare(FilesSource([src]), out, settings(shard_tokens=300), progress=False)
+    assert "--force" in str(e.value) and "\n" not in str(e.value)
+    prepare(FilesSource([src]), out, settings(shard_tokens=300), progress=False, force=True)
+    assert_matches(out, reference_shards(tokenizer, docs, 300))
+    # an older manifest (paths and sizes only) of the same files is still the same input
+    legacy = json.loads((out / "manifest.json").read_text())
+    for rec in legacy["source"]["files"]:
+        rec.pop("mtime_ns")
+    (out / "manifest.json").write_text(json.dumps(legacy))
+    assert prepare(FilesSource([src]), out, settings(shard_tokens=300), progress=False)["tokens"] == legacy["tokens"]
+    assert all("mtime_ns" in rec for rec in manifest["source"]["files"])
+
+
 def test_wide_vocabulary_writes_uint32_shards(tmp_path, tokenizer):
     """A tokenizer saved as a bundle (GPT-2's ranks with <|endoftext|> moved past 65,535: 100,001 ids)
     is what --tokenizer names; spawned workers load the same bundle."""

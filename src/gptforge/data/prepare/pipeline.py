@@ -303,6 +303,31 @@ class _Writer:
         self.fill = 0
 
 
+def _as_saved(ident: dict, saved: dict) -> dict:
+    """``ident`` as a manifest written before files carried their modification time would hold it (path and
+    size only), so such a manifest still resumes; a newer one is compared with the time."""
+    files = (saved.get("source") or {}).get("files") if isinstance(saved.get("source"), dict) else None
+    if ident["source"].get("kind") != "files" or not isinstance(files, list) or any(
+            isinstance(f, dict) and "mtime_ns" in f for f in files):
+        return ident
+    source = {**ident["source"], "files": [{k: v for k, v in f.items() if k != "mtime_ns"} for f in ident["source"]["files"]]}
+    return {**ident, "source": source}
+
+
+def _changed_files(saved: object, now: dict) -> str | None:
+    """The first input file whose record differs while the list of paths is the same (None otherwise)."""
+    if not isinstance(saved, dict) or now.get("kind") != "files" or saved.get("text_field") != now.get("text_field"):
+        return None
+    old = saved.get("files")
+    if not isinstance(old, list) or [f.get("path") if isinstance(f, dict) else None for f in old] != [
+            f["path"] for f in now["files"]]:
+        return None
+    for a, b in zip(old, now["files"], strict=True):
+        if any(a.get(k) != b[k] for k in a.keys() & b.keys()) or a.get("bytes") != b["bytes"]:
+            return b["path"]
+    return None
+
+
 def _open_manifest(out: Path, ident: dict, force: bool) -> dict:
     """The manifest to continue from (verified), or a fresh one. Removes anything a kill left behind."""
     path = out / MANIFEST
@@ -316,8 +341,13 @@ def _open_manifest(out: Path, ident: dict, force: bool) -> dict:
                 and isinstance(s.get("tokens"), int) and isinstance(s.get("sha256"), str) for s in shards):
             raise ShardError(f"{path}: shards: expected a list of {{file, tokens, sha256}} naming files in {out}; the "
                              f"manifest is damaged: delete {out} or pass --force to start over")
-        same = m.get("format") == MANIFEST_FORMAT and {k: m.get(k) for k in ident} == ident
+        same = m.get("format") == MANIFEST_FORMAT and {k: m.get(k) for k in ident} == _as_saved(ident, m)
         if not same and not force:
+            changed = _changed_files(m.get("source"), ident["source"])
+            if changed:
+                raise ShardError(f"{changed}: changed since the shards in {out} were made from it (its size or "
+                                 "modification time differs from the manifest's); pass --force to prepare again "
+                                 "from the files as they are now, or choose another --out")
             raise ShardError(
                 f"{out} holds shards prepared from another source or with other settings "
                 f"(see {path}); choose another --out, or pass --force to delete them and start over")

@@ -80,9 +80,14 @@ class FilesSource:
             _pyarrow()  # a missing pyarrow is reported now, before any work
 
     def describe(self) -> dict:
-        """Identity of the input, checked when a run resumes (a changed input would shift documents)."""
-        return {"kind": "files", "text_field": self.text_field,
-                "files": [{"path": str(f.resolve()), "bytes": f.stat().st_size} for f in self.files]}
+        """Identity of the input, checked when a run resumes or is run again (a changed input would shift
+        documents, or leave shards of the old text): each file's path, size and modification time (an edit
+        that keeps the size still moves the time; a copy without its times is refused too: --force)."""
+        out = []
+        for f in self.files:
+            st = f.stat()
+            out.append({"path": str(f.resolve()), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns})
+        return {"kind": "files", "text_field": self.text_field, "files": out}
 
     def total_items(self) -> int | None:
         """Item count when cheap to know (txt and parquet footers); None when a jsonl is present."""
