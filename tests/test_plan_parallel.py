@@ -207,3 +207,25 @@ def test_plan_gpu_bad_input(capsys):
     assert "no layout of 7 GPUs" in capsys.readouterr().err
     assert main(["plan", "--preset", "gpt3-175b", "--gpus", "8", "--gpu", "a100-40"]) == 1  # nothing fits
     assert "nothing fits" in capsys.readouterr().out
+
+
+def test_plan_says_why_it_splits_the_model_when_the_batch_does_not_divide(capsys):
+    """gpt2-124m's 512 sequences on 3 GPUs: no data-parallel degree of 3 (512 = 3 x 170 + 2), so the search
+    splits the model (PP 3) and says why, naming the nearest batches that divide: 510 and 513 sequences of
+    1,024 tokens (by hand: 522,240 and 525,312 tokens). With one of them the plan is data-parallel over all 3
+    and faster; on 4 GPUs (512 divides by 4) nothing is said."""
+    assert main(["plan", "--preset", "gpt2-124m", "--gpus", "3", "--gpu", "h100-80"]) == 0
+    out = capsys.readouterr().out
+    layout = next(line for line in out.splitlines() if line.startswith("layout:"))
+    assert "DP 1" in layout
+    assert ("note: data parallelism over all 3 GPUs is not possible: the global batch of 512 sequences does not "
+            "divide by 3, so the model is split instead; --train.total_batch_tokens 522240 or "
+            "--train.total_batch_tokens 525312 would allow it") in out
+    step = float(next(line for line in out.splitlines() if line.startswith("step ")).split()[1])
+    assert main(["plan", "--preset", "gpt2-124m", "--gpus", "3", "--gpu", "h100-80",
+                 "--train.total_batch_tokens", "525312"]) == 0
+    out = capsys.readouterr().out
+    assert "layout: DP 3 x TP 1 x PP 1" in out and "note:" not in out
+    assert float(next(line for line in out.splitlines() if line.startswith("step ")).split()[1]) < step
+    assert main(["plan", "--preset", "gpt2-124m", "--gpus", "4", "--gpu", "h100-80"]) == 0
+    assert "note:" not in capsys.readouterr().out

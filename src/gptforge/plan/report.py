@@ -126,6 +126,8 @@ def run_parallel(cfg: Config, preset: str, *, gpus: int, gpu: str, gpu_mem: floa
               f"{c.tflops / 1e12:.0f} TFLOP/s per GPU (counting recomputed FLOPs, as Megatron-LM does), MFU {c.mfu:.1%}")
         print(f"days to {tokens / 1e9:g}B tokens: {days(c, tokens, batch, T):.1f}")
         print("run with: " + " ".join(layout_overrides(c.layout)))
+        if batch % gpus and c.layout.dp < gpus:
+            print(data_parallel_note(gpus, batch, T))
         if len(best) > 1:
             print("runners-up:")
             for r in best[1:]:
@@ -135,6 +137,15 @@ def run_parallel(cfg: Config, preset: str, *, gpus: int, gpu: str, gpu_mem: floa
 
         storage.write_json(json_out, report)  # temporary name, fsync, rename
     return 0 if best else 1
+
+
+def data_parallel_note(gpus: int, batch: int, seq_len: int) -> str:
+    """Why the search split the model rather than the batch: every GPU a data-parallel rank needs the global
+    batch (sequences) to divide by the GPU count; the nearest batches that do, as the override to give."""
+    lower, upper = batch - batch % gpus, batch - batch % gpus + gpus
+    sizes = " or ".join(f"--train.total_batch_tokens {n * seq_len}" for n in (lower, upper) if n > 0)
+    return (f"note: data parallelism over all {gpus} GPUs is not possible: the global batch of {batch} sequences "
+            f"does not divide by {gpus}, so the model is split instead; {sizes} would allow it")
 
 
 def _lora_note(cfg) -> str:
