@@ -176,3 +176,43 @@ def test_plan_gives_the_frozen_base_no_gradients_or_optimizer_state():
     assert adapter_params(cfg.model, 8, ["q_proj", "v_proj", "down_proj"]) == n
     assert est.grads == 4 * n and est.optimizer == 8 * n and est.weights == full.weights + 4 * n
     assert est.activations == full.activations and est.peak < full.peak
+
+
+def test_train_init_from_with_lora_is_continued_pretraining_of_the_adapters(tmp_path, shard_dir):
+    """``train --init-from BASE --lora.rank 2``: pretraining on shards through adapters on a frozen base. Its
+    first loss is the base's own on the first batch (B starts at zero), computed here with the base and the
+    loader directly; only c_attn's adapters are saved, with the base's fingerprint; the model it loads is
+    the base with (alpha / rank) B A added to c_attn and every other weight the base's, bit for bit."""
+    from gptforge.data.loader import ShardLoader
+    from gptforge.data.shards import list_shards
+    from gptforge.load import ModelSource, load_model
+    from gptforge.run.metrics import read_metrics
+    from tests.training.test_lora_mutants import hand_fingerprint
+
+    base_dir = _base(tmp_path / "base", seed=3)
+    base = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=64))
+    ckpt.load_model_weights(base, base_dir)
+    base.eval()
+    out = tmp_path / "cpt"
+    assert main(["train", "--preset", "tiny", "--init-from", str(base_dir), "--out", str(out), "--data.dir",
+                 str(shard_dir), "--train.max_steps", "3", "--train.val_every", "0", "--train.ckpt_every", "3",
+                 "--train.device", "cpu", "--model.dropout", "0", "--lora.rank", "2", "--lora.alpha", "4",
+                 "--lora.targets", "c_attn"]) == 0
+    first = next(r for r in read_metrics(out) if r["kind"] == "train")
+    loader = ShardLoader(list_shards(str(shard_dir), "train"), 4, 32)
+    with torch.no_grad():
+        want = sum(base(*loader.next_batch())[1].item() for _ in range(2)) / 2  # the tiny preset: 2 micro-batches
+    assert abs(first["loss"] - want) < 1e-4, (first["loss"], want)
+    last = _latest(out)
+    saved = load_file(str(last / "model.safetensors"))
+    assert sorted(saved) == ["transformer.h.0.attn.c_attn.lora_A.weight", "transformer.h.0.attn.c_attn.lora_B.weight"]
+    assert saved["transformer.h.0.attn.c_attn.lora_B.weight"].abs().max() > 0  # they trained
+    assert ckpt.read_meta(last)["lora"]["base_sha256"] == hand_fingerprint(base)
+    merged = load_model(ModelSource(ckpt=str(last)))
+    theirs, ours = base.state_dict(), merged.state_dict()
+    delta = (saved["transformer.h.0.attn.c_attn.lora_B.weight"] @ saved["transformer.h.0.attn.c_attn.lora_A.weight"]) * 2
+    for k, v in theirs.items():
+        if k == "transformer.h.0.attn.c_attn.weight":
+            torch.testing.assert_close(ours[k], v + delta, rtol=1e-6, atol=1e-7)
+        else:
+            assert torch.equal(ours[k], v), k
