@@ -167,3 +167,45 @@ def test_refuses_what_gpt_cannot_represent(exported, tmp_path, monkeypatch):
     monkeypatch.setattr(gguf.GGUFWriter, "add_head_count", lambda w, v: orig_heads(w, 3))
     assert main(["export", "gguf", "--ckpt", str(ck), "--out", str(tmp_path / "heads")]) == 0
     _refused(tmp_path / "heads" / "model-f32.gguf", r"gpt2\.attention\.head_count=3")
+
+
+def test_the_converters_tensor_order_no_head_copy_and_a_bad_tensor(exported, tmp_path, monkeypatch):
+    """What llama.cpp's converter writes and gptforge's export does not: output.weight right after
+    token_embd.weight (convert_hf_to_gguf's GPT2Model yields the head copy with the embeddings), or no head
+    copy at all (llama.cpp ties it): both read to the checkpoint's logits bit for bit. A tensor holding NaN
+    and an untied head are refused in one line naming the file and the tensor, word for word."""
+    ck = exported[0]
+    want = _logits(load_model(ModelSource(ckpt=str(ck))))
+
+    def converter_order(t):
+        head = t.pop("output.weight")
+        return {"token_embd.weight": t.pop("token_embd.weight"), "output.weight": head, **t}
+
+    def no_head_copy(t):
+        t.pop("output.weight")
+        return t
+
+    for name, change in (("order", converter_order), ("nohead", no_head_copy)):
+        g = read_gguf(_export_with(ck, tmp_path / name, monkeypatch, change))
+        assert torch.equal(_logits(g.model), want), name
+        assert g.model.lm_head.weight is g.model.transformer.wte.weight
+
+    def nan(t):
+        t["blk.0.ffn_up.weight"] = t["blk.0.ffn_up.weight"].clone()
+        t["blk.0.ffn_up.weight"][3, 5] = float("nan")
+        return t
+
+    bad = _export_with(ck, tmp_path / "nan", monkeypatch, nan)
+    with pytest.raises(GGUFReadError) as e:
+        read_gguf(bad)
+    assert str(e.value) == f"{bad}: tensor blk.0.ffn_up.weight: holds NaN or infinite values"
+
+    def untied(t):
+        t["output.weight"] = t["output.weight"] + 1e-3
+        return t
+
+    bad = _export_with(ck, tmp_path / "untied2", monkeypatch, untied)
+    with pytest.raises(GGUFReadError) as e:
+        read_gguf(bad)
+    assert str(e.value) == (f"{bad}: tensor output.weight differs from token_embd.weight; gptforge's GPT ties its "
+                            "head to the token embeddings and will not load the model wrong")
