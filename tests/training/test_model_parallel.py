@@ -103,6 +103,7 @@ TWO = {
     "g_pp2": ("gpt2", 2, dict(pp=2, pp_schedule="gpipe")),  # under a batch-size ramp: 2, 3, 3, then 4 micro-batches
     "l_pp2": ("llama", 2, dict(pp=2, pp_schedule="1f1b")),  # stopped at step 5, resumed (same mesh)
     "g4_ipp2": ("gpt2", 4, dict(pp=2, pp_schedule="interleaved1f1b")),  # 2 stages per rank
+    "g6_ipp2v3": ("gpt2", 6, dict(pp=2, pp_schedule="interleaved1f1b", pp_virtual=3)),  # 3 stages per rank
 }
 MUON_STEPS = 3
 CHAIN = 5  # TP2 x PP2 for steps 1-5, one process for 6-7, TP2 for 8-10
@@ -142,7 +143,7 @@ def mp(tmp_path_factory):
     # step 5 (DCP, four ranks' shards) resumed on one process for steps 6-7 (a single-file checkpoint)
     refs = {key: _run(train(_cfg(data, tmp / f"ref_{'_'.join(map(str, key))}", *key)).run_dir)
             for key in (("gpt2", 1, "adamw"), ("gpt2", 2, "adamw"), ("llama", 2, "adamw"), ("gpt2", 4, "adamw"),
-                        ("llama", 2, "muon"))}
+                        ("gpt2", 6, "adamw"), ("llama", 2, "muon"))}
     refs[("gpt2", 2, "ramp")] = _run(train(_ramp(_cfg(data, tmp / "ref_gpt2_2_ramp"))).run_dir)
     chain = tmp / "chain"
     shutil.copytree(tmp / "g_tp2pp2", chain)

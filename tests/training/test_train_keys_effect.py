@@ -145,3 +145,38 @@ def test_dtype_bfloat16_computes_the_loss_under_bf16_autocast(shard_dir, tmp_pat
         losses[dtype] = [r["loss"] for r in read_metrics(tmp_path / dtype) if r["kind"] == "train"][0]
         assert f"| {dtype} |" in capsys.readouterr().out
     assert 1e-5 < abs(losses["bfloat16"] - losses["float32"]) < 0.05, losses
+
+
+@pytest.mark.parametrize("compile_on", [False, True])
+def test_compile_reaches_torch_compile_on_the_run_path(shard_dir, tmp_path, capsys, monkeypatch, compile_on):
+    """train.compile from the config to ``torch.compile`` through a whole run (recorded here, the model returned
+    as it is: the GPU lane compiles for real): true calls it once, with torch's default mode (the only one CPU
+    allows: tests/kernels/test_switches.py passes the others through), false never; the start line says which."""
+    import torch
+
+    seen = []
+    monkeypatch.setattr(torch, "compile", lambda m, mode=None, **kw: seen.append(mode) or m)
+    cfg = tiny_config(shard_dir, tmp_path / "run", max_steps=1, val_every=0, compile=compile_on)
+    train(cfg)
+    assert seen == ([None] if compile_on else [])
+    assert f"| compile {compile_on} |" in capsys.readouterr().out
+
+
+def test_tf32_sets_cudas_matmul_switches_and_names_the_precision():
+    """train.tf32 on a CUDA device: cuBLAS and cuDNN may use TF32 (torch's two switches, set either way) and
+    a float32 run's precision is named tf32 (its MFU counts TF32's peak); off, both switches are off."""
+    import torch
+
+    from gptforge.config import Config
+    from gptforge.runtime import set_precision
+
+    before = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    try:
+        for on in (True, False):
+            cfg = Config()
+            cfg.train.tf32, cfg.train.dtype, cfg.train.compile = on, "float32", False
+            _, precision, _ = set_precision(cfg, torch.device("cuda"))
+            assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == (on, on)
+            assert precision == ("tf32" if on else "float32")
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
