@@ -196,3 +196,22 @@ def test_a_folder_or_device_given_as_the_gguf_is_named_as_such(tmp_path, capsys)
     assert main(["import", "gguf", "--model", str(tmp_path), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert f"{tmp_path}: not a file" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("qtype", ["F32", "Q8_0"])
+def test_the_model_owns_its_weights_not_the_files_pages(tmp_path, qtype):
+    """An F32 tensor comes back from the gguf package as a view of the mapped file: the reader copies it, so
+    the model's weights are its own, writable, and the model does not change when the file is overwritten
+    afterwards (an export over the same path, a download replacing it). Checked by zeroing every byte after
+    the header in place and comparing logits; and by writing into a weight (training does)."""
+    path = write_gguf(tmp_path / "m.gguf", tiny_llama(), qtype=qtype)
+    g = read_gguf(path)
+    before = _logits(g.model).clone()
+    size = path.stat().st_size
+    with open(path, "r+b") as f:  # the same inode: a mapping of it would see this
+        f.seek(size // 2)
+        f.write(bytes(size - size // 2))
+    assert torch.equal(_logits(g.model), before)
+    for p in g.model.parameters():
+        with torch.no_grad():
+            p.add_(0.0)  # a read-only view of the file would refuse this (or crash)
