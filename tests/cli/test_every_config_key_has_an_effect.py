@@ -3,8 +3,8 @@
 ``test_every_cli_option_has_an_effect.py`` walks the command line's options; the ``--section.key``
 overrides are one code path (``apply_overrides``), but whether each key then reaches the code it names is
 a question per key: ``optim.beta1`` was parsed, validated and saved, and a hard-coded ``betas=(0.9, 0.95)``
-in the optimizer builder passed every test of the suite (found by this walk; closed by
-tests/optim/test_optim_keys_effect.py). So this walks every key of ``Config`` (both model families) and
+in the optimizer builder passed the optimizer, training and recipe tests (planted and run; found by
+this walk, closed by tests/optim/test_optim_keys_effect.py). So this walks every key of ``Config`` (both model families) and
 each must be
 - in ``KEY_EFFECTS``: pytest node ids of tests that set the key off its default and check what it does
   against an independent reference (transformers, a float64 hand computation, torch's own optimizer, one
