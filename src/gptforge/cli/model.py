@@ -326,9 +326,8 @@ def cmd_import(args: argparse.Namespace) -> int:
 
     if ckpt.latest_checkpoint(args.out) is not None and not args.force:
         raise CliError(f"--out {args.out} already holds checkpoints; pass --force to add step_000000 there")
-    model_path, out = Path(args.model), Path(args.out).resolve()
-    inside = out == model_path.resolve() or model_path.resolve() in out.parents
-    if args.format == "hf" and model_path.is_dir() and inside:  # a file model (gguf, llmc): its own errors
+    model_dir, out = Path(args.model).resolve(), Path(args.out).resolve()
+    if args.format == "hf" and model_dir.is_dir() and (out == model_dir or model_dir in out.parents):  # a file model (gguf, llmc): its own errors
         raise CliError(f"--out {args.out} is inside --model {args.model}: the checkpoint would be written into the "
                        "model it is read from; give --out a folder of its own (e.g. runs/NAME)")
     source = ModelSource(**{args.format: args.model})

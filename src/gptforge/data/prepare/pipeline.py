@@ -315,17 +315,15 @@ def _as_saved(ident: dict, saved: dict) -> dict:
 
 
 def _changed_files(saved: object, now: dict) -> str | None:
-    """The first input file whose record differs while the list of paths is the same (None otherwise)."""
+    """The first input file whose record differs while the list of paths is the same (None otherwise).
+    ``now``: the source as the manifest would record it (:func:`_as_saved`)."""
     if not isinstance(saved, dict) or now.get("kind") != "files" or saved.get("text_field") != now.get("text_field"):
         return None
     old = saved.get("files")
     if not isinstance(old, list) or [f.get("path") if isinstance(f, dict) else None for f in old] != [
             f["path"] for f in now["files"]]:
         return None
-    for a, b in zip(old, now["files"], strict=True):
-        if any(a.get(k) != b[k] for k in a.keys() & b.keys()) or a.get("bytes") != b["bytes"]:
-            return b["path"]
-    return None
+    return next((b["path"] for a, b in zip(old, now["files"], strict=True) if a != b), None)
 
 
 def _open_manifest(out: Path, ident: dict, force: bool) -> dict:
@@ -341,9 +339,10 @@ def _open_manifest(out: Path, ident: dict, force: bool) -> dict:
                 and isinstance(s.get("tokens"), int) and isinstance(s.get("sha256"), str) for s in shards):
             raise ShardError(f"{path}: shards: expected a list of {{file, tokens, sha256}} naming files in {out}; the "
                              f"manifest is damaged: delete {out} or pass --force to start over")
-        same = m.get("format") == MANIFEST_FORMAT and {k: m.get(k) for k in ident} == _as_saved(ident, m)
+        as_saved = _as_saved(ident, m)
+        same = m.get("format") == MANIFEST_FORMAT and {k: m.get(k) for k in ident} == as_saved
         if not same and not force:
-            changed = _changed_files(m.get("source"), ident["source"])
+            changed = _changed_files(m.get("source"), as_saved["source"])
             if changed:
                 raise ShardError(f"{changed}: changed since the shards in {out} were made from it (its size or "
                                  "modification time differs from the manifest's); pass --force to prepare again "
