@@ -16,6 +16,7 @@ from typing import Any
 # gsm8k 1,319): a larger count is a typo that would generate problems for minutes before the first step
 MAX_EVAL_PROBLEMS = 100_000
 MAX_ROLLOUTS = 1_000_000  # replies an RL step samples (rl.prompts x rl.group): large runs sample ~10^4
+MAX_RESAMPLE_ROUNDS = 32  # rl.resample_flat: a model whose every group is flat would otherwise sample for ever
 
 
 def _check(ok: bool, key: str, value: Any, allowed: str) -> None:
@@ -98,6 +99,7 @@ class RLConfig:
     updates_per_batch: int = 1  # optimizer steps on each sampled batch (> 1: the ratio moves and clips)
     adv_eps: float = 1e-4  # added to the reward std that divides the advantages
     scale_rewards: str = "group"  # GRPO: divide each reply's reward minus its group's mean by the group's std (group), the step's std over every rank (batch), or nothing (none: Dr. GRPO); TRL's scale_rewards
+    resample_flat: int = 0  # GRPO: rounds of new problems drawn for each group whose replies all got the same reward (DAPO's dynamic sampling; 0 = off)
     eval_every: int = 0  # steps between held-out evaluations (0 = only at start and end)
     eval_n: int = 200  # held-out problems (never trained on)
     algo: str = "grpo"  # grpo | ppo (value head, GAE, KL in the per-token reward)
@@ -138,6 +140,10 @@ class RLConfig:
                "group, batch or none")
         _check(self.algo == "grpo" or self.scale_rewards == "group", "rl.scale_rewards", self.scale_rewards,
                "group (the default) with rl.algo ppo: PPO whitens its GAE advantages instead")
+        _check(0 <= self.resample_flat <= MAX_RESAMPLE_ROUNDS, "rl.resample_flat", self.resample_flat,
+               f"an integer in [0, {MAX_RESAMPLE_ROUNDS}] (0 = off; each round samples the step's groups again)")
+        _check(self.algo == "grpo" or not self.resample_flat, "rl.resample_flat", self.resample_flat,
+               "0 with rl.algo ppo (it replaces GRPO's flat groups; PPO's advantages do not come from groups)")
         _check(self.eval_every >= 0, "rl.eval_every", self.eval_every, "an integer >= 0")
         _check(0 <= self.eval_n <= MAX_EVAL_PROBLEMS, "rl.eval_n", self.eval_n, f"an integer in [0, {MAX_EVAL_PROBLEMS}]")
         _check(self.prompts * self.group <= MAX_ROLLOUTS, "rl.prompts x rl.group", (self.prompts, self.group),

@@ -97,6 +97,8 @@ KEY_EFFECTS: dict[str, tuple[str, ...]] = {
     "rl.scale_rewards": ("tests/training/test_grpo.py::test_scale_rewards_none_and_batch_by_hand",
                          RQ + "test_grpo_step_against_a_hand_computation"),
     "rl.adv_eps": (RQ + "test_grpo_step_against_a_hand_computation",),
+    "rl.resample_flat": ("tests/training/test_grpo_resample.py::test_each_flat_position_takes_the_first_redraw_that_is_not_flat",
+                         "tests/training/test_grpo_resample.py::test_a_position_flat_in_every_round_keeps_its_first_group"),
     "rl.kl_horizon": (RQ + "test_grpo_adaptive_kl_moves_the_coefficient_by_the_controller",),
     "rl.reward_reduce": ("tests/training/test_preference_recipes.py::"
                          "test_reward_model_ensemble_is_the_members_mean_or_min_in_every_reader",),

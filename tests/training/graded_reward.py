@@ -12,3 +12,9 @@ from __future__ import annotations
 
 def graded(problem, reply: str) -> float:
     return len(set(reply)) / 8 + (len(problem.question) % 3) / 4
+
+
+def flat_for_odd_answers(problem, reply: str) -> float:
+    """Flat (one reward for every reply) for the problems whose answer is odd: the groups ``rl.resample_flat``
+    replaces; graded for the rest."""
+    return 0.25 if int(problem.answer) % 2 else graded(problem, reply)

@@ -117,7 +117,8 @@ def runs(tmp_path_factory, tokenizer):
     chat = _chat_checkpoint(tmp)
     jobs.append({"cli": ["rl", "--init-from", str(chat), "--out", str(tmp / "rl2"), *RL_ARGS]})
     # graded rewards (a random model scores 0 on the task's own): the advantages, and scale_rewards batch's
-    # std over every rank's replies (count, sum and sum of squares all-reduced), against one process
+    # std over every rank's replies (count, sum and sum of squares all-reduced), against one process; and
+    # resample_flat's rounds (every rank samples until no rank has a flat group), against one process
     for scale in GRADED:
         jobs.append({"cli": ["rl", "--init-from", str(chat), "--out", str(tmp / f"rl_{scale}2"), *_graded(scale)]})
     # rm, dpo and PPO across ranks; each compared with one process accumulating the same global batch
@@ -163,11 +164,13 @@ def runs(tmp_path_factory, tokenizer):
 RL_ARGS = ["--task", "arithmetic", "--prompts", "4", "--group", "3", "--max-new-tokens", "5", "--eval-n", "6",
            "--steps", "3", "--lr", "3e-3", "--temperature", "1.5", "--device", "cpu", "--micro-batch", "4"]
 
-GRADED = ("group", "batch")  # rl.scale_rewards under a graded reward
+# rl.scale_rewards under a graded reward; and rl.resample_flat under one that is flat for half the problems
+GRADED = {"group": ["--rl.scale_rewards", "group"], "batch": ["--rl.scale_rewards", "batch"],
+          "resample": ["--reward", "tests.training.graded_reward:flat_for_odd_answers", "--rl.resample_flat", "2"]}
 
 
-def _graded(scale: str) -> list[str]:
-    return [*RL_ARGS, "--reward", "tests.training.graded_reward:graded", "--rl.scale_rewards", scale]
+def _graded(name: str) -> list[str]:
+    return [*RL_ARGS, "--reward", "tests.training.graded_reward:graded", *GRADED[name]]  # a later --reward wins
 
 
 # world 2 takes 2 pairs (rm, dpo) or 2 problems' replies (ppo) per rank; world 1 accumulates both halves
@@ -230,7 +233,9 @@ def test_grpo_on_two_ranks_equals_one_rank(runs, run):
     the same rewards and accuracies exactly; losses and weights to float tolerance (the ranks' batches
     are padded to other lengths, and the gradient is summed in another order). ``rl``: the task's
     reward (all 0 for this random model); ``rl_group``/``rl_batch``: a graded reward, with the advantages
-    scaled by each group's std or by the std of the whole step's replies, gathered from both ranks."""
+    scaled by each group's std or by the std of the whole step's replies, gathered from both ranks;
+    ``rl_resample``: flat groups redrawn position by position, every rank sampling each round until no
+    rank has a flat group left, so the rounds, the groups kept and the update equal one process's."""
     from gptforge.run.metrics import read_metrics
 
     one, two = (read_metrics(runs["dirs"] / name / "metrics.jsonl") for name in (f"{run}1", f"{run}2"))
@@ -241,6 +246,10 @@ def test_grpo_on_two_ranks_equals_one_rank(runs, run):
         assert a["reward"] == pytest.approx(b["reward"], rel=1e-6)  # equal rewards, averaged in float32 per rank
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-4, abs=1e-6)
         assert a["kl"] == pytest.approx(b["kl"], rel=1e-3, abs=1e-7)
+    if run == "rl_resample":
+        assert [(r["resample_rounds"], r["flat_groups"]) for r in steps[0]] == \
+            [(r["resample_rounds"], r["flat_groups"]) for r in steps[1]]
+        assert any(r["resample_rounds"] > 0 for r in steps[0])  # the path was taken
     if run != "rl":  # graded: the advantages are not all 0, so the update depends on their scale
         assert all(0 < r["reward"] for r in steps[0]) and len({r["loss"] for r in steps[0]}) == 3
     evals = [[(r["step"], r["acc"], r["n"]) for r in recs if r["kind"] == "eval"] for recs in (one, two)]

@@ -17,6 +17,9 @@ averaged over each reply's tokens, then over replies (TRL's ``loss_type="grpo"``
 KL); it is kept in :class:`RLState`, the run's only state besides the weights. ``ref``
 is the frozen starting model; with one update per batch (``rl.updates_per_batch`` 1) ``logp_old`` is
 the sampling policy, so ratio = 1 and the gradient is the plain policy gradient plus the KL term.
+With ``rl.resample_flat`` R, a group whose replies all scored the same (no advantage, no signal) is
+replaced by a redrawn problem's group, up to R rounds (:meth:`GRPO.resample_flat`, DAPO's dynamic
+sampling); the logged reward and accuracy stay those of the step's first draw, the policy's own.
 
 This file is only the algorithm: :class:`GRPO` is a recipe on the one loop
 (:func:`gptforge.training.loop.train`), which supplies the optimizer and schedule (``optim.*``),
@@ -198,9 +201,10 @@ def _mix(*xs: int) -> int:
 
 # --- the loop ------------------------------------------------------------------------------------------
 
-def problem_stream(cfg: Any, seed: int) -> tuple[Callable[[int], list[Problem]], list[Problem]]:
-    """``cfg``: the ``rl`` section. (step -> that step's training problems, the held-out problems). Held-out problems are never
-    trained on; a step's problems depend only on (seed, step), so a resumed run sees the same ones."""
+def problem_stream(cfg: Any, seed: int) -> tuple[Callable[..., list[Problem]], list[Problem]]:
+    """``cfg``: the ``rl`` section. ((step, round=0) -> that step's training problems, the held-out problems).
+    Held-out problems are never trained on; a step's problems depend only on (seed, step, round), so a
+    resumed run sees the same ones. Round r > 0 is the step's r-th redraw (``rl.resample_flat``)."""
     import random
 
     from gptforge.eval.generative import GENERATED, GENERATIVE
@@ -217,11 +221,11 @@ def problem_stream(cfg: Any, seed: int) -> tuple[Callable[[int], list[Problem]],
             raise RLError(f"--eval-n {cfg.eval_n} (rl.eval_n): {len(banned)} held-out {cfg.task} problems leave almost "
                           f"none to train on (of 1000 new draws, {free:.1%} are not held out); lower --eval-n")
 
-        def at(step: int) -> list[Problem]:
+        def at(step: int, round: int = 0) -> list[Problem]:
             out: list[Problem] = []
             k = 0
             while len(out) < cfg.prompts:
-                cand = make(cfg.prompts, seed=_mix(seed, step, 2, k))
+                cand = make(cfg.prompts, seed=_mix(seed, step, 2, k) if round == 0 else _mix(seed, step, 6, round, k))
                 out += [p for p in cand if p.question not in banned][: cfg.prompts - len(out)]
                 k += 1
             return out
@@ -231,7 +235,8 @@ def problem_stream(cfg: Any, seed: int) -> tuple[Callable[[int], list[Problem]],
     held_out, pool = allp[: cfg.eval_n], allp[cfg.eval_n :]
     if len(pool) < cfg.prompts:
         raise RLError(f"--eval-n {cfg.eval_n} leaves {len(pool)} {cfg.task} problems to train on; lower it")
-    return (lambda step: random.Random(_mix(seed, step, 3)).sample(pool, cfg.prompts)), held_out
+    return (lambda step, round=0: random.Random(_mix(seed, step, 3) if round == 0 else _mix(seed, step, 7, round))
+            .sample(pool, cfg.prompts)), held_out
 
 
 def held_out_correct(model: Any, enc: Any, template: ChatTemplate | None, problems: Sequence[Problem],
@@ -366,18 +371,19 @@ class GRPO(Recipe):
         if start_step == 0:
             self.evaluate(run, 0, last=False, force=True)
 
-    def sample_and_score(self, run: RunCtx, step: int, model: torch.nn.Module) -> tuple[Rollouts, torch.Tensor,
-                                                                                       torch.Tensor, float, bool]:
-        """This rank's share of step ``step``'s problems, ``rl.group`` replies each from ``model``, scored:
-        (rollouts, rewards (n,), this rank's [mean reward, accuracy, reply length], sampling ms, whether
-        any rank got a non-finite reward: then every rank must stop before the update)."""
+    def sample_and_score(self, run: RunCtx, step: int, model: torch.nn.Module, round: int = 0) -> tuple[
+            Rollouts, torch.Tensor, torch.Tensor, float, bool]:
+        """This rank's share of step ``step``'s problems (``round`` > 0: the step's redraw of that number,
+        ``rl.resample_flat``), ``rl.group`` replies each from ``model``, scored: (rollouts, rewards (n,),
+        this rank's [mean reward, accuracy, reply length], sampling ms, whether any rank got a non-finite
+        reward: then every rank must stop before the update)."""
         cfg, info, rl = run.cfg, run.info, run.cfg.rl
-        problems = self.problems_at(step)
+        problems = self.problems_at(step, round) if round else self.problems_at(step)
         share = len(problems) // info.world
         mine = problems[info.rank * share : (info.rank + 1) * share]
         t0 = time.perf_counter()
         params = SamplingParams(max_new_tokens=rl.max_new_tokens, temperature=rl.temperature, top_k=rl.top_k or None,
-                                seed=_mix(cfg.train.seed, step, 1),
+                                seed=_mix(cfg.train.seed, step, 1) if round == 0 else _mix(cfg.train.seed, step, 8, round),
                                 rows=(info.rank * share * rl.group, len(problems) * rl.group))
         rollouts = sample_replies(model, self.enc, self.template, mine, rl.group, params)
         sample_ms = (time.perf_counter() - t0) * 1000
@@ -392,6 +398,10 @@ class GRPO(Recipe):
         cfg, info, rl = run.cfg, run.info, run.cfg.rl
         rollouts, r, local, sample_ms, bad = self.sample_and_score(run, step, run.model)
         n = len(rollouts.problems) // rl.group  # this rank's problems
+        rounds = 0
+        if rl.resample_flat and not bad:
+            rollouts, r, rounds, more_ms, bad = self.resample_flat(run, step, rollouts, r)
+            sample_ms += more_ms
         if bad:  # every rank stops here, before the update
             return {"loss": float("nan"), "reward": float(all_reduce_mean(local, info)[0])}
         out = grpo_step(run.wrapped, run.model, self.ref, run.optimizer, rollouts, r.view(n, rl.group), cfg,
@@ -409,7 +419,35 @@ class GRPO(Recipe):
                     f"{rl.task}` on it), raise rl.group or rl.temperature, or use a graded reward")
         return self.after_step(run, {"loss": loss, "reward": reward, "accuracy": acc, "kl": kl,
                                      "grad_norm": out["grad_norm"], "reply_len": reply_len, "sample_ms": sample_ms,
-                                     "flat_groups": float(flat)})
+                                     "flat_groups": float(flat),
+                                     **({"resample_rounds": float(rounds)} if rl.resample_flat else {})})
+
+    def resample_flat(self, run: RunCtx, step: int, rollouts: Rollouts, r: torch.Tensor) -> tuple[
+            Rollouts, torch.Tensor, int, float, bool]:
+        """DAPO's dynamic sampling (Yu et al. 2025), per position: a group whose replies all got the same reward
+        gives no advantage, so the problem at that position of the step is replaced by the one at the same
+        position of the step's next redraw (round 1, 2, ... up to ``rl.resample_flat``) until its group is not
+        flat. Every rank samples every round until no rank has a flat position left (one collective a round),
+        so ranks do equal work; a position still flat after the last round keeps its first group. Positions,
+        redraws and their replies are functions of (seed, step, round, position), so 2 ranks equal 1 and a
+        resume is exact. Returns (rollouts, rewards, rounds sampled, their ms, whether any reward was bad)."""
+        rl, info, G = run.cfg.rl, run.info, run.cfg.rl.group
+        groups = [(rollouts, r, i) for i in range(len(rollouts.problems) // G)]  # each position's group
+        flat = [bool(x) for x in (r.view(-1, G).max(dim=1).values == r.view(-1, G).min(dim=1).values)]
+        rounds, ms = 0, 0.0
+        while rounds < rl.resample_flat and any_rank(any(flat), info):
+            rounds += 1
+            new, r2, _, more_ms, bad = self.sample_and_score(run, step, run.model, rounds)
+            ms += more_ms
+            if bad:
+                return rollouts, r, rounds, ms, True
+            rows = r2.view(-1, G)
+            for i in range(len(groups)):
+                if flat[i] and rows[i].max() != rows[i].min():
+                    groups[i], flat[i] = (new, r2, i), False
+        picks = [(ro, rr, j) for ro, rr, i in groups for j in range(i * G, (i + 1) * G)]  # each reply's source
+        out = Rollouts(*([getattr(ro, f)[j] for ro, _, j in picks] for f in ("problems", "prompts", "replies", "texts")))
+        return out, torch.stack([rr[j] for _, rr, j in picks]), rounds, ms, False
 
     def rewards(self, rollouts: Rollouts, run: RunCtx) -> torch.Tensor:
         """(N,) float32: the reward function of each reply's text, or the reward model's score of the
@@ -432,6 +470,7 @@ class GRPO(Recipe):
 
     def log_line(self, s: dict[str, float]) -> str:
         flat = f" | flat groups {int(s['flat_groups'])}/{self._prompts}" if s.get("flat_groups") else ""
+        flat += f" | resampled x{int(s['resample_rounds'])}" if s.get("resample_rounds") else ""
         coef = f" (coef {s['kl_coef']:.4g})" if self._adaptive and "kl_coef" in s else ""
         name = "reward (rm score, logit)" if self.reward_model is not None else "reward"  # its scale, in the log
         return (f"{name} {s['reward']:.3f} | acc {s['accuracy']:.3f} | kl {s['kl']:.4f}{coef} | len {s['reply_len']:.1f} "
