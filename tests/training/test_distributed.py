@@ -50,6 +50,15 @@ def _trusted(cfg: Config) -> Config:
     return cfg
 
 
+def _evals(cfg: Config) -> Config:
+    """piqa's first 3 rows every 4 steps, one request per forward (eval.batch_tokens 1): rank 0's share is 4
+    requests, rank 1's 2; and samples every 4 steps."""
+    cfg.model.vocab_size = 50304  # the tasks are GPT-2 text
+    cfg.eval.every, cfg.eval.tasks, cfg.eval.limit, cfg.eval.batch_tokens = 4, "piqa", 3, 1
+    cfg.train.sample_every, cfg.train.sample_tokens = 4, 4
+    return cfg
+
+
 def _dropout(cfg: Config) -> Config:
     cfg.model.dropout = 0.1
     return cfg
@@ -80,11 +89,13 @@ def _read(path: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, tokenizer):
+def runs(tmp_path_factory, tokenizer, eval_data):
     """One torchrun launch (world 2) running every distributed job in turn, plus the 1-process reference."""
     tmp = tmp_path_factory.mktemp("dist")
     data = make_shards(tmp / "data")
     jobs = [
+        # FSDP with in-loop task scores whose rank shares take unequal forward counts, and samples on rank 0 only
+        {"config": _evals(_cfg(data, tmp / "fsdp_eval", shard="fsdp")).to_dict(), "out": str(tmp / "fsdp_eval.json")},
         {"config": _cfg(data, tmp / "ddp").to_dict(), "out": str(tmp / "ddp.json")},
         {"config": _cfg(data, tmp / "zero", shard="zero1").to_dict(), "out": str(tmp / "zero.json")},
         {"config": _cfg(data, tmp / "fsdp", shard="fsdp").to_dict(), "out": str(tmp / "fsdp.json")},
@@ -136,11 +147,12 @@ def runs(tmp_path_factory, tokenizer):
     proc = _torchrun([str(HERE / "dist_worker.py"), str(spec)],
                      env_extra={"PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    names = ("ddp", "zero", "fsdp", "fsdp_block", "fsdp_keep", "fsdp_part", "fsdp_rest", "fsdp_to_zero",
+    names = ("fsdp_eval", "ddp", "zero", "fsdp", "fsdp_block", "fsdp_keep", "fsdp_part", "fsdp_rest", "fsdp_to_zero",
              "ddp_to_fsdp", "drop", "drop_part", "drop_rest")
     out = {name: _read(tmp / f"{name}.json") for name in names}
     one = train(_cfg(data, tmp / "one"))  # world 1, gradient accumulation 2
     out["one"] = {"train": one.train_losses, "val": one.val_losses}
+    out["one_eval"] = {"train": train(_evals(_cfg(data, tmp / "one_eval"))).train_losses}
     # world-2 checkpoints at step 4 resumed on one process
     with pytest.raises(ckpt.CheckpointError, match="--trust-checkpoint"):  # dcp/.metadata is a pickle
         train(_cfg(data, tmp / "fsdp_part_w1", shard="fsdp"), resume="latest")
@@ -166,7 +178,10 @@ RL_ARGS = ["--task", "arithmetic", "--prompts", "4", "--group", "3", "--max-new-
 
 # rl.scale_rewards under a graded reward; and rl.resample_flat under one that is flat for half the problems
 GRADED = {"group": ["--rl.scale_rewards", "group"], "batch": ["--rl.scale_rewards", "batch"],
-          "resample": ["--reward", "tests.training.graded_reward:flat_for_odd_answers", "--rl.resample_flat", "2"]}
+          "resample": ["--reward", "tests.training.graded_reward:flat_for_odd_answers", "--rl.resample_flat", "2"],
+          # FSDP (a no-op at world 1): the reference copied from gathered weights, sampling and held-out replies
+          # of unequal lengths on the ranks
+          "fsdp": ["--dist.shard", "fsdp"]}
 
 
 def _graded(name: str) -> list[str]:
@@ -181,6 +196,12 @@ ALIGN = {"rm": ["--micro-batch", "2", "--val-count", "6"], "dpo": ["--micro-batc
                  "--reward-norm", "--kl-target", "0.01", "--rl.kl_horizon", "8"]}
 # PPO with LoRA: the policy's adapters and the whole value model under DDP, the base frozen (and the reference)
 ALIGN["ppo_lora"] = [*ALIGN["ppo"], "--lora.rank", "2", "--lora.targets", "c_attn"]
+# under FSDP (a no-op at world 1): 5 held-out pairs (3 and 2 a rank: unequal forward counts), DPO's held-out
+# task replies, PPO's policy and value called apart from the root, the references copied from gathered weights
+FSDP = ["--dist.shard", "fsdp"]
+ALIGN["rm_fsdp"] = [*ALIGN["rm"], "--val-count", "5", *FSDP]
+ALIGN["dpo_fsdp"] = [*ALIGN["dpo"], "--val-count", "5", "--dpo.task", "arithmetic", "--dpo.eval_n", "5", *FSDP]
+ALIGN["ppo_fsdp"] = [*ALIGN["ppo"], *FSDP]
 
 
 def _align_argv(name: str, chat: Path, prefs: Path, out: Path, world: int) -> list[str]:
@@ -190,7 +211,8 @@ def _align_argv(name: str, chat: Path, prefs: Path, out: Path, world: int) -> li
         # temperature 1.5, a draw near a token boundary then picks another token (seen: step 3's rewards differ)
         return ["rl", *common, "--steps", "2", *ALIGN[name], "--reward-model", str(out.parent / "rm2")]
     common += ["--steps", "3"]
-    return [name, *common, "--data", str(prefs), *ALIGN[name], f"--{name}.grad_accum", str(3 - world)]
+    cmd = name.split("_")[0]
+    return [cmd, *common, "--data", str(prefs), *ALIGN[name], f"--{cmd}.grad_accum", str(3 - world)]
 
 
 def _lora_world(tmp: Path) -> tuple[Path, Path]:
@@ -337,6 +359,21 @@ def test_zero1_and_fsdp_match_ddp_also_with_recompute(runs):
         _close(runs[name]["train"], runs["ddp"]["train"], range(1, STEPS + 1))
         _close(runs[name]["val"], runs["ddp"]["val"], [4, 8])
     assert "world 2 (zero1)" in runs["log"] and "world 2 (fsdp)" in runs["log"]
+
+
+def test_fsdp_scores_tasks_and_samples_in_the_loop_as_one_process_does(runs):
+    """Under FSDP a forward all-gathers, so ranks that ran unequal numbers of them (rank 0's share of piqa is
+    4 one-request forwards, rank 1's 2; samples on rank 0 alone) waited on each other for ever. Evaluation and
+    sampling now run on weights gathered once (``gathered``): the task scores equal one process's, and the
+    samples are written."""
+    from gptforge.run.metrics import read_metrics
+
+    two, one = (read_metrics(runs["dirs"] / name / "metrics.jsonl") for name in ("fsdp_eval", "one_eval"))
+    evals = [[(r["step"], r["task"], r["n"], r["acc"], r["acc_norm"]) for r in recs if r["kind"] == "eval"]
+             for recs in (two, one)]
+    assert evals[0] == evals[1] and [e[0] for e in evals[0]] == [4, 8]
+    assert [(r["step"], r["index"]) for r in two if r["kind"] == "sample"] == [(4, 0), (4, 1), (8, 0), (8, 1)]
+    _close(runs["fsdp_eval"]["train"], runs["one_eval"]["train"], range(1, STEPS + 1))
 
 
 def test_sharded_checkpoint_layout(runs):

@@ -176,6 +176,56 @@ def grad_sync(wrapped: torch.nn.Module, info: DistInfo, sync: bool):
     return contextlib.nullcontext()
 
 
+@contextlib.contextmanager
+def gathered(model: torch.nn.Module):
+    """Under FSDP2: every FSDP module of ``model`` all-gathered once on entry and kept whole until exit, so
+    the forwards inside issue no collective and ranks may run different numbers of them (an evaluation's
+    rank shares, replies of different lengths, samples on rank 0 only). Outside, a forward all-gathers its
+    block, so ranks that run unequal forward counts wait on each other for ever. Entering is a collective:
+    every rank enters, at the same point. The whole model's weights (not its gradients or optimizer state)
+    are then on every rank, as TRL's ``unwrap_model_for_generation`` gathers them under ZeRO-3. Without
+    FSDP it does nothing."""
+    from torch.distributed.fsdp import FSDPModule
+
+    mods = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    if mods and mods[0] is model:  # FSDP2 takes the first module to run forward as the root: a part called alone
+        model._get_fsdp_state()._lazy_init()  # (PPO's policy, value) would become one, and the root's forward fail
+    # whether each module reshards after forward (FSDP2 keeps it per parameter group: a post-forward mesh
+    # or none); restored on exit so training's memory and traffic are what they were
+    kept = [(m, bool(m._get_fsdp_state()._fsdp_param_group is not None
+                     and m._get_fsdp_state()._fsdp_param_group.post_forward_mesh_info is not None)) for m in mods]
+    for m in mods:
+        m.set_reshard_after_forward(False, recurse=False)
+        m.unshard()
+    try:
+        yield
+    finally:
+        for m, reshard in kept:
+            m.reshard()
+            m.set_reshard_after_forward(reshard, recurse=False)
+
+
+def frozen_copy(module: torch.nn.Module, build: Any) -> torch.nn.Module:
+    """A frozen copy of ``module``'s weights as they are now, whole on this rank (a reference model):
+    ``copy.deepcopy``; or, where FSDP2 has sharded ``module`` (it refuses deepcopy), ``build()`` (a fresh
+    module of the same shape) loaded with the gathered full state dict, in the weights' dtype and on their
+    device: a collective, so every rank calls it."""
+    import copy
+
+    from torch.distributed.fsdp import FSDPModule
+
+    if not any(isinstance(m, FSDPModule) for m in module.modules()):
+        out = copy.deepcopy(module)
+    else:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        full = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True))
+        first = next(iter(full.values()))
+        out = build().to(device=first.device, dtype=first.dtype)
+        out.load_state_dict(full)
+    return out.eval().requires_grad_(False)
+
+
 def local_tensor(t: torch.Tensor) -> torch.Tensor:
     """A plain tensor from a DTensor result (e.g. FSDP's grad norm); plain tensors pass through."""
     full = getattr(t, "full_tensor", None)

@@ -73,7 +73,8 @@ def save_sharded(run_dir: str | Path, step: int, model: torch.nn.Module, optimiz
             if is_main:
                 if split:
                     full = _read_full_model(tmp / DCP_DIR)
-                weights = {k: v.contiguous() for k, v in full.items() if not (k == ckpt.TIED and _tied(full))}
+                tied = _tied_keys(full)
+                weights = {k: v.contiguous() for k, v in full.items() if k not in tied}
                 save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
                 ordinary_file_mode(tmp / "model.safetensors")  # safetensors leaves it 0600
                 final = ckpt.finalize_checkpoint(run_dir, tmp, {**meta, "format": "dcp"}, keep, rng)
@@ -121,12 +122,19 @@ def _read_full_model(dcp_dir: Path) -> dict[str, torch.Tensor]:
     return {k[len("model."):]: v for k, v in state.items()}
 
 
-def _tied(full: dict[str, torch.Tensor]) -> bool:
-    """A tied output head (GPT-2's wte, a tied Llama's embed_tokens) is stored once, as in
-    single-file checkpoints. After the gather the tensors are separate CPU copies, so compare values."""
-    head = full.get(ckpt.TIED)
-    return head is not None and any(k != ckpt.TIED and v.shape == head.shape and torch.equal(v, head)
-                                    for k, v in full.items())
+def _tied_keys(full: dict[str, torch.Tensor]) -> set[str]:
+    """Tied output heads (GPT-2's wte, a tied Llama's embed_tokens) are stored once, as in single-file
+    checkpoints (``checkpoint._tied_keys``), at any depth: ``lm_head.weight``, or ``body.lm_head.weight`` in
+    a reward model, ``policy.`` / ``value.body.`` in PPO's. After the gather the tensors are separate CPU
+    copies, so a head is tied when another weight of the same module (its key's prefix) has its values."""
+    out = set()
+    for key, head in full.items():
+        if key == ckpt.TIED or key.endswith("." + ckpt.TIED):
+            prefix = key[: -len(ckpt.TIED)]
+            if any(k != key and k.startswith(prefix) and v.shape == head.shape and torch.equal(v, head)
+                   for k, v in full.items()):
+                out.add(key)
+    return out
 
 
 class _nothing:

@@ -24,7 +24,6 @@ log-probs can be computed once (:func:`reference_logps`) and looked up by a batc
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 
 import torch
@@ -161,12 +160,13 @@ class DPO(PairRecipe):
     def _reference(self, run):
         """The starting model: the run's own weights before the first step, else ``dpo.init_from``'s."""
         if run.state.step == 0:
-            ref = copy.deepcopy(run.model)
-        else:
-            from gptforge.load import ModelSource, load_model
+            from gptforge.models.registry import build_model
+            from gptforge.parallel.distributed import frozen_copy
 
-            ref = load_model(ModelSource.from_path(run.cfg.dpo.init_from)).to(run.device)
-        return ref.eval().requires_grad_(False)
+            return frozen_copy(run.model, lambda: build_model(run.cfg.model))
+        from gptforge.load import ModelSource, load_model
+
+        return load_model(ModelSource.from_path(run.cfg.dpo.init_from)).to(run.device).eval().requires_grad_(False)
 
     def prepare_model(self, run):
         if not run.cfg.dpo.precompute_ref:

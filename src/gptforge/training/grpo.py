@@ -32,7 +32,6 @@ problems and every reply's random draws are functions of (seed, step), so a resu
 from __future__ import annotations
 
 import contextlib
-import copy
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -45,7 +44,16 @@ import torch.nn.functional as F
 from gptforge.data.chat import ChatTemplate, ChatTokenizer, plain_tokenizer
 from gptforge.eval.tasks.verifiable import Problem, is_correct
 from gptforge.generation import SamplingParams, stream_tokens
-from gptforge.parallel.distributed import DistInfo, all_reduce_mean, all_reduce_sum, any_rank, grad_sync, local_tensor
+from gptforge.parallel.distributed import (
+    DistInfo,
+    all_reduce_mean,
+    all_reduce_sum,
+    any_rank,
+    frozen_copy,
+    gathered,
+    grad_sync,
+    local_tensor,
+)
 from gptforge.training.packing import pack_replies, packed_logprobs
 from gptforge.training.recipe import Recipe, RunCtx
 from gptforge.training.rewards import RewardFn, score
@@ -359,7 +367,9 @@ class GRPO(Recipe):
             self.ref = BaseOf(self.policy(run))  # the base: the starting weights, checked by fingerprint on resume
         elif run.cfg.rl.kl_coef > 0:
             if run.state.step == 0:
-                self.ref = copy.deepcopy(self.policy(run))
+                from gptforge.models.registry import build_model
+
+                self.ref = frozen_copy(self.policy(run), lambda: build_model(run.cfg.model))
             else:
                 from gptforge.load import ModelSource, load_model
 
@@ -385,7 +395,8 @@ class GRPO(Recipe):
         params = SamplingParams(max_new_tokens=rl.max_new_tokens, temperature=rl.temperature, top_k=rl.top_k or None,
                                 seed=_mix(cfg.train.seed, step, 1) if round == 0 else _mix(cfg.train.seed, step, 8, round),
                                 rows=(info.rank * share * rl.group, len(problems) * rl.group))
-        rollouts = sample_replies(model, self.enc, self.template, mine, rl.group, params)
+        with gathered(run.model):  # under FSDP: ranks' replies end at different lengths (a no-op otherwise)
+            rollouts = sample_replies(model, self.enc, self.template, mine, rl.group, params)
         sample_ms = (time.perf_counter() - t0) * 1000
         r = self.rewards(rollouts, run)
         correct = [is_correct(t, p.answer) for t, p in zip(rollouts.texts, rollouts.problems, strict=True)]
@@ -481,7 +492,8 @@ class GRPO(Recipe):
         if not self.held_out or not (force or last or (rl.eval_every and step % rl.eval_every == 0)):
             return None
         mine = self.held_out[info.rank :: info.world]  # every rank scores a share; the counts are summed
-        hits = held_out_correct(self.policy(run), self.enc, self.template, mine, rl.max_new_tokens)
+        with gathered(run.model):
+            hits = held_out_correct(self.policy(run), self.enc, self.template, mine, rl.max_new_tokens)
         total = all_reduce_sum(torch.tensor([float(hits), float(len(mine))], device=run.device), info).tolist()
         acc = total[0] / total[1]
         run.metrics.write("eval", step, task=rl.task, acc=acc, n=int(total[1]))

@@ -109,9 +109,11 @@ class PairRecipe(Recipe):
         every = getattr(run.cfg, self.section).eval_every
         if not (force or last or (every and step % every == 0)):
             return None
+        from gptforge.parallel.distributed import gathered
+
         was = run.model.training
         run.model.eval()
-        with torch.no_grad(), run.autocast():
+        with torch.no_grad(), run.autocast(), gathered(run.model):  # FSDP: ranks' shares differ in size
             m = self.score_held_out(run)
         run.model.train(was)
         run.metrics.write("eval", step, n=len(self.val), **m)  # n: the summary's interval

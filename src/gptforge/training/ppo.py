@@ -41,7 +41,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from gptforge.parallel.distributed import all_reduce_mean, all_reduce_sum, grad_sync, local_tensor
+from gptforge.parallel.distributed import all_reduce_mean, all_reduce_sum, gathered, grad_sync, local_tensor
 from gptforge.training.grpo import GRPO, RLError, token_logprobs
 from gptforge.training.rm import last_index
 
@@ -304,7 +304,7 @@ class PPO(GRPO):
         rollouts, r, local, sample_ms, bad = self.sample_and_score(run, step, policy)
         if bad:  # every rank stops here, before the update
             return {"loss": float("nan"), "reward": float(all_reduce_mean(local, info)[0])}
-        with run.autocast():
+        with run.autocast(), gathered(run.model):  # FSDP: the policy and value are called apart from the root
             exp = make_experience(policy, self.ref if self.ref is not None else policy, run.model.value,
                                   rollouts.prompts, rollouts.replies, r, self.pad, self.kl_coef(run), rl.gamma, rl.lam,
                                   rl.temperature, reduce=lambda t: all_reduce_sum(t, info))

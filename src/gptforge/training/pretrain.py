@@ -21,7 +21,7 @@ from gptforge.data.loader import ShardLoader
 from gptforge.data.shards import list_shards, read_header
 from gptforge.data.tokenizer import shard_tokenizer, shard_tokenizer_recorded
 from gptforge.parallel.comm import count_comm
-from gptforge.parallel.distributed import DistInfo
+from gptforge.parallel.distributed import DistInfo, gathered
 from gptforge.training.evaluate import evaluate_during_training, prepare_for_training, print_samples
 from gptforge.training.recipe import Recipe, RunCtx
 from gptforge.training.step import evaluate_loss, train_step
@@ -73,15 +73,20 @@ class Pretrain(Recipe):
             vl = evaluate_loss(_eval_module(run), run.extras["val"], run.extras["val_steps"], run.autocast, info)
             run.metrics.write("val", step, val_loss=vl, tokens=run.extras["tokens_seen"])
             run.log(f"step {step:>6} | val loss {vl:.4f} ({run.extras['val_steps']} batches)")
-        if self.tasks and (last or step % cfg.eval.every == 0):  # tasks on the raw module, not `wrapped`
-            evaluate_during_training(run.model, self.tasks, cfg, info, run.autocast, step,
-                                     run.extras["tokens_seen"], run.metrics, run.log)
-        if info.is_main and (last or (cfg.train.sample_every and step % cfg.train.sample_every == 0)):
-            if info.fsdp:  # generation on one rank would wait forever for the others' all-gathers
+        tasks = self.tasks and (last or step % cfg.eval.every == 0)
+        samples = last or (cfg.train.sample_every and step % cfg.train.sample_every == 0)
+        if samples and (cfg.dist.tp > 1 or cfg.dist.pp > 1):  # a tensor- or pipeline-parallel forward needs every rank
+            if info.is_main:
                 run.log(f"(no in-loop samples under {info.layout}: generation on one rank would wait for the "
                         "others; use `gptforge sample --ckpt` on the checkpoint)")
-            else:
-                self.print_samples(run, step)
+            samples = False
+        if tasks or samples:
+            with gathered(run.model):  # FSDP: a task's rank shares differ in size, and rank 0 samples alone
+                if tasks:  # on the raw module, not `wrapped`
+                    evaluate_during_training(run.model, self.tasks, cfg, info, run.autocast, step,
+                                             run.extras["tokens_seen"], run.metrics, run.log)
+                if samples and info.is_main:
+                    self.print_samples(run, step)
         return vl
 
     def print_samples(self, run: RunCtx, step: int) -> None:
