@@ -154,11 +154,10 @@ def test_a_user_defined_token_stored_as_text_reads_and_a_file_without_types_read
     assert tok.encode_ordinary("abx") == [UD_TOKENS.index("ab"), UD_TOKENS.index("x")]
 
 
-@pytest.mark.xfail(strict=True, reason="known bug, left for a later session: tokenizers gives an added token whose "
-                   "content is not a key of the BPE model's vocab a fresh id past the vocabulary (its 'id' in "
-                   "tokenizer.json is ignored), so a user-defined token stored as text with a character outside "
-                   "the byte alphabet (a space, U+2581) encodes to len(tokens), not its own id as in llama.cpp")
 def test_a_user_defined_token_stored_as_text_encodes_to_its_own_id(tmp_path):
+    """tokenizers gives an added token whose content is not a key of the BPE model's vocab a new id past the
+    vocabulary (tokenizer.json's "id" is not used), so "a b" (a real space, outside the byte alphabet) encoded
+    to len(tokens): its text is now the vocab key, and it encodes to its own id, as in llama.cpp."""
     path = _bpe_file(tmp_path / "ud.gguf", UD_TOKENS, ["a b"], types=UD_TYPES, eos=0)
     tok = read_gguf(path, weights=False).tokenizer
     assert tok.encode_ordinary("xa b") == [UD_TOKENS.index("x"), len(UD_TOKENS) - 1]
@@ -172,3 +171,13 @@ def test_added_tokens_match_where_transformers_matches_them(tmp_path):
     ours, theirs = read_gguf(path, weights=False).tokenizer, _theirs(path)
     for text in ("x<think>y", "a <think> b", "x <|im_end|> y", "<|im_start|>user\n the<|im_end|>", " <think>"):
         assert ours.encode(text, allowed_special="all") == _ids(theirs, text), text
+
+
+def test_a_user_defined_token_that_a_merge_makes_keeps_its_spelled_piece(tmp_path):
+    """When a merge makes the user-defined token's spelled piece ("a" + "Ġb" = "aĠb", the bytes of "a b"), the
+    BPE model needs that piece in its vocab, so it stays the key: the file reads, "a b" in text still
+    encodes by the merges to the token's id, and the id decodes to the text."""
+    tokens = [EOT, *_alphabet(), "Ġb", "a b"]
+    path = _bpe_file(tmp_path / "m.gguf", tokens, ["Ġ b", "a Ġb"], types=UD_TYPES, eos=0)
+    tok = read_gguf(path, weights=False).tokenizer
+    assert tok.decode([len(tokens) - 1]) == "a b" and tok.encode_ordinary("x b") == [tokens.index("x"), len(tokens) - 2]

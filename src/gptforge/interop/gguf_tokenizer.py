@@ -71,6 +71,7 @@ def tokenizer_json_from_gguf(tokens: list[str], types: list[int] | None, merges:
     spell = _byte_alphabet()
     vocab: dict[str, int] = {}
     added = []
+    merged = {"".join(m.split(" ", 1)) if isinstance(m, str) else "".join(m) for m in merges}  # what merges make
     for i, tok in enumerate(tokens):
         kind = types[i] if types else TOKEN_NORMAL
         special = kind == TOKEN_CONTROL or i in (bos_id, eos_id)
@@ -80,6 +81,11 @@ def tokenizer_json_from_gguf(tokens: list[str], types: list[int] | None, merges:
         # the BPE model spells every token in the byte alphabet; a user-defined token llama.cpp stored as
         # its text is spelled from its UTF-8 bytes (as transformers' GGUF reader does)
         piece = tok if set(tok) <= alphabet else "".join(spell[b] for b in tok.encode("utf-8"))
+        if kind == TOKEN_USER_DEFINED and piece != tok and piece not in merged:
+            # tokenizers gives an added token whose content is no key of the model's vocab a new id past it: the
+            # key is its text, so it keeps its own id, as in llama.cpp (no merge makes its spelled piece, and no
+            # BPE piece holds a character outside the byte alphabet, so nothing else encodes differently)
+            piece = tok
         vocab[piece] = i  # a token stored twice keeps its last id, as llama.cpp and transformers' GGUF loader do
     steps: list[dict] = [{"type": "Split", "pattern": {"Regex": r}, "behavior": "Isolated", "invert": False}
                          for r in regexes]
