@@ -79,7 +79,7 @@ def test_each_flat_position_takes_the_first_redraw_that_is_not_flat(tmp_path, to
     # Positions 1 and 3 keep round 0's groups; the rounds stop when nothing is flat: 0, 1, 2 and not 3..5
     assert [q for q, _, _ in got] == ["X", "V", "Z", "W"]
     assert asked == [0, 1, 2] and asked0 == [0]
-    assert rl[0]["resample_rounds"] == 2 and "flat_groups" in rl[0] and rl[0]["flat_groups"] == 0
+    assert rl[0]["resample_rounds"] == 2 and rl[0]["flat_groups"] == 0 and rl[0]["flat_groups_drawn"] == 2
     # the update's rewards are the reward of the texts it trains on (not a round's rewards beside another's texts)
     for q, texts, rewards in got:
         assert rewards == pytest.approx([reward(Problem(q, "A"), x) for x in texts]) and len(set(rewards)) > 1
@@ -90,7 +90,7 @@ def test_each_flat_position_takes_the_first_redraw_that_is_not_flat(tmp_path, to
     assert _run.drawn[1].texts[4:8] != _run.drawn[0].texts[4:8] and _run.drawn[1].problems[4].question == "V"
     # the logged reward and accuracy are the first draw's (the policy's own), as without resampling
     assert (rl[0]["reward"], rl[0]["accuracy"]) == (base_rl[0]["reward"], base_rl[0]["accuracy"])
-    assert "resample_rounds" not in base_rl[0]
+    assert "resample_rounds" not in base_rl[0] and base_rl[0]["flat_groups"] == 2
 
 
 def test_a_position_flat_in_every_round_keeps_its_first_group(tmp_path, tokenizer, monkeypatch):
@@ -100,6 +100,7 @@ def test_a_position_flat_in_every_round_keeps_its_first_group(tmp_path, tokenize
     got = _groups(ro, r)
     assert [q for q, _, _ in got] == ["X", "V", "B", "W"] and set(got[2][2]) == {0.0}
     assert asked == [0, 1] and rl[0]["resample_rounds"] == 1 and rl[0]["flat_groups"] == 1
+    assert rl[0]["flat_groups_drawn"] == 2
 
 
 def test_resample_flat_is_bounded_and_grpo_only():

@@ -409,7 +409,7 @@ class GRPO(Recipe):
         cfg, info, rl = run.cfg, run.info, run.cfg.rl
         rollouts, r, local, sample_ms, bad = self.sample_and_score(run, step, run.model)
         n = len(rollouts.problems) // rl.group  # this rank's problems
-        rounds = 0
+        rounds, first_flat = 0, flat_groups(r.view(n, rl.group))  # the first draw's, before any is replaced
         if rl.resample_flat and not bad:
             rollouts, r, rounds, more_ms, bad = self.resample_flat(run, step, rollouts, r)
             sample_ms += more_ms
@@ -419,8 +419,8 @@ class GRPO(Recipe):
                         self.pad, info, run.autocast, kl_coef=self.kl_coef(run))
         reward, acc, reply_len = all_reduce_mean(local, info).tolist()
         loss, kl = all_reduce_mean(torch.tensor([out["loss"], out["kl"]], device=run.device), info).tolist()
-        flat = int(all_reduce_sum(torch.tensor([float(flat_groups(r.view(n, rl.group)))], device=run.device),
-                                  info).item())
+        flat, first_flat = (int(x) for x in all_reduce_sum(torch.tensor(
+            [float(flat_groups(r.view(n, rl.group))), float(first_flat)], device=run.device), info).tolist())
         if flat == rl.prompts and not run.extras.get("flat_said"):  # every problem of every rank
             run.extras["flat_said"] = True
             run.log(f"step {step + 1}: every group's {rl.group} replies got the same reward ({reward:.3f} on average), so "
@@ -431,7 +431,8 @@ class GRPO(Recipe):
         return self.after_step(run, {"loss": loss, "reward": reward, "accuracy": acc, "kl": kl,
                                      "grad_norm": out["grad_norm"], "reply_len": reply_len, "sample_ms": sample_ms,
                                      "flat_groups": float(flat),
-                                     **({"resample_rounds": float(rounds)} if rl.resample_flat else {})})
+                                     **({"resample_rounds": float(rounds), "flat_groups_drawn": float(first_flat)}
+                                        if rl.resample_flat else {})})
 
     def resample_flat(self, run: RunCtx, step: int, rollouts: Rollouts, r: torch.Tensor) -> tuple[
             Rollouts, torch.Tensor, int, float, bool]:
@@ -481,7 +482,8 @@ class GRPO(Recipe):
 
     def log_line(self, s: dict[str, float]) -> str:
         flat = f" | flat groups {int(s['flat_groups'])}/{self._prompts}" if s.get("flat_groups") else ""
-        flat += f" | resampled x{int(s['resample_rounds'])}" if s.get("resample_rounds") else ""
+        if s.get("resample_rounds"):
+            flat += f" | resampled x{int(s['resample_rounds'])} ({int(s['flat_groups_drawn'])} flat before)"
         coef = f" (coef {s['kl_coef']:.4g})" if self._adaptive and "kl_coef" in s else ""
         name = "reward (rm score, logit)" if self.reward_model is not None else "reward"  # its scale, in the log
         return (f"{name} {s['reward']:.3f} | acc {s['accuracy']:.3f} | kl {s['kl']:.4f}{coef} | len {s['reply_len']:.1f} "
