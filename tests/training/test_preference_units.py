@@ -612,3 +612,24 @@ def test_dpo_batch_loss_refuses_both_or_neither_reference_word_for_word():
         with pytest.raises(ValueError) as e:
             dpo_mod.dpo_batch_loss(model, batch, 0.1, **kw)
         assert str(e.value) == "give the reference as a model (ref) or as precomputed log-probs (ref_table), not both"
+
+
+@pytest.mark.parametrize("cmd", ["rm", "dpo"])
+def test_pair_recipes_refuse_tensor_and_pipeline_parallel_ranks(cmd, tmp_path, monkeypatch, capsys):
+    """rm and dpo split their pair batches and held-out scores by rank; under dist.tp 2 at world 2 the two
+    tensor-parallel ranks scored different pairs and one aborted (seen: SIGABRT in begin). Refused before
+    any process group, naming the keys; on one process the keys only say they do nothing."""
+    from gptforge.cli import main
+    from gptforge.eval.tasks.preferences import preference_set, write_preferences
+    from tests.conftest import tiny_chat_checkpoint
+
+    src = tiny_chat_checkpoint(tmp_path / "sft")
+    prefs = write_preferences(preference_set("compare", 16, seed=1), tmp_path / "prefs.jsonl")
+    argv = [cmd, "--init-from", str(src), "--out", str(tmp_path / cmd), "--data", str(prefs), "--val-count", "4",
+            "--device", "cpu", "--steps", "1"]
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for flags in (["--dist.tp", "2"], ["--dist.pp", "2"]):
+        assert main([*argv, *flags]) == 2
+        assert f"{cmd} runs data-parallel only" in capsys.readouterr().err
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert main([*argv, "--dist.tp", "2"]) == 0

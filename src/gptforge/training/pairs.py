@@ -60,6 +60,10 @@ class PairRecipe(Recipe):
         from gptforge.config import check_finite_floats
 
         check_finite_floats(cfg)
+        if world > 1 and (cfg.dist.tp > 1 or cfg.dist.pp > 1):  # (on one process they only say they do nothing)
+            raise ConfigError(f"dist.tp={cfg.dist.tp}, dist.pp={cfg.dist.pp}: {self.name} runs data-parallel only "
+                              "(dist.tp 1, dist.pp 1; --dist.shard zero1 or fsdp shard its memory): its pair batches "
+                              "and held-out scores are split by rank, where tensor- and pipeline-parallel ranks need the same ones")
         if cfg.train.seq_len > cfg.model.block_size:
             raise ConfigError(f"train.seq_len={cfg.train.seq_len} exceeds model.block_size={cfg.model.block_size}")
         return 0  # steps are pair batches, not token batches
