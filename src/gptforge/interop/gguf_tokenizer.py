@@ -79,7 +79,8 @@ def tokenizer_json_from_gguf(tokens: list[str], types: list[int] | None, merges:
             added.append({"id": i, "content": tok, "single_word": False, "lstrip": False, "rstrip": False,
                           "normalized": False, "special": special})
         # the BPE model spells every token in the byte alphabet; a user-defined token llama.cpp stored as
-        # its text is spelled from its UTF-8 bytes (as transformers' GGUF reader does)
+        # its text is spelled from its UTF-8 bytes (as transformers' GGUF reader does) where a merge makes
+        # that piece, and is otherwise keyed by its text (below)
         piece = tok if set(tok) <= alphabet else "".join(spell[b] for b in tok.encode("utf-8"))
         if kind == TOKEN_USER_DEFINED and piece != tok and piece not in merged:
             # tokenizers gives an added token whose content is no key of the model's vocab a new id past it: the
