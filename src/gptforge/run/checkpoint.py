@@ -393,13 +393,19 @@ def load_model_weights(model: torch.nn.Module, ckpt_dir: str | Path, prefix: str
         raise CheckpointError(f"{path} does not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
 
 
+def is_head_key(key: str) -> bool:
+    """An output head's weight at any depth: ``lm_head.weight``, ``body.lm_head.weight`` (a reward or value
+    model's family model), ``policy.lm_head.weight`` (PPO's)."""
+    return key == TIED or key.endswith("." + TIED)
+
+
 def _tied_keys(sd: dict[str, torch.Tensor]) -> list[str]:
     """Every output head (``lm_head.weight`` at any depth: a reward or value model holds its family
     model as ``body``) that is another entry's tensor."""
     ptr = {}
     for k, v in sd.items():
         ptr.setdefault(v.data_ptr(), []).append(k)
-    return [k for k, v in sd.items() if (k == TIED or k.endswith("." + TIED)) and len(ptr[v.data_ptr()]) > 1]
+    return [k for k, v in sd.items() if is_head_key(k) and len(ptr[v.data_ptr()]) > 1]
 
 
 def _tied(sd: dict[str, torch.Tensor]) -> bool:

@@ -129,7 +129,7 @@ def _tied_keys(full: dict[str, torch.Tensor]) -> set[str]:
     copies, so a head is tied when another weight of the same module (its key's prefix) has its values."""
     out = set()
     for key, head in full.items():
-        if key == ckpt.TIED or key.endswith("." + ckpt.TIED):
+        if ckpt.is_head_key(key):
             prefix = key[: -len(ckpt.TIED)]
             if any(k != key and k.startswith(prefix) and v.shape == head.shape and torch.equal(v, head)
                    for k, v in full.items()):

@@ -194,10 +194,15 @@ def grpo_step(wrapped: torch.nn.Module, model: torch.nn.Module, ref: torch.nn.Mo
     return {"loss": loss_sum, "kl": kl_sum, "grad_norm": float(local_tensor(norm))}
 
 
+def flat_rows(rewards: torch.Tensor) -> list[bool]:
+    """Per group (row of ``rewards``, (P, G)): whether its replies all got the same reward. Such a group's
+    advantages are all 0, so it gives the policy no signal (GRPO learns only from differences within a group)."""
+    return (rewards.max(dim=1).values == rewards.min(dim=1).values).tolist()
+
+
 def flat_groups(rewards: torch.Tensor) -> int:
-    """Groups (rows of ``rewards``, (P, G)) whose replies all got the same reward: their advantages are
-    all 0, so they give the policy no signal (GRPO learns only from differences within a group)."""
-    return int((rewards.max(dim=1).values == rewards.min(dim=1).values).sum())
+    """How many groups of ``rewards`` (P, G) are flat (:func:`flat_rows`)."""
+    return sum(flat_rows(rewards))
 
 
 def _mix(*xs: int) -> int:
@@ -386,7 +391,8 @@ class GRPO(Recipe):
         """This rank's share of step ``step``'s problems (``round`` > 0: the step's redraw of that number,
         ``rl.resample_flat``), ``rl.group`` replies each from ``model``, scored: (rollouts, rewards (n,),
         this rank's [mean reward, accuracy, reply length], sampling ms, whether any rank got a non-finite
-        reward: then every rank must stop before the update)."""
+        reward: then every rank must stop before the update). Called inside ``gathered(run.model)``: under
+        FSDP the ranks' replies end at different lengths, so their forward counts differ."""
         cfg, info, rl = run.cfg, run.info, run.cfg.rl
         problems = self.problems_at(step, round) if round else self.problems_at(step)
         share = len(problems) // info.world
@@ -395,8 +401,7 @@ class GRPO(Recipe):
         params = SamplingParams(max_new_tokens=rl.max_new_tokens, temperature=rl.temperature, top_k=rl.top_k or None,
                                 seed=_mix(cfg.train.seed, step, 1) if round == 0 else _mix(cfg.train.seed, step, 8, round),
                                 rows=(info.rank * share * rl.group, len(problems) * rl.group))
-        with gathered(run.model):  # under FSDP: ranks' replies end at different lengths (a no-op otherwise)
-            rollouts = sample_replies(model, self.enc, self.template, mine, rl.group, params)
+        rollouts = sample_replies(model, self.enc, self.template, mine, rl.group, params)
         sample_ms = (time.perf_counter() - t0) * 1000
         r = self.rewards(rollouts, run)
         correct = [is_correct(t, p.answer) for t, p in zip(rollouts.texts, rollouts.problems, strict=True)]
@@ -407,12 +412,13 @@ class GRPO(Recipe):
 
     def step(self, run: RunCtx, step: int) -> dict[str, float]:
         cfg, info, rl = run.cfg, run.info, run.cfg.rl
-        rollouts, r, local, sample_ms, bad = self.sample_and_score(run, step, run.model)
-        n = len(rollouts.problems) // rl.group  # this rank's problems
-        rounds, first_flat = 0, flat_groups(r.view(n, rl.group))  # the first draw's, before any is replaced
-        if rl.resample_flat and not bad:
-            rollouts, r, rounds, more_ms, bad = self.resample_flat(run, step, rollouts, r)
-            sample_ms += more_ms
+        with gathered(run.model):  # the whole sampling phase, first draw and redraws: one all-gather under FSDP
+            rollouts, r, local, sample_ms, bad = self.sample_and_score(run, step, run.model)
+            n = len(rollouts.problems) // rl.group  # this rank's problems
+            rounds, first_flat = 0, flat_groups(r.view(n, rl.group))  # the first draw's, before any is replaced
+            if rl.resample_flat and not bad:
+                rollouts, r, rounds, more_ms, bad = self.resample_flat(run, step, rollouts, r)
+                sample_ms += more_ms
         if bad:  # every rank stops here, before the update
             return {"loss": float("nan"), "reward": float(all_reduce_mean(local, info)[0])}
         out = grpo_step(run.wrapped, run.model, self.ref, run.optimizer, rollouts, r.view(n, rl.group), cfg,
@@ -445,7 +451,7 @@ class GRPO(Recipe):
         resume is exact. Returns (rollouts, rewards, rounds sampled, their ms, whether any reward was bad)."""
         rl, info, G = run.cfg.rl, run.info, run.cfg.rl.group
         groups = [(rollouts, r, i) for i in range(len(rollouts.problems) // G)]  # each position's group
-        flat = [bool(x) for x in (r.view(-1, G).max(dim=1).values == r.view(-1, G).min(dim=1).values)]
+        flat = flat_rows(r.view(-1, G))
         rounds, ms = 0, 0.0
         while rounds < rl.resample_flat and any_rank(any(flat), info):
             rounds += 1
@@ -453,9 +459,8 @@ class GRPO(Recipe):
             ms += more_ms
             if bad:
                 return rollouts, r, rounds, ms, True
-            rows = r2.view(-1, G)
-            for i in range(len(groups)):
-                if flat[i] and rows[i].max() != rows[i].min():
+            for i, still_flat in enumerate(flat_rows(r2.view(-1, G))):
+                if flat[i] and not still_flat:
                     groups[i], flat[i] = (new, r2, i), False
         picks = [(ro, rr, j) for ro, rr, i in groups for j in range(i * G, (i + 1) * G)]  # each reply's source
         out = Rollouts(*([getattr(ro, f)[j] for ro, _, j in picks] for f in ("problems", "prompts", "replies", "texts")))

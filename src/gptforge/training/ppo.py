@@ -301,13 +301,16 @@ class PPO(GRPO):
     def step(self, run: Any, step: int) -> dict[str, float]:
         cfg, info, rl = run.cfg, run.info, run.cfg.rl
         policy = run.model.policy
-        rollouts, r, local, sample_ms, bad = self.sample_and_score(run, step, policy)
-        if bad:  # every rank stops here, before the update
-            return {"loss": float("nan"), "reward": float(all_reduce_mean(local, info)[0])}
-        with run.autocast(), gathered(run.model):  # FSDP: the policy and value are called apart from the root
-            exp = make_experience(policy, self.ref if self.ref is not None else policy, run.model.value,
-                                  rollouts.prompts, rollouts.replies, r, self.pad, self.kl_coef(run), rl.gamma, rl.lam,
-                                  rl.temperature, reduce=lambda t: all_reduce_sum(t, info))
+        # FSDP: sampling (replies of unequal lengths) and the experience (the policy and value called apart
+        # from the root) run on the weights gathered once
+        with gathered(run.model):
+            rollouts, r, local, sample_ms, bad = self.sample_and_score(run, step, policy)
+            if bad:  # every rank stops here, before the update
+                return {"loss": float("nan"), "reward": float(all_reduce_mean(local, info)[0])}
+            with run.autocast():
+                exp = make_experience(policy, self.ref if self.ref is not None else policy, run.model.value,
+                                      rollouts.prompts, rollouts.replies, r, self.pad, self.kl_coef(run), rl.gamma,
+                                      rl.lam, rl.temperature, reduce=lambda t: all_reduce_sum(t, info))
         kl = ((exp.logprobs - exp.ref_logprobs) * exp.mask).sum(dim=1).mean().item()
         N, mb = exp.ids.size(0), cfg.train.micro_batch
         chunks = [torch.arange(i, min(i + mb, N), device=exp.ids.device) for i in range(0, N, mb)]
