@@ -375,10 +375,10 @@ def test_overwriting_needs_force_and_force_never_reaches_a_checkpoint(key, name,
 @pytest.mark.parametrize("key", list(RUN_CASES))
 @pytest.mark.parametrize("mode", ["rofs", "full"])
 def test_a_run_directory_on_a_read_only_or_full_disk_is_one_line(mode, key, world, tmp_path, capsys):
-    if "llmc" not in world:  # an llm.c file to import
-        assert main(["export", "llmc", "--ckpt", str(world["run"]), "--out", str(tmp_path / "m"),
-                     "--no-tokenizer"]) == 0
-        world["llmc"] = tmp_path / "m" / "model.bin"
+    if "llmc" not in world:  # an llm.c file to import, in the module's directory: this test's tmp_path is
+        out = world["run"].parent / "llmc"  # removed when it passes (tmp_path_retention_policy)
+        assert main(["export", "llmc", "--ckpt", str(world["run"]), "--out", str(out), "--no-tokenizer"]) == 0
+        world["llmc"] = out / "model.bin"
     root = tmp_path / "dst"
     root.mkdir()
     capsys.readouterr()
