@@ -206,6 +206,27 @@ def test_penalties_and_logit_bias_are_refused_word_for_word(tokenizer, path):
             assert _reply(c, path, {**body, "max_tokens": 1, **off})[0] == "!"
 
 
+# ---------------------------------------------------------------- SamplingParams.check behind the schema
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+@pytest.mark.parametrize("message,field", [("top_p=0.5: must be in (0.6, 1] (a rule the schema lacks)", "top_p"),
+                                           ("stop: stop sequences must be non-empty strings", "stop"),
+                                           ("repetition_penalty=1.0: must be > 2", "repetition_penalty")])
+def test_a_range_only_sampling_params_knows_is_a_400_naming_its_field(tokenizer, monkeypatch, path, message, field):
+    """The schema refuses every range SamplingParams.check knows today, so this fallback is reached only when
+    check learns a rule first: it must still be a 400 naming the field (the text before '=' or ':'), never
+    a 500. The rule is planted by replacing check."""
+    from gptforge.generation import SamplingParams
+
+    def check(self):
+        raise ValueError(message)
+    monkeypatch.setattr(SamplingParams, "check", check)
+    body = {"prompt": "hi"} if path == "/v1/completions" else {"messages": USER}
+    with _client(_model(), tokenizer, max_new_tokens_cap=4) as c:
+        r = c.post(path, json={**body, "max_tokens": 1, "top_p": 0.5})
+    assert (r.status_code, r.json()) == (400, {"error": {"message": message, "type": "invalid_request_error",
+                                                          "param": field, "code": None}})
+
+
 # ---------------------------------------------------------------- a Jinja template on the model's own tokenizer
 def test_v1_chat_reads_a_jinja_template_with_the_served_tokenizer():
     """ChatML's <|im_end|> is a special token of the served tokenizer (a BPE trained here), not of GPT-2's:
