@@ -206,6 +206,27 @@ def test_penalties_and_logit_bias_are_refused_word_for_word(tokenizer, path):
             assert _reply(c, path, {**body, "max_tokens": 1, **off})[0] == "!"
 
 
+# ---------------------------------------------------------------- logprobs of a reply ended by its stop token
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_logprobs_leave_out_the_stop_token_that_ended_the_reply(tokenizer, path):
+    """A model whose first token is the route's stop token (GPT-2's <|endoftext|> for text, the template's
+    <|end|> for chat) answers an empty reply, finish_reason stop, and logprobs over no token: the stop
+    token is the end of the reply, not a part of it."""
+    chat = path == "/v1/chat/completions"
+    stop = T.end if chat else tokenizer.eot_token
+    body = ({"messages": USER, "logprobs": True, "top_logprobs": 2} if chat else {"prompt": "hi", "logprobs": 2})
+    with _client(_model(answer=stop), tokenizer, max_new_tokens_cap=4) as c:
+        r = c.post(path, json={**body, "max_tokens": 3, "temperature": 0})
+    assert r.status_code == 200, r.text
+    ch = r.json()["choices"][0]
+    assert ch["finish_reason"] == "stop"
+    if chat:
+        assert ch["message"]["content"] == "" and ch["logprobs"] == {"content": []}
+    else:
+        assert ch["text"] == "" and ch["logprobs"] == {"tokens": [], "token_logprobs": [], "top_logprobs": [],
+                                                       "text_offset": []}
+
+
 # ---------------------------------------------------------------- SamplingParams.check behind the schema
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
 @pytest.mark.parametrize("message,field", [("top_p=0.5: must be in (0.6, 1] (a rule the schema lacks)", "top_p"),
