@@ -59,6 +59,11 @@ def _events(text: str) -> list:
     return out
 
 
+def _hi(path: str) -> dict:
+    """The prompt "hi" in the body of /v1/completions or /v1/chat/completions."""
+    return {"prompt": "hi"} if path == "/v1/completions" else {"messages": [{"role": "user", "content": "hi"}]}
+
+
 def _reply(c, path: str, body: dict) -> tuple[str, int | None]:
     """The text of one request's reply on any route, whole or streamed, and its completion-token count
     where the route reports one."""
@@ -193,7 +198,7 @@ def test_ids_past_the_tokenizer_print_as_their_number_on_every_route(tokenizer, 
 # ---------------------------------------------------------------- refusals of what the server cannot honour
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
 def test_penalties_and_logit_bias_are_refused_word_for_word(tokenizer, path):
-    body = {"prompt": "hi"} if path == "/v1/completions" else {"messages": [{"role": "user", "content": "hi"}]}
+    body = _hi(path)
     want = {name: f"{name}: not supported by this server (use 0; repetition_penalty is the penalty gptforge has)"
             for name in ("presence_penalty", "frequency_penalty")}
     with _client(_model(), tokenizer, max_new_tokens_cap=4) as c:
@@ -241,7 +246,7 @@ def test_a_range_only_sampling_params_knows_is_a_400_naming_its_field(tokenizer,
     def check(self):
         raise ValueError(message)
     monkeypatch.setattr(SamplingParams, "check", check)
-    body = {"prompt": "hi"} if path == "/v1/completions" else {"messages": USER}
+    body = _hi(path)
     with _client(_model(), tokenizer, max_new_tokens_cap=4) as c:
         r = c.post(path, json={**body, "max_tokens": 1, "top_p": 0.5})
     assert (r.status_code, r.json()) == (400, {"error": {"message": message, "type": "invalid_request_error",
