@@ -115,3 +115,19 @@ def test_readme_layout_names_every_module():
         if path.name not in layout and path.stem not in layout:
             missing.append(str(rel))
     assert not missing, "README's layout section does not name: " + ", ".join(missing)
+
+
+def test_mutation_lanes_point_at_real_files_and_the_docs_name_every_lane():
+    """scripts/mutation.sh's lanes (pyproject's [tool.gptforge-mutation.*]): every file a lane mutates or
+    runs exists (a renamed test file would silently drop from the lane: mutmut runs what it finds), and the
+    README's and the script's lists of lanes are the lanes there are."""
+    import tomllib
+
+    repo = README.parent
+    lanes = tomllib.loads((repo / "pyproject.toml").read_text())["tool"]["gptforge-mutation"]
+    for name, lane in lanes.items():
+        for path in [*lane["mutate"], *(t for t in lane["tests"] if t.endswith(".py"))]:
+            assert (repo / path).is_file(), f"pyproject.toml: mutation lane {name!r} names {path}, which does not exist"
+    for doc in (README, repo / "scripts" / "mutation.sh"):
+        (listed,) = re.findall(r"# one lane: ([\w -]+)$", doc.read_text(), flags=re.M)
+        assert sorted(listed.split()) == sorted(lanes), f"{doc.name}: lanes listed {listed.split()}, there are {sorted(lanes)}"
