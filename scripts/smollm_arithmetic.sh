@@ -55,17 +55,20 @@ RL_ARGS=(--task arithmetic3 --steps "$RL_STEPS" --prompts "$RL_PROMPTS" --group 
          --reward "$RL_REWARD" --rl.scale_rewards "$RL_SCALE" --eval-every "$RL_EVAL_EVERY" --eval-n $((N_EVAL / 2)) --ckpt-every 20 --keep-ckpts 0 --device "$DEVICE"
          --train.threads "$THREADS" "${LORA[@]}")
 if [ ! -f "$OUT/rl/checkpoints/step_$(printf %06d "$RL_STEPS")/meta.json" ]; then
-  if [ -d "$OUT/rl/checkpoints" ]; then $GF rl --out "$OUT/rl" --resume
+  # a larger RL_STEPS continues a finished run (the learning rate is constant after warmup)
+  if [ -d "$OUT/rl/checkpoints" ]; then $GF rl --out "$OUT/rl" --resume --steps "$RL_STEPS"
   else $GF rl --init-from "$SFT" --out "$OUT/rl" "${RL_ARGS[@]}"; fi
 fi
-ev "$OUT/rl.json" "$OUT/sft.json" --ckpt "$(newest "$OUT/rl")"
+RL=$(newest "$OUT/rl")
+ev "$OUT/rl_${RL##*/}.json" "$OUT/sft.json" --ckpt "$RL"
 
-.venv/bin/python - "$OUT" <<'PY' | tee "$OUT/table.md"
+.venv/bin/python - "$OUT" "rl_${RL##*/}" "${RL##*/step_}" <<'PY' | tee "$OUT/table.md"
 import json, sys
-out = sys.argv[1]
+out, rl, rl_step = sys.argv[1], sys.argv[2], int(sys.argv[3])
 print("| stage | arithmetic3 greedy exact match | 95% interval | n | format | paired with the stage before |")
 print("|---|---|---|---|---|---|")
-for name, stem in (("untuned, format in the system prompt", "untuned"), ("LoRA SFT", "sft"), ("GRPO (LoRA) from SFT", "rl")):
+for name, stem in (("untuned, format in the system prompt", "untuned"), ("LoRA SFT", "sft"),
+                   (f"GRPO (LoRA) from SFT, {rl_step} steps", rl)):
     (t,) = [r for r in json.load(open(f"{out}/{stem}.json")) if r["task"] == "arithmetic3"]
     lo, hi = t["acc_ci95"]
     paired = [line.strip() for line in open(f"{out}/{stem}.txt") if "paired with" in line]
