@@ -130,6 +130,40 @@ def test_a_counted_body_over_the_limit_closes_the_connection_once():
     assert [k for k, _ in raw if k.lower() == b"connection"] == [b"connection"]
 
 
+def test_an_answer_without_a_headers_key_still_gets_connection_close():
+    """ASGI makes ``headers`` optional in ``http.response.start`` (default: none); an app that answers the
+    over-limit body that way still gets the one ``Connection: close`` and nothing else."""
+
+    async def app(scope, receive, send):
+        try:
+            await receive()
+        except BodyTooLarge as e:
+            await send({"type": "http.response.start", "status": e.status_code})
+            await send({"type": "http.response.body", "body": b""})
+
+    status, _, _, raw = _call(BodyLimit(app, max_bytes=3), _scope(), [b"abcd"])
+    assert status == 413 and raw == [(b"connection", b"close")]
+
+
+@pytest.mark.parametrize("guard, path, headers, chunks", [
+    (lambda app: BodyLimit(app, max_bytes=2), "/api/generate", [(b"content-length", b"3")], [b"abc"]),  # declared
+    (lambda app: BodyLimit(app, max_bytes=2), "/v1/completions", [], [b"ab", b"c"]),  # counted, raised past the app
+    (lambda app: BearerAuth(app, key="k"), "/api/generate", [], [b""]),
+    (lambda app: BearerAuth(app, key="k"), "/v1/models", [(b"authorization", b"Bearer x")], [b""])])
+def test_the_guards_own_answers_name_their_headers_in_lower_case(guard, path, headers, chunks):
+    """ASGI: "header names must be lowercased" in a response start; an HTTP/2 server (hypercorn) refuses the
+    response otherwise, and HTTP/1.1 clients that match names exactly miss it."""
+
+    async def app(scope, receive, send):  # lets BodyTooLarge escape, as a route outside FastAPI's handling would
+        while (await receive()).get("more_body"):
+            pass
+
+    status, _, _, raw = _call(guard(app), _scope(path, headers), chunks)
+    assert status in (401, 413) and raw
+    assert [k for k, _ in raw] == [k.lower() for k, _ in raw]
+    assert {k for k, _ in raw} >= {b"content-type", b"content-length", b"connection"}
+
+
 def test_a_message_without_a_body_key_counts_zero():
     async def app(scope, receive, send):
         await receive()
@@ -249,7 +283,8 @@ def _stream(items, event=None, **kw) -> tuple[str, dict, _Gate, list]:
         assert not producers  # the finished producer let go of its reference
         return text, dict(r.headers)
 
-    text, heads = asyncio.run(run())
+    # a producer that died without its end marker would leave the stream waiting forever: fail instead
+    text, heads = asyncio.run(asyncio.wait_for(run(), timeout=10))
     return text, heads, gate, closed
 
 
