@@ -986,6 +986,7 @@ EFFECTS: dict[tuple[str, str], tuple[str, ...]] = {
     ("eval", "--ckpt"): ("tests/training/test_preference_recipes.py::test_rm_resumes_exactly_and_scores",),
     ("eval", "--against"): ("tests/training/test_preference_recipes.py::"
                             "test_win_rate_against_the_reference_judged_by_a_reward_model",),
+    ("eval", "--offset"): ("tests/eval/test_paired_eval.py::test_eval_offset_scores_the_problems_after_the_first_n",),
     ("eval", "--paired-with"): ("tests/eval/test_paired_eval.py::"
                                 "test_eval_json_keeps_every_reply_and_pairs_with_an_earlier_run",),
     # eval --dtype: bf16 autocast is on around generation with bfloat16, off with float32/auto on CPU

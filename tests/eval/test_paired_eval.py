@@ -167,3 +167,41 @@ def test_generative_eval_takes_dtype_and_refuses_scoring_only_options(tmp_path, 
         err = capsys.readouterr().err
         assert flag in err and "arithmetic, compare generate" in err, err
     assert len(seen) == 3  # refused before anything ran
+
+
+def test_eval_offset_scores_the_problems_after_the_first_n(tmp_path, capsys):
+    """``--offset 3 --limit 2`` scores eval problems 3 and 4 (counted here from the task's whole held-out set),
+    the same replies as those rows of an evaluation of the first 5; an offset outside the held-out set, a negative
+    one, and one given to the scored tasks or the reward-model and preference paths are refused, exit 2, before
+    the model loads."""
+    ckpt = str(tiny_chat_checkpoint(tmp_path / "m"))
+    whole = GENERATIVE["arithmetic3"].problems(0)
+    assert len(whole) == 500
+    first5, skipped = tmp_path / "first5.json", tmp_path / "skipped.json"
+    assert main(["eval", "--ckpt", ckpt, "--tasks", "arithmetic3", "--limit", "5", "--json", str(first5),
+                 "--device", "cpu"]) == 0
+    assert main(["eval", "--ckpt", ckpt, "--tasks", "arithmetic3", "--offset", "3", "--limit", "2", "--json",
+                 str(skipped), "--device", "cpu"]) == 0
+    (a,), (b,) = json.loads(first5.read_text()), json.loads(skipped.read_text())
+    assert [r["question"] for r in b["replies"]] == [p.question for p in whole[3:5]]
+    assert b["replies"] == a["replies"][3:5] and b["n"] == 2
+    last = tmp_path / "last.json"  # --limit 0 with an offset: the rest of the held-out set
+    assert main(["eval", "--ckpt", ckpt, "--tasks", "compare", "--offset", "498", "--json", str(last),
+                 "--device", "cpu"]) == 0
+    (c,) = json.loads(last.read_text())
+    assert [r["question"] for r in c["replies"]] == [p.question for p in GENERATIVE["compare"].problems(0)[498:]]
+    capsys.readouterr()
+    for argv, words in (
+            (["--tasks", "arithmetic3", "--offset", "499", "--limit", "2"], ("--offset 499", "500 problems")),
+            (["--tasks", "arithmetic3", "--offset", "500"], ("--offset 500", "500 problems")),
+            (["--tasks", "arithmetic3", "--offset", "-1"], ("--offset -1", ">= 0")),
+            (["--tasks", "arithmetic3,hellaswag", "--offset", "2"], ("--offset", "hellaswag")),
+            (["--preferences", str(first5), "--offset", "2"], ("--offset", "--preferences")),
+            (["--tasks", "arithmetic3", "--reward-model", ckpt, "--against", ckpt, "--offset", "2"],
+             ("--offset", "--reward-model"))):
+        assert main(["eval", "--ckpt", ckpt, "--device", "cpu", *argv]) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and all(w in err for w in words), (argv, err)
+    # the edge allowed: the last problem alone
+    assert main(["eval", "--ckpt", ckpt, "--tasks", "arithmetic3", "--offset", "499", "--limit", "1", "--device",
+                 "cpu"]) == 0

@@ -20,6 +20,9 @@ def args_eval(p: argparse.ArgumentParser) -> None:
                    help=f"comma-separated: {', '.join(known_tasks())} (default %(default)s)")
     add_model_source(p)
     p.add_argument("--limit", type=int, default=0, help="first N examples of each task (0 = all)")
+    p.add_argument("--offset", type=int, default=0,
+                   help="generative tasks: skip the first N problems of the held-out set (--offset 200 --limit 200: "
+                        "a second held-out set beside the first 200, e.g. to choose a checkpoint on)")
     p.add_argument("--json", help="write the results to this JSON file (generative tasks: every reply, which "
                                   "--paired-with reads)")
     p.add_argument("--force", action="store_true", help="replace the --json file if it exists")
@@ -54,6 +57,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
     # the command's own checks come before any of its paths (preferences, win rate, tasks) is taken
     if args.limit < 0 or (args.batch_tokens is not None and args.batch_tokens < 1) or args.repeats < 1:
         raise CliError("--limit must be >= 0 (0 = all), --batch-tokens and --repeats >= 1")
+    if args.offset < 0:
+        raise CliError(f"--offset {args.offset}: must be >= 0 (the number of held-out problems to skip)")
+    if args.offset and (args.preferences or args.reward_model or args.against):
+        raise CliError("--offset selects generative --tasks' problems; it does not apply to --preferences or "
+                       "--reward-model/--against")
     if args.paired_with and (args.preferences or args.reward_model or args.against):
         raise CliError("--paired-with compares the replies of generative --tasks; it does not apply to "
                        "--preferences or --reward-model/--against")
@@ -72,6 +80,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
         raise CliError(f"--paired-with compares the replies of generative tasks ({', '.join(GENERATIVE)}); "
                        f"--tasks {args.tasks} has none")
+    if args.offset and args.tasks:
+        raise CliError(f"--offset applies to generative tasks ({', '.join(generative) or 'arithmetic, gsm8k, ...'}); "
+                       f"the scored tasks {args.tasks} have no held-out order to skip into")
     if generative and not args.tasks and (args.batch_tokens is not None or args.bench):
         raise CliError(f"--{'batch-tokens' if args.batch_tokens is not None else 'bench'} applies to the scored "
                        f"tasks (hellaswag, piqa, ...); {', '.join(generative)} generate their answers, one batch of "
@@ -173,9 +184,11 @@ def eval_generative(args: argparse.Namespace, names: list[str]) -> None:
     """`gptforge eval --tasks arithmetic,gsm8k`: greedy exact match, with the checkpoint's chat template."""
     import torch
 
-    from gptforge.eval.generative import evaluate_generative
+    from gptforge.eval.generative import evaluate_generative, task_problems
     from gptforge.runtime import autocast_for, resolve_device
 
+    for name in names:  # the problems' range (EvalDataError, exit 2) is checked before the model loads
+        task_problems(name, args.limit, args.offset)
     before = None
     if args.paired_with:  # read and checked before the model loads
         before = read_paired(args.paired_with)
@@ -190,7 +203,7 @@ def eval_generative(args: argparse.Namespace, names: list[str]) -> None:
     template = None if args.raw else chat
     with torch.no_grad(), autocast_for(device, args.dtype)():  # --dtype: bf16 autocast as the scored tasks
         results = evaluate_generative(model, tok, names, template, limit=args.limit,
-                                      system=args.system)
+                                      system=args.system, offset=args.offset)
     from gptforge.eval.stats import GENERATIVE_CHANCE, fmt_ci, wilson
 
     print(f"{'task':<12} {'n':>6} {'accuracy':>9} {'95% CI':>12} {'chance':>7} {'format':>7}  "

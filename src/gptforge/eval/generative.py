@@ -116,9 +116,24 @@ def generate_replies(model: Any, enc: Any, prompts: Sequence[list[int]], templat
     return out
 
 
+def task_problems(name: str, limit: int = 0, offset: int = 0) -> list[Problem]:
+    """Problems ``offset`` to ``offset + limit`` (to the end with ``limit`` 0) of a generative task's eval set.
+    An offset stays inside the set as it is by default (a generated task's 500 problems, left out of every
+    training draw), so the problems after it are a second held-out set, e.g. to choose a checkpoint on."""
+    task = GENERATIVE[name]
+    if not offset:
+        return task.problems(limit)[: limit or None]
+    size = len(task.problems(0))
+    if offset < 0 or offset + max(limit, 1) > size:
+        raise EvalDataError(f"--offset {offset} with --limit {limit}: {name}'s held-out set has {size} problems "
+                            f"(offset + limit at most {size}; with --limit 0, offset below {size})")
+    return task.problems(0)[offset: offset + limit if limit else None]
+
+
 def evaluate_generative(model: Any, enc: Any, names: Sequence[str], template: ChatTemplate | None,
-                        limit: int = 0, batch_size: int = 32, system: str | None = None) -> list[GenerativeResult]:
-    """Exact-match accuracy and format rate per task."""
+                        limit: int = 0, batch_size: int = 32, system: str | None = None,
+                        offset: int = 0) -> list[GenerativeResult]:
+    """Exact-match accuracy and format rate per task, on its problems ``offset`` to ``offset + limit``."""
     unknown = [n for n in names if n not in GENERATIVE]
     if unknown:
         raise EvalDataError(f"unknown generative task(s) {', '.join(unknown)}; known: {', '.join(GENERATIVE)}")
@@ -126,9 +141,7 @@ def evaluate_generative(model: Any, enc: Any, names: Sequence[str], template: Ch
     block = model.config.block_size
     for name in names:
         task = GENERATIVE[name]
-        problems = task.problems(limit)
-        if limit:
-            problems = problems[:limit]
+        problems = task_problems(name, limit, offset)
         new = min(task.max_new_tokens, block - 1)
         prompts = [prompt_ids(p, enc, template, system) for p in problems]
         fits = [i for i, ids in enumerate(prompts) if len(ids) + new <= block]
