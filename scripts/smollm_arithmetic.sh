@@ -5,7 +5,10 @@
 #   2. LoRA SFT on generated arithmetic3 conversations (the eval problems left out),
 #   3. GRPO (LoRA) from that SFT,
 # each later stage paired with the one before on the same problems (`eval --paired-with`: problems only one
-# gets right, exact McNemar p). The goal: RL >= +10 points over SFT alone.
+# gets right, exact McNemar p), and SFT and RL again on the next N_EVAL held-out problems (`eval --offset`), a
+# second set that nothing here is chosen on. The goal: RL >= +10 points over SFT alone.
+# The defaults are the measured recipe (docs/benchmarks.md, "Session twelve"): SFT stops once the format is
+# learned (20 steps), then 200 GRPO steps; about 3 hours on two CPU cores.
 #
 #   DEVICE=cuda bash scripts/smollm_arithmetic.sh          # a lent GPU: minutes
 #   bash scripts/smollm_arithmetic.sh                      # CPU: hours (see docs/benchmarks.md, issue 32)
@@ -18,10 +21,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 GF=${GF:-.venv/bin/gptforge}
 OUT=${OUT:-runs/smollm_arithmetic}; DEVICE=${DEVICE:-cpu}; N_EVAL=${N_EVAL:-200}
-SFT_STEPS=${SFT_STEPS:-80}; SFT_LR=${SFT_LR:-1e-3}
+SFT_STEPS=${SFT_STEPS:-20}; SFT_LR=${SFT_LR:-1e-3}
 # RL as measured on CPU (docs/benchmarks.md, "3-digit arithmetic on SmolLM2"): digit_match gives the groups
 # where every reply is wrong (the SFT model's subtraction) replies that score differently; lr 1e-3 lost 10 points
-RL_STEPS=${RL_STEPS:-80}; RL_LR=${RL_LR:-3e-4}; RL_TEMP=${RL_TEMP:-1.0}; RL_PROMPTS=${RL_PROMPTS:-8}
+RL_STEPS=${RL_STEPS:-200}; RL_LR=${RL_LR:-5e-4}; RL_TEMP=${RL_TEMP:-1.0}; RL_PROMPTS=${RL_PROMPTS:-8}
 RL_GROUP=${RL_GROUP:-8}; RL_REWARD=${RL_REWARD:-digit_match}; RL_UPDATES=${RL_UPDATES:-1}; THREADS=${THREADS:-0}
 RL_SCALE=${RL_SCALE:-group}
 RL_EVAL_EVERY=${RL_EVAL_EVERY:-20}  # the RL run's own held-out checks (the first N_EVAL/2 eval problems) every this many steps
@@ -30,11 +33,11 @@ SYSTEM="Answer in the form: 512 + 387 = 899. The answer is 899."
 mkdir -p "$OUT"
 G=$($GF assets smollm2 | sed 's/.*: //')
 [ -f "$G" ] || { echo "smollm_arithmetic: no SmolLM2 GGUF at '$G' (gptforge assets smollm2)" >&2; exit 2; }
-ev() {  # json, paired-with json or "", model args...
+ev() {  # json, paired-with json or "", model args... (OFFSET: skip that many held-out problems)
   local j=$1 pw=$2; shift 2
   [ -f "$j" ] && return 0
-  $GF eval "$@" --tasks arithmetic3 --limit "$N_EVAL" --device "$DEVICE" --json "$j" ${pw:+--paired-with "$pw"} \
-    | tee "${j%.json}.txt"
+  $GF eval "$@" --tasks arithmetic3 --limit "$N_EVAL" --offset "${OFFSET:-0}" --device "$DEVICE" --json "$j" \
+    ${pw:+--paired-with "$pw"} | tee "${j%.json}.txt"
 }
 newest() { ls -d "$1"/checkpoints/step_* | sort | tail -1; }
 
@@ -61,6 +64,8 @@ if [ ! -f "$OUT/rl/checkpoints/step_$(printf %06d "$RL_STEPS")/meta.json" ]; the
 fi
 RL=$(newest "$OUT/rl")
 ev "$OUT/rl_${RL##*/}.json" "$OUT/sft.json" --ckpt "$RL"
+OFFSET=$N_EVAL ev "$OUT/sft_second.json" "" --ckpt "$SFT"  # the second held-out set: problems N_EVAL to 2 N_EVAL
+OFFSET=$N_EVAL ev "$OUT/rl_${RL##*/}_second.json" "$OUT/sft_second.json" --ckpt "$RL"
 
 .venv/bin/python - "$OUT" "rl_${RL##*/}" "${RL##*/step_}" <<'PY' | tee "$OUT/table.md"
 import json, sys
@@ -68,7 +73,9 @@ out, rl, rl_step = sys.argv[1], sys.argv[2], int(sys.argv[3])
 print("| stage | arithmetic3 greedy exact match | 95% interval | n | format | paired with the stage before |")
 print("|---|---|---|---|---|---|")
 for name, stem in (("untuned, format in the system prompt", "untuned"), ("LoRA SFT", "sft"),
-                   (f"GRPO (LoRA) from SFT, {rl_step} steps", rl)):
+                   (f"GRPO (LoRA) from SFT, {rl_step} steps", rl),
+                   ("LoRA SFT, the second held-out set", "sft_second"),
+                   (f"GRPO, {rl_step} steps, the second held-out set", f"{rl}_second")):
     (t,) = [r for r in json.load(open(f"{out}/{stem}.json")) if r["task"] == "arithmetic3"]
     lo, hi = t["acc_ci95"]
     paired = [line.strip() for line in open(f"{out}/{stem}.txt") if "paired with" in line]
