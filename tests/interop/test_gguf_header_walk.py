@@ -281,3 +281,22 @@ def test_where_the_data_must_lie():
     head = header([], [tensor("t", [8], F32_T, 0)])
     assert len(head) % 32  # so the data start is rounded up, not the header's end
     assert refusal(head + b"\0" * 32) is not None  # 32 bytes after the header, but fewer after the rounding
+
+
+# --- what a refusal names (mutmut's survivors of the first run on this file) ------------------------------
+
+@pytest.mark.parametrize("buf, what", [
+    (b"GGU", "truncated at byte 0 reading the magic (4 bytes, file has 3)"),
+    (header(n_kv=1)[:24] + struct.pack("<Q", 50) + b"ab" + b"\0" * 10,
+     "truncated at byte 32 reading a metadata key (50 bytes, file has 44)"),
+    (header(n_kv=1)[:24] + b"\0" * 5, "truncated at byte 24 reading a metadata key length (8 bytes, file has 29)"),
+])
+def test_a_truncation_names_what_was_being_read(buf, what):
+    assert what in refusal(buf)
+
+
+def test_lengths_and_the_version_are_unsigned():
+    """A string length or a version with the top bit set is the huge number the file says, not a negative one."""
+    buf = header(n_kv=1)[:24] + struct.pack("<Q", 2**64 - 1) + b"\0" * 40
+    assert f"a metadata key is {2**64 - 1} bytes long (at most {MAX_KEY})" in refusal(buf)
+    assert f"GGUF.version={2**32 - 1} (gptforge reads versions 2 and 3)" in refusal(header(version=2**32 - 1) + b"\0" * 8)
