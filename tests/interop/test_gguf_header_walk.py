@@ -300,3 +300,37 @@ def test_lengths_and_the_version_are_unsigned():
     buf = header(n_kv=1)[:24] + struct.pack("<Q", 2**64 - 1) + b"\0" * 40
     assert f"a metadata key is {2**64 - 1} bytes long (at most {MAX_KEY})" in refusal(buf)
     assert f"GGUF.version={2**32 - 1} (gptforge reads versions 2 and 3)" in refusal(header(version=2**32 - 1) + b"\0" * 8)
+
+
+PARTS = [(b"GGUF", "the magic"), (struct.pack("<I", 3), "the version"), (struct.pack("<Q", 1), "the tensor count"),
+         (struct.pack("<Q", 1), "the key count"), (struct.pack("<Q", 3), "a metadata key length"),
+         (b"k.a", "a metadata key"), (struct.pack("<I", ARRAY), "k.a's type"),
+         (struct.pack("<I", STRING), "k.a's item type"), (struct.pack("<Q", 1), "k.a's length"),
+         (struct.pack("<Q", 2), None), (b"xy", "an item of k.a"), (struct.pack("<Q", 1), "a tensor name length"),
+         (b"t", "a tensor name"), (struct.pack("<I", 1), "tensor t's rank"), (struct.pack("<Q", 8), "tensor t's shape"),
+         (struct.pack("<I", F32_T), "tensor t's type"), (struct.pack("<Q", 0), "tensor t's offset")]
+
+
+@pytest.mark.parametrize("i", [i for i, (_, what) in enumerate(PARTS) if what])
+def test_a_file_cut_inside_any_field_names_that_field(i):
+    """Each field of a whole header (one string array, one tensor), the file cut just before its last byte."""
+    at = sum(len(p) for p, _ in PARTS[:i])
+    part, what = PARTS[i]
+    whole = b"".join(p for p, _ in PARTS)
+    assert refusal(padded(whole, 32, 32)) is None
+    cut = at + len(part) - 1  # the field's last byte missing
+    assert f"truncated at byte {at} reading {what} ({len(part)} bytes, file has {cut})" in refusal(whole[:cut])
+
+
+@pytest.mark.parametrize("i, match", [
+    (2, f"GGUF.tensor_count={2**64 - 1} is absurd"), (3, f"GGUF.kv_count={2**64 - 1} is absurd"),
+    (6, f"metadata key k.a has unknown type {2**32 - 1}"), (7, f"k.a is an array of type {2**32 - 1}"),
+    (8, f"k.a claims {2**64 - 1} items"), (9, f"an item of k.a is {2**64 - 1} bytes long"),
+    (13, f"tensor t has {2**32 - 1} dimensions"), (14, f"tensor t has shape [{2**64 - 1}]"),
+    (15, f"tensor t has unknown type {2**32 - 1}")])
+def test_every_count_and_type_is_unsigned(i, match):
+    """A field with every bit set is the largest number its width holds, refused as such, never a negative one
+    that slips under a bound."""
+    parts = [p for p, _ in PARTS]
+    parts[i] = b"\xff" * len(parts[i])
+    assert match in refusal(padded(b"".join(parts), 32, 32))
