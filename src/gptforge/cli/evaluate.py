@@ -187,8 +187,9 @@ def eval_generative(args: argparse.Namespace, names: list[str]) -> None:
     from gptforge.eval.generative import evaluate_generative, task_problems
     from gptforge.runtime import autocast_for, resolve_device
 
-    for name in names:  # the problems' range (EvalDataError, exit 2) is checked before the model loads
-        task_problems(name, args.limit, args.offset)
+    if args.offset:  # the offset's range (EvalDataError, exit 2) is checked before the model loads
+        for name in names:
+            task_problems(name, args.limit, args.offset)
     before = None
     if args.paired_with:  # read and checked before the model loads
         before = read_paired(args.paired_with)
@@ -261,7 +262,7 @@ def eval_preferences(args: argparse.Namespace) -> int:
 
 def eval_win_rate(args: argparse.Namespace) -> int:
     """`gptforge eval --tasks compare --ckpt runs/dpo --against runs/sft --reward-model runs/rm`."""
-    from gptforge.eval.generative import GENERATIVE
+    from gptforge.eval.generative import GENERATIVE, task_problems
     from gptforge.load import ModelSource
     from gptforge.run.checkpoint import CheckpointError
     from gptforge.training.rm import load_reward_model, win_rate
@@ -294,7 +295,7 @@ def eval_win_rate(args: argparse.Namespace) -> int:
     results = []
     for name in names:
         task = GENERATIVE[name]
-        problems = task.problems(args.limit)[: args.limit or None]
+        problems = task_problems(name, args.limit)
         r = win_rate(rm, template, tok, policy, ref, problems, task.max_new_tokens, args.system)
         results.append({"task": name, **r})
         from gptforge.eval.stats import GENERATIVE_CHANCE, RM_SCORE_SCALE, fmt_rate, rate_context

@@ -123,11 +123,12 @@ def task_problems(name: str, limit: int = 0, offset: int = 0) -> list[Problem]:
     task = GENERATIVE[name]
     if not offset:
         return task.problems(limit)[: limit or None]
-    size = len(task.problems(0))
+    whole = task.problems(0)
+    size = len(whole)
     if offset < 0 or offset + max(limit, 1) > size:
         raise EvalDataError(f"--offset {offset} with --limit {limit}: {name}'s held-out set has {size} problems "
                             f"(offset + limit at most {size}; with --limit 0, offset below {size})")
-    return task.problems(0)[offset: offset + limit if limit else None]
+    return whole[offset: offset + limit if limit else None]
 
 
 def evaluate_generative(model: Any, enc: Any, names: Sequence[str], template: ChatTemplate | None,
