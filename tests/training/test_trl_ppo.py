@@ -31,7 +31,10 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 KEYS = ("rewards", "values", "advantages", "returns", "scores", "logprobs", "ref_logprobs", "padding_mask",
         "padding_mask_p1", "sequence_lengths", "new_logprobs", "mb_logprobs", "mb_advantage", "mb_return",
-        "mb_values", "vpred", "pg_loss", "vf_loss", "loss", "micro_batch_inds")
+        "mb_values", "vpred", "pg_loss", "vf_loss", "loss", "micro_batch_inds", "vf_clipfrac")
+# TRL logs these per micro-batch into tensors it creates once per batch, filled after the backward: the test
+# keeps references (not copies) and reads them when train() is done
+STATS = ("approxkl_stats", "pg_clipfrac_stats")
 
 
 def _run_trl_ppo(tmp_path, kl_estimator):
@@ -64,6 +67,8 @@ def _run_trl_ppo(tmp_path, kl_estimator):
     def record(loss, **kw):  # TRL's tensors at this micro-batch, read from train()'s frame
         f = sys._getframe(1).f_locals
         calls.append({k: (f[k].detach().clone() if torch.is_tensor(f[k]) else f[k]) for k in KEYS})
+        calls[-1]["stats"] = {k: f[k] for k in STATS}
+        calls[-1]["at"] = (f["ppo_epoch_idx"], f["minibatch_idx"], f["gradient_accumulation_idx"])
         return backward(loss, **kw)
 
     trainer.accelerator.backward = record
@@ -120,6 +125,15 @@ def test_ppo_rewards_gae_and_losses_equal_trls(tmp_path, kl_estimator):
                            c["mb_return"], mask, args.cliprange, args.cliprange_value, args.vf_coef, value_mask=vmask)
         assert abs(loss.item() - c["loss"].item()) <= 1e-6
         clipfrac.append((ps["clipfrac"], vs["value_clipfrac"]))
+        # the logged statistics equal TRL's: both clip fractions; TRL's approxkl is the plain mean of
+        # ½ (log π − log π_old)² over the micro-batch's (N, L) entries, whose padding differs by 0 (both
+        # log-probs are filled with the same constant there), gptforge's the mean over the reply's tokens
+        assert ps["clipfrac"] == pytest.approx(c["stats"]["pg_clipfrac_stats"][c["at"]].item(), abs=1e-6)
+        assert vs["value_clipfrac"] == pytest.approx(c["vf_clipfrac"].item(), abs=1e-6)
+        trl_kl = c["stats"]["approxkl_stats"][c["at"]].item()
+        assert ps["approx_kl"] * mask.sum().item() / mask.numel() == pytest.approx(trl_kl, rel=1e-5, abs=1e-9)
+        if c is calls[1]:  # the second micro-batch's policy has moved: a KL to compare
+            assert trl_kl > 1e-8
     assert clipfrac[1][0] > 0 and max(v for _, v in clipfrac) > 0, clipfrac
 
 
