@@ -184,3 +184,119 @@ def test_pad_rollouts_takes_one_token_prompts_and_refuses_empty_ones_and_unequal
     for prompts, replies in [([[1], [2]], [[3]]), ([[1]], [[3], [4]])]:
         with pytest.raises(ValueError):
             pad_rollouts(prompts, replies, pad=0)
+
+
+# ---------------------------------------------------------------- grpo_loss and grpo_step's plumbing
+def test_grpo_loss_has_no_kl_term_without_a_reference_or_a_coefficient():
+    """The KL term needs both a reference and a positive coefficient; without either the loss is the clipped
+    surrogate alone and the reported KL is 0 (grpo_step passes no reference when the coefficient is 0)."""
+    from gptforge.training.grpo import grpo_loss
+
+    logp = torch.tensor([[-0.5, -1.0], [-2.0, -0.1]])
+    old = torch.tensor([[-0.6, -1.0], [-1.5, -0.1]])
+    ref = torch.tensor([[-0.1, -3.0], [-0.2, -0.3]])
+    adv, mask = torch.tensor([1.0, -0.5]), torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    ratio = torch.exp(logp - old).double()
+    surr = torch.minimum(ratio * adv.double()[:, None], ratio.clamp(0.8, 1.2) * adv.double()[:, None])
+    want = -((surr[0, 0] + surr[0, 1]) / 2 + surr[1, 0]) / 2
+    for r, kl_coef in [(None, 0.1), (ref, 0.0), (None, 0.0)]:
+        loss, kl = grpo_loss(logp, old, r, adv, mask, 0.2, kl_coef)
+        assert loss.item() == pytest.approx(want.item(), rel=1e-6) and kl.item() == 0.0
+    _, kl = grpo_loss(logp, old, ref, adv, mask, 0.2, 0.1)
+    assert kl.item() > 0.1  # with both, the KL is there
+
+
+class _DDPStandIn(torch.nn.Module):
+    """What grpo_step sees of DDP: a forward and ``no_sync``. Records, for each differentiable forward, whether
+    it ran inside ``no_sync`` (DDP then keeps the gradients local: they are all-reduced by the first backward
+    outside it)."""
+
+    def __init__(self, module):
+        super().__init__()
+        self.module, self.local, self.seen = module, False, []
+
+    def forward(self, *a, **kw):
+        self.seen.append(self.local)
+        return self.module(*a, **kw)
+
+    def no_sync(self):
+        import contextlib
+
+        @contextlib.contextmanager
+        def ctx():
+            self.local = True
+            try:
+                yield
+            finally:
+                self.local = False
+        return ctx()
+
+
+def _grpo_inputs(updates: int, kl_coef: float, micro_batch: int = 2):
+    """A 6-reply GRPO batch (2 problems x 3) on a tiny model, its config, rewards with spread in each group."""
+    from gptforge.eval.tasks.verifiable import Problem
+    from gptforge.training.grpo import Rollouts, rl_config
+
+    mcfg = GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=32, vocab_size=40, pad_vocab=False)
+    cfg = rl_config(mcfg, "unused", "")
+    cfg.rl.updates_per_batch, cfg.rl.kl_coef, cfg.train.micro_batch, cfg.optim.grad_clip = updates, kl_coef, micro_batch, 0
+    prompts = [[1, 2, 3]] * 3 + [[4, 5]] * 3
+    replies = [[10, 11], [12], [13, 14, 15], [16], [17, 18], [19, 20, 21]]
+    ro = Rollouts([Problem("a", "1")] * 3 + [Problem("b", "2")] * 3, prompts, replies, [""] * 6)
+    return cfg, ro, torch.tensor([[1.0, 0.0, 0.5], [0.0, 2.0, 1.0]])
+
+
+@pytest.mark.parametrize("updates", [1, 2])
+def test_grpo_step_all_reduces_gradients_on_each_updates_last_micro_batch_only(updates):
+    from gptforge.training.grpo import grpo_step
+
+    cfg, ro, rewards = _grpo_inputs(updates, 0.0)
+    model = _gpt(4)
+    wrapped = _DDPStandIn(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    grpo_step(wrapped, model, None, opt, ro, rewards, cfg, pad=0, info=DistInfo(rank=0, world=2))
+    assert wrapped.seen == [True, True, False] * updates  # 3 micro-batches of 2 replies an update
+
+
+@pytest.mark.parametrize("updates,kl_coef", [(1, 0.0), (1, 0.1), (2, 0.0), (2, 0.1)])
+def test_grpo_step_runs_the_reference_and_the_old_policy_only_when_their_numbers_are_used(updates, kl_coef):
+    """The reference's forwards only with a KL coefficient; the sampling policy's (old log-probs, no gradient)
+    only with several updates a batch: with one, the first update's own log-probs are the old ones."""
+    from gptforge.training.grpo import grpo_step
+
+    cfg, ro, rewards = _grpo_inputs(updates, kl_coef)
+    model, ref = _gpt(4), _gpt(5)
+    calls = {"ref": 0, "no_grad": 0, "grad": 0}
+    ref.register_forward_hook(lambda *_: calls.__setitem__("ref", calls["ref"] + 1))
+    model.register_forward_hook(
+        lambda *_: calls.__setitem__(k := "grad" if torch.is_grad_enabled() else "no_grad", calls[k] + 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    grpo_step(model, model, ref, opt, ro, rewards, cfg, pad=0, kl_coef=kl_coef)
+    assert calls == {"ref": 3 if kl_coef > 0 else 0, "no_grad": 3 if updates > 1 else 0, "grad": 3 * updates}
+
+
+def test_grpo_step_scales_batch_advantages_over_every_rank(monkeypatch):
+    """rl.scale_rewards batch inside a step: the std's moments go to the all-reduce with the step's own
+    DistInfo (a rank that passed none would divide by its own share's std); the stand-in collective adds
+    another rank's rewards, and the advantages the loss gets are divided by the std of all of them."""
+    from gptforge.training.grpo import grpo_step
+
+    cfg, ro, rewards = _grpo_inputs(1, 0.0)
+    cfg.rl.scale_rewards = "batch"
+    other = torch.tensor([5.0, -3.0], dtype=torch.float64)
+    seen, advs = [], []
+
+    def reduce(t, info):
+        seen.append(info.world)
+        return t + torch.stack([torch.tensor(2.0, dtype=torch.float64), other.sum(), (other * other).sum()])
+
+    real_loss = grpo.grpo_loss
+    monkeypatch.setattr(grpo, "all_reduce_sum", reduce)
+    monkeypatch.setattr(grpo, "grpo_loss", lambda *a: advs.append(a[3]) or real_loss(*a))
+    model = _gpt(4)
+    grpo_step(_DDPStandIn(model), model, None, torch.optim.SGD(model.parameters(), lr=0.1), ro, rewards, cfg, pad=0,
+              info=DistInfo(rank=0, world=2))
+    assert seen == [2]
+    std = torch.cat([rewards.double().flatten(), other]).std().item()
+    want = (rewards - rewards.mean(1, keepdim=True)).flatten() / (std + cfg.rl.adv_eps)
+    torch.testing.assert_close(torch.cat(advs), want.float())
