@@ -202,8 +202,12 @@ def test_grpo_loss_has_no_kl_term_without_a_reference_or_a_coefficient():
     for r, kl_coef in [(None, 0.1), (ref, 0.0), (None, 0.0)]:
         loss, kl = grpo_loss(logp, old, r, adv, mask, 0.2, kl_coef)
         assert loss.item() == pytest.approx(want.item(), rel=1e-6) and kl.item() == 0.0
-    _, kl = grpo_loss(logp, old, ref, adv, mask, 0.2, 0.1)
-    assert kl.item() > 0.1  # with both, the KL is there
+    # with both, the KL is there: k3 = e^d − d − 1, d = log π_ref − log π, each reply's mean over its tokens
+    d = (ref - logp).double()
+    k3 = torch.exp(d) - d - 1
+    loss, kl = grpo_loss(logp, old, ref, adv, mask, 0.2, 0.1)
+    assert kl.item() == pytest.approx(((k3[0, 0] + k3[0, 1]) / 2 + k3[1, 0]).item() / 2, rel=1e-6)
+    assert loss.item() == pytest.approx(want.item() + 0.1 * kl.item(), rel=1e-6)
 
 
 class _DDPStandIn(torch.nn.Module):
@@ -300,3 +304,19 @@ def test_grpo_step_scales_batch_advantages_over_every_rank(monkeypatch):
     std = torch.cat([rewards.double().flatten(), other]).std().item()
     want = (rewards - rewards.mean(1, keepdim=True)).flatten() / (std + cfg.rl.adv_eps)
     torch.testing.assert_close(torch.cat(advs), want.float())
+
+
+@pytest.mark.parametrize("clip", [0.0, 1e-3])
+def test_grpo_step_clips_the_gradient_norm_when_asked(clip):
+    """optim.grad_clip > 0 clips the update's gradient to that norm (any positive value, below 1 too); 0 leaves
+    it whole. Seen in the parameters' move under SGD at lr 1: its norm is the clipped gradient's."""
+    from gptforge.training.grpo import grpo_step
+
+    cfg, ro, rewards = _grpo_inputs(1, 0.0)
+    cfg.optim.grad_clip = clip
+    model = _gpt(4)
+    before = [p.detach().clone() for p in model.parameters()]
+    out = grpo_step(model, model, None, torch.optim.SGD(model.parameters(), lr=1.0), ro, rewards, cfg, pad=0)
+    moved = torch.sqrt(sum(((p.detach() - b) ** 2).sum() for p, b in zip(model.parameters(), before, strict=True)))
+    assert out["grad_norm"] > 0.01  # the logged norm is the gradient's before clipping
+    assert moved.item() == pytest.approx(clip if clip else out["grad_norm"], rel=1e-4)
