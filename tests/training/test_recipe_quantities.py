@@ -293,15 +293,25 @@ def hand_experience(s, T):
     return out
 
 
-@pytest.mark.parametrize("updates", [1, 2])
-def test_ppo_step_against_a_hand_computation(tmp_path, tokenizer, monkeypatch, updates):
+@pytest.mark.parametrize("updates,kl_coef", [(1, 0.1), (2, 0.1), (1, 0.0)])
+def test_ppo_step_against_a_hand_computation(tmp_path, tokenizer, monkeypatch, updates, kl_coef):
     spy = PPOSpy(monkeypatch)
+    # what only the torchrun tests see the effect of (2 ranks against 1 process; mutmut cannot map them): the
+    # step's gradient all-reduce on each update's last micro-batch, of the model the run wrapped, and the
+    # whitening's statistics through the all-reduce (its sum and count, then its variance)
+    syncs, reduced = [], []
+    real_sync, real_sum = ppo.grad_sync, ppo.all_reduce_sum
+    monkeypatch.setattr(ppo, "grad_sync", lambda w, info, sync: syncs.append((w, sync)) or real_sync(w, info, sync))
+    monkeypatch.setattr(ppo, "all_reduce_sum", lambda t, info: reduced.append(t.numel()) or real_sum(t, info))
     logged = _run(tmp_path, tokenizer, "ppo", steps=2, updates_per_batch=updates, gamma=0.9, lam=0.8, clip_eps=0.05,
-                  clip_value=0.05, vf_coef=0.3)
+                  clip_value=0.05, vf_coef=0.3, kl_coef=kl_coef)
     assert len(spy.steps) == 2
+    assert [sync for _, sync in syncs] == [False, True] * updates * 2
+    assert all(isinstance(w, ppo.PolicyValue) for w, _ in syncs)
+    assert reduced == [2, 1] * 2
     for i_step, (s, rec) in enumerate(zip(spy.steps, logged, strict=True)):
         exp, H = s["exp"], hand_experience(s, T_SAMPLE)
-        assert (s["kl_coef"], s["gamma"], s["lam"]) == (0.1, 0.9, 0.8)
+        assert (s["kl_coef"], s["gamma"], s["lam"]) == (kl_coef, 0.9, 0.8)
         enc = ChatTokenizer(tokenizer, _small()[1])  # the rollouts' text, as the recipe reads it
         texts = [enc.decode([t for t in r if t != 63]).strip() for r in s["replies"]]
         close(s["scores"], [graded(None, x) for x in texts], 1e-6)
@@ -311,8 +321,11 @@ def test_ppo_step_against_a_hand_computation(tmp_path, tokenizer, monkeypatch, u
                 close(row, H[k][key], 5e-5)
         white = torch.cat([h["white"] for h in H])
         assert abs(white.mean().item()) < 1e-6 and white.std().item() == pytest.approx(1, abs=1e-6)
+        kl = torch.cat([h["lp"] - h["ref"] for h in H]).abs().max()
+        if kl_coef == 0:  # no reference: the policy stands in (no KL penalty, no copy of the weights)
+            assert kl == 0
         if i_step == 1:  # the policy has moved from the reference: the KL and the values are not 0
-            assert torch.cat([h["lp"] - h["ref"] for h in H]).abs().max() > 1e-3
+            assert kl_coef == 0 or kl > 1e-3
             assert torch.cat([h["v"] for h in H]).abs().max() > 1e-3
         # the logged KL: the batch's mean per-reply sum of log π_old − log π_ref
         close(rec["kl"], torch.stack([(h["lp"] - h["ref"]).sum() for h in H]).mean(), 1e-5)

@@ -45,10 +45,13 @@ def _steps(run: Path) -> list[int]:
     return [int(p.name.split("_")[1]) for p in ckpt.list_checkpoints(run)]
 
 
-@pytest.mark.parametrize("bad", ["1e308", "float('inf')", "float('nan')", "np.float32(1e38) * np.float32(10)"])
-def test_a_non_finite_reward_stops_with_exit_3_and_keeps_the_good_checkpoints(tmp_path, monkeypatch, capsys, bad):
+@pytest.mark.parametrize("algo,bad", [*(("grpo", b) for b in ("1e308", "float('inf')", "float('nan')",
+                                                             "np.float32(1e38) * np.float32(10)")),
+                                      ("ppo", "float('nan')")])
+def test_a_non_finite_reward_stops_with_exit_3_and_keeps_the_good_checkpoints(tmp_path, monkeypatch, capsys, algo,
+                                                                               bad):
     src = _sft_ckpt(tmp_path)
-    spec = _reward_module(tmp_path, monkeypatch, f"reward_{abs(hash(bad))}", f"""
+    spec = _reward_module(tmp_path, monkeypatch, f"reward_{algo}_{abs(hash(bad))}", f"""
 import numpy as np
 calls = 0
 def reward(problem, reply):
@@ -59,16 +62,18 @@ def reward(problem, reply):
     out = tmp_path / "rl"
     with np.errstate(over="ignore"):
         code = main(["rl", "--init-from", str(src), "--out", str(out), "--steps", "6", "--reward", spec,
-                     "--ckpt-every", "1", "--keep-ckpts", "2", *SMALL])
+                     "--ckpt-every", "1", "--keep-ckpts", "2", "--algo", algo, *SMALL])
     io = capsys.readouterr()
     assert code == 3, io.err
     assert "diverged (not finite) at step 3" in io.err and "Traceback" not in io.err
-    assert "reward is" in io.out
+    assert "loss is nan" in io.out and "reward is" in io.out  # the stopping step's loss and mean reward
     assert _steps(out) == [1, 2]  # nothing written at step 3, and neither good one pruned
     for d in ckpt.list_checkpoints(out):
         ckpt.verify_checkpoint(d)
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if r["kind"] == "rl"] == [1, 2, 3]
+    # the stopping step's row: its loss (nan) and its reward (the bad batch's mean) are written as null
+    assert rows[-2]["step"] == 3 and rows[-2]["loss"] is None and rows[-2]["reward"] is None, rows[-2]
     assert rows[-1]["kind"] == "end" and rows[-1]["diverged"] is True
 
 
