@@ -349,6 +349,58 @@ def test_ppo_step_against_a_hand_computation(tmp_path, tokenizer, monkeypatch, u
                 assert (ratio - 1).abs().max() > 0.05  # the clip acts on the second update
         last = s["calls"][-2:]
         close(rec["loss"], sum(c["loss"] for c in last) / 2, 1e-6)
+        # the logged gradient norm: of the last update's loss, the replies' mean over both micro-batches, over
+        # the policy's and the value model's trainable weights
+        pol, val = copy.deepcopy(last[0]["policy"]).double().train(), copy.deepcopy(last[0]["value"]).double().train()
+        total = 0.0
+        for rows in (range(0, 4), range(4, 8)):
+            pg, vl = [], []
+            for k in rows:
+                p, r, h = s["prompts"][k], s["replies"][k], H[k]
+                ratio = torch.exp(hand_logp(pol, p, r, T_SAMPLE, grad=True) - h["lp"])
+                pg.append(torch.maximum(-h["white"] * ratio, -h["white"] * ratio.clamp(0.95, 1.05)))
+                hs = val.body.hidden_states(torch.tensor([list(p) + list(r)]))[0]
+                v = (hs @ val.score.weight[0])[len(p) - 1 : len(p) - 1 + len(r)]
+                vc = torch.clamp(v, h["v"] - 0.05, h["v"] + 0.05)
+                vl.append(torch.maximum((v - h["ret"]) ** 2, (vc - h["ret"]) ** 2))
+            total = total + 0.5 * (torch.cat(pg).mean() + 0.3 * 0.5 * torch.cat(vl).mean())
+        total.backward()
+        grads = [q.grad for m in (pol, val) for q in m.parameters() if q.grad is not None]
+        close(rec["grad_norm"], torch.sqrt(sum((g.double() ** 2).sum() for g in grads)), 1e-4)
+        assert set(rec) >= {"loss", "policy_loss", "value_loss", "clipfrac", "approx_kl", "reward", "accuracy", "kl",
+                            "grad_norm", "reply_len", "sample_ms", "kl_coef"}, sorted(rec)
+        assert rec["sample_ms"] > 0 and rec["kl_coef"] == kl_coef
+        close(rec["reply_len"], sum(map(len, s["replies"])) / len(s["replies"]), 1e-9)
+
+
+@pytest.mark.parametrize("algo", ["grpo", "ppo"])
+def test_rl_steps_clip_the_whole_models_gradient_to_optim_grad_clip(tmp_path, tokenizer, monkeypatch, algo):
+    """optim.grad_clip > 0 (below 1 too) clips each update's gradient over every trainable weight (PPO's value
+    model included) to that norm; the step logs the norm before clipping. The optimizer is AdamW, whose first
+    update hardly depends on the gradient's scale, so the clip is seen at the call: its arguments and the
+    gradient's norm after it."""
+    seen = []
+    real = torch.nn.utils.clip_grad_norm_
+
+    def clip(params, max_norm, *a, **kw):
+        params = list(params)
+        before = real(params, float("inf"))  # the norm, unclipped
+        out = real(params, max_norm, *a, **kw)
+        after = torch.sqrt(sum((q.grad.double() ** 2).sum() for q in params if q.grad is not None))
+        seen.append((len(params), max_norm, before.item(), after.item()))
+        return out
+
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", clip)
+    model_params = []
+    real_train = torch.nn.Module.train
+    monkeypatch.setattr(torch.nn.Module, "train", lambda m, mode=True: model_params.append(
+        len(list(m.parameters()))) or real_train(m, mode))
+    logged = _run(tmp_path, tokenizer, algo, steps=2, grad_clip=0.5)
+    assert len(seen) == 2 and all(mx == 0.5 for _, mx, _, _ in seen)
+    assert all(n == max(model_params) for n, _, _, _ in seen)  # every weight of the run's model
+    for (_, _, before, after), rec in zip(seen, logged, strict=True):
+        assert before > 0.5 and after == pytest.approx(0.5, rel=1e-5)
+        close(rec["grad_norm"], before, 1e-5)
 
 
 def test_ppo_adaptive_kl_feeds_the_experience(tmp_path, tokenizer, monkeypatch):
