@@ -179,7 +179,7 @@ def test_pad_rollouts_takes_one_token_prompts_and_refuses_empty_ones_and_unequal
     ids, mask, start = pad_rollouts([[5], [6, 7]], [[1, 2], [3]], pad=0)
     assert start == 0 and ids.tolist() == [[5, 1, 2], [6, 7, 3]]
     assert mask.tolist() == [[True, True], [False, True]]
-    with pytest.raises(ValueError, match="every rollout needs a prompt token and a reply token"):
+    with pytest.raises(ValueError, match="^every rollout needs a prompt token and a reply token$"):
         pad_rollouts([[]], [[1]], pad=0)
     for prompts, replies in [([[1], [2]], [[3]]), ([[1]], [[3], [4]])]:
         with pytest.raises(ValueError):
