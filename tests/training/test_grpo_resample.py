@@ -121,3 +121,41 @@ def test_a_redraw_is_new_problems_never_held_out_and_the_same_on_every_call():
     assert draws[0] == at(5) and draws[1] == at(5, 1)  # round 0 is the step's usual draw; each is a function
     assert len({tuple(p.question for p in d) for d in draws.values()}) == 3  # of (seed, step, round)
     assert not banned & {p.question for d in draws.values() for p in d}
+
+
+def test_sample_ms_is_every_rounds_sampling_time(tmp_path, tokenizer, monkeypatch):
+    """The logged sample_ms adds each round's sampling to the first draw's: with a clock that moves 1 s per
+    sampling call (grpo's clock only), 1 + 2 rounds log 3000 ms, and a run without resampling 1000."""
+    import types
+
+    now = [0.0]
+    monkeypatch.setattr(grpo_mod, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+    real = grpo_mod.sample_replies
+
+    def slow(*a, **kw):
+        now[0] += 1.0
+        return real(*a, **kw)
+
+    monkeypatch.setattr(grpo_mod, "sample_replies", slow)
+    _, rl, _ = _run(tmp_path, "on", tokenizer, monkeypatch, 5)
+    assert rl[0]["resample_rounds"] == 2 and rl[0]["sample_ms"] == pytest.approx(3000.0)
+    _, rl, _ = _run(tmp_path, "off", tokenizer, monkeypatch, 0)
+    assert rl[0]["sample_ms"] == pytest.approx(1000.0)
+
+
+def test_a_step_with_every_group_flat_says_so_once_with_its_step_and_what_to_do(tmp_path, tokenizer, monkeypatch,
+                                                                                 capsys):
+    """Every problem flat (here: in every round too, so resampling cannot help): the run says it once, at the
+    first such step, whole; later flat steps say nothing more."""
+    import sys
+
+    monkeypatch.setattr(sys.modules[__name__], "ROUNDS", {r: "ABCD" for r in range(4)})
+    _, rl, _ = _run(tmp_path, "flat", tokenizer, monkeypatch, 1, steps=2)
+    out = capsys.readouterr().out
+    said = ("step 1: every group's 4 replies got the same reward (0.000 on average), so every advantage is 0 and "
+            "only the KL term moves the model: nothing is learned from the reward until some replies in a group "
+            "score differently. If the reward stays flat, start from a longer SFT run (one that gets some answers "
+            "right: see `gptforge eval --tasks arithmetic` on it), raise rl.group or rl.temperature, or use a "
+            "graded reward")
+    assert out.count(said) == 1 and out.count("every group's") == 1, out
+    assert [r["flat_groups"] for r in rl] == [4, 4]

@@ -28,6 +28,7 @@ from gptforge.config import RLConfig
 from gptforge.data.chat import ChatTemplate, ChatTokenizer
 from gptforge.eval.tasks.verifiable import Problem
 from gptforge.models.gpt2 import GPT, GPTConfig
+from gptforge.parallel.distributed import DistInfo
 from gptforge.training import grpo, ppo
 from gptforge.training.grpo import GRPO, rl_config
 from gptforge.training.loop import train
@@ -112,7 +113,7 @@ class GRPOSpy:
         def step(wrapped, model, ref, optimizer, rollouts, rewards, cfg, pad, info=None, autocast=None, kl_coef=None):
             self.model = model
             self.steps.append({"init": copy.deepcopy(model), "ref": copy.deepcopy(ref), "rollouts": rollouts,
-                               "rewards": rewards.clone(), "kl_coef": kl_coef, "calls": []})
+                               "rewards": rewards.clone(), "kl_coef": kl_coef, "info": info, "calls": []})
             return real_step(wrapped, model, ref, optimizer, rollouts, rewards, cfg, pad, info, autocast, kl_coef)
 
         def loss(logp, old_logp, ref_logp, adv, mask, clip_eps, kl_coef):
@@ -160,6 +161,8 @@ def test_grpo_step_against_a_hand_computation(tmp_path, tokenizer, monkeypatch, 
         std = {"group": g.std(1, keepdim=True) + 1e-3, "batch": g.std() + 1e-3, "none": 1.0}[scale]
         adv = ((g - g.mean(1, keepdim=True)) / std).flatten()
         assert s["kl_coef"] == kl_coef and (s["ref"] is None) == (kl_coef == 0)
+        # the run's DistInfo (grad_sync and batch scaling read it; without it a rank would act alone)
+        assert isinstance(s["info"], DistInfo) and s["info"].world == 1
         assert len(s["calls"]) == 2 * updates  # two micro-batches per update
         clip_acted = []
         for i, call in enumerate(s["calls"]):
