@@ -214,16 +214,22 @@ def test_grpo_adaptive_kl_moves_the_coefficient_by_the_controller(tmp_path, toke
     assert spy.steps[-1]["kl_coef"] != 0.1
 
 
-def test_grpo_reward_model_ensemble_whitened_then_reduced(tmp_path, tokenizer, monkeypatch):
-    """rl.reward_model A,B with rl.reward_norm and min: each member's score whitened by the mean and
-    population std it gave step 1's replies (kept for step 2), then the members' minimum."""
+@pytest.mark.parametrize("reduce", ["min", "mean"])
+def test_grpo_reward_model_ensemble_whitened_then_reduced(tmp_path, tokenizer, monkeypatch, reduce):
+    """rl.reward_model A,B with rl.reward_norm and min or mean: each member's score whitened by the mean and
+    population std it gave step 1's replies (kept for step 2), then the members' minimum or mean."""
     mcfg, _ = _small()
     torch.manual_seed(5)
     members = [RewardModel(GPT(mcfg), init_std=1.0), RewardModel(GPT(mcfg), init_std=3.0)]
-    ens = RewardEnsemble(members, reduce="min")
+    ens = RewardEnsemble(members, reduce=reduce)
     frozen = copy.deepcopy(ens)
     spy = GRPOSpy(monkeypatch)
+    from gptforge.run.session import RunSession
+
+    said, real_log = [], RunSession.log  # the run's log (rank 0's lines), not every rank's print
+    monkeypatch.setattr(RunSession, "log", lambda self, msg: said.append(msg) or real_log(self, msg))
     _run(tmp_path, tokenizer, "grpo", steps=2, reward_model=ens, reward_norm=True)
+    assert sum(m.startswith("rl.reward_norm: the reward model's score on the starting policy's replies") for m in said) == 1
 
     def member_scores(s):
         ro = s["rollouts"]
@@ -240,7 +246,8 @@ def test_grpo_reward_model_ensemble_whitened_then_reduced(tmp_path, tokenizer, m
     first = member_scores(spy.steps[0])
     shift, scale = first.mean(1, keepdim=True), first.std(1, unbiased=False, keepdim=True)
     for s in spy.steps:
-        want = ((member_scores(s) - shift) / scale).min(0).values
+        white = (member_scores(s) - shift) / scale
+        want = white.min(0).values if reduce == "min" else white.mean(0)
         close(s["rewards"].flatten(), want, 1e-4)
     assert not torch.allclose(((first - shift) / scale).mean(0), ((first - shift) / scale).min(0).values)
 
