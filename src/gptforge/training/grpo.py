@@ -344,7 +344,7 @@ class GRPO(Recipe):
     def after_step(self, run: RunCtx, out: dict[str, float]) -> dict[str, float]:
         """The step's stats, plus the KL coefficient it used; with ``rl.kl_target`` the controller moves it."""
         rl, coef = run.cfg.rl, self.kl_coef(run)
-        if rl.kl_target and math.isfinite(out.get("kl", float("nan"))):
+        if rl.kl_target and math.isfinite(out["kl"]):  # every step that reaches here logs its KL
             self.state.kl_coef = adapt_kl_coef(coef, out["kl"], rl.kl_target, rl.prompts * rl.group, rl.kl_horizon)
         return {**out, "kl_coef": coef}
 
