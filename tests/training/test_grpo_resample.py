@@ -159,3 +159,15 @@ def test_a_step_with_every_group_flat_says_so_once_with_its_step_and_what_to_do(
             "graded reward")
     assert out.count(said) == 1 and out.count("every group's") == 1, out
     assert [r["flat_groups"] for r in rl] == [4, 4]
+
+
+def test_a_non_finite_reward_in_a_redraw_stops_the_step_before_any_update(tmp_path, tokenizer, monkeypatch):
+    """A redraw's rewards are guarded as the first draw's: a nan in round 1 (problem X) stops the run at that
+    step with nothing trained, and its row logs a null loss."""
+    import sys
+
+    here = sys.modules[__name__]
+    monkeypatch.setattr(here, "reward", lambda p, r, real=here.reward: float("nan") if p.question == "X" else real(p, r))
+    trained, rl, asked = _run(tmp_path, "bad", tokenizer, monkeypatch, 5, steps=2)
+    assert trained == [] and asked == [0, 1]  # round 1 drawn, then the step stopped
+    assert [r["step"] for r in rl] == [1] and rl[0]["loss"] is None
