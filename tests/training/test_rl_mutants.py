@@ -14,6 +14,7 @@ Each is compared with a direct computation in float64 written out here.
 from __future__ import annotations
 
 import copy
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -320,3 +321,53 @@ def test_grpo_step_clips_the_gradient_norm_when_asked(clip):
     moved = torch.sqrt(sum(((p.detach() - b) ** 2).sum() for p, b in zip(model.parameters(), before, strict=True)))
     assert out["grad_norm"] > 0.01  # the logged norm is the gradient's before clipping
     assert moved.item() == pytest.approx(clip if clip else out["grad_norm"], rel=1e-4)
+
+
+# ---------------------------------------------------------------- GRPO.sample_and_score
+@pytest.mark.parametrize("rnd,top_k", [(0, 5), (2, 0)])
+def test_sample_and_score_hands_the_sampler_its_share_and_the_steps_parameters(monkeypatch, rnd, top_k):
+    """Rank 1 of 4 samples problems 2 and 3 of the step's 8, with the run's temperature and top-k (0: none), the
+    seed SeedSequence(train.seed, step, 1) (a redraw: (train.seed, step, 8, round)) and its rows' place in the
+    whole batch (so that 4 ranks draw what 1 process would); then scores them: mean reward, accuracy against
+    each problem's answer, mean reply length, and whether any reward was not finite."""
+    import numpy as np
+
+    from gptforge.eval.tasks.verifiable import Problem
+    from gptforge.generation import SamplingParams
+    from gptforge.training.grpo import GRPO, Rollouts
+
+    cfg, _, _ = _grpo_inputs(1, 0.0)
+    cfg.rl.group, cfg.rl.temperature, cfg.rl.top_k, cfg.rl.max_new_tokens, cfg.train.seed = 3, 1.3, top_k, 6, 9
+    asked = []
+
+    def problems_at(step, round=0):
+        asked.append((step, round))
+        return [Problem(f"{step}.{round}.{i}", str(i)) for i in range(8)]
+
+    recipe = GRPO(cfg, None, SimpleTok(), lambda p, reply: float(len(reply)), problems_at=problems_at, held_out=[])
+    seen = []
+
+    def sampler(model, enc, template, problems, group, params):
+        seen.append((list(problems), group, params))
+        probs = [p for p in problems for _ in range(group)]
+        a, b = (f"The answer is {k}." for k in (2, 3))
+        texts = [a, "x", a, b, "The answer is 2.", b]  # right, wrong, right; right, wrong, right
+        return Rollouts(probs, [[1]] * 6, [[5] * (k + 1) for k in range(6)], texts)
+
+    monkeypatch.setattr(grpo, "sample_replies", sampler)
+    monkeypatch.setattr(grpo, "any_rank", lambda flag, info: flag)  # one process stands in for the 4
+    run = SimpleNamespace(cfg=cfg, info=DistInfo(rank=1, world=4), device=torch.device("cpu"))
+    ro, r, local, _, bad = recipe.sample_and_score(run, 3, None, rnd)
+    assert asked == [(3, rnd)]
+    [(mine, group, params)] = seen
+    assert [p.question for p in mine] == [f"3.{rnd}.2", f"3.{rnd}.3"] and group == 3
+    seed = int(np.random.SeedSequence([9, 3, 1] if rnd == 0 else [9, 3, 8, rnd]).generate_state(1)[0])
+    assert params == SamplingParams(max_new_tokens=6, temperature=1.3, top_k=top_k or None, seed=seed, rows=(6, 24))
+    assert r.tolist() == [16.0, 1.0, 16.0, 16.0, 16.0, 16.0] and not bad  # the reward: the text's length
+    assert local.tolist() == pytest.approx([81 / 6, 4 / 6, 3.5])
+
+
+class SimpleTok:
+    """The least a GRPO recipe needs of a tokenizer without a chat template (--raw): an end token."""
+
+    eot_token = 0
