@@ -371,3 +371,74 @@ class SimpleTok:
     """The least a GRPO recipe needs of a tokenizer without a chat template (--raw): an end token."""
 
     eot_token = 0
+
+
+# ---------------------------------------------------------------- GRPO.check, check_context
+def _recipe(tokenizer, problems_at):
+    from gptforge.training.grpo import GRPO
+
+    cfg, _, _ = _grpo_inputs(1, 0.0)
+    return cfg, GRPO(cfg, None, tokenizer, lambda p, r: 0.0, problems_at=problems_at, held_out=[])
+
+
+def test_check_refuses_model_parallel_layouts_and_uneven_prompts_and_asks_for_no_accumulation(tokenizer):
+    from gptforge.eval.tasks.verifiable import Problem
+    from gptforge.training.grpo import RLError
+
+    cfg, recipe = _recipe(tokenizer, lambda step, round=0: [Problem("1 + 1", "2")])
+    cfg.rl.prompts, cfg.rl.max_new_tokens = 4, 4
+    assert recipe.check(cfg, 1) == 0 and recipe.check(cfg, 4) == 0  # a step is replies, not token batches
+    for tp, pp in [(2, 1), (1, 2), (2, 2)]:
+        cfg.dist.tp, cfg.dist.pp = tp, pp
+        with pytest.raises(RLError) as e:
+            recipe.check(cfg, 1)
+        assert str(e.value) == (f"dist.tp={tp}, dist.pp={pp}: GRPO samples with the whole model on every rank, so "
+                                "it runs data-parallel only (dist.tp 1, dist.pp 1)")
+    cfg.dist.tp = cfg.dist.pp = 1
+    with pytest.raises(RLError) as e:
+        recipe.check(cfg, 3)
+    assert str(e.value) == "rl.prompts=4 must divide over 3 ranks (each rank samples whole groups)"
+
+
+def test_check_context_fits_the_first_steps_longest_prompt_and_its_reply_in_the_context(tokenizer):
+    """Step 0's longest prompt (later steps' are not asked: here they are longer) plus rl.max_new_tokens must fit
+    block_size (32): exactly filling it is allowed, one more is refused naming the flag and the room left."""
+    from gptforge.eval.tasks.verifiable import Problem
+    from gptforge.training.grpo import RLError
+
+    short, long = "1 + 1", "1 + 1 + 1 + 1 + 1 + 1 + 1 + 1 + 1 + 1 + 1 + 1 + 1 + 1 + 1 + 1"
+    cfg, recipe = _recipe(tokenizer, lambda step, round=0: [Problem(short, "2"), Problem(short + " + 1", "3")]
+                          if step == 0 else [Problem(long, "16")])
+    longest = len(tokenizer.encode_ordinary(f"Question: {short} + 1\nAnswer:"))
+    room = 32 - longest
+    assert room > 0 and len(tokenizer.encode_ordinary(f"Question: {long}\nAnswer:")) > longest
+    cfg.rl.max_new_tokens = room
+    recipe.check_context(cfg)
+    cfg.rl.max_new_tokens = room + 1
+    with pytest.raises(RLError) as e:
+        recipe.check_context(cfg)
+    assert str(e.value) == (f"--max-new-tokens {room + 1} (rl.max_new_tokens): prompts of task arithmetic take up to "
+                            f"{longest} tokens and the model's context is 32; give at most {room}")
+    cfg.model.block_size, cfg.rl.max_new_tokens = longest + 1, 2  # room for one token: short, not too short
+    with pytest.raises(RLError) as e:
+        recipe.check_context(cfg)
+    assert str(e.value).endswith(f"context is {longest + 1}; give at most 1")
+    cfg.model.block_size = longest  # no room at all
+    with pytest.raises(RLError) as e:
+        recipe.check_context(cfg)
+    assert str(e.value).endswith("give at most 0 (this model's context is too short)")
+    cfg.model.block_size = longest - 3  # less than none: still "at most 0"
+    with pytest.raises(RLError) as e:
+        recipe.check_context(cfg)
+    assert str(e.value).endswith("give at most 0 (this model's context is too short)")
+
+
+def test_check_context_without_problems_counts_a_prompt_of_one_token(tokenizer):
+    from gptforge.training.grpo import RLError
+
+    cfg, recipe = _recipe(tokenizer, lambda step, round=0: [])
+    cfg.rl.max_new_tokens = 31
+    recipe.check_context(cfg)
+    cfg.rl.max_new_tokens = 32
+    with pytest.raises(RLError, match="take up to 1 tokens .* give at most 31$"):
+        recipe.check_context(cfg)
