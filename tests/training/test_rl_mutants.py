@@ -1,14 +1,20 @@
-"""training/ppo.py's and grpo.py's math where the `training` mutation lane found its tests blind (issue 36).
+"""training/ppo.py's and grpo.py's math and steps where the `training` mutation lane found its tests blind
+(issue 36; each survivor's verdict: docs/benchmarks.md, "Lane `training`").
 
-The losses themselves were pinned (TRL's tensors, the recipes' hand computations), but four things were not:
+The losses themselves were pinned (TRL's tensors, the recipes' hand computations), but these were not:
 - the defaults that callers rely on: TRL's PPO clip 0.2, value clip 0.2 and vf_coef 0.1; GRPO's group
   scaling with eps 1e-4; log-probs at temperature 1 from position 0;
 - that ``ppo_batch_loss``'s ``rows`` and its hyper-parameters reach the loss (every caller passed the
   defaults, so dropping or swapping them changed nothing);
 - the batch-scaled advantages of a step with one or two rewards (the sample std's edge);
-- ``pad_rollouts``' refusals: a one-token prompt is valid, an empty one and unequal counts are not.
+- ``pad_rollouts``' refusals: a one-token prompt is valid, an empty one and unequal counts are not;
+- ``grpo_step``'s plumbing that only the torchrun tests exercised (mutmut, in one process, cannot see them):
+  DDP's ``no_sync`` on all but an update's last micro-batch, the step's DistInfo reaching batch scaling, and
+  the forwards it may skip; its gradient clip below 1;
+- what ``GRPO.sample_and_score`` hands the sampler (a rank's share, temperature, top-k, seed, rows) and the
+  score it reports; ``GRPO.check`` and ``check_context`` at their edges, with their whole messages.
 
-Each is compared with a direct computation in float64 written out here.
+Each is compared with a direct computation written out here (float64 where it is numeric).
 """
 
 from __future__ import annotations
