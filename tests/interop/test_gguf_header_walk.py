@@ -334,3 +334,17 @@ def test_every_count_and_type_is_unsigned(i, match):
     parts = [p for p, _ in PARTS]
     parts[i] = b"\xff" * len(parts[i])
     assert match in refusal(padded(b"".join(parts), 32, 32))
+
+
+def test_a_file_cut_inside_a_later_items_length_names_the_array():
+    """A string array's count passes the bound (8 bytes a length) when an earlier item is long, so a file cut
+    inside a later item's length is a truncation, named as an item of that array (mutmut: the name dropped)."""
+    head = header([kv("k.a", ARRAY, struct.pack("<IQ", STRING, 2) + s("abcdefghij"))])
+    cut = head + b"\2\0\0"  # 3 of the second item's 8 length bytes
+    assert f"truncated at byte {len(head)} reading an item of k.a (8 bytes, file has {len(cut)})" in refusal(cut)
+
+
+@pytest.mark.parametrize("extra", [0, 1])
+def test_a_tensor_name_at_its_cap(extra):
+    msg = _one([1], name="n" * (256 + extra))
+    assert msg is None if not extra else "a tensor name is 257 bytes long (at most 256)" in msg
