@@ -63,13 +63,16 @@ def _system_run() -> tuple[str, str, str]:
 def test_big_blocks_are_reused_not_faulted_in_every_step_and_the_numbers_do_not_change(mode):
     said, faults, losses = _run(FAULTS_PER_STEP, mode)[:3]
     assert said.startswith("tcmalloc-minimal" if mode == "auto" and TCMALLOC else "glibc malloc, large blocks kept")
-    # the default maps, zero-fills and unmaps the logits and their gradient: ~50,000 faults a step
-    assert int(faults) < 40_000, f"{faults} page faults in 4 steps"
     said, system_faults, system_losses = _system_run()
     assert said == "system malloc (GPTFORGE_ALLOCATOR=system)"
-    # what the fix removes (if this fails, the default has changed): 150,925-207,533 measured on the 2-core
-    # machine (glibc's dynamic mmap threshold makes it vary; 4 x 40,000 failed once under the suite's load)
+    # what the fix removes (if this fails, the default has changed): the default maps, zero-fills and unmaps
+    # the logits and their gradient, 150,925-207,533 faults in 4 steps measured on the 2-core machine (glibc's
+    # dynamic mmap threshold makes it vary; 4 x 40,000 failed once under the suite's load)
     assert int(system_faults) > 2 * 40_000
+    # the fix keeps them: 0 measured idle, but the kernel may reclaim idle pages between steps (50,304 seen
+    # once in a full CI run on the shared container), so the bound is against the default's own count, measured
+    # beside it: a fix that stopped working would fault as often as the default
+    assert int(faults) < int(system_faults) / 2, f"{faults} page faults in 4 steps, the default {system_faults}"
     assert losses == system_losses  # repr of Python floats: equal is bit for bit
 
 
