@@ -25,16 +25,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from gptforge.models.gpt2 import GPT, GPTConfig
+from gptforge.models.gpt2 import GPTConfig
 from gptforge.parallel.distributed import DistInfo
 from gptforge.training import grpo
 from gptforge.training.grpo import group_advantages, token_logprobs
 from gptforge.training.ppo import ValueModel, make_experience, pad_rollouts, ppo_batch_loss, ppo_loss
-
-
-def _gpt(seed=0):
-    torch.manual_seed(seed)
-    return GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=32, vocab_size=40, pad_vocab=False))
+from tests.training.test_ppo_experience import PROMPTS, REPLIES, _gpt  # the tiny model and rollouts
 
 
 def hand_ppo_loss(lp, old, adv, v, old_v, ret, mask, clip_eps, clip_value, vf_coef) -> float:
@@ -48,9 +44,6 @@ def hand_ppo_loss(lp, old, adv, v, old_v, ret, mask, clip_eps, clip_value, vf_co
     vl = 0.5 * torch.maximum((v - ret) ** 2, (vc - ret) ** 2)
     return ((pg * m).sum() / m.sum() + vf_coef * (vl * m).sum() / m.sum()).item()
 
-
-PROMPTS = [[1, 2, 3], [1, 2], [4, 5, 6, 7], [8, 9]]
-REPLIES = [[10, 11, 0], [12], [13, 14], [15, 16, 17, 0]]
 
 
 @pytest.fixture(scope="module")
