@@ -245,6 +245,7 @@ def test_begin_scores_the_start_of_a_fresh_run_only(tmp_path, tokenizer, monkeyp
     calls = []
     monkeypatch.setattr(r, "evaluate", lambda run, step, last, force=False: calls.append((run, step, last, force)))
     r.begin("run", 0)
+    r.begin("run", 1)  # a resume, even from step 1, does not score again
     r.begin("run", 5)
     assert calls == [("run", 0, False, True)]
 
@@ -341,8 +342,8 @@ def test_reward_norm_refusals(tmp_path, tokenizer):
     r, cfg, _ = _recipe(tmp_path, tokenizer, reward_norm=True, reward_model=ens, kl_coef=0.0)
     r.loaders(cfg, SimpleNamespace(rank=0, world=1))
     r.prepare_model(_prep_run(cfg, GPT(cfg.model)))  # a fresh run: the whitening is fitted on its first step
-    with pytest.raises(RLError) as e:
-        r.prepare_model(_prep_run(cfg, GPT(cfg.model), step=2))
+    with pytest.raises(RLError) as e:  # a resume from step 1 on
+        r.prepare_model(_prep_run(cfg, GPT(cfg.model), step=1))
     assert str(e.value) == ("rl.reward_norm: the checkpoint holds no whitening (meta.json loader.reward_norm), set on "
                             "the run's first step; resume from a checkpoint of this run")
     r.state.reward_norm = {"shift": [0.0, 0.0], "scale": [1.0, 1.0]}
