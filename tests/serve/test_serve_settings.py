@@ -1,0 +1,97 @@
+"""``serve``'s limits and its listening socket, word for word (issue 36, lane ``serve``): the CLI runs that
+reach ``ServeSettings.check`` and ``bind_port`` are subprocesses mutmut cannot map, and no test read
+their messages.
+
+- ``ServeSettings.check``: every limit an integer >= 1, the queue >= 0 (0: no one waits), refused naming
+  the flag as the command line spells it;
+- ``bind_port``: a listening socket with SO_REUSEADDR (as uvicorn sets it) and a backlog; a port taken is
+  one line naming the port and the next one to try; an address that is not this machine's, or a host that
+  does not resolve, names the host (a stand-in resolver: no DNS in a test)."""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import socket
+
+import pytest
+
+from gptforge.serve.app import PortBusy, ServeSettings, bind_port
+
+LIMITS = [f.name for f in dataclasses.fields(ServeSettings)]
+
+
+def test_the_defaults_pass_and_each_limit_is_checked():
+    ServeSettings().check()
+    assert LIMITS == ["max_new_tokens_cap", "max_batch", "max_queue", "max_prompt_chars", "max_body_bytes"]
+    for name in LIMITS:
+        low = 0 if name == "max_queue" else 1
+        ServeSettings(**{name: low}).check()  # the smallest allowed
+        flag = "--" + name.replace("_", "-")
+        for bad in (low - 1, -7, 2.0, "8", None):
+            with pytest.raises(ValueError) as e:
+                ServeSettings(**{name: bad}).check()
+            assert str(e.value) == f"{flag} {bad}: must be an integer >= {low}", (name, bad)
+
+
+def test_bind_port_listens_with_reuseaddr():
+    sock = bind_port("127.0.0.1", 0)
+    try:
+        host, port = sock.getsockname()
+        assert host == "127.0.0.1" and port > 0 and sock.family == socket.AF_INET
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR) == 1
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) == 1  # listening already
+        client = socket.create_connection(("127.0.0.1", port), timeout=5)  # a connection waits in the backlog
+        client.close()
+    finally:
+        sock.close()
+
+
+def test_a_port_in_use_names_the_port_and_the_next(monkeypatch):
+    first = bind_port("127.0.0.1", 0)
+    port = first.getsockname()[1]
+    closed = []
+    real_close = socket.socket.close
+    monkeypatch.setattr(socket.socket, "close", lambda self: (closed.append(self), real_close(self))[1])
+    try:
+        with pytest.raises(PortBusy) as e:
+            bind_port("127.0.0.1", port)
+        assert str(e.value) == (f"port {port} on 127.0.0.1 is already in use (another gptforge serve?): stop that "
+                                f"server or pass --port {port + 1}")
+        assert e.value.__cause__.errno == errno.EADDRINUSE
+        assert len(closed) == 1  # the socket that could not bind is closed, not leaked
+    finally:
+        monkeypatch.undo()
+        first.close()
+
+
+def test_an_address_that_is_not_this_machines_names_host_and_port(monkeypatch):
+    def bind(self, addr):
+        raise OSError(errno.EADDRNOTAVAIL, "Cannot assign requested address")
+
+    monkeypatch.setattr(socket.socket, "bind", bind)
+    with pytest.raises(PortBusy) as e:
+        bind_port("10.254.254.254", 8123)
+    assert str(e.value) == "cannot listen on 10.254.254.254:8123: Cannot assign requested address; check --host and --port"
+
+
+def test_a_host_that_does_not_resolve_names_the_host(monkeypatch):
+    def getaddrinfo(host, port, *a, **kw):
+        assert (host, port, kw.get("type")) == ("no-such-host", 8123, socket.SOCK_STREAM)
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    with pytest.raises(PortBusy) as e:
+        bind_port("no-such-host", 8123)
+    assert str(e.value) == "cannot listen on no-such-host:8123: Name or service not known; check --host"
+
+
+def test_the_address_family_is_the_hosts():
+    try:
+        sock = bind_port("::1", 0)
+    except PortBusy:
+        pytest.skip("no IPv6 loopback on this machine")
+    try:
+        assert sock.family == socket.AF_INET6 and sock.getsockname()[0] == "::1"
+    finally:
+        sock.close()
