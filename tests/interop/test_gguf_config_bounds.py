@@ -130,6 +130,16 @@ def test_llama_required_keys(key):
     assert msg == f"{PATH}: metadata key llama.{key}=4.0 has the wrong type", msg
 
 
+def test_llama_optional_keys_of_the_wrong_type_and_rope_refusals_name_the_file():
+    msg = refused(llama, llama_kv(**{"attention.head_count_kv": 2.0}))
+    assert msg == f"{PATH}: metadata key llama.attention.head_count_kv=2.0 has the wrong type", msg
+    msg = refused(llama, llama_kv(**{"rope.freq_base": "500"}))
+    assert msg == f"{PATH}: metadata key llama.rope.freq_base='500' has the wrong type", msg
+    msg = refused(llama, llama_kv(**{"rope.scaling.factor": -2.0}))
+    assert msg == (f"{PATH}: llama.rope.scaling.factor=-2.0: a rope scaling factor must be positive; gptforge's Llama "
+                   f"{NOT_IMPLEMENTED}"), msg
+
+
 @pytest.mark.parametrize("key", ["rope.dimension_count", "attention.key_length", "attention.value_length"])
 def test_llama_head_widths_other_than_embedding_over_heads_are_refused(key):
     assert llama(llama_kv(**{key: 16})).head_dim == 16  # what converters write: the same width
@@ -213,6 +223,21 @@ def test_gpt2_bounds_on_both_sides(key, hi):
     for v in (hi + 1, 0, -1):
         msg = refused(gpt2, gpt2_kv(**fit, **{key: v}))
         assert msg == f"{PATH}: metadata key gpt2.{key}={v} is out of range (1 to {hi})", msg
+
+
+@pytest.mark.parametrize("key", ["block_count", "embedding_length", "attention.head_count", "feed_forward_length",
+                                 "context_length", "attention.layer_norm_epsilon"])
+def test_gpt2_required_keys(key):
+    msg = refused(gpt2, gpt2_kv(**{key: None}))
+    assert msg == f"{PATH}: metadata key gpt2.{key} is missing; gptforge needs it to build the GPT", msg
+    msg = refused(gpt2, gpt2_kv(**{key: "4"}))
+    assert msg == f"{PATH}: metadata key gpt2.{key}='4' has the wrong type", msg
+
+
+def test_gpt2_smallest_model_reads():
+    cfg = gpt2(gpt2_kv(**{"block_count": 1, "embedding_length": 1, "attention.head_count": 1,
+                          "feed_forward_length": 4, "context_length": 1}), vocab=1)
+    assert (cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.block_size, cfg.vocab_size) == (1, 1, 1, 1, 1)
 
 
 def test_gpt2_refusals_name_key_value_and_what_gpt_would_need():

@@ -125,6 +125,8 @@ def test_llama3_divisors_from_the_converter_become_llama3_scaling():
     # the original context is read, not only fitted: another one with the same divisors fits other factors
     other = fields({"llama.rope.scaling.original_context_length": 64}, rope_freqs=freqs)
     assert other["rope_original_context"] == 64 and other["rope_low_freq_factor"] == pytest.approx(2.0)
+    one = fields({"llama.rope.scaling.original_context_length": 1}, rope_freqs=freqs)  # the smallest read as given
+    assert one["rope_original_context"] == 1 and one["rope_low_freq_factor"] == pytest.approx(1 / 32)
     # a type key "linear" or "none" and a factor of 0 or 1 beside the divisors are no factor
     for extra in ({"llama.rope.scaling.type": "linear"}, {"llama.rope.scaling.factor": 1.0},
                   {"llama.rope.scaling.type": "none", "llama.rope.scaling.factor": 0.0}):
