@@ -168,6 +168,9 @@ def test_held_out_correct_counts_exact_answers_of_greedy_replies(tokenizer, monk
     assert calls[-1][2] == [tokenizer.encode_ordinary(f"Question: {p.question}\nAnswer:") for p in problems[:2]]
     calls.clear()
     assert held_out_correct("m", enc, t, [], 7) == 0 and calls == []  # no problems: no generation
+    monkeypatch.setattr(generative, "generate_replies", lambda *a: replies[:2])  # a reply lost: an error, not a
+    with pytest.raises(ValueError, match="zip"):  # score over fewer problems
+        held_out_correct("m", enc, t, problems, 7)
 
 
 class _Metrics:
@@ -415,6 +418,9 @@ def test_value_model_from_a_reward_model_takes_its_weights():
     with torch.no_grad():
         v.score.weight.add_(1.0)
     assert not torch.equal(v.score.weight, rm.score.weight)  # copied, not shared
+    with torch.no_grad():
+        next(v.body.parameters()).add_(1.0)
+    assert not _same(v.body, rm.body)  # the body too: training the value model leaves the reward model as it was
     torch.manual_seed(3)
     w = ValueModel(GPT(mcfg))
     w.start_from_reward_model(rm)
