@@ -205,10 +205,11 @@ def test_evaluate_scores_this_ranks_share_and_sums_over_ranks(tmp_path, tokenize
         yield
 
     run, logs = _eval_run(cfg, "the run model", rank=1, world=2)
+    run.device = "meta"  # the counts go to the collective on the run's device (NCCL takes no CPU tensor)
 
-    def all_reduce_sum(t, over):
-        assert over is run.info and t.dtype == torch.float32 and t.device.type == "cpu"
-        return t + torch.tensor([2.0, 4.0])
+    def all_reduce_sum(t, over):  # this rank's 1 of 3 plus the other rank's 2 of 4, by hand (meta holds no values)
+        assert over is run.info and t.dtype == torch.float32 and t.device.type == "meta" and t.shape == (2,)
+        return torch.tensor([1.0 + 2.0, 3.0 + 4.0])
 
     monkeypatch.setattr(grpo, "held_out_correct", hoc)
     monkeypatch.setattr(grpo, "gathered", gathered)
