@@ -231,7 +231,10 @@ def test_evaluate_runs_every_eval_every_steps_at_the_end_and_when_forced(tmp_pat
     r, cfg, _ = _recipe(tmp_path, tokenizer, held_out=[Problem("q", "1")], eval_every=every)
     monkeypatch.setattr(grpo, "held_out_correct", lambda *a: 1)
     run, logs = _eval_run(cfg, GPT(cfg.model))
-    r.evaluate(run, step, last=last, force=force)
+    if force:
+        r.evaluate(run, step, last=last, force=True)
+    else:
+        r.evaluate(run, step, last=last)  # not forced unless asked
     assert [row[:2] for row in run.metrics.rows] == ([("eval", step)] if scored else [])
     if scored:
         assert run.metrics.rows[0][2]["acc"] == 1.0 and logs[0].endswith("accuracy 1.0000 (1 problems)")
@@ -249,6 +252,7 @@ def test_begin_scores_the_start_of_a_fresh_run_only(tmp_path, tokenizer, monkeyp
     calls = []
     monkeypatch.setattr(r, "evaluate", lambda run, step, last, force=False: calls.append((run, step, last, force)))
     r.begin("run", 0)
+    assert calls == [("run", 0, False, True)]
     r.begin("run", 1)  # a resume, even from step 1, does not score again
     r.begin("run", 5)
     assert calls == [("run", 0, False, True)]
@@ -290,6 +294,20 @@ def test_the_reference_is_a_frozen_copy_of_the_starting_weights(tmp_path, tokeni
     assert r.ref is None  # no KL term: no reference kept
 
 
+def test_a_sharded_policys_reference_is_built_of_the_models_config(tmp_path, tokenizer, monkeypatch):
+    """Under FSDP ``frozen_copy`` cannot deepcopy and calls ``build()`` for a fresh model of the same shape:
+    the factory handed over must build the run's model config."""
+    r, cfg, _ = _recipe(tmp_path, tokenizer, kl_coef=0.1)
+    r.loaders(cfg, SimpleNamespace(rank=0, world=1))
+    model = GPT(cfg.model)
+    seen = []
+    monkeypatch.setattr(grpo, "frozen_copy", lambda module, build: seen.append((module, build)) or copy.deepcopy(module))
+    r.prepare_model(_prep_run(cfg, model))
+    (module, build), = seen
+    built = build()
+    assert module is model and isinstance(built, GPT) and built.config == cfg.model and built is not model
+
+
 def test_on_a_resume_the_reference_is_the_init_from_checkpoint(tmp_path, tokenizer, monkeypatch):
     from gptforge import load
 
@@ -310,6 +328,10 @@ def test_on_a_resume_the_reference_is_the_init_from_checkpoint(tmp_path, tokeniz
     assert [s.ckpt for s in asked] == [cfg.rl.init_from]
     assert _same(r.ref, start) and not _same(r.ref, moved)
     assert not r.ref.training and not any(p.requires_grad for p in r.ref.parameters())
+    run = _prep_run(cfg, moved, step=3)
+    run.device = "meta"  # loaded onto the run's device (the meta device shows the move on a CPU)
+    r.prepare_model(run)
+    assert next(r.ref.parameters()).device.type == "meta"
 
 
 def test_a_lora_runs_reference_is_its_base(tmp_path, tokenizer):
@@ -322,6 +344,9 @@ def test_a_lora_runs_reference_is_its_base(tmp_path, tokenizer):
     for step in (0, 4):  # fresh and resumed alike, no copy
         r.prepare_model(_prep_run(cfg, model, step=step))
         assert isinstance(r.ref, BaseOf) and r.ref.model is model
+    cfg.rl.kl_coef = 0.0
+    r.prepare_model(_prep_run(cfg, model))
+    assert r.ref is None  # no KL term: no reference, with LoRA too
 
 
 def test_the_reward_model_is_frozen_on_the_runs_device(tmp_path, tokenizer):
@@ -404,6 +429,9 @@ def test_policy_value_forward_against_a_hand_computation():
     torch.testing.assert_close(logp.double(), want_lp, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(v.double(), want_v, rtol=1e-5, atol=1e-5)
     assert logp.shape == v.shape == (2, 5) and v.dtype == torch.float32
+    with torch.no_grad():  # the temperature defaults to 1: the model's own distribution
+        want_t1 = torch.log_softmax(logits.double(), dim=-1)[:, 3:-1].gather(-1, ids[:, 4:, None]).squeeze(-1)
+    torch.testing.assert_close(pv(ids, 3)[0].double(), want_t1, rtol=1e-5, atol=1e-5)
 
 
 def test_value_model_from_a_reward_model_takes_its_weights():
