@@ -194,3 +194,84 @@ def test_sentencepiece_flags_default_as_llama_cpp_and_reach_the_tokenizer():
     assert enc(add_bos_token=False) == [sp_a]
     assert enc(add_eos_token=True) == [1, sp_a, 2]
     assert enc(add_space_prefix=True, add_bos_token=True, add_eos_token=False) == [1, sp_a]
+
+
+def _spm_vocab(extra: list[tuple[str, float]], merges: list[str] | None = None, types: bool = True, **flags):
+    """SPM's head (unk, bos, eos, the 256 byte tokens), then ``extra`` (piece, score)."""
+    tokens = SPM[:259] + [t for t, _ in extra]
+    items = {"tokenizer.ggml.tokens": [t.encode() for t in tokens],
+             "tokenizer.ggml.scores": [0.0] * 259 + [s for _, s in extra]}
+    arrays = {"tokenizer.ggml.tokens": (STRING, len(tokens)), "tokenizer.ggml.scores": (FLOAT32, len(tokens))}
+    if types:
+        items["tokenizer.ggml.token_type"] = [2, 3, 3] + [6] * 256 + [1] * len(extra)
+        arrays["tokenizer.ggml.token_type"] = (INT32, len(tokens))
+    if merges is not None:
+        items["tokenizer.ggml.merges"] = [m.encode() for m in merges]
+        arrays["tokenizer.ggml.merges"] = (STRING, len(merges))
+    scalars = {"tokenizer.ggml.model": "llama", "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2,
+               "tokenizer.ggml.unknown_token_id": 0, "tokenizer.ggml.add_bos_token": False,
+               **{f"tokenizer.ggml.{k}": v for k, v in flags.items()}}
+    return tokens, read(items, scalars, arrays)[0]
+
+
+def test_sentencepiece_merges_a_file_carries_are_the_ones_used():
+    """The scores prefer "bc" (-1) over "ab" (-5), so the merges they imply split "abc" as a|bc; a file whose
+    own ``tokenizer.ggml.merges`` ranks "a b" first splits it ab|c (BPE applies the best-ranked pair first)."""
+    extra = [("a", 0.0), ("b", 0.0), ("c", 0.0), ("ab", -5.0), ("bc", -1.0)]
+    tokens, by_scores = _spm_vocab(extra, add_space_prefix=False)
+    assert [tokens[i] for i in by_scores.encode_ordinary("abc")] == ["a", "bc"]
+    tokens, by_file = _spm_vocab(extra, merges=["a b", "b c"], add_space_prefix=False)
+    assert [tokens[i] for i in by_file.encode_ordinary("abc")] == ["ab", "c"]
+
+
+def test_a_sentencepiece_token_no_merge_reaches_is_spelled_out():
+    """llama.cpp's SentencePiece tokenizer merges adjacent pieces whose join is a token: "abc" with no "ab" or
+    "bc" is never reached from a, b, c, so a whole-word match (``ignore_merges``) must not take it."""
+    tokens, tok = _spm_vocab([("a", 0.0), ("b", 0.0), ("c", 0.0), ("abc", 5.0)], add_space_prefix=False)
+    assert [tokens[i] for i in tok.encode_ordinary("abc")] == ["a", "b", "c"]
+
+
+@pytest.mark.parametrize("prefix", [True, False])
+def test_the_saved_sentencepiece_tokenizer_json_decodes_back_to_the_text(prefix, tmp_path):
+    """The tokenizer.json a checkpoint keeps (and ``export hf`` hands on) is read by the tokenizers library on
+    its own: its decoder gives back the text ('▁' as a space, bytes from their <0xXX> tokens, the one space
+    the pre-tokenizer prepended with ``add_space_prefix`` dropped, no other). gptforge's own decode joins the
+    pieces' bytes and never runs that decoder, so only a reader of the saved file sees it."""
+    from tokenizers import Tokenizer as RustTokenizer
+
+    from gptforge.data.tokenizer.bundle import save_tokenizer
+
+    extra = [("▁", 0.0), ("a", 0.0), ("b", 0.0), ("▁a", -1.0)]
+    _, tok = _spm_vocab(extra, add_space_prefix=prefix)
+    save_tokenizer(tok, tmp_path)
+    theirs = RustTokenizer.from_file(str(tmp_path / "tokenizer" / "tokenizer.json"))
+    # (text that begins with a space gets no second '▁' with the prefix, as in transformers: it would lose one)
+    for text in ("a a", "a  b", "a ", "ab\nb é", "a  ") + (() if prefix else ("  a", " a")):
+        ids = tok.encode_ordinary(text)
+        assert theirs.encode(text, add_special_tokens=False).ids == ids
+        assert theirs.decode(ids) == text, (text, ids)
+    if prefix:  # the decoder drops exactly one leading space, the prepended one, as transformers' loader does
+        assert theirs.decode(tok.encode_ordinary("  a")) == " a"
+
+
+def test_sentencepiece_without_token_types_has_only_its_named_ends_special():
+    tokens, tok = _spm_vocab([("a", 0.0)], types=False)
+    assert tok.special_tokens == {"<unk>": 0, "<s>": 1, "</s>": 2} and len(tokens) == 260
+
+
+def test_sentencepiece_eos_alone_goes_after_the_text():
+    enc = lambda **kw: read(*spm(**kw))[0]._tok.encode("a").ids  # noqa: E731
+    assert enc(add_bos_token=False, add_eos_token=True) == [SPM.index("▁a"), 2]
+    assert enc(add_bos_token=True, add_eos_token=True) == [1, SPM.index("▁a"), 2]
+
+
+def test_a_sentencepiece_vocabulary_without_every_byte_token_is_refused():
+    items, scalars, arrays = spm()
+    items["tokenizer.ggml.tokens"] = [t.encode() if t != "<0x41>" else b"A" for t in SPM]
+    msg = refused(items, scalars, arrays)
+    assert msg == (f"{PATH}: tokenizer.ggml.tokens lacks the byte token <0x41> (1 of the 256 missing); gptforge "
+                   "converts SentencePiece vocabularies with byte fallback only"), msg
+
+
+def test_the_tokenizer_is_named_after_the_file():
+    assert read(*bpe())[0].name == "tok" and read(*spm())[0].name == "tok"
