@@ -275,3 +275,28 @@ def test_a_sentencepiece_vocabulary_without_every_byte_token_is_refused():
 
 def test_the_tokenizer_is_named_after_the_file():
     assert read(*bpe())[0].name == "tok" and read(*spm())[0].name == "tok"
+
+
+def test_a_file_merge_splits_at_its_one_space_only():
+    """A merge is two tokens joined by one space; a token may hold other whitespace (a newline here), which
+    is part of the token, not a separator."""
+    extra = [("a", 0.0), ("b", 0.0), ("\n", 0.0), ("a\n", -1.0), ("a\nb", -2.0)]
+    tokens, tok = _spm_vocab(extra, merges=["a \n", "a\n b"], add_space_prefix=False)
+    assert [tokens[i] for i in tok.encode_ordinary("a\nb")] == ["a\nb"]
+
+
+def test_the_saved_sentencepiece_tokenizer_json_gives_type_ids_as_transformers(tmp_path):
+    """One text: type id 0 throughout; a pair: 0 for the first, 1 for the second (TemplateProcessing's $A:0,
+    $B:1, which transformers' Llama tokenizer writes)."""
+    from tokenizers import Tokenizer as RustTokenizer
+
+    from gptforge.data.tokenizer.bundle import save_tokenizer
+
+    _, tok = _spm_vocab([("▁", 0.0), ("a", 0.0), ("b", 0.0), ("▁a", -1.0)], add_bos_token=True)
+    save_tokenizer(tok, tmp_path)
+    theirs = RustTokenizer.from_file(str(tmp_path / "tokenizer" / "tokenizer.json"))
+    one = theirs.encode("a a")
+    assert one.ids[0] == 1 and one.type_ids == [0] * len(one.ids)
+    pair = theirs.encode("a", "b")
+    first = len(theirs.encode("a").ids)
+    assert pair.type_ids == [0] * first + [1] * (len(pair.ids) - first) and len(pair.ids) > first
