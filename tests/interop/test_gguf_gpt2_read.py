@@ -155,7 +155,7 @@ def test_refuses_what_gpt_cannot_represent(exported, tmp_path, monkeypatch):
         t["blk.0.attn_q.weight"] = t["blk.0.attn_output.weight"]
         return t
 
-    _refused(_export_with(ck, tmp_path / "extra", monkeypatch, extra), r"tensor blk\.0\.attn_q\.weight has no place")
+    _refused(_export_with(ck, tmp_path / "extra", monkeypatch, extra), r"tensor blk\.0\.attn_q\.weight has no place in gptforge's GPT \(1 such tensors; ")
 
     orig_eps = gguf.GGUFWriter.add_layer_norm_eps
     monkeypatch.setattr(gguf.GGUFWriter, "add_layer_norm_eps", lambda w, v: orig_eps(w, 1e-6))
