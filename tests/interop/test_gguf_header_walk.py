@@ -281,6 +281,9 @@ def test_where_the_data_must_lie():
     head = header([], [tensor("t", [8], F32_T, 0)])
     assert len(head) % 32  # so the data start is rounded up, not the header's end
     assert refusal(head + b"\0" * 32) is not None  # 32 bytes after the header, but fewer after the rounding
+    # an offset is unsigned: 2**64 - 32 is aligned and far past the file (read signed it would be -32, the
+    # 32 bytes before the data start, and pass both checks)
+    assert f"tensor t's data (offset {2**64 - 32}, 32 bytes) lies outside" in _one([8], offset=2**64 - 32, data=64)
 
 
 # --- what a refusal names (mutmut's survivors of the first run on this file) ------------------------------
