@@ -34,6 +34,9 @@ def test_llama3_divisors_become_the_configs_scaling_and_no_weight(tmp_path):
     got = {k: getattr(g.model.config, k) for k in LLAMA3}
     assert got == LLAMA3
     assert not any("rope_freqs" in k for k in g.model.state_dict())
+    # what read_gguf hands back besides the model: the file, its metadata, the document separator
+    assert g.path == path and g.metadata["llama.rope.scaling.original_context_length"] == 32
+    assert g.metadata["general.architecture"] == "llama" and g.model.config.bos_token == g.tokenizer.eot_token
     # the same weights under Meta's parameters given directly: the same logits, and not the unscaled ones
     ref = Llama(LlamaConfig(**{**model.config.to_dict(), **LLAMA3, "block_size": 96}))
     ref.load_state_dict(model.state_dict())
