@@ -400,8 +400,9 @@ def test_refuses_what_llama_cannot_represent(tmp_path):
     tensors["blk.0.ffn_up.weight"] = tensors["blk.0.ffn_up.weight"].clone()
     tensors["blk.0.ffn_up.weight"][3, 5] = float("nan")
     write_gguf(tmp_path / "nan.gguf", model, tensors=tensors)
-    with pytest.raises(GGUFReadError, match=r"blk\.0\.ffn_up\.weight: holds NaN"):
+    with pytest.raises(GGUFReadError, match=r"blk\.0\.ffn_up\.weight: holds NaN") as e:
         read_gguf(tmp_path / "nan.gguf")
+    assert str(e.value) == f"{tmp_path / 'nan.gguf'}: tensor blk.0.ffn_up.weight: holds NaN or infinite values"
     (tmp_path / "empty.gguf").write_bytes(b"")
     with pytest.raises(GGUFReadError, match="empty"):
         read_gguf(tmp_path / "empty.gguf")
