@@ -17,6 +17,7 @@ value is computed here independently."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from types import SimpleNamespace
 
@@ -199,7 +200,7 @@ def test_evaluate_scores_this_ranks_share_and_sums_over_ranks(tmp_path, tokenize
         seen.append((model, enc, template, [p.question for p in problems], max_new))
         return 1
 
-    @__import__("contextlib").contextmanager
+    @contextlib.contextmanager
     def gathered(model):
         gathered_models.append(model)
         yield
