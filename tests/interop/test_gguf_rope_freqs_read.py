@@ -21,15 +21,15 @@ LLAMA3 = dict(rope_type="llama3", rope_factor=8.0, rope_low_freq_factor=1.0, rop
               rope_original_context=32)
 
 
-def _file(tmp_path, freqs, arch="llama", name="m.gguf"):
-    model = tiny_llama()  # 4 heads of 16 channels, theta 500
+def _file(tmp_path, freqs, block_size=64):
+    model = tiny_llama(block_size=block_size)  # 4 heads of 16 channels, theta 500
     tensors = {**llama_tensors(model), "rope_freqs.weight": freqs}
-    kv = {f"{arch}.rope.scaling.original_context_length": 32}
-    return model, write_gguf(tmp_path / name, model, arch=arch, kv=kv, tensors=tensors)
+    kv = {"llama.rope.scaling.original_context_length": 32}
+    return model, write_gguf(tmp_path / "m.gguf", model, kv=kv, tensors=tensors)
 
 
 def test_llama3_divisors_become_the_configs_scaling_and_no_weight(tmp_path):
-    model, path = _file(tmp_path, converter_rope_freqs(8.0, 1.0, 4.0, 32, head_dim=16, theta=500.0))
+    model, path = _file(tmp_path, converter_rope_freqs(8.0, 1.0, 4.0, 32, head_dim=16, theta=500.0), block_size=96)
     g = read_gguf(path)
     got = {k: getattr(g.model.config, k) for k in LLAMA3}
     assert got == LLAMA3
@@ -38,10 +38,9 @@ def test_llama3_divisors_become_the_configs_scaling_and_no_weight(tmp_path):
     assert g.path == path and g.metadata["llama.rope.scaling.original_context_length"] == 32
     assert g.metadata["general.architecture"] == "llama" and g.model.config.bos_token == g.tokenizer.eot_token
     # the same weights under Meta's parameters given directly: the same logits, and not the unscaled ones
-    ref = Llama(LlamaConfig(**{**model.config.to_dict(), **LLAMA3, "block_size": 96}))
+    ref = Llama(LlamaConfig(**{**model.config.to_dict(), **LLAMA3}))
     ref.load_state_dict(model.state_dict())
     ids = torch.randint(0, model.config.vocab_size, (1, 90), generator=torch.Generator().manual_seed(0))
-    g.model.config.block_size = 96
     with torch.no_grad():
         ours, theirs, plain = g.model(ids)[0], ref.eval()(ids)[0], model(ids[:, :64])[0]
     torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)

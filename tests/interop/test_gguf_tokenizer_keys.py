@@ -166,16 +166,28 @@ def test_a_byte_level_vocabulary_needs_a_known_pre_tokenizer():
 SPM = ["<unk>", "<s>", "</s>", *[f"<0x{b:02X}>" for b in range(256)], "▁", "a", "b", "▁a"]
 
 
-def spm(**over):
-    items = {"tokenizer.ggml.tokens": [t.encode() for t in SPM], "tokenizer.ggml.scores": [0.0] * len(SPM),
-             "tokenizer.ggml.token_type": [2, 3, 3] + [6] * 256 + [1] * 4}
+def _spm_dicts(extra: list[tuple[str, float]], merges: list[str] | None = None, types: bool = True, **flags):
+    """(items, scalars, arrays) of a SentencePiece vocabulary: SPM's head (unk, bos, eos, the 256 byte
+    tokens), then ``extra`` (piece, score); ``flags`` are ``tokenizer.ggml.*`` keys (llama.cpp's defaults
+    where absent)."""
+    tokens = SPM[:259] + [t for t, _ in extra]
+    items = {"tokenizer.ggml.tokens": [t.encode() for t in tokens],
+             "tokenizer.ggml.scores": [0.0] * 259 + [s for _, s in extra]}
+    arrays = {"tokenizer.ggml.tokens": (STRING, len(tokens)), "tokenizer.ggml.scores": (FLOAT32, len(tokens))}
+    if types:
+        items["tokenizer.ggml.token_type"] = [2, 3, 3] + [6] * 256 + [1] * len(extra)
+        arrays["tokenizer.ggml.token_type"] = (INT32, len(tokens))
+    if merges is not None:
+        items["tokenizer.ggml.merges"] = [m.encode() for m in merges]
+        arrays["tokenizer.ggml.merges"] = (STRING, len(merges))
     scalars = {"tokenizer.ggml.model": "llama", "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2,
-               "tokenizer.ggml.unknown_token_id": 0}
-    for k, v in over.items():
-        scalars[f"tokenizer.ggml.{k}"] = v
-    arrays = {"tokenizer.ggml.tokens": (STRING, len(SPM)), "tokenizer.ggml.scores": (FLOAT32, len(SPM)),
-              "tokenizer.ggml.token_type": (INT32, len(SPM))}
+               "tokenizer.ggml.unknown_token_id": 0, **{f"tokenizer.ggml.{k}": v for k, v in flags.items()}}
     return items, scalars, arrays
+
+
+def spm(**flags):
+    """SPM itself (its last four pieces scored 0), with ``flags``."""
+    return _spm_dicts([(t, 0.0) for t in SPM[259:]], **flags)
 
 
 @pytest.mark.parametrize("key", ["add_space_prefix", "add_bos_token", "add_eos_token"])
@@ -197,21 +209,9 @@ def test_sentencepiece_flags_default_as_llama_cpp_and_reach_the_tokenizer():
 
 
 def _spm_vocab(extra: list[tuple[str, float]], merges: list[str] | None = None, types: bool = True, **flags):
-    """SPM's head (unk, bos, eos, the 256 byte tokens), then ``extra`` (piece, score)."""
-    tokens = SPM[:259] + [t for t, _ in extra]
-    items = {"tokenizer.ggml.tokens": [t.encode() for t in tokens],
-             "tokenizer.ggml.scores": [0.0] * 259 + [s for _, s in extra]}
-    arrays = {"tokenizer.ggml.tokens": (STRING, len(tokens)), "tokenizer.ggml.scores": (FLOAT32, len(tokens))}
-    if types:
-        items["tokenizer.ggml.token_type"] = [2, 3, 3] + [6] * 256 + [1] * len(extra)
-        arrays["tokenizer.ggml.token_type"] = (INT32, len(tokens))
-    if merges is not None:
-        items["tokenizer.ggml.merges"] = [m.encode() for m in merges]
-        arrays["tokenizer.ggml.merges"] = (STRING, len(merges))
-    scalars = {"tokenizer.ggml.model": "llama", "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2,
-               "tokenizer.ggml.unknown_token_id": 0, "tokenizer.ggml.add_bos_token": False,
-               **{f"tokenizer.ggml.{k}": v for k, v in flags.items()}}
-    return tokens, read(items, scalars, arrays)[0]
+    """(tokens, the tokenizer) of :func:`_spm_dicts`' vocabulary, no bos added unless ``flags`` say so."""
+    items, scalars, arrays = _spm_dicts(extra, merges, types, **{"add_bos_token": False, **flags})
+    return [b.decode() for b in items["tokenizer.ggml.tokens"]], read(items, scalars, arrays)[0]
 
 
 def test_sentencepiece_merges_a_file_carries_are_the_ones_used():
