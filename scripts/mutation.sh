@@ -2,7 +2,7 @@
 # Mutation testing lane (issue 36; not CI): mutmut 3 over one module's lane or all of them, each with its
 # narrowest tests; prints the score and the surviving mutants.
 #
-#   scripts/mutation.sh plan            # one lane: training rl-advantages run plan parallel interop serve v1 serve-guards lora gguf gguf-config gguf-tokenizer gguf-read
+#   scripts/mutation.sh plan            # one lane: training rl-advantages run plan parallel interop serve serve-app v1 serve-guards lora gguf gguf-config gguf-tokenizer gguf-read
 #   scripts/mutation.sh                 # every lane, one after another
 #   scripts/mutation.sh training 'gptforge.training.ppo.x_make_experience*'   # some functions of one lane
 #   MUTATION_JOBS=2 MUTATION_DIR=/tmp/mut scripts/mutation.sh serve
