@@ -9,7 +9,7 @@ scoring code: its own batching, its own log-softmax (float64, over the ending po
 Both sides score the SAME token ids, made here with gptforge's tokenizer of the file (context and
 `` " " + ending`` encoded apart, build-nanogpt's way), and the test checks that the requests gptforge's
 eval scored are exactly those. transformers' GGUF tokenizer is not used: its conversion lacks llama.cpp's
-digit split for this pre-tokenizer (tests/interop/test_gguf_read.py), so on rows with numbers it would
+digit split for this pre-tokenizer (tests/interop/test_gguf_smollm.py), so on rows with numbers it would
 compare two tokenizations, not two scorers. What is compared is therefore the scoring and the model:
 per ending the summed loss within ``TOL`` nats and the token count exactly; per row the predicted ending
 (acc and acc_norm) exactly; and the accuracy the command prints is the reference's count over n.
@@ -31,14 +31,14 @@ pytest.importorskip("transformers")
 from gptforge.eval import scorer  # noqa: E402
 from gptforge.eval.stats import wilson  # noqa: E402
 from gptforge.eval.tasks import load_rows  # noqa: E402
-from tests.interop import test_gguf_read  # noqa: E402
+from tests.interop import test_gguf_smollm  # noqa: E402
 
 # the real model and transformers' load of it (session fixtures of the GGUF reader's tests)
-smollm_path, smollm, smollm_hf = test_gguf_read.smollm_path, test_gguf_read.smollm, test_gguf_read.smollm_hf
+smollm_path, smollm, smollm_hf = test_gguf_smollm.smollm_path, test_gguf_smollm.smollm, test_gguf_smollm.smollm_hf
 
 pytestmark = [pytest.mark.slow, pytest.mark.smollm]
 
-# gptforge's float32 logits equal transformers' within 1e-4 (test_gguf_read); an ending's summed loss
+# gptforge's float32 logits equal transformers' within 1e-4 (test_gguf_smollm); an ending's summed loss
 # over ~10-30 tokens differs by a few 1e-4 at most (measured: 4.8e-4 over the 2,000 endings of the first
 # 500 rows, whose closest call is a gap of 4.1e-4 nats between the best two endings: the predictions agree
 # on all 500 rows, but a near tie like that one could flip on other hardware; see docs/benchmarks.md)
@@ -135,7 +135,7 @@ def compare(n: int, seen: list, result: dict, hf_model, tok) -> dict:
 def test_hellaswag_first_rows_equal_transformers(smollm, smollm_hf, eval_data, monkeypatch, capsys):
     """The first 8 rows, through ``run_eval`` (what ``gptforge eval`` runs once the model is loaded): the
     quick form of the check below. In the lane, not the default run: loading both models again (pytest
-    cannot share test_gguf_read's session fixtures across modules) and scoring 8 rows twice takes ~46
+    cannot share test_gguf_smollm's session fixtures across modules) and scoring 8 rows twice takes ~46
     CPU-seconds, far over the default run's ~10 s allowance."""
     from gptforge.eval.run import run_eval
     from gptforge.parallel.distributed import DistInfo

