@@ -261,3 +261,38 @@ def test_collect_gathers_each_row_and_closes_the_generator():
     gen2 = _Gen(evs)
     assert asyncio.run(hung_up()) == (["", ""], [None, None], [[], []]) and gen2.closed
     assert next(gen2.events) is evs[0]  # nothing was read after the hang-up
+
+
+USER = [{"role": "user", "content": "a"}]
+
+
+@pytest.mark.parametrize(("model", "body", "message", "param"), [
+    (CompletionRequest, {"presence_penalty": 0.5}, "presence_penalty: not supported by this server (use 0; "
+                                                   "repetition_penalty is the penalty gptforge has)", "presence_penalty"),
+    (ChatRequest, {"frequency_penalty": -1}, "frequency_penalty: not supported by this server (use 0; "
+                                             "repetition_penalty is the penalty gptforge has)", "frequency_penalty"),
+    (ChatRequest, {"logit_bias": {"5": 1}}, "logit_bias: not supported by this server", "logit_bias"),
+    (CompletionRequest, {"echo": True, "stream": True}, "echo: not available with stream=true on this server", "echo"),
+    (CompletionRequest, {"max_tokens": 0}, "max_tokens: 0 generates nothing; it needs echo: true (to score the prompt)",
+     "max_tokens"),
+    (CompletionRequest, {"suffix": "x"}, "suffix: not supported by this server (no fill-in-the-middle)", "suffix"),
+    (CompletionRequest, {"best_of": 3, "n": 2}, "best_of=3: only best_of = n is supported", "best_of"),
+    (ChatRequest, {"tools": [{"type": "function"}]}, "tools: tool calling is not supported by this server", "tools"),
+    (ChatRequest, {"response_format": {"type": "json_object"}}, 'response_format: only {"type": "text"} is supported',
+     "response_format"),
+    (ChatRequest, {"top_logprobs": 2}, "top_logprobs: needs logprobs: true", "top_logprobs"),
+])
+def test_what_the_server_cannot_honour_is_refused_word_for_word(model, body, message, param):
+    base = {"prompt": "a"} if model is CompletionRequest else {"messages": USER}
+    assert _refused(model, {**base, **body}) == (400, message, param)
+
+
+def test_the_neutral_values_of_those_options_are_accepted():
+    parse(CompletionRequest, json.dumps({"prompt": "a", "presence_penalty": 0, "frequency_penalty": 0.0,
+                                         "logit_bias": {}, "suffix": "", "best_of": 1, "echo": True,
+                                         "max_tokens": 0}).encode())
+    # a response_format without a type is text, as OpenAI's default is
+    for fmt in ({}, {"name": "x"}, {"type": "text"}, None):
+        parse(ChatRequest, json.dumps({"messages": USER, "response_format": fmt, "tools": [], "top_logprobs": 0,
+                                       "logprobs": False}).encode())
+    parse(ChatRequest, json.dumps({"messages": USER, "top_logprobs": 3, "logprobs": True}).encode())
