@@ -296,3 +296,37 @@ def test_the_neutral_values_of_those_options_are_accepted():
         parse(ChatRequest, json.dumps({"messages": USER, "response_format": fmt, "tools": [], "top_logprobs": 0,
                                        "logprobs": False}).encode())
     parse(ChatRequest, json.dumps({"messages": USER, "top_logprobs": 3, "logprobs": True}).encode())
+
+
+def test_a_chunked_body_over_the_limit_is_openais_413(tokenizer):
+    """No Content-Length: the limit is met while the route reads the body (``_body``), and the 413 is still
+    OpenAI's error object, not /api's ``{"error": "..."}``."""
+    import torch
+    from fastapi.testclient import TestClient
+
+    from gptforge.models.gpt2 import GPT, GPTConfig
+    from gptforge.serve.app import ServeSettings, create_app
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16)).eval()
+    with TestClient(create_app(model, tokenizer, ServeSettings(max_body_bytes=40))) as c:
+        for path in ("/v1/completions", "/v1/chat/completions"):
+            r = c.post(path, content=iter([b'{"prompt": "', b"x" * 30, b'"}']),
+                       headers={"content-type": "application/json"})
+            assert "content-length" not in r.request.headers
+            assert (r.status_code, r.json()) == (413, {"error": {
+                # the test transport hands the app the 44 bytes in one piece
+                "message": "request body is over the limit of 40 bytes (stopped reading at 44; chunked bodies are "
+                           "counted too)", "type": "invalid_request_error", "param": None, "code": None}}), path
+
+
+def test_the_encoders_own_recursion_limit_is_a_400(monkeypatch):
+    """``parse`` re-encodes the body to find lone surrogates; where the encoder gives up on nesting that the
+    decoder took (not on CPython 3.11, whose two limits are the same), the client still gets a 400."""
+    import json as json_module
+
+    def deep(*a, **k):
+        raise RecursionError("maximum recursion depth exceeded while encoding a JSON object")
+
+    monkeypatch.setattr(json_module, "dumps", deep)
+    assert _refused(CompletionRequest, b'{"prompt": [[1]]}') == (400, "malformed JSON body: nested too deeply", None)
