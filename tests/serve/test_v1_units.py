@@ -328,5 +328,11 @@ def test_the_encoders_own_recursion_limit_is_a_400(monkeypatch):
     def deep(*a, **k):
         raise RecursionError("maximum recursion depth exceeded while encoding a JSON object")
 
-    monkeypatch.setattr(json_module, "dumps", deep)
-    assert _refused(CompletionRequest, b'{"prompt": [[1]]}') == (400, "malformed JSON body: nested too deeply", None)
+    with monkeypatch.context() as m:
+        m.setattr(json_module, "dumps", deep)
+        assert _refused(CompletionRequest, b'{"prompt": [[1]]}') == (400, "malformed JSON body: nested too deeply",
+                                                                     None)
+    # and where pydantic's validation does (a field typed Any, such as tools, takes any depth)
+    monkeypatch.setattr(ChatRequest, "model_validate", classmethod(deep))
+    assert _refused(ChatRequest, b'{"messages": [], "tools": [[[1]]]}') == (
+        400, "malformed JSON body: nested too deeply", None)
