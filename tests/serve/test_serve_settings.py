@@ -6,7 +6,9 @@ their messages.
   the flag as the command line spells it;
 - ``bind_port``: a listening socket with SO_REUSEADDR (as uvicorn sets it) and a backlog; a port taken is
   one line naming the port and the next one to try; an address that is not this machine's, or a host that
-  does not resolve, names the host (a stand-in resolver: no DNS in a test)."""
+  does not resolve, names the host (a stand-in resolver: no DNS in a test);
+- ``run_server``: the app it hands uvicorn (a stand-in server) carries every setting, on the socket given or
+  bound, and its one printed line."""
 
 from __future__ import annotations
 
@@ -95,3 +97,76 @@ def test_the_address_family_is_the_hosts():
         assert sock.family == socket.AF_INET6 and sock.getsockname()[0] == "::1"
     finally:
         sock.close()
+
+
+class _Uvicorn:
+    """Stands in for ``uvicorn.Server``: records its config and sockets instead of serving until Ctrl-C."""
+
+    seen: dict = {}
+
+    def __init__(self, config):
+        _Uvicorn.seen = {"config": config}
+
+    def run(self, sockets):
+        _Uvicorn.seen["sockets"] = sockets
+
+
+@pytest.mark.parametrize("key", [None, "k3y"])
+def test_run_server_serves_the_app_it_was_given_on_the_socket(monkeypatch, capsys, tmp_path, tokenizer, key):
+    """``run_server``'s wiring: the app around the model with every setting passed on (checked through the
+    app's own routes: the limits, what is served, the loss curve, the chat template, the tokenizer), the socket given or one bound on host:port, uvicorn's log level,
+    and the line it prints, word for word."""
+    import json
+
+    import torch
+    import uvicorn
+    from fastapi.testclient import TestClient
+
+    from gptforge.data.chat import ChatTemplate
+    from gptforge.models.gpt2 import GPT, GPTConfig
+    from gptforge.serve.app import run_server
+
+    monkeypatch.setattr(uvicorn, "Server", _Uvicorn)
+    torch.manual_seed(0)
+    template = ChatTemplate.gpt2().to_dict()
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=ChatTemplate.gpt2().vocab_size))
+    model.eval()
+    encoded = []
+
+    class Tok:  # the tokenizer given, noticed when used
+        def __getattr__(self, name):
+            return getattr(tokenizer, name)
+
+        def encode(self, text, **kw):
+            encoded.append(text)
+            return tokenizer.encode(text, **kw)
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"kind": "train", "step": 3, "loss": 2.5}) + "\n")
+    given = bind_port("127.0.0.1", 0)
+    port = given.getsockname()[1]
+    for sock in (given, None):
+        if sock is None:  # bound here, on the port just freed
+            given.close()
+        run_server(model, ServeSettings(max_batch=3), host="127.0.0.1", port=port,
+                   metrics_path=tmp_path / "metrics.jsonl", served={"source": "random", "tag": "x"},
+                   chat_template=template, api_key=key, enc=Tok(), sock=sock)
+        config, (used,) = _Uvicorn.seen["config"], _Uvicorn.seen["sockets"]
+        try:
+            assert used.getsockname() == ("127.0.0.1", port) and (used is given) == (sock is given)
+            assert config.log_level == "warning"
+            with TestClient(config.app) as c:
+                auth = {"Authorization": f"Bearer {key}"} if key else {}
+                if key:
+                    assert c.get("/api/info").status_code == 401
+                info = c.get("/api/info", headers=auth).json()
+                assert info["limits"]["max_batch"] == 3 and info["served"] == {"source": "random", "tag": "x"}
+                assert c.get("/api/metrics", headers=auth).json()["train"] == [[3, 2.5]]
+                assert c.get("/api/chat/info", headers=auth).json() == {"available": True, "template": template}
+                encoded.clear()
+                assert c.post("/api/generate", headers=auth, json={"prompt": "hi", "max_new_tokens": 1,
+                                                                    "temperature": 0}).status_code == 200
+                assert encoded == ["hi"]
+        finally:
+            used.close()
+        hint = "; Bearer key required: open the page as /#key=KEY" if key else ""
+        assert capsys.readouterr().out == (f"gptforge serve: http://127.0.0.1:{port}/  (JSON API under /api, OpenAI's "
+                                           f"under /v1, schema at /docs{hint}; Ctrl-C stops)\n")
