@@ -62,3 +62,11 @@ def test_no_file_is_no_curve(tmp_path):
     (tmp_path / "run").mkdir()
     _write(tmp_path / "run" / "metrics.jsonl", [{"kind": "train", "step": 1, "loss": 2.0}])
     assert read_loss_curve(tmp_path / "run")["train"] == [[1, 2.0]]  # a run directory holds its metrics.jsonl
+
+
+def test_the_page_gets_at_most_2000_points_by_default(tmp_path):
+    p = _write(tmp_path / "metrics.jsonl", [{"kind": "train", "step": s, "loss": 1.0} for s in range(2001)])
+    train = read_loss_curve(p)["train"]
+    assert len(train) == 1001 and train[-1] == [2000, 1.0]  # a stride of 2
+    p = _write(tmp_path / "metrics.jsonl", [{"kind": "train", "step": s, "loss": 1.0} for s in range(2000)])
+    assert len(read_loss_curve(p)["train"]) == 2000
