@@ -159,3 +159,16 @@ def test_the_app_around_the_request_handlers():
         r = c.post("/api/generate", json={"prompt": "hi", "max_new_tokens": 2, "temperature": 0},
                    headers={"Authorization": "Bearer k3y"})
         assert r.status_code == 200 and r.json()["completions"] == [{"text": "!!", "finish_reason": "length"}]
+
+
+def test_a_chat_template_past_the_models_vocabulary_is_refused_when_the_app_is_built(tokenizer):
+    """``create_app`` checks the checkpoint's chat template against the model it serves: GPT-2's chat ids
+    (50,257-50,260) on a model of GPT-2's 50,257 rows would index past the embedding."""
+    from gptforge.data.chat import ChatTemplate
+    from gptforge.errors import ChatFormatError
+
+    with pytest.raises(ChatFormatError) as e:
+        create_app(_model(32), tokenizer, ServeSettings(), chat_template=ChatTemplate.gpt2().to_dict())
+    assert str(e.value) == ("chat_template: chat_template.end=50260: expected a token id, an integer >= 0 and below "
+                            "model.vocab_size=50257; the checkpoint's template is damaged (re-run sft to write a good "
+                            "one)")

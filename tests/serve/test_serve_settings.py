@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import io
 import socket
+import sys
 
 import pytest
 
@@ -100,7 +102,8 @@ def test_the_address_family_is_the_hosts():
 
 
 class _Uvicorn:
-    """Stands in for ``uvicorn.Server``: records its config and sockets instead of serving until Ctrl-C."""
+    """Stands in for ``uvicorn.Server``: records its config, its sockets and what stdout had passed on (flushed)
+    when serving began, instead of serving until Ctrl-C."""
 
     seen: dict = {}
 
@@ -108,14 +111,26 @@ class _Uvicorn:
         _Uvicorn.seen = {"config": config}
 
     def run(self, sockets):
-        _Uvicorn.seen["sockets"] = sockets
+        _Uvicorn.seen.update(sockets=sockets, flushed=sys.stdout.flushed)
+
+
+class _Stdout(io.StringIO):
+    """A pipe's view of stdout: only what was flushed has left the process."""
+
+    def __init__(self):
+        super().__init__()
+        self.flushed = ""
+
+    def flush(self):
+        self.flushed = self.getvalue()
 
 
 @pytest.mark.parametrize("key", [None, "k3y"])
-def test_run_server_serves_the_app_it_was_given_on_the_socket(monkeypatch, capsys, tmp_path, tokenizer, key):
+def test_run_server_serves_the_app_it_was_given_on_the_socket(monkeypatch, tmp_path, tokenizer, key):
     """``run_server``'s wiring: the app around the model with every setting passed on (checked through the
-    app's own routes: the limits, what is served, the loss curve, the chat template, the tokenizer), the socket given or one bound on host:port, uvicorn's log level,
-    and the line it prints, word for word."""
+    app's own routes: the limits, what is served, the loss curve, the chat template, the tokenizer), the socket
+    given or one bound on host:port, uvicorn's log level, and the line it prints, word for word, flushed before
+    serving starts (under a process manager stdout is a pipe, and the URL must not wait for the server to exit)."""
     import json
 
     import torch
@@ -146,6 +161,7 @@ def test_run_server_serves_the_app_it_was_given_on_the_socket(monkeypatch, capsy
     for sock in (given, None):
         if sock is None:  # bound here, on the port just freed
             given.close()
+        monkeypatch.setattr(sys, "stdout", _Stdout())
         run_server(model, ServeSettings(max_batch=3), host="127.0.0.1", port=port,
                    metrics_path=tmp_path / "metrics.jsonl", served={"source": "random", "tag": "x"},
                    chat_template=template, api_key=key, enc=Tok(), sock=sock)
@@ -168,5 +184,5 @@ def test_run_server_serves_the_app_it_was_given_on_the_socket(monkeypatch, capsy
         finally:
             used.close()
         hint = "; Bearer key required: open the page as /#key=KEY" if key else ""
-        assert capsys.readouterr().out == (f"gptforge serve: http://127.0.0.1:{port}/  (JSON API under /api, OpenAI's "
-                                           f"under /v1, schema at /docs{hint}; Ctrl-C stops)\n")
+        assert _Uvicorn.seen["flushed"] == (f"gptforge serve: http://127.0.0.1:{port}/  (JSON API under /api, "
+                                            f"OpenAI's under /v1, schema at /docs{hint}; Ctrl-C stops)\n")
