@@ -154,10 +154,13 @@ def create_app(model: torch.nn.Module, enc: Any = None, settings: ServeSettings 
         from gptforge.data.tokenizer import gpt2_tokenizer
 
         enc = gpt2_tokenizer()
-    if chat_template:  # a chat model may emit its role/end ids, which the plain tokenizer cannot decode
-        from gptforge.data.chat import ChatTokenizer, template_from_dict
+    from gptforge.data.chat import ChatTokenizer, plain_tokenizer, template_from_dict
 
-        enc = ChatTokenizer(enc, template_from_dict(chat_template, vocab_size=model.config.vocab_size, tok=enc))
+    # the chat template is read once, here, against the model's vocabulary; /api/chat and /v1 get the parsed one
+    plain, chat = plain_tokenizer(enc), None
+    if chat_template:  # a chat model may emit its role/end ids, which the plain tokenizer cannot decode
+        chat = template_from_dict(chat_template, vocab_size=model.config.vocab_size, tok=plain)
+        enc = ChatTokenizer(plain, chat)
     settings = settings or ServeSettings()
     settings.check()
     gate = ModelGate(settings.max_queue)
@@ -314,10 +317,10 @@ def create_app(model: torch.nn.Module, enc: Any = None, settings: ServeSettings 
 
     from gptforge.serve.chat import add_chat_routes  # chat mode: /api/chat, /api/chat/info
 
-    add_chat_routes(app, model, enc, chat_template, settings, gate)
+    add_chat_routes(app, model, plain, chat, settings, gate)
     from gptforge.serve.openai_api import add_openai_routes  # /v1/models, /v1/completions, /v1/chat/completions
 
-    add_openai_routes(app, model, enc, chat_template, settings, gate, served)
+    add_openai_routes(app, model, plain, chat, settings, gate, served)
     return app
 
 

@@ -18,7 +18,7 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from gptforge.data.chat import ChatTokenizer, plain_tokenizer, template_from_dict
+from gptforge.data.chat import ChatTokenizer
 from gptforge.serve.limits import acquire_unless_gone, watch_disconnect
 from gptforge.serve.sse import sse_response
 
@@ -42,12 +42,11 @@ class ChatRequest(BaseModel):
     seed: int | None = Field(None, ge=0, lt=2**63)
 
 
-def add_chat_routes(app: FastAPI, model: Any, enc: Any, template: dict | None, settings: Any, gate: Any) -> None:
-    """Register the chat endpoints on ``app`` (``gate``: the app's ModelGate)."""
+def add_chat_routes(app: FastAPI, model: Any, enc: Any, chat: Any, settings: Any, gate: Any) -> None:
+    """Register the chat endpoints on ``app`` (``enc``: the plain tokenizer; ``chat``: the template create_app
+    read and checked, or None; ``gate``: the app's ModelGate)."""
     from gptforge.generation import PromptError, SamplingParams, fit_new_tokens, stream_text
 
-    enc = plain_tokenizer(enc)  # the plain tokenizer (create_app may have wrapped it)
-    chat = template_from_dict(template, vocab_size=model.config.vocab_size, tok=enc) if template else None
     cenc = ChatTokenizer(enc, chat) if chat else None
     producers: set[asyncio.Task] = set()
 

@@ -44,14 +44,14 @@ def model_id(served: dict | None) -> str:
     return "gptforge"
 
 
-def add_openai_routes(app: FastAPI, model: Any, enc: Any, chat_template: dict | None, settings: Any, gate: Any,
+def add_openai_routes(app: FastAPI, model: Any, enc: Any, chat: Any, settings: Any, gate: Any,
                       served: dict | None = None) -> None:
-    """Register ``/v1/...`` on ``app`` (``gate``: the app's ModelGate; ``settings``: its ServeSettings)."""
-    from gptforge.data.chat import ChatTokenizer, plain_tokenizer, template_from_dict
+    """Register ``/v1/...`` on ``app`` (``enc``: the plain tokenizer; ``chat``: the template create_app read and
+    checked, or None; ``gate``: the app's ModelGate; ``settings``: its ServeSettings)."""
+    from gptforge.data.chat import ChatTokenizer
     from gptforge.generation import SamplingParams, stream_text
 
-    base_enc = plain_tokenizer(enc)
-    chat = template_from_dict(chat_template, tok=base_enc) if chat_template else None
+    base_enc = enc
     chat_enc = ChatTokenizer(base_enc, chat) if chat else None
     block, vocab = model.config.block_size, model.config.vocab_size
     name, created = model_id(served), int(time.time())
