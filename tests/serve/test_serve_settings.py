@@ -186,3 +186,26 @@ def test_run_server_serves_the_app_it_was_given_on_the_socket(monkeypatch, tmp_p
         hint = "; Bearer key required: open the page as /#key=KEY" if key else ""
         assert _Uvicorn.seen["flushed"] == (f"gptforge serve: http://127.0.0.1:{port}/  (JSON API under /api, "
                                             f"OpenAI's under /v1, schema at /docs{hint}; Ctrl-C stops)\n")
+
+
+def test_run_server_listens_on_localhost_8000_by_default(monkeypatch, tokenizer):
+    """A library caller that names no address gets the CLI's defaults (a stand-in ``bind_port``: 8000 may be
+    taken on this machine)."""
+    import uvicorn
+
+    from gptforge.models.gpt2 import GPT, GPTConfig
+    from gptforge.serve import app as app_module
+
+    asked = []
+
+    def bind(host, port):
+        asked.append((host, port))
+        return bind_port("127.0.0.1", 0)
+
+    monkeypatch.setattr(app_module, "bind_port", bind)
+    monkeypatch.setattr(uvicorn, "Server", _Uvicorn)
+    monkeypatch.setattr(sys, "stdout", _Stdout())
+    app_module.run_server(GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16)).eval(), ServeSettings(),
+                          enc=tokenizer)
+    _Uvicorn.seen["sockets"][0].close()
+    assert asked == [("127.0.0.1", 8000)] and _Uvicorn.seen["flushed"].startswith("gptforge serve: http://127.0.0.1:8000/ ")
