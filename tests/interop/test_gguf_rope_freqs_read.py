@@ -23,7 +23,7 @@ LLAMA3 = dict(rope_type="llama3", rope_factor=8.0, rope_low_freq_factor=1.0, rop
 
 def _file(tmp_path, freqs, block_size=64):
     model = tiny_llama(block_size=block_size)  # 4 heads of 16 channels, theta 500
-    tensors = {**llama_tensors(model), "rope_freqs.weight": freqs}
+    tensors = {"rope_freqs.weight": freqs, **llama_tensors(model)}  # first, where llama.cpp's converter writes it
     kv = {"llama.rope.scaling.original_context_length": 32}
     return model, write_gguf(tmp_path / "m.gguf", model, kv=kv, tensors=tensors)
 
