@@ -51,8 +51,7 @@ def add_openai_routes(app: FastAPI, model: Any, enc: Any, chat: Any, settings: A
     from gptforge.data.chat import ChatTokenizer
     from gptforge.generation import SamplingParams, stream_text
 
-    base_enc = enc
-    chat_enc = ChatTokenizer(base_enc, chat) if chat else None
+    chat_enc = ChatTokenizer(enc, chat) if chat else None
     block, vocab = model.config.block_size, model.config.vocab_size
     name, created = model_id(served), int(time.time())
     producers: set = set()
@@ -191,7 +190,7 @@ def add_openai_routes(app: FastAPI, model: Any, enc: Any, chat: Any, settings: A
                 if len(p) > settings.max_prompt_chars:
                     raise OpenAIError(400, f"prompt {i} has {len(p)} characters; the limit is "
                                            f"{settings.max_prompt_chars}", "prompt")
-                ids.append(base_enc.encode(p, allowed_special={"<|endoftext|>"}) or [base_enc.eot_token])
+                ids.append(enc.encode(p, allowed_special={"<|endoftext|>"}) or [enc.eot_token])
             else:
                 if not p or any(not 0 <= t < vocab for t in p):
                     raise OpenAIError(400, f"prompt {i}: token ids must be a non-empty list in [0, {vocab})", "prompt")
@@ -209,7 +208,7 @@ def add_openai_routes(app: FastAPI, model: Any, enc: Any, chat: Any, settings: A
                 raise OpenAIError(400, f"This model's maximum context length is {block} tokens. However, you "
                                        f"requested {longest} tokens in the prompt.", "prompt", "context_length_exceeded")
             return await run(request, "text", req, ids, None, tok, req.logprobs, echo)
-        params = sampling(req, ids, req.max_tokens, base_enc.eot_token, default_new=16)  # OpenAI's default: 16
+        params = sampling(req, ids, req.max_tokens, enc.eot_token, default_new=16)  # OpenAI's default: 16
         return await run(request, "text", req, ids, params, tok, req.logprobs, echo)
 
     async def complete_chat(request: Request):
@@ -223,7 +222,7 @@ def add_openai_routes(app: FastAPI, model: Any, enc: Any, chat: Any, settings: A
             raise OpenAIError(400, f"messages: over the limit of {settings.max_prompt_chars} characters", "messages")
         if req.stream and req.logprobs:
             raise OpenAIError(400, "logprobs: not available with stream=true on this server", "logprobs")
-        ids = [chat.render_for_generation(conv, base_enc)]
+        ids = [chat.render_for_generation(conv, enc)]
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         params = sampling(req, ids, max_tokens, chat.end, default_new=settings.max_new_tokens_cap)
         return await run(request, "chat", req, ids, params, chat_enc, (req.top_logprobs or 0) if req.logprobs else None)
