@@ -143,9 +143,9 @@ def test_run_server_serves_the_app_it_was_given_on_the_socket(monkeypatch, tmp_p
 
     monkeypatch.setattr(uvicorn, "Server", _Uvicorn)
     torch.manual_seed(0)
-    template = ChatTemplate.gpt2().to_dict()
-    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=ChatTemplate.gpt2().vocab_size))
-    model.eval()
+    chat = ChatTemplate.gpt2()
+    template = chat.to_dict()
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=chat.vocab_size)).eval()
     encoded = []
 
     class Tok:  # the tokenizer given, noticed when used
@@ -155,6 +155,7 @@ def test_run_server_serves_the_app_it_was_given_on_the_socket(monkeypatch, tmp_p
         def encode(self, text, **kw):
             encoded.append(text)
             return tokenizer.encode(text, **kw)
+
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"kind": "train", "step": 3, "loss": 2.5}) + "\n")
     given = bind_port("127.0.0.1", 0)
     port = given.getsockname()[1]
