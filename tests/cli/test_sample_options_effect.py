@@ -157,7 +157,7 @@ ELSEWHERE = {
     "--hf": "tests/interop/test_hf_gpt2_configs.py",
     "--llmc": "tests/interop/test_interop.py",
     "--random": "tests/models/test_registry.py",
-    "--gguf": "tests/interop/test_gguf_read.py",
+    "--gguf": "tests/cli/test_own_tokenizer.py",  # test_a_gguf_file_is_a_model_source_everywhere: sample --gguf
 }
 
 
