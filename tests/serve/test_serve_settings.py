@@ -209,4 +209,5 @@ def test_run_server_listens_on_localhost_8000_by_default(monkeypatch, tokenizer)
     app_module.run_server(GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16)).eval(), ServeSettings(),
                           enc=tokenizer)
     _Uvicorn.seen["sockets"][0].close()
-    assert asked == [("127.0.0.1", 8000)] and _Uvicorn.seen["flushed"].startswith("gptforge serve: http://127.0.0.1:8000/ ")
+    assert asked == [("127.0.0.1", 8000)]
+    assert _Uvicorn.seen["flushed"].startswith("gptforge serve: http://127.0.0.1:8000/ ")

@@ -33,7 +33,14 @@ from gptforge.serve.openai_api import (  # noqa: E402
     _prompts,
     model_id,
 )
-from gptforge.serve.openai_schema import ChatRequest, CompletionRequest, OpenAIError, error_body, finish_reason, parse  # noqa: E402
+from gptforge.serve.openai_schema import (  # noqa: E402
+    ChatRequest,
+    CompletionRequest,
+    OpenAIError,
+    error_body,
+    finish_reason,
+    parse,
+)
 
 HALF = 447  # GPT-2's id whose bytes are E2 80: the first two bytes of a three-byte UTF-8 character
 HELLO, BANG = 15496, 0  # "Hello", "!"
@@ -172,9 +179,9 @@ def _refused(model, body) -> tuple[int, str, str | None]:
 
 
 def test_parse_names_the_field_without_pydantics_union_members():
-    assert _refused(CompletionRequest, {"prompt": 5}) == (400, "prompt: Input should be a valid string (got 5); "
-                                                          + "; ".join(["prompt: Input should be a valid list (got 5)"] * 3),
-                                                          "prompt")
+    lists = "; ".join(["prompt: Input should be a valid list (got 5)"] * 3)
+    assert _refused(CompletionRequest, {"prompt": 5}) == (
+        400, f"prompt: Input should be a valid string (got 5); {lists}", "prompt")
     assert _refused(CompletionRequest, {"prompt": [1, "a"]}) == (
         400, "prompt: Input should be a valid string (got [1, 'a']); prompt.0: Input should be a valid string (got 1); "
              "prompt.1: Input should be a valid integer, unable to parse string as an integer (got 'a'); "
@@ -267,8 +274,9 @@ USER = [{"role": "user", "content": "a"}]
 
 
 @pytest.mark.parametrize(("model", "body", "message", "param"), [
-    (CompletionRequest, {"presence_penalty": 0.5}, "presence_penalty: not supported by this server (use 0; "
-                                                   "repetition_penalty is the penalty gptforge has)", "presence_penalty"),
+    (CompletionRequest, {"presence_penalty": 0.5},
+     "presence_penalty: not supported by this server (use 0; repetition_penalty is the penalty gptforge has)",
+     "presence_penalty"),
     (ChatRequest, {"frequency_penalty": -1}, "frequency_penalty: not supported by this server (use 0; "
                                              "repetition_penalty is the penalty gptforge has)", "frequency_penalty"),
     (ChatRequest, {"logit_bias": {"5": 1}}, "logit_bias: not supported by this server", "logit_bias"),
