@@ -62,8 +62,8 @@ def _value(value: object) -> str:
 
 
 def _table(section: str, cls: type, instance: object) -> list[str]:
-    from gptforge.errors import field_types
     from gptforge.config_help import UNDOCUMENTED, _described, allowed
+    from gptforge.errors import field_types
 
     docs = _described(cls)
     rows = ["| key | values | default | what it does |", "|---|---|---|---|"]
