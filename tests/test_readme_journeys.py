@@ -9,9 +9,9 @@ Interactive commands (``chat``, ``serve``) and the ensemble line (it names three
 block does not make) are left out; on-policy pairs from a 2-step policy may be refused with "no pairs"
 (every reply equally wrong), which is the command's own answer for such a model.
 
-"Bring your own model" (docs/own-model.md) runs as a shell would (``VAR=$(gptforge ... | sed ...)``, ``echo MSG | gptforge
-chat``): the SmolLM2 block on the real GGUF and the GPT-2 block on a tiny local Hugging Face GPT-2
-standing in for the hub's, both in the heavy lane (``-m lane``).
+"Bring your own model" (docs/own-model.md) runs as a shell would (``VAR=$(gptforge ... | sed ...)``,
+``echo MSG | gptforge chat``): the SmolLM2 block on the real GGUF and the GPT-2 block on a tiny local Hugging Face
+GPT-2 standing in for the hub's, both in the heavy lane (``-m lane``).
 """
 
 from __future__ import annotations
