@@ -33,7 +33,7 @@ MAX_LINES = {"README.md": 300, "benchmarks.md": 1500}  # every other page: GUIDE
 GUIDE_LINES = 700
 # a line that runs gptforge: optional prompt and VAR=value pairs, then gptforge (any path), or `-m gptforge`
 CMD = re.compile(r"^(?:\$\s*)?(?:\w+=\S*\s+)*(?:\S*/)?gptforge\s+([a-z][\w-]*.*)$|\s-m\s+gptforge\s+([a-z][\w-]*.*)$")
-FENCE = re.compile(r"^```([\w-]*)\n(.*?)^```", flags=re.S | re.M)
+FENCE = re.compile(r"^[ \t]*```([\w-]*)\n(.*?)^[ \t]*```", flags=re.S | re.M)  # fences inside list items too
 
 
 def _rel(path: Path) -> str:
@@ -257,6 +257,20 @@ def test_config_reference_is_generated_from_the_code():
     rows = re.findall(r"^\| `--([\w.]+)` \|", text, flags=re.M)
     assert set(config_keys()) <= set(rows), set(config_keys()) - set(rows)  # every key of the default family
     assert "model.n_kv_head" in rows and "(undocumented)" not in text  # the Llama family's keys too
+
+
+def test_config_doc_check_mode(monkeypatch, tmp_path, capsys):
+    """``python -m gptforge.config_doc --check`` exits 0 on the committed page and 1 on a stale one (what a
+    pre-commit hook or CI step can run); any other argument is a usage error, exit 2."""
+    from gptforge import config_doc
+
+    assert config_doc.main(["--check"]) == 0
+    stale = tmp_path / "config.md"
+    stale.write_text((DOCS / "config.md").read_text().replace("transformer blocks", "blocks"))
+    monkeypatch.setattr(config_doc, "target", lambda: stale)
+    assert config_doc.main(["--check"]) == 1 and "out of date" in capsys.readouterr().err
+    assert config_doc.main(["--bogus"]) == 2
+    assert config_doc.main([]) == 0 and stale.read_text() == config_doc.render()  # rewrites it
 
 
 # --- journeys: each writes its own files, into ignored folders ---------------------------------------------
