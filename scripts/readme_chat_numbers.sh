@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The README's SFT -> RL numbers, from the README's own commands, on the model the default job makes
-# (issue 34, item 1). Runs: the default job (if runs/shakespeare-cpu is missing), the README's
+# The chat guide's SFT -> RL numbers (docs/chat.md, section "Measured"), from its own commands, on the model
+# the default job makes. Runs: the default job (if runs/shakespeare-cpu is missing), the guide's
 # `prepare conversations` and `sft` (400-step schedule, a checkpoint every 50), `eval --tasks compare
 # --limit 200` on each checkpoint, then `rl` from SFT step ${RL_FROM:-300} for ${RL_STEPS:-60} steps with
-# the README's settings at sampling temperature ${RL_TEMP:-0.7}, and `eval` of the RL run. Prints one table (greedy exact match, 95% interval)
-# and writes it to ${OUT:-runs/readme_numbers}/table.md. One thread, as the README's timings.
+# the guide's settings at sampling temperature ${RL_TEMP:-0.7}, and `eval` of the RL run. Prints one table (greedy exact match, 95% interval)
+# and writes it to ${OUT:-runs/readme_numbers}/table.md. One thread, as the guide's timings.
 # Several hours on a 2-core CPU (SFT ~15 min, each eval ~1 min, RL ~20 s a step).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -7,11 +7,11 @@
 # each later stage paired with the one before on the same problems (`eval --paired-with`: problems only one
 # gets right, exact McNemar p), and SFT and RL again on the next N_EVAL held-out problems (`eval --offset`), a
 # second set that nothing here is chosen on. The goal: RL >= +10 points over SFT alone.
-# The defaults are the measured recipe (docs/benchmarks.md, "Session twelve"): SFT stops once the format is
+# The defaults are the measured recipe (docs/benchmarks.md, "3-digit arithmetic on SmolLM2"): SFT stops once the format is
 # learned (20 steps), then 200 GRPO steps; about 3 hours on two CPU cores.
 #
 #   DEVICE=cuda bash scripts/smollm_arithmetic.sh          # a lent GPU: minutes
-#   bash scripts/smollm_arithmetic.sh                      # CPU: hours (see docs/benchmarks.md, issue 32)
+#   bash scripts/smollm_arithmetic.sh                      # CPU: hours (see docs/benchmarks.md)
 #   SFT_STEPS=2 RL_STEPS=2 N_EVAL=4 OUT=/tmp/smoke bash scripts/smollm_arithmetic.sh   # a smoke run
 #
 # Every stage is skipped when its output exists, so re-running continues after an interruption (the SFT and

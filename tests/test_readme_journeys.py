@@ -1,16 +1,17 @@
-"""The README's chat and preference journeys, run as written but shrunk (slow lane): every command of
-the two code blocks, in order, in a scratch directory, from a tiny base model standing in for the
-default job's ``runs/shakespeare-cpu``. Sizes (steps, problems, pairs, replies) are cut to seconds;
-flags, paths and the order of the commands are the README's own, so a journey step that stops working
-(a renamed flag, a path one step writes and the next cannot read) fails here.
+"""The guides' chat and preference journeys (docs/chat.md, docs/preferences.md: their "The path" blocks),
+run as written but shrunk (slow lane): every command of the two code blocks, in order, in a scratch
+directory, from a tiny base model standing in for the default job's ``runs/shakespeare-cpu``. Sizes
+(steps, problems, pairs, replies) are cut to seconds; flags, paths and the order of the commands are the
+guides' own, so a journey step that stops working (a renamed flag, a path one step writes and the next
+cannot read, one guide reading what another was meant to write) fails here.
 
 Interactive commands (``chat``, ``serve``) and the ensemble line (it names three reward models the
 block does not make) are left out; on-policy pairs from a 2-step policy may be refused with "no pairs"
 (every reply equally wrong), which is the command's own answer for such a model.
 
-"Bring your own model" runs as a shell would (``VAR=$(gptforge ... | sed ...)``, ``echo MSG | gptforge
-chat``): the SmolLM2 block on the real GGUF and the GPT-2 block on a tiny local Hugging Face GPT-2
-standing in for the hub's, both in the heavy lane (``-m lane``).
+"Bring your own model" (docs/own-model.md) runs as a shell would (``VAR=$(gptforge ... | sed ...)``,
+``echo MSG | gptforge chat``): the SmolLM2 block on the real GGUF and the GPT-2 block on a tiny local Hugging Face
+GPT-2 standing in for the hub's, both in the heavy lane (``-m lane``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import pytest
 
 from gptforge.cli import main
 from tests.conftest import tiny_chat_checkpoint
-from tests.test_docs import README, _command_lines
+from tests.test_docs import DOCS, _command_lines, _ignored_roots
 
 pytestmark = pytest.mark.slow
 
@@ -35,8 +36,9 @@ EXTRA = {"sft": "--val-count 8", "rm": "--val-count 8 --micro-batch 4", "dpo": "
          "prepare": "--samples 2 --max-new-tokens 4"}
 
 
-def _block(heading: str) -> list[str]:
-    text = README.read_text()
+def _block(guide: str, heading: str = "## The path") -> list[str]:
+    """The commands of the first ```bash block under ``heading`` in docs/``guide``."""
+    text = (DOCS / guide).read_text()
     after = text[text.index(heading):]
     return _command_lines(re.search(r"```bash\n(.*?)```", after, flags=re.S).group(1))
 
@@ -53,37 +55,39 @@ def _shrunk(cmd: str) -> list[str]:
 
 def _run(commands: list[str], capsys) -> None:
     for cmd in commands:
-        if cmd.split()[0] in ("chat", "serve") or "runs/rm1," in cmd:
+        if cmd.split()[0] in ("chat", "serve") or "/rm1," in cmd:
             continue
         argv = _shrunk(cmd)
         rc = main(argv)
         out, err = capsys.readouterr()
         if rc == 2 and "--policy" in cmd and "no pairs" in err:
             continue  # a 2-step policy is right or wrong alike on every problem: the refusal says so
-        assert rc == 0, f"README command failed ({rc}): gptforge {cmd}\nshrunk: {argv}\n{err[-2000:]}"
+        assert rc == 0, f"guide command failed ({rc}): gptforge {cmd}\nshrunk: {argv}\n{err[-2000:]}"
         assert "Traceback" not in out + err, cmd
 
 
-def test_readme_chat_and_preference_journeys_run_shrunk(tmp_path, monkeypatch, capsys):
+def test_chat_and_preference_journeys_run_shrunk(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     tiny_chat_checkpoint(tmp_path / "runs" / "shakespeare-cpu", chat=False)  # the default job's model, tiny
-    chat = _block("## Chat: fine-tuning (SFT)")
-    prefs = _block("## Preferences: reward models, DPO and PPO")
+    chat = _block("chat.md")
+    prefs = _block("preferences.md")
     assert any(c.startswith("sft ") for c in chat) and any(c.startswith("rm ") for c in prefs)
     _run(chat, capsys)
-    assert (tmp_path / "runs" / "rl" / "metrics.jsonl").exists()
+    assert (tmp_path / "runs" / "chat" / "rl" / "metrics.jsonl").exists()
     _run(prefs, capsys)
-    assert (tmp_path / "runs" / "grpo_rm" / "metrics.jsonl").exists()
+    assert (tmp_path / "runs" / "prefs" / "grpo_rm" / "metrics.jsonl").exists()
+    written = {p.name for p in tmp_path.iterdir()}  # nothing in the root but git-ignored folders
+    assert "runs" in written and written <= _ignored_roots(), written
 
 
 # --- "Bring your own model": the real SmolLM2 from its GGUF, and GPT-2 from Hugging Face ------------------
 
-OWN_MODEL = "## Bring your own model"
+OWN_MODEL = DOCS / "own-model.md"
 
 
 def _section_blocks(heading: str) -> list[str]:
-    """The ```bash blocks of the README section under ``heading`` (up to the next ``## ``), as written."""
-    text = README.read_text()
+    """The ```bash blocks of docs/own-model.md's section under ``heading`` (to the next ``## ``), as written."""
+    text = OWN_MODEL.read_text()
     start = text.index(heading)
     end = text.find("\n## ", start + len(heading))
     return re.findall(r"```bash\n(.*?)```", text[start:end if end > 0 else None], flags=re.S)
@@ -94,7 +98,7 @@ PIPED = re.compile(r"""^echo ("[^"]*"|'[^']*') \| (gptforge .+)$""")  # a messag
 
 
 def _run_block(block: str, capsys, monkeypatch, swap: tuple[tuple[str, str], ...] = ()) -> list[tuple[str, str]]:
-    """Every line of a README block, in order, as a shell would run it: ``VAR=$(gptforge ... | sed
+    """Every line of a guide's block, in order, as a shell would run it: ``VAR=$(gptforge ... | sed
     's/.*: //')`` sets VAR from the command's output as that sed would, ``echo MSG | gptforge chat ...``
     feeds MSG on stdin, ``$VAR`` expands; gptforge lines run shrunk (``_shrunk``) with ``swap``'s
     (old, new) replacements (a hub name -> a local stand-in). Lines of other programs (llama.cpp,
@@ -123,7 +127,7 @@ def _run_block(block: str, capsys, monkeypatch, swap: tuple[tuple[str, str], ...
         monkeypatch.setattr("sys.stdin", io.StringIO(stdin or ""))
         rc = main(argv)
         out, err = capsys.readouterr()
-        assert rc == 0, f"README command failed ({rc}): {line}\nran: {argv}\n{err[-2000:]}"
+        assert rc == 0, f"guide command failed ({rc}): {line}\nran: {argv}\n{err[-2000:]}"
         assert "Traceback" not in out + err, line
         if var is not None:
             env[var] = re.sub(r".*: ", "", out.strip())  # sed 's/.*: //'
@@ -133,12 +137,12 @@ def _run_block(block: str, capsys, monkeypatch, swap: tuple[tuple[str, str], ...
 
 @pytest.mark.smollm
 @pytest.mark.lane
-def test_readme_smollm2_journey_runs_shrunk(tmp_path, monkeypatch, capsys):
+def test_smollm2_journey_runs_shrunk(tmp_path, monkeypatch, capsys):
     """The section's SmolLM2 block on the real model, shrunk to 1-2 steps and 3 problems: chat from the
     GGUF, eval, LoRA SFT, preference pairs, DPO with LoRA, chat with the result, export gguf and chat
     with the exported file."""
     monkeypatch.chdir(tmp_path)
-    smol = _section_blocks(OWN_MODEL)[0]
+    smol = _section_blocks("## SmolLM2-135M-Instruct, from its GGUF")[0]
     assert "--gguf $SMOL" in smol and "--lora.rank" in smol and "export gguf" in smol
     ran = _run_block(smol, capsys, monkeypatch)
     verbs = [c.split()[0] for c, _ in ran]
@@ -167,7 +171,7 @@ def _tiny_hf_gpt2(out) -> None:
 
 
 @pytest.mark.lane
-def test_readme_gpt2_from_hugging_face_journey_runs_shrunk(tmp_path, monkeypatch, capsys):
+def test_gpt2_from_hugging_face_journey_runs_shrunk(tmp_path, monkeypatch, capsys):
     """The section's GPT-2 block (the brief's path: GPT-2 from Hugging Face -> SFT -> chat), with a tiny
     local save_pretrained directory standing in for the hub's ``gpt2`` (nothing reaches the hub here).
     In the lane: ~10 s of CPU (transformers writing GPT-2's tokenizer.json is 4 of them), more than the
@@ -176,10 +180,10 @@ def test_readme_gpt2_from_hugging_face_journey_runs_shrunk(tmp_path, monkeypatch
     monkeypatch.chdir(tmp_path)
     _tiny_hf_gpt2(tmp_path / "gpt2-tiny")
     capsys.readouterr()  # save_pretrained's progress bar
-    block = _section_blocks(OWN_MODEL)[1]
+    block = _section_blocks("## GPT-2 124M from Hugging Face")[0]
     assert "--model gpt2 " in block
     ran = _run_block(block, capsys, monkeypatch, swap=(("--model gpt2 ", "--model gpt2-tiny "),))
     assert [c.split()[0] for c, _ in ran if c.split()[0] in ("import", "sft", "chat")] == ["import", "sft", "chat"]
-    assert (tmp_path / "runs" / "gpt2-sft" / "metrics.jsonl").exists()
+    assert (tmp_path / "runs" / "gpt2" / "sft" / "metrics.jsonl").exists()
     chat_out = next(out for c, out in ran if c.startswith("chat "))
     assert "assistant>" in chat_out

@@ -1,5 +1,6 @@
 """training/ppo.py's and grpo.py's math and steps where the `training` mutation lane found its tests blind
-(issue 36; each survivor's verdict: docs/benchmarks.md, "Lane `training`").
+(issue 36; the lane's score: docs/benchmarks.md, "Mutation testing"; each survivor's verdict in the record git
+keeps, `git show 73bfdcc:docs/benchmarks.md`, "Lane `training`").
 
 The losses themselves were pinned (TRL's tensors, the recipes' hand computations), but these were not:
 - the defaults that callers rely on: TRL's PPO clip 0.2, value clip 0.2 and vf_coef 0.1; GRPO's group
