@@ -234,3 +234,60 @@ def test_tensor_and_pipeline_parallelism_refuse_the_family_fields_by_name(tmp_pa
             check_layout(cfg, 2, local_world=2)
     cfg.dist = DistConfig()
     check_layout(cfg, 2, local_world=2)  # data parallelism takes them
+    from gptforge.plan.cost import Layout, check  # and the planner proposes no layout the run would refuse
+
+    assert check(cfg.model, Layout(tp=2), 8) == "model.sliding_window, model.post_norms do not run under gptforge's " \
+        "TP or PP yet"
+    assert check(cfg.model, Layout(pp=2, micro_batch=1), 8) is not None
+    assert check(cfg.model, Layout(dp=2), 8) is None
+
+
+# ----------------------------------------------------------------------------- counts for plan and MFU
+
+
+def test_counts_match_the_model_and_transformers(family):
+    """Parameters counted from the config equal the built model's and transformers' (its vocabulary
+    rows unpadded); the attention FLOPs follow the window: a sliding layer's query meets
+    min(T, window) keys, a full layer's T (hand count at T = 40, window 8)."""
+    from gptforge.models.counting import flops_per_token
+    from gptforge.models.registry import counts
+
+    name, hf, d, model, ref = family
+    cfg = model.config
+    c = counts(cfg, T)
+    pad_rows = (cfg.padded_vocab_size - VOCAB) * cfg.n_embd * (1 if cfg.tie_embeddings else 2)
+    assert c.params == model.num_parameters() == sum(p.numel() for p in hf.parameters()) + pad_rows
+    keys = [min(T, WINDOW) if k == "s" else T for k in cfg.sliding_pattern]
+    width = cfg.n_head * cfg.head_dim
+    assert c.layer_flops - 2.0 * (c.layer_params - c.layer_norms) == pytest.approx(4.0 * width * sum(keys) / cfg.n_layer)
+    want = 6 * (c.params - c.lookup) + 6 * cfg.n_layer * width * sum(keys) / cfg.n_layer
+    assert flops_per_token(c) == pytest.approx(want)
+
+
+def test_post_norms_activation_bytes_against_autograd():
+    """What autograd saves for Gemma's two extra norms per block (saved_tensors_hooks, float32), against
+    layer_act_bytes' increment: 16 C bytes per token, plus each norm's (B, T, 1) rsqrt (4 bytes)."""
+    from gptforge.models.llama import layer_act_bytes, rope_cos_sin
+
+    def saved(**kw) -> tuple[float, float]:
+        torch.manual_seed(0)
+        cfg = LlamaConfig(n_layer=1, n_head=4, n_kv_head=2, n_embd=64, intermediate_size=96, block_size=64,
+                          vocab_size=VOCAB, **kw)
+        block = Llama(cfg).model.layers[0]
+        params = {p.data_ptr() for p in block.parameters()}
+        x = torch.randn(2, 16, 64, requires_grad=True)
+        cos, sin = rope_cos_sin(torch.arange(16), cfg.head_dim, cfg.rope_theta)
+        seen: dict[int, int] = {}
+
+        def pack(t):
+            if t.data_ptr() not in params:
+                seen[t.data_ptr()] = t.numel() * t.element_size()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            block(x, cos, sin)
+        return sum(seen.values()) / 32, layer_act_bytes(cfg, "float32", "none")
+
+    (plain, plain_est), (post, post_est) = saved(), saved(post_norms=True)
+    assert post_est - plain_est == 16 * 64
+    assert 0 <= (post - plain) - (post_est - plain_est) <= 2 * 4

@@ -572,19 +572,23 @@ def layer_act_bytes(cfg: LlamaConfig, dtype: str, recompute: str) -> float:
     and one copy ((3 + 2g)C); SwiGLU keeps gate, SiLU, up and product (4hC), ReLU² two (2hC),
     ``recompute mlp`` only the product (hC). bf16 autocast: each projection keeps its own bf16 copy of
     the normalised input (q/k/v: three, gate/up: two), q/k/v and the attention output are bf16, the
-    MLP's H-wide tensors bf16. QK-norm adds its inputs and normalised values (8(1 + g)C bytes).
+    MLP's H-wide tensors bf16. QK-norm adds its inputs and normalised values (8(1 + g)C bytes). A
+    head_size apart scales the attention terms by n_head*head_size/C; post_norms adds two norms.
     ``recompute block`` keeps each block's input (4C)."""
     C = cfg.n_embd
     if recompute == "block":
         return 4 * C
     g, h, swiglu = cfg.kv_heads / cfg.n_head, cfg.hidden_dim / C, cfg.mlp != "relu2"
-    qk = 8 * (1 + g) if cfg.qk_norm else 0
+    a = cfg.n_head * cfg.head_dim / C  # attention width over C: 1 unless head_size is set apart
+    qk = 8 * (1 + g) * a if cfg.qk_norm else 0
     if dtype == "float32":
         mlp = h if recompute == "mlp" else (4 * h if swiglu else 2 * h)
-        return (4 * (6 + 3 + 2 * g + mlp) + qk) * C
+        post = 16 if cfg.post_norms else 0  # two more RMSNorms: input and normalised values each
+        return (4 * (6 + (3 + 2 * g) * a + mlp) + qk + post) * C
     norm2 = 8 + (4 if recompute == "mlp" or swiglu else 2)
     mlp = 2 * h if recompute == "mlp" else (8 * h if swiglu else 4 * h)
-    return (14 + 2 * (2 + 2 * g) + norm2 + mlp + qk) * C
+    post = 16 if cfg.post_norms else 0  # each: bf16 input, its float32 copy, the bf16 normalised values
+    return (14 + 2 * (2 + 2 * g) * a + norm2 + mlp + qk + post) * C
 
 
 def counts(cfg: LlamaConfig, seq_len: int) -> Counts:
@@ -598,6 +602,7 @@ def counts(cfg: LlamaConfig, seq_len: int) -> Counts:
     # a sliding layer's query meets at most sliding_window keys: the attention products, averaged over layers
     ctx = [min(seq_len, cfg.sliding_window) if kind == "s" else seq_len for kind in cfg.sliding_pattern]
     attn_flops = sum(attention_flops(cfg.n_head * hd, t) for t in ctx) / cfg.n_layer
+    span = cfg.n_head * hd * sum(ctx) / cfg.n_layer
     layer = matmul + bias + norms
     embed = V * C
     head = C + (0 if cfg.tie_embeddings else V * C)
@@ -610,4 +615,5 @@ def counts(cfg: LlamaConfig, seq_len: int) -> Counts:
         embed_tensors=1, head_tensors=1 + (0 if cfg.tie_embeddings else 1),
         layer_flops=2.0 * matmul + attn_flops, head_flops=2.0 * C * V,
         n_layer=cfg.n_layer, n_embd=C, n_head=cfg.n_head, kv_heads=cfg.kv_heads, vocab=V, seq_len=seq_len,
+        attn_span=span if span != C * seq_len else 0.0,
     )
