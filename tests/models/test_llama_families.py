@@ -291,3 +291,28 @@ def test_post_norms_activation_bytes_against_autograd():
     (plain, plain_est), (post, post_est) = saved(), saved(post_norms=True)
     assert post_est - plain_est == 16 * 64
     assert 0 <= (post - plain) - (post_est - plain_est) <= 2 * 4
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_a_reward_model_on_each_family_scores_the_same_in_transformers(name):
+    """rm's export path: a reward model on the family's body becomes the family's
+    *ForSequenceClassification (Gemma 3's text one) with the same scores, 30 tokens over a window of 8."""
+    from gptforge.interop.hf_reward import reward_model_to_transformers
+    from gptforge.training.rm import RewardModel
+
+    fields = {k: v for k, v in FAMILIES[name][2].items() if k not in ("rope_theta",)}
+    fields.setdefault("sliding_window", WINDOW)  # Gemma's (their rows above list what the load sets apart)
+    torch.manual_seed(0)
+    body = Llama(LlamaConfig(n_layer=3, n_head=4, n_kv_head=2, n_embd=64, intermediate_size=96, block_size=64,
+                             vocab_size=VOCAB, rope_theta=500.0, **{"rope_factor": 2.0} if name == "gemma3" else {},
+                             **{**fields, **({"embed_scale": 8.0} if name.startswith("gemma") else {}),
+                                **({"query_pre_attn_scalar": 20.0} if name == "gemma3" else {})}))
+    rm = RewardModel(body).eval()
+    with torch.no_grad():
+        for p in rm.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    ids = IDX[:, :30]
+    hf = reward_model_to_transformers(rm, pad=0)
+    assert type(hf).__name__ == FAMILIES[name][0] + "ForSequenceClassification"
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits[:, 0], rm(ids, torch.tensor([29, 29])), atol=ATOL, rtol=0)
