@@ -143,9 +143,12 @@ def test_llama_optional_keys_of_the_wrong_type_and_rope_refusals_name_the_file()
 @pytest.mark.parametrize("key", ["rope.dimension_count", "attention.key_length", "attention.value_length"])
 def test_llama_head_widths_other_than_embedding_over_heads_are_refused(key):
     assert llama(llama_kv(**{key: 16})).head_dim == 16  # what converters write: the same width
+    if key == "attention.key_length":  # a head size apart (Mistral Nemo, Qwen3, Gemma): model.head_size
+        assert (llama(llama_kv(**{key: 8})).head_dim, llama(llama_kv(**{key: 8})).head_size) == (8, 8)
+        return
     msg = refused(llama, llama_kv(**{key: 8}))
-    assert msg == (f"{PATH}: llama.{key}=8: heads of 16 channels (embedding_length/head_count), all of them rotated; "
-                   f"gptforge's Llama {NOT_IMPLEMENTED}"), msg
+    assert msg == (f"{PATH}: llama.{key}=8: heads of 16 channels (attention.key_length, or embedding_length/"
+                   f"head_count), all of them rotated; gptforge's Llama {NOT_IMPLEMENTED}"), msg
 
 
 @pytest.mark.parametrize("key", ["feed_forward_length", "attention.head_count", "attention.head_count_kv"])
@@ -165,7 +168,8 @@ def test_other_architectures_are_refused(arch):
     kv = llama_kv()
     kv["general.architecture"] = arch
     msg = refused(llama, {k: v for k, v in kv.items() if v is not None})
-    assert msg == f"{PATH}: general.architecture={arch!r}; gptforge reads GGUF architectures llama, qwen2, gpt2", msg
+    assert msg == (f"{PATH}: general.architecture={arch!r}; gptforge reads GGUF architectures llama, qwen2, gpt2, "
+                   "qwen3, gemma2, gemma3, phi3"), msg
 
 
 def test_llama_vocabulary_and_extras_are_checked_with_the_llama_name():

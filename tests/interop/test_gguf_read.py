@@ -394,7 +394,7 @@ def test_refuses_what_llama_cannot_represent(tmp_path):
     with pytest.raises(GGUFReadError) as e:  # refused before the tokenizer is read, naming what is read
         read_gguf(tmp_path / "mistral.gguf")
     assert str(e.value) == (f"{tmp_path / 'mistral.gguf'}: general.architecture='mistral'; gptforge reads GGUF "
-                            "architectures llama, qwen2, gpt2")
+                            "architectures llama, qwen2, gpt2, qwen3, gemma2, gemma3, phi3")
     tensors = dict(llama_tensors(model))
     tensors["blk.0.ffn_up.weight"] = tensors["blk.0.ffn_up.weight"].clone()
     tensors["blk.0.ffn_up.weight"][3, 5] = float("nan")

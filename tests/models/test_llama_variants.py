@@ -192,11 +192,11 @@ def test_other_rope_types_refused_by_name(tmp_path, scaling):
         LlamaConfig(rope_type=kind)
 
 
-def test_refusals_of_what_qwen2_and_llama_configs_ask_beyond_the_variants(tmp_path):
+def test_refusals_of_what_llama_configs_ask_beyond_the_variants_and_qwen2_windows(tmp_path):
     base = {"model_type": "qwen2", **COMMON, "use_sliding_window": True, "sliding_window": 16,
             "max_window_layers": 0}
-    cases = [(base, "use_sliding_window"),  # every layer slides over 16 of 128 positions
-             ({**COMMON, "model_type": "llama", "attention_bias": True}, "attention_bias"),  # o_proj too
+    cases = [({**COMMON, "model_type": "llama", "attention_bias": True}, "attention_bias"),  # o_proj too
+             ({**COMMON, "model_type": "llama", "sliding_window": 16}, "sliding_window"),  # a window is Mistral's
              ({**COMMON, "model_type": "llama", "rope_scaling": {"rope_type": "llama3", "factor": 0.0,
                                                                  "low_freq_factor": 1.0, "high_freq_factor": 4.0}},
               "rope_factor")]
@@ -207,9 +207,12 @@ def test_refusals_of_what_qwen2_and_llama_configs_ask_beyond_the_variants(tmp_pa
         _one_line(e)
     from gptforge.interop.hf_llama import llama_config_from_hf
 
-    # a window that covers the context, or layers below max_window_layers, do not slide: loaded
-    assert llama_config_from_hf({**base, "sliding_window": 128}).qkv_bias
-    assert llama_config_from_hf({**base, "max_window_layers": 2}).qkv_bias
+    # every layer slides over 16 of 128 positions (tests/models/test_llama_families.py checks the window's math);
+    # a window that covers the context, or layers below max_window_layers, do not slide
+    assert (llama_config_from_hf(base).sliding_window, llama_config_from_hf(base).sliding_pattern) == (16, "ss")
+    assert llama_config_from_hf({**base, "sliding_window": 128}).sliding_window == 0
+    assert llama_config_from_hf({**base, "max_window_layers": 2}).sliding_window == 0
+    assert llama_config_from_hf({**base, "max_window_layers": 1}).sliding_pattern == "fs"
 
 
 @pytest.mark.parametrize("kw, key", [

@@ -15,6 +15,9 @@ versions of the same models (``export hf``). Differences from gptforge's own lay
   gptforge's) to the interleaved pairs llama.cpp's ``llama`` rotary uses; a tied head is left out
   (llama.cpp falls back to ``token_embd``). A Llama with q/k/v biases (``model.qkv_bias``) is written
   as llama.cpp's ``qwen2``, whose rotary is rotate-half already: its rows stay, its biases are added.
+* A model of another family (``model.family``: qwen3, gemma2, gemma3, phi3; mistral as ``llama`` with
+  ``llama.attention.sliding_window``, which llama.cpp's llama ignores) is written in llama.cpp's layout
+  for it (``gguf_families.py``), after checking the file would read back to the same fields.
 * Rope scaling: ``linear`` as ``rope.scaling.type``/``factor``; ``llama3`` as llama.cpp's converter
   writes Llama 3.1/3.2, per-frequency divisors in the tensor ``rope_freqs.weight``.
 * The vocabulary padding rows are sliced off; the tokenizer is GPT-2's BPE (``tokenizer.ggml.model``
@@ -39,6 +42,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from gptforge.interop.gguf_families import FAMILY_ARCH, NEOX, check_export, family_tensors, write_keys
 from gptforge.tokens import EOT, GPT2_VOCAB
 
 DTYPES = ("f32", "f16", "bf16")
@@ -58,7 +62,12 @@ def check_gguf_model(model: torch.nn.Module, chat_template: dict | None, tokeniz
         if not cfg.bias:
             raise ValueError("model.bias=false: llama.cpp's gpt2 architecture has biases in every linear layer and "
                              "norm, so this model cannot be exported to GGUF")
+    elif arch == "llama" and cfg.family in FAMILY_ARCH:  # Qwen3, Gemma 2/3, Phi-3, Mistral: gguf_families.py
+        check_export(cfg)
     elif arch == "llama":
+        if cfg.features():
+            raise ValueError(f"{', '.join(cfg.features())}: llama.cpp's llama architecture has no such option; set "
+                             "model.family to the family that has it (qwen3, mistral, phi3, gemma2, gemma3) to export")
         unsupported = {"qk_norm": cfg.qk_norm, "mlp": cfg.mlp if cfg.mlp != "swiglu" else None,
                        "logit_softcap": cfg.logit_softcap or None}
         for key, value in unsupported.items():
@@ -103,6 +112,9 @@ def export_gguf(model: torch.nn.Module, out_dir: str | Path, dtype: str = "f32",
     cfg = model.config
     # a Llama with q/k/v biases is llama.cpp's qwen2 (as convert_hf_to_gguf.py writes Qwen2ForCausalLM)
     arch = "qwen2" if getattr(cfg, "qkv_bias", False) else getattr(cfg, "arch", "gpt2")
+    family = getattr(cfg, "family", "") in FAMILY_ARCH
+    if family:
+        arch = FAMILY_ARCH[cfg.family]
     w = gguf.GGUFWriter(None, arch)  # the file is given at the end: a temporary renamed into place
     w.add_type(gguf.GGUFType.MODEL)
     w.add_name(name)
@@ -129,6 +141,9 @@ def export_gguf(model: torch.nn.Module, out_dir: str | Path, dtype: str = "f32",
         elif cfg.rope_type == "llama3":  # the divisors go in tensor rope_freqs.weight (llama_tensors)
             w.add_rope_scaling_orig_ctx_len(cfg.rope_original_context)  # read by YaRN only; pins the inverse
         tensors = llama_tensors(model)
+        if family:
+            write_keys(w, cfg)
+            tensors = family_tensors(model, tensors)
     if spm is not None:
         add_spm_tokenizer(w, own, chat, spm)
     elif own is not None:
@@ -196,8 +211,8 @@ def llama_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     out = {"token_embd.weight": sd["model.embed_tokens.weight"][:V], "output_norm.weight": sd["model.norm.weight"]}
     if cfg.rope_type == "llama3":
         out["rope_freqs.weight"] = rope.rope_factors(cfg.head_dim, cfg.rope_theta, **rope.scaling_of(cfg))
-    # qwen2's rotary in llama.cpp is NEOX (rotate-half, as HF's): its q/k rows stay in order
-    order = (lambda w, n: w) if cfg.qkv_bias else rotate_half_to_interleaved
+    # qwen2's rotary in llama.cpp is NEOX (rotate-half, as HF's), as are qwen3's, gemma's and phi3's: rows stay
+    order = (lambda w, n: w) if cfg.qkv_bias or cfg.family in NEOX else rotate_half_to_interleaved
     for i in range(cfg.n_layer):
         p = f"model.layers.{i}."
         out[f"blk.{i}.attn_norm.weight"] = sd[p + "input_layernorm.weight"]

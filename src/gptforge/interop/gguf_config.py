@@ -1,6 +1,7 @@
-"""GGUF metadata to a model config: the keys each architecture (llama, qwen2, gpt2) must hold, their
-bounds, and one-line refusals, naming the file and the key, of anything gptforge's models do not
-implement (rope scaling they cannot do, experts, sliding windows, grouped heads in a GPT, ...). Read by
+"""GGUF metadata to a model config: the keys each architecture (llama, qwen2, gpt2; qwen3, gemma2, gemma3
+and phi3 through ``gguf_families.py``) must hold, their bounds, and one-line refusals, naming the file and
+the key, of anything gptforge's models do not implement (rope scaling they cannot do, experts, sliding
+windows where no family has them, grouped heads in a GPT, ...). Read by
 :func:`gptforge.interop.gguf_read.read_gguf` before any tensor is allocated."""
 
 from __future__ import annotations
@@ -11,9 +12,11 @@ from typing import Any
 
 import torch
 
+from gptforge.interop import gguf_families
 from gptforge.interop.gguf_tokenizer import GGUFReadError
 
-ARCHITECTURES = ("llama", "qwen2", "gpt2")  # qwen2: a Llama with q/k/v biases and rotate-half (NEOX) rotary
+# qwen2: a Llama with q/k/v biases and rotate-half (NEOX) rotary; qwen3, gemma2, gemma3, phi3: gguf_families.py
+ARCHITECTURES = ("llama", "qwen2", "gpt2", "qwen3", "gemma2", "gemma3", "phi3")
 ROPE_FREQS = "rope_freqs.weight"  # llama.cpp's per-frequency rope divisors (Llama 3.1/3.2's scaling)
 MAX_LAYERS = 1024
 MAX_CONTEXT = 1 << 24
@@ -37,10 +40,11 @@ def _refuse(path: Path, key: str, value: Any, why: str, what: str = "Llama") -> 
                          "load the model wrong")
 
 
-def _check_extras_and_vocab(scalars: dict, path: Path, arch: str, vocab_size: int, what: str) -> None:
-    """What every architecture refuses alike: experts and sliding windows, and a vocabulary size that is
-    absurd or disagrees with ``{arch}.vocab_size``."""
-    for key in (f"{arch}.expert_count", f"{arch}.attention.sliding_window"):
+def _check_extras_and_vocab(scalars: dict, path: Path, arch: str, vocab_size: int, what: str,
+                            window: bool = False) -> None:
+    """What every architecture refuses alike: experts and (unless ``window``: read by the caller) sliding
+    windows, and a vocabulary size that is absurd or disagrees with ``{arch}.vocab_size``."""
+    for key in (f"{arch}.expert_count",) + (() if window else (f"{arch}.attention.sliding_window",)):
         if scalars.get(key):
             raise _refuse(path, key, scalars[key], "experts and sliding windows", what)
     if not 1 <= vocab_size <= 1 << 20:
@@ -101,10 +105,16 @@ def llama_config_from_gguf(scalars: dict, arrays: dict, names: set[str], path: P
                        ("feed_forward_length", ffn, 1 << 18), ("context_length", ctx, MAX_CONTEXT)):
         if not 1 <= v <= hi:
             raise GGUFReadError(f"{path}: metadata key {arch}.{key}={v} is out of range (1 to {hi})")
-    if n_embd % n_head or n_head % n_kv or (n_embd // n_head) % 2:
+    # a head size apart from embedding_length/head_count (Qwen3, Gemma, Mistral Nemo) is attention.key_length
+    head_dim = _key(scalars, f"{arch}.attention.key_length", path, required=False, default=0)
+    if head_dim and not 2 <= head_dim <= 1 << 12:
+        raise GGUFReadError(f"{path}: metadata key {arch}.attention.key_length={head_dim} is out of range (2 to 4096)")
+    if not head_dim and n_embd % n_head:
+        head_dim = 1  # not whole heads: refused just below
+    head_dim = head_dim or n_embd // n_head
+    if n_head % n_kv or head_dim % 2:
         raise GGUFReadError(f"{path}: {arch}.embedding_length={n_embd}, {arch}.attention.head_count={n_head} and "
                             f"head_count_kv={n_kv} do not make whole, even heads shared evenly")
-    head_dim = n_embd // n_head
     theta = _key(scalars, f"{arch}.rope.freq_base", path, (int, float), required=False, default=10_000.0)
     # required, as llama.cpp's loader requires it (transformers' would fall back to 1e-6): no guessed epsilon
     eps = _key(scalars, f"{arch}.attention.layer_norm_rms_epsilon", path, (int, float))
@@ -113,13 +123,18 @@ def llama_config_from_gguf(scalars: dict, arrays: dict, names: set[str], path: P
     scaling = _rope_scaling(scalars, path, arch, head_dim, float(theta), rope_freqs)
     for key in (f"{arch}.rope.dimension_count", f"{arch}.attention.key_length", f"{arch}.attention.value_length"):
         if key in scalars and scalars[key] != head_dim:
-            raise _refuse(path, key, scalars[key], f"heads of {head_dim} channels (embedding_length/head_count), "
-                          "all of them rotated")
-    _check_extras_and_vocab(scalars, path, arch, vocab_size, "Llama")
+            raise _refuse(path, key, scalars[key], f"heads of {head_dim} channels (attention.key_length, or "
+                          "embedding_length/head_count), all of them rotated")
+    extra: dict = {}
+    if arch in ("llama",) + gguf_families.ARCHS:  # families of the one Llama: their keys and llama.cpp's choices
+        extra = gguf_families.config_fields(arch, scalars, path, n_layer, n_embd, n_head, head_dim)
+    if head_dim != n_embd // n_head or n_embd % n_head:
+        extra["head_size"] = head_dim
+    _check_extras_and_vocab(scalars, path, arch, vocab_size, "Llama", window=arch in ("llama",) + gguf_families.ARCHS)
     try:
         return LlamaConfig(n_layer=n_layer, n_head=n_head, n_kv_head=n_kv, n_embd=n_embd, intermediate_size=ffn,
                            block_size=ctx, vocab_size=vocab_size, rope_theta=float(theta), norm_eps=float(eps),
-                           tie_embeddings="output.weight" not in names, qkv_bias=arch == "qwen2", **scaling)
+                           tie_embeddings="output.weight" not in names, qkv_bias=arch == "qwen2", **scaling, **extra)
     except ValueError as e:
         raise GGUFReadError(f"{path}: {e}") from None
 

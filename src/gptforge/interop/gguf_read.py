@@ -17,8 +17,10 @@ llama3 parameters. Architecture ``gpt2`` (its ``gpt2.*`` keys; what ``gguf.py`` 
 converter makes of Hugging Face's GPT-2) is gptforge's GPT: its matrices are (out, in) in the file as in
 ``nn.Linear``, ``attn_qkv`` is ``c_attn``'s q, k, v rows in order, the head is tied to ``token_embd`` (an
 ``output.weight`` that differs is refused), and its LayerNorm epsilon must be ``nn.LayerNorm``'s 1e-5, its
-MLP 4 x wide. What gptforge's Llama cannot represent (another architecture or rope scaling,
-partial rotary, experts, sliding windows, other biases, per-layer widths) is refused by name.
+MLP 4 x wide. Architectures ``qwen3``, ``gemma2``, ``gemma3`` and ``phi3``, and ``llama`` with a sliding
+window (Mistral), are the Llama with the fields ``gguf_families.py`` reads (Gemma's norms stored as
+1 + w, Phi-3's fused matrices split, their rotary NEOX). What gptforge's Llama cannot represent (another
+architecture or rope scaling, partial rotary, experts, other biases, per-layer widths) is refused by name.
 
 The tokenizer is rebuilt as a ``tokenizer.json`` text from ``tokenizer.ggml.*`` (``gguf_tokenizer.py``:
 the byte-level BPE, with the pre-tokenizer llama.cpp runs for ``tokenizer.ggml.pre``; a SentencePiece
@@ -43,6 +45,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from gptforge.interop import gguf_families
 from gptforge.interop.gguf_config import (  # noqa: F401 - the limits are read from here too
     ARCHITECTURES,
     GPT2_NORM_EPS,
@@ -288,6 +291,8 @@ def _expected_shapes(cfg) -> dict[str, tuple[int, ...]]:
         per.update({"attn_q.bias": (C,), "attn_k.bias": (kv * hd,), "attn_v.bias": (kv * hd,)})
     for i in range(cfg.n_layer):
         out.update({f"blk.{i}.{k}": v for k, v in per.items()})
+    if cfg.family or cfg.head_size:  # Qwen3, Gemma, Phi-3, Mistral: their norms, fused matrices, head sizes
+        out = gguf_families.expected_shapes(cfg, out)
     return out
 
 
@@ -391,7 +396,11 @@ def _build(data: np.ndarray, data_start: int, infos: list[_TensorInfo], cfg, pat
             w = _pad_rows(w, cfg.padded_vocab_size)
         if info.name.startswith("blk."):
             _, i, rest = info.name.split(".", 2)
-            if cfg.qkv_bias:  # qwen2: llama.cpp's NEOX rotary is rotate-half, nothing to reorder
+            family = gguf_families.read_block(rest, w, cfg) if cfg.family else {}
+            if family:  # what a family stores under its own names (or as 1 + w, or fused)
+                sd.update({f"model.layers.{i}.{k}": v for k, v in family.items()})
+                continue
+            if cfg.qkv_bias or cfg.family in gguf_families.NEOX:  # llama.cpp's NEOX rotary is rotate-half
                 pass
             elif rest == "attn_q.weight":
                 w = interleaved_to_rotate_half(w, cfg.n_head)
@@ -400,6 +409,8 @@ def _build(data: np.ndarray, data_start: int, infos: list[_TensorInfo], cfg, pat
             key = f"model.layers.{i}.{BLOCK_NAMES[rest]}"
         else:
             key = TOP_NAMES[info.name]
+            if cfg.norm_plus_one and info.name == "output_norm.weight":
+                w = w - 1.0  # llama.cpp's converter stored Gemma's 1 + w
         sd[key] = w
     with torch.device("meta"):  # no random init: the weights are assigned, not copied
         model = build_model(cfg)

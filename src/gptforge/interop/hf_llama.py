@@ -4,9 +4,11 @@ gptforge's Llama uses HF's parameter names and rotary layout, so the key map is 
 the vocabulary padding (rows up to a multiple of 128) is added on the way in and sliced off on the way
 out. Rope scaling ``linear`` and ``llama3`` (Llama 3.1/3.2) map to ``model.rope_*``; a ``qwen2``
 directory is a Llama with q/k/v biases (``model.qkv_bias``), and a model with them exports as one.
-A HF config that asks for something gptforge does not implement (another rope scaling, sliding
-windows that slide, biases on o_proj or the MLP, a head_dim other than hidden/heads, an activation
-other than SiLU) is refused by name before any weight is read: a model is never loaded wrong.
+Qwen3, Mistral, Phi-3 and Gemma 2/3 are the same Llama with fields set (``interop/hf_families.py``
+maps them, Qwen2's sliding windows too). A HF config that asks for something gptforge does not
+implement (another rope scaling, biases on o_proj or the MLP, a head_dim apart from hidden/heads or
+a sliding window on a plain Llama, an activation other than SiLU) is refused by name before any
+weight is read: a model is never loaded wrong.
 
     >>> model = load_hf_llama("./my-llama-dir")        # a save_pretrained directory (or a hub name, online)
     >>> export_hf_llama(model, "exports/llama-hf")      # LlamaForCausalLM.from_pretrained loads it
@@ -40,6 +42,8 @@ OPTIONAL_SIZES = ("num_key_value_heads", "max_position_embeddings", "head_dim")
 OPTIONAL_COUNTS = ("max_window_layers", "sliding_window")  # Qwen2's: 0 is meaningful (every layer slides)
 OPTIONAL_NUMBERS = ("rms_norm_eps", "rope_theta")
 OPTIONAL_BOOLS = ("tie_word_embeddings", "use_sliding_window", "attention_bias", "mlp_bias")
+# config.json model_types read here: Llama, Qwen2 (q/k/v biases) and those of interop/hf_families.py
+MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral", "phi3", "gemma2", "gemma3_text")
 
 
 class HFConfigError(ValueError):
@@ -87,19 +91,6 @@ def rope_from_hf(c: dict) -> dict:
     return out
 
 
-def _sliding_window_slides(c: dict) -> bool:
-    """Qwen2's sliding window changes some layer's attention within the model's context."""
-    if not c.get("use_sliding_window") or c.get("sliding_window") is None:
-        return False
-    window, ctx = c["sliding_window"], c.get("max_position_embeddings", 2048)
-    if isinstance(window, int) and not isinstance(window, bool) and window >= ctx:
-        return False  # a window as long as the context is causal attention
-    types = c.get("layer_types")
-    if isinstance(types, list):
-        return "sliding_attention" in types
-    return c.get("max_window_layers", 28) < c["num_hidden_layers"]
-
-
 def _is_size(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and 0 < v <= MAX_DIM
 
@@ -128,36 +119,42 @@ def check_field_types(c: dict) -> None:
 
 def llama_config_from_hf(c: dict, **overrides) -> LlamaConfig:
     """A ``LlamaConfig`` from a HF ``config.json`` dict (``llama`` or ``qwen2``), refusing features gptforge lacks."""
+    from gptforge.interop import hf_families
+
     model_type = c.get("model_type")
-    if model_type not in ("llama", "qwen2"):
-        raise HFConfigError(f"Hugging Face config model_type={model_type!r}: only 'llama' (LlamaForCausalLM) and "
-                            "'qwen2' (Qwen2ForCausalLM) load into gptforge's Llama")
+    if model_type not in MODEL_TYPES:
+        raise HFConfigError(f"Hugging Face config model_type={model_type!r}: only {', '.join(MODEL_TYPES)} load into "
+                            "gptforge's Llama")
     check_field_types(c)
+    try:
+        extra = hf_families.family_fields(c, model_type) if model_type != "llama" else {}
+        if model_type == "gemma3_text":  # its full layers' rope (the sliding ones' is model.rope_local_theta)
+            c = hf_families.gemma3_rope(c)
+    except hf_families.FamilyConfigError as e:
+        raise HFConfigError(str(e)) from None
     rope = c.get("rope_parameters") or {}  # transformers >= 5 keeps rope_theta and the rope type here
     scaling = rope_from_hf(c)
-    if model_type == "qwen2":  # q/k/v biases always; a sliding window only where it slides
-        if _sliding_window_slides(c):
-            raise _refuse("use_sliding_window", True, f"sliding-window attention (sliding_window="
-                          f"{c.get('sliding_window')}, max_window_layers={c.get('max_window_layers')})")
-    elif c.get("sliding_window") or c.get("use_sliding_window"):
-        raise _refuse("sliding_window", c.get("sliding_window"), "sliding-window attention")
+    if model_type == "llama" and (c.get("sliding_window") or c.get("use_sliding_window")):
+        raise _refuse("sliding_window", c.get("sliding_window"), "sliding-window attention (a Llama with a window is "
+                      "model_type mistral)")
     if c.get("attention_bias"):  # LlamaForCausalLM's attention_bias puts one on o_proj too (Qwen2's does not)
         raise _refuse("attention_bias", c["attention_bias"], "a bias on o_proj (q/k/v biases alone are Qwen2's, "
                       "model_type qwen2)")
     if c.get("mlp_bias"):
         raise _refuse("mlp_bias", c["mlp_bias"], "biases in the MLP projections")
-    if c.get("hidden_act", "silu") != "silu":
+    if extra.get("mlp") != "geglu" and c.get("hidden_act", "silu") != "silu":
         raise _refuse("hidden_act", c["hidden_act"], "the MLP is SwiGLU with SiLU")
     hidden, heads = c["hidden_size"], c["num_attention_heads"]
-    if c.get("head_dim") not in (None, hidden // heads) or hidden % heads:
+    if "head_size" not in extra and (c.get("head_dim") not in (None, hidden // heads) or hidden % heads):
         raise _refuse("head_dim", c.get("head_dim"), f"heads must split hidden_size={hidden} evenly into "
-                      f"num_attention_heads={heads}")
+                      f"num_attention_heads={heads} (a head_dim apart is Qwen3's, Mistral's and Gemma's)")
     theta = rope.get("rope_theta", c.get("rope_theta", 10_000.0))
     kwargs = dict(
         n_layer=c["num_hidden_layers"], n_head=heads, n_kv_head=c.get("num_key_value_heads") or heads,
         n_embd=hidden, intermediate_size=c["intermediate_size"], block_size=c.get("max_position_embeddings", 2048),
         vocab_size=c["vocab_size"], rope_theta=float(theta), norm_eps=c.get("rms_norm_eps", 1e-6),
-        tie_embeddings=bool(c.get("tie_word_embeddings", False)), qkv_bias=model_type == "qwen2", **scaling,
+        tie_embeddings=bool(c.get("tie_word_embeddings", model_type.startswith("gemma"))),
+        qkv_bias=model_type == "qwen2", **scaling, **extra,
     )
     try:
         return LlamaConfig(**{**kwargs, **overrides})
@@ -225,13 +222,21 @@ def _read_checked(d: Path, cfg: LlamaConfig) -> dict[str, torch.Tensor]:
         expected = {k: tuple(v.shape) for k, v in Llama(cfg).state_dict().items()}
     for k in ("model.embed_tokens.weight", "lm_head.weight"):  # HF stores the real rows, unpadded
         expected[k] = (cfg.vocab_size, cfg.n_embd)
+    if cfg.family == "phi3":  # its q/k/v and gate/up matrices are stored fused
+        from gptforge.interop.hf_families import fused_shapes
+
+        expected = fused_shapes(expected, cfg)
     return read_safetensors(files, expected, optional=("lm_head.weight",) if cfg.tie_embeddings
-                            else (), ignored=IGNORED_SUFFIXES, rename=lambda k: k, family="Llama")
+                            else (), ignored=IGNORED_SUFFIXES, rename=lambda k: k, family=cfg.family or "Llama")
 
 
 def load_hf_llama_state_dict(model: Llama, sd_hf: dict[str, torch.Tensor]) -> None:
     """Copy HF Llama tensors into ``model``: same names, vocabulary rows padded."""
     cfg = model.config
+    if cfg.family == "phi3":
+        from gptforge.interop.hf_families import split_fused
+
+        sd_hf = split_fused(sd_hf, cfg)
     sd = {}
     for k, v in sd_hf.items():
         if k.endswith(IGNORED_SUFFIXES):
@@ -266,12 +271,20 @@ def rope_to_hf(cfg: LlamaConfig) -> dict | None:
 def hf_llama_config(cfg: LlamaConfig) -> dict:
     """config.json for transformers' LlamaForCausalLM describing ``cfg`` (refuses what it cannot express);
     with q/k/v biases, Qwen2ForCausalLM's (the same model, biases on q/k/v only)."""
+    if cfg.family not in ("", "llama", "qwen2"):
+        return _family_config(cfg)
     unsupported = {"qk_norm": cfg.qk_norm, "mlp": cfg.mlp if cfg.mlp != "swiglu" else None,
-                   "logit_softcap": cfg.logit_softcap or None}
+                   "logit_softcap": cfg.logit_softcap or None, **{f: True for f in cfg.features()}}
     for key, value in unsupported.items():
         if value:
-            raise ValueError(f"model.{key}={value!r}: Hugging Face LlamaForCausalLM has no such option, so this "
-                             "model cannot be exported as a Llama (train with the default to export)")
+            raise ValueError(f"{key if key.startswith('model.') else 'model.' + key}={value!r}: Hugging Face "
+                             "LlamaForCausalLM has no such option, so this model cannot be exported as a Llama "
+                             "(train with the default, or set model.family to a family that has it, to export)")
+    return _llama_config(cfg)
+
+
+def _llama_config(cfg: LlamaConfig) -> dict:
+    """LlamaForCausalLM's config.json (Qwen2's with q/k/v biases) for ``cfg``'s shared fields, unchecked."""
     gpt2_vocab = cfg.vocab_size in (GPT2_VOCAB, CHAT_VOCAB)  # GPT-2's BPE (a chat model adds its tokens)
     scaling = rope_to_hf(cfg)
     config = {
@@ -306,6 +319,46 @@ def hf_llama_config(cfg: LlamaConfig) -> dict:
     return config
 
 
+# the fields whose values decide the math: an exported family config must read back to the same ones
+MATH_FIELDS = ("n_layer", "n_head", "n_embd", "intermediate_size", "vocab_size", "rope_theta", "rope_type",
+               "rope_factor", "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_context", "qkv_bias",
+               "norm_eps", "mlp", "qk_norm", "logit_softcap", "tie_embeddings", "head_size", "sliding_window",
+               "layer_types", "attn_softcap", "query_pre_attn_scalar", "embed_scale", "norm_plus_one", "post_norms",
+               "rope_local_theta")
+
+
+def _family_config(cfg: LlamaConfig) -> dict:
+    """config.json for ``cfg.family`` (Qwen3, Mistral, Phi-3, Gemma 2/3), checked by reading it back:
+    a field the family's config cannot carry is refused by name, not dropped."""
+    from gptforge.interop.hf_families import family_config
+
+    config = family_config(cfg, _llama_config(cfg))
+    try:
+        back = llama_config_from_hf(config)
+    except HFConfigError as e:
+        raise ValueError(f"model.family={cfg.family}: this model's config cannot be written as one ({e})") from None
+    differ = [f for f in MATH_FIELDS if _meaning(back, f) != _meaning(cfg, f)]
+    if differ:
+        raise ValueError(f"model.family={cfg.family}: Hugging Face's {config['architectures'][0]} cannot express "
+                         + ", ".join(f"model.{f}={getattr(cfg, f)!r}" for f in differ)
+                         + "; export as a family that has them, or train with the family's values")
+    return config
+
+
+def _meaning(cfg: LlamaConfig, field: str):
+    """What ``field`` means for the math, two spellings of one model compared equal (head_size 0 or
+    n_embd/n_head, an intermediate_size 0 or its derived width, layer_types empty or all sliding)."""
+    if field == "head_size":
+        return cfg.head_dim
+    if field == "intermediate_size":
+        return cfg.hidden_dim
+    if field == "layer_types":
+        return cfg.sliding_pattern
+    if field == "query_pre_attn_scalar":
+        return cfg.query_pre_attn_scalar or cfg.head_dim
+    return getattr(cfg, field)
+
+
 def llama_state_dict_for_hf(model: Llama) -> dict[str, torch.Tensor]:
     """``model``'s weights under HF names: float32 on the CPU, padding sliced off, a tied head once."""
     cfg = model.config
@@ -317,6 +370,10 @@ def llama_state_dict_for_hf(model: Llama) -> dict[str, torch.Tensor]:
         sd[k] = v.contiguous()
     if cfg.tie_embeddings:
         sd.pop("lm_head.weight")  # tie_word_embeddings: stored once, as HF does
+    if cfg.family == "phi3":  # Phi3ForCausalLM stores q/k/v and gate/up fused
+        from gptforge.interop.hf_families import fuse
+
+        sd = fuse(sd, cfg)
     return sd
 
 
@@ -324,9 +381,11 @@ def to_transformers(model: Llama):
     """A transformers ``LlamaForCausalLM`` holding ``model``'s weights, in memory (benchmarks, tests)."""
     import transformers
 
-    config = {k: v for k, v in hf_llama_config(model.config).items() if k not in ("architectures", "model_type")}
-    kind = "Qwen2" if model.config.qkv_bias else "Llama"
-    hf = getattr(transformers, f"{kind}ForCausalLM")(getattr(transformers, f"{kind}Config")(**config))
+    full = hf_llama_config(model.config)
+    config = {k: v for k, v in full.items() if k not in ("architectures", "model_type")}
+    kind = full["architectures"][0].removesuffix("ForCausalLM")
+    config_kind = "Gemma3Text" if kind == "Gemma3" else kind
+    hf = getattr(transformers, f"{kind}ForCausalLM")(getattr(transformers, f"{config_kind}Config")(**config))
     missing, unexpected = hf.load_state_dict(llama_state_dict_for_hf(model), strict=False)
     if unexpected or [k for k in missing if not (model.config.tie_embeddings and k == "lm_head.weight")]:
         raise ValueError(f"weights do not fit transformers' Llama: missing {missing[:5]}, unexpected {unexpected[:5]}")

@@ -30,6 +30,8 @@ def reward_model_hf_config(rm: Any, pad: int) -> dict:
 
         c = hf_llama_config(cfg)  # LlamaForCausalLM's, or Qwen2ForCausalLM's for a model with q/k/v biases
         arch = c["architectures"][0].replace("ForCausalLM", "ForSequenceClassification")
+        if c["model_type"] == "gemma3_text":  # Gemma3ForSequenceClassification is the image-text model's
+            arch = "Gemma3TextForSequenceClassification"
     else:
         raise ValueError(f"model.arch={cfg.arch!r}: no Hugging Face sequence classifier for this family")
     return {**c, "architectures": [arch], "num_labels": 1, "pad_token_id": pad, "tie_word_embeddings": False}
@@ -58,7 +60,7 @@ def reward_model_to_transformers(rm: Any, pad: int) -> Any:
 
     c = reward_model_hf_config(rm, pad)
     arch = c["architectures"][0]
-    config_class = getattr(transformers, arch.replace("ForSequenceClassification", "Config"))
+    config_class = getattr(transformers, arch.replace("ForSequenceClassification", "Config"))  # Gemma3TextConfig
     config = config_class(**{k: v for k, v in c.items() if k not in ("architectures", "model_type", "torch_dtype")})
     hf = getattr(transformers, arch)(config)
     missing, unexpected = hf.load_state_dict(reward_model_state_dict_for_hf(rm), strict=False)

@@ -45,6 +45,9 @@ class Counts:
     kv_heads: int
     vocab: int  # padded vocabulary (the head's rows)
     seq_len: int
+    # per token, the mean over layers of (query width x keys each query meets), when that is not
+    # n_embd x seq_len: a head size apart from n_embd/n_head, or sliding windows (models/llama.py)
+    attn_span: float = 0.0
 
 
 def attention_flops(n_embd: int, seq_len: int) -> float:
@@ -56,13 +59,15 @@ def flops_per_token(c: Counts, formula: str = "llmc", n_params: int | None = Non
     """Training FLOPs per token (forward + backward, no recomputation):
 
     * ``llmc``: ``6*(N - lookup) + 6*L*C*T`` (llm.c's count; the attention term halved for causality);
-    * ``palm``: ``6*(N - lookup - positions) + 12*L*C*T`` (PaLM / nanoGPT / Megatron-LM).
+    * ``palm``: ``6*(N - lookup - positions) + 12*L*C*T`` (PaLM / nanoGPT / Megatron-LM);
+
+    C*T is ``attn_span`` where a family sets it (query width x keys met, a sliding window's fewer).
 
     ``n_params`` overrides the counted N (the training log passes the built model's count)."""
     N = c.params if n_params is None else n_params
-    L, C, T = c.n_layer, c.n_embd, c.seq_len
+    L, CT = c.n_layer, c.attn_span or c.n_embd * c.seq_len
     if formula == "llmc":
-        return 6 * (N - c.lookup) + 6 * L * C * T
+        return 6 * (N - c.lookup) + 6 * L * CT
     if formula == "palm":
-        return 6 * (N - c.lookup - c.positions) + 12 * L * C * T
+        return 6 * (N - c.lookup - c.positions) + 12 * L * CT
     raise ValueError(f"unknown FLOPs formula {formula!r}")

@@ -13,6 +13,14 @@ Parameter names are Hugging Face ``LlamaForCausalLM``'s (``model.embed_tokens.we
 (``gptforge.interop.hf_llama``). ``qk_norm`` adds ``self_attn.q_norm``/``k_norm`` (Qwen3's names)
 and ``mlp="relu2"`` drops ``gate_proj``; such models have no ``LlamaForCausalLM`` equivalent.
 
+Other families are this model with fields set, each off by default (``interop/hf_families.py``):
+``head_size`` apart from n_embd/n_head and ``qk_norm`` (Qwen3); ``sliding_window`` on every layer
+(Mistral, Phi-3) or on those ``layer_types`` marks ``s`` (Qwen, Gemma); Gemma's ``norm_plus_one``
+RMSNorms, ``post_norms`` around attention and MLP, ``embed_scale``, ``mlp="geglu"``,
+``query_pre_attn_scalar``, ``attn_softcap`` and ``logit_softcap``; and Gemma 3's ``rope_local_theta``
+for its sliding layers. They are decided when the model is built: a plain Llama's forward does no
+work for them.
+
 No optimizer, sampling or IO lives here. The interface is ``GPT``'s (see ``models.registry``), so
 generation, evaluation and training use either family unchanged: ``forward(idx, targets, kv_cache,
 pos, attn_mask)``, ``new_kv_cache``, ``num_parameters``, ``blocks``.
@@ -23,6 +31,7 @@ pos, attn_mask)``, ``new_kv_cache``, ``num_parameters``, ``blocks``.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, fields
 
@@ -51,6 +60,13 @@ SIZES: dict[str, dict] = {
 }
 
 
+MLPS = ("swiglu", "relu2", "geglu")  # geglu: down(gelu_tanh(gate(x)) * up(x)), Gemma's
+# what export can write a model as (HF model_type and llama.cpp arch); "" = llama, or qwen2 with q/k/v biases
+FAMILIES = ("", "llama", "qwen2", "qwen3", "mistral", "phi3", "gemma2", "gemma3")
+FEATURES = ("head_size", "sliding_window", "layer_types", "attn_softcap", "query_pre_attn_scalar", "embed_scale",
+            "norm_plus_one", "post_norms", "rope_local_theta")
+
+
 @dataclass
 class LlamaConfig:
     arch: str = "llama"  # model family (the registry's key); always "llama" here
@@ -70,9 +86,20 @@ class LlamaConfig:
     rope_original_context: int = 0  # llama3: the context it was trained on (original_max_position_embeddings)
     qkv_bias: bool = False  # biases on the q, k and v projections, none on o_proj (Qwen2)
     norm_eps: float = 1e-5  # RMSNorm epsilon
-    mlp: str = "swiglu"  # swiglu | relu2
+    mlp: str = "swiglu"  # swiglu | relu2 | geglu
     qk_norm: bool = False  # RMSNorm over each head's queries and keys, before the rotation
     logit_softcap: float = 0.0  # > 0: logits = cap * tanh(logits / cap); 0 = off
+    # --- the features other families add (each off by default; models/llama.py's docstring lists them)
+    head_size: int = 0  # width of one head; 0 = n_embd / n_head (Qwen3 and Gemma set it apart)
+    sliding_window: int = 0  # > 0: a sliding layer's query sees only the last sliding_window keys, itself included
+    layer_types: str = ""  # per layer, one letter: s = sliding window, f = full attention; "" = all s (with a window)
+    attn_softcap: float = 0.0  # > 0: attention scores = cap * tanh(scores / cap) (Gemma 2); 0 = off
+    query_pre_attn_scalar: float = 0.0  # > 0: scores scaled by its -1/2 power, not head_size's (Gemma)
+    embed_scale: float = 1.0  # token embeddings multiplied by this (Gemma: sqrt(n_embd))
+    norm_plus_one: bool = False  # every RMSNorm scales by (1 + weight), its weight starting at 0 (Gemma)
+    post_norms: bool = False  # RMSNorms on the attention and MLP outputs too, before each residual add (Gemma 2/3)
+    rope_local_theta: float = 0.0  # > 0: sliding layers rotate with this base, unscaled (Gemma 3); 0 = as full ones
+    family: str = ""  # how export writes it (HF model_type, llama.cpp arch): see FAMILIES; "" = llama or qwen2
     tie_embeddings: bool = False  # lm_head shares the input embedding's weights
     zero_init_proj: bool = False  # o_proj and down_proj start at zero: each block starts as the identity
     dropout: float = 0.0  # dropout probability in training (0 = off)
@@ -95,18 +122,21 @@ class LlamaConfig:
             raise ValueError(f"model.bos_token={self.bos_token} must be a token id in [0, model.vocab_size)")
         if self.n_kv_head < 0:
             raise ValueError(f"model.n_kv_head={self.n_kv_head} must be >= 1 (or 0 = model.n_head)")
-        if self.n_embd % self.n_head != 0:
-            raise ValueError(f"model.n_embd={self.n_embd} must be divisible by model.n_head={self.n_head}")
+        if self.head_size < 0:
+            raise ValueError(f"model.head_size={self.head_size} must be >= 1 (or 0 = model.n_embd / model.n_head)")
+        if not self.head_size and self.n_embd % self.n_head != 0:
+            raise ValueError(f"model.n_embd={self.n_embd} must be divisible by model.n_head={self.n_head} "
+                             "(or set model.head_size)")
         if self.n_head % self.kv_heads != 0:
             raise ValueError(f"model.n_head={self.n_head} must be divisible by model.n_kv_head={self.n_kv_head} "
                              "(grouped-query attention shares each key/value head among n_head/n_kv_head queries)")
-        if (self.n_embd // self.n_head) % 2 != 0:
-            raise ValueError(f"head size model.n_embd/model.n_head={self.n_embd // self.n_head} must be even "
+        if self.head_dim % 2 != 0:
+            raise ValueError(f"head size {self.head_dim} (model.head_size, or model.n_embd/model.n_head) must be even "
                              "(rotary embeddings rotate pairs of channels)")
         if self.intermediate_size < 0:
             raise ValueError(f"model.intermediate_size={self.intermediate_size} must be >= 0 (0 = derived)")
-        if self.mlp not in ("swiglu", "relu2"):
-            raise ValueError(f"model.mlp={self.mlp!r}; allowed: swiglu, relu2")
+        if self.mlp not in MLPS:
+            raise ValueError(f"model.mlp={self.mlp!r}; allowed: {', '.join(MLPS)}")
         if self.recompute not in ("none", "mlp", "block"):
             raise ValueError(f"model.recompute={self.recompute!r}; allowed: none, mlp, block")
         if self.attn_backend not in BACKENDS:
@@ -128,6 +158,35 @@ class LlamaConfig:
             raise ValueError(f"model.norm_eps={self.norm_eps} must be > 0")
         if not (self.logit_softcap >= 0 and math.isfinite(self.logit_softcap)):
             raise ValueError(f"model.logit_softcap={self.logit_softcap} must be >= 0 (0 = off)")
+        self._check_family_features()
+
+    def _check_family_features(self) -> None:
+        """The fields other families add (Qwen3, Mistral, Phi-3, Gemma 2/3): each named when it is wrong."""
+        for key in ("attn_softcap", "query_pre_attn_scalar", "rope_local_theta"):
+            v = getattr(self, key)
+            if not (v >= 0 and math.isfinite(v)):
+                raise ValueError(f"model.{key}={v} must be a finite number >= 0 (0 = off)")
+        if not (self.embed_scale > 0 and math.isfinite(self.embed_scale)):
+            raise ValueError(f"model.embed_scale={self.embed_scale} must be a positive number (1 = off)")
+        if self.sliding_window < 0:
+            raise ValueError(f"model.sliding_window={self.sliding_window} must be >= 1 (or 0 = off)")
+        if self.layer_types and (len(self.layer_types) != self.n_layer or set(self.layer_types) - set("sf")):
+            raise ValueError(f"model.layer_types={self.layer_types!r} must be one letter per layer ({self.n_layer}), "
+                             "s (sliding window) or f (full attention), or empty (every layer slides)")
+        if self.layer_types and not self.sliding_window:
+            raise ValueError(f"model.layer_types={self.layer_types!r} names sliding layers but model.sliding_window=0; "
+                             "set the window, or leave layer_types empty")
+        if self.rope_local_theta and "s" not in self.sliding_pattern:
+            raise ValueError(f"model.rope_local_theta={self.rope_local_theta} is the sliding layers' rope base, and no "
+                             "layer slides (model.sliding_window, model.layer_types)")
+        if self.sliding_window and self.attention == "document" and self.doc_mask == "flex":
+            raise ValueError("model.sliding_window with model.doc_mask=flex: the FlexAttention mask has no window yet; "
+                             "use --model.doc_mask sdpa")
+        if self.attn_softcap and self.attn_backend != "auto":
+            raise ValueError(f"model.attn_softcap={self.attn_softcap} computes the attention scores explicitly (no SDPA "
+                             f"kernel caps them), so model.attn_backend={self.attn_backend} cannot apply; leave it auto")
+        if self.family not in FAMILIES:
+            raise ValueError(f"model.family={self.family!r}; allowed: {', '.join(f or repr(f) for f in FAMILIES)}")
 
     @property
     def kv_heads(self) -> int:
@@ -136,7 +195,21 @@ class LlamaConfig:
 
     @property
     def head_dim(self) -> int:
-        return self.n_embd // self.n_head
+        return self.head_size or self.n_embd // self.n_head
+
+    @property
+    def sliding_pattern(self) -> str:
+        """One letter per layer, s (sliding window) or f (full attention): ``layer_types``, or every
+        layer s when only ``sliding_window`` is set (Mistral, Phi-3), f without a window."""
+        if not self.sliding_window:
+            return "f" * self.n_layer
+        return self.layer_types or "s" * self.n_layer
+
+    def features(self) -> list[str]:
+        """The fields set away from their defaults that other families add: what tensor and pipeline
+        parallelism do not run yet (``parallel/mesh.py`` refuses them by these names)."""
+        out = [f"model.{f.name}" for f in fields(self) if f.name in FEATURES and getattr(self, f.name) != f.default]
+        return out + (["model.mlp=geglu"] if self.mlp == "geglu" else [])
 
     @property
     def hidden_dim(self) -> int:
@@ -176,6 +249,23 @@ class RMSNorm(nn.Module):
         return self.weight * xf.to(x.dtype)
 
 
+class RMSNormPlusOne(RMSNorm):
+    """Gemma's RMSNorm: x / rms(x) * (1 + weight), all in float32; the weight starts at 0 (the identity)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__(dim, eps)
+        nn.init.zeros_(self.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (xf * (1.0 + self.weight.float())).to(x.dtype)
+
+
+def norm_class(cfg: LlamaConfig) -> type[RMSNorm]:
+    return RMSNormPlusOne if cfg.norm_plus_one else RMSNorm
+
+
 def rope_cos_sin(pos: torch.Tensor, head_dim: int, theta: float, **scaling) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotary angles for positions ``pos`` ((T,) or (B, T)) -> cos, sin of shape (..., T, head_dim).
 
@@ -207,8 +297,12 @@ class Attention(nn.Module):
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
         self.n_head, self.n_kv_head, self.hd = cfg.n_head, cfg.kv_heads, cfg.head_dim
-        self.flash = cfg.flash
+        self.softcap = cfg.attn_softcap  # SDPA cannot cap scores: a capped model takes the explicit path
+        self.flash = cfg.flash and not self.softcap
         self.sdpa = sdpa_for(cfg.attn_backend)  # F.scaled_dot_product_attention, maybe pinned to one kernel
+        self.scale = 1.0 / math.sqrt(cfg.query_pre_attn_scalar or self.hd)
+        if cfg.query_pre_attn_scalar:  # SDPA's own default is 1/sqrt(hd): only a different scale is passed
+            self.sdpa = functools.partial(self.sdpa, scale=self.scale)
         self.dropout = cfg.dropout
         self.q_proj = nn.Linear(cfg.n_embd, cfg.n_head * cfg.head_dim, bias=cfg.qkv_bias)
         self.k_proj = nn.Linear(cfg.n_embd, cfg.kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
@@ -216,8 +310,8 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(cfg.n_head * cfg.head_dim, cfg.n_embd, bias=False)
         self.o_proj.RESIDUAL_SCALE = True  # type: ignore[attr-defined]  # see Llama._init_weights
         if cfg.qk_norm:
-            self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
-            self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
+            self.q_norm = norm_class(cfg)(cfg.head_dim, cfg.norm_eps)
+            self.k_norm = norm_class(cfg)(cfg.head_dim, cfg.norm_eps)
         self.qk_norm = cfg.qk_norm
         self.resid_dropout = nn.Dropout(cfg.dropout)
 
@@ -248,7 +342,9 @@ class Attention(nn.Module):
         else:
             rep = self.n_head // self.n_kv_head  # query head h reads key/value head h // rep (HF's repeat_kv)
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)  # (B, nh, Tk, hd)
-            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.hd))  # (B, nh, T, Tk)
+            att = (q @ k.transpose(-2, -1)) * self.scale  # (B, nh, T, Tk)
+            if self.softcap:  # Gemma 2: cap * tanh(scores / cap), before the mask
+                att = self.softcap * torch.tanh(att / self.softcap)
             if causal:
                 attn_mask = torch.ones(T, Tk, dtype=torch.bool, device=x.device).tril()
             if attn_mask is not None:  # (B, 1, T, Tk) or (T, Tk) bool, True = may attend
@@ -260,12 +356,14 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x)); or ReLU²: down(relu(up(x))²) (modded-nanogpt)."""
+    """SwiGLU: down(silu(gate(x)) * up(x)), GeGLU with gelu_tanh in silu's place (Gemma); or ReLU²:
+    down(relu(up(x))²) (modded-nanogpt)."""
 
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
         H = cfg.hidden_dim
-        self.swiglu = cfg.mlp == "swiglu"
+        self.swiglu = cfg.mlp != "relu2"  # gated: SwiGLU, or GeGLU with the tanh GELU
+        self.act = functools.partial(F.gelu, approximate="tanh") if cfg.mlp == "geglu" else F.silu
         if self.swiglu:
             self.gate_proj = nn.Linear(cfg.n_embd, H, bias=False)
         self.up_proj = nn.Linear(cfg.n_embd, H, bias=False)
@@ -276,7 +374,7 @@ class MLP(nn.Module):
 
     def _act(self, x: torch.Tensor) -> torch.Tensor:
         if self.swiglu:
-            return F.silu(self.gate_proj(x)) * self.up_proj(x)
+            return self.act(self.gate_proj(x)) * self.up_proj(x)
         return F.relu(self.up_proj(x)).square()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -291,9 +389,10 @@ class MLP(nn.Module):
 class Block(nn.Module):
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
-        self.input_layernorm = RMSNorm(cfg.n_embd, cfg.norm_eps)
+        Norm = norm_class(cfg)
+        self.input_layernorm = Norm(cfg.n_embd, cfg.norm_eps)
         self.self_attn = Attention(cfg)
-        self.post_attention_layernorm = RMSNorm(cfg.n_embd, cfg.norm_eps)
+        self.post_attention_layernorm = Norm(cfg.n_embd, cfg.norm_eps)
         self.mlp = MLP(cfg)
 
     def forward(
@@ -305,6 +404,26 @@ class Block(nn.Module):
         return x
 
 
+class PostNormBlock(Block):
+    """Gemma 2/3's block: a norm before and after both attention and MLP. HF's names, so
+    ``post_attention_layernorm`` here normalises the attention's output (in ``Block`` it is the MLP's
+    input norm) and ``pre_feedforward_layernorm`` the MLP's input."""
+
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__(cfg)
+        self.pre_feedforward_layernorm = norm_class(cfg)(cfg.n_embd, cfg.norm_eps)
+        self.post_feedforward_layernorm = norm_class(cfg)(cfg.n_embd, cfg.norm_eps)
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: KVCache | None = None,
+        layer: int = 0, attn_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, layer,
+                                                             attn_mask))
+        x = x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+        return x
+
+
 class Llama(nn.Module):
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
@@ -313,8 +432,8 @@ class Llama(nn.Module):
         self.model = nn.ModuleDict(
             dict(
                 embed_tokens=nn.Embedding(V, cfg.n_embd),
-                layers=nn.ModuleList([Block(cfg) for _ in range(cfg.n_layer)]),
-                norm=RMSNorm(cfg.n_embd, cfg.norm_eps),
+                layers=nn.ModuleList([(PostNormBlock if cfg.post_norms else Block)(cfg) for _ in range(cfg.n_layer)]),
+                norm=norm_class(cfg)(cfg.n_embd, cfg.norm_eps),
             )
         )
         self.drop = nn.Dropout(cfg.dropout)
@@ -322,6 +441,9 @@ class Llama(nn.Module):
         if cfg.tie_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.apply(self._init_weights)
+        # decided here, once: a plain Llama's forward does no per-layer work for the features it lacks
+        self._embed_scale = cfg.embed_scale if cfg.embed_scale != 1.0 else None
+        self._per_layer = bool(cfg.sliding_window or cfg.rope_local_theta)
 
     @property
     def blocks(self) -> nn.ModuleList:
@@ -373,7 +495,10 @@ class Llama(nn.Module):
     def embed(self, idx: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """Token ids (B, T) -> the first block's input (B, T, C): token embeddings, then dropout (no
         position table: positions enter every block as rotary cos/sin, :meth:`block_args`)."""
-        return self.drop(self.model.embed_tokens(idx))
+        x = self.model.embed_tokens(idx)
+        if self._embed_scale is not None:  # Gemma: the scale rounded to the weights' dtype first, as HF does
+            x = x * torch.tensor(self._embed_scale, dtype=x.dtype)
+        return self.drop(x)
 
     def block_args(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """What every block takes after its input: the rotary (cos, sin) for positions ``pos`` (T,) or
@@ -394,7 +519,10 @@ class Llama(nn.Module):
         attn_mask = masks.for_forward(idx, past, attn_mask, cfg, kv_cache is not None)  # built once for every layer
         x = self.embed(idx, pos)  # (B, T, C)
         cos, sin = self.block_args(pos)  # (T, hd) or (B, T, hd)
+        per_layer = self._layer_inputs(pos, cos, sin, attn_mask, past + T) if self._per_layer else None
         for i, block in enumerate(self.model.layers):
+            if per_layer is not None:  # sliding windows or local rope bases: this layer's kind
+                cos, sin, attn_mask = per_layer[i]
             if cfg.recompute == "block" and self.training and torch.is_grad_enabled():
                 x = torch.utils.checkpoint.checkpoint(block, x, cos, sin, None, i, attn_mask, use_reentrant=False)
             else:
@@ -403,11 +531,36 @@ class Llama(nn.Module):
             kv_cache.advance()
         return self.model.norm(x)
 
+    def _layer_inputs(self, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn_mask: torch.Tensor | None,
+                      Tk: int) -> list[tuple]:
+        """(cos, sin, mask) per layer: full layers take the forward's; sliding layers the mask narrowed to
+        the window (and, with ``rope_local_theta``, their own unscaled rotary angles). Built once per forward."""
+        cfg = self.config
+        full = (cos, sin, attn_mask)
+        local = full
+        if "s" in cfg.sliding_pattern:
+            T = pos.size(-1)
+            local_cos, local_sin = cos, sin
+            if cfg.rope_local_theta:
+                local_cos, local_sin = rope_cos_sin(pos, cfg.head_dim, cfg.rope_local_theta)
+            local = (local_cos, local_sin, window_mask(attn_mask, T, Tk, cfg.sliding_window, pos.device))
+        return [local if kind == "s" else full for kind in cfg.sliding_pattern]
+
     def new_kv_cache(self, batch: int, max_len: int | None = None, dtype: torch.dtype | None = None) -> KVCache:
         cfg = self.config
         p = self.lm_head.weight
         return KVCache(cfg.n_layer, batch, cfg.kv_heads, max_len or cfg.block_size, cfg.head_dim,
                        p.device, dtype or p.dtype)
+
+
+def window_mask(attn_mask: torch.Tensor | None, T: int, Tk: int, window: int, device) -> torch.Tensor:
+    """``attn_mask`` ((B, 1, T, Tk) or (T, Tk) bool, or None = causal) narrowed to a sliding window: the
+    query in key slot Tk - T + i sees key slot j only if i's slot - window < j <= i's slot (transformers'
+    ``sliding_window_overlay`` over cache slots, so left padding counts as it does there)."""
+    q = torch.arange(Tk - T, Tk, device=device)[:, None]  # (T, 1) the queries' key slots
+    k = torch.arange(Tk, device=device)[None, :]  # (1, Tk)
+    band = (k <= q) & (k > q - window)  # (T, Tk): causal and within the window
+    return band if attn_mask is None else attn_mask & band
 
 
 # --- counting from the config (the planner's and MFU's numbers; see models/counting.py) ----------------
@@ -419,19 +572,23 @@ def layer_act_bytes(cfg: LlamaConfig, dtype: str, recompute: str) -> float:
     and one copy ((3 + 2g)C); SwiGLU keeps gate, SiLU, up and product (4hC), ReLU² two (2hC),
     ``recompute mlp`` only the product (hC). bf16 autocast: each projection keeps its own bf16 copy of
     the normalised input (q/k/v: three, gate/up: two), q/k/v and the attention output are bf16, the
-    MLP's H-wide tensors bf16. QK-norm adds its inputs and normalised values (8(1 + g)C bytes).
+    MLP's H-wide tensors bf16. QK-norm adds its inputs and normalised values (8(1 + g)C bytes). A
+    head_size apart scales the attention terms by n_head*head_size/C; post_norms adds two norms.
     ``recompute block`` keeps each block's input (4C)."""
     C = cfg.n_embd
     if recompute == "block":
         return 4 * C
-    g, h, swiglu = cfg.kv_heads / cfg.n_head, cfg.hidden_dim / C, cfg.mlp == "swiglu"
-    qk = 8 * (1 + g) if cfg.qk_norm else 0
+    g, h, swiglu = cfg.kv_heads / cfg.n_head, cfg.hidden_dim / C, cfg.mlp != "relu2"
+    a = cfg.n_head * cfg.head_dim / C  # attention width over C: 1 unless head_size is set apart
+    qk = 8 * (1 + g) * a if cfg.qk_norm else 0
     if dtype == "float32":
         mlp = h if recompute == "mlp" else (4 * h if swiglu else 2 * h)
-        return (4 * (6 + 3 + 2 * g + mlp) + qk) * C
+        post = 16 if cfg.post_norms else 0  # two more RMSNorms: input and normalised values each
+        return (4 * (6 + (3 + 2 * g) * a + mlp) + qk + post) * C
     norm2 = 8 + (4 if recompute == "mlp" or swiglu else 2)
     mlp = 2 * h if recompute == "mlp" else (8 * h if swiglu else 4 * h)
-    return (14 + 2 * (2 + 2 * g) + norm2 + mlp + qk) * C
+    post = 16 if cfg.post_norms else 0  # each: bf16 input, its float32 copy, the bf16 normalised values
+    return (14 + 2 * (2 + 2 * g) * a + norm2 + mlp + qk + post) * C
 
 
 def counts(cfg: LlamaConfig, seq_len: int) -> Counts:
@@ -439,9 +596,13 @@ def counts(cfg: LlamaConfig, seq_len: int) -> Counts:
     C, V, H, hd = cfg.n_embd, cfg.padded_vocab_size, cfg.hidden_dim, cfg.head_dim
     attn = C * cfg.n_head * hd * 2 + C * cfg.kv_heads * hd * 2
     bias = (cfg.n_head + 2 * cfg.kv_heads) * hd if cfg.qkv_bias else 0  # split by heads under TP, as the weights
-    mlp_in = (2 if cfg.mlp == "swiglu" else 1) * C * H
+    mlp_in = (2 if cfg.mlp != "relu2" else 1) * C * H
     matmul = attn + mlp_in + H * C
-    norms = 2 * C + (2 * hd if cfg.qk_norm else 0)
+    norms = (4 if cfg.post_norms else 2) * C + (2 * hd if cfg.qk_norm else 0)
+    # a sliding layer's query meets at most sliding_window keys: the attention products, averaged over layers
+    ctx = [min(seq_len, cfg.sliding_window) if kind == "s" else seq_len for kind in cfg.sliding_pattern]
+    attn_flops = sum(attention_flops(cfg.n_head * hd, t) for t in ctx) / cfg.n_layer
+    span = cfg.n_head * hd * sum(ctx) / cfg.n_layer
     layer = matmul + bias + norms
     embed = V * C
     head = C + (0 if cfg.tie_embeddings else V * C)
@@ -449,8 +610,10 @@ def counts(cfg: LlamaConfig, seq_len: int) -> Counts:
         params=embed + cfg.n_layer * layer + head, layer_params=layer, embed_params=embed, head_params=head,
         lookup=0 if cfg.tie_embeddings else embed, positions=0, mlp_in_params=mlp_in,
         layer_replicated=norms, final_norm=C, tied=cfg.tie_embeddings, layer_norms=norms, qkv_bias=0,
-        layer_tensors=2 + 4 + (3 if cfg.mlp == "swiglu" else 2) + (2 if cfg.qk_norm else 0) + (3 if bias else 0),
+        layer_tensors=(4 if cfg.post_norms else 2) + 4 + (3 if cfg.mlp != "relu2" else 2) + (2 if cfg.qk_norm else 0)
+        + (3 if bias else 0),
         embed_tensors=1, head_tensors=1 + (0 if cfg.tie_embeddings else 1),
-        layer_flops=2.0 * matmul + attention_flops(cfg.n_head * hd, seq_len), head_flops=2.0 * C * V,
+        layer_flops=2.0 * matmul + attn_flops, head_flops=2.0 * C * V,
         n_layer=cfg.n_layer, n_embd=C, n_head=cfg.n_head, kv_heads=cfg.kv_heads, vocab=V, seq_len=seq_len,
+        attn_span=span if span != C * seq_len else 0.0,
     )

@@ -78,6 +78,10 @@ def check_layout(cfg: Config, world: int, local_world: int | None = None) -> int
     if local_world is not None and d.tp > local_world:
         _fail("dist.tp", f"{d.tp} is more than the {local_world} processes per node: tensor parallelism "
               "all-reduces every layer and must stay inside a node; lower dist.tp or raise --nproc-per-node")
+    features = m.features() if hasattr(m, "features") else []  # Qwen3/Mistral/Gemma's fields (models/llama.py)
+    if features and (d.tp > 1 or d.pp > 1):
+        _fail("dist.tp" if d.tp > 1 else "dist.pp", f"{', '.join(features)} do not run under tensor or pipeline "
+              "parallelism yet (their sharding plans and stages are not written); use data parallelism or FSDP")
     if d.tp > 1:
         _check_tp(cfg, d.tp)
         if cfg.train.compile:

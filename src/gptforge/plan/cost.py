@@ -147,6 +147,9 @@ def check(model_cfg, layout: Layout, global_batch: int) -> str | None:
         return "every degree must be >= 1"
     if c.n_head % L.tp or c.kv_heads % L.tp:
         return f"model.n_head={c.n_head} (key/value heads {c.kv_heads}) not divisible by TP {L.tp}"
+    features = model_cfg.features() if hasattr(model_cfg, "features") else []
+    if features and L.engine == "gptforge" and (L.tp > 1 or L.pp > 1):  # as parallel/mesh.check_layout refuses
+        return f"{', '.join(features)} do not run under gptforge's TP or PP yet"
     if c.n_layer % (L.pp * L.interleave):
         return f"model.n_layer={c.n_layer} not divisible by PP {L.pp} x virtual stages {L.interleave}"
     if global_batch % (L.dp * L.micro_batch):

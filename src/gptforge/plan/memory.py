@@ -98,8 +98,9 @@ def estimate(cfg: Config, world: int = 1, *, micro_batch: int | None = None, sha
     acts = L * per_layer
     if rc == "block":  # one block's full activations exist again while it is recomputed
         acts += layer_act_bytes(m, dtype, "none") * tokens
-    if not m.flash:
-        acts += (L if rc != "block" else 1) * B * m.n_head * T * T * (4 if dtype == "float32" else 6)
+    if not m.flash or getattr(m, "attn_softcap", 0):  # scores kept: the explicit path (a soft-cap takes it too)
+        per_score = (4 if dtype == "float32" else 6) + (4 if getattr(m, "attn_softcap", 0) else 0)  # + tanh's
+        acts += (L if rc != "block" else 1) * B * m.n_head * T * T * per_score
     if m.dropout > 0:
         acts += L * 3 * C * tokens  # boolean dropout masks
     acts += tokens * C * (8 if dtype == "float32" else 6)  # ln_f input and output

@@ -1,0 +1,202 @@
+"""llama.cpp's GGUF layouts of the families that are gptforge's Llama with fields set (``qwen3``,
+``gemma2``, ``gemma3``, ``phi3``; Mistral is ``llama`` with ``llama.attention.sliding_window``), both ways.
+
+What llama.cpp's converter (``convert_hf_to_gguf.py``) does to each, and so what is undone here:
+
+* the rotary of qwen3, gemma2, gemma3 and phi3 is NEOX (rotate-half, as HF's): q/k rows stay in
+  order; Mistral, as ``llama``, gets the interleaving permutation Llama gets;
+* Gemma's RMSNorm weights are stored as 1 + w (llama.cpp multiplies by the weight alone);
+* Phi-3's q/k/v are one ``attn_qkv`` and its gate/up one ``ffn_up`` (gate rows first);
+* Gemma's post norms are ``post_attention_norm`` and ``post_ffw_norm``, its pre-MLP norm ``ffn_norm``;
+  q/k norms are ``attn_q_norm``/``attn_k_norm``;
+* metadata: ``attention.key_length``/``value_length`` (a head_dim apart), ``attention.sliding_window``,
+  Gemma 2's ``attn_logit_softcapping``/``final_logit_softcapping``. What llama.cpp does not store it
+  fixes: Gemma's embedding scale sqrt(n_embd), its layer kinds (every 2nd / 6th layer full), Gemma 3's
+  sliding layers' rope base 10,000, and the query scale (1/sqrt(head_dim), or 1/sqrt(n_embd/n_head)
+  for the 27B models, told apart by their layer counts). A model whose fields differ from what the
+  file would say is refused by the field's name at export (read back through :func:`config_fields`).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+
+from gptforge.interop.gguf_tokenizer import GGUFReadError
+
+ARCHS = ("qwen3", "gemma2", "gemma3", "phi3")
+FAMILY_ARCH = {"qwen3": "qwen3", "gemma2": "gemma2", "gemma3": "gemma3", "phi3": "phi3", "mistral": "llama"}
+NEOX = ("qwen2", "qwen3", "gemma2", "gemma3", "phi3")  # rotate-half rotary in llama.cpp: q/k rows as HF's
+SWA_PERIOD = {"gemma2": 2, "gemma3": 6}  # llama.cpp's set_swa_pattern(n): layer i slides if i % n < n - 1
+BIG_LAYERS = {"gemma2": 46, "gemma3": 62}  # the 27B models: llama.cpp scales queries by n_embd / n_head
+GEMMA3_LOCAL_THETA = 10_000.0  # llama.cpp's gemma3 sliding layers' rope base (not in the file)
+
+
+def swa_pattern(arch: str, n_layer: int) -> str:
+    n = SWA_PERIOD[arch]
+    return "".join("s" if i % n < n - 1 else "f" for i in range(n_layer))
+
+
+def config_fields(arch: str, scalars: dict, path: Path, n_layer: int, n_embd: int, n_head: int, head_dim: int) -> dict:
+    """``LlamaConfig`` fields a family architecture's keys (and llama.cpp's fixed choices) set."""
+    window = scalars.get(f"{arch}.attention.sliding_window") or 0
+    if isinstance(window, bool) or not isinstance(window, int) or window < 0:
+        raise GGUFReadError(f"{path}: metadata key {arch}.attention.sliding_window={window!r}: expected an integer")
+    if arch == "llama":
+        return {"sliding_window": window, "family": "mistral"} if window else {}
+    out: dict = {"family": arch}
+    if arch == "qwen3":
+        if window:
+            raise GGUFReadError(f"{path}: {arch}.attention.sliding_window={window}: llama.cpp's qwen3 has no sliding "
+                                "window, and gptforge will not guess which layers it covers")
+        return {**out, "qk_norm": True}
+    if arch == "phi3":
+        return {**out, "sliding_window": window}
+    # gemma2, gemma3
+    if not window:
+        raise GGUFReadError(f"{path}: metadata key {arch}.attention.sliding_window is missing; Gemma's sliding "
+                            "layers need it")
+    scalar = n_embd / n_head if n_layer == BIG_LAYERS[arch] else head_dim
+    out.update(sliding_window=window, layer_types=swa_pattern(arch, n_layer), mlp="geglu", norm_plus_one=True,
+               post_norms=True, embed_scale=n_embd ** 0.5, query_pre_attn_scalar=float(scalar))
+    if arch == "gemma2":
+        for key, field in (("attn_logit_softcapping", "attn_softcap"), ("final_logit_softcapping", "logit_softcap")):
+            v = scalars.get(f"{arch}.{key}", 0.0)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (v >= 0 and math.isfinite(v)):
+                raise GGUFReadError(f"{path}: metadata key {arch}.{key}={v!r}: expected a number >= 0")
+            out[field] = float(v)
+    else:
+        out.update(qk_norm=True, rope_local_theta=GEMMA3_LOCAL_THETA)
+    return out
+
+
+def write_keys(w, cfg) -> None:
+    """The family's metadata beyond Llama's (``gguf.export_gguf`` writes those)."""
+    arch = FAMILY_ARCH[cfg.family]
+    w.add_key_length(cfg.head_dim)
+    w.add_value_length(cfg.head_dim)
+    if cfg.sliding_window:
+        w.add_sliding_window(cfg.sliding_window)
+    if arch == "gemma2":
+        if cfg.attn_softcap:
+            w.add_attn_logit_softcapping(cfg.attn_softcap)
+        if cfg.logit_softcap:
+            w.add_final_logit_softcapping(cfg.logit_softcap)
+
+
+def scalars_of(cfg, arch: str) -> dict:
+    """The metadata :func:`write_keys` and the Llama keys give ``cfg``, as the reader sees it (float32)."""
+    f32 = lambda x: float(torch.tensor(x, dtype=torch.float32))  # noqa: E731 - the file stores float32
+    s = {f"{arch}.{k}": v for k, v in (("block_count", cfg.n_layer), ("embedding_length", cfg.n_embd),
+                                        ("attention.head_count", cfg.n_head), ("attention.head_count_kv", cfg.kv_heads),
+                                        ("feed_forward_length", cfg.hidden_dim), ("context_length", cfg.block_size),
+                                        ("attention.layer_norm_rms_epsilon", f32(cfg.norm_eps)),
+                                        ("rope.freq_base", f32(cfg.rope_theta)),
+                                        ("rope.dimension_count", cfg.head_dim),
+                                        ("attention.key_length", cfg.head_dim),
+                                        ("attention.value_length", cfg.head_dim))}
+    if cfg.sliding_window:
+        s[f"{arch}.attention.sliding_window"] = cfg.sliding_window
+    if arch == "gemma2":
+        s.update({f"{arch}.attn_logit_softcapping": f32(cfg.attn_softcap),
+                  f"{arch}.final_logit_softcapping": f32(cfg.logit_softcap)})
+    if cfg.rope_type == "linear":
+        s.update({f"{arch}.rope.scaling.type": "linear", f"{arch}.rope.scaling.factor": f32(cfg.rope_factor)})
+    return s
+
+
+def check_export(cfg) -> None:
+    """ValueError naming each field of ``cfg`` the family's GGUF cannot carry (read back through the reader)."""
+    from gptforge.interop.gguf_config import llama_config_from_gguf
+    from gptforge.interop.hf_llama import MATH_FIELDS, _meaning
+
+    arch = FAMILY_ARCH[cfg.family]
+    if cfg.qkv_bias or cfg.rope_type == "llama3":
+        raise ValueError(f"model.family={cfg.family} with model.qkv_bias or model.rope_type='llama3': llama.cpp's "
+                         f"{arch} has neither here; export hf instead")
+    names = set() if cfg.tie_embeddings else {"output.weight"}
+    try:
+        back = llama_config_from_gguf(scalars_of(cfg, arch) | {"general.architecture": arch}, {}, names,
+                                      Path("<export>"), cfg.vocab_size)
+    except GGUFReadError as e:
+        raise ValueError(f"model.family={cfg.family}: llama.cpp's {arch} cannot carry this model "
+                         f"({str(e).removeprefix('<export>: ')}); export hf instead") from None
+    f32 = lambda x: float(torch.tensor(x, dtype=torch.float32)) if isinstance(x, float) else x  # noqa: E731
+    differ = [f for f in MATH_FIELDS if f32(_meaning(back, f)) != f32(_meaning(cfg, f))]
+    if differ:
+        raise ValueError(f"model.family={cfg.family}: llama.cpp's {arch} architecture fixes or cannot store "
+                         + ", ".join(f"model.{f}={getattr(cfg, f)!r} (it would read {getattr(back, f)!r})"
+                                     for f in differ) + "; export hf instead")
+
+
+def expected_shapes(cfg, out: dict[str, tuple]) -> dict[str, tuple]:
+    """``gguf_read._expected_shapes``' Llama shapes adjusted for the family: q/o by head_size, q/k norms,
+    Gemma's post norms, Phi-3's fused matrices."""
+    C, H, hd = cfg.n_embd, cfg.hidden_dim, cfg.head_dim
+    for i in range(cfg.n_layer):
+        b = f"blk.{i}."
+        out[b + "attn_q.weight"], out[b + "attn_output.weight"] = (cfg.n_head * hd, C), (C, cfg.n_head * hd)
+        if cfg.qk_norm:
+            out[b + "attn_q_norm.weight"] = out[b + "attn_k_norm.weight"] = (hd,)
+        if cfg.post_norms:
+            out[b + "post_attention_norm.weight"] = out[b + "post_ffw_norm.weight"] = (C,)
+        if cfg.family == "phi3":
+            qkv = sum(out.pop(b + f"attn_{x}.weight")[0] for x in "qkv")
+            out[b + "attn_qkv.weight"] = (qkv, C)
+            del out[b + "ffn_gate.weight"]
+            out[b + "ffn_up.weight"] = (2 * H, C)
+    return out
+
+
+def block_name(rest: str, cfg) -> str:
+    """A block tensor's gptforge (HF) name, where a family's differs from ``gguf_read.BLOCK_NAMES``."""
+    if cfg.post_norms:  # Gemma: ffn_norm is the MLP's input norm, post_attention_norm the attention output's
+        return {"post_attention_norm.weight": "post_attention_layernorm.weight",
+                "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+                "post_ffw_norm.weight": "post_feedforward_layernorm.weight"}.get(rest, "")
+    return ""
+
+
+def read_block(rest: str, w: torch.Tensor, cfg) -> dict[str, torch.Tensor]:
+    """One block tensor -> {its gptforge suffix: tensor} for what a family stores differently, or {}."""
+    if cfg.norm_plus_one and rest.endswith("norm.weight"):
+        w = w - 1.0  # llama.cpp's converter stored Gemma's 1 + w
+    if rest == "attn_q_norm.weight":
+        return {"self_attn.q_norm.weight": w}
+    if rest == "attn_k_norm.weight":
+        return {"self_attn.k_norm.weight": w}
+    if cfg.family == "phi3" and rest == "attn_qkv.weight":
+        q, k, v = w.split([cfg.n_head * cfg.head_dim, cfg.kv_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim])
+        return {"self_attn.q_proj.weight": q, "self_attn.k_proj.weight": k, "self_attn.v_proj.weight": v}
+    if cfg.family == "phi3" and rest == "ffn_up.weight":
+        gate, up = w.chunk(2)
+        return {"mlp.gate_proj.weight": gate, "mlp.up_proj.weight": up}
+    name = block_name(rest, cfg)
+    if name or cfg.norm_plus_one and rest.endswith("norm.weight"):
+        from gptforge.interop.gguf_read import BLOCK_NAMES
+
+        return {name or BLOCK_NAMES[rest]: w}
+    return {}
+
+
+def family_tensors(model: torch.nn.Module, out: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``gguf.llama_tensors``' output (unpermuted for a NEOX arch) turned into the family's layout."""
+    cfg = model.config
+    sd = model.state_dict()
+    for i in range(cfg.n_layer):
+        p, b = f"model.layers.{i}.", f"blk.{i}."
+        if cfg.qk_norm:
+            out[b + "attn_q_norm.weight"] = sd[p + "self_attn.q_norm.weight"]
+            out[b + "attn_k_norm.weight"] = sd[p + "self_attn.k_norm.weight"]
+        if cfg.post_norms:
+            out[b + "post_attention_norm.weight"] = sd[p + "post_attention_layernorm.weight"]
+            out[b + "ffn_norm.weight"] = sd[p + "pre_feedforward_layernorm.weight"]
+            out[b + "post_ffw_norm.weight"] = sd[p + "post_feedforward_layernorm.weight"]
+        if cfg.family == "phi3":
+            out[b + "attn_qkv.weight"] = torch.cat([out.pop(b + f"attn_{x}.weight") for x in "qkv"])
+            out[b + "ffn_up.weight"] = torch.cat([out.pop(b + "ffn_gate.weight"), out.pop(b + "ffn_up.weight")])
+    if cfg.norm_plus_one:  # llama.cpp multiplies by the stored weight: Gemma's 1 + w
+        out = {k: v + 1.0 if k.endswith("norm.weight") else v for k, v in out.items()}
+    return out

@@ -1,0 +1,248 @@
+"""The Hugging Face families that are gptforge's one Llama with some fields set: Qwen3, Mistral, Phi-3,
+Gemma 2 and Gemma 3 (text), in and out.
+
+    >>> model = load_hf_llama("./my-qwen3-dir")       # hf_llama reads them all; this module maps the fields
+    >>> export_hf_llama(model, "out")                  # written back as the family it came from (model.family)
+
+What each family is, as ``LlamaConfig`` fields (``models/llama.py``):
+
+* ``qwen3``: ``qk_norm`` (RMSNorm per head on q and k), ``head_size`` apart from hidden/heads, and
+  Qwen's sliding window on the layers from ``max_window_layers`` on (``use_sliding_window``).
+* ``mistral``: Llama with ``sliding_window`` on every layer (``null`` = none) and maybe ``head_size``.
+* ``phi3``: Llama with a sliding window, its q/k/v and gate/up weights fused in one matrix each:
+  split at import (:func:`split_fused`), fused again at export (:func:`fuse`).
+* ``gemma2``: ``norm_plus_one`` RMSNorms, ``post_norms``, ``embed_scale`` sqrt(hidden), GeGLU
+  (``mlp=geglu``), ``query_pre_attn_scalar``, ``attn_softcap`` and ``logit_softcap``, and a sliding
+  window on alternate layers (``layer_types``).
+* ``gemma3_text``: Gemma 2 without the soft-caps, with ``qk_norm`` and the sliding layers' own rope
+  base (``rope_local_theta``; rope scaling applies to the full layers only, as transformers does).
+
+What a config asks beyond these (a rope scaling other than linear/llama3, partial rotary, biases,
+another activation, bidirectional attention, chunked attention layers) is refused by name. Export
+writes the family's config.json, then reads it back through the import: a model the family's
+config cannot express (a field it does not carry) is refused by the field's name, never written wrong.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from gptforge.models.llama import LlamaConfig
+
+MODEL_TYPES = ("qwen3", "mistral", "phi3", "gemma2", "gemma3_text")
+ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "mistral": "MistralForCausalLM", "phi3": "Phi3ForCausalLM",
+                 "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM"}
+HF_TYPE = {"gemma3": "gemma3_text"}  # model.family -> config.json model_type where they differ
+GELU_TANH = ("gelu_pytorch_tanh", "gelu_tanh")  # transformers' names of gelu(x, approximate="tanh")
+LAYER_KIND = {"sliding_attention": "s", "full_attention": "f"}
+
+
+class FamilyConfigError(ValueError):
+    """A field of one of these families' configs that gptforge cannot load faithfully (names the key)."""
+
+
+def _refuse(key: str, value, why: str) -> FamilyConfigError:
+    return FamilyConfigError(f"Hugging Face config {key}={value!r}: {why}; gptforge's Llama does not implement it "
+                             "and will not load the model wrong")
+
+
+def _int(c: dict, key: str, default: int | None = None) -> int | None:
+    v = c.get(key, default)
+    if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+        raise FamilyConfigError(f"Hugging Face config {key}={v!r}: expected a non-negative integer")
+    return v
+
+
+def _float(c: dict, key: str) -> float:
+    v = c.get(key)
+    if v is None:
+        return 0.0
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not (v > 0 and math.isfinite(v)):
+        raise FamilyConfigError(f"Hugging Face config {key}={v!r}: expected a positive finite number or null")
+    return float(v)
+
+
+def layer_pattern(c: dict, model_type: str) -> tuple[int, str]:
+    """(sliding_window, layer_types) from a config: the window (0 = none) and, where only some layers
+    slide, one letter per layer (s sliding, f full), as transformers decides it for ``model_type``."""
+    n = c["num_hidden_layers"]
+    window = _int(c, "sliding_window")
+    if model_type in ("qwen2", "qwen3") and not c.get("use_sliding_window"):
+        window = None  # Qwen's configs carry a window they do not use unless asked
+    if not window:
+        return 0, ""
+    types = c.get("layer_types")
+    if isinstance(types, list):
+        if len(types) != n or any(t not in LAYER_KIND for t in types):
+            bad = next((t for t in types if t not in LAYER_KIND), f"{len(types)} entries for {n} layers")
+            raise _refuse("layer_types", bad, "attention kinds other than sliding_attention and full_attention "
+                          "(one per layer)")
+        pattern = "".join(LAYER_KIND[t] for t in types)
+    elif types is not None:
+        raise FamilyConfigError(f"Hugging Face config layer_types={types!r}: expected a list of strings")
+    elif model_type in ("qwen2", "qwen3"):
+        first = _int(c, "max_window_layers", 28)
+        pattern = "".join("s" if i >= first else "f" for i in range(n))
+    elif model_type == "gemma2":
+        pattern = "".join("s" if (i + 1) % 2 else "f" for i in range(n))
+    elif model_type == "gemma3_text":
+        every = _int(c, "sliding_window_pattern", c.get("_sliding_window_pattern", 6)) or 6
+        pattern = "".join("s" if (i + 1) % every else "f" for i in range(n))
+    else:
+        pattern = "s" * n
+    if "s" not in pattern:
+        return 0, ""
+    return window, "" if pattern == "s" * n else pattern
+
+
+def family_fields(c: dict, model_type: str) -> dict:
+    """The ``LlamaConfig`` fields a ``model_type`` config sets beyond Llama's (``hf_llama`` reads the rest),
+    refusing what they cannot express. Also handles sliding windows for ``qwen2``."""
+    out: dict = {}
+    window, types = layer_pattern(c, model_type)
+    ctx = c.get("max_position_embeddings", 2048)
+    if window and not types and window >= ctx and model_type != "gemma3_text":
+        window = 0  # a window as long as the context is plain causal attention
+    out.update(sliding_window=window, layer_types=types)
+    if model_type == "qwen2":
+        return out
+    head_dim, hidden, heads = c.get("head_dim"), c["hidden_size"], c["num_attention_heads"]
+    if head_dim is not None and (hidden % heads or head_dim != hidden // heads):  # else the default says it
+        out["head_size"] = head_dim
+    if model_type in ("qwen3", "gemma3_text"):
+        out["qk_norm"] = True
+    if model_type in ("gemma2", "gemma3_text"):
+        act = c.get("hidden_activation") or GELU_TANH[0]  # what transformers' Gemma uses (hidden_act is unread)
+        if act not in GELU_TANH:
+            raise _refuse("hidden_activation", act, f"Gemma's MLP is GeGLU with the tanh GELU ({GELU_TANH[0]})")
+        if c.get("use_bidirectional_attention"):
+            raise _refuse("use_bidirectional_attention", True, "attention that also looks ahead")
+        scalar = c.get("query_pre_attn_scalar", 256)
+        if isinstance(scalar, bool) or not isinstance(scalar, (int, float)) or not scalar > 0:
+            raise FamilyConfigError(f"Hugging Face config query_pre_attn_scalar={scalar!r}: expected a positive number")
+        out.update(mlp="geglu", norm_plus_one=True, post_norms=True, embed_scale=c["hidden_size"] ** 0.5,
+                   query_pre_attn_scalar=float(scalar), attn_softcap=_float(c, "attn_logit_softcapping"),
+                   logit_softcap=_float(c, "final_logit_softcapping"))
+    if model_type == "gemma3_text":
+        out["rope_local_theta"] = gemma3_local_theta(c)
+        if not window:
+            raise FamilyConfigError("Hugging Face config sliding_window: Gemma 3 needs its sliding layers' window")
+    out["family"] = {"gemma3_text": "gemma3"}.get(model_type, model_type)
+    return out
+
+
+def gemma3_rope(c: dict) -> dict:
+    """Gemma 3's full layers' rope parameters as a flat config (rope_parameters.full_attention in
+    transformers >= 5; rope_theta and rope_scaling before), for ``hf_llama.rope_from_hf``."""
+    params = c.get("rope_parameters")
+    if isinstance(params, dict) and "full_attention" in params:
+        full = params["full_attention"]
+        if not isinstance(full, dict):
+            raise FamilyConfigError(f"Hugging Face config rope_parameters.full_attention={full!r}: expected an object")
+        return {**c, "rope_parameters": full, "rope_scaling": None}
+    return c
+
+
+def gemma3_local_theta(c: dict) -> float:
+    params = c.get("rope_parameters")
+    if isinstance(params, dict) and "sliding_attention" in params:
+        local = params["sliding_attention"]
+        if not isinstance(local, dict):
+            raise FamilyConfigError(f"Hugging Face config rope_parameters.sliding_attention={local!r}: expected an "
+                                    "object")
+        kind = local.get("rope_type", "default")
+        if kind != "default":
+            raise _refuse("rope_parameters.sliding_attention.rope_type", kind, "scaled rope on the sliding layers")
+        theta = local.get("rope_theta", 10_000.0)
+        key = "rope_parameters.sliding_attention.rope_theta"
+    else:
+        theta, key = c.get("rope_local_base_freq", 10_000.0), "rope_local_base_freq"
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not (theta > 0 and math.isfinite(theta)):
+        raise FamilyConfigError(f"Hugging Face config {key}={theta!r}: expected a positive finite number")
+    return float(theta)
+
+
+# ----------------------------------------------------------------------------- Phi-3's fused weights
+
+
+def fused_shapes(expected: dict[str, tuple], cfg: LlamaConfig) -> dict[str, tuple]:
+    """Phi-3's file shapes from the model's: q/k/v rows stacked in ``qkv_proj``, gate/up in ``gate_up_proj``."""
+    out = dict(expected)
+    for i in range(cfg.n_layer):
+        a, m = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+        rows = sum(out.pop(f"{a}{p}_proj.weight")[0] for p in "qkv")
+        out[f"{a}qkv_proj.weight"] = (rows, cfg.n_embd)
+        rows = out.pop(f"{m}gate_proj.weight")[0] + out.pop(f"{m}up_proj.weight")[0]
+        out[f"{m}gate_up_proj.weight"] = (rows, cfg.n_embd)
+    return out
+
+
+def split_fused(sd: dict[str, torch.Tensor], cfg: LlamaConfig) -> dict[str, torch.Tensor]:
+    """Phi-3's state dict under Llama's names: ``qkv_proj`` split into q (n_head heads), k and v
+    (kv heads each), ``gate_up_proj`` into gate (first half) and up (second half), as Phi3Attention and
+    Phi3MLP slice their outputs."""
+    out = dict(sd)
+    q_rows, kv_rows = cfg.n_head * cfg.head_dim, cfg.kv_heads * cfg.head_dim
+    for i in range(cfg.n_layer):
+        a, m = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+        if f"{a}qkv_proj.weight" in out:
+            q, k, v = out.pop(f"{a}qkv_proj.weight").split([q_rows, kv_rows, kv_rows])
+            out.update({f"{a}q_proj.weight": q, f"{a}k_proj.weight": k, f"{a}v_proj.weight": v})
+        if f"{m}gate_up_proj.weight" in out:
+            gate, up = out.pop(f"{m}gate_up_proj.weight").chunk(2)
+            out.update({f"{m}gate_proj.weight": gate, f"{m}up_proj.weight": up})
+    return out
+
+
+def fuse(sd: dict[str, torch.Tensor], cfg: LlamaConfig) -> dict[str, torch.Tensor]:
+    """The inverse of :func:`split_fused`: Llama's names -> Phi-3's fused matrices."""
+    out = dict(sd)
+    for i in range(cfg.n_layer):
+        a, m = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+        out[f"{a}qkv_proj.weight"] = torch.cat([out.pop(f"{a}{p}_proj.weight") for p in "qkv"]).contiguous()
+        out[f"{m}gate_up_proj.weight"] = torch.cat([out.pop(f"{m}gate_proj.weight"),
+                                                    out.pop(f"{m}up_proj.weight")]).contiguous()
+    return out
+
+
+# ----------------------------------------------------------------------------- export
+
+
+def family_config(cfg: LlamaConfig, base: dict) -> dict:
+    """config.json for ``cfg.family`` from Llama's (``hf_llama.hf_llama_config``'s ``base``)."""
+    fam = cfg.family
+    c = {k: v for k, v in base.items() if k not in ("attention_bias", "mlp_bias")}
+    # pad_token_id null: a family's default (Phi-3's 32000) may lie outside a small vocabulary
+    c.update(architectures=[ARCHITECTURES[fam]], model_type=HF_TYPE.get(fam, fam), head_dim=cfg.head_dim,
+             pad_token_id=None)
+    pattern = cfg.sliding_pattern
+    types = [("sliding_attention" if k == "s" else "full_attention") for k in pattern]
+    window = cfg.sliding_window or None
+    if fam == "qwen3":
+        first = pattern.find("s") if window else cfg.n_layer
+        c.update(attention_bias=False, use_sliding_window=bool(window), sliding_window=window,
+                 max_window_layers=first, layer_types=types)
+    elif fam == "mistral":
+        c.update(sliding_window=window)
+    elif fam == "phi3":
+        c.update(sliding_window=window, original_max_position_embeddings=cfg.block_size)
+        c["rope_parameters"] = {**c["rope_parameters"], "partial_rotary_factor": 1.0}
+    elif fam in ("gemma2", "gemma3"):
+        del c["hidden_act"]
+        c.update(hidden_activation="gelu_pytorch_tanh", attention_bias=False,
+                 query_pre_attn_scalar=_int_if_whole(cfg.query_pre_attn_scalar or cfg.head_dim), sliding_window=window,
+                 layer_types=types, final_logit_softcapping=cfg.logit_softcap or None,
+                 attn_logit_softcapping=cfg.attn_softcap or None)
+        if fam == "gemma3":
+            full = c["rope_parameters"]
+            local = {"rope_type": "default", "rope_theta": cfg.rope_local_theta or cfg.rope_theta}
+            c.update(rope_parameters={"full_attention": full, "sliding_attention": local}, rope_scaling=None,
+                     rope_local_base_freq=local["rope_theta"], use_bidirectional_attention=False)
+    return c
+
+
+def _int_if_whole(x: float) -> int | float:
+    """transformers' Gemma configs type query_pre_attn_scalar as an int: 256.0 is written 256."""
+    return int(x) if float(x).is_integer() else x

@@ -1,0 +1,318 @@
+"""Qwen3, Mistral, Phi-3, Gemma 2 and Gemma 3 as gptforge's one Llama with fields set, against
+transformers (independent: its own modeling files) in float32.
+
+Tiny random models are built from transformers' config classes with a fixed seed, their weights
+(norms included) perturbed so nothing is the identity, and saved with ``save_pretrained``; gptforge
+loads the directory through ``load_hf_llama`` (the path every command uses). Sequences are 40 tokens
+over a sliding window of 8, so the window, per-layer kinds and local rope bases decide the logits.
+Then: each feature switched off moves the logits (the feature is what makes them agree), a
+left-padded batch equals transformers' with its attention mask, greedy generation with the KV cache
+equals transformers' ``generate`` (its sliding-window cache included), and ``export hf`` reloads in
+transformers as the same class with the same logits.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from gptforge.generation import SamplingParams, _left_pad, _positions_and_mask, stream_tokens  # noqa: E402
+from gptforge.interop.hf_llama import HFConfigError, export_hf_llama, load_hf_llama  # noqa: E402
+from gptforge.models.llama import Llama, LlamaConfig  # noqa: E402
+
+VOCAB = 268
+T = 40  # five windows of 8
+WINDOW = 8
+COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-6, pad_token_id=0, bos_token_id=1,
+              eos_token_id=2)
+KINDS = ["sliding_attention", "full_attention", "sliding_attention"]
+FAMILIES = {  # name -> (transformers class prefix, config extras, the gptforge fields it must become)
+    "qwen3": ("Qwen3", dict(head_dim=24, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1,
+                            rope_parameters={"rope_type": "default", "rope_theta": 500.0}),
+              dict(qk_norm=True, head_size=24, sliding_window=WINDOW, layer_types="fss", family="qwen3")),
+    "mistral": ("Mistral", dict(sliding_window=WINDOW, rope_parameters={"rope_type": "default", "rope_theta": 500.0}),
+                dict(sliding_window=WINDOW, layer_types="", family="mistral")),
+    "phi3": ("Phi3", dict(sliding_window=WINDOW, rope_parameters={"rope_type": "default", "rope_theta": 500.0}),
+             dict(sliding_window=WINDOW, family="phi3")),
+    "gemma2": ("Gemma2", dict(head_dim=32, query_pre_attn_scalar=24, sliding_window=WINDOW, layer_types=KINDS,
+                              attn_logit_softcapping=0.5, final_logit_softcapping=1.0,
+                              rope_parameters={"rope_type": "default", "rope_theta": 500.0}),
+               dict(head_size=32, query_pre_attn_scalar=24.0, attn_softcap=0.5, logit_softcap=1.0, mlp="geglu",
+                    norm_plus_one=True, post_norms=True, embed_scale=8.0, layer_types="sfs", family="gemma2")),
+    "gemma3": ("Gemma3Text", dict(head_dim=32, query_pre_attn_scalar=20, sliding_window=WINDOW, layer_types=KINDS,
+                                  rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 50.0},
+                                                   "full_attention": {"rope_type": "linear", "factor": 2.0,
+                                                                      "rope_theta": 500.0}}),
+               dict(qk_norm=True, head_size=32, rope_local_theta=50.0, rope_theta=500.0, rope_type="linear",
+                    post_norms=True, norm_plus_one=True, mlp="geglu", family="gemma3")),
+}
+# the fields whose default, put back, must move the logits: each is part of why they agree
+FEATURE_OFF = {
+    "qwen3": dict(qk_norm=False, sliding_window=0, layer_types=""),
+    "mistral": dict(sliding_window=0),
+    "phi3": dict(sliding_window=0),
+    "gemma2": dict(query_pre_attn_scalar=0.0, attn_softcap=0.0, logit_softcap=0.0, mlp="swiglu", post_norms=False,
+                   embed_scale=1.0, layer_types="", sliding_window=0),
+    "gemma3": dict(qk_norm=False, rope_local_theta=0.0, layer_types="", query_pre_attn_scalar=0.0),
+}
+IDX = torch.randint(3, VOCAB, (2, T), generator=torch.Generator().manual_seed(7))
+# Tolerance, derived: every logit is a chain of float32 dot products no longer than max(C, H, T) = 96
+# terms, over 3 layers and the head; two implementations that order those sums differently differ by
+# at most ~(terms x layers) x eps32 x the magnitudes involved (|logit| up to ~10 here). 96 * 4 * 1.2e-7
+# * 10 ~ 4.6e-4 is the bound; the measured differences are ~1e-6 (printed with -s).
+ATOL = 96 * 4 * 1.2e-7 * 10
+MAX_DIFF: dict[str, float] = {}
+
+
+def _hf_model(name: str):
+    kind, extra, _ = FAMILIES[name]
+    torch.manual_seed(0)
+    cfg = getattr(transformers, f"{kind}Config")(**COMMON, **extra)
+    cls = "Gemma3" if kind == "Gemma3Text" else kind
+    hf = getattr(transformers, f"{cls}ForCausalLM")(cfg).eval()
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():  # non-trivial norms (transformers starts them at 1, Gemma's at 0)
+        for p in hf.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * (0.2 if p.dim() == 1 else 0.05))
+    return hf
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def family(request, tmp_path_factory):
+    """(name, transformers model, its save_pretrained directory, gptforge's load of it, reference logits)."""
+    hf = _hf_model(request.param)
+    d = tmp_path_factory.mktemp(request.param) / "hf"
+    hf.save_pretrained(d)
+    with torch.no_grad():
+        ref = hf(IDX).logits
+    return request.param, hf, d, load_hf_llama(str(d)), ref
+
+
+def _logits(model: torch.nn.Module, idx: torch.Tensor = IDX) -> torch.Tensor:
+    with torch.no_grad():
+        return model(idx)[0]
+
+
+def _assert_close(name: str, got: torch.Tensor, ref: torch.Tensor) -> None:
+    diff = (got - ref).abs().max().item()
+    MAX_DIFF[name] = max(MAX_DIFF.get(name, 0.0), diff)
+    print(f"{name}: max |gptforge - transformers| = {diff:.2e} (|logits| up to {ref.abs().max():.1f})")
+    assert got.shape == ref.shape and diff <= ATOL, diff
+
+
+def test_hf_load_equals_transformers_longer_than_the_window(family):
+    name, hf, d, model, ref = family
+    for key, want in FAMILIES[name][2].items():
+        assert getattr(model.config, key) == want, key
+    assert model.num_parameters() == sum(p.numel() for p in hf.parameters()) + (
+        model.config.padded_vocab_size - VOCAB) * 64 * (1 if model.config.tie_embeddings else 2)
+    _assert_close(f"{name} hf load", _logits(model), ref)
+    sd, c = model.state_dict(), model.config.to_dict()
+    for key, off in FEATURE_OFF[name].items():  # each feature, put back to its default, moves the logits
+        changed = {key: off, **({"layer_types": ""} if key == "sliding_window" else {})}
+        plain = Llama(LlamaConfig(**{**c, **changed})).eval()
+        plain.load_state_dict(sd, strict=False)  # without post_norms, two norms per layer fewer
+        assert (_logits(plain) - ref).abs().max() > 1e-2, key
+
+
+def test_left_padded_batch_equals_transformers(family):
+    """Rows of 40 and 23 tokens, the short one left-padded: gptforge with per-row positions and the
+    generation mask (pad keys hidden, the window over cache slots) against transformers with its
+    attention mask; the real positions' logits agree."""
+    name, hf, d, model, ref = family
+    prompts = [IDX[0].tolist(), IDX[1, :23].tolist()]
+    ids, pads = _left_pad(prompts, torch.device("cpu"))
+    pos, mask = _positions_and_mask(pads, 0, ids.size(1))
+    with torch.no_grad():
+        got = model(ids, pos=pos, attn_mask=mask)[0]
+        am = (torch.arange(ids.size(1))[None] >= pads[:, None]).long()
+        want = hf(ids, attention_mask=am, position_ids=pos).logits
+    real = am.bool()
+    _assert_close(f"{name} padded", got[real], want[real])
+
+
+def test_greedy_generation_with_cache_equals_transformers(family):
+    name, hf, d, model, ref = family
+    prompts = [IDX[0, :14].tolist(), IDX[1, :5].tolist()]  # 24 new tokens: past the window, rows padded
+    p = SamplingParams(max_new_tokens=24, temperature=0.0)
+    cached = torch.stack(list(stream_tokens(model, prompts, p, use_cache=True)), 1)
+    full = torch.stack(list(stream_tokens(model, prompts, p, use_cache=False)), 1)
+    assert torch.equal(cached, full)
+    ids, pads = _left_pad(prompts, torch.device("cpu"))
+    am = (torch.arange(ids.size(1))[None] >= pads[:, None]).long()
+    with torch.no_grad():
+        want = hf.generate(ids, attention_mask=am, max_new_tokens=24, do_sample=False, pad_token_id=0,
+                           eos_token_id=None)
+    assert torch.equal(cached, want[:, ids.size(1):])
+
+
+def test_export_hf_reloads_in_transformers(family, tmp_path):
+    name, hf, d, model, ref = family
+    export_hf_llama(model, tmp_path / "out", tokenizer=False)
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["model_type"] == hf.config.model_type
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    assert type(back).__name__ == type(hf).__name__
+    with torch.no_grad():
+        _assert_close(f"{name} hf export", back(IDX).logits, ref)
+    assert load_hf_llama(str(tmp_path / "out")).config == model.config  # and the config round-trips
+
+
+# ----------------------------------------------------------------------------- refusals, by name
+
+
+def _one_line(e: pytest.ExceptionInfo) -> str:
+    msg = str(e.value)
+    assert "\n" not in msg, msg
+    return msg
+
+
+@pytest.mark.parametrize("model_type, extra, key", [
+    ("gemma2", dict(hidden_activation="gelu"), "hidden_activation"),  # exact GELU: not Gemma's tanh one
+    ("gemma2", dict(use_bidirectional_attention=True), "use_bidirectional_attention"),
+    ("qwen3", dict(attention_bias=True), "attention_bias"),  # a bias on o_proj too
+    ("mistral", dict(layer_types=["chunked_attention"] * 3, sliding_window=8), "layer_types"),
+    ("phi3", dict(rope_parameters={"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0] * 8,
+                                   "long_factor": [1.0] * 8}), "rope_type"),
+    ("phi3", dict(partial_rotary_factor=0.75), "partial_rotary_factor"),
+])
+def test_what_the_families_ask_beyond_the_fields_is_refused(tmp_path, model_type, extra, key):
+    config = {**COMMON, "model_type": model_type, "head_dim": 16, **extra}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(HFConfigError, match=key) as e:
+        load_hf_llama(str(tmp_path))  # from config.json, before any weight is looked for
+    _one_line(e)
+
+
+def test_export_refuses_what_the_family_cannot_express(tmp_path):
+    """A Mistral with Gemma's soft-cap has no MistralForCausalLM config: refused by the field's name."""
+    model = Llama(LlamaConfig(n_layer=1, n_head=4, n_embd=64, vocab_size=VOCAB, sliding_window=8, family="mistral",
+                              attn_softcap=5.0))
+    with pytest.raises(ValueError, match="model.attn_softcap=5.0") as e:
+        export_hf_llama(model, tmp_path / "out", tokenizer=False)
+    _one_line(e)
+    plain = Llama(LlamaConfig(n_layer=1, n_head=4, n_embd=64, vocab_size=VOCAB, sliding_window=8))
+    with pytest.raises(ValueError, match="model.sliding_window") as e:  # no family: a Llama has no window
+        export_hf_llama(plain, tmp_path / "out2", tokenizer=False)
+    assert not (tmp_path / "out").exists() and not (tmp_path / "out2").exists()
+
+
+@pytest.mark.parametrize("kw, key", [
+    (dict(layer_types="sfx"), "layer_types"), (dict(layer_types="sf"), "layer_types"),
+    (dict(layer_types="sfs", sliding_window=0), "sliding_window"), (dict(sliding_window=-1), "sliding_window"),
+    (dict(rope_local_theta=10.0, sliding_window=0), "rope_local_theta"), (dict(embed_scale=0.0), "embed_scale"),
+    (dict(attn_softcap=5.0, attn_backend="math"), "attn_backend"), (dict(family="gemma9"), "family"),
+    (dict(head_size=7), "head size"), (dict(n_embd=66, head_size=16), None),
+])
+def test_config_validation_names_the_field(kw, key):
+    base = dict(n_layer=3, n_head=4, n_embd=64, sliding_window=8)
+    if key is None:  # a head size apart from n_embd / n_head needs no divisibility
+        assert LlamaConfig(**{**base, **kw}).head_dim == 16
+        return
+    with pytest.raises(ValueError, match=key):
+        LlamaConfig(**{**base, **kw})
+
+
+def test_tensor_and_pipeline_parallelism_refuse_the_family_fields_by_name(tmp_path):
+    from gptforge.config import ConfigError, DistConfig
+    from gptforge.parallel.mesh import check_layout
+    from tests.conftest import tiny_config
+
+    cfg = tiny_config(tmp_path, tmp_path / "out", micro_batch=2, total_batch_tokens=64, val_every=0)
+    cfg.model = LlamaConfig(n_layer=2, n_head=4, n_kv_head=2, n_embd=32, block_size=32, vocab_size=512)
+    cfg.dist = DistConfig(tp=2)
+    check_layout(cfg, 2, local_world=2)  # a plain Llama runs under TP
+    cfg.model = LlamaConfig(**{**cfg.model.to_dict(), "sliding_window": 8, "post_norms": True})
+    for dist, key in ((DistConfig(tp=2), r"dist\.tp"), (DistConfig(pp=2), r"dist\.pp")):
+        cfg.dist = dist
+        with pytest.raises(ConfigError, match=key + r".*model\.sliding_window, model\.post_norms"):
+            check_layout(cfg, 2, local_world=2)
+    cfg.dist = DistConfig()
+    check_layout(cfg, 2, local_world=2)  # data parallelism takes them
+    from gptforge.plan.cost import Layout, check  # and the planner proposes no layout the run would refuse
+
+    assert check(cfg.model, Layout(tp=2), 8) == "model.sliding_window, model.post_norms do not run under gptforge's " \
+        "TP or PP yet"
+    assert check(cfg.model, Layout(pp=2, micro_batch=1), 8) is not None
+    assert check(cfg.model, Layout(dp=2), 8) is None
+
+
+# ----------------------------------------------------------------------------- counts for plan and MFU
+
+
+def test_counts_match_the_model_and_transformers(family):
+    """Parameters counted from the config equal the built model's and transformers' (its vocabulary
+    rows unpadded); the attention FLOPs follow the window: a sliding layer's query meets
+    min(T, window) keys, a full layer's T (hand count at T = 40, window 8)."""
+    from gptforge.models.counting import flops_per_token
+    from gptforge.models.registry import counts
+
+    name, hf, d, model, ref = family
+    cfg = model.config
+    c = counts(cfg, T)
+    pad_rows = (cfg.padded_vocab_size - VOCAB) * cfg.n_embd * (1 if cfg.tie_embeddings else 2)
+    assert c.params == model.num_parameters() == sum(p.numel() for p in hf.parameters()) + pad_rows
+    keys = [min(T, WINDOW) if k == "s" else T for k in cfg.sliding_pattern]
+    width = cfg.n_head * cfg.head_dim
+    assert c.layer_flops - 2.0 * (c.layer_params - c.layer_norms) == pytest.approx(4.0 * width * sum(keys) / cfg.n_layer)
+    want = 6 * (c.params - c.lookup) + 6 * cfg.n_layer * width * sum(keys) / cfg.n_layer
+    assert flops_per_token(c) == pytest.approx(want)
+
+
+def test_post_norms_activation_bytes_against_autograd():
+    """What autograd saves for Gemma's two extra norms per block (saved_tensors_hooks, float32), against
+    layer_act_bytes' increment: 16 C bytes per token, plus each norm's (B, T, 1) rsqrt (4 bytes)."""
+    from gptforge.models.llama import layer_act_bytes, rope_cos_sin
+
+    def saved(**kw) -> tuple[float, float]:
+        torch.manual_seed(0)
+        cfg = LlamaConfig(n_layer=1, n_head=4, n_kv_head=2, n_embd=64, intermediate_size=96, block_size=64,
+                          vocab_size=VOCAB, **kw)
+        block = Llama(cfg).model.layers[0]
+        params = {p.data_ptr() for p in block.parameters()}
+        x = torch.randn(2, 16, 64, requires_grad=True)
+        cos, sin = rope_cos_sin(torch.arange(16), cfg.head_dim, cfg.rope_theta)
+        seen: dict[int, int] = {}
+
+        def pack(t):
+            if t.data_ptr() not in params:
+                seen[t.data_ptr()] = t.numel() * t.element_size()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            block(x, cos, sin)
+        return sum(seen.values()) / 32, layer_act_bytes(cfg, "float32", "none")
+
+    (plain, plain_est), (post, post_est) = saved(), saved(post_norms=True)
+    assert post_est - plain_est == 16 * 64
+    assert 0 <= (post - plain) - (post_est - plain_est) <= 2 * 4
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_a_reward_model_on_each_family_scores_the_same_in_transformers(name):
+    """rm's export path: a reward model on the family's body becomes the family's
+    *ForSequenceClassification (Gemma 3's text one) with the same scores, 30 tokens over a window of 8."""
+    from gptforge.interop.hf_reward import reward_model_to_transformers
+    from gptforge.training.rm import RewardModel
+
+    fields = {k: v for k, v in FAMILIES[name][2].items() if k not in ("rope_theta",)}
+    fields.setdefault("sliding_window", WINDOW)  # Gemma's (their rows above list what the load sets apart)
+    torch.manual_seed(0)
+    body = Llama(LlamaConfig(n_layer=3, n_head=4, n_kv_head=2, n_embd=64, intermediate_size=96, block_size=64,
+                             vocab_size=VOCAB, rope_theta=500.0, **{"rope_factor": 2.0} if name == "gemma3" else {},
+                             **{**fields, **({"embed_scale": 8.0} if name.startswith("gemma") else {}),
+                                **({"query_pre_attn_scalar": 20.0} if name == "gemma3" else {})}))
+    rm = RewardModel(body).eval()
+    with torch.no_grad():
+        for p in rm.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    ids = IDX[:, :30]
+    hf = reward_model_to_transformers(rm, pad=0)
+    assert type(hf).__name__ == FAMILIES[name][0] + "ForSequenceClassification"
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits[:, 0], rm(ids, torch.tensor([29, 29])), atol=ATOL, rtol=0)
