@@ -27,6 +27,7 @@ import torch
 from gptforge.errors import CheckpointError
 from gptforge.models.gpt2 import GPT, GPTConfig, padded_vocab
 from gptforge.models.registry import get_family
+from gptforge.sizecheck import check_model_size
 
 MODEL_MAGIC = 20240326
 TOKENIZER_MAGIC = 20240328
@@ -100,7 +101,8 @@ def read_model_header(path: str | Path) -> dict[str, int]:
 
 def read_llmc_model(path: str | Path, flash: bool = True) -> GPT:
     """An llm.c model file as a gptforge GPT (float32, eval mode)."""
-    h = read_model_header(path)
+    h = read_model_header(path)  # its sizes match the file's length exactly: claimed = present
+    check_model_size(str(path), "its header", h["num_params"], h["num_params"], LlmcFormatError, "GPT-2")
     L, C, maxT, V, Vp = h["L"], h["C"], h["maxT"], h["V"], h["Vp"]
     cfg = GPTConfig(n_layer=L, n_head=h["NH"], n_embd=C, block_size=maxT, vocab_size=V, pad_vocab=Vp != V, flash=flash)
     dtype = VERSIONS[h["version"]]
