@@ -369,6 +369,18 @@ def write_json(path: str | Path, obj: Any, what: str | None = None, indent: int 
 MAX_JSON_BYTES = 16 << 20  # config.json, meta.json, a manifest or an index: kilobytes; 16 MiB is damage, not size
 
 
+def not_a_file(path: str | Path) -> str:
+    """What ``path``, which cannot be read as a regular file, is instead, in words for an error: a folder, a
+    device or other special file (/dev/null, a pipe), a symlink to nothing, or nothing at all. A device
+    is not called "no such file": it is there, and the user needs to hear what it is."""
+    path = Path(path)
+    if path.is_dir():
+        return "a folder, not a file"
+    if path.exists():
+        return "a device or other special file (not a regular file)"
+    return "a symlink to a missing file" if path.is_symlink() else "no such file or folder"
+
+
 def read_json(path: str | Path, error: type[Exception] = ValueError, what: str = "JSON file",
               limit: int = MAX_JSON_BYTES, top: type | None = dict, then: str = "") -> Any:
     """The one reader of a JSON file that gptforge did not just write itself (a model's config.json, a

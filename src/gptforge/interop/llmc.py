@@ -67,6 +67,8 @@ def _not_a_file(path: Path) -> str:
     if path.is_dir():
         bins = sorted(p.name for p in path.glob("*.bin"))[:3]
         return "is a directory, not a file" + (f" (it holds {', '.join(bins)})" if bins else "")
+    if path.exists():  # /dev/null, a pipe: there, but not a file
+        return "is a device or other special file, not a file"
     return "is a symlink to a missing file" if path.is_symlink() else "does not exist"
 
 
