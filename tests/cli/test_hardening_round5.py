@@ -1,4 +1,4 @@
-"""Issue 56 class 6: messages tell the truth. A device, a pipe or a folder given where a file is read is
+"""Issue 56 class 6 (and class 7's token-id boundary, at the end): messages tell the truth. A device, a pipe or a folder given where a file is read is
 called what it is, never "no such file"; `import`'s full-disk advice is built from import's own options (it
 has no --resume); text that is not valid Unicode is named as the input's fault, not the tokenizer's.
 Plants tried: not_a_file's device branch dropped (the walk fails on /dev/null and the pipe), import's
@@ -123,3 +123,35 @@ def test_text_that_is_not_unicode_is_the_inputs_fault(tmp_path):
         msg = str(e.value)
         assert "not valid Unicode" in msg and "lone surrogate '\\udcff'" in msg and "character 4" in msg, msg
         assert "split pattern" not in msg and "normalizer" not in msg, msg
+
+
+# --- issue 56 class 7: a token id equal to the vocabulary size, at each door that bounds ids ------------------
+# The middle (an id far outside) was tested; the boundary was not: `<` against `<=` survived. Plants tried:
+# `0 <= t < vocab` -> `0 <= t <= vocab` in generation.fit_new_tokens and `hi >= vocab_size` -> `hi > vocab_size`
+# in shards.check_token_ids: each fails here.
+
+VOCAB = 300
+
+
+def test_a_prompt_id_equal_to_the_vocabulary_is_refused_and_the_last_id_is_not():
+    from types import SimpleNamespace
+
+    from gptforge.generation import PromptError, fit_new_tokens
+
+    cfg = SimpleNamespace(vocab_size=VOCAB, block_size=16)
+    assert fit_new_tokens([[0, VOCAB - 1]], cfg, 4, 4) == 4  # ids 0..V-1 are the model's
+    for bad in (VOCAB, -1):
+        with pytest.raises(PromptError, match=f"token id {bad} is outside this model's vocabulary of {VOCAB} ids"):
+            fit_new_tokens([[1, bad]], cfg, 4, 4)
+
+
+def test_a_shard_id_equal_to_the_vocabulary_is_refused_and_the_last_id_is_not(tmp_path):
+    import numpy as np
+
+    from gptforge.data.shards import TokenRangeError, check_token_ids, write_shard
+
+    ok = write_shard(tmp_path / "ok_000000.bin", np.array([0, 5, VOCAB - 1]))
+    assert check_token_ids(ok, VOCAB) == VOCAB - 1
+    bad = write_shard(tmp_path / "bad_000000.bin", np.array([0, VOCAB, 5]))
+    with pytest.raises(TokenRangeError, match=f"token id {VOCAB} at token offset 1 is outside model.vocab_size={VOCAB}"):
+        check_token_ids(bad, VOCAB)
