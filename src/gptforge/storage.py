@@ -34,8 +34,9 @@ DCP's commit (every file first, then the one step that makes the checkpoint visi
   what to do, which the CLI prints with exit status 2, as ``train`` does for a full disk.
 
 Writers do not agree on how they report ENOSPC: Python raises ``OSError(errno.ENOSPC)``, numpy's
-``tofile`` an ``OSError`` with no errno ("4096 requested and 0 written", a short write), safetensors a ``SafetensorError`` whose text holds "No space left on device (os error 28)", and
-``torch.save`` a bare ``RuntimeError`` ("basic_ios::clear: iostream error", or "unexpected pos ...")
+``tofile`` an ``OSError`` with no errno ("4096 requested and 0 written", a short write), safetensors a
+``SafetensorError`` whose text holds "No space left on device (os error 28)", and ``torch.save`` a bare
+``RuntimeError`` ("basic_ios::clear: iostream error", or "unexpected pos ...")
 with no errno at all. For the last kind the filesystem itself is asked: if it no longer has room
 for what was still to be written, the failure is taken to be a full disk. No torch import here:
 prepare's workers load this module.

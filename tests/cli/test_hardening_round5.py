@@ -1,6 +1,7 @@
-"""Issue 56 class 6 (and class 7's token-id boundary, at the end): messages tell the truth. A device, a pipe or a folder given where a file is read is
-called what it is, never "no such file"; `import`'s full-disk advice is built from import's own options (it
-has no --resume); text that is not valid Unicode is named as the input's fault, not the tokenizer's.
+"""Issue 56 class 6 (and class 7's token-id boundary, at the end): messages tell the truth. A device, a pipe
+or a folder given where a file is read is called what it is, never "no such file"; `import`'s full-disk
+advice is built from import's own options (it has no --resume); text that is not valid Unicode is named
+as the input's fault, not the tokenizer's.
 Plants tried: not_a_file's device branch dropped (the walk fails on /dev/null and the pipe), import's
 `then=` dropped (the --resume advice comes back), and _library_failure's Unicode check dropped (the
 tokenizer is blamed again)."""
@@ -153,5 +154,6 @@ def test_a_shard_id_equal_to_the_vocabulary_is_refused_and_the_last_id_is_not(tm
     ok = write_shard(tmp_path / "ok_000000.bin", np.array([0, 5, VOCAB - 1]))
     assert check_token_ids(ok, VOCAB) == VOCAB - 1
     bad = write_shard(tmp_path / "bad_000000.bin", np.array([0, VOCAB, 5]))
-    with pytest.raises(TokenRangeError, match=f"token id {VOCAB} at token offset 1 is outside model.vocab_size={VOCAB}"):
+    with pytest.raises(TokenRangeError, match=f"token id {VOCAB} at token offset 1 is outside model.vocab_size="
+                                              f"{VOCAB}"):
         check_token_ids(bad, VOCAB)

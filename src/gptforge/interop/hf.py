@@ -159,7 +159,8 @@ def gpt2_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
 
 
 def gpt2_elements(cfg: dict) -> int:
-    """Elements of a HF GPT2LMHeadModel of ``cfg``'s sizes (tied head once), in closed form: any n_layer costs the same."""
+    """Elements of a HF GPT2LMHeadModel of ``cfg``'s sizes (tied head once), in closed form: any n_layer
+    costs the same."""
     return layered_elements(lambda k: gpt2_shapes(cfg | {"n_layer": k}), cfg["n_layer"])
 
 

@@ -205,8 +205,8 @@ def load_hf_llama(name_or_dir: str, **overrides) -> Llama:
     else:  # nothing present yet: the memory it needs, before the download
         from gptforge.interop.hf import HFModelError
 
-        check_model_size(name_or_dir, "its config", layered_elements(
-            lambda k: _hf_shapes(dataclasses.replace(cfg, n_layer=k), once=True), cfg.n_layer), None, HFModelError, "Llama")
+        claimed = layered_elements(lambda k: _hf_shapes(dataclasses.replace(cfg, n_layer=k), once=True), cfg.n_layer)
+        check_model_size(name_or_dir, "its config", claimed, None, HFModelError, "Llama")
         sd = _read_weights(name_or_dir)
     model = Llama(cfg)
     load_hf_llama_state_dict(model, sd)
