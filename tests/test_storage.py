@@ -29,6 +29,22 @@ def test_disk_full_is_recognised_in_every_writers_dialect(tmp_path, monkeypatch)
     assert is_disk_full(torch_says, tmp_path, needed=1000)
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs Linux's /dev/full (a device that is always full)")
+def test_numpys_short_write_is_a_full_disk(tmp_path):
+    """numpy's tofile on a full disk: an OSError with no errno, only "N requested and M written" (issue 56,
+    class 4: `export gguf` printed it as a traceback). Taken from a real write to /dev/full, not typed here."""
+    import numpy as np
+
+    from gptforge.storage import DiskFullError, output_error
+
+    with pytest.raises(OSError) as e, open("/dev/full", "wb") as f:
+        np.zeros(1 << 16, dtype=np.float32).tofile(f)
+    assert e.value.errno is None and "requested and" in str(e.value)  # the dialect, as numpy speaks it
+    err = output_error(e.value, tmp_path / "model.gguf", "the GGUF export", needed=1 << 18)
+    assert isinstance(err, DiskFullError) and str(err).startswith("no space left on device while writing the GGUF")
+    assert not is_disk_full(OSError("the file requested was not written by this test"), tmp_path)  # words alone
+
+
 def test_prepare_on_a_full_disk_says_so_and_keeps_finished_shards(tmp_path, monkeypatch, capsys):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n\n".join(f"document {i}: " + "words and more words " * 40 for i in range(40)))

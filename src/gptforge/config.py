@@ -396,27 +396,14 @@ def parse_value(key: str, raw: str, tp: Any) -> Any:
         if raw.lower() in _FALSE:
             return False
         raise ConfigError(f"--{key} {raw!r}: expected a boolean (true/false, on/off, 1/0)")
-    if tp is int:
-        s = raw.replace("_", "")
+    if tp in (int, float):  # the one number parser (gptforge.numbers): finite, whole for ints, within 64 bits
+        from gptforge.numbers import parse_float, parse_int
+
         try:
-            return int(s)
-        except ValueError:
-            pass
-        try:  # allow 1e4 and 5.0
-            f = float(s)
-            if f.is_integer():
-                return int(f)
-        except ValueError:
-            pass
-        raise ConfigError(f"--{key} {raw!r}: expected an integer")
-    if tp is float:
-        try:
-            value = float(raw)
-        except ValueError:
-            raise ConfigError(f"--{key} {raw!r}: expected a number") from None
-        if not math.isfinite(value):  # float() accepts "inf", "nan", "1e999"
-            raise ConfigError(f"--{key} {raw!r}: expected a finite number")
-        return value
+            return parse_int(raw) if tp is int else parse_float(raw)
+        except ValueError as e:
+            raise ConfigError(f"--{key} {raw!r}: expected {'an integer' if tp is int else 'a finite number'}: "
+                              f"{e}") from None
     if tp is str:
         return raw
     raise ConfigError(f"--{key}: fields of type {tp} cannot be set from the command line")

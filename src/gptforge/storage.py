@@ -33,9 +33,10 @@ DCP's commit (every file first, then the one step that makes the checkpoint visi
   :class:`NotWritableError`, both :class:`OutputError`: one line naming the file, what failed and
   what to do, which the CLI prints with exit status 2, as ``train`` does for a full disk.
 
-Writers do not agree on how they report ENOSPC: Python raises ``OSError(errno.ENOSPC)``,
-safetensors a ``SafetensorError`` whose text holds "No space left on device (os error 28)", and
-``torch.save`` a bare ``RuntimeError`` ("basic_ios::clear: iostream error", or "unexpected pos ...")
+Writers do not agree on how they report ENOSPC: Python raises ``OSError(errno.ENOSPC)``, numpy's
+``tofile`` an ``OSError`` with no errno ("4096 requested and 0 written", a short write), safetensors a
+``SafetensorError`` whose text holds "No space left on device (os error 28)", and ``torch.save`` a bare
+``RuntimeError`` ("basic_ios::clear: iostream error", or "unexpected pos ...")
 with no errno at all. For the last kind the filesystem itself is asked: if it no longer has room
 for what was still to be written, the failure is taken to be a full disk. No torch import here:
 prepare's workers load this module.
@@ -55,6 +56,9 @@ from pathlib import Path
 from typing import Any
 
 _ENOSPC_TEXT = ("No space left on device", "os error 28", "Disk quota exceeded", "os error 122")
+# numpy's tofile (the GGUF writer's tensors, prepare's spill files) reports ENOSPC as a short fwrite with no
+# errno: "4096 requested and 0 written". A write the disk took only part of is a full disk (or quota).
+_SHORT_WRITE = re.compile(r"\b\d+ requested and \d+ written\b")
 
 
 class OutputError(OSError):
@@ -108,6 +112,8 @@ def is_disk_full(exc: BaseException, where: Path, needed: int = 0, written: int 
         if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
             return True
         if e is not None and any(t in str(e) for t in _ENOSPC_TEXT):
+            return True
+        if isinstance(e, OSError) and e.errno is None and _SHORT_WRITE.search(str(e)):  # a short write
             return True
     if isinstance(exc, RuntimeError):  # torch.save: no errno; ask the filesystem
         free = free_bytes(where)
@@ -362,6 +368,18 @@ def write_json(path: str | Path, obj: Any, what: str | None = None, indent: int 
 
 
 MAX_JSON_BYTES = 16 << 20  # config.json, meta.json, a manifest or an index: kilobytes; 16 MiB is damage, not size
+
+
+def not_a_file(path: str | Path) -> str:
+    """What ``path``, which cannot be read as a regular file, is instead, in words for an error: a folder, a
+    device or other special file (/dev/null, a pipe), a symlink to nothing, or nothing at all. A device
+    is not called "no such file": it is there, and the user needs to hear what it is."""
+    path = Path(path)
+    if path.is_dir():
+        return "a folder, not a file"
+    if path.exists():
+        return "a device or other special file (not a regular file)"
+    return "a symlink to a missing file" if path.is_symlink() else "no such file or folder"
 
 
 def read_json(path: str | Path, error: type[Exception] = ValueError, what: str = "JSON file",

@@ -64,7 +64,9 @@ def temporaries(root: Path) -> list[str]:
 @contextlib.contextmanager
 def fault(root: Path, mode: str):
     """``mode`` rofs: every write under ``root`` is refused (EROFS); full: data goes in but cannot be made
-    durable (ENOSPC at fsync and rename, as a full disk with delayed allocation answers); kill: at the first
+    durable (ENOSPC at fsync and rename, as a full disk with delayed allocation answers); short: the data is
+    written short, reported as numpy's tofile does on a full disk (an OSError with no errno, "4096 requested
+    and 0 written"; taken at the file's fsync, the one call every writer makes); kill: at the first
     rename under ``root`` (the moment before an output changes) the tree is recorded (yielded list) and
     Killed raised, after checking that everything being renamed was fsynced first (else Unsynced)."""
     import gptforge.storage as storage
@@ -92,6 +94,8 @@ def fault(root: Path, mode: str):
             check_synced(src)
         if mode == "full" and _under(p, root):
             raise OSError(errno.ENOSPC, "No space left on device", os.fsdecode(p))
+        if mode == "short" and src is None and _under(p, root):  # numpy tofile's ENOSPC: no errno, only counts
+            raise OSError("4096 requested and 0 written")
         if mode == "kill" and src is not None and _under(p, root):  # the commit: a rename into place
             killed.append(snapshot(root))
             raise Killed(os.fsdecode(p))
@@ -328,10 +332,10 @@ def setup(world, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize(("key", "name", "argv", "scenario"), list(_variants()))
 def test_a_failed_write_leaves_the_previous_output_whole(key, name, argv, scenario, setup, capsys):
-    """Read-only, full, killed, in turn, against the same previous output (each must leave it whole)."""
+    """Read-only, full, written short, killed, in turn, against the same previous output (each must leave it whole)."""
     root, cmd = setup(key, name, argv, scenario)
     before = snapshot(root)
-    for mode in ("rofs", "full", "kill"):
+    for mode in ("rofs", "full", "short", "kill"):
         capsys.readouterr()
         if mode == "kill":
             with fault(root, mode) as killed, pytest.raises(Killed):
@@ -343,7 +347,7 @@ def test_a_failed_write_leaves_the_previous_output_whole(key, name, argv, scenar
             rc = main(cmd)
         err = capsys.readouterr().err
         assert rc == 2, (mode, err)
-        _one_line(err, key[0], {"rofs": "read-only", "full": "no space left"}[mode], root)
+        _one_line(err, key[0], {"rofs": "read-only", "full": "no space left", "short": "no space left"}[mode], root)
         assert snapshot(root) == before, mode
         assert temporaries(root) == [], mode  # a failure the writer sees leaves no temporary behind
 

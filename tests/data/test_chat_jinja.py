@@ -379,6 +379,13 @@ HOSTILE = {
     "percent": ("{{ '%999999999s' % 'a' }}", "width"),
     "format filter": ("{{ '%999999999s' | format('a') }}", "width"),
     "str.format": ("{{ '{:>999999999}'.format(1) }}", "width"),
+    # issue 56 class 2: a width that comes from an argument, not the format string (each built 1 GB first)
+    "nested format width": ("{{ '{0:{1}}'.format('x', '1000000000') }}", "width"),
+    "nested auto width": ("{{ '{:{}}'.format('x', '1000000000') }}", "width"),
+    "nested int width": ("{{ '{0:>{1}}'.format('x', 1000000000) }}", "too large"),
+    "format_map width": ("{{ '{a:{b}}'.format_map({'a': 'x', 'b': '1000000000'}) }}", "width"),
+    "percent star": ("{{ '%*s' % (1000000000, 'x') }}", "too large"),
+    "format filter star": ("{{ '%*s' | format(1000000000, 'x') }}", "too large"),
     "ljust": ("{{ 'x'.ljust(10**9) }}", "too large"),
     "replace": ("{% set s = 'a' * 4000000 %}{{ s.replace('a', s) }}", "str.replace would make"),
     "join": ("{% set s = 'a' * 4000000 %}{{ s.join(s) }}", "str.join would make"),
@@ -424,6 +431,16 @@ def test_bounds_leave_ordinary_templates_alone(chatml):
     ids, mask = chatml[0].render(conv)
     reply = len(chatml[0].tok.encode_ordinary("word " * 800))
     assert sum(mask) == 30 * (reply + 1) and len(ids) > 60 * reply
+
+
+def test_widths_from_arguments_within_bounds_still_render(chatml):
+    """The argument-width checks refuse only sizes past the bound: small ones render as Python formats them."""
+    src = ("{{ '{0:>{1}}'.format('x', 5) }}|{{ '{:{}}'.format('y', '3') }}|{{ '%*d' % (4, 7) }}|"
+           "{{ '{a:{b}}'.format_map({'a': 'z', 'b': '^5'}) }}|{{ '{0}:{1}'.format('no spec', '1000000000') }}")
+    got = JinjaChatTemplate(src, chatml[0].tok).render_text(CONVS[0])
+    star = "%*d" % (4, 7)  # noqa: UP031 - the % form is what is tested
+    assert got == "{0:>{1}}".format("x", 5) + "|" + "{:{}}".format("y", "3") + "|" + star + "|" + \
+        "{a:{b}}".format_map({"a": "z", "b": "^5"}) + "|no spec:1000000000"
 
 
 def test_render_keywords_are_plain_data(chatml):

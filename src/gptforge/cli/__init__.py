@@ -68,6 +68,15 @@ class _Parser(argparse.ArgumentParser):
     bad input, instead of the command's whole usage (16 lines for ``rl``) above it. Sub-commands' parsers are
     of this class too (``add_subparsers`` makes its parsers of the parent's type), so every command has it."""
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        from gptforge.cli.common import count, finite
+
+        # every `type=int` / `type=float` flag of every command (argument groups share this registry) parses
+        # through the one number parser: 1e400, nan and 2**64 are one line naming the flag, not a traceback
+        self.register("type", int, count)
+        self.register("type", float, finite)
+
     def error(self, message: str):  # type: ignore[override]
         self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
 

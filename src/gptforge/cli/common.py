@@ -111,27 +111,24 @@ def load(source: ModelSource, flag: str | None = None):
 
 
 def count(raw: str) -> int:
-    """An integer that may be written 1e8 or 100_000_000."""
+    """An integer flag (argparse type; ``type=int`` is this too): also written 1e8 or 100_000_000; not
+    finite, not whole or past 64 bits is refused naming the flag (gptforge.numbers, the one number parser)."""
+    from gptforge.numbers import parse_int
+
     try:
-        v = float(raw.replace("_", ""))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{raw!r} is not a number") from None
-    if not v.is_integer():
-        raise argparse.ArgumentTypeError(f"{raw!r} is not a whole number")
-    return int(v)
+        return parse_int(raw)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def finite(raw: str) -> float:
-    """A float flag: nan and inf are refused by argparse, naming the flag (exit 2)."""
-    import math
+    """A float flag (``type=float`` is this too): nan, inf and 1e400 are refused naming the flag (exit 2)."""
+    from gptforge.numbers import parse_float
 
     try:
-        v = float(raw)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{raw!r} is not a number") from None
-    if not math.isfinite(v):
-        raise argparse.ArgumentTypeError(f"{raw!r} is not a finite number")
-    return v
+        return parse_float(raw)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def port(raw: str) -> int:

@@ -348,7 +348,9 @@ def cmd_bench_prepare(args: argparse.Namespace) -> int:
     from gptforge.bench.prepare import run_bench
 
     try:
-        workers = [int(w) for w in args.workers.split(",")]
+        from gptforge.numbers import parse_int
+
+        workers = [parse_int(w) for w in args.workers.split(",")]
     except ValueError:
         raise CliError(f"--workers {args.workers!r}: expected a comma-separated list of integers, e.g. 1,2") from None
     if min(workers) < 1 or args.copies < 1 or args.repeats < 1 or args.memory_factor < 1 or args.shard_tokens < 1:

@@ -336,7 +336,9 @@ def cmd_import(args: argparse.Namespace) -> int:
     meta = {"config": Config(model=model.config).to_dict(), "source": str(args.model), "tokenizer": tok}
     if chat is not None:
         meta["chat_template"] = chat.to_dict()
-    where = ckpt.save_checkpoint(args.out, 0, model, None, meta)
+    where = ckpt.save_checkpoint(args.out, 0, model, None, meta,  # advice from import's own options (no --resume)
+                                 then=f"run the same `gptforge import {args.format} --model {args.model} --out "
+                                      f"{args.out}` again")
     print(json.dumps({"checkpoint": str(where), "params": model.num_parameters(), "tokenizer": tok.describe(),
                       "chat_template": chat.to_dict().get("name") if chat is not None else None}))
     return 0

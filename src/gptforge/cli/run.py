@@ -149,7 +149,9 @@ def cmd_bench(args: argparse.Namespace, overrides: list[str]) -> int:
     cfg, _ = build_config(args, overrides)
     refuse_inert_overrides(cfg, overrides, "bench", "bench")  # it times pretraining steps, never LoRA
     try:
-        sweep = [int(b) for b in args.sweep_micro_batch.split(",")] if args.sweep_micro_batch else None
+        from gptforge.numbers import parse_int
+
+        sweep = [parse_int(b) for b in args.sweep_micro_batch.split(",")] if args.sweep_micro_batch else None
     except ValueError:
         raise CliError(f"--sweep-micro-batch {args.sweep_micro_batch!r}: expected integers like 8,16,32") from None
     if args.steps < 1 or args.warmup < 0:

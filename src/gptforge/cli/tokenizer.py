@@ -10,18 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from gptforge.cli.common import CliError, show_defaults
-
-
-def _int(s: str) -> int:
-    """An integer, also written 1e9 or 32_768."""
-    try:
-        v = float(s.replace("_", ""))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{s!r} is not a number") from None
-    if v != int(v):
-        raise argparse.ArgumentTypeError(f"{s!r} is not a whole number")
-    return int(v)
+from gptforge.cli.common import CliError, count, show_defaults
 
 
 def args_tokenizer(p: argparse.ArgumentParser) -> None:
@@ -41,7 +30,7 @@ def args_tokenizer(p: argparse.ArgumentParser) -> None:
                    help="text files or folders (walked recursively, sorted): .txt (one document per file), .jsonl / "
                         ".jsonl.gz (one document per line, field --text-field), .parquet (column --text-field)")
     t.add_argument("--out", required=True, help="output folder: OUT/tokenizer/ (the bundle) and OUT/report.json")
-    t.add_argument("--vocab-size", type=_int, default=32768,
+    t.add_argument("--vocab-size", type=count, default=32768,
                    help="ids in all: 256 bytes + merges + the special tokens (at most 1,048,576)")
     t.add_argument("--pattern", default="gpt4",
                    help="split pattern applied before merging: gpt4 (GPT-4's / nanochat's, digits in groups of 1-3), "
@@ -53,7 +42,7 @@ def args_tokenizer(p: argparse.ArgumentParser) -> None:
     t.add_argument("--trainer", default="auto", choices=["auto", "rustbpe", "tokenizers"],
                    help="auto: rustbpe when installed (nanochat's trainer, extra `data`; faster, less memory), "
                         "else tokenizers (Hugging Face's BpeTrainer, writes a tokenizer.json)")
-    t.add_argument("--max-chars", type=_int, default=DEFAULT_MAX_CHARS,
+    t.add_argument("--max-chars", type=count, default=DEFAULT_MAX_CHARS,
                    help="stop reading after this many characters of training text")
     t.add_argument("--held-out", type=float, default=DEFAULT_HELD_OUT,
                    help="fraction of documents (pieces of at most 1M characters) kept out of training for the "

@@ -38,6 +38,7 @@ _MARKERS = re.compile("[\ufdd0-\ufdd3]")
 _GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
 _ROLE = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,31}")
 _DIGITS = re.compile(r"\d+")
+_NESTED_SPEC = re.compile(r"\{[^{}]*:[^{}]*\{")  # a replacement field whose format spec holds another field
 _INTERNALS = frozenset({"mro", "func_globals", "func_code", "gi_frame", "gi_code", "cr_frame", "f_globals",
                         "f_locals", "f_builtins", "tb_frame", "im_func", "im_self"})
 
@@ -122,6 +123,11 @@ def _estimate_str_method(s: str, name: str, args: tuple, kwargs: dict) -> int:
         return len(s) + n * max(0, len(args[1]) - len(args[0]))
     if name in ("format", "format_map"):
         _check_format(s, f"str.{name}")
+        if _NESTED_SPEC.search(s):  # a spec filled from an argument: '{0:{1}}'.format('x', '1000000000')
+            for v in (*vals, *(x for d in vals if isinstance(d, dict) for x in d.values())):
+                if isinstance(v, str):
+                    _check_format(v, f"str.{name}")
+                _check_int(v, f"str.{name}")
         return len(s) + s.count("{") * sum(_weight(v) + len(str(v)) * (not _weight(v)) for v in vals)
     if name == "expandtabs":
         return len(s) * (int(vals[0]) if vals and isinstance(vals[0], int) else 8)
@@ -349,6 +355,9 @@ def _binop_size(op: str, left: Any, right: Any) -> int:
         return _weight(left) + _weight(right)
     if op == "%" and isinstance(left, str):
         _check_format(left, "'%'")
+        if "*" in left:  # '%*s' % (1000000000, 'x'): the width is an argument
+            for v in right if isinstance(right, (tuple, list)) else (right,):
+                _check_int(v, "'%'")
         return len(left) + left.count("%") * (_weight(right) + 32 * (len(right) if isinstance(right, (tuple, list)) else 1))
     return 0
 

@@ -35,6 +35,7 @@ are checked against the config before anything is dequantized. Every refusal is 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import mmap
 import struct
@@ -58,6 +59,7 @@ from gptforge.interop.gguf_config import (  # noqa: F401 - the limits are read f
     llama_config_from_gguf,
 )
 from gptforge.interop.gguf_tokenizer import _STRING, GGUFReadError, tokenizer_from_gguf
+from gptforge.sizecheck import check_model_size, count_layers, elements, layered_elements
 
 MAX_TENSORS = 1 << 16  # Llama 3 405B has ~1,100 tensors
 MAX_KV = 1 << 14
@@ -357,12 +359,18 @@ def read_gguf(path: str | Path, weights: bool = True) -> GGUFModel:
         rope_freqs = _dequantize(data, header.data_start, info)
     if arch == "gpt2":
         cfg = gpt2_config_from_gguf(scalars, arrays, path, n_tokens)
-        expected, family = _gpt2_expected_shapes(cfg, names), "GPT"
+        shapes_of, family = (lambda c: _gpt2_expected_shapes(c, names)), "GPT"
     else:
         cfg = llama_config_from_gguf(scalars, arrays, names, path, n_tokens, rope_freqs)
-        expected, family = _expected_shapes(cfg), "Llama"
-        if ROPE_FREQS in names:  # the rope divisors, already read into the config
-            expected[ROPE_FREQS] = (cfg.head_dim // 2,)
+        shapes_of, family = _expected_shapes, "Llama"
+    # the total the metadata claims against the tensors present and the memory free (dequantized to float32),
+    # before a table of every claimed layer is built or anything is dequantized
+    claimed = layered_elements(lambda k: shapes_of(dataclasses.replace(cfg, n_layer=k)), cfg.n_layer)
+    check_model_size(str(path), "its metadata", claimed, elements(t.shape for t in infos), GGUFReadError, family,
+                     memory=weights, layers=(cfg.n_layer, count_layers(names)))  # weights=False: the words only
+    expected = shapes_of(cfg)
+    if arch != "gpt2" and ROPE_FREQS in names:  # the rope divisors, already read into the config
+        expected[ROPE_FREQS] = (cfg.head_dim // 2,)
     cfg.bos_token = tok.eot_token  # the document separator the tokenizer names
     unknown = sorted(names - set(expected))
     if unknown:

@@ -32,6 +32,7 @@ from gptforge.interop.hf_tokenizer import (  # noqa: F401 (re-exported: the toke
     write_tokenizer,
 )
 from gptforge.models.registry import FAMILIES
+from gptforge.sizecheck import check_model_size, count_layers, elements, layered_elements, safetensors_shapes
 from gptforge.storage import read_json
 from gptforge.tokens import EOT
 
@@ -157,6 +158,12 @@ def gpt2_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def gpt2_elements(cfg: dict) -> int:
+    """Elements of a HF GPT2LMHeadModel of ``cfg``'s sizes (tied head once), in closed form: any n_layer
+    costs the same."""
+    return layered_elements(lambda k: gpt2_shapes(cfg | {"n_layer": k}), cfg["n_layer"])
+
+
 FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")  # safetensors' names of the dtypes a weight may be stored in
 
 
@@ -233,7 +240,8 @@ def _hub_state_dict(name: str) -> tuple[dict, dict[str, torch.Tensor]]:
     tf = _transformers()
     try:
         c = tf.AutoConfig.from_pretrained(name).to_dict()
-        gpt2_config_from_hf(c, where=name)  # refuse before downloading the weights
+        cfg = gpt2_config_from_hf(c, where=name)  # refuse before downloading the weights
+        check_model_size(name, "its config", gpt2_elements(cfg), None, HFModelError, "GPT-2")
         with _quiet_transformers():
             hf = tf.GPT2LMHeadModel.from_pretrained(name, use_safetensors=True)
     except OSError as e:
@@ -259,9 +267,12 @@ def load_hf_state_dict(name_or_dir: str) -> tuple[dict, dict[str, torch.Tensor]]
     if d.is_dir():
         where = str(d / "config.json")
         cfg = gpt2_config_from_hf(_read_json(d / "config.json"), where)
+        files = _safetensors_files(d)
+        found = safetensors_shapes(files, HFModelError)  # before the table below, which has a row per claimed layer
+        check_model_size(where, "config.json", gpt2_elements(cfg), elements(found.values()), HFModelError, "GPT-2",
+                         layers=(cfg["n_layer"], count_layers(found)))
         head = {"lm_head.weight": (cfg["vocab_size"], cfg["n_embd"])}  # tied: a file may store it anyway
-        sd = read_safetensors(_safetensors_files(d), gpt2_shapes(cfg) | head,
-                              optional=() if cfg["untied"] else ("lm_head.weight",))
+        sd = read_safetensors(files, gpt2_shapes(cfg) | head, optional=() if cfg["untied"] else ("lm_head.weight",))
     else:
         c, sd = _hub_state_dict(name_or_dir)
         where, cfg = name_or_dir, gpt2_config_from_hf(c, name_or_dir)

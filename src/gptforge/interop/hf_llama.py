@@ -19,6 +19,7 @@ come from safetensors only, never from a pickle (``pytorch_model.bin``).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -28,6 +29,7 @@ import torch
 from gptforge.data.chat import ChatTemplate
 from gptforge.interop.hf import _pad_rows, _read_json, check_out_dir, write_tokenizer
 from gptforge.models.llama import Llama, LlamaConfig
+from gptforge.sizecheck import check_model_size, count_layers, elements, layered_elements, safetensors_shapes
 from gptforge.tokens import EOT, GPT2_VOCAB
 
 CHAT_VOCAB = ChatTemplate.gpt2().vocab_size
@@ -197,7 +199,11 @@ def load_hf_llama(name_or_dir: str, **overrides) -> Llama:
         raise HFConfigError(f"{local if local.is_file() else name_or_dir}: {e}") from None
     if Path(name_or_dir).is_dir():
         sd = _read_checked(Path(name_or_dir), cfg)
-    else:
+    else:  # nothing present yet: the memory it needs, before the download
+        from gptforge.interop.hf import HFModelError
+
+        claimed = layered_elements(lambda k: _hf_shapes(dataclasses.replace(cfg, n_layer=k), once=True), cfg.n_layer)
+        check_model_size(name_or_dir, "its config", claimed, None, HFModelError, "Llama")
         sd = _read_weights(name_or_dir)
     model = Llama(cfg)
     load_hf_llama_state_dict(model, sd)
@@ -210,6 +216,11 @@ def _read_checked(d: Path, cfg: LlamaConfig) -> dict[str, torch.Tensor]:
     from gptforge.interop.hf import HFModelError, _safetensors_files, read_safetensors
 
     files = _safetensors_files(d)
+    claimed = layered_elements(lambda k: _hf_shapes(dataclasses.replace(cfg, n_layer=k), once=True), cfg.n_layer)
+    # the total first: no table or model of the claimed size is built before it is known to fit
+    found = safetensors_shapes(files, HFModelError)
+    check_model_size(str(d / "config.json"), "config.json", claimed, elements(found.values()), HFModelError, "Llama",
+                     layers=(cfg.n_layer, count_layers(found)))
     try:  # the layer count from the header names first: even on the meta device, 10**6 layers take minutes
         names = [k for f in files for k in safe_open(str(f), framework="pt").keys()]
     except (OSError, SafetensorError) as e:
@@ -218,6 +229,13 @@ def _read_checked(d: Path, cfg: LlamaConfig) -> dict[str, torch.Tensor]:
     if layers != cfg.n_layer:
         raise HFModelError(f"{d}: the weights do not fit Llama as config.json sizes it (num_hidden_layers="
                            f"{cfg.n_layer}, the weights hold {layers} layers); refusing a partly random model")
+    return read_safetensors(files, _hf_shapes(cfg), optional=("lm_head.weight",) if cfg.tie_embeddings
+                            else (), ignored=IGNORED_SUFFIXES, rename=lambda k: k, family=cfg.family or "Llama")
+
+
+def _hf_shapes(cfg: LlamaConfig, once: bool = False) -> dict[str, tuple[int, ...]]:
+    """Every tensor of a HF LlamaForCausalLM of ``cfg``'s sizes, from a model on the meta device (``once``:
+    a tied head left out, as the smallest file holds it)."""
     with torch.device("meta"):  # shapes only: nothing is allocated however wide the config says it is
         expected = {k: tuple(v.shape) for k, v in Llama(cfg).state_dict().items()}
     for k in ("model.embed_tokens.weight", "lm_head.weight"):  # HF stores the real rows, unpadded
@@ -226,8 +244,9 @@ def _read_checked(d: Path, cfg: LlamaConfig) -> dict[str, torch.Tensor]:
         from gptforge.interop.hf_families import fused_shapes
 
         expected = fused_shapes(expected, cfg)
-    return read_safetensors(files, expected, optional=("lm_head.weight",) if cfg.tie_embeddings
-                            else (), ignored=IGNORED_SUFFIXES, rename=lambda k: k, family=cfg.family or "Llama")
+    if once and cfg.tie_embeddings:
+        expected.pop("lm_head.weight")
+    return expected
 
 
 def load_hf_llama_state_dict(model: Llama, sd_hf: dict[str, torch.Tensor]) -> None:

@@ -27,6 +27,7 @@ import torch
 from gptforge.errors import CheckpointError
 from gptforge.models.gpt2 import GPT, GPTConfig, padded_vocab
 from gptforge.models.registry import get_family
+from gptforge.sizecheck import check_model_size
 
 MODEL_MAGIC = 20240326
 TOKENIZER_MAGIC = 20240328
@@ -66,6 +67,8 @@ def _not_a_file(path: Path) -> str:
     if path.is_dir():
         bins = sorted(p.name for p in path.glob("*.bin"))[:3]
         return "is a directory, not a file" + (f" (it holds {', '.join(bins)})" if bins else "")
+    if path.exists():  # /dev/null, a pipe: there, but not a file
+        return "is a device or other special file, not a file"
     return "is a symlink to a missing file" if path.is_symlink() else "does not exist"
 
 
@@ -100,7 +103,8 @@ def read_model_header(path: str | Path) -> dict[str, int]:
 
 def read_llmc_model(path: str | Path, flash: bool = True) -> GPT:
     """An llm.c model file as a gptforge GPT (float32, eval mode)."""
-    h = read_model_header(path)
+    h = read_model_header(path)  # its sizes match the file's length exactly: claimed = present
+    check_model_size(str(path), "its header", h["num_params"], h["num_params"], LlmcFormatError, "GPT-2")
     L, C, maxT, V, Vp = h["L"], h["C"], h["maxT"], h["V"], h["Vp"]
     cfg = GPTConfig(n_layer=L, n_head=h["NH"], n_embd=C, block_size=maxT, vocab_size=V, pad_vocab=Vp != V, flash=flash)
     dtype = VERSIONS[h["version"]]

@@ -119,15 +119,17 @@ def save_checkpoint(
     meta: dict[str, Any],
     keep: int = 0,
     rng: tuple[dict[str, torch.Tensor], dict[str, Any]] | None = None,
+    then: str = RESUME_HINT,
 ) -> Path:
     """Write checkpoint ``step`` (the number of optimizer steps done) atomically; prune to ``keep``.
     ``rng``: (tensors for rng.pt, JSON for meta.json), given by training (a weights-only
-    checkpoint has none)."""
+    checkpoint has none). ``then``: how to continue after a full or read-only disk, in the words of the
+    command that writes (training resumes with --resume; ``import`` has no --resume: it runs again)."""
     weights = model_state(model)
     opt_state = optimizer.state_dict() if optimizer is not None else None
     needed = tensor_bytes(weights) + tensor_bytes(opt_state) + tensor_bytes(rng)
     tmp = begin_checkpoint(run_dir, step)
-    with cleanup_on_failure(tmp, step, needed):
+    with cleanup_on_failure(tmp, step, needed, then):
         save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         ordinary_file_mode(tmp / "model.safetensors")  # safetensors leaves it 0600
         if opt_state is not None:
@@ -140,8 +142,8 @@ class cleanup_on_failure:
     space the next attempt needs); a full disk becomes one CheckpointError saying so. The previous
     checkpoint is never touched: it is replaced only by the final rename."""
 
-    def __init__(self, tmp: Path, step: int, needed: int):
-        self.tmp, self.step, self.needed = tmp, step, needed
+    def __init__(self, tmp: Path, step: int, needed: int, then: str = RESUME_HINT):
+        self.tmp, self.step, self.needed, self.then = tmp, step, needed, then
 
     def __enter__(self) -> cleanup_on_failure:
         return self
@@ -153,11 +155,11 @@ class cleanup_on_failure:
         shutil.rmtree(self.tmp, ignore_errors=True)
         if isinstance(exc, Exception) and is_disk_full(exc, self.tmp.parent, self.needed, written):
             raise CheckpointError(disk_full_message(f"checkpoint step {self.step}", self.needed,
-                                                    self.tmp.parent, then=RESUME_HINT)) from exc
+                                                    self.tmp.parent, then=self.then)) from exc
         reason = not_writable_reason(exc) if isinstance(exc, Exception) else None
         if reason is not None:  # a read-only run directory: as one line as a full one
             raise CheckpointError(f"cannot write checkpoint step {self.step} to {self.tmp.parent}: {reason}. Point "
-                                  f"--out at a folder this user can write, then {RESUME_HINT}") from exc
+                                  f"--out at a folder this user can write, then {self.then}") from exc
         return False
 
 

@@ -64,6 +64,10 @@ def expand_paths(paths: list[str | os.PathLike]) -> list[Path]:
             if not _kind(p):
                 raise SourceError(f"{p}: unsupported file type; use one of {', '.join(SUFFIXES)}")
             out.append(p)
+        elif p.exists():  # a device or pipe: there, but no document source
+            from gptforge.storage import not_a_file
+
+            raise SourceError(f"{p}: {not_a_file(p)}; give text files or folders")
         else:
             raise FileNotFoundError(f"{p}: no such file or folder")
     return out

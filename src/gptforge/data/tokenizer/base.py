@@ -43,7 +43,7 @@ class TokenizerError(ValueError):
 
 
 @contextlib.contextmanager
-def _library_failure(where: str, chars: int) -> Iterator[None]:
+def _library_failure(where: str, chars: int, texts: Any = ()) -> Iterator[None]:
     """The tokenizers library's failures on a text as a TokenizerError naming the file: a split regex
     that gives up (Oniguruma's retry limit, on a catastrophic pattern or a pathological text) is a Rust
     panic, which reaches Python as pyo3's PanicException, a BaseException that no ``except Exception``
@@ -55,10 +55,27 @@ def _library_failure(where: str, chars: int) -> Iterator[None]:
     except TokenizerError:
         raise
     except BaseException as e:  # noqa: BLE001 - PanicException is a BaseException; nothing else gets here
+        bad = not_unicode([texts] if isinstance(texts, str) else texts)
+        if bad is not None:  # the input's fault, named as such: the tokenizer never saw valid text
+            raise TokenizerError(f"the text is not valid Unicode ({bad}); it came from bytes that are not UTF-8 "
+                                 "(decoded with errors='surrogateescape'): re-encode the input as UTF-8") from None
         raise TokenizerError(f"{where}: the tokenizer failed on a text of {chars:,} characters "
                              f"({type(e).__name__}: {str(e)[:200]}); its split pattern or normalizer "
                              "gives up on this text") from None
 
+
+
+def not_unicode(texts: Any) -> str | None:
+    """Where the first of ``texts`` that no UTF-8 encoder takes (a lone surrogate) goes wrong, in words; or None."""
+    for i, t in enumerate(texts):
+        if not isinstance(t, str):
+            continue
+        try:
+            t.encode("utf-8")
+        except UnicodeEncodeError as e:
+            which = f"text {i}, " if i else ""
+            return f"{which}character {e.start:,} is a lone surrogate {t[e.start]!r}"
+    return None
 
 
 # --- the interface ----------------------------------------------------------------------------------

@@ -179,13 +179,13 @@ class HFTokenizer(Tokenizer):
     def encode_ordinary_continued(self, text: str) -> list[int]:
         if self._continued is None:
             return self._encode_plain(text)
-        with _library_failure(self.where, len(text)):
+        with _library_failure(self.where, len(text), text):
             return self._continued.encode(text, add_special_tokens=False).ids
 
     def _encode_plain(self, text: str) -> list[int]:
         if self._fast is not None:
             return self._fast.encode_ordinary(text)
-        with _library_failure(self.where, len(text)):
+        with _library_failure(self.where, len(text), text):
             return self._plain.encode(text, add_special_tokens=False).ids
 
     def encode_batch_numpy(self, texts: Sequence[str], dtype: Any = np.uint32) -> list[np.ndarray]:
@@ -193,7 +193,7 @@ class HFTokenizer(Tokenizer):
             return [self._fast.encode_to_numpy(t, allowed_special=set(), disallowed_special=()).astype(dtype, copy=False)
                     for t in texts]
         batch = getattr(self._plain, "encode_batch_fast", self._plain.encode_batch)  # fast: no offsets
-        with _library_failure(self.where, sum(map(len, texts))):
+        with _library_failure(self.where, sum(map(len, texts)), texts):
             return [np.asarray(e.ids, dtype=dtype) for e in batch(list(texts), add_special_tokens=False)]
 
     def decode_single_token_bytes(self, token: int) -> bytes:

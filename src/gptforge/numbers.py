@@ -1,0 +1,45 @@
+"""The one parser of numbers written on the command line: every numeric flag (argparse's ``type=int`` and
+``type=float`` included, through ``cli._Parser``'s type registry) and every ``--section.key`` override.
+
+    >>> parse_int("1e4"), parse_int("32_768"), parse_float("3e-4")
+    (10000, 32768, 0.0003)
+
+A number is refused (ValueError with the reason, which the callers put after the flag's name) when it is
+not a number, not finite (``nan``, ``inf``, ``1e400``, which float() reads as inf), not whole where a whole
+number is wanted, or an integer past 64 bits (no count, size or seed is that large; torch and numpy would
+overflow on it later, far from the flag).
+"""
+
+from __future__ import annotations
+
+import math
+
+INT_LIMIT = 2**63 - 1  # the largest int64: torch's and numpy's integers
+
+
+def parse_int(raw: str) -> int:
+    """A whole number, also written 1e9, 5.0 or 32_768, within 64 bits."""
+    s = str(raw).strip().replace("_", "")
+    try:
+        v = int(s)
+    except ValueError:
+        v = None
+    if v is None:
+        f = parse_float(raw)
+        if not f.is_integer():
+            raise ValueError(f"{raw!r} is not a whole number")
+        v = int(f)
+    if abs(v) > INT_LIMIT:
+        raise ValueError(f"{raw!r} is out of range (an integer of at most {INT_LIMIT:,} in size)")
+    return v
+
+
+def parse_float(raw: str) -> float:
+    """A finite number."""
+    try:
+        v = float(str(raw).strip().replace("_", ""))
+    except ValueError:
+        raise ValueError(f"{raw!r} is not a number") from None
+    if not math.isfinite(v):
+        raise ValueError(f"{raw!r} is not a finite number")
+    return v

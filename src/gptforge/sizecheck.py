@@ -1,0 +1,83 @@
+"""Size before work: the one check every reader of a model makes before any per-layer work or allocation.
+
+    >>> claimed = layered_elements(lambda k: shapes_for(n_layer=k), n_layer)   # two tiny tables, any n_layer
+    >>> check_model_size("dir/config.json", "config.json", claimed, present, HFModelError, "GPT-2")
+
+A model file is data: a ``config.json``, GGUF header, llm.c header or ``meta.json`` may claim 10^6
+layers beside two layers of weights. A reader that first builds a table of expected shapes, or a
+model (even on the meta device), for every claimed layer spends minutes and gigabytes before it can
+compare anything. So each reader computes the claimed size in closed form (from the tables of a one-
+and a two-layer model: the difference is one layer, the rest is everything outside the blocks),
+compares it with the elements the weights actually hold (their headers, never their data) and with
+the memory this machine has free, and only then walks layers or allocates.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Iterable, Mapping
+
+
+def layered_elements(shapes_of: Callable[[int], Mapping[str, tuple[int, ...]]], n_layer: int) -> int:
+    """Total elements of a model of ``n_layer`` blocks whose tensor shapes for ``k`` blocks are
+    ``shapes_of(k)``, from ``shapes_of(1)`` and ``shapes_of(2)`` only: the work is the same for 2 and for 10^6
+    claimed layers. Python integers, so a claimed size never wraps."""
+    one = sum(math.prod(s) for s in shapes_of(1).values())
+    two = sum(math.prod(s) for s in shapes_of(2).values())
+    per_layer = two - one
+    return one - per_layer + n_layer * per_layer
+
+
+def elements(shapes: Iterable[tuple[int, ...]]) -> int:
+    """Elements of tensors of these shapes (a header's, before any tensor is read)."""
+    return sum(math.prod(s) for s in shapes)
+
+
+def check_model_size(where: str, what: str, claimed: int, present: int | None, error: type[Exception],
+                     family: str = "the model", bytes_per_element: int = 4, memory: bool = True,
+                     layers: tuple[int, int] | None = None) -> None:
+    """Refuse, before any per-layer work or allocation, a model whose ``what`` (the config, header or
+    meta.json at ``where``) claims more elements than the weights hold (``present``, from their headers;
+    None where nothing is present yet, a hub model), raising ``error``; then a model whose float32
+    parameters (``bytes_per_element`` each) exceed the memory available now, as a ResourceError (unless
+    not ``memory``: a reader that builds no model, only reads a file's tokenizer).
+
+    ``layers``: (claimed, present) block counts, where the reader knows them from the tensor names. A
+    claim within the layers present leaves a width that differs to the reader's own tensor-by-tensor
+    comparison, whose work the file bounds and whose refusal names the tensor."""
+    from gptforge.errors import ResourceError
+    from gptforge.models import registry
+
+    if present is not None and claimed > present:
+        if layers is not None and layers[0] <= layers[1]:
+            return  # the reader names the tensor that differs; nothing of the claimed size is built before it
+        in_layers = (f" in {layers[0]:,} layers", f" in {layers[1]:,}") if layers is not None else ("", "")
+        raise error(f"{where}: the weights do not fit {family} as {what} sizes it: it implies {claimed:,} parameters"
+                    f"{in_layers[0]}, the weights hold {present:,}{in_layers[1]}; refusing before building anything "
+                    f"(is {what} from another model?)")
+    need = claimed * bytes_per_element
+    avail = registry.available_memory() if memory else None
+    if avail is not None and need > avail:
+        raise ResourceError(f"{where}: {family} as {what} sizes it has {claimed:,} parameters, {need / 2**30:,.1f} GiB "
+                            f"in float32 before any activation, and this machine has {avail / 2**30:,.1f} GiB free; "
+                            "use a smaller model or a machine with more memory")
+
+
+_BLOCK = re.compile(r"\.(\d+)\.")  # a block's index in a tensor name: h.3. / layers.3. / blk.3.
+
+
+def count_layers(names: Iterable[str]) -> int:
+    """Blocks the tensor ``names`` hold: distinct indices (the first number between dots in each name)."""
+    return len({m.group(1) for n in names if (m := _BLOCK.search(n))})
+
+
+def safetensors_shapes(files: Iterable, error: type[Exception]) -> dict[str, tuple[int, ...]]:
+    """{name: shape} over the safetensors ``files``, from their headers alone (each entry's shape checked
+    against its byte range and the file's size, so a header cannot claim more than its bytes); ``error``."""
+    from gptforge.run.weights import weights_header
+
+    out: dict[str, tuple[int, ...]] = {}
+    for f in files:
+        out.update(weights_header(f, error, "not a safetensors file gptforge can read"))
+    return out
