@@ -143,7 +143,9 @@ READERS = {
 @pytest.fixture
 def no_work_past_the_weights(monkeypatch):
     """Any shape table or model made for more than the 2 layers the weights hold fails the test; so does
-    anything still running after 60 s (the GPT-2 reader took 44 s on 10^6 claimed layers before)."""
+    anything still running after 300 s: a backstop for a hang only (the GPT-2 reader took 44 s on 10^6 claimed
+    layers before, and gave no answer in 300 s); the spies are the check, as wall time on a shared 2-core
+    machine says little (60 s ran out here at load 10 with the fix in place)."""
     import gptforge.interop.gguf_read as gr
     import gptforge.interop.hf as hf
     import gptforge.interop.hf_llama as hl
@@ -162,10 +164,10 @@ def no_work_past_the_weights(monkeypatch):
     monkeypatch.setattr(reg, "build_model", guard(reg.build_model, lambda c: c.n_layer))
 
     def too_slow(*_):
-        raise AssertionError("still working 60 s after a config that claims more layers than its weights hold")
+        raise AssertionError("still working 300 s after a config that claims more layers than its weights hold")
 
     old = signal.signal(signal.SIGALRM, too_slow)
-    signal.alarm(60)
+    signal.alarm(300)
     yield
     signal.alarm(0)
     signal.signal(signal.SIGALRM, old)
