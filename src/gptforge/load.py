@@ -12,6 +12,10 @@ the source says (a checkpoint's ``model.arch``, a Hugging Face ``model_type``).
 from __future__ import annotations
 
 import functools
+import os
+import sys
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,9 +58,15 @@ class ModelSource:
 
 
 def load_model(source: ModelSource) -> torch.nn.Module:
-    """The model ``source`` names, in eval mode, on the CPU."""
+    """The model ``source`` names, in eval mode, on the CPU. A load that lasts past
+    ``ANNOUNCE_AFTER_S`` says on stderr what it is reading (kind, path, size) and then how long it took."""
     if len(source.given()) != 1:
         raise ValueError("give exactly one of --ckpt DIR, --hf NAME_OR_DIR, --llmc FILE, --gguf FILE or --random SIZE")
+    with Announce(describe_source(source)):
+        return _load_model(source)
+
+
+def _load_model(source: ModelSource) -> torch.nn.Module:
     if source.gguf is not None:
         from gptforge.interop.gguf_read import read_gguf
 
@@ -93,6 +103,81 @@ def load_model(source: ModelSource) -> torch.nn.Module:
     # model: the policy is the model.
     ckpt.load_model_weights(model, where, prefix="policy." if recipe == "ppo" else "")
     return model.eval()
+
+
+# --- saying what is loading ----------------------------------------------------------------------------
+
+# A load slower than this says what it reads: the newcomer's "no silent minute" (within 2 s), while a
+# tiny model that loads at once prints nothing (its command's own lines, and a one-line error, stay alone).
+ANNOUNCE_AFTER_S = 1.0
+
+
+def human_bytes(n: int) -> str:
+    """``538.0 MB``: decimal units, as file managers and the hub show sizes."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} bytes"
+
+
+def _weights_bytes(d: Path) -> int:
+    return sum(f.stat().st_size for f in d.iterdir() if f.is_file() and f.suffix in (".safetensors", ".bin"))
+
+
+def describe_source(source: ModelSource) -> str:
+    """What ``source`` is, for a person: its kind of weights, its path and size, e.g. ``GGUF file
+    model.gguf (101.4 MB)``. Reads only directory listings and file sizes; never raises (a source that
+    is not there is named as given, and its loader says what is wrong)."""
+    try:
+        if source.gguf is not None:
+            return f"GGUF file {source.gguf} ({human_bytes(Path(source.gguf).stat().st_size)})"
+        if source.llmc is not None:
+            return f"llm.c model file {source.llmc} ({human_bytes(Path(source.llmc).stat().st_size)})"
+        if source.random is not None:
+            return f"random weights of size {source.random}"
+        if source.hf is not None:
+            d = Path(source.hf)
+            if not d.is_dir():
+                return f"Hugging Face model {source.hf} (from the hub)"
+            return f"Hugging Face directory {source.hf} ({human_bytes(_weights_bytes(d))} of weights)"
+        where = ckpt.resolve_checkpoint(source.ckpt)
+        return f"gptforge checkpoint {where} ({human_bytes(_weights_bytes(where))} of weights)"
+    except Exception:  # a missing file or checkpoint: its loader names it in its own error
+        kind = source.given()[0] if source.given() else "model"
+        return f"{kind} {getattr(source, kind, '')}"
+
+
+class Announce:
+    """``with Announce("GGUF file m.gguf (101.4 MB)"):`` prints ``loading GGUF file m.gguf (101.4 MB) ...``
+    on stderr once the block has run ``after`` seconds (a timer thread: the load itself is one long call),
+    and ``loaded in 12.3 s`` when it ends, if it was announced. Rank 0 only under torchrun."""
+
+    def __init__(self, what: str, after: float | None = None) -> None:
+        self.what, self.after = what, ANNOUNCE_AFTER_S if after is None else after
+        self._lock, self._said, self._done = threading.Lock(), False, False
+
+    def _say(self) -> None:
+        with self._lock:
+            if not self._done:
+                self._said = True
+                print(f"loading {self.what} ...", file=sys.stderr, flush=True)
+
+    def __enter__(self) -> Announce:
+        self._t0 = time.perf_counter()
+        self._timer = None
+        if os.environ.get("RANK", "0") == "0":
+            self._timer = threading.Timer(self.after, self._say)
+            self._timer.daemon = True
+            self._timer.start()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        with self._lock:
+            self._done = True
+            if self._said and exc_type is None:
+                print(f"loaded in {time.perf_counter() - self._t0:.1f} s", file=sys.stderr, flush=True)
 
 
 def lora_merged(where: Path, meta: dict, cfg: Config, merge: bool = True, wrap=None) -> torch.nn.Module:
