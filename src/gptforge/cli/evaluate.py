@@ -204,7 +204,7 @@ def eval_generative(args: argparse.Namespace, names: list[str]) -> None:
     template = None if args.raw else chat
     with torch.no_grad(), autocast_for(device, args.dtype)():  # --dtype: bf16 autocast as the scored tasks
         results = evaluate_generative(model, tok, names, template, limit=args.limit,
-                                      system=args.system, offset=args.offset)
+                                      system=args.system, offset=args.offset, bar=True)
     from gptforge.eval.stats import GENERATIVE_CHANCE, fmt_ci, wilson
 
     print(f"{'task':<12} {'n':>6} {'accuracy':>9} {'95% CI':>12} {'chance':>7} {'format':>7}  "
