@@ -57,12 +57,13 @@ class ModelSource:
         return cls(ckpt=path)
 
 
-def load_model(source: ModelSource) -> torch.nn.Module:
-    """The model ``source`` names, in eval mode, on the CPU. A load that lasts past
-    ``ANNOUNCE_AFTER_S`` says on stderr what it is reading (kind, path, size) and then how long it took."""
+def load_model(source: ModelSource, announce_after: float | None = None) -> torch.nn.Module:
+    """The model ``source`` names, in eval mode, on the CPU. A load that lasts past ``announce_after``
+    seconds (default ``ANNOUNCE_AFTER_S``; 0: at once, as ``serve`` does) says on stderr what it is
+    reading (kind, path, size) and then how long it took."""
     if len(source.given()) != 1:
         raise ValueError("give exactly one of --ckpt DIR, --hf NAME_OR_DIR, --llmc FILE, --gguf FILE or --random SIZE")
-    with Announce(describe_source(source)):
+    with Announce(describe_source(source), after=announce_after):
         return _load_model(source)
 
 

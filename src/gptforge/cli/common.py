@@ -93,7 +93,7 @@ def model_source(args: argparse.Namespace) -> ModelSource:
     return src
 
 
-def load(source: ModelSource, flag: str | None = None):
+def load(source: ModelSource, flag: str | None = None, announce_after: float | None = None):
     """``load.load_model`` with its bad-input errors as CliError; with ``flag`` (the command-line flag
     that named the model, e.g. ``--init-from``) every refusal of it, a missing or damaged checkpoint
     too, starts with that flag, so a command taking several models says which one is wrong."""
@@ -101,7 +101,7 @@ def load(source: ModelSource, flag: str | None = None):
     from gptforge.load import load_model
 
     try:
-        return load_model(source)
+        return load_model(source, announce_after=announce_after)
     except ValueError as e:
         raise CliError(f"{flag}: {e}" if flag else str(e)) from e
     except (CheckpointError, FileNotFoundError) as e:

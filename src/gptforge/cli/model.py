@@ -402,7 +402,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"gptforge serve: {e}", file=sys.stderr)
         return EXIT_PORT_BUSY
     try:
-        model = load(source).to(resolve_device(args.device, flag="--device"))
+        # what it loads, said before it loads (a GGUF file takes tens of seconds); the URL follows when it serves
+        model = load(source, announce_after=0).to(resolve_device(args.device, flag="--device"))
         tok, chat = words(source, model)  # a chat checkpoint: the page opens in chat mode
     except BaseException:
         sock.close()
