@@ -276,6 +276,26 @@ def init_from(source: str, cfg) -> Callable:
     return init_weights
 
 
+_COMMAND_T0: float | None = None  # perf_counter() when cli.main began this command
+
+
+def mark_command_start() -> None:
+    """Called first thing by ``cli.main``: a run's summary times the whole command from here (loading the
+    model, preparing the data, a reference pass, the steps and the last checkpoint), not only its loop.
+    What comes before it is the interpreter's start and ``import gptforge.cli``: a quarter of a second."""
+    global _COMMAND_T0
+    import time
+
+    _COMMAND_T0 = time.perf_counter()
+
+
+def command_seconds() -> float | None:
+    """Seconds since :func:`mark_command_start`; None outside ``cli.main`` (a library caller)."""
+    import time
+
+    return None if _COMMAND_T0 is None else time.perf_counter() - _COMMAND_T0
+
+
 def finish(result, command: str, cfg=None, start: str | None = None) -> int:
     """The end of a training command: the run's summary on rank 0 (:func:`summary`), then the exit
     status: 3 diverged (nothing saved past the last good checkpoint), 130 stopped by a signal (0 under
@@ -285,7 +305,7 @@ def finish(result, command: str, cfg=None, start: str | None = None) -> int:
     from gptforge.run.faults import exit_status
 
     if os.environ.get("RANK", "0") == "0" and result.diverged_at is None:
-        print(summary(result, command, cfg, start), flush=True)
+        print(summary(result, command, cfg, start, whole=command_seconds()), flush=True)
     if result.diverged_at is not None:
         print(f"gptforge {command}: the run diverged (not finite) at step {result.diverged_at} (see the log line above); "
               f"nothing was saved past the last checkpoint: lower --optim.lr or check the data or reward, then "
@@ -294,8 +314,9 @@ def finish(result, command: str, cfg=None, start: str | None = None) -> int:
     return exit_status(result.interrupted)
 
 
-def summary(result, command: str, cfg=None, start: str | None = None) -> str:
-    """What a finished (or stopped) train/sft/rl/dpo/rm run did and what to do next: steps, tokens, time,
+def summary(result, command: str, cfg=None, start: str | None = None, whole: float | None = None) -> str:
+    """What a finished (or stopped) train/sft/rl/dpo/rm run did and what to do next: steps, tokens, time
+    (``whole``: the command's, from :func:`command_seconds`, with the steps' share beside it),
     best and final val loss, held-out rates with their interval and chance level (eval.stats.fmt_rate),
     rewards with their scale, the checkpoint, and next commands built from the run's own settings."""
     from gptforge.eval.stats import GENERATIVE_CHANCE, fmt_rate
@@ -309,7 +330,11 @@ def summary(result, command: str, cfg=None, start: str | None = None) -> str:
     lines.append(f"steps       {steps}")
     if result.tokens:
         lines.append(f"tokens      {result.tokens:,}")
-    lines.append(f"time        {fmt_duration(result.seconds)}")
+    if whole is None:
+        lines.append(f"time        {fmt_duration(result.seconds)}")
+    else:  # the wait the user had, then the steps' part of it (the rest: loading, data, reference pass, saving)
+        lines.append(f"time        {fmt_duration(whole)} (the whole command; {fmt_duration(result.seconds)} in the "
+                     f"training loop)")
     if result.val_losses:
         best = min(result.val_losses, key=result.val_losses.get)
         last = max(result.val_losses)
