@@ -106,6 +106,57 @@ def _load_model(source: ModelSource) -> torch.nn.Module:
     return model.eval()
 
 
+# --- the dtype a model's weights were stored in -------------------------------------------------------
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def stored_dtype(source: ModelSource) -> tuple[str, str]:
+    """(dtype, why): the floating type ``source``'s weights are stored in, which an export writes by default
+    (as transformers' ``save_pretrained`` keeps a model's own dtype). Every model is computed in float32
+    here; this is what it was before loading:
+
+    * a Hugging Face directory: its config.json's ``torch_dtype`` (``dtype`` since transformers 4.56);
+    * a GGUF file: float16 or bfloat16 when every matrix is stored so; float32 for F32 and for quantized
+      matrices (their dequantized values, scale x integer + offset, need float32 to be kept exactly);
+    * an llm.c file: float32 (version 3) or bfloat16 (version 5);
+    * a checkpoint: what ``gptforge import`` recorded of its source (``source_dtype``), else float32
+      (a run's weights are float32 masters, whatever autocast it trained under)."""
+    import json
+
+    if source.hf is not None:
+        cfg_path = Path(source.hf) / "config.json"
+        if cfg_path.is_file():
+            try:
+                cfg = json.loads(cfg_path.read_text())
+            except (OSError, ValueError):
+                cfg = {}
+            for key in ("torch_dtype", "dtype"):
+                if isinstance(cfg, dict) and cfg.get(key) in DTYPES:
+                    return cfg[key], f"{cfg_path}'s {key}"
+        return "float32", "its config.json names no dtype"
+    if source.gguf is not None:
+        from gptforge.interop.gguf_read import read_gguf
+
+        types = set(read_gguf(source.gguf, weights=False).matrix_types)
+        own = {"F16": "float16", "BF16": "bfloat16", "F32": "float32"}
+        if len(types) == 1 and next(iter(types)) in own:
+            return own[next(iter(types))], f"the GGUF file's matrices are {next(iter(types))}"
+        return "float32", (f"the GGUF file's matrices are {', '.join(sorted(types))}: dequantized, they are exact "
+                           "only in float32")
+    if source.llmc is not None:
+        from gptforge.interop.llmc import read_model_header
+
+        v = read_model_header(source.llmc)["version"]
+        return ("bfloat16" if v == 5 else "float32"), f"the llm.c file is version {v}"
+    if source.ckpt is not None:
+        rec = ckpt.read_meta(ckpt.resolve_checkpoint(source.ckpt)).get("source_dtype")
+        if isinstance(rec, dict) and rec.get("dtype") in DTYPES:
+            return rec["dtype"], f"imported from {rec.get('why') or 'its source'}"
+        return "float32", "a gptforge checkpoint's weights are float32"
+    return "float32", "random weights are made in float32"
+
+
 # --- saying what is loading ----------------------------------------------------------------------------
 
 # A load slower than this says what it reads: the newcomer's "no silent minute" (within 2 s), while a

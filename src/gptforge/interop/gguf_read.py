@@ -119,6 +119,7 @@ class GGUFModel:
     chat_template: str | None
     metadata: dict[str, Any] = field(default_factory=dict)  # the scalar keys (provenance)
     path: Path | None = None
+    matrix_types: tuple[str, ...] = ()  # the GGML types of its 2-D tensors, sorted (F16, Q4_1, ...)
 
 
 @dataclass
@@ -382,7 +383,8 @@ def read_gguf(path: str | Path, weights: bool = True) -> GGUFModel:
                                 f"{list(expected[t.name])}")
     build = _build_gpt2 if arch == "gpt2" else _build
     model = build(data, header.data_start, infos, cfg, path) if weights else None  # weights=False: the words only (fast)
-    return GGUFModel(model=model, tokenizer=tok, chat_template=template, metadata=dict(scalars), path=path)
+    return GGUFModel(model=model, tokenizer=tok, chat_template=template, metadata=dict(scalars), path=path,
+                     matrix_types=tuple(sorted({t.type_name for t in infos if len(t.shape) == 2})))
 
 
 def _build(data: np.ndarray, data_start: int, infos: list[_TensorInfo], cfg, path: Path):
