@@ -52,6 +52,13 @@ def show_defaults(p: argparse.ArgumentParser) -> None:
         action.help = f"{action.help} (default %(default)s)" if action.help else "default %(default)s"
 
 
+DEVICE_HELP = "auto (cuda, else mps, else cpu), cpu, cuda, cuda:N or mps"
+# the GGUF architectures interop.gguf_config.ARCHITECTURES reads, named here without importing torch (--help
+# never loads it); tests/cli/test_every_option_has_help.py checks the two agree
+GGUF_ARCHITECTURES = ("llama", "qwen2", "gpt2")
+GGUF_HELP = f"a GGUF file (llama.cpp, Ollama, LM Studio; architecture {', '.join(GGUF_ARCHITECTURES)})"
+
+
 def add_model_source(p: argparse.ArgumentParser, without: tuple[str, ...] = ()) -> None:
     """The same model flags wherever a command takes a model (less ``without``: those it could never use)."""
     p.add_argument("--ckpt", help="checkpoint directory, or a run directory (its newest checkpoint)")
@@ -61,8 +68,8 @@ def add_model_source(p: argparse.ArgumentParser, without: tuple[str, ...] = ()) 
     if "--random" not in without:
         p.add_argument("--random", metavar="SIZE", help="random weights of a model size (d2, gpt2, ...): "
                                                        "benchmarks and smoke tests")
-    p.add_argument("--gguf", metavar="FILE", help="a GGUF file (llama.cpp, Ollama, LM Studio; Llama architecture): "
-                                                  "its weights dequantized to float32, its tokenizer and chat template")
+    p.add_argument("--gguf", metavar="FILE", help=f"{GGUF_HELP}: its weights dequantized to float32, its tokenizer "
+                                                  "and chat template")
 
 
 def article(kind: str) -> str:

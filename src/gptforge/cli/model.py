@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 
 from gptforge.cli.common import (
+    DEVICE_HELP,
+    GGUF_HELP,
     CliError,
     add_model_source,
     load,
@@ -40,8 +42,8 @@ def args_sample(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stop", action="append", help="stop sequence (repeatable); not included in the output")
     p.add_argument("--stop-at-eot", action="store_true", help="end a sample at the tokenizer's end-of-text token "
                                                               "(GPT-2's <|endoftext|>)")
-    p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--device", default="auto")
+    p.add_argument("--seed", type=int, default=42, help="sampling seed: the same samples again")
+    p.add_argument("--device", default="auto", help=DEVICE_HELP)
 
 
 def cmd_sample(args: argparse.Namespace) -> int:
@@ -340,8 +342,8 @@ def args_import(p: argparse.ArgumentParser) -> None:
     p.description = ("Make a gptforge checkpoint of another program's model: its weights, its tokenizer and chat "
                      "template (carried in the checkpoint like any run's), and where it came from.")
     p.add_argument("format", choices=["llmc", "gguf", "hf"],
-                   help="llmc: an llm.c model file (GPT-2's tokenizer); gguf: a GGUF file (Llama architecture; "
-                        "weights dequantized to float32, the file's tokenizer and template); hf: a Hugging Face "
+                   help=f"llmc: an llm.c model file (GPT-2's tokenizer); gguf: {GGUF_HELP} (weights dequantized "
+                        "to float32, the file's tokenizer and template); hf: a Hugging Face "
                         "directory or hub name (its tokenizer.json and chat template)")
     p.add_argument("--model", required=True, help="the model file (llmc, gguf) or directory / hub name (hf)")
     p.add_argument("--out", required=True, help="run directory; the checkpoint is RUN/checkpoints/step_000000")
@@ -394,7 +396,7 @@ def args_serve(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens-cap", type=int, default=512, help="largest max_new_tokens a request may ask")
     p.add_argument("--max-batch", type=int, default=8, help="most prompts in one request")
     p.add_argument("--max-queue", type=int, default=8, help="requests waiting for the model before 429")
-    p.add_argument("--device", default="auto")
+    p.add_argument("--device", default="auto", help=DEVICE_HELP)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -454,11 +456,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def args_bench_generate(p: argparse.ArgumentParser) -> None:
     p.description = "Same random GPT-2 weights in both, same prompt, greedy; warm-up, repeats, JSON."
     p.add_argument("--size", default="gpt2", help="model size name (gpt2, d4, llama-tiny, ...; default %(default)s)")
-    p.add_argument("--batch", type=int, nargs="+", default=[1, 8])
-    p.add_argument("--prompt-tokens", type=int, default=16)
-    p.add_argument("--new-tokens", type=int, default=64)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--device", default="auto")
+    p.add_argument("--batch", type=int, nargs="+", default=[1, 8], help="batch sizes to time, each in turn")
+    p.add_argument("--prompt-tokens", type=int, default=16, help="prompt length in tokens")
+    p.add_argument("--new-tokens", type=int, default=64, help="tokens generated per timed run")
+    p.add_argument("--repeats", type=int, default=3, help="timed repeats after the warm-up (the median is reported)")
+    p.add_argument("--device", default="auto", help=DEVICE_HELP)
     p.add_argument("--threads", type=int, default=0, help="CPU threads for torch (0 = torch's default)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="weights of both models")
     p.add_argument("--json", help="write results to this JSON file")
