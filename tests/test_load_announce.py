@@ -71,7 +71,7 @@ def test_a_slow_load_says_what_it_reads_while_it_reads(tmp_path, monkeypatch):
     real = load._load_model
 
     def slow(source):
-        time.sleep(0.6)
+        time.sleep(1.5)
         return real(source)
 
     err = _Stamped()
@@ -84,15 +84,18 @@ def test_a_slow_load_says_what_it_reads_while_it_reads(tmp_path, monkeypatch):
     lines = err.getvalue().splitlines()
     assert lines[0].startswith(f"loading gptforge checkpoint {where} (") and lines[0].endswith(" ..."), lines
     said_at = next(t for t, s in err.when if s.startswith("loading"))
-    assert said_at - t0 < 0.5, "announced only after the load"  # the 0.1 s timer, not the 0.6 s load's end
+    assert said_at - t0 < 1.2, "announced only after the load"  # the 0.1 s timer, not the 1.5 s load's end
     took = float(re.fullmatch(r"loaded in (\d+\.\d) s", lines[1]).group(1))
-    assert abs(took - (t1 - t0)) <= 0.1, (took, t1 - t0)  # one decimal, and the print itself
+    # one decimal; the test's clock also holds describe_source and the prints (slow on a loaded machine)
+    assert 1.5 <= took + 0.05 and took <= t1 - t0 + 0.05, (took, t1 - t0)
 
 
-def test_a_fast_load_prints_nothing(tmp_path, capsys):
-    where = tiny_chat_checkpoint(tmp_path / "run")
-    load.load_model(ModelSource(ckpt=str(where)))
-    time.sleep(0.05)
+def test_a_fast_load_prints_nothing(monkeypatch, capsys):
+    """Under the default threshold a load that returns at once (a stand-in loader: a real one's time depends
+    on the machine's load) prints nothing, then or later."""
+    monkeypatch.setattr(load, "_load_model", lambda source: "model")
+    assert load.load_model(ModelSource(random="d2")) == "model"
+    time.sleep(load.ANNOUNCE_AFTER_S + 0.2)  # past the threshold: a timer left running would have printed by now
     assert capsys.readouterr().err == ""
 
 
@@ -114,3 +117,17 @@ def test_every_command_inherits_it(tmp_path, monkeypatch, capsys):
                  "--temperature", "0"]) == 0
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith(f"loading gptforge checkpoint {Path(where)} (") and err[1].startswith("loaded in"), err
+
+
+def test_at_once_means_before_the_block_runs(monkeypatch, capsys):
+    """``announce_after=0`` (serve) prints in the calling thread before the load starts: no timer thread that a
+    busy machine could schedule after the load began (a timer that never fires stands in for one)."""
+    import threading
+
+    class NeverFires(threading.Timer):
+        def start(self):
+            pass
+
+    monkeypatch.setattr(load.threading, "Timer", NeverFires)
+    with load.Announce("GGUF file m.gguf (1.0 MB)", after=0):
+        assert capsys.readouterr().err == "loading GGUF file m.gguf (1.0 MB) ...\n"

@@ -217,7 +217,11 @@ class Announce:
     def __enter__(self) -> Announce:
         self._t0 = time.perf_counter()
         self._timer = None
-        if os.environ.get("RANK", "0") == "0":
+        if os.environ.get("RANK", "0") != "0":
+            pass
+        elif self.after <= 0:  # at once (serve): said before the load starts, not raced by a thread
+            self._say()
+        else:
             self._timer = threading.Timer(self.after, self._say)
             self._timer.daemon = True
             self._timer.start()
