@@ -31,7 +31,9 @@ def test_dpo_summary_counts_the_reference_pass_and_loading(tmp_path, monkeypatch
     m = re.search(r"^time        0m(\d\d)s \(the whole command; 0m(\d\d)s in the training loop\)$", out, re.M)
     assert m, out
     whole, loop = int(m.group(1)), int(m.group(2))  # whole seconds, rounded down
-    assert wall - 1 < whole <= wall, (whole, wall)  # the command's time, from its start: not more, less by a rounding
+    # the command's time from its start: not more than the test's clock; less by the rounding down (1 s) and the
+    # moments outside main() (the test's clock starts first), which a loaded machine can stretch (0.5 s)
+    assert wall - 1.5 < whole <= wall, (whole, wall)
     assert whole >= loop + 1, (whole, loop)  # floor(loop + 1.2 + loading) >= floor(loop) + 1
 
 
