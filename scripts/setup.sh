@@ -15,8 +15,10 @@ if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
 fi
 PY="$VENV/bin/python"
+# pip's own lines (Collecting, Downloading with a bar, Installing) show the minutes it takes: no -q
 if ! "$PY" -c "import torch" 2>/dev/null; then
-  "$PY" -m pip install -q "$TORCH_SPEC"
+  echo "setup: installing $TORCH_SPEC into $VENV (about 1 GB the first time: a few minutes) ..."
+  "$PY" -m pip install "$TORCH_SPEC"
 fi
 EXTRAS=${EXTRAS-dev}
 # Reinstall only when something it depends on changed: pyproject.toml, the extras asked for, or where
@@ -27,7 +29,13 @@ if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] && [ -x "$VENV/bin/gptforg
    && "$PY" -c "import gptforge, sys; sys.exit(not gptforge.__file__.startswith('$PWD/src/'))" 2>/dev/null; then
   echo "gptforge is installed and up to date in $VENV (pyproject.toml and extras unchanged)"
 else
-  "$PY" -m pip install -q -e ".${EXTRAS:+[$EXTRAS]}"
+  echo "setup: installing gptforge (editable, extras [$EXTRAS]) into $VENV with: $("$PY" -c '
+import sys, tomllib
+p = tomllib.load(open("pyproject.toml", "rb"))["project"]
+extras = [e for e in sys.argv[1].split(",") if e]
+print(", ".join(d for d in p["dependencies"] + [d for e in extras for d in p.get("optional-dependencies", {}).get(e, [])]))
+' "$EXTRAS" 2>/dev/null || echo "the dependencies in pyproject.toml") ..."
+  "$PY" -m pip install -e ".${EXTRAS:+[$EXTRAS]}"
   printf '%s' "$WANT" > "$STAMP"
 fi
 "$VENV/bin/gptforge" assets tokenizer

@@ -12,6 +12,10 @@ the source says (a checkpoint's ``model.arch``, a Hugging Face ``model_type``).
 from __future__ import annotations
 
 import functools
+import os
+import sys
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,10 +57,17 @@ class ModelSource:
         return cls(ckpt=path)
 
 
-def load_model(source: ModelSource) -> torch.nn.Module:
-    """The model ``source`` names, in eval mode, on the CPU."""
+def load_model(source: ModelSource, announce_after: float | None = None) -> torch.nn.Module:
+    """The model ``source`` names, in eval mode, on the CPU. A load that lasts past ``announce_after``
+    seconds (default ``ANNOUNCE_AFTER_S``; 0: at once, as ``serve`` does) says on stderr what it is
+    reading (kind, path, size) and then how long it took."""
     if len(source.given()) != 1:
         raise ValueError("give exactly one of --ckpt DIR, --hf NAME_OR_DIR, --llmc FILE, --gguf FILE or --random SIZE")
+    with Announce(describe_source(source), after=announce_after):
+        return _load_model(source)
+
+
+def _load_model(source: ModelSource) -> torch.nn.Module:
     if source.gguf is not None:
         from gptforge.interop.gguf_read import read_gguf
 
@@ -93,6 +104,136 @@ def load_model(source: ModelSource) -> torch.nn.Module:
     # model: the policy is the model.
     ckpt.load_model_weights(model, where, prefix="policy." if recipe == "ppo" else "")
     return model.eval()
+
+
+# --- the dtype a model's weights were stored in -------------------------------------------------------
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def stored_dtype(source: ModelSource) -> tuple[str, str]:
+    """(dtype, why): the floating type ``source``'s weights are stored in, which an export writes by default
+    (as transformers' ``save_pretrained`` keeps a model's own dtype). Every model is computed in float32
+    here; this is what it was before loading:
+
+    * a Hugging Face directory: its config.json's ``torch_dtype`` (``dtype`` since transformers 4.56);
+    * a GGUF file: float16 or bfloat16 when every matrix is stored so; float32 for F32 and for quantized
+      matrices (their dequantized values, scale x integer + offset, need float32 to be kept exactly);
+    * an llm.c file: float32 (version 3) or bfloat16 (version 5);
+    * a checkpoint: what ``gptforge import`` recorded of its source (``source_dtype``), else float32
+      (a run's weights are float32 masters, whatever autocast it trained under)."""
+    import json
+
+    if source.hf is not None:
+        cfg_path = Path(source.hf) / "config.json"
+        if cfg_path.is_file():
+            try:
+                cfg = json.loads(cfg_path.read_text())
+            except (OSError, ValueError):
+                cfg = {}
+            for key in ("torch_dtype", "dtype"):
+                if isinstance(cfg, dict) and cfg.get(key) in DTYPES:
+                    return cfg[key], f"{cfg_path}'s {key}"
+        return "float32", "its config.json names no dtype"
+    if source.gguf is not None:
+        from gptforge.interop.gguf_read import read_gguf
+
+        types = set(read_gguf(source.gguf, weights=False).matrix_types)
+        own = {"F16": "float16", "BF16": "bfloat16", "F32": "float32"}
+        if len(types) == 1 and next(iter(types)) in own:
+            return own[next(iter(types))], f"the GGUF file's matrices are {next(iter(types))}"
+        return "float32", (f"the GGUF file's matrices are {', '.join(sorted(types))}: dequantized, they are exact "
+                           "only in float32")
+    if source.llmc is not None:
+        from gptforge.interop.llmc import read_model_header
+
+        v = read_model_header(source.llmc)["version"]
+        return ("bfloat16" if v == 5 else "float32"), f"the llm.c file is version {v}"
+    if source.ckpt is not None:
+        rec = ckpt.read_meta(ckpt.resolve_checkpoint(source.ckpt)).get("source_dtype")
+        if isinstance(rec, dict) and rec.get("dtype") in DTYPES:
+            return rec["dtype"], f"imported from {rec.get('why') or 'its source'}"
+        return "float32", "a gptforge checkpoint's weights are float32"
+    return "float32", "random weights are made in float32"
+
+
+# --- saying what is loading ----------------------------------------------------------------------------
+
+# A load slower than this says what it reads: the newcomer's "no silent minute" (within 2 s), while a
+# tiny model that loads at once prints nothing (its command's own lines, and a one-line error, stay alone).
+ANNOUNCE_AFTER_S = 1.0
+
+
+def human_bytes(n: int) -> str:
+    """``538.0 MB``: decimal units, as file managers and the hub show sizes."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} bytes"
+
+
+def _weights_bytes(d: Path) -> int:
+    return sum(f.stat().st_size for f in d.iterdir() if f.is_file() and f.suffix in (".safetensors", ".bin"))
+
+
+def describe_source(source: ModelSource) -> str:
+    """What ``source`` is, for a person: its kind of weights, its path and size, e.g. ``GGUF file
+    model.gguf (101.4 MB)``. Reads only directory listings and file sizes; never raises (a source that
+    is not there is named as given, and its loader says what is wrong)."""
+    try:
+        if source.gguf is not None:
+            return f"GGUF file {source.gguf} ({human_bytes(Path(source.gguf).stat().st_size)})"
+        if source.llmc is not None:
+            return f"llm.c model file {source.llmc} ({human_bytes(Path(source.llmc).stat().st_size)})"
+        if source.random is not None:
+            return f"random weights of size {source.random}"
+        if source.hf is not None:
+            d = Path(source.hf)
+            if not d.is_dir():
+                return f"Hugging Face model {source.hf} (from the hub)"
+            return f"Hugging Face directory {source.hf} ({human_bytes(_weights_bytes(d))} of weights)"
+        where = ckpt.resolve_checkpoint(source.ckpt)
+        return f"gptforge checkpoint {where} ({human_bytes(_weights_bytes(where))} of weights)"
+    except Exception:  # a missing file or checkpoint: its loader names it in its own error
+        kind = source.given()[0] if source.given() else "model"
+        return f"{kind} {getattr(source, kind, '')}"
+
+
+class Announce:
+    """``with Announce("GGUF file m.gguf (101.4 MB)"):`` prints ``loading GGUF file m.gguf (101.4 MB) ...``
+    on stderr once the block has run ``after`` seconds (a timer thread: the load itself is one long call),
+    and ``loaded in 12.3 s`` when it ends, if it was announced. Rank 0 only under torchrun."""
+
+    def __init__(self, what: str, after: float | None = None) -> None:
+        self.what, self.after = what, ANNOUNCE_AFTER_S if after is None else after
+        self._lock, self._said, self._done = threading.Lock(), False, False
+
+    def _say(self) -> None:
+        with self._lock:
+            if not self._done:
+                self._said = True
+                print(f"loading {self.what} ...", file=sys.stderr, flush=True)
+
+    def __enter__(self) -> Announce:
+        self._t0 = time.perf_counter()
+        self._timer = None
+        if os.environ.get("RANK", "0") != "0":
+            pass
+        elif self.after <= 0:  # at once (serve): said before the load starts, not raced by a thread
+            self._say()
+        else:
+            self._timer = threading.Timer(self.after, self._say)
+            self._timer.daemon = True
+            self._timer.start()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        with self._lock:
+            self._done = True
+            if self._said and exc_type is None:
+                print(f"loaded in {time.perf_counter() - self._t0:.1f} s", file=sys.stderr, flush=True)
 
 
 def lora_merged(where: Path, meta: dict, cfg: Config, merge: bool = True, wrap=None) -> torch.nn.Module:

@@ -46,13 +46,14 @@ def _run_series(run: str | Path) -> dict:
             evals.setdefault(r["task"], {})[r["step"]] = r
     if not by_kind["train"] and not by_kind["val"] and not by_kind["rl"] and not evals:
         raise FileNotFoundError(f"{mfile} holds no train, val, rl or eval records to plot")
-    data_dir = ""
+    data_dir, config = "", None
     cfg_file = mfile.parent / "config.json"
     if cfg_file.exists():
         from gptforge.storage import read_json
 
         try:  # it only says whether to draw FineWeb's reference lines: a damaged one is a warning, as a torn line is
-            data = read_json(cfg_file, ValueError, "run's config.json").get("data")
+            config = read_json(cfg_file, ValueError, "run's config.json")
+            data = config.get("data")
         except ValueError as e:
             print(f"gptforge plot: warning: {e}; no reference lines for this run", file=sys.stderr)
             data = None
@@ -60,7 +61,38 @@ def _run_series(run: str | Path) -> dict:
     # an RL step's loss is a policy-gradient surrogate (about 0), not a token loss: RL runs get their own
     # reward row and stay off the loss axes
     return {"train": by_kind["train"], "val": by_kind["val"], "rl": by_kind["rl"], "eval": evals,
-            "fineweb": "fineweb" in data_dir.lower()}
+            "fineweb": "fineweb" in data_dir.lower(), "words": _run_words(mfile.parent, config)}
+
+
+def _run_words(run: Path, config: dict | None) -> tuple[str, str] | None:
+    """(identity, description) of the tokenizer a run's losses are counted in: its newest checkpoint's
+    recorded tokenizer (name, size, fingerprint), else its config.json's model.vocab_size; None if neither."""
+    from gptforge.run import checkpoint as ckpt
+
+    try:
+        where = ckpt.latest_checkpoint(run)
+        tok = ckpt.read_meta(where).get("tokenizer") if where is not None else None
+    except Exception:  # a damaged checkpoint only loses this note
+        tok = None
+    if isinstance(tok, dict) and tok.get("fingerprint"):
+        n = tok.get("n_vocab")
+        return str(tok["fingerprint"]), f"tokenizer {tok.get('name')!r}" + (f" ({n:,} ids)" if isinstance(n, int) else "")
+    model = config.get("model") if isinstance(config, dict) else None
+    v = model.get("vocab_size") if isinstance(model, dict) else None
+    if isinstance(v, int) and not isinstance(v, bool):
+        return f"vocab {v}", f"a {v:,}-token vocabulary"
+    return None
+
+
+def tokenizer_note(names: list[str], series: list[dict]) -> str | None:
+    """Where runs count their losses in different tokenizers, a sentence saying so (a nats-per-token loss
+    of a 4,096-token vocabulary is not comparable with GPT-2's: a token is a different amount of text, and
+    the metrics record no bytes per token to convert both to bits per byte); else None."""
+    known = [(n, s["words"]) for n, s in zip(names, series, strict=True) if s.get("words")]
+    if len({w[0] for _, w in known}) < 2:
+        return None
+    return ("different tokenizers, losses not comparable per token: "
+            + "; ".join(f"{n}: {w[1]}" for n, w in known))
 
 
 def _xy(records: dict[int, dict], key: str, x: str) -> tuple[list, list]:
@@ -81,6 +113,9 @@ def plot_runs(runs: list[str], out: str | Path, labels: str | None = None) -> Pa
     if len(names) != len(runs):
         raise ValueError(f"labels: {len(names)} names for {len(runs)} runs")
     series = [_run_series(r) for r in runs]
+    note = tokenizer_note(names, series)
+    if note is not None:
+        print(f"gptforge plot: warning: {note}", file=sys.stderr)
     tasks = sorted({t for s in series for t in s["eval"]})
     rl = any(s["rl"] for s in series)
     lossy = any(s["train"] or s["val"] for s in series)  # a loss row only where some run has token losses
@@ -104,8 +139,12 @@ def plot_runs(runs: list[str], out: str | Path, labels: str | None = None) -> Pa
             ax.axhline(GPT2_124M_FINEWEB_VAL_LOSS, color="tab:red", linestyle="--", linewidth=1,
                        label=f"GPT-2 124M val ({GPT2_124M_FINEWEB_VAL_LOSS})")
         if lossy:
-            ax.set_ylabel("loss (nats/token)")
-            ax.set_title(f"loss vs {'tokens' if x == 'tokens' else 'step'}")
+            ax.set_ylabel("loss (nats/token)" + (", tokens differ" if note else ""))
+            title = f"loss vs {'tokens' if x == 'tokens' else 'step'}"
+            if note is None:
+                ax.set_title(title)
+            else:  # on the axis itself: a figure shared without the terminal still says it
+                ax.set_title(f"{title}\n({note})", fontsize=8, color="tab:red")
         if rl:
             ax = axes[int(lossy)][col]
             for i, (name, s) in enumerate(zip(names, series, strict=True)):

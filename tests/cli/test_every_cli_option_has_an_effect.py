@@ -965,7 +965,8 @@ EFFECTS: dict[tuple[str, str], tuple[str, ...]] = {
     # export --adapters-only: only the adapter files, and peft on the base export gives the run's logits
     ("export", "--adapters-only"): ("tests/training/test_lora_peft.py::test_adapter_export_loads_in_peft_to_the_same_logits",),
     # export llmc --dtype: the file's version and size, and weights rounded to that dtype read back
-    ("export", "--dtype"): ("tests/interop/test_interop.py::test_llmc_round_trip_via_cli",),
+    ("export", "--dtype"): ("tests/interop/test_interop.py::test_llmc_round_trip_via_cli",
+                            "tests/interop/test_export_own_dtype.py::test_a_bfloat16_model_exports_as_bfloat16_and_says_so"),
     # plan --gpu h100-80 --gpus 1024: every layout multiplies to 1024 ranks, its memory fits an H100's 80 GB
     **{("plan", f): ("tests/test_plan_parallel.py::test_plan_gpt3_175b_answers_at_once_without_building_a_model",)
        for f in ("--gpu", "--world")},

@@ -160,7 +160,8 @@ def test_refuses_what_gpt_cannot_represent(exported, tmp_path, monkeypatch):
     orig_eps = gguf.GGUFWriter.add_layer_norm_eps
     monkeypatch.setattr(gguf.GGUFWriter, "add_layer_norm_eps", lambda w, v: orig_eps(w, 1e-6))
     assert main(["export", "gguf", "--ckpt", str(ck), "--out", str(tmp_path / "eps")]) == 0
-    _refused(tmp_path / "eps" / "model-f32.gguf", r"gpt2\.attention\.layer_norm_epsilon=9\.99")
+    # the value as its writer gave it (1e-06), not its float32 expansion (9.99...e-07): gguf_read.shortest_float32
+    _refused(tmp_path / "eps" / "model-f32.gguf", r"gpt2\.attention\.layer_norm_epsilon=1e-06: ")
     monkeypatch.setattr(gguf.GGUFWriter, "add_layer_norm_eps", orig_eps)
 
     orig_heads = gguf.GGUFWriter.add_head_count

@@ -75,7 +75,10 @@ def test_api_info_written_out(tokenizer):
               "max_body_bytes": 5000}
     with TestClient(create_app(m, tokenizer, _settings())) as c:
         info = c.get("/api/info").json()
-    assert info == {"model": m.config.to_dict(), "parameters": n_params, "limits": limits, "queue": {"waiting": 0},
+    # the model's bos_token (an unused 50256 under causal attention) is left out; the tokenizer's own ids are in
+    model = {k: v for k, v in m.config.to_dict().items() if k != "bos_token"}
+    gpt2 = {"name": "gpt2", "n_vocab": 50257, "eot": 50256, "bos": None, "eos": 50256}  # GPT-2's BPE: no bos
+    assert info == {"model": model, "tokenizer": gpt2, "parameters": n_params, "limits": limits, "queue": {"waiting": 0},
                     "served": {"source": "memory", "path": None, "run_dir": None, "step": None, "tokens_trained": None,
                                "family": "gpt2", "parameters": n_params, "layers": 1, "heads": 2, "width": d,
                                "context": 32, "vocab_size": 50261}}

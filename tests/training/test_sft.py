@@ -109,7 +109,7 @@ def test_sft_lowers_heldout_assistant_loss_and_carries_template(tmp_path, tokeni
                           "--train.val_every", "15", "--base-loss")) == 0
     out = capsys.readouterr().out
     # the end-of-run sample is a chat turn: a held-out user message, then the model's reply
-    sample = out[out.index("--- sample 0 (step 15)"):].splitlines()
+    sample = out[out.index("--- sample 0 (step 15; sampled at temperature 0.7, top-k 50)"):].splitlines()
     assert sample[1].startswith("user> ") and "<|" not in sample[1] and sample[2].startswith("assistant> ")
     assert "--- sft summary" in out and f"gptforge chat --ckpt {run}" in out and "val loss    best" in out
     val = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]

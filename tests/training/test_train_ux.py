@@ -86,7 +86,7 @@ def test_a_run_ends_with_a_summary_and_raw_text_samples(shard_dir, tmp_path, cap
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "| 1 CPU thread |" in out.splitlines()[0]  # train.threads auto on CPU
-    lines = out[out.index("--- sample 0 (step 2)"):].splitlines()
+    lines = out[out.index("--- sample 0 (step 2; sampled at temperature 1, top-k 50)"):].splitlines()
     assert not lines[1].startswith(("'", '"')) and "sample 0:" not in out  # printed as text, not a repr
     summary = out[out.index("--- train summary"):]
     vals = {r["step"]: r["val_loss"] for r in _records(run, "val")}

@@ -115,6 +115,9 @@ def _loaded_errors() -> tuple[type[BaseException], ...]:
 
 def main(argv: list[str] | None = None) -> int:
     from gptforge import allocator
+    from gptforge.cli.common import mark_command_start
+
+    mark_command_start()  # a run's summary times the whole command, not only its loop
 
     allocator.setup(reexec=argv is None)  # before torch loads: big CPU blocks kept across steps (issue 35)
     argv = list(sys.argv[1:] if argv is None else argv)

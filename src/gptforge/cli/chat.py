@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from gptforge.cli.common import CliError, add_model_source, load, model_source, text_encoder, words
+from gptforge.cli.common import DEVICE_HELP, CliError, add_model_source, load, model_source, text_encoder, words
 
 # --- chat ----------------------------------------------------------------------------------------
 
@@ -101,7 +101,7 @@ def args_chat(c: argparse.ArgumentParser) -> None:
                    help=f"reply length cap (default {CHAT_NEW_TOKENS}, less where the context is short)")
     c.add_argument("--temperature", type=float, default=0.7, help="0 = greedy")
     c.add_argument("--top-k", type=int, default=50, help="0 = off")
-    c.add_argument("--top-p", type=float, default=None)
-    c.add_argument("--repetition-penalty", type=float, default=1.0)
-    c.add_argument("--seed", type=int, default=None)
-    c.add_argument("--device", default="auto")
+    c.add_argument("--top-p", type=float, default=None, help="nucleus sampling threshold in (0, 1]; default off")
+    c.add_argument("--repetition-penalty", type=float, default=1.0, help="> 1 discourages repeats (1 = off)")
+    c.add_argument("--seed", type=int, default=None, help="sampling seed: the same replies again; default a new one each run")
+    c.add_argument("--device", default="auto", help=DEVICE_HELP)

@@ -52,6 +52,13 @@ def show_defaults(p: argparse.ArgumentParser) -> None:
         action.help = f"{action.help} (default %(default)s)" if action.help else "default %(default)s"
 
 
+DEVICE_HELP = "auto (cuda, else mps, else cpu), cpu, cuda, cuda:N or mps"
+# the GGUF architectures interop.gguf_config.ARCHITECTURES reads, named here without importing torch (--help
+# never loads it); tests/cli/test_every_option_has_help.py checks the two agree
+GGUF_ARCHITECTURES = ("llama", "qwen2", "gpt2")
+GGUF_HELP = f"a GGUF file (llama.cpp, Ollama, LM Studio; architecture {', '.join(GGUF_ARCHITECTURES)})"
+
+
 def add_model_source(p: argparse.ArgumentParser, without: tuple[str, ...] = ()) -> None:
     """The same model flags wherever a command takes a model (less ``without``: those it could never use)."""
     p.add_argument("--ckpt", help="checkpoint directory, or a run directory (its newest checkpoint)")
@@ -61,8 +68,8 @@ def add_model_source(p: argparse.ArgumentParser, without: tuple[str, ...] = ()) 
     if "--random" not in without:
         p.add_argument("--random", metavar="SIZE", help="random weights of a model size (d2, gpt2, ...): "
                                                        "benchmarks and smoke tests")
-    p.add_argument("--gguf", metavar="FILE", help="a GGUF file (llama.cpp, Ollama, LM Studio; Llama architecture): "
-                                                  "its weights dequantized to float32, its tokenizer and chat template")
+    p.add_argument("--gguf", metavar="FILE", help=f"{GGUF_HELP}: its weights dequantized to float32, its tokenizer "
+                                                  "and chat template")
 
 
 def article(kind: str) -> str:
@@ -93,7 +100,7 @@ def model_source(args: argparse.Namespace) -> ModelSource:
     return src
 
 
-def load(source: ModelSource, flag: str | None = None):
+def load(source: ModelSource, flag: str | None = None, announce_after: float | None = None):
     """``load.load_model`` with its bad-input errors as CliError; with ``flag`` (the command-line flag
     that named the model, e.g. ``--init-from``) every refusal of it, a missing or damaged checkpoint
     too, starts with that flag, so a command taking several models says which one is wrong."""
@@ -101,7 +108,7 @@ def load(source: ModelSource, flag: str | None = None):
     from gptforge.load import load_model
 
     try:
-        return load_model(source)
+        return load_model(source, announce_after=announce_after)
     except ValueError as e:
         raise CliError(f"{flag}: {e}" if flag else str(e)) from e
     except (CheckpointError, FileNotFoundError) as e:
@@ -273,6 +280,26 @@ def init_from(source: str, cfg) -> Callable:
     return init_weights
 
 
+_COMMAND_T0: float | None = None  # perf_counter() when cli.main began this command
+
+
+def mark_command_start() -> None:
+    """Called first thing by ``cli.main``: a run's summary times the whole command from here (loading the
+    model, preparing the data, a reference pass, the steps and the last checkpoint), not only its loop.
+    What comes before it is the interpreter's start and ``import gptforge.cli``: a quarter of a second."""
+    global _COMMAND_T0
+    import time
+
+    _COMMAND_T0 = time.perf_counter()
+
+
+def command_seconds() -> float | None:
+    """Seconds since :func:`mark_command_start`; None outside ``cli.main`` (a library caller)."""
+    import time
+
+    return None if _COMMAND_T0 is None else time.perf_counter() - _COMMAND_T0
+
+
 def finish(result, command: str, cfg=None, start: str | None = None) -> int:
     """The end of a training command: the run's summary on rank 0 (:func:`summary`), then the exit
     status: 3 diverged (nothing saved past the last good checkpoint), 130 stopped by a signal (0 under
@@ -282,7 +309,7 @@ def finish(result, command: str, cfg=None, start: str | None = None) -> int:
     from gptforge.run.faults import exit_status
 
     if os.environ.get("RANK", "0") == "0" and result.diverged_at is None:
-        print(summary(result, command, cfg, start), flush=True)
+        print(summary(result, command, cfg, start, whole=command_seconds()), flush=True)
     if result.diverged_at is not None:
         print(f"gptforge {command}: the run diverged (not finite) at step {result.diverged_at} (see the log line above); "
               f"nothing was saved past the last checkpoint: lower --optim.lr or check the data or reward, then "
@@ -291,8 +318,9 @@ def finish(result, command: str, cfg=None, start: str | None = None) -> int:
     return exit_status(result.interrupted)
 
 
-def summary(result, command: str, cfg=None, start: str | None = None) -> str:
-    """What a finished (or stopped) train/sft/rl/dpo/rm run did and what to do next: steps, tokens, time,
+def summary(result, command: str, cfg=None, start: str | None = None, whole: float | None = None) -> str:
+    """What a finished (or stopped) train/sft/rl/dpo/rm run did and what to do next: steps, tokens, time
+    (``whole``: the command's, from :func:`command_seconds`, with the steps' share beside it),
     best and final val loss, held-out rates with their interval and chance level (eval.stats.fmt_rate),
     rewards with their scale, the checkpoint, and next commands built from the run's own settings."""
     from gptforge.eval.stats import GENERATIVE_CHANCE, fmt_rate
@@ -306,7 +334,11 @@ def summary(result, command: str, cfg=None, start: str | None = None) -> str:
     lines.append(f"steps       {steps}")
     if result.tokens:
         lines.append(f"tokens      {result.tokens:,}")
-    lines.append(f"time        {fmt_duration(result.seconds)}")
+    if whole is None:
+        lines.append(f"time        {fmt_duration(result.seconds)}")
+    else:  # the wait the user had, then the steps' part of it (the rest: loading, data, reference pass, saving)
+        lines.append(f"time        {fmt_duration(whole)} (the whole command; {fmt_duration(result.seconds)} in the "
+                     f"training loop)")
     if result.val_losses:
         best = min(result.val_losses, key=result.val_losses.get)
         last = max(result.val_losses)

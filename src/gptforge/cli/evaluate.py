@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from gptforge.cli.common import CliError, add_model_source, load, model_source, words
+from gptforge.cli.common import DEVICE_HELP, CliError, add_model_source, load, model_source, words
 
 # --- eval -----------------------------------------------------------------------------------------
 
@@ -26,7 +26,7 @@ def args_eval(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", help="write the results to this JSON file (generative tasks: every reply, which "
                                   "--paired-with reads)")
     p.add_argument("--force", action="store_true", help="replace the --json file if it exists")
-    p.add_argument("--device", default="auto")
+    p.add_argument("--device", default="auto", help=DEVICE_HELP)
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                    help="autocast dtype; auto = bf16 on CUDA where supported")
     p.add_argument("--batch-tokens", type=int, default=None,
@@ -204,7 +204,7 @@ def eval_generative(args: argparse.Namespace, names: list[str]) -> None:
     template = None if args.raw else chat
     with torch.no_grad(), autocast_for(device, args.dtype)():  # --dtype: bf16 autocast as the scored tasks
         results = evaluate_generative(model, tok, names, template, limit=args.limit,
-                                      system=args.system, offset=args.offset)
+                                      system=args.system, offset=args.offset, bar=True)
     from gptforge.eval.stats import GENERATIVE_CHANCE, fmt_ci, wilson
 
     print(f"{'task':<12} {'n':>6} {'accuracy':>9} {'95% CI':>12} {'chance':>7} {'format':>7}  "

@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 
 from gptforge.cli.common import (
+    DEVICE_HELP,
+    GGUF_HELP,
     CliError,
     add_model_source,
     load,
@@ -40,8 +42,8 @@ def args_sample(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stop", action="append", help="stop sequence (repeatable); not included in the output")
     p.add_argument("--stop-at-eot", action="store_true", help="end a sample at the tokenizer's end-of-text token "
                                                               "(GPT-2's <|endoftext|>)")
-    p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--device", default="auto")
+    p.add_argument("--seed", type=int, default=42, help="sampling seed: the same samples again")
+    p.add_argument("--device", default="auto", help=DEVICE_HELP)
 
 
 def cmd_sample(args: argparse.Namespace) -> int:
@@ -117,8 +119,11 @@ def args_export(p: argparse.ArgumentParser) -> None:
                    help="output folder: hf writes model.safetensors, config.json (+ tokenizer files); llmc writes "
                         "model.bin (+ tokenizer.bin, llm.c's tokenizer file); gguf writes model-<dtype>.gguf")
     p.add_argument("--force", action="store_true", help="write into a non-empty folder")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "f32", "bf16", "f16"],
-                   help="llmc: float32 or bfloat16 (version 3 or 5); gguf: f32, f16 or bf16 (default f32)")
+    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16", "f32", "bf16", "f16"],
+                   help="the weights' type in the file written (hf: any; llmc: float32 or bfloat16, version 3 or "
+                        "5; gguf: f32, f16 or bf16). Default: the model's own, as stored before loading (an HF "
+                        "directory's torch_dtype, a GGUF's F16/BF16 matrices, an llm.c version, what `import` "
+                        "recorded; else float32): the export says which and why")
     p.add_argument("--no-tokenizer", action="store_true", help="skip the tokenizer files")
     p.add_argument("--adapters-only", action="store_true",
                    help="hf, a LoRA run (--lora.rank): write only its adapters in peft's format (adapter_config.json + "
@@ -171,6 +176,8 @@ def _final(args: argparse.Namespace, f) -> str:
 
 
 def _export(args: argparse.Namespace) -> int:
+    import torch
+
     from gptforge.tokens import GPT2_VOCAB
     from gptforge.training.rm import checkpoint_is_reward_model
 
@@ -181,6 +188,7 @@ def _export(args: argparse.Namespace) -> int:
     dtype = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}.get(args.dtype, args.dtype)
     if args.format == "llmc" and dtype == "float16":
         raise CliError("--dtype float16: llm.c model files are float32 or bfloat16")
+    why = "--dtype"
     if args.format == "gguf":
         from gptforge.extras import require
 
@@ -188,6 +196,9 @@ def _export(args: argparse.Namespace) -> int:
         if args.no_tokenizer:
             raise CliError("--no-tokenizer: a GGUF file must carry its tokenizer (llama.cpp reads it from the file)")
     source = model_source(args)
+    if dtype is None:  # the model's own, as transformers' save_pretrained keeps it
+        dtype, why = _own_dtype(source, args.format)
+    args.dtype_said = f"as {dtype} ({why})"
     model = load(source)
     tok, chat = words(source, model)  # a chat checkpoint: the HF tokenizer gets its template
     if not tok.is_gpt2:  # the model's own tokenizer travels with it
@@ -199,10 +210,7 @@ def _export(args: argparse.Namespace) -> int:
         raise CliError(f"model.vocab_size={model.config.vocab_size} is not {what}, so GPT-2's tokenizer does not "
                        "describe this model; pass --no-tokenizer to export the weights alone")
     tokenizer = not args.no_tokenizer
-    n = sum(p.numel() for p in model.parameters())
-    print(f"gptforge export: writing {n / 1e6:.1f}M parameters to {getattr(args, 'out_final', args.out)} ...",
-          file=sys.stderr,
-          flush=True)  # seconds for the larger models: not silent
+    _say_writing(args, model)
     try:
         if args.format == "hf":
             import inspect
@@ -214,7 +222,7 @@ def _export(args: argparse.Namespace) -> int:
                 raise CliError(f"export hf: the {model.config.arch} exporter does not write a chat template yet; "
                                "pass --no-tokenizer")
             kw = {"chat_template": chat.to_dict()} if chat is not None else {}
-            files = export(model, args.out, force=args.force, tokenizer=tokenizer, **kw)
+            files = export(model, args.out, force=args.force, tokenizer=tokenizer, dtype=getattr(torch, dtype), **kw)
         elif args.format == "gguf":
             from gptforge.interop.gguf import export_gguf
 
@@ -245,12 +253,16 @@ def _export_llmc(args: argparse.Namespace, model, tok, dtype: str, tokenizer: bo
 def _export_own_tokenizer(args: argparse.Namespace, model, tok, chat, dtype: str) -> int:
     """Export of a model whose tokenizer is not GPT-2's: the weights as for any model, then the
     model's own tokenizer (its tokenizer.json and chat template; llm.c's token table; GGUF metadata)."""
+    import torch
+
     from gptforge.interop import hf, hf_module
 
     tokenizer = not args.no_tokenizer
+    _say_writing(args, model)
     try:
         if args.format == "hf":
-            files = hf_module(model.config.arch).export_hf(model, args.out, force=args.force, tokenizer=False)
+            files = hf_module(model.config.arch).export_hf(model, args.out, force=args.force, tokenizer=False,
+                                                           dtype=getattr(torch, dtype))
             if tokenizer:
                 files += hf.write_model_tokenizer(Path(args.out), tok, chat, model.config.block_size)
         elif args.format == "gguf":
@@ -265,6 +277,27 @@ def _export_own_tokenizer(args: argparse.Namespace, model, tok, chat, dtype: str
         raise CliError(str(e)) from e
     print(json.dumps({"format": args.format, "files": [_final(args, f) for f in files], "tokenizer": tok.describe()}))
     return 0
+
+
+def _own_dtype(source, fmt: str) -> tuple[str, str]:
+    """(dtype, why) an export writes without --dtype: the model's own (load.stored_dtype), where the format
+    holds it (llm.c has no float16)."""
+    from gptforge.load import stored_dtype
+
+    try:
+        own, why = stored_dtype(source)
+    except (OSError, ValueError) as e:  # an unreadable source: its loader, next, says what is wrong
+        return "float32", f"the source's dtype is unreadable ({e})"
+    if fmt == "llmc" and own == "float16":
+        return "float32", f"{why} float16, which llm.c files do not hold"
+    return own, f"the model's own: {why}; --dtype to choose"
+
+
+def _say_writing(args: argparse.Namespace, model) -> None:
+    """Seconds for the larger models: not silent; the dtype written and why."""
+    n = sum(p.numel() for p in model.parameters())
+    print(f"gptforge export: writing {n / 1e6:.1f}M parameters {args.dtype_said} to "
+          f"{getattr(args, 'out_final', args.out)} ...", file=sys.stderr, flush=True)
 
 
 def _export_name(args: argparse.Namespace) -> str:
@@ -309,8 +342,8 @@ def args_import(p: argparse.ArgumentParser) -> None:
     p.description = ("Make a gptforge checkpoint of another program's model: its weights, its tokenizer and chat "
                      "template (carried in the checkpoint like any run's), and where it came from.")
     p.add_argument("format", choices=["llmc", "gguf", "hf"],
-                   help="llmc: an llm.c model file (GPT-2's tokenizer); gguf: a GGUF file (Llama architecture; "
-                        "weights dequantized to float32, the file's tokenizer and template); hf: a Hugging Face "
+                   help=f"llmc: an llm.c model file (GPT-2's tokenizer); gguf: {GGUF_HELP} (weights dequantized "
+                        "to float32, the file's tokenizer and template); hf: a Hugging Face "
                         "directory or hub name (its tokenizer.json and chat template)")
     p.add_argument("--model", required=True, help="the model file (llmc, gguf) or directory / hub name (hf)")
     p.add_argument("--out", required=True, help="run directory; the checkpoint is RUN/checkpoints/step_000000")
@@ -334,6 +367,10 @@ def cmd_import(args: argparse.Namespace) -> int:
     model = load(source, "--model")
     tok, chat = words(source, model, flag="--model")
     meta = {"config": Config(model=model.config).to_dict(), "source": str(args.model), "tokenizer": tok}
+    from gptforge.load import stored_dtype
+
+    dtype, why = stored_dtype(source)  # what `export` writes by default: the model's own, not float32
+    meta["source_dtype"] = {"dtype": dtype, "why": why}
     if chat is not None:
         meta["chat_template"] = chat.to_dict()
     where = ckpt.save_checkpoint(args.out, 0, model, None, meta,  # advice from import's own options (no --resume)
@@ -361,7 +398,7 @@ def args_serve(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens-cap", type=int, default=512, help="largest max_new_tokens a request may ask")
     p.add_argument("--max-batch", type=int, default=8, help="most prompts in one request")
     p.add_argument("--max-queue", type=int, default=8, help="requests waiting for the model before 429")
-    p.add_argument("--device", default="auto")
+    p.add_argument("--device", default="auto", help=DEVICE_HELP)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -404,7 +441,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"gptforge serve: {e}", file=sys.stderr)
         return EXIT_PORT_BUSY
     try:
-        model = load(source).to(resolve_device(args.device, flag="--device"))
+        # what it loads, said before it loads (a GGUF file takes tens of seconds); the URL follows when it serves
+        model = load(source, announce_after=0).to(resolve_device(args.device, flag="--device"))
         tok, chat = words(source, model)  # a chat checkpoint: the page opens in chat mode
     except BaseException:
         sock.close()
@@ -420,11 +458,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def args_bench_generate(p: argparse.ArgumentParser) -> None:
     p.description = "Same random GPT-2 weights in both, same prompt, greedy; warm-up, repeats, JSON."
     p.add_argument("--size", default="gpt2", help="model size name (gpt2, d4, llama-tiny, ...; default %(default)s)")
-    p.add_argument("--batch", type=int, nargs="+", default=[1, 8])
-    p.add_argument("--prompt-tokens", type=int, default=16)
-    p.add_argument("--new-tokens", type=int, default=64)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--device", default="auto")
+    p.add_argument("--batch", type=int, nargs="+", default=[1, 8], help="batch sizes to time, each in turn")
+    p.add_argument("--prompt-tokens", type=int, default=16, help="prompt length in tokens")
+    p.add_argument("--new-tokens", type=int, default=64, help="tokens generated per timed run")
+    p.add_argument("--repeats", type=int, default=3, help="timed repeats after the warm-up (the median is reported)")
+    p.add_argument("--device", default="auto", help=DEVICE_HELP)
     p.add_argument("--threads", type=int, default=0, help="CPU threads for torch (0 = torch's default)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="weights of both models")
     p.add_argument("--json", help="write results to this JSON file")

@@ -128,8 +128,8 @@ def _flag_value(overrides: list[str], key: str) -> bool:
 def args_bench(p: argparse.ArgumentParser) -> None:
     p.description = ("Warm up, then time training steps (synchronized) and write JSON. "
                      "Accepts the same --section.key overrides as train.")
-    p.add_argument("--preset", default="tiny")
-    p.add_argument("--out", help=argparse.SUPPRESS)
+    p.add_argument("--preset", default="tiny", help="named run to time (`gptforge presets` lists them)")
+    p.add_argument("--out", help="run directory of the timed steps (same as --train.out_dir)")
     p.add_argument("--steps", type=int, default=10, help="timed steps (default %(default)s)")
     p.add_argument("--warmup", type=int, default=3, help="untimed warm-up steps (default %(default)s)")
     p.add_argument("--json", help="write results to this JSON file")
@@ -170,7 +170,7 @@ def args_plan(p: argparse.ArgumentParser) -> None:
                      "for --gpus GPUs of that kind and predict memory per GPU, step time, MFU and days to --tokens. "
                      "--measure compares the estimate with a measured peak for the preset as configured. "
                      "Accepts --section.key overrides.")
-    p.add_argument("--preset", default="gpt2-124m")
+    p.add_argument("--preset", default="gpt2-124m", help="named run to plan (`gptforge presets` lists them)")
     p.add_argument("--gpu-mem", type=finite, default=None, help="GiB per GPU (default 80, or the --gpu preset's)")
     p.add_argument("--world", "--gpus", dest="world", type=int, default=8, help="number of GPUs (default %(default)s)")
     p.add_argument("--gpu", help="plan a parallel layout for this GPU: a100-40, a100-80, h100-80, h200")
@@ -213,7 +213,8 @@ def cmd_plan(args: argparse.Namespace, overrides: list[str]) -> int:
 def args_race(p: argparse.ArgumentParser) -> None:
     p.description = ("Train each preset on the same data until the target val loss (default: the first preset's "
                      "final val loss); --section.key overrides apply to every preset, PRESET,key=value,... to one.")
-    p.add_argument("presets", nargs="+", metavar="PRESET")
+    p.add_argument("presets", nargs="+", metavar="PRESET", help="named runs to race (`gptforge presets` lists them); "
+                   "PRESET,key=value,... overrides one")
     p.add_argument("--target", type=float, help="val loss to reach (default: the first preset's final val loss)")
     p.add_argument("--evals", type=int, default=20, help="validations per run (default %(default)s)")
     p.add_argument("--out", default="runs/race", help="folder for the runs, race.json and race.png")

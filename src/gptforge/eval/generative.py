@@ -101,8 +101,11 @@ def prompt_ids(problem: Problem, enc: Any, template: ChatTemplate | None, system
 
 def generate_replies(model: Any, enc: Any, prompts: Sequence[list[int]], template: ChatTemplate | None,
                      max_new_tokens: int, batch_size: int = 32, temperature: float = 0.0,
-                     seed: int | None = 0) -> list[str]:
-    """Replies to token prompts, batched (left-padded, KV cache), greedy unless ``temperature``."""
+                     seed: int | None = 0, desc: str | None = None) -> list[str]:
+    """Replies to token prompts, batched (left-padded, KV cache), greedy unless ``temperature``.
+    ``desc``: a progress bar by that name over the prompts, on stderr."""
+    from gptforge.progress import progress_bar
+
     if template is not None:
         enc = ChatTokenizer(plain_tokenizer(enc), template)
         params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_k=None,
@@ -111,8 +114,10 @@ def generate_replies(model: Any, enc: Any, prompts: Sequence[list[int]], templat
         params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_k=None,
                                 stop=RAW_STOPS, stop_token=enc.eot_token, seed=seed)
     out: list[str] = []
-    for i in range(0, len(prompts), batch_size):
-        out += [r["text"].strip() for r in complete(model, enc, prompts[i : i + batch_size], params)]
+    with progress_bar(len(prompts), desc or "", "problem", show=desc is not None) as bar:
+        for i in range(0, len(prompts), batch_size):
+            out += [r["text"].strip() for r in complete(model, enc, prompts[i : i + batch_size], params)]
+            bar.update(len(prompts[i : i + batch_size]))
     return out
 
 
@@ -133,8 +138,9 @@ def task_problems(name: str, limit: int = 0, offset: int = 0) -> list[Problem]:
 
 def evaluate_generative(model: Any, enc: Any, names: Sequence[str], template: ChatTemplate | None,
                         limit: int = 0, batch_size: int = 32, system: str | None = None,
-                        offset: int = 0) -> list[GenerativeResult]:
-    """Exact-match accuracy and format rate per task, on its problems ``offset`` to ``offset + limit``."""
+                        offset: int = 0, bar: bool = False) -> list[GenerativeResult]:
+    """Exact-match accuracy and format rate per task, on its problems ``offset`` to ``offset + limit``.
+    ``bar``: a progress bar per task on stderr."""
     unknown = [n for n in names if n not in GENERATIVE]
     if unknown:
         raise EvalDataError(f"unknown generative task(s) {', '.join(unknown)}; known: {', '.join(GENERATIVE)}")
@@ -147,8 +153,9 @@ def evaluate_generative(model: Any, enc: Any, names: Sequence[str], template: Ch
         prompts = [prompt_ids(p, enc, template, system) for p in problems]
         fits = [i for i, ids in enumerate(prompts) if len(ids) + new <= block]
         replies = [""] * len(problems)
-        for i, r in zip(fits, generate_replies(model, enc, [prompts[i] for i in fits], template, new, batch_size),
-                        strict=True):
+        desc = f"{name} ({len(fits)} problems)" if bar else None
+        for i, r in zip(fits, generate_replies(model, enc, [prompts[i] for i in fits], template, new, batch_size,
+                                               desc=desc), strict=True):
             replies[i] = r
         n = len(problems)
         rows = [{"question": p.question, "answer": p.answer, "reply": r, "correct": bool(is_correct(r, p.answer))}

@@ -76,6 +76,14 @@ DEFAULT_ALIGNMENT = 32
 _SCALARS = {0: ("<B", 1), 1: ("<b", 1), 2: ("<H", 2), 3: ("<h", 2), 4: ("<I", 4), 5: ("<i", 4), 6: ("<f", 4),
             7: ("<?", 1), 10: ("<Q", 8), 11: ("<q", 8), 12: ("<d", 8)}
 _ARRAY = 9  # _STRING (8) comes with the tokenizer's reader, which reads strings too
+_FLOAT32 = 6
+
+
+def shortest_float32(x: float) -> float:
+    """The shortest decimal that is the same float32 as ``x``, as a Python float: a float32 metadata value
+    (an epsilon, a rope base) keeps the value its writer typed through a config and an export, as
+    transformers' config.json keeps 1e-05. Read back as float32 it is bit for bit the value stored."""
+    return float(np.format_float_positional(np.float32(x), unique=True, trim="-")) if math.isfinite(x) else x
 
 # tensor types read (their names in gguf.GGMLQuantizationType); anything else is refused by name
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
@@ -116,6 +124,7 @@ class GGUFModel:
     chat_template: str | None
     metadata: dict[str, Any] = field(default_factory=dict)  # the scalar keys (provenance)
     path: Path | None = None
+    matrix_types: tuple[str, ...] = ()  # the GGML types of its 2-D tensors, sorted (F16, Q4_1, ...)
 
 
 @dataclass
@@ -197,6 +206,8 @@ def _walk_header(path: Path, buf: Any) -> _Header:
         vtype = c.scalar("<I", 4, f"{key}'s type")
         if vtype in _SCALARS:
             scalars[key] = c.scalar(*_SCALARS[vtype], key)
+            if vtype == _FLOAT32:  # the decimal the writer meant: 1e-05, not 9.999999747378752e-06 (same float32)
+                scalars[key] = shortest_float32(scalars[key])
         elif vtype == _STRING:
             scalars[key] = c.string(MAX_STRING, key)
         elif vtype == _ARRAY:
@@ -385,7 +396,8 @@ def read_gguf(path: str | Path, weights: bool = True) -> GGUFModel:
                                 f"{list(expected[t.name])}")
     build = _build_gpt2 if arch == "gpt2" else _build
     model = build(data, header.data_start, infos, cfg, path) if weights else None  # weights=False: the words only (fast)
-    return GGUFModel(model=model, tokenizer=tok, chat_template=template, metadata=dict(scalars), path=path)
+    return GGUFModel(model=model, tokenizer=tok, chat_template=template, metadata=dict(scalars), path=path,
+                     matrix_types=tuple(sorted({t.type_name for t in infos if len(t.shape) == 2})))
 
 
 def _build(data: np.ndarray, data_start: int, infos: list[_TensorInfo], cfg, path: Path):

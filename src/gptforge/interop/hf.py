@@ -389,6 +389,11 @@ def hf_config(cfg) -> dict:
     }
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.bfloat16`` -> ``"bfloat16"``, as config.json's ``torch_dtype`` spells it."""
+    return str(dtype).removeprefix("torch.")
+
+
 def to_transformers(model: torch.nn.Module):
     """A transformers ``GPT2LMHeadModel`` holding ``model``'s (a gptforge GPT's) weights, in memory
     (benchmarks, tests); ``interop.hf_llama.to_transformers`` is the Llama family's."""
@@ -404,9 +409,10 @@ def to_transformers(model: torch.nn.Module):
 
 
 def export_hf(model: torch.nn.Module, out_dir: str | Path, force: bool = False, tokenizer: bool = True,
-              chat_template: dict | None = None) -> list[Path]:
+              chat_template: dict | None = None, dtype: torch.dtype = torch.float32) -> list[Path]:
     """Write ``model`` (a gptforge GPT) as a Hugging Face GPT-2 directory. Returns the files written.
-    ``chat_template``: a checkpoint's meta.json template; the tokenizer gets its tokens and Jinja."""
+    ``chat_template``: a checkpoint's meta.json template; the tokenizer gets its tokens and Jinja.
+    ``dtype``: of the weights written (config.json's ``torch_dtype`` says it)."""
     from safetensors.torch import save_file
 
     from gptforge.interop.hf_chat import check_tokenizer_vocab
@@ -419,11 +425,12 @@ def export_hf(model: torch.nn.Module, out_dir: str | Path, force: bool = False, 
     chat = check_tokenizer_vocab(cfg.vocab_size, chat_template) if tokenizer else None  # before writing
     out = check_out_dir(out_dir, force)
     sd = gptforge_to_hf({k: v.detach().float().cpu() for k, v in model.state_dict().items()}, cfg)
+    sd = {k: v.to(dtype).contiguous() for k, v in sd.items()}
     sd.pop("lm_head.weight", None)  # tied to transformer.wte.weight (tie_word_embeddings)
     files = [out / "model.safetensors", out / "config.json"]
     save_file(sd, str(files[0]), metadata={"format": "pt"})
     ordinary_file_mode(files[0])  # safetensors writes 0600; the other files get the umask's mode
-    files[1].write_text(json.dumps(hf_config(cfg), indent=2) + "\n")
+    files[1].write_text(json.dumps({**hf_config(cfg), "torch_dtype": dtype_name(dtype)}, indent=2) + "\n")
     if tokenizer:
         files += write_tokenizer(out, chat, model_max_length=cfg.block_size)
     return files

@@ -414,7 +414,7 @@ def to_transformers(model: Llama):
 
 
 def export_hf_llama(model: Llama, out_dir: str | Path, force: bool = False, tokenizer: bool = True,
-                    chat_template: dict | None = None) -> list[Path]:
+                    chat_template: dict | None = None, dtype: torch.dtype = torch.float32) -> list[Path]:
     """Write ``model`` as a HF LlamaForCausalLM directory (safetensors + config.json [+ GPT-2 tokenizer]).
     ``chat_template``: a checkpoint's meta.json template; the tokenizer gets its tokens and Jinja, as
     the GPT-2 exporter writes them (gptforge's Llama uses GPT-2's BPE and padded rows)."""
@@ -427,11 +427,11 @@ def export_hf_llama(model: Llama, out_dir: str | Path, force: bool = False, toke
     config = hf_llama_config(cfg)  # refuse before touching the output directory
     chat = check_tokenizer_vocab(cfg.vocab_size, chat_template) if tokenizer else None
     out = check_out_dir(out_dir, force)
-    sd = llama_state_dict_for_hf(model)
+    sd = {k: v.to(dtype).contiguous() for k, v in llama_state_dict_for_hf(model).items()}  # ``dtype``: as written
     files = [out / "model.safetensors", out / "config.json"]
     save_file(sd, str(files[0]), metadata={"format": "pt"})
     ordinary_file_mode(files[0])  # safetensors writes 0600; the other files get the umask's mode
-    files[1].write_text(json.dumps(config, indent=2) + "\n")
+    files[1].write_text(json.dumps({**config, "torch_dtype": str(dtype).removeprefix("torch.")}, indent=2) + "\n")
     if tokenizer:
         files += write_tokenizer(out, chat, model_max_length=cfg.block_size)
     return files

@@ -143,7 +143,10 @@ def propose(cfg: Config, gpu_mem_gib: float, world: int, reserve_gib: float = 2.
                           f"world size that divides {total // T} sequences, or a total batch that "
                           f"{T * world} divides")
     rows: list[Estimate] = []
-    for sharding, rc in PREFERENCE:
+    # the cheapest-first candidates, then the combination the config asks for (--model.recompute block on one
+    # GPU was planned as one "recomp none" row: the user's own choice must be a row of its own)
+    asked = (cfg.dist.shard, cfg.model.recompute)
+    for sharding, rc in PREFERENCE + ([asked] if asked not in PREFERENCE else []):
         if sharding != "none" and world == 1:
             continue
         fit = next((e for b in batches

@@ -51,8 +51,10 @@ def run_plan(cfg: Config, preset: str, *, gpu_mem: float = 80.0, world: int = 8,
         print(f"{preset}: {report['params'] / 1e6:.0f}M params, T {cfg.train.seq_len}, "
               f"{cfg.train.total_batch_tokens:,} tokens/step, world {world}, {gpu_mem:g} GiB per GPU "
               f"(bf16, {reserve:g} GiB reserved)" + _lora_note(cfg) + f"\n{head}  (GiB per rank)")
+        asked = (cfg.dist.shard, cfg.model.recompute)
         for r in rows:
-            print(r.row() + ("  <- fits" if r.peak <= (gpu_mem - reserve) * GIB else "  (does not fit)"))
+            mine = ", as configured" if (r.sharding, r.recompute) == asked else ""
+            print(r.row() + (f"  <- fits{mine}" if r.peak <= (gpu_mem - reserve) * GIB else f"  (does not fit{mine})"))
         report.update(world=world, gpu_mem_gib=gpu_mem, rows=[vars(r) for r in rows],
                       recommended=vars(best) if best else None)
         if best is None:

@@ -143,8 +143,9 @@ def read_loss_curve(path: str | Path | None, max_points: int = 2000) -> dict[str
 
 def create_app(model: torch.nn.Module, enc: Any = None, settings: ServeSettings | None = None,
                metrics_path: str | Path | None = None, served: dict | None = None,
-               chat_template: dict | None = None, api_key: str | None = None) -> FastAPI:
+               chat_template: dict | None = None, api_key: str | None = None, access_log: bool = False) -> FastAPI:
     """The FastAPI app around one loaded model (tests build it directly and call it in-process).
+    ``access_log``: a line per request on stderr (``gptforge serve`` turns it on).
     ``served``: what is served, from :func:`gptforge.serve.describe.describe_served`.
     ``chat_template``: the checkpoint's chat template (the page's chat mode, /api/chat, /v1/chat).
     ``api_key``: required as a Bearer token on /api and /v1 when given."""
@@ -169,6 +170,10 @@ def create_app(model: torch.nn.Module, enc: Any = None, settings: ServeSettings 
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)  # on the bytes read, chunked too
     if api_key:
         app.add_middleware(BearerAuth, key=api_key)  # outermost: nothing is read before the key is checked
+    if access_log:  # outside the key check: a refused request is logged too
+        from gptforge.serve.access_log import AccessLog
+
+        app.add_middleware(AccessLog)
 
     # Route and handler bodies are plain closures, the decorated functions one-line calls of them: mutmut
     # (scripts/mutation.sh) skips decorated functions, so a body under a decorator is never mutation-tested.
@@ -253,8 +258,8 @@ def create_app(model: torch.nn.Module, enc: Any = None, settings: ServeSettings 
     def describe() -> dict:
         from gptforge.serve.describe import describe_served
 
-        return {"model": model.config.to_dict(), "parameters": model.num_parameters(),
-                "served": served or describe_served(model),
+        return {"model": _model_fields(model.config), "parameters": model.num_parameters(),
+                "tokenizer": tokenizer_fields(plain), "served": served or describe_served(model),
                 "limits": asdict(settings), "queue": {"waiting": gate.waiting}}
 
     @app.get("/api/info")
@@ -354,6 +359,22 @@ def bind_port(host: str, port: int):
     return sock
 
 
+def _model_fields(cfg: Any) -> dict:
+    """The model's config for /api/info. ``bos_token`` (where a document starts, for document-masked
+    attention) only where attention is ``document``: elsewhere it is an unused default, GPT-2's 50256,
+    which read as the bos of a SmolLM2 whose vocabulary stops at 49,152."""
+    d = cfg.to_dict()
+    if d.get("attention") != "document":
+        d.pop("bos_token", None)
+    return d
+
+
+def tokenizer_fields(tok: Any) -> dict:
+    """The served model's own tokenizer for /api/info: name, vocabulary size and its special ids."""
+    return {"name": getattr(tok, "name", None), "n_vocab": tok.n_vocab, "eot": tok.eot_token,
+            "bos": getattr(tok, "bos_token_id", None), "eos": getattr(tok, "eos_token_id", None)}
+
+
 def run_server(model: torch.nn.Module, settings: ServeSettings, host: str = "127.0.0.1", port: int = 8000,
                metrics_path: str | Path | None = None, served: dict | None = None,
                chat_template: dict | None = None, api_key: str | None = None, enc: Any = None,
@@ -363,7 +384,7 @@ def run_server(model: torch.nn.Module, settings: ServeSettings, host: str = "127
 
     sock = sock if sock is not None else bind_port(host, port)
     app = create_app(model, enc, settings=settings, metrics_path=metrics_path, served=served,
-                     chat_template=chat_template, api_key=api_key)
+                     chat_template=chat_template, api_key=api_key, access_log=True)
     print(f"gptforge serve: http://{host}:{port}/  (JSON API under /api, OpenAI's under /v1, schema at /docs"
           f"{'; Bearer key required: open the page as /#key=KEY' if api_key else ''}; Ctrl-C stops)", flush=True)
     uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])

@@ -94,18 +94,23 @@ def pair_logps(model: torch.nn.Module, batch: PairBatch) -> tuple[torch.Tensor, 
 
 @torch.no_grad()
 def reference_logps(ref: torch.nn.Module, pairs: Sequence[RenderedPair], batch_size: int = 16,
-                    pad: int = 50256) -> torch.Tensor:
+                    pad: int = 50256, desc: str | None = None) -> torch.Tensor:
     """The reference's sequence log-probs of every pair, computed once: (len(pairs), 2) float32 with
-    columns (chosen, rejected), on the CPU; a batch's rows are ``table[batch.index]``."""
+    columns (chosen, rejected), on the CPU; a batch's rows are ``table[batch.index]``. ``desc``: a
+    progress bar by that name over the pairs, on stderr (a few minutes for a 135M model on a CPU)."""
+    from gptforge.progress import progress_bar
+
     device = next(ref.parameters()).device
     was_training = ref.training
     ref.eval()
     out = torch.empty(len(pairs), 2)
-    for i in range(0, len(pairs), batch_size):
-        idx = list(range(i, min(i + batch_size, len(pairs))))
-        b = collate([pairs[k] for k in idx], idx, pad).to(device)
-        c, r, _, _ = pair_logps(ref, b)
-        out[i : i + len(idx), 0], out[i : i + len(idx), 1] = c.cpu(), r.cpu()
+    with progress_bar(len(pairs), desc or "", "pair", show=desc is not None) as bar:
+        for i in range(0, len(pairs), batch_size):
+            idx = list(range(i, min(i + batch_size, len(pairs))))
+            b = collate([pairs[k] for k in idx], idx, pad).to(device)
+            c, r, _, _ = pair_logps(ref, b)
+            out[i : i + len(idx), 0], out[i : i + len(idx), 1] = c.cpu(), r.cpu()
+            bar.update(len(idx))
     ref.train(was_training)
     return out
 
@@ -201,9 +206,10 @@ class DPO(PairRecipe):
                 run.log(f"{path} is unreadable ({e}); recomputing")
         ref = self._reference(run)
         pad = self.template.bos
+        mb, main = run.cfg.train.micro_batch, run.info.is_main
         with run.autocast():
-            tables = {"train": reference_logps(ref, loader.pairs, run.cfg.train.micro_batch, pad),
-                      "val": reference_logps(ref, self.val, run.cfg.train.micro_batch, pad)}
+            tables = {k: reference_logps(ref, pairs, mb, pad, desc=f"reference log-probs ({k})" if main else None)
+                      for k, pairs in (("train", loader.pairs), ("val", self.val))}
         del ref
         if run.info.is_main:
             tmp = path.with_suffix(".tmp")
@@ -228,7 +234,8 @@ class DPO(PairRecipe):
             from gptforge.training.grpo import held_out_correct
 
             mine = self.problems[run.info.rank :: run.info.world]
-            hits = held_out_correct(run.model, self.enc, self.template, mine, d.max_new_tokens)
+            hits = held_out_correct(run.model, self.enc, self.template, mine, d.max_new_tokens,
+                                    desc=f"held-out {d.task} ({len(mine)} problems)" if run.info.is_main else None)
             tot = all_reduce_sum(torch.tensor([float(hits), float(len(mine))], device=run.device), run.info).tolist()
             out[f"{d.task}_acc"], out["task_n"] = tot[0] / tot[1], int(tot[1])  # n: the summary's interval
         return out

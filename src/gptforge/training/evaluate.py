@@ -53,6 +53,18 @@ def evaluate_during_training(model: torch.nn.Module, prepared: list[PreparedTask
     return results
 
 
+# (temperature, top-k) of the in-loop samples: a base model's raw text as `gptforge sample` draws it, a chat
+# model's replies as `gptforge chat` does. Each sample line says them: a sampled reply can be wrong ("The larger
+# number is 13") where the greedy eval scores 95%, and the reader must know it was sampled.
+BASE_SAMPLING = (1.0, 50)
+CHAT_SAMPLING = (0.7, 50)
+
+
+def sampling_words(step: int, temperature: float, top_k: int) -> str:
+    """``step 15; sampled at temperature 0.7, top-k 50`` (a greedy reply is `gptforge eval`'s)."""
+    return f"step {step}; sampled at temperature {temperature:g}, top-k {top_k}"
+
+
 def print_samples(model: torch.nn.Module, cfg: Config, info: DistInfo, step: int, metrics: MetricsLog, log,
                   enc=None) -> None:
     """Two samples from the document separator, decoded with the run's tokenizer ``enc``."""
@@ -71,12 +83,13 @@ def print_samples(model: torch.nn.Module, cfg: Config, info: DistInfo, step: int
     was_training = model.training
     n = min(cfg.train.sample_tokens, cfg.model.block_size - 1)
     idx = torch.full((2, 1), enc.eot_token, dtype=torch.long, device=info.device)
-    out = generate(model, idx, max_new_tokens=n, temperature=1.0, top_k=50, seed=cfg.train.seed + step)
+    t, k = BASE_SAMPLING
+    out = generate(model, idx, max_new_tokens=n, temperature=t, top_k=k, seed=cfg.train.seed + step)
     model.train(was_training)
     for i, row in enumerate(out.tolist()):
         text = enc.decode([t for t in row[1:] if t < enc.n_vocab])  # chat tokens (SFT) are not tiktoken's
-        log(f"--- sample {i} (step {step})\n{text}")  # raw text, as `gptforge sample` prints it
-        metrics.write("sample", step, index=i, text=text)
+        log(f"--- sample {i} ({sampling_words(step, *BASE_SAMPLING)})\n{text}")  # raw text, as `gptforge sample`
+        metrics.write("sample", step, index=i, text=text, temperature=t, top_k=k)
 
 
 def print_chat_samples(model: torch.nn.Module, cfg: Config, info: DistInfo, step: int, metrics: MetricsLog, log,
@@ -97,12 +110,13 @@ def print_chat_samples(model: torch.nn.Module, cfg: Config, info: DistInfo, step
         n = min(cfg.train.sample_tokens, cfg.model.block_size - len(ids))
         if n < 1:
             continue
-        params = SamplingParams(max_new_tokens=n, temperature=0.7, top_k=50, seed=cfg.train.seed + step,
+        t, k = CHAT_SAMPLING
+        params = SamplingParams(max_new_tokens=n, temperature=t, top_k=k, seed=cfg.train.seed + step,
                                 stop_token=template.end)
         reply = complete(model, enc, [ids], params)[0]["text"].strip()
         turns = "\n".join(f"{role}> {text}" for role, text in chat_turns(ids, template, enc))
-        log(f"--- sample {i} (step {step})\n{turns}\nassistant> {reply}")
-        metrics.write("sample", step, index=i, prompt=turns, text=reply)
+        log(f"--- sample {i} ({sampling_words(step, *CHAT_SAMPLING)})\n{turns}\nassistant> {reply}")
+        metrics.write("sample", step, index=i, prompt=turns, text=reply, temperature=t, top_k=k)
     model.train(was_training)
 
 

@@ -253,14 +253,14 @@ def problem_stream(cfg: Any, seed: int) -> tuple[Callable[..., list[Problem]], l
 
 
 def held_out_correct(model: Any, enc: Any, template: ChatTemplate | None, problems: Sequence[Problem],
-                     max_new: int) -> int:
-    """How many of ``problems`` the model answers correctly, greedily."""
+                     max_new: int, desc: str | None = None) -> int:
+    """How many of ``problems`` the model answers correctly, greedily; ``desc``: a progress bar by that name."""
     from gptforge.eval.generative import generate_replies, prompt_ids
 
     if not problems:
         return 0
     prompts = [prompt_ids(p, enc, template) for p in problems]
-    replies = generate_replies(model, enc, prompts, template, max_new)
+    replies = generate_replies(model, enc, prompts, template, max_new, desc=desc)
     return sum(is_correct(r, p.answer) for r, p in zip(replies, problems, strict=True))
 
 
@@ -500,7 +500,8 @@ class GRPO(Recipe):
             return None
         mine = self.held_out[info.rank :: info.world]  # every rank scores a share; the counts are summed
         with gathered(run.model):
-            hits = held_out_correct(self.policy(run), self.enc, self.template, mine, rl.max_new_tokens)
+            hits = held_out_correct(self.policy(run), self.enc, self.template, mine, rl.max_new_tokens,
+                                    desc=f"held-out {rl.task} ({len(mine)} problems)" if info.is_main else None)
         total = all_reduce_sum(torch.tensor([float(hits), float(len(mine))], device=run.device), info).tolist()
         acc = total[0] / total[1]
         run.metrics.write("eval", step, task=rl.task, acc=acc, n=int(total[1]))
