@@ -142,8 +142,18 @@ def _policy_preferences(args: argparse.Namespace) -> int:
              if "pairs_true_order" in stats else "")
     print(f"wrote {len(rows)} on-policy {args.task} preference pairs to {path} from {stats['problems']} problems "
           f"({stats['problems_with_pairs']} gave a pair; the policy's replies were right {stats['sample_accuracy']:.1%} "
-          f"of the time{truth}). Train on them: gptforge dpo --init-from {args.policy} --data {path} --out runs/dpo")
+          f"of the time{truth}); {preference_hint(path, args.policy, args.held_out)}")
     return 0
+
+
+def preference_hint(path, init_from: str, held_out: bool = False) -> str:
+    """What to do with a preference file: both recipes that train on pairs, DPO (the policy itself) and a reward
+    model (a judge for `rl --reward-model`); for held-out pairs, the commands that score on them."""
+    if held_out:
+        return f"score a reward model on them: gptforge eval --ckpt runs/rm --preferences {path}"
+    return (f"train on them: gptforge dpo --init-from {init_from} --data {path} --out runs/dpo (tunes the policy "
+            f"directly), or gptforge rm --init-from {init_from} --data {path} --out runs/rm (a reward model for "
+            f"`gptforge rl --reward-model`)")
 
 
 def _shard_options(p: argparse.ArgumentParser) -> None:
@@ -225,9 +235,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
         except ValueError as e:
             raise CliError(f"prepare preferences: {e} (--n, --kinds)") from e
         path = write_preferences(rows, args.out)
-        use = (f"score a reward model on them: gptforge eval --ckpt runs/rm --preferences {path}" if args.held_out else
-               f"train on them: gptforge rm --init-from RUN --data {path} --out runs/rm")
-        print(f"wrote {len(rows)} {args.task} preference pairs to {path} ({use})")
+        print(f"wrote {len(rows)} {args.task} preference pairs to {path} ({preference_hint(path, 'RUN', args.held_out)})")
         return 0
     if args.source_name == "shakespeare":
         from gptforge.data.prepare.shakespeare import ShakespeareError, prepare
