@@ -2,17 +2,21 @@
 tmp/a/b/run is offered runs and files under tmp/a/b, never a fixed name (``runs/rl_rm``,
 ``prefs_judged.jsonl``, ``data/...``, ``exports/<run-name>``) that the repository root or another journey
 shares. Every hinted command is parsed by the real parser; what a hint reads is the run, its data, its
-starting model, or what an earlier hint of the same list writes."""
+starting model, or what an earlier hint of the same list writes. Also: a command whose reader closes
+stdout early ends quietly (exit 141), not with a BrokenPipeError traceback."""
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from gptforge.cli import build_parser, main
+from gptforge.cli import EXIT_STDOUT_CLOSED, build_parser, main
 
 READS = ("ckpt", "init_from", "reward_model", "judge", "policy", "preferences", "data", "tokenizer")
 
@@ -133,3 +137,56 @@ def test_tokenizer_train_hints_shards_beside_the_tokenizer(tmp_path, capsys):
                  "tokenizers", "--no-progress"]) == 0
     (prep,) = _check(capsys.readouterr().out.split("next:")[1], (tmp_path / "a",), {str(tok)})
     assert prep.tokenizer == str(tok) and prep.out == str(tmp_path / "a" / "shards")
+
+
+# --- a reader that closes stdout early ------------------------------------------------------------
+
+
+def test_a_closed_stdout_ends_the_command_quietly_in_process(monkeypatch, capsys):
+    """main itself: the print meets a pipe with no reader; exit 141 and nothing on stderr."""
+    r, w = os.pipe()
+    os.close(r)
+    with open(w, "w", buffering=1) as closed:
+        monkeypatch.setattr(sys, "stdout", closed)
+        code = main(["presets"])
+        monkeypatch.undo()
+    assert code == EXIT_STDOUT_CLOSED and capsys.readouterr().err == ""
+
+
+def test_help_config_into_a_closed_pipe_ends_quietly(monkeypatch, capsys):
+    """`--help-config` prints and exits from inside the parser (SystemExit): what it left buffered meets the
+    closed pipe in main's flush, not at interpreter exit."""
+    r, w = os.pipe()
+    os.close(r)
+    with open(w, "w", buffering=1 << 20) as closed:  # all of it buffered: the write itself does not fail
+        monkeypatch.setattr(sys, "stdout", closed)
+        code = main(["sft", "--help-config"])
+        monkeypatch.undo()
+    assert code == EXIT_STDOUT_CLOSED and capsys.readouterr().err == ""
+
+
+def test_a_broken_pipe_that_is_not_stdouts_is_not_swallowed(monkeypatch, capsys):
+    """A BrokenPipeError from elsewhere (a worker's pipe, a socket) while stdout is fine stays an error."""
+    import gptforge.cli.data as data
+
+    def broken(args):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(data, "cmd_presets", broken)
+    with pytest.raises(BrokenPipeError):
+        main(["presets"])
+
+
+def test_head_closing_the_pipe_prints_no_traceback(tmp_path):
+    """The real entry point (`gptforge train --help-config | head`): the reader is gone before the first write;
+    Python's own exit flush must not complain either ("Exception ignored ... BrokenPipeError"). A subprocess
+    (~2 s of CPU, importing torch for the model sizes) because only a real interpreter exit shows that."""
+    r, w = os.pipe()
+    os.close(r)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src"), "GPTFORGE_ALLOCATOR": "system"}
+    try:
+        p = subprocess.run([sys.executable, "-m", "gptforge", "presets"], stdout=w, stderr=subprocess.PIPE,
+                           text=True, env=env, timeout=300)
+    finally:
+        os.close(w)
+    assert (p.returncode, p.stderr) == (EXIT_STDOUT_CLOSED, "")
