@@ -101,6 +101,7 @@ def test_the_guides_layout_runs_and_exports_mirror_each_other(tmp_path, monkeypa
     monkeypatch.chdir(tmp_path)
     assert beside("runs/chat/sft", "rl") == "runs/chat/rl" and export_dir("runs/chat/sft") == "exports/chat/sft"
     assert export_dir("runs/chat/sft/checkpoints/step_000400") == "exports/chat/sft"  # a checkpoint: its run's
+    assert export_dir("/home/runs/proj/runs/chat/sft") == "/home/runs/proj/exports/chat/sft"  # the nearest runs/
     assert beside("conv.jsonl", "sft") == "runs/conv/sft" and export_dir("myrun") == "exports/myrun"
     assert beside("runs/chat/rl", "rl") == "runs/chat/rl_rl"  # never the path itself
     outs = {}
