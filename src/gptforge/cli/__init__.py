@@ -113,6 +113,54 @@ def _loaded_errors() -> tuple[type[BaseException], ...]:
     return tuple(getattr(sys.modules[m], name) for m, name in _TORCH_SIDE_ERRORS if m in sys.modules)
 
 
+EXIT_STDOUT_CLOSED = 141  # what a shell reports for a writer its reader left (128 + SIGPIPE), as `yes | head` gives
+
+
+def _stdout_closed() -> bool:
+    """Whether stdout is a pipe whose reader has gone (poll says POLLERR/POLLHUP on its write end): only then
+    is a BrokenPipeError the reader's doing; one from a socket or a worker's pipe is a real error."""
+    import select
+
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, ValueError, OSError):  # replaced by something without a file descriptor
+        return False
+    if not hasattr(select, "poll"):  # Windows: no poll; stdout's own flush is the one that failed there
+        return True
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poller.poll(0))
+
+
+def _quiet_when_stdout_closes(run):
+    """Every command (and --help, --help-config) ends quietly, exit 141, when its reader stops early
+    (`gptforge train --help-config | head`) instead of a BrokenPipeError traceback: stdout is flushed here so
+    the closed pipe is met inside this guard, not at interpreter exit ("Exception ignored ... BrokenPipeError"),
+    and then pointed at /dev/null so the exit's own flush has nowhere to fail."""
+    import functools
+
+    @functools.wraps(run)
+    def guarded(argv: list[str] | None = None) -> int:
+        import os
+
+        try:
+            try:
+                code = run(argv)
+            except SystemExit:  # --help and argparse's refusals exit from inside the parser
+                sys.stdout.flush()
+                raise
+            sys.stdout.flush()
+            return code
+        except BrokenPipeError:
+            if not _stdout_closed():
+                raise
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return EXIT_STDOUT_CLOSED
+
+    return guarded
+
+
+@_quiet_when_stdout_closes
 def main(argv: list[str] | None = None) -> int:
     from gptforge import allocator
     from gptforge.cli.common import mark_command_start

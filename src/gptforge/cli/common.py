@@ -386,7 +386,9 @@ def summary(result, command: str, cfg=None, start: str | None = None, whole: flo
     ckpt = result.last_checkpoint
     lines.append(f"checkpoint  {ckpt if ckpt is not None else '(none written by this invocation)'}")
     if result.stop_reason in ("signal", "stop_at_step"):
-        lines.append(f"continue    gptforge {command} --out {run} --resume")
+        from gptforge.cli.hints import q
+
+        lines.append(f"continue    gptforge {command} --out {q(run)} --resume")
     lines.append("next:")
     lines += [f"  {c}" for c in next_commands(command, run, **hints)]
     return "\n".join(lines)
@@ -409,6 +411,7 @@ def run_hints(command: str, cfg, start: str | None = None) -> dict[str, str]:
     data, start = "PREFS_EVAL.jsonl", start or "SFT_RUN"  # data: held-out pairs, which no run is told of
     if cfg is None:
         return {"task": task, "data": data, "start": start}
+    source = getattr(getattr(cfg, command, None), "data", "") if command in ("sft", "dpo", "rm") else ""
     if command == "rl":
         task = cfg.rl.task
     elif command == "sft":
@@ -418,7 +421,8 @@ def run_hints(command: str, cfg, start: str | None = None) -> dict[str, str]:
         task = (getattr(sec, "task", "") or _pairs_task(sec.data)) or ("arithmetic,compare" if command == "dpo"
                                                                        else "arithmetic")
         start = getattr(sec, "init_from", "") or start
-    return {"task": task, "data": data, "start": start}
+    # the run's local data file: the files its next commands write go beside it (a hub dataset: beside the run)
+    return {"task": task, "data": data, "start": start, "source": source if source and os.path.isfile(source) else ""}
 
 
 def _pairs_task(data: str) -> str:
@@ -441,22 +445,32 @@ def _pairs_task(data: str) -> str:
     return ""
 
 
-def next_commands(command: str, run: str, task: str, data: str = "PREFS_EVAL.jsonl", start: str = "SFT_RUN") -> list[str]:
+def next_commands(command: str, run: str, task: str, data: str = "PREFS_EVAL.jsonl", start: str = "SFT_RUN",
+                  source: str = "") -> list[str]:
     """The commands a finished ``command`` run is ready for, with its own task, data and starting model.
     A reward model does not generate text, so it is offered scoring, RL and labelling instead of
-    sample/chat (which would refuse it)."""
-    export = f"gptforge export hf --ckpt {run} --out exports/{Path(run).name}"
+    sample/chat (which would refuse it). What they write is placed by :mod:`gptforge.cli.hints`: new
+    runs beside the run, new data files beside its data file ``source`` (else beside the run), the
+    export under exports/ mirroring the run; never a fixed path."""
+    from gptforge.cli.hints import beside, export_dir, q
+
+    export = f"gptforge export hf --ckpt {q(run)} --out {q(export_dir(run))}"
+    name = Path(run).name or "run"  # a second reward model in the same folder gets its own RL run and file
     if command == "rm":
         one = task.split(",")[0]
         held = []
         if data == "PREFS_EVAL.jsonl" and one in ("compare", "arithmetic"):  # held-out pairs of the run's task
-            data = f"data/{one}_prefs_eval.jsonl"
-            held = [f"gptforge prepare preferences {one} --n 500 --held-out --out {data}"]
-        return [*held, f"gptforge eval --ckpt {run} --preferences {data}",
-                f"gptforge rl --init-from {start} --task {one} --reward-model {run} --out runs/rl_rm",
-                f"gptforge prepare preferences {one} --policy {start} --judge {run} --out prefs_judged.jsonl",
+            data = beside(source or run, f"{one}_prefs_eval.jsonl")
+            held = [f"gptforge prepare preferences {one} --n 500 --held-out --out {q(data)}"]
+        return [*held, f"gptforge eval --ckpt {q(run)} --preferences {q(data)}",
+                f"gptforge rl --init-from {q(start)} --task {one} --reward-model {q(run)} --out "
+                f"{q(beside(run, f'rl_{name}'))}",
+                f"gptforge prepare preferences {one} --policy {q(start)} --judge {q(run)} --out "
+                f"{q(beside(source or run, f'prefs_judged_{name}.jsonl'))}",
                 export]
-    out = [f"gptforge chat --ckpt {run}"] if command in ("sft", "rl", "dpo") else []
-    out.append(f"gptforge sample --ckpt {run}" + (' --prompt "ROMEO:"' if command == "train" else ""))
-    out.append(f"gptforge eval --ckpt {run} --tasks {task} --limit 200")
+    out = [f"gptforge chat --ckpt {q(run)}"] if command in ("sft", "rl", "dpo") else []
+    out.append(f"gptforge sample --ckpt {q(run)}" + (' --prompt "ROMEO:"' if command == "train" else ""))
+    out.append(f"gptforge eval --ckpt {q(run)} --tasks {task} --limit 200")
+    if command == "sft" and (one := task.split(",")[0]) in (*GENERATED_TASKS, "gsm8k"):  # the chat journey: SFT -> RL
+        out.append(f"gptforge rl --init-from {q(run)} --task {one} --out {q(beside(run, 'rl'))}")
     return [*out, export]

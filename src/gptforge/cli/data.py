@@ -149,11 +149,13 @@ def _policy_preferences(args: argparse.Namespace) -> int:
 def preference_hint(path, init_from: str, held_out: bool = False) -> str:
     """What to do with a preference file: both recipes that train on pairs, DPO (the policy itself) and a reward
     model (a judge for `rl --reward-model`); for held-out pairs, the commands that score on them."""
-    if held_out:
-        return f"score a reward model on them: gptforge eval --ckpt runs/rm --preferences {path}"
-    return (f"train on them: gptforge dpo --init-from {init_from} --data {path} --out runs/dpo (tunes the policy "
-            f"directly), or gptforge rm --init-from {init_from} --data {path} --out runs/rm (a reward model for "
-            f"`gptforge rl --reward-model`)")
+    from gptforge.cli.hints import beside, q  # the runs go beside the file (issue 55: runs/rm was every journey's)
+
+    if held_out:  # the reward model the training pairs' hint, in the same folder, names
+        return f"score a reward model on them: gptforge eval --ckpt {q(beside(path, 'rm'))} --preferences {q(path)}"
+    return (f"train on them: gptforge dpo --init-from {q(init_from)} --data {q(path)} --out {q(beside(path, 'dpo'))} "
+            f"(tunes the policy directly), or gptforge rm --init-from {q(init_from)} --data {q(path)} --out "
+            f"{q(beside(path, 'rm'))} (a reward model for `gptforge rl --reward-model`)")
 
 
 def _shard_options(p: argparse.ArgumentParser) -> None:
@@ -213,8 +215,10 @@ def cmd_prepare(args: argparse.Namespace) -> int:
             raise CliError(f"--digits {args.digits}: applies to task arithmetic (1..9 digits per operand; "
                            f"arithmetic3 is 3), not to {args.task}")
         path = write_conversations(training_problems(args.n, args.seed, digits or 2, task=args.task), args.out)
+        from gptforge.cli.hints import beside, q
+
         print(f"wrote {args.n} {args.task} conversations to {path} (train on them: gptforge sft --init-from RUN "
-              f"--data {path} --out runs/sft)")
+              f"--data {q(path)} --out {q(beside(path, 'sft'))})")
         return 0
     if args.source_name == "preferences":
         from gptforge.eval.tasks.preferences import KINDS, preference_set, write_preferences

@@ -103,5 +103,7 @@ def _train(args: argparse.Namespace) -> int:
     print(format_report(report))
     print(f"wrote {out / BUNDLE_DIR} ({t['vocab_size']:,} ids; special tokens "
           f"{', '.join(f'{k}={v}' for k, v in t['special_tokens'].items())}) and {out / 'report.json'}")
-    print(f"next: gptforge prepare files CORPUS --tokenizer {out} --out data/NAME")
+    from gptforge.cli.hints import beside, q
+
+    print(f"next: gptforge prepare files CORPUS --tokenizer {q(out)} --out {q(beside(out, 'shards'))}")
     return 0
