@@ -19,6 +19,17 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
     torch.set_num_threads(1)
 
+# Inductor's on-disk FX graph cache is not keyed on the CPU vector ISA (torch 2.13): a graph compiled for AVX-512
+# and then reused under ATEN_CPU_CAPABILITY=avx2 keeps its 16-lane C++ kernels, which are rebuilt with 8-lane AVX2
+# headers and leave half of each output unwritten (NaN losses in the torch.compile tests). A run that forces a
+# capability, as docs/development.md's other-CPU check does, gets a cache folder of its own.
+if os.environ.get("ATEN_CPU_CAPABILITY") and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    import getpass
+    import tempfile
+
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(
+        tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}_{os.environ['ATEN_CPU_CAPABILITY']}")
+
 
 @pytest.fixture(scope="session")
 def tokenizer():
