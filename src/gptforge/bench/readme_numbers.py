@@ -315,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     verdicts = judge(CLAIMS, measured)
     print(f"\n{'figure':28s} {'claimed':>16s}  measured")
     for c, got, ok in verdicts:
-        mark = "ok " if ok or args.shrunk else "OUT"
+        mark = "-- " if args.shrunk else ("ok " if ok else "OUT")
         print(f"{mark} {c.name:24s} {f'{c.lo:g}-{c.hi:g}':>16s}  {got}  ({c.page})")
     if args.shrunk:
         print("(--shrunk: the commands ran and every figure was read back; the figures are not judged)")
