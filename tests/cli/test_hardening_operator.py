@@ -209,8 +209,18 @@ def race_presets(monkeypatch, shard_dir, tmp_path):
 
 @pytest.mark.parametrize("target", ["nan", "inf", "-1", "0"])
 def test_race_refuses_a_target_that_is_not_a_loss(race_presets, tmp_path, capsys, target):
-    _one_line(capsys, ["race", "race-good", "race-good,train.seed=2", "--target", target, "--out",
-                       str(tmp_path / "r"), "--no-plot"], "--target")
+    argv = ["race", "race-good", "race-good,train.seed=2", "--target", target, "--out", str(tmp_path / "r"),
+            "--no-plot"]
+    if target in ("nan", "inf"):  # no finite number: the flag's type (gptforge.numbers) refuses it at parse time
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+        assert "--target" in err and f"'{target}' is not a finite number" in err, err
+    else:
+        _one_line(capsys, argv, "--target")
     assert not (tmp_path / "r").exists()
 
 

@@ -124,7 +124,7 @@ def test_a_weight_index_naming_a_folder_is_refused(llama_dir, tmp_path, capsys, 
 def test_ctrl_c_in_a_command_is_one_line_and_exit_130(llama_dir, tmp_path, capsys, monkeypatch, argv):
     import gptforge.load
 
-    def interrupted(source):
+    def interrupted(source, **kw):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(gptforge.load, "load_model", interrupted)
