@@ -477,9 +477,9 @@ def test_dpo_max_new_tokens_caps_the_task_evals_replies(tmp_path, monkeypatch):
     asked = []
     real = grpo.held_out_correct
 
-    def spy(model, enc, template, problems, max_new):
+    def spy(model, enc, template, problems, max_new, desc=None):
         asked.append((len(problems), max_new))
-        return real(model, enc, template, problems, max_new)
+        return real(model, enc, template, problems, max_new, desc=desc)
 
     monkeypatch.setattr(grpo, "held_out_correct", spy)
     chat = tiny_chat_checkpoint(tmp_path / "chat")
@@ -542,12 +542,12 @@ def test_dpo_task_accuracy_is_this_ranks_share_summed_over_ranks(monkeypatch):
     dpo.problems = GENERATED["compare"][1](7)
     seen = []
 
-    def held_out_correct(model, enc, template, problems, max_new):
-        seen.append((model, enc, template, [p.question for p in problems], max_new))
+    def held_out_correct(model, enc, template, problems, max_new, desc=None):
+        seen.append((model, enc, template, [p.question for p in problems], max_new, desc))
         return 2
 
     monkeypatch.setattr(grpo, "held_out_correct", held_out_correct)
-    info = SimpleNamespace(rank=1, world=2)
+    info = SimpleNamespace(rank=1, world=2, is_main=False)
 
     def all_reduce_sum(t, over):
         assert over is info
@@ -559,7 +559,8 @@ def test_dpo_task_accuracy_is_this_ranks_share_summed_over_ranks(monkeypatch):
                                                                   task="compare", max_new_tokens=9),
                                               train=SimpleNamespace(micro_batch=2)))
     out = dpo.score_held_out(run)
-    assert seen == [("the model", "the chat tokenizer", dpo.template, [dpo.problems[i].question for i in (1, 3, 5)], 9)]
+    qs = [dpo.problems[i].question for i in (1, 3, 5)]
+    assert seen == [("the model", "the chat tokenizer", dpo.template, qs, 9, None)]  # rank 1: no progress bar
     assert out == {"compare_acc": 3 / 7, "task_n": 7} and isinstance(out["task_n"], int)
 
 

@@ -153,7 +153,7 @@ def test_held_out_correct_counts_exact_answers_of_greedy_replies(tokenizer, monk
     replies = ["The answer is 2.", "The answer is 5.", "so 6. The answer is 6.", "The answer is 18.", "18"]
     calls = []
 
-    def fake(model, enc, prompts, template, max_new):
+    def fake(model, enc, prompts, template, max_new, desc=None):
         calls.append((model, enc, prompts, template, max_new))
         return replies[: len(prompts)]
 
@@ -169,7 +169,7 @@ def test_held_out_correct_counts_exact_answers_of_greedy_replies(tokenizer, monk
     assert calls[-1][2] == [tokenizer.encode_ordinary(f"Question: {p.question}\nAnswer:") for p in problems[:2]]
     calls.clear()
     assert held_out_correct("m", enc, t, [], 7) == 0 and calls == []  # no problems: no generation
-    monkeypatch.setattr(generative, "generate_replies", lambda *a: replies[:2])  # a reply lost: an error, not a
+    monkeypatch.setattr(generative, "generate_replies", lambda *a, **kw: replies[:2])  # a reply lost: an error, not a
     with pytest.raises(ValueError, match="zip"):  # score over fewer problems
         held_out_correct("m", enc, t, problems, 7)
 
@@ -196,8 +196,8 @@ def test_evaluate_scores_this_ranks_share_and_sums_over_ranks(tmp_path, tokenize
     r, cfg, _ = _recipe(tmp_path, tokenizer, held_out=held, task="compare", max_new_tokens=5, eval_every=3)
     seen, gathered_models = [], []
 
-    def hoc(model, enc, template, problems, max_new):
-        seen.append((model, enc, template, [p.question for p in problems], max_new))
+    def hoc(model, enc, template, problems, max_new, desc=None):
+        seen.append((model, enc, template, [p.question for p in problems], max_new, desc))
         return 1
 
     @contextlib.contextmanager
@@ -216,7 +216,7 @@ def test_evaluate_scores_this_ranks_share_and_sums_over_ranks(tmp_path, tokenize
     monkeypatch.setattr(grpo, "gathered", gathered)
     monkeypatch.setattr(grpo, "all_reduce_sum", all_reduce_sum)
     assert r.evaluate(run, 6, last=False) is None
-    assert seen == [("the run model", r.enc, r.template, ["q1", "q3", "q5"], 5)]
+    assert seen == [("the run model", r.enc, r.template, ["q1", "q3", "q5"], 5, None)]  # rank 1: no bar
     assert gathered_models == ["the run model"]
     assert run.metrics.rows == [("eval", 6, {"task": "compare", "acc": 3 / 7, "n": 7})]
     assert isinstance(run.metrics.rows[0][2]["n"], int)
@@ -230,7 +230,7 @@ def test_evaluate_scores_this_ranks_share_and_sums_over_ranks(tmp_path, tokenize
 def test_evaluate_runs_every_eval_every_steps_at_the_end_and_when_forced(tmp_path, tokenizer, monkeypatch, every,
                                                                          step, last, force, scored):
     r, cfg, _ = _recipe(tmp_path, tokenizer, held_out=[Problem("q", "1")], eval_every=every)
-    monkeypatch.setattr(grpo, "held_out_correct", lambda *a: 1)
+    monkeypatch.setattr(grpo, "held_out_correct", lambda *a, **kw: 1)
     run, logs = _eval_run(cfg, GPT(cfg.model))
     if force:
         r.evaluate(run, step, last=last, force=True)
@@ -243,7 +243,7 @@ def test_evaluate_runs_every_eval_every_steps_at_the_end_and_when_forced(tmp_pat
 
 def test_no_held_out_set_no_evaluation_even_forced(tmp_path, tokenizer, monkeypatch):
     r, cfg, _ = _recipe(tmp_path, tokenizer, held_out=[], eval_every=1)
-    monkeypatch.setattr(grpo, "held_out_correct", lambda *a: pytest.fail("nothing to score"))
+    monkeypatch.setattr(grpo, "held_out_correct", lambda *a, **kw: pytest.fail("nothing to score"))
     run, logs = _eval_run(cfg, "m")
     assert r.evaluate(run, 0, last=True, force=True) is None and run.metrics.rows == [] and logs == []
 
@@ -263,7 +263,7 @@ def test_ppo_evaluates_its_policy_not_the_pair(tmp_path, tokenizer, monkeypatch)
     r, cfg, _ = _recipe(tmp_path, tokenizer, cls=PPO, held_out=[Problem("q", "1")])
     pv = r.build_model(cfg.model)
     seen = []
-    monkeypatch.setattr(grpo, "held_out_correct", lambda model, *a: seen.append(model) or 0)
+    monkeypatch.setattr(grpo, "held_out_correct", lambda model, *a, **kw: seen.append(model) or 0)
     run, logs = _eval_run(cfg, pv)
     r.evaluate(run, 0, last=True)
     assert seen == [pv.policy] and r.policy(run) is pv.policy and GRPO.policy(r, run) is pv
