@@ -43,7 +43,7 @@ def args_prepare(p: argparse.ArgumentParser) -> None:
                                               "verifiable task; its eval problems are left out")
     pc.add_argument("task", choices=GENERATED_TASKS, help="arithmetic: 'What is 23 + 58?'; arithmetic3: 'What is "
                                                           "512 + 387?'; compare: 'Which is larger, 70 or 33?'")
-    pc.add_argument("--n", type=count, default=5000, help="how many conversations to write (default %(default)s)")
+    pc.add_argument("--n", type=count, default=5000, help="how many conversations to make (default %(default)s)")
     pc.add_argument("--seed", type=int, default=0, help="problem generator seed (default %(default)s)")
     pc.add_argument("--digits", type=int, default=None,
                     help="arithmetic: digits per operand (default 2; 3 gives arithmetic3's problems, whose eval set "
@@ -54,7 +54,7 @@ def args_prepare(p: argparse.ArgumentParser) -> None:
                                             "generated task: chosen = the worked answer, rejected = a wrong number, "
                                             "the wrong operand or a broken format (the row's \"kind\")")
     pp.add_argument("task", choices=GENERATED_TASKS, help="the generated task")
-    pp.add_argument("--n", type=count, default=2000, help="how many preference pairs to write (default %(default)s)")
+    pp.add_argument("--n", type=count, default=2000, help="how many preference pairs to make (default %(default)s)")
     pp.add_argument("--seed", type=int, default=0, help="problems and rejected kinds (default %(default)s)")
     pp.add_argument("--held-out", action="store_true", help="make the pairs from the task's eval problems (the "
                                                             "first N: a held-out preference file); without it "
