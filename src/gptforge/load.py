@@ -122,13 +122,13 @@ def stored_dtype(source: ModelSource) -> tuple[str, str]:
     * an llm.c file: float32 (version 3) or bfloat16 (version 5);
     * a checkpoint: what ``gptforge import`` recorded of its source (``source_dtype``), else float32
       (a run's weights are float32 masters, whatever autocast it trained under)."""
-    import json
-
     if source.hf is not None:
         cfg_path = Path(source.hf) / "config.json"
         if cfg_path.is_file():
-            try:
-                cfg = json.loads(cfg_path.read_text())
+            from gptforge.storage import read_json
+
+            try:  # size-bounded; a damaged config.json is the loader's to report, not this guess's
+                cfg = read_json(cfg_path, ValueError, "config.json")
             except (OSError, ValueError):
                 cfg = {}
             for key in ("torch_dtype", "dtype"):

@@ -321,8 +321,11 @@ def test_rm_dpo_and_ppo_on_two_ranks_equal_one_rank_accumulating(runs, name):
         assert sorted(k for k in w1 if not k.startswith("value.")) == [
             f"policy.transformer.h.0.attn.c_attn.lora_{x}.weight" for x in "AB"]
         assert w1["policy.transformer.h.0.attn.c_attn.lora_B.weight"].abs().max() > 0
-    # lr 3e-3 (_align_argv), 2 steps for PPO and 3 for rm and dpo; the key bias is rounding noise under Adam
-    assert_adam_trained_alike(w1, w2, lr=3e-3, steps=2 if name.startswith("ppo") else 3)
+    # lr 3e-3 (_align_argv), 2 steps for PPO and 3 for rm and dpo; the key bias is rounding noise under Adam.
+    # So, for the reward model, is the final norm's bias: Bradley-Terry sees only score differences, and that bias
+    # moves both scores of a pair by the same w.b through the linear head (seen: 6e-5 apart, one run in two)
+    noise = ("transformer.ln_f.bias",) if name.startswith("rm") else ()
+    assert_adam_trained_alike(w1, w2, lr=3e-3, steps=2 if name.startswith("ppo") else 3, noise_only=noise)
 
 
 def test_lora_sft_on_two_ranks_equals_one_rank_accumulating(runs):

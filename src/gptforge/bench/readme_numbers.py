@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import subprocess
 import sys
@@ -29,7 +28,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gptforge import storage
 from gptforge.eval.stats import mcnemar_exact, wilson
+from gptforge.storage import write_json, write_text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,10 +96,10 @@ class Ctx:
         self.log("  $ gptforge " + " ".join(args))
         t0 = time.perf_counter()
         r = subprocess.run(cmd, capture_output=True, text=True, env=env)
-        logf = self.out / "commands.log"
-        with open(logf, "a") as f:
-            f.write(f"$ gptforge {' '.join(args)}\n{r.stdout}{r.stderr}\n[exit {r.returncode}, "
-                    f"{time.perf_counter() - t0:.1f} s]\n")
+        logf = self.out / "commands.log"  # every command's output, appended: rewritten whole through the one writer
+        old = logf.read_text() if logf.exists() else ""
+        write_text(logf, old + f"$ gptforge {' '.join(args)}\n{r.stdout}{r.stderr}\n[exit {r.returncode}, "
+                           f"{time.perf_counter() - t0:.1f} s]\n")
         if r.returncode not in ok:
             raise SystemExit(f"readme_numbers: `gptforge {' '.join(args[:3])} ...` failed (exit {r.returncode}); "
                              f"its output is in {logf}:\n{r.stderr[-2000:]}")
@@ -118,7 +119,7 @@ def _eval_compare(ctx: Ctx, src: list[str], path: Path) -> dict[str, Any]:
     """``eval --tasks compare`` on ``CHAT_EVAL_N`` held-out problems (greedy), kept as JSON for pairing."""
     if not path.exists():
         ctx.gf("eval", "--tasks", "compare", *src, "--limit", str(8 if ctx.shrunk else CHAT_EVAL_N), "--json", str(path))
-    rows = json.loads(path.read_text())
+    rows = storage.read_json(path, SystemExit, "`gptforge eval --json` file", top=None)
     return next(r for r in rows if r["task"] == "compare")
 
 
@@ -187,8 +188,7 @@ def plan(ctx: Ctx) -> dict[str, float]:
         # exit 1 is plan's "nothing fits", the full fine-tune's stated answer
         ctx.gf("plan", "--preset", "llama3-1b", "--world", "1", "--gpu-mem", "24", *extra, "--json", str(path), "--force",
                ok=(0, 1))
-        rows = json.loads(path.read_text())
-        got[name] = _plan_peak(rows)
+        got[name] = _plan_peak(storage.read_json(path, SystemExit, "`gptforge plan --json` file"))
     return got
 
 
@@ -241,7 +241,8 @@ def smollm2(ctx: Ctx) -> dict[str, float]:
         path = d / f"eval_{name}.json"
         if not path.exists():
             ctx.gf("eval", "--tasks", "compare", *src, "--limit", str(n_eval), "--json", str(path))
-        return 100 * next(r for r in json.loads(path.read_text()) if r["task"] == "compare")["accuracy"]
+        rows = storage.read_json(path, SystemExit, "`gptforge eval --json` file", top=None)
+        return 100 * next(r for r in rows if r["task"] == "compare")["accuracy"]
 
     untuned = acc(["--gguf", smol], "untuned")
     if not conv.exists():
@@ -311,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"readme_numbers: {n} ...", flush=True)
         measured[n] = JOURNEYS[n](ctx)
         measured[n]["seconds"] = round(time.perf_counter() - t0, 1)
-        (out / "measured.json").write_text(json.dumps(measured, indent=1))
+        write_json(out / "measured.json", measured, indent=1)
     verdicts = judge(CLAIMS, measured)
     print(f"\n{'figure':28s} {'claimed':>16s}  measured")
     for c, got, ok in verdicts:

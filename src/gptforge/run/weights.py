@@ -16,8 +16,6 @@ mismatch is one line naming ``meta.json``, the ``model.*`` field and the tensor.
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
 import re
 from pathlib import Path
 from typing import Any
@@ -25,53 +23,9 @@ from typing import Any
 import torch
 
 from gptforge.errors import CheckpointError
+from gptforge.sizecheck import DTYPE_BYTES, MAX_HEADER_BYTES, weights_header  # noqa: F401 (re-exported)
 
-MAX_HEADER_BYTES = 100 << 20  # the safetensors library's own limit
 _LAYER = re.compile(r"\.(\d+)\.")
-
-
-# bytes per element of safetensors' dtypes: an entry's shape must fill its byte range exactly, so a header
-# cannot claim 10^12 elements over 8 bytes (a reader sums these shapes to bound what a config claims)
-DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U64": 8, "U32": 4,
-               "U16": 2, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
-
-
-def weights_header(path: str | Path, error: type[Exception] = CheckpointError,
-                   damaged: str = "the checkpoint is damaged") -> dict[str, tuple[int, ...]]:
-    """{tensor name: shape} of a safetensors file, from its JSON header alone. The header's length,
-    its JSON, every entry's shape, dtype and byte range are checked against the file's size (an entry's
-    shape times its dtype's size is its byte range). ``error``/``damaged``: the refusal and its advice."""
-    path = Path(path)
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        head = f.read(8)
-        n = int.from_bytes(head, "little") if len(head) == 8 else -1
-        if n < 2 or n > min(MAX_HEADER_BYTES, size - 8):
-            raise error(f"{path} cannot be read (not safetensors: header length {n} in a {size}-byte file); "
-                        f"{damaged}")
-        raw = f.read(n)
-    try:
-        header = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise error(f"{path} cannot be read (its safetensors header is not JSON: {e}); {damaged}") from e
-    if not isinstance(header, dict):
-        raise error(f"{path} cannot be read (its safetensors header is not a JSON object); {damaged}")
-    data = size - 8 - n
-    out: dict[str, tuple[int, ...]] = {}
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
-        shape = entry.get("shape") if isinstance(entry, dict) else None
-        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
-        if (not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape)
-                or not isinstance(offsets, list) or len(offsets) != 2
-                or not all(isinstance(o, int) and 0 <= o <= data for o in offsets) or offsets[0] > offsets[1]
-                or entry.get("dtype") not in DTYPE_BYTES
-                or math.prod(shape) * DTYPE_BYTES[entry["dtype"]] != offsets[1] - offsets[0]):
-            raise error(f"{path} cannot be read (header entry {name!r} has no valid dtype, shape and byte range "
-                        f"within its {data} data bytes); {damaged}")
-        out[name] = tuple(shape)
-    return out
 
 
 # where a recipe's checkpoint keeps the language model among its tensors (the rest: a score or value head)
