@@ -202,12 +202,24 @@ def load_hf_llama(name_or_dir: str, **overrides) -> Llama:
     else:  # nothing present yet: the memory it needs, before the download
         from gptforge.interop.hf import HFModelError
 
-        claimed = layered_elements(lambda k: _hf_shapes(dataclasses.replace(cfg, n_layer=k), once=True), cfg.n_layer)
+        claimed = layered_elements(lambda k: _hf_shapes(at_layers(cfg, k), once=True), cfg.n_layer)
         check_model_size(name_or_dir, "its config", claimed, None, HFModelError, "Llama")
         sd = _read_weights(name_or_dir)
     model = Llama(cfg)
     load_hf_llama_state_dict(model, sd)
     return model.eval()
+
+
+def at_layers(cfg, k: int):
+    """``cfg`` with ``k`` blocks, for the closed-form size check (:func:`gptforge.sizecheck.layered_elements`
+    builds the tables of 1 and 2 blocks): a per-layer table (``layer_types``) is cut to ``k`` letters, all
+    ``s``, or the config would refuse itself for its length. Sound for mixed layers: a sliding and a full
+    layer hold the same tensors (the window is a mask, the local rope base a buffer-free angle), so the
+    elements per layer, and the total, do not depend on the letters; ``s`` keeps a sliding layer, which
+    ``rope_local_theta`` needs. A config with no such field (GPT-2's) only gets ``n_layer``."""
+    if getattr(cfg, "layer_types", ""):
+        return dataclasses.replace(cfg, n_layer=k, layer_types="s" * k)
+    return dataclasses.replace(cfg, n_layer=k)
 
 
 def _read_checked(d: Path, cfg: LlamaConfig) -> dict[str, torch.Tensor]:
@@ -216,7 +228,7 @@ def _read_checked(d: Path, cfg: LlamaConfig) -> dict[str, torch.Tensor]:
     from gptforge.interop.hf import HFModelError, _safetensors_files, read_safetensors
 
     files = _safetensors_files(d)
-    claimed = layered_elements(lambda k: _hf_shapes(dataclasses.replace(cfg, n_layer=k), once=True), cfg.n_layer)
+    claimed = layered_elements(lambda k: _hf_shapes(at_layers(cfg, k), once=True), cfg.n_layer)
     # the total first: no table or model of the claimed size is built before it is known to fit
     found = safetensors_shapes(files, HFModelError)
     check_model_size(str(d / "config.json"), "config.json", claimed, elements(found.values()), HFModelError, "Llama",
