@@ -1,26 +1,86 @@
 """GGUF metadata to a model config: the keys each architecture (llama, qwen2, gpt2; qwen3, gemma2, gemma3
-and phi3 through ``gguf_families.py``) must hold, their bounds, and one-line refusals, naming the file and
-the key, of anything gptforge's models do not implement (rope scaling they cannot do, experts, sliding
-windows where no family has them, grouped heads in a GPT, ...). Read by
-:func:`gptforge.interop.gguf_read.read_gguf` before any tensor is allocated."""
+and phi3, whose keys :func:`config_fields` reads and ``gguf_families.py`` writes) must hold, their bounds,
+and one-line refusals, naming the file and the key, of anything gptforge's models do not implement (rope
+scaling they cannot do, experts, sliding windows where no family has them, grouped heads in a GPT, ...).
+Read by :func:`gptforge.interop.gguf_read.read_gguf` before any tensor is allocated."""
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from gptforge.interop import gguf_families
 from gptforge.interop.gguf_tokenizer import GGUFReadError
 
-# qwen2: a Llama with q/k/v biases and rotate-half (NEOX) rotary; qwen3, gemma2, gemma3, phi3: gguf_families.py
+if TYPE_CHECKING:  # torch stays unimported: cli/common.py builds --gguf's help from ARCHITECTURES
+    import torch
+
+# qwen2: a Llama with q/k/v biases and rotate-half (NEOX) rotary; qwen3, gemma2, gemma3, phi3: config_fields below
 ARCHITECTURES = ("llama", "qwen2", "gpt2", "qwen3", "gemma2", "gemma3", "phi3")
 ROPE_FREQS = "rope_freqs.weight"  # llama.cpp's per-frequency rope divisors (Llama 3.1/3.2's scaling)
 MAX_LAYERS = 1024
 MAX_CONTEXT = 1 << 24
 GPT2_NORM_EPS = 1e-5  # nn.LayerNorm's, which models/gpt2.py uses (and gguf.py writes)
+
+# llama.cpp's tensor names (per block) -> Hugging Face's (gptforge's Llama)
+BLOCK_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",  # qwen2
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+}
+
+# the families that are gptforge's Llama with fields set: the keys that set them (gguf_families.py writes them)
+ARCHS = ("qwen3", "gemma2", "gemma3", "phi3")
+SWA_PERIOD = {"gemma2": 2, "gemma3": 6}  # llama.cpp's set_swa_pattern(n): layer i slides if i % n < n - 1
+BIG_LAYERS = {"gemma2": 46, "gemma3": 62}  # the 27B models: llama.cpp scales queries by n_embd / n_head
+GEMMA3_LOCAL_THETA = 10_000.0  # llama.cpp's gemma3 sliding layers' rope base (not in the file)
+
+
+def swa_pattern(arch: str, n_layer: int) -> str:
+    n = SWA_PERIOD[arch]
+    return "".join("s" if i % n < n - 1 else "f" for i in range(n_layer))
+
+
+def config_fields(arch: str, scalars: dict, path: Path, n_layer: int, n_embd: int, n_head: int, head_dim: int) -> dict:
+    """``LlamaConfig`` fields a family architecture's keys (and llama.cpp's fixed choices) set."""
+    window = scalars.get(f"{arch}.attention.sliding_window") or 0
+    if isinstance(window, bool) or not isinstance(window, int) or window < 0:
+        raise GGUFReadError(f"{path}: metadata key {arch}.attention.sliding_window={window!r}: expected an integer")
+    if arch == "llama":
+        return {"sliding_window": window, "family": "mistral"} if window else {}
+    out: dict = {"family": arch}
+    if arch == "qwen3":
+        if window:
+            raise GGUFReadError(f"{path}: {arch}.attention.sliding_window={window}: llama.cpp's qwen3 has no sliding "
+                                "window, and gptforge will not guess which layers it covers")
+        return {**out, "qk_norm": True}
+    if arch == "phi3":
+        return {**out, "sliding_window": window}
+    # gemma2, gemma3
+    if not window:
+        raise GGUFReadError(f"{path}: metadata key {arch}.attention.sliding_window is missing; Gemma's sliding "
+                            "layers need it")
+    scalar = n_embd / n_head if n_layer == BIG_LAYERS[arch] else head_dim
+    out.update(sliding_window=window, layer_types=swa_pattern(arch, n_layer), mlp="geglu", norm_plus_one=True,
+               post_norms=True, embed_scale=n_embd ** 0.5, query_pre_attn_scalar=float(scalar))
+    if arch == "gemma2":
+        for key, field in (("attn_logit_softcapping", "attn_softcap"), ("final_logit_softcapping", "logit_softcap")):
+            v = scalars.get(f"{arch}.{key}", 0.0)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (v >= 0 and math.isfinite(v)):
+                raise GGUFReadError(f"{path}: metadata key {arch}.{key}={v!r}: expected a number >= 0")
+            out[field] = float(v)
+    else:
+        out.update(qk_norm=True, rope_local_theta=GEMMA3_LOCAL_THETA)
+    return out
 
 
 def _key(scalars: dict, key: str, path: Path, kind: type | tuple = int, required: bool = True,
@@ -126,11 +186,11 @@ def llama_config_from_gguf(scalars: dict, arrays: dict, names: set[str], path: P
             raise _refuse(path, key, scalars[key], f"heads of {head_dim} channels (attention.key_length, or "
                           "embedding_length/head_count), all of them rotated")
     extra: dict = {}
-    if arch in ("llama",) + gguf_families.ARCHS:  # families of the one Llama: their keys and llama.cpp's choices
-        extra = gguf_families.config_fields(arch, scalars, path, n_layer, n_embd, n_head, head_dim)
+    if arch in ("llama",) + ARCHS:  # families of the one Llama: their keys and llama.cpp's choices
+        extra = config_fields(arch, scalars, path, n_layer, n_embd, n_head, head_dim)
     if head_dim != n_embd // n_head or n_embd % n_head:
         extra["head_size"] = head_dim
-    _check_extras_and_vocab(scalars, path, arch, vocab_size, "Llama", window=arch in ("llama",) + gguf_families.ARCHS)
+    _check_extras_and_vocab(scalars, path, arch, vocab_size, "Llama", window=arch in ("llama",) + ARCHS)
     try:
         return LlamaConfig(n_layer=n_layer, n_head=n_head, n_kv_head=n_kv, n_embd=n_embd, intermediate_size=ffn,
                            block_size=ctx, vocab_size=vocab_size, rope_theta=float(theta), norm_eps=float(eps),

@@ -14,62 +14,28 @@ What llama.cpp's converter (``convert_hf_to_gguf.py``) does to each, and so what
   fixes: Gemma's embedding scale sqrt(n_embd), its layer kinds (every 2nd / 6th layer full), Gemma 3's
   sliding layers' rope base 10,000, and the query scale (1/sqrt(head_dim), or 1/sqrt(n_embd/n_head)
   for the 27B models, told apart by their layer counts). A model whose fields differ from what the
-  file would say is refused by the field's name at export (read back through :func:`config_fields`).
+  file would say is refused by the field's name at export (read back through ``gguf_config.config_fields``,
+  which reads these keys; this module writes them and lays out the tensors).
 """
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import torch
 
+# the reading side (what a family's keys set) lives in gguf_config, below this module: the reader takes it from
+# there, and check_export reads a model back through it, so the imports run one way
+from gptforge.interop.gguf_config import (  # noqa: F401 - ARCHS and config_fields are read from here too
+    ARCHS,
+    BLOCK_NAMES,
+    config_fields,
+    llama_config_from_gguf,
+)
 from gptforge.interop.gguf_tokenizer import GGUFReadError
 
-ARCHS = ("qwen3", "gemma2", "gemma3", "phi3")
 FAMILY_ARCH = {"qwen3": "qwen3", "gemma2": "gemma2", "gemma3": "gemma3", "phi3": "phi3", "mistral": "llama"}
 NEOX = ("qwen2", "qwen3", "gemma2", "gemma3", "phi3")  # rotate-half rotary in llama.cpp: q/k rows as HF's
-SWA_PERIOD = {"gemma2": 2, "gemma3": 6}  # llama.cpp's set_swa_pattern(n): layer i slides if i % n < n - 1
-BIG_LAYERS = {"gemma2": 46, "gemma3": 62}  # the 27B models: llama.cpp scales queries by n_embd / n_head
-GEMMA3_LOCAL_THETA = 10_000.0  # llama.cpp's gemma3 sliding layers' rope base (not in the file)
-
-
-def swa_pattern(arch: str, n_layer: int) -> str:
-    n = SWA_PERIOD[arch]
-    return "".join("s" if i % n < n - 1 else "f" for i in range(n_layer))
-
-
-def config_fields(arch: str, scalars: dict, path: Path, n_layer: int, n_embd: int, n_head: int, head_dim: int) -> dict:
-    """``LlamaConfig`` fields a family architecture's keys (and llama.cpp's fixed choices) set."""
-    window = scalars.get(f"{arch}.attention.sliding_window") or 0
-    if isinstance(window, bool) or not isinstance(window, int) or window < 0:
-        raise GGUFReadError(f"{path}: metadata key {arch}.attention.sliding_window={window!r}: expected an integer")
-    if arch == "llama":
-        return {"sliding_window": window, "family": "mistral"} if window else {}
-    out: dict = {"family": arch}
-    if arch == "qwen3":
-        if window:
-            raise GGUFReadError(f"{path}: {arch}.attention.sliding_window={window}: llama.cpp's qwen3 has no sliding "
-                                "window, and gptforge will not guess which layers it covers")
-        return {**out, "qk_norm": True}
-    if arch == "phi3":
-        return {**out, "sliding_window": window}
-    # gemma2, gemma3
-    if not window:
-        raise GGUFReadError(f"{path}: metadata key {arch}.attention.sliding_window is missing; Gemma's sliding "
-                            "layers need it")
-    scalar = n_embd / n_head if n_layer == BIG_LAYERS[arch] else head_dim
-    out.update(sliding_window=window, layer_types=swa_pattern(arch, n_layer), mlp="geglu", norm_plus_one=True,
-               post_norms=True, embed_scale=n_embd ** 0.5, query_pre_attn_scalar=float(scalar))
-    if arch == "gemma2":
-        for key, field in (("attn_logit_softcapping", "attn_softcap"), ("final_logit_softcapping", "logit_softcap")):
-            v = scalars.get(f"{arch}.{key}", 0.0)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (v >= 0 and math.isfinite(v)):
-                raise GGUFReadError(f"{path}: metadata key {arch}.{key}={v!r}: expected a number >= 0")
-            out[field] = float(v)
-    else:
-        out.update(qk_norm=True, rope_local_theta=GEMMA3_LOCAL_THETA)
-    return out
 
 
 def write_keys(w, cfg) -> None:
@@ -109,7 +75,6 @@ def scalars_of(cfg, arch: str) -> dict:
 
 def check_export(cfg) -> None:
     """ValueError naming each field of ``cfg`` the family's GGUF cannot carry (read back through the reader)."""
-    from gptforge.interop.gguf_config import llama_config_from_gguf
     from gptforge.interop.hf_llama import MATH_FIELDS, _meaning
 
     arch = FAMILY_ARCH[cfg.family]
@@ -151,7 +116,7 @@ def expected_shapes(cfg, out: dict[str, tuple]) -> dict[str, tuple]:
 
 
 def block_name(rest: str, cfg) -> str:
-    """A block tensor's gptforge (HF) name, where a family's differs from ``gguf_read.BLOCK_NAMES``."""
+    """A block tensor's gptforge (HF) name, where a family's differs from ``gguf_config.BLOCK_NAMES``."""
     if cfg.post_norms:  # Gemma: ffn_norm is the MLP's input norm, post_attention_norm the attention output's
         return {"post_attention_norm.weight": "post_attention_layernorm.weight",
                 "ffn_norm.weight": "pre_feedforward_layernorm.weight",
@@ -175,8 +140,6 @@ def read_block(rest: str, w: torch.Tensor, cfg) -> dict[str, torch.Tensor]:
         return {"mlp.gate_proj.weight": gate, "mlp.up_proj.weight": up}
     name = block_name(rest, cfg)
     if name or cfg.norm_plus_one and rest.endswith("norm.weight"):
-        from gptforge.interop.gguf_read import BLOCK_NAMES
-
         return {name or BLOCK_NAMES[rest]: w}
     return {}
 

@@ -35,7 +35,6 @@ are checked against the config before anything is dequantized. Every refusal is 
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import mmap
 import struct
@@ -49,6 +48,7 @@ import torch
 from gptforge.interop import gguf_families
 from gptforge.interop.gguf_config import (  # noqa: F401 - the limits are read from here too
     ARCHITECTURES,
+    BLOCK_NAMES,
     GPT2_NORM_EPS,
     MAX_CONTEXT,
     MAX_LAYERS,
@@ -59,6 +59,7 @@ from gptforge.interop.gguf_config import (  # noqa: F401 - the limits are read f
     llama_config_from_gguf,
 )
 from gptforge.interop.gguf_tokenizer import _STRING, GGUFReadError, tokenizer_from_gguf
+from gptforge.interop.hf_llama import at_layers
 from gptforge.sizecheck import check_model_size, count_layers, elements, layered_elements
 
 MAX_TENSORS = 1 << 16  # Llama 3 405B has ~1,100 tensors
@@ -89,21 +90,6 @@ def shortest_float32(x: float) -> float:
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
                    "Q6_K")
 
-# llama.cpp's tensor names (per block) -> Hugging Face's (gptforge's Llama)
-BLOCK_NAMES = {
-    "attn_norm.weight": "input_layernorm.weight",
-    "attn_q.weight": "self_attn.q_proj.weight",
-    "attn_k.weight": "self_attn.k_proj.weight",
-    "attn_v.weight": "self_attn.v_proj.weight",
-    "attn_output.weight": "self_attn.o_proj.weight",
-    "ffn_norm.weight": "post_attention_layernorm.weight",
-    "ffn_gate.weight": "mlp.gate_proj.weight",
-    "ffn_up.weight": "mlp.up_proj.weight",
-    "ffn_down.weight": "mlp.down_proj.weight",
-    "attn_q.bias": "self_attn.q_proj.bias",  # qwen2
-    "attn_k.bias": "self_attn.k_proj.bias",
-    "attn_v.bias": "self_attn.v_proj.bias",
-}
 TOP_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
              "output.weight": "lm_head.weight"}
 # llama.cpp's gpt2 tensors (per block, weight and bias each) -> gptforge's GPT (Hugging Face's GPT-2 names)
@@ -376,7 +362,7 @@ def read_gguf(path: str | Path, weights: bool = True) -> GGUFModel:
         shapes_of, family = _expected_shapes, "Llama"
     # the total the metadata claims against the tensors present and the memory free (dequantized to float32),
     # before a table of every claimed layer is built or anything is dequantized
-    claimed = layered_elements(lambda k: shapes_of(dataclasses.replace(cfg, n_layer=k)), cfg.n_layer)
+    claimed = layered_elements(lambda k: shapes_of(at_layers(cfg, k)), cfg.n_layer)  # per-layer table cut too
     check_model_size(str(path), "its metadata", claimed, elements(t.shape for t in infos), GGUFReadError, family,
                      memory=weights, layers=(cfg.n_layer, count_layers(names)))  # weights=False: the words only
     expected = shapes_of(cfg)
