@@ -11,6 +11,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+# the architectures the GGUF reader takes (gguf_config imports no torch: --help stays instant)
+from gptforge.interop.gguf_config import ARCHITECTURES as GGUF_ARCHITECTURES
+
 if TYPE_CHECKING:  # torch: imported only when a command runs, so `gptforge --help` stays instant
     from gptforge.load import ModelSource
 
@@ -53,9 +56,7 @@ def show_defaults(p: argparse.ArgumentParser) -> None:
 
 
 DEVICE_HELP = "auto (cuda, else mps, else cpu), cpu, cuda, cuda:N or mps"
-# the GGUF architectures interop.gguf_config.ARCHITECTURES reads, named here without importing torch (--help
-# never loads it); tests/cli/test_every_option_has_help.py checks the two agree
-GGUF_ARCHITECTURES = ("llama", "qwen2", "gpt2")
+# GGUF_ARCHITECTURES: the reader's own tuple, so the help cannot drift from what it takes
 GGUF_HELP = f"a GGUF file (llama.cpp, Ollama, LM Studio; architecture {', '.join(GGUF_ARCHITECTURES)})"
 
 
