@@ -40,6 +40,7 @@ ALIGNED = "tests/data/test_aligned.py::test_training_with_aligned_batches_and_do
 MASKS = "tests/models/test_masks.py::"
 TRAINQ = "tests/training/test_train_keys_effect.py::"
 PEFT = "tests/training/test_lora_peft.py::test_adapter_export_loads_in_peft_to_the_same_logits"
+FAMILIES = "tests/models/test_llama_families.py::"
 
 KEY_EFFECTS: dict[str, tuple[str, ...]] = {
     # the optimizer: built from the config, stepped, against AdamW by hand in float64 and torch.optim.Muon
@@ -71,6 +72,16 @@ KEY_EFFECTS: dict[str, tuple[str, ...]] = {
     "model.tie_embeddings": (LLAMA + "test_hf_save_pretrained_then_gptforge_load",),
     "model.qk_norm": (LLAMA + "test_qk_norm_matches_qwen3",),
     "model.logit_softcap": (LLAMA + "test_logit_softcap_bounds_and_matches_formula",),
+    # the other families' fields (Qwen3, Mistral, Phi-3, Gemma 2/3): logits equal transformers' past the window,
+    # and each field put back to its default moves them (FEATURE_OFF there)
+    **{f"model.{k}": (FAMILIES + "test_hf_load_equals_transformers_longer_than_the_window",)
+       for k in ("sliding_window", "layer_types", "attn_softcap", "query_pre_attn_scalar", "embed_scale",
+                 "post_norms", "norm_plus_one", "rope_local_theta")},
+    # a query/key width other than n_embd/n_head (24 and 32 against 16): the q/k/v/o shapes transformers' load
+    "model.head_size": (FAMILIES + "test_hf_load_equals_transformers_longer_than_the_window",
+                        FAMILIES + "test_counts_match_the_model_and_transformers"),
+    # only what export writes: the config.json's model_type, reloaded by transformers as that family's class
+    "model.family": (FAMILIES + "test_export_hf_reloads_in_transformers",),
     "model.zero_init_proj": (LLAMA + "test_zero_init_proj_starts_each_block_as_identity",),
     "model.fused_ce": (LLAMA + "test_fused_ce_loss_and_grads_equal_the_plain_loss",),
     "model.lm_head_fp8": (LLAMA + "test_fp8_lm_head_logits_close_to_plain",),

@@ -220,16 +220,18 @@ def test_llmc_header_sizes_are_exact_past_int64(tmp_path):
 # --- item 10: a Hugging Face directory of another architecture is refused, not sampled at random ---
 
 def test_hf_directory_of_another_family_is_refused_naming_its_model_type(tmp_path, capsys, monkeypatch):
-    """A family gptforge does not implement (Mistral; Llama now loads, see test_llama.py)."""
-    from transformers import MistralConfig, MistralForCausalLM
+    """A family gptforge does not implement (Mixtral: experts; Llama, Qwen2/3, Mistral, Phi-3 and Gemma 2/3
+    now load, see test_llama.py and test_llama_families.py)."""
+    from transformers import MixtralConfig, MixtralForCausalLM
 
     monkeypatch.chdir(tmp_path)
-    cfg = MistralConfig(vocab_size=50257, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64)
-    MistralForCausalLM(cfg).save_pretrained(tmp_path / "mistral")
+    cfg = MixtralConfig(vocab_size=50257, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
+                        num_local_experts=2, num_experts_per_tok=1)
+    MixtralForCausalLM(cfg).save_pretrained(tmp_path / "mixtral")
     capsys.readouterr()  # save_pretrained's progress bar
-    _one_line_exit_2(["sample", "--hf", str(tmp_path / "mistral"), "--max-new-tokens", "2"], capsys,
-                     "model_type 'mistral'", "gpt2")
+    _one_line_exit_2(["sample", "--hf", str(tmp_path / "mixtral"), "--max-new-tokens", "2"], capsys,
+                     "model_type 'mixtral'", "gpt2")
 
 
 def test_hf_gpt2_directory_with_missing_weights_is_refused(tmp_path, capsys, monkeypatch):

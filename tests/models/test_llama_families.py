@@ -57,7 +57,7 @@ FEATURE_OFF = {
     "mistral": dict(sliding_window=0),
     "phi3": dict(sliding_window=0),
     "gemma2": dict(query_pre_attn_scalar=0.0, attn_softcap=0.0, logit_softcap=0.0, mlp="swiglu", post_norms=False,
-                   embed_scale=1.0, layer_types="", sliding_window=0),
+                   embed_scale=1.0, layer_types="", sliding_window=0, norm_plus_one=False),
     "gemma3": dict(qk_norm=False, rope_local_theta=0.0, layer_types="", query_pre_attn_scalar=0.0),
 }
 IDX = torch.randint(3, VOCAB, (2, T), generator=torch.Generator().manual_seed(7))
