@@ -12,6 +12,12 @@ from gptforge.config import Config, DataConfig, OptimConfig, TrainConfig
 from gptforge.data.shards import write_shard
 from gptforge.models.gpt2 import GPTConfig
 
+# A load that runs past 1 s says what it reads (gptforge.load.Announce): on a loaded 2-core machine a load that
+# then fails prints that line before its one-line error, so a test of the error would see two lines, by chance.
+# The suite, and every gptforge it starts (they inherit the environment), waits 10 minutes instead;
+# tests/test_load_announce.py sets its own thresholds.
+os.environ.setdefault("GPTFORGE_ANNOUNCE_AFTER", "600")
+
 # One pytest worker per core (scripts/test.sh, pytest-xdist): each computes on one thread, as gptforge's own
 # CPU runs do (train.threads auto); two OpenMP teams on two cores fight for them (docs/benchmarks.md, "CPU threads").
 if os.environ.get("PYTEST_XDIST_WORKER"):

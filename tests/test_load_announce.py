@@ -93,6 +93,7 @@ def test_a_slow_load_says_what_it_reads_while_it_reads(tmp_path, monkeypatch):
 def test_a_fast_load_prints_nothing(monkeypatch, capsys):
     """Under the default threshold a load that returns at once (a stand-in loader: a real one's time depends
     on the machine's load) prints nothing, then or later."""
+    monkeypatch.setattr(load, "ANNOUNCE_AFTER_S", 1.0)  # the default (the suite's own is 600 s: tests/conftest.py)
     monkeypatch.setattr(load, "_load_model", lambda source: "model")
     assert load.load_model(ModelSource(random="d2")) == "model"
     time.sleep(load.ANNOUNCE_AFTER_S + 0.2)  # past the threshold: a timer left running would have printed by now
@@ -131,3 +132,17 @@ def test_at_once_means_before_the_block_runs(monkeypatch, capsys):
     monkeypatch.setattr(load.threading, "Timer", NeverFires)
     with load.Announce("GGUF file m.gguf (1.0 MB)", after=0):
         assert capsys.readouterr().err == "loading GGUF file m.gguf (1.0 MB) ...\n"
+
+
+def test_the_threshold_comes_from_the_environment_when_set():
+    """GPTFORGE_ANNOUNCE_AFTER sets the threshold (the suite sets it to 600 s); unset, it is 1 s."""
+    import os
+    import subprocess
+    import sys
+
+    code = "from gptforge import load; print(load.ANNOUNCE_AFTER_S)"
+    for env, want in (({"GPTFORGE_ANNOUNCE_AFTER": "2.5"}, "2.5"), ({}, "1.0")):
+        base = {k: v for k, v in os.environ.items() if k != "GPTFORGE_ANNOUNCE_AFTER"}
+        out = subprocess.run([sys.executable, "-c", code], env={**base, **env}, capture_output=True, text=True,
+                             timeout=120)
+        assert out.stdout.strip() == want, out.stderr
