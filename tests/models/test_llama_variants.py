@@ -23,6 +23,7 @@ transformers = pytest.importorskip("transformers")
 from gptforge.generation import SamplingParams, generate, stream_tokens  # noqa: E402
 from gptforge.interop.hf_llama import HFConfigError, export_hf_llama, load_hf_llama  # noqa: E402
 from gptforge.models.llama import Llama, LlamaConfig  # noqa: E402
+from tests.models.hf_reference import assert_close, logits, saved_and_loaded  # noqa: E402
 
 VOCAB = 268  # the small byte-level tokenizer of test_gguf_read (no multiple of 128: padded rows)
 T = 96  # > original_max_position_embeddings (32): the scaled frequencies decide the logits
@@ -59,24 +60,15 @@ def _hf_model(name: str):
 @pytest.fixture(scope="module", params=list(VARIANTS))
 def variant(request, tmp_path_factory):
     """(name, transformers model, its save_pretrained directory, gptforge's load of it, reference logits)."""
-    hf = _hf_model(request.param)
-    d = tmp_path_factory.mktemp(request.param) / "hf"
-    hf.save_pretrained(d)
-    with torch.no_grad():
-        ref = hf(IDX).logits
-    return request.param, hf, d, load_hf_llama(str(d)), ref
+    return saved_and_loaded(request.param, _hf_model(request.param), tmp_path_factory, IDX)
 
 
 def _logits(model: torch.nn.Module, idx: torch.Tensor = IDX) -> torch.Tensor:
-    with torch.no_grad():
-        return model(idx)[0]
+    return logits(model, idx)
 
 
 def _assert_close(name: str, got: torch.Tensor, ref: torch.Tensor) -> None:
-    diff = (got - ref).abs().max().item()
-    MAX_DIFF[name] = max(MAX_DIFF.get(name, 0.0), diff)
-    print(f"{name}: max |gptforge - transformers| = {diff:.2e}")
-    assert got.shape == ref.shape and diff <= ATOL, diff
+    assert_close(name, got, ref, ATOL, MAX_DIFF)
 
 
 def test_hf_load_equals_transformers_past_the_original_context(variant):
