@@ -20,10 +20,12 @@ os.environ.setdefault("GPTFORGE_ANNOUNCE_AFTER", "600")
 
 # One pytest worker per core (scripts/test.sh, pytest-xdist): each computes on one thread, as gptforge's own
 # CPU runs do (train.threads auto); two OpenMP teams on two cores fight for them (docs/benchmarks.md, "CPU threads").
+# OMP_NUM_THREADS, where set, wins: the other-thread-count check (docs/development.md) runs the suite at 2 threads
+# per worker, because a sum split over 2 threads is reordered and a test that holds only at 1 thread is a defect.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     import torch
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or 1))
 
 # Inductor's on-disk FX graph cache is not keyed on the CPU vector ISA (torch 2.13): a graph compiled for AVX-512
 # and then reused under ATEN_CPU_CAPABILITY=avx2 keeps its 16-lane C++ kernels, which are rebuilt with 8-lane AVX2
