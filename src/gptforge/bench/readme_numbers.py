@@ -2,7 +2,7 @@
 
     python -m gptforge.bench.readme_numbers --list                  # the figures, where stated, their ranges
     python -m gptforge.bench.readme_numbers --only default_job,plan # some journeys (minutes)
-    python -m gptforge.bench.readme_numbers --seeds 11,12,13        # the chat path with seeds nobody tuned on
+    python -m gptforge.bench.readme_numbers --seeds 11,12,13        # chat and SmolLM2 with seeds nobody tuned on
     bash scripts/readme_numbers.sh                                  # everything (hours on a 2-core CPU)
 
 A ``Claim`` is one stated figure: the page that states it, the words it is stated with (tests/test_docs.py
@@ -227,37 +227,44 @@ def tokenizer(ctx: Ctx) -> dict[str, float]:
     return {"val_loss": _last_val_loss(run), "sft_val_loss": _last_val_loss(sft)}
 
 
-def smollm2(ctx: Ctx) -> dict[str, float]:
+def smollm2(ctx: Ctx) -> dict[str, Any]:
     """Bring your own model: SmolLM2-135M-Instruct's GGUF untuned, after 10 LoRA SFT steps, after 10 LoRA DPO
-    steps, each on the same 50 held-out `compare` problems."""
+    steps, each on the same 50 held-out `compare` problems; once per seed (the conversations', the preference
+    pairs' and the adapters' init and order). Returns per-seed figures; the claims judge each."""
     smol = _asset(ctx, "smollm2")
-    d = ctx.out / "smollm2"
-    d.mkdir(parents=True, exist_ok=True)
-    conv, prefs, lora, dpo = d / "compare.jsonl", d / "prefs.jsonl", d / "smol-lora", d / "smol-dpo"
     n_eval = 4 if ctx.shrunk else 50
     steps = "2" if ctx.shrunk else "10"
+    top = ctx.out / "smollm2"
+    top.mkdir(parents=True, exist_ok=True)
 
-    def acc(src: list[str], name: str) -> float:
-        path = d / f"eval_{name}.json"
+    def acc(src: list[str], path: Path) -> float:
         if not path.exists():
             ctx.gf("eval", "--tasks", "compare", *src, "--limit", str(n_eval), "--json", str(path))
         rows = storage.read_json(path, SystemExit, "`gptforge eval --json` file", top=None)
         return 100 * next(r for r in rows if r["task"] == "compare")["accuracy"]
 
-    untuned = acc(["--gguf", smol], "untuned")
-    if not conv.exists():
-        ctx.gf("prepare", "conversations", "compare", "--n", "400", "--seed", "1", "--out", str(conv))
-    if not (lora / "checkpoints").exists():
-        ctx.gf("sft", "--init-from", smol, "--data", str(conv), "--out", str(lora), "--lora.rank", "8", "--steps", steps,
-               "--val-count", "32", "--train.seq_len", "128", "--train.micro_batch", "4",
-               "--train.total_batch_tokens", "512", "--optim.lr", "1e-3", "--optim.warmup_steps", "2")
-    sft = acc(["--ckpt", str(lora)], "sft")
-    if not prefs.exists():
-        ctx.gf("prepare", "preferences", "compare", "--n", "400", "--seed", "1", "--out", str(prefs))
-    if not (dpo / "checkpoints").exists():
-        ctx.gf("dpo", "--init-from", str(lora), "--data", str(prefs), "--out", str(dpo), "--lora.rank", "8",
-               "--steps", steps, "--lr", "5e-4", "--micro-batch", "4", "--val-count", "32", "--beta", "0.1")
-    return {"untuned": untuned, "lora_sft": sft, "dpo": acc(["--ckpt", str(dpo)], "dpo")}
+    untuned = acc(["--gguf", smol], top / "eval_untuned.json")  # greedy: the same for every seed
+    per_seed = {}
+    for seed in ctx.seeds:
+        d = top / f"seed{seed}"
+        d.mkdir(parents=True, exist_ok=True)
+        conv, prefs, lora, dpo = d / "compare.jsonl", d / "prefs.jsonl", d / "smol-lora", d / "smol-dpo"
+        if not conv.exists():
+            ctx.gf("prepare", "conversations", "compare", "--n", "400", "--seed", str(seed), "--out", str(conv))
+        if not (lora / "checkpoints").exists():
+            ctx.gf("sft", "--init-from", smol, "--data", str(conv), "--out", str(lora), "--seed", str(seed),
+                   "--lora.rank", "8", "--steps", steps, "--val-count", "32", "--train.seq_len", "128",
+                   "--train.micro_batch", "4", "--train.total_batch_tokens", "512", "--optim.lr", "1e-3",
+                   "--optim.warmup_steps", "2")
+        sft = acc(["--ckpt", str(lora)], d / "eval_sft.json")
+        if not prefs.exists():
+            ctx.gf("prepare", "preferences", "compare", "--n", "400", "--seed", str(seed), "--out", str(prefs))
+        if not (dpo / "checkpoints").exists():
+            ctx.gf("dpo", "--init-from", str(lora), "--data", str(prefs), "--out", str(dpo), "--seed", str(seed),
+                   "--lora.rank", "8", "--steps", steps, "--lr", "5e-4", "--micro-batch", "4", "--val-count", "32",
+                   "--beta", "0.1")
+        per_seed[seed] = {"untuned": untuned, "lora_sft": sft, "dpo": acc(["--ckpt", str(dpo)], d / "eval_dpo.json")}
+    return {"per_seed": per_seed}
 
 
 JOURNEYS: dict[str, Callable[[Ctx], dict[str, Any]]] = {
@@ -286,7 +293,8 @@ def judge(claims: list[Claim], measured: dict[str, dict[str, Any]]) -> list[tupl
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m gptforge.bench.readme_numbers", description=__doc__.split("\n")[0])
     p.add_argument("--only", default=",".join(JOURNEYS), help=f"journeys to run, comma-separated ({', '.join(JOURNEYS)})")
-    p.add_argument("--seeds", default="1,2,3,4,5", help="the chat path's seeds: conversations and SFT order")
+    p.add_argument("--seeds", default="1,2,3,4,5",
+                   help="the seeds of the chat path and the SmolLM2 journey: their data, order and init")
     p.add_argument("--out", default="runs/readme_numbers", help="where every journey writes (rerun to resume)")
     p.add_argument("--shrunk", action="store_true", help="tiny step counts: check the commands run, not the figures")
     p.add_argument("--list", action="store_true", help="print the claims and exit")
