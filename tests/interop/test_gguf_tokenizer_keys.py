@@ -235,7 +235,7 @@ def test_a_sentencepiece_token_no_merge_reaches_is_spelled_out():
 def test_the_saved_sentencepiece_tokenizer_json_decodes_back_to_the_text(prefix, tmp_path):
     """The tokenizer.json a checkpoint keeps (and ``export hf`` hands on) is read by the tokenizers library on
     its own: its decoder gives back the text ('▁' as a space, bytes from their <0xXX> tokens, the one space
-    the pre-tokenizer prepended with ``add_space_prefix`` dropped, no other). gptforge's own decode joins the
+    the normalizer prepended with ``add_space_prefix`` dropped, no other). gptforge's own decode joins the
     pieces' bytes and never runs that decoder, so only a reader of the saved file sees it."""
     from tokenizers import Tokenizer as RustTokenizer
 
@@ -245,13 +245,12 @@ def test_the_saved_sentencepiece_tokenizer_json_decodes_back_to_the_text(prefix,
     _, tok = _spm_vocab(extra, add_space_prefix=prefix)
     save_tokenizer(tok, tmp_path)
     theirs = RustTokenizer.from_file(str(tmp_path / "tokenizer" / "tokenizer.json"))
-    # (text that begins with a space gets no second '▁' with the prefix, as in transformers: it would lose one)
-    for text in ("a a", "a  b", "a ", "ab\nb é", "a  ") + (() if prefix else ("  a", " a")):
+    # (text that begins with a space gets its '▁' too, as in llama.cpp: the decoder drops exactly that one)
+    for text in ("a a", "a  b", "a ", "ab\nb é", "a  ", "  a", " a"):
         ids = tok.encode_ordinary(text)
         assert theirs.encode(text, add_special_tokens=False).ids == ids
         assert theirs.decode(ids) == text, (text, ids)
-    if prefix:  # the decoder drops exactly one leading space, the prepended one, as transformers' loader does
-        assert theirs.decode(tok.encode_ordinary("  a")) == " a"
+    assert len(tok.encode_ordinary(" a")) == (2 if prefix else 1)  # "▁" "▁a", or "▁a"
 
 
 def test_sentencepiece_without_token_types_has_only_its_named_ends_special():
