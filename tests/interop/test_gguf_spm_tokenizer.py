@@ -12,7 +12,7 @@ stretch left gets one space before it, even one that begins with a space; transf
 '▁' only at the start of the whole text and only where it does not begin with a space, so it is asked for
 each stretch with that space already in front (``llama_cpp_ids``). Two vocabularies: one by hand (pieces of
 equal score, a piece reachable by two splits), one trained (``tokenizers`` BPE, Metaspace, byte fallback;
-scores -id as SentencePiece's BPE writes them). tests/data/test_tokenizer_10k.py compares a
+scores -id as SentencePiece's BPE writes them). tests/interop/test_tokenizer_strings.py compares a
 SentencePiece-trained vocabulary with the ``sentencepiece`` library itself.
 """
 
