@@ -132,7 +132,7 @@ def spm_normalizer(add_space_prefix: bool) -> dict:
 
 
 def spm_tokenizer_json_from_gguf(tokens: list[str], types: list[int] | None, scores: list[float],
-                                 merges: list[str] | None, path: Path, bos_id: int | None = None,
+                                 path: Path, bos_id: int | None = None,
                                  eos_id: int | None = None, unk_id: int | None = None, add_space_prefix: bool = True,
                                  add_bos: bool = True, add_eos: bool = False) -> str:
     """A ``tokenizer.json`` text for a GGUF SentencePiece vocabulary (``tokenizer.ggml.model`` "llama").
@@ -143,8 +143,9 @@ def spm_tokenizer_json_from_gguf(tokens: list[str], types: list[int] | None, sco
     ``parse_special`` false does); each stretch of text left between them gets one space before it
     (``add_space_prefix``, llama.cpp's default; SentencePiece's dummy prefix), even where it already begins
     with a space, and every space is written '▁' (``spm_normalizer``); then a BPE model with byte fallback
-    to the ``<0xXX>`` tokens merges by the merges the scores imply (``spm_merges``; the file's own
-    ``tokenizer.ggml.merges`` where it has them). The decoder undoes it all and drops the one leading space;
+    to the ``<0xXX>`` tokens merges by the merges the scores imply (``spm_merges``; a file's own
+    ``tokenizer.ggml.merges`` are not used: llama.cpp reads none for this model, transformers' loader prefers
+    them). The decoder undoes it all and drops the one leading space;
     the post-processor adds bos (and eos) as ``add_bos_token``/``add_eos_token`` say. With
     ``add_space_prefix`` false (Gemma) no space is prepended anywhere.
 
@@ -167,7 +168,7 @@ def spm_tokenizer_json_from_gguf(tokens: list[str], types: list[int] | None, sco
         if special or kind == TOKEN_USER_DEFINED:
             added.append({"id": i, "content": tok, "single_word": False, "lstrip": False, "rstrip": False,
                           "normalized": False, "special": special})
-    pairs = [m.split(" ", 1) for m in merges] if merges is not None else spm_merges(tokens, scores)
+    pairs = spm_merges(tokens, scores)
     ends = [tid for flag, tid in ((add_bos, bos_id), (add_eos, eos_id)) if flag and tid is not None]
 
     def seq(name: str, type_id: int) -> list[dict]:  # bos, the text, eos (those the flags add)
@@ -205,7 +206,7 @@ def tokenizer_from_gguf(items: dict[str, list], scalars: dict, arrays: dict, pat
                             "and SentencePiece ('llama') vocabularies only")
     keys = ["tokenizer.ggml.tokens"] + (["tokenizer.ggml.merges"] if model == "gpt2" else [])
     if model == "llama" and ("tokenizer.ggml.merges" in arrays or "tokenizer.ggml.merges" in scalars):
-        keys.append("tokenizer.ggml.merges")
+        keys.append("tokenizer.ggml.merges")  # checked, not used: the scores say how a SentencePiece vocabulary merges
     for key in keys:
         if arrays.get(key, (_STRING,))[0] != _STRING or key not in arrays:
             raise GGUFReadError(f"{path}: {key} is missing or not a list of strings")
@@ -240,7 +241,7 @@ def tokenizer_from_gguf(items: dict[str, list], scalars: dict, arrays: dict, pat
                 raise GGUFReadError(f"{path}: {key}={v!r} is not a boolean")
             flags[key] = v
         text = spm_tokenizer_json_from_gguf(
-            tokens, types, scores, merges, path, bos_id, eos_id, ids["tokenizer.ggml.unknown_token_id"],
+            tokens, types, scores, path, bos_id, eos_id, ids["tokenizer.ggml.unknown_token_id"],
             add_space_prefix=flags["tokenizer.ggml.add_space_prefix"], add_bos=flags["tokenizer.ggml.add_bos_token"],
             add_eos=flags["tokenizer.ggml.add_eos_token"])
     else:
