@@ -72,7 +72,8 @@ POOLS = [WORDS] * 30 + [SCRIPTS] * 14 + [EMOJI] * 5 + [DIGITS] * 8 + [PUNCT] * 1
 
 # the flags' cases, first in every list: whitespace for lstrip/rstrip to take (also taken twice), a word to refuse
 FIXED = ["x<mask>y", "x <mask> y", "<mask>", "a<mask> b", "hi <|end|>\n\n next", "hi  \t<|user|> x", "<|end|> <|user|>",
-         "<|user|>\nhello<|end|>\n<|assistant|>", " <|user|> ", "<think>x</think>  y", "Groß café", "", " ", "▁x", " ▁ x"]
+         "<|user|>\nhello<|end|>\n<|assistant|>", " <|user|> ", "<think>x</think>  y", "Groß café", "", " ", "▁x", " ▁ x",
+         "a\u030a<mask>", "½<mask>²", "Ⅻ<mask>", "x_<mask>", "<mask>\u0301"]  # a mark, a number, a letter number: words?
 
 
 def varied_strings(n: int, seed: int = 0, rare: bool = True) -> list[str]:

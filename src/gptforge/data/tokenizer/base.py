@@ -8,6 +8,7 @@ import functools
 import hashlib
 import json
 import re
+import unicodedata
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -84,8 +85,16 @@ _WHITE_SPACE = frozenset("\t\n\v\f\r \x85\xa0\u1680\u2028\u2029\u202f\u205f\u300
 
 
 def _is_word(c: str) -> bool:
-    """A regex word character (\\w), as the tokenizers library's single_word test takes it."""
-    return re.match(r"\w", c) is not None
+    """A word character as the tokenizers library's single_word test takes it (Rust regex's Unicode \\w:
+    Alphabetic, marks, decimal digits, connector punctuation, joiners; Python's \\w leaves the marks out, so
+    "a\u030a<mask>" would differ). Letters and letter numbers stand for Alphabetic, plus the circled and
+    squared Latin letters it also holds."""
+    cat = unicodedata.category(c)
+    return (cat[0] in "LM" or cat in ("Nd", "Nl", "Pc") or c in "\u200c\u200d"
+            or any(a <= ord(c) <= b for a, b in _ALPHABETIC_SYMBOLS))
+
+
+_ALPHABETIC_SYMBOLS = ((0x24B6, 0x24E9), (0x1F130, 0x1F149), (0x1F150, 0x1F169), (0x1F170, 0x1F189))
 
 
 # --- the interface ----------------------------------------------------------------------------------
