@@ -281,3 +281,18 @@ def test_spm_text_starting_with_space_as_llama_cpp(tmp_path):
                                      kv={"tokenizer.ggml.add_space_prefix": False}), weights=False).tokenizer
     assert plain.encode_ordinary(" the") == [tokens.index("▁the")]
     assert plain.encode_ordinary("a<think>the") == [tokens.index("a"), think, tokens.index("t"), tokens.index("he")]
+
+
+def test_spm_unused_and_control_pieces_as_llama_cpp(tmp_path):
+    """An unused token (type 5) merges and comes out like a normal one: llama.cpp's SPM session looks pieces up
+    by text whatever their type (SentencePiece itself would resegment it), and transformers' loader agrees; it
+    is no special token. A control token's text stays text in ``encode_ordinary`` and is one id in ``encode``."""
+    tokens, scores, types = hand_vocab()
+    types = list(types)
+    types[tokens.index("▁the")] = 5
+    path = write_spm_gguf(tmp_path / "m.gguf", tokens, scores, types)
+    tok, hf = read_gguf(path, weights=False).tokenizer, _hf(path)
+    for s in ("the this", "x the", "<s>the"):
+        assert tok.encode_ordinary(s) == hf(s, add_special_tokens=False, split_special_tokens=True).input_ids, s
+    assert tokens.index("▁the") in tok.encode_ordinary("the") and "▁the" not in tok.special_tokens
+    assert 1 not in tok.encode_ordinary("<s>the") and tok.encode("<s>the", allowed_special="all")[0] == 1
