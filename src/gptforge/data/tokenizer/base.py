@@ -87,7 +87,7 @@ _WHITE_SPACE = frozenset("\t\n\v\f\r \x85\xa0\u1680\u2028\u2029\u202f\u205f\u300
 def _is_word(c: str) -> bool:
     """A word character as the tokenizers library's single_word test takes it (Rust regex's Unicode \\w:
     Alphabetic, marks, decimal digits, connector punctuation, joiners; Python's \\w leaves the marks out, so
-    "a\u030a<mask>" would differ). Letters and letter numbers stand for Alphabetic, plus the circled and
+    an a with U+030A before "<mask>" would differ). Letters and letter numbers stand for Alphabetic, plus the circled and
     squared Latin letters it also holds."""
     cat = unicodedata.category(c)
     return (cat[0] in "LM" or cat in ("Nd", "Nl", "Pc") or c in "\u200c\u200d"
