@@ -296,3 +296,33 @@ def test_spm_unused_and_control_pieces_as_llama_cpp(tmp_path):
         assert tok.encode_ordinary(s) == hf(s, add_special_tokens=False, split_special_tokens=True).input_ids, s
     assert tokens.index("▁the") in tok.encode_ordinary("the") and "▁the" not in tok.special_tokens
     assert 1 not in tok.encode_ordinary("<s>the") and tok.encode("<s>the", allowed_special="all")[0] == 1
+
+
+# llama.cpp's own record of its SentencePiece tokenizer (its test-tokenizer-0 on models/ggml-vocab-tinyllama.gguf,
+# TinyLlama's = Llama 2's vocabulary; parse_special on, no bos): the text, and the ids it wrote
+LLAMA_CPP_TINYLLAMA = [
+    ("abc</s> def ghi", [25638, 2, 29871, 822, 330, 2918]), ("</s> XML", [2, 29871, 6560]),
+    ("X</s> Y", [1060, 2, 29871, 612]), ("a</s>b", [263, 2, 289]), ("a</s> b", [263, 2, 29871, 289]),
+    ("a</s>  b", [263, 2, 259, 289]), ("a</s>\nb", [263, 2, 29871, 13, 29890]), ("def ghi", [822, 330, 2918]),
+    (" def ghi", [29871, 822, 330, 2918]), ("ghi", [330, 2918]), (" ghi", [29871, 330, 2918]),
+]
+
+
+def test_spm_ids_as_llama_cpp_recorded_them(tmp_path):
+    """Llama 2's ids for the pieces those strings need, each at its id (the other ids filled with pieces no text
+    makes), scored as SentencePiece's BPE scores them (-id; the whitespace piece '▁▁' -1e9, as Llama 2's
+    tokenizer.model has it: llama.cpp's " ghi" -> '▁' '▁g' needs it below '▁g'), the prefixes each piece is
+    merged through, and the single characters. gptforge gives llama.cpp's recorded ids, '▁' after '</s>' and
+    before a text that begins with a space included."""
+    pieces = {259: "▁▁", 263: "▁a", 289: "▁b", 330: "▁g", 612: "▁Y", 822: "▁def", 1060: "▁X", 2918: "hi",
+              6560: "▁XML", 25638: "▁abc", 29871: "▁", 29890: "b",
+              20000: "▁ab", 20001: "▁d", 20002: "▁de", 20003: "▁XM"}
+    pieces |= {29900 + i: c for i, c in enumerate("acdefghiXMLY")}
+    n = max(pieces) + 1
+    tokens = [pieces.get(i, f"<filler{i}>") for i in range(n)]
+    tokens[:259] = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    scores = [0.0] * 259 + [-1e9 if t == "▁▁" else -float(i) for i, t in enumerate(tokens) if i >= 259]
+    types = [2, 3, 3] + [6] * 256 + [1] * (n - 259)
+    tok = read_gguf(write_spm_gguf(tmp_path / "m.gguf", tokens, scores, types), weights=False).tokenizer
+    for text, ids in LLAMA_CPP_TINYLLAMA:
+        assert tok.encode(text, allowed_special="all") == ids, (text, [tokens[i] for i in ids])
