@@ -4,7 +4,7 @@ from a GGUF "llama" vocabulary or a Hugging Face tokenizer.json of that shape): 
 
 The reference is transformers' own GGUF loader, on the file gptforge wrote and on the original one: the same
 ids for ~300 strings (spaces, newlines, digits, byte fallback, control and user-defined tokens), and
-gptforge's reader of the written file agrees. The files are tiny Llamas written in
+gptforge's reader of the written file agrees with llama.cpp's split of them (``llama_cpp_ids``). The files are tiny Llamas written in
 tests/interop/test_gguf_spm_tokenizer.py's way (a hand vocabulary with tied scores, a trained one)."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ transformers = pytest.importorskip("transformers")
 
 from gptforge.cli import main  # noqa: E402
 from gptforge.interop.gguf_read import read_gguf  # noqa: E402
-from tests.interop.test_gguf_spm_tokenizer import VOCABS, _hf, texts, write_spm_gguf  # noqa: E402
+from tests.interop.test_gguf_spm_tokenizer import VOCABS, _hf, cuts, llama_cpp_ids, texts, write_spm_gguf  # noqa: E402
 
 
 def _src(tmp_path: Path, which: str, **flags) -> Path:
@@ -46,7 +46,11 @@ def test_a_sentencepiece_model_goes_back_out_to_gguf(tmp_path, capsys, which):
     assert _hf(out)(strs, split_special_tokens=True).input_ids == want
     assert _hf(out)(strs, add_special_tokens=False).input_ids == _hf(src)(strs, add_special_tokens=False).input_ids
     ours = read_gguf(out, weights=False).tokenizer
-    assert [ours.encode_ordinary(s) for s in strs] == [w[1:] for w in want]
+    hf = _hf(src)
+    user, _ = cuts(tokens)  # split as llama.cpp splits it: a '▁' before each stretch of text
+    assert [ours.encode_ordinary(s) for s in strs] == \
+        [llama_cpp_ids(lambda t: hf(t, add_special_tokens=False, split_special_tokens=True).input_ids, user, s)
+         for s in strs]
     # the keys themselves: llama.cpp's SentencePiece model, each token at its id with its type, bos/eos/unk
     r = gguf.GGUFReader(str(out))
 

@@ -214,14 +214,15 @@ def _spm_vocab(extra: list[tuple[str, float]], merges: list[str] | None = None, 
     return [b.decode() for b in items["tokenizer.ggml.tokens"]], read(items, scalars, arrays)[0]
 
 
-def test_sentencepiece_merges_a_file_carries_are_the_ones_used():
-    """The scores prefer "bc" (-1) over "ab" (-5), so the merges they imply split "abc" as a|bc; a file whose
-    own ``tokenizer.ggml.merges`` ranks "a b" first splits it ab|c (BPE applies the best-ranked pair first)."""
+def test_sentencepiece_merges_a_file_carries_are_not_used():
+    """The scores prefer "bc" (-1) over "ab" (-5), so llama.cpp's SentencePiece tokenizer (the best-scoring
+    merged piece first) splits "abc" as a|bc. llama.cpp reads no ``tokenizer.ggml.merges`` for this model, so a
+    file whose merges rank "a b" first splits the same way (transformers' GGUF loader would take them: ab|c)."""
     extra = [("a", 0.0), ("b", 0.0), ("c", 0.0), ("ab", -5.0), ("bc", -1.0)]
     tokens, by_scores = _spm_vocab(extra, add_space_prefix=False)
     assert [tokens[i] for i in by_scores.encode_ordinary("abc")] == ["a", "bc"]
-    tokens, by_file = _spm_vocab(extra, merges=["a b", "b c"], add_space_prefix=False)
-    assert [tokens[i] for i in by_file.encode_ordinary("abc")] == ["ab", "c"]
+    tokens, with_merges = _spm_vocab(extra, merges=["a b", "b c"], add_space_prefix=False)
+    assert [tokens[i] for i in with_merges.encode_ordinary("abc")] == ["a", "bc"]
 
 
 def test_a_sentencepiece_token_no_merge_reaches_is_spelled_out():
@@ -235,7 +236,7 @@ def test_a_sentencepiece_token_no_merge_reaches_is_spelled_out():
 def test_the_saved_sentencepiece_tokenizer_json_decodes_back_to_the_text(prefix, tmp_path):
     """The tokenizer.json a checkpoint keeps (and ``export hf`` hands on) is read by the tokenizers library on
     its own: its decoder gives back the text ('▁' as a space, bytes from their <0xXX> tokens, the one space
-    the pre-tokenizer prepended with ``add_space_prefix`` dropped, no other). gptforge's own decode joins the
+    the normalizer prepended with ``add_space_prefix`` dropped, no other). gptforge's own decode joins the
     pieces' bytes and never runs that decoder, so only a reader of the saved file sees it."""
     from tokenizers import Tokenizer as RustTokenizer
 
@@ -245,13 +246,12 @@ def test_the_saved_sentencepiece_tokenizer_json_decodes_back_to_the_text(prefix,
     _, tok = _spm_vocab(extra, add_space_prefix=prefix)
     save_tokenizer(tok, tmp_path)
     theirs = RustTokenizer.from_file(str(tmp_path / "tokenizer" / "tokenizer.json"))
-    # (text that begins with a space gets no second '▁' with the prefix, as in transformers: it would lose one)
-    for text in ("a a", "a  b", "a ", "ab\nb é", "a  ") + (() if prefix else ("  a", " a")):
+    # (text that begins with a space gets its '▁' too, as in llama.cpp: the decoder drops exactly that one)
+    for text in ("a a", "a  b", "a ", "ab\nb é", "a  ", "  a", " a"):
         ids = tok.encode_ordinary(text)
         assert theirs.encode(text, add_special_tokens=False).ids == ids
         assert theirs.decode(ids) == text, (text, ids)
-    if prefix:  # the decoder drops exactly one leading space, the prepended one, as transformers' loader does
-        assert theirs.decode(tok.encode_ordinary("  a")) == " a"
+    assert len(tok.encode_ordinary(" a")) == (2 if prefix else 1)  # "▁" "▁a", or "▁a"
 
 
 def test_sentencepiece_without_token_types_has_only_its_named_ends_special():
@@ -279,7 +279,7 @@ def test_the_tokenizer_is_named_after_the_file():
 
 def test_a_file_merge_splits_at_its_one_space_only():
     """A merge is two tokens joined by one space; a token may hold other whitespace (a newline here), which
-    is part of the token, not a separator."""
+    is part of the token, not a separator: such a file is read (its merges checked, the scores used)."""
     extra = [("a", 0.0), ("b", 0.0), ("\n", 0.0), ("a\n", -1.0), ("a\nb", -2.0)]
     tokens, tok = _spm_vocab(extra, merges=["a \n", "a\n b"], add_space_prefix=False)
     assert [tokens[i] for i in tok.encode_ordinary("a\nb")] == ["a\nb"]

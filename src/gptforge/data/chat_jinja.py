@@ -288,17 +288,19 @@ class JinjaChatTemplate:
         ranges: list[tuple[int, int]] = []
         control: list[tuple[tuple[int, int], int]] = []
         pos = 0
-        matches = self._special_re.finditer(clean) if self._special_re is not None else ()
-        for m in matches:
-            s, e = m.span()
-            if s in opens or e in closes or any(s < p < e for p in breaks):
-                continue  # typed in a message: text
-            self._encode_stretch(clean, pos, s, ids, ranges)
-            tid = self._specials[m.group(0)]
+
+        def typed(s: int, e: int) -> bool:  # typed in a message: text
+            return s in opens or e in closes or any(s < p < e for p in breaks)
+
+        # each control token with the whitespace its lstrip/rstrip flags take (Phi-3's), as the library takes it
+        spans = self.tok.special_spans(clean, self._special_re, typed) if self._special_re is not None else ()
+        for a, b, _s, _e, name in spans:
+            self._encode_stretch(clean, pos, a, ids, ranges)
+            tid = self._specials[name]
             ids.append(tid)
-            ranges.append((s, e))
-            control.append(((s, e), tid))
-            pos = e
+            ranges.append((a, b))
+            control.append(((a, b), tid))
+            pos = b
         self._encode_stretch(clean, pos, len(clean), ids, ranges)
         return ids, ranges, control
 

@@ -308,9 +308,11 @@ def add_model_tokenizer(w: Any, vocab_size: int, tok: Any, chat: Any, pre: str) 
 
 
 def spm_vocab(tok: Any, vocab_size: int) -> dict | None:
-    """A SentencePiece-shaped tokenizer (what ``gguf_tokenizer`` builds from a GGUF "llama" vocabulary, and
-    what transformers gives Llama 2, Mistral, TinyLlama: a BPE with byte fallback under a Metaspace
-    pre-tokenizer) as llama.cpp's SentencePiece keys: tokens, scores and token types by id, and the flags.
+    """A SentencePiece-shaped tokenizer (what ``gguf_tokenizer`` builds from a GGUF "llama" vocabulary: llama.cpp's
+    split as a normalizer; and what transformers gives Llama 2, Mistral, TinyLlama: a BPE with byte fallback
+    under a Metaspace pre-tokenizer) as llama.cpp's SentencePiece keys: tokens, scores and token types by id,
+    and the flags. (A Metaspace 'first' tokenizer goes out with ``add_space_prefix``: llama.cpp then prepends
+    '▁' to text that already begins with a space, and after control tokens, where transformers does not.)
     None for a tokenizer of another shape (the byte-level BPE path takes it). Scores: llama.cpp merges the
     adjacent pair whose merged piece scores best, so each merged piece gets the score that reproduces the
     merge order; the scores are accepted only if ``gguf_tokenizer.spm_merges`` (transformers' GGUF loader's
@@ -324,20 +326,31 @@ def spm_vocab(tok: Any, vocab_size: int) -> dict | None:
         TOKEN_UNUSED,
         TOKEN_USER_DEFINED,
         spm_merges,
+        spm_normalizer,
     )
 
     doc = getattr(tok, "_json", None) if getattr(tok, "kind", None) == "hf" else None
     model, pre = (doc.get("model") or {}, doc.get("pre_tokenizer") or {}) if isinstance(doc, dict) else ({}, {})
-    if not (model.get("type") == "BPE" and model.get("byte_fallback") and pre.get("type") == "Metaspace"):
+    if not (model.get("type") == "BPE" and model.get("byte_fallback")):
         return None
     what = f"the model's {tok.describe()} (a BPE with byte fallback under a Metaspace pre-tokenizer)"
-    scheme = pre.get("prepend_scheme", "always")
-    if doc.get("normalizer") is not None or pre.get("replacement", "\u2581") != "\u2581" or pre.get("split") \
-            or scheme not in ("first", "never"):
-        raise ValueError(f"{what}: normalizer {json.dumps(doc.get('normalizer'))[:40]}, Metaspace replacement "
-                         f"{pre.get('replacement')!r}, split {pre.get('split')!r}, prepend_scheme {scheme!r}: llama.cpp's "
-                         "SentencePiece tokenizer has no normalizer, writes spaces as U+2581, does not split on them and "
-                         "prepends one at the start of the text ('first') or nowhere ('never'); export hf instead")
+    # what gptforge reads from a GGUF (and Llama 2's own tokenizer.json): llama.cpp's split as a normalizer, a
+    # space before each stretch of text or none, and no pre-tokenizer
+    llama_cpp = next((p for p in (True, False) if doc.get("normalizer") == spm_normalizer(p)), None)
+    if llama_cpp is not None and not pre:
+        space_prefix = llama_cpp
+    elif pre.get("type") != "Metaspace":
+        return None
+    else:
+        scheme = pre.get("prepend_scheme", "always")
+        if doc.get("normalizer") is not None or pre.get("replacement", "\u2581") != "\u2581" or pre.get("split") \
+                or scheme not in ("first", "never"):
+            raise ValueError(f"{what}: normalizer {json.dumps(doc.get('normalizer'))[:40]}, Metaspace replacement "
+                             f"{pre.get('replacement')!r}, split {pre.get('split')!r}, prepend_scheme {scheme!r}: "
+                             "llama.cpp's SentencePiece tokenizer has no normalizer, writes spaces as U+2581, does not "
+                             "split on them and prepends one to the text ('first') or nowhere ('never'); export hf "
+                             "instead")
+        space_prefix = scheme == "first"  # llama.cpp prepends it even to text that begins with a space
     tokens = [f"<|unused_{i}|>" for i in range(vocab_size)]
     types = [TOKEN_UNUSED] * vocab_size
     for piece, i in model["vocab"].items():
@@ -371,7 +384,7 @@ def spm_vocab(tok: Any, vocab_size: int) -> dict | None:
                          "export hf instead")
     single = ((doc.get("post_processor") or {}).get("single") or []) if isinstance(doc.get("post_processor"), dict) else []
     first_last = [("SpecialToken" in s) for s in (single[:1] + single[-1:])] if single else [False, False]
-    return {"tokens": tokens, "scores": scores, "types": types, "unk": unk, "space_prefix": scheme == "first",
+    return {"tokens": tokens, "scores": scores, "types": types, "unk": unk, "space_prefix": space_prefix,
             "add_bos": first_last[0] and len(single) > 1, "add_eos": first_last[-1] and len(single) > 1}
 
 

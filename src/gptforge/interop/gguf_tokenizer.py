@@ -6,11 +6,12 @@
 For the byte-level BPE (``tokenizer.ggml.model`` "gpt2"): the vocabulary by id, the merges, the control
 tokens as special added tokens and the user-defined ones as plain added tokens, and the pre-tokenizer
 llama.cpp runs for ``tokenizer.ggml.pre`` (its regexes in ``llama-vocab.cpp``; see ``PRE_TOKENIZERS``).
-For the SentencePiece vocabulary (``tokenizer.ggml.model`` "llama": Llama 2, Mistral, TinyLlama): the
-tokens by id with their scores, as transformers' GGUF loader builds it: a BPE model with byte fallback
-whose merges are every pair of tokens that spells another token, best merged piece's score first (the
-greedy merge llama.cpp's ``llm_tokenizer_spm`` runs), a Metaspace pre-tokenizer writing spaces as '▁'
-with one prepended at the start of the input, no normalizer. See ``spm_tokenizer_json_from_gguf``.
+For the SentencePiece vocabulary (``tokenizer.ggml.model`` "llama": Llama 2, Mistral, TinyLlama, Gemma):
+the tokens by id with their scores, split as llama.cpp's ``llm_tokenizer_spm`` splits them: a space
+prepended to each stretch of text between control or user-defined tokens (``add_space_prefix``), spaces
+written '▁', then a BPE model with byte fallback whose merges are every pair of tokens that spells
+another token, best merged piece's score first (llama.cpp's greedy merge). See
+``spm_tokenizer_json_from_gguf``.
 The arrays were bounded by ``gguf_read``'s header walk before anything here reads them.
 """
 
@@ -120,25 +121,41 @@ def spm_merges(tokens: list[str], scores: list[float]) -> list[list[str]]:
     return [[left, right] for left, right, _ in found]
 
 
+def spm_normalizer(add_space_prefix: bool) -> dict:
+    """llama.cpp's SentencePiece text preparation as a ``tokenizers`` normalizer: a space before each stretch
+    of text (the library normalizes each stretch between added tokens on its own, which is llama.cpp's
+    per-fragment prefix), then every space as '▁' (``llama_escape_whitespace``)."""
+    escape = {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}
+    if not add_space_prefix:
+        return escape
+    return {"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": "\u2581"}, escape]}
+
+
 def spm_tokenizer_json_from_gguf(tokens: list[str], types: list[int] | None, scores: list[float],
-                                 merges: list[str] | None, path: Path, bos_id: int | None = None,
+                                 path: Path, bos_id: int | None = None,
                                  eos_id: int | None = None, unk_id: int | None = None, add_space_prefix: bool = True,
                                  add_bos: bool = True, add_eos: bool = False) -> str:
     """A ``tokenizer.json`` text for a GGUF SentencePiece vocabulary (``tokenizer.ggml.model`` "llama").
 
-    transformers' GGUF loader (``LlamaTokenizer`` over the file's tokens) is the shape: a BPE model, byte
-    fallback to the ``<0xXX>`` tokens, the merges the scores imply (``spm_merges``; the file's own
-    ``tokenizer.ggml.merges`` where it has them), a Metaspace pre-tokenizer that writes spaces as '▁'
-    and prepends one at the start of the whole input (prepend_scheme 'first'), no normalizer, a decoder
-    that undoes all of it, and a post-processor adding bos (and eos) as ``add_bos_token`` says. Control
-    tokens and the bos/eos/unk ids are special added tokens, user-defined ones plain added tokens.
-    ``add_space_prefix`` false (``tokenizer.ggml.add_space_prefix``): no '▁' is prepended, as llama.cpp
-    reads it (transformers' loader ignores that key and prepends one anyway).
+    Split as llama.cpp's ``llm_tokenizer_spm`` splits (``llama_vocab::impl::tokenize``): the control and
+    user-defined tokens are cut out of the text first (the library's added tokens: control ones special,
+    user-defined ones plain, so ``encode_ordinary`` still takes a user-defined token whole, as llama.cpp's
+    ``parse_special`` false does); each stretch of text left between them gets one space before it
+    (``add_space_prefix``, llama.cpp's default; SentencePiece's dummy prefix), even where it already begins
+    with a space, and every space is written '▁' (``spm_normalizer``); then a BPE model with byte fallback
+    to the ``<0xXX>`` tokens merges by the merges the scores imply (``spm_merges``; a file's own
+    ``tokenizer.ggml.merges`` are not used: llama.cpp reads none for this model, transformers' loader prefers
+    them). The decoder undoes it all and drops the one leading space;
+    the post-processor adds bos (and eos) as ``add_bos_token``/``add_eos_token`` say. With
+    ``add_space_prefix`` false (Gemma) no space is prepended anywhere.
 
-    Elsewhere llama.cpp's own tokenizer differs from transformers', and this follows transformers: text
-    that already begins with a space gets no second '▁' (llama.cpp prepends one to any text), nor does
-    text after a control token (llama.cpp prepends one after each); two different pieces of equal score
-    merge in the order above (the longer left piece first), where llama.cpp takes the leftmost pair."""
+    transformers' GGUF loader reads the same file another way (a Metaspace pre-tokenizer, prepend_scheme
+    'first'): it prepends no '▁' where the text already begins with a space, nor to text after a control or
+    user-defined token, and ignores ``add_space_prefix``. gptforge follows llama.cpp, the format's own
+    reader, which SentencePiece agrees with on text without such tokens (its dummy prefix goes before any
+    text). One difference from llama.cpp remains: two different pieces of equal score merge in the order
+    ``spm_merges`` gives (the longer left piece first), where llama.cpp takes the leftmost pair; trained
+    vocabularies give every normal piece its own score."""
     known = set(tokens)
     missing = [b for b in range(256) if f"<0x{b:02X}>" not in known]
     if missing:
@@ -151,7 +168,7 @@ def spm_tokenizer_json_from_gguf(tokens: list[str], types: list[int] | None, sco
         if special or kind == TOKEN_USER_DEFINED:
             added.append({"id": i, "content": tok, "single_word": False, "lstrip": False, "rstrip": False,
                           "normalized": False, "special": special})
-    pairs = [m.split(" ", 1) for m in merges] if merges is not None else spm_merges(tokens, scores)
+    pairs = spm_merges(tokens, scores)
     ends = [tid for flag, tid in ((add_bos, bos_id), (add_eos, eos_id)) if flag and tid is not None]
 
     def seq(name: str, type_id: int) -> list[dict]:  # bos, the text, eos (those the flags add)
@@ -166,9 +183,8 @@ def spm_tokenizer_json_from_gguf(tokens: list[str], types: list[int] | None, sco
         decoders.append({"type": "Strip", "content": " ", "start": 1, "stop": 0})
     vocab = {tok: i for i, tok in enumerate(tokens)}  # a repeated token: its last id, as llama.cpp and transformers
     doc = {
-        "version": "1.0", "truncation": None, "padding": None, "added_tokens": added, "normalizer": None,
-        "pre_tokenizer": {"type": "Metaspace", "replacement": "\u2581",
-                          "prepend_scheme": "first" if add_space_prefix else "never", "split": False},
+        "version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
+        "normalizer": spm_normalizer(add_space_prefix), "pre_tokenizer": None,
         "post_processor": {"type": "TemplateProcessing", "single": seq("A", 0), "pair": seq("A", 0) + seq("B", 1),
                            "special_tokens": special_ends},
         "decoder": {"type": "Sequence", "decoders": decoders},
@@ -190,7 +206,7 @@ def tokenizer_from_gguf(items: dict[str, list], scalars: dict, arrays: dict, pat
                             "and SentencePiece ('llama') vocabularies only")
     keys = ["tokenizer.ggml.tokens"] + (["tokenizer.ggml.merges"] if model == "gpt2" else [])
     if model == "llama" and ("tokenizer.ggml.merges" in arrays or "tokenizer.ggml.merges" in scalars):
-        keys.append("tokenizer.ggml.merges")
+        keys.append("tokenizer.ggml.merges")  # checked, not used: the scores say how a SentencePiece vocabulary merges
     for key in keys:
         if arrays.get(key, (_STRING,))[0] != _STRING or key not in arrays:
             raise GGUFReadError(f"{path}: {key} is missing or not a list of strings")
@@ -225,7 +241,7 @@ def tokenizer_from_gguf(items: dict[str, list], scalars: dict, arrays: dict, pat
                 raise GGUFReadError(f"{path}: {key}={v!r} is not a boolean")
             flags[key] = v
         text = spm_tokenizer_json_from_gguf(
-            tokens, types, scores, merges, path, bos_id, eos_id, ids["tokenizer.ggml.unknown_token_id"],
+            tokens, types, scores, path, bos_id, eos_id, ids["tokenizer.ggml.unknown_token_id"],
             add_space_prefix=flags["tokenizer.ggml.add_space_prefix"], add_bos=flags["tokenizer.ggml.add_bos_token"],
             add_eos=flags["tokenizer.ggml.add_eos_token"])
     else:

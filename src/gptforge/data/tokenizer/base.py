@@ -8,6 +8,7 @@ import functools
 import hashlib
 import json
 import re
+import unicodedata
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -78,6 +79,24 @@ def not_unicode(texts: Any) -> str | None:
     return None
 
 
+# Unicode's White_Space property (Rust's char::is_whitespace, what the tokenizers library strips; str.isspace
+# also takes U+001C-U+001F)
+_WHITE_SPACE = frozenset("\t\n\v\f\r \x85\xa0\u1680\u2028\u2029\u202f\u205f\u3000" + "".join(map(chr, range(0x2000, 0x200B))))
+
+
+def _is_word(c: str) -> bool:
+    """A word character as the tokenizers library's single_word test takes it (Rust regex's Unicode \\w:
+    Alphabetic, marks, decimal digits, connector punctuation, joiners; Python's \\w leaves the marks out, so
+    an a with U+030A before "<mask>" would differ). Letters and letter numbers stand for Alphabetic, plus the circled and
+    squared Latin letters it also holds."""
+    cat = unicodedata.category(c)
+    return (cat[0] in "LM" or cat in ("Nd", "Nl", "Pc") or c in "\u200c\u200d"
+            or any(a <= ord(c) <= b for a, b in _ALPHABETIC_SYMBOLS))
+
+
+_ALPHABETIC_SYMBOLS = ((0x24B6, 0x24E9), (0x1F130, 0x1F149), (0x1F150, 0x1F169), (0x1F170, 0x1F189))
+
+
 # --- the interface ----------------------------------------------------------------------------------
 
 class Tokenizer:
@@ -125,17 +144,49 @@ class Tokenizer:
 
     def encode(self, text: str, allowed_special: Iterable[str] | str = (), **_: Any) -> list[int]:
         """Like tiktoken's: the special tokens named in ``allowed_special`` ("all" for every one) are
-        parsed where they appear; every other special-token text stays text."""
+        parsed where they appear (with the whitespace their ``lstrip``/``rstrip`` flags take, see
+        ``special_spans``); every other special-token text stays text."""
         names = set(self.special_tokens) if allowed_special == "all" else set(allowed_special) & set(self.special_tokens)
         if not names:
             return self._encode_plain(text)
         out: list[int] = []
-        pattern = "(" + "|".join(re.escape(s) for s in sorted(names, key=len, reverse=True)) + ")"
-        for i, part in enumerate(re.split(pattern, text)):
-            if i % 2:
-                out.append(self.special_tokens[part])
-            elif part:  # only the first part starts the input; the others follow a special token
-                out += self._encode_plain(part) if i == 0 else self.encode_ordinary_continued(part)
+        pattern = re.compile("|".join(re.escape(s) for s in sorted(names, key=len, reverse=True)))
+        pos = 0
+        for a, b, _s, _e, name in self.special_spans(text, pattern):
+            if a > pos:  # only the text before the first special token starts the input
+                out += self._encode_plain(text[pos:a]) if pos == 0 else self.encode_ordinary_continued(text[pos:a])
+            out.append(self.special_tokens[name])
+            pos = b
+        if pos < len(text):
+            out += self._encode_plain(text[pos:]) if pos == 0 else self.encode_ordinary_continued(text[pos:])
+        return out
+
+    special_flags: dict[str, tuple[bool, bool, bool]] = {}  # name -> (lstrip, rstrip, single_word); tokenizer.json's
+
+    def special_spans(self, text: str, pattern: re.Pattern, skip: Any = None) -> list[tuple[int, int, int, int, str]]:
+        """The special tokens ``pattern`` finds in ``text``, as the ``tokenizers`` library takes its added tokens:
+        (start, end with the whitespace taken, the token's own start and end, its text). A ``single_word`` token
+        touching a word character stays text; ``lstrip`` takes the whitespace before it (not what an earlier
+        token took), ``rstrip`` the whitespace after it. ``skip(start, end)`` true: that match is text (a chat
+        message's own). Without flags (tiktoken kinds, most tokenizer.json files): the matches as they are."""
+        out: list[tuple[int, int, int, int, str]] = []
+        taken = 0
+        for m in pattern.finditer(text):
+            s, e = m.span()
+            if s < taken or (skip is not None and skip(s, e)):
+                continue
+            lstrip, rstrip, single_word = self.special_flags.get(m.group(0), (False, False, False))
+            if single_word and ((s > 0 and _is_word(text[s - 1])) or (e < len(text) and _is_word(text[e]))):
+                continue
+            a, b = s, e
+            if lstrip:
+                while a > taken and text[a - 1] in _WHITE_SPACE:
+                    a -= 1
+            if rstrip:
+                while b < len(text) and text[b] in _WHITE_SPACE:
+                    b += 1
+            out.append((a, b, s, e, m.group(0)))
+            taken = b
         return out
 
     def encode_batch_numpy(self, texts: Sequence[str], dtype: Any = np.uint32) -> list[np.ndarray]:

@@ -60,6 +60,11 @@ class HFTokenizer(Tokenizer):
         self.n_vocab = max(vocab.values(), default=-1) + 1
         added = self._json.get("added_tokens") or []
         self.special_tokens = {a["content"]: a["id"] for a in added if a.get("special")}
+        # where gptforge cuts the control tokens out itself (encode's allowed_special, a chat template's render), the
+        # whitespace the library's lstrip/rstrip would take, and single_word (Phi-3's turn tokens strip to the right)
+        self.special_flags = {a["content"]: (bool(a.get("lstrip")), bool(a.get("rstrip")), bool(a.get("single_word")))
+                              for a in added if a.get("special") and (a.get("lstrip") or a.get("rstrip")
+                                                                      or a.get("single_word"))}
         self._set_ends(where, bos, eos,
                        self.special_tokens.get(bos) if bos else _guess(self.special_tokens, BOS_NAMES),
                        self.special_tokens.get(eos) if eos else _guess(self.special_tokens, EOS_NAMES),
