@@ -225,3 +225,21 @@ def test_a_checkpoint_resave_failing_at_its_second_rename_keeps_the_earlier_save
     ckpt.finalize_checkpoint(run, tmp, {"config": {}, "note": "new"})
     assert _listed(run) == [(10, "new", "new")]
     assert sorted(p.name for p in ckpt.ckpt_root(run).iterdir()) == ["step_000010"]
+
+
+def test_a_resumes_rewrite_of_metrics_failing_at_its_rename_keeps_the_file_and_leaves_no_temporary(tmp_path,
+                                                                                                    monkeypatch):
+    """mark_replayed rewrites metrics.jsonl at a resume; it wrote ``metrics.jsonl.tmp`` by hand, left it on a
+    failure and never fsynced it. Through the one writer now."""
+    from gptforge.run.metrics import mark_replayed
+
+    path = tmp_path / "metrics.jsonl"
+    text = "".join(json.dumps({"kind": "train", "step": s, "loss": 1.0}) + "\n" for s in range(1, 5))
+    path.write_text(text)
+    _fail_at(monkeypatch, storage.os, "replace", 1)
+    with pytest.raises(Exception, match="injected"):
+        mark_replayed(path, 2)
+    assert path.read_text() == text and sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl"]
+    monkeypatch.undo()
+    assert mark_replayed(path, 2) == 2  # steps 3 and 4
+    assert [json.loads(line).get("replayed", False) for line in path.read_text().splitlines()] == [False, False, True, True]
