@@ -88,9 +88,9 @@ KILL = textwrap.dedent("""
         with storage.atomic_dir(out, force=True) as t:
             (t / "a").write_text("new a")
             (t / "b").write_text("new b")
-    else:  # a checkpoint re-saved at the same step
+    else:  # a checkpoint re-saved at the same step (ckpt), or a first save of step 20 (ckpt20)
         from gptforge.run import checkpoint as ckpt
-        tmp = ckpt.begin_checkpoint(out, 10)
+        tmp = ckpt.begin_checkpoint(out, 20 if what == "ckpt20" else 10)
         (tmp / "model.safetensors").write_text("new")
         ckpt.finalize_checkpoint(out, tmp, {"config": {}, "note": "new"})
     print("finished")
@@ -243,3 +243,24 @@ def test_a_resumes_rewrite_of_metrics_failing_at_its_rename_keeps_the_file_and_l
     monkeypatch.undo()
     assert mark_replayed(path, 2) == 2  # steps 3 and 4
     assert [json.loads(line).get("replayed", False) for line in path.read_text().splitlines()] == [False, False, True, True]
+
+
+@pytest.mark.parametrize(("what", "nth", "when"), [("ckpt20", 1, "before"), ("ckpt", 2, "after"), ("ckpt", 2, "before")])
+def test_a_save_of_another_step_removes_what_a_killed_save_left(what, nth, when, tmp_path):
+    """A save killed before its rename leaves step_20.tmp; a re-save killed after it leaves step_10.old
+    beside the new step_10. Neither is a checkpoint; the run's next save (of any step) removes them. A
+    re-save killed between its renames leaves step_10.old alone: that is step 10, and it is kept."""
+    from gptforge.run import checkpoint as ckpt
+
+    run = tmp_path / "run"
+    _first_save(run)
+    assert _killed(nth, when, what, run)
+    left = "step_000020.tmp" if what == "ckpt20" else "step_000010.old"
+    assert (ckpt.ckpt_root(run) / left).is_dir()
+    tmp = ckpt.begin_checkpoint(run, 30)
+    (tmp / "model.safetensors").write_text("thirty")
+    ckpt.finalize_checkpoint(run, tmp, {"config": {}, "note": "thirty"})
+    lone = when == "before" and what == "ckpt"
+    step10 = "step_000010.old" if lone else "step_000010"
+    assert sorted(p.name for p in ckpt.ckpt_root(run).iterdir()) == [step10, "step_000030"]  # every .tmp gone
+    assert [p.name for p in ckpt.list_checkpoints(run)] == [step10, "step_000030"]

@@ -173,10 +173,20 @@ class cleanup_on_failure:
         return False
 
 
+_LEFTOVER = re.compile(rf"{CKPT_PREFIX}(\d+)\.(tmp|old)")
+
+
 def begin_checkpoint(run_dir: str | Path, step: int) -> Path:
-    """Create the empty temporary directory ``step_XXXXXX.tmp`` that a checkpoint is written into."""
+    """Create the empty temporary directory ``step_XXXXXX.tmp`` that a checkpoint is written into, first
+    removing what killed saves left (the run's lock makes this process the run's one writer): any step's
+    ``.tmp``, and a ``step_N.old`` beside a complete ``step_N`` (a lone one is step N's checkpoint)."""
     root = ckpt_root(run_dir)
     root.mkdir(parents=True, exist_ok=True)
+    for p in root.iterdir():
+        m = _LEFTOVER.fullmatch(p.name)
+        if m is not None and p.is_dir() and not p.is_symlink() and (
+                m[2] == "tmp" or (root / f"{CKPT_PREFIX}{m[1]}" / "meta.json").is_file()):
+            shutil.rmtree(p, ignore_errors=True)
     tmp = root / f"{CKPT_PREFIX}{step:06d}.tmp"
     if tmp.exists():
         shutil.rmtree(tmp)
