@@ -10,7 +10,10 @@ Plants tried (each fails here): atomic_path's ``tmp.unlink()`` on failure droppe
 not called; atomic_dir's in-process restore after a failed second rename dropped (this test added it: NAME
 was missing until the next write); ``_restore_interrupted`` not called; finalize_checkpoint's restore
 dropped (added here too) and list_checkpoints reading only ``step_N`` (a killed re-save lost step N, and
-``step_N.old`` made it raise ValueError: int('000010.old')).
+``step_N.old`` made it raise ValueError: int('000010.old')); begin_checkpoint's removal of leftovers
+dropped, made to remove every ``.old`` (a lone one is step N), or to keep other steps' ``.tmp``;
+mark_replayed back to its own ``.tmp`` writer. Survived: list_checkpoints reading ``step_N.old`` as a
+final name (the directory's order decides which of the two it lists when both are there).
 """
 
 from __future__ import annotations

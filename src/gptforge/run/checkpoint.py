@@ -12,7 +12,10 @@ A checkpoint is written to ``step_XXXXXX.tmp`` and renamed when complete, so a c
 a half-written directory that :func:`latest_checkpoint` would pick. Damage after that (a truncated
 or flipped file) is caught by :func:`verify_checkpoint`; ``--resume`` uses
 :func:`latest_intact_checkpoint`, which falls back past a damaged checkpoint and says so. A disk
-that fills up mid-write gets one clear error, and the partial ``.tmp`` is deleted.
+that fills up mid-write gets one clear error, and the partial ``.tmp`` is deleted. Saving a step
+again swaps the new folder in one step (Linux renameat2); where that is missing, two renames, and a kill
+between them leaves ``step_XXXXXX.old`` whole, which lists as that step. The next save removes what a
+killed save left (any ``.tmp``, an ``.old`` beside its complete step).
 
 Nothing here unpickles: weights are safetensors, ``optimizer.pt``/``rng.pt`` load with
 ``weights_only=True``. A sharded (FSDP) checkpoint's ``dcp/.metadata`` *is* a pickle, so
