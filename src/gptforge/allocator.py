@@ -117,7 +117,9 @@ def keep_large_blocks() -> str | None:
 def _reexec_with(lib: str) -> None:
     """Start this command again with ``lib`` preloaded (only before torch is imported, once)."""
     env = dict(os.environ)
-    env["LD_PRELOAD"] = f"{lib}:{env['LD_PRELOAD']}" if env.get("LD_PRELOAD") else lib
+    # the user's own entries kept, after ours; ours once (the loader splits the list on colons and spaces)
+    theirs = [e for e in env.get("LD_PRELOAD", "").replace(" ", ":").split(":") if e and e != lib]
+    env["LD_PRELOAD"] = ":".join([lib, *theirs])
     env[_REEXEC_GUARD] = "1"
     sys.stdout.flush()
     sys.stderr.flush()

@@ -510,7 +510,12 @@ def atomic_dir(path: str | Path, force: bool = False, what: str | None = None, f
                 else:
                     old = _temp_name(path, "old")
                     os.replace(path, old)
-                    os.replace(tmp, path)
+                    try:
+                        os.replace(tmp, path)
+                    except BaseException:  # the earlier folder back under its name, at once
+                        os.replace(old, path)
+                        old = None
+                        raise
             else:
                 os.replace(tmp, path)  # onto a missing or empty folder: one atomic step
             fsync_dir(path.parent)

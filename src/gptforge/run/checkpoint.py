@@ -12,7 +12,10 @@ A checkpoint is written to ``step_XXXXXX.tmp`` and renamed when complete, so a c
 a half-written directory that :func:`latest_checkpoint` would pick. Damage after that (a truncated
 or flipped file) is caught by :func:`verify_checkpoint`; ``--resume`` uses
 :func:`latest_intact_checkpoint`, which falls back past a damaged checkpoint and says so. A disk
-that fills up mid-write gets one clear error, and the partial ``.tmp`` is deleted.
+that fills up mid-write gets one clear error, and the partial ``.tmp`` is deleted. Saving a step
+again swaps the new folder in one step (Linux renameat2); where that is missing, two renames, and a kill
+between them leaves ``step_XXXXXX.old`` whole, which lists as that step. The next save removes what a
+killed save left (any ``.tmp``, an ``.old`` beside its complete step).
 
 Nothing here unpickles: weights are safetensors, ``optimizer.pt``/``rng.pt`` load with
 ``weights_only=True``. A sharded (FSDP) checkpoint's ``dcp/.metadata`` *is* a pickle, so
@@ -57,14 +60,24 @@ def ckpt_root(run_dir: str | Path) -> Path:
     return Path(run_dir) / "checkpoints"
 
 
+_STEP_DIR = re.compile(rf"{CKPT_PREFIX}(\d+)(\.old)?")
+
+
 def list_checkpoints(run_dir: str | Path) -> list[Path]:
-    """Complete checkpoints of a run, oldest first."""
+    """Complete checkpoints of a run, oldest first. A re-save of a step killed between its two renames
+    (where the folders cannot be swapped in one step) leaves ``step_N.old`` whole and no ``step_N``: that
+    folder is step N's checkpoint until a save of step N replaces it (read in place: a reader never renames)."""
     root = ckpt_root(run_dir)
     if not root.is_dir():
         return []
-    out = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(CKPT_PREFIX)
-           and not p.name.endswith(".tmp") and (p / "meta.json").exists()]
-    return sorted(out, key=lambda p: int(p.name[len(CKPT_PREFIX):]))
+    found: dict[int, Path] = {}
+    for p in root.iterdir():
+        m = _STEP_DIR.fullmatch(p.name)
+        if m is None or not p.is_dir() or not (p / "meta.json").exists():
+            continue
+        if m[2] is None or int(m[1]) not in found and not (root / p.name[: -len(".old")]).exists():
+            found[int(m[1])] = p
+    return [found[s] for s in sorted(found)]
 
 
 def clear_checkpoints(run_dir: str | Path) -> None:
@@ -163,10 +176,20 @@ class cleanup_on_failure:
         return False
 
 
+_LEFTOVER = re.compile(rf"{CKPT_PREFIX}(\d+)\.(tmp|old)")
+
+
 def begin_checkpoint(run_dir: str | Path, step: int) -> Path:
-    """Create the empty temporary directory ``step_XXXXXX.tmp`` that a checkpoint is written into."""
+    """Create the empty temporary directory ``step_XXXXXX.tmp`` that a checkpoint is written into, first
+    removing what killed saves left (the run's lock makes this process the run's one writer): any step's
+    ``.tmp``, and a ``step_N.old`` beside a complete ``step_N`` (a lone one is step N's checkpoint)."""
     root = ckpt_root(run_dir)
     root.mkdir(parents=True, exist_ok=True)
+    for p in root.iterdir():
+        m = _LEFTOVER.fullmatch(p.name)
+        if m is not None and p.is_dir() and not p.is_symlink() and (
+                m[2] == "tmp" or (root / f"{CKPT_PREFIX}{m[1]}" / "meta.json").is_file()):
+            shutil.rmtree(p, ignore_errors=True)
     tmp = root / f"{CKPT_PREFIX}{step:06d}.tmp"
     if tmp.exists():
         shutil.rmtree(tmp)
@@ -197,15 +220,26 @@ def finalize_checkpoint(run_dir: str | Path, tmp: Path, meta: dict[str, Any], ke
         fh.write(json.dumps(meta, indent=2, default=str))
         fh.flush()
         os.fsync(fh.fileno())
+    old = root / f"{final.name}.old"
     if final.exists():  # re-saving the same step (e.g. interrupt right after a periodic save)
-        old = root / f"{final.name}.old"
+        from gptforge import storage
+
         if old.exists():
             shutil.rmtree(old)
-        os.replace(final, old)
-        os.replace(tmp, final)
-        shutil.rmtree(old)
+        if storage.exchange(tmp, final):  # one atomic step: tmp now holds the earlier save
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:  # two renames; a kill between them leaves step_N.old whole, which list_checkpoints reads
+            os.replace(final, old)
+            try:
+                os.replace(tmp, final)
+            except BaseException:  # the earlier save back under its name, at once
+                os.replace(old, final)
+                raise
+            shutil.rmtree(old)
     else:
         os.replace(tmp, final)
+        if old.exists():  # a killed re-save's earlier folder: the new save replaces it
+            shutil.rmtree(old, ignore_errors=True)
     if keep > 0:
         for old in list_checkpoints(run_dir)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)

@@ -232,10 +232,10 @@ def mark_replayed(path: Path, start_step: int) -> int:
             rec["replayed"] = True
             lines[i] = json.dumps(rec) + "\n"
             marked += 1
-    if marked:
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text("".join(lines))
-        os.replace(tmp, path)
+    if marked:  # through the one writer: fsynced, its temporary removed on a failure, a full disk in one line
+        from gptforge.storage import write_text
+
+        write_text(path, "".join(lines), what="the run's metrics.jsonl")
     return marked
 
 

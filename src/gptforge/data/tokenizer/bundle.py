@@ -147,11 +147,19 @@ def _check_entry(info: dict, where: str) -> None:
                                  f"expected a token id in [0, {MAX_VOCAB:,})")
 
 
+# fields of an entry that record a setting the files cannot confirm: the tokenizer is built with them
+# (bos/eos pick the document separator, which ``eot`` confirms), so they agree with it by construction
+ENTRY_SETTINGS = ("name", "chat_template", "bos", "eos")
+
+
 def _check_entry_agrees(info: dict, tok: Tokenizer, where: str) -> None:
-    """What the entry says of the tokenizer (its size, special tokens, bos/eos and document separator)
-    is what its files make: a lie there would change the ids every document starts with."""
-    for key, real in (("n_vocab", tok.n_vocab), ("eot", tok.eot_token), ("bos", tok.bos_token_id),
-                      ("eos", tok.eos_token_id), ("special_tokens", dict(tok.special_tokens))):
+    """What the entry says of the tokenizer (its size, special tokens, document separator, split pattern,
+    ranks' checksum: every field the rebuilt tokenizer's own entry has, but the settings it was built
+    with) is what its files make: a lie there would change the ids every document starts with. Taken
+    from ``tok.entry()``, so a field a kind adds later is checked without a line here."""
+    real_entry = tok.entry()
+    for key in sorted(set(real_entry) - set(ENTRY_SETTINGS)):
+        real = real_entry[key]
         if key in info and info[key] != real:
             raise TokenizerError(f"{where}: tokenizer.{key} = {json.dumps(info[key])[:80]} but the tokenizer its "
                                  f"files make has {json.dumps(real)[:80]}; the bundle is damaged")
