@@ -46,7 +46,7 @@ from gptforge.parallel.distributed import DistInfo, wrap_model
 from gptforge.run.metrics import environment, flops_per_token, peak_flops
 from gptforge.runtime import resolve_device, set_precision, set_threads
 from gptforge.training.step import PhaseTimer, train_step
-from gptforge.training.switches import switch_problem
+from gptforge.training.switches import TRITON_SWITCHES, resolve_model_switches, switch_problem
 
 
 @dataclass
@@ -97,6 +97,10 @@ def _synthetic_shard(folder: Path, n_tokens: int, vocab: int, seed: int = 0) -> 
     return write_shard(folder / "bench_train_000000.bin", rng.integers(0, vocab, n_tokens, dtype=np.int64))
 
 
+def _say(line: str) -> None:
+    print(f"[bench] {line}", file=sys.stderr, flush=True)
+
+
 def _peak_memory(device: torch.device) -> tuple[float, str]:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20, "cuda_max_allocated_MiB"
@@ -120,7 +124,8 @@ def bench_one(cfg: Config, steps: int, warmup: int, device: torch.device, trace:
         need = B * T * grad_accum * (steps + warmup) + 1
         shard = _synthetic_shard(Path(tmp), min(need, 50_000_000) + B * T + 1, cfg.model.vocab_size)
         loader = ShardLoader([shard], B, T, vocab_size=cfg.model.vocab_size)
-        model = build_model(cfg.model).to(device)
+        model_cfg = resolve_model_switches(cfg, device, _say)  # model.fused_ce=auto, as a training run decides it
+        model = build_model(model_cfg).to(device)
         optimizer = build_optimizer(model, cfg.optim, device.type)
         wrapped = wrap_model(model, info, compile_model, compile_mode=cfg.train.compile_mode)
         model.train()
@@ -176,7 +181,8 @@ def bench_one(cfg: Config, steps: int, warmup: int, device: torch.device, trace:
         "params": n_params,
         "precision": precision, "compile": compile_model, "threads": threads,
         "flash": cfg.model.flash, "pad_vocab": cfg.model.pad_vocab,
-        "switches": {"fused_ce": getattr(cfg.model, "fused_ce", False),
+        "switches": {"fused_ce": getattr(model_cfg, "fused_ce", False),
+                     **{k: getattr(cfg.model, k, False) for k in TRITON_SWITCHES},
                      "lm_head_fp8": getattr(cfg.model, "lm_head_fp8", False),
                      "attn_backend": getattr(cfg.model, "attn_backend", "auto"), "compile_mode": cfg.train.compile_mode},
         "fused_adamw": bool(optimizer.defaults.get("fused")),
