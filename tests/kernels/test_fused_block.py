@@ -144,10 +144,31 @@ def check_model_matches_plain(device: str) -> None:
         assert torch.equal(plain(idx)[0], fused(idx)[0])
 
 
+def check_compiles_to_one_graph(device: str) -> None:
+    """The custom ops keep a compiled model one graph (a break per block would cost a compiled trunk its
+    fusion), and the compiled training step (AOTAutograd, no code generation) gives the eager gradients."""
+    import torch._dynamo
+
+    from gptforge.models.gpt2 import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=48, block_size=16, vocab_size=96, fused_ce=False,
+                          fused_ln_residual=True, fused_bias_gelu=True)).to(device).train()
+    idx = torch.randint(0, 96, (2, 11), generator=torch.Generator().manual_seed(3)).to(device)
+    explained = torch._dynamo.explain(model)(idx, idx)
+    assert explained.graph_count == 1 and explained.graph_break_count == 0, explained.break_reasons
+    model(idx, idx)[1].backward()
+    eager = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    torch.compile(model, backend="aot_eager", fullgraph=True)(idx, idx)[1].backward()
+    _check({f"compiled grad of {n}": (p.grad, eager[n]) for n, p in model.named_parameters()}, EPS32 * 48 * 4 * 4)
+
+
 CHECKS = [check_add_layer_norm_float32, check_add_layer_norm_without_bias, check_add_layer_norm_bf16_residual,
-          check_bias_gelu_float32, check_bias_gelu_bf16, check_model_matches_plain]
+          check_bias_gelu_float32, check_bias_gelu_bf16, check_model_matches_plain, check_compiles_to_one_graph]
 
 
+@pytest.mark.slow  # ~10 s of CPU on the shared machine: a fresh interpreter, Triton's interpreter and one dynamo trace
 def test_fused_block_kernels_against_float64_reference_interpreted():
     env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
