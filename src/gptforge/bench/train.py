@@ -57,13 +57,14 @@ class Rung:
 
 LADDER = [
     Rung("fp32", {"train.dtype": "float32", "train.tf32": False, "train.compile": False,
-                  "model.flash": False, "model.pad_vocab": False, "optim.fused": False}),
+                  "model.flash": False, "model.pad_vocab": False, "optim.fused": False, "model.fused_ce": False}),
     Rung("+tf32", {"train.tf32": True}),
     Rung("+bf16", {"train.dtype": "bfloat16"}),
     Rung("+compile", {"train.compile": True}),
     Rung("+flash", {"model.flash": True}),
     Rung("+pad_vocab", {"model.pad_vocab": True}),
     Rung("+fused_adamw", {"optim.fused": True}),
+    Rung("+fused_ce", {"model.fused_ce": None}),  # auto, today's default: the fused classifier on CUDA
 ]
 
 
@@ -225,6 +226,8 @@ def run_bench(
             if rung.name == "+tf32" and device.type != "cuda":
                 # the switch is a no-op off CUDA: measuring it would time plain float32 again
                 skipped[rung.name] = f"TF32 is a CUDA tensor-core mode; on {device.type} it changes nothing"
+            if rung.name == "+fused_ce" and device.type != "cuda":  # auto is the plain loss off CUDA: the rung before
+                skipped[rung.name] = f"model.fused_ce=auto is the plain loss on {device.type}; it changes nothing"
             variants.append((rung.name, copy.deepcopy(c)))
     else:
         variants.append((cfg.train.out_dir.rsplit("/", 1)[-1] or "run", cfg))
