@@ -6,8 +6,9 @@
 **add_layer_norm** (``model.fused_ln_residual``): the attention branch's residual add and the second
 LayerNorm in one pass over each row (llm.c's ``fused_residual_forward``). Forward reads x and r and
 writes s, y and two floats per row (mean, 1/std); backward reads d(y), d(s), s, the row stats and the
-weight once, writes d(s_total) (which is both d(x) and d(residual), since s = x + r) and per-program
-partial sums of d(weight) and d(bias), summed by PyTorch over a few hundred rows of partials.
+weight once, writes d(x) = d(residual) (s = x + r), in x's dtype and, where r's differs (autocast: a bf16
+branch on a float32 stream), once more in r's, and per-program partial sums of d(weight) and d(bias),
+summed by PyTorch over N/64 rows of partials.
 
 **bias_gelu** (``model.fused_bias_gelu``): c_fc's bias and GPT-2's tanh GELU in one elementwise pass
 (c_fc's matmul runs without its bias). Forward reads a, writes GELU(a + b); backward reads d(y) and a,
@@ -71,9 +72,9 @@ if triton is not None:
         tl.store(rstd_ptr + row, rstd)
 
     @triton.jit
-    def _add_ln_bwd_kernel(dy_ptr, ds_ptr, s_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_ptr, db_ptr,
+    def _add_ln_bwd_kernel(dy_ptr, ds_ptr, s_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dr_ptr, dw_ptr, db_ptr,
                            n_rows, n_cols, rows_per_prog,
-                           HAS_DS: tl.constexpr, BLOCK: tl.constexpr):
+                           HAS_DS: tl.constexpr, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
         pid = tl.program_id(0)
         cols = tl.arange(0, BLOCK)
         mask = cols < n_cols
@@ -96,7 +97,9 @@ if triton is not None:
                 dx = (wdy - (xhat * c1 + c2)) * rstd
                 if HAS_DS:  # the gradient reaching s from the residual stream's later uses
                     dx += tl.load(ds_ptr + off, mask=mask, other=0.0).to(tl.float32)
-                tl.store(dx_ptr + off, dx, mask=mask)
+                tl.store(dx_ptr + off, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+                if SPLIT:  # x and r of different dtypes (autocast: float32 stream, bf16 branch): each its own
+                    tl.store(dr_ptr + off, dx.to(dr_ptr.dtype.element_ty), mask=mask)
                 dw += dy * xhat
                 db += dy
         tl.store(dw_ptr + pid * n_cols + cols, dw, mask=mask)
@@ -174,25 +177,31 @@ def _(x, r, w, b, eps):
 
 @torch.library.custom_op("gptforge::add_ln_bwd", mutates_args=())
 def _add_ln_bwd(dy: torch.Tensor, ds: torch.Tensor | None, s: torch.Tensor, w: torch.Tensor, mean: torch.Tensor,
-                rstd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                rstd: torch.Tensor, x_dtype: torch.dtype,
+                r_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """d(x), d(r) (empty when the dtypes agree: d(x) is both), d(weight), d(bias), written in one pass."""
     _need_triton()
     C = s.shape[-1]
     s2, dy2 = s.reshape(-1, C).contiguous(), dy.reshape(-1, C).contiguous()
     N = s2.shape[0]
     progs = triton.cdiv(N, _ROWS_PER_PROG)
-    dx = torch.empty(N, C, dtype=torch.float32, device=s.device)
+    dx = torch.empty(N, C, dtype=x_dtype, device=s.device)
+    split = r_dtype != x_dtype
+    dr = torch.empty(N if split else 0, C, dtype=r_dtype, device=s.device)
     dw = torch.empty(progs, C, dtype=torch.float32, device=s.device)
     db = torch.empty(progs, C, dtype=torch.float32, device=s.device)
     ds2 = dy2 if ds is None else ds.reshape(-1, C).contiguous()
-    _add_ln_bwd_kernel[(progs,)](dy2, ds2, s2, w.contiguous(), mean, rstd, dx, dw, db, N, C, _ROWS_PER_PROG,
-                                 HAS_DS=ds is not None, BLOCK=triton.next_power_of_2(C), num_warps=4)
-    return dx.view(s.shape), dw.sum(0), db.sum(0)
+    _add_ln_bwd_kernel[(progs,)](dy2, ds2, s2, w.contiguous(), mean, rstd, dx, dx if dr.numel() == 0 else dr, dw, db,
+                                 N, C, _ROWS_PER_PROG, HAS_DS=ds is not None, SPLIT=split,
+                                 BLOCK=triton.next_power_of_2(C), num_warps=4)
+    return dx.view(s.shape), dr.view(s.shape) if split else dr, dw.sum(0), db.sum(0)
 
 
 @_add_ln_bwd.register_fake
-def _(dy, ds, s, w, mean, rstd):
+def _(dy, ds, s, w, mean, rstd, x_dtype, r_dtype):
     C = s.shape[-1]
-    return s.new_empty(s.shape, dtype=torch.float32), s.new_empty(C, dtype=torch.float32), \
+    dr = s.new_empty(s.shape if r_dtype != x_dtype else (0, C), dtype=r_dtype)
+    return s.new_empty(s.shape, dtype=x_dtype), dr, s.new_empty(C, dtype=torch.float32), \
         s.new_empty(C, dtype=torch.float32)
 
 
@@ -245,9 +254,9 @@ class _AddLayerNorm(torch.autograd.Function):
     @staticmethod
     def backward(ctx, ds, dy):
         s, w, mean, rstd = ctx.saved_tensors
-        dsum, dw, db = _add_ln_bwd(dy, ds, s, w, mean, rstd)
         x_dt, r_dt, w_dt, b_dt = ctx.dtypes
-        return dsum.to(x_dt), dsum.to(r_dt), dw.to(w_dt), None if b_dt is None else db.to(b_dt), None
+        dx, dr, dw, db = _add_ln_bwd(dy, ds, s, w, mean, rstd, x_dt, r_dt)
+        return dx, dx if r_dt == x_dt else dr, dw.to(w_dt), None if b_dt is None else db.to(b_dt), None
 
 
 class _BiasGelu(torch.autograd.Function):
