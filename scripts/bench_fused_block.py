@@ -2,8 +2,8 @@
 
     python scripts/bench_fused_block.py [--json OUT.json]
 
-GPT-2 124M shapes, one micro-step of B 64, T 1024: the attention add + ln_2 at C 768 (x float32, the
-attention output bf16, as under autocast) and bias + tanh GELU at 4C 3072 in bf16, forward and backward
+GPT-2 124M shapes, one micro-step of B 64, T 1024, under bf16 autocast as in training: the attention add
++ ln_2 at C 768 (x float32, the attention output bf16, y cast to bf16 for c_fc) and bias + tanh GELU at 4C 3072 in bf16, forward and backward
 each, median of ``triton.testing.do_bench`` over fresh random inputs (never zeros). Prints ms per
 micro-step and per 524,288-token step (x 12 layers x 8 micro-steps) beside the bandwidth floor and the
 prediction written in gptforge/kernels/fused_block.py.
@@ -43,12 +43,13 @@ def main() -> int:
     b = torch.randn(C, device=dev, generator=g).requires_grad_()
     a = torch.randn(N, 4 * C, device=dev, generator=g).bfloat16().requires_grad_()
     bb = torch.randn(4 * C, device=dev, generator=g).requires_grad_()
-    gs, gy = torch.randn(N, C, device=dev, generator=g), torch.randn(N, C, device=dev, generator=g)
+    gs = torch.randn(N, C, device=dev, generator=g)
+    gy = torch.randn(N, C, device=dev, generator=g).bfloat16()  # y feeds c_fc: bf16 under autocast
     gg = torch.randn(N, 4 * C, device=dev, generator=g).bfloat16()
 
-    def ln_plain(x, r, w, b):
+    def ln_plain(x, r, w, b):  # as the block runs it under autocast: float32 LayerNorm, cast for c_fc
         s = x + r
-        return s, F.layer_norm(s, (C,), w, b, 1e-5)
+        return s, F.layer_norm(s, (C,), w, b, 1e-5).to(torch.bfloat16)
 
     def gelu_plain(a, bb):
         return F.gelu(a + bb.to(a.dtype), approximate="tanh")
@@ -58,13 +59,14 @@ def main() -> int:
 
     def fwd_bwd(name, f, inputs, grads):
         def fwd():
-            with torch.no_grad():
+            with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
                 f(*inputs)
 
         def both():
             for t in inputs:
                 t.grad = None  # no gradient accumulation inside the timing
-            out = f(*inputs)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                out = f(*inputs)
             out = out if isinstance(out, tuple) else (out,)
             torch.autograd.backward(out, grads)
 
@@ -79,7 +81,9 @@ def main() -> int:
     n = torch.empty(1 << 28, device=dev, dtype=torch.float32)
     copy_ms = _bench(lambda: n.clone())
     bw = 2 * n.numel() * 4 / (copy_ms / 1e3)  # bytes read + written per second
-    floors = {"add+LayerNorm": N * C * (14 + 18) / bw * 1e3, "bias+GELU": N * 4 * C * 10 / bw * 1e3}
+    # add+LN: forward reads x (4) and r (2), writes s (4) and y (2); backward reads d(y) (2), d(s) (4), s (4),
+    # writes d(x) (4) and d(r) (2). bias+GELU: 2 + 2 forward, 2 + 2 + 2 backward
+    floors = {"add+LayerNorm": N * C * (12 + 16) / bw * 1e3, "bias+GELU": N * 4 * C * 10 / bw * 1e3}
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s; B {args.batch} T 1024; x 12 layers x 8 micro-steps = one 524,288-token step")
     print(f"{'kernel':34} {'fwd ms':>8} {'fwd+bwd ms':>11} {'per step ms':>12} {'floor/step':>11}")
     for row in rows:

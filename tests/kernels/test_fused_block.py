@@ -84,6 +84,28 @@ def check_add_layer_norm_bf16_residual(device: str) -> None:
     _check({"d_residual": d_r}, BF16)
 
 
+def check_add_layer_norm_under_autocast(device: str) -> None:
+    """Under bf16 autocast y comes out in bf16 (what the next matmul would cast autocast's float32 LayerNorm
+    to: one rounding), s and d(x) stay float32."""
+    from gptforge.kernels.fused_block import add_layer_norm
+
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(21, 64, generator=g).to(device).requires_grad_()
+    r = torch.randn(21, 64, generator=g).bfloat16().to(device).requires_grad_()
+    w, b = (1 + 0.3 * torch.randn(64, generator=g)).to(device), (0.2 * torch.randn(64, generator=g)).to(device)
+    gy = torch.randn(21, 64, generator=g).bfloat16().to(device)
+    with torch.autocast(device, dtype=torch.bfloat16):
+        s, y = add_layer_norm(x, r, w, b, 1e-5)
+    assert (s.dtype, y.dtype) == (torch.float32, torch.bfloat16)
+    (y.float() * gy.float()).sum().backward()
+    X, R = x.detach().double().requires_grad_(), r.detach().double().requires_grad_()
+    Y = F.layer_norm(X + R, (64,), w.double(), b.double(), 1e-5)
+    (Y * gy.double()).sum().backward()
+    assert x.grad.dtype == torch.float32 and r.grad.dtype == torch.bfloat16
+    _check({"s": (s, X + R), "d_x": (x.grad, X.grad)}, EPS32 * 64 * 4)
+    _check({"y": (y, Y), "d_residual": (r.grad, R.grad)}, BF16)
+
+
 def _gelu_case(device: str, N: int, C: int, dtype: torch.dtype, seed: int):
     from gptforge.kernels.fused_block import bias_gelu
 
@@ -165,6 +187,7 @@ def check_compiles_to_one_graph(device: str) -> None:
 
 
 CHECKS = [check_add_layer_norm_float32, check_add_layer_norm_without_bias, check_add_layer_norm_bf16_residual,
+          check_add_layer_norm_under_autocast,
           check_bias_gelu_float32, check_bias_gelu_bf16, check_model_matches_plain, check_compiles_to_one_graph]
 
 

@@ -16,8 +16,9 @@ writes d(a) and per-program partial column sums of d(a) for d(bias), so the bias
 separate pass over the 4C-wide gradient.
 
 Both compute in float32 registers whatever their inputs and keep PyTorch's autocast dtypes: s in
-``result_type(x, r)``, y in float32 for LayerNorm (autocast runs it in float32), GELU's output in a's
-dtype (bf16 under autocast, as the plain path's). Each launcher is a ``torch.library`` custom op, so a
+``result_type(x, r)``, LayerNorm's y in float32, or under autocast in the autocast dtype the next matmul
+would cast it to (the same single rounding, without a cast pass), GELU's output in a's dtype (bf16 under
+autocast, as the plain path's). Each launcher is a ``torch.library`` custom op, so a
 compiled model keeps one graph (no graph break per block); each pair is joined by a
 ``torch.autograd.Function``. On CPU the kernels run only under ``TRITON_INTERPRET=1`` (the tests);
 ``gptforge.training.switches`` refuses the switches elsewhere.
@@ -153,14 +154,14 @@ _GELU_ROWS, _GELU_COLS = 32, 128  # bias_gelu's tile: 32 rows of partial bias su
 # --- the launchers, as custom ops: torch.compile sees one opaque op each, not a graph break -----------
 
 @torch.library.custom_op("gptforge::add_ln_fwd", mutates_args=())
-def _add_ln_fwd(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
-                eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def _add_ln_fwd(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, eps: float,
+                y_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     _need_triton()
     C = x.shape[-1]
     x2, r2 = x.reshape(-1, C).contiguous(), r.reshape(-1, C).contiguous()
     N = x2.shape[0]
     s = torch.empty(N, C, dtype=torch.result_type(x, r), device=x.device)
-    y = torch.empty(N, C, dtype=torch.float32, device=x.device)
+    y = torch.empty(N, C, dtype=y_dtype, device=x.device)
     mean = torch.empty(N, dtype=torch.float32, device=x.device)
     rstd = torch.empty(N, dtype=torch.float32, device=x.device)
     _add_ln_fwd_kernel[(N,)](x2, r2, w.contiguous(), w if b is None else b.contiguous(), s, y, mean, rstd, C, eps,
@@ -169,9 +170,9 @@ def _add_ln_fwd(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, b: torch.Tens
 
 
 @_add_ln_fwd.register_fake
-def _(x, r, w, b, eps):
+def _(x, r, w, b, eps, y_dtype):
     N = x.numel() // x.shape[-1]
-    return (x.new_empty(x.shape, dtype=torch.result_type(x, r)), x.new_empty(x.shape, dtype=torch.float32),
+    return (x.new_empty(x.shape, dtype=torch.result_type(x, r)), x.new_empty(x.shape, dtype=y_dtype),
             x.new_empty(N, dtype=torch.float32), x.new_empty(N, dtype=torch.float32))
 
 
@@ -245,8 +246,8 @@ def _(dy, a, b):
 
 class _AddLayerNorm(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, r, w, b, eps):
-        s, y, mean, rstd = _add_ln_fwd(x, r, w, b, eps)
+    def forward(ctx, x, r, w, b, eps, y_dtype):
+        s, y, mean, rstd = _add_ln_fwd(x, r, w, b, eps, y_dtype)
         ctx.save_for_backward(s, w, mean, rstd)
         ctx.dtypes = (x.dtype, r.dtype, w.dtype, None if b is None else b.dtype)
         return s, y
@@ -256,7 +257,7 @@ class _AddLayerNorm(torch.autograd.Function):
         s, w, mean, rstd = ctx.saved_tensors
         x_dt, r_dt, w_dt, b_dt = ctx.dtypes
         dx, dr, dw, db = _add_ln_bwd(dy, ds, s, w, mean, rstd, x_dt, r_dt)
-        return dx, dx if r_dt == x_dt else dr, dw.to(w_dt), None if b_dt is None else db.to(b_dt), None
+        return dx, dx if r_dt == x_dt else dr, dw.to(w_dt), None if b_dt is None else db.to(b_dt), None, None
 
 
 class _BiasGelu(torch.autograd.Function):
@@ -275,8 +276,12 @@ class _BiasGelu(torch.autograd.Function):
 def add_layer_norm(x: torch.Tensor, r: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                    eps: float = 1e-5) -> tuple[torch.Tensor, torch.Tensor]:
     """``s = x + r`` and ``y = LayerNorm(s)`` over the last dimension, in one kernel each way.
-    Returns (s, y): s in ``result_type(x, r)``, y in float32 (what autocast's LayerNorm gives)."""
-    return _AddLayerNorm.apply(x, r, weight, bias, eps)
+    Returns (s, y): s in ``result_type(x, r)``; y in float32, or in the autocast dtype under autocast:
+    autocast's LayerNorm gives float32 that the next matmul casts to bf16 at once, one rounding either
+    way, so the kernel writes the bf16 (2 bytes an element instead of 4, and no cast pass)."""
+    dev = x.device.type
+    y_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else torch.float32
+    return _AddLayerNorm.apply(x, r, weight, bias, eps, y_dtype)
 
 
 def bias_gelu(a: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
