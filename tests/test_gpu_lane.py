@@ -5,7 +5,8 @@ a bf16 + compiled train step (plain, and with the speed switches against the pla
 the SDPA backends and float8 lm_head against their references, ``bench --ladder`` in a fresh
 process (its first CUDA call used to be ``reset_peak_memory_stats``: "Invalid device argument"),
 evaluation scoring, generation, serving, ``plan --measure`` and torchrun with one process. The
-fused classifier's own CUDA checks are in tests/kernels/test_fused_ce.py (also marked ``gpu``).
+fused classifier's own CUDA checks are in tests/kernels/test_fused_ce.py, the block's fused LayerNorm and
+GELU kernels' in tests/kernels/test_fused_block.py (both also marked ``gpu``).
 Carry the tokenizer ranks ($GPTFORGE_CACHE/gpt2.tiktoken) to an offline GPU machine.
 """
 
@@ -46,16 +47,34 @@ def _train(tmp_path: Path, name: str, **model_switches):
 
 
 def test_train_bf16_compiled_and_the_switches_follow_the_plain_loss_curve(tmp_path):
-    plain = _train(tmp_path, "plain")
+    plain = _train(tmp_path, "plain", fused_ce=False)  # the default, auto, is the fused classifier on CUDA
     losses = [plain.train_losses[s] for s in range(1, 9)]
     assert all(map(lambda v: v == v, losses)) and losses[-1] < losses[0] - 0.3, losses
-    variants = {"fused_ce": {"fused_ce": True}, "flash": {"attn_backend": "flash"}}
+    variants = {"fused_ce": {"fused_ce": True}, "auto": {}, "flash": {"attn_backend": "flash"},
+                "fused_ln_residual": {"fused_ln_residual": True}, "fused_bias_gelu": {"fused_bias_gelu": True},
+                "all_fused": {"fused_ce": True, "fused_ln_residual": True, "fused_bias_gelu": True}}
     if torch.cuda.get_device_capability() >= (8, 9):
         variants["fp8"] = {"lm_head_fp8": True}
     for name, switches in variants.items():
         run = _train(tmp_path, name, **switches)
         for s in range(1, 9):  # bf16 (and float8 logits): the same curve to ~2%
             assert abs(run.train_losses[s] - plain.train_losses[s]) < 0.02 * plain.train_losses[s] + 0.05, (name, s)
+
+
+def test_fused_ce_auto_is_on_here_and_the_run_keeps_auto(tmp_path):
+    """On a CUDA machine with triton the default resolves to the fused classifier (a training forward
+    returns no logits), while the saved config keeps auto."""
+    from gptforge.training.switches import resolve_model_switches
+
+    cfg = tiny_config(make_shards(tmp_path / "data"), tmp_path / "run", device="cuda")
+    assert cfg.model.fused_ce is None and resolve_model_switches(cfg, CUDA).fused_ce is True
+    model = GPT(resolve_model_switches(cfg, CUDA)).to(CUDA).train()
+    idx = torch.randint(0, cfg.model.vocab_size, (2, 16), device=CUDA)
+    logits, loss = model(idx, idx)
+    assert logits is None and torch.isfinite(loss)
+    run = _train(tmp_path, "auto_run")
+    saved = json.loads((run.run_dir / "config.json").read_text())
+    assert saved["model"]["fused_ce"] is None
 
 
 @pytest.mark.parametrize("backend", ["cudnn", "flash", "efficient", "math"])

@@ -44,7 +44,10 @@ def test_ladder_on_cpu_skips_what_cpu_cannot_do_and_says_why(tmp_path):
     by_name = {r["name"]: r for r in report["results"]}
     assert list(by_name) == [r.name for r in LADDER]
     assert "TF32" in by_name["+tf32"]["skipped"]
+    assert "model.fused_ce=auto" in by_name["+fused_ce"]["skipped"]  # the default's rung: plain on CPU
+    # the climb starts from the plain loss (auto would be the fused classifier from the first CUDA rung on)
     fp32, bf16 = by_name["fp32"], by_name["+bf16"]
+    assert LADDER[0].changes.get("model.fused_ce") is False and LADDER[-1].changes == {"model.fused_ce": None}
     assert fp32["precision"] == "float32" and not fp32["flash"] and not fp32["pad_vocab"]
     assert bf16["precision"] == "bfloat16"
     assert by_name["+pad_vocab"]["pad_vocab"] and by_name["+flash"]["flash"]

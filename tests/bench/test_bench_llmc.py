@@ -141,3 +141,59 @@ def test_script_refuses_clearly_before_running_anything(tmp_path, args, message)
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr
     assert not (tmp_path / "o" / "llmc-build").exists()
+
+
+def _fake_gpu_tools(tmp_path, cap: str = "9.0"):
+    """A PATH with a fake nvidia-smi (one H100, compute capability ``cap``), nvcc, and a make that writes its
+    arguments down and fails, so the script stops right after building: what it would build, on any machine."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("sed", "tr", "head", "tar", "rm", "mkdir", "dirname", "cat", "tail", "sleep", "kill", "ln"):
+        if shutil.which(tool):
+            (bin_dir / tool).symlink_to(shutil.which(tool))
+    scripts = {
+        "nvidia-smi": f'case "$*" in *-L*) echo "GPU 0: NVIDIA H100 80GB HBM3";; *compute_cap*) echo "{cap}";; esac',
+        "nvcc": "exit 0",
+        "make": f'echo "$@" > {tmp_path}/make.args; exit 1',
+        "fakepython": 'case "$*" in *is_available*) exit 0;; *) echo "";; esac',
+    }
+    for name, body in scripts.items():
+        (bin_dir / name).write_text(f"#!{shutil.which('bash')}\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    return bin_dir
+
+
+@pytest.mark.parametrize("arch, expected", [([], "GPU_COMPUTE_CAPABILITY=90"), (["--arch", "80"], "GPU_COMPUTE_CAPABILITY=80"),
+                                            (["--arch", "none"], None)])
+def test_script_builds_llmc_for_the_gpus_architecture(tmp_path, arch, expected):
+    """llm.c's Makefile never detects the GPU (its check is an always-empty make variable), so without
+    GPU_COMPUTE_CAPABILITY nvcc 13 compiles compute_75 PTX for the driver to JIT: the script passes the
+    GPU's own capability unless told --arch none."""
+    llmc = tmp_path / "llmc"
+    llmc.mkdir()
+    (llmc / "train_gpt2.cu").write_text("// stand-in\n")
+    (llmc / "Makefile").write_text("# stand-in\n")
+    bin_dir = _fake_gpu_tools(tmp_path)
+    proc = subprocess.run([shutil.which("bash"), str(ROOT / "scripts" / "bench_vs_llmc.sh"), str(llmc), "--cudnn", "0",
+                           *arch, "--python", str(bin_dir / "fakepython"), "--out", str(tmp_path / "o")],
+                          capture_output=True, text=True, timeout=60, env={"PATH": str(bin_dir)})
+    assert proc.returncode == 2 and "llm.c build failed" in proc.stderr, proc.stderr
+    made = (tmp_path / "make.args").read_text().split()
+    assert made[:4] == ["-C", str(tmp_path / "o" / "llmc-build"), "train_gpt2cu", "NO_MULTI_GPU=1"]
+    assert [a for a in made if a.startswith("GPU_COMPUTE_CAPABILITY")] == ([expected] if expected else [])
+    assert (tmp_path / "o" / "llmc-build.cmd").read_text().split()[1:] == made
+
+
+@pytest.mark.parametrize("args, message", [(["--arch", "sm_90"], "--arch sm_90: expected auto, none"),
+                                           (["--llmc-args", "-ge 2; rm -rf x"], "--llmc-args")])
+def test_script_refuses_a_bad_arch_or_llmc_args(tmp_path, args, message):
+    llmc = tmp_path / "llmc"
+    llmc.mkdir()
+    (llmc / "train_gpt2.cu").write_text("// stand-in\n")
+    (llmc / "Makefile").write_text("# stand-in\n")
+    bin_dir = _fake_gpu_tools(tmp_path)
+    proc = subprocess.run([shutil.which("bash"), str(ROOT / "scripts" / "bench_vs_llmc.sh"), str(llmc), *args,
+                           "--out", str(tmp_path / "o")], capture_output=True, text=True, timeout=60,
+                          env={"PATH": str(bin_dir)})
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert not (tmp_path / "make.args").exists()

@@ -83,7 +83,12 @@ KEY_EFFECTS: dict[str, tuple[str, ...]] = {
     # only what export writes: the config.json's model_type, reloaded by transformers as that family's class
     "model.family": (FAMILIES + "test_export_hf_reloads_in_transformers",),
     "model.zero_init_proj": (LLAMA + "test_zero_init_proj_starts_each_block_as_identity",),
-    "model.fused_ce": (LLAMA + "test_fused_ce_loss_and_grads_equal_the_plain_loss",),
+    "model.fused_ce": (LLAMA + "test_fused_ce_loss_and_grads_equal_the_plain_loss",
+                       "tests/kernels/test_fused_ce_auto.py::test_auto_resolves_on_with_cuda_and_triton"),
+    # the GPT-2 block's fused kernels: loss and every gradient against the plain ops (float64 references
+    # for the kernels alone in the same file), under Triton's interpreter
+    **{f"model.{k}": ("tests/kernels/test_fused_block.py::test_fused_block_kernels_against_float64_reference_interpreted",)
+       for k in ("fused_ln_residual", "fused_bias_gelu")},
     "model.lm_head_fp8": (LLAMA + "test_fp8_lm_head_logits_close_to_plain",),
     "model.recompute": (GPT2 + "test_recompute_gives_same_gradients", LLAMA + "test_recompute_gives_the_same_gradients"),
     "model.flash": (GPT2 + "test_flash_and_math_attention_agree",),

@@ -46,7 +46,7 @@ from gptforge.parallel.distributed import DistInfo, wrap_model
 from gptforge.run.metrics import environment, flops_per_token, peak_flops
 from gptforge.runtime import resolve_device, set_precision, set_threads
 from gptforge.training.step import PhaseTimer, train_step
-from gptforge.training.switches import switch_problem
+from gptforge.training.switches import TRITON_SWITCHES, resolve_model_switches, switch_problem
 
 
 @dataclass
@@ -57,13 +57,14 @@ class Rung:
 
 LADDER = [
     Rung("fp32", {"train.dtype": "float32", "train.tf32": False, "train.compile": False,
-                  "model.flash": False, "model.pad_vocab": False, "optim.fused": False}),
+                  "model.flash": False, "model.pad_vocab": False, "optim.fused": False, "model.fused_ce": False}),
     Rung("+tf32", {"train.tf32": True}),
     Rung("+bf16", {"train.dtype": "bfloat16"}),
     Rung("+compile", {"train.compile": True}),
     Rung("+flash", {"model.flash": True}),
     Rung("+pad_vocab", {"model.pad_vocab": True}),
     Rung("+fused_adamw", {"optim.fused": True}),
+    Rung("+fused_ce", {"model.fused_ce": None}),  # auto, today's default: the fused classifier on CUDA
 ]
 
 
@@ -97,6 +98,10 @@ def _synthetic_shard(folder: Path, n_tokens: int, vocab: int, seed: int = 0) -> 
     return write_shard(folder / "bench_train_000000.bin", rng.integers(0, vocab, n_tokens, dtype=np.int64))
 
 
+def _say(line: str) -> None:
+    print(f"[bench] {line}", file=sys.stderr, flush=True)
+
+
 def _peak_memory(device: torch.device) -> tuple[float, str]:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20, "cuda_max_allocated_MiB"
@@ -120,7 +125,8 @@ def bench_one(cfg: Config, steps: int, warmup: int, device: torch.device, trace:
         need = B * T * grad_accum * (steps + warmup) + 1
         shard = _synthetic_shard(Path(tmp), min(need, 50_000_000) + B * T + 1, cfg.model.vocab_size)
         loader = ShardLoader([shard], B, T, vocab_size=cfg.model.vocab_size)
-        model = build_model(cfg.model).to(device)
+        model_cfg = resolve_model_switches(cfg, device, _say)  # model.fused_ce=auto, as a training run decides it
+        model = build_model(model_cfg).to(device)
         optimizer = build_optimizer(model, cfg.optim, device.type)
         wrapped = wrap_model(model, info, compile_model, compile_mode=cfg.train.compile_mode)
         model.train()
@@ -176,7 +182,8 @@ def bench_one(cfg: Config, steps: int, warmup: int, device: torch.device, trace:
         "params": n_params,
         "precision": precision, "compile": compile_model, "threads": threads,
         "flash": cfg.model.flash, "pad_vocab": cfg.model.pad_vocab,
-        "switches": {"fused_ce": getattr(cfg.model, "fused_ce", False),
+        "switches": {"fused_ce": getattr(model_cfg, "fused_ce", False),
+                     **{k: getattr(cfg.model, k, False) for k in TRITON_SWITCHES},
                      "lm_head_fp8": getattr(cfg.model, "lm_head_fp8", False),
                      "attn_backend": getattr(cfg.model, "attn_backend", "auto"), "compile_mode": cfg.train.compile_mode},
         "fused_adamw": bool(optimizer.defaults.get("fused")),
@@ -219,6 +226,8 @@ def run_bench(
             if rung.name == "+tf32" and device.type != "cuda":
                 # the switch is a no-op off CUDA: measuring it would time plain float32 again
                 skipped[rung.name] = f"TF32 is a CUDA tensor-core mode; on {device.type} it changes nothing"
+            if rung.name == "+fused_ce" and device.type != "cuda":  # auto is the plain loss off CUDA: the rung before
+                skipped[rung.name] = f"model.fused_ce=auto is the plain loss on {device.type}; it changes nothing"
             variants.append((rung.name, copy.deepcopy(c)))
     else:
         variants.append((cfg.train.out_dir.rsplit("/", 1)[-1] or "run", cfg))

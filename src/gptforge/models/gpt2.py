@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
+from typing import Optional
 
 import torch
 import torch.nn as nn
@@ -70,8 +71,10 @@ class GPTConfig:
     flash: bool = True  # F.scaled_dot_product_attention; False = explicit matmul + softmax
     recompute: str = "none"  # activation recomputation: none | mlp | block
     attn_backend: str = "auto"  # SDPA kernel: auto | cudnn | flash | efficient | math (gptforge.kernels.attention)
-    fused_ce: bool = False  # training loss via the fused Triton classifier (gptforge.kernels.fused_ce)
+    fused_ce: Optional[bool] = None  # training loss via the fused Triton classifier; auto = on with CUDA and triton
     lm_head_fp8: bool = False  # lm_head matmul in rowwise-scaled float8 (gptforge.kernels.fp8)
+    fused_ln_residual: bool = False  # training: attention's residual add + ln_2 in one Triton kernel (kernels.fused_block)
+    fused_bias_gelu: bool = False  # training: c_fc's bias + tanh GELU in one Triton kernel (kernels.fused_block)
     attention: str = "causal"  # causal | document (each token sees only its own document; models/masks.py)
     doc_mask: str = "sdpa"  # document attention through SDPA (bool mask, any device) or flex (FlexAttention)
     bos_token: int = 50256  # the token that starts a document (GPT-2's <|endoftext|>)
@@ -96,6 +99,8 @@ class GPTConfig:
             raise ValueError(f"model.attn_backend={self.attn_backend} picks an SDPA kernel; it needs model.flash=true")
         if self.fused_ce and self.lm_head_fp8:
             raise ValueError("model.fused_ce and model.lm_head_fp8 cannot be combined yet; switch one off")
+        if self.fused_bias_gelu and not self.bias:
+            raise ValueError("model.fused_bias_gelu fuses c_fc's bias into the GELU; it needs model.bias=true")
         masks.check_config(self.attention, self.doc_mask)
 
     @property
@@ -172,8 +177,14 @@ class MLP(nn.Module):
         self.c_proj.RESIDUAL_SCALE = True  # type: ignore[attr-defined]
         self.dropout = nn.Dropout(cfg.dropout)
         self.recompute_gelu = cfg.recompute == "mlp"
+        self.fused_bias_gelu = cfg.fused_bias_gelu
 
     def _fc_gelu(self, x: torch.Tensor) -> torch.Tensor:
+        # training only (evaluation keeps the plain ops), and a plain c_fc only: a LoRA layer adds its update itself
+        if self.fused_bias_gelu and self.training and torch.is_grad_enabled() and type(self.c_fc) is nn.Linear:
+            from gptforge.kernels.fused_block import bias_gelu  # imports triton: only when switched on
+
+            return bias_gelu(F.linear(x, self.c_fc.weight), self.c_fc.bias)  # the matmul, then bias + GELU fused
         return self.gelu(self.c_fc(x))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -192,13 +203,20 @@ class Block(nn.Module):
         self.attn = CausalSelfAttention(cfg)
         self.ln_2 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
         self.mlp = MLP(cfg)
+        self.fused_ln_residual = cfg.fused_ln_residual
 
     def forward(
         self, x: torch.Tensor, kv_cache: KVCache | None = None, layer: int = 0, attn_mask: torch.Tensor | None = None
     ) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x), kv_cache, layer, attn_mask)  # pre-LayerNorm residual blocks
-        x = x + self.mlp(self.ln_2(x))
-        return x
+        a = self.attn(self.ln_1(x), kv_cache, layer, attn_mask)  # pre-LayerNorm residual blocks
+        if self.fused_ln_residual and self.training and torch.is_grad_enabled():  # evaluation keeps the plain ops
+            from gptforge.kernels.fused_block import add_layer_norm  # imports triton: only when switched on
+
+            x, h = add_layer_norm(x, a, self.ln_2.weight, self.ln_2.bias, self.ln_2.eps)  # x + a, ln_2 of it
+        else:
+            x = x + a
+            h = self.ln_2(x)
+        return x + self.mlp(h)
 
 
 class KVCache:

@@ -34,6 +34,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, fields
+from typing import Optional
 
 import torch
 import torch.nn as nn
@@ -106,7 +107,7 @@ class LlamaConfig:
     recompute: str = "none"  # activation recomputation: none | mlp | block
     flash: bool = True  # F.scaled_dot_product_attention; False = explicit matmul + softmax
     attn_backend: str = "auto"  # SDPA kernel: auto | cudnn | flash | efficient | math (gptforge.kernels.attention)
-    fused_ce: bool = False  # training loss via the fused Triton classifier (gptforge.kernels.fused_ce)
+    fused_ce: Optional[bool] = None  # training loss via the fused Triton classifier; auto = on with CUDA and triton
     lm_head_fp8: bool = False  # lm_head matmul in rowwise-scaled float8 (gptforge.kernels.fp8)
     attention: str = "causal"  # causal | document (each token sees only its own document; models/masks.py)
     doc_mask: str = "sdpa"  # document attention through SDPA (bool mask, any device) or flex (FlexAttention)

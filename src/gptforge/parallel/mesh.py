@@ -95,7 +95,14 @@ def check_layout(cfg: Config, world: int, local_world: int | None = None) -> int
     if (d.tp > 1 or d.pp > 1) and getattr(cfg.eval, "every", 0):
         _fail("eval.every", "in-loop evaluation tasks do not run on a tensor- or pipeline-parallel model yet; "
               "set eval.every 0 and evaluate the checkpoint (`gptforge eval --ckpt`)")
-    if getattr(m, "fused_ce", False) or getattr(m, "lm_head_fp8", False):
+    fused_block = [k for k in ("fused_ln_residual", "fused_bias_gelu") if getattr(m, k, False)]
+    if fused_block and d.tp > 1:
+        _fail("dist.tp", f"model.{fused_block[0]} runs a Triton kernel on whole tensors, and tensor parallelism "
+              f"shards them; set --model.{fused_block[0]} false under dist.tp")
+    if getattr(m, "fused_ce", False) is True and d.pp > 1:  # auto (None) is switched off, with its reason, at the start
+        _fail("dist.pp", "model.fused_ce=true computes the loss inside the model's head, but the pipeline schedule "
+              "computes it from the last stage's logits; set --model.fused_ce auto or false")
+    if getattr(m, "fused_ce", False) is True or getattr(m, "lm_head_fp8", False):
         if d.tp > 1:
             _fail("dist.tp", "model.fused_ce / model.lm_head_fp8 need the whole output head on one rank; "
                   "switch them off under tensor parallelism (the loss is vocabulary-parallel instead)")

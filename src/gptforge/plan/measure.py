@@ -68,7 +68,9 @@ def measure_peak(cfg: Config, steps: int = 2) -> tuple[float, str]:
             return buf[:, :-1], buf[:, 1:]
 
     def run() -> None:
-        model = build_model(cfg.model).to(device)
+        from gptforge.training.switches import resolve_model_switches
+
+        model = build_model(resolve_model_switches(cfg, device)).to(device)  # model.fused_ce=auto as training decides
         opt = build_optimizer(model, cfg.optim, device.type)
         model.train()
         for _ in range(steps):

@@ -36,7 +36,7 @@ from gptforge.run.metrics import flops_per_token, fmt_duration, peak_flops
 from gptforge.run.session import RunSession
 from gptforge.runtime import launched_world, set_precision, set_threads
 from gptforge.training.recipe import Recipe, RunCtx
-from gptforge.training.switches import check_switches
+from gptforge.training.switches import check_switches, resolve_model_switches
 
 
 @dataclass
@@ -100,7 +100,8 @@ def train(cfg, recipe: Recipe | None = None, resume: str | Path | None = None, f
 
         # --- model and optimizer (or the resumed ones) -----------------------------------------------
         # Wrapping (compile, DDP / FSDP2) comes before the optimizer: FSDP turns parameters into shards.
-        model = recipe.build_model(cfg.model).to(device)  # a family model, or one with a head (rm, ppo)
+        # model.fused_ce=auto decided for this device (the saved config keeps auto): one line when it is off for a reason
+        model = recipe.build_model(resolve_model_switches(cfg, device, log)).to(device)  # a family model (or rm, ppo)
         n_params = model.num_parameters()
         if run.resume_dir is None and init_weights is not None:
             init_weights(model)  # fine-tuning: before wrapping/compiling; the optimizer state starts fresh
