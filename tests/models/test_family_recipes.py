@@ -51,6 +51,11 @@ TEXTS = ["Which is larger, 12 or 7?", "the king  said:\n\nseven swords", " What 
 # most 6 layers and the head; two implementations ordering those sums differently differ by at most about
 # terms x (layers + 1) x eps32 x |logit| (< 10 here): 64 * 7 * 1.2e-7 * 10 ~ 5.4e-4. Measured: ~1e-6.
 ATOL = 64 * 7 * 1.2e-7 * 10
+# Greedy generation compares argmaxes, and ATOL's worst case would call half the steps near-ties. Rounding
+# errors of reordered sums add as a random walk (sqrt of the terms) in practice: relative to |logit|,
+# 1.2e-7 * sqrt(64) * 7 ~ 6.7e-6, against the ~1e-6 measured. Each reference step's winner must lead by
+# twice that (_hf_greedy checks it), so a flip means gptforge computed something else, not a CPU's rounding.
+TIE = 1.2e-7 * 64**0.5 * 7
 
 
 # ----------------------------------------------------------------------------- one family, imported once
@@ -124,12 +129,18 @@ def _ids(fam: SimpleNamespace, messages: list[dict], generation: bool) -> list[i
 
 
 def _hf_greedy(fam: SimpleNamespace, prompts: list[list[int]], new: int) -> list[list[int]]:
-    """transformers' greedy replies (one prompt at a time, no padding), cut before the first stop token."""
+    """transformers' greedy replies (one prompt at a time, no padding), cut before the first stop token.
+    Every step's winner leads the runner-up by more than twice TIE x |logit|, so gptforge (within rounding)
+    must pick the same token: a near-tie would make the comparison depend on the CPU, not on gptforge."""
     out = []
     for ids in prompts:
         with torch.no_grad():
-            got = fam.hf.generate(torch.tensor([ids]), max_new_tokens=new, do_sample=False, eos_token_id=fam.stops,
-                                  pad_token_id=fam.stops[0])[0, len(ids):].tolist()
+            r = fam.hf.generate(torch.tensor([ids]), max_new_tokens=new, do_sample=False, eos_token_id=fam.stops,
+                                pad_token_id=fam.stops[0], return_dict_in_generate=True, output_logits=True)
+        top2 = torch.stack(r.logits)[:, 0].topk(2, dim=-1).values  # (steps, 2)
+        margin = (top2[:, 0] - top2[:, 1]) / top2[:, 0].abs().clamp(min=1.0)
+        assert margin.min() > 2 * TIE, f"a near-tie in the reference ({margin.min():.1e}): change the seed"
+        got = r.sequences[0, len(ids):].tolist()
         out.append(next((got[:i] for i, t in enumerate(got) if t in fam.stops), got))
     return out
 
