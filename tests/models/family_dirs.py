@@ -1,8 +1,8 @@
 """Tiny Hugging Face directories of each Llama-style family, as a user holds them: a random
 ``*ForCausalLM`` (2 layers, 32 wide; Gemma 3 six, for its one full layer in six), a small tokenizer
-trained here with ``tokenizers`` in the family's style (byte-level BPE for Llama 3 and Qwen, a
-SentencePiece-style ``▁`` vocabulary for Mistral, Phi-3 and Gemma) with the family's control tokens,
-and the family's chat template (written from the published templates' rules: Llama 3's headers, Qwen's
+trained here in the family's shape with its control tokens (Llama 3's and Qwen2's regex split and
+byte-level BPE, trained with ``tokenizers``; for Mistral, Phi-3 and Gemma a ``sentencepiece`` BPE with
+byte fallback, converted to tokenizer.json by transformers' own converter), and the family's chat template (written from the published templates' rules: Llama 3's headers, Qwen's
 ChatML, Mistral's ``[INST]`` with alternation and no system role, Phi-3's ``<|user|>``/``<|end|>``,
 Gemma's ``<start_of_turn>`` that refuses a system role). Built offline with ``save_pretrained``; the
 shapes are what llama.cpp's fixed choices need (Gemma's query scale by head_dim, Gemma 2's alternating
@@ -104,8 +104,11 @@ def spm_tokenizer(style: str, bos: str, eos: str, others: list[str], folder: Pat
     """Mistral's, Phi-3's or Gemma's shape: a SentencePiece BPE with byte fallback trained here
     (``sentencepiece``), converted to tokenizer.json by transformers' own converter (Llama's Metaspace
     with a ``▁`` before the text; Gemma's spaces-as-``▁`` normalizer with nothing prepended)."""
-    import sentencepiece
+    import pytest
     import transformers
+
+    sentencepiece = pytest.importorskip("sentencepiece")  # and protobuf, for transformers' converter
+    pytest.importorskip("google.protobuf")
 
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "corpus.txt").write_text("\n".join(corpus()))

@@ -28,7 +28,6 @@ import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
-pytest.importorskip("sentencepiece")
 
 from gptforge.cli import main  # noqa: E402
 from gptforge.load import ModelSource, load_model  # noqa: E402
