@@ -246,6 +246,17 @@ def gpt2_vocab_merges() -> tuple[tuple[str, ...], tuple[str, ...]]:
     return tuple(tokens), tuple(f"{a} {b}" for a, b in merges)
 
 
+# the contractions as Llama 3's and Qwen2's tokenizer.json write them, and as llama.cpp's regexes do (its engine
+# has no inline (?i:)); llama.cpp's converter names these tokenizers llama-bpe and qwen2 (it identifies them
+# by their splits, not by the regex text), so the two spellings are one pre-tokenizer here as there
+_CONTRACTIONS_HF = "(?i:'s|'t|'re|'ve|'m|'ll|'d)"
+_CONTRACTIONS_LLAMA_CPP = "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
+
+
+def _llama_cpp_spelling(regex: Any) -> Any:
+    return regex.replace(_CONTRACTIONS_HF, _CONTRACTIONS_LLAMA_CPP, 1) if isinstance(regex, str) else regex
+
+
 def gguf_pre_tokenizer(tok: Any) -> str:
     """llama.cpp's name for the tokenizer's split pattern (it runs its own copy of each known regex)."""
     from gptforge.data.tokenizer import GPT4_PAT, R50K_PAT
@@ -255,7 +266,8 @@ def gguf_pre_tokenizer(tok: Any) -> str:
     if pattern is None and tok.kind == "hf":
         pre = tok._json.get("pre_tokenizer") or {}
         parts = pre.get("pretokenizers", [pre]) if isinstance(pre, dict) else []
-        splits = [p.get("pattern", {}).get("Regex") for p in parts if isinstance(p, dict) and p.get("type") == "Split"]
+        splits = [_llama_cpp_spelling(p.get("pattern", {}).get("Regex"))
+                  for p in parts if isinstance(p, dict) and p.get("type") == "Split"]
         # a tokenizer read from a GGUF file (gguf_tokenizer.py) keeps llama.cpp's regexes for its
         # tokenizer.ggml.pre, in order: SmolLM2's "smollm" splits every digit first
         ignore = bool((tok._json.get("model") or {}).get("ignore_merges"))
@@ -307,6 +319,29 @@ def add_model_tokenizer(w: Any, vocab_size: int, tok: Any, chat: Any, pre: str) 
     w.add_add_eos_token(False)
 
 
+# Gemma's tokenizer.json (transformers' GemmaConverter): a normalizer writing spaces as U+2581 and a split on
+# spaces that, after it, finds none; llama.cpp's SentencePiece tokenizer with no space prefix does the same
+_SPACES_AS_METASPACE = {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}
+_SPLIT_ON_SPACES = {"type": "Split", "pattern": {"String": " "}, "behavior": "MergedWithPrevious", "invert": False}
+
+
+def _longer_left_first(merges: list[list[str]]) -> list[list[str]]:
+    """Each run of consecutive merges that make one piece, ordered longer left part first (the order a
+    SentencePiece vocabulary's scores give, ``spm_merges``). transformers 5's converter from a
+    ``tokenizer.model`` lists a piece's splits the other way round (shorter left part first); within such
+    a run the order splits no text differently: two splits of one piece never share a piece, so they
+    never compete for the same pair, and the merges after the run are the same either way."""
+    out: list[list[str]] = []
+    i = 0
+    while i < len(merges):
+        j = i + 1
+        while j < len(merges) and "".join(merges[j]) == "".join(merges[i]):
+            j += 1
+        out += sorted(merges[i:j], key=lambda m: -len(m[0]))
+        i = j
+    return out
+
+
 def spm_vocab(tok: Any, vocab_size: int) -> dict | None:
     """A SentencePiece-shaped tokenizer (what ``gguf_tokenizer`` builds from a GGUF "llama" vocabulary: llama.cpp's
     split as a normalizer; and what transformers gives Llama 2, Mistral, TinyLlama: a BPE with byte fallback
@@ -339,6 +374,8 @@ def spm_vocab(tok: Any, vocab_size: int) -> dict | None:
     llama_cpp = next((p for p in (True, False) if doc.get("normalizer") == spm_normalizer(p)), None)
     if llama_cpp is not None and not pre:
         space_prefix = llama_cpp
+    elif doc.get("normalizer") == _SPACES_AS_METASPACE and pre in ({}, _SPLIT_ON_SPACES):
+        space_prefix = False  # Gemma's (transformers' GemmaConverter): spaces written as U+2581, nothing prepended
     elif pre.get("type") != "Metaspace":
         return None
     else:
@@ -365,7 +402,7 @@ def spm_vocab(tok: Any, vocab_size: int) -> dict | None:
     unk = tokens.index("<unk>") if "<unk>" in tokens else None
     if unk is not None:
         types[unk] = TOKEN_UNKNOWN
-    merges = [m.split(" ", 1) if isinstance(m, str) else list(m) for m in model.get("merges") or []]
+    merges = _longer_left_first([m.split(" ", 1) if isinstance(m, str) else list(m) for m in model.get("merges") or []])
     ids = {t: i for i, t in enumerate(tokens)}
     scores, level, last = [0.0] * vocab_size, 0, None  # a run of merges sorted as spm_merges sorts one score's
     for left, right in merges:

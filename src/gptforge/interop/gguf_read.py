@@ -59,7 +59,7 @@ from gptforge.interop.gguf_config import (  # noqa: F401 - the limits are read f
     llama_config_from_gguf,
 )
 from gptforge.interop.gguf_tokenizer import _STRING, GGUFReadError, tokenizer_from_gguf
-from gptforge.interop.hf_llama import at_layers
+from gptforge.models.registry import at_layers
 from gptforge.sizecheck import check_model_size, count_layers, elements, layered_elements
 
 MAX_TENSORS = 1 << 16  # Llama 3 405B has ~1,100 tensors

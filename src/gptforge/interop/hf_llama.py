@@ -19,7 +19,6 @@ come from safetensors only, never from a pickle (``pytorch_model.bin``).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 from pathlib import Path
@@ -29,6 +28,7 @@ import torch
 from gptforge.data.chat import ChatTemplate
 from gptforge.interop.hf import _pad_rows, _read_json, check_out_dir, write_tokenizer
 from gptforge.models.llama import Llama, LlamaConfig
+from gptforge.models.registry import at_layers
 from gptforge.sizecheck import check_model_size, count_layers, elements, layered_elements, safetensors_shapes
 from gptforge.tokens import EOT, GPT2_VOCAB
 
@@ -208,18 +208,6 @@ def load_hf_llama(name_or_dir: str, **overrides) -> Llama:
     model = Llama(cfg)
     load_hf_llama_state_dict(model, sd)
     return model.eval()
-
-
-def at_layers(cfg, k: int):
-    """``cfg`` with ``k`` blocks, for the closed-form size check (:func:`gptforge.sizecheck.layered_elements`
-    builds the tables of 1 and 2 blocks): a per-layer table (``layer_types``) is cut to ``k`` letters, all
-    ``s``, or the config would refuse itself for its length. Sound for mixed layers: a sliding and a full
-    layer hold the same tensors (the window is a mask, the local rope base a buffer-free angle), so the
-    elements per layer, and the total, do not depend on the letters; ``s`` keeps a sliding layer, which
-    ``rope_local_theta`` needs. A config with no such field (GPT-2's) only gets ``n_layer``."""
-    if getattr(cfg, "layer_types", ""):
-        return dataclasses.replace(cfg, n_layer=k, layer_types="s" * k)
-    return dataclasses.replace(cfg, n_layer=k)
 
 
 def _read_checked(d: Path, cfg: LlamaConfig) -> dict[str, torch.Tensor]:

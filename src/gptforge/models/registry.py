@@ -129,6 +129,19 @@ def all_sizes() -> list[str]:
     return [s for fam in FAMILIES.values() for s in fam.size_names()]
 
 
+def at_layers(cfg, k: int):
+    """``cfg`` with ``k`` blocks, for the shape checks that build a model of 1 or 2 blocks (the closed-form
+    size check, :func:`gptforge.sizecheck.layered_elements`; a checkpoint's tensors against its config,
+    ``run/weights.py``): a per-layer table (``layer_types``) is cut to ``k`` letters, all
+    ``s``, or the config would refuse itself for its length. Sound for mixed layers: a sliding and a full
+    layer hold the same tensors (the window is a mask, the local rope base a buffer-free angle), so the
+    elements per layer, and the total, do not depend on the letters; ``s`` keeps a sliding layer, which
+    ``rope_local_theta`` needs. A config with no such field (GPT-2's) only gets ``n_layer``."""
+    if getattr(cfg, "layer_types", ""):
+        return dataclasses.replace(cfg, n_layer=k, layer_types="s" * k)
+    return dataclasses.replace(cfg, n_layer=k)
+
+
 def build_model(model_cfg: Any) -> nn.Module:
     """A freshly initialised model of the family ``model_cfg.arch`` names, after its float32 parameters
     are checked against the memory this machine has free: a size nobody bounded (``--random gpt3-175b``,

@@ -38,7 +38,7 @@ def check_weights_fit(ckpt_dir: str | Path, model_cfg: Any, prefix: str | None =
     shape (a tied output head may be absent). Allocates nothing of the model's size. A checkpoint
     without ``model.safetensors`` (old sharded-only ones) is left to its loader, which names it.
     ``prefix``: the model's tensors are those under it (None: by the checkpoint's recipe, MODEL_PREFIX)."""
-    from gptforge.models.registry import build_model
+    from gptforge.models.registry import at_layers, build_model
     from gptforge.run.checkpoint import TIED, verify_checkpoint
 
     ckpt_dir = Path(ckpt_dir)
@@ -63,7 +63,7 @@ def check_weights_fit(ckpt_dir: str | Path, model_cfg: Any, prefix: str | None =
         raise CheckpointError(f"{meta}: model.n_layer={n_layer} does not fit the weights (shapes differ): {path} "
                               f"holds {max(layers) + 1 if layers else 0} layers. {hint}")
     with torch.device("meta"):  # shapes only, no memory; one block, repeated below: cost independent of n_layer
-        sd = build_model(dataclasses.replace(model_cfg, n_layer=1)).state_dict(keep_vars=True)
+        sd = build_model(at_layers(model_cfg, 1)).state_dict(keep_vars=True)
     tied = TIED in sd and any(k != TIED and v is sd[TIED] for k, v in sd.items())
     if tied and TIED in found:
         raise CheckpointError(f"{meta}: the model it describes ties {TIED} to its input embedding, but {path} holds "
