@@ -57,6 +57,7 @@ WALK = {
     "sort characters": ("{{ ('ba' * 8000000) | sort | length }}", "filter sort on 16,000,000 items"),
     "map": ("{{ ('x' * 100000) | map('upper') | list | length }}", "filter map on 100,000 items"),
     "unique": ("{{ ('ab' * 50000) | unique | list | length }}", "filter unique on 100,000 items"),
+    "many keys": ("{{ dict.fromkeys(range(100000), 'x') | length }}", "a value of more than 65,536 items"),
     "list plus list": ("{{ ([0] * 40000 + [1] * 40000) | length }}", "'+' would make a list of 80,000 items"),
     "range": ("{{ range(10**9) | list }}", "Range too big"),  # Jinja's own sandbox: at most 100,000
     # regex and Python-level character walks
@@ -115,10 +116,10 @@ def hf_door(hf_dir, source: str):
 
 
 # The bound of a refusal: the template first builds its input, at most MAX_VALUE characters (16 MiB as one
-# byte each) or an 8 M-item list of one shared small int (64 MiB of pointers), then counts over it; twice
-# the largest input leaves room for one copy (a slice, a join's argument). CPU: a few C-level passes over
-# 16 M characters take ~0.1 s; 1 s leaves 10x for a slower or loaded machine.
-MAX_REFUSAL_BYTES = 2 * (64 << 20)
+# byte each; lists hold at most 65,536 items), then counts over it; three times the largest input leaves
+# room for a copy or two (a slice, a join's argument) and none for the refused result (20 M characters and
+# up). CPU: a few C-level passes over 16 M characters take ~0.1 s; 1 s leaves 10x for a slower or loaded one.
+MAX_REFUSAL_BYTES = 3 * js.MAX_VALUE
 MAX_REFUSAL_CPU_S = 1.0
 
 

@@ -102,14 +102,15 @@ def _tick() -> _Render | None:
 def _weight(x: Any, limit: int = MAX_VALUE) -> int:
     """About how many characters ``x`` holds: strings by length, containers by their items, all
     the way down; it stops counting past ``limit`` (the caller refuses then). Walking items is Python
-    work (~0.1 us each), so a value of more than MAX_WALK items counts as past ``limit``: the walk itself
-    must not be the one long operation (an 8 M-item list took 4.8 s to weigh)."""
+    work (1-6 us each on a loaded machine), so a value of more than MAX_WALK items is refused: the walk
+    itself must not be the one long operation (an 8 M-item list took 4.8 s to weigh)."""
     total, stack, walked = 0, [x], -1  # the value itself is not one of its items
     while stack:
         v = stack.pop()
         walked += 1
         if walked > MAX_WALK or (isinstance(v, (list, tuple, dict)) and len(v) > MAX_WALK):
-            return max(total, limit + 1)
+            raise _Refused(f"a value of more than {MAX_WALK:,} items (at most {MAX_WALK:,}: too many to weigh in "
+                           "one step of a render)")
         if isinstance(v, str):
             total += len(v)
         elif isinstance(v, (list, tuple)):
