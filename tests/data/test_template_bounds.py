@@ -49,7 +49,7 @@ WALK = {
     "wordwrap": ("{% set s = 'ab ' * 5000000 %}{{ s | wordwrap(5) }}", "filter wordwrap on a value of more than"),
     "replace": ("{% set s = 'a' * 4000000 %}{{ s.replace('a', s) }}", "str.replace would make"),
     "replace filter": ("{% set s = 'a' * 4000000 %}{{ s | replace('a', 'aaaaaa') }}", "would make"),
-    "escape": ("{{ ('&' * 4000000) | escape }}", "filter escape would make a value of 20,000,000"),
+    "escape": ("{{ ('&' * 12000000) | escape }}", "filter escape would make a value of 60,000,000"),
     # lists made from strings, and item-by-item filters
     "split on whitespace": ("{% set s = 'x ' * 8000000 %}{{ s.split() | length }}", "str.split would make"),
     "splitlines": ("{% set s = '\n' * 16000000 %}{{ s.splitlines() | length }}", "str.splitlines would make"),
