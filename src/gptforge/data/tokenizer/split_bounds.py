@@ -7,9 +7,10 @@ decoder's, a tiktoken bundle's split pattern) run in backtracking engines: Onigu
 time exponential or quadratic in the length of a line: ``prepare`` ran for hours on a 1M-character
 document, with no word. Two checks, both before the tokenizer is used:
 
-1. :func:`nested_quantifier`, static, every regex field of the file (normalizer, pre_tokenizer, decoder): a group that repeats (``*``, ``+``, ``{n,}``, ``{n,m}`` with
-   m > 1) holding a repeat that can give back what it took (not possessive ``++``, not inside an
-   atomic ``(?>...)``) is refused by name, with the fragment. No split pattern of a known model has
+1. :func:`nested_quantifier`, static, on every regex field of the file (normalizer, pre_tokenizer,
+   decoder): a group that repeats (``*``, ``+``, ``{n,}``, ``{n,m}`` with m > 1) holding a repeat that
+   can give back what it took (not possessive ``++``, not inside an atomic ``(?>...)``) is refused by
+   name, with the fragment. No split pattern of a known model has
    one (GPT-2's, cl100k/Llama 3's, Qwen2's, SmolLM2's/StarCoder's, DeepSeek's); a nesting that cannot
    blow up can say so with ``++`` or ``(?>...)``, which keeps what it matches on real text.
 2. :func:`probe`, by the clock, for what no static rule sees (``a+b``, ``(a|aa)+c``, ``\\s*\\s*\\s*x``): the
@@ -51,12 +52,12 @@ from typing import Any
 from gptforge.data.tokenizer.base import TokenizerError
 
 LEVELS = (256, 1024, 4096)  # characters per probe run, growing 4x
-# the time of a 1M-character line, extrapolated from the last level by the growth from the first: a linear
-# split (the libraries' own piece handling grows as about the power 1.3 at these sizes) comes to ~5 s CPU
-# here, a quadratic pattern such as a+b to ~7 minutes
+# the CPU time of a 1M-character line, extrapolated by the growth between two lengths (the screen: 256 to
+# 4,096 characters; the verdict: 4,096 to 16,384). Known models' patterns come to 1-10 s (a 1M-character
+# line of them takes ~2 s), a+b to ~30 minutes
 MILLION = 1_000_000
 MAX_LINE_S = 60.0
-PER_CHAR_S = 25e-6  # a linear split takes 0.25-0.5 us a character here (measured), on a loaded machine more
+PER_CHAR_S = 25e-6  # a linear split takes 0.1-4 us of CPU a character here (measured on a loaded machine)
 NOISE_FLOOR_S = 5e-4  # below this a growth is timer and cache noise
 CONFIRM = 3  # repeats (best of) before a suspicion is a verdict
 CONFIRM_LEVEL = 16384  # where the screen's estimate is over MAX_LINE_S, the growth is measured again up to here
