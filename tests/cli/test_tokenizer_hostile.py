@@ -562,6 +562,24 @@ def test_a_tiktoken_bundle_without_an_eos_is_refused(tiktoken_bundle, own, tmp_p
     refused(prepare(own, tmp_path / "o", bundle), capsys, "info.json", "no bos or eos")
 
 
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_prepare_names_the_document_a_split_gives_up_on(own, tmp_path, capsys, workers):
+    """A pattern the load-time probe cannot reach (it blows up only after 'xq') loads; the one document it gives
+    up on is named (file, and what to do), in the main process and through a worker pool alike."""
+    d = tmp_path / "hf"
+    d.mkdir()
+    tj = json.loads((own / "tok" / "tokenizer" / "tokenizer.json").read_text())
+    tj["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = r"xq(a|aa)+c|\s+|."
+    tj["model"]["ignore_merges"] = False  # the tokenizers library, whose engine gives up (no tiktoken twin)
+    (d / "tokenizer.json").write_text(json.dumps(tj))
+    corpus = tmp_path / "corpus"
+    shutil.copytree(own / "corpus", corpus)
+    (corpus / "zz_bad.txt").write_text("the king\nxq" + "a" * 40 + "!\n")
+    argv = prepare(own, tmp_path / "o", d)
+    argv[2], argv[argv.index("--workers") + 1] = str(corpus), workers
+    refused(argv, capsys, "zz_bad.txt", "gives up", "Fix: remove or split this document")
+
+
 @pytest.mark.parametrize(("pattern", "needle"), [(r"(\w+\s?)*$|.", "nested quantifiers"),
                                               (r"\s*\s*\s*x|.", "1,000,000-character line")])
 def test_a_tiktoken_bundle_with_a_slow_split_is_refused(tiktoken_bundle, own, tmp_path, capsys, pattern, needle):
