@@ -418,24 +418,67 @@ def reforge(ck: Path, edit) -> None:
 
 def test_a_split_pattern_that_gives_up_is_a_refusal_not_a_rust_panic(own, tmp_path, capsys, monkeypatch):
     """Oniguruma's retry limit on a catastrophic pattern is a Rust panic: pyo3's PanicException, a
-    BaseException that went through every `except Exception` as a traceback."""
+    BaseException that went through every `except Exception` as a traceback. The pattern blows up only
+    after the prefix 'xq', which none of the load-time probe's runs hold (split_bounds: what the probe
+    cannot promise), so it loads, and the one text it gives up on is refused at encode time."""
     run, ck = copy_run(own, tmp_path)
     def edit(tj):  # ignore_merges off keeps it on the tokenizers library (no tiktoken twin), whose panic this is
-        tj["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = r"(a|aa)+c|\s+|."
+        tj["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = r"xq(a|aa)+c|\s+|."
         tj["model"]["ignore_merges"] = False
 
     reforge(ck, edit)
     assert main(sample(run)) == 0  # text the pattern copes with
     argv = sample(run)
-    argv[argv.index("The king")] = "a" * 40 + "!"
+    argv[argv.index("The king")] = "xq" + "a" * 40 + "!"
     refused(argv, capsys, "tokenizer.json", "gives up")
     import io  # in chat, one message the tokenizer gives up on is not sent; the session goes on
 
-    monkeypatch.setattr("sys.stdin", io.StringIO("a" * 40 + "!\nThe king\n/quit\n"))
+    monkeypatch.setattr("sys.stdin", io.StringIO("xq" + "a" * 40 + "!\nThe king\n/quit\n"))
     capsys.readouterr()
     assert main(["chat", "--ckpt", str(run), "--max-new-tokens", "2", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
     assert "(message not sent:" in out and "gives up" in out and out.count("assistant>") == 1
+
+
+# issue 56, class 3: a split that is not linear in a line's length is refused when the tokenizer is read, through
+# every door that reads one (a checkpoint's bundle, --tokenizer of a Hugging Face folder or a tiktoken bundle);
+# each case: the pattern, and what the one-line refusal must say of it (the mechanism that caught it)
+SLOW_SPLITS = {
+    "nested": (r"(\w+\s?)*$|\s+|.", "nested quantifiers"),  # static: the fragment is named
+    "nested-lazy": (r"(?:[a-z]+\d?){2,}?|.", "nested quantifiers"),
+    "alternation": (r"(a|aa)+c|\s+|.", "gives up"),  # the probe: Oniguruma's retry limit on a run of 'a'
+    "quadratic": (r"\w+\w+x|.", "us a character"),  # the probe: 1,000x a linear split's time per character
+}
+
+
+@pytest.mark.parametrize("case", sorted(SLOW_SPLITS))
+def test_a_slow_split_in_a_checkpoint_is_refused_at_load(own, tmp_path, capsys, case):
+    """Through the checkpoint's tokenizer bundle (sample, sft --resume read it): refused before any text is
+    encoded, naming the file, the field and the pattern, with what to do."""
+    pattern, needle = SLOW_SPLITS[case]
+    run, ck = copy_run(own, tmp_path)
+
+    def edit(tj):
+        tj["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = pattern
+        tj["model"]["ignore_merges"] = False
+
+    reforge(ck, edit)
+    line = refused(sample(run), capsys, "tokenizer.json", "pre_tokenizer.pretokenizers[0].pattern.Regex", needle, "Fix:")
+    assert repr(pattern)[:60] in line
+    refused(sft_resume(run, own), capsys, "tokenizer.json", needle)
+
+
+@pytest.mark.parametrize("case", ["nested", "quadratic"])
+def test_prepare_refuses_a_slow_split_of_a_hf_folder(own, tmp_path, capsys, case):
+    """``prepare --tokenizer DIR`` of a Hugging Face folder: one line, before a worker starts."""
+    pattern, needle = SLOW_SPLITS[case]
+    d = tmp_path / "hf"
+    d.mkdir()
+    tj = json.loads((own / "tok" / "tokenizer" / "tokenizer.json").read_text())
+    tj["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = pattern
+    (d / "tokenizer.json").write_text(json.dumps(tj))
+    refused(prepare(own, tmp_path / "o", d), capsys, "--tokenizer", str(d / "tokenizer.json"), needle, "Fix:")
+    assert not (tmp_path / "o").exists() or not list((tmp_path / "o").glob("*.bin"))
 
 
 @pytest.mark.parametrize("normalizer", [
@@ -517,6 +560,33 @@ def test_a_tiktoken_bundle_without_an_eos_is_refused(tiktoken_bundle, own, tmp_p
     """It was KeyError: '<|endoftext|>' out of tiktoken's eot_token."""
     bundle = tiktoken_bundle("noeos", specials={"<|pad|>": 257}, eos=None)
     refused(prepare(own, tmp_path / "o", bundle), capsys, "info.json", "no bos or eos")
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_prepare_names_the_document_a_split_gives_up_on(own, tmp_path, capsys, workers):
+    """A pattern the load-time probe cannot reach (it blows up only after 'xq') loads; the one document it gives
+    up on is named (file, and what to do), in the main process and through a worker pool alike."""
+    d = tmp_path / "hf"
+    d.mkdir()
+    tj = json.loads((own / "tok" / "tokenizer" / "tokenizer.json").read_text())
+    tj["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = r"xq(a|aa)+c|\s+|."
+    tj["model"]["ignore_merges"] = False  # the tokenizers library, whose engine gives up (no tiktoken twin)
+    (d / "tokenizer.json").write_text(json.dumps(tj))
+    corpus = tmp_path / "corpus"
+    shutil.copytree(own / "corpus", corpus)
+    (corpus / "zz_bad.txt").write_text("the king\nxq" + "a" * 40 + "!\n")
+    argv = prepare(own, tmp_path / "o", d)
+    argv[2], argv[argv.index("--workers") + 1] = str(corpus), workers
+    refused(argv, capsys, "zz_bad.txt", "gives up", "Fix: remove or split this document")
+
+
+@pytest.mark.parametrize(("pattern", "needle"), [(r"(\w+\s?)*$|.", "nested quantifiers"),
+                                              (r"\s*\s*\s*x|.", "1,000,000-character line")])
+def test_a_tiktoken_bundle_with_a_slow_split_is_refused(tiktoken_bundle, own, tmp_path, capsys, pattern, needle):
+    """A tiktoken bundle's split pattern is read from its info.json: the same check, in tiktoken's own
+    engine (fancy-regex), where a cubic pattern grows 16x for 4x the text."""
+    bundle = tiktoken_bundle("slow", pattern=pattern)
+    refused(prepare(own, tmp_path / "o", bundle), capsys, "info.json", "pattern", needle, "Fix:")
 
 
 # --- a Hugging Face model's tokenizer ----------------------------------------------------------------------

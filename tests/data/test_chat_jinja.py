@@ -390,8 +390,8 @@ HOSTILE = {
     "replace": ("{% set s = 'a' * 4000000 %}{{ s.replace('a', s) }}", "str.replace would make"),
     "join": ("{% set s = 'a' * 4000000 %}{{ s.join(s) }}", "str.join would make"),
     "tilde": ("{% set s = 'a' * 10000000 %}{{ s ~ s ~ s ~ s ~ s }}", "'~' would make"),
-    "indent": ("{% set s = '\n' * 1000000 %}{{ s | indent(60000) }}", "indent would make"),
-    "tojson": ("{{ dict.fromkeys(range(99999), 'a' * 1000000) | tojson }}", "would make"),
+    "indent": ("{% set s = '\n' * 1000000 %}{{ s | indent(60000) }}", "filter indent"),  # (its input is bounded now)
+    "tojson": ("{{ dict.fromkeys(range(9999), 'a' * 1000000) | tojson }}", "would make"),
     "recursion": ("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", "RecursionError"),
 }
 

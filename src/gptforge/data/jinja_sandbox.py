@@ -30,6 +30,28 @@ MAX_VALUE = 16 << 20  # characters (or items) of one value the template makes
 MAX_MADE = 64 << 20  # characters made by one render in all (values + output pieces, buffered ones too)
 MAX_WIDTH = 64 << 10  # an integer argument of a filter or string method (a width, a count)
 MAX_INT_BITS = 1 << 16  # an integer the template computes
+# The deadline is checked between operations (every loop step, call, attribute, filter, '~' and output
+# piece), so it stops many short operations; it cannot stop one long one: a Python thread cannot interrupt a
+# C-level call (str.replace, list.sort), SIGALRM reaches the main thread only (serve renders elsewhere), and a
+# process per render would cost sft's data prep more than the render. So no single operation may be long:
+# every one is bounded by its input before it runs. C-level operations over characters (str methods, json,
+# markupsafe's escape) take 1-10 ns a character, 0.2 s at most on MAX_VALUE. Item by item in Python (sort
+# with its key, map, select, unique, join, batch, lists made of a string, weighing a value) takes 1-6 us an
+# item on a loaded machine, so such a filter takes at most MAX_ITEMS items and a weighed value at most
+# MAX_WALK; the filters that walk characters in Python or by regex (wordwrap, urlize, title, striptags,
+# indent, wordcount, urlencode: up to 6 us a character) at most MAX_SLOW_CHARS. The longest single operation
+# is then ~0.4 s of CPU, and the deadline checked after it ends the render. (A filter that calls back into
+# the template per item, map or select with a filter, ticks the deadline at each call.) Chat templates walk
+# messages and tools, hundreds of items: the bounds are far above what they do.
+MAX_ITEMS = 1 << 16  # items a filter walks one by one in Python, or a str method's list holds
+MAX_SLOW_CHARS = 1 << 16  # characters a Python-level or regex filter walks
+MAX_WALK = 1 << 16  # items (at any depth) of one value the sandbox weighs; a list made by '*' at most
+# filters that run as one C-level call over their input, with a size estimated before (or no larger than it)
+_C_FILTERS = frozenset({"abs", "capitalize", "center", "count", "d", "default", "e", "escape", "first", "float",
+                        "forceescape", "format", "int", "last", "length", "lower", "replace", "reverse", "round",
+                        "safe", "string", "tojson", "trim", "truncate", "upper", "attr", "filesizeformat", "random"})
+_CHAR_FILTERS = frozenset({"wordwrap", "urlize", "title", "striptags", "indent", "wordcount", "urlencode"})
+_ESCAPED = "&<>'\""  # markupsafe writes each as 4-5 characters
 END_NAMES = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")
 
 # markers: U+FDD0/U+FDD1 around special text typed in content, U+FDD2/U+FDD3 around generation blocks
@@ -79,10 +101,16 @@ def _tick() -> _Render | None:
 
 def _weight(x: Any, limit: int = MAX_VALUE) -> int:
     """About how many characters ``x`` holds: strings by length, containers by their items, all
-    the way down; it stops counting past ``limit`` (the caller refuses then)."""
-    total, stack = 0, [x]
+    the way down; it stops counting past ``limit`` (the caller refuses then). Walking items is Python
+    work (1-6 us each on a loaded machine), so a value of more than MAX_WALK items is refused: the walk
+    itself must not be the one long operation (an 8 M-item list took 4.8 s to weigh)."""
+    total, stack, walked = 0, [x], -1  # the value itself is not one of its items
     while stack:
         v = stack.pop()
+        walked += 1
+        if walked > MAX_WALK or (isinstance(v, (list, tuple, dict)) and len(v) > MAX_WALK):
+            raise _Refused(f"a value of more than {MAX_WALK:,} items (at most {MAX_WALK:,}: too many to weigh in "
+                           "one step of a render)")
         if isinstance(v, str):
             total += len(v)
         elif isinstance(v, (list, tuple)):
@@ -94,6 +122,12 @@ def _weight(x: Any, limit: int = MAX_VALUE) -> int:
             stack.extend(v.values())
         elif isinstance(v, range):
             total += len(v)
+        elif isinstance(v, bool) or v is None:
+            total += 1
+        elif isinstance(v, int):  # printed: its decimal digits (a list of 4,000-digit integers is no small list)
+            total += v.bit_length() * 3 // 10 + 1
+        elif isinstance(v, float):
+            total += 24
         if total > limit:
             break
     return total
@@ -129,6 +163,16 @@ def _estimate_str_method(s: str, name: str, args: tuple, kwargs: dict) -> int:
                     _check_format(v, f"str.{name}")
                 _check_int(v, f"str.{name}")
         return len(s) + s.count("{") * sum(_weight(v) + len(str(v)) * (not _weight(v)) for v in vals)
+    if name in ("split", "rsplit", "splitlines") and len(s) > MAX_ITEMS:
+        sep = args[0] if args and isinstance(args[0], str) else kwargs.get("sep")
+        if name == "splitlines":
+            items = sum(s.count(c) for c in "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029") + 1
+        elif isinstance(sep, str) and sep:
+            items = s.count(sep) + 1
+        else:  # on whitespace: at most one item a character
+            items = len(s)
+        if items > MAX_ITEMS:
+            raise _Refused(f"str.{name} would make a list of up to {items:,} items (at most {MAX_ITEMS:,})")
     if name == "expandtabs":
         return len(s) * (int(vals[0]) if vals and isinstance(vals[0], int) else 8)
     return len(s) + sum(_weight(v) + (abs(v) if isinstance(v, int) and not isinstance(v, bool) else 0) for v in vals)
@@ -140,6 +184,21 @@ def _estimate_filter(name: str, args: tuple, kwargs: dict) -> int:
     for v in vals:
         _check_int(v, f"filter {name}")
     value = args[0] if args else None
+    if name not in _C_FILTERS:
+        if name in _CHAR_FILTERS:
+            n = _weight(value, MAX_SLOW_CHARS + 1)
+            if n > MAX_SLOW_CHARS:
+                raise _Refused(f"filter {name} on a value of more than {MAX_SLOW_CHARS:,} characters (it walks them "
+                               "one by one, too long for one step of a render)")
+        else:
+            n = len(value) if isinstance(value, (str, list, tuple, dict, range)) else 0
+            if n > MAX_ITEMS:
+                raise _Refused(f"filter {name} on {n:,} items (at most {MAX_ITEMS:,}: it walks them one by one, "
+                               "too long for one step of a render)")
+    if name in ("e", "escape", "forceescape") and isinstance(value, str):
+        return len(value) + 4 * sum(value.count(c) for c in _ESCAPED)
+    if name == "string" and not isinstance(value, str):  # a container's repr: quotes, commas, escapes
+        return 6 * _weight(value) + 32
     if name == "tojson":
         indent = kwargs.get("indent", args[1] if len(args) > 1 else None)
         if isinstance(indent, int) and indent > 64:
@@ -233,6 +292,15 @@ def _raise_exception(message: Any) -> None:
     raise TemplateError(str(message))
 
 
+def _lipsum(n: Any = 5, html: bool = True, min: Any = 20, max: Any = 100) -> str:  # noqa: A002 - Jinja's names
+    """Jinja's ``lipsum`` global, bounded: a Python loop per word, which no deadline check reaches inside
+    (lipsum(100000) took 5 s CPU and 45 MB before the size bound refused it)."""
+    for what, v in (("n", n), ("min", min), ("max", max)):
+        if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= 1000:
+            raise _Refused(f"lipsum: {what}={v!r:.20} (an integer from 0 to 1,000)")
+    return jinja2.utils.generate_lorem_ipsum(n=n, html=html, min=min, max=max)
+
+
 def _strftime_now(fmt: Any) -> str:
     fmt = str(fmt)
     if len(fmt) > 256:
@@ -280,8 +348,8 @@ class _BoundedSandbox(ImmutableSandboxedEnvironment):
 
     def _gf_out(self, value: Any) -> Any:
         r = _CURRENT.get()
-        if r is not None:
-            r.spend(len(value) if isinstance(value, str) else 0, "output")
+        if r is not None:  # a container prints as its repr: estimated before Jinja makes it
+            r.spend(len(value) if isinstance(value, str) else 6 * _weight(value) + 32, "output")
         return value
 
     # --- the sandbox's hooks ---
@@ -346,12 +414,16 @@ def _binop_size(op: str, left: Any, right: Any) -> int:
                 raise _Refused("'*' would make a huge integer")
             return 0
         seq, n = (left, right) if is_int(right) else (right, left)
+        if is_int(n) and isinstance(seq, (list, tuple)) and len(seq) * n > MAX_WALK:
+            raise _Refused(f"'*' would make a list of {len(seq) * n:,} items (at most {MAX_WALK:,})")
         if is_int(n) and isinstance(seq, (str, list, tuple)):
             return _weight(seq) * max(n, 0)
         return 0
     if op == "+":
         if is_int(left) and is_int(right):
             return 0
+        if isinstance(left, (list, tuple)) and isinstance(right, (list, tuple)) and len(left) + len(right) > MAX_WALK:
+            raise _Refused(f"'+' would make a list of {len(left) + len(right):,} items (at most {MAX_WALK:,})")
         return _weight(left) + _weight(right)
     if op == "%" and isinstance(left, str):
         _check_format(left, "'%'")
@@ -374,7 +446,7 @@ def _compile(source: str, where: str) -> jinja2.Template:
     env.filters["tojson"] = _tojson
     env.filters = {k: _guard_filter(k, f) for k, f in env.filters.items()}
     env.globals.update(raise_exception=_raise_exception, strftime_now=_strftime_now, dict=_TemplateDict(),
-                       namespace=_Namespace)
+                       namespace=_Namespace, lipsum=_lipsum)
     try:
         tree = env.parse(source)
         for node in tree.find_all((nodes.Getattr, nodes.Getitem)):

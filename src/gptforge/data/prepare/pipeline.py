@@ -414,7 +414,7 @@ def prepare(source, out: str | os.PathLike, settings: PrepareSettings | None = N
     try:
         if workers == 1:
             init_worker(settings.tokenizer, dtype)
-            results = ((first, items, tokenize([i.text for i in items if i.text]))
+            results = ((first, items, tokenize([i.text for i in items if i.text], [i.where for i in items if i.text]))
                        for first, items in chunks)
         else:
             # ProcessPoolExecutor, not multiprocessing.Pool: a worker that dies (OOM killer, a failed
@@ -458,7 +458,8 @@ def _ordered(pool: ProcessPoolExecutor, chunks, window: int):
     ``Executor.map`` read their whole input eagerly: memory would grow with the corpus)."""
     pending: collections.deque = collections.deque()
     for first, items in chunks:
-        pending.append((first, items, pool.submit(tokenize, [i.text for i in items if i.text])))
+        pending.append((first, items, pool.submit(tokenize, [i.text for i in items if i.text],
+                                                  [i.where for i in items if i.text])))
         if len(pending) >= window:
             first0, items0, fut = pending.popleft()
             yield first0, items0, fut.result()

@@ -89,22 +89,43 @@ def init_worker(tokenizer: str, dtype: str, pool_worker: bool = False) -> None:
     _CPU_READY = time.process_time()
 
 
-def tokenize(texts: list[str]) -> tuple[np.ndarray, np.ndarray, dict]:
+def tokenize(texts: list[str], names: list[str] | None = None) -> tuple[np.ndarray, np.ndarray, dict]:
     """Concatenated ``[EOT, *tokens]`` of each text, each document's length, and this process's
-    stats (pid, CPU seconds so far, peak RSS) for the summary.
+    stats (pid, CPU seconds so far, peak RSS) for the summary. ``names``: where each text came from
+    ("file:row"), for a refusal that names the document.
 
     ``encode_batch_numpy`` gives ``encode_ordinary``'s ids (a literal "<|endoftext|>" in the text is
     plain text) straight into arrays: tiktoken's ``encode_to_numpy`` (no Python int per token), or
     the ``tokenizers`` library's batch encode.
     """
+    from gptforge.data.tokenizer import TokenizerError
+
     enc = _ENC
     eot = np.array([enc.eot_token], dtype=_DTYPE)
-    docs = enc.encode_batch_numpy(texts)
+    try:
+        docs = enc.encode_batch_numpy(texts)
+    except TokenizerError as e:  # a split pattern that gives up on one text: which document, and what to do
+        raise SourceError(_failing_document(enc, texts, names, e)) from None
     lengths = np.fromiter((len(d) + 1 for d in docs), dtype=np.int64, count=len(docs))
     parts = [a for d in docs for a in (eot, d)]
     flat = np.concatenate(parts).astype(_DTYPE, copy=False) if parts else np.empty(0, dtype=_DTYPE)
     return flat, lengths, {"pid": os.getpid(), "cpu": time.process_time(), "startup_cpu": _CPU_READY,
                            "rss": peak_rss_mb()}
+
+
+def _failing_document(enc, texts: list[str], names: list[str] | None, error: Exception) -> str:
+    """The refusal of a chunk the tokenizer gave up on, naming the first document it gives up on alone
+    (each encoded again: a give-up is the engine's limit, quick, so the search costs little)."""
+    from gptforge.data.tokenizer import TokenizerError
+
+    for k, text in enumerate(texts):
+        try:
+            enc.encode_batch_numpy([text])
+        except TokenizerError as e:
+            name = names[k] if names is not None and k < len(names) else f"document {k + 1} of its chunk"
+            return (f"{name}: {e}. Fix: remove or split this document (or fix the tokenizer's split pattern), "
+                    "then run the same command again: finished shards are kept")
+    return str(error)
 
 
 def available_cores() -> int:

@@ -14,6 +14,7 @@ import numpy as np
 
 from gptforge.data.tokenizer.base import MAX_INFO_BYTES, Tokenizer, TokenizerError, _library_failure
 from gptforge.data.tokenizer.checks import _parse_tokenizer_json, _read_text
+from gptforge.data.tokenizer.split_bounds import check_hf, tiktoken_probe
 from gptforge.storage import read_json
 
 # --- Hugging Face tokenizers --------------------------------------------------------------------------
@@ -53,6 +54,7 @@ class HFTokenizer(Tokenizer):
             self._tok = RustTokenizer.from_str(text)
         except Exception as e:  # tokenizers raises a bare Exception on a bad model
             raise TokenizerError(f"{where}: the tokenizers library refuses it: {str(e)[:300]}") from None
+        check_hf(self._json, self._tok, where)  # a split that is not linear in a line's length: refused here
         self._plain = RustTokenizer.from_str(text)
         self._plain.encode_special_tokens = True  # special-token text in the input stays text
         self._continued = self._continuation_twin(RustTokenizer)
@@ -127,6 +129,8 @@ class HFTokenizer(Tokenizer):
             for text in _TWIN_CHECK:
                 if enc.encode_ordinary(text) != self._plain.encode(text, add_special_tokens=False).ids:
                     return None
+            if tiktoken_probe(pattern) is not None:  # linear in Oniguruma (checked) but not in fancy-regex: keep
+                return None  # the library, whose split is
         except BaseException as e:  # a pattern fancy-regex refuses, or a library panic: keep the library
             if isinstance(e, (KeyboardInterrupt, SystemExit)):
                 raise

@@ -16,6 +16,7 @@ import numpy as np
 from gptforge import assets
 from gptforge.data.tokenizer.base import R50K_PAT, Tokenizer, TokenizerError, TokenizerUnavailable, _library_failure
 from gptforge.data.tokenizer.checks import _bounded, _check_ids, _check_specials
+from gptforge.data.tokenizer.split_bounds import check_tiktoken_pattern
 from gptforge.tokens import EOT, EOT_TEXT, GPT2_VOCAB
 
 # --- tiktoken -----------------------------------------------------------------------------------------
@@ -179,6 +180,7 @@ def tiktoken_from_ranks(path: str | Path, pattern: str = R50K_PAT, special_token
         enc = tiktoken.Encoding(name=name or path.stem, pat_str=pattern, mergeable_ranks=ranks, special_tokens=specials)
     except (ValueError, re.error) as e:
         raise TokenizerError(f"{where}: pattern {pattern[:80]!r} or special tokens refused by tiktoken: {e}") from None
+    check_tiktoken_pattern(pattern, where)  # a split that is not linear in a line's length: refused before use
     try:
         return TiktokenTokenizer(enc, name or path.stem, sha, ranks_path=path, bos=bos, eos=eos)
     except TokenizerError as e:
