@@ -44,3 +44,39 @@ def test_a_gguf_model_exports_back_to_gguf_with_its_pre_tokenizer(tmp_path, caps
     for s in strings(400, seed=7) + ["<think>hmm</think>", "a <think> b"]:  # a user-defined token stays whole
         assert b.tokenizer.encode_ordinary(s) == a.tokenizer.encode_ordinary(s), s
     torch.testing.assert_close(_logits(b.model, IDS), _logits(a.model, IDS), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("prefix_space", [False, True])
+def test_a_gpt2_style_tokenizer_json_exports_as_llama_cpps_gpt2_split(tmp_path, capsys, prefix_space):
+    """A Hugging Face folder whose tokenizer.json splits with a ByteLevel pre-tokenizer alone (GPT-2's own
+    file, every ``ByteLevelBPETokenizer``'s: GPT-2's regex inside ByteLevel, no Split step) goes out as
+    llama.cpp's ``gpt-2`` pre-tokenizer, and the file's tokenizer encodes as the ``tokenizers`` library does
+    on the folder's own file (the independent reference). With ``add_prefix_space`` (a space before the text,
+    which llama.cpp's gpt-2 never adds) it is refused by name, nothing written."""
+    tokenizers = pytest.importorskip("tokenizers")
+    transformers = pytest.importorskip("transformers")
+    bpe = tokenizers.ByteLevelBPETokenizer(add_prefix_space=prefix_space)
+    bpe.train_from_iterator(strings(2000, seed=3), vocab_size=400, special_tokens=["<|endoftext|>"])
+    d = tmp_path / "hf"
+    d.mkdir()
+    bpe.save(str(d / "tokenizer.json"))
+    n = bpe.get_vocab_size()
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=n, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                   num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
+                                   bos_token_id=0, eos_token_id=0)
+    transformers.LlamaForCausalLM(cfg).save_pretrained(d)
+    code = main(["export", "gguf", "--hf", str(d), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    if prefix_space:
+        assert code == 2 and "llama.cpp has no name for" in err and not (tmp_path / "out").exists(), err
+        return
+    assert code == 0, err
+    out = next((tmp_path / "out").glob("*.gguf"))
+    f = gguf.GGUFReader(str(out)).fields["tokenizer.ggml.pre"]
+    assert bytes(f.parts[f.data[0]]).decode() == "gpt-2"
+    back = read_gguf(out).tokenizer
+    ref = tokenizers.Tokenizer.from_file(str(d / "tokenizer.json"))
+    ref.encode_special_tokens = True  # special-token text typed in ordinary text stays text, as encode_ordinary
+    for s in strings(400, seed=11) + ["Hello world", " two  spaces ", "don't I'll 2024"]:
+        assert back.encode_ordinary(s) == ref.encode(s, add_special_tokens=False).ids, s

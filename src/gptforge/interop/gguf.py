@@ -275,6 +275,12 @@ def gguf_pre_tokenizer(tok: Any) -> str:
         last = parts[-1] if parts and isinstance(parts[-1], dict) else {}
         if named and len(splits) == len(parts) - 1 and last.get("type") == "ByteLevel" and not last.get("use_regex", True):
             return named[0]
+        # GPT-2's own tokenizer.json (and every ByteLevelBPETokenizer's): no Split, a ByteLevel that splits with
+        # GPT-2's regex itself; llama.cpp's gpt-2 runs that regex. A space it would put before the text is not
+        # llama.cpp's, so that one stays refused below
+        if len(parts) == 1 and last.get("type") == "ByteLevel" and last.get("use_regex", True) \
+                and not last.get("add_prefix_space", False) and not ignore:
+            return "gpt-2"
         pattern = splits[0] if splits else None
     known = {R50K_PAT: "gpt-2", GPT4_PAT: "llama-bpe"}
     if pattern not in known:
