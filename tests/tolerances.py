@@ -69,4 +69,28 @@ def assert_adam_trained_alike(w1: dict[str, torch.Tensor], w2: dict[str, torch.T
             keep = torch.ones_like(a, dtype=torch.bool)
             keep[key] = False
             a, b = a[keep], b[keep]
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=atol, msg=lambda m, k=k: f"{k}: {m}")
+        _close_but_for_cancelled_gradients(k, a, b, atol=atol, most=2 * lr * steps)
+
+
+# Of a tensor's elements, the share that may part by up to Adam's largest move: those whose gradient is a sum
+# that cancels to within rounding of zero. Such a gradient has no bounded relative error, and Adam's normalised
+# step m/sqrt(v) then goes whichever way the rounding says (a tied embedding row of a token the batch barely
+# holds gets +/- terms from the head's softmax over every position). They are few: 1 in 10,000 allows 160 of
+# GPT-2 d4's 1.6M embedding elements. A bug in what a rank contributes (a dropped, doubled or misaligned
+# micro-batch) changes O(1) of every gradient, so it moves most elements of every tensor by ~lr, far past this.
+CANCELLED_SHARE = 1e-4
+
+
+def _close_but_for_cancelled_gradients(name: str, a: torch.Tensor, b: torch.Tensor, *, atol: float,
+                                       most: float) -> None:
+    """Every element of ``a`` within ``atol`` (+1e-4 relative) of ``b``, but for at most CANCELLED_SHARE of
+    them (at least one), which may part by up to ``most``."""
+    diff = (a - b).abs()
+    over = diff > atol + 1e-4 * b.abs()
+    n_over, allowed = int(over.sum()), max(1, int(CANCELLED_SHARE * a.numel()))
+    if n_over == 0:
+        return
+    worst = float(diff[over].max())
+    assert n_over <= allowed and worst <= most, (
+        f"{name}: {n_over} of {a.numel()} elements differ by more than {atol:.3g} (+1e-4 relative), the most by "
+        f"{worst:.3g}; at most {allowed} (gradients that cancel to rounding) may, each by up to {most:.3g}")
