@@ -74,7 +74,7 @@ def _scores(cfg, mb: int, tp: int) -> float:
 
 
 def _hand(cfg, P, *, dp=1, tp=1, pp=1, mb=2, gb=32, shard="none", dp_shard=0, v=1, recompute="none",
-          flash=True) -> dict:
+          flash=True, fused_ce=None) -> dict:
     """The fuller stage's bytes, counted by hand."""
     m = gb // (dp * mb)
     tok = mb * SEQ
@@ -107,7 +107,11 @@ def _hand(cfg, P, *, dp=1, tp=1, pp=1, mb=2, gb=32, shard="none", dp_shard=0, v=
         if recompute == "block":  # one block's full activations (and scores) while it is recomputed
             acts += _acts(cfg, 1, tok, "none", tp) + _scores(cfg, mb, tp)
         if s == pp - 1:
-            acts += tok * 16 * cfg.vocab_size / tp  # logits, log-softmax and their gradients
+            # training's rule on a CUDA GPU with triton: model.fused_ce auto (None) or true runs the fused
+            # classifier unless TP or PP splits the head; it keeps one bf16 buffer, the logits and then their
+            # gradient (2 bytes a row), the plain loss the logits, log-softmax and their gradients (16)
+            fused = fused_ce is not False and tp == 1 and pp == 1
+            acts += tok * (2 if fused else 16) * cfg.vocab_size / tp
         stages.append({"stage": s, "weights": weights, "grads": grads, "optimizer": optim, "activations": acts,
                        "total": weights + grads + optim + acts})
     return max(stages, key=lambda d: d["total"])
@@ -128,6 +132,8 @@ LAYOUTS = [
     dict(pp=4, recompute="block"),
     dict(pp=2, recompute="mlp", dp=2, shard="zero1"),
     dict(shard="fsdp"),  # one rank: nothing to shard or gather
+    dict(dp=4, fused_ce=False),  # the plain head without TP or PP
+    dict(dp=2, shard="zero1", fused_ce=True),
     dict(dp=2, tp=2, shard="fsdp"),
     dict(pp=2, flash=False),
     dict(pp=2, flash=False, tp=2, recompute="block"),
@@ -136,7 +142,7 @@ LAYOUTS = [
 
 @pytest.mark.parametrize("kw", LAYOUTS, ids=lambda kw: "-".join(f"{k}{v}" for k, v in kw.items()))
 def test_memory_per_layout_matches_a_hand_count(kw):
-    cfg = dataclasses.replace(_cfg(), flash=kw.get("flash", True))
+    cfg = dataclasses.replace(_cfg(), flash=kw.get("flash", True), fused_ce=kw.get("fused_ce"))
     P = _params(cfg)
     want = _hand(cfg, P, **kw)
     L = Layout(dp=kw.get("dp", 1), tp=kw.get("tp", 1), pp=kw.get("pp", 1), micro_batch=kw.get("mb", 2),

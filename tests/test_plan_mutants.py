@@ -237,7 +237,7 @@ PER_SEQ = {"none": 1.0, "mlp": 0.75, "block": 0.25}
 def fake_estimate(monkeypatch):
     calls = []
 
-    def fake(cfg, world, *, micro_batch, sharding, recompute, dtype, fused):
+    def fake(cfg, world, *, micro_batch, sharding, recompute, dtype, fused, fused_ce):  # fused_ce: test_plan_fused_ce
         calls.append((world, dtype, fused))
         peak = (FIXED[sharding] + PER_SEQ[recompute] * micro_batch) * GIB
         return Estimate(micro_batch, sharding, recompute, 0.0, 0.0, 0.0, 0.0, peak)

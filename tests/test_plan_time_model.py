@@ -433,8 +433,9 @@ def _mem_cfg(seq=32, mb=2, **model_kw):
     return cfg
 
 
-def _acts_by_hand(cfg, B, dtype, recompute):
-    """Bytes autograd keeps for one micro-batch of B sequences, written out tensor by tensor."""
+def _acts_by_hand(cfg, B, dtype, recompute, fused_ce=True):
+    """Bytes autograd keeps for one micro-batch of B sequences, written out tensor by tensor. ``fused_ce``:
+    the fused classifier (the default, auto, on the plan's CUDA target; tests/test_plan_fused_ce.py)."""
     m = cfg.model
     T_, V_, Vp = cfg.train.seq_len, m.vocab_size, m.padded_vocab_size
     assert Vp == 256 and V_ == 200
@@ -451,21 +452,24 @@ def _acts_by_hand(cfg, B, dtype, recompute):
     if m.dropout > 0:  # three boolean C-wide masks per block (attention output, MLP output, residual)
         acts += NL * 3 * C * tok
     acts += tok * C * (4 + 4 if f32 else 4 + 2)  # ln_f: its fp32 input, its output
-    if f32:  # logits (padded rows) and log-softmax (real rows), and their gradients
+    if fused_ce:  # one buffer of padded rows in the compute dtype: the logits, then their gradient in place
+        acts += tok * Vp * (4 if f32 else 2)
+    elif f32:  # logits (padded rows) and log-softmax (real rows), and their gradients
         acts += tok * (4 * Vp + 4 * V_) * 2
     else:  # bf16 logits and their gradient; the fp32 upcast of the real rows, its log-softmax and gradient
         acts += tok * (2 * Vp + 2 * Vp + 4 * V_ + 8 * V_)
     return acts
 
 
+@pytest.mark.parametrize("fused_ce", [None, False])  # auto (on for the plan's CUDA target), and the plain loss
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 @pytest.mark.parametrize("recompute,flash,dropout", [("none", True, 0.0), ("mlp", True, 0.0), ("block", True, 0.0),
                                                      ("none", False, 0.1), ("block", False, 0.0)])
-def test_estimate_activations_by_hand(dtype, recompute, flash, dropout):
+def test_estimate_activations_by_hand(dtype, recompute, flash, dropout, fused_ce):
     cfg = _mem_cfg(flash=flash, dropout=dropout)
-    e = estimate(cfg, 1, micro_batch=3, recompute=recompute, dtype=dtype)
+    e = estimate(cfg, 1, micro_batch=3, recompute=recompute, dtype=dtype, fused_ce=fused_ce)
     assert (e.micro_batch, e.recompute, e.sharding) == (3, recompute, "none")
-    assert e.activations == pytest.approx(_acts_by_hand(cfg, 3, dtype, recompute), rel=1e-12)
+    assert e.activations == pytest.approx(_acts_by_hand(cfg, 3, dtype, recompute, fused_ce is None), rel=1e-12)
     N = P_MEM["N"]
     assert (e.weights, e.grads, e.optimizer) == (4 * N, 4 * N, 8 * N)
     assert e.peak == pytest.approx(16 * N + e.activations, rel=1e-12)
@@ -483,8 +487,9 @@ def test_estimate_logit_softcap_keeps_tanh_output_and_its_gradient():
     cfg = _mem_cfg()
     cfg.model.logit_softcap = 30.0
     plain = _mem_cfg()
-    with_cap, without = (estimate(c, 1, micro_batch=2) for c in (cfg, plain))
+    with_cap, without = (estimate(c, 1, micro_batch=2, fused_ce=False) for c in (cfg, plain))
     assert with_cap.activations - without.activations == 2 * 32 * 4 * 200 * 2  # fp32 tanh output + gradient
+    assert estimate(cfg, 1, micro_batch=2).activations == with_cap.activations  # auto: a cap keeps the plain loss
 
 
 @pytest.mark.parametrize("world", [2, 4])

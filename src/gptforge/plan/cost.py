@@ -72,6 +72,12 @@ Memory per GPU (gptforge's engine: fp32 master weights, fp32 gradients, AdamW's 
 divides all of it by ``dp_shard`` and adds two gathered bf16 blocks), plus activations: the family's
 bytes per token per block / ``tp`` (sequence parallelism shards all of them) for the stage's blocks,
 times the micro-batches in flight on the first stage (1F1B: ``min(m, p)``; interleaved a little more).
+The last stage adds the head for one micro-batch: the logits, log-softmax and their gradients (16 bytes
+per token and vocabulary row, / ``tp``), or with the fused classifier one bf16 buffer holding the
+logits and then their gradient (2 bytes). Whether a layout runs the fused classifier is what training's
+resolver decides for a CUDA GPU with triton (``model.fused_ce`` auto: on without TP and PP, unless a
+logit soft-cap or ``lm_head_fp8`` stops it; ``plan.memory.head_path``); a layout that
+``model.fused_ce=true`` cannot run is refused by :func:`check`, as training refuses it.
 """
 
 from __future__ import annotations
@@ -135,6 +141,27 @@ def layer_act_bytes(model_cfg, dtype: str, recompute: str) -> float:
     return _CACHE[key]
 
 
+def head_path(model_cfg, layout: Layout) -> tuple[bool, str] | str:
+    """(whether gptforge trains ``layout`` with the fused classifier, why), as ``plan.memory.head_path``
+    decides it for a CUDA GPU with triton; the refusal (a str) where ``model.fused_ce=true`` cannot run.
+    Megatron-LM's and DeepSpeed's engines (the papers' systems) keep their own head: off."""
+    if layout.engine != "gptforge":
+        return False, f"engine {layout.engine}"
+    key = ("head", repr(model_cfg), layout.tp, layout.pp)  # the degrees: the reason names them
+    if key not in _CACHE:
+        from gptforge.config import Config, ConfigError
+        from gptforge.plan.memory import GPU_TARGET
+        from gptforge.plan.memory import head_path as decide
+
+        cfg = Config(model=model_cfg)
+        cfg.dist.tp, cfg.dist.pp = layout.tp, layout.pp
+        try:
+            _CACHE[key] = decide(cfg, *GPU_TARGET)
+        except ConfigError as e:
+            _CACHE[key] = str(e)
+    return _CACHE[key]
+
+
 def microbatches(layout: Layout, global_batch: int) -> int:
     return global_batch // (layout.dp * layout.micro_batch)
 
@@ -163,6 +190,9 @@ def check(model_cfg, layout: Layout, global_batch: int) -> str | None:
         return f"dp_shard {L.dp_shard} must divide DP {L.dp}"
     if L.recompute not in RECOMPUTES or L.shard not in SHARDS or L.engine not in ENGINES:
         return f"recompute in {RECOMPUTES}, shard in {SHARDS}, engine in {ENGINES}"
+    head = head_path(model_cfg, L)
+    if isinstance(head, str):  # model.fused_ce=true under TP or PP: training refuses it
+        return head
     return None
 
 
@@ -421,8 +451,10 @@ def memory(model_cfg, layout: Layout, cluster: Cluster, global_batch: int, seq_l
         if L.interleave > 1 and s == 0:
             inflight = min(m, L.pp) * (1 + (L.pp - 1) / (L.pp * L.interleave))
         acts = per_mb * inflight + working
-        if s == L.pp - 1:
-            acts += tok * 16.0 * c.vocab / L.tp  # logits, log-softmax and their gradients (one micro-batch)
+        if s == L.pp - 1:  # one micro-batch's head: logits, log-softmax and their gradients, or the fused buffer
+            head = head_path(model_cfg, L)  # a refusal (str) never reaches here from the search: check() drops it
+            fused = isinstance(head, tuple) and head[0]
+            acts += tok * (2.0 if fused else 16.0) * c.vocab / L.tp
         total = weights + grads + optim + acts
         if worst is None or total > worst["total"]:
             worst = {"stage": s, "weights": weights, "grads": grads, "optimizer": optim, "activations": acts,

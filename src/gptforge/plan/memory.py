@@ -19,7 +19,14 @@ The estimate adds up, per rank and in bytes:
   4C-wide MLP input and GELU output); under bf16 autocast 38·C; ``recompute mlp`` drops the c_fc output
   (52·C / 30·C), ``recompute block`` keeps only each block's input (4·C) plus one block recomputed;
   the explicit-attention path adds the T×T softmax; the head keeps the logits and log-softmax and
-  needs as much again for their gradients.
+  needs as much again for their gradients, or, with the fused classifier (``model.fused_ce``), one
+  (B·T, padded vocabulary) buffer in the compute dtype that holds the logits and then, overwritten in
+  place, their gradient (``kernels/fused_ce.py``; float32 logits never exist).
+
+Whether the fused classifier runs is decided by training's own resolver (``training.switches``) for the
+plan's target, not for the planning machine: a CUDA GPU with triton for the table (``auto`` is on there
+unless a logit soft-cap, ``lm_head_fp8``, tensor or pipeline parallelism stops it), the machine itself
+under ``--measure``. :func:`head_path` says which path was assumed and why.
 
 The peak is the larger of "backward" (weights + optimizer state + gradients + activations) and
 "optimizer step" (weights + gradients + optimizer state + temporaries). ``--measure`` runs a few real
@@ -30,6 +37,8 @@ peak of live tensor storage (a dispatch-mode tracker counting every tensor the s
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import torch
 
 from gptforge.config import Config, ConfigError
 from gptforge.models.registry import counts, layer_act_bytes
@@ -66,9 +75,44 @@ class Estimate:
                 f"{g(self.optimizer)} {g(self.activations)} {g(self.peak)}")
 
 
+GPU_TARGET = (torch.device("cuda"), True)  # what the table plans for: a CUDA GPU with triton (torch's CUDA wheels)
+
+
+def head_path(cfg: Config, device: torch.device, triton: bool | None = None) -> tuple[bool, str]:
+    """(whether training ``cfg`` on ``device`` runs the fused classifier, why), decided by training's own
+    resolver; ``triton``: whether that machine has triton (None: this one). ``model.fused_ce=true`` where it
+    cannot run is refused (ConfigError) with training's own message, as training would refuse it."""
+    from gptforge.training.switches import fused_ce_problem, fused_ce_refusal, resolve_model_switches
+
+    refusal = fused_ce_refusal(cfg, device, triton)
+    if refusal:
+        raise ConfigError(refusal)
+    m = cfg.model
+    on = bool(getattr(resolve_model_switches(cfg, device, triton=triton), "fused_ce", False))
+    setting = getattr(m, "fused_ce", False)
+    if not hasattr(m, "fused_ce"):
+        why = f"model.arch={m.arch} has no fused classifier"
+    elif setting is not None:
+        why = f"model.fused_ce={str(setting).lower()}"
+    elif on:
+        why = f"model.fused_ce=auto on a {device.type.upper()} GPU with triton"
+    else:
+        why = f"model.fused_ce=auto: {fused_ce_problem(cfg, device, triton) or 'off on ' + device.type}"
+    return on, why
+
+
+def head_words(on: bool, why: str) -> str:
+    return f"fused classifier {'on' if on else 'off'} ({why})"
+
+
 def estimate(cfg: Config, world: int = 1, *, micro_batch: int | None = None, sharding: str = "none",
-             recompute: str | None = None, dtype: str = "bfloat16", fused: bool = True) -> Estimate:
-    """Per-rank peak memory in bytes for training ``cfg`` as described in the module docstring."""
+             recompute: str | None = None, dtype: str = "bfloat16", fused: bool = True,
+             fused_ce: bool | None = None) -> Estimate:
+    """Per-rank peak memory in bytes for training ``cfg`` as described in the module docstring.
+    ``fused_ce``: whether the fused classifier runs; None decides it as training would on the table's
+    target, a CUDA GPU with triton (:func:`head_path`)."""
+    if fused_ce is None:
+        fused_ce = head_path(cfg, *GPU_TARGET)[0]
     m = cfg.model
     B = micro_batch or cfg.train.micro_batch
     T = cfg.train.seq_len
@@ -106,7 +150,9 @@ def estimate(cfg: Config, world: int = 1, *, micro_batch: int | None = None, sha
     acts += tokens * C * (8 if dtype == "float32" else 6)  # ln_f input and output
     if getattr(m, "logit_softcap", 0):  # tanh keeps its float32 output, and needs as much for the gradient
         acts += tokens * 4 * V * 2
-    if dtype == "float32":
+    if fused_ce:  # one (tokens, Vp) buffer in the compute dtype: the logits, then d(logits) in place
+        acts += tokens * Vp * (4 if dtype == "float32" else 2)
+    elif dtype == "float32":
         acts += tokens * (4 * Vp + 4 * V) * 2  # logits + log-softmax, and their gradients
     else:
         acts += tokens * (2 * Vp + 4 * V + 8 * V + 2 * Vp)
@@ -130,8 +176,10 @@ def propose(cfg: Config, gpu_mem_gib: float, world: int, reserve_gib: float = 2.
             dtype: str = "bfloat16", fused: bool = True) -> tuple[list[Estimate], Estimate | None]:
     """For each (sharding, recompute), the largest micro-batch that fits ``gpu_mem_gib`` less a reserve
     (CUDA context, allocator fragmentation); and the recommendation: the cheapest combination (see
-    PREFERENCE) reaching the largest micro-batch any combination reaches, capped at 16."""
+    PREFERENCE) reaching the largest micro-batch any combination reaches, capped at 16. The fused
+    classifier as training decides it on a CUDA GPU with triton (:func:`head_path`)."""
     budget = (gpu_mem_gib - reserve_gib) * GIB
+    fused_ce = head_path(cfg, *GPU_TARGET)[0]
     batches = _micro_batches(cfg, world)
     if not batches:
         T, total = cfg.train.seq_len, cfg.train.total_batch_tokens
@@ -151,9 +199,9 @@ def propose(cfg: Config, gpu_mem_gib: float, world: int, reserve_gib: float = 2.
             continue
         fit = next((e for b in batches
                     if (e := estimate(cfg, world, micro_batch=b, sharding=sharding, recompute=rc, dtype=dtype,
-                                      fused=fused)).peak <= budget), None)
+                                      fused=fused, fused_ce=fused_ce)).peak <= budget), None)
         rows.append(fit or estimate(cfg, world, micro_batch=batches[-1], sharding=sharding, recompute=rc,
-                                    dtype=dtype, fused=fused))
+                                    dtype=dtype, fused=fused, fused_ce=fused_ce))
     fitting = [r for r in rows if r.peak <= budget]
     if not fitting:
         return rows, None

@@ -10,7 +10,8 @@ from __future__ import annotations
 from gptforge.config import Config
 from gptforge.plan.cluster import get_cluster
 from gptforge.plan.cost import days
-from gptforge.plan.memory import GIB, count_params, estimate, plan_overrides, propose
+from gptforge.plan.cost import head_path as layout_head
+from gptforge.plan.memory import GIB, GPU_TARGET, count_params, estimate, head_path, head_words, plan_overrides, propose
 from gptforge.plan.search import search
 
 
@@ -28,35 +29,39 @@ def run_plan(cfg: Config, preset: str, *, gpu_mem: float = 80.0, world: int = 8,
              steps: int = 2, json_out: str | None = None, reserve: float = 2.0) -> int:
     """``gptforge plan``: print the estimate table and the recommendation (or, with ``measure``, the
     estimate against a measured peak for the config as given); exit status 1 when nothing fits."""
-    head = f"{'shard':<6} {'recomp':<6} {'B':>4} {'weights':>8} {'grads':>8} {'optim':>8} {'activ':>8} {'peak':>8}"
+    columns = f"{'shard':<6} {'recomp':<6} {'B':>4} {'weights':>8} {'grads':>8} {'optim':>8} {'activ':>8} {'peak':>8}"
     report: dict = {"preset": preset, "params": count_params(cfg)}
     if measure:  # the config as given, on this machine, one process
         from gptforge.runtime import resolve_device
 
         device = resolve_device(cfg.train.device)
         dtype = resolved_dtype(cfg, device.type == "cuda")
-        est = estimate(cfg, 1, dtype=dtype, fused=True)
+        head = head_path(cfg, device)  # this machine, as the measured steps decide it
+        est = estimate(cfg, 1, dtype=dtype, fused=True, fused_ce=head[0])
         from gptforge.plan.measure import measure_peak  # imports the training step
 
         peak, kind = measure_peak(cfg, steps=steps)
         unit = "GiB" if est.peak >= GIB else "MiB"
         print(f"{preset}: {report['params'] / 1e6:.2f}M params, B {cfg.train.micro_batch} T {cfg.train.seq_len}, "
-              f"{dtype}, recompute {cfg.model.recompute}, device {device}\n{head}  ({unit})\n{est.row(unit)}")
+              f"{dtype}, recompute {cfg.model.recompute}, device {device}, {head_words(*head)}\n"
+              f"{columns}  ({unit})\n{est.row(unit)}")
         print(f"measured peak ({kind}): {fmt_gib(peak)}; estimate {fmt_gib(est.peak)} "
               f"({est.peak / peak:.2f}x measured)")
         report.update(device=str(device), dtype=dtype, estimate=vars(est), measured_peak=peak, measured_kind=kind,
-                      ratio=est.peak / peak, config=cfg.to_dict())
+                      ratio=est.peak / peak, config=cfg.to_dict(), fused_ce={"on": head[0], "why": head[1]})
     else:
+        head = head_path(cfg, *GPU_TARGET)  # the GPU the table plans for, not this machine
         rows, best = propose(cfg, gpu_mem, world, reserve_gib=reserve)
         print(f"{preset}: {report['params'] / 1e6:.0f}M params, T {cfg.train.seq_len}, "
               f"{cfg.train.total_batch_tokens:,} tokens/step, world {world}, {gpu_mem:g} GiB per GPU "
-              f"(bf16, {reserve:g} GiB reserved)" + _lora_note(cfg) + f"\n{head}  (GiB per rank)")
+              f"(bf16, {reserve:g} GiB reserved)" + _lora_note(cfg) + f"\n{head_words(*head)}\n"
+              f"{columns}  (GiB per rank)")
         asked = (cfg.dist.shard, cfg.model.recompute)
         for r in rows:
             mine = ", as configured" if (r.sharding, r.recompute) == asked else ""
             print(r.row() + (f"  <- fits{mine}" if r.peak <= (gpu_mem - reserve) * GIB else f"  (does not fit{mine})"))
         report.update(world=world, gpu_mem_gib=gpu_mem, rows=[vars(r) for r in rows],
-                      recommended=vars(best) if best else None)
+                      recommended=vars(best) if best else None, fused_ce={"on": head[0], "why": head[1]})
         if best is None:
             print("nothing fits: use more GPUs (FSDP shards weights, gradients and optimizer state by world "
                   "size), a shorter --train.seq_len, or a GPU with more memory")
@@ -112,7 +117,8 @@ def run_parallel(cfg: Config, preset: str, *, gpus: int, gpu: str, gpu_mem: floa
           f"{cluster.peak_flops / 1e12:g} TFLOP/s bf16); {tried} layouts costed")
     report: dict = {"preset": preset, "params": n, "gpus": gpus, "cluster": cluster.as_dict(), "global_batch": batch,
                     "seq_len": T, "tokens": tokens, "layouts_costed": tried,
-                    "best": [dict(c.as_dict(), days=days(c, tokens, batch, T), overrides=layout_overrides(c.layout))
+                    "best": [dict(c.as_dict(), days=days(c, tokens, batch, T), overrides=layout_overrides(c.layout),
+                                  fused_ce=dict(zip(("on", "why"), layout_head(cfg.model, c.layout), strict=True)))
                              for c in best]}
     if not best:
         print(f"nothing fits in {cluster.mem_gib - reserve:g} GiB per GPU: use more GPUs, a smaller global batch "
@@ -120,7 +126,7 @@ def run_parallel(cfg: Config, preset: str, *, gpus: int, gpu: str, gpu_mem: floa
     else:
         c = best[0]
         m = c.mem
-        print(f"layout: {c.layout.describe()}")
+        print(f"layout: {c.layout.describe()}; {head_words(*layout_head(cfg.model, c.layout))}")
         print(f"memory per GPU (stage {m['stage']}): {m['total'] / GIB:.1f} GiB = weights {m['weights'] / GIB:.1f} "
               f"+ grads {m['grads'] / GIB:.1f} + optimizer {m['optimizer'] / GIB:.1f} + activations "
               f"{m['activations'] / GIB:.1f}")

@@ -30,9 +30,9 @@ def switch_problem(cfg: Config, device: torch.device) -> str | None:
     fused_ce, fp8 = getattr(m, "fused_ce", False), getattr(m, "lm_head_fp8", False)  # GPT-2 family fields
     attn_backend = getattr(m, "attn_backend", "auto")
     if fused_ce is True:  # None (auto) never refuses: resolve_model_switches turns it off with a reason
-        why = fused_ce_problem(cfg, device)
+        why = fused_ce_refusal(cfg, device)
         if why:
-            return f"model.fused_ce=true: {why}; use --model.fused_ce auto or false (the plain loss)"
+            return why
     for key in TRITON_SWITCHES:  # the GPT-2 block's fused kernels (gptforge.kernels.fused_block)
         if getattr(m, key, False):
             why = triton_problem(device)
@@ -67,21 +67,23 @@ def switch_problem(cfg: Config, device: torch.device) -> str | None:
 TRITON_SWITCHES = ("fused_ln_residual", "fused_bias_gelu")  # GPT-2 model fields, default off until measured
 
 
-def triton_problem(device: torch.device) -> str | None:
+def triton_problem(device: torch.device, triton: bool | None = None) -> str | None:
     """Why a Triton kernel cannot run on ``device`` (None: it can). The CPU runs one only under
-    ``TRITON_INTERPRET=1`` (the tests' interpreter)."""
+    ``TRITON_INTERPRET=1`` (the tests' interpreter). ``triton``: whether the machine that will run it has
+    triton; None asks this one (``gptforge plan`` passes its target GPU's, not the planning machine's)."""
     from gptforge.kernels.fused_ce import triton_available
 
-    if not triton_available():
+    if not (triton_available() if triton is None else triton):
         return "it needs triton (pip install 'gptforge[kernels]')"
     if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         return f"it runs a Triton kernel on a CUDA GPU and this run is on {device.type}"
     return None
 
 
-def fused_ce_problem(cfg: Config, device: torch.device) -> str | None:
+def fused_ce_problem(cfg: Config, device: torch.device, triton: bool | None = None) -> str | None:
     """Why the fused classifier cannot run for ``cfg`` on ``device``, in a phrase, or None. The one list
-    both ``model.fused_ce=true`` (refused) and auto (off, with this reason logged) read."""
+    both ``model.fused_ce=true`` (refused) and auto (off, with this reason logged) read; ``triton`` as
+    in :func:`triton_problem`."""
     m, d = cfg.model, cfg.dist
     if not hasattr(m, "fused_ce"):
         return f"model.arch={m.arch} has no fused classifier"
@@ -93,13 +95,22 @@ def fused_ce_problem(cfg: Config, device: torch.device) -> str | None:
         return f"dist.tp={d.tp} splits the output head over ranks and the fused classifier needs it whole on one"
     if d.pp > 1:
         return f"dist.pp={d.pp}: the pipeline schedule computes the loss from the last stage's logits"
-    return triton_problem(device)
+    return triton_problem(device, triton)
 
 
-def resolve_model_switches(cfg: Config, device: torch.device, log=None):
+def fused_ce_refusal(cfg: Config, device: torch.device, triton: bool | None = None) -> str | None:
+    """The one-line refusal of ``model.fused_ce=true`` where the fused classifier cannot run, or None."""
+    if getattr(cfg.model, "fused_ce", False) is not True:
+        return None
+    why = fused_ce_problem(cfg, device, triton)
+    return f"model.fused_ce=true: {why}; use --model.fused_ce auto or false (the plain loss)" if why else None
+
+
+def resolve_model_switches(cfg: Config, device: torch.device, log=None, triton: bool | None = None):
     """``cfg.model`` with ``fused_ce`` = auto decided for ``device``: a copy to build the model from (the
     run's saved config keeps auto). When something other than the device's kind stops it, ``log`` gets
-    one line saying why; on a CPU auto is off without a word, as most CPU runs are."""
+    one line saying why; on a CPU auto is off without a word, as most CPU runs are. ``triton``: whether
+    the machine that runs it has triton (None: this one; ``gptforge plan`` decides for its target GPU)."""
     import dataclasses
 
     m = cfg.model
@@ -107,7 +118,7 @@ def resolve_model_switches(cfg: Config, device: torch.device, log=None):
         return m
     if device.type != "cuda":  # not even under TRITON_INTERPRET: the interpreter is for tests that ask for it
         return dataclasses.replace(m, fused_ce=False)
-    why = fused_ce_problem(cfg, device)
+    why = fused_ce_problem(cfg, device, triton)
     if why and log is not None:
         log(f"model.fused_ce=auto: off, {why} (the plain loss; set --model.fused_ce false to silence this)")
     return dataclasses.replace(m, fused_ce=why is None)
