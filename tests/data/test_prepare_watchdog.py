@@ -170,3 +170,59 @@ def test_removing_the_slow_document_then_force_gives_a_clean_runs_bytes(tmp_path
     ref_settings = PrepareSettings(shard_tokens=40, val_tokens=0, workers=1, chunk_docs=3, tokenizer="gpt2")
     prepare(FilesSource([write(tmp_path, cleaned, "clean.jsonl")]), tmp_path / "ref", ref_settings, progress=False)
     assert shard_bytes(tmp_path / "out") == shard_bytes(tmp_path / "ref")
+
+
+def test_the_cli_refuses_in_one_line_with_exit_2(tmp_path, tokenizer, monkeypatch, capsys):
+    from gptforge.cli import main
+
+    slow_tokenizer(monkeypatch, tokenizer, sleep_s=20.0)
+    monkeypatch.setenv("GPTFORGE_DOC_DEADLINE_S", "0.3")
+    src = write(tmp_path, docs())
+    (tmp_path / "tok").mkdir()
+    argv = ["prepare", "files", str(src), "--out", str(tmp_path / "o"), "--tokenizer", str(tmp_path / "tok"),
+            "--workers", "2", "--start-method", "fork", "--shard-tokens", "40", "--val-tokens", "0", "--no-progress"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"gptforge prepare: error: {src}:{SLOW_AT + 1}: ")
+    monkeypatch.setenv("GPTFORGE_DOC_DEADLINE_S", "soon")  # a bad setting: refused before any work
+    assert main([*argv[:4], str(tmp_path / "o2"), *argv[5:]]) == 2
+    assert "GPTFORGE_DOC_DEADLINE_S='soon'" in capsys.readouterr().err and not (tmp_path / "o2").exists()
+
+
+@pytest.mark.lane
+def test_a_real_split_pattern_slow_on_one_document_is_stopped(tmp_path):
+    """End to end, nothing injected: a tokenizer.json made by the tokenizers library whose split pattern is
+    quadratic only on runs of 'xy' (no run the load-time probe tries), the CLI with its default spawn workers.
+    A 400,000-character document of 'xy' takes ~60 s of CPU to split here (1.7 s at 65,536 characters, x4 for
+    each 2x); its deadline is 40 s (100 us a character). ~45 s a worker count."""
+    import subprocess
+    import sys
+
+    tokenizers = pytest.importorskip("tokenizers")
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE())
+    pre = tokenizers.pre_tokenizers
+    tok.pre_tokenizer = pre.Sequence([pre.Split(tokenizers.Regex(r"(?:xy)+z|[a-w]+|\s+|."), "isolated"),
+                                      pre.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = tokenizers.decoders.ByteLevel()
+    trainer = tokenizers.trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
+                                             initial_alphabet=pre.ByteLevel.alphabet())
+    tok.train_from_iterator(["hello world the model tokens"] * 50, trainer)
+    tok.save(str(tmp_path / "tokenizer.json"))
+    texts = [f"document {i} hello world the model tokens " * 20 for i in range(300)]
+    texts[200] = "xy" * 200_000
+    src = write(tmp_path, texts)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
+    env.pop("GPTFORGE_DOC_DEADLINE_S", None)
+    for n_workers in ("1", "2"):
+        t0 = time.monotonic()
+        r = subprocess.run([sys.executable, "-m", "gptforge", "prepare", "files", str(src), "--out",
+                            str(tmp_path / f"o{n_workers}"), "--tokenizer", str(tmp_path / "tokenizer.json"),
+                            "--workers", n_workers, "--shard-tokens", "2000", "--val-tokens", "0",
+                            "--no-progress"], env=env, capture_output=True, text=True, timeout=300)
+        took = time.monotonic() - t0
+        last = r.stderr.strip().splitlines()[-1]
+        assert r.returncode == 2, r.stderr[-2000:]
+        assert last.startswith(f"gptforge prepare: error: {src}:201: this document (400,000 characters)"), last
+        assert "past its deadline of 40 s" in last
+        assert f"{src}:201 (400,000 characters) still tokenizing after 2." in r.stderr  # the first word, at ~2 s
+        assert 40 <= took < 120, took

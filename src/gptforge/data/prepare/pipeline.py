@@ -409,6 +409,7 @@ def prepare(source, out: str | os.PathLike, settings: PrepareSettings | None = N
     workers = settings.workers or available_cores()
     if workers < 1:
         raise SourceError(f"--workers {settings.workers}: must be >= 1 (0 = all cores)")
+    floor = deadline_floor()  # a bad GPTFORGE_DOC_DEADLINE_S is refused before any work
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     enc = load_tokenizer(settings.tokenizer)
@@ -431,7 +432,6 @@ def prepare(source, out: str | os.PathLike, settings: PrepareSettings | None = N
     cpu0 = time.process_time()
     chunks = _chunks(source.items(start), start, settings.chunk_docs, settings.chunk_chars)
     pool = None
-    floor = deadline_floor()  # a bad GPTFORGE_DOC_DEADLINE_S is refused before any work
     try:
         if workers == 1 and not _from_file(settings.tokenizer):  # a built-in tokenizer: linear, no watch needed
             init_worker(settings.tokenizer, dtype)
