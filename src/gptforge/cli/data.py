@@ -173,6 +173,9 @@ def _shard_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--start-method", default="spawn", choices=["spawn", "forkserver", "fork"],
                    help="multiprocessing start method for the workers (default spawn: safe on every OS)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.epilog = ("A document whose tokenization runs past max(30 s, 100 us a character) stops the run, naming it "
+                "(exit 2; finished shards are kept). GPTFORGE_DOC_DEADLINE_S=SECONDS replaces the 30 s: more "
+                "time for a document that is only slow.")
 
 
 MAX_GENERATED = 10_000_000  # rows of a generated conversation or preference file
