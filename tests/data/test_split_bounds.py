@@ -91,7 +91,7 @@ def test_gguf_tokenizers_pass(tmp_path):
         text = tokenizer_json_from_gguf(alphabet + ["<|endoftext|>"], None, [], pre, tmp_path / "m.gguf", eos_id=256)
         assert HFTokenizer(text, where=f"gguf {pre}").encode_ordinary("It's 2024!  ok") != []
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + ["\u2581a", "a"]
-    text = spm_tokenizer_json_from_gguf(tokens, None, [0.0] * len(tokens), None, tmp_path / "s.gguf", bos_id=1, eos_id=2,
+    text = spm_tokenizer_json_from_gguf(tokens, None, [0.0] * len(tokens), tmp_path / "s.gguf", bos_id=1, eos_id=2,
                                         unk_id=0)
     assert HFTokenizer(text, where="gguf spm").encode_ordinary("a a") != []
 
