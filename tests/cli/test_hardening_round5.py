@@ -36,6 +36,10 @@ DOORS = {
     "sample --gguf": (["sample", "--gguf"], ["--max-new-tokens", "1"]),
     "import llmc": (["import", "llmc", "--model"], ["--out", "{tmp}/i"]),
     "import gguf": (["import", "gguf", "--model"], ["--out", "{tmp}/i"]),
+    # a checkpoint is a folder: one given as a device or pipe was "holds no complete checkpoint"
+    "sample --ckpt": (["sample", "--ckpt"], ["--max-new-tokens", "1"]),
+    "eval --ckpt": (["eval", "--tasks", "compare", "--ckpt"], []),
+    "export hf --ckpt": (["export", "hf", "--ckpt"], ["--out", "{tmp}/e"]),
 }
 
 
@@ -51,6 +55,15 @@ def test_a_device_or_pipe_is_never_called_missing(door, kind, specials, tmp_path
     low = err.lower()
     assert "no such" not in low and "does not exist" not in low and "missing" not in low, err
     assert any(w in low for w in ("device", "special", "not a file", "not a regular file")), err
+
+
+def test_a_checkpoint_given_as_a_file_is_called_a_file(tmp_path, capsys):
+    """--ckpt takes a folder; a model file there is named as a file, with the flags that read model files."""
+    f = tmp_path / "model.gguf"
+    f.write_bytes(b"GGUF")
+    assert main(["sample", "--ckpt", str(f), "--max-new-tokens", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"{f} is a file, not a folder" in err and "--gguf" in err, err
 
 
 def test_not_a_file_names_each_kind(specials, tmp_path):
