@@ -319,8 +319,7 @@ def resolve_checkpoint(path: str | Path) -> Path:
     if not p.is_dir():  # a file or a device: say what it is (storage.not_a_file), not that it holds nothing
         what = "a file" if p.is_file() else not_a_file(p).split(" (")[0]
         raise CheckpointError(f"checkpoint {p} is {what}, not a folder: give a run folder (runs/NAME) or one "
-                              "checkpoint's folder (runs/NAME/checkpoints/step_000300); a model file goes to "
-                              "--gguf, --hf or --llmc")
+                              "checkpoint's folder (runs/NAME/checkpoints/step_000300)")
     if (p / "meta.json").exists():
         return p
     latest = latest_checkpoint(p)
