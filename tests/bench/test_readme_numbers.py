@@ -39,14 +39,17 @@ def _pairs(argv: list[str]) -> set[tuple[str, str]]:
     return {(a, b) for a, b in zip(argv, argv[1:], strict=False) if a.startswith("--") and not b.startswith("--")}
 
 
-def test_the_chat_guide_shows_the_commands_the_script_runs():
-    """The chat path's figures are made by CHAT_SFT and CHAT_RL: the guide's `sft` and `rl` commands carry every
-    one of those flags with the same value (a guide that drifted from the measured recipe fails here)."""
-    page = ROOT / next(c.page for c in rn.CLAIMS if c.journey == "chat")
-    for sub, flags in (("sft", rn.CHAT_SFT), ("rl", rn.CHAT_RL)):
-        want = _pairs(flags)
-        shown = [_pairs(argv) for argv in _doc_commands(page, sub)]
-        assert any(want <= got for got in shown), f"{page.name}: no `gptforge {sub}` with {sorted(want - shown[0])}"
+@pytest.mark.parametrize("journey,sub,flags", [("chat", "sft", rn.CHAT_SFT), ("chat", "rl", rn.CHAT_RL),
+                                               ("smollm2", "sft", rn.SMOL_SFT), ("smollm2", "dpo", rn.SMOL_DPO)])
+def test_each_guide_shows_the_commands_the_script_runs(journey, sub, flags):
+    """A journey's figures are made by its flag lists (CHAT_SFT, SMOL_DPO, ...): the guide's `sft`, `rl` or `dpo`
+    command carries every one of those flags with the same value (a guide that drifted from the measured
+    recipe fails here)."""
+    page = ROOT / next(c.page for c in rn.CLAIMS if c.journey == journey)
+    want = _pairs(flags)
+    shown = [_pairs(argv) for argv in _doc_commands(page, sub)]
+    assert shown, f"{page.name}: no `gptforge {sub}` command"
+    assert any(want <= got for got in shown), f"{page.name}: no `gptforge {sub}` with {sorted(want - shown[0])}"
 
 
 def _fake(values: dict):
