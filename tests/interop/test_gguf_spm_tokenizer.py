@@ -92,9 +92,11 @@ VOCABS = {"hand": hand_vocab, "trained": trained_vocab}
 
 
 def write_spm_gguf(path: Path, tokens: list[str], scores, types: list[int] | None, template: str = CHATML,
-                   kv: dict | None = None, scores_type=gguf.GGUFValueType.FLOAT32, model: str = "llama") -> Path:
+                   kv: dict | None = None, scores_type=gguf.GGUFValueType.FLOAT32, model: str = "llama",
+                   special_ids: bool = True) -> Path:
     """A tiny Llama GGUF carrying a SentencePiece vocabulary under llama.cpp's keys; ``kv``: extra keys
-    (bool, int (uint32) or str values), ``None`` for scores or types leaves that key out."""
+    (bool, int (uint32) or str values), ``None`` for scores or types leaves that key out; ``special_ids``
+    false leaves out the unk, bos and eos ids."""
     m = tiny_llama(vocab=len(tokens), n_layer=1)
     cfg = m.config
     w = gguf.GGUFWriter(str(path), "llama")
@@ -105,9 +107,10 @@ def write_spm_gguf(path: Path, tokens: list[str], scores, types: list[int] | Non
         w.add_key_value("tokenizer.ggml.scores", list(scores), gguf.GGUFValueType.ARRAY, sub_type=scores_type)
     if types is not None:
         w.add_token_types(types)
-    w.add_unk_token_id(0)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
+    if special_ids:
+        w.add_unk_token_id(0)
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
     for k, v in (kv or {}).items():
         (w.add_bool if isinstance(v, bool) else w.add_uint32 if isinstance(v, int) else w.add_string)(k, v)
     w.add_chat_template(template)
@@ -234,6 +237,28 @@ def test_spm_flags(tmp_path):
             assert ours.encode_ordinary(" " + s) == hf(s, add_special_tokens=False, split_special_tokens=True).input_ids
     assert ours.encode_ordinary("the") == [tokens.index("t"), tokens.index("he")]  # no '▁' prepended
     assert ours.decode(ours.encode_ordinary("the this")) == "the this"
+
+
+def test_spm_special_ids_default_as_llama_cpp(tmp_path):
+    """A SentencePiece GGUF without unk/bos/eos ids: llama.cpp takes 0, 1 and 2 (its SPM defaults), so the file
+    reads as the same file with those ids written; a file naming other ids keeps them (the defaults fill gaps
+    only)."""
+    tokens, scores, types = hand_vocab()
+    bare = read_gguf(write_spm_gguf(tmp_path / "bare.gguf", tokens, scores, types, special_ids=False),
+                     weights=False).tokenizer
+    full = read_gguf(write_spm_gguf(tmp_path / "full.gguf", tokens, scores, types), weights=False).tokenizer
+    assert (bare.bos_token_id, bare.eos_token_id) == (full.bos_token_id, full.eos_token_id) == (1, 2)
+    for s in texts(50, seed=5):
+        assert bare.encode(s, allowed_special="all") == full.encode(s, allowed_special="all")
+    from tokenizers import Tokenizer
+
+    assert Tokenizer.from_str(bare._text).encode("the").ids == Tokenizer.from_str(full._text).encode("the").ids
+    assert Tokenizer.from_str(bare._text).encode("the").ids[0] == 1  # the post-processor's bos is <s>
+    assert bare._text == full._text  # unk included: the same tokenizer.json
+    im_end = tokens.index("<|im_end|>")
+    other = read_gguf(write_spm_gguf(tmp_path / "other.gguf", tokens, scores, types, special_ids=False,
+                                     kv={"tokenizer.ggml.eos_token_id": im_end}), weights=False).tokenizer
+    assert (other.bos_token_id, other.eos_token_id) == (1, im_end)
 
 
 def test_spm_refusals(tmp_path):

@@ -54,6 +54,11 @@ PRE_TOKENIZERS: dict[str, tuple[list[str], bool]] = {  # name -> (regexes in ord
 
 TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = 1, 2, 3, 4, 5, 6
 
+# the special ids llama.cpp gives a SentencePiece vocabulary (tokenizer.ggml.model "llama") whose file names none
+# (llama-vocab.cpp, load: "default special tokens"); a BPE vocabulary has no such defaults
+SPM_DEFAULT_IDS = {"tokenizer.ggml.unknown_token_id": 0, "tokenizer.ggml.bos_token_id": 1,
+                   "tokenizer.ggml.eos_token_id": 2}
+
 
 def _byte_alphabet() -> dict[int, str]:
     from gptforge.data.tokenizer import bytes_to_unicode
@@ -230,6 +235,10 @@ def tokenizer_from_gguf(items: dict[str, list], scalars: dict, arrays: dict, pat
         if v is not None and not (isinstance(v, int) and not isinstance(v, bool) and 0 <= v < len(tokens)):
             raise GGUFReadError(f"{path}: {key}={v!r} is not a token id (0 to {len(tokens) - 1})")
         ids[key] = v
+    if model == "llama":  # llama.cpp's SentencePiece defaults where a key is missing: <unk> 0, <s> 1, </s> 2
+        for key, default in SPM_DEFAULT_IDS.items():
+            if ids[key] is None and default < len(tokens):
+                ids[key] = default
     bos_id, eos_id = ids["tokenizer.ggml.bos_token_id"], ids["tokenizer.ggml.eos_token_id"]
     if model == "llama":
         scores = _scores(items, arrays, len(tokens), path)
