@@ -116,7 +116,7 @@ def _die_with_parent_linux() -> None:
 
 
 def init_worker(tokenizer: str, dtype: str, pool_worker: bool = False, beats=None, slots=None) -> None:
-    """``beats``, ``slots``: the parent's heartbeat board (:class:`gptforge.data.prepare.pipeline._Watch`);
+    """``beats``, ``slots``: the parent's heartbeat board (:class:`gptforge.data.prepare.watch.Watch`);
     this worker claims the next free slot on it and says there which document it is tokenizing since when."""
     global _ENC, _DTYPE, _CPU_READY, _BEAT
     if pool_worker:  # Ctrl-C is the main process's to handle: it stops the pool; the manifest is consistent
