@@ -111,13 +111,19 @@ if triton is not None:
         return 2.0 / (1.0 + tl.exp(-2.0 * z)) - 1.0  # exact in float32 up to rounding; no overflow either way
 
     @triton.jit
-    def _bias_gelu_fwd_kernel(a_ptr, b_ptr, y_ptr, n_rows, n_cols, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    def _biased_tile(a_ptr, b_ptr, n_rows, n_cols, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+        """This program's (BLOCK_R, BLOCK_C) tile of a + b in float32, its offsets, its mask and its columns."""
         rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
         cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
         mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
         off = rows[:, None].to(tl.int64) * n_cols + cols[None, :]
         h = tl.load(a_ptr + off, mask=mask, other=0.0).to(tl.float32)
         h += tl.load(b_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)[None, :]
+        return h, off, mask, cols
+
+    @triton.jit
+    def _bias_gelu_fwd_kernel(a_ptr, b_ptr, y_ptr, n_rows, n_cols, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+        h, off, mask, cols = _biased_tile(a_ptr, b_ptr, n_rows, n_cols, BLOCK_R, BLOCK_C)
         k = 0.7978845608028654  # sqrt(2 / pi)
         y = 0.5 * h * (1.0 + _tanh(k * (h + 0.044715 * h * h * h)))
         tl.store(y_ptr + off, y.to(y_ptr.dtype.element_ty), mask=mask)
@@ -125,12 +131,7 @@ if triton is not None:
     @triton.jit
     def _bias_gelu_bwd_kernel(dy_ptr, a_ptr, b_ptr, da_ptr, db_ptr, n_rows, n_cols,
                               BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
-        rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-        cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-        mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
-        off = rows[:, None].to(tl.int64) * n_cols + cols[None, :]
-        h = tl.load(a_ptr + off, mask=mask, other=0.0).to(tl.float32)
-        h += tl.load(b_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)[None, :]
+        h, off, mask, cols = _biased_tile(a_ptr, b_ptr, n_rows, n_cols, BLOCK_R, BLOCK_C)
         dy = tl.load(dy_ptr + off, mask=mask, other=0.0).to(tl.float32)
         k = 0.7978845608028654
         u = k * (h + 0.044715 * h * h * h)
