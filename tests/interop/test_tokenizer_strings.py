@@ -216,17 +216,24 @@ def _first_diff(strs, ours, theirs) -> str:
     return f"{len(bad)} of {len(strs)} differ; first {bad[0][0]!r}: gptforge {bad[0][1]} != {bad[0][2]}" if bad else ""
 
 
+def _equal_to_transformers(ours, hf, strs: list[str]) -> tuple[list[list[int]], list[list[int]]]:
+    """Assert gptforge's ids equal transformers' for every string, special text plain and parsed; returns
+    transformers' (plain, parsed) ids for the caller's further checks."""
+    plain, parsed = _transformers_ids(hf, strs)
+    got = [ours.encode_ordinary(s) for s in strs]
+    assert got == plain, _first_diff(strs, got, plain)
+    got = [ours.encode(s, allowed_special="all") for s in strs]
+    assert got == parsed, _first_diff(strs, got, parsed)
+    return plain, parsed
+
+
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("kind", sorted(BPE_KINDS))
 def test_byte_level_bpe_equals_transformers(built, kind, n):
     ours, hf = hf_tokenizer_from_dir(built[kind]), transformers.AutoTokenizer.from_pretrained(str(built[kind]))
     assert (ours._fast is not None) == (kind == "llama3")  # Llama 3's shape goes through the tiktoken twin
     strs = varied_strings(n)
-    plain, parsed = _transformers_ids(hf, strs)
-    got = [ours.encode_ordinary(s) for s in strs]
-    assert got == plain, _first_diff(strs, got, plain)
-    got = [ours.encode(s, allowed_special="all") for s in strs]
-    assert got == parsed, _first_diff(strs, got, parsed)
+    plain, parsed = _equal_to_transformers(ours, hf, strs)
     assert sum(len(set(p) & set(ours.special_tokens.values())) > 0 for p in parsed) > n // 50  # specials were parsed
     for text, special, *_flags in ADDED[kind]:  # each added token met, whole, in the ids
         tid = hf.convert_tokens_to_ids(text)
@@ -247,11 +254,7 @@ def test_sentencepiece_hf_folder_equals_transformers(built, n):
     ours, hf = hf_tokenizer_from_dir(built["spm"]), transformers.AutoTokenizer.from_pretrained(str(built["spm"]))
     sp = spm.SentencePieceProcessor(model_proto=built["spm_proto"])
     strs = varied_strings(n)
-    plain, parsed = _transformers_ids(hf, strs)
-    got = [ours.encode_ordinary(s) for s in strs]
-    assert got == plain, _first_diff(strs, got, plain)
-    got = [ours.encode(s, allowed_special="all") for s in strs]
-    assert got == parsed, _first_diff(strs, got, parsed)
+    plain, parsed = _equal_to_transformers(ours, hf, strs)
     alike = [s for s in strs if not s.startswith((" ", "▁")) and not any(u in s for u in USER_DEFINED)]
     assert len(alike) > n * 3 // 4
     got, want = [ours.encode_ordinary(s) for s in alike], [sp.encode(s) for s in alike]
@@ -312,11 +315,7 @@ def test_a_gguf_sentencepiece_tokenizer_exported_to_hf_reads_alike_in_transforme
     write_model_tokenizer(tmp_path, ours, None, 4096)
     hf = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
     strs = varied_strings(n)
-    plain, parsed = _transformers_ids(hf, strs)
-    got = [ours.encode_ordinary(s) for s in strs]
-    assert got == plain, _first_diff(strs, got, plain)
-    got = [ours.encode(s, allowed_special="all") for s in strs]
-    assert got == parsed, _first_diff(strs, got, parsed)
+    plain, parsed = _equal_to_transformers(ours, hf, strs)
     assert hf("the").input_ids == [1, *ours.encode_ordinary("the")]  # bos, as the GGUF's add_bos_token says
     whole = [(s, ids) for s, ids in zip(strs, plain, strict=True) if not any(u in s for u in USER_DEFINED)]
     assert len(whole) > n * 3 // 4
