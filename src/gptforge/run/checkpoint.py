@@ -45,7 +45,6 @@ from gptforge.storage import (
     dir_bytes,
     disk_full_message,
     is_disk_full,
-    not_a_file,
     not_writable_reason,
     ordinary_file_mode,
     read_json,
@@ -316,8 +315,8 @@ def resolve_checkpoint(path: str | Path) -> Path:
     p = Path(path)
     if not p.exists():
         raise CheckpointError(f"checkpoint {p} does not exist")
-    if not p.is_dir():  # a file or a device: say what it is (storage.not_a_file), not that it holds nothing
-        what = "a file" if p.is_file() else not_a_file(p).split(" (")[0]
+    if not p.is_dir():  # a file, a device or a pipe: say what it is, not that it holds nothing
+        what = "a file" if p.is_file() else "a device or other special file"
         raise CheckpointError(f"checkpoint {p} is {what}, not a folder: give a run folder (runs/NAME) or one "
                               "checkpoint's folder (runs/NAME/checkpoints/step_000300)")
     if (p / "meta.json").exists():
