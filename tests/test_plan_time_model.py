@@ -15,7 +15,8 @@ from the planner:
   reduce-scatters forward, the reverse backward);
 * the model's stated costs (plan/cost.py's docstring): saved activations (38 C bytes per token per
   GPT-2 block under bf16, plan/memory.py's hand count) written and read 4 times (5 with ``recompute
-  mlp``, 6 with ``block``) at HBM bandwidth, the head's 32 V bytes per token, AdamW's 32 bytes per
+  mlp``, 6 with ``block``) at HBM bandwidth, the head's 32 V bytes per token (12 with the fused
+  classifier, which gptforge runs with neither TP nor PP), AdamW's 32 bytes per
   parameter, a link at ``link_eff`` of its rate (NVLink inside a node, the GPU's port across nodes), the
   1F1B step ``(m + (p-1)/v)`` micro-batch times of the slowest stage, FSDP's traffic hidden under
   compute (only the excess counts).
@@ -80,8 +81,13 @@ def _block_s(tok, recompute="none", tp=1, flash=True):
     return tok * ((3 * FWD + extra) / tp / RATE + passes * act / tp / HBM)
 
 
-def _head_s(tok, tp=1):
-    return tok * (3 * HEAD / tp / RATE + 32 * V / tp / HBM)
+def _head_s(tok, tp=1, *, fused):
+    """The head for ``tok`` tokens: its matmuls, and the logits' traffic per token and vocabulary row.
+    Plain head: the planner's stated 32 V bytes (plan/cost.py's docstring). Fused classifier (12 V): the matmul writes
+    bf16 logits (2), the kernel reads each row twice (2 + 2) and writes d(logits) over them (2), the two
+    backward matmuls read it (2 + 2). gptforge runs the fused classifier with neither TP nor PP
+    (``model.fused_ce`` auto on a CUDA GPU with triton); Megatron-LM's and DeepSpeed's engines never."""
+    return tok * (3 * HEAD / tp / RATE + (12 if fused else 32) * V / tp / HBM)
 
 
 def _iteration_flops(gb, recompute="none"):
@@ -108,8 +114,19 @@ def test_one_gpu_step_is_compute_plus_adamw(recompute, flash):
     b, gb = 2, 8
     m = gb // b
     cost = estimate_cost(cfg, Layout(micro_batch=b, recompute=recompute), _toy(), gb, T)
-    pipe = m * (NL * _block_s(b * T, recompute, flash=flash) + _head_s(b * T))
+    pipe = m * (NL * _block_s(b * T, recompute, flash=flash) + _head_s(b * T, fused=True))
     _check(cost, step=pipe + P["N"] * 32 / HBM, compute=pipe, dp=0.0, world=1, gb=gb, recompute=recompute)
+
+
+@pytest.mark.parametrize("setting,fused", [(None, True), (True, True), (False, False)])
+def test_the_head_is_charged_for_the_classifier_training_would_run(setting, fused):
+    """``model.fused_ce`` auto (None) and true run the fused classifier on one CUDA GPU; false keeps the
+    plain head: only the logits' traffic differs, (32 - 12) V bytes per token."""
+    b, gb = 2, 8
+    m = gb // b
+    cost = estimate_cost(dataclasses.replace(CFG, fused_ce=setting), Layout(micro_batch=b), _toy(), gb, T)
+    pipe = m * (NL * _block_s(b * T) + _head_s(b * T, fused=fused))
+    _check(cost, step=pipe + P["N"] * 32 / HBM, compute=pipe, dp=0.0, world=1, gb=gb)
 
 
 @pytest.mark.parametrize("dp,link", [(2, NVL), (4, NIC)])  # 2 GPUs per node: a group of 4 spans two nodes
@@ -121,7 +138,7 @@ def test_ddp_and_zero1_add_their_gradient_traffic_after_the_last_micro_batch(dp,
     sent = 2 * (dp - 1) / dp * 4 * P["N"]  # fp32 gradients all-reduced
     if shard == "zero1":
         sent += (dp - 1) / dp * 4 * P["N"]  # the updated fp32 parameters all-gathered
-    pipe = m * (NL * _block_s(b * T) + _head_s(b * T))
+    pipe = m * (NL * _block_s(b * T) + _head_s(b * T, fused=True))
     dp_s = sent / (link * LINK_EFF)
     _check(cost, step=pipe + dp_s + P["N"] * 32 / HBM, compute=pipe, dp=dp_s, world=dp, gb=gb)
 
@@ -131,7 +148,7 @@ def test_other_engines_ddp_gradient_bytes(engine, grad_bytes):
     b, gb, dp = 1, 16, 4
     cost = estimate_cost(CFG, Layout(dp=dp, micro_batch=b, engine=engine), _toy(), gb, T)
     dp_s = 2 * (dp - 1) / dp * grad_bytes * P["N"] / (NIC * LINK_EFF)
-    pipe = gb // dp * (NL * _block_s(b * T) + _head_s(b * T))
+    pipe = gb // dp * (NL * _block_s(b * T) + _head_s(b * T, fused=False))
     _check(cost, step=pipe + dp_s + P["N"] * 32 / HBM, compute=pipe, dp=dp_s, world=dp, gb=gb)
 
 
@@ -154,7 +171,7 @@ def test_fsdp_traffic_counts_only_beyond_compute(nic):
     m = gb // (dp * b)
     cl = _toy(nic_bw=nic)
     cost = estimate_cost(CFG, Layout(dp=dp, micro_batch=b, shard="fsdp"), cl, gb, T)
-    pipe = m * (NL * _block_s(b * T) + _head_s(b * T))
+    pipe = m * (NL * _block_s(b * T) + _head_s(b * T, fused=True))
     gather, reduce, allred = _fsdp_sent(m, dp)
     dp_s = max(0.0, (gather + reduce + allred) / (nic * LINK_EFF) - pipe)
     if nic == 1e9:
@@ -168,7 +185,7 @@ def test_hsdp_shards_on_nvlink_and_all_reduces_across_nodes():
     b, gb, dp, g = 1, 16, 4, 2  # 2 GPUs per node: the shard group inside a node, the replicas across
     m = gb // (dp * b)
     cost = estimate_cost(CFG, Layout(dp=dp, micro_batch=b, shard="fsdp", dp_shard=g), _toy(), gb, T)
-    pipe = m * (NL * _block_s(b * T) + _head_s(b * T))
+    pipe = m * (NL * _block_s(b * T) + _head_s(b * T, fused=True))
     gather, reduce, allred = _fsdp_sent(m, g, replicas=dp // g)
     dp_s = max(0.0, (gather + reduce) / (NVL * LINK_EFF) + allred / (NIC * LINK_EFF) - pipe)
     assert dp_s > 0
@@ -204,7 +221,7 @@ def test_tensor_parallel_collectives_add_to_the_step(recompute):
     m = gb // b
     cost = estimate_cost(CFG, Layout(tp=tp, micro_batch=b, recompute=recompute), _toy(), gb, T)
     mb, once = _tp_sent_per_microbatch(b, NL, True, True, recompute)
-    pipe = m * (NL * _block_s(b * T, recompute, tp=tp) + _head_s(b * T, tp=tp)) + (m * mb + once) / (NVL * LINK_EFF)
+    pipe = m * (NL * _block_s(b * T, recompute, tp=tp) + _head_s(b * T, tp=tp, fused=False)) + (m * mb + once) / (NVL * LINK_EFF)
     n_rank = NL * P["tp_block"] + (P["wte"] + P["wpe"]) / tp + P["ln_f"]
     _check(cost, step=pipe + n_rank * 32 / HBM, compute=pipe, dp=0.0, world=tp, gb=gb, recompute=recompute)
     # a TP group of 2 on nodes of one GPU runs over the network port
@@ -221,7 +238,7 @@ def test_tensor_x_data_parallel_reduces_every_micro_batch_across_replicas():
     cost = estimate_cost(CFG, Layout(dp=dp, tp=tp, micro_batch=b), cl, gb, T)
     mb, once = _tp_sent_per_microbatch(b, NL, True, True)
     once += (m - 1) * (NL * P["norms"] + P["ln_f"]) * 4  # the norms' gradients every micro-batch
-    pipe = m * (NL * _block_s(b * T, tp=tp) + _head_s(b * T, tp=tp)) + (m * mb + once) / (NVL * LINK_EFF)
+    pipe = m * (NL * _block_s(b * T, tp=tp) + _head_s(b * T, tp=tp, fused=False)) + (m * mb + once) / (NVL * LINK_EFF)
     n_rank = NL * P["tp_block"] + (P["wte"] + P["wpe"]) / tp + P["ln_f"]
     dp_s = max(0.0, m * n_rank * 4 * 2 * (dp - 1) / dp / (NIC * LINK_EFF) - pipe)
     assert dp_s > 0
@@ -234,7 +251,7 @@ def test_megatron_tensor_x_data_parallel():
     m = gb // (dp * b)
     cost = estimate_cost(CFG, Layout(dp=dp, tp=tp, micro_batch=b, engine="megatron"), _toy(2), gb, T)
     mb, once = _tp_sent_per_microbatch(b, NL, True, True, megatron=True)
-    pipe = m * (NL * _block_s(b * T, tp=tp) + _head_s(b * T, tp=tp)) + (m * mb + once) / (NVL * LINK_EFF)
+    pipe = m * (NL * _block_s(b * T, tp=tp) + _head_s(b * T, tp=tp, fused=False)) + (m * mb + once) / (NVL * LINK_EFF)
     n_rank = NL * P["tp_block_megatron"] + (P["wte"] + P["wpe"]) / tp + P["ln_f"]
     dp_s = n_rank * 4 * 2 * (dp - 1) / dp / (NIC * LINK_EFF)
     _check(cost, step=pipe + dp_s + n_rank * 32 / HBM, compute=pipe, dp=dp_s, world=tp * dp, gb=gb)
@@ -254,7 +271,7 @@ def test_pipeline_step_is_m_plus_bubble_times_the_slower_stage(v):
     # every chunk but the first: 2v - 1 sends per micro-batch on either rank
     send_s = (2 * v - 1) * x / (NIC * LINK_EFF)
     first = NL // pp * _block_s(b * T) + send_s
-    last = NL // pp * _block_s(b * T) + _head_s(b * T) + send_s
+    last = NL // pp * _block_s(b * T) + _head_s(b * T, fused=False) + send_s
     assert last > first
     pipe = (m + (pp - 1) / v) * last
     tied = P["wte"] * 4 * 2 * (pp - 1) / pp / (NIC * LINK_EFF)  # the tied table's gradient, end stages
@@ -271,7 +288,7 @@ def test_pipeline_x_fsdp_reduces_once_after_the_flush(nvl):
     cost = estimate_cost(CFG, Layout(dp=dp, pp=pp, micro_batch=b, shard="fsdp"), cl, gb, T)
     x = b * T * C * 4
     send_s = x / (NIC * LINK_EFF)
-    last = NL // pp * _block_s(b * T) + _head_s(b * T) + send_s
+    last = NL // pp * _block_s(b * T) + _head_s(b * T, fused=False) + send_s
     pipe = (m + pp - 1) * last
     n_last = NL // pp * P["block"] + P["ln_f"] + P["wte"]
     blk = P["block"]
@@ -298,7 +315,7 @@ def test_tp_x_pp_step_follows_the_slower_first_stage():
     stage = {}
     for s, (first, last) in {0: (True, False), 1: (False, True)}.items():
         mb, once = _tp_sent_per_microbatch(b, NL // pp, first, last)
-        stage[s] = (NL // pp * _block_s(b * T, tp=tp) + (_head_s(b * T, tp=tp) if last else 0.0)
+        stage[s] = (NL // pp * _block_s(b * T, tp=tp) + (_head_s(b * T, tp=tp, fused=False) if last else 0.0)
                     + (mb + once / m) / (NIC * LINK_EFF) + send_s)
     assert stage[0] > stage[1]
     pipe = (m + pp - 1) * stage[0]

@@ -65,7 +65,11 @@ Compute per micro-batch and stage: forward matmul FLOPs per token from the famil
 forward + backward, +1 block forward under ``recompute block`` (+ the MLP's input projections under
 ``recompute mlp``), divided by ``tp``, at ``peak_flops * matmul_eff``; plus the memory-bound work:
 the family's saved-activation bytes, written and read four times over forward and backward (six with
-recomputation), at ``hbm_bw``. The last stage adds the output head (never recomputed).
+recomputation), at ``hbm_bw``. The last stage adds the output head (never recomputed): its matmuls, and
+the logits' traffic per token and vocabulary row: 32 bytes on the plain head (bf16 logits written, a
+float32 copy, log-softmax forward and backward over it, the float32 gradient cast back to bf16, the two
+backward matmuls reading it), 12 with the fused classifier (``HEAD_BYTES``: the matmul writes bf16
+logits, the kernel reads each row twice and writes d(logits) in place, the two backward matmuls read it).
 
 Memory per GPU (gptforge's engine: fp32 master weights, fp32 gradients, AdamW's two fp32 moments):
 16 bytes per parameter on the GPU's stage and TP shard (ZeRO-1 divides the moments by ``dp``; FSDP
@@ -90,6 +94,7 @@ from gptforge.models.registry import layer_act_bytes as family_act_bytes
 from gptforge.plan.cluster import Cluster
 
 RECOMPUTES = ("none", "mlp", "block")
+HEAD_BYTES = {False: 32.0, True: 12.0}  # logits' HBM traffic per token and vocabulary row: plain head, fused classifier
 SHARDS = ("none", "zero1", "fsdp")
 ENGINES = ("gptforge", "megatron", "deepspeed")
 
@@ -385,7 +390,9 @@ def estimate_cost(model_cfg, layout: Layout, cluster: Cluster, global_batch: int
         4 + (2 if L.recompute == "block" else 1 if L.recompute == "mlp" else 0))
     blocks = c.n_layer // L.pp
     layer_s = tok * ((3 * c.layer_flops + extra) / L.tp / rate + traffic / L.tp / cluster.hbm_bw)
-    head_s = tok * (3 * c.head_flops / L.tp / rate + 32.0 * c.vocab / L.tp / cluster.hbm_bw)
+    head = head_path(model_cfg, L)  # a refusal (str) never reaches here from the search: check() drops it
+    fused = isinstance(head, tuple) and head[0]
+    head_s = tok * (3 * c.head_flops / L.tp / rate + HEAD_BYTES[fused] * c.vocab / L.tp / cluster.hbm_bw)
     vols = {s: comm_volume(model_cfg, L, global_batch, seq_len, stage=s) for s in {0, L.pp - 1}}
     tp_bw = _link(cluster, L.tp)
     pp_bw = _link(cluster, L.world if L.pp > 1 else 1)
