@@ -136,6 +136,10 @@ def test_bench_times_steps_after_warmup_and_writes_what_it_timed(tmp_path, monke
     rep = _json(out)
     assert [r["name"] for r in rep["results"]] == ["mine"]
     assert any("aten::" in e.get("name", "") for e in _json(trace)["traceEvents"])
+    where = rep["results"][0]["trace"]  # and where the traced steps went, by family (bench/trace.py)
+    assert where["file"] == str(trace) and where["steps"] == 2 and where["source"] == "cpu self"
+    assert where["families"][0]["family"] == "matmul" and 0 < where["total_ms"] < rep["results"][0]["ms_per_step"] * 1.5
+    assert "where a step goes (cpu self time" in capsys.readouterr().out
     calls.clear()
     capsys.readouterr()
     assert main([*TINY_BENCH, "--steps", "1", "--warmup", "0", "--json", str(out)]) == 2

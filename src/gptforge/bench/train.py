@@ -2,7 +2,7 @@
 
     gptforge bench --preset tiny --steps 20 --json bench.json
     gptforge bench --preset gpt2-124m --train.micro_batch 16 --train.total_batch_tokens 16384 --ladder
-    gptforge bench --preset gpt2-124m --sweep-micro-batch 8,16,32 --trace trace.json
+    gptforge bench --preset gpt2-124m --sweep-micro-batch 8,16,32 --trace trace.json   # + where a step goes
 
 Each configuration is built fresh and trained on a synthetic shard (uniform random tokens,
 written to a temporary llm.c file, read through the real loader), so data loading is part of
@@ -37,6 +37,8 @@ import torch
 
 from gptforge import allocator
 from gptforge.bench.timing import cpu_usage, machine, sync, write_json
+from gptforge.bench.trace import format_summary
+from gptforge.bench.trace import summarize as summarize_trace
 from gptforge.config import Config, ConfigError, apply_overrides
 from gptforge.data.loader import ShardLoader
 from gptforge.data.shards import write_shard
@@ -255,7 +257,10 @@ def run_bench(
             continue
         print(f"[bench] {name} ...", file=sys.stderr, flush=True)
         try:
-            r = bench_one(c, steps, warmup, device, trace=trace if i == len(runs) - 1 else None)
+            traced = trace if i == len(runs) - 1 else None
+            r = bench_one(c, steps, warmup, device, trace=traced)
+            if traced:  # where the traced steps went, by kernel family (bench/trace.py)
+                r["trace"] = {"file": str(traced), **summarize_trace(traced, steps)}
         except torch.OutOfMemoryError as e:
             r = {"skipped": f"out of memory: {str(e).splitlines()[0]}"}
         results.append({"name": name, **r})
@@ -274,6 +279,9 @@ def run_bench(
         "results": results,
     }
     print(format_table(results))
+    for r in results:
+        if "trace" in r:
+            print(f"\n{r['name']}: trace -> {r['trace']['file']}\n" + format_summary(r["trace"]))
     write_json(out, report)
     return report
 

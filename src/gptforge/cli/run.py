@@ -137,7 +137,9 @@ def args_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ladder", action="store_true",
                    help="run the speed ladder fp32 -> tf32 -> bf16 -> compile -> flash -> pad vocab -> fused AdamW")
     p.add_argument("--sweep-micro-batch", metavar="B1,B2,...", help="time the preset at each micro-batch size")
-    p.add_argument("--trace", help="write a torch.profiler Chrome trace of the timed steps to this file")
+    p.add_argument("--trace", help="write a torch.profiler Chrome trace of the timed steps (of the last config "
+                   "timed) to this file (.gz: compressed), and print where those steps went by kernel family "
+                   "(GPU kernel time, or CPU self time) with each family's heaviest names")
     p.add_argument("--switch", action="append", metavar="KEY=VALUE[,KEY=VALUE]",
                    help="also time the config with this change (repeatable), e.g. model.fused_ce=true")
 
