@@ -165,3 +165,26 @@ def test_steps_must_be_positive_and_the_cli_writes_json(tmp_path, capsys):
     assert "matmul" in capsys.readouterr().out
     assert json.loads((tmp_path / "s.json").read_text())["families"][0] == {
         "family": "matmul", "ms": 2.0, "share": 1.0, "top": [{"name": "aten::mm", "ms": 2.0, "calls": 0.5}]}
+
+
+def test_bench_keeps_its_report_when_the_trace_cannot_be_summarised(tmp_path, monkeypatch, capsys):
+    """The timings stand when the split cannot be made (a trace over the size limit, say): the report is
+    written, the table printed, and one line says why the split is missing."""
+    from gptforge.bench import train as bench_train
+    from gptforge.cli import main as cli
+
+    def timed(cfg, steps, warmup, device, trace=None):
+        return {"tokens_per_s": 1.0, "ms_per_step": 1.0, "phase_ms": dict.fromkeys(
+            ("data", "forward", "backward", "optimizer"), 0.0), "mfu_llmc": None, "process_max_rss_MiB": 0,
+            "cpu_user_s_per_step": 0, "cpu_sys_s_per_step": 0, "minor_faults_per_step": 0}
+
+    def too_big(path, steps):
+        raise TraceError(f"trace {path}: more than 4 bytes uncompressed")
+
+    monkeypatch.setattr(bench_train, "bench_one", timed)
+    monkeypatch.setattr(bench_train, "summarize_trace", too_big)
+    out, trace = tmp_path / "b.json", tmp_path / "t.json"
+    assert cli(["bench", "--preset", "tiny", "--train.device", "cpu", "--trace", str(trace), "--json", str(out)]) == 0
+    assert "trace" not in json.loads(out.read_text())["results"][0]
+    err = capsys.readouterr().err
+    assert f"the trace is written but not summarised: trace {trace}: more than 4 bytes" in err
