@@ -310,7 +310,11 @@ def test_corrupt_and_truncated_files(tmp_path, tokenizer):
     broken.write_bytes(broken.read_bytes()[:-100])  # footer gone
     with pytest.raises(SourceError, match="b.parquet.*not a readable parquet"):
         prepare(FilesSource([broken]), tmp_path / "o3", settings(), progress=False)
-    assert prepare(FilesSource([broken]), tmp_path / "o4", settings(skip_bad=True), progress=False)["skipped"] == 1
+    # skipped, it leaves no text at all: refused, never a "complete" folder without a shard
+    with pytest.raises(SourceError, match=r"b.parquet: no text to tokenize \(0 empty documents, 1 bad rows skipped"):
+        prepare(FilesSource([broken]), tmp_path / "o4", settings(skip_bad=True), progress=False)
+    s = prepare(FilesSource([broken, gz]), tmp_path / "o4b", settings(skip_bad=True), progress=False)
+    assert s["skipped"] == 2 and s["documents"] > 0 and s["complete"]
 
     binary = tmp_path / "c.parquet"  # a binary text column with one invalid UTF-8 value and one null
     values = [d.encode() for d in docs[:5]] + [b"\xff\xfe bad", None]

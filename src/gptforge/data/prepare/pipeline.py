@@ -448,6 +448,8 @@ def prepare(source, out: str | os.PathLike, settings: PrepareSettings | None = N
                 bar.update(len(flat))
                 bar.set_postfix(refresh=False, **writer.progress())
         writer.finish()  # the val size if still open, then the remainder: the last, shorter shard
+        if not m["shards"]:  # never a folder that says complete and holds nothing to train on
+            raise SourceError(_no_tokens(source.describe(), m["state"]))
         m["complete"] = True
         _write_json_atomic(out / MANIFEST, m)
     except BrokenProcessPool as e:
@@ -466,6 +468,20 @@ def prepare(source, out: str | os.PathLike, settings: PrepareSettings | None = N
                               "workers": round(sum(w["cpu"] - w["startup_cpu"] for w in ws), 3),
                               "workers_startup": round(sum(w["startup_cpu"] for w in ws), 3)}
     return summary
+
+
+def _no_tokens(desc: dict, st: dict) -> str:
+    """Why a finished source gave no token at all, naming it: every document empty, or every row bad
+    (skipped with --skip-bad). Nothing is marked complete, so train never meets an empty shard folder."""
+    files = desc.get("files") or []
+    if desc.get("kind") == "files" and files:
+        name = files[0]["path"] + (f" (and {len(files) - 1} more files)" if len(files) > 1 else "")
+    else:
+        name = f"dataset {desc.get('path')}"
+    found = [f"{st.get('empty_documents', 0)} empty documents"] + (
+        [f"{st['skipped']} bad rows skipped (--skip-bad)"] if st.get("skipped") else [])
+    return (f"{name}: no text to tokenize ({', '.join(found)}); no shards were written. Give files that hold "
+            f"text (and check --text-field {desc.get('text_field', 'text')!r})")
 
 
 def _from_file(spec: str) -> bool:
