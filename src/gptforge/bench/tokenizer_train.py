@@ -84,7 +84,7 @@ def child(run: str, vocab_size: int, copies: int, files: list[str]) -> dict:
         n = tok.get_vocab_size() + len(DEFAULT_SPECIALS)
     else:
         with tempfile.TemporaryDirectory() as out:  # no held-out report: it encodes text, it does not train
-            texts_ = tt.split_corpus(FilesSource(files * copies).items(), tt.CorpusStats(), 0.0, spec.max_chars)
+            texts_ = tt.split_corpus(FilesSource(files * copies, repeats=True).items(), tt.CorpusStats(), 0.0, spec.max_chars)
             n = tt.build_tokenizer(texts_, tt.check_spec(spec), Path(out), name="bench").n_vocab
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     return {"run": run, "seconds": seconds, "cpu_s": cpu, "peak_rss_mb": _rss_mb(), "rss_before_mb": base, "n_vocab": n}

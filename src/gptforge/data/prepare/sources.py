@@ -51,33 +51,52 @@ def _kind(path: Path) -> str | None:
     return None
 
 
-def expand_paths(paths: list[str | os.PathLike]) -> list[Path]:
-    """Files to read, in order: given files as given, folders walked recursively (sorted)."""
+def expand_paths(paths: list[str | os.PathLike], repeats: bool = False) -> list[Path]:
+    """Files to read, in order: given files as given, folders walked recursively (sorted). A file met
+    twice (given twice, given and inside a folder also given, or reached again through a symlink or hard
+    link) is refused, naming both ways it was met: read twice it would silently weigh its text double
+    (and put the same documents in both the val and the train split). ``repeats``: allowed on purpose (a
+    benchmark's corpus made of copies)."""
+    from gptforge.storage import not_a_file
+
     out: list[Path] = []
+    seen: dict[tuple[int, int], Path] = {}  # (device, inode) -> how the file was first met
+
+    def add(f: Path) -> None:
+        st = f.stat()
+        first = seen.setdefault((st.st_dev, st.st_ino), f)
+        if first is not f and not repeats:
+            how = "met twice (given twice, or inside a folder also given)" if str(first) == str(f) else \
+                f"the same file as {first} (a symbolic or hard link to it)"
+            raise SourceError(f"{f}: {how}; each file must be read once (twice would weigh its text double): "
+                              "remove one of them")
+        out.append(f)
+
     for p in map(Path, paths):
         if p.is_dir():
             found = sorted(f for f in p.rglob("*") if f.is_file() and _kind(f))
             if not found:
                 raise FileNotFoundError(f"{p}: folder holds no {', '.join(SUFFIXES)} files")
-            out.extend(found)
+            for f in found:
+                add(f)
         elif p.is_file():
             if not _kind(p):
                 raise SourceError(f"{p}: unsupported file type; use one of {', '.join(SUFFIXES)}")
-            out.append(p)
+            add(p)
         elif p.exists():  # a device or pipe: there, but no document source
-            from gptforge.storage import not_a_file
-
             raise SourceError(f"{p}: {not_a_file(p)}; give text files or folders")
-        else:
-            raise FileNotFoundError(f"{p}: no such file or folder")
+        else:  # nothing there, a dangling symlink or a symlink loop; a glob the shell left unexpanded
+            hint = " (a pattern that matched nothing?)" if any(c in str(p) for c in "*?[") else ""
+            raise FileNotFoundError(f"{p}: {not_a_file(p)}{hint}")
     return out
 
 
 class FilesSource:
     """Local files, read lazily one file (and one parquet row group / jsonl line) at a time."""
 
-    def __init__(self, paths: list[str | os.PathLike], text_field: str = "text", batch_rows: int = 1024):
-        self.files = expand_paths(paths)
+    def __init__(self, paths: list[str | os.PathLike], text_field: str = "text", batch_rows: int = 1024,
+                 repeats: bool = False):
+        self.files = expand_paths(paths, repeats)
         self.text_field = text_field
         self.batch_rows = batch_rows
         if any(_kind(f) == ".parquet" for f in self.files):

@@ -1,0 +1,138 @@
+"""Round 6: the data-in surfaces (prepare, tokenizer train) given careless input.
+
+Class 1, input that yields no tokens: a corpus of empty files, or of rows that are all bad under
+--skip-bad, ended `prepare` with exit 0 and a manifest saying "complete" over a folder without a shard
+(train then failed far from the cause). Now the pipeline refuses to mark such a run complete, naming the
+input and what it held.
+Class 2, one file read twice: the same path given twice, a file given beside the folder that holds it, or
+a symlink / hard link to a file also read was tokenized twice, silently doubling its weight (and splitting
+the same documents across val and train). `expand_paths`, which every files door goes through, refuses it
+naming both ways the file was met.
+Plants tried: the no-shards check removed (class 1 fails with exit 0), the (device, inode) check removed
+(class 2 fails with exit 0)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from gptforge.cli import main
+
+FILES_DOORS = {
+    "prepare files": (["prepare", "files"], ["--out", "{tmp}/o", "--no-progress", "--workers", "1"]),
+    "tokenizer train": (["tokenizer", "train"], ["--out", "{tmp}/t", "--no-progress", "--vocab-size", "300"]),
+}
+
+
+def _run(argv: list[str], capsys) -> tuple[int, str]:
+    rc = main(argv)
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err and len(err.splitlines()) <= 1, err
+    return rc, err
+
+
+def _no_token_corpus(kind: str, d) -> tuple[list[str], list[str]]:
+    """(paths, extra flags) of a corpus that holds no text to tokenize."""
+    if kind == "empty txt":
+        (d / "a.txt").write_bytes(b"")
+        return [str(d / "a.txt")], []
+    if kind == "two empty txt":
+        (d / "a.txt").write_bytes(b"")
+        (d / "b.txt").write_bytes(b"")
+        return [str(d)], []
+    if kind == "empty strings in jsonl":
+        (d / "a.jsonl").write_text('{"text": ""}\n{"text": ""}\n')
+        return [str(d / "a.jsonl")], []
+    if kind == "all rows bad, --skip-bad":
+        (d / "a.jsonl").write_text('{"other": "x"}\n{"text": 5}\n[1, 2]\nnot json\n')
+        return [str(d / "a.jsonl")], ["--skip-bad"]
+    raise AssertionError(kind)
+
+
+@pytest.mark.parametrize("kind", ["empty txt", "two empty txt", "empty strings in jsonl", "all rows bad, --skip-bad"])
+def test_prepare_refuses_a_corpus_without_tokens(kind, tmp_path, capsys):
+    src = tmp_path / "src"
+    src.mkdir()
+    paths, flags = _no_token_corpus(kind, src)
+    out = tmp_path / "o"
+    rc, err = _run(["prepare", "files", *paths, "--out", str(out), "--no-progress", "--workers", "1", *flags], capsys)
+    assert rc == 2, err
+    assert paths[0] in err and "no text" in err and "--text-field" in err, err
+    if "--skip-bad" in flags:
+        assert "4 bad rows skipped" in err, err
+    assert not list(out.glob("*.bin"))
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["complete"] is False  # nothing that looks finished
+    # the same command again: still refused, never "complete" on a second look
+    rc, err = _run(["prepare", "files", *paths, "--out", str(out), "--no-progress", "--workers", "1", *flags], capsys)
+    assert rc == 2 and "no text" in err, err
+
+
+def test_a_corpus_with_some_text_still_prepares(tmp_path, capsys):
+    """The no-token refusal is about the whole corpus: empty files beside a real one are counted, not fatal."""
+    (tmp_path / "a.txt").write_bytes(b"")
+    (tmp_path / "b.txt").write_text("hello world, " * 20)
+    rc = main(["prepare", "files", str(tmp_path / "a.txt"), str(tmp_path / "b.txt"), "--out", str(tmp_path / "o"),
+               "--no-progress", "--workers", "1"])
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert rc == 0 and summary["complete"] and summary["empty_documents"] == 1 and summary["tokens"] > 0
+
+
+def _twice(kind: str, d) -> tuple[list[str], str]:
+    """(paths given, the path named as the second meeting) for one file read twice."""
+    a = d / "a.txt"
+    a.write_text("some text to read once\n")
+    (d / "b.txt").write_text("another document\n")
+    if kind == "same path twice":
+        return [str(a), str(d / "b.txt"), str(a)], str(a)
+    if kind == "file and its folder":
+        return [str(d), str(a)], str(a)
+    if kind == "spelled differently":
+        return [str(a), str(d / "." / "a.txt")], str(d / "a.txt")
+    if kind == "symlink in the folder":
+        os.symlink(a, d / "c.txt")
+        return [str(d)], str(d / "c.txt")
+    if kind == "hard link given":
+        os.link(a, d / "hard.txt")
+        return [str(a), str(d / "hard.txt")], str(d / "hard.txt")
+    raise AssertionError(kind)
+
+
+@pytest.mark.parametrize("door", list(FILES_DOORS))
+@pytest.mark.parametrize("kind", ["same path twice", "file and its folder", "spelled differently",
+                                  "symlink in the folder", "hard link given"])
+def test_one_file_read_twice_is_refused(door, kind, tmp_path, capsys):
+    src = tmp_path / "src"
+    src.mkdir()
+    paths, second = _twice(kind, src)
+    before, after = FILES_DOORS[door]
+    rc, err = _run([*before, *paths, *[a.format(tmp=tmp_path) for a in after]], capsys)
+    assert rc == 2, err
+    assert second in err and "read once" in err and "remove one" in err, err
+    assert not list((tmp_path / "o").glob("*.bin")) if (tmp_path / "o").exists() else True
+
+
+def test_two_distinct_files_with_the_same_text_are_not_refused(tmp_path, capsys):
+    """Identity is the file (device, inode), not its name or its text: two copies are two documents."""
+    (tmp_path / "a.txt").write_text("same text " * 10)
+    (tmp_path / "b.txt").write_text("same text " * 10)
+    rc = main(["prepare", "files", str(tmp_path / "a.txt"), str(tmp_path / "b.txt"), "--out", str(tmp_path / "o"),
+               "--no-progress", "--workers", "1"])
+    assert rc == 0, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("what", ["dangling symlink", "symlink loop", "unexpanded glob"])
+def test_a_path_that_leads_nowhere_says_what_it_is(what, tmp_path, capsys):
+    p = tmp_path / "x.txt"
+    if what == "dangling symlink":
+        os.symlink(tmp_path / "gone.txt", p)
+    elif what == "symlink loop":
+        os.symlink(tmp_path / "y.txt", p)
+        os.symlink(p, tmp_path / "y.txt")
+    else:
+        p = tmp_path / "shard*.txt"
+    rc, err = _run(["prepare", "files", str(p), "--out", str(tmp_path / "o"), "--no-progress"], capsys)
+    assert rc == 2 and str(p) in err, err
+    assert ("symlink" in err) if "symlink" in what else ("matched nothing" in err), err
