@@ -136,3 +136,47 @@ def test_a_path_that_leads_nowhere_says_what_it_is(what, tmp_path, capsys):
     rc, err = _run(["prepare", "files", str(p), "--out", str(tmp_path / "o"), "--no-progress"], capsys)
     assert rc == 2 and str(p) in err, err
     assert ("symlink" in err) if "symlink" in what else ("matched nothing" in err), err
+
+
+# Class 3, a shard size no shard can have: --shard-tokens / --val-tokens past the llm.c header's int32 count
+# (or past memory) ended in numpy's MemoryError traceback ("Unable to allocate 1.78 PiB"), after the output
+# folder and its manifest were made. Now refused before any work, naming the flag and the bound; a size the
+# format allows that memory does not is named as the flag's, and write_shard itself refuses a count the header
+# cannot hold. Plants tried: the bound check dropped (the traceback returns), the MemoryError guard dropped.
+@pytest.mark.parametrize("flag, value", [("--shard-tokens", "1e15"), ("--shard-tokens", "2147483648"),
+                                         ("--val-tokens", "1e12"), ("--val-tokens", "2147483648")])
+def test_a_shard_size_past_the_header_is_refused_before_any_work(flag, value, tmp_path, capsys):
+    (tmp_path / "a.txt").write_text("hello world")
+    out = tmp_path / "o"
+    rc, err = _run(["prepare", "files", str(tmp_path / "a.txt"), "--out", str(out), "--no-progress", "--workers", "1",
+                    flag, value], capsys)
+    assert rc == 2 and flag in err and "2,147,483,647" in err, err
+    assert not out.exists()
+
+
+def test_a_shard_size_past_memory_names_the_flag(tmp_path):
+    import subprocess
+    import sys
+
+    (tmp_path / "a.txt").write_text("hello world")
+    code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30)); "
+            "from gptforge.cli import main; sys.exit(main(sys.argv[1:]))")
+    r = subprocess.run([sys.executable, "-c", code, "prepare", "files", str(tmp_path / "a.txt"), "--out",
+                        str(tmp_path / "o"), "--no-progress", "--workers", "1", "--shard-tokens", "2e9"],
+                       capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "GPTFORGE_ALLOCATOR": "glibc", "OMP_NUM_THREADS": "1"})
+    err = r.stderr.strip()
+    assert r.returncode == 2 and "Traceback" not in err and len(err.splitlines()) == 1, err
+    assert "--shard-tokens 2,000,000,000" in err and "lower --shard-tokens" in err, err
+    assert not list((tmp_path / "o").glob("*.bin"))
+
+
+def test_write_shard_refuses_a_count_the_header_cannot_hold(tmp_path):
+    import numpy as np
+
+    from gptforge.data.shards import MAX_TOKENS, ShardError, write_shard
+
+    too_many = np.broadcast_to(np.uint16(1), (MAX_TOKENS + 1,))  # a view: no memory behind it
+    with pytest.raises(ShardError, match="more than one shard holds"):
+        write_shard(tmp_path / "x_train_000001.bin", too_many)
+    assert not list(tmp_path.iterdir())

@@ -23,6 +23,9 @@ FORMATS = {  # magic -> (version, token dtype)
 }
 
 
+MAX_TOKENS = 2**31 - 1  # the header counts tokens in an int32: no shard holds more
+
+
 class ShardError(ValueError):
     """A shard file that is missing, truncated or not in the llm.c format."""
 
@@ -41,6 +44,9 @@ def write_shard(path: str | os.PathLike, tokens, magic: int | None = None) -> Pa
     toks = np.asarray(tokens)
     if toks.ndim != 1:
         raise ValueError("tokens must be one-dimensional")
+    if toks.size > MAX_TOKENS:
+        raise ShardError(f"{path}: {toks.size:,} tokens is more than one shard holds (the llm.c header counts at most "
+                         f"{MAX_TOKENS:,}); write them as several shards")
     if toks.size and (toks.min() < 0):
         raise ValueError(f"{path}: negative token id {int(toks.min())}")
     max_tok = int(toks.max()) if toks.size else 0

@@ -72,7 +72,7 @@ from gptforge.data.prepare.workers import (
     peak_rss_mb,
     tokenize,
 )
-from gptforge.data.shards import FORMATS, ShardError, magic_for, read_header, write_shard
+from gptforge.data.shards import FORMATS, MAX_TOKENS, ShardError, magic_for, read_header, write_shard
 from gptforge.data.tokenizer import save_tokenizer
 from gptforge.storage import DiskFullError, disk_full_message, is_disk_full, is_temporary, read_json
 
@@ -178,7 +178,13 @@ class _Writer:
         _write_json_atomic(self.out / MANIFEST, self.m)
 
     def _alloc(self) -> None:
-        self.buf = np.empty(max(self.settings.shard_tokens, self.val_size), dtype=self.dtype)
+        n = max(self.settings.shard_tokens, self.val_size)
+        try:
+            self.buf = np.empty(n, dtype=self.dtype)
+        except MemoryError:  # a shard is built in memory: one too big for it is the flag's fault, said so
+            flag = "--shard-tokens" if n == self.settings.shard_tokens else "--val-tokens"
+            raise SourceError(f"{flag} {n:,}: a shard of {n * self.dtype.itemsize / 2**30:,.1f} GiB is built in memory "
+                              f"and this machine cannot hold it; lower {flag} (llm.c's shards are 1e8 tokens)") from None
 
     def _index(self) -> int:
         return len(self.m["shards"]) + (1 if self.val_size == 0 else 0)  # no val split: train starts at 1
@@ -392,10 +398,12 @@ def prepare(source, out: str | os.PathLike, settings: PrepareSettings | None = N
             progress: bool = True, expected_tokens: int | None = None) -> dict:
     """Tokenize ``source`` into shards in ``out``; resumes an interrupted run. Returns a summary dict."""
     settings = settings or PrepareSettings()
-    if settings.shard_tokens < 1:
-        raise SourceError(f"--shard-tokens {settings.shard_tokens}: must be a positive number of tokens")
-    if settings.resolved_val_tokens() < 0:
-        raise SourceError(f"--val-tokens {settings.val_tokens}: must be >= 0 (0 = no validation shard)")
+    if not 1 <= settings.shard_tokens <= MAX_TOKENS:
+        raise SourceError(f"--shard-tokens {settings.shard_tokens}: must be a number of tokens in 1..{MAX_TOKENS:,} "
+                          "(the llm.c header counts a shard's tokens in an int32; llm.c's own are 1e8)")
+    if not 0 <= settings.resolved_val_tokens() <= MAX_TOKENS:
+        raise SourceError(f"--val-tokens {settings.val_tokens}: must be in 0..{MAX_TOKENS:,} (0 = no validation "
+                          "shard; the llm.c header counts a shard's tokens in an int32)")
     if not 0 < settings.val_max_fraction <= 1:
         raise SourceError(f"val_max_fraction {settings.val_max_fraction}: must be in (0, 1]")
     workers = settings.workers or available_cores()
