@@ -76,7 +76,7 @@ def test_the_source_check_sees_each_way_of_reading():
 
 @pytest.mark.parametrize("content,words", [
     (b"{\"a\": ", "not valid JSON"),
-    (b"\xff\xfe{}", "not UTF-8 text (byte 0)"),
+    (b"\xff\xfe{}", "not UTF-8 text (byte 0: the file is UTF-16"),
     (b"[" * 200_000, "nested too deeply"),
     (b"[1, 2]", "expected an object at the top of the thing.json, found a list"),
     (b"\"text\"", "found a string"),

@@ -367,6 +367,26 @@ def write_json(path: str | Path, obj: Any, what: str | None = None, indent: int 
     return write_text(path, json.dumps(obj, indent=indent, **kw) + "\n", what)
 
 
+UTF8_BOM = b"\xef\xbb\xbf"
+UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
+
+
+def utf8(raw: bytes, at_start: bool = False) -> str:
+    """``raw`` as UTF-8 text: the one decoder of the text gptforge reads from users' files (a corpus's .txt,
+    a JSONL line of any kind, a JSON file, a tokenizer file). At the start of a file (``at_start``: its
+    first bytes, or its first line) a UTF-8 byte order mark is dropped: Windows editors and PowerShell
+    write one, and it is no part of the text (kept, it was three stray tokens at the head of a corpus, or
+    "not valid JSON" on line 1 of a JSONL file). A UTF-16 file is named as such. Anything else that is not
+    UTF-8 raises UnicodeDecodeError with ``start`` counted in ``raw``, as a plain decode would."""
+    if at_start and raw[:2] in UTF16_BOMS:
+        raise UnicodeDecodeError("utf-8", raw, 0, 2, "the file is UTF-16 (it starts with UTF-16's byte order mark): save it as UTF-8")
+    skip = len(UTF8_BOM) if at_start and raw.startswith(UTF8_BOM) else 0
+    try:
+        return str(memoryview(raw)[skip:], "utf-8") if skip else raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UnicodeDecodeError("utf-8", raw, e.start + skip, e.end + skip, e.reason) from None
+
+
 MAX_JSON_BYTES = 16 << 20  # config.json, meta.json, a manifest or an index: kilobytes; 16 MiB is damage, not size
 
 
@@ -410,9 +430,9 @@ def read_json(path: str | Path, error: type[Exception] = ValueError, what: str =
     if len(raw) > limit:
         raise error(f"{path}: more than {limit:,} bytes, more than a {what} holds: damaged, or not a {what}{tail}")
     try:
-        doc = json.loads(raw.decode("utf-8"))
+        doc = json.loads(utf8(raw, at_start=True))
     except UnicodeDecodeError as e:
-        raise error(f"{path}: not UTF-8 text (byte {e.start}), so not a {what}{tail}") from None
+        raise error(f"{path}: not UTF-8 text (byte {e.start}: {e.reason}), so not a {what}{tail}") from None
     except (ValueError, RecursionError) as e:  # JSONDecodeError is a ValueError; RecursionError: nesting
         why = "nested too deeply" if isinstance(e, RecursionError) else str(e)
         raise error(f"{path}: not valid JSON ({why}){tail}") from None

@@ -180,3 +180,89 @@ def test_write_shard_refuses_a_count_the_header_cannot_hold(tmp_path):
     with pytest.raises(ShardError, match="more than one shard holds"):
         write_shard(tmp_path / "x_train_000001.bin", too_many)
     assert not list(tmp_path.iterdir())
+
+
+# Class 4, a byte order mark at the start of a file (what Windows editors and PowerShell write): in a .txt
+# corpus it became three stray tokens (171, 119, 123) at the head of the data; on line 1 of a JSONL file it
+# was "not valid JSON" (prepare, sft/rm/dpo data, eval data) and in a JSON file "not valid JSON". Every
+# reader of a user's text now decodes through storage.utf8, which drops the mark at a file's start and
+# names a UTF-16 file as such. Plant tried: utf8 keeping the mark (every BOM case fails).
+BOM = b"\xef\xbb\xbf"
+UTF16 = b"\xff\xfe" + "hello".encode("utf-16-le")
+
+
+def _prepared(tmp_path, name: str, data: bytes, capsys) -> bytes:
+    src = tmp_path / name
+    src.parent.mkdir(parents=True, exist_ok=True)
+    if name.endswith(".gz"):
+        import gzip
+
+        data = gzip.compress(data)
+    src.write_bytes(data)
+    out = tmp_path / (name + ".out")
+    rc = main(["prepare", "files", str(src), "--out", str(out), "--no-progress", "--workers", "1"])
+    assert rc == 0, capsys.readouterr().err
+    return b"".join(p.read_bytes() for p in sorted(out.glob("*.bin")))
+
+
+@pytest.mark.parametrize("name, body", [
+    ("a.txt", b"hello world, said the corpus\n"),
+    ("a.jsonl", b'{"text": "hello world"}\r\n{"text": "second"}\r\n'),
+    ("a.jsonl.gz", b'{"text": "hello world"}\n{"text": "second"}\n'),
+])
+def test_prepare_reads_a_file_with_a_byte_order_mark_as_without(name, body, tmp_path, capsys):
+    assert _prepared(tmp_path / "bom", name, BOM + body, capsys) == _prepared(tmp_path / "plain", name, body, capsys)
+
+
+@pytest.mark.parametrize("name, body", [("a.txt", UTF16), ("a.jsonl", UTF16 + b"\n")])
+def test_prepare_names_a_utf16_file(name, body, tmp_path, capsys):
+    (tmp_path / name).write_bytes(body)
+    rc, err = _run(["prepare", "files", str(tmp_path / name), "--out", str(tmp_path / "o"), "--no-progress",
+                    "--workers", "1"], capsys)
+    assert rc == 2 and str(tmp_path / name) in err and "UTF-16" in err and "save it as UTF-8" in err, err
+
+
+def _read_with(reader: str, path):
+    """What each reader of a user's JSON(L) file makes of ``path``."""
+    if reader == "sft/rm/dpo rows":
+        from gptforge.data.rows import read_rows
+
+        return [r for _, r in read_rows(str(path), "train", ["messages"], lambda row: None,
+                                        jsonl_shape='an object with a "messages" list')]
+    if reader == "eval data":
+        from gptforge.eval.tasks.base import load_rows
+
+        return load_rows("hellaswag", path, required=("ctx",))
+    if reader == "json file":
+        from gptforge.storage import read_json
+
+        return read_json(path)
+    raise AssertionError(reader)
+
+
+JSON_BODIES = {
+    "sft/rm/dpo rows": b'{"messages": [{"role": "user", "content": "hi"}]}\n{"messages": []}\n',
+    "eval data": b'{"ctx": "a"}\r\n{"ctx": "b"}\r\n',
+    "json file": b'{"n_layer": 2}\n',
+}
+
+
+@pytest.mark.parametrize("reader", list(JSON_BODIES))
+def test_json_readers_take_a_byte_order_mark_and_name_utf16(reader, tmp_path):
+    plain, bom, u16 = tmp_path / "plain.jsonl", tmp_path / "bom.jsonl", tmp_path / "u16.jsonl"
+    plain.write_bytes(JSON_BODIES[reader])
+    bom.write_bytes(BOM + JSON_BODIES[reader])
+    u16.write_bytes(b"\xff\xfe" + JSON_BODIES[reader].decode().encode("utf-16-le"))
+    assert _read_with(reader, bom) == _read_with(reader, plain)
+    with pytest.raises(ValueError, match="UTF-16"):
+        _read_with(reader, u16)
+
+
+def test_a_byte_order_mark_is_dropped_only_at_the_start():
+    from gptforge.storage import utf8
+
+    assert utf8(BOM + b"ab", at_start=True) == "ab"
+    assert utf8(BOM + b"ab") == "\ufeffab"  # mid-file (a later line): text as it is
+    with pytest.raises(UnicodeDecodeError) as e:
+        utf8(BOM + b"ab\xff", at_start=True)
+    assert e.value.start == 5  # counted in the bytes given, mark included

@@ -17,6 +17,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
+from gptforge.storage import utf8
+
 Check = Callable[[dict[str, Any]], Optional[str]]  # a row -> why it is bad, or None
 
 
@@ -81,9 +83,9 @@ def _read_jsonl(path: Path, columns: Sequence[str], check: Check, skip_bad: bool
         for n, raw in enumerate(f, 1):
             where = f"{path}:{n}"
             try:
-                line = raw.decode("utf-8")
+                line = utf8(raw, at_start=n == 1)
             except UnicodeDecodeError as e:
-                bad_row(where, f"not UTF-8 text ({e.reason} at byte {e.start})", skip_bad, stats, error)
+                bad_row(where, f"not UTF-8 text (byte {e.start}: {e.reason})", skip_bad, stats, error)
                 continue
             if not line.strip():
                 continue

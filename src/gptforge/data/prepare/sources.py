@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gptforge.extras import require
+from gptforge.storage import utf8
 
 SUFFIXES = (".txt", ".jsonl", ".jsonl.gz", ".parquet")
 
@@ -152,9 +153,9 @@ class FilesSource:
     def _txt(self, f: Path) -> Iterator[tuple[int, Item | None]]:
         data = f.read_bytes()
         try:
-            text = data.decode("utf-8")
+            text = utf8(data, at_start=True)
         except UnicodeDecodeError as e:
-            yield 1, Item(None, f"{f}", f"not valid UTF-8 at byte {e.start}")
+            yield 1, Item(None, f"{f}", f"not valid UTF-8 at byte {e.start} ({e.reason})")
             return
         yield 1, Item(text, f"{f}")  # "" is an empty document: counted, not an error
 
@@ -167,16 +168,16 @@ class FilesSource:
                     line_no += 1
                     if not line.strip():
                         continue
-                    yield 1, self._json_row(line, f"{f}:{line_no}")
+                    yield 1, self._json_row(line, f"{f}:{line_no}", at_start=line_no == 1)
         except (OSError, EOFError, zlib.error) as e:  # truncated or corrupt .gz
             yield 1, Item(None, f"{f}:{line_no + 1}", f"file is truncated or corrupt ({type(e).__name__}: {e}); "
                                                      "the rest of the file is unreadable")
 
-    def _json_row(self, line: bytes, where: str) -> Item:
+    def _json_row(self, line: bytes, where: str, at_start: bool = False) -> Item:
         try:
-            s = line.decode("utf-8")
+            s = utf8(line, at_start)
         except UnicodeDecodeError as e:
-            return Item(None, where, f"not valid UTF-8 at byte {e.start}")
+            return Item(None, where, f"not valid UTF-8 at byte {e.start} ({e.reason})")
         try:
             row = json.loads(s)
         except json.JSONDecodeError as e:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from gptforge.data.tokenizer.base import MAX_SPECIALS, MAX_TOKEN_BYTES, MAX_TOKENIZER_BYTES, MAX_VOCAB, TokenizerError
+from gptforge.storage import utf8
 
 
 def _parse_tokenizer_json(text: str, where: str) -> dict:
@@ -140,8 +141,8 @@ def _bounded(path: Path, limit: int = MAX_TOKENIZER_BYTES) -> None:
 def _read_text(path: Path, limit: int = MAX_TOKENIZER_BYTES) -> str:
     _bounded(path, limit)
     try:
-        return path.read_bytes().decode("utf-8")
+        return utf8(path.read_bytes(), at_start=True)
     except UnicodeDecodeError as e:
-        raise TokenizerError(f"{path}: not UTF-8 text (byte {e.start}); the file is damaged") from None
+        raise TokenizerError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason}); the file is damaged") from None
 
 

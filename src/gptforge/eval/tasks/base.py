@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from gptforge.storage import utf8
+
 # "choice": the candidate with the lowest total loss wins for acc, lowest mean token loss for acc_norm.
 # "last_word": one candidate; correct when greedy decoding reproduces all its tokens (acc), plus perplexity.
 ScoringMode = Literal["choice", "last_word"]
@@ -99,9 +101,9 @@ def load_rows(task: str, path: str | Path | None = None, required: tuple[str, ..
             for i, raw in enumerate(f, start=1):
                 where = f"{task}: example {len(rows)} (line {i} of {p})"
                 try:
-                    line = raw.decode("utf-8")
+                    line = utf8(raw, at_start=i == 1)
                 except UnicodeDecodeError as e:
-                    raise MalformedExample(f"{where} is not UTF-8 text ({e.reason} at byte {e.start}); {REFETCH}") from None
+                    raise MalformedExample(f"{where} is not UTF-8 text (byte {e.start}: {e.reason}); {REFETCH}") from None
                 if not line.strip():
                     continue
                 try:
