@@ -266,3 +266,32 @@ def test_a_byte_order_mark_is_dropped_only_at_the_start():
     with pytest.raises(UnicodeDecodeError) as e:
         utf8(BOM + b"ab\xff", at_start=True)
     assert e.value.start == 5  # counted in the bytes given, mark included
+
+
+# Class 5, a --data path that is there but is no file (sft, rm, dpo, eval --preferences all read through
+# rows.read_rows): /dev/null, a pipe, a dangling or looping symlink went on to `datasets`, which said
+# "FileNotFoundError: Couldn't find any data file" (a pipe could have been waited on). Now named for what it
+# is, before `datasets` is asked. Plant tried: the check dropped (every case fails).
+@pytest.mark.parametrize("reader", ["conversations", "preferences"])
+@pytest.mark.parametrize("kind", ["device", "pipe", "dangling symlink", "symlink loop"])
+def test_data_that_is_no_file_is_named_for_what_it_is(reader, kind, tmp_path):
+    from gptforge.data.preference import read_preferences
+    from gptforge.data.rows import DataError
+    from gptforge.data.sft import read_conversations
+
+    p = tmp_path / "d.jsonl"
+    if kind == "device":
+        p = "/dev/null"
+    elif kind == "pipe":
+        os.mkfifo(p)
+    elif kind == "dangling symlink":
+        os.symlink(tmp_path / "gone.jsonl", p)
+    else:
+        os.symlink(tmp_path / "e.jsonl", p)
+        os.symlink(p, tmp_path / "e.jsonl")
+    read = read_conversations if reader == "conversations" else read_preferences
+    with pytest.raises(DataError) as e:
+        read(str(p))
+    msg = str(e.value)
+    assert f"--data {p}: " in msg and "Couldn't find" not in msg, msg
+    assert ("symlink" in msg) if "symlink" in kind else ("special file" in msg), msg

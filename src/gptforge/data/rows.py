@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
-from gptforge.storage import utf8
+from gptforge.storage import not_a_file, utf8
 
 Check = Callable[[dict[str, Any]], Optional[str]]  # a row -> why it is bad, or None
 
@@ -43,6 +43,10 @@ def read_rows(source: str, split: str, columns: Sequence[str], check: Check, ski
     is what a JSONL line should look like (for the message when a line is not such an object) and
     ``what`` describes the file for a missing path."""
     path = Path(source)
+    if not path.is_file() and not path.is_dir() and (path.exists() or path.is_symlink()):
+        # a device, a pipe, a dangling or looping symlink: there, but not a file to read (datasets would call
+        # it "no data file found", or wait on the pipe forever)
+        raise error(f"--data {source}: {not_a_file(path)} (give {what or 'a JSONL file'} or a HF dataset)")
     if path.is_file() and path.suffix != ".parquet":
         return _some(_read_jsonl(path, columns, check, skip_bad, stats, error, jsonl_shape), source, stats, error,
                      "no rows (the file is empty or holds only blank lines)")
