@@ -295,3 +295,33 @@ def test_data_that_is_no_file_is_named_for_what_it_is(reader, kind, tmp_path):
     msg = str(e.value)
     assert f"--data {p}: " in msg and "Couldn't find" not in msg, msg
     assert ("symlink" in msg) if "symlink" in kind else ("special file" in msg), msg
+
+
+# Class 6, a shard name that puts a shard where it does not belong: prepare's --name is the shards' file-name
+# prefix, and `train` finds a split by a word in the name (*train*.bin, *val*.bin). --name ../x wrote the
+# shards outside --out; a/b failed with a raw errno line; "interval" or "train" made every shard match the
+# other split too (validation on training data, exit 0). prepare now refuses such a name, and train refuses a
+# shard whose name holds both split words, however it was made. Plants tried: the name check dropped, the
+# both-words check dropped.
+@pytest.mark.parametrize("name", ["../escape", "a/b", "", "x y", "-dash", "interval", "train", "my_val", "Trainee.val"])
+def test_prepare_refuses_a_name_that_misplaces_shards(name, tmp_path, capsys):
+    (tmp_path / "a.txt").write_text("hello world " * 20)
+    out = tmp_path / "sub" / "o"
+    rc, err = _run(["prepare", "files", str(tmp_path / "a.txt"), "--out", str(out), "--no-progress", "--workers", "1",
+                    f"--name={name}"], capsys)
+    assert rc == 2 and f"--name {name!r}" in err, err
+    assert not list(tmp_path.rglob("*.bin")), list(tmp_path.rglob("*.bin"))
+
+
+def test_train_refuses_a_shard_read_as_both_splits(tmp_path):
+    from gptforge.data.shards import ShardError, list_shards, write_shard
+
+    write_shard(tmp_path / "interval_val_000000.bin", [1, 2, 3])
+    write_shard(tmp_path / "interval_train_000001.bin", [1, 2, 3])
+    for split, other in (("train", "val"), ("val", "train")):
+        with pytest.raises(ShardError, match="interval_train_000001.bin: its name holds both split words"):
+            list_shards(tmp_path, split, other)
+    # the same word for both splits is a choice (validate on the training data), not a collision
+    assert [p.name for p in list_shards(tmp_path, "train", "train")] == ["interval_train_000001.bin"]
+    with pytest.raises(ShardError, match="is not a folder"):
+        list_shards(tmp_path / "interval_val_000000.bin", "train", "val")

@@ -76,8 +76,8 @@ def check_race_inputs(cfgs: list[Config]) -> None:
         cfg.validate(launched_world())
         check_tasks(cfg)
         check_run_dir(cfg.train.out_dir)
-        for split in (cfg.data.train_split, cfg.data.val_split):
-            for f in list_shards(cfg.data.dir, split):
+        for split, other in ((cfg.data.train_split, cfg.data.val_split), (cfg.data.val_split, cfg.data.train_split)):
+            for f in list_shards(cfg.data.dir, split, other):
                 if f not in largest:
                     toks = read_shard(f)
                     largest[f] = int(toks.max()) if toks.size else -1

@@ -123,12 +123,23 @@ def check_token_ids(path: str | os.PathLike, vocab_size: int, tokens: np.ndarray
     return hi
 
 
-def list_shards(data_dir: str | os.PathLike, split: str) -> list[Path]:
-    """Shards of a split in a folder, sorted by name: files matching ``*{split}*.bin``."""
+def list_shards(data_dir: str | os.PathLike, split: str, other: str | None = None) -> list[Path]:
+    """Shards of a split in a folder, sorted by name: files matching ``*{split}*.bin``. ``other``: the other
+    split's word; a shard whose name holds both (``interval_train_000001.bin`` for train and val) is refused,
+    since it would be read as both (validation on training data, silently)."""
     d = Path(data_dir)
     if not d.is_dir():
+        if d.exists():
+            raise ShardError(f"data directory {d} is not a folder; give the folder `gptforge prepare ...` wrote shards to")
         raise ShardError(f"data directory {d} does not exist; run `gptforge prepare ...` first")
+    if not split:
+        raise ShardError("the split word is empty (--data.train_split / --data.val_split ''): every .bin would match")
     matches = sorted(d.glob(f"*{split}*.bin"))
+    both = [p for p in matches if other and other != split and other in p.name]  # equal words: on purpose
+    if both:
+        raise ShardError(f"shard {both[0]}: its name holds both split words, {split!r} and {other!r}, so it would be "
+                         "read as training and as validation data; rename the shards (prepare --name without either "
+                         "word) or set --data.train_split / --data.val_split to words only one side holds")
     broken = [p for p in matches if not p.is_file()]  # a dangling symlink or a directory: never skipped unsaid
     if broken:
         p = broken[0]

@@ -42,11 +42,11 @@ class Pretrain(Recipe):
 
     def loaders(self, cfg: Config, info: DistInfo) -> tuple[Any, Any, int]:
         B, T = cfg.train.micro_batch, cfg.train.seq_len
-        train = make_loader(list_shards(cfg.data.dir, cfg.data.train_split), B, T, info.dp_rank, info.dp_world,
+        train = make_loader(list_shards(cfg.data.dir, cfg.data.train_split, cfg.data.val_split), B, T, info.dp_rank, info.dp_world,
                             align=cfg.data.align, shuffle=cfg.data.shuffle, seed=cfg.data.shuffle_seed,
                             eot=cfg.data.eot_token, step_tokens=_shard_step_tokens(cfg, info),
                             vocab_size=cfg.model.vocab_size)
-        val_files = list_shards(cfg.data.dir, cfg.data.val_split)
+        val_files = list_shards(cfg.data.dir, cfg.data.val_split, cfg.data.train_split)
         val = ShardLoader(val_files, B, T, info.dp_rank, info.dp_world, vocab_size=cfg.model.vocab_size)
         return train, val, sum(read_header(f)[2] for f in val_files) // (B * T * info.dp_world)
 

@@ -406,6 +406,7 @@ def prepare(source, out: str | os.PathLike, settings: PrepareSettings | None = N
                           "shard; the llm.c header counts a shard's tokens in an int32)")
     if not 0 < settings.val_max_fraction <= 1:
         raise SourceError(f"val_max_fraction {settings.val_max_fraction}: must be in (0, 1]")
+    _check_name(settings.name)
     workers = settings.workers or available_cores()
     if workers < 1:
         raise SourceError(f"--workers {settings.workers}: must be >= 1 (0 = all cores)")
@@ -476,6 +477,24 @@ def prepare(source, out: str | os.PathLike, settings: PrepareSettings | None = N
                               "workers": round(sum(w["cpu"] - w["startup_cpu"] for w in ws), 3),
                               "workers_startup": round(sum(w["startup_cpu"] for w in ws), 3)}
     return summary
+
+
+def _check_name(name: str) -> None:
+    """``--name`` is the shards' file-name prefix, so it is one plain name: letters, digits, ``.``, ``_``, ``-``
+    (a ``/`` or ``..`` wrote shards outside --out), and it holds neither ``train`` nor ``val``: train finds a
+    split's shards by that word in the name (``*train*.bin``, ``*val*.bin``), so a prefix holding one
+    ("interval", "train") put every shard in that split too: validation on training data, silently."""
+    import re
+
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", name):
+        raise SourceError(f"--name {name!r}: the shards' file-name prefix must be 1-100 letters, digits, '.', '_' "
+                          "or '-', starting with a letter or digit (no '/', spaces or '..': shards go in --out)")
+    split = next((w for w in ("train", "val") if w in name), None)
+    if split:
+        other = f"{name}_val_000000.bin" if split == "train" else f"{name}_train_000001.bin"
+        raise SourceError(f"--name {name!r} holds {split!r}, the word `gptforge train` finds {split} shards by "
+                          f"(*{split}*.bin), so {other} would be read as {split} data too; choose a name without "
+                          "'train' or 'val'")
 
 
 def _no_tokens(desc: dict, st: dict) -> str:
