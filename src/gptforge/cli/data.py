@@ -37,7 +37,8 @@ def args_prepare(p: argparse.ArgumentParser) -> None:
     pl.add_argument("paths", nargs="+", metavar="PATH", help="files or folders (walked recursively, sorted)")
     pl.add_argument("--out", required=True, help="output folder")
     pl.add_argument("--text-field", default="text", help="jsonl field / parquet column holding the text")
-    pl.add_argument("--name", default="data", help="shard name prefix: NAME_val_000000.bin, NAME_train_000001.bin")
+    pl.add_argument("--name", default="data", help="shard name prefix: NAME_val_000000.bin, NAME_train_000001.bin (letters, digits, "
+                         "'.', '_', '-'; without 'train' or 'val', the words train finds the splits by)")
     _shard_options(pl)
     pc = prs.add_parser("conversations", help="SFT conversations ({\"messages\": [...]} JSONL) from a generated "
                                               "verifiable task; its eval problems are left out")
