@@ -23,6 +23,8 @@ from gptforge.cli import main
 FILES_DOORS = {
     "prepare files": (["prepare", "files"], ["--out", "{tmp}/o", "--no-progress", "--workers", "1"]),
     "tokenizer train": (["tokenizer", "train"], ["--out", "{tmp}/t", "--no-progress", "--vocab-size", "300"]),
+    "prepare fineweb --data-files": (["prepare", "fineweb", "--data-files"], ["--out", "{tmp}/o", "--no-progress",
+                                                                             "--workers", "1"]),
 }
 
 
@@ -325,3 +327,25 @@ def test_train_refuses_a_shard_read_as_both_splits(tmp_path):
     assert [p.name for p in list_shards(tmp_path, "train", "train")] == ["interval_train_000001.bin"]
     with pytest.raises(ShardError, match="is not a folder"):
         list_shards(tmp_path / "interval_val_000000.bin", "train", "val")
+
+
+@pytest.mark.parametrize("what", ["pipe", "device", "jsonl", "dangling symlink"])
+def test_fineweb_data_files_are_checked_as_prepare_files_paths(what, tmp_path, capsys):
+    """--data-files went to `datasets` unchecked: a pipe or a dangling link was "Unable to find", a .jsonl was
+    a two-line pyarrow complaint about parquet magic bytes. They now go through expand_paths, as `prepare
+    files` paths do, and must be .parquet. Plant tried: fineweb_source without expand_paths."""
+    p = tmp_path / "x.parquet"
+    if what == "pipe":
+        os.mkfifo(p)
+    elif what == "device":
+        p = "/dev/null"
+    elif what == "jsonl":
+        p = tmp_path / "x.jsonl"
+        p.write_text('{"text": "hello"}\n')
+    else:
+        os.symlink(tmp_path / "gone.parquet", p)
+    rc, err = _run(["prepare", "fineweb", "--data-files", str(p), "--out", str(tmp_path / "o"), "--no-progress",
+                    "--workers", "1"], capsys)
+    assert rc == 2 and str(p) in err and "Unable to find" not in err, err
+    assert {"pipe": "special file", "device": "special file", "jsonl": "not a .parquet file",
+            "dangling symlink": "symlink"}[what] in err, err

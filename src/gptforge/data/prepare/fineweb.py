@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 
 from gptforge.data.prepare.pipeline import PrepareSettings, prepare
-from gptforge.data.prepare.sources import HFStreamSource
+from gptforge.data.prepare.sources import HFStreamSource, SourceError, _kind, expand_paths
 from gptforge.extras import require
 
 SAMPLES = {"10BT": 10_000_000_000, "100BT": 100_000_000_000, "350BT": 350_000_000_000}  # GPT-2 tokens, roughly
@@ -25,8 +25,13 @@ SAMPLES = {"10BT": 10_000_000_000, "100BT": 100_000_000_000, "350BT": 350_000_00
 def fineweb_source(edu: bool = False, sample: str = "10BT", data_files: list[str] | None = None) -> HFStreamSource:
     if sample not in SAMPLES:
         raise ValueError(f"--sample {sample!r}: choose one of {', '.join(SAMPLES)}")
-    if data_files:
-        return HFStreamSource("parquet", data_files=data_files)
+    if data_files:  # the same checks as `prepare files` (no device, pipe or dangling link; no file twice)
+        files = expand_paths(data_files)
+        other = next((f for f in files if _kind(f) != ".parquet"), None)
+        if other is not None:
+            raise SourceError(f"--data-files {other}: not a .parquet file (FineWeb's format); `gptforge prepare "
+                              "files` reads .txt and .jsonl")
+        return HFStreamSource("parquet", data_files=[str(f) for f in files])
     repo = "HuggingFaceFW/fineweb-edu" if edu else "HuggingFaceFW/fineweb"
     return HFStreamSource(repo, name=f"sample-{sample}", split="train")
 
