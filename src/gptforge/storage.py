@@ -234,11 +234,29 @@ def run_owner(path: str | Path) -> tuple[str, Path] | None:
     return None
 
 
+def special_output(path: Path, flag: str = "") -> str | None:
+    """Why ``path`` (followed through symlinks) may not be written: a device, a pipe or a socket is there.
+    Every output is written beside its path and renamed over it, so writing one would replace the special
+    file itself with a regular one (run as root, /dev/null or a terminal's device gone for every process);
+    --force never does that. None when ``path`` is a regular file, a folder, or nothing yet."""
+    try:
+        there = path.exists() and not path.is_file() and not path.is_dir()
+    except OSError:  # a name too long, a loop: the writer's own error says it
+        return None
+    if not there:
+        return None
+    return (f"{(flag + ' ') if flag else ''}{path}: {not_a_file(path)}; outputs are written beside their path and "
+            "renamed over it, which would replace it (--force never does): name a regular file or folder")
+
+
 def check_output(path: str | Path, force: bool, kind: str = "file", flag: str = "--out") -> Path:
     """Refuse, before any work, an output that would replace something it may not: an existing file
     (a non-empty folder) without ``force``, and, with or without it, a checkpoint or run directory
     or a file inside one that the run stack wrote. ``kind``: "file" or "dir"."""
     p = Path(path)
+    special = special_output(p, flag)
+    if special:
+        raise OutputExistsError(special)
     owner = run_owner(p if kind == "dir" or p.is_dir() else p.parent)
     if owner is not None and (kind == "dir" or p.exists() or owner[0] == "checkpoint" or p.name in RUN_FILES):
         what = "that is" if kind == "dir" and owner[1] == p.absolute() else "that is inside"
@@ -322,6 +340,9 @@ def atomic_path(path: str | Path, what: str | None = None, needed: int = 0) -> I
     path = Path(path)
     if path.is_symlink():  # a link to the real file (on a bigger disk): replace that file, keep the link
         path = path.resolve()
+    special = special_output(path)
+    if special:  # the last guard, for writers that never went through check_output
+        raise OutputExistsError(special)
     what = what or path.name
     tmp = None
     with output_errors(path, what, needed):

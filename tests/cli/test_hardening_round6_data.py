@@ -349,3 +349,50 @@ def test_fineweb_data_files_are_checked_as_prepare_files_paths(what, tmp_path, c
     assert rc == 2 and str(p) in err and "Unable to find" not in err, err
     assert {"pipe": "special file", "device": "special file", "jsonl": "not a .parquet file",
             "dangling symlink": "symlink"}[what] in err, err
+
+
+# Class 7, an output path that is a pipe, a socket or a device: every output is written beside its path and
+# renamed over it, so `prepare conversations --out PIPE --force` replaced the pipe with a regular file (and, run
+# as root, `--out /dev/null --force` would replace /dev/null itself for every process). check_output and
+# atomic_path, which every writer goes through, now refuse a special file, --force or not. (Tested on pipes,
+# sockets and links to them in tmp only: a plant must never be able to replace a real device.)
+# Plant tried: special_output returning None (the pipe became a regular file, exit 0).
+def _special(kind: str, tmp_path):
+    import socket
+    import stat
+
+    p = tmp_path / "out.jsonl"
+    if kind in ("pipe", "link to a pipe"):
+        target = tmp_path / "pipe"
+        os.mkfifo(target)
+    else:
+        target = tmp_path / "sock"
+        s = socket.socket(socket.AF_UNIX)
+        s.bind(str(target))
+        s.close()
+    if kind.startswith("link"):
+        os.symlink(target, p)
+    else:
+        os.rename(target, p)
+        target = p
+    return p, target, (stat.S_ISFIFO if "pipe" in kind else stat.S_ISSOCK)
+
+
+@pytest.mark.parametrize("kind", ["pipe", "socket", "link to a pipe"])
+@pytest.mark.parametrize("argv", [["prepare", "conversations", "arithmetic", "--n", "3"],
+                                  ["prepare", "preferences", "arithmetic", "--n", "3"]])
+def test_an_output_that_is_a_special_file_is_never_replaced(kind, argv, tmp_path, capsys):
+    p, target, is_kind = _special(kind, tmp_path)
+    rc, err = _run([*argv, "--out", str(p), "--force"], capsys)
+    assert rc == 2 and str(p) in err and "special file" in err and "--force never" in err, err
+    assert is_kind(os.stat(target).st_mode)  # still the pipe or socket
+
+
+@pytest.mark.parametrize("kind", ["pipe", "socket", "link to a pipe"])
+def test_the_one_writer_refuses_a_special_file(kind, tmp_path):
+    from gptforge.storage import OutputError, write_json
+
+    p, target, is_kind = _special(kind, tmp_path)
+    with pytest.raises(OutputError, match="special file"):
+        write_json(p, {"a": 1})
+    assert is_kind(os.stat(target).st_mode)
