@@ -396,3 +396,38 @@ def test_the_one_writer_refuses_a_special_file(kind, tmp_path):
     with pytest.raises(OutputError, match="special file"):
         write_json(p, {"a": 1})
     assert is_kind(os.stat(target).st_mode)
+
+
+# Class 8, what a folder walk reads: `prepare files DIR` (and tokenizer train) read every .txt/.jsonl under DIR,
+# hidden ones too: a partial `.NAME.tmp-PID-XXXXXX.jsonl` that an interrupted write left, macOS's binary
+# `._a.txt` resource forks (a UTF-8 error that stopped the run), `.git/`; and files of other types (the real
+# corpus as .jsonl.zst beside a README.txt) were dropped in silence. Hidden files are now not read, and what
+# the walk leaves out is named in one note line (and in the error when nothing is left).
+# Plants tried: _walk reading hidden files again; the note dropped.
+@pytest.mark.parametrize("door", ["prepare files", "tokenizer train"])
+@pytest.mark.parametrize("left", ["interrupted temporary", "resource fork", "under .git", "other type"])
+def test_a_folder_walk_reads_no_hidden_file_and_names_what_it_left(door, left, tmp_path, capsys):
+    src = tmp_path / "corpus"
+    src.mkdir()
+    (src / "a.txt").write_text("the real text of the corpus, " * 20)
+    name = {"interrupted temporary": ".conv.jsonl.tmp-123-abcdef.jsonl", "resource fork": "._a.txt",
+            "under .git": ".git/notes.txt", "other type": "data.jsonl.zst"}[left]
+    (src / name).parent.mkdir(exist_ok=True)
+    (src / name).write_bytes(b'{"text": "partial' if name.endswith(".jsonl") else b"\x00\x05\x16\x07\xff\xfe")
+    (src / ".DS_Store").write_bytes(b"\x00\x00\x00\x01Bud1")  # hidden and of no readable type: unsaid
+    before, after = FILES_DOORS[door]
+    rc = main([*before, str(src), *[a.format(tmp=tmp_path) for a in after]])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    notes = [ln for ln in err.splitlines() if ln.startswith("note: ") and "left out" in ln]
+    assert len(notes) == 1 and name in notes[0] and "1 file " in notes[0] and ".DS_Store" not in notes[0], err
+    if door == "prepare files":
+        files = json.loads((tmp_path / "o" / "manifest.json").read_text())["source"]["files"]
+        assert [f["path"] for f in files] == [str((src / "a.txt").resolve())]
+
+
+def test_a_folder_of_nothing_readable_names_what_it_holds(tmp_path, capsys):
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "data.jsonl.zst").write_bytes(b"(\xb5/\xfd")
+    rc, err = _run(["prepare", "files", str(tmp_path / "c"), "--out", str(tmp_path / "o"), "--no-progress"], capsys)
+    assert rc == 2 and "holds no .txt" in err and "left out: data.jsonl.zst" in err, err

@@ -52,12 +52,43 @@ def _kind(path: Path) -> str | None:
     return None
 
 
-def expand_paths(paths: list[str | os.PathLike], repeats: bool = False) -> list[Path]:
+def _walk(folder: Path) -> tuple[list[Path], list[Path]]:
+    """(files to read, files left out) under ``folder``, sorted. Hidden files and anything under a hidden
+    folder are not read (``.git/``, macOS's ``._name.txt`` resource forks, gptforge's own ``.NAME.tmp-*``
+    temporaries of an interrupted write: a partial file that would pass for data); those with a readable
+    suffix, and files of other types (a ``.jsonl.zst``, a ``.csv``), are returned as left out, so the
+    caller can say so rather than leave the corpus smaller in silence."""
+    found: list[Path] = []
+    left_out: list[tuple[bool, Path]] = []
+    for f in sorted(folder.rglob("*")):
+        if not f.is_file():
+            continue
+        hidden = any(part.startswith(".") for part in f.relative_to(folder).parts)
+        if _kind(f) and not hidden:
+            found.append(f)
+        elif _kind(f) or not hidden:  # a hidden file of no readable type (.DS_Store, .git/*) goes unsaid
+            left_out.append((hidden, f))
+    return found, [f for _, f in sorted(left_out)]  # files of other types named first: the likelier mistake
+
+
+def _some_names(files: list[Path], folder: Path) -> str:
+    names = [str(f.relative_to(folder)) for f in files[:3]]
+    return ", ".join(names) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+
+
+def _stderr(msg: str) -> None:
+    import sys
+
+    print(msg, file=sys.stderr)
+
+
+def expand_paths(paths: list[str | os.PathLike], repeats: bool = False, note=_stderr) -> list[Path]:
     """Files to read, in order: given files as given, folders walked recursively (sorted). A file met
     twice (given twice, given and inside a folder also given, or reached again through a symlink or hard
     link) is refused, naming both ways it was met: read twice it would silently weigh its text double
     (and put the same documents in both the val and the train split). ``repeats``: allowed on purpose (a
-    benchmark's corpus made of copies)."""
+    benchmark's corpus made of copies). A folder's hidden files and files of other types are not read;
+    ``note`` (stderr by default) gets one line naming them (see :func:`_walk`)."""
     from gptforge.storage import not_a_file
 
     out: list[Path] = []
@@ -75,9 +106,13 @@ def expand_paths(paths: list[str | os.PathLike], repeats: bool = False) -> list[
 
     for p in map(Path, paths):
         if p.is_dir():
-            found = sorted(f for f in p.rglob("*") if f.is_file() and _kind(f))
+            found, left_out = _walk(p)
             if not found:
-                raise FileNotFoundError(f"{p}: folder holds no {', '.join(SUFFIXES)} files")
+                raise FileNotFoundError(f"{p}: folder holds no {', '.join(SUFFIXES)} files"
+                                        + (f" (left out: {_some_names(left_out, p)})" if left_out else ""))
+            if left_out and note is not None:
+                note(f"note: {p}: left out {len(left_out)} file{'s' * (len(left_out) > 1)} "
+                     f"({_some_names(left_out, p)}): only {', '.join(SUFFIXES)} files are read, and no hidden ones")
             for f in found:
                 add(f)
         elif p.is_file():
