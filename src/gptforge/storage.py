@@ -408,6 +408,20 @@ def utf8(raw: bytes, at_start: bool = False) -> str:
         raise UnicodeDecodeError("utf-8", raw, e.start + skip, e.end + skip, e.reason) from None
 
 
+def jsonl_hint(line: str) -> str:
+    """What to add when line 1 of a JSON Lines file (one object a line) is not such an object but begins a
+    whole-file JSON document (an array of rows, or one object over several lines, as many datasets are
+    published): said, and how to convert it, instead of "line 1: not valid JSON (Expecting value)"."""
+    s = line.strip()
+    if s.startswith("["):
+        return ("; the file looks like one JSON array, not JSON Lines (one object a line): convert it, e.g. "
+                "jq -c '.[]' FILE > FILE.jsonl")
+    if s == "{" or (s.startswith("{") and not s.endswith("}")):
+        return ("; the file looks like one JSON document over several lines, not JSON Lines (one object a line): "
+                "convert it, e.g. jq -c . FILE > FILE.jsonl")
+    return ""
+
+
 MAX_JSON_BYTES = 16 << 20  # config.json, meta.json, a manifest or an index: kilobytes; 16 MiB is damage, not size
 
 

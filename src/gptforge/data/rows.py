@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
-from gptforge.storage import not_a_file, utf8
+from gptforge.storage import jsonl_hint, not_a_file, utf8
 
 Check = Callable[[dict[str, Any]], Optional[str]]  # a row -> why it is bad, or None
 
@@ -93,16 +93,17 @@ def _read_jsonl(path: Path, columns: Sequence[str], check: Check, skip_bad: bool
                 continue
             if not line.strip():
                 continue
+            hint = jsonl_hint(line) if n == 1 else ""
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
-                bad_row(where, f"not valid JSON ({e.msg})", skip_bad, stats, error)
+                bad_row(where, f"not valid JSON ({e.msg}){hint}", skip_bad, stats, error)
                 continue
             except RecursionError:  # [[[[... thousands deep: the parser's stack, not a crash of the run
                 bad_row(where, f"JSON nested too deeply (expected {shape})", skip_bad, stats, error)
                 continue
             if not isinstance(row, dict) or any(c not in row for c in columns):
-                bad_row(where, f"expected {shape}", skip_bad, stats, error)
+                bad_row(where, f"expected {shape}{hint if not isinstance(row, dict) else ''}", skip_bad, stats, error)
                 continue
             why = check(row)
             if why is not None:

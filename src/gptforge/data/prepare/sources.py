@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gptforge.extras import require
-from gptforge.storage import utf8
+from gptforge.storage import jsonl_hint, utf8
 
 SUFFIXES = (".txt", ".jsonl", ".jsonl.gz", ".parquet")
 
@@ -213,13 +213,17 @@ class FilesSource:
             s = utf8(line, at_start)
         except UnicodeDecodeError as e:
             return Item(None, where, f"not valid UTF-8 at byte {e.start} ({e.reason})")
+        hint = jsonl_hint(s) if at_start else ""
         try:
             row = json.loads(s)
         except json.JSONDecodeError as e:
-            return Item(None, where, f"not valid JSON ({e.msg} at column {e.colno})")
-        if not isinstance(row, dict) or self.text_field not in row:
-            keys = sorted(row)[:8] if isinstance(row, dict) else type(row).__name__
-            return Item(None, where, f"no field {self.text_field!r} (has {keys}); set --text-field")
+            return Item(None, where, f"not valid JSON ({e.msg} at column {e.colno}){hint}")
+        except RecursionError:  # [[[[... thousands deep: the parser's stack, a bad row like any other
+            return Item(None, where, "JSON nested too deeply")
+        if not isinstance(row, dict):
+            return Item(None, where, f"a JSON {type(row).__name__}, not an object with a {self.text_field!r} field{hint}")
+        if self.text_field not in row:
+            return Item(None, where, f"no field {self.text_field!r} (has {sorted(row)[:8]}); set --text-field")
         text = row[self.text_field]
         if not isinstance(text, str):
             return Item(None, where, f"field {self.text_field!r} is {type(text).__name__}, not a string")

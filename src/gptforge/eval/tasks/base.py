@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from gptforge.storage import utf8
+from gptforge.storage import jsonl_hint, utf8
 
 # "choice": the candidate with the lowest total loss wins for acc, lowest mean token loss for acc_norm.
 # "last_word": one candidate; correct when greedy decoding reproduces all its tokens (acc), plus perplexity.
@@ -110,9 +110,10 @@ def load_rows(task: str, path: str | Path | None = None, required: tuple[str, ..
                     row = json.loads(line)
                 except (json.JSONDecodeError, RecursionError) as e:
                     what = "an HTML page, not JSON" if line.lstrip().startswith("<") else f"not JSON ({e})"
-                    raise MalformedExample(f"{where} is {what}; {REFETCH}") from None
+                    raise MalformedExample(f"{where} is {what}{jsonl_hint(line) if i == 1 else ''}; {REFETCH}") from None
                 if not isinstance(row, dict):
-                    raise MalformedExample(f"{where}: expected a JSON object, found {type(row).__name__}; {REFETCH}")
+                    raise MalformedExample(f"{where}: expected a JSON object, found {type(row).__name__}"
+                                           f"{jsonl_hint(line) if i == 1 else ''}; {REFETCH}")
                 bad = [k for k in required if not isinstance(row.get(k), str)]
                 if bad:
                     raise MalformedExample(f"{where}: no string {', '.join(map(repr, bad))} (keys: "
