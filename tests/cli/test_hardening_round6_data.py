@@ -472,3 +472,29 @@ def test_a_whole_file_json_document_is_named_as_not_json_lines(reader, shape, tm
             _read_with(reader, p)
         msg = str(e.value)
     assert f"{p}" in msg and "not JSON Lines" in msg and "jq -c" in msg, msg
+
+
+# Class 10, the same data file at two doors: `prepare files` reads a .jsonl.gz, but sft/rm/dpo --data read its
+# compressed bytes as text ("line 1: not UTF-8 text"). rows.read_rows now opens .gz files as prepare does, and
+# a truncated one is a bad row naming where it broke. Plant tried: rows opening every file plainly.
+@pytest.mark.parametrize("reader", ["conversations", "preferences"])
+def test_post_training_data_reads_jsonl_gz_as_prepare_does(reader, tmp_path):
+    import gzip
+
+    from gptforge.data.preference import read_preferences
+    from gptforge.data.rows import DataError
+    from gptforge.data.sft import read_conversations
+
+    row = ({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
+           if reader == "conversations" else {"prompt": "p", "chosen": "a", "rejected": "b"})
+    body = "".join(json.dumps(row) + "\n" for _ in range(50)).encode()
+    plain, gz, cut = tmp_path / "d.jsonl", tmp_path / "d.jsonl.gz", tmp_path / "cut.jsonl.gz"
+    plain.write_bytes(body)
+    gz.write_bytes(gzip.compress(body))
+    cut.write_bytes(gzip.compress(body)[:-12])  # the trailer and some data gone
+    read = read_conversations if reader == "conversations" else read_preferences
+    assert len(read(str(gz))) == len(read(str(plain))) == 50
+    with pytest.raises(DataError, match=r"cut.jsonl.gz:\d+: the compressed file is truncated or corrupt"):
+        read(str(cut))
+    with pytest.raises(DataError, match=r"missing.jsonl.gz: no such file"):
+        read(str(tmp_path / "missing.jsonl.gz"))

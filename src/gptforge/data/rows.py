@@ -1,7 +1,7 @@
 """Rows of a data file for the post-training recipes (SFT conversations, preference pairs): one
 reader for JSONL files and Hugging Face datasets, and one rule for bad rows.
 
-``source`` is a JSONL file (one JSON object a line), or a Hugging Face dataset: a ``.parquet`` file,
+``source`` is a JSONL file (one JSON object a line; gzipped when named .gz), or a Hugging Face dataset: a ``.parquet`` file,
 a directory written by ``Dataset.save_to_disk`` / ``DatasetDict.save_to_disk``, a local dataset
 directory of data files, or a dataset name on the Hub (``datasets.load_dataset``, online). Each row
 comes back with where it came from (``FILE:LINE`` or ``DATASET[SPLIT] row N``), so a bad one is
@@ -12,7 +12,9 @@ named; with ``skip_bad`` it is counted in ``stats["skipped"]`` instead.
 
 from __future__ import annotations
 
+import gzip
 import json
+import zlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Optional
@@ -50,7 +52,7 @@ def read_rows(source: str, split: str, columns: Sequence[str], check: Check, ski
     if path.is_file() and path.suffix != ".parquet":
         return _some(_read_jsonl(path, columns, check, skip_bad, stats, error, jsonl_shape), source, stats, error,
                      "no rows (the file is empty or holds only blank lines)")
-    if not path.exists() and path.suffix in (".jsonl", ".json", ".parquet"):
+    if not path.exists() and path.suffix in (".jsonl", ".json", ".parquet", ".gz"):
         raise error(f"--data {source}: no such file (give {what} or a HF dataset)")
     ds = load_hf(source, split, error)
     name = f"{source}[{split}]"
@@ -83,33 +85,39 @@ def _some(rows: list, name: str, stats: dict[str, int] | None, error: type[DataE
 def _read_jsonl(path: Path, columns: Sequence[str], check: Check, skip_bad: bool, stats: dict[str, int] | None,
                 error: type[DataError], shape: str) -> list[tuple[str, dict[str, Any]]]:
     out: list[tuple[str, dict[str, Any]]] = []
-    with open(path, "rb") as f:
-        for n, raw in enumerate(f, 1):
-            where = f"{path}:{n}"
-            try:
-                line = utf8(raw, at_start=n == 1)
-            except UnicodeDecodeError as e:
-                bad_row(where, f"not UTF-8 text (byte {e.start}: {e.reason})", skip_bad, stats, error)
-                continue
-            if not line.strip():
-                continue
-            hint = jsonl_hint(line) if n == 1 else ""
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                bad_row(where, f"not valid JSON ({e.msg}){hint}", skip_bad, stats, error)
-                continue
-            except RecursionError:  # [[[[... thousands deep: the parser's stack, not a crash of the run
-                bad_row(where, f"JSON nested too deeply (expected {shape})", skip_bad, stats, error)
-                continue
-            if not isinstance(row, dict) or any(c not in row for c in columns):
-                bad_row(where, f"expected {shape}{hint if not isinstance(row, dict) else ''}", skip_bad, stats, error)
-                continue
-            why = check(row)
-            if why is not None:
-                bad_row(where, why, skip_bad, stats, error)
-                continue
-            out.append((where, row))
+    opener = gzip.open if path.name.lower().endswith(".gz") else open  # .jsonl.gz, as prepare files reads
+    n = 0
+    try:
+        with opener(path, "rb") as f:
+            for n, raw in enumerate(f, 1):
+                where = f"{path}:{n}"
+                try:
+                    line = utf8(raw, at_start=n == 1)
+                except UnicodeDecodeError as e:
+                    bad_row(where, f"not UTF-8 text (byte {e.start}: {e.reason})", skip_bad, stats, error)
+                    continue
+                if not line.strip():
+                    continue
+                hint = jsonl_hint(line) if n == 1 else ""
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as e:
+                    bad_row(where, f"not valid JSON ({e.msg}){hint}", skip_bad, stats, error)
+                    continue
+                except RecursionError:  # [[[[... thousands deep: the parser's stack, not a crash of the run
+                    bad_row(where, f"JSON nested too deeply (expected {shape})", skip_bad, stats, error)
+                    continue
+                if not isinstance(row, dict) or any(c not in row for c in columns):
+                    bad_row(where, f"expected {shape}{hint if not isinstance(row, dict) else ''}", skip_bad, stats, error)
+                    continue
+                why = check(row)
+                if why is not None:
+                    bad_row(where, why, skip_bad, stats, error)
+                    continue
+                out.append((where, row))
+    except (EOFError, zlib.error, gzip.BadGzipFile) as e:  # a truncated or damaged .gz: the rest is unreadable
+        bad_row(f"{path}:{n + 1}", f"the compressed file is truncated or corrupt ({type(e).__name__}: {e}); the rest "
+                "of it is unreadable", skip_bad, stats, error)
     return out
 
 
