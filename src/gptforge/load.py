@@ -246,6 +246,9 @@ def lora_merged(where: Path, meta: dict, cfg: Config, merge: bool = True, wrap=N
     from gptforge.models.lora import add_lora, merge_lora, weights_fingerprint
 
     lc, rec = cfg.lora, meta["lora"]
+    if lc.rank < 1:  # adapters saved, and no rank to scale them by (alpha / rank): a damaged saved config
+        raise ValueError(f"{where}/meta.json: lora.rank={lc.rank} in a LoRA checkpoint (its meta.json records adapters); "
+                         "the checkpoint is damaged")
     base = load_model(ModelSource.from_path(lc.base)) if lc.base else None
     if base is None:
         raise ValueError(f"{where}/meta.json: a LoRA checkpoint that names no lora.base; its base model is unknown")

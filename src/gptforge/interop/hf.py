@@ -32,7 +32,14 @@ from gptforge.interop.hf_tokenizer import (  # noqa: F401 (re-exported: the toke
     write_tokenizer,
 )
 from gptforge.models.registry import FAMILIES
-from gptforge.sizecheck import check_model_size, count_layers, elements, layered_elements, safetensors_shapes
+from gptforge.sizecheck import (  # MAX_DIM: no dimension comes near it; a config past it is damaged, not big
+    MAX_DIM,
+    check_model_size,
+    count_layers,
+    elements,
+    layered_elements,
+    safetensors_shapes,
+)
 from gptforge.storage import read_json
 from gptforge.tokens import EOT
 
@@ -102,7 +109,6 @@ def hf_family(name_or_dir: str) -> str:
 # transformers' activation names that compute GPT-2's tanh GELU (nn.GELU(approximate="tanh")) exactly
 TANH_GELU = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast", "gelu_accurate", "gelu_python_tanh")
 GPT2_REQUIRED = ("n_layer", "n_head", "n_embd", "n_positions", "vocab_size")
-MAX_DIM = 1 << 24  # no GPT-2 dimension comes near this; a config past it is damaged, not big
 
 
 def _refuse(where: str, key: str, value, why: str) -> HFModelError:

@@ -1,0 +1,186 @@
+"""Round 6, model in/out: a gptforge checkpoint is data like any Hugging Face folder or GGUF file, and an output
+folder named by a relative path is still a folder. Each class here was a traceback or silently wrong output:
+
+* a meta.json dimension past any model's size (n_embd 2^40) overflowed torch's size arithmetic in a traceback
+  before the weights were compared: gptforge's own configs now bound every dimension as the HF readers do
+  (``sizecheck.MAX_DIM``, in models/gpt2.py and models/llama.py);
+* a checkpoint's NaN, infinite or integer weights loaded without a word (NaN sampled garbage; integers were
+  cast into the float model), where the HF and GGUF readers refuse them: ``checkpoint.load_model_weights``,
+  the one reader of a checkpoint's weights (sample, eval, export, --init-from, --resume, a LoRA run's adapters);
+* a LoRA checkpoint whose meta.json ``lora`` record is not an object (AttributeError) or whose saved
+  lora.rank is 0 (ZeroDivisionError in alpha / rank): ``checkpoint.read_meta`` and ``load.lora_merged``;
+* ``export --out .`` (ValueError: empty name), ``--out ..`` (the temporary landed inside the folder it
+  was to replace and the carry-over copied it into itself: OSError, name too long), ``--out /``:
+  ``storage.named`` gives every atomic writer a path with a name, and ``atomic_dir`` refuses the folder
+  the command runs in (swapping it would leave the shell in a deleted folder that looks empty).
+Plants tried: each bound, check and refusal removed in turn; the tests below fail for each."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from gptforge.cli import main
+from tests.conftest import tiny_chat_checkpoint
+
+
+def _one_line(capsys, rc: int) -> str:
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, (rc, err)
+    return err
+
+
+def _rehash(step: Path) -> None:
+    """meta.json's checksums made to match what was written: the damage is in the content, not the bytes."""
+    meta = json.loads((step / "meta.json").read_text())
+    for name in meta.get("files", {}):
+        meta["files"][name] = hashlib.sha256((step / name).read_bytes()).hexdigest()
+    (step / "meta.json").write_text(json.dumps(meta))
+
+
+@pytest.fixture(scope="module")
+def base_ckpt(tmp_path_factory) -> Path:
+    return tiny_chat_checkpoint(tmp_path_factory.mktemp("base") / "run")
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    import shutil
+
+    shutil.copytree(src, dst)
+    return dst
+
+
+# every door that loads a checkpoint's weights (each reads load.load_model -> checkpoint.load_model_weights)
+DOORS = {
+    "sample": lambda ck, tmp: ["sample", "--ckpt", str(ck), "--max-new-tokens", "1", "--num-samples", "1"],
+    "export hf": lambda ck, tmp: ["export", "hf", "--ckpt", str(ck), "--out", str(tmp / "e")],
+}
+
+
+@pytest.mark.parametrize("door", list(DOORS))
+@pytest.mark.parametrize("key", ["n_embd", "vocab_size", "block_size", "n_layer", "n_head"])
+def test_a_dimension_no_model_has_is_named_not_a_traceback(key, door, base_ckpt, tmp_path, capsys):
+    step = _copy(base_ckpt, tmp_path / "ck")
+    meta = json.loads((step / "meta.json").read_text())
+    meta["config"]["model"][key] = 2**40
+    (step / "meta.json").write_text(json.dumps(meta))
+    err = _one_line(capsys, main(DOORS[door](step, tmp_path)))
+    assert "meta.json" in err and f"model.{key}={2**40}" in err and "at most" in err, err
+
+
+@pytest.mark.parametrize("key", ["n_kv_head", "head_size", "intermediate_size", "sliding_window", "n_embd"])
+def test_llama_config_bounds_every_dimension(key):
+    from gptforge.models.llama import LlamaConfig
+    from gptforge.sizecheck import MAX_DIM
+
+    with pytest.raises(ValueError, match=f"model.{key}={MAX_DIM + 1} must be at most {MAX_DIM}"):
+        LlamaConfig(**{"n_layer": 1, "n_head": 2, "n_embd": 32, key: MAX_DIM + 1})
+    LlamaConfig(n_layer=1, n_head=2, n_embd=32, vocab_size=MAX_DIM)  # the bound itself is allowed
+
+
+DAMAGE = {
+    "nan": lambda t: t.fill_(float("nan")),
+    "inf": lambda t: t.fill_(float("inf")),
+    "int32": lambda t: t.to(torch.int32),
+    "bool": lambda t: t.to(torch.bool),
+}
+
+
+def _damage(step: Path, kind: str, pick=lambda names: names[0]) -> str:
+    sd = load_file(step / "model.safetensors")
+    name = pick(sorted(sd))
+    out = DAMAGE[kind](sd[name])
+    sd[name] = out if out is not None else sd[name]
+    save_file(sd, step / "model.safetensors", metadata={"format": "pt"})
+    _rehash(step)
+    return name
+
+
+@pytest.mark.parametrize("door", list(DOORS))
+@pytest.mark.parametrize("kind", list(DAMAGE))
+def test_non_finite_or_integer_checkpoint_weights_are_refused(kind, door, base_ckpt, tmp_path, capsys):
+    step = _copy(base_ckpt, tmp_path / "ck")
+    name = _damage(step, kind)
+    err = _one_line(capsys, main(DOORS[door](step, tmp_path)))
+    assert "model.safetensors" in err and f"tensor {name}" in err, err
+    assert ("NaN or infinite" in err) if kind in ("nan", "inf") else (kind in err and "floats" in err), err
+    assert not (tmp_path / "e").exists()
+
+
+@pytest.fixture(scope="module")
+def lora_ckpt(tmp_path_factory, base_ckpt) -> Path:
+    d = tmp_path_factory.mktemp("lora")
+    data = d / "conv.jsonl"
+    data.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"{i}+1?"},
+                                                     {"role": "assistant", "content": str(i + 1)}]}) + "\n"
+                            for i in range(12)))
+    assert main(["sft", "--init-from", str(base_ckpt), "--data", str(data), "--out", str(d / "run"), "--steps", "1",
+                 "--val-count", "2", "--lora.rank", "2", "--train.micro_batch", "2", "--train.seq_len", "32",
+                 "--train.total_batch_tokens", "64", "--train.device", "cpu", "--train.compile", "false"]) == 0
+    from gptforge.run.checkpoint import latest_checkpoint
+
+    return latest_checkpoint(d / "run")
+
+
+def _edit_meta(step: Path, edit) -> None:
+    meta = json.loads((step / "meta.json").read_text())
+    edit(meta)
+    (step / "meta.json").write_text(json.dumps(meta))
+
+
+LORA_DAMAGE = {
+    "record a list": (lambda m: m.__setitem__("lora", [1]), "'lora' is list, not an object"),
+    "record a string": (lambda m: m.__setitem__("lora", "yes"), "'lora' is str, not an object"),
+    "record a number": (lambda m: m.__setitem__("lora", 3), "'lora' is int, not an object"),
+    "rank 0": (lambda m: m["config"]["lora"].__setitem__("rank", 0), "lora.rank=0 in a LoRA checkpoint"),
+}
+LORA_DOORS = {
+    "sample": DOORS["sample"],
+    "export hf --adapters-only": lambda ck, tmp: ["export", "hf", "--ckpt", str(ck), "--out", str(tmp / "e"),
+                                                  "--adapters-only"],
+}
+
+
+@pytest.mark.parametrize("door", list(LORA_DOORS))
+@pytest.mark.parametrize("damage", list(LORA_DAMAGE))
+def test_a_damaged_lora_record_is_named(damage, door, lora_ckpt, tmp_path, capsys):
+    step = _copy(lora_ckpt, tmp_path / "ck")
+    edit, words = LORA_DAMAGE[damage]
+    _edit_meta(step, edit)
+    err = _one_line(capsys, main(LORA_DOORS[door](step, tmp_path)))
+    assert "meta.json" in err and words in err, err
+
+
+@pytest.mark.parametrize("kind", ["nan", "int32"])
+def test_damaged_lora_adapters_are_refused(kind, lora_ckpt, tmp_path, capsys):
+    step = _copy(lora_ckpt, tmp_path / "ck")
+    name = _damage(step, kind, pick=lambda names: next(n for n in names if "lora_A" in n))
+    err = _one_line(capsys, main(DOORS["sample"](step, tmp_path)))
+    assert f"tensor {name}" in err, err
+
+
+@pytest.mark.parametrize("out", [".", "..", "sub/..", "/"])
+def test_an_output_folder_without_a_name_of_its_own(out, base_ckpt, tmp_path, monkeypatch, capsys):
+    here = tmp_path / "parent" / "here"
+    (here / "sub").mkdir(parents=True)
+    monkeypatch.chdir(here)
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    err = _one_line(capsys, main(["export", "llmc", "--ckpt", str(base_ckpt), "--out", out, "--force"]))
+    assert f"--out {out}" in err, err
+    assert "root of the filesystem" in err if out == "/" else "the folder this command runs in" in err, err
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # nothing written, nothing left
+
+
+def test_storage_named_resolves_dots_and_refuses_the_root(tmp_path, monkeypatch):
+    from gptforge.storage import OutputExistsError, named
+
+    monkeypatch.chdir(tmp_path)
+    assert named(".") == tmp_path.resolve() and named("a/..") == tmp_path.resolve()
+    assert named("..") == tmp_path.resolve().parent and named("x") == Path("x")
+    with pytest.raises(OutputExistsError, match="root of the filesystem"):
+        named("/")
