@@ -24,11 +24,6 @@ from gptforge.errors import CheckpointError
 
 MAX_HEADER_BYTES = 100 << 20  # the safetensors library's own limit
 
-# the largest dimension any model config may give (a width, a vocabulary, a context, a layer count): no real
-# model comes near it, and past it a config is damaged, not big (meta.json's n_embd 2^40 overflowed torch's
-# size arithmetic in a traceback before anything compared it with the weights). Every reader's bound:
-# gptforge's own configs (models/gpt2.py, models/llama.py), Hugging Face's (interop/hf.py, hf_llama.py)
-MAX_DIM = 1 << 24
 
 
 # bytes per element of safetensors' dtypes: an entry's shape must fill its byte range exactly, so a header

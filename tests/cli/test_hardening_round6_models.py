@@ -3,7 +3,7 @@ folder named by a relative path is still a folder. Each class here was a traceba
 
 * a meta.json dimension past any model's size (n_embd 2^40) overflowed torch's size arithmetic in a traceback
   before the weights were compared: gptforge's own configs now bound every dimension as the HF readers do
-  (``sizecheck.MAX_DIM``, in models/gpt2.py and models/llama.py);
+  (``numbers.MAX_DIM``, in models/gpt2.py and models/llama.py);
 * a checkpoint's NaN, infinite or integer weights loaded without a word (NaN sampled garbage; integers were
   cast into the float model), where the HF and GGUF readers refuse them: ``checkpoint.load_model_weights``,
   the one reader of a checkpoint's weights (sample, eval, export, --init-from, --resume, a LoRA run's adapters);
@@ -63,7 +63,7 @@ DOORS = {
 
 
 @pytest.mark.parametrize("door", list(DOORS))
-@pytest.mark.parametrize("key", ["n_embd", "vocab_size", "block_size", "n_layer", "n_head"])
+@pytest.mark.parametrize("key", ["n_embd", "vocab_size", "block_size", "n_head"])  # n_layer: bounded by the file
 def test_a_dimension_no_model_has_is_named_not_a_traceback(key, door, base_ckpt, tmp_path, capsys):
     step = _copy(base_ckpt, tmp_path / "ck")
     meta = json.loads((step / "meta.json").read_text())
@@ -76,7 +76,7 @@ def test_a_dimension_no_model_has_is_named_not_a_traceback(key, door, base_ckpt,
 @pytest.mark.parametrize("key", ["n_kv_head", "head_size", "intermediate_size", "sliding_window", "n_embd"])
 def test_llama_config_bounds_every_dimension(key):
     from gptforge.models.llama import LlamaConfig
-    from gptforge.sizecheck import MAX_DIM
+    from gptforge.numbers import MAX_DIM
 
     with pytest.raises(ValueError, match=f"model.{key}={MAX_DIM + 1} must be at most {MAX_DIM}"):
         LlamaConfig(**{"n_layer": 1, "n_head": 2, "n_embd": 32, key: MAX_DIM + 1})

@@ -32,8 +32,8 @@ from gptforge.interop.hf_tokenizer import (  # noqa: F401 (re-exported: the toke
     write_tokenizer,
 )
 from gptforge.models.registry import FAMILIES
-from gptforge.sizecheck import (  # MAX_DIM: no dimension comes near it; a config past it is damaged, not big
-    MAX_DIM,
+from gptforge.numbers import MAX_DIM  # past it a config is damaged, not big
+from gptforge.sizecheck import (
     check_model_size,
     count_layers,
     elements,

@@ -29,8 +29,8 @@ from gptforge.data.chat import ChatTemplate
 from gptforge.interop.hf import _pad_rows, _read_json, check_out_dir, write_tokenizer
 from gptforge.models.llama import Llama, LlamaConfig
 from gptforge.models.registry import at_layers
+from gptforge.numbers import MAX_DIM  # past it a config is damaged, not big
 from gptforge.sizecheck import (
-    MAX_DIM,  # no Llama size comes near it; past it is damage (every config reader's bound)
     check_model_size,
     count_layers,
     elements,
