@@ -184,3 +184,72 @@ def test_storage_named_resolves_dots_and_refuses_the_root(tmp_path, monkeypatch)
     assert named("..") == tmp_path.resolve().parent and named("x") == Path("x")
     with pytest.raises(OutputExistsError, match="root of the filesystem"):
         named("/")
+
+
+# --- a tokenizer_config.json's named templates (transformers' list form) -----------------------------------
+
+def _tokenizer_dir(tmp_path: Path, chat_template) -> Path:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    t = Tokenizer(models.BPE())
+    t.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    t.decoder = decoders.ByteLevel()
+    t.train_from_iterator(["the quick brown fox"] * 20, trainers.BpeTrainer(
+        vocab_size=280, special_tokens=["<|endoftext|>"], show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    d = tmp_path / "tok"
+    d.mkdir()
+    t.save(str(d / "tokenizer.json"))
+    (d / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>", "chat_template": chat_template}))
+    return d
+
+
+USER_ONLY = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+TEMPLATE_LISTS = {  # what transformers refuses, and the words gptforge's refusal carries
+    "no default": ([{"name": "tool_use", "template": "x"}, {"name": "rag", "template": "y"}],
+                   "none is named 'default'"),
+    "an entry without its template": ([{"name": "default"}], "chat_template[0]"),
+    "an entry that is text": (["{{ x }}"], "chat_template[0]"),
+    "a template that is not text": ([{"name": "default", "template": 5}], "chat_template[0]"),
+}
+
+
+@pytest.mark.parametrize("case", list(TEMPLATE_LISTS))
+def test_a_template_list_transformers_refuses_is_refused_not_dropped(case, tmp_path):
+    """It was read as no template: the model's chat format silently replaced by whatever a command falls back to."""
+    from gptforge.data.tokenizer import TokenizerError, load_tokenizer
+
+    templates, words = TEMPLATE_LISTS[case]
+    d = _tokenizer_dir(tmp_path, templates)
+    with pytest.raises(TokenizerError, match="tokenizer_config.json") as e:
+        load_tokenizer(d)
+    assert words in str(e.value) and "\n" not in str(e.value)
+    transformers = pytest.importorskip("transformers")  # the reference refuses the same lists
+    with pytest.raises((ValueError, KeyError, TypeError)):
+        tok = transformers.PreTrainedTokenizerFast.from_pretrained(str(d))
+        tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
+
+
+def test_the_default_of_a_template_list_is_the_template(tmp_path):
+    from gptforge.data.tokenizer import load_tokenizer
+
+    d = _tokenizer_dir(tmp_path, [{"name": "tool_use", "template": "T"}, {"name": "default", "template": USER_ONLY}])
+    assert load_tokenizer(d).chat_template == USER_ONLY
+    transformers = pytest.importorskip("transformers")
+    ref = transformers.PreTrainedTokenizerFast.from_pretrained(str(d))
+    assert ref.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False) == "hi"
+
+
+def test_a_template_list_without_default_is_one_line_at_the_door(tmp_path, capsys):
+    """Through `import hf` (the door that carries a model's template into a checkpoint): one line, no checkpoint."""
+    hf = tmp_path / "hf"
+    assert main(["export", "hf", "--random", "d2", "--out", str(hf)]) == 0
+    tok = _tokenizer_dir(tmp_path, TEMPLATE_LISTS["no default"][0])
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        (hf / f).write_bytes((tok / f).read_bytes())
+    for f in ("vocab.json", "merges.txt"):
+        (hf / f).unlink(missing_ok=True)
+    capsys.readouterr()
+    err = _one_line(capsys, main(["import", "hf", "--model", str(hf), "--out", str(tmp_path / "run")]))
+    assert "tokenizer_config.json" in err and "none is named 'default'" in err, err
+    assert not (tmp_path / "run" / "checkpoints").exists()
