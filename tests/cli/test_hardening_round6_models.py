@@ -253,3 +253,69 @@ def test_a_template_list_without_default_is_one_line_at_the_door(tmp_path, capsy
     err = _one_line(capsys, main(["import", "hf", "--model", str(hf), "--out", str(tmp_path / "run")]))
     assert "tokenizer_config.json" in err and "none is named 'default'" in err, err
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+# --- a sharded Hugging Face folder: its index and its shards --------------------------------------------------
+
+@pytest.fixture(scope="module")
+def hf_llama(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("hf") / "llama"
+    assert main(["export", "hf", "--random", "llama-tiny", "--out", str(d)]) == 0
+    return d
+
+
+def _sharded(src: Path, dst: Path, second_gets=None) -> Path:
+    """``src`` split in two shards with an index; ``second_gets``: names the second shard holds (default: its half)."""
+    dst.mkdir()
+    for f in src.iterdir():
+        if f.name != "model.safetensors":
+            (dst / f.name).write_bytes(f.read_bytes())
+    sd = load_file(src / "model.safetensors")
+    keys = sorted(sd)
+    a, b = keys[: len(keys) // 2], keys[len(keys) // 2:]
+    names = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
+    save_file({k: sd[k] for k in a}, dst / names[0], metadata={"format": "pt"})
+    save_file({k: sd[k] for k in (second_gets(keys) if second_gets else b)}, dst / names[1], metadata={"format": "pt"})
+    wm = {**{k: names[0] for k in a}, **{k: names[1] for k in b}}
+    (dst / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": wm}))
+    return dst
+
+
+SHARD_DAMAGE = {
+    "a shard missing": (lambda d: (d / "model-00002-of-00002.safetensors").unlink(),
+                        "names 1 weight file(s) this directory lacks (model-00002-of-00002.safetensors)"),
+    "a weight in two shards": (None, "refusing to pick one of two copies"),
+}
+
+
+@pytest.mark.parametrize("damage", list(SHARD_DAMAGE))
+def test_a_sharded_folder_that_is_incomplete_or_ambiguous(damage, hf_llama, tmp_path, capsys):
+    edit, words = SHARD_DAMAGE[damage]
+    second = (lambda keys: keys) if damage == "a weight in two shards" else None  # the second shard holds every weight
+    d = _sharded(hf_llama, tmp_path / "hf", second)
+    if edit:
+        edit(d)
+    capsys.readouterr()
+    err = _one_line(capsys, main(["sample", "--hf", str(d), "--max-new-tokens", "1", "--num-samples", "1"]))
+    assert words in err, err
+
+
+def test_a_sharded_folder_that_is_whole_loads(hf_llama, tmp_path):
+    from gptforge.load import ModelSource, load_model
+
+    d = _sharded(hf_llama, tmp_path / "hf")
+    one = load_model(ModelSource(hf=str(hf_llama)))
+    two = load_model(ModelSource(hf=str(d)))
+    assert all(torch.equal(a, b) for a, b in zip(one.state_dict().values(), two.state_dict().values(), strict=True))
+
+
+def test_a_gpt2_weight_under_both_of_its_names_is_refused(tmp_path, capsys):
+    """GPT2Model's files name blocks h.0.*, GPT2LMHeadModel's transformer.h.0.*: both in one file was a silent pick."""
+    d = tmp_path / "hf"
+    assert main(["export", "hf", "--random", "d2", "--out", str(d)]) == 0
+    sd = load_file(d / "model.safetensors")
+    sd["h.0.ln_1.weight"] = torch.zeros_like(sd["transformer.h.0.ln_1.weight"])
+    save_file(sd, d / "model.safetensors", metadata={"format": "pt"})
+    capsys.readouterr()
+    err = _one_line(capsys, main(["sample", "--hf", str(d), "--max-new-tokens", "1", "--num-samples", "1"]))
+    assert "ln_1.weight" in err and "two copies" in err, err

@@ -188,7 +188,12 @@ def _safetensors_files(d: Path) -> list[Path]:
         if not isinstance(wm, dict) or not all(isinstance(v, str) and "/" not in v and "\\" not in v
                                                and v not in ("", ".", "..") for v in wm.values()):
             raise HFModelError(f"{index}: expected a 'weight_map' of weight name -> file name in this directory")
-        return [d / f for f in sorted(set(wm.values()))]
+        files = [d / f for f in sorted(set(wm.values()))]
+        gone = [f.name for f in files if not (f.exists() or f.is_symlink())]
+        if gone:  # was "[Errno 2] No such file or directory" from the header reader, the index unnamed
+            raise HFModelError(f"{index} names {len(gone)} weight file(s) this directory lacks ({', '.join(gone[:3])}"
+                               f"{' ...' if len(gone) > 3 else ''}): an incomplete download or copy; fetch them again")
+        return files
     pickles = sorted(p.name for p in d.glob("*.bin")) + sorted(p.name for p in d.glob("*.pt*"))
     raise HFModelError(f"{d}: no model.safetensors (or model.safetensors.index.json)"
                        + (f", only {', '.join(pickles)}" if pickles else "")
@@ -214,6 +219,10 @@ def read_safetensors(files: list[Path], expected: dict[str, tuple[int, ...]], op
         for f in files:
             h = safe_open(str(f), framework="pt")
             for k in h.keys():
+                if rename(k) in handles:  # in two shards, or as both h.0.* and transformer.h.0.*: the later won silently
+                    g, was = dtypes[rename(k)][0], handles[rename(k)][1]
+                    raise HFModelError(f"{f}: tensor {k} is there and {'in ' + str(g) if g != f else 'in the same file'} "
+                                       f"(as {was}); refusing to pick one of two copies of a weight")
                 handles[rename(k)] = (h, k)
                 shapes[rename(k)] = tuple(h.get_slice(k).get_shape())
                 dtypes[rename(k)] = (f, h.get_slice(k).get_dtype())
