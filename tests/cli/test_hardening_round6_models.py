@@ -319,3 +319,46 @@ def test_a_gpt2_weight_under_both_of_its_names_is_refused(tmp_path, capsys):
     capsys.readouterr()
     err = _one_line(capsys, main(["sample", "--hf", str(d), "--max-new-tokens", "1", "--num-samples", "1"]))
     assert "ln_1.weight" in err and "two copies" in err, err
+
+
+# --- NaN weights, whatever the file they come in -------------------------------------------------------------
+
+def _nan_llmc(tmp_path: Path) -> list[str]:
+    import struct
+
+    d = tmp_path / "llmc"
+    assert main(["export", "llmc", "--random", "d2", "--out", str(d)]) == 0
+    raw = bytearray((d / "model.bin").read_bytes())
+    raw[1024 + 4 * 100: 1024 + 4 * 101] = struct.pack("<f", float("nan"))  # one weight of wte
+    (d / "model.bin").write_bytes(bytes(raw))
+    return ["--llmc", str(d / "model.bin")]
+
+
+def _nan_hf(tmp_path: Path) -> list[str]:
+    d = tmp_path / "hf"
+    assert main(["export", "hf", "--random", "d2", "--out", str(d)]) == 0
+    sd = load_file(d / "model.safetensors")
+    sd["transformer.wte.weight"][3, 3] = float("inf")
+    save_file(sd, d / "model.safetensors", metadata={"format": "pt"})
+    return ["--hf", str(d)]
+
+
+def _nan_ckpt(tmp_path: Path) -> list[str]:
+    step = tiny_chat_checkpoint(tmp_path / "run")
+    sd = load_file(step / "model.safetensors")
+    sd["transformer.wte.weight"][3, 3] = float("nan")
+    save_file(sd, step / "model.safetensors", metadata={"format": "pt"})
+    _rehash(step)
+    return ["--ckpt", str(step)]
+
+
+NAN_SOURCES = {"llm.c": _nan_llmc, "Hugging Face": _nan_hf, "checkpoint": _nan_ckpt}
+
+
+@pytest.mark.parametrize("source", list(NAN_SOURCES))
+def test_one_non_finite_weight_is_refused_by_every_reader(source, tmp_path, capsys):
+    """The GGUF reader's own test is tests/interop (its dequantizer checks each tensor); these are the others."""
+    flags = NAN_SOURCES[source](tmp_path)
+    capsys.readouterr()
+    err = _one_line(capsys, main(["sample", *flags, "--max-new-tokens", "1", "--num-samples", "1"]))
+    assert "NaN or infinite" in err and "wte" in err, err
