@@ -362,3 +362,22 @@ def test_one_non_finite_weight_is_refused_by_every_reader(source, tmp_path, caps
     capsys.readouterr()
     err = _one_line(capsys, main(["sample", *flags, "--max-new-tokens", "1", "--num-samples", "1"]))
     assert "NaN or infinite" in err and "wte" in err, err
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "model.safetensors.index.json"])
+@pytest.mark.parametrize("kind", ["folder", "dangling link"])
+def test_a_weights_file_that_is_not_a_file_is_called_what_it_is(name, kind, hf_llama, tmp_path, capsys):
+    """It was "no model.safetensors (or model.safetensors.index.json)": the entry is there."""
+    d = tmp_path / "hf"
+    d.mkdir()
+    for f in hf_llama.iterdir():
+        if f.name != "model.safetensors":
+            (d / f.name).write_bytes(f.read_bytes())
+    if kind == "folder":
+        (d / name).mkdir()
+    else:
+        (d / name).symlink_to(tmp_path / "gone")
+    capsys.readouterr()
+    err = _one_line(capsys, main(["sample", "--hf", str(d), "--max-new-tokens", "1", "--num-samples", "1"]))
+    assert str(d / name) in err and ("a folder, not a file" if kind == "folder" else "a symlink to a missing file") in err
+    assert "no model.safetensors" not in err, err

@@ -182,6 +182,12 @@ def _safetensors_files(d: Path) -> list[Path]:
     """The weight files of a save_pretrained directory: safetensors only, never a pickle."""
     if (d / "model.safetensors").is_file():
         return [d / "model.safetensors"]
+    for f in (d / "model.safetensors", d / "model.safetensors.index.json"):  # there, but not a file: said so, not "no"
+        if f.exists() or f.is_symlink():
+            if not f.is_file():
+                from gptforge.storage import not_a_file
+
+                raise HFModelError(f"{f} is {not_a_file(f)}; a Hugging Face folder holds its weights there as a file")
     index = d / "model.safetensors.index.json"
     if index.is_file():
         wm = _read_json(index).get("weight_map")
