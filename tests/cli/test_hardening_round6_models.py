@@ -381,3 +381,29 @@ def test_a_weights_file_that_is_not_a_file_is_called_what_it_is(name, kind, hf_l
     err = _one_line(capsys, main(["sample", "--hf", str(d), "--max-new-tokens", "1", "--num-samples", "1"]))
     assert str(d / name) in err and ("a folder, not a file" if kind == "folder" else "a symlink to a missing file") in err
     assert "no model.safetensors" not in err, err
+
+
+# --- an export never writes a value its type cannot hold ------------------------------------------------------
+
+@pytest.mark.parametrize("fmt", ["hf", "gguf"])
+@pytest.mark.parametrize("value", [1e5, -7e4])
+def test_a_float16_export_of_a_weight_past_its_range_is_refused(fmt, value, base_ckpt, tmp_path, capsys):
+    """It was written as inf (hf silently; gguf with numpy's overflow warning): a file every reader refuses."""
+    if fmt == "gguf":
+        pytest.importorskip("gguf")
+    step = _copy(base_ckpt, tmp_path / "ck")
+    sd = load_file(step / "model.safetensors")
+    sd["transformer.h.0.mlp.c_fc.weight"][0, 0] = value
+    save_file(sd, step / "model.safetensors", metadata={"format": "pt"})
+    _rehash(step)
+    capsys.readouterr()
+    err = _one_line(capsys, main(["export", fmt, "--ckpt", str(step), "--out", str(tmp_path / "e"), "--dtype", "float16"]))
+    assert "c_fc.weight" in err and "65504" in err and "bfloat16" in err, err
+    assert not (tmp_path / "e").exists() and not list(tmp_path.glob(".e.*"))
+    # the same weight at float16's largest value is exported, and read back as written
+    sd["transformer.h.0.mlp.c_fc.weight"][0, 0] = 65504.0 if value > 0 else -65504.0
+    save_file(sd, step / "model.safetensors", metadata={"format": "pt"})
+    _rehash(step)
+    assert main(["export", "hf", "--ckpt", str(step), "--out", str(tmp_path / "ok"), "--dtype", "float16"]) == 0
+    back = load_file(tmp_path / "ok" / "model.safetensors")["transformer.h.0.mlp.c_fc.weight"]
+    assert back.dtype == torch.float16 and float(back.T[0, 0]) == sd["transformer.h.0.mlp.c_fc.weight"][0, 0].item()
