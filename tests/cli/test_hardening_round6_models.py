@@ -407,3 +407,20 @@ def test_a_float16_export_of_a_weight_past_its_range_is_refused(fmt, value, base
     assert main(["export", "hf", "--ckpt", str(step), "--out", str(tmp_path / "ok"), "--dtype", "float16"]) == 0
     back = load_file(tmp_path / "ok" / "model.safetensors")["transformer.h.0.mlp.c_fc.weight"]
     assert back.dtype == torch.float16 and float(back.T[0, 0]) == sd["transformer.h.0.mlp.c_fc.weight"][0, 0].item()
+
+
+def test_a_reward_model_export_refuses_a_dtype_it_would_not_write(base_ckpt, tmp_path, capsys):
+    """export_reward_hf writes float32 whatever --dtype said: the flag was dropped without a word."""
+    from gptforge.eval.tasks.preferences import preference_set, write_preferences
+
+    prefs = write_preferences(preference_set("compare", 12, seed=1), tmp_path / "prefs.jsonl")
+    assert main(["rm", "--init-from", str(base_ckpt), "--out", str(tmp_path / "rm"), "--data", str(prefs),
+                 "--val-count", "4", "--micro-batch", "4", "--steps", "1", "--device", "cpu", "--ckpt-every", "0"]) == 0
+    capsys.readouterr()
+    for dtype in ("float16", "bf16"):
+        err = _one_line(capsys, main(["export", "hf", "--ckpt", str(tmp_path / "rm"), "--out", str(tmp_path / "e"),
+                                      "--dtype", dtype]))
+        assert f"--dtype {dtype}" in err and "float32 only" in err, err
+        assert not (tmp_path / "e").exists()
+    assert main(["export", "hf", "--ckpt", str(tmp_path / "rm"), "--out", str(tmp_path / "e"), "--dtype", "float32"]) == 0
+    assert {t.dtype for t in load_file(tmp_path / "e" / "model.safetensors").values()} == {torch.float32}

@@ -335,6 +335,9 @@ def _export_reward_model(args: argparse.Namespace) -> int:
 
     if args.format != "hf":
         raise CliError("a reward model exports as a Hugging Face sequence classifier only: use `export hf`")
+    if args.dtype not in (None, "float32", "f32"):  # the classifier is written in float32: a --dtype was dropped silently
+        raise CliError(f"--dtype {args.dtype}: a reward model exports in float32 only (its scores are compared across "
+                       "replies); leave --dtype out, or cast the exported folder with transformers")
     rm, chat = load_reward_model(args.ckpt)
     chat = chat or ChatTemplate.gpt2()
     tok = getattr(chat, "tok", None)  # a Jinja template's tokenizer: the model's own
