@@ -54,6 +54,8 @@ class ModelSource:
             return cls(gguf=path) if p.suffix.lower() == ".gguf" else cls(llmc=path)
         if (p / "config.json").is_file() and not (p / "meta.json").exists() and not ckpt.ckpt_root(p).is_dir():
             return cls(hf=path)
+        if (p / "adapter_config.json").is_file() and not (p / "meta.json").exists():  # peft's: the HF reader names it
+            return cls(hf=path)
         return cls(ckpt=path)
 
 

@@ -424,3 +424,33 @@ def test_a_reward_model_export_refuses_a_dtype_it_would_not_write(base_ckpt, tmp
         assert not (tmp_path / "e").exists()
     assert main(["export", "hf", "--ckpt", str(tmp_path / "rm"), "--out", str(tmp_path / "e"), "--dtype", "float32"]) == 0
     assert {t.dtype for t in load_file(tmp_path / "e" / "model.safetensors").values()} == {torch.float32}
+
+
+# --- a peft adapter folder given where a model is read ----------------------------------------------------------
+
+PEFT_DOORS = {
+    "sample --hf": lambda d, tmp: ["sample", "--hf", str(d), "--max-new-tokens", "1", "--num-samples", "1"],
+    "import hf": lambda d, tmp: ["import", "hf", "--model", str(d), "--out", str(tmp / "imp")],
+    "export gguf --hf": lambda d, tmp: ["export", "gguf", "--hf", str(d), "--out", str(tmp / "exp")],
+    "sft --init-from": lambda d, tmp: ["sft", "--init-from", str(d), "--data", str(tmp / "none.jsonl"), "--out",
+                                       str(tmp / "sft")],
+}
+
+
+@pytest.fixture(scope="module")
+def peft_dir(lora_ckpt, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("peft") / "adapters"
+    assert main(["export", "hf", "--ckpt", str(lora_ckpt), "--out", str(out), "--adapters-only"]) == 0
+    assert (out / "adapter_config.json").is_file() and not (out / "config.json").exists()
+    return out
+
+
+@pytest.mark.parametrize("door", list(PEFT_DOORS))
+def test_a_peft_adapter_folder_is_called_what_it_is(door, peft_dir, tmp_path, capsys):
+    """It was "no config.json" (sample, import, export) or "holds no complete checkpoint" (--init-from)."""
+    if door.startswith("export gguf"):
+        pytest.importorskip("gguf")
+    capsys.readouterr()
+    err = _one_line(capsys, main(PEFT_DOORS[door](peft_dir, tmp_path)))
+    assert f"{peft_dir}: a peft LoRA adapter folder" in err and "merge_and_unload" in err, err
+    assert "no complete checkpoint" not in err and "no config.json" not in err, err

@@ -67,6 +67,23 @@ def _transformers():
     return require("transformers", extra="hf", for_what="loading Hugging Face weights (--hf)")
 
 
+def peft_adapters(folder: Path) -> str | None:
+    """The refusal for a peft adapter folder (``adapter_config.json``, no ``config.json``) given as a model, or
+    None: it was "no config.json" (sample, import) or "holds no complete checkpoint" (--init-from), never what
+    it is. gptforge puts LoRA adapters on from its own runs only (their base fingerprinted)."""
+    cfg = folder / "adapter_config.json"
+    if not cfg.is_file() or (folder / "config.json").exists():
+        return None
+    try:
+        base = read_json(cfg, ValueError, "adapter_config.json").get("base_model_name_or_path")
+    except (OSError, ValueError, AttributeError):
+        base = None
+    on = f" for the base {base!r}" if isinstance(base, str) and base else ""
+    return (f"{folder}: a peft LoRA adapter folder (adapter_config.json{on}), not a model; gptforge loads adapters "
+            "from its own LoRA runs (--ckpt RUN) only: merge these into their base with peft "
+            "(PeftModel.from_pretrained(base, dir).merge_and_unload().save_pretrained(out)) and give that folder")
+
+
 def hf_model_type(name_or_dir: str) -> str:
     """``model_type`` from a local directory's config.json, or the hub config of a model name."""
     _transformers()  # before reading anything: a missing package is reported first
@@ -80,6 +97,9 @@ def hf_model_type(name_or_dir: str) -> str:
     if local.is_dir():
         cfg_path = local / "config.json"
         if not cfg_path.is_file():
+            adapters = peft_adapters(local)
+            if adapters:
+                raise HFModelError(adapters)
             raise FileNotFoundError(f"{local}: no config.json; give a directory written by save_pretrained()")
         cfg = _read_json(cfg_path)
         if not isinstance(cfg.get("model_type"), str):
