@@ -54,6 +54,8 @@ class ModelSource:
             return cls(gguf=path) if p.suffix.lower() == ".gguf" else cls(llmc=path)
         if (p / "config.json").is_file() and not (p / "meta.json").exists() and not ckpt.ckpt_root(p).is_dir():
             return cls(hf=path)
+        if (p / "adapter_config.json").is_file() and not (p / "meta.json").exists():  # peft's: the HF reader names it
+            return cls(hf=path)
         return cls(ckpt=path)
 
 
@@ -246,6 +248,9 @@ def lora_merged(where: Path, meta: dict, cfg: Config, merge: bool = True, wrap=N
     from gptforge.models.lora import add_lora, merge_lora, weights_fingerprint
 
     lc, rec = cfg.lora, meta["lora"]
+    if lc.rank < 1:  # adapters saved, and no rank to scale them by (alpha / rank): a damaged saved config
+        raise ValueError(f"{where}/meta.json: lora.rank={lc.rank} in a LoRA checkpoint (its meta.json records adapters); "
+                         "the checkpoint is damaged")
     base = load_model(ModelSource.from_path(lc.base)) if lc.base else None
     if base is None:
         raise ValueError(f"{where}/meta.json: a LoRA checkpoint that names no lora.base; its base model is unknown")

@@ -14,6 +14,12 @@ from __future__ import annotations
 
 import math
 
+# the widest dimension any model config may give (a width, a head count, a vocabulary, a context): no real
+# model comes near it, and past it a config is damaged, not big (meta.json's n_embd 2^40 overflowed torch's
+# size arithmetic in a traceback before anything compared it with the weights). Every config reader's bound:
+# gptforge's own (models/gpt2.py, models/llama.py) and Hugging Face's (interop/hf.py, interop/hf_llama.py)
+MAX_DIM = 1 << 24
+
 INT_LIMIT = 2**63 - 1  # the largest int64: torch's and numpy's integers
 
 

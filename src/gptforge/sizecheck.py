@@ -25,6 +25,7 @@ from gptforge.errors import CheckpointError
 MAX_HEADER_BYTES = 100 << 20  # the safetensors library's own limit
 
 
+
 # bytes per element of safetensors' dtypes: an entry's shape must fill its byte range exactly, so a header
 # cannot claim 10^12 elements over 8 bytes (a reader sums these shapes to bound what a config claims)
 DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U64": 8, "U32": 4,

@@ -249,11 +249,24 @@ def special_output(path: Path, flag: str = "") -> str | None:
             "renamed over it, which would replace it (--force never does): name a regular file or folder")
 
 
+def named(path: str | Path, flag: str = "--out") -> Path:
+    """``path`` as a path with a name of its own, which the temporary beside it is named after: ``.``, ``..``,
+    ``x/..`` resolved to the folders they mean (``Path('.').with_name`` raised a ValueError, and ``..``'s
+    temporary ``....tmp-*`` landed in the current folder, inside the output it was to replace, so the
+    carry-over copied it into itself until the name was too long); the filesystem root refused."""
+    p = Path(path)
+    if p.name in ("", ".", ".."):
+        p = p.resolve()
+    if not p.name:
+        raise OutputExistsError(f"{flag} {path} is the root of the filesystem; choose a folder under it")
+    return p
+
+
 def check_output(path: str | Path, force: bool, kind: str = "file", flag: str = "--out") -> Path:
     """Refuse, before any work, an output that would replace something it may not: an existing file
     (a non-empty folder) without ``force``, and, with or without it, a checkpoint or run directory
     or a file inside one that the run stack wrote. ``kind``: "file" or "dir"."""
-    p = Path(path)
+    p = named(path, flag)
     special = special_output(p, flag)
     if special:
         raise OutputExistsError(special)
@@ -337,7 +350,7 @@ def atomic_path(path: str | Path, what: str | None = None, needed: int = 0) -> I
     """Yield a temporary path beside ``path`` for any writer (safetensors, torch.save, matplotlib) to
     write; on success it is fsynced and renamed to ``path``, on failure deleted. Disk errors become
     one-line :class:`OutputError` s naming ``what`` (default: the file's name)."""
-    path = Path(path)
+    path = named(path, "output")
     if path.is_symlink():  # a link to the real file (on a bigger disk): replace that file, keep the link
         path = path.resolve()
     special = special_output(path)
@@ -537,7 +550,15 @@ def atomic_dir(path: str | Path, force: bool = False, what: str | None = None, f
     """Build a folder output in a temporary sibling folder (yielded) and rename it into place when
     the block succeeds (see the notes above). ``force`` replaces an existing non-empty folder (its
     other entries are kept); never a checkpoint or run directory."""
-    path = Path(path)
+    given, path = path, named(path, flag)
+    try:
+        here: Path | None = Path.cwd()
+    except OSError:  # a deleted current folder: nothing to protect
+        here = None
+    if here is not None and (path.resolve() == here or path.resolve() in here.parents):
+        raise OutputExistsError(f"{flag} {given} is the folder this command runs in, or holds it: the output is built "
+                                "beside it and swapped in, which would leave this shell in a deleted folder that "
+                                f"looks empty; give a folder of its own (e.g. {flag} exports/NAME)")
     if path.is_symlink():  # a link to the real folder: build beside it, on its filesystem; keep the link
         path = path.resolve()
     what = what or f"the folder {path.name}"

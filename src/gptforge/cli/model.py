@@ -200,6 +200,7 @@ def _export(args: argparse.Namespace) -> int:
         dtype, why = _own_dtype(source, args.format)
     args.dtype_said = f"as {dtype} ({why})"
     model = load(source)
+    _check_range(model, dtype, args.dtype_said)
     tok, chat = words(source, model)  # a chat checkpoint: the HF tokenizer gets its template
     if not tok.is_gpt2:  # the model's own tokenizer travels with it
         return _export_own_tokenizer(args, model, tok, chat, dtype)
@@ -236,6 +237,21 @@ def _export(args: argparse.Namespace) -> int:
         raise CliError(str(e)) from e
     print(json.dumps({"format": args.format, "files": [_final(args, f) for f in files]}))
     return 0
+
+
+def _check_range(model, dtype: str, said: str) -> None:
+    """Refuse, before anything is written, weights the chosen type cannot hold: a float16 export of a weight past
+    65504 wrote inf without a word (hf; gguf printed numpy's overflow warning), a file that every reader,
+    gptforge's included, then refuses or samples garbage from. bfloat16 has float32's range: nothing to check."""
+    import torch
+
+    if dtype != "float16":
+        return
+    for name, t in model.state_dict().items():
+        if t.is_floating_point() and bool(torch.isinf(t.detach().to(torch.float16)).any()):
+            big = t.detach().abs().max().item()
+            raise CliError(f"writing {said}: {name} holds {big:.6g}, past float16's largest value 65504, so it would be "
+                           "written as inf; export with --dtype bfloat16 (float32's range) or --dtype float32")
 
 
 def _export_llmc(args: argparse.Namespace, model, tok, dtype: str, tokenizer: bool) -> list:
@@ -319,6 +335,9 @@ def _export_reward_model(args: argparse.Namespace) -> int:
 
     if args.format != "hf":
         raise CliError("a reward model exports as a Hugging Face sequence classifier only: use `export hf`")
+    if args.dtype not in (None, "float32", "f32"):  # the classifier is written in float32: a --dtype was dropped silently
+        raise CliError(f"--dtype {args.dtype}: a reward model exports in float32 only (its scores are compared across "
+                       "replies); leave --dtype out, or cast the exported folder with transformers")
     rm, chat = load_reward_model(args.ckpt)
     chat = chat or ChatTemplate.gpt2()
     tok = getattr(chat, "tok", None)  # a Jinja template's tokenizer: the model's own

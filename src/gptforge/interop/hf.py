@@ -32,7 +32,14 @@ from gptforge.interop.hf_tokenizer import (  # noqa: F401 (re-exported: the toke
     write_tokenizer,
 )
 from gptforge.models.registry import FAMILIES
-from gptforge.sizecheck import check_model_size, count_layers, elements, layered_elements, safetensors_shapes
+from gptforge.numbers import MAX_DIM  # past it a config is damaged, not big
+from gptforge.sizecheck import (
+    check_model_size,
+    count_layers,
+    elements,
+    layered_elements,
+    safetensors_shapes,
+)
 from gptforge.storage import read_json
 from gptforge.tokens import EOT
 
@@ -60,6 +67,23 @@ def _transformers():
     return require("transformers", extra="hf", for_what="loading Hugging Face weights (--hf)")
 
 
+def peft_adapters(folder: Path) -> str | None:
+    """The refusal for a peft adapter folder (``adapter_config.json``, no ``config.json``) given as a model, or
+    None: it was "no config.json" (sample, import) or "holds no complete checkpoint" (--init-from), never what
+    it is. gptforge puts LoRA adapters on from its own runs only (their base fingerprinted)."""
+    cfg = folder / "adapter_config.json"
+    if not cfg.is_file() or (folder / "config.json").exists():
+        return None
+    try:
+        base = read_json(cfg, ValueError, "adapter_config.json").get("base_model_name_or_path")
+    except (OSError, ValueError, AttributeError):
+        base = None
+    on = f" for the base {base!r}" if isinstance(base, str) and base else ""
+    return (f"{folder}: a peft LoRA adapter folder (adapter_config.json{on}), not a model; gptforge loads adapters "
+            "from its own LoRA runs (--ckpt RUN) only: merge these into their base with peft "
+            "(PeftModel.from_pretrained(base, dir).merge_and_unload().save_pretrained(out)) and give that folder")
+
+
 def hf_model_type(name_or_dir: str) -> str:
     """``model_type`` from a local directory's config.json, or the hub config of a model name."""
     _transformers()  # before reading anything: a missing package is reported first
@@ -73,6 +97,9 @@ def hf_model_type(name_or_dir: str) -> str:
     if local.is_dir():
         cfg_path = local / "config.json"
         if not cfg_path.is_file():
+            adapters = peft_adapters(local)
+            if adapters:
+                raise HFModelError(adapters)
             raise FileNotFoundError(f"{local}: no config.json; give a directory written by save_pretrained()")
         cfg = _read_json(cfg_path)
         if not isinstance(cfg.get("model_type"), str):
@@ -102,7 +129,6 @@ def hf_family(name_or_dir: str) -> str:
 # transformers' activation names that compute GPT-2's tanh GELU (nn.GELU(approximate="tanh")) exactly
 TANH_GELU = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast", "gelu_accurate", "gelu_python_tanh")
 GPT2_REQUIRED = ("n_layer", "n_head", "n_embd", "n_positions", "vocab_size")
-MAX_DIM = 1 << 24  # no GPT-2 dimension comes near this; a config past it is damaged, not big
 
 
 def _refuse(where: str, key: str, value, why: str) -> HFModelError:
@@ -176,13 +202,24 @@ def _safetensors_files(d: Path) -> list[Path]:
     """The weight files of a save_pretrained directory: safetensors only, never a pickle."""
     if (d / "model.safetensors").is_file():
         return [d / "model.safetensors"]
+    for f in (d / "model.safetensors", d / "model.safetensors.index.json"):  # there, but not a file: said so, not "no"
+        if f.exists() or f.is_symlink():
+            if not f.is_file():
+                from gptforge.storage import not_a_file
+
+                raise HFModelError(f"{f} is {not_a_file(f)}; a Hugging Face folder holds its weights there as a file")
     index = d / "model.safetensors.index.json"
     if index.is_file():
         wm = _read_json(index).get("weight_map")
         if not isinstance(wm, dict) or not all(isinstance(v, str) and "/" not in v and "\\" not in v
                                                and v not in ("", ".", "..") for v in wm.values()):
             raise HFModelError(f"{index}: expected a 'weight_map' of weight name -> file name in this directory")
-        return [d / f for f in sorted(set(wm.values()))]
+        files = [d / f for f in sorted(set(wm.values()))]
+        gone = [f.name for f in files if not (f.exists() or f.is_symlink())]
+        if gone:  # was "[Errno 2] No such file or directory" from the header reader, the index unnamed
+            raise HFModelError(f"{index} names {len(gone)} weight file(s) this directory lacks ({', '.join(gone[:3])}"
+                               f"{' ...' if len(gone) > 3 else ''}): an incomplete download or copy; fetch them again")
+        return files
     pickles = sorted(p.name for p in d.glob("*.bin")) + sorted(p.name for p in d.glob("*.pt*"))
     raise HFModelError(f"{d}: no model.safetensors (or model.safetensors.index.json)"
                        + (f", only {', '.join(pickles)}" if pickles else "")
@@ -208,6 +245,10 @@ def read_safetensors(files: list[Path], expected: dict[str, tuple[int, ...]], op
         for f in files:
             h = safe_open(str(f), framework="pt")
             for k in h.keys():
+                if rename(k) in handles:  # in two shards, or as both h.0.* and transformer.h.0.*: the later won silently
+                    g, was = dtypes[rename(k)][0], handles[rename(k)][1]
+                    raise HFModelError(f"{f}: tensor {k} is there and {'in ' + str(g) if g != f else 'in the same file'} "
+                                       f"(as {was}); refusing to pick one of two copies of a weight")
                 handles[rename(k)] = (h, k)
                 shapes[rename(k)] = tuple(h.get_slice(k).get_shape())
                 dtypes[rename(k)] = (f, h.get_slice(k).get_dtype())

@@ -29,14 +29,20 @@ from gptforge.data.chat import ChatTemplate
 from gptforge.interop.hf import _pad_rows, _read_json, check_out_dir, write_tokenizer
 from gptforge.models.llama import Llama, LlamaConfig
 from gptforge.models.registry import at_layers
-from gptforge.sizecheck import check_model_size, count_layers, elements, layered_elements, safetensors_shapes
+from gptforge.numbers import MAX_DIM  # past it a config is damaged, not big
+from gptforge.sizecheck import (
+    check_model_size,
+    count_layers,
+    elements,
+    layered_elements,
+    safetensors_shapes,
+)
 from gptforge.tokens import EOT, GPT2_VOCAB
 
 CHAT_VOCAB = ChatTemplate.gpt2().vocab_size
 
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # a buffer older transformers saved; recomputed here
 REQUIRED = ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "vocab_size")
-MAX_DIM = 1 << 24  # no Llama size comes near this (GPT-2's loader bounds its sizes the same); past it is damage
 # Every config.json field llama_config_from_hf reads besides REQUIRED, with what it must be when present
 # (null = transformers' default). Checked in one place before any is used: a string, a bool, a NaN or a
 # zero where a size belongs is one line naming the field, never a TypeError or ZeroDivisionError later.

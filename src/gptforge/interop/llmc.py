@@ -116,6 +116,8 @@ def read_llmc_model(path: str | Path, flash: bool = True) -> GPT:
         n = math.prod(shape)
         t = flat[off : off + n].view(shape).float()
         off += n
+        if not bool(torch.isfinite(t).all()):  # as every other reader refuses them: NaN sampled garbage without a word
+            raise LlmcFormatError(f"{path}: tensor {name} holds NaN or infinite values; refusing a broken model")
         if name in GLOBAL_KEYS:
             sd[GLOBAL_KEYS[name]] = t
         else:

@@ -22,6 +22,7 @@ from gptforge.kernels.attention import sdpa_for
 from gptforge.models import masks
 from gptforge.models.counting import Counts, attention_flops
 from gptforge.models.head import logits_and_loss
+from gptforge.numbers import MAX_DIM
 from gptforge.tokens import GPT2_VOCAB, PAD_MULTIPLE
 
 # name -> (n_layer, n_head, n_embd). The four OpenAI sizes plus tiny CPU sizes.
@@ -85,6 +86,10 @@ class GPTConfig:
         for key in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
             if getattr(self, key) < 1:
                 raise ValueError(f"model.{key}={getattr(self, key)} must be >= 1")
+            # a width past any model's: a damaged meta.json or a typo, refused before torch's size arithmetic
+            # overflows on it (n_layer only repeats blocks: plan costs a billion of them; a file bounds its own)
+            if key != "n_layer" and getattr(self, key) > MAX_DIM:
+                raise ValueError(f"model.{key}={getattr(self, key)} must be at most {MAX_DIM} (no model is that big)")
         if self.bos_token < 0 or (self.attention == "document" and self.bos_token >= self.vocab_size):
             raise ValueError(f"model.bos_token={self.bos_token} must be a token id in [0, model.vocab_size)")
         if self.n_embd % self.n_head != 0:

@@ -45,6 +45,7 @@ from gptforge.models import masks, rope
 from gptforge.models.counting import Counts, attention_flops
 from gptforge.models.gpt2 import KVCache, padded_vocab
 from gptforge.models.head import logits_and_loss
+from gptforge.numbers import MAX_DIM
 from gptforge.tokens import GPT2_VOCAB
 
 # name -> shape. intermediate_size 0 derives it from n_embd (see LlamaConfig.hidden_dim).
@@ -119,6 +120,13 @@ class LlamaConfig:
         for key in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
             if getattr(self, key) < 1:
                 raise ValueError(f"model.{key}={getattr(self, key)} must be >= 1")
+            # a width past any model's: a damaged meta.json or a typo, refused before torch's size arithmetic
+            # overflows on it (n_layer only repeats blocks: plan costs a billion of them; a file bounds its own)
+            if key != "n_layer" and getattr(self, key) > MAX_DIM:
+                raise ValueError(f"model.{key}={getattr(self, key)} must be at most {MAX_DIM} (no model is that big)")
+        for key in ("n_kv_head", "head_size", "intermediate_size", "sliding_window"):
+            if getattr(self, key) > MAX_DIM:
+                raise ValueError(f"model.{key}={getattr(self, key)} must be at most {MAX_DIM} (no model is that big)")
         if self.bos_token < 0 or (self.attention == "document" and self.bos_token >= self.vocab_size):
             raise ValueError(f"model.bos_token={self.bos_token} must be a token id in [0, model.vocab_size)")
         if self.n_kv_head < 0:

@@ -261,6 +261,9 @@ def read_meta(ckpt_dir: str | Path, required: tuple[str, ...] = META_KEYS) -> di
         )
     if not isinstance(meta.get("config", {}), dict):
         raise CheckpointError(f"{Path(ckpt_dir) / 'meta.json'}: 'config' is not an object; the checkpoint is damaged")
+    if meta.get("lora") and not isinstance(meta["lora"], dict):  # a LoRA run's record (base, fingerprint): read by .get
+        raise CheckpointError(f"{Path(ckpt_dir) / 'meta.json'}: 'lora' is {type(meta['lora']).__name__}, not an "
+                              "object (a LoRA run's base and its fingerprint); the checkpoint is damaged")
     return meta
 
 
@@ -417,6 +420,15 @@ def load_model_weights(model: torch.nn.Module, ckpt_dir: str | Path, prefix: str
         raise CheckpointError(f"{path} cannot be read ({e}); the checkpoint is damaged") from e
     if prefix:
         sd = {k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)}
+    for k, v in sd.items():  # as the HF and GGUF readers refuse them: the loop never saves such weights, so
+        # they are damage, a hand-made file or another tool's (an integer tensor was cast into the float
+        # model without a word; a NaN weight sampled garbage without one)
+        if not v.is_floating_point():
+            raise CheckpointError(f"{path}: tensor {k} is {str(v.dtype).removeprefix('torch.')}; model weights are "
+                                  "floats, refusing to cast integers into them (the checkpoint is damaged)")
+        if not bool(torch.isfinite(v).all()):
+            raise CheckpointError(f"{path}: tensor {k} holds NaN or infinite values; refusing a broken model (the "
+                                  "checkpoint is damaged: resume or load an earlier one)")
     own = model.state_dict()
     wrong = [f"{k}: checkpoint {tuple(v.shape)} vs model {tuple(own[k].shape)}"
              for k, v in sd.items() if k in own and tuple(v.shape) != tuple(own[k].shape)]

@@ -252,8 +252,8 @@ def hf_tokenizer_from_dir(folder: str | Path) -> HFTokenizer:
         cfg = read_json(cfg_path, TokenizerError, "tokenizer_config.json", MAX_INFO_BYTES * 8)
     bos, eos = (_token_text(cfg.get(k), cfg_path, k) for k in ("bos_token", "eos_token"))
     template = cfg.get("chat_template")
-    if isinstance(template, list):  # several named templates: the default one
-        template = next((t.get("template") for t in template if isinstance(t, dict) and t.get("name") == "default"), None)
+    if isinstance(template, list):  # several named templates: the default one, as transformers picks it
+        template = _default_template(template, cfg_path)
     if template is not None and not isinstance(template, str):
         raise TokenizerError(f"{cfg_path}: chat_template is a {type(template).__name__}, expected Jinja text")
     template_where = f"{cfg_path} (chat_template)"
@@ -264,6 +264,24 @@ def hf_tokenizer_from_dir(folder: str | Path) -> HFTokenizer:
                       chat_template=template, source_path=path)
     tok.chat_template_where = template_where
     return tok
+
+
+def _default_template(templates: list, where: Path) -> str | None:
+    """transformers' choice among named templates (``[{"name": ..., "template": ...}, ...]``): the one named
+    ``default``; none at all is no template. A list without a default, or with entries that are not
+    name/template pairs, is refused as transformers refuses it (KeyError, "multiple chat templates with no
+    default"): it was read as no template at all, and the model's own chat format silently replaced."""
+    pairs = [(t.get("name"), t.get("template")) if isinstance(t, dict) else (None, None) for t in templates]
+    bad = next((i for i, (n, t) in enumerate(pairs) if not (isinstance(n, str) and isinstance(t, str))), None)
+    if bad is not None:
+        raise TokenizerError(f"{where}: chat_template[{bad}] = {templates[bad]!r:.60}: expected an object with a "
+                             '"name" and a "template" (Jinja text)')
+    named = dict(pairs)
+    if templates and "default" not in named:
+        raise TokenizerError(f"{where}: chat_template holds {len(named)} named templates ({', '.join(sorted(named))}) "
+                             "and none is named 'default', which is the one a chat uses; rename the one to use "
+                             "'default' (transformers refuses such a list too)")
+    return named.get("default")
 
 
 def _there(path: Path) -> bool:
