@@ -16,6 +16,8 @@ from typing import Any
 # gsm8k 1,319): a larger count is a typo that would generate problems for minutes before the first step
 MAX_EVAL_PROBLEMS = 100_000
 MAX_ROLLOUTS = 1_000_000  # replies an RL step samples (rl.prompts x rl.group): large runs sample ~10^4
+MAX_UPDATES_PER_BATCH = 1_000  # rl.updates_per_batch: recipes take 1-10 (TRL's PPO 4); all of one step's updates run
+# before the step ends, so a huge count was a step that never ended and a SIGTERM that waited on it for ever
 MAX_RESAMPLE_ROUNDS = 32  # rl.resample_flat: a model whose every group is flat would otherwise sample for ever
 
 
@@ -125,6 +127,8 @@ class RLConfig:
                "vf_coef >= 0 and clip_value > 0")
         for name in ("prompts", "max_new_tokens", "updates_per_batch"):
             _check(getattr(self, name) >= 1, f"rl.{name}", getattr(self, name), "an integer >= 1")
+        _check(self.updates_per_batch <= MAX_UPDATES_PER_BATCH, "rl.updates_per_batch", self.updates_per_batch,
+               f"an integer in [1, {MAX_UPDATES_PER_BATCH:,}] (optimizer steps on one sampled batch; recipes use 1-10)")
         _check(self.group >= (2 if self.algo == "grpo" else 1), "rl.group", self.group,
                "an integer >= 2 (GRPO compares replies within a group; PPO takes 1)")
         _check(self.temperature > 0, "rl.temperature", self.temperature, "a number > 0 (a group needs sampling)")

@@ -184,7 +184,7 @@ def test_parse_names_the_field_without_pydantics_union_members():
         400, f"prompt: Input should be a valid string (got 5); {lists}", "prompt")
     assert _refused(CompletionRequest, {"prompt": [1, "a"]}) == (
         400, "prompt: Input should be a valid string (got [1, 'a']); prompt.0: Input should be a valid string (got 1); "
-             "prompt.1: Input should be a valid integer, unable to parse string as an integer (got 'a'); "
+             "prompt.1: Input should be a valid integer (got 'a'); "
              "prompt.0: Input should be a valid list (got 1)", "prompt")
     assert _refused(ChatRequest, {"messages": [{"role": "user", "content": [{"type": "text", "text": 3}]}]}) == (
         400, "messages.0.content: Input should be a valid string (got [{'type': 'text', 'text': 3}]); "
@@ -192,7 +192,7 @@ def test_parse_names_the_field_without_pydantics_union_members():
     # at most four errors; the first one's field is the param
     assert _refused(CompletionRequest, {"prompt": "a", "max_tokens": "x", "n": 0, "seed": 1.5, "top_p": 0,
                                         "temperature": 3}) == (
-        400, "max_tokens: Input should be a valid integer, unable to parse string as an integer (got 'x'); "
+        400, "max_tokens: Input should be a valid integer (got 'x'); "
              "temperature: Input should be less than or equal to 2 (got 3); top_p: Input should be greater than 0 "
              "(got 0); n: Input should be greater than or equal to 1 (got 0)", "max_tokens")
     # a missing field shows the object it is missing from
@@ -227,7 +227,7 @@ def test_conversation_in_the_templates_words():
              ({"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url"}]},
               "messages.1.content.1: only text parts are supported (got 'image_url')", "messages.1.content"),
              ({"role": "user", "content": [{"type": "text"}]},
-              "messages.1.content.0: only text parts are supported (got 'text')", "messages.1.content")]
+              "messages.1.content.0: a text part needs its text (\"text\": \"...\")", "messages.1.content")]
     for bad, message, param in cases:
         req = parse(ChatRequest, json.dumps({"messages": [{"role": "user", "content": "a"}, bad]}).encode())
         with pytest.raises(OpenAIError) as e:

@@ -55,8 +55,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     source = model_source(args)
     # the command's own checks come before any of its paths (preferences, win rate, tasks) is taken
-    if args.limit < 0 or (args.batch_tokens is not None and args.batch_tokens < 1) or args.repeats < 1:
-        raise CliError("--limit must be >= 0 (0 = all), --batch-tokens and --repeats >= 1")
+    for flag, value, least in (("--limit", args.limit, 0), ("--batch-tokens", args.batch_tokens, 1),
+                               ("--repeats", args.repeats, 1)):
+        if value is not None and value < least:  # the one flag that is wrong, by name
+            raise CliError(f"{flag} must be >= {least}{' (0 = all)' if flag == '--limit' else ''}; got {value}")
     if args.offset < 0:
         raise CliError(f"--offset {args.offset}: must be >= 0 (the number of held-out problems to skip)")
     if args.offset and (args.preferences or args.reward_model or args.against):
@@ -71,6 +73,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         return eval_win_rate(args)
     names = [t.strip() for t in args.tasks.split(",") if t.strip()]
     unknown = [t for t in names if t not in known_tasks()]
+    if twice := sorted({t for t in names if names.count(t) > 1}):  # scored twice, one JSON entry overwritten
+        raise CliError(f"--tasks: {', '.join(twice)} given more than once; name each task once")
     if unknown or not names:
         raise CliError(f"--tasks: {'unknown task(s) ' + ', '.join(unknown) if unknown else 'no task given'}; "
                        f"known: {', '.join(known_tasks())}")
@@ -187,9 +191,11 @@ def eval_generative(args: argparse.Namespace, names: list[str]) -> None:
     from gptforge.eval.generative import evaluate_generative, task_problems
     from gptforge.runtime import autocast_for, resolve_device
 
-    if args.offset:  # the offset's range (EvalDataError, exit 2) is checked before the model loads
-        for name in names:
-            task_problems(name, args.limit, args.offset)
+    if args.offset or args.limit:  # the offset's range (EvalDataError, exit 2) is checked before the model loads,
+        for name in names:  # and a limit past the held-out set is said as the scored tasks say it
+            n = len(task_problems(name, args.limit, args.offset))
+            if args.limit > n:
+                print(f"{name}: limit {args.limit} exceeds the {n:,} held-out problems; using all {n:,}")
     before = None
     if args.paired_with:  # read and checked before the model loads
         before = read_paired(args.paired_with)

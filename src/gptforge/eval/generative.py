@@ -29,6 +29,7 @@ from gptforge.eval.tasks.verifiable import (
 from gptforge.generation import SamplingParams, complete
 
 RAW_STOPS = ("\n\n", "\nQuestion:")  # where a reply to a raw (template-less) prompt ends
+HELD_OUT = 500  # a generated task's eval set: its first 500 distinct problems of ARITHMETIC_EVAL_SEED
 ARITHMETIC_EVAL_SEED = 2024  # SFT files (rl.tasks) and RL problems leave these questions out
 
 
@@ -49,7 +50,7 @@ def _distinct(problems: list[Problem], n: int) -> list[Problem]:
 
 def arithmetic_eval_problems(n: int = 0) -> list[Problem]:
     """The arithmetic eval set: the first ``n`` (default 500) distinct problems of its own seed."""
-    return _distinct(arithmetic_problems(2 * (n or 500) + 100, seed=ARITHMETIC_EVAL_SEED), n or 500)
+    return _distinct(arithmetic_problems(2 * (n or HELD_OUT) + 100, seed=ARITHMETIC_EVAL_SEED), n or HELD_OUT)
 
 
 def arithmetic3_problems(n: int, seed: int = 0) -> list[Problem]:
@@ -59,12 +60,12 @@ def arithmetic3_problems(n: int, seed: int = 0) -> list[Problem]:
 
 def arithmetic3_eval_problems(n: int = 0) -> list[Problem]:
     """The 3-digit arithmetic eval set: the first ``n`` (default 500) distinct problems of its own seed."""
-    return _distinct(arithmetic_problems(2 * (n or 500) + 100, seed=ARITHMETIC_EVAL_SEED, digits=3), n or 500)
+    return _distinct(arithmetic_problems(2 * (n or HELD_OUT) + 100, seed=ARITHMETIC_EVAL_SEED, digits=3), n or HELD_OUT)
 
 
 def compare_eval_problems(n: int = 0) -> list[Problem]:
     """The compare eval set: the first ``n`` (default 500) distinct problems of its own seed."""
-    return _distinct(compare_problems(2 * (n or 500) + 100, seed=ARITHMETIC_EVAL_SEED), n or 500)
+    return _distinct(compare_problems(2 * (n or HELD_OUT) + 100, seed=ARITHMETIC_EVAL_SEED), n or HELD_OUT)
 
 
 # generated tasks: task -> (train-problem generator (n, seed), eval set); training data leaves the eval set out
@@ -122,10 +123,13 @@ def generate_replies(model: Any, enc: Any, prompts: Sequence[list[int]], templat
 
 
 def task_problems(name: str, limit: int = 0, offset: int = 0) -> list[Problem]:
-    """Problems ``offset`` to ``offset + limit`` (to the end with ``limit`` 0) of a generative task's eval set.
+    """Problems ``offset`` to ``offset + limit`` (to the end with ``limit`` 0) of a generative task's eval set;
+    a limit past a generated task's held-out set is the whole set, as a scored task's limit past its data is.
     An offset stays inside the set as it is by default (a generated task's 500 problems, left out of every
     training draw), so the problems after it are a second held-out set, e.g. to choose a checkpoint on."""
     task = GENERATIVE[name]
+    if name in GENERATED:  # the held-out set is the default 500: asking for more would score problems a
+        limit = 0 if limit > HELD_OUT else limit  # training draw may have held (and generate 2 x limit to find them)
     if not offset:
         return task.problems(limit)[: limit or None]
     whole = task.problems(0)

@@ -33,6 +33,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gptforge.run.metrics import read_metrics
 from gptforge.serve.limits import BearerAuth, BodyLimit, acquire_unless_gone, watch_disconnect
@@ -61,7 +62,7 @@ class ServeSettings:
 class GenerateRequest(BaseModel):
     """One prompt (``prompt``) or a batch (``prompts``) and the sampling knobs."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # JSON types as sent: no "10" -> 10, true -> 1
     prompt: str | None = Field(None, description="the text to continue")
     prompts: list[str] | None = Field(None, min_length=1, description="several prompts, generated as one batch")
     max_new_tokens: int | None = Field(None, ge=1, description="default: 64 or the server's cap if lower")
@@ -177,16 +178,27 @@ def create_app(model: torch.nn.Module, enc: Any = None, settings: ServeSettings 
 
     # Route and handler bodies are plain closures, the decorated functions one-line calls of them: mutmut
     # (scripts/mutation.sh) skips decorated functions, so a body under a decorator is never mutation-tested.
-    def http_error(exc: HTTPException) -> JSONResponse:
-        return _error(exc.status_code, str(exc.detail))
+    def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        """Every HTTPException in the family's shape: the routes' own, and the framework's (an unknown path,
+        a wrong method, a body FastAPI could not decode), which would otherwise answer ``{"detail": ...}``."""
+        message = str(exc.detail)
+        if exc.status_code in (404, 405) and not isinstance(exc, HTTPException):
+            allowed = (exc.headers or {}).get("Allow")
+            message = (f"{message}: {request.method} {request.url.path}" + (f" (allowed: {allowed})" if allowed else
+                       "") + "; the routes are listed at /docs")
+        elif isinstance(exc.__cause__, UnicodeDecodeError):  # FastAPI's "There was an error parsing the body"
+            message = f"malformed JSON body: the body is not UTF-8 text ({exc.__cause__})"
+        response = family_error(request, exc.status_code, message)
+        response.headers.update(exc.headers or {})
+        return response
 
     @app.exception_handler(RequestValidationError)
     async def on_invalid(request: Request, exc: RequestValidationError):
         return _error(*_validation_message(exc))
 
-    @app.exception_handler(HTTPException)
-    async def on_http(request: Request, exc: HTTPException):
-        return http_error(exc)
+    @app.exception_handler(StarletteHTTPException)  # FastAPI's HTTPException is one, and so are the framework's
+    async def on_http(request: Request, exc: StarletteHTTPException):
+        return http_error(request, exc)
 
     # The one error boundary of every route (/api, /v1, the page), in each family's shape: what the client
     # sent that the model's template or tokenizer cannot take is a 400; anything else a 500 whose id is in

@@ -24,7 +24,7 @@ from gptforge.serve.sse import sse_response
 
 
 class Message(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # JSON types as sent: no "10" -> 10, true -> 1
     role: Literal["system", "user", "assistant"]
     content: str = Field(max_length=20_000)
 
@@ -32,7 +32,7 @@ class Message(BaseModel):
 class ChatRequest(BaseModel):
     """The conversation so far (the reply continues it as the assistant) and the sampling knobs."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # JSON types as sent: no "10" -> 10, true -> 1
     messages: list[Message] = Field(min_length=1, max_length=200)
     max_new_tokens: int | None = Field(None, ge=1, description="default: 128 or the server's cap if lower")
     temperature: float = Field(0.7, ge=0, le=100, allow_inf_nan=False, description="0 = greedy")

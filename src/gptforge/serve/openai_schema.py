@@ -3,6 +3,9 @@
 
     OpenAIError(400, "max_tokens: Input should be greater than or equal to 1", param="max_tokens").response()
 
+Every request model here (and the native API's in app.py and chat.py) is strict, as OpenAI's server is:
+a value of the wrong JSON type is a 400 naming the field, never coerced (``"10"``, ``true`` or ``2.0``
+where an integer goes, ``"yes"`` where a boolean goes, ``[true]`` as token ids); an integer is a number.
 Fields OpenAI defines are checked against OpenAI's ranges (a value out of range is a 400 whose
 ``param`` names the field); fields nobody defines are ignored, as OpenAI's server ignores them.
 Fields that OpenAI defines but gptforge cannot honour (``presence_penalty`` other than 0, a
@@ -18,7 +21,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-               413: "invalid_request_error", 429: "rate_limit_error", 499: "invalid_request_error"}
+               405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
+               499: "invalid_request_error"}
 
 
 class OpenAIError(Exception):
@@ -42,14 +46,14 @@ def error_body(status: int, message: str) -> dict[str, Any]:
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
     include_usage: bool = False
 
 
 class _Sampling(BaseModel):
     """What both endpoints share. ``None`` = the OpenAI default."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0, le=2, allow_inf_nan=False)
@@ -105,13 +109,13 @@ class CompletionRequest(_Sampling):
 
 
 class ContentPart(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
     type: str
     text: str | None = None
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
     role: str
     content: str | list[ContentPart] | None = None
 
@@ -122,7 +126,10 @@ class ChatMessage(BaseModel):
             return self.content
         parts = []
         for j, part in enumerate(self.content):
-            if part.type != "text" or part.text is None:
+            if part.type == "text" and part.text is None:
+                raise OpenAIError(400, f"messages.{i}.content.{j}: a text part needs its text (\"text\": \"...\")",
+                                  f"messages.{i}.content")
+            if part.type != "text":
                 raise OpenAIError(400, f"messages.{i}.content.{j}: only text parts are supported (got "
                                        f"{part.type!r})", f"messages.{i}.content")
             parts.append(part.text)
