@@ -454,3 +454,39 @@ def test_a_peft_adapter_folder_is_called_what_it_is(door, peft_dir, tmp_path, ca
     err = _one_line(capsys, main(PEFT_DOORS[door](peft_dir, tmp_path)))
     assert f"{peft_dir}: a peft LoRA adapter folder" in err and "merge_and_unload" in err, err
     assert "no complete checkpoint" not in err and "no config.json" not in err, err
+
+
+# --- an export written over the model it reads -----------------------------------------------------------------
+
+def _source(kind: str, tmp_path: Path) -> tuple[list[str], Path]:
+    """A model of each file kind export reads: (its flags, the folder holding it)."""
+    d = tmp_path / "model"
+    fmt = {"--hf": "hf", "--gguf": "gguf", "--llmc": "llmc"}[kind]
+    assert main(["export", fmt, "--random", "d2", "--out", str(d), "--no-tokenizer"] if fmt == "hf" else
+                ["export", fmt, "--random", "d2", "--out", str(d)]) == 0
+    path = d if fmt == "hf" else next(p for p in d.iterdir() if p.suffix in (".gguf", ".bin") and p.name != "tokenizer.bin")
+    return [kind, str(path)], d
+
+
+# (source kind, where --out is relative to the folder holding the model, what the refusal says): an HF folder
+# is the model, so --out may be neither it, inside it, nor around it; a file model's folder holds it
+OWN = [("--hf", ".", "is"), ("--hf", "sub", "is inside"), ("--hf", "..", "holds"),
+       ("--gguf", ".", "holds"), ("--gguf", "..", "holds"), ("--llmc", ".", "holds"), ("--llmc", "..", "holds")]
+
+
+@pytest.mark.parametrize("kind,rel,how", OWN)
+def test_an_export_over_its_own_source_is_refused(kind, rel, how, tmp_path, capsys):
+    """--out the model's own folder, a folder inside it, or one around it: the export is swapped in over --out, so
+    with --force it replaced the files it read (an HF folder's float32 weights rewritten as float16). Refused
+    before loading, with --force, for each format written, the source untouched; a folder beside a file model
+    (it does not hold it) and a folder elsewhere are fine."""
+    flags, d = _source(kind, tmp_path)
+    out = d.parent if rel == ".." else d / rel if rel != "." else d
+    before = {p.name: p.read_bytes() for p in d.iterdir()}
+    capsys.readouterr()
+    for fmt in ("hf", "gguf"):
+        err = _one_line(capsys, main(["export", fmt, *flags, "--out", str(out), "--force", "--dtype", "float16"]))
+        assert f"{how} {kind} {flags[1]}" in err and "folder of its own" in err, err
+    assert {p.name: p.read_bytes() for p in d.iterdir()} == before and not (d / "sub").exists()
+    ok = d / "beside" if kind != "--hf" else tmp_path / "elsewhere"
+    assert main(["export", "hf", *flags, "--out", str(ok), "--dtype", "float16"]) == 0

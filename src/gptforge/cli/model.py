@@ -136,6 +136,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     and renamed into place (storage.atomic_dir): a full disk or a kill leaves the earlier export whole."""
     from gptforge.storage import atomic_dir
 
+    _refuse_own_source(args)
     final = args.out
     with atomic_dir(final, args.force, what=f"the {args.format} export") as tmp:
         args.out, args.out_final = str(tmp), final
@@ -143,6 +144,22 @@ def cmd_export(args: argparse.Namespace) -> int:
             return _export(args)
         finally:
             args.out = final
+
+
+def _refuse_own_source(args: argparse.Namespace) -> None:
+    """--out may not be the model's own folder, lie inside it, or hold it: the export is swapped in over --out,
+    so with --force it would replace the files it is read from (``export hf --hf D --out D --dtype float16``
+    rewrote D's float32 weights as float16), as ``import`` refuses for its checkpoint. A run folder given to
+    --ckpt is guarded by storage.check_output (only training writes one)."""
+    out = Path(args.out).resolve()
+    for flag, given in (("--hf", args.hf), ("--gguf", getattr(args, "gguf", None)), ("--llmc", getattr(args, "llmc", None))):
+        if not given or not Path(given).exists():  # a hub name, or a missing path the loader names
+            continue
+        src = Path(given).resolve()
+        how = "is" if out == src else "holds" if out in src.parents else "is inside" if src in out.parents else None
+        if how:
+            raise CliError(f"--out {args.out} {how} {flag} {given}: the export would be written into, or over, the "
+                           "model it is read from; give --out a folder of its own (e.g. exports/NAME)")
 
 
 def _export_adapters(args: argparse.Namespace) -> int:
