@@ -1,8 +1,8 @@
-"""Every JSON file gptforge reads from a path goes through one bounded reader (storage.read_json): a
+"""Every JSON file gptforge reads from a path goes through one bounded reader (reading.read_json): a
 damaged or hostile file (gigabytes, nested past Python's recursion limit, not UTF-8, the wrong
 top-level type, a folder) is one line naming the file, never a traceback, a hang or gigabytes read.
 
-The class is closed by construction: the source test below fails when any module outside storage.py
+The class is closed by construction: the source test below fails when any module outside reading.py
 parses a whole file's JSON itself, so a command added later inherits the reader or does not pass."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from gptforge.cli import main
-from gptforge.storage import MAX_JSON_BYTES, read_json
+from gptforge.reading import MAX_JSON_BYTES, read_json
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "gptforge"
 
@@ -58,10 +58,10 @@ def _whole_file_json_reads(tree: ast.AST) -> list[int]:
 def test_no_module_parses_a_json_file_itself():
     found = []
     for path in sorted(SRC.rglob("*.py")):
-        if path.name == "storage.py":
+        if path.name == "reading.py":
             continue
         found += [f"{path.relative_to(SRC)}:{n}" for n in _whole_file_json_reads(ast.parse(path.read_text()))]
-    assert not found, ("these read a JSON file without storage.read_json (no size bound, a traceback on a damaged "
+    assert not found, ("these read a JSON file without reading.read_json (no size bound, a traceback on a damaged "
                        f"file): {found}")
 
 

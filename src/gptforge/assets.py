@@ -24,7 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gptforge.extras import require
-from gptforge.storage import read_json, write_bytes, write_text
+from gptforge.reading import read_json
+from gptforge.storage import write_bytes, write_text
 
 GPT2_RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
 WHISPER_SDIST = "openai-whisper==20250625"

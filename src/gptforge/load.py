@@ -127,7 +127,7 @@ def stored_dtype(source: ModelSource) -> tuple[str, str]:
     if source.hf is not None:
         cfg_path = Path(source.hf) / "config.json"
         if cfg_path.is_file():
-            from gptforge.storage import read_json
+            from gptforge.reading import read_json
 
             try:  # size-bounded; a damaged config.json is the loader's to report, not this guess's
                 cfg = read_json(cfg_path, ValueError, "config.json")

@@ -49,7 +49,7 @@ def _run_series(run: str | Path) -> dict:
     data_dir, config = "", None
     cfg_file = mfile.parent / "config.json"
     if cfg_file.exists():
-        from gptforge.storage import read_json
+        from gptforge.reading import read_json
 
         try:  # it only says whether to draw FineWeb's reference lines: a damaged one is a warning, as a torn line is
             config = read_json(cfg_file, ValueError, "run's config.json")

@@ -1,5 +1,5 @@
-"""The one writer of every file gptforge produces, and a full or read-only disk named in one line;
-also the one reader of the JSON files it is handed (``read_json``: bounded, one line per damage).
+"""The one writer of every file gptforge produces, and a full or read-only disk named in one line
+(the one reader of users' files is ``gptforge.reading``).
 
     from gptforge import storage
     storage.write_json("eval.json", results)                 # reports, generated data, caches
@@ -54,6 +54,8 @@ import shutil
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
+
+from gptforge.reading import not_a_file
 
 _ENOSPC_TEXT = ("No space left on device", "os error 28", "Disk quota exceeded", "os error 122")
 # numpy's tofile (the GGUF writer's tensors, prepare's spill files) reports ENOSPC as a short fwrite with no
@@ -399,100 +401,6 @@ def write_text(path: str | Path, text: str, what: str | None = None, encoding: s
 def write_json(path: str | Path, obj: Any, what: str | None = None, indent: int | None = 2, **kw: Any) -> Path:
     """``obj`` as JSON (a trailing newline) at ``path``, atomically; ``kw`` goes to json.dumps."""
     return write_text(path, json.dumps(obj, indent=indent, **kw) + "\n", what)
-
-
-UTF8_BOM = b"\xef\xbb\xbf"
-UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
-
-
-def utf8(raw: bytes, at_start: bool = False) -> str:
-    """``raw`` as UTF-8 text: the one decoder of the text gptforge reads from users' files (a corpus's .txt,
-    a JSONL line of any kind, a JSON file, a tokenizer file). At the start of a file (``at_start``: its
-    first bytes, or its first line) a UTF-8 byte order mark is dropped: Windows editors and PowerShell
-    write one, and it is no part of the text (kept, it was three stray tokens at the head of a corpus, or
-    "not valid JSON" on line 1 of a JSONL file). A UTF-16 file is named as such. Anything else that is not
-    UTF-8 raises UnicodeDecodeError with ``start`` counted in ``raw``, as a plain decode would."""
-    if at_start and raw[:2] in UTF16_BOMS:
-        raise UnicodeDecodeError("utf-8", raw, 0, 2, "the file is UTF-16 (it starts with UTF-16's byte order mark): save it as UTF-8")
-    skip = len(UTF8_BOM) if at_start and raw.startswith(UTF8_BOM) else 0
-    try:
-        return str(memoryview(raw)[skip:], "utf-8") if skip else raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise UnicodeDecodeError("utf-8", raw, e.start + skip, e.end + skip, e.reason) from None
-
-
-def jsonl_hint(line: str) -> str:
-    """What to add when line 1 of a JSON Lines file (one object a line) is not such an object but begins a
-    whole-file JSON document (an array of rows, or one object over several lines, as many datasets are
-    published): said, and how to convert it, instead of "line 1: not valid JSON (Expecting value)"."""
-    s = line.strip()
-    if s.startswith("["):
-        return ("; the file looks like one JSON array, not JSON Lines (one object a line): convert it, e.g. "
-                "jq -c '.[]' FILE > FILE.jsonl")
-    if s == "{" or (s.startswith("{") and not s.endswith("}")):
-        return ("; the file looks like one JSON document over several lines, not JSON Lines (one object a line): "
-                "convert it, e.g. jq -c . FILE > FILE.jsonl")
-    return ""
-
-
-MAX_JSON_BYTES = 16 << 20  # config.json, meta.json, a manifest or an index: kilobytes; 16 MiB is damage, not size
-
-
-def not_a_file(path: str | Path) -> str:
-    """What ``path``, which cannot be read as a regular file, is instead, in words for an error: a folder, a
-    device or other special file (/dev/null, a pipe), a symlink to nothing, or nothing at all. A device
-    is not called "no such file": it is there, and the user needs to hear what it is."""
-    path = Path(path)
-    if path.is_dir():
-        return "a folder, not a file"
-    if path.exists():
-        return "a device or other special file (not a regular file)"
-    return "a symlink to a missing file" if path.is_symlink() else "no such file or folder"
-
-
-def read_json(path: str | Path, error: type[Exception] = ValueError, what: str = "JSON file",
-              limit: int = MAX_JSON_BYTES, top: type | None = dict, then: str = "") -> Any:
-    """The one reader of a JSON file that gptforge did not just write itself (a model's config.json, a
-    checkpoint's meta.json, a manifest, an index): the size is checked before a byte is read (a damaged
-    or hostile file of gigabytes costs nothing), the text must be UTF-8 JSON (depth bounded: Python's
-    parser raises RecursionError on ``[[[[...``), and the top level of type ``top`` (None: any). Every
-    failure is one ``error`` naming the file and what was found, with ``then`` (what to do) after it;
-    a missing file stays FileNotFoundError, which each caller words for its own flag."""
-    path = Path(path)
-    tail = f"; {then}" if then else ""
-    if not path.is_file() and path.exists():
-        raise error(f"{path}: not a file (a folder or device), so cannot read it{tail}")
-    try:
-        size = path.stat().st_size
-        raw = b""
-        if size <= limit:
-            with open(path, "rb") as f:
-                raw = f.read(limit + 1)  # a file that grew since stat() is still read only this far
-    except FileNotFoundError:  # a dangling link too: each caller words a missing file for its own flag
-        raise FileNotFoundError(f"{path}: no such file{tail}") from None
-    except OSError as e:  # (the errors raised for the caller are outside this try: one may be an OSError)
-        raise error(f"{path}: cannot read it ({e.strerror or e}){tail}") from None
-    if size > limit:
-        raise error(f"{path}: {size:,} bytes, more than a {what} holds (limit {limit:,}): damaged, or not a "
-                    f"{what}{tail}")
-    if len(raw) > limit:
-        raise error(f"{path}: more than {limit:,} bytes, more than a {what} holds: damaged, or not a {what}{tail}")
-    try:
-        doc = json.loads(utf8(raw, at_start=True))
-    except UnicodeDecodeError as e:
-        raise error(f"{path}: not UTF-8 text (byte {e.start}: {e.reason}), so not a {what}{tail}") from None
-    except (ValueError, RecursionError) as e:  # JSONDecodeError is a ValueError; RecursionError: nesting
-        why = "nested too deeply" if isinstance(e, RecursionError) else str(e)
-        raise error(f"{path}: not valid JSON ({why}){tail}") from None
-    if top is not None and not isinstance(doc, top):
-        want = {dict: "an object", list: "a list"}.get(top, top.__name__)
-        raise error(f"{path}: expected {want} at the top of the {what}, found {_json_kind(doc)}{tail}")
-    return doc
-
-
-def _json_kind(v: Any) -> str:
-    return {dict: "an object", list: "a list", str: "a string", bool: "true/false", type(None): "null"}.get(
-        type(v), "a number")
 
 
 def _carry_over(old: Path, new: Path, top: bool = True) -> None:

@@ -68,7 +68,7 @@ def test_a_checkpoint_given_as_a_file_is_called_a_file(tmp_path, capsys):
 
 
 def test_not_a_file_names_each_kind(specials, tmp_path):
-    from gptforge.storage import not_a_file
+    from gptforge.reading import not_a_file
 
     (tmp_path / "link").symlink_to(tmp_path / "gone")
     assert not_a_file(tmp_path) == "a folder, not a file"

@@ -187,7 +187,7 @@ def test_write_shard_refuses_a_count_the_header_cannot_hold(tmp_path):
 # Class 4, a byte order mark at the start of a file (what Windows editors and PowerShell write): in a .txt
 # corpus it became three stray tokens (171, 119, 123) at the head of the data; on line 1 of a JSONL file it
 # was "not valid JSON" (prepare, sft/rm/dpo data, eval data) and in a JSON file "not valid JSON". Every
-# reader of a user's text now decodes through storage.utf8, which drops the mark at a file's start and
+# reader of a user's text now decodes through reading.utf8, which drops the mark at a file's start and
 # names a UTF-16 file as such. Plant tried: utf8 keeping the mark (every BOM case fails).
 BOM = b"\xef\xbb\xbf"
 UTF16 = b"\xff\xfe" + "hello".encode("utf-16-le")
@@ -236,7 +236,7 @@ def _read_with(reader: str, path):
 
         return load_rows("hellaswag", path, required=("ctx",))
     if reader == "json file":
-        from gptforge.storage import read_json
+        from gptforge.reading import read_json
 
         return read_json(path)
     raise AssertionError(reader)
@@ -261,7 +261,7 @@ def test_json_readers_take_a_byte_order_mark_and_name_utf16(reader, tmp_path):
 
 
 def test_a_byte_order_mark_is_dropped_only_at_the_start():
-    from gptforge.storage import utf8
+    from gptforge.reading import utf8
 
     assert utf8(BOM + b"ab", at_start=True) == "ab"
     assert utf8(BOM + b"ab") == "\ufeffab"  # mid-file (a later line): text as it is
@@ -437,7 +437,7 @@ def test_a_folder_of_nothing_readable_names_what_it_holds(tmp_path, capsys):
 # traceback out of `prepare files` (and tokenizer train); a whole-file JSON document (an array of rows, or one
 # object pretty-printed over lines, as many datasets are published) was "line 1: not valid JSON (Expecting
 # value)" in every reader. The deep line is now a bad row like any other; line 1 of a whole-file document
-# says so and how to convert it (storage.jsonl_hint, shared by prepare, the sft/rm/dpo rows and eval data).
+# says so and how to convert it (reading.jsonl_hint, shared by prepare, the sft/rm/dpo rows and eval data).
 # Plants tried: the RecursionError catch dropped (traceback); jsonl_hint returning "" (no reader says it).
 @pytest.mark.parametrize("door", list(FILES_DOORS)[:2])
 def test_a_line_nested_past_the_parser_is_a_bad_row(door, tmp_path, capsys):

@@ -23,7 +23,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from gptforge.storage import read_json
+from gptforge.reading import read_json
 
 STEP_RE = re.compile(
     r"^step\s+(\d+)/(\d+) \| loss ([-\d.naif]+) .*?\| ([\d.]+) ms \| ([-\d.]+)% \S+ MFU \| ([\d.]+) tok/s"

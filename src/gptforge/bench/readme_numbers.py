@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gptforge import storage
+from gptforge import reading
 from gptforge.eval.stats import mcnemar_exact, wilson
 from gptforge.storage import write_json, write_text
 
@@ -132,7 +132,7 @@ def _eval_compare(ctx: Ctx, src: list[str], path: Path) -> dict[str, Any]:
     """``eval --tasks compare`` on ``CHAT_EVAL_N`` held-out problems (greedy), kept as JSON for pairing."""
     if not path.exists():
         ctx.gf("eval", "--tasks", "compare", *src, "--limit", str(8 if ctx.shrunk else CHAT_EVAL_N), "--json", str(path))
-    rows = storage.read_json(path, SystemExit, "`gptforge eval --json` file", top=None)
+    rows = reading.read_json(path, SystemExit, "`gptforge eval --json` file", top=None)
     return next(r for r in rows if r["task"] == "compare")
 
 
@@ -201,7 +201,7 @@ def plan(ctx: Ctx) -> dict[str, float]:
         # exit 1 is plan's "nothing fits", the full fine-tune's stated answer
         ctx.gf("plan", "--preset", "llama3-1b", "--world", "1", "--gpu-mem", "24", *extra, "--json", str(path), "--force",
                ok=(0, 1))
-        got[name] = _plan_peak(storage.read_json(path, SystemExit, "`gptforge plan --json` file"))
+        got[name] = _plan_peak(reading.read_json(path, SystemExit, "`gptforge plan --json` file"))
     return got
 
 
@@ -255,7 +255,7 @@ def smollm2(ctx: Ctx) -> dict[str, Any]:
     def acc(src: list[str], path: Path) -> float:
         if not path.exists():
             ctx.gf("eval", "--tasks", "compare", *src, "--limit", str(n_eval), "--json", str(path))
-        rows = storage.read_json(path, SystemExit, "`gptforge eval --json` file", top=None)
+        rows = reading.read_json(path, SystemExit, "`gptforge eval --json` file", top=None)
         return 100 * next(r for r in rows if r["task"] == "compare")["accuracy"]
 
     untuned = acc(["--gguf", smol], top / "eval_untuned.json")  # greedy: the same for every seed

@@ -57,9 +57,9 @@ TRACE_LIMIT = 4 << 30  # bytes (decompressed): a GPU trace of a few 124M steps i
 
 def load_events(path: str | Path, limit: int = TRACE_LIMIT) -> list[dict]:
     """The trace's complete (``"ph": "X"``) events; ``.gz`` is read compressed. Read through
-    ``storage.read_json``'s guards (size before a byte is read, UTF-8, nesting); a ``.gz`` is
+    ``reading.read_json``'s guards (size before a byte is read, UTF-8, nesting); a ``.gz`` is
     decompressed at most ``limit`` bytes. Raises TraceError naming the file."""
-    from gptforge.storage import not_a_file, read_json
+    from gptforge.reading import not_a_file, read_json
 
     p = Path(path)
     if not p.is_file():

@@ -140,7 +140,7 @@ PAIRED_MAX_BYTES = 256 << 20  # --paired-with: an eval JSON of 500 problems is ~
 def read_paired(path: str) -> dict[str, dict[str, bool]]:
     """An earlier ``eval --json`` of generative tasks: task -> question -> right; refused by name when it is
     not one (another kind of eval's JSON, one written before replies were kept, a hand-edited file)."""
-    from gptforge.storage import read_json
+    from gptforge.reading import read_json
 
     where = f"--paired-with {path}"
     try:

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
-from gptforge.storage import jsonl_hint, not_a_file, utf8
+from gptforge.reading import jsonl_hint, not_a_file, utf8
 
 Check = Callable[[dict[str, Any]], Optional[str]]  # a row -> why it is bad, or None
 

@@ -33,6 +33,7 @@ from gptforge.interop.hf_tokenizer import (  # noqa: F401 (re-exported: the toke
 )
 from gptforge.models.registry import FAMILIES
 from gptforge.numbers import MAX_DIM  # past it a config is damaged, not big
+from gptforge.reading import read_json
 from gptforge.sizecheck import (
     check_model_size,
     count_layers,
@@ -40,7 +41,6 @@ from gptforge.sizecheck import (
     layered_elements,
     safetensors_shapes,
 )
-from gptforge.storage import read_json
 from gptforge.tokens import EOT
 
 # HF GPT-2 uses Conv1D (weight shape (in, out)); we use nn.Linear (out, in).
@@ -205,7 +205,7 @@ def _safetensors_files(d: Path) -> list[Path]:
     for f in (d / "model.safetensors", d / "model.safetensors.index.json"):  # there, but not a file: said so, not "no"
         if f.exists() or f.is_symlink():
             if not f.is_file():
-                from gptforge.storage import not_a_file
+                from gptforge.reading import not_a_file
 
                 raise HFModelError(f"{f} is {not_a_file(f)}; a Hugging Face folder holds its weights there as a file")
     index = d / "model.safetensors.index.json"

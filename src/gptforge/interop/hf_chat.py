@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 
 from gptforge.data.chat import ChatTemplate
-from gptforge.storage import read_json
+from gptforge.reading import read_json
 from gptforge.tokens import GPT2_VOCAB
 
 

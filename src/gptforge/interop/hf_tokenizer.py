@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from gptforge.storage import read_json
+from gptforge.reading import read_json
 from gptforge.tokens import EOT, EOT_TEXT
 
 

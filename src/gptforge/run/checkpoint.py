@@ -40,6 +40,7 @@ from safetensors.torch import load_file, save_file
 
 from gptforge.errors import CheckpointError  # noqa: F401  (re-exported: callers catch ckpt.CheckpointError)
 from gptforge.parallel.distributed import layout_words  # noqa: F401  (re-exported: meta.json's sharding in words)
+from gptforge.reading import read_json
 from gptforge.storage import (
     RESUME_HINT,
     dir_bytes,
@@ -47,7 +48,6 @@ from gptforge.storage import (
     is_disk_full,
     not_writable_reason,
     ordinary_file_mode,
-    read_json,
     tensor_bytes,
 )
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gptforge.extras import require
-from gptforge.storage import jsonl_hint, utf8
+from gptforge.reading import jsonl_hint, utf8
 
 SUFFIXES = (".txt", ".jsonl", ".jsonl.gz", ".parquet")
 
@@ -89,7 +89,7 @@ def expand_paths(paths: list[str | os.PathLike], repeats: bool = False, note=_st
     (and put the same documents in both the val and the train split). ``repeats``: allowed on purpose (a
     benchmark's corpus made of copies). A folder's hidden files and files of other types are not read;
     ``note`` (stderr by default) gets one line naming them (see :func:`_walk`)."""
-    from gptforge.storage import not_a_file
+    from gptforge.reading import not_a_file
 
     out: list[Path] = []
     seen: dict[tuple[int, int], Path] = {}  # (device, inode) -> how the file was first met

@@ -24,7 +24,7 @@ from gptforge.data.tokenizer.base import (
 from gptforge.data.tokenizer.checks import _bounded, _read_text
 from gptforge.data.tokenizer.hf_kind import HFTokenizer, hf_tokenizer_from_dir
 from gptforge.data.tokenizer.tiktoken_kind import TiktokenTokenizer, _ranks_bytes, gpt2_tokenizer, tiktoken_from_ranks
-from gptforge.storage import read_json
+from gptforge.reading import read_json
 
 # --- bundles: a tokenizer as data in a checkpoint or a shard folder ----------------------------------
 

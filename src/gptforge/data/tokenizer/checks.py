@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from gptforge.data.tokenizer.base import MAX_SPECIALS, MAX_TOKEN_BYTES, MAX_TOKENIZER_BYTES, MAX_VOCAB, TokenizerError
-from gptforge.storage import utf8
+from gptforge.reading import utf8
 
 
 def _parse_tokenizer_json(text: str, where: str) -> dict:

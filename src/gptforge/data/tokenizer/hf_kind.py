@@ -15,7 +15,7 @@ import numpy as np
 from gptforge.data.tokenizer.base import MAX_INFO_BYTES, Tokenizer, TokenizerError, _library_failure
 from gptforge.data.tokenizer.checks import _parse_tokenizer_json, _read_text
 from gptforge.data.tokenizer.split_bounds import check_hf, tiktoken_probe
-from gptforge.storage import read_json
+from gptforge.reading import read_json
 
 # --- Hugging Face tokenizers --------------------------------------------------------------------------
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from gptforge.storage import jsonl_hint, utf8
+from gptforge.reading import jsonl_hint, utf8
 
 # "choice": the candidate with the lowest total loss wins for acc, lowest mean token loss for acc_norm.
 # "last_word": one candidate; correct when greedy decoding reproduces all its tokens (acc), plus perplexity.
