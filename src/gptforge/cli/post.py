@@ -139,7 +139,8 @@ def args_sft(s: argparse.ArgumentParser) -> None:
     s.add_argument("--force", action="store_true", help="start over in a run directory that holds checkpoints")
     add_trust_flag(s)
     s.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
-    s.add_argument("--steps", type=int, help="optimizer steps (train.max_steps; like rl and dpo)")
+    s.add_argument("--steps", type=int, help=f"optimizer steps (train.max_steps, default "
+                                             f"{_sft_defaults().train.max_steps}; like rl and dpo)")
     add_help_config(s, "sft", _sft_defaults)
     s.add_argument("--base-loss", action="store_true", help="first score the base model on the held-out "
                                                             "conversations (CPU; kept in meta.json)")
