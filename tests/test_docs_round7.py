@@ -1,0 +1,161 @@
+"""What a newcomer reads, checked for a whole class at once: every option's ``--help`` states its default
+(sub-commands such as ``prepare files`` included, and a default of 0), and every guide names where the
+models and data it reads come from (written by its own commands, or named in its prose: "the default job's
+``runs/shakespeare-cpu``")."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from tests.test_docs import FENCE, JOURNEY_PAGES, _command_lines, _flag_values, _ignored_roots, _page_blocks, _rel
+
+# --- --help: every default said -----------------------------------------------------------------------------
+
+# a config key named as where the flag's value goes: "(rm.seed, ...)", "...; sft.seed)", "dpo.beta (...": at the
+# help's start, after "(" or "; " (not "--rl.top_k", another spelling of the flag, nor "model.safetensors" in prose)
+CONFIG_KEY = re.compile(r"(?:^|\(|; )(?:train|optim|model|data|eval|dist|lora|sft|rm|dpo|rl)\.[a-z_]+\b")
+
+
+def _options() -> list[tuple[str, argparse.Action]]:
+    """(command path, action) for every option of every command and sub-command of the real parser."""
+    from gptforge.cli import build_parser
+
+    out = []
+
+    def walk(parser: argparse.ArgumentParser, path: list[str]) -> None:
+        for a in parser._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for name, sub in a.choices.items():
+                    walk(sub, [*path, name])
+            elif path and a.option_strings and not isinstance(a, argparse._HelpAction):
+                out.append((" ".join(path), a))
+
+    walk(build_parser(), [])
+    return out
+
+
+def _shown(action: argparse.Action) -> str:
+    """The option's help as ``--help`` prints it (``%(default)s`` filled in)."""
+    return (action.help or "") % {**vars(action), "prog": "gptforge"}
+
+
+def test_every_option_with_a_default_says_it():
+    """An option with a value when not given (a default that is neither None nor a switch's False) says it in
+    --help: ``eval --limit``'s 0 was hidden (``0 in (None, False)`` is true), and so was every default of
+    ``prepare``'s sub-commands (``--text-field text``, ``--name data``)."""
+    options = _options()
+    assert any(cmd == "prepare files" for cmd, _ in options)  # the walk reaches sub-commands
+    silent = [f"{cmd} {max(a.option_strings, key=len)} (default {a.default!r})" for cmd, a in options
+              if a.default is not None and a.default is not False and a.default != argparse.SUPPRESS
+              and "default" not in _shown(a).lower()]
+    assert not silent, f"options whose --help does not say their default: {silent}"
+
+
+def test_every_flag_that_sets_a_config_key_says_its_default():
+    """A flag that stands for a config key (``rm --steps``: ``train.max_steps``) takes the recipe's default when
+    not given (argparse's is None); its --help says which (``rm --lr`` and ``dpo --steps`` said nothing)."""
+    options = _options()
+    silent = [f"{cmd} {max(a.option_strings, key=len)}" for cmd, a in options
+              if a.default is None and CONFIG_KEY.search(_shown(a)) and "default" not in _shown(a).lower()]
+    assert not silent, f"flags naming their config key but not its default: {silent}"
+    assert sum(1 for _, a in options if a.default is None and CONFIG_KEY.search(_shown(a))) > 20  # the rule applies
+
+
+def test_help_defaults_are_the_recipes():
+    """The defaults rm/dpo/sft --help state are the ones the recipe runs with (not a copy that can drift)."""
+    from gptforge.cli.align import _pair_defaults
+    from gptforge.cli.post import _sft_defaults
+
+    helps = {(cmd, max(a.option_strings, key=len)): _shown(a) for cmd, a in _options()}
+    for section in ("rm", "dpo"):
+        run = _pair_defaults(section)
+        assert f"default {run.train.max_steps})" in helps[(section, "--steps")]
+        assert f"default {run.optim.lr:g})" in helps[(section, "--lr")]
+        assert f"default {run.train.micro_batch})" in helps[(section, "--micro-batch")]
+    assert f"default {_sft_defaults().train.max_steps};" in helps[("sft", "--steps")]
+
+
+# --- guides: what they read comes from somewhere the reader is told ------------------------------------------
+
+# flags whose value is a model, a run, data or a file a command reads (a comma list: an ensemble)
+READS = ("--ckpt", "--init-from", "--data", "--data.dir", "--policy", "--against", "--reward-model", "--paired-with",
+         "--model", "--tokenizer", "--judge", "--gguf", "--llmc", "--hf", "--preferences", "--resume")
+WRITES = ("--out", "--json", "--image", "--train.out_dir")
+
+
+def _implicit_out(argv: list[str]) -> str | None:
+    """Where a command writes when it is given no --out: ``train --preset P`` into P's ``train.out_dir``,
+    ``prepare shakespeare`` and ``prepare fineweb`` into their default folders (as the code resolves them)."""
+    if _flag_values(argv, ("--out", "--train.out_dir")):
+        return None
+    if argv[0] == "train":
+        from gptforge.presets import get_preset
+
+        preset = (_flag_values(argv, ("--preset",)) or ["shakespeare-cpu"])[0]
+        return get_preset(preset).train.out_dir
+    if argv[:2] == ["prepare", "shakespeare"]:
+        import inspect
+
+        from gptforge.data.prepare.shakespeare import prepare
+
+        return str(inspect.signature(prepare).parameters["out"].default)
+    if argv[:2] == ["prepare", "fineweb"]:
+        sample = (_flag_values(argv, ("--sample",)) or ["10BT"])[0]
+        return f"data/{'edu_' if '--edu' in argv else ''}fineweb{sample.removesuffix('T')}"
+    return None
+
+
+def _reads_and_writes(page: Path) -> tuple[set[str], set[str]]:
+    """(local paths the page's commands read, paths they write), local meaning inside a git-ignored folder
+    (``runs/``, ``data/``, ``exports/``): a hub name or a placeholder (``FILE``) is not a path a guide owes."""
+    roots = _ignored_roots()
+    reads, writes = set(), set()
+    for block in _page_blocks(page):
+        writes |= set(re.findall(r"(?:^|\s)>\s*([\w./-]+)", re.sub(r"#.*", "", block), flags=re.M))
+        for cmd in _command_lines(block):
+            argv = shlex.split(cmd)
+            writes |= set(_flag_values(argv, WRITES))
+            if out := _implicit_out(argv):
+                writes.add(out)
+            values = [p for v in _flag_values(argv, READS) for p in v.split(",")]
+            if argv[0] == "plot":  # its runs are positional
+                values += [a for a in argv[1:] if not a.startswith("-")]
+            reads |= {str(Path(v)) for v in values if v and Path(v).parts[0] in roots}
+    return reads, {str(Path(w)) for w in writes if w}
+
+
+def _unexplained(page: Path) -> list[str]:
+    reads, writes = _reads_and_writes(page)
+    said = FENCE.sub("", page.read_text())  # prose, inline code included: "the default job's `runs/...`"
+    return sorted(r for r in reads
+                  if not any(r == w or r.startswith(w + "/") for w in writes) and r not in said)
+
+
+@pytest.mark.parametrize("page", JOURNEY_PAGES, ids=_rel)
+def test_every_path_a_guide_reads_is_written_there_or_named_as_a_prerequisite(page):
+    """A guide that reads ``runs/tokenizer/llama`` or ``data/shakespeare`` either makes it with its own
+    commands or says, outside its code blocks, where it comes from (which guide or job writes it); a newcomer
+    who starts at that guide otherwise meets 'no checkpoint' with nothing to tell them what to run first."""
+    missing = _unexplained(page)
+    assert not missing, (f"{_rel(page)} reads {missing} without writing them or naming them in its prose: say "
+                         "which guide or job makes each (e.g. 'the default job's `runs/shakespeare-cpu`')")
+
+
+def test_the_prerequisite_walk_sees_reads_and_implicit_writes():
+    """The walk finds what the guides read and what a command writes with no --out (an empty walk would
+    pass anything)."""
+    from tests.test_docs import DOCS
+
+    reads, writes = _reads_and_writes(DOCS / "chat.md")
+    assert {"runs/shakespeare-cpu", "runs/chat/sft", "runs/chat/conv.jsonl"} <= reads
+    reads, writes = _reads_and_writes(DOCS / "pretraining.md")
+    assert {"runs/shakespeare-cpu", "data/shakespeare", "runs/llama-tiny", "data/fineweb10B"} <= writes
+    reads, _ = _reads_and_writes(DOCS / "evaluation.md")
+    assert "runs/tokenizer/llama" in reads  # plot's positional runs
+    reads, _ = _reads_and_writes(DOCS / "preferences.md")
+    assert {"runs/prefs/rm1", "runs/prefs/rm3"} <= reads  # an ensemble's members
