@@ -267,7 +267,7 @@ def args_rl(r: argparse.ArgumentParser) -> None:
     add_trust_flag(r)
     r.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
     add_help_config(r, "rl", _rl_defaults)
-    r.add_argument("--task", choices=[*GENERATED_TASKS, "gsm8k"], help=f"default {d.rl.task}")
+    r.add_argument("--task", choices=[*GENERATED_TASKS, "gsm8k"], help=f"the verifiable task whose problems are sampled and scored (default {d.rl.task})")
     r.add_argument("--reward", help="exact_match (default), exact_match_with_format, numeric_closeness, digit_match, or "
                                     "module:function taking (problem, reply) -> float (code: never read back from "
                                     "a checkpoint, give it again on --resume)")
