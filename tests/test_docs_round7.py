@@ -1,7 +1,8 @@
 """What a newcomer reads, checked for a whole class at once: every option's ``--help`` states its default
 (sub-commands such as ``prepare files`` included, and a default of 0), and every guide names where the
 models and data it reads come from (written by its own commands, or named in its prose: "the default job's
-``runs/shakespeare-cpu``")."""
+``runs/shakespeare-cpu``"), a preset's shards included (``train --preset gpt2-350m`` reads
+``data/fineweb100B``)."""
 
 from __future__ import annotations
 
@@ -110,6 +111,19 @@ def _implicit_out(argv: list[str]) -> str | None:
     return None
 
 
+def _preset_data(argv: list[str]) -> list[str]:
+    """The shard folders the presets a ``train``/``race`` line names read (``bench`` makes its own shard)."""
+    from gptforge.presets import get_preset
+
+    if argv[0] == "bench":
+        return []
+    if argv[0] == "race":
+        names = [a.split(",")[0] for a in argv[1:] if not a.startswith("-")][:1]  # race trains on the first's data
+    else:
+        names = (_flag_values(argv, ("--preset",)) or ["shakespeare-cpu"])[:1]
+    return [get_preset(n).data.dir for n in names]
+
+
 def _reads_and_writes(page: Path) -> tuple[set[str], set[str]]:
     """(local paths the page's commands read, paths they write), local meaning inside a git-ignored folder
     (``runs/``, ``data/``, ``exports/``): a hub name or a placeholder (``FILE``) is not a path a guide owes."""
@@ -123,6 +137,8 @@ def _reads_and_writes(page: Path) -> tuple[set[str], set[str]]:
             if out := _implicit_out(argv):
                 writes.add(out)
             values = [p for v in _flag_values(argv, READS) for p in v.split(",")]
+            if argv[0] in ("train", "race", "bench") and not _flag_values(argv, ("--data.dir",)):
+                values += _preset_data(argv)  # a preset reads its own shards
             if argv[0] == "plot":  # its runs are positional
                 values += [a for a in argv[1:] if not a.startswith("-")]
             reads |= {str(Path(v)) for v in values if v and Path(v).parts[0] in roots}
@@ -157,5 +173,7 @@ def test_the_prerequisite_walk_sees_reads_and_implicit_writes():
     assert {"runs/shakespeare-cpu", "data/shakespeare", "runs/llama-tiny", "data/fineweb10B"} <= writes
     reads, _ = _reads_and_writes(DOCS / "evaluation.md")
     assert "runs/tokenizer/llama" in reads  # plot's positional runs
+    reads, _ = _reads_and_writes(DOCS / "scale-out.md")
+    assert {"data/edu_fineweb100B", "data/fineweb100B", "data/shakespeare"} <= reads  # the presets' own shards
     reads, _ = _reads_and_writes(DOCS / "preferences.md")
     assert {"runs/prefs/rm1", "runs/prefs/rm3"} <= reads  # an ensemble's members
