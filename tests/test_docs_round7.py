@@ -2,7 +2,7 @@
 (sub-commands such as ``prepare files`` included, and a default of 0), and every guide names where the
 models and data it reads come from (written by its own commands, or named in its prose: "the default job's
 ``runs/shakespeare-cpu``"), a preset's shards included (``train --preset gpt2-350m`` reads
-``data/fineweb100B``)."""
+``data/fineweb100B``); and every ``python -m gptforge.MODULE ...`` a page shows parses with that module's own parser."""
 
 from __future__ import annotations
 
@@ -177,3 +177,71 @@ def test_the_prerequisite_walk_sees_reads_and_implicit_writes():
     assert {"data/edu_fineweb100B", "data/fineweb100B", "data/shakespeare"} <= reads  # the presets' own shards
     reads, _ = _reads_and_writes(DOCS / "preferences.md")
     assert {"runs/prefs/rm1", "runs/prefs/rm3"} <= reads  # an ensemble's members
+
+
+# --- `python -m gptforge.MODULE ...` and `bash scripts/NAME.sh ...`: the other commands the pages show ---------
+
+# a script that passes its arguments through to a module (``exec ... python -m gptforge.bench.readme_numbers "$@"``)
+SCRIPT_MODULES = {"scripts/readme_numbers.sh": "gptforge.bench.readme_numbers"}
+MODULE_CMD = re.compile(r"python -m (gptforge(?:\.\w+)+)((?: +[^ `|;&)]+)*)")
+SCRIPT_CMD = re.compile(r"(?:bash )?(scripts/[\w-]+\.sh)((?: +[^ `|;&)#]+)*)")
+
+
+def _page_text_commands(page: Path, pattern: re.Pattern) -> list[tuple[str, list[str]]]:
+    """(target, argv) of every match in the page, code blocks and inline code alike."""
+    text = re.sub(r"\\\n\s*", " ", page.read_text())
+    return [(m.group(1), shlex.split(m.group(2))) for m in pattern.finditer(text)]
+
+
+def _module_commands() -> list[tuple[str, str, list[str]]]:
+    from tests.test_docs import PAGES
+
+    out = []
+    for page in PAGES:
+        out += [(_rel(page), mod, argv) for mod, argv in _page_text_commands(page, MODULE_CMD)]
+        out += [(_rel(page), SCRIPT_MODULES[s], argv) for s, argv in _page_text_commands(page, SCRIPT_CMD)
+                if s in SCRIPT_MODULES]
+    return out
+
+
+class _Parsed(Exception):
+    pass
+
+
+@pytest.mark.parametrize("where,module,argv", _module_commands(), ids=lambda x: x if isinstance(x, str) else " ".join(x))
+def test_every_module_command_a_page_shows_parses(where, module, argv, monkeypatch):
+    """``python -m gptforge.bench.trace step.json.gz --steps 3``: the module exists, runs as a program, and its own
+    parser takes the flags the page gives (stopped right after parsing: nothing runs)."""
+    import importlib
+    import inspect
+
+    try:
+        mod = importlib.import_module(module)
+    except ImportError:
+        pytest.fail(f"{where}: `python -m {module}`: no such module")
+    assert hasattr(mod, "main"), f"{where}: `python -m {module}` has no main()"
+    real = argparse.ArgumentParser.parse_args
+
+    def parse_then_stop(self, args=None, namespace=None):
+        real(self, args, namespace)
+        raise _Parsed
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_then_stop)
+    if "ArgumentParser" not in inspect.getsource(mod.main):  # no parser to stop (config_doc's main rewrites a page)
+        takes = re.findall(r'"(--[\w-]+)"', inspect.getsource(mod.main))
+        assert all(a in takes for a in argv), f"{where}: `python -m {module}` takes {takes}, the page gives {argv}"
+        return
+    try:
+        mod.main(argv)
+    except _Parsed:
+        return
+    except SystemExit as e:
+        pytest.fail(f"{where}: `python -m {module} {' '.join(argv)}` does not parse (exit {e.code})")
+    pytest.fail(f"{where}: `python -m {module}`: main() returned without parsing its arguments")
+
+
+def test_the_module_walk_finds_the_commands():
+    found = {(m, tuple(a)) for _, m, a in _module_commands()}
+    assert ("gptforge.bench.trace", ("step.json.gz", "--steps", "3")) in found
+    assert any(m == "gptforge.bench.readme_numbers" and "--seeds" in a for m, a in found)  # via the script too
+    assert len(found) >= 8
