@@ -2,7 +2,8 @@
 (sub-commands such as ``prepare files`` included, and a default of 0), and every guide names where the
 models and data it reads come from (written by its own commands, or named in its prose: "the default job's
 ``runs/shakespeare-cpu``"), a preset's shards included (``train --preset gpt2-350m`` reads
-``data/fineweb100B``); and every ``python -m gptforge.MODULE ...`` a page shows parses with that module's own parser."""
+``data/fineweb100B``); every ``python -m gptforge.MODULE ...`` a page shows parses with that module's own parser;
+and a guide whose commands need an optional extra (serve, gguf, plot, ...) names it."""
 
 from __future__ import annotations
 
@@ -245,3 +246,53 @@ def test_the_module_walk_finds_the_commands():
     assert ("gptforge.bench.trace", ("step.json.gz", "--steps", "3")) in found
     assert any(m == "gptforge.bench.readme_numbers" and "--seeds" in a for m, a in found)  # via the script too
     assert len(found) >= 8
+
+
+# --- optional extras: a guide whose commands need one names it ------------------------------------------------
+
+# what asks for an extra (gptforge.extras.require's callers): a predicate on a command's argv
+NEEDS_EXTRA = {
+    "serve": lambda a: a[0] == "serve",
+    "gguf": lambda a: a[:2] in (["export", "gguf"], ["import", "gguf"]) or "--gguf" in a
+    or (a[0] in ("sft", "dpo", "rm", "rl", "train") and any(v.endswith(".gguf") for v in _flag_values(a, ("--init-from",)))),
+    "plot": lambda a: a[0] == "plot" or (a[0] == "race" and "--no-plot" not in a),
+    "data": lambda a: a[:2] == ["prepare", "fineweb"] or a[0] == "bench-prepare",
+    "eval": lambda a: a[:2] == ["assets", "evals"] and "--online" not in a,
+    "hf": lambda a: a[0] == "bench-generate",
+}
+
+
+def _names_extra(text: str, extra: str) -> bool:
+    """``extra `serve```, ``the `serve` extra``, ``extra serve``, ``'.[serve]'``, ``extras `a` and `serve```."""
+    return bool(re.search(rf"extras?\b[^.\n]{{0,40}}`?\b{extra}\b`?|`{extra}` extra|\[{extra}\]", text))
+
+
+def _extras_unnamed(page: Path) -> list[str]:
+    text = page.read_text()
+    missing = set()
+    for block in _page_blocks(page):
+        for cmd in _command_lines(block):
+            argv = shlex.split(cmd)
+            missing |= {e for e, needs in NEEDS_EXTRA.items() if needs(argv) and not _names_extra(text, e)}
+    return sorted(missing)
+
+
+@pytest.mark.parametrize("page", JOURNEY_PAGES, ids=_rel)
+def test_a_guide_names_the_extras_its_commands_need(page):
+    """The default job installs the core dependencies only: a guide that runs ``serve``, reads a GGUF or races
+    with a plot says which extra to install, or a newcomer meets the refusal first."""
+    missing = _extras_unnamed(page)
+    assert not missing, f"{_rel(page)}: commands need the extra(s) {missing}, which the page never names"
+
+
+def test_the_extras_table_is_the_codes():
+    """Every extra the table names exists (gptforge.extras.EXTRAS), and the walk finds needs (an empty walk
+    would pass anything)."""
+    from gptforge.extras import EXTRAS
+    from tests.test_docs import DOCS
+
+    assert set(NEEDS_EXTRA) <= set(EXTRAS)
+    assert _names_extra("needs the extra `gguf` (x)", "gguf") and not _names_extra("a gguf file", "gguf")
+    needs = {e for p in (DOCS / "own-model.md", DOCS / "chat.md") for b in _page_blocks(p) for c in _command_lines(b)
+             for e, f in NEEDS_EXTRA.items() if f(shlex.split(c))}
+    assert {"gguf", "serve"} <= needs
