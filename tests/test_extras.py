@@ -28,9 +28,9 @@ CASES = [  # (module made missing, extra named, command line)
     ("datasets", "data", ("assets", "evals", "--online")),
     ("pyarrow", "data", ("prepare", "files", "{tmp}/c.parquet", "--out", "{tmp}/o", "--no-progress")),
     ("datasets", "data", ("prepare", "fineweb", "--data-files", "{tmp}/c.parquet", "--out", "{tmp}/o")),
-    ("transformers", "hf", ("sample", "--hf", "{tmp}/hfdir", "--num-samples", "1")),
-    ("transformers", "hf", ("eval", "--hf", "{tmp}/hfdir", "--tasks", "hellaswag")),
-    ("transformers", "hf", ("export", "hf", "--hf", "{tmp}/hfdir", "--out", "{tmp}/x")),
+    ("transformers", "hf", ("sample", "--hf", "gpt2", "--num-samples", "1")),  # a hub name; a local folder needs none
+    ("transformers", "hf", ("eval", "--hf", "gpt2", "--tasks", "hellaswag")),
+    ("transformers", "hf", ("export", "hf", "--hf", "openai-community/gpt2", "--out", "{tmp}/x")),
     ("gguf", "gguf", ("export", "gguf", "--random", "d2", "--out", "{tmp}/x")),
     ("transformers", "hf", ("bench-generate", "--size", "d2", "--batch", "1", "--new-tokens", "1")),
     ("pyarrow", "data", ("bench-prepare", "--workers", "1")),
@@ -57,6 +57,28 @@ def test_missing_extra_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys, mod
     assert len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert f"needs {module}" in err and f"pip install 'gptforge[{extra}]'" in err, err
     assert err.startswith(f"gptforge {args[0]}: error:")
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_a_local_hugging_face_folder_needs_no_transformers(tmp_path, monkeypatch, capsys, arch):
+    """A save_pretrained folder is read with safetensors alone (config.json, then the weights' header): the
+    docs say so and the loaders do it, but every --hf load asked for the hf extra first. Without transformers,
+    sample and export take the folder of either family; only a hub name needs the extra (CASES above)."""
+    from gptforge.config import Config
+    from gptforge.models.registry import get_family, size_config
+    from gptforge.run import checkpoint as ckpt
+
+    model_cfg = size_config("d2" if arch == "gpt2" else "llama-tiny", block_size=64)
+    ckpt.save_checkpoint(tmp_path / "run", 1, get_family(arch).model_cls(model_cfg), None,
+                         {"config": Config(model=model_cfg).to_dict()})
+    assert main(["export", "hf", "--ckpt", str(tmp_path / "run"), "--out", str(tmp_path / "hf")]) == 0
+    for name in [m for m in sys.modules if m == "transformers" or m.startswith("transformers.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    capsys.readouterr()
+    assert main(["sample", "--hf", str(tmp_path / "hf"), "--num-samples", "1", "--max-new-tokens", "2"]) == 0
+    assert main(["export", "hf", "--hf", str(tmp_path / "hf"), "--out", str(tmp_path / "again")]) == 0
+    assert "needs transformers" not in capsys.readouterr().err
 
 
 def test_require_returns_the_module_and_names_the_extra(monkeypatch):

@@ -99,6 +99,7 @@ def _common(p: argparse.ArgumentParser, section: str) -> None:
     from gptforge.config import Config
 
     d = getattr(Config(), section)
+    run = _pair_defaults(section)  # the recipe's own train/optim defaults, which --help-config lists too
     p.add_argument("--init-from", metavar="CKPT", help="starting model: an SFT (chat) checkpoint or run directory, a "
                                                         "base checkpoint, a Hugging Face directory, a GGUF file or an llm.c file")
     p.add_argument("--data", help="preference pairs: FILE.jsonl of {\"prompt\", \"chosen\", \"rejected\"} (TRL's "
@@ -112,14 +113,16 @@ def _common(p: argparse.ArgumentParser, section: str) -> None:
     add_help_config(p, section, lambda: _pair_defaults(section))
     p.add_argument("--val-count", type=int, help=f"held-out pairs ({section}.val_count, default {d.val_count})")
     p.add_argument("--split", help=f"HF dataset split ({section}.split, default {d.split})")
-    p.add_argument("--seed", type=int, help=f"held-out split and pair order ({section}.seed)")
+    p.add_argument("--seed", type=int, help=f"held-out split and pair order ({section}.seed, default {d.seed})")
     p.add_argument("--skip-bad", action="store_true", help="count and skip bad rows instead of stopping")
-    p.add_argument("--eval-every", type=int, help=f"steps between held-out evals ({section}.eval_every; 0 = start and end)")
-    p.add_argument("--steps", type=int, help="optimizer steps (train.max_steps)")
-    p.add_argument("--lr", type=float, help="learning rate (optim.lr)")
-    p.add_argument("--micro-batch", type=int, help="pairs per forward (train.micro_batch); "
+    p.add_argument("--eval-every", type=int, help=f"steps between held-out evals ({section}.eval_every; 0 = start and "
+                                                  f"end; default {d.eval_every})")
+    p.add_argument("--steps", type=int, help=f"optimizer steps (train.max_steps, default {run.train.max_steps})")
+    p.add_argument("--lr", type=float, help=f"learning rate (optim.lr, default {run.optim.lr:g})")
+    p.add_argument("--micro-batch", type=int, help=f"pairs per forward (train.micro_batch, default {run.train.micro_batch}); "
                                                    f"{section}.grad_accum of them make a step")
-    p.add_argument("--ckpt-every", type=int, help="steps between checkpoints (train.ckpt_every)")
+    p.add_argument("--ckpt-every", type=int, help=f"steps between checkpoints (train.ckpt_every, default "
+                                                  f"{run.train.ckpt_every})")
     p.add_argument("--device", help="train.device (default auto)")
 
 
@@ -136,10 +139,14 @@ def args_dpo(p: argparse.ArgumentParser) -> None:
                      "computed once and cached in the run directory), sigmoid or IPO loss; logs TRL's "
                      "rewards/chosen, rewards/rejected, rewards/margins, rewards/accuracies, logps/*. Accepts "
                      "--section.key overrides (the dpo.*, optim.* and train.* sections).")
+    from gptforge.config import Config
+
     _common(p, "dpo")
-    p.add_argument("--beta", type=float, help="dpo.beta (default 0.1)")
-    p.add_argument("--loss-type", choices=["sigmoid", "ipo"], help="dpo.loss_type (default sigmoid)")
+    d = Config().dpo
+    p.add_argument("--beta", type=float, help=f"dpo.beta (default {d.beta:g})")
+    p.add_argument("--loss-type", choices=["sigmoid", "ipo"], help=f"dpo.loss_type (default {d.loss_type})")
     p.add_argument("--sft-coef", type=float, help="dpo.sft_coef: add this weight times the chosen replies' NLL "
                                                   "(RPO; default 0 = plain DPO)")
-    p.add_argument("--task", choices=GENERATED_TASKS, help="dpo.task: held-out greedy accuracy as eval")
-    p.add_argument("--eval-n", type=int, help="held-out task problems (dpo.eval_n)")
+    p.add_argument("--task", choices=GENERATED_TASKS, help="dpo.task: held-out greedy accuracy as eval (default "
+                                                           "none: pair accuracy only)")
+    p.add_argument("--eval-n", type=int, help=f"held-out task problems (dpo.eval_n, default {d.eval_n})")

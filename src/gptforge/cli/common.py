@@ -45,12 +45,17 @@ class CliError(Exception):
 
 
 def show_defaults(p: argparse.ArgumentParser) -> None:
-    """Every option of a command says its default in --help (unless its help already does, or the
-    default is "not set")."""
+    """Every option of a command, and of its sub-commands (``prepare files``), says its default in --help
+    (unless its help already does, or the default is "not set": None, or False for a switch). A default of 0
+    is a value to show: ``0 in (None, False)`` is true in Python, which hid ``eval --limit``'s."""
     for action in p._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                show_defaults(sub)
+            continue
         default = action.default
-        if (action.help == argparse.SUPPRESS or default in (None, False, argparse.SUPPRESS) or not action.option_strings
-                or "default" in (action.help or "").lower()):
+        if (action.help == argparse.SUPPRESS or any(default is v for v in (None, False, argparse.SUPPRESS))
+                or not action.option_strings or "default" in (action.help or "").lower()):
             continue
         action.help = f"{action.help} (default %(default)s)" if action.help else "default %(default)s"
 

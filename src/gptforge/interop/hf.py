@@ -61,10 +61,10 @@ class HFModelError(CheckpointError):
 
 
 def _transformers():
-    """transformers, or one line naming the extra (every --hf load starts here)."""
+    """transformers, or one line naming the extra (every hub-name load starts here)."""
     from gptforge.extras import require
 
-    return require("transformers", extra="hf", for_what="loading Hugging Face weights (--hf)")
+    return require("transformers", extra="hf", for_what="loading Hugging Face weights from the hub (--hf NAME)")
 
 
 def peft_adapters(folder: Path) -> str | None:
@@ -85,8 +85,8 @@ def peft_adapters(folder: Path) -> str | None:
 
 
 def hf_model_type(name_or_dir: str) -> str:
-    """``model_type`` from a local directory's config.json, or the hub config of a model name."""
-    _transformers()  # before reading anything: a missing package is reported first
+    """``model_type`` from a local directory's config.json, or the hub config of a model name. Only a hub name
+    needs transformers (a local directory is read with safetensors alone, as the loaders read it)."""
     local = Path(name_or_dir)
     if local.exists() and not local.is_dir():  # transformers would take a file as its config (or weights: a pickle)
         raise HFModelError(f"{local}: a file, not a directory; give the directory save_pretrained() wrote (its "
@@ -105,10 +105,9 @@ def hf_model_type(name_or_dir: str) -> str:
         if not isinstance(cfg.get("model_type"), str):
             raise HFModelError(f"{cfg_path}: no 'model_type' string; is this a Hugging Face model directory?")
         return cfg["model_type"]
-    from transformers import AutoConfig
-
+    tf = _transformers()  # a hub name: before anything is fetched, a missing package is one line naming the extra
     try:
-        return AutoConfig.from_pretrained(name_or_dir).model_type
+        return tf.AutoConfig.from_pretrained(name_or_dir).model_type
     except (OSError, ValueError) as e:  # one line: transformers' own message runs over several
         first = next((line for line in str(e).splitlines() if line.strip()), type(e).__name__)
         raise FileNotFoundError(f"could not load Hugging Face model {name_or_dir!r}: {first.strip()}; give a hub "

@@ -172,6 +172,12 @@ def _micro_batches(cfg: Config, world: int) -> list[int]:
     return sorted(out, reverse=True)
 
 
+def asked_row(cfg: Config, world: int) -> tuple[str, str]:
+    """The (shard, recompute) the config asks for at ``world``: on one GPU sharding does nothing, so a preset's
+    ``dist.shard zero1`` is shard none there (it hid llama3-1b's ``--model.recompute block`` at ``--world 1``)."""
+    return ("none" if world == 1 else cfg.dist.shard, cfg.model.recompute)
+
+
 def propose(cfg: Config, gpu_mem_gib: float, world: int, reserve_gib: float = 2.0,
             dtype: str = "bfloat16", fused: bool = True) -> tuple[list[Estimate], Estimate | None]:
     """For each (sharding, recompute), the largest micro-batch that fits ``gpu_mem_gib`` less a reserve
@@ -193,7 +199,7 @@ def propose(cfg: Config, gpu_mem_gib: float, world: int, reserve_gib: float = 2.
     rows: list[Estimate] = []
     # the cheapest-first candidates, then the combination the config asks for (--model.recompute block on one
     # GPU was planned as one "recomp none" row: the user's own choice must be a row of its own)
-    asked = (cfg.dist.shard, cfg.model.recompute)
+    asked = asked_row(cfg, world)
     for sharding, rc in PREFERENCE + ([asked] if asked not in PREFERENCE else []):
         if sharding != "none" and world == 1:
             continue

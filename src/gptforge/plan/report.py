@@ -11,7 +11,17 @@ from gptforge.config import Config
 from gptforge.plan.cluster import get_cluster
 from gptforge.plan.cost import days
 from gptforge.plan.cost import head_path as layout_head
-from gptforge.plan.memory import GIB, GPU_TARGET, count_params, estimate, head_path, head_words, plan_overrides, propose
+from gptforge.plan.memory import (
+    GIB,
+    GPU_TARGET,
+    asked_row,
+    count_params,
+    estimate,
+    head_path,
+    head_words,
+    plan_overrides,
+    propose,
+)
 from gptforge.plan.search import search
 
 
@@ -56,15 +66,17 @@ def run_plan(cfg: Config, preset: str, *, gpu_mem: float = 80.0, world: int = 8,
               f"{cfg.train.total_batch_tokens:,} tokens/step, world {world}, {gpu_mem:g} GiB per GPU "
               f"(bf16, {reserve:g} GiB reserved)" + _lora_note(cfg) + f"\n{head_words(*head)}\n"
               f"{columns}  (GiB per rank)")
-        asked = (cfg.dist.shard, cfg.model.recompute)
+        asked = asked_row(cfg, world)
         for r in rows:
             mine = ", as configured" if (r.sharding, r.recompute) == asked else ""
             print(r.row() + (f"  <- fits{mine}" if r.peak <= (gpu_mem - reserve) * GIB else f"  (does not fit{mine})"))
         report.update(world=world, gpu_mem_gib=gpu_mem, rows=[vars(r) for r in rows],
                       recommended=vars(best) if best else None, fused_ce={"on": head[0], "why": head[1]})
         if best is None:
+            recompute = ("recomputed activations (--model.recompute mlp or block: plan shows its row), "
+                         if world == 1 and cfg.model.recompute == "none" else "")
             print("nothing fits: use more GPUs (FSDP shards weights, gradients and optimizer state by world "
-                  "size), a shorter --train.seq_len, or a GPU with more memory")
+                  f"size), {recompute}a shorter --train.seq_len, or a GPU with more memory")
         else:
             print("recommended: " + " ".join(plan_overrides(cfg, best, world)))
     if json_out:
