@@ -12,6 +12,7 @@ a config key that does not exist (a doc that names a removed or renamed option).
 
 from __future__ import annotations
 
+import argparse
 import ast
 import functools
 import re
@@ -117,6 +118,17 @@ def _keys() -> frozenset[str]:
     return frozenset(k for fam in FAMILIES.values() for k in config_keys(Config(model=fam.config_cls())))
 
 
+def _exact_flags(parser: argparse.ArgumentParser) -> None:
+    """argparse takes an abbreviation of a long flag (``--seed`` for ``--seeds``), so a guide's truncated or
+    stale flag would parse as another: the docs' parse checks take every flag as spelled, here and in every
+    sub-command's parser."""
+    parser.allow_abbrev = False
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                _exact_flags(sub)
+
+
 @pytest.mark.parametrize("where,line", COMMANDS, ids=[f"{w}:{c[:60]}" for w, c in COMMANDS])
 def test_every_documented_command_parses(where, line):
     from gptforge.cli import COMMANDS as TABLE
@@ -127,6 +139,7 @@ def test_every_documented_command_parses(where, line):
     except ValueError as e:
         pytest.fail(f"{where}: cannot split {line!r}: {e}")
     parser = build_parser()
+    _exact_flags(parser)
     try:
         args, rest = parser.parse_known_args(argv)
     except SystemExit:

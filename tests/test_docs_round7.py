@@ -224,6 +224,9 @@ def test_every_module_command_a_page_shows_parses(where, module, argv, monkeypat
     real = argparse.ArgumentParser.parse_args
 
     def parse_then_stop(self, args=None, namespace=None):
+        from tests.test_docs import _exact_flags
+
+        _exact_flags(self)  # a truncated flag (--seed for --seeds) is argparse's abbreviation: take flags as spelled
         real(self, args, namespace)
         raise _Parsed
 
