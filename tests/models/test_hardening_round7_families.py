@@ -237,3 +237,74 @@ WINDOW_ZERO = {"qwen3": _set(sliding_window=0, use_sliding_window=True), "mistra
 def test_a_window_of_no_tokens_is_refused_by_name(saved, name, tmp_path):
     msg = _agree(_edited(saved(name), tmp_path / "hf", WINDOW_ZERO[name]), tmp_path)  # transformers fails on it
     assert "sliding_window=0" in msg and "null" in msg
+
+
+# ----------------------------------------------------------------------------- the GGUF door: llama.cpp's defaults
+
+
+GEMMA2_KEYS = ("gemma2.attention.sliding_window", "gemma2.attn_logit_softcapping", "gemma2.final_logit_softcapping")
+
+
+@pytest.mark.parametrize("left_out", [GEMMA2_KEYS[1:], GEMMA2_KEYS])
+def test_a_gemma2_gguf_without_its_optional_keys_reads_as_llamacpp_runs_it(left_out, tmp_path):
+    """llama.cpp's gemma2 loader takes a window of 4096 and soft-caps of 50 and 30 for the keys a file leaves
+    out (the Gemma 2 paper's values, and transformers' Gemma2Config defaults): a converter-layout file without
+    them gives the logits of transformers' Gemma 2 with those values; it was read uncapped (or refused)."""
+    pytest.importorskip("gguf")
+    from gptforge.interop.gguf_read import read_gguf
+    from tests.interop.test_gguf_families import FAMILIES as GGUF_FAMILIES
+    from tests.interop.test_gguf_families import IDX as GGUF_IDX
+    from tests.interop.test_gguf_families import _hf_model, write_converter_gguf
+    from tests.interop.test_gguf_read import rewrite_gguf
+
+    kind, extra, arch = GGUF_FAMILIES["gemma2"]
+    GGUF_FAMILIES["gemma2"] = (kind, {**extra, "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0,
+                                      "sliding_window": 4096 if "gemma2.attention.sliding_window" in left_out else 8},
+                               arch)
+    try:
+        hf = _hf_model("gemma2")
+    finally:
+        GGUF_FAMILIES["gemma2"] = (kind, extra, arch)
+    path = write_converter_gguf(tmp_path / "full.gguf", hf, arch)
+    for i, key in enumerate(left_out):
+        path = rewrite_gguf(path, tmp_path / f"{i}.gguf", key)
+    model = read_gguf(path).model
+    assert (model.config.attn_softcap, model.config.logit_softcap) == (50.0, 30.0)
+    with torch.no_grad():
+        assert (model(GGUF_IDX)[0] - hf(GGUF_IDX).logits).abs().max().item() <= ATOL
+
+
+@pytest.mark.parametrize("field", ["attn_softcap", "logit_softcap"])
+def test_a_gemma2_without_a_softcap_is_refused_at_gguf_export_by_name(field, tmp_path):
+    """llama.cpp's gemma2 always soft-caps: a Gemma 2 with a cap off (transformers' null) has no GGUF form; the
+    exporter wrote no key, and llama.cpp then capped at 50 or 30."""
+    pytest.importorskip("gguf")
+    from gptforge.interop.gguf import export_gguf
+    from gptforge.models.llama import Llama, LlamaConfig
+
+    caps = {"attn_softcap": 50.0, "logit_softcap": 30.0, field: 0.0}
+    model = Llama(LlamaConfig(n_layer=2, n_head=4, n_kv_head=2, n_embd=64, intermediate_size=96, vocab_size=268,
+                              family="gemma2", sliding_window=8, layer_types="sf", mlp="geglu", norm_plus_one=True,
+                              post_norms=True, embed_scale=8.0, qk_norm=False, tie_embeddings=True, **caps))
+    with pytest.raises(ValueError, match=f"model.{field}=0.0") as e:
+        export_gguf(model, tmp_path / "out", tokenizer=False)
+    assert "\n" not in str(e.value) and not (tmp_path / "out").exists()
+
+
+# ----------------------------------------------------------------------------- what a format cannot hold, by name
+
+
+@pytest.mark.parametrize("name", list(BUILD))
+def test_export_llmc_refuses_every_llama_family_by_name_in_one_line(saved, name, tmp_path, capsys):
+    """llm.c files hold GPT-2 only: ``export llmc`` of each family's HF folder exits 2 with one line naming
+    model.arch and the family, said before any 'writing ...' line and before --out exists."""
+    from gptforge.cli import main
+
+    folder = saved(name)
+    capsys.readouterr()
+    assert main(["export", "llmc", "--hf", str(folder), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "model.arch='llama'" in err[0] and "llm.c model files hold GPT-2 only" in err[0], err
+    if name not in ("llama", "qwen2"):  # the one Llama with a family's fields: named as that family
+        assert f"model.family='{name}'" in err[0], err
+    assert not (tmp_path / "out").exists()
