@@ -308,3 +308,32 @@ def test_export_llmc_refuses_every_llama_family_by_name_in_one_line(saved, name,
     if name not in ("llama", "qwen2"):  # the one Llama with a family's fields: named as that family
         assert f"model.family='{name}'" in err[0], err
     assert not (tmp_path / "out").exists()
+
+
+SWA_KEYS = [("gemma2", "attention.sliding_window_pattern", 2, 3), ("gemma3", "attention.sliding_window_pattern", 6, 3),
+            ("gemma2", "rope.freq_base_swa", 500.0, 50.0), ("gemma3", "rope.freq_base_swa", 10_000.0, 50.0)]
+
+
+@pytest.mark.parametrize("arch, key, fixed, other", SWA_KEYS)
+def test_a_gemma_gguf_sliding_key_apart_from_the_fixed_choice_is_refused_by_name(arch, key, fixed, other, tmp_path):
+    """Newer llama.cpp reads a Gemma file's sliding-window period and sliding layers' rope base where present;
+    gptforge keeps the family's fixed choice (every 2nd / 6th layer full; Gemma 2's bases equal, Gemma 3's local
+    10,000): the key at that value loads to transformers' logits, another value is refused by its name (it was
+    ignored: another model)."""
+    gguf = pytest.importorskip("gguf")
+    from gptforge.interop.gguf_read import read_gguf
+    from gptforge.interop.gguf_tokenizer import GGUFReadError
+    from tests.interop.test_gguf_families import FAMILIES as GGUF_FAMILIES
+    from tests.interop.test_gguf_families import IDX as GGUF_IDX
+    from tests.interop.test_gguf_families import _hf_model, write_converter_gguf
+    from tests.interop.test_gguf_read import rewrite_gguf
+
+    hf = _hf_model(arch)
+    path = write_converter_gguf(tmp_path / "full.gguf", hf, GGUF_FAMILIES[arch][2])
+    vtype = gguf.GGUFValueType.UINT32 if isinstance(fixed, int) else gguf.GGUFValueType.FLOAT32
+    same = read_gguf(rewrite_gguf(path, tmp_path / "same.gguf", f"{arch}.{key}", fixed, vtype)).model
+    with torch.no_grad():
+        assert (same(GGUF_IDX)[0] - hf(GGUF_IDX).logits).abs().max().item() <= ATOL
+    with pytest.raises(GGUFReadError, match=f"{arch}.{key}={other!r}") as e:
+        read_gguf(rewrite_gguf(path, tmp_path / "other.gguf", f"{arch}.{key}", other, vtype))
+    assert "\n" not in str(e.value)

@@ -74,6 +74,13 @@ def config_fields(arch: str, scalars: dict, path: Path, n_layer: int, n_embd: in
     if not window:
         raise GGUFReadError(f"{path}: metadata key {arch}.attention.sliding_window is missing; Gemma's sliding "
                             "layers need it")
+    # newer llama.cpp reads these two where present; gptforge keeps each family's fixed choice and refuses another
+    fixed = {f"{arch}.attention.sliding_window_pattern": SWA_PERIOD[arch],
+             f"{arch}.rope.freq_base_swa": GEMMA3_LOCAL_THETA if arch == "gemma3"
+             else scalars.get(f"{arch}.rope.freq_base", 10_000.0)}
+    for key, want in fixed.items():
+        if key in scalars and scalars[key] != want:
+            raise _refuse(path, key, scalars[key], f"{arch}'s sliding layers other than llama.cpp's default ({want!r})")
     scalar = n_embd / n_head if n_layer == BIG_LAYERS[arch] else head_dim
     out.update(sliding_window=window, layer_types=swa_pattern(arch, n_layer), mlp="geglu", norm_plus_one=True,
                post_norms=True, embed_scale=n_embd ** 0.5, query_pre_attn_scalar=float(scalar))
