@@ -341,3 +341,28 @@ def test_a_gemma_gguf_sliding_key_apart_from_the_fixed_choice_is_refused_by_name
     with pytest.raises(GGUFReadError, match=f"{arch}.{key}={other!r}") as e:
         read_gguf(rewrite_gguf(path, tmp_path / "other.gguf", f"{arch}.{key}", other, vtype))
     assert "\n" not in str(e.value)
+
+
+# ----------------------------------------------------------------------------- the hub door
+
+
+@pytest.mark.parametrize("name", list(BUILD))
+def test_the_hub_reader_gives_every_familys_tensors_as_stored(saved, name):
+    """``load_hf_llama`` of a hub name reads the weights through transformers (``_read_weights``; offline here,
+    so called on the folder). It used LlamaForCausalLM for every family: Qwen3's q/k norms and Gemma's extra
+    norms were dropped (the load then refused a valid model), and Phi-3's fused q/k/v and gate/up came back
+    as new random matrices under Llama's names, which loaded without a word. Now every stored tensor comes
+    back unchanged, in float32, and the model built from them gives transformers' logits."""
+    from safetensors.torch import load_file
+
+    from gptforge.interop.hf_llama import _read_config, _read_weights, llama_config_from_hf, load_hf_llama_state_dict
+    from gptforge.models.llama import Llama
+
+    folder = saved(name)
+    stored, got = load_file(str(folder / "model.safetensors")), _read_weights(str(folder))
+    assert all(k in got and torch.equal(got[k], v) for k, v in stored.items())
+    model = Llama(llama_config_from_hf(_read_config(str(folder))))
+    load_hf_llama_state_dict(model, got)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.no_grad():
+        assert (model.eval()(IDX)[0] - hf(IDX).logits).abs().max().item() <= ATOL

@@ -194,10 +194,13 @@ def _read_config(name_or_dir: str) -> dict:
 
 def _read_weights(name_or_dir: str) -> dict[str, torch.Tensor]:
     """A hub model's weights, safetensors only (a local directory is read by ``_read_checked``, its shapes
-    checked against the config first)."""
-    from transformers import LlamaForCausalLM
+    checked against the config first), by the family's own transformers class: LlamaForCausalLM would drop
+    Qwen3's q/k norms and Gemma's extra norms, and give Phi-3's fused q/k/v and gate/up matrices back as new
+    random ones under Llama's names. In float32, as stored or wider (transformers 5 would narrow to the
+    config's dtype)."""
+    from transformers import AutoModelForCausalLM
 
-    return LlamaForCausalLM.from_pretrained(name_or_dir, use_safetensors=True).state_dict()
+    return AutoModelForCausalLM.from_pretrained(name_or_dir, use_safetensors=True, dtype=torch.float32).state_dict()
 
 
 def load_hf_llama(name_or_dir: str, **overrides) -> Llama:
