@@ -19,6 +19,10 @@ transformers to the same logits; or both refuse, gptforge in one line naming the
 * ``partial_rotary_factor`` null (transformers' default: all of each head rotates).
 
 A window of 0 on a layer that slides, which no model has and transformers fails on, is refused by name.
+The other doors: a Gemma 2 GGUF without its optional keys reads as llama.cpp runs it (window 4096, caps 50
+and 30), so a Gemma 2 with a cap off is refused at GGUF export; a Gemma GGUF's sliding-window period or local
+rope base apart from the fixed choice is refused; the hub reader returns every family's tensors as stored;
+``export llmc`` refuses every Llama family in one line naming it, before anything is said or written.
 """
 
 from __future__ import annotations
