@@ -130,8 +130,9 @@ READERS = {
                 gpt2_count(LIE), gpt2_count(2)),  # save_pretrained stores the tied head once
     "hf-llama": (lambda t: _hf(t, "llama"), lambda p: _set_json(p / "config.json", ["num_hidden_layers"], LIE) or p,
                  "--hf", llama_count(LIE), llama_count(2)),
-    "hf-qwen2": (lambda t: _hf(t, "qwen2"), lambda p: _set_json(p / "config.json", ["num_hidden_layers"], LIE) or p,
-                 "--hf", llama_count(LIE, qkv_bias=True), llama_count(2, qkv_bias=True)),
+    "hf-qwen2": (lambda t: _hf(t, "qwen2"),  # its layer_types, one per layer, would name the lie before the size
+                 lambda p: _set_json(p / "config.json", ["layer_types"], None)
+                 or _set_json(p / "config.json", ["num_hidden_layers"], LIE) or p, "--hf", llama_count(LIE, qkv_bias=True), llama_count(2, qkv_bias=True)),
     "gguf-llama": (_gguf_llama, lambda p: _lie_gguf(p, "llama"), "--gguf", None, None),
     "gguf-gpt2": (_gguf_gpt2, lambda p: _lie_gguf(p, "gpt2"), "--gguf", None, None),
     "llmc": (_llmc, _lie_llmc, "--llmc", None, None),

@@ -217,6 +217,7 @@ def _export(args: argparse.Namespace) -> int:
         dtype, why = _own_dtype(source, args.format)
     args.dtype_said = f"as {dtype} ({why})"
     model = load(source)
+    _refuse_before_writing(args.format, model)  # the format first: no tokenizer or dtype makes it hold the model
     _check_range(model, dtype, args.dtype_said)
     tok, chat = words(source, model)  # a chat checkpoint: the HF tokenizer gets its template
     if not tok.is_gpt2:  # the model's own tokenizer travels with it
@@ -324,6 +325,24 @@ def _own_dtype(source, fmt: str) -> tuple[str, str]:
     if fmt == "llmc" and own == "float16":
         return "float32", f"{why} float16, which llm.c files do not hold"
     return own, f"the model's own: {why}; --dtype to choose"
+
+
+def _refuse_before_writing(fmt: str, model) -> None:
+    """What ``fmt`` cannot hold of this model (llm.c a Llama, a family's config a field it lacks, llama.cpp an
+    option it has not), refused before 'writing ...' is said: the refusal is the command's one line (each
+    exporter checks again)."""
+    from gptforge.interop import gguf, hf_llama, llmc
+
+    try:
+        if fmt == "llmc":
+            llmc.check_llmc_model(model)
+        elif getattr(model.config, "arch", "gpt2") == "llama":  # GPT-2's own checks are its exporters'
+            if fmt == "hf":
+                hf_llama.hf_llama_config(model.config)
+            else:
+                gguf.check_gguf_model(model, None, tokenizer=False)  # the tokenizer: the export checks it
+    except ValueError as e:
+        raise CliError(str(e)) from e
 
 
 def _say_writing(args: argparse.Namespace, model) -> None:

@@ -43,6 +43,10 @@ ARCHS = ("qwen3", "gemma2", "gemma3", "phi3")
 SWA_PERIOD = {"gemma2": 2, "gemma3": 6}  # llama.cpp's set_swa_pattern(n): layer i slides if i % n < n - 1
 BIG_LAYERS = {"gemma2": 46, "gemma3": 62}  # the 27B models: llama.cpp scales queries by n_embd / n_head
 GEMMA3_LOCAL_THETA = 10_000.0  # llama.cpp's gemma3 sliding layers' rope base (not in the file)
+# what llama.cpp's loader takes for a key a file leaves out (src/models/gemma2.cpp: "n_swa = 4096; // default value
+# of gemma 2", and llama-hparams.h's soft-caps 50 and 30, which its gemma2 always applies): the same model here
+LLAMA_CPP_DEFAULTS = {"gemma2": {"attention.sliding_window": 4096, "attn_logit_softcapping": 50.0,
+                                 "final_logit_softcapping": 30.0}}
 
 
 def swa_pattern(arch: str, n_layer: int) -> str:
@@ -52,7 +56,8 @@ def swa_pattern(arch: str, n_layer: int) -> str:
 
 def config_fields(arch: str, scalars: dict, path: Path, n_layer: int, n_embd: int, n_head: int, head_dim: int) -> dict:
     """``LlamaConfig`` fields a family architecture's keys (and llama.cpp's fixed choices) set."""
-    window = scalars.get(f"{arch}.attention.sliding_window") or 0
+    defaults = LLAMA_CPP_DEFAULTS.get(arch, {})
+    window = scalars.get(f"{arch}.attention.sliding_window", defaults.get("attention.sliding_window")) or 0
     if isinstance(window, bool) or not isinstance(window, int) or window < 0:
         raise GGUFReadError(f"{path}: metadata key {arch}.attention.sliding_window={window!r}: expected an integer")
     if arch == "llama":
@@ -69,14 +74,22 @@ def config_fields(arch: str, scalars: dict, path: Path, n_layer: int, n_embd: in
     if not window:
         raise GGUFReadError(f"{path}: metadata key {arch}.attention.sliding_window is missing; Gemma's sliding "
                             "layers need it")
+    # newer llama.cpp reads these two where present; gptforge keeps each family's fixed choice and refuses another
+    fixed = {f"{arch}.attention.sliding_window_pattern": SWA_PERIOD[arch],
+             f"{arch}.rope.freq_base_swa": GEMMA3_LOCAL_THETA if arch == "gemma3"
+             else scalars.get(f"{arch}.rope.freq_base", 10_000.0)}
+    for key, want in fixed.items():
+        if key in scalars and scalars[key] != want:
+            raise _refuse(path, key, scalars[key], f"{arch}'s sliding layers other than llama.cpp's default ({want!r})")
     scalar = n_embd / n_head if n_layer == BIG_LAYERS[arch] else head_dim
     out.update(sliding_window=window, layer_types=swa_pattern(arch, n_layer), mlp="geglu", norm_plus_one=True,
                post_norms=True, embed_scale=n_embd ** 0.5, query_pre_attn_scalar=float(scalar))
     if arch == "gemma2":
         for key, field in (("attn_logit_softcapping", "attn_softcap"), ("final_logit_softcapping", "logit_softcap")):
-            v = scalars.get(f"{arch}.{key}", 0.0)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (v >= 0 and math.isfinite(v)):
-                raise GGUFReadError(f"{path}: metadata key {arch}.{key}={v!r}: expected a number >= 0")
+            v = scalars.get(f"{arch}.{key}", defaults[key])  # llama.cpp's gemma2 always caps: 0 divides by zero
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (v > 0 and math.isfinite(v)):
+                raise GGUFReadError(f"{path}: metadata key {arch}.{key}={v!r}: expected a positive number "
+                                    "(llama.cpp's gemma2 always soft-caps)")
             out[field] = float(v)
     else:
         out.update(qk_norm=True, rope_local_theta=GEMMA3_LOCAL_THETA)

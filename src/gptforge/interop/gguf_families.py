@@ -10,7 +10,8 @@ What llama.cpp's converter (``convert_hf_to_gguf.py``) does to each, and so what
 * Gemma's post norms are ``post_attention_norm`` and ``post_ffw_norm``, its pre-MLP norm ``ffn_norm``;
   q/k norms are ``attn_q_norm``/``attn_k_norm``;
 * metadata: ``attention.key_length``/``value_length`` (a head_dim apart), ``attention.sliding_window``,
-  Gemma 2's ``attn_logit_softcapping``/``final_logit_softcapping``. What llama.cpp does not store it
+  Gemma 2's ``attn_logit_softcapping``/``final_logit_softcapping`` (a file without them is llama.cpp's
+  window 4096 and caps 50 and 30, so a Gemma 2 with a cap off has no GGUF form). What llama.cpp does not store it
   fixes: Gemma's embedding scale sqrt(n_embd), its layer kinds (every 2nd / 6th layer full), Gemma 3's
   sliding layers' rope base 10,000, and the query scale (1/sqrt(head_dim), or 1/sqrt(n_embd/n_head)
   for the 27B models, told apart by their layer counts). A model whose fields differ from what the
@@ -65,9 +66,9 @@ def scalars_of(cfg, arch: str) -> dict:
                                         ("attention.value_length", cfg.head_dim))}
     if cfg.sliding_window:
         s[f"{arch}.attention.sliding_window"] = cfg.sliding_window
-    if arch == "gemma2":
-        s.update({f"{arch}.attn_logit_softcapping": f32(cfg.attn_softcap),
-                  f"{arch}.final_logit_softcapping": f32(cfg.logit_softcap)})
+    if arch == "gemma2":  # as write_keys writes them: a cap that is off is no key (and llama.cpp's 50 or 30)
+        s.update({f"{arch}.{key}": f32(cap) for key, cap in (("attn_logit_softcapping", cfg.attn_softcap),
+                                                              ("final_logit_softcapping", cfg.logit_softcap)) if cap})
     if cfg.rope_type == "linear":
         s.update({f"{arch}.rope.scaling.type": "linear", f"{arch}.rope.scaling.factor": f32(cfg.rope_factor)})
     return s

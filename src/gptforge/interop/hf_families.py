@@ -17,6 +17,8 @@ What each family is, as ``LlamaConfig`` fields (``models/llama.py``):
 * ``gemma3_text``: Gemma 2 without the soft-caps, with ``qk_norm`` and the sliding layers' own rope
   base (``rope_local_theta``; rope scaling applies to the full layers only, as transformers does).
 
+A key a config leaves out means what transformers' class for its model_type says (``HF_DEFAULTS``), and
+``layer_types`` count only for the model_types whose transformers model reads them (``READS_LAYER_TYPES``).
 What a config asks beyond these (a rope scaling other than linear/llama3, partial rotary, biases,
 another activation, bidirectional attention, chunked attention layers) is refused by name. Export
 writes the family's config.json, then reads it back through the import: a model the family's
@@ -37,6 +39,35 @@ ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "mistral": "MistralForCausalLM", "
 HF_TYPE = {"gemma3": "gemma3_text"}  # model.family -> config.json model_type where they differ
 GELU_TANH = ("gelu_pytorch_tanh", "gelu_tanh")  # transformers' names of gelu(x, approximate="tanh")
 LAYER_KIND = {"sliding_attention": "s", "full_attention": "f"}
+# A key config.json leaves out takes its value from transformers' config class, and these classes disagree
+# with each other (and with Llama's) where it changes the logits: Phi-3's norm eps, Gemma 2's soft-caps on by
+# default, Gemma 3's full layers' rope base 1e6, the default windows, kv heads and head sizes. transformers'
+# defaults (5.x, the same in 4.4x), per model_type, for every key the reader would otherwise default itself;
+# tests/models/test_hardening_round7_families.py compares them with the classes.
+HF_DEFAULTS: dict[str, dict] = {
+    "llama": dict(rms_norm_eps=1e-6, rope_theta=10_000.0, tie_word_embeddings=False),
+    "qwen2": dict(rms_norm_eps=1e-6, rope_theta=10_000.0, tie_word_embeddings=False, use_sliding_window=False,
+                  max_window_layers=28),
+    "qwen3": dict(rms_norm_eps=1e-6, rope_theta=10_000.0, tie_word_embeddings=False, use_sliding_window=False,
+                  max_window_layers=28, head_dim=128),
+    "mistral": dict(rms_norm_eps=1e-6, rope_theta=10_000.0, tie_word_embeddings=False, sliding_window=4096,
+                    num_key_value_heads=8),
+    "phi3": dict(rms_norm_eps=1e-5, rope_theta=10_000.0, tie_word_embeddings=False),
+    "gemma2": dict(rms_norm_eps=1e-6, rope_theta=10_000.0, tie_word_embeddings=True, sliding_window=4096,
+                   num_key_value_heads=4, head_dim=256, query_pre_attn_scalar=256, attn_logit_softcapping=50.0,
+                   final_logit_softcapping=30.0, hidden_activation=GELU_TANH[0]),
+    "gemma3_text": dict(rms_norm_eps=1e-6, rope_theta=1_000_000.0, rope_local_base_freq=10_000.0,
+                        tie_word_embeddings=True, sliding_window=4096, num_key_value_heads=4, head_dim=256,
+                        query_pre_attn_scalar=256, hidden_activation=GELU_TANH[0]),
+}
+# the model_types whose transformers attention reads config.json's layer_types (Mistral's as Ministral's);
+# Phi-3's and Llama's read none: every Phi-3 layer slides whatever the list says
+READS_LAYER_TYPES = ("qwen2", "qwen3", "mistral", "gemma2", "gemma3_text")
+
+
+def with_defaults(c: dict, model_type: str) -> dict:
+    """``c`` with the keys it leaves out set as transformers' class for ``model_type`` sets them."""
+    return {**HF_DEFAULTS.get(model_type, {}), **c}
 
 
 class FamilyConfigError(ValueError):
@@ -64,24 +95,34 @@ def _float(c: dict, key: str) -> float:
     return float(v)
 
 
-def layer_pattern(c: dict, model_type: str) -> tuple[int, str]:
-    """(sliding_window, layer_types) from a config: the window (0 = none) and, where only some layers
-    slide, one letter per layer (s sliding, f full), as transformers decides it for ``model_type``."""
-    n = c["num_hidden_layers"]
-    window = _int(c, "sliding_window")
-    if model_type in ("qwen2", "qwen3") and not c.get("use_sliding_window"):
-        window = None  # Qwen's configs carry a window they do not use unless asked
-    if not window:
-        return 0, ""
-    types = c.get("layer_types")
+def check_layer_types(c: dict) -> list | None:
+    """config.json's ``layer_types``, checked (one known kind per layer) whatever the model_type, as every
+    transformers config class checks it, whether or not its model reads it."""
+    n, types = c["num_hidden_layers"], c.get("layer_types")
     if isinstance(types, list):
         if len(types) != n or any(t not in LAYER_KIND for t in types):
             bad = next((t for t in types if t not in LAYER_KIND), f"{len(types)} entries for {n} layers")
             raise _refuse("layer_types", bad, "attention kinds other than sliding_attention and full_attention "
                           "(one per layer)")
-        pattern = "".join(LAYER_KIND[t] for t in types)
     elif types is not None:
         raise FamilyConfigError(f"Hugging Face config layer_types={types!r}: expected a list of strings")
+    return types
+
+
+def layer_pattern(c: dict, model_type: str) -> tuple[int, str]:
+    """(sliding_window, layer_types) from a config: the window (0 = none) and, where only some layers
+    slide, one letter per layer (s sliding, f full), as transformers decides it for ``model_type``
+    (``layer_types`` where its model reads them, ``READS_LAYER_TYPES``). A window of 0 on a layer that
+    slides is refused: no model has one (transformers fails on it), and null is how a config says none."""
+    n = c["num_hidden_layers"]
+    window = _int(c, "sliding_window")
+    if model_type in ("qwen2", "qwen3") and not c.get("use_sliding_window"):
+        window = None  # Qwen's configs carry a window they do not use unless asked
+    types = check_layer_types(c)
+    if window is None:
+        return 0, ""
+    if types is not None and model_type in READS_LAYER_TYPES:
+        pattern = "".join(LAYER_KIND[t] for t in types)
     elif model_type in ("qwen2", "qwen3"):
         first = _int(c, "max_window_layers", 28)
         pattern = "".join("s" if i >= first else "f" for i in range(n))
@@ -94,6 +135,9 @@ def layer_pattern(c: dict, model_type: str) -> tuple[int, str]:
         pattern = "s" * n
     if "s" not in pattern:
         return 0, ""
+    if window == 0:
+        raise FamilyConfigError("Hugging Face config sliding_window=0: a window of no tokens on the layers that "
+                                "slide; set it to the model's window, or null for none")
     return window, "" if pattern == "s" * n else pattern
 
 
@@ -114,49 +158,56 @@ def family_fields(c: dict, model_type: str) -> dict:
     if model_type in ("qwen3", "gemma3_text"):
         out["qk_norm"] = True
     if model_type in ("gemma2", "gemma3_text"):
-        act = c.get("hidden_activation") or GELU_TANH[0]  # what transformers' Gemma uses (hidden_act is unread)
+        act = c.get("hidden_activation")  # what transformers' Gemma uses (hidden_act is unread)
         if act not in GELU_TANH:
             raise _refuse("hidden_activation", act, f"Gemma's MLP is GeGLU with the tanh GELU ({GELU_TANH[0]})")
         if c.get("use_bidirectional_attention"):
             raise _refuse("use_bidirectional_attention", True, "attention that also looks ahead")
-        scalar = c.get("query_pre_attn_scalar", 256)
+        scalar = c.get("query_pre_attn_scalar")
         if isinstance(scalar, bool) or not isinstance(scalar, (int, float)) or not scalar > 0:
             raise FamilyConfigError(f"Hugging Face config query_pre_attn_scalar={scalar!r}: expected a positive number")
         out.update(mlp="geglu", norm_plus_one=True, post_norms=True, embed_scale=c["hidden_size"] ** 0.5,
                    query_pre_attn_scalar=float(scalar), attn_softcap=_float(c, "attn_logit_softcapping"),
                    logit_softcap=_float(c, "final_logit_softcapping"))
     if model_type == "gemma3_text":
-        out["rope_local_theta"] = gemma3_local_theta(c)
-        if not window:
-            raise FamilyConfigError("Hugging Face config sliding_window: Gemma 3 needs its sliding layers' window")
+        local = gemma3_local_theta(c)  # checked either way; used only where some layer slides
+        if window:
+            out["rope_local_theta"] = local
     out["family"] = {"gemma3_text": "gemma3"}.get(model_type, model_type)
     return out
 
 
 def gemma3_rope(c: dict) -> dict:
-    """Gemma 3's full layers' rope parameters as a flat config (rope_parameters.full_attention in
-    transformers >= 5; rope_theta and rope_scaling before), for ``hf_llama.rope_from_hf``."""
+    """Gemma 3's full layers' rope parameters as a flat config, for ``hf_llama.rope_from_hf``, as
+    transformers' Gemma3TextConfig builds them: ``rope_parameters.full_attention`` (a flat ``rope_parameters``
+    is not read), updated by ``rope_scaling`` when one is set, its base ``rope_theta`` else the top-level
+    ``rope_theta`` (1e6 when absent, ``HF_DEFAULTS``)."""
     params = c.get("rope_parameters")
-    if isinstance(params, dict) and "full_attention" in params:
-        full = params["full_attention"]
-        if not isinstance(full, dict):
-            raise FamilyConfigError(f"Hugging Face config rope_parameters.full_attention={full!r}: expected an object")
-        return {**c, "rope_parameters": full, "rope_scaling": None}
-    return c
+    full = params.get("full_attention") if isinstance(params, dict) else None
+    if not isinstance(full, (dict, type(None))):
+        raise FamilyConfigError(f"Hugging Face config rope_parameters.full_attention={full!r}: expected an object")
+    scaling = c.get("rope_scaling")
+    if not isinstance(scaling, (dict, type(None))):
+        raise FamilyConfigError(f"Hugging Face config rope_scaling={scaling!r}: expected an object")
+    full = {**(full if full is not None else {"rope_type": "default"}), **(scaling or {})}
+    full.setdefault("rope_theta", c.get("rope_theta", HF_DEFAULTS["gemma3_text"]["rope_theta"]))
+    return {**c, "rope_parameters": full, "rope_scaling": None}
 
 
 def gemma3_local_theta(c: dict) -> float:
+    """The sliding layers' rope base: ``rope_parameters.sliding_attention.rope_theta``, else
+    ``rope_local_base_freq``, else 10,000 (Gemma3TextConfig's order); a scaled local rope is refused."""
     params = c.get("rope_parameters")
-    if isinstance(params, dict) and "sliding_attention" in params:
-        local = params["sliding_attention"]
-        if not isinstance(local, dict):
-            raise FamilyConfigError(f"Hugging Face config rope_parameters.sliding_attention={local!r}: expected an "
-                                    "object")
-        kind = local.get("rope_type", "default")
-        if kind != "default":
-            raise _refuse("rope_parameters.sliding_attention.rope_type", kind, "scaled rope on the sliding layers")
-        theta = local.get("rope_theta", 10_000.0)
-        key = "rope_parameters.sliding_attention.rope_theta"
+    local = params.get("sliding_attention") if isinstance(params, dict) else None
+    if not isinstance(local, (dict, type(None))):
+        raise FamilyConfigError(f"Hugging Face config rope_parameters.sliding_attention={local!r}: expected an "
+                                "object")
+    local = local or {}
+    kind = local.get("rope_type", "default")
+    if kind != "default":
+        raise _refuse("rope_parameters.sliding_attention.rope_type", kind, "scaled rope on the sliding layers")
+    if "rope_theta" in local:
+        theta, key = local["rope_theta"], "rope_parameters.sliding_attention.rope_theta"
     else:
         theta, key = c.get("rope_local_base_freq", 10_000.0), "rope_local_base_freq"
     if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not (theta > 0 and math.isfinite(theta)):
@@ -226,13 +277,18 @@ def family_config(cfg: LlamaConfig, base: dict) -> dict:
                  max_window_layers=first, layer_types=types)
     elif fam == "mistral":
         c.update(sliding_window=window)
+        if cfg.layer_types:  # some layers full: transformers reads a mistral config with layer_types as Ministral's
+            c["layer_types"] = types
     elif fam == "phi3":
         c.update(sliding_window=window, original_max_position_embeddings=cfg.block_size)
         c["rope_parameters"] = {**c["rope_parameters"], "partial_rotary_factor": 1.0}
     elif fam in ("gemma2", "gemma3"):
         del c["hidden_act"]
+        # transformers' Gemma builds its sliding layers' mask even where every layer is full, and fails on a
+        # window of null: such a model gets one as long as its context, which no layer uses (the import drops it)
         c.update(hidden_activation="gelu_pytorch_tanh", attention_bias=False,
-                 query_pre_attn_scalar=_int_if_whole(cfg.query_pre_attn_scalar or cfg.head_dim), sliding_window=window,
+                 query_pre_attn_scalar=_int_if_whole(cfg.query_pre_attn_scalar or cfg.head_dim),
+                 sliding_window=window or cfg.block_size,
                  layer_types=types, final_logit_softcapping=cfg.logit_softcap or None,
                  attn_logit_softcapping=cfg.attn_softcap or None)
         if fam == "gemma3":

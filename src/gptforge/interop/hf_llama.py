@@ -71,21 +71,27 @@ def _number(where: str, d: dict, key: str, default=None) -> float:
 
 
 def rope_from_hf(c: dict) -> dict:
-    """``model.rope_*`` fields from ``rope_scaling`` (transformers < 5) or ``rope_parameters`` (>= 5; the
-    former wins when both are set, as transformers 5 reads them); other scalings refused by name."""
+    """``model.rope_theta`` and ``model.rope_*`` fields from ``rope_scaling`` (transformers < 5) or
+    ``rope_parameters`` (>= 5), as transformers 5 reads them: a ``rope_scaling`` replaces ``rope_parameters``
+    whole, and the base is the chosen one's ``rope_theta``, else the top-level ``rope_theta`` (else 10,000);
+    other scalings refused by name."""
     rope = c.get("rope_parameters") or {}
     where = "rope_scaling" if c.get("rope_scaling") else "rope_parameters"
     scaling = c.get("rope_scaling") or rope
     if not isinstance(scaling, dict) or not isinstance(rope, dict):
         raise HFConfigError(f"Hugging Face config {where}={scaling!r}: expected an object")
     for d in (scaling, rope, c):
-        if d.get("partial_rotary_factor", 1.0) != 1.0:
+        if d.get("partial_rotary_factor") not in (None, 1.0):  # null: transformers' default, every dimension
             raise _refuse("partial_rotary_factor", d["partial_rotary_factor"], "only part of each head rotates")
     kind = scaling.get("rope_type", scaling.get("type", "default"))
     if kind not in ("default", "linear", "llama3"):
         raise _refuse(f"{where}.rope_type", kind, "this rope scaling changes the rotary frequencies in a way only "
                       "default, linear and llama3 are implemented for")
-    out: dict = {"rope_type": kind}
+    theta = scaling.get("rope_theta", c.get("rope_theta", 10_000.0))
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not 0 < theta < math.inf:
+        key = f"{where}.rope_theta" if "rope_theta" in scaling else "rope_theta"
+        raise HFConfigError(f"Hugging Face config {key}={theta!r}: expected a positive finite number")
+    out: dict = {"rope_type": kind, "rope_theta": float(theta)}
     if kind != "default":
         out["rope_factor"] = float(_number(where, scaling, "factor"))
     if kind == "llama3":
@@ -133,15 +139,16 @@ def llama_config_from_hf(c: dict, **overrides) -> LlamaConfig:
     if model_type not in MODEL_TYPES:
         raise HFConfigError(f"Hugging Face config model_type={model_type!r}: only {', '.join(MODEL_TYPES)} load into "
                             "gptforge's Llama")
+    c = hf_families.with_defaults(c, model_type)  # a key left out means what transformers' class says
     check_field_types(c)
     try:
+        hf_families.check_layer_types(c)
         extra = hf_families.family_fields(c, model_type) if model_type != "llama" else {}
         if model_type == "gemma3_text":  # its full layers' rope (the sliding ones' is model.rope_local_theta)
             c = hf_families.gemma3_rope(c)
     except hf_families.FamilyConfigError as e:
         raise HFConfigError(str(e)) from None
-    rope = c.get("rope_parameters") or {}  # transformers >= 5 keeps rope_theta and the rope type here
-    scaling = rope_from_hf(c)
+    scaling = rope_from_hf(c)  # model.rope_theta and the scaling
     if model_type == "llama" and (c.get("sliding_window") or c.get("use_sliding_window")):
         raise _refuse("sliding_window", c.get("sliding_window"), "sliding-window attention (a Llama with a window is "
                       "model_type mistral)")
@@ -156,12 +163,11 @@ def llama_config_from_hf(c: dict, **overrides) -> LlamaConfig:
     if "head_size" not in extra and (c.get("head_dim") not in (None, hidden // heads) or hidden % heads):
         raise _refuse("head_dim", c.get("head_dim"), f"heads must split hidden_size={hidden} evenly into "
                       f"num_attention_heads={heads} (a head_dim apart is Qwen3's, Mistral's and Gemma's)")
-    theta = rope.get("rope_theta", c.get("rope_theta", 10_000.0))
     kwargs = dict(
         n_layer=c["num_hidden_layers"], n_head=heads, n_kv_head=c.get("num_key_value_heads") or heads,
         n_embd=hidden, intermediate_size=c["intermediate_size"], block_size=c.get("max_position_embeddings", 2048),
-        vocab_size=c["vocab_size"], rope_theta=float(theta), norm_eps=c.get("rms_norm_eps", 1e-6),
-        tie_embeddings=bool(c.get("tie_word_embeddings", model_type.startswith("gemma"))),
+        vocab_size=c["vocab_size"], norm_eps=c.get("rms_norm_eps", 1e-6),
+        tie_embeddings=bool(c.get("tie_word_embeddings")),
         qkv_bias=model_type == "qwen2", **scaling, **extra,
     )
     try:
@@ -188,10 +194,13 @@ def _read_config(name_or_dir: str) -> dict:
 
 def _read_weights(name_or_dir: str) -> dict[str, torch.Tensor]:
     """A hub model's weights, safetensors only (a local directory is read by ``_read_checked``, its shapes
-    checked against the config first)."""
-    from transformers import LlamaForCausalLM
+    checked against the config first), by the family's own transformers class: LlamaForCausalLM would drop
+    Qwen3's q/k norms and Gemma's extra norms, and give Phi-3's fused q/k/v and gate/up matrices back as new
+    random ones under Llama's names. In float32, as stored or wider (transformers 5 would narrow to the
+    config's dtype)."""
+    from transformers import AutoModelForCausalLM
 
-    return LlamaForCausalLM.from_pretrained(name_or_dir, use_safetensors=True).state_dict()
+    return AutoModelForCausalLM.from_pretrained(name_or_dir, use_safetensors=True, dtype=torch.float32).state_dict()
 
 
 def load_hf_llama(name_or_dir: str, **overrides) -> Llama:
@@ -211,6 +220,11 @@ def load_hf_llama(name_or_dir: str, **overrides) -> Llama:
         claimed = layered_elements(lambda k: _hf_shapes(at_layers(cfg, k), once=True), cfg.n_layer)
         check_model_size(name_or_dir, "its config", claimed, None, HFModelError, "Llama")
         sd = _read_weights(name_or_dir)
+    head, embed = sd.get("lm_head.weight"), sd.get("model.embed_tokens.weight")
+    if cfg.tie_embeddings and head is not None and embed is not None and not torch.equal(head, embed):
+        # tie_word_embeddings true, yet the file holds a head of its own: transformers does not tie them then
+        # (it warns and keeps both), so neither does gptforge; dropping the head would be another model
+        cfg = LlamaConfig(**{**cfg.to_dict(), "tie_embeddings": False})
     model = Llama(cfg)
     load_hf_llama_state_dict(model, sd)
     return model.eval()

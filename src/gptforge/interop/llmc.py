@@ -139,8 +139,9 @@ def check_llmc_model(model: torch.nn.Module) -> None:
     """Refuse, naming the key, a model an llm.c file cannot hold (llm.c's format is GPT-2 only)."""
     cfg = model.config
     if not get_family(cfg.arch).llmc:
-        raise ValueError(f"model.arch={cfg.arch!r}: llm.c model files hold GPT-2 only; export this model with "
-                         "`gptforge export hf` instead")
+        family = getattr(cfg, "family", "")  # a Qwen3, Mistral, Phi-3 or Gemma is named as itself
+        raise ValueError(f"model.arch={cfg.arch!r}{f' (model.family={family!r})' if family else ''}: llm.c model "
+                         "files hold GPT-2 only; export this model with `gptforge export hf` instead")
     if not cfg.bias:
         raise ValueError("llm.c's GPT-2 has biases everywhere; a model.bias=false model cannot be written")
 
