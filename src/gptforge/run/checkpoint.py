@@ -49,6 +49,7 @@ from gptforge.storage import (
     not_writable_reason,
     ordinary_file_mode,
     tensor_bytes,
+    write_fault_message,
 )
 
 CKPT_PREFIX = "step_"
@@ -165,7 +166,11 @@ class cleanup_on_failure:
         if exc is None:
             return False
         written = dir_bytes(self.tmp) if self.tmp.exists() else 0
+        fault = (write_fault_message(exc, self.tmp.parent, f"checkpoint step {self.step}", self.then, self.tmp)
+                 if isinstance(exc, Exception) else None)  # judged before the partial files go
         shutil.rmtree(self.tmp, ignore_errors=True)
+        if fault is not None:  # a file past `ulimit -f`, an I/O error: one line too
+            raise CheckpointError(fault) from exc
         if isinstance(exc, Exception) and is_disk_full(exc, self.tmp.parent, self.needed, written):
             raise CheckpointError(disk_full_message(f"checkpoint step {self.step}", self.needed,
                                                     self.tmp.parent, then=self.then)) from exc

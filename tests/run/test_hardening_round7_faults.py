@@ -1,0 +1,174 @@
+"""Faults during and between runs (hardening round seven): what goes wrong while a run writes, after it
+stopped and before its ``--resume``, and while another process reads it. Each class is tested through the
+shared writer or reader that every recipe goes through:
+
+* a write the process or the disk refuses for another reason than space or permission: a file past the
+  process's size limit (``ulimit -f``: the kernel cuts the write, then says EFBIG, and torch.save reports only
+  "unexpected pos"), an I/O error (EIO) - one line naming the path and what it means, the previous checkpoint
+  intact and resumed, nothing half-written left (checkpoints, metrics.jsonl, the export writers, prepare);
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import resource
+import shutil
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gptforge.cli import main
+from gptforge.run import checkpoint as ckpt
+from tests.training.commands import make_world, training_commands
+
+RESUMABLE = training_commands()
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory, tokenizer):
+    return make_world(tmp_path_factory.mktemp("faults"))
+
+
+def _train(shards: str | Path, out: Path, *extra: str) -> list[str]:
+    return ["train", "--preset", "tiny", "--data.dir", str(shards), "--out", str(out), "--model.vocab_size", "512",
+            "--train.device", "cpu", "--train.val_every", "0", "--train.sample_every", "0", *extra]
+
+
+@pytest.fixture(scope="module")
+def base_run(world, tmp_path_factory):
+    """A finished 4-step pretraining run with checkpoints at steps 2 and 4, copied by each test."""
+    out = tmp_path_factory.mktemp("base") / "run"
+    assert main(_train(world["shards"], out, "--train.max_steps", "4", "--train.ckpt_every", "2")) == 0
+    return out
+
+
+def _copy(src: Path, tmp_path: Path, name: str = "run") -> Path:
+    dst = tmp_path / name
+    shutil.copytree(src, dst, symlinks=True)
+    return dst
+
+
+def _one_line(err: str) -> str:
+    """The one error line (a progress line before it, such as export's "writing ...", is fine)."""
+    errors = [x for x in err.strip().splitlines() if ": error: " in x]
+    assert "Traceback" not in err and len(errors) == 1 and err.strip().endswith(errors[0]), err
+    return errors[0]
+
+
+@contextlib.contextmanager
+def file_size_limit(limit: int):
+    """``ulimit -f`` for this process: writes past ``limit`` bytes are cut there, then refused with EFBIG
+    (Python ignores SIGXFSZ, which would otherwise kill it)."""
+    assert signal.getsignal(signal.SIGXFSZ) == signal.SIG_IGN
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+
+
+def _fail_fsync(monkeypatch, inside: str, code: int = errno.EIO) -> None:
+    """The disk fails (EIO, or ENOSPC: a filesystem that reserves space late) when the writer makes a file
+    under a path containing ``inside`` durable."""
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        if inside in os.readlink(f"/proc/self/fd/{fd}"):
+            raise OSError(code, os.strerror(code))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+
+
+# --- 1. writes the disk or the process refuses -------------------------------------------------------------
+
+@pytest.mark.parametrize("fault", ["file size limit", "I/O error"])
+def test_a_refused_checkpoint_write_is_one_line_keeps_the_last_checkpoint_and_resumes(base_run, tmp_path, capsys,
+                                                                                     monkeypatch, fault):
+    run = _copy(base_run, tmp_path)
+    weights = (run / "checkpoints" / "step_000004" / "model.safetensors").stat().st_size
+    resume = ["train", *resume_args(run)]
+    capsys.readouterr()
+    if fault == "file size limit":
+        with file_size_limit(weights // 2):  # metrics.jsonl and config.json fit; a checkpoint's weights do not
+            code = main(resume)
+        said = f"past this process's file size limit ({weights // 2:,} bytes, set by `ulimit -f`)"
+    else:
+        _fail_fsync(monkeypatch, "step_000006.tmp")
+        code = main(resume)
+        monkeypatch.undo()
+        said = "input/output error"
+    line = _one_line(capsys.readouterr().err)
+    assert code == 2, line
+    assert f"cannot write checkpoint step 6 to {run / 'checkpoints'}: " in line and said in line
+    assert "--resume" in line  # what to do next
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_000002", "step_000004"]  # no .tmp left
+    ckpt.verify_checkpoint(run / "checkpoints" / "step_000004")
+    assert main(resume) == 0
+    assert ckpt.latest_checkpoint(run).name == "step_000006"
+
+
+def resume_args(run: Path) -> list[str]:
+    return ["--out", str(run), "--resume", "--train.max_steps", "6"]
+
+
+def test_a_metrics_record_past_the_file_size_limit_is_one_line_and_leaves_no_torn_record(base_run, tmp_path, capsys):
+    run = _copy(base_run, tmp_path)
+    size = (run / "metrics.jsonl").stat().st_size
+    capsys.readouterr()
+    limit = max(size, *((run / f).stat().st_size for f in ("config.json", "env.json"))) + 64  # the run files fit
+    with file_size_limit(limit):  # then a metrics record, some steps on, is cut at the limit
+        code = main(["train", *resume_args(run), "--train.max_steps", "60", "--train.ckpt_every", "0"])
+    line = _one_line(capsys.readouterr().err)
+    assert code == 2 and f"cannot write a metrics.jsonl record to {run / 'metrics.jsonl'}: file too large" in line
+    text = (run / "metrics.jsonl").read_text()
+    assert text.endswith("\n") and all(isinstance(json.loads(x), dict) for x in text.splitlines())  # every line whole
+    assert ckpt.latest_checkpoint(run).name == "step_000004"
+    assert main(["train", *resume_args(run)]) == 0
+
+
+@pytest.mark.parametrize("fmt", ["hf", "gguf", "llmc"])
+@pytest.mark.parametrize("fault", ["file size limit", "I/O error", "full disk"])
+def test_an_export_refused_mid_write_is_one_line_naming_the_output_and_leaves_nothing(world, tmp_path, capsys,
+                                                                                     monkeypatch, fmt, fault):
+    out = tmp_path / "exports" / fmt
+    args = ["export", fmt, "--ckpt", world["chat"], "--out", str(out)]
+    capsys.readouterr()
+    if fault == "file size limit":
+        with file_size_limit(1 << 20):  # the weights are 6 MB
+            code = main(args)
+        said = "file too large, past this process's file size limit"
+    else:
+        fails = errno.EIO if fault == "I/O error" else errno.ENOSPC
+        _fail_fsync(monkeypatch, str(tmp_path / "exports"), fails)
+        code = main(args)
+        monkeypatch.undo()
+        said = "input/output error" if fault == "I/O error" else "no space left on device"
+    line = _one_line(capsys.readouterr().err)
+    assert code == 2 and said in line, line
+    assert str(out) in line and ".tmp-" not in line  # the output, not the temporary it was built in
+    assert list((tmp_path / "exports").iterdir()) == []  # no part of an export, no temporary
+    assert main(args) == 0  # the same command, the limit gone, writes it
+
+
+def test_prepare_past_the_file_size_limit_names_its_file_not_a_full_disk(tmp_path, capsys):
+    src = tmp_path / "text"
+    src.mkdir()
+    rng = np.random.default_rng(0)
+    words = np.array(["alpha", "beta", "gamma", "delta", "theta", "kappa"])
+    (src / "a.txt").write_text("\n\n".join(" ".join(rng.choice(words, 200)) for _ in range(600)))
+    out = tmp_path / "shards"
+    args = ["prepare", "files", str(src), "--out", str(out), "--shard-tokens", "200000", "--val-tokens", "5000",
+            "--workers", "1", "--no-progress"]
+    capsys.readouterr()
+    with file_size_limit(64 << 10):
+        code = main(args)
+    line = _one_line(capsys.readouterr().err)
+    assert code == 2 and "file too large" in line and str(out) in line and "no space" not in line, line
+    assert main(args) == 0
