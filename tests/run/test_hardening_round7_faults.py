@@ -6,6 +6,8 @@ shared writer or reader that every recipe goes through:
   process's size limit (``ulimit -f``: the kernel cuts the write, then says EFBIG, and torch.save reports only
   "unexpected pos"), an I/O error (EIO) - one line naming the path and what it means, the previous checkpoint
   intact and resumed, nothing half-written left (checkpoints, metrics.jsonl, the export writers, prepare);
+* a run directory whose ``checkpoints`` is a file or a link to a missing disk: refused before any compute
+  (it was found only at the first save, after the training it was to keep);
 """
 
 from __future__ import annotations
@@ -172,3 +174,24 @@ def test_prepare_past_the_file_size_limit_names_its_file_not_a_full_disk(tmp_pat
     line = _one_line(capsys.readouterr().err)
     assert code == 2 and "file too large" in line and str(out) in line and "no space" not in line, line
     assert main(args) == 0
+
+
+# --- 2. the run directory changed between runs --------------------------------------------------------------
+
+@pytest.mark.parametrize("entry", ["a file", "a broken link"])
+def test_a_checkpoints_entry_that_is_no_folder_is_refused_before_any_training(world, tmp_path, capsys, entry):
+    run = tmp_path / "run"
+    run.mkdir()
+    if entry == "a file":
+        (run / "checkpoints").write_text("not a folder\n")
+        said = f"{run / 'checkpoints'} is a file"
+    else:
+        (run / "checkpoints").symlink_to(tmp_path / "unmounted" / "ckpts")
+        said = "which does not exist (a disk not mounted?)"
+    capsys.readouterr()
+    assert main(_train(world["shards"], run, "--train.max_steps", "3")) == 2
+    io = capsys.readouterr()
+    assert said in _one_line(io.err) and "step " not in io.out  # refused before the first step, not at its save
+    assert not (run / "metrics.jsonl").exists()
+    assert main(_train(world["shards"], run, "--resume")) == 2  # nothing to resume: says why
+    assert f"no complete checkpoint in {run / 'checkpoints'} (it is a " in _one_line(capsys.readouterr().err)

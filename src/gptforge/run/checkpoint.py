@@ -331,7 +331,7 @@ def resolve_checkpoint(path: str | Path) -> Path:
         return p
     latest = latest_checkpoint(p)
     if latest is None:
-        raise CheckpointError(f"{p} holds no complete checkpoint (looked in {ckpt_root(p)})")
+        raise CheckpointError(f"{p} holds no complete checkpoint (looked in {ckpt_root(p)}){damaged_note(p)}")
     return latest
 
 
@@ -386,7 +386,13 @@ def latest_intact_checkpoint(run_dir: str | Path, warn: Callable[[str], None] = 
 
 
 def damaged_note(run_dir: str | Path) -> str:
-    """For the "nothing to resume" error: whether checkpoints exist but all failed verification."""
+    """For the "nothing to resume" error: whether checkpoints exist but all failed verification, or the
+    checkpoints folder is a file or a broken link."""
+    root = ckpt_root(run_dir)
+    if root.is_symlink() and not root.exists():
+        return f" (it is a link to {os.readlink(root)}, which does not exist: a disk not mounted?)"
+    if root.exists() and not root.is_dir():
+        return " (it is a file, not the folder of a run's checkpoints)"
     n = len(list_checkpoints(run_dir))
     return f" that verifies ({n} damaged, named above)" if n else ""
 
