@@ -8,6 +8,9 @@ shared writer or reader that every recipe goes through:
   intact and resumed, nothing half-written left (checkpoints, metrics.jsonl, the export writers, prepare);
 * a run directory whose ``checkpoints`` is a file or a link to a missing disk: refused before any compute
   (it was found only at the first save, after the training it was to keep);
+* token shards rewritten under the same names between a run and its ``--resume`` (truncated, extended,
+  other tokens of the same count): refused naming the file (a truncated shard was a traceback from inside
+  the loader, a longer one silently moved every later batch), and the same shards moved elsewhere resume;
 """
 
 from __future__ import annotations
@@ -23,8 +26,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from gptforge.cli import main
+from gptforge.data.shards import read_shard, write_shard
 from gptforge.run import checkpoint as ckpt
 from tests.training.commands import make_world, training_commands
 
@@ -195,3 +201,32 @@ def test_a_checkpoints_entry_that_is_no_folder_is_refused_before_any_training(wo
     assert not (run / "metrics.jsonl").exists()
     assert main(_train(world["shards"], run, "--resume")) == 2  # nothing to resume: says why
     assert f"no complete checkpoint in {run / 'checkpoints'} (it is a " in _one_line(capsys.readouterr().err)
+
+
+def _rewrite(shard: Path, how: str) -> None:
+    tokens = np.asarray(read_shard(shard))
+    changed = {"truncated": tokens[:1100], "shortened": tokens[:3000], "extended": np.concatenate([tokens, tokens]),
+               "same count, other tokens": tokens[::-1].copy()}[how]
+    write_shard(shard, changed)
+
+
+@pytest.mark.parametrize("how", ["truncated", "shortened", "extended", "same count, other tokens"])
+def test_a_shard_rewritten_between_a_run_and_its_resume_is_refused_naming_it(world, base_run, tmp_path, capsys, how):
+    run, shards = _copy(base_run, tmp_path), _copy(Path(world["shards"]), tmp_path, "shards")
+    shard = shards / "toy_train_000000.bin"  # the one the saved position points into
+    assert ckpt.read_meta(ckpt.latest_checkpoint(run))["loader"]["shard"] == 0
+    _rewrite(shard, how)
+    capsys.readouterr()
+    assert main(["train", *resume_args(run), "--data.dir", str(shards)]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line.startswith(f"gptforge train: error: {shard}: holds ") and "when the checkpoint was saved" in line
+    assert ckpt.latest_checkpoint(run).name == "step_000004"
+
+
+def test_the_same_shards_moved_elsewhere_resume_exactly(world, base_run, tmp_path):
+    run, shards = _copy(base_run, tmp_path), _copy(Path(world["shards"]), tmp_path, "moved")
+    assert main(["train", *resume_args(run), "--data.dir", str(shards)]) == 0
+    straight = _copy(base_run, tmp_path, "straight")  # the same resume on the shards where they were
+    assert main(["train", *resume_args(straight)]) == 0
+    a, b = (load_file(str(r / "checkpoints" / "step_000006" / "model.safetensors")) for r in (run, straight))
+    assert all(torch.equal(a[k], b[k]) for k in a)

@@ -4,7 +4,8 @@ Each step every rank takes ``B*T+1`` tokens at ``pos + rank*B*T`` of the current
 the first ``B*T``, targets the last); ``pos`` then advances by ``B*T*world``. When the next step
 would run past the shard end, the loader moves to the next shard (wrapping around: an epoch).
 ``state_dict()`` / ``load_state_dict()`` capture the exact position, so a resumed run sees the
-same batches as an uninterrupted one.
+same batches as an uninterrupted one, and what the shards held (each file's token count and a digest of
+its first and last 64 KiB), so a resume on shards changed since is refused naming the file.
 
 Shuffling (``shuffle``): ``off`` is llm.c's order exactly. ``shards`` visits the shards in a
 permutation drawn from ``(seed, epoch)``, so it changes every epoch. ``documents`` does that and
@@ -31,6 +32,22 @@ from gptforge.data.shards import ShardError, check_token_ids, read_header, read_
 from gptforge.tokens import EOT
 
 SHUFFLE_MODES = ("off", "shards", "documents")
+_SAMPLE = 1 << 16  # bytes read from each end of a shard for its digest: cheap at any shard size
+
+
+def sample_digest(path: Path) -> str:
+    """sha256 (first 16 hex digits) of a shard's first and last 64 KiB: a shard rewritten with other tokens
+    of the same count is told apart without reading it whole (a 100 MB shard: 128 KiB read)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        h.update(f.read(_SAMPLE))
+        size = f.seek(0, 2)
+        if size > _SAMPLE:
+            f.seek(max(_SAMPLE, size - _SAMPLE))
+            h.update(f.read(_SAMPLE))
+    return h.hexdigest()[:16]
 
 
 class ShardLoader:
@@ -49,8 +66,10 @@ class ShardLoader:
         # the same position (the state is a global token offset).
         self.step_tokens = step_tokens
         need = max(B * T * world, step_tokens or 0) + 1
+        self.contents: list[list] = []  # [tokens, sample digest] per file: what a saved position points into
         for f in self.files:  # validate every header up front: fail before any compute
             n = read_header(f)[2]
+            self.contents.append([n, sample_digest(f)])
             if n < need:
                 raise ShardError(
                     f"{f}: {n} tokens is fewer than one step needs (B*T*world+1 = {need}); "
@@ -116,7 +135,25 @@ class ShardLoader:
 
     def state_dict(self) -> dict:
         return {"shard": self.shard, "pos": self.pos, "epoch": self.epoch, "files": [f.name for f in self.files],
-                "shuffle": self.shuffle, "seed": self.seed}
+                "contents": [list(c) for c in self.contents], "shuffle": self.shuffle, "seed": self.seed}
+
+    def _check_contents(self, saved: object) -> None:
+        """The shards hold what they held when the position was saved: each file's token count and a digest
+        of its first and last 64 KiB. A shard truncated, extended or rewritten under the same name between a
+        run and its --resume would make the saved position point at other data (or past the shard's end)."""
+        from gptforge.errors import LoaderStateError
+
+        ok = (isinstance(saved, list) and len(saved) == len(self.files)
+              and all(isinstance(c, list) and len(c) == 2 and isinstance(c[0], int) and not isinstance(c[0], bool)
+                      and isinstance(c[1], str) for c in saved))
+        if not ok:
+            raise LoaderStateError(f"loader.contents = {saved!r:.80}: not a [tokens, digest] pair per shard")
+        for f, (n, digest), (now, now_digest) in zip(self.files, saved, self.contents, strict=True):
+            if n != now or digest != now_digest:
+                what = (f"holds {now:,} tokens, {n:,} when the checkpoint was saved" if n != now else
+                        "holds other tokens than when the checkpoint was saved (same count)")
+                raise ShardError(f"{f}: {what}, so the saved data position would point at other data; resume on "
+                                 "the shards the run was trained on (or start a new run)")
 
     def load_state_dict(self, state: dict) -> None:
         names = [f.name for f in self.files]
@@ -132,6 +169,8 @@ class ShardLoader:
             )
         from gptforge.errors import saved_int
 
+        if "contents" in state:  # (checkpoints from before it was saved: the file names only)
+            self._check_contents(state["contents"])
         mode = state.get("shuffle", "off")
         seed = saved_int(state, "seed", 0, 2**32) if "seed" in state else self.seed
         if mode != self.shuffle or (mode != "off" and seed != self.seed):
