@@ -89,13 +89,17 @@ def _load_model(source: ModelSource) -> torch.nn.Module:
     if source.random is not None:
         torch.manual_seed(0)
         return build_model(size_config(source.random)).eval()
-    where = ckpt.resolve_checkpoint(source.ckpt)
+    # a run still training there may prune the checkpoint while it is read: then its newest is read
+    return ckpt.read_newest(source.ckpt, lambda where: _load_checkpoint(where, source.ckpt))
+
+
+def _load_checkpoint(where: Path, given: str) -> torch.nn.Module:
     meta = ckpt.read_meta(where)
     cfg = saved_config(meta, str(where / "meta.json"))
     recipe = meta.get("recipe")
     if recipe == "rm":  # the one place every text command (sample, chat, serve, eval tasks) loads through
         raise ValueError(f"{where} is a reward model (`gptforge rm`): a reward model does not generate text. Score "
-                         f"preference pairs with `gptforge eval --ckpt {source.ckpt} --preferences FILE.jsonl`, "
+                         f"preference pairs with `gptforge eval --ckpt {given} --preferences FILE.jsonl`, "
                          f"export it with `gptforge export hf`, or use it in `gptforge rl --reward-model`")
     if meta.get("lora"):  # adapters only: onto their base, merged (W + alpha/r BA), a plain family model
         return lora_merged(where, meta, cfg).eval()
@@ -294,10 +298,11 @@ def load_tokenizer_of(source: ModelSource, model: torch.nn.Module | None = None)
 
     recorded = True  # the model names its tokenizer (else GPT-2's is assumed, as before tokenizers were data)
     if source.ckpt is not None:
-        where = ckpt.resolve_checkpoint(source.ckpt)
-        meta = ckpt.read_meta(where)
-        recorded = "tokenizer" in meta
-        tok = tk.tokenizer_from_meta(meta, where)
+        def read(where: Path):
+            meta = ckpt.read_meta(where)
+            return "tokenizer" in meta, tk.tokenizer_from_meta(meta, where)
+
+        recorded, tok = ckpt.read_newest(source.ckpt, read)
     elif source.hf is not None:
         tok = _hf_tokenizer(source.hf)
         recorded = not tok.is_gpt2

@@ -11,6 +11,8 @@ shared writer or reader that every recipe goes through:
 * token shards rewritten under the same names between a run and its ``--resume`` (truncated, extended,
   other tokens of the same count): refused naming the file (a truncated shard was a traceback from inside
   the loader, a longer one silently moved every later batch), and the same shards moved elsewhere resume;
+* a reader (``export``, ``sample``) of a run still training, whose newest checkpoint is pruned while it is
+  read: it reads the run's new newest one (it failed with a false "missing: the checkpoint is damaged");
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from safetensors.torch import load_file
 from gptforge.cli import main
 from gptforge.data.shards import read_shard, write_shard
 from gptforge.run import checkpoint as ckpt
-from tests.training.commands import make_world, training_commands
+from tests.training.commands import RUNS, make_world, training_commands
 
 RESUMABLE = training_commands()
 
@@ -230,3 +232,68 @@ def test_the_same_shards_moved_elsewhere_resume_exactly(world, base_run, tmp_pat
     assert main(["train", *resume_args(straight)]) == 0
     a, b = (load_file(str(r / "checkpoints" / "step_000006" / "model.safetensors")) for r in (run, straight))
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+# --- 4. a reader of a run that is still training --------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def live_run(world, tmp_path_factory):
+    """An sft run with checkpoints at steps 1, 2 and 3 (all kept)."""
+    out = tmp_path_factory.mktemp("live") / "run"
+    args = RUNS["sft", None](world)
+    args[args.index("--train.ckpt_every") + 1] = "1"
+    assert main([*args, "--train.keep_ckpts", "0", "--out", str(out)]) == 0
+    return out
+
+
+@pytest.mark.parametrize("during", ["weights", "tokenizer"])
+@pytest.mark.parametrize("command", ["export", "sample"])
+def test_a_checkpoint_pruned_while_it_is_read_is_replaced_by_the_runs_newest(live_run, tmp_path, capsys, monkeypatch,
+                                                                             command, during):
+    """What the trainer does between two reads (save step 3, prune step 1: train.keep_ckpts) is done here at
+    the moment the reader opens step 1's weights or tokenizer."""
+    run = _copy(live_run, tmp_path)
+    aside = tmp_path / "newer"
+    aside.mkdir()
+    for step in ("step_000002", "step_000003"):
+        (run / "checkpoints" / step).rename(aside / step)
+    target = "gptforge.run.checkpoint.load_model_weights" if during == "weights" else \
+        "gptforge.data.tokenizer.tokenizer_from_meta"
+    module, name = target.rsplit(".", 1)
+    real = getattr(__import__(module, fromlist=[name]), name)
+    pruned = []
+
+    def reader(*a, **k):
+        if not pruned:  # the run saves its newer checkpoints and prunes the one being read
+            for step in ("step_000002", "step_000003"):
+                (aside / step).rename(run / "checkpoints" / step)
+            shutil.rmtree(run / "checkpoints" / "step_000001")
+            pruned.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(target, reader)
+    out = tmp_path / "export"
+    args = {"export": ["export", "hf", "--ckpt", str(run), "--out", str(out)],
+            "sample": ["sample", "--ckpt", str(run), "--prompt", "hi", "--max-new-tokens", "2", "--device", "cpu"]}
+    capsys.readouterr()
+    code = main(args[command])
+    err = capsys.readouterr().err
+    assert code == 0 and "Traceback" not in err, err
+    assert pruned
+    if command == "export":  # the weights of the checkpoint the model was read from whole: step 3 when it was
+        # pruned under the weights' read, step 1 (read before) when under the tokenizer's
+        read = live_run / "checkpoints" / ("step_000003" if during == "weights" else "step_000001")
+        key = "transformer.h.0.mlp.c_fc.weight"
+        want, got = load_file(str(read / "model.safetensors"))[key], load_file(str(out / "model.safetensors"))[key]
+        assert torch.equal(got, want) or torch.equal(got.T, want)  # (HF's Conv1D stores it transposed)
+
+
+def test_a_damaged_newest_checkpoint_of_an_idle_run_still_fails_naming_it(live_run, tmp_path, capsys):
+    """The retry is for a checkpoint that went away or was superseded; one that is there, newest and damaged
+    fails as before."""
+    run = _copy(live_run, tmp_path)
+    weights = run / "checkpoints" / "step_000003" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-64])
+    capsys.readouterr()
+    assert main(["export", "hf", "--ckpt", str(run), "--out", str(tmp_path / "x")]) == 2
+    assert str(weights) in _one_line(capsys.readouterr().err)

@@ -335,6 +335,28 @@ def resolve_checkpoint(path: str | Path) -> Path:
     return latest
 
 
+READ_TRIES = 5
+
+
+def read_newest(path: str | Path, read: Callable[[Path], Any]) -> Any:
+    """``read(where)`` on the checkpoint ``path`` names (a run directory: its newest, see
+    :func:`resolve_checkpoint`). A run still training there prunes its older checkpoints
+    (``train.keep_ckpts``) and may do so while one is being read: when the read fails and the checkpoint
+    has since gone, or a newer one has appeared, the run's newest is resolved and read again (up to
+    :data:`READ_TRIES` times), so reading a live run never fails with a false "missing, the checkpoint is
+    damaged". A checkpoint named directly, or one still there and newest, fails as it would."""
+    p = Path(path)
+    for attempt in range(READ_TRIES):
+        where = resolve_checkpoint(p)
+        try:
+            return read(where)
+        except Exception:  # whatever the reader says of a file pruned under it (CheckpointError, OSError, ...)
+            if (where == p or attempt == READ_TRIES - 1
+                    or ((where / "meta.json").is_file() and latest_checkpoint(p) in (None, where))):
+                raise
+    raise AssertionError("unreachable")
+
+
 def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
