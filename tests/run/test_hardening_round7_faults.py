@@ -13,6 +13,8 @@ shared writer or reader that every recipe goes through:
   the loader, a longer one silently moved every later batch), and the same shards moved elsewhere resume;
 * a reader (``export``, ``sample``) of a run still training, whose newest checkpoint is pruned while it is
   read: it reads the run's new newest one (it failed with a false "missing: the checkpoint is damaged");
+* a loss gone non-finite at step k, on every training command: exit 3, nothing saved past the last good
+  checkpoint, which verifies and resumes to the end.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from safetensors.torch import load_file
 from gptforge.cli import main
 from gptforge.data.shards import read_shard, write_shard
 from gptforge.run import checkpoint as ckpt
-from tests.training.commands import RUNS, make_world, training_commands
+from tests.training.commands import RUNS, case_id, make_world, training_commands
 
 RESUMABLE = training_commands()
 
@@ -297,3 +299,58 @@ def test_a_damaged_newest_checkpoint_of_an_idle_run_still_fails_naming_it(live_r
     capsys.readouterr()
     assert main(["export", "hf", "--ckpt", str(run), "--out", str(tmp_path / "x")]) == 2
     assert str(weights) in _one_line(capsys.readouterr().err)
+
+
+# --- 5. numeric faults mid-run --------------------------------------------------------------------------------
+
+def _set(args: list[str], flags: tuple[str, ...], value: str) -> list[str]:
+    args = list(args)
+    args[next(i for i, a in enumerate(args) if a in flags) + 1] = value
+    return args
+
+
+@pytest.mark.parametrize("fault", ["nan weight", "inf gradient on one micro-step"])
+@pytest.mark.parametrize("command,algo", RESUMABLE, ids=[case_id(c) for c in RESUMABLE])
+def test_a_step_gone_non_finite_keeps_the_last_good_checkpoint_resumable(world, tmp_path, capsys, monkeypatch,
+                                                                         command, algo, fault):
+    """Before step 3 a weight becomes NaN, or step 3's first backward leaves an inf in one gradient (each
+    recipe's own step then computes the rest): the run must stop at step 3 with exit 3 before saving or
+    pruning anything, saying to resume; the step-2 checkpoint verifies and a plain --resume trains to the end."""
+    from gptforge.training import loop
+
+    run = tmp_path / "run"
+    args = _set(_set(RUNS[command, algo](world), ("--steps", "--train.max_steps"), "4"),
+                ("--ckpt-every", "--train.ckpt_every"), "2") + ["--out", str(run)]
+    real_set_lr, real_backward, armed = loop.set_lr, torch.Tensor.backward, []
+
+    def set_lr(optimizer, step, *a, **k):
+        if step == 2:  # before step 3
+            first = optimizer.param_groups[0]["params"][0]
+            if fault == "nan weight":
+                with torch.no_grad():
+                    first.fill_(float("nan"))
+            else:
+                armed.append(first)
+        return real_set_lr(optimizer, step, *a, **k)
+
+    def backward(self, *a, **k):
+        real_backward(self, *a, **k)
+        if armed:
+            p = armed.pop()
+            if p.grad is not None:
+                p.grad.view(-1)[0] = float("inf")
+
+    monkeypatch.setattr(loop, "set_lr", set_lr)
+    monkeypatch.setattr(torch.Tensor, "backward", backward)
+    capsys.readouterr()
+    code = main(args)
+    io = capsys.readouterr()
+    assert code == 3, io.err
+    assert "diverged (not finite) at step 3" in io.err and "--resume" in io.err and "Traceback" not in io.err
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_000002"]
+    ckpt.verify_checkpoint(run / "checkpoints" / "step_000002")
+    monkeypatch.undo()
+    assert main([command, "--out", str(run), "--resume"]) == 0
+    assert ckpt.latest_checkpoint(run).name == "step_000004"
+    assert all(bool(torch.isfinite(v).all()) for v in
+               load_file(str(run / "checkpoints" / "step_000004" / "model.safetensors")).values())
