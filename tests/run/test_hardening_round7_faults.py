@@ -11,6 +11,9 @@ shared writer or reader that every recipe goes through:
 * token shards rewritten under the same names between a run and its ``--resume`` (truncated, extended,
   other tokens of the same count): refused naming the file (a truncated shard was a traceback from inside
   the loader, a longer one silently moved every later batch), and the same shards moved elsewhere resume;
+* a resume with another batch shape (micro_batch, seq_len, tokens per step): the loader reads on from the
+  saved position exactly (checked against the token stream written out independently); it never left the
+  shard when the position was no whole number of new steps, and the run died with a traceback;
 * a reader (``export``, ``sample``) of a run still training, whose newest checkpoint is pruned while it is
   read: it reads the run's new newest one (it failed with a false "missing: the checkpoint is damaged");
 * a loss gone non-finite at step k, on every training command: exit 3, nothing saved past the last good
@@ -234,6 +237,75 @@ def test_the_same_shards_moved_elsewhere_resume_exactly(world, base_run, tmp_pat
     assert main(["train", *resume_args(straight)]) == 0
     a, b = (load_file(str(r / "checkpoints" / "step_000006" / "model.safetensors")) for r in (run, straight))
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+# --- 3. a resume with another batch shape ------------------------------------------------------------------
+
+def _reference_steps(shards: list[np.ndarray], shard: int, pos: int, T: int, step: int, n: int,
+                     eot: int | None) -> list[np.ndarray]:
+    """The rows (step // T of T + 1 tokens) each of ``n`` steps reads, written out independently of the
+    loaders: whole steps of ``step`` tokens from ``pos`` of shard ``shard``, moving to the next shard
+    (wrapping) when a step no longer fits. ``eot`` None: contiguous rows (data.align off); else rows that
+    start at its BOS tokens (data.align bos: ``pos`` counts rows * T)."""
+    from gptforge.data.aligned import row_starts
+
+    rows = row_starts(shards[shard], T, eot) if eot is not None else None
+    out = []
+    for _ in range(n):
+        fits = pos + step + 1 <= len(shards[shard]) if eot is None else pos + step <= len(rows) * T
+        if not fits:
+            shard, pos = (shard + 1) % len(shards), 0
+            rows = row_starts(shards[shard], T, eot) if eot is not None else None
+        first = [pos + i * T for i in range(step // T)] if eot is None else rows[pos // T : pos // T + step // T]
+        out.append(np.stack([shards[shard][r : r + T + 1] for r in first]))
+        pos += step
+    return out
+
+
+CASES = [((4, 32, 256), (2, 48, 768)), ((4, 32, 256), (2, 48, 192)), ((4, 32, 256), (8, 32, 2048)),
+         ((4, 32, 256), (10, 24, 240)), ((4, 32, 256), (2, 32, 256)), ((4, 32, 256), (2, 32, 192))]
+
+
+# data.align bos: its position counts rows of seq_len, so only a resume that keeps seq_len is compared
+SHAPES = [pytest.param(old, new, align, id="B{}xT{}={}-to-B{}xT{}={}-{}".format(*old, *new, align))
+          for old, new in CASES for align in ("off", "bos") if align == "off" or old[1] == new[1]]
+
+
+@pytest.mark.parametrize("old,new,align", SHAPES)
+@pytest.mark.parametrize("steps_before", [7, 36])  # 36: 9,216 of shard 0's 10,000 tokens, a larger step won't fit
+def test_a_resume_with_another_batch_shape_reads_on_from_the_saved_position(world, old, new, steps_before, align):
+    """(micro_batch, seq_len, tokens per step) saved and resumed with: the saved position is a whole number of
+    old steps, not of new ones. The loader never left its shard then (its test was pos % step == 0) and a
+    batch ran past the shard's end: a traceback hours in; a larger step did so at once."""
+    from gptforge.data.aligned import make_loader
+    from gptforge.data.shards import list_shards
+
+    (b0, t0, s0), (b1, t1, s1) = old, new
+    files = list_shards(world["shards"], "train")
+    shards = [np.asarray(read_shard(f)).astype(np.int64) for f in files]
+    eot = 7 if align == "bos" else None  # a token of the pattern: rows start at its occurrences
+    kw = {"align": align, **({"eot": eot} if eot is not None else {})}
+    before = make_loader(files, b0, t0, 0, 1, step_tokens=s0, **kw)
+    for _ in range(steps_before * s0 // (b0 * t0)):
+        before.next_batch()
+    state = json.loads(json.dumps(before.state_dict()))  # as meta.json holds it
+    after = make_loader(files, b1, t1, 0, 1, step_tokens=s1, **kw)
+    after.load_state_dict(state)
+    want = _reference_steps(shards, state["shard"], state["pos"], t1, s1, 3 * sum(len(x) for x in shards) // s1, eot)
+    for k, ref in enumerate(want):  # three epochs of steps
+        got = [after.next_batch() for _ in range(s1 // (b1 * t1))]
+        x, y = torch.cat([g[0] for g in got]), torch.cat([g[1] for g in got])
+        assert torch.equal(x.reshape(-1, t1), torch.from_numpy(ref[:, :-1])), k
+        assert torch.equal(y.reshape(-1, t1), torch.from_numpy(ref[:, 1:])), k
+
+
+def test_a_run_resumed_with_a_step_its_position_does_not_divide_trains_to_the_end(base_run, tmp_path, capsys):
+    run = _copy(base_run, tmp_path)  # saved at 1,024 tokens into shard 0 (10,000 tokens), 256 a step
+    capsys.readouterr()
+    assert main(["train", *resume_args(run), "--train.max_steps", "20", "--train.total_batch_tokens", "768",
+                 "--train.seq_len", "48", "--train.micro_batch", "2"]) == 0, capsys.readouterr().err
+    assert ckpt.latest_checkpoint(run).name == "step_000020"
+    assert ckpt.read_meta(ckpt.latest_checkpoint(run))["loader"]["shard"] == 1  # it moved on to the next shard
 
 
 # --- 4. a reader of a run that is still training --------------------------------------------------------------

@@ -84,6 +84,11 @@ class ShardLoader:
         self.pos = 0
         self.epoch = 0
         self._tokens = None
+        self._origin = 0  # where in the shard steps start (pos - _origin is a whole number of steps)
+
+    def _fits(self, n: int) -> bool:
+        """``n`` more tokens (and the last target) fit in the current shard from ``pos``."""
+        return self.pos + n + 1 <= len(self._current())
 
     def _order(self) -> list[int]:
         """File indices in this epoch's visiting order."""
@@ -119,9 +124,9 @@ class ShardLoader:
         y = buf[1:].view(B, T)
         self.pos += B * T * self.world
         if self.step_tokens:
-            if self.pos % self.step_tokens == 0 and self.pos + self.step_tokens + 1 > len(tokens):
+            if (self.pos - self._origin) % self.step_tokens == 0 and not self._fits(self.step_tokens):
                 self._advance_shard()
-        elif self.pos + B * T * self.world + 1 > len(tokens):  # next step would not fit: next shard
+        elif not self._fits(B * T * self.world):  # next step would not fit: next shard
             self._advance_shard()
         return x, y
 
@@ -132,6 +137,7 @@ class ShardLoader:
             self.epoch += 1
         self.pos = 0
         self._tokens = None
+        self._origin = 0
 
     def state_dict(self) -> dict:
         return {"shard": self.shard, "pos": self.pos, "epoch": self.epoch, "files": [f.name for f in self.files],
@@ -184,3 +190,11 @@ class ShardLoader:
         n = read_header(self.files[self._order()[self.shard]])[2]  # the position must be inside that shard
         self.pos = saved_int(state, "pos", 0, n)
         self._tokens = None
+        # A resume may change the step (train.total_batch_tokens, micro_batch, seq_len): the saved position is
+        # a step boundary but need not be a multiple of the new step, so steps count from it (else the shard
+        # was never left and a batch ran past its end), and a larger step that no longer fits starts the next
+        # shard now, as the step before would have had it been this size.
+        step = self.step_tokens or self.B * self.T * self.world
+        self._origin = self.pos % step
+        if not self._fits(step):
+            self._advance_shard()
