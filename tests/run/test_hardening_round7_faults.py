@@ -230,6 +230,21 @@ def test_a_shard_rewritten_between_a_run_and_its_resume_is_refused_naming_it(wor
     assert ckpt.latest_checkpoint(run).name == "step_000004"
 
 
+@pytest.mark.parametrize("how", ["added", "missing"])
+def test_a_shard_added_or_removed_between_a_run_and_its_resume_is_named(world, base_run, tmp_path, capsys, how):
+    run, shards = _copy(base_run, tmp_path), _copy(Path(world["shards"]), tmp_path, "shards")
+    if how == "added":
+        shutil.copy(shards / "toy_train_000001.bin", shards / "toy_train_000002.bin")
+        name = "toy_train_000002.bin"
+    else:
+        (shards / "toy_train_000001.bin").unlink()
+        name = "toy_train_000001.bin"
+    capsys.readouterr()
+    assert main(["train", *resume_args(run), "--data.dir", str(shards)]) == 2
+    line = _one_line(capsys.readouterr().err)  # it listed the first three names of both sets, which could agree
+    assert line.startswith(f"gptforge train: error: {shards}: {name} {how} since the checkpoint was saved"), line
+
+
 def test_the_same_shards_moved_elsewhere_resume_exactly(world, base_run, tmp_path):
     run, shards = _copy(base_run, tmp_path), _copy(Path(world["shards"]), tmp_path, "moved")
     assert main(["train", *resume_args(run), "--data.dir", str(shards)]) == 0

@@ -163,10 +163,22 @@ class ShardLoader:
 
     def load_state_dict(self, state: dict) -> None:
         names = [f.name for f in self.files]
-        if state.get("files") and state["files"] != names:
+        saved = state.get("files")
+        if saved and saved != names:
+            from gptforge.errors import LoaderStateError
+
+            if not isinstance(saved, list) or not all(isinstance(n, str) for n in saved):
+                raise LoaderStateError(f"loader.files = {saved!r:.80}: not a list of shard file names")
+
+            def few(xs: list[str]) -> str:
+                return ", ".join(xs[:3]) + (f" and {len(xs) - 3} more" if len(xs) > 3 else "")
+
+            added, gone = [n for n in names if n not in saved], [n for n in saved if n not in names]
+            what = "; ".join([*([f"{few(added)} added"] if added else []), *([f"{few(gone)} missing"] if gone else [])])
             raise ShardError(
-                f"checkpoint loader state was saved over shards {state['files'][:3]}... but the data dir "
-                f"holds {names[:3]}...; point data.dir at the original data"
+                f"{self.files[0].parent}: {what or 'the same shards in another order'} since the checkpoint was saved "
+                f"over {len(saved)} shard(s), which its data position counts; point data.dir at the shards the run was "
+                "trained on (or start a new run)"
             )
         if state.get("align", "off") != "off" and type(self) is ShardLoader:
             raise ShardError(
