@@ -133,6 +133,46 @@ def resume_args(run: Path) -> list[str]:
     return ["--out", str(run), "--resume", "--train.max_steps", "6"]
 
 
+@pytest.mark.parametrize("fault", ["replaced by a file", "full disk at its mkdir"])
+def test_a_checkpoints_folder_gone_wrong_mid_run_is_one_line_and_the_run_resumes(base_run, tmp_path, capsys,
+                                                                                monkeypatch, fault):
+    """After step 5, before the save of step 6: checkpoints/ is moved away and a file put in its place (a
+    script, another tool), or the disk refuses the step's folder: one line naming it and saying --resume
+    (it was the CLI's generic 'file exists', or 'run the same command again', which --resume alone continues)."""
+    from gptforge.training import loop
+
+    run = _copy(base_run, tmp_path)
+    root, aside = run / "checkpoints", tmp_path / "aside"
+    real_set_lr, real_mkdir = loop.set_lr, Path.mkdir
+
+    def set_lr(optimizer, step, *a, **k):
+        if step == 5 and fault == "replaced by a file":
+            root.rename(aside)
+            root.write_text("not a folder\n")
+        return real_set_lr(optimizer, step, *a, **k)
+
+    def mkdir(self, *a, **k):
+        if self.name == "step_000006.tmp":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self))
+        return real_mkdir(self, *a, **k)
+
+    monkeypatch.setattr(loop, "set_lr", set_lr)
+    if fault != "replaced by a file":
+        monkeypatch.setattr(Path, "mkdir", mkdir)
+    capsys.readouterr()
+    code = main(["train", *resume_args(run)])
+    monkeypatch.undo()
+    line = _one_line(capsys.readouterr().err)
+    assert code == 2 and "checkpoint step 6" in line and str(root) in line and "--resume" in line, line
+    assert ("it is a file, not a folder" if fault == "replaced by a file" else "no space left on device") in line
+    if fault == "replaced by a file":
+        root.unlink()
+        aside.rename(root)
+    assert sorted(p.name for p in root.iterdir()) == ["step_000002", "step_000004"]
+    assert main(["train", *resume_args(run)]) == 0
+    assert ckpt.latest_checkpoint(run).name == "step_000006"
+
+
 def test_a_metrics_record_past_the_file_size_limit_is_one_line_and_leaves_no_torn_record(base_run, tmp_path, capsys):
     run = _copy(base_run, tmp_path)
     size = (run / "metrics.jsonl").stat().st_size

@@ -48,6 +48,7 @@ from gptforge.storage import (
     is_disk_full,
     not_writable_reason,
     ordinary_file_mode,
+    output_error,
     tensor_bytes,
     write_fault_message,
 )
@@ -142,7 +143,7 @@ def save_checkpoint(
     weights = model_state(model)
     opt_state = optimizer.state_dict() if optimizer is not None else None
     needed = tensor_bytes(weights) + tensor_bytes(opt_state) + tensor_bytes(rng)
-    tmp = begin_checkpoint(run_dir, step)
+    tmp = begin_checkpoint(run_dir, step, then)
     with cleanup_on_failure(tmp, step, needed, then):
         save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         ordinary_file_mode(tmp / "model.safetensors")  # safetensors leaves it 0600
@@ -184,11 +185,25 @@ class cleanup_on_failure:
 _LEFTOVER = re.compile(rf"{CKPT_PREFIX}(\d+)\.(tmp|old)")
 
 
-def begin_checkpoint(run_dir: str | Path, step: int) -> Path:
+def begin_checkpoint(run_dir: str | Path, step: int, then: str = RESUME_HINT) -> Path:
     """Create the empty temporary directory ``step_XXXXXX.tmp`` that a checkpoint is written into, first
     removing what killed saves left (the run's lock makes this process the run's one writer): any step's
-    ``.tmp``, and a ``step_N.old`` beside a complete ``step_N`` (a lone one is step N's checkpoint)."""
+    ``.tmp``, and a ``step_N.old`` beside a complete ``step_N`` (a lone one is step N's checkpoint). A
+    ``checkpoints`` that cannot be made or written (a file put there mid-run, a full or read-only disk) is
+    one CheckpointError naming it and how to continue (``then``)."""
     root = ckpt_root(run_dir)
+    try:
+        return _begin(root, step)
+    except OSError as e:
+        err = output_error(e, root / f"{CKPT_PREFIX}{step:06d}.tmp", f"checkpoint step {step}", then=then)
+        if err is not None:
+            raise CheckpointError(str(err)) from e
+        why = "it is a file, not a folder" if root.exists() and not root.is_dir() else (e.strerror or str(e))
+        raise CheckpointError(f"cannot write checkpoint step {step} in {root}: {why}. Make it a folder this run can "
+                              f"write, then {then}") from e
+
+
+def _begin(root: Path, step: int) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     for p in root.iterdir():
         m = _LEFTOVER.fullmatch(p.name)
