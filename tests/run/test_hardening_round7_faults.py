@@ -7,10 +7,12 @@ shared writer or reader that every recipe goes through:
   "unexpected pos"), an I/O error (EIO) - one line naming the path and what it means, the previous checkpoint
   intact and resumed, nothing half-written left (checkpoints, metrics.jsonl, the export writers, prepare);
 * a run directory whose ``checkpoints`` is a file or a link to a missing disk: refused before any compute
-  (it was found only at the first save, after the training it was to keep);
+  (it was found only at the first save, after the training it was to keep); one that turns into a file, or
+  a disk that refuses the step's folder, mid-run: one line saying --resume, which then continues;
 * token shards rewritten under the same names between a run and its ``--resume`` (truncated, extended,
   other tokens of the same count): refused naming the file (a truncated shard was a traceback from inside
   the loader, a longer one silently moved every later batch), and the same shards moved elsewhere resume;
+  a shard added or removed is named (the refusal listed the first three names of both sets);
 * a resume with another batch shape (micro_batch, seq_len, tokens per step): the loader reads on from the
   saved position exactly (checked against the token stream written out independently); it never left the
   shard when the position was no whole number of new steps, and the run died with a traceback;
