@@ -365,6 +365,19 @@ def test_a_run_resumed_with_a_step_its_position_does_not_divide_trains_to_the_en
     assert ckpt.read_meta(ckpt.latest_checkpoint(run))["loader"]["shard"] == 1  # it moved on to the next shard
 
 
+def test_a_resume_with_another_step_size_keeps_counting_tokens_from_the_checkpoint(base_run, tmp_path):
+    """metrics.jsonl's ``tokens`` (the x-axis of a curve by tokens) was recomputed on resume as steps x the
+    new step size: 4 steps of 256 then 2 of 512 said 2,560 and 3,072 instead of 1,536 and 2,048."""
+    from gptforge.run.metrics import read_metrics
+
+    run = _copy(base_run, tmp_path)
+    assert ckpt.read_meta(ckpt.latest_checkpoint(run))["tokens_seen"] == 4 * 256
+    assert main(["train", *resume_args(run), "--train.total_batch_tokens", "512"]) == 0
+    tokens = {r["step"]: r["tokens"] for r in read_metrics(run) if r["kind"] == "train"}
+    assert tokens == {1: 256, 2: 512, 3: 768, 4: 1024, 5: 1536, 6: 2048}
+    assert ckpt.read_meta(ckpt.latest_checkpoint(run))["tokens_seen"] == 2048
+
+
 # --- 4. a reader of a run that is still training --------------------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -304,6 +304,8 @@ def check_resume_meta(meta: dict[str, Any], meta_path: Path) -> None:
             raise LoaderStateError(f"step = {step}, but the checkpoint directory is {meta_path.parent.name}")
         if "world" in meta:
             saved_int(meta, "world", 1, section="")
+        if "tokens_seen" in meta:  # the training tokens before this step (the metrics' "tokens")
+            saved_int(meta, "tokens_seen", 0, section="")
         rng = meta.get("rng", {})
         if not isinstance(rng, dict):
             raise LoaderStateError(f"rng = {rng!r}: not an object")
