@@ -156,7 +156,7 @@ def stored_dtype(source: ModelSource) -> tuple[str, str]:
         v = read_model_header(source.llmc)["version"]
         return ("bfloat16" if v == 5 else "float32"), f"the llm.c file is version {v}"
     if source.ckpt is not None:
-        rec = ckpt.read_meta(ckpt.resolve_checkpoint(source.ckpt)).get("source_dtype")
+        rec = ckpt.read_newest(source.ckpt, ckpt.read_meta).get("source_dtype")
         if isinstance(rec, dict) and rec.get("dtype") in DTYPES:
             return rec["dtype"], f"imported from {rec.get('why') or 'its source'}"
         return "float32", "a gptforge checkpoint's weights are float32"
@@ -381,8 +381,8 @@ def load_chat_template_of(source: ModelSource, tok, fallback: bool = False):
     from gptforge.data.chat import default_template, template_from_meta, template_from_tokenizer
 
     if source.ckpt is not None:
-        where = ckpt.resolve_checkpoint(source.ckpt)
-        chat = template_from_meta(ckpt.read_meta(where), where=str(where / "meta.json"), tok=tok)
+        chat = ckpt.read_newest(source.ckpt, lambda where: template_from_meta(
+            ckpt.read_meta(where), where=str(where / "meta.json"), tok=tok))
         if chat is not None or not fallback:
             return chat
     elif source.hf is not None and not fallback:

@@ -390,25 +390,27 @@ def live_run(world, tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("during", ["weights", "tokenizer"])
+@pytest.mark.parametrize("during", ["weights", "tokenizer", "meta after the tokenizer"])
 @pytest.mark.parametrize("command", ["export", "sample"])
 def test_a_checkpoint_pruned_while_it_is_read_is_replaced_by_the_runs_newest(live_run, tmp_path, capsys, monkeypatch,
                                                                              command, during):
     """What the trainer does between two reads (save step 3, prune step 1: train.keep_ckpts) is done here at
-    the moment the reader opens step 1's weights or tokenizer."""
+    the moment the reader opens step 1's weights or tokenizer, or, once the tokenizer is read, its meta.json
+    again (the chat template, the stored dtype)."""
     run = _copy(live_run, tmp_path)
     aside = tmp_path / "newer"
     aside.mkdir()
     for step in ("step_000002", "step_000003"):
         (run / "checkpoints" / step).rename(aside / step)
-    target = "gptforge.run.checkpoint.load_model_weights" if during == "weights" else \
-        "gptforge.data.tokenizer.tokenizer_from_meta"
+    target = {"weights": "gptforge.run.checkpoint.load_model_weights",
+              "tokenizer": "gptforge.data.tokenizer.tokenizer_from_meta",
+              "meta after the tokenizer": "gptforge.run.checkpoint.read_meta"}[during]
     module, name = target.rsplit(".", 1)
     real = getattr(__import__(module, fromlist=[name]), name)
-    pruned = []
+    pruned, armed = [], [during != "meta after the tokenizer"]
 
     def reader(*a, **k):
-        if not pruned:  # the run saves its newer checkpoints and prunes the one being read
+        if not pruned and armed[0]:  # the run saves its newer checkpoints and prunes the one being read
             for step in ("step_000002", "step_000003"):
                 (aside / step).rename(run / "checkpoints" / step)
             shutil.rmtree(run / "checkpoints" / "step_000001")
@@ -416,6 +418,17 @@ def test_a_checkpoint_pruned_while_it_is_read_is_replaced_by_the_runs_newest(liv
         return real(*a, **k)
 
     monkeypatch.setattr(target, reader)
+    if not armed[0]:  # armed once the tokenizer has been read whole
+        from gptforge.data import tokenizer as tk
+
+        real_tok = tk.tokenizer_from_meta
+
+        def tokenizer_from_meta(*a, **k):
+            tok = real_tok(*a, **k)
+            armed[0] = True
+            return tok
+
+        monkeypatch.setattr(tk, "tokenizer_from_meta", tokenizer_from_meta)
     out = tmp_path / "export"
     args = {"export": ["export", "hf", "--ckpt", str(run), "--out", str(out)],
             "sample": ["sample", "--ckpt", str(run), "--prompt", "hi", "--max-new-tokens", "2", "--device", "cpu"]}
@@ -423,7 +436,7 @@ def test_a_checkpoint_pruned_while_it_is_read_is_replaced_by_the_runs_newest(liv
     code = main(args[command])
     err = capsys.readouterr().err
     assert code == 0 and "Traceback" not in err, err
-    assert pruned
+    assert pruned  # the prune happened, under that read
     if command == "export":  # the weights of the checkpoint the model was read from whole: step 3 when it was
         # pruned under the weights' read, step 1 (read before) when under the tokenizer's
         read = live_run / "checkpoints" / ("step_000003" if during == "weights" else "step_000001")
