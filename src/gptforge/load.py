@@ -89,13 +89,17 @@ def _load_model(source: ModelSource) -> torch.nn.Module:
     if source.random is not None:
         torch.manual_seed(0)
         return build_model(size_config(source.random)).eval()
-    where = ckpt.resolve_checkpoint(source.ckpt)
+    # a run still training there may prune the checkpoint while it is read: then its newest is read
+    return ckpt.read_newest(source.ckpt, lambda where: _load_checkpoint(where, source.ckpt))
+
+
+def _load_checkpoint(where: Path, given: str) -> torch.nn.Module:
     meta = ckpt.read_meta(where)
     cfg = saved_config(meta, str(where / "meta.json"))
     recipe = meta.get("recipe")
     if recipe == "rm":  # the one place every text command (sample, chat, serve, eval tasks) loads through
         raise ValueError(f"{where} is a reward model (`gptforge rm`): a reward model does not generate text. Score "
-                         f"preference pairs with `gptforge eval --ckpt {source.ckpt} --preferences FILE.jsonl`, "
+                         f"preference pairs with `gptforge eval --ckpt {given} --preferences FILE.jsonl`, "
                          f"export it with `gptforge export hf`, or use it in `gptforge rl --reward-model`")
     if meta.get("lora"):  # adapters only: onto their base, merged (W + alpha/r BA), a plain family model
         return lora_merged(where, meta, cfg).eval()
@@ -152,7 +156,7 @@ def stored_dtype(source: ModelSource) -> tuple[str, str]:
         v = read_model_header(source.llmc)["version"]
         return ("bfloat16" if v == 5 else "float32"), f"the llm.c file is version {v}"
     if source.ckpt is not None:
-        rec = ckpt.read_meta(ckpt.resolve_checkpoint(source.ckpt)).get("source_dtype")
+        rec = ckpt.read_newest(source.ckpt, ckpt.read_meta).get("source_dtype")
         if isinstance(rec, dict) and rec.get("dtype") in DTYPES:
             return rec["dtype"], f"imported from {rec.get('why') or 'its source'}"
         return "float32", "a gptforge checkpoint's weights are float32"
@@ -294,10 +298,11 @@ def load_tokenizer_of(source: ModelSource, model: torch.nn.Module | None = None)
 
     recorded = True  # the model names its tokenizer (else GPT-2's is assumed, as before tokenizers were data)
     if source.ckpt is not None:
-        where = ckpt.resolve_checkpoint(source.ckpt)
-        meta = ckpt.read_meta(where)
-        recorded = "tokenizer" in meta
-        tok = tk.tokenizer_from_meta(meta, where)
+        def read(where: Path):
+            meta = ckpt.read_meta(where)
+            return "tokenizer" in meta, tk.tokenizer_from_meta(meta, where)
+
+        recorded, tok = ckpt.read_newest(source.ckpt, read)
     elif source.hf is not None:
         tok = _hf_tokenizer(source.hf)
         recorded = not tok.is_gpt2
@@ -376,8 +381,8 @@ def load_chat_template_of(source: ModelSource, tok, fallback: bool = False):
     from gptforge.data.chat import default_template, template_from_meta, template_from_tokenizer
 
     if source.ckpt is not None:
-        where = ckpt.resolve_checkpoint(source.ckpt)
-        chat = template_from_meta(ckpt.read_meta(where), where=str(where / "meta.json"), tok=tok)
+        chat = ckpt.read_newest(source.ckpt, lambda where: template_from_meta(
+            ckpt.read_meta(where), where=str(where / "meta.json"), tok=tok))
         if chat is not None or not fallback:
             return chat
     elif source.hf is not None and not fallback:

@@ -61,6 +61,7 @@ _ENOSPC_TEXT = ("No space left on device", "os error 28", "Disk quota exceeded",
 # numpy's tofile (the GGUF writer's tensors, prepare's spill files) reports ENOSPC as a short fwrite with no
 # errno: "4096 requested and 0 written". A write the disk took only part of is a full disk (or quota).
 _SHORT_WRITE = re.compile(r"\b\d+ requested and \d+ written\b")
+_TOO_LARGE_TEXT = ("File too large", "os error 27)")  # EFBIG: past `ulimit -f` or the filesystem's largest file
 
 
 class OutputError(OSError):
@@ -189,31 +190,96 @@ def not_writable_reason(exc: BaseException) -> str | None:
     return None
 
 
+def file_size_limit() -> int | None:
+    """This process's limit on the size of a file it writes (``ulimit -f``, RLIMIT_FSIZE), in bytes; None
+    when there is none (or the platform has no such limit)."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    return None if soft == resource.RLIM_INFINITY or soft < 0 else int(soft)
+
+
+def _largest_file(where: Path) -> int:
+    try:
+        if where.is_file():
+            return where.stat().st_size
+        if where.is_dir():
+            return max((f.stat().st_size for f in where.rglob("*") if f.is_file()), default=0)
+    except OSError:
+        pass
+    return 0
+
+
+def is_file_too_large(exc: BaseException, where: Path | None = None) -> bool:
+    """Whether ``exc`` means a file grew past what may be written: the process's file size limit
+    (``ulimit -f``: the kernel cuts the write at the limit, then refuses with EFBIG) or the filesystem's
+    largest file. Python and safetensors say EFBIG ("File too large", os error 27); torch.save says only
+    "unexpected pos" and numpy a short write, so for those a finite limit that a file being written under
+    ``where`` (the temporary file or folder) has reached is taken as the cause."""
+    for e in (exc, exc.__cause__, exc.__context__):
+        if isinstance(e, OSError) and e.errno == errno.EFBIG:
+            return True
+        if e is not None and any(t in str(e) for t in _TOO_LARGE_TEXT):
+            return True
+    limit = file_size_limit()
+    if limit is None or where is None:  # (where: only a temporary its writer names, never a guess such as ".")
+        return False
+    no_errno = isinstance(exc, RuntimeError) or (isinstance(exc, OSError) and exc.errno is None
+                                                 and _SHORT_WRITE.search(str(exc)) is not None)
+    return no_errno and _largest_file(Path(where)) >= limit
+
+
+def write_fault_message(exc: BaseException, path: Path, what: str, then: str = "run the same command again",
+                        written_at: Path | None = None) -> str | None:
+    """The one line for a write the disk or the process refused for another reason than space or
+    permission: a file past the size limit (EFBIG) or an I/O error (EIO: the disk or its connection
+    failed). ``written_at``: the temporary file or folder being written, where a file that reached the
+    limit is looked for (writers that say no errno). None when ``exc`` is neither."""
+    if is_file_too_large(exc, written_at):
+        limit = file_size_limit()
+        if limit is not None:
+            return (f"cannot write {what} to {path}: file too large, past this process's file size limit "
+                    f"({limit:,} bytes, set by `ulimit -f`). Raise the limit (ulimit -f unlimited) and {then}")
+        return (f"cannot write {what} to {path}: file too large for the filesystem there (FAT32 stops at 4 GiB). "
+                f"Point the output at another filesystem and {then}")
+    for e in (exc, exc.__cause__, exc.__context__):
+        if (isinstance(e, OSError) and e.errno == errno.EIO) or (e is not None and "os error 5)" in str(e)):
+            return (f"cannot write {what} to {path}: input/output error (the disk or its connection failed; the "
+                    f"kernel log, dmesg, says which). Check the disk, then {then}")
+    return None
+
+
 def output_error(exc: BaseException, path: Path, what: str, needed: int = 0,
-                 written: int = 0) -> OutputError | None:
+                 written: int = 0, then: str = "run the same command again",
+                 written_at: Path | None = None) -> OutputError | None:
     """The one-line error ``exc`` (raised while writing ``what`` at ``path``) means, or None when it is
-    not the disk's doing (then the caller re-raises ``exc``)."""
+    not the disk's doing (then the caller re-raises ``exc``). ``then``: how to continue; ``written_at``:
+    the file being written, when its writer says no errno (see :func:`is_file_too_large`)."""
     if isinstance(exc, OutputError):
         return exc
     where = Path(path).parent
+    fault = write_fault_message(exc, Path(path), what, then, written_at)
+    if fault is not None:  # before the full-disk test: numpy's short write under `ulimit -f` is no full disk
+        return OutputError(fault)
     if is_disk_full(exc, where, needed, written):
-        return DiskFullError(disk_full_message(f"{what} ({path})", needed, where))
+        return DiskFullError(disk_full_message(f"{what} ({path})", needed, where, then))
     reason = not_writable_reason(exc)
     if reason is not None:
         fix = ("a writable disk" if reason.startswith("read-only") else
                "a folder this user can write (or fix its permissions)")
-        return NotWritableError(f"cannot write {what} to {path}: {reason}. Point the output at {fix} and run the "
-                                "same command again")
+        return NotWritableError(f"cannot write {what} to {path}: {reason}. Point the output at {fix} and {then}")
     return None
 
 
 @contextlib.contextmanager
-def output_errors(path: str | Path, what: str, needed: int = 0) -> Iterator[None]:
+def output_errors(path: str | Path, what: str, needed: int = 0, then: str = "run the same command again") -> Iterator[None]:
     """Around writing ``what`` at ``path``: a full disk or a read-only target becomes its one-line error."""
     try:
         yield
     except Exception as e:
-        err = output_error(e, Path(path), what, needed)
+        err = output_error(e, Path(path), what, needed, then=then)
         if err is None or err is e:
             raise
         raise err from e
@@ -369,9 +435,12 @@ def atomic_path(path: str | Path, what: str | None = None, needed: int = 0) -> I
             yield tmp
             fsync_file(tmp)
             os.replace(tmp, path)
-        except BaseException:
+        except BaseException as e:
+            fault = write_fault_message(e, path, what, written_at=tmp) if isinstance(e, Exception) else None
             with contextlib.suppress(OSError):
                 tmp.unlink()
+            if fault is not None:  # judged while the temporary was there to show a file at the size limit
+                raise OutputError(fault) from e
             raise
         fsync_dir(path.parent)
 
@@ -503,8 +572,13 @@ def atomic_dir(path: str | Path, force: bool = False, what: str | None = None, f
             else:
                 os.replace(tmp, path)  # onto a missing or empty folder: one atomic step
             fsync_dir(path.parent)
-        except BaseException:
+        except BaseException as e:
+            fault = write_fault_message(e, path, what, written_at=tmp) if isinstance(e, Exception) else None
             shutil.rmtree(tmp, ignore_errors=True)
+            if fault is not None:
+                raise OutputError(fault) from e
+            if isinstance(e, OutputError) and str(tmp) in str(e):  # a file's writer inside: name the output
+                raise type(e)(str(e).replace(str(tmp), str(path))) from e
             raise
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)

@@ -66,7 +66,8 @@ def fault(root: Path, mode: str):
     """``mode`` rofs: every write under ``root`` is refused (EROFS); full: data goes in but cannot be made
     durable (ENOSPC at fsync and rename, as a full disk with delayed allocation answers); short: the data is
     written short, reported as numpy's tofile does on a full disk (an OSError with no errno, "4096 requested
-    and 0 written"; taken at the file's fsync, the one call every writer makes); kill: at the first
+    and 0 written"; taken at the file's fsync, the one call every writer makes); eio / efbig: the disk
+    fails (EIO), or the file is past the largest one allowed (EFBIG), at the same fsync; kill: at the first
     rename under ``root`` (the moment before an output changes) the tree is recorded (yielded list) and
     Killed raised, after checking that everything being renamed was fsynced first (else Unsynced)."""
     import gptforge.storage as storage
@@ -96,6 +97,9 @@ def fault(root: Path, mode: str):
             raise OSError(errno.ENOSPC, "No space left on device", os.fsdecode(p))
         if mode == "short" and src is None and _under(p, root):  # numpy tofile's ENOSPC: no errno, only counts
             raise OSError("4096 requested and 0 written")
+        if mode in ("eio", "efbig") and src is None and _under(p, root):  # the disk fails; a file past its limit
+            code = errno.EIO if mode == "eio" else errno.EFBIG
+            raise OSError(code, os.strerror(code), os.fsdecode(p))
         if mode == "kill" and src is not None and _under(p, root):  # the commit: a rename into place
             killed.append(snapshot(root))
             raise Killed(os.fsdecode(p))
@@ -301,6 +305,10 @@ def _variants():
             yield pytest.param(key, name, argv, scenario, id="-".join(x for x in (key[0], key[1].split(" ")[0].lstrip("-"), label) if x))
 
 
+NEEDLE = {"rofs": "read-only", "full": "no space left", "short": "no space left", "eio": "input/output error",
+          "efbig": "file too large"}
+
+
 def _one_line(err: str, cmd: str, needle: str, where: Path) -> None:
     assert "Traceback" not in err, err
     lines = [ln for ln in err.splitlines() if ": error: " in ln]
@@ -332,10 +340,11 @@ def setup(world, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize(("key", "name", "argv", "scenario"), list(_variants()))
 def test_a_failed_write_leaves_the_previous_output_whole(key, name, argv, scenario, setup, capsys):
-    """Read-only, full, written short, killed, in turn, against the same previous output (each must leave it whole)."""
+    """Read-only, full, written short, an I/O error, a file too large, killed, in turn, against the same previous
+    output (each must leave it whole)."""
     root, cmd = setup(key, name, argv, scenario)
     before = snapshot(root)
-    for mode in ("rofs", "full", "short", "kill"):
+    for mode in ("rofs", "full", "short", "eio", "efbig", "kill"):
         capsys.readouterr()
         if mode == "kill":
             with fault(root, mode) as killed, pytest.raises(Killed):
@@ -347,7 +356,7 @@ def test_a_failed_write_leaves_the_previous_output_whole(key, name, argv, scenar
             rc = main(cmd)
         err = capsys.readouterr().err
         assert rc == 2, (mode, err)
-        _one_line(err, key[0], {"rofs": "read-only", "full": "no space left", "short": "no space left"}[mode], root)
+        _one_line(err, key[0], NEEDLE[mode], root)
         assert snapshot(root) == before, mode
         assert temporaries(root) == [], mode  # a failure the writer sees leaves no temporary behind
 
@@ -377,7 +386,7 @@ def test_overwriting_needs_force_and_force_never_reaches_a_checkpoint(key, name,
 # --- run directories: the run stack's own writer says the same one line ----------------------------------
 
 @pytest.mark.parametrize("key", list(RUN_CASES))
-@pytest.mark.parametrize("mode", ["rofs", "full"])
+@pytest.mark.parametrize("mode", ["rofs", "full", "eio", "efbig"])
 def test_a_run_directory_on_a_read_only_or_full_disk_is_one_line(mode, key, world, tmp_path, capsys):
     if "llmc" not in world:  # an llm.c file to import, in the module's directory: this test's tmp_path is
         out = world["run"].parent / "llmc"  # removed when it passes (tmp_path_retention_policy)
@@ -390,7 +399,7 @@ def test_a_run_directory_on_a_read_only_or_full_disk_is_one_line(mode, key, worl
         rc = main(RUN_CASES[key](world, str(root / "run")))
     err = capsys.readouterr().err
     assert rc == 2, err
-    _one_line(err, key[0], {"rofs": "read-only", "full": "no space left"}[mode], root)
+    _one_line(err, key[0], NEEDLE[mode], root)
     assert not any(p.is_dir() and p.name.startswith("step_") and not is_temporary(p.name)
                    for p in root.rglob("*"))  # no checkpoint that looks whole
 

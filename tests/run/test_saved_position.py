@@ -1,7 +1,7 @@
 """What a resume reads back from meta.json besides the config is data too (issue 21's class, for the run
 position): every training command of the CLI's table (tests/training/commands.py) makes a real
 checkpoint, then each field of its ``loader`` state (the data position; an RL run's adaptive KL
-coefficient) and the top-level ``step``, ``world`` and ``rng`` are replaced, one at a time, with values
+coefficient) and the top-level ``step``, ``world``, ``rng`` and ``tokens_seen`` are replaced, one at a time, with values
 of the wrong type or out of range. ``--resume`` must refuse each with exit 2 and one line naming the
 meta.json file (or the loader's own message), never a traceback and never a run from a position the
 checkpoint did not hold (a negative cursor once indexed from the end). A field that is only deleted
@@ -44,7 +44,7 @@ def _cases(meta: dict) -> list[tuple[str, str | None, object]]:
     """(section, key, bad value): every loader field, the loader itself, and step / world / rng."""
     out = [("loader", k, bad) for k, v in meta["loader"].items() for bad in BAD[type(v)]]
     out += [("", "loader", bad) for bad in ("x", [1], 5)]
-    out += [("", k, bad) for k in ("step", "world", "rng") if k in meta for bad in BAD[type(meta[k])]
+    out += [("", k, bad) for k in ("step", "world", "rng", "tokens_seen") if k in meta for bad in BAD[type(meta[k])]
             if not (k == "rng" and bad is DELETED)]  # (no rng: an RL checkpoint from before the run stack)
     return out
 

@@ -70,7 +70,7 @@ class AlignedShardLoader(ShardLoader):
         self.pos += B * T * self.world
         n_rows = len(starts)
         if self.step_tokens:
-            if self.pos % self.step_tokens == 0 and (self.pos + self.step_tokens) // T > n_rows:
+            if (self.pos - self._origin) % self.step_tokens == 0 and (self.pos + self.step_tokens) // T > n_rows:
                 self._advance()
         elif (self.pos + B * T * self.world) // T > n_rows:
             self._advance()
@@ -78,14 +78,20 @@ class AlignedShardLoader(ShardLoader):
 
     def _advance(self) -> None:
         self._advance_shard()
+
+    def _advance_shard(self) -> None:
+        super()._advance_shard()
         self._starts = None
+
+    def _fits(self, n: int) -> bool:
+        return (self.pos + n) // self.T <= len(self._rows())
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("align", "off") != "bos":
             raise ShardError("checkpoint loader state was saved with data.align=off, but this run has data.align=bos; "
                              "resume with the original setting")
-        super().load_state_dict(state)
         self._starts = None
+        super().load_state_dict(state)
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "align": "bos"}

@@ -4,7 +4,8 @@ Each step every rank takes ``B*T+1`` tokens at ``pos + rank*B*T`` of the current
 the first ``B*T``, targets the last); ``pos`` then advances by ``B*T*world``. When the next step
 would run past the shard end, the loader moves to the next shard (wrapping around: an epoch).
 ``state_dict()`` / ``load_state_dict()`` capture the exact position, so a resumed run sees the
-same batches as an uninterrupted one.
+same batches as an uninterrupted one, and what the shards held (each file's token count and a digest of
+its first and last 64 KiB), so a resume on shards changed since is refused naming the file.
 
 Shuffling (``shuffle``): ``off`` is llm.c's order exactly. ``shards`` visits the shards in a
 permutation drawn from ``(seed, epoch)``, so it changes every epoch. ``documents`` does that and
@@ -31,6 +32,22 @@ from gptforge.data.shards import ShardError, check_token_ids, read_header, read_
 from gptforge.tokens import EOT
 
 SHUFFLE_MODES = ("off", "shards", "documents")
+_SAMPLE = 1 << 16  # bytes read from each end of a shard for its digest: cheap at any shard size
+
+
+def sample_digest(path: Path) -> str:
+    """sha256 (first 16 hex digits) of a shard's first and last 64 KiB: a shard rewritten with other tokens
+    of the same count is told apart without reading it whole (a 100 MB shard: 128 KiB read)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        h.update(f.read(_SAMPLE))
+        size = f.seek(0, 2)
+        if size > _SAMPLE:
+            f.seek(max(_SAMPLE, size - _SAMPLE))
+            h.update(f.read(_SAMPLE))
+    return h.hexdigest()[:16]
 
 
 class ShardLoader:
@@ -49,8 +66,10 @@ class ShardLoader:
         # the same position (the state is a global token offset).
         self.step_tokens = step_tokens
         need = max(B * T * world, step_tokens or 0) + 1
+        self.contents: list[list] = []  # [tokens, sample digest] per file: what a saved position points into
         for f in self.files:  # validate every header up front: fail before any compute
             n = read_header(f)[2]
+            self.contents.append([n, sample_digest(f)])
             if n < need:
                 raise ShardError(
                     f"{f}: {n} tokens is fewer than one step needs (B*T*world+1 = {need}); "
@@ -65,6 +84,11 @@ class ShardLoader:
         self.pos = 0
         self.epoch = 0
         self._tokens = None
+        self._origin = 0  # where in the shard steps start (pos - _origin is a whole number of steps)
+
+    def _fits(self, n: int) -> bool:
+        """``n`` more tokens (and the last target) fit in the current shard from ``pos``."""
+        return self.pos + n + 1 <= len(self._current())
 
     def _order(self) -> list[int]:
         """File indices in this epoch's visiting order."""
@@ -100,9 +124,9 @@ class ShardLoader:
         y = buf[1:].view(B, T)
         self.pos += B * T * self.world
         if self.step_tokens:
-            if self.pos % self.step_tokens == 0 and self.pos + self.step_tokens + 1 > len(tokens):
+            if (self.pos - self._origin) % self.step_tokens == 0 and not self._fits(self.step_tokens):
                 self._advance_shard()
-        elif self.pos + B * T * self.world + 1 > len(tokens):  # next step would not fit: next shard
+        elif not self._fits(B * T * self.world):  # next step would not fit: next shard
             self._advance_shard()
         return x, y
 
@@ -113,17 +137,48 @@ class ShardLoader:
             self.epoch += 1
         self.pos = 0
         self._tokens = None
+        self._origin = 0
 
     def state_dict(self) -> dict:
         return {"shard": self.shard, "pos": self.pos, "epoch": self.epoch, "files": [f.name for f in self.files],
-                "shuffle": self.shuffle, "seed": self.seed}
+                "contents": [list(c) for c in self.contents], "shuffle": self.shuffle, "seed": self.seed}
+
+    def _check_contents(self, saved: object) -> None:
+        """The shards hold what they held when the position was saved: each file's token count and a digest
+        of its first and last 64 KiB. A shard truncated, extended or rewritten under the same name between a
+        run and its --resume would make the saved position point at other data (or past the shard's end)."""
+        from gptforge.errors import LoaderStateError
+
+        ok = (isinstance(saved, list) and len(saved) == len(self.files)
+              and all(isinstance(c, list) and len(c) == 2 and isinstance(c[0], int) and not isinstance(c[0], bool)
+                      and isinstance(c[1], str) for c in saved))
+        if not ok:
+            raise LoaderStateError(f"loader.contents = {saved!r:.80}: not a [tokens, digest] pair per shard")
+        for f, (n, digest), (now, now_digest) in zip(self.files, saved, self.contents, strict=True):
+            if n != now or digest != now_digest:
+                what = (f"holds {now:,} tokens, {n:,} when the checkpoint was saved" if n != now else
+                        "holds other tokens than when the checkpoint was saved (same count)")
+                raise ShardError(f"{f}: {what}, so the saved data position would point at other data; resume on "
+                                 "the shards the run was trained on (or start a new run)")
 
     def load_state_dict(self, state: dict) -> None:
         names = [f.name for f in self.files]
-        if state.get("files") and state["files"] != names:
+        saved = state.get("files")
+        if saved and saved != names:
+            from gptforge.errors import LoaderStateError
+
+            if not isinstance(saved, list) or not all(isinstance(n, str) for n in saved):
+                raise LoaderStateError(f"loader.files = {saved!r:.80}: not a list of shard file names")
+
+            def few(xs: list[str]) -> str:
+                return ", ".join(xs[:3]) + (f" and {len(xs) - 3} more" if len(xs) > 3 else "")
+
+            added, gone = [n for n in names if n not in saved], [n for n in saved if n not in names]
+            what = "; ".join([*([f"{few(added)} added"] if added else []), *([f"{few(gone)} missing"] if gone else [])])
             raise ShardError(
-                f"checkpoint loader state was saved over shards {state['files'][:3]}... but the data dir "
-                f"holds {names[:3]}...; point data.dir at the original data"
+                f"{self.files[0].parent}: {what or 'the same shards in another order'} since the checkpoint was saved "
+                f"over {len(saved)} shard(s), which its data position counts; point data.dir at the shards the run was "
+                "trained on (or start a new run)"
             )
         if state.get("align", "off") != "off" and type(self) is ShardLoader:
             raise ShardError(
@@ -132,6 +187,8 @@ class ShardLoader:
             )
         from gptforge.errors import saved_int
 
+        if "contents" in state:  # (checkpoints from before it was saved: the file names only)
+            self._check_contents(state["contents"])
         mode = state.get("shuffle", "off")
         seed = saved_int(state, "seed", 0, 2**32) if "seed" in state else self.seed
         if mode != self.shuffle or (mode != "off" and seed != self.seed):
@@ -145,3 +202,11 @@ class ShardLoader:
         n = read_header(self.files[self._order()[self.shard]])[2]  # the position must be inside that shard
         self.pos = saved_int(state, "pos", 0, n)
         self._tokens = None
+        # A resume may change the step (train.total_batch_tokens, micro_batch, seq_len): the saved position is
+        # a step boundary but need not be a multiple of the new step, so steps count from it (else the shard
+        # was never left and a batch ran past its end), and a larger step that no longer fits starts the next
+        # shard now, as the step before would have had it been this size.
+        step = self.step_tokens or self.B * self.T * self.world
+        self._origin = self.pos % step
+        if not self._fits(step):
+            self._advance_shard()

@@ -48,7 +48,9 @@ from gptforge.storage import (
     is_disk_full,
     not_writable_reason,
     ordinary_file_mode,
+    output_error,
     tensor_bytes,
+    write_fault_message,
 )
 
 CKPT_PREFIX = "step_"
@@ -141,7 +143,7 @@ def save_checkpoint(
     weights = model_state(model)
     opt_state = optimizer.state_dict() if optimizer is not None else None
     needed = tensor_bytes(weights) + tensor_bytes(opt_state) + tensor_bytes(rng)
-    tmp = begin_checkpoint(run_dir, step)
+    tmp = begin_checkpoint(run_dir, step, then)
     with cleanup_on_failure(tmp, step, needed, then):
         save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         ordinary_file_mode(tmp / "model.safetensors")  # safetensors leaves it 0600
@@ -165,7 +167,11 @@ class cleanup_on_failure:
         if exc is None:
             return False
         written = dir_bytes(self.tmp) if self.tmp.exists() else 0
+        fault = (write_fault_message(exc, self.tmp.parent, f"checkpoint step {self.step}", self.then, self.tmp)
+                 if isinstance(exc, Exception) else None)  # judged before the partial files go
         shutil.rmtree(self.tmp, ignore_errors=True)
+        if fault is not None:  # a file past `ulimit -f`, an I/O error: one line too
+            raise CheckpointError(fault) from exc
         if isinstance(exc, Exception) and is_disk_full(exc, self.tmp.parent, self.needed, written):
             raise CheckpointError(disk_full_message(f"checkpoint step {self.step}", self.needed,
                                                     self.tmp.parent, then=self.then)) from exc
@@ -179,11 +185,25 @@ class cleanup_on_failure:
 _LEFTOVER = re.compile(rf"{CKPT_PREFIX}(\d+)\.(tmp|old)")
 
 
-def begin_checkpoint(run_dir: str | Path, step: int) -> Path:
+def begin_checkpoint(run_dir: str | Path, step: int, then: str = RESUME_HINT) -> Path:
     """Create the empty temporary directory ``step_XXXXXX.tmp`` that a checkpoint is written into, first
     removing what killed saves left (the run's lock makes this process the run's one writer): any step's
-    ``.tmp``, and a ``step_N.old`` beside a complete ``step_N`` (a lone one is step N's checkpoint)."""
+    ``.tmp``, and a ``step_N.old`` beside a complete ``step_N`` (a lone one is step N's checkpoint). A
+    ``checkpoints`` that cannot be made or written (a file put there mid-run, a full or read-only disk) is
+    one CheckpointError naming it and how to continue (``then``)."""
     root = ckpt_root(run_dir)
+    try:
+        return _begin(root, step)
+    except OSError as e:
+        err = output_error(e, root / f"{CKPT_PREFIX}{step:06d}.tmp", f"checkpoint step {step}", then=then)
+        if err is not None:
+            raise CheckpointError(str(err)) from e
+        why = "it is a file, not a folder" if root.exists() and not root.is_dir() else (e.strerror or str(e))
+        raise CheckpointError(f"cannot write checkpoint step {step} in {root}: {why}. Make it a folder this run can "
+                              f"write, then {then}") from e
+
+
+def _begin(root: Path, step: int) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     for p in root.iterdir():
         m = _LEFTOVER.fullmatch(p.name)
@@ -284,6 +304,8 @@ def check_resume_meta(meta: dict[str, Any], meta_path: Path) -> None:
             raise LoaderStateError(f"step = {step}, but the checkpoint directory is {meta_path.parent.name}")
         if "world" in meta:
             saved_int(meta, "world", 1, section="")
+        if "tokens_seen" in meta:  # the training tokens before this step (the metrics' "tokens")
+            saved_int(meta, "tokens_seen", 0, section="")
         rng = meta.get("rng", {})
         if not isinstance(rng, dict):
             raise LoaderStateError(f"rng = {rng!r}: not an object")
@@ -326,8 +348,30 @@ def resolve_checkpoint(path: str | Path) -> Path:
         return p
     latest = latest_checkpoint(p)
     if latest is None:
-        raise CheckpointError(f"{p} holds no complete checkpoint (looked in {ckpt_root(p)})")
+        raise CheckpointError(f"{p} holds no complete checkpoint (looked in {ckpt_root(p)}){damaged_note(p)}")
     return latest
+
+
+READ_TRIES = 5
+
+
+def read_newest(path: str | Path, read: Callable[[Path], Any]) -> Any:
+    """``read(where)`` on the checkpoint ``path`` names (a run directory: its newest, see
+    :func:`resolve_checkpoint`). A run still training there prunes its older checkpoints
+    (``train.keep_ckpts``) and may do so while one is being read: when the read fails and the checkpoint
+    has since gone, or a newer one has appeared, the run's newest is resolved and read again (up to
+    :data:`READ_TRIES` times), so reading a live run never fails with a false "missing, the checkpoint is
+    damaged". A checkpoint named directly, or one still there and newest, fails as it would."""
+    p = Path(path)
+    for attempt in range(READ_TRIES):
+        where = resolve_checkpoint(p)
+        try:
+            return read(where)
+        except Exception:  # whatever the reader says of a file pruned under it (CheckpointError, OSError, ...)
+            if (where == p or attempt == READ_TRIES - 1
+                    or ((where / "meta.json").is_file() and latest_checkpoint(p) in (None, where))):
+                raise
+    raise AssertionError("unreachable")
 
 
 def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
@@ -381,7 +425,13 @@ def latest_intact_checkpoint(run_dir: str | Path, warn: Callable[[str], None] = 
 
 
 def damaged_note(run_dir: str | Path) -> str:
-    """For the "nothing to resume" error: whether checkpoints exist but all failed verification."""
+    """For the "nothing to resume" error: whether checkpoints exist but all failed verification, or the
+    checkpoints folder is a file or a broken link."""
+    root = ckpt_root(run_dir)
+    if root.is_symlink() and not root.exists():
+        return f" (it is a link to {os.readlink(root)}, which does not exist: a disk not mounted?)"
+    if root.exists() and not root.is_dir():
+        return " (it is a file, not the folder of a run's checkpoints)"
     n = len(list_checkpoints(run_dir))
     return f" that verifies ({n} damaged, named above)" if n else ""
 

@@ -155,7 +155,9 @@ class MetricsLog:
         if not self.enabled:
             return
         rec = _finite_or_null({"kind": kind, "step": step, "time": round(time.time(), 3), **fields})
-        append_line(self.path, json.dumps(rec, allow_nan=False) + "\n", "a metrics.jsonl record")
+        from gptforge.storage import RESUME_HINT
+
+        append_line(self.path, json.dumps(rec, allow_nan=False) + "\n", "a metrics.jsonl record", then=RESUME_HINT)
         for sink in self.sinks:
             sink.write(rec)
 
@@ -165,11 +167,12 @@ class MetricsLog:
         self.sinks = []
 
 
-def append_line(path: Path, line: str, what: str) -> None:
+def append_line(path: Path, line: str, what: str, then: str = "run the same command again") -> None:
     """Append ``line`` whole or not at all: a write that fails part-way (a full disk) is cut back to
     where it started, so the file never ends in a torn record, and a full disk is a
-    :class:`~gptforge.storage.DiskFullError` (exit 2, one line), as for checkpoints."""
-    from gptforge.storage import DiskFullError, disk_full_message, is_disk_full
+    :class:`~gptforge.storage.DiskFullError` (exit 2, one line), as for checkpoints; a read-only disk, a file
+    past ``ulimit -f`` or an I/O error is the same kind of one line. ``then``: how to continue."""
+    from gptforge.storage import output_error
 
     data = line.encode()
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -184,8 +187,9 @@ def append_line(path: Path, line: str, what: str) -> None:
                 os.ftruncate(fd, start)
             except OSError:
                 pass
-            if is_disk_full(e, path.parent, len(data)):
-                raise DiskFullError(disk_full_message(what, len(data), path.parent)) from e
+            err = output_error(e, path, what, len(data), then=then)  # full, read-only, too large, I/O error
+            if err is not None:
+                raise err from e
             raise
     finally:
         os.close(fd)

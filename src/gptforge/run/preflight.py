@@ -14,7 +14,8 @@ from gptforge.config import ConfigError
 
 
 def check_run_dir(path: str | os.PathLike) -> None:
-    """``train.out_dir`` must be a directory, or creatable, on a writable filesystem. Probes with a
+    """``train.out_dir`` must be a directory, or creatable, on a writable filesystem, and its
+    ``checkpoints`` (if there) a writable directory, not a file or a broken link. Probes with a
     temporary file in the directory (or its nearest existing parent) and creates nothing that stays,
     so a run refused later for another reason leaves no empty run directory behind."""
     path = Path(path)
@@ -26,11 +27,19 @@ def check_run_dir(path: str | os.PathLike) -> None:
     if probe.exists() and not probe.is_dir():
         what = "is a file" if probe == path else f"cannot be created: {probe} is a file"
         raise ConfigError(f"train.out_dir={str(path)!r} {what}; give --out (--train.out_dir) a directory")
-    try:
-        with tempfile.TemporaryFile(dir=probe, prefix=".gptforge-write-test-"):
-            pass
-    except OSError as e:
-        raise ConfigError(
-            f"train.out_dir={str(path)!r} cannot be written ({probe}: {e.strerror or e}); "
-            "give --out (--train.out_dir) a directory on a writable filesystem"
-        ) from None
+    ckpts = path / "checkpoints"  # where every save goes: a file or a broken link there fails only at the first save
+    if ckpts.is_symlink() and not ckpts.exists():
+        raise ConfigError(f"train.out_dir={str(path)!r}: {ckpts} is a link to {os.readlink(ckpts)}, which does not "
+                          "exist (a disk not mounted?); mount it or remove the link, then run again")
+    if ckpts.exists() and not ckpts.is_dir():
+        raise ConfigError(f"train.out_dir={str(path)!r}: {ckpts} is a file, where the run keeps its checkpoints; "
+                          "move it away (or give --out another directory), then run again")
+    for where in (probe, *([ckpts] if ckpts.is_dir() else [])):  # a linked checkpoints/ may be on another disk
+        try:
+            with tempfile.TemporaryFile(dir=where, prefix=".gptforge-write-test-"):
+                pass
+        except OSError as e:
+            raise ConfigError(
+                f"train.out_dir={str(path)!r} cannot be written ({where}: {e.strerror or e}); "
+                "give --out (--train.out_dir) a directory on a writable filesystem"
+            ) from None

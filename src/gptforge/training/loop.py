@@ -123,7 +123,8 @@ def train(cfg, recipe: Recipe | None = None, resume: str | Path | None = None, f
 
         ctx = RunCtx(cfg, info, model, wrapped, state, autocast, None, log, grad_accum,
                      extras={"val": val_loader, "val_steps": val_steps,
-                             "tokens_seen": cfg.train.tokens_before(start_step, info.dp_world) if grad_accum else 0})
+                             "tokens_seen": tokens_before(run.checkpointer.meta, cfg, start_step, info.dp_world)
+                             if grad_accum else 0})
         recipe.prepare_model(ctx)  # eval tasks, a reference model: bad settings fail before the run dir is touched
 
         # --- run directory: config and environment, written once by rank 0 -----------------------------
@@ -196,7 +197,8 @@ def train(cfg, recipe: Recipe | None = None, resume: str | Path | None = None, f
                         "optim.lr, check the data or the reward; resume from the last checkpoint)")
                     result.diverged_at = steps_done
                     break
-                result.last_checkpoint = run.checkpointer.save(state, train_loss=stats["loss"])
+                result.last_checkpoint = run.checkpointer.save(state, train_loss=stats["loss"],
+                                                               tokens_seen=ctx.extras["tokens_seen"])
             if interrupted:
                 result.interrupted = True
                 result.stop_reason = "signal" if signalled else result.stop_reason or "stop_at_step"
@@ -207,6 +209,16 @@ def train(cfg, recipe: Recipe | None = None, resume: str | Path | None = None, f
         metrics.write("end", result.steps_done, interrupted=result.interrupted,
                       diverged=result.diverged_at is not None, seconds=result.seconds)
     return result
+
+
+def tokens_before(meta: dict | None, cfg, step: int, dp_world: int) -> int:
+    """Training tokens seen before ``step``: what the resumed checkpoint recorded (``tokens_seen``), so a
+    resume with another train.total_batch_tokens keeps counting from the truth; computed from this run's
+    batch (and its schedule) for a fresh run or a checkpoint from before the record."""
+    saved = (meta or {}).get("tokens_seen")
+    if isinstance(saved, int) and not isinstance(saved, bool):  # range checked by check_resume_meta
+        return saved
+    return cfg.train.tokens_before(step, dp_world)
 
 
 @torch.no_grad()

@@ -75,7 +75,7 @@ from gptforge.data.prepare.workers import (
 from gptforge.data.shards import FORMATS, MAX_TOKENS, ShardError, magic_for, read_header, write_shard
 from gptforge.data.tokenizer import save_tokenizer
 from gptforge.reading import read_json
-from gptforge.storage import DiskFullError, disk_full_message, is_disk_full, is_temporary
+from gptforge.storage import DiskFullError, disk_full_message, is_disk_full, is_temporary, output_error
 
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "gptforge-shards/1"
@@ -208,7 +208,14 @@ class _Writer:
     def _hold(self, first: int, kinds: list, flat: np.ndarray, lengths: np.ndarray) -> None:
         if self.spill is None:
             self.spill = open(self.spill_path, "wb")
-        flat.astype(self.dtype, copy=False).tofile(self.spill)
+        try:
+            flat.astype(self.dtype, copy=False).tofile(self.spill)
+        except OSError as e:  # numpy says a short write, no errno and no file: named here, by the one judge
+            err = output_error(e, self.spill_path, "prepare's spill file (tokens held until the val shard is decided)",
+                               flat.nbytes, written_at=self.spill_path)
+            if err is None:
+                raise
+            raise err from e
         self.held.append((first, kinds, lengths))
         self.held_tokens += len(flat)
         self.held_items += len(kinds)
