@@ -101,3 +101,24 @@ def test_aligned_state_is_refused_by_the_plain_loader_and_back(tmp_path):
         ShardLoader(files, B=4, T=16, eot=EOT).load_state_dict(aligned.state_dict())
     with pytest.raises(ShardError, match="data.align=off"):
         AlignedShardLoader(files, B=4, T=16, eot=EOT).load_state_dict(plain.state_dict())
+
+
+def test_aligned_resume_with_another_seq_len_is_refused_naming_it(tmp_path):
+    """The aligned loader's position counts rows cut for one T (row_starts depends on it): under another
+    seq_len the same position names other rows, so a resume would re-read or skip data in silence."""
+    from gptforge.data.shards import ShardError
+
+    files = sorted(_doc_shards(tmp_path / "d").glob("d_train_*.bin"))
+    saved = AlignedShardLoader(files, B=4, T=16, eot=EOT)
+    for _ in range(3):
+        saved.next_batch()
+    state = saved.state_dict()
+    with pytest.raises(ShardError, match=r"train.seq_len 16, but this run has train.seq_len 8; resume with "
+                                         r"--train.seq_len 16"):
+        AlignedShardLoader(files, B=8, T=8, eot=EOT).load_state_dict(state)
+    same = AlignedShardLoader(files, B=4, T=16, eot=EOT)
+    same.load_state_dict(state)  # the same length resumes where it stopped
+    x_next, _ = saved.next_batch()
+    assert same.next_batch()[0].equal(x_next)
+    old = {k: v for k, v in state.items() if k != "seq_len"}  # a checkpoint from before the field: as before
+    AlignedShardLoader(files, B=4, T=16, eot=EOT).load_state_dict(old)

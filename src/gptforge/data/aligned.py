@@ -90,11 +90,21 @@ class AlignedShardLoader(ShardLoader):
         if state.get("align", "off") != "bos":
             raise ShardError("checkpoint loader state was saved with data.align=off, but this run has data.align=bos; "
                              "resume with the original setting")
+        if "seq_len" in state:  # (checkpoints from before it was saved: no check)
+            from gptforge.errors import saved_int
+
+            saved = saved_int(state, "seq_len", 1, 2**31)
+            if saved != self.T:
+                # the rows are cut for one row length (row_starts depends on T) and the position counts them, so
+                # under another length the saved position names other rows: data re-read or skipped in silence
+                raise ShardError(f"checkpoint loader state counts BOS-aligned rows of train.seq_len {saved}, but this "
+                                 f"run has train.seq_len {self.T}; resume with --train.seq_len {saved} (data.align=bos "
+                                 "cuts its rows for one length)")
         self._starts = None
         super().load_state_dict(state)
 
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "align": "bos"}
+        return {**super().state_dict(), "align": "bos", "seq_len": self.T}
 
 
 def make_loader(files: list[Path], B: int, T: int, rank: int, world: int, align: str = "off", **kw) -> ShardLoader:
