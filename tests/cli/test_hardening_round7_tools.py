@@ -78,3 +78,58 @@ def test_plot_skips_an_eval_record_whose_task_is_not_a_name(tmp_path, capsys, ta
     (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
     assert main(["plot", str(run), "--image", str(tmp_path / "p.png")]) == 0, capsys.readouterr().err
     assert (tmp_path / "p.png").stat().st_size > 0
+
+
+# --- bench: micro-batch sizes at the edges -------------------------------------------------------------------
+
+TINY_BENCH = ["bench", "--preset", "tiny", "--model.vocab_size", "256", "--train.device", "cpu", "--steps", "1",
+              "--warmup", "0"]
+
+
+@pytest.fixture
+def timed(monkeypatch):
+    """The sizes bench_one was asked to time, in order."""
+    from gptforge.bench import train as bench_train
+
+    calls: list = []
+    real = bench_train.bench_one
+    monkeypatch.setattr(bench_train, "bench_one", lambda c, *a, **k: (calls.append(c.train.micro_batch), real(c, *a, **k))[1])
+    return calls
+
+
+@pytest.mark.parametrize("argv, names", [
+    (["--sweep-micro-batch", "0"], "--sweep-micro-batch"),  # ZeroDivisionError before
+    (["--sweep-micro-batch", "2,0"], "--sweep-micro-batch"),
+    (["--sweep-micro-batch", "-3"], "--sweep-micro-batch"),
+    (["--sweep-micro-batch", "2,1e12"], "train.micro_batch=1,000,000,000,000"),  # numpy asked for 30 TB: a traceback
+    (["--train.micro_batch", "1e12", "--train.total_batch_tokens", "3.2e13"], "train.micro_batch=1,000,000,000,000"),
+])
+def test_bench_refuses_a_micro_batch_it_cannot_time_before_timing_any(tmp_path, capsys, timed, argv, names):
+    report = tmp_path / "b.json"
+    assert main([*TINY_BENCH, *argv, "--json", str(report)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert names in err and "Traceback" not in err and len(err.splitlines()) == 1, err
+    assert timed == [] and not report.exists()  # no size timed (2 comes before the bad one), nothing written
+
+
+def test_bench_reports_a_size_the_cpu_cannot_allocate_as_out_of_memory(tmp_path, monkeypatch, capsys, timed):
+    """The CPU allocator's refusal is a RuntimeError, not torch.OutOfMemoryError: a size that does not fit is a
+    skipped row, as on CUDA, and the other sizes are still timed; any other RuntimeError is not swallowed."""
+    from gptforge.bench import train as bench_train
+
+    real = bench_train.bench_one
+
+    def alloc(c, *a, **k):
+        if c.train.micro_batch == 4:
+            raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory: "
+                               "you tried to allocate 7372800000 bytes")
+        return real(c, *a, **k)
+
+    monkeypatch.setattr(bench_train, "bench_one", alloc)
+    report = tmp_path / "b.json"
+    assert main([*TINY_BENCH, "--sweep-micro-batch", "4,2", "--json", str(report)]) == 0
+    rows = {r["name"]: r for r in json.loads(report.read_text())["results"]}
+    assert rows["B=4"]["skipped"].startswith("out of memory: ") and rows["B=2"]["tokens_per_s"] > 0
+    monkeypatch.setattr(bench_train, "bench_one", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("a real bug")))
+    with pytest.raises(RuntimeError, match="a real bug"):
+        main([*TINY_BENCH, "--json", str(tmp_path / "c.json")])
