@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from gptforge.cli import main
+from gptforge.cli import COMMANDS, main
 
 
 def _main(argv) -> int:
@@ -133,3 +133,26 @@ def test_bench_reports_a_size_the_cpu_cannot_allocate_as_out_of_memory(tmp_path,
     monkeypatch.setattr(bench_train, "bench_one", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("a real bug")))
     with pytest.raises(RuntimeError, match="a real bug"):
         main([*TINY_BENCH, "--json", str(tmp_path / "c.json")])
+
+
+# --- --help-config: every command that takes --section.key overrides -------------------------------------------
+
+OVERRIDE_COMMANDS = sorted(name for name, (_, takes, _) in COMMANDS.items() if takes)
+
+
+@pytest.mark.parametrize("command", OVERRIDE_COMMANDS)
+def test_every_command_taking_overrides_lists_its_keys(command, capsys):
+    """bench, plan and race took overrides but had no --help-config: it parsed as the key `help-config` with
+    no value. Every such command lists the keys (race: with its first preset's values, its own overrides on)."""
+    argv = [command, *(["tiny,optim.lr=0.0123", "speedrun-d4"] if command == "race" else []), "--help-config"]
+    assert _main(argv) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "--optim.lr" in out and "--train.micro_batch" in out
+    if command == "race":
+        assert "values of preset 'tiny'" in out and "0.0123" in out
+
+
+def test_race_help_config_without_a_preset_is_one_line(capsys):
+    assert _main(["race", "--help-config"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--help-config" in err and "PRESET" in err and len(err.splitlines()) == 1
