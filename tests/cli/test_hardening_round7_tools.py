@@ -156,3 +156,24 @@ def test_race_help_config_without_a_preset_is_one_line(capsys):
     assert _main(["race", "--help-config"]) == 2
     err = capsys.readouterr().err.strip()
     assert "--help-config" in err and "PRESET" in err and len(err.splitlines()) == 1
+
+
+# --- plan: a reserve that leaves no memory -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv, says", [
+    (["--reserve", "80"], "the default --gpu-mem"),  # "nothing fits: use more GPUs" before, which no count changes
+    (["--reserve", "90", "--gpu-mem", "40"], "--gpu-mem"),
+    (["--gpu", "h100-80", "--reserve", "79.6"], "--gpu h100-80's"),
+    (["--gpu", "h200", "--gpu-mem", "0.001"], "--gpu-mem"),  # "nothing fits in -1.999 GiB per GPU" before
+])
+def test_plan_refuses_a_reserve_that_leaves_nothing(tmp_path, capsys, argv, says):
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--preset", "tiny", *argv, "--json", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--reserve" in err and says in err and len(err.splitlines()) == 1, err
+    assert not out.exists()
+
+
+def test_plan_takes_a_reserve_just_below_the_memory(capsys):
+    assert main(["plan", "--preset", "tiny", "--gpu-mem", "4", "--reserve", "3.9"]) == 0
+    assert "recommended:" in capsys.readouterr().out

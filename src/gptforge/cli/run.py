@@ -224,6 +224,12 @@ def cmd_plan(args: argparse.Namespace, overrides: list[str]) -> int:
             raise CliError(f"--gpu {args.gpu!r} is not a known GPU; known: {', '.join(plan.CLUSTERS)}")
         if args.measure:
             raise CliError("--measure runs the preset here; it does not combine with --gpu")
+    mem = args.gpu_mem or (plan.CLUSTERS[args.gpu].mem_gib if args.gpu is not None else 80.0)
+    if args.reserve >= mem:  # nothing left to plan in: not "use more GPUs", which no count of them changes
+        given = "--gpu-mem" if args.gpu_mem else f"--gpu {args.gpu}'s" if args.gpu else "the default --gpu-mem"
+        raise CliError(f"--reserve {args.reserve:g} GiB leaves nothing of the {mem:g} GiB per GPU ({given}) to plan "
+                       "in; give a --reserve below it")
+    if args.gpu is not None:
         return plan.run_parallel(cfg, args.preset, gpus=args.world, gpu=args.gpu, gpu_mem=args.gpu_mem,
                                  gpus_per_node=args.gpus_per_node, tokens=args.tokens, reserve=args.reserve,
                                  json_out=args.json)
