@@ -5,6 +5,7 @@ gives correct output."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 
@@ -177,3 +178,43 @@ def test_plan_refuses_a_reserve_that_leaves_nothing(tmp_path, capsys, argv, says
 def test_plan_takes_a_reserve_just_below_the_memory(capsys):
     assert main(["plan", "--preset", "tiny", "--gpu-mem", "4", "--reserve", "3.9"]) == 0
     assert "recommended:" in capsys.readouterr().out
+
+
+# --- tokenizer train: special tokens refused before training, naming --special ------------------------------------
+
+TRAINERS = ["tokenizers", *(["rustbpe"] if importlib.util.find_spec("rustbpe") else [])]
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    pytest.importorskip("tiktoken")
+    f = tmp_path / "c.txt"
+    f.write_text("hello world, hello there; hello again\n" * 200)
+    return f
+
+
+@pytest.mark.parametrize("trainer", TRAINERS)
+@pytest.mark.parametrize("special", ["x" * 5000, "é" * 2100])  # past 4,096 bytes (the second in bytes, not characters)
+def test_tokenizer_train_refuses_an_overlong_special_before_training(corpus, tmp_path, capsys, monkeypatch, trainer,
+                                                                     special):
+    from gptforge.data import tokenizer_train as tt
+
+    monkeypatch.setattr(tt, "build_tokenizer", lambda *a, **k: pytest.fail("trained before refusing"))
+    out = tmp_path / "tok"
+    assert main(["tokenizer", "train", str(corpus), "--trainer", trainer, "--vocab-size", "300", "--special",
+                 "<|endoftext|>", "--special", special, "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--special" in err and "4,096" in err and len(err) < 300 and len(err.splitlines()) == 1, err
+    assert not out.exists()
+
+
+@pytest.mark.skipif("rustbpe" not in TRAINERS, reason="rustbpe not installed")
+def test_tokenizer_train_names_a_special_that_training_made_ordinary(corpus, tmp_path, capsys):
+    """rustbpe merges `hello` (a word of the corpus) into an ordinary token: refused naming --special, not a
+    temporary ranks.tiktoken file the user never saw."""
+    out = tmp_path / "tok"
+    assert main(["tokenizer", "train", str(corpus), "--trainer", "rustbpe", "--vocab-size", "300", "--special",
+                 "<|endoftext|>", "--special", "hello", "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--special hello" in err and "tiktoken" not in err and len(err.splitlines()) == 1, err
+    assert not out.exists()
