@@ -115,10 +115,28 @@ def _xy(records: dict[int, dict], key: str, x: str) -> tuple[list, list]:
     return [a for a, _ in pts], [b for _, b in pts]
 
 
+def image_format(out: str | Path) -> str:
+    """The format ``out``'s suffix names (``png``, ``svg``, ``pdf`` ...), or ValueError naming ``--image`` and the
+    formats there are: checked before any run is read, where matplotlib's own refusal came after the drawing,
+    as a traceback (a name without a suffix, ``curves.foo``)."""
+    from gptforge.extras import require
+
+    require("matplotlib", extra="plot", for_what="gptforge plot")
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    fmt = Path(out).suffix.lstrip(".").lower()
+    known = FigureCanvasBase.get_supported_filetypes()
+    if fmt not in known:
+        said = f"ends in .{fmt}, which matplotlib cannot write" if fmt else "has no suffix to say the image format"
+        raise ValueError(f"--image {out}: the name {said}; end it in one of {', '.join('.' + k for k in sorted(known))}")
+    return fmt
+
+
 def plot_runs(runs: list[str], out: str | Path, labels: str | None = None) -> Path:
     """Draw every run into one figure and save it to ``out`` (PNG, or any format matplotlib knows)."""
     from gptforge.extras import require
 
+    fmt = image_format(out)
     matplotlib = require("matplotlib", extra="plot", for_what="gptforge plot")
     matplotlib.use("Agg")  # files only, no display needed
     import matplotlib.pyplot as plt
@@ -206,6 +224,6 @@ def plot_runs(runs: list[str], out: str | Path, labels: str | None = None) -> Pa
 
     out = Path(out)
     with atomic_path(out, what="the plot") as tmp:  # format from the final name: the temporary has none
-        fig.savefig(tmp, dpi=110, format=out.suffix.lstrip(".").lower() or None)
+        fig.savefig(tmp, dpi=110, format=fmt)
     plt.close(fig)
     return out

@@ -218,3 +218,54 @@ def test_tokenizer_train_names_a_special_that_training_made_ordinary(corpus, tmp
     err = capsys.readouterr().err.strip()
     assert "--special hello" in err and "tiktoken" not in err and len(err.splitlines()) == 1, err
     assert not out.exists()
+
+
+# --- an empty output path, and an image name matplotlib cannot write ---------------------------------------------
+
+def _declared_outputs():
+    from gptforge.cli.outputs import CHECKED, OUTPUTS
+
+    return [(cmd, key) for cmd, outs in OUTPUTS.items() for key, kind in outs.items() if kind in CHECKED]
+
+
+@pytest.mark.parametrize("command, key", _declared_outputs())
+@pytest.mark.parametrize("empty", ["", "  "])
+def test_every_declared_output_refuses_an_empty_path(command, key, empty):
+    """`plan --json ""`, `bench --json ""`, `eval --json ""` ran and wrote nothing (an empty path read as no
+    output); `export --out ""` was called the folder the command runs in. Every declared file or folder output
+    refuses it by its flag, before the command runs."""
+    import argparse
+
+    from gptforge.cli.common import CliError
+    from gptforge.cli.outputs import check_outputs
+
+    sub, _, flag = key.rpartition(" ")
+    args = argparse.Namespace(force=False, source_name=sub or None, action=sub or None, format=sub or None,
+                              **{flag.lstrip("-").replace("-", "_"): empty})
+    with pytest.raises(CliError, match=f"^{flag} is empty; name the "):
+        check_outputs(command, args)
+
+
+@pytest.mark.parametrize("argv", [["plan", "--preset", "tiny", "--json", ""],
+                                  ["bench", "--preset", "tiny", "--steps", "1", "--json", ""],
+                                  ["plot", "RUN", "--image", ""]])
+def test_an_empty_output_path_is_refused_before_any_work(argv, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "is empty" in err and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("name", ["curves", "curves.foo", "curves.png.bak", "dir.v2/curves"])
+def test_plot_refuses_an_image_name_without_a_format_before_reading_runs(tmp_path, capsys, monkeypatch, name):
+    """matplotlib refused these after the figure was drawn, in a traceback; now one line naming --image and the
+    formats, before any run is read."""
+    pytest.importorskip("matplotlib")
+    from gptforge import plot
+
+    monkeypatch.setattr(plot, "_run_series", lambda r: pytest.fail("read a run before refusing the name"))
+    image = tmp_path / name
+    image.parent.mkdir(exist_ok=True)
+    assert main(["plot", str(tmp_path), "--image", str(image)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"gptforge plot: error: --image {image}: ") and ".png" in err and len(err.splitlines()) == 1
+    assert not image.exists()

@@ -389,8 +389,12 @@ def args_plot(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from gptforge.plot import plot_runs
+    from gptforge.plot import image_format, plot_runs
 
+    try:
+        image_format(args.image)
+    except ValueError as e:
+        raise CliError(str(e)) from None
     if args.labels is not None and len(args.labels.split(",")) != len(args.runs):
         raise CliError(f"--labels gives {len(args.labels.split(','))} names for {len(args.runs)} runs")
     print(f"wrote {plot_runs(args.runs, args.image, labels=args.labels)}")
