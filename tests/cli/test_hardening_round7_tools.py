@@ -269,3 +269,33 @@ def test_plot_refuses_an_image_name_without_a_format_before_reading_runs(tmp_pat
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"gptforge plot: error: --image {image}: ") and ".png" in err and len(err.splitlines()) == 1
     assert not image.exists()
+
+
+# --- bench-generate and train.threads: sizes at the edges ---------------------------------------------------------
+
+@pytest.mark.parametrize("argv, names", [
+    (["--prompt-tokens", "-1"], "--prompt-tokens"),  # "negative dimension" traceback before
+    (["--threads", "1e6"], "--threads"),  # torch spawned threads until the allocator failed, in a traceback
+    (["--threads", "1025"], "--threads"),
+    (["--batch", "1e9"], "--batch 1,000,000,000"),  # the CPU allocator asked for 128 GB, in a traceback
+    (["--batch", "1", "1e6"], "--batch 1,000,000"),  # the largest batch is checked before the first is timed
+])
+def test_bench_generate_refuses_a_size_at_the_edge_before_building(argv, names, capsys, monkeypatch):
+    pytest.importorskip("transformers")
+    from gptforge.models import registry
+
+    monkeypatch.setattr(registry, "build_model", lambda *a, **k: pytest.fail("built a model before refusing"))
+    assert main(["bench-generate", "--size", "d4", "--device", "cpu", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert names in err and "Traceback" not in err and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("value, ok", [("0", True), ("1024", True), ("1025", False), ("1e6", False), ("-1", False)])
+def test_train_threads_is_bounded_by_the_config(value, ok):
+    from gptforge.config import Config, ConfigError, apply_overrides
+
+    if ok:
+        assert apply_overrides(Config(), ["--train.threads", value]).train.threads == int(value)
+    else:
+        with pytest.raises(ConfigError, match=r"train\.threads.*\[0, 1024\]"):
+            apply_overrides(Config(), ["--train.threads", value])
