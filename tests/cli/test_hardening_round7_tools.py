@@ -299,3 +299,37 @@ def test_train_threads_is_bounded_by_the_config(value, ok):
     else:
         with pytest.raises(ConfigError, match=r"train\.threads.*\[0, 1024\]"):
             apply_overrides(Config(), ["--train.threads", value])
+
+
+# --- bench-prepare and prepare: sizes that no disk or machine holds -----------------------------------------------
+
+@pytest.mark.parametrize("argv, names", [
+    (["--workers", "1e6"], "--workers 1000000"),  # prepare's pool would have spawned processes without end
+    (["--workers", "1,100000"], "--workers 100000"),
+    (["--shard-tokens", "1e18"], "--shard-tokens"),  # prepare's SourceError as a traceback from the subprocess
+    (["--copies", "1e9"], "--copies 1,000,000,000"),  # parquet written until the disk was full
+    (["--memory-factor", "1e9"], "--memory-factor 1,000,000,000"),
+])
+def test_bench_prepare_refuses_before_writing_its_corpus(argv, names, tmp_path, capsys, monkeypatch):
+    pytest.importorskip("pyarrow")
+    from gptforge.bench import prepare as bench_prepare
+
+    monkeypatch.setattr(bench_prepare, "write_corpus", lambda *a, **k: pytest.fail("wrote a corpus before refusing"))
+    monkeypatch.setattr(bench_prepare, "shakespeare_documents", lambda: ["To be, or not to be: that is the question."] * 300)
+    assert main(["bench-prepare", "--workdir", str(tmp_path), *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert names in err and "Traceback" not in err and len(err.splitlines()) == 1, err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_prepare_bounds_its_workers_by_the_cores(tmp_path, capsys):
+    from gptforge.data.prepare.pipeline import MAX_WORKERS_PER_CORE
+    from gptforge.data.prepare.workers import available_cores
+
+    (tmp_path / "c.txt").write_text("hello world\n")
+    too_many = MAX_WORKERS_PER_CORE * available_cores() + 1
+    assert main(["prepare", "files", str(tmp_path / "c.txt"), "--out", str(tmp_path / "out"), "--workers",
+                 str(too_many), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"--workers {too_many}: must be in 1..{too_many - 1:,}" in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "out").exists()
