@@ -333,3 +333,89 @@ def test_prepare_bounds_its_workers_by_the_cores(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert f"--workers {too_many}: must be in 1..{too_many - 1:,}" in err and len(err.splitlines()) == 1, err
     assert not (tmp_path / "out").exists()
+
+
+# --- the python -m gptforge.bench.* tools: the CLI's number parser and output checks --------------------------------
+
+def _tool(module: str, argv: list[str], capsys) -> tuple[int, str]:
+    import importlib
+
+    try:
+        code = importlib.import_module(f"gptforge.bench.{module}").main(argv)
+    except SystemExit as e:
+        code = e.code
+    return code, capsys.readouterr().err.strip()
+
+
+@pytest.fixture
+def chrome_trace(tmp_path):
+    f = tmp_path / "t.json"
+    f.write_text(json.dumps({"traceEvents": [{"name": "aten::mm", "ph": "X", "dur": 5, "cat": "cpu_op", "ts": 1}]}))
+    return f
+
+
+@pytest.mark.parametrize("raw, ok", [("2", True), ("2e0", True), ("2_0", True), ("nan", False), ("1e30", False),
+                                     ("2.5", False)])
+def test_the_tools_parse_numbers_as_every_command_does(chrome_trace, capsys, raw, ok):
+    """trace --steps (and every number flag of the -m tools) goes through gptforge.numbers: 2e0 was 'invalid
+    int value' before, and a refusal is one line naming the flag."""
+    code, err = _tool("trace", [str(chrome_trace), "--steps", raw], capsys)
+    if ok:
+        assert code == 0, err
+    else:
+        assert code == 2 and "argument --steps" in err and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("module, argv", [
+    ("trace", ["TRACE", "--json", "FOLDER"]),
+    ("trace", ["TRACE", "--json", ""]),
+    ("tokenizer_train", ["--json", "FOLDER"]),  # an IsADirectoryError traceback after the whole benchmark before
+    ("llmc", ["report", "--llmc-log", "a", "--gptforge-json", "b", "--json", "FOLDER"]),
+    ("llmc", ["shard", "FOLDER", "--tokens", "10"]),
+])
+def test_the_tools_refuse_an_output_that_is_a_folder_before_any_work(module, argv, chrome_trace, tmp_path, capsys,
+                                                                     monkeypatch):
+    from gptforge.bench import tokenizer_train as tt
+
+    monkeypatch.setattr(tt, "corpus_files", lambda: pytest.fail("read the corpus before refusing"))
+    folder = tmp_path / "out"
+    folder.mkdir()
+    argv = [str(folder) if a == "FOLDER" else str(chrome_trace) if a == "TRACE" else a for a in argv]
+    code, err = _tool(module, argv, capsys)
+    assert code == 2 and ("is a folder" in err or "is empty" in err) and len(err.splitlines()) == 1, err
+    assert list(folder.iterdir()) == []
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--vocab-size", "0"], "--vocab-size 0: must be in [259"),  # OverflowError in the trainer before
+    (["--vocab-size", "300", "--repeats", "0"], "--repeats"),  # min() of an empty sequence before
+    (["--vocab-size", "300", "--copies", "0"], "--copies"),  # timed an empty corpus and wrote the report
+    (["--vocab-size", "300", "--copies", "-2"], "--copies"),
+])
+def test_bench_tokenizer_train_refuses_edges_before_training(argv, says, capsys, monkeypatch):
+    from gptforge.bench import tokenizer_train as tt
+
+    monkeypatch.setattr(tt, "corpus_files", lambda: pytest.fail("read the corpus before refusing"))
+    code, err = _tool("tokenizer_train", argv, capsys)
+    assert code == 2 and says in err and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("tokens", ["0", "-5", "1e12"])
+def test_bench_llmc_shard_refuses_a_token_count_no_shard_holds(tokens, tmp_path, capsys):
+    code, err = _tool("llmc", ["shard", str(tmp_path / "s.bin"), "--tokens", tokens], capsys)
+    assert code == 2 and "--tokens" in err and "2,147,483,647" in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "s.bin").exists()
+
+
+@pytest.mark.parametrize("writer", ["write_json", "write_text", "write_bytes"])
+def test_every_writer_refuses_a_folder_as_its_file(writer, tmp_path):
+    """The one writer's last guard, for callers that never went through check_output: os.replace over a folder
+    was an IsADirectoryError traceback (python -m gptforge.bench.tokenizer_train --json DIR)."""
+    from gptforge import storage
+
+    folder = tmp_path / "out"
+    (folder / "keep").mkdir(parents=True)
+    value = {"json": {"a": 1}, "text": "a", "bytes": b"a"}[writer.split("_")[1]]
+    with pytest.raises(storage.OutputError, match="is a folder; name the file to write"):
+        getattr(storage, writer)(folder, value)
+    assert [p.name for p in folder.iterdir()] == ["keep"] and not [p for p in tmp_path.iterdir() if p != folder]
