@@ -419,3 +419,26 @@ def test_every_writer_refuses_a_folder_as_its_file(writer, tmp_path):
     with pytest.raises(storage.OutputError, match="is a folder; name the file to write"):
         getattr(storage, writer)(folder, value)
     assert [p.name for p in folder.iterdir()] == ["keep"] and not [p for p in tmp_path.iterdir() if p != folder]
+
+
+# --- race: a val loss written as null (not finite) ----------------------------------------------------------------
+
+@pytest.mark.parametrize("last", [2.0, None])
+def test_race_summary_skips_a_val_loss_that_is_not_finite(tmp_path, last):
+    """MetricsLog writes a NaN val loss as null; race's summary compared it with the target (None <= float, a
+    TypeError). It is no point on the curve and never 'reached'; a run that ended on one has no final loss."""
+    from gptforge.bench.race import format_race, summarize
+
+    rows = [{"kind": "start", "step": 0, "time": 1.0}, {"kind": "train", "step": 1, "loss": 3.0, "dt_ms": 10, "tokens": 10},
+            {"kind": "val", "step": 1, "val_loss": None, "val_loss_str": "nan", "tokens": 10, "time": 2.0},
+            {"kind": "train", "step": 2, "loss": 2.9, "dt_ms": 10, "tokens": 20},
+            {"kind": "val", "step": 2, "val_loss": 3.5, "tokens": 20, "time": 3.0},
+            {"kind": "val", "step": 3, "val_loss": last, "tokens": 30, "time": 4.0}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    s = summarize(tmp_path, 2.5)
+    assert s["reached"] is (last is not None) and s["final_val_loss"] == last
+    assert s["val_curve"] == [[20, 3.5]] + ([[30, 2.0]] if last is not None else [])
+    missed = summarize(tmp_path, 1.0)
+    assert not missed["reached"]
+    text = format_race({"target_val_loss": 1.0, "target_from": "--target", "runs": [{"preset": "a", **missed}]})
+    assert ("final val loss none" in text) is (last is None)
