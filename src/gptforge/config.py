@@ -23,6 +23,7 @@ from gptforge.config_recipes import DPOConfig, LoRAConfig, RLConfig, RMConfig  #
 from gptforge.errors import field_types, saved_field_types
 from gptforge.models.gpt2 import GPTConfig
 from gptforge.models.registry import model_config, switch_family
+from gptforge.numbers import MAX_THREADS
 from gptforge.tokens import EOT
 
 MAX_SEED = 2**32  # numpy's and every seeded generator's range
@@ -133,7 +134,8 @@ class TrainConfig:
             _check(getattr(self, name) > 0, f"train.{name}", getattr(self, name), "a positive integer")
         for name in ("val_every", "sample_every", "ckpt_every", "keep_ckpts", "val_tokens", "sample_tokens"):
             _check(getattr(self, name) >= 0, f"train.{name}", getattr(self, name), "an integer >= 0")
-        _check(self.threads >= 0, "train.threads", self.threads, "an integer >= 0 (0 = auto)")
+        _check(0 <= self.threads <= MAX_THREADS, "train.threads", self.threads,
+               f"an integer in [0, {MAX_THREADS}] (0 = auto)")
         _check(self.log_every >= 1, "train.log_every", self.log_every, "an integer >= 1")
         _check(self.batch_warmup_steps >= 0, "train.batch_warmup_steps", self.batch_warmup_steps, "an integer >= 0")
         _check(0 < self.batch_warmup_start <= 1, "train.batch_warmup_start", self.batch_warmup_start,

@@ -22,9 +22,10 @@ HEADER = """\
 each field; do not edit by hand (tests/test_docs.py fails when this file and the code differ). -->
 
 Every key is set on the command line as `--section.key VALUE` (or `--section.key=VALUE`) on `train`,
-`sft`, `rl`, `rm`, `dpo`, `bench` and `plan`. A preset or a recipe changes some defaults:
-`gptforge train --preset NAME --help-config` (or `gptforge sft --help-config`, ...) prints every key
-with the values that run would use. Unknown keys, bad values and keys the run would ignore exit with
+`sft`, `rl`, `rm`, `dpo`, `bench`, `plan` and `race`. A preset or a recipe changes some defaults:
+`gptforge train --preset NAME --help-config` (or `gptforge sft --help-config`, `gptforge plan --preset
+NAME --help-config`, `gptforge race PRESET ... --help-config` with the first preset's values, ...) prints
+every key with the values that run would use. Unknown keys, bad values and keys the run would ignore exit with
 status 2 before any compute, naming the key.
 
 Values: `true | false` is a boolean; `X or auto` also takes `auto` (the default chosen from the

@@ -20,6 +20,10 @@ import math
 # gptforge's own (models/gpt2.py, models/llama.py) and Hugging Face's (interop/hf.py, interop/hf_llama.py)
 MAX_DIM = 1 << 24
 
+# the most CPU threads a process may ask torch for (train.threads, bench-generate --threads): past every machine's
+# cores; torch.set_num_threads(10**6) spawned threads until it failed in a traceback (an 8 MiB stack each)
+MAX_THREADS = 1024
+
 INT_LIMIT = 2**63 - 1  # the largest int64: torch's and numpy's integers
 
 

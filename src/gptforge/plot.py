@@ -13,6 +13,7 @@ Needs matplotlib (extra ``plot``).
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -38,11 +39,11 @@ def _run_series(run: str | Path) -> dict:
     by_kind: dict[str, dict] = {"train": {}, "val": {}, "rl": {}}
     evals: dict[str, dict[int, dict]] = {}
     for r in records:  # files from before replayed records were marked repeat steps: the last one wins
-        if not isinstance(r.get("step"), int) or isinstance(r.get("step"), bool):
+        if not isinstance(r.get("step"), int) or isinstance(r.get("step"), bool) or _number(r["step"]) is None:
             continue  # a record without a step (hand-edited, another tool's) has no place on a step axis
         if r.get("kind") in ("train", "val", "rl"):
             by_kind[r["kind"]][r["step"]] = r
-        elif r.get("kind") == "eval" and "task" in r:
+        elif r.get("kind") == "eval" and isinstance(r.get("task"), str):
             evals.setdefault(r["task"], {})[r["step"]] = r
     if not by_kind["train"] and not by_kind["val"] and not by_kind["rl"] and not evals:
         raise FileNotFoundError(f"{mfile} holds no train, val, rl or eval records to plot")
@@ -95,16 +96,47 @@ def tokenizer_note(names: list[str], series: list[dict]) -> str | None:
             + "; ".join(f"{n}: {w[1]}" for n, w in known))
 
 
+def _number(v) -> float | None:
+    """``v`` as a finite float, or None: a hand-edited or foreign metrics file may hold a string, a list,
+    a bool, NaN/Infinity (which json reads) or an integer past float's range where a number belongs; such
+    a point is left off the curve (as a missing one is) instead of failing the whole figure."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    try:
+        f = float(v)
+    except OverflowError:
+        return None
+    return f if math.isfinite(f) else None
+
+
 def _xy(records: dict[int, dict], key: str, x: str) -> tuple[list, list]:
-    pts = [(r.get(x, step if x == "step" else None), r.get(key)) for step, r in sorted(records.items())]
+    pts = [(_number(r.get(x, step if x == "step" else None)), _number(r.get(key))) for step, r in sorted(records.items())]
     pts = [(a, b) for a, b in pts if a is not None and b is not None]
     return [a for a, _ in pts], [b for _, b in pts]
+
+
+def image_format(out: str | Path) -> str:
+    """The format ``out``'s suffix names (``png``, ``svg``, ``pdf`` ...), or ValueError naming ``--image`` and the
+    formats there are: checked before any run is read, where matplotlib's own refusal came after the drawing,
+    as a traceback (a name without a suffix, ``curves.foo``)."""
+    from gptforge.extras import require
+
+    require("matplotlib", extra="plot", for_what="gptforge plot")
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    fmt = Path(out).suffix.lstrip(".").lower()
+    known = FigureCanvasBase.get_supported_filetypes()
+    if fmt not in known:
+        said = f"ends in .{fmt}, which matplotlib cannot write" if fmt else "has no suffix to say the image format"
+        raise ValueError(f"--image {out}: the name {said}; end it in one of {', '.join('.' + k for k in sorted(known))}")
+    return fmt
 
 
 def plot_runs(runs: list[str], out: str | Path, labels: str | None = None) -> Path:
     """Draw every run into one figure and save it to ``out`` (PNG, or any format matplotlib knows)."""
     from gptforge.extras import require
 
+    fmt = image_format(out)
     matplotlib = require("matplotlib", extra="plot", for_what="gptforge plot")
     matplotlib.use("Agg")  # files only, no display needed
     import matplotlib.pyplot as plt
@@ -192,6 +224,6 @@ def plot_runs(runs: list[str], out: str | Path, labels: str | None = None) -> Pa
 
     out = Path(out)
     with atomic_path(out, what="the plot") as tmp:  # format from the final name: the temporary has none
-        fig.savefig(tmp, dpi=110, format=out.suffix.lstrip(".").lower() or None)
+        fig.savefig(tmp, dpi=110, format=fmt)
     plt.close(fig)
     return out

@@ -424,6 +424,8 @@ def atomic_path(path: str | Path, what: str | None = None, needed: int = 0) -> I
     special = special_output(path)
     if special:  # the last guard, for writers that never went through check_output
         raise OutputExistsError(special)
+    if path.is_dir():  # the same guard for a folder: os.replace over it was an IsADirectoryError traceback
+        raise OutputExistsError(f"{path} is a folder; name the file to write")
     what = what or path.name
     tmp = None
     with output_errors(path, what, needed):

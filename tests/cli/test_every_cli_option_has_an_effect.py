@@ -905,6 +905,8 @@ EFFECTS: dict[tuple[str, str], tuple[str, ...]] = {
     ("train", "--force"): ("tests/run/test_run_dir_hygiene.py::test_force_through_a_symlinked_checkpoints_dir_starts_over",),
     ("train", "--help-config"): ("tests/test_config_help.py::test_help_config_lists_choices_and_descriptions",
                                  "tests/models/test_registry.py::test_help_config_shows_the_preset_values_with_overrides"),
+    **{(c, "--help-config"): ("tests/cli/test_hardening_round7_tools.py::test_every_command_taking_overrides_lists_its_keys",)
+       for c in ("bench", "plan", "race")},
     # sample: greedy outputs against a decoder written out in the test, sampled ones against the library
     **{("sample", flag): (SAMPLE + test,) for flag, test in {
         "--prompt": "test_prompt_max_new_tokens_and_temperature_zero",

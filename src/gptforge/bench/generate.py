@@ -20,6 +20,22 @@ import torch
 from gptforge.bench.timing import timed_pair
 
 
+def _check_batches_fit(cfg, batches, prompt_tokens: int, new_tokens: int, dtype_bytes: int) -> None:
+    """ValueError naming --batch when the largest batch's KV cache and prefill logits alone exceed the memory
+    free now (``--batch 1e9`` asked the CPU allocator for 128 GB in a traceback); a batch that passes may still
+    not fit the activations, but none that fails could."""
+    from gptforge.models.registry import available_memory
+
+    head_dim = cfg.n_embd // cfg.n_head
+    kv_width = getattr(cfg, "n_kv_head", None) or cfg.n_head
+    per_row = ((prompt_tokens + new_tokens) * cfg.n_layer * 2 * kv_width * head_dim * dtype_bytes
+               + prompt_tokens * cfg.vocab_size * 4)  # the cache, and the prompt's float32 logits
+    B, avail = max(batches), available_memory()
+    if avail is not None and B * per_row > avail:
+        raise ValueError(f"--batch {B:,}: its KV cache and prompt logits alone need {B * per_row / 2**30:,.1f} GiB, and "
+                         f"this machine has {avail / 2**30:,.1f} GiB free; give a batch below {max(1, avail // per_row):,}")
+
+
 def run_bench_generate(size: str = "gpt2", batches: list[int] | tuple[int, ...] = (1, 8), prompt_tokens: int = 16,
                        new_tokens: int = 64, repeats: int = 3, device: str = "auto", out: str | None = None,
                        dtype: torch.dtype = torch.float32, threads: int = 0) -> dict[str, Any]:
@@ -38,6 +54,7 @@ def run_bench_generate(size: str = "gpt2", batches: list[int] | tuple[int, ...] 
     cfg = size_config(size)
     if prompt_tokens + new_tokens > cfg.block_size:
         raise ValueError(f"--prompt-tokens + --new-tokens = {prompt_tokens + new_tokens} exceeds the context {cfg.block_size}")
+    _check_batches_fit(cfg, batches, prompt_tokens, new_tokens, torch.finfo(dtype).bits // 8)
     ours = build_model(cfg).eval()
     hf = hf_module(cfg.arch).to_transformers(ours)  # transformers' model of the same family, same weights
     ours = ours.to(dev, dtype)

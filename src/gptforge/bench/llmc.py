@@ -17,7 +17,6 @@ like-for-like figure (it includes the CUDA context, cuBLAS/cuDNN workspaces and 
 
 from __future__ import annotations
 
-import argparse
 import re
 import statistics
 import sys
@@ -146,7 +145,9 @@ def _read(path: str | None) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m gptforge.bench.llmc", description=__doc__.split("\n\n")[0])
+    from gptforge.cli.common import check_tool_output, tool_parser
+
+    p = tool_parser(prog="python -m gptforge.bench.llmc", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("shard", help="write a uniform-random GPT-2 token shard (llm.c format) for both runs")
     s.add_argument("path")
@@ -159,6 +160,16 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--gptforge-smi", help="the same during the gptforge run")
     r.add_argument("--json", help="write the comparison here")
     args = p.parse_args(argv)
+    if args.cmd == "shard":
+        from gptforge.data.shards import MAX_TOKENS
+
+        if not 1 <= args.tokens <= MAX_TOKENS:  # the llm.c header's int32 count; numpy was asked for 1e12 before
+            p.error(f"--tokens {args.tokens}: a shard holds 1 to {MAX_TOKENS:,} tokens")
+        check_tool_output(p, args.path, "PATH")
+    else:
+        if args.skip < 0:
+            p.error(f"--skip {args.skip}: the warm-up steps to leave out, >= 0")
+        check_tool_output(p, args.json)
     try:
         if args.cmd == "shard":
             import numpy as np

@@ -56,6 +56,25 @@ def shakespeare_documents() -> list[str]:
     return docs
 
 
+def _check_disk(docs: list[str], copies: int, memory_factor: int, n_workers: int, workdir: str | None) -> None:
+    """Refuse (one line naming the flags) corpora and shards that cannot fit the work folder's free space:
+    ``--copies 1e9`` wrote parquet until the disk was full. An upper bound: each corpus is at most its text's UTF-8
+    bytes (parquet compresses it), each shard folder at most twice that (2 bytes a token, a token at least one byte
+    of text); the x1 corpus and the big one, a shard folder per worker count and the two memory-check runs."""
+    import shutil
+
+    from gptforge.errors import ResourceError
+
+    text = sum(len(d.encode()) for d in docs)
+    need = text * copies * (1 + memory_factor) + 2 * text * copies * (n_workers + 1 + memory_factor)
+    where = workdir or tempfile.gettempdir()
+    free = shutil.disk_usage(where).free
+    if need > free:
+        raise ResourceError(f"--copies {copies:,} x --memory-factor {memory_factor:,}: the corpora and shards need up to "
+                            f"{need / 2**30:,.1f} GiB in {where}, which has {free / 2**30:,.1f} GiB free; lower them "
+                            "or give a --workdir with more room")
+
+
 def write_corpus(path: Path, docs: list[str], copies: int) -> Path:
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -112,6 +131,7 @@ def run_bench(workers: list[int], copies: int = 8, repeats: int = 2, shard_token
     require("pyarrow", extra="data", for_what="gptforge bench-prepare")  # the corpus is parquet
     cores = available_cores()
     docs = shakespeare_documents()
+    _check_disk(docs, copies, memory_factor, len(workers), workdir)
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         tmp = Path(tmp)
         corpus = write_corpus(tmp / "corpus.parquet", docs, copies)

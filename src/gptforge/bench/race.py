@@ -99,15 +99,22 @@ def run_folder(spec: str, taken: set[str]) -> str:
     return name
 
 
+def _finite(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
 def summarize(run_dir: Path, target: float) -> dict[str, Any]:
     """Steps, tokens and seconds to the first val loss <= target, from a run's metrics.jsonl."""
     records = read_metrics(run_dir / "metrics.jsonl")
     start = next(r for r in records if r["kind"] == "start")
     train = {r["step"]: r for r in records if r["kind"] == "train"}
-    val = sorted((r for r in records if r["kind"] == "val"), key=lambda r: r["step"])
+    # a non-finite val loss is written as null (MetricsLog): no point on the curve, and never "reached"
+    every = sorted((r for r in records if r["kind"] == "val"), key=lambda r: r["step"])
+    val = [r for r in every if _finite(r.get("val_loss"))]
     hit = next((r for r in val if r["val_loss"] <= target), None)
-    out: dict[str, Any] = {
-        "run_dir": str(run_dir), "reached": hit is not None, "final_val_loss": val[-1]["val_loss"] if val else None,
+    out: dict[str, Any] = {  # the final val loss as written: None (printed "none") when the run ended diverged
+        "run_dir": str(run_dir), "reached": hit is not None,
+        "final_val_loss": every[-1].get("val_loss") if every and _finite(every[-1].get("val_loss")) else None,
         "val_curve": [[r["tokens"], r["val_loss"]] for r in val],
     }
     if hit is not None:

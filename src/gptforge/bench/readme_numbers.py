@@ -18,7 +18,6 @@ still runs and that each figure is read back, not the figures themselves.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import subprocess
@@ -301,7 +300,9 @@ def judge(claims: list[Claim], measured: dict[str, dict[str, Any]]) -> list[tupl
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m gptforge.bench.readme_numbers", description=__doc__.split("\n")[0])
+    from gptforge.cli.common import tool_parser
+
+    p = tool_parser(prog="python -m gptforge.bench.readme_numbers", description=__doc__.split("\n")[0])
     p.add_argument("--only", default=",".join(JOURNEYS), help=f"journeys to run, comma-separated ({', '.join(JOURNEYS)})")
     p.add_argument("--seeds", default="1,2,3,4,5",
                    help="the seeds of the chat path and the SmolLM2 journey: their data, order and init")

@@ -134,7 +134,9 @@ def compression(vocab_size: int, files: list[str], trainers: tuple[str, ...] = (
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m gptforge.bench.tokenizer_train", description=__doc__.split("\n\n")[0])
+    from gptforge.cli.common import check_tool_output, tool_parser
+
+    p = tool_parser(prog="python -m gptforge.bench.tokenizer_train", description=__doc__.split("\n\n")[0])
     p.add_argument("--vocab-size", type=int, default=32768, help="ids in all (default %(default)s)")
     p.add_argument("--copies", type=int, default=1, help="feed the plays this many times (default %(default)s)")
     p.add_argument("--repeats", type=int, default=3, help="runs of each trainer (default %(default)s)")
@@ -143,6 +145,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--child", choices=RUNS, help=argparse.SUPPRESS)
     p.add_argument("--files-json", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
+    if a.copies < 1 or a.repeats < 1:
+        p.error("--copies and --repeats must be >= 1")
+    from gptforge.data.tokenizer_train import TrainError, TrainSpec, check_spec
+
+    try:  # `gptforge tokenizer train`'s own bounds (256 bytes + the special tokens .. 2^20)
+        check_spec(TrainSpec(vocab_size=a.vocab_size, trainer="tokenizers"))
+    except TrainError as e:
+        p.error(str(e))
+    check_tool_output(p, a.json)
     if a.child:
         print(json.dumps(child(a.child, a.vocab_size, a.copies, json.loads(a.files_json))))
         return 0

@@ -16,7 +16,6 @@ data. Each family's heaviest names are listed, so the copies a profile shows can
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import json
 import re
@@ -157,12 +156,15 @@ def format_summary(s: dict, width: int = 70) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m gptforge.bench.trace", description=__doc__.split("\n\n")[0])
+    from gptforge.cli.common import check_tool_output, tool_parser
+
+    ap = tool_parser(prog="python -m gptforge.bench.trace", description=__doc__.split("\n\n")[0])
     ap.add_argument("trace", help="a Chrome trace from `gptforge bench --trace F` (or any torch.profiler export)")
     ap.add_argument("--steps", type=int, default=1, help="timed steps the trace holds (to print per step)")
     ap.add_argument("--top", type=int, default=3, help="names listed per family (default 3)")
     ap.add_argument("--json", help="also write the summary here")
     args = ap.parse_args(argv)
+    check_tool_output(ap, args.json)
     try:
         s = summarize(args.trace, args.steps, max(args.top, 1))
     except TraceError as e:

@@ -104,6 +104,27 @@ def _say(line: str) -> None:
     print(f"[bench] {line}", file=sys.stderr, flush=True)
 
 
+def _check_batch_fits(cfg: Config, steps: int, warmup: int) -> None:
+    """Refuse (one line naming the keys) a micro-batch whose synthetic token ids alone, int64 as numpy
+    draws them, exceed the memory free now: ``--sweep-micro-batch 1e9`` asked numpy for 239 GiB in a
+    traceback. What fits the ids may still not fit the activations: that is an out-of-memory result."""
+    from gptforge.errors import ResourceError
+    from gptforge.models.registry import available_memory
+
+    B, T = cfg.train.micro_batch, cfg.train.seq_len
+    n_tokens = min(B * T * cfg.validate() * (steps + warmup) + 1, 50_000_000) + B * T + 1  # bench_one's shard
+    avail = available_memory()
+    if avail is not None and 8 * n_tokens > avail:
+        raise ResourceError(f"train.micro_batch={B:,} x train.seq_len={T:,}: {n_tokens:,} token ids to time it need "
+                            f"{8 * n_tokens / 2**30:,.1f} GiB before any activation, and this machine has "
+                            f"{avail / 2**30:,.1f} GiB free; lower train.micro_batch (or --sweep-micro-batch)")
+
+
+def _out_of_memory(e: BaseException) -> bool:
+    """An allocation the device refused: CUDA's OutOfMemoryError, or the CPU allocator's RuntimeError."""
+    return isinstance(e, torch.OutOfMemoryError) or (isinstance(e, RuntimeError) and "can't allocate memory" in str(e))
+
+
 def _peak_memory(device: torch.device) -> tuple[float, str]:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20, "cuda_max_allocated_MiB"
@@ -248,6 +269,8 @@ def run_bench(
                 cb.train.total_batch_tokens = b * cb.train.seq_len
             runs.append((f"{name} B={b}" if ladder else f"B={b}", cb))
 
+    for _, c in runs:  # every size before the first is timed, so a bad one costs no timing
+        _check_batch_fits(c, steps, warmup)
     results = []
     for i, (name, c) in enumerate(runs):
         why = skipped.get(name) or unsupported(c, device)
@@ -264,7 +287,9 @@ def run_bench(
                     r["trace"] = {"file": str(traced), **summarize_trace(traced, steps)}
                 except TraceError as e:  # the timings stand: say why the split is missing, keep the report
                     print(f"[bench] {name}: the trace is written but not summarised: {e}", file=sys.stderr)
-        except torch.OutOfMemoryError as e:
+        except (torch.OutOfMemoryError, RuntimeError) as e:  # a size this device cannot hold: the next may fit
+            if not _out_of_memory(e):
+                raise
             r = {"skipped": f"out of memory: {str(e).splitlines()[0]}"}
         results.append({"name": name, **r})
     base = next((r for r in results if "tokens_per_s" in r), None)

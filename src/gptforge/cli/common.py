@@ -144,6 +144,29 @@ def finite(raw: str) -> float:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def tool_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """The parser of a ``python -m gptforge.bench.*`` tool: the CLI's own class, so its numbers parse as every
+    command's do (1e4, 32_768; nan, 1e30 and 2**64 refused naming the flag) and a refusal is one line, exit 2."""
+    from gptforge.cli import _Parser
+
+    return _Parser(prog=prog, description=description)
+
+
+def check_tool_output(p: argparse.ArgumentParser, path: str | None, flag: str = "--json") -> None:
+    """A tool's output file checked before any work, as the commands' are (cli/outputs.py): empty, a folder or a
+    device is one line through ``p.error``; an existing file is replaced (the tools have no --force)."""
+    if path is None:
+        return
+    from gptforge.storage import OutputError, check_output
+
+    if not path.strip():
+        p.error(f"{flag} is empty; name the file to write")
+    try:
+        check_output(path, True, "file", flag)
+    except OutputError as e:
+        p.error(str(e))
+
+
 def port(raw: str) -> int:
     """A TCP port number (argparse type): one line for 99999 instead of the server's tracebacks."""
     try:

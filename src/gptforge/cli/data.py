@@ -372,6 +372,14 @@ def cmd_bench_prepare(args: argparse.Namespace) -> int:
         raise CliError(f"--workers {args.workers!r}: expected a comma-separated list of integers, e.g. 1,2") from None
     if min(workers) < 1 or args.copies < 1 or args.repeats < 1 or args.memory_factor < 1 or args.shard_tokens < 1:
         raise CliError("--workers, --copies, --repeats, --memory-factor and --shard-tokens must be >= 1")
+    from gptforge.data.prepare.pipeline import PrepareSettings, check_settings
+    from gptforge.data.prepare.sources import SourceError
+
+    try:  # prepare's own refusals (shard size, worker count), before the corpus is written
+        for w in workers:
+            check_settings(PrepareSettings(shard_tokens=args.shard_tokens, workers=w))
+    except SourceError as e:
+        raise CliError(str(e)) from None
     run_bench(workers, copies=args.copies, repeats=args.repeats, shard_tokens=args.shard_tokens,
               memory_factor=args.memory_factor, out=args.json, workdir=args.workdir)
     return 0
@@ -389,8 +397,12 @@ def args_plot(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from gptforge.plot import plot_runs
+    from gptforge.plot import image_format, plot_runs
 
+    try:
+        image_format(args.image)
+    except ValueError as e:
+        raise CliError(str(e)) from None
     if args.labels is not None and len(args.labels.split(",")) != len(args.runs):
         raise CliError(f"--labels gives {len(args.labels.split(','))} names for {len(args.runs)} runs")
     print(f"wrote {plot_runs(args.runs, args.image, labels=args.labels)}")

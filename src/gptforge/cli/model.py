@@ -528,9 +528,12 @@ def cmd_bench_generate(args: argparse.Namespace) -> int:
     import torch
 
     from gptforge.bench.generate import run_bench_generate
+    from gptforge.numbers import MAX_THREADS
 
-    if args.new_tokens < 1 or args.repeats < 1 or any(b < 1 for b in args.batch) or args.threads < 0:
-        raise CliError("--new-tokens, --repeats and every --batch must be >= 1, --threads >= 0")
+    if (args.new_tokens < 1 or args.repeats < 1 or any(b < 1 for b in args.batch) or args.prompt_tokens < 1
+            or not 0 <= args.threads <= MAX_THREADS):
+        raise CliError(f"--prompt-tokens, --new-tokens, --repeats and every --batch must be >= 1, --threads in "
+                       f"[0, {MAX_THREADS}]")
     try:
         run_bench_generate(size=args.size, batches=args.batch, prompt_tokens=args.prompt_tokens,
                            new_tokens=args.new_tokens, repeats=args.repeats, device=args.device, out=args.json,

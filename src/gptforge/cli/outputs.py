@@ -61,9 +61,12 @@ def declared(command: str, args: argparse.Namespace) -> list[tuple[str, str, str
 def check_outputs(command: str, args: argparse.Namespace) -> None:
     """Refuse (OutputExistsError, one line) a declared file or folder output that exists without
     ``--force``, or that is a checkpoint or run directory, before the command does any work."""
+    from gptforge.cli.common import CliError
     from gptforge.storage import check_output
 
     for flag, dest, kind in declared(command, args):
         value = getattr(args, dest, None)
+        if kind in CHECKED and isinstance(value, str) and not value.strip():  # `--json ""`: no path, not "none"
+            raise CliError(f"{flag} is empty; name the {'file' if kind == 'file' else 'folder'} to write")
         if kind in CHECKED and value:
             check_output(value, bool(getattr(args, "force", False)), kind, flag)

@@ -38,20 +38,32 @@ def args_train(p: argparse.ArgumentParser) -> None:
                    help="fine-tune: start from these weights (gptforge checkpoint/run dir, Hugging Face "
                         "save_pretrained dir, GGUF file or llm.c model file)")
     p.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
+    add_preset_help_config(p)
+
+
+def add_preset_help_config(p: argparse.ArgumentParser) -> None:
+    """``--help-config`` of every command that takes a preset and ``--section.key`` overrides (train, bench,
+    plan, race): without it the flag parsed as an override key with no value ("--help-config needs a value")."""
     p.add_argument("--help-config", action="store_true",
-                   help="list every config key with its type and its value in this preset (with overrides)")
+                   help="list every config key with its type and its value in this preset (with overrides), and exit")
+
+
+def help_config(args: argparse.Namespace, overrides: list[str], preset: str) -> int:
+    """Print what ``--help-config`` promises: every key with its value in ``preset`` with the overrides."""
+    from gptforge.config_help import describe_keys
+
+    cfg, _ = build_config(argparse.Namespace(**{**vars(args), "preset": preset}), overrides)
+    print(f"Config keys (set with --section.key VALUE), values of preset {preset!r}:\n" + describe_keys(cfg))
+    return 0
 
 
 def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
-    from gptforge.config_help import describe_keys
     from gptforge.run.resume import check_resume, saved_config
     from gptforge.runtime import launched_world
     from gptforge.training.evaluate import check_tasks
 
     if args.help_config:
-        cfg, _ = build_config(args, overrides)
-        print(f"Config keys (set with --section.key VALUE), values of preset {args.preset!r}:\n" + describe_keys(cfg))
-        return 0
+        return help_config(args, overrides, args.preset)
     trusted = args.trust_checkpoint or _flag_value(overrides, "train.trust_checkpoint")  # this command line only
     cfg, resume, meta = resolve_run(args.out, args.resume, overrides, "pretrain",
                                     lambda: build_config(args, overrides)[0], trusted,
@@ -142,12 +154,15 @@ def args_bench(p: argparse.ArgumentParser) -> None:
                    "(GPU kernel time, or CPU self time) with each family's heaviest names")
     p.add_argument("--switch", action="append", metavar="KEY=VALUE[,KEY=VALUE]",
                    help="also time the config with this change (repeatable), e.g. model.fused_ce=true")
+    add_preset_help_config(p)
 
 
 def cmd_bench(args: argparse.Namespace, overrides: list[str]) -> int:
     from gptforge.bench.train import run_bench
     from gptforge.config_inert import refuse_inert_overrides
 
+    if args.help_config:
+        return help_config(args, overrides, args.preset)
     cfg, _ = build_config(args, overrides)
     refuse_inert_overrides(cfg, overrides, "bench", "bench")  # it times pretraining steps, never LoRA
     try:
@@ -156,6 +171,9 @@ def cmd_bench(args: argparse.Namespace, overrides: list[str]) -> int:
         sweep = [parse_int(b) for b in args.sweep_micro_batch.split(",")] if args.sweep_micro_batch else None
     except ValueError:
         raise CliError(f"--sweep-micro-batch {args.sweep_micro_batch!r}: expected integers like 8,16,32") from None
+    if sweep and min(sweep) < 1:  # each is a train.micro_batch: sequences per forward, at least one
+        raise CliError(f"--sweep-micro-batch {args.sweep_micro_batch!r}: {min(sweep)} is not a micro-batch size; "
+                       "give sizes >= 1 like 8,16,32")
     if args.steps < 1 or args.warmup < 0:
         raise CliError("--steps must be >= 1 and --warmup >= 0")
     run_bench(cfg, steps=args.steps, warmup=args.warmup, out=args.json, ladder=args.ladder, trace=args.trace,
@@ -184,12 +202,15 @@ def args_plan(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=2, help="steps for --measure (default %(default)s)")
     p.add_argument("--json", help="write the plan to this JSON file")
     p.add_argument("--force", action="store_true", help="replace the --json file if it exists")
+    add_preset_help_config(p)
 
 
 def cmd_plan(args: argparse.Namespace, overrides: list[str]) -> int:
     from gptforge import plan
     from gptforge.config_inert import refuse_inert_overrides
 
+    if args.help_config:
+        return help_config(args, overrides, args.preset)
     cfg, _ = build_config(args, overrides)
     refuse_inert_overrides(cfg, overrides, "plan", "plan")
     if args.world < 1 or (args.gpu_mem is not None and args.gpu_mem <= 0) or args.steps < 1:
@@ -203,6 +224,12 @@ def cmd_plan(args: argparse.Namespace, overrides: list[str]) -> int:
             raise CliError(f"--gpu {args.gpu!r} is not a known GPU; known: {', '.join(plan.CLUSTERS)}")
         if args.measure:
             raise CliError("--measure runs the preset here; it does not combine with --gpu")
+    mem = args.gpu_mem or (plan.CLUSTERS[args.gpu].mem_gib if args.gpu is not None else 80.0)
+    if args.reserve >= mem:  # nothing left to plan in: not "use more GPUs", which no count of them changes
+        given = "--gpu-mem" if args.gpu_mem else f"--gpu {args.gpu}'s" if args.gpu else "the default --gpu-mem"
+        raise CliError(f"--reserve {args.reserve:g} GiB leaves nothing of the {mem:g} GiB per GPU ({given}) to plan "
+                       "in; give a --reserve below it")
+    if args.gpu is not None:
         return plan.run_parallel(cfg, args.preset, gpus=args.world, gpu=args.gpu, gpu_mem=args.gpu_mem,
                                  gpus_per_node=args.gpus_per_node, tokens=args.tokens, reserve=args.reserve,
                                  json_out=args.json)
@@ -215,12 +242,13 @@ def cmd_plan(args: argparse.Namespace, overrides: list[str]) -> int:
 def args_race(p: argparse.ArgumentParser) -> None:
     p.description = ("Train each preset on the same data until the target val loss (default: the first preset's "
                      "final val loss); --section.key overrides apply to every preset, PRESET,key=value,... to one.")
-    p.add_argument("presets", nargs="+", metavar="PRESET", help="named runs to race (`gptforge presets` lists them); "
+    p.add_argument("presets", nargs="*", metavar="PRESET", help="named runs to race (`gptforge presets` lists them); "
                    "PRESET,key=value,... overrides one")
     p.add_argument("--target", type=float, help="val loss to reach (default: the first preset's final val loss)")
     p.add_argument("--evals", type=int, default=20, help="validations per run (default %(default)s)")
     p.add_argument("--out", default="runs/race", help="folder for the runs, race.json and race.png")
     p.add_argument("--no-plot", action="store_true", help="skip race.png (no matplotlib needed)")
+    add_preset_help_config(p)
 
 
 def cmd_race(args: argparse.Namespace, overrides: list[str]) -> int:
@@ -229,6 +257,11 @@ def cmd_race(args: argparse.Namespace, overrides: list[str]) -> int:
 
     from gptforge.bench.race import format_race, run_race
 
+    if args.help_config:  # the keys every preset shares, with the first one's values (PRESET,key=value applied)
+        if not args.presets:
+            raise CliError("--help-config lists a preset's values: name it first (gptforge race PRESET --help-config)")
+        name, *own = args.presets[0].split(",")
+        return help_config(args, [*overrides, *(f"--{kv}" for kv in own)], name)
     if args.target is not None and not (math.isfinite(args.target) and args.target > 0):
         raise CliError(f"--target {args.target}: expected a finite val loss > 0")
     if not args.out.strip() or args.evals < 1:

@@ -123,6 +123,9 @@ def check_spec(spec: TrainSpec) -> TrainSpec:
         if len(s.encode()) == 1:
             raise TrainError(f"--special {s}: one byte is an ordinary token already; a special token needs text "
                              "no ordinary token has (such as <|pad|>)")
+        if len(s.encode()) > MAX_TOKEN_BYTES:  # every tokenizer reader's bound: refused here, not after training
+            raise TrainError(f"--special {s[:40]}...: {len(s.encode()):,} bytes; a token has at most "
+                             f"{MAX_TOKEN_BYTES:,} (use a short name such as <|pad|>)")
         seen.add(s)
     if EOS not in seen:
         raise TrainError(f"--special: {EOS} must be one of the special tokens (it is the eos and the document "
@@ -306,6 +309,9 @@ def build_tokenizer(texts: Iterable[str], spec: TrainSpec, out: Path, name: str,
         del text
     elif spec.trainer == "rustbpe":
         ranks = train_rustbpe_ranks(texts, spec)
+        if made := [s for s in spec.specials if s.encode() in ranks]:  # tiktoken would refuse it, naming a temp file
+            raise TrainError(f"--special {made[0]}: training on this corpus made it an ordinary token too (the text "
+                             "holds it as a word); a special token needs text the corpus never has, such as <|pad|>")
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "ranks.tiktoken"
             write_ranks(ranks, path)

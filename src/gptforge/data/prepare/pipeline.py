@@ -402,10 +402,14 @@ def _open_manifest(out: Path, ident: dict, force: bool) -> dict:
     return m
 
 
-def prepare(source, out: str | os.PathLike, settings: PrepareSettings | None = None, *, force: bool = False,
-            progress: bool = True, expected_tokens: int | None = None) -> dict:
-    """Tokenize ``source`` into shards in ``out``; resumes an interrupted run. Returns a summary dict."""
-    settings = settings or PrepareSettings()
+# tokenizer processes per core at most: past one a core they add only start-up and memory (~70 MiB each); a few
+# are allowed for timing oversubscription (bench-prepare), --workers 1e6 would have spawned processes without end
+MAX_WORKERS_PER_CORE = 4
+
+
+def check_settings(settings: PrepareSettings) -> int:
+    """Refuse (SourceError naming the flag) settings no shard folder can be made with; the worker count to use.
+    Every door checks with this before any work: prepare itself, and bench-prepare before its corpus is written."""
     if not 1 <= settings.shard_tokens <= MAX_TOKENS:
         raise SourceError(f"--shard-tokens {settings.shard_tokens}: must be a number of tokens in 1..{MAX_TOKENS:,} "
                           "(the llm.c header counts a shard's tokens in an int32; llm.c's own are 1e8)")
@@ -416,8 +420,18 @@ def prepare(source, out: str | os.PathLike, settings: PrepareSettings | None = N
         raise SourceError(f"val_max_fraction {settings.val_max_fraction}: must be in (0, 1]")
     _check_name(settings.name)
     workers = settings.workers or available_cores()
-    if workers < 1:
-        raise SourceError(f"--workers {settings.workers}: must be >= 1 (0 = all cores)")
+    if not 1 <= workers <= MAX_WORKERS_PER_CORE * available_cores():
+        raise SourceError(f"--workers {settings.workers}: must be in 1..{MAX_WORKERS_PER_CORE * available_cores():,} "
+                          f"({MAX_WORKERS_PER_CORE} per core this process may use; 0 = all cores): more only add start-up "
+                          "and memory, never speed")
+    return workers
+
+
+def prepare(source, out: str | os.PathLike, settings: PrepareSettings | None = None, *, force: bool = False,
+            progress: bool = True, expected_tokens: int | None = None) -> dict:
+    """Tokenize ``source`` into shards in ``out``; resumes an interrupted run. Returns a summary dict."""
+    settings = settings or PrepareSettings()
+    workers = check_settings(settings)
     floor = deadline_floor()  # a bad GPTFORGE_DOC_DEADLINE_S is refused before any work
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
