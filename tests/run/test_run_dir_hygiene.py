@@ -108,3 +108,30 @@ def test_a_full_disk_writing_the_run_files_is_the_same_error(shard_dir, tmp_path
     monkeypatch.setattr(builtins, "open", open_)
     assert main(_train(shard_dir, tmp_path / "run", "--train.max_steps", "2")) == 2
     assert f"no space left on device while writing {what}" in capsys.readouterr().err
+
+
+def test_a_hand_edited_config_json_is_named_before_a_resume_rewrites_it(shard_dir, tmp_path, capsys):
+    """config.json is a record: a resume reads the checkpoint's config and the command's flags, never the file,
+    and rewrites it. Keys edited there by hand are named with the flags that would set them, before the rewrite;
+    the run itself goes on with the checkpoint's values (the file's edit changes nothing)."""
+    out = tmp_path / "run"
+    assert main(_train(shard_dir, out, "--train.max_steps", "2", "--train.ckpt_every", "2")) == 0
+    conf = json.loads((out / "config.json").read_text())
+    lr = conf["optim"]["lr"]
+    conf["optim"]["lr"], conf["train"]["micro_batch"] = lr * 10, conf["train"]["micro_batch"] * 2
+    (out / "config.json").write_text(json.dumps(conf))
+    capsys.readouterr()
+    assert main(_train(shard_dir, out, "--resume", "--train.max_steps", "3", "--train.ckpt_every", "3")) == 0
+    got = capsys.readouterr()
+    err = got.out + got.err  # run.log's lines go where the run's lines go
+    named = [line for line in err.splitlines() if "config.json" in line]
+    assert len(named) == 1, err
+    assert "optim.lr" in named[0] and "train.micro_batch" in named[0], named[0]
+    assert f"--optim.lr {json.dumps(lr * 10)}" in named[0], named[0]
+    after = json.loads((out / "config.json").read_text())
+    assert after["optim"]["lr"] == lr  # rewritten with what the run used: the checkpoint's value
+    assert json.loads((ckpt.latest_checkpoint(out) / "meta.json").read_text())["config"]["optim"]["lr"] == lr
+    capsys.readouterr()  # a file nobody edited: no word about it
+    assert main(_train(shard_dir, out, "--resume", "--train.max_steps", "4", "--train.ckpt_every", "4")) == 0
+    got = capsys.readouterr()
+    assert "config.json" not in got.out + got.err

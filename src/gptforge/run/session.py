@@ -18,12 +18,14 @@ raised: this is the one place that does, so no recipe can forget a piece.
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
 
 from gptforge.config import Config, ConfigError
 from gptforge.parallel.distributed import DistInfo, cleanup, init_distributed
+from gptforge.reading import read_json
 from gptforge.run import checkpoint as ckpt
 from gptforge.run.checkpointer import Checkpointer
 from gptforge.run.faults import elastic_restart
@@ -110,10 +112,39 @@ class RunSession:
                 ([f"marked {replayed} records after step {start_step} as replayed"] if replayed else [])
             if done:  # say only what was done: an intact file replayed is not "cut"
                 self.log("metrics.jsonl: " + ", ".join(done))
+            self._note_hand_edits(run_dir / "config.json")
             _write_text(run_dir / "config.json", cfg.to_json() + "\n")
             _write_text(run_dir / "env.json", json.dumps(self.env, indent=2) + "\n")
         self.progress = Progress(start_step, cfg.train.max_steps, info.is_main)
         return self.metrics
+
+    def _note_hand_edits(self, path: Path) -> None:
+        """config.json is a record of the config a run uses, rewritten at every start; a resumed run reads its
+        checkpoint's config (and this command's flags), never the file. Keys edited there by hand since the
+        checkpoint would be overwritten unread: name them and the flags that set them, once, before the rewrite."""
+        meta = self.checkpointer.meta if self.resume_dir is not None else None
+        saved = (meta or {}).get("config")
+        if not isinstance(saved, dict):
+            return
+        try:  # the bounded reader: a file a user edited is data like any other
+            on_disk = read_json(path)
+        except (OSError, ValueError):  # missing, damaged or not an object: no edit to name (the rewrite repairs it)
+            return
+        edited = [f"{sec}.{k}" for sec, vals in on_disk.items() if isinstance(vals, dict)
+                  for k, v in vals.items() if isinstance(saved.get(sec), dict) and k in saved[sec]
+                  and saved[sec][k] != v]
+        if not edited:
+            return
+
+        def flag(key: str) -> str:
+            sec, k = key.split(".", 1)
+            v = on_disk[sec][k]
+            return f"--{key} {shlex.quote(v) if isinstance(v, str) else json.dumps(v)}"
+
+        more = f" and {len(edited) - 3} more" if len(edited) > 3 else ""
+        self.log(f"{path}: edited by hand ({', '.join(edited[:3])}{more}); a resumed run uses its checkpoint's config "
+                 "and this command's flags, not this file (a record, rewritten now): to change them pass "
+                 + " ".join(flag(k) for k in edited[:3]))
 
     def __exit__(self, *exc: Any) -> None:
         if self.progress is not None:
