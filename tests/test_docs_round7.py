@@ -231,7 +231,7 @@ def test_every_module_command_a_page_shows_parses(where, module, argv, monkeypat
         raise _Parsed
 
     monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_then_stop)
-    source = inspect.getsource(mod.main)  # a parser: argparse's, or cli.common.tool_parser (the CLI's class)
+    source = inspect.getsource(mod.main)  # a parser: argparse's, or argparsing.tool_parser (the commands' class)
     if "ArgumentParser" not in source and "tool_parser" not in source:  # none to stop (config_doc's main rewrites a page)
         takes = re.findall(r'"(--[\w-]+)"', inspect.getsource(mod.main))
         assert all(a in takes for a in argv), f"{where}: `python -m {module}` takes {takes}, the page gives {argv}"

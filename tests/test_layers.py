@@ -21,9 +21,10 @@ LAYERS: list[list[str]] = [
     ["gptforge", "gptforge.tokens", "gptforge.errors", "gptforge.extras", "gptforge.runtime", "gptforge.assets",
      "gptforge.storage"],
     # kernels: torch/triton only, used by the models; sizecheck: what a model file claims against what it holds and
-    # the memory free, before any reader builds anything (numbers: the one parser of a number from the command line)
+    # the memory free, before any reader builds anything (numbers: the one parser of a number from the command line; argparsing: the one parser class of every
+    # command and python -m tool)
     ["gptforge.models", "gptforge.data", "gptforge.kernels", "gptforge.sizecheck", "gptforge.numbers",
-     "gptforge.progress"],
+     "gptforge.argparsing", "gptforge.progress"],
     ["gptforge.config", "gptforge.config_help", "gptforge.config_doc", "gptforge.config_recipes", "gptforge.config_inert", "gptforge.presets", "gptforge.eval", "gptforge.generation", "gptforge.interop"],
     ["gptforge.optim", "gptforge.parallel"],  # optimizers and schedules; process groups and wrapping
     ["gptforge.run"],  # the run directory contract: checkpoints, metrics, signals, resume

@@ -1,5 +1,5 @@
 """The one parser of numbers written on the command line: every numeric flag (argparse's ``type=int`` and
-``type=float`` included, through ``cli._Parser``'s type registry) and every ``--section.key`` override.
+``type=float`` included, through ``argparsing.OneLineParser``'s type registry) and every ``--section.key`` override.
 
     >>> parse_int("1e4"), parse_int("32_768"), parse_float("3e-4")
     (10000, 32768, 0.0003)

@@ -145,7 +145,7 @@ def _read(path: str | None) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from gptforge.cli.common import check_tool_output, tool_parser
+    from gptforge.argparsing import check_tool_output, tool_parser
 
     p = tool_parser(prog="python -m gptforge.bench.llmc", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)

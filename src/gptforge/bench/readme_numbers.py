@@ -300,7 +300,7 @@ def judge(claims: list[Claim], measured: dict[str, dict[str, Any]]) -> list[tupl
 
 
 def main(argv: list[str] | None = None) -> int:
-    from gptforge.cli.common import tool_parser
+    from gptforge.argparsing import tool_parser
 
     p = tool_parser(prog="python -m gptforge.bench.readme_numbers", description=__doc__.split("\n")[0])
     p.add_argument("--only", default=",".join(JOURNEYS), help=f"journeys to run, comma-separated ({', '.join(JOURNEYS)})")

@@ -134,7 +134,7 @@ def compression(vocab_size: int, files: list[str], trainers: tuple[str, ...] = (
 
 
 def main(argv: list[str] | None = None) -> int:
-    from gptforge.cli.common import check_tool_output, tool_parser
+    from gptforge.argparsing import check_tool_output, tool_parser
 
     p = tool_parser(prog="python -m gptforge.bench.tokenizer_train", description=__doc__.split("\n\n")[0])
     p.add_argument("--vocab-size", type=int, default=32768, help="ids in all (default %(default)s)")

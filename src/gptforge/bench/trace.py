@@ -156,7 +156,7 @@ def format_summary(s: dict, width: int = 70) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from gptforge.cli.common import check_tool_output, tool_parser
+    from gptforge.argparsing import check_tool_output, tool_parser
 
     ap = tool_parser(prog="python -m gptforge.bench.trace", description=__doc__.split("\n\n")[0])
     ap.add_argument("trace", help="a Chrome trace from `gptforge bench --trace F` (or any torch.profiler export)")

@@ -23,6 +23,7 @@ import argparse
 import importlib
 import sys
 
+from gptforge.argparsing import OneLineParser
 from gptforge.cli.common import CliError, name_flag, show_defaults
 
 EXIT_BAD_INPUT = 2
@@ -63,22 +64,7 @@ def _fn(name: str, kind: str):
     return getattr(module, f"{kind}_{name.replace('-', '_')}")
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse's refusal (a flag's bad value, an unknown or missing flag) as one line, exit 2, like every other
-    bad input, instead of the command's whole usage (16 lines for ``rl``) above it. Sub-commands' parsers are
-    of this class too (``add_subparsers`` makes its parsers of the parent's type), so every command has it."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        from gptforge.cli.common import count, finite
-
-        # every `type=int` / `type=float` flag of every command (argument groups share this registry) parses
-        # through the one number parser: 1e400, nan and 2**64 are one line naming the flag, not a traceback
-        self.register("type", int, count)
-        self.register("type", float, finite)
-
-    def error(self, message: str):  # type: ignore[override]
-        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+_Parser = OneLineParser  # every command's parser (gptforge.argparsing: one line per refusal, the number types)
 
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 # the architectures the GGUF reader takes (gguf_config imports no torch: --help stays instant)
+from gptforge.argparsing import count, finite  # noqa: F401 (the commands' argparse types, re-exported)
 from gptforge.interop.gguf_config import ARCHITECTURES as GGUF_ARCHITECTURES
 
 if TYPE_CHECKING:  # torch: imported only when a command runs, so `gptforge --help` stays instant
@@ -121,50 +122,6 @@ def load(source: ModelSource, flag: str | None = None, announce_after: float | N
         if flag is None:
             raise
         raise CliError(f"{flag}: {e}") from e
-
-
-def count(raw: str) -> int:
-    """An integer flag (argparse type; ``type=int`` is this too): also written 1e8 or 100_000_000; not
-    finite, not whole or past 64 bits is refused naming the flag (gptforge.numbers, the one number parser)."""
-    from gptforge.numbers import parse_int
-
-    try:
-        return parse_int(raw)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def finite(raw: str) -> float:
-    """A float flag (``type=float`` is this too): nan, inf and 1e400 are refused naming the flag (exit 2)."""
-    from gptforge.numbers import parse_float
-
-    try:
-        return parse_float(raw)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def tool_parser(prog: str, description: str) -> argparse.ArgumentParser:
-    """The parser of a ``python -m gptforge.bench.*`` tool: the CLI's own class, so its numbers parse as every
-    command's do (1e4, 32_768; nan, 1e30 and 2**64 refused naming the flag) and a refusal is one line, exit 2."""
-    from gptforge.cli import _Parser
-
-    return _Parser(prog=prog, description=description)
-
-
-def check_tool_output(p: argparse.ArgumentParser, path: str | None, flag: str = "--json") -> None:
-    """A tool's output file checked before any work, as the commands' are (cli/outputs.py): empty, a folder or a
-    device is one line through ``p.error``; an existing file is replaced (the tools have no --force)."""
-    if path is None:
-        return
-    from gptforge.storage import OutputError, check_output
-
-    if not path.strip():
-        p.error(f"{flag} is empty; name the file to write")
-    try:
-        check_output(path, True, "file", flag)
-    except OutputError as e:
-        p.error(str(e))
 
 
 def port(raw: str) -> int:
