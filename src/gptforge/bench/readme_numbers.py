@@ -71,7 +71,7 @@ CLAIMS: list[Claim] = [
     # 95.5-98.5% over 5 runs (docs/benchmarks.md), less a margin of the binomial noise of 200 problems (~2.5
     # points at 97%) and as much again for machines not tried; RL from it keeps it (no headroom on `compare`)
     Claim("chat.sft_compare", "docs/chat.md", "SFT: 90-100%", 90.0, 100.0, "% exact"),
-    Claim("chat.rl_compare", "docs/chat.md", "RL: 90-100%", 90.0, 100.0, "% exact"),
+    Claim("chat.rl_compare", "docs/chat.md", "RL: 85-100%", 85.0, 100.0, "% exact"),
     # one thread and two gave the same 5.7758 / 0.5798; the range allows the default job's CPU-to-CPU spread
     Claim("tokenizer.val_loss", "docs/tokenizers.md", "val loss 5.78 per token", 5.76, 5.80, "nats/token", "data"),
     Claim("tokenizer.sft_val_loss", "docs/tokenizers.md", "held-out assistant loss of 0.58", 0.55, 0.61, "nats/token",
