@@ -14,7 +14,7 @@ the table names: ``run`` (commands taking a run config: train, bench, plan, race
 ``gptforge --help`` answers without importing torch. Exit status 2 means bad input
 (unknown key, bad value, missing file) found before any compute, or a damaged checkpoint or a full
 disk; 3 that training stopped because the loss was not finite; 4 that ``serve`` cannot listen on its
-port (in use); 130 an interrupted run.
+port (in use); 130 an interrupted command (Ctrl-C or SIGTERM; a training run checkpoints first).
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                     "DPO); evaluate, sample, chat, serve (a page and an OpenAI-compatible API), plot, plan, "
                     "benchmark; move weights to and from Hugging Face, GGUF and llm.c.",
         epilog="Run `gptforge COMMAND --help` for each command's options. Exit status: 2 bad input, 3 the run "
-               "diverged, 4 serve's port is in use, 130 interrupted.",
+               "diverged, 4 serve's port is in use, 130 interrupted (Ctrl-C or SIGTERM).",
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     wanted = None if argv is None else next((a for a in argv if a in COMMANDS), "")
@@ -146,8 +146,51 @@ def _quiet_when_stdout_closes(run):
     return guarded
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM in a command, met as Ctrl-C is: the command unwinds (its temporary folders and half-written
+    outputs removed by their ``with`` blocks) and ends in one line, exit 130 as a stopped training run does. A
+    training run's own handler (run/signals.py) replaces this one while its loop runs, and checkpoints instead."""
+
+
+def _terminate_as_interrupt():
+    """Install the SIGTERM handler for one command; returns what to restore (None: nothing installed). Left
+    alone off the main thread and where someone else already handles SIGTERM. A forked worker inherits the
+    handler but is not the command: it dies as SIGTERM's default would (pool.terminate() relies on that). A
+    second SIGTERM while the command unwinds is ignored, as a training run ignores it (SIGKILL stops at once)."""
+    import os
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return None
+    pid = os.getpid()
+
+    def on_term(signum, frame):
+        if os.getpid() != pid:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise Terminated
+
+    signal.signal(signal.SIGTERM, on_term)
+    return signal.SIG_DFL
+
+
 @_quiet_when_stdout_closes
 def main(argv: list[str] | None = None) -> int:
+    import signal
+
+    previous = _terminate_as_interrupt()
+    try:
+        return _main(argv)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _main(argv: list[str] | None) -> int:
     from gptforge import allocator
     from gptforge.cli.common import mark_command_start
 
@@ -182,6 +225,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gptforge {args.command}: error: {e.filename}: {e.strerror.lower()} (check the paths given: a file "
               "where a folder is expected, or the reverse, or one this user may not write)", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except Terminated:
+        print(f"gptforge {args.command}: interrupted (SIGTERM); no output was finished past what it printed",
+              file=sys.stderr)
+        return 130
     except KeyboardInterrupt:  # Ctrl-C in any command without its own handling (import, export, sample ...):
         # one line, not a traceback through whatever it was doing; the writers make a file final by rename
         print(f"gptforge {args.command}: interrupted (Ctrl-C); no output was finished past what it printed",
