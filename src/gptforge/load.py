@@ -24,6 +24,7 @@ import torch
 from gptforge.config import Config
 from gptforge.models.registry import build_model, size_config
 from gptforge.run import checkpoint as ckpt
+from gptforge.run import restore
 from gptforge.run.resume import saved_config
 from gptforge.run.weights import check_weights_fit
 
@@ -108,7 +109,7 @@ def _load_checkpoint(where: Path, given: str) -> torch.nn.Module:
     # model.safetensors only (FSDP checkpoints hold a consolidated copy): never dcp/, whose metadata is
     # a pickle; verified against meta.json's checksum. A PPO checkpoint holds the policy and the value
     # model: the policy is the model.
-    ckpt.load_model_weights(model, where, prefix="policy." if recipe == "ppo" else "")
+    restore.load_model_weights(model, where, prefix="policy." if recipe == "ppo" else "")
     return model.eval()
 
 
@@ -273,7 +274,7 @@ def lora_merged(where: Path, meta: dict, cfg: Config, merge: bool = True, wrap=N
     full.lora_state_keys = sorted(n for n, p in full.named_parameters() if id(p) not in base_ids)  # type: ignore[attr-defined]
     # shapes checked: another rank or targets is named there. A PPO run's adapters are its policy's
     # (``policy.*``; its value model, saved beside them, is not the model)
-    ckpt.load_model_weights(full, where, prefix="policy." if meta.get("recipe") == "ppo" else "")
+    restore.load_model_weights(full, where, prefix="policy." if meta.get("recipe") == "ppo" else "")
     del full.lora_state_keys
     if merge:
         merge_lora(model)

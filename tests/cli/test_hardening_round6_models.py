@@ -5,7 +5,7 @@ folder named by a relative path is still a folder. Each class here was a traceba
   before the weights were compared: gptforge's own configs now bound every dimension as the HF readers do
   (``numbers.MAX_DIM``, in models/gpt2.py and models/llama.py);
 * a checkpoint's NaN, infinite or integer weights loaded without a word (NaN sampled garbage; integers were
-  cast into the float model), where the HF and GGUF readers refuse them: ``checkpoint.load_model_weights``,
+  cast into the float model), where the HF and GGUF readers refuse them: ``restore.load_model_weights``,
   the one reader of a checkpoint's weights (sample, eval, export, --init-from, --resume, a LoRA run's adapters);
 * a LoRA checkpoint whose meta.json ``lora`` record is not an object (AttributeError) or whose saved
   lora.rank is 0 (ZeroDivisionError in alpha / rank): ``checkpoint.read_meta`` and ``load.lora_merged``;
@@ -55,7 +55,7 @@ def _copy(src: Path, dst: Path) -> Path:
     return dst
 
 
-# every door that loads a checkpoint's weights (each reads load.load_model -> checkpoint.load_model_weights)
+# every door that loads a checkpoint's weights (each reads load.load_model -> restore.load_model_weights)
 DOORS = {
     "sample": lambda ck, tmp: ["sample", "--ckpt", str(ck), "--max-new-tokens", "1", "--num-samples", "1"],
     "export hf": lambda ck, tmp: ["export", "hf", "--ckpt", str(ck), "--out", str(tmp / "e")],

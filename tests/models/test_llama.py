@@ -13,7 +13,8 @@ import torch
 from gptforge.generation import SamplingParams, generate, stream_tokens
 from gptforge.interop.hf_llama import HFConfigError, export_hf_llama, load_hf_llama, to_transformers
 from gptforge.models.llama import Llama, LlamaConfig
-from gptforge.run.checkpoint import load_model_weights, save_checkpoint
+from gptforge.run.checkpoint import save_checkpoint
+from gptforge.run.restore import load_model_weights
 
 transformers = pytest.importorskip("transformers")
 

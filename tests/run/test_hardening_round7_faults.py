@@ -402,7 +402,7 @@ def test_a_checkpoint_pruned_while_it_is_read_is_replaced_by_the_runs_newest(liv
     aside.mkdir()
     for step in ("step_000002", "step_000003"):
         (run / "checkpoints" / step).rename(aside / step)
-    target = {"weights": "gptforge.run.checkpoint.load_model_weights",
+    target = {"weights": "gptforge.run.restore.load_model_weights",
               "tokenizer": "gptforge.data.tokenizer.tokenizer_from_meta",
               "meta after the tokenizer": "gptforge.run.checkpoint.read_meta"}[during]
     module, name = target.rsplit(".", 1)

@@ -25,6 +25,7 @@ from gptforge.config import Config, ConfigError, DistConfig, apply_overrides
 from gptforge.data.loader import ShardLoader
 from gptforge.data.shards import write_shard
 from gptforge.run import checkpoint as ckpt
+from gptforge.run import restore
 from gptforge.training.loop import train
 from tests.conftest import make_shards, tiny_config
 from tests.tolerances import assert_adam_trained_alike
@@ -289,7 +290,7 @@ def test_grpo_on_two_ranks_equals_one_rank(runs, run):
     for name in (f"{run}1", f"{run}2"):
         last = ckpt.latest_checkpoint(runs["dirs"] / name)
         model = GPT(Config.from_dict(ckpt.read_meta(last)["config"]).model)
-        ckpt.load_model_weights(model, last)
+        restore.load_model_weights(model, last)
         w.append(model.state_dict())
     # lr 3e-3, 3 steps (RL_ARGS); the key bias is rounding noise under Adam (tests/tolerances.py)
     assert_adam_trained_alike(w[0], w[1], lr=3e-3, steps=3)

@@ -15,6 +15,7 @@ from gptforge.data.chat import ChatTemplate
 from gptforge.eval.tasks.verifiable import Problem
 from gptforge.models.gpt2 import GPT, GPTConfig
 from gptforge.run import checkpoint as ckpt
+from gptforge.run import restore
 from gptforge.training.grpo import GRPO, group_advantages, grpo_loss, rl_config
 from gptforge.training.loop import train
 from gptforge.training.rewards import RewardError, load_reward, score
@@ -183,7 +184,7 @@ def test_reward_favouring_one_token_raises_its_probability(tmp_path, tokenizer):
     # whole tokenizer: the loop's "tokenizer fits the model" guard would refuse it, so no tokenizer is claimed
     recipe.words_unknown = True
     result = train(cfg, recipe, init_weights=lambda m: m.load_state_dict(sd))
-    ckpt.load_model_weights(model, result.last_checkpoint)
+    restore.load_model_weights(model, result.last_checkpoint)
     after = _p_token(model, t, tokenizer, 32)
     assert after > 3 * before, (before, after)
     rows = [json.loads(x) for x in (tmp_path / "rl" / "metrics.jsonl").read_text().splitlines()]
@@ -221,8 +222,8 @@ def test_rl_cli_logs_metrics_and_resumes_exactly(tmp_path, tokenizer, capsys):
     assert ([{k: r[k] for k in same} for r in rows if r["kind"] == "rl"]
             == [{k: r[k] for k in same} for r in part if r["kind"] == "rl" and not r.get("replayed")])
     a, b = (GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=64, vocab_size=50261)) for _ in range(2))
-    ckpt.load_model_weights(a, ckpt.latest_checkpoint(tmp_path / "full"))
-    ckpt.load_model_weights(b, ckpt.latest_checkpoint(tmp_path / "part"))
+    restore.load_model_weights(a, ckpt.latest_checkpoint(tmp_path / "full"))
+    restore.load_model_weights(b, ckpt.latest_checkpoint(tmp_path / "part"))
     for (k, va), vb in zip(a.state_dict().items(), b.state_dict().values(), strict=True):
         assert torch.equal(va, vb), k
     meta = ckpt.read_meta(ckpt.latest_checkpoint(tmp_path / "part"))
@@ -353,9 +354,9 @@ def test_checkpoints_from_before_the_run_stack_still_load_and_resume(tmp_path, t
     from gptforge.optim import build_optimizer
 
     fresh = GPT(mcfg)
-    ckpt.load_model_weights(fresh, old)
+    restore.load_model_weights(fresh, old)
     regrouped = build_optimizer(fresh, saved_config(ckpt.read_meta(old)).optim, "cpu")
-    ckpt.load_optimizer(old, regrouped, fresh)
+    restore.load_optimizer(old, regrouped, fresh)
     by_param = {id(p): regrouped.state[p]["exp_avg"] for p in fresh.parameters()}
     for (name, _), before in zip(model.named_parameters(), opt.state.values(), strict=True):
         torch.testing.assert_close(by_param[id(dict(fresh.named_parameters())[name])], before["exp_avg"], msg=name)

@@ -17,6 +17,7 @@ from gptforge.eval.tasks.preferences import preference_set, write_preferences
 from gptforge.eval.tasks.synthetic import arithmetic_problems, write_conversations
 from gptforge.models.gpt2 import GPT, GPTConfig
 from gptforge.run import checkpoint as ckpt
+from gptforge.run import restore
 from tests.conftest import tiny_chat_checkpoint
 
 ADAPTERS = ["transformer.h.0.attn.c_attn.lora_A.weight", "transformer.h.0.attn.c_attn.lora_B.weight",
@@ -191,7 +192,7 @@ def test_train_init_from_with_lora_is_continued_pretraining_of_the_adapters(tmp_
 
     base_dir = _base(tmp_path / "base", seed=3)
     base = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=64))
-    ckpt.load_model_weights(base, base_dir)
+    restore.load_model_weights(base, base_dir)
     base.eval()
     out = tmp_path / "cpt"
     assert main(["train", "--preset", "tiny", "--init-from", str(base_dir), "--out", str(out), "--data.dir",

@@ -22,6 +22,7 @@ from gptforge.eval.tasks.verifiable import Problem
 from gptforge.models.gpt2 import GPT
 from gptforge.models.lora import is_adapter_key
 from gptforge.run import checkpoint as ckpt
+from gptforge.run import restore
 from gptforge.training.grpo import rl_config
 from gptforge.training.loop import train
 from gptforge.training.ppo import PPO
@@ -59,7 +60,7 @@ def test_lora_ppo_step_against_a_hand_computation(tmp_path, tokenizer, monkeypat
     policy's base weights are bit-identical after the updates while its adapters and the value model moved."""
     base_dir = _base_file(tmp_path)
     base = GPT(_small()[0])
-    ckpt.load_model_weights(base, base_dir)
+    restore.load_model_weights(base, base_dir)
     spy = PPOSpy(monkeypatch)
     mcfg, t = _small()
     cfg = rl_config(mcfg, str(tmp_path / "ppo"), "")

@@ -16,6 +16,7 @@ from gptforge.data.sft import ConversationLoader, SFTDataError, read_conversatio
 from gptforge.eval.tasks.synthetic import arithmetic_problems, write_conversations
 from gptforge.models.gpt2 import GPT, GPTConfig
 from gptforge.run import checkpoint as ckpt
+from gptforge.run import restore
 
 
 def _base(tmp_path, pad_vocab: bool = True):
@@ -152,8 +153,8 @@ def test_sft_resume_is_bit_exact(tmp_path, tokenizer):
     assert ckpt.read_meta(ckpt.latest_checkpoint(tmp_path / "part"))["train_loss"] == full.train_losses[6]
     a = GPT(cfg.model)
     b = GPT(cfg.model)
-    ckpt.load_model_weights(a, ckpt.latest_checkpoint(tmp_path / "full"))
-    ckpt.load_model_weights(b, ckpt.latest_checkpoint(tmp_path / "part"))
+    restore.load_model_weights(a, ckpt.latest_checkpoint(tmp_path / "full"))
+    restore.load_model_weights(b, ckpt.latest_checkpoint(tmp_path / "part"))
     for (k, va), vb in zip(a.state_dict().items(), b.state_dict().values(), strict=True):
         assert torch.equal(va, vb), k
 

@@ -19,7 +19,7 @@ killed save left (any ``.tmp``, an ``.old`` beside its complete step).
 
 Nothing here unpickles: weights are safetensors, ``optimizer.pt``/``rng.pt`` load with
 ``weights_only=True``. A sharded (FSDP) checkpoint's ``dcp/.metadata`` *is* a pickle, so
-:func:`load_model_weights` never reads ``dcp/`` (FSDP runs also write a consolidated
+:func:`gptforge.run.restore.load_model_weights` never reads ``dcp/`` (FSDP runs also write a consolidated
 ``model.safetensors``) and resuming from ``dcp/`` needs ``--trust-checkpoint``
 (:func:`require_trust`).
 """
@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from gptforge.errors import CheckpointError  # noqa: F401  (re-exported: callers catch ckpt.CheckpointError)
 from gptforge.parallel.distributed import layout_words  # noqa: F401  (re-exported: meta.json's sharding in words)
@@ -450,51 +450,6 @@ def require_trust(ckpt_dir: str | Path, trusted: bool) -> None:
         )
 
 
-def load_model_weights(model: torch.nn.Module, ckpt_dir: str | Path, prefix: str = "") -> None:
-    """``model.safetensors`` into ``model`` (verified against meta.json's checksum, shapes checked
-    first; a tied head may be absent). ``prefix``: only the weights under it (``policy.`` of a PPO
-    checkpoint, which holds the policy and the value model). Never reads ``dcp/``: its metadata is a pickle."""
-    path = Path(ckpt_dir) / "model.safetensors"
-    if not path.exists() and (Path(ckpt_dir) / "dcp").is_dir():  # sharded (FSDP) checkpoint, old layout
-        raise CheckpointError(
-            f"{path} is missing: {ckpt_dir} holds only sharded (dcp/) weights, whose metadata is a pickle, so "
-            f"they are not read here. Resume it once with `gptforge train --resume {ckpt_dir} {TRUST_FLAG}` "
-            "if you trust it: every checkpoint written since also holds model.safetensors"
-        )
-    if not path.exists():
-        raise CheckpointError(f"{path} is missing; the checkpoint is incomplete")
-    verify_checkpoint(ckpt_dir, only=("model.safetensors",))
-    try:
-        sd = load_file(str(path))
-    except Exception as e:  # safetensors: a truncated or garbled file (old checkpoints have no checksum)
-        raise CheckpointError(f"{path} cannot be read ({e}); the checkpoint is damaged") from e
-    if prefix:
-        sd = {k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)}
-    for k, v in sd.items():  # as the HF and GGUF readers refuse them: the loop never saves such weights, so
-        # they are damage, a hand-made file or another tool's (an integer tensor was cast into the float
-        # model without a word; a NaN weight sampled garbage without one)
-        if not v.is_floating_point():
-            raise CheckpointError(f"{path}: tensor {k} is {str(v.dtype).removeprefix('torch.')}; model weights are "
-                                  "floats, refusing to cast integers into them (the checkpoint is damaged)")
-        if not bool(torch.isfinite(v).all()):
-            raise CheckpointError(f"{path}: tensor {k} holds NaN or infinite values; refusing a broken model (the "
-                                  "checkpoint is damaged: resume or load an earlier one)")
-    own = model.state_dict()
-    wrong = [f"{k}: checkpoint {tuple(v.shape)} vs model {tuple(own[k].shape)}"
-             for k, v in sd.items() if k in own and tuple(v.shape) != tuple(own[k].shape)]
-    if wrong:
-        raise CheckpointError(
-            f"{path} does not fit the model (shapes differ): {'; '.join(wrong[:3])}. Resume with the "
-            "checkpoint's own model config (drop --model.* overrides) or start a new run"
-        )
-    missing, unexpected = model.load_state_dict(sd, strict=False)
-    missing = [k for k in missing if k not in _tied_keys(own)]
-    if getattr(model, "lora_state_keys", None) is not None:  # a LoRA checkpoint: the frozen base is not in it
-        missing = [k for k in missing if k in model.lora_state_keys]
-    if missing or unexpected:
-        raise CheckpointError(f"{path} does not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
-
-
 def is_head_key(key: str) -> bool:
     """An output head's weight at any depth: ``lm_head.weight``, ``body.lm_head.weight`` (a reward or value
     model's family model), ``policy.lm_head.weight`` (PPO's)."""
@@ -508,56 +463,3 @@ def _tied_keys(sd: dict[str, torch.Tensor]) -> list[str]:
     for k, v in sd.items():
         ptr.setdefault(v.data_ptr(), []).append(k)
     return [k for k, v in sd.items() if is_head_key(k) and len(ptr[v.data_ptr()]) > 1]
-
-
-def _tied(sd: dict[str, torch.Tensor]) -> bool:
-    """The head is another entry's tensor: GPT-2's transformer.wte, a tied Llama's model.embed_tokens."""
-    return TIED in sd and any(k != TIED and v.data_ptr() == sd[TIED].data_ptr() for k, v in sd.items())
-
-
-def load_optimizer(ckpt_dir: str | Path, optimizer: torch.optim.Optimizer,
-                   model: torch.nn.Module | None = None) -> None:
-    """``optimizer.pt`` into ``optimizer`` (tensors and plain types only: ``weights_only``). A state
-    saved with one group over ``model.parameters()`` (``gptforge rl`` before RL shared the optimizer)
-    is regrouped into ``optimizer``'s groups, parameter by parameter, when ``model`` is given."""
-    opt_path = Path(ckpt_dir) / "optimizer.pt"
-    if not opt_path.exists():
-        raise CheckpointError(f"{opt_path} is missing; cannot resume training from a weights-only checkpoint")
-    verify_checkpoint(ckpt_dir, only=("optimizer.pt",))
-    saved = load_tensors(opt_path)
-    groups = saved.get("param_groups", []) if isinstance(saved, dict) else []
-    if model is not None and len(groups) == 1 and len(optimizer.param_groups) > 1:
-        saved = _one_group_to(saved, optimizer, model, opt_path)
-    try:
-        optimizer.load_state_dict(saved)
-    except (ValueError, KeyError) as e:
-        raise CheckpointError(f"{opt_path} does not fit this run's optimizer ({e}); it was saved with other "
-                              "optimizer settings (optim.name, optim.embed_lr, dist.shard)") from e
-
-
-def _one_group_to(saved: dict, optimizer: torch.optim.Optimizer, model: torch.nn.Module, path: Path) -> dict:
-    """A one-group state over ``model.parameters()`` in the order of ``optimizer``'s groups."""
-    position = {id(p): i for i, p in enumerate(model.parameters())}
-    flat = [p for g in optimizer.param_groups for p in g["params"]]
-    if len(saved["param_groups"][0]["params"]) != len(flat) or any(id(p) not in position for p in flat):
-        raise CheckpointError(f"{path}: one optimizer group of {len(saved['param_groups'][0]['params'])} parameters "
-                              f"does not match this model's {len(flat)}")
-    state = {j: saved["state"][position[id(p)]] for j, p in enumerate(flat) if position[id(p)] in saved["state"]}
-    groups, start = [], 0
-    for g in optimizer.param_groups:
-        groups.append({**{k: v for k, v in g.items() if k != "params"}, "params": list(range(start, start + len(g["params"])))})
-        start += len(g["params"])
-    return {"state": state, "param_groups": groups}
-
-
-def load_tensors(path: Path) -> Any:
-    """torch.load with weights_only=True (no code runs); a damaged file is named in a CheckpointError."""
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        raise CheckpointError(f"{path} is missing; the checkpoint is incomplete") from None
-    except Exception as e:
-        if "weights_only" in str(e) or "Unsupported global" in str(e):
-            raise CheckpointError(f"{path} holds objects that are not plain tensors/types; refusing to unpickle "
-                                  "them (a checkpoint must not execute code)") from e
-        raise CheckpointError(f"{path} cannot be read ({str(e).splitlines()[0]}); the checkpoint is damaged") from e

@@ -30,7 +30,7 @@ from gptforge.errors import LoaderStateError
 from gptforge.optim import build_optimizer
 from gptforge.parallel.distributed import DistInfo, barrier, gather_rng_states, seed_rank
 from gptforge.run import checkpoint as files
-from gptforge.run import dcp
+from gptforge.run import dcp, restore
 from gptforge.run.weights import check_weights_fit
 
 
@@ -98,10 +98,10 @@ class Checkpointer:
         full-file optimizer state is read now too when FSDP will shard it. DCP loads after wrapping."""
         if self.resume_from is None or self.sharded:
             return
-        files.load_model_weights(model, self.resume_from)
+        restore.load_model_weights(model, self.resume_from)
         if self.info.fsdp:
             plain = build_optimizer(model, self.cfg.optim, self.info.device.type)
-            files.load_optimizer(self.resume_from, plain)
+            restore.load_optimizer(self.resume_from, plain)
             self._carried_optim = dcp.full_optimizer_state(model, plain)
 
     def restore(self, state: TrainState) -> None:
@@ -119,7 +119,7 @@ class Checkpointer:
             dcp.set_full_optimizer_state(state.model, state.optimizer, self._carried_optim)
             self._carried_optim = None
         else:
-            files.load_optimizer(where, state.optimizer, state.model)
+            restore.load_optimizer(where, state.optimizer, state.model)
         self._restore_loader(state.loader, Path(where) / "meta.json")
         state.step = self.start_step
         self._restore_rng()
@@ -148,7 +148,7 @@ class Checkpointer:
         unchanged (an exact continuation), or fresh distinct ones when it changed."""
         if "rng" not in self.meta:  # an RL checkpoint from before the run stack (see __init__)
             return
-        tensors = files.load_tensors(self.resume_from / "rng.pt")  # weights_only; a damaged file is named
+        tensors = restore.load_tensors(self.resume_from / "rng.pt")  # weights_only; a damaged file is named
         set_rng_state(tensors, self.meta["rng"])
         info = self.info
         if not info.enabled:

@@ -273,6 +273,7 @@ def _load_one_reward_model(path: str) -> tuple[RewardModel, object]:
     from gptforge.data.chat import template_from_meta
     from gptforge.models.registry import build_model
     from gptforge.run import checkpoint as ckpt
+    from gptforge.run import restore
     from gptforge.run.resume import saved_config
 
     where = ckpt.resolve_checkpoint(path)
@@ -288,7 +289,7 @@ def _load_one_reward_model(path: str) -> tuple[RewardModel, object]:
         rm = lora_merged(where, meta, cfg, wrap=RewardModel)
     else:
         rm = RewardModel(build_model(cfg.model))
-        ckpt.load_model_weights(rm, where)
+        restore.load_model_weights(rm, where)
     from gptforge.data.tokenizer import tokenizer_from_meta
 
     return rm.eval(), template_from_meta(meta, where=str(where / "meta.json"), tok=tokenizer_from_meta(meta, where))
