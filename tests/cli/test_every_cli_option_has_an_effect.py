@@ -53,6 +53,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from gptforge.cli import main
 
@@ -350,8 +351,8 @@ def test_init_from_is_the_weights_the_run_starts_from_and_force_starts_over(worl
     argv = [*RECIPE_RUNS[command](str(init), world["conv"] if command == "sft" else world["prefs"]),
             "--out", str(tmp_path / "r")]
     assert main(argv) == 0
-    start = ckpt.load_file(str(Path(init) / "model.safetensors"))
-    end = ckpt.load_file(str(ckpt.latest_checkpoint(tmp_path / "r") / "model.safetensors"))
+    start = load_file(str(Path(init) / "model.safetensors"))
+    end = load_file(str(ckpt.latest_checkpoint(tmp_path / "r") / "model.safetensors"))
     if command == "rm":
         end = {k[len("body."):]: v for k, v in end.items() if k.startswith("body.")}
     assert start.keys() == end.keys()
@@ -848,9 +849,9 @@ def test_import_force_replaces_the_imported_model(sources, tmp_path, capsys):
     out = tmp_path / "imp"
 
     def weights():
-        return ckpt.load_file(str(ckpt.latest_checkpoint(out) / "model.safetensors"))["transformer.h.0.ln_1.bias"]
+        return load_file(str(ckpt.latest_checkpoint(out) / "model.safetensors"))["transformer.h.0.ln_1.bias"]
 
-    want = {name: ckpt.load_file(str(Path(sources[name]) / "model.safetensors"))["transformer.h.0.ln_1.bias"]
+    want = {name: load_file(str(Path(sources[name]) / "model.safetensors"))["transformer.h.0.ln_1.bias"]
             for name in ("--ckpt", "other")}
     assert main(["import", "llmc", "--model", sources["--llmc"], "--out", str(out)]) == 0
     assert torch.equal(weights(), want["--ckpt"])

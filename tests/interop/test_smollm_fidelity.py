@@ -37,6 +37,8 @@ pytest.importorskip("gguf")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
+from safetensors.torch import load_file  # noqa: E402
+
 from gptforge.cli import main  # noqa: E402
 from gptforge.data.chat_jinja import JinjaChatTemplate  # noqa: E402
 from gptforge.generation import SamplingParams, stream_tokens  # noqa: E402
@@ -211,7 +213,7 @@ def _argv(recipe: str, gguf: str, data: dict[str, str]) -> list[str]:
 
 
 def _weights(run: Path) -> dict[str, torch.Tensor]:
-    return ckpt.load_file(str(ckpt.latest_checkpoint(run) / "model.safetensors"))
+    return load_file(str(ckpt.latest_checkpoint(run) / "model.safetensors"))
 
 
 class Runs:

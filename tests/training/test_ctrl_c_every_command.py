@@ -19,6 +19,7 @@ import signal
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from gptforge.cli import main
 from gptforge.run import checkpoint as ckpt
@@ -78,6 +79,6 @@ def test_ctrl_c_saves_exits_130_and_resumes_bit_exactly(world, tmp_path, monkeyp
     a, b = _records(full), _records(part)
     assert {1, 2, 3} <= {r["step"] for r in a} and len(a) == len(b)
     assert a == b
-    wa = ckpt.load_file(str(ckpt.latest_checkpoint(full) / "model.safetensors"))
-    wb = ckpt.load_file(str(ckpt.latest_checkpoint(part) / "model.safetensors"))
+    wa = load_file(str(ckpt.latest_checkpoint(full) / "model.safetensors"))
+    wb = load_file(str(ckpt.latest_checkpoint(part) / "model.safetensors"))
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from gptforge.config import Config, ConfigError, DistConfig, apply_overrides
 from gptforge.data.loader import ShardLoader
@@ -315,7 +316,7 @@ def test_rm_dpo_and_ppo_on_two_ranks_equal_one_rank_accumulating(runs, name):
                 # a metric near 0 (a margin, KL, a whitened reward's mean) is rounding of the larger quantities
                 # it is a difference of (METRIC_FLOOR)
                 assert v == pytest.approx(b[k], rel=1e-4, abs=METRIC_FLOOR), (name, a["kind"], a["step"], k, v, b[k])
-    w1, w2 = (ckpt.load_file(str(ckpt.latest_checkpoint(runs["dirs"] / f"{name}{w}") / "model.safetensors"))
+    w1, w2 = (load_file(str(ckpt.latest_checkpoint(runs["dirs"] / f"{name}{w}") / "model.safetensors"))
               for w in (1, 2))
     assert w1.keys() == w2.keys()
     if name == "ppo_lora":  # the policy's adapters (trained) and the value model; no frozen base weight
@@ -341,7 +342,7 @@ def test_lora_sft_on_two_ranks_equals_one_rank_accumulating(runs):
         key = "loss" if a["kind"] == "train" else "val_loss"
         assert a[key] == pytest.approx(b[key], rel=1e-5), (a, b)
     assert len({r["loss"] for r in one if r["kind"] == "train"}) == 3  # it trains
-    w1, w2 = (ckpt.load_file(str(ckpt.latest_checkpoint(runs["dirs"] / f"lora_sft{w}") / "model.safetensors"))
+    w1, w2 = (load_file(str(ckpt.latest_checkpoint(runs["dirs"] / f"lora_sft{w}") / "model.safetensors"))
               for w in (1, 2))
     assert sorted(w1) == sorted(w2) and len(w1) == 4 and all(".lora_" in k for k in w1)  # adapters only
     assert all(w1[k].abs().max() > 0 for k in w1 if ".lora_B." in k)  # B left zero: they trained

@@ -9,6 +9,7 @@ import json
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from gptforge.cli import main
 from gptforge.config import Config
@@ -37,8 +38,8 @@ def _rows(run, kind):
 
 
 def _same_weights(a, b):
-    sa = ckpt.load_file(str(ckpt.latest_checkpoint(a) / "model.safetensors"))
-    sb = ckpt.load_file(str(ckpt.latest_checkpoint(b) / "model.safetensors"))
+    sa = load_file(str(ckpt.latest_checkpoint(a) / "model.safetensors"))
+    sb = load_file(str(ckpt.latest_checkpoint(b) / "model.safetensors"))
     assert sa.keys() == sb.keys()
     for k in sa:
         assert torch.equal(sa[k], sb[k]), k
@@ -264,7 +265,7 @@ def test_ppo_with_reward_model_resumes_exactly(world, tmp_path, capsys):
     from gptforge.load import ModelSource, load_model
 
     policy = load_model(ModelSource(ckpt=str(tmp_path / "full")))
-    sd = ckpt.load_file(str(ckpt.latest_checkpoint(tmp_path / "full") / "model.safetensors"))
+    sd = load_file(str(ckpt.latest_checkpoint(tmp_path / "full") / "model.safetensors"))
     assert torch.equal(policy.state_dict()["transformer.h.0.attn.c_attn.weight"],
                        sd["policy.transformer.h.0.attn.c_attn.weight"])
     # the algorithm and the reward model are frozen on resume; GRPO refuses to continue a PPO run

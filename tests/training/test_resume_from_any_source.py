@@ -12,6 +12,7 @@ import signal
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from gptforge.cli import main
 from gptforge.run import checkpoint as ckpt
@@ -43,8 +44,8 @@ def test_resume_of_a_run_from_a_hf_directory_is_bit_exact(world, tmp_path, monke
         assert rc == 0, capsys.readouterr().err
     finally:
         signal.signal(signal.SIGINT, before)
-    wa = ckpt.load_file(str(ckpt.latest_checkpoint(full) / "model.safetensors"))
-    wb = ckpt.load_file(str(ckpt.latest_checkpoint(part) / "model.safetensors"))
+    wa = load_file(str(ckpt.latest_checkpoint(full) / "model.safetensors"))
+    wb = load_file(str(ckpt.latest_checkpoint(part) / "model.safetensors"))
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
