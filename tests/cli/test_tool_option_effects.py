@@ -138,7 +138,17 @@ def test_bench_times_steps_after_warmup_and_writes_what_it_timed(tmp_path, monke
     assert any("aten::" in e.get("name", "") for e in _json(trace)["traceEvents"])
     where = rep["results"][0]["trace"]  # and where the traced steps went, by family (bench/trace.py)
     assert where["file"] == str(trace) and where["steps"] == 2 and where["source"] == "cpu self"
-    assert where["families"][0]["family"] == "matmul" and 0 < where["total_ms"] < rep["results"][0]["ms_per_step"] * 1.5
+    # Which family is heaviest is a timing, not a property: on this tiny model the dispatcher's views and adds
+    # ("other") outweigh the matmuls on a loaded CPU (CI, stop 62). What holds on any machine: a real train
+    # step has matmuls, attention, LayerNorm and GELU; matmul is named by its aten ops; rows heaviest first;
+    # shares are parts of the total; and the profiled time is no more than the step's wall time (x1.5 for
+    # the profiler's own overhead, which the wall time of the untraced steps does not carry).
+    fams = {r["family"]: r for r in where["families"]}
+    assert {"matmul", "attention", "layernorm", "gelu"} <= fams.keys()
+    assert {"aten::mm", "aten::addmm"} & {n["name"] for n in fams["matmul"]["top"]}
+    assert [r["ms"] for r in where["families"]] == sorted((r["ms"] for r in where["families"]), reverse=True)
+    assert sum(r["share"] for r in where["families"]) == pytest.approx(1.0)
+    assert 0 < where["total_ms"] < rep["results"][0]["ms_per_step"] * 1.5
     assert "where a step goes (cpu self time" in capsys.readouterr().out
     calls.clear()
     capsys.readouterr()
