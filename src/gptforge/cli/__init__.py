@@ -9,8 +9,8 @@
 
 Each command is ``args_NAME(parser)`` (its flags) and ``cmd_NAME(args[, overrides])`` in the module
 the table names: ``run`` (commands taking a run config: train, bench, plan, race), ``model``
-(commands taking a model: ``--ckpt``/``--hf``/``--llmc``/``--random`` everywhere), ``evaluate``,
-``post`` (sft, rl), ``align`` (rm, dpo), ``chat``, ``data``; a module is imported only when its command is asked for, so
+(commands taking a model: ``--ckpt``/``--hf``/``--llmc``/``--random`` everywhere), ``interop`` (export,
+import), ``evaluate``, ``post`` (sft, rl), ``align`` (rm, dpo), ``chat``, ``data``; a module is imported only when its command is asked for, so
 ``gptforge --help`` answers without importing torch. Exit status 2 means bad input
 (unknown key, bad value, missing file) found before any compute, or a damaged checkpoint or a full
 disk; 3 that training stopped because the loss was not finite; 4 that ``serve`` cannot listen on its
@@ -41,9 +41,9 @@ COMMANDS: dict[str, tuple[str, bool, str]] = {
     "eval": ("evaluate", False, "score a model on HellaSwag, PIQA, ARC, WinoGrande, OpenBookQA, SciQ, LAMBADA, "
                                 "arithmetic/compare/GSM8K, preference pairs or a win rate"),
     "plot": ("data", False, "plot loss and task accuracy of one or more runs to a PNG"),
-    "export": ("model", False, "write a model as a Hugging Face directory, a GGUF file (llama.cpp) or an llm.c "
+    "export": ("interop", False, "write a model as a Hugging Face directory, a GGUF file (llama.cpp) or an llm.c "
                                "model file"),
-    "import": ("model", False, "turn a Hugging Face directory, a GGUF file or an llm.c model file into a gptforge "
+    "import": ("interop", False, "turn a Hugging Face directory, a GGUF file or an llm.c model file into a gptforge "
                                "checkpoint"),
     "serve": ("model", False, "web page + JSON API + OpenAI-compatible /v1 to talk to a model (localhost)"),
     "bench-generate": ("model", False, "decode tokens/s: gptforge KV cache vs transformers generate"),
