@@ -323,7 +323,7 @@ def test_bench_prepare_refuses_before_writing_its_corpus(argv, names, tmp_path, 
 
 
 def test_prepare_bounds_its_workers_by_the_cores(tmp_path, capsys):
-    from gptforge.data.prepare.pipeline import MAX_WORKERS_PER_CORE
+    from gptforge.data.prepare.settings import MAX_WORKERS_PER_CORE
     from gptforge.data.prepare.workers import available_cores
 
     (tmp_path / "c.txt").write_text("hello world\n")

@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 from gptforge.cli import main
-from gptforge.data.prepare.pipeline import PrepareSettings, prepare
+from gptforge.data.prepare.pipeline import prepare
+from gptforge.data.prepare.settings import PrepareSettings
 from gptforge.data.prepare.sources import FilesSource, HFStreamSource, SourceError
 from gptforge.data.shards import ShardError, read_header, read_shard
 
@@ -195,7 +196,8 @@ def test_sigkill_mid_shard_then_resume(tmp_path, tokenizer):
     out = tmp_path / "out"
     script = textwrap.dedent(f"""
         import os, signal
-        from gptforge.data.prepare.pipeline import PrepareSettings, prepare
+        from gptforge.data.prepare.pipeline import prepare
+        from gptforge.data.prepare.settings import PrepareSettings
         from gptforge.data.prepare.sources import FilesSource
         class Killed(FilesSource):
             def items(self, start=0):

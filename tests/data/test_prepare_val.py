@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from gptforge.cli import main
-from gptforge.data.prepare.pipeline import DEFAULT_VAL_TOKENS, PrepareSettings, prepare
+from gptforge.data.prepare.pipeline import prepare
+from gptforge.data.prepare.settings import DEFAULT_VAL_TOKENS, PrepareSettings
 from gptforge.data.prepare.sources import FilesSource
 from gptforge.data.shards import ShardError, list_shards, read_shard, write_shard
 from tests.data.test_prepare import Crash, CrashingSource, make_docs, write_jsonl, write_parquet

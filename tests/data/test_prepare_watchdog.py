@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from gptforge.data.prepare import pipeline, workers
-from gptforge.data.prepare.pipeline import PrepareSettings, prepare
+from gptforge.data.prepare.pipeline import prepare
+from gptforge.data.prepare.settings import PrepareSettings
 from gptforge.data.prepare.sources import FilesSource, SourceError
 from gptforge.data.prepare.workers import DOC_BUDGET_S_PER_CHAR, DOC_DEADLINE_FLOOR_S, deadline_floor, doc_deadline
 

@@ -109,7 +109,8 @@ def run_pipeline(corpus: Path, out: Path, workers: int, shard_tokens: int) -> di
     """One `prepare files` in a fresh process (clean peak-RSS numbers, no torch import)."""
     code = (
         "import json, sys\n"
-        "from gptforge.data.prepare.pipeline import PrepareSettings, prepare\n"
+        "from gptforge.data.prepare.pipeline import prepare\n"
+        "from gptforge.data.prepare.settings import PrepareSettings\n"
         "from gptforge.data.prepare.sources import FilesSource\n"
         f"s = prepare(FilesSource([{str(corpus)!r}]), {str(out)!r}, PrepareSettings(shard_tokens={shard_tokens}, "
         f"workers={workers}), force=True, progress=False)\n"

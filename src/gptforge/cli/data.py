@@ -257,7 +257,8 @@ def cmd_prepare(args: argparse.Namespace) -> int:
         except ShakespeareError as e:
             raise CliError(f"prepare shakespeare: {e}") from None
         return 0
-    from gptforge.data.prepare.pipeline import PrepareSettings, prepare
+    from gptforge.data.prepare.pipeline import prepare
+    from gptforge.data.prepare.settings import PrepareSettings
     from gptforge.data.prepare.sources import FilesSource, SourceError
 
     settings = PrepareSettings(shard_tokens=args.shard_tokens, tokenizer=resolve_tokenizer_spec(args.tokenizer),
@@ -372,7 +373,7 @@ def cmd_bench_prepare(args: argparse.Namespace) -> int:
         raise CliError(f"--workers {args.workers!r}: expected a comma-separated list of integers, e.g. 1,2") from None
     if min(workers) < 1 or args.copies < 1 or args.repeats < 1 or args.memory_factor < 1 or args.shard_tokens < 1:
         raise CliError("--workers, --copies, --repeats, --memory-factor and --shard-tokens must be >= 1")
-    from gptforge.data.prepare.pipeline import PrepareSettings, check_settings
+    from gptforge.data.prepare.settings import PrepareSettings, check_settings
     from gptforge.data.prepare.sources import SourceError
 
     try:  # prepare's own refusals (shard size, worker count), before the corpus is written

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import os
 
-from gptforge.data.prepare.pipeline import PrepareSettings, prepare
+from gptforge.data.prepare.pipeline import prepare
+from gptforge.data.prepare.settings import PrepareSettings
 from gptforge.data.prepare.sources import HFStreamSource, SourceError, _kind, expand_paths
 from gptforge.extras import require
 
