@@ -1,4 +1,4 @@
-"""Time GRPO's sampling (``training.grpo.sample_replies``) with the prefill shared per distinct prompt against
+"""Time GRPO's sampling (``training.rollouts.sample_replies``) with the prefill shared per distinct prompt against
 every row's own prefill.
 
     nice -n 15 python scripts/bench_grpo_sampling.py --threads 1            # SmolLM2-135M-Instruct, LoRA rank 8
@@ -45,7 +45,7 @@ def main() -> None:
     from gptforge.config import RLConfig
     from gptforge.eval.generative import prompt_ids
     from gptforge.generation import SamplingParams
-    from gptforge.training import grpo
+    from gptforge.training import rollouts
 
     torch.set_num_threads(a.threads)
     model, enc, template = lora_policy(a.gguf, rank=a.lora_rank)  # the scoring bench's policy
@@ -53,15 +53,15 @@ def main() -> None:
     body = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not model.lm_head)
     rl = RLConfig(task=a.task, prompts=a.prompts, group=a.group, max_new_tokens=a.max_new_tokens,
                   temperature=a.temperature)
-    problems = grpo.problem_stream(rl, 0)[0](0)
+    problems = rollouts.problem_stream(rl, 0)[0](0)
     params = SamplingParams(max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_k=rl.top_k or None, seed=1)
     prompts = [prompt_ids(p, enc, template) for p in problems for _ in range(a.group)]
     B, T0, U = len(prompts), max(len(p) for p in prompts), len({tuple(p) for p in prompts})
 
     def sample(share: bool):
-        grpo.stream_tokens = functools.partial(generation.stream_tokens, share_prefill=share)
+        rollouts.stream_tokens = functools.partial(generation.stream_tokens, share_prefill=share)
         t, c = time.perf_counter(), time.process_time()
-        ro = grpo.sample_replies(model, enc, template, problems, a.group, params)
+        ro = rollouts.sample_replies(model, enc, template, problems, a.group, params)
         return time.perf_counter() - t, time.process_time() - c, ro
 
     def flops(rows: int, steps: int) -> float:

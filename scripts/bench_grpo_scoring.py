@@ -80,8 +80,9 @@ def main() -> None:
     from gptforge.config import RLConfig
     from gptforge.generation import SamplingParams
     from gptforge.models.lora import BaseOf, lora_layers
-    from gptforge.training.grpo import problem_stream, sample_replies, token_logprobs
+    from gptforge.training.grpo import token_logprobs
     from gptforge.training.packing import pack_replies, packed_logprobs
+    from gptforge.training.rollouts import problem_stream, sample_replies
 
     torch.set_num_threads(a.threads)
     model, enc, template = lora_policy(a.gguf, rank=8)

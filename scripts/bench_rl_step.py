@@ -35,8 +35,9 @@ def main() -> None:
     from gptforge.data.chat import ChatTokenizer, plain_tokenizer
     from gptforge.generation import SamplingParams
     from gptforge.load import ModelSource, load_model
-    from gptforge.training.grpo import grpo_step, problem_stream, rl_config, sample_replies
+    from gptforge.training.grpo import grpo_step, rl_config
     from gptforge.training.rewards import load_reward, score
+    from gptforge.training.rollouts import problem_stream, sample_replies
 
     if a.threads:
         torch.set_num_threads(a.threads)

@@ -25,7 +25,7 @@ from gptforge.eval.generative import GENERATED, generate_replies, prompt_ids
 from gptforge.eval.tasks.verifiable import is_correct
 from gptforge.generation import SamplingParams
 from gptforge.load import ModelSource, load_chat_template_of, load_model, load_tokenizer_of
-from gptforge.training.grpo import sample_replies
+from gptforge.training.rollouts import sample_replies
 
 
 def main() -> None:

@@ -248,7 +248,7 @@ def test_rl_refuses_base_model_without_template(tmp_path, capsys):
 def test_training_problems_leave_the_eval_set_out():
     from gptforge.eval.generative import arithmetic_eval_problems
     from gptforge.eval.tasks.synthetic import training_problems
-    from gptforge.training.grpo import problem_stream
+    from gptforge.training.rollouts import problem_stream
 
     ev = arithmetic_eval_problems(500)
     assert len({p.question for p in ev}) == 500
@@ -282,7 +282,7 @@ def test_arithmetic3_is_three_digit_verifiable_and_held_out_everywhere(tmp_path,
     from gptforge.eval.generative import ARITHMETIC_EVAL_SEED, GENERATED, GENERATIVE
     from gptforge.eval.tasks.preferences import preference_set
     from gptforge.eval.tasks.synthetic import training_problems
-    from gptforge.training.grpo import problem_stream
+    from gptforge.training.rollouts import problem_stream
 
     assert GENERATED_TASKS == list(GENERATED)  # the CLI's choices name every generated task
     ev = GENERATIVE["arithmetic3"].problems(0)

@@ -183,7 +183,8 @@ def test_tensors_are_on_the_requested_device():
 def test_a_grpo_step_runs_its_model_on_one_row_a_group():
     """The step's reference, old and policy forwards each see 2 rows of the 2 groups' 8 replies."""
     from gptforge.config import RLConfig
-    from gptforge.training.grpo import Rollouts, grpo_step, rl_config
+    from gptforge.training.grpo import grpo_step, rl_config
+    from gptforge.training.rollouts import Rollouts
 
     model = gpt2()
     ref = copy.deepcopy(model)

@@ -113,7 +113,7 @@ def test_resample_flat_is_bounded_and_grpo_only():
 
 
 def test_a_redraw_is_new_problems_never_held_out_and_the_same_on_every_call():
-    from gptforge.training.grpo import problem_stream
+    from gptforge.training.rollouts import problem_stream
 
     at, held_out = problem_stream(RLConfig(task="arithmetic", prompts=8, eval_n=50), seed=3)
     banned = {p.question for p in held_out}

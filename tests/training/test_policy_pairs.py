@@ -13,7 +13,7 @@ from gptforge.cli import main
 from gptforge.eval.generative import compare_eval_problems
 from gptforge.eval.tasks.preferences import preference_set, write_preferences
 from gptforge.eval.tasks.verifiable import is_correct
-from gptforge.training import grpo
+from gptforge.training import rollouts
 from gptforge.training.policy_pairs import PairSettings, pairs_from_scores, policy_pairs, problems_for
 from tests.conftest import tiny_chat_checkpoint
 
@@ -45,9 +45,9 @@ def test_verifier_labels_equal_the_truth(monkeypatch, tokenizer):
             right, wrong = p.solution, f"The answer is {int(p.answer) + 1}."
             texts += [right if (i % 3 == 0 or (i % 3 == 1 and k == 0)) else wrong for k in range(group)]
         rows = [p for p in probs for _ in range(group)]
-        return grpo.Rollouts(rows, [[1]] * len(rows), [[2]] * len(rows), texts)
+        return rollouts.Rollouts(rows, [[1]] * len(rows), [[2]] * len(rows), texts)
 
-    monkeypatch.setattr(grpo, "sample_replies", fake)
+    monkeypatch.setattr(rollouts, "sample_replies", fake)
     rows, stats = policy_pairs(None, tokenizer, None, problems, PairSettings(samples=4, pairs_per_problem=3, batch=4))
     # problem i: i % 3 == 0 all right, == 1 one right of four (one pair), == 2 all wrong
     assert len(rows) == 2 and stats["problems_with_pairs"] == 2 and stats["replies"] == 24
@@ -78,9 +78,9 @@ def test_the_task_judge_checks_the_working_not_only_the_final_number(monkeypatch
     def fake(model, enc, template, probs, group, params):
         texts = ["60 is larger than 59. The answer is 63.", "63 is larger than 12. The answer is 12.",
                  p.solution, "63 is larger than 12. The answer is 12."][:group]
-        return grpo.Rollouts(list(probs) * group, [[1]] * group, [[2]] * group, texts)
+        return rollouts.Rollouts(list(probs) * group, [[1]] * group, [[2]] * group, texts)
 
-    monkeypatch.setattr(grpo, "sample_replies", fake)
+    monkeypatch.setattr(rollouts, "sample_replies", fake)
     rows, _ = policy_pairs(None, tokenizer, None, problems, PairSettings(samples=4, pairs_per_problem=2, batch=1))
     assert rows and all(r["chosen"][0]["content"] == p.solution for r in rows)
     assert "60 is larger than 59. The answer is 63." in {r["rejected"][0]["content"] for r in rows}
@@ -165,9 +165,9 @@ def test_solution_as_chosen_pairs_it_with_wrong_samples(monkeypatch, tokenizer):
         for p in probs:
             texts += [p.solution, p.solution, "The answer is 1.", "The answer is 1."]
         rows = [p for p in probs for _ in range(group)]
-        return grpo.Rollouts(rows, [[1]] * len(rows), [[2]] * len(rows), texts)
+        return rollouts.Rollouts(rows, [[1]] * len(rows), [[2]] * len(rows), texts)
 
-    monkeypatch.setattr(grpo, "sample_replies", fake)
+    monkeypatch.setattr(rollouts, "sample_replies", fake)
     rows, _ = policy_pairs(None, tokenizer, None, problems, PairSettings(samples=4, pairs_per_problem=3, chosen="solution"))
     assert len(rows) == 3  # one distinct wrong reply per problem
     for r, p in zip(rows, problems, strict=True):

@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from gptforge.eval.tasks.synthetic import training_problems
-from gptforge.training import grpo
+from gptforge.training import rollouts
 from gptforge.training.policy_pairs import PairSettings, policy_pairs
 
 K = 6  # replies per problem
@@ -77,12 +77,12 @@ def patched(world, monkeypatch):
     def sample(model, enc, template, probs, group, params):
         assert group == K
         idx = [problems.index(p) * K + k for p in probs for k in range(K)]
-        return grpo.Rollouts([problems[i // K] for i in idx], [[0]] * len(idx), [[i] for i in idx], [texts[i] for i in idx])
+        return rollouts.Rollouts([problems[i // K] for i in idx], [[0]] * len(idx), [[i] for i in idx], [texts[i] for i in idx])
 
     def score(rm, seqs, pad, **kw):
         return torch.tensor([scores[s[-1]] for s in seqs])
 
-    monkeypatch.setattr(grpo, "sample_replies", sample)
+    monkeypatch.setattr(rollouts, "sample_replies", sample)
     import gptforge.training.rm as rm
 
     monkeypatch.setattr(rm, "score_sequences", score)

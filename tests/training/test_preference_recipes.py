@@ -371,9 +371,10 @@ def test_reward_norm_whitens_each_member_by_the_first_batch_then_keeps_it():
 
     from gptforge.models.registry import build_model, model_config
     from gptforge.parallel.distributed import DistInfo
-    from gptforge.training.grpo import GRPO, Rollouts
+    from gptforge.training.grpo import GRPO
     from gptforge.training.rl_state import RLState
     from gptforge.training.rm import RewardEnsemble, RewardModel
+    from gptforge.training.rollouts import Rollouts
 
     shape = model_config({"arch": "gpt2", "n_layer": 1, "n_head": 2, "n_embd": 32, "block_size": 16, "vocab_size": 64})
     torch.manual_seed(0)

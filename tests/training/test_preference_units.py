@@ -469,19 +469,19 @@ def test_dpo_reference_is_the_starting_model_also_after_a_resume(tmp_path):
 def test_dpo_max_new_tokens_caps_the_task_evals_replies(tmp_path, monkeypatch):
     """dpo.max_new_tokens 3: the held-out task eval of a DPO run (``--dpo.task``) asks for replies of at most 3
     tokens, at the start and at the end, for the eval_n problems given."""
-    import gptforge.training.grpo as grpo
+    import gptforge.training.rollouts as rollouts
     from gptforge.cli import main
     from gptforge.eval.tasks.preferences import preference_set, write_preferences
     from tests.conftest import tiny_chat_checkpoint
 
     asked = []
-    real = grpo.held_out_correct
+    real = rollouts.held_out_correct
 
     def spy(model, enc, template, problems, max_new, desc=None):
         asked.append((len(problems), max_new))
         return real(model, enc, template, problems, max_new, desc=desc)
 
-    monkeypatch.setattr(grpo, "held_out_correct", spy)
+    monkeypatch.setattr(rollouts, "held_out_correct", spy)
     chat = tiny_chat_checkpoint(tmp_path / "chat")
     prefs = write_preferences(preference_set("compare", 16, seed=1), tmp_path / "p.jsonl")
     assert main(["dpo", "--init-from", str(chat), "--data", str(prefs), "--out", str(tmp_path / "d"), "--steps", "1",
@@ -535,7 +535,7 @@ def test_dpo_task_accuracy_is_this_ranks_share_summed_over_ranks(monkeypatch):
     rank's counts (a stand-in all-reduce: 1 right of 4); the model's answers are a stand-in too."""
     from gptforge.eval.generative import GENERATED
     from gptforge.parallel import distributed
-    from gptforge.training import grpo
+    from gptforge.training import rollouts
 
     dpo = object.__new__(dpo_mod.DPO)
     dpo.val, dpo.template, dpo.enc, dpo.ref, dpo.tables = [], SimpleNamespace(bos=0), "the chat tokenizer", None, None
@@ -546,7 +546,7 @@ def test_dpo_task_accuracy_is_this_ranks_share_summed_over_ranks(monkeypatch):
         seen.append((model, enc, template, [p.question for p in problems], max_new, desc))
         return 2
 
-    monkeypatch.setattr(grpo, "held_out_correct", held_out_correct)
+    monkeypatch.setattr(rollouts, "held_out_correct", held_out_correct)
     info = SimpleNamespace(rank=1, world=2, is_main=False)
 
     def all_reduce_sum(t, over):

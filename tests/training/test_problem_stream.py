@@ -1,4 +1,4 @@
-"""grpo.problem_stream, an RL run's problems, against a derivation by hand (issue 36: the `training` mutation
+"""rollouts.problem_stream, an RL run's problems, against a derivation by hand (issue 36: the `training` mutation
 lane found it pinned only by properties, so a changed seed, a dropped redraw counter or a broken fixed-list
 branch passed).
 
@@ -8,7 +8,7 @@ until ``rl.prompts`` problems outside the task's whole eval set and the held-out
 task (gsm8k) holds out its first ``eval_n`` problems and samples each step's from the rest with
 random.Random(SeedSequence(seed, s, 3)) or (seed, s, 7, round). A resumed run depends on these staying fixed:
 it must see the problems the interrupted one would have. The seeds are derived here with numpy directly, not
-through grpo's ``_mix``.
+through rollouts' ``_mix``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ import pytest
 from gptforge.eval import generative
 from gptforge.eval.generative import GENERATED, GenerativeTask
 from gptforge.eval.tasks.verifiable import Problem
-from gptforge.training.grpo import RLError, problem_stream
+from gptforge.training.grpo import RLError
+from gptforge.training.rollouts import problem_stream
 
 
 def seed_of(*xs: int) -> int:

@@ -240,7 +240,8 @@ class _DDPStandIn(torch.nn.Module):
 def _grpo_inputs(updates: int, kl_coef: float, micro_batch: int = 2):
     """A 6-reply GRPO batch (2 problems x 3) on a tiny model, its config, rewards with spread in each group."""
     from gptforge.eval.tasks.verifiable import Problem
-    from gptforge.training.grpo import Rollouts, rl_config
+    from gptforge.training.grpo import rl_config
+    from gptforge.training.rollouts import Rollouts
 
     mcfg = GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=32, vocab_size=40, pad_vocab=False)
     cfg = rl_config(mcfg, "unused", "")
@@ -334,7 +335,8 @@ def test_sample_and_score_hands_the_sampler_its_share_and_the_steps_parameters(m
 
     from gptforge.eval.tasks.verifiable import Problem
     from gptforge.generation import SamplingParams
-    from gptforge.training.grpo import GRPO, Rollouts
+    from gptforge.training.grpo import GRPO
+    from gptforge.training.rollouts import Rollouts
 
     cfg, _, _ = _grpo_inputs(1, 0.0)
     cfg.rl.group, cfg.rl.temperature, cfg.rl.top_k, cfg.rl.max_new_tokens, cfg.train.seed = 3, 1.3, top_k, 6, 9

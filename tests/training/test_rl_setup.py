@@ -30,9 +30,10 @@ from gptforge.eval.tasks.verifiable import Problem
 from gptforge.models.gpt2 import GPT, GPTConfig
 from gptforge.parallel.distributed import DistInfo
 from gptforge.training import grpo
-from gptforge.training.grpo import GRPO, held_out_correct, rl_config
+from gptforge.training.grpo import GRPO, rl_config
 from gptforge.training.ppo import PPO, PolicyValue, ValueModel
 from gptforge.training.rl_state import RLError, RLState
+from gptforge.training.rollouts import held_out_correct
 from tests.training.test_recipe_quantities import _small, graded
 
 

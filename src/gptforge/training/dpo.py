@@ -231,7 +231,7 @@ class DPO(PairRecipe):
         out = weighted_mean(parts, run)
         if self.problems:
             from gptforge.parallel.distributed import all_reduce_sum
-            from gptforge.training.grpo import held_out_correct
+            from gptforge.training.rollouts import held_out_correct
 
             mine = self.problems[run.info.rank :: run.info.world]
             hits = held_out_correct(run.model, self.enc, self.template, mine, d.max_new_tokens,

@@ -21,7 +21,8 @@ With ``rl.resample_flat`` R, a group whose replies all scored the same (no advan
 replaced by a redrawn problem's group, up to R rounds (:meth:`GRPO.resample_flat`, DAPO's dynamic
 sampling); the logged reward and accuracy stay those of the step's first draw, the policy's own.
 
-This file is only the algorithm: :class:`GRPO` is a recipe on the one loop
+This file is only the algorithm (the problems and the sampling it trains on are
+:mod:`gptforge.training.rollouts`): :class:`GRPO` is a recipe on the one loop
 (:func:`gptforge.training.loop.train`), which supplies the optimizer and schedule (``optim.*``),
 precision, DDP, checkpoints, signals, exit codes and metrics. Across ranks each rank samples and
 scores ``rl.prompts / world`` problems' groups (a group never spans ranks, so advantages need no
@@ -35,7 +36,6 @@ import contextlib
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -43,7 +43,7 @@ import torch.nn.functional as F
 
 from gptforge.data.chat import ChatTemplate, ChatTokenizer, plain_tokenizer
 from gptforge.eval.tasks.verifiable import Problem, is_correct
-from gptforge.generation import SamplingParams, stream_tokens
+from gptforge.generation import SamplingParams
 from gptforge.parallel.distributed import (
     DistInfo,
     all_reduce_mean,
@@ -58,6 +58,7 @@ from gptforge.training.packing import pack_replies, packed_logprobs
 from gptforge.training.recipe import Recipe, RunCtx
 from gptforge.training.rewards import RewardFn, score
 from gptforge.training.rl_state import RLError, RLState, adapt_kl_coef
+from gptforge.training.rollouts import Rollouts, _mix, held_out_correct, problem_stream, sample_replies
 
 # --- the math: advantages and the loss (tested against hand-computed numbers) ----------------------
 
@@ -110,42 +111,6 @@ def token_logprobs(model: torch.nn.Module, seqs: torch.Tensor, temperature: floa
     then runs on the replies only, not on the prompts."""
     logits, _ = model(seqs[:, :-1], logits_to_keep=seqs.size(1) - 1 - start)
     return torch.gather(F.log_softmax(logits.float() / temperature, dim=-1), 2, seqs[:, 1 + start :, None]).squeeze(2)
-
-
-# --- sampling a group -------------------------------------------------------------------------------
-
-@dataclass
-class Rollouts:
-    problems: list[Problem]  # one per reply (each problem repeated group times)
-    prompts: list[list[int]]
-    replies: list[list[int]]  # reply tokens, including the end token when the model produced it
-    texts: list[str]
-
-
-@torch.no_grad()
-def sample_replies(model: Any, enc: Any, template: ChatTemplate | None, problems: Sequence[Problem], group: int,
-                   params: SamplingParams) -> Rollouts:
-    """``group`` sampled replies to each problem, in one left-padded batch with the KV cache. With a
-    template a reply ends at ``<|end|>``; without (``--raw``) the prompt is ``Question: ...\nAnswer:``
-    and a reply ends at <|endoftext|> or a blank line, as ``gptforge eval --raw`` reads them."""
-    from gptforge.eval.generative import RAW_STOPS, prompt_ids
-
-    probs = [p for p in problems for _ in range(group)]
-    prompts = [prompt_ids(p, enc, template) for p in probs]
-    end = template.end if template is not None else enc.eot_token
-    replies: list[list[int]] = [[] for _ in probs]
-    done = [False] * len(probs)
-    for nxt in stream_tokens(model, prompts, params):
-        for i, t in enumerate(nxt.tolist()):
-            if not done[i]:
-                replies[i].append(t)
-                done[i] = t == end or (template is None and any(s in enc.decode(replies[i]) for s in RAW_STOPS))
-        if all(done):
-            break
-    texts = [enc.decode([t for t in r if t != end]) for r in replies]
-    if template is None:
-        texts = [min((x.split(s)[0] for s in RAW_STOPS), key=len) for x in texts]
-    return Rollouts(probs, prompts, replies, [x.strip() for x in texts])
 
 
 # --- one GRPO step ------------------------------------------------------------------------------------
@@ -205,64 +170,7 @@ def flat_groups(rewards: torch.Tensor) -> int:
     return sum(flat_rows(rewards))
 
 
-def _mix(*xs: int) -> int:
-    """A seed from several integers, the same in every process (Python's str hash is not)."""
-    import numpy as np
-
-    return int(np.random.SeedSequence(list(xs)).generate_state(1)[0])
-
-
-# --- the loop ------------------------------------------------------------------------------------------
-
-def problem_stream(cfg: Any, seed: int) -> tuple[Callable[..., list[Problem]], list[Problem]]:
-    """``cfg``: the ``rl`` section. ((step, round=0) -> that step's training problems, the held-out problems).
-    Held-out problems are never trained on; a step's problems depend only on (seed, step, round), so a
-    resumed run sees the same ones. Round r > 0 is the step's r-th redraw (``rl.resample_flat``)."""
-    import random
-
-    from gptforge.eval.generative import GENERATED, GENERATIVE
-
-    if cfg.task not in GENERATIVE:
-        raise RLError(f"--task {cfg.task!r}: built-in tasks are {', '.join(GENERATIVE)}")
-    if cfg.task in GENERATED:
-        make, eval_set = GENERATED[cfg.task]
-        held_out = eval_set(cfg.eval_n or 1)[: cfg.eval_n]
-        banned = {p.question for p in eval_set(0)} | {p.question for p in held_out}
-        probe = make(1000, seed=_mix(seed, 4))  # a generated task has a few thousand distinct problems: a large
-        free = sum(p.question not in banned for p in probe) / len(probe)  # held-out set leaves none to train on
-        if free < 0.05:  # (and drawing a step's problems would loop for ever)
-            raise RLError(f"--eval-n {cfg.eval_n} (rl.eval_n): {len(banned)} held-out {cfg.task} problems leave almost "
-                          f"none to train on (of 1000 new draws, {free:.1%} are not held out); lower --eval-n")
-
-        def at(step: int, round: int = 0) -> list[Problem]:
-            out: list[Problem] = []
-            k = 0
-            while len(out) < cfg.prompts:
-                cand = make(cfg.prompts, seed=_mix(seed, step, 2, k) if round == 0 else _mix(seed, step, 6, round, k))
-                out += [p for p in cand if p.question not in banned][: cfg.prompts - len(out)]
-                k += 1
-            return out
-
-        return at, held_out
-    allp = GENERATIVE[cfg.task].problems(0)
-    held_out, pool = allp[: cfg.eval_n], allp[cfg.eval_n :]
-    if len(pool) < cfg.prompts:
-        raise RLError(f"--eval-n {cfg.eval_n} leaves {len(pool)} {cfg.task} problems to train on; lower it")
-    return (lambda step, round=0: random.Random(_mix(seed, step, 3) if round == 0 else _mix(seed, step, 7, round))
-            .sample(pool, cfg.prompts)), held_out
-
-
-def held_out_correct(model: Any, enc: Any, template: ChatTemplate | None, problems: Sequence[Problem],
-                     max_new: int, desc: str | None = None) -> int:
-    """How many of ``problems`` the model answers correctly, greedily; ``desc``: a progress bar by that name."""
-    from gptforge.eval.generative import generate_replies, prompt_ids
-
-    if not problems:
-        return 0
-    prompts = [prompt_ids(p, enc, template) for p in problems]
-    replies = generate_replies(model, enc, prompts, template, max_new, desc=desc)
-    return sum(is_correct(r, p.answer) for r, p in zip(replies, problems, strict=True))
-
+# --- the preset ----------------------------------------------------------------------------------------
 
 def rl_config(model: Any, out_dir: str, init_from: str) -> Any:
     """RL defaults (the preset of ``gptforge rl``) for a model of shape ``model``: AdamW at a constant

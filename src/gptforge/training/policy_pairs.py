@@ -114,8 +114,8 @@ def policy_pairs(policy: torch.nn.Module, enc: Any, template: Any, problems: Seq
     or by ``reward_model`` when given. ``progress(problems_done, stats)`` is called after every batch."""
     from gptforge.data.chat import ChatTokenizer
     from gptforge.generation import SamplingParams
-    from gptforge.training.grpo import sample_replies
     from gptforge.training.rm import score_sequences
+    from gptforge.training.rollouts import sample_replies
 
     settings.check()
     if template is not None and not isinstance(enc, ChatTokenizer):
