@@ -1,0 +1,152 @@
+"""Hardening round eight, the model families: what a careless or hostile config.json or GGUF file says, read
+as transformers or llama.cpp reads it, or refused by the field's name in one line.
+
+The families are round seven's tiny random transformers models (``saved``, its fixture, and ``_agree``: both
+transformers 5 and gptforge's ``load_hf_llama`` load the edited folder to the same logits and meaning, or both
+refuse, gptforge in one line naming the key). The cases:
+
+* the context a config leaves out (``max_position_embeddings``) is the family's transformers default (Llama
+  2048, Qwen 32768, Mistral and Gemma 3 131072, Phi-3 4096, Gemma 2 8192), not 2048 for all, and so are Qwen's
+  kv heads (32, not num_attention_heads) and the others the reader reads; a key set to null where transformers'
+  class refuses null is refused, not read as its default;
+* a rope type transformers' class refuses for the family (Phi3Config accepts longrope only) is refused, the
+  others load alike, for every family;
+* Gemma 3's ``sliding_window_pattern`` of 0, a list or a string (transformers fails on each) is refused by name.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+transformers = pytest.importorskip("transformers")
+
+from gptforge.interop import hf_families  # noqa: E402
+from gptforge.interop.hf_llama import HFConfigError, load_hf_llama  # noqa: E402
+from tests.models.test_hardening_round7_families import BUILD, MODEL_TYPE, _agree, _edited, saver  # noqa: E402
+
+CLASSES = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "mistral": "Mistral", "phi3": "Phi3",
+           "gemma2": "Gemma2", "gemma3": "Gemma3Text"}
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """family -> the folder of its tiny transformers model (round seven's), saved on first use."""
+    return saver(tmp_path_factory)
+
+
+def _drop(*keys):
+    def edit(c):
+        for k in keys:
+            c.pop(k, None)
+    return edit
+
+
+def _set(**kw):
+    return lambda c: c.update(kw)
+
+
+# ----------------------------------------------------------------------------- keys left out or null
+
+
+LEFT_OUT = [(name, key) for name in BUILD for key in ("max_position_embeddings", "num_key_value_heads", "head_dim")]
+
+
+@pytest.mark.parametrize("name, key", LEFT_OUT, ids=[f"{n}-{k}" for n, k in LEFT_OUT])
+def test_a_size_left_out_is_the_familys_transformers_default(saved, name, key, tmp_path):
+    """The context, kv heads and head size a config leaves out are what transformers' class for the model_type
+    makes of it (a derived one included): the context was 2048 for every family, Qwen's kv heads were
+    num_attention_heads where transformers' are 32 (a file then fits neither, refused)."""
+    folder = _edited(saved(name), tmp_path / "hf", _drop(key))
+    got = _agree(folder, tmp_path, export=False)
+    if isinstance(got, str):  # both refused: a model the weights do not fit, named
+        assert key in got or "weights" in got, got
+        return
+    theirs = transformers.AutoConfig.from_pretrained(folder)
+    assert got.config.block_size == theirs.max_position_embeddings
+    assert got.config.kv_heads == theirs.num_key_value_heads
+    hidden, heads = theirs.hidden_size, theirs.num_attention_heads
+    assert got.config.head_dim == (getattr(theirs, "head_dim", None) or hidden // heads)
+
+
+def test_every_size_default_is_the_classes_fixed_or_derived():
+    """Each class built with 16 heads over 128 wide: where its context, kv heads or head size do not follow from
+    those (a fixed default: Qwen's 32 kv heads, Mistral's 8, Gemma's 4 and 256, every family's context),
+    HF_DEFAULTS holds that value; where they do (Llama's and Phi-3's kv heads, Mistral's head size) it holds
+    none, so the reader derives them as the class does."""
+    for name, kind in CLASSES.items():
+        c = getattr(transformers, f"{kind}Config")(num_attention_heads=16, hidden_size=128)
+        defaults = hf_families.HF_DEFAULTS[MODEL_TYPE.get(name, name)]
+        derived = {"max_position_embeddings": None, "num_key_value_heads": 16, "head_dim": 8}
+        for key, follows in derived.items():
+            theirs = getattr(c, key, None)
+            if theirs is None or theirs == follows:
+                assert key not in defaults, (name, key)
+            else:
+                assert defaults.get(key) == theirs, (name, key, theirs)
+
+
+NULLS = [(name, key) for name in BUILD for key in ("max_position_embeddings", "rms_norm_eps", "tie_word_embeddings",
+                                                   "num_key_value_heads", "head_dim")]
+
+
+@pytest.mark.parametrize("name, key", NULLS, ids=[f"{n}-{k}" for n, k in NULLS])
+def test_a_null_size_or_norm_is_read_as_transformers_reads_it(saved, name, key, tmp_path):
+    """null where transformers' typed class refuses it (a context, an epsilon, a tie flag, Mistral's and
+    Gemma's kv heads, Qwen 3's and Gemma's head size) is refused by name; where it means the derived value
+    (Llama's kv heads, Mistral's head size) both load alike. It was read as the default, or as 2048."""
+    msg = _agree(_edited(saved(name), tmp_path / "hf", _set(**{key: None})), tmp_path, export=False)
+    if isinstance(msg, str):  # the null named; or, where it means the derived size, weights that do not fit it
+        assert f"{key}=None" in msg or "weights do not fit" in msg and key in ("num_key_value_heads", "head_dim"), msg
+
+
+# ----------------------------------------------------------------------------- rope types per family
+
+
+ROPES = {"linear": {"rope_type": "linear", "factor": 2.0},
+         "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 16},
+         "dynamic": {"rope_type": "dynamic", "factor": 2.0}}
+ROPE_ROWS = [(name, kind, where) for name in BUILD for kind in ROPES for where in ("rope_scaling",)] + \
+    [("phi3", kind, "rope_parameters") for kind in ("linear", "llama3")]
+
+
+@pytest.mark.parametrize("name, kind, where", ROPE_ROWS, ids=[f"{n}-{k}-{w}" for n, k, w in ROPE_ROWS])
+def test_a_rope_type_is_loaded_or_refused_as_the_familys_transformers_class_does(saved, name, kind, where, tmp_path):
+    """transformers' Phi3Config refuses every rope type but longrope; the other classes take linear and llama3
+    (gptforge loads them to the same logits) and dynamic (gptforge refuses it: not implemented). A Phi-3 with
+    linear or llama3 loaded in gptforge: a model no transformers would build."""
+    def edit(c):
+        if where == "rope_scaling":
+            c["rope_scaling"] = dict(ROPES[kind])
+        else:
+            c["rope_parameters"] = {**ROPES[kind], "rope_theta": 500.0}
+    folder = _edited(saved(name), tmp_path / "hf", edit)
+    if kind == "dynamic" and name != "phi3":  # transformers builds it; gptforge does not implement it: named
+        said = "rope_parameters" if name == "gemma3" else where  # Gemma 3 merges it into rope_parameters, as
+        with pytest.raises(HFConfigError, match=f"{said}.rope_type='dynamic'") as e:  # transformers does
+            load_hf_llama(str(folder))
+        assert "\n" not in str(e.value)
+        return
+    msg = _agree(folder, tmp_path, export=False)
+    if name == "phi3":
+        assert isinstance(msg, str) and f"{where}.rope_type={kind!r}" in msg and "config.json" in msg, msg
+
+
+# ----------------------------------------------------------------------------- Gemma 3's pattern
+
+
+PATTERNS = {"zero": 0, "a list": [1, 1, 0], "a string": "LLLG", "every 2nd": 2}
+
+
+@pytest.mark.parametrize("case", list(PATTERNS))
+def test_gemma3_sliding_window_pattern_is_read_or_refused_as_transformers_does(saved, case, tmp_path):
+    """Without layer_types, Gemma3TextConfig derives them from sliding_window_pattern's period; 0 (it divides
+    by it), a list and a string fail there, and are refused by name (0 was read as 6); a period loads alike."""
+    def edit(c):
+        c.pop("layer_types")
+        c["sliding_window_pattern"] = PATTERNS[case]
+    got = _agree(_edited(saved("gemma3"), tmp_path / "hf", edit), tmp_path, export=False)
+    if case == "every 2nd":
+        assert got.config.sliding_pattern == "sfs"
+    else:
+        assert isinstance(got, str) and "sliding_window_pattern=" in got, got
