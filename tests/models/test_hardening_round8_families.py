@@ -11,18 +11,23 @@ refuse, gptforge in one line naming the key). The cases:
   class refuses null is refused, not read as its default;
 * a rope type transformers' class refuses for the family (Phi3Config accepts longrope only) is refused, the
   others load alike, for every family;
-* Gemma 3's ``sliding_window_pattern`` of 0, a list or a string (transformers fails on each) is refused by name.
+* Gemma 3's ``sliding_window_pattern`` of 0, a list or a string (transformers fails on each) is refused by name;
+* the GGUF door: a Mistral or Phi-3 whose window is shorter than its context is refused at export (llama.cpp's
+  ``llama`` ignores ``llama.attention.sliding_window`` and its ``phi3`` turns it off), a window as long as the
+  context exports and reads back.
 """
 
 from __future__ import annotations
 
 import pytest
+import torch
 
 transformers = pytest.importorskip("transformers")
 
 from gptforge.interop import hf_families  # noqa: E402
 from gptforge.interop.hf_llama import HFConfigError, load_hf_llama  # noqa: E402
 from tests.models.test_hardening_round7_families import BUILD, MODEL_TYPE, _agree, _edited, saver  # noqa: E402
+from tests.models.test_llama_families import ATOL  # noqa: E402
 
 CLASSES = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "mistral": "Mistral", "phi3": "Phi3",
            "gemma2": "Gemma2", "gemma3": "Gemma3Text"}
@@ -150,3 +155,44 @@ def test_gemma3_sliding_window_pattern_is_read_or_refused_as_transformers_does(s
         assert got.config.sliding_pattern == "sfs"
     else:
         assert isinstance(got, str) and "sliding_window_pattern=" in got, got
+
+
+# ----------------------------------------------------------------------------- the GGUF door
+
+
+def _windowed(family: str, window: int, block: int):
+    from gptforge.models.llama import Llama, LlamaConfig
+
+    torch.manual_seed(0)
+    return Llama(LlamaConfig(n_layer=2, n_head=4, n_kv_head=2, n_embd=64, intermediate_size=96, vocab_size=268,
+                             block_size=block, family=family, sliding_window=window)).eval()
+
+
+@pytest.mark.parametrize("family", ["mistral", "phi3"])
+def test_a_window_shorter_than_the_context_is_refused_at_gguf_export_by_name(family, tmp_path):
+    """llama.cpp's llama never reads attention.sliding_window and its phi3 turns it off: either attends over
+    the whole context, so a file of a model with a window of 8 over 40 tokens gave other logits past 8 tokens.
+    Refused in one line naming both fields, nothing written; a window as long as the context is plain causal
+    attention and exports, reading back to the same logits."""
+    pytest.importorskip("gguf")
+    from gptforge.interop.gguf import export_gguf
+    from gptforge.interop.gguf_read import read_gguf
+    from tests.interop.test_gguf_read import write_gguf
+
+    with pytest.raises(ValueError, match=f"model.family={family} with model.sliding_window=8 shorter than "
+                                         "model.block_size=40") as e:
+        export_gguf(_windowed(family, 8, 40), tmp_path / "out", tokenizer=False)
+    assert "\n" not in str(e.value) and "export hf" in str(e.value) and not (tmp_path / "out").exists()
+    model = _windowed(family, 40, 40)
+    path = export_gguf(model, tmp_path / "ok", tokenizer=False)
+    import gguf
+
+    r = gguf.GGUFReader(str(path))
+    arch = {"mistral": "llama"}.get(family, family)
+    kv = {k: f.contents() for k, f in r.fields.items() if k.startswith(f"{arch}.") and k.split(".", 1)[1] in
+          ("attention.sliding_window", "attention.key_length", "attention.value_length", "rope.dimension_count")}
+    tensors = {t.name: torch.from_numpy(t.data.copy()).reshape([int(x) for x in reversed(t.shape)]) for t in r.tensors}
+    back = read_gguf(write_gguf(tmp_path / "m.gguf", model, arch=arch, kv=kv, tensors=tensors)).model
+    idx = torch.randint(3, 268, (2, 40), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        assert (back(idx)[0] - model(idx)[0]).abs().max().item() <= ATOL

@@ -45,6 +45,10 @@ BIG_LAYERS = {"gemma2": 46, "gemma3": 62}  # the 27B models: llama.cpp scales qu
 GEMMA3_LOCAL_THETA = 10_000.0  # llama.cpp's gemma3 sliding layers' rope base (not in the file)
 # what llama.cpp's loader takes for a key a file leaves out (src/models/gemma2.cpp: "n_swa = 4096; // default value
 # of gemma 2", and llama-hparams.h's soft-caps 50 and 30, which its gemma2 always applies): the same model here
+# the architectures whose llama.cpp loader does not apply {arch}.attention.sliding_window: llama never reads it
+# (src/models/llama.cpp), phi3 reads it and turns the window off (llama.cpp PR 13676); both attend over the whole
+# context, so a model whose window is shorter than its context has no GGUF form in them
+IGNORES_WINDOW = ("llama", "phi3")
 LLAMA_CPP_DEFAULTS = {"gemma2": {"attention.sliding_window": 4096, "attn_logit_softcapping": 50.0,
                                  "final_logit_softcapping": 30.0}}
 

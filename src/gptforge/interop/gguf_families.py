@@ -30,6 +30,7 @@ import torch
 from gptforge.interop.gguf_config import (  # noqa: F401 - ARCHS and config_fields are read from here too
     ARCHS,
     BLOCK_NAMES,
+    IGNORES_WINDOW,
     config_fields,
     llama_config_from_gguf,
 )
@@ -82,6 +83,12 @@ def check_export(cfg) -> None:
     if cfg.qkv_bias or cfg.rope_type == "llama3":
         raise ValueError(f"model.family={cfg.family} with model.qkv_bias or model.rope_type='llama3': llama.cpp's "
                          f"{arch} has neither here; export hf instead")
+    if arch in IGNORES_WINDOW and 0 < cfg.sliding_window < cfg.block_size:
+        raise ValueError(f"model.family={cfg.family} with model.sliding_window={cfg.sliding_window} shorter than "
+                         f"model.block_size={cfg.block_size}: llama.cpp's {arch} architecture ignores "
+                         f"{arch}.attention.sliding_window and attends over the whole context, so past "
+                         f"{cfg.sliding_window} tokens it would compute another model; export hf instead (its config "
+                         "keeps the window)")
     names = set() if cfg.tie_embeddings else {"output.weight"}
     try:
         back = llama_config_from_gguf(scalars_of(cfg, arch) | {"general.architecture": arch}, {}, names,
