@@ -14,7 +14,8 @@ refuse, gptforge in one line naming the key). The cases:
 * Gemma 3's ``sliding_window_pattern`` of 0, a list or a string (transformers fails on each) is refused by name;
 * the GGUF door: a Mistral or Phi-3 whose window is shorter than its context is refused at export (llama.cpp's
   ``llama`` ignores ``llama.attention.sliding_window`` and its ``phi3`` turns it off), a window as long as the
-  context exports and reads back.
+  context exports and reads back; a per-layer ``sliding_window_pattern`` array loads where it says what
+  llama.cpp runs and is refused by name otherwise.
 """
 
 from __future__ import annotations
@@ -196,3 +197,47 @@ def test_a_window_shorter_than_the_context_is_refused_at_gguf_export_by_name(fam
     idx = torch.randint(3, 268, (2, 40), generator=torch.Generator().manual_seed(7))
     with torch.no_grad():
         assert (back(idx)[0] - model(idx)[0]).abs().max().item() <= ATOL
+
+
+ARRAYS = [("gemma2", [1, 0, 1], True), ("gemma2", [1, 1, 1], False), ("gemma3", [1] * 5 + [0], True),
+          ("gemma3", [1, 0] * 3, False), ("gemma3", [1] * 5, False), ("mistral", [1, 1, 1], True),
+          ("mistral", [1, 0, 1], False), ("phi3", [0, 1, 1], False)]
+
+
+@pytest.mark.parametrize("arch, pattern, loads", ARRAYS, ids=[f"{a}-{''.join(map(str, p))}" for a, p, _ in ARRAYS])
+def test_a_per_layer_sliding_pattern_array_in_a_gguf_is_read_or_refused_by_name(arch, pattern, loads, tmp_path):
+    """Converters write attention.sliding_window_pattern as one bool per layer for some architectures; llama.cpp's
+    gemma2/gemma3 read only a period there (an array leaves their fixed one) and its llama/phi3 read none. The
+    array was not looked at: a file saying other layers slide loaded as the fixed pattern. Now one that says
+    what llama.cpp runs loads to transformers' logits, another is refused naming the key."""
+    gguf = pytest.importorskip("gguf")
+    from gptforge.interop.gguf_read import read_gguf
+    from gptforge.interop.gguf_tokenizer import GGUFReadError
+    from tests.interop.test_gguf_families import FAMILIES as GGUF_FAMILIES
+    from tests.interop.test_gguf_families import IDX as GGUF_IDX
+    from tests.interop.test_gguf_families import _hf_model, write_converter_gguf
+
+    hf = _hf_model(arch)
+    file_arch = GGUF_FAMILIES[arch][2]
+    path = write_converter_gguf(tmp_path / "full.gguf", hf, file_arch)
+    r = gguf.GGUFReader(str(path))
+    w = gguf.GGUFWriter(str(tmp_path / "arr.gguf"), file_arch)
+    for k, f in r.fields.items():
+        if not k.startswith("GGUF.") and k != "general.architecture":
+            vt = f.types[0]
+            (w.add_array(k, f.contents()) if vt == gguf.GGUFValueType.ARRAY else w.add_key_value(k, f.contents(), vt))
+    w.add_sliding_window_pattern([bool(v) for v in pattern])
+    for t in r.tensors:
+        w.add_tensor(t.name, t.data.copy().reshape(tuple(int(x) for x in reversed(t.shape))))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    if loads:
+        model = read_gguf(tmp_path / "arr.gguf").model
+        with torch.no_grad():
+            assert (model(GGUF_IDX)[0] - hf(GGUF_IDX).logits).abs().max().item() <= ATOL
+    else:
+        with pytest.raises(GGUFReadError, match=f"{file_arch}.attention.sliding_window_pattern") as e:
+            read_gguf(tmp_path / "arr.gguf")
+        assert "\n" not in str(e.value) and "per-layer" in str(e.value)

@@ -58,12 +58,32 @@ def swa_pattern(arch: str, n_layer: int) -> str:
     return "".join("s" if i % n < n - 1 else "f" for i in range(n_layer))
 
 
-def config_fields(arch: str, scalars: dict, path: Path, n_layer: int, n_embd: int, n_head: int, head_dim: int) -> dict:
-    """``LlamaConfig`` fields a family architecture's keys (and llama.cpp's fixed choices) set."""
+def check_pattern_array(arch: str, pattern: list | None, window: int, path: Path, n_layer: int) -> None:
+    """``{arch}.attention.sliding_window_pattern`` written as a per-layer array (nonzero = the layer slides, as
+    llama.cpp's per-layer readers take it): llama.cpp's gemma2 and gemma3 read only a period there (an array is
+    skipped for their fixed one) and its other architectures read none, so the array loads only where it says
+    what they run (the fixed Gemma pattern; every layer sliding with a window, none without) and is refused by
+    name otherwise, never read as either."""
+    if pattern is None:
+        return
+    key = f"{arch}.attention.sliding_window_pattern"
+    runs = swa_pattern(arch, n_layer) if arch in SWA_PERIOD else ("s" if window else "f") * n_layer
+    says = "".join("s" if v else "f" for v in pattern)
+    if len(pattern) != n_layer or any(isinstance(v, (str, bytes, float)) for v in pattern) or says != runs:
+        raise _refuse(path, key, f"a per-layer array ({says if len(says) <= 64 else len(says)})",
+                      f"per-layer sliding kinds other than the ones llama.cpp's {arch} runs ({runs}, for "
+                      f"{n_layer} layers), which it uses whatever the array says")
+
+
+def config_fields(arch: str, scalars: dict, path: Path, n_layer: int, n_embd: int, n_head: int, head_dim: int,
+                  pattern: list | None = None) -> dict:
+    """``LlamaConfig`` fields a family architecture's keys (and llama.cpp's fixed choices) set; ``pattern``: the
+    items of a per-layer ``{arch}.attention.sliding_window_pattern`` array (:func:`check_pattern_array`)."""
     defaults = LLAMA_CPP_DEFAULTS.get(arch, {})
     window = scalars.get(f"{arch}.attention.sliding_window", defaults.get("attention.sliding_window")) or 0
     if isinstance(window, bool) or not isinstance(window, int) or window < 0:
         raise GGUFReadError(f"{path}: metadata key {arch}.attention.sliding_window={window!r}: expected an integer")
+    check_pattern_array(arch, pattern, window, path, n_layer)
     if arch == "llama":
         return {"sliding_window": window, "family": "mistral"} if window else {}
     out: dict = {"family": arch}
@@ -159,9 +179,10 @@ def _rope_scaling(scalars: dict, path: Path, arch: str, head_dim: int, theta: fl
 
 
 def llama_config_from_gguf(scalars: dict, arrays: dict, names: set[str], path: Path, vocab_size: int,
-                           rope_freqs: torch.Tensor | None = None):
+                           rope_freqs: torch.Tensor | None = None, items: dict | None = None):
     """A ``LlamaConfig`` from GGUF metadata (architecture llama or qwen2), refusing what gptforge's
-    Llama cannot represent. ``rope_freqs``: the file's ``rope_freqs.weight``, dequantized."""
+    Llama cannot represent. ``rope_freqs``: the file's ``rope_freqs.weight``, dequantized; ``items``: the
+    arrays' items by key (a per-layer sliding pattern is checked against them; without them it is refused)."""
     from gptforge.models.llama import LlamaConfig
 
     arch = scalars.get("general.architecture")
@@ -203,8 +224,14 @@ def llama_config_from_gguf(scalars: dict, arrays: dict, names: set[str], path: P
             raise _refuse(path, key, scalars[key], f"heads of {head_dim} channels (attention.key_length, or "
                           "embedding_length/head_count), all of them rotated")
     extra: dict = {}
+    pattern_key = f"{arch}.attention.sliding_window_pattern"
+    pattern = None
+    if pattern_key in arrays:  # a per-layer array: its items (none known: an array of one string, refused)
+        pattern = list((items or {}).get(pattern_key, ["?"]))
     if arch in ("llama",) + ARCHS:  # families of the one Llama: their keys and llama.cpp's choices
-        extra = config_fields(arch, scalars, path, n_layer, n_embd, n_head, head_dim)
+        extra = config_fields(arch, scalars, path, n_layer, n_embd, n_head, head_dim, pattern)
+    elif pattern is not None:  # qwen2: no window at all (refused below if the file has one)
+        check_pattern_array(arch, pattern, 0, path, n_layer)
     if head_dim != n_embd // n_head or n_embd % n_head:
         extra["head_size"] = head_dim
     _check_extras_and_vocab(scalars, path, arch, vocab_size, "Llama", window=arch in ("llama",) + ARCHS)
