@@ -241,3 +241,52 @@ def test_a_per_layer_sliding_pattern_array_in_a_gguf_is_read_or_refused_by_name(
         with pytest.raises(GGUFReadError, match=f"{file_arch}.attention.sliding_window_pattern") as e:
             read_gguf(tmp_path / "arr.gguf")
         assert "\n" not in str(e.value) and "per-layer" in str(e.value)
+
+
+# ----------------------------------------------------------------------------- GPT-2's sizes left out
+
+
+GPT2_TINY = dict(n_layer=1, n_head=2, n_embd=16, n_positions=32, vocab_size=300)
+
+
+def test_the_gpt2_size_defaults_are_gpt2configs():
+    from gptforge.interop.hf import GPT2_DEFAULTS, GPT2_REQUIRED
+
+    c = transformers.GPT2Config()
+    assert set(GPT2_DEFAULTS) == set(GPT2_REQUIRED)
+    assert GPT2_DEFAULTS == {k: getattr(c, k) for k in GPT2_DEFAULTS}
+
+
+@pytest.mark.parametrize("key", list(GPT2_TINY))
+@pytest.mark.parametrize("at_default", [True, False], ids=["weights-of-the-default", "weights-of-another-size"])
+def test_a_gpt2_size_left_out_is_gpt2configs(key, at_default, tmp_path):
+    """A GPT-2 config.json without one of its sizes: transformers takes GPT2Config's (1024 positions, 12 layers
+    of 12 heads, 768 wide, 50257 tokens). gptforge refused every such file; now it takes the same default, so a
+    file whose weights have it loads to transformers' logits, and one whose weights do not is refused naming the
+    tensors (transformers refuses it too, or fills missing layers at random)."""
+    import json
+
+    from gptforge.interop.hf import GPT2_DEFAULTS, HFModelError, load_hf
+
+    sizes = {**GPT2_TINY, key: GPT2_DEFAULTS[key]} if at_default else dict(GPT2_TINY)
+    if key == "n_head" and at_default:
+        sizes["n_embd"] = 24  # 12 heads of 2
+    torch.manual_seed(0)
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(**sizes, resid_pdrop=0.0, embd_pdrop=0.0,
+                                                              attn_pdrop=0.0)).eval()
+    hf.save_pretrained(tmp_path / "hf")
+    c = json.loads((tmp_path / "hf" / "config.json").read_text())
+    c.pop(key)
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(c))
+    if not at_default:
+        with pytest.raises(HFModelError) as e:
+            load_hf(str(tmp_path / "hf"))
+        assert "\n" not in str(e.value) and "config.json" in str(e.value)
+        return
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
+    ours = load_hf(str(tmp_path / "hf"))
+    idx = torch.randint(0, sizes["vocab_size"], (2, 12), generator=torch.Generator().manual_seed(1))
+    # float32 sums of at most 4 x n_embd terms per product, over the layers and the head, |logits| < 10
+    atol = 4 * sizes["n_embd"] * (sizes["n_layer"] + 1) * 1.2e-7 * 10
+    with torch.no_grad():
+        assert (ours(idx)[0] - theirs(idx).logits).abs().max().item() <= atol
