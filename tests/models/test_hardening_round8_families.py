@@ -290,3 +290,55 @@ def test_a_gpt2_size_left_out_is_gpt2configs(key, at_default, tmp_path):
     atol = 4 * sizes["n_embd"] * (sizes["n_layer"] + 1) * 1.2e-7 * 10
     with torch.no_grad():
         assert (ours(idx)[0] - theirs(idx).logits).abs().max().item() <= atol
+
+
+# ----------------------------------------------------------------------------- hostile GGUF keys, by name
+
+GGUF_ARCH = {"qwen3": "qwen3", "mistral": "llama", "phi3": "phi3", "gemma2": "gemma2", "gemma3": "gemma3"}
+HOSTILE = [  # (key under the architecture, value, GGUF type name, what the refusal must name)
+    ("attention.layer_norm_rms_epsilon", -1e-6, "FLOAT32", "attention.layer_norm_rms_epsilon=-1e-06"),
+    ("attention.layer_norm_rms_epsilon", 0.0, "FLOAT32", "attention.layer_norm_rms_epsilon=0.0"),
+    ("attention.key_length", 15, "UINT32", "attention.key_length=15"),
+    ("attention.head_count_kv", 3, "UINT32", "attention.head_count_kv=3"),
+    ("attention.sliding_window", -8, "INT32", "attention.sliding_window=-8"),
+    ("attention.head_count", "4", "STRING", "attention.head_count='4'"),
+    ("rope.freq_base", float("nan"), "FLOAT32", "rope.freq_base=nan"),
+    ("vocab_size", 999, "UINT32", "vocab_size=999"),
+]
+GEMMA_ONLY = [("attention.sliding_window", 0, "UINT32", "attention.sliding_window=0")]
+HOSTILE_ROWS = [(name, *h) for name in GGUF_ARCH for h in HOSTILE] + \
+    [(name, *h) for name in ("gemma2", "gemma3") for h in GEMMA_ONLY]
+
+
+@pytest.fixture(scope="module")
+def converter_files(tmp_path_factory):
+    files: dict = {}
+
+    def get(name):
+        if name not in files:
+            from tests.interop.test_gguf_families import _hf_model, write_converter_gguf
+
+            files[name] = write_converter_gguf(tmp_path_factory.mktemp(name) / "conv.gguf", _hf_model(name),
+                                               GGUF_ARCH[name])
+        return files[name]
+
+    return get
+
+
+@pytest.mark.parametrize("name, key, value, vtype, named", HOSTILE_ROWS,
+                         ids=[f"{r[0]}-{r[1]}={r[2]!r}" for r in HOSTILE_ROWS])
+def test_a_hostile_gguf_key_is_refused_naming_it(converter_files, name, key, value, vtype, named, tmp_path):
+    """Each family's converter-layout file with one key made hostile: refused in one line naming the key as
+    the file spells it. A zero or negative epsilon was named as model.norm_eps (gptforge's field, not the
+    file's), an odd key_length as embedding_length, and Gemma's window of 0 as a missing key."""
+    gguf = pytest.importorskip("gguf")
+    from gptforge.interop.gguf_read import read_gguf
+    from gptforge.interop.gguf_tokenizer import GGUFReadError
+    from tests.interop.test_gguf_read import rewrite_gguf
+
+    arch = GGUF_ARCH[name]
+    path = rewrite_gguf(converter_files(name), tmp_path / "bad.gguf", f"{arch}.{key}", value,
+                        getattr(gguf.GGUFValueType, vtype))
+    with pytest.raises(GGUFReadError) as e:
+        read_gguf(path)
+    assert "\n" not in str(e.value) and f"{arch}.{named}" in str(e.value) and str(path) in str(e.value), str(e.value)

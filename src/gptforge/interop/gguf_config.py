@@ -95,6 +95,9 @@ def config_fields(arch: str, scalars: dict, path: Path, n_layer: int, n_embd: in
     if arch == "phi3":
         return {**out, "sliding_window": window}
     # gemma2, gemma3
+    if f"{arch}.attention.sliding_window" in scalars and not window:  # present and 0: not "missing"
+        raise _refuse(path, f"{arch}.attention.sliding_window", 0, "Gemma's sliding layers with a window of no "
+                      "tokens (no model has one; llama.cpp's gemma3 then runs every layer full)")
     if not window:
         raise GGUFReadError(f"{path}: metadata key {arch}.attention.sliding_window is missing; Gemma's sliding "
                             "layers need it")
@@ -211,11 +214,16 @@ def llama_config_from_gguf(scalars: dict, arrays: dict, names: set[str], path: P
         head_dim = 1  # not whole heads: refused just below
     head_dim = head_dim or n_embd // n_head
     if n_head % n_kv or head_dim % 2:
-        raise GGUFReadError(f"{path}: {arch}.embedding_length={n_embd}, {arch}.attention.head_count={n_head} and "
-                            f"head_count_kv={n_kv} do not make whole, even heads shared evenly")
+        size = f"{arch}.attention.key_length={head_dim}" if f"{arch}.attention.key_length" in scalars \
+            else f"{arch}.embedding_length={n_embd}"
+        raise GGUFReadError(f"{path}: {size}, {arch}.attention.head_count={n_head} and "
+                            f"{arch}.attention.head_count_kv={n_kv} do not make whole, even heads shared evenly")
     theta = _key(scalars, f"{arch}.rope.freq_base", path, (int, float), required=False, default=10_000.0)
     # required, as llama.cpp's loader requires it (transformers' would fall back to 1e-6): no guessed epsilon
     eps = _key(scalars, f"{arch}.attention.layer_norm_rms_epsilon", path, (int, float))
+    if not (eps > 0 and math.isfinite(eps)):  # named as the file names it, not as model.norm_eps
+        raise GGUFReadError(f"{path}: metadata key {arch}.attention.layer_norm_rms_epsilon={eps} must be a positive "
+                            "number")
     if not (theta > 0 and math.isfinite(theta)):
         raise GGUFReadError(f"{path}: metadata key {arch}.rope.freq_base={theta} must be a positive number")
     scaling = _rope_scaling(scalars, path, arch, head_dim, float(theta), rope_freqs)
