@@ -161,12 +161,60 @@ def test_gemma3_sliding_window_pattern_is_read_or_refused_as_transformers_does(s
 # ----------------------------------------------------------------------------- the GGUF door
 
 
+FAMILY_FIELDS = {"mistral": {}, "phi3": {}, "qwen3": dict(qk_norm=True),
+                 "gemma2": dict(mlp="geglu", norm_plus_one=True, post_norms=True, embed_scale=8.0, tie_embeddings=True,
+                                layer_types="sf", attn_softcap=50.0, logit_softcap=30.0)}
+
+
 def _windowed(family: str, window: int, block: int):
     from gptforge.models.llama import Llama, LlamaConfig
 
     torch.manual_seed(0)
-    return Llama(LlamaConfig(n_layer=2, n_head=4, n_kv_head=2, n_embd=64, intermediate_size=96, vocab_size=268,
-                             block_size=block, family=family, sliding_window=window)).eval()
+    model = Llama(LlamaConfig(n_layer=2, n_head=4, n_kv_head=2, n_embd=64, intermediate_size=96, vocab_size=268,
+                              block_size=block, family=family, sliding_window=window, **FAMILY_FIELDS[family]))
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():  # norms away from their identity (Gemma's start at 0)
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.add_(torch.randn(p.shape, generator=g) * 0.2)
+    return model.eval()
+
+
+@pytest.mark.parametrize("door", ["hf", "gguf"])
+@pytest.mark.parametrize("family", list(FAMILY_FIELDS))
+def test_a_window_as_long_as_the_context_exports_through_every_door(family, door, tmp_path):
+    """A window of 64 over a context of 40 is plain causal attention. export hf of a Mistral, Phi-3 or Qwen3 with
+    one was refused ("MistralForCausalLM cannot express model.sliding_window=64"), because the import drops such a
+    window and the read-back compared 0 with 64; export gguf of a Qwen3 wrote a window llama.cpp's qwen3 refuses.
+    Now both doors write it (HF: the window as set; GGUF: no key where it spans the context, Gemma's kept) and
+    the file reloads to the same logits (transformers for hf, gptforge's reader for gguf)."""
+    model = _windowed(family, 64, 40)
+    idx = torch.randint(3, 268, (2, 40), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        want = model(idx)[0]
+    if door == "hf":
+        from gptforge.interop.hf_llama import export_hf_llama
+
+        export_hf_llama(model, tmp_path / "hf", tokenizer=False)
+        back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
+        with torch.no_grad():
+            assert (back(idx).logits - want).abs().max().item() <= ATOL
+        return
+    gguf = pytest.importorskip("gguf")
+    from gptforge.interop.gguf import export_gguf
+    from gptforge.interop.gguf_families import FAMILY_ARCH
+    from gptforge.interop.gguf_read import read_gguf
+    from tests.interop.test_gguf_read import write_gguf
+
+    arch = FAMILY_ARCH[family]
+    r = gguf.GGUFReader(str(export_gguf(model, tmp_path / "out", tokenizer=False)))
+    kv = {k: f.contents() for k, f in r.fields.items() if k.startswith(f"{arch}.") and k.split(".", 1)[1] in
+          ("attention.sliding_window", "attention.key_length", "attention.value_length", "rope.dimension_count",
+           "attn_logit_softcapping", "final_logit_softcapping")}
+    tensors = {t.name: torch.from_numpy(t.data.copy()).reshape([int(x) for x in reversed(t.shape)]) for t in r.tensors}
+    back = read_gguf(write_gguf(tmp_path / "m.gguf", model, arch=arch, kv=kv, tensors=tensors)).model
+    with torch.no_grad():
+        assert (back(idx)[0] - want).abs().max().item() <= ATOL
 
 
 @pytest.mark.parametrize("family", ["mistral", "phi3"])

@@ -399,15 +399,24 @@ def _family_config(cfg: LlamaConfig) -> dict:
     return config
 
 
+def window_spans_context(cfg: LlamaConfig) -> bool:
+    """A window at least as long as the context: every query sees every earlier key, plain causal attention
+    (the readers drop such a window). Not for Gemma 3, whose sliding layers keep their own rope base."""
+    return 0 < cfg.block_size <= cfg.sliding_window and cfg.family != "gemma3"
+
+
 def _meaning(cfg: LlamaConfig, field: str):
     """What ``field`` means for the math, two spellings of one model compared equal (head_size 0 or
-    n_embd/n_head, an intermediate_size 0 or its derived width, layer_types empty or all sliding)."""
+    n_embd/n_head, an intermediate_size 0 or its derived width, layer_types empty or all sliding, a window
+    as long as the context or none)."""
     if field == "head_size":
         return cfg.head_dim
     if field == "intermediate_size":
         return cfg.hidden_dim
+    if field == "sliding_window":
+        return 0 if window_spans_context(cfg) else cfg.sliding_window
     if field == "layer_types":
-        return cfg.sliding_pattern
+        return "f" * cfg.n_layer if window_spans_context(cfg) else cfg.sliding_pattern
     if field == "query_pre_attn_scalar":
         return cfg.query_pre_attn_scalar or cfg.head_dim
     return getattr(cfg, field)
