@@ -390,3 +390,29 @@ def test_a_hostile_gguf_key_is_refused_naming_it(converter_files, name, key, val
     with pytest.raises(GGUFReadError) as e:
         read_gguf(path)
     assert "\n" not in str(e.value) and f"{arch}.{named}" in str(e.value) and str(path) in str(e.value), str(e.value)
+
+
+# ----------------------------------------------------------------------------- bias switches a family does not read
+
+
+BIASES = [(name, key) for name in BUILD for key in ("attention_bias", "mlp_bias")]
+
+
+@pytest.mark.parametrize("name, key", BIASES, ids=[f"{n}-{k}" for n, k in BIASES])
+def test_a_bias_switch_is_read_only_where_the_familys_model_reads_it(saved, name, key, tmp_path):
+    """attention_bias: true over weights without biases. Where transformers' model reads the switch (Llama both,
+    Qwen3 and Gemma attention_bias) it builds biases the file lacks and fills them at random: gptforge refuses by
+    the key's name. Where it does not (Mistral, Phi-3, Qwen2; mlp_bias outside Llama) the switch changes nothing
+    and both load alike; gptforge refused those configs."""
+    folder = _edited(saved(name), tmp_path / "hf", _set(**{key: True}))
+    reads = hf_families.READS_BIAS[key]
+    module = {"qwen2": "qwen2", "gemma3": "gemma3"}.get(name, name)
+    theirs = getattr(transformers.models, module)
+    source = open(getattr(theirs, f"modeling_{module}").__file__).read()
+    assert (f"config.{key}" in source) == (MODEL_TYPE.get(name, name) in reads), name  # the table is transformers'
+    if MODEL_TYPE.get(name, name) in reads:
+        with pytest.raises(HFConfigError, match=f"{key}=True") as e:
+            load_hf_llama(str(folder))
+        assert "\n" not in str(e.value)
+    else:
+        _agree(folder, tmp_path, export=False)

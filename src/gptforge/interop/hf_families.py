@@ -60,6 +60,9 @@ HF_DEFAULTS: dict[str, dict] = {
                         tie_word_embeddings=True, sliding_window=4096, num_key_value_heads=4, head_dim=256,
                         query_pre_attn_scalar=256, hidden_activation=GELU_TANH[0], max_position_embeddings=131_072),
 }
+# the model_types whose transformers model reads each bias switch (Mistral's, Phi-3's and Qwen2's read neither,
+# Qwen3's and Gemma's no mlp_bias): a switch a model does not read changes nothing there, and loads here too
+READS_BIAS = {"attention_bias": ("llama", "qwen3", "gemma2", "gemma3_text"), "mlp_bias": ("llama",)}
 # the model_types whose transformers attention reads config.json's layer_types (Mistral's as Ministral's);
 # Phi-3's and Llama's read none: every Phi-3 layer slides whatever the list says
 READS_LAYER_TYPES = ("qwen2", "qwen3", "mistral", "gemma2", "gemma3_text")

@@ -167,10 +167,11 @@ def llama_config_from_hf(c: dict, **overrides) -> LlamaConfig:
     if model_type == "llama" and (c.get("sliding_window") or c.get("use_sliding_window")):
         raise _refuse("sliding_window", c.get("sliding_window"), "sliding-window attention (a Llama with a window is "
                       "model_type mistral)")
-    if c.get("attention_bias"):  # LlamaForCausalLM's attention_bias puts one on o_proj too (Qwen2's does not)
+    reads = hf_families.READS_BIAS  # where the family's transformers model ignores the switch, so does gptforge
+    if c.get("attention_bias") and model_type in reads["attention_bias"]:  # a bias on o_proj too (Qwen2's: q/k/v)
         raise _refuse("attention_bias", c["attention_bias"], "a bias on o_proj (q/k/v biases alone are Qwen2's, "
                       "model_type qwen2)")
-    if c.get("mlp_bias"):
+    if c.get("mlp_bias") and model_type in reads["mlp_bias"]:
         raise _refuse("mlp_bias", c["mlp_bias"], "biases in the MLP projections")
     if extra.get("mlp") != "geglu" and c.get("hidden_act", "silu") != "silu":
         raise _refuse("hidden_act", c["hidden_act"], "the MLP is SwiGLU with SiLU")
