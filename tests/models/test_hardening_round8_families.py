@@ -416,3 +416,25 @@ def test_a_bias_switch_is_read_only_where_the_familys_model_reads_it(saved, name
         assert "\n" not in str(e.value)
     else:
         _agree(folder, tmp_path, export=False)
+
+
+@pytest.mark.parametrize("rope", [dict(rope_type="linear", rope_factor=2.0),
+                                  dict(rope_type="llama3", rope_factor=8.0, rope_low_freq_factor=1.0,
+                                       rope_high_freq_factor=4.0, rope_original_context=16)], ids=["linear", "llama3"])
+def test_export_hf_of_a_phi3_with_a_rope_phi3config_refuses_is_refused(rope, tmp_path):
+    """A Phi-3 with linear or llama3 rope (trained so, or read from a GGUF, where llama.cpp scales any
+    architecture) was written as a Phi3ForCausalLM config.json that transformers refuses to load. The export reads
+    its config back through the import, which now refuses that rope for phi3: one line naming model.family and the
+    field, nothing written."""
+    from gptforge.interop.hf_llama import export_hf_llama
+    from gptforge.models.llama import Llama, LlamaConfig
+
+    model = Llama(LlamaConfig(n_layer=2, n_head=4, n_kv_head=2, n_embd=64, intermediate_size=96, vocab_size=268,
+                              block_size=32, family="phi3", **rope))
+    with pytest.raises(ValueError, match=f"model.family=phi3.*rope_type='{rope['rope_type']}'") as e:
+        export_hf_llama(model, tmp_path / "out", tokenizer=False)
+    assert "\n" not in str(e.value) and not (tmp_path / "out").exists()
+    with pytest.raises(Exception, match="longrope"):  # what the file would have been: Phi3Config refuses it
+        transformers.Phi3Config(rope_parameters={"rope_type": rope["rope_type"], "factor": rope["rope_factor"],
+                                                 "rope_theta": 10_000.0, "low_freq_factor": 1.0,
+                                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 16})
