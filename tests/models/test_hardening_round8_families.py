@@ -438,3 +438,24 @@ def test_export_hf_of_a_phi3_with_a_rope_phi3config_refuses_is_refused(rope, tmp
         transformers.Phi3Config(rope_parameters={"rope_type": rope["rope_type"], "factor": rope["rope_factor"],
                                                  "rope_theta": 10_000.0, "low_freq_factor": 1.0,
                                                  "high_freq_factor": 4.0, "original_max_position_embeddings": 16})
+
+
+# ----------------------------------------------------------------------------- the hub door's config dict
+
+
+@pytest.mark.parametrize("name", list(BUILD))
+def test_the_hub_doors_config_dict_reads_as_the_folders(name, tmp_path):
+    """A hub name's config comes through AutoConfig(...).to_dict(), which spells out every default, some as null
+    (Qwen's sliding_window, Gemma 3's soft-caps): it reads to the same LlamaConfig as the folder's config.json,
+    and a class's all-default dict is read, not refused as a null where a value belongs."""
+    import json
+
+    from gptforge.interop.hf_llama import llama_config_from_hf
+    from tests.models.test_llama_families import COMMON
+
+    kind, extra = BUILD[name]
+    getattr(transformers, f"{kind}Config")(**COMMON, **extra).save_pretrained(tmp_path)
+    folder = llama_config_from_hf(json.loads((tmp_path / "config.json").read_text()))
+    assert llama_config_from_hf(transformers.AutoConfig.from_pretrained(tmp_path).to_dict()) == folder
+    defaults = getattr(transformers, f"{kind}Config")().to_dict()
+    assert llama_config_from_hf(defaults).block_size == defaults["max_position_embeddings"]
