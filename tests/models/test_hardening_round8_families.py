@@ -459,3 +459,30 @@ def test_the_hub_doors_config_dict_reads_as_the_folders(name, tmp_path):
     assert llama_config_from_hf(transformers.AutoConfig.from_pretrained(tmp_path).to_dict()) == folder
     defaults = getattr(transformers, f"{kind}Config")().to_dict()
     assert llama_config_from_hf(defaults).block_size == defaults["max_position_embeddings"]
+
+
+NULL_MEANS_NONE = [("mistral", "sliding_window"), ("phi3", "sliding_window"), ("qwen3", "sliding_window"),
+                   ("gemma2", "sliding_window"), ("gemma3", "sliding_window"), ("gemma2", "attn_logit_softcapping"),
+                   ("gemma2", "final_logit_softcapping"), ("gemma3", "final_logit_softcapping")]
+
+
+@pytest.mark.parametrize("name, key", NULL_MEANS_NONE, ids=[f"{n}-{k}" for n, k in NULL_MEANS_NONE])
+def test_a_null_window_or_cap_is_read_as_transformers_reads_it(saved, name, key, tmp_path):
+    """null for a window or a soft-cap: none, where transformers' model takes it so (Mistral's and Phi-3's window,
+    Gemma 2's caps), and refused by name where transformers fails on it (Gemma's window: its sliding layers'
+    mask needs one)."""
+    msg = _agree(_edited(saved(name), tmp_path / "hf", _set(**{key: None})), tmp_path, export=False)
+    if isinstance(msg, str):
+        assert f"{key}=None" in msg, msg
+
+
+@pytest.mark.parametrize("name", ["gemma2", "qwen3"])
+def test_a_null_window_where_no_layer_slides_is_read_as_transformers_reads_it(saved, name, tmp_path):
+    """Every layer full and the window null: transformers' Gemma still builds its sliding mask and fails (refused
+    by name), its Qwen3 never uses the window (both load alike)."""
+    def edit(c):
+        c.update(sliding_window=None, layer_types=["full_attention"] * c["num_hidden_layers"])
+        if name == "qwen3":
+            c["max_window_layers"] = c["num_hidden_layers"]
+    msg = _agree(_edited(saved(name), tmp_path / "hf", edit), tmp_path, export=False)
+    assert isinstance(msg, str) == (name == "gemma2")

@@ -60,6 +60,9 @@ HF_DEFAULTS: dict[str, dict] = {
                         tie_word_embeddings=True, sliding_window=4096, num_key_value_heads=4, head_dim=256,
                         query_pre_attn_scalar=256, hidden_activation=GELU_TANH[0], max_position_embeddings=131_072),
 }
+# the model_types whose transformers model fails on a null sliding_window (Qwen's only with use_sliding_window);
+# Mistral's and Phi-3's null is no window
+WINDOW_REQUIRED = ("qwen2", "qwen3", "gemma2", "gemma3_text")
 # the model_types whose transformers model reads each bias switch (Mistral's, Phi-3's and Qwen2's read neither,
 # Qwen3's and Gemma's no mlp_bias): a switch a model does not read changes nothing there, and loads here too
 READS_BIAS = {"attention_bias": ("llama", "qwen3", "gemma2", "gemma3_text"), "mlp_bias": ("llama",)}
@@ -141,6 +144,12 @@ def check_layer_types(c: dict) -> list | None:
     return types
 
 
+def _null_window(model_type: str) -> FamilyConfigError:
+    return FamilyConfigError(f"Hugging Face config sliding_window=None: transformers' {model_type} model builds its "
+                             "sliding layers' mask from the window and fails on null; give the window"
+                             + (", or use_sliding_window false" if model_type.startswith("qwen") else ""))
+
+
 def layer_pattern(c: dict, model_type: str) -> tuple[int, str]:
     """(sliding_window, layer_types) from a config: the window (0 = none) and, where only some layers
     slide, one letter per layer (s sliding, f full), as transformers decides it for ``model_type``
@@ -150,8 +159,13 @@ def layer_pattern(c: dict, model_type: str) -> tuple[int, str]:
     window = _int(c, "sliding_window")
     if model_type in ("qwen2", "qwen3") and not c.get("use_sliding_window"):
         window = None  # Qwen's configs carry a window they do not use unless asked
+    qwen = model_type in ("qwen2", "qwen3")
+    null = window is None and model_type in WINDOW_REQUIRED and "sliding_window" in c and (
+        c.get("use_sliding_window") or not qwen)
     types = check_layer_types(c)
-    if window is None:
+    if null and not qwen:  # Gemma builds its sliding mask whatever the layers (round seven: even all full)
+        raise _null_window(model_type)
+    if window is None and not null:
         return 0, ""
     if types is not None and model_type in READS_LAYER_TYPES:
         pattern = "".join(LAYER_KIND[t] for t in types)
@@ -171,6 +185,8 @@ def layer_pattern(c: dict, model_type: str) -> tuple[int, str]:
         pattern = "s" * n
     if "s" not in pattern:
         return 0, ""
+    if null:  # Qwen's: some layer slides
+        raise _null_window(model_type)
     if window == 0:
         raise FamilyConfigError("Hugging Face config sliding_window=0: a window of no tokens on the layers that "
                                 "slide; set it to the model's window, or null for none")
