@@ -17,8 +17,10 @@ What each family is, as ``LlamaConfig`` fields (``models/llama.py``):
 * ``gemma3_text``: Gemma 2 without the soft-caps, with ``qk_norm`` and the sliding layers' own rope
   base (``rope_local_theta``; rope scaling applies to the full layers only, as transformers does).
 
-A key a config leaves out means what transformers' class for its model_type says (``HF_DEFAULTS``), and
-``layer_types`` count only for the model_types whose transformers model reads them (``READS_LAYER_TYPES``).
+A key a config leaves out means what transformers' class for its model_type says (``HF_DEFAULTS``: every
+default that does not follow from other keys, the context included), a null where that class refuses one is
+refused (``NULLABLE``, ``NULL_HEAD_DIM``, ``WINDOW_REQUIRED``), and ``layer_types``, bias switches and rope types
+count only as the family's transformers model reads them (``READS_LAYER_TYPES``, ``READS_BIAS``, ``ROPE_TYPES``).
 What a config asks beyond these (a rope scaling other than linear/llama3, partial rotary, biases,
 another activation, bidirectional attention, chunked attention layers) is refused by name. Export
 writes the family's config.json, then reads it back through the import: a model the family's
