@@ -103,7 +103,8 @@ def test_llama_smallest_model_reads():
 def test_llama_heads_must_be_whole_even_and_shared_evenly(embd, heads, kv):
     msg = refused(llama, llama_kv(**{"embedding_length": embd, "attention.head_count": heads,
                                      "attention.head_count_kv": kv}))
-    assert msg == (f"{PATH}: llama.embedding_length={embd}, llama.attention.head_count={heads} and head_count_kv={kv} "
+    assert msg == (f"{PATH}: llama.embedding_length={embd}, llama.attention.head_count={heads} and "
+                   f"llama.attention.head_count_kv={kv} "
                    "do not make whole, even heads shared evenly"), msg
 
 
@@ -117,8 +118,8 @@ def test_llama_epsilon_is_required_and_a_config_refusal_names_the_file():
     msg = refused(llama, llama_kv(**{"attention.layer_norm_rms_epsilon": None}))
     assert msg == (f"{PATH}: metadata key llama.attention.layer_norm_rms_epsilon is missing; gptforge needs it to "
                    "build the Llama"), msg
-    msg = refused(llama, llama_kv(**{"attention.layer_norm_rms_epsilon": 0.0}))
-    assert msg == f"{PATH}: model.norm_eps=0.0 must be > 0", msg
+    msg = refused(llama, llama_kv(**{"attention.layer_norm_rms_epsilon": 0.0}))  # the file's key, not model.norm_eps
+    assert msg == f"{PATH}: metadata key llama.attention.layer_norm_rms_epsilon=0.0 must be a positive number", msg
 
 
 @pytest.mark.parametrize("key", ["block_count", "embedding_length", "attention.head_count", "feed_forward_length",

@@ -12,6 +12,8 @@ same logits; what llama.cpp's architecture fixes differently is refused at expor
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -20,6 +22,7 @@ gguf = pytest.importorskip("gguf")
 transformers = pytest.importorskip("transformers")
 
 from gptforge.interop.gguf import export_gguf  # noqa: E402
+from gptforge.interop.gguf_config import IGNORES_WINDOW  # noqa: E402
 from gptforge.interop.gguf_read import read_gguf  # noqa: E402
 from gptforge.interop.hf_llama import load_hf_llama  # noqa: E402
 from tests.interop.test_gguf_read import MERGES, TOKENS, TYPES  # noqa: E402
@@ -171,6 +174,14 @@ def test_export_gguf_writes_the_converter_layout(family, tmp_path):
     name, hf, d, ref = family
     arch = FAMILIES[name][2]
     hf.save_pretrained(tmp_path / "hf")
+    if arch in IGNORES_WINDOW:  # llama.cpp's llama and phi3 attend over the whole context: the window of 8 over
+        with pytest.raises(ValueError, match="shorter than model.block_size"):  # 128 has no GGUF form there
+            export_gguf(load_hf_llama(str(tmp_path / "hf")), tmp_path / "out", tokenizer=False)
+        hf = copy.deepcopy(hf)  # the same weights without it (the module's model stays as it is): the layout
+        hf.config.sliding_window = None  # is what is checked here
+        with torch.no_grad():
+            ref = hf(IDX).logits
+        hf.save_pretrained(tmp_path / "hf")
     path = export_gguf(load_hf_llama(str(tmp_path / "hf")), tmp_path / "out", tokenizer=False)
     r = gguf.GGUFReader(str(path))
     assert r.fields["general.architecture"].contents() == arch
@@ -192,7 +203,7 @@ def test_export_gguf_writes_the_converter_layout(family, tmp_path):
     model = load_hf_llama(str(tmp_path / "hf"))
     back = read_gguf(write_gguf(tmp_path / "m.gguf", model, arch=arch, kv=kv,
                                 tensors={k: torch.from_numpy(v) for k, v in got.items()}))
-    assert back.model.config.family == name
+    assert back.model.config.family == ("" if name == "mistral" else name)  # windowless: llama.cpp's plain llama
     with torch.no_grad():
         _close(f"{name} export gguf", back.model(IDX)[0], ref)
 

@@ -332,11 +332,21 @@ def check_export_gguf(fam):
     """export gguf of the SFT run: gptforge's reader gives the same logits, and the file's tokenizer
     splits text as the family's HF tokenizer does."""
     pytest.importorskip("gguf")
+    from gptforge.interop import gguf_families
     from gptforge.interop.gguf_read import read_gguf
 
     run = _run(fam, "sft")
     out = fam.root / "sft_gguf"
-    assert main(["export", "gguf", "--ckpt", str(run), "--out", str(out)]) == 0
+    argv = ["export", "gguf", "--ckpt", str(run), "--out", str(out)]
+    if gguf_families.FAMILY_ARCH.get(fam.name) in gguf_families.IGNORES_WINDOW:
+        # llama.cpp's llama and phi3 attend over the whole context: a window of 8 has no GGUF form there, refused
+        # in one line; the rest checks the file it would otherwise be (its tokenizer, its layout), guard lifted
+        assert main(argv) == 2 and not out.exists()
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(gguf_families, "IGNORES_WINDOW", ())
+            assert main(argv) == 0
+    else:
+        assert main(argv) == 0
     g = read_gguf(next(out.glob("*.gguf")))
     ids = _long_ids(fam)
     torch.testing.assert_close(_logits(g.model, ids), _logits(load_model(ModelSource(ckpt=str(run))).eval(), ids),

@@ -48,7 +48,11 @@ MODEL_TYPE = {"gemma3": "gemma3_text"}
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
-    """family -> the folder of its transformers model, saved on first use."""
+    return saver(tmp_path_factory)
+
+
+def saver(tmp_path_factory):
+    """family -> the folder of its transformers model, saved on first use (the ``saved`` fixture)."""
     dirs: dict = {}
 
     def get(name: str):

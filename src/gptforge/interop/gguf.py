@@ -16,8 +16,9 @@ versions of the same models (``export hf``). Differences from gptforge's own lay
   (llama.cpp falls back to ``token_embd``). A Llama with q/k/v biases (``model.qkv_bias``) is written
   as llama.cpp's ``qwen2``, whose rotary is rotate-half already: its rows stay, its biases are added.
 * A model of another family (``model.family``: qwen3, gemma2, gemma3, phi3; mistral as ``llama`` with
-  ``llama.attention.sliding_window``, which llama.cpp's llama ignores) is written in llama.cpp's layout
-  for it (``gguf_families.py``), after checking the file would read back to the same fields.
+  ``llama.attention.sliding_window``) is written in llama.cpp's layout for it (``gguf_families.py``), after
+  checking the file would read back to the same fields. llama.cpp's llama ignores the window and its phi3
+  turns it off, so a Mistral or Phi-3 whose window is shorter than its context is refused (export hf).
 * Rope scaling: ``linear`` as ``rope.scaling.type``/``factor``; ``llama3`` as llama.cpp's converter
   writes Llama 3.1/3.2, per-frequency divisors in the tensor ``rope_freqs.weight``.
 * The vocabulary padding rows are sliced off; the tokenizer is GPT-2's BPE (``tokenizer.ggml.model``

@@ -45,6 +45,10 @@ BIG_LAYERS = {"gemma2": 46, "gemma3": 62}  # the 27B models: llama.cpp scales qu
 GEMMA3_LOCAL_THETA = 10_000.0  # llama.cpp's gemma3 sliding layers' rope base (not in the file)
 # what llama.cpp's loader takes for a key a file leaves out (src/models/gemma2.cpp: "n_swa = 4096; // default value
 # of gemma 2", and llama-hparams.h's soft-caps 50 and 30, which its gemma2 always applies): the same model here
+# the architectures whose llama.cpp loader does not apply {arch}.attention.sliding_window: llama never reads it
+# (src/models/llama.cpp), phi3 reads it and turns the window off (llama.cpp PR 13676); both attend over the whole
+# context, so a model whose window is shorter than its context has no GGUF form in them
+IGNORES_WINDOW = ("llama", "phi3")
 LLAMA_CPP_DEFAULTS = {"gemma2": {"attention.sliding_window": 4096, "attn_logit_softcapping": 50.0,
                                  "final_logit_softcapping": 30.0}}
 
@@ -54,12 +58,32 @@ def swa_pattern(arch: str, n_layer: int) -> str:
     return "".join("s" if i % n < n - 1 else "f" for i in range(n_layer))
 
 
-def config_fields(arch: str, scalars: dict, path: Path, n_layer: int, n_embd: int, n_head: int, head_dim: int) -> dict:
-    """``LlamaConfig`` fields a family architecture's keys (and llama.cpp's fixed choices) set."""
+def check_pattern_array(arch: str, pattern: list | None, window: int, path: Path, n_layer: int) -> None:
+    """``{arch}.attention.sliding_window_pattern`` written as a per-layer array (nonzero = the layer slides, as
+    llama.cpp's per-layer readers take it): llama.cpp's gemma2 and gemma3 read only a period there (an array is
+    skipped for their fixed one) and its other architectures read none, so the array loads only where it says
+    what they run (the fixed Gemma pattern; every layer sliding with a window, none without) and is refused by
+    name otherwise, never read as either."""
+    if pattern is None:
+        return
+    key = f"{arch}.attention.sliding_window_pattern"
+    runs = swa_pattern(arch, n_layer) if arch in SWA_PERIOD else ("s" if window else "f") * n_layer
+    says = "".join("s" if v else "f" for v in pattern)
+    if len(pattern) != n_layer or any(isinstance(v, (str, bytes, float)) for v in pattern) or says != runs:
+        raise _refuse(path, key, f"a per-layer array ({says if len(says) <= 64 else len(says)})",
+                      f"per-layer sliding kinds other than the ones llama.cpp's {arch} runs ({runs}, for "
+                      f"{n_layer} layers), which it uses whatever the array says")
+
+
+def config_fields(arch: str, scalars: dict, path: Path, n_layer: int, n_embd: int, n_head: int, head_dim: int,
+                  pattern: list | None = None) -> dict:
+    """``LlamaConfig`` fields a family architecture's keys (and llama.cpp's fixed choices) set; ``pattern``: the
+    items of a per-layer ``{arch}.attention.sliding_window_pattern`` array (:func:`check_pattern_array`)."""
     defaults = LLAMA_CPP_DEFAULTS.get(arch, {})
     window = scalars.get(f"{arch}.attention.sliding_window", defaults.get("attention.sliding_window")) or 0
     if isinstance(window, bool) or not isinstance(window, int) or window < 0:
         raise GGUFReadError(f"{path}: metadata key {arch}.attention.sliding_window={window!r}: expected an integer")
+    check_pattern_array(arch, pattern, window, path, n_layer)
     if arch == "llama":
         return {"sliding_window": window, "family": "mistral"} if window else {}
     out: dict = {"family": arch}
@@ -71,6 +95,9 @@ def config_fields(arch: str, scalars: dict, path: Path, n_layer: int, n_embd: in
     if arch == "phi3":
         return {**out, "sliding_window": window}
     # gemma2, gemma3
+    if f"{arch}.attention.sliding_window" in scalars and not window:  # present and 0: not "missing"
+        raise _refuse(path, f"{arch}.attention.sliding_window", 0, "Gemma's sliding layers with a window of no "
+                      "tokens (no model has one; llama.cpp's gemma3 then runs every layer full)")
     if not window:
         raise GGUFReadError(f"{path}: metadata key {arch}.attention.sliding_window is missing; Gemma's sliding "
                             "layers need it")
@@ -155,9 +182,10 @@ def _rope_scaling(scalars: dict, path: Path, arch: str, head_dim: int, theta: fl
 
 
 def llama_config_from_gguf(scalars: dict, arrays: dict, names: set[str], path: Path, vocab_size: int,
-                           rope_freqs: torch.Tensor | None = None):
+                           rope_freqs: torch.Tensor | None = None, items: dict | None = None):
     """A ``LlamaConfig`` from GGUF metadata (architecture llama or qwen2), refusing what gptforge's
-    Llama cannot represent. ``rope_freqs``: the file's ``rope_freqs.weight``, dequantized."""
+    Llama cannot represent. ``rope_freqs``: the file's ``rope_freqs.weight``, dequantized; ``items``: the
+    arrays' items by key (a per-layer sliding pattern is checked against them; without them it is refused)."""
     from gptforge.models.llama import LlamaConfig
 
     arch = scalars.get("general.architecture")
@@ -186,11 +214,16 @@ def llama_config_from_gguf(scalars: dict, arrays: dict, names: set[str], path: P
         head_dim = 1  # not whole heads: refused just below
     head_dim = head_dim or n_embd // n_head
     if n_head % n_kv or head_dim % 2:
-        raise GGUFReadError(f"{path}: {arch}.embedding_length={n_embd}, {arch}.attention.head_count={n_head} and "
-                            f"head_count_kv={n_kv} do not make whole, even heads shared evenly")
+        size = f"{arch}.attention.key_length={head_dim}" if f"{arch}.attention.key_length" in scalars \
+            else f"{arch}.embedding_length={n_embd}"
+        raise GGUFReadError(f"{path}: {size}, {arch}.attention.head_count={n_head} and "
+                            f"{arch}.attention.head_count_kv={n_kv} do not make whole, even heads shared evenly")
     theta = _key(scalars, f"{arch}.rope.freq_base", path, (int, float), required=False, default=10_000.0)
     # required, as llama.cpp's loader requires it (transformers' would fall back to 1e-6): no guessed epsilon
     eps = _key(scalars, f"{arch}.attention.layer_norm_rms_epsilon", path, (int, float))
+    if not (eps > 0 and math.isfinite(eps)):  # named as the file names it, not as model.norm_eps
+        raise GGUFReadError(f"{path}: metadata key {arch}.attention.layer_norm_rms_epsilon={eps} must be a positive "
+                            "number")
     if not (theta > 0 and math.isfinite(theta)):
         raise GGUFReadError(f"{path}: metadata key {arch}.rope.freq_base={theta} must be a positive number")
     scaling = _rope_scaling(scalars, path, arch, head_dim, float(theta), rope_freqs)
@@ -199,8 +232,14 @@ def llama_config_from_gguf(scalars: dict, arrays: dict, names: set[str], path: P
             raise _refuse(path, key, scalars[key], f"heads of {head_dim} channels (attention.key_length, or "
                           "embedding_length/head_count), all of them rotated")
     extra: dict = {}
+    pattern_key = f"{arch}.attention.sliding_window_pattern"
+    pattern = None
+    if pattern_key in arrays:  # a per-layer array: its items (none known: an array of one string, refused)
+        pattern = list((items or {}).get(pattern_key, ["?"]))
     if arch in ("llama",) + ARCHS:  # families of the one Llama: their keys and llama.cpp's choices
-        extra = config_fields(arch, scalars, path, n_layer, n_embd, n_head, head_dim)
+        extra = config_fields(arch, scalars, path, n_layer, n_embd, n_head, head_dim, pattern)
+    elif pattern is not None:  # qwen2: no window at all (refused below if the file has one)
+        check_pattern_array(arch, pattern, 0, path, n_layer)
     if head_dim != n_embd // n_head or n_embd % n_head:
         extra["head_size"] = head_dim
     _check_extras_and_vocab(scalars, path, arch, vocab_size, "Llama", window=arch in ("llama",) + ARCHS)

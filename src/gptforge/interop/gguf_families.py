@@ -30,6 +30,8 @@ import torch
 from gptforge.interop.gguf_config import (  # noqa: F401 - ARCHS and config_fields are read from here too
     ARCHS,
     BLOCK_NAMES,
+    IGNORES_WINDOW,
+    SWA_PERIOD,
     config_fields,
     llama_config_from_gguf,
 )
@@ -39,13 +41,21 @@ FAMILY_ARCH = {"qwen3": "qwen3", "gemma2": "gemma2", "gemma3": "gemma3", "phi3":
 NEOX = ("qwen2", "qwen3", "gemma2", "gemma3", "phi3")  # rotate-half rotary in llama.cpp: q/k rows as HF's
 
 
+def _window(cfg, arch: str) -> int:
+    """The window the file carries: none where it spans the context (plain causal attention, and a key llama.cpp's
+    qwen3 would refuse), except Gemma's, whose loaders need it."""
+    from gptforge.interop.hf_llama import window_spans_context
+
+    return 0 if window_spans_context(cfg) and arch not in SWA_PERIOD else cfg.sliding_window
+
+
 def write_keys(w, cfg) -> None:
     """The family's metadata beyond Llama's (``gguf.export_gguf`` writes those)."""
     arch = FAMILY_ARCH[cfg.family]
     w.add_key_length(cfg.head_dim)
     w.add_value_length(cfg.head_dim)
-    if cfg.sliding_window:
-        w.add_sliding_window(cfg.sliding_window)
+    if _window(cfg, arch):
+        w.add_sliding_window(_window(cfg, arch))
     if arch == "gemma2":
         if cfg.attn_softcap:
             w.add_attn_logit_softcapping(cfg.attn_softcap)
@@ -64,8 +74,8 @@ def scalars_of(cfg, arch: str) -> dict:
                                         ("rope.dimension_count", cfg.head_dim),
                                         ("attention.key_length", cfg.head_dim),
                                         ("attention.value_length", cfg.head_dim))}
-    if cfg.sliding_window:
-        s[f"{arch}.attention.sliding_window"] = cfg.sliding_window
+    if _window(cfg, arch):
+        s[f"{arch}.attention.sliding_window"] = _window(cfg, arch)
     if arch == "gemma2":  # as write_keys writes them: a cap that is off is no key (and llama.cpp's 50 or 30)
         s.update({f"{arch}.{key}": f32(cap) for key, cap in (("attn_logit_softcapping", cfg.attn_softcap),
                                                               ("final_logit_softcapping", cfg.logit_softcap)) if cap})
@@ -82,6 +92,12 @@ def check_export(cfg) -> None:
     if cfg.qkv_bias or cfg.rope_type == "llama3":
         raise ValueError(f"model.family={cfg.family} with model.qkv_bias or model.rope_type='llama3': llama.cpp's "
                          f"{arch} has neither here; export hf instead")
+    if arch in IGNORES_WINDOW and 0 < cfg.sliding_window < cfg.block_size:
+        raise ValueError(f"model.family={cfg.family} with model.sliding_window={cfg.sliding_window} shorter than "
+                         f"model.block_size={cfg.block_size}: llama.cpp's {arch} architecture ignores "
+                         f"{arch}.attention.sliding_window and attends over the whole context, so past "
+                         f"{cfg.sliding_window} tokens it would compute another model; export hf instead (its config "
+                         "keeps the window)")
     names = set() if cfg.tie_embeddings else {"output.weight"}
     try:
         back = llama_config_from_gguf(scalars_of(cfg, arch) | {"general.architecture": arch}, {}, names,

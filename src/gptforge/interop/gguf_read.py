@@ -358,7 +358,7 @@ def read_gguf(path: str | Path, weights: bool = True) -> GGUFModel:
         cfg = gpt2_config_from_gguf(scalars, arrays, path, n_tokens)
         shapes_of, family = (lambda c: _gpt2_expected_shapes(c, names)), "GPT"
     else:
-        cfg = llama_config_from_gguf(scalars, arrays, names, path, n_tokens, rope_freqs)
+        cfg = llama_config_from_gguf(scalars, arrays, names, path, n_tokens, rope_freqs, header.items)
         shapes_of, family = _expected_shapes, "Llama"
     # the total the metadata claims against the tensors present and the memory free (dequantized to float32),
     # before a table of every claimed layer is built or anything is dequantized

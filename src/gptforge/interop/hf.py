@@ -128,6 +128,9 @@ def hf_family(name_or_dir: str) -> str:
 # transformers' activation names that compute GPT-2's tanh GELU (nn.GELU(approximate="tanh")) exactly
 TANH_GELU = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast", "gelu_accurate", "gelu_python_tanh")
 GPT2_REQUIRED = ("n_layer", "n_head", "n_embd", "n_positions", "vocab_size")
+# what transformers' GPT2Config makes of a size config.json leaves out (the weights' shapes are then checked against
+# it, so a file of other sizes is refused naming them, never loaded partly random as transformers would)
+GPT2_DEFAULTS = dict(n_layer=12, n_head=12, n_embd=768, n_positions=1024, vocab_size=50257)
 
 
 def _refuse(where: str, key: str, value, why: str) -> HFModelError:
@@ -140,6 +143,7 @@ def gpt2_config_from_hf(c: dict, where: str = "config.json") -> dict:
     refusing by name every field that changes the function in a way gptforge's GPT-2 does not compute."""
     if c.get("model_type") != "gpt2":
         raise HFModelError(f"{where}: model_type={c.get('model_type')!r}; the GPT-2 loader reads 'gpt2' only")
+    c = {**GPT2_DEFAULTS, **c}  # a size left out is GPT2Config's; a null one is refused below, as transformers does
     bad = [k for k in GPT2_REQUIRED
            if isinstance(c.get(k), bool) or not isinstance(c.get(k), int) or not 0 < c[k] <= MAX_DIM]
     if bad:

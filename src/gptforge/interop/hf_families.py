@@ -17,8 +17,10 @@ What each family is, as ``LlamaConfig`` fields (``models/llama.py``):
 * ``gemma3_text``: Gemma 2 without the soft-caps, with ``qk_norm`` and the sliding layers' own rope
   base (``rope_local_theta``; rope scaling applies to the full layers only, as transformers does).
 
-A key a config leaves out means what transformers' class for its model_type says (``HF_DEFAULTS``), and
-``layer_types`` count only for the model_types whose transformers model reads them (``READS_LAYER_TYPES``).
+A key a config leaves out means what transformers' class for its model_type says (``HF_DEFAULTS``: every
+default that does not follow from other keys, the context included), a null where that class refuses one is
+refused (``NULLABLE``, ``NULL_HEAD_DIM``, ``WINDOW_REQUIRED``), and ``layer_types``, bias switches and rope types
+count only as the family's transformers model reads them (``READS_LAYER_TYPES``, ``READS_BIAS``, ``ROPE_TYPES``).
 What a config asks beyond these (a rope scaling other than linear/llama3, partial rotary, biases,
 another activation, bidirectional attention, chunked attention layers) is refused by name. Export
 writes the family's config.json, then reads it back through the import: a model the family's
@@ -45,29 +47,64 @@ LAYER_KIND = {"sliding_attention": "s", "full_attention": "f"}
 # defaults (5.x, the same in 4.4x), per model_type, for every key the reader would otherwise default itself;
 # tests/models/test_hardening_round7_families.py compares them with the classes.
 HF_DEFAULTS: dict[str, dict] = {
-    "llama": dict(rms_norm_eps=1e-6, rope_theta=10_000.0, tie_word_embeddings=False),
+    "llama": dict(rms_norm_eps=1e-6, rope_theta=10_000.0, tie_word_embeddings=False, max_position_embeddings=2048),
     "qwen2": dict(rms_norm_eps=1e-6, rope_theta=10_000.0, tie_word_embeddings=False, use_sliding_window=False,
-                  max_window_layers=28),
+                  max_window_layers=28, max_position_embeddings=32_768, num_key_value_heads=32),
     "qwen3": dict(rms_norm_eps=1e-6, rope_theta=10_000.0, tie_word_embeddings=False, use_sliding_window=False,
-                  max_window_layers=28, head_dim=128),
+                  max_window_layers=28, head_dim=128, max_position_embeddings=32_768, num_key_value_heads=32),
     "mistral": dict(rms_norm_eps=1e-6, rope_theta=10_000.0, tie_word_embeddings=False, sliding_window=4096,
-                    num_key_value_heads=8),
-    "phi3": dict(rms_norm_eps=1e-5, rope_theta=10_000.0, tie_word_embeddings=False),
+                    num_key_value_heads=8, max_position_embeddings=131_072),
+    "phi3": dict(rms_norm_eps=1e-5, rope_theta=10_000.0, tie_word_embeddings=False, max_position_embeddings=4096),
     "gemma2": dict(rms_norm_eps=1e-6, rope_theta=10_000.0, tie_word_embeddings=True, sliding_window=4096,
                    num_key_value_heads=4, head_dim=256, query_pre_attn_scalar=256, attn_logit_softcapping=50.0,
-                   final_logit_softcapping=30.0, hidden_activation=GELU_TANH[0]),
+                   final_logit_softcapping=30.0, hidden_activation=GELU_TANH[0], max_position_embeddings=8192),
     "gemma3_text": dict(rms_norm_eps=1e-6, rope_theta=1_000_000.0, rope_local_base_freq=10_000.0,
                         tie_word_embeddings=True, sliding_window=4096, num_key_value_heads=4, head_dim=256,
-                        query_pre_attn_scalar=256, hidden_activation=GELU_TANH[0]),
+                        query_pre_attn_scalar=256, hidden_activation=GELU_TANH[0], max_position_embeddings=131_072),
 }
+# the model_types whose transformers model fails on a null sliding_window (Qwen's only with use_sliding_window);
+# Mistral's and Phi-3's null is no window
+WINDOW_REQUIRED = ("qwen2", "qwen3", "gemma2", "gemma3_text")
+# the model_types whose transformers model reads each bias switch (Mistral's, Phi-3's and Qwen2's read neither,
+# Qwen3's and Gemma's no mlp_bias): a switch a model does not read changes nothing there, and loads here too
+READS_BIAS = {"attention_bias": ("llama", "qwen3", "gemma2", "gemma3_text"), "mlp_bias": ("llama",)}
 # the model_types whose transformers attention reads config.json's layer_types (Mistral's as Ministral's);
 # Phi-3's and Llama's read none: every Phi-3 layer slides whatever the list says
 READS_LAYER_TYPES = ("qwen2", "qwen3", "mistral", "gemma2", "gemma3_text")
 
 
+# the keys of HF_DEFAULTS whose null means something to transformers (no window, no cap); a null elsewhere is
+# refused by transformers' typed config classes, and gptforge will not read it as the default instead
+NULLABLE = ("sliding_window", "attn_logit_softcapping", "final_logit_softcapping")
+# a null head_dim is derived (hidden / heads) by these classes only; Qwen2's and Phi-3's models read the null itself
+# and fail, Qwen3's and Gemma's classes refuse it
+NULL_HEAD_DIM = ("llama", "mistral")
+# the rope types a model_type's transformers config accepts, where it narrows them (Phi3Config: longrope only,
+# which gptforge does not implement); gptforge's own (default, linear, llama3) are checked in hf_llama.rope_from_hf
+ROPE_TYPES = {"phi3": ("default", "longrope")}
+
+
 def with_defaults(c: dict, model_type: str) -> dict:
-    """``c`` with the keys it leaves out set as transformers' class for ``model_type`` sets them."""
-    return {**HF_DEFAULTS.get(model_type, {}), **c}
+    """``c`` with the keys it leaves out set as transformers' class for ``model_type`` sets them; a key set to
+    null where that class types it as a value is refused by name."""
+    defaults = HF_DEFAULTS.get(model_type, {})
+    null = next((k for k in defaults if k in c and c[k] is None and k not in NULLABLE), None)
+    if null is None and "head_dim" in c and c["head_dim"] is None and model_type not in NULL_HEAD_DIM:
+        null = "head_dim"
+    if null is not None:
+        raise FamilyConfigError(f"Hugging Face config {null}=None: expected a value (transformers' {model_type} "
+                                f"config refuses null here); leave the key out for its default "
+                                f"{defaults.get(null, 'hidden_size / num_attention_heads')!r}")
+    return {**defaults, **c}
+
+
+def check_rope_type(kind, key: str, model_type: str) -> None:
+    """Refuse a rope type transformers' config class for ``model_type`` refuses (``ROPE_TYPES``)."""
+    allowed = ROPE_TYPES.get(model_type)
+    if allowed is not None and kind not in allowed:
+        raise FamilyConfigError(f"Hugging Face config {key}={kind!r}: transformers' {model_type} config accepts "
+                                f"rope types {', '.join(allowed)} only and refuses this one; gptforge will not load a "
+                                "config its own model class rejects")
 
 
 class FamilyConfigError(ValueError):
@@ -109,6 +146,12 @@ def check_layer_types(c: dict) -> list | None:
     return types
 
 
+def _null_window(model_type: str) -> FamilyConfigError:
+    return FamilyConfigError(f"Hugging Face config sliding_window=None: transformers' {model_type} model builds its "
+                             "sliding layers' mask from the window and fails on null; give the window"
+                             + (", or use_sliding_window false" if model_type.startswith("qwen") else ""))
+
+
 def layer_pattern(c: dict, model_type: str) -> tuple[int, str]:
     """(sliding_window, layer_types) from a config: the window (0 = none) and, where only some layers
     slide, one letter per layer (s sliding, f full), as transformers decides it for ``model_type``
@@ -118,8 +161,13 @@ def layer_pattern(c: dict, model_type: str) -> tuple[int, str]:
     window = _int(c, "sliding_window")
     if model_type in ("qwen2", "qwen3") and not c.get("use_sliding_window"):
         window = None  # Qwen's configs carry a window they do not use unless asked
+    qwen = model_type in ("qwen2", "qwen3")
+    null = window is None and model_type in WINDOW_REQUIRED and "sliding_window" in c and (
+        c.get("use_sliding_window") or not qwen)
     types = check_layer_types(c)
-    if window is None:
+    if null and not qwen:  # Gemma builds its sliding mask whatever the layers (round seven: even all full)
+        raise _null_window(model_type)
+    if window is None and not null:
         return 0, ""
     if types is not None and model_type in READS_LAYER_TYPES:
         pattern = "".join(LAYER_KIND[t] for t in types)
@@ -129,12 +177,18 @@ def layer_pattern(c: dict, model_type: str) -> tuple[int, str]:
     elif model_type == "gemma2":
         pattern = "".join("s" if (i + 1) % 2 else "f" for i in range(n))
     elif model_type == "gemma3_text":
-        every = _int(c, "sliding_window_pattern", c.get("_sliding_window_pattern", 6)) or 6
+        key = "sliding_window_pattern" if "sliding_window_pattern" in c else "_sliding_window_pattern"
+        every = _int(c, key, 6)  # a period: a list or string here is refused by name, as transformers fails on it
+        if not every:
+            raise FamilyConfigError(f"Hugging Face config {key}=0: a period of no layers (transformers divides by "
+                                    "it); give the period of full layers (6), or layer_types")
         pattern = "".join("s" if (i + 1) % every else "f" for i in range(n))
     else:
         pattern = "s" * n
     if "s" not in pattern:
         return 0, ""
+    if null:  # Qwen's: some layer slides
+        raise _null_window(model_type)
     if window == 0:
         raise FamilyConfigError("Hugging Face config sliding_window=0: a window of no tokens on the layers that "
                                 "slide; set it to the model's window, or null for none")
@@ -146,7 +200,7 @@ def family_fields(c: dict, model_type: str) -> dict:
     refusing what they cannot express. Also handles sliding windows for ``qwen2``."""
     out: dict = {}
     window, types = layer_pattern(c, model_type)
-    ctx = c.get("max_position_embeddings", 2048)
+    ctx = c["max_position_embeddings"]  # with_defaults: the family's own when left out
     if window and not types and window >= ctx and model_type != "gemma3_text":
         window = 0  # a window as long as the context is plain causal attention
     out.update(sliding_window=window, layer_types=types)

@@ -70,7 +70,7 @@ def _number(where: str, d: dict, key: str, default=None) -> float:
     return v
 
 
-def rope_from_hf(c: dict) -> dict:
+def rope_from_hf(c: dict, model_type: str = "llama") -> dict:
     """``model.rope_theta`` and ``model.rope_*`` fields from ``rope_scaling`` (transformers < 5) or
     ``rope_parameters`` (>= 5), as transformers 5 reads them: a ``rope_scaling`` replaces ``rope_parameters``
     whole, and the base is the chosen one's ``rope_theta``, else the top-level ``rope_theta`` (else 10,000);
@@ -84,6 +84,12 @@ def rope_from_hf(c: dict) -> dict:
         if d.get("partial_rotary_factor") not in (None, 1.0):  # null: transformers' default, every dimension
             raise _refuse("partial_rotary_factor", d["partial_rotary_factor"], "only part of each head rotates")
     kind = scaling.get("rope_type", scaling.get("type", "default"))
+    from gptforge.interop import hf_families
+
+    try:  # a type the family's transformers class itself refuses (Phi-3's linear, llama3)
+        hf_families.check_rope_type(kind, f"{where}.rope_type", model_type)
+    except hf_families.FamilyConfigError as e:
+        raise HFConfigError(str(e)) from None
     if kind not in ("default", "linear", "llama3"):
         raise _refuse(f"{where}.rope_type", kind, "this rope scaling changes the rotary frequencies in a way only "
                       "default, linear and llama3 are implemented for")
@@ -139,8 +145,17 @@ def llama_config_from_hf(c: dict, **overrides) -> LlamaConfig:
     if model_type not in MODEL_TYPES:
         raise HFConfigError(f"Hugging Face config model_type={model_type!r}: only {', '.join(MODEL_TYPES)} load into "
                             "gptforge's Llama")
-    c = hf_families.with_defaults(c, model_type)  # a key left out means what transformers' class says
+    raw = c
+    try:
+        c = hf_families.with_defaults(c, model_type)  # a key left out means what transformers' class says
+    except hf_families.FamilyConfigError as e:
+        raise HFConfigError(str(e)) from None
     check_field_types(c)
+    heads, kv = c["num_attention_heads"], c.get("num_key_value_heads") or c["num_attention_heads"]
+    if heads % kv:  # named as config.json names it (a family's default kv heads included), not as model.n_kv_head
+        raise HFConfigError(f"Hugging Face config num_key_value_heads={kv}: num_attention_heads={heads} is not a "
+                            f"multiple of it (each key/value head serves whole query heads)"
+                            + ("" if "num_key_value_heads" in raw else f"; left out, {model_type}'s default is {kv}"))
     try:
         hf_families.check_layer_types(c)
         extra = hf_families.family_fields(c, model_type) if model_type != "llama" else {}
@@ -148,14 +163,15 @@ def llama_config_from_hf(c: dict, **overrides) -> LlamaConfig:
             c = hf_families.gemma3_rope(c)
     except hf_families.FamilyConfigError as e:
         raise HFConfigError(str(e)) from None
-    scaling = rope_from_hf(c)  # model.rope_theta and the scaling
+    scaling = rope_from_hf(c, model_type)  # model.rope_theta and the scaling
     if model_type == "llama" and (c.get("sliding_window") or c.get("use_sliding_window")):
         raise _refuse("sliding_window", c.get("sliding_window"), "sliding-window attention (a Llama with a window is "
                       "model_type mistral)")
-    if c.get("attention_bias"):  # LlamaForCausalLM's attention_bias puts one on o_proj too (Qwen2's does not)
+    reads = hf_families.READS_BIAS  # where the family's transformers model ignores the switch, so does gptforge
+    if c.get("attention_bias") and model_type in reads["attention_bias"]:  # a bias on o_proj too (Qwen2's: q/k/v)
         raise _refuse("attention_bias", c["attention_bias"], "a bias on o_proj (q/k/v biases alone are Qwen2's, "
                       "model_type qwen2)")
-    if c.get("mlp_bias"):
+    if c.get("mlp_bias") and model_type in reads["mlp_bias"]:
         raise _refuse("mlp_bias", c["mlp_bias"], "biases in the MLP projections")
     if extra.get("mlp") != "geglu" and c.get("hidden_act", "silu") != "silu":
         raise _refuse("hidden_act", c["hidden_act"], "the MLP is SwiGLU with SiLU")
@@ -165,7 +181,7 @@ def llama_config_from_hf(c: dict, **overrides) -> LlamaConfig:
                       f"num_attention_heads={heads} (a head_dim apart is Qwen3's, Mistral's and Gemma's)")
     kwargs = dict(
         n_layer=c["num_hidden_layers"], n_head=heads, n_kv_head=c.get("num_key_value_heads") or heads,
-        n_embd=hidden, intermediate_size=c["intermediate_size"], block_size=c.get("max_position_embeddings", 2048),
+        n_embd=hidden, intermediate_size=c["intermediate_size"], block_size=c["max_position_embeddings"],
         vocab_size=c["vocab_size"], norm_eps=c.get("rms_norm_eps", 1e-6),
         tie_embeddings=bool(c.get("tie_word_embeddings")),
         qkv_bias=model_type == "qwen2", **scaling, **extra,
@@ -384,15 +400,24 @@ def _family_config(cfg: LlamaConfig) -> dict:
     return config
 
 
+def window_spans_context(cfg: LlamaConfig) -> bool:
+    """A window at least as long as the context: every query sees every earlier key, plain causal attention
+    (the readers drop such a window). Not for Gemma 3, whose sliding layers keep their own rope base."""
+    return 0 < cfg.block_size <= cfg.sliding_window and cfg.family != "gemma3"
+
+
 def _meaning(cfg: LlamaConfig, field: str):
     """What ``field`` means for the math, two spellings of one model compared equal (head_size 0 or
-    n_embd/n_head, an intermediate_size 0 or its derived width, layer_types empty or all sliding)."""
+    n_embd/n_head, an intermediate_size 0 or its derived width, layer_types empty or all sliding, a window
+    as long as the context or none)."""
     if field == "head_size":
         return cfg.head_dim
     if field == "intermediate_size":
         return cfg.hidden_dim
+    if field == "sliding_window":
+        return 0 if window_spans_context(cfg) else cfg.sliding_window
     if field == "layer_types":
-        return cfg.sliding_pattern
+        return "f" * cfg.n_layer if window_spans_context(cfg) else cfg.sliding_pattern
     if field == "query_pre_attn_scalar":
         return cfg.query_pre_attn_scalar or cfg.head_dim
     return getattr(cfg, field)
