@@ -84,10 +84,10 @@ def test_plans_search_does_not_grow_with_the_layer_count(capsys):
     the GPUs (the divisors of their gcd): a billion layers costs what twelve do."""
     import time
 
-    t = time.perf_counter()
+    t = time.thread_time()  # this thread's CPU: what the search costs, not what a loaded machine's other work takes
     assert main(["plan", "--preset", "gpt2-124m", "--gpu", "h100-80", "--gpus", "64", "--model.n_layer",
                  "1000000000"]) == 1  # 1: planned, and nothing fits (7 quadrillion parameters)
-    assert time.perf_counter() - t < 30
+    assert time.thread_time() - t < 30
     out = capsys.readouterr().out
     assert "layouts costed" in out and "nothing fits" in out
 

@@ -24,9 +24,9 @@ def test_a_limit_past_the_held_out_set_is_the_held_out_set(name, limit):
 
 @pytest.mark.parametrize("name", sorted(GENERATED))
 def test_a_huge_limit_costs_nothing(name):
-    start = time.perf_counter()
+    start = time.thread_time()  # CPU of this thread: what the call costs (~0.01 s), not a loaded machine's wait
     assert len(task_problems(name, 10**11)) == HELD_OUT
-    assert time.perf_counter() - start < 5
+    assert time.thread_time() - start < 5
 
 
 def test_eval_says_the_limit_was_clamped_before_the_model_loads(tmp_path, capsys, monkeypatch):

@@ -212,8 +212,10 @@ def test_sigkill_mid_shard_then_resume(tmp_path, tokenizer):
     r = subprocess.run([sys.executable, "-c", script], env={**os.environ, "GPTFORGE_TEST_MARK": tmp_path.name},
                        timeout=120)
     assert r.returncode == -9
-    # the killed run's workers notice they were orphaned and exit (they would otherwise wait forever)
-    deadline = time.time() + 10
+    # the killed run's workers notice they were orphaned and exit (they would otherwise wait forever): at once by
+    # the parent-death signal, or within their 1 s poll; 30 s leaves a loaded machine room for a spawned worker
+    # still importing when its parent died (the loop ends as soon as they are gone)
+    deadline = time.time() + 30
     while _processes_with_env(marker) and time.time() < deadline:
         time.sleep(0.2)
     assert not _processes_with_env(marker)

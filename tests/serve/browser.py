@@ -23,11 +23,13 @@ def serve_in_thread(app) -> Iterator[str]:
     """Run ``app`` on 127.0.0.1 at a free port; yield its base URL; stop it afterwards."""
     import uvicorn
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    # the listening socket is made here and handed to uvicorn: a port found free and closed again could be
+    # taken by another process (an xdist worker, a client's ephemeral port) before uvicorn binds it
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
     srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
+    thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.time() + 30
     while not srv.started:
@@ -38,3 +40,4 @@ def serve_in_thread(app) -> Iterator[str]:
     finally:
         srv.should_exit = True
         thread.join(timeout=10)
+        sock.close()

@@ -30,8 +30,9 @@ def server(tokenizer, tmp_path):
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=128)).eval()
     # a tiny model decodes 40 tokens faster than the browser reads the socket, so all of them could
-    # arrive in one read and the text would grow once; 20 ms per forward makes streaming observable
-    model.register_forward_hook(lambda *_: time.sleep(0.02))
+    # arrive in one read and the text would grow once; 60 ms per forward makes streaming observable: the 40 take
+    # 2.4 s, so 4 distinct lengths need the browser to read every ~0.5 s, which a loaded machine still lets it
+    model.register_forward_hook(lambda *_: time.sleep(0.06))
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text("".join(json.dumps({"kind": "train", "step": s, "loss": 10 * 0.97**s}) + "\n" for s in range(60))
                        + json.dumps({"kind": "val", "step": 59, "val_loss": 2.0}) + "\n")

@@ -30,7 +30,7 @@ T = ChatTemplate.gpt2()
 def chat_server(tokenizer):
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=128, vocab_size=T.vocab_size)).eval()
-    model.register_forward_hook(lambda *_: time.sleep(0.02))  # observable streaming (see test_browser.py)
+    model.register_forward_hook(lambda *_: time.sleep(0.06))  # observable streaming (see test_browser.py)
     app = create_app(model, tokenizer, ServeSettings(max_new_tokens_cap=64), None, chat_template=T.to_dict())
     with serve_in_thread(app) as url:
         yield url, model

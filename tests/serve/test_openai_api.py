@@ -202,13 +202,15 @@ def test_busy_server_is_a_rate_limit_error(tokenizer, monkeypatch):
     from gptforge import generation
 
     pick = generation._pick
-    monkeypatch.setattr(generation, "_pick", lambda *a: (time.sleep(0.05), pick(*a))[1])
+    # 0.2 s a token: the streamed 40 hold the model >= 8 s, time for the second request to find it busy on a loaded
+    # machine (at 0.05 s the 2 s could pass before it came)
+    monkeypatch.setattr(generation, "_pick", lambda *a: (time.sleep(0.2), pick(*a))[1])
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=64)).eval()
     with serve_in_thread(create_app(model, tokenizer, ServeSettings(max_new_tokens_cap=40, max_queue=0))) as url:
         c = openai.OpenAI(base_url=url + "/v1", api_key="-", max_retries=0)
         stream = c.completions.create(model="x", prompt="Hi", max_tokens=40, temperature=0, stream=True)
-        next(iter(stream))  # generating now, for about 2 s
+        next(iter(stream))  # generating now, for about 8 s
         with pytest.raises(openai.RateLimitError) as e:
             c.completions.create(model="x", prompt="Hi", max_tokens=2)
         assert e.value.body["type"] == "rate_limit_error" and "busy" in e.value.body["message"]

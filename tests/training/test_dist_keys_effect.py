@@ -112,7 +112,11 @@ def test_timeout_is_how_long_a_collective_waits_for_a_missing_rank():
             out, err = r0.communicate(timeout=90)
             waited, message = out.strip().split(" ", 1) if out.strip() else ("nan", err[-2000:])
             assert f"{timeout * 1000}ms" in message, message
-            assert timeout * 0.9 <= float(waited) < timeout + 5, (timeout, waited)
+            # gloo's message names the timeout it was given (the setting's effect, exactly); the wait measured
+            # around it is the setting's, not the default 1800 s: at least (nearly) the timeout, and at most the
+            # timeout plus what a loaded 2-core machine may hold rank 0 (four processes of this test, the xdist
+            # workers): 20 s, far below the default and the communicate's 90 s
+            assert timeout * 0.9 <= float(waited) < timeout + 20, (timeout, waited)
     finally:
         for procs in runs.values():
             for p in procs:
