@@ -128,13 +128,13 @@ def runs(tmp_path_factory, tokenizer, eval_data):
          "resume": "latest"},
     ]
     # GRPO across ranks: each rank samples half of the problems' groups; compared with one process below
-    chat = _chat_checkpoint(tmp)
-    jobs.append({"cli": ["rl", "--init-from", str(chat), "--out", str(tmp / "rl2"), *RL_ARGS]})
+    chat, peaked = _chat_checkpoint(tmp), _chat_checkpoint(tmp, peaked=True)
+    jobs.append({"cli": ["rl", "--init-from", str(peaked), "--out", str(tmp / "rl2"), *RL_ARGS]})
     # graded rewards (a random model scores 0 on the task's own): the advantages, and scale_rewards batch's
     # std over every rank's replies (count, sum and sum of squares all-reduced), against one process; and
     # resample_flat's rounds (every rank samples until no rank has a flat group), against one process
     for scale in GRADED:
-        jobs.append({"cli": ["rl", "--init-from", str(chat), "--out", str(tmp / f"rl_{scale}2"), *_graded(scale)]})
+        jobs.append({"cli": ["rl", "--init-from", str(peaked), "--out", str(tmp / f"rl_{scale}2"), *_graded(scale)]})
     # rm, dpo and PPO across ranks; each compared with one process accumulating the same global batch
     from gptforge.eval.tasks.preferences import preference_set, write_preferences
 
@@ -165,9 +165,9 @@ def runs(tmp_path_factory, tokenizer, eval_data):
     out["zero_w1"] = {"train": zero_w1.train_losses, "val": zero_w1.val_losses}
     from gptforge.cli import main as cli
 
-    assert cli(["rl", "--init-from", str(chat), "--out", str(tmp / "rl1"), *RL_ARGS]) == 0
+    assert cli(["rl", "--init-from", str(peaked), "--out", str(tmp / "rl1"), *RL_ARGS]) == 0
     for scale in GRADED:
-        assert cli(["rl", "--init-from", str(chat), "--out", str(tmp / f"rl_{scale}1"), *_graded(scale)]) == 0
+        assert cli(["rl", "--init-from", str(peaked), "--out", str(tmp / f"rl_{scale}1"), *_graded(scale)]) == 0
     for name in ALIGN:
         assert cli(_align_argv(name, chat, prefs, tmp / f"{name}1", world=1)) == 0
     assert cli(_lora_sft_argv(lora_base, convs, tmp / "lora_sft1")) == 0
@@ -245,15 +245,28 @@ def _lora_sft_argv(base: Path, convs: Path, out: Path) -> list[str]:
             "--lora.rank", "4", "--lora.alpha", "8", "--lora.dropout", "0", "--lora.targets", "c_attn,c_fc"]
 
 
-def _chat_checkpoint(tmp: Path) -> Path:
-    """A tiny chat model (random weights; the GPT-2 vocabulary plus the chat tokens) to start RL from."""
+def _chat_checkpoint(tmp: Path, peaked: bool = False) -> Path:
+    """A tiny chat model (random weights; the GPT-2 vocabulary plus the chat tokens) to start RL from.
+
+    ``peaked``: the (tied) embedding scaled 50x, so the logits' spread is ~5.7 (0.02 x sqrt(32) x 50) instead of
+    0.11, for the runs that compare sampled replies across world sizes. Their logits differ by rounding (the
+    ranks pad to other lengths; after step 1 the gradients were summed in another order), and an inverse-CDF
+    draw (generation.sample_from) flips to the next token when its uniform lies within that rounding of a
+    boundary of the running sum: ~eps x V/2 per draw on a flat 50,261-way distribution (~2e-3 at eps 1e-7,
+    ~60 draws a step: equal replies held on AVX-512 and failed under the AVX2 and default ATen paths). At
+    temperature 1.5 the peaked model keeps ~10 tokens in play per position (the replies still differ within a
+    group), so a flip needs the uniform within eps x ~10 of a boundary: ~1e-6 per draw."""
     from gptforge.data.chat import ChatTemplate
     from gptforge.models.gpt2 import GPT, GPTConfig
 
     torch.manual_seed(0)
     t = ChatTemplate.gpt2()
     mcfg = GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=64, vocab_size=t.vocab_size)
-    return ckpt.save_checkpoint(tmp / "sft", 1, GPT(mcfg), None,
+    model = GPT(mcfg)
+    if peaked:
+        with torch.no_grad():
+            model.transformer.wte.weight.mul_(50.0)
+    return ckpt.save_checkpoint(tmp / ("sft_peaked" if peaked else "sft"), 1, model, None,
                                 {"config": Config(model=mcfg).to_dict(), "chat_template": t.to_dict()})
 
 
