@@ -268,9 +268,9 @@ def create_app(model: torch.nn.Module, enc: Any = None, settings: ServeSettings 
         return FileResponse(STATIC / "index.html", media_type="text/html")
 
     def describe() -> dict:
-        from gptforge.serve.describe import describe_served
+        from gptforge.serve.describe import describe_served, model_fields
 
-        return {"model": _model_fields(model.config), "parameters": model.num_parameters(),
+        return {"model": model_fields(model.config), "parameters": model.num_parameters(),
                 "tokenizer": tokenizer_fields(plain), "served": served or describe_served(model),
                 "limits": asdict(settings), "queue": {"waiting": gate.waiting}}
 
@@ -369,16 +369,6 @@ def bind_port(host: str, port: int):
                            f"server or pass --port {port + 1}") from e
         raise PortBusy(f"cannot listen on {host}:{port}: {e.strerror or e}; check --host and --port") from e
     return sock
-
-
-def _model_fields(cfg: Any) -> dict:
-    """The model's config for /api/info. ``bos_token`` (where a document starts, for document-masked
-    attention) only where attention is ``document``: elsewhere it is an unused default, GPT-2's 50256,
-    which read as the bos of a SmolLM2 whose vocabulary stops at 49,152."""
-    d = cfg.to_dict()
-    if d.get("attention") != "document":
-        d.pop("bos_token", None)
-    return d
 
 
 def tokenizer_fields(tok: Any) -> dict:

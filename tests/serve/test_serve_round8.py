@@ -1,0 +1,79 @@
+"""Hardening round eight of the server.
+
+``GET /api/info`` showed the served model's config as its config file wrote it: ``"fused_ce": null`` where the
+config says auto, and a Llama's derived fields as their 0 = derived placeholder (``n_kv_head: 0``, ``head_size:
+0``, ``intermediate_size: 0``, ``family: ""``). A client reading them was told a GQA model had 0 key/value heads.
+Now each is what the model was built with, read back here from the weights' own shapes (an independent
+reference), and ``auto`` lists which fields were resolved; the walk covers every field of every config
+family so a field added later as None is caught.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+pytest.importorskip("fastapi")
+from fastapi.testclient import TestClient  # noqa: E402
+
+from gptforge.models.gpt2 import GPT, GPTConfig  # noqa: E402
+from gptforge.models.llama import Llama, LlamaConfig  # noqa: E402
+from gptforge.serve.app import ServeSettings, create_app  # noqa: E402
+
+SHAPE = dict(n_layer=2, n_head=4, n_embd=32, block_size=16, vocab_size=64)
+CONFIGS = {
+    "gpt2": lambda: GPTConfig(**SHAPE),
+    "llama": lambda: LlamaConfig(**SHAPE),  # every derived field at 0 / ""
+    "llama-gqa-set": lambda: LlamaConfig(**SHAPE, n_kv_head=2, head_size=16, intermediate_size=48,
+                                         family="qwen3", qk_norm=True, fused_ce=False),
+    "qwen2": lambda: LlamaConfig(**SHAPE, qkv_bias=True),
+    "mistral": lambda: LlamaConfig(**SHAPE, n_kv_head=1, sliding_window=4),
+    "gemma-window": lambda: LlamaConfig(**SHAPE, sliding_window=4, layer_types="sf"),
+}
+
+
+def _info(cfg, tokenizer) -> tuple[dict, torch.nn.Module]:
+    torch.manual_seed(0)
+    model = (GPT if isinstance(cfg, GPTConfig) else Llama)(cfg).eval()
+    with TestClient(create_app(model, tokenizer, ServeSettings())) as c:
+        return c.get("/api/info").json()["model"], model
+
+
+def _from_weights(model: torch.nn.Module) -> dict:
+    """n_kv_head, head_size and intermediate_size as the weights' shapes say (Llama's layout)."""
+    sd = model.state_dict()
+    n_head = model.config.n_head
+    q = sd["model.layers.0.self_attn.q_proj.weight"].shape[0]
+    head = q // n_head
+    return {"head_size": head, "n_kv_head": sd["model.layers.0.self_attn.k_proj.weight"].shape[0] // head,
+            "intermediate_size": sd["model.layers.0.mlp.up_proj.weight"].shape[0]}
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_info_shows_what_the_model_was_built_with(name, tokenizer):
+    cfg = CONFIGS[name]()
+    info, model = _info(cfg, tokenizer)
+    assert not [k for k, v in info.items() if v is None], info  # no field left as "decided later"
+    # fused_ce decides the training loss; a served (eval, no-grad) forward computes plain logits
+    assert info["fused_ce"] is False
+    with torch.no_grad():
+        logits, _ = model(torch.zeros(1, 4, dtype=torch.long), torch.zeros(1, 4, dtype=torch.long))
+    assert logits is not None
+    if isinstance(cfg, LlamaConfig):
+        assert {k: info[k] for k in ("head_size", "n_kv_head", "intermediate_size")} == _from_weights(model)
+        assert len(info["layer_types"]) == cfg.n_layer and set(info["layer_types"]) <= {"s", "f"}
+        # a window on every layer unless layer_types names them; none without a window (HF Mistral's meaning)
+        want = cfg.layer_types or ("s" if cfg.sliding_window else "f") * cfg.n_layer
+        assert info["layer_types"] == want
+        assert info["family"] == (cfg.family or ("qwen2" if cfg.qkv_bias else "llama"))
+    set_fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+    auto = sorted(k for k in info if k in set_fields and info[k] != set_fields[k])
+    assert info["auto"] == auto, (info["auto"], auto)  # resolved fields, and only those, are listed
+
+
+def test_a_field_set_by_hand_is_shown_as_set(tokenizer):
+    info, _ = _info(CONFIGS["llama-gqa-set"](), tokenizer)
+    assert (info["n_kv_head"], info["head_size"], info["intermediate_size"], info["family"]) == (2, 16, 48, "qwen3")
+    assert info["auto"] == ["layer_types"]
