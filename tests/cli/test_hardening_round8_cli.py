@@ -207,3 +207,86 @@ def test_an_override_before_a_commands_positionals_keeps_its_value(capsys):
     assert "values of preset 'tiny'" in out
     line = next(ln for ln in out.splitlines() if ln.strip().startswith("--train.max_steps"))
     assert line.split()[-2:] == ["default", "5"], line
+
+
+# --- gptforge plot (and serve's /api/metrics) on a long metrics.jsonl ---------------------------------------------
+# A 1M-line metrics.jsonl took 21 s and 1.4 GB: read_metrics held every record. Now the file is streamed
+# (iter_metrics) and each curve keeps at most MAX_POINTS records (StepSeries), so what plot holds does not grow
+# with the file: checked by the peak of traced allocations at n and 4n lines, a ratio that does not depend on the
+# machine (bounded: about 1; holding every record: about 4).
+
+
+def _metrics(path, n: int) -> None:
+    import json
+
+    with open(path, "w") as f:
+        f.write(json.dumps({"kind": "start", "recipe": "pretrain", "time": 0.0}) + "\n")
+        for i in range(1, n + 1):
+            f.write(json.dumps({"kind": "train", "step": i, "loss": 5.0 - i / n, "tokens": 64 * i, "lr": 1e-3,
+                                "dt_ms": 10.0, "grad_norm": 1.0, "time": i * 0.01}) + "\n")
+            if i % 50 == 0:
+                f.write(json.dumps({"kind": "val", "step": i, "val_loss": 5.0 - i / n, "tokens": 64 * i}) + "\n")
+
+
+def _peak(fn) -> int:
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        fn()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_plot_holds_a_bounded_number_of_records_whatever_the_files_length(tmp_path, monkeypatch):
+    from gptforge import plot
+
+    monkeypatch.setattr(plot, "MAX_POINTS", 64)
+    peaks = []
+    for n in (4000, 16000):
+        run = tmp_path / f"run{n}"
+        run.mkdir()
+        _metrics(run / "metrics.jsonl", n)
+        series = plot._run_series(run)
+        assert len(series["train"]) <= 65 and min(series["train"]) == 1 and max(series["train"]) == n
+        assert len(series["val"]) <= 65 and max(series["val"]) == n
+        peaks.append(_peak(lambda r=run: plot._run_series(r)))
+    assert peaks[1] < 1.5 * peaks[0], peaks  # four times the lines, not four times the memory
+
+
+def test_serve_loss_curve_holds_a_bounded_number_of_points(tmp_path):
+    from gptforge.serve.app import read_loss_curve
+
+    peaks = []
+    for n in (4000, 16000):
+        f = tmp_path / f"m{n}.jsonl"
+        _metrics(f, n)
+        curve = read_loss_curve(f, max_points=50)
+        assert len(curve["train"]) == 50 and curve["train"][0] == [1, 5.0 - 1 / n]
+        peaks.append(_peak(lambda f=f: read_loss_curve(f, max_points=50)))
+    assert peaks[1] < 1.5 * peaks[0], peaks
+
+
+def test_step_series_keeps_a_spread_of_steps_the_ends_and_the_last_record_of_a_step():
+    from gptforge.run.metrics import StepSeries
+
+    n, cap = 100_000, 64
+    for step0, every in ((1, 1), (1, 2), (7, 7), (0, 10)):  # every step, odd steps only, multiples of 7 or 10
+        s = StepSeries(cap)
+        steps = list(range(step0, n, every))
+        for st in steps:
+            s.add(st, st)
+        kept = sorted(s.items())
+        assert len(kept) <= cap + 1 and kept[0] == steps[0] and kept[-1] == steps[-1], (every, len(kept))
+        # the gap doubles only past cap points, so it stays under 2 * span / cap and consecutive points under twice it
+        assert max(b - a for a, b in zip(kept, kept[1:], strict=False)) <= 4 * (steps[-1] - steps[0]) / cap
+        assert len(kept) >= cap // 4
+    s = StepSeries(8)
+    for st in range(1, 101):
+        s.add(st, "first")
+    held = s._prev  # the step held last: writing it again is closer than the gap to the one held before
+    assert s.gap > 2
+    s.add(held, "resumed")  # a step written again (a resume, before replayed records were marked): the last one wins
+    s.add(101, "first")
+    assert s.items()[held] == "resumed"

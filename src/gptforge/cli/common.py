@@ -310,7 +310,7 @@ def summary(result, command: str, cfg=None, start: str | None = None, whole: flo
     best and final val loss, held-out rates with their interval and chance level (eval.stats.fmt_rate),
     rewards with their scale, the checkpoint, and next commands built from the run's own settings."""
     from gptforge.eval.stats import GENERATIVE_CHANCE, fmt_rate
-    from gptforge.run.metrics import fmt_duration, read_metrics
+    from gptforge.run.metrics import fmt_duration, iter_metrics
 
     run = str(result.run_dir)
     lines = [f"--- {command} summary: {run}"]
@@ -333,7 +333,7 @@ def summary(result, command: str, cfg=None, start: str | None = None, whole: flo
                      f"{result.val_losses[last]:.4f} (step {last}) ({unit.get(command, 'nats/token')})")
     hints = run_hints(command, cfg, start)
     try:
-        evals = [r for r in read_metrics(result.run_dir, warn=lambda m: None) if r.get("kind") == "eval"]
+        evals = [r for r in iter_metrics(result.run_dir, warn=lambda m: None) if r.get("kind") == "eval"]
     except OSError:
         evals = []
     if command == "rl":

@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gptforge.run.metrics import read_metrics
+from gptforge.run.metrics import finite_number, iter_metrics
 from gptforge.serve.limits import BearerAuth, BodyLimit, acquire_unless_gone, watch_disconnect
 from gptforge.serve.sse import sse_response
 
@@ -119,27 +119,39 @@ def read_loss_curve(path: str | Path | None, max_points: int = 2000) -> dict[str
     max_points."""
     if path is None or not Path(path).exists():
         return {"available": False, "train": [], "val": []}
-    train, val, reward, held_out = [], [], [], []
-    recipe = None
-    # the one metrics reader; a line being appended right now is skipped quietly
-    for rec in read_metrics(path, warn=lambda _msg: None):
-        if rec.get("kind") == "start":
-            recipe = rec.get("recipe")
-        elif rec.get("kind") == "train" and isinstance(rec.get("loss"), (int, float)):
-            train.append([rec["step"], rec["loss"]])
-        elif rec.get("kind") == "val" and isinstance(rec.get("val_loss"), (int, float)):
-            val.append([rec["step"], rec["val_loss"]])
-        elif rec.get("kind") == "rl" and isinstance(rec.get("reward"), (int, float)):
-            reward.append([rec["step"], rec["reward"]])
-        elif rec.get("kind") == "eval" and recipe == "grpo" and isinstance(rec.get("acc"), (int, float)):
-            held_out.append([rec["step"], rec["acc"]])
+    # streamed twice (the one metrics reader; a line being appended right now is skipped quietly): once to
+    # count each curve's points, once to keep every stride-th, so a million-line file is never held whole
+    # a point is a whole step and a finite number, as `gptforge plot` draws them (a hand-edited line's "x" step
+    # or 1e999 loss is left off, not a 500)
+    curve_of = {"train": ("train", "loss"), "val": ("val", "val_loss"), "rl": ("reward", "reward")}
 
-    def thin(xs: list) -> list:
-        stride = max(1, math.ceil(len(xs) / max_points))
-        return [x for x in xs[::stride] if math.isfinite(x[1])]
+    def points():
+        recipe = None
+        for rec in iter_metrics(path, warn=lambda _msg: None):
+            kind, step = rec.get("kind"), rec.get("step")
+            if kind == "start":
+                recipe = rec.get("recipe")
+                continue
+            if kind == "eval" and recipe == "grpo":
+                curve, key = "held_out", "acc"
+            elif kind in curve_of:
+                curve, key = curve_of[kind]
+            else:
+                continue
+            if isinstance(step, int) and not isinstance(step, bool) and key in rec:
+                yield curve, [step, finite_number(rec[key])]
 
-    return {"available": True, "path": str(path), "train": thin(train), "val": thin(val), "reward": thin(reward),
-            "held_out": thin(held_out)}
+    counts = dict.fromkeys(("train", "val", "reward", "held_out"), 0)
+    for curve, _ in points():
+        counts[curve] += 1
+    stride = {k: max(1, math.ceil(n / max_points)) for k, n in counts.items()}
+    curves: dict[str, list] = {k: [] for k in counts}
+    seen = dict.fromkeys(counts, 0)
+    for curve, point in points():
+        if seen[curve] % stride[curve] == 0 and len(curves[curve]) < max_points and point[1] is not None:
+            curves[curve].append(point)
+        seen[curve] += 1
+    return {"available": True, "path": str(path), **curves}
 
 
 def create_app(model: torch.nn.Module, enc: Any = None, settings: ServeSettings | None = None,
