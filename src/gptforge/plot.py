@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from gptforge.run.metrics import StepSeries, finite_number, iter_metrics
+from gptforge.run.metrics import StepSeries, finite_number, iter_metrics, whole_step
 
 GPT2_124M_FINEWEB_VAL_LOSS = 3.2847  # llm.c's baseline: OpenAI's GPT-2 124M on the FineWeb val shard
 # task -> (metric plotted, [(label, value), ...]) — only numbers measured with our scoring
@@ -40,7 +40,7 @@ def _run_series(run: str | Path) -> dict:
     kinds = {"train": StepSeries(MAX_POINTS), "val": StepSeries(MAX_POINTS), "rl": StepSeries(MAX_POINTS)}
     tasks: dict[str, StepSeries] = {}
     for r in records:  # files from before replayed records were marked repeat steps: the last one wins
-        if not isinstance(r.get("step"), int) or isinstance(r.get("step"), bool) or _number(r["step"]) is None:
+        if whole_step(r.get("step")) is None:
             continue  # a record without a step (hand-edited, another tool's) has no place on a step axis
         if r.get("kind") in ("train", "val", "rl"):
             kinds[r["kind"]].add(r["step"], r)

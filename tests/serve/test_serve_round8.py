@@ -77,3 +77,23 @@ def test_a_field_set_by_hand_is_shown_as_set(tokenizer):
     info, _ = _info(CONFIGS["llama-gqa-set"](), tokenizer)
     assert (info["n_kv_head"], info["head_size"], info["intermediate_size"], info["family"]) == (2, 16, 48, "qwen3")
     assert info["auto"] == ["layer_types"]
+
+
+# /api/metrics on a hand-edited or foreign metrics.jsonl: a value json reads that is not a finite number (an
+# integer past float's range was an OverflowError, a 500), or a step that is not a whole number, leaves its point
+# off the curve, as `gptforge plot` does (one rule: run.metrics.finite_number)
+BAD_VALUES = ["NaN", "Infinity", '"abc"', "[1, 2]", "true", "null", str(10**400)]
+
+
+@pytest.mark.parametrize("bad", BAD_VALUES)
+@pytest.mark.parametrize("where", ["value", "step"])
+def test_the_pages_loss_curve_leaves_a_bad_point_off(bad, where, tmp_path, tokenizer):
+    lines = ['{"kind": "train", "step": 1, "loss": 3.0}',
+             '{"kind": "train", "step": 2, "loss": BAD}' if where == "value" else '{"kind": "train", "step": BAD, "loss": 2.5}',
+             '{"kind": "train", "step": 3, "loss": 2.0}', '{"kind": "val", "step": 3, "val_loss": 2.2}']
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines).replace("BAD", bad) + "\n")
+    model = GPT(GPTConfig(**SHAPE))
+    with TestClient(create_app(model, tokenizer, ServeSettings(), metrics_path=tmp_path / "metrics.jsonl")) as c:
+        r = c.get("/api/metrics")
+    assert r.status_code == 200, r.text
+    assert r.json()["train"] == [[1, 3.0], [3, 2.0]] and r.json()["val"] == [[3, 2.2]]

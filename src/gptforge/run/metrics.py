@@ -292,6 +292,14 @@ def finite_number(v: Any) -> float | None:
     return f if math.isfinite(f) else None
 
 
+def whole_step(v: Any) -> int | None:
+    """``v`` as a record's step on a curve's axis, or None: a whole number within float's range (not a bool,
+    a string or 10**400, which a hand-edited or foreign file may hold)."""
+    if isinstance(v, bool) or not isinstance(v, int) or finite_number(v) is None:
+        return None
+    return v
+
+
 class StepSeries:
     """A curve's records keyed by step, at most ``cap`` of them plus the latest, whatever the file's length:
     a record is kept when its step is at least ``gap`` from the last one kept, and when more than ``cap`` are

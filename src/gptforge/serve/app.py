@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gptforge.run.metrics import finite_number, iter_metrics
+from gptforge.run.metrics import finite_number, iter_metrics, whole_step
 from gptforge.serve.limits import BearerAuth, BodyLimit, acquire_unless_gone, watch_disconnect
 from gptforge.serve.sse import sse_response
 
@@ -138,7 +138,7 @@ def read_loss_curve(path: str | Path | None, max_points: int = 2000) -> dict[str
                 curve, key = curve_of[kind]
             else:
                 continue
-            if isinstance(step, int) and not isinstance(step, bool) and key in rec:
+            if whole_step(step) is not None and key in rec:
                 yield curve, [step, finite_number(rec[key])]
 
     counts = dict.fromkeys(("train", "val", "reward", "held_out"), 0)
