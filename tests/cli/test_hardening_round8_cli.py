@@ -290,3 +290,73 @@ def test_step_series_keeps_a_spread_of_steps_the_ends_and_the_last_record_of_a_s
     s.add(held, "resumed")  # a step written again (a resume, before replayed records were marked): the last one wins
     s.add(101, "first")
     assert s.items()[held] == "resumed"
+
+
+# --- a command's flag and the config key it stands for, with different values ---------------------------------------
+# `train --out a --train.out_dir b` wrote to a (--out was appended after the overrides); `--trust-checkpoint
+# --train.trust_checkpoint false` trusted (the two were OR'ed); rm and dpo ignored --train.trust_checkpoint true.
+# The class: every command that starts a run, both spellings of the key.
+RUN_START = {"train": ["--preset", "tiny"], "bench": ["--preset", "tiny"], "sft": ["--init-from", "NONE", "--data", "x"],
+             "rl": ["--init-from", "NONE"], "rm": ["--init-from", "NONE", "--data", "x"],
+             "dpo": ["--init-from", "NONE", "--data", "x"]}
+
+
+def _start(command, tmp_path):
+    return [command, *[str(tmp_path / "none") if a == "NONE" else a for a in RUN_START[command]]]
+
+
+@pytest.mark.parametrize("command", list(RUN_START))
+@pytest.mark.parametrize("equals", [False, True])
+def test_out_and_train_out_dir_with_different_values_are_refused(command, equals, tmp_path, capsys):
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    key = [f"--train.out_dir={b}"] if equals else ["--train.out_dir", b]
+    assert _exit([*_start(command, tmp_path), "--out", a, *key, "--dry-run"])[0] == 2
+    err = capsys.readouterr().err
+    assert f"--out {a!r} and --train.out_dir {b!r} both set train.out_dir" in err, err
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_out_and_train_out_dir_with_one_value_are_taken(tmp_path, capsys):
+    a = str(tmp_path / "a")
+    assert main(["train", "--preset", "tiny", "--out", a, "--train.out_dir", a, "--dry-run"]) == 0
+    assert f'"out_dir": "{a}"' in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", [c for c in RUN_START if c != "bench"])
+def test_trust_checkpoint_flag_and_key_false_are_refused(command, tmp_path, capsys):
+    argv = [*_start(command, tmp_path), "--out", str(tmp_path / "a"), "--train.trust_checkpoint", "false"]
+    has_flag = any("--trust-checkpoint" in a.option_strings for _, p, a in OPTIONS
+                   if p.prog == f"gptforge {command}")
+    if has_flag:
+        assert _exit([*argv, "--trust-checkpoint"])[0] == 2
+        err = capsys.readouterr().err
+        assert "--trust-checkpoint and --train.trust_checkpoint 'false' both set" in err, err
+
+
+@pytest.mark.parametrize("command", [c for c in RUN_START if c != "bench"])
+def test_the_trust_key_reaches_every_run_command(command, tmp_path, monkeypatch):
+    """--train.trust_checkpoint true is this command line's trust in every run command (rm and dpo dropped it)."""
+    from gptforge.cli import common
+
+    seen = {}
+
+    def stop(out, resume, overrides, recipe, fresh, trusted=False, **kw):
+        seen["trusted"] = trusted
+        raise common.CliError("stopped here")
+
+    monkeypatch.setattr(common, "resolve_run", stop)
+    for module in ("run", "post", "align"):
+        monkeypatch.setattr(f"gptforge.cli.{module}.resolve_run", stop)
+    _exit([*_start(command, tmp_path), "--out", str(tmp_path / "a"), "--train.trust_checkpoint", "true"])
+    assert seen == {"trusted": True}
+
+
+@pytest.mark.parametrize(("command", "key"), [("rl", "rl.init_from"), ("dpo", "dpo.init_from")])
+def test_init_from_and_its_key_with_different_values_are_refused(command, key, tmp_path, capsys):
+    """``dpo --init-from A --dpo.init_from B`` started from A's weights and recorded B as the starting model."""
+    argv = _start(command, tmp_path)
+    a = argv[argv.index("--init-from") + 1]
+    b = str(tmp_path / "other")
+    assert _exit([*argv, "--out", str(tmp_path / "r"), f"--{key}", b, "--dry-run"])[0] == 2
+    err = capsys.readouterr().err
+    assert f"--init-from {a!r} and --{key} {b!r} both set {key}" in err, err
