@@ -97,3 +97,66 @@ def test_the_pages_loss_curve_leaves_a_bad_point_off(bad, where, tmp_path, token
         r = c.get("/api/metrics")
     assert r.status_code == 200, r.text
     assert r.json()["train"] == [[1, 3.0], [3, 2.0]] and r.json()["val"] == [[3, 2.2]]
+
+
+# --- a request body's JSON, read the same by every POST route ------------------------------------------------------
+# {"prompt": "a", "prompt": "b"} generated from "b" (json.loads keeps the last key; the CLI refuses a flag given
+# twice the same way now), and /api tokenized a lone surrogate ("\ud800") that /v1 refused. Every POST route reads
+# its body through openai_schema.loads_body; the walk takes the routes from the app, so a new one needs a body here.
+ONE = '{"role": "user", "content": "hi"}'
+BODIES = {"/api/generate": ('"prompt"', '"a"', '"max_new_tokens": 1'),
+          "/api/stream": ('"prompt"', '"a"', '"max_new_tokens": 1'),
+          "/api/chat": ('"messages"', f"[{ONE}]", '"max_new_tokens": 1'),
+          "/v1/completions": ('"prompt"', '"a"', '"max_tokens": 1'),
+          "/v1/chat/completions": ('"messages"', f"[{ONE}]", '"max_tokens": 1')}
+
+
+@pytest.fixture(scope="module")
+def body_client(tokenizer):
+    from gptforge.data.chat import ChatTemplate
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=32, vocab_size=50261)).eval()
+    app = create_app(model, tokenizer, ServeSettings(max_new_tokens_cap=4), chat_template=ChatTemplate.gpt2().to_dict())
+    posts = sorted(r.path for r in app.routes if "POST" in getattr(r, "methods", ()))
+    with TestClient(app) as c:
+        yield c, posts
+
+
+def test_every_post_route_has_a_body_here(body_client):
+    _, posts = body_client
+    assert posts == sorted(BODIES)
+
+
+def _post(c, path: str, raw: str):
+    return c.post(path, content=raw.encode(), headers={"content-type": "application/json"})
+
+
+def _error(r) -> str:
+    e = r.json()["error"]
+    return e["message"] if isinstance(e, dict) else e
+
+
+@pytest.mark.parametrize("path", list(BODIES))
+def test_a_key_given_twice_with_two_values_is_refused_in_every_route(path, body_client):
+    c, _ = body_client
+    key, value, rest = BODIES[path]
+    other = '"b"' if value == '"a"' else f"[{ONE}, {ONE}]"
+    r = _post(c, path, f"{{{key}: {value}, {rest}, {key}: {other}}}")
+    assert r.status_code == 400, r.text
+    assert f"{key[1:-1]!r} is given twice in one object" in _error(r), r.text
+    # nested objects too: a message's role
+    if "messages" in key:
+        r = _post(c, path, f'{{{key}: [{{"role": "user", "content": "hi", "role": "system"}}], {rest}}}')
+        assert r.status_code == 400 and "'role' is given twice" in _error(r), r.text
+    ok = _post(c, path, f"{{{key}: {value}, {rest}, {key}: {value}}}")  # the same value twice is taken
+    assert ok.status_code == 200, ok.text
+
+
+@pytest.mark.parametrize("path", list(BODIES))
+def test_a_lone_surrogate_is_refused_in_every_route(path, body_client):
+    c, _ = body_client
+    key, value, rest = BODIES[path]
+    bad = '"a\\ud800b"' if value == '"a"' else '[{"role": "user", "content": "\\udc00"}]'
+    r = _post(c, path, f"{{{key}: {bad}, {rest}}}")
+    assert r.status_code == 400 and "unpaired surrogate" in _error(r), r.text

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse
+from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -113,6 +114,38 @@ def _validation_message(exc: RequestValidationError) -> tuple[int, str]:
     return 422, "; ".join(parts)
 
 
+class _BodyRequest(Request):
+    async def json(self) -> Any:
+        import json
+
+        from gptforge.serve.openai_schema import BodyError, loads_body
+
+        if not hasattr(self, "_json"):
+            raw = await self.body()
+            try:
+                self._json = loads_body(raw)
+            except BodyError as e:  # FastAPI's own path for an unreadable body: 400 "malformed JSON body: ..."
+                if isinstance(e.__cause__, json.JSONDecodeError):
+                    raise e.__cause__ from None
+                msg = e.msg.removeprefix("malformed JSON body: ")
+                raise json.JSONDecodeError(msg, raw.decode("utf-8", "replace"), 0) from None
+        return self._json
+
+
+class BodyRoute(APIRoute):
+    """A route whose JSON body is read by :func:`gptforge.serve.openai_schema.loads_body`: a key given twice with
+    two values or a lone surrogate is refused (400) in /api as in /v1, where json.loads took the last key and
+    tokenized the surrogate."""
+
+    def get_route_handler(self):
+        handler = super().get_route_handler()
+
+        async def route(request: Request):
+            return await handler(_BodyRequest(request.scope, request.receive))
+
+        return route
+
+
 def read_loss_curve(path: str | Path | None, max_points: int = 2000) -> dict[str, Any]:
     """{"train": [[step, loss]...], "val": [[step, val_loss]...], "reward": [[step, reward]...] (RL
     steps), "held_out": [[step, acc]...] (RL held-out evaluations)} from metrics.jsonl, thinned to
@@ -179,6 +212,7 @@ def create_app(model: torch.nn.Module, enc: Any = None, settings: ServeSettings 
     settings.check()
     gate = ModelGate(settings.max_queue)
     app = FastAPI(title="gptforge", description="Talk to a gptforge model.")
+    app.router.route_class = BodyRoute  # the /api routes read their JSON as /v1 does (openai_schema.loads_body)
 
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)  # on the bytes read, chunked too
     if api_key:
