@@ -7,6 +7,14 @@ tool, so a refusal reads the same everywhere.
 argparse's own refusal (a bad value, an unknown or missing flag) is one line naming the flag and pointing at
 ``--help``, exit 2, like every other bad input, instead of the command's whole usage above it. Every
 ``type=int`` / ``type=float`` flag parses through gptforge.numbers, the one number parser.
+
+A single-valued option given twice with different values (``--steps 5 ... --steps 50``, ``--world 4 --gpus 8``,
+``--optim.lr 1e-3 ... --optim.lr 3e-4`` among a command's ``--section.key`` overrides) is refused naming the flag
+and both values, where argparse silently kept the last: the earlier one was meant too, or the line would not hold
+it, and which of the two a long line (or a script that appends to one) ends with is luck. The same value twice
+(``--steps 5 --steps 5``, ``--optim.lr 1e-3 --optim.lr 0.001``) is taken: nothing is ambiguous and a script that
+repeats a setting it shares with its caller stays valid. Options meant to repeat (``action="append"``: ``--prompt``,
+``--stop``, ``--special``, ``--switch``) keep every value.
 """
 
 from __future__ import annotations
@@ -33,6 +41,102 @@ def finite(raw: str) -> float:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _same(a: object, b: object) -> bool:
+    """Two values of one option agree: equal as parsed, or (an override's text) as numbers (1e-3 and 0.001)."""
+    if a == b:
+        return True
+    if isinstance(a, str) and isinstance(b, str):
+        try:
+            return parse_float(a) == parse_float(b)
+        except ValueError:
+            return False
+    return False
+
+
+def _shown(raw: list[str] | None, value: object) -> str:
+    """A value as the command line wrote it (its words), else as parsed."""
+    if raw:
+        return repr(raw[0]) if len(raw) == 1 else repr(" ".join(raw))
+    return repr(value)
+
+
+class _Once:
+    """Mixin of the single-valued actions (store, store_const, store_true, store_false): the second setting of
+    one ``dest`` in one parse with a different value is refused naming both flags and values."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        given = getattr(parser, "_given", None)
+        if given is not None and self.option_strings:
+            raw = getattr(parser, "_raw", {}).pop(id(self), None)
+            value = self.const if self.nargs == 0 else values
+            first = given.get(self.dest)
+            if first is None:
+                given[self.dest] = (option_string, raw, value)
+            elif not _same(first[2], value):
+                flag, raw0, value0 = first
+                if flag == option_string:
+                    msg = f"{flag} given twice, {_shown(raw0, value0)} and {_shown(raw, value)}; give it once"
+                else:
+                    msg = f"{flag} {_shown(raw0, value0)} and {option_string} {_shown(raw, value)} set the same " \
+                          "option; give one of them"
+                if self.nargs == 0:
+                    msg = f"{flag} and {option_string} contradict each other; give one of them"
+                raise argparse.ArgumentError(None, msg)
+        super().__call__(parser, namespace, values, option_string)  # type: ignore[misc]
+
+
+class _StoreOnce(_Once, argparse._StoreAction):
+    pass
+
+
+class _StoreConstOnce(_Once, argparse._StoreConstAction):
+    pass
+
+
+class _StoreTrueOnce(_Once, argparse._StoreTrueAction):
+    pass
+
+
+class _StoreFalseOnce(_Once, argparse._StoreFalseAction):
+    pass
+
+
+def _joined(args: list[str]) -> list[str]:
+    """``--section.key VALUE`` as the one word ``--section.key=VALUE``: argparse knows no ``--section.key`` and so
+    not that it takes a value, and gave that value to a positional (``race --train.max_steps 5 tiny small`` raced
+    a preset named 5). Nothing after ``--`` is touched; a value starting ``--`` is left for override_pairs to
+    name as missing."""
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a == "--":
+            return out + args[i:]
+        if a.startswith("--") and "=" not in a and "." in a and i + 1 < len(args) \
+                and not args[i + 1].startswith("--"):
+            out.append(f"{a}={args[i + 1]}")
+            i += 2
+            continue
+        out.append(a)
+        i += 1
+    return out
+
+
+def repeated_overrides(args: list[str]) -> str | None:
+    """The refusal of a ``--section.key=VALUE`` override (as :func:`_joined` writes them all) given twice with
+    different values, or None when each key is given once or with one value."""
+    seen: dict[str, str] = {}
+    for a in args:
+        if a == "--":
+            break
+        if a.startswith("--") and "=" in a and "." in a.split("=", 1)[0]:
+            key, value = a[2:].split("=", 1)
+            if key in seen and not _same(seen[key], value):
+                return f"--{key} given twice, {seen[key]!r} and {value!r}; give it once"
+            seen.setdefault(key, value)
+    return None
+
+
 class OneLineParser(argparse.ArgumentParser):
     """argparse's refusal as one line, exit 2, instead of the command's whole usage (16 lines for ``rl``) above
     it. Sub-commands' parsers are of this class too (``add_subparsers`` makes its parsers of the parent's type),
@@ -44,6 +148,32 @@ class OneLineParser(argparse.ArgumentParser):
         # through the one number parser: 1e400, nan and 2**64 are one line naming the flag, not a traceback
         self.register("type", int, count)
         self.register("type", float, finite)
+        # every single-valued option refuses a second, different value (the module's docstring says why)
+        for name, cls in ((None, _StoreOnce), ("store", _StoreOnce), ("store_const", _StoreConstOnce),
+                          ("store_true", _StoreTrueOnce), ("store_false", _StoreFalseOnce)):
+            self.register("action", name, cls)
+        self._given: dict[str, tuple] | None = None
+        self._raw: dict[int, list[str]] = {}
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        import sys
+
+        args = _joined(list(sys.argv[1:] if args is None else args))
+        # before argparse's own checks (a missing --out) hide it; in the parser of the command (the one without
+        # sub-commands), whose name the refusal then bears
+        refusal = None if self._subparsers is not None else repeated_overrides(args)
+        if refusal is not None:
+            self.error(refusal)
+        outer = self._given
+        self._given, self._raw = {}, {}
+        try:
+            return super().parse_known_args(args, namespace)
+        finally:
+            self._given = outer
+
+    def _get_values(self, action, arg_strings):  # the words as written, for a refusal that quotes them
+        self._raw[id(action)] = list(arg_strings)
+        return super()._get_values(action, arg_strings)
 
     def error(self, message: str):  # type: ignore[override]
         self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")

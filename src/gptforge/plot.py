@@ -13,11 +13,10 @@ Needs matplotlib (extra ``plot``).
 
 from __future__ import annotations
 
-import math
 import sys
 from pathlib import Path
 
-from gptforge.run.metrics import read_metrics
+from gptforge.run.metrics import StepSeries, finite_number, iter_metrics, whole_step
 
 GPT2_124M_FINEWEB_VAL_LOSS = 3.2847  # llm.c's baseline: OpenAI's GPT-2 124M on the FineWeb val shard
 # task -> (metric plotted, [(label, value), ...]) — only numbers measured with our scoring
@@ -26,6 +25,7 @@ TASK_REFERENCES = {
     "winogrande": ("acc", []),  # partial scoring: acc and acc_norm agree
 }
 REF_STYLES = {"GPT-2 124M": "tab:red", "GPT-3 125M": "tab:green"}
+MAX_POINTS = 4096  # per curve: more than the figure's width in pixels (13 in at 110 dpi)
 
 
 def _run_series(run: str | Path) -> dict:
@@ -35,16 +35,19 @@ def _run_series(run: str | Path) -> dict:
         raise FileNotFoundError(f"{mfile}: no metrics.jsonl; give a run directory written by `gptforge train`")
     # a line torn by a kill (or otherwise garbled) is skipped with a warning naming its line number;
     # records a resume superseded ("replayed") are left out
-    records = read_metrics(mfile, warn=lambda msg: print(f"gptforge plot: warning: {msg}", file=sys.stderr))
-    by_kind: dict[str, dict] = {"train": {}, "val": {}, "rl": {}}
-    evals: dict[str, dict[int, dict]] = {}
+    # streamed, each curve held to MAX_POINTS (StepSeries): a million-line file is not a million records in memory
+    records = iter_metrics(mfile, warn=lambda msg: print(f"gptforge plot: warning: {msg}", file=sys.stderr))
+    kinds = {"train": StepSeries(MAX_POINTS), "val": StepSeries(MAX_POINTS), "rl": StepSeries(MAX_POINTS)}
+    tasks: dict[str, StepSeries] = {}
     for r in records:  # files from before replayed records were marked repeat steps: the last one wins
-        if not isinstance(r.get("step"), int) or isinstance(r.get("step"), bool) or _number(r["step"]) is None:
+        if whole_step(r.get("step")) is None:
             continue  # a record without a step (hand-edited, another tool's) has no place on a step axis
         if r.get("kind") in ("train", "val", "rl"):
-            by_kind[r["kind"]][r["step"]] = r
+            kinds[r["kind"]].add(r["step"], r)
         elif r.get("kind") == "eval" and isinstance(r.get("task"), str):
-            evals.setdefault(r["task"], {})[r["step"]] = r
+            tasks.setdefault(r["task"], StepSeries(MAX_POINTS)).add(r["step"], r)
+    by_kind = {k: v.items() for k, v in kinds.items()}
+    evals = {t: v.items() for t, v in tasks.items()}
     if not by_kind["train"] and not by_kind["val"] and not by_kind["rl"] and not evals:
         raise FileNotFoundError(f"{mfile} holds no train, val, rl or eval records to plot")
     data_dir, config = "", None
@@ -96,17 +99,7 @@ def tokenizer_note(names: list[str], series: list[dict]) -> str | None:
             + "; ".join(f"{n}: {w[1]}" for n, w in known))
 
 
-def _number(v) -> float | None:
-    """``v`` as a finite float, or None: a hand-edited or foreign metrics file may hold a string, a list,
-    a bool, NaN/Infinity (which json reads) or an integer past float's range where a number belongs; such
-    a point is left off the curve (as a missing one is) instead of failing the whole figure."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return None
-    try:
-        f = float(v)
-    except OverflowError:
-        return None
-    return f if math.isfinite(f) else None
+_number = finite_number  # the one rule for a point's value (run/metrics.py)
 
 
 def _xy(records: dict[int, dict], key: str, x: str) -> tuple[list, list]:

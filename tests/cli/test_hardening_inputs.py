@@ -121,8 +121,9 @@ def test_cli_vocab_smaller_than_the_data_exits_2_naming_both(shard_dir, tmp_path
 # --- item 8: operator mistakes, one line and exit 2 before compute -----------------------------------
 
 def _train_argv(shard_dir, out, *extra):
+    device = [] if "--train.device" in extra else ["--train.device", "cpu"]  # a key given twice is refused
     return ["train", "--preset", "tiny", "--data.dir", str(shard_dir), "--model.vocab_size", "512",
-            "--train.device", "cpu", "--out", str(out), *extra]
+            *device, "--out", str(out), *extra]
 
 
 def _one_line_exit_2(argv, capsys, *words):

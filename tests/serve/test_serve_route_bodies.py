@@ -77,6 +77,7 @@ def test_api_info_written_out(tokenizer):
         info = c.get("/api/info").json()
     # the model's bos_token (an unused 50256 under causal attention) is left out; the tokenizer's own ids are in
     model = {k: v for k, v in m.config.to_dict().items() if k != "bos_token"}
+    model.update(fused_ce=False, auto=["fused_ce"])  # auto decides the training loss: a served forward's is plain
     gpt2 = {"name": "gpt2", "n_vocab": 50257, "eot": 50256, "bos": None, "eos": 50256}  # GPT-2's BPE: no bos
     assert info == {"model": model, "tokenizer": gpt2, "parameters": n_params, "limits": limits, "queue": {"waiting": 0},
                     "served": {"source": "memory", "path": None, "run_dir": None, "step": None, "tokens_trained": None,

@@ -13,7 +13,16 @@ from __future__ import annotations
 
 import argparse
 
-from gptforge.cli.common import GENERATED_TASKS, CliError, add_help_config, finish, init_from, resolve_run, run_words
+from gptforge.cli.common import (
+    GENERATED_TASKS,
+    CliError,
+    add_help_config,
+    finish,
+    init_from,
+    resolve_run,
+    run_words,
+    trusted,
+)
 from gptforge.cli.post import _base_shape, _flag_overrides
 
 PAIR_FLAGS = {"data": "{s}.data", "split": "{s}.split", "val_count": "{s}.val_count", "seed": "{s}.seed",
@@ -57,7 +66,9 @@ def _run_pairs(args: argparse.Namespace, overrides: list[str], section: str, lr:
 
     try:
         cfg, resume, meta = resolve_run(args.out, args.resume, [*flags, *overrides], section, fresh,
-                                        frozen=_frozen(section))
+                                        trusted=trusted(args, overrides), frozen=_frozen(section),
+                                        same_as=(("--init-from", args.init_from, "dpo.init_from"),) if section == "dpo"
+                                        else ())
         tok, template = run_words(resume, meta, cfg, args.init_from)
         if resume is None:
             prepare_chat_model(cfg, template)

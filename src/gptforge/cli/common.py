@@ -199,8 +199,53 @@ def text_encoder(tok, chat):
 COMMAND_OF = {"pretrain": "train", "sft": "sft", "grpo": "rl", "ppo": "rl", "rm": "rm", "dpo": "dpo"}  # recipe -> the command that continues it
 
 
+def override_text(overrides: list[str], key: str) -> str | None:
+    """The value ``--key VALUE`` / ``--key=VALUE`` gives among ``overrides`` (the last one; the parser refuses two
+    that differ), or None."""
+    found = None
+    for i, a in enumerate(overrides):
+        if a == f"--{key}" and i + 1 < len(overrides):
+            found = overrides[i + 1]
+        elif a.startswith(f"--{key}="):
+            found = a.split("=", 1)[1]
+    return found
+
+
+def refuse_flag_and_key(flag: str, value: object, key: str, overrides: list[str]) -> None:
+    """A command's own flag and the config key it stands for (``--out`` and ``--train.out_dir``,
+    ``--trust-checkpoint`` and ``--train.trust_checkpoint``) both on one command line with different values are
+    refused naming both: the flag was applied after the overrides (or OR'ed with them) and silently won."""
+    given = override_text(overrides, key)
+    if value is None or value is False or given is None:
+        return
+    if isinstance(value, bool):
+        from gptforge.config import ConfigError, parse_value
+
+        try:
+            same = parse_value(key, given, bool) is value
+        except ConfigError:
+            return  # not a boolean: apply_overrides names it
+        shown = flag
+    else:
+        same, shown = given == str(value), f"{flag} {value!r}"
+    if not same:
+        raise CliError(f"{shown} and --{key} {given!r} both set {key}: give one of them")
+
+
+def trusted(args: argparse.Namespace, overrides: list[str]) -> bool:
+    """--trust-checkpoint (or --train.trust_checkpoint true) on this command line: never from a checkpoint. The
+    flag with ``--train.trust_checkpoint false`` is refused, not trusted."""
+    from gptforge.config import parse_value
+
+    flag = bool(getattr(args, "trust_checkpoint", False))  # rm and dpo have only the key
+    refuse_flag_and_key("--trust-checkpoint", flag, "train.trust_checkpoint", overrides)
+    given = override_text(overrides, "train.trust_checkpoint")
+    return flag or (given is not None and bool(parse_value("train.trust_checkpoint", given, bool)))
+
+
 def resolve_run(out: str | None, resume: str | None, overrides: list[str], recipe: str | tuple[str, ...], fresh: Callable[[], object],
-                trusted: bool = False, frozen: tuple[str, ...] = (), default_out: str | None = None):
+                trusted: bool = False, frozen: tuple[str, ...] = (), default_out: str | None = None,
+                same_as: tuple[tuple[str, object, str], ...] = ()):
     """(config, checkpoint to resume or None, its meta or None) for ``gptforge train|sft|rl``.
 
     A fresh run is ``fresh()`` (a preset or the recipe's defaults with this command line applied). A
@@ -209,13 +254,18 @@ def resolve_run(out: str | None, resume: str | None, overrides: list[str], recip
     path names, else to ``default_out``; never where the checkpoint says it came from. It must be a run
     of the same recipe (or one of a tuple: ``rl`` continues GRPO and PPO). Trust comes only from this command line. ``--force`` (start over) is the
     loop's, after data and model are known to be good. An override the run would ignore (another command's
-    section, or a key that acts only under a setting this run lacks) is refused here, for every command."""
+    section, or a key that acts only under a setting this run lacks) is refused here, for every command, and so are
+    a flag and the key it stands for with different values (``--out`` and ``train.out_dir``; ``same_as``: the
+    command's others, as (flag, value, key))."""
     from gptforge.config_inert import refuse_inert_overrides
     from gptforge.run import checkpoint as ckpt
     from gptforge.run.checkpointer import Checkpointer
     from gptforge.run.resume import recipe_of, resume_config
     from gptforge.run.weights import check_weights_fit
 
+    # --out is applied last, a recipe's --init-from beside its key: with the key given too, one would lose silently
+    for flag, value, key in (("--out", out, "train.out_dir"), *same_as):
+        refuse_flag_and_key(flag, value, key, overrides)
     if resume is None:
         from gptforge.run.resume import absolute_model_paths
 
@@ -310,7 +360,7 @@ def summary(result, command: str, cfg=None, start: str | None = None, whole: flo
     best and final val loss, held-out rates with their interval and chance level (eval.stats.fmt_rate),
     rewards with their scale, the checkpoint, and next commands built from the run's own settings."""
     from gptforge.eval.stats import GENERATIVE_CHANCE, fmt_rate
-    from gptforge.run.metrics import fmt_duration, read_metrics
+    from gptforge.run.metrics import fmt_duration, iter_metrics
 
     run = str(result.run_dir)
     lines = [f"--- {command} summary: {run}"]
@@ -333,7 +383,7 @@ def summary(result, command: str, cfg=None, start: str | None = None, whole: flo
                      f"{result.val_losses[last]:.4f} (step {last}) ({unit.get(command, 'nats/token')})")
     hints = run_hints(command, cfg, start)
     try:
-        evals = [r for r in read_metrics(result.run_dir, warn=lambda m: None) if r.get("kind") == "eval"]
+        evals = [r for r in iter_metrics(result.run_dir, warn=lambda m: None) if r.get("kind") == "eval"]
     except OSError:
         evals = []
     if command == "rl":

@@ -88,10 +88,9 @@ def _flag_overrides(args: argparse.Namespace, keys: dict[str, str], overrides: l
 
 
 def _trusted(args: argparse.Namespace, overrides: list[str]) -> bool:
-    """--trust-checkpoint (or --train.trust_checkpoint true) on this command line: never from a checkpoint."""
-    from gptforge.cli.run import _flag_value
+    from gptforge.cli.common import trusted
 
-    return bool(args.trust_checkpoint) or _flag_value(overrides, "train.trust_checkpoint")
+    return trusted(args, overrides)
 
 
 def add_trust_flag(p: argparse.ArgumentParser) -> None:
@@ -184,7 +183,8 @@ def cmd_rl(args: argparse.Namespace, overrides: list[str]) -> int:
 
     try:
         cfg, resume, meta = resolve_run(args.out, args.resume, [*flags, *overrides], ("grpo", "ppo"), fresh,
-                                        trusted=_trusted(args, overrides), frozen=RL_FROZEN)
+                                        trusted=_trusted(args, overrides), frozen=RL_FROZEN,
+                                        same_as=(("--init-from", args.init_from, "rl.init_from"),))
         given_reward = args.reward is not None or any(o.startswith("--rl.reward") for o in overrides)
         if ":" in cfg.rl.reward and not given_reward:  # code is named only by this command line
             raise CliError(f"this run was trained with the reward function {cfg.rl.reward!r}, which is code: a "

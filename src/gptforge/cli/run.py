@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gptforge.cli.common import CliError, finish, finite, init_from, resolve_run
+from gptforge.cli.common import CliError, finish, finite, init_from, refuse_flag_and_key, resolve_run, trusted
 
 
 def build_config(args: argparse.Namespace, overrides: list[str]):
@@ -15,6 +15,7 @@ def build_config(args: argparse.Namespace, overrides: list[str]):
 
     cfg = get_preset(args.preset)
     out = getattr(args, "out", None)  # plan has none: it writes no run directory
+    refuse_flag_and_key("--out", out, "train.out_dir", overrides)  # appended last below: it would win silently
     if out is not None:  # --out '' is refused by train.out_dir's check, not replaced by the preset's
         overrides = [*overrides, f"--train.out_dir={out}"]
     apply_overrides(cfg, overrides)
@@ -64,9 +65,8 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
 
     if args.help_config:
         return help_config(args, overrides, args.preset)
-    trusted = args.trust_checkpoint or _flag_value(overrides, "train.trust_checkpoint")  # this command line only
     cfg, resume, meta = resolve_run(args.out, args.resume, overrides, "pretrain",
-                                    lambda: build_config(args, overrides)[0], trusted,
+                                    lambda: build_config(args, overrides)[0], trusted(args, overrides),
                                     default_out=_default_out(args.preset, overrides))
     init_weights = None
     if args.init_from is not None:
@@ -121,18 +121,6 @@ def _default_out(preset: str, overrides: list[str]) -> str:
         if a.startswith("--train.out_dir="):
             return a.split("=", 1)[1]
     return get_preset(preset).train.out_dir
-
-
-def _flag_value(overrides: list[str], key: str) -> bool:
-    """The boolean an override list sets ``key`` to (False when absent)."""
-    from gptforge.config import parse_value
-
-    for i, a in enumerate(overrides):
-        if a == f"--{key}" and i + 1 < len(overrides):
-            return bool(parse_value(key, overrides[i + 1], bool))
-        if a.startswith(f"--{key}="):
-            return bool(parse_value(key, a.split("=", 1)[1], bool))
-    return False
 
 
 # --- bench ----------------------------------------------------------------------------------------

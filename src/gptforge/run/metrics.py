@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -245,16 +245,23 @@ def mark_replayed(path: Path, start_step: int) -> int:
 
 def read_metrics(path: str | Path, replayed: bool = False,
                  warn: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
-    """The records of a metrics.jsonl (or a run directory holding one), in order. A line that is
-    not a JSON object is skipped and reported through ``warn`` (default: a warning) with its line
+    """The records of a metrics.jsonl (or a run directory holding one), in order, as a list: for the short
+    files of tests and tools; a reader of a whole run's file (a million lines is 200 MB) walks
+    :func:`iter_metrics` and keeps what it needs (:class:`StepSeries`)."""
+    return list(iter_metrics(path, replayed, warn))
+
+
+def iter_metrics(path: str | Path, replayed: bool = False,
+                 warn: Callable[[str], None] | None = None) -> Iterator[dict[str, Any]]:
+    """The records of a metrics.jsonl (or a run directory holding one), in order, one at a time. A line
+    that is not a JSON object is skipped and reported through ``warn`` (default: a warning) with its line
     number; records marked ``replayed`` (superseded by a resume) are left out unless ``replayed``."""
-    out = []
     p = Path(path)
     if p.is_dir():
         p = p / "metrics.jsonl"
     if warn is None:
         def warn(msg: str) -> None:
-            warnings.warn(msg, stacklevel=3)
+            warnings.warn(msg, stacklevel=4)
     with open(p, errors="replace") as f:
         for lineno, line in enumerate(f, start=1):
             line = line.strip()
@@ -269,8 +276,71 @@ def read_metrics(path: str | Path, replayed: bool = False,
                 warn(f"{p}:{lineno}: not a JSON object; skipped")
                 continue
             if replayed or not rec.get("replayed"):
-                out.append(rec)
-    return out
+                yield rec
+
+
+def finite_number(v: Any) -> float | None:
+    """``v`` as a finite float, or None: a hand-edited or foreign metrics file may hold a string, a list,
+    a bool, NaN/Infinity (which json reads) or an integer past float's range where a number belongs; such
+    a point is left off a curve (as a missing one is) instead of failing the whole figure or answer."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    try:
+        f = float(v)
+    except OverflowError:
+        return None
+    return f if math.isfinite(f) else None
+
+
+def whole_step(v: Any) -> int | None:
+    """``v`` as a record's step on a curve's axis, or None: a whole number within float's range (not a bool,
+    a string or 10**400, which a hand-edited or foreign file may hold)."""
+    if isinstance(v, bool) or not isinstance(v, int) or finite_number(v) is None:
+        return None
+    return v
+
+
+class StepSeries:
+    """A curve's records keyed by step, at most ``cap`` of them plus the latest, whatever the file's length:
+    a record is kept when its step is at least ``gap`` from the last one kept, and when more than ``cap`` are
+    held the gap doubles and the held ones are thinned by the same rule. A record at a step already held
+    replaces it (the last one wins, as for files from before replayed records were marked); the latest
+    record is always kept, so a curve ends where its run did. ``cap`` points are more than a figure's or a
+    page's width in pixels."""
+
+    def __init__(self, cap: int = 4096):
+        self.cap, self.gap = max(2, int(cap)), 1
+        self._held: dict[int, Any] = {}
+        self._prev: int | None = None
+        self._last: tuple[int, Any] | None = None
+
+    def add(self, step: int, rec: Any) -> None:
+        self._last = (step, rec)
+        if step in self._held or self._prev is None or abs(step - self._prev) >= self.gap:
+            self._held[step] = rec
+            self._prev = step
+        while len(self._held) > self.cap:
+            self.gap *= 2
+            kept: dict[int, Any] = {}
+            prev = None
+            for s in sorted(self._held):
+                if prev is None or s - prev >= self.gap:
+                    kept[s] = self._held[s]
+                    prev = s
+            self._held, self._prev = kept, prev
+
+    def __len__(self) -> int:
+        return len(self.items())
+
+    def __bool__(self) -> bool:
+        return self._last is not None
+
+    def items(self) -> dict[int, Any]:
+        """step -> record, the held ones and the latest."""
+        out = dict(self._held)
+        if self._last is not None:
+            out[self._last[0]] = self._last[1]
+        return out
 
 
 def fmt_duration(seconds: float) -> str:

@@ -31,11 +31,12 @@ from typing import TYPE_CHECKING, Any
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse
+from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gptforge.run.metrics import read_metrics
+from gptforge.run.metrics import finite_number, iter_metrics, whole_step
 from gptforge.serve.limits import BearerAuth, BodyLimit, acquire_unless_gone, watch_disconnect
 from gptforge.serve.sse import sse_response
 
@@ -113,33 +114,77 @@ def _validation_message(exc: RequestValidationError) -> tuple[int, str]:
     return 422, "; ".join(parts)
 
 
+class _BodyRequest(Request):
+    async def json(self) -> Any:
+        import json
+
+        from gptforge.serve.openai_schema import BodyError, loads_body
+
+        if not hasattr(self, "_json"):
+            raw = await self.body()
+            try:
+                self._json = loads_body(raw)
+            except BodyError as e:  # FastAPI's own path for an unreadable body: 400 "malformed JSON body: ..."
+                if isinstance(e.__cause__, json.JSONDecodeError):
+                    raise e.__cause__ from None
+                msg = e.msg.removeprefix("malformed JSON body: ")
+                raise json.JSONDecodeError(msg, raw.decode("utf-8", "replace"), 0) from None
+        return self._json
+
+
+class BodyRoute(APIRoute):
+    """A route whose JSON body is read by :func:`gptforge.serve.openai_schema.loads_body`: a key given twice with
+    two values or a lone surrogate is refused (400) in /api as in /v1, where json.loads took the last key and
+    tokenized the surrogate."""
+
+    def get_route_handler(self):
+        handler = super().get_route_handler()
+
+        async def route(request: Request):
+            return await handler(_BodyRequest(request.scope, request.receive))
+
+        return route
+
+
 def read_loss_curve(path: str | Path | None, max_points: int = 2000) -> dict[str, Any]:
     """{"train": [[step, loss]...], "val": [[step, val_loss]...], "reward": [[step, reward]...] (RL
     steps), "held_out": [[step, acc]...] (RL held-out evaluations)} from metrics.jsonl, thinned to
     max_points."""
     if path is None or not Path(path).exists():
         return {"available": False, "train": [], "val": []}
-    train, val, reward, held_out = [], [], [], []
-    recipe = None
-    # the one metrics reader; a line being appended right now is skipped quietly
-    for rec in read_metrics(path, warn=lambda _msg: None):
-        if rec.get("kind") == "start":
-            recipe = rec.get("recipe")
-        elif rec.get("kind") == "train" and isinstance(rec.get("loss"), (int, float)):
-            train.append([rec["step"], rec["loss"]])
-        elif rec.get("kind") == "val" and isinstance(rec.get("val_loss"), (int, float)):
-            val.append([rec["step"], rec["val_loss"]])
-        elif rec.get("kind") == "rl" and isinstance(rec.get("reward"), (int, float)):
-            reward.append([rec["step"], rec["reward"]])
-        elif rec.get("kind") == "eval" and recipe == "grpo" and isinstance(rec.get("acc"), (int, float)):
-            held_out.append([rec["step"], rec["acc"]])
+    # streamed twice (the one metrics reader; a line being appended right now is skipped quietly): once to
+    # count each curve's points, once to keep every stride-th, so a million-line file is never held whole
+    # a point is a whole step and a finite number, as `gptforge plot` draws them (a hand-edited line's "x" step
+    # or 1e999 loss is left off, not a 500)
+    curve_of = {"train": ("train", "loss"), "val": ("val", "val_loss"), "rl": ("reward", "reward")}
 
-    def thin(xs: list) -> list:
-        stride = max(1, math.ceil(len(xs) / max_points))
-        return [x for x in xs[::stride] if math.isfinite(x[1])]
+    def points():
+        recipe = None
+        for rec in iter_metrics(path, warn=lambda _msg: None):
+            kind, step = rec.get("kind"), rec.get("step")
+            if kind == "start":
+                recipe = rec.get("recipe")
+                continue
+            if kind == "eval" and recipe == "grpo":
+                curve, key = "held_out", "acc"
+            elif kind in curve_of:
+                curve, key = curve_of[kind]
+            else:
+                continue
+            if whole_step(step) is not None and key in rec:
+                yield curve, [step, finite_number(rec[key])]
 
-    return {"available": True, "path": str(path), "train": thin(train), "val": thin(val), "reward": thin(reward),
-            "held_out": thin(held_out)}
+    counts = dict.fromkeys(("train", "val", "reward", "held_out"), 0)
+    for curve, _ in points():
+        counts[curve] += 1
+    stride = {k: max(1, math.ceil(n / max_points)) for k, n in counts.items()}
+    curves: dict[str, list] = {k: [] for k in counts}
+    seen = dict.fromkeys(counts, 0)
+    for curve, point in points():
+        if seen[curve] % stride[curve] == 0 and len(curves[curve]) < max_points and point[1] is not None:
+            curves[curve].append(point)
+        seen[curve] += 1
+    return {"available": True, "path": str(path), **curves}
 
 
 def create_app(model: torch.nn.Module, enc: Any = None, settings: ServeSettings | None = None,
@@ -167,6 +212,7 @@ def create_app(model: torch.nn.Module, enc: Any = None, settings: ServeSettings 
     settings.check()
     gate = ModelGate(settings.max_queue)
     app = FastAPI(title="gptforge", description="Talk to a gptforge model.")
+    app.router.route_class = BodyRoute  # the /api routes read their JSON as /v1 does (openai_schema.loads_body)
 
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)  # on the bytes read, chunked too
     if api_key:
@@ -268,9 +314,9 @@ def create_app(model: torch.nn.Module, enc: Any = None, settings: ServeSettings 
         return FileResponse(STATIC / "index.html", media_type="text/html")
 
     def describe() -> dict:
-        from gptforge.serve.describe import describe_served
+        from gptforge.serve.describe import describe_served, model_fields
 
-        return {"model": _model_fields(model.config), "parameters": model.num_parameters(),
+        return {"model": model_fields(model.config), "parameters": model.num_parameters(),
                 "tokenizer": tokenizer_fields(plain), "served": served or describe_served(model),
                 "limits": asdict(settings), "queue": {"waiting": gate.waiting}}
 
@@ -369,16 +415,6 @@ def bind_port(host: str, port: int):
                            f"server or pass --port {port + 1}") from e
         raise PortBusy(f"cannot listen on {host}:{port}: {e.strerror or e}; check --host and --port") from e
     return sock
-
-
-def _model_fields(cfg: Any) -> dict:
-    """The model's config for /api/info. ``bos_token`` (where a document starts, for document-masked
-    attention) only where attention is ``document``: elsewhere it is an unused default, GPT-2's 50256,
-    which read as the bos of a SmolLM2 whose vocabulary stops at 49,152."""
-    d = cfg.to_dict()
-    if d.get("attention") != "document":
-        d.pop("bos_token", None)
-    return d
 
 
 def tokenizer_fields(tok: Any) -> dict:

@@ -8,6 +8,11 @@ checkpoint path and step, the model family (the config's ``model.arch`` where a 
 one, else ``gpt2``), its size and how many tokens it was trained on (step x the run's
 ``train.total_batch_tokens`` for a pretraining run; unknown for imported or external weights and for
 post-training runs, whose steps are not token batches: those name what they were tuned from).
+
+The model's config (:func:`model_fields`) is what the served model does, not what its config leaves to be decided:
+a field set to auto (``fused_ce``: None) or to 0 = derived (a Llama's ``n_kv_head``, ``head_size``,
+``intermediate_size``; ``layer_types`` and ``family`` empty) is shown as the value the model was built with, and
+``auto`` lists those fields.
 """
 
 from __future__ import annotations
@@ -54,6 +59,29 @@ def describe_served(model, ckpt: str | None = None, hf: str | None = None, llmc:
         elif "source" not in meta and batch:  # an imported checkpoint ("source": the llm.c file) has no history
             out["tokens_trained"] = step * int(batch)
     return out
+
+
+def model_fields(cfg: Any) -> dict[str, Any]:
+    """The served model's config for /api/info, each auto or derived field as the model resolved it (the
+    module's docstring). ``bos_token`` (where a document starts, for document-masked attention) only where
+    attention is ``document``: elsewhere it is an unused default, GPT-2's 50256, which read as the bos of a
+    SmolLM2 whose vocabulary stops at 49,152."""
+    d = cfg.to_dict()
+    if d.get("attention") != "document":
+        d.pop("bos_token", None)
+    resolved: dict[str, Any] = {}
+    if "fused_ce" in d and d["fused_ce"] is None:
+        # auto decides the training loss only (models/head.py): a served forward computes plain logits
+        resolved["fused_ce"] = False
+    for key, derived in (("n_kv_head", "kv_heads"), ("head_size", "head_dim"), ("intermediate_size", "hidden_dim"),
+                         ("layer_types", "sliding_pattern")):
+        if key in d and not d[key] and hasattr(cfg, derived):
+            resolved[key] = getattr(cfg, derived)
+    if d.get("family") == "":  # how export writes it: Qwen2 where the q, k and v projections have biases
+        resolved["family"] = "qwen2" if d.get("qkv_bias") else "llama"
+    d.update(resolved)
+    d["auto"] = sorted(resolved)
+    return d
 
 
 def _post_training(config: dict[str, Any]) -> tuple[str | None, str | None]:

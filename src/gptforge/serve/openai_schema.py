@@ -165,25 +165,57 @@ class ChatRequest(_Sampling):
         return out
 
 
-def parse(model: type[BaseModel], raw: bytes) -> Any:
-    """The request body -> a validated request; OpenAIError(400) naming the field otherwise."""
+class BodyError(ValueError):
+    """A JSON body every route refuses before its fields are read (:func:`loads_body`); ``param``: the field."""
+
+    def __init__(self, msg: str, param: str | None = None):
+        super().__init__(msg)
+        self.msg, self.param = msg, param
+
+
+def loads_body(raw: bytes | str) -> Any:
+    """A request body's JSON, read the same for every route (/api through the app's route class, /v1 through
+    :func:`parse`): a key given twice in one object with different values (``{"prompt": "a", "prompt": "b"}``,
+    which json.loads settles silently by the last) and a lone surrogate (a ``"\\ud800"`` escape: not text, and
+    no UTF-8 answer could echo it) are a BodyError naming them; the same value twice is taken, as on the
+    command line."""
     import json
 
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for k, v in items:
+            if k in out and out[k] != v:
+                shown = [json.dumps(x, ensure_ascii=True)[:60] for x in (out[k], v)]
+                raise BodyError(f"{k!r} is given twice in one object, {shown[0]} and {shown[1]}; give it once", k)
+            out[k] = v
+        return out
+
     try:
-        data = json.loads(raw or b"null")
+        data = json.loads(raw or b"null", object_pairs_hook=pairs)
+    except BodyError:
+        raise
     except (ValueError, UnicodeDecodeError) as e:
-        raise OpenAIError(400, f"malformed JSON body: {e}") from e
+        raise BodyError(f"malformed JSON body: {e}") from e
     except RecursionError:  # a body nested ~1000 levels deep: Python's parser gives up, the request is bad
-        raise OpenAIError(400, "malformed JSON body: nested too deeply") from None
-    if not isinstance(data, dict):
-        raise OpenAIError(400, "the body must be a JSON object")
-    try:  # a "\ud800" escape decodes to a lone surrogate: not text, and no UTF-8 answer could echo it
+        raise BodyError("malformed JSON body: nested too deeply") from None
+    try:
         json.dumps(data, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError as e:
-        raise OpenAIError(400, f"the body holds an unpaired surrogate (\\u{ord(e.object[e.start]):04x}), which is "
-                               "not text: send UTF-8 text") from None
+        raise BodyError(f"the body holds an unpaired surrogate (\\u{ord(e.object[e.start]):04x}), which is not "
+                        "text: send UTF-8 text") from None
     except RecursionError:
-        raise OpenAIError(400, "malformed JSON body: nested too deeply") from None
+        raise BodyError("malformed JSON body: nested too deeply") from None
+    return data
+
+
+def parse(model: type[BaseModel], raw: bytes) -> Any:
+    """The request body -> a validated request; OpenAIError(400) naming the field otherwise."""
+    try:
+        data = loads_body(raw)
+    except BodyError as e:
+        raise OpenAIError(400, e.msg, e.param) from e
+    if not isinstance(data, dict):
+        raise OpenAIError(400, "the body must be a JSON object")
     try:
         req = model.model_validate(data)
     except RecursionError:
