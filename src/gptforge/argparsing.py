@@ -9,12 +9,12 @@ argparse's own refusal (a bad value, an unknown or missing flag) is one line nam
 ``type=int`` / ``type=float`` flag parses through gptforge.numbers, the one number parser.
 
 A single-valued option given twice with different values (``--steps 5 ... --steps 50``, ``--world 4 --gpus 8``,
-``--optim.lr 1e-3 ... --optim.lr 3e-4`` among a command's ``--section.key`` overrides) is refused naming the flag
-and both values, where argparse silently kept the last: the earlier one was meant too, or the line would not hold
-it, and which of the two a long line (or a script that appends to one) ends with is luck. The same value twice
-(``--steps 5 --steps 5``, ``--optim.lr 1e-3 --optim.lr 0.001``) is taken: nothing is ambiguous and a script that
-repeats a setting it shares with its caller stays valid. Options meant to repeat (``action="append"``: ``--prompt``,
-``--stop``, ``--special``, ``--switch``) keep every value.
+``--optim.lr 1e-3 ... --optim.lr 3e-4`` among a command's ``--section.key`` overrides) takes the last, as argparse
+and nanoGPT's configurator do, so a script that appends its own settings to a shared line (``gptforge train
+$COMMON --optim.lr 3e-4``) overrides it; the parser says so in one line on stderr naming the flag, both values and
+the one taken (argparse kept the last in silence, so a long line's earlier value was lost unseen). The same value
+twice (``--optim.lr 1e-3 --optim.lr 0.001``) says nothing. Options meant to repeat (``action="append"``:
+``--prompt``, ``--stop``, ``--special``, ``--switch``) keep every value.
 """
 
 from __future__ import annotations
@@ -60,9 +60,16 @@ def _shown(raw: list[str] | None, value: object) -> str:
     return repr(value)
 
 
+def overridden(flag: str, before: str, now: str, now_flag: str | None = None) -> str:
+    """The line said when a later setting of one option replaces an earlier, different one (the last is taken)."""
+    if now_flag is None or now_flag == flag:
+        return f"{flag} given twice, {before} then {now}: the last, {now}, is taken"
+    return f"{flag} {before} and {now_flag} {now} set the same option: the last, {now_flag} {now}, is taken"
+
+
 class _Once:
-    """Mixin of the single-valued actions (store, store_const, store_true, store_false): the second setting of
-    one ``dest`` in one parse with a different value is refused naming both flags and values."""
+    """Mixin of the single-valued actions (store, store_const, store_true, store_false): a setting of one ``dest``
+    that replaces an earlier, different one in the same parse is said in one line on stderr (the last is taken)."""
 
     def __call__(self, parser, namespace, values, option_string=None):
         given = getattr(parser, "_given", None)
@@ -70,19 +77,21 @@ class _Once:
             raw = getattr(parser, "_raw", {}).pop(id(self), None)
             value = self.const if self.nargs == 0 else values
             first = given.get(self.dest)
-            if first is None:
-                given[self.dest] = (option_string, raw, value)
-            elif not _same(first[2], value):
+            if first is not None and not _same(first[2], value):
                 flag, raw0, value0 = first
-                if flag == option_string:
-                    msg = f"{flag} given twice, {_shown(raw0, value0)} and {_shown(raw, value)}; give it once"
-                else:
-                    msg = f"{flag} {_shown(raw0, value0)} and {option_string} {_shown(raw, value)} set the same " \
-                          "option; give one of them"
                 if self.nargs == 0:
-                    msg = f"{flag} and {option_string} contradict each other; give one of them"
-                raise argparse.ArgumentError(None, msg)
+                    msg = f"{flag} and {option_string} contradict each other: the last, {option_string}, is taken"
+                else:
+                    msg = overridden(flag, _shown(raw0, value0), _shown(raw, value), option_string)
+                _say(parser, msg)
+            given[self.dest] = (option_string, raw, value)
         super().__call__(parser, namespace, values, option_string)  # type: ignore[misc]
+
+
+def _say(parser: argparse.ArgumentParser, msg: str) -> None:
+    import sys
+
+    print(f"{parser.prog}: {msg}", file=sys.stderr, flush=True)
 
 
 class _StoreOnce(_Once, argparse._StoreAction):
@@ -122,19 +131,20 @@ def _joined(args: list[str]) -> list[str]:
     return out
 
 
-def repeated_overrides(args: list[str]) -> str | None:
-    """The refusal of a ``--section.key=VALUE`` override (as :func:`_joined` writes them all) given twice with
-    different values, or None when each key is given once or with one value."""
+def repeated_overrides(args: list[str]) -> list[str]:
+    """A line for each ``--section.key=VALUE`` override (as :func:`_joined` writes them all) that replaces an
+    earlier, different value of its key (config.apply_overrides applies them in order: the last is taken)."""
     seen: dict[str, str] = {}
+    said: list[str] = []
     for a in args:
         if a == "--":
             break
         if a.startswith("--") and "=" in a and "." in a.split("=", 1)[0]:
             key, value = a[2:].split("=", 1)
             if key in seen and not _same(seen[key], value):
-                return f"--{key} given twice, {seen[key]!r} and {value!r}; give it once"
-            seen.setdefault(key, value)
-    return None
+                said.append(overridden(f"--{key}", repr(seen[key]), repr(value)))
+            seen[key] = value
+    return said
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -148,7 +158,7 @@ class OneLineParser(argparse.ArgumentParser):
         # through the one number parser: 1e400, nan and 2**64 are one line naming the flag, not a traceback
         self.register("type", int, count)
         self.register("type", float, finite)
-        # every single-valued option refuses a second, different value (the module's docstring says why)
+        # every single-valued option says when a second, different value replaces the first (the docstring: why)
         for name, cls in ((None, _StoreOnce), ("store", _StoreOnce), ("store_const", _StoreConstOnce),
                           ("store_true", _StoreTrueOnce), ("store_false", _StoreFalseOnce)):
             self.register("action", name, cls)
@@ -159,11 +169,9 @@ class OneLineParser(argparse.ArgumentParser):
         import sys
 
         args = _joined(list(sys.argv[1:] if args is None else args))
-        # before argparse's own checks (a missing --out) hide it; in the parser of the command (the one without
-        # sub-commands), whose name the refusal then bears
-        refusal = None if self._subparsers is not None else repeated_overrides(args)
-        if refusal is not None:
-            self.error(refusal)
+        # in the parser of the command (the one without sub-commands), whose name the line then bears
+        for msg in [] if self._subparsers is not None else repeated_overrides(args):
+            _say(self, msg)
         outer = self._given
         self._given, self._raw = {}, {}
         try:
