@@ -61,7 +61,7 @@ def test_a_port_in_use_names_the_port_and_the_next(monkeypatch):
         with pytest.raises(PortBusy) as e:
             bind_port("127.0.0.1", port)
         assert str(e.value) == (f"port {port} on 127.0.0.1 is already in use (another gptforge serve?): stop that "
-                                f"server or pass --port {port + 1}")
+                                f"server or pass --port {port + 1} (--port 0: any free port)")
         assert e.value.__cause__.errno == errno.EADDRINUSE
         assert len(closed) == 1  # the socket that could not bind is closed, not leaked
     finally:
