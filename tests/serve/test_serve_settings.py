@@ -61,7 +61,7 @@ def test_a_port_in_use_names_the_port_and_the_next(monkeypatch):
         with pytest.raises(PortBusy) as e:
             bind_port("127.0.0.1", port)
         assert str(e.value) == (f"port {port} on 127.0.0.1 is already in use (another gptforge serve?): stop that "
-                                f"server or pass --port {port + 1}")
+                                f"server or pass --port {port + 1} (--port 0: any free port)")
         assert e.value.__cause__.errno == errno.EADDRINUSE
         assert len(closed) == 1  # the socket that could not bind is closed, not leaked
     finally:
@@ -208,6 +208,8 @@ def test_run_server_listens_on_localhost_8000_by_default(monkeypatch, tokenizer)
     monkeypatch.setattr(sys, "stdout", _Stdout())
     app_module.run_server(GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16)).eval(), ServeSettings(),
                           enc=tokenizer)
+    bound = _Uvicorn.seen["sockets"][0].getsockname()[1]
     _Uvicorn.seen["sockets"][0].close()
     assert asked == [("127.0.0.1", 8000)]
-    assert _Uvicorn.seen["flushed"].startswith("gptforge serve: http://127.0.0.1:8000/ ")
+    # the URL names the port the socket holds (the stand-in's free one; a real bind_port: 8000)
+    assert _Uvicorn.seen["flushed"].startswith(f"gptforge serve: http://127.0.0.1:{bound}/ ")

@@ -125,13 +125,14 @@ def load(source: ModelSource, flag: str | None = None, announce_after: float | N
 
 
 def port(raw: str) -> int:
-    """A TCP port number (argparse type): one line for 99999 instead of the server's tracebacks."""
+    """A TCP port number (argparse type): one line for 99999 instead of the server's tracebacks. 0 asks the
+    system for a free port (the server prints the one it got), as a socket's bind does."""
     try:
         v = int(raw)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{raw!r} is not a port number") from None
-    if not 1 <= v <= 65535:
-        raise argparse.ArgumentTypeError(f"{v} is not a TCP port; give 1 to 65535")
+    if not 0 <= v <= 65535:
+        raise argparse.ArgumentTypeError(f"{v} is not a TCP port; give 1 to 65535 (0: any free port)")
     return v
 
 

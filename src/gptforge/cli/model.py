@@ -117,7 +117,8 @@ def args_serve(p: argparse.ArgumentParser) -> None:
                    help="require 'Authorization: Bearer KEY' on /api and /v1 (OpenAI clients: api_key=KEY); "
                         "default: $GPTFORGE_API_KEY, else none")
     p.add_argument("--port", type=port, default=8000, help="TCP port, 1-65535 (default %(default)s); a port in use "
-                                                          "is refused before the model loads, exit 4")
+                                                          "is refused before the model loads, exit 4; 0: any free "
+                                                          "port, the URL printed names it")
     p.add_argument("--metrics", help="metrics.jsonl for the loss curve (default: the checkpoint's run directory)")
     p.add_argument("--max-new-tokens-cap", type=int, default=512, help="largest max_new_tokens a request may ask")
     p.add_argument("--max-batch", type=int, default=8, help="most prompts in one request")

@@ -412,7 +412,7 @@ def bind_port(host: str, port: int):
 
         if e.errno == errno.EADDRINUSE:
             raise PortBusy(f"port {port} on {host} is already in use (another gptforge serve?): stop that "
-                           f"server or pass --port {port + 1}") from e
+                           f"server or pass --port {port + 1} (--port 0: any free port)") from e
         raise PortBusy(f"cannot listen on {host}:{port}: {e.strerror or e}; check --host and --port") from e
     return sock
 
@@ -427,10 +427,12 @@ def run_server(model: torch.nn.Module, settings: ServeSettings, host: str = "127
                metrics_path: str | Path | None = None, served: dict | None = None,
                chat_template: dict | None = None, api_key: str | None = None, enc: Any = None,
                sock: Any = None) -> None:
-    """Serve until Ctrl-C on ``sock`` (from :func:`bind_port`; bound here when not given)."""
+    """Serve until Ctrl-C on ``sock`` (from :func:`bind_port`; bound here when not given). The URL printed
+    names the port the socket holds (port 0: the free one the system picked)."""
     import uvicorn
 
     sock = sock if sock is not None else bind_port(host, port)
+    port = sock.getsockname()[1]  # the port bound: the system's pick for --port 0
     app = create_app(model, enc, settings=settings, metrics_path=metrics_path, served=served,
                      chat_template=chat_template, api_key=api_key, access_log=True)
     print(f"gptforge serve: http://{host}:{port}/  (JSON API under /api, OpenAI's under /v1, schema at /docs"
