@@ -18,6 +18,7 @@ import torch
 from gptforge.cli import main
 from gptforge.run import checkpoint as ckpt
 from gptforge.run.signals import StopFlag
+from tests.conftest import make_shards
 
 
 class _Clock:
@@ -168,12 +169,15 @@ def _micro_batch_for_a_slow_step(target_s: float = 4.0) -> int:
 
 
 @pytest.mark.slow
-def test_ctrl_c_twice_during_a_step_slower_than_the_window_still_saves(shard_dir, tmp_path):
+def test_ctrl_c_twice_during_a_step_slower_than_the_window_still_saves(tmp_path):
     """A real training process whose step (one backward of ~2-4 s) is slower than the 2 s window gets
     SIGINT, SIGTERM 50 ms later (what `timeout` or a process-group kill can deliver) and SIGINT again
     0.3 s after the first (Ctrl-C pressed twice): it finishes the step, saves, and exits 130."""
     out = tmp_path / "run"
     micro = _micro_batch_for_a_slow_step()
+    # shards that hold one step of the largest micro-batch (64 x 256 tokens + 1) in every split: conftest's 8,000
+    # validation tokens held 31 rows, so an idle fast core (micro 45 here) was refused before step 1
+    shard_dir = make_shards(tmp_path / "data", n_train=2 * (64 * 256 + 1), n_val=64 * 256 + 1)
     cmd = [sys.executable, "-u", "-m", "gptforge", "train", "--preset", "tiny", "--data.dir", str(shard_dir),
            "--out", str(out), "--model.vocab_size", "512", "--train.max_steps", "100000",
            "--train.val_every", "0", "--train.ckpt_every", "0", "--train.device", "cpu", "--train.threads", "1",
@@ -183,11 +187,14 @@ def test_ctrl_c_twice_during_a_step_slower_than_the_window_still_saves(shard_dir
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     try:
-        deadline = time.time() + 120
+        deadline, seen = time.time() + 120, []
         for line in proc.stdout:  # wait until training is really under way
+            seen.append(line)
             if line.startswith("step      1/"):
                 break
             assert time.time() < deadline, "training did not start"
+        else:
+            raise AssertionError("the run ended before step 1:\n" + "".join(seen[-20:]))
         step_ms = float(re.search(r"\| ([\d.]+) ms", line).group(1))
         time.sleep(0.2)  # into step 2's forward
         proc.send_signal(signal.SIGINT)
