@@ -6,6 +6,7 @@ flag: today the run directory (``--out`` / ``train.out_dir``).
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from pathlib import Path
@@ -39,7 +40,7 @@ def check_run_dir(path: str | os.PathLike) -> None:
             with tempfile.TemporaryFile(dir=where, prefix=".gptforge-write-test-"):
                 pass
         except OSError as e:
-            raise ConfigError(
-                f"train.out_dir={str(path)!r} cannot be written ({where}: {e.strerror or e}); "
-                "give --out (--train.out_dir) a directory on a writable filesystem"
-            ) from None
+            fix = ("make it this user's to write (chmod -R u+w) or give --out (--train.out_dir) another directory"
+                   if e.errno in (errno.EACCES, errno.EPERM) else
+                   "give --out (--train.out_dir) a directory on a writable filesystem")
+            raise ConfigError(f"train.out_dir={str(path)!r} cannot be written ({where}: {e.strerror or e}); {fix}") from None
