@@ -209,6 +209,24 @@ def test_a_resume_into_a_read_only_run_directory_is_refused_before_any_step(base
     assert main(_resume(run)) == 0
 
 
+def test_a_resume_whose_metrics_file_is_read_only_is_refused_before_any_step(base_run, tmp_path, capsys,
+                                                                             monkeypatch):
+    """chmod a-w RUN/metrics.jsonl, the folder still writable: the probe of the folder passes, and the file's
+    first append (after step 5's compute) was the refusal. (Root's access() says yes to any mode: the
+    kernel's answer for another user is given here.)"""
+    run = _copy(base_run, tmp_path)
+    metrics, real = run / "metrics.jsonl", os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, *a, **k: False if (Path(p) == metrics and mode & os.W_OK)
+                        else real(p, mode, *a, **k))
+    capsys.readouterr()
+    code = main(_resume(run))
+    monkeypatch.undo()
+    io = capsys.readouterr()
+    line = _one_line(io.err)
+    assert code == 2 and f"{metrics} is read-only" in line and "chmod u+w" in line, line
+    assert not re.search(r"^step +\d+/", io.out, re.M)
+
+
 # --- 3. metrics.jsonl deleted or cut ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("how", ["deleted", "emptied", "cut inside a record"])
