@@ -181,7 +181,7 @@ def test_a_metrics_record_past_the_file_size_limit_is_one_line_and_leaves_no_tor
     capsys.readouterr()
     limit = max(size, *((run / f).stat().st_size for f in ("config.json", "env.json"))) + 64  # the run files fit
     with file_size_limit(limit):  # then a metrics record, some steps on, is cut at the limit
-        code = main(["train", *resume_args(run), "--train.max_steps", "60", "--train.ckpt_every", "0"])
+        code = main(["train", *resume_args(run)[:-2], "--train.max_steps", "60", "--train.ckpt_every", "0"])
     line = _one_line(capsys.readouterr().err)
     assert code == 2 and f"cannot write a metrics.jsonl record to {run / 'metrics.jsonl'}: file too large" in line
     text = (run / "metrics.jsonl").read_text()
@@ -359,7 +359,7 @@ def test_a_resume_with_another_batch_shape_reads_on_from_the_saved_position(worl
 def test_a_run_resumed_with_a_step_its_position_does_not_divide_trains_to_the_end(base_run, tmp_path, capsys):
     run = _copy(base_run, tmp_path)  # saved at 1,024 tokens into shard 0 (10,000 tokens), 256 a step
     capsys.readouterr()
-    assert main(["train", *resume_args(run), "--train.max_steps", "20", "--train.total_batch_tokens", "768",
+    assert main(["train", *resume_args(run)[:-2], "--train.max_steps", "20", "--train.total_batch_tokens", "768",
                  "--train.seq_len", "48", "--train.micro_batch", "2"]) == 0, capsys.readouterr().err
     assert ckpt.latest_checkpoint(run).name == "step_000020"
     assert ckpt.read_meta(ckpt.latest_checkpoint(run))["loader"]["shard"] == 1  # it moved on to the next shard

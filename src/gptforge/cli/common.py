@@ -176,9 +176,16 @@ def run_words(resume, meta: dict | None, cfg, init_from_path: str | None, fallba
 
     if resume is None:
         return words(ModelSource.from_path(init_from_path), flag="--init-from", fallback=fallback)
+    from gptforge.run.resume import recipe_of
+
+    d = meta.get("chat_template")
+    if (d is None and recipe_of(meta) in ("sft", "rm", "dpo")) or ("chat_template" not in meta and "recipe" in meta):
+        # every fine-tuning checkpoint records the template it was trained with (RL's is null under --raw)
+        raise CliError(f"--resume: {resume}/meta.json has no chat_template, which every {recipe_of(meta)} checkpoint "
+                       "records; the checkpoint is damaged: resume from an earlier one (--resume RUN/checkpoints/"
+                       "step_N)")
     try:
         tok = tokenizer_from_meta(meta, resume)
-        d = meta.get("chat_template")
         chat = template_from_dict(d, f"{resume}/meta.json", cfg.model.vocab_size, tok=tok) if d else None
     except (TokenizerError, ChatFormatError) as e:
         raise CliError(f"--resume: {e}") from None

@@ -99,11 +99,30 @@ class ShardLoader:
     def _current(self) -> np.ndarray:
         if self._tokens is None:
             index = self._order()[self.shard]
-            tokens = read_shard(self.files[index])
+            tokens = self._open(index)
             if self.shuffle == "documents":
                 tokens = self._shuffle_documents(tokens, index)
             self._tokens = tokens
         return self._tokens
+
+    def _open(self, index: int) -> np.ndarray:
+        """Shard ``index``, opened when the run reaches it: it must still hold what it held when the run
+        started (its token count and sampled digest), or the run stops naming it; it was checked then, so
+        anything else happened to it while the run trained (deleted, moved, rewritten)."""
+        f = self.files[index]
+        n, digest = self.contents[index]
+        try:
+            now = (read_header(f)[2], sample_digest(f))
+        except (ShardError, OSError) as e:
+            now, why = None, str(e).removeprefix(f"{f}: ")
+        if now is None or now != (n, digest):
+            if now is not None:
+                why = (f"holds {now[0]:,} tokens, {n:,} when the run started" if now[0] != n
+                       else "holds other tokens than when the run started (same count)")
+            how = "deleted or moved" if not f.exists() else "changed"
+            raise ShardError(f"{f}: {why}; it was {how} while the run trained. Put the shards back as they were, "
+                             "then continue with --resume (from the run's newest checkpoint)")
+        return read_shard(f)
 
     def _shuffle_documents(self, tokens: np.ndarray, index: int) -> np.ndarray:
         """The shard with its documents in a seeded order (one in-memory copy of the shard)."""

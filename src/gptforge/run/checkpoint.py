@@ -382,7 +382,7 @@ def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
     return h.hexdigest()
 
 
-_verified: dict[str, tuple] = {}  # dir -> (name, size, mtime) of what was verified: hash each file once
+_verified: dict[str, tuple] = {}  # dir -> (name, size, mtime, ctime, inode) of what was verified: hash each file once
 
 
 def verify_checkpoint(ckpt_dir: str | Path, only: tuple[str, ...] | None = None) -> None:
@@ -400,16 +400,36 @@ def verify_checkpoint(ckpt_dir: str | Path, only: tuple[str, ...] | None = None)
         if not f.is_file():
             raise CheckpointError(f"{f} is missing (meta.json lists it); the checkpoint is damaged")
         st = f.stat()
-        stamp.append((name, st.st_size, st.st_mtime_ns))
+        stamp.append((name, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino))  # ctime: a copy with cp -p
     key = str(ckpt_dir.resolve())
     if key in _verified and set(stamp) <= set(_verified[key]):
         return
     for name in names:
         f = ckpt_dir / name
-        if sha256_file(f) != recorded[name]:
+        sha = sha256_file(f)
+        if sha != recorded[name]:
+            other = _saved_by_another(ckpt_dir, name, sha)
+            why = (f"it is {other}'s {name}: a file from another save" if other else "truncated or corrupted")
             raise CheckpointError(f"{f} does not match the sha256 recorded in {ckpt_dir / 'meta.json'} "
-                                  "(truncated or corrupted); the checkpoint is damaged")
+                                  f"({why}); the checkpoint is damaged")
     _verified[key] = tuple(set(stamp) | set(_verified.get(key, ())))
+
+
+def _saved_by_another(ckpt_dir: Path, name: str, sha: str) -> str | None:
+    """The sibling checkpoint whose meta.json records ``sha`` for ``name`` (a file copied over from another
+    save: a mix of two saves), or None."""
+    try:
+        siblings = sorted(p for p in ckpt_dir.parent.iterdir() if p.is_dir() and p != ckpt_dir)
+    except OSError:
+        return None
+    for p in siblings:
+        try:
+            files = _read_meta_json(p).get("files")
+        except (CheckpointError, OSError, ValueError):
+            continue
+        if isinstance(files, dict) and files.get(name) == sha:
+            return p.name
+    return None
 
 
 def latest_intact_checkpoint(run_dir: str | Path, warn: Callable[[str], None] = print) -> Path | None:

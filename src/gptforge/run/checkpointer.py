@@ -47,8 +47,10 @@ class TrainState:
 
 class Checkpointer:
     def __init__(self, cfg, info: DistInfo, run_dir: str | Path, resume_from: Path | None = None,
-                 log=lambda msg: None, extra_meta: dict[str, Any] | None = None):
+                 log=lambda msg: None, extra_meta: dict[str, Any] | None = None,
+                 guard: Callable[[str], None] | None = None):
         self.cfg, self.info, self.run_dir, self.log = cfg, info, Path(run_dir), log
+        self.guard = guard  # before each save, on rank 0: the run directory is still the run's (run/lock.py)
         self.resume_from = resume_from
         self.format = "dcp" if info.fsdp else "file"  # the format this run writes
         self.extra_meta = dict(extra_meta or {})  # written into every meta.json (git SHA, ...)
@@ -165,6 +167,8 @@ class Checkpointer:
         """Collective: write checkpoint ``state.step`` in this run's format, keep the newest
         ``train.keep_ckpts``. Returns the directory on rank 0 (None on other ranks)."""
         info, keep = self.info, self.cfg.train.keep_ckpts
+        if self.guard is not None and info.is_main:  # never a new checkpoints/ in a folder that replaced the run's
+            self.guard(f"checkpoint step {state.step}")
         meta = {"config": self.cfg.to_dict(), "loader": state.loader.state_dict(), "gptforge": __version__,
                 "torch": torch.__version__, "world": info.world, "sharding": info.sharded,
                 **self.extra_meta, **meta}

@@ -9,6 +9,11 @@ directory is read or written, and released at teardown. The kernel drops a ``flo
 process dies, however it dies, so a lock left by a killed run never blocks the next one. The file
 holds the holder's pid and command line (for the message); it is left in place (unlinking a locked
 file lets a third process lock a new inode while a second still holds the old one).
+
+The lock also knows which folder it holds (device and inode): :meth:`RunLock.check` says, in one
+line, when the run directory was deleted, moved or replaced while the run trained, and the run's
+writers (metrics.jsonl, checkpoints) call it before each write, so a run never starts a new half
+run in a fresh folder under the old name (the checkpoint writer makes its folders as needed).
 """
 
 from __future__ import annotations
@@ -19,6 +24,11 @@ import sys
 from pathlib import Path
 
 from gptforge.config import ConfigError
+from gptforge.storage import OutputError
+
+
+class RunDirectoryGone(OutputError):
+    """The run directory this run holds was deleted, moved or replaced while it trained (exit 2, one line)."""
 
 LOCK_NAME = ".gptforge.lock"
 
@@ -32,6 +42,7 @@ class RunLock:
         self.path = self.run_dir / LOCK_NAME
         self.fd: int | None = None
         self.created = False
+        self.identity: tuple[int, int] | None = None  # (st_dev, st_ino) of the folder locked
 
     def acquire(self) -> RunLock:
         self.created = not self.run_dir.exists()
@@ -49,12 +60,41 @@ class RunLock:
         os.ftruncate(fd, 0)
         os.write(fd, f"pid {os.getpid()}: {' '.join(sys.argv)}\n".encode(errors="replace"))
         self.fd = fd
+        st = os.stat(self.run_dir)
+        self.identity = (st.st_dev, st.st_ino)
         return self
+
+    def check(self, what: str) -> None:
+        """Raise :class:`RunDirectoryGone` (one line: where the run went and how to continue) unless
+        ``run_dir`` is still the folder this lock was taken in; ``what`` is the write about to be made."""
+        if self.fd is None or self.identity is None:
+            return
+        try:
+            st = os.stat(self.run_dir)
+            if (st.st_dev, st.st_ino) == self.identity:
+                return
+            there = f"{self.run_dir} is now another folder"
+        except OSError:
+            there = f"{self.run_dir} is gone"
+        now = _where_now(self.fd)
+        if now is None:
+            raise RunDirectoryGone(
+                f"cannot write {what}: the run directory was deleted (or moved to another disk) while the run trained "
+                f"({there}); stopping rather than start a new run there. Its checkpoints went with it: restore the "
+                "folder and continue with --resume, or start the run again")
+        raise RunDirectoryGone(
+            f"cannot write {what}: the run directory was moved to {now} while the run trained ({there}); stopping "
+            f"rather than start a new run at {self.run_dir}. Its checkpoints are there: continue with --out {now} "
+            "--resume")
 
     def release(self) -> None:
         if self.fd is None:
             return
-        if self.created and {p.name for p in self.run_dir.iterdir()} == {LOCK_NAME}:
+        try:  # (a run directory deleted or moved under the run: nothing to tidy)
+            only_lock = self.created and {p.name for p in self.run_dir.iterdir()} == {LOCK_NAME}
+        except OSError:
+            only_lock = False
+        if only_lock:
             self.path.unlink(missing_ok=True)  # refused before writing anything: leave no empty run dir
             try:
                 self.run_dir.rmdir()
@@ -69,6 +109,18 @@ class RunLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def _where_now(fd: int) -> str | None:
+    """The folder the locked file is in now (Linux: /proc/self/fd), or None when it was deleted (or this
+    platform cannot say)."""
+    try:
+        target = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return None
+    if target.endswith(" (deleted)") or not target.startswith("/"):
+        return None
+    return str(Path(target).parent)
 
 
 def _read_holder(fd: int) -> str:

@@ -10,6 +10,7 @@ token counted two ways (both reported by the bench command):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -138,10 +139,14 @@ class MetricsLog:
     after the resume point get ``"replayed": true`` (kept as evidence, never deleted).
     :func:`read_metrics` leaves marked records out unless asked for them."""
 
-    def __init__(self, path: str | Path, enabled: bool = True, sinks: list | None = None):
+    def __init__(self, path: str | Path, enabled: bool = True, sinks: list | None = None,
+                 guard: Callable[[str], None] | None = None, note: Callable[[str], None] | None = None):
         self.path = Path(path)
         self.enabled = enabled
         self.sinks = list(sinks or []) if enabled else []
+        self.guard = guard  # before each record: the run directory is still the run's (run/lock.py)
+        self.note = note  # says once what happened to the file between two records (deleted, cut)
+        self._left: tuple[int, int] | None = None  # (inode, size) the last record left the file at
 
     def begin(self, start_step: int) -> tuple[int, int]:
         """Repair the file for a run starting at ``start_step``: returns (bytes of torn tail
@@ -157,9 +162,38 @@ class MetricsLog:
         rec = _finite_or_null({"kind": kind, "step": step, "time": round(time.time(), 3), **fields})
         from gptforge.storage import RESUME_HINT
 
+        if self.guard is not None:
+            self.guard(f"a metrics.jsonl record (step {step})")
+        self._check_left(step)
         append_line(self.path, json.dumps(rec, allow_nan=False) + "\n", "a metrics.jsonl record", then=RESUME_HINT)
+        with contextlib.suppress(OSError):
+            st = os.stat(self.path)
+            self._left = (st.st_ino, st.st_size)
         for sink in self.sinks:
             sink.write(rec)
+
+    def _check_left(self, step: int) -> None:
+        """The file as the last record left it, else one line saying what happened (this run is its one
+        writer, so someone else did it) and a file that reads whole again: a record cut in two by a
+        truncation is removed, or the next record would be glued to it and both lost."""
+        if self._left is None:
+            return
+        ino, size = self._left
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            st = None
+        if st is not None and st.st_ino == ino and st.st_size >= size:
+            return
+        self._left = None
+        if st is None or st.st_ino != ino:
+            said = "was deleted or replaced while the run trained; the records before this step are not in it"
+        else:
+            cut = repair_torn_tail(self.path)
+            said = (f"was cut from {size:,} to {st.st_size:,} bytes while the run trained"
+                    + (f" (the {cut} bytes of a record it cut in two removed)" if cut else ""))
+        if self.note is not None:
+            self.note(f"{self.path}: {said}; writing on from step {step} (the checkpoints keep the run)")
 
     def close(self) -> None:
         for sink in self.sinks:
@@ -175,7 +209,13 @@ def append_line(path: Path, line: str, what: str, then: str = "run the same comm
     from gptforge.storage import output_error
 
     data = line.encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:  # the file or its folder made read-only (chmod -R, a remount) is the same one line as a refused write
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    except OSError as e:
+        err = output_error(e, path, what, len(data), then=then)
+        if err is not None:
+            raise err from e
+        raise
     try:
         start = os.lseek(fd, 0, os.SEEK_END)
         try:

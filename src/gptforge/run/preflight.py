@@ -6,6 +6,7 @@ flag: today the run directory (``--out`` / ``train.out_dir``).
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from pathlib import Path
@@ -34,12 +35,16 @@ def check_run_dir(path: str | os.PathLike) -> None:
     if ckpts.exists() and not ckpts.is_dir():
         raise ConfigError(f"train.out_dir={str(path)!r}: {ckpts} is a file, where the run keeps its checkpoints; "
                           "move it away (or give --out another directory), then run again")
+    metrics = path / "metrics.jsonl"  # appended to in place: a writable folder does not make it writable
+    if metrics.is_file() and not os.access(metrics, os.W_OK):
+        raise ConfigError(f"train.out_dir={str(path)!r}: {metrics} is read-only (a run appends to it); make it this "
+                          "user's to write (chmod u+w) or give --out (--train.out_dir) another directory")
     for where in (probe, *([ckpts] if ckpts.is_dir() else [])):  # a linked checkpoints/ may be on another disk
         try:
             with tempfile.TemporaryFile(dir=where, prefix=".gptforge-write-test-"):
                 pass
         except OSError as e:
-            raise ConfigError(
-                f"train.out_dir={str(path)!r} cannot be written ({where}: {e.strerror or e}); "
-                "give --out (--train.out_dir) a directory on a writable filesystem"
-            ) from None
+            fix = ("make it this user's to write (chmod -R u+w) or give --out (--train.out_dir) another directory"
+                   if e.errno in (errno.EACCES, errno.EPERM) else
+                   "give --out (--train.out_dir) a directory on a writable filesystem")
+            raise ConfigError(f"train.out_dir={str(path)!r} cannot be written ({where}: {e.strerror or e}); {fix}") from None

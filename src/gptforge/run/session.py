@@ -88,7 +88,8 @@ class RunSession:
                          "--nproc_per_node N to use them)")
         self.env = environment(self.info.device)
         self.checkpointer = Checkpointer(cfg, self.info, run_dir, self.resume_dir, self.log,
-                                         extra_meta={"git_sha": self.env.get("git_sha"), **self.extra_meta})
+                                         extra_meta={"git_sha": self.env.get("git_sha"), **self.extra_meta},
+                                         guard=self.lock.check if self.lock is not None else None)
 
     def log(self, msg: str) -> None:
         """A human line on rank 0 (above the progress bar when there is one)."""
@@ -101,12 +102,16 @@ class RunSession:
         a kill (a torn last line, records of steps that will be trained again)."""
         cfg, info, run_dir = self.cfg, self.info, self.run_dir
         sinks = open_sinks(cfg.train.log_to, run_dir, start_step, cfg.to_dict()) if info.is_main else None
-        self.metrics = MetricsLog(run_dir / "metrics.jsonl", enabled=info.is_main, sinks=sinks)
+        self.metrics = MetricsLog(run_dir / "metrics.jsonl", enabled=info.is_main, sinks=sinks,
+                                  guard=self.lock.check if self.lock is not None else None, note=self.log)
         if info.is_main:
             if self.start_over:
                 ckpt.clear_checkpoints(run_dir)  # through a symlinked checkpoints/ too; refuses if any survive
                 (run_dir / "metrics.jsonl").unlink(missing_ok=True)
             run_dir.mkdir(parents=True, exist_ok=True)
+            if start_step and not self.metrics.path.exists():  # a resume whose metrics.jsonl was deleted
+                self.log(f"{self.metrics.path}: not there; a new one starts at step {start_step} (the records of the "
+                         "steps before it are gone; the run continues from its checkpoint)")
             torn, replayed = self.metrics.begin(start_step)
             done = ([f"cut a torn last line ({torn} bytes)"] if torn else []) + \
                 ([f"marked {replayed} records after step {start_step} as replayed"] if replayed else [])
