@@ -95,8 +95,7 @@ def test_summary_hints_stay_in_the_runs_folder(command, where, tmp_path):
 def test_the_guides_layout_runs_and_exports_mirror_each_other(tmp_path, monkeypatch):
     """Relative to the working directory, as the guides run: runs/chat/sft's next run is runs/chat/rl and its
     export exports/chat/sft (hand-written); two journeys' hints never meet; nothing lands at the top level."""
-    from gptforge.cli.common import next_commands
-    from gptforge.cli.hints import beside, export_dir
+    from gptforge.cli.hints import beside, export_dir, next_commands
 
     monkeypatch.chdir(tmp_path)
     assert beside("runs/chat/sft", "rl") == "runs/chat/rl" and export_dir("runs/chat/sft") == "exports/chat/sft"

@@ -278,7 +278,7 @@ def test_arithmetic3_is_three_digit_verifiable_and_held_out_everywhere(tmp_path,
     Drawn at the eval set's own seed, so the problems would be the eval problems but for the ban."""
     import re
 
-    from gptforge.cli.common import GENERATED_TASKS
+    from gptforge.cli.hints import GENERATED_TASKS
     from gptforge.eval.generative import ARITHMETIC_EVAL_SEED, GENERATED, GENERATIVE
     from gptforge.eval.tasks.preferences import preference_set
     from gptforge.eval.tasks.synthetic import training_problems
@@ -307,7 +307,7 @@ def test_arithmetic3_is_three_digit_verifiable_and_held_out_everywhere(tmp_path,
     assert main(["prepare", "conversations", "arithmetic3", "--n", "5", "--out", str(out)]) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 5 and all(len(r["messages"][0]["content"].split()[2]) == 3 for r in rows)
-    from gptforge.cli.common import _pairs_task  # an SFT run's next commands name the task its file teaches
+    from gptforge.cli.hints import _pairs_task  # an SFT run's next commands name the task its file teaches
 
     assert _pairs_task(str(out)) == "arithmetic3"
     assert main(["prepare", "conversations", "arithmetic", "--n", "5", "--out", str(tmp_path / "c2.jsonl")]) == 0

@@ -145,7 +145,7 @@ def test_every_training_commands_next_steps_parse_and_suit_the_checkpoint(comman
     import shlex
 
     from gptforge.cli import build_parser
-    from gptforge.cli.common import next_commands
+    from gptforge.cli.hints import next_commands
 
     cmds = next_commands(command, str(tmp_path / "run"), "compare")
     assert cmds and all(c.startswith("gptforge ") for c in cmds)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 
 from gptforge.cli.common import (
-    GENERATED_TASKS,
     CliError,
     add_help_config,
     finish,
@@ -23,6 +22,7 @@ from gptforge.cli.common import (
     run_words,
     trusted,
 )
+from gptforge.cli.hints import GENERATED_TASKS
 from gptforge.cli.post import _base_shape, _flag_overrides
 
 PAIR_FLAGS = {"data": "{s}.data", "split": "{s}.split", "val_count": "{s}.val_count", "seed": "{s}.seed",

@@ -7,7 +7,8 @@ import json
 import os
 import sys
 
-from gptforge.cli.common import GENERATED_TASKS, CliError, count, finite
+from gptforge.cli.common import CliError, count, finite
+from gptforge.cli.hints import GENERATED_TASKS
 
 TOKENIZER_HELP = ("gpt2 (default, works offline); a folder `gptforge tokenizer train` wrote; a checkpoint or run "
                   "(its model's tokenizer); a Hugging Face tokenizer.json or a directory holding one; a .tiktoken "

@@ -1,4 +1,5 @@
-"""Where the commands a command suggests next ("next:", "train on them: ...") write: always derived from
+"""The commands a finished run suggests next (:func:`next_commands`, from what the run was given: :func:`run_hints`),
+and where they write ("next:", "train on them: ..."): always derived from
 the paths the user gave (the run's --out, the data file's folder), never a fixed name, so a newcomer who
 follows the advice stays inside the journey's own folder and never writes into the repository root or
 into another journey's files (issue 55: ``runs/sft``, ``runs/rl_rm``, ``prefs_judged.jsonl`` and
@@ -15,9 +16,13 @@ command inherits them.
 
 from __future__ import annotations
 
+import os
 import shlex
 from pathlib import Path
 
+# the generated tasks (gptforge.eval.generative.GENERATED, named here so that building a parser imports nothing):
+# the choices of the commands that generate or score them, and the tasks a finished SFT run is offered RL on
+GENERATED_TASKS = ["arithmetic", "arithmetic3", "compare"]
 CHECKPOINTS = "checkpoints"  # a run's checkpoints folder: RUN/checkpoints/step_N (run.checkpoint)
 
 
@@ -68,3 +73,73 @@ def export_dir(run: str | Path) -> str:
 def q(path: str | Path) -> str:
     """A path as a shell word: a hinted command pastes and parses as printed, spaces and all."""
     return shlex.quote(str(path))
+
+
+def run_hints(command: str, cfg, start: str | None = None) -> dict[str, str]:
+    """The task, data and starting model a run was given, for its next commands; placeholders only
+    where the run does not know (an SFT run's task is whatever its conversations teach)."""
+    task = {"train": "hellaswag", "sft": "arithmetic,compare"}.get(command, "arithmetic")
+    data, start = "PREFS_EVAL.jsonl", start or "SFT_RUN"  # data: held-out pairs, which no run is told of
+    if cfg is None:
+        return {"task": task, "data": data, "start": start}
+    source = getattr(getattr(cfg, command, None), "data", "") if command in ("sft", "dpo", "rm") else ""
+    if command == "rl":
+        task = cfg.rl.task
+    elif command == "sft":
+        task = _pairs_task(cfg.sft.data) or task
+    elif command in ("dpo", "rm"):
+        sec = getattr(cfg, command)
+        task = (getattr(sec, "task", "") or _pairs_task(sec.data)) or ("arithmetic,compare" if command == "dpo"
+                                                                       else "arithmetic")
+        start = getattr(sec, "init_from", "") or start
+    # the run's local data file: the files its next commands write go beside it (a hub dataset: beside the run)
+    return {"task": task, "data": data, "start": start, "source": source if source and os.path.isfile(source) else ""}
+
+
+def _pairs_task(data: str) -> str:
+    """The generated task whose problems a local preference or conversation file holds ("" when not one
+    of ours): its first row's prompt (or messages) is matched against the generators' wording."""
+    import json
+    import re
+
+    try:
+        with open(data, encoding="utf-8") as f:
+            row = json.loads(f.readline(65536))
+        prompt = row["prompt"] if "prompt" in row else row["messages"]
+        text = prompt if isinstance(prompt, str) else " ".join(str(m.get("content", "")) for m in prompt)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return ""
+    if re.search(r"Which is larger, \d+ or \d+\?", text):
+        return "compare"
+    if m := re.search(r"What is (\d+) [+-] (\d+)\?", text):
+        return "arithmetic3" if len(m.group(1)) == len(m.group(2)) == 3 else "arithmetic"
+    return ""
+
+
+def next_commands(command: str, run: str, task: str, data: str = "PREFS_EVAL.jsonl", start: str = "SFT_RUN",
+                  source: str = "") -> list[str]:
+    """The commands a finished ``command`` run is ready for, with its own task, data and starting model.
+    A reward model does not generate text, so it is offered scoring, RL and labelling instead of
+    sample/chat (which would refuse it). What they write is placed by :mod:`gptforge.cli.hints`: new
+    runs beside the run, new data files beside its data file ``source`` (else beside the run), the
+    export under exports/ mirroring the run (:func:`beside`, :func:`export_dir`); never a fixed path."""
+    export = f"gptforge export hf --ckpt {q(run)} --out {q(export_dir(run))}"
+    name = Path(run).name or "run"  # a second reward model in the same folder gets its own RL run and file
+    if command == "rm":
+        one = task.split(",")[0]
+        held = []
+        if data == "PREFS_EVAL.jsonl" and one in ("compare", "arithmetic"):  # held-out pairs of the run's task
+            data = beside(source or run, f"{one}_prefs_eval.jsonl")
+            held = [f"gptforge prepare preferences {one} --n 500 --held-out --out {q(data)}"]
+        return [*held, f"gptforge eval --ckpt {q(run)} --preferences {q(data)}",
+                f"gptforge rl --init-from {q(start)} --task {one} --reward-model {q(run)} --out "
+                f"{q(beside(run, f'rl_{name}'))}",
+                f"gptforge prepare preferences {one} --policy {q(start)} --judge {q(run)} --out "
+                f"{q(beside(source or run, f'prefs_judged_{name}.jsonl'))}",
+                export]
+    out = [f"gptforge chat --ckpt {q(run)}"] if command in ("sft", "rl", "dpo") else []
+    out.append(f"gptforge sample --ckpt {q(run)}" + (' --prompt "ROMEO:"' if command == "train" else ""))
+    out.append(f"gptforge eval --ckpt {q(run)} --tasks {task} --limit 200")
+    if command == "sft" and (one := task.split(",")[0]) in (*GENERATED_TASKS, "gsm8k"):  # the chat journey: SFT -> RL
+        out.append(f"gptforge rl --init-from {q(run)} --task {one} --out {q(beside(run, 'rl'))}")
+    return [*out, export]

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 
 from gptforge.cli.common import (
-    GENERATED_TASKS,
     CliError,
     add_help_config,
     finish,
@@ -24,6 +23,7 @@ from gptforge.cli.common import (
     resolve_run,
     run_words,
 )
+from gptforge.cli.hints import GENERATED_TASKS
 from gptforge.load import ModelSource
 
 # --- sft -------------------------------------------------------------------------------------------
