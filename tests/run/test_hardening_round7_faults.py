@@ -41,6 +41,10 @@ from safetensors.torch import load_file
 from gptforge.cli import main
 from gptforge.data.shards import read_shard, write_shard
 from gptforge.run import checkpoint as ckpt
+from tests.run.faults import copy_run as _copy
+from tests.run.faults import finished_run
+from tests.run.faults import one_line as _one_line
+from tests.run.faults import train_argv as _train
 from tests.training.commands import RUNS, case_id, make_world, training_commands
 
 RESUMABLE = training_commands()
@@ -51,30 +55,9 @@ def world(tmp_path_factory, tokenizer):
     return make_world(tmp_path_factory.mktemp("faults"))
 
 
-def _train(shards: str | Path, out: Path, *extra: str) -> list[str]:
-    return ["train", "--preset", "tiny", "--data.dir", str(shards), "--out", str(out), "--model.vocab_size", "512",
-            "--train.device", "cpu", "--train.val_every", "0", "--train.sample_every", "0", *extra]
-
-
 @pytest.fixture(scope="module")
 def base_run(world, tmp_path_factory):
-    """A finished 4-step pretraining run with checkpoints at steps 2 and 4, copied by each test."""
-    out = tmp_path_factory.mktemp("base") / "run"
-    assert main(_train(world["shards"], out, "--train.max_steps", "4", "--train.ckpt_every", "2")) == 0
-    return out
-
-
-def _copy(src: Path, tmp_path: Path, name: str = "run") -> Path:
-    dst = tmp_path / name
-    shutil.copytree(src, dst, symlinks=True)
-    return dst
-
-
-def _one_line(err: str) -> str:
-    """The one error line (a progress line before it, such as export's "writing ...", is fine)."""
-    errors = [x for x in err.strip().splitlines() if ": error: " in x]
-    assert "Traceback" not in err and len(errors) == 1 and err.strip().endswith(errors[0]), err
-    return errors[0]
+    return finished_run(world["shards"], tmp_path_factory.mktemp("base") / "run")
 
 
 @contextlib.contextmanager

@@ -37,6 +37,10 @@ from gptforge.cli import main
 from gptforge.data.shards import read_shard, write_shard
 from gptforge.run import checkpoint as ckpt
 from gptforge.run.metrics import read_metrics
+from tests.run.faults import copy_run as _copy
+from tests.run.faults import finished_run
+from tests.run.faults import one_line as _one_line
+from tests.run.faults import train_argv as _train
 from tests.training.commands import RUNS, make_world
 
 
@@ -45,29 +49,9 @@ def world(tmp_path_factory, tokenizer):
     return make_world(tmp_path_factory.mktemp("faults8"))
 
 
-def _train(shards: str | Path, out: Path, *extra: str) -> list[str]:
-    return ["train", "--preset", "tiny", "--data.dir", str(shards), "--out", str(out), "--model.vocab_size", "512",
-            "--train.device", "cpu", "--train.val_every", "0", "--train.sample_every", "0", *extra]
-
-
 @pytest.fixture(scope="module")
 def base_run(world, tmp_path_factory):
-    """A finished 4-step pretraining run with checkpoints at steps 2 and 4, copied by each test."""
-    out = tmp_path_factory.mktemp("base8") / "run"
-    assert main(_train(world["shards"], out, "--train.max_steps", "4", "--train.ckpt_every", "2")) == 0
-    return out
-
-
-def _copy(src: Path, tmp_path: Path, name: str = "run") -> Path:
-    dst = tmp_path / name
-    shutil.copytree(src, dst, symlinks=True)
-    return dst
-
-
-def _one_line(err: str) -> str:
-    errors = [x for x in err.strip().splitlines() if ": error: " in x]
-    assert "Traceback" not in err and len(errors) == 1 and err.strip().endswith(errors[0]), err
-    return errors[0]
+    return finished_run(world["shards"], tmp_path_factory.mktemp("base8") / "run")
 
 
 def _resume(run: Path, steps: int = 8) -> list[str]:
