@@ -43,8 +43,8 @@ import torch.nn.functional as F
 from gptforge.kernels.attention import BACKENDS, sdpa_for
 from gptforge.models import masks, rope
 from gptforge.models.counting import Counts, attention_flops
-from gptforge.models.gpt2 import KVCache, padded_vocab
-from gptforge.models.head import logits_and_loss
+from gptforge.models.head import logits_and_loss, padded_vocab
+from gptforge.models.kv_cache import KVCache
 from gptforge.numbers import MAX_DIM
 from gptforge.tokens import GPT2_VOCAB
 
