@@ -62,7 +62,7 @@ def _refuse_own_source(args: argparse.Namespace) -> None:
     """--out may not be the model's own folder, lie inside it, or hold it: the export is swapped in over --out,
     so with --force it would replace the files it is read from (``export hf --hf D --out D --dtype float16``
     rewrote D's float32 weights as float16), as ``import`` refuses for its checkpoint. A run folder given to
-    --ckpt is guarded by storage.check_output (only training writes one)."""
+    --ckpt is guarded by storage.guards.check_output (only training writes one)."""
     out = Path(args.out).resolve()
     for flag, given in (("--hf", args.hf), ("--gguf", getattr(args, "gguf", None)), ("--llmc", getattr(args, "llmc", None))):
         if not given or not Path(given).exists():  # a hub name, or a missing path the loader names
