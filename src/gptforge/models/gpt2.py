@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gptforge.kernels.attention import sdpa_for
+from gptforge.kernels.attention import BACKENDS, sdpa_for
 from gptforge.models import masks
 from gptforge.models.counting import Counts, attention_flops
 from gptforge.models.head import logits_and_loss, padded_vocab
@@ -94,8 +94,8 @@ class GPTConfig:
             raise ValueError(f"model.recompute={self.recompute!r}; allowed: none, mlp, block")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"model.dropout={self.dropout} must be in [0, 1)")
-        if self.attn_backend not in ("auto", "cudnn", "flash", "efficient", "math"):
-            raise ValueError(f"model.attn_backend={self.attn_backend!r}; allowed: auto, cudnn, flash, efficient, math")
+        if self.attn_backend not in BACKENDS:
+            raise ValueError(f"model.attn_backend={self.attn_backend!r}; allowed: {', '.join(BACKENDS)}")
         if self.attn_backend != "auto" and not self.flash:
             raise ValueError(f"model.attn_backend={self.attn_backend} picks an SDPA kernel; it needs model.flash=true")
         if self.fused_ce and self.lm_head_fp8:
