@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from gptforge.generation import SamplingParams, stream_tokens
-from gptforge.models.gpt2 import GPT, GPTConfig, KVCache
+from gptforge.models.gpt2 import GPT, GPTConfig
+from gptforge.models.kv_cache import KVCache
 from gptforge.models.llama import Llama, LlamaConfig
 
 

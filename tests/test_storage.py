@@ -12,7 +12,7 @@ import pytest
 from gptforge.cli import main
 from gptforge.data.prepare import pipeline
 from gptforge.data.shards import read_shard
-from gptforge.storage import is_disk_full
+from gptforge.storage.faults import is_disk_full
 
 
 def test_disk_full_is_recognised_in_every_writers_dialect(tmp_path, monkeypatch):
@@ -25,7 +25,7 @@ def test_disk_full_is_recognised_in_every_writers_dialect(tmp_path, monkeypatch)
     # torch.save: a RuntimeError with no errno; the answer depends on the room left
     torch_says = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
     assert not is_disk_full(torch_says, tmp_path, needed=1000)  # this disk has room: some other failure
-    monkeypatch.setattr("gptforge.storage.free_bytes", lambda path: 0)
+    monkeypatch.setattr("gptforge.storage.faults.free_bytes", lambda path: 0)
     assert is_disk_full(torch_says, tmp_path, needed=1000)
 
 
@@ -35,7 +35,7 @@ def test_numpys_short_write_is_a_full_disk(tmp_path):
     class 4: `export gguf` printed it as a traceback). Taken from a real write to /dev/full, not typed here."""
     import numpy as np
 
-    from gptforge.storage import DiskFullError, output_error
+    from gptforge.storage.faults import DiskFullError, output_error
 
     with pytest.raises(OSError) as e, open("/dev/full", "wb") as f:
         np.zeros(1 << 16, dtype=np.float32).tofile(f)
@@ -78,7 +78,8 @@ def test_prepare_on_a_full_disk_says_so_and_keeps_finished_shards(tmp_path, monk
 # --- the one writer's own rules (the commands are walked in tests/cli/test_writers.py) ------------------
 
 def test_a_folder_replaced_with_force_keeps_other_entries_and_replaces_subfolders_whole(tmp_path):
-    from gptforge.storage import OutputExistsError, atomic_dir
+    from gptforge.storage import atomic_dir
+    from gptforge.storage.guards import OutputExistsError
 
     out = tmp_path / "exp"
     with atomic_dir(out) as t:
@@ -100,6 +101,7 @@ def test_a_folder_replaced_with_force_keeps_other_entries_and_replaces_subfolder
 
 def test_a_swap_without_renameat2_and_a_kill_between_its_renames(tmp_path, monkeypatch):
     import gptforge.storage as storage
+    from gptforge.storage.guards import OutputExistsError
 
     monkeypatch.setattr(storage, "exchange", lambda a, b: False)  # another platform: two renames
     out = tmp_path / "exp"
@@ -110,7 +112,7 @@ def test_a_swap_without_renameat2_and_a_kill_between_its_renames(tmp_path, monke
     assert (out / "a").read_text() == "2" and sorted(p.name for p in tmp_path.iterdir()) == ["exp"]
     # a kill between the two renames: NAME missing, the old folder whole beside it; the next write restores
     os.rename(out, tmp_path / ".exp.old-999999999-abcdef")
-    with pytest.raises(storage.OutputExistsError):
+    with pytest.raises(OutputExistsError):
         with storage.atomic_dir(out) as t:
             pass
     assert (out / "a").read_text() == "2"
@@ -128,7 +130,7 @@ def test_a_killed_writers_temporaries_are_removed_by_the_next_write(tmp_path):
 
 
 def test_force_never_reaches_a_run_or_a_checkpoint(tmp_path):
-    from gptforge.storage import OutputExistsError, check_output
+    from gptforge.storage.guards import OutputExistsError, check_output
 
     run = tmp_path / "run"
     step = run / "checkpoints" / "step_000010"

@@ -198,7 +198,8 @@ def check_tool_output(p: argparse.ArgumentParser, path: str | None, flag: str = 
     device is one line through ``p.error``; an existing file is replaced (the tools have no --force)."""
     if path is None:
         return
-    from gptforge.storage import OutputError, check_output
+    from gptforge.storage.faults import OutputError
+    from gptforge.storage.guards import check_output
 
     if not path.strip():
         p.error(f"{flag} is empty; name the file to write")

@@ -390,7 +390,8 @@ def test_an_output_that_is_a_special_file_is_never_replaced(kind, argv, tmp_path
 
 @pytest.mark.parametrize("kind", ["pipe", "socket", "link to a pipe"])
 def test_the_one_writer_refuses_a_special_file(kind, tmp_path):
-    from gptforge.storage import OutputError, write_json
+    from gptforge.storage import write_json
+    from gptforge.storage.faults import OutputError
 
     p, target, is_kind = _special(kind, tmp_path)
     with pytest.raises(OutputError, match="special file"):

@@ -177,7 +177,7 @@ def test_an_output_folder_without_a_name_of_its_own(out, base_ckpt, tmp_path, mo
 
 
 def test_storage_named_resolves_dots_and_refuses_the_root(tmp_path, monkeypatch):
-    from gptforge.storage import OutputExistsError, named
+    from gptforge.storage.guards import OutputExistsError, named
 
     monkeypatch.chdir(tmp_path)
     assert named(".") == tmp_path.resolve() and named("a/..") == tmp_path.resolve()

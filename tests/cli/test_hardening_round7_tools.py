@@ -412,11 +412,12 @@ def test_every_writer_refuses_a_folder_as_its_file(writer, tmp_path):
     """The one writer's last guard, for callers that never went through check_output: os.replace over a folder
     was an IsADirectoryError traceback (python -m gptforge.bench.tokenizer_train --json DIR)."""
     from gptforge import storage
+    from gptforge.storage.faults import OutputError
 
     folder = tmp_path / "out"
     (folder / "keep").mkdir(parents=True)
     value = {"json": {"a": 1}, "text": "a", "bytes": b"a"}[writer.split("_")[1]]
-    with pytest.raises(storage.OutputError, match="is a folder; name the file to write"):
+    with pytest.raises(OutputError, match="is a folder; name the file to write"):
         getattr(storage, writer)(folder, value)
     assert [p.name for p in folder.iterdir()] == ["keep"] and not [p for p in tmp_path.iterdir() if p != folder]
 

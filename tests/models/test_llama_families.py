@@ -259,7 +259,8 @@ def test_counts_match_the_model_and_transformers(family):
 def test_post_norms_activation_bytes_against_autograd():
     """What autograd saves for Gemma's two extra norms per block (saved_tensors_hooks, float32), against
     layer_act_bytes' increment: 16 C bytes per token, plus each norm's (B, T, 1) rsqrt (4 bytes)."""
-    from gptforge.models.llama import layer_act_bytes, rope_cos_sin
+    from gptforge.models.llama import layer_act_bytes
+    from gptforge.models.rope import rope_cos_sin
 
     def saved(**kw) -> tuple[float, float]:
         torch.manual_seed(0)

@@ -240,7 +240,7 @@ def _enospc_on_second_save(monkeypatch, how: str) -> None:
     monkeypatch.setattr(ckpt, "save_file", save_file)
     monkeypatch.setattr(ckpt.torch, "save", torch_save)
     if how == "torch":  # no errno: the filesystem is asked how much room is left
-        monkeypatch.setattr("gptforge.storage.free_bytes", lambda path: 4096)
+        monkeypatch.setattr("gptforge.storage.faults.free_bytes", lambda path: 4096)
 
 
 @pytest.mark.parametrize("how", ["oserror", "torch"])

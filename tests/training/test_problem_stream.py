@@ -8,7 +8,7 @@ until ``rl.prompts`` problems outside the task's whole eval set and the held-out
 task (gsm8k) holds out its first ``eval_n`` problems and samples each step's from the rest with
 random.Random(SeedSequence(seed, s, 3)) or (seed, s, 7, round). A resumed run depends on these staying fixed:
 it must see the problems the interrupted one would have. The seeds are derived here with numpy directly, not
-through rollouts' ``_mix``.
+through rollouts' ``mix_seed``.
 """
 
 from __future__ import annotations

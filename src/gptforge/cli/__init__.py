@@ -210,7 +210,7 @@ def _main(argv: list[str] | None) -> int:
     from gptforge.errors import ResourceError
     from gptforge.eval.tasks.base import EvalDataError
     from gptforge.extras import MissingExtra
-    from gptforge.storage import DiskFullError, OutputError
+    from gptforge.storage.faults import DiskFullError, OutputError
 
     bad_input = (CliError, ShardError, TokenizerUnavailable, TokenizerError, ChatFormatError, ResourceError,
                  FileNotFoundError, EvalDataError, DiskFullError, OutputError, MissingExtra)
@@ -237,7 +237,7 @@ def _main(argv: list[str] | None) -> int:
     except OSError as e:  # a full or read-only disk met outside the one writer (a mkdir): the same one line
         from pathlib import Path
 
-        from gptforge.storage import output_error
+        from gptforge.storage.faults import output_error
 
         err = output_error(e, Path(e.filename or "."), "the output")
         if err is None:

@@ -16,14 +16,15 @@ import argparse
 from gptforge.cli.common import (
     CliError,
     add_help_config,
+    base_shape,
     finish,
+    flag_overrides,
     init_from,
     resolve_run,
     run_words,
     trusted,
 )
 from gptforge.cli.hints import GENERATED_TASKS
-from gptforge.cli.post import _base_shape, _flag_overrides
 
 PAIR_FLAGS = {"data": "{s}.data", "split": "{s}.split", "val_count": "{s}.val_count", "seed": "{s}.seed",
               "skip_bad": "{s}.skip_bad", "eval_every": "{s}.eval_every", "steps": "train.max_steps",
@@ -47,7 +48,7 @@ def _run_pairs(args: argparse.Namespace, overrides: list[str], section: str, lr:
     keys = {k: v.format(s=section) for k, v in PAIR_FLAGS.items()}
     if section == "dpo":
         keys.update(DPO_FLAGS)
-    flags = _flag_overrides(args, keys, overrides)
+    flags = flag_overrides(args, keys, overrides)
     if args.resume is not None and args.init_from is not None:
         raise CliError(f"--init-from starts a new {section} run; it cannot be combined with --resume")
     if args.resume is None and (args.init_from is None or args.data is None):
@@ -59,7 +60,7 @@ def _run_pairs(args: argparse.Namespace, overrides: list[str], section: str, lr:
         nonlocal init
         from gptforge.config import apply_overrides
 
-        cfg = pair_config(_base_shape(args.init_from), args.out, lr)
+        cfg = pair_config(base_shape(args.init_from), args.out, lr)
         init = init_from(args.init_from, cfg)
         extra = ["--dpo.init_from", args.init_from] if section == "dpo" else []
         return apply_overrides(cfg, [*flags, *extra, *overrides, "--train.out_dir", args.out])

@@ -81,6 +81,25 @@ def article(kind: str) -> str:
     return "an" if kind in ("sft", "rm") or kind[:1] in tuple("aeiou") else "a"
 
 
+def flag_overrides(args: argparse.Namespace, keys: dict[str, str], overrides: list[str]) -> list[str]:
+    """A command's own flags as --section.key overrides (only those given: None/False means not given).
+    Which flag set which key is kept on ``args`` (``flag_keys``), so a refusal of the key also names
+    the flag that was typed (:func:`name_flag`). A flag and its own key both given
+    (``--steps 10 --train.max_steps 20``) are refused: one of them would silently lose."""
+    typed = {a[2:].split("=", 1)[0] for a in overrides if a.startswith("--")}
+    out: list[str] = []
+    args.flag_keys = {}
+    for flag, key in keys.items():
+        v = getattr(args, flag, None)
+        if v is not None and v is not False:
+            name = f"--{flag.replace('_', '-')}"
+            if key in typed:
+                raise CliError(f"{name} and --{key} both set {key}: give one of them")
+            out += [f"--{key}", str(v)]
+            args.flag_keys[key] = f"{name} {v}"
+    return out
+
+
 def name_flag(msg: str, args: argparse.Namespace) -> str:
     """A refusal of a config key that one of the command's short flags set (``--steps -1`` sets
     ``train.max_steps``) starts with that flag as typed, unless it names it already: the user sees
@@ -119,6 +138,13 @@ def load(source: ModelSource, flag: str | None = None, announce_after: float | N
         if flag is None:
             raise
         raise CliError(f"{flag}: {e}") from e
+
+
+def base_shape(source: str):
+    """The base model's config (the SFT config keeps its family and shape)."""
+    from gptforge.load import ModelSource
+
+    return load(ModelSource.from_path(source), "--init-from").config
 
 
 def port(raw: str) -> int:

@@ -62,7 +62,7 @@ def _refuse_own_source(args: argparse.Namespace) -> None:
     """--out may not be the model's own folder, lie inside it, or hold it: the export is swapped in over --out,
     so with --force it would replace the files it is read from (``export hf --hf D --out D --dtype float16``
     rewrote D's float32 weights as float16), as ``import`` refuses for its checkpoint. A run folder given to
-    --ckpt is guarded by storage.check_output (only training writes one)."""
+    --ckpt is guarded by storage.guards.check_output (only training writes one)."""
     out = Path(args.out).resolve()
     for flag, given in (("--hf", args.hf), ("--gguf", getattr(args, "gguf", None)), ("--llmc", getattr(args, "llmc", None))):
         if not given or not Path(given).exists():  # a hub name, or a missing path the loader names
@@ -105,8 +105,6 @@ def _final(args: argparse.Namespace, f) -> str:
 
 
 def _export(args: argparse.Namespace) -> int:
-    import torch
-
     from gptforge.tokens import GPT2_VOCAB
     from gptforge.training.rm import checkpoint_is_reward_model
 
@@ -133,40 +131,14 @@ def _export(args: argparse.Namespace) -> int:
     _check_range(model, dtype, args.dtype_said)
     tok, chat = words(source, model)  # a chat checkpoint: the HF tokenizer gets its template
     if not tok.is_gpt2:  # the model's own tokenizer travels with it
-        return _export_own_tokenizer(args, model, tok, chat, dtype)
+        return _write_export(args, model, tok, chat, dtype)
     want = chat.vocab_size if chat else GPT2_VOCAB
     # never a silent export without a tokenizer (gguf checks its vocabulary itself, after what llama.cpp can run)
     if args.format != "gguf" and not args.no_tokenizer and model.config.vocab_size != want:
         what = f"the chat template's {want} (GPT-2's 50257 + chat tokens)" if chat else "GPT-2's 50257"
         raise CliError(f"model.vocab_size={model.config.vocab_size} is not {what}, so GPT-2's tokenizer does not "
                        "describe this model; pass --no-tokenizer to export the weights alone")
-    tokenizer = not args.no_tokenizer
-    _say_writing(args, model)
-    try:
-        if args.format == "hf":
-            import inspect
-
-            from gptforge.interop import hf_module
-
-            export = hf_module(model.config.arch).export_hf
-            if chat is not None and tokenizer and "chat_template" not in inspect.signature(export).parameters:
-                raise CliError(f"export hf: the {model.config.arch} exporter does not write a chat template yet; "
-                               "pass --no-tokenizer")
-            kw = {"chat_template": chat.to_dict()} if chat is not None else {}
-            files = export(model, args.out, force=args.force, tokenizer=tokenizer, dtype=getattr(torch, dtype), **kw)
-        elif args.format == "gguf":
-            from gptforge.interop.gguf import export_gguf
-
-            short = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}[dtype]
-            files = [export_gguf(model, args.out, dtype=short, force=args.force,
-                                 chat_template=chat.to_dict() if chat is not None else None,
-                                 name=_export_name(args))]
-        else:
-            files = _export_llmc(args, model, tok, dtype, tokenizer)
-    except (FileExistsError, ValueError) as e:
-        raise CliError(str(e)) from e
-    print(json.dumps({"format": args.format, "files": [_final(args, f) for f in files]}))
-    return 0
+    return _write_export(args, model, tok, chat, dtype)
 
 
 def _check_range(model, dtype: str, said: str) -> None:
@@ -196,32 +168,50 @@ def _export_llmc(args: argparse.Namespace, model, tok, dtype: str, tokenizer: bo
     return files
 
 
-def _export_own_tokenizer(args: argparse.Namespace, model, tok, chat, dtype: str) -> int:
-    """Export of a model whose tokenizer is not GPT-2's: the weights as for any model, then the
-    model's own tokenizer (its tokenizer.json and chat template; llm.c's token table; GGUF metadata)."""
+def _write_export(args: argparse.Namespace, model, tok, chat, dtype: str) -> int:
+    """The end of every export, whichever tokenizer the model has: 'writing ...' said, the format's writer
+    (hf, gguf or llmc), its refusals as the command's one line, the files written printed as JSON. GPT-2's
+    tokenizer goes with the exporters' own tokenizer files and template; a model's own tokenizer (not
+    GPT-2's) is written after the weights (its tokenizer.json and chat template; llm.c's token table; GGUF
+    metadata) and described in the JSON line."""
     import torch
 
     from gptforge.interop import hf, hf_module
 
+    own = not tok.is_gpt2
     tokenizer = not args.no_tokenizer
     _say_writing(args, model)
     try:
         if args.format == "hf":
-            files = hf_module(model.config.arch).export_hf(model, args.out, force=args.force, tokenizer=False,
-                                                           dtype=getattr(torch, dtype))
-            if tokenizer:
-                files += hf.write_model_tokenizer(Path(args.out), tok, chat, model.config.block_size)
+            export = hf_module(model.config.arch).export_hf
+            if own:
+                files = export(model, args.out, force=args.force, tokenizer=False, dtype=getattr(torch, dtype))
+                if tokenizer:
+                    files += hf.write_model_tokenizer(Path(args.out), tok, chat, model.config.block_size)
+            else:
+                import inspect
+
+                if chat is not None and tokenizer and "chat_template" not in inspect.signature(export).parameters:
+                    raise CliError(f"export hf: the {model.config.arch} exporter does not write a chat template yet; "
+                                   "pass --no-tokenizer")
+                kw = {"chat_template": chat.to_dict()} if chat is not None else {}
+                files = export(model, args.out, force=args.force, tokenizer=tokenizer, dtype=getattr(torch, dtype),
+                               **kw)
         elif args.format == "gguf":
             from gptforge.interop.gguf import export_gguf
 
             short = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}[dtype]
-            files = [export_gguf(model, args.out, dtype=short, force=args.force, name=_export_name(args),
-                                 tokenizer=tok, chat=chat)]
+            words_kw = (dict(tokenizer=tok, chat=chat) if own else
+                        dict(chat_template=chat.to_dict() if chat is not None else None))
+            files = [export_gguf(model, args.out, dtype=short, force=args.force, name=_export_name(args), **words_kw)]
         else:
             files = _export_llmc(args, model, tok, dtype, tokenizer)
     except (FileExistsError, ValueError) as e:
         raise CliError(str(e)) from e
-    print(json.dumps({"format": args.format, "files": [_final(args, f) for f in files], "tokenizer": tok.describe()}))
+    said = {"format": args.format, "files": [_final(args, f) for f in files]}
+    if own:
+        said["tokenizer"] = tok.describe()
+    print(json.dumps(said))
     return 0
 
 

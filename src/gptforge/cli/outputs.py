@@ -62,7 +62,7 @@ def check_outputs(command: str, args: argparse.Namespace) -> None:
     """Refuse (OutputExistsError, one line) a declared file or folder output that exists without
     ``--force``, or that is a checkpoint or run directory, before the command does any work."""
     from gptforge.cli.common import CliError
-    from gptforge.storage import check_output
+    from gptforge.storage.guards import check_output
 
     for flag, dest, kind in declared(command, args):
         value = getattr(args, dest, None)

@@ -16,15 +16,15 @@ import argparse
 from gptforge.cli.common import (
     CliError,
     add_help_config,
+    base_shape,
     finish,
     finite,
+    flag_overrides,
     init_from,
-    load,
     resolve_run,
     run_words,
 )
 from gptforge.cli.hints import GENERATED_TASKS
-from gptforge.load import ModelSource
 
 # --- sft -------------------------------------------------------------------------------------------
 
@@ -38,7 +38,7 @@ def cmd_sft(args: argparse.Namespace, overrides: list[str]) -> int:
     from gptforge.data.sft import SFTDataError
     from gptforge.training.sft import run_sft
 
-    flags = _flag_overrides(args, SFT_FLAGS, overrides)
+    flags = flag_overrides(args, SFT_FLAGS, overrides)
     if args.resume is not None and args.init_from is not None:
         raise CliError("--init-from starts a new SFT run; it cannot be combined with --resume")
     if args.resume is None and (args.init_from is None or args.data is None):
@@ -50,7 +50,7 @@ def cmd_sft(args: argparse.Namespace, overrides: list[str]) -> int:
         from gptforge.config import apply_overrides
         from gptforge.training.sft import sft_config
 
-        cfg = sft_config(_base_shape(args.init_from), args.out)
+        cfg = sft_config(base_shape(args.init_from), args.out)
         init_weights = init_from(args.init_from, cfg)
         return apply_overrides(cfg, [*flags, *overrides, "--train.out_dir", args.out])
 
@@ -68,25 +68,6 @@ def cmd_sft(args: argparse.Namespace, overrides: list[str]) -> int:
     return finish(result, "sft", cfg, args.init_from)
 
 
-def _flag_overrides(args: argparse.Namespace, keys: dict[str, str], overrides: list[str]) -> list[str]:
-    """A command's own flags as --section.key overrides (only those given: None/False means not given).
-    Which flag set which key is kept on ``args`` (``flag_keys``), so a refusal of the key also names
-    the flag that was typed (:func:`gptforge.cli.common.name_flag`). A flag and its own key both given
-    (``--steps 10 --train.max_steps 20``) are refused: one of them would silently lose."""
-    typed = {a[2:].split("=", 1)[0] for a in overrides if a.startswith("--")}
-    out: list[str] = []
-    args.flag_keys = {}
-    for flag, key in keys.items():
-        v = getattr(args, flag, None)
-        if v is not None and v is not False:
-            name = f"--{flag.replace('_', '-')}"
-            if key in typed:
-                raise CliError(f"{name} and --{key} both set {key}: give one of them")
-            out += [f"--{key}", str(v)]
-            args.flag_keys[key] = f"{name} {v}"
-    return out
-
-
 def _trusted(args: argparse.Namespace, overrides: list[str]) -> bool:
     from gptforge.cli.common import trusted
 
@@ -97,12 +78,6 @@ def add_trust_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trust-checkpoint", action="store_true",
                    help="allow --resume from a sharded (FSDP, dcp/) checkpoint: its metadata is a pickle that can run "
                         "code, so only for checkpoints you trust (a checkpoint never vouches for itself)")
-
-
-def _base_shape(source: str):
-    """The base model's config (the SFT config keeps its family and shape)."""
-
-    return load(ModelSource.from_path(source), "--init-from").config
 
 
 def _sft_defaults():
@@ -169,7 +144,7 @@ def cmd_rl(args: argparse.Namespace, overrides: list[str]) -> int:
     from gptforge.training.loop import train
     from gptforge.training.rewards import RewardError, load_reward
 
-    flags = _flag_overrides(args, RL_FLAGS, overrides)
+    flags = flag_overrides(args, RL_FLAGS, overrides)
     if args.resume is not None and args.init_from is not None:
         raise CliError("--init-from starts a new RL run; it cannot be combined with --resume")
     if args.resume is None and args.init_from is None:
@@ -178,7 +153,7 @@ def cmd_rl(args: argparse.Namespace, overrides: list[str]) -> int:
     def fresh():
         from gptforge.config import apply_overrides
 
-        cfg = rl_config(_base_shape(args.init_from), args.out, args.init_from)
+        cfg = rl_config(base_shape(args.init_from), args.out, args.init_from)
         return apply_overrides(cfg, [*flags, *overrides, "--train.out_dir", args.out])
 
     try:

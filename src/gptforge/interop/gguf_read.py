@@ -387,7 +387,7 @@ def read_gguf(path: str | Path, weights: bool = True) -> GGUFModel:
 
 
 def _build(data: np.ndarray, data_start: int, infos: list[_TensorInfo], cfg, path: Path):
-    from gptforge.interop.hf import _pad_rows
+    from gptforge.interop.hf import pad_rows
     from gptforge.models.registry import build_model
 
     sd: dict[str, torch.Tensor] = {}
@@ -399,7 +399,7 @@ def _build(data: np.ndarray, data_start: int, infos: list[_TensorInfo], cfg, pat
         except GGUFReadError as e:
             raise GGUFReadError(f"{path}: tensor {e}") from None
         if info.name in ("token_embd.weight", "output.weight"):
-            w = _pad_rows(w, cfg.padded_vocab_size)
+            w = pad_rows(w, cfg.padded_vocab_size)
         if info.name.startswith("blk."):
             _, i, rest = info.name.split(".", 2)
             family = gguf_families.read_block(rest, w, cfg) if cfg.family else {}
@@ -431,7 +431,7 @@ def _build(data: np.ndarray, data_start: int, infos: list[_TensorInfo], cfg, pat
 def _build_gpt2(data: np.ndarray, data_start: int, infos: list[_TensorInfo], cfg, path: Path):
     """gptforge's GPT from llama.cpp's gpt2 tensors: names mapped, no transposes (the file's matrices are
     ``nn.Linear``'s (out, in) already), the vocabulary rows padded back; the head tied to ``token_embd``."""
-    from gptforge.interop.hf import _pad_rows
+    from gptforge.interop.hf import pad_rows
     from gptforge.models.registry import build_model
 
     sd: dict[str, torch.Tensor] = {}
@@ -445,7 +445,7 @@ def _build_gpt2(data: np.ndarray, data_start: int, infos: list[_TensorInfo], cfg
             output = w
             continue
         if info.name == "token_embd.weight":
-            w = _pad_rows(w, cfg.padded_vocab_size)
+            w = pad_rows(w, cfg.padded_vocab_size)
         if info.name.startswith("blk."):
             _, i, rest = info.name.split(".", 2)
             part, kind = rest.rsplit(".", 1)

@@ -101,7 +101,7 @@ def hf_model_type(name_or_dir: str) -> str:
             if adapters:
                 raise HFModelError(adapters)
             raise FileNotFoundError(f"{local}: no config.json; give a directory written by save_pretrained()")
-        cfg = _read_json(cfg_path)
+        cfg = read_hf_json(cfg_path)
         if not isinstance(cfg.get("model_type"), str):
             raise HFModelError(f"{cfg_path}: no 'model_type' string; is this a Hugging Face model directory?")
         return cfg["model_type"]
@@ -196,12 +196,12 @@ def gpt2_elements(cfg: dict) -> int:
 FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")  # safetensors' names of the dtypes a weight may be stored in
 
 
-def _read_json(path: Path) -> dict:
+def read_hf_json(path: Path) -> dict:
     """A Hugging Face directory's config.json or weight index (bounded, one line naming the file)."""
     return read_json(path, HFModelError, f"Hugging Face {path.name}")
 
 
-def _safetensors_files(d: Path) -> list[Path]:
+def safetensors_files(d: Path) -> list[Path]:
     """The weight files of a save_pretrained directory: safetensors only, never a pickle."""
     if (d / "model.safetensors").is_file():
         return [d / "model.safetensors"]
@@ -213,7 +213,7 @@ def _safetensors_files(d: Path) -> list[Path]:
                 raise HFModelError(f"{f} is {not_a_file(f)}; a Hugging Face folder holds its weights there as a file")
     index = d / "model.safetensors.index.json"
     if index.is_file():
-        wm = _read_json(index).get("weight_map")
+        wm = read_hf_json(index).get("weight_map")
         if not isinstance(wm, dict) or not all(isinstance(v, str) and "/" not in v and "\\" not in v
                                                and v not in ("", ".", "..") for v in wm.values()):
             raise HFModelError(f"{index}: expected a 'weight_map' of weight name -> file name in this directory")
@@ -310,8 +310,8 @@ def load_hf_state_dict(name_or_dir: str) -> tuple[dict, dict[str, torch.Tensor]]
     d = Path(name_or_dir)
     if d.is_dir():
         where = str(d / "config.json")
-        cfg = gpt2_config_from_hf(_read_json(d / "config.json"), where)
-        files = _safetensors_files(d)
+        cfg = gpt2_config_from_hf(read_hf_json(d / "config.json"), where)
+        files = safetensors_files(d)
         found = safetensors_shapes(files, HFModelError)  # before the table below, which has a row per claimed layer
         check_model_size(where, "config.json", gpt2_elements(cfg), elements(found.values()), HFModelError, "GPT-2",
                          layers=(cfg["n_layer"], count_layers(found)))
@@ -367,7 +367,7 @@ def hf_to_gptforge(sd_hf: dict[str, torch.Tensor], cfg) -> dict[str, torch.Tenso
         if k.endswith(CONV1D_SUFFIXES):
             v = v.t()
         if k in ("transformer.wte.weight", "lm_head.weight"):
-            v = _pad_rows(v, cfg.padded_vocab_size)
+            v = pad_rows(v, cfg.padded_vocab_size)
         out[k] = v.contiguous()
     return out
 
@@ -386,7 +386,8 @@ def gptforge_to_hf(sd: dict[str, torch.Tensor], cfg) -> dict[str, torch.Tensor]:
     return out
 
 
-def _pad_rows(w: torch.Tensor, rows: int) -> torch.Tensor:
+def pad_rows(w: torch.Tensor, rows: int) -> torch.Tensor:
+    """``w`` with zero rows added up to ``rows`` (the padded vocabulary): every importer's embedding and head."""
     if w.size(0) >= rows:
         return w
     pad = torch.zeros(rows - w.size(0), w.size(1), dtype=w.dtype)

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from gptforge.data.chat import ChatTemplate
-from gptforge.interop.hf import _pad_rows, _read_json, check_out_dir, write_tokenizer
+from gptforge.interop.hf import check_out_dir, pad_rows, read_hf_json, write_tokenizer
 from gptforge.models.llama import Llama, LlamaConfig
 from gptforge.models.registry import at_layers
 from gptforge.numbers import MAX_DIM  # past it a config is damaged, not big
@@ -195,7 +195,7 @@ def llama_config_from_hf(c: dict, **overrides) -> LlamaConfig:
 def _read_config(name_or_dir: str) -> dict:
     path = Path(name_or_dir) / "config.json"
     if path.is_file():
-        return _read_json(path)
+        return read_hf_json(path)
     try:
         from transformers import AutoConfig
     except ImportError as e:  # pragma: no cover - depends on the environment
@@ -249,9 +249,9 @@ def load_hf_llama(name_or_dir: str, **overrides) -> Llama:
 def _read_checked(d: Path, cfg: LlamaConfig) -> dict[str, torch.Tensor]:
     from safetensors import SafetensorError, safe_open
 
-    from gptforge.interop.hf import HFModelError, _safetensors_files, read_safetensors
+    from gptforge.interop.hf import HFModelError, read_safetensors, safetensors_files
 
-    files = _safetensors_files(d)
+    files = safetensors_files(d)
     claimed = layered_elements(lambda k: _hf_shapes(at_layers(cfg, k), once=True), cfg.n_layer)
     # the total first: no table or model of the claimed size is built before it is known to fit
     found = safetensors_shapes(files, HFModelError)
@@ -297,7 +297,7 @@ def load_hf_llama_state_dict(model: Llama, sd_hf: dict[str, torch.Tensor]) -> No
         if k.endswith(IGNORED_SUFFIXES):
             continue
         if k in ("model.embed_tokens.weight", "lm_head.weight"):
-            v = _pad_rows(v, cfg.padded_vocab_size)
+            v = pad_rows(v, cfg.padded_vocab_size)
         sd[k] = v
     if cfg.tie_embeddings:
         sd.pop("lm_head.weight", None)  # the same tensor as embed_tokens (some files store it anyway)

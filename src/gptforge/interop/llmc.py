@@ -25,7 +25,8 @@ import numpy as np
 import torch
 
 from gptforge.errors import CheckpointError
-from gptforge.models.gpt2 import GPT, GPTConfig, padded_vocab
+from gptforge.models.gpt2 import GPT, GPTConfig
+from gptforge.models.head import padded_vocab
 from gptforge.models.registry import get_family
 from gptforge.sizecheck import check_model_size
 

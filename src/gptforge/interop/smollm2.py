@@ -39,7 +39,7 @@ def fetch_smollm2() -> Path:
     out = smollm2_path()
     if out.is_file() and out.stat().st_size == SMOLLM2_BYTES and assets.sha256_file(out) == SMOLLM2_SHA256:
         return out
-    from gptforge.storage import output_errors
+    from gptforge.storage.faults import output_errors
 
     with output_errors(out, "the SmolLM2 GGUF file", SMOLLM2_BYTES):  # a full or read-only cache: one line
         return _fetch(out)

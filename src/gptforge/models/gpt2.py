@@ -18,12 +18,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gptforge.kernels.attention import sdpa_for
+from gptforge.kernels.attention import BACKENDS, sdpa_for
 from gptforge.models import masks
 from gptforge.models.counting import Counts, attention_flops
-from gptforge.models.head import logits_and_loss
+from gptforge.models.head import logits_and_loss, padded_vocab
+from gptforge.models.kv_cache import KVCache
 from gptforge.numbers import MAX_DIM
-from gptforge.tokens import GPT2_VOCAB, PAD_MULTIPLE
+from gptforge.tokens import GPT2_VOCAB
 
 # name -> (n_layer, n_head, n_embd). The four OpenAI sizes plus tiny CPU sizes.
 SIZES: dict[str, tuple[int, int, int]] = {
@@ -51,11 +52,6 @@ SIZES: dict[str, tuple[int, int, int]] = {
     "megatron-530b": (105, 128, 20480),
     "megatron-1t": (128, 160, 25600),
 }
-
-
-def padded_vocab(vocab_size: int, multiple: int = PAD_MULTIPLE) -> int:
-    """Round the vocabulary up to a multiple of 128 (50257 -> 50304) for friendlier matmul shapes."""
-    return ((vocab_size + multiple - 1) // multiple) * multiple
 
 
 @dataclass
@@ -98,8 +94,8 @@ class GPTConfig:
             raise ValueError(f"model.recompute={self.recompute!r}; allowed: none, mlp, block")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"model.dropout={self.dropout} must be in [0, 1)")
-        if self.attn_backend not in ("auto", "cudnn", "flash", "efficient", "math"):
-            raise ValueError(f"model.attn_backend={self.attn_backend!r}; allowed: auto, cudnn, flash, efficient, math")
+        if self.attn_backend not in BACKENDS:
+            raise ValueError(f"model.attn_backend={self.attn_backend!r}; allowed: {', '.join(BACKENDS)}")
         if self.attn_backend != "auto" and not self.flash:
             raise ValueError(f"model.attn_backend={self.attn_backend} picks an SDPA kernel; it needs model.flash=true")
         if self.fused_ce and self.lm_head_fp8:
@@ -222,38 +218,6 @@ class Block(nn.Module):
             x = x + a
             h = self.ln_2(x)
         return x + self.mlp(h)
-
-
-class KVCache:
-    """Per-layer key/value tensors for incremental decoding, preallocated to ``max_len``."""
-
-    def __init__(self, n_layer: int, batch: int, n_head: int, max_len: int, head_size: int, device, dtype):
-        shape = (n_layer, batch, n_head, max_len, head_size)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
-        self.max_len = max_len
-        self.length = 0  # tokens already cached (same for every layer once a forward finishes)
-        self._pending = 0
-
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        T = k.size(2)
-        end = self.length + T
-        if end > self.max_len:
-            raise ValueError(f"KV cache holds {self.max_len} positions; asked for {end}")
-        self.k[layer, :, :, self.length : end] = k
-        self.v[layer, :, :, self.length : end] = v
-        self._pending = T
-        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
-
-    def advance(self) -> None:
-        self.length += self._pending
-        self._pending = 0
-
-    def take_rows(self, rows: torch.Tensor) -> None:
-        """Make row i a copy of row ``rows[i]`` (the batch becomes ``len(rows)`` rows): a prompt that
-        several rows repeat is prefilled once, then each of its rows gets its own copy to extend."""
-        self.k = self.k.index_select(1, rows)
-        self.v = self.v.index_select(1, rows)
 
 
 class GPT(nn.Module):

@@ -1,4 +1,5 @@
-"""The output head and loss, shared by the model families: logits over the real vocabulary (padded
+"""The output head and loss, shared by the model families: the vocabulary padded to a multiple of 128
+(``padded_vocab``: the embedding's and the head's rows), logits over the real vocabulary (padded
 rows never receive probability), an optional soft-cap, mean cross-entropy with targets of -1
 ignored, and the speed switches ``fused_ce`` and ``lm_head_fp8`` (:mod:`gptforge.kernels`).
 """
@@ -8,6 +9,13 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from gptforge.tokens import PAD_MULTIPLE
+
+
+def padded_vocab(vocab_size: int, multiple: int = PAD_MULTIPLE) -> int:
+    """Round the vocabulary up to a multiple of 128 (50257 -> 50304) for friendlier matmul shapes."""
+    return ((vocab_size + multiple - 1) // multiple) * multiple
 
 
 def logits_and_loss(x: torch.Tensor, lm_head: nn.Linear, targets: torch.Tensor | None, cfg,

@@ -5,7 +5,8 @@ of LayerNorm, rotary position embeddings instead of learned ones, grouped-query 
 key/value heads shared by ``n_head`` query heads), a SwiGLU MLP (or ReLU²), an untied output head,
 no biases; plus optional QK-norm and a logit soft-cap (``cap * tanh(logits / cap)``), and the variants
 common small models need: q/k/v biases (``qkv_bias``, Qwen2) and rope scaling (``rope_type`` linear
-or llama3, Llama 3.1/3.2; ``models/rope.py``).
+or llama3, Llama 3.1/3.2). The rotary angles and rotation are ``models/rope.py``'s, the attention masks
+(document, sliding window) ``models/masks.py``'s.
 
 Parameter names are Hugging Face ``LlamaForCausalLM``'s (``model.embed_tokens.weight``,
 ``model.layers.0.self_attn.q_proj.weight``, ... ``lm_head.weight``) and rotary embeddings use HF's
@@ -43,8 +44,8 @@ import torch.nn.functional as F
 from gptforge.kernels.attention import BACKENDS, sdpa_for
 from gptforge.models import masks, rope
 from gptforge.models.counting import Counts, attention_flops
-from gptforge.models.gpt2 import KVCache, padded_vocab
-from gptforge.models.head import logits_and_loss
+from gptforge.models.head import logits_and_loss, padded_vocab
+from gptforge.models.kv_cache import KVCache
 from gptforge.numbers import MAX_DIM
 from gptforge.tokens import GPT2_VOCAB
 
@@ -275,33 +276,6 @@ def norm_class(cfg: LlamaConfig) -> type[RMSNorm]:
     return RMSNormPlusOne if cfg.norm_plus_one else RMSNorm
 
 
-def rope_cos_sin(pos: torch.Tensor, head_dim: int, theta: float, **scaling) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotary angles for positions ``pos`` ((T,) or (B, T)) -> cos, sin of shape (..., T, head_dim).
-
-    Channel i and i + head_dim/2 form a pair rotated by pos * theta^(-2i/head_dim) (HF's layout, not
-    the interleaved pairs of Meta's reference code), the frequencies scaled as ``scaling`` says
-    (``rope.inv_freq``). Computed in float32 on the fly: no table to outgrow, nothing for
-    ``.to(bfloat16)`` to round."""
-    inv_freq = rope.inv_freq(head_dim, theta, device=pos.device, **scaling)
-    freqs = pos.float()[..., None] * inv_freq  # (..., T, hd/2)
-    emb = torch.cat((freqs, freqs), dim=-1)  # (..., T, hd)
-    return emb.cos(), emb.sin()
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x (B, nh, T, hd); cos/sin (T, hd) or (B, T, hd), float32. The rotation is done in float32 (as
-    HF does) and returned in x's dtype, so bf16 attention gets bf16 inputs with exact angles."""
-    if cos.dim() == 3:  # per-row positions: broadcast over heads
-        cos, sin = cos[:, None], sin[:, None]
-    xf = x.float()
-    return (xf * cos + rotate_half(xf) * sin).to(x.dtype)
-
-
 class Attention(nn.Module):
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
@@ -335,7 +309,7 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(B, T, -1, self.hd).transpose(1, 2)  # (B, nkv, T, hd)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k = rope.apply_rope(q, cos, sin), rope.apply_rope(k, cos, sin)
         if kv_cache is not None:  # the cache holds n_kv_head heads: GQA's memory saving
             k, v = kv_cache.update(layer, k, v)  # (B, nkv, past+T, hd)
         Tk = k.size(2)
@@ -512,7 +486,7 @@ class Llama(nn.Module):
     def block_args(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """What every block takes after its input: the rotary (cos, sin) for positions ``pos`` (T,) or
         (B, T). The pipeline's stages call this for their own blocks."""
-        return rope_cos_sin(pos, self.config.head_dim, self.config.rope_theta, **rope.scaling_of(self.config))
+        return rope.rope_cos_sin(pos, self.config.head_dim, self.config.rope_theta, **rope.scaling_of(self.config))
 
     def hidden_states(self, idx: torch.Tensor, kv_cache: KVCache | None = None, pos: torch.Tensor | None = None,
                       attn_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -551,8 +525,8 @@ class Llama(nn.Module):
             T = pos.size(-1)
             local_cos, local_sin = cos, sin
             if cfg.rope_local_theta:
-                local_cos, local_sin = rope_cos_sin(pos, cfg.head_dim, cfg.rope_local_theta)
-            local = (local_cos, local_sin, window_mask(attn_mask, T, Tk, cfg.sliding_window, pos.device))
+                local_cos, local_sin = rope.rope_cos_sin(pos, cfg.head_dim, cfg.rope_local_theta)
+            local = (local_cos, local_sin, masks.window_mask(attn_mask, T, Tk, cfg.sliding_window, pos.device))
         return [local if kind == "s" else full for kind in cfg.sliding_pattern]
 
     def new_kv_cache(self, batch: int, max_len: int | None = None, dtype: torch.dtype | None = None) -> KVCache:
@@ -560,16 +534,6 @@ class Llama(nn.Module):
         p = self.lm_head.weight
         return KVCache(cfg.n_layer, batch, cfg.kv_heads, max_len or cfg.block_size, cfg.head_dim,
                        p.device, dtype or p.dtype)
-
-
-def window_mask(attn_mask: torch.Tensor | None, T: int, Tk: int, window: int, device) -> torch.Tensor:
-    """``attn_mask`` ((B, 1, T, Tk) or (T, Tk) bool, or None = causal) narrowed to a sliding window: the
-    query in key slot Tk - T + i sees key slot j only if i's slot - window < j <= i's slot (transformers'
-    ``sliding_window_overlay`` over cache slots, so left padding counts as it does there)."""
-    q = torch.arange(Tk - T, Tk, device=device)[:, None]  # (T, 1) the queries' key slots
-    k = torch.arange(Tk, device=device)[None, :]  # (1, Tk)
-    band = (k <= q) & (k > q - window)  # (T, Tk): causal and within the window
-    return band if attn_mask is None else attn_mask & band
 
 
 # --- counting from the config (the planner's and MFU's numbers; see models/counting.py) ----------------

@@ -1,4 +1,5 @@
-"""Attention masks shared by the model families: document-causal attention over packed batches.
+"""Attention masks shared by the model families: document-causal attention over packed batches, and a
+mask narrowed to a sliding window (:func:`window_mask`).
 
     >>> mask = document_causal_mask(idx, bos=50256)  # (B, 1, T, T) bool for SDPA (CPU path)
     >>> block = flex_block_mask(idx, bos=50256)      # FlexAttention BlockMask (GPU path)
@@ -123,3 +124,13 @@ def for_forward(idx: torch.Tensor, past: int, attn_mask: torch.Tensor | None, cf
     if not cached:
         return for_batch(idx, cfg.attention, cfg.doc_mask, cfg.bos_token)
     return None
+
+
+def window_mask(attn_mask: torch.Tensor | None, T: int, Tk: int, window: int, device) -> torch.Tensor:
+    """``attn_mask`` ((B, 1, T, Tk) or (T, Tk) bool, or None = causal) narrowed to a sliding window: the
+    query in key slot Tk - T + i sees key slot j only if i's slot - window < j <= i's slot (transformers'
+    ``sliding_window_overlay`` over cache slots, so left padding counts as it does there)."""
+    q = torch.arange(Tk - T, Tk, device=device)[:, None]  # (T, 1) the queries' key slots
+    k = torch.arange(Tk, device=device)[None, :]  # (1, Tk)
+    band = (k <= q) & (k > q - window)  # (T, Tk): causal and within the window
+    return band if attn_mask is None else attn_mask & band

@@ -1,4 +1,5 @@
-"""Rotary position frequencies, with the two rope scalings small open models ship: ``linear`` and ``llama3``.
+"""Rotary position embeddings: the frequencies, with the two rope scalings small open models ship
+(``linear`` and ``llama3``), the angles (:func:`rope_cos_sin`) and the rotation (:func:`apply_rope`).
 
 A rotary embedding turns channel pair i of a head by ``pos * inv_freq[i]``, ``inv_freq[i] =
 theta^(-2i/head_dim)``. Scaling stretches the context a model was trained on by dividing some of
@@ -50,6 +51,33 @@ def inv_freq(head_dim: int, theta: float, rope_type: str = "default", factor: fl
 def rope_factors(head_dim: int, theta: float, **scaling) -> torch.Tensor:
     """llama.cpp's per-frequency divisors (``rope_freqs.weight``): unscaled / scaled frequencies, float32."""
     return inv_freq(head_dim, theta) / inv_freq(head_dim, theta, **scaling)
+
+
+def rope_cos_sin(pos: torch.Tensor, head_dim: int, theta: float, **scaling) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotary angles for positions ``pos`` ((T,) or (B, T)) -> cos, sin of shape (..., T, head_dim).
+
+    Channel i and i + head_dim/2 form a pair rotated by pos * theta^(-2i/head_dim) (HF's layout, not
+    the interleaved pairs of Meta's reference code), the frequencies scaled as ``scaling`` says
+    (:func:`inv_freq`). Computed in float32 on the fly: no table to outgrow, nothing for
+    ``.to(bfloat16)`` to round."""
+    inv = inv_freq(head_dim, theta, device=pos.device, **scaling)  # (the name is this module's function)
+    freqs = pos.float()[..., None] * inv  # (..., T, hd/2)
+    emb = torch.cat((freqs, freqs), dim=-1)  # (..., T, hd)
+    return emb.cos(), emb.sin()
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x (B, nh, T, hd); cos/sin (T, hd) or (B, T, hd), float32. The rotation is done in float32 (as
+    HF does) and returned in x's dtype, so bf16 attention gets bf16 inputs with exact angles."""
+    if cos.dim() == 3:  # per-row positions: broadcast over heads
+        cos, sin = cos[:, None], sin[:, None]
+    xf = x.float()
+    return (xf * cos + rotate_half(xf) * sin).to(x.dtype)
 
 
 def check_config(cfg) -> None:

@@ -41,13 +41,13 @@ from safetensors.torch import save_file
 from gptforge.errors import CheckpointError  # noqa: F401  (re-exported: callers catch ckpt.CheckpointError)
 from gptforge.parallel.distributed import layout_words  # noqa: F401  (re-exported: meta.json's sharding in words)
 from gptforge.reading import read_json
-from gptforge.storage import (
+from gptforge.storage import ordinary_file_mode
+from gptforge.storage.faults import (
     RESUME_HINT,
     dir_bytes,
     disk_full_message,
     is_disk_full,
     not_writable_reason,
-    ordinary_file_mode,
     output_error,
     tensor_bytes,
     write_fault_message,

@@ -27,7 +27,8 @@ from safetensors.torch import save_file
 
 from gptforge.parallel.tensor import dcp_view
 from gptforge.run import checkpoint as ckpt
-from gptforge.storage import ordinary_file_mode, tensor_bytes
+from gptforge.storage import ordinary_file_mode
+from gptforge.storage.faults import tensor_bytes
 
 DCP_DIR = "dcp"
 

@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 from gptforge.config import ConfigError
-from gptforge.storage import OutputError
+from gptforge.storage.faults import OutputError
 
 
 class RunDirectoryGone(OutputError):

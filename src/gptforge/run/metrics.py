@@ -160,7 +160,7 @@ class MetricsLog:
         if not self.enabled:
             return
         rec = _finite_or_null({"kind": kind, "step": step, "time": round(time.time(), 3), **fields})
-        from gptforge.storage import RESUME_HINT
+        from gptforge.storage.faults import RESUME_HINT
 
         if self.guard is not None:
             self.guard(f"a metrics.jsonl record (step {step})")
@@ -204,9 +204,9 @@ class MetricsLog:
 def append_line(path: Path, line: str, what: str, then: str = "run the same command again") -> None:
     """Append ``line`` whole or not at all: a write that fails part-way (a full disk) is cut back to
     where it started, so the file never ends in a torn record, and a full disk is a
-    :class:`~gptforge.storage.DiskFullError` (exit 2, one line), as for checkpoints; a read-only disk, a file
+    :class:`~gptforge.storage.faults.DiskFullError` (exit 2, one line), as for checkpoints; a read-only disk, a file
     past ``ulimit -f`` or an I/O error is the same kind of one line. ``then``: how to continue."""
-    from gptforge.storage import output_error
+    from gptforge.storage.faults import output_error
 
     data = line.encode()
     try:  # the file or its folder made read-only (chmod -R, a remount) is the same one line as a refused write

@@ -58,7 +58,7 @@ from gptforge.training.packing import pack_replies, packed_logprobs
 from gptforge.training.recipe import Recipe, RunCtx
 from gptforge.training.rewards import RewardFn, score
 from gptforge.training.rl_state import RLError, RLState, adapt_kl_coef
-from gptforge.training.rollouts import Rollouts, _mix, held_out_correct, problem_stream, sample_replies
+from gptforge.training.rollouts import Rollouts, held_out_correct, mix_seed, problem_stream, sample_replies
 
 # --- the math: advantages and the loss (tested against hand-computed numbers) ----------------------
 
@@ -307,7 +307,7 @@ class GRPO(Recipe):
         mine = problems[info.rank * share : (info.rank + 1) * share]
         t0 = time.perf_counter()
         params = SamplingParams(max_new_tokens=rl.max_new_tokens, temperature=rl.temperature, top_k=rl.top_k or None,
-                                seed=_mix(cfg.train.seed, step, 1) if round == 0 else _mix(cfg.train.seed, step, 8, round),
+                                seed=mix_seed(cfg.train.seed, step, 1) if round == 0 else mix_seed(cfg.train.seed, step, 8, round),
                                 rows=(info.rank * share * rl.group, len(problems) * rl.group))
         rollouts = sample_replies(model, self.enc, self.template, mine, rl.group, params)
         sample_ms = (time.perf_counter() - t0) * 1000

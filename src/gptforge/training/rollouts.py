@@ -7,7 +7,7 @@ GRPO and PPO (:mod:`gptforge.training.grpo`, :mod:`gptforge.training.ppo`) draw 
 :func:`problem_stream` and sample with :func:`sample_replies`; on-policy preference pairs
 (:mod:`gptforge.training.policy_pairs`) sample with it too, and DPO's task eval scores with
 :func:`held_out_correct`. A step's problems and every reply's random draws are functions of (seed, step)
-(:func:`_mix`), so a resume is exact and 2 ranks draw what 1 would.
+(:func:`mix_seed`), so a resume is exact and 2 ranks draw what 1 would.
 """
 
 from __future__ import annotations
@@ -58,8 +58,10 @@ def sample_replies(model: Any, enc: Any, template: ChatTemplate | None, problems
     return Rollouts(probs, prompts, replies, [x.strip() for x in texts])
 
 
-def _mix(*xs: int) -> int:
-    """A seed from several integers, the same in every process (Python's str hash is not)."""
+def mix_seed(*xs: int) -> int:
+    """A seed from several integers, the same in every process (Python's str hash is not). The RL recipes'
+    one seed scheme: this module's problem draws and GRPO's (and so PPO's) reply sampling each pass their own
+    constant tag after (seed, step), so no two draws share a stream."""
     import numpy as np
 
     return int(np.random.SeedSequence(list(xs)).generate_state(1)[0])
@@ -79,7 +81,7 @@ def problem_stream(cfg: Any, seed: int) -> tuple[Callable[..., list[Problem]], l
         make, eval_set = GENERATED[cfg.task]
         held_out = eval_set(cfg.eval_n or 1)[: cfg.eval_n]
         banned = {p.question for p in eval_set(0)} | {p.question for p in held_out}
-        probe = make(1000, seed=_mix(seed, 4))  # a generated task has a few thousand distinct problems: a large
+        probe = make(1000, seed=mix_seed(seed, 4))  # a generated task has a few thousand distinct problems: a large
         free = sum(p.question not in banned for p in probe) / len(probe)  # held-out set leaves none to train on
         if free < 0.05:  # (and drawing a step's problems would loop for ever)
             raise RLError(f"--eval-n {cfg.eval_n} (rl.eval_n): {len(banned)} held-out {cfg.task} problems leave almost "
@@ -89,7 +91,7 @@ def problem_stream(cfg: Any, seed: int) -> tuple[Callable[..., list[Problem]], l
             out: list[Problem] = []
             k = 0
             while len(out) < cfg.prompts:
-                cand = make(cfg.prompts, seed=_mix(seed, step, 2, k) if round == 0 else _mix(seed, step, 6, round, k))
+                cand = make(cfg.prompts, seed=mix_seed(seed, step, 2, k) if round == 0 else mix_seed(seed, step, 6, round, k))
                 out += [p for p in cand if p.question not in banned][: cfg.prompts - len(out)]
                 k += 1
             return out
@@ -99,7 +101,7 @@ def problem_stream(cfg: Any, seed: int) -> tuple[Callable[..., list[Problem]], l
     held_out, pool = allp[: cfg.eval_n], allp[cfg.eval_n :]
     if len(pool) < cfg.prompts:
         raise RLError(f"--eval-n {cfg.eval_n} leaves {len(pool)} {cfg.task} problems to train on; lower it")
-    return (lambda step, round=0: random.Random(_mix(seed, step, 3) if round == 0 else _mix(seed, step, 7, round))
+    return (lambda step, round=0: random.Random(mix_seed(seed, step, 3) if round == 0 else mix_seed(seed, step, 7, round))
             .sample(pool, cfg.prompts)), held_out
 
 

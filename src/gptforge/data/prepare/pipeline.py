@@ -74,7 +74,8 @@ from gptforge.data.prepare.workers import (
 from gptforge.data.shards import FORMATS, ShardError, magic_for, read_header, write_shard
 from gptforge.data.tokenizer import save_tokenizer
 from gptforge.reading import read_json
-from gptforge.storage import DiskFullError, disk_full_message, is_disk_full, is_temporary, output_error
+from gptforge.storage import is_temporary
+from gptforge.storage.faults import DiskFullError, disk_full_message, is_disk_full, output_error
 
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "gptforge-shards/1"

@@ -1,0 +1,94 @@
+"""What an output may replace, checked before any work: an existing file (a non-empty folder) only with
+``--force``; never, with or without it, a checkpoint, a run directory or a run's own files (those belong to
+the run stack, which writes checkpoints its own way: run/checkpoint.py, a temporary folder renamed in), nor
+a device, pipe or socket; and a path that names a folder of its own (``.``, ``..`` resolved).
+
+    check_output("exports/hf", force=False, kind="dir")  # OutputExistsError: "--out exports/hf is not empty; ..."
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from gptforge.reading import not_a_file
+from gptforge.storage.faults import OutputError
+
+# what marks a directory the run stack owns (run/checkpoint.py, run/lock.py, run/session.py)
+RUN_DIR_MARKERS = ("checkpoints", "metrics.jsonl", ".gptforge.lock", "env.json")
+CHECKPOINT_MARKER = "meta.json"
+RUN_FILES = (*RUN_DIR_MARKERS, "config.json")  # a run directory's own files: a new report beside them is fine
+
+
+class OutputExistsError(OutputError, FileExistsError):
+    """The output exists and --force was not given, or it is a checkpoint or run directory."""
+
+
+def run_owner(path: str | Path) -> tuple[str, Path] | None:
+    """("checkpoint" | "run directory", where) when ``path`` is, or lies inside, a checkpoint or a run's
+    checkpoints/ folder, or is a run directory: the markers run/checkpoint.py, run/lock.py and
+    run/session.py leave (meta.json in a step_N folder; checkpoints/, metrics.jsonl, the lock)."""
+    p = Path(path).absolute()
+    for q in (p, *p.parents):
+        if (q / CHECKPOINT_MARKER).is_file() and (q.name.startswith("step_") or q.parent.name == "checkpoints"
+                                                  or (q / "model.safetensors").exists()):
+            return "checkpoint", q
+        if q.name == "checkpoints" and (any(q.glob("step_*"))
+                                        or any((q.parent / m).exists() for m in RUN_DIR_MARKERS[1:])):
+            return "run directory", q.parent
+    if p.is_dir() and any((p / m).exists() for m in RUN_DIR_MARKERS):
+        return "run directory", p
+    return None
+
+
+def special_output(path: Path, flag: str = "") -> str | None:
+    """Why ``path`` (followed through symlinks) may not be written: a device, a pipe or a socket is there.
+    Every output is written beside its path and renamed over it, so writing one would replace the special
+    file itself with a regular one (run as root, /dev/null or a terminal's device gone for every process);
+    --force never does that. None when ``path`` is a regular file, a folder, or nothing yet."""
+    try:
+        there = path.exists() and not path.is_file() and not path.is_dir()
+    except OSError:  # a name too long, a loop: the writer's own error says it
+        return None
+    if not there:
+        return None
+    return (f"{(flag + ' ') if flag else ''}{path}: {not_a_file(path)}; outputs are written beside their path and "
+            "renamed over it, which would replace it (--force never does): name a regular file or folder")
+
+
+def named(path: str | Path, flag: str = "--out") -> Path:
+    """``path`` as a path with a name of its own, which the temporary beside it is named after: ``.``, ``..``,
+    ``x/..`` resolved to the folders they mean (``Path('.').with_name`` raised a ValueError, and ``..``'s
+    temporary ``....tmp-*`` landed in the current folder, inside the output it was to replace, so the
+    carry-over copied it into itself until the name was too long); the filesystem root refused."""
+    p = Path(path)
+    if p.name in ("", ".", ".."):
+        p = p.resolve()
+    if not p.name:
+        raise OutputExistsError(f"{flag} {path} is the root of the filesystem; choose a folder under it")
+    return p
+
+
+def check_output(path: str | Path, force: bool, kind: str = "file", flag: str = "--out") -> Path:
+    """Refuse, before any work, an output that would replace something it may not: an existing file
+    (a non-empty folder) without ``force``, and, with or without it, a checkpoint or run directory
+    or a file inside one that the run stack wrote. ``kind``: "file" or "dir"."""
+    p = named(path, flag)
+    special = special_output(p, flag)
+    if special:
+        raise OutputExistsError(special)
+    owner = run_owner(p if kind == "dir" or p.is_dir() else p.parent)
+    if owner is not None and (kind == "dir" or p.exists() or owner[0] == "checkpoint" or p.name in RUN_FILES):
+        what = "that is" if kind == "dir" and owner[1] == p.absolute() else "that is inside"
+        raise OutputExistsError(f"{flag} {p}: {what} the {owner[0]} {owner[1]}, which only training writes; --force "
+                                "never replaces one. Choose another path")
+    if kind == "dir":
+        if p.exists() and not p.is_dir():
+            raise OutputExistsError(f"{flag} {p} exists and is not a folder; choose a folder")
+        if p.is_dir() and any(p.iterdir()) and not force:
+            raise OutputExistsError(f"{flag} {p} is not empty; choose an empty folder or pass --force to replace "
+                                    "what it holds")
+    else:
+        if p.is_dir():
+            raise OutputExistsError(f"{flag} {p} is a folder; name the file to write")
+        if p.exists() and not force:
+            raise OutputExistsError(f"{flag} {p} exists; pass --force to replace it (or choose another name)")
+    return p
