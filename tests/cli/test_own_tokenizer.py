@@ -5,6 +5,7 @@ mixing tokenizers (shards of another tokenizer, --init-from another tokenizer's 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -164,7 +165,7 @@ def test_serve_speaks_the_models_tokenizer_and_template(own, sft_run):
     assert r3.status_code == 400
 
 
-def test_exports_carry_the_models_own_tokenizer(own, tmp_path):
+def test_exports_carry_the_models_own_tokenizer(own, tmp_path, capsys):
     """export hf: transformers loads the tokenizer and the Llama from the folder and agrees with gptforge
     (ids and logits); export gguf: the file's token list is the tokenizer's; export llmc: llm.c's token table."""
     import numpy as np
@@ -175,7 +176,12 @@ def test_exports_carry_the_models_own_tokenizer(own, tmp_path):
     from gptforge.load import ModelSource, load_model
 
     tok = load_tokenizer(own / "tok")
+    capsys.readouterr()
     assert main(["export", "hf", "--ckpt", str(own / "run"), "--out", str(tmp_path / "hf")]) == 0
+    # the JSON line a script reads: the files written (each there) and which tokenizer went with them
+    said = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert said["format"] == "hf" and all(Path(f).is_file() for f in said["files"])
+    assert tok.short in said["tokenizer"] and "tokenizer.json" in {Path(f).name for f in said["files"]}
     hf_tok = AutoTokenizer.from_pretrained(tmp_path / "hf")
     text = "The king speaks to the queen: seven swords, 20 ships."
     ids = tok.encode_ordinary(text)
