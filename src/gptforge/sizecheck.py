@@ -71,6 +71,18 @@ def weights_header(path: str | Path, error: type[Exception] = CheckpointError,
 
 
 
+def header_metadata(path: str | Path) -> dict[str, str]:
+    """The ``__metadata__`` (str -> str) of a safetensors file whose header :func:`weights_header` has read
+    and checked; {} when it has none or it is not that shape."""
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        try:
+            meta = json.loads(f.read(n)).get("__metadata__")
+        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+            return {}
+    return {k: v for k, v in meta.items() if isinstance(v, str)} if isinstance(meta, dict) else {}
+
+
 def layered_elements(shapes_of: Callable[[int], Mapping[str, tuple[int, ...]]], n_layer: int) -> int:
     """Total elements of a model of ``n_layer`` blocks whose tensor shapes for ``k`` blocks are
     ``shapes_of(k)``, from ``shapes_of(1)`` and ``shapes_of(2)`` only: the work is the same for 2 and for 10^6

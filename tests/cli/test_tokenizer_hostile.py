@@ -14,6 +14,7 @@ import pytest
 
 from gptforge.cli import main
 from tests.conftest import WORDS, word_corpus
+from tests.run.faults import rewrite_meta
 
 SMALL = ["--train.micro_batch", "2", "--train.seq_len", "64", "--train.total_batch_tokens", "128",
          "--train.val_every", "0", "--train.device", "cpu"]
@@ -47,9 +48,8 @@ def copy_run(own: Path, tmp_path: Path, name: str = "sft") -> tuple[Path, Path]:
 
 
 def edit_meta(ck: Path, fn) -> None:
-    meta = json.loads((ck / "meta.json").read_text())
-    fn(meta)
-    (ck / "meta.json").write_text(json.dumps(meta))
+    """A hostile checkpoint is self-consistent: the weights' header records the meta.json it comes with."""
+    rewrite_meta(ck, fn)
 
 
 def refused(argv: list[str], capsys, *needles: str, stdin: str = "hi\n/quit\n", monkeypatch=None) -> str:

@@ -37,6 +37,7 @@ from gptforge.cli import main
 from gptforge.data.shards import read_shard, write_shard
 from gptforge.run import checkpoint as ckpt
 from gptforge.run.metrics import read_metrics
+from tests.run.faults import before_step as _before_step
 from tests.run.faults import copy_run as _copy
 from tests.run.faults import finished_run
 from tests.run.faults import one_line as _one_line
@@ -56,20 +57,6 @@ def base_run(world, tmp_path_factory):
 
 def _resume(run: Path, steps: int = 8) -> list[str]:
     return ["train", "--out", str(run), "--resume", "--train.max_steps", str(steps)]
-
-
-def _before_step(monkeypatch, k: int, do) -> None:
-    """``do()`` once, just before step ``k + 1`` computes (after step k's record and checkpoint)."""
-    from gptforge.training import loop
-
-    real = loop.set_lr
-
-    def set_lr(optimizer, step, *a, **kw):
-        if step == k:
-            do()
-        return real(optimizer, step, *a, **kw)
-
-    monkeypatch.setattr(loop, "set_lr", set_lr)
 
 
 def _steps(run: Path) -> list[str]:

@@ -297,8 +297,10 @@ def test_resume_config_applies_overrides_refuses_frozen_changes_and_never_trusts
     assert cfg.rl.reward_model == str(models["B"])
     with pytest.raises(ConfigError) as e:
         resume.resume_config(meta, ["--rl.reward_model", str(models["C"])], "here", frozen)
-    assert str(e.value) == (f"--rl.reward_model {str(models['C'])!r}: this run was trained with {str(models['A'])!r}, "
-                            "and a resume cannot change it (start a new run with --out elsewhere, or resume without it)")
+    assert str(e.value) == (f"--rl.reward_model {str(models['C'])!r}: other weights than {str(models['A'])!r}, which "
+                            "this run was trained with (their sha256 is in meta.json); it is a reward model the run "
+                            "scores with, which a resume cannot change: give that model (--reward-model PATH where it "
+                            "is now), or start a new run with --out elsewhere")
     gone = str(tmp_path / "gone")
     with pytest.raises(ConfigError) as e:  # a frozen model path that cannot be read: named by its key
         resume.resume_config(meta, ["--rl.reward_model", gone], "here", frozen)

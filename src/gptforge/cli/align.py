@@ -35,7 +35,8 @@ DPO_FLAGS = {"beta": "dpo.beta", "loss_type": "dpo.loss_type", "sft_coef": "dpo.
 
 
 def _frozen(section: str) -> tuple[str, ...]:
-    return (f"{section}.split", f"{section}.val_count", f"{section}.seed")  # they decide the held-out pairs
+    held_out = (f"{section}.split", f"{section}.val_count", f"{section}.seed")  # they decide the held-out pairs
+    return (*held_out, "dpo.init_from") if section == "dpo" else held_out  # and DPO's reference model
 
 
 def _run_pairs(args: argparse.Namespace, overrides: list[str], section: str, lr: float, make_recipe) -> int:
@@ -50,7 +51,9 @@ def _run_pairs(args: argparse.Namespace, overrides: list[str], section: str, lr:
         keys.update(DPO_FLAGS)
     flags = flag_overrides(args, keys, overrides)
     if args.resume is not None and args.init_from is not None:
-        raise CliError(f"--init-from starts a new {section} run; it cannot be combined with --resume")
+        if section != "dpo":  # rm reads its starting model once, at step 0
+            raise CliError(f"--init-from starts a new {section} run; it cannot be combined with --resume")
+        flags += ["--dpo.init_from", args.init_from]  # the reference's new place: checked against the run's record
     if args.resume is None and (args.init_from is None or args.data is None):
         raise CliError(f"give --init-from CKPT (an SFT or base model) and --data PREFS.jsonl, or --resume to "
                        f"continue a {section} run")
@@ -113,7 +116,9 @@ def _common(p: argparse.ArgumentParser, section: str) -> None:
     d = getattr(Config(), section)
     run = _pair_defaults(section)  # the recipe's own train/optim defaults, which --help-config lists too
     p.add_argument("--init-from", metavar="CKPT", help="starting model: an SFT (chat) checkpoint or run directory, a "
-                                                        "base checkpoint, a Hugging Face directory, a GGUF file or an llm.c file")
+                                                        "base checkpoint, a Hugging Face directory, a GGUF file or an llm.c file; dpo "
+                                                        "--resume: where the run's reference went if it was moved (the "
+                                                        "same weights)")
     p.add_argument("--data", help="preference pairs: FILE.jsonl of {\"prompt\", \"chosen\", \"rejected\"} (TRL's "
                                   "conversational or string form; `gptforge prepare preferences` writes one), or a "
                                   "Hugging Face dataset (Hub name, save_to_disk folder, .parquet)")

@@ -291,15 +291,13 @@ def resolve_run(out: str | None, resume: str | None, overrides: list[str], recip
     from gptforge.config_inert import refuse_inert_overrides
     from gptforge.run import checkpoint as ckpt
     from gptforge.run.checkpointer import Checkpointer
-    from gptforge.run.resume import recipe_of, resume_config
+    from gptforge.run.resume import absolute_model_paths, check_models_present, recipe_of, resume_config
     from gptforge.run.weights import check_weights_fit
 
     # --out is applied last, a recipe's --init-from beside its key: with the key given too, one would lose silently
     for flag, value, key in (("--out", out, "train.out_dir"), *same_as):
         refuse_flag_and_key(flag, value, key, overrides)
     if resume is None:
-        from gptforge.run.resume import absolute_model_paths
-
         cfg = fresh()
         kind = recipe if isinstance(recipe, str) else recipe[0]
         refuse_inert_overrides(cfg, overrides, kind, COMMAND_OF[kind])
@@ -323,6 +321,8 @@ def resolve_run(out: str | None, resume: str | None, overrides: list[str], recip
                        f"--out {run_dir} --resume`, or start a new {name} run from it with --init-from")
     cfg = resume_config(meta, overrides, run_dir, frozen, where=str(found / "meta.json"))
     refuse_inert_overrides(cfg, overrides, kind, COMMAND_OF[kind])
+    absolute_model_paths(cfg)  # a model given anew on this command line (--init-from NEWPATH), as a fresh run's
+    check_models_present(cfg, str(found / "meta.json"))  # the reference, reward models, a LoRA base: before any work
     check_weights_fit(found, cfg.model)  # meta.json's shape against the weights file, before anything else
     cfg.train.trust_checkpoint = trusted
     return cfg, found, meta

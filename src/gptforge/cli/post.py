@@ -145,8 +145,8 @@ def cmd_rl(args: argparse.Namespace, overrides: list[str]) -> int:
     from gptforge.training.rewards import RewardError, load_reward
 
     flags = flag_overrides(args, RL_FLAGS, overrides)
-    if args.resume is not None and args.init_from is not None:
-        raise CliError("--init-from starts a new RL run; it cannot be combined with --resume")
+    if args.resume is not None and args.init_from is not None:  # the reference model's new place (moved): checked
+        flags += ["--rl.init_from", args.init_from]  # on resume to hold the weights the run recorded (run/resume.py)
     if args.resume is None and args.init_from is None:
         raise CliError("give --init-from CKPT (an SFT checkpoint), or --resume to continue an RL run")
 
@@ -234,7 +234,8 @@ def args_rl(r: argparse.ArgumentParser) -> None:
                      "Every config key can be set as --section.key VALUE (list them with --help-config: "
                      "the rl.* and optim.* sections); the flags below are short names for the common ones.")
     r.add_argument("--init-from", metavar="MODEL", help="a chat model: an SFT checkpoint or run directory, or a "
-                                                        "GGUF file or Hugging Face directory with a chat template")
+                                                        "GGUF file or Hugging Face directory with a chat template; with --resume: where the "
+                                                        "run's model went if it was moved (it must hold the same weights)")
     r.add_argument("--out", required=True, help="run directory")
     r.add_argument("--resume", nargs="?", const="latest", default=None, metavar="CKPT",
                    help="continue the RL run in --out (or from CKPT); flags given now apply on top of its settings")

@@ -145,11 +145,41 @@ def save_checkpoint(
     needed = tensor_bytes(weights) + tensor_bytes(opt_state) + tensor_bytes(rng)
     tmp = begin_checkpoint(run_dir, step, then)
     with cleanup_on_failure(tmp, step, needed, then):
-        save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        save_file(weights, str(tmp / "model.safetensors"), metadata=weights_metadata(meta))
         ordinary_file_mode(tmp / "model.safetensors")  # safetensors leaves it 0600
         if opt_state is not None:
             torch.save(opt_state, tmp / "optimizer.pt")
         return finalize_checkpoint(run_dir, tmp, meta, keep, rng)
+
+
+# meta.json is not checksummed by itself (it holds the checksums): the part of it that decides what the model
+# computes, its config.model and chat_template, is also written into model.safetensors' header (whose sha256
+# meta.json records), and every reader compares the two (run/weights.py), so an edited or damaged meta.json can
+# never build another model over the same weights. Settings of how a model trains or runs, not of what it
+# computes, are left out: a resume may change them (--model.dropout ...).
+MODEL_RECORD = "gptforge.model"
+RUN_KNOBS = ("dropout", "recompute", "flash", "attn_backend", "fused_ce", "lm_head_fp8", "fused_ln_residual",
+             "fused_bias_gelu", "doc_mask")
+
+
+def model_record(meta: dict[str, Any]) -> dict[str, Any] | None:
+    """What meta.json says the model is: {"model": config.model less RUN_KNOBS, "chat_template": ...} as
+    meta.json holds them (JSON values); None when its config has no model object."""
+    conf = meta.get("config")
+    model = conf.get("model") if isinstance(conf, dict) else None
+    if not isinstance(model, dict):
+        return None
+    record = {"model": {k: v for k, v in model.items() if k not in RUN_KNOBS}, "chat_template": meta.get("chat_template")}
+    return json.loads(json.dumps(record, default=str))
+
+
+def weights_metadata(meta: dict[str, Any]) -> dict[str, str]:
+    """model.safetensors' header metadata: the format, and :func:`model_record` of ``meta``."""
+    record = model_record(meta)
+    out = {"format": "pt"}
+    if record is not None:
+        out[MODEL_RECORD] = json.dumps(record, sort_keys=True, separators=(",", ":"))
+    return out
 
 
 class cleanup_on_failure:
@@ -433,15 +463,48 @@ def _saved_by_another(ckpt_dir: Path, name: str, sha: str) -> str | None:
 
 
 def latest_intact_checkpoint(run_dir: str | Path, warn: Callable[[str], None] = print) -> Path | None:
-    """The newest checkpoint of a run that passes :func:`verify_checkpoint`; each damaged one that
-    is skipped is reported through ``warn``, by name and with what is wrong."""
+    """The newest checkpoint of a run that passes :func:`verify_checkpoint` and is the run's own
+    (:func:`check_same_run`); each one that is skipped is reported through ``warn``, by name and with
+    what is wrong."""
     for d in reversed(list_checkpoints(run_dir)):
         try:
             verify_checkpoint(d)
-            return d
         except CheckpointError as e:
             warn(f"skipping damaged checkpoint {d.name}: {e}")
+            continue
+        try:
+            check_same_run(d)
+            return d
+        except CheckpointError as e:
+            warn(f"skipping checkpoint {d.name}: {e}")
     return None
+
+
+def check_same_run(ckpt_dir: str | Path) -> None:
+    """A checkpoint to resume must be of the run whose checkpoints/ holds it: meta.json's ``run_id`` (drawn
+    when a run starts, kept by its resumes) against its siblings'. A step folder copied in from another run
+    (the same names, another model) passed every check of its own files and was resumed as this run's.
+    CheckpointError naming it and both runs; nothing to compare (no siblings, or checkpoints from before
+    run ids were recorded) passes."""
+    ckpt_dir = Path(ckpt_dir)
+    mine = _read_meta_json(ckpt_dir).get("run_id")
+    if not isinstance(mine, str) or ckpt_dir.parent.name != "checkpoints":
+        return
+    theirs: dict[str, list[str]] = {}
+    for p in list_checkpoints(ckpt_dir.parent.parent):
+        if p.resolve() == ckpt_dir.resolve():
+            continue
+        try:
+            rid = _read_meta_json(p).get("run_id")
+        except (CheckpointError, OSError, ValueError):
+            continue
+        if isinstance(rid, str):
+            theirs.setdefault(rid, []).append(p.name)
+    if theirs and mine not in theirs:
+        rid, names = max(theirs.items(), key=lambda kv: len(kv[1]))
+        raise CheckpointError(
+            f"{ckpt_dir}: a checkpoint of another run (its meta.json run_id is {mine}; this run's {', '.join(names[:3])} "
+            f"are run {rid}): copied in from elsewhere? Move it out of {ckpt_dir.parent}, then resume")
 
 
 def damaged_note(run_dir: str | Path) -> str:

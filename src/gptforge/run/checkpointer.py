@@ -18,6 +18,7 @@ The file-level work (atomic directories, safetensors, ``weights_only`` loads) is
 from __future__ import annotations
 
 import random
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,6 +70,16 @@ class Checkpointer:
         if resume_from is not None:  # the model's shape against the weights file's header, before it is built
             check_weights_fit(resume_from, cfg.model)
         self._carried_optim: dict | None = None
+        rid = (self.meta or {}).get("run_id")  # which run this is: drawn at its start, kept by its resumes
+        self.extra_meta["run_id"] = rid if isinstance(rid, str) else secrets.token_hex(8)
+        # the newest step this run has in checkpoints/ (resumed from or saved): a folder gone since is said
+        self._last_saved: int | None = self.start_step if resume_from is not None else None
+        if cfg is not None and hasattr(cfg, "train"):  # the weights of the models the run names (run/resume.py)
+            from gptforge.run.resume import recorded_models
+
+            models = recorded_models(cfg, self.meta)
+            if models:
+                self.extra_meta["models"] = models
 
     # --- where ------------------------------------------------------------------------------------
     @staticmethod
@@ -88,6 +99,7 @@ class Checkpointer:
             return latest
         where = files.resolve_checkpoint(resume)
         files.verify_checkpoint(where)
+        files.check_same_run(where)
         return where
 
     @property
@@ -169,6 +181,11 @@ class Checkpointer:
         info, keep = self.info, self.cfg.train.keep_ckpts
         if self.guard is not None and info.is_main:  # never a new checkpoints/ in a folder that replaced the run's
             self.guard(f"checkpoint step {state.step}")
+        root = files.ckpt_root(self.run_dir)
+        if info.is_main and self._last_saved is not None and not root.exists() and not root.is_symlink():
+            self.log(f"{root}: deleted while the run trained, and with it every checkpoint up to step "
+                     f"{self._last_saved}; making it again for step {state.step}, the earliest a --resume can now "
+                     "continue from")
         meta = {"config": self.cfg.to_dict(), "loader": state.loader.state_dict(), "gptforge": __version__,
                 "torch": torch.__version__, "world": info.world, "sharding": info.sharded,
                 **self.extra_meta, **meta}
@@ -185,6 +202,7 @@ class Checkpointer:
                                              keep=keep, rng=_rng_files(rngs))
         if path is not None:
             self.log(f"checkpoint -> {path}")
+            self._last_saved = state.step
         barrier(info)
         return path
 

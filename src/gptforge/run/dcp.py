@@ -76,7 +76,7 @@ def save_sharded(run_dir: str | Path, step: int, model: torch.nn.Module, optimiz
                     full = _read_full_model(tmp / DCP_DIR)
                 tied = _tied_keys(full)
                 weights = {k: v.contiguous() for k, v in full.items() if k not in tied}
-                save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+                save_file(weights, str(tmp / "model.safetensors"), metadata=ckpt.weights_metadata(meta))
                 ordinary_file_mode(tmp / "model.safetensors")  # safetensors leaves it 0600
                 final = ckpt.finalize_checkpoint(run_dir, tmp, {**meta, "format": "dcp"}, keep, rng)
     except BaseException:

@@ -134,14 +134,50 @@ def model_identity(path: str) -> str | None:
         return None
 
 
-def same_models(old: str, new: str, key: str) -> bool:
-    """Whether two comma-separated model-path lists name the same weights in the same order; refuses
-    (ConfigError naming both) when a path cannot be read."""
-    a, b = [p.strip() for p in old.split(",")], [p.strip() for p in new.split(",")]
+# what each model-path key is to the run, for the one line that names it; and the flag that gives it anew
+MODEL_ROLE = {"rl.init_from": ("the run's starting model and its frozen reference (the KL penalty's)", "--init-from"),
+              "dpo.init_from": ("the run's starting model and its frozen reference", "--init-from"),
+              "rl.reward_model": ("a reward model the run scores with", "--reward-model"),
+              "lora.base": ("the frozen base model its adapters are trained on", "--lora.base")}
+
+
+def split_paths(value: str) -> list[str]:
+    return [p.strip() for p in value.split(",")] if value else []
+
+
+def recorded_models(cfg: Config, meta: dict | None = None) -> dict[str, list[str | None]]:
+    """meta.json's ``models``: {key: [sha256 of each model's weights]} for the run's model-path keys, so a
+    resume can check a model given anew (``--init-from NEWPATH`` after a move) against the one the run was
+    trained with even when that path is gone. Carried from the resumed checkpoint (``meta``) where it holds
+    one for the same key; read from the models' own meta.json otherwise (a fresh run)."""
+    old = meta.get("models") if isinstance(meta, dict) and isinstance(meta.get("models"), dict) else {}
+    out: dict[str, list[str | None]] = {}
+    for key in MODEL_PATH_KEYS:
+        section, name = key.split(".", 1)
+        paths = split_paths(getattr(getattr(cfg, section, None), name, "") or "")
+        if not paths:
+            continue
+        kept = old.get(key)
+        if isinstance(kept, list) and len(kept) == len(paths) and all(isinstance(x, str) for x in kept):
+            out[key] = list(kept)
+        else:
+            out[key] = [model_identity(p) for p in paths]
+    return out
+
+
+def same_models(old: str, new: str, key: str, recorded: list | None = None, where: str = "meta.json") -> bool:
+    """Whether two comma-separated model-path lists name the same weights in the same order; the run's own
+    record (``recorded``: meta.json's ``models``, one sha256 a path) stands in for a path that cannot be read
+    any more (a model moved or deleted). Refuses (ConfigError naming both) when a path cannot be read and
+    nothing stands in for it."""
+    a, b = split_paths(old), split_paths(new)
     if len(a) != len(b):
         return False
-    for x, y in zip(a, b, strict=True):
-        ix, iy = model_identity(x), model_identity(y)
+    for i, (x, y) in enumerate(zip(a, b, strict=True)):
+        iy = model_identity(y)
+        ix = model_identity(x)
+        if ix is None and isinstance(recorded, list) and len(recorded) == len(a) and isinstance(recorded[i], str):
+            ix = recorded[i]
         if iy is None:
             raise ConfigError(f"--{key} {y!r}: no readable checkpoint there to compare with the run's {x!r}")
         if ix is None:
@@ -150,6 +186,25 @@ def same_models(old: str, new: str, key: str) -> bool:
         if ix != iy:
             return False
     return True
+
+
+def check_models_present(cfg: Config, where: str) -> None:
+    """Before a resume builds anything: every model the resumed run reads again (its reference, reward models,
+    a LoRA base) is where its config says, else one line naming the key, where it was recorded, and what to
+    do (put it back, or give its new place with the flag, checked against the weights sha256 the run recorded).
+    RL reads ``rl.init_from`` only for its KL reference (``rl.kl_coef`` > 0, no LoRA: a LoRA run's is its base)."""
+    for key in MODEL_PATH_KEYS:
+        section, name = key.split(".", 1)
+        paths = split_paths(getattr(getattr(cfg, section, None), name, "") or "")
+        if key == "rl.init_from" and (cfg.rl.kl_coef <= 0 or cfg.lora.rank):
+            continue
+        for p in paths:
+            if p and not os.path.exists(p):
+                role, flag = MODEL_ROLE[key]
+                raise ConfigError(
+                    f"--resume: {key} = {p!r} does not exist any more (deleted, moved, or a disk not mounted); it "
+                    f"is {role}, recorded in {where} (config.{key}). Put it back, or give its new place with "
+                    f"{flag} NEWPATH (checked to hold the same weights the run recorded)")
 
 
 def resume_config(meta: dict, overrides: list[str], out_dir: str, frozen: tuple[str, ...] = (),
@@ -167,8 +222,14 @@ def resume_config(meta: dict, overrides: list[str], out_dir: str, frozen: tuple[
     for key in frozen:
         section, name = key.split(".", 1)
         old, new = getattr(getattr(saved, section), name), getattr(getattr(cfg, section), name)
-        if key in MODEL_PATH_KEYS and old != new and same_models(old, new, key):
-            continue  # the same model(s) named another way (relative vs absolute, moved): identity is the weights
+        models = meta.get("models") if isinstance(meta.get("models"), dict) else {}
+        if key in MODEL_PATH_KEYS and old != new:
+            if same_models(old, new, key, models.get(key), where):
+                continue  # the same model(s) named another way (relative vs absolute, moved): identity is the weights
+            role, flag = MODEL_ROLE.get(key, ("a model the run uses", f"--{key}"))
+            raise ConfigError(f"--{key} {new!r}: other weights than {old!r}, which this run was trained with (their "
+                              f"sha256 is in {where}); it is {role}, which a resume cannot change: give that model "
+                              f"({flag} PATH where it is now), or start a new run with --out elsewhere")
         if old != new:
             raise ConfigError(f"--{key} {new!r}: this run was trained with {old!r}, and a resume cannot change it "
                               "(start a new run with --out elsewhere, or resume without it)")

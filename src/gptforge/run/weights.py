@@ -16,6 +16,7 @@ mismatch is one line naming ``meta.json``, the ``model.*`` field and the tensor.
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,7 @@ def check_weights_fit(ckpt_dir: str | Path, model_cfg: Any, prefix: str | None =
     from gptforge.run.checkpoint import read_meta
 
     if read_meta(ckpt_dir, ()).get("lora"):  # adapters only (a LoRA run): checked as they load onto the base
+        check_model_record(ckpt_dir)
         return
     if prefix is None:
         prefix = MODEL_PREFIX.get(str(read_meta(ckpt_dir).get("recipe")), "")
@@ -90,6 +92,67 @@ def check_weights_fit(ckpt_dir: str | Path, model_cfg: Any, prefix: str | None =
     if extra:
         raise CheckpointError(f"{meta}: {path} holds {extra[0]} (and {len(extra) - 1} more), which the model it "
                               f"describes does not have (shapes differ). {hint}")
+    check_model_record(ckpt_dir)  # the shapes fit: what they do not show (heads, rope, norms, template) next
+
+
+_ABSENT = object()
+
+
+def check_model_record(ckpt_dir: str | Path) -> None:
+    """meta.json's model (config.model less the run knobs, and the chat template) against the copy the save
+    wrote into model.safetensors' header (:func:`gptforge.run.checkpoint.model_record`): CheckpointError naming
+    meta.json, the first field that differs, both values and what to do. meta.json is the one file of a
+    checkpoint its own checksums cannot cover; an edit or a flipped bit there that keeps every shape (n_head,
+    rope_theta, norm_eps, a chat template's ids) built another model over the same weights without a word.
+    A checkpoint saved before the record was written (no header entry) is not compared."""
+    from gptforge.run.checkpoint import MODEL_RECORD, _read_meta_json, model_record
+    from gptforge.sizecheck import header_metadata
+
+    ckpt_dir = Path(ckpt_dir)
+    path, meta_path = ckpt_dir / "model.safetensors", ckpt_dir / "meta.json"
+    raw = header_metadata(path).get(MODEL_RECORD)
+    if raw is None:
+        return
+    try:
+        saved = json.loads(raw)
+    except json.JSONDecodeError:
+        saved = None
+    if not isinstance(saved, dict) or not isinstance(saved.get("model"), dict):
+        raise CheckpointError(f"{path}: its header's {MODEL_RECORD} record is not the model it was saved as; the "
+                              "checkpoint is damaged (resume or load another one)")
+    now = model_record(_read_meta_json(ckpt_dir)) or {"model": {}, "chat_template": None}
+    field, was, is_ = _first_difference(saved, now)
+    if field is None:
+        return
+    field = field.replace("model.", "config.model.", 1) if field.startswith("model.") else field
+    shown = "missing" if is_ is _ABSENT else f"= {json.dumps(is_)[:60]}"
+    saved_as = "nothing" if was is _ABSENT else json.dumps(was)[:60]
+    raise CheckpointError(
+        f"{meta_path}: {field} {shown}, but {path} was saved with {saved_as} (its header records the model it "
+        f"holds); meta.json was edited or is damaged: put back {saved_as}, or use another checkpoint (a setting is "
+        "changed on the command line, --model.KEY VALUE, not in meta.json)")
+
+
+def _first_difference(a: Any, b: Any, at: str = "") -> tuple[str | None, Any, Any]:
+    """(dotted path, value in a, value in b) of the first place two JSON values differ, or (None, ...)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in [*a, *(k for k in b if k not in a)]:
+            found = _first_difference(a.get(k, _ABSENT), b.get(k, _ABSENT), f"{at}.{k}" if at else k)
+            if found[0] is not None:
+                return found
+        return None, None, None
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            found = _first_difference(x, y, f"{at}[{i}]")
+            if found[0] is not None:
+                return found
+        return None, None, None
+    def number(x: Any) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+    # 1 and 1.0 are one number; true and 1, "1" and 1 are another type, another value
+    same = a is b or ((type(a) is type(b) or (number(a) and number(b))) and a == b)
+    return (None, None, None) if same else (at, a, b)
 
 
 def _field(model_cfg: Any, want: tuple[int, ...], got: tuple[int, ...]) -> str:

@@ -1,0 +1,230 @@
+"""A run's state on disk across its life (hardening round nine), tested through the shared pieces every command
+that reads or continues a run goes through (``cli.common.resolve_run`` and ``run/resume.py``, the checkpoint
+writer and ``run/weights.py``'s check before any model is built, the Checkpointer):
+
+* an RL or DPO run whose ``--init-from`` model (also its frozen reference) was moved or deleted: its --resume
+  names the key, the meta.json that recorded it and what to do, before any work; ``--init-from NEWPATH`` on the
+  resume is taken when it holds the weights the run recorded (sha256 in meta.json's ``models``, so the check
+  needs no copy at the old place), and another model is refused (``--dpo.init_from OTHER`` was taken silently:
+  a DPO run's reference swapped mid-run);
+* meta.json edited or damaged: every reader (sample, export, eval, serve, chat, --resume, --init-from) compares
+  the model it describes with the copy the save wrote into model.safetensors' header, naming the field; an edit
+  that kept every shape (n_head) built another model over the same weights without a word;
+* ``RUN/checkpoints/`` deleted while the run trains: said once, at the save that makes it again;
+* a step folder of another run copied into this run's checkpoints/: ``--resume`` skips it naming it (latest)
+  or refuses it (named), by the run id every checkpoint records.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from gptforge.cli import main
+from gptforge.run import checkpoint as ckpt
+from tests.run.faults import before_step, finished_run
+from tests.run.faults import copy_run as _copy
+from tests.run.faults import one_line as _one_line
+from tests.training.commands import RUNS, make_world
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory, tokenizer):
+    return make_world(tmp_path_factory.mktemp("state9"))
+
+
+@pytest.fixture(scope="module")
+def base_run(world, tmp_path_factory):
+    return finished_run(world["shards"], tmp_path_factory.mktemp("base9") / "run")
+
+
+# --- 1. the reference model of an RL / DPO run moved ---------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def referenced(world, tmp_path_factory):
+    """A 1-step rl (grpo, KL on) and dpo run, each from its own copy of the chat model: {command: (run, base)};
+    and another model of the same shape (other weights)."""
+    from tests.conftest import tiny_chat_checkpoint
+
+    runs = {}
+    for command, algo in (("rl", "grpo"), ("dpo", None)):
+        tmp = tmp_path_factory.mktemp(command)
+        base = _copy(Path(world["chat"]).parent.parent, tmp, "base")
+        args = RUNS[command, algo]({**world, "chat": str(base)})
+        args[args.index("--steps") + 1] = "1"
+        assert main([*args, "--out", str(tmp / "run")]) == 0
+        runs[command] = tmp / "run", base
+    runs["other"] = tiny_chat_checkpoint(tmp_path_factory.mktemp("other") / "other", seed=1).parent.parent
+    return runs
+
+
+@pytest.mark.parametrize("command", ["rl", "dpo"])
+def test_a_moved_reference_model_is_named_on_resume_and_its_new_place_is_taken_by_its_weights(
+        referenced, tmp_path, capsys, command):
+    src, base = referenced[command]
+    run, moved = _copy(src, tmp_path), tmp_path / "moved"
+    key = f"{command}.init_from"
+    recorded = ckpt.latest_checkpoint(run) / "meta.json"
+    assert json.loads(recorded.read_text())["config"][command]["init_from"] == str(base)
+    resume = [command, "--out", str(run), "--resume", "--steps", "2"]
+    base.rename(moved)  # the fixture's model: put back below
+    try:
+        capsys.readouterr()
+        assert main(resume) == 2
+        io = capsys.readouterr()
+        line = _one_line(io.err)
+        assert f"{key} = {str(base)!r} does not exist any more" in line, line  # the key and the path it held
+        assert f"recorded in {recorded} (config.{key})" in line and "--init-from NEWPATH" in line  # where, what to do
+        assert "resumed from" not in io.out + io.err  # before any work
+        # another model given as its new place: refused (the reference a resume may not change), by the weights
+        # the run recorded, with nothing left at the old place to compare with
+        assert main([*resume, "--init-from", str(referenced["other"])]) == 2
+        line = _one_line(capsys.readouterr().err)
+        assert f"--{key} {str(referenced['other'])!r}: other weights than {str(base)!r}" in line, line
+        assert f"sha256 is in {recorded}" in line
+        assert ckpt.latest_checkpoint(run).name == "step_000001"
+    finally:
+        moved.rename(base)
+
+
+@pytest.mark.parametrize("command", ["rl", "dpo"])
+def test_the_reference_models_new_place_resumes_and_is_recorded(referenced, tmp_path, capsys, monkeypatch, command):
+    src, base = referenced[command]
+    run = _copy(src, tmp_path)
+    moved = _copy(base, tmp_path, "moved")  # the model at another place (its old one stays: the shared fixture's)
+    meta = ckpt.latest_checkpoint(run) / "meta.json"
+    shas = json.loads(meta.read_text())["models"][f"{command}.init_from"]
+    data = json.loads(meta.read_text())
+    data["config"][command]["init_from"] = str(tmp_path / "gone")  # where the run's record says it was: gone
+    meta.write_text(json.dumps(data))
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    assert main([command, "--out", str(run), "--resume", "--steps", "2", "--init-from", "moved"]) == 0, \
+        capsys.readouterr().err
+    new = json.loads((ckpt.latest_checkpoint(run) / "meta.json").read_text())
+    assert ckpt.latest_checkpoint(run).name == "step_000002"
+    assert new["config"][command]["init_from"] == str(moved)  # absolute, as a fresh run records it
+    assert new["models"][f"{command}.init_from"] == shas  # the identity is carried, never re-derived from a path
+
+
+def test_a_dpo_resume_refuses_another_reference_model_given_by_its_key(referenced, tmp_path, capsys):
+    """dpo.init_from was not frozen: --dpo.init_from OTHER on a resume swapped the run's reference silently."""
+    run = _copy(referenced["dpo"][0], tmp_path)
+    capsys.readouterr()
+    assert main(["dpo", "--out", str(run), "--resume", "--steps", "2", "--dpo.init_from",
+                 str(referenced["other"])]) == 2
+    assert "other weights than" in _one_line(capsys.readouterr().err)
+    assert ckpt.latest_checkpoint(run).name == "step_000001"
+
+
+# --- 2. meta.json edited or damaged ---------------------------------------------------------------------------
+
+def _n_head(m):  # a flipped bit that keeps every shape: 2 -> 4 heads over the same 32 widths (silent before)
+    m["config"]["model"]["n_head"] = 4
+
+
+def _roles_swapped(m):  # two valid ids exchanged: every prompt built with the roles the other way round
+    r = m["chat_template"]["roles"]
+    r["user"], r["assistant"] = r["assistant"], r["user"]
+
+
+def _bias_removed(m):
+    del m["config"]["model"]["bias"]
+
+
+EDITS = {"n_head": (_n_head, "config.model.n_head = 4, but "),
+         "chat template roles swapped": (_roles_swapped, "chat_template.roles.assistant = 50258, but "),
+         "key removed": (_bias_removed, "config.model.bias missing, but ")}
+DAMAGE = {"truncated": lambda t: t[: len(t) // 2], "emptied": lambda t: "", "a JSON array": lambda t: "[1, 2]",
+          "model a string": lambda t: json.dumps({**json.loads(t), "config": {**json.loads(t)["config"],
+                                                                                 "model": "gpt2"}})}
+READERS = {"sample": lambda m, tmp: ["sample", "--ckpt", str(m), "--prompt", "hi", "--max-new-tokens", "2",
+                                     "--device", "cpu"],
+           "export": lambda m, tmp: ["export", "hf", "--ckpt", str(m), "--out", str(tmp / "hf")],
+           "dpo --init-from": lambda m, tmp: ["dpo", "--init-from", str(m), "--data", str(tmp / "none.jsonl"),
+                                              "--out", str(tmp / "dpo"), "--device", "cpu"]}
+
+
+@pytest.mark.parametrize("reader", list(READERS))
+@pytest.mark.parametrize("change", [*EDITS, *DAMAGE])
+def test_meta_json_edited_or_damaged_is_refused_by_every_reader_naming_the_file_and_field(world, tmp_path, capsys,
+                                                                                         reader, change):
+    model = _copy(Path(world["chat"]).parent.parent, tmp_path, "model")
+    meta = ckpt.latest_checkpoint(model) / "meta.json"
+    text = meta.read_text()
+    if change in EDITS:
+        data = json.loads(text)
+        EDITS[change][0](data)
+        meta.write_text(json.dumps(data))
+    else:
+        meta.write_text(DAMAGE[change](text))
+    capsys.readouterr()
+    assert main(READERS[reader](model, tmp_path)) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert str(meta) in line, line
+    if change in EDITS:
+        assert EDITS[change][1] in line and "was saved with" in line and "meta.json was edited" in line, line
+    assert not (tmp_path / "hf").exists() and not (tmp_path / "dpo").exists()
+
+
+def test_meta_json_n_head_edit_is_refused_on_resume_and_a_run_knob_edit_is_not(base_run, tmp_path, capsys):
+    run = _copy(base_run, tmp_path)
+    meta = ckpt.latest_checkpoint(run) / "meta.json"
+    text = meta.read_text()
+    data = json.loads(text)
+    _n_head(data)
+    meta.write_text(json.dumps(data))
+    capsys.readouterr()
+    assert main(["train", "--out", str(run), "--resume", "--train.max_steps", "6"]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line.startswith(f"gptforge train: error: {meta}: config.model.n_head = 4, but ") and "put back 2" in line
+    data = json.loads(text)
+    data["config"]["model"]["dropout"] = 0.1  # how it trains, not what it computes: not refused
+    meta.write_text(json.dumps(data))
+    assert main(["train", "--out", str(run), "--resume", "--train.max_steps", "6"]) == 0
+
+
+# --- 3. RUN/checkpoints deleted while the run trains ----------------------------------------------------------
+
+def test_the_checkpoints_folder_deleted_mid_run_is_said_once_and_the_run_resumes_from_its_new_saves(
+        base_run, tmp_path, capsys, monkeypatch):
+    run = _copy(base_run, tmp_path)
+    root = run / "checkpoints"
+    before_step(monkeypatch, 5, lambda: shutil.rmtree(root))  # after step 5, before step 6's save
+    capsys.readouterr()
+    assert main(["train", "--out", str(run), "--resume", "--train.max_steps", "10"]) == 0
+    monkeypatch.undo()
+    out = capsys.readouterr().out
+    said = [x for x in out.splitlines() if x.startswith(f"{root}: ")]
+    assert len(said) == 1, out  # once: not again at steps 8 and 10
+    assert "deleted while the run trained" in said[0] and "up to step 4" in said[0] and "step 6" in said[0]
+    steps = [int(p.name[len("step_"):]) for p in ckpt.list_checkpoints(run)]
+    assert steps[-1] == 10 and min(steps) >= 6  # made anew from step 6 (train.keep_ckpts prunes the oldest)
+    assert main(["train", "--out", str(run), "--resume", "--train.max_steps", "12"]) == 0
+    assert f"resumed from {root / 'step_000010'}" in capsys.readouterr().out
+
+
+# --- 4. a step folder of another run copied in ----------------------------------------------------------------
+
+def test_a_checkpoint_of_another_run_copied_in_is_skipped_or_refused_by_its_run_id(world, base_run, tmp_path,
+                                                                                   capsys):
+    run = _copy(base_run, tmp_path)
+    other = tmp_path / "other"
+    assert main(["train", "--preset", "tiny", "--data.dir", world["shards"], "--out", str(other),
+                 "--model.vocab_size", "512", "--train.device", "cpu", "--train.val_every", "0",
+                 "--train.sample_every", "0", "--train.max_steps", "6", "--train.ckpt_every", "3",
+                 "--train.seed", "7"]) == 0
+    foreign = run / "checkpoints" / "step_000006"
+    shutil.copytree(other / "checkpoints" / "step_000006", foreign)  # verifies whole: its own files, its own step
+    ckpt.verify_checkpoint(foreign)
+    capsys.readouterr()
+    assert main(["train", "--out", str(run), "--resume", str(foreign), "--train.max_steps", "8"]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert f"{foreign}: a checkpoint of another run" in line and "step_000002, step_000004" in line, line
+    assert main(["train", "--out", str(run), "--resume", "--train.max_steps", "8"]) == 0
+    io = capsys.readouterr()
+    assert "skipping checkpoint step_000006: " in io.out + io.err
+    assert f"resumed from {run / 'checkpoints' / 'step_000004'}" in io.out
