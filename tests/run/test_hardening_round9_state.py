@@ -228,3 +228,37 @@ def test_a_checkpoint_of_another_run_copied_in_is_skipped_or_refused_by_its_run_
     io = capsys.readouterr()
     assert "skipping checkpoint step_000006: " in io.out + io.err
     assert f"resumed from {run / 'checkpoints' / 'step_000004'}" in io.out
+
+
+# --- 5. the clock set back while the run trains; a resume on another torch or thread count ------------------
+
+def test_the_wall_clock_set_back_mid_run_never_makes_record_times_go_backwards(base_run, tmp_path, monkeypatch):
+    """After step 5 the system clock is set back an hour (by hand, or NTP stepping it): the records' times
+    went back with it, and what subtracts them (race's wall_seconds, a curve by time) came out negative."""
+    import time
+
+    from gptforge.run.metrics import read_metrics
+
+    run, real, back = _copy(base_run, tmp_path), time.time, []
+    monkeypatch.setattr(time, "time", lambda: real() - 3600.0 * len(back))
+    before_step(monkeypatch, 5, lambda: back.append(1))
+    assert main(["train", "--out", str(run), "--resume", "--train.max_steps", "8"]) == 0
+    monkeypatch.undo()
+    assert back  # the clock was set back mid-run
+    times = [r["time"] for r in read_metrics(run) if r["kind"] == "train" and r["step"] > 4]  # this invocation's
+    assert len(times) == 4 and times == sorted(times), times
+
+
+def test_a_resume_on_another_thread_count_says_its_numbers_are_not_bit_for_bit(base_run, tmp_path, capsys):
+    run = _copy(base_run, tmp_path)
+    meta = json.loads((ckpt.latest_checkpoint(run) / "meta.json").read_text())
+    saved = meta["threads"]  # what the save recorded (train.threads auto: 1, or OMP_NUM_THREADS)
+    assert isinstance(saved, int) and isinstance(meta["torch"], str)
+    more = str(saved + 1)
+    capsys.readouterr()
+    assert main(["train", "--out", str(run), "--resume", "--train.max_steps", "6", "--train.threads", more]) == 0
+    out = capsys.readouterr().out
+    assert (f"(saved with {saved} CPU thread{'s' * (saved != 1)}, resumed with {more}: the run continues, but its "
+            "numbers will not be bit for bit") in out, out
+    assert main(["train", "--out", str(run), "--resume", "--train.max_steps", "8", "--train.threads", more]) == 0
+    assert "saved with" not in capsys.readouterr().out  # the same count as the checkpoint's: nothing to say

@@ -139,6 +139,11 @@ class Checkpointer:
         self._restore_rng()
         self.log(f"resumed from {where} at step {state.step} (saved at world {self.meta.get('world', 1)}, "
                  f"now {info.world})")
+        changed = changed_numerics(self.meta, info.device.type)
+        if changed:
+            self.log(f"(saved with {' and '.join(a for a, _ in changed)}, resumed with "
+                     f"{' and '.join(b for _, b in changed)}: the run continues, but its numbers will not be bit for "
+                     "bit those of a run never stopped)")
 
     def _restore_loader(self, loader: Any, meta_path: Path) -> None:
         """The run's position (meta.json ``loader``) into ``loader``, which checks each field it reads
@@ -187,7 +192,8 @@ class Checkpointer:
                      f"{self._last_saved}; making it again for step {state.step}, the earliest a --resume can now "
                      "continue from")
         meta = {"config": self.cfg.to_dict(), "loader": state.loader.state_dict(), "gptforge": __version__,
-                "torch": torch.__version__, "world": info.world, "sharding": info.sharded,
+                "torch": torch.__version__, "threads": torch.get_num_threads(), "world": info.world,
+                "sharding": info.sharded,
                 **self.extra_meta, **meta}
         rngs = gather_rng_states(info)  # every rank's stream, for an exact continuation at this world
         path = None
@@ -205,6 +211,19 @@ class Checkpointer:
             self._last_saved = state.step
         barrier(info)
         return path
+
+
+def changed_numerics(meta: dict[str, Any], device_type: str) -> list[tuple[str, str]]:
+    """What a checkpoint recorded of how its numbers were computed that differs now: [(then, now)] for the
+    torch version and, on the CPU (where the threads split every reduction), the number of threads."""
+    out = []
+    if isinstance(meta.get("torch"), str) and meta["torch"] != torch.__version__:
+        out.append((f"torch {meta['torch']}", f"torch {torch.__version__}"))
+    threads = meta.get("threads")
+    if (device_type == "cpu" and isinstance(threads, int) and not isinstance(threads, bool)
+            and threads != torch.get_num_threads()):
+        out.append((f"{threads} CPU thread{'s' * (threads != 1)}", f"{torch.get_num_threads()}"))
+    return out
 
 
 # --- RNG state ------------------------------------------------------------------------------------

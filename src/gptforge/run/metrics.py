@@ -126,6 +126,22 @@ def _finite_or_null(fields: dict[str, Any]) -> dict[str, Any]:
 STEP_KINDS = ("train", "val", "eval", "sample", "rl")  # records that describe the model at a step
 
 
+class _RecordClock:
+    """A record's ``time``: the wall clock (Unix seconds) read once, when the log opens, plus the time since
+    on a clock no one sets (Linux CLOCK_BOOTTIME, which counts a suspend too; else the monotonic one). The
+    wall clock set back (or forward) mid-run, by hand or by NTP stepping it, made the records' times go
+    backwards, and what subtracts them (race's wall_seconds) came out negative; within one invocation the
+    difference of two records' times is now always the time that passed."""
+
+    def __init__(self) -> None:
+        boot = getattr(time, "CLOCK_BOOTTIME", None)
+        self._since = (lambda: time.clock_gettime(boot)) if boot is not None else time.monotonic
+        self._wall0, self._t0 = time.time(), self._since()
+
+    def __call__(self) -> float:
+        return self._wall0 + (self._since() - self._t0)
+
+
 class MetricsLog:
     """Append-only JSON lines: one object per event, each with ``kind`` and ``step``.
 
@@ -147,6 +163,7 @@ class MetricsLog:
         self.guard = guard  # before each record: the run directory is still the run's (run/lock.py)
         self.note = note  # says once what happened to the file between two records (deleted, cut)
         self._left: tuple[int, int] | None = None  # (inode, size) the last record left the file at
+        self._clock = _RecordClock()
 
     def begin(self, start_step: int) -> tuple[int, int]:
         """Repair the file for a run starting at ``start_step``: returns (bytes of torn tail
@@ -159,7 +176,7 @@ class MetricsLog:
     def write(self, kind: str, step: int, **fields: Any) -> None:
         if not self.enabled:
             return
-        rec = _finite_or_null({"kind": kind, "step": step, "time": round(time.time(), 3), **fields})
+        rec = _finite_or_null({"kind": kind, "step": step, "time": round(self._clock(), 3), **fields})
         from gptforge.storage.faults import RESUME_HINT
 
         if self.guard is not None:
