@@ -262,3 +262,43 @@ def test_a_resume_on_another_thread_count_says_its_numbers_are_not_bit_for_bit(b
             "numbers will not be bit for bit") in out, out
     assert main(["train", "--out", str(run), "--resume", "--train.max_steps", "8", "--train.threads", more]) == 0
     assert "saved with" not in capsys.readouterr().out  # the same count as the checkpoint's: nothing to say
+
+
+# --- 6. a filesystem without file locks or fsync ------------------------------------------------------------
+
+def test_a_run_on_a_filesystem_without_flock_goes_on_and_says_it_holds_no_lock(base_run, tmp_path, capsys,
+                                                                                monkeypatch):
+    """Some NFS and FUSE mounts answer flock with ENOLCK (or EOPNOTSUPP): that was read as the lock being held,
+    'in use by another run (pid N: ...)' naming whatever process last wrote the file, and the run refused."""
+    import errno
+    import fcntl
+    import os
+
+    def flock(fd, op):
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    run = _copy(base_run, tmp_path)
+    monkeypatch.setattr(fcntl, "flock", flock)
+    capsys.readouterr()
+    assert main(["train", "--out", str(run), "--resume", "--train.max_steps", "6"]) == 0, capsys.readouterr().err
+    monkeypatch.undo()
+    said = [x for x in capsys.readouterr().out.splitlines() if x.startswith(str(run / ".gptforge.lock"))]
+    assert len(said) == 1 and "cannot lock files (no locks available)" in said[0] and "start only one" in said[0]
+    assert ckpt.latest_checkpoint(run).name == "step_000006"
+
+
+def test_a_run_on_a_filesystem_without_fsync_saves_its_checkpoints(base_run, tmp_path, capsys, monkeypatch):
+    """fsync answered EINVAL (a filesystem that cannot sync) was a traceback at the first checkpoint."""
+    import errno
+    import os
+
+    def fsync(fd):
+        raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
+
+    run = _copy(base_run, tmp_path)
+    monkeypatch.setattr(os, "fsync", fsync)
+    capsys.readouterr()
+    assert main(["train", "--out", str(run), "--resume", "--train.max_steps", "6"]) == 0, capsys.readouterr().err
+    monkeypatch.undo()
+    ckpt.verify_checkpoint(ckpt.latest_checkpoint(run))
+    assert ckpt.latest_checkpoint(run).name == "step_000006"

@@ -41,7 +41,7 @@ from safetensors.torch import save_file
 from gptforge.errors import CheckpointError  # noqa: F401  (re-exported: callers catch ckpt.CheckpointError)
 from gptforge.parallel.distributed import layout_words  # noqa: F401  (re-exported: meta.json's sharding in words)
 from gptforge.reading import read_json
-from gptforge.storage import ordinary_file_mode
+from gptforge.storage import fsync_fd, ordinary_file_mode
 from gptforge.storage.faults import (
     RESUME_HINT,
     dir_bytes,
@@ -264,12 +264,12 @@ def finalize_checkpoint(run_dir: str | Path, tmp: Path, meta: dict[str, Any], ke
     for f in tmp.rglob("*"):  # sharded checkpoints keep their shards in a subfolder
         if f.is_file():
             with open(f, "rb") as fh:
-                os.fsync(fh.fileno())
+                fsync_fd(fh.fileno())
     meta["files"] = {f.relative_to(tmp).as_posix(): sha256_file(f) for f in sorted(tmp.rglob("*")) if f.is_file()}
     with open(tmp / "meta.json", "w") as fh:
         fh.write(json.dumps(meta, indent=2, default=str))
         fh.flush()
-        os.fsync(fh.fileno())
+        fsync_fd(fh.fileno())
     old = root / f"{final.name}.old"
     if final.exists():  # re-saving the same step (e.g. interrupt right after a periodic save)
         from gptforge import storage

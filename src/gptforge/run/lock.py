@@ -18,6 +18,7 @@ run in a fresh folder under the old name (the checkpoint writer makes its folder
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import sys
@@ -31,6 +32,7 @@ class RunDirectoryGone(OutputError):
     """The run directory this run holds was deleted, moved or replaced while it trained (exit 2, one line)."""
 
 LOCK_NAME = ".gptforge.lock"
+_HELD = {errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES}  # flock's answers when another process holds the lock
 
 
 class RunLock:
@@ -43,6 +45,7 @@ class RunLock:
         self.fd: int | None = None
         self.created = False
         self.identity: tuple[int, int] | None = None  # (st_dev, st_ino) of the folder locked
+        self.unsupported: str | None = None  # why the filesystem refused to lock (then the run holds no lock)
 
     def acquire(self) -> RunLock:
         self.created = not self.run_dir.exists()
@@ -50,13 +53,21 @@ class RunLock:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
+        except OSError as e:
+            if e.errno not in _HELD:  # the filesystem cannot lock (ENOLCK, EOPNOTSUPP: some NFS and FUSE mounts)
+                self.unsupported = (f"{self.path}: this filesystem cannot lock files ({(e.strerror or str(e)).lower()}); the run goes "
+                                    "on without the lock, so nothing stops a second run on this --out from writing "
+                                    "here too: start only one (or put the run on a local disk)")
+                return self._hold(fd)
             holder = _read_holder(fd)
             os.close(fd)
             raise ConfigError(
                 f"{self.run_dir} is in use by another run ({holder}); wait for it to finish or stop it, "
                 "or give this run another --out"
             ) from None
+        return self._hold(fd)
+
+    def _hold(self, fd: int) -> RunLock:
         os.ftruncate(fd, 0)
         os.write(fd, f"pid {os.getpid()}: {' '.join(sys.argv)}\n".encode(errors="replace"))
         self.fd = fd
@@ -100,7 +111,8 @@ class RunLock:
                 self.run_dir.rmdir()
             except OSError:
                 pass
-        fcntl.flock(self.fd, fcntl.LOCK_UN)
+        if self.unsupported is None:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
         os.close(self.fd)
         self.fd = None
 

@@ -67,6 +67,8 @@ class RunSession:
         if self.info.is_main:
             check_run_dir(run_dir)  # a file or a read-only filesystem: refuse now, not at the first write
             self.lock = RunLock(run_dir).acquire()  # one run per directory: a second one fails here, naming us
+            if self.lock.unsupported:  # a filesystem without flock: said once, the run goes on
+                self.log(self.lock.unsupported)
         resume, force = self.resume, self.force
         if resume is None and elastic_restart() and ckpt.latest_checkpoint(run_dir) is not None:
             resume, force = "latest", False  # torchrun restarted us after a failure: continue, never wipe

@@ -73,6 +73,22 @@ def ordinary_file_mode(path: str | Path) -> None:
 
 # --- the one writer (see the module docstring) -----------------------------------------------------
 
+# fsync's answer on a filesystem that cannot sync (some FUSE and network mounts, a special file): EINVAL says
+# so in POSIX, EOPNOTSUPP/ENOTSUP in practice. The data is written; it cannot be made more durable there.
+_NO_SYNC = {errno.EINVAL, errno.EBADF, getattr(errno, "EOPNOTSUPP", -1), getattr(errno, "ENOTSUP", -1)}
+
+
+def fsync_fd(fd: int) -> None:
+    """``os.fsync(fd)``, where the filesystem supports it; every writer's fsync goes through here (a
+    checkpoint's files, atomic outputs), so a filesystem without fsync is no traceback at the first save.
+    A real failure (EIO, ENOSPC: a disk that reserves space late) is raised as it is."""
+    try:
+        os.fsync(fd)
+    except OSError as e:
+        if e.errno not in _NO_SYNC:
+            raise
+
+
 def fsync_dir(path: str | Path) -> None:
     """Make a rename in ``path`` durable (where the platform allows opening a directory)."""
     try:
@@ -80,10 +96,7 @@ def fsync_dir(path: str | Path) -> None:
     except OSError:
         return
     try:
-        os.fsync(fd)
-    except OSError as e:
-        if e.errno not in (errno.EINVAL, errno.EBADF):  # filesystems without directory fsync
-            raise
+        fsync_fd(fd)
     finally:
         os.close(fd)
 
@@ -91,7 +104,7 @@ def fsync_dir(path: str | Path) -> None:
 def fsync_file(path: str | Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
-        os.fsync(fd)
+        fsync_fd(fd)
     finally:
         os.close(fd)
 
