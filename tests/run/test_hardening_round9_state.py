@@ -302,3 +302,16 @@ def test_a_run_on_a_filesystem_without_fsync_saves_its_checkpoints(base_run, tmp
     monkeypatch.undo()
     ckpt.verify_checkpoint(ckpt.latest_checkpoint(run))
     assert ckpt.latest_checkpoint(run).name == "step_000006"
+
+
+def test_a_step_folder_holding_another_steps_save_is_skipped_by_resume_latest(base_run, tmp_path, capsys):
+    """step_000006 holding step 2's save (renamed or copied under another name): --resume named it and
+    stopped (resume from another one), where a damaged newest checkpoint is skipped, naming it."""
+    run = _copy(base_run, tmp_path)
+    shutil.copytree(run / "checkpoints" / "step_000002", run / "checkpoints" / "step_000006")
+    capsys.readouterr()
+    assert main(["train", "--out", str(run), "--resume", "--train.max_steps", "8"]) == 0
+    io = capsys.readouterr()
+    assert "skipping damaged checkpoint step_000006: " in io.out + io.err and "step = 2, but" in io.out + io.err
+    assert f"resumed from {run / 'checkpoints' / 'step_000004'}" in io.out
+    assert ckpt.read_meta(run / "checkpoints" / "step_000006")["step"] == 6  # saved again, whole, by the run

@@ -472,6 +472,12 @@ def latest_intact_checkpoint(run_dir: str | Path, warn: Callable[[str], None] = 
         except CheckpointError as e:
             warn(f"skipping damaged checkpoint {d.name}: {e}")
             continue
+        step = _read_meta_json(d).get("step")
+        if not (isinstance(step, int) and not isinstance(step, bool) and _STEP_DIR.fullmatch(d.name)
+                and int(_STEP_DIR.fullmatch(d.name)[1]) == step):  # another step's save under this name
+            warn(f"skipping damaged checkpoint {d.name}: {d / 'meta.json'}: step = {step!r}, but the checkpoint "
+                 f"directory is {d.name} (a save renamed or copied under another step's name)")
+            continue
         try:
             check_same_run(d)
             return d
