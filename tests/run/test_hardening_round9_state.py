@@ -315,3 +315,29 @@ def test_a_step_folder_holding_another_steps_save_is_skipped_by_resume_latest(ba
     assert "skipping damaged checkpoint step_000006: " in io.out + io.err and "step = 2, but" in io.out + io.err
     assert f"resumed from {run / 'checkpoints' / 'step_000004'}" in io.out
     assert ckpt.read_meta(run / "checkpoints" / "step_000006")["step"] == 6  # saved again, whole, by the run
+
+
+# --- 7. the run directory gone: deleted, or moved where this process cannot see ---------------------------------
+
+@pytest.mark.parametrize("how", ["deleted (or moved to another disk)", "moved, the platform cannot say where"])
+def test_a_run_directory_gone_mid_run_says_what_can_be_known_and_how_to_continue(base_run, tmp_path, capsys,
+                                                                                 monkeypatch, how):
+    """A move to another disk copies, then deletes: from the run's side it is a deletion (the locked file has
+    no name left on this disk), so the line gives both ways on; a move on the same disk keeps the file's name
+    (where /proc cannot say where, the line said 'deleted')."""
+    from gptforge.run import lock
+
+    run, moved = _copy(base_run, tmp_path), tmp_path / "moved"
+    if how.startswith("moved"):
+        monkeypatch.setattr(lock, "_where_now", lambda fd: None)  # no /proc/self/fd to ask
+    before_step(monkeypatch, 5, (lambda: shutil.rmtree(run)) if how.startswith("deleted") else
+                (lambda: run.rename(moved)))
+    capsys.readouterr()
+    code = main(["train", "--out", str(run), "--resume", "--train.max_steps", "8"])
+    monkeypatch.undo()
+    line = _one_line(capsys.readouterr().err)
+    assert code == 2, line
+    if how.startswith("deleted"):
+        assert "was deleted, or moved to another disk" in line and "If you moved it, continue with --out NEWPLACE --resume" in line
+    else:
+        assert "was moved while the run trained" in line and "deleted" not in line and "--out NEWPLACE --resume" in line

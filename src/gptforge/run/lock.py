@@ -88,11 +88,16 @@ class RunLock:
         except OSError:
             there = f"{self.run_dir} is gone"
         now = _where_now(self.fd)
+        if now is None and _unlinked(self.fd):  # its files are gone from this disk: rm, or mv to another disk
+            raise RunDirectoryGone(
+                f"cannot write {what}: the run directory was deleted, or moved to another disk, while the run trained "
+                f"({there}; a move across disks copies, then deletes, so the two look the same from here); stopping "
+                "rather than start a new run there. If you moved it, continue with --out NEWPLACE --resume; else "
+                "restore the folder and continue with --resume, or start the run again")
         if now is None:
             raise RunDirectoryGone(
-                f"cannot write {what}: the run directory was deleted (or moved to another disk) while the run trained "
-                f"({there}); stopping rather than start a new run there. Its checkpoints went with it: restore the "
-                "folder and continue with --resume, or start the run again")
+                f"cannot write {what}: the run directory was moved while the run trained ({there}; this platform "
+                "cannot say where); stopping rather than start a new run there. Continue with --out NEWPLACE --resume")
         raise RunDirectoryGone(
             f"cannot write {what}: the run directory was moved to {now} while the run trained ({there}); stopping "
             f"rather than start a new run at {self.run_dir}. Its checkpoints are there: continue with --out {now} "
@@ -133,6 +138,15 @@ def _where_now(fd: int) -> str | None:
     if target.endswith(" (deleted)") or not target.startswith("/"):
         return None
     return str(Path(target).parent)
+
+
+def _unlinked(fd: int) -> bool:
+    """Whether the open file ``fd`` has no name left on its disk (deleted; or copied elsewhere and deleted,
+    which is what a move to another disk does). True where that cannot be asked."""
+    try:
+        return os.fstat(fd).st_nlink == 0
+    except OSError:
+        return True
 
 
 def _read_holder(fd: int) -> str:
