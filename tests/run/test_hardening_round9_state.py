@@ -341,3 +341,27 @@ def test_a_run_directory_gone_mid_run_says_what_can_be_known_and_how_to_continue
         assert "was deleted, or moved to another disk" in line and "If you moved it, continue with --out NEWPLACE --resume" in line
     else:
         assert "was moved while the run trained" in line and "deleted" not in line and "--out NEWPLACE --resume" in line
+
+
+# --- 8. two runs' metrics.jsonl in one file --------------------------------------------------------------------
+
+def test_another_runs_metrics_appended_to_this_runs_file_are_said_on_resume(world, base_run, tmp_path, capsys):
+    """cat other/metrics.jsonl >> run/metrics.jsonl: plot drew both runs' curves as one, zigzagging, without a
+    word. Each start record names its run (the id its checkpoints record); a resume names the lines."""
+    run, other = _copy(base_run, tmp_path), tmp_path / "other"
+    assert main(["train", "--preset", "tiny", "--data.dir", world["shards"], "--out", str(other),
+                 "--model.vocab_size", "512", "--train.device", "cpu", "--train.val_every", "0",
+                 "--train.sample_every", "0", "--train.max_steps", "3", "--train.ckpt_every", "0"]) == 0
+    own = (run / "metrics.jsonl").read_text()
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write((other / "metrics.jsonl").read_text())
+    theirs = [n for n, x in enumerate((other / "metrics.jsonl").read_text().splitlines(), len(own.splitlines()) + 1)
+              if json.loads(x)["kind"] in ("train", "val", "eval", "sample", "rl")]  # its step records' line numbers
+    capsys.readouterr()
+    assert main(["train", "--out", str(run), "--resume", "--train.max_steps", "6"]) == 0
+    said = [x for x in capsys.readouterr().out.splitlines() if x.startswith(f"{run / 'metrics.jsonl'}: lines")]
+    assert len(said) == 1 and f"lines {theirs[0]}-{theirs[-1]} hold {len(theirs)} records of another run" in said[0]
+    # its own file, resumed: nothing to say
+    run2 = _copy(base_run, tmp_path, "run2")
+    assert main(["train", "--out", str(run2), "--resume", "--train.max_steps", "6"]) == 0
+    assert "records of another run" not in capsys.readouterr().out

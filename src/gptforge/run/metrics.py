@@ -300,6 +300,33 @@ def mark_replayed(path: Path, start_step: int) -> int:
     return marked
 
 
+def other_runs_records(path: Path, run_id: str | None) -> str | None:
+    """Where metrics.jsonl holds step records of another run than ``run_id`` (a "start" record naming another
+    run, and records after it not marked replayed, before this run's next start): "lines A-B are run X's
+    records" in words, or None. Files written before start records named their run are not judged."""
+    if not isinstance(run_id, str) or not path.is_file():
+        return None
+    current, first, last, count = None, 0, 0, 0
+    with open(path, errors="replace") as f:
+        for n, line in enumerate(f, 1):
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if not isinstance(rec, dict):
+                continue
+            if rec.get("kind") == "start":
+                current = rec.get("run") if isinstance(rec.get("run"), str) else None
+                continue
+            if (current is not None and current != run_id and rec.get("kind") in STEP_KINDS
+                    and not rec.get("replayed")):
+                first, last, count = first or n, n, count + 1
+                other = current
+    if not count:
+        return None
+    return f"lines {first}-{last} hold {count} records of another run (run {other}), not this one ({run_id})"
+
+
 def read_metrics(path: str | Path, replayed: bool = False,
                  warn: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """The records of a metrics.jsonl (or a run directory holding one), in order, as a list: for the short

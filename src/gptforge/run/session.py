@@ -30,7 +30,7 @@ from gptforge.run import checkpoint as ckpt
 from gptforge.run.checkpointer import Checkpointer
 from gptforge.run.faults import elastic_restart
 from gptforge.run.lock import RunLock
-from gptforge.run.metrics import MetricsLog, environment
+from gptforge.run.metrics import MetricsLog, environment, other_runs_records
 from gptforge.run.preflight import check_run_dir
 from gptforge.run.signals import StopFlag
 from gptforge.run.sinks import open_sinks
@@ -115,6 +115,13 @@ class RunSession:
                 self.log(f"{self.metrics.path}: not there; a new one starts at step {start_step} (the records of the "
                          "steps before it are gone; the run continues from its checkpoint)")
             torn, replayed = self.metrics.begin(start_step)
+            # a resume's records before its step are the run's history: another run's among them were appended to
+            # this run's file (cat a b > metrics.jsonl). (A fresh run's file may hold a dead first attempt's.)
+            other = other_runs_records(self.metrics.path, self.checkpointer.extra_meta.get("run_id")) \
+                if start_step else None
+            if other:
+                self.log(f"{self.metrics.path}: {other}; plot and the run's summary read them as this run's: move "
+                         "them out of this file")
             done = ([f"cut a torn last line ({torn} bytes)"] if torn else []) + \
                 ([f"marked {replayed} records after step {start_step} as replayed"] if replayed else [])
             if done:  # say only what was done: an intact file replayed is not "cut"

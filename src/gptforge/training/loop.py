@@ -130,7 +130,8 @@ def train(cfg, recipe: Recipe | None = None, resume: str | Path | None = None, f
         # --- run directory: config and environment, written once by rank 0 -----------------------------
         metrics = ctx.metrics = run.open_metrics(start_step)
         metrics.write("start", start_step, params=n_params, world=info.world, grad_accum=grad_accum, recipe=recipe.name,
-                      precision=precision, compile=compile_model, device=str(device), gptforge=__version__)
+                      precision=precision, compile=compile_model, device=str(device), gptforge=__version__,
+                      run=run.checkpointer.extra_meta.get("run_id"))  # which run: its checkpoints record the same id
         log(f"gptforge {__version__} | {recipe.name} | {n_params/1e6:.2f}M params | device {device} "
             f"({run.env.get('gpu', 'cpu')}) | {threads} CPU thread{'s' * (threads != 1)} | {precision} | "
             f"compile {compile_model} | {allocator.short()} | world {info.world} "
