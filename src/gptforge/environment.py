@@ -4,7 +4,7 @@
   (torch's MKL otherwise dies with "Cannot load libtorch_cpu.so");
 * the variables read as numbers (``NUMBER_VARIABLES``): a malformed one is named in one line; a malformed,
   non-positive or oversized ``OMP_NUM_THREADS`` (libgomp warns, or segfaults on 99999999) is replaced once, said
-  once, before torch reads it;
+  once, before torch reads it; a umask that masks the owner's own permissions (0277, 0777) gives them back;
 * the standard streams (:func:`standard_streams`): a closed fd 0/1/2 (``>&-``) is /dev/null, so no file the
   command opens takes its number; text the stream's encoding cannot hold (``PYTHONIOENCODING=ascii``, a
   latin-1 locale) is replaced, not raised; a write that fails (a terminal that hung up: EIO; /dev/full:
@@ -89,12 +89,26 @@ def fix_thread_count(say: Callable[[str], None]) -> None:
         say(f"gptforge: OMP_NUM_THREADS={raw} is more than the {cpus} CPUs this process may use; using {cpus}")
 
 
+def fix_umask(say: Callable[[str], None]) -> None:
+    """A umask that takes the owner's own permissions away (0277, 0777) makes every folder and file the command
+    creates one it cannot write into or read back (its run folder's lock, then its checkpoints: "permission
+    denied" on a path the user did give right). The owner's bits are given back for this command, the group's and
+    others' left as masked (the privacy the umask asked for), said once (a re-executed command inherits it)."""
+    old = os.umask(0)
+    new = old & ~0o700
+    os.umask(new)
+    if new != old:
+        say(f"gptforge: umask {old:04o} would leave this command unable to read back or write into what it creates; "
+            f"using {new:04o} (others' permissions still masked)")
+
+
 def check_environment(say: Callable[[str], None]) -> None:
-    """Everything above, in order: the working directory, the number variables, the thread count."""
+    """Everything above, in order: the working directory, the number variables, the thread count, the umask."""
     check_cwd()
     for name in NUMBER_VARIABLES:
         number(name, 0)
     fix_thread_count(say)
+    fix_umask(say)
 
 
 # --- the standard streams ---------------------------------------------------------------------------

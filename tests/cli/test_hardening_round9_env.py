@@ -202,6 +202,20 @@ def test_a_bad_thread_count_is_dropped_or_capped_once(monkeypatch, capsys):
     assert os.environ["OMP_NUM_THREADS"] == str(environment.usable_cpus())
 
 
+def test_a_umask_that_masks_the_owner_is_given_back_once(capsys):
+    """umask 0277/0777: the run folder the command creates is one it cannot write into (a one-line "permission
+    denied" on .gptforge.lock, or checkpoints it cannot read back, for any user but root: checked by hand with
+    setpriv dropping CAP_DAC_OVERRIDE). The owner's bits come back; the others' stay masked."""
+    old = os.umask(0o277)
+    try:
+        assert main(["presets"]) == 0
+        now = os.umask(0o277)
+    finally:
+        os.umask(old)
+    assert now == 0o077
+    assert capsys.readouterr().err.count("umask 0277 would leave this command unable to read back") == 1
+
+
 def test_a_cache_variable_that_is_not_a_folder_is_named(tmp_path, monkeypatch):
     from gptforge import assets
 
