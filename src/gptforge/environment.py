@@ -251,8 +251,8 @@ class Streams:
             return code
         if self.out.reader_gone:  # `gptforge train | head`: the reader's choice, said as a shell says it
             return code or closed_code
-        self.err.write(f"gptforge {command}: error: stdout stopped taking output ({e.strerror or e}); the command "
-                       "ran to its end and its files are complete, but what it printed after that was lost\n")
+        self.err.write(f"{command}: error: stdout stopped taking output ({e.strerror or e}); what it printed "
+                       "after that was lost, though the command ran to its end and its files are complete\n")
         self.err.flush()
         return code or 2
 
@@ -263,8 +263,8 @@ def standard_streams() -> Iterator[Streams]:
     _open_closed_fds()
     for name in ("stdout", "stderr"):
         if getattr(sys, name) is None:  # closed at the interpreter's start (now /dev/null, above)
-            setattr(sys, name, open(1 if name == "stdout" else 2, "w", closefd=False, encoding="utf-8",
-                                    errors="replace"))
+            setattr(sys, name, os.fdopen(1 if name == "stdout" else 2, "w", closefd=False, encoding="utf-8",
+                                         errors="replace"))  # (no file: the standard stream itself, on /dev/null)
     before = sys.stdout, sys.stderr
     out = before[0] if isinstance(before[0], GuardedStream) else GuardedStream(before[0], "stdout", strict=True)
     err = before[1] if isinstance(before[1], GuardedStream) else GuardedStream(before[1], "stderr", strict=False)
@@ -276,3 +276,52 @@ def standard_streams() -> Iterator[Streams]:
             sys.stdout, sys.stderr = before
             global _hung_up
             _hung_up = False  # (an in-process caller's next command meets its own terminal)
+
+
+EXIT_BAD_INPUT = 2
+EXIT_STDOUT_CLOSED = 141  # what a shell reports for a writer its reader left (128 + SIGPIPE), as `yes | head` gives
+
+
+def guarded(name: str, body: Callable[[], int | None]) -> int:
+    """The one entry of every command (gptforge.cli.main) and ``python -m gptforge...`` tool (:func:`tool`): the
+    environment checked, the streams guarded, then ``body()``; its exit status. ``name`` begins its lines.
+
+    A reader that stops early (`gptforge train --help-config | head`) ends it quietly, exit 141, instead of a
+    BrokenPipeError traceback: stdout is flushed here so the closed pipe is met inside this guard, not at
+    interpreter exit ("Exception ignored ... BrokenPipeError"), and then pointed at /dev/null so the exit's own
+    flush has nowhere to fail."""
+    try:
+        with standard_streams() as streams:
+            try:
+                check_environment(lambda msg: print(msg, file=sys.stderr, flush=True))
+            except EnvError as e:
+                print(f"{name}: error: {e}", file=sys.stderr)
+                return EXIT_BAD_INPUT
+            try:
+                try:
+                    code = body() or 0
+                except SystemExit as done:  # --help and argparse's refusals exit from inside the parser
+                    sys.stdout.flush()
+                    if streams.out.failed is None:
+                        raise
+                    # argparse swallows a failed write of its help (`--help > /dev/full`): said here instead
+                    return streams.outcome(name, done.code if isinstance(done.code, int) else 1, EXIT_STDOUT_CLOSED)
+                sys.stdout.flush()
+            except OSError as e:
+                stream = getattr(e, "gptforge_stream", None)
+                if stream is None or isinstance(e, BrokenPipeError):  # a closed pipe's reader: 141, below
+                    raise
+                print(f"{name}: error: cannot write to {stream}: {e.strerror or e} (point it at a file, a pipe or a "
+                      "terminal that takes output)", file=sys.stderr)
+                return EXIT_BAD_INPUT
+            return streams.outcome(name, code, EXIT_STDOUT_CLOSED)
+    except BrokenPipeError:
+        if not pipe_reader_gone(sys.stdout):  # a worker's pipe, a socket: a real error
+            raise
+        _to_devnull(sys.stdout)
+        return EXIT_STDOUT_CLOSED
+
+
+def tool(main: Callable[[], int | None], name: str) -> int:
+    """``if __name__ == "__main__": raise SystemExit(environment.tool(main, "python -m gptforge.bench.x"))``"""
+    return guarded(name, main)

@@ -176,6 +176,31 @@ def test_stdout_on_a_full_disk_loses_no_checkpoint_and_is_said_in_one_line(world
     err = capsys.readouterr().err.strip().splitlines()
     assert code == EXIT_BAD_INPUT and err == ["gptforge sample: error: cannot write to stdout: No space left on "
                                               "device (point it at a file, a pipe or a terminal that takes output)"]
+    with open("/dev/full", "w", buffering=1) as full:  # argparse swallows its failed write of --help: exit 0 before
+        monkeypatch.setattr(sys, "stdout", full)
+        code = main(["--help"])
+        monkeypatch.undo()
+    assert code == EXIT_BAD_INPUT and "stdout stopped taking output" in capsys.readouterr().err
+
+
+def test_every_python_m_tool_goes_through_the_guarded_entry():
+    """The `python -m gptforge...` tools printed a BrokenPipeError or ENOSPC traceback (`... --list | head -1`,
+    `> /dev/full`): each __main__ block now calls gptforge.environment.tool, as cli.main calls guarded."""
+    pkg = Path(SRC) / "gptforge"
+    blocks = {p.relative_to(pkg).as_posix(): p.read_text().split('if __name__ == "__main__":', 1)[1]
+              for p in pkg.rglob("*.py") if 'if __name__ == "__main__":' in p.read_text()}
+    assert "bench/readme_numbers.py" in blocks  # the scan itself works
+    unguarded = [f for f, block in blocks.items() if "environment.tool(" not in block
+                 and f not in ("__main__.py", "cli/__init__.py")]  # those call cli.main, itself guarded
+    assert not unguarded, unguarded
+    r, w = os.pipe()
+    os.close(r)  # a reader that has already left
+    try:
+        p = subprocess.run([sys.executable, "-m", "gptforge.bench.readme_numbers", "--list"], stdout=w,
+                           stderr=subprocess.PIPE, text=True, env=_env(), timeout=300)
+    finally:
+        os.close(w)
+    assert (p.returncode, p.stderr) == (141, "")
 
 
 # --- 3. and 4. variables, the working directory, file descriptors -------------------------------------------------

@@ -100,42 +100,7 @@ def _loaded_errors() -> tuple[type[BaseException], ...]:
     return tuple(getattr(sys.modules[m], name) for m, name in _TORCH_SIDE_ERRORS if m in sys.modules)
 
 
-EXIT_STDOUT_CLOSED = 141  # what a shell reports for a writer its reader left (128 + SIGPIPE), as `yes | head` gives
-
-
-def _stdout_closed() -> bool:
-    """Whether stdout is a pipe whose reader has gone (gptforge.environment.pipe_reader_gone)."""
-    from gptforge.environment import pipe_reader_gone
-
-    return pipe_reader_gone(sys.stdout)
-
-
-def _quiet_when_stdout_closes(run):
-    """Every command (and --help, --help-config) ends quietly, exit 141, when its reader stops early
-    (`gptforge train --help-config | head`) instead of a BrokenPipeError traceback: stdout is flushed here so
-    the closed pipe is met inside this guard, not at interpreter exit ("Exception ignored ... BrokenPipeError"),
-    and then pointed at /dev/null so the exit's own flush has nowhere to fail."""
-    import functools
-
-    @functools.wraps(run)
-    def guarded(argv: list[str] | None = None) -> int:
-        import os
-
-        try:
-            try:
-                code = run(argv)
-            except SystemExit:  # --help and argparse's refusals exit from inside the parser
-                sys.stdout.flush()
-                raise
-            sys.stdout.flush()
-            return code
-        except BrokenPipeError:
-            if not _stdout_closed():
-                raise
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            return EXIT_STDOUT_CLOSED
-
-    return guarded
+EXIT_STDOUT_CLOSED = 141  # what a shell reports for a writer its reader left (128 + SIGPIPE): gptforge.environment
 
 
 class Terminated(KeyboardInterrupt):
@@ -186,40 +151,25 @@ def _terminate_as_interrupt() -> dict:
     return installed
 
 
-@_quiet_when_stdout_closes
 def main(argv: list[str] | None = None) -> int:
-    """Every command's entry: the environment checked (gptforge.environment: the working directory, the number
-    variables, OMP_NUM_THREADS), the standard streams guarded, SIGTERM/SIGHUP met as Ctrl-C, then the command."""
+    """Every command's entry: gptforge.environment's (the working directory, the number variables,
+    OMP_NUM_THREADS and the umask checked; the standard streams guarded; a reader that left: exit 141), then
+    SIGTERM/SIGHUP met as Ctrl-C, then the command."""
     import signal
 
     from gptforge import environment
 
     command = next((a for a in (sys.argv[1:] if argv is None else argv) if a in COMMANDS), "")
-    with environment.standard_streams() as streams:
-        try:
-            environment.check_environment(lambda msg: print(msg, file=sys.stderr, flush=True))
-        except environment.EnvError as e:
-            print(f"gptforge{' ' + command if command else ''}: error: {e}", file=sys.stderr)
-            return EXIT_BAD_INPUT
+
+    def body() -> int:
         previous = _terminate_as_interrupt()
         try:
-            try:
-                code = _main(argv)
-            except SystemExit:  # --help and argparse's refusals exit from inside the parser: flushed while guarded
-                sys.stdout.flush()
-                raise
-            finally:
-                for sig, handler in previous.items():
-                    signal.signal(sig, handler)
-            sys.stdout.flush()
-        except OSError as e:
-            stream = getattr(e, "gptforge_stream", None)
-            if stream is None or isinstance(e, BrokenPipeError):  # a closed pipe's reader: 141, below
-                raise
-            print(f"gptforge {command}: error: cannot write to {stream}: {e.strerror or e} (point it at a file, a "
-                  "pipe or a terminal that takes output)", file=sys.stderr)
-            return EXIT_BAD_INPUT
-        return streams.outcome(command, code, EXIT_STDOUT_CLOSED)
+            return _main(argv)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    return environment.guarded(f"gptforge {command}" if command else "gptforge", body)
 
 
 def _open_files_limit() -> str:
