@@ -6,7 +6,8 @@
   non-positive or oversized ``OMP_NUM_THREADS`` (libgomp warns, or segfaults on 99999999) is replaced once, said
   once, before torch reads it; a umask that masks the owner's own permissions (0277, 0777) gives them back;
 * the standard streams (:func:`standard_streams`): a closed fd 0/1/2 (``>&-``) is /dev/null, so no file the
-  command opens takes its number; text the stream's encoding cannot hold (``PYTHONIOENCODING=ascii``, a
+  command opens takes its number; bytes stdin's encoding cannot decode are replaced (U+FFFD); text the stream's
+  encoding cannot hold (``PYTHONIOENCODING=ascii``, a
   latin-1 locale) is replaced, not raised; a write that fails (a terminal that hung up: EIO; /dev/full:
   ENOSPC; a pipe with no reader: EPIPE) never stops a training run: the stream is pointed at /dev/null, the run
   goes on to its checkpoint, and the command ends with one line and a non-zero status. Outside a run stdout's
@@ -265,6 +266,14 @@ def standard_streams() -> Iterator[Streams]:
         if getattr(sys, name) is None:  # closed at the interpreter's start (now /dev/null, above)
             setattr(sys, name, os.fdopen(1 if name == "stdout" else 2, "w", closefd=False, encoding="utf-8",
                                          errors="replace"))  # (no file: the standard stream itself, on /dev/null)
+    stdin, stdin_errors = sys.stdin, getattr(sys.stdin, "errors", None)
+    if stdin_errors is not None and stdin_errors != "replace" and hasattr(stdin, "reconfigure"):
+        try:  # bytes the encoding cannot decode (latin-1 typed into a UTF-8 `chat`): U+FFFD, not a traceback
+            stdin.reconfigure(errors="replace")
+        except (ValueError, OSError, io.UnsupportedOperation):
+            stdin_errors = None
+    else:
+        stdin_errors = None
     before = sys.stdout, sys.stderr
     out = before[0] if isinstance(before[0], GuardedStream) else GuardedStream(before[0], "stdout", strict=True)
     err = before[1] if isinstance(before[1], GuardedStream) else GuardedStream(before[1], "stderr", strict=False)
@@ -272,6 +281,9 @@ def standard_streams() -> Iterator[Streams]:
     try:
         yield Streams(out, err)
     finally:
+        if stdin_errors is not None:
+            with contextlib.suppress(ValueError, OSError, io.UnsupportedOperation):
+                stdin.reconfigure(errors=stdin_errors)
         if (sys.stdout, sys.stderr) == (out, err) and out is not before[0]:  # the outermost command's: undone
             sys.stdout, sys.stderr = before
             global _hung_up

@@ -157,6 +157,14 @@ def test_an_ascii_stdout_gets_what_it_can_hold(world, monkeypatch):
     assert code == 0 and "caf? ? ?" in text, text
 
 
+def test_chat_takes_input_its_encoding_cannot_decode(world, monkeypatch, capsys):
+    """Latin-1 bytes typed into a UTF-8 terminal (or anything under PYTHONIOENCODING=ascii): `chat` read them with a
+    UnicodeDecodeError traceback; now they are U+FFFD and the conversation goes on."""
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"caf\xe9 au lait?\n"), encoding="utf-8"))
+    assert main(["chat", "--ckpt", str(world["chat"]), "--max-new-tokens", "3", "--device", "cpu"]) == 0
+    assert "Traceback" not in capsys.readouterr().err
+
+
 def test_stdout_on_a_full_disk_loses_no_checkpoint_and_is_said_in_one_line(world, monkeypatch, capsys):
     """`gptforge train > /dev/full`: before, the first log line's ENOSPC ended the run with no checkpoint (and blamed
     "the output (.)"). Now the run finishes and saves, and the command says stdout failed (exit 2)."""
