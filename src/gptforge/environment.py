@@ -68,11 +68,15 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
+THREADS_PER_CPU_MAX = 64
+
+
 def fix_thread_count(say: Callable[[str], None]) -> None:
     """OMP_NUM_THREADS, before torch's OpenMP reads it: a value that is not a positive whole number is dropped
-    (the thread count is then gptforge's own, --train.threads), one above this machine's usable CPUs is capped
-    at them (more threads than cores never computes faster; libgomp crashes on a huge one). Said once: the
-    variable is rewritten, so a re-executed command (tcmalloc) or a worker sees the fixed value."""
+    (the thread count is then gptforge's own, --train.threads), one past THREADS_PER_CPU_MAX a usable CPU is
+    capped at the CPUs (libgomp segfaults on 99999999; a deliberate oversubscription, 2-4 threads a core as
+    docs/benchmarks.md measures, is left alone). Said once: the variable is rewritten, so a re-executed command
+    (tcmalloc) or a worker sees the fixed value."""
     raw = os.environ.get("OMP_NUM_THREADS")
     if raw is None:
         return
@@ -85,9 +89,9 @@ def fix_thread_count(say: Callable[[str], None]) -> None:
         del os.environ["OMP_NUM_THREADS"]
         say(f"gptforge: OMP_NUM_THREADS={raw!r} is not a positive whole number; ignoring it (unset it, or set "
             f"1..{cpus})")
-    elif n > cpus:
+    elif n > THREADS_PER_CPU_MAX * cpus:
         os.environ["OMP_NUM_THREADS"] = str(cpus)
-        say(f"gptforge: OMP_NUM_THREADS={raw} is more than the {cpus} CPUs this process may use; using {cpus}")
+        say(f"gptforge: OMP_NUM_THREADS={raw} is far more than the {cpus} CPUs this process may use; using {cpus}")
 
 
 def fix_umask(say: Callable[[str], None]) -> None:

@@ -233,6 +233,10 @@ def test_a_bad_thread_count_is_dropped_or_capped_once(monkeypatch, capsys):
     monkeypatch.setenv("OMP_NUM_THREADS", "99999999")
     assert main(["presets"]) == 0
     assert os.environ["OMP_NUM_THREADS"] == str(environment.usable_cpus())
+    oversubscribed = str(4 * environment.usable_cpus())  # a deliberate experiment (docs/benchmarks.md): kept
+    monkeypatch.setenv("OMP_NUM_THREADS", oversubscribed)
+    assert main(["presets"]) == 0
+    assert os.environ["OMP_NUM_THREADS"] == oversubscribed
 
 
 def test_a_umask_that_masks_the_owner_is_given_back_once(capsys):
