@@ -7,8 +7,7 @@
   once, before torch reads it; a umask that masks the owner's own permissions (0277, 0777) gives them back;
 * the standard streams (:func:`standard_streams`): a closed fd 0/1/2 (``>&-``) is /dev/null, so no file the
   command opens takes its number; bytes stdin's encoding cannot decode are replaced (U+FFFD); text the stream's
-  encoding cannot hold (``PYTHONIOENCODING=ascii``, a
-  latin-1 locale) is replaced, not raised; a write that fails (a terminal that hung up: EIO; /dev/full:
+  encoding cannot hold (``PYTHONIOENCODING=ascii``, a latin-1 locale) is replaced, not raised; a write that fails (a terminal that hung up: EIO; /dev/full:
   ENOSPC; a pipe with no reader: EPIPE) never stops a training run: the stream is pointed at /dev/null, the run
   goes on to its checkpoint, and the command ends with one line and a non-zero status. Outside a run stdout's
   failure still ends the command (a closed pipe: exit 141 quietly; anything else: one line, exit 2); stderr,
@@ -266,10 +265,9 @@ class Streams:
 def standard_streams() -> Iterator[Streams]:
     """Guard sys.stdout and sys.stderr for one command; the streams in place before are back afterwards."""
     _open_closed_fds()
-    for name in ("stdout", "stderr"):
+    for fd, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
         if getattr(sys, name) is None:  # closed at the interpreter's start (now /dev/null, above)
-            setattr(sys, name, os.fdopen(1 if name == "stdout" else 2, "w", closefd=False, encoding="utf-8",
-                                         errors="replace"))  # (no file: the standard stream itself, on /dev/null)
+            setattr(sys, name, os.fdopen(fd, mode, closefd=False, encoding="utf-8", errors="replace"))
     stdin, stdin_errors = sys.stdin, getattr(sys.stdin, "errors", None)
     if stdin_errors is not None and stdin_errors != "replace" and hasattr(stdin, "reconfigure"):
         try:  # bytes the encoding cannot decode (latin-1 typed into a UTF-8 `chat`): U+FFFD, not a traceback
