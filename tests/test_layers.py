@@ -19,7 +19,7 @@ ROOT = Path(gptforge.__file__).parent
 # bottom -> top; a module belongs to the first (longest) prefix that names it
 LAYERS: list[list[str]] = [
     ["gptforge", "gptforge.tokens", "gptforge.errors", "gptforge.extras", "gptforge.runtime", "gptforge.assets",
-     "gptforge.storage"],
+     "gptforge.storage", "gptforge.environment"],
     # kernels: torch/triton only, used by the models; sizecheck: what a model file claims against what it holds and
     # the memory free, before any reader builds anything (numbers: the one parser of a number from the command line; argparsing: the one parser class of every
     # command and python -m tool)

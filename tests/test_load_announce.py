@@ -146,7 +146,7 @@ def test_the_threshold_comes_from_the_environment_when_set():
     import subprocess
     import sys
 
-    code = "from gptforge import load; print(load.ANNOUNCE_AFTER_S)"
+    code = "from gptforge import load; print(load.Announce('x').after)"  # read when a load starts, not at import
     for env, want in (({"GPTFORGE_ANNOUNCE_AFTER": "2.5"}, "2.5"), ({}, "1.0")):
         base = {k: v for k, v in os.environ.items() if k != "GPTFORGE_ANNOUNCE_AFTER"}
         out = subprocess.run([sys.executable, "-c", code], env={**base, **env}, capture_output=True, text=True,

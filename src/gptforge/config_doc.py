@@ -15,6 +15,8 @@ import dataclasses
 import sys
 from pathlib import Path
 
+from gptforge import environment
+
 HEADER = """\
 # Configuration reference
 
@@ -124,4 +126,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(environment.tool(main, "python -m gptforge.config_doc"))

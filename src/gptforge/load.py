@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from gptforge import environment
 from gptforge.config import Config
 from gptforge.models.registry import build_model, size_config
 from gptforge.run import checkpoint as ckpt
@@ -169,8 +170,9 @@ def stored_dtype(source: ModelSource) -> tuple[str, str]:
 # A load slower than this says what it reads: the newcomer's "no silent minute" (within 2 s), while a
 # tiny model that loads at once prints nothing (its command's own lines, and a one-line error, stay alone).
 # seconds a load runs before it says what it reads; GPTFORGE_ANNOUNCE_AFTER changes it (the test suite sets it
-# high, so an error that ends a slow load on a loaded machine stays the one line its test expects)
-ANNOUNCE_AFTER_S = float(os.environ.get("GPTFORGE_ANNOUNCE_AFTER", "1.0"))
+# high, so an error that ends a slow load on a loaded machine stays the one line its test expects). None: read
+# from the environment when a load starts (gptforge.environment names a malformed value), never at import
+ANNOUNCE_AFTER_S: float | None = None
 
 
 def human_bytes(n: int) -> str:
@@ -214,7 +216,9 @@ class Announce:
     and ``loaded in 12.3 s`` when it ends, if it was announced. Rank 0 only under torchrun."""
 
     def __init__(self, what: str, after: float | None = None) -> None:
-        self.what, self.after = what, ANNOUNCE_AFTER_S if after is None else after
+        if after is None:
+            after = ANNOUNCE_AFTER_S if ANNOUNCE_AFTER_S is not None else environment.number("GPTFORGE_ANNOUNCE_AFTER", 1.0)
+        self.what, self.after = what, after
         self._lock, self._said, self._done = threading.Lock(), False, False
 
     def _say(self) -> None:

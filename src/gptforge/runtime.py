@@ -15,6 +15,8 @@ from collections.abc import Callable
 
 import torch
 
+from gptforge import environment
+
 DTYPES = ("auto", "float32", "bfloat16")
 
 
@@ -49,7 +51,7 @@ def resolve_device(name: str, local_rank: int = 0, flag: str = "train.device") -
 
 def launched_world() -> int:
     """World size torchrun announces (1 when not launched by torchrun); used to validate before compute."""
-    return int(os.environ.get("WORLD_SIZE", "1"))
+    return int(environment.number("WORLD_SIZE", 1))
 
 
 def resolve_dtype(device: torch.device, dtype: str = "auto") -> str:

@@ -22,6 +22,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from gptforge import environment
 from gptforge.reading import read_json
 
 STEP_RE = re.compile(
@@ -198,4 +199,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(environment.tool(main, "python -m gptforge.bench.llmc"))

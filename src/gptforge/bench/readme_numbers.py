@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gptforge import reading
+from gptforge import environment, reading
 from gptforge.eval.stats import mcnemar_exact, wilson
 from gptforge.storage import write_json, write_text
 
@@ -344,4 +344,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(environment.tool(main, "python -m gptforge.bench.readme_numbers"))

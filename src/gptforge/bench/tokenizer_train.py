@@ -33,6 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from gptforge import environment
+
 RUNS = ("rustbpe", "tokenizers", "gptforge-rustbpe", "gptforge-tokenizers")
 
 
@@ -194,4 +196,4 @@ def _version(dist: str) -> str | None:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(environment.tool(main, "python -m gptforge.bench.tokenizer_train"))

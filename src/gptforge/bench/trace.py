@@ -23,6 +23,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from gptforge import environment
+
 # (family, pattern), first match wins: fused kernels are named for every op they hold
 FAMILIES: tuple[tuple[str, str], ...] = (
     ("cross-entropy", r"log_softmax|nll_loss|cross_entropy|_ce_loss"),
@@ -179,4 +181,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(environment.tool(main, "python -m gptforge.bench.trace"))

@@ -14,7 +14,8 @@ import), ``evaluate``, ``post`` (sft, rl), ``align`` (rm, dpo), ``chat``, ``data
 ``gptforge --help`` answers without importing torch. Exit status 2 means bad input
 (unknown key, bad value, missing file) found before any compute, or a damaged checkpoint or a full
 disk; 3 that training stopped because the loss was not finite; 4 that ``serve`` cannot listen on its
-port (in use); 130 an interrupted command (Ctrl-C or SIGTERM; a training run checkpoints first).
+port (in use); 130 an interrupted command (Ctrl-C, SIGTERM, or SIGHUP when the terminal closes unless
+nohup ignores it; a training run checkpoints first). What every command meets first is gptforge.environment.
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                     "DPO); evaluate, sample, chat, serve (a page and an OpenAI-compatible API), plot, plan, "
                     "benchmark; move weights to and from Hugging Face, GGUF and llm.c.",
         epilog="Run `gptforge COMMAND --help` for each command's options. Exit status: 2 bad input, 3 the run "
-               "diverged, 4 serve's port is in use, 130 interrupted (Ctrl-C or SIGTERM).",
+               "diverged, 4 serve's port is in use, 130 interrupted (Ctrl-C, SIGTERM or SIGHUP).",
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     wanted = None if argv is None else next((a for a in argv if a in COMMANDS), "")
@@ -99,95 +100,85 @@ def _loaded_errors() -> tuple[type[BaseException], ...]:
     return tuple(getattr(sys.modules[m], name) for m, name in _TORCH_SIDE_ERRORS if m in sys.modules)
 
 
-EXIT_STDOUT_CLOSED = 141  # what a shell reports for a writer its reader left (128 + SIGPIPE), as `yes | head` gives
-
-
-def _stdout_closed() -> bool:
-    """Whether stdout is a pipe whose reader has gone (poll says POLLERR/POLLHUP on its write end): only then
-    is a BrokenPipeError the reader's doing; one from a socket or a worker's pipe is a real error."""
-    import select
-
-    try:
-        fd = sys.stdout.fileno()
-    except (AttributeError, ValueError, OSError):  # replaced by something without a file descriptor
-        return False
-    if not hasattr(select, "poll"):  # Windows: no poll; stdout's own flush is the one that failed there
-        return True
-    poller = select.poll()
-    poller.register(fd, select.POLLOUT)
-    return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poller.poll(0))
-
-
-def _quiet_when_stdout_closes(run):
-    """Every command (and --help, --help-config) ends quietly, exit 141, when its reader stops early
-    (`gptforge train --help-config | head`) instead of a BrokenPipeError traceback: stdout is flushed here so
-    the closed pipe is met inside this guard, not at interpreter exit ("Exception ignored ... BrokenPipeError"),
-    and then pointed at /dev/null so the exit's own flush has nowhere to fail."""
-    import functools
-
-    @functools.wraps(run)
-    def guarded(argv: list[str] | None = None) -> int:
-        import os
-
-        try:
-            try:
-                code = run(argv)
-            except SystemExit:  # --help and argparse's refusals exit from inside the parser
-                sys.stdout.flush()
-                raise
-            sys.stdout.flush()
-            return code
-        except BrokenPipeError:
-            if not _stdout_closed():
-                raise
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            return EXIT_STDOUT_CLOSED
-
-    return guarded
+EXIT_STDOUT_CLOSED = 141  # what a shell reports for a writer its reader left (128 + SIGPIPE): gptforge.environment
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM in a command, met as Ctrl-C is: the command unwinds (its temporary folders and half-written
-    outputs removed by their ``with`` blocks) and ends in one line, exit 130 as a stopped training run does. A
-    training run's own handler (run/signals.py) replaces this one while its loop runs, and checkpoints instead."""
+    """SIGTERM or SIGHUP in a command, met as Ctrl-C is: the command unwinds (its temporary folders and
+    half-written outputs removed by their ``with`` blocks) and ends in one line, exit 130 as a stopped training run
+    does. A training run's own handler (run/signals.py) replaces this one while its loop runs, and checkpoints
+    instead. ``args[0]``: the signal's name."""
 
 
-def _terminate_as_interrupt():
-    """Install the SIGTERM handler for one command; returns what to restore (None: nothing installed). Left
-    alone off the main thread and where someone else already handles SIGTERM. A forked worker inherits the
-    handler but is not the command: it dies as SIGTERM's default would (pool.terminate() relies on that). A
-    second SIGTERM while the command unwinds is ignored, as a training run ignores it (SIGKILL stops at once)."""
+# SIGHUP: the terminal or the ssh session closed. Where it is ignored on entry (nohup), it stays ignored.
+_ENDING_SIGNALS = ("SIGTERM", "SIGHUP")
+
+
+def _terminate_as_interrupt() -> dict:
+    """Install the SIGTERM/SIGHUP handler for one command; returns what to restore (signal -> previous handler).
+    Left alone off the main thread and where someone else already handles (or ignores) the signal. A forked
+    worker inherits the handler but is not the command: it dies as the signal's default would (pool.terminate()
+    relies on that). A second signal while the command unwinds is ignored, as a training run ignores it (SIGKILL
+    stops at once)."""
     import os
     import signal
     import threading
 
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-        return None
+    from gptforge import environment
+
+    if threading.current_thread() is not threading.main_thread():
+        return {}
     pid = os.getpid()
 
     def on_term(signum, frame):
         if os.getpid() != pid:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGTERM)
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
             return
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        raise Terminated
+        for name in _ENDING_SIGNALS:
+            if hasattr(signal, name):
+                signal.signal(getattr(signal, name), signal.SIG_IGN)
+        if signum == getattr(signal, "SIGHUP", None):
+            environment.note_hangup()
+        raise Terminated(signal.Signals(signum).name)
 
-    signal.signal(signal.SIGTERM, on_term)
-    return signal.SIG_DFL
+    installed = {}
+    for name in _ENDING_SIGNALS:
+        sig = getattr(signal, name, None)
+        if sig is not None and signal.getsignal(sig) is signal.SIG_DFL:
+            signal.signal(sig, on_term)
+            installed[sig] = signal.SIG_DFL
+    return installed
 
 
-@_quiet_when_stdout_closes
 def main(argv: list[str] | None = None) -> int:
+    """Every command's entry: gptforge.environment's (the working directory, the number variables,
+    OMP_NUM_THREADS and the umask checked; the standard streams guarded; a reader that left: exit 141), then
+    SIGTERM/SIGHUP met as Ctrl-C, then the command."""
     import signal
 
-    previous = _terminate_as_interrupt()
+    from gptforge import environment
+
+    command = next((a for a in (sys.argv[1:] if argv is None else argv) if a in COMMANDS), "")
+
+    def body() -> int:
+        previous = _terminate_as_interrupt()
+        try:
+            return _main(argv)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    return environment.guarded(f"gptforge {command}" if command else "gptforge", body)
+
+
+def _open_files_limit() -> str:
     try:
-        return _main(argv)
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        import resource
+
+        return str(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+    except (ImportError, OSError, ValueError):
+        return "a limit"
 
 
 def _main(argv: list[str] | None) -> int:
@@ -207,12 +198,13 @@ def _main(argv: list[str] | None) -> int:
     from gptforge.data.chat import ChatFormatError
     from gptforge.data.shards import ShardError
     from gptforge.data.tokenizer import TokenizerError, TokenizerUnavailable
+    from gptforge.environment import EnvError
     from gptforge.errors import ResourceError
     from gptforge.eval.tasks.base import EvalDataError
     from gptforge.extras import MissingExtra
     from gptforge.storage.faults import DiskFullError, OutputError
 
-    bad_input = (CliError, ShardError, TokenizerUnavailable, TokenizerError, ChatFormatError, ResourceError,
+    bad_input = (EnvError, CliError, ShardError, TokenizerUnavailable, TokenizerError, ChatFormatError, ResourceError,
                  FileNotFoundError, EvalDataError, DiskFullError, OutputError, MissingExtra)
     try:
         check_outputs(args.command, args)  # an output that may not be replaced: refused before any work
@@ -225,9 +217,9 @@ def _main(argv: list[str] | None) -> int:
         print(f"gptforge {args.command}: error: {e.filename}: {e.strerror.lower()} (check the paths given: a file "
               "where a folder is expected, or the reverse, or one this user may not write)", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except Terminated:
-        print(f"gptforge {args.command}: interrupted (SIGTERM); no output was finished past what it printed",
-              file=sys.stderr)
+    except Terminated as e:
+        print(f"gptforge {args.command}: interrupted ({e.args[0] if e.args else 'SIGTERM'}); no output was finished "
+              "past what it printed", file=sys.stderr)
         return 130
     except KeyboardInterrupt:  # Ctrl-C in any command without its own handling (import, export, sample ...):
         # one line, not a traceback through whatever it was doing; the writers make a file final by rename
@@ -235,6 +227,15 @@ def _main(argv: list[str] | None) -> int:
               file=sys.stderr)
         return 130
     except OSError as e:  # a full or read-only disk met outside the one writer (a mkdir): the same one line
+        if getattr(e, "gptforge_stream", None):  # not a disk: stdout itself (gptforge.environment), said by main
+            raise
+        import errno
+
+        if e.errno in (errno.EMFILE, errno.ENFILE):  # `ulimit -n` too low for the workers/loaders asked for
+            print(f"gptforge {args.command}: error: too many open files ({e.strerror}; this shell allows "
+                  f"{_open_files_limit()}): raise the limit (`ulimit -n 4096`) or ask for fewer workers",
+                  file=sys.stderr)
+            return EXIT_BAD_INPUT
         from pathlib import Path
 
         from gptforge.storage.faults import output_error

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from gptforge import environment
 from gptforge.config import ConfigError, DistConfig
 from gptforge.parallel.mesh import build_mesh, data_coordinate, wants_mesh
 from gptforge.runtime import resolve_device
@@ -90,7 +91,7 @@ def init_distributed(device_name: str = "auto", dist_cfg: DistConfig | None = No
         # nothing to shard across one process: ZeRO/FSDP switches (e.g. from a world-2 checkpoint's
         # config) are accepted and have no effect, so a sharded run can be resumed on one device
         return DistInfo(device=resolve_device(device_name, flag=flag))
-    rank, local_rank, world = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
+    rank, local_rank, world = (int(environment.number(k, 0)) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
     device = resolve_device(device_name, local_rank, flag=flag)
     if dist_cfg.shard == "fsdp" and device.type not in ("cuda", "cpu"):
         raise ConfigError(

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from gptforge import environment
 from gptforge.config import Config, ConfigError
 
 DIMS = ("pp", "dp_replicate", "dp_shard", "tp")
@@ -63,7 +64,7 @@ def check_layout(cfg: Config, world: int, local_world: int | None = None) -> int
     if not wants_mesh(d, world):
         return cfg.validate(world)
     if local_world is None and "LOCAL_WORLD_SIZE" in os.environ:
-        local_world = int(os.environ["LOCAL_WORLD_SIZE"])
+        local_world = int(environment.number("LOCAL_WORLD_SIZE", 1))
     if world % (d.tp * d.pp):
         _fail("dist.tp", f"world {world} is not divisible by dist.tp * dist.pp = {d.tp} * {d.pp}; "
               "choose degrees whose product divides the number of processes")

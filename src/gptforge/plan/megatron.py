@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gptforge import environment
 from gptforge.models.registry import size_config
 from gptforge.plan.cluster import Cluster, get_cluster
 from gptforge.plan.cost import Cost, Layout, estimate_cost
@@ -91,4 +92,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(environment.tool(main, "python -m gptforge.plan.megatron"))

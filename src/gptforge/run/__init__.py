@@ -7,7 +7,7 @@
 ``checkpoint``: the on-disk format (atomic write, checksums, safe loading); ``checkpointer``: save and
 restore a whole run (``TrainState``), bit for bit; ``dcp``: the sharded (FSDP) variant; ``metrics``:
 ``metrics.jsonl``, its repair after a kill, the environment record; ``sinks``: TensorBoard / W&B;
-``signals``: SIGINT/SIGTERM as a request to checkpoint and stop; ``preflight``: checks before any
+``signals``: SIGINT/SIGTERM/SIGHUP as a request to checkpoint and stop; ``preflight``: checks before any
 compute; ``resume``: what ``--resume`` / ``--force`` will do; ``faults``: exit codes, elastic restarts.
 ``serve``, ``plot``, ``load`` and the command line read runs through this package only.
 """

@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 
+from gptforge import environment
 from gptforge.config import Config, ConfigError
 from gptforge.parallel.distributed import DistInfo
 
@@ -43,7 +44,7 @@ FAULT_ENV = "GPTFORGE_FAULT_INJECT"
 
 def elastic_restart() -> bool:
     """True when torchrun (--max-restarts) has restarted this worker group after a failure."""
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+    return environment.number("TORCHELASTIC_RESTART_COUNT", 0) > 0
 
 
 def exit_status(interrupted: bool) -> int:
@@ -70,7 +71,8 @@ def exit_status(interrupted: bool) -> int:
 def maybe_inject_fault(info: DistInfo, steps_done: int) -> None:
     """Fault injection for testing: ``GPTFORGE_FAULT_INJECT=RANK:STEP`` kills that rank (SIGKILL, no
     cleanup: like a crashed node) right after optimizer step STEP; ``RANK:STEP:term`` sends it SIGTERM
-    instead (a polite stop that only this rank receives), ``RANK:STEP:int`` SIGINT (Ctrl-C). First attempt only, so a group restarted by
+    instead (a polite stop that only this rank receives), ``RANK:STEP:int`` SIGINT (Ctrl-C), ``RANK:STEP:hup``
+    SIGHUP (the terminal closed). First attempt only, so a group restarted by
     torchrun runs to the end."""
     spec = os.environ.get(FAULT_ENV)
     if not spec or elastic_restart():
@@ -78,11 +80,12 @@ def maybe_inject_fault(info: DistInfo, steps_done: int) -> None:
     parts = spec.split(":")
     try:
         rank, step = int(parts[0]), int(parts[1])
-        sig = {"kill": signal.SIGKILL, "term": signal.SIGTERM, "int": signal.SIGINT}[parts[2] if len(parts) > 2 else "kill"]
+        sig = {"kill": signal.SIGKILL, "term": signal.SIGTERM, "int": signal.SIGINT,
+               "hup": signal.SIGHUP}[parts[2] if len(parts) > 2 else "kill"]
         if len(parts) > 3:
             raise ValueError
     except (ValueError, IndexError, KeyError):
-        raise ConfigError(f"{FAULT_ENV}={spec!r}: expected RANK:STEP or RANK:STEP:kill|term|int, e.g. 1:5") from None
+        raise ConfigError(f"{FAULT_ENV}={spec!r}: expected RANK:STEP or RANK:STEP:kill|term|int|hup, e.g. 1:5") from None
     if info.rank == rank and steps_done == step:
         print(f"[gptforge] {FAULT_ENV}: sending {sig.name} to rank {rank} after step {step}",
               file=sys.stderr, flush=True)

@@ -21,6 +21,7 @@ import dataclasses
 import os
 from pathlib import Path
 
+from gptforge import environment
 from gptforge.config import Config, ConfigError
 from gptforge.optim import lr_at
 
@@ -53,7 +54,7 @@ def resume_notice(saved: Config, cfg: Config, step: int, where: Path) -> tuple[b
 def check_resume(saved: Config, cfg: Config, step: int, where: Path) -> bool:
     """Print the notice (rank 0 only under torchrun); True when the run is complete and nothing is to be done."""
     complete, message = resume_notice(saved, cfg, step, where)
-    if message and int(os.environ.get("RANK", "0")) == 0:
+    if message and environment.number("RANK", 0) == 0:
         print(message, flush=True)
     return complete
 

@@ -10,7 +10,7 @@ Entering joins the process group (torchrun), checks the run directory before any
 (:mod:`gptforge.run.preflight`), locks it so no second run writes there (:mod:`gptforge.run.lock`),
 resolves what to resume (the newest intact checkpoint; a torchrun
 restart after a failure always resumes) and refuses to start over a run that holds checkpoints
-unless ``force``; SIGINT/SIGTERM from then on ask the loop to checkpoint and stop
+unless ``force``; SIGINT/SIGTERM/SIGHUP from then on ask the loop to checkpoint and stop
 (:mod:`gptforge.run.signals`). Leaving tears everything down whether the run finished, stopped or
 raised: this is the one place that does, so no recipe can forget a piece.
 """

@@ -1,4 +1,4 @@
-"""Stopping a run politely: SIGINT/SIGTERM ask the loop to checkpoint at the next step boundary.
+"""Stopping a run politely: SIGINT/SIGTERM/SIGHUP ask the loop to checkpoint at the next step boundary.
 
     with StopFlag() as stop:
         for step in ...:
@@ -26,6 +26,11 @@ fd can be had (not the main thread, another owner such as an asyncio loop), hand
 After the ``with`` block of a run that was stopped by a signal, the handler stays until the grace
 window has passed (a duplicate that arrives while the process is exiting is still ignored); a later
 signal gets the previous handler's behaviour.
+
+SIGHUP (the terminal or the ssh session closed) is SIGTERM's twin: a polite stop, never an abort. Where it is
+ignored when the run starts (``nohup``), it is left ignored and the run goes on. While a run is in progress its
+prints cannot stop it (gptforge.environment: a terminal gone, a full or closed stdout), so the checkpoint after
+a hangup is written although every line said about it is lost.
 """
 
 from __future__ import annotations
@@ -38,12 +43,21 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from gptforge import environment
+
 GRACE_S = 2.0
-_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_SIGNALS = (signal.SIGINT, signal.SIGTERM, *((signal.SIGHUP,) if hasattr(signal, "SIGHUP") else ()))
+
+
+def _say_on_stderr(msg: str) -> None:
+    try:
+        print(msg, file=sys.stderr, flush=True)
+    except (OSError, ValueError):  # a terminal that hung up (EIO), a closed stderr: nobody to tell
+        pass
 
 
 class StopFlag:
-    """SIGINT/SIGTERM set ``stop``; see the module docstring for what a second signal does."""
+    """SIGINT/SIGTERM/SIGHUP set ``stop``; see the module docstring for what a second signal does."""
 
     def __init__(self, grace_s: float = GRACE_S, clock: Callable[[], float] = time.monotonic,
                  say: Callable[[str], None] | None = None) -> None:
@@ -51,7 +65,7 @@ class StopFlag:
         self.grace_s = grace_s
         self._clock = clock
         self._first: float | None = None
-        self._say = say or (lambda msg: print(msg, file=sys.stderr, flush=True))
+        self._say = say or _say_on_stderr
         self._old: dict[int, Any] = {}
         self._exited = False
         self._abort = False  # the reader thread judged a signal a deliberate abort
@@ -61,7 +75,10 @@ class StopFlag:
         self._lock = threading.Lock()
 
     def __enter__(self) -> StopFlag:
+        environment.run_started()  # from here on a failing stdout/stderr cannot stop the run
         for sig in _SIGNALS:
+            if sig != signal.SIGINT and signal.getsignal(sig) is signal.SIG_IGN:  # nohup: the user's choice
+                continue
             try:
                 self._old[sig] = signal.signal(sig, self._handle)
             except ValueError:  # not the main thread
@@ -160,6 +177,7 @@ class StopFlag:
         self._say(f"[gptforge] got {name} again: still saving the checkpoint (SIGKILL stops at once, unsaved)")
 
     def __exit__(self, *exc: Any) -> None:
+        environment.run_ended()
         self._stop_reader()  # from here on, handling time (nothing long runs while the process exits)
         self._exited = True
         if self._first is None or self._clock() - self._first >= self.grace_s:

@@ -10,7 +10,7 @@ and optimizer (or the resumed ones, through the Checkpointer) -> run directory -
 step, metrics, the recipe's eval, checkpoints) -> teardown (always, by the session). A recipe
 (:mod:`gptforge.training.recipe`) supplies only its batch source, step and eval.
 
-A SIGINT/SIGTERM finishes the current step, writes a checkpoint and stops (``RunResult.interrupted``;
+A SIGINT/SIGTERM/SIGHUP finishes the current step, writes a checkpoint and stops (``RunResult.interrupted``;
 exit 130); ``--resume`` continues from the newest intact checkpoint, bit for bit on CPU in float32.
 A non-finite loss, grad norm, recipe value (a reward) or weight stops the run before any checkpoint is written or pruned
 (``RunResult.diverged_at``; exit 3).
