@@ -8,8 +8,9 @@
 * the standard streams (:func:`standard_streams`): a closed fd 0/1/2 (``>&-``) is /dev/null, so no file the
   command opens takes its number; bytes stdin's encoding cannot decode are replaced (U+FFFD); text the stream's
   encoding cannot hold (``PYTHONIOENCODING=ascii``, a latin-1 locale) is replaced, not raised; a write that fails (a terminal that hung up: EIO; /dev/full:
-  ENOSPC; a pipe with no reader: EPIPE) never stops a training run: the stream is pointed at /dev/null, the run
-  goes on to its checkpoint, and the command ends with one line and a non-zero status. Outside a run stdout's
+  ENOSPC; a pipe with no reader: EPIPE) never kills a training run unsaved: the stream is pointed at /dev/null; a pipe
+  whose reader left (``train | head``) stops the run as SIGTERM does (checkpoint, then exit 141), any other
+  failure lets it run to its end, and the command ends with one line and a non-zero status. Outside a run stdout's
   failure still ends the command (a closed pipe: exit 141 quietly; anything else: one line, exit 2); stderr,
   diagnostics only, never ends it.
 """
@@ -118,17 +119,23 @@ def check_environment(say: Callable[[str], None]) -> None:
 # --- the standard streams ---------------------------------------------------------------------------
 
 _runs = 0  # training runs in progress in this process (gptforge.run.signals.StopFlag): stdout never stops them
+_stoppers: list[Callable[[str], None]] = []  # each run's polite stop (StopFlag.request_stop), newest last
 _hung_up = False  # SIGHUP came: whatever the streams say from here on has nobody to read it
 
 
-def run_started() -> None:
+def run_started(stop: Callable[[str], None] | None = None) -> None:
+    """A training run begins; ``stop(reason)`` asks it to checkpoint and end at its next step boundary."""
     global _runs
     _runs += 1
+    if stop is not None:
+        _stoppers.append(stop)
 
 
-def run_ended() -> None:
+def run_ended(stop: Callable[[str], None] | None = None) -> None:
     global _runs
     _runs = max(0, _runs - 1)
+    if stop is not None and stop in _stoppers:
+        _stoppers.remove(stop)
 
 
 def note_hangup() -> None:
@@ -215,6 +222,10 @@ class GuardedStream:
         self.failed = e
         self.reader_gone = e.errno == errno.EPIPE and pipe_reader_gone(self.inner)  # (before /dev/null replaces it)
         fatal = self.strict and not _runs and not _hung_up
+        if self.strict and self.reader_gone and _runs and _stoppers:
+            # `gptforge train | head`: the reader has what it wanted. The run stops as on SIGTERM (its checkpoint
+            # first, then exit 141), not at once unsaved, and not on for hours printing to nobody
+            _stoppers[-1]("stdout's reader left (a closed pipe)")
         if not (fatal and e.errno == errno.EPIPE):  # (a closed pipe is recognised by gptforge.cli, then silenced)
             _to_devnull(self.inner)  # what is still buffered, and the flush at exit, go nowhere, not fail again
         if fatal:
@@ -253,8 +264,8 @@ class Streams:
         e = self.out.failed
         if e is None or _hung_up:
             return code
-        if self.out.reader_gone:  # `gptforge train | head`: the reader's choice, said as a shell says it
-            return code or closed_code
+        if self.out.reader_gone:  # `gptforge train | head`: the reader's choice, said as a shell says it (a run it
+            return closed_code if code in (0, 130) else code  # stopped saved first and returned 130)
         self.err.write(f"{command}: error: stdout stopped taking output ({e.strerror or e}); what it printed "
                        "after that was lost, though the command ran to its end and its files are complete\n")
         self.err.flush()

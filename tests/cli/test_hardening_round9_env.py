@@ -191,6 +191,45 @@ def test_stdout_on_a_full_disk_loses_no_checkpoint_and_is_said_in_one_line(world
     assert code == EXIT_BAD_INPUT and "stdout stopped taking output" in capsys.readouterr().err
 
 
+def test_a_pipe_whose_reader_leaves_mid_run_stops_the_run_saved_with_141(world, monkeypatch, capsys):
+    """`gptforge train | head -3`: stdout a pipe whose reader reads a few lines and leaves. Before: the next print's
+    EPIPE killed the run unsaved (round 8), then the run went on to its last step printing to nobody (hours on a
+    real run). Now it stops as on SIGTERM: the step that met the closed pipe is checkpointed and verified, the
+    command exits 141 as a shell reports `yes | head`, and stderr says why. Which step that is depends on when the
+    reader thread runs, so the test checks the stop, not its step: 400 steps is far more than a run goes on for
+    after its reader left (each step prints a line, and the first print after the close fails)."""
+    import threading
+
+    out = world["tmp"] / "piped"
+    r, w = os.pipe()
+    left = threading.Event()
+
+    def head() -> None:  # `head -3`: three lines, then the read end closed
+        seen = b""
+        while seen.count(b"\n") < 3:
+            chunk = os.read(r, 4096)
+            if not chunk:
+                break
+            seen += chunk
+        os.close(r)
+        left.set()
+
+    reader = threading.Thread(target=head, daemon=True)
+    reader.start()
+    argv = _train(world["shards"], out)
+    argv[argv.index("--train.max_steps") + 1] = "400"
+    with os.fdopen(w, "w", buffering=1) as pipe:
+        monkeypatch.setattr(sys, "stdout", pipe)
+        code = main([*argv, "--train.log_every", "1"])
+        monkeypatch.undo()
+    reader.join(timeout=60)
+    assert left.is_set() and code == environment.EXIT_STDOUT_CLOSED, code
+    saved = ckpt.latest_checkpoint(out)
+    assert saved is not None and 3 <= ckpt.read_meta(saved)["step"] < 400
+    ckpt.verify_checkpoint(saved)
+    assert "stdout's reader left (a closed pipe): finishing this step, saving a checkpoint" in capsys.readouterr().err
+
+
 def test_every_python_m_tool_goes_through_the_guarded_entry():
     """The `python -m gptforge...` tools printed a BrokenPipeError or ENOSPC traceback (`... --list | head -1`,
     `> /dev/full`): each __main__ block now calls gptforge.environment.tool, as cli.main calls guarded."""

@@ -75,7 +75,7 @@ class StopFlag:
         self._lock = threading.Lock()
 
     def __enter__(self) -> StopFlag:
-        environment.run_started()  # from here on a failing stdout/stderr cannot stop the run
+        environment.run_started(self.request_stop)  # from here on a failing stdout cannot kill the run unsaved
         for sig in _SIGNALS:
             if sig != signal.SIGINT and signal.getsignal(sig) is signal.SIG_IGN:  # nohup: the user's choice
                 continue
@@ -86,6 +86,17 @@ class StopFlag:
         if self._old:
             self._start_reader()
         return self
+
+    def request_stop(self, reason: str) -> None:
+        """A stop asked from inside the process (stdout's reader left): as a first signal, saved at the step
+        boundary; said on stderr, which may still reach someone."""
+        with self._lock:
+            first = self._first is None
+            if first:
+                self._first = self._clock()
+            self.stop = True
+        if first:
+            self._say(f"[gptforge] {reason}: finishing this step, saving a checkpoint, then exiting")
 
     # --- arrival times: the wakeup fd and its reader thread ---------------------------------------
 
@@ -177,7 +188,7 @@ class StopFlag:
         self._say(f"[gptforge] got {name} again: still saving the checkpoint (SIGKILL stops at once, unsaved)")
 
     def __exit__(self, *exc: Any) -> None:
-        environment.run_ended()
+        environment.run_ended(self.request_stop)
         self._stop_reader()  # from here on, handling time (nothing long runs while the process exits)
         self._exited = True
         if self._first is None or self._clock() - self._first >= self.grace_s:
