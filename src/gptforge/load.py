@@ -81,7 +81,7 @@ def _load_model(source: ModelSource) -> torch.nn.Module:
     if source.hf is not None:
         # the family by config.json's model_type (an unknown one is refused there), then its loader
         from gptforge.interop import hf_module
-        from gptforge.interop.hf import hf_family
+        from gptforge.interop.hf_folder import hf_family
 
         return hf_module(hf_family(source.hf)).load_hf(source.hf)
     if source.llmc is not None:

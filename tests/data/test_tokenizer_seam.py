@@ -72,7 +72,7 @@ def test_gpt2_encodes_as_the_tokenizers_library_on_10000_strings(tokenizer):
     (the conversion export hf writes): two implementations of one tokenizer."""
     from tokenizers import Tokenizer
 
-    from gptforge.interop.hf import tokenizer_json_of
+    from gptforge.interop.hf_tokenizer import tokenizer_json_of
 
     ref = Tokenizer.from_str(tokenizer_json_of(tokenizer))
     ref.encode_special_tokens = True

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from gptforge.cli import main
-from gptforge.interop.hf import HFModelError, load_hf
+from gptforge.interop.hf import load_hf
+from gptforge.interop.hf_folder import HFModelError
 
 transformers = pytest.importorskip("transformers")
 

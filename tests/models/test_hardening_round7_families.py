@@ -36,7 +36,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from gptforge.interop import hf_families  # noqa: E402
-from gptforge.interop.hf import HFModelError  # noqa: E402
+from gptforge.interop.hf_folder import HFModelError  # noqa: E402
 from gptforge.interop.hf_llama import HFConfigError, export_hf_llama, load_hf_llama  # noqa: E402
 from tests.models.test_llama_families import ATOL, COMMON, FAMILIES, IDX  # noqa: E402
 

@@ -314,7 +314,8 @@ def test_a_gpt2_size_left_out_is_gpt2configs(key, at_default, tmp_path):
     tensors (transformers refuses it too, or fills missing layers at random)."""
     import json
 
-    from gptforge.interop.hf import GPT2_DEFAULTS, HFModelError, load_hf
+    from gptforge.interop.hf import GPT2_DEFAULTS, load_hf
+    from gptforge.interop.hf_folder import HFModelError
 
     sizes = {**GPT2_TINY, key: GPT2_DEFAULTS[key]} if at_default else dict(GPT2_TINY)
     if key == "n_head" and at_default:

@@ -347,7 +347,7 @@ def test_hf_configs_with_missing_features_are_refused(tmp_path, change, key):
 def test_hf_directory_without_safetensors_or_with_misshapen_weights_is_refused(tmp_path):
     from safetensors.torch import load_file
 
-    from gptforge.interop.hf import HFModelError
+    from gptforge.interop.hf_folder import HFModelError
 
     hf = _hf_llama()
     hf.save_pretrained(tmp_path / "hf")

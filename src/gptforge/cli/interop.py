@@ -158,10 +158,10 @@ def _check_range(model, dtype: str, said: str) -> None:
 
 def _export_llmc(args: argparse.Namespace, model, tok, dtype: str, tokenizer: bool) -> list:
     """llm.c's model file, and its token table from the model's tokenizer (any byte-level one)."""
-    from gptforge.interop import hf, llmc
+    from gptforge.interop import hf_folder, llmc
 
     llmc.check_llmc_model(model)  # before the output folder is created
-    out = hf.check_out_dir(args.out, args.force)
+    out = hf_folder.check_out_dir(args.out, args.force)
     files = [llmc.write_llmc_model(model, out / "model.bin", dtype=dtype)]
     if tokenizer:
         files.append(llmc.write_llmc_tokenizer(tok, out / "tokenizer.bin"))
@@ -176,7 +176,7 @@ def _write_export(args: argparse.Namespace, model, tok, chat, dtype: str) -> int
     metadata) and described in the JSON line."""
     import torch
 
-    from gptforge.interop import hf, hf_module
+    from gptforge.interop import hf_module, hf_tokenizer
 
     own = not tok.is_gpt2
     tokenizer = not args.no_tokenizer
@@ -187,7 +187,7 @@ def _write_export(args: argparse.Namespace, model, tok, chat, dtype: str) -> int
             if own:
                 files = export(model, args.out, force=args.force, tokenizer=False, dtype=getattr(torch, dtype))
                 if tokenizer:
-                    files += hf.write_model_tokenizer(Path(args.out), tok, chat, model.config.block_size)
+                    files += hf_tokenizer.write_model_tokenizer(Path(args.out), tok, chat, model.config.block_size)
             else:
                 import inspect
 
@@ -281,7 +281,7 @@ def _export_reward_model(args: argparse.Namespace) -> int:
     tok = getattr(chat, "tok", None)  # a Jinja template's tokenizer: the model's own
     try:
         if tok is not None and not tok.is_gpt2:
-            from gptforge.interop.hf import write_model_tokenizer
+            from gptforge.interop.hf_tokenizer import write_model_tokenizer
 
             files = export_reward_hf(rm, args.out, pad=chat.bos, force=args.force, tokenizer=False)
             if not args.no_tokenizer:

@@ -1,4 +1,5 @@
-"""Moving weights to and from other formats: Hugging Face (``hf.py``, ``hf_llama.py``, ``hf_chat.py``)
+"""Moving weights to and from other formats: Hugging Face (``hf_folder.py`` shared by
+``hf.py``, ``hf_llama.py``, ``hf_chat.py``)
 and llm.c (``llmc.py``).
 
     gptforge export hf --ckpt runs/shakespeare-cpu --out exports/hf

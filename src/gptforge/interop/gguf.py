@@ -98,7 +98,7 @@ def export_gguf(model: torch.nn.Module, out_dir: str | Path, dtype: str = "f32",
     """Write ``model`` as ``out_dir/model-<dtype>.gguf``; returns the file's path. ``tokenizer=False``
     leaves the tokenizer out: llama.cpp cannot load such a file (for tools that add their own, and
     tests: reading 50k tokens back takes the ``gguf`` reader seconds)."""
-    from gptforge.interop.hf import check_out_dir
+    from gptforge.interop.hf_folder import check_out_dir
 
     if dtype not in DTYPES:
         raise ValueError(f"--dtype {dtype!r}: one of {', '.join(DTYPES)}")
@@ -237,7 +237,7 @@ def llama_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def gpt2_vocab_merges() -> tuple[tuple[str, ...], tuple[str, ...]]:
     """GPT-2's tokens by id (in the byte-to-unicode spelling llama.cpp's gpt2 tokenizer reads) and
     its merges as "a b" strings, from the same ranks ``export hf`` writes vocab.json/merges.txt from."""
-    from gptforge.interop.hf import gpt2_ranks, ranks_to_vocab_merges
+    from gptforge.interop.hf_tokenizer import gpt2_ranks, ranks_to_vocab_merges
 
     vocab, merges = ranks_to_vocab_merges(gpt2_ranks())
     tokens = [""] * GPT2_VOCAB
@@ -295,7 +295,7 @@ def add_model_tokenizer(w: Any, vocab_size: int, tok: Any, chat: Any, pre: str) 
     vocabulary and merges as tokenizer.json spells them, its special tokens as control tokens, the
     model's padded rows as unused; the chat template's Jinja and end-of-turn token."""
     gguf = _gguf()
-    from gptforge.interop.hf import tokenizer_json_of
+    from gptforge.interop.hf_tokenizer import tokenizer_json_of
 
     doc = json.loads(tokenizer_json_of(tok))
     model = doc["model"]

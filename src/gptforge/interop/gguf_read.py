@@ -387,7 +387,7 @@ def read_gguf(path: str | Path, weights: bool = True) -> GGUFModel:
 
 
 def _build(data: np.ndarray, data_start: int, infos: list[_TensorInfo], cfg, path: Path):
-    from gptforge.interop.hf import pad_rows
+    from gptforge.interop.hf_folder import pad_rows
     from gptforge.models.registry import build_model
 
     sd: dict[str, torch.Tensor] = {}
@@ -431,7 +431,7 @@ def _build(data: np.ndarray, data_start: int, infos: list[_TensorInfo], cfg, pat
 def _build_gpt2(data: np.ndarray, data_start: int, infos: list[_TensorInfo], cfg, path: Path):
     """gptforge's GPT from llama.cpp's gpt2 tensors: names mapped, no transposes (the file's matrices are
     ``nn.Linear``'s (out, in) already), the vocabulary rows padded back; the head tied to ``token_embd``."""
-    from gptforge.interop.hf import pad_rows
+    from gptforge.interop.hf_folder import pad_rows
     from gptforge.models.registry import build_model
 
     sd: dict[str, torch.Tensor] = {}

@@ -9,7 +9,7 @@ or ``<|endoftext|>``: that stays text, as in gptforge (see :func:`write_hf_chat_
 
 Both exporters (GPT-2 and Llama: they share GPT-2's BPE and the padded rows the chat tokens live in)
 check the vocabulary with :func:`check_tokenizer_vocab` before writing anything, and write the
-tokenizer with :func:`gptforge.interop.hf.write_tokenizer`.
+tokenizer with :func:`gptforge.interop.hf_tokenizer.write_tokenizer`.
 """
 
 from __future__ import annotations

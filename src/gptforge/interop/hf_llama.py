@@ -26,7 +26,8 @@ from pathlib import Path
 import torch
 
 from gptforge.data.chat import ChatTemplate
-from gptforge.interop.hf import check_out_dir, pad_rows, read_hf_json, write_tokenizer
+from gptforge.interop.hf_folder import check_out_dir, pad_rows, read_hf_json
+from gptforge.interop.hf_tokenizer import write_tokenizer
 from gptforge.models.llama import Llama, LlamaConfig
 from gptforge.models.registry import at_layers
 from gptforge.numbers import MAX_DIM  # past it a config is damaged, not big
@@ -231,7 +232,7 @@ def load_hf_llama(name_or_dir: str, **overrides) -> Llama:
     if Path(name_or_dir).is_dir():
         sd = _read_checked(Path(name_or_dir), cfg)
     else:  # nothing present yet: the memory it needs, before the download
-        from gptforge.interop.hf import HFModelError
+        from gptforge.interop.hf_folder import HFModelError
 
         claimed = layered_elements(lambda k: _hf_shapes(at_layers(cfg, k), once=True), cfg.n_layer)
         check_model_size(name_or_dir, "its config", claimed, None, HFModelError, "Llama")
@@ -249,7 +250,7 @@ def load_hf_llama(name_or_dir: str, **overrides) -> Llama:
 def _read_checked(d: Path, cfg: LlamaConfig) -> dict[str, torch.Tensor]:
     from safetensors import SafetensorError, safe_open
 
-    from gptforge.interop.hf import HFModelError, read_safetensors, safetensors_files
+    from gptforge.interop.hf_folder import HFModelError, read_safetensors, safetensors_files
 
     files = safetensors_files(d)
     claimed = layered_elements(lambda k: _hf_shapes(at_layers(cfg, k), once=True), cfg.n_layer)

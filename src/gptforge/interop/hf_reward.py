@@ -78,8 +78,9 @@ def export_reward_hf(rm: Any, out_dir: str, pad: int, force: bool = False, token
 
     from safetensors.torch import save_file
 
-    from gptforge.interop.hf import check_out_dir, write_tokenizer
     from gptforge.interop.hf_chat import check_tokenizer_vocab
+    from gptforge.interop.hf_folder import check_out_dir
+    from gptforge.interop.hf_tokenizer import write_tokenizer
     from gptforge.storage import ordinary_file_mode
 
     cfg = rm.body.config
