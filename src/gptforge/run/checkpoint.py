@@ -121,7 +121,7 @@ def model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     if keep is not None:
         full = {k: full[k] for k in keep}
     sd = {k: v.detach().cpu().contiguous() for k, v in full.items()}
-    for key in _tied_keys(full):  # "lm_head.weight", or "body.lm_head.weight" in a reward model
+    for key in tied_keys(full):  # "lm_head.weight", or "body.lm_head.weight" in a reward model
         sd.pop(key)
     return sd
 
@@ -302,7 +302,7 @@ RESUME_META_KEYS = (*META_KEYS, "loader", "rng")  # and to continue training exa
 
 def read_meta(ckpt_dir: str | Path, required: tuple[str, ...] = META_KEYS) -> dict[str, Any]:
     """meta.json as a dict; a missing required key is a CheckpointError naming it (not a KeyError later)."""
-    meta = _read_meta_json(ckpt_dir)
+    meta = read_meta_json(ckpt_dir)
     missing = [k for k in required if k not in meta]
     if missing:
         raise CheckpointError(
@@ -354,7 +354,7 @@ def check_resume_meta(meta: dict[str, Any], meta_path: Path) -> None:
                                "damaged (resume from another one)") from e
 
 
-def _read_meta_json(ckpt_dir: str | Path) -> dict[str, Any]:
+def read_meta_json(ckpt_dir: str | Path) -> dict[str, Any]:
     ckpt_dir = Path(ckpt_dir)
     meta_path = ckpt_dir / "meta.json"
     if not meta_path.exists():
@@ -454,7 +454,7 @@ def _saved_by_another(ckpt_dir: Path, name: str, sha: str) -> str | None:
         return None
     for p in siblings:
         try:
-            files = _read_meta_json(p).get("files")
+            files = read_meta_json(p).get("files")
         except (CheckpointError, OSError, ValueError):
             continue
         if isinstance(files, dict) and files.get(name) == sha:
@@ -472,7 +472,7 @@ def latest_intact_checkpoint(run_dir: str | Path, warn: Callable[[str], None] = 
         except CheckpointError as e:
             warn(f"skipping damaged checkpoint {d.name}: {e}")
             continue
-        step = _read_meta_json(d).get("step")
+        step = read_meta_json(d).get("step")
         if not (isinstance(step, int) and not isinstance(step, bool) and _STEP_DIR.fullmatch(d.name)
                 and int(_STEP_DIR.fullmatch(d.name)[1]) == step):  # another step's save under this name
             warn(f"skipping damaged checkpoint {d.name}: {d / 'meta.json'}: step = {step!r}, but the checkpoint "
@@ -493,7 +493,7 @@ def check_same_run(ckpt_dir: str | Path) -> None:
     CheckpointError naming it and both runs; nothing to compare (no siblings, or checkpoints from before
     run ids were recorded) passes."""
     ckpt_dir = Path(ckpt_dir)
-    mine = _read_meta_json(ckpt_dir).get("run_id")
+    mine = read_meta_json(ckpt_dir).get("run_id")
     if not isinstance(mine, str) or ckpt_dir.parent.name != "checkpoints":
         return
     theirs: dict[str, list[str]] = {}
@@ -501,7 +501,7 @@ def check_same_run(ckpt_dir: str | Path) -> None:
         if p.resolve() == ckpt_dir.resolve():
             continue
         try:
-            rid = _read_meta_json(p).get("run_id")
+            rid = read_meta_json(p).get("run_id")
         except (CheckpointError, OSError, ValueError):
             continue
         if isinstance(rid, str):
@@ -529,7 +529,7 @@ def require_trust(ckpt_dir: str | Path, trusted: bool) -> None:
     """Reading a sharded (dcp/) checkpoint unpickles its .metadata: only with the user's say-so."""
     if not trusted:
         try:
-            layout = layout_words(str(_read_meta_json(ckpt_dir).get("sharding", "fsdp")))
+            layout = layout_words(str(read_meta_json(ckpt_dir).get("sharding", "fsdp")))
         except (CheckpointError, OSError, ValueError):
             layout = "FSDP"
         raise CheckpointError(
@@ -545,7 +545,7 @@ def is_head_key(key: str) -> bool:
     return key == TIED or key.endswith("." + TIED)
 
 
-def _tied_keys(sd: dict[str, torch.Tensor]) -> list[str]:
+def tied_keys(sd: dict[str, torch.Tensor]) -> list[str]:
     """Every output head (``lm_head.weight`` at any depth: a reward or value model holds its family
     model as ``body``) that is another entry's tensor."""
     ptr = {}

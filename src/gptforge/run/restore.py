@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file
 
 from gptforge.errors import CheckpointError
-from gptforge.run.checkpoint import TRUST_FLAG, _tied_keys, verify_checkpoint
+from gptforge.run.checkpoint import TRUST_FLAG, tied_keys, verify_checkpoint
 
 
 def load_model_weights(model: torch.nn.Module, ckpt_dir: str | Path, prefix: str = "") -> None:
@@ -59,7 +59,7 @@ def load_model_weights(model: torch.nn.Module, ckpt_dir: str | Path, prefix: str
             "checkpoint's own model config (drop --model.* overrides) or start a new run"
         )
     missing, unexpected = model.load_state_dict(sd, strict=False)
-    missing = [k for k in missing if k not in _tied_keys(own)]
+    missing = [k for k in missing if k not in tied_keys(own)]
     if getattr(model, "lora_state_keys", None) is not None:  # a LoRA checkpoint: the frozen base is not in it
         missing = [k for k in missing if k in model.lora_state_keys]
     if missing or unexpected:

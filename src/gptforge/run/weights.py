@@ -105,7 +105,7 @@ def check_model_record(ckpt_dir: str | Path) -> None:
     checkpoint its own checksums cannot cover; an edit or a flipped bit there that keeps every shape (n_head,
     rope_theta, norm_eps, a chat template's ids) built another model over the same weights without a word.
     A checkpoint saved before the record was written (no header entry) is not compared."""
-    from gptforge.run.checkpoint import MODEL_RECORD, _read_meta_json, model_record
+    from gptforge.run.checkpoint import MODEL_RECORD, model_record, read_meta_json
     from gptforge.sizecheck import header_metadata
 
     ckpt_dir = Path(ckpt_dir)
@@ -120,7 +120,7 @@ def check_model_record(ckpt_dir: str | Path) -> None:
     if not isinstance(saved, dict) or not isinstance(saved.get("model"), dict):
         raise CheckpointError(f"{path}: its header's {MODEL_RECORD} record is not the model it was saved as; the "
                               "checkpoint is damaged (resume or load another one)")
-    now = model_record(_read_meta_json(ckpt_dir)) or {"model": {}, "chat_template": None}
+    now = model_record(read_meta_json(ckpt_dir)) or {"model": {}, "chat_template": None}
     field, was, is_ = _first_difference(saved, now)
     if field is None:
         return
