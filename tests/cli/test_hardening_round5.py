@@ -3,7 +3,7 @@ or a folder given where a file is read is called what it is, never "no such file
 advice is built from import's own options (it has no --resume); text that is not valid Unicode is named
 as the input's fault, not the tokenizer's.
 Plants tried: not_a_file's device branch dropped (the walk fails on /dev/null and the pipe), import's
-`then=` dropped (the --resume advice comes back), and _library_failure's Unicode check dropped (the
+`then=` dropped (the --resume advice comes back), and library_failure's Unicode check dropped (the
 tokenizer is blamed again)."""
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ class TokenizerError(ValueError):
 
 
 @contextlib.contextmanager
-def _library_failure(where: str, chars: int, texts: Any = ()) -> Iterator[None]:
+def library_failure(where: str, chars: int, texts: Any = ()) -> Iterator[None]:
     """The tokenizers library's failures on a text as a TokenizerError naming the file: a split regex
     that gives up (Oniguruma's retry limit, on a catastrophic pattern or a pathological text) is a Rust
     panic, which reaches Python as pyo3's PanicException, a BaseException that no ``except Exception``

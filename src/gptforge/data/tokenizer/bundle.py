@@ -21,9 +21,9 @@ from gptforge.data.tokenizer.base import (
     TokenizerError,
     TokenizerUnavailable,
 )
-from gptforge.data.tokenizer.checks import _bounded, _read_text
+from gptforge.data.tokenizer.checks import check_tokenizer_file, read_tokenizer_text
 from gptforge.data.tokenizer.hf_kind import HFTokenizer, hf_tokenizer_from_dir
-from gptforge.data.tokenizer.tiktoken_kind import TiktokenTokenizer, _ranks_bytes, gpt2_tokenizer, tiktoken_from_ranks
+from gptforge.data.tokenizer.tiktoken_kind import TiktokenTokenizer, gpt2_tokenizer, ranks_bytes, tiktoken_from_ranks
 from gptforge.reading import read_json
 
 # --- bundles: a tokenizer as data in a checkpoint or a shard folder ----------------------------------
@@ -77,7 +77,7 @@ def tokenizer_from_entry(info: Any, folder: Path | None, where: str) -> Tokenize
                 raise TokenizerError(f"{where}: tokenizer.files[{name[:60]!r}] = {json.dumps(sha)[:70]}: expected a sha256 "
                                      "(64 hex digits)")
             f = folder / name
-            _bounded(f)
+            check_tokenizer_file(f)
             if assets.sha256_file(f) != sha:
                 raise TokenizerError(f"{f}: does not match the sha256 recorded in {where}; the tokenizer changed "
                                      "since it was saved")
@@ -90,7 +90,7 @@ def tokenizer_from_entry(info: Any, folder: Path | None, where: str) -> Tokenize
             specials = info.get("special_tokens") or {}
             by_id = {v: k for k, v in specials.items()} if isinstance(specials, dict) else {}
             bos, eos = by_id.get(info.get("bos")), by_id.get(info.get("eos"))
-            tok = HFTokenizer(_read_text(folder / "tokenizer.json"), name=str(info.get("name") or "tokenizer"),
+            tok = HFTokenizer(read_tokenizer_text(folder / "tokenizer.json"), name=str(info.get("name") or "tokenizer"),
                               where=str(folder / "tokenizer.json"), bos=bos, eos=eos, chat_template=chat,
                               source_path=folder / "tokenizer.json")
         else:
@@ -195,7 +195,7 @@ def load_tokenizer(spec: str | os.PathLike | None) -> Tokenizer:
             return tiktoken_from_ranks(p)
         if p.name == "tokenizer.json" and p.is_file():
             return hf_tokenizer_from_dir(p.parent)
-        return HFTokenizer(_read_text(p), name=p.stem, where=str(p), source_path=p)
+        return HFTokenizer(read_tokenizer_text(p), name=p.stem, where=str(p), source_path=p)
     import tiktoken
 
     if str(spec) in tiktoken.list_encoding_names():
@@ -206,7 +206,7 @@ def load_tokenizer(spec: str | os.PathLike | None) -> Tokenizer:
                 f"--tokenizer {spec}: tiktoken could not load its ranks ({type(e).__name__}; it downloads them the "
                 f"first time). Fix: run once with network access, or give a .tiktoken ranks file as --tokenizer") from None
         # its identity is its ranks (as a bundle stores them), so it reads back with the same fingerprint
-        return TiktokenTokenizer(enc, str(spec), hashlib.sha256(_ranks_bytes(enc)).hexdigest(), builtin=False)
+        return TiktokenTokenizer(enc, str(spec), hashlib.sha256(ranks_bytes(enc)).hexdigest(), builtin=False)
     raise TokenizerError(f"--tokenizer {spec}: not gpt2, a tiktoken encoding name, a tokenizer.json, a folder holding "
                          "one, or a .tiktoken ranks file")
 

@@ -12,7 +12,7 @@ from gptforge.data.tokenizer.base import MAX_SPECIALS, MAX_TOKEN_BYTES, MAX_TOKE
 from gptforge.reading import utf8
 
 
-def _parse_tokenizer_json(text: str, where: str) -> dict:
+def parse_tokenizer_json(text: str, where: str) -> dict:
     """Structural checks the tokenizers library does not make, with the field named: ids in range
     and unique, merges over known tokens, special tokens that are not ordinary ones."""
     try:
@@ -27,7 +27,7 @@ def _parse_tokenizer_json(text: str, where: str) -> dict:
         ids = list(vocab.values())
         if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
             raise TokenizerError(f"{where}: model.vocab holds a value that is not an integer id")
-        _check_ids(sorted(ids), where, "model.vocab")
+        check_ids(sorted(ids), where, "model.vocab")
         for tok in vocab:
             if len(tok) > MAX_TOKEN_BYTES:
                 raise TokenizerError(f"{where}: model.vocab holds a {len(tok):,}-character token (at most {MAX_TOKEN_BYTES})")
@@ -99,7 +99,7 @@ def _check_normalizer(n: Any, where: str, field: str) -> None:
                                  f"for each match (at most {MAX_REPLACEMENT}) would multiply every text it is given")
 
 
-def _check_ids(ids: list[int], where: str, field: str, dense: bool = False) -> None:
+def check_ids(ids: list[int], where: str, field: str, dense: bool = False) -> None:
     """``ids`` sorted: unique, >= 0, below MAX_VOCAB."""
     if len(ids) > MAX_VOCAB:
         raise TokenizerError(f"{where}: {field} has {len(ids):,} tokens (at most {MAX_VOCAB:,})")
@@ -111,7 +111,7 @@ def _check_ids(ids: list[int], where: str, field: str, dense: bool = False) -> N
             raise TokenizerError(f"{where}: {field} gives id {a} to two tokens: duplicate id")
 
 
-def _check_specials(specials: Any, where: str, ordinary_ids: set[int]) -> None:
+def check_specials(specials: Any, where: str, ordinary_ids: set[int]) -> None:
     if not isinstance(specials, dict) or len(specials) > MAX_SPECIALS:
         raise TokenizerError(f"{where}: special_tokens must be an object of at most {MAX_SPECIALS} name -> id")
     seen: dict[int, str] = {}
@@ -126,7 +126,7 @@ def _check_specials(specials: Any, where: str, ordinary_ids: set[int]) -> None:
         seen[i] = s
 
 
-def _bounded(path: Path, limit: int = MAX_TOKENIZER_BYTES) -> None:
+def check_tokenizer_file(path: Path, limit: int = MAX_TOKENIZER_BYTES) -> None:
     """Refuse a file that is missing, not a file, or larger than ``limit``, before reading it."""
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such tokenizer file")
@@ -138,8 +138,8 @@ def _bounded(path: Path, limit: int = MAX_TOKENIZER_BYTES) -> None:
                              "the file is damaged or not a tokenizer")
 
 
-def _read_text(path: Path, limit: int = MAX_TOKENIZER_BYTES) -> str:
-    _bounded(path, limit)
+def read_tokenizer_text(path: Path, limit: int = MAX_TOKENIZER_BYTES) -> str:
+    check_tokenizer_file(path, limit)
     try:
         return utf8(path.read_bytes(), at_start=True)
     except UnicodeDecodeError as e:

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from gptforge.data.tokenizer.base import MAX_INFO_BYTES, Tokenizer, TokenizerError, _library_failure
-from gptforge.data.tokenizer.checks import _parse_tokenizer_json, _read_text
+from gptforge.data.tokenizer.base import MAX_INFO_BYTES, Tokenizer, TokenizerError, library_failure
+from gptforge.data.tokenizer.checks import parse_tokenizer_json, read_tokenizer_text
 from gptforge.data.tokenizer.split_bounds import check_hf, tiktoken_probe
 from gptforge.reading import read_json
 
@@ -48,7 +48,7 @@ class HFTokenizer(Tokenizer):
         from tokenizers import Tokenizer as RustTokenizer
 
         self.where, self.name, self.source_path = where, name, source_path
-        self._json = _parse_tokenizer_json(text, where)
+        self._json = parse_tokenizer_json(text, where)
         self._text = text
         try:
             self._tok = RustTokenizer.from_str(text)
@@ -188,13 +188,13 @@ class HFTokenizer(Tokenizer):
     def encode_ordinary_continued(self, text: str) -> list[int]:
         if self._continued is None:
             return self._encode_plain(text)
-        with _library_failure(self.where, len(text), text):
+        with library_failure(self.where, len(text), text):
             return self._continued.encode(text, add_special_tokens=False).ids
 
     def _encode_plain(self, text: str) -> list[int]:
         if self._fast is not None:
             return self._fast.encode_ordinary(text)
-        with _library_failure(self.where, len(text), text):
+        with library_failure(self.where, len(text), text):
             return self._plain.encode(text, add_special_tokens=False).ids
 
     def encode_batch_numpy(self, texts: Sequence[str], dtype: Any = np.uint32) -> list[np.ndarray]:
@@ -202,7 +202,7 @@ class HFTokenizer(Tokenizer):
             return [self._fast.encode_to_numpy(t, allowed_special=set(), disallowed_special=()).astype(dtype, copy=False)
                     for t in texts]
         batch = getattr(self._plain, "encode_batch_fast", self._plain.encode_batch)  # fast: no offsets
-        with _library_failure(self.where, sum(map(len, texts)), texts):
+        with library_failure(self.where, sum(map(len, texts)), texts):
             return [np.asarray(e.ids, dtype=dtype) for e in batch(list(texts), add_special_tokens=False)]
 
     def decode_single_token_bytes(self, token: int) -> bytes:
@@ -258,9 +258,9 @@ def hf_tokenizer_from_dir(folder: str | Path) -> HFTokenizer:
         raise TokenizerError(f"{cfg_path}: chat_template is a {type(template).__name__}, expected Jinja text")
     template_where = f"{cfg_path} (chat_template)"
     if template is None and _there(folder / "chat_template.jinja"):
-        template = _read_text(folder / "chat_template.jinja", MAX_INFO_BYTES)
+        template = read_tokenizer_text(folder / "chat_template.jinja", MAX_INFO_BYTES)
         template_where = str(folder / "chat_template.jinja")
-    tok = HFTokenizer(_read_text(path), name=folder.name or "tokenizer", where=str(path), bos=bos, eos=eos,
+    tok = HFTokenizer(read_tokenizer_text(path), name=folder.name or "tokenizer", where=str(path), bos=bos, eos=eos,
                       chat_template=template, source_path=path)
     tok.chat_template_where = template_where
     return tok

@@ -33,7 +33,7 @@ Oniguruma and ~15 ms for tiktoken, once per process and pattern (cached).
 
 What the probe cannot promise: a pattern that is slow only after a prefix none of its runs hold
 (``xq(a|aa)+c``) passes it; the engine's own limit then refuses the one text at encode time, naming the
-tokenizer file (``base._library_failure``).
+tokenizer file (``base.library_failure``).
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 
 from gptforge import assets
-from gptforge.data.tokenizer.base import R50K_PAT, Tokenizer, TokenizerError, TokenizerUnavailable, _library_failure
-from gptforge.data.tokenizer.checks import _bounded, _check_ids, _check_specials
+from gptforge.data.tokenizer.base import R50K_PAT, Tokenizer, TokenizerError, TokenizerUnavailable, library_failure
+from gptforge.data.tokenizer.checks import check_ids, check_specials, check_tokenizer_file
 from gptforge.data.tokenizer.split_bounds import check_tiktoken_pattern
 from gptforge.tokens import EOT, EOT_TEXT, GPT2_VOCAB
 
@@ -38,19 +38,19 @@ class TiktokenTokenizer(Tokenizer):
         self.pattern = enc._pat_str
 
     def _encode_plain(self, text: str) -> list[int]:
-        with _library_failure(f"tokenizer {self.name!r}", len(text)):
+        with library_failure(f"tokenizer {self.name!r}", len(text)):
             return self.enc.encode_ordinary(text)
 
     def encode_batch_numpy(self, texts: Sequence[str], dtype: Any = np.uint32) -> list[np.ndarray]:
         if hasattr(self.enc, "encode_to_numpy"):  # no Python int per token (tiktoken >= 0.7)
-            with _library_failure(f"tokenizer {self.name!r}", sum(map(len, texts))):
+            with library_failure(f"tokenizer {self.name!r}", sum(map(len, texts))):
                 return [self.enc.encode_to_numpy(t, allowed_special=set(), disallowed_special=()).astype(dtype, copy=False)
                         for t in texts]
         return super().encode_batch_numpy(texts, dtype)
 
     def encode_ordinary_batch(self, texts: Sequence[str], num_threads: int = 8) -> list[list[int]]:
         """tiktoken's own thread pool over ``texts`` (bench-prepare's comparison with the worker pool)."""
-        with _library_failure(f"tokenizer {self.name!r}", sum(map(len, texts))):
+        with library_failure(f"tokenizer {self.name!r}", sum(map(len, texts))):
             return self.enc.encode_ordinary_batch(list(texts), num_threads=num_threads)
 
     def decode_single_token_bytes(self, token: int) -> bytes:
@@ -71,7 +71,7 @@ class TiktokenTokenizer(Tokenizer):
         if self.builtin:
             return {}
         if self.ranks_path is None:  # a tiktoken encoding by name: its ranks as tiktoken writes them
-            data = _ranks_bytes(self.enc)
+            data = ranks_bytes(self.enc)
             from gptforge.storage import write_bytes
 
             write_bytes(folder / "ranks.tiktoken", data, what="the tokenizer's ranks")
@@ -83,7 +83,7 @@ class TiktokenTokenizer(Tokenizer):
         return {"ranks.tiktoken": self.ranks_sha256}
 
 
-def _ranks_bytes(enc: Any) -> bytes:
+def ranks_bytes(enc: Any) -> bytes:
     """An Encoding's ranks in the ``.tiktoken`` format (base64 token, space, rank; by rank)."""
     import base64
 
@@ -120,7 +120,7 @@ def load_ranks(path, expected_sha256: str | None = assets.GPT2_RANKS_SHA256) -> 
     tiktoken's hash-mismatch traceback."""
     path = Path(path)
     if expected_sha256 is None:
-        _bounded(path)
+        check_tokenizer_file(path)
     try:
         return _parse_ranks(path.read_bytes(), path, expected_sha256)
     except (ValueError, OSError, UnicodeDecodeError, IndexError) as e:
@@ -164,13 +164,13 @@ def tiktoken_from_ranks(path: str | Path, pattern: str = R50K_PAT, special_token
     where = where or str(path)
     sha = assets.sha256_file(path) if path.is_file() else ""
     ranks = load_ranks(path, expected_sha256=None)
-    _check_ids(sorted(ranks.values()), where, "ranks", dense=False)
+    check_ids(sorted(ranks.values()), where, "ranks", dense=False)
     missing = [b for b in range(256) if bytes([b]) not in ranks]
     if missing:  # tiktoken panics on a text holding a byte it has no token for
         raise TokenizerError(f"{where}: ranks: {len(missing)} of the 256 single bytes have no token (the first: "
                              f"0x{missing[0]:02x}); a byte-level BPE needs them all to encode every text")
     specials = dict(special_tokens) if special_tokens is not None else {EOT_TEXT: max(ranks.values(), default=-1) + 1}
-    _check_specials(specials, where, {v for v in ranks.values()})
+    check_specials(specials, where, {v for v in ranks.values()})
     for s in specials:
         if s.encode() in ranks:
             raise TokenizerError(f"{where}: special token {s!r} is also an ordinary token of the ranks; "
