@@ -318,7 +318,7 @@ class Config:
                 except ValueError as e:
                     raise ConfigError(str(e)) from e
                 continue
-            section_cls = _section_types()[f.name]
+            section_cls = section_types()[f.name]
             values = dict(d.get(f.name, {}))
             if section_cls is DistConfig:  # checkpoints from before dist.shard
                 values = DistConfig.upgrade(values)
@@ -335,7 +335,7 @@ class Config:
 
 
 @functools.cache
-def _section_types() -> dict[str, type]:
+def section_types() -> dict[str, type]:
     """Section name -> its dataclass."""
     hints = field_types(Config)
     return {f.name: hints[f.name] for f in dataclasses.fields(Config)}
@@ -414,7 +414,7 @@ def parse_value(key: str, raw: str, tp: Any) -> Any:
 def config_keys(cfg: Config | None = None) -> dict[str, Any]:
     """Every settable dotted key -> its type (the model keys are those of ``cfg``'s model family)."""
     out = {}
-    for section, section_cls in _section_types().items():
+    for section, section_cls in section_types().items():
         if section == "model":
             section_cls = type(cfg.model) if cfg is not None else GPTConfig
         for name, tp in field_types(section_cls).items():

@@ -65,10 +65,10 @@ def _value(value: object) -> str:
 
 
 def _table(section: str, cls: type, instance: object) -> list[str]:
-    from gptforge.config_help import UNDOCUMENTED, _described, allowed
+    from gptforge.config_help import UNDOCUMENTED, allowed, field_descriptions
     from gptforge.errors import field_types
 
-    docs = _described(cls)
+    docs = field_descriptions(cls)
     rows = ["| key | values | default | what it does |", "|---|---|---|---|"]
     for name, tp in field_types(cls).items():
         default = getattr(instance, name)
@@ -79,11 +79,11 @@ def _table(section: str, cls: type, instance: object) -> list[str]:
 
 def render() -> str:
     """The whole page, from the code as it is now."""
-    from gptforge.config import Config, _section_types
+    from gptforge.config import Config, section_types
     from gptforge.models.registry import FAMILIES
 
     cfg = Config()
-    types = _section_types()
+    types = section_types()
     missing = set(types) - set(SECTIONS)
     if missing:  # a new section needs its one-line title here
         raise KeyError(f"config_doc.SECTIONS has no title for section(s) {sorted(missing)}")

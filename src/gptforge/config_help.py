@@ -68,21 +68,21 @@ def allowed(tp: Any) -> str:
 def describe_keys(cfg: Any = None) -> str:
     """Every key with its allowed values, its value in ``cfg`` (the defaults when None) and one line
     of description (wrapped under it)."""
-    from gptforge.config import Config, _section_types, config_keys
+    from gptforge.config import Config, config_keys, section_types
 
     cfg = cfg or Config()
     lines = []
     for key, tp in config_keys(cfg).items():
         section, name = key.split(".", 1)
         sec = getattr(cfg, section)
-        cls = type(sec) if section == "model" else _section_types()[section]
-        doc = _described(cls).get(name, UNDOCUMENTED)
+        cls = type(sec) if section == "model" else section_types()[section]
+        doc = field_descriptions(cls).get(name, UNDOCUMENTED)
         lines.append(f"  --{key:<28} {allowed(tp):<40} default {getattr(sec, name)!r}")
         lines += textwrap.wrap(doc, width=100, initial_indent=" " * 6, subsequent_indent=" " * 6)
     return "\n".join(lines)
 
 
-def _described(cls: type) -> dict[str, str]:
+def field_descriptions(cls: type) -> dict[str, str]:
     """Comments of ``cls`` and of the dataclasses it inherits from (a family's config may extend another)."""
     out: dict[str, str] = {}
     for base in reversed(cls.__mro__):
