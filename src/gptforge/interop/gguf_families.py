@@ -86,7 +86,7 @@ def scalars_of(cfg, arch: str) -> dict:
 
 def check_export(cfg) -> None:
     """ValueError naming each field of ``cfg`` the family's GGUF cannot carry (read back through the reader)."""
-    from gptforge.interop.hf_llama import MATH_FIELDS, _meaning
+    from gptforge.interop.hf_llama import MATH_FIELDS, field_meaning
 
     arch = FAMILY_ARCH[cfg.family]
     if cfg.qkv_bias or cfg.rope_type == "llama3":
@@ -106,7 +106,7 @@ def check_export(cfg) -> None:
         raise ValueError(f"model.family={cfg.family}: llama.cpp's {arch} cannot carry this model "
                          f"({str(e).removeprefix('<export>: ')}); export hf instead") from None
     f32 = lambda x: float(torch.tensor(x, dtype=torch.float32)) if isinstance(x, float) else x  # noqa: E731
-    differ = [f for f in MATH_FIELDS if f32(_meaning(back, f)) != f32(_meaning(cfg, f))]
+    differ = [f for f in MATH_FIELDS if f32(field_meaning(back, f)) != f32(field_meaning(cfg, f))]
     if differ:
         raise ValueError(f"model.family={cfg.family}: llama.cpp's {arch} architecture fixes or cannot store "
                          + ", ".join(f"model.{f}={getattr(cfg, f)!r} (it would read {getattr(back, f)!r})"

@@ -393,7 +393,7 @@ def _family_config(cfg: LlamaConfig) -> dict:
         back = llama_config_from_hf(config)
     except HFConfigError as e:
         raise ValueError(f"model.family={cfg.family}: this model's config cannot be written as one ({e})") from None
-    differ = [f for f in MATH_FIELDS if _meaning(back, f) != _meaning(cfg, f)]
+    differ = [f for f in MATH_FIELDS if field_meaning(back, f) != field_meaning(cfg, f)]
     if differ:
         raise ValueError(f"model.family={cfg.family}: Hugging Face's {config['architectures'][0]} cannot express "
                          + ", ".join(f"model.{f}={getattr(cfg, f)!r}" for f in differ)
@@ -407,7 +407,7 @@ def window_spans_context(cfg: LlamaConfig) -> bool:
     return 0 < cfg.block_size <= cfg.sliding_window and cfg.family != "gemma3"
 
 
-def _meaning(cfg: LlamaConfig, field: str):
+def field_meaning(cfg: LlamaConfig, field: str):
     """What ``field`` means for the math, two spellings of one model compared equal (head_size 0 or
     n_embd/n_head, an intermediate_size 0 or its derived width, layer_types empty or all sliding, a window
     as long as the context or none)."""
