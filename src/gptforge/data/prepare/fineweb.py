@@ -17,7 +17,7 @@ import os
 
 from gptforge.data.prepare.pipeline import prepare
 from gptforge.data.prepare.settings import PrepareSettings
-from gptforge.data.prepare.sources import HFStreamSource, SourceError, _kind, expand_paths
+from gptforge.data.prepare.sources import HFStreamSource, SourceError, expand_paths, source_kind
 from gptforge.extras import require
 
 SAMPLES = {"10BT": 10_000_000_000, "100BT": 100_000_000_000, "350BT": 350_000_000_000}  # GPT-2 tokens, roughly
@@ -28,7 +28,7 @@ def fineweb_source(edu: bool = False, sample: str = "10BT", data_files: list[str
         raise ValueError(f"--sample {sample!r}: choose one of {', '.join(SAMPLES)}")
     if data_files:  # the same checks as `prepare files` (no device, pipe or dangling link; no file twice)
         files = expand_paths(data_files)
-        other = next((f for f in files if _kind(f) != ".parquet"), None)
+        other = next((f for f in files if source_kind(f) != ".parquet"), None)
         if other is not None:
             raise SourceError(f"--data-files {other}: not a .parquet file (FineWeb's format); `gptforge prepare "
                               "files` reads .txt and .jsonl")

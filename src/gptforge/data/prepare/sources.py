@@ -44,7 +44,7 @@ class Item:
     reason: str = ""
 
 
-def _kind(path: Path) -> str | None:
+def source_kind(path: Path) -> str | None:
     name = path.name.lower()
     for suf in SUFFIXES:
         if name.endswith(suf):
@@ -64,9 +64,9 @@ def _walk(folder: Path) -> tuple[list[Path], list[Path]]:
         if not f.is_file():
             continue
         hidden = any(part.startswith(".") for part in f.relative_to(folder).parts)
-        if _kind(f) and not hidden:
+        if source_kind(f) and not hidden:
             found.append(f)
-        elif _kind(f) or not hidden:  # a hidden file of no readable type (.DS_Store, .git/*) goes unsaid
+        elif source_kind(f) or not hidden:  # a hidden file of no readable type (.DS_Store, .git/*) goes unsaid
             left_out.append((hidden, f))
     return found, [f for _, f in sorted(left_out)]  # files of other types named first: the likelier mistake
 
@@ -116,7 +116,7 @@ def expand_paths(paths: list[str | os.PathLike], repeats: bool = False, note=_st
             for f in found:
                 add(f)
         elif p.is_file():
-            if not _kind(p):
+            if not source_kind(p):
                 raise SourceError(f"{p}: unsupported file type; use one of {', '.join(SUFFIXES)}")
             add(p)
         elif p.exists():  # a device or pipe: there, but no document source
@@ -135,7 +135,7 @@ class FilesSource:
         self.files = expand_paths(paths, repeats)
         self.text_field = text_field
         self.batch_rows = batch_rows
-        if any(_kind(f) == ".parquet" for f in self.files):
+        if any(source_kind(f) == ".parquet" for f in self.files):
             _pyarrow()  # a missing pyarrow is reported now, before any work
 
     def describe(self) -> dict:
@@ -152,7 +152,7 @@ class FilesSource:
         """Item count when cheap to know (txt and parquet footers); None when a jsonl is present."""
         total = 0
         for f in self.files:
-            kind = _kind(f)
+            kind = source_kind(f)
             if kind == ".txt":
                 total += 1
             elif kind == ".parquet":
@@ -167,7 +167,7 @@ class FilesSource:
     def items(self, start: int = 0) -> Iterator[Item]:
         n = 0  # items yielded or skipped so far
         for f in self.files:
-            kind = _kind(f)
+            kind = source_kind(f)
             if kind == ".parquet":
                 it = self._parquet(f, skip=max(0, start - n))
             elif kind == ".txt":
