@@ -56,20 +56,20 @@ from typing import Any
 from jinja2.exceptions import SecurityError, TemplateError
 
 from gptforge.data.jinja_sandbox import (
-    _CURRENT,
-    _GENERATION_TAG,
-    _MARKERS,
-    _ROLE,
     CLOSE,
+    CURRENT_RENDER,
     END_NAMES,
     GEN_OPEN,
+    GENERATION_TAG,
+    MARKERS,
     MAX_OUTPUT,
     OPEN,
-    _compile,
-    _one_line,
-    _plain,
-    _Refused,
-    _Render,
+    ROLE,
+    Refused,
+    Render,
+    compile_template,
+    one_line,
+    plain_value,
 )
 from gptforge.errors import ChatFormatError
 
@@ -105,8 +105,8 @@ class JinjaChatTemplate:
         self.bos = tok.bos_token_id if tok.bos_token_id is not None else tok.eot_token
         self.names = {i: s for s, i in specials.items()}
         self.vocab_size = tok.n_vocab
-        self._template = _compile(source, where)
-        self._has_generation = bool(_GENERATION_TAG.search(source))
+        self._template = compile_template(source, where)
+        self._has_generation = bool(GENERATION_TAG.search(source))
         longest_first = sorted(specials, key=len, reverse=True)
         self._special_re = re.compile("|".join(map(re.escape, longest_first))) if specials else None
         self._specials = specials
@@ -236,7 +236,7 @@ class JinjaChatTemplate:
             if not isinstance(m, dict) or "role" not in m or "content" not in m:
                 raise ChatFormatError(f"message {i}: expected an object with 'role' and 'content', got {m!r:.80}")
             role, content = m["role"], m["content"]
-            if not isinstance(role, str) or not _ROLE.fullmatch(role):
+            if not isinstance(role, str) or not ROLE.fullmatch(role):
                 raise ChatFormatError(f"message {i}: role {role!r:.40} is not a role name (letters, digits, _ and -)")
             if not isinstance(content, str):
                 raise ChatFormatError(f"message {i}: content must be a string, got {type(content).__name__}")
@@ -244,7 +244,7 @@ class JinjaChatTemplate:
         return out
 
     def _mark(self, m: dict[str, str]) -> dict[str, str]:
-        content = _MARKERS.sub("", m["content"])
+        content = MARKERS.sub("", m["content"])
         if self._special_re is not None:
             content = self._special_re.sub(lambda t: f"{OPEN}{t.group(0)}{CLOSE}", content)
         return {"role": m["role"], "content": content}
@@ -254,30 +254,30 @@ class JinjaChatTemplate:
         ctx: dict[str, Any] = {k: v for k, v in (("bos_token", names.get(self.tok.bos_token_id)),
                                                  ("eos_token", names.get(self.tok.eos_token_id))) if v is not None}
         ctx.update(tools=None, documents=None)  # transformers always passes both
-        ctx.update(_plain(extra, f"{self.where}: render keyword"))
+        ctx.update(plain_value(extra, f"{self.where}: render keyword"))
         ctx.update(messages=msgs, add_generation_prompt=bool(add_generation_prompt))
-        state = _Render(track)
-        token = _CURRENT.set(state)
+        state = Render(track)
+        token = CURRENT_RENDER.set(state)
         pieces, size = [], 0
         try:
             for piece in self._template.generate(**ctx):
                 size += len(piece)
                 if size > MAX_OUTPUT:
-                    raise _Refused(f"the output is larger than {MAX_OUTPUT:,} characters")
+                    raise Refused(f"the output is larger than {MAX_OUTPUT:,} characters")
                 state.tick()
                 pieces.append(piece)
-        except _Refused as e:
+        except Refused as e:
             raise ChatFormatError(f"{self.where}: template {self.name!r} refused: {e}") from None
         except SecurityError as e:
             raise ChatFormatError(f"{self.where}: template {self.name!r} is unsafe (reaches for Python internals): "
-                                  f"{_one_line(e)}") from None
+                                  f"{one_line(e)}") from None
         except TemplateError as e:  # raise_exception, undefined names used wrongly
-            raise ChatFormatError(f"{self.where}: template {self.name!r} refuses the conversation: {_one_line(e)}") from None
+            raise ChatFormatError(f"{self.where}: template {self.name!r} refuses the conversation: {one_line(e)}") from None
         except (ArithmeticError, LookupError, TypeError, ValueError, AttributeError, RecursionError, MemoryError) as e:
             raise ChatFormatError(f"{self.where}: template {self.name!r} failed: {type(e).__name__}: "
-                                  f"{_one_line(e)}") from None
+                                  f"{one_line(e)}") from None
         finally:
-            _CURRENT.reset(token)
+            CURRENT_RENDER.reset(token)
         return "".join(pieces)
 
     def _encode(self, clean: str, opens: set[int], closes: set[int], breaks: list[int]
@@ -334,7 +334,7 @@ def _unmark(text: str) -> tuple[str, _Index, set[int], set[int], list[int], list
     gen: list[tuple[int, int]] = []
     gen_start: int | None = None
     last = 0
-    for m in _MARKERS.finditer(text):
+    for m in MARKERS.finditer(text):
         clean.append(text[last:m.start()])
         pos = m.start() - len(where)  # its clean position
         where.append(m.start())

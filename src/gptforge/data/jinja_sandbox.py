@@ -56,20 +56,20 @@ END_NAMES = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")
 
 # markers: U+FDD0/U+FDD1 around special text typed in content, U+FDD2/U+FDD3 around generation blocks
 OPEN, CLOSE, GEN_OPEN, GEN_CLOSE = "\ufdd0", "\ufdd1", "\ufdd2", "\ufdd3"
-_MARKERS = re.compile("[\ufdd0-\ufdd3]")
-_GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
-_ROLE = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,31}")
+MARKERS = re.compile("[\ufdd0-\ufdd3]")
+GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
+ROLE = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,31}")
 _DIGITS = re.compile(r"\d+")
 _NESTED_SPEC = re.compile(r"\{[^{}]*:[^{}]*\{")  # a replacement field whose format spec holds another field
 _INTERNALS = frozenset({"mro", "func_globals", "func_code", "gi_frame", "gi_code", "cr_frame", "f_globals",
                         "f_locals", "f_builtins", "tb_frame", "im_func", "im_self"})
 
 
-class _Refused(Exception):
+class Refused(Exception):
     """A bound was hit inside a render; the renderer turns it into a ChatFormatError naming the template."""
 
 
-class _Render:
+class Render:
     """The state of one render: its deadline, what it has made so far, whether generation blocks are marked."""
 
     def __init__(self, track: bool):
@@ -79,21 +79,21 @@ class _Render:
 
     def tick(self) -> None:
         if time.monotonic() > self.deadline:
-            raise _Refused(f"the render ran past its {DEADLINE_S:g} s deadline (a loop that runs for ever or very long)")
+            raise Refused(f"the render ran past its {DEADLINE_S:g} s deadline (a loop that runs for ever or very long)")
 
     def spend(self, n: int, what: str) -> None:
         if n > MAX_VALUE:
-            raise _Refused(f"{what} would make a value of {n:,} characters (at most {MAX_VALUE:,})")
+            raise Refused(f"{what} would make a value of {n:,} characters (at most {MAX_VALUE:,})")
         self.made += n
         if self.made > MAX_MADE:
-            raise _Refused(f"the render made more than {MAX_MADE:,} characters in all")
+            raise Refused(f"the render made more than {MAX_MADE:,} characters in all")
 
 
-_CURRENT: contextvars.ContextVar[_Render | None] = contextvars.ContextVar("gptforge_chat_render", default=None)
+CURRENT_RENDER: contextvars.ContextVar[Render | None] = contextvars.ContextVar("gptforge_chat_render", default=None)
 
 
-def _tick() -> _Render | None:
-    r = _CURRENT.get()
+def _tick() -> Render | None:
+    r = CURRENT_RENDER.get()
     if r is not None:
         r.tick()
     return r
@@ -109,7 +109,7 @@ def _weight(x: Any, limit: int = MAX_VALUE) -> int:
         v = stack.pop()
         walked += 1
         if walked > MAX_WALK or (isinstance(v, (list, tuple, dict)) and len(v) > MAX_WALK):
-            raise _Refused(f"a value of more than {MAX_WALK:,} items (at most {MAX_WALK:,}: too many to weigh in "
+            raise Refused(f"a value of more than {MAX_WALK:,} items (at most {MAX_WALK:,}: too many to weigh in "
                            "one step of a render)")
         if isinstance(v, str):
             total += len(v)
@@ -135,13 +135,13 @@ def _weight(x: Any, limit: int = MAX_VALUE) -> int:
 
 def _check_int(v: Any, what: str) -> None:
     if isinstance(v, int) and not isinstance(v, bool) and abs(v) > MAX_WIDTH:
-        raise _Refused(f"{what}: argument {v} is too large (at most {MAX_WIDTH:,})")
+        raise Refused(f"{what}: argument {v} is too large (at most {MAX_WIDTH:,})")
 
 
 def _check_format(fmt: str, what: str) -> None:
     for d in _DIGITS.findall(fmt):
         if len(d) > 6 or int(d) > MAX_WIDTH:
-            raise _Refused(f"{what}: the format string asks for width {d[:12]} (at most {MAX_WIDTH:,})")
+            raise Refused(f"{what}: the format string asks for width {d[:12]} (at most {MAX_WIDTH:,})")
 
 
 def _estimate_str_method(s: str, name: str, args: tuple, kwargs: dict) -> int:
@@ -172,7 +172,7 @@ def _estimate_str_method(s: str, name: str, args: tuple, kwargs: dict) -> int:
         else:  # on whitespace: at most one item a character
             items = len(s)
         if items > MAX_ITEMS:
-            raise _Refused(f"str.{name} would make a list of up to {items:,} items (at most {MAX_ITEMS:,})")
+            raise Refused(f"str.{name} would make a list of up to {items:,} items (at most {MAX_ITEMS:,})")
     if name == "expandtabs":
         return len(s) * (int(vals[0]) if vals and isinstance(vals[0], int) else 8)
     return len(s) + sum(_weight(v) + (abs(v) if isinstance(v, int) and not isinstance(v, bool) else 0) for v in vals)
@@ -188,12 +188,12 @@ def _estimate_filter(name: str, args: tuple, kwargs: dict) -> int:
         if name in _CHAR_FILTERS:
             n = _weight(value, MAX_SLOW_CHARS + 1)
             if n > MAX_SLOW_CHARS:
-                raise _Refused(f"filter {name} on a value of more than {MAX_SLOW_CHARS:,} characters (it walks them "
+                raise Refused(f"filter {name} on a value of more than {MAX_SLOW_CHARS:,} characters (it walks them "
                                "one by one, too long for one step of a render)")
         else:
             n = len(value) if isinstance(value, (str, list, tuple, dict, range)) else 0
             if n > MAX_ITEMS:
-                raise _Refused(f"filter {name} on {n:,} items (at most {MAX_ITEMS:,}: it walks them one by one, "
+                raise Refused(f"filter {name} on {n:,} items (at most {MAX_ITEMS:,}: it walks them one by one, "
                                "too long for one step of a render)")
     if name in ("e", "escape", "forceescape") and isinstance(value, str):
         return len(value) + 4 * sum(value.count(c) for c in _ESCAPED)
@@ -202,7 +202,7 @@ def _estimate_filter(name: str, args: tuple, kwargs: dict) -> int:
     if name == "tojson":
         indent = kwargs.get("indent", args[1] if len(args) > 1 else None)
         if isinstance(indent, int) and indent > 64:
-            raise _Refused(f"filter tojson: indent {indent} is too large (at most 64)")
+            raise Refused(f"filter tojson: indent {indent} is too large (at most 64)")
         return _weight(value) * (4 + (indent if isinstance(indent, int) and indent > 0 else 0))
     if name == "format" and isinstance(value, str):
         _check_format(value, "filter format")
@@ -249,7 +249,7 @@ class _Generation(jinja2.ext.Extension):
 
     def _mark(self, caller: Any) -> str:
         out = caller()
-        r = _CURRENT.get()
+        r = CURRENT_RENDER.get()
         return f"{GEN_OPEN}{out}{GEN_CLOSE}" if r is not None and r.track else out
 
 
@@ -297,14 +297,14 @@ def _lipsum(n: Any = 5, html: bool = True, min: Any = 20, max: Any = 100) -> str
     (lipsum(100000) took 5 s CPU and 45 MB before the size bound refused it)."""
     for what, v in (("n", n), ("min", min), ("max", max)):
         if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= 1000:
-            raise _Refused(f"lipsum: {what}={v!r:.20} (an integer from 0 to 1,000)")
+            raise Refused(f"lipsum: {what}={v!r:.20} (an integer from 0 to 1,000)")
     return jinja2.utils.generate_lorem_ipsum(n=n, html=html, min=min, max=max)
 
 
 def _strftime_now(fmt: Any) -> str:
     fmt = str(fmt)
     if len(fmt) > 256:
-        raise _Refused("strftime_now: format longer than 256 characters")
+        raise Refused("strftime_now: format longer than 256 characters")
     _check_format(fmt, "strftime_now")
     return datetime.now().strftime(fmt)
 
@@ -341,13 +341,13 @@ class _BoundedSandbox(ImmutableSandboxedEnvironment):
 
     def _gf_concat(self, *parts: Any) -> str:
         strs = [str(p) for p in parts]
-        r = _CURRENT.get()
+        r = CURRENT_RENDER.get()
         if r is not None:
             r.spend(sum(map(len, strs)), "'~'")
         return "".join(strs)
 
     def _gf_out(self, value: Any) -> Any:
-        r = _CURRENT.get()
+        r = CURRENT_RENDER.get()
         if r is not None:  # a container prints as its repr: estimated before Jinja makes it
             r.spend(len(value) if isinstance(value, str) else 6 * _weight(value) + 32, "output")
         return value
@@ -358,7 +358,7 @@ class _BoundedSandbox(ImmutableSandboxedEnvironment):
         if r is not None:
             for v in (*args, *kwargs.values()):
                 if isinstance(v, int) and not isinstance(v, bool) and v.bit_length() > MAX_INT_BITS:
-                    raise _Refused(f"a call with a {v.bit_length():,}-bit integer argument")
+                    raise Refused(f"a call with a {v.bit_length():,}-bit integer argument")
         out = super().call(__context, __obj, *args, **kwargs)
         if r is not None:
             r.spend(_weight(out), "a call")
@@ -406,16 +406,16 @@ def _binop_size(op: str, left: Any, right: Any) -> int:
 
     if op == "**" and is_int(left) and is_int(right) and abs(left) > 1 and right > 0:
         if right * left.bit_length() > MAX_INT_BITS:
-            raise _Refused(f"'**' would make an integer of about {right * left.bit_length():,} bits")
+            raise Refused(f"'**' would make an integer of about {right * left.bit_length():,} bits")
         return 0
     if op == "*":
         if is_int(left) and is_int(right):
             if left.bit_length() + right.bit_length() > MAX_INT_BITS:
-                raise _Refused("'*' would make a huge integer")
+                raise Refused("'*' would make a huge integer")
             return 0
         seq, n = (left, right) if is_int(right) else (right, left)
         if is_int(n) and isinstance(seq, (list, tuple)) and len(seq) * n > MAX_WALK:
-            raise _Refused(f"'*' would make a list of {len(seq) * n:,} items (at most {MAX_WALK:,})")
+            raise Refused(f"'*' would make a list of {len(seq) * n:,} items (at most {MAX_WALK:,})")
         if is_int(n) and isinstance(seq, (str, list, tuple)):
             return _weight(seq) * max(n, 0)
         return 0
@@ -423,7 +423,7 @@ def _binop_size(op: str, left: Any, right: Any) -> int:
         if is_int(left) and is_int(right):
             return 0
         if isinstance(left, (list, tuple)) and isinstance(right, (list, tuple)) and len(left) + len(right) > MAX_WALK:
-            raise _Refused(f"'+' would make a list of {len(left) + len(right):,} items (at most {MAX_WALK:,})")
+            raise Refused(f"'+' would make a list of {len(left) + len(right):,} items (at most {MAX_WALK:,})")
         return _weight(left) + _weight(right)
     if op == "%" and isinstance(left, str):
         _check_format(left, "'%'")
@@ -434,13 +434,13 @@ def _binop_size(op: str, left: Any, right: Any) -> int:
     return 0
 
 
-def _compile(source: str, where: str) -> jinja2.Template:
+def compile_template(source: str, where: str) -> jinja2.Template:
     """``source`` compiled in the bounded sandbox; a syntax error or a template too large is refused."""
     if not isinstance(source, str):
         raise ChatFormatError(f"{where}: template: expected Jinja text, found {type(source).__name__}")
     if len(source) > MAX_TEMPLATE_BYTES or len(source.encode("utf-8", "surrogatepass")) > MAX_TEMPLATE_BYTES:
         raise ChatFormatError(f"{where}: template: larger than {MAX_TEMPLATE_BYTES // 1024} KiB")
-    if _MARKERS.search(source):
+    if MARKERS.search(source):
         raise ChatFormatError(f"{where}: template: holds U+FDD0..U+FDD3, which gptforge reserves to mark message text")
     env = _BoundedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=[_Generation, jinja2.ext.loopcontrols])
     env.filters["tojson"] = _tojson
@@ -456,22 +456,22 @@ def _compile(source: str, where: str) -> jinja2.Template:
                                       f"(.{attr[:40]}); refused")
         return env.from_string(source)
     except TemplateSyntaxError as e:
-        raise ChatFormatError(f"{where}: template: Jinja syntax error on line {e.lineno}: {_one_line(e.message)}") from None
+        raise ChatFormatError(f"{where}: template: Jinja syntax error on line {e.lineno}: {one_line(e.message)}") from None
     except (TemplateError, RecursionError, MemoryError) as e:
-        raise ChatFormatError(f"{where}: template: does not compile: {_one_line(str(e))}") from None
+        raise ChatFormatError(f"{where}: template: does not compile: {one_line(str(e))}") from None
 
 
-def _one_line(s: Any, n: int = 200) -> str:
+def one_line(s: Any, n: int = 200) -> str:
     s = " ".join(str(s).split())
     return s if len(s) <= n else s[: n - 3] + "..."
 
 
-def _plain(x: Any, where: str, depth: int = 0) -> Any:
+def plain_value(x: Any, where: str, depth: int = 0) -> Any:
     """Template data as plain JSON types only (nothing with methods the sandbox does not know)."""
     if x is None or type(x) in (str, int, float, bool):
         return x
     if depth < 32 and isinstance(x, (list, tuple)):
-        return [_plain(v, where, depth + 1) for v in x]
+        return [plain_value(v, where, depth + 1) for v in x]
     if depth < 32 and isinstance(x, dict):
-        return {str(k): _plain(v, where, depth + 1) for k, v in x.items()}
+        return {str(k): plain_value(v, where, depth + 1) for k, v in x.items()}
     raise ChatFormatError(f"{where}: a {type(x).__name__} is not template data (strings, numbers, lists, objects)")
