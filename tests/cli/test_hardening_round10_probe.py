@@ -1,0 +1,136 @@
+"""Hardening round ten, a hostile user's probes of round nine's mechanisms.
+
+* A run directory given to a reader (``sample/export/eval/serve --ckpt RUN``, ``--init-from RUN``) means the
+  newest checkpoint that is the run's own save of its step, as ``--resume`` takes it: a step folder copied in
+  from another run (its run id), or another step's save under a newer name, was read silently as the run's
+  newest. ``run/checkpoint.py``'s ``resolve_checkpoint`` (every reader's one resolution) skips it, said once on
+  stderr naming it and why.
+* A LoRA checkpoint's meta.json is checked against model.safetensors' header as every other checkpoint's is
+  (load.py's adapters branch skipped it), and the header records the adapters' rank, alpha and targets.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from gptforge.cli import main
+from gptforge.run import checkpoint as ckpt
+from tests.conftest import make_shards
+from tests.run.faults import finished_run, train_argv
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Run ``own`` (saves at steps 2 and 4) and run ``other`` (another seed; saves at 3 and 6)."""
+    tmp = tmp_path_factory.mktemp("probe10")
+    shards = make_shards(tmp / "shards", 20_000, 4_000)
+    other = tmp / "other"
+    assert main(train_argv(shards, other, "--train.max_steps", "6", "--train.ckpt_every", "3",
+                           "--train.seed", "7")) == 0
+    return {"tmp": tmp, "own": finished_run(shards, tmp / "own"), "other": other}
+
+
+def _exported_wte(run: Path, out: Path) -> torch.Tensor:
+    assert main(["export", "hf", "--ckpt", str(run), "--out", str(out), "--no-tokenizer"]) == 0
+    return load_file(str(out / "model.safetensors"))["transformer.wte.weight"]
+
+
+def _wte(step_dir: Path) -> torch.Tensor:
+    return load_file(str(step_dir / "model.safetensors"))["transformer.wte.weight"]
+
+
+def test_a_run_path_skips_another_runs_step_folder_and_another_steps_save_saying_each_once(runs, tmp_path,
+                                                                                         capsys):
+    run = tmp_path / "run"
+    shutil.copytree(runs["own"], run)
+    cks = run / "checkpoints"
+    shutil.copytree(runs["other"] / "checkpoints" / "step_000006", cks / "step_000006")  # another run's, newest
+    ckpt.verify_checkpoint(cks / "step_000006")  # whole in itself: only its run id tells it
+    capsys.readouterr()
+    assert torch.equal(_exported_wte(run, tmp_path / "hf"), _wte(cks / "step_000004"))
+    err = capsys.readouterr().err
+    said = [x for x in err.splitlines() if x.startswith(f"{run}: skipping checkpoint step_000006: ")]
+    assert len(said) == 1 and "a checkpoint of another run" in said[0], err  # once, though export resolves often
+    # step 2's save copied under a newer name (step_000008): not the run's step 8, skipped too
+    shutil.copytree(cks / "step_000002", cks / "step_000008")
+    assert ckpt.resolve_checkpoint(run, warn=lambda m: None) == cks / "step_000004"
+    # nothing left but the renamed save: one line naming what was skipped, not a model under a false step
+    for name in ("step_000002", "step_000004", "step_000006"):
+        shutil.rmtree(cks / name)
+    capsys.readouterr()
+    assert main(["export", "hf", "--ckpt", str(run), "--out", str(tmp_path / "hf2"), "--no-tokenizer"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (f"gptforge export: error: {run} holds no checkpoint of its own run (looked in {cks}: "
+                       "step_000008, each skipped above)"), err
+    assert "step = 2, but the checkpoint directory is step_000008" in err[-2] and not (tmp_path / "hf2").exists()
+    # a step folder named directly is read as given (the user chose it)
+    assert ckpt.resolve_checkpoint(cks / "step_000008") == cks / "step_000008"
+
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory):
+    """A 1-step LoRA sft run over the tiny chat model."""
+    from tests.training.commands import RUNS, make_world
+
+    tmp = tmp_path_factory.mktemp("lora10")
+    args = RUNS["sft", None](make_world(tmp))
+    args[args.index("--steps") + 1] = "1"
+    assert main([*args, "--lora.rank", "2", "--out", str(tmp / "lora")]) == 0
+    return tmp / "lora"
+
+
+def _n_head(m):  # keeps every shape: the base's weights loaded into a 4-head model (silent for LoRA before)
+    m["config"]["model"]["n_head"] = 4
+
+
+def _alpha(m):  # the adapters' scale alpha / rank: another model from the same files, no shape tells it
+    m["config"]["lora"]["alpha"] *= 100
+
+
+@pytest.mark.parametrize("edit,field,saved", [(_n_head, "config.model.n_head = 4", "2"),
+                                              (_alpha, "config.lora.alpha = 1600.0", "16.0")])
+def test_a_lora_checkpoints_meta_json_edit_is_refused_by_its_readers(lora_run, tmp_path, capsys, edit, field, saved):
+    """Round nine's check of meta.json against model.safetensors' header was skipped for LoRA checkpoints on every
+    reader (load.py took the adapters' branch first) and never covered the adapters' own settings."""
+    run = tmp_path / "run"
+    shutil.copytree(lora_run, run)
+    meta = ckpt.latest_checkpoint(run) / "meta.json"
+    data = json.loads(meta.read_text())
+    edit(data)
+    meta.write_text(json.dumps(data))
+    capsys.readouterr()
+    for argv in (["sample", "--ckpt", str(run), "--prompt", "hi", "--max-new-tokens", "2", "--device", "cpu"],
+                 ["export", "hf", "--ckpt", str(run), "--out", str(tmp_path / "hf")]):
+        assert main(argv) == 2
+        line = capsys.readouterr().err.strip().splitlines()[-1]
+        assert line.startswith(f"gptforge {argv[0]}: error: {meta}: {field}, but ") \
+            and f"was saved with {saved} " in line, line
+    assert not (tmp_path / "hf").exists()
+
+
+def test_a_lora_checkpoint_saved_before_its_settings_were_recorded_still_loads(lora_run, tmp_path, capsys):
+    """A header record without "lora" (saved by round nine): the adapters' settings are not compared, the rest is."""
+    from safetensors.torch import save_file
+
+    from gptforge.run.checkpoint import MODEL_RECORD, sha256_file
+    from gptforge.sizecheck import header_metadata
+
+    run = tmp_path / "run"
+    shutil.copytree(lora_run, run)
+    ck = ckpt.latest_checkpoint(run)
+    weights = ck / "model.safetensors"
+    header = header_metadata(weights)
+    record = json.loads(header[MODEL_RECORD])
+    assert record["lora"] == {"rank": 2, "alpha": 16.0, "targets": ""}  # what this round records
+    del record["lora"]
+    save_file(load_file(str(weights)), str(weights), metadata={**header, MODEL_RECORD: json.dumps(record)})
+    data = json.loads((ck / "meta.json").read_text())
+    data["files"]["model.safetensors"] = sha256_file(weights)
+    (ck / "meta.json").write_text(json.dumps(data))
+    assert main(["sample", "--ckpt", str(run), "--prompt", "hi", "--max-new-tokens", "2", "--device", "cpu"]) == 0
