@@ -7,11 +7,14 @@
   stderr naming it and why.
 * A LoRA checkpoint's meta.json is checked against model.safetensors' header as every other checkpoint's is
   (load.py's adapters branch skipped it), and the header records the adapters' rank, alpha and targets.
+* OMP_NUM_THREADS as libgomp reads it (nested "2,1", "+3"): kept, and the run's thread count, by one parse
+  (environment.omp_threads).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -71,6 +74,23 @@ def test_a_run_path_skips_another_runs_step_folder_and_another_steps_save_saying
     assert "step = 2, but the checkpoint directory is step_000008" in err[-2] and not (tmp_path / "hf2").exists()
     # a step folder named directly is read as given (the user chose it)
     assert ckpt.resolve_checkpoint(cks / "step_000008") == cks / "step_000008"
+
+
+@pytest.mark.parametrize("value,threads", [("2,1", 2), (" +3 ", 3), ("1,1,1", 1)])
+def test_omp_num_threads_as_libgomp_reads_it_is_kept_and_is_the_runs_thread_count(monkeypatch, capsys, value,
+                                                                                  threads):
+    """Nested "2,1" (one count per nesting level) and "+3" are values libgomp takes (torch's pool gets the first
+    level): round nine dropped "2,1" as 'not a positive whole number', and train.threads auto read "+3" as unset
+    (1 thread) where torch's own default took 3."""
+    from gptforge.runtime import auto_threads
+
+    monkeypatch.setenv("OMP_NUM_THREADS", value)
+    assert main(["presets"]) == 0
+    assert "OMP_NUM_THREADS" not in capsys.readouterr().err and "OMP_NUM_THREADS" in os.environ
+    assert auto_threads(torch.device("cpu")) == threads
+    monkeypatch.setenv("OMP_NUM_THREADS", "2,0")  # a level of none: libgomp refuses it, so is it here
+    assert main(["presets"]) == 0
+    assert "OMP_NUM_THREADS='2,0' is not a positive whole number" in capsys.readouterr().err
 
 
 @pytest.fixture(scope="module")
