@@ -7,7 +7,8 @@
   once, before torch reads it; a umask that masks the owner's own permissions (0277, 0777) gives them back;
 * the standard streams (:func:`standard_streams`): a closed fd 0/1/2 (``>&-``) is /dev/null, so no file the
   command opens takes its number; bytes stdin's encoding cannot decode are replaced (U+FFFD); text the stream's
-  encoding cannot hold (``PYTHONIOENCODING=ascii``, a latin-1 locale) is replaced, not raised; a write that fails (a terminal that hung up: EIO; /dev/full:
+  encoding cannot hold (``PYTHONIOENCODING=ascii``, a latin-1 locale, or an error handler Python does not know:
+  ``ascii:bogus``) is replaced, not raised; a write that fails (a terminal that hung up: EIO; /dev/full:
   ENOSPC; a pipe with no reader: EPIPE) never kills a training run unsaved: the stream is pointed at /dev/null; a pipe
   whose reader left (``train | head``) stops the run as SIGTERM does (checkpoint, then exit 141), any other
   failure lets it run to its end, and the command ends with one line and a non-zero status. Outside a run stdout's
@@ -210,7 +211,7 @@ class GuardedStream:
         try:
             try:
                 return self.inner.write(s)
-            except UnicodeEncodeError:
+            except (UnicodeEncodeError, LookupError):  # LookupError: PYTHONIOENCODING=ascii:NAME names no handler
                 enc = getattr(self.inner, "encoding", None) or "ascii"
                 self.inner.write(s.encode(enc, "replace").decode(enc))
                 return len(s)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -94,15 +95,22 @@ def test_omp_num_threads_as_libgomp_reads_it_is_kept_and_is_the_runs_thread_coun
 
 
 @pytest.fixture(scope="module")
-def lora_run(tmp_path_factory):
-    """A 1-step LoRA sft run over the tiny chat model."""
-    from tests.training.commands import RUNS, make_world
+def world(tmp_path_factory):
+    from tests.training.commands import make_world
 
-    tmp = tmp_path_factory.mktemp("lora10")
-    args = RUNS["sft", None](make_world(tmp))
+    return make_world(tmp_path_factory.mktemp("world10"))
+
+
+@pytest.fixture(scope="module")
+def lora_run(world):
+    """A 1-step LoRA sft run over the tiny chat model."""
+    from tests.training.commands import RUNS
+
+    args = RUNS["sft", None](world)
     args[args.index("--steps") + 1] = "1"
-    assert main([*args, "--lora.rank", "2", "--out", str(tmp / "lora")]) == 0
-    return tmp / "lora"
+    out = Path(world["tmp"]) / "lora"
+    assert main([*args, "--lora.rank", "2", "--out", str(out)]) == 0
+    return out
 
 
 def _n_head(m):  # keeps every shape: the base's weights loaded into a 4-head model (silent for LoRA before)
@@ -154,3 +162,37 @@ def test_a_lora_checkpoint_saved_before_its_settings_were_recorded_still_loads(l
     data["files"]["model.safetensors"] = sha256_file(weights)
     (ck / "meta.json").write_text(json.dumps(data))
     assert main(["sample", "--ckpt", str(run), "--prompt", "hi", "--max-new-tokens", "2", "--device", "cpu"]) == 0
+
+
+def test_chat_reads_a_line_no_further_than_its_bound(world, monkeypatch, capsys):
+    """`chat < /dev/zero` (or a binary file): readline held the whole endless "line" in memory before the first
+    message. A line past LINE_MAX characters is one error line, read no further; a long one within it is taken."""
+    import io
+
+    from gptforge.cli import chat
+
+    monkeypatch.setattr(chat, "LINE_MAX", 1000)  # the bound, small: what is read past it is what is tested
+    endless = io.StringIO("\0" * 5000)
+    monkeypatch.setattr(sys, "stdin", endless)
+    assert main(["chat", "--ckpt", world["chat"], "--max-new-tokens", "2", "--device", "cpu"]) == 2
+    assert endless.tell() == 1001  # LINE_MAX + 1 characters read, not the rest
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "gptforge chat: error: stdin: a line longer than 1,000 characters (no newline in sight: a binary file or a "
+        "device such as /dev/zero?); chat reads one message a line")
+    for within in ("x" * 1000 + "\n/quit\n", "x" * 1000):  # exactly the bound, with its newline or at the end
+        monkeypatch.setattr(sys, "stdin", io.StringIO(within))
+        assert main(["chat", "--ckpt", world["chat"], "--max-new-tokens", "2", "--device", "cpu"]) == 0
+
+
+def test_an_error_handler_python_does_not_know_is_met_as_an_encoding_that_cannot_hold_the_text(world, monkeypatch):
+    """PYTHONIOENCODING=ascii:bogus: Python starts, and the first character the encoding cannot hold raised
+    LookupError (unknown error handler) as a traceback out of sample; now replaced as for a plain ascii stream."""
+    import io
+
+    raw = io.BytesIO()
+    stream = io.TextIOWrapper(raw, encoding="ascii", errors="bogus", write_through=True)  # (kept: closes raw at gc)
+    monkeypatch.setattr(sys, "stdout", stream)
+    code = main(["sample", "--ckpt", world["chat"], "--prompt", "caf\u00e9 \u2192", "--max-new-tokens", "2",
+                 "--device", "cpu"])
+    monkeypatch.undo()
+    assert code == 0 and "caf? ?" in raw.getvalue().decode("ascii")
