@@ -280,7 +280,9 @@ class Streams:
         if e is None or _hung_up:
             return code
         if self.out.reader_gone:  # `gptforge train | head`: the reader's choice, said as a shell says it (a run it
-            return closed_code if code in (0, 130) else code  # stopped saved first and returned 130)
+            if os.environ.get("TORCHELASTIC_RUN_ID"):  # stopped saved first and returned 130), except to torchrun:
+                return code  # a non-zero worker is a failure it reports, or restarts (run/faults.py's exit_status)
+            return closed_code if code in (0, 130) else code
         self.err.write(f"{command}: error: stdout stopped taking output ({e.strerror or e}); what it printed "
                        "after that was lost, though the command ran to its end and its files are complete\n")
         self.err.flush()

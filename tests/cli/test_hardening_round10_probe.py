@@ -7,6 +7,8 @@
   stderr naming it and why.
 * A LoRA checkpoint's meta.json is checked against model.safetensors' header as every other checkpoint's is
   (load.py's adapters branch skipped it), and the header records the adapters' rank, alpha and targets.
+* `torchrun ... train | head`: every rank stops at one step, one checkpoint, and the workers exit 0 (rank 0's 141 was
+  torchrun's "gptforge FAILED").
 * OMP_NUM_THREADS as libgomp reads it (nested "2,1", "+3"): kept, and the run's thread count, by one parse
   (environment.omp_threads).
 """
@@ -196,3 +198,34 @@ def test_an_error_handler_python_does_not_know_is_met_as_an_encoding_that_cannot
                  "--device", "cpu"])
     monkeypatch.undo()
     assert code == 0 and "caf? ?" in raw.getvalue().decode("ascii")
+
+
+def test_under_torchrun_a_closed_stdout_pipe_stops_every_rank_at_one_checkpoint_and_exits_0(runs, tmp_path):
+    """`torchrun --nproc_per_node 2 -m gptforge train ... | head -3`: the ranks agreed on the stop (one checkpoint),
+    but rank 0 exited 141, which torchrun reports as "gptforge FAILED" with a traceback (and with --max-restarts
+    restarts the group, which resumes and trains on), although rank 0 had just said the workers exit 0. A stop
+    under torchrun exits 0 (run/faults.py's exit_status), a closed pipe's as a signal's."""
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    env.update({"PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2] / "src"), env.get("PYTHONPATH", "")]),
+                "OMP_NUM_THREADS": "1"})
+    out = tmp_path / "dist"
+    argv = train_argv(runs["tmp"] / "shards", out, "--train.max_steps", "400", "--train.ckpt_every", "0",
+                      "--train.log_every", "1")
+    p = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                          "-m", "gptforge", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                         start_new_session=True)
+    try:
+        for _ in range(3):  # `head -3`
+            assert p.stdout.readline()
+        p.stdout.close()
+        err = p.communicate(timeout=300)[1].decode(errors="replace")
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, 9)
+    assert p.returncode == 0 and "FAILED" not in err, err[-3000:]
+    assert "stdout's reader left (a closed pipe): finishing this step, saving a checkpoint" in err
+    saved = ckpt.list_checkpoints(out)
+    assert len(saved) == 1 and 2 <= ckpt.read_meta(saved[0])["step"] < 400, saved  # one save, by all ranks at once
+    ckpt.verify_checkpoint(saved[0])
