@@ -6,7 +6,8 @@
   newest. ``run/checkpoint.py``'s ``resolve_checkpoint`` (every reader's one resolution) skips it, said once on
   stderr naming it and why.
 * A LoRA checkpoint's meta.json is checked against model.safetensors' header as every other checkpoint's is
-  (load.py's adapters branch skipped it), and the header records the adapters' rank, alpha and targets.
+  (load.py's adapters branch skipped it), and the header records the adapters' rank, alpha and targets; so is a
+  reward model's where reward models load (training/rm.py).
 * `torchrun ... train | head`: every rank stops at one step, one checkpoint, and the workers exit 0 (rank 0's 141 was
   torchrun's "gptforge FAILED").
 * OMP_NUM_THREADS as libgomp reads it (nested "2,1", "+3"): kept, and the run's thread count, by one parse
@@ -229,3 +230,22 @@ def test_under_torchrun_a_closed_stdout_pipe_stops_every_rank_at_one_checkpoint_
     saved = ckpt.list_checkpoints(out)
     assert len(saved) == 1 and 2 <= ckpt.read_meta(saved[0])["step"] < 400, saved  # one save, by all ranks at once
     ckpt.verify_checkpoint(saved[0])
+
+
+def test_a_reward_models_meta_json_edit_is_refused_where_reward_models_load(world, tmp_path, capsys):
+    """training/rm.py's loader (eval --preferences, export of an rm, rl --reward-model, prepare --judge) built the
+    model from meta.json without round nine's check against the weights' header: n_head 2 -> 4 scored silently."""
+    from tests.training.commands import RUNS
+
+    args = RUNS["rm", None](world)
+    args[args.index("--steps") + 1] = "1"
+    run = tmp_path / "rm"
+    assert main([*args, "--out", str(run)]) == 0
+    meta = ckpt.latest_checkpoint(run) / "meta.json"
+    data = json.loads(meta.read_text())
+    _n_head(data)
+    meta.write_text(json.dumps(data))
+    capsys.readouterr()
+    assert main(["eval", "--ckpt", str(run), "--preferences", world["prefs"], "--device", "cpu"]) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith(f"gptforge eval: error: {meta}: config.model.n_head = 4, but "), line
