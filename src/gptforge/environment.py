@@ -7,7 +7,8 @@
   once, before torch reads it; a umask that masks the owner's own permissions (0277, 0777) gives them back;
 * the standard streams (:func:`standard_streams`): a closed fd 0/1/2 (``>&-``) is /dev/null, so no file the
   command opens takes its number; bytes stdin's encoding cannot decode are replaced (U+FFFD); text the stream's
-  encoding cannot hold (``PYTHONIOENCODING=ascii``, a latin-1 locale) is replaced, not raised; a write that fails (a terminal that hung up: EIO; /dev/full:
+  encoding cannot hold (``PYTHONIOENCODING=ascii``, a latin-1 locale, or an error handler Python does not know:
+  ``ascii:bogus``) is replaced, not raised; a write that fails (a terminal that hung up: EIO; /dev/full:
   ENOSPC; a pipe with no reader: EPIPE) never kills a training run unsaved: the stream is pointed at /dev/null; a pipe
   whose reader left (``train | head``) stops the run as SIGTERM does (checkpoint, then exit 141), any other
   failure lets it run to its end, and the command ends with one line and a non-zero status. Outside a run stdout's
@@ -71,26 +72,40 @@ def usable_cpus() -> int:
 THREADS_PER_CPU_MAX = 64
 
 
+def omp_levels(raw: str) -> list[int] | None:
+    """OMP_NUM_THREADS as libgomp reads it: a positive whole number per nesting level, comma-separated
+    ("4", " +4 ", "4,1": 4 threads, 1 in each nested region); None when it is not that."""
+    try:
+        levels = [int(part.strip()) for part in raw.split(",")]
+    except ValueError:
+        return None
+    return levels if all(n >= 1 for n in levels) else None
+
+
+def omp_threads() -> int | None:
+    """The thread count OMP_NUM_THREADS gives the outer level (what torch's intra-op pool gets), or None when unset
+    or not a value libgomp takes. The one parse: :func:`fix_thread_count` and ``runtime.auto_threads``."""
+    levels = omp_levels(os.environ.get("OMP_NUM_THREADS", ""))
+    return levels[0] if levels else None
+
+
 def fix_thread_count(say: Callable[[str], None]) -> None:
-    """OMP_NUM_THREADS, before torch's OpenMP reads it: a value that is not a positive whole number is dropped
-    (the thread count is then gptforge's own, --train.threads), one past THREADS_PER_CPU_MAX a usable CPU is
-    capped at the CPUs (libgomp segfaults on 99999999; a deliberate oversubscription, 2-4 threads a core as
-    docs/benchmarks.md measures, is left alone). Said once: the variable is rewritten, so a re-executed command
-    (tcmalloc) or a worker sees the fixed value."""
+    """OMP_NUM_THREADS, before torch's OpenMP reads it: a value libgomp does not take (:func:`omp_levels`) is
+    dropped (the thread count is then gptforge's own, --train.threads), an outer level past THREADS_PER_CPU_MAX a
+    usable CPU is capped at the CPUs (libgomp segfaults on 99999999; a deliberate oversubscription, 2-4 threads a
+    core as docs/benchmarks.md measures, is left alone). Said once: the variable is rewritten, so a re-executed
+    command (tcmalloc) or a worker sees the fixed value."""
     raw = os.environ.get("OMP_NUM_THREADS")
     if raw is None:
         return
-    try:
-        n = int(raw.strip())
-    except ValueError:
-        n = 0
+    levels = omp_levels(raw)
     cpus = usable_cpus()
-    if n < 1:
+    if levels is None:
         del os.environ["OMP_NUM_THREADS"]
-        say(f"gptforge: OMP_NUM_THREADS={raw!r} is not a positive whole number; ignoring it (unset it, or set "
-            f"1..{cpus})")
-    elif n > THREADS_PER_CPU_MAX * cpus:
-        os.environ["OMP_NUM_THREADS"] = str(cpus)
+        say(f"gptforge: OMP_NUM_THREADS={raw!r} is not a positive whole number (or a comma list of them, one a "
+            f"nesting level); ignoring it (unset it, or set 1..{cpus})")
+    elif levels[0] > THREADS_PER_CPU_MAX * cpus:
+        os.environ["OMP_NUM_THREADS"] = ",".join(map(str, [cpus, *levels[1:]]))
         say(f"gptforge: OMP_NUM_THREADS={raw} is far more than the {cpus} CPUs this process may use; using {cpus}")
 
 
@@ -196,7 +211,7 @@ class GuardedStream:
         try:
             try:
                 return self.inner.write(s)
-            except UnicodeEncodeError:
+            except (UnicodeEncodeError, LookupError):  # LookupError: PYTHONIOENCODING=ascii:NAME names no handler
                 enc = getattr(self.inner, "encoding", None) or "ascii"
                 self.inner.write(s.encode(enc, "replace").decode(enc))
                 return len(s)
@@ -265,7 +280,9 @@ class Streams:
         if e is None or _hung_up:
             return code
         if self.out.reader_gone:  # `gptforge train | head`: the reader's choice, said as a shell says it (a run it
-            return closed_code if code in (0, 130) else code  # stopped saved first and returned 130)
+            if os.environ.get("TORCHELASTIC_RUN_ID"):  # stopped saved first and returned 130), except to torchrun:
+                return code  # a non-zero worker is a failure it reports, or restarts (run/faults.py's exit_status)
+            return closed_code if code in (0, 130) else code
         self.err.write(f"{command}: error: stdout stopped taking output ({e.strerror or e}); what it printed "
                        "after that was lost, though the command ran to its end and its files are complete\n")
         self.err.flush()

@@ -104,6 +104,7 @@ def _load_checkpoint(where: Path, given: str) -> torch.nn.Module:
                          f"preference pairs with `gptforge eval --ckpt {given} --preferences FILE.jsonl`, "
                          f"export it with `gptforge export hf`, or use it in `gptforge rl --reward-model`")
     if meta.get("lora"):  # adapters only: onto their base, merged (W + alpha/r BA), a plain family model
+        check_weights_fit(where, cfg.model)  # meta.json against the header's record (n_head, lora.alpha) first
         return lora_merged(where, meta, cfg).eval()
     check_weights_fit(where, cfg.model, prefix="policy." if recipe == "ppo" else "")  # shapes bounded by the file first
     model = build_model(cfg.model)

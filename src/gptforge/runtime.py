@@ -10,7 +10,6 @@ dtype and the precision switches, each resolved in this one place.
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Callable
 
 import torch
@@ -93,8 +92,9 @@ def auto_threads(device: torch.device) -> int:
     machine (docs/benchmarks.md, "CPU threads": a spinning OpenMP team loses to other processes for
     the cores); on a GPU, torch's own choice (the CPU only feeds the device). A machine of one's own
     may do better with more: ``gptforge bench --switch train.threads=N`` measures it."""
-    if os.environ.get("OMP_NUM_THREADS", "").strip().isdigit() and int(os.environ["OMP_NUM_THREADS"]) > 0:
-        return int(os.environ["OMP_NUM_THREADS"])
+    omp = environment.omp_threads()  # "+4" and nested "4,1" as libgomp reads them: 4 ("+4" was 1 here, 4 in torch)
+    if omp is not None:
+        return omp
     if device.type == "cpu":
         return 1
     return torch.get_num_threads()

@@ -12,6 +12,17 @@ from gptforge.cli.common import DEVICE_HELP, CliError, add_model_source, load, m
 # --- chat ----------------------------------------------------------------------------------------
 
 CHAT_NEW_TOKENS = 128  # default reply cap (clamped to a small model's context)
+LINE_MAX = 1 << 20  # characters one message may have: far past any model's context, and stdin is read no further
+
+
+def read_message(stdin) -> str:
+    """One line of ``stdin`` ('' at its end), read no further than LINE_MAX characters: a stdin with no newline
+    in sight (/dev/zero, a binary file) held all of itself in memory before the first message was sent."""
+    line = stdin.readline(LINE_MAX + 1)
+    if len(line) > LINE_MAX and not line.endswith("\n"):
+        raise CliError(f"stdin: a line longer than {LINE_MAX:,} characters (no newline in sight: a binary file or a "
+                       "device such as /dev/zero?); chat reads one message a line")
+    return line
 
 def cmd_chat(args: argparse.Namespace) -> int:
     """Multi-turn chat in the terminal: type a message, watch the reply stream; /reset, /quit."""
@@ -53,7 +64,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
     while True:
         if interactive:
             print("you> ", end="", flush=True)
-        line = sys.stdin.readline()
+        line = read_message(sys.stdin)
         if not line or line.strip() == "/quit":
             return 0
         text = line.rstrip("\n")

@@ -31,6 +31,7 @@ import json
 import os
 import re
 import shutil
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -164,13 +165,20 @@ RUN_KNOBS = ("dropout", "recompute", "flash", "attn_backend", "fused_ce", "lm_he
 
 def model_record(meta: dict[str, Any]) -> dict[str, Any] | None:
     """What meta.json says the model is: {"model": config.model less RUN_KNOBS, "chat_template": ...} as
-    meta.json holds them (JSON values); None when its config has no model object."""
+    meta.json holds them (JSON values), and a LoRA checkpoint's ``"lora"``: config.lora's LORA_RECORD; None when
+    its config has no model object."""
     conf = meta.get("config")
     model = conf.get("model") if isinstance(conf, dict) else None
     if not isinstance(model, dict):
         return None
     record = {"model": {k: v for k, v in model.items() if k not in RUN_KNOBS}, "chat_template": meta.get("chat_template")}
+    lora = conf.get("lora")
+    if meta.get("lora") and isinstance(lora, dict):  # adapters: how they fold in (alpha / rank scales them) is the
+        record["lora"] = {k: lora.get(k) for k in LORA_RECORD}  # model too (lora.base is checked by its sha256)
     return json.loads(json.dumps(record, default=str))
+
+
+LORA_RECORD = ("rank", "alpha", "targets")
 
 
 def weights_metadata(meta: dict[str, Any]) -> dict[str, str]:
@@ -365,8 +373,12 @@ def read_meta_json(ckpt_dir: str | Path) -> dict[str, Any]:
     return read_json(meta_path, CheckpointError, "checkpoint's meta.json", then="the checkpoint is damaged")
 
 
-def resolve_checkpoint(path: str | Path) -> Path:
-    """Accept a checkpoint dir or a run dir (meaning its newest checkpoint)."""
+def resolve_checkpoint(path: str | Path, warn: Callable[[str], None] | None = None) -> Path:
+    """Accept a checkpoint dir or a run dir, meaning the newest checkpoint that is the run's own save of its
+    step (:func:`not_this_runs`): a step folder copied in from another run, or another step's save under a
+    newer name, was read silently by sample, export, eval, serve and --init-from as the run's newest. Each one
+    skipped is said once through ``warn`` (stderr by default). Damage to the files is the reader's to name
+    (it verifies what it loads)."""
     p = Path(path)
     if not p.exists():
         raise CheckpointError(f"checkpoint {p} does not exist")
@@ -376,10 +388,42 @@ def resolve_checkpoint(path: str | Path) -> Path:
                               "checkpoint's folder (runs/NAME/checkpoints/step_000300)")
     if (p / "meta.json").exists():
         return p
-    latest = latest_checkpoint(p)
-    if latest is None:
+    ckpts = list_checkpoints(p)
+    if not ckpts:
         raise CheckpointError(f"{p} holds no complete checkpoint (looked in {ckpt_root(p)}){damaged_note(p)}")
-    return latest
+    for d in reversed(ckpts):  # a run directory means its newest checkpoint that is its own (as --resume takes)
+        why = not_this_runs(d)
+        if why is None:
+            return d
+        if warn is not None:
+            warn(f"{p}: skipping checkpoint {d.name}: {why}")
+        elif (str(p), d.name) not in _said_skipped:  # a reader resolves its path several times: said once
+            _said_skipped.add((str(p), d.name))
+            print(f"{p}: skipping checkpoint {d.name}: {why}", file=sys.stderr, flush=True)
+    raise CheckpointError(f"{p} holds no checkpoint of its own run (looked in {ckpt_root(p)}: "
+                          f"{', '.join(d.name for d in ckpts)}, each skipped above)")
+
+
+_said_skipped: set[tuple[str, str]] = set()  # (run directory, step folder) already said: once a process
+
+
+def not_this_runs(d: Path) -> str | None:
+    """Why step folder ``d`` of a run's checkpoints/ is not that run's save of that step, or None: another
+    step's save under its name (renamed or copied), or another run's (:func:`check_same_run`). A meta.json
+    that cannot be read is not judged here: the reader names it."""
+    try:
+        step = read_meta_json(d).get("step")
+    except (CheckpointError, OSError, ValueError, AttributeError):
+        return None
+    m = _STEP_DIR.fullmatch(d.name)
+    if not (isinstance(step, int) and not isinstance(step, bool) and m and int(m[1]) == step):
+        return (f"{d / 'meta.json'}: step = {step!r}, but the checkpoint directory is {d.name} (a save renamed or "
+                "copied under another step's name)")
+    try:
+        check_same_run(d)
+    except CheckpointError as e:
+        return str(e)
+    return None
 
 
 READ_TRIES = 5
@@ -399,9 +443,16 @@ def read_newest(path: str | Path, read: Callable[[Path], Any]) -> Any:
             return read(where)
         except Exception:  # whatever the reader says of a file pruned under it (CheckpointError, OSError, ...)
             if (where == p or attempt == READ_TRIES - 1
-                    or ((where / "meta.json").is_file() and latest_checkpoint(p) in (None, where))):
+                    or ((where / "meta.json").is_file() and _still_newest(p, where))):
                 raise
     raise AssertionError("unreachable")
+
+
+def _still_newest(run: Path, where: Path) -> bool:
+    try:
+        return resolve_checkpoint(run, warn=lambda msg: None) == where
+    except CheckpointError:
+        return True
 
 
 def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
@@ -472,17 +523,11 @@ def latest_intact_checkpoint(run_dir: str | Path, warn: Callable[[str], None] = 
         except CheckpointError as e:
             warn(f"skipping damaged checkpoint {d.name}: {e}")
             continue
-        step = read_meta_json(d).get("step")
-        if not (isinstance(step, int) and not isinstance(step, bool) and _STEP_DIR.fullmatch(d.name)
-                and int(_STEP_DIR.fullmatch(d.name)[1]) == step):  # another step's save under this name
-            warn(f"skipping damaged checkpoint {d.name}: {d / 'meta.json'}: step = {step!r}, but the checkpoint "
-                 f"directory is {d.name} (a save renamed or copied under another step's name)")
-            continue
-        try:
-            check_same_run(d)
+        why = not_this_runs(d)
+        if why is None:
             return d
-        except CheckpointError as e:
-            warn(f"skipping checkpoint {d.name}: {e}")
+        damaged = "damaged " if why.startswith(str(d / "meta.json")) else ""  # another step's save under this name
+        warn(f"skipping {damaged}checkpoint {d.name}: {why}")
     return None
 
 

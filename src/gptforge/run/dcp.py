@@ -125,7 +125,7 @@ def _read_full_model(dcp_dir: Path) -> dict[str, torch.Tensor]:
 
 def _tied_keys(full: dict[str, torch.Tensor]) -> set[str]:
     """Tied output heads (GPT-2's wte, a tied Llama's embed_tokens) are stored once, as in single-file
-    checkpoints (``checkpoint._tied_keys``), at any depth: ``lm_head.weight``, or ``body.lm_head.weight`` in
+    checkpoints (``checkpoint.tied_keys``), at any depth: ``lm_head.weight``, or ``body.lm_head.weight`` in
     a reward model, ``policy.`` / ``value.body.`` in PPO's. After the gather the tensors are separate CPU
     copies, so a head is tied when another weight of the same module (its key's prefix) has its values."""
     out = set()

@@ -121,10 +121,12 @@ def check_model_record(ckpt_dir: str | Path) -> None:
         raise CheckpointError(f"{path}: its header's {MODEL_RECORD} record is not the model it was saved as; the "
                               "checkpoint is damaged (resume or load another one)")
     now = model_record(read_meta_json(ckpt_dir)) or {"model": {}, "chat_template": None}
+    if "lora" not in saved:  # saved before adapters' settings were recorded: not compared
+        now.pop("lora", None)
     field, was, is_ = _first_difference(saved, now)
     if field is None:
         return
-    field = field.replace("model.", "config.model.", 1) if field.startswith("model.") else field
+    field = f"config.{field}" if field.startswith(("model.", "lora.")) else field
     shown = "missing" if is_ is _ABSENT else f"= {json.dumps(is_)[:60]}"
     saved_as = "nothing" if was is _ABSENT else json.dumps(was)[:60]
     raise CheckpointError(

@@ -275,6 +275,7 @@ def _load_one_reward_model(path: str) -> tuple[RewardModel, object]:
     from gptforge.run import checkpoint as ckpt
     from gptforge.run import restore
     from gptforge.run.resume import saved_config
+    from gptforge.run.weights import check_weights_fit
 
     where = ckpt.resolve_checkpoint(path)
     meta = ckpt.read_meta(where)
@@ -283,6 +284,7 @@ def _load_one_reward_model(path: str) -> tuple[RewardModel, object]:
         raise ValueError(f"{path} is {'an' if kind == 'sft' else 'a'} {kind} checkpoint, not a reward model: train one "
                          "with `gptforge rm --init-from SFT --data PREFS.jsonl --out runs/rm`")
     cfg = saved_config(meta, str(where / "meta.json"))
+    check_weights_fit(where, cfg.model)  # meta.json against the weights and their header's record, as load.py does
     if meta.get("lora"):  # adapters and head on the recorded base, merged (load.lora_merged checks the base)
         from gptforge.load import lora_merged
 
