@@ -133,6 +133,15 @@ def test_adapters_of_another_shape_are_refused(world, tmp_path, capsys):
     meta["config"]["lora"]["rank"] = 8  # the adapters on disk are rank 4
     meta_path.write_text(json.dumps(meta))
     capsys.readouterr()
+    # meta.json edited on its own: refused where it is compared with the record in the weights file's header
+    assert main(["export", "hf", "--ckpt", str(run), "--out", str(tmp_path / "merged")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "config.lora.rank = 8" in err and "saved with 4" in err, err
+    # the same edit made self-consistently (the header's record and the file's sha256 rewritten to match, as a
+    # hostile or pre-record checkpoint has it): the adapters' own shapes still refuse it
+    from tests.run.faults import rewrite_meta
+
+    rewrite_meta(meta_path.parent, lambda m: None)
     assert main(["export", "hf", "--ckpt", str(run), "--out", str(tmp_path / "merged")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "shapes differ" in err and "lora_A" in err, err
