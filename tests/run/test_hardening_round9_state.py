@@ -120,6 +120,27 @@ def test_a_dpo_resume_refuses_another_reference_model_given_by_its_key(reference
     assert ckpt.latest_checkpoint(run).name == "step_000001"
 
 
+@pytest.mark.parametrize("command", ["rl", "dpo"])
+def test_a_reference_model_changed_in_place_is_refused_on_resume(referenced, tmp_path, capsys, command):
+    """The same path holding other weights (a model re-exported or replaced there): the resume went on silently
+    with another reference; refused before any work, naming the key, the path and the meta.json's record."""
+    src, base = referenced[command]
+    run, mine = _copy(src, tmp_path), _copy(base, tmp_path, "mine")  # the run's model, at a place this test owns
+    meta = ckpt.latest_checkpoint(run) / "meta.json"
+    data = json.loads(meta.read_text())
+    data["config"][command]["init_from"] = str(mine)
+    meta.write_text(json.dumps(data))
+    shutil.rmtree(mine)
+    _copy(referenced["other"], tmp_path, "mine")  # other weights, same path
+    capsys.readouterr()
+    assert main([command, "--out", str(run), "--resume", "--steps", "2"]) == 2
+    io = capsys.readouterr()
+    line = _one_line(io.err)
+    assert f"{command}.init_from = {str(mine)!r} holds other weights than this run was trained with" in line, line
+    assert f"{meta} records" in line and "resumed from" not in io.out + io.err
+    assert ckpt.latest_checkpoint(run).name == "step_000001"
+
+
 # --- 2. meta.json edited or damaged ---------------------------------------------------------------------------
 
 def _n_head(m):  # a flipped bit that keeps every shape: 2 -> 4 heads over the same 32 widths (silent before)
