@@ -251,6 +251,35 @@ def test_a_checkpoint_of_another_run_copied_in_is_skipped_or_refused_by_its_run_
     assert f"resumed from {run / 'checkpoints' / 'step_000004'}" in io.out
 
 
+def test_the_advice_for_another_runs_checkpoint_fits_the_command_that_meets_it(tmp_path, capsys):
+    """The line said "Move it out of ..., then resume" from sample, export and eval too, which skip it and read
+    the run's own newest: there it says only where to move it from; a --resume that names it is refused, with
+    how to resume after."""
+    import torch
+
+    from gptforge.config import Config
+    from gptforge.models.gpt2 import GPT, GPTConfig
+    from gptforge.run.checkpointer import Checkpointer
+
+    mcfg = GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=8, vocab_size=16)
+    run, other = tmp_path / "run", tmp_path / "other"
+    for where, steps, rid in ((run, (2, 4), "aaaa"), (other, (6,), "bbbb")):
+        for step in steps:
+            torch.manual_seed(step)
+            ckpt.save_checkpoint(where, step, GPT(mcfg), None, {"config": Config(model=mcfg).to_dict(), "run_id": rid})
+    foreign = run / "checkpoints" / "step_000006"
+    shutil.copytree(other / "checkpoints" / "step_000006", foreign)
+    said = f"{run}: skipping checkpoint step_000006: {foreign}: a checkpoint of another run"
+    move = f"copied in from elsewhere? Move it out of {run / 'checkpoints'}"
+    capsys.readouterr()
+    assert ckpt.resolve_checkpoint(run) == run / "checkpoints" / "step_000004"  # what sample, export, eval read
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(said) and err.endswith(move), err
+    with pytest.raises(ckpt.CheckpointError) as e:
+        Checkpointer.find(run, str(foreign))
+    assert str(e.value).endswith(f"{move}, then resume (or --resume without a path: the run's own newest)")
+
+
 # --- 5. the clock set back while the run trains; a resume on another torch or thread count ------------------
 
 def test_the_wall_clock_set_back_mid_run_never_makes_record_times_go_backwards(base_run, tmp_path, monkeypatch):
