@@ -73,3 +73,52 @@ def test_a_damaged_config_json_beside_the_metrics_is_a_warning(tmp_path, capsys,
         else not err, err
     (run / "config.json").write_text(json.dumps({"data": {"dir": "data/fineweb10B"}}))
     assert _run_series(run)["fineweb"] is True
+
+
+def _records(run_id, steps, loss0, replayed=False):
+    start = {"kind": "start", "step": 0} | ({"run": run_id} if run_id else {})
+    return [start] + [{"kind": "train", "step": s, "loss": loss0 - s, "tokens": 64 * s}
+                      | ({"replayed": True} if replayed else {}) for s in steps]
+
+
+def test_records_of_another_run_appended_to_the_file_are_named_not_drawn_silently(tmp_path, capsys):
+    """Two runs' records in one metrics.jsonl (files joined, a run's log copied in) were drawn as one curve
+    without a word: one warning names the file, the lines and the run they belong to, and what to do. A run's
+    own resumes (one id), a dead first attempt a restart marked replayed, and files from before start records
+    named their run draw as before, silently."""
+    import torch
+
+    from gptforge.config import Config
+    from gptforge.models.gpt2 import GPT, GPTConfig
+    from gptforge.run import checkpoint as ckpt
+
+    run = tmp_path / "run"
+    run.mkdir()
+    cases = {
+        "joined": _records("aaaa", range(1, 7), 9.0) + _records("bbbb", range(1, 4), 5.0),
+        "resumed": _records("aaaa", range(1, 4), 9.0) + _records("aaaa", range(4, 7), 9.0),
+        "dead first attempt": _records("aaaa", range(1, 7), 9.0, replayed=True) + _records("bbbb", range(1, 4), 5.0),
+        "before run ids": _records(None, range(1, 7), 9.0) + _records(None, range(1, 4), 5.0),
+    }
+    for name, recs in cases.items():
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+        capsys.readouterr()
+        s = _run_series(run)
+        err = capsys.readouterr().err
+        assert sorted(s["train"]) == [1, 2, 3, 4, 5, 6] if name != "dead first attempt" else [1, 2, 3]
+        if name != "joined":
+            assert err == "", (name, err)
+            continue
+        # no checkpoint: this run is the one that started last
+        assert err == (f"gptforge plot: warning: {run / 'metrics.jsonl'}: lines 2-7 hold 6 records of another run "
+                       "(run aaaa), not this one (bbbb); they are drawn into this run's curves as if one run: move "
+                       "them out of this file (into a metrics.jsonl of their own, to plot beside it)\n")
+    # the folder's checkpoint says which run it is: the other one's records are named
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in cases["joined"]))
+    torch.manual_seed(0)
+    mcfg = GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=8, vocab_size=16)
+    ckpt.save_checkpoint(run, 6, GPT(mcfg), None, {"run_id": "aaaa", "config": Config(model=mcfg).to_dict()})
+    capsys.readouterr()
+    _run_series(run)
+    err = capsys.readouterr().err
+    assert "lines 9-11 hold 3 records of another run (run bbbb), not this one (aaaa)" in err, err

@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from gptforge.run.metrics import StepSeries, finite_number, iter_metrics, whole_step
+from gptforge.run.metrics import StepSeries, finite_number, iter_metrics, other_runs_records, whole_step
 
 GPT2_124M_FINEWEB_VAL_LOSS = 3.2847  # llm.c's baseline: OpenAI's GPT-2 124M on the FineWeb val shard
 # task -> (metric plotted, [(label, value), ...]) — only numbers measured with our scoring
@@ -39,13 +39,22 @@ def _run_series(run: str | Path) -> dict:
     records = iter_metrics(mfile, warn=lambda msg: print(f"gptforge plot: warning: {msg}", file=sys.stderr))
     kinds = {"train": StepSeries(MAX_POINTS), "val": StepSeries(MAX_POINTS), "rl": StepSeries(MAX_POINTS)}
     tasks: dict[str, StepSeries] = {}
+    starts: list[str] = []  # the run ids of its start records: a file of one run holds one (resumes keep it)
     for r in records:  # files from before replayed records were marked repeat steps: the last one wins
+        if r.get("kind") == "start" and isinstance(r.get("run"), str):
+            starts.append(r["run"])
         if whole_step(r.get("step")) is None:
             continue  # a record without a step (hand-edited, another tool's) has no place on a step axis
         if r.get("kind") in ("train", "val", "rl"):
             kinds[r["kind"]].add(r["step"], r)
         elif r.get("kind") == "eval" and isinstance(r.get("task"), str):
             tasks.setdefault(r["task"], StepSeries(MAX_POINTS)).add(r["step"], r)
+    if len(set(starts)) > 1:  # a run started again into the folder (a dead first attempt's records), files joined
+        meta = _newest_meta(mfile.parent)
+        other = other_runs_records(mfile, meta.get("run_id") if isinstance(meta.get("run_id"), str) else starts[-1])
+        if other:
+            print(f"gptforge plot: warning: {mfile}: {other}; they are drawn into this run's curves as if one run: "
+                  "move them out of this file (into a metrics.jsonl of their own, to plot beside it)", file=sys.stderr)
     by_kind = {k: v.items() for k, v in kinds.items()}
     evals = {t: v.items() for t, v in tasks.items()}
     if not by_kind["train"] and not by_kind["val"] and not by_kind["rl"] and not evals:
@@ -68,16 +77,21 @@ def _run_series(run: str | Path) -> dict:
             "fineweb": "fineweb" in data_dir.lower(), "words": _run_words(mfile.parent, config)}
 
 
-def _run_words(run: Path, config: dict | None) -> tuple[str, str] | None:
-    """(identity, description) of the tokenizer a run's losses are counted in: its newest checkpoint's
-    recorded tokenizer (name, size, fingerprint), else its config.json's model.vocab_size; None if neither."""
+def _newest_meta(run: Path) -> dict:
+    """The meta.json of a run's newest checkpoint, or {} (none, or damaged: it only loses a note)."""
     from gptforge.run import checkpoint as ckpt
 
     try:
         where = ckpt.latest_checkpoint(run)
-        tok = ckpt.read_meta(where).get("tokenizer") if where is not None else None
-    except Exception:  # a damaged checkpoint only loses this note
-        tok = None
+        return ckpt.read_meta(where) if where is not None else {}
+    except Exception:
+        return {}
+
+
+def _run_words(run: Path, config: dict | None) -> tuple[str, str] | None:
+    """(identity, description) of the tokenizer a run's losses are counted in: its newest checkpoint's
+    recorded tokenizer (name, size, fingerprint), else its config.json's model.vocab_size; None if neither."""
+    tok = _newest_meta(run).get("tokenizer")
     if isinstance(tok, dict) and tok.get("fingerprint"):
         n = tok.get("n_vocab")
         return str(tok["fingerprint"]), f"tokenizer {tok.get('name')!r}" + (f" ({n:,} ids)" if isinstance(n, int) else "")

@@ -120,6 +120,27 @@ def test_a_dpo_resume_refuses_another_reference_model_given_by_its_key(reference
     assert ckpt.latest_checkpoint(run).name == "step_000001"
 
 
+@pytest.mark.parametrize("command", ["rl", "dpo"])
+def test_a_reference_model_changed_in_place_is_refused_on_resume(referenced, tmp_path, capsys, command):
+    """The same path holding other weights (a model re-exported or replaced there): the resume went on silently
+    with another reference; refused before any work, naming the key, the path and the meta.json's record."""
+    src, base = referenced[command]
+    run, mine = _copy(src, tmp_path), _copy(base, tmp_path, "mine")  # the run's model, at a place this test owns
+    meta = ckpt.latest_checkpoint(run) / "meta.json"
+    data = json.loads(meta.read_text())
+    data["config"][command]["init_from"] = str(mine)
+    meta.write_text(json.dumps(data))
+    shutil.rmtree(mine)
+    _copy(referenced["other"], tmp_path, "mine")  # other weights, same path
+    capsys.readouterr()
+    assert main([command, "--out", str(run), "--resume", "--steps", "2"]) == 2
+    io = capsys.readouterr()
+    line = _one_line(io.err)
+    assert f"{command}.init_from = {str(mine)!r} holds other weights than this run was trained with" in line, line
+    assert f"{meta} records" in line and "resumed from" not in io.out + io.err
+    assert ckpt.latest_checkpoint(run).name == "step_000001"
+
+
 # --- 2. meta.json edited or damaged ---------------------------------------------------------------------------
 
 def _n_head(m):  # a flipped bit that keeps every shape: 2 -> 4 heads over the same 32 widths (silent before)
@@ -228,6 +249,35 @@ def test_a_checkpoint_of_another_run_copied_in_is_skipped_or_refused_by_its_run_
     io = capsys.readouterr()
     assert "skipping checkpoint step_000006: " in io.out + io.err
     assert f"resumed from {run / 'checkpoints' / 'step_000004'}" in io.out
+
+
+def test_the_advice_for_another_runs_checkpoint_fits_the_command_that_meets_it(tmp_path, capsys):
+    """The line said "Move it out of ..., then resume" from sample, export and eval too, which skip it and read
+    the run's own newest: there it says only where to move it from; a --resume that names it is refused, with
+    how to resume after."""
+    import torch
+
+    from gptforge.config import Config
+    from gptforge.models.gpt2 import GPT, GPTConfig
+    from gptforge.run.checkpointer import Checkpointer
+
+    mcfg = GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=8, vocab_size=16)
+    run, other = tmp_path / "run", tmp_path / "other"
+    for where, steps, rid in ((run, (2, 4), "aaaa"), (other, (6,), "bbbb")):
+        for step in steps:
+            torch.manual_seed(step)
+            ckpt.save_checkpoint(where, step, GPT(mcfg), None, {"config": Config(model=mcfg).to_dict(), "run_id": rid})
+    foreign = run / "checkpoints" / "step_000006"
+    shutil.copytree(other / "checkpoints" / "step_000006", foreign)
+    said = f"{run}: skipping checkpoint step_000006: {foreign}: a checkpoint of another run"
+    move = f"copied in from elsewhere? Move it out of {run / 'checkpoints'}"
+    capsys.readouterr()
+    assert ckpt.resolve_checkpoint(run) == run / "checkpoints" / "step_000004"  # what sample, export, eval read
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(said) and err.endswith(move), err
+    with pytest.raises(ckpt.CheckpointError) as e:
+        Checkpointer.find(run, str(foreign))
+    assert str(e.value).endswith(f"{move}, then resume (or --resume without a path: the run's own newest)")
 
 
 # --- 5. the clock set back while the run trains; a resume on another torch or thread count ------------------

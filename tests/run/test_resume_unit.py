@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import re
 import shutil
 
@@ -281,6 +282,140 @@ def test_same_models_compares_weights_in_order(models, tmp_path):
         resume.same_models(gone, a, "lora.base")
     assert str(e.value) == (f"--lora.base: this run was trained with {gone!r}, which cannot be read any more, so {a!r} "
                             "cannot be checked to be the same model; put it back, or start a new run")
+
+
+def _hex(b: bytes) -> str:
+    return hashlib.sha256(b).hexdigest()
+
+
+def _hf_folder(tmp_path, name: str, weights: bytes, shards: int = 1):
+    """A Hugging Face folder as the loader reads it: config.json and model.safetensors (or shards named by
+    model.safetensors.index.json), and a README the loader never reads. model_identity needs the files only."""
+    d = tmp_path / name
+    d.mkdir()
+    (d / "config.json").write_text('{"model_type": "gpt2"}')
+    (d / "README.md").write_text("words")
+    if shards == 1:
+        (d / "model.safetensors").write_bytes(weights)
+    else:
+        names = [f"model-{i + 1:05d}-of-{shards:05d}.safetensors" for i in range(shards)]
+        cut = len(weights) // shards
+        for i, n in enumerate(names):
+            (d / n).write_bytes(weights[i * cut:(i + 1) * cut if i < shards - 1 else None])
+        (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {f"w{i}": n for i, n in
+                                                                                    enumerate(names)}}))
+    return d
+
+
+def _hf_digest(d, names) -> str:
+    """The identity written out: sha256 over each loaded file's name and sha256, in the loader's order."""
+    return _hex("".join(f"{n}|{_hex((d / n).read_bytes())}|" for n in names).encode())
+
+
+def test_model_identity_of_every_source_kind_is_the_sha256_of_what_its_loader_reads(models, tmp_path):
+    """A Hugging Face folder or a GGUF / llm.c file given as --init-from had no identity (None): a resume after
+    it changed went on silently with other weights."""
+    for name, head in (("m.gguf", b"GGUF"), ("gpt2_124M.bin", b"llmc")):
+        f = tmp_path / name
+        f.write_bytes(head + bytes(range(60)))
+        assert resume.model_identity(str(f)) == _hex(f.read_bytes())
+        f.write_bytes(head + bytes(range(1, 61)))  # same size, other weights
+        assert resume.model_identity(str(f)) == _hex(f.read_bytes())
+    hf = _hf_folder(tmp_path, "hf", b"weights!")
+    want = _hf_digest(hf, ["config.json", "model.safetensors"])
+    assert resume.model_identity(str(hf)) == want
+    (hf / "README.md").write_text("edited")  # not read by the loader: the same model
+    assert resume.model_identity(str(hf)) == want
+    (hf / "model.safetensors").write_bytes(b"weights?")  # same size, other weights
+    assert resume.model_identity(str(hf)) == _hf_digest(hf, ["config.json", "model.safetensors"]) != want
+    (hf / "config.json").write_text('{"model_type": "gpt2", "n_head": 4}')  # the same weights read as another model
+    assert resume.model_identity(str(hf)) == _hf_digest(hf, ["config.json", "model.safetensors"])
+    sharded = _hf_folder(tmp_path, "sharded", b"weights!", shards=2)
+    names = ["config.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+    assert resume.model_identity(str(sharded)) == _hf_digest(sharded, names)
+    (sharded / "model-00002-of-00002.safetensors").write_bytes(b"ght?")
+    assert resume.model_identity(str(sharded)) == _hf_digest(sharded, names)
+    (hf / "model.safetensors").unlink()  # nothing the loader could read: no identity
+    assert resume.model_identity(str(hf)) is None
+    run = tmp_path / "run"  # a run directory has a config.json beside checkpoints/: a checkpoint, not an HF folder
+    shutil.copytree(models["A"], run)
+    (run / "config.json").write_text("{}")
+    assert resume.model_identity(str(run)) == _sha(models["A"])
+
+
+@pytest.mark.parametrize("kind", ["checkpoint", "hf", "gguf"])
+def test_a_resume_refuses_a_model_changed_in_place_whatever_its_kind(models, tmp_path, kind):
+    """The same path, other weights (a folder re-exported, a file replaced): refused by the key and the path
+    before any work; the record a fresh run writes holds a sha256 for every kind."""
+    if kind == "checkpoint":
+        path = shutil.copytree(models["A"], tmp_path / "rm")
+
+        def change():
+            shutil.rmtree(path)
+            shutil.copytree(models["C"], path)
+    elif kind == "hf":
+        path = _hf_folder(tmp_path, "rm", b"weights!")
+
+        def change():
+            (path / "model.safetensors").write_bytes(b"weights?")
+    else:
+        path = tmp_path / "rm.gguf"
+        path.write_bytes(b"GGUF" + bytes(60))
+
+        def change():
+            path.write_bytes(b"GGUF" + bytes(59) + b"\1")
+    cfg = _cfg()
+    cfg.rl.reward_model = str(path)
+    meta = {"models": resume.recorded_models(cfg)}
+    recorded = meta["models"]["rl.reward_model"]
+    assert recorded == [resume.model_identity(str(path))] and isinstance(recorded[0], str)
+    resume.check_models_present(cfg, "RUN/meta.json", meta)  # unchanged: passes
+    change()
+    with pytest.raises(ConfigError) as e:
+        resume.check_models_present(cfg, "RUN/meta.json", meta)
+    now = resume.model_identity(str(path))
+    assert str(e.value) == (
+        f"--resume: rl.reward_model = {str(path)!r} holds other weights than this run was trained with (sha256 "
+        f"{now[:12]}, but RUN/meta.json records {recorded[0][:12]}: replaced or changed since); it is a reward model "
+        "the run scores with, which a resume cannot change: put that model back as it was, or start a new run with "
+        "--out elsewhere")
+    resume.check_models_present(cfg, "RUN/meta.json", {"models": {"rl.reward_model": [None]}})  # nothing to compare
+    # a record written before a Hugging Face folder or GGUF file had one: filled at the next resume, and a sha256
+    # recorded is carried as it is, never re-derived from the path
+    assert resume.recorded_models(cfg, {"models": {"rl.reward_model": [None]}}) == {"rl.reward_model": [now]}
+    assert resume.recorded_models(cfg, meta) == {"rl.reward_model": recorded}
+
+
+def test_a_long_hash_says_what_it_reads_and_a_model_is_hashed_once(tmp_path, monkeypatch, capsys):
+    """A model of GBs takes seconds to hash: past SAY_AFTER_S it says so on stderr (what, how big) with a bar.
+    The record, the resume check and DPO's cache ask for the same model: its bytes are read once while its
+    files are unchanged, and a file written within a clock tick (RACY_NS) is never remembered."""
+    f = tmp_path / "big.gguf"
+    f.write_bytes(bytes(3 * resume.MIB + 5))
+    reads = []
+    real_open = open
+    monkeypatch.setattr(resume, "open", lambda p, mode: reads.append(p) or real_open(p, mode), raising=False)
+    monkeypatch.setattr(resume, "SAY_AFTER_S", 0.0)
+    resume._digests.clear()
+    capsys.readouterr()
+    assert resume.model_identity(str(f)) == _hex(f.read_bytes())
+    err = capsys.readouterr().err
+    assert f"hashing {f} (0.00 GB): the run's meta.json names the weights it uses by their sha256" in err
+    assert "sha256 big.gguf" in err and "/4" in err  # the bar over 4 MiB
+    assert resume._digests == {}  # written just now: hashed, not remembered (it may change within the tick)
+    monkeypatch.setattr(resume, "RACY_NS", -10**12)  # every stamp counts as old
+    reads.clear()
+    assert resume.model_identity(str(f)) == resume.model_identity(str(f)) == _hex(f.read_bytes())
+    assert reads == [f]
+    f.write_bytes(bytes(3 * resume.MIB + 4) + b"x")  # changed: read again (its stamp differs)
+    os.utime(f, ns=(f.stat().st_atime_ns, f.stat().st_mtime_ns + 7))
+    assert resume.model_identity(str(f)) == _hex(f.read_bytes())
+    assert reads == [f, f]
+    monkeypatch.setattr(resume, "SAY_AFTER_S", 3600.0)  # quick: not a word
+    resume._digests.clear()
+    capsys.readouterr()
+    resume.model_identity(str(f))
+    assert capsys.readouterr().err == ""
 
 
 def test_resume_config_applies_overrides_refuses_frozen_changes_and_never_trusts(models, tmp_path):

@@ -52,6 +52,29 @@ def test_after_the_window_ctrl_c_aborts_and_sigterm_does_not():
         flag._handle(signal.SIGINT, None)  # a deliberate second Ctrl-C
 
 
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM", "SIGHUP"])
+def test_the_stop_line_names_the_signal_and_a_way_to_force_the_stop_that_works_after_it(sig):
+    """The first signal's line said "press Ctrl-C again" whatever came: after SIGHUP there is no terminal to press
+    it in, and a repeated SIGTERM never aborts. Each names what does: Ctrl-C for a Ctrl-C, else kill -INT (after
+    the window) or kill -KILL of this process; and what it names does abort."""
+    clock, said = _Clock(), []
+    flag = StopFlag(grace_s=2.0, clock=clock, say=said.append)
+    signum, pid = getattr(signal, sig), os.getpid()
+    flag._handle(signum, None)
+    force = f"to abort without saving: kill -INT {pid} after 2 s, or kill -KILL {pid} at once"
+    want = {"SIGINT": "press Ctrl-C again after 2 s to abort without saving",
+            "SIGTERM": f"another SIGTERM does not abort; {force}",
+            "SIGHUP": f"the terminal is gone; {force}"}[sig]
+    assert said == [f"\n[gptforge] got {sig}: finishing this step, saving a checkpoint, then exiting ({want})"]
+    clock.t += 2.5
+    if sig != "SIGINT":  # the same signal again: not a way to force it, and the line says what is
+        flag._handle(signum, None)
+        assert said[-1] == (f"[gptforge] got {sig} again: still saving the checkpoint ({want.split(';')[0]}; to abort "
+                            f"without saving: kill -INT {pid}, or kill -KILL {pid} at once)")
+    with pytest.raises(KeyboardInterrupt):  # kill -INT (or Ctrl-C) past the window: aborted, unsaved
+        flag._handle(signal.SIGINT, None)
+
+
 def test_stop_flag_installs_and_restores_handlers():
     before = signal.getsignal(signal.SIGTERM)
     with StopFlag() as flag:

@@ -531,12 +531,13 @@ def latest_intact_checkpoint(run_dir: str | Path, warn: Callable[[str], None] = 
     return None
 
 
-def check_same_run(ckpt_dir: str | Path) -> None:
+def check_same_run(ckpt_dir: str | Path, then: str = "") -> None:
     """A checkpoint to resume must be of the run whose checkpoints/ holds it: meta.json's ``run_id`` (drawn
     when a run starts, kept by its resumes) against its siblings'. A step folder copied in from another run
     (the same names, another model) passed every check of its own files and was resumed as this run's.
     CheckpointError naming it and both runs; nothing to compare (no siblings, or checkpoints from before
-    run ids were recorded) passes."""
+    run ids were recorded) passes. ``then``: what to do after moving it out, in the words of the command that
+    refuses it (a reader that skips it, sample or export, has nothing to add: it reads the run's own)."""
     ckpt_dir = Path(ckpt_dir)
     mine = read_meta_json(ckpt_dir).get("run_id")
     if not isinstance(mine, str) or ckpt_dir.parent.name != "checkpoints":
@@ -555,7 +556,8 @@ def check_same_run(ckpt_dir: str | Path) -> None:
         rid, names = max(theirs.items(), key=lambda kv: len(kv[1]))
         raise CheckpointError(
             f"{ckpt_dir}: a checkpoint of another run (its meta.json run_id is {mine}; this run's {', '.join(names[:3])} "
-            f"are run {rid}): copied in from elsewhere? Move it out of {ckpt_dir.parent}, then resume")
+            f"are run {rid}): copied in from elsewhere? Move it out of {ckpt_dir.parent}"
+            + (f", then {then}" if then else ""))
 
 
 def damaged_note(run_dir: str | Path) -> str:

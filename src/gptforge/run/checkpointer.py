@@ -99,7 +99,7 @@ class Checkpointer:
             return latest
         where = files.resolve_checkpoint(resume)
         files.verify_checkpoint(where)
-        files.check_same_run(where)
+        files.check_same_run(where, then="resume (or --resume without a path: the run's own newest)")
         return where
 
     @property

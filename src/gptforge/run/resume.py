@@ -123,16 +123,78 @@ def absolute_model_paths(cfg: Config) -> None:
 
 
 def model_identity(path: str) -> str | None:
-    """The sha256 of the weights a checkpoint (or run directory's newest) holds, from its meta.json; None
-    when it cannot be read (then only the spelling can be compared)."""
+    """The sha256 of the weights a model path holds, for every kind ``--init-from`` takes: a gptforge checkpoint
+    (or a run directory's newest) by the checksum its meta.json records for model.safetensors; a GGUF or llm.c
+    file, and a Hugging Face folder (its config.json and the safetensors files its loader reads), by their bytes
+    (:func:`files_digest`). None when it cannot be read (then only the spelling can be compared)."""
     from gptforge.run import checkpoint as ckpt
 
+    p = Path(path)
     try:
+        if p.is_file():  # GGUF or llm.c: the one file that is loaded
+            return files_digest([p], str(p))
+        if (p / "config.json").is_file() and not (p / "meta.json").exists() and not ckpt.ckpt_root(p).is_dir():
+            from gptforge.interop.hf_folder import safetensors_files  # what load.ModelSource.from_path calls hf
+
+            return files_digest([p / "config.json", *safetensors_files(p)], str(p))
         where = ckpt.resolve_checkpoint(path)
         files = ckpt.read_meta(where).get("files") or {}
         return files.get("model.safetensors") or ckpt.sha256_file(where / "model.safetensors")
-    except (ckpt.CheckpointError, OSError, ValueError):
+    except (ckpt.CheckpointError, OSError, ValueError):  # HFModelError is a CheckpointError
         return None
+
+
+MIB = 1 << 20
+SAY_AFTER_S = 1.0  # a hash still running after this long says what it reads, then shows a bar (GBs take a while)
+RACY_NS = 2_000_000_000  # the coarsest file clock's tick (FAT's 2 s)
+_digests: dict[tuple, str] = {}  # the files' (path, size, mtime, ctime, inode) -> digest: each model hashed once
+
+
+def files_digest(files: list[Path], what: str) -> str:
+    """sha256 over ``files`` (one file: its own sha256; several: over each one's name and sha256, in order).
+    Read once per process while the files are unchanged (the record, the resume check and DPO's reference
+    cache ask for the same model). A hash that runs past ``SAY_AFTER_S`` says on stderr what it is reading
+    and how big, then shows a progress bar over the bytes (rank 0 only)."""
+    import hashlib
+    import sys
+    import time
+
+    stats = [(f, f.stat()) for f in files]
+    key = tuple((str(f.resolve()), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino) for f, st in stats)
+    if key in _digests:
+        return _digests[key]
+    # a file written within a timestamp tick of now may change again with the same stamp (git's "racily
+    # clean"): hashed, but not remembered
+    stamped_before = time.time_ns() - RACY_NS
+    total, done, bar, t0 = sum(st.st_size for _, st in stats), 0, None, time.perf_counter()
+    shown = environment.number("RANK", 0) == 0
+    shas = []
+    try:
+        for f, _ in stats:
+            h = hashlib.sha256()
+            with open(f, "rb") as fh:
+                while block := fh.read(1 << 22):
+                    h.update(block)
+                    done += len(block)
+                    if bar is None and shown and time.perf_counter() - t0 >= SAY_AFTER_S:
+                        from gptforge.progress import progress_bar
+
+                        print(f"hashing {what} ({total / 1e9:.2f} GB): the run's meta.json names the weights it uses "
+                              "by their sha256, and a resume checks them ...", file=sys.stderr, flush=True)
+                        bar = progress_bar(-(-total // MIB), f"sha256 {Path(what).name}", "MiB")
+                    if bar is not None:
+                        bar.update(-(-done // MIB) - bar.n)  # whole MiB read so far (the last one partly)
+            shas.append(h.hexdigest())
+    finally:
+        if bar is not None:
+            bar.close()
+    if len(files) == 1:
+        digest = shas[0]
+    else:
+        digest = hashlib.sha256("".join(f"{f.name}|{s}|" for f, s in zip(files, shas, strict=True)).encode()).hexdigest()
+    if all(max(st.st_mtime_ns, st.st_ctime_ns) < stamped_before for _, st in stats):
+        _digests[key] = digest
+    return digest
 
 
 # what each model-path key is to the run, for the one line that names it; and the flag that gives it anew
@@ -150,7 +212,8 @@ def recorded_models(cfg: Config, meta: dict | None = None) -> dict[str, list[str
     """meta.json's ``models``: {key: [sha256 of each model's weights]} for the run's model-path keys, so a
     resume can check a model given anew (``--init-from NEWPATH`` after a move) against the one the run was
     trained with even when that path is gone. Carried from the resumed checkpoint (``meta``) where it holds
-    one for the same key; read from the models' own meta.json otherwise (a fresh run)."""
+    one for the same key; read from the models themselves otherwise (a fresh run, or a model a run recorded
+    none for: a Hugging Face folder or GGUF file before they had one)."""
     old = meta.get("models") if isinstance(meta, dict) and isinstance(meta.get("models"), dict) else {}
     out: dict[str, list[str | None]] = {}
     for key in MODEL_PATH_KEYS:
@@ -159,10 +222,9 @@ def recorded_models(cfg: Config, meta: dict | None = None) -> dict[str, list[str
         if not paths:
             continue
         kept = old.get(key)
-        if isinstance(kept, list) and len(kept) == len(paths) and all(isinstance(x, str) for x in kept):
-            out[key] = list(kept)
-        else:
-            out[key] = [model_identity(p) for p in paths]
+        if not (isinstance(kept, list) and len(kept) == len(paths)):
+            kept = [None] * len(paths)
+        out[key] = [k if isinstance(k, str) else model_identity(p) for k, p in zip(kept, paths, strict=True)]
     return out
 
 
@@ -189,23 +251,34 @@ def same_models(old: str, new: str, key: str, recorded: list | None = None, wher
     return True
 
 
-def check_models_present(cfg: Config, where: str) -> None:
+def check_models_present(cfg: Config, where: str, meta: dict | None = None) -> None:
     """Before a resume builds anything: every model the resumed run reads again (its reference, reward models,
     a LoRA base) is where its config says, else one line naming the key, where it was recorded, and what to
-    do (put it back, or give its new place with the flag, checked against the weights sha256 the run recorded).
-    RL reads ``rl.init_from`` only for its KL reference (``rl.kl_coef`` > 0, no LoRA: a LoRA run's is its base)."""
+    do (put it back, or give its new place with the flag, checked against the weights sha256 the run recorded);
+    and it holds the weights the run recorded in ``meta``'s ``models`` (a model replaced or edited in place,
+    whatever its kind), else one line naming the key and the path. RL reads ``rl.init_from`` only for its KL
+    reference (``rl.kl_coef`` > 0, no LoRA: a LoRA run's is its base)."""
+    recorded = meta.get("models") if isinstance(meta, dict) and isinstance(meta.get("models"), dict) else {}
     for key in MODEL_PATH_KEYS:
         section, name = key.split(".", 1)
         paths = split_paths(getattr(getattr(cfg, section, None), name, "") or "")
         if key == "rl.init_from" and (cfg.rl.kl_coef <= 0 or cfg.lora.rank):
             continue
-        for p in paths:
+        role, flag = MODEL_ROLE[key]
+        shas = recorded.get(key) if isinstance(recorded.get(key), list) and len(recorded[key]) == len(paths) else []
+        for i, p in enumerate(paths):
             if p and not os.path.exists(p):
-                role, flag = MODEL_ROLE[key]
                 raise ConfigError(
                     f"--resume: {key} = {p!r} does not exist any more (deleted, moved, or a disk not mounted); it "
                     f"is {role}, recorded in {where} (config.{key}). Put it back, or give its new place with "
                     f"{flag} NEWPATH (checked to hold the same weights the run recorded)")
+            now = model_identity(p) if p and shas and isinstance(shas[i], str) else None
+            if now is not None and now != shas[i]:
+                raise ConfigError(
+                    f"--resume: {key} = {p!r} holds other weights than this run was trained with (sha256 "
+                    f"{now[:12]}, but {where} records {shas[i][:12]}: replaced or changed since); it is {role}, "
+                    f"which a resume cannot change: put that model back as it was, or start a new run with --out "
+                    f"elsewhere")
 
 
 def resume_config(meta: dict, overrides: list[str], out_dir: str, frozen: tuple[str, ...] = (),

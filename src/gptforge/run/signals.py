@@ -15,6 +15,9 @@ twice in quick succession, and a terminal sends SIGINT to every process of the g
 * a repeated SIGTERM never aborts; it is reported and the run still saves (whoever must stop the
   process at once sends SIGKILL).
 
+The first signal's line names the signal and how to force the stop (:func:`force_words`): Ctrl-C again after a
+Ctrl-C; after SIGTERM or SIGHUP (no terminal left) ``kill -INT PID`` past the window or ``kill -KILL PID``.
+
 Arrival, not handling: Python runs a signal handler only between bytecodes of the main thread, so a
 long backward pass (one C++ call) can delay the second handler by seconds, past the window, although
 the two signals were 0.3 s apart. So the window is measured where the signal lands:
@@ -54,6 +57,19 @@ def _say_on_stderr(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
     except (OSError, ValueError):  # a terminal that hung up (EIO), a closed stderr: nobody to tell
         pass
+
+
+def force_words(signum: int, grace_s: float) -> str:
+    """How to stop without the checkpoint, in the words that fit the signal that came: Ctrl-C again for a
+    Ctrl-C; for SIGTERM (a repeat never aborts) and SIGHUP (no terminal left to press Ctrl-C in), the kill
+    commands that do, naming this process. ``grace_s``: how long a second signal counts as a duplicate."""
+    after = f" after {grace_s:g} s" if grace_s > 0 else ""
+    if signum == signal.SIGINT:
+        return f"press Ctrl-C again{after} to abort without saving"
+    pid = os.getpid()
+    why = ("the terminal is gone" if signum == getattr(signal, "SIGHUP", None)
+           else f"another {signal.Signals(signum).name} does not abort")
+    return f"{why}; to abort without saving: kill -INT {pid}{after}, or kill -KILL {pid} at once"
 
 
 class StopFlag:
@@ -165,7 +181,7 @@ class StopFlag:
                 self.stop = True
         if first is None:
             self._say(f"\n[gptforge] got {name}: finishing this step, saving a checkpoint, then exiting "
-                      f"(press Ctrl-C again after {self.grace_s:g} s to abort without saving)")
+                      f"({force_words(signum, self.grace_s)})")
             return
         if now - first < self.grace_s:  # a duplicate delivery, not a decision: keep saving
             return
@@ -185,7 +201,7 @@ class StopFlag:
                 # a real signal to the main thread: it also wakes a blocking call (interrupt_main would not)
                 signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
             return
-        self._say(f"[gptforge] got {name} again: still saving the checkpoint (SIGKILL stops at once, unsaved)")
+        self._say(f"[gptforge] got {name} again: still saving the checkpoint ({force_words(signum, 0)})")
 
     def __exit__(self, *exc: Any) -> None:
         environment.run_ended(self.request_stop)

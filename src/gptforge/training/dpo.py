@@ -247,31 +247,13 @@ class DPO(PairRecipe):
 
 def reference_identity(cfg) -> dict[str, str]:
     """What the cached reference log-probs depend on besides the pairs: the reference model (``dpo.init_from``:
-    the sha256 of its weights, from a checkpoint's meta.json, else of its files) and the dtype they were
-    computed in. Without it a run started over in the same directory (``--force``, or a first run that
+    the sha256 of its weights, :func:`gptforge.run.resume.model_identity`, whatever its kind) and the dtype they
+    were computed in. Without it a run started over in the same directory (``--force``, or a first run that
     died before its first checkpoint) from another model reused the old model's numbers as its reference."""
     from gptforge.run.resume import model_identity
 
     src = cfg.dpo.init_from
-    return {"reference": f"{src}|{model_identity(src) or _files_sha256(src)}", "dtype": str(cfg.train.dtype)}
-
-
-def _files_sha256(src: str) -> str:
-    """sha256 over a model file (GGUF, llm.c) or a Hugging Face directory's weight and config files."""
-    import hashlib
-    from pathlib import Path
-
-    from gptforge.run.checkpoint import sha256_file
-
-    p = Path(src)
-    if p.is_file():
-        return sha256_file(p)
-    files = sorted(f for f in p.iterdir() if f.is_file() and f.suffix in (".safetensors", ".bin", ".gguf", ".json")) \
-        if p.is_dir() else []
-    h = hashlib.sha256()
-    for f in files:
-        h.update(f"{f.name}|{sha256_file(f)}|".encode())
-    return h.hexdigest() if files else "unreadable"
+    return {"reference": f"{src}|{model_identity(src)}", "dtype": str(cfg.train.dtype)}
 
 
 def _table_fits(t: object, n: int) -> bool:

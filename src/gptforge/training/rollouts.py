@@ -61,7 +61,8 @@ def sample_replies(model: Any, enc: Any, template: ChatTemplate | None, problems
 def mix_seed(*xs: int) -> int:
     """A seed from several integers, the same in every process (Python's str hash is not). The RL recipes'
     one seed scheme: this module's problem draws and GRPO's (and so PPO's) reply sampling each pass their own
-    constant tag after (seed, step), so no two draws share a stream."""
+    constant tag after (seed, step), so no two draws share a stream. numpy pads the entropy to four words with
+    zeros, so (a, b, c) and (a, b, c, 0) are one stream: tests/training/test_grpo_streams.py checks the draws."""
     import numpy as np
 
     return int(np.random.SeedSequence(list(xs)).generate_state(1)[0])
