@@ -27,6 +27,7 @@ from safetensors.torch import save_file
 
 from gptforge.parallel.tensor import dcp_view
 from gptforge.run import checkpoint as ckpt
+from gptforge.run.identity import require_trust
 from gptforge.storage import ordinary_file_mode
 from gptforge.storage.faults import tensor_bytes
 
@@ -168,7 +169,7 @@ def load_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
     DCP unpickles ``dcp/.metadata``: refused unless ``trusted`` (``--trust-checkpoint``); the files
     are checked against meta.json's checksums first."""
     ckpt_dir = Path(ckpt_dir)
-    ckpt.require_trust(ckpt_dir, trusted)
+    require_trust(ckpt_dir, trusted)
     ckpt.verify_checkpoint(ckpt_dir)
     _check_shapes(model, ckpt_dir)
     no_dist = not dist.is_initialized()

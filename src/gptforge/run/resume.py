@@ -126,9 +126,10 @@ def model_identity(path: str) -> str | None:
     """The sha256 of the weights a checkpoint (or run directory's newest) holds, from its meta.json; None
     when it cannot be read (then only the spelling can be compared)."""
     from gptforge.run import checkpoint as ckpt
+    from gptforge.run.identity import resolve_checkpoint
 
     try:
-        where = ckpt.resolve_checkpoint(path)
+        where = resolve_checkpoint(path)
         files = ckpt.read_meta(where).get("files") or {}
         return files.get("model.safetensors") or ckpt.sha256_file(where / "model.safetensors")
     except (ckpt.CheckpointError, OSError, ValueError):
