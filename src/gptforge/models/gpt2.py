@@ -264,13 +264,7 @@ class GPT(nn.Module):
                       attn_mask: torch.Tensor | None = None) -> torch.Tensor:
         """idx (B, T) -> the final hidden states (B, T, C), after ``ln_f`` and before the LM head (what
         transformers' ``GPT2Model`` returns; a reward model's or value head's input)."""
-        B, T = idx.size()
-        past = kv_cache.length if kv_cache is not None else 0
-        if past + T > self.config.block_size:
-            raise ValueError(f"sequence length {past + T} exceeds block_size {self.config.block_size}")
-        if pos is None:
-            pos = torch.arange(past, past + T, dtype=torch.long, device=idx.device)  # (T,)
-        attn_mask = masks.for_forward(idx, past, attn_mask, self.config, kv_cache is not None)  # built once for every layer
+        _, pos, attn_mask = masks.forward_start(idx, kv_cache, pos, attn_mask, self.config)  # one mask, every layer
         x = self.embed(idx, pos)  # (B, T, C)
         for i, block in enumerate(self.transformer.h):
             if self.config.recompute == "block" and self.training and torch.is_grad_enabled():

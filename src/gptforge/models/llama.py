@@ -462,16 +462,10 @@ class Llama(nn.Module):
         """idx (B, T) -> the final hidden states (B, T, C), after the last RMSNorm and before the LM
         head (what transformers' ``LlamaModel`` returns; a reward model's or value head's input)."""
         cfg = self.config
-        B, T = idx.size()
-        past = kv_cache.length if kv_cache is not None else 0
-        if past + T > cfg.block_size:
-            raise ValueError(f"sequence length {past + T} exceeds block_size {cfg.block_size}")
-        if pos is None:
-            pos = torch.arange(past, past + T, dtype=torch.long, device=idx.device)  # (T,)
-        attn_mask = masks.for_forward(idx, past, attn_mask, cfg, kv_cache is not None)  # built once for every layer
+        past, pos, attn_mask = masks.forward_start(idx, kv_cache, pos, attn_mask, cfg)  # one mask, every layer
         x = self.embed(idx, pos)  # (B, T, C)
         cos, sin = self.block_args(pos)  # (T, hd) or (B, T, hd)
-        per_layer = self._layer_inputs(pos, cos, sin, attn_mask, past + T) if self._per_layer else None
+        per_layer = self._layer_inputs(pos, cos, sin, attn_mask, past + idx.size(1)) if self._per_layer else None
         for i, block in enumerate(self.model.layers):
             if per_layer is not None:  # sliding windows or local rope bases: this layer's kind
                 cos, sin, attn_mask = per_layer[i]
