@@ -125,7 +125,7 @@ class TrainConfig:
     out_dir: str = "runs/default"  # the run directory: checkpoints, metrics.jsonl, config.json (= --out)
     log_to: str = ""  # also send metrics to: tensorboard, wandb (comma-separated; extras of the same names)
     # resume from a sharded (dcp/) checkpoint, whose metadata is a pickle that can run code; never
-    # taken from a checkpoint's own config (see gptforge.run.checkpoint.require_trust)
+    # taken from a checkpoint's own config (see gptforge.run.identity.require_trust)
     trust_checkpoint: bool = False
 
     def __post_init__(self) -> None:

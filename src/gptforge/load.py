@@ -26,6 +26,7 @@ from gptforge.config import Config
 from gptforge.models.registry import build_model, size_config
 from gptforge.run import checkpoint as ckpt
 from gptforge.run import restore
+from gptforge.run.identity import read_newest, resolve_checkpoint
 from gptforge.run.resume import saved_config
 from gptforge.run.weights import check_weights_fit
 
@@ -92,7 +93,7 @@ def _load_model(source: ModelSource) -> torch.nn.Module:
         torch.manual_seed(0)
         return build_model(size_config(source.random)).eval()
     # a run still training there may prune the checkpoint while it is read: then its newest is read
-    return ckpt.read_newest(source.ckpt, lambda where: _load_checkpoint(where, source.ckpt))
+    return read_newest(source.ckpt, lambda where: _load_checkpoint(where, source.ckpt))
 
 
 def _load_checkpoint(where: Path, given: str) -> torch.nn.Module:
@@ -159,7 +160,7 @@ def stored_dtype(source: ModelSource) -> tuple[str, str]:
         v = read_model_header(source.llmc)["version"]
         return ("bfloat16" if v == 5 else "float32"), f"the llm.c file is version {v}"
     if source.ckpt is not None:
-        rec = ckpt.read_newest(source.ckpt, ckpt.read_meta).get("source_dtype")
+        rec = read_newest(source.ckpt, ckpt.read_meta).get("source_dtype")
         if isinstance(rec, dict) and rec.get("dtype") in DTYPES:
             return rec["dtype"], f"imported from {rec.get('why') or 'its source'}"
         return "float32", "a gptforge checkpoint's weights are float32"
@@ -204,7 +205,7 @@ def describe_source(source: ModelSource) -> str:
             if not d.is_dir():
                 return f"Hugging Face model {source.hf} (from the hub)"
             return f"Hugging Face directory {source.hf} ({human_bytes(_weights_bytes(d))} of weights)"
-        where = ckpt.resolve_checkpoint(source.ckpt)
+        where = resolve_checkpoint(source.ckpt)
         return f"gptforge checkpoint {where} ({human_bytes(_weights_bytes(where))} of weights)"
     except Exception:  # a missing file or checkpoint: its loader names it in its own error
         kind = source.given()[0] if source.given() else "model"
@@ -308,7 +309,7 @@ def load_tokenizer_of(source: ModelSource, model: torch.nn.Module | None = None)
             meta = ckpt.read_meta(where)
             return "tokenizer" in meta, tk.tokenizer_from_meta(meta, where)
 
-        recorded, tok = ckpt.read_newest(source.ckpt, read)
+        recorded, tok = read_newest(source.ckpt, read)
     elif source.hf is not None:
         tok = _hf_tokenizer(source.hf)
         recorded = not tok.is_gpt2
@@ -387,7 +388,7 @@ def load_chat_template_of(source: ModelSource, tok, fallback: bool = False):
     from gptforge.data.chat import default_template, template_from_meta, template_from_tokenizer
 
     if source.ckpt is not None:
-        chat = ckpt.read_newest(source.ckpt, lambda where: template_from_meta(
+        chat = read_newest(source.ckpt, lambda where: template_from_meta(
             ckpt.read_meta(where), where=str(where / "meta.json"), tok=tok))
         if chat is not None or not fallback:
             return chat

@@ -3,7 +3,7 @@
 * A run directory given to a reader (``sample/export/eval/serve --ckpt RUN``, ``--init-from RUN``) means the
   newest checkpoint that is the run's own save of its step, as ``--resume`` takes it: a step folder copied in
   from another run (its run id), or another step's save under a newer name, was read silently as the run's
-  newest. ``run/checkpoint.py``'s ``resolve_checkpoint`` (every reader's one resolution) skips it, said once on
+  newest. ``run/identity.py``'s ``resolve_checkpoint`` (every reader's one resolution) skips it, said once on
   stderr naming it and why.
 * A LoRA checkpoint's meta.json is checked against model.safetensors' header as every other checkpoint's is
   (load.py's adapters branch skipped it), and the header records the adapters' rank, alpha and targets; so is a
@@ -28,6 +28,7 @@ from safetensors.torch import load_file
 
 from gptforge.cli import main
 from gptforge.run import checkpoint as ckpt
+from gptforge.run.identity import resolve_checkpoint
 from tests.conftest import make_shards
 from tests.run.faults import finished_run, train_argv
 
@@ -66,7 +67,7 @@ def test_a_run_path_skips_another_runs_step_folder_and_another_steps_save_saying
     assert len(said) == 1 and "a checkpoint of another run" in said[0], err  # once, though export resolves often
     # step 2's save copied under a newer name (step_000008): not the run's step 8, skipped too
     shutil.copytree(cks / "step_000002", cks / "step_000008")
-    assert ckpt.resolve_checkpoint(run, warn=lambda m: None) == cks / "step_000004"
+    assert resolve_checkpoint(run, warn=lambda m: None) == cks / "step_000004"
     # nothing left but the renamed save: one line naming what was skipped, not a model under a false step
     for name in ("step_000002", "step_000004", "step_000006"):
         shutil.rmtree(cks / name)
@@ -77,7 +78,7 @@ def test_a_run_path_skips_another_runs_step_folder_and_another_steps_save_saying
                        "step_000008, each skipped above)"), err
     assert "step = 2, but the checkpoint directory is step_000008" in err[-2] and not (tmp_path / "hf2").exists()
     # a step folder named directly is read as given (the user chose it)
-    assert ckpt.resolve_checkpoint(cks / "step_000008") == cks / "step_000008"
+    assert resolve_checkpoint(cks / "step_000008") == cks / "step_000008"
 
 
 @pytest.mark.parametrize("value,threads", [("2,1", 2), (" +3 ", 3), ("1,1,1", 1)])

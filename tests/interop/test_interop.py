@@ -167,7 +167,7 @@ def test_llmc_round_trip_via_cli(tmp_path, dtype, tokenizer):
     assert out.stat().st_size == 1024 + h["num_params"] * (4 if dtype == "float32" else 2)
     assert main(["import", "llmc", "--model", str(out), "--out", str(tmp_path / "run2")]) == 0
     back = GPT(Config.from_dict(json.loads(next((tmp_path / "run2").rglob("meta.json")).read_text())["config"]).model)
-    from gptforge.run.checkpoint import resolve_checkpoint
+    from gptforge.run.identity import resolve_checkpoint
     from gptforge.run.restore import load_model_weights
 
     load_model_weights(back, resolve_checkpoint(tmp_path / "run2"))

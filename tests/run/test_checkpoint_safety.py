@@ -21,6 +21,7 @@ from gptforge.cli import main
 from gptforge.load import ModelSource
 from gptforge.load import load_model as _load
 from gptforge.run import checkpoint as ckpt
+from gptforge.run.identity import latest_intact_checkpoint
 from gptforge.training.loop import train
 from tests.conftest import tiny_config
 
@@ -180,7 +181,7 @@ def test_sample_and_eval_on_a_damaged_checkpoint_name_the_file(run, tmp_path, da
 def test_resume_falls_back_past_a_damaged_checkpoint_and_continues_exactly(run, tmp_path, capsys):
     out = _copy(run, tmp_path)
     _truncate(out / "checkpoints" / "step_000006" / "optimizer.pt")
-    assert ckpt.latest_intact_checkpoint(out, warn=lambda m: None).name == "step_000003"
+    assert latest_intact_checkpoint(out, warn=lambda m: None).name == "step_000003"
     code = main(_cli_train(run, out, "--resume", "--train.max_steps", "6", "--train.ckpt_every", "3"))
     io = capsys.readouterr()
     assert code == 0, io.err

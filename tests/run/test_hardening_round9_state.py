@@ -25,6 +25,7 @@ import pytest
 
 from gptforge.cli import main
 from gptforge.run import checkpoint as ckpt
+from gptforge.run import identity
 from tests.run.faults import before_step, finished_run
 from tests.run.faults import copy_run as _copy
 from tests.run.faults import one_line as _one_line
@@ -272,7 +273,7 @@ def test_the_advice_for_another_runs_checkpoint_fits_the_command_that_meets_it(t
     said = f"{run}: skipping checkpoint step_000006: {foreign}: a checkpoint of another run"
     move = f"copied in from elsewhere? Move it out of {run / 'checkpoints'}"
     capsys.readouterr()
-    assert ckpt.resolve_checkpoint(run) == run / "checkpoints" / "step_000004"  # what sample, export, eval read
+    assert identity.resolve_checkpoint(run) == run / "checkpoints" / "step_000004"  # what sample, export, eval read
     err = capsys.readouterr().err.strip()
     assert err.startswith(said) and err.endswith(move), err
     with pytest.raises(ckpt.CheckpointError) as e:

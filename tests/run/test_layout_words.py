@@ -11,8 +11,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from gptforge.parallel.distributed import DistInfo
-from gptforge.run import checkpoint as ckpt
+from gptforge.errors import CheckpointError
+from gptforge.parallel.distributed import DistInfo, layout_words
+from gptforge.run.identity import require_trust
 
 
 @pytest.mark.parametrize("sharding, words", [
@@ -21,7 +22,7 @@ from gptforge.run import checkpoint as ckpt
     ("pp2.dp1x2.tp2", "tensor parallel (dist.tp 2) + pipeline parallel (dist.pp 2) + FSDP over 2"),
 ])
 def test_layout_words(sharding, words):
-    assert ckpt.layout_words(sharding) == words
+    assert layout_words(sharding) == words
 
 
 def test_dist_info_says_the_mesh_that_runs():
@@ -31,8 +32,8 @@ def test_dist_info_says_the_mesh_that_runs():
 
 def test_a_pipeline_checkpoints_trust_refusal_does_not_call_it_fsdp(tmp_path):
     (tmp_path / "meta.json").write_text(json.dumps({"step": 5, "sharding": "pp2.dp1x1.tp1"}))
-    with pytest.raises(ckpt.CheckpointError) as e:
-        ckpt.require_trust(tmp_path, trusted=False)
+    with pytest.raises(CheckpointError) as e:
+        require_trust(tmp_path, trusted=False)
     assert "FSDP" not in str(e.value) and "pipeline parallel (dist.pp 2)" in str(e.value)
     assert "--trust-checkpoint" in str(e.value)
 

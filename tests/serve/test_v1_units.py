@@ -27,7 +27,6 @@ from gptforge.serve.openai_api import (  # noqa: E402
     _card,
     _chat_logprobs,
     _ChunkWriter,
-    _collect,
     _completion_logprobs,
     _piece,
     _prompts,
@@ -41,6 +40,7 @@ from gptforge.serve.openai_schema import (  # noqa: E402
     finish_reason,
     parse,
 )
+from gptforge.serve.sse import collect_rows as _collect  # noqa: E402
 
 HALF = 447  # GPT-2's id whose bytes are E2 80: the first two bytes of a three-byte UTF-8 character
 HELLO, BANG = 15496, 0  # "Hello", "!"

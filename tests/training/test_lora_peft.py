@@ -21,6 +21,7 @@ from gptforge.models.gpt2 import GPT, GPTConfig  # noqa: E402
 from gptforge.models.lora import add_lora, lora_layers, merge_lora  # noqa: E402
 from gptforge.models.registry import build_model, size_config  # noqa: E402
 from gptforge.run import checkpoint as ckpt  # noqa: E402
+from gptforge.run.identity import resolve_checkpoint  # noqa: E402
 
 
 def _base(arch: str, **kw) -> torch.nn.Module:
@@ -95,7 +96,7 @@ def test_adapter_export_loads_in_peft_to_the_same_logits(arch, tmp_path, tokeniz
     assert sorted(p.name for p in (tmp_path / "adapters").iterdir()) == ["adapter_config.json",
                                                                           "adapter_model.safetensors"]
 
-    where = ckpt.resolve_checkpoint(run)
+    where = resolve_checkpoint(run)
     meta = ckpt.read_meta(where)
     ours = lora_merged(where, meta, Config.from_dict(meta["config"]), merge=False).eval()
     assert max(m.lora_B.weight.abs().max().item() for _, m in lora_layers(ours)) > 1e-3  # it trained

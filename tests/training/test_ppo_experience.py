@@ -88,7 +88,7 @@ def test_a_few_updates_prefer_the_higher_scored_reply():
 def test_value_model_starts_from_the_reward_model():
     """rl.value_init reward_model (TRL's start): the value at each reply's last token equals the reward
     model's score of the same sequence; a reward model of another shape is refused, naming the key."""
-    from gptforge.training.grpo import RLError
+    from gptforge.training.rl_state import RLError
     from gptforge.training.rm import RewardModel, freeze_unused_head
 
     rm = RewardModel(_gpt(1))

@@ -22,7 +22,7 @@ import pytest
 from gptforge.eval import generative
 from gptforge.eval.generative import GENERATED, GenerativeTask
 from gptforge.eval.tasks.verifiable import Problem
-from gptforge.training.grpo import RLError
+from gptforge.training.rl_state import RLError
 from gptforge.training.rollouts import problem_stream
 
 

@@ -385,7 +385,7 @@ def _recipe(tokenizer, problems_at):
 
 def test_check_refuses_model_parallel_layouts_and_uneven_prompts_and_asks_for_no_accumulation(tokenizer):
     from gptforge.eval.tasks.verifiable import Problem
-    from gptforge.training.grpo import RLError
+    from gptforge.training.rl_state import RLError
 
     cfg, recipe = _recipe(tokenizer, lambda step, round=0: [Problem("1 + 1", "2")])
     cfg.rl.prompts, cfg.rl.max_new_tokens = 4, 4
@@ -406,7 +406,7 @@ def test_check_context_fits_the_first_steps_longest_prompt_and_its_reply_in_the_
     """Step 0's longest prompt (later steps' are not asked: here they are longer) plus rl.max_new_tokens must fit
     block_size (32): exactly filling it is allowed, one more is refused naming the flag and the room left."""
     from gptforge.eval.tasks.verifiable import Problem
-    from gptforge.training.grpo import RLError
+    from gptforge.training.rl_state import RLError
 
     short, long = "1 + 1", "1 + 1 + 1 + 1 + 1 + 1 + 1 + 1 + 1 + 1 + 1 + 1 + 1 + 1 + 1 + 1"
     cfg, recipe = _recipe(tokenizer, lambda step, round=0: [Problem(short, "2"), Problem(short + " + 1", "3")]
@@ -436,7 +436,7 @@ def test_check_context_fits_the_first_steps_longest_prompt_and_its_reply_in_the_
 
 
 def test_check_context_without_problems_counts_a_prompt_of_one_token(tokenizer):
-    from gptforge.training.grpo import RLError
+    from gptforge.training.rl_state import RLError
 
     cfg, recipe = _recipe(tokenizer, lambda step, round=0: [])
     cfg.rl.max_new_tokens = 31

@@ -165,8 +165,9 @@ def chat_template_of(ckpt: str | None, tok=None):
         return None
     from gptforge.data.chat import ChatFormatError, template_from_meta
     from gptforge.run import checkpoint as ckpt_mod
+    from gptforge.run.identity import resolve_checkpoint
 
-    where = ckpt_mod.resolve_checkpoint(ckpt)
+    where = resolve_checkpoint(ckpt)
     try:
         return template_from_meta(ckpt_mod.read_meta(where), where=str(Path(where) / "meta.json"), tok=tok)
     except ChatFormatError as e:
@@ -291,6 +292,7 @@ def resolve_run(out: str | None, resume: str | None, overrides: list[str], recip
     from gptforge.config_inert import refuse_inert_overrides
     from gptforge.run import checkpoint as ckpt
     from gptforge.run.checkpointer import Checkpointer
+    from gptforge.run.identity import resolve_checkpoint
     from gptforge.run.resume import absolute_model_paths, check_models_present, recipe_of, resume_config
     from gptforge.run.weights import check_weights_fit
 
@@ -306,7 +308,7 @@ def resolve_run(out: str | None, resume: str | None, overrides: list[str], recip
         return cfg, None, None
     run_dir = out
     if run_dir is None and resume != "latest":  # --resume PATH: the run that PATH is in
-        where = ckpt.resolve_checkpoint(resume)
+        where = resolve_checkpoint(resume)
         run_dir = str(where.parent.parent if where.parent.name == "checkpoints" else where)
     run_dir = run_dir or default_out
     if not run_dir:

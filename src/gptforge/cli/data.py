@@ -196,9 +196,10 @@ def resolve_tokenizer_spec(spec: str) -> str:
     if p.is_dir() and not (p / "tokenizer.json").exists() and not (p / "info.json").exists() \
             and not (p / "tokenizer" / "info.json").exists():
         from gptforge.run import checkpoint as ckpt
+        from gptforge.run.identity import resolve_checkpoint
 
         try:
-            where = ckpt.resolve_checkpoint(p)
+            where = resolve_checkpoint(p)
         except (ckpt.CheckpointError, FileNotFoundError):
             return spec
         if (where / "tokenizer" / "info.json").exists():

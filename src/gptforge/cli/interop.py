@@ -82,10 +82,11 @@ def _export_adapters(args: argparse.Namespace) -> int:
         raise CliError("--adapters-only writes peft's format: give `export hf --ckpt RUN` (a LoRA run)")
     from gptforge.load import lora_merged
     from gptforge.run import checkpoint as ckpt
+    from gptforge.run.identity import resolve_checkpoint
     from gptforge.run.resume import saved_config
 
     try:
-        where = ckpt.resolve_checkpoint(args.ckpt)
+        where = resolve_checkpoint(args.ckpt)
         meta = ckpt.read_meta(where)
         if not meta.get("lora"):
             raise ValueError(f"{where} holds no LoRA adapters (it is not a run with lora.rank > 0): export it whole "

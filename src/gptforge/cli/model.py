@@ -151,9 +151,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
                        "--api-key KEY (or set GPTFORGE_API_KEY), or keep the default 127.0.0.1")
     metrics = args.metrics
     if metrics is None and args.ckpt is not None:  # the run's metrics.jsonl sits in the run directory
-        from gptforge.run import checkpoint as ckpt
+        from gptforge.run.identity import resolve_checkpoint
 
-        where = ckpt.resolve_checkpoint(args.ckpt)
+        where = resolve_checkpoint(args.ckpt)
         found = [p / "metrics.jsonl" for p in (where, *where.parents[:3]) if (p / "metrics.jsonl").exists()]
         metrics = str(found[0]) if found else None
     from gptforge.cli.common import EXIT_PORT_BUSY

@@ -140,9 +140,10 @@ RL_FROZEN = ("rl.task", "rl.eval_n", "rl.init_from", "rl.raw", "rl.algo",  # the
 
 def cmd_rl(args: argparse.Namespace, overrides: list[str]) -> int:
     from gptforge.data.chat import ChatFormatError
-    from gptforge.training.grpo import GRPO, RLError, rl_config
+    from gptforge.training.grpo import GRPO, rl_config
     from gptforge.training.loop import train
     from gptforge.training.rewards import RewardError, load_reward
+    from gptforge.training.rl_state import RLError
 
     flags = flag_overrides(args, RL_FLAGS, overrides)
     if args.resume is not None and args.init_from is not None:  # the reference model's new place (moved): checked

@@ -56,7 +56,11 @@ from gptforge.interop.gguf_config import (  # noqa: F401 - the limits are read f
     gpt2_config_from_gguf,
     llama_config_from_gguf,
 )
-from gptforge.interop.gguf_tokenizer import GGUF_STRING, GGUFReadError, tokenizer_from_gguf
+from gptforge.interop.gguf_tokenizer import (  # GGUFReadError re-exported: the reader's error
+    GGUF_STRING,
+    GGUFReadError,
+    tokenizer_from_gguf,
+)
 from gptforge.models.registry import at_layers
 from gptforge.sizecheck import check_model_size, count_layers, elements, layered_elements
 

@@ -11,19 +11,19 @@ No optimizer, sampling or IO lives here.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gptforge.kernels.attention import BACKENDS, sdpa_for
+from gptforge.kernels.attention import sdpa_for
 from gptforge.models import masks
 from gptforge.models.counting import Counts, attention_flops
-from gptforge.models.head import logits_and_loss, padded_vocab
+from gptforge.models.family import FamilyConfig
+from gptforge.models.head import logits_and_loss
 from gptforge.models.kv_cache import KVCache
-from gptforge.numbers import MAX_DIM
 from gptforge.tokens import GPT2_VOCAB
 
 # name -> (n_layer, n_head, n_embd). The four OpenAI sizes plus tiny CPU sizes.
@@ -55,7 +55,7 @@ SIZES: dict[str, tuple[int, int, int]] = {
 
 
 @dataclass
-class GPTConfig:
+class GPTConfig(FamilyConfig):
     arch: str = "gpt2"  # model family (see gptforge.models.registry)
     n_layer: int = 12  # transformer blocks
     n_head: int = 12  # attention heads per block (n_embd must divide by it)
@@ -76,37 +76,9 @@ class GPTConfig:
     doc_mask: str = "sdpa"  # document attention through SDPA (bool mask, any device) or flex (FlexAttention)
     bos_token: int = 50256  # the token that starts a document (GPT-2's <|endoftext|>)
 
-    def __post_init__(self) -> None:
-        if self.arch != "gpt2":
-            raise ValueError(f"model.arch={self.arch!r} for a GPT-2 config")
-        for key in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
-            if getattr(self, key) < 1:
-                raise ValueError(f"model.{key}={getattr(self, key)} must be >= 1")
-            # a width past any model's: a damaged meta.json or a typo, refused before torch's size arithmetic
-            # overflows on it (n_layer only repeats blocks: plan costs a billion of them; a file bounds its own)
-            if key != "n_layer" and getattr(self, key) > MAX_DIM:
-                raise ValueError(f"model.{key}={getattr(self, key)} must be at most {MAX_DIM} (no model is that big)")
-        if self.bos_token < 0 or (self.attention == "document" and self.bos_token >= self.vocab_size):
-            raise ValueError(f"model.bos_token={self.bos_token} must be a token id in [0, model.vocab_size)")
-        if self.n_embd % self.n_head != 0:
-            raise ValueError(f"model.n_embd={self.n_embd} must be divisible by model.n_head={self.n_head}")
-        if self.recompute not in ("none", "mlp", "block"):
-            raise ValueError(f"model.recompute={self.recompute!r}; allowed: none, mlp, block")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"model.dropout={self.dropout} must be in [0, 1)")
-        if self.attn_backend not in BACKENDS:
-            raise ValueError(f"model.attn_backend={self.attn_backend!r}; allowed: {', '.join(BACKENDS)}")
-        if self.attn_backend != "auto" and not self.flash:
-            raise ValueError(f"model.attn_backend={self.attn_backend} picks an SDPA kernel; it needs model.flash=true")
-        if self.fused_ce and self.lm_head_fp8:
-            raise ValueError("model.fused_ce and model.lm_head_fp8 cannot be combined yet; switch one off")
+    def check_family(self) -> None:
         if self.fused_bias_gelu and not self.bias:
             raise ValueError("model.fused_bias_gelu fuses c_fc's bias into the GELU; it needs model.bias=true")
-        masks.check_config(self.attention, self.doc_mask)
-
-    @property
-    def padded_vocab_size(self) -> int:
-        return padded_vocab(self.vocab_size) if self.pad_vocab else self.vocab_size
 
     @classmethod
     def from_size(cls, name: str, **overrides) -> GPTConfig:
@@ -114,9 +86,6 @@ class GPTConfig:
             raise ValueError(f"unknown model size {name!r}; known: {', '.join(SIZES)}")
         n_layer, n_head, n_embd = SIZES[name]
         return cls(n_layer=n_layer, n_head=n_head, n_embd=n_embd, **overrides)
-
-    def to_dict(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 class CausalSelfAttention(nn.Module):
@@ -295,13 +264,7 @@ class GPT(nn.Module):
                       attn_mask: torch.Tensor | None = None) -> torch.Tensor:
         """idx (B, T) -> the final hidden states (B, T, C), after ``ln_f`` and before the LM head (what
         transformers' ``GPT2Model`` returns; a reward model's or value head's input)."""
-        B, T = idx.size()
-        past = kv_cache.length if kv_cache is not None else 0
-        if past + T > self.config.block_size:
-            raise ValueError(f"sequence length {past + T} exceeds block_size {self.config.block_size}")
-        if pos is None:
-            pos = torch.arange(past, past + T, dtype=torch.long, device=idx.device)  # (T,)
-        attn_mask = masks.for_forward(idx, past, attn_mask, self.config, kv_cache is not None)  # built once for every layer
+        _, pos, attn_mask = masks.forward_start(idx, kv_cache, pos, attn_mask, self.config)  # one mask, every layer
         x = self.embed(idx, pos)  # (B, T, C)
         for i, block in enumerate(self.transformer.h):
             if self.config.recompute == "block" and self.training and torch.is_grad_enabled():

@@ -41,10 +41,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gptforge.kernels.attention import BACKENDS, sdpa_for
+from gptforge.kernels.attention import sdpa_for
 from gptforge.models import masks, rope
 from gptforge.models.counting import Counts, attention_flops
-from gptforge.models.head import logits_and_loss, padded_vocab
+from gptforge.models.family import FamilyConfig
+from gptforge.models.head import logits_and_loss
 from gptforge.models.kv_cache import KVCache
 from gptforge.numbers import MAX_DIM
 from gptforge.tokens import GPT2_VOCAB
@@ -71,7 +72,7 @@ FEATURES = ("head_size", "sliding_window", "layer_types", "attn_softcap", "query
 
 
 @dataclass
-class LlamaConfig:
+class LlamaConfig(FamilyConfig):
     arch: str = "llama"  # model family (the registry's key); always "llama" here
     n_layer: int = 12  # transformer blocks
     n_head: int = 12  # query heads
@@ -115,28 +116,14 @@ class LlamaConfig:
     doc_mask: str = "sdpa"  # document attention through SDPA (bool mask, any device) or flex (FlexAttention)
     bos_token: int = 50256  # the token that starts a document (GPT-2's <|endoftext|>)
 
-    def __post_init__(self) -> None:
-        if self.arch != "llama":
-            raise ValueError(f"model.arch={self.arch!r} given to LlamaConfig; it only describes arch 'llama'")
-        for key in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
-            if getattr(self, key) < 1:
-                raise ValueError(f"model.{key}={getattr(self, key)} must be >= 1")
-            # a width past any model's: a damaged meta.json or a typo, refused before torch's size arithmetic
-            # overflows on it (n_layer only repeats blocks: plan costs a billion of them; a file bounds its own)
-            if key != "n_layer" and getattr(self, key) > MAX_DIM:
-                raise ValueError(f"model.{key}={getattr(self, key)} must be at most {MAX_DIM} (no model is that big)")
+    def check_family(self) -> None:
         for key in ("n_kv_head", "head_size", "intermediate_size", "sliding_window"):
             if getattr(self, key) > MAX_DIM:
                 raise ValueError(f"model.{key}={getattr(self, key)} must be at most {MAX_DIM} (no model is that big)")
-        if self.bos_token < 0 or (self.attention == "document" and self.bos_token >= self.vocab_size):
-            raise ValueError(f"model.bos_token={self.bos_token} must be a token id in [0, model.vocab_size)")
         if self.n_kv_head < 0:
             raise ValueError(f"model.n_kv_head={self.n_kv_head} must be >= 1 (or 0 = model.n_head)")
         if self.head_size < 0:
             raise ValueError(f"model.head_size={self.head_size} must be >= 1 (or 0 = model.n_embd / model.n_head)")
-        if not self.head_size and self.n_embd % self.n_head != 0:
-            raise ValueError(f"model.n_embd={self.n_embd} must be divisible by model.n_head={self.n_head} "
-                             "(or set model.head_size)")
         if self.n_head % self.kv_heads != 0:
             raise ValueError(f"model.n_head={self.n_head} must be divisible by model.n_kv_head={self.n_kv_head} "
                              "(grouped-query attention shares each key/value head among n_head/n_kv_head queries)")
@@ -147,20 +134,9 @@ class LlamaConfig:
             raise ValueError(f"model.intermediate_size={self.intermediate_size} must be >= 0 (0 = derived)")
         if self.mlp not in MLPS:
             raise ValueError(f"model.mlp={self.mlp!r}; allowed: {', '.join(MLPS)}")
-        if self.recompute not in ("none", "mlp", "block"):
-            raise ValueError(f"model.recompute={self.recompute!r}; allowed: none, mlp, block")
-        if self.attn_backend not in BACKENDS:
-            raise ValueError(f"model.attn_backend={self.attn_backend!r}; allowed: {', '.join(BACKENDS)}")
-        if self.attn_backend != "auto" and not self.flash:
-            raise ValueError(f"model.attn_backend={self.attn_backend} picks an SDPA kernel; it needs model.flash=true")
-        if self.fused_ce and self.lm_head_fp8:
-            raise ValueError("model.fused_ce and model.lm_head_fp8 cannot be combined yet; switch one off")
         if self.fused_ce and self.logit_softcap:
             raise ValueError(f"model.fused_ce computes the loss from raw logits; it cannot apply model.logit_softcap="
                              f"{self.logit_softcap}: switch one off")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"model.dropout={self.dropout} must be in [0, 1)")
-        masks.check_config(self.attention, self.doc_mask)
         if not (self.rope_theta > 0 and math.isfinite(self.rope_theta)):
             raise ValueError(f"model.rope_theta={self.rope_theta} must be a positive number")
         rope.check_config(self)
@@ -231,18 +207,11 @@ class LlamaConfig:
             return 4 * self.n_embd
         return ((8 * self.n_embd // 3 + 63) // 64) * 64
 
-    @property
-    def padded_vocab_size(self) -> int:
-        return padded_vocab(self.vocab_size) if self.pad_vocab else self.vocab_size
-
     @classmethod
     def from_size(cls, name: str, **overrides) -> LlamaConfig:
         if name not in SIZES:
             raise ValueError(f"unknown model size {name!r}; known: {', '.join(SIZES)}")
         return cls(**{**SIZES[name], **overrides})
-
-    def to_dict(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 class RMSNorm(nn.Module):
@@ -493,16 +462,10 @@ class Llama(nn.Module):
         """idx (B, T) -> the final hidden states (B, T, C), after the last RMSNorm and before the LM
         head (what transformers' ``LlamaModel`` returns; a reward model's or value head's input)."""
         cfg = self.config
-        B, T = idx.size()
-        past = kv_cache.length if kv_cache is not None else 0
-        if past + T > cfg.block_size:
-            raise ValueError(f"sequence length {past + T} exceeds block_size {cfg.block_size}")
-        if pos is None:
-            pos = torch.arange(past, past + T, dtype=torch.long, device=idx.device)  # (T,)
-        attn_mask = masks.for_forward(idx, past, attn_mask, cfg, kv_cache is not None)  # built once for every layer
+        past, pos, attn_mask = masks.forward_start(idx, kv_cache, pos, attn_mask, cfg)  # one mask, every layer
         x = self.embed(idx, pos)  # (B, T, C)
         cos, sin = self.block_args(pos)  # (T, hd) or (B, T, hd)
-        per_layer = self._layer_inputs(pos, cos, sin, attn_mask, past + T) if self._per_layer else None
+        per_layer = self._layer_inputs(pos, cos, sin, attn_mask, past + idx.size(1)) if self._per_layer else None
         for i, block in enumerate(self.model.layers):
             if per_layer is not None:  # sliding windows or local rope bases: this layer's kind
                 cos, sin, attn_mask = per_layer[i]

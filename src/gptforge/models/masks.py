@@ -1,5 +1,6 @@
 """Attention masks shared by the model families: document-causal attention over packed batches, and a
-mask narrowed to a sliding window (:func:`window_mask`).
+mask narrowed to a sliding window (:func:`window_mask`), and what a forward sets up before its first block
+(:func:`forward_start`: positions after the cache, the block-size check, the one mask every layer takes).
 
     >>> mask = document_causal_mask(idx, bos=50256)  # (B, 1, T, T) bool for SDPA (CPU path)
     >>> block = flex_block_mask(idx, bos=50256)      # FlexAttention BlockMask (GPU path)
@@ -124,6 +125,20 @@ def for_forward(idx: torch.Tensor, past: int, attn_mask: torch.Tensor | None, cf
     if not cached:
         return for_batch(idx, cfg.attention, cfg.doc_mask, cfg.bos_token)
     return None
+
+
+def forward_start(idx: torch.Tensor, kv_cache, pos: torch.Tensor | None, attn_mask: torch.Tensor | None,
+                  cfg) -> tuple[int, torch.Tensor, torch.Tensor | None]:
+    """What both families' forwards set up before the first block: the tokens already in ``kv_cache``
+    (``past``), each new token's position (``pos`` as given, else past..past+T-1, (T,)) and the one mask for
+    every layer (:func:`for_forward`). A sequence past ``cfg.block_size`` is refused here."""
+    T = idx.size(1)
+    past = kv_cache.length if kv_cache is not None else 0
+    if past + T > cfg.block_size:
+        raise ValueError(f"sequence length {past + T} exceeds block_size {cfg.block_size}")
+    if pos is None:
+        pos = torch.arange(past, past + T, dtype=torch.long, device=idx.device)  # (T,)
+    return past, pos, for_forward(idx, past, attn_mask, cfg, kv_cache is not None)
 
 
 def window_mask(attn_mask: torch.Tensor | None, T: int, Tk: int, window: int, device) -> torch.Tensor:

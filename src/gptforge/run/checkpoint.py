@@ -11,7 +11,7 @@
 A checkpoint is written to ``step_XXXXXX.tmp`` and renamed when complete, so a crash never leaves
 a half-written directory that :func:`latest_checkpoint` would pick. Damage after that (a truncated
 or flipped file) is caught by :func:`verify_checkpoint`; ``--resume`` uses
-:func:`latest_intact_checkpoint`, which falls back past a damaged checkpoint and says so. A disk
+:func:`gptforge.run.identity.latest_intact_checkpoint`, which falls back past a damaged checkpoint and says so. A disk
 that fills up mid-write gets one clear error, and the partial ``.tmp`` is deleted. Saving a step
 again swaps the new folder in one step (Linux renameat2); where that is missing, two renames, and a kill
 between them leaves ``step_XXXXXX.old`` whole, which lists as that step. The next save removes what a
@@ -21,7 +21,8 @@ Nothing here unpickles: weights are safetensors, ``optimizer.pt``/``rng.pt`` loa
 ``weights_only=True``. A sharded (FSDP) checkpoint's ``dcp/.metadata`` *is* a pickle, so
 :func:`gptforge.run.restore.load_model_weights` never reads ``dcp/`` (FSDP runs also write a consolidated
 ``model.safetensors``) and resuming from ``dcp/`` needs ``--trust-checkpoint``
-(:func:`require_trust`).
+(:func:`gptforge.run.identity.require_trust`). Which checkpoint of a folder is the run's own, and which
+a command may read, is :mod:`gptforge.run.identity`'s.
 """
 
 from __future__ import annotations
@@ -31,8 +32,6 @@ import json
 import os
 import re
 import shutil
-import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +39,6 @@ import torch
 from safetensors.torch import save_file
 
 from gptforge.errors import CheckpointError  # noqa: F401  (re-exported: callers catch ckpt.CheckpointError)
-from gptforge.parallel.distributed import layout_words  # noqa: F401  (re-exported: meta.json's sharding in words)
 from gptforge.reading import read_json
 from gptforge.storage import fsync_fd, ordinary_file_mode
 from gptforge.storage.faults import (
@@ -56,7 +54,6 @@ from gptforge.storage.faults import (
 
 CKPT_PREFIX = "step_"
 TIED = "lm_head.weight"  # an output head that may share its tensor with the input embedding
-TRUST_FLAG = "--trust-checkpoint"
 
 
 def ckpt_root(run_dir: str | Path) -> Path:
@@ -64,6 +61,12 @@ def ckpt_root(run_dir: str | Path) -> Path:
 
 
 _STEP_DIR = re.compile(rf"{CKPT_PREFIX}(\d+)(\.old)?")
+
+
+def folder_step(d: Path) -> int | None:
+    """The step a checkpoint folder's name says (``step_000300`` or a killed re-save's ``step_000300.old``), or None."""
+    m = _STEP_DIR.fullmatch(d.name)
+    return int(m[1]) if m else None
 
 
 def list_checkpoints(run_dir: str | Path) -> list[Path]:
@@ -373,88 +376,6 @@ def read_meta_json(ckpt_dir: str | Path) -> dict[str, Any]:
     return read_json(meta_path, CheckpointError, "checkpoint's meta.json", then="the checkpoint is damaged")
 
 
-def resolve_checkpoint(path: str | Path, warn: Callable[[str], None] | None = None) -> Path:
-    """Accept a checkpoint dir or a run dir, meaning the newest checkpoint that is the run's own save of its
-    step (:func:`not_this_runs`): a step folder copied in from another run, or another step's save under a
-    newer name, was read silently by sample, export, eval, serve and --init-from as the run's newest. Each one
-    skipped is said once through ``warn`` (stderr by default). Damage to the files is the reader's to name
-    (it verifies what it loads)."""
-    p = Path(path)
-    if not p.exists():
-        raise CheckpointError(f"checkpoint {p} does not exist")
-    if not p.is_dir():  # a file, a device or a pipe: say what it is, not that it holds nothing
-        what = "a file" if p.is_file() else "a device or other special file"
-        raise CheckpointError(f"checkpoint {p} is {what}, not a folder: give a run folder (runs/NAME) or one "
-                              "checkpoint's folder (runs/NAME/checkpoints/step_000300)")
-    if (p / "meta.json").exists():
-        return p
-    ckpts = list_checkpoints(p)
-    if not ckpts:
-        raise CheckpointError(f"{p} holds no complete checkpoint (looked in {ckpt_root(p)}){damaged_note(p)}")
-    for d in reversed(ckpts):  # a run directory means its newest checkpoint that is its own (as --resume takes)
-        why = not_this_runs(d)
-        if why is None:
-            return d
-        if warn is not None:
-            warn(f"{p}: skipping checkpoint {d.name}: {why}")
-        elif (str(p), d.name) not in _said_skipped:  # a reader resolves its path several times: said once
-            _said_skipped.add((str(p), d.name))
-            print(f"{p}: skipping checkpoint {d.name}: {why}", file=sys.stderr, flush=True)
-    raise CheckpointError(f"{p} holds no checkpoint of its own run (looked in {ckpt_root(p)}: "
-                          f"{', '.join(d.name for d in ckpts)}, each skipped above)")
-
-
-_said_skipped: set[tuple[str, str]] = set()  # (run directory, step folder) already said: once a process
-
-
-def not_this_runs(d: Path) -> str | None:
-    """Why step folder ``d`` of a run's checkpoints/ is not that run's save of that step, or None: another
-    step's save under its name (renamed or copied), or another run's (:func:`check_same_run`). A meta.json
-    that cannot be read is not judged here: the reader names it."""
-    try:
-        step = read_meta_json(d).get("step")
-    except (CheckpointError, OSError, ValueError, AttributeError):
-        return None
-    m = _STEP_DIR.fullmatch(d.name)
-    if not (isinstance(step, int) and not isinstance(step, bool) and m and int(m[1]) == step):
-        return (f"{d / 'meta.json'}: step = {step!r}, but the checkpoint directory is {d.name} (a save renamed or "
-                "copied under another step's name)")
-    try:
-        check_same_run(d)
-    except CheckpointError as e:
-        return str(e)
-    return None
-
-
-READ_TRIES = 5
-
-
-def read_newest(path: str | Path, read: Callable[[Path], Any]) -> Any:
-    """``read(where)`` on the checkpoint ``path`` names (a run directory: its newest, see
-    :func:`resolve_checkpoint`). A run still training there prunes its older checkpoints
-    (``train.keep_ckpts``) and may do so while one is being read: when the read fails and the checkpoint
-    has since gone, or a newer one has appeared, the run's newest is resolved and read again (up to
-    :data:`READ_TRIES` times), so reading a live run never fails with a false "missing, the checkpoint is
-    damaged". A checkpoint named directly, or one still there and newest, fails as it would."""
-    p = Path(path)
-    for attempt in range(READ_TRIES):
-        where = resolve_checkpoint(p)
-        try:
-            return read(where)
-        except Exception:  # whatever the reader says of a file pruned under it (CheckpointError, OSError, ...)
-            if (where == p or attempt == READ_TRIES - 1
-                    or ((where / "meta.json").is_file() and _still_newest(p, where))):
-                raise
-    raise AssertionError("unreachable")
-
-
-def _still_newest(run: Path, where: Path) -> bool:
-    try:
-        return resolve_checkpoint(run, warn=lambda msg: None) == where
-    except CheckpointError:
-        return True
-
-
 def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -513,53 +434,6 @@ def _saved_by_another(ckpt_dir: Path, name: str, sha: str) -> str | None:
     return None
 
 
-def latest_intact_checkpoint(run_dir: str | Path, warn: Callable[[str], None] = print) -> Path | None:
-    """The newest checkpoint of a run that passes :func:`verify_checkpoint` and is the run's own
-    (:func:`check_same_run`); each one that is skipped is reported through ``warn``, by name and with
-    what is wrong."""
-    for d in reversed(list_checkpoints(run_dir)):
-        try:
-            verify_checkpoint(d)
-        except CheckpointError as e:
-            warn(f"skipping damaged checkpoint {d.name}: {e}")
-            continue
-        why = not_this_runs(d)
-        if why is None:
-            return d
-        damaged = "damaged " if why.startswith(str(d / "meta.json")) else ""  # another step's save under this name
-        warn(f"skipping {damaged}checkpoint {d.name}: {why}")
-    return None
-
-
-def check_same_run(ckpt_dir: str | Path, then: str = "") -> None:
-    """A checkpoint to resume must be of the run whose checkpoints/ holds it: meta.json's ``run_id`` (drawn
-    when a run starts, kept by its resumes) against its siblings'. A step folder copied in from another run
-    (the same names, another model) passed every check of its own files and was resumed as this run's.
-    CheckpointError naming it and both runs; nothing to compare (no siblings, or checkpoints from before
-    run ids were recorded) passes. ``then``: what to do after moving it out, in the words of the command that
-    refuses it (a reader that skips it, sample or export, has nothing to add: it reads the run's own)."""
-    ckpt_dir = Path(ckpt_dir)
-    mine = read_meta_json(ckpt_dir).get("run_id")
-    if not isinstance(mine, str) or ckpt_dir.parent.name != "checkpoints":
-        return
-    theirs: dict[str, list[str]] = {}
-    for p in list_checkpoints(ckpt_dir.parent.parent):
-        if p.resolve() == ckpt_dir.resolve():
-            continue
-        try:
-            rid = read_meta_json(p).get("run_id")
-        except (CheckpointError, OSError, ValueError):
-            continue
-        if isinstance(rid, str):
-            theirs.setdefault(rid, []).append(p.name)
-    if theirs and mine not in theirs:
-        rid, names = max(theirs.items(), key=lambda kv: len(kv[1]))
-        raise CheckpointError(
-            f"{ckpt_dir}: a checkpoint of another run (its meta.json run_id is {mine}; this run's {', '.join(names[:3])} "
-            f"are run {rid}): copied in from elsewhere? Move it out of {ckpt_dir.parent}"
-            + (f", then {then}" if then else ""))
-
-
 def damaged_note(run_dir: str | Path) -> str:
     """For the "nothing to resume" error: whether checkpoints exist but all failed verification, or the
     checkpoints folder is a file or a broken link."""
@@ -572,20 +446,6 @@ def damaged_note(run_dir: str | Path) -> str:
     return f" that verifies ({n} damaged, named above)" if n else ""
 
 
-def require_trust(ckpt_dir: str | Path, trusted: bool) -> None:
-    """Reading a sharded (dcp/) checkpoint unpickles its .metadata: only with the user's say-so."""
-    if not trusted:
-        try:
-            layout = layout_words(str(read_meta_json(ckpt_dir).get("sharding", "fsdp")))
-        except (CheckpointError, OSError, ValueError):
-            layout = "FSDP"
-        raise CheckpointError(
-            f"{ckpt_dir} is a sharded (DCP) checkpoint of a {layout} run: resuming it reads dcp/.metadata, a pickle that can "
-            f"run code. If you trust where it came from, pass {TRUST_FLAG} (config: train.trust_checkpoint "
-            "true); weights alone load safely from its model.safetensors (sample, eval, export, --init-from)"
-        )
-
-
 def is_head_key(key: str) -> bool:
     """An output head's weight at any depth: ``lm_head.weight``, ``body.lm_head.weight`` (a reward or value
     model's family model), ``policy.lm_head.weight`` (PPO's)."""
@@ -594,7 +454,9 @@ def is_head_key(key: str) -> bool:
 
 def tied_keys(sd: dict[str, torch.Tensor]) -> list[str]:
     """Every output head (``lm_head.weight`` at any depth: a reward or value model holds its family
-    model as ``body``) that is another entry's tensor."""
+    model as ``body``) that is another entry's tensor: shared storage, not equal values (an untied head that
+    equals its embedding is kept). A sharded save, whose gathered copies share no storage, asks by value
+    instead (``gptforge.run.dcp._tied_by_value``)."""
     ptr = {}
     for k, v in sd.items():
         ptr.setdefault(v.data_ptr(), []).append(k)

@@ -31,7 +31,7 @@ from gptforge.errors import LoaderStateError
 from gptforge.optim import build_optimizer
 from gptforge.parallel.distributed import DistInfo, barrier, gather_rng_states, seed_rank
 from gptforge.run import checkpoint as files
-from gptforge.run import dcp, restore
+from gptforge.run import dcp, identity, restore
 from gptforge.run.weights import check_weights_fit
 
 
@@ -66,7 +66,7 @@ class Checkpointer:
         self.sharded = resume_from is not None and dcp.is_sharded(resume_from)  # the format it reads
         self.trusted = bool(getattr(cfg.train, "trust_checkpoint", False))
         if self.sharded:  # dcp/.metadata is a pickle: refused here, before any data or compute
-            files.require_trust(resume_from, self.trusted)
+            identity.require_trust(resume_from, self.trusted)
         if resume_from is not None:  # the model's shape against the weights file's header, before it is built
             check_weights_fit(resume_from, cfg.model)
         self._carried_optim: dict | None = None
@@ -90,16 +90,16 @@ class Checkpointer:
         if resume is None:
             return None
         if str(resume) == "latest":
-            latest = files.latest_intact_checkpoint(run_dir, warn=warn)
+            latest = identity.latest_intact_checkpoint(run_dir, warn=warn)
             if latest is None:
                 raise files.CheckpointError(
                     f"--resume: no complete checkpoint in {files.ckpt_root(run_dir)}{files.damaged_note(run_dir)}; "
                     "start without --resume, or point --out at the run to continue"
                 )
             return latest
-        where = files.resolve_checkpoint(resume)
+        where = identity.resolve_checkpoint(resume)
         files.verify_checkpoint(where)
-        files.check_same_run(where, then="resume (or --resume without a path: the run's own newest)")
+        identity.check_same_run(where, then="resume (or --resume without a path: the run's own newest)")
         return where
 
     @property

@@ -27,6 +27,7 @@ from safetensors.torch import save_file
 
 from gptforge.parallel.tensor import dcp_view
 from gptforge.run import checkpoint as ckpt
+from gptforge.run.identity import require_trust
 from gptforge.storage import ordinary_file_mode
 from gptforge.storage.faults import tensor_bytes
 
@@ -74,7 +75,7 @@ def save_sharded(run_dir: str | Path, step: int, model: torch.nn.Module, optimiz
             if is_main:
                 if split:
                     full = _read_full_model(tmp / DCP_DIR)
-                tied = _tied_keys(full)
+                tied = _tied_by_value(full)
                 weights = {k: v.contiguous() for k, v in full.items() if k not in tied}
                 save_file(weights, str(tmp / "model.safetensors"), metadata=ckpt.weights_metadata(meta))
                 ordinary_file_mode(tmp / "model.safetensors")  # safetensors leaves it 0600
@@ -123,11 +124,15 @@ def _read_full_model(dcp_dir: Path) -> dict[str, torch.Tensor]:
     return {k[len("model."):]: v for k, v in state.items()}
 
 
-def _tied_keys(full: dict[str, torch.Tensor]) -> set[str]:
+def _tied_by_value(full: dict[str, torch.Tensor]) -> set[str]:
     """Tied output heads (GPT-2's wte, a tied Llama's embed_tokens) are stored once, as in single-file
-    checkpoints (``checkpoint.tied_keys``), at any depth: ``lm_head.weight``, or ``body.lm_head.weight`` in
-    a reward model, ``policy.`` / ``value.body.`` in PPO's. After the gather the tensors are separate CPU
-    copies, so a head is tied when another weight of the same module (its key's prefix) has its values."""
+    checkpoints, at any depth: ``lm_head.weight``, or ``body.lm_head.weight`` in a reward model, ``policy.`` /
+    ``value.body.`` in PPO's. This is not :func:`gptforge.run.checkpoint.tied_keys` on purpose: that one asks
+    whether a head *is* another entry's tensor (shared storage), which is the truth on a live model; after the
+    gather (or a pipeline's read back from DCP) every tensor is a separate CPU copy and that question has no
+    answer, so here a head is tied when another weight of the same module (its key's prefix) has its values.
+    The value test would be wrong on a live model: an untied head that still equals its embedding (copied,
+    not yet trained) would be dropped as tied."""
     out = set()
     for key, head in full.items():
         if ckpt.is_head_key(key):
@@ -168,7 +173,7 @@ def load_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
     DCP unpickles ``dcp/.metadata``: refused unless ``trusted`` (``--trust-checkpoint``); the files
     are checked against meta.json's checksums first."""
     ckpt_dir = Path(ckpt_dir)
-    ckpt.require_trust(ckpt_dir, trusted)
+    require_trust(ckpt_dir, trusted)
     ckpt.verify_checkpoint(ckpt_dir)
     _check_shapes(model, ckpt_dir)
     no_dist = not dist.is_initialized()

@@ -18,7 +18,8 @@ import torch
 from safetensors.torch import load_file
 
 from gptforge.errors import CheckpointError
-from gptforge.run.checkpoint import TRUST_FLAG, tied_keys, verify_checkpoint
+from gptforge.run.checkpoint import tied_keys, verify_checkpoint
+from gptforge.run.identity import TRUST_FLAG
 
 
 def load_model_weights(model: torch.nn.Module, ckpt_dir: str | Path, prefix: str = "") -> None:

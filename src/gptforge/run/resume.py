@@ -128,6 +128,7 @@ def model_identity(path: str) -> str | None:
     file, and a Hugging Face folder (its config.json and the safetensors files its loader reads), by their bytes
     (:func:`files_digest`). None when it cannot be read (then only the spelling can be compared)."""
     from gptforge.run import checkpoint as ckpt
+    from gptforge.run.identity import resolve_checkpoint
 
     p = Path(path)
     try:
@@ -137,7 +138,7 @@ def model_identity(path: str) -> str | None:
             from gptforge.interop.hf_folder import safetensors_files  # what load.ModelSource.from_path calls hf
 
             return files_digest([p / "config.json", *safetensors_files(p)], str(p))
-        where = ckpt.resolve_checkpoint(path)
+        where = resolve_checkpoint(path)
         files = ckpt.read_meta(where).get("files") or {}
         return files.get("model.safetensors") or ckpt.sha256_file(where / "model.safetensors")
     except (ckpt.CheckpointError, OSError, ValueError):  # HFModelError is a CheckpointError

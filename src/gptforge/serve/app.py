@@ -38,7 +38,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gptforge.run.metrics import finite_number, iter_metrics, whole_step
 from gptforge.serve.limits import BearerAuth, BodyLimit, acquire_unless_gone, watch_disconnect
-from gptforge.serve.sse import sse_response
+from gptforge.serve.sse import collect_rows, sse_response
 
 if TYPE_CHECKING:
     import torch
@@ -336,31 +336,18 @@ def create_app(model: torch.nn.Module, enc: Any = None, settings: ServeSettings 
             if not await acquire_unless_gone(gate, gone):
                 return _error(499, "client closed the request")
             try:
-                results = await _collect(stream_text(model, enc, ids, params), len(ids), gone)
+                texts, reasons, _ = await collect_rows(stream_text(model, enc, ids, params), len(ids), gone)
             finally:
                 gate.release()
         finally:
             watcher.cancel()
         if gone.is_set():
             return _error(499, "client closed the request")  # nobody is there to read it
-        return {"completions": results}
+        return {"completions": [{"text": t, "finish_reason": r} for t, r in zip(texts, reasons, strict=True)]}
 
     @app.post("/api/generate")
     async def generate(req: GenerateRequest, request: Request):
         return await run_generate(req, request)
-
-    async def _collect(it, n_rows: int, gone: asyncio.Event) -> list[dict]:
-        """complete() one token step at a time, each in a worker thread, checking for a hang-up between."""
-        texts, reasons = [""] * n_rows, [None] * n_rows
-        done = object()
-        try:
-            while not gone.is_set() and (ev := await run_in_threadpool(next, it, done)) is not done:
-                texts[ev.row] += ev.text
-                if ev.finished:
-                    reasons[ev.row] = ev.reason
-        finally:
-            it.close()
-        return [{"text": t, "finish_reason": r} for t, r in zip(texts, reasons, strict=True)]
 
     async def run_stream(req: GenerateRequest, request: Request):
         ids, params = prepare(req)

@@ -44,8 +44,9 @@ def describe_served(model, ckpt: str | None = None, hf: str | None = None, llmc:
         out["path"] = str(Path(gguf).resolve())
     elif ckpt is not None:
         from gptforge.run import checkpoint as ck
+        from gptforge.run.identity import resolve_checkpoint
 
-        where = ck.resolve_checkpoint(ckpt)
+        where = resolve_checkpoint(ckpt)
         meta = ck.read_meta(where)
         step = int(meta.get("step", 0))
         config = meta.get("config", {})

@@ -32,7 +32,7 @@ from starlette.concurrency import run_in_threadpool
 
 from gptforge.serve.limits import acquire_unless_gone, watch_disconnect
 from gptforge.serve.openai_schema import ChatRequest, CompletionRequest, OpenAIError, finish_reason, parse
-from gptforge.serve.sse import sse_response
+from gptforge.serve.sse import collect_rows, sse_response
 
 
 def model_id(served: dict | None) -> str:
@@ -144,7 +144,7 @@ def add_openai_routes(app: FastAPI, model: Any, enc: Any, chat: Any, settings: A
         """A whole (non-streamed) answer; releases the gate. ``echo``: each prompt's text, put back in
         front of its replies (and its tokens scored when ``logprobs``)."""
         try:
-            texts, reasons, tokens = await _collect(it, len(rows), gone)
+            texts, reasons, tokens = await collect_rows(it, len(rows), gone)
             if gone.is_set():
                 raise OpenAIError(499, "client closed the request")
             lps = None
@@ -257,19 +257,6 @@ def _card(name: str, created: int, block: int) -> dict[str, Any]:
     return {"id": name, "object": "model", "created": created, "owned_by": "gptforge", "max_model_len": block}
 
 
-async def _collect(it: Any, n_rows: int, gone: Any) -> tuple[list[str], list[str | None], list[list[int]]]:
-    """Every row's text, finish reason and generated ids, one token step at a time in a worker thread."""
-    texts, reasons, tokens = [""] * n_rows, [None] * n_rows, [[] for _ in range(n_rows)]
-    done = object()
-    try:
-        while not gone.is_set() and (ev := await run_in_threadpool(next, it, done)) is not done:
-            texts[ev.row] += ev.text
-            tokens[ev.row] += ev.tokens
-            if ev.finished:
-                reasons[ev.row] = ev.reason
-    finally:
-        it.close()
-    return texts, reasons, tokens
 
 
 @torch.no_grad()

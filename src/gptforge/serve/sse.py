@@ -1,4 +1,5 @@
-"""Server-sent events from a generation stream, shared by ``/api/stream`` and ``/api/chat``.
+"""A generation stream driven from the event loop: as server-sent events, shared by ``/api/stream`` and
+``/api/chat`` (and /v1's streams), or collected whole (:func:`collect_rows`, /api/generate and /v1's answers).
 
 Generation runs in its own task that always releases the request's slot (``gate``), even if the
 response body is never iterated (a client gone before the first byte); the response only reads the
@@ -76,3 +77,20 @@ async def _produce(it: Iterator, pieces: asyncio.Queue, client_gone: asyncio.Eve
         it.close()
         gate.release()
         pieces.put_nowait(None)
+
+
+async def collect_rows(it: Iterator, n_rows: int, gone: asyncio.Event) -> tuple[list[str], list[str | None],
+                                                                                 list[list[int]]]:
+    """Every row's text, finish reason and generated ids: ``it`` stepped one token at a time in a worker thread,
+    checking between steps whether the client hung up (``gone``); ``it`` is closed however this ends."""
+    texts, reasons, tokens = [""] * n_rows, [None] * n_rows, [[] for _ in range(n_rows)]
+    done = object()
+    try:
+        while not gone.is_set() and (ev := await run_in_threadpool(next, it, done)) is not done:
+            texts[ev.row] += ev.text
+            tokens[ev.row] += ev.tokens
+            if ev.finished:
+                reasons[ev.row] = ev.reason
+    finally:
+        it.close()
+    return texts, reasons, tokens

@@ -42,7 +42,8 @@ import torch
 import torch.nn as nn
 
 from gptforge.parallel.distributed import all_reduce_mean, all_reduce_sum, gathered, grad_sync, local_tensor
-from gptforge.training.grpo import GRPO, RLError, token_logprobs
+from gptforge.training.grpo import GRPO, token_logprobs
+from gptforge.training.rl_state import RLError
 from gptforge.training.rm import last_index
 
 # --- the math ---------------------------------------------------------------------------------------

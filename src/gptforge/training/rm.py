@@ -274,10 +274,11 @@ def _load_one_reward_model(path: str) -> tuple[RewardModel, object]:
     from gptforge.models.registry import build_model
     from gptforge.run import checkpoint as ckpt
     from gptforge.run import restore
+    from gptforge.run.identity import resolve_checkpoint
     from gptforge.run.resume import saved_config
     from gptforge.run.weights import check_weights_fit
 
-    where = ckpt.resolve_checkpoint(path)
+    where = resolve_checkpoint(path)
     meta = ckpt.read_meta(where)
     if meta.get("recipe") != "rm":
         kind = meta.get("recipe", "pretrain")
@@ -302,9 +303,10 @@ def checkpoint_is_reward_model(path: str | None) -> bool:
     if not path:
         return False
     from gptforge.run import checkpoint as ckpt
+    from gptforge.run.identity import resolve_checkpoint
 
     try:
-        return ckpt.read_meta(ckpt.resolve_checkpoint(path)).get("recipe") == "rm"
+        return ckpt.read_meta(resolve_checkpoint(path)).get("recipe") == "rm"
     except Exception:
         return False
 

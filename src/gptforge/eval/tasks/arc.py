@@ -12,18 +12,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from gptforge.eval.tasks.base import Example, Task, choice_index, shared_context
+from gptforge.eval.tasks.base import Example, Task, labelled_choices, shared_context
 
 GPT3_125M = {"arc_easy": {"acc": 0.436}, "arc_challenge": {"acc": 0.266}}
 
 
 def render(row: dict[str, Any]) -> Example:
-    choices = row["choices"]
-    texts, labels = list(choices["text"]), list(choices["label"])
-    if len(texts) != len(labels) or len(texts) < 2:
-        raise ValueError(f"choices need matching text and label lists of 2+ entries, got {choices!r}")
-    return shared_context(f"Question: {row['question']}\nAnswer:", [" " + t for t in texts],
-                          choice_index(labels, row["answerKey"]))
+    texts, answer = labelled_choices(row)
+    return shared_context(f"Question: {row['question']}\nAnswer:", [" " + t for t in texts], answer)
 
 
 EASY = Task("arc_easy", "choice", render, "science questions (easy set)")

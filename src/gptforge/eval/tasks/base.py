@@ -126,8 +126,14 @@ def load_rows(task: str, path: str | Path | None = None, required: tuple[str, ..
     return rows
 
 
-def choice_index(labels: list[str], key: str) -> int:
-    """Index of an answer key among choice labels (ARC, OpenBookQA)."""
+def labelled_choices(row: dict[str, Any]) -> tuple[list[str], int]:
+    """AI2's multiple-choice row (ARC, OpenBookQA): ``choices`` {"text": [...], "label": [...]} and the
+    ``answerKey`` among the labels -> (the choice texts, the answer's index), each mismatch named."""
+    choices = row["choices"]
+    texts, labels = list(choices["text"]), list(choices["label"])
+    if len(texts) != len(labels) or len(texts) < 2:
+        raise ValueError(f"choices need matching text and label lists of 2+ entries, got {choices!r}")
+    key = row["answerKey"]
     if key not in labels:
         raise ValueError(f"answerKey {key!r} is not among the choice labels {labels}")
-    return labels.index(key)
+    return texts, labels.index(key)

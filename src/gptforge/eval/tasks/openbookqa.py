@@ -11,17 +11,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from gptforge.eval.tasks.base import Example, Task, choice_index, shared_context
+from gptforge.eval.tasks.base import Example, Task, labelled_choices, shared_context
 
 GPT3_125M = {"acc_norm": 0.356}
 
 
 def render(row: dict[str, Any]) -> Example:
-    choices = row["choices"]
-    texts, labels = list(choices["text"]), list(choices["label"])
-    if len(texts) != len(labels) or len(texts) < 2:
-        raise ValueError(f"choices need matching text and label lists of 2+ entries, got {choices!r}")
-    return shared_context(row["question_stem"], [" " + t for t in texts], choice_index(labels, row["answerKey"]))
+    texts, answer = labelled_choices(row)
+    return shared_context(row["question_stem"], [" " + t for t in texts], answer)
 
 
 TASK = Task("openbookqa", "choice", render, "open-book science questions, 4 choices")
