@@ -25,21 +25,10 @@ import pytest
 
 from gptforge.cli import main
 from gptforge.run import checkpoint as ckpt
-from tests.run.faults import before_step, finished_run
+from tests.run.faults import before_step
 from tests.run.faults import copy_run as _copy
 from tests.run.faults import one_line as _one_line
-from tests.training.commands import RUNS, make_world
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory, tokenizer):
-    return make_world(tmp_path_factory.mktemp("state9"))
-
-
-@pytest.fixture(scope="module")
-def base_run(world, tmp_path_factory):
-    return finished_run(world["shards"], tmp_path_factory.mktemp("base9") / "run")
-
+from tests.training.commands import RUNS
 
 # --- 1. the reference model of an RL / DPO run moved ---------------------------------------------------------
 
