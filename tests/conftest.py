@@ -103,12 +103,66 @@ def tiny_config(data_dir: Path, out_dir: Path, **train) -> Config:
     )
 
 
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment of a process a test starts (``python -m gptforge``, torchrun): this checkout's ``src`` and
+    ``tests`` importable ahead of what PYTHONPATH held, no RANK / LOCAL_RANK / WORLD_SIZE of a torchrun that
+    launched pytest (as ``_isolate_env`` below does for in-process runs), one OpenMP thread (the child shares
+    the worker's core), and ``extra`` over that."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    repo = Path(__file__).resolve().parents[1]
+    path = os.pathsep.join(filter(None, [str(repo / "src"), str(repo), env.get("PYTHONPATH")]))
+    return {**env, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", **extra}
+
+
 @pytest.fixture(autouse=True)
 def _isolate_env(monkeypatch):
     # never let a test's run join a torchrun job that launched pytest
     for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
         monkeypatch.delenv(k, raising=False)
     os.environ.setdefault("GPTFORGE_CACHE", str(Path.home() / ".cache" / "gptforge"))
+
+
+def _fingerprint(folder: Path) -> dict[str, str]:
+    import hashlib
+
+    return {str(f.relative_to(folder)): hashlib.sha256(f.read_bytes()).hexdigest()
+            for f in sorted(folder.rglob("*")) if f.is_file()}
+
+
+def _changed(folder: Path, before: dict[str, str]) -> list[str]:
+    """The files of ``folder`` added, removed or rewritten since ``before = _fingerprint(folder)``."""
+    after = _fingerprint(folder)
+    return sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+
+
+@pytest.fixture(scope="session")
+def world(tmp_path_factory, tokenizer):
+    """The files every training command's fresh run starts from (tests.training.commands.make_world: a tiny
+    chat checkpoint, token shards, conversations, preferences), built once a session and shared by every test
+    module that reads them (a module whose ``world`` is something else defines its own). Read only: a test
+    that changes one of them copies it first; one that changed them fails here, naming the files."""
+    from tests.training.commands import make_world
+
+    tmp = tmp_path_factory.mktemp("world")
+    w = make_world(tmp)
+    before = _fingerprint(tmp)
+    yield w
+    changed = _changed(tmp, before)
+    assert not changed, f"a test changed the shared world's files (copy them first): {changed}"
+
+
+@pytest.fixture(scope="session")
+def base_run(world, tmp_path_factory):
+    """A finished 4-step pretraining run over ``world``'s shards, checkpoints at steps 2 and 4
+    (tests.run.faults.finished_run), built once a session; each test copies it (tests.run.faults.copy_run),
+    and one that changed it fails here, naming the files."""
+    from tests.run.faults import finished_run
+
+    run = finished_run(world["shards"], tmp_path_factory.mktemp("base") / "run")
+    before = _fingerprint(run)
+    yield run
+    changed = _changed(run, before)
+    assert not changed, f"a test changed the shared base run's files (copy it first): {changed}"
 
 
 @pytest.fixture(scope="session")

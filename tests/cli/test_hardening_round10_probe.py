@@ -29,19 +29,18 @@ from safetensors.torch import load_file
 from gptforge.cli import main
 from gptforge.run import checkpoint as ckpt
 from gptforge.run.identity import resolve_checkpoint
-from tests.conftest import make_shards
-from tests.run.faults import finished_run, train_argv
+from tests.conftest import child_env
+from tests.run.faults import train_argv
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """Run ``own`` (saves at steps 2 and 4) and run ``other`` (another seed; saves at 3 and 6)."""
-    tmp = tmp_path_factory.mktemp("probe10")
-    shards = make_shards(tmp / "shards", 20_000, 4_000)
-    other = tmp / "other"
-    assert main(train_argv(shards, other, "--train.max_steps", "6", "--train.ckpt_every", "3",
+def runs(world, base_run, tmp_path_factory):
+    """Run ``own`` (the shared base run: saves at steps 2 and 4) and run ``other`` (another seed; saves at 3 and 6),
+    over the shared world's shards."""
+    other = tmp_path_factory.mktemp("probe10") / "other"
+    assert main(train_argv(world["shards"], other, "--train.max_steps", "6", "--train.ckpt_every", "3",
                            "--train.seed", "7")) == 0
-    return {"tmp": tmp, "own": finished_run(shards, tmp / "own"), "other": other}
+    return {"shards": world["shards"], "own": base_run, "other": other}
 
 
 def _exported_wte(run: Path, out: Path) -> torch.Tensor:
@@ -99,20 +98,13 @@ def test_omp_num_threads_as_libgomp_reads_it_is_kept_and_is_the_runs_thread_coun
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    from tests.training.commands import make_world
-
-    return make_world(tmp_path_factory.mktemp("world10"))
-
-
-@pytest.fixture(scope="module")
-def lora_run(world):
+def lora_run(world, tmp_path_factory):
     """A 1-step LoRA sft run over the tiny chat model."""
     from tests.training.commands import RUNS
 
     args = RUNS["sft", None](world)
     args[args.index("--steps") + 1] = "1"
-    out = Path(world["tmp"]) / "lora"
+    out = tmp_path_factory.mktemp("lora") / "lora"
     assert main([*args, "--lora.rank", "2", "--out", str(out)]) == 0
     return out
 
@@ -209,11 +201,9 @@ def test_under_torchrun_a_closed_stdout_pipe_stops_every_rank_at_one_checkpoint_
     under torchrun exits 0 (run/faults.py's exit_status), a closed pipe's as a signal's."""
     import subprocess
 
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
-    env.update({"PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2] / "src"), env.get("PYTHONPATH", "")]),
-                "OMP_NUM_THREADS": "1"})
+    env = child_env()
     out = tmp_path / "dist"
-    argv = train_argv(runs["tmp"] / "shards", out, "--train.max_steps", "400", "--train.ckpt_every", "0",
+    argv = train_argv(runs["shards"], out, "--train.max_steps", "400", "--train.ckpt_every", "0",
                       "--train.log_every", "1")
     p = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                           "-m", "gptforge", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,

@@ -13,7 +13,6 @@ SIGHUP in run/signals.py and cli.main).
 from __future__ import annotations
 
 import io
-import json
 import os
 import pty
 import signal
@@ -23,53 +22,33 @@ import textwrap
 from pathlib import Path
 
 import pytest
-import torch
-from safetensors.torch import load_file
 
 from gptforge import environment
 from gptforge.cli import EXIT_BAD_INPUT, main
 from gptforge.run import checkpoint as ckpt
-from tests.conftest import make_shards, tiny_chat_checkpoint
+from tests.conftest import child_env
+from tests.run.faults import train_argv
+from tests.training.commands import assert_same_run
 
 SRC = str(Path(__file__).parents[2] / "src")
-ROOT = str(Path(__file__).parents[2])
-TIMINGS = {"dt_ms", "cpu_ms", "tokens_per_s", "mfu", "sample_ms", "seconds", "eval_ms", "time"}
 
 
 def _train(shards: str, out: Path) -> list[str]:
-    return ["train", "--preset", "tiny", "--data.dir", shards, "--model.vocab_size", "512", "--train.max_steps", "3",
-            "--train.val_every", "0", "--train.ckpt_every", "0", "--train.device", "cpu", "--out", str(out)]
+    return train_argv(shards, out, "--train.max_steps", "3", "--train.ckpt_every", "0")
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
-    return {**env, "PYTHONPATH": os.pathsep.join([SRC, ROOT]), "GPTFORGE_ALLOCATOR": "system", "OMP_NUM_THREADS": "1",
-            **extra}
+    return child_env(GPTFORGE_ALLOCATOR="system", **extra)
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
+def world(world, tmp_path_factory):
+    """The shared world's shards and chat model, a folder of this module's own for the runs, and the
+    uninterrupted run every stopped one is compared with."""
     tmp = tmp_path_factory.mktemp("env")
-    shards = str(make_shards(tmp / "shards", 20_000, 4_000))
     full = tmp / "full"
-    assert main(_train(shards, full)) == 0  # the uninterrupted run every stopped one is compared with
-    return {"tmp": tmp, "shards": shards, "full": full, "chat": tiny_chat_checkpoint(tmp / "chat")}
-
-
-def _records(run: Path) -> list[dict]:
-    out = []
-    for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()):
-        if r.get("replayed") or r["kind"] in ("start", "end"):
-            continue
-        out.append({k: v for k, v in r.items() if k not in TIMINGS})
-    return out
-
-
-def _same_run(a: Path, b: Path) -> None:
-    assert _records(a) == _records(b)
-    wa = load_file(str(ckpt.latest_checkpoint(a) / "model.safetensors"))
-    wb = load_file(str(ckpt.latest_checkpoint(b) / "model.safetensors"))
-    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert main(_train(world["shards"], full)) == 0
+    return {"tmp": tmp, "shards": world["shards"], "full": full, "chat": world["chat"]}
 
 
 # --- 1. SIGHUP -------------------------------------------------------------------------------------------------
@@ -94,7 +73,7 @@ def test_a_hangup_mid_run_on_a_dead_terminal_saves_exits_130_and_resumes_bit_exa
     ckpt.verify_checkpoint(saved)
     assert main(["train", "--out", str(part), "--resume"]) == 0
     assert f"resumed from {saved}" in capsys.readouterr().out
-    _same_run(world["full"], part)
+    assert_same_run(world["full"], part)
 
 
 def test_under_nohup_a_hangup_is_ignored_and_the_run_finishes(world, monkeypatch):
@@ -106,7 +85,7 @@ def test_under_nohup_a_hangup_is_ignored_and_the_run_finishes(world, monkeypatch
         assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
     finally:
         signal.signal(signal.SIGHUP, before)
-    _same_run(world["full"], out)
+    assert_same_run(world["full"], out)
 
 
 CHILD = textwrap.dedent("""
@@ -175,7 +154,7 @@ def test_stdout_on_a_full_disk_loses_no_checkpoint_and_is_said_in_one_line(world
         monkeypatch.undo()
     err = capsys.readouterr().err.strip().splitlines()
     assert code == EXIT_BAD_INPUT and "stdout stopped taking output (No space left on device)" in err[-1], err
-    _same_run(world["full"], out)
+    assert_same_run(world["full"], out)
     with open("/dev/full", "w") as full:  # a command whose output is stdout itself: one line naming stdout
         monkeypatch.setattr(sys, "stdout", full)
         code = main(["sample", "--ckpt", str(world["chat"]), "--prompt", "hi", "--max-new-tokens", "2",

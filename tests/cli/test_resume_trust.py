@@ -14,10 +14,10 @@ import torch
 
 from gptforge.cli import build_parser, main
 from gptforge.config import Config
-from gptforge.data.chat import ChatTemplate
 from gptforge.eval.tasks.synthetic import arithmetic_problems, write_conversations
 from gptforge.models.gpt2 import GPT, GPTConfig
 from gptforge.run import checkpoint as ckpt
+from tests.conftest import tiny_chat_checkpoint
 
 
 class _Marker:
@@ -66,14 +66,6 @@ def test_sft_resume_never_takes_trust_from_the_checkpoint(tmp_path, tokenizer, c
     assert not marker.exists()
 
 
-def _chat_ckpt(tmp_path: Path) -> Path:
-    torch.manual_seed(0)
-    t = ChatTemplate.gpt2()
-    cfg = GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=64, vocab_size=t.vocab_size)
-    return ckpt.save_checkpoint(tmp_path / "sft", 1, GPT(cfg), None,
-                                {"config": Config(model=cfg).to_dict(), "chat_template": t.to_dict()})
-
-
 def test_rl_resume_never_imports_the_reward_the_checkpoint_names(tmp_path, tokenizer, capsys, monkeypatch):
     """A foreign RL checkpoint names a module:function; resuming it must not import that module. The
     reward given on this command line is the one used, and the trust flag is never the checkpoint's."""
@@ -84,7 +76,7 @@ def test_rl_resume_never_imports_the_reward_the_checkpoint_names(tmp_path, token
     monkeypatch.syspath_prepend(str(tmp_path))
     out = tmp_path / "rl"
     small = ["--prompts", "2", "--group", "2", "--max-new-tokens", "4", "--eval-n", "2", "--device", "cpu"]
-    assert main(["rl", "--init-from", str(_chat_ckpt(tmp_path)), "--out", str(out), "--steps", "2",
+    assert main(["rl", "--init-from", str(tiny_chat_checkpoint(tmp_path / "sft")), "--out", str(out), "--steps", "2",
                  "--reward", "evil_reward_i21:reward", *small]) == 0
     marker.unlink()
     monkeypatch.delitem(sys.modules, "evil_reward_i21")

@@ -7,15 +7,11 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from gptforge import assets
 from gptforge.cli import main
-from gptforge.config import Config
-from gptforge.data.chat import ChatTemplate
 from gptforge.eval.tasks.base import EvalDataError, load_rows
-from gptforge.models.gpt2 import GPT, GPTConfig
-from gptforge.run import checkpoint as ckpt
+from tests.conftest import tiny_chat_checkpoint
 
 GOOD = {"question": "What is 1 + 1?", "answer": "1 + 1 = 2\n#### 2"}
 NESTED = "[" * 100_000 + "]" * 100_000
@@ -48,11 +44,7 @@ def cache(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def chat_ckpt(tmp_path_factory):
-    torch.manual_seed(0)
-    t = ChatTemplate.gpt2()
-    cfg = GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=64, vocab_size=t.vocab_size)
-    return ckpt.save_checkpoint(tmp_path_factory.mktemp("c") / "sft", 1, GPT(cfg), None,
-                                {"config": Config(model=cfg).to_dict(), "chat_template": t.to_dict()})
+    return tiny_chat_checkpoint(tmp_path_factory.mktemp("c") / "sft")
 
 
 def _one_line(capsys, argv, path, words):

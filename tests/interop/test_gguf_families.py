@@ -26,6 +26,7 @@ from gptforge.interop.gguf_config import IGNORES_WINDOW  # noqa: E402
 from gptforge.interop.gguf_read import read_gguf  # noqa: E402
 from gptforge.interop.hf_llama import load_hf_llama  # noqa: E402
 from tests.interop.test_gguf_read import MERGES, TOKENS, TYPES  # noqa: E402
+from tests.models.hf_reference import random_hf_model  # noqa: E402
 
 VOCAB = len(TOKENS)  # 268
 T, WINDOW = 40, 8
@@ -54,14 +55,7 @@ ATOL = 96 * 7 * 1.2e-7 * 10
 
 def _hf_model(name: str):
     kind, extra, _ = FAMILIES[name]
-    torch.manual_seed(0)
-    cfg = getattr(transformers, f"{kind}Config")(**{**COMMON, **extra})
-    hf = getattr(transformers, f"{'Gemma3' if kind == 'Gemma3Text' else kind}ForCausalLM")(cfg).eval()
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in hf.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * (0.2 if p.dim() == 1 else 0.05))
-    return hf
+    return random_hf_model(kind, **{**COMMON, **extra})
 
 
 def _permute(w: torch.Tensor, n_head: int) -> torch.Tensor:

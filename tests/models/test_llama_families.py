@@ -23,7 +23,7 @@ transformers = pytest.importorskip("transformers")
 from gptforge.generation import SamplingParams, _left_pad, _positions_and_mask, stream_tokens  # noqa: E402
 from gptforge.interop.hf_llama import HFConfigError, export_hf_llama, load_hf_llama  # noqa: E402
 from gptforge.models.llama import Llama, LlamaConfig  # noqa: E402
-from tests.models.hf_reference import assert_close, logits, saved_and_loaded  # noqa: E402
+from tests.models.hf_reference import assert_close, logits, random_hf_model, saved_and_loaded  # noqa: E402
 
 VOCAB = 268
 T = 40  # five windows of 8
@@ -72,15 +72,7 @@ MAX_DIFF: dict[str, float] = {}
 
 def _hf_model(name: str):
     kind, extra, _ = FAMILIES[name]
-    torch.manual_seed(0)
-    cfg = getattr(transformers, f"{kind}Config")(**COMMON, **extra)
-    cls = "Gemma3" if kind == "Gemma3Text" else kind
-    hf = getattr(transformers, f"{cls}ForCausalLM")(cfg).eval()
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():  # non-trivial norms (transformers starts them at 1, Gemma's at 0)
-        for p in hf.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * (0.2 if p.dim() == 1 else 0.05))
-    return hf
+    return random_hf_model(kind, **{**COMMON, **extra})
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))

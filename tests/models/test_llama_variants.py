@@ -23,7 +23,7 @@ transformers = pytest.importorskip("transformers")
 from gptforge.generation import SamplingParams, generate, stream_tokens  # noqa: E402
 from gptforge.interop.hf_llama import HFConfigError, export_hf_llama, load_hf_llama  # noqa: E402
 from gptforge.models.llama import Llama, LlamaConfig  # noqa: E402
-from tests.models.hf_reference import assert_close, logits, saved_and_loaded  # noqa: E402
+from tests.models.hf_reference import assert_close, logits, random_hf_model, saved_and_loaded  # noqa: E402
 
 VOCAB = 268  # the small byte-level tokenizer of test_gguf_read (no multiple of 128: padded rows)
 T = 96  # > original_max_position_embeddings (32): the scaled frequencies decide the logits
@@ -47,14 +47,7 @@ MAX_DIFF: dict[str, float] = {}  # for the report: printed with -s
 
 def _hf_model(name: str):
     kind, extra, _ = VARIANTS[name]
-    torch.manual_seed(0)
-    cfg = getattr(transformers, f"{kind}Config")(**COMMON, **extra)
-    hf = getattr(transformers, f"{kind}ForCausalLM")(cfg).eval()
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():  # non-trivial norms and biases (transformers starts them at 1 and 0)
-        for p in hf.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * (0.2 if p.dim() == 1 else 0.05))
-    return hf
+    return random_hf_model(kind, **{**COMMON, **extra})
 
 
 @pytest.fixture(scope="module", params=list(VARIANTS))

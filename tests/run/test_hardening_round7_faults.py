@@ -42,22 +42,11 @@ from gptforge.cli import main
 from gptforge.data.shards import read_shard, write_shard
 from gptforge.run import checkpoint as ckpt
 from tests.run.faults import copy_run as _copy
-from tests.run.faults import finished_run
 from tests.run.faults import one_line as _one_line
 from tests.run.faults import train_argv as _train
-from tests.training.commands import RUNS, case_id, make_world, training_commands
+from tests.training.commands import RUNS, case_id, training_commands
 
 RESUMABLE = training_commands()
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory, tokenizer):
-    return make_world(tmp_path_factory.mktemp("faults"))
-
-
-@pytest.fixture(scope="module")
-def base_run(world, tmp_path_factory):
-    return finished_run(world["shards"], tmp_path_factory.mktemp("base") / "run")
 
 
 @contextlib.contextmanager

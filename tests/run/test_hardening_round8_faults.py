@@ -39,20 +39,9 @@ from gptforge.run import checkpoint as ckpt
 from gptforge.run.metrics import read_metrics
 from tests.run.faults import before_step as _before_step
 from tests.run.faults import copy_run as _copy
-from tests.run.faults import finished_run
 from tests.run.faults import one_line as _one_line
 from tests.run.faults import train_argv as _train
-from tests.training.commands import RUNS, make_world
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory, tokenizer):
-    return make_world(tmp_path_factory.mktemp("faults8"))
-
-
-@pytest.fixture(scope="module")
-def base_run(world, tmp_path_factory):
-    return finished_run(world["shards"], tmp_path_factory.mktemp("base8") / "run")
+from tests.training.commands import RUNS
 
 
 def _resume(run: Path, steps: int = 8) -> list[str]:

@@ -26,21 +26,10 @@ import pytest
 from gptforge.cli import main
 from gptforge.run import checkpoint as ckpt
 from gptforge.run import identity
-from tests.run.faults import before_step, finished_run
+from tests.run.faults import before_step
 from tests.run.faults import copy_run as _copy
 from tests.run.faults import one_line as _one_line
-from tests.training.commands import RUNS, make_world
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory, tokenizer):
-    return make_world(tmp_path_factory.mktemp("state9"))
-
-
-@pytest.fixture(scope="module")
-def base_run(world, tmp_path_factory):
-    return finished_run(world["shards"], tmp_path_factory.mktemp("base9") / "run")
-
+from tests.training.commands import RUNS
 
 # --- 1. the reference model of an RL / DPO run moved ---------------------------------------------------------
 
@@ -317,25 +306,33 @@ def test_a_resume_on_another_thread_count_says_its_numbers_are_not_bit_for_bit(b
 
 # --- 6. a filesystem without file locks or fsync ------------------------------------------------------------
 
+def _resume_where(module, name: str, code: int, base_run, tmp_path, capsys, monkeypatch) -> tuple[Path, str]:
+    """A copy of ``base_run`` resumed to step 6 on a filesystem whose ``module.name`` call answers errno ``code``
+    (every call): it must finish and save step 6. The run, and what it printed."""
+    import os
+
+    def refused(*a, **k):
+        raise OSError(code, os.strerror(code))
+
+    run = _copy(base_run, tmp_path)
+    monkeypatch.setattr(module, name, refused)
+    capsys.readouterr()
+    assert main(["train", "--out", str(run), "--resume", "--train.max_steps", "6"]) == 0, capsys.readouterr().err
+    monkeypatch.undo()
+    assert ckpt.latest_checkpoint(run).name == "step_000006"
+    return run, capsys.readouterr().out
+
+
 def test_a_run_on_a_filesystem_without_flock_goes_on_and_says_it_holds_no_lock(base_run, tmp_path, capsys,
                                                                                 monkeypatch):
     """Some NFS and FUSE mounts answer flock with ENOLCK (or EOPNOTSUPP): that was read as the lock being held,
     'in use by another run (pid N: ...)' naming whatever process last wrote the file, and the run refused."""
     import errno
     import fcntl
-    import os
 
-    def flock(fd, op):
-        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
-
-    run = _copy(base_run, tmp_path)
-    monkeypatch.setattr(fcntl, "flock", flock)
-    capsys.readouterr()
-    assert main(["train", "--out", str(run), "--resume", "--train.max_steps", "6"]) == 0, capsys.readouterr().err
-    monkeypatch.undo()
-    said = [x for x in capsys.readouterr().out.splitlines() if x.startswith(str(run / ".gptforge.lock"))]
+    run, out = _resume_where(fcntl, "flock", errno.ENOLCK, base_run, tmp_path, capsys, monkeypatch)
+    said = [x for x in out.splitlines() if x.startswith(str(run / ".gptforge.lock"))]
     assert len(said) == 1 and "cannot lock files (no locks available)" in said[0] and "start only one" in said[0]
-    assert ckpt.latest_checkpoint(run).name == "step_000006"
 
 
 def test_a_run_on_a_filesystem_without_fsync_saves_its_checkpoints(base_run, tmp_path, capsys, monkeypatch):
@@ -343,16 +340,8 @@ def test_a_run_on_a_filesystem_without_fsync_saves_its_checkpoints(base_run, tmp
     import errno
     import os
 
-    def fsync(fd):
-        raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
-
-    run = _copy(base_run, tmp_path)
-    monkeypatch.setattr(os, "fsync", fsync)
-    capsys.readouterr()
-    assert main(["train", "--out", str(run), "--resume", "--train.max_steps", "6"]) == 0, capsys.readouterr().err
-    monkeypatch.undo()
+    run, _ = _resume_where(os, "fsync", errno.EINVAL, base_run, tmp_path, capsys, monkeypatch)
     ckpt.verify_checkpoint(ckpt.latest_checkpoint(run))
-    assert ckpt.latest_checkpoint(run).name == "step_000006"
 
 
 def test_a_step_folder_holding_another_steps_save_is_skipped_by_resume_latest(base_run, tmp_path, capsys):

@@ -18,7 +18,7 @@ import pytest
 
 from gptforge.cli import main
 from gptforge.run import checkpoint as ckpt
-from tests.training.commands import RUNS, case_id, make_world, training_commands
+from tests.training.commands import RUNS, case_id, training_commands
 
 RESUMABLE = training_commands()
 DELETED = object()  # the field removed from meta.json
@@ -33,11 +33,6 @@ BAD = {  # by the type of the field's good value
 }
 EXTRA = {"rl": ["--kl-target", "0.01"]}  # so an RL checkpoint carries state of its own (the KL coefficient)
 ONE_MORE = {"train": "--train.max_steps", "sft": "--train.max_steps"}  # else --steps: resume to step 4
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory, tokenizer):
-    return make_world(tmp_path_factory.mktemp("position"))
 
 
 def _cases(meta: dict) -> list[tuple[str, str | None, object]]:

@@ -11,28 +11,14 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
 
-from gptforge.data.chat import ChatTemplate  # noqa: E402
-from gptforge.models.gpt2 import GPT, GPTConfig  # noqa: E402
 from gptforge.serve.app import ServeSettings, create_app  # noqa: E402
+from tests.serve.answering import CHATML, T, answering_model, chatml_bpe  # noqa: E402
 
-T = ChatTemplate.gpt2()
-BANG = 0  # GPT-2's id of "!"
 MSGS = [{"role": "user", "content": "What is 2 + 3?"}]
-
-
-def _model(block: int, answer: int = BANG, vocab: int = T.vocab_size) -> GPT:
-    torch.manual_seed(0)
-    m = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=block, vocab_size=vocab)).eval()
-    with torch.no_grad():
-        m.transformer.ln_f.weight.zero_()
-        m.transformer.ln_f.bias.copy_(torch.randn(32))
-        m.transformer.wte.weight[answer] = m.transformer.ln_f.bias * 10
-    return m
 
 
 def _prompt_len(tokenizer) -> int:
@@ -64,7 +50,7 @@ def _refusal(c, **body) -> str:
 
 
 def test_default_length_is_the_cap_when_below_128_and_the_cap_is_inclusive(tokenizer):
-    with _client(_model(64), tokenizer, cap=16) as c:
+    with _client(answering_model(64), tokenizer, cap=16) as c:
         assert _reply(c) == ("!" * 16, "length")
         assert _reply(c, max_new_tokens=16) == ("!" * 16, "length")
         assert _reply(c, max_new_tokens=3) == ("!" * 3, "length")
@@ -72,69 +58,51 @@ def test_default_length_is_the_cap_when_below_128_and_the_cap_is_inclusive(token
 
 
 def test_default_length_is_128_under_a_larger_cap(tokenizer):
-    with _client(_model(256), tokenizer, cap=200) as c:
+    with _client(answering_model(256), tokenizer, cap=200) as c:
         assert _reply(c) == ("!" * 128, "length")
         assert _reply(c, max_new_tokens=129) == ("!" * 129, "length")
 
 
 def test_default_length_shrinks_to_the_room_an_explicit_one_must_fit(tokenizer):
     n = _prompt_len(tokenizer)
-    with _client(_model(64), tokenizer, cap=60) as c:
+    with _client(answering_model(64), tokenizer, cap=60) as c:
         assert _reply(c) == ("!" * (64 - n), "length")
         assert _reply(c, max_new_tokens=64 - n) == ("!" * (64 - n), "length")
         assert _refusal(c, max_new_tokens=65 - n) == (
             f"prompt ({n} tokens) + max_new_tokens {65 - n} exceeds the model's context of 64 tokens; "
             f"ask for at most {64 - n} (start a new conversation)")
-    with _client(_model(n), tokenizer, cap=60) as c:  # the prompt fills the context
+    with _client(answering_model(n), tokenizer, cap=60) as c:  # the prompt fills the context
         assert _refusal(c) == (f"the prompt is {n} tokens; the model's context of {n} leaves no room to generate "
                                "(shorten it) (start a new conversation)")
 
 
 def test_reply_stops_at_the_templates_end_token(tokenizer):
-    with _client(_model(64, answer=T.end), tokenizer, cap=16) as c:
+    with _client(answering_model(64, answer=T.end), tokenizer, cap=16) as c:
         assert _reply(c) == ("", "eot")
-    with _client(_model(64, answer=T.roles["user"]), tokenizer, cap=16) as c:  # another chat token is not a stop
+    with _client(answering_model(64, answer=T.roles["user"]), tokenizer, cap=16) as c:  # another chat token is not a stop
         assert _reply(c, max_new_tokens=2) == ("<|user|>" * 2, "length")
 
 
 def test_info_and_the_refusal_without_a_template(tokenizer):
-    with _client(_model(64), tokenizer, cap=16) as c:
+    with _client(answering_model(64), tokenizer, cap=16) as c:
         assert c.get("/api/chat/info").json() == {
             "available": True,
             "template": {"bos": 50256, "roles": {"system": 50257, "user": 50258, "assistant": 50259}, "end": 50260,
                          "name": "gptforge-gpt2-chat-v1"}}
-    with _client(_model(64, vocab=50257), tokenizer, cap=16, template=None) as c:
+    with _client(answering_model(64, vocab=50257), tokenizer, cap=16, template=None) as c:
         assert c.get("/api/chat/info").json() == {"available": False, "template": None}
         assert _refusal(c) == ("this model has no chat template (fine-tune it with `gptforge sft`); "
                                "use /api/stream to continue text")
 
 
-def _own_tokenizer():
-    """A byte-level BPE trained here on the question (300 ids), with ChatML's special tokens."""
-    pytest.importorskip("tokenizers")
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    from gptforge.data.tokenizer import HFTokenizer
-
-    t = Tokenizer(models.BPE())
-    t.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    t.decoder = decoders.ByteLevel()
-    t.train_from_iterator(["What is 2 + 3? It is 5. user assistant system\n"] * 20, trainers.BpeTrainer(
-        vocab_size=300, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"], show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    return t, HFTokenizer(t.to_str(), eos="<|im_end|>")
-
-
 def test_a_jinja_template_on_the_models_own_tokenizer():
     """The template is read with the served tokenizer: ChatML's <|im_end|> is a special token of this one
     (not of GPT-2's), and it ends the reply."""
-    t, tok = _own_tokenizer()
-    chatml = {"kind": "jinja", "name": "chatml", "end": "<|im_end|>",
-              "template": "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
-                          "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"}
+    t, tok = chatml_bpe()
+    chatml = CHATML
     five = t.token_to_id("5")
     for answer, want in ((t.token_to_id("<|im_end|>"), ("", "eot")), (five, ("555", "length"))):
-        with _client(_model(64, answer=answer, vocab=tok.n_vocab), tok, cap=16, template=chatml) as c:
+        with _client(answering_model(64, answer=answer, vocab=tok.n_vocab), tok, cap=16, template=chatml) as c:
             assert c.get("/api/chat/info").json() == {"available": True, "template": chatml}
             assert _reply(c, max_new_tokens=3) == want
 
@@ -142,9 +110,9 @@ def test_a_jinja_template_on_the_models_own_tokenizer():
 def test_the_conversation_is_encoded_with_the_served_tokenizer(tokenizer):
     """gptforge's template around another tokenizer's text: the prompt is <|endoftext|> <|user|>, the
     message in the served tokenizer's ids, <|end|> <|assistant|>; the default length is the room left."""
-    t, tok = _own_tokenizer()
+    t, tok = chatml_bpe()
     text = "Is a zebra 2 + 3?"  # "zebra" is not in the small BPE's merges: its bytes, one token each
     n = 4 + len(tok.encode_ordinary(text))
     assert n - 4 > len(tokenizer.encode_ordinary(text))  # GPT-2's BPE takes fewer: the two tell apart
-    with _client(_model(64, answer=t.token_to_id("5")), tok, cap=60) as c:
+    with _client(answering_model(64, answer=t.token_to_id("5")), tok, cap=60) as c:
         assert _reply(c, messages=[{"role": "user", "content": text}]) == ("5" * (64 - n), "length")

@@ -22,32 +22,23 @@ import threading
 import time
 
 import pytest
-import torch
 
 pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
 
 from gptforge import generation  # noqa: E402
-from gptforge.data.chat import ChatTemplate  # noqa: E402
 from gptforge.data.tokenizer import TokenizerError  # noqa: E402
 from gptforge.errors import ChatFormatError  # noqa: E402
-from gptforge.models.gpt2 import GPT, GPTConfig  # noqa: E402
+from gptforge.models.gpt2 import GPT  # noqa: E402
 from gptforge.serve.app import ServeSettings, create_app  # noqa: E402
+from tests.serve.answering import T, answering_model  # noqa: E402
 
-T = ChatTemplate.gpt2()
-BANG = 0  # GPT-2's id of "!"
 CLOSED = "client closed the request"
 BUSY = "server busy: 1 requests already queued; retry shortly"
 
 
-def _model(block: int = 32, vocab: int = T.vocab_size, answer: int = BANG) -> GPT:
-    torch.manual_seed(0)
-    m = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=block, vocab_size=vocab)).eval()
-    with torch.no_grad():
-        m.transformer.ln_f.weight.zero_()
-        m.transformer.ln_f.bias.copy_(torch.randn(32))
-        m.transformer.wte.weight[answer] = m.transformer.ln_f.bias * 10
-    return m
+def _model(**kw) -> GPT:
+    return answering_model(32, **kw)
 
 
 def _settings(**kw) -> ServeSettings:

@@ -20,29 +20,15 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
 
-from gptforge.data.chat import ChatTemplate  # noqa: E402
-from gptforge.models.gpt2 import GPT, GPTConfig  # noqa: E402
 from gptforge.serve.app import ServeSettings, create_app  # noqa: E402
+from tests.serve.answering import BANG, CHATML, T, answering_model, chatml_bpe  # noqa: E402
 
-T = ChatTemplate.gpt2()
-BANG = 0  # GPT-2's id of "!"
 HELLO = 31373  # GPT-2's id of "hello" (checked below)
 USER = [{"role": "user", "content": "hello"}]
-
-
-def _model(vocab: int = T.vocab_size, block: int = 64, answer: int = BANG) -> GPT:
-    torch.manual_seed(0)
-    m = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=block, vocab_size=vocab)).eval()
-    with torch.no_grad():
-        m.transformer.ln_f.weight.zero_()
-        m.transformer.ln_f.bias.copy_(torch.randn(32))
-        m.transformer.wte.weight[answer] = m.transformer.ln_f.bias * 10
-    return m
 
 
 def _client(model, tokenizer, template=T.to_dict(), **settings) -> TestClient:
@@ -100,7 +86,7 @@ ROUTES = [("/v1/completions", {"prompt": "hi"}, "max_tokens"),
 def test_a_cap_below_the_routes_default_length_bounds_the_default(tokenizer, path, body, field):
     """Cap 8: OpenAI's default of 16 on /v1/completions, /api/generate's 64 and /api/chat's 128 all give 8
     tokens; 8 asked for is 8, 9 is refused naming the cap, in the route family's words."""
-    with _client(_model(), tokenizer, max_new_tokens_cap=8) as c:
+    with _client(answering_model(), tokenizer, max_new_tokens_cap=8) as c:
         assert _reply(c, path, body) in (("!" * 8, 8), ("!" * 8, None))
         assert _reply(c, path, {**body, field: 8}) in (("!" * 8, 8), ("!" * 8, None))
         if path.startswith("/v1"):
@@ -115,9 +101,9 @@ def test_a_cap_below_the_routes_default_length_bounds_the_default(tokenizer, pat
 
 
 def test_v1_completions_default_is_openais_16_under_a_larger_cap_and_shrinks_to_the_room(tokenizer):
-    with _client(_model(block=64), tokenizer, max_new_tokens_cap=40) as c:
+    with _client(answering_model(block=64), tokenizer, max_new_tokens_cap=40) as c:
         assert _reply(c, "/v1/completions", {"prompt": "hi"}) == ("!" * 16, 16)
-    with _client(_model(block=12), tokenizer, max_new_tokens_cap=40) as c:  # "hi" is 1 token: room for 11
+    with _client(answering_model(block=12), tokenizer, max_new_tokens_cap=40) as c:  # "hi" is 1 token: room for 11
         assert _reply(c, "/v1/completions", {"prompt": "hi"}) == ("!" * 11, 11)
         assert _reply(c, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}) == (
             "!" * 7, 7)  # <|endoftext|> <|user|> hi <|end|> <|assistant|>: 5 of 12
@@ -139,7 +125,7 @@ def test_prompt_ids_at_the_models_vocabulary_edge_are_a_400_on_every_route(token
     def oa(message: str, param: str) -> dict:
         return {"error": {"message": message, "type": "invalid_request_error", "param": param, "code": None}}
 
-    m = _model(vocab=HELLO)  # 31,373 ids; its padded embedding has a row 31,373 that a miscount would read
+    m = answering_model(vocab=HELLO)  # 31,373 ids; its padded embedding has a row 31,373 that a miscount would read
     assert m.transformer.wte.weight.shape[0] > HELLO
     with _client(m, tokenizer, template=_template_in(HELLO), max_new_tokens_cap=4, max_prompt_chars=50) as c:
         for body in ({}, {"stream": True}):
@@ -161,7 +147,7 @@ def test_prompt_ids_at_the_models_vocabulary_edge_are_a_400_on_every_route(token
         r = c.post("/v1/completions", json={"prompt": [HELLO - 1], "max_tokens": 1, "temperature": 0})
         assert r.status_code == 200 and r.json()["choices"][0]["text"] == "!"
     # one id more and the same prompts are answered
-    with _client(_model(vocab=HELLO + 1), tokenizer, template=_template_in(HELLO + 1), max_new_tokens_cap=4,
+    with _client(answering_model(vocab=HELLO + 1), tokenizer, template=_template_in(HELLO + 1), max_new_tokens_cap=4,
                  max_prompt_chars=50) as c:
         assert _reply(c, "/v1/chat/completions", {"messages": USER, "max_tokens": 2}) == ("!!", 2)
         assert _reply(c, "/v1/completions", {"prompt": ["!", "!hello"], "max_tokens": 2}) == ("!!", 4)  # 2 rows
@@ -178,7 +164,7 @@ PAST = 50300  # a row of a 50,304-row model (llm.c's padding of GPT-2) that GPT-
 def test_ids_past_the_tokenizer_print_as_their_number_on_every_route(tokenizer, template):
     assert tokenizer.n_vocab == 50257
     piece = f"<|{PAST}|>"
-    with _client(_model(vocab=50304, answer=PAST), tokenizer, template=template, max_new_tokens_cap=8) as c:
+    with _client(answering_model(vocab=50304, answer=PAST), tokenizer, template=template, max_new_tokens_cap=8) as c:
         for path, body in [("/v1/completions", {"prompt": "hi", "max_tokens": 2}),
                            ("/v1/completions", {"prompt": "hi", "max_tokens": 2, "stream": True}),
                            ("/api/generate", {"prompt": "hi", "max_new_tokens": 2}),
@@ -201,7 +187,7 @@ def test_penalties_and_logit_bias_are_refused_word_for_word(tokenizer, path):
     body = _hi(path)
     want = {name: f"{name}: not supported by this server (use 0; repetition_penalty is the penalty gptforge has)"
             for name in ("presence_penalty", "frequency_penalty")}
-    with _client(_model(), tokenizer, max_new_tokens_cap=4) as c:
+    with _client(answering_model(), tokenizer, max_new_tokens_cap=4) as c:
         for name, value in (("presence_penalty", 0.5), ("frequency_penalty", -1), ("logit_bias", {"5": 1.0})):
             r = c.post(path, json={**body, name: value})
             message = want.get(name, "logit_bias: not supported by this server")
@@ -220,7 +206,7 @@ def test_logprobs_leave_out_the_stop_token_that_ended_the_reply(tokenizer, path)
     chat = path == "/v1/chat/completions"
     stop = T.end if chat else tokenizer.eot_token
     body = ({"messages": USER, "logprobs": True, "top_logprobs": 2} if chat else {"prompt": "hi", "logprobs": 2})
-    with _client(_model(answer=stop), tokenizer, max_new_tokens_cap=4) as c:
+    with _client(answering_model(answer=stop), tokenizer, max_new_tokens_cap=4) as c:
         r = c.post(path, json={**body, "max_tokens": 3, "temperature": 0})
     assert r.status_code == 200, r.text
     ch = r.json()["choices"][0]
@@ -247,7 +233,7 @@ def test_a_range_only_sampling_params_knows_is_a_400_naming_its_field(tokenizer,
         raise ValueError(message)
     monkeypatch.setattr(SamplingParams, "check", check)
     body = _hi(path)
-    with _client(_model(), tokenizer, max_new_tokens_cap=4) as c:
+    with _client(answering_model(), tokenizer, max_new_tokens_cap=4) as c:
         r = c.post(path, json={**body, "max_tokens": 1, "top_p": 0.5})
     assert (r.status_code, r.json()) == (400, {"error": {"message": message, "type": "invalid_request_error",
                                                           "param": field, "code": None}})
@@ -258,26 +244,13 @@ def test_v1_chat_reads_a_jinja_template_with_the_served_tokenizer():
     """ChatML's <|im_end|> is a special token of the served tokenizer (a BPE trained here), not of GPT-2's:
     the /v1 chat route reads the template with the served tokenizer, renders the prompt in its ids, and its
     end ends the reply."""
-    pytest.importorskip("tokenizers")
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    from gptforge.data.tokenizer import HFTokenizer
-
-    t = Tokenizer(models.BPE())
-    t.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    t.decoder = decoders.ByteLevel()
-    t.train_from_iterator(["What is 2 + 3? It is 5. user assistant system\n"] * 20, trainers.BpeTrainer(
-        vocab_size=300, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"], show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tok = HFTokenizer(t.to_str(), eos="<|im_end|>")
-    chatml = {"kind": "jinja", "name": "chatml", "end": "<|im_end|>",
-              "template": "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
-                          "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"}
+    t, tok = chatml_bpe()
+    chatml = CHATML
     msgs = [{"role": "user", "content": "What is 2 + 3?"}]
     # <|im_start|> "user\n" ... <|im_end|> "\n" <|im_start|> "assistant\n", in the small BPE's ids
     n_prompt = len(t.encode("<|im_start|>user\nWhat is 2 + 3?<|im_end|>\n<|im_start|>assistant\n").ids)
     for answer, want in ((t.token_to_id("<|im_end|>"), ("", "stop", 1)), (t.token_to_id("5"), ("555", "length", 3))):
-        with _client(_model(vocab=tok.n_vocab, answer=answer), tok, template=chatml, max_new_tokens_cap=16) as c:
+        with _client(answering_model(vocab=tok.n_vocab, answer=answer), tok, template=chatml, max_new_tokens_cap=16) as c:
             r = c.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 3, "temperature": 0})
             assert r.status_code == 200, r.text
             out = r.json()

@@ -1,6 +1,7 @@
 """The training commands, read from the CLI's own table, and a tiny fresh run of each: what the class
 tests (Ctrl-C and resume in test_ctrl_c_every_command.py, hostile input in
-tests/cli/test_hardening_training.py) iterate, so a new command is covered or fails them."""
+tests/cli/test_hardening_training.py) iterate, so a new command is covered or fails them; and the check
+that a stopped and resumed run ended exactly as the uninterrupted one (its history and its weights)."""
 
 from __future__ import annotations
 
@@ -57,3 +58,37 @@ def make_world(tmp: Path) -> dict[str, str]:
     return {"tmp": str(tmp), "chat": str(chat), "shards": str(make_shards(tmp / "shards", 20_000, 4_000)),
             "conv": str(write_conversations(arithmetic_problems(40, seed=2), tmp / "conv.jsonl")),
             "prefs": str(write_preferences(preference_set("compare", 24, seed=1), tmp / "prefs.jsonl"))}
+
+
+# metrics record fields that measure time: the only ones two runs of the same steps may differ in
+TIMINGS = {"dt_ms", "cpu_ms", "tokens_per_s", "mfu", "sample_ms", "seconds", "eval_ms", "time"}
+
+
+def history(run: Path) -> list[dict]:
+    """metrics.jsonl as the run's history: replayed records dropped, timings and start/end left out."""
+    import json
+
+    out = []
+    for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()):
+        if r.get("replayed") or r["kind"] in ("start", "end"):
+            continue
+        out.append({k: v for k, v in r.items() if k not in TIMINGS})
+    return out
+
+
+def assert_same_weights(a: Path, b: Path) -> None:
+    """The newest checkpoints of runs ``a`` and ``b`` hold the same tensors, bit for bit."""
+    import torch
+    from safetensors.torch import load_file
+
+    from gptforge.run import checkpoint as ckpt
+
+    wa = load_file(str(ckpt.latest_checkpoint(a) / "model.safetensors"))
+    wb = load_file(str(ckpt.latest_checkpoint(b) / "model.safetensors"))
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def assert_same_run(a: Path, b: Path) -> None:
+    """Run ``b`` (stopped and resumed) ended exactly as ``a``: every metrics record but timings, every weight."""
+    assert history(a) == history(b)
+    assert_same_weights(a, b)

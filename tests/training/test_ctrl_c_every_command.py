@@ -14,18 +14,14 @@ moment of a real subprocess is covered for ``train`` (test_training.py, test_run
 
 from __future__ import annotations
 
-import json
 import signal
 
 import pytest
-import torch
-from safetensors.torch import load_file
 
 from gptforge.cli import main
 from gptforge.run import checkpoint as ckpt
-from tests.training.commands import RUNS, case_id, make_world, training_commands
+from tests.training.commands import RUNS, assert_same_run, case_id, history, training_commands
 
-TIMINGS = {"dt_ms", "cpu_ms", "tokens_per_s", "mfu", "sample_ms", "seconds", "eval_ms", "time"}
 RESUMABLE = training_commands()
 
 
@@ -33,21 +29,6 @@ def test_every_resumable_command_has_a_case():
     assert {c for c, _ in RESUMABLE} >= {"train", "sft", "rl", "rm", "dpo"}  # the enumeration itself works
     missing = [c for c in RESUMABLE if c not in RUNS]
     assert not missing, f"add a run for {missing} to tests/training/commands.py RUNS"
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory, tokenizer):
-    return make_world(tmp_path_factory.mktemp("ctrlc"))
-
-
-def _records(run) -> list[dict]:
-    """metrics.jsonl as the run's history: replayed records dropped, timings and start/end left out."""
-    out = []
-    for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()):
-        if r.get("replayed") or r["kind"] in ("start", "end"):
-            continue
-        out.append({k: v for k, v in r.items() if k not in TIMINGS})
-    return out
 
 
 @pytest.mark.parametrize("command,algo", RESUMABLE, ids=[case_id(c) for c in RESUMABLE])
@@ -76,9 +57,6 @@ def test_ctrl_c_saves_exits_130_and_resumes_bit_exactly(world, tmp_path, monkeyp
         signal.signal(signal.SIGINT, before)  # a stopped run leaves its handler for the grace window
     assert f"resumed from {saved}" in capsys.readouterr().out
     assert ckpt.read_meta(ckpt.latest_checkpoint(part))["step"] == 3
-    a, b = _records(full), _records(part)
+    a, b = history(full), history(part)
     assert {1, 2, 3} <= {r["step"] for r in a} and len(a) == len(b)
-    assert a == b
-    wa = load_file(str(ckpt.latest_checkpoint(full) / "model.safetensors"))
-    wb = load_file(str(ckpt.latest_checkpoint(part) / "model.safetensors"))
-    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert_same_run(full, part)

@@ -28,7 +28,7 @@ from gptforge.data.shards import write_shard
 from gptforge.run import checkpoint as ckpt
 from gptforge.run import restore
 from gptforge.training.loop import train
-from tests.conftest import make_shards, tiny_config
+from tests.conftest import child_env, make_shards, tiny_config
 from tests.tolerances import assert_adam_trained_alike
 
 HERE = Path(__file__).parent
@@ -68,11 +68,10 @@ def _dropout(cfg: Config) -> Config:
 
 
 def _torchrun(args: list[str], env_extra: dict | None = None, timeout: int = 240) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
     # PYTHONFAULTHANDLER: a worker that aborts (SIGABRT, e.g. the open "terminate called without an
     # active exception" at exit) also prints every Python thread's stack, so a sighting says where the
     # main thread was (still in train(), or already finalizing the interpreter)
-    env.update({"OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1", **(env_extra or {})})
+    env = child_env(PYTHONFAULTHANDLER="1", **(env_extra or {}))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *args]
     # own process group: on a timeout (a hung run) the workers go too, not only the launcher
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
@@ -146,9 +145,7 @@ def runs(tmp_path_factory, tokenizer, eval_data):
     jobs.append({"cli": _lora_sft_argv(lora_base, convs, tmp / "lora_sft2")})
     spec = tmp / "jobs.json"
     spec.write_text(json.dumps(jobs))
-    root = str(HERE.parent.parent)  # tests.training.graded_reward, importable by the workers
-    proc = _torchrun([str(HERE / "dist_worker.py"), str(spec)],
-                     env_extra={"PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))})
+    proc = _torchrun([str(HERE / "dist_worker.py"), str(spec)])  # child_env: tests.training.graded_reward imports
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     names = ("fsdp_eval", "ddp", "zero", "fsdp", "fsdp_block", "fsdp_keep", "fsdp_part", "fsdp_rest", "fsdp_to_zero",
              "ddp_to_fsdp", "drop", "drop_part", "drop_rest")

@@ -19,6 +19,7 @@ from gptforge.run import restore
 from gptforge.training.grpo import GRPO, group_advantages, grpo_loss, rl_config
 from gptforge.training.loop import train
 from gptforge.training.rewards import RewardError, load_reward, score
+from tests.conftest import tiny_chat_checkpoint
 
 
 def test_group_advantages_by_hand():
@@ -193,16 +194,8 @@ def test_reward_favouring_one_token_raises_its_probability(tmp_path, tokenizer):
     assert rl[-1]["reward"] > rl[0]["reward"]
 
 
-def _chat_ckpt(tmp_path):
-    torch.manual_seed(0)
-    t = ChatTemplate.gpt2()
-    cfg = GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=64, vocab_size=t.vocab_size)
-    return ckpt.save_checkpoint(tmp_path / "sft", 1, GPT(cfg), None,
-                                {"config": Config(model=cfg).to_dict(), "chat_template": t.to_dict()})
-
-
 def test_rl_cli_logs_metrics_and_resumes_exactly(tmp_path, tokenizer, capsys):
-    src = _chat_ckpt(tmp_path)
+    src = tiny_chat_checkpoint(tmp_path / "sft")
     args = ["--task", "arithmetic", "--prompts", "2", "--group", "3", "--max-new-tokens", "4", "--eval-n", "4",
             "--lr", "1e-3", "--device", "cpu", "--ckpt-every", "0"]
     assert main(["rl", "--init-from", str(src), "--out", str(tmp_path / "full"), "--steps", "3", *args]) == 0
@@ -365,7 +358,7 @@ def test_checkpoints_from_before_the_run_stack_still_load_and_resume(tmp_path, t
 def test_rl_resume_applies_the_flags_given_or_refuses_them_by_name(tmp_path, tokenizer, capsys):
     """On --resume every flag given applies on top of the run's settings (none silently dropped), and
     one that would make it another run (the task, the held-out set) is refused naming the key."""
-    src = _chat_ckpt(tmp_path)
+    src = tiny_chat_checkpoint(tmp_path / "sft")
     args = ["--task", "arithmetic", "--prompts", "2", "--group", "2", "--max-new-tokens", "3", "--eval-n", "2",
             "--device", "cpu", "--ckpt-every", "0"]
     assert main(["rl", "--init-from", str(src), "--out", str(tmp_path / "r"), "--steps", "1", *args]) == 0

@@ -10,7 +10,7 @@ import pytest
 import tqdm as tqdm_module
 
 from gptforge.cli import main
-from tests.training.commands import RUNS, make_world
+from tests.training.commands import RUNS
 
 
 class Recorded(tqdm_module.tqdm):
@@ -33,11 +33,6 @@ def bars(monkeypatch):
     Recorded.bars = []
     monkeypatch.setattr(tqdm_module, "tqdm", Recorded)
     return Recorded.bars
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    return make_world(tmp_path_factory.mktemp("world"))
 
 
 def test_dpo_reference_pass_counts_every_pair(world, bars, tmp_path):

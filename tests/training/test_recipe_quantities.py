@@ -303,6 +303,22 @@ def hand_experience(s, T):
     return out
 
 
+def hand_ppo_loss(s, H, call, rows, *, clip_eps: float, clip_value: float, vf_coef: float):
+    """PPO's loss at one of step ``s``'s loss calls (``call``: its policy and value model), over replies ``rows``
+    against the experience ``H = hand_experience(s, ...)``, by hand: the clipped policy term and the clipped value
+    term, meaned over the reply tokens; and the policy ratios."""
+    pg, vl, ratios = [], [], []
+    for k in rows:
+        p, r, h = s["prompts"][k], s["replies"][k], H[k]
+        ratio = torch.exp(hand_logp(call["policy"], p, r, T_SAMPLE) - h["lp"])
+        pg.append(torch.maximum(-h["white"] * ratio, -h["white"] * ratio.clamp(1 - clip_eps, 1 + clip_eps)))
+        v = hand_values(call["value"], p, r)
+        vc = torch.clamp(v, h["v"] - clip_value, h["v"] + clip_value)
+        vl.append(torch.maximum((v - h["ret"]) ** 2, (vc - h["ret"]) ** 2))
+        ratios.append(ratio)
+    return torch.cat(pg).mean() + vf_coef * 0.5 * torch.cat(vl).mean(), torch.cat(ratios)
+
+
 @pytest.mark.parametrize("updates,kl_coef", [(1, 0.1), (2, 0.1), (1, 0.0)])
 def test_ppo_step_against_a_hand_computation(tmp_path, tokenizer, monkeypatch, updates, kl_coef):
     spy = PPOSpy(monkeypatch)
@@ -343,18 +359,8 @@ def test_ppo_step_against_a_hand_computation(tmp_path, tokenizer, monkeypatch, u
         assert len(s["calls"]) == 2 * updates
         for i, call in enumerate(s["calls"]):
             rows = range((i % 2) * 4, (i % 2) * 4 + 4)
-            pg, vl, ratios = [], [], []
-            for k in rows:
-                p, r, h = s["prompts"][k], s["replies"][k], H[k]
-                ratio = torch.exp(hand_logp(call["policy"], p, r, T_SAMPLE) - h["lp"])
-                pg.append(torch.maximum(-h["white"] * ratio, -h["white"] * ratio.clamp(0.95, 1.05)))
-                v = hand_values(call["value"], p, r)
-                vc = torch.clamp(v, h["v"] - 0.05, h["v"] + 0.05)
-                vl.append(torch.maximum((v - h["ret"]) ** 2, (vc - h["ret"]) ** 2))
-                ratios.append(ratio)
-            want = torch.cat(pg).mean() + 0.3 * 0.5 * torch.cat(vl).mean()
+            want, ratio = hand_ppo_loss(s, H, call, rows, clip_eps=0.05, clip_value=0.05, vf_coef=0.3)
             close(call["loss"], want, 5e-5)
-            ratio = torch.cat(ratios)
             if i // 2 == 1:
                 assert (ratio - 1).abs().max() > 0.05  # the clip acts on the second update
         last = s["calls"][-2:]

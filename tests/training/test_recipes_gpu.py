@@ -19,7 +19,7 @@ import torch
 
 from gptforge.cli import main
 from gptforge.run import checkpoint as ckpt
-from tests.training.commands import RUNS, case_id, make_world, training_commands
+from tests.training.commands import RUNS, case_id, training_commands
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 CASES = training_commands()
@@ -36,11 +36,6 @@ def _on(argv: list[str], device: str) -> list[str]:
 def _steps(run) -> list[dict]:
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     return [r for r in rows if "loss" in r and r.get("step", 0) >= 1 and r["kind"] not in ("val", "eval")]
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory, tokenizer):
-    return make_world(tmp_path_factory.mktemp("gpu_recipes"))
 
 
 @pytest.mark.parametrize("command,algo", CASES, ids=[case_id(c) for c in CASES])

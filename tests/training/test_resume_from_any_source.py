@@ -11,22 +11,18 @@ from __future__ import annotations
 import signal
 
 import pytest
-import torch
-from safetensors.torch import load_file
 
 from gptforge.cli import main
-from gptforge.run import checkpoint as ckpt
-from tests.training.commands import RUNS, make_world
+from tests.training.commands import RUNS, assert_same_weights
 
 CASES = [("rl", "grpo"), ("rl", "ppo"), ("dpo", None)]
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory, tokenizer):
-    w = make_world(tmp_path_factory.mktemp("any_source"))
-    hf = f"{w['tmp']}/hf"
-    assert main(["export", "hf", "--ckpt", w["chat"], "--out", hf]) == 0
-    return {**w, "chat": hf}  # every run below starts --init-from the Hugging Face directory
+def world(world, tmp_path_factory):
+    hf = str(tmp_path_factory.mktemp("any_source") / "hf")
+    assert main(["export", "hf", "--ckpt", world["chat"], "--out", hf]) == 0
+    return {**world, "chat": hf}  # every run below starts --init-from the Hugging Face directory
 
 
 @pytest.mark.parametrize("command,algo", CASES, ids=[c if a is None else f"{c}-{a}" for c, a in CASES])
@@ -44,9 +40,7 @@ def test_resume_of_a_run_from_a_hf_directory_is_bit_exact(world, tmp_path, monke
         assert rc == 0, capsys.readouterr().err
     finally:
         signal.signal(signal.SIGINT, before)
-    wa = load_file(str(ckpt.latest_checkpoint(full) / "model.safetensors"))
-    wb = load_file(str(ckpt.latest_checkpoint(part) / "model.safetensors"))
-    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert_same_weights(full, part)
 
 
 def _two_steps(argv: list[str]) -> list[str]:

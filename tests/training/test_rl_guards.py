@@ -17,22 +17,12 @@ import pytest
 import torch
 
 from gptforge.cli import main
-from gptforge.config import Config
-from gptforge.data.chat import ChatTemplate
 from gptforge.eval.tasks.verifiable import Problem
-from gptforge.models.gpt2 import GPT, GPTConfig
 from gptforge.run import checkpoint as ckpt
 from gptforge.training.rewards import score
+from tests.conftest import tiny_chat_checkpoint
 
 SMALL = ["--prompts", "2", "--group", "2", "--max-new-tokens", "4", "--eval-n", "2", "--device", "cpu", "--lr", "1e-3"]
-
-
-def _sft_ckpt(tmp_path: Path) -> Path:
-    torch.manual_seed(0)
-    t = ChatTemplate.gpt2()
-    cfg = GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=64, vocab_size=t.vocab_size)
-    return ckpt.save_checkpoint(tmp_path / "sft", 1, GPT(cfg), None,
-                                {"config": Config(model=cfg).to_dict(), "chat_template": t.to_dict()})
 
 
 def _reward_module(tmp_path: Path, monkeypatch, name: str, body: str) -> str:
@@ -50,7 +40,7 @@ def _steps(run: Path) -> list[int]:
                                       ("ppo", "float('nan')")])
 def test_a_non_finite_reward_stops_with_exit_3_and_keeps_the_good_checkpoints(tmp_path, monkeypatch, capsys, algo,
                                                                                bad):
-    src = _sft_ckpt(tmp_path)
+    src = tiny_chat_checkpoint(tmp_path / "sft")
     spec = _reward_module(tmp_path, monkeypatch, f"reward_{algo}_{abs(hash(bad))}", f"""
 import numpy as np
 calls = 0
@@ -83,7 +73,7 @@ def test_numpy_rewards_are_numbers(tmp_path, monkeypatch, capsys):
     for not_a_number in ("0.5", None, np.bool_(True), True):
         with pytest.raises(Exception, match="expected a number"):
             score(lambda p, r, v=not_a_number: v, [Problem("q", "1")], ["x"])
-    src = _sft_ckpt(tmp_path)
+    src = tiny_chat_checkpoint(tmp_path / "sft")
     spec = _reward_module(tmp_path, monkeypatch, "reward_np32", """
 import numpy as np
 def reward(problem, reply):
@@ -124,7 +114,7 @@ def test_numeric_flags_are_refused_before_any_compute(tmp_path, capsys, monkeypa
     import gptforge.training.loop
 
     monkeypatch.setattr(gptforge.training.loop, "RunSession", None)  # nothing may start a run
-    src = _sft_ckpt(tmp_path)
+    src = tiny_chat_checkpoint(tmp_path / "sft")
     out = tmp_path / "rl"
     try:
         code = main(["rl", "--init-from", str(src), "--out", str(out), *SMALL, flag, value])
@@ -156,7 +146,7 @@ def _wait_for_step(proc: subprocess.Popen, seen: list[str]) -> None:
 def test_signals_save_and_exit_130_and_the_run_dir_is_locked_meanwhile(tmp_path, capsys):
     """A real `gptforge rl`: SIGTERM, then a resumed one SIGINT (Ctrl-C), each saving a checkpoint
     and exiting 130 without a traceback; while one runs, a second run on its --out is refused."""
-    src = _sft_ckpt(tmp_path)
+    src = tiny_chat_checkpoint(tmp_path / "sft")
     out = tmp_path / "rl"
     long = ["--steps", "100000", "--ckpt-every", "0", *SMALL]
     for sig, args in [(signal.SIGTERM, ["rl", "--init-from", str(src), "--out", str(out), *long]),

@@ -17,6 +17,7 @@ from gptforge.eval.tasks.synthetic import arithmetic_problems, write_conversatio
 from gptforge.models.gpt2 import GPT, GPTConfig
 from gptforge.run import checkpoint as ckpt
 from gptforge.run import restore
+from tests.conftest import child_env
 
 
 def _base(tmp_path, pad_vocab: bool = True):
@@ -163,7 +164,6 @@ def test_sft_resume_is_bit_exact(tmp_path, tokenizer):
 def test_sft_under_torchrun_matches_one_process_with_accumulation(tmp_path, tokenizer):
     """World 2 x micro-batch 2 sees the rows one process sees as 2 micro-steps of 2 (the loader
     builds one global batch and each rank takes its slice), so the losses agree."""
-    import os
     import subprocess
     import sys
 
@@ -175,10 +175,8 @@ def test_sft_under_torchrun_matches_one_process_with_accumulation(tmp_path, toke
                          "--train.val_every", "4", "--optim.lr", "3e-3")
 
     assert main(args(tmp_path / "one")) == 0
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
-    env["OMP_NUM_THREADS"] = "1"
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           "-m", "gptforge", *args(tmp_path / "two")], env=env, capture_output=True, text=True,
+                           "-m", "gptforge", *args(tmp_path / "two")], env=child_env(), capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
