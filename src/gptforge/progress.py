@@ -1,5 +1,5 @@
 """One progress bar for the long passes that have no log line of their own (DPO's reference log-probs,
-generative eval, RL's held-out eval): a tqdm bar on stderr, shown from its first line, gone when done.
+generative eval, RL's held-out eval, bench-generate's calls): a tqdm bar on stderr, shown from its first line, gone when done.
 
     with progress_bar(len(pairs), "reference log-probs (train)", "pair") as bar:
         for batch in batches:

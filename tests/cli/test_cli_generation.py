@@ -38,6 +38,34 @@ def test_sample_streams_one_and_batches_several(ckpt, tokenizer, capsys):
     assert main(argv) == 0 and capsys.readouterr().out == out  # seeded
 
 
+@pytest.mark.parametrize("command", ["sample", "chat", "eval"])
+def test_inference_commands_take_trainings_cpu_threads(tmp_path, command, monkeypatch):
+    """`--device` commands on a CPU run at one torch thread per process unless OMP_NUM_THREADS says otherwise, as
+    `train` does (runtime.auto_threads): torch's default of one per core made `eval` 2x slower on a loaded
+    2-core machine. The test process starts them at 3 threads, which only a reset brings back down."""
+    import io
+
+    from tests.conftest import tiny_chat_checkpoint
+
+    where = tiny_chat_checkpoint(tmp_path / "chat")
+    argv = {"sample": ["sample", "--ckpt", str(where), "--max-new-tokens", "2", "--num-samples", "1"],
+            "chat": ["chat", "--ckpt", str(where), "--max-new-tokens", "2"],
+            "eval": ["eval", "--ckpt", str(where), "--tasks", "compare", "--limit", "1"]}[command]
+    monkeypatch.setattr("sys.stdin", io.StringIO("hi\n"))
+    before = torch.get_num_threads()
+    try:
+        for omp, want in ((None, 1), ("2", 2)):
+            if omp is None:
+                monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+            else:
+                monkeypatch.setenv("OMP_NUM_THREADS", omp)
+            torch.set_num_threads(3)
+            assert main([*argv, "--device", "cpu"]) == 0
+            assert torch.get_num_threads() == want, (command, omp)
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_greedy_sample_prints_one_sample_per_prompt(ckpt, tokenizer, capsys):
     """Issue 34: --temperature 0 printed the default 5 samples, all the same; now one, and an explicit
     --num-samples N is answered with one sample and a line saying why."""
@@ -101,6 +129,36 @@ def test_bench_generate_agrees_with_transformers(tmp_path):
     res = json.loads(out.read_text())
     assert [r["batch"] for r in res["results"]] == [1, 3]
     assert all(r["same_tokens"] and r["gptforge_tokens_per_s"] > 0 for r in res["results"])
+
+
+def test_bench_generate_counts_every_call_on_a_bar(monkeypatch, capsys):
+    """No silent minutes: at gpt2's size on a CPU the first result row came after a minute and the run took
+    minutes with nothing on the screen; a bar on stderr now counts every generate call (each batch, each
+    implementation, the warm-up and every repeat) from its first draw."""
+    pytest.importorskip("transformers")
+    import tqdm as tqdm_module
+
+    bars = []
+
+    class Recorded(tqdm_module.tqdm):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            self.shown = not self.disable  # close() disables it
+            bars.append(self)
+
+    monkeypatch.setattr(tqdm_module, "tqdm", Recorded)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        assert main(["bench-generate", "--size", "d2", "--batch", "1", "2", "--new-tokens", "2", "--prompt-tokens", "2",
+                     "--repeats", "2", "--device", "cpu"]) == 0
+        assert torch.get_num_threads() == 1  # --threads 0 is train.threads 0: one on CPU (torch's 2-3 was 10x slower)
+    finally:
+        torch.set_num_threads(before)
+    assert len(bars) == 1 and bars[0].total == bars[0].n == 2 * 2 * (1 + 2) and bars[0].shown
+    assert bars[0].desc.startswith("bench-generate d2") and bars[0].unit == "call"
+    assert "bench-generate d2" in capsys.readouterr().err  # drawn at once, before the first call ends
 
 
 def test_serve_command_serves_checkpoint_and_its_metrics(ckpt, tmp_path):

@@ -45,11 +45,11 @@ def run_bench_generate(size: str = "gpt2", batches: list[int] | tuple[int, ...] 
     from gptforge.generation import generate
     from gptforge.interop import hf_module
     from gptforge.models.registry import build_model, size_config
-    from gptforge.runtime import resolve_device
+    from gptforge.progress import progress_bar
+    from gptforge.runtime import resolve_device, set_threads
 
     dev = torch.device(resolve_device(device))
-    if threads > 0:  # on a shared CPU, fewer threads than cores avoids waiting on descheduled workers
-        torch.set_num_threads(threads)
+    set_threads(threads, dev)  # 0: as train.threads 0 (one per process on CPU: a shared CPU's cores are not all ours)
     torch.manual_seed(0)
     cfg = size_config(size)
     if prompt_tokens + new_tokens > cfg.block_size:
@@ -61,16 +61,24 @@ def run_bench_generate(size: str = "gpt2", batches: list[int] | tuple[int, ...] 
     hf = hf.to(dev, dtype).eval()
     prompt = torch.randint(0, cfg.vocab_size, (1, prompt_tokens), generator=torch.Generator().manual_seed(1))
     rows = []
+    # every generate call counted (a warm-up and `repeats` timed, each implementation, each batch): at gpt2's
+    # 124M on a CPU the first row comes after a minute and the whole run takes minutes
+    calls = len(batches) * 2 * (1 + repeats)
+    bar = progress_bar(calls, f"bench-generate {size} ({ours.num_parameters() / 1e6:.1f}M)", "call")
     for B in batches:
         idx = prompt.expand(B, -1).contiguous().to(dev)
 
         def run_ours(idx=idx):
-            return generate(ours, idx, new_tokens, temperature=0.0)
+            out = generate(ours, idx, new_tokens, temperature=0.0)
+            bar.update(1)
+            return out
 
         def run_hf(idx=idx):
             with torch.no_grad():
-                return hf.generate(idx, attention_mask=torch.ones_like(idx), max_new_tokens=new_tokens,
-                                   min_new_tokens=new_tokens, do_sample=False, pad_token_id=0, eos_token_id=None)
+                out = hf.generate(idx, attention_mask=torch.ones_like(idx), max_new_tokens=new_tokens,
+                                  min_new_tokens=new_tokens, do_sample=False, pad_token_id=0, eos_token_id=None)
+            bar.update(1)
+            return out
 
         a, b = timed_pair(run_ours, run_hf, dev, repeats)
         t_ours, t_hf, tok_ours, tok_hf = a.median, b.median, a.result, b.result
@@ -82,7 +90,9 @@ def run_bench_generate(size: str = "gpt2", batches: list[int] | tuple[int, ...] 
             "gptforge_s": round(t_ours, 4), "transformers_s": round(t_hf, 4),
             "same_tokens": bool(torch.equal(tok_ours.cpu(), tok_hf.cpu())),
         })
+        bar.clear()
         print(json.dumps(rows[-1]), flush=True)
+    bar.close()
     import transformers
 
     result = {

@@ -7,7 +7,16 @@ from __future__ import annotations
 
 import argparse
 
-from gptforge.cli.common import DEVICE_HELP, CliError, add_model_source, load, model_source, text_encoder, words
+from gptforge.cli.common import (
+    DEVICE_HELP,
+    CliError,
+    add_model_source,
+    command_device,
+    load,
+    model_source,
+    text_encoder,
+    words,
+)
 
 # --- chat ----------------------------------------------------------------------------------------
 
@@ -31,7 +40,6 @@ def cmd_chat(args: argparse.Namespace) -> int:
     from gptforge.data.tokenizer import TokenizerError, check_fits
     from gptforge.errors import ChatFormatError
     from gptforge.generation import PromptError, SamplingParams, fit_new_tokens, stream_text
-    from gptforge.runtime import resolve_device
 
     source = model_source(args)
     tok, template = words(source)
@@ -46,7 +54,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
         params.check()
     except ValueError as e:
         raise CliError(f"--{str(e).replace('_', '-')}") from e
-    model = load(source).to(resolve_device(args.device, flag="--device")).eval()
+    model = load(source).to(command_device(args.device)).eval()
     try:  # the tokenizer read above fits the model's logits
         check_fits(tok, model.config.vocab_size, where=f"the model's vocab_size ({source.given()[0]})")
     except TokenizerError as e:

@@ -123,6 +123,17 @@ def model_source(args: argparse.Namespace) -> ModelSource:
     return src
 
 
+def command_device(name: str):
+    """The device a ``--device`` command runs on, with torch's CPU threads set as training sets them
+    (``runtime.auto_threads``: ``OMP_NUM_THREADS`` when set, else one per process on CPU). torch's own
+    default, one per core, made ``eval`` 2x and ``bench-generate`` 10x slower on a loaded 2-core machine."""
+    from gptforge.runtime import resolve_device, set_threads
+
+    device = resolve_device(name, flag="--device")
+    set_threads(0, device)
+    return device
+
+
 def load(source: ModelSource, flag: str | None = None, announce_after: float | None = None):
     """``load.load_model`` with its bad-input errors as CliError; with ``flag`` (the command-line flag
     that named the model, e.g. ``--init-from``) every refusal of it, a missing or damaged checkpoint

@@ -7,7 +7,7 @@ import json
 import os
 import sys
 
-from gptforge.cli.common import CliError, count, finite
+from gptforge.cli.common import CliError, command_device, count, finite
 from gptforge.cli.hints import GENERATED_TASKS
 
 TOKENIZER_HELP = ("gpt2 (default, works offline); a folder `gptforge tokenizer train` wrote; a checkpoint or run "
@@ -103,10 +103,7 @@ def _policy_preferences(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise CliError(f"prepare preferences: {e}") from e
     from gptforge.load import ModelSource
-    from gptforge.runtime import resolve_device, set_threads
-
-    device = resolve_device(args.device, flag="--device")
-    set_threads(0, device)
+    device = command_device(args.device)
     source = ModelSource.from_path(args.policy)  # any model source: a run, a Hugging Face directory, a GGUF file
     policy = load(source, "--policy").to(device)
     tok, template = words(source, policy, flag="--policy")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from gptforge.cli.common import DEVICE_HELP, CliError, add_model_source, load, model_source, words
+from gptforge.cli.common import DEVICE_HELP, CliError, add_model_source, command_device, load, model_source, words
 
 # --- eval -----------------------------------------------------------------------------------------
 
@@ -192,7 +192,7 @@ def eval_generative(args: argparse.Namespace, names: list[str]) -> None:
     import torch
 
     from gptforge.eval.generative import evaluate_generative, task_problems
-    from gptforge.runtime import autocast_for, resolve_device
+    from gptforge.runtime import autocast_for
 
     if args.offset or args.limit:  # the offset's range (EvalDataError, exit 2) is checked before the model loads,
         for name in names:  # and a limit past the held-out set is said as the scored tasks say it
@@ -207,7 +207,7 @@ def eval_generative(args: argparse.Namespace, names: list[str]) -> None:
             raise CliError(f"--paired-with {args.paired_with}: holds no {', '.join(missing)} results (it has "
                            f"{', '.join(before) or 'none'})")
     source = model_source(args)
-    device = resolve_device(args.device, flag="--device")
+    device = command_device(args.device)
     model = load(source).to(device).eval()
     tok, chat = words(source, model)
     template = None if args.raw else chat
@@ -238,7 +238,6 @@ def eval_preferences(args: argparse.Namespace) -> int:
     """`gptforge eval --ckpt runs/rm --preferences held_out.jsonl`: a reward model's pair accuracy."""
     from gptforge.data.chat import ChatTemplate
     from gptforge.data.preference import PreferenceDataError, read_preferences, render_pairs
-    from gptforge.runtime import resolve_device
     from gptforge.training.rm import load_reward_model, preference_accuracy
 
     if args.ckpt is None:
@@ -253,7 +252,7 @@ def eval_preferences(args: argparse.Namespace) -> int:
         pairs = render_pairs(rows[: args.limit] if args.limit else rows, template, rm.config.block_size)
     except PreferenceDataError as e:
         raise CliError(f"--preferences: {e}") from e
-    r = preference_accuracy(rm.to(resolve_device(args.device, flag="--device")), pairs, template.bos)
+    r = preference_accuracy(rm.to(command_device(args.device)), pairs, template.bos)
     from gptforge.eval.stats import RM_SCORE_SCALE, fmt_loss, fmt_rate, fmt_score, rate_context
 
     print(f"reward model {args.ckpt} on {args.preferences}: {r['n']} preference pairs")

@@ -10,6 +10,7 @@ from gptforge.cli.common import (
     DEVICE_HELP,
     CliError,
     add_model_source,
+    command_device,
     load,
     model_source,
     port,
@@ -45,7 +46,6 @@ def args_sample(p: argparse.ArgumentParser) -> None:
 
 def cmd_sample(args: argparse.Namespace) -> int:
     from gptforge.generation import stream_text
-    from gptforge.runtime import resolve_device
 
     source = model_source(args)
     if args.num_samples is None:
@@ -59,7 +59,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
         raise CliError(f"--num-samples {args.num_samples} x {len(args.prompt or [None])} prompt(s): give 1 to "
                        f"{MAX_SAMPLE_ROWS} rows in all (each is a row of one batch); run the command again for more")
     params = _sampling_params(args)
-    model = load(source).to(resolve_device(args.device, flag="--device"))
+    model = load(source).to(command_device(args.device))
     tok, chat = words(source, model)
     enc = text_encoder(tok, chat)  # a chat model may emit its role/end ids
     params.stop_token = tok.eos_token_id if args.stop_at_eot else None
@@ -128,7 +128,6 @@ def args_serve(p: argparse.ArgumentParser) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from gptforge.extras import require
-    from gptforge.runtime import resolve_device
 
     for module in ("fastapi", "uvicorn"):  # before anything is loaded: one line naming the extra
         require(module, extra="serve", for_what="gptforge serve")
@@ -167,7 +166,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return EXIT_PORT_BUSY
     try:
         # what it loads, said before it loads (a GGUF file takes tens of seconds); the URL follows when it serves
-        model = load(source, announce_after=0).to(resolve_device(args.device, flag="--device"))
+        model = load(source, announce_after=0).to(command_device(args.device))
         tok, chat = words(source, model)  # a chat checkpoint: the page opens in chat mode
     except BaseException:
         sock.close()
@@ -188,7 +187,8 @@ def args_bench_generate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--new-tokens", type=int, default=64, help="tokens generated per timed run")
     p.add_argument("--repeats", type=int, default=3, help="timed repeats after the warm-up (the median is reported)")
     p.add_argument("--device", default="auto", help=DEVICE_HELP)
-    p.add_argument("--threads", type=int, default=0, help="CPU threads for torch (0 = torch's default)")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads for torch (default 0: OMP_NUM_THREADS when set, else "
+                   "one on CPU, as train.threads 0)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="weights of both models")
     p.add_argument("--json", help="write results to this JSON file")
     p.add_argument("--force", action="store_true", help="replace the --json file if it exists")
