@@ -270,6 +270,37 @@ def test_the_advice_for_another_runs_checkpoint_fits_the_command_that_meets_it(t
     assert str(e.value).endswith(f"{move}, then resume (or --resume without a path: the run's own newest)")
 
 
+def test_one_own_save_beside_one_copied_in_is_told_apart_by_the_runs_metrics_log(tmp_path):
+    """A run with one checkpoint of its own (step 2) and one copied in from another run (step 6): each had only
+    the other as a sibling, so each was judged another run's and sample/export said the run held no checkpoint
+    of its own. The run that last trained in the folder (metrics.jsonl's last start record) breaks the tie;
+    without a log naming a run there is nothing to break it with, and both stay refused as before."""
+    import json
+
+    import torch
+
+    from gptforge.config import Config
+    from gptforge.models.gpt2 import GPT, GPTConfig
+
+    mcfg = GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=8, vocab_size=16)
+    run, other = tmp_path / "run", tmp_path / "other"
+    for where, step, rid in ((run, 2, "aaaa"), (other, 6, "bbbb")):
+        torch.manual_seed(step)
+        ckpt.save_checkpoint(where, step, GPT(mcfg), None, {"config": Config(model=mcfg).to_dict(), "run_id": rid})
+    own, foreign = run / "checkpoints" / "step_000002", run / "checkpoints" / "step_000006"
+    shutil.copytree(other / "checkpoints" / "step_000006", foreign)
+    with pytest.raises(ckpt.CheckpointError, match="no checkpoint of its own run|another run"):
+        identity.resolve_checkpoint(run)  # no log: the tie stands, as before
+    log = [{"kind": "start", "step": 0, "run": "bbbb"}, {"kind": "train", "step": 1, "loss": 3.0},
+           {"kind": "start", "step": 0, "run": "aaaa"}, {"kind": "train", "step": 1, "loss": 2.0}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
+    assert identity.resolve_checkpoint(run) == own  # the last start is run aaaa's: step 2 is the run's own
+    assert identity.not_this_runs(own) is None and "another run" in identity.not_this_runs(foreign)
+    log.append({"kind": "start", "step": 0, "run": "bbbb"})  # the log's last start names the other run now
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
+    assert identity.not_this_runs(foreign) is None and "another run" in identity.not_this_runs(own)
+
+
 # --- 5. the clock set back while the run trains; a resume on another torch or thread count ------------------
 
 def test_the_wall_clock_set_back_mid_run_never_makes_record_times_go_backwards(base_run, tmp_path, monkeypatch):

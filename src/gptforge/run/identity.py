@@ -29,6 +29,7 @@ from gptforge.run.checkpoint import (
     read_meta_json,
     verify_checkpoint,
 )
+from gptforge.run.metrics import last_start_run
 
 TRUST_FLAG = "--trust-checkpoint"
 
@@ -137,8 +138,10 @@ def check_same_run(ckpt_dir: str | Path, then: str = "") -> None:
     when a run starts, kept by its resumes) against its siblings'. A step folder copied in from another run
     (the same names, another model) passed every check of its own files and was resumed as this run's.
     CheckpointError naming it and both runs; nothing to compare (no siblings, or checkpoints from before
-    run ids were recorded) passes. ``then``: what to do after moving it out, in the words of the command that
-    refuses it (a reader that skips it, sample or export, has nothing to add: it reads the run's own)."""
+    run ids were recorded) passes, and so does the id of the run that last trained in the folder (its
+    metrics.jsonl's last start record): with one own save and one copied in, siblings alone cannot tell.
+    ``then``: what to do after moving it out, in the words of the command that refuses it (a reader that
+    skips it, sample or export, has nothing to add: it reads the run's own)."""
     ckpt_dir = Path(ckpt_dir)
     mine = read_meta_json(ckpt_dir).get("run_id")
     if not isinstance(mine, str) or ckpt_dir.parent.name != "checkpoints":
@@ -154,6 +157,9 @@ def check_same_run(ckpt_dir: str | Path, then: str = "") -> None:
         if isinstance(rid, str):
             theirs.setdefault(rid, []).append(p.name)
     if theirs and mine not in theirs:
+        if mine == last_start_run(ckpt_dir.parent.parent / "metrics.jsonl"):
+            return  # no sibling shares its id, but the run that last trained here is its run: one own save beside
+            # copied-in ones (a tie the siblings alone cannot break: each would call the other foreign)
         rid, names = max(theirs.items(), key=lambda kv: len(kv[1]))
         raise CheckpointError(
             f"{ckpt_dir}: a checkpoint of another run (its meta.json run_id is {mine}; this run's {', '.join(names[:3])} "

@@ -300,6 +300,26 @@ def mark_replayed(path: Path, start_step: int) -> int:
     return marked
 
 
+def last_start_run(path: Path) -> str | None:
+    """The run id the last "start" record of metrics.jsonl ``path`` names (the run that last trained in its
+    folder: a resume keeps the id), or None (no file, no start record naming one, an unreadable file)."""
+    last = None
+    try:
+        with open(path, errors="replace") as f:
+            for line in f:
+                if '"start"' not in line:  # cheap: most lines are step records
+                    continue
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if isinstance(rec, dict) and rec.get("kind") == "start" and isinstance(rec.get("run"), str):
+                    last = rec["run"]
+    except OSError:
+        return None
+    return last
+
+
 def other_runs_records(path: Path, run_id: str | None) -> str | None:
     """Where metrics.jsonl holds step records of another run than ``run_id`` (a "start" record naming another
     run, and records after it not marked replayed, before this run's next start): "lines A-B are run X's
