@@ -45,3 +45,15 @@ def test_the_table_says_when_an_accuracy_is_noise():
     assert "0.625" in table and "0.470-0.758" in table and "not distinguishable from guessing" in table
     r = {"n": 1000, "acc": 0.7, "acc_ci95": list(wilson(700, 1000)), "chance": 0.5, "seconds": 1.0}
     assert "not distinguishable" not in format_table({"piqa": r})
+
+
+@pytest.mark.parametrize("ppl", [1.0, 99999.99, 1415902.0, 1e300, float("inf")])
+def test_the_tables_columns_stay_in_line_whatever_the_perplexity(ppl):
+    """An untrained model's LAMBADA perplexity (1,415,902) was 10 characters in a 9-wide column: every
+    column after it moved. Each row is as long as the header, whatever the value."""
+    lam = {"n": 100, "acc": 0.0, "ppl": ppl, "seconds": 1234.5}
+    piqa = {"n": 100, "acc": 0.5, "acc_ci95": list(wilson(50, 100)), "acc_norm": 0.5,
+            "acc_norm_ci95": list(wilson(50, 100)), "chance": 0.5, "seconds": 2.0}
+    rows = format_table({"lambada": lam, "piqa": piqa}).splitlines()[:3]
+    assert len({len(row) for row in rows}) == 1, rows
+    assert float(rows[1].split()[-2]) == pytest.approx(ppl, rel=5e-3)  # the value is still there, to 3 digits

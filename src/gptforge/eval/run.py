@@ -147,13 +147,20 @@ def format_table(results: dict[str, dict[str, float]]) -> str:
         norm = f"{r['acc_norm']:.4f}" if "acc_norm" in r else "-"
         norm_ci = fmt_ci(r["acc_norm_ci95"]) if "acc_norm_ci95" in r else "-"
         chance = f"{r['chance']:.3f}" if r.get("chance") is not None else "-"
-        ppl = f"{r['ppl']:.2f}" if "ppl" in r else "-"
+        ppl = _ppl(r["ppl"]) if "ppl" in r else "-"
         lines.append(f"{name:<14} {r['n']:>6} {r['acc']:>7.4f} {ci:>12} {norm:>9} {norm_ci:>12} {chance:>7} "
                      f"{ppl:>9} {r.get('seconds', 0):>8.1f}")
     if any(_noise(r) for r in results.values()):
         lines.append("(an accuracy whose 95% interval holds the chance level is not distinguishable from guessing "
                      "at this n; raise --limit)")
     return "\n".join(lines)
+
+
+def _ppl(x: float) -> str:
+    """A perplexity in the table's 9 columns: 2 decimals while they fit (< 1e5), else 3 significant digits in
+    e-notation, at most 9 characters for any float (an untrained model's LAMBADA ppl of 1,415,902.00 pushed
+    every column after it out of line)."""
+    return f"{x:.2f}" if abs(x) < 1e5 else f"{x:.2e}"
 
 
 def _noise(r: dict) -> bool:
