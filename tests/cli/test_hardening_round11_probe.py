@@ -1,0 +1,78 @@
+"""Hardening round eleven, careless and hostile use in classes earlier rounds did not test.
+
+* A path that cannot be one: a name past the filesystem's limit (ENAMETOOLONG) or a symlink loop (ELOOP,
+  pathlib's "Symlink loop from", or the "file exists" a mkdir over a loop meets) was a traceback from whichever
+  reader or writer touched it first (train's preflight, sample's resolve, export's own-source check, prepare,
+  eval's --json). The command line's one door (gptforge.cli) says it in one line (reading.path_fault), and the
+  readers that say what a path is (reading.not_a_file; the data folder, a shard, a checkpoint) call a loop a
+  loop and a link to a device a device, not "a symlink to a missing file" or "which does not exist".
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from gptforge.cli import main
+from tests.conftest import make_shards
+from tests.run.faults import finished_run, one_line, train_argv
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """Tiny shards, a finished 4-step run, a symlink loop and a link to a device."""
+    tmp = tmp_path_factory.mktemp("probe11")
+    shards = make_shards(tmp / "shards", 20_000, 4_000)
+    os.symlink(tmp / "loop_b", tmp / "loop_a")
+    os.symlink(tmp / "loop_a", tmp / "loop_b")
+    return {"tmp": tmp, "shards": shards, "run": finished_run(shards, tmp / "run"), "loop": tmp / "loop_a"}
+
+
+def _err(capsys, argv: list[str]) -> str:
+    capsys.readouterr()
+    assert main(argv) == 2, argv
+    return one_line(capsys.readouterr().err)
+
+
+LOOP = "a symlink loop (its links lead back to themselves)"
+
+
+def test_a_name_too_long_or_a_symlink_loop_is_one_line_at_every_door(world, tmp_path, capsys):
+    (tmp_path / "a.txt").write_text("the king and the queen\n" * 50)
+    long = str(world["tmp"] / ("a" * 300))
+    too_long = "file name too long (most filesystems allow a name of at most 255 bytes"
+    run, loop = str(world["run"]), str(world["loop"])
+    for argv in (train_argv(world["shards"], Path(long)),                      # train's preflight stat
+                 ["sample", "--ckpt", long, "--max-new-tokens", "2"],           # a reader's resolve
+                 ["export", "hf", "--ckpt", run, "--out", long, "--no-tokenizer"],  # an output's check
+                 ["prepare", "files", "--workers", "1", str(tmp_path), "--out", long]):
+        err = _err(capsys, argv)
+        assert f"error: {long}" in err and too_long in err, (argv[0], err)  # export names {long}/meta.json
+    for argv, where in ((train_argv(world["shards"], Path(loop)), loop),          # mkdir over a loop: "file exists"
+                        (train_argv(world["shards"], Path(loop) / "x"), f"{loop}/x"),  # ELOOP
+                        (["export", "hf", "--ckpt", run, "--out", loop, "--no-tokenizer"], loop)):  # pathlib's resolve
+        err = _err(capsys, argv)
+        assert err.endswith(f"error: {where}: {LOOP}; fix or remove the link"), (argv[0], err)
+    assert not any(p.name.startswith(("a" * 10, "x")) for p in world["tmp"].iterdir())
+
+
+def test_readers_call_a_loop_a_loop_and_a_link_to_a_device_a_device(world, tmp_path, capsys):
+    from gptforge.reading import not_a_file
+
+    loop = world["loop"]
+    assert not_a_file(loop) == LOOP
+    os.symlink(tmp_path / "gone", tmp_path / "dangling")
+    assert not_a_file(tmp_path / "dangling") == "a symlink to a missing file"
+    err = _err(capsys, train_argv(loop, tmp_path / "r1"))
+    assert f"data directory {loop} is {LOOP}" in err, err
+    err = _err(capsys, ["sample", "--ckpt", str(loop), "--max-new-tokens", "2"])
+    assert err.endswith(f"checkpoint {loop} is {LOOP}"), err
+    data = tmp_path / "data"
+    make_shards(data, 2_000, 1_000)
+    (data / "toy_train_000001.bin").unlink()
+    os.symlink("/dev/zero", data / "toy_train_000001.bin")
+    err = _err(capsys, train_argv(data, tmp_path / "r2"))
+    assert "toy_train_000001.bin is a device or other special file (not a regular file) (a symlink to '/dev/zero')" \
+        in err, err
