@@ -76,3 +76,19 @@ def test_readers_call_a_loop_a_loop_and_a_link_to_a_device_a_device(world, tmp_p
     err = _err(capsys, train_argv(data, tmp_path / "r2"))
     assert "toy_train_000001.bin is a device or other special file (not a regular file) (a symlink to '/dev/zero')" \
         in err, err
+
+
+def test_generation_refuses_a_prompt_id_past_the_vocabulary_at_its_one_start(world, capsys):
+    """A model of 512 ids evaluated on a generated task, whose prompts GPT-2's tokenizer writes: an IndexError from
+    the repetition-penalty table (``seen[b, ids]``) before; now eval names it in its words, and any other caller of
+    generation (RL rollouts, training's samples, bench) meets generation's own PromptError."""
+    from gptforge.generation import PromptError, SamplingParams, stream_tokens
+    from gptforge.models.gpt2 import GPT, GPTConfig
+
+    err = _err(capsys, ["eval", "--ckpt", str(world["run"]), "--tasks", "arithmetic", "--limit", "2"])
+    assert "the model's vocab_size is 512, but arithmetic's prompts were tokenized to ids up to " in err, err
+    model = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=16, vocab_size=10))
+    for bad in (10, -1):
+        with pytest.raises(PromptError, match=f"^prompt 1: token id {bad} is outside this model's vocabulary of 10"):
+            next(stream_tokens(model, [[1, 2], [3, bad]], SamplingParams(max_new_tokens=2, temperature=0.0)))
+    assert next(stream_tokens(model, [[9]], SamplingParams(max_new_tokens=2, temperature=0.0))).shape == (1,)
