@@ -92,3 +92,44 @@ def test_generation_refuses_a_prompt_id_past_the_vocabulary_at_its_one_start(wor
         with pytest.raises(PromptError, match=f"^prompt 1: token id {bad} is outside this model's vocabulary of 10"):
             next(stream_tokens(model, [[1, 2], [3, bad]], SamplingParams(max_new_tokens=2, temperature=0.0)))
     assert next(stream_tokens(model, [[9]], SamplingParams(max_new_tokens=2, temperature=0.0))).shape == (1,)
+
+
+def test_a_cpu_step_that_cannot_fit_is_refused_before_allocating_and_an_allocator_refusal_is_advice(
+        world, tmp_path, capsys, monkeypatch):
+    """A micro-batch whose logits outgrow the CPU's free memory (B 256 x T 1024 x 50,304 ids: 49 GiB) was a raw
+    ``DefaultCPUAllocator: can't allocate memory`` traceback after gigabytes were allocated, or the OOM killer;
+    an allocator refusal inside a step skipped oom_advice (it is a RuntimeError, not torch.OutOfMemoryError)."""
+    from gptforge.config import apply_overrides
+    from gptforge.models.registry import counts
+    from gptforge.presets import get_preset
+    from gptforge.run.faults import check_step_memory
+    from gptforge.training.pretrain import Pretrain
+
+    cfg = apply_overrides(get_preset("tiny"), ["--model.vocab_size", "512"])
+    B, T, Vp = cfg.train.micro_batch, cfg.train.seq_len, cfg.model.padded_vocab_size
+    row = T * Vp * 4  # float32 logits of one sequence
+    bound = 4 * counts(cfg.model, T).params + B * row
+    free = {"bytes": bound - 1}
+    monkeypatch.setattr("gptforge.models.registry.available_memory", lambda: free["bytes"])
+    err = _err(capsys, train_argv(world["shards"], tmp_path / "r1"))
+    assert f"train.micro_batch={B:,} x train.seq_len={T:,} on the CPU needs at least" in err, err
+    assert f"lower --train.micro_batch well below {B:,} (gradient accumulation" in err, err  # B-1 rows fit the bound
+    assert not (tmp_path / "r1").exists()  # refused before the run directory or the model
+    free["bytes"] = bound
+    check_step_memory(cfg, "cpu")  # the bound itself fits
+    with pytest.raises(Exception, match=r"in each of 2 processes"):
+        check_step_memory(cfg, "cpu", ranks_here=2)  # ranks on one machine share its memory
+    check_step_memory(cfg, "cuda", ranks_here=2)  # CUDA's own OOM and `gptforge plan` size a GPU
+    free["bytes"] = 4 * counts(cfg.model, T).params
+    with pytest.raises(Exception, match="lower --train.seq_len or use a smaller model"):
+        check_step_memory(cfg, "cpu")
+    free["bytes"] = 1 << 50
+
+    def refused(self, run, step):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
+                           "you tried to allocate 52747567104 bytes. Error code 12 (Cannot allocate memory)")
+
+    monkeypatch.setattr(Pretrain, "step", refused)
+    err = _err(capsys, train_argv(world["shards"], tmp_path / "r2"))
+    assert err.startswith(f"gptforge train: error: out of memory at micro_batch {B} x seq_len {T}") and \
+        f"Try: --train.micro_batch {B // 2}" in err, err
