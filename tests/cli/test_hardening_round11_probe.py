@@ -133,3 +133,25 @@ def test_a_cpu_step_that_cannot_fit_is_refused_before_allocating_and_an_allocato
     err = _err(capsys, train_argv(world["shards"], tmp_path / "r2"))
     assert err.startswith(f"gptforge train: error: out of memory at micro_batch {B} x seq_len {T}") and \
         f"Try: --train.micro_batch {B // 2}" in err, err
+
+
+def test_an_output_path_with_a_literal_tilde_is_refused_naming_the_path_the_shell_would_have_made(
+        world, tmp_path, capsys, monkeypatch):
+    """``--out=~/runs/x`` (no shell expands ~ after '='), or a quoted '~/x': the run, export or shards were written
+    silently into a folder named '~' under the current one."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", "/home/someone")
+    tail = "which the shell leaves unexpanded after '=' and in quotes, so it would make a folder named '~' in the current one"
+    for argv, flag, rest in ((["export", "hf", "--ckpt", str(world["run"]), "--out=~/e1", "--no-tokenizer"], "--out", "e1"),
+                             (["train", "--preset", "tiny", "--data.dir", str(world["shards"]), "--model.vocab_size", "512",
+                              "--train.device", "cpu", "--train.out_dir=~/t1"], "--train.out_dir", "t1"),
+                             (["prepare", "files", str(tmp_path), "--out", "~"], "--out", "")):
+        err = _err(capsys, argv)
+        path = f"~/{rest}" if rest else "~"
+        assert err.endswith(f"error: {flag} {path} begins with a literal '~', {tail}; write {flag} /home/someone"
+                            f"{'/' + rest if rest else ''}, or ./{path} for a folder named '~'"), err
+    assert not (tmp_path / "~").exists()
+    from gptforge.storage.guards import literal_home
+
+    assert "give the full path (no user 'nobody_gptforge' here)" in literal_home("~nobody_gptforge/x")
+    assert literal_home("./~/x") is None and literal_home("a~b") is None

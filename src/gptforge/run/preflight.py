@@ -19,6 +19,11 @@ def check_run_dir(path: str | os.PathLike) -> None:
     ``checkpoints`` (if there) a writable directory, not a file or a broken link. Probes with a
     temporary file in the directory (or its nearest existing parent) and creates nothing that stays,
     so a run refused later for another reason leaves no empty run directory behind."""
+    from gptforge.storage.guards import literal_home
+
+    home = literal_home(path, "--train.out_dir")  # --train.out_dir=~/x, which --out's check never sees
+    if home:
+        raise ConfigError(home)
     path = Path(path)
     probe = path
     while not probe.exists():

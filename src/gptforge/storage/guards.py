@@ -7,6 +7,7 @@ a device, pipe or socket; and a path that names a folder of its own (``.``, ``..
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from gptforge.reading import not_a_file
@@ -52,6 +53,23 @@ def special_output(path: Path, flag: str = "") -> str | None:
         return None
     return (f"{(flag + ' ') if flag else ''}{path}: {not_a_file(path)}; outputs are written beside their path and "
             "renamed over it, which would replace it (--force never does): name a regular file or folder")
+
+
+def literal_home(path: str | Path, flag: str = "--out") -> str | None:
+    """Why ``path``, an output, may not be written as given: it begins with a literal ``~`` (or ``~user``), which
+    the shell leaves unexpanded after ``=`` (``--out=~/runs/x``) and inside quotes, so the run, export or shards
+    landed in a folder named ``~`` under the current one, where nobody looks, and a later ``rm -rf ~...`` to clean
+    it up is a disaster. The fix is named (the path the shell would have made); ``./~/x`` means the folder
+    ``~`` on purpose. None for any other path."""
+    s = str(path)
+    if not s.startswith("~"):
+        return None
+    head, _, rest = s.partition("/")
+    home = os.path.expanduser(head)
+    meant = f"{home}/{rest}" if rest else home
+    fix = f"write {flag} {meant}" if home != head else f"give the full path (no user {head[1:]!r} here)"
+    return (f"{flag} {s} begins with a literal {head!r}, which the shell leaves unexpanded after '=' and in quotes, "
+            f"so it would make a folder named {head!r} in the current one; {fix}, or ./{s} for a folder named {head!r}")
 
 
 def named(path: str | Path, flag: str = "--out") -> Path:
