@@ -155,3 +155,21 @@ def test_an_output_path_with_a_literal_tilde_is_refused_naming_the_path_the_shel
 
     assert "give the full path (no user 'nobody_gptforge' here)" in literal_home("~nobody_gptforge/x")
     assert literal_home("./~/x") is None and literal_home("a~b") is None
+
+
+def test_a_hinted_command_names_a_path_with_a_newline_or_a_non_utf8_byte_as_its_own_bytes():
+    """A run in a folder whose name holds bytes that are not UTF-8 (``--out $'runs/r\\xff'``) or a newline: the
+    "next:" hints quoted it for the shell with shlex, and stdout wrote the surrogates as U+FFFD, so the pasted
+    command named another folder. Every hint quotes through cli.hints.q, which now uses bash's $'...'."""
+    import subprocess
+
+    from gptforge.cli.hints import next_commands, q
+
+    cases = [b"runs/r\xff\xfe", b"runs/r\nx", b"runs/it's a\\b", b"runs/\xc3\xa9t\xc3\xa9 x", b"runs/t\tb\x01", b"runs/a\\n'b\n"]
+    words = [q(os.fsdecode(b)) for b in cases]
+    assert words[0] == "$'runs/r\\xff\\xfe'" and words[1] == "$'runs/r\\x0ax'" and words[3] == "'runs/\u00e9t\u00e9 x'"
+    assert all(w.isprintable() for w in words) and all(w.encode("utf-8") for w in words)  # stdout writes them as is
+    said = subprocess.run(["bash", "-c", "printf '%s\\0' " + " ".join(words)], capture_output=True, check=True).stdout
+    assert said.split(b"\0")[:-1] == cases  # the shell reads each word back as the path's own bytes
+    hint = next_commands("train", os.fsdecode(b"runs/r\xff\xfe"), "arithmetic")[0]
+    assert "--ckpt $'runs/r\\xff\\xfe'" in hint and hint.isprintable(), hint
