@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -65,6 +66,12 @@ def test_readers_call_a_loop_a_loop_and_a_link_to_a_device_a_device(world, tmp_p
     assert not_a_file(loop) == LOOP
     os.symlink(tmp_path / "gone", tmp_path / "dangling")
     assert not_a_file(tmp_path / "dangling") == "a symlink to a missing file"
+    from gptforge.data.tokenizer import TokenizerError, load_tokenizer
+
+    for spec, what in (("/dev/null", "a device or other special file"), (loop, LOOP),
+                       (tmp_path / "dangling", "a symlink to a missing file")):  # was "not gpt2, a tiktoken name..."
+        with pytest.raises(TokenizerError, match=f"^--tokenizer {spec}: {re.escape(what)}"):
+            load_tokenizer(spec)
     err = _err(capsys, train_argv(loop, tmp_path / "r1"))
     assert f"data directory {loop} is {LOOP}" in err, err
     err = _err(capsys, ["sample", "--ckpt", str(loop), "--max-new-tokens", "2"])
