@@ -180,3 +180,23 @@ def test_a_hinted_command_names_a_path_with_a_newline_or_a_non_utf8_byte_as_its_
     assert said.split(b"\0")[:-1] == cases  # the shell reads each word back as the path's own bytes
     hint = next_commands("train", os.fsdecode(b"runs/r\xff\xfe"), "arithmetic")[0]
     assert "--ckpt $'runs/r\\xff\\xfe'" in hint and hint.isprintable(), hint
+
+
+def test_prepare_never_writes_shards_into_a_run_or_a_checkpoint(world, tmp_path, capsys):
+    """prepare's shard folder is resumable, so the --force check of file outputs skipped it: `--out RUN`,
+    `--out RUN/checkpoints` or `--out RUN/checkpoints/step_N` wrote shards, manifest.json and tokenizer/ into the
+    run (into a checkpoint's own folder, over its tokenizer bundle)."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(world["run"], run)
+    before = {p: p.stat().st_mtime_ns for p in run.rglob("*")}
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("the king and the queen\n" * 200)
+    for out, what in ((run, "that is the run directory"), (run / "checkpoints", "that is inside the run directory"),
+                      (run / "checkpoints" / "step_000004", "that is the checkpoint")):
+        err = _err(capsys, ["prepare", "files", "--workers", "1", "--no-progress", str(corpus), "--out", str(out)])
+        assert err.endswith(f"--out {out}: {what} {out if what.endswith('checkpoint') else run}, which only training "
+                            "writes; prepare its shards in a folder of their own (e.g. data/NAME)"), err
+    assert {p: p.stat().st_mtime_ns for p in run.rglob("*")} == before  # nothing written, nothing touched

@@ -85,6 +85,18 @@ def named(path: str | Path, flag: str = "--out") -> Path:
     return p
 
 
+def check_shard_folder(path: str | Path, flag: str = "--out") -> None:
+    """Refuse a shard folder (prepare's resumable output) that is, or lies inside, a run directory or a
+    checkpoint: prepare wrote its shards, manifest.json and tokenizer/ there, so a checkpoint's own tokenizer
+    bundle was replaced (and its checksums failed after) and a run's folder filled with data; shards only beside
+    a run, never in it."""
+    owner = run_owner(path)
+    if owner is not None:
+        what = "that is" if owner[1] == Path(path).absolute() else "that is inside"
+        raise OutputExistsError(f"{flag} {path}: {what} the {owner[0]} {owner[1]}, which only training writes; "
+                                "prepare its shards in a folder of their own (e.g. data/NAME)")
+
+
 def check_output(path: str | Path, force: bool, kind: str = "file", flag: str = "--out") -> Path:
     """Refuse, before any work, an output that would replace something it may not: an existing file
     (a non-empty folder) without ``force``, and, with or without it, a checkpoint or run directory
