@@ -200,3 +200,18 @@ def test_prepare_never_writes_shards_into_a_run_or_a_checkpoint(world, tmp_path,
         assert err.endswith(f"--out {out}: {what} {out if what.endswith('checkpoint') else run}, which only training "
                             "writes; prepare its shards in a folder of their own (e.g. data/NAME)"), err
     assert {p: p.stat().st_mtime_ns for p in run.rglob("*")} == before  # nothing written, nothing touched
+
+
+def test_a_new_run_is_never_started_inside_another_runs_checkpoint_or_checkpoints_folder(world, tmp_path, capsys):
+    """`train --out RUN/checkpoints/step_N` (or RUN/checkpoints, or a folder under either) trained a whole new run
+    there: its checkpoints/, metrics.jsonl and config.json nested in another run's checkpoint."""
+    run = world["run"]
+    cks = run / "checkpoints"
+    for out, said in ((cks / "step_000004", f"is the checkpoint {cks / 'step_000004'}:"),
+                      (cks / "step_000004" / "x", f"is inside the checkpoint {cks / 'step_000004'}:"),
+                      (cks, f"is inside the run directory {run} (its checkpoints folder):"),
+                      (cks / "new", f"is inside the run directory {run} (its checkpoints folder):")):
+        err = _err(capsys, train_argv(world["shards"], out))
+        assert f"train.out_dir='{out}' {said} a new run there would be read as that run's files" in err, err
+    assert sorted(p.name for p in cks.iterdir()) == ["step_000002", "step_000004"]
+    assert not (cks / "step_000004" / "checkpoints").exists()
