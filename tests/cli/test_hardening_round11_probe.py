@@ -215,3 +215,31 @@ def test_a_new_run_is_never_started_inside_another_runs_checkpoint_or_checkpoint
         assert f"train.out_dir='{out}' {said} a new run there would be read as that run's files" in err, err
     assert sorted(p.name for p in cks.iterdir()) == ["step_000002", "step_000004"]
     assert not (cks / "step_000004" / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_a_data_line_past_the_row_bound_is_named_without_reading_it_whole(tmp_path, monkeypatch, gz):
+    """sft/rm/dpo --data (data/rows.py, the one JSONL row reader): a .jsonl.gz of 13 MB that expands to 3 GB of
+    one line was read whole (3 GB, 75 s, then a MemoryError traceback; the OOM killer on a bigger one). Each line
+    is now read at most MAX_ROW_BYTES at a time; one longer is a bad row, and --skip-bad reads past it in pieces."""
+    import gzip
+
+    from gptforge.data import rows
+
+    monkeypatch.setattr(rows, "MAX_ROW_BYTES", 200)
+    good = b'{"messages": "a"}\n'
+    huge = b'{"messages": "' + b"x" * 1000 + b'"}\n'
+    body = good + huge + b'{"messages": "' + b"y" * 184 + b'"}\n' + good  # the third: 200 bytes and its newline, in bound
+    path = tmp_path / ("d.jsonl.gz" if gz else "d.jsonl")
+    path.write_bytes(gzip.compress(body) if gz else body)
+    seen = []
+    real = rows._bounded_lines
+    monkeypatch.setattr(rows, "_bounded_lines", lambda f, limit: (seen.append(len(x or b"")) or x for x in real(f, limit)))
+    with pytest.raises(rows.DataError, match=rf"^{re.escape(str(path))}:2: a line of more than 200 bytes, more than "
+                                             "a row holds"):
+        rows.read_rows(str(path), "train", ("messages",), lambda r: None)
+    assert seen == [len(good), 0]  # the huge line was never held: judged at its first 201 bytes
+    stats = {"skipped": 0}
+    got = rows.read_rows(str(path), "train", ("messages",), lambda r: None, skip_bad=True, stats=stats)
+    assert [w for w, _ in got] == [f"{path}:1", f"{path}:3", f"{path}:4"] and stats["skipped"] == 1
+    assert len(got[1][1]["messages"]) == 184

@@ -82,6 +82,28 @@ def _some(rows: list, name: str, stats: dict[str, int] | None, error: type[DataE
     raise error(f"{name}: {why}")
 
 
+MAX_ROW_BYTES = 64 << 20  # a conversation or a preference pair is kilobytes; a line past 64 MiB is damage
+
+
+def _bounded_lines(f: Any, limit: int) -> Any:
+    """The lines of binary file ``f``, each read at most ``limit`` bytes at a time; None for a line longer than
+    that, whose rest is then read past in pieces of that size. ``for raw in f`` held a whole line in memory: a
+    .jsonl.gz of 13 MB that expands to 3 GB of one line cost 3 GB and a MemoryError traceback (or the OOM
+    killer) before the first row was judged."""
+    while True:
+        raw = f.readline(limit + 1)
+        if not raw:
+            return
+        if len(raw) <= limit or raw.endswith(b"\n"):
+            yield raw
+            continue
+        yield None  # judged first: without --skip-bad the command stops here, nothing more read
+        while True:
+            rest = f.readline(limit)
+            if not rest or rest.endswith(b"\n"):
+                break
+
+
 def _read_jsonl(path: Path, columns: Sequence[str], check: Check, skip_bad: bool, stats: dict[str, int] | None,
                 error: type[DataError], shape: str) -> list[tuple[str, dict[str, Any]]]:
     out: list[tuple[str, dict[str, Any]]] = []
@@ -89,8 +111,12 @@ def _read_jsonl(path: Path, columns: Sequence[str], check: Check, skip_bad: bool
     n = 0
     try:
         with opener(path, "rb") as f:
-            for n, raw in enumerate(f, 1):
+            for n, raw in enumerate(_bounded_lines(f, MAX_ROW_BYTES), 1):
                 where = f"{path}:{n}"
+                if raw is None:
+                    bad_row(where, f"a line of more than {MAX_ROW_BYTES:,} bytes, more than a row holds (a file of one "
+                            "huge line, or a compressed file that expands without end)", skip_bad, stats, error)
+                    continue
                 try:
                     line = utf8(raw, at_start=n == 1)
                 except UnicodeDecodeError as e:
