@@ -54,6 +54,35 @@ def jsonl_hint(line: str) -> str:
 MAX_JSON_BYTES = 16 << 20  # config.json, meta.json, a manifest or an index: kilobytes; 16 MiB is damage, not size
 
 
+MAX_LINE_BYTES = 64 << 20  # a JSONL row (a conversation, a pair, a document) is kilobytes; past 64 MiB is damage
+
+
+def bounded_lines(f: Any, limit: int = MAX_LINE_BYTES) -> Any:
+    """The lines of binary file ``f`` (a JSONL file, gzipped or not), each read at most ``limit`` bytes at a time;
+    None for a line longer than that, whose rest is then read past in pieces of that size. ``for raw in f`` held
+    a whole line in memory: a .jsonl.gz of 13 MB that expands to 3 GB of one line cost 3 GB and a MemoryError
+    traceback (or the OOM killer) before its first row was judged. The one line reader of the JSONL readers
+    (data/rows.py: sft, rm, dpo --data; data/prepare/sources.py: prepare files)."""
+    while True:
+        raw = f.readline(limit + 1)
+        if not raw:
+            return
+        if len(raw) <= limit or raw.endswith(b"\n"):
+            yield raw
+            continue
+        yield None  # judged first: a reader that stops here reads nothing more
+        while True:
+            rest = f.readline(limit)
+            if not rest or rest.endswith(b"\n"):
+                break
+
+
+def too_long(limit: int = MAX_LINE_BYTES) -> str:
+    """What a reader says of a line :func:`bounded_lines` gave as None."""
+    return (f"a line of more than {limit:,} bytes, more than a row holds (a file of one huge line, or a compressed "
+            "file that expands without end)")
+
+
 def not_a_file(path: str | Path) -> str:
     """What ``path``, which cannot be read as a regular file, is instead, in words for an error: a folder, a
     device or other special file (/dev/null, a pipe), a symlink to nothing, or nothing at all. A device

@@ -233,8 +233,8 @@ def test_a_data_line_past_the_row_bound_is_named_without_reading_it_whole(tmp_pa
     path = tmp_path / ("d.jsonl.gz" if gz else "d.jsonl")
     path.write_bytes(gzip.compress(body) if gz else body)
     seen = []
-    real = rows._bounded_lines
-    monkeypatch.setattr(rows, "_bounded_lines", lambda f, limit: (seen.append(len(x or b"")) or x for x in real(f, limit)))
+    real = rows.bounded_lines
+    monkeypatch.setattr(rows, "bounded_lines", lambda f, limit: (seen.append(len(x or b"")) or x for x in real(f, limit)))
     with pytest.raises(rows.DataError, match=rf"^{re.escape(str(path))}:2: a line of more than 200 bytes, more than "
                                              "a row holds"):
         rows.read_rows(str(path), "train", ("messages",), lambda r: None)
@@ -243,3 +243,14 @@ def test_a_data_line_past_the_row_bound_is_named_without_reading_it_whole(tmp_pa
     got = rows.read_rows(str(path), "train", ("messages",), lambda r: None, skip_bad=True, stats=stats)
     assert [w for w, _ in got] == [f"{path}:1", f"{path}:3", f"{path}:4"] and stats["skipped"] == 1
     assert len(got[1][1]["messages"]) == 184
+    # prepare files reads its JSONL documents through the same line reader: the long line is a bad row there too
+    from gptforge.data.prepare import sources
+
+    monkeypatch.setattr(sources, "bounded_lines", lambda f: real(f, 200))
+    (tmp_path / "p").mkdir()
+    text = body.replace(b"messages", b"text")
+    (tmp_path / "p" / path.name).write_bytes(gzip.compress(text) if gz else text)
+    items = list(sources.FilesSource([str(tmp_path / "p")]).items())
+    assert [(i.where.rsplit(":", 1)[1], i.text is None) for i in items] == [("1", False), ("2", True), ("3", False),
+                                                                           ("4", False)]
+    assert items[1].reason.startswith("a line of more than ") and "more than a row holds" in items[1].reason

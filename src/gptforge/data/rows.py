@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
-from gptforge.reading import jsonl_hint, not_a_file, utf8
+from gptforge.reading import MAX_LINE_BYTES, bounded_lines, jsonl_hint, not_a_file, too_long, utf8
 
 Check = Callable[[dict[str, Any]], Optional[str]]  # a row -> why it is bad, or None
 
@@ -82,26 +82,7 @@ def _some(rows: list, name: str, stats: dict[str, int] | None, error: type[DataE
     raise error(f"{name}: {why}")
 
 
-MAX_ROW_BYTES = 64 << 20  # a conversation or a preference pair is kilobytes; a line past 64 MiB is damage
-
-
-def _bounded_lines(f: Any, limit: int) -> Any:
-    """The lines of binary file ``f``, each read at most ``limit`` bytes at a time; None for a line longer than
-    that, whose rest is then read past in pieces of that size. ``for raw in f`` held a whole line in memory: a
-    .jsonl.gz of 13 MB that expands to 3 GB of one line cost 3 GB and a MemoryError traceback (or the OOM
-    killer) before the first row was judged."""
-    while True:
-        raw = f.readline(limit + 1)
-        if not raw:
-            return
-        if len(raw) <= limit or raw.endswith(b"\n"):
-            yield raw
-            continue
-        yield None  # judged first: without --skip-bad the command stops here, nothing more read
-        while True:
-            rest = f.readline(limit)
-            if not rest or rest.endswith(b"\n"):
-                break
+MAX_ROW_BYTES = MAX_LINE_BYTES  # a conversation or a preference pair is kilobytes
 
 
 def _read_jsonl(path: Path, columns: Sequence[str], check: Check, skip_bad: bool, stats: dict[str, int] | None,
@@ -111,11 +92,10 @@ def _read_jsonl(path: Path, columns: Sequence[str], check: Check, skip_bad: bool
     n = 0
     try:
         with opener(path, "rb") as f:
-            for n, raw in enumerate(_bounded_lines(f, MAX_ROW_BYTES), 1):
+            for n, raw in enumerate(bounded_lines(f, MAX_ROW_BYTES), 1):
                 where = f"{path}:{n}"
                 if raw is None:
-                    bad_row(where, f"a line of more than {MAX_ROW_BYTES:,} bytes, more than a row holds (a file of one "
-                            "huge line, or a compressed file that expands without end)", skip_bad, stats, error)
+                    bad_row(where, too_long(MAX_ROW_BYTES), skip_bad, stats, error)
                     continue
                 try:
                     line = utf8(raw, at_start=n == 1)
