@@ -5,7 +5,17 @@
   reader or writer touched it first (train's preflight, sample's resolve, export's own-source check, prepare,
   eval's --json). The command line's one door (gptforge.cli) says it in one line (reading.path_fault), and the
   readers that say what a path is (reading.not_a_file; the data folder, a shard, a checkpoint) call a loop a
-  loop and a link to a device a device, not "a symlink to a missing file" or "which does not exist".
+  loop and a link to a device a device, not "a symlink to a missing file" or "which does not exist"; so does
+  --tokenizer.
+* Generation refuses a prompt id past the model's vocabulary where every generation starts (stream_tokens); eval's
+  generative tasks said IndexError (arithmetic) or scored every prompt wrong unread (gsm8k).
+* A CPU step whose logits alone outgrow the free memory is refused before the model is built; the CPU allocator's
+  refusal inside a step is oom_advice, one line.
+* An output path beginning with a literal '~' (--out=~/x) is refused naming the path the shell would have made.
+* The "next:" hints quote a path with a newline or a non-UTF-8 byte in bash's $'...'.
+* prepare never writes shards into a run or a checkpoint; train never starts a run inside a checkpoint or a run's
+  checkpoints folder.
+* A JSONL line is read at most 64 MiB at a time (sft/rm/dpo --data, prepare files): a .jsonl.gz bomb is a bad row.
 """
 
 from __future__ import annotations
