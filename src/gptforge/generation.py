@@ -69,6 +69,18 @@ class PromptError(ValueError):
     the message says what to change. sample/chat print it (exit 2), serve answers 400."""
 
 
+def check_prompt_ids(prompts: Sequence[Sequence[int]], vocab: int) -> None:
+    """PromptError naming the first prompt id outside ``vocab`` (a model with a small vocabulary, prompted with
+    GPT-2's tokenizer or another larger one): checked where every generation starts (:func:`stream_tokens`), so
+    eval's generative tasks, RL rollouts and training's samples say it too, not an IndexError from the
+    repetition-penalty table or the embedding."""
+    for i, row in enumerate(prompts):
+        bad = next((t for t in row if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise PromptError(f"prompt {i}: token id {bad} is outside this model's vocabulary of {vocab} ids (it was "
+                              "not trained with GPT-2's tokenizer); prompt it with ids it knows")
+
+
 def fit_new_tokens(prompts: Sequence[Sequence[int]], model_cfg, requested: int | None, default: int,
                    flag: str = "max_new_tokens") -> int:
     """How many tokens to generate after ``prompts`` on a model of ``model_cfg``: the one rule for
@@ -76,11 +88,7 @@ def fit_new_tokens(prompts: Sequence[Sequence[int]], model_cfg, requested: int |
     an explicit value that cannot fit is refused, as is a prompt id outside the model's vocabulary
     (an llm.c or custom model with a small vocabulary, prompted with GPT-2's tokenizer)."""
     vocab, block = model_cfg.vocab_size, model_cfg.block_size
-    for i, row in enumerate(prompts):
-        bad = next((t for t in row if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise PromptError(f"prompt {i}: token id {bad} is outside this model's vocabulary of {vocab} ids (it was "
-                              "not trained with GPT-2's tokenizer); prompt it with ids it knows")
+    check_prompt_ids(prompts, vocab)
     longest = max((len(r) for r in prompts), default=0)
     room = block - longest
     if room < 1:
@@ -208,6 +216,7 @@ def stream_tokens(
     if not prompts or any(len(r) == 0 for r in prompts):
         raise ValueError("every prompt needs at least one token (for an empty prompt, use the tokenizer's "
                          "document separator: its eot_token, GPT-2's <|endoftext|> = 50256)")
+    check_prompt_ids(prompts, model.config.vocab_size)
     block = model.config.block_size
     longest = max(len(r) for r in prompts)
     if longest + params.max_new_tokens > block:

@@ -1,6 +1,7 @@
 """The one reader of the files users hand gptforge: their text decoded once (``utf8``: a byte order
 mark dropped, UTF-16 named), JSON files bounded before a byte is read (``read_json``: one line per
-damage), and the words for what a path is when it is not a file (``not_a_file``).
+damage), and the words for what a path is when it is not a file (``not_a_file``) or cannot be a path at all
+(``path_fault``: a name too long, a symlink loop).
 
     from gptforge.reading import read_json, utf8
     cfg = read_json(folder / "config.json", ValueError, "config.json")   # size, UTF-8, depth, top level checked
@@ -10,7 +11,9 @@ No torch import here: prepare's workers load this module.
 """
 from __future__ import annotations
 
+import errno
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +54,35 @@ def jsonl_hint(line: str) -> str:
 MAX_JSON_BYTES = 16 << 20  # config.json, meta.json, a manifest or an index: kilobytes; 16 MiB is damage, not size
 
 
+MAX_LINE_BYTES = 64 << 20  # a JSONL row (a conversation, a pair, a document) is kilobytes; past 64 MiB is damage
+
+
+def bounded_lines(f: Any, limit: int = MAX_LINE_BYTES) -> Any:
+    """The lines of binary file ``f`` (a JSONL file, gzipped or not), each read at most ``limit`` bytes at a time;
+    None for a line longer than that, whose rest is then read past in pieces of that size. ``for raw in f`` held
+    a whole line in memory: a .jsonl.gz of 13 MB that expands to 3 GB of one line cost 3 GB and a MemoryError
+    traceback (or the OOM killer) before its first row was judged. The one line reader of the JSONL readers
+    (data/rows.py: sft, rm, dpo --data; data/prepare/sources.py: prepare files)."""
+    while True:
+        raw = f.readline(limit + 1)
+        if not raw:
+            return
+        if len(raw) <= limit or raw.endswith(b"\n"):
+            yield raw
+            continue
+        yield None  # judged first: a reader that stops here reads nothing more
+        while True:
+            rest = f.readline(limit)
+            if not rest or rest.endswith(b"\n"):
+                break
+
+
+def too_long(limit: int = MAX_LINE_BYTES) -> str:
+    """What a reader says of a line :func:`bounded_lines` gave as None."""
+    return (f"a line of more than {limit:,} bytes, more than a row holds (a file of one huge line, or a compressed "
+            "file that expands without end)")
+
+
 def not_a_file(path: str | Path) -> str:
     """What ``path``, which cannot be read as a regular file, is instead, in words for an error: a folder, a
     device or other special file (/dev/null, a pipe), a symlink to nothing, or nothing at all. A device
@@ -60,7 +92,42 @@ def not_a_file(path: str | Path) -> str:
         return "a folder, not a file"
     if path.exists():
         return "a device or other special file (not a regular file)"
-    return "a symlink to a missing file" if path.is_symlink() else "no such file or folder"
+    if not path.is_symlink():
+        return "no such file or folder"
+    return LOOP if _errno(path) == errno.ELOOP else "a symlink to a missing file"
+
+
+LOOP = "a symlink loop (its links lead back to themselves)"
+
+
+def _errno(path: str | Path) -> int | None:
+    try:
+        os.stat(path)
+    except OSError as e:
+        return e.errno
+    except ValueError:  # a NUL byte: no path at all
+        return None
+    return None
+
+
+def path_fault(e: BaseException) -> str | None:
+    """The words for an error that is about a path's name rather than its contents, met anywhere a command
+    opens, stats, creates or resolves a path the user gave: a name past the filesystem's limit (ENAMETOOLONG),
+    a symlink loop (ELOOP from the kernel; pathlib's own RuntimeError "Symlink loop from ..." in
+    ``Path.resolve``), or a create over a symlink loop, which the kernel reports as "file exists". None for
+    any other error. The command line's one door (gptforge.cli) prints it as one line, exit 2."""
+    if isinstance(e, RuntimeError) and str(e).startswith("Symlink loop from "):  # pathlib (3.11, 3.12)
+        return f"{str(e)[len('Symlink loop from '):].strip(chr(39))}: {LOOP}; fix or remove the link"
+    if not isinstance(e, OSError):
+        return None
+    name = e.filename if e.filename is not None else "a path given"
+    if e.errno == errno.ENAMETOOLONG:
+        return (f"{name}: file name too long (most filesystems allow a name of at most 255 bytes and a path of "
+                "4,096); choose a shorter path")
+    if e.errno == errno.ELOOP or (e.errno == errno.EEXIST and e.filename is not None
+                                  and _errno(e.filename) == errno.ELOOP):
+        return f"{name}: {LOOP}; fix or remove the link"
+    return None
 
 
 def read_json(path: str | Path, error: type[Exception] = ValueError, what: str = "JSON file",

@@ -45,6 +45,7 @@ from gptforge.data.shards import write_shard
 from gptforge.models.registry import build_model
 from gptforge.optim import build_optimizer, fused_available, set_lr
 from gptforge.parallel.distributed import DistInfo, wrap_model
+from gptforge.run.faults import out_of_memory
 from gptforge.run.metrics import environment, flops_per_token, peak_flops
 from gptforge.runtime import resolve_device, set_precision, set_threads
 from gptforge.training.step import PhaseTimer, train_step
@@ -120,9 +121,7 @@ def _check_batch_fits(cfg: Config, steps: int, warmup: int) -> None:
                             f"{avail / 2**30:,.1f} GiB free; lower train.micro_batch (or --sweep-micro-batch)")
 
 
-def _out_of_memory(e: BaseException) -> bool:
-    """An allocation the device refused: CUDA's OutOfMemoryError, or the CPU allocator's RuntimeError."""
-    return isinstance(e, torch.OutOfMemoryError) or (isinstance(e, RuntimeError) and "can't allocate memory" in str(e))
+_out_of_memory = out_of_memory  # run/faults.py's: training's loop and the benchmark tell one refusal alike
 
 
 def _peak_memory(device: torch.device) -> tuple[float, str]:

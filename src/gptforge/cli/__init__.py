@@ -202,14 +202,21 @@ def _main(argv: list[str] | None) -> int:
     from gptforge.errors import ResourceError
     from gptforge.eval.tasks.base import EvalDataError
     from gptforge.extras import MissingExtra
+    from gptforge.reading import path_fault
     from gptforge.storage.faults import DiskFullError, OutputError
 
     bad_input = (EnvError, CliError, ShardError, TokenizerUnavailable, TokenizerError, ChatFormatError, ResourceError,
                  FileNotFoundError, EvalDataError, DiskFullError, OutputError, MissingExtra)
     try:
-        check_outputs(args.command, args)  # an output that may not be replaced: refused before any work
-        handler = _fn(args.command, "cmd")
-        return handler(args, rest) if takes_overrides else handler(args)
+        try:
+            check_outputs(args.command, args)  # an output that may not be replaced: refused before any work
+            handler = _fn(args.command, "cmd")
+            return handler(args, rest) if takes_overrides else handler(args)
+        except (OSError, RuntimeError) as e:  # a path that cannot be one (a name too long, a symlink loop), met
+            fault = path_fault(e)  # by whichever reader or writer first touched it: one line, as bad input is
+            if fault is None:
+                raise
+            raise CliError(fault) from None
     except (*bad_input, *_loaded_errors()) as e:  # evaluated after the command ran: what it imported is there
         print(f"gptforge {args.command}: error: {name_flag(str(e), args)}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -71,8 +71,25 @@ def export_dir(run: str | Path) -> str:
 
 
 def q(path: str | Path) -> str:
-    """A path as a shell word: a hinted command pastes and parses as printed, spaces and all."""
-    return shlex.quote(str(path))
+    """A path as a shell word: a hinted command pastes and parses as printed, spaces and all. A path with a
+    character that does not print (a newline, a tab, a control byte) or a byte that is not UTF-8 (Python holds it
+    as a surrogate, which stdout writes as '?' or U+FFFD: a pasted hint named another path, or none) is written in
+    bash's $'...' quoting, each such byte as its escape, so the word prints as it reads and means the path's own bytes."""
+    s = str(path)
+    if s.isprintable():
+        return shlex.quote(s)
+    out = []
+    for ch in s:
+        o = ord(ch)
+        if 0xDC80 <= o <= 0xDCFF:  # os.fsdecode's surrogateescape: the raw byte it stands for
+            out.append(f"\\x{o - 0xDC00:02x}")
+        elif ch in "\\'":
+            out.append("\\" + ch)
+        elif ch.isprintable():
+            out.append(ch)
+        else:  # its UTF-8 bytes, each escaped
+            out.extend(f"\\x{b:02x}" for b in ch.encode("utf-8", "surrogatepass"))
+    return "$'" + "".join(out) + "'"
 
 
 def run_hints(command: str, cfg, start: str | None = None) -> dict[str, str]:

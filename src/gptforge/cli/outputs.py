@@ -62,11 +62,16 @@ def check_outputs(command: str, args: argparse.Namespace) -> None:
     """Refuse (OutputExistsError, one line) a declared file or folder output that exists without
     ``--force``, or that is a checkpoint or run directory, before the command does any work."""
     from gptforge.cli.common import CliError
-    from gptforge.storage.guards import check_output
+    from gptforge.storage.guards import check_output, check_shard_folder, literal_home
 
     for flag, dest, kind in declared(command, args):
         value = getattr(args, dest, None)
+        home = literal_home(value, flag) if isinstance(value, str) else None
+        if home:  # every kind: a run, shards and a cache land in ./~ as a file does
+            raise CliError(home)
         if kind in CHECKED and isinstance(value, str) and not value.strip():  # `--json ""`: no path, not "none"
             raise CliError(f"{flag} is empty; name the {'file' if kind == 'file' else 'folder'} to write")
         if kind in CHECKED and value:
             check_output(value, bool(getattr(args, "force", False)), kind, flag)
+        if kind == "shards" and value:  # resumable, so not CHECKED for --force; but never into a run
+            check_shard_folder(value, flag)

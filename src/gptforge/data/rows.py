@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
-from gptforge.reading import jsonl_hint, not_a_file, utf8
+from gptforge.reading import MAX_LINE_BYTES, bounded_lines, jsonl_hint, not_a_file, too_long, utf8
 
 Check = Callable[[dict[str, Any]], Optional[str]]  # a row -> why it is bad, or None
 
@@ -82,6 +82,9 @@ def _some(rows: list, name: str, stats: dict[str, int] | None, error: type[DataE
     raise error(f"{name}: {why}")
 
 
+MAX_ROW_BYTES = MAX_LINE_BYTES  # a conversation or a preference pair is kilobytes
+
+
 def _read_jsonl(path: Path, columns: Sequence[str], check: Check, skip_bad: bool, stats: dict[str, int] | None,
                 error: type[DataError], shape: str) -> list[tuple[str, dict[str, Any]]]:
     out: list[tuple[str, dict[str, Any]]] = []
@@ -89,8 +92,11 @@ def _read_jsonl(path: Path, columns: Sequence[str], check: Check, skip_bad: bool
     n = 0
     try:
         with opener(path, "rb") as f:
-            for n, raw in enumerate(f, 1):
+            for n, raw in enumerate(bounded_lines(f, MAX_ROW_BYTES), 1):
                 where = f"{path}:{n}"
+                if raw is None:
+                    bad_row(where, too_long(MAX_ROW_BYTES), skip_bad, stats, error)
+                    continue
                 try:
                     line = utf8(raw, at_start=n == 1)
                 except UnicodeDecodeError as e:

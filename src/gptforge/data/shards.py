@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from gptforge.reading import LOOP, not_a_file
+
 HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4
 FORMATS = {  # magic -> (version, token dtype)
@@ -131,6 +133,9 @@ def list_shards(data_dir: str | os.PathLike, split: str, other: str | None = Non
     if not d.is_dir():
         if d.exists():
             raise ShardError(f"data directory {d} is not a folder; give the folder `gptforge prepare ...` wrote shards to")
+        if d.is_symlink():  # a link to nothing, or a loop: said as what it is, not as a folder never made
+            raise ShardError(f"data directory {d} is {not_a_file(d)}; fix the link or give the folder `gptforge "
+                             "prepare ...` wrote shards to")
         raise ShardError(f"data directory {d} does not exist; run `gptforge prepare ...` first")
     if not split:
         raise ShardError("the split word is empty (--data.train_split / --data.val_split ''): every .bin would match")
@@ -143,7 +148,9 @@ def list_shards(data_dir: str | os.PathLike, split: str, other: str | None = Non
     broken = [p for p in matches if not p.is_file()]  # a dangling symlink or a directory: never skipped unsaid
     if broken:
         p = broken[0]
-        what = f"a symlink to {os.readlink(p)!r}, which does not exist" if p.is_symlink() else "not a file"
+        what = not_a_file(p)  # a link to a device is a device, not "a link to something that does not exist"
+        if p.is_symlink() and what != LOOP:
+            what += f" (a symlink to {os.readlink(p)!r})"
         raise ShardError(f"shard {p} is {what}; fix or remove it (the run would silently train without it)")
     files = matches
     if not files:

@@ -155,6 +155,10 @@ def evaluate_generative(model: Any, enc: Any, names: Sequence[str], template: Ch
         problems = task_problems(name, limit, offset)
         new = min(task.max_new_tokens, block - 1)
         prompts = [prompt_ids(p, enc, template, system) for p in problems]
+        top, vocab = max((max(r, default=0) for r in prompts), default=0), getattr(model.config, "vocab_size", None)
+        if vocab is not None and top >= vocab:  # before the context filter: such a prompt was scored wrong, unread
+            raise EvalDataError(f"the model's vocab_size is {vocab}, but {name}'s prompts were "
+                                f"tokenized to ids up to {top}: evaluate with the model's own tokenizer")
         fits = [i for i, ids in enumerate(prompts) if len(ids) + new <= block]
         replies = [""] * len(problems)
         desc = f"{name} ({len(fits)} problems)" if bar else None

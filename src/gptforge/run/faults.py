@@ -21,6 +21,50 @@ from gptforge.config import Config, ConfigError
 from gptforge.parallel.distributed import DistInfo
 
 
+def out_of_memory(e: BaseException) -> bool:
+    """An allocation the device refused: CUDA's OutOfMemoryError, or the CPU allocator's RuntimeError ("[enforce
+    fail at alloc_cpu.cpp] DefaultCPUAllocator: can't allocate memory"), which is no OutOfMemoryError."""
+    import torch
+
+    return isinstance(e, torch.OutOfMemoryError) or (isinstance(e, RuntimeError) and "can't allocate memory" in str(e))
+
+
+def check_step_memory(cfg: Config, device, ranks_here: int = 1) -> None:
+    """ResourceError, before the model is built, when a step of a language-model recipe (pretrain, sft) on the CPU
+    cannot fit the memory free now (Linux's MemAvailable; elsewhere no check) by a lower bound: the float32
+    parameters (4 bytes each) and one (micro_batch x seq_len, padded vocabulary) tensor of logits in the compute
+    dtype, which every path of the head materialises, for each of the ``ranks_here`` processes on this machine.
+    Past that, the CPU allocator's refusal came as a raw RuntimeError after gigabytes were allocated, or the
+    kernel's OOM killer ended the run (and maybe others) unsaid. What the bound leaves out (gradients, optimizer
+    state, activations) only adds, so a run it refuses could never have run; CUDA has its own OOM, met with
+    :func:`oom_advice` and sized by `gptforge plan`."""
+    from gptforge.errors import ResourceError
+    from gptforge.models.registry import available_memory, counts
+
+    if getattr(device, "type", device) != "cpu":
+        return
+    avail = available_memory()
+    if avail is None:
+        return
+    B, T = cfg.train.micro_batch, cfg.train.seq_len
+    per_logit = 4 if cfg.train.dtype == "float32" else 2
+    params = 4 * counts(cfg.model, T).params
+    row = T * cfg.model.padded_vocab_size * per_logit  # one sequence's logits
+    need = ranks_here * (params + B * row)
+    if need <= avail:
+        return
+    fits = (avail // ranks_here - params) // row
+    fix = (f"lower --train.micro_batch well below {fits + 1:,} (gradient accumulation keeps the "
+           f"{cfg.train.total_batch_tokens:,}-token batch; the logits' gradient and the activations come on top of "
+           "this bound)" if fits >= 1 else
+           "lower --train.seq_len or use a smaller model")
+    raise ResourceError(
+        f"train.micro_batch={B:,} x train.seq_len={T:,} on the CPU needs at least {need / 2**30:,.1f} GiB a step "
+        f"(the {B * T:,} tokens' logits over {cfg.model.padded_vocab_size:,} ids, {B * row / 2**30:,.1f} GiB, and the "
+        f"parameters{f', in each of {ranks_here} processes' if ranks_here > 1 else ''}), and this machine has "
+        f"{avail / 2**30:,.1f} GiB free: {fix}; `gptforge plan --measure` estimates a step's peak")
+
+
 def oom_advice(cfg: Config, info: DistInfo, grad_accum: int) -> str:
     """What to turn when a step runs out of device memory."""
     B = cfg.train.micro_batch
@@ -33,7 +77,7 @@ def oom_advice(cfg: Config, info: DistInfo, grad_accum: int) -> str:
     if info.world > 1 and not info.fsdp:
         tips.append("--dist.shard fsdp (shard parameters, gradients and optimizer state)")
     return (
-        f"out of device memory at micro_batch {B} x seq_len {cfg.train.seq_len} (accum {grad_accum}, world "
+        f"out of {'device ' if info.device.type != 'cpu' else ''}memory at micro_batch {B} x seq_len {cfg.train.seq_len} (accum {grad_accum}, world "
         f"{info.world}, recompute {cfg.model.recompute}, sharding {info.sharded}). Try: " + "; ".join(tips)
         + ". `gptforge plan` estimates what fits a given GPU memory and world size."
     )

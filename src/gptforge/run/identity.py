@@ -21,6 +21,7 @@ from typing import Any
 
 from gptforge.errors import CheckpointError
 from gptforge.parallel.distributed import layout_words
+from gptforge.reading import not_a_file
 from gptforge.run.checkpoint import (
     ckpt_root,
     damaged_note,
@@ -41,8 +42,8 @@ def resolve_checkpoint(path: str | Path, warn: Callable[[str], None] | None = No
     skipped is said once through ``warn`` (stderr by default). Damage to the files is the reader's to name
     (it verifies what it loads)."""
     p = Path(path)
-    if not p.exists():
-        raise CheckpointError(f"checkpoint {p} does not exist")
+    if not p.exists():  # a link to nothing or a loop is said as what it is (reading.not_a_file)
+        raise CheckpointError(f"checkpoint {p} {'is ' + not_a_file(p) if p.is_symlink() else 'does not exist'}")
     if not p.is_dir():  # a file, a device or a pipe: say what it is, not that it holds nothing
         what = "a file" if p.is_file() else "a device or other special file"
         raise CheckpointError(f"checkpoint {p} is {what}, not a folder: give a run folder (runs/NAME) or one "

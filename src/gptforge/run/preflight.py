@@ -19,7 +19,18 @@ def check_run_dir(path: str | os.PathLike) -> None:
     ``checkpoints`` (if there) a writable directory, not a file or a broken link. Probes with a
     temporary file in the directory (or its nearest existing parent) and creates nothing that stays,
     so a run refused later for another reason leaves no empty run directory behind."""
+    from gptforge.storage.guards import literal_home, run_owner
+
+    home = literal_home(path, "--train.out_dir")  # --train.out_dir=~/x, which --out's check never sees
+    if home:
+        raise ConfigError(home)
     path = Path(path)
+    owner = run_owner(path)  # a run of its own inside another's checkpoint, or among its step folders
+    if owner is not None and (owner[0] == "checkpoint" or owner[1] != path.absolute()):
+        raise ConfigError(f"train.out_dir={str(path)!r} is {'' if owner[1] == path.absolute() else 'inside '}the "
+                          f"{owner[0]} {owner[1]}{'' if owner[0] == 'checkpoint' else ' (its checkpoints folder)'}: a "
+                          "new run there would be read as that run's files; give --out (--train.out_dir) a folder of "
+                          "its own (the run directory itself to resume it)")
     probe = path
     while not probe.exists():
         if probe.parent == probe:

@@ -7,6 +7,7 @@ a device, pipe or socket; and a path that names a folder of its own (``.``, ``..
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from gptforge.reading import not_a_file
@@ -54,6 +55,23 @@ def special_output(path: Path, flag: str = "") -> str | None:
             "renamed over it, which would replace it (--force never does): name a regular file or folder")
 
 
+def literal_home(path: str | Path, flag: str = "--out") -> str | None:
+    """Why ``path``, an output, may not be written as given: it begins with a literal ``~`` (or ``~user``), which
+    the shell leaves unexpanded after ``=`` (``--out=~/runs/x``) and inside quotes, so the run, export or shards
+    landed in a folder named ``~`` under the current one, where nobody looks, and a later ``rm -rf ~...`` to clean
+    it up is a disaster. The fix is named (the path the shell would have made); ``./~/x`` means the folder
+    ``~`` on purpose. None for any other path."""
+    s = str(path)
+    if not s.startswith("~"):
+        return None
+    head, _, rest = s.partition("/")
+    home = os.path.expanduser(head)
+    meant = f"{home}/{rest}" if rest else home
+    fix = f"write {flag} {meant}" if home != head else f"give the full path (no user {head[1:]!r} here)"
+    return (f"{flag} {s} begins with a literal {head!r}, which the shell leaves unexpanded after '=' and in quotes, "
+            f"so it would make a folder named {head!r} in the current one; {fix}, or ./{s} for a folder named {head!r}")
+
+
 def named(path: str | Path, flag: str = "--out") -> Path:
     """``path`` as a path with a name of its own, which the temporary beside it is named after: ``.``, ``..``,
     ``x/..`` resolved to the folders they mean (``Path('.').with_name`` raised a ValueError, and ``..``'s
@@ -65,6 +83,18 @@ def named(path: str | Path, flag: str = "--out") -> Path:
     if not p.name:
         raise OutputExistsError(f"{flag} {path} is the root of the filesystem; choose a folder under it")
     return p
+
+
+def check_shard_folder(path: str | Path, flag: str = "--out") -> None:
+    """Refuse a shard folder (prepare's resumable output) that is, or lies inside, a run directory or a
+    checkpoint: prepare wrote its shards, manifest.json and tokenizer/ there, so a checkpoint's own tokenizer
+    bundle was replaced (and its checksums failed after) and a run's folder filled with data; shards only beside
+    a run, never in it."""
+    owner = run_owner(path)
+    if owner is not None:
+        what = "that is" if owner[1] == Path(path).absolute() else "that is inside"
+        raise OutputExistsError(f"{flag} {path}: {what} the {owner[0]} {owner[1]}, which only training writes; "
+                                "prepare its shards in a folder of their own (e.g. data/NAME)")
 
 
 def check_output(path: str | Path, force: bool, kind: str = "file", flag: str = "--out") -> Path:

@@ -26,12 +26,13 @@ from pathlib import Path
 
 import torch
 
-from gptforge import __version__, allocator
+from gptforge import __version__, allocator, environment
 from gptforge.config import ConfigError
+from gptforge.errors import ResourceError
 from gptforge.optim import build_optimizer, set_lr
 from gptforge.parallel.distributed import any_rank, barrier, local_tensor, seed_rank, wrap_model
 from gptforge.run.checkpointer import TrainState
-from gptforge.run.faults import maybe_inject_fault, oom_advice
+from gptforge.run.faults import check_step_memory, maybe_inject_fault, oom_advice, out_of_memory
 from gptforge.run.metrics import flops_per_token, fmt_duration, peak_flops
 from gptforge.run.session import RunSession
 from gptforge.runtime import launched_world, set_precision, set_threads
@@ -92,6 +93,8 @@ def train(cfg, recipe: Recipe | None = None, resume: str | Path | None = None, f
         autocast, precision, compile_model = set_precision(cfg, device)
         threads = run.env["torch_threads"] = set_threads(cfg.train.threads, device)
         check_switches(cfg, device)  # fused_ce, lm_head_fp8, attn_backend, compile_mode
+        if recipe.step_logits:  # a micro-batch whose logits alone outgrow the CPU's memory: said before allocating
+            check_step_memory(cfg, device, environment.number("LOCAL_WORLD_SIZE", 1))
 
         # --- data -----------------------------------------------------------------------------------
         B, T = cfg.train.micro_batch, cfg.train.seq_len
@@ -151,7 +154,11 @@ def train(cfg, recipe: Recipe | None = None, resume: str | Path | None = None, f
             lr = set_lr(state.optimizer, step, cfg.optim, max_steps)
             try:
                 stats = {**recipe.step(ctx, step), "lr": lr}
-            except torch.OutOfMemoryError as e:
+            except (torch.OutOfMemoryError, RuntimeError) as e:
+                if not out_of_memory(e):
+                    raise
+                if not isinstance(e, torch.OutOfMemoryError):  # the CPU allocator's: the same advice, one line
+                    raise ResourceError(oom_advice(cfg, info, grad_accum)) from None
                 raise torch.OutOfMemoryError(oom_advice(cfg, info, grad_accum) + f"\n(original error: {e})") from e
             if device.type == "cuda":
                 torch.cuda.synchronize(device)

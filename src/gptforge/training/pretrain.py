@@ -29,6 +29,7 @@ from gptforge.training.step import evaluate_loss, train_step
 
 class Pretrain(Recipe):
     name, kind = "pretrain", "train"
+    step_logits = True  # and SFT's, which is a Pretrain
 
     def check(self, cfg: Config, world: int) -> int:
         """The run speaks the tokenizer its shards were made with (``data.dir``'s tokenizer/)."""

@@ -55,6 +55,7 @@ class Recipe:
 
     name = "pretrain"  # stored in every checkpoint's meta.json as "recipe"
     kind = "train"  # the metrics.jsonl kind of one step's record
+    step_logits = False  # a step computes (micro_batch x seq_len, vocabulary) logits: its memory is checked first
     tokenizer: Any = None  # the run's Tokenizer (gptforge.data.tokenizer): GPT-2's unless the command sets one
     words_unknown = False  # shards that name no tokenizer, on a model smaller than GPT-2's: none is recorded
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gptforge.extras import require
-from gptforge.reading import jsonl_hint, utf8
+from gptforge.reading import bounded_lines, jsonl_hint, too_long, utf8
 
 SUFFIXES = (".txt", ".jsonl", ".jsonl.gz", ".parquet")
 
@@ -199,8 +199,11 @@ class FilesSource:
         line_no = 0
         try:
             with opener(f, "rb") as fh:
-                for line in fh:
+                for line in bounded_lines(fh):
                     line_no += 1
+                    if line is None:  # never held whole: a bad row like any other (--skip-bad counts it)
+                        yield 1, Item(None, f"{f}:{line_no}", too_long())
+                        continue
                     if not line.strip():
                         continue
                     yield 1, self._json_row(line, f"{f}:{line_no}", at_start=line_no == 1)

@@ -24,7 +24,7 @@ from gptforge.data.tokenizer.base import (
 from gptforge.data.tokenizer.checks import check_tokenizer_file, read_tokenizer_text
 from gptforge.data.tokenizer.hf_kind import HFTokenizer, hf_tokenizer_from_dir
 from gptforge.data.tokenizer.tiktoken_kind import TiktokenTokenizer, gpt2_tokenizer, ranks_bytes, tiktoken_from_ranks
-from gptforge.reading import read_json
+from gptforge.reading import not_a_file, read_json
 
 # --- bundles: a tokenizer as data in a checkpoint or a shard folder ----------------------------------
 
@@ -196,6 +196,9 @@ def load_tokenizer(spec: str | os.PathLike | None) -> Tokenizer:
         if p.name == "tokenizer.json" and p.is_file():
             return hf_tokenizer_from_dir(p.parent)
         return HFTokenizer(read_tokenizer_text(p), name=p.stem, where=str(p), source_path=p)
+    if p.exists() or p.is_symlink():  # a device, a pipe, a link to nothing or a loop: said as what it is
+        raise TokenizerError(f"--tokenizer {spec}: {not_a_file(p)}; give gpt2, a tiktoken encoding name, a "
+                             "tokenizer.json, a folder holding one, or a .tiktoken ranks file")
     import tiktoken
 
     if str(spec) in tiktoken.list_encoding_names():
