@@ -190,3 +190,23 @@ def test_head_closing_the_pipe_prints_no_traceback(tmp_path):
     finally:
         os.close(w)
     assert (p.returncode, p.stderr) == (EXIT_STDOUT_CLOSED, "")
+
+
+def test_a_reward_models_hints_are_the_preference_guides_lines(tmp_path, monkeypatch):
+    """docs/preferences.md makes runs/prefs/prefs_eval.jsonl beside the pairs it trains on (runs/prefs/prefs.jsonl)
+    and scores runs/prefs/rm on it: that reward model's next: lines are those two lines, so a newcomer following
+    either makes and scores one file. A held-out file already there is scored, not made again."""
+    from gptforge.cli.hints import next_commands, run_hints
+    from gptforge.config import Config
+    from gptforge.eval.tasks.preferences import preference_set, write_preferences
+
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "preferences.md").read_text()
+    monkeypatch.chdir(tmp_path)
+    cfg = Config()
+    cfg.rm.data = str(write_preferences(preference_set("compare", 2), Path("runs/prefs/prefs.jsonl")))
+    cfg.rm.init_from = "runs/chat/sft"
+    prepare, score = next_commands("rm", "runs/prefs/rm", **run_hints("rm", cfg))[:2]
+    assert prepare.startswith("gptforge prepare preferences compare ") and prepare in guide, prepare
+    assert score.startswith("gptforge eval ") and score in guide, score
+    Path(_parse(prepare).out).write_text("")
+    assert next_commands("rm", "runs/prefs/rm", **run_hints("rm", cfg))[0] == score

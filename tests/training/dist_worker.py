@@ -4,7 +4,9 @@
 
 jobs.json: [{"config": Config.to_dict(), "resume": null|"latest", "stop_at_step": null|int,
 "copy_to": [dirs], "out": "result.json"}, ...], or {"cli": ["rl", ...]} for a command run in-process
-on the same process group (its run directory holds what the test reads),. Rank 0 writes each job's per-step train and val
+on the same process group (its run directory holds what the test reads; with "count_hashes": PATH, each
+rank writes what it asked resume.files_digest for (a model's files hashed, or their digest remembered), as a
+JSON list of the models, to PATH.rankN). Rank 0 writes each job's per-step train and val
 losses to its "out" file, and copies the run directory to each "copy_to" folder afterwards (so a
 checkpoint can be resumed again elsewhere). One launch runs several jobs so the suite pays for
 process start-up once.
@@ -24,6 +26,14 @@ from gptforge.config import Config
 from gptforge.training.loop import train
 
 
+def _counting(digest, hashed: list):
+    """``digest`` (resume.files_digest), noting in ``hashed`` the model each call asks for."""
+    def count(files, what):
+        hashed.append(str(what))
+        return digest(files, what)
+    return count
+
+
 def main(path: str) -> None:
     # a hung collective fails the test with every rank's stack instead of hanging the suite
     faulthandler.dump_traceback_later(int(os.environ.get("GPTFORGE_TEST_HANG_S", "150")), exit=True)
@@ -39,8 +49,18 @@ def main(path: str) -> None:
     for job in json.loads(open(path).read()):
         if "cli" in job:
             from gptforge.cli import main as cli
+            from gptforge.run import resume
 
-            assert cli(job["cli"]) == 0, job["cli"]
+            digest, hashed = resume.files_digest, []
+            if job.get("count_hashes"):  # which models this rank asked to hash
+                resume.files_digest = _counting(digest, hashed)
+            try:
+                assert cli(job["cli"]) == 0, job["cli"]
+            finally:
+                resume.files_digest = digest
+            if job.get("count_hashes"):
+                with open(f"{job['count_hashes']}.rank{os.environ['RANK']}", "w") as f:
+                    json.dump(hashed, f)
             dist.barrier()
             continue
         cfg = Config.from_dict(job["config"])

@@ -138,8 +138,12 @@ def runs(tmp_path_factory, tokenizer, eval_data):
     from gptforge.eval.tasks.preferences import preference_set, write_preferences
 
     prefs = write_preferences(preference_set("compare", 32, seed=1), tmp / "prefs.jsonl")
+    # dpo starts from the chat model as an llm.c file: a model file the run hashes for meta.json's models record
+    # (and for its reference log-probs' cache), which rank 0 alone reads (test_a_model_file_is_hashed_on_rank_0_only)
+    chat_file = _llmc_copy(chat, tmp / "chat.bin")
     for name in ALIGN:
-        jobs.append({"cli": _align_argv(name, chat, prefs, tmp / f"{name}2", world=2)})
+        jobs.append({"cli": _align_argv(name, chat_file if name == "dpo" else chat, prefs, tmp / f"{name}2", world=2),
+                     **({"count_hashes": str(tmp / "dpo_hashes")} if name == "dpo" else {})})
     # LoRA SFT under DDP: each rank a micro-batch, against one process accumulating both (below)
     lora_base, convs = _lora_world(tmp)
     jobs.append({"cli": _lora_sft_argv(lora_base, convs, tmp / "lora_sft2")})
@@ -166,7 +170,7 @@ def runs(tmp_path_factory, tokenizer, eval_data):
     for scale in GRADED:
         assert cli(["rl", "--init-from", str(peaked), "--out", str(tmp / f"rl_{scale}1"), *_graded(scale)]) == 0
     for name in ALIGN:
-        assert cli(_align_argv(name, chat, prefs, tmp / f"{name}1", world=1)) == 0
+        assert cli(_align_argv(name, chat_file if name == "dpo" else chat, prefs, tmp / f"{name}1", world=1)) == 0
     assert cli(_lora_sft_argv(lora_base, convs, tmp / "lora_sft1")) == 0
     out["dirs"] = tmp
     out["log"] = proc.stdout
@@ -267,6 +271,14 @@ def _chat_checkpoint(tmp: Path, peaked: bool = False) -> Path:
                                 {"config": Config(model=mcfg).to_dict(), "chat_template": t.to_dict()})
 
 
+def _llmc_copy(checkpoint: Path, path: Path) -> Path:
+    """The checkpoint's model as an llm.c file (the same weights: the chat model's vocabulary has no padding rows)."""
+    from gptforge.interop.llmc import write_llmc_model
+    from gptforge.load import ModelSource, load_model
+
+    return write_llmc_model(load_model(ModelSource.from_path(str(checkpoint))), path)
+
+
 @pytest.mark.parametrize("run", ["rl", *(f"rl_{s}" for s in GRADED)])
 def test_grpo_on_two_ranks_equals_one_rank(runs, run):
     """Rollouts split by rank (each rank samples whole groups, with the random draws those rows get in
@@ -338,6 +350,17 @@ def test_rm_dpo_and_ppo_on_two_ranks_equal_one_rank_accumulating(runs, name):
     # moves both scores of a pair by the same w.b through the linear head (seen: 6e-5 apart, one run in two)
     noise = ("transformer.ln_f.bias",) if name.startswith("rm") else ()
     assert_adam_trained_alike(w1, w2, lr=3e-3, steps=2 if name.startswith("ppo") else 3, noise_only=noise)
+
+
+def test_a_model_file_is_hashed_on_rank_0_only(runs):
+    """A fresh 2-rank run from a model file (dpo --init-from an llm.c file): rank 0 reads its sha256 (meta.json's
+    models record, the reference cache's key) and the other rank is sent it, never hashing the same multi-GB
+    file again on the same disk. The record is the one a 1-process run writes."""
+    tmp = runs["dirs"]
+    hashed = [json.loads((tmp / f"dpo_hashes.rank{r}").read_text()) for r in (0, 1)]
+    assert str(tmp / "chat.bin") in hashed[0] and hashed[1] == [], hashed
+    models = [ckpt.read_meta(ckpt.latest_checkpoint(tmp / f"dpo{w}"))["models"] for w in (1, 2)]
+    assert models[0] == models[1] == {"dpo.init_from": [ckpt.sha256_file(tmp / "chat.bin")]}
 
 
 def test_lora_sft_on_two_ranks_equals_one_rank_accumulating(runs):

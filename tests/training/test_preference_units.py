@@ -361,7 +361,8 @@ class _Run:
         self.cfg = SimpleNamespace(train=SimpleNamespace(out_dir=str(out), micro_batch=2, dtype="float32"),
                                    dpo=SimpleNamespace(init_from=str(ref)))
         self.state = SimpleNamespace(loader=PairLoader(train, B=2, shuffle=False, pad=0), step=0)
-        self.model, self.device, self.info, self.logs = model, "cpu", SimpleNamespace(is_main=main), []
+        self.model, self.device, self.logs = model, "cpu", []
+        self.info = SimpleNamespace(is_main=main, enabled=False)
 
     def log(self, msg):
         self.logs.append(msg)
@@ -372,7 +373,7 @@ class _Run:
         return contextlib.nullcontext()
 
 
-def test_dpo_reference_table_is_cached_by_the_pairs_fingerprints_and_recomputed_otherwise(tmp_path):
+def test_dpo_reference_table_is_cached_by_the_pairs_fingerprints_and_recomputed_otherwise(tmp_path, monkeypatch):
     from gptforge.data.preference import fingerprint
 
     torch.manual_seed(0)
@@ -427,7 +428,12 @@ def test_dpo_reference_table_is_cached_by_the_pairs_fingerprints_and_recomputed_
     torch.testing.assert_close(got["train"].double(), want["train"], rtol=1e-5, atol=1e-5)
     assert logs[0].startswith(f"{path} is unreadable (") and logs[0].endswith("); recomputing") and len(logs) == 2
     path.unlink()
-    got, logs = tables(main=False)  # another rank computes its own and writes nothing
+    # another rank is sent rank 0's reference identity (a broadcast: here rank 0's value handed over, never read
+    # from the file on this rank), computes its own tables and writes nothing
+    from gptforge.parallel import distributed
+
+    monkeypatch.setattr(distributed, "from_main", lambda obj, info: obj if info.is_main else ref)
+    got, logs = tables(main=False)
     torch.testing.assert_close(got["val"].double(), want["val"], rtol=1e-5, atol=1e-5)
     assert not path.exists()
     got, logs = tables(pairs=_pairs(4, 5))  # a different training set: its own table

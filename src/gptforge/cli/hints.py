@@ -146,8 +146,11 @@ def next_commands(command: str, run: str, task: str, data: str = "PREFS_EVAL.jso
         one = task.split(",")[0]
         held = []
         if data == "PREFS_EVAL.jsonl" and one in ("compare", "arithmetic"):  # held-out pairs of the run's task
-            data = beside(source or run, f"{one}_prefs_eval.jsonl")
-            held = [f"gptforge prepare preferences {one} --n 500 --held-out --out {q(data)}"]
+            # named after the pairs the run trained on, as the preference guide names them (prefs.jsonl ->
+            # prefs_eval.jsonl); beside the run, after the task. A file already there is scored, not made again
+            data = beside(source or run, f"{Path(source).stem}_eval.jsonl" if source else f"{one}_prefs_eval.jsonl")
+            held = [] if os.path.isfile(data) else [
+                f"gptforge prepare preferences {one} --n 500 --held-out --out {q(data)}"]
         return [*held, f"gptforge eval --ckpt {q(run)} --preferences {q(data)}",
                 f"gptforge rl --init-from {q(start)} --task {one} --reward-model {q(run)} --out "
                 f"{q(beside(run, f'rl_{name}'))}",

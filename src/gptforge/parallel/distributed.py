@@ -257,6 +257,17 @@ def any_rank(flag: bool, info: DistInfo) -> bool:
     return bool(t.item())
 
 
+def from_main(obj: Any, info: DistInfo) -> Any:
+    """Collective: rank 0's ``obj`` (any picklable value) on every rank; ``obj`` itself on one process. For
+    what one rank works out and every rank needs the same answer to (a model's sha256: hashing a multi-GB
+    file once, not once per rank on the same disk)."""
+    if not info.enabled:
+        return obj
+    box = [obj if info.is_main else None]
+    dist.broadcast_object_list(box, src=0, device=info.device)
+    return box[0]
+
+
 def gather_rng_states(info: DistInfo) -> dict[str, torch.Tensor]:
     """Collective: every rank's CPU RNG state (and its own GPU's), keyed ``rank{r}.cpu`` /
     ``rank{r}.cuda``, returned on rank 0 (empty elsewhere and at world 1). A plain all_gather of

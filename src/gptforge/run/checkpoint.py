@@ -455,8 +455,8 @@ def is_head_key(key: str) -> bool:
 def tied_keys(sd: dict[str, torch.Tensor]) -> list[str]:
     """Every output head (``lm_head.weight`` at any depth: a reward or value model holds its family
     model as ``body``) that is another entry's tensor: shared storage, not equal values (an untied head that
-    equals its embedding is kept). A sharded save, whose gathered copies share no storage, asks by value
-    instead (``gptforge.run.dcp._tied_by_value``)."""
+    equals its embedding is kept). A sharded save, whose gathered copies share no storage, asks the live
+    model before the gather (``gptforge.run.dcp.tied_heads``)."""
     ptr = {}
     for k, v in sd.items():
         ptr.setdefault(v.data_ptr(), []).append(k)

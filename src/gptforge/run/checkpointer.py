@@ -29,7 +29,7 @@ import torch
 from gptforge import __version__
 from gptforge.errors import LoaderStateError
 from gptforge.optim import build_optimizer
-from gptforge.parallel.distributed import DistInfo, barrier, gather_rng_states, seed_rank
+from gptforge.parallel.distributed import DistInfo, barrier, from_main, gather_rng_states, seed_rank
 from gptforge.run import checkpoint as files
 from gptforge.run import dcp, identity, restore
 from gptforge.run.weights import check_weights_fit
@@ -77,7 +77,8 @@ class Checkpointer:
         if cfg is not None and hasattr(cfg, "train"):  # the weights of the models the run names (run/resume.py)
             from gptforge.run.resume import recorded_models
 
-            models = recorded_models(cfg, self.meta)
+            # read (a multi-GB model hashed) by rank 0, which writes meta.json; the others get its record
+            models = from_main(recorded_models(cfg, self.meta) if info.is_main else None, info)
             if models:
                 self.extra_meta["models"] = models
 

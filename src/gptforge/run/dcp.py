@@ -55,6 +55,7 @@ def save_sharded(run_dir: str | Path, step: int, model: torch.nn.Module, optimiz
         tmp = ckpt.begin_checkpoint(run_dir, step)
     dist.barrier()  # the empty .tmp exists before anyone writes into it
     split = _split_by_stage(model)
+    tied = tied_heads(model)  # asked of the live model: after the gather every tensor is a separate copy
     # pipeline stages hold different parameters, so their param groups differ: keyed per parameter
     # name (torchtitan's flattened form) instead of by group index, which DCP would keep one rank's of
     model_sd, optim_sd = sd.get_state_dict(model, optimizer, options=sd.StateDictOptions(
@@ -75,7 +76,6 @@ def save_sharded(run_dir: str | Path, step: int, model: torch.nn.Module, optimiz
             if is_main:
                 if split:
                     full = _read_full_model(tmp / DCP_DIR)
-                tied = _tied_by_value(full)
                 weights = {k: v.contiguous() for k, v in full.items() if k not in tied}
                 save_file(weights, str(tmp / "model.safetensors"), metadata=ckpt.weights_metadata(meta))
                 ordinary_file_mode(tmp / "model.safetensors")  # safetensors leaves it 0600
@@ -124,23 +124,20 @@ def _read_full_model(dcp_dir: Path) -> dict[str, torch.Tensor]:
     return {k[len("model."):]: v for k, v in state.items()}
 
 
-def _tied_by_value(full: dict[str, torch.Tensor]) -> set[str]:
-    """Tied output heads (GPT-2's wte, a tied Llama's embed_tokens) are stored once, as in single-file
-    checkpoints, at any depth: ``lm_head.weight``, or ``body.lm_head.weight`` in a reward model, ``policy.`` /
-    ``value.body.`` in PPO's. This is not :func:`gptforge.run.checkpoint.tied_keys` on purpose: that one asks
-    whether a head *is* another entry's tensor (shared storage), which is the truth on a live model; after the
-    gather (or a pipeline's read back from DCP) every tensor is a separate CPU copy and that question has no
-    answer, so here a head is tied when another weight of the same module (its key's prefix) has its values.
-    The value test would be wrong on a live model: an untied head that still equals its embedding (copied,
-    not yet trained) would be dropped as tied."""
-    out = set()
-    for key, head in full.items():
-        if ckpt.is_head_key(key):
-            prefix = key[: -len(ckpt.TIED)]
-            if any(k != key and k.startswith(prefix) and v.shape == head.shape and torch.equal(v, head)
-                   for k, v in full.items()):
-                out.add(key)
-    return out
+def tied_heads(model: torch.nn.Module) -> set[str]:
+    """The output heads (``lm_head.weight`` at any depth: ``body.`` in a reward model, ``policy.`` /
+    ``value.body.`` in PPO's) that are their embedding, stored once as in single-file checkpoints: asked of
+    the live model before the gather, whose full copies share no storage. A head is tied when it is the same
+    parameter as another one (FSDP2 and tensor parallelism keep a tied pair one parameter), never because
+    its values are equal: an untied head that still equals its embedding (a copy not trained apart yet) is
+    saved. A pipeline stage holds no whole model (rank 0's first stage has no head): there the model
+    config's tie flag answers (a Llama's ``tie_embeddings``; GPT-2's head is always its wte)."""
+    if _split_by_stage(model):
+        return {ckpt.TIED} if getattr(model.config, "tie_embeddings", True) else set()
+    names: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+    return {n for same in names.values() if len(same) > 1 for n in same if ckpt.is_head_key(n)}
 
 
 class _nothing:

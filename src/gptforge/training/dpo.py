@@ -190,7 +190,11 @@ class DPO(PairRecipe):
         from gptforge.data.preference import fingerprint
 
         loader = run.state.loader
-        keys = {"train": loader.fingerprint, "val": fingerprint(self.val), **reference_identity(run.cfg)}
+        from gptforge.parallel.distributed import from_main
+
+        # the reference's sha256 read by rank 0 (remembered from the run's models record), not once a rank
+        ref_id = from_main(reference_identity(run.cfg) if run.info.is_main else None, run.info)
+        keys = {"train": loader.fingerprint, "val": fingerprint(self.val), **ref_id}
         path = Path(run.cfg.train.out_dir) / "ref_logps.pt"
         if path.is_file():
             try:
