@@ -15,7 +15,7 @@ run's loss curve from its ``metrics.jsonl``. OpenAI's ``/v1/models``, ``/v1/comp
 Bad input never reaches the model: malformed JSON -> 400, a value out of range -> 422 naming the
 field (sampling ranges from the same ``SamplingParams.check`` the CLI uses), a prompt that does not
 fit the context or a ``max_new_tokens`` over the cap -> 400, a body over the size limit -> 413 (counted
-on the bytes read, so a chunked body is cut off too), more waiting requests than ``max_queue`` -> 429.
+on the bytes read, so a chunked body is cut off too), more waiting requests than ``max_queue`` -> 429 with ``Retry-After``.
 One request runs on the model at a time (a lock); the rest wait in a bounded queue. A client that
 hangs up leaves the queue, or stops its generation at the next token (``serve/limits.py``).
 """
@@ -77,8 +77,12 @@ class GenerateRequest(BaseModel):
     stop_at_eot: bool = True
 
 
+RETRY_AFTER_S = 1  # a 429's Retry-After: OpenAI's client (and most others) waits this long before its retry
+
+
 class ModelGate:
-    """One request on the model at a time; at most ``max_queue`` waiting, the rest get 429."""
+    """One request on the model at a time; at most ``max_queue`` waiting, the rest get 429 with a
+    ``Retry-After`` header, which /v1's OpenAI error carries too."""
 
     def __init__(self, max_queue: int):
         self.max_queue = max_queue
@@ -87,7 +91,8 @@ class ModelGate:
 
     async def acquire(self) -> None:
         if self._lock.locked() and self.waiting >= self.max_queue:
-            raise HTTPException(429, f"server busy: {self.waiting} requests already queued; retry shortly")
+            raise HTTPException(429, f"server busy: {self.waiting} requests already queued; retry shortly",
+                                headers={"Retry-After": str(RETRY_AFTER_S)})
         self.waiting += 1
         try:
             await self._lock.acquire()

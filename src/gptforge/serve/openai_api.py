@@ -127,7 +127,7 @@ def add_openai_routes(app: FastAPI, model: Any, enc: Any, chat: Any, settings: A
             try:
                 ok = await acquire_unless_gone(gate, gone)
             except HTTPException as e:  # the gate's 429
-                raise OpenAIError(e.status_code, str(e.detail), None, "server_busy") from e
+                raise OpenAIError(e.status_code, str(e.detail), None, "server_busy", e.headers) from e
             if not ok:
                 raise OpenAIError(499, "client closed the request")
             it = stream_text(model, tok, rows, params) if params is not None else (e for e in ())  # max_tokens 0

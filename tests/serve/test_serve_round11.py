@@ -1,0 +1,72 @@
+"""Hardening round eleven of the server, against a real uvicorn on a tiny model: what careless and hostile
+clients do that earlier rounds did not try.
+
+- A busy server's 429 (the queue full) said "retry shortly" but sent no ``Retry-After``, so a client could not
+  tell how long; under /v1 the header is also what OpenAI's client reads to time its retry.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+pytest.importorskip("fastapi")
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("uvicorn")
+
+from gptforge.serve.app import RETRY_AFTER_S, ServeSettings, create_app  # noqa: E402
+from tests.serve.answering import T, answering_model  # noqa: E402
+from tests.serve.browser import serve_in_thread  # noqa: E402
+
+USER = [{"role": "user", "content": "Hi"}]
+
+
+@pytest.fixture(scope="module")
+def held():
+    """Every sampled token waits while ``hold`` is clear; ``stepping`` is set once a generation reached a token
+    (the model is taken). Module-wide: the server below is one for the module."""
+    from gptforge import generation
+
+    pick = generation._pick
+    hold, stepping = threading.Event(), threading.Event()
+    hold.set()
+
+    def waiting_pick(*a):
+        stepping.set()
+        assert hold.wait(30), "the test never let the held request go on"
+        return pick(*a)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(generation, "_pick", waiting_pick)
+        yield hold, stepping
+
+
+@pytest.fixture(scope="module")
+def url(held, tokenizer):
+    """A chat model that answers "!" to anything, with no queue: one request on the model, the next a 429."""
+    app = create_app(answering_model(64), tokenizer, ServeSettings(max_new_tokens_cap=16, max_queue=0),
+                     chat_template=T.to_dict())
+    with serve_in_thread(app) as u:
+        yield u
+
+
+def test_a_busy_servers_429_says_when_to_retry_in_both_families(url, held):
+    hold, stepping = held
+    hold.clear()
+    stepping.clear()
+    first = threading.Thread(target=lambda: httpx.post(url + "/api/generate", json={"prompt": "a", "max_new_tokens": 2},
+                                                       timeout=60))
+    first.start()
+    try:
+        assert stepping.wait(30), "the first request never reached the model"
+        busy = [httpx.post(url + "/api/generate", json={"prompt": "a", "max_new_tokens": 1}, timeout=30),
+                httpx.post(url + "/v1/completions", json={"prompt": "a", "max_tokens": 1}, timeout=30),
+                httpx.post(url + "/v1/chat/completions", json={"messages": USER, "max_tokens": 1}, timeout=30)]
+    finally:
+        hold.set()
+        first.join()
+    for r in busy:
+        assert r.status_code == 429, r.text
+        assert r.headers.get("retry-after") == str(RETRY_AFTER_S), (r.request.url, r.headers)
+    assert busy[1].json()["error"]["code"] == "server_busy"
