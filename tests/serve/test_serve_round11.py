@@ -3,6 +3,8 @@ clients do that earlier rounds did not try.
 
 - A busy server's 429 (the queue full) said "retry shortly" but sent no ``Retry-After``, so a client could not
   tell how long; under /v1 the header is also what OpenAI's client reads to time its retry.
+- ``HEAD`` on the page, ``/api/info`` or ``/v1/models`` (``curl -I``, an uptime check) was a 405: FastAPI's
+  routes answer only the methods they were declared with, where HTTP asks HEAD of every GET.
 """
 
 from __future__ import annotations
@@ -43,10 +45,14 @@ def held():
 
 
 @pytest.fixture(scope="module")
-def url(held, tokenizer):
+def app(tokenizer):
     """A chat model that answers "!" to anything, with no queue: one request on the model, the next a 429."""
-    app = create_app(answering_model(64), tokenizer, ServeSettings(max_new_tokens_cap=16, max_queue=0),
-                     chat_template=T.to_dict())
+    return create_app(answering_model(64), tokenizer, ServeSettings(max_new_tokens_cap=16, max_queue=0),
+                      chat_template=T.to_dict())
+
+
+@pytest.fixture(scope="module")
+def url(held, app):
     with serve_in_thread(app) as u:
         yield u
 
@@ -70,3 +76,19 @@ def test_a_busy_servers_429_says_when_to_retry_in_both_families(url, held):
         assert r.status_code == 429, r.text
         assert r.headers.get("retry-after") == str(RETRY_AFTER_S), (r.request.url, r.headers)
     assert busy[1].json()["error"]["code"] == "server_busy"
+
+
+def test_every_get_route_answers_head_with_its_headers_and_no_body(app, url):
+    gets = [r.path for r in app.routes if "GET" in (getattr(r, "methods", None) or ())]
+    assert {"/", "/api/info", "/v1/models", "/docs"} <= set(gets)  # the walk sees the app's routes
+    with httpx.Client(base_url=url, timeout=30) as c:
+        for path in gets:
+            path = path.replace("{model_name:path}", "gptforge")  # the one model this server serves
+            head, get = c.head(path), c.get(path)
+            assert (head.status_code, head.content) == (200, b""), (path, head.status_code, head.text)
+            assert head.headers["content-type"] == get.headers["content-type"], path
+        # a route without GET still refuses HEAD, naming what it takes
+        r = c.head("/api/generate")
+        assert (r.status_code, r.headers["allow"]) == (405, "POST")
+        # HEAD is taken without being declared: /docs' schema lists one operation per route, as before
+        assert {m for ops in c.get("/openapi.json").json()["paths"].values() for m in ops} == {"get", "post"}

@@ -140,7 +140,16 @@ class _BodyRequest(Request):
 class BodyRoute(APIRoute):
     """A route whose JSON body is read by :func:`gptforge.serve.openai_schema.loads_body`: a key given twice with
     two values or a lone surrogate is refused (400) in /api as in /v1, where json.loads took the last key and
-    tokenized the surrogate."""
+    tokenized the surrogate. A GET route answers HEAD too, as Starlette's own routes (/docs) do and HTTP asks of
+    every GET (FastAPI's answered 405): a HEAD the router found at this path is handled as a GET and the server
+    (uvicorn, which knows the request was HEAD) sends the headers without the body; a route without GET refuses
+    it as it refuses a GET (405, Allow). HEAD is taken here rather than added to ``methods``, which would put a
+    second operation of the same id in /docs."""
+
+    async def handle(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope.get("method") == "HEAD":
+            scope = {**scope, "method": "GET"}
+        await super().handle(scope, receive, send)
 
     def get_route_handler(self):
         handler = super().get_route_handler()
