@@ -5,6 +5,10 @@ clients do that earlier rounds did not try.
   tell how long; under /v1 the header is also what OpenAI's client reads to time its retry.
 - ``HEAD`` on the page, ``/api/info`` or ``/v1/models`` (``curl -I``, an uptime check) was a 405: FastAPI's
   routes answer only the methods they were declared with, where HTTP asks HEAD of every GET.
+- OpenAI's older function calling (``functions``, ``function_call``), a ``tool_choice`` that asks for a call,
+  audio ``modalities``/``audio`` and ``web_search_options`` were dropped without a word: the client got plain
+  text where it waited for a call, audio or a searched answer. Each is now refused by name, its neutral value
+  accepted (the rest of the refusals are test_v1_options_effect's parametrized test).
 """
 
 from __future__ import annotations
@@ -92,3 +96,24 @@ def test_every_get_route_answers_head_with_its_headers_and_no_body(app, url):
         assert (r.status_code, r.headers["allow"]) == (405, "POST")
         # HEAD is taken without being declared: /docs' schema lists one operation per route, as before
         assert {m for ops in c.get("/openapi.json").json()["paths"].values() for m in ops} == {"get", "post"}
+
+
+def test_what_a_client_asks_beyond_text_is_refused_by_name_and_its_neutral_value_accepted(url):
+    openai = pytest.importorskip("openai")
+    c = openai.OpenAI(base_url=url + "/v1", api_key="-", max_retries=0)
+    # the openai package still sends the legacy function calling as it was given
+    with pytest.raises(openai.BadRequestError) as e:
+        c.chat.completions.create(model="x", messages=USER, max_tokens=1,
+                                  functions=[{"name": "add", "parameters": {"type": "object", "properties": {}}}])
+    assert e.value.body == {"message": "functions: function calling is not supported by this server",
+                            "type": "invalid_request_error", "param": "functions", "code": None}
+    for choice in ("required", {"type": "function", "function": {"name": "add"}}):
+        with pytest.raises(openai.BadRequestError) as e:
+            c.chat.completions.create(model="x", messages=USER, max_tokens=1, tool_choice=choice)
+        assert e.value.body["param"] == "tool_choice" and repr(choice) in e.value.body["message"]
+    # the neutral values: no call, text only; the reply is the plain one
+    plain = c.chat.completions.create(model="x", messages=USER, max_tokens=2).choices[0].message.content
+    for neutral in ({"tool_choice": "none", "function_call": "auto"}, {"tool_choice": "auto", "function_call": "none"},
+                    {"functions": [], "modalities": ["text"], "audio": None, "web_search_options": None}):
+        r = c.chat.completions.create(model="x", messages=USER, max_tokens=2, **neutral)
+        assert r.choices[0].message.content == plain == "!!", neutral
