@@ -9,6 +9,9 @@ clients do that earlier rounds did not try.
   audio ``modalities``/``audio`` and ``web_search_options`` were dropped without a word: the client got plain
   text where it waited for a call, audio or a searched answer. Each is now refused by name, its neutral value
   accepted (the rest of the refusals are test_v1_options_effect's parametrized test).
+- ``curl -d '{"prompt": ...}' .../api/generate`` without ``-H 'content-type: application/json'`` (curl then says
+  ``application/x-www-form-urlencoded``) was a 422 "body: Input should be a valid dictionary" on every /api
+  route, naming neither the header nor the fix, while /v1 read the same body as JSON. Both read JSON now.
 """
 
 from __future__ import annotations
@@ -117,3 +120,28 @@ def test_what_a_client_asks_beyond_text_is_refused_by_name_and_its_neutral_value
                     {"functions": [], "modalities": ["text"], "audio": None, "web_search_options": None}):
         r = c.chat.completions.create(model="x", messages=USER, max_tokens=2, **neutral)
         assert r.choices[0].message.content == plain == "!!", neutral
+
+
+POST_BODIES = {"/api/generate": {"prompt": "a", "max_new_tokens": 1},
+               "/api/stream": {"prompt": "a", "max_new_tokens": 1},
+               "/api/chat": {"messages": USER, "max_new_tokens": 1},
+               "/v1/completions": {"prompt": "a", "max_tokens": 1},
+               "/v1/chat/completions": {"messages": USER, "max_tokens": 1}}
+
+
+def test_every_post_route_reads_its_json_body_whatever_the_content_type_says(app, url):
+    import json
+
+    assert {r.path for r in app.routes if "POST" in (getattr(r, "methods", None) or ())} == set(POST_BODIES)
+    with httpx.Client(base_url=url, timeout=30) as c:
+        for path, body in POST_BODIES.items():
+            want = c.post(path, json=body)
+            assert want.status_code == 200, (path, want.text)
+            for ctype in (None, "application/x-www-form-urlencoded", "text/plain", "multipart/form-data; boundary=x"):
+                r = c.post(path, content=json.dumps(body).encode(), headers={"content-type": ctype} if ctype else {})
+                assert r.status_code == 200, (path, ctype, r.text)
+                assert r.headers["content-type"] == want.headers["content-type"], (path, ctype)
+                assert "!" in r.text, (path, ctype, r.text)  # the model's one answer came back
+        # a body that is not JSON (a real form) is still the malformed-JSON 400, not the model's business
+        r = c.post("/api/generate", content=b"prompt=hi", headers={"content-type": "application/x-www-form-urlencoded"})
+        assert r.status_code == 400 and r.json()["error"].startswith("malformed JSON body"), r.text
