@@ -12,6 +12,10 @@ clients do that earlier rounds did not try.
 - ``curl -d '{"prompt": ...}' .../api/generate`` without ``-H 'content-type: application/json'`` (curl then says
   ``application/x-www-form-urlencoded``) was a 422 "body: Input should be a valid dictionary" on every /api
   route, naming neither the header nor the fix, while /v1 read the same body as JSON. Both read JSON now.
+- Ctrl-C on ``gptforge serve`` with a stream in flight printed "unhandled exception during asyncio.run()
+  shutdown ... ValueError: generator already executing": the shutdown cancels the stream's producer while a worker
+  thread is inside the generation's step, and its cleanup's ``it.close()`` raised there, skipping the gate's
+  release. The same held for a whole answer's collection (``collect_rows``).
 """
 
 from __future__ import annotations
@@ -145,3 +149,44 @@ def test_every_post_route_reads_its_json_body_whatever_the_content_type_says(app
         # a body that is not JSON (a real form) is still the malformed-JSON 400, not the model's business
         r = c.post("/api/generate", content=b"prompt=hi", headers={"content-type": "application/x-www-form-urlencoded"})
         assert r.status_code == 400 and r.json()["error"].startswith("malformed JSON body"), r.text
+
+
+@pytest.mark.parametrize("consumer", ["stream", "collect"])
+def test_a_task_cancelled_mid_step_cleans_up_without_closing_the_running_generator(consumer):
+    """What the server's shutdown does to a generation in flight, done here by hand: cancel the task awaiting a
+    step that is still running in its worker thread."""
+    import asyncio
+
+    from gptforge.serve import sse
+
+    inside, let_go, closed = threading.Event(), threading.Event(), []
+
+    def generation():
+        try:
+            inside.set()
+            assert let_go.wait(30)
+            yield "never consumed"
+        finally:
+            closed.append(True)
+
+    class Gate:
+        released = 0
+
+        def release(self):
+            self.released += 1
+
+    async def main():
+        gate, pieces, it = Gate(), asyncio.Queue(), generation()
+        work = (sse._produce(it, pieces, asyncio.Event(), gate) if consumer == "stream"
+                else sse.collect_rows(it, 1, asyncio.Event()))
+        task = asyncio.create_task(work)
+        while not inside.is_set():  # the step is running in its worker thread
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):  # not "ValueError: generator already executing"
+            await task
+        if consumer == "stream":  # the rest of the cleanup ran: the model is free, the response told it ended
+            assert gate.released == 1 and pieces.get_nowait() is None
+        let_go.set()  # the step ends in its thread; the generator is left to end there, not closed mid-step
+
+    asyncio.run(main())
