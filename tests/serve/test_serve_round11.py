@@ -16,6 +16,10 @@ clients do that earlier rounds did not try.
   shutdown ... ValueError: generator already executing": the shutdown cancels the stream's producer while a worker
   thread is inside the generation's step, and its cleanup's ``it.close()`` raised there, skipping the gate's
   release. The same held for a whole answer's collection (``collect_rows``).
+- An OpenAI client given ``base_url="http://host:8000"`` (no ``/v1``, the commonest slip) got "404 Not Found:
+  POST /chat/completions" in the native shape, which the client shows as a bare dict. An unknown path that is a
+  route's path under a missing or extra prefix (or in other case) now says which route it was meant as, in that
+  route's family's shape.
 """
 
 from __future__ import annotations
@@ -190,3 +194,31 @@ def test_a_task_cancelled_mid_step_cleans_up_without_closing_the_running_generat
         let_go.set()  # the step ends in its thread; the generator is left to end there, not closed mid-step
 
     asyncio.run(main())
+
+
+def test_a_path_one_prefix_off_a_route_is_told_which_route_it_meant(url):
+    openai = pytest.importorskip("openai")
+    tail = "; the routes are listed at /docs"
+    hint = " (an OpenAI client's base_url ends in /v1)"
+    calls = ((lambda o: o.chat.completions.create(model="x", messages=USER, max_tokens=1), "POST /chat/completions",
+              "/v1/chat/completions"),
+             (lambda o: o.completions.create(model="x", prompt="a", max_tokens=1), "POST /completions",
+              "/v1/completions"),
+             (lambda o: o.models.list(), "GET /models", "/v1/models"))
+    for base in (url, url + "/v1/v1"):  # the /v1 left off, or given twice
+        oa = openai.OpenAI(base_url=base, api_key="-", max_retries=0)
+        for call, route, meant in calls:
+            with pytest.raises(openai.NotFoundError) as e:
+                call(oa)
+            prefix = base.removeprefix(url)
+            assert e.value.body == {"message": f"Not Found: {route.replace(' ', ' ' + prefix)}; did you mean {meant}?"
+                                               f"{hint}{tail}", "type": "not_found_error", "param": None, "code": None}
+    with httpx.Client(base_url=url, timeout=30) as c:
+        # a native route meant: the native shape, no OpenAI hint; case and a trailing slash do not hide it
+        r = c.post("/Generate", json={"prompt": "a"})
+        assert (r.status_code, r.json()) == (404, {"error": f"Not Found: POST /Generate; did you mean /api/generate?"
+                                                            f"{tail}"})
+        # nothing like a route: the plain message
+        assert c.get("/nothing/here").json() == {"error": f"Not Found: GET /nothing/here{tail}"}
+        # a path of slashes alone is near no route (every path ends with the empty one)
+        assert httpx.get(url + "//").json() == {"error": f"Not Found: GET //{tail}"}

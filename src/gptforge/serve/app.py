@@ -247,14 +247,17 @@ def create_app(model: torch.nn.Module, enc: Any = None, settings: ServeSettings 
     def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         """Every HTTPException in the family's shape: the routes' own, and the framework's (an unknown path,
         a wrong method, a body FastAPI could not decode), which would otherwise answer ``{"detail": ...}``."""
-        message = str(exc.detail)
+        message, near = str(exc.detail), None
         if exc.status_code in (404, 405) and not isinstance(exc, HTTPException):
             allowed = (exc.headers or {}).get("Allow")
+            near = near_route(request.url.path) if exc.status_code == 404 else None
             message = (f"{message}: {request.method} {request.url.path}" + (f" (allowed: {allowed})" if allowed else
-                       "") + "; the routes are listed at /docs")
+                       "") + (f"; did you mean {near}?" if near else "")
+                       + (" (an OpenAI client's base_url ends in /v1)" if near and near.startswith("/v1") else "")
+                       + "; the routes are listed at /docs")
         elif isinstance(exc.__cause__, UnicodeDecodeError):  # FastAPI's "There was an error parsing the body"
             message = f"malformed JSON body: the body is not UTF-8 text ({exc.__cause__})"
-        response = family_error(request, exc.status_code, message)
+        response = family_error(request, exc.status_code, message, v1=bool(near and near.startswith("/v1")) or None)
         response.headers.update(exc.headers or {})
         return response
 
@@ -272,8 +275,23 @@ def create_app(model: torch.nn.Module, enc: Any = None, settings: ServeSettings 
     from gptforge.data.tokenizer import TokenizerError
     from gptforge.errors import ChatFormatError
 
-    def family_error(request: Request, status: int, message: str, param: str | None = None):
-        if request.url.path.startswith("/v1"):
+    def near_route(path: str) -> str | None:
+        """The app's route an unknown path was most likely meant as: the same path under a prefix, or with one
+        missing (``/chat/completions`` from an OpenAI client whose base_url lacks ``/v1``; ``/v1/v1/models``),
+        compared without case and a trailing slash."""
+        want = path.lower().rstrip("/")
+        if len(want) < 2:
+            return None
+        for route in app.routes:
+            known = getattr(route, "path", "")
+            if isinstance(route, APIRoute) and (known.endswith(want) or want.endswith(known)):
+                return known
+        return None
+
+    def family_error(request: Request, status: int, message: str, param: str | None = None, v1: bool | None = None):
+        """The error in the shape of the request's family (``v1``: OpenAI's whatever the path, for a path that
+        was meant as a /v1 route)."""
+        if v1 or (v1 is None and request.url.path.startswith("/v1")):
             from gptforge.serve.openai_schema import OpenAIError
 
             return OpenAIError(status, message, param).response()
