@@ -20,6 +20,11 @@ clients do that earlier rounds did not try.
   POST /chat/completions" in the native shape, which the client shows as a bare dict. An unknown path that is a
   route's path under a missing or extra prefix (or in other case) now says which route it was meant as, in that
   route's family's shape.
+- ``ServeSettings.max_prompt_chars`` (20,000 under ``gptforge serve``) bounded /v1/chat/completions' conversation
+  but not /api/chat's, whose messages were each held to a hard-coded 20,000 characters (a 422) and together to
+  nothing but the body limit (50 such messages were tokenized); an app built with a lower limit took more on
+  /api/chat, one with a higher limit refused a long message there. Both routes now apply the setting to the
+  conversation, in one helper (``limits.messages_over_limit``) with one message.
 """
 
 from __future__ import annotations
@@ -222,3 +227,23 @@ def test_a_path_one_prefix_off_a_route_is_told_which_route_it_meant(url):
         assert c.get("/nothing/here").json() == {"error": f"Not Found: GET /nothing/here{tail}"}
         # a path of slashes alone is near no route (every path ends with the empty one)
         assert httpx.get(url + "//").json() == {"error": f"Not Found: GET //{tail}"}
+
+
+def test_both_chat_routes_hold_the_conversation_to_max_prompt_chars(tokenizer):
+    from fastapi.testclient import TestClient
+
+    def answers(limit: int, contents: list[str]) -> list[tuple[int, str]]:
+        msgs = [{"role": "user", "content": t} for t in contents]
+        app = create_app(answering_model(64), tokenizer, ServeSettings(max_prompt_chars=limit), chat_template=T.to_dict())
+        with TestClient(app) as c:
+            a = c.post("/api/chat", json={"messages": msgs, "max_new_tokens": 1})
+            v = c.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 1})
+            return [(a.status_code, a.text if a.status_code == 200 else a.json()["error"]),
+                    (v.status_code, v.text if v.status_code == 200 else v.json()["error"]["message"])]
+
+    for status, _ in answers(10, ["12345", "67890"]):  # at the limit, counted over all messages
+        assert status == 200
+    assert answers(10, ["12345", "678901"]) == [(400, "messages: over the limit of 10 characters")] * 2
+    # a limit above the old hard-coded 20,000 a message: a longer message reaches the model's context check
+    for status, error in answers(30_000, ["a " * 12_500]):
+        assert status == 400 and "context" in error, error

@@ -30,7 +30,7 @@ import torch
 from fastapi import FastAPI, HTTPException, Request
 from starlette.concurrency import run_in_threadpool
 
-from gptforge.serve.limits import acquire_unless_gone, watch_disconnect
+from gptforge.serve.limits import acquire_unless_gone, messages_over_limit, watch_disconnect
 from gptforge.serve.openai_schema import ChatRequest, CompletionRequest, OpenAIError, finish_reason, parse
 from gptforge.serve.sse import collect_rows, sse_response
 
@@ -218,8 +218,8 @@ def add_openai_routes(app: FastAPI, model: Any, enc: Any, chat: Any, settings: A
                                    "`gptforge sft`); use /v1/completions to continue text", "messages",
                               "no_chat_template")
         conv = req.conversation()
-        if sum(len(m["content"]) for m in conv) > settings.max_prompt_chars:
-            raise OpenAIError(400, f"messages: over the limit of {settings.max_prompt_chars} characters", "messages")
+        if over := messages_over_limit([m["content"] for m in conv], settings.max_prompt_chars):
+            raise OpenAIError(400, over, "messages")
         if req.stream and req.logprobs:
             raise OpenAIError(400, "logprobs: not available with stream=true on this server", "logprobs")
         ids = [chat.render_for_generation(conv, enc)]
