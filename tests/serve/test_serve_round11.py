@@ -25,6 +25,8 @@ clients do that earlier rounds did not try.
   nothing but the body limit (50 such messages were tokenized); an app built with a lower limit took more on
   /api/chat, one with a higher limit refused a long message there. Both routes now apply the setting to the
   conversation, in one helper (``limits.messages_over_limit``) with one message.
+- A chat request's ``max_completion_tokens`` (what OpenAI's current clients send) over the server's cap or the
+  context was refused as ``max_tokens=N`` with ``param: "max_tokens"``, a field the client never sent.
 """
 
 from __future__ import annotations
@@ -247,3 +249,19 @@ def test_both_chat_routes_hold_the_conversation_to_max_prompt_chars(tokenizer):
     # a limit above the old hard-coded 20,000 a message: a longer message reaches the model's context check
     for status, error in answers(30_000, ["a " * 12_500]):
         assert status == 400 and "context" in error, error
+
+
+def test_a_refused_length_names_the_field_it_came_in(url):
+    openai = pytest.importorskip("openai")
+    c = openai.OpenAI(base_url=url + "/v1", api_key="-", max_retries=0)
+    long = [{"role": "user", "content": "a " * 55}]  # 60 tokens of the 64-token context
+    for kwargs, field, words in (({"max_completion_tokens": 17}, "max_completion_tokens",
+                                  "max_completion_tokens=17 is over this server's cap of 16"),
+                                 ({"max_tokens": 17}, "max_tokens", "max_tokens=17 is over this server's cap of 16"),
+                                 ({"max_tokens": 1, "max_completion_tokens": 17}, "max_completion_tokens",
+                                  "max_completion_tokens=17 is over"),  # the one that wins is the one named
+                                 ({"max_completion_tokens": 16, "messages": long}, "max_completion_tokens",
+                                  "you requested 76 tokens (60 in the prompt, 16 in the completion)")):
+        with pytest.raises(openai.BadRequestError) as e:
+            c.chat.completions.create(model="x", **{"messages": USER, **kwargs})
+        assert e.value.body["param"] == field and words in e.value.body["message"], e.value.body

@@ -525,7 +525,7 @@ def _types(ann):
     ("/v1/completions", {"prompt": "word " * 70}, "prompt", "context_length_exceeded"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "word " * 70}]}, "messages",
      "context_length_exceeded"),
-    ("/v1/chat/completions", {"max_completion_tokens": 33}, "max_tokens", None),
+    ("/v1/chat/completions", {"max_completion_tokens": 33}, "max_completion_tokens", None),
     ("/v1/completions", {"temperature": 2.5}, "temperature", None),
     ("/v1/completions", {"top_p": 0}, "top_p", None),
     ("/v1/completions", {"max_tokens": 0}, "max_tokens", None),  # 0 needs echo
