@@ -94,8 +94,8 @@ def test_a_cap_below_the_routes_default_length_bounds_the_default(tokenizer, pat
         r = c.post(path, json={**body, field: 9})
         assert r.status_code == 400
         if path.startswith("/v1"):
-            assert r.json() == {"error": {"message": "max_tokens=9 is over this server's cap of 8",  # either field
-                                          "type": "invalid_request_error", "param": "max_tokens", "code": None}}
+            assert r.json() == {"error": {"message": f"{field}=9 is over this server's cap of 8",  # the field sent
+                                          "type": "invalid_request_error", "param": field, "code": None}}
         else:
             assert r.json() == {"error": "max_new_tokens=9 is over this server's cap of 8"}
 

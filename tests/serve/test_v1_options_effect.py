@@ -362,6 +362,12 @@ def test_v1_chat_roles_and_content_parts(client):
     ("/v1/chat/completions", {"tools": [{"type": "function"}]}, "tools"),
     ("/v1/chat/completions", {"response_format": {"type": "json_object"}}, "response_format"),
     ("/v1/chat/completions", {"top_logprobs": 2}, "top_logprobs"),
+    ("/v1/chat/completions", {"functions": [{"name": "f", "parameters": {}}]}, "functions"),
+    ("/v1/chat/completions", {"function_call": {"name": "f"}}, "function_call"),
+    ("/v1/chat/completions", {"tool_choice": "required"}, "tool_choice"),
+    ("/v1/chat/completions", {"modalities": ["text", "audio"]}, "modalities"),
+    ("/v1/chat/completions", {"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
+    ("/v1/chat/completions", {"web_search_options": {}}, "web_search_options"),
 ])
 def test_options_the_server_cannot_honour_are_refused_not_dropped(client, path, body, param):
     base = {"prompt": PROMPT} if path == "/v1/completions" else {"messages": MSGS}
@@ -369,7 +375,8 @@ def test_options_the_server_cannot_honour_are_refused_not_dropped(client, path, 
     assert r.status_code == 400 and r.json()["error"]["param"] == param
     # the default value of each is accepted and changes nothing
     zero = {"presence_penalty": 0, "frequency_penalty": 0, "logit_bias": {}, "suffix": "", "tools": [],
-            "response_format": {"type": "text"}, "top_logprobs": 0}[param]
+            "response_format": {"type": "text"}, "top_logprobs": 0, "functions": [], "function_call": "none",
+            "tool_choice": "auto", "modalities": ["text"], "audio": None, "web_search_options": None}[param]
     a = client.post(path, json={**base, "max_tokens": 3, "temperature": 0, param: zero}).json()
     b = client.post(path, json={**base, "max_tokens": 3, "temperature": 0}).json()
     assert a["choices"] == b["choices"]
@@ -438,6 +445,12 @@ EFFECTS = {
     (openai_schema.ChatRequest, "logprobs"): "test_v1_chat_logprobs",
     (openai_schema.ChatRequest, "top_logprobs"): "test_v1_chat_logprobs",
     (openai_schema.ChatRequest, "tools"): "test_options_the_server_cannot_honour_are_refused_not_dropped",
+    (openai_schema.ChatRequest, "functions"): "test_options_the_server_cannot_honour_are_refused_not_dropped",
+    (openai_schema.ChatRequest, "function_call"): "test_options_the_server_cannot_honour_are_refused_not_dropped",
+    (openai_schema.ChatRequest, "tool_choice"): "test_options_the_server_cannot_honour_are_refused_not_dropped",
+    (openai_schema.ChatRequest, "modalities"): "test_options_the_server_cannot_honour_are_refused_not_dropped",
+    (openai_schema.ChatRequest, "audio"): "test_options_the_server_cannot_honour_are_refused_not_dropped",
+    (openai_schema.ChatRequest, "web_search_options"): "test_options_the_server_cannot_honour_are_refused_not_dropped",
     (openai_schema.ChatRequest, "response_format"): "test_v1_chat_roles_and_content_parts",
     (GenerateRequest, "prompt"): "test_temperature_and_seed",
     (GenerateRequest, "prompts"): "test_api_generate_batch_of_prompts",
@@ -512,7 +525,7 @@ def _types(ann):
     ("/v1/completions", {"prompt": "word " * 70}, "prompt", "context_length_exceeded"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "word " * 70}]}, "messages",
      "context_length_exceeded"),
-    ("/v1/chat/completions", {"max_completion_tokens": 33}, "max_tokens", None),
+    ("/v1/chat/completions", {"max_completion_tokens": 33}, "max_completion_tokens", None),
     ("/v1/completions", {"temperature": 2.5}, "temperature", None),
     ("/v1/completions", {"top_p": 0}, "top_p", None),
     ("/v1/completions", {"max_tokens": 0}, "max_tokens", None),  # 0 needs echo

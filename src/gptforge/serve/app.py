@@ -15,7 +15,7 @@ run's loss curve from its ``metrics.jsonl``. OpenAI's ``/v1/models``, ``/v1/comp
 Bad input never reaches the model: malformed JSON -> 400, a value out of range -> 422 naming the
 field (sampling ranges from the same ``SamplingParams.check`` the CLI uses), a prompt that does not
 fit the context or a ``max_new_tokens`` over the cap -> 400, a body over the size limit -> 413 (counted
-on the bytes read, so a chunked body is cut off too), more waiting requests than ``max_queue`` -> 429.
+on the bytes read, so a chunked body is cut off too), more waiting requests than ``max_queue`` -> 429 with ``Retry-After``.
 One request runs on the model at a time (a lock); the rest wait in a bounded queue. A client that
 hangs up leaves the queue, or stops its generation at the next token (``serve/limits.py``).
 """
@@ -77,8 +77,12 @@ class GenerateRequest(BaseModel):
     stop_at_eot: bool = True
 
 
+RETRY_AFTER_S = 1  # a 429's Retry-After: OpenAI's client (and most others) waits this long before its retry
+
+
 class ModelGate:
-    """One request on the model at a time; at most ``max_queue`` waiting, the rest get 429."""
+    """One request on the model at a time; at most ``max_queue`` waiting, the rest get 429 with a
+    ``Retry-After`` header, which /v1's OpenAI error carries too."""
 
     def __init__(self, max_queue: int):
         self.max_queue = max_queue
@@ -87,7 +91,8 @@ class ModelGate:
 
     async def acquire(self) -> None:
         if self._lock.locked() and self.waiting >= self.max_queue:
-            raise HTTPException(429, f"server busy: {self.waiting} requests already queued; retry shortly")
+            raise HTTPException(429, f"server busy: {self.waiting} requests already queued; retry shortly",
+                                headers={"Retry-After": str(RETRY_AFTER_S)})
         self.waiting += 1
         try:
             await self._lock.acquire()
@@ -135,13 +140,28 @@ class _BodyRequest(Request):
 class BodyRoute(APIRoute):
     """A route whose JSON body is read by :func:`gptforge.serve.openai_schema.loads_body`: a key given twice with
     two values or a lone surrogate is refused (400) in /api as in /v1, where json.loads took the last key and
-    tokenized the surrogate."""
+    tokenized the surrogate. A GET route answers HEAD too, as Starlette's own routes (/docs) do and HTTP asks of
+    every GET (FastAPI's answered 405): a HEAD the router found at this path is handled as a GET and the server
+    (uvicorn, which knows the request was HEAD) sends the headers without the body; a route without GET refuses
+    it as it refuses a GET (405, Allow). HEAD is taken here rather than added to ``methods``, which would put a
+    second operation of the same id in /docs.
+
+    The body is read as JSON whatever its Content-Type says, as /v1 reads it: ``curl -d '{...}'`` without ``-H``
+    sends ``application/x-www-form-urlencoded``, and FastAPI handed such a body to the model as bytes, a 422
+    "body: Input should be a valid dictionary" that named neither the header nor the fix."""
+
+    async def handle(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope.get("method") == "HEAD":
+            scope = {**scope, "method": "GET"}
+        await super().handle(scope, receive, send)
 
     def get_route_handler(self):
         handler = super().get_route_handler()
 
         async def route(request: Request):
-            return await handler(_BodyRequest(request.scope, request.receive))
+            headers = [(k, v) for k, v in request.scope.get("headers", ()) if k.lower() != b"content-type"]
+            scope = {**request.scope, "headers": [*headers, (b"content-type", b"application/json")]}
+            return await handler(_BodyRequest(scope, request.receive))
 
         return route
 
@@ -227,14 +247,17 @@ def create_app(model: torch.nn.Module, enc: Any = None, settings: ServeSettings 
     def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         """Every HTTPException in the family's shape: the routes' own, and the framework's (an unknown path,
         a wrong method, a body FastAPI could not decode), which would otherwise answer ``{"detail": ...}``."""
-        message = str(exc.detail)
+        message, near = str(exc.detail), None
         if exc.status_code in (404, 405) and not isinstance(exc, HTTPException):
             allowed = (exc.headers or {}).get("Allow")
+            near = near_route(request.url.path) if exc.status_code == 404 else None
             message = (f"{message}: {request.method} {request.url.path}" + (f" (allowed: {allowed})" if allowed else
-                       "") + "; the routes are listed at /docs")
+                       "") + (f"; did you mean {near}?" if near else "")
+                       + (" (an OpenAI client's base_url ends in /v1)" if near and near.startswith("/v1") else "")
+                       + "; the routes are listed at /docs")
         elif isinstance(exc.__cause__, UnicodeDecodeError):  # FastAPI's "There was an error parsing the body"
             message = f"malformed JSON body: the body is not UTF-8 text ({exc.__cause__})"
-        response = family_error(request, exc.status_code, message)
+        response = family_error(request, exc.status_code, message, v1=bool(near and near.startswith("/v1")) or None)
         response.headers.update(exc.headers or {})
         return response
 
@@ -252,8 +275,23 @@ def create_app(model: torch.nn.Module, enc: Any = None, settings: ServeSettings 
     from gptforge.data.tokenizer import TokenizerError
     from gptforge.errors import ChatFormatError
 
-    def family_error(request: Request, status: int, message: str, param: str | None = None):
-        if request.url.path.startswith("/v1"):
+    def near_route(path: str) -> str | None:
+        """The app's route an unknown path was most likely meant as: the same path under a prefix, or with one
+        missing (``/chat/completions`` from an OpenAI client whose base_url lacks ``/v1``; ``/v1/v1/models``),
+        compared without case and a trailing slash."""
+        want = path.lower().rstrip("/")
+        if len(want) < 2:
+            return None
+        for route in app.routes:
+            known = getattr(route, "path", "")
+            if isinstance(route, APIRoute) and (known.endswith(want) or want.endswith(known)):
+                return known
+        return None
+
+    def family_error(request: Request, status: int, message: str, param: str | None = None, v1: bool | None = None):
+        """The error in the shape of the request's family (``v1``: OpenAI's whatever the path, for a path that
+        was meant as a /v1 route)."""
+        if v1 or (v1 is None and request.url.path.startswith("/v1")):
             from gptforge.serve.openai_schema import OpenAIError
 
             return OpenAIError(status, message, param).response()

@@ -19,14 +19,14 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from gptforge.data.chat import ChatTokenizer
-from gptforge.serve.limits import acquire_unless_gone, watch_disconnect
+from gptforge.serve.limits import acquire_unless_gone, messages_over_limit, watch_disconnect
 from gptforge.serve.sse import sse_response
 
 
 class Message(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)  # JSON types as sent: no "10" -> 10, true -> 1
     role: Literal["system", "user", "assistant"]
-    content: str = Field(max_length=20_000)
+    content: str  # the conversation's length: max_prompt_chars (limits.messages_over_limit), as in /v1
 
 
 class ChatRequest(BaseModel):
@@ -62,6 +62,8 @@ def add_chat_routes(app: FastAPI, model: Any, enc: Any, chat: Any, settings: Any
         n_new = req.max_new_tokens if req.max_new_tokens is not None else min(128, settings.max_new_tokens_cap)
         if n_new > settings.max_new_tokens_cap:
             raise HTTPException(400, f"max_new_tokens={n_new} is over this server's cap of {settings.max_new_tokens_cap}")
+        if over := messages_over_limit([m.content for m in req.messages], settings.max_prompt_chars):
+            raise HTTPException(400, over)
         ids = chat.render_for_generation([m.model_dump() for m in req.messages], enc)
         try:  # the default shrinks to the room the context leaves; an explicit value must fit
             n_new = fit_new_tokens([ids], model.config, req.max_new_tokens, n_new)

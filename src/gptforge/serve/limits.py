@@ -118,6 +118,14 @@ async def _json(send: Any, status: int, msg: str, scope: dict | None = None, ext
     await send({"type": "http.response.body", "body": body})
 
 
+def messages_over_limit(contents: list[str], limit: int) -> str | None:
+    """The refusal of a conversation longer than ``ServeSettings.max_prompt_chars`` (all its messages' text together, checked
+    before the template renders it), or None: one rule and one message for /api/chat and /v1/chat/completions."""
+    if sum(len(c) for c in contents) > limit:
+        return f"messages: over the limit of {limit} characters"
+    return None
+
+
 def watch_disconnect(request: Request) -> tuple[asyncio.Event, asyncio.Task]:
     """An event set when the client disconnects (after its body was read), and the watching task to
     cancel when the response is done."""

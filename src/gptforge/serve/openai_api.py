@@ -30,7 +30,7 @@ import torch
 from fastapi import FastAPI, HTTPException, Request
 from starlette.concurrency import run_in_threadpool
 
-from gptforge.serve.limits import acquire_unless_gone, watch_disconnect
+from gptforge.serve.limits import acquire_unless_gone, messages_over_limit, watch_disconnect
 from gptforge.serve.openai_schema import ChatRequest, CompletionRequest, OpenAIError, finish_reason, parse
 from gptforge.serve.sse import collect_rows, sse_response
 
@@ -75,24 +75,25 @@ def add_openai_routes(app: FastAPI, model: Any, enc: Any, chat: Any, settings: A
         return model_card(model_name)
 
     def sampling(req: Any, prompt_ids: list[list[int]], max_tokens: int | None, stop_token: int,
-                 default_new: int) -> SamplingParams:
+                 default_new: int, length_field: str = "max_tokens") -> SamplingParams:
         """The request's knobs checked against the server's limits and the model's context, and every
-        prompt id against its vocabulary."""
+        prompt id against its vocabulary. ``length_field``: the field ``max_tokens`` came in (a chat request's
+        ``max_completion_tokens``), which a refusal of the length names."""
         in_vocab(req, prompt_ids)
         if len(prompt_ids) * req.n > settings.max_batch:
             raise OpenAIError(400, f"n: {len(prompt_ids)} prompt(s) x n={req.n} replies is over this server's "
                                    f"batch limit of {settings.max_batch}", "n")
         longest = max(len(r) for r in prompt_ids)
         if max_tokens is not None and max_tokens > settings.max_new_tokens_cap:
-            raise OpenAIError(400, f"max_tokens={max_tokens} is over this server's cap of "
-                                   f"{settings.max_new_tokens_cap}", "max_tokens")
+            raise OpenAIError(400, f"{length_field}={max_tokens} is over this server's cap of "
+                                   f"{settings.max_new_tokens_cap}", length_field)
         room = block - longest
         if room < 1 or (max_tokens is not None and max_tokens > room):
             asked = max_tokens if max_tokens is not None else 1
             raise OpenAIError(400, f"This model's maximum context length is {block} tokens. However, you requested "
                                    f"{longest + asked} tokens ({longest} in the prompt, {asked} in the completion). "
                                    "Please reduce the prompt or the completion length.",
-                              "max_tokens" if room >= 1 else ("messages" if chat_route(req) else "prompt"),
+                              length_field if room >= 1 else ("messages" if chat_route(req) else "prompt"),
                               "context_length_exceeded")
         n_new = max_tokens if max_tokens is not None else min(default_new, settings.max_new_tokens_cap, room)
         top_k = req.top_k if req.top_k is not None and req.top_k > 0 else None
@@ -127,7 +128,7 @@ def add_openai_routes(app: FastAPI, model: Any, enc: Any, chat: Any, settings: A
             try:
                 ok = await acquire_unless_gone(gate, gone)
             except HTTPException as e:  # the gate's 429
-                raise OpenAIError(e.status_code, str(e.detail), None, "server_busy") from e
+                raise OpenAIError(e.status_code, str(e.detail), None, "server_busy", e.headers) from e
             if not ok:
                 raise OpenAIError(499, "client closed the request")
             it = stream_text(model, tok, rows, params) if params is not None else (e for e in ())  # max_tokens 0
@@ -218,13 +219,14 @@ def add_openai_routes(app: FastAPI, model: Any, enc: Any, chat: Any, settings: A
                                    "`gptforge sft`); use /v1/completions to continue text", "messages",
                               "no_chat_template")
         conv = req.conversation()
-        if sum(len(m["content"]) for m in conv) > settings.max_prompt_chars:
-            raise OpenAIError(400, f"messages: over the limit of {settings.max_prompt_chars} characters", "messages")
+        if over := messages_over_limit([m["content"] for m in conv], settings.max_prompt_chars):
+            raise OpenAIError(400, over, "messages")
         if req.stream and req.logprobs:
             raise OpenAIError(400, "logprobs: not available with stream=true on this server", "logprobs")
         ids = [chat.render_for_generation(conv, enc)]
-        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-        params = sampling(req, ids, max_tokens, chat.end, default_new=settings.max_new_tokens_cap)
+        field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"  # it wins
+        params = sampling(req, ids, getattr(req, field), chat.end, default_new=settings.max_new_tokens_cap,
+                          length_field=field)
         return await run(request, "chat", req, ids, params, chat_enc, (req.top_logprobs or 0) if req.logprobs else None)
 
     @app.post("/v1/completions")

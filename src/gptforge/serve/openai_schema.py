@@ -9,7 +9,9 @@ where an integer goes, ``"yes"`` where a boolean goes, ``[true]`` as token ids);
 Fields OpenAI defines are checked against OpenAI's ranges (a value out of range is a 400 whose
 ``param`` names the field); fields nobody defines are ignored, as OpenAI's server ignores them.
 Fields that OpenAI defines but gptforge cannot honour (``presence_penalty`` other than 0, a
-``logit_bias``, ``tools``, ``suffix`` ...) are refused by name rather than silently dropped.
+``logit_bias``, ``tools`` or the older ``functions``, a ``tool_choice`` that asks for a call, audio
+``modalities``, ``web_search_options``, ``suffix`` ...) are refused by name rather than silently
+dropped; each one's neutral value (0, empty, ``"none"``/``"auto"``, ``["text"]``) is accepted.
 ``top_k`` and ``repetition_penalty`` are accepted as the extensions vLLM also takes.
 """
 
@@ -28,16 +30,18 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "
 class OpenAIError(Exception):
     """An error answered in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
+        self.headers = headers  # e.g. a 429's Retry-After
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": ERROR_TYPES.get(self.status, "server_error"),
                           "param": self.param, "code": self.code}}
 
     def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status)
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
 def error_body(status: int, message: str) -> dict[str, Any]:
@@ -143,11 +147,31 @@ class ChatRequest(_Sampling):
     top_logprobs: int | None = Field(None, ge=0, le=20)
     tools: list[Any] | None = None
     response_format: dict[str, Any] | None = None
+    # what a client asks for beyond text, each refused unless at its neutral value (ignored, the client would get
+    # plain text where it waits for a call, audio or searched answers): the legacy form of tools, the choice of
+    # a tool, and output OpenAI's audio and search models give
+    functions: list[Any] | None = None
+    function_call: Any = None
+    tool_choice: Any = None
+    modalities: list[Any] | None = None
+    audio: Any = None
+    web_search_options: Any = None
 
     def refuse_unsupported(self) -> None:
         super().refuse_unsupported()
         if self.tools:
             raise OpenAIError(400, "tools: tool calling is not supported by this server", "tools")
+        if self.functions:
+            raise OpenAIError(400, "functions: function calling is not supported by this server", "functions")
+        for name in ("function_call", "tool_choice"):
+            if getattr(self, name) not in (None, "none", "auto"):
+                raise OpenAIError(400, f"{name}: {getattr(self, name)!r} asks for a call; this server has no tool "
+                                       "calling (only \"none\" or \"auto\")", name)
+        if self.modalities and set(self.modalities) != {"text"}:
+            raise OpenAIError(400, f"modalities: only [\"text\"] is supported (got {self.modalities!r})", "modalities")
+        for name in ("audio", "web_search_options"):
+            if getattr(self, name) is not None:
+                raise OpenAIError(400, f"{name}: not supported by this server (text in, text out)", name)
         if self.response_format and self.response_format.get("type", "text") != "text":
             raise OpenAIError(400, "response_format: only {\"type\": \"text\"} is supported", "response_format")
         if self.top_logprobs and not self.logprobs:

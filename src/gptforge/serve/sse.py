@@ -66,15 +66,36 @@ def sse_response(it: Iterator, gate: Any, producers: set[asyncio.Task], event: C
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
+class _Steps:
+    """``it`` stepped one event at a time in a worker thread. :meth:`close` closes it unless a step is still
+    running in its thread: a task cancelled mid-step (the server shutting down on Ctrl-C cancels what is left)
+    stops awaiting while the thread goes on, and a generator cannot be closed while it executes (``it.close()``
+    raised "generator already executing", which skipped the rest of the cleanup and printed as an unhandled
+    exception at shutdown). Such a generator is left to end with its step."""
+
+    def __init__(self, it: Iterator):
+        self.it, self.running = it, False
+
+    async def next(self, default: Any) -> Any:
+        self.running = True
+        ev = await run_in_threadpool(next, self.it, default)
+        self.running = False  # not reached when cancelled mid-step; an exception from next has ended ``it``
+        return ev
+
+    def close(self) -> None:
+        if not self.running:
+            self.it.close()
+
+
 async def _produce(it: Iterator, pieces: asyncio.Queue, client_gone: asyncio.Event, gate: Any) -> None:
-    done = object()
+    done, steps = object(), _Steps(it)
     try:
-        while not client_gone.is_set() and (ev := await run_in_threadpool(next, it, done)) is not done:
+        while not client_gone.is_set() and (ev := await steps.next(done)) is not done:
             pieces.put_nowait(ev)
     except Exception as e:  # e.g. out of memory: tell the client, keep serving
         pieces.put_nowait(e)
     finally:
-        it.close()
+        steps.close()
         gate.release()
         pieces.put_nowait(None)
 
@@ -84,13 +105,13 @@ async def collect_rows(it: Iterator, n_rows: int, gone: asyncio.Event) -> tuple[
     """Every row's text, finish reason and generated ids: ``it`` stepped one token at a time in a worker thread,
     checking between steps whether the client hung up (``gone``); ``it`` is closed however this ends."""
     texts, reasons, tokens = [""] * n_rows, [None] * n_rows, [[] for _ in range(n_rows)]
-    done = object()
+    done, steps = object(), _Steps(it)
     try:
-        while not gone.is_set() and (ev := await run_in_threadpool(next, it, done)) is not done:
+        while not gone.is_set() and (ev := await steps.next(done)) is not done:
             texts[ev.row] += ev.text
             tokens[ev.row] += ev.tokens
             if ev.finished:
                 reasons[ev.row] = ev.reason
     finally:
-        it.close()
+        steps.close()
     return texts, reasons, tokens
