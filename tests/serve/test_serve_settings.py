@@ -29,10 +29,10 @@ def test_the_defaults_pass_and_each_limit_is_checked():
     ServeSettings().check()
     assert LIMITS == ["max_new_tokens_cap", "max_batch", "max_queue", "max_prompt_chars", "max_body_bytes"]
     for name in LIMITS:
-        low = 0 if name == "max_queue" else 1
+        low = 1 if name in ("max_new_tokens_cap", "max_batch") else 0  # 0: none waiting / derived from the model
         ServeSettings(**{name: low}).check()  # the smallest allowed
         flag = "--" + name.replace("_", "-")
-        for bad in (low - 1, -7, 2.0, "8", None):
+        for bad in (low - 1, -7, 2.0, "8", None, True):
             with pytest.raises(ValueError) as e:
                 ServeSettings(**{name: bad}).check()
             assert str(e.value) == f"{flag} {bad}: must be an integer >= {low}", (name, bad)
@@ -213,3 +213,15 @@ def test_run_server_listens_on_localhost_8000_by_default(monkeypatch, tokenizer)
     assert asked == [("127.0.0.1", 8000)]
     # the URL names the port the socket holds (the stand-in's free one; a real bind_port: 8000)
     assert _Uvicorn.seen["flushed"].startswith(f"gptforge serve: http://127.0.0.1:{bound}/ ")
+
+
+@pytest.mark.parametrize("context, chars, body", [(32, 20_000, 1_000_000), (1024, 20_000, 1_000_000),
+                                                  (8192, 131_072, 1_048_576), (131_072, 2_097_152, 16_777_216)])
+def test_the_prompt_and_body_limits_follow_the_models_context(context, chars, body):
+    """A fixed 20,000 characters refused a long chat with a 128k-context model at ~5,000 tokens (the page and
+    /v1 hold the whole conversation to it): 0 (the default) is 16 characters a position, at least 20,000, and
+    a body of 8 bytes a character, at least 1 MB; a limit given is kept as given."""
+    s = ServeSettings().for_model(context)
+    assert (s.max_prompt_chars, s.max_body_bytes) == (chars, body)
+    given = ServeSettings(max_prompt_chars=500, max_body_bytes=20_000).for_model(context)
+    assert (given.max_prompt_chars, given.max_body_bytes) == (500, 20_000)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -51,13 +51,23 @@ class ServeSettings:
     max_new_tokens_cap: int = 512  # per request; bounds time and KV-cache memory
     max_batch: int = 8  # prompts per request
     max_queue: int = 8  # requests waiting for the model before 429
-    max_prompt_chars: int = 20_000  # before tokenizing (the context check comes after)
-    max_body_bytes: int = 1_000_000
+    max_prompt_chars: int = 0  # before tokenizing (the context check comes after); 0: from the context (for_model)
+    max_body_bytes: int = 0  # a request's bytes; 0: from max_prompt_chars (for_model)
 
     def check(self) -> None:
         for k, v in asdict(self).items():
-            if not isinstance(v, int) or v < (0 if k == "max_queue" else 1):
-                raise ValueError(f"--{k.replace('_', '-')} {v}: must be an integer >= {0 if k == 'max_queue' else 1}")
+            low = 1 if k in ("max_new_tokens_cap", "max_batch") else 0  # 0: none waiting / derived (for_model)
+            if not isinstance(v, int) or isinstance(v, bool) or v < low:
+                raise ValueError(f"--{k.replace('_', '-')} {v}: must be an integer >= {low}")
+
+    def for_model(self, context: int) -> ServeSettings:
+        """These settings with the derived limits filled in for a model of ``context`` positions: a prompt or a
+        conversation of at most 16 characters a position (a BPE token is ~4: room for any text that can fit,
+        while a flood is refused before it is tokenized), at least 20,000; a body of 8 bytes a character (JSON's
+        \\uXXXX escapes), at least 1,000,000. A fixed 20,000 refused a long chat with a 128k-context model at
+        ~5,000 tokens."""
+        chars = self.max_prompt_chars or max(20_000, 16 * context)
+        return replace(self, max_prompt_chars=chars, max_body_bytes=self.max_body_bytes or max(1_000_000, 8 * chars))
 
 
 class GenerateRequest(BaseModel):
@@ -230,6 +240,7 @@ def create_app(model: torch.nn.Module, enc: Any = None, settings: ServeSettings 
         enc = ChatTokenizer(plain, chat)
     settings = settings or ServeSettings()
     settings.check()
+    settings = settings.for_model(model.config.block_size)
     gate = ModelGate(settings.max_queue)
     app = FastAPI(title="gptforge", description="Talk to a gptforge model.")
     app.router.route_class = BodyRoute  # the /api routes read their JSON as /v1 does (openai_schema.loads_body)
