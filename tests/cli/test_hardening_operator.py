@@ -82,7 +82,7 @@ def test_a_dangling_symlink_shard_is_named(shard_dir, tmp_path, capsys):
     cfg = tiny_config(shard_dir, tmp_path / "run")
     _one_line(capsys, ["train", "--preset", "tiny", "--data.dir", str(shard_dir), "--out", str(tmp_path / "run"),
                        "--model.vocab_size", str(cfg.model.vocab_size), "--train.device", "cpu"],
-              str(link), "does not exist")
+              str(link), "a symlink to a missing file", "gone.bin")  # what it leads to, not only that it is gone
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
