@@ -161,10 +161,12 @@ def base_shape(source: str):
 def port(raw: str) -> int:
     """A TCP port number (argparse type): one line for 99999 instead of the server's tracebacks. 0 asks the
     system for a free port (the server prints the one it got), as a socket's bind does."""
+    from gptforge.numbers import parse_int
+
     try:
-        v = int(raw)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{raw!r} is not a port number") from None
+        v = parse_int(raw)  # the one number parser: '８０００' and '80_00' refused as every numeric flag refuses them
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{e}; not a port number") from None
     if not 0 <= v <= 65535:
         raise argparse.ArgumentTypeError(f"{v} is not a TCP port; give 1 to 65535 (0: any free port)")
     return v

@@ -1,0 +1,142 @@
+"""Input leftovers, each tested as a class: every numeric flag and ``--section.key`` override refuses a number not
+written in ASCII or with a stray underscore (walked over every parser, not a few examples); no refusal names its
+flag twice (every wrap of an error with its flag goes through one helper); PromptError, whichever command raises
+it, is one line at the door (exit 2)."""
+
+from __future__ import annotations
+
+import argparse
+import typing
+
+import pytest
+
+from gptforge.cli import build_parser, main
+
+# what int()/float() read as 10 (or 1000) without a word: full-width and Arabic-Indic digits, a no-break space,
+# and underscores that are no thousands separator
+NOT_ASCII = ("１０", "١٠", "\u00a010", "1０")
+STRAY_UNDERSCORE = ("1_0", "10_", "_10", "1__000", "1_000_00")
+BAD_NUMBERS = NOT_ASCII + STRAY_UNDERSCORE
+
+
+def _parsers(p: argparse.ArgumentParser, path: tuple[str, ...] = ()):
+    """(command path, parser) for the root and every command and sub-command under it."""
+    yield path, p
+    for a in p._actions:
+        if isinstance(a, argparse._SubParsersAction):
+            for name, sub in a.choices.items():
+                yield from _parsers(sub, path + (name,))
+
+
+def _numeric(parser: argparse.ArgumentParser, action: argparse.Action) -> bool:
+    """Whether an option parses numbers: its type (``int``/``float`` through the parser's registry, or a function
+    such as ``port``) turns "7" into a number. Found by what the type does, so a new numeric type is walked too."""
+    if not action.option_strings or action.type is None:
+        return False
+    conv = parser._registry_get("type", action.type, action.type)
+    try:
+        return isinstance(conv("7"), int | float) and not isinstance(conv("7"), bool)
+    except (argparse.ArgumentTypeError, ValueError, TypeError):
+        return False
+
+
+class _Caught(Exception):
+    pass
+
+
+def _tool_parsers(monkeypatch) -> list[argparse.ArgumentParser]:
+    """The parsers of the ``python -m gptforge.bench.*`` tools (built inside their main): caught at parse time."""
+    import importlib
+
+    from gptforge.argparsing import OneLineParser
+
+    got: list[argparse.ArgumentParser] = []
+
+    def catch(self, args=None, namespace=None):
+        got.append(self)
+        raise _Caught
+
+    monkeypatch.setattr(OneLineParser, "parse_known_args", catch)
+    for mod in ("trace", "readme_numbers", "tokenizer_train", "llmc"):
+        with pytest.raises(_Caught):
+            importlib.import_module(f"gptforge.bench.{mod}").main([])
+    return got
+
+
+def test_every_numeric_flag_of_every_command_and_tool_refuses_non_ascii_digits_and_stray_underscores(monkeypatch):
+    walked = []
+    roots = [build_parser()] + _tool_parsers(monkeypatch)
+    for root in roots:
+        for path, p in _parsers(root):
+            for action in p._actions:
+                if not _numeric(p, action):
+                    continue
+                flag = action.option_strings[-1]
+                walked.append((path, flag))
+                for bad in BAD_NUMBERS:
+                    with pytest.raises(argparse.ArgumentError) as e:
+                        p._get_value(action, bad)
+                    said = str(e.value)
+                    # one line naming the flag and the value as typed
+                    assert flag in said and repr(bad) in said and "\n" not in said, (path, flag, said)
+                # what the flag is for still parses: the refusal is of the writing, not of the number
+                p._get_value(action, "10")
+    flags = {f for _, f in walked}
+    # the walk reached them all: the commands' counts and floats, serve's port, the tools' own
+    assert {"--port", "--max-new-tokens", "--temperature", "--shard-tokens", "--vocab-size", "--steps"} <= flags, flags
+    assert len(walked) > 100, len(walked)
+
+
+def _config_numeric_keys():
+    from gptforge.config import Config, config_keys
+    from gptforge.models.registry import switch_family
+
+    out = {}
+    for arch in ("gpt2", "llama"):
+        cfg = Config()
+        cfg.model = switch_family(cfg.model, arch)
+        for key, tp in config_keys(cfg).items():
+            args = [a for a in typing.get_args(tp) if a is not type(None)]
+            base = args[0] if typing.get_origin(tp) is typing.Union and len(args) == 1 else tp
+            if base in (int, float):
+                out[key] = tp
+    return out
+
+
+def test_every_numeric_config_key_refuses_non_ascii_digits_and_stray_underscores():
+    from gptforge.config import ConfigError, parse_value
+
+    keys = _config_numeric_keys()
+    assert len(keys) > 60 and "optim.lr" in keys and "model.n_head" in keys, len(keys)
+    for key, tp in keys.items():
+        for bad in BAD_NUMBERS:
+            with pytest.raises(ConfigError) as e:
+                parse_value(key, bad, tp)
+            assert str(e.value).startswith(f"--{key} {bad!r}") and "\n" not in str(e.value), str(e.value)
+        assert parse_value(key, "32_768", tp) == 32768  # a thousands separator is what it looks like
+
+
+def test_the_number_parser_says_what_it_refused_and_what_ascii_would_read():
+    from gptforge.numbers import parse_float, parse_int
+
+    for f in (parse_int, parse_float):
+        with pytest.raises(ValueError, match=r"'１０' holds '１' \(FULLWIDTH DIGIT ONE\).*ASCII digits: 10$"):
+            f("１０")
+        with pytest.raises(ValueError, match=r"ARABIC-INDIC DIGIT ONE.*: 10$"):
+            f("١٠")
+        with pytest.raises(ValueError, match="'_' may only separate thousands"):
+            f("1_0")
+    # thousands separators keep their meaning, in an int, a float and an exponent's mantissa
+    assert [parse_int(s) for s in ("32_768", "100_000_000", "-1_000", "+12_345e3")] == [32768, 10**8, -1000, 12345000]
+    assert parse_float("1_000.5") == 1000.5
+
+
+@pytest.mark.parametrize("argv", [["train", "--train.max_steps", "١٠"], ["train", "--optim.lr", "1_0"],
+                                  ["sample", "--random", "d4", "--max-new-tokens", "１０"],
+                                  ["prepare", "files", "x.txt", "--out", "o", "--shard-tokens", "1_0"]])
+def test_through_the_command_it_is_one_line_naming_the_flag(argv, capsys):
+    with pytest.raises(SystemExit) as e:  # argparse's refusals exit; an override's is the door's (return 2)
+        raise SystemExit(main(argv))
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and argv[-2] in err and repr(argv[-1]) in err, err
