@@ -104,3 +104,15 @@ def _json_name(tp: object) -> str:
         return "one of " + ", ".join(repr(a) for a in args)
     return {bool: "true or false", int: "an integer", float: "a number", str: "a string",
             type(None): "null"}.get(tp, str(tp))
+
+
+def flagged(flag: str, error: object) -> str:
+    """``error`` (an exception or its words) as a refusal of the option ``flag`` (``--tokenizer``, or with its value,
+    ``--judge RM``): ``flag: words``, unless the words already start by naming that option, as the layer below often
+    words its own refusals (``--tokenizer X: not gpt2, ...``). The one way a command puts its flag before an error
+    it re-raises: each wrap that added its prefix unconditionally said ``--tokenizer: --tokenizer X: ...``."""
+    words = str(error)
+    name = flag.split()[0]
+    if words == name or words.startswith((f"{name} ", f"{name}:", f"{name}=")):
+        return words
+    return f"{flag}: {words}"

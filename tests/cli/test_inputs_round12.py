@@ -140,3 +140,44 @@ def test_through_the_command_it_is_one_line_naming_the_flag(argv, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and argv[-2] in err and repr(argv[-1]) in err, err
+
+
+# --- no refusal names its flag twice -------------------------------------------------------------------------
+
+
+def test_flagged_puts_the_flag_first_once():
+    from gptforge.errors import flagged
+
+    assert flagged("--tokenizer", ValueError("--tokenizer x: not gpt2")) == "--tokenizer x: not gpt2"
+    assert flagged("--tokenizer", "--tokenizer: empty") == "--tokenizer: empty"
+    assert flagged("--tokenizer", "x.json: not JSON") == "--tokenizer: x.json: not JSON"
+    assert flagged("--judge RM", "--judge RM: no such file") == "--judge RM: no such file"
+    # another option's name at the head is no repetition: --ckpt's refusal of --ckpt-like words is prefixed
+    assert flagged("--ckpt", "--ckpt-dir: gone") == "--ckpt: --ckpt-dir: gone"
+
+
+def test_no_error_is_wrapped_with_its_flag_by_hand():
+    """The class: every place that re-raises an error with its flag before it goes through errors.flagged, so no
+    new wrap can say the flag twice. A hand-made ``f"--flag: {e}"`` / ``f"{flag}: {e}"`` anywhere in src fails."""
+    import re
+    from pathlib import Path
+
+    import gptforge
+
+    wrap = re.compile(r'f"(--[a-z][\w.-]*|\{[a-z_]*flag[a-z_]*\})[^"]{0,40}: \{(e|err|exc|error)\}')
+    found = [f"{p.name}:{n}: {line.strip()}" for p in Path(gptforge.__file__).parent.rglob("*.py")
+             for n, line in enumerate(p.read_text().splitlines(), 1) if wrap.search(line)]
+    assert not found, found
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["prepare", "files", "x.txt", "--out", "o", "--tokenizer", "no-such-tokenizer"], "--tokenizer"),
+    (["prepare", "shakespeare", "--out", "o", "--tokenizer", "no-such-tokenizer"], "--tokenizer"),
+    (["train", "--model.arch", "nope"], "--model.arch"),
+])
+def test_through_the_command_the_flag_is_said_once(argv, flag, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "x.txt").write_text("some text")
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.count(flag) == 1, err

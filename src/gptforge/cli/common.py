@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 # the architectures the GGUF reader takes (gguf_config imports no torch: --help stays instant)
 from gptforge.argparsing import count, finite  # noqa: F401 (the commands' argparse types, re-exported)
+from gptforge.errors import flagged
 from gptforge.interop.gguf_config import ARCHITECTURES as GGUF_ARCHITECTURES
 
 if TYPE_CHECKING:  # torch: imported only when a command runs, so `gptforge --help` stays instant
@@ -144,11 +145,11 @@ def load(source: ModelSource, flag: str | None = None, announce_after: float | N
     try:
         return load_model(source, announce_after=announce_after)
     except ValueError as e:
-        raise CliError(f"{flag}: {e}" if flag else str(e)) from e
+        raise CliError(flagged(flag, e) if flag else str(e)) from e
     except (CheckpointError, FileNotFoundError) as e:
         if flag is None:
             raise
-        raise CliError(f"{flag}: {e}") from e
+        raise CliError(flagged(flag, e)) from e
 
 
 def base_shape(source: str):
@@ -200,7 +201,7 @@ def words(source: ModelSource, model=None, flag: str | None = None, fallback: bo
         tok = load_tokenizer_of(source, model)
         return tok, load_chat_template_of(source, tok, fallback=fallback)
     except (TokenizerError, ChatFormatError, ValueError) as e:  # ValueError: a GGUF file's GGUFReadError
-        raise CliError(f"{flag}: {e}" if flag else str(e)) from None
+        raise CliError(flagged(flag, e) if flag else str(e)) from None
 
 
 def run_words(resume, meta: dict | None, cfg, init_from_path: str | None, fallback: bool = True):
@@ -225,7 +226,7 @@ def run_words(resume, meta: dict | None, cfg, init_from_path: str | None, fallba
         tok = tokenizer_from_meta(meta, resume)
         chat = template_from_dict(d, f"{resume}/meta.json", cfg.model.vocab_size, tok=tok) if d else None
     except (TokenizerError, ChatFormatError) as e:
-        raise CliError(f"--resume: {e}") from None
+        raise CliError(flagged("--resume", e)) from None
     return tok, chat
 
 

@@ -13,6 +13,7 @@ import time
 import numpy as np
 
 from gptforge.data.prepare.sources import SourceError
+from gptforge.errors import flagged
 
 
 def load_tokenizer(spec: str):
@@ -24,7 +25,7 @@ def load_tokenizer(spec: str):
     try:
         return load(spec)
     except (TokenizerError, FileNotFoundError) as e:
-        raise SourceError(f"--tokenizer: {e}") from None
+        raise SourceError(flagged("--tokenizer", e)) from None
 
 
 # --- worker side: top-level functions, so spawn/forkserver can pickle them ----------------------------
