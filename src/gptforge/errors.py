@@ -5,6 +5,13 @@ here are raised by more than one layer."""
 import functools
 
 
+class UserError(Exception):
+    """Bad input whose message is for the user as it stands: the command line's one door (gptforge.cli) prints any
+    error of this kind as one line, exit 2, whichever command and however deep it was raised. A class derived from
+    it (with ValueError or another base its callers catch) needs no entry in the door's list, so an error a
+    command did not expect to meet is never a traceback."""
+
+
 class CheckpointError(RuntimeError):
     """A checkpoint or model file that is missing, damaged or does not fit the model (names the file)."""
 

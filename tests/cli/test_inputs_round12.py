@@ -181,3 +181,41 @@ def test_through_the_command_the_flag_is_said_once(argv, flag, tmp_path, monkeyp
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.count(flag) == 1, err
+
+
+# --- PromptError, under any command, is one line at the door ---------------------------------------------------
+
+
+def _prompt_error():
+    from gptforge.generation import PromptError, check_prompt_ids
+
+    with pytest.raises(PromptError) as e:  # the real refusal: GPT-2's ids prompted into a 64-id model
+        check_prompt_ids([[50256, 15496]], 64)
+    return e.value
+
+
+@pytest.mark.parametrize("argv", [["eval", "--random", "d4"], ["bench-generate"], ["train"], ["rl", "--out", "r"],
+                                  ["sample", "--random", "d4"]])
+def test_a_prompt_error_under_any_command_is_one_line_exit_2(argv, monkeypatch, capsys):
+    """Raised where the command did not expect it (eval's generative tasks, bench-generate, RL rollouts, training's
+    samples all generate through check_prompt_ids): PromptError is a UserError, which the door prints as one line."""
+    import gptforge.cli as cli
+
+    err = _prompt_error()
+    real = cli._fn
+
+    def handler(*a, **k):
+        raise err
+
+    monkeypatch.setattr(cli, "_fn", lambda name, kind: handler if kind == "cmd" else real(name, kind))
+    monkeypatch.setattr("gptforge.cli.outputs.check_outputs", lambda *a, **k: None)
+    assert main(argv) == 2
+    said = capsys.readouterr().err.strip()
+    assert said == f"gptforge {argv[0]}: error: {err}", said
+
+
+def test_prompt_error_is_still_what_serve_and_sample_catch():
+    from gptforge.errors import UserError
+    from gptforge.generation import PromptError
+
+    assert issubclass(PromptError, UserError) and issubclass(PromptError, ValueError)
