@@ -219,3 +219,20 @@ def test_prompt_error_is_still_what_serve_and_sample_catch():
     from gptforge.generation import PromptError
 
     assert issubclass(PromptError, UserError) and issubclass(PromptError, ValueError)
+
+
+# --- number variables of the environment: read as their C readers (torchrun, libgomp) read them -----------------
+
+
+@pytest.mark.parametrize("raw", BAD_NUMBERS)
+def test_number_variables_refuse_what_c_would_not_read(raw, monkeypatch):
+    import re
+
+    from gptforge.environment import NUMBER_VARIABLES, EnvError, number, omp_levels
+
+    for name in NUMBER_VARIABLES:
+        monkeypatch.setenv(name, raw)
+        with pytest.raises(EnvError, match=re.escape(f"{name}={raw!r}")):
+            number(name, 0)
+    assert omp_levels(raw) is None and omp_levels(f"4,{raw}") is None  # libgomp takes neither: nor do its readers
+    assert omp_levels("4, 1") == [4, 1]
