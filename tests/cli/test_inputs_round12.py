@@ -236,3 +236,15 @@ def test_number_variables_refuse_what_c_would_not_read(raw, monkeypatch):
             number(name, 0)
     assert omp_levels(raw) is None and omp_levels(f"4,{raw}") is None  # libgomp takes neither: nor do its readers
     assert omp_levels("4, 1") == [4, 1]
+
+
+@pytest.mark.parametrize("raw", BAD_NUMBERS)
+def test_prepares_deadline_variable_reads_numbers_as_the_command_line_does(raw, monkeypatch):
+    from gptforge.data.prepare.sources import SourceError
+    from gptforge.data.prepare.workers import DOC_DEADLINE_ENV, deadline_floor
+
+    monkeypatch.setenv(DOC_DEADLINE_ENV, raw)
+    with pytest.raises(SourceError, match=DOC_DEADLINE_ENV):
+        deadline_floor()
+    monkeypatch.setenv(DOC_DEADLINE_ENV, "2.5")
+    assert deadline_floor() == 2.5

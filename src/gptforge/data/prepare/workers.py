@@ -55,14 +55,16 @@ DOC_BUDGET_S_PER_CHAR = 100e-6
 def deadline_floor() -> float:
     """The deadline of a short document: GPTFORGE_DOC_DEADLINE_S where set (a positive number of seconds),
     else DOC_DEADLINE_FLOOR_S."""
-    raw = os.environ.get(DOC_DEADLINE_ENV, "").strip()
+    raw = os.environ.get(DOC_DEADLINE_ENV, "").strip(" \t\n\r\f\v")  # a no-break space: refused below
     if not raw:
         return DOC_DEADLINE_FLOOR_S
-    try:
-        v = float(raw)
+    from gptforge.numbers import parse_float
+
+    try:  # the one number parser: '３０' and '3_0' refused, not read as 30
+        v = parse_float(raw)
     except ValueError:
         v = float("nan")
-    if not (v > 0 and v != float("inf")):
+    if not v > 0:
         raise SourceError(f"{DOC_DEADLINE_ENV}={raw!r}: expected a positive number of seconds (the least time one "
                           f"document may take to tokenize; default {DOC_DEADLINE_FLOOR_S:g})")
     return v
