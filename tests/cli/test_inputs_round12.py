@@ -248,3 +248,21 @@ def test_prepares_deadline_variable_reads_numbers_as_the_command_line_does(raw, 
         deadline_floor()
     monkeypatch.setenv(DOC_DEADLINE_ENV, "2.5")
     assert deadline_floor() == 2.5
+
+
+@pytest.mark.parametrize("argv", [["bench", "--sweep-micro-batch", "8,１６"], ["bench-prepare", "--workers", "1,2_0"]])
+def test_the_comma_separated_number_lists_refuse_them_too(argv, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and argv[1] in err and repr(argv[2]) in err, err
+    assert "ASCII" in err or "thousands" in err, err  # the reason, not only the flag
+
+
+def test_readme_numbers_seeds_refuse_them_too(capsys, monkeypatch):
+    from gptforge.bench import readme_numbers
+    from gptforge.bench.readme_numbers import main as readme_main
+
+    monkeypatch.setattr(readme_numbers, "Ctx", lambda *a, **k: (_ for _ in ()).throw(_Caught("seeds taken")))
+    with pytest.raises(SystemExit) as e:
+        readme_main(["--seeds", "11,１２", "--only", "plan"])
+    assert e.value.code == 2 and "ASCII" in capsys.readouterr().err

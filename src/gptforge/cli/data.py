@@ -369,8 +369,8 @@ def cmd_bench_prepare(args: argparse.Namespace) -> int:
         from gptforge.numbers import parse_int
 
         workers = [parse_int(w) for w in args.workers.split(",")]
-    except ValueError:
-        raise CliError(f"--workers {args.workers!r}: expected a comma-separated list of integers, e.g. 1,2") from None
+    except ValueError as e:
+        raise CliError(f"--workers {args.workers!r}: expected a comma-separated list of integers, e.g. 1,2 ({e})") from None
     if min(workers) < 1 or args.copies < 1 or args.repeats < 1 or args.memory_factor < 1 or args.shard_tokens < 1:
         raise CliError("--workers, --copies, --repeats, --memory-factor and --shard-tokens must be >= 1")
     from gptforge.data.prepare.settings import PrepareSettings, check_settings
