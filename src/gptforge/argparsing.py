@@ -25,8 +25,9 @@ from gptforge.numbers import parse_float, parse_int
 
 
 def count(raw: str) -> int:
-    """An integer flag (argparse type; ``type=int`` is this too): also written 1e8 or 100_000_000; not
-    finite, not whole or past 64 bits is refused naming the flag (gptforge.numbers, the one number parser)."""
+    """An integer flag (argparse type; ``type=int`` is this too): also written 1e8 or 100_000_000; not ASCII
+    ('１０'), an underscore that separates no thousands ('1_0'), not finite, not whole or past 64 bits is refused
+    naming the flag (gptforge.numbers, the one number parser)."""
     try:
         return parse_int(raw)
     except ValueError as e:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
 
 from gptforge.config_recipes import DPOConfig, LoRAConfig, RLConfig, RMConfig  # noqa: F401 (sections; re-exported)
-from gptforge.errors import field_types, saved_field_types
+from gptforge.errors import field_types, flagged, saved_field_types
 from gptforge.models.gpt2 import GPTConfig
 from gptforge.models.registry import model_config, switch_family
 from gptforge.numbers import MAX_THREADS
@@ -450,7 +450,7 @@ def apply_overrides(cfg: Config, args: list[str]) -> Config:
             try:
                 cfg.model = switch_family(cfg.model, v)
             except (TypeError, ValueError) as e:
-                raise ConfigError(f"--model.arch {v!r}: {e}") from e
+                raise ConfigError(flagged(f"--model.arch {v!r}", e)) from e
     keys = config_keys(cfg)
     for k, v in pairs:
         if k not in keys:

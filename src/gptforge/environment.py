@@ -40,12 +40,12 @@ NUMBER_VARIABLES: dict[str, tuple[type, float]] = {
 def number(name: str, default: float) -> float:
     """``name``'s value as NUMBER_VARIABLES says, ``default`` when unset or empty; EnvError naming it when
     malformed (a traceback from int() deep inside a run before)."""
-    raw = os.environ.get(name, "").strip()
+    raw = os.environ.get(name, "").strip(" \t\n\r\f\v")  # ASCII white space: C skips no other
     if not raw:
         return default
     kind, least = NUMBER_VARIABLES[name]
     try:
-        v = kind(raw)
+        v = kind(_c_number(raw))
     except ValueError:
         v = None
     if v is None or not (least <= v < float("inf")):
@@ -72,11 +72,20 @@ def usable_cpus() -> int:
 THREADS_PER_CPU_MAX = 64
 
 
+def _c_number(raw: str) -> str:
+    """``raw`` if it is a number as C's strtol reads it (torchrun, libgomp), ASCII with no '_'; else ValueError.
+    Python's int() also reads '４' (full-width), '٤' (Arabic-Indic) and '1_0' (as 10), which no C reader of the
+    same variable takes: gptforge and the library would read one variable two ways."""
+    if not raw.isascii() or "_" in raw:
+        raise ValueError(raw)
+    return raw
+
+
 def omp_levels(raw: str) -> list[int] | None:
     """OMP_NUM_THREADS as libgomp reads it: a positive whole number per nesting level, comma-separated
     ("4", " +4 ", "4,1": 4 threads, 1 in each nested region); None when it is not that."""
     try:
-        levels = [int(part.strip()) for part in raw.split(",")]
+        levels = [int(_c_number(part.strip(" \t\n\r\f\v"))) for part in raw.split(",")]
     except ValueError:
         return None
     return levels if all(n >= 1 for n in levels) else None

@@ -5,6 +5,13 @@ here are raised by more than one layer."""
 import functools
 
 
+class UserError(Exception):
+    """Bad input whose message is for the user as it stands: the command line's one door (gptforge.cli) prints any
+    error of this kind as one line, exit 2, whichever command and however deep it was raised. A class derived from
+    it (with ValueError or another base its callers catch) needs no entry in the door's list, so an error a
+    command did not expect to meet is never a traceback."""
+
+
 class CheckpointError(RuntimeError):
     """A checkpoint or model file that is missing, damaged or does not fit the model (names the file)."""
 
@@ -104,3 +111,15 @@ def _json_name(tp: object) -> str:
         return "one of " + ", ".join(repr(a) for a in args)
     return {bool: "true or false", int: "an integer", float: "a number", str: "a string",
             type(None): "null"}.get(tp, str(tp))
+
+
+def flagged(flag: str, error: object) -> str:
+    """``error`` (an exception or its words) as a refusal of the option ``flag`` (``--tokenizer``, or with its value,
+    ``--judge RM``): ``flag: words``, unless the words already start by naming that option, as the layer below often
+    words its own refusals (``--tokenizer X: not gpt2, ...``). The one way a command puts its flag before an error
+    it re-raises: each wrap that added its prefix unconditionally said ``--tokenizer: --tokenizer X: ...``."""
+    words = str(error)
+    name = flag.split()[0]
+    if words == name or words.startswith((f"{name} ", f"{name}:", f"{name}=")):
+        return words
+    return f"{flag}: {words}"

@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from gptforge.errors import UserError
+
 
 @dataclass
 class SamplingParams:
@@ -64,9 +66,11 @@ class SamplingParams:
             raise ValueError("stop: stop sequences must be non-empty strings")
 
 
-class PromptError(ValueError):
+class PromptError(UserError, ValueError):
     """A request that cannot run on this model (an id outside its vocabulary, no room in its context);
-    the message says what to change. sample/chat print it (exit 2), serve answers 400."""
+    the message says what to change. sample/chat print it (exit 2), serve answers 400; raised under any other
+    command (eval's generative tasks, bench-generate, RL rollouts, training's samples) it is a UserError, so the
+    command line's door prints it as one line, exit 2, instead of a traceback."""
 
 
 def check_prompt_ids(prompts: Sequence[Sequence[int]], vocab: int) -> None:

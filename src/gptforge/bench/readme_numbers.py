@@ -318,10 +318,12 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in names if n not in JOURNEYS]
     if unknown:
         p.error(f"--only: unknown journey {', '.join(unknown)} (one of {', '.join(JOURNEYS)})")
-    try:
-        seeds = [int(s) for s in args.seeds.split(",") if s]
-    except ValueError:
-        p.error(f"--seeds: {args.seeds!r} is not a comma-separated list of integers")
+    from gptforge.numbers import parse_int
+
+    try:  # the one number parser, as every numeric flag: '１１' and '1_1' refused, not read as 11
+        seeds = [parse_int(s) for s in args.seeds.split(",") if s]
+    except ValueError as e:
+        p.error(f"--seeds: {args.seeds!r} is not a comma-separated list of integers ({e})")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     ctx = Ctx(out, args.shrunk, seeds, lambda s: print(s, flush=True))

@@ -199,14 +199,14 @@ def _main(argv: list[str] | None) -> int:
     from gptforge.data.shards import ShardError
     from gptforge.data.tokenizer import TokenizerError, TokenizerUnavailable
     from gptforge.environment import EnvError
-    from gptforge.errors import ResourceError
+    from gptforge.errors import ResourceError, UserError
     from gptforge.eval.tasks.base import EvalDataError
     from gptforge.extras import MissingExtra
     from gptforge.reading import path_fault
     from gptforge.storage.faults import DiskFullError, OutputError
 
     bad_input = (EnvError, CliError, ShardError, TokenizerUnavailable, TokenizerError, ChatFormatError, ResourceError,
-                 FileNotFoundError, EvalDataError, DiskFullError, OutputError, MissingExtra)
+                 FileNotFoundError, EvalDataError, DiskFullError, OutputError, MissingExtra, UserError)
     try:
         try:
             check_outputs(args.command, args)  # an output that may not be replaced: refused before any work

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 # the architectures the GGUF reader takes (gguf_config imports no torch: --help stays instant)
 from gptforge.argparsing import count, finite  # noqa: F401 (the commands' argparse types, re-exported)
+from gptforge.errors import flagged
 from gptforge.interop.gguf_config import ARCHITECTURES as GGUF_ARCHITECTURES
 
 if TYPE_CHECKING:  # torch: imported only when a command runs, so `gptforge --help` stays instant
@@ -144,11 +145,11 @@ def load(source: ModelSource, flag: str | None = None, announce_after: float | N
     try:
         return load_model(source, announce_after=announce_after)
     except ValueError as e:
-        raise CliError(f"{flag}: {e}" if flag else str(e)) from e
+        raise CliError(flagged(flag, e) if flag else str(e)) from e
     except (CheckpointError, FileNotFoundError) as e:
         if flag is None:
             raise
-        raise CliError(f"{flag}: {e}") from e
+        raise CliError(flagged(flag, e)) from e
 
 
 def base_shape(source: str):
@@ -161,10 +162,12 @@ def base_shape(source: str):
 def port(raw: str) -> int:
     """A TCP port number (argparse type): one line for 99999 instead of the server's tracebacks. 0 asks the
     system for a free port (the server prints the one it got), as a socket's bind does."""
+    from gptforge.numbers import parse_int
+
     try:
-        v = int(raw)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{raw!r} is not a port number") from None
+        v = parse_int(raw)  # the one number parser: '８０００' and '80_00' refused as every numeric flag refuses them
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{e}; not a port number") from None
     if not 0 <= v <= 65535:
         raise argparse.ArgumentTypeError(f"{v} is not a TCP port; give 1 to 65535 (0: any free port)")
     return v
@@ -198,7 +201,7 @@ def words(source: ModelSource, model=None, flag: str | None = None, fallback: bo
         tok = load_tokenizer_of(source, model)
         return tok, load_chat_template_of(source, tok, fallback=fallback)
     except (TokenizerError, ChatFormatError, ValueError) as e:  # ValueError: a GGUF file's GGUFReadError
-        raise CliError(f"{flag}: {e}" if flag else str(e)) from None
+        raise CliError(flagged(flag, e) if flag else str(e)) from None
 
 
 def run_words(resume, meta: dict | None, cfg, init_from_path: str | None, fallback: bool = True):
@@ -223,7 +226,7 @@ def run_words(resume, meta: dict | None, cfg, init_from_path: str | None, fallba
         tok = tokenizer_from_meta(meta, resume)
         chat = template_from_dict(d, f"{resume}/meta.json", cfg.model.vocab_size, tok=tok) if d else None
     except (TokenizerError, ChatFormatError) as e:
-        raise CliError(f"--resume: {e}") from None
+        raise CliError(flagged("--resume", e)) from None
     return tok, chat
 
 

@@ -9,6 +9,7 @@ import sys
 
 from gptforge.cli.common import CliError, command_device, count, finite
 from gptforge.cli.hints import GENERATED_TASKS
+from gptforge.errors import flagged
 
 TOKENIZER_HELP = ("gpt2 (default, works offline); a folder `gptforge tokenizer train` wrote; a checkpoint or run "
                   "(its model's tokenizer); a Hugging Face tokenizer.json or a directory holding one; a .tiktoken "
@@ -118,7 +119,7 @@ def _policy_preferences(args: argparse.Namespace) -> int:
         try:
             judge, judge_template = load_reward_model(args.judge)
         except (ValueError, FileNotFoundError, CheckpointError) as e:
-            raise CliError(f"--judge {args.judge}: {e}") from None
+            raise CliError(flagged(f"--judge {args.judge}", e)) from None
         if (judge_template.to_dict() if judge_template else None) != template.to_dict():
             raise CliError(f"--judge {args.judge}: its chat template differs from the policy's; a reward model scores "
                            "replies rendered with the template it was trained on")
@@ -252,7 +253,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
         try:
             print(json.dumps(prepare(args.out or "data/shakespeare", args.source, resolve_tokenizer_spec(args.tokenizer))))
         except TokenizerError as e:
-            raise CliError(f"--tokenizer: {e}") from None
+            raise CliError(flagged("--tokenizer", e)) from None
         except ShakespeareError as e:
             raise CliError(f"prepare shakespeare: {e}") from None
         return 0
@@ -368,8 +369,8 @@ def cmd_bench_prepare(args: argparse.Namespace) -> int:
         from gptforge.numbers import parse_int
 
         workers = [parse_int(w) for w in args.workers.split(",")]
-    except ValueError:
-        raise CliError(f"--workers {args.workers!r}: expected a comma-separated list of integers, e.g. 1,2") from None
+    except ValueError as e:
+        raise CliError(f"--workers {args.workers!r}: expected a comma-separated list of integers, e.g. 1,2 ({e})") from None
     if min(workers) < 1 or args.copies < 1 or args.repeats < 1 or args.memory_factor < 1 or args.shard_tokens < 1:
         raise CliError("--workers, --copies, --repeats, --memory-factor and --shard-tokens must be >= 1")
     from gptforge.data.prepare.settings import PrepareSettings, check_settings

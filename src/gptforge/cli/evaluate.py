@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 
 from gptforge.cli.common import DEVICE_HELP, CliError, add_model_source, command_device, load, model_source, words
+from gptforge.errors import flagged
 
 # --- eval -----------------------------------------------------------------------------------------
 
@@ -245,13 +246,13 @@ def eval_preferences(args: argparse.Namespace) -> int:
     try:
         rm, template = load_reward_model(args.ckpt)
     except ValueError as e:
-        raise CliError(f"--ckpt: {e}") from e
+        raise CliError(flagged("--ckpt", e)) from e
     template = template or ChatTemplate.gpt2()
     try:
         rows = read_preferences(args.preferences)
         pairs = render_pairs(rows[: args.limit] if args.limit else rows, template, rm.config.block_size)
     except PreferenceDataError as e:
-        raise CliError(f"--preferences: {e}") from e
+        raise CliError(flagged("--preferences", e)) from e
     r = preference_accuracy(rm.to(command_device(args.device)), pairs, template.bos)
     from gptforge.eval.stats import RM_SCORE_SCALE, fmt_loss, fmt_rate, fmt_score, rate_context
 
@@ -283,7 +284,7 @@ def eval_win_rate(args: argparse.Namespace) -> int:
     try:
         rm, rm_template = load_reward_model(args.reward_model)
     except (ValueError, CheckpointError) as e:
-        raise CliError(f"--reward-model: {e}") from e
+        raise CliError(flagged("--reward-model", e)) from e
     source = model_source(args)
     policy, ref = load(source).eval(), load(ModelSource.from_path(args.against), "--against").eval()
     tok, template = words(source, policy)
@@ -296,7 +297,7 @@ def eval_win_rate(args: argparse.Namespace) -> int:
     try:
         template.check_model(ref.config)  # the reference must have rows for the template's tokens
     except ValueError as e:
-        raise CliError(f"--against {args.against}: {e}") from None
+        raise CliError(flagged(f"--against {args.against}", e)) from None
     if ref.config.vocab_size < template.vocab_size:
         raise CliError(f"--against {args.against}: its logits ({ref.config.vocab_size}) do not cover the chat "
                        f"template's tokens (ids up to {template.vocab_size - 1}): compare against a chat model")

@@ -25,6 +25,7 @@ from gptforge.cli.common import (
     run_words,
 )
 from gptforge.cli.hints import GENERATED_TASKS
+from gptforge.errors import flagged
 
 # --- sft -------------------------------------------------------------------------------------------
 
@@ -214,7 +215,7 @@ def _reward_model(path: str, template, reduce: str = "mean"):
         try:
             rm, rm_template = load_reward_model(path)
         except (ValueError, FileNotFoundError, CheckpointError) as e:
-            raise CliError(f"--reward-model: {e}") from e
+            raise CliError(flagged("--reward-model", e)) from e
         if (rm_template.to_dict() if rm_template else None) != (template.to_dict() if template else None):
             raise CliError(f"--reward-model {path}: its chat template differs from the policy's; the reward model "
                            "must read the replies as the policy writes them (train it from the same SFT checkpoint)")

@@ -157,8 +157,8 @@ def cmd_bench(args: argparse.Namespace, overrides: list[str]) -> int:
         from gptforge.numbers import parse_int
 
         sweep = [parse_int(b) for b in args.sweep_micro_batch.split(",")] if args.sweep_micro_batch else None
-    except ValueError:
-        raise CliError(f"--sweep-micro-batch {args.sweep_micro_batch!r}: expected integers like 8,16,32") from None
+    except ValueError as e:
+        raise CliError(f"--sweep-micro-batch {args.sweep_micro_batch!r}: expected integers like 8,16,32 ({e})") from None
     if sweep and min(sweep) < 1:  # each is a train.micro_batch: sequences per forward, at least one
         raise CliError(f"--sweep-micro-batch {args.sweep_micro_batch!r}: {min(sweep)} is not a micro-batch size; "
                        "give sizes >= 1 like 8,16,32")

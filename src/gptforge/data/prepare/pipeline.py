@@ -29,8 +29,9 @@ The one pipeline behind ``prepare files`` and ``prepare fineweb``:
 * **Memory bound.** The main process holds one shard buffer (``shard_tokens`` x 2 or 4 bytes)
   plus at most ``2 x workers + 2`` chunks in flight (each at most ``chunk_docs`` documents or about
   ``chunk_chars`` characters, plus 4 bytes per token), plus one parquet batch; each worker holds the
-  tokenizer and one chunk. None of it grows with the corpus; a single document is held whole,
-  so one very large document (a huge .txt file) is the exception.
+  tokenizer and one chunk. None of it grows with the corpus. A .txt file (one document) is read in
+  pieces of about 1 MiB (:mod:`gptforge.data.prepare.sources`), cut only where its tokens are those of the
+  whole text, so a 10 GB text file costs what a 1 MB one does; a JSONL row or parquet value is held whole.
 * **Bad rows** stop the run with the file and row named, or with ``skip_bad`` are skipped and
   counted (with the first 100 locations) in the manifest.
 * **A document too slow to tokenize** stops the run, in one line naming it (file:row), its length, how
@@ -62,7 +63,7 @@ import numpy as np
 
 from gptforge.assets import sha256_file
 from gptforge.data.prepare.settings import PrepareSettings, check_settings
-from gptforge.data.prepare.sources import Item, SourceError
+from gptforge.data.prepare.sources import Item, SourceError, safe_cut
 from gptforge.data.prepare.watch import Watch, ordered
 from gptforge.data.prepare.workers import (
     deadline_floor,
@@ -85,7 +86,8 @@ MAX_SKIP_EXAMPLES = 100
 # --- main side ----------------------------------------------------------------------------------------
 
 def _chunks(items: Iterator[Item], start: int, docs: int, chars: int) -> Iterator[tuple[int, list[Item]]]:
-    """(index of the first item, items) in groups bounded by document count and characters."""
+    """(number of the first item, items) in groups bounded by document count and characters. The pieces of one
+    document (a .txt read in pieces) share its number: a group may start or end inside a document."""
     buf: list[Item] = []
     size = 0
     first = start
@@ -94,7 +96,7 @@ def _chunks(items: Iterator[Item], start: int, docs: int, chars: int) -> Iterato
         size += len(item.text) if item.text else 0
         if len(buf) >= docs or size >= chars:
             yield first, buf
-            first += len(buf)
+            first += sum(not it.more for it in buf)
             buf, size = [], 0
     if buf:
         yield first, buf
@@ -120,6 +122,7 @@ class _Writer:
         st = manifest["state"]
         st.setdefault("empty_documents", 0)  # manifests written before empty documents were counted
         self.item, self.offset = st["next_item"], st["doc_offset"]  # offset: tokens of this item already in shards
+        self.skip = self.offset  # of them, those a resumed run has still to drop (read again, written before)
         self.fill = 0
         self.dtype = np.dtype(FORMATS[magic][1])
         val = settings.resolved_val_tokens()
@@ -171,8 +174,9 @@ class _Writer:
         return self.val_size if self._index() == 0 else self.settings.shard_tokens
 
     def add_chunk(self, first: int, items: list[Item], flat: np.ndarray, lengths: np.ndarray) -> None:
-        # None: a document with tokens, "": an empty document, an Item: a bad row
-        kinds = [None if it.text else ("" if it.text == "" else it) for it in items]
+        # None: a document (or a piece of one) with tokens, "": an empty document, an Item: a bad row; True: a
+        # piece that is not a document's last (the document goes on in the next item)
+        kinds = [(True if it.more else None) if it.text else ("" if it.text == "" else it) for it in items]
         if self.val_size is None:
             if not self.settings.skip_bad:  # a bad row stops the run now, not when the held chunks replay
                 for kind in kinds:
@@ -195,7 +199,7 @@ class _Writer:
             raise err from e
         self.held.append((first, kinds, lengths))
         self.held_tokens += len(flat)
-        self.held_items += len(kinds)
+        self.held_items += sum(k is not True for k in kinds)
         if self.held_tokens > self.head_limit:  # more than val_tokens / fraction: the full val_tokens
             self._decide(self.settings.resolved_val_tokens())
 
@@ -221,11 +225,13 @@ class _Writer:
         assert first == self.item, (first, self.item)
         p = k = 0
         for kind in kinds:
-            if kind is None:
+            if kind is None or kind is True:
                 toks = flat[p : p + lengths[k]]
                 p += int(lengths[k])
                 k += 1
-                self._document(toks)
+                self._document(toks, last=kind is None)
+                if kind is True:
+                    continue  # the document, and its item, go on in the next piece
             elif kind == "":
                 self.m["state"]["empty_documents"] += 1
             else:
@@ -241,8 +247,10 @@ class _Writer:
         if len(st["skipped_examples"]) < MAX_SKIP_EXAMPLES:
             st["skipped_examples"].append({"item": self.item, "where": item.where, "reason": item.reason})
 
-    def _document(self, toks: np.ndarray) -> None:
-        toks = toks[self.offset :]  # non-zero only for the document a resumed run starts inside
+    def _document(self, toks: np.ndarray, last: bool = True) -> None:
+        """A document's tokens, or (``last`` False) a piece of them that more follow."""
+        drop = min(self.skip, len(toks))  # non-zero only in the document a resumed run starts inside
+        toks, self.skip = toks[drop:], self.skip - drop
         while len(toks):
             cap = self._capacity()
             take = min(len(toks), cap - self.fill)
@@ -251,15 +259,16 @@ class _Writer:
             self.offset += take
             toks = toks[take:]
             if self.fill == cap:
-                if len(toks):  # the document straddles the boundary: its tail starts the next shard
+                if len(toks) or not last:  # the document straddles the boundary: its tail starts the next shard
                     self.flush(self.item, self.offset)
                 else:
                     self.m["state"]["documents"] += 1
                     self.offset = 0
                     self.flush(self.item + 1, 0)
                     return
-        self.m["state"]["documents"] += 1
-        self.offset = 0
+        if last:
+            self.m["state"]["documents"] += 1
+            self.offset = 0
 
     def finish(self) -> None:
         """End of the source: decide the val size if the corpus was too small to (10% of it, at least
@@ -405,12 +414,18 @@ def prepare(source, out: str | os.PathLike, settings: PrepareSettings | None = N
     new_tokens = 0
     workers_seen: dict[int, dict] = {}  # pid -> latest stats
     cpu0 = time.process_time()
-    chunks = _chunks(source.items(start), start, settings.chunk_docs, settings.chunk_chars)
+    # a source that reads documents in pieces (a .txt file) cuts them where this tokenizer agrees (sources.safe_cut)
+    import inspect
+
+    items = source.items(start, cut_ok=safe_cut(enc.encode_ordinary)) \
+        if "cut_ok" in inspect.signature(source.items).parameters else source.items(start)
+    chunks = _chunks(items, start, settings.chunk_docs, settings.chunk_chars)
     pool = None
     try:
         if workers == 1 and not _from_file(settings.tokenizer):  # a built-in tokenizer: linear, no watch needed
             init_worker(settings.tokenizer, dtype)
-            results = ((first, items, tokenize([i.text for i in items if i.text], [i.where for i in items if i.text]))
+            results = ((first, items, tokenize([i.text for i in items if i.text], [i.where for i in items if i.text],
+                                               heads=[not i.cont for i in items if i.text]))
                        for first, items in chunks)
         else:
             # ProcessPoolExecutor, not multiprocessing.Pool: a worker that dies (OOM killer, a failed

@@ -11,6 +11,16 @@ exactly the items already written, bad ones included.
 What one document is: a ``.txt`` file (whole file), a ``.jsonl`` line (blank lines are ignored),
 a parquet row. Folders are walked recursively in sorted order; files are taken in the order given.
 
+A ``.txt`` file is one document but is never held whole: it is read ``TXT_CHUNK_BYTES`` at a time and given
+as pieces (:class:`Item` s with ``more``: the document goes on in the next one, and ``cont``: it goes on from
+the previous one; one item number for them all). A piece ends only where the tokens of the pieces are the
+tokens of the whole text: before a line break that follows a letter (GPT-2's, cl100k's and o200k's split
+patterns never join a letter to a following line break, and have no look-behind), and only where the tokenizer
+given as ``cut_ok`` agrees on the text around the cut (see :func:`safe_cut`); a UTF-8 character split by a
+read is completed from the next. A file is checked to be UTF-8 in a first pass (in pieces too), so a bad byte
+anywhere makes the whole file one bad row, as when it was read whole. A file with no such cut (one endless
+line, a tokenizer that disagrees everywhere) is held until its end, as before.
+
 Parquet is read with pyarrow directly (``iter_batches`` over the text column only), rather than
 through ``datasets``: it names the file and row of a bad value, reads one row group at a time
 (memory bounded), and a restart skips whole row groups from the footer metadata without reading
@@ -42,6 +52,61 @@ class Item:
     text: str | None  # None: a bad row, see reason; "": an empty document (skipped and counted, not bad)
     where: str  # "file:row" for messages and the manifest
     reason: str = ""
+    more: bool = False  # a piece of a document that goes on in the next item (a .txt file read in pieces)
+    cont: bool = False  # a piece that goes on from the previous item: no separator before it, no new item number
+
+
+def numbered(first: int, items: list[Item]) -> Iterator[tuple[int, Item]]:
+    """(item number, item) of a chunk whose first entry is item ``first``: the pieces of one document share its
+    number, which only the last piece (``more`` False) completes."""
+    n = first
+    for it in items:
+        yield n, it
+        if not it.more:
+            n += 1
+
+
+# a .txt file is read this many bytes at a time: the pieces a document is tokenized in (each one within the
+# pipeline's chunk bound of about chunk_chars characters, 1 Mi by default)
+TXT_CHUNK_BYTES = 1 << 20
+# characters either side of a cut that the tokenizer must tokenize alike, cut or not (safe_cut): far more than
+# any split pattern looks ahead (one character for GPT-2's \s+(?!\S)) or a BPE merge spans across a line break
+CUT_WINDOW = 64
+
+
+def safe_cut(encode) -> callable:
+    """The check a cut of a text in two must pass, for the tokenizer whose ``encode_ordinary`` is ``encode``: the
+    CUT_WINDOW characters either side, tokenized apart, give the tokens of them tokenized together. A tokenizer
+    that marks each text's start (sentencepiece's prepended ▁) fails it at every cut, and its documents are read
+    whole."""
+    def ok(text: str, c: int) -> bool:
+        a, b = max(0, c - CUT_WINDOW), c + CUT_WINDOW
+        return list(encode(text[a:b])) == list(encode(text[a:c])) + list(encode(text[c:b]))
+    return ok
+
+
+def _cut(text: str, cut_ok, floor: int, ceiling: int) -> int:
+    """The last place in ``text`` in (``floor``, ``ceiling``] to end a piece at: before a line break that follows a
+    letter, the tokenizer agreeing (``cut_ok``); 0 for none. ``ceiling`` leaves CUT_WINDOW characters after it, so
+    the check sees the text that follows; places at or below ``floor`` were judged before."""
+    c = ceiling + 1
+    while True:
+        c = max(text.rfind("\n", floor + 1, c), text.rfind("\r", floor + 1, c))
+        if c <= 0:
+            return 0
+        if text[c - 1].isalpha() and cut_ok(text, c):
+            return c
+
+
+def _utf8_whole(raw: bytes) -> int:
+    """How many bytes of ``raw`` end on a whole UTF-8 character: all of them, but for a character whose last
+    bytes are still to be read (its lead byte promises more than there is); a bad byte is left to the decoder."""
+    for back in range(1, min(4, len(raw)) + 1):
+        b = raw[-back]
+        if b & 0xC0 != 0x80:  # a lead byte (or ASCII): how long its character is
+            need = 1 if b < 0x80 else 2 if b >> 5 == 0b110 else 3 if b >> 4 == 0b1110 else 4 if b >> 3 == 0b11110 else 1
+            return len(raw) - back if need > back else len(raw)
+    return len(raw)
 
 
 def source_kind(path: Path) -> str | None:
@@ -164,14 +229,19 @@ class FilesSource:
                 return None
         return total
 
-    def items(self, start: int = 0) -> Iterator[Item]:
+    def items(self, start: int = 0, cut_ok=None) -> Iterator[Item]:
+        """The items from number ``start`` on. ``cut_ok``: the tokenizer's check of a cut (:func:`safe_cut`), which
+        lets a .txt file be read in pieces; None: each read whole."""
         n = 0  # items yielded or skipped so far
         for f in self.files:
             kind = source_kind(f)
             if kind == ".parquet":
                 it = self._parquet(f, skip=max(0, start - n))
             elif kind == ".txt":
-                it = self._txt(f)
+                if n < start:  # one item, already written: not read at all
+                    n += 1
+                    continue
+                it = self._txt(f, cut_ok)
             else:
                 it = self._jsonl(f)
             for count, item in it:
@@ -181,18 +251,33 @@ class FilesSource:
                     continue
                 if n >= start:
                     yield item
-                n += 1
+                n += 0 if item.more else 1
 
     # --- readers: yield (count, Item) with count=1, or (k, None) for k rows skipped unread ---------
 
-    def _txt(self, f: Path) -> Iterator[tuple[int, Item | None]]:
-        data = f.read_bytes()
+    def _txt(self, f: Path, cut_ok=None) -> Iterator[tuple[int, Item | None]]:
+        """The file as one document, in pieces where ``cut_ok`` allows (the module's docstring): first checked to
+        be UTF-8 throughout, then read again and given piece by piece, holding at most the text since the last cut
+        and one read."""
         try:
-            text = utf8(data, at_start=True)
+            for _ in _txt_texts(f):
+                pass
         except UnicodeDecodeError as e:
             yield 1, Item(None, f"{f}", f"not valid UTF-8 at byte {e.start} ({e.reason})")
             return
-        yield 1, Item(text, f"{f}")  # "" is an empty document: counted, not an error
+        held, cont, floor = "", False, 0  # floor: places up to it were judged no cut already
+        for text in _txt_texts(f):
+            held += text
+            if cut_ok is None:
+                continue
+            ceiling = len(held) - CUT_WINDOW
+            c = _cut(held, cut_ok, floor, ceiling) if ceiling > floor else 0
+            if c:
+                yield 1, Item(held[:c], f"{f}", more=True, cont=cont)
+                cont, held, floor = True, held[c:], ceiling - c
+            else:
+                floor = max(floor, ceiling)
+        yield 1, Item(held, f"{f}", cont=cont)  # "" alone: an empty document (counted, not an error)
 
     def _jsonl(self, f: Path) -> Iterator[tuple[int, Item | None]]:
         opener = gzip.open if f.name.lower().endswith(".gz") else open
@@ -272,6 +357,26 @@ class FilesSource:
         except (OSError, pa.ArrowException) as e:
             yield 1, Item(None, f"{f}:{row}", f"file is truncated or corrupt ({type(e).__name__}: {e}); "
                                              "the rest of the file is unreadable")
+
+
+def _txt_texts(f: Path) -> Iterator[str]:
+    """``f``'s text, TXT_CHUNK_BYTES read at a time and decoded as :func:`gptforge.reading.utf8` decodes a whole
+    file (its byte order mark dropped, UTF-16 named); a character split by a read is completed from the next.
+    UnicodeDecodeError's ``start`` counts bytes from the file's start, as the whole file's decode would."""
+    at = 0  # the file's byte offset of ``raw``
+    with open(f, "rb") as fh:
+        raw = fh.read(max(TXT_CHUNK_BYTES, 4))  # a byte order mark (3 bytes; UTF-16's 2) is judged whole
+        first = True
+        while raw:
+            more = fh.read(TXT_CHUNK_BYTES)
+            whole = _utf8_whole(raw) if more else len(raw)
+            try:
+                text = utf8(raw[:whole], at_start=first)
+            except UnicodeDecodeError as e:
+                raise UnicodeDecodeError("utf-8", e.object, e.start + at, e.end + at, e.reason) from None
+            yield text
+            at += whole
+            raw, first = raw[whole:] + more, False
 
 
 def _pyarrow():

@@ -13,7 +13,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FuturesTimeout
 
-from gptforge.data.prepare.sources import SourceError
+from gptforge.data.prepare.sources import SourceError, numbered
 from gptforge.data.prepare.workers import (
     BEAT_FIELDS,
     DOC_BUDGET_S_PER_CHAR,
@@ -80,8 +80,9 @@ def _stderr(line: str) -> None:
 def _where(pending, item: int) -> str:
     """``item``'s file:row (a dataset's name:row) from the chunks in flight, or its number."""
     for first, items, _ in pending:
-        if first <= item < first + len(items):
-            return items[item - first].where or f"document {item}"
+        for n, it in numbered(first, items):
+            if n == item:
+                return it.where or f"document {item}"
     return f"document {item}"
 
 
@@ -110,7 +111,8 @@ def ordered(pool: ProcessPoolExecutor, chunks, window: int, watch: Watch | None 
     for first, items in chunks:
         texts = [i for i in items if i.text]
         pending.append((first, items, pool.submit(tokenize, [i.text for i in texts], [i.where for i in texts],
-                                                  [first + k for k, i in enumerate(items) if i.text])))
+                                                  [n for n, i in numbered(first, items) if i.text],
+                                                  [not i.cont for i in texts])))
         if len(pending) >= window:
             first0, items0, fut = pending[0]
             out = result(fut)

@@ -13,6 +13,7 @@ import time
 import numpy as np
 
 from gptforge.data.prepare.sources import SourceError
+from gptforge.errors import flagged
 
 
 def load_tokenizer(spec: str):
@@ -24,7 +25,7 @@ def load_tokenizer(spec: str):
     try:
         return load(spec)
     except (TokenizerError, FileNotFoundError) as e:
-        raise SourceError(f"--tokenizer: {e}") from None
+        raise SourceError(flagged("--tokenizer", e)) from None
 
 
 # --- worker side: top-level functions, so spawn/forkserver can pickle them ----------------------------
@@ -54,14 +55,16 @@ DOC_BUDGET_S_PER_CHAR = 100e-6
 def deadline_floor() -> float:
     """The deadline of a short document: GPTFORGE_DOC_DEADLINE_S where set (a positive number of seconds),
     else DOC_DEADLINE_FLOOR_S."""
-    raw = os.environ.get(DOC_DEADLINE_ENV, "").strip()
+    raw = os.environ.get(DOC_DEADLINE_ENV, "").strip(" \t\n\r\f\v")  # a no-break space: refused below
     if not raw:
         return DOC_DEADLINE_FLOOR_S
-    try:
-        v = float(raw)
+    from gptforge.numbers import parse_float
+
+    try:  # the one number parser: '３０' and '3_0' refused, not read as 30
+        v = parse_float(raw)
     except ValueError:
         v = float("nan")
-    if not (v > 0 and v != float("inf")):
+    if not v > 0:
         raise SourceError(f"{DOC_DEADLINE_ENV}={raw!r}: expected a positive number of seconds (the least time one "
                           f"document may take to tokenize; default {DOC_DEADLINE_FLOOR_S:g})")
     return v
@@ -135,10 +138,12 @@ def init_worker(tokenizer: str, dtype: str, pool_worker: bool = False, beats=Non
     _CPU_READY = time.process_time()
 
 
-def tokenize(texts: list[str], names: list[str] | None = None,
-             ids: list[int] | None = None) -> tuple[np.ndarray, np.ndarray, dict]:
+def tokenize(texts: list[str], names: list[str] | None = None, ids: list[int] | None = None,
+             heads: list[bool] | None = None) -> tuple[np.ndarray, np.ndarray, dict]:
     """Concatenated ``[EOT, *tokens]`` of each text, each document's length, and this process's
-    stats (pid, CPU seconds so far, peak RSS) for the summary. ``names``: where each text came from
+    stats (pid, CPU seconds so far, peak RSS) for the summary. ``heads``: whether each text starts a document
+    (all of them when None); a text that goes on from the one before (a piece of a .txt file) has no EOT before
+    it. ``names``: where each text came from
     ("file:row"), for a refusal that names the document. ``ids``: each text's item number, which a watched
     worker posts on its heartbeat before encoding the text (one document a call then, so the parent knows
     which one runs long).
@@ -155,8 +160,9 @@ def tokenize(texts: list[str], names: list[str] | None = None,
         docs = enc.encode_batch_numpy(texts) if _BEAT is None or ids is None else _encode_watched(enc, texts, ids)
     except TokenizerError as e:  # a split pattern that gives up on one text: which document, and what to do
         raise SourceError(_failing_document(enc, texts, names, e)) from None
-    lengths = np.fromiter((len(d) + 1 for d in docs), dtype=np.int64, count=len(docs))
-    parts = [a for d in docs for a in (eot, d)]
+    heads = [True] * len(docs) if heads is None else heads
+    lengths = np.fromiter((len(d) + h for d, h in zip(docs, heads, strict=True)), dtype=np.int64, count=len(docs))
+    parts = [a for d, h in zip(docs, heads, strict=True) for a in ((eot, d) if h else (d,))]
     flat = np.concatenate(parts).astype(_DTYPE, copy=False) if parts else np.empty(0, dtype=_DTYPE)
     return flat, lengths, {"pid": os.getpid(), "cpu": time.process_time(), "startup_cpu": _CPU_READY,
                            "rss": peak_rss_mb()}
