@@ -394,7 +394,9 @@ def test_a_long_hash_says_what_it_reads_and_a_model_is_hashed_once(tmp_path, mon
     f.write_bytes(bytes(3 * resume.MIB + 5))
     reads = []
     real_open = open
-    monkeypatch.setattr(resume, "open", lambda p, mode: reads.append(p) or real_open(p, mode), raising=False)
+    from gptforge.storage import digest
+
+    monkeypatch.setattr(digest, "open", lambda p, mode: reads.append(p) or real_open(p, mode), raising=False)
     monkeypatch.setattr(resume, "SAY_AFTER_S", 0.0)
     resume._digests.clear()
     capsys.readouterr()

@@ -27,7 +27,6 @@ a command may read, is :mod:`gptforge.run.identity`'s.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -41,6 +40,7 @@ from safetensors.torch import save_file
 from gptforge.errors import CheckpointError  # noqa: F401  (re-exported: callers catch ckpt.CheckpointError)
 from gptforge.reading import read_json
 from gptforge.storage import fsync_fd, ordinary_file_mode
+from gptforge.storage.digest import sha256_file
 from gptforge.storage.faults import (
     RESUME_HINT,
     dir_bytes,
@@ -374,14 +374,6 @@ def read_meta_json(ckpt_dir: str | Path) -> dict[str, Any]:
             "Give a checkpoint directory such as runs/NAME/checkpoints/step_000300, or a run directory."
         )
     return read_json(meta_path, CheckpointError, "checkpoint's meta.json", then="the checkpoint is damaged")
-
-
-def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 _verified: dict[str, tuple] = {}  # dir -> (name, size, mtime, ctime, inode) of what was verified: hash each file once

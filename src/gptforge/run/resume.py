@@ -140,7 +140,7 @@ def model_identity(path: str) -> str | None:
             return files_digest([p / "config.json", *safetensors_files(p)], str(p))
         where = resolve_checkpoint(path)
         files = ckpt.read_meta(where).get("files") or {}
-        return files.get("model.safetensors") or ckpt.sha256_file(where / "model.safetensors")
+        return files.get("model.safetensors") or files_digest([where / "model.safetensors"], str(where))
     except (ckpt.CheckpointError, OSError, ValueError):  # HFModelError is a CheckpointError
         return None
 
@@ -160,6 +160,8 @@ def files_digest(files: list[Path], what: str) -> str:
     import sys
     import time
 
+    from gptforge.storage.digest import sha256_file
+
     stats = [(f, f.stat()) for f in files]
     key = tuple((str(f.resolve()), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino) for f, st in stats)
     if key in _digests:
@@ -169,23 +171,21 @@ def files_digest(files: list[Path], what: str) -> str:
     stamped_before = time.time_ns() - RACY_NS
     total, done, bar, t0 = sum(st.st_size for _, st in stats), 0, None, time.perf_counter()
     shown = environment.number("RANK", 0) == 0
-    shas = []
-    try:
-        for f, _ in stats:
-            h = hashlib.sha256()
-            with open(f, "rb") as fh:
-                while block := fh.read(1 << 22):
-                    h.update(block)
-                    done += len(block)
-                    if bar is None and shown and time.perf_counter() - t0 >= SAY_AFTER_S:
-                        from gptforge.progress import progress_bar
 
-                        print(f"hashing {what} ({total / 1e9:.2f} GB): the run's meta.json names the weights it uses "
-                              "by their sha256, and a resume checks them ...", file=sys.stderr, flush=True)
-                        bar = progress_bar(-(-total // MIB), f"sha256 {Path(what).name}", "MiB")
-                    if bar is not None:
-                        bar.update(-(-done // MIB) - bar.n)  # whole MiB read so far (the last one partly)
-            shas.append(h.hexdigest())
+    def on_block(n: int) -> None:
+        nonlocal done, bar
+        done += n
+        if bar is None and shown and time.perf_counter() - t0 >= SAY_AFTER_S:
+            from gptforge.progress import progress_bar
+
+            print(f"hashing {what} ({total / 1e9:.2f} GB): the run's meta.json names the weights it uses "
+                  "by their sha256, and a resume checks them ...", file=sys.stderr, flush=True)
+            bar = progress_bar(-(-total // MIB), f"sha256 {Path(what).name}", "MiB")
+        if bar is not None:
+            bar.update(-(-done // MIB) - bar.n)  # whole MiB read so far (the last one partly)
+
+    try:
+        shas = [sha256_file(f, on_block) for f, _ in stats]
     finally:
         if bar is not None:
             bar.close()
