@@ -369,17 +369,18 @@ def test_a_resume_refuses_a_model_changed_in_place_whatever_its_kind(models, tmp
     meta = {"models": resume.recorded_models(cfg)}
     recorded = meta["models"]["rl.reward_model"]
     assert recorded == [resume.model_identity(str(path))] and isinstance(recorded[0], str)
-    resume.check_models_present(cfg, "RUN/meta.json", meta)  # unchanged: passes
+    resume.check_models_present(cfg, "RUN/meta.json")  # there: passes
+    assert resume.changed_model(cfg, "RUN/meta.json", meta) is None  # unchanged
     change()
-    with pytest.raises(ConfigError) as e:
-        resume.check_models_present(cfg, "RUN/meta.json", meta)
+    resume.check_models_present(cfg, "RUN/meta.json")  # still there: the weights are changed_model's
+    why = resume.changed_model(cfg, "RUN/meta.json", meta)
     now = resume.model_identity(str(path))
-    assert str(e.value) == (
+    assert why == (
         f"--resume: rl.reward_model = {str(path)!r} holds other weights than this run was trained with (sha256 "
         f"{now[:12]}, but RUN/meta.json records {recorded[0][:12]}: replaced or changed since); it is a reward model "
         "the run scores with, which a resume cannot change: put that model back as it was, or start a new run with "
         "--out elsewhere")
-    resume.check_models_present(cfg, "RUN/meta.json", {"models": {"rl.reward_model": [None]}})  # nothing to compare
+    assert resume.changed_model(cfg, "RUN/meta.json", {"models": {"rl.reward_model": [None]}}) is None  # no record
     # a record written before a Hugging Face folder or GGUF file had one: filled at the next resume, and a sha256
     # recorded is carried as it is, never re-derived from the path
     assert resume.recorded_models(cfg, {"models": {"rl.reward_model": [None]}}) == {"rl.reward_model": [now]}
@@ -450,3 +451,30 @@ def test_resume_config_applies_overrides_refuses_frozen_changes_and_never_trusts
     # a key not frozen changes freely; a model-path key that is not frozen is not even compared
     cfg = resume.resume_config(meta, ["--rl.task", "arithmetic", "--rl.reward_model", str(tmp_path / "gone")], "o")
     assert (cfg.rl.task, cfg.rl.reward_model) == ("arithmetic", str(tmp_path / "gone"))
+
+
+def test_once_per_machine_runs_on_each_machines_first_process_only():
+    """The resume's weights check (GBs hashed) runs where LOCAL_RANK is 0; the other ranks of a machine get its
+    answer through the gather (tests/training/test_distributed.py), and an exception is raised, not swallowed."""
+    from gptforge.parallel.distributed import DistInfo, once_per_machine
+
+    calls = []
+    assert once_per_machine(lambda: calls.append(1) or "said", DistInfo()) == ["said"] and calls == [1]
+    assert once_per_machine(lambda: calls.append(2) or "said", DistInfo(rank=1, local_rank=1)) == [None]
+    assert calls == [1]
+    with pytest.raises(ConfigError, match="^boom$"):
+        once_per_machine(lambda: (_ for _ in ()).throw(ConfigError("boom")), DistInfo())
+
+
+def test_a_name_given_anew_is_compared_with_the_record_not_with_what_the_old_path_holds_now(models, tmp_path):
+    """The run's record stands for the old path: the old path's files are not hashed again (a second multi-GB
+    read), and a model changed there since does not make the same weights at a new place look different."""
+    saved = _cfg()
+    old = tmp_path / "old"
+    shutil.copytree(models["A"], old)
+    saved.rl.reward_model = str(old)
+    meta = {"config": saved.to_dict(), "models": {"rl.reward_model": [resume.model_identity(str(old))]}}
+    shutil.rmtree(old)
+    shutil.copytree(models["C"], old)  # other weights at the old place now
+    cfg = resume.resume_config(meta, ["--rl.reward_model", str(models["B"])], "here", ("rl.reward_model",))
+    assert cfg.rl.reward_model == str(models["B"])  # B holds A's weights, which the run recorded

@@ -27,9 +27,17 @@ from typing import Any
 import torch
 
 from gptforge import __version__
+from gptforge.config import ConfigError
 from gptforge.errors import LoaderStateError
 from gptforge.optim import build_optimizer
-from gptforge.parallel.distributed import DistInfo, barrier, from_main, gather_rng_states, seed_rank
+from gptforge.parallel.distributed import (
+    DistInfo,
+    barrier,
+    from_main,
+    gather_rng_states,
+    once_per_machine,
+    seed_rank,
+)
 from gptforge.run import checkpoint as files
 from gptforge.run import dcp, identity, restore
 from gptforge.run.weights import check_weights_fit
@@ -69,6 +77,15 @@ class Checkpointer:
             identity.require_trust(resume_from, self.trusted)
         if resume_from is not None:  # the model's shape against the weights file's header, before it is built
             check_weights_fit(resume_from, cfg.model)
+        if resume_from is not None and cfg is not None and hasattr(cfg, "train"):
+            from gptforge.run.resume import changed_model
+
+            # the models the run reads again hold the weights it recorded: hashed (GBs) once a machine, each
+            # machine's own copy, and every rank refuses alike
+            where = str(Path(resume_from) / "meta.json")
+            for why in once_per_machine(lambda: changed_model(cfg, where, self.meta), info):
+                if why is not None:
+                    raise ConfigError(why)
         self._carried_optim: dict | None = None
         rid = (self.meta or {}).get("run_id")  # which run this is: drawn at its start, kept by its resumes
         self.extra_meta["run_id"] = rid if isinstance(rid, str) else secrets.token_hex(8)

@@ -231,17 +231,18 @@ def recorded_models(cfg: Config, meta: dict | None = None) -> dict[str, list[str
 
 def same_models(old: str, new: str, key: str, recorded: list | None = None, where: str = "meta.json") -> bool:
     """Whether two comma-separated model-path lists name the same weights in the same order; the run's own
-    record (``recorded``: meta.json's ``models``, one sha256 a path) stands in for a path that cannot be read
-    any more (a model moved or deleted). Refuses (ConfigError naming both) when a path cannot be read and
-    nothing stands in for it."""
+    record (``recorded``: meta.json's ``models``, one sha256 a path) stands for the old path where it holds one
+    (the path may be gone, moved, or hold something else now), else the old path is read. Refuses (ConfigError
+    naming both) when a path cannot be read and nothing stands in for it."""
     a, b = split_paths(old), split_paths(new)
     if len(a) != len(b):
         return False
     for i, (x, y) in enumerate(zip(a, b, strict=True)):
         iy = model_identity(y)
-        ix = model_identity(x)
-        if ix is None and isinstance(recorded, list) and len(recorded) == len(a) and isinstance(recorded[i], str):
-            ix = recorded[i]
+        if isinstance(recorded, list) and len(recorded) == len(a) and isinstance(recorded[i], str):
+            ix = recorded[i]  # what the run trained with, whatever the old path holds now: no second model hashed
+        else:
+            ix = model_identity(x)
         if iy is None:
             raise ConfigError(f"--{key} {y!r}: no readable checkpoint there to compare with the run's {x!r}")
         if ix is None:
@@ -252,34 +253,51 @@ def same_models(old: str, new: str, key: str, recorded: list | None = None, wher
     return True
 
 
-def check_models_present(cfg: Config, where: str, meta: dict | None = None) -> None:
+def check_models_present(cfg: Config, where: str) -> None:
     """Before a resume builds anything: every model the resumed run reads again (its reference, reward models,
     a LoRA base) is where its config says, else one line naming the key, where it was recorded, and what to
-    do (put it back, or give its new place with the flag, checked against the weights sha256 the run recorded);
-    and it holds the weights the run recorded in ``meta``'s ``models`` (a model replaced or edited in place,
-    whatever its kind), else one line naming the key and the path. RL reads ``rl.init_from`` only for its KL
-    reference (``rl.kl_coef`` > 0, no LoRA: a LoRA run's is its base)."""
-    recorded = meta.get("models") if isinstance(meta, dict) and isinstance(meta.get("models"), dict) else {}
-    for key in MODEL_PATH_KEYS:
-        section, name = key.split(".", 1)
-        paths = split_paths(getattr(getattr(cfg, section, None), name, "") or "")
-        if key == "rl.init_from" and (cfg.rl.kl_coef <= 0 or cfg.lora.rank):
-            continue
+    do (put it back, or give its new place with the flag, checked against the weights sha256 the run recorded).
+    Reads no file: every rank of a job may run it before the process group exists. That a model holds the
+    weights the run recorded is :func:`changed_model`'s, once a machine, after the group is joined."""
+    for key, paths in _read_again(cfg):
         role, flag = MODEL_ROLE[key]
-        shas = recorded.get(key) if isinstance(recorded.get(key), list) and len(recorded[key]) == len(paths) else []
-        for i, p in enumerate(paths):
+        for p in paths:
             if p and not os.path.exists(p):
                 raise ConfigError(
                     f"--resume: {key} = {p!r} does not exist any more (deleted, moved, or a disk not mounted); it "
                     f"is {role}, recorded in {where} (config.{key}). Put it back, or give its new place with "
                     f"{flag} NEWPATH (checked to hold the same weights the run recorded)")
+
+
+def changed_model(cfg: Config, where: str, meta: dict | None) -> str | None:
+    """The refusal of a resume whose model (its reference, reward models, a LoRA base) holds other weights than
+    the run recorded in ``meta``'s ``models`` (a model replaced or edited in place, whatever its kind): one line
+    naming the key and the path; None when each is the same or nothing was recorded. Hashes the models (GBs):
+    the Checkpointer asks it once a machine (``parallel.distributed.once_per_machine``), not once a rank."""
+    recorded = meta.get("models") if isinstance(meta, dict) and isinstance(meta.get("models"), dict) else {}
+    for key, paths in _read_again(cfg):
+        role, _ = MODEL_ROLE[key]
+        shas = recorded.get(key) if isinstance(recorded.get(key), list) and len(recorded[key]) == len(paths) else []
+        for i, p in enumerate(paths):
             now = model_identity(p) if p and shas and isinstance(shas[i], str) else None
             if now is not None and now != shas[i]:
-                raise ConfigError(
-                    f"--resume: {key} = {p!r} holds other weights than this run was trained with (sha256 "
-                    f"{now[:12]}, but {where} records {shas[i][:12]}: replaced or changed since); it is {role}, "
-                    f"which a resume cannot change: put that model back as it was, or start a new run with --out "
-                    f"elsewhere")
+                return (f"--resume: {key} = {p!r} holds other weights than this run was trained with (sha256 "
+                        f"{now[:12]}, but {where} records {shas[i][:12]}: replaced or changed since); it is {role}, "
+                        f"which a resume cannot change: put that model back as it was, or start a new run with --out "
+                        f"elsewhere")
+    return None
+
+
+def _read_again(cfg: Config) -> list[tuple[str, list[str]]]:
+    """(key, its paths) of every model a resumed run reads again. RL reads ``rl.init_from`` only for its KL
+    reference (``rl.kl_coef`` > 0, no LoRA: a LoRA run's is its base)."""
+    out = []
+    for key in MODEL_PATH_KEYS:
+        if key == "rl.init_from" and (cfg.rl.kl_coef <= 0 or cfg.lora.rank):
+            continue
+        section, name = key.split(".", 1)
+        out.append((key, split_paths(getattr(getattr(cfg, section, None), name, "") or "")))
+    return out
 
 
 def resume_config(meta: dict, overrides: list[str], out_dir: str, frozen: tuple[str, ...] = (),
