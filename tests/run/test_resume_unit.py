@@ -448,9 +448,36 @@ def test_resume_config_applies_overrides_refuses_frozen_changes_and_never_trusts
     with pytest.raises(ConfigError, match=r"^--rl.task 'arithmetic'"):  # a model path passing goes on to the next key
         resume.resume_config(meta, ["--rl.reward_model", str(models["B"]), "--rl.task", "arithmetic"], "here",
                              ("rl.reward_model", "rl.task"))
-    # a key not frozen changes freely; a model-path key that is not frozen is not even compared
-    cfg = resume.resume_config(meta, ["--rl.task", "arithmetic", "--rl.reward_model", str(tmp_path / "gone")], "o")
-    assert (cfg.rl.task, cfg.rl.reward_model) == ("arithmetic", str(tmp_path / "gone"))
+    # a key not frozen changes freely; a model the run read is compared whatever the command freezes (a LoRA
+    # base was frozen by no command: swapped silently until attach_lora's fingerprint); one it did not read is not
+    assert resume.resume_config(meta, ["--rl.task", "arithmetic"], "o").rl.task == "arithmetic"
+    with pytest.raises(ConfigError, match=r"^--rl.reward_model .*: no readable checkpoint there"):
+        resume.resume_config(meta, ["--rl.reward_model", gone], "o")
+    assert resume.resume_config(meta, ["--dpo.init_from", gone], "o").dpo.init_from == gone
+
+
+def test_a_model_path_named_after_the_run_started_is_recorded_at_the_save(tmp_path):
+    """meta.json's models record is of the config the same meta.json holds: a LoRA run's lora.base was filled in
+    after the Checkpointer took its record, so the base went unrecorded and a resume never checked its weights.
+    A key named late is hashed at the save; one recorded is carried as it is, never hashed again."""
+    from gptforge.parallel.distributed import DistInfo
+    from gptforge.run.checkpointer import Checkpointer, TrainState
+
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=8, block_size=8, vocab_size=16))
+    cfg = _cfg()
+    cfg.model = model.config
+    early, late = tmp_path / "early.gguf", tmp_path / "late.gguf"
+    early.write_bytes(b"GGUF early")
+    late.write_bytes(b"GGUF late")
+    cfg.rl.reward_model = str(early)
+    saver = Checkpointer(cfg, DistInfo(), tmp_path / "run")
+    assert saver.extra_meta["models"] == {"rl.reward_model": [_hex(b"GGUF early")]}
+    cfg.lora.base = str(late)  # named after the Checkpointer was made (attach_lora did)
+    early.write_bytes(b"GGUF other")  # recorded already: carried, not read again
+    loader = type("L", (), {"state_dict": lambda self: {}})()
+    where = saver.save(TrainState(model, torch.optim.SGD(model.parameters(), lr=0.1), loader, step=1))
+    assert ckpt.read_meta(where)["models"] == {"rl.reward_model": [_hex(b"GGUF early")],
+                                               "lora.base": [_hex(b"GGUF late")]}
 
 
 def test_once_per_machine_runs_on_each_machines_first_process_only():

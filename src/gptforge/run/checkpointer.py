@@ -99,6 +99,16 @@ class Checkpointer:
             if models:
                 self.extra_meta["models"] = models
 
+    def _record_models(self) -> None:
+        """meta.json's ``models`` for every model-path key of the config it is written with, by construction: one
+        named after the run started (a setting derived in the loop) is hashed now instead of left out, so a resume
+        checks its weights like the rest; those already recorded are carried, never hashed again. Rank 0."""
+        from gptforge.run.resume import recorded_models
+
+        models = recorded_models(self.cfg, {"models": self.extra_meta.get("models") or {}})
+        if models:
+            self.extra_meta["models"] = models
+
     # --- where ------------------------------------------------------------------------------------
     @staticmethod
     def find(run_dir: str | Path, resume: str | Path | None, warn: Callable[[str], None] = print) -> Path | None:
@@ -209,6 +219,8 @@ class Checkpointer:
             self.log(f"{root}: deleted while the run trained, and with it every checkpoint up to step "
                      f"{self._last_saved}; making it again for step {state.step}, the earliest a --resume can now "
                      "continue from")
+        if info.is_main and hasattr(self.cfg, "train"):  # meta.json's record is of the config it holds
+            self._record_models()
         meta = {"config": self.cfg.to_dict(), "loader": state.loader.state_dict(), "gptforge": __version__,
                 "torch": torch.__version__, "threads": torch.get_num_threads(), "world": info.world,
                 "sharding": info.sharded,

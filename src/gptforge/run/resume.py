@@ -312,7 +312,10 @@ def resume_config(meta: dict, overrides: list[str], out_dir: str, frozen: tuple[
 
     saved = saved_config(meta, where)
     cfg = apply_overrides(saved_config(meta, where), overrides)
-    for key in frozen:
+    # every model the run read is frozen too, whatever the command (a LoRA base was not): named anew, it must
+    # hold the weights the run recorded
+    read = tuple(k for k in MODEL_PATH_KEYS if getattr(getattr(saved, k.split(".")[0]), k.split(".")[1]))
+    for key in dict.fromkeys((*frozen, *read)):
         section, name = key.split(".", 1)
         old, new = getattr(getattr(saved, section), name), getattr(getattr(cfg, section), name)
         models = meta.get("models") if isinstance(meta.get("models"), dict) else {}
