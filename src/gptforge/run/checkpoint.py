@@ -287,16 +287,8 @@ def finalize_checkpoint(run_dir: str | Path, tmp: Path, meta: dict[str, Any], ke
 
         if old.exists():
             shutil.rmtree(old)
-        if storage.exchange(tmp, final):  # one atomic step: tmp now holds the earlier save
-            shutil.rmtree(tmp, ignore_errors=True)
-        else:  # two renames; a kill between them leaves step_N.old whole, which list_checkpoints reads
-            os.replace(final, old)
-            try:
-                os.replace(tmp, final)
-            except BaseException:  # the earlier save back under its name, at once
-                os.replace(old, final)
-                raise
-            shutil.rmtree(old)
+        # a kill between two renames (no exchange here) leaves step_N.old whole, which list_checkpoints reads
+        shutil.rmtree(storage.swap_dirs(tmp, final, old), ignore_errors=True)
     else:
         os.replace(tmp, final)
         if old.exists():  # a killed re-save's earlier folder: the new save replaces it

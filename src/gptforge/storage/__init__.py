@@ -243,6 +243,23 @@ def exchange(a: Path, b: Path) -> bool:
     raise OSError(err, os.strerror(err), str(b))
 
 
+def swap_dirs(new: Path, path: Path, old: Path) -> Path:
+    """Put the folder ``new`` in place of the existing folder ``path``: in one step where the platform allows
+    (:func:`exchange`), else two renames (``path`` to ``old``, ``new`` to ``path``), the earlier folder put back
+    at once if the second fails. A kill between the two leaves the earlier folder whole at ``old``, where the
+    caller's reader looks for it (``.NAME.old-*`` here, a checkpoint's ``step_N.old``). Returns the folder that
+    holds the earlier content now (``new`` after an exchange, else ``old``), for the caller to delete."""
+    if exchange(new, path):
+        return new
+    os.replace(path, old)
+    try:
+        os.replace(new, path)
+    except BaseException:
+        os.replace(old, path)
+        raise
+    return old
+
+
 def _restore_interrupted(path: Path) -> None:
     """A swap killed between its two renames left NAME missing and ``.NAME.old-*`` whole: put it back."""
     if path.exists():
@@ -289,17 +306,7 @@ def atomic_dir(path: str | Path, force: bool = False, what: str | None = None, f
             fsync_dir(tmp)
             old = None
             if path.is_dir() and any(path.iterdir()):
-                if exchange(tmp, path):  # one atomic step: tmp now holds the old folder
-                    old = tmp
-                else:
-                    old = _temp_name(path, "old")
-                    os.replace(path, old)
-                    try:
-                        os.replace(tmp, path)
-                    except BaseException:  # the earlier folder back under its name, at once
-                        os.replace(old, path)
-                        old = None
-                        raise
+                old = swap_dirs(tmp, path, _temp_name(path, "old"))
             else:
                 os.replace(tmp, path)  # onto a missing or empty folder: one atomic step
             fsync_dir(path.parent)
