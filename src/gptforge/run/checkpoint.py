@@ -39,7 +39,7 @@ from safetensors.torch import save_file
 
 from gptforge.errors import CheckpointError  # noqa: F401  (re-exported: callers catch ckpt.CheckpointError)
 from gptforge.reading import read_json
-from gptforge.storage import fsync_fd, ordinary_file_mode
+from gptforge.storage import fsync_dir, fsync_tree, ordinary_file_mode
 from gptforge.storage.digest import sha256_file
 from gptforge.storage.faults import (
     RESUME_HINT,
@@ -272,15 +272,11 @@ def finalize_checkpoint(run_dir: str | Path, tmp: Path, meta: dict[str, Any], ke
         from gptforge.data.tokenizer import save_tokenizer
 
         meta["tokenizer"] = save_tokenizer(meta["tokenizer"], tmp)
-    for f in tmp.rglob("*"):  # sharded checkpoints keep their shards in a subfolder
-        if f.is_file():
-            with open(f, "rb") as fh:
-                fsync_fd(fh.fileno())
+    # sharded checkpoints keep their shards in a subfolder
     meta["files"] = {f.relative_to(tmp).as_posix(): sha256_file(f) for f in sorted(tmp.rglob("*")) if f.is_file()}
     with open(tmp / "meta.json", "w") as fh:
         fh.write(json.dumps(meta, indent=2, default=str))
-        fh.flush()
-        fsync_fd(fh.fileno())
+    fsync_tree(tmp)  # every file's bytes and every name in the folder, as storage.atomic_dir's outputs
     old = root / f"{final.name}.old"
     if final.exists():  # re-saving the same step (e.g. interrupt right after a periodic save)
         from gptforge import storage
@@ -293,6 +289,7 @@ def finalize_checkpoint(run_dir: str | Path, tmp: Path, meta: dict[str, Any], ke
         os.replace(tmp, final)
         if old.exists():  # a killed re-save's earlier folder: the new save replaces it
             shutil.rmtree(old, ignore_errors=True)
+    fsync_dir(root)  # the rename itself
     if keep > 0:
         for old in list_checkpoints(run_dir)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)

@@ -109,6 +109,17 @@ def fsync_file(path: str | Path) -> None:
         os.close(fd)
 
 
+def fsync_tree(folder: Path) -> None:
+    """fsync every file and folder under ``folder``, then ``folder``: a folder built to be renamed into place
+    (an export, a checkpoint) holds its files' bytes and their names after a power cut, not only the rename."""
+    for f in sorted(folder.rglob("*")):
+        if f.is_file() and not f.is_symlink():
+            fsync_file(f)
+    for d in sorted((q for q in folder.rglob("*") if q.is_dir()), reverse=True):
+        fsync_dir(d)
+    fsync_dir(folder)
+
+
 def _temp_name(path: Path, kind: str, suffix: str = "") -> Path:
     """``.NAME.tmp-PID-XXXXXX[SUFFIX]``: hidden, beside NAME, naming its writer's process; a file's keeps
     its suffix, for writers that choose a format by it (matplotlib, a .gz trace)."""
@@ -298,12 +309,7 @@ def atomic_dir(path: str | Path, force: bool = False, what: str | None = None, f
             yield tmp
             if path.is_dir():
                 _carry_over(path, tmp)
-            for f in sorted(tmp.rglob("*")):
-                if f.is_file() and not f.is_symlink():
-                    fsync_file(f)
-            for d in sorted((q for q in tmp.rglob("*") if q.is_dir()), reverse=True):
-                fsync_dir(d)
-            fsync_dir(tmp)
+            fsync_tree(tmp)
             old = None
             if path.is_dir() and any(path.iterdir()):
                 old = swap_dirs(tmp, path, _temp_name(path, "old"))
