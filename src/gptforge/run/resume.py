@@ -209,6 +209,12 @@ def split_paths(value: str) -> list[str]:
     return [p.strip() for p in value.split(",")] if value else []
 
 
+def model_paths(cfg: Config, key: str) -> list[str]:
+    """The paths a model-path key (``rl.reward_model``: comma-separated) names in ``cfg``; [] where it is unset."""
+    section, name = key.split(".", 1)
+    return split_paths(getattr(getattr(cfg, section, None), name, "") or "")
+
+
 def recorded_models(cfg: Config, meta: dict | None = None) -> dict[str, list[str | None]]:
     """meta.json's ``models``: {key: [sha256 of each model's weights]} for the run's model-path keys, so a
     resume can check a model given anew (``--init-from NEWPATH`` after a move) against the one the run was
@@ -218,8 +224,7 @@ def recorded_models(cfg: Config, meta: dict | None = None) -> dict[str, list[str
     old = meta.get("models") if isinstance(meta, dict) and isinstance(meta.get("models"), dict) else {}
     out: dict[str, list[str | None]] = {}
     for key in MODEL_PATH_KEYS:
-        section, name = key.split(".", 1)
-        paths = split_paths(getattr(getattr(cfg, section, None), name, "") or "")
+        paths = model_paths(cfg, key)
         if not paths:
             continue
         kept = old.get(key)
@@ -295,8 +300,7 @@ def _read_again(cfg: Config) -> list[tuple[str, list[str]]]:
     for key in MODEL_PATH_KEYS:
         if key == "rl.init_from" and (cfg.rl.kl_coef <= 0 or cfg.lora.rank):
             continue
-        section, name = key.split(".", 1)
-        out.append((key, split_paths(getattr(getattr(cfg, section, None), name, "") or "")))
+        out.append((key, model_paths(cfg, key)))
     return out
 
 
@@ -314,7 +318,7 @@ def resume_config(meta: dict, overrides: list[str], out_dir: str, frozen: tuple[
     cfg = apply_overrides(saved_config(meta, where), overrides)
     # every model the run read is frozen too, whatever the command (a LoRA base was not): named anew, it must
     # hold the weights the run recorded
-    read = tuple(k for k in MODEL_PATH_KEYS if getattr(getattr(saved, k.split(".")[0]), k.split(".")[1]))
+    read = tuple(k for k in MODEL_PATH_KEYS if model_paths(saved, k))
     for key in dict.fromkeys((*frozen, *read)):
         section, name = key.split(".", 1)
         old, new = getattr(getattr(saved, section), name), getattr(getattr(cfg, section), name)
