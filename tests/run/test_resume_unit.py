@@ -500,8 +500,36 @@ def test_a_name_given_anew_is_compared_with_the_record_not_with_what_the_old_pat
     old = tmp_path / "old"
     shutil.copytree(models["A"], old)
     saved.rl.reward_model = str(old)
-    meta = {"config": saved.to_dict(), "models": {"rl.reward_model": [resume.model_identity(str(old))]}}
+    sha = resume.model_identity(str(old))
+    meta = {"config": saved.to_dict(), "models": {"rl.reward_model": [sha]}}
     shutil.rmtree(old)
     shutil.copytree(models["C"], old)  # other weights at the old place now
     cfg = resume.resume_config(meta, ["--rl.reward_model", str(models["B"])], "here", ("rl.reward_model",))
-    assert cfg.rl.reward_model == str(models["B"])  # B holds A's weights, which the run recorded
+    assert cfg.rl.reward_model == str(models["B"]) and resume.changed_model(cfg, "RUN/meta.json", meta) is None
+    # a record with a gap (a model that could not be read then) is compared by same_models, the record first
+    assert resume.same_models(str(old), str(models["B"]), "rl.reward_model", [sha])
+
+
+def test_a_model_named_anew_is_compared_once_the_group_exists(models, tmp_path, monkeypatch):
+    """``--init-from NEWPATH`` on a resume whose run recorded the model's sha256: resume_config (every rank, in the
+    command line, before the process group) reads no model; changed_model (the Checkpointer's, once a machine)
+    refuses another model or an unreadable one in the words resume_config used, and takes the same weights."""
+    saved = _cfg()
+    saved.rl.reward_model, saved.rl.init_from, saved.rl.kl_coef = str(models["A"]), str(models["A"]), 0.0
+    sha = resume.model_identity(str(models["A"]))
+    meta = {"config": saved.to_dict(), "models": {"rl.reward_model": [sha], "rl.init_from": [sha]}}
+    hashed, real = [], resume.model_identity
+    monkeypatch.setattr(resume, "model_identity", lambda p: hashed.append(p) or real(p))
+    junk = tmp_path / "junk"
+    junk.mkdir()
+    for key in ("rl.reward_model", "rl.init_from"):  # rl.init_from at kl_coef 0: not read again, still compared
+        frozen = (key,)
+        for given, want in ((models["C"], resume.other_weights(key, str(models["C"]), str(models["A"]), "M")),
+                            (junk, f"--{key} {str(junk)!r}: no readable checkpoint there to compare with the run's "
+                                   f"{str(models['A'])!r}"),
+                            (models["B"], None)):
+            hashed.clear()
+            cfg = resume.resume_config(meta, [f"--{key}", str(given)], "here", frozen, where="M")
+            assert hashed == [] and resume.changed_model(cfg, "M", meta) == want, (key, given)
+    with pytest.raises(ConfigError, match="no readable checkpoint there"):  # not there at all: refused at once
+        resume.resume_config(meta, ["--rl.reward_model", str(tmp_path / "gone")], "here", ("rl.reward_model",))

@@ -276,21 +276,43 @@ def check_models_present(cfg: Config, where: str) -> None:
 
 def changed_model(cfg: Config, where: str, meta: dict | None) -> str | None:
     """The refusal of a resume whose model (its reference, reward models, a LoRA base) holds other weights than
-    the run recorded in ``meta``'s ``models`` (a model replaced or edited in place, whatever its kind): one line
+    the run recorded in ``meta``'s ``models``: a model replaced or edited in place, whatever its kind, or one
+    named anew on this command line (``--init-from NEWPATH``) that is another model or cannot be read. One line
     naming the key and the path; None when each is the same or nothing was recorded. Hashes the models (GBs):
     the Checkpointer asks it once a machine (``parallel.distributed.once_per_machine``), not once a rank."""
     recorded = meta.get("models") if isinstance(meta, dict) and isinstance(meta.get("models"), dict) else {}
-    for key, paths in _read_again(cfg):
-        role, _ = MODEL_ROLE[key]
+    try:
+        saved = saved_config(meta or {}, where)
+    except ConfigError:
+        saved = None
+    reread = {key for key, _ in _read_again(cfg)}
+    for key in MODEL_PATH_KEYS:
+        paths, olds = model_paths(cfg, key), model_paths(saved, key) if saved is not None else []
+        role, flag = MODEL_ROLE[key]
         shas = recorded.get(key) if isinstance(recorded.get(key), list) and len(recorded[key]) == len(paths) else []
         for i, p in enumerate(paths):
-            now = model_identity(p) if p and shas and isinstance(shas[i], str) else None
+            old = olds[i] if len(olds) == len(paths) else p
+            if not (p and shas and isinstance(shas[i], str)) or (p == old and key not in reread):
+                continue
+            now = model_identity(p)
+            if p != old and now is None:
+                return f"--{key} {p!r}: no readable checkpoint there to compare with the run's {old!r}"
+            if p != old and now != shas[i]:
+                return other_weights(key, p, old, where)
             if now is not None and now != shas[i]:
                 return (f"--resume: {key} = {p!r} holds other weights than this run was trained with (sha256 "
                         f"{now[:12]}, but {where} records {shas[i][:12]}: replaced or changed since); it is {role}, "
                         f"which a resume cannot change: put that model back as it was, or start a new run with --out "
                         f"elsewhere")
     return None
+
+
+def other_weights(key: str, new: str, old: str, where: str) -> str:
+    """The refusal of a model named anew on a resume that holds other weights than the run's."""
+    role, flag = MODEL_ROLE.get(key, ("a model the run uses", f"--{key}"))
+    return (f"--{key} {new!r}: other weights than {old!r}, which this run was trained with (their sha256 is in "
+            f"{where}); it is {role}, which a resume cannot change: give that model ({flag} PATH where it is now), "
+            "or start a new run with --out elsewhere")
 
 
 def _read_again(cfg: Config) -> list[tuple[str, list[str]]]:
@@ -324,12 +346,14 @@ def resume_config(meta: dict, overrides: list[str], out_dir: str, frozen: tuple[
         old, new = getattr(getattr(saved, section), name), getattr(getattr(cfg, section), name)
         models = meta.get("models") if isinstance(meta.get("models"), dict) else {}
         if key in MODEL_PATH_KEYS and old != new:
-            if same_models(old, new, key, models.get(key), where):
+            shas = models.get(key)
+            if (isinstance(shas, list) and len(shas) == len(split_paths(old)) == len(split_paths(new))
+                    and all(isinstance(x, str) for x in shas) and all(map(os.path.exists, split_paths(new)))):
+                continue  # compared with the run's record once the process group exists: hashed once a machine
+                # (changed_model, from the Checkpointer), not here on every rank
+            if same_models(old, new, key, shas, where):  # no record (older checkpoints): the old path is read
                 continue  # the same model(s) named another way (relative vs absolute, moved): identity is the weights
-            role, flag = MODEL_ROLE.get(key, ("a model the run uses", f"--{key}"))
-            raise ConfigError(f"--{key} {new!r}: other weights than {old!r}, which this run was trained with (their "
-                              f"sha256 is in {where}); it is {role}, which a resume cannot change: give that model "
-                              f"({flag} PATH where it is now), or start a new run with --out elsewhere")
+            raise ConfigError(other_weights(key, new, old, where))
         if old != new:
             raise ConfigError(f"--{key} {new!r}: this run was trained with {old!r}, and a resume cannot change it "
                               "(start a new run with --out elsewhere, or resume without it)")
