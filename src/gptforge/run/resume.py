@@ -330,7 +330,9 @@ def resume_config(meta: dict, overrides: list[str], out_dir: str, frozen: tuple[
                   where: str = "meta.json") -> Config:
     """A resumed run's config: the checkpoint's own, with this command line's overrides on top; every
     override applies (none is silently dropped), and a key in ``frozen`` (one whose change would make
-    the run another run, e.g. which conversations are held out) is refused naming it. The run is
+    the run another run, e.g. which conversations are held out) is refused naming it. Every model the run read
+    is frozen so, whatever ``frozen`` says: named anew (``--init-from NEWPATH``), it must hold the weights the
+    run recorded, which :func:`changed_model` checks once the process group exists. The run is
     written where this command line says (``out_dir``), never where the checkpoint says it came from;
     trust (``train.trust_checkpoint``) is never taken from the checkpoint. ``where``: the meta.json, named
     by a damaged config's refusal."""
