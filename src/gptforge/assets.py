@@ -27,6 +27,7 @@ from gptforge.environment import EnvError
 from gptforge.extras import require
 from gptforge.reading import read_json
 from gptforge.storage import write_bytes, write_text
+from gptforge.storage.digest import sha256_file  # noqa: F401  (re-exported: shards and tokenizer files are checked by it)
 
 GPT2_RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
 WHISPER_SDIST = "openai-whisper==20250625"
@@ -45,14 +46,6 @@ def cache_dir() -> Path:
         raise EnvError(f"{where}: {(e.strerror or str(e)).lower()}; point GPTFORGE_CACHE at a folder this user "
                        "may write") from None
     return d
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def pip_download_sdist(requirement: str, dest: Path) -> Path:

@@ -142,8 +142,9 @@ def test_a_lora_checkpoint_saved_before_its_settings_were_recorded_still_loads(l
     """A header record without "lora" (saved by round nine): the adapters' settings are not compared, the rest is."""
     from safetensors.torch import save_file
 
-    from gptforge.run.checkpoint import MODEL_RECORD, sha256_file
+    from gptforge.run.checkpoint import MODEL_RECORD
     from gptforge.sizecheck import header_metadata
+    from gptforge.storage.digest import sha256_file
 
     run = tmp_path / "run"
     shutil.copytree(lora_run, run)

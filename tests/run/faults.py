@@ -57,7 +57,8 @@ def rewrite_meta(ck: Path, edit) -> None:
 
     from safetensors.torch import load_file, save_file
 
-    from gptforge.run.checkpoint import sha256_file, weights_metadata
+    from gptforge.run.checkpoint import weights_metadata
+    from gptforge.storage.digest import sha256_file
 
     meta = json.loads((ck / "meta.json").read_text())
     edit(meta)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import os
 import pickle
 import re
 import shutil
@@ -274,3 +275,27 @@ def test_other_write_errors_also_remove_the_partial_directory(run, tmp_path, mon
     with pytest.raises(ckpt.CheckpointError, match="checkpoint step 9 .*: input/output error"):  # one line, named
         ckpt.save_checkpoint(tmp_path, 9, model, None, {})
     assert list((tmp_path / "checkpoints").iterdir()) == []
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="names an fd's file through Linux's /proc")
+@pytest.mark.parametrize("again", [False, True])
+def test_a_checkpoint_is_durable_as_every_folder_output_is(tmp_path, monkeypatch, again):
+    """A checkpoint is a folder built beside its place and renamed in, as storage.atomic_dir's outputs are; its
+    writer fsynced the files but neither the folder (the files' names) nor checkpoints/ after the rename (the
+    rename itself), so a power cut could lose a save that --resume had been told was there. Every fsync is
+    seen here by the path it reaches (os.fsync on an fd, named through /proc)."""
+    from gptforge.models.gpt2 import GPT, GPTConfig
+
+    model = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=8, vocab_size=16))
+    if again:  # the same step saved again: the earlier folder swapped out
+        ckpt.save_checkpoint(tmp_path, 3, model, None, {"config": {}})
+    synced, real = [], os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(os.readlink(f"/proc/self/fd/{fd}")) or real(fd))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    where = ckpt.save_checkpoint(tmp_path, 3, model, opt, {"config": {}})
+    built = str(where) + ".tmp"
+    names = sorted(p.name for p in where.iterdir())
+    assert names == ["meta.json", "model.safetensors", "optimizer.pt"]
+    assert [f"{built}/{n}" for n in names] == [p for p in synced if p.startswith(built + "/")]  # each file, once
+    assert synced.index(built) > max(synced.index(f"{built}/{n}") for n in names)  # then the names in it
+    assert synced[-1] == str(where.parent)  # and the rename, last

@@ -369,17 +369,18 @@ def test_a_resume_refuses_a_model_changed_in_place_whatever_its_kind(models, tmp
     meta = {"models": resume.recorded_models(cfg)}
     recorded = meta["models"]["rl.reward_model"]
     assert recorded == [resume.model_identity(str(path))] and isinstance(recorded[0], str)
-    resume.check_models_present(cfg, "RUN/meta.json", meta)  # unchanged: passes
+    resume.check_models_present(cfg, "RUN/meta.json")  # there: passes
+    assert resume.changed_model(cfg, "RUN/meta.json", meta) is None  # unchanged
     change()
-    with pytest.raises(ConfigError) as e:
-        resume.check_models_present(cfg, "RUN/meta.json", meta)
+    resume.check_models_present(cfg, "RUN/meta.json")  # still there: the weights are changed_model's
+    why = resume.changed_model(cfg, "RUN/meta.json", meta)
     now = resume.model_identity(str(path))
-    assert str(e.value) == (
+    assert why == (
         f"--resume: rl.reward_model = {str(path)!r} holds other weights than this run was trained with (sha256 "
         f"{now[:12]}, but RUN/meta.json records {recorded[0][:12]}: replaced or changed since); it is a reward model "
         "the run scores with, which a resume cannot change: put that model back as it was, or start a new run with "
         "--out elsewhere")
-    resume.check_models_present(cfg, "RUN/meta.json", {"models": {"rl.reward_model": [None]}})  # nothing to compare
+    assert resume.changed_model(cfg, "RUN/meta.json", {"models": {"rl.reward_model": [None]}}) is None  # no record
     # a record written before a Hugging Face folder or GGUF file had one: filled at the next resume, and a sha256
     # recorded is carried as it is, never re-derived from the path
     assert resume.recorded_models(cfg, {"models": {"rl.reward_model": [None]}}) == {"rl.reward_model": [now]}
@@ -394,7 +395,9 @@ def test_a_long_hash_says_what_it_reads_and_a_model_is_hashed_once(tmp_path, mon
     f.write_bytes(bytes(3 * resume.MIB + 5))
     reads = []
     real_open = open
-    monkeypatch.setattr(resume, "open", lambda p, mode: reads.append(p) or real_open(p, mode), raising=False)
+    from gptforge.storage import digest
+
+    monkeypatch.setattr(digest, "open", lambda p, mode: reads.append(p) or real_open(p, mode), raising=False)
     monkeypatch.setattr(resume, "SAY_AFTER_S", 0.0)
     resume._digests.clear()
     capsys.readouterr()
@@ -445,6 +448,88 @@ def test_resume_config_applies_overrides_refuses_frozen_changes_and_never_trusts
     with pytest.raises(ConfigError, match=r"^--rl.task 'arithmetic'"):  # a model path passing goes on to the next key
         resume.resume_config(meta, ["--rl.reward_model", str(models["B"]), "--rl.task", "arithmetic"], "here",
                              ("rl.reward_model", "rl.task"))
-    # a key not frozen changes freely; a model-path key that is not frozen is not even compared
-    cfg = resume.resume_config(meta, ["--rl.task", "arithmetic", "--rl.reward_model", str(tmp_path / "gone")], "o")
-    assert (cfg.rl.task, cfg.rl.reward_model) == ("arithmetic", str(tmp_path / "gone"))
+    # a key not frozen changes freely; a model the run read is compared whatever the command freezes (a LoRA
+    # base was frozen by no command: swapped silently until attach_lora's fingerprint); one it did not read is not
+    assert resume.resume_config(meta, ["--rl.task", "arithmetic"], "o").rl.task == "arithmetic"
+    with pytest.raises(ConfigError, match=r"^--rl.reward_model .*: no readable checkpoint there"):
+        resume.resume_config(meta, ["--rl.reward_model", gone], "o")
+    assert resume.resume_config(meta, ["--dpo.init_from", gone], "o").dpo.init_from == gone
+
+
+def test_a_model_path_named_after_the_run_started_is_recorded_at_the_save(tmp_path):
+    """meta.json's models record is of the config the same meta.json holds: a LoRA run's lora.base was filled in
+    after the Checkpointer took its record, so the base went unrecorded and a resume never checked its weights.
+    A key named late is hashed at the save; one recorded is carried as it is, never hashed again."""
+    from gptforge.parallel.distributed import DistInfo
+    from gptforge.run.checkpointer import Checkpointer, TrainState
+
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=8, block_size=8, vocab_size=16))
+    cfg = _cfg()
+    cfg.model = model.config
+    early, late = tmp_path / "early.gguf", tmp_path / "late.gguf"
+    early.write_bytes(b"GGUF early")
+    late.write_bytes(b"GGUF late")
+    cfg.rl.reward_model = str(early)
+    saver = Checkpointer(cfg, DistInfo(), tmp_path / "run")
+    assert saver.extra_meta["models"] == {"rl.reward_model": [_hex(b"GGUF early")]}
+    cfg.lora.base = str(late)  # named after the Checkpointer was made (attach_lora did)
+    early.write_bytes(b"GGUF other")  # recorded already: carried, not read again
+    loader = type("L", (), {"state_dict": lambda self: {}})()
+    where = saver.save(TrainState(model, torch.optim.SGD(model.parameters(), lr=0.1), loader, step=1))
+    assert ckpt.read_meta(where)["models"] == {"rl.reward_model": [_hex(b"GGUF early")],
+                                               "lora.base": [_hex(b"GGUF late")]}
+
+
+def test_once_per_machine_runs_on_each_machines_first_process_only():
+    """The resume's weights check (GBs hashed) runs where LOCAL_RANK is 0; the other ranks of a machine get its
+    answer through the gather (tests/training/test_distributed.py), and an exception is raised, not swallowed."""
+    from gptforge.parallel.distributed import DistInfo, once_per_machine
+
+    calls = []
+    assert once_per_machine(lambda: calls.append(1) or "said", DistInfo()) == ["said"] and calls == [1]
+    assert once_per_machine(lambda: calls.append(2) or "said", DistInfo(rank=1, local_rank=1)) == [None]
+    assert calls == [1]
+    with pytest.raises(ConfigError, match="^boom$"):
+        once_per_machine(lambda: (_ for _ in ()).throw(ConfigError("boom")), DistInfo())
+
+
+def test_a_name_given_anew_is_compared_with_the_record_not_with_what_the_old_path_holds_now(models, tmp_path):
+    """The run's record stands for the old path: the old path's files are not hashed again (a second multi-GB
+    read), and a model changed there since does not make the same weights at a new place look different."""
+    saved = _cfg()
+    old = tmp_path / "old"
+    shutil.copytree(models["A"], old)
+    saved.rl.reward_model = str(old)
+    sha = resume.model_identity(str(old))
+    meta = {"config": saved.to_dict(), "models": {"rl.reward_model": [sha]}}
+    shutil.rmtree(old)
+    shutil.copytree(models["C"], old)  # other weights at the old place now
+    cfg = resume.resume_config(meta, ["--rl.reward_model", str(models["B"])], "here", ("rl.reward_model",))
+    assert cfg.rl.reward_model == str(models["B"]) and resume.changed_model(cfg, "RUN/meta.json", meta) is None
+    # a record with a gap (a model that could not be read then) is compared by same_models, the record first
+    assert resume.same_models(str(old), str(models["B"]), "rl.reward_model", [sha])
+
+
+def test_a_model_named_anew_is_compared_once_the_group_exists(models, tmp_path, monkeypatch):
+    """``--init-from NEWPATH`` on a resume whose run recorded the model's sha256: resume_config (every rank, in the
+    command line, before the process group) reads no model; changed_model (the Checkpointer's, once a machine)
+    refuses another model or an unreadable one in the words resume_config used, and takes the same weights."""
+    saved = _cfg()
+    saved.rl.reward_model, saved.rl.init_from, saved.rl.kl_coef = str(models["A"]), str(models["A"]), 0.0
+    sha = resume.model_identity(str(models["A"]))
+    meta = {"config": saved.to_dict(), "models": {"rl.reward_model": [sha], "rl.init_from": [sha]}}
+    hashed, real = [], resume.model_identity
+    monkeypatch.setattr(resume, "model_identity", lambda p: hashed.append(p) or real(p))
+    junk = tmp_path / "junk"
+    junk.mkdir()
+    for key in ("rl.reward_model", "rl.init_from"):  # rl.init_from at kl_coef 0: not read again, still compared
+        frozen = (key,)
+        for given, want in ((models["C"], resume.other_weights(key, str(models["C"]), str(models["A"]), "M")),
+                            (junk, f"--{key} {str(junk)!r}: no readable checkpoint there to compare with the run's "
+                                   f"{str(models['A'])!r}"),
+                            (models["B"], None)):
+            hashed.clear()
+            cfg = resume.resume_config(meta, [f"--{key}", str(given)], "here", frozen, where="M")
+            assert hashed == [] and resume.changed_model(cfg, "M", meta) == want, (key, given)
+    with pytest.raises(ConfigError, match="no readable checkpoint there"):  # not there at all: refused at once
+        resume.resume_config(meta, ["--rl.reward_model", str(tmp_path / "gone")], "here", ("rl.reward_model",))

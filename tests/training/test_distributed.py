@@ -27,6 +27,7 @@ from gptforge.data.loader import ShardLoader
 from gptforge.data.shards import write_shard
 from gptforge.run import checkpoint as ckpt
 from gptforge.run import restore
+from gptforge.storage.digest import sha256_file
 from gptforge.training.loop import train
 from tests.conftest import child_env, make_shards, tiny_config
 from tests.tolerances import assert_adam_trained_alike
@@ -144,6 +145,12 @@ def runs(tmp_path_factory, tokenizer, eval_data):
     for name in ALIGN:
         jobs.append({"cli": _align_argv(name, chat_file if name == "dpo" else chat, prefs, tmp / f"{name}2", world=2),
                      **({"count_hashes": str(tmp / "dpo_hashes")} if name == "dpo" else {})})
+    # dpo2 resumed (into another folder, dpo2 stays as trained) with its reference given anew (a copy): the models
+    # it reads again are checked against its record once a machine, after the group is joined
+    # (test_a_resume_hashes_its_models_once_a_machine)
+    shutil.copyfile(chat_file, tmp / "chat_moved.bin")
+    jobs.append({"cli": ["dpo", "--out", str(tmp / "dpo2_more"), "--resume", str(tmp / "dpo2"), "--steps", "4",
+                         "--init-from", str(tmp / "chat_moved.bin")], "count_hashes": str(tmp / "dpo_resume_hashes")})
     # LoRA SFT under DDP: each rank a micro-batch, against one process accumulating both (below)
     lora_base, convs = _lora_world(tmp)
     jobs.append({"cli": _lora_sft_argv(lora_base, convs, tmp / "lora_sft2")})
@@ -360,7 +367,20 @@ def test_a_model_file_is_hashed_on_rank_0_only(runs):
     hashed = [json.loads((tmp / f"dpo_hashes.rank{r}").read_text()) for r in (0, 1)]
     assert str(tmp / "chat.bin") in hashed[0] and hashed[1] == [], hashed
     models = [ckpt.read_meta(ckpt.latest_checkpoint(tmp / f"dpo{w}"))["models"] for w in (1, 2)]
-    assert models[0] == models[1] == {"dpo.init_from": [ckpt.sha256_file(tmp / "chat.bin")]}
+    assert models[0] == models[1] == {"dpo.init_from": [sha256_file(tmp / "chat.bin")]}
+
+
+def test_a_resume_hashes_its_models_once_a_machine(runs):
+    """A 2-rank resume checks that the models it reads again (dpo.init_from: its reference, an llm.c file, here
+    given anew at another place) hold the weights its meta.json records once a machine, after the process group
+    is joined: rank 0 here. The check ran in the command line before the group existed, so every rank hashed the
+    same multi-GB file on one disk."""
+    tmp = runs["dirs"]
+    hashed = [json.loads((tmp / f"dpo_resume_hashes.rank{r}").read_text()) for r in (0, 1)]
+    assert str(tmp / "chat_moved.bin") in hashed[0] and hashed[1] == [], hashed
+    more = ckpt.read_meta(ckpt.latest_checkpoint(tmp / "dpo2_more"))
+    assert more["step"] == 4 and more["config"]["dpo"]["init_from"] == str(tmp / "chat_moved.bin")
+    assert more["models"] == ckpt.read_meta(ckpt.latest_checkpoint(tmp / "dpo2"))["models"]  # carried, same weights
 
 
 def test_lora_sft_on_two_ranks_equals_one_rank_accumulating(runs):

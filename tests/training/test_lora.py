@@ -67,6 +67,20 @@ def test_only_adapters_train_and_are_saved_with_the_base_fingerprint(world, tmp_
 
     assert meta["lora"]["base_sha256"] == weights_fingerprint(load_model(ModelSource(ckpt=str(base))))
     assert meta["config"]["lora"]["base"] == str(base.resolve()) and meta["lora"]["trainable"] == 1152
+    # the base is a model the run reads: in meta.json's models record, by its weights' sha256, as --init-from is
+    assert meta["models"] == {"lora.base": [ckpt.read_meta(base)["files"]["model.safetensors"]]}
+
+
+def test_the_base_is_recorded_when_the_run_starts(world, tmp_path, monkeypatch):
+    """lora.base (the starting model where none is given) is settled before the run takes its models record, so
+    the base is hashed when it is read, with the others, not first at a save (the save's own fill-in is off here)."""
+    from gptforge.run.checkpointer import Checkpointer
+
+    _, base, data = world
+    monkeypatch.setattr(Checkpointer, "_record_models", lambda self: None)
+    assert main(_sft(base, data, tmp_path / "run", "--train.max_steps", "1")) == 0
+    assert ckpt.read_meta(_latest(tmp_path / "run"))["models"] == {
+        "lora.base": [ckpt.read_meta(base)["files"]["model.safetensors"]]}
 
 
 def test_lora_resume_is_bit_exact(world, tmp_path):
@@ -89,11 +103,17 @@ def test_a_resume_or_load_on_another_base_is_refused(world, tmp_path, capsys):
     assert main(["sft", "--out", str(run), "--resume", "--train.max_steps", "4", "--lora.base", str(other)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and str(base.resolve()) in err and str(other) in err and "sha256" in err, err
-    # the base replaced under the run: resume, sample and the adapter export refuse, naming the checkpoint
+    # the base replaced under the run (the same path): the resume refuses by the run's models record, before any
+    # model is built; sample and the adapter export by the base's fingerprint, naming the checkpoint
     for name in ("model.safetensors", "meta.json"):
         (base / name).write_bytes((other / name).read_bytes())
-    for cmd in (["sft", "--out", str(run), "--resume", "--train.max_steps", "4"],
-                ["sample", "--ckpt", str(run), "--max-new-tokens", "2"],
+    assert main(["sft", "--out", str(run), "--resume", "--train.max_steps", "4"]) == 2
+    io = capsys.readouterr()
+    err = io.err.strip()
+    assert len(err.splitlines()) == 1 and f"lora.base = {str(base.resolve())!r} holds other weights than this run was " \
+        "trained with" in err and "the frozen base model its adapters are trained on" in err, err
+    assert "LoRA rank" not in io.out and _latest(run).name == "step_000002"
+    for cmd in (["sample", "--ckpt", str(run), "--max-new-tokens", "2"],
                 ["export", "hf", "--ckpt", str(run), "--adapters-only", "--out", str(tmp_path / "ad")]):
         assert main(cmd) == 2
         err = capsys.readouterr().err.strip()

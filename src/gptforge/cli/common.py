@@ -338,7 +338,8 @@ def resolve_run(out: str | None, resume: str | None, overrides: list[str], recip
     cfg = resume_config(meta, overrides, run_dir, frozen, where=str(found / "meta.json"))
     refuse_inert_overrides(cfg, overrides, kind, COMMAND_OF[kind])
     absolute_model_paths(cfg)  # a model given anew on this command line (--init-from NEWPATH), as a fresh run's
-    check_models_present(cfg, str(found / "meta.json"), meta)  # the reference, reward models, a LoRA base: before any work
+    check_models_present(cfg, str(found / "meta.json"))  # the reference, reward models, a LoRA base are there: before
+    # any work (their weights are the Checkpointer's to check, hashed once a machine when the process group exists)
     check_weights_fit(found, cfg.model)  # meta.json's shape against the weights file, before anything else
     cfg.train.trust_checkpoint = trusted
     return cfg, found, meta

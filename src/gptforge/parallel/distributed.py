@@ -15,6 +15,7 @@ import contextlib
 import datetime
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -266,6 +267,27 @@ def from_main(obj: Any, info: DistInfo) -> Any:
     box = [obj if info.is_main else None]
     dist.broadcast_object_list(box, src=0, device=info.device)
     return box[0]
+
+
+def once_per_machine(fn: Callable[[], Any], info: DistInfo) -> list[Any]:
+    """Collective: ``fn()`` run by each machine's first process (LOCAL_RANK 0), every answer on every rank in rank
+    order (None for the ranks that did not run it). For a check of files each machine reads from its own disk (a
+    model's sha256 on resume): each machine's copy read once, not once per rank, and every rank gets the same
+    verdict. An exception in ``fn`` is raised on every rank, so none waits for ever on the others."""
+    try:
+        mine = (fn() if info.local_rank == 0 else None), None
+    except Exception as e:
+        mine = None, e
+    if not info.enabled:
+        if mine[1] is not None:
+            raise mine[1]
+        return [mine[0]]
+    every: list[Any] = [None] * info.world
+    dist.all_gather_object(every, mine)
+    for _, err in every:
+        if err is not None:
+            raise err
+    return [answer for answer, _ in every]
 
 
 def gather_rng_states(info: DistInfo) -> dict[str, torch.Tensor]:

@@ -27,7 +27,6 @@ a command may read, is :mod:`gptforge.run.identity`'s.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -40,7 +39,8 @@ from safetensors.torch import save_file
 
 from gptforge.errors import CheckpointError  # noqa: F401  (re-exported: callers catch ckpt.CheckpointError)
 from gptforge.reading import read_json
-from gptforge.storage import fsync_fd, ordinary_file_mode
+from gptforge.storage import fsync_dir, fsync_tree, ordinary_file_mode
+from gptforge.storage.digest import sha256_file
 from gptforge.storage.faults import (
     RESUME_HINT,
     dir_bytes,
@@ -272,35 +272,24 @@ def finalize_checkpoint(run_dir: str | Path, tmp: Path, meta: dict[str, Any], ke
         from gptforge.data.tokenizer import save_tokenizer
 
         meta["tokenizer"] = save_tokenizer(meta["tokenizer"], tmp)
-    for f in tmp.rglob("*"):  # sharded checkpoints keep their shards in a subfolder
-        if f.is_file():
-            with open(f, "rb") as fh:
-                fsync_fd(fh.fileno())
+    # sharded checkpoints keep their shards in a subfolder
     meta["files"] = {f.relative_to(tmp).as_posix(): sha256_file(f) for f in sorted(tmp.rglob("*")) if f.is_file()}
     with open(tmp / "meta.json", "w") as fh:
         fh.write(json.dumps(meta, indent=2, default=str))
-        fh.flush()
-        fsync_fd(fh.fileno())
+    fsync_tree(tmp)  # every file's bytes and every name in the folder, as storage.atomic_dir's outputs
     old = root / f"{final.name}.old"
     if final.exists():  # re-saving the same step (e.g. interrupt right after a periodic save)
         from gptforge import storage
 
         if old.exists():
             shutil.rmtree(old)
-        if storage.exchange(tmp, final):  # one atomic step: tmp now holds the earlier save
-            shutil.rmtree(tmp, ignore_errors=True)
-        else:  # two renames; a kill between them leaves step_N.old whole, which list_checkpoints reads
-            os.replace(final, old)
-            try:
-                os.replace(tmp, final)
-            except BaseException:  # the earlier save back under its name, at once
-                os.replace(old, final)
-                raise
-            shutil.rmtree(old)
+        # a kill between two renames (no exchange here) leaves step_N.old whole, which list_checkpoints reads
+        shutil.rmtree(storage.swap_dirs(tmp, final, old), ignore_errors=True)
     else:
         os.replace(tmp, final)
         if old.exists():  # a killed re-save's earlier folder: the new save replaces it
             shutil.rmtree(old, ignore_errors=True)
+    fsync_dir(root)  # the rename itself
     if keep > 0:
         for old in list_checkpoints(run_dir)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
@@ -374,14 +363,6 @@ def read_meta_json(ckpt_dir: str | Path) -> dict[str, Any]:
             "Give a checkpoint directory such as runs/NAME/checkpoints/step_000300, or a run directory."
         )
     return read_json(meta_path, CheckpointError, "checkpoint's meta.json", then="the checkpoint is damaged")
-
-
-def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 _verified: dict[str, tuple] = {}  # dir -> (name, size, mtime, ctime, inode) of what was verified: hash each file once

@@ -27,9 +27,17 @@ from typing import Any
 import torch
 
 from gptforge import __version__
+from gptforge.config import ConfigError
 from gptforge.errors import LoaderStateError
 from gptforge.optim import build_optimizer
-from gptforge.parallel.distributed import DistInfo, barrier, from_main, gather_rng_states, seed_rank
+from gptforge.parallel.distributed import (
+    DistInfo,
+    barrier,
+    from_main,
+    gather_rng_states,
+    once_per_machine,
+    seed_rank,
+)
 from gptforge.run import checkpoint as files
 from gptforge.run import dcp, identity, restore
 from gptforge.run.weights import check_weights_fit
@@ -69,6 +77,15 @@ class Checkpointer:
             identity.require_trust(resume_from, self.trusted)
         if resume_from is not None:  # the model's shape against the weights file's header, before it is built
             check_weights_fit(resume_from, cfg.model)
+        if resume_from is not None and cfg is not None and hasattr(cfg, "train"):
+            from gptforge.run.resume import changed_model
+
+            # the models the run reads again hold the weights it recorded: hashed (GBs) once a machine, each
+            # machine's own copy, and every rank refuses alike
+            where = str(Path(resume_from) / "meta.json")
+            for why in once_per_machine(lambda: changed_model(cfg, where, self.meta), info):
+                if why is not None:
+                    raise ConfigError(why)
         self._carried_optim: dict | None = None
         rid = (self.meta or {}).get("run_id")  # which run this is: drawn at its start, kept by its resumes
         self.extra_meta["run_id"] = rid if isinstance(rid, str) else secrets.token_hex(8)
@@ -81,6 +98,16 @@ class Checkpointer:
             models = from_main(recorded_models(cfg, self.meta) if info.is_main else None, info)
             if models:
                 self.extra_meta["models"] = models
+
+    def _record_models(self) -> None:
+        """meta.json's ``models`` for every model-path key of the config it is written with, by construction: one
+        named after the run started (a setting derived in the loop) is hashed now instead of left out, so a resume
+        checks its weights like the rest; those already recorded are carried, never hashed again. Rank 0."""
+        from gptforge.run.resume import recorded_models
+
+        models = recorded_models(self.cfg, {"models": self.extra_meta.get("models") or {}})
+        if models:
+            self.extra_meta["models"] = models
 
     # --- where ------------------------------------------------------------------------------------
     @staticmethod
@@ -192,6 +219,8 @@ class Checkpointer:
             self.log(f"{root}: deleted while the run trained, and with it every checkpoint up to step "
                      f"{self._last_saved}; making it again for step {state.step}, the earliest a --resume can now "
                      "continue from")
+        if info.is_main and hasattr(self.cfg, "train"):  # meta.json's record is of the config it holds
+            self._record_models()
         meta = {"config": self.cfg.to_dict(), "loader": state.loader.state_dict(), "gptforge": __version__,
                 "torch": torch.__version__, "threads": torch.get_num_threads(), "world": info.world,
                 "sharding": info.sharded,

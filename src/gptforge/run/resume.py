@@ -140,7 +140,7 @@ def model_identity(path: str) -> str | None:
             return files_digest([p / "config.json", *safetensors_files(p)], str(p))
         where = resolve_checkpoint(path)
         files = ckpt.read_meta(where).get("files") or {}
-        return files.get("model.safetensors") or ckpt.sha256_file(where / "model.safetensors")
+        return files.get("model.safetensors") or files_digest([where / "model.safetensors"], str(where))
     except (ckpt.CheckpointError, OSError, ValueError):  # HFModelError is a CheckpointError
         return None
 
@@ -160,6 +160,8 @@ def files_digest(files: list[Path], what: str) -> str:
     import sys
     import time
 
+    from gptforge.storage.digest import sha256_file
+
     stats = [(f, f.stat()) for f in files]
     key = tuple((str(f.resolve()), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino) for f, st in stats)
     if key in _digests:
@@ -169,23 +171,21 @@ def files_digest(files: list[Path], what: str) -> str:
     stamped_before = time.time_ns() - RACY_NS
     total, done, bar, t0 = sum(st.st_size for _, st in stats), 0, None, time.perf_counter()
     shown = environment.number("RANK", 0) == 0
-    shas = []
-    try:
-        for f, _ in stats:
-            h = hashlib.sha256()
-            with open(f, "rb") as fh:
-                while block := fh.read(1 << 22):
-                    h.update(block)
-                    done += len(block)
-                    if bar is None and shown and time.perf_counter() - t0 >= SAY_AFTER_S:
-                        from gptforge.progress import progress_bar
 
-                        print(f"hashing {what} ({total / 1e9:.2f} GB): the run's meta.json names the weights it uses "
-                              "by their sha256, and a resume checks them ...", file=sys.stderr, flush=True)
-                        bar = progress_bar(-(-total // MIB), f"sha256 {Path(what).name}", "MiB")
-                    if bar is not None:
-                        bar.update(-(-done // MIB) - bar.n)  # whole MiB read so far (the last one partly)
-            shas.append(h.hexdigest())
+    def on_block(n: int) -> None:
+        nonlocal done, bar
+        done += n
+        if bar is None and shown and time.perf_counter() - t0 >= SAY_AFTER_S:
+            from gptforge.progress import progress_bar
+
+            print(f"hashing {what} ({total / 1e9:.2f} GB): the run's meta.json names the weights it uses "
+                  "by their sha256, and a resume checks them ...", file=sys.stderr, flush=True)
+            bar = progress_bar(-(-total // MIB), f"sha256 {Path(what).name}", "MiB")
+        if bar is not None:
+            bar.update(-(-done // MIB) - bar.n)  # whole MiB read so far (the last one partly)
+
+    try:
+        shas = [sha256_file(f, on_block) for f, _ in stats]
     finally:
         if bar is not None:
             bar.close()
@@ -209,6 +209,12 @@ def split_paths(value: str) -> list[str]:
     return [p.strip() for p in value.split(",")] if value else []
 
 
+def model_paths(cfg: Config, key: str) -> list[str]:
+    """The paths a model-path key (``rl.reward_model``: comma-separated) names in ``cfg``; [] where it is unset."""
+    section, name = key.split(".", 1)
+    return split_paths(getattr(getattr(cfg, section, None), name, "") or "")
+
+
 def recorded_models(cfg: Config, meta: dict | None = None) -> dict[str, list[str | None]]:
     """meta.json's ``models``: {key: [sha256 of each model's weights]} for the run's model-path keys, so a
     resume can check a model given anew (``--init-from NEWPATH`` after a move) against the one the run was
@@ -218,8 +224,7 @@ def recorded_models(cfg: Config, meta: dict | None = None) -> dict[str, list[str
     old = meta.get("models") if isinstance(meta, dict) and isinstance(meta.get("models"), dict) else {}
     out: dict[str, list[str | None]] = {}
     for key in MODEL_PATH_KEYS:
-        section, name = key.split(".", 1)
-        paths = split_paths(getattr(getattr(cfg, section, None), name, "") or "")
+        paths = model_paths(cfg, key)
         if not paths:
             continue
         kept = old.get(key)
@@ -231,17 +236,18 @@ def recorded_models(cfg: Config, meta: dict | None = None) -> dict[str, list[str
 
 def same_models(old: str, new: str, key: str, recorded: list | None = None, where: str = "meta.json") -> bool:
     """Whether two comma-separated model-path lists name the same weights in the same order; the run's own
-    record (``recorded``: meta.json's ``models``, one sha256 a path) stands in for a path that cannot be read
-    any more (a model moved or deleted). Refuses (ConfigError naming both) when a path cannot be read and
-    nothing stands in for it."""
+    record (``recorded``: meta.json's ``models``, one sha256 a path) stands for the old path where it holds one
+    (the path may be gone, moved, or hold something else now), else the old path is read. Refuses (ConfigError
+    naming both) when a path cannot be read and nothing stands in for it."""
     a, b = split_paths(old), split_paths(new)
     if len(a) != len(b):
         return False
     for i, (x, y) in enumerate(zip(a, b, strict=True)):
         iy = model_identity(y)
-        ix = model_identity(x)
-        if ix is None and isinstance(recorded, list) and len(recorded) == len(a) and isinstance(recorded[i], str):
-            ix = recorded[i]
+        if isinstance(recorded, list) and len(recorded) == len(a) and isinstance(recorded[i], str):
+            ix = recorded[i]  # what the run trained with, whatever the old path holds now: no second model hashed
+        else:
+            ix = model_identity(x)
         if iy is None:
             raise ConfigError(f"--{key} {y!r}: no readable checkpoint there to compare with the run's {x!r}")
         if ix is None:
@@ -252,41 +258,81 @@ def same_models(old: str, new: str, key: str, recorded: list | None = None, wher
     return True
 
 
-def check_models_present(cfg: Config, where: str, meta: dict | None = None) -> None:
+def check_models_present(cfg: Config, where: str) -> None:
     """Before a resume builds anything: every model the resumed run reads again (its reference, reward models,
     a LoRA base) is where its config says, else one line naming the key, where it was recorded, and what to
-    do (put it back, or give its new place with the flag, checked against the weights sha256 the run recorded);
-    and it holds the weights the run recorded in ``meta``'s ``models`` (a model replaced or edited in place,
-    whatever its kind), else one line naming the key and the path. RL reads ``rl.init_from`` only for its KL
-    reference (``rl.kl_coef`` > 0, no LoRA: a LoRA run's is its base)."""
-    recorded = meta.get("models") if isinstance(meta, dict) and isinstance(meta.get("models"), dict) else {}
-    for key in MODEL_PATH_KEYS:
-        section, name = key.split(".", 1)
-        paths = split_paths(getattr(getattr(cfg, section, None), name, "") or "")
-        if key == "rl.init_from" and (cfg.rl.kl_coef <= 0 or cfg.lora.rank):
-            continue
+    do (put it back, or give its new place with the flag, checked against the weights sha256 the run recorded).
+    Reads no file: every rank of a job may run it before the process group exists. That a model holds the
+    weights the run recorded is :func:`changed_model`'s, once a machine, after the group is joined."""
+    for key, paths in _read_again(cfg):
         role, flag = MODEL_ROLE[key]
-        shas = recorded.get(key) if isinstance(recorded.get(key), list) and len(recorded[key]) == len(paths) else []
-        for i, p in enumerate(paths):
+        for p in paths:
             if p and not os.path.exists(p):
                 raise ConfigError(
                     f"--resume: {key} = {p!r} does not exist any more (deleted, moved, or a disk not mounted); it "
                     f"is {role}, recorded in {where} (config.{key}). Put it back, or give its new place with "
                     f"{flag} NEWPATH (checked to hold the same weights the run recorded)")
-            now = model_identity(p) if p and shas and isinstance(shas[i], str) else None
+
+
+def changed_model(cfg: Config, where: str, meta: dict | None) -> str | None:
+    """The refusal of a resume whose model (its reference, reward models, a LoRA base) holds other weights than
+    the run recorded in ``meta``'s ``models``: a model replaced or edited in place, whatever its kind, or one
+    named anew on this command line (``--init-from NEWPATH``) that is another model or cannot be read. One line
+    naming the key and the path; None when each is the same or nothing was recorded. Hashes the models (GBs):
+    the Checkpointer asks it once a machine (``parallel.distributed.once_per_machine``), not once a rank."""
+    recorded = meta.get("models") if isinstance(meta, dict) and isinstance(meta.get("models"), dict) else {}
+    try:
+        saved = saved_config(meta or {}, where)
+    except ConfigError:
+        saved = None
+    reread = {key for key, _ in _read_again(cfg)}
+    for key in MODEL_PATH_KEYS:
+        paths, olds = model_paths(cfg, key), model_paths(saved, key) if saved is not None else []
+        role, flag = MODEL_ROLE[key]
+        shas = recorded.get(key) if isinstance(recorded.get(key), list) and len(recorded[key]) == len(paths) else []
+        for i, p in enumerate(paths):
+            old = olds[i] if len(olds) == len(paths) else p
+            if not (p and shas and isinstance(shas[i], str)) or (p == old and key not in reread):
+                continue
+            now = model_identity(p)
+            if p != old and now is None:
+                return f"--{key} {p!r}: no readable checkpoint there to compare with the run's {old!r}"
+            if p != old and now != shas[i]:
+                return other_weights(key, p, old, where)
             if now is not None and now != shas[i]:
-                raise ConfigError(
-                    f"--resume: {key} = {p!r} holds other weights than this run was trained with (sha256 "
-                    f"{now[:12]}, but {where} records {shas[i][:12]}: replaced or changed since); it is {role}, "
-                    f"which a resume cannot change: put that model back as it was, or start a new run with --out "
-                    f"elsewhere")
+                return (f"--resume: {key} = {p!r} holds other weights than this run was trained with (sha256 "
+                        f"{now[:12]}, but {where} records {shas[i][:12]}: replaced or changed since); it is {role}, "
+                        f"which a resume cannot change: put that model back as it was, or start a new run with --out "
+                        f"elsewhere")
+    return None
+
+
+def other_weights(key: str, new: str, old: str, where: str) -> str:
+    """The refusal of a model named anew on a resume that holds other weights than the run's."""
+    role, flag = MODEL_ROLE.get(key, ("a model the run uses", f"--{key}"))
+    return (f"--{key} {new!r}: other weights than {old!r}, which this run was trained with (their sha256 is in "
+            f"{where}); it is {role}, which a resume cannot change: give that model ({flag} PATH where it is now), "
+            "or start a new run with --out elsewhere")
+
+
+def _read_again(cfg: Config) -> list[tuple[str, list[str]]]:
+    """(key, its paths) of every model a resumed run reads again. RL reads ``rl.init_from`` only for its KL
+    reference (``rl.kl_coef`` > 0, no LoRA: a LoRA run's is its base)."""
+    out = []
+    for key in MODEL_PATH_KEYS:
+        if key == "rl.init_from" and (cfg.rl.kl_coef <= 0 or cfg.lora.rank):
+            continue
+        out.append((key, model_paths(cfg, key)))
+    return out
 
 
 def resume_config(meta: dict, overrides: list[str], out_dir: str, frozen: tuple[str, ...] = (),
                   where: str = "meta.json") -> Config:
     """A resumed run's config: the checkpoint's own, with this command line's overrides on top; every
     override applies (none is silently dropped), and a key in ``frozen`` (one whose change would make
-    the run another run, e.g. which conversations are held out) is refused naming it. The run is
+    the run another run, e.g. which conversations are held out) is refused naming it. Every model the run read
+    is frozen so, whatever ``frozen`` says: named anew (``--init-from NEWPATH``), it must hold the weights the
+    run recorded, which :func:`changed_model` checks once the process group exists. The run is
     written where this command line says (``out_dir``), never where the checkpoint says it came from;
     trust (``train.trust_checkpoint``) is never taken from the checkpoint. ``where``: the meta.json, named
     by a damaged config's refusal."""
@@ -294,17 +340,22 @@ def resume_config(meta: dict, overrides: list[str], out_dir: str, frozen: tuple[
 
     saved = saved_config(meta, where)
     cfg = apply_overrides(saved_config(meta, where), overrides)
-    for key in frozen:
+    # every model the run read is frozen too, whatever the command (a LoRA base was not): named anew, it must
+    # hold the weights the run recorded
+    read = tuple(k for k in MODEL_PATH_KEYS if model_paths(saved, k))
+    for key in dict.fromkeys((*frozen, *read)):
         section, name = key.split(".", 1)
         old, new = getattr(getattr(saved, section), name), getattr(getattr(cfg, section), name)
         models = meta.get("models") if isinstance(meta.get("models"), dict) else {}
         if key in MODEL_PATH_KEYS and old != new:
-            if same_models(old, new, key, models.get(key), where):
+            shas = models.get(key)
+            if (isinstance(shas, list) and len(shas) == len(split_paths(old)) == len(split_paths(new))
+                    and all(isinstance(x, str) for x in shas) and all(map(os.path.exists, split_paths(new)))):
+                continue  # compared with the run's record once the process group exists: hashed once a machine
+                # (changed_model, from the Checkpointer), not here on every rank
+            if same_models(old, new, key, shas, where):  # no record (older checkpoints): the old path is read
                 continue  # the same model(s) named another way (relative vs absolute, moved): identity is the weights
-            role, flag = MODEL_ROLE.get(key, ("a model the run uses", f"--{key}"))
-            raise ConfigError(f"--{key} {new!r}: other weights than {old!r}, which this run was trained with (their "
-                              f"sha256 is in {where}); it is {role}, which a resume cannot change: give that model "
-                              f"({flag} PATH where it is now), or start a new run with --out elsewhere")
+            raise ConfigError(other_weights(key, new, old, where))
         if old != new:
             raise ConfigError(f"--{key} {new!r}: this run was trained with {old!r}, and a resume cannot change it "
                               "(start a new run with --out elsewhere, or resume without it)")

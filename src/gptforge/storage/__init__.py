@@ -109,6 +109,17 @@ def fsync_file(path: str | Path) -> None:
         os.close(fd)
 
 
+def fsync_tree(folder: Path) -> None:
+    """fsync every file and folder under ``folder``, then ``folder``: a folder built to be renamed into place
+    (an export, a checkpoint) holds its files' bytes and their names after a power cut, not only the rename."""
+    for f in sorted(folder.rglob("*")):
+        if f.is_file() and not f.is_symlink():
+            fsync_file(f)
+    for d in sorted((q for q in folder.rglob("*") if q.is_dir()), reverse=True):
+        fsync_dir(d)
+    fsync_dir(folder)
+
+
 def _temp_name(path: Path, kind: str, suffix: str = "") -> Path:
     """``.NAME.tmp-PID-XXXXXX[SUFFIX]``: hidden, beside NAME, naming its writer's process; a file's keeps
     its suffix, for writers that choose a format by it (matplotlib, a .gz trace)."""
@@ -243,6 +254,23 @@ def exchange(a: Path, b: Path) -> bool:
     raise OSError(err, os.strerror(err), str(b))
 
 
+def swap_dirs(new: Path, path: Path, old: Path) -> Path:
+    """Put the folder ``new`` in place of the existing folder ``path``: in one step where the platform allows
+    (:func:`exchange`), else two renames (``path`` to ``old``, ``new`` to ``path``), the earlier folder put back
+    at once if the second fails. A kill between the two leaves the earlier folder whole at ``old``, where the
+    caller's reader looks for it (``.NAME.old-*`` here, a checkpoint's ``step_N.old``). Returns the folder that
+    holds the earlier content now (``new`` after an exchange, else ``old``), for the caller to delete."""
+    if exchange(new, path):
+        return new
+    os.replace(path, old)
+    try:
+        os.replace(new, path)
+    except BaseException:
+        os.replace(old, path)
+        raise
+    return old
+
+
 def _restore_interrupted(path: Path) -> None:
     """A swap killed between its two renames left NAME missing and ``.NAME.old-*`` whole: put it back."""
     if path.exists():
@@ -281,25 +309,10 @@ def atomic_dir(path: str | Path, force: bool = False, what: str | None = None, f
             yield tmp
             if path.is_dir():
                 _carry_over(path, tmp)
-            for f in sorted(tmp.rglob("*")):
-                if f.is_file() and not f.is_symlink():
-                    fsync_file(f)
-            for d in sorted((q for q in tmp.rglob("*") if q.is_dir()), reverse=True):
-                fsync_dir(d)
-            fsync_dir(tmp)
+            fsync_tree(tmp)
             old = None
             if path.is_dir() and any(path.iterdir()):
-                if exchange(tmp, path):  # one atomic step: tmp now holds the old folder
-                    old = tmp
-                else:
-                    old = _temp_name(path, "old")
-                    os.replace(path, old)
-                    try:
-                        os.replace(tmp, path)
-                    except BaseException:  # the earlier folder back under its name, at once
-                        os.replace(old, path)
-                        old = None
-                        raise
+                old = swap_dirs(tmp, path, _temp_name(path, "old"))
             else:
                 os.replace(tmp, path)  # onto a missing or empty folder: one atomic step
             fsync_dir(path.parent)

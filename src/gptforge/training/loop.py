@@ -84,6 +84,10 @@ def train(cfg, recipe: Recipe | None = None, resume: str | Path | None = None, f
 
         recipe = Pretrain()
     grad_accum = recipe.check(cfg, launched_world())  # before joining the group: fail fast
+    if cfg.lora.rank:  # the base named in the config before the run records the models it reads (run/resume.py)
+        from gptforge.training.lora import resolve_base
+
+        resolve_base(cfg, init_weights, fresh=resume is None)
     with RunSession(cfg, resume, force, extra_meta=recipe.meta()) as run:
         # --- setup: precision and switches, checked before any compute ------------------------------
         info, log, device = run.info, run.log, run.info.device

@@ -70,18 +70,27 @@ def check_lora_run(cfg: Config, info: Any, recipe: str) -> None:
                           "dist.pp 1); FSDP, tensor and pipeline parallelism do not take adapters yet")
 
 
+def resolve_base(cfg: Config, init_weights: Any, fresh: bool) -> None:
+    """``lora.base``: the starting model (``init_weights.source``, absolute) where none is given, so a resume,
+    sample or export finds the base again; a given one that names another model than the start is refused.
+    The loop calls it before the run records the models it reads (meta.json's ``models``), so the base is
+    hashed there with the rest, when it is read; :func:`attach_lora` again (a no-op by then)."""
+    lc = cfg.lora
+    source = str(getattr(init_weights, "source", "") or "")
+    if fresh and lc.base and source and os.path.abspath(lc.base) != source:
+        raise ConfigError(f"lora.base {lc.base!r} and --init-from {source!r} name different models: the adapters' "
+                          "base is the starting model (leave lora.base out)")
+    if not lc.base:
+        lc.base = source
+
+
 def attach_lora(model: nn.Module, cfg: Config, info: Any, recipe: str, resume_meta: dict | None,
                 init_weights: Any, log: Any) -> dict[str, Any]:
     """See the module docstring; returns meta.json's ``lora`` record. ``resume_meta``: the resumed
     checkpoint's meta.json (None on a fresh run)."""
     lc = cfg.lora
     check_lora_run(cfg, info, recipe)
-    source = str(getattr(init_weights, "source", "") or "")
-    if resume_meta is None and lc.base and source and os.path.abspath(lc.base) != source:
-        raise ConfigError(f"lora.base {lc.base!r} and --init-from {source!r} name different models: the adapters' "
-                          "base is the starting model (leave lora.base out)")
-    if not lc.base:  # recorded (absolute) so a resume, sample or export finds the base again
-        lc.base = source
+    resolve_base(cfg, init_weights, fresh=resume_meta is None)
     if resume_meta is not None:  # the adapters' shape and scale are the run's: another value is another run
         old = (resume_meta.get("config") or {}).get("lora") or {}
         for key in ("rank", "alpha", "targets"):
