@@ -113,6 +113,41 @@ class ModelGate:
         self._lock.release()
 
 
+# What an OPTIONS request (a browser's CORS preflight) is told. No CORS by design: only the server's own page calls it
+# from a browser, so no other web page a user visits can use a server on their machine (or its key)
+NO_CORS = ("OPTIONS is a browser's CORS preflight, which this server does not answer, by design: it sends no "
+           "Access-Control-Allow-* headers, so a page from another origin cannot call it (use the page it serves at /, "
+           "or call it from a program)")
+_METHOD_ORDER = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
+
+
+def allowed_methods(allow: str) -> str:
+    """A 405's ``Allow`` as the app answers it: the route's methods with HEAD beside GET (BodyRoute and Starlette's
+    own routes answer HEAD for every GET), in a fixed order (Starlette joins a set, whose order varies)."""
+    methods = {m.strip().upper() for m in allow.split(",") if m.strip()}
+    if "GET" in methods:
+        methods.add("HEAD")
+    order = {m: i for i, m in enumerate(_METHOD_ORDER)}
+    return ", ".join(sorted(methods, key=lambda m: (order.get(m, len(order)), m)))
+
+
+class TrailingSlash:
+    """Pure ASGI middleware: a path with a trailing slash is routed as the path without it (``POST
+    /v1/chat/completions/`` is the chat route). Starlette answered it with an empty 307 redirect, which curl without
+    ``-L`` and many clients do not follow for a POST, and whose absolute ``Location`` behind a TLS proxy names
+    ``http://`` (a client that follows it drops the Authorization header on the scheme change). Routing it
+    directly needs nothing of the client."""
+
+    def __init__(self, app: Any):
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        path = scope.get("path", "")
+        if scope["type"] == "http" and (bare := path.rstrip("/")) and bare != path:  # "//" is no route's path
+            scope = {**scope, "path": bare}
+        await self.app(scope, receive, send)
+
+
 def _error(status: int, msg: str) -> JSONResponse:
     return JSONResponse({"error": msg}, status_code=status)
 
@@ -245,6 +280,10 @@ def create_app(model: torch.nn.Module, enc: Any = None, settings: ServeSettings 
     app = FastAPI(title="gptforge", description="Talk to a gptforge model.")
     app.router.route_class = BodyRoute  # the /api routes read their JSON as /v1 does (openai_schema.loads_body)
 
+    # innermost: the access log, the key check and the body limit see the path sent; the router never sees a
+    # trailing slash, so its empty 307 to the path without one is never answered
+    app.add_middleware(TrailingSlash)
+
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)  # on the bytes read, chunked too
     if api_key:
         app.add_middleware(BearerAuth, key=api_key)  # outermost: nothing is read before the key is checked
@@ -258,18 +297,21 @@ def create_app(model: torch.nn.Module, enc: Any = None, settings: ServeSettings 
     def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         """Every HTTPException in the family's shape: the routes' own, and the framework's (an unknown path,
         a wrong method, a body FastAPI could not decode), which would otherwise answer ``{"detail": ...}``."""
-        message, near = str(exc.detail), None
+        message, near, headers = str(exc.detail), None, dict(exc.headers or {})
         if exc.status_code in (404, 405) and not isinstance(exc, HTTPException):
-            allowed = (exc.headers or {}).get("Allow")
+            allowed = allowed_methods(headers.pop("Allow", ""))
+            if allowed:
+                headers["Allow"] = allowed
             near = near_route(request.url.path) if exc.status_code == 404 else None
             message = (f"{message}: {request.method} {request.url.path}" + (f" (allowed: {allowed})" if allowed else
                        "") + (f"; did you mean {near}?" if near else "")
                        + (" (an OpenAI client's base_url ends in /v1)" if near and near.startswith("/v1") else "")
+                       + (f"; {NO_CORS}" if exc.status_code == 405 and request.method == "OPTIONS" else "")
                        + "; the routes are listed at /docs")
         elif isinstance(exc.__cause__, UnicodeDecodeError):  # FastAPI's "There was an error parsing the body"
             message = f"malformed JSON body: the body is not UTF-8 text ({exc.__cause__})"
         response = family_error(request, exc.status_code, message, v1=bool(near and near.startswith("/v1")) or None)
-        response.headers.update(exc.headers or {})
+        response.headers.update(headers)
         return response
 
     @app.exception_handler(RequestValidationError)

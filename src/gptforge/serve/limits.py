@@ -85,7 +85,9 @@ def _without_connection(headers: Any) -> list:
 
 class BearerAuth:
     """Pure ASGI middleware: requests under ``/api`` and ``/v1`` need ``Authorization: Bearer <key>``
-    (compared in constant time); 401 otherwise. The page itself and the schema stay readable."""
+    (compared in constant time); 401 otherwise. The page itself and the schema stay readable, and so does an
+    OPTIONS request: no route takes it (a browser's CORS preflight, which never carries the key, is told the
+    server answers no CORS rather than that its key is wrong)."""
 
     def __init__(self, app: Any, key: str):
         self.app = app
@@ -93,7 +95,8 @@ class BearerAuth:
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         path = scope.get("path", "")
-        if scope["type"] == "http" and (path.startswith("/api") or path.startswith("/v1")):
+        if scope["type"] == "http" and scope.get("method") != "OPTIONS" and (path.startswith("/api")
+                                                                             or path.startswith("/v1")):
             got = dict(scope.get("headers") or ()).get(b"authorization", b"")
             if not hmac.compare_digest(got, self.expected):
                 await _json(send, 401, "missing or wrong API key: send the header 'Authorization: Bearer <key>' "
