@@ -100,8 +100,8 @@ def test_the_batch_and_prompt_limits_are_inclusive(tokenizer, send):
         assert send(c, prompts=["a", "b", "c", "d"], max_new_tokens=1) == [("!", "length")] * 4
         assert send(c, prompt="y" * 10, max_new_tokens=1) == [("!", "length")]
         assert _refusal(c, prompts=["a"] * 5) == "prompts: 5 prompts; this server takes at most 4"
-        assert _refusal(c, prompts=["ok", "y" * 11]) == "prompt 1 has 11 characters; the limit is 10"
-        assert _refusal(c, prompt="y" * 11) == "prompt 0 has 11 characters; the limit is 10"
+        assert _refusal(c, prompts=["ok", "y" * 11]) == "prompts.1 has 11 characters; the limit is 10"
+        assert _refusal(c, prompt="y" * 11) == "prompt has 11 characters; the limit is 10"
 
 
 def test_the_other_refusals_word_for_word(tokenizer):

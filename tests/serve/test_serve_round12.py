@@ -9,6 +9,10 @@ beyond round eleven's.
   401 "wrong API key" (a preflight never carries the key), which sent whoever met it after the key. It now says
   that the server answers no CORS by design, whatever the key, with ``Allow`` naming what the path takes (HEAD
   beside GET: round eleven answers it).
+- A batch over the server's limit was refused as ``n: 5 prompt(s) x n=1 replies``, ``param: "n"``, when the client
+  sent five prompts and no ``n``; it now names the field that asked (``prompt``, ``n``, or both), and is counted
+  before the prompts are tokenized. A prompt over the length limit sent in ``/api``'s ``prompts`` was "prompt 1";
+  it is ``prompts.1`` (``prompt.1`` in a /v1 list, ``prompt`` for one).
 """
 
 from __future__ import annotations
@@ -93,3 +97,41 @@ def test_options_is_answered_the_same_without_the_api_key(tokenizer):
             r = c.options(path)
             assert r.status_code == 405 and NO_CORS in r.text, (path, r.status_code, r.text)
             assert c.post(path, json={}).status_code == 401  # the routes themselves still need the key
+
+
+def _openai_error(r) -> tuple[int, str, str | None]:
+    err = r.json()["error"]
+    return r.status_code, err["message"], err["param"]
+
+
+def test_a_batch_refusal_names_the_field_that_asked_for_the_replies(url):
+    over = "is over this server's batch limit of 4"
+    with httpx.Client(base_url=url, timeout=30) as c:
+        for extra in ({"max_tokens": 1}, {"max_tokens": 0, "echo": True}):  # generating, or scoring the prompts
+            cases = (({"prompt": ["a"] * 5}, f"prompt: 5 prompts {over} (send them in several requests)", "prompt"),
+                     ({"prompt": [[1]] * 5}, f"prompt: 5 prompts {over} (send them in several requests)", "prompt"),
+                     ({"prompt": "a", "n": 5}, f"n: 5 replies {over}", "n"),
+                     ({"prompt": ["a", "b"], "n": 3}, f"prompt and n: 2 prompts x n=3 = 6 replies {over}", "n"))
+            for body, message, param in cases:
+                r = c.post("/v1/completions", json={**body, **extra})
+                assert _openai_error(r) == (400, message, param), (body, extra)
+        r = c.post("/v1/chat/completions", json={"messages": USER, "n": 5, "max_tokens": 1})
+        assert _openai_error(r) == (400, f"n: 5 replies {over}", "n")
+        # counted before any prompt is tokenized: five prompts over the length limit are refused as five prompts
+        r = c.post("/v1/completions", json={"prompt": ["y" * 30_000] * 5, "max_tokens": 1})
+        assert _openai_error(r)[2] == "prompt" and "5 prompts" in _openai_error(r)[1]
+        # at the limit each is answered
+        assert c.post("/v1/completions", json={"prompt": ["a"] * 2, "n": 2, "max_tokens": 1}).status_code == 200
+
+
+def test_a_prompt_over_the_length_limit_is_named_as_it_was_sent(url):
+    limit = SETTINGS.for_model(64).max_prompt_chars
+    long = "y" * (limit + 1)
+    with httpx.Client(base_url=url, timeout=30) as c:
+        for body, field in (({"prompt": long}, "prompt"), ({"prompts": ["a", long]}, "prompts.1")):
+            r = c.post("/api/generate", json={**body, "max_new_tokens": 1})
+            assert (r.status_code, r.json()) == (400, {"error": f"{field} has {limit + 1} characters; the limit is "
+                                                                f"{limit}"})
+        for prompt, field in ((long, "prompt"), (["a", long], "prompt.1")):
+            r = c.post("/v1/completions", json={"prompt": prompt, "max_tokens": 1})
+            assert _openai_error(r) == (400, f"{field} has {limit + 1} characters; the limit is {limit}", "prompt")

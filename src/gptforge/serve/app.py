@@ -37,7 +37,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gptforge.run.metrics import finite_number, iter_metrics, whole_step
-from gptforge.serve.limits import BearerAuth, BodyLimit, acquire_unless_gone, watch_disconnect
+from gptforge.serve.limits import BearerAuth, BodyLimit, acquire_unless_gone, prompt_over_limit, watch_disconnect
 from gptforge.serve.sse import collect_rows, sse_response
 
 if TYPE_CHECKING:
@@ -382,8 +382,9 @@ def create_app(model: torch.nn.Module, enc: Any = None, settings: ServeSettings 
         if n_new > settings.max_new_tokens_cap:
             raise HTTPException(400, f"max_new_tokens={n_new} is over this server's cap of {settings.max_new_tokens_cap}")
         for i, p in enumerate(prompts):
-            if len(p) > settings.max_prompt_chars:
-                raise HTTPException(400, f"prompt {i} has {len(p)} characters; the limit is {settings.max_prompt_chars}")
+            if over := prompt_over_limit("prompt" if req.prompt is not None else f"prompts.{i}", p,
+                                         settings.max_prompt_chars):
+                raise HTTPException(400, over)
         if any(not s for s in req.stop):
             raise HTTPException(400, "stop: stop sequences must be non-empty strings")
         ids = [enc.encode(p, allowed_special={"<|endoftext|>"}) or [enc.eot_token] for p in prompts]

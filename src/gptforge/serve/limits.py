@@ -129,6 +129,15 @@ def messages_over_limit(contents: list[str], limit: int) -> str | None:
     return None
 
 
+def prompt_over_limit(field: str, text: str, limit: int) -> str | None:
+    """The refusal of a prompt longer than ``ServeSettings.max_prompt_chars`` (checked before it is tokenized), or
+    None: one message for /api and /v1, naming the field as the client sent it (``prompt``; ``prompts.1``, the
+    second of a list)."""
+    if len(text) > limit:
+        return f"{field} has {len(text)} characters; the limit is {limit}"
+    return None
+
+
 def watch_disconnect(request: Request) -> tuple[asyncio.Event, asyncio.Task]:
     """An event set when the client disconnects (after its body was read), and the watching task to
     cancel when the response is done."""
