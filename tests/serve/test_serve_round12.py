@@ -13,6 +13,9 @@ beyond round eleven's.
   sent five prompts and no ``n``; it now names the field that asked (``prompt``, ``n``, or both), and is counted
   before the prompts are tokenized. A prompt over the length limit sent in ``/api``'s ``prompts`` was "prompt 1";
   it is ``prompts.1`` (``prompt.1`` in a /v1 list, ``prompt`` for one).
+- /api/chat appended "(start a new conversation)" to whatever the context check said, which carries its own
+  advice: "(shorten it) (start a new conversation)", "ask for at most 9 (start a new conversation)". The check
+  now takes the chat's advice (``fit_new_tokens(shorten=...)``) and says it once.
 """
 
 from __future__ import annotations
@@ -135,3 +138,21 @@ def test_a_prompt_over_the_length_limit_is_named_as_it_was_sent(url):
         for prompt, field in ((long, "prompt"), (["a", long], "prompt.1")):
             r = c.post("/v1/completions", json={"prompt": prompt, "max_tokens": 1})
             assert _openai_error(r) == (400, f"{field} has {limit + 1} characters; the limit is {limit}", "prompt")
+
+
+def test_a_chat_too_long_for_the_context_is_given_one_piece_of_advice(url, tokenizer):
+    from gptforge.serve.chat import SHORTEN_CHAT
+
+    def refusal(content: str, **knobs) -> str:
+        r = httpx.post(url + "/api/chat", json={"messages": [{"role": "user", "content": content}], **knobs},
+                       timeout=30)
+        assert r.status_code == 400, r.text
+        return r.json()["error"]
+
+    n = len(T.render_for_generation([{"role": "user", "content": "a " * 50}], tokenizer))
+    assert 64 - 16 < n < 64  # room for a reply, and max_new_tokens past it within the server's cap of 16
+    got = {refusal("hello " * 70), refusal("a " * 50, max_new_tokens=64 - n + 1)}
+    full = len(T.render_for_generation([{"role": "user", "content": "hello " * 70}], tokenizer))
+    assert got == {f"the prompt is {full} tokens; the model's context of 64 leaves no room to generate ({SHORTEN_CHAT})",
+                   f"prompt ({n} tokens) + max_new_tokens {64 - n + 1} exceeds the model's context of 64 tokens; "
+                   f"ask for at most {64 - n}"}

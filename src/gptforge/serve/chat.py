@@ -22,6 +22,10 @@ from gptforge.data.chat import ChatTokenizer
 from gptforge.serve.limits import acquire_unless_gone, messages_over_limit, watch_disconnect
 from gptforge.serve.sse import sse_response
 
+# what a conversation that leaves the model no room to reply is told to do: the page keeps the conversation and drops
+# the refused message, so a shorter message can fit, or Clear starts a new conversation
+SHORTEN_CHAT = "shorten the message, or start a new conversation"
+
 
 class Message(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)  # JSON types as sent: no "10" -> 10, true -> 1
@@ -66,9 +70,9 @@ def add_chat_routes(app: FastAPI, model: Any, enc: Any, chat: Any, settings: Any
             raise HTTPException(400, over)
         ids = chat.render_for_generation([m.model_dump() for m in req.messages], enc)
         try:  # the default shrinks to the room the context leaves; an explicit value must fit
-            n_new = fit_new_tokens([ids], model.config, req.max_new_tokens, n_new)
-        except PromptError as e:
-            raise HTTPException(400, f"{e} (start a new conversation)") from None
+            n_new = fit_new_tokens([ids], model.config, req.max_new_tokens, n_new, shorten=SHORTEN_CHAT)
+        except PromptError as e:  # its own advice, in a chat's words: a second appended here doubled it
+            raise HTTPException(400, str(e)) from None
         return ids, SamplingParams(max_new_tokens=n_new, temperature=req.temperature, top_k=req.top_k,
                                    top_p=req.top_p, repetition_penalty=req.repetition_penalty, seed=req.seed,
                                    stop_token=chat.end)
