@@ -16,6 +16,9 @@ beyond round eleven's.
 - /api/chat appended "(start a new conversation)" to whatever the context check said, which carries its own
   advice: "(shorten it) (start a new conversation)", "ask for at most 9 (start a new conversation)". The check
   now takes the chat's advice (``fit_new_tokens(shorten=...)``) and says it once.
+- Every route read, validated, rendered and tokenized its request on the event loop, before waiting for the model:
+  a 12 MB body of 400,000 empty messages (under the 16 MB a 128k-context model's body limit lets in) stopped every
+  stream and every other request for 8 s. That work now runs in a worker thread.
 """
 
 from __future__ import annotations
@@ -156,3 +159,45 @@ def test_a_chat_too_long_for_the_context_is_given_one_piece_of_advice(url, token
     assert got == {f"the prompt is {full} tokens; the model's context of 64 leaves no room to generate ({SHORTEN_CHAT})",
                    f"prompt ({n} tokens) + max_new_tokens {64 - n + 1} exceeds the model's context of 64 tokens; "
                    f"ask for at most {64 - n}"}
+
+
+def test_a_request_being_tokenized_does_not_hold_up_the_server(url, tokenizer, monkeypatch):
+    """Each route's preparation (its prompt tokenized, its messages rendered) is held inside the tokenizer until
+    let go; meanwhile the server answers another request. On the event loop it stalled everything: a 12 MB body
+    of 400,000 empty messages (under the 16 MB a 128k-context model's body limit lets in) held every stream for
+    8 s."""
+    import threading
+
+    inside, let_go = threading.Event(), threading.Event()
+
+    def held(encode):
+        def held_encode(self, text, *a, **k):
+            if "HOLD" in text:
+                inside.set()
+                assert let_go.wait(30), "the test never let the tokenizer go on"
+            return encode(self, text, *a, **k)
+
+        return held_encode
+
+    for name in ("encode", "encode_ordinary"):  # prompts, and the chat template's message contents
+        monkeypatch.setattr(type(tokenizer), name, held(getattr(type(tokenizer), name)))
+    msgs = [{"role": "user", "content": "HOLD"}]
+    for path, body in (("/api/generate", {"prompt": "HOLD", "max_new_tokens": 1}),
+                       ("/api/stream", {"prompt": "HOLD", "max_new_tokens": 1}),
+                       ("/api/chat", {"messages": msgs, "max_new_tokens": 1}),
+                       ("/v1/completions", {"prompt": "HOLD", "max_tokens": 1}),
+                       ("/v1/chat/completions", {"messages": msgs, "max_tokens": 1})):
+        inside.clear()
+        let_go.clear()
+        answers = []
+        asking = threading.Thread(target=lambda p=path, b=body, a=answers: a.append(httpx.post(url + p, json=b, timeout=60)))
+        asking.start()
+        try:
+            assert inside.wait(30), path
+            # 10 s: the other answer takes milliseconds; a loop held by the tokenizer never gives it
+            assert httpx.get(url + "/api/info", timeout=10).status_code == 200, path
+            assert not answers  # the held request was still being tokenized
+        finally:
+            let_go.set()
+            asking.join()
+        assert answers[0].status_code == 200 and "!" in answers[0].text, (path, answers[0].text)

@@ -421,7 +421,7 @@ def create_app(model: torch.nn.Module, enc: Any = None, settings: ServeSettings 
         return await run_in_threadpool(read_loss_curve, metrics_path)
 
     async def run_generate(req: GenerateRequest, request: Request):
-        ids, params = prepare(req)
+        ids, params = await run_in_threadpool(prepare, req)  # tokenizing: off the event loop (openai_api.py)
         # A client that hangs up leaves the queue, or stops its generation at the next token.
         gone, watcher = watch_disconnect(request)
         try:
@@ -442,7 +442,7 @@ def create_app(model: torch.nn.Module, enc: Any = None, settings: ServeSettings 
         return await run_generate(req, request)
 
     async def run_stream(req: GenerateRequest, request: Request):
-        ids, params = prepare(req)
+        ids, params = await run_in_threadpool(prepare, req)
         gone, watcher = watch_disconnect(request)  # only while queued: the response watches afterwards
         try:
             if not await acquire_unless_gone(gate, gone):  # before the response starts: a real 429

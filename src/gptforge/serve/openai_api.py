@@ -194,8 +194,12 @@ def add_openai_routes(app: FastAPI, model: Any, enc: Any, chat: Any, settings: A
 
     # The route bodies are plain closures and the decorated routes one-line calls of them: mutmut
     # (scripts/mutation.sh) skips decorated functions, so a body under a decorator is never mutation-tested.
-    async def complete_text(request: Request):
-        req: CompletionRequest = parse(CompletionRequest, await _body(request))
+    # What a request costs before it waits for the model (its JSON read and validated, its messages rendered, its
+    # prompts tokenized: seconds for the 16 MB a 128k-context model's body limit lets in) runs in a worker thread
+    # (prepare_text, prepare_chat): on the event loop it stalled every stream and every other request meanwhile.
+    def prepare_text(raw: bytes) -> tuple[CompletionRequest, list[list[int]], SamplingParams | None, Any,
+                                          list[str] | None]:
+        req: CompletionRequest = parse(CompletionRequest, raw)
         prompts = _prompts(req.prompt)
         check_batch(req, len(prompts))  # before any prompt is tokenized
         ids = []
@@ -218,12 +222,16 @@ def add_openai_routes(app: FastAPI, model: Any, enc: Any, chat: Any, settings: A
             if (longest := max(len(r) for r in ids)) > block:
                 raise OpenAIError(400, f"This model's maximum context length is {block} tokens. However, you "
                                        f"requested {longest} tokens in the prompt.", "prompt", "context_length_exceeded")
-            return await run(request, "text", req, ids, None, tok, req.logprobs, echo)
+            return req, ids, None, tok, echo
         params = sampling(req, ids, req.max_tokens, enc.eot_token, default_new=16)  # OpenAI's default: 16
+        return req, ids, params, tok, echo
+
+    async def complete_text(request: Request):
+        req, ids, params, tok, echo = await run_in_threadpool(prepare_text, await _body(request))
         return await run(request, "text", req, ids, params, tok, req.logprobs, echo)
 
-    async def complete_chat(request: Request):
-        req: ChatRequest = parse(ChatRequest, await _body(request))
+    def prepare_chat(raw: bytes) -> tuple[ChatRequest, list[list[int]], SamplingParams]:
+        req: ChatRequest = parse(ChatRequest, raw)
         if chat is None:
             raise OpenAIError(400, "this model has no chat template (it is a base model; fine-tune it with "
                                    "`gptforge sft`); use /v1/completions to continue text", "messages",
@@ -237,6 +245,10 @@ def add_openai_routes(app: FastAPI, model: Any, enc: Any, chat: Any, settings: A
         field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"  # it wins
         params = sampling(req, ids, getattr(req, field), chat.end, default_new=settings.max_new_tokens_cap,
                           length_field=field)
+        return req, ids, params
+
+    async def complete_chat(request: Request):
+        req, ids, params = await run_in_threadpool(prepare_chat, await _body(request))
         return await run(request, "chat", req, ids, params, chat_enc, (req.top_logprobs or 0) if req.logprobs else None)
 
     @app.post("/v1/completions")
