@@ -8,7 +8,8 @@ beyond round eleven's.
 - ``OPTIONS`` (a browser's CORS preflight) got a 405 that said only "Method Not Allowed", and with ``--api-key`` a
   401 "wrong API key" (a preflight never carries the key), which sent whoever met it after the key. It now says
   that the server answers no CORS by design, whatever the key, with ``Allow`` naming what the path takes (HEAD
-  beside GET: round eleven answers it).
+  beside GET: round eleven answers it). ``Authorization: bearer KEY`` (the scheme in lower case, which HTTP allows
+  and some clients and proxies send) was a 401.
 - A batch over the server's limit was refused as ``n: 5 prompt(s) x n=1 replies``, ``param: "n"``, when the client
   sent five prompts and no ``n``; it now names the field that asked (``prompt``, ``n``, or both), and is counted
   before the prompts are tokenized. A prompt over the length limit sent in ``/api``'s ``prompts`` was "prompt 1";
@@ -94,15 +95,21 @@ def test_options_says_the_server_answers_no_cors_with_the_methods_the_path_takes
         assert (r.status_code, r.headers["allow"]) == (405, "GET, HEAD") and "CORS" not in r.text
 
 
-def test_options_is_answered_the_same_without_the_api_key(tokenizer):
+def test_the_key_check_leaves_options_alone_and_takes_the_scheme_in_any_case(tokenizer):
     from fastapi.testclient import TestClient
 
     app = create_app(answering_model(64), tokenizer, SETTINGS, chat_template=T.to_dict(), api_key="sk-k")
     with TestClient(app) as c:
-        for path in ("/v1/chat/completions", "/api/generate"):
+        for path, body in (("/v1/chat/completions", POST_BODIES["/v1/chat/completions"]),
+                           ("/api/generate", POST_BODIES["/api/generate"])):
             r = c.options(path)
             assert r.status_code == 405 and NO_CORS in r.text, (path, r.status_code, r.text)
-            assert c.post(path, json={}).status_code == 401  # the routes themselves still need the key
+            assert c.post(path, json=body).status_code == 401  # the routes themselves still need the key
+            # "bearer" is "Bearer": HTTP's auth schemes are case-insensitive (some clients and proxies lower it)
+            for header, status in (("Bearer sk-k", 200), ("bearer sk-k", 200), ("BEARER sk-k", 200),
+                                   ("bearer sk-K", 401), ("Basic sk-k", 401), ("sk-k", 401), ("bearersk-k", 401)):
+                r = c.post(path, json=body, headers={"authorization": header})
+                assert r.status_code == status, (path, header, r.text)
 
 
 def _openai_error(r) -> tuple[int, str, str | None]:

@@ -85,20 +85,21 @@ def _without_connection(headers: Any) -> list:
 
 class BearerAuth:
     """Pure ASGI middleware: requests under ``/api`` and ``/v1`` need ``Authorization: Bearer <key>``
-    (compared in constant time); 401 otherwise. The page itself and the schema stay readable, and so does an
+    (the key compared in constant time; ``bearer`` in any case, as HTTP's schemes are); 401 otherwise. The page itself and the schema stay readable, and so does an
     OPTIONS request: no route takes it (a browser's CORS preflight, which never carries the key, is told the
     server answers no CORS rather than that its key is wrong)."""
 
     def __init__(self, app: Any, key: str):
         self.app = app
-        self.expected = f"Bearer {key}".encode()
+        self.expected = key.encode()
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         path = scope.get("path", "")
         if scope["type"] == "http" and scope.get("method") != "OPTIONS" and (path.startswith("/api")
                                                                              or path.startswith("/v1")):
             got = dict(scope.get("headers") or ()).get(b"authorization", b"")
-            if not hmac.compare_digest(got, self.expected):
+            scheme, _, token = got.partition(b" ")  # the scheme in any case: HTTP's are case-insensitive (RFC 9110)
+            if scheme.lower() != b"bearer" or not hmac.compare_digest(token, self.expected):
                 await _json(send, 401, "missing or wrong API key: send the header 'Authorization: Bearer <key>' "
                                        "with the key this server was started with (--api-key)", scope,
                             [(b"www-authenticate", b"Bearer")])
