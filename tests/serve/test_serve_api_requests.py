@@ -121,7 +121,7 @@ def test_stop_at_eot_both_ways(tokenizer, send):
 
 def test_validation_errors_word_for_word(tokenizer):
     """``_validation_message``: each error as ``field.path: pydantic's message (got the input)``, joined by
-    "; "; the body itself names no input; malformed JSON is a 400 with the json module's own reason."""
+    "; "; a body that is not an object is /v1's 400; malformed JSON is a 400 with the json module's own reason."""
     raw_bad = '{"prompt": "hi", '
     try:
         json.loads(raw_bad)
@@ -134,7 +134,7 @@ def test_validation_errors_word_for_word(tokenizer):
          "prompt: Input should be a valid string (got 5); seed: Input should be greater than or equal to 0 (got -1)"),
         ('{"prompts": ["a", 3]}', 422, "prompts.1: Input should be a valid string (got 3)"),
         ('{"prompt": "hi", "temprature": 1}', 422, "temprature: Extra inputs are not permitted (got 1)"),
-        ("[1, 2]", 422, "body: Input should be a valid dictionary or object to extract fields from"),
+        ("[1, 2]", 400, "the body must be a JSON object"),
         (raw_bad, 400, f"malformed JSON body: {reason}"),
     ]
     with _client(tokenizer) as c:

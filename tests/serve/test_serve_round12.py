@@ -20,6 +20,11 @@ beyond round eleven's.
 - Every route read, validated, rendered and tokenized its request on the event loop, before waiting for the model:
   a 12 MB body of 400,000 empty messages (under the 16 MB a 128k-context model's body limit lets in) stopped every
   stream and every other request for 8 s. That work now runs in a worker thread.
+- A body that is not a JSON object (empty, ``null``, a list, a number) was /v1's 400 "the body must be a JSON
+  object" but /api's 422 "body: Input should be a valid dictionary or object to extract fields from" (an empty
+  one "body: Field required"); both say /v1's words now. An integer of 5,000 digits was "malformed JSON body:
+  Exceeds the limit (4300 digits) ...; use sys.set_int_max_str_digits() to increase the limit", advice for the
+  server's code; it now says what the body holds.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("uvicorn")
 
 from gptforge.serve.app import NO_CORS, ServeSettings, create_app  # noqa: E402
+from gptforge.serve.openai_schema import NOT_AN_OBJECT  # noqa: E402
 from tests.serve.answering import T, answering_model  # noqa: E402
 from tests.serve.browser import serve_in_thread  # noqa: E402
 
@@ -208,3 +214,23 @@ def test_a_request_being_tokenized_does_not_hold_up_the_server(url, tokenizer, m
             let_go.set()
             asking.join()
         assert answers[0].status_code == 200 and "!" in answers[0].text, (path, answers[0].text)
+
+
+def _message(r) -> str:
+    err = r.json()["error"]
+    return err["message"] if r.request.url.path.startswith("/v1") else err  # each family's error shape
+
+
+def test_a_body_that_is_not_an_object_or_holds_a_huge_integer_is_one_400_on_every_route(url):
+    import sys
+
+    digits = sys.get_int_max_str_digits()
+    with httpx.Client(base_url=url, timeout=30) as c:
+        for path in POST_BODIES:
+            for raw in (b"", b"null", b"[]", b"[1, 2]", b'"prompt"', b"1", b"true"):
+                r = c.post(path, content=raw, headers={"content-type": "application/json"})
+                assert (r.status_code, _message(r)) == (400, NOT_AN_OBJECT), (path, raw, r.text)
+            huge = b'{"seed": 1' + b"0" * digits + b"}"
+            r = c.post(path, content=huge, headers={"content-type": "application/json"})
+            assert (r.status_code, _message(r)) == (400, f"malformed JSON body: a number of more than {digits} "
+                                                         "digits, which no field takes"), (path, r.text)

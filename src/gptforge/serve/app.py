@@ -157,6 +157,10 @@ def _validation_message(exc: RequestValidationError) -> tuple[int, str]:
     if any(e.get("type") == "json_invalid" for e in errs):
         detail = next(e for e in errs if e.get("type") == "json_invalid")
         return 400, f"malformed JSON body: {detail.get('ctx', {}).get('error', detail.get('msg'))}"
+    if any(tuple(e.get("loc", ())) == ("body",) for e in errs):  # the body itself: empty, null, a list, a number
+        from gptforge.serve.openai_schema import NOT_AN_OBJECT
+
+        return 400, NOT_AN_OBJECT  # as /v1 says it (a 422 "body: Input should be a valid dictionary ...")
     parts = []
     for e in errs:
         loc = ".".join(str(x) for x in e.get("loc", ()) if x != "body") or "body"

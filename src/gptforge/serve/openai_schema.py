@@ -189,6 +189,9 @@ class ChatRequest(_Sampling):
         return out
 
 
+NOT_AN_OBJECT = "the body must be a JSON object"  # every route's answer to an empty body, null, a list, a string ...
+
+
 class BodyError(ValueError):
     """A JSON body every route refuses before its fields are read (:func:`loads_body`); ``param``: the field."""
 
@@ -218,8 +221,13 @@ def loads_body(raw: bytes | str) -> Any:
         data = json.loads(raw or b"null", object_pairs_hook=pairs)
     except BodyError:
         raise
-    except (ValueError, UnicodeDecodeError) as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise BodyError(f"malformed JSON body: {e}") from e
+    except ValueError as e:  # Python's own limit on an integer's digits, whose message tells the server's code a fix
+        import sys
+
+        raise BodyError(f"malformed JSON body: a number of more than {sys.get_int_max_str_digits()} digits, which "
+                        "no field takes") from e
     except RecursionError:  # a body nested ~1000 levels deep: Python's parser gives up, the request is bad
         raise BodyError("malformed JSON body: nested too deeply") from None
     try:
@@ -239,7 +247,7 @@ def parse(model: type[BaseModel], raw: bytes) -> Any:
     except BodyError as e:
         raise OpenAIError(400, e.msg, e.param) from e
     if not isinstance(data, dict):
-        raise OpenAIError(400, "the body must be a JSON object")
+        raise OpenAIError(400, NOT_AN_OBJECT)
     try:
         req = model.model_validate(data)
     except RecursionError:
