@@ -234,3 +234,33 @@ def test_a_body_that_is_not_an_object_or_holds_a_huge_integer_is_one_400_on_ever
             r = c.post(path, content=huge, headers={"content-type": "application/json"})
             assert (r.status_code, _message(r)) == (400, f"malformed JSON body: a number of more than {digits} "
                                                          "digits, which no field takes"), (path, r.text)
+
+
+def test_what_careless_clients_send_that_was_already_answered_well_stays_so(url):
+    """Probed this round and found right; pinned here where no earlier test asked it of every route."""
+    with httpx.Client(base_url=url, timeout=30) as c:
+        deep = b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"  # 10^5 levels, 200 kB
+        for path in POST_BODIES:
+            r = c.post(path, content=deep, headers={"content-type": "application/json"})
+            assert (r.status_code, _message(r)) == (400, "malformed JSON body: nested too deeply"), path
+        # numbers JSON has not (NaN, Infinity: Python's json reads them) or that Python reads as inf: the field refuses
+        for literal in ("1e999", "NaN", "-Infinity"):
+            for field in ("temperature", "top_p"):
+                r = c.post("/v1/completions", content=f'{{"prompt": "a", "max_tokens": 1, "{field}": {literal}}}')
+                assert (r.status_code, r.json()["error"]["param"]) == (400, field), (literal, r.text)
+                r = c.post("/api/generate", content=f'{{"prompt": "a", "max_new_tokens": 1, "{field}": {literal}}}')
+                assert r.status_code == 422 and r.json()["error"].startswith(f"{field}="), (literal, r.text)
+            r = c.post("/v1/completions", content=f'{{"prompt": "a", "max_tokens": {literal}}}')
+            assert (r.status_code, r.json()["error"]["param"]) == (400, "max_tokens"), (literal, r.text)
+        # -0 is a temperature of 0 (greedy) and a seed of 0
+        r = c.post("/v1/completions", content=b'{"prompt": "a", "max_tokens": 2, "temperature": -0.0, "seed": -0}')
+        assert r.status_code == 200 and r.json()["choices"][0]["text"] == "!!"
+        # what OpenAI's clients send that changes nothing here: accepted, the reply the same
+        for extra in ({"user": "u-1"}, {"metadata": {"k": "v"}}, {"store": True}, {"service_tier": "auto"},
+                      {"parallel_tool_calls": False}, {"stream_options": None}):
+            r = c.post("/v1/chat/completions", json={**POST_BODIES["/v1/chat/completions"], **extra})
+            assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "!", (extra, r.text)
+        # an unknown model's card is OpenAI's 404; a trailing slash on the served one's is the card
+        r = c.get("/v1/models/gpt-4o")
+        assert (r.status_code, r.json()["error"]["code"]) == (404, "model_not_found")
+        assert c.get("/v1/models/gptforge/").json()["id"] == "gptforge"
