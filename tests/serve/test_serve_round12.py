@@ -19,7 +19,9 @@ beyond round eleven's.
   now takes the chat's advice (``fit_new_tokens(shorten=...)``) and says it once.
 - Every route read, validated, rendered and tokenized its request on the event loop, before waiting for the model:
   a 12 MB body of 400,000 empty messages (under the 16 MB a 128k-context model's body limit lets in) stopped every
-  stream and every other request for 8 s. That work now runs in a worker thread.
+  stream and every other request for 8 s. That work, /api's JSON reading included, now runs in the gate's worker
+  threads, at most ``PREPARING`` at once (unbounded, the threads would hold many such bodies parsed together,
+  ~300 MB each, where the loop held one).
 - A body that is not a JSON object (empty, ``null``, a list, a number) was /v1's 400 "the body must be a JSON
   object" but /api's 422 "body: Input should be a valid dictionary or object to extract fields from" (an empty
   one "body: Field required"); both say /v1's words now. An integer of 5,000 digits was "malformed JSON body:
@@ -264,3 +266,52 @@ def test_what_careless_clients_send_that_was_already_answered_well_stays_so(url)
         r = c.get("/v1/models/gpt-4o")
         assert (r.status_code, r.json()["error"]["code"]) == (404, "model_not_found")
         assert c.get("/v1/models/gptforge/").json()["id"] == "gptforge"
+
+
+def test_requests_are_read_off_the_event_loop_a_bounded_number_at_once(url, monkeypatch):
+    """Every route's JSON is read in the gate's worker threads, at most PREPARING at once: the rest wait their
+    turn without a thread (a thread each would hold every large body parsed together, ~300 MB apiece), and the
+    server answers meanwhile."""
+    import threading
+    import time
+
+    from gptforge.serve import openai_schema
+    from gptforge.serve.app import PREPARING
+
+    inside, let_go, count = [], threading.Event(), threading.Lock()
+    loads = openai_schema.loads_body
+
+    def held_loads(raw):
+        if b"HOLD" in raw:
+            with count:
+                inside.append(raw)
+            assert let_go.wait(30), "the test never let the reading go on"
+        return loads(raw)
+
+    monkeypatch.setattr(openai_schema, "loads_body", held_loads)
+    held = {"/api/generate": {"prompt": "HOLD", "max_new_tokens": 1},
+            "/api/chat": {"messages": [{"role": "user", "content": "HOLD"}], "max_new_tokens": 1},
+            "/v1/completions": {"prompt": "HOLD", "max_tokens": 1},
+            "/v1/chat/completions": {"messages": [{"role": "user", "content": "HOLD"}], "max_tokens": 1}}
+    assert len(held) > PREPARING
+    answers = []
+    asking = [threading.Thread(target=lambda p=p, b=b: answers.append(httpx.post(url + p, json=b, timeout=60)))
+              for p, b in held.items()]
+    for t in asking:
+        t.start()
+    try:
+        deadline = time.time() + 30
+        while len(inside) < PREPARING:
+            assert time.time() < deadline, f"{len(inside)} requests reached their reading"
+            time.sleep(0.01)
+        time.sleep(1.0)  # room for the others to come in, were they let in
+        assert len(inside) == PREPARING
+        assert httpx.get(url + "/api/info", timeout=10).status_code == 200  # the loop is free
+    finally:
+        let_go.set()
+        for t in asking:
+            t.join()
+    assert len(inside) == len(held)
+    # let go together they meet the model's gate: one on the model, max_queue (2) waiting, one more may be told busy
+    assert sorted(r.status_code for r in answers) in ([200] * 4, [200] * 3 + [429]), answers
+    assert all("!" in r.text for r in answers if r.status_code == 200)

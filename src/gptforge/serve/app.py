@@ -90,14 +90,31 @@ class GenerateRequest(BaseModel):
 RETRY_AFTER_S = 1  # a 429's Retry-After: OpenAI's client (and most others) waits this long before its retry
 
 
+PREPARING = 2  # requests read, checked, rendered and tokenized at once (ModelGate.prepare)
+
+
 class ModelGate:
     """One request on the model at a time; at most ``max_queue`` waiting, the rest get 429 with a
-    ``Retry-After`` header, which /v1's OpenAI error carries too."""
+    ``Retry-After`` header, which /v1's OpenAI error carries too. Before it waits, a request is prepared
+    (:meth:`prepare`)."""
 
     def __init__(self, max_queue: int):
+        import anyio
+
         self.max_queue = max_queue
         self.waiting = 0
         self._lock = asyncio.Lock()
+        self._preparing = anyio.CapacityLimiter(PREPARING)
+
+    async def prepare(self, fn: Any, *args: Any) -> Any:
+        """``fn(*args)``, a request's preparation (its JSON read, its fields checked, its messages rendered, its
+        prompts tokenized), in a worker thread, at most ``PREPARING`` at once. On the event loop it stalled every
+        stream and every other request (a 12 MB body of 400,000 empty messages, under the 16 MB a 128k-context
+        model's body limit lets in, held them 8 s); unbounded, the threads would hold many such bodies parsed at
+        once (~300 MB each), where the loop held one."""
+        import anyio.to_thread
+
+        return await anyio.to_thread.run_sync(fn, *args, limiter=self._preparing)
 
     async def acquire(self) -> None:
         if self._lock.locked() and self.waiting >= self.max_queue:
@@ -176,8 +193,8 @@ class _BodyRequest(Request):
 
         if not hasattr(self, "_json"):
             raw = await self.body()
-            try:
-                self._json = loads_body(raw)
+            try:  # the app's gate prepares it: off the event loop, a bounded number at once
+                self._json = await self.app.state.gate.prepare(loads_body, raw)
             except BodyError as e:  # FastAPI's own path for an unreadable body: 400 "malformed JSON body: ..."
                 if isinstance(e.__cause__, json.JSONDecodeError):
                     raise e.__cause__ from None
@@ -283,6 +300,7 @@ def create_app(model: torch.nn.Module, enc: Any = None, settings: ServeSettings 
     gate = ModelGate(settings.max_queue)
     app = FastAPI(title="gptforge", description="Talk to a gptforge model.")
     app.router.route_class = BodyRoute  # the /api routes read their JSON as /v1 does (openai_schema.loads_body)
+    app.state.gate = gate  # where BodyRoute's requests find it
 
     # innermost: the access log, the key check and the body limit see the path sent; the router never sees a
     # trailing slash, so its empty 307 to the path without one is never answered
@@ -425,7 +443,7 @@ def create_app(model: torch.nn.Module, enc: Any = None, settings: ServeSettings 
         return await run_in_threadpool(read_loss_curve, metrics_path)
 
     async def run_generate(req: GenerateRequest, request: Request):
-        ids, params = await run_in_threadpool(prepare, req)  # tokenizing: off the event loop (openai_api.py)
+        ids, params = await gate.prepare(prepare, req)  # tokenizing: off the event loop
         # A client that hangs up leaves the queue, or stops its generation at the next token.
         gone, watcher = watch_disconnect(request)
         try:
@@ -446,7 +464,7 @@ def create_app(model: torch.nn.Module, enc: Any = None, settings: ServeSettings 
         return await run_generate(req, request)
 
     async def run_stream(req: GenerateRequest, request: Request):
-        ids, params = await run_in_threadpool(prepare, req)
+        ids, params = await gate.prepare(prepare, req)
         gone, watcher = watch_disconnect(request)  # only while queued: the response watches afterwards
         try:
             if not await acquire_unless_gone(gate, gone):  # before the response starts: a real 429

@@ -17,7 +17,6 @@ from typing import Any, Literal
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
-from starlette.concurrency import run_in_threadpool
 
 from gptforge.data.chat import ChatTokenizer
 from gptforge.serve.limits import acquire_unless_gone, messages_over_limit, watch_disconnect
@@ -84,7 +83,7 @@ def add_chat_routes(app: FastAPI, model: Any, enc: Any, chat: Any, settings: Any
 
     @app.post("/api/chat")
     async def chat_stream(req: ChatRequest, request: Request):
-        ids, params = await run_in_threadpool(prepare, req)  # rendering: off the event loop (openai_api.py)
+        ids, params = await gate.prepare(prepare, req)  # rendering: off the event loop
         gone, watcher = watch_disconnect(request)  # a client that hangs up while queued leaves the queue
         try:
             if not await acquire_unless_gone(gate, gone):

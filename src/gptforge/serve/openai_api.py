@@ -195,8 +195,8 @@ def add_openai_routes(app: FastAPI, model: Any, enc: Any, chat: Any, settings: A
     # The route bodies are plain closures and the decorated routes one-line calls of them: mutmut
     # (scripts/mutation.sh) skips decorated functions, so a body under a decorator is never mutation-tested.
     # What a request costs before it waits for the model (its JSON read and validated, its messages rendered, its
-    # prompts tokenized: seconds for the 16 MB a 128k-context model's body limit lets in) runs in a worker thread
-    # (prepare_text, prepare_chat): on the event loop it stalled every stream and every other request meanwhile.
+    # prompts tokenized: seconds for the 16 MB a 128k-context model's body limit lets in) is the gate's to run
+    # (prepare_text, prepare_chat in ModelGate.prepare): off the event loop, a bounded number at once.
     def prepare_text(raw: bytes) -> tuple[CompletionRequest, list[list[int]], SamplingParams | None, Any,
                                           list[str] | None]:
         req: CompletionRequest = parse(CompletionRequest, raw)
@@ -227,7 +227,7 @@ def add_openai_routes(app: FastAPI, model: Any, enc: Any, chat: Any, settings: A
         return req, ids, params, tok, echo
 
     async def complete_text(request: Request):
-        req, ids, params, tok, echo = await run_in_threadpool(prepare_text, await _body(request))
+        req, ids, params, tok, echo = await gate.prepare(prepare_text, await _body(request))
         return await run(request, "text", req, ids, params, tok, req.logprobs, echo)
 
     def prepare_chat(raw: bytes) -> tuple[ChatRequest, list[list[int]], SamplingParams]:
@@ -248,7 +248,7 @@ def add_openai_routes(app: FastAPI, model: Any, enc: Any, chat: Any, settings: A
         return req, ids, params
 
     async def complete_chat(request: Request):
-        req, ids, params = await run_in_threadpool(prepare_chat, await _body(request))
+        req, ids, params = await gate.prepare(prepare_chat, await _body(request))
         return await run(request, "chat", req, ids, params, chat_enc, (req.top_logprobs or 0) if req.logprobs else None)
 
     @app.post("/v1/completions")
