@@ -84,10 +84,10 @@ def _without_connection(headers: Any) -> list:
 
 
 class BearerAuth:
-    """Pure ASGI middleware: requests under ``/api`` and ``/v1`` need ``Authorization: Bearer <key>``
-    (the key compared in constant time; ``bearer`` in any case, as HTTP's schemes are); 401 otherwise. The page itself and the schema stay readable, and so does an
-    OPTIONS request: no route takes it (a browser's CORS preflight, which never carries the key, is told the
-    server answers no CORS rather than that its key is wrong)."""
+    """Pure ASGI middleware: requests under ``/api`` and ``/v1`` need ``Authorization: Bearer <key>`` (the key
+    compared in constant time; ``bearer`` in any case, as HTTP's schemes are); 401 otherwise. The page itself and
+    the schema stay readable, and so does an OPTIONS request: no route takes it (a browser's CORS preflight, which
+    never carries the key, is told the server answers no CORS rather than that its key is wrong)."""
 
     def __init__(self, app: Any, key: str):
         self.app = app
