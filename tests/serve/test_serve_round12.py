@@ -22,6 +22,9 @@ beyond round eleven's.
   stream and every other request for 8 s. That work, /api's JSON reading included, now runs in the gate's worker
   threads, at most ``PREPARING`` at once (unbounded, the threads would hold many such bodies parsed together,
   ~300 MB each, where the loop held one).
+- /api/chat (the page's chat) refused a conversation of more than 200 messages ("List should have at most 200
+  items") however short they were and however long the model's context, where /v1/chat/completions takes what
+  fits; both now hold a conversation to the same two limits, its characters and the context.
 - A body that is not a JSON object (empty, ``null``, a list, a number) was /v1's 400 "the body must be a JSON
   object" but /api's 422 "body: Input should be a valid dictionary or object to extract fields from" (an empty
   one "body: Field required"); both say /v1's words now. An integer of 5,000 digits was "malformed JSON body:
@@ -315,3 +318,16 @@ def test_requests_are_read_off_the_event_loop_a_bounded_number_at_once(url, monk
     # let go together they meet the model's gate: one on the model, max_queue (2) waiting, one more may be told busy
     assert sorted(r.status_code for r in answers) in ([200] * 4, [200] * 3 + [429]), answers
     assert all("!" in r.text for r in answers if r.status_code == 200)
+
+
+def test_a_long_chat_of_short_messages_is_held_to_the_context_not_to_a_count(tokenizer):
+    from fastapi.testclient import TestClient
+
+    app = create_app(answering_model(1024), tokenizer, SETTINGS, chat_template=T.to_dict())
+    talk = [{"role": ("user", "assistant")[i % 2], "content": "ok"} for i in range(301)]  # ~3 tokens each
+    assert len(T.render_for_generation(talk, tokenizer)) < 1024 - 1  # it fits, with room for a reply
+    with TestClient(app) as c:
+        r = c.post("/api/chat", json={"messages": talk, "max_new_tokens": 1})
+        assert r.status_code == 200 and '"text": "!"' in r.text, r.text
+        r = c.post("/v1/chat/completions", json={"messages": talk, "max_tokens": 1})
+        assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "!", r.text

@@ -37,7 +37,7 @@ class ChatRequest(BaseModel):
     """The conversation so far (the reply continues it as the assistant) and the sampling knobs."""
 
     model_config = ConfigDict(extra="forbid", strict=True)  # JSON types as sent: no "10" -> 10, true -> 1
-    messages: list[Message] = Field(min_length=1, max_length=200)
+    messages: list[Message] = Field(min_length=1)  # as many as fit: max_prompt_chars, then the context, as in /v1
     max_new_tokens: int | None = Field(None, ge=1, description="default: 128 or the server's cap if lower")
     temperature: float = Field(0.7, ge=0, le=100, allow_inf_nan=False, description="0 = greedy")
     top_k: int = Field(50, ge=0, description="0 = off")
