@@ -25,6 +25,9 @@ beyond round eleven's.
 - /api/chat (the page's chat) refused a conversation of more than 200 messages ("List should have at most 200
   items") however short they were and however long the model's context, where /v1/chat/completions takes what
   fits; both now hold a conversation to the same two limits, its characters and the context.
+- A value of the wrong type came back whole in the error: ``{"prompt": [1] * 100000}`` (a list where a string goes)
+  was a 300 kB error message, which the page shows in its status line. Every route now repeats at most
+  ``SHOWN_CHARS`` of it, with its length.
 - A body that is not a JSON object (empty, ``null``, a list, a number) was /v1's 400 "the body must be a JSON
   object" but /api's 422 "body: Input should be a valid dictionary or object to extract fields from" (an empty
   one "body: Field required"); both say /v1's words now. An integer of 5,000 digits was "malformed JSON body:
@@ -41,7 +44,7 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("uvicorn")
 
 from gptforge.serve.app import NO_CORS, ServeSettings, create_app  # noqa: E402
-from gptforge.serve.openai_schema import NOT_AN_OBJECT  # noqa: E402
+from gptforge.serve.openai_schema import NOT_AN_OBJECT, SHOWN_CHARS  # noqa: E402
 from tests.serve.answering import T, answering_model  # noqa: E402
 from tests.serve.browser import serve_in_thread  # noqa: E402
 
@@ -331,3 +334,23 @@ def test_a_long_chat_of_short_messages_is_held_to_the_context_not_to_a_count(tok
         assert r.status_code == 200 and '"text": "!"' in r.text, r.text
         r = c.post("/v1/chat/completions", json={"messages": talk, "max_tokens": 1})
         assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "!", r.text
+
+
+def test_a_refused_value_is_repeated_in_part_with_its_length(url):
+    big = [1] * 100_000  # its repr is 300,000 characters
+    with httpx.Client(base_url=url, timeout=30) as c:
+        for path, body in (("/api/generate", {"prompt": big}), ("/api/chat", {"messages": [{"role": "user", "content": big}]}),
+                           ("/v1/completions", {"prompt": {"ids": big}}),
+                           ("/v1/chat/completions", {"messages": [{"role": "user", "content": big}]})):
+            message = _message(c.post(path, json=body))
+            got = message[message.index("(got ") + 5:]
+            assert got.startswith(repr(big)[:SHOWN_CHARS - 20] + "... (300,000 characters)") \
+                or got.startswith(repr({"ids": big})[:SHOWN_CHARS - 20] + "... (300,009 characters)"), (path, got[:200])
+            assert len(message) < 8 * SHOWN_CHARS, (path, len(message))  # a few fields' worth, not the value
+        # a short value is repeated whole, as before: up to SHOWN_CHARS of its repr (a string's quotes are 2 of them)
+        for n in (SHOWN_CHARS - 2, SHOWN_CHARS - 1):
+            text = "a" * n
+            got = _message(c.post("/api/generate", json={"prompts": text}))
+            assert got == ("prompts: Input should be a valid list (got "
+                           + (repr(text) if n + 2 <= SHOWN_CHARS else f"{repr(text)[:SHOWN_CHARS - 20]}... ({n + 2} "
+                                                                        "characters)") + ")"), got

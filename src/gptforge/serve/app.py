@@ -170,18 +170,18 @@ def _error(status: int, msg: str) -> JSONResponse:
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[int, str]:
+    from gptforge.serve.openai_schema import NOT_AN_OBJECT, shown
+
     errs = exc.errors()
     if any(e.get("type") == "json_invalid" for e in errs):
         detail = next(e for e in errs if e.get("type") == "json_invalid")
         return 400, f"malformed JSON body: {detail.get('ctx', {}).get('error', detail.get('msg'))}"
     if any(tuple(e.get("loc", ())) == ("body",) for e in errs):  # the body itself: empty, null, a list, a number
-        from gptforge.serve.openai_schema import NOT_AN_OBJECT
-
         return 400, NOT_AN_OBJECT  # as /v1 says it (a 422 "body: Input should be a valid dictionary ...")
     parts = []
     for e in errs:
         loc = ".".join(str(x) for x in e.get("loc", ()) if x != "body") or "body"
-        parts.append(f"{loc}: {e.get('msg')}" + (f" (got {e['input']!r})" if "input" in e and loc != "body" else ""))
+        parts.append(f"{loc}: {e.get('msg')}" + (f" (got {shown(e['input'])})" if "input" in e and loc != "body" else ""))
     return 422, "; ".join(parts)
 
 

@@ -256,11 +256,24 @@ def parse(model: type[BaseModel], raw: bytes) -> Any:
         errs = e.errors()
         first = errs[0]
         loc = _loc(first)
-        msgs = "; ".join(f"{_loc(x)}: {x.get('msg')}" + (f" (got {x['input']!r})" if "input" in x and _loc(x) else "")
+        msgs = "; ".join(f"{_loc(x)}: {x.get('msg')}" + (f" (got {shown(x['input'])})" if "input" in x and _loc(x) else "")
                          for x in errs[:4])
         raise OpenAIError(400, msgs, loc or None) from e
     req.refuse_unsupported()
     return req
+
+
+SHOWN_CHARS = 80  # the most of a refused value an error repeats
+
+
+def shown(value: Any) -> str:
+    """A refused value as an error repeats it (every route's validation errors): its repr, cut to ``SHOWN_CHARS``
+    with its length said. Whole, a 3 MB list sent where a string goes came back as a 3 MB error message, which the
+    page puts in its status line."""
+    text = repr(value)
+    if len(text) <= SHOWN_CHARS:
+        return text
+    return f"{text[:SHOWN_CHARS - 20]}... ({len(text):,} characters)"
 
 
 def _loc(err: dict) -> str:
