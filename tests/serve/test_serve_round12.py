@@ -27,7 +27,10 @@ beyond round eleven's.
   fits; both now hold a conversation to the same two limits, its characters and the context.
 - A value of the wrong type came back whole in the error: ``{"prompt": [1] * 100000}`` (a list where a string goes)
   was a 300 kB error message, which the page shows in its status line. Every route now repeats at most
-  ``SHOWN_CHARS`` of it, with its length.
+  ``SHOWN_CHARS`` of it, with its size.
+- /api/chat's messages are bounded by the context's positions (each message takes at least one): FastAPI validates
+  the body on the event loop, and 400,000 empty messages (12 MB, under a 128k-context model's body limit) took 4 s
+  there once the old count of 200 was gone; the bound is checked before the messages are validated.
 - A body that is not a JSON object (empty, ``null``, a list, a number) was /v1's 400 "the body must be a JSON
   object" but /api's 422 "body: Input should be a valid dictionary or object to extract fields from" (an empty
   one "body: Field required"); both say /v1's words now. An integer of 5,000 digits was "malformed JSON body:
@@ -344,13 +347,31 @@ def test_a_refused_value_is_repeated_in_part_with_its_length(url):
                            ("/v1/chat/completions", {"messages": [{"role": "user", "content": big}]})):
             message = _message(c.post(path, json=body))
             got = message[message.index("(got ") + 5:]
-            assert got.startswith(repr(big)[:SHOWN_CHARS - 20] + "... (300,000 characters)") \
-                or got.startswith(repr({"ids": big})[:SHOWN_CHARS - 20] + "... (300,009 characters)"), (path, got[:200])
+            assert got.startswith(("[1, 1, 1, 1, 1, 1, 1, 1, ...] (100,000 items)",
+                                   "{'ids': [1, 1, 1, 1, 1, 1, 1, 1, ...]} (1 item)")), (path, got[:200])
             assert len(message) < 8 * SHOWN_CHARS, (path, len(message))  # a few fields' worth, not the value
         # a short value is repeated whole, as before: up to SHOWN_CHARS of its repr (a string's quotes are 2 of them)
-        for n in (SHOWN_CHARS - 2, SHOWN_CHARS - 1):
-            text = "a" * n
-            got = _message(c.post("/api/generate", json={"prompts": text}))
-            assert got == ("prompts: Input should be a valid list (got "
-                           + (repr(text) if n + 2 <= SHOWN_CHARS else f"{repr(text)[:SHOWN_CHARS - 20]}... ({n + 2} "
-                                                                        "characters)") + ")"), got
+        text = "a" * (SHOWN_CHARS - 2)
+        got = _message(c.post("/api/generate", json={"prompts": text}))
+        assert got == f"prompts: Input should be a valid list (got {text!r})", got
+        got = _message(c.post("/api/generate", json={"prompts": text + "b"}))  # one more: its ends and its length
+        assert got.startswith("prompts: Input should be a valid list (got 'aaa") and "..." in got, got
+        assert got.endswith(f"ab' ({SHOWN_CHARS - 1} characters))") and len(got) < 2 * SHOWN_CHARS, got
+        # a list of a few items whose repr is SHOWN_CHARS long is whole; one character more is cut
+        for ids, whole in (([10**7] * 8, True), ([10**7] * 7 + [10**8], False)):
+            assert len(repr(ids)) == SHOWN_CHARS + (not whole)
+            got = _message(c.post("/api/generate", json={"prompt": ids}))
+            assert (f"(got {ids!r})" in got) == whole and ("... (8 items))" in got) != whole, got
+        # a dict is shown in the order it was sent
+        got = _message(c.post("/api/generate", json={"prompt": {"b": 1, "a": 2}}))
+        assert got.endswith("(got {'b': 1, 'a': 2})"), got
+
+
+def test_a_chat_of_more_messages_than_the_context_has_positions_is_refused_by_their_count(url):
+    """The count is pydantic's ``max_length``, checked before the messages are validated one by one."""
+    for n in (65, 30_000):  # one more than the 64 positions; the 1 MB body limit's worth
+        r = httpx.post(url + "/api/chat", json={"messages": [{"role": "user", "content": ""}] * n}, timeout=30)
+        error = r.json()["error"]
+        assert (r.status_code, error[:error.index(" (got ")]) == (
+            422, f"messages: List should have at most 64 items after validation, not {n}"), r.text[:300]
+        assert error.endswith(f"... ({n:,} items))"), error  # the messages are not repeated

@@ -267,13 +267,25 @@ SHOWN_CHARS = 80  # the most of a refused value an error repeats
 
 
 def shown(value: Any) -> str:
-    """A refused value as an error repeats it (every route's validation errors): its repr, cut to ``SHOWN_CHARS``
-    with its length said. Whole, a 3 MB list sent where a string goes came back as a 3 MB error message, which the
-    page puts in its status line."""
-    text = repr(value)
-    if len(text) <= SHOWN_CHARS:
-        return text
-    return f"{text[:SHOWN_CHARS - 20]}... ({len(text):,} characters)"
+    """A refused value as an error repeats it (every route's validation errors): its repr if that is at most
+    ``SHOWN_CHARS``, else its start and its size. Whole, a 3 MB list sent where a string goes came back as a 3 MB
+    error message, which the page puts in its status line. The repr is reprlib's, whose work is bounded whatever
+    the value's size (the error is written on the event loop)."""
+    import reprlib
+
+    short = reprlib.Repr()  # its limits as attributes: Python 3.11's takes no arguments
+    short.maxlevel, short.maxdict = 3, 8
+    short.maxlist = short.maxtuple = short.maxset = 8
+    short.maxstring = short.maxother = SHOWN_CHARS
+    text = short.repr(value)
+    if "..." not in text and len(text) <= SHOWN_CHARS:  # reprlib's mark of what it left out: none, so it is small
+        return repr(value)  # whole, a dict in its own order (reprlib sorts the keys)
+    if len(text) > SHOWN_CHARS:
+        text = f"{text[:SHOWN_CHARS - 20]}..."
+    if isinstance(value, (str, list, dict)):
+        n, unit = len(value), "character" if isinstance(value, str) else "item"
+        text += f" ({n:,} {unit}{'s' * (n != 1)})"
+    return text
 
 
 def _loc(err: dict) -> str:
