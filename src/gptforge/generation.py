@@ -86,18 +86,20 @@ def check_prompt_ids(prompts: Sequence[Sequence[int]], vocab: int) -> None:
 
 
 def fit_new_tokens(prompts: Sequence[Sequence[int]], model_cfg, requested: int | None, default: int,
-                   flag: str = "max_new_tokens") -> int:
+                   flag: str = "max_new_tokens", shorten: str = "shorten it") -> int:
     """How many tokens to generate after ``prompts`` on a model of ``model_cfg``: the one rule for
     sample, chat and serve. A default (``requested`` None) is clamped to the room the context leaves;
     an explicit value that cannot fit is refused, as is a prompt id outside the model's vocabulary
-    (an llm.c or custom model with a small vocabulary, prompted with GPT-2's tokenizer)."""
+    (an llm.c or custom model with a small vocabulary, prompted with GPT-2's tokenizer). Each refusal carries
+    its one piece of advice; ``flag`` and ``shorten`` put it in the caller's words (a chat's prompt is its
+    conversation: "start a new conversation"), which the caller passes rather than appending a second."""
     vocab, block = model_cfg.vocab_size, model_cfg.block_size
     check_prompt_ids(prompts, vocab)
     longest = max((len(r) for r in prompts), default=0)
     room = block - longest
     if room < 1:
         raise PromptError(f"the prompt is {longest} tokens; the model's context of {block} leaves no room to "
-                          "generate (shorten it)")
+                          f"generate ({shorten})")
     if requested is None:
         return min(default, room)
     if requested > room:

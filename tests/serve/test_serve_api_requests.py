@@ -100,8 +100,8 @@ def test_the_batch_and_prompt_limits_are_inclusive(tokenizer, send):
         assert send(c, prompts=["a", "b", "c", "d"], max_new_tokens=1) == [("!", "length")] * 4
         assert send(c, prompt="y" * 10, max_new_tokens=1) == [("!", "length")]
         assert _refusal(c, prompts=["a"] * 5) == "prompts: 5 prompts; this server takes at most 4"
-        assert _refusal(c, prompts=["ok", "y" * 11]) == "prompt 1 has 11 characters; the limit is 10"
-        assert _refusal(c, prompt="y" * 11) == "prompt 0 has 11 characters; the limit is 10"
+        assert _refusal(c, prompts=["ok", "y" * 11]) == "prompts.1 has 11 characters; the limit is 10"
+        assert _refusal(c, prompt="y" * 11) == "prompt has 11 characters; the limit is 10"
 
 
 def test_the_other_refusals_word_for_word(tokenizer):
@@ -121,7 +121,7 @@ def test_stop_at_eot_both_ways(tokenizer, send):
 
 def test_validation_errors_word_for_word(tokenizer):
     """``_validation_message``: each error as ``field.path: pydantic's message (got the input)``, joined by
-    "; "; the body itself names no input; malformed JSON is a 400 with the json module's own reason."""
+    "; "; a body that is not an object is /v1's 400; malformed JSON is a 400 with the json module's own reason."""
     raw_bad = '{"prompt": "hi", '
     try:
         json.loads(raw_bad)
@@ -134,7 +134,7 @@ def test_validation_errors_word_for_word(tokenizer):
          "prompt: Input should be a valid string (got 5); seed: Input should be greater than or equal to 0 (got -1)"),
         ('{"prompts": ["a", 3]}', 422, "prompts.1: Input should be a valid string (got 3)"),
         ('{"prompt": "hi", "temprature": 1}', 422, "temprature: Extra inputs are not permitted (got 1)"),
-        ("[1, 2]", 422, "body: Input should be a valid dictionary or object to extract fields from"),
+        ("[1, 2]", 400, "the body must be a JSON object"),
         (raw_bad, 400, f"malformed JSON body: {reason}"),
     ]
     with _client(tokenizer) as c:

@@ -70,10 +70,10 @@ def test_default_length_shrinks_to_the_room_an_explicit_one_must_fit(tokenizer):
         assert _reply(c, max_new_tokens=64 - n) == ("!" * (64 - n), "length")
         assert _refusal(c, max_new_tokens=65 - n) == (
             f"prompt ({n} tokens) + max_new_tokens {65 - n} exceeds the model's context of 64 tokens; "
-            f"ask for at most {64 - n} (start a new conversation)")
+            f"ask for at most {64 - n}")
     with _client(answering_model(n), tokenizer, cap=60) as c:  # the prompt fills the context
         assert _refusal(c) == (f"the prompt is {n} tokens; the model's context of {n} leaves no room to generate "
-                               "(shorten it) (start a new conversation)")
+                               "(shorten the message, or start a new conversation)")
 
 
 def test_reply_stops_at_the_templates_end_token(tokenizer):

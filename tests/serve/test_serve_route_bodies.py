@@ -292,8 +292,8 @@ def test_v1_completions_refusals_word_for_word_and_their_edges(tokenizer):
     with _client(tokenizer) as c:
         p = "/v1/completions"
         assert _v1(c, p, {"prompt": "y" * 10, "max_tokens": 1})[0] == 200
-        assert _v1(c, p, {"prompt": "y" * 11}) == _bad("prompt 0 has 11 characters; the limit is 10", "prompt")
-        assert _v1(c, p, {"prompt": ["ok", "y" * 11]}) == _bad("prompt 1 has 11 characters; the limit is 10", "prompt")
+        assert _v1(c, p, {"prompt": "y" * 11}) == _bad("prompt has 11 characters; the limit is 10", "prompt")
+        assert _v1(c, p, {"prompt": ["ok", "y" * 11]}) == _bad("prompt.1 has 11 characters; the limit is 10", "prompt")
         ids = "token ids must be a non-empty list in [0, 50261)"  # the model's 50,261 ids, not its padded rows
         assert _v1(c, p, {"prompt": [[5303], [50261]]}) == _bad(f"prompt 1: {ids}", "prompt")
         assert _v1(c, p, {"prompt": [-1]}) == _bad(f"prompt 0: {ids}", "prompt")
@@ -325,7 +325,7 @@ def test_v1_completions_echo(tokenizer):
         status, out = _v1(c, p, {"prompt": ["a", "b"], "n": 2, "echo": True, "max_tokens": 0})
         assert status == 200 and [ch["text"] for ch in out["choices"]] == ["a", "a", "b", "b"]
         assert _v1(c, p, {"prompt": ["a", "b"], "n": 3, "echo": True, "max_tokens": 0}) == _bad(
-            "n: 2 prompt(s) x n=3 is over this server's batch limit of 4", "n")
+            "prompt and n: 2 prompts x n=3 = 6 replies is over this server's batch limit of 4", "n")
         status, out = _v1(c, p, {"prompt": [1] * 32, "echo": True, "max_tokens": 0})  # the whole context
         assert status == 200 and out["usage"]["prompt_tokens"] == 32
         assert _v1(c, p, {"prompt": [1] * 33, "echo": True, "max_tokens": 0}) == _bad(

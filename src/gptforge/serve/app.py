@@ -37,7 +37,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gptforge.run.metrics import finite_number, iter_metrics, whole_step
-from gptforge.serve.limits import BearerAuth, BodyLimit, acquire_unless_gone, watch_disconnect
+from gptforge.serve.limits import BearerAuth, BodyLimit, acquire_unless_gone, prompt_over_limit, watch_disconnect
 from gptforge.serve.sse import collect_rows, sse_response
 
 if TYPE_CHECKING:
@@ -90,14 +90,31 @@ class GenerateRequest(BaseModel):
 RETRY_AFTER_S = 1  # a 429's Retry-After: OpenAI's client (and most others) waits this long before its retry
 
 
+PREPARING = 2  # requests read, checked, rendered and tokenized at once (ModelGate.prepare)
+
+
 class ModelGate:
     """One request on the model at a time; at most ``max_queue`` waiting, the rest get 429 with a
-    ``Retry-After`` header, which /v1's OpenAI error carries too."""
+    ``Retry-After`` header, which /v1's OpenAI error carries too. Before it waits, a request is prepared
+    (:meth:`prepare`)."""
 
     def __init__(self, max_queue: int):
+        import anyio
+
         self.max_queue = max_queue
         self.waiting = 0
         self._lock = asyncio.Lock()
+        self._preparing = anyio.CapacityLimiter(PREPARING)
+
+    async def prepare(self, fn: Any, *args: Any) -> Any:
+        """``fn(*args)``, a request's preparation (its JSON read, its fields checked, its messages rendered, its
+        prompts tokenized), in a worker thread, at most ``PREPARING`` at once. On the event loop it stalled every
+        stream and every other request (a 12 MB body of 400,000 empty messages, under the 16 MB a 128k-context
+        model's body limit lets in, held them 8 s); unbounded, the threads would hold many such bodies parsed at
+        once (~300 MB each), where the loop held one."""
+        import anyio.to_thread
+
+        return await anyio.to_thread.run_sync(fn, *args, limiter=self._preparing)
 
     async def acquire(self) -> None:
         if self._lock.locked() and self.waiting >= self.max_queue:
@@ -113,19 +130,58 @@ class ModelGate:
         self._lock.release()
 
 
+# What an OPTIONS request (a browser's CORS preflight) is told. No CORS by design: only the server's own page calls it
+# from a browser, so no other web page a user visits can use a server on their machine (or its key)
+NO_CORS = ("OPTIONS is a browser's CORS preflight, which this server does not answer, by design: it sends no "
+           "Access-Control-Allow-* headers, so a page from another origin cannot call it (use the page it serves at /, "
+           "or call it from a program)")
+_METHOD_ORDER = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
+
+
+def allowed_methods(allow: str) -> str:
+    """A 405's ``Allow`` as the app answers it: the route's methods with HEAD beside GET (BodyRoute and Starlette's
+    own routes answer HEAD for every GET), in a fixed order (Starlette joins a set, whose order varies)."""
+    methods = {m.strip().upper() for m in allow.split(",") if m.strip()}
+    if "GET" in methods:
+        methods.add("HEAD")
+    order = {m: i for i, m in enumerate(_METHOD_ORDER)}
+    return ", ".join(sorted(methods, key=lambda m: (order.get(m, len(order)), m)))
+
+
+class TrailingSlash:
+    """Pure ASGI middleware: a path with a trailing slash is routed as the path without it (``POST
+    /v1/chat/completions/`` is the chat route). Starlette answered it with an empty 307 redirect, which curl without
+    ``-L`` and many clients do not follow for a POST, and whose absolute ``Location`` behind a TLS proxy names
+    ``http://`` (a client that follows it drops the Authorization header on the scheme change). Routing it
+    directly needs nothing of the client."""
+
+    def __init__(self, app: Any):
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        path = scope.get("path", "")
+        if scope["type"] == "http" and (bare := path.rstrip("/")) and bare != path:  # "//" is no route's path
+            scope = {**scope, "path": bare}
+        await self.app(scope, receive, send)
+
+
 def _error(status: int, msg: str) -> JSONResponse:
     return JSONResponse({"error": msg}, status_code=status)
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[int, str]:
+    from gptforge.serve.openai_schema import NOT_AN_OBJECT, shown
+
     errs = exc.errors()
     if any(e.get("type") == "json_invalid" for e in errs):
         detail = next(e for e in errs if e.get("type") == "json_invalid")
         return 400, f"malformed JSON body: {detail.get('ctx', {}).get('error', detail.get('msg'))}"
+    if any(tuple(e.get("loc", ())) == ("body",) for e in errs):  # the body itself: empty, null, a list, a number
+        return 400, NOT_AN_OBJECT  # as /v1 says it (a 422 "body: Input should be a valid dictionary ...")
     parts = []
     for e in errs:
         loc = ".".join(str(x) for x in e.get("loc", ()) if x != "body") or "body"
-        parts.append(f"{loc}: {e.get('msg')}" + (f" (got {e['input']!r})" if "input" in e and loc != "body" else ""))
+        parts.append(f"{loc}: {e.get('msg')}" + (f" (got {shown(e['input'])})" if "input" in e and loc != "body" else ""))
     return 422, "; ".join(parts)
 
 
@@ -137,8 +193,8 @@ class _BodyRequest(Request):
 
         if not hasattr(self, "_json"):
             raw = await self.body()
-            try:
-                self._json = loads_body(raw)
+            try:  # the app's gate prepares it: off the event loop, a bounded number at once
+                self._json = await self.app.state.gate.prepare(loads_body, raw)
             except BodyError as e:  # FastAPI's own path for an unreadable body: 400 "malformed JSON body: ..."
                 if isinstance(e.__cause__, json.JSONDecodeError):
                     raise e.__cause__ from None
@@ -244,6 +300,11 @@ def create_app(model: torch.nn.Module, enc: Any = None, settings: ServeSettings 
     gate = ModelGate(settings.max_queue)
     app = FastAPI(title="gptforge", description="Talk to a gptforge model.")
     app.router.route_class = BodyRoute  # the /api routes read their JSON as /v1 does (openai_schema.loads_body)
+    app.state.gate = gate  # where BodyRoute's requests find it
+
+    # innermost: the access log, the key check and the body limit see the path sent; the router never sees a
+    # trailing slash, so its empty 307 to the path without one is never answered
+    app.add_middleware(TrailingSlash)
 
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)  # on the bytes read, chunked too
     if api_key:
@@ -258,18 +319,21 @@ def create_app(model: torch.nn.Module, enc: Any = None, settings: ServeSettings 
     def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         """Every HTTPException in the family's shape: the routes' own, and the framework's (an unknown path,
         a wrong method, a body FastAPI could not decode), which would otherwise answer ``{"detail": ...}``."""
-        message, near = str(exc.detail), None
+        message, near, headers = str(exc.detail), None, dict(exc.headers or {})
         if exc.status_code in (404, 405) and not isinstance(exc, HTTPException):
-            allowed = (exc.headers or {}).get("Allow")
+            allowed = allowed_methods(headers.pop("Allow", ""))
+            if allowed:
+                headers["Allow"] = allowed
             near = near_route(request.url.path) if exc.status_code == 404 else None
             message = (f"{message}: {request.method} {request.url.path}" + (f" (allowed: {allowed})" if allowed else
                        "") + (f"; did you mean {near}?" if near else "")
                        + (" (an OpenAI client's base_url ends in /v1)" if near and near.startswith("/v1") else "")
+                       + (f"; {NO_CORS}" if exc.status_code == 405 and request.method == "OPTIONS" else "")
                        + "; the routes are listed at /docs")
         elif isinstance(exc.__cause__, UnicodeDecodeError):  # FastAPI's "There was an error parsing the body"
             message = f"malformed JSON body: the body is not UTF-8 text ({exc.__cause__})"
         response = family_error(request, exc.status_code, message, v1=bool(near and near.startswith("/v1")) or None)
-        response.headers.update(exc.headers or {})
+        response.headers.update(headers)
         return response
 
     @app.exception_handler(RequestValidationError)
@@ -340,8 +404,9 @@ def create_app(model: torch.nn.Module, enc: Any = None, settings: ServeSettings 
         if n_new > settings.max_new_tokens_cap:
             raise HTTPException(400, f"max_new_tokens={n_new} is over this server's cap of {settings.max_new_tokens_cap}")
         for i, p in enumerate(prompts):
-            if len(p) > settings.max_prompt_chars:
-                raise HTTPException(400, f"prompt {i} has {len(p)} characters; the limit is {settings.max_prompt_chars}")
+            if over := prompt_over_limit("prompt" if req.prompt is not None else f"prompts.{i}", p,
+                                         settings.max_prompt_chars):
+                raise HTTPException(400, over)
         if any(not s for s in req.stop):
             raise HTTPException(400, "stop: stop sequences must be non-empty strings")
         ids = [enc.encode(p, allowed_special={"<|endoftext|>"}) or [enc.eot_token] for p in prompts]
@@ -378,7 +443,7 @@ def create_app(model: torch.nn.Module, enc: Any = None, settings: ServeSettings 
         return await run_in_threadpool(read_loss_curve, metrics_path)
 
     async def run_generate(req: GenerateRequest, request: Request):
-        ids, params = prepare(req)
+        ids, params = await gate.prepare(prepare, req)  # tokenizing: off the event loop
         # A client that hangs up leaves the queue, or stops its generation at the next token.
         gone, watcher = watch_disconnect(request)
         try:
@@ -399,7 +464,7 @@ def create_app(model: torch.nn.Module, enc: Any = None, settings: ServeSettings 
         return await run_generate(req, request)
 
     async def run_stream(req: GenerateRequest, request: Request):
-        ids, params = prepare(req)
+        ids, params = await gate.prepare(prepare, req)
         gone, watcher = watch_disconnect(request)  # only while queued: the response watches afterwards
         try:
             if not await acquire_unless_gone(gate, gone):  # before the response starts: a real 429

@@ -16,11 +16,15 @@ from typing import Any, Literal
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from gptforge.data.chat import ChatTokenizer
 from gptforge.serve.limits import acquire_unless_gone, messages_over_limit, watch_disconnect
 from gptforge.serve.sse import sse_response
+
+# what a conversation that leaves the model no room to reply is told to do: the page keeps the conversation and drops
+# the refused message, so a shorter message can fit, or Clear starts a new conversation
+SHORTEN_CHAT = "shorten the message, or start a new conversation"
 
 
 class Message(BaseModel):
@@ -33,7 +37,8 @@ class ChatRequest(BaseModel):
     """The conversation so far (the reply continues it as the assistant) and the sampling knobs."""
 
     model_config = ConfigDict(extra="forbid", strict=True)  # JSON types as sent: no "10" -> 10, true -> 1
-    messages: list[Message] = Field(min_length=1, max_length=200)
+    # as many as fit: max_prompt_chars, then the context, as in /v1; add_chat_routes bounds the count by the context
+    messages: list[Message] = Field(min_length=1)
     max_new_tokens: int | None = Field(None, ge=1, description="default: 128 or the server's cap if lower")
     temperature: float = Field(0.7, ge=0, le=100, allow_inf_nan=False, description="0 = greedy")
     top_k: int = Field(50, ge=0, description="0 = off")
@@ -49,6 +54,12 @@ def add_chat_routes(app: FastAPI, model: Any, enc: Any, chat: Any, settings: Any
 
     cenc = ChatTokenizer(enc, chat) if chat else None
     producers: set[asyncio.Task] = set()
+    # The request as the route reads it: at most one message a position of the context (every template marks where
+    # a message starts, so more can never fit). FastAPI validates it on the event loop, where a count bounded only
+    # by the body limit (400,000 empty messages in the 16 MB a 128k-context model allows) took 4 s; pydantic checks
+    # the bound before it validates the messages.
+    bounded = create_model("ChatRequest", __base__=ChatRequest,
+                           messages=(list[Message], Field(min_length=1, max_length=model.config.block_size)))
 
     # the handlers' work sits in plain closures: mutmut (issue 36) does not mutate decorated functions
     def info() -> dict:
@@ -66,9 +77,9 @@ def add_chat_routes(app: FastAPI, model: Any, enc: Any, chat: Any, settings: Any
             raise HTTPException(400, over)
         ids = chat.render_for_generation([m.model_dump() for m in req.messages], enc)
         try:  # the default shrinks to the room the context leaves; an explicit value must fit
-            n_new = fit_new_tokens([ids], model.config, req.max_new_tokens, n_new)
-        except PromptError as e:
-            raise HTTPException(400, f"{e} (start a new conversation)") from None
+            n_new = fit_new_tokens([ids], model.config, req.max_new_tokens, n_new, shorten=SHORTEN_CHAT)
+        except PromptError as e:  # its own advice, in a chat's words: a second appended here doubled it
+            raise HTTPException(400, str(e)) from None
         return ids, SamplingParams(max_new_tokens=n_new, temperature=req.temperature, top_k=req.top_k,
                                    top_p=req.top_p, repetition_penalty=req.repetition_penalty, seed=req.seed,
                                    stop_token=chat.end)
@@ -77,9 +88,8 @@ def add_chat_routes(app: FastAPI, model: Any, enc: Any, chat: Any, settings: Any
     async def chat_info():
         return info()
 
-    @app.post("/api/chat")
     async def chat_stream(req: ChatRequest, request: Request):
-        ids, params = prepare(req)
+        ids, params = await gate.prepare(prepare, req)  # rendering: off the event loop
         gone, watcher = watch_disconnect(request)  # a client that hangs up while queued leaves the queue
         try:
             if not await acquire_unless_gone(gate, gone):
@@ -87,3 +97,6 @@ def add_chat_routes(app: FastAPI, model: Any, enc: Any, chat: Any, settings: Any
         finally:
             watcher.cancel()
         return sse_response(stream_text(model, cenc, [ids], params), gate, producers)
+
+    chat_stream.__annotations__["req"] = bounded  # the class itself: this module's annotations are strings
+    app.post("/api/chat")(chat_stream)

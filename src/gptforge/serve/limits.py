@@ -84,18 +84,22 @@ def _without_connection(headers: Any) -> list:
 
 
 class BearerAuth:
-    """Pure ASGI middleware: requests under ``/api`` and ``/v1`` need ``Authorization: Bearer <key>``
-    (compared in constant time); 401 otherwise. The page itself and the schema stay readable."""
+    """Pure ASGI middleware: requests under ``/api`` and ``/v1`` need ``Authorization: Bearer <key>`` (the key
+    compared in constant time; ``bearer`` in any case, as HTTP's schemes are); 401 otherwise. The page itself and
+    the schema stay readable, and so does an OPTIONS request: no route takes it (a browser's CORS preflight, which
+    never carries the key, is told the server answers no CORS rather than that its key is wrong)."""
 
     def __init__(self, app: Any, key: str):
         self.app = app
-        self.expected = f"Bearer {key}".encode()
+        self.expected = key.encode()
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         path = scope.get("path", "")
-        if scope["type"] == "http" and (path.startswith("/api") or path.startswith("/v1")):
+        if scope["type"] == "http" and scope.get("method") != "OPTIONS" and (path.startswith("/api")
+                                                                             or path.startswith("/v1")):
             got = dict(scope.get("headers") or ()).get(b"authorization", b"")
-            if not hmac.compare_digest(got, self.expected):
+            scheme, _, token = got.partition(b" ")  # the scheme in any case: HTTP's are case-insensitive (RFC 9110)
+            if scheme.lower() != b"bearer" or not hmac.compare_digest(token, self.expected):
                 await _json(send, 401, "missing or wrong API key: send the header 'Authorization: Bearer <key>' "
                                        "with the key this server was started with (--api-key)", scope,
                             [(b"www-authenticate", b"Bearer")])
@@ -123,6 +127,15 @@ def messages_over_limit(contents: list[str], limit: int) -> str | None:
     before the template renders it), or None: one rule and one message for /api/chat and /v1/chat/completions."""
     if sum(len(c) for c in contents) > limit:
         return f"messages: over the limit of {limit} characters"
+    return None
+
+
+def prompt_over_limit(field: str, text: str, limit: int) -> str | None:
+    """The refusal of a prompt longer than ``ServeSettings.max_prompt_chars`` (checked before it is tokenized), or
+    None: one message for /api and /v1, naming the field as the client sent it (``prompt``; ``prompts.1``, the
+    second of a list)."""
+    if len(text) > limit:
+        return f"{field} has {len(text)} characters; the limit is {limit}"
     return None
 
 

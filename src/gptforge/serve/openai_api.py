@@ -30,7 +30,7 @@ import torch
 from fastapi import FastAPI, HTTPException, Request
 from starlette.concurrency import run_in_threadpool
 
-from gptforge.serve.limits import acquire_unless_gone, messages_over_limit, watch_disconnect
+from gptforge.serve.limits import acquire_unless_gone, messages_over_limit, prompt_over_limit, watch_disconnect
 from gptforge.serve.openai_schema import ChatRequest, CompletionRequest, OpenAIError, finish_reason, parse
 from gptforge.serve.sse import collect_rows, sse_response
 
@@ -80,9 +80,7 @@ def add_openai_routes(app: FastAPI, model: Any, enc: Any, chat: Any, settings: A
         prompt id against its vocabulary. ``length_field``: the field ``max_tokens`` came in (a chat request's
         ``max_completion_tokens``), which a refusal of the length names."""
         in_vocab(req, prompt_ids)
-        if len(prompt_ids) * req.n > settings.max_batch:
-            raise OpenAIError(400, f"n: {len(prompt_ids)} prompt(s) x n={req.n} replies is over this server's "
-                                   f"batch limit of {settings.max_batch}", "n")
+        check_batch(req, len(prompt_ids))
         longest = max(len(r) for r in prompt_ids)
         if max_tokens is not None and max_tokens > settings.max_new_tokens_cap:
             raise OpenAIError(400, f"{length_field}={max_tokens} is over this server's cap of "
@@ -105,6 +103,20 @@ def add_openai_routes(app: FastAPI, model: Any, enc: Any, chat: Any, settings: A
         except ValueError as e:  # ranges the schema did not already cover
             raise OpenAIError(400, str(e), str(e).split("=")[0].split(":")[0]) from e
         return p
+
+    def check_batch(req: Any, n_prompts: int) -> None:
+        """The refusal of more replies than the server's batch limit (prompts x ``n``), naming the field the client
+        sent that asked for them: ``n`` for one prompt, ``prompt`` for a list of prompts with one reply each, both
+        for both (param ``n``, which the client can lower without changing its prompts)."""
+        if n_prompts * req.n <= settings.max_batch:
+            return
+        over = f"is over this server's batch limit of {settings.max_batch}"
+        if req.n == 1:
+            raise OpenAIError(400, f"prompt: {n_prompts} prompts {over} (send them in several requests)", "prompt")
+        if n_prompts == 1:
+            raise OpenAIError(400, f"n: {req.n} replies {over}", "n")
+        raise OpenAIError(400, f"prompt and n: {n_prompts} prompts x n={req.n} = {n_prompts * req.n} replies {over}",
+                          "n")
 
     def in_vocab(req: Any, prompt_ids: list[list[int]]) -> None:
         """A text prompt's ids too: a model smaller than the tokenizer (weights of unknown origin served
@@ -182,15 +194,20 @@ def add_openai_routes(app: FastAPI, model: Any, enc: Any, chat: Any, settings: A
 
     # The route bodies are plain closures and the decorated routes one-line calls of them: mutmut
     # (scripts/mutation.sh) skips decorated functions, so a body under a decorator is never mutation-tested.
-    async def complete_text(request: Request):
-        req: CompletionRequest = parse(CompletionRequest, await _body(request))
+    # What a request costs before it waits for the model (its JSON read and validated, its messages rendered, its
+    # prompts tokenized: seconds for the 16 MB a 128k-context model's body limit lets in) is the gate's to run
+    # (prepare_text, prepare_chat in ModelGate.prepare): off the event loop, a bounded number at once.
+    def prepare_text(raw: bytes) -> tuple[CompletionRequest, list[list[int]], SamplingParams | None, Any,
+                                          list[str] | None]:
+        req: CompletionRequest = parse(CompletionRequest, raw)
         prompts = _prompts(req.prompt)
+        check_batch(req, len(prompts))  # before any prompt is tokenized
         ids = []
         for i, p in enumerate(prompts):
             if isinstance(p, str):
-                if len(p) > settings.max_prompt_chars:
-                    raise OpenAIError(400, f"prompt {i} has {len(p)} characters; the limit is "
-                                           f"{settings.max_prompt_chars}", "prompt")
+                if over := prompt_over_limit("prompt" if isinstance(req.prompt, str) else f"prompt.{i}", p,
+                                             settings.max_prompt_chars):
+                    raise OpenAIError(400, over, "prompt")
                 ids.append(enc.encode(p, allowed_special={"<|endoftext|>"}) or [enc.eot_token])
             else:
                 if not p or any(not 0 <= t < vocab for t in p):
@@ -202,18 +219,19 @@ def add_openai_routes(app: FastAPI, model: Any, enc: Any, chat: Any, settings: A
         echo = [p if isinstance(p, str) else tok.decode(p) for p in prompts] if req.echo else None
         if req.max_tokens == 0:  # echo only: score the prompts, generate nothing
             in_vocab(req, ids)
-            if len(ids) * req.n > settings.max_batch:
-                raise OpenAIError(400, f"n: {len(ids)} prompt(s) x n={req.n} is over this server's batch limit of "
-                                       f"{settings.max_batch}", "n")
             if (longest := max(len(r) for r in ids)) > block:
                 raise OpenAIError(400, f"This model's maximum context length is {block} tokens. However, you "
                                        f"requested {longest} tokens in the prompt.", "prompt", "context_length_exceeded")
-            return await run(request, "text", req, ids, None, tok, req.logprobs, echo)
+            return req, ids, None, tok, echo
         params = sampling(req, ids, req.max_tokens, enc.eot_token, default_new=16)  # OpenAI's default: 16
+        return req, ids, params, tok, echo
+
+    async def complete_text(request: Request):
+        req, ids, params, tok, echo = await gate.prepare(prepare_text, await _body(request))
         return await run(request, "text", req, ids, params, tok, req.logprobs, echo)
 
-    async def complete_chat(request: Request):
-        req: ChatRequest = parse(ChatRequest, await _body(request))
+    def prepare_chat(raw: bytes) -> tuple[ChatRequest, list[list[int]], SamplingParams]:
+        req: ChatRequest = parse(ChatRequest, raw)
         if chat is None:
             raise OpenAIError(400, "this model has no chat template (it is a base model; fine-tune it with "
                                    "`gptforge sft`); use /v1/completions to continue text", "messages",
@@ -227,6 +245,10 @@ def add_openai_routes(app: FastAPI, model: Any, enc: Any, chat: Any, settings: A
         field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"  # it wins
         params = sampling(req, ids, getattr(req, field), chat.end, default_new=settings.max_new_tokens_cap,
                           length_field=field)
+        return req, ids, params
+
+    async def complete_chat(request: Request):
+        req, ids, params = await gate.prepare(prepare_chat, await _body(request))
         return await run(request, "chat", req, ids, params, chat_enc, (req.top_logprobs or 0) if req.logprobs else None)
 
     @app.post("/v1/completions")

@@ -189,6 +189,9 @@ class ChatRequest(_Sampling):
         return out
 
 
+NOT_AN_OBJECT = "the body must be a JSON object"  # every route's answer to an empty body, null, a list, a string ...
+
+
 class BodyError(ValueError):
     """A JSON body every route refuses before its fields are read (:func:`loads_body`); ``param``: the field."""
 
@@ -218,8 +221,13 @@ def loads_body(raw: bytes | str) -> Any:
         data = json.loads(raw or b"null", object_pairs_hook=pairs)
     except BodyError:
         raise
-    except (ValueError, UnicodeDecodeError) as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise BodyError(f"malformed JSON body: {e}") from e
+    except ValueError as e:  # Python's own limit on an integer's digits, whose message tells the server's code a fix
+        import sys
+
+        raise BodyError(f"malformed JSON body: a number of more than {sys.get_int_max_str_digits()} digits, which "
+                        "no field takes") from e
     except RecursionError:  # a body nested ~1000 levels deep: Python's parser gives up, the request is bad
         raise BodyError("malformed JSON body: nested too deeply") from None
     try:
@@ -239,7 +247,7 @@ def parse(model: type[BaseModel], raw: bytes) -> Any:
     except BodyError as e:
         raise OpenAIError(400, e.msg, e.param) from e
     if not isinstance(data, dict):
-        raise OpenAIError(400, "the body must be a JSON object")
+        raise OpenAIError(400, NOT_AN_OBJECT)
     try:
         req = model.model_validate(data)
     except RecursionError:
@@ -248,11 +256,36 @@ def parse(model: type[BaseModel], raw: bytes) -> Any:
         errs = e.errors()
         first = errs[0]
         loc = _loc(first)
-        msgs = "; ".join(f"{_loc(x)}: {x.get('msg')}" + (f" (got {x['input']!r})" if "input" in x and _loc(x) else "")
+        msgs = "; ".join(f"{_loc(x)}: {x.get('msg')}" + (f" (got {shown(x['input'])})" if "input" in x and _loc(x) else "")
                          for x in errs[:4])
         raise OpenAIError(400, msgs, loc or None) from e
     req.refuse_unsupported()
     return req
+
+
+SHOWN_CHARS = 80  # the most of a refused value an error repeats
+
+
+def shown(value: Any) -> str:
+    """A refused value as an error repeats it (every route's validation errors): its repr if that is at most
+    ``SHOWN_CHARS``, else its start and its size. Whole, a 3 MB list sent where a string goes came back as a 3 MB
+    error message, which the page puts in its status line. The repr is reprlib's, whose work is bounded whatever
+    the value's size (the error is written on the event loop)."""
+    import reprlib
+
+    short = reprlib.Repr()  # its limits as attributes: Python 3.11's takes no arguments
+    short.maxlevel, short.maxdict = 3, 8
+    short.maxlist = short.maxtuple = short.maxset = 8
+    short.maxstring = short.maxother = SHOWN_CHARS
+    text = short.repr(value)
+    if "..." not in text and len(text) <= SHOWN_CHARS:  # reprlib's mark of what it left out: none, so it is small
+        return repr(value)  # whole, a dict in its own order (reprlib sorts the keys)
+    if len(text) > SHOWN_CHARS:
+        text = f"{text[:SHOWN_CHARS - 20]}..."
+    if isinstance(value, (str, list, dict)):
+        n, unit = len(value), "character" if isinstance(value, str) else "item"
+        text += f" ({n:,} {unit}{'s' * (n != 1)})"
+    return text
 
 
 def _loc(err: dict) -> str:
