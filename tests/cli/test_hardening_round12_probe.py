@@ -1,0 +1,158 @@
+"""Hardening round twelve, careless and hostile use in classes earlier rounds did not test.
+
+* An output whose place cannot take it (a file where a folder is needed above it, a read-only folder, a
+  pseudo-filesystem) was met by each writer at its mkdir, after the work: `eval --json afile/e.json` scored every
+  problem, `tokenizer train`, `bench` and `import` ran whole, and then said "afile: file exists". The CLI's output
+  check (cli/outputs.py, every declared output of every command) asks run/preflight.py's place_fault, or a run's
+  own preflight, before the command starts.
+* A shard folder whose `prepare` has not finished (stopped by Ctrl-C, SIGTERM, a killed job; manifest.json says
+  "complete": false) was read by train as the corpus: a run trained on part of it without a word.
+  data/shards.py's list_shards, every reader's one door to a shard folder, refuses it.
+* optim.warmup_steps past train.max_steps (a long preset's warmup kept in a short run): the learning rate climbed
+  for the whole run and never reached optim.lr, unsaid; the run now says so in one line.
+* A relative data.dir that does not resolve (a run's config.json read from another folder) names the folder it
+  was looked for in.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from gptforge.cli import main
+from tests.cli.test_writers import CASES, RUN_CASES
+from tests.conftest import make_shards, tiny_chat_checkpoint, word_corpus
+from tests.run.faults import one_line, train_argv
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """What the writers' walk reads (tests/cli/test_writers.py's CASES): a tiny chat checkpoint, a word corpus,
+    shards, a run's metrics; and a file where a folder is expected."""
+    tmp = tmp_path_factory.mktemp("probe12")
+    w = {"ckpt": tiny_chat_checkpoint(tmp / "run"), "run": tmp / "run", "corpus": word_corpus(tmp / "corpus"),
+         "shards": make_shards(tmp / "shards", n_train=4000, n_val=1000), "llmc": tmp / "absent.bin"}
+    (tmp / "plotted").mkdir()
+    (tmp / "plotted" / "metrics.jsonl").write_text(json.dumps({"kind": "train", "step": 1, "loss": 5.0}) + "\n")
+    w["metrics"] = tmp / "plotted"
+    (tmp / "afile").write_text("x")
+    w["afile"] = tmp / "afile"
+    return w
+
+
+def _err(capsys, argv: list[str]) -> str:
+    capsys.readouterr()
+    assert main(argv) == 2, argv
+    return one_line(capsys.readouterr().err)
+
+
+def _walk():
+    for (cmd, key), variants in CASES.items():
+        if not key:  # assets: its place is $GPTFORGE_CACHE, not a flag (cli/outputs.py declares no flag for it)
+            continue
+        for label, name, argv, _ in variants:
+            yield pytest.param(argv, name, id="-".join(x for x in (cmd, key.split(" ")[0].lstrip("-"), label) if x))
+    for (cmd, _), argv in RUN_CASES.items():
+        yield pytest.param(argv, "run", id=f"{cmd}-run")
+
+
+@pytest.mark.parametrize("argv,name", list(_walk()))
+def test_every_output_under_a_file_is_refused_before_the_work_naming_the_file(world, capsys, argv, name):
+    """Every declared output of every command (the writers' walk), placed under a file: one line naming the file
+    in the way, exit 2, before any work (eval had scored, tokenizer train had trained, bench had timed)."""
+    afile = world["afile"]
+    cmd = argv(world, str(afile / "sub" / name))
+    err = _err(capsys, cmd)
+    assert f"{afile} is a file" in err and "file exists" not in err, err
+    assert afile.read_text() == "x"
+
+
+def test_an_output_on_a_read_only_folder_is_refused_before_the_model_is_read(world, tmp_path, capsys, monkeypatch):
+    """eval --json on a read-only disk: refused before --ckpt is even looked at (a missing checkpoint here: had the
+    command run first, that would be the error), naming the folder and the disk's words. As root, chmod cannot make
+    a folder read-only, so the kernel's answer to a new file there is injected where the probe asks it."""
+    import tempfile
+
+    real = tempfile.TemporaryFile
+    ro = tmp_path / "ro"
+    ro.mkdir()
+
+    def refusing(*a, dir=None, **k):
+        if dir is not None and Path(dir) == ro:
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(dir))
+        return real(*a, dir=dir, **k)
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", refusing)
+    out = ro / "new" / "e.json"
+    err = _err(capsys, ["eval", "--ckpt", str(tmp_path / "missing"), "--tasks", "compare", "--json", str(out)])
+    assert err.endswith(f"error: --json {out} cannot be written ({ro}: Read-only file system); choose a path on a "
+                        "writable filesystem"), err
+    monkeypatch.undo()
+    err = _err(capsys, ["eval", "--ckpt", str(tmp_path / "missing"), "--tasks", "compare", "--json", str(out)])
+    assert "missing" in err and "cannot be written" not in err, err  # a writable place: the command runs
+
+
+def test_a_shard_folder_whose_prepare_did_not_finish_is_refused_until_it_does(world, tmp_path, capsys, monkeypatch):
+    """prepare stopped after its first chunk of documents (as Ctrl-C or SIGTERM stops it: exit 130, finished shards
+    kept, manifest.json "complete": false): train refused it in one line (it trained on the part before, silently);
+    the same prepare again finishes it, and train takes it."""
+    from gptforge.data.prepare import pipeline
+
+    out = tmp_path / "shards"
+    argv = ["prepare", "files", str(world["corpus"]), "--out", str(out), "--shard-tokens", "2000", "--val-tokens",
+            "1000", "--workers", "1", "--no-progress", "--tokenizer", str(world["ckpt"])]
+    real = pipeline._Writer.add_chunk
+
+    def stopped(self, *a, **k):
+        real(self, *a, **k)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pipeline._Writer, "add_chunk", stopped)
+    assert main(argv) == 130
+    monkeypatch.undo()
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["complete"] is False and manifest["shards"], manifest  # whole shards, a part of the corpus
+    run = ["train", "--preset", "tiny", "--data.dir", str(out), "--train.device", "cpu", "--train.max_steps", "1",
+           "--train.val_every", "0", "--train.sample_every", "0", "--model.vocab_size", "50304"]
+    err = _err(capsys, [*run, "--out", str(tmp_path / "r1")])
+    n = len(manifest["shards"])
+    assert err.endswith(f"error: data directory {out}: the `gptforge prepare` that writes it has not finished "
+                        f"({out / 'manifest.json'} says \"complete\": false; {n} shard{'s' * (n != 1)}, "
+                        f"{manifest['tokens']:,} tokens so far), so a run would train on part of the corpus; run the "
+                        "same prepare command again to finish it (it resumes where it stopped), or, to train on what is "
+                        f"there, delete {out / 'manifest.json'} (prepare then cannot resume it)"), err
+    assert not (tmp_path / "r1").exists()
+    assert main(argv) == 0 and json.loads((out / "manifest.json").read_text())["complete"] is True
+    capsys.readouterr()
+    assert main([*run, "--out", str(tmp_path / "r2"), "--model.n_layer", "1"]) == 0
+
+
+def test_a_warmup_past_the_runs_steps_is_said_once(world, tmp_path, capsys):
+    """--optim.warmup_steps 10 in a 2-step run: lr 1e-4 then 2e-4 of optim.lr 1e-3, no decay, not a word before."""
+    from gptforge.config import OptimConfig
+    from gptforge.optim.schedule import lr_at, schedule_note
+
+    capsys.readouterr()
+    assert main(train_argv(world["shards"], tmp_path / "r", "--optim.warmup_steps", "10", "--train.max_steps", "2",
+                           "--optim.lr", "1e-3")) == 0
+    out = capsys.readouterr().out
+    said = [x for x in out.splitlines() if x.startswith("optim.warmup_steps=")]
+    assert said == ["optim.warmup_steps=10 > train.max_steps=2: the learning rate warms up for the whole run and never "
+                    "reaches optim.lr=0.001 (it ends at 2.00e-04), with no decay; lower --optim.warmup_steps (a few "
+                    "percent of the steps) for a warmup and a decay"], out
+    cfg = OptimConfig(lr=1e-3, warmup_steps=4)
+    assert lr_at(3, cfg, 4) == 1e-3 and schedule_note(cfg, 4) is None  # reaches optim.lr at its last step, as asked
+    assert schedule_note(cfg, 3) and schedule_note(OptimConfig(lr=1e-3, warmup_steps=0), 1) is None
+
+
+def test_a_relative_data_dir_that_does_not_resolve_names_where_it_was_looked_for(world, tmp_path, capsys, monkeypatch):
+    """A run's config.json keeps data.dir as given ("data/x"): resumed from another folder, it was "data directory
+    data/x does not exist", with nothing to say it was read against the current folder."""
+    monkeypatch.chdir(tmp_path)
+    err = _err(capsys, train_argv("data/x", tmp_path / "r"))
+    assert err.endswith(f"data directory data/x (read from the current folder: {tmp_path}/data/x) does not exist; "
+                        "run `gptforge prepare ...` first, or run from the folder it is relative to"), err
