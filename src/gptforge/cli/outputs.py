@@ -63,7 +63,7 @@ def check_outputs(command: str, args: argparse.Namespace) -> None:
     ``--force``, or that is a checkpoint or run directory, and (CliError) any output whose place cannot
     take it (a file where a folder is needed above it, a read-only folder), before the command does any work."""
     from gptforge.cli.common import CliError
-    from gptforge.run.preflight import check_run_dir, place_fault
+    from gptforge.run.preflight import place_fault
     from gptforge.storage.guards import check_output, check_shard_folder, literal_home
 
     for flag, dest, kind in declared(command, args):
@@ -76,6 +76,8 @@ def check_outputs(command: str, args: argparse.Namespace) -> None:
         if kind in CHECKED and value:
             check_output(value, bool(getattr(args, "force", False)), kind, flag)
         if kind == "run" and isinstance(value, str) and value:  # the run stack's own preflight, before the work
+            from gptforge.run.preflight import check_run_dir  # (with the config, so torch: a run's command loads it)
+
             check_run_dir(value)  # (import's reading of the model; train's at RunSession says the same again)
         elif isinstance(value, str) and value:  # a file above it, a read-only folder: before the work, not after it
             fault = place_fault(value, flag)

@@ -14,8 +14,6 @@ import os
 import tempfile
 from pathlib import Path
 
-from gptforge.config import ConfigError
-
 
 def nearest_existing(path: Path) -> Path:
     """``path`` itself when it exists, else the nearest folder above it that does (where it would be made)."""
@@ -62,6 +60,7 @@ def check_run_dir(path: str | os.PathLike) -> None:
     ``checkpoints`` (if there) a writable directory, not a file or a broken link. Probes with a
     temporary file in the directory (or its nearest existing parent) and creates nothing that stays,
     so a run refused later for another reason leaves no empty run directory behind."""
+    from gptforge.config import ConfigError  # here, not above: place_fault serves commands that never load torch
     from gptforge.storage.guards import literal_home, run_owner
 
     home = literal_home(path, "--train.out_dir")  # --train.out_dir=~/x, which --out's check never sees
