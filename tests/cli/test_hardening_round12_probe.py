@@ -10,6 +10,10 @@
   data/shards.py's list_shards, every reader's one door to a shard folder, refuses it.
 * optim.warmup_steps past train.max_steps (a long preset's warmup kept in a short run): the learning rate climbed
   for the whole run and never reached optim.lr, unsaid; the run now says so in one line.
+* A mistyped option (``sample --promt``, ``train --preest``, ``export --outt``) was "gptforge: error: unrecognized
+  arguments" from the top-level parser, pointing at ``gptforge --help``, with no hint (a mistyped --section.key
+  had one); or, where the option it missed was required, only "required: --out". Every command's parser (and the
+  tools') now names the command and the option it is close to (argparsing.refuse_strays, OneLineParser.error).
 * A relative data.dir that does not resolve (a run's config.json read from another folder) names the folder it
   was looked for in.
 """
@@ -46,7 +50,11 @@ def world(tmp_path_factory):
 
 def _err(capsys, argv: list[str]) -> str:
     capsys.readouterr()
-    assert main(argv) == 2, argv
+    try:
+        code = main(argv)
+    except SystemExit as e:  # argparse's refusal (OneLineParser.error): exit 2 from the parser itself
+        code = e.code
+    assert code == 2, argv
     return one_line(capsys.readouterr().err)
 
 
@@ -156,3 +164,30 @@ def test_a_relative_data_dir_that_does_not_resolve_names_where_it_was_looked_for
     err = _err(capsys, train_argv("data/x", tmp_path / "r"))
     assert err.endswith(f"data directory data/x (read from the current folder: {tmp_path}/data/x) does not exist; "
                         "run `gptforge prepare ...` first, or run from the folder it is relative to"), err
+
+
+@pytest.mark.parametrize("argv,said", [
+    (["sample", "--ckpt", "x", "--promt", "hi"],
+     "gptforge sample: error: unrecognized arguments: --promt hi; did you mean --prompt"),
+    (["train", "--preest", "tiny"], "gptforge train: error: unrecognized arguments: --preest; did you mean --preset"),
+    (["tokenizer", "train", "c", "--out", "t", "--vocab-sise", "300"],
+     "gptforge tokenizer train: error: unrecognized arguments: --vocab-sise 300; did you mean --vocab-size?"),
+    (["export", "hf", "--ckpt", "x", "--outt", "e"],
+     "gptforge export: error: the following arguments are required: --out; --outt is not an option here: did you "
+     "mean --out?"),
+    (["train", "--preset", "tiny", "--optim.lrr", "1"], "unknown config key --optim.lrr; did you mean --optim.lr"),
+])
+def test_a_mistyped_option_is_named_by_its_command_with_the_one_it_is_close_to(capsys, argv, said):
+    err = _err(capsys, argv)
+    assert said in err and f"(see `gptforge {argv[0]}" in err, err
+
+
+def test_a_tools_mistyped_option_is_named_with_the_one_it_is_close_to(capsys):
+    from gptforge.argparsing import tool_parser
+
+    p = tool_parser("python -m gptforge.bench.x", "a tool")
+    p.add_argument("--json")
+    with pytest.raises(SystemExit) as e:
+        p.parse_args(["--jsno", "x.json"])
+    assert e.value.code == 2 and "unrecognized arguments: --jsno x.json; did you mean --json?" in capsys.readouterr().err
+
