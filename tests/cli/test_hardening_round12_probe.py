@@ -14,6 +14,10 @@
   arguments" from the top-level parser, pointing at ``gptforge --help``, with no hint (a mistyped --section.key
   had one); or, where the option it missed was required, only "required: --out". Every command's parser (and the
   tools') now names the command and the option it is close to (argparsing.refuse_strays, OneLineParser.error).
+* A shard shorter than one step (prepare's last, the remainder of its split: about half the time for a 10M-token
+  corpus in 1M-token shards under gpt2-124m's 524,288-token step) refused the whole, complete folder ("fewer than
+  one step needs ... add data"); the loader leaves it out, and the run says so (refused only when no shard holds a
+  step).
 * A relative data.dir that does not resolve (a run's config.json read from another folder) names the folder it
   was looked for in.
 """
@@ -191,4 +195,31 @@ def test_a_tools_mistyped_option_is_named_with_the_one_it_is_close_to(capsys):
     with pytest.raises(SystemExit) as e:
         p.parse_args(["--jsno", "x.json"])
     assert e.value.code == 2 and "unrecognized arguments: --jsno x.json; did you mean --json?" in capsys.readouterr().err
+
+
+def test_a_shard_shorter_than_one_step_is_left_out_and_said(world, tmp_path, capsys):
+    """A complete folder whose last train shard (the remainder) holds fewer tokens than one step reads."""
+    import shutil
+
+    import numpy as np
+
+    from gptforge.data.loader import ShardLoader
+    from gptforge.data.shards import ShardError, list_shards, write_shard
+
+    data = tmp_path / "data"
+    shutil.copytree(world["shards"], data)
+    short = write_shard(data / "toy_train_000009.bin", np.arange(100, dtype=np.uint16) % 512)  # after the others
+    files = list_shards(data, "train", "val")
+    loader = ShardLoader(files, B=4, T=32, step_tokens=256)  # a step: 256 tokens (+1), as tiny's
+    assert loader.skipped == [(short, 100)] and short not in loader.files
+    for _ in range(200):  # past an epoch: the short shard is never opened (before: refused at the start)
+        loader.next_batch()
+    assert loader.epoch >= 1 and loader.files == files[:-1] and loader.state_dict()["files"] == [f.name for f in files[:-1]]
+    with pytest.raises(ShardError, match=r"toy_train_000000.bin: 2000 tokens is fewer than one step needs \(B\*T\*world"
+                                         r"\+1 = 4097\) \(and so is every other of its 3 shards\)"):
+        ShardLoader(files, B=4, T=1024)  # none holds a step: refused, naming the largest
+    capsys.readouterr()
+    assert main(train_argv(data, tmp_path / "r", "--train.max_steps", "1")) == 0
+    assert f"{short}: 100 tokens, fewer than one step reads: left out (the other shards of its split are read)" \
+        in capsys.readouterr().out
 

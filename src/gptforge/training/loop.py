@@ -99,6 +99,9 @@ def train(cfg, recipe: Recipe | None = None, resume: str | Path | None = None, f
         # --- data -----------------------------------------------------------------------------------
         B, T = cfg.train.micro_batch, cfg.train.seq_len
         train_loader, val_loader, val_available = recipe.loaders(cfg, info)
+        for loader in (train_loader, val_loader):  # shards too short for one step (ShardLoader.skipped): said
+            for f, n in getattr(loader, "skipped", ()):
+                log(f"{f}: {n:,} tokens, fewer than one step reads: left out (the other shards of its split are read)")
         val_steps = max(1, min(cfg.train.val_tokens // (B * T * info.dp_world), val_available))
 
         # --- model and optimizer (or the resumed ones) -----------------------------------------------
