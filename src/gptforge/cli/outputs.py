@@ -76,9 +76,10 @@ def check_outputs(command: str, args: argparse.Namespace) -> None:
         if kind in CHECKED and value:
             check_output(value, bool(getattr(args, "force", False)), kind, flag)
         if kind == "run" and isinstance(value, str) and value:  # the run stack's own preflight, before the work
-            from gptforge.run.preflight import check_run_dir  # (with the config, so torch: a run's command loads it)
+            if getattr(args, "resume", None) is None:  # a resume: its session says first what it can resume, then this
+                from gptforge.run.preflight import check_run_dir  # (with the config: torch; a run's command loads it)
 
-            check_run_dir(value)  # (import's reading of the model; train's at RunSession says the same again)
+                check_run_dir(value)  # (import's reading of the model; train's at RunSession says the same again)
         elif isinstance(value, str) and value:  # a file above it, a read-only folder: before the work, not after it
             fault = place_fault(value, flag)
             if fault:
