@@ -18,6 +18,9 @@
   corpus in 1M-token shards under gpt2-124m's 524,288-token step) refused the whole, complete folder ("fewer than
   one step needs ... add data"); the loader leaves it out, and the run says so (refused only when no shard holds a
   step).
+* A run in a folder whose name is not UTF-8 (``--out $'runs/r\\xff'``) saved its checkpoints, then every resume,
+  sample or export said "Path ... is not valid UTF-8; the checkpoint is damaged" (safetensors takes only UTF-8
+  paths): run/restore.py's read_safetensors, the one reader of a checkpoint's weights, reads it by descriptor.
 * A relative data.dir that does not resolve (a run's config.json read from another folder) names the folder it
   was looked for in.
 """
@@ -222,4 +225,12 @@ def test_a_shard_shorter_than_one_step_is_left_out_and_said(world, tmp_path, cap
     assert main(train_argv(data, tmp_path / "r", "--train.max_steps", "1")) == 0
     assert f"{short}: 100 tokens, fewer than one step reads: left out (the other shards of its split are read)" \
         in capsys.readouterr().out
+
+
+def test_a_run_in_a_folder_whose_name_is_not_utf8_resumes_and_samples(world, tmp_path, capsys):
+    run = Path(os.fsdecode(bytes(tmp_path) + b"/r\xff\xfe"))
+    assert main(train_argv(world["shards"], run, "--train.max_steps", "2")) == 0
+    capsys.readouterr()
+    assert main(train_argv(world["shards"], run, "--train.max_steps", "3", "--resume")) == 0, capsys.readouterr().err
+    assert main(["sample", "--ckpt", str(run), "--prompt", "a", "--max-new-tokens", "2"]) == 0
 
