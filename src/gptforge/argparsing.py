@@ -23,6 +23,8 @@ import argparse
 
 from gptforge.numbers import parse_float, parse_int
 
+MAX_SEED = 2**32  # as gptforge.config's seeds: numpy's range, and every seeded generator's
+
 
 def count(raw: str) -> int:
     """An integer flag (argparse type; ``type=int`` is this too): also written 1e8 or 100_000_000; not
@@ -176,9 +178,22 @@ class OneLineParser(argparse.ArgumentParser):
         outer = self._given
         self._given, self._raw = {}, {}
         try:
-            return super().parse_known_args(args, namespace)
+            parsed, rest = super().parse_known_args(args, namespace)
         finally:
             self._given = outer
+        self._check_seeds(parsed)
+        return parsed, rest
+
+    def _check_seeds(self, parsed: argparse.Namespace) -> None:
+        """Every ``--seed``-like flag of every command (and tool) is a seed as the config's seeds are, [0, 2**32):
+        Python's random takes a negative seed as its absolute value, so ``prepare conversations --seed -3`` wrote
+        the very file ``--seed 3`` did, and sample's torch took -1 as 2**64-1 while refusing 2**64-1 itself."""
+        for a in self._actions:
+            value = getattr(parsed, a.dest, None)
+            if a.option_strings and a.dest.endswith("seed") and isinstance(value, int) and not isinstance(value, bool) \
+                    and not 0 <= value < MAX_SEED:
+                self.error(f"argument {'/'.join(a.option_strings)}: {value} is not a seed: expected an integer in "
+                           "[0, 2**32) (Python's random would take a negative seed as its absolute value)")
 
     def parse_args(self, args=None, namespace=None):  # type: ignore[override]
         parsed, rest = self.parse_known_args(args, namespace)

@@ -21,6 +21,9 @@
 * A run in a folder whose name is not UTF-8 (``--out $'runs/r\\xff'``) saved its checkpoints, then every resume,
   sample or export said "Path ... is not valid UTF-8; the checkpoint is damaged" (safetensors takes only UTF-8
   paths): run/restore.py's read_safetensors, the one reader of a checkpoint's weights, reads it by descriptor.
+* A negative ``--seed`` (sample, chat, prepare conversations/preferences) was taken: Python's random takes -3 as 3,
+  so ``--seed -3`` wrote the very problems ``--seed 3`` did; torch took -1 as 2**64-1 and refused 2**64-1 itself.
+  Every seed flag of every parser is a seed as the config's are, [0, 2**32) (OneLineParser).
 * A relative data.dir that does not resolve (a run's config.json read from another folder) names the folder it
   was looked for in.
 """
@@ -233,4 +236,21 @@ def test_a_run_in_a_folder_whose_name_is_not_utf8_resumes_and_samples(world, tmp
     capsys.readouterr()
     assert main(train_argv(world["shards"], run, "--train.max_steps", "3", "--resume")) == 0, capsys.readouterr().err
     assert main(["sample", "--ckpt", str(run), "--prompt", "a", "--max-new-tokens", "2"]) == 0
+
+
+@pytest.mark.parametrize("argv", [["prepare", "conversations", "arithmetic", "--n", "5", "--seed", "-3", "--out", "c.jsonl"],
+                                  ["sample", "--ckpt", "x", "--seed", str(2**32)],
+                                  ["chat", "--ckpt", "x", "--seed", "-1"],
+                                  ["sft", "--init-from", "x", "--data", "d.jsonl", "--out", "r", "--seed", "-1"]])
+def test_every_seed_flag_is_a_seed_in_the_configs_range(tmp_path, capsys, monkeypatch, argv):
+    monkeypatch.chdir(tmp_path)
+    seed = argv[argv.index("--seed") + 1]
+    err = _err(capsys, argv)
+    assert f"error: argument --seed: {seed} is not a seed: expected an integer in [0, 2**32)" in err, err
+    assert not (tmp_path / "c.jsonl").exists()
+
+
+def test_the_largest_seed_is_taken(world, capsys):
+    assert main(["sample", "--ckpt", str(world["run"]), "--prompt", "a", "--max-new-tokens", "1", "--num-samples", "1",
+                 "--seed", str(2**32 - 1)]) == 0
 
