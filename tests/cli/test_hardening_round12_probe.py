@@ -5,6 +5,8 @@
   problem, `tokenizer train`, `bench` and `import` ran whole, and then said "afile: file exists". The CLI's output
   check (cli/outputs.py, every declared output of every command) asks run/preflight.py's place_fault, or a run's
   own preflight, before the command starts.
+* A file output named with a trailing slash (``plan --json results/``) wrote a file named ``results``: refused, as a
+  folder named for a file is (cli/outputs.py, every file output of every command).
 * A shard folder whose `prepare` has not finished (stopped by Ctrl-C, SIGTERM, a killed job; manifest.json says
   "complete": false) was read by train as the corpus: a run trained on part of it without a word.
   data/shards.py's list_shards, every reader's one door to a shard folder, refuses it.
@@ -87,6 +89,17 @@ def test_every_output_under_a_file_is_refused_before_the_work_naming_the_file(wo
     err = _err(capsys, cmd)
     assert f"{afile} is a file" in err and "file exists" not in err, err
     assert afile.read_text() == "x"
+
+
+@pytest.mark.parametrize("argv", [v for (_, key), vs in CASES.items() if key for _, name, v, _ in vs
+                                  if "." in name])  # the file outputs of the writers' walk
+def test_a_file_output_ending_in_a_slash_is_refused_not_written_as_a_file(world, tmp_path, capsys, argv):
+    cmd = argv(world, f"{tmp_path / 'results'}/")
+    flag = cmd[cmd.index(f"{tmp_path / 'results'}/") - 1]
+    err = _err(capsys, cmd)
+    assert err.endswith(f"error: {flag} {tmp_path}/results/ ends with '/', a folder; name the file to write in it "
+                        f"({flag} {tmp_path}/results/FILE)"), err
+    assert not (tmp_path / "results").exists()
 
 
 def test_an_output_on_a_read_only_folder_is_refused_before_the_model_is_read(world, tmp_path, capsys, monkeypatch):

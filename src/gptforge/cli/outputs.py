@@ -21,6 +21,7 @@ Kinds:
 from __future__ import annotations
 
 import argparse
+import os
 
 # command -> {"[SUBCOMMAND ]--flag" (or "" for a fixed place): kind}
 OUTPUTS: dict[str, dict[str, str]] = {
@@ -73,6 +74,9 @@ def check_outputs(command: str, args: argparse.Namespace) -> None:
             raise CliError(home)
         if kind in CHECKED and isinstance(value, str) and not value.strip():  # `--json ""`: no path, not "none"
             raise CliError(f"{flag} is empty; name the {'file' if kind == 'file' else 'folder'} to write")
+        if kind == "file" and isinstance(value, str) and value.endswith(("/", os.sep)):  # `--json results/`: pathlib
+            # drops the slash, so a file named `results` was written where a folder was meant
+            raise CliError(f"{flag} {value} ends with '/', a folder; name the file to write in it ({flag} {value}FILE)")
         if kind in CHECKED and value:
             check_output(value, bool(getattr(args, "force", False)), kind, flag)
         if kind == "run" and isinstance(value, str) and value:  # the run stack's own preflight, before the work
