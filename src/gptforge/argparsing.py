@@ -227,11 +227,12 @@ def refuse_strays(parser: argparse.ArgumentParser, strays: list[str]) -> None:
 
     if not strays:
         return
-    known = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
+    known = {o[2:]: o for a in parser._actions for o in a.option_strings if o.startswith("--")}
     close = []
-    for word in strays:
+    for word in strays:  # compared without the dashes every option shares (--out is not close to --gpu)
         if word.startswith("--") and word != "--":
-            close += [c for c in difflib.get_close_matches(word.split("=", 1)[0], known, n=2) if c not in close]
+            close += [known[c] for c in difflib.get_close_matches(word.split("=", 1)[0][2:], list(known), n=2)
+                      if known[c] not in close]
     hint = f"; did you mean {', '.join(close)}?" if close else ""
     parser.error(f"unrecognized arguments: {' '.join(strays)}{hint}")
 

@@ -192,7 +192,8 @@ def test_a_relative_data_dir_that_does_not_resolve_names_where_it_was_looked_for
 @pytest.mark.parametrize("argv,said", [
     (["sample", "--ckpt", "x", "--promt", "hi"],
      "gptforge sample: error: unrecognized arguments: --promt hi; did you mean --prompt"),
-    (["train", "--preest", "tiny"], "gptforge train: error: unrecognized arguments: --preest; did you mean --preset"),
+    (["train", "--preest", "tiny"], "gptforge train: error: unrecognized arguments: --preest; did you mean --preset?"),
+    (["plan", "--preset", "tiny", "--out", "r"], "gptforge plan: error: unrecognized arguments: --out (see"),  # not --gpu
     (["tokenizer", "train", "c", "--out", "t", "--vocab-sise", "300"],
      "gptforge tokenizer train: error: unrecognized arguments: --vocab-sise 300; did you mean --vocab-size?"),
     (["export", "hf", "--ckpt", "x", "--outt", "e"],

@@ -198,8 +198,13 @@ def _main(argv: list[str] | None) -> int:
     chosen = chosen_parser(parser, [args.command, *(getattr(args, d, None) for d in SUBCOMMAND_DESTS)])
     # the command's own refusal, with the option it knows that is close: every word for a command without
     # overrides; an --option without a section (not --section.key) for one with them (override_pairs names the rest)
-    refuse_strays(chosen, [a for a in rest if not takes_overrides
-                           or (a.startswith("--") and a != "--" and "." not in a.split("=", 1)[0])])
+    try:
+        refuse_strays(chosen, [a for a in rest if not takes_overrides
+                               or (a.startswith("--") and a != "--" and "." not in a.split("=", 1)[0])])
+    except SystemExit as e:  # argparse's way out; a command taking overrides returned its refusal (exit 2) before
+        if not takes_overrides:
+            raise
+        return e.code
     from gptforge.cli.outputs import check_outputs
     from gptforge.data.chat import ChatFormatError
     from gptforge.data.shards import ShardError
