@@ -12,10 +12,11 @@
   data/shards.py's list_shards, every reader's one door to a shard folder, refuses it.
 * optim.warmup_steps past train.max_steps (a long preset's warmup kept in a short run): the learning rate climbed
   for the whole run and never reached optim.lr, unsaid; the run now says so in one line.
-* A mistyped option (``sample --promt``, ``train --preest``, ``export --outt``, ``--preset tinyy``) was "gptforge: error: unrecognized
+* A mistyped option (``sample --promt``, ``train --preest``, ``export --outt``) was "gptforge: error: unrecognized
   arguments" from the top-level parser, pointing at ``gptforge --help``, with no hint (a mistyped --section.key
   had one); or, where the option it missed was required, only "required: --out". Every command's parser (and the
-  tools') now names the command and the option it is close to (argparsing.refuse_strays, OneLineParser.error).
+  tools') now names the command and the option it is close to (argparsing.refuse_strays, OneLineParser.error);
+  ``--preset tinyy`` names ``tiny`` before the list of all presets (presets.get_preset).
 * A shard shorter than one step (prepare's last, the remainder of its split: about half the time for a 10M-token
   corpus in 1M-token shards under gpt2-124m's 524,288-token step) refused the whole, complete folder ("fewer than
   one step needs ... add data"); the loader leaves it out, and the run says so (refused only when no shard holds a
@@ -28,6 +29,13 @@
   Every seed flag of every parser is a seed as the config's are, [0, 2**32) (OneLineParser).
 * A relative data.dir that does not resolve (a run's config.json read from another folder) names the folder it
   was looked for in.
+
+Probed and found sound (not tested again here): --train.max_steps 0, a negative lr, a total batch not divisible,
+--train.seed out of range, a close --section.key typo; OMP_NUM_THREADS / GPTFORGE_* / CUDA_VISIBLE_DEVICES junk; a
+BOM, CRLF, UTF-16 or non-UTF-8 row in a chat JSONL; an empty, truncated or header-only shard; a truncated or empty
+model.safetensors; sample/chat --max-new-tokens 0 or 10^9; `ulimit -f` mid-save; two resumes of one run at once
+(the lock); Ctrl-C three times during a save; spaces and emoji in every path; a run resumed from another folder
+on other shards of the same name (the loader's digests); sft data of the same name elsewhere (its fingerprint).
 """
 
 from __future__ import annotations
