@@ -23,6 +23,8 @@ import argparse
 
 from gptforge.numbers import parse_float, parse_int
 
+MAX_SEED = 2**32  # as gptforge.config's seeds: numpy's range, and every seeded generator's
+
 
 def count(raw: str) -> int:
     """An integer flag (argparse type; ``type=int`` is this too): also written 1e8 or 100_000_000; not ASCII
@@ -173,19 +175,80 @@ class OneLineParser(argparse.ArgumentParser):
         # in the parser of the command (the one without sub-commands), whose name the line then bears
         for msg in [] if self._subparsers is not None else repeated_overrides(args):
             _say(self, msg)
+        self._words = args  # what a refusal of a missing option looks through for its typo
         outer = self._given
         self._given, self._raw = {}, {}
         try:
-            return super().parse_known_args(args, namespace)
+            parsed, rest = super().parse_known_args(args, namespace)
         finally:
             self._given = outer
+        self._check_seeds(parsed)
+        return parsed, rest
+
+    def _check_seeds(self, parsed: argparse.Namespace) -> None:
+        """Every ``--seed``-like flag of every command (and tool) is a seed as the config's seeds are, [0, 2**32):
+        Python's random takes a negative seed as its absolute value, so ``prepare conversations --seed -3`` wrote
+        the very file ``--seed 3`` did, and sample's torch took -1 as 2**64-1 while refusing 2**64-1 itself."""
+        for a in self._actions:
+            value = getattr(parsed, a.dest, None)
+            if a.option_strings and a.dest.endswith("seed") and isinstance(value, int) and not isinstance(value, bool) \
+                    and not 0 <= value < MAX_SEED:
+                self.error(f"argument {'/'.join(a.option_strings)}: {value} is not a seed: expected an integer in "
+                           "[0, 2**32) (Python's random would take a negative seed as its absolute value)")
+
+    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+        parsed, rest = self.parse_known_args(args, namespace)
+        refuse_strays(self, rest)  # the tools' parsers too: a mistyped option named with the one it is close to
+        return parsed
 
     def _get_values(self, action, arg_strings):  # the words as written, for a refusal that quotes them
         self._raw[id(action)] = list(arg_strings)
         return super()._get_values(action, arg_strings)
 
     def error(self, message: str):  # type: ignore[override]
+        if message.startswith("the following arguments are required:"):  # `--outt x` for --out: the typo, named
+            import difflib
+            import re
+
+            known = {o for a in self._actions for o in a.option_strings}
+            needed = re.findall(r"--[\w-]+", message)
+            typos = [(w, c[0]) for w in {x.split("=", 1)[0] for x in getattr(self, "_words", [])
+                                         if x.startswith("--") and "." not in x} - known
+                     if (c := difflib.get_close_matches(w, needed, n=1))]
+            message += "".join(f"; {w} is not an option here: did you mean {c}?" for w, c in sorted(typos))
         self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
+def refuse_strays(parser: argparse.ArgumentParser, strays: list[str]) -> None:
+    """Refuse words no option of ``parser`` (the command's own, the sub-command's where it has one) took, through
+    its one-line error, naming each ``--option`` the parser knows that is close to a mistyped one: ``sample --promt
+    hi`` is "unrecognized arguments: --promt hi; did you mean --prompt?" from ``gptforge sample``, where it was the
+    top-level parser's "gptforge: error: ..." pointing at ``gptforge --help``, with no hint. No-op when empty."""
+    import difflib
+
+    if not strays:
+        return
+    known = {o[2:]: o for a in parser._actions for o in a.option_strings if o.startswith("--")}
+    close = []
+    for word in strays:  # compared without the dashes every option shares (--out is not close to --gpu)
+        if word.startswith("--") and word != "--":
+            close += [known[c] for c in difflib.get_close_matches(word.split("=", 1)[0][2:], list(known), n=2)
+                      if known[c] not in close]
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    parser.error(f"unrecognized arguments: {' '.join(strays)}{hint}")
+
+
+def chosen_parser(parser: argparse.ArgumentParser, names: list[str]) -> argparse.ArgumentParser:
+    """The parser of the command (and sub-command) a parse chose: down ``parser``'s sub-parsers by the first of
+    ``names`` (the chosen command's name first, then its sub-command's) each level knows."""
+    while parser._subparsers is not None:
+        action = next((a for a in parser._subparsers._group_actions if isinstance(a, argparse._SubParsersAction)),
+                      None)
+        name = next((n for n in names if action is not None and n in action.choices), None)
+        if name is None:
+            break
+        parser = action.choices[name]
+    return parser
 
 
 def tool_parser(prog: str, description: str) -> argparse.ArgumentParser:

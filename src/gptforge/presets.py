@@ -24,7 +24,11 @@ def preset(name: str):
 
 def get_preset(name: str) -> Config:
     if name not in PRESETS:
-        raise ConfigError(f"unknown preset {name!r}; known presets: {', '.join(sorted(PRESETS))}")
+        import difflib
+
+        close = difflib.get_close_matches(name, PRESETS, n=2)  # `--preset tinyy`: the one meant, before the list
+        hint = f"; did you mean {' or '.join(close)}?" if close else ""
+        raise ConfigError(f"unknown preset {name!r}{hint} (known presets: {', '.join(sorted(PRESETS))})")
     return PRESETS[name]()
 
 

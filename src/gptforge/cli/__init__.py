@@ -192,8 +192,19 @@ def _main(argv: list[str] | None) -> int:
     parser = build_parser(argv)
     args, rest = parser.parse_known_args(argv)
     takes_overrides = COMMANDS[args.command][1]
-    if rest and not takes_overrides:
-        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    from gptforge.argparsing import chosen_parser, refuse_strays
+    from gptforge.cli.outputs import SUBCOMMAND_DESTS
+
+    chosen = chosen_parser(parser, [args.command, *(getattr(args, d, None) for d in SUBCOMMAND_DESTS)])
+    # the command's own refusal, with the option it knows that is close: every word for a command without
+    # overrides; an --option without a section (not --section.key) for one with them (override_pairs names the rest)
+    try:
+        refuse_strays(chosen, [a for a in rest if not takes_overrides
+                               or (a.startswith("--") and a != "--" and "." not in a.split("=", 1)[0])])
+    except SystemExit as e:  # argparse's way out; a command taking overrides returned its refusal (exit 2) before
+        if not takes_overrides:
+            raise
+        return e.code
     from gptforge.cli.outputs import check_outputs
     from gptforge.data.chat import ChatFormatError
     from gptforge.data.shards import ShardError

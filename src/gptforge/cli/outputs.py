@@ -21,6 +21,7 @@ Kinds:
 from __future__ import annotations
 
 import argparse
+import os
 
 # command -> {"[SUBCOMMAND ]--flag" (or "" for a fixed place): kind}
 OUTPUTS: dict[str, dict[str, str]] = {
@@ -60,8 +61,10 @@ def declared(command: str, args: argparse.Namespace) -> list[tuple[str, str, str
 
 def check_outputs(command: str, args: argparse.Namespace) -> None:
     """Refuse (OutputExistsError, one line) a declared file or folder output that exists without
-    ``--force``, or that is a checkpoint or run directory, before the command does any work."""
+    ``--force``, or that is a checkpoint or run directory, and (CliError) any output whose place cannot
+    take it (a file where a folder is needed above it, a read-only folder), before the command does any work."""
     from gptforge.cli.common import CliError
+    from gptforge.run.preflight import place_fault
     from gptforge.storage.guards import check_output, check_shard_folder, literal_home
 
     for flag, dest, kind in declared(command, args):
@@ -71,7 +74,19 @@ def check_outputs(command: str, args: argparse.Namespace) -> None:
             raise CliError(home)
         if kind in CHECKED and isinstance(value, str) and not value.strip():  # `--json ""`: no path, not "none"
             raise CliError(f"{flag} is empty; name the {'file' if kind == 'file' else 'folder'} to write")
+        if kind == "file" and isinstance(value, str) and value.endswith(("/", os.sep)):  # `--json results/`: pathlib
+            # drops the slash, so a file named `results` was written where a folder was meant
+            raise CliError(f"{flag} {value} ends with '/', a folder; name the file to write in it ({flag} {value}FILE)")
         if kind in CHECKED and value:
             check_output(value, bool(getattr(args, "force", False)), kind, flag)
+        if kind == "run" and isinstance(value, str) and value:  # the run stack's own preflight, before the work
+            if getattr(args, "resume", None) is None:  # a resume: its session says first what it can resume, then this
+                from gptforge.run.preflight import check_run_dir  # (with the config: torch; a run's command loads it)
+
+                check_run_dir(value)  # (import's reading of the model; train's at RunSession says the same again)
+        elif isinstance(value, str) and value:  # a file above it, a read-only folder: before the work, not after it
+            fault = place_fault(value, flag)
+            if fault:
+                raise CliError(fault)
         if kind == "shards" and value:  # resumable, so not CHECKED for --force; but never into a run
             check_shard_folder(value, flag)

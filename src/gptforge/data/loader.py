@@ -66,15 +66,21 @@ class ShardLoader:
         # the same position (the state is a global token offset).
         self.step_tokens = step_tokens
         need = max(B * T * world, step_tokens or 0) + 1
+        sizes = [read_header(f)[2] for f in self.files]  # validate every header up front: fail before any compute
+        # a shard shorter than one step (prepare's last, the remainder of its split) gives no batch: left out, said
+        # by the run (`skipped`), while another shard holds a step; refused when none does. step_tokens is the
+        # whole step (every rank), so which are left out does not change with the world size (but under a
+        # batch-size schedule, whose unit is one micro-batch of every rank)
+        self.skipped = [(f, n) for f, n in zip(self.files, sizes, strict=True) if n < need]
+        if len(self.skipped) == len(self.files):
+            f, n = max(self.skipped, key=lambda s: s[1])
+            more = f" (and so is every other of its {len(self.files)} shards)" if len(self.files) > 1 else ""
+            raise ShardError(f"{f}: {n} tokens is fewer than one step needs (B*T*world+1 = {need}){more}; "
+                             "lower train.micro_batch / train.seq_len or add data")
+        self.files = [f for f, n in zip(self.files, sizes, strict=True) if n >= need]
         self.contents: list[list] = []  # [tokens, sample digest] per file: what a saved position points into
-        for f in self.files:  # validate every header up front: fail before any compute
-            n = read_header(f)[2]
-            self.contents.append([n, sample_digest(f)])
-            if n < need:
-                raise ShardError(
-                    f"{f}: {n} tokens is fewer than one step needs (B*T*world+1 = {need}); "
-                    "lower train.micro_batch / train.seq_len or add data"
-                )
+        for f in self.files:
+            self.contents.append([read_header(f)[2], sample_digest(f)])
             if vocab_size is not None:  # every id must have an embedding row: refuse now, not hours in
                 check_token_ids(f, vocab_size)
         self.reset()

@@ -26,6 +26,7 @@ FORMATS = {  # magic -> (version, token dtype)
 
 
 MAX_TOKENS = 2**31 - 1  # the header counts tokens in an int32: no shard holds more
+MANIFEST = "manifest.json"  # prepare's record of a shard folder (data/prepare/pipeline.py writes it; read here)
 
 
 class ShardError(ValueError):
@@ -125,9 +126,34 @@ def check_token_ids(path: str | os.PathLike, vocab_size: int, tokens: np.ndarray
     return hi
 
 
+def unfinished_prepare(d: Path) -> str | None:
+    """Why the shards in ``d`` are not yet a dataset: the ``gptforge prepare`` that writes them has not finished
+    (stopped by Ctrl-C, SIGTERM, a full disk, a killed job, or still running), which its manifest.json says
+    (``"complete": false``). Its finished shards are whole, so every reader took them for the corpus: a run
+    trained on a part of it, without a word, and its epochs repeated that part. None when there is no manifest
+    (shards of llm.c or another tool), or it says complete, or it is damaged (the tokenizer check names that)."""
+    from gptforge.reading import read_json
+
+    path = d / MANIFEST
+    if not path.is_file():
+        return None
+    try:
+        m = read_json(path, ShardError, "shard manifest")
+    except (ShardError, OSError):
+        return None
+    if m.get("complete") is not False:
+        return None
+    shards = m.get("shards") if isinstance(m.get("shards"), list) else []
+    tokens = m.get("tokens") if isinstance(m.get("tokens"), int) else 0
+    return (f"data directory {d}: the `gptforge prepare` that writes it has not finished ({path} says \"complete\": "
+            f"false; {len(shards)} shard{'s' * (len(shards) != 1)}, {tokens:,} tokens so far), so a run would train "
+            "on part of the corpus; run the same prepare command again to finish it (it resumes where it stopped), "
+            f"or, to train on what is there, delete {path} (prepare then cannot resume it)")
+
+
 def list_shards(data_dir: str | os.PathLike, split: str, other: str | None = None) -> list[Path]:
-    """Shards of a split in a folder, sorted by name: files matching ``*{split}*.bin``. ``other``: the other
-    split's word; a shard whose name holds both (``interval_train_000001.bin`` for train and val) is refused,
+    """Shards of a split in a folder, sorted by name: files matching ``*{split}*.bin``; never those of a
+    ``prepare`` that has not finished (:func:`unfinished_prepare`). ``other``: the other split's word; a shard whose name holds both (``interval_train_000001.bin`` for train and val) is refused,
     since it would be read as both (validation on training data, silently)."""
     d = Path(data_dir)
     if not d.is_dir():
@@ -136,7 +162,14 @@ def list_shards(data_dir: str | os.PathLike, split: str, other: str | None = Non
         if d.is_symlink():  # a link to nothing, or a loop: said as what it is, not as a folder never made
             raise ShardError(f"data directory {d} is {not_a_file(d)}; fix the link or give the folder `gptforge "
                              "prepare ...` wrote shards to")
-        raise ShardError(f"data directory {d} does not exist; run `gptforge prepare ...` first")
+        where = "" if d.is_absolute() else f" (read from the current folder: {d.absolute()})"  # a run's config may
+        raise ShardError(f"data directory {d}{where} does not exist; run `gptforge prepare ...` first, or run from the "
+                         "folder it is relative to" if where else
+                         f"data directory {d} does not exist; run `gptforge prepare ...` first")  # keep it relative
+
+    unfinished = unfinished_prepare(d)
+    if unfinished:
+        raise ShardError(unfinished)
     if not split:
         raise ShardError("the split word is empty (--data.train_split / --data.val_split ''): every .bin would match")
     matches = sorted(d.glob(f"*{split}*.bin"))

@@ -9,7 +9,7 @@ optimizer; ``schedule``: the lr as a function of the step.
 """
 
 from gptforge.optim.build import build_optimizer, fused_available, muon_param_groups, param_groups, untied_embeddings
-from gptforge.optim.schedule import lr_at, set_lr
+from gptforge.optim.schedule import lr_at, schedule_note, set_lr
 
-__all__ = ["build_optimizer", "fused_available", "lr_at", "muon_param_groups", "param_groups", "set_lr",
+__all__ = ["build_optimizer", "fused_available", "lr_at", "muon_param_groups", "param_groups", "schedule_note", "set_lr",
            "untied_embeddings"]

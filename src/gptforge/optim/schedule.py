@@ -45,3 +45,17 @@ def lr_at(step: int, cfg: OptimConfig, max_steps: int) -> float:
     ratio = (step - cfg.warmup_steps) / decay_steps
     coeff = 0.5 * (1.0 + math.cos(math.pi * ratio))  # 1 -> 0
     return min_lr + coeff * (cfg.lr - min_lr)
+
+
+def schedule_note(cfg: OptimConfig, max_steps: int) -> str | None:
+    """The one line a run says when its schedule cannot be the one its settings describe: ``optim.warmup_steps``
+    past ``train.max_steps`` (a preset's warmup of 700 kept while a quick run sets 100 steps, or a typo), so the
+    learning rate climbs for the whole run, never reaches ``optim.lr`` and never decays. Said, not refused: a
+    short smoke run of a long preset is a fair thing to ask for. (A warmup of exactly the run's steps reaches
+    optim.lr at its last step, as asked.)"""
+    if not 0 < max_steps < cfg.warmup_steps:
+        return None
+    top = lr_at(max_steps - 1, cfg, max_steps)
+    return (f"optim.warmup_steps={cfg.warmup_steps:,} > train.max_steps={max_steps:,}: the learning rate warms up "
+            f"for the whole run and never reaches optim.lr={cfg.lr:g} (it ends at {top:.2e}), with no decay; lower --optim.warmup_steps "
+            "(a few percent of the steps) for a warmup and a decay")

@@ -22,6 +22,30 @@ from gptforge.run.checkpoint import tied_keys, verify_checkpoint
 from gptforge.run.identity import TRUST_FLAG
 
 
+def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """A safetensors file's tensors, whatever bytes its path holds. safetensors (Rust) takes a path only as UTF-8
+    text: a run in a folder whose name is not (``--out $'runs/r\\xff'``, a Latin-1 name from an old system) saved
+    its checkpoints, then every resume, sample or export said "Path ... is not valid UTF-8; the checkpoint is
+    damaged". Such a path is read through the file descriptor's own path (Linux's /proc/self/fd: no copy), or,
+    where there is none, from the file's bytes."""
+    import os
+
+    try:
+        os.fsencode(path).decode("utf-8")
+    except UnicodeDecodeError:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            if os.path.exists(f"/proc/self/fd/{fd}"):
+                return load_file(f"/proc/self/fd/{fd}")
+            from safetensors.torch import load
+
+            with os.fdopen(os.dup(fd), "rb") as f:
+                return load(f.read())
+        finally:
+            os.close(fd)
+    return load_file(str(path))
+
+
 def load_model_weights(model: torch.nn.Module, ckpt_dir: str | Path, prefix: str = "") -> None:
     """``model.safetensors`` into ``model`` (verified against meta.json's checksum, shapes checked
     first; a tied head may be absent). ``prefix``: only the weights under it (``policy.`` of a PPO
@@ -37,7 +61,7 @@ def load_model_weights(model: torch.nn.Module, ckpt_dir: str | Path, prefix: str
         raise CheckpointError(f"{path} is missing; the checkpoint is incomplete")
     verify_checkpoint(ckpt_dir, only=("model.safetensors",))
     try:
-        sd = load_file(str(path))
+        sd = read_safetensors(path)
     except Exception as e:  # safetensors: a truncated or garbled file (old checkpoints have no checksum)
         raise CheckpointError(f"{path} cannot be read ({e}); the checkpoint is damaged") from e
     if prefix:

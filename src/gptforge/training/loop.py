@@ -29,7 +29,7 @@ import torch
 from gptforge import __version__, allocator, environment
 from gptforge.config import ConfigError
 from gptforge.errors import ResourceError
-from gptforge.optim import build_optimizer, set_lr
+from gptforge.optim import build_optimizer, schedule_note, set_lr
 from gptforge.parallel.distributed import any_rank, barrier, local_tensor, seed_rank, wrap_model
 from gptforge.run.checkpointer import TrainState
 from gptforge.run.faults import check_step_memory, maybe_inject_fault, oom_advice, out_of_memory
@@ -103,6 +103,9 @@ def train(cfg, recipe: Recipe | None = None, resume: str | Path | None = None, f
         # --- data -----------------------------------------------------------------------------------
         B, T = cfg.train.micro_batch, cfg.train.seq_len
         train_loader, val_loader, val_available = recipe.loaders(cfg, info)
+        for loader in (train_loader, val_loader):  # shards too short for one step (ShardLoader.skipped): said
+            for f, n in getattr(loader, "skipped", ()):
+                log(f"{f}: {n:,} tokens, fewer than one step reads: left out (the other shards of its split are read)")
         val_steps = max(1, min(cfg.train.val_tokens // (B * T * info.dp_world), val_available))
 
         # --- model and optimizer (or the resumed ones) -----------------------------------------------
@@ -144,6 +147,8 @@ def train(cfg, recipe: Recipe | None = None, resume: str | Path | None = None, f
             f"compile {compile_model} | {allocator.short()} | world {info.world} "
             f"({info.sharded}) | " + (f"B {B} T {T} x accum {grad_accum} = {cfg.train.total_batch_tokens:,} tokens/step | "
                                       if grad_accum else "") + f"{max_steps} steps | run dir {run.run_dir}")
+        if schedule_note(cfg.optim, max_steps):  # a warmup the run never finishes: said, not silent
+            log(schedule_note(cfg.optim, max_steps))
         if cfg.train.batch_warmup_steps:
             log(f"batch-size schedule: accum {cfg.train.accum_at(0, info.dp_world)} -> {grad_accum} micro-batches over "
                 f"the first {cfg.train.batch_warmup_steps} steps")

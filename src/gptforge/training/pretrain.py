@@ -49,7 +49,7 @@ class Pretrain(Recipe):
                             vocab_size=cfg.model.vocab_size)
         val_files = list_shards(cfg.data.dir, cfg.data.val_split, cfg.data.train_split)
         val = ShardLoader(val_files, B, T, info.dp_rank, info.dp_world, vocab_size=cfg.model.vocab_size)
-        return train, val, sum(read_header(f)[2] for f in val_files) // (B * T * info.dp_world)
+        return train, val, sum(read_header(f)[2] for f in val.files) // (B * T * info.dp_world)  # (short ones left out)
 
     def prepare_model(self, run: RunCtx) -> None:
         self.tasks = prepare_for_training(run.cfg, run.model, run.log)  # loaded once; None when eval.every 0
