@@ -46,8 +46,10 @@ GEMMA3_LOCAL_THETA = 10_000.0  # llama.cpp's gemma3 sliding layers' rope base (n
 # what llama.cpp's loader takes for a key a file leaves out (src/models/gemma2.cpp: "n_swa = 4096; // default value
 # of gemma 2", and llama-hparams.h's soft-caps 50 and 30, which its gemma2 always applies): the same model here
 # the architectures whose llama.cpp loader does not apply {arch}.attention.sliding_window: llama never reads it
-# (src/models/llama.cpp), phi3 reads it and turns the window off (llama.cpp PR 13676); both attend over the whole
-# context, so a model whose window is shorter than its context has no GGUF form in them
+# (src/models/llama.cpp), phi3 reads it and turns the window off (llama.cpp PR 13676, "Phi SWA is currently
+# disabled"); transformers' GGUF loader maps the key for neither (a LlamaConfig or Phi3Config without a window).
+# Both attend over the whole context, so the reader loads such a file without its window (Phi-3-mini-4k's 2047,
+# a Mistral's 4096), and a model whose window is shorter than its context has no GGUF form in them (export refuses)
 IGNORES_WINDOW = ("llama", "phi3")
 LLAMA_CPP_DEFAULTS = {"gemma2": {"attention.sliding_window": 4096, "attn_logit_softcapping": 50.0,
                                  "final_logit_softcapping": 30.0}}
@@ -84,6 +86,8 @@ def config_fields(arch: str, scalars: dict, path: Path, n_layer: int, n_embd: in
     if isinstance(window, bool) or not isinstance(window, int) or window < 0:
         raise GGUFReadError(f"{path}: metadata key {arch}.attention.sliding_window={window!r}: expected an integer")
     check_pattern_array(arch, pattern, window, path, n_layer)
+    if arch in IGNORES_WINDOW:  # the file's window is not what llama.cpp (or transformers' GGUF loader) runs: every
+        window = 0  # layer attends over the whole context, and so does the model read here
     if arch == "llama":
         return {"sliding_window": window, "family": "mistral"} if window else {}
     out: dict = {"family": arch}

@@ -1,0 +1,60 @@
+"""A GGUF file of llama.cpp's ``llama`` or ``phi3`` architecture with ``attention.sliding_window`` shorter than its
+context (a Mistral 7B's 4096 of 32k, Phi-3-mini-4k's 2047 of 4096) is read as llama.cpp and transformers' GGUF
+loader run it: every layer attends over the whole context.
+
+llama.cpp's llama never reads the key and its phi3 turns the window off ("Phi SWA is currently disabled", PR
+13676); transformers' GGUF loader maps the key for neither architecture (a ``LlamaConfig``/``Phi3Config`` without a
+window). gptforge's reader applied the window, so past 8 tokens it computed a model neither of them computes. The
+reference here is transformers' own GGUF loader (``from_pretrained(dir, gguf_file=...)``) of the same file.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+gguf = pytest.importorskip("gguf")
+transformers = pytest.importorskip("transformers")
+
+from gptforge.interop.gguf_read import read_gguf  # noqa: E402
+from tests.interop.test_gguf_families import IDX, WINDOW, _hf_model, write_converter_gguf  # noqa: E402
+
+# sums of <= 96 float32 terms over 3 layers and the head, |logits| < 10: 96 * 4 * 1.2e-7 * 10 ~ 5e-4 bounds
+# any reordering of them (measured: 0)
+ATOL = 96 * 4 * 1.2e-7 * 10
+
+
+def _with_pad_id(src, dst, arch: str):
+    """``src`` with tokenizer.ggml.padding_token_id 0: transformers' Phi3Config otherwise pads with id 32000,
+    outside this 268-token vocabulary, and fails to build."""
+    r = gguf.GGUFReader(str(src))
+    w = gguf.GGUFWriter(str(dst), arch)
+    for k, f in r.fields.items():
+        if not k.startswith("GGUF.") and k != "general.architecture":
+            vt = f.types[0]
+            (w.add_array(k, f.contents()) if vt == gguf.GGUFValueType.ARRAY else w.add_key_value(k, f.contents(), vt))
+    w.add_pad_token_id(0)
+    for t in r.tensors:
+        w.add_tensor(t.name, t.data.copy().reshape(tuple(int(x) for x in reversed(t.shape))))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst
+
+
+@pytest.mark.parametrize("name, arch", [("mistral", "llama"), ("phi3", "phi3")])
+def test_a_llama_or_phi3_gguf_window_is_run_as_llamacpp_and_transformers_run_it(name, arch, tmp_path):
+    hf = _hf_model(name)  # sliding_window 8, context 128: the HF model itself slides
+    assert hf.config.sliding_window == WINDOW
+    path = _with_pad_id(write_converter_gguf(tmp_path / "c.gguf", hf, arch), tmp_path / "m.gguf", arch)
+    assert gguf.GGUFReader(str(path)).fields[f"{arch}.attention.sliding_window"].contents() == WINDOW
+    tf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file="m.gguf",
+                                                           dtype=torch.float32).eval()
+    assert not getattr(tf.config, "sliding_window", None)  # transformers' reading: no window
+    g = read_gguf(path).model
+    assert g.config.sliding_window == 0 and g.config.family == ("" if arch == "llama" else "phi3")
+    with torch.no_grad():
+        want, got, windowed = tf(IDX).logits, g(IDX)[0], hf(IDX).logits
+    assert (got - want).abs().max().item() <= ATOL
+    assert (windowed - want).abs().max().item() > 100 * ATOL  # the window would have decided the logits
