@@ -329,14 +329,19 @@ def hf_llama_config(cfg: LlamaConfig) -> dict:
     with q/k/v biases, Qwen2ForCausalLM's (the same model, biases on q/k/v only)."""
     if cfg.family not in ("", "llama", "qwen2"):
         return _family_config(cfg)
+    # Qwen2's config carries a sliding window (use_sliding_window, layer_types): a model with q/k/v biases keeps it
+    window = ("model.sliding_window", "model.layer_types") if cfg.qkv_bias else ()
     unsupported = {"qk_norm": cfg.qk_norm, "mlp": cfg.mlp if cfg.mlp != "swiglu" else None,
-                   "logit_softcap": cfg.logit_softcap or None, **{f: True for f in cfg.features()}}
+                   "logit_softcap": cfg.logit_softcap or None,
+                   **{f: getattr(cfg, f.removeprefix("model."), True) for f in cfg.features() if f not in window}}
     for key, value in unsupported.items():
         if value:
             raise ValueError(f"{key if key.startswith('model.') else 'model.' + key}={value!r}: Hugging Face "
-                             "LlamaForCausalLM has no such option, so this model cannot be exported as a Llama "
-                             "(train with the default, or set model.family to a family that has it, to export)")
-    return _llama_config(cfg)
+                             f"{'Qwen2' if cfg.qkv_bias else 'Llama'}ForCausalLM has no such option, so this model "
+                             f"cannot be exported as a {'Qwen2' if cfg.qkv_bias else 'Llama'} (train with the default, "
+                             "or set model.family to a family that has it, to export)")
+    config = _llama_config(cfg)
+    return _read_back(cfg, config) if cfg.sliding_window else config
 
 
 def _llama_config(cfg: LlamaConfig) -> dict:
@@ -368,10 +373,14 @@ def _llama_config(cfg: LlamaConfig) -> dict:
         "eos_token_id": EOT if gpt2_vocab else None,
         "torch_dtype": "float32",
     }
-    if cfg.qkv_bias:  # Qwen2's config: no bias switches (q/k/v have them, o_proj not), no window that slides
+    if cfg.qkv_bias:  # Qwen2's config: no bias switches (q/k/v have them, o_proj not), its window's layers
         for key in ("attention_bias", "mlp_bias", "head_dim"):
             del config[key]
-        config.update(use_sliding_window=False, sliding_window=None, max_window_layers=cfg.n_layer)
+        window, pattern = cfg.sliding_window or None, cfg.sliding_pattern
+        config.update(use_sliding_window=bool(window), sliding_window=window,
+                      max_window_layers=pattern.find("s") if window else cfg.n_layer)
+        if window:  # which layers slide, as transformers' Qwen2 reads them
+            config["layer_types"] = ["sliding_attention" if k == "s" else "full_attention" for k in pattern]
     return config
 
 
@@ -388,14 +397,20 @@ def _family_config(cfg: LlamaConfig) -> dict:
     a field the family's config cannot carry is refused by name, not dropped."""
     from gptforge.interop.hf_families import family_config
 
-    config = family_config(cfg, _llama_config(cfg))
+    return _read_back(cfg, family_config(cfg, _llama_config(cfg)))
+
+
+def _read_back(cfg: LlamaConfig, config: dict) -> dict:
+    """``config`` if the import reads it back to ``cfg``'s math (MATH_FIELDS), else ValueError naming the fields."""
     try:
         back = llama_config_from_hf(config)
     except HFConfigError as e:
-        raise ValueError(f"model.family={cfg.family}: this model's config cannot be written as one ({e})") from None
+        raise ValueError(f"model.family={cfg.family or config['model_type']}: this model's config cannot be written "
+                         f"as one ({e})") from None
     differ = [f for f in MATH_FIELDS if field_meaning(back, f) != field_meaning(cfg, f)]
     if differ:
-        raise ValueError(f"model.family={cfg.family}: Hugging Face's {config['architectures'][0]} cannot express "
+        raise ValueError(f"model.family={cfg.family or config['model_type']}: Hugging Face's "
+                         f"{config['architectures'][0]} cannot express "
                          + ", ".join(f"model.{f}={getattr(cfg, f)!r}" for f in differ)
                          + "; export as a family that has them, or train with the family's values")
     return config
