@@ -148,6 +148,7 @@ def llama_config_from_hf(c: dict, **overrides) -> LlamaConfig:
                             "gptforge's Llama")
     raw = c
     try:
+        hf_families.check_keys(c, model_type)  # every key accounted for: read, unread as transformers, or inert
         c = hf_families.with_defaults(c, model_type)  # a key left out means what transformers' class says
     except hf_families.FamilyConfigError as e:
         raise HFConfigError(str(e)) from None
