@@ -158,7 +158,7 @@ def test_a_converter_layout_gguf_reads_back_to_transformers_logits(family):
     arch = FAMILIES[name][2]
     g = read_gguf(write_converter_gguf(d / "conv.gguf", hf, arch))
     if arch in IGNORES_WINDOW:  # llama.cpp (and transformers' GGUF loader) run the file's window of 8 over 128 as
-        ref = _unwindowed_logits(hf)  # whole-context attention: tests/interop/test_gguf_window_round13.py
+        ref = _unwindowed_logits(hf)  # whole-context attention: tests/interop/test_gguf_round13.py
     assert g.model.config.family == ("" if arch == "llama" else name)
     with torch.no_grad():
         _close(f"{name} converter gguf", g.model(IDX)[0], ref)

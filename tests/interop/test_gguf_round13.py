@@ -10,6 +10,8 @@ reference here is transformers' own GGUF loader (``from_pretrained(dir, gguf_fil
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -58,3 +60,55 @@ def test_a_llama_or_phi3_gguf_window_is_run_as_llamacpp_and_transformers_run_it(
         want, got, windowed = tf(IDX).logits, g(IDX)[0], hf(IDX).logits
     assert (got - want).abs().max().item() <= ATOL
     assert (windowed - want).abs().max().item() > 100 * ATOL  # the window would have decided the logits
+
+
+# ----------------------------------------------------------------------------- every {arch}.* key accounted for
+
+from gptforge.interop.gguf_read import GGUFReadError  # noqa: E402
+from tests.interop.test_gguf_read import rewrite_gguf, tiny_llama, write_gguf  # noqa: E402
+
+VT = gguf.GGUFValueType
+# keys llama.cpp reads for every architecture (or some) that change what it computes, at a value that would;
+# gptforge read none of them and loaded such a file as if they were absent
+CHANGE = [("attention.causal", False, VT.BOOL), ("rope.scaling.attn_factor", 2.0, VT.FLOAT32),
+          ("attention.key_length_swa", 8, VT.UINT32), ("rope.scaling.alpha", 1000.0, VT.FLOAT32),
+          ("pooling_type", 1, VT.UINT32), ("logit_scale", 0.5, VT.FLOAT32), ("attention.scale", 0.5, VT.FLOAT32),
+          ("residual_scale", 0.2, VT.FLOAT32), ("embedding_scale", 12.0, VT.FLOAT32)]
+# the same keys where they change nothing, and the converter's notes: they load to the same logits
+NO_CHANGE = [("attention.causal", True, VT.BOOL), ("rope.scaling.attn_factor", 1.0, VT.FLOAT32),
+             ("rope.scaling.finetuned", False, VT.BOOL), ("expert_used_count", 0, VT.UINT32),
+             ("tensor_data_layout", "Meta AI original pth", VT.STRING)]
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory):
+    return write_gguf(tmp_path_factory.mktemp("keys") / "llama.gguf", tiny_llama())
+
+
+GPT2 = {"gpt2.context_length": 32, "gpt2.embedding_length": 32, "gpt2.block_count": 1, "gpt2.feed_forward_length": 128,
+        "gpt2.attention.head_count": 2, "gpt2.attention.layer_norm_epsilon": 1e-5}
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+@pytest.mark.parametrize("key, value, vtype", CHANGE, ids=[k for k, _, _ in CHANGE])
+def test_a_metadata_key_gptforge_does_not_read_is_refused_by_name(plain, arch, key, value, vtype, tmp_path):
+    match = f"{arch}.{key}={value!r}: a key gptforge does not read for architecture {arch}"
+    if arch == "gpt2":  # its metadata alone, as the reader hands it over (a GPT-2 file carries a 50k vocabulary)
+        from gptforge.interop.gguf_config import gpt2_config_from_gguf
+
+        assert gpt2_config_from_gguf(GPT2, {}, Path("m.gguf"), 268).n_layer == 1
+        with pytest.raises(GGUFReadError, match=match) as e:
+            gpt2_config_from_gguf({**GPT2, f"gpt2.{key}": value}, {}, Path("m.gguf"), 268)
+    else:
+        bad = rewrite_gguf(plain, tmp_path / "bad.gguf", f"{arch}.{key}", value, vtype)
+        with pytest.raises(GGUFReadError, match=match) as e:
+            read_gguf(bad, weights=False)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("key, value, vtype", NO_CHANGE, ids=[k for k, _, _ in NO_CHANGE])
+def test_a_key_that_changes_nothing_loads_to_the_same_logits(plain, key, value, vtype, tmp_path):
+    ok = rewrite_gguf(plain, tmp_path / "ok.gguf", f"llama.{key}", value, vtype)
+    idx = IDX[:, :32] % 268
+    with torch.no_grad():
+        assert torch.equal(read_gguf(ok).model(idx)[0], read_gguf(plain).model(idx)[0])
