@@ -273,3 +273,42 @@ def test_an_unaccounted_key_is_named_in_one_line_and_an_inert_one_is_not():
         llama_config_from_hf({**base, "residual_multiplier": 0.22})
     assert "\n" not in str(e.value)
     assert llama_config_from_hf({**base, "temperature": 0.7, "id2label": {"0": "a"}, "pruned_heads": {}}).n_layer == 2
+
+
+# ----------------------------------------------------------------------------- GPT-2's config.json, the same rule
+
+GPT2_REAL = {  # openai-community/gpt2's config.json keys (sizes tiny), and distilgpt2's extras
+    "gpt2": dict(activation_function="gelu_new", architectures=["GPT2LMHeadModel"], attn_pdrop=0.1, bos_token_id=50256,
+                 embd_pdrop=0.1, eos_token_id=50256, initializer_range=0.02, layer_norm_epsilon=1e-05,
+                 model_type="gpt2", n_ctx=32, n_embd=32, n_head=2, n_layer=1, n_positions=32, resid_pdrop=0.1,
+                 summary_activation=None, summary_first_dropout=0.1, summary_proj_to_labels=True,
+                 summary_type="cls_index", summary_use_proj=True,
+                 task_specific_params={"text-generation": {"do_sample": True, "max_length": 50}}, vocab_size=300),
+    "distilgpt2": dict(_num_labels=1, id2label={"0": "LABEL_0"}, label2id={"LABEL_0": 0}, n_layer=1),
+}
+
+
+def test_every_gpt2config_key_is_accounted_for_and_real_gpt2_configs_load():
+    from gptforge.interop.hf import GPT2_ALIASES, GPT2_INERT, GPT2_READ, gpt2_config_from_hf
+
+    cls = transformers.GPT2Config
+    keys = set(inspect.signature(cls.__init__).parameters) - {"self", "kwargs"}
+    keys |= set(cls().to_dict()) | set(cls.attribute_map)
+    src = (Path(transformers.__file__).parent / "models" / "gpt2" / "modeling_gpt2.py").read_text()
+    keys |= {k for k in re.findall(r"config\.(\w+)", src) if hasattr(cls(), k) and not callable(getattr(cls(), k))}
+    known = (set(GPT2_READ) | set(GPT2_ALIASES) | set(GPT2_INERT) | set(hf_families.INERT)
+             | set(hf_families.INERT_AT))
+    assert not sorted(keys - known)
+    c = {**GPT2_REAL["gpt2"], **GPT2_REAL["distilgpt2"]}
+    assert gpt2_config_from_hf(c)["n_embd"] == 32
+    # GPT2Config's other names for the sizes are the sizes (the default 768 would not fit the weights)
+    alias = {k: v for k, v in c.items() if k not in ("n_embd", "n_positions")} | dict(hidden_size=32,
+                                                                                       max_position_embeddings=32)
+    assert gpt2_config_from_hf(alias)["n_embd"] == 32
+    from gptforge.interop.hf_folder import HFModelError
+
+    for extra, named in ((dict(hidden_size=64), "hidden_size=64 and n_embd=32"),
+                         (dict(attn_logit_softcapping=5.0), "attn_logit_softcapping=5.0: a key gptforge does not")):
+        with pytest.raises(HFModelError, match=named) as e:
+            gpt2_config_from_hf({**c, **extra})
+        assert "\n" not in str(e.value)
