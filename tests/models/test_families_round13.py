@@ -49,19 +49,18 @@ def _rope(**kw) -> dict:
 
 
 LOADS = {  # name -> (transformers class prefix, config extras)
-    "llama-tied": ("Llama", dict(tie_word_embeddings=True)),
-    "llama-mqa": ("Llama", dict(num_key_value_heads=1)),
-    "llama-mha-eps1e-5": ("Llama", dict(num_key_value_heads=4, rms_norm_eps=1e-5)),
+    "llama-tied-pretraining_tp": ("Llama", dict(tie_word_embeddings=True, pretraining_tp=2)),
+    "llama-mqa-eps1e-5": ("Llama", dict(num_key_value_heads=1, rms_norm_eps=1e-5)),
     "llama-linear": ("Llama", dict(rope_parameters=_rope(rope_type="linear", factor=2.0))),
     "llama-llama3": ("Llama", dict(rope_parameters=_rope(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
                                                          high_freq_factor=4.0, original_max_position_embeddings=32))),
-    "llama-pretraining_tp": ("Llama", dict(pretraining_tp=2)),
     "qwen2-window": ("Qwen2", dict(use_sliding_window=True, sliding_window=8, max_window_layers=1)),
     "qwen2-window-unused": ("Qwen2", dict(use_sliding_window=False, sliding_window=8, tie_word_embeddings=True)),
     "qwen3-tied-window": ("Qwen3", dict(head_dim=16, tie_word_embeddings=True, use_sliding_window=True,
                                         sliding_window=8, max_window_layers=1)),
     "mistral-head_dim": ("Mistral", dict(head_dim=32, sliding_window=8)),
-    "mistral-linear": ("Mistral", dict(sliding_window=None, rope_parameters=_rope(rope_type="linear", factor=2.0))),
+    "mistral-mha-linear": ("Mistral", dict(num_key_value_heads=4, sliding_window=None,
+                                           rope_parameters=_rope(rope_type="linear", factor=2.0))),
     "phi3-tied-window": ("Phi3", dict(sliding_window=8, tie_word_embeddings=True)),
     "gemma2-untied-nocaps": ("Gemma2", dict(head_dim=16, query_pre_attn_scalar=16, sliding_window=8,
                                             tie_word_embeddings=False, attn_logit_softcapping=None,
@@ -257,6 +256,22 @@ REAL = {
         rope_local_base_freq=10000, rope_scaling=None, rope_theta=1000000, sliding_window=512,
         sliding_window_pattern=6, torch_dtype="bfloat16", transformers_version="4.50.0.dev0", use_cache=True),
 }
+
+
+# what transformers 4.4x's to_dict() adds (the hub door under transformers 4, and full-dict saves): its base keys
+REAL["llama, transformers 4 to_dict()"] = {**REAL["Llama-3.2-1B-Instruct"], **dict(
+    return_dict=True, output_hidden_states=False, output_attentions=False, torchscript=False, use_bfloat16=False,
+    tf_legacy_loss=False, pruned_heads={}, chunk_size_feed_forward=0, is_encoder_decoder=False, is_decoder=False,
+    cross_attention_hidden_size=None, add_cross_attention=False, tie_encoder_decoder=False, max_length=20,
+    min_length=0, do_sample=False, early_stopping=False, num_beams=1, num_beam_groups=1, diversity_penalty=0.0,
+    temperature=1.0, top_k=50, top_p=1.0, typical_p=1.0, repetition_penalty=1.0, length_penalty=1.0,
+    no_repeat_ngram_size=0, encoder_no_repeat_ngram_size=0, bad_words_ids=None, num_return_sequences=1,
+    output_scores=False, return_dict_in_generate=False, forced_bos_token_id=None, forced_eos_token_id=None,
+    remove_invalid_values=False, exponential_decay_length_penalty=None, suppress_tokens=None,
+    begin_suppress_tokens=None, finetuning_task=None, id2label={"0": "LABEL_0", "1": "LABEL_1"},
+    label2id={"LABEL_0": 0, "LABEL_1": 1}, tokenizer_class=None, prefix=None, pad_token_id=None, sep_token_id=None,
+    decoder_start_token_id=None, task_specific_params=None, problem_type=None, _name_or_path="",
+    _attn_implementation_autoset=True)}
 
 
 @pytest.mark.parametrize("name", list(REAL))
