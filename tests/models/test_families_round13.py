@@ -2,7 +2,8 @@
 rule that every config.json key is accounted for.
 
 * Variants: tied and untied embeddings, GQA from MQA to MHA, rms_norm_eps, rope scaling (linear, llama3 load;
-  dynamic, yarn, longrope, partial rotary are refused by name at load), head_dim apart from hidden/heads, q/k norms
+  dynamic, yarn, longrope, partial rotary are refused by name at load), head_dim apart from hidden/heads (Llama's
+  loads and exports; Qwen2's is refused), q/k norms
   and biases, sliding windows (Qwen2/3's use_sliding_window and max_window_layers, Mistral's, Phi-3's, Gemma's
   alternating layers), soft-caps, embedding scale. Each loaded model gives transformers' logits and round-trips
   through ``export hf``: transformers reloads it to the same logits, and so does gptforge.
@@ -52,6 +53,7 @@ LOADS = {  # name -> (transformers class prefix, config extras)
     "llama-tied-pretraining_tp": ("Llama", dict(tie_word_embeddings=True, pretraining_tp=2)),
     "llama-mqa-eps1e-5": ("Llama", dict(num_key_value_heads=1, rms_norm_eps=1e-5)),
     "llama-linear": ("Llama", dict(rope_parameters=_rope(rope_type="linear", factor=2.0))),
+    "llama-head_dim": ("Llama", dict(head_dim=32)),  # Llama-3.1-Nemotron-Nano-4B's kind: 128 of 3072 / 32 heads
     "llama-llama3": ("Llama", dict(rope_parameters=_rope(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
                                                          high_freq_factor=4.0, original_max_position_embeddings=32))),
     "qwen2-window": ("Qwen2", dict(use_sliding_window=True, sliding_window=8, max_window_layers=1)),
@@ -136,7 +138,8 @@ REFUSED = [  # (model_type, config extras, what the message names)
     ("llama", {"attention_bias": True}, "attention_bias"),
     ("qwen3", {"head_dim": 16, "attention_bias": True}, "attention_bias"),
     ("llama", {"mlp_bias": True}, "mlp_bias"),
-    ("llama", {"head_dim": 32}, "head_dim"),
+    ("qwen2", {"head_dim": 32}, "head_dim"),
+    ("llama", {"num_attention_heads": 6, "num_key_value_heads": 6}, "head_dim"),  # 64 / 6: no whole heads, no head_dim
     ("llama", {"hidden_act": "gelu"}, "hidden_act"),
     # keys gptforge has not accounted for: Granite's multipliers, a quantized checkpoint, chunked attention
     ("llama", {"logits_scaling": 8.0}, "logits_scaling"),

@@ -109,7 +109,6 @@ READ: dict[str, tuple[str, ...]] = {
     + ("rope_local_base_freq", "sliding_window_pattern", "_sliding_window_pattern"),
 }
 UNREAD: dict[str, dict[str, str]] = {  # key -> why the family's transformers model leaves the logits as they are
-    "llama": {"pretraining_tp": "Llama 2's tensor-parallel slices of the same products (transformers 5 reads none)"},
     "phi3": {"original_max_position_embeddings": "read by longrope scaling only, which is refused",
              "embd_pdrop": "dropout", "resid_pdrop": "dropout"},
     "gemma3_text": {"attn_logit_softcapping": "Gemma3Attention keeps it and never passes it to the attention "
@@ -134,6 +133,7 @@ INERT = (
     "id2label", "label2id", "problem_type", "num_labels",
     # training from scratch only: dropout (model.dropout decides gptforge's) and the initialisation
     "attention_dropout", "initializer_range",
+    "pretraining_tp",  # Llama 2's: transformers 4's Llama sums the same products in slices, transformers 5 reads none
 )
 # base-config keys that are inert only at their no-op value (another is a model this reader does not build)
 INERT_AT = {"pruned_heads": {}, "is_encoder_decoder": False, "add_cross_attention": False, "tie_encoder_decoder": False,

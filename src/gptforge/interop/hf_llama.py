@@ -178,9 +178,13 @@ def llama_config_from_hf(c: dict, **overrides) -> LlamaConfig:
     if extra.get("mlp") != "geglu" and c.get("hidden_act", "silu") != "silu":
         raise _refuse("hidden_act", c["hidden_act"], "the MLP is SwiGLU with SiLU")
     hidden, heads = c["hidden_size"], c["num_attention_heads"]
-    if "head_size" not in extra and (c.get("head_dim") not in (None, hidden // heads) or hidden % heads):
+    apart = c.get("head_dim") not in (None, hidden // heads) or hidden % heads
+    if model_type == "llama" and apart and c.get("head_dim") is not None:  # LlamaAttention reads head_dim too
+        extra["head_size"] = c["head_dim"]
+    if "head_size" not in extra and apart:
         raise _refuse("head_dim", c.get("head_dim"), f"heads must split hidden_size={hidden} evenly into "
-                      f"num_attention_heads={heads} (a head_dim apart is Qwen3's, Mistral's and Gemma's)")
+                      f"num_attention_heads={heads} (a head_dim apart is Llama's, Qwen3's, Mistral's and Gemma's; "
+                      f"transformers' {model_type} model takes it only as hidden_size / num_attention_heads)")
     kwargs = dict(
         n_layer=c["num_hidden_layers"], n_head=heads, n_kv_head=c.get("num_key_value_heads") or heads,
         n_embd=hidden, intermediate_size=c["intermediate_size"], block_size=c["max_position_embeddings"],
@@ -330,11 +334,12 @@ def hf_llama_config(cfg: LlamaConfig) -> dict:
     with q/k/v biases, Qwen2ForCausalLM's (the same model, biases on q/k/v only)."""
     if cfg.family not in ("", "llama", "qwen2"):
         return _family_config(cfg)
-    # Qwen2's config carries a sliding window (use_sliding_window, layer_types): a model with q/k/v biases keeps it
-    window = ("model.sliding_window", "model.layer_types") if cfg.qkv_bias else ()
+    # Qwen2's config carries a sliding window (use_sliding_window, layer_types): a model with q/k/v biases keeps it;
+    # Llama's a head_dim apart from hidden/heads
+    carried = ("model.sliding_window", "model.layer_types") if cfg.qkv_bias else ("model.head_size",)
     unsupported = {"qk_norm": cfg.qk_norm, "mlp": cfg.mlp if cfg.mlp != "swiglu" else None,
                    "logit_softcap": cfg.logit_softcap or None,
-                   **{f: getattr(cfg, f.removeprefix("model."), True) for f in cfg.features() if f not in window}}
+                   **{f: getattr(cfg, f.removeprefix("model."), True) for f in cfg.features() if f not in carried}}
     for key, value in unsupported.items():
         if value:
             raise ValueError(f"{key if key.startswith('model.') else 'model.' + key}={value!r}: Hugging Face "
@@ -342,7 +347,7 @@ def hf_llama_config(cfg: LlamaConfig) -> dict:
                              f"cannot be exported as a {'Qwen2' if cfg.qkv_bias else 'Llama'} (train with the default, "
                              "or set model.family to a family that has it, to export)")
     config = _llama_config(cfg)
-    return _read_back(cfg, config) if cfg.sliding_window else config
+    return _read_back(cfg, config) if cfg.sliding_window or cfg.head_size else config
 
 
 def _llama_config(cfg: LlamaConfig) -> dict:
