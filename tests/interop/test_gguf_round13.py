@@ -112,3 +112,29 @@ def test_a_key_that_changes_nothing_loads_to_the_same_logits(plain, key, value, 
     idx = IDX[:, :32] % 268
     with torch.no_grad():
         assert torch.equal(read_gguf(ok).model(idx)[0], read_gguf(plain).model(idx)[0])
+
+
+def test_a_llama_with_a_head_size_apart_exports_to_gguf_as_transformers_reads_it(tmp_path):
+    """A Llama whose heads are not n_embd/n_head wide (a Llama head_dim, Mistral Nemo's 128 of 5120/32 under
+    architecture llama) was refused at GGUF export ("model.head_size: llama.cpp's llama architecture has no such
+    option"), though llama.cpp reads attention.key_length for every architecture. The file now carries it; the
+    export's tensors and keys, with the small tokenizer, load in transformers' GGUF loader to the model's logits.
+    With q/k/v biases (qwen2) it stays refused by name: the reader sizes their biases by n_embd."""
+    from gptforge.interop.gguf import export_gguf
+
+    model = tiny_llama(head_size=32).eval()  # 4 heads of 32 over n_embd 64
+    r = gguf.GGUFReader(str(export_gguf(model, tmp_path / "out", tokenizer=False)))
+    assert r.fields["llama.attention.key_length"].contents() == 32
+    kv = {k: f.contents() for k, f in r.fields.items() if k.split(".", 1)[-1] in
+          ("attention.key_length", "attention.value_length", "rope.dimension_count")}
+    tensors = {t.name: torch.from_numpy(t.data.copy()).reshape([int(x) for x in reversed(t.shape)]) for t in r.tensors}
+    path = _with_pad_id(write_gguf(tmp_path / "w.gguf", model, kv=kv, tensors=tensors), tmp_path / "m.gguf", "llama")
+    tf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file="m.gguf",
+                                                           dtype=torch.float32).eval()
+    idx = IDX[:, :32] % 268
+    with torch.no_grad():
+        want = model(idx)[0]
+        assert (tf(idx).logits - want).abs().max().item() <= ATOL
+        assert (read_gguf(path).model(idx)[0] - want).abs().max().item() <= ATOL
+    with pytest.raises(ValueError, match="model.head_size"):
+        export_gguf(tiny_llama(head_size=32, qkv_bias=True), tmp_path / "qwen2", tokenizer=False)
