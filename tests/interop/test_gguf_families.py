@@ -157,9 +157,18 @@ def test_a_converter_layout_gguf_reads_back_to_transformers_logits(family):
     name, hf, d, ref = family
     arch = FAMILIES[name][2]
     g = read_gguf(write_converter_gguf(d / "conv.gguf", hf, arch))
-    assert g.model.config.family == name
+    if arch in IGNORES_WINDOW:  # llama.cpp (and transformers' GGUF loader) run the file's window of 8 over 128 as
+        ref = _unwindowed_logits(hf)  # whole-context attention: tests/interop/test_gguf_round13.py
+    assert g.model.config.family == ("" if arch == "llama" else name)
     with torch.no_grad():
         _close(f"{name} converter gguf", g.model(IDX)[0], ref)
+
+
+def _unwindowed_logits(hf) -> torch.Tensor:
+    hf = copy.deepcopy(hf)  # the module's model stays as it is
+    hf.config.sliding_window = None
+    with torch.no_grad():
+        return hf(IDX).logits
 
 
 def test_export_gguf_writes_the_converter_layout(family, tmp_path):

@@ -329,7 +329,8 @@ def test_config_validation_names_the_key(kw, key):
      ({"rope_scaling": {"type": "longrope", "factor": 2.0}}, "rope_scaling.rope_type='longrope'"),
      ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}}, "rope_type"),
      ({"sliding_window": 4096}, "sliding_window"), ({"attention_bias": True}, "attention_bias"),
-     ({"mlp_bias": True}, "mlp_bias"), ({"head_dim": 16}, "head_dim"), ({"hidden_act": "gelu"}, "hidden_act"),
+     ({"mlp_bias": True}, "mlp_bias"), ({"model_type": "qwen2", "head_dim": 16}, "head_dim"),
+     ({"hidden_act": "gelu"}, "hidden_act"),
      ({"model_type": "mixtral"}, "model_type"), ({"partial_rotary_factor": 0.5}, "partial_rotary_factor")],
 )
 def test_hf_configs_with_missing_features_are_refused(tmp_path, change, key):

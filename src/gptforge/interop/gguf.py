@@ -66,7 +66,8 @@ def check_gguf_model(model: torch.nn.Module, chat_template: dict | None, tokeniz
     elif arch == "llama" and cfg.family in FAMILY_ARCH:  # Qwen3, Gemma 2/3, Phi-3, Mistral: gguf_families.py
         check_export(cfg)
     elif arch == "llama":
-        if cfg.features():
+        # a head size apart from n_embd/n_head is attention.key_length, which llama.cpp reads for every architecture
+        if [f for f in cfg.features() if f != "model.head_size" or cfg.qkv_bias]:
             raise ValueError(f"{', '.join(cfg.features())}: llama.cpp's llama architecture has no such option; set "
                              "model.family to the family that has it (qwen3, mistral, phi3, gemma2, gemma3) to export")
         unsupported = {"qk_norm": cfg.qk_norm, "mlp": cfg.mlp if cfg.mlp != "swiglu" else None,
@@ -145,6 +146,9 @@ def export_gguf(model: torch.nn.Module, out_dir: str | Path, dtype: str = "f32",
         if family:
             write_keys(w, cfg)
             tensors = family_tensors(model, tensors)
+        elif cfg.head_size:  # heads apart from n_embd/n_head (a Llama's head_dim, Mistral Nemo's under llama)
+            w.add_key_length(cfg.head_dim)
+            w.add_value_length(cfg.head_dim)
     if spm is not None:
         add_spm_tokenizer(w, own, chat, spm)
     elif own is not None:

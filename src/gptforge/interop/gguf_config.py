@@ -1,7 +1,8 @@
 """GGUF metadata to a model config: the keys each architecture (llama, qwen2, gpt2; qwen3, gemma2, gemma3
 and phi3, whose keys :func:`config_fields` reads and ``gguf_families.py`` writes) must hold, their bounds,
 and one-line refusals, naming the file and the key, of anything gptforge's models do not implement (rope
-scaling they cannot do, experts, sliding windows where no family has them, grouped heads in a GPT, ...).
+scaling they cannot do, experts, sliding windows where no family has them, grouped heads in a GPT, ...), and of
+any ``{arch}.*`` key not accounted for (:func:`check_keys`).
 Read by :func:`gptforge.interop.gguf_read.read_gguf` before any tensor is allocated."""
 
 from __future__ import annotations
@@ -46,11 +47,49 @@ GEMMA3_LOCAL_THETA = 10_000.0  # llama.cpp's gemma3 sliding layers' rope base (n
 # what llama.cpp's loader takes for a key a file leaves out (src/models/gemma2.cpp: "n_swa = 4096; // default value
 # of gemma 2", and llama-hparams.h's soft-caps 50 and 30, which its gemma2 always applies): the same model here
 # the architectures whose llama.cpp loader does not apply {arch}.attention.sliding_window: llama never reads it
-# (src/models/llama.cpp), phi3 reads it and turns the window off (llama.cpp PR 13676); both attend over the whole
-# context, so a model whose window is shorter than its context has no GGUF form in them
+# (src/models/llama.cpp), phi3 reads it and turns the window off (llama.cpp PR 13676, "Phi SWA is currently
+# disabled"); transformers' GGUF loader maps the key for neither (a LlamaConfig or Phi3Config without a window).
+# Both attend over the whole context, so the reader loads such a file without its window (Phi-3-mini-4k's 2047,
+# a Mistral's 4096), and a model whose window is shorter than its context has no GGUF form in them (export refuses)
 IGNORES_WINDOW = ("llama", "phi3")
 LLAMA_CPP_DEFAULTS = {"gemma2": {"attention.sliding_window": 4096, "attn_logit_softcapping": 50.0,
                                  "final_logit_softcapping": 30.0}}
+
+
+# Every {arch}.* metadata key, accounted for (as interop/hf_families.py does for config.json): the keys the readers
+# below READ (into config fields, or refused by value), the ones that do not change what llama.cpp computes
+# (INERT; INERT_AT: only at the value that changes nothing), and any other is refused by name (check_keys). llama.cpp
+# reads some keys for every architecture (attention.causal, rope.scaling.attn_factor, the *_swa head sizes, pooling):
+# a key gptforge ignored could change the model llama.cpp runs, so none is ignored unseen.
+LLAMA_KEYS = ("context_length", "embedding_length", "block_count", "feed_forward_length", "attention.head_count",
+              "attention.head_count_kv", "attention.key_length", "attention.value_length", "rope.dimension_count",
+              "rope.freq_base", "attention.layer_norm_rms_epsilon", "rope.scaling.type", "rope.scaling.factor",
+              "rope.scaling.original_context_length", "vocab_size", "expert_count", "attention.sliding_window",
+              "attention.sliding_window_pattern")
+READ_KEYS: dict[str, tuple[str, ...]] = {
+    **{a: LLAMA_KEYS for a in ("llama", "qwen2", "qwen3", "phi3")},
+    "gemma2": LLAMA_KEYS + ("attn_logit_softcapping", "final_logit_softcapping", "rope.freq_base_swa"),
+    "gemma3": LLAMA_KEYS + ("rope.freq_base_swa",),
+    "gpt2": ("context_length", "embedding_length", "block_count", "feed_forward_length", "attention.head_count",
+             "attention.head_count_kv", "attention.layer_norm_epsilon", "vocab_size", "expert_count",
+             "attention.sliding_window"),
+}
+INERT_KEYS = ("rope.scaling.finetuned",  # a note of the converter's
+              "tensor_data_layout")  # old llama files' "Meta AI original pth": the converter's, llama.cpp reads none
+INERT_AT = {"attention.causal": True, "rope.scaling.attn_factor": 1.0, "expert_used_count": 0, "pooling_type": 0}
+
+
+def check_keys(arch: str, scalars: dict, arrays: dict, path: Path) -> None:
+    """GGUFReadError naming the first ``{arch}.*`` key that is neither read nor known to change nothing."""
+    known = set(READ_KEYS[arch]) | set(INERT_KEYS)
+    for key in [*scalars, *arrays]:
+        name = key.removeprefix(f"{arch}.")
+        if name == key or name in known or name in INERT_AT and scalars.get(key, "array") == INERT_AT[name]:
+            continue
+        value = scalars.get(key, "an array")
+        raise _refuse(path, key, value, f"a key gptforge does not read for architecture {arch} and does not know "
+                      "to leave the model unchanged (llama.cpp may compute another model with it)",
+                      "GPT" if arch == "gpt2" else "Llama")
 
 
 def swa_pattern(arch: str, n_layer: int) -> str:
@@ -84,6 +123,8 @@ def config_fields(arch: str, scalars: dict, path: Path, n_layer: int, n_embd: in
     if isinstance(window, bool) or not isinstance(window, int) or window < 0:
         raise GGUFReadError(f"{path}: metadata key {arch}.attention.sliding_window={window!r}: expected an integer")
     check_pattern_array(arch, pattern, window, path, n_layer)
+    if arch in IGNORES_WINDOW:  # the file's window is not what llama.cpp (or transformers' GGUF loader) runs: every
+        window = 0  # layer attends over the whole context, and so does the model read here
     if arch == "llama":
         return {"sliding_window": window, "family": "mistral"} if window else {}
     out: dict = {"family": arch}
@@ -243,6 +284,7 @@ def llama_config_from_gguf(scalars: dict, arrays: dict, names: set[str], path: P
     if head_dim != n_embd // n_head or n_embd % n_head:
         extra["head_size"] = head_dim
     _check_extras_and_vocab(scalars, path, arch, vocab_size, "Llama", window=arch in ("llama",) + ARCHS)
+    check_keys(arch, scalars, arrays, path)
     try:
         return LlamaConfig(n_layer=n_layer, n_head=n_head, n_kv_head=n_kv, n_embd=n_embd, intermediate_size=ffn,
                            block_size=ctx, vocab_size=vocab_size, rope_theta=float(theta), norm_eps=float(eps),
@@ -284,6 +326,7 @@ def gpt2_config_from_gguf(scalars: dict, arrays: dict, path: Path, vocab_size: i
         raise _refuse(path, f"{arch}.attention.layer_norm_epsilon", eps, f"a LayerNorm epsilon other than "
                       f"{GPT2_NORM_EPS}", "GPT")
     _check_extras_and_vocab(scalars, path, arch, vocab_size, "GPT")
+    check_keys(arch, scalars, arrays, path)
     try:
         return GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=ctx, vocab_size=vocab_size)
     except ValueError as e:

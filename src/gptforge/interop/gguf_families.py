@@ -1,5 +1,6 @@
 """llama.cpp's GGUF layouts of the families that are gptforge's Llama with fields set (``qwen3``,
-``gemma2``, ``gemma3``, ``phi3``; Mistral is ``llama`` with ``llama.attention.sliding_window``), both ways.
+``gemma2``, ``gemma3``, ``phi3``; Mistral is ``llama``, whose ``attention.sliding_window`` llama.cpp does not
+apply, nor its phi3: ``gguf_config.IGNORES_WINDOW``), both ways.
 
 What llama.cpp's converter (``convert_hf_to_gguf.py``) does to each, and so what is undone here:
 

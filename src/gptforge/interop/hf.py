@@ -56,6 +56,40 @@ GPT2_REQUIRED = ("n_layer", "n_head", "n_embd", "n_positions", "vocab_size")
 GPT2_DEFAULTS = dict(n_layer=12, n_head=12, n_embd=768, n_positions=1024, vocab_size=50257)
 
 
+# every key of a GPT-2 config.json, accounted for (as interop/hf_families.py does for the Llama families): read by
+# gpt2_config_from_hf, inert (its INERT, and GPT-2's own below), or refused by name (check_gpt2_keys)
+GPT2_READ = GPT2_REQUIRED + ("model_type", "activation_function", "layer_norm_epsilon", "tie_word_embeddings",
+                             "scale_attn_weights", "scale_attn_by_inverse_layer_idx", "add_cross_attention", "n_inner",
+                             "reorder_and_upcast_attn")
+GPT2_ALIASES = {"hidden_size": "n_embd", "max_position_embeddings": "n_positions", "num_attention_heads": "n_head",
+                "num_hidden_layers": "n_layer"}  # GPT2Config's attribute_map: another name for the same size
+GPT2_INERT = ("n_ctx",  # the old configs' copy of n_positions, read by no transformers model
+              "attn_pdrop", "embd_pdrop", "resid_pdrop",  # dropout
+              "summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
+              "summary_first_dropout",  # GPT2DoubleHeadsModel's classifier head, no part of the LM
+              "n_special", "predict_special_tokens", "_num_labels", "output_past", "gradient_checkpointing")
+
+
+def check_gpt2_keys(c: dict, where: str) -> dict:
+    """``c`` with GPT2Config's aliases under their own names, after refusing by name a key neither read nor inert
+    (a field gptforge has not accounted for may change the function), or an alias that disagrees with its name."""
+    from gptforge.interop.hf_families import INERT, INERT_AT
+
+    known = set(GPT2_READ) | set(GPT2_INERT) | set(INERT)
+    for key, value in c.items():
+        if key in GPT2_ALIASES:
+            own = GPT2_ALIASES[key]
+            if own in c and c[own] != value:
+                raise HFModelError(f"{where}: Hugging Face config {key}={value!r} and {own}={c[own]!r}: two values "
+                                   "for one size")
+        elif not (key in known or key in INERT_AT and value == INERT_AT[key]):
+            raise HFModelError(f"{where}: Hugging Face config {key}={value!r}: a key gptforge does not read for "
+                               "model_type gpt2 and does not know to leave the model unchanged; it may change what "
+                               "the model computes, so gptforge will not load it (if it is only a note, remove it "
+                               "from config.json)")
+    return {**{own: c[alias] for alias, own in GPT2_ALIASES.items() if alias in c}, **c}
+
+
 def _refuse(where: str, key: str, value, why: str) -> HFModelError:
     return HFModelError(f"{where}: Hugging Face config {key}={value!r}: {why}; gptforge's GPT-2 does not "
                         "implement it and will not load the model wrong")
@@ -66,7 +100,7 @@ def gpt2_config_from_hf(c: dict, where: str = "config.json") -> dict:
     refusing by name every field that changes the function in a way gptforge's GPT-2 does not compute."""
     if c.get("model_type") != "gpt2":
         raise HFModelError(f"{where}: model_type={c.get('model_type')!r}; the GPT-2 loader reads 'gpt2' only")
-    c = {**GPT2_DEFAULTS, **c}  # a size left out is GPT2Config's; a null one is refused below, as transformers does
+    c = {**GPT2_DEFAULTS, **check_gpt2_keys(c, where)}  # a size left out is GPT2Config's; a null one is refused below, as transformers does
     bad = [k for k in GPT2_REQUIRED
            if isinstance(c.get(k), bool) or not isinstance(c.get(k), int) or not 0 < c[k] <= MAX_DIM]
     if bad:

@@ -14,15 +14,17 @@ What each family is, as ``LlamaConfig`` fields (``models/llama.py``):
 * ``gemma2``: ``norm_plus_one`` RMSNorms, ``post_norms``, ``embed_scale`` sqrt(hidden), GeGLU
   (``mlp=geglu``), ``query_pre_attn_scalar``, ``attn_softcap`` and ``logit_softcap``, and a sliding
   window on alternate layers (``layer_types``).
-* ``gemma3_text``: Gemma 2 without the soft-caps, with ``qk_norm`` and the sliding layers' own rope
-  base (``rope_local_theta``; rope scaling applies to the full layers only, as transformers does).
+* ``gemma3_text``: Gemma 2 with ``qk_norm`` and the sliding layers' own rope base (``rope_local_theta``;
+  rope scaling applies to the full layers only, as transformers does); its ``final_logit_softcapping`` is
+  applied, its ``attn_logit_softcapping`` not (transformers' Gemma 3 carries it and never applies it).
 
 A key a config leaves out means what transformers' class for its model_type says (``HF_DEFAULTS``: every
 default that does not follow from other keys, the context included), a null where that class refuses one is
 refused (``NULLABLE``, ``NULL_HEAD_DIM``, ``WINDOW_REQUIRED``), and ``layer_types``, bias switches and rope types
 count only as the family's transformers model reads them (``READS_LAYER_TYPES``, ``READS_BIAS``, ``ROPE_TYPES``).
 What a config asks beyond these (a rope scaling other than linear/llama3, partial rotary, biases,
-another activation, bidirectional attention, chunked attention layers) is refused by name. Export
+another activation, bidirectional attention, chunked attention layers) is refused by name, and so is any key
+not accounted for (``READ``, ``UNREAD``, ``INERT``: :func:`check_keys`). Export
 writes the family's config.json, then reads it back through the import: a model the family's
 config cannot express (a field it does not carry) is refused by the field's name, never written wrong.
 """
@@ -82,6 +84,76 @@ NULL_HEAD_DIM = ("llama", "mistral")
 # the rope types a model_type's transformers config accepts, where it narrows them (Phi3Config: longrope only,
 # which gptforge does not implement); gptforge's own (default, linear, llama3) are checked in hf_llama.rope_from_hf
 ROPE_TYPES = {"phi3": ("default", "longrope")}
+
+
+# ----------------------------------------------------------------------------- every key, accounted for
+# A config.json key changes the logits only where the family's transformers model reads it. Every key that
+# transformers' config class for a model_type takes, or its modeling file reads (tests/models/
+# test_families_round13.py derives both lists from transformers' source and checks each key is below), is one of:
+# READ (the reader turns it into LlamaConfig fields or refuses its value by name), UNREAD (the family's model
+# carries it and does not apply it: ignored here as there), or INERT (it does not change the function the model
+# computes: names, token ids, generation defaults, dropout and init, which only training from scratch uses). A key
+# in none of them is refused by name (check_keys): a field gptforge has not accounted for may change the math, and
+# a model is never loaded with it silently dropped.
+READ_EVERYWHERE = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                   "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps",
+                   "rope_theta", "rope_scaling", "rope_parameters", "partial_rotary_factor", "tie_word_embeddings",
+                   "layer_types", "sliding_window", "use_sliding_window", "attention_bias", "mlp_bias", "hidden_act")
+GEMMA_KEYS = ("hidden_activation", "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping",
+              "use_bidirectional_attention")
+READ: dict[str, tuple[str, ...]] = {
+    "llama": (), "mistral": (), "phi3": (),
+    "qwen2": ("max_window_layers",), "qwen3": ("max_window_layers",),
+    "gemma2": GEMMA_KEYS,
+    "gemma3_text": tuple(k for k in GEMMA_KEYS if k != "attn_logit_softcapping")
+    + ("rope_local_base_freq", "sliding_window_pattern", "_sliding_window_pattern"),
+}
+UNREAD: dict[str, dict[str, str]] = {  # key -> why the family's transformers model leaves the logits as they are
+    "phi3": {"original_max_position_embeddings": "read by longrope scaling only, which is refused",
+             "embd_pdrop": "dropout", "resid_pdrop": "dropout"},
+    "gemma3_text": {"attn_logit_softcapping": "Gemma3Attention keeps it and never passes it to the attention "
+                                              "(transformers 4.5x and 5.x; llama.cpp's gemma3 has none either)"},
+}
+INERT = (
+    # names and bookkeeping
+    "_name_or_path", "architectures", "transformers_version", "torch_dtype", "dtype", "_commit_hash",
+    "_attn_implementation", "_attn_implementation_autoset", "attn_implementation", "auto_map", "transformers.js_config",
+    "is_llama_config", "rope_interleaved",  # SmolLM2's nanotron leftovers: transformers' Llama reads neither
+    "unsloth_version", "unsloth_fixed", "model_name",
+    # token ids and what generate() defaults to (gptforge's own sampling settings decide those)
+    "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id", "use_cache",
+    "cache_implementation", "max_length", "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups",
+    "diversity_penalty", "temperature", "top_k", "top_p", "typical_p", "repetition_penalty", "length_penalty",
+    "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "bad_words_ids", "num_return_sequences", "output_scores",
+    "return_dict_in_generate", "forced_bos_token_id", "forced_eos_token_id", "remove_invalid_values",
+    "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens",
+    # what transformers returns and how it runs, not what it computes
+    "return_dict", "output_hidden_states", "output_attentions", "torchscript", "use_bfloat16", "tf_legacy_loss",
+    "chunk_size_feed_forward", "is_decoder", "tokenizer_class", "prefix", "finetuning_task", "task_specific_params",
+    "id2label", "label2id", "problem_type", "num_labels",
+    # training from scratch only: dropout (model.dropout decides gptforge's) and the initialisation
+    "attention_dropout", "initializer_range",
+    "pretraining_tp",  # Llama 2's: transformers 4's Llama sums the same products in slices, transformers 5 reads none
+)
+# base-config keys that are inert only at their no-op value (another is a model this reader does not build)
+INERT_AT = {"pruned_heads": {}, "is_encoder_decoder": False, "add_cross_attention": False, "tie_encoder_decoder": False,
+            "cross_attention_hidden_size": None}
+
+
+def check_keys(c: dict, model_type: str) -> None:
+    """Refuse, by name, the first key of ``c`` (config.json as written) that is not READ, UNREAD or INERT for
+    ``model_type``: one gptforge has not accounted for may change what the model computes."""
+    known = set(READ_EVERYWHERE) | set(READ.get(model_type, ())) | set(UNREAD.get(model_type, {})) | set(INERT)
+    for key, value in c.items():
+        if key in known or key in INERT_AT and value == INERT_AT[key]:
+            continue
+        if key == "quantization_config":
+            raise _refuse(key, value if not isinstance(value, dict) else value.get("quant_method", value),
+                          "quantized weights (dequantize them to a float dtype first)")
+        raise FamilyConfigError(f"Hugging Face config {key}={value!r}: a key gptforge does not read for model_type "
+                                f"{model_type} and does not know to leave the model unchanged; it may change what the "
+                                "model computes, so gptforge will not load it (if it is only a note, remove it from "
+                                "config.json)")
 
 
 def with_defaults(c: dict, model_type: str) -> dict:
@@ -220,8 +292,10 @@ def family_fields(c: dict, model_type: str) -> dict:
         scalar = c.get("query_pre_attn_scalar")
         if isinstance(scalar, bool) or not isinstance(scalar, (int, float)) or not scalar > 0:
             raise FamilyConfigError(f"Hugging Face config query_pre_attn_scalar={scalar!r}: expected a positive number")
+        attn_cap = _float(c, "attn_logit_softcapping")  # checked either way; applied where READ says (Gemma 2)
         out.update(mlp="geglu", norm_plus_one=True, post_norms=True, embed_scale=c["hidden_size"] ** 0.5,
-                   query_pre_attn_scalar=float(scalar), attn_softcap=_float(c, "attn_logit_softcapping"),
+                   query_pre_attn_scalar=float(scalar),
+                   attn_softcap=attn_cap if "attn_logit_softcapping" in READ[model_type] else 0.0,
                    logit_softcap=_float(c, "final_logit_softcapping"))
     if model_type == "gemma3_text":
         local = gemma3_local_theta(c)  # checked either way; used only where some layer slides

@@ -148,6 +148,7 @@ def llama_config_from_hf(c: dict, **overrides) -> LlamaConfig:
                             "gptforge's Llama")
     raw = c
     try:
+        hf_families.check_keys(c, model_type)  # every key accounted for: read, unread as transformers, or inert
         c = hf_families.with_defaults(c, model_type)  # a key left out means what transformers' class says
     except hf_families.FamilyConfigError as e:
         raise HFConfigError(str(e)) from None
@@ -177,9 +178,13 @@ def llama_config_from_hf(c: dict, **overrides) -> LlamaConfig:
     if extra.get("mlp") != "geglu" and c.get("hidden_act", "silu") != "silu":
         raise _refuse("hidden_act", c["hidden_act"], "the MLP is SwiGLU with SiLU")
     hidden, heads = c["hidden_size"], c["num_attention_heads"]
-    if "head_size" not in extra and (c.get("head_dim") not in (None, hidden // heads) or hidden % heads):
+    apart = c.get("head_dim") not in (None, hidden // heads) or hidden % heads
+    if model_type == "llama" and apart and c.get("head_dim") is not None:  # LlamaAttention reads head_dim too
+        extra["head_size"] = c["head_dim"]
+    if "head_size" not in extra and apart:
         raise _refuse("head_dim", c.get("head_dim"), f"heads must split hidden_size={hidden} evenly into "
-                      f"num_attention_heads={heads} (a head_dim apart is Qwen3's, Mistral's and Gemma's)")
+                      f"num_attention_heads={heads} (a head_dim apart is Llama's, Qwen3's, Mistral's and Gemma's; "
+                      f"transformers' {model_type} model takes it only as hidden_size / num_attention_heads)")
     kwargs = dict(
         n_layer=c["num_hidden_layers"], n_head=heads, n_kv_head=c.get("num_key_value_heads") or heads,
         n_embd=hidden, intermediate_size=c["intermediate_size"], block_size=c["max_position_embeddings"],
@@ -329,14 +334,20 @@ def hf_llama_config(cfg: LlamaConfig) -> dict:
     with q/k/v biases, Qwen2ForCausalLM's (the same model, biases on q/k/v only)."""
     if cfg.family not in ("", "llama", "qwen2"):
         return _family_config(cfg)
+    # Qwen2's config carries a sliding window (use_sliding_window, layer_types): a model with q/k/v biases keeps it;
+    # Llama's a head_dim apart from hidden/heads
+    carried = ("model.sliding_window", "model.layer_types") if cfg.qkv_bias else ("model.head_size",)
     unsupported = {"qk_norm": cfg.qk_norm, "mlp": cfg.mlp if cfg.mlp != "swiglu" else None,
-                   "logit_softcap": cfg.logit_softcap or None, **{f: True for f in cfg.features()}}
+                   "logit_softcap": cfg.logit_softcap or None,
+                   **{f: getattr(cfg, f.removeprefix("model."), True) for f in cfg.features() if f not in carried}}
     for key, value in unsupported.items():
         if value:
             raise ValueError(f"{key if key.startswith('model.') else 'model.' + key}={value!r}: Hugging Face "
-                             "LlamaForCausalLM has no such option, so this model cannot be exported as a Llama "
-                             "(train with the default, or set model.family to a family that has it, to export)")
-    return _llama_config(cfg)
+                             f"{'Qwen2' if cfg.qkv_bias else 'Llama'}ForCausalLM has no such option, so this model "
+                             f"cannot be exported as a {'Qwen2' if cfg.qkv_bias else 'Llama'} (train with the default, "
+                             "or set model.family to a family that has it, to export)")
+    config = _llama_config(cfg)
+    return _read_back(cfg, config) if cfg.sliding_window or cfg.head_size else config
 
 
 def _llama_config(cfg: LlamaConfig) -> dict:
@@ -368,10 +379,14 @@ def _llama_config(cfg: LlamaConfig) -> dict:
         "eos_token_id": EOT if gpt2_vocab else None,
         "torch_dtype": "float32",
     }
-    if cfg.qkv_bias:  # Qwen2's config: no bias switches (q/k/v have them, o_proj not), no window that slides
+    if cfg.qkv_bias:  # Qwen2's config: no bias switches (q/k/v have them, o_proj not), its window's layers
         for key in ("attention_bias", "mlp_bias", "head_dim"):
             del config[key]
-        config.update(use_sliding_window=False, sliding_window=None, max_window_layers=cfg.n_layer)
+        window, pattern = cfg.sliding_window or None, cfg.sliding_pattern
+        config.update(use_sliding_window=bool(window), sliding_window=window,
+                      max_window_layers=pattern.find("s") if window else cfg.n_layer)
+        if window:  # which layers slide, as transformers' Qwen2 reads them
+            config["layer_types"] = ["sliding_attention" if k == "s" else "full_attention" for k in pattern]
     return config
 
 
@@ -388,14 +403,20 @@ def _family_config(cfg: LlamaConfig) -> dict:
     a field the family's config cannot carry is refused by name, not dropped."""
     from gptforge.interop.hf_families import family_config
 
-    config = family_config(cfg, _llama_config(cfg))
+    return _read_back(cfg, family_config(cfg, _llama_config(cfg)))
+
+
+def _read_back(cfg: LlamaConfig, config: dict) -> dict:
+    """``config`` if the import reads it back to ``cfg``'s math (MATH_FIELDS), else ValueError naming the fields."""
     try:
         back = llama_config_from_hf(config)
     except HFConfigError as e:
-        raise ValueError(f"model.family={cfg.family}: this model's config cannot be written as one ({e})") from None
+        raise ValueError(f"model.family={cfg.family or config['model_type']}: this model's config cannot be written "
+                         f"as one ({e})") from None
     differ = [f for f in MATH_FIELDS if field_meaning(back, f) != field_meaning(cfg, f)]
     if differ:
-        raise ValueError(f"model.family={cfg.family}: Hugging Face's {config['architectures'][0]} cannot express "
+        raise ValueError(f"model.family={cfg.family or config['model_type']}: Hugging Face's "
+                         f"{config['architectures'][0]} cannot express "
                          + ", ".join(f"model.{f}={getattr(cfg, f)!r}" for f in differ)
                          + "; export as a family that has them, or train with the family's values")
     return config
