@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 from gptforge.cli import main
 from gptforge.cli.outputs import OUTPUTS
@@ -94,3 +95,63 @@ def test_a_refused_prepare_leaves_no_folder(tmp_path, capsys):
     assert main(["prepare", "files", str(tmp_path / "missing.txt"), "--out", str(out), "--no-progress"]) == 2
     assert "missing.txt" in capsys.readouterr().err
     assert not out.exists()
+
+
+# --- safetensors through one opener --------------------------------------------------------------------------
+
+NOT_UTF8 = b"e\xff"  # a Latin-1 'ÿ': the bytes of a folder name an old system made
+
+
+def _not_utf8(tmp_path: Path) -> Path:
+    return Path(os.fsdecode(os.path.join(os.fsencode(tmp_path), NOT_UTF8)))
+
+
+@pytest.mark.parametrize("kind", ["GPT2", "Llama"])
+def test_an_hf_folder_whose_path_is_not_utf8_loads(kind, tmp_path):
+    """`gptforge sample --hf $'/tmp/e\\xff'` was refused as "not a readable safetensors file (Path ... is not valid
+    UTF-8)": safetensors takes a path as UTF-8 text. The same folder's weights from a UTF-8 path are the reference
+    (that path is checked against transformers in tests/interop), so the two must be equal bit for bit."""
+    pytest.importorskip("transformers")
+    from gptforge.load import ModelSource, load_model
+    from tests.models.hf_reference import random_hf_model
+
+    if kind == "Llama":
+        hf = random_hf_model(kind, vocab_size=64, hidden_size=32, num_attention_heads=2, num_hidden_layers=2,
+                             intermediate_size=64, num_key_value_heads=2, max_position_embeddings=32)
+    else:  # GPT-2's class is GPT2LMHeadModel, not {kind}ForCausalLM
+        import transformers
+
+        torch.manual_seed(0)
+        hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=64, n_embd=32, n_head=2, n_layer=2,
+                                                                  n_positions=32, bos_token_id=0, eos_token_id=0))
+    plain, odd = tmp_path / "plain", _not_utf8(tmp_path)
+    hf.save_pretrained(plain)
+    hf.save_pretrained(odd)
+    want = load_model(ModelSource(hf=str(plain))).state_dict()
+    got = load_model(ModelSource(hf=str(odd))).state_dict()
+    assert sorted(got) == sorted(want)
+    assert all(torch.equal(got[k], want[k]) for k in want)
+
+
+@pytest.mark.parametrize("proc", [True, False], ids=["fd-path", "symlink"])
+def test_the_one_opener_reads_any_path(proc, tmp_path, monkeypatch):
+    """Both of storage.tensors' doors (every tensor; a handle read after the opener returned) on a non-UTF-8 path,
+    through the descriptor's path, and through the ASCII symlink where a platform has no /proc or /dev/fd."""
+    from safetensors.torch import save_file
+
+    from gptforge.storage import tensors
+
+    want = {"a": torch.arange(6, dtype=torch.float32).reshape(2, 3), "b": torch.ones(4)}
+    odd = _not_utf8(tmp_path)
+    odd.mkdir()
+    path = odd / "model.safetensors"
+    save_file(want, str(tmp_path / "x.safetensors"))  # (safetensors' writer takes UTF-8 paths only, too)
+    os.rename(tmp_path / "x.safetensors", path)
+    if not proc:
+        real = os.path.exists
+        monkeypatch.setattr(os.path, "exists", lambda p: False if str(p).startswith(("/proc/self/fd/", "/dev/fd/"))
+                            else real(p))
+    got = tensors.load_safetensors(path)
+    h = tensors.open_safetensors(path)
+    assert sorted(got) == sorted(h.keys()) == ["a", "b"]
+    assert all(torch.equal(got[k], want[k]) and torch.equal(h.get_tensor(k), want[k]) for k in want)
