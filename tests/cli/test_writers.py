@@ -50,11 +50,15 @@ def _under(p, root: Path) -> bool:
 
 
 def snapshot(root: Path) -> dict[str, bytes]:
-    """Every file under ``root`` by its path, but the writer's temporaries (never taken for outputs)."""
+    """Every file under ``root`` by its path, but the writer's temporaries (never taken for outputs) and prepare's
+    lock file (the holder's pid while it runs, taken over by the next prepare: no output either)."""
+    from gptforge.run.lock import PREPARE_LOCK_NAME
+
     if not root.exists():
         return {}
     return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*"))
-            if p.is_file() and not any(is_temporary(part) for part in p.relative_to(root).parts)}
+            if p.is_file() and p.name != PREPARE_LOCK_NAME
+            and not any(is_temporary(part) for part in p.relative_to(root).parts)}
 
 
 def temporaries(root: Path) -> list[str]:

@@ -206,7 +206,41 @@ def resolve_tokenizer_spec(spec: str) -> str:
     return spec
 
 
+def shard_folder(args: argparse.Namespace) -> str | None:
+    """The folder ``prepare`` writes shards into (its default where --out is not given), or None for a subcommand
+    whose output is not a shard folder (conversations, preferences: one file, written whole and renamed)."""
+    from gptforge.cli.outputs import OUTPUTS
+
+    if OUTPUTS["prepare"].get(f"{args.source_name} --out") != "shards":
+        return None
+    if args.out:
+        return args.out
+    if args.source_name == "shakespeare":
+        return "data/shakespeare"
+    if args.source_name == "fineweb":
+        from gptforge.data.prepare.fineweb import default_out
+
+        return default_out(args.edu, args.sample)
+    raise AssertionError(f"prepare {args.source_name}: a shard folder without a default --out")  # files: required
+
+
 def cmd_prepare(args: argparse.Namespace) -> int:
+    """Every subcommand that writes a shard folder holds it (run.lock.RunLock) from before any work to the end: a
+    second prepare into the same folder deleted the first's unlisted shards as a killed run's leftovers, and the
+    first died on a raw "[Errno 2] No such file or directory" while the second finished."""
+    folder = shard_folder(args)
+    if folder is None:
+        return _prepare(args)
+    from gptforge.run.lock import PREPARE_LOCK_NAME, RunLock
+
+    with RunLock(folder, "prepare", PREPARE_LOCK_NAME) as lock:
+        if lock.unsupported:  # a filesystem without flock: said once, the prepare goes on
+            print(f"gptforge prepare: warning: {lock.unsupported}", file=sys.stderr)
+        args.out = folder
+        return _prepare(args)
+
+
+def _prepare(args: argparse.Namespace) -> int:
     if args.source_name in ("conversations", "preferences") and not 1 <= args.n <= MAX_GENERATED:
         raise CliError(f"--n {args.n}: must be in 1..{MAX_GENERATED:,} (generated rows are held in memory)")
     if args.source_name == "preferences" and args.policy is not None and not 2 <= args.samples <= 1024:

@@ -137,12 +137,14 @@ def read_safetensors(files: list[Path], expected: dict[str, tuple[int, ...]], op
     be absent) from the files' headers, before any tensor is read, then read them. Anything missing,
     unexpected or mis-shaped is one HFModelError naming it: a config whose sizes disagree with its
     weights never builds a model, however large it claims to be."""
-    from safetensors import SafetensorError, safe_open
+    from safetensors import SafetensorError
+
+    from gptforge.storage.tensors import open_safetensors
 
     handles, shapes, dtypes = {}, {}, {}
     try:
         for f in files:
-            h = safe_open(str(f), framework="pt")
+            h = open_safetensors(f)  # any path: safe_open takes UTF-8 text only
             for k in h.keys():
                 if rename(k) in handles:  # in two shards, or as both h.0.* and transformer.h.0.*: the later won silently
                     g, was = dtypes[rename(k)][0], handles[rename(k)][1]

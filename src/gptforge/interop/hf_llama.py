@@ -253,9 +253,10 @@ def load_hf_llama(name_or_dir: str, **overrides) -> Llama:
 
 
 def _read_checked(d: Path, cfg: LlamaConfig) -> dict[str, torch.Tensor]:
-    from safetensors import SafetensorError, safe_open
+    from safetensors import SafetensorError
 
     from gptforge.interop.hf_folder import HFModelError, read_safetensors, safetensors_files
+    from gptforge.storage.tensors import open_safetensors
 
     files = safetensors_files(d)
     claimed = layered_elements(lambda k: _hf_shapes(at_layers(cfg, k), once=True), cfg.n_layer)
@@ -264,7 +265,7 @@ def _read_checked(d: Path, cfg: LlamaConfig) -> dict[str, torch.Tensor]:
     check_model_size(str(d / "config.json"), "config.json", claimed, elements(found.values()), HFModelError, "Llama",
                      layers=(cfg.n_layer, count_layers(found)))
     try:  # the layer count from the header names first: even on the meta device, 10**6 layers take minutes
-        names = [k for f in files for k in safe_open(str(f), framework="pt").keys()]
+        names = [k for f in files for k in open_safetensors(f).keys()]
     except (OSError, SafetensorError) as e:
         raise HFModelError(f"{d}: not a readable safetensors file ({e})") from None
     layers = len({k.split(".")[2] for k in names if k.startswith("model.layers.")})

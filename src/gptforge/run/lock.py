@@ -10,6 +10,10 @@ process dies, however it dies, so a lock left by a killed run never blocks the n
 holds the holder's pid and command line (for the message); it is left in place (unlinking a locked
 file lets a third process lock a new inode while a second still holds the old one).
 
+``prepare`` holds the same lock on its shard folder (``RunLock(out, "prepare", PREPARE_LOCK_NAME)``, taken by
+:func:`gptforge.cli.data.cmd_prepare` for every subcommand whose output is a shard folder): two prepares
+into one folder deleted each other's unlisted shards and the first died on a raw ENOENT.
+
 The lock also knows which folder it holds (device and inode): :meth:`RunLock.check` says, in one
 line, when the run directory was deleted, moved or replaced while the run trained, and the run's
 writers (metrics.jsonl, checkpoints) call it before each write, so a run never starts a new half
@@ -32,6 +36,7 @@ class RunDirectoryGone(OutputError):
     """The run directory this run holds was deleted, moved or replaced while it trained (exit 2, one line)."""
 
 LOCK_NAME = ".gptforge.lock"
+PREPARE_LOCK_NAME = ".gptforge-prepare.lock"  # a shard folder's: LOCK_NAME is one of guards.RUN_DIR_MARKERS
 _HELD = {errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES}  # flock's answers when another process holds the lock
 
 
@@ -39,9 +44,10 @@ class RunLock:
     """An exclusive, non-blocking lock on a run directory (created if missing; if this lock created
     it and the run wrote nothing else there, it is removed again at release)."""
 
-    def __init__(self, run_dir: str | os.PathLike):
+    def __init__(self, run_dir: str | os.PathLike, holder: str = "run", name: str = LOCK_NAME):
         self.run_dir = Path(run_dir)
-        self.path = self.run_dir / LOCK_NAME
+        self.holder = holder  # what holds the folder, for the messages: "run", "prepare"
+        self.path = self.run_dir / name  # a shard folder's is not LOCK_NAME, which marks a run directory (guards)
         self.fd: int | None = None
         self.created = False
         self.identity: tuple[int, int] | None = None  # (st_dev, st_ino) of the folder locked
@@ -55,15 +61,15 @@ class RunLock:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
             if e.errno not in _HELD:  # the filesystem cannot lock (ENOLCK, EOPNOTSUPP: some NFS and FUSE mounts)
-                self.unsupported = (f"{self.path}: this filesystem cannot lock files ({(e.strerror or str(e)).lower()}); the run goes "
-                                    "on without the lock, so nothing stops a second run on this --out from writing "
-                                    "here too: start only one (or put the run on a local disk)")
+                self.unsupported = (f"{self.path}: this filesystem cannot lock files ({(e.strerror or str(e)).lower()}); the "
+                                    f"{self.holder} goes on without the lock, so nothing stops a second {self.holder} on "
+                                    f"this --out from writing here too: start only one (or put it on a local disk)")
                 return self._hold(fd)
             holder = _read_holder(fd)
             os.close(fd)
             raise ConfigError(
-                f"{self.run_dir} is in use by another run ({holder}); wait for it to finish or stop it, "
-                "or give this run another --out"
+                f"{self.run_dir} is in use by another {self.holder} ({holder}); wait for it to finish or stop it, "
+                f"or give this {self.holder} another --out"
             ) from None
         return self._hold(fd)
 
@@ -107,7 +113,7 @@ class RunLock:
         if self.fd is None:
             return
         try:  # (a run directory deleted or moved under the run: nothing to tidy)
-            only_lock = self.created and {p.name for p in self.run_dir.iterdir()} == {LOCK_NAME}
+            only_lock = self.created and {p.name for p in self.run_dir.iterdir()} == {self.path.name}
         except OSError:
             only_lock = False
         if only_lock:

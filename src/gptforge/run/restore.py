@@ -15,35 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
 
 from gptforge.errors import CheckpointError
 from gptforge.run.checkpoint import tied_keys, verify_checkpoint
 from gptforge.run.identity import TRUST_FLAG
-
-
-def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
-    """A safetensors file's tensors, whatever bytes its path holds. safetensors (Rust) takes a path only as UTF-8
-    text: a run in a folder whose name is not (``--out $'runs/r\\xff'``, a Latin-1 name from an old system) saved
-    its checkpoints, then every resume, sample or export said "Path ... is not valid UTF-8; the checkpoint is
-    damaged". Such a path is read through the file descriptor's own path (Linux's /proc/self/fd: no copy), or,
-    where there is none, from the file's bytes."""
-    import os
-
-    try:
-        os.fsencode(path).decode("utf-8")
-    except UnicodeDecodeError:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            if os.path.exists(f"/proc/self/fd/{fd}"):
-                return load_file(f"/proc/self/fd/{fd}")
-            from safetensors.torch import load
-
-            with os.fdopen(os.dup(fd), "rb") as f:
-                return load(f.read())
-        finally:
-            os.close(fd)
-    return load_file(str(path))
+from gptforge.storage.tensors import load_safetensors
 
 
 def load_model_weights(model: torch.nn.Module, ckpt_dir: str | Path, prefix: str = "") -> None:
@@ -61,7 +37,7 @@ def load_model_weights(model: torch.nn.Module, ckpt_dir: str | Path, prefix: str
         raise CheckpointError(f"{path} is missing; the checkpoint is incomplete")
     verify_checkpoint(ckpt_dir, only=("model.safetensors",))
     try:
-        sd = read_safetensors(path)
+        sd = load_safetensors(path)  # any path: a run folder whose name is not UTF-8 too
     except Exception as e:  # safetensors: a truncated or garbled file (old checkpoints have no checksum)
         raise CheckpointError(f"{path} cannot be read ({e}); the checkpoint is damaged") from e
     if prefix:

@@ -37,6 +37,11 @@ def fineweb_source(edu: bool = False, sample: str = "10BT", data_files: list[str
     return HFStreamSource(repo, name=f"sample-{sample}", split="train")
 
 
+def default_out(edu: bool = False, sample: str = "10BT") -> str:
+    """Where ``prepare fineweb`` writes without --out: data/fineweb10B, data/edu_fineweb100B, ..."""
+    return f"data/{'edu_fineweb' if edu else 'fineweb'}{sample.removesuffix('T')}"
+
+
 def prepare_fineweb(out: str | os.PathLike | None = None, edu: bool = False, sample: str = "10BT",
                     settings: PrepareSettings | None = None, data_files: list[str] | None = None,
                     force: bool = False, progress: bool = True) -> dict:
@@ -46,7 +51,7 @@ def prepare_fineweb(out: str | os.PathLike | None = None, edu: bool = False, sam
     settings.name = name
     if settings.val_tokens is None:  # llm.c's fineweb.py: the first shard is the val split (capped at 10%)
         settings.val_tokens = settings.shard_tokens
-    out = out or f"data/{name}{sample.removesuffix('T')}"
+    out = out or default_out(edu, sample)
     require("datasets", extra="data", for_what="gptforge prepare fineweb")  # before anything is started
     source = fineweb_source(edu, sample, data_files)
     return prepare(source, out, settings, force=force, progress=progress,
