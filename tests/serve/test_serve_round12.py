@@ -368,10 +368,12 @@ def test_a_refused_value_is_repeated_in_part_with_its_length(url):
 
 
 def test_a_chat_of_more_messages_than_the_context_has_positions_is_refused_by_their_count(url):
-    """The count is pydantic's ``max_length``, checked before the messages are validated one by one."""
+    """The count is checked before the messages are validated (limits.bounded_messages; round 13 has /v1 too)."""
+    from gptforge.serve.limits import MESSAGES_OVER_CONTEXT
+
     for n in (65, 30_000):  # one more than the 64 positions; the 1 MB body limit's worth
         r = httpx.post(url + "/api/chat", json={"messages": [{"role": "user", "content": ""}] * n}, timeout=30)
         error = r.json()["error"]
         assert (r.status_code, error[:error.index(" (got ")]) == (
-            422, f"messages: List should have at most 64 items after validation, not {n}"), r.text[:300]
+            422, "messages: " + MESSAGES_OVER_CONTEXT.format(max_length=64)), r.text[:300]
         assert error.endswith(f"... ({n:,} items))"), error  # the messages are not repeated

@@ -16,10 +16,10 @@ from typing import Any, Literal
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field
 
 from gptforge.data.chat import ChatTokenizer
-from gptforge.serve.limits import acquire_unless_gone, messages_over_limit, watch_disconnect
+from gptforge.serve.limits import acquire_unless_gone, bounded_messages, messages_over_limit, watch_disconnect
 from gptforge.serve.sse import sse_response
 
 # what a conversation that leaves the model no room to reply is told to do: the page keeps the conversation and drops
@@ -38,6 +38,7 @@ class ChatRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)  # JSON types as sent: no "10" -> 10, true -> 1
     # as many as fit: max_prompt_chars, then the context, as in /v1; add_chat_routes bounds the count by the context
+    # (limits.bounded_messages)
     messages: list[Message] = Field(min_length=1)
     max_new_tokens: int | None = Field(None, ge=1, description="default: 128 or the server's cap if lower")
     temperature: float = Field(0.7, ge=0, le=100, allow_inf_nan=False, description="0 = greedy")
@@ -54,12 +55,9 @@ def add_chat_routes(app: FastAPI, model: Any, enc: Any, chat: Any, settings: Any
 
     cenc = ChatTokenizer(enc, chat) if chat else None
     producers: set[asyncio.Task] = set()
-    # The request as the route reads it: at most one message a position of the context (every template marks where
-    # a message starts, so more can never fit). FastAPI validates it on the event loop, where a count bounded only
-    # by the body limit (400,000 empty messages in the 16 MB a 128k-context model allows) took 4 s; pydantic checks
-    # the bound before it validates the messages.
-    bounded = create_model("ChatRequest", __base__=ChatRequest,
-                           messages=(list[Message], Field(min_length=1, max_length=model.config.block_size)))
+    # the request as the route reads it: at most one message a position of the context, counted before any message is
+    # validated (FastAPI validates it on the event loop), as /v1/chat/completions counts them
+    bounded = bounded_messages(ChatRequest, Message, model.config.block_size)
 
     # the handlers' work sits in plain closures: mutmut (issue 36) does not mutate decorated functions
     def info() -> dict:

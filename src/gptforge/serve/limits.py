@@ -1,6 +1,6 @@
 """What protects the server from its clients: a request-body limit on the bytes actually received,
-an optional API key, and a client that hangs up freeing its place in the queue and stopping its
-generation.
+an optional API key, a conversation's length (its characters; its messages, counted before any is
+read), and a client that hangs up freeing its place in the queue and stopping its generation.
 
     app.add_middleware(BodyLimit, max_bytes=1_000_000)
     app.add_middleware(BearerAuth, key="sk-...")  # /api and /v1 need "Authorization: Bearer sk-..."
@@ -18,9 +18,11 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
-from typing import Any, Protocol
+from typing import Annotated, Any, Protocol
 
 from fastapi import HTTPException, Request
+from pydantic import BaseModel, BeforeValidator, Field, create_model
+from pydantic_core import PydanticCustomError
 
 
 class BodyTooLarge(HTTPException):
@@ -128,6 +130,30 @@ def messages_over_limit(contents: list[str], limit: int) -> str | None:
     if sum(len(c) for c in contents) > limit:
         return f"messages: over the limit of {limit} characters"
     return None
+
+
+# what a conversation of more messages than the context has positions is told (after "messages: ")
+MESSAGES_OVER_CONTEXT = ("at most {max_length} messages fit this model's context of {max_length} positions (each "
+                         "message takes at least one)")
+
+
+def bounded_messages(request: type[BaseModel], message: type[BaseModel], positions: int) -> type[BaseModel]:
+    """``request`` (a chat request model: /api/chat's, /v1/chat/completions') with its ``messages`` a non-empty list
+    of ``message`` holding at most ``positions``, a model's context: every template marks where a message starts, so
+    more can never fit. The count is checked on the list as sent, before any message is validated, and refused as
+    a validation error of ``messages`` (each route's own shape: /api's 422, /v1's 400 ``param: "messages"``). Both
+    chat routes validate their requests holding the GIL, in a worker thread or on the event loop: a 12 MB body of
+    400,000 empty messages (under the 16 MB a 128k-context model's body limit lets in) validated and rendered
+    whole stalled every other client's stream for seconds."""
+
+    def count(value: Any) -> Any:
+        if isinstance(value, list) and len(value) > positions:  # anything else: the list's own validation refuses it
+            raise PydanticCustomError("too_long", MESSAGES_OVER_CONTEXT,
+                                      {"max_length": positions, "actual_length": len(value)})
+        return value
+
+    field = Annotated[list[message], BeforeValidator(count)]
+    return create_model(request.__name__, __base__=request, messages=(field, Field(min_length=1)))
 
 
 def prompt_over_limit(field: str, text: str, limit: int) -> str | None:

@@ -30,8 +30,14 @@ import torch
 from fastapi import FastAPI, HTTPException, Request
 from starlette.concurrency import run_in_threadpool
 
-from gptforge.serve.limits import acquire_unless_gone, messages_over_limit, prompt_over_limit, watch_disconnect
-from gptforge.serve.openai_schema import ChatRequest, CompletionRequest, OpenAIError, finish_reason, parse
+from gptforge.serve.limits import (
+    acquire_unless_gone,
+    bounded_messages,
+    messages_over_limit,
+    prompt_over_limit,
+    watch_disconnect,
+)
+from gptforge.serve.openai_schema import ChatMessage, ChatRequest, CompletionRequest, OpenAIError, finish_reason, parse
 from gptforge.serve.sse import collect_rows, sse_response
 
 
@@ -55,6 +61,9 @@ def add_openai_routes(app: FastAPI, model: Any, enc: Any, chat: Any, settings: A
     block, vocab = model.config.block_size, model.config.vocab_size
     name, created = model_id(served), int(time.time())
     producers: set = set()
+    # the chat request as this model takes it: at most one message a position of its context, counted before any
+    # message is validated, as /api/chat counts them
+    chat_request = bounded_messages(ChatRequest, ChatMessage, block)
 
     @app.exception_handler(OpenAIError)
     async def on_openai_error(request: Request, exc: OpenAIError):
@@ -231,7 +240,7 @@ def add_openai_routes(app: FastAPI, model: Any, enc: Any, chat: Any, settings: A
         return await run(request, "text", req, ids, params, tok, req.logprobs, echo)
 
     def prepare_chat(raw: bytes) -> tuple[ChatRequest, list[list[int]], SamplingParams]:
-        req: ChatRequest = parse(ChatRequest, raw)
+        req: ChatRequest = parse(chat_request, raw)
         if chat is None:
             raise OpenAIError(400, "this model has no chat template (it is a base model; fine-tune it with "
                                    "`gptforge sft`); use /v1/completions to continue text", "messages",
