@@ -28,7 +28,6 @@ import os
 import sys
 from pathlib import Path
 
-from gptforge.config import ConfigError
 from gptforge.storage.faults import OutputError
 
 
@@ -67,6 +66,8 @@ class RunLock:
                 return self._hold(fd)
             holder = _read_holder(fd)
             os.close(fd)
+            from gptforge.config import ConfigError  # here: prepare takes this lock and must not import torch
+
             raise ConfigError(
                 f"{self.run_dir} is in use by another {self.holder} ({holder}); wait for it to finish or stop it, "
                 f"or give this {self.holder} another --out"
