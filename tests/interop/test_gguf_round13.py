@@ -20,36 +20,24 @@ transformers = pytest.importorskip("transformers")
 
 from gptforge.interop.gguf_read import read_gguf  # noqa: E402
 from tests.interop.test_gguf_families import IDX, WINDOW, _hf_model, write_converter_gguf  # noqa: E402
+from tests.interop.test_gguf_read import rewrite_gguf  # noqa: E402
 
 # sums of <= 96 float32 terms over 3 layers and the head, |logits| < 10: 96 * 4 * 1.2e-7 * 10 ~ 5e-4 bounds
 # any reordering of them (measured: 0)
 ATOL = 96 * 4 * 1.2e-7 * 10
 
 
-def _with_pad_id(src, dst, arch: str):
+def _with_pad_id(src, dst):
     """``src`` with tokenizer.ggml.padding_token_id 0: transformers' Phi3Config otherwise pads with id 32000,
     outside this 268-token vocabulary, and fails to build."""
-    r = gguf.GGUFReader(str(src))
-    w = gguf.GGUFWriter(str(dst), arch)
-    for k, f in r.fields.items():
-        if not k.startswith("GGUF.") and k != "general.architecture":
-            vt = f.types[0]
-            (w.add_array(k, f.contents()) if vt == gguf.GGUFValueType.ARRAY else w.add_key_value(k, f.contents(), vt))
-    w.add_pad_token_id(0)
-    for t in r.tensors:
-        w.add_tensor(t.name, t.data.copy().reshape(tuple(int(x) for x in reversed(t.shape))))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return dst
+    return rewrite_gguf(src, dst, "tokenizer.ggml.padding_token_id", 0, gguf.GGUFValueType.UINT32)
 
 
 @pytest.mark.parametrize("name, arch", [("mistral", "llama"), ("phi3", "phi3")])
 def test_a_llama_or_phi3_gguf_window_is_run_as_llamacpp_and_transformers_run_it(name, arch, tmp_path):
     hf = _hf_model(name)  # sliding_window 8, context 128: the HF model itself slides
     assert hf.config.sliding_window == WINDOW
-    path = _with_pad_id(write_converter_gguf(tmp_path / "c.gguf", hf, arch), tmp_path / "m.gguf", arch)
+    path = _with_pad_id(write_converter_gguf(tmp_path / "c.gguf", hf, arch), tmp_path / "m.gguf")
     assert gguf.GGUFReader(str(path)).fields[f"{arch}.attention.sliding_window"].contents() == WINDOW
     tf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file="m.gguf",
                                                            dtype=torch.float32).eval()
@@ -65,7 +53,7 @@ def test_a_llama_or_phi3_gguf_window_is_run_as_llamacpp_and_transformers_run_it(
 # ----------------------------------------------------------------------------- every {arch}.* key accounted for
 
 from gptforge.interop.gguf_read import GGUFReadError  # noqa: E402
-from tests.interop.test_gguf_read import rewrite_gguf, tiny_llama, write_gguf  # noqa: E402
+from tests.interop.test_gguf_read import tiny_llama, write_gguf  # noqa: E402
 
 VT = gguf.GGUFValueType
 # keys llama.cpp reads for every architecture (or some) that change what it computes, at a value that would;
@@ -128,7 +116,7 @@ def test_a_llama_with_a_head_size_apart_exports_to_gguf_as_transformers_reads_it
     kv = {k: f.contents() for k, f in r.fields.items() if k.split(".", 1)[-1] in
           ("attention.key_length", "attention.value_length", "rope.dimension_count")}
     tensors = {t.name: torch.from_numpy(t.data.copy()).reshape([int(x) for x in reversed(t.shape)]) for t in r.tensors}
-    path = _with_pad_id(write_gguf(tmp_path / "w.gguf", model, kv=kv, tensors=tensors), tmp_path / "m.gguf", "llama")
+    path = _with_pad_id(write_gguf(tmp_path / "w.gguf", model, kv=kv, tensors=tensors), tmp_path / "m.gguf")
     tf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file="m.gguf",
                                                            dtype=torch.float32).eval()
     idx = IDX[:, :32] % 268
