@@ -320,9 +320,9 @@ def test_layout_checks_name_heads_micro_batches_and_nodes(tmp_path):
 
 @pytest.mark.gpu
 def test_gpu_lane_layouts_match_one_gpu(tmp_path):
-    """TP2, PP2 (1F1B) and, with 4 GPUs, TP2 x PP2 and FSDP2 x TP2, for both families, on CUDA with
-    NCCL, against one GPU in float32. cuBLAS may pick other kernels for the sharded shapes and NCCL
-    sums in its own order, so losses and norms are held to relative 1e-4, weights to 1e-3."""
+    """TP2, PP2 (1F1B) and, with 4 GPUs, TP2 x PP2 and FSDP2 x TP2, for both families and FAMILY's
+    fields, on CUDA with NCCL, against one GPU in float32. cuBLAS may pick other kernels for the sharded
+    shapes and NCCL sums in its own order, so losses and norms are held to relative 1e-4, weights to 1e-3."""
 
     n = torch.cuda.device_count()
     if n < 2:
@@ -339,7 +339,7 @@ def test_gpu_lane_layouts_match_one_gpu(tmp_path):
         return cfg
 
     jobs, names = [], []
-    for arch in ("gpt2", "llama"):
+    for arch in ("gpt2", "llama", "family"):
         for lname, d in layouts.items():
             if world == 4 and d.get("tp", 1) * d.get("pp", 1) * (2 if d.get("shard") else 1) != 4:
                 continue  # at world 4 only the 4-rank layouts
@@ -351,7 +351,7 @@ def test_gpu_lane_layouts_match_one_gpu(tmp_path):
     proc = _torchrun(["--nproc_per_node", str(world), str(HERE / "dist_worker.py"), str(spec)],
                      env_extra={"GPTFORGE_TEST_BACKEND": "nccl"}, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    for arch in ("gpt2", "llama"):
+    for arch in ("gpt2", "llama", "family"):
         ref = _run(train(gpu(_cfg(data, tmp_path / f"ref_{arch}", arch))).run_dir)
         for name, a in names:
             if a != arch:
