@@ -192,8 +192,8 @@ class LlamaConfig(FamilyConfig):
         return self.layer_types or "s" * self.n_layer
 
     def features(self) -> list[str]:
-        """The fields set away from their defaults that other families add, by name: what export and
-        tensor/pipeline parallelism check (``parallel/mesh.py`` refuses those its plans are not checked for)."""
+        """The fields set away from their defaults that other families add: what tensor and pipeline
+        parallelism do not run yet (``parallel/mesh.py`` refuses them by these names)."""
         out = [f"model.{f.name}" for f in fields(self) if f.name in FEATURES and getattr(self, f.name) != f.default]
         return out + (["model.mlp=geglu"] if self.mlp == "geglu" else [])
 
@@ -454,7 +454,7 @@ class Llama(nn.Module):
 
     def block_args(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """What every block takes after its input: the rotary (cos, sin) for positions ``pos`` (T,) or
-        (B, T)."""
+        (B, T). The pipeline's stages call this for their own blocks."""
         return rope.rope_cos_sin(pos, self.config.head_dim, self.config.rope_theta, **rope.scaling_of(self.config))
 
     def layer_args(self, pos: torch.Tensor) -> list[tuple[tuple, torch.Tensor | None]]:
