@@ -202,27 +202,37 @@ def test_config_validation_names_the_field(kw, key):
         LlamaConfig(**{**base, **kw})
 
 
-def test_tensor_and_pipeline_parallelism_refuse_the_family_fields_by_name(tmp_path):
+def test_tensor_and_pipeline_parallelism_take_the_checked_family_fields_and_refuse_the_rest_by_name(
+        tmp_path, monkeypatch):
+    """Every field the newer families add runs under TP and PP (trained against one process in
+    tests/training/test_model_parallel.py, FAMILY); a field whose plan and stages are not checked
+    (parallel/mesh.py's MODEL_PARALLEL_FEATURES leaves it out) is refused by name, and the planner
+    proposes no layout the run refuses."""
     from gptforge.config import ConfigError, DistConfig
+    from gptforge.models.llama import FEATURES
+    from gptforge.parallel import mesh
     from gptforge.parallel.mesh import check_layout
+    from gptforge.plan.cost import Layout, check
     from tests.conftest import tiny_config
 
     cfg = tiny_config(tmp_path, tmp_path / "out", micro_batch=2, total_batch_tokens=64, val_every=0)
-    cfg.model = LlamaConfig(n_layer=2, n_head=4, n_kv_head=2, n_embd=32, block_size=32, vocab_size=512)
-    cfg.dist = DistConfig(tp=2)
-    check_layout(cfg, 2, local_world=2)  # a plain Llama runs under TP
-    cfg.model = LlamaConfig(**{**cfg.model.to_dict(), "sliding_window": 8, "post_norms": True})
-    for dist, key in ((DistConfig(tp=2), r"dist\.tp"), (DistConfig(pp=2), r"dist\.pp")):
+    cfg.model = LlamaConfig(n_layer=2, n_head=4, n_kv_head=2, n_embd=32, block_size=32, vocab_size=512,
+                            sliding_window=8, post_norms=True)
+    layouts = ((DistConfig(tp=2), Layout(tp=2)), (DistConfig(pp=2), Layout(pp=2, micro_batch=1)))
+    for dist, layout in layouts:
         cfg.dist = dist
-        with pytest.raises(ConfigError, match=key + r".*model\.sliding_window, model\.post_norms"):
+        check_layout(cfg, 2, local_world=2)
+        assert check(cfg.model, layout, 8) is None
+    # no stale names: each checked field is one features() can report
+    assert mesh.MODEL_PARALLEL_FEATURES <= {f"model.{f}" for f in FEATURES} | {"model.mlp=geglu"}
+    monkeypatch.setattr(mesh, "MODEL_PARALLEL_FEATURES", mesh.MODEL_PARALLEL_FEATURES - {"model.post_norms"})
+    for (dist, layout), key in zip(layouts, (r"dist\.tp", r"dist\.pp"), strict=True):
+        cfg.dist = dist
+        with pytest.raises(ConfigError, match=key + r": model\.post_norms do not run under tensor or pipeline"):
             check_layout(cfg, 2, local_world=2)
+        assert check(cfg.model, layout, 8) == f"model.post_norms {mesh.UNCHECKED_WHY}"
     cfg.dist = DistConfig()
     check_layout(cfg, 2, local_world=2)  # data parallelism takes them
-    from gptforge.plan.cost import Layout, check  # and the planner proposes no layout the run would refuse
-
-    assert check(cfg.model, Layout(tp=2), 8) == "model.sliding_window, model.post_norms do not run under gptforge's " \
-        "TP or PP yet"
-    assert check(cfg.model, Layout(pp=2, micro_batch=1), 8) is not None
     assert check(cfg.model, Layout(dp=2), 8) is None
 
 

@@ -1,6 +1,7 @@
 """Model parallelism on CPU (gloo): tensor + sequence parallel, pipeline stages (GPipe, 1F1B,
 interleaved), their product, FSDP2 x TP, PP x FSDP2 and HSDP, Muon under TP, recomputation, for both
-families, each against one process training the same global batch; a checkpoint carried across
+families and for a Llama with every field the newer families add (FAMILY: TP2, PP2, TP2 x PP2), each
+against one process training the same global batch; a checkpoint carried across
 meshes (TP2 x PP2 -> 1 process -> TP2) and resumed under its own mesh; each layout's counted
 communication against the planner's prediction (gptforge.plan.cost.comm_volume); impossible layouts
 refused. Every layout trains 10 steps (Muon 3: see test_layout_matches_one_process).
@@ -16,6 +17,10 @@ them. Tolerances (float32 throughout):
   other shapes tried. A real
   layout error (e.g. the fused q/k/v rows in the wrong order) moves weights by ~0.1; a missing
   gradient reduction shows in the loss and norm.
+The family jobs (FAMILY) add only work that is elementwise, per position or per head (caps, scales,
+norms, masks, rope), done on each rank as on one process, so only the same sums are reordered and the
+same bounds hold (observed over 10 steps: loss 1.6e-7, norm 1.3e-6 relative, weights 1.9e-6); a stage
+that numbers its layers from 0 moves the first loss by 1.5e-3 relative.
 """
 
 from __future__ import annotations
@@ -42,6 +47,15 @@ STEPS = 10
 VOCAB = 500  # padded to 512: the vocabulary-sharded head must mask the padded rows, not slice them
 
 
+# Gemma 3's shape of model: heads 16 wide apart from n_embd/n_head = 8, QK-norm, (1 + weight) norms around both
+# sublayers, scaled embeddings, GeGLU; layer 0 slides (a 4-token window in 16, its own rope base), layer 1 is
+# full, so a pipeline stage that numbered its layers from 0 would slide layer 1; the caps are small enough to bite
+# (scores after QK-norm reach ~3, logits ~0.1: a missing cap moves the first loss by far more than 1e-5)
+FAMILY = dict(qk_norm=True, head_size=16, sliding_window=4, layer_types="sf", rope_local_theta=100.0,
+              attn_softcap=1.0, query_pre_attn_scalar=24.0, embed_scale=32 ** 0.5, norm_plus_one=True,
+              post_norms=True, mlp="geglu", logit_softcap=0.2)
+
+
 def _cfg(data: Path, out: Path, arch: str = "gpt2", n_layer: int = 2, optim: str = "adamw", **dist) -> Config:
     # 2 micro-batches of 2 x 16 tokens per step on one process (1 per rank under a data dimension of 2)
     cfg = tiny_config(data, out, max_steps=STEPS, micro_batch=2, total_batch_tokens=64, val_every=0,
@@ -52,6 +66,9 @@ def _cfg(data: Path, out: Path, arch: str = "gpt2", n_layer: int = 2, optim: str
     if arch == "llama":  # GQA (4 query heads over 2 key/value heads) and QK-norm, untied head
         cfg.model = LlamaConfig(n_layer=n_layer, n_head=4, n_kv_head=2, n_embd=32, block_size=32, vocab_size=VOCAB,
                                 qk_norm=True)
+    if arch == "family":  # every field the newer families add (Qwen3, Mistral, Phi-3, Gemma 2/3) at once
+        cfg.model = LlamaConfig(n_layer=n_layer, n_head=4, n_kv_head=2, n_embd=32, block_size=32, vocab_size=VOCAB,
+                                **FAMILY)
     if optim == "muon":  # 3 steps: an extra beyond the issue's layouts (see test_layout_matches_one_process)
         cfg.optim = OptimConfig(name="muon", lr=3e-3, muon_lr=0.02, warmup_steps=2, min_lr_frac=0.1)
         cfg.train.max_steps = MUON_STEPS
@@ -95,6 +112,7 @@ FOUR = {
     "l_hsdp": ("llama", 2, dict(dp_replicate=2, shard="fsdp")),  # B 1
     "g_pp2_fsdp2": ("gpt2", 2, dict(pp=2, shard="fsdp")),  # stages x FSDP, the tied head on both ends, B 1
     "g4_ipp2_fsdp2": ("gpt2", 4, dict(pp=2, shard="fsdp", pp_schedule="interleaved1f1b")),  # B 1
+    "f_tp2pp2": ("family", 2, dict(tp=2, pp=2)),  # the family fields on sequence-sharded stages, recomputed
 }
 TWO = {
     "g_tp2": ("gpt2", 2, dict(tp=2)),
@@ -104,6 +122,8 @@ TWO = {
     "l_pp2": ("llama", 2, dict(pp=2, pp_schedule="1f1b")),  # stopped at step 5, resumed (same mesh)
     "g4_ipp2": ("gpt2", 4, dict(pp=2, pp_schedule="interleaved1f1b")),  # 2 stages per rank
     "g6_ipp2v3": ("gpt2", 6, dict(pp=2, pp_schedule="interleaved1f1b", pp_virtual=3)),  # 3 stages per rank
+    "f_tp2": ("family", 2, dict(tp=2)),  # the family fields split by heads, their norms on sequence shards
+    "f_pp2": ("family", 2, dict(pp=2)),  # ... and by layers: each stage's window and rope by the global index
 }
 MUON_STEPS = 3
 CHAIN = 5  # TP2 x PP2 for steps 1-5, one process for 6-7, TP2 for 8-10
@@ -118,7 +138,7 @@ def _ramp(cfg: Config) -> Config:
 def _layout_cfg(data: Path, tmp: Path, name: str) -> Config:
     arch, n_layer, d, *opt = {**FOUR, **TWO}[name]
     cfg = _cfg(data, tmp / name, arch, n_layer, *opt, **d)
-    cfg.model.recompute = {"l_tp2pp2": "block", "g1_fsdp_tp2": "mlp"}.get(name, "none")  # same math
+    cfg.model.recompute = {"l_tp2pp2": "block", "f_tp2pp2": "block", "g1_fsdp_tp2": "mlp"}.get(name, "none")  # same math
     cfg.dist.count_comm = 0 if opt else STEPS  # the last step (the first also sends pipeline shapes)
     if name == "g_pp2":
         _ramp(cfg)
@@ -143,7 +163,7 @@ def mp(tmp_path_factory):
     # step 5 (DCP, four ranks' shards) resumed on one process for steps 6-7 (a single-file checkpoint)
     refs = {key: _run(train(_cfg(data, tmp / f"ref_{'_'.join(map(str, key))}", *key)).run_dir)
             for key in (("gpt2", 1, "adamw"), ("gpt2", 2, "adamw"), ("llama", 2, "adamw"), ("gpt2", 4, "adamw"),
-                        ("gpt2", 6, "adamw"), ("llama", 2, "muon"))}
+                        ("gpt2", 6, "adamw"), ("llama", 2, "muon"), ("family", 2, "adamw"))}
     refs[("gpt2", 2, "ramp")] = _run(train(_ramp(_cfg(data, tmp / "ref_gpt2_2_ramp"))).run_dir)
     chain = tmp / "chain"
     shutil.copytree(tmp / "g_tp2pp2", chain)
@@ -192,6 +212,14 @@ def test_layout_matches_one_process(mp, name):
               muon=True)
     else:
         _same(mp["runs"][name], mp["refs"][(arch, n_layer, optim)])
+
+
+def test_the_family_jobs_train_every_field_tensor_and_pipeline_parallelism_take():
+    """What check_layout lets through under TP/PP (parallel/mesh.py) is what the family jobs above train:
+    a field added there without a job here, or left out of FAMILY, fails."""
+    from gptforge.parallel.mesh import MODEL_PARALLEL_FEATURES
+
+    assert set(LlamaConfig(n_layer=2, n_head=4, n_embd=32, **FAMILY).features()) == MODEL_PARALLEL_FEATURES
 
 
 def test_resume_under_the_same_mesh_is_exact(mp):
@@ -292,9 +320,9 @@ def test_layout_checks_name_heads_micro_batches_and_nodes(tmp_path):
 
 @pytest.mark.gpu
 def test_gpu_lane_layouts_match_one_gpu(tmp_path):
-    """TP2, PP2 (1F1B) and, with 4 GPUs, TP2 x PP2 and FSDP2 x TP2, for both families, on CUDA with
-    NCCL, against one GPU in float32. cuBLAS may pick other kernels for the sharded shapes and NCCL
-    sums in its own order, so losses and norms are held to relative 1e-4, weights to 1e-3."""
+    """TP2, PP2 (1F1B) and, with 4 GPUs, TP2 x PP2 and FSDP2 x TP2, for both families and FAMILY's
+    fields, on CUDA with NCCL, against one GPU in float32. cuBLAS may pick other kernels for the sharded
+    shapes and NCCL sums in its own order, so losses and norms are held to relative 1e-4, weights to 1e-3."""
 
     n = torch.cuda.device_count()
     if n < 2:
@@ -311,7 +339,7 @@ def test_gpu_lane_layouts_match_one_gpu(tmp_path):
         return cfg
 
     jobs, names = [], []
-    for arch in ("gpt2", "llama"):
+    for arch in ("gpt2", "llama", "family"):
         for lname, d in layouts.items():
             if world == 4 and d.get("tp", 1) * d.get("pp", 1) * (2 if d.get("shard") else 1) != 4:
                 continue  # at world 4 only the 4-rank layouts
@@ -323,7 +351,7 @@ def test_gpu_lane_layouts_match_one_gpu(tmp_path):
     proc = _torchrun(["--nproc_per_node", str(world), str(HERE / "dist_worker.py"), str(spec)],
                      env_extra={"GPTFORGE_TEST_BACKEND": "nccl"}, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    for arch in ("gpt2", "llama"):
+    for arch in ("gpt2", "llama", "family"):
         ref = _run(train(gpu(_cfg(data, tmp_path / f"ref_{arch}", arch))).run_dir)
         for name, a in names:
             if a != arch:

@@ -255,10 +255,11 @@ class GPT(nn.Module):
         position embeddings, then dropout (the pipeline's first stage calls this too)."""
         return self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
 
-    def block_args(self, pos: torch.Tensor) -> tuple:
-        """What every block takes after its input, for positions ``pos``: nothing for GPT-2 (positions are
-        in the embedding); Llama's blocks take the rotary cos/sin."""
-        return ()
+    def layer_args(self, pos: torch.Tensor) -> list[tuple[tuple, None]]:
+        """Per layer: (what its block takes after its input, its attention mask) in a causal forward over
+        positions ``pos`` without a cache (the pipeline's stages call this): nothing, as positions are in
+        the embedding, and no mask; Llama's blocks take the rotary cos/sin, sliding layers a window."""
+        return [((), None)] * self.config.n_layer
 
     def hidden_states(self, idx: torch.Tensor, kv_cache: KVCache | None = None, pos: torch.Tensor | None = None,
                       attn_mask: torch.Tensor | None = None) -> torch.Tensor:

@@ -457,6 +457,15 @@ class Llama(nn.Module):
         (B, T). The pipeline's stages call this for their own blocks."""
         return rope.rope_cos_sin(pos, self.config.head_dim, self.config.rope_theta, **rope.scaling_of(self.config))
 
+    def layer_args(self, pos: torch.Tensor) -> list[tuple[tuple, torch.Tensor | None]]:
+        """Per layer, by its index in the whole model: (what its block takes after its input, its attention
+        mask) in a causal forward over positions ``pos`` (T,) without a cache. The pipeline's stages call
+        this, so a stage's sliding layers get their window and local rope by their global index."""
+        cos, sin = self.block_args(pos)
+        if not self._per_layer:
+            return [((cos, sin), None)] * self.config.n_layer
+        return [((c, s), mask) for c, s, mask in self._layer_inputs(pos, cos, sin, None, pos.size(-1))]
+
     def hidden_states(self, idx: torch.Tensor, kv_cache: KVCache | None = None, pos: torch.Tensor | None = None,
                       attn_mask: torch.Tensor | None = None) -> torch.Tensor:
         """idx (B, T) -> the final hidden states (B, T, C), after the last RMSNorm and before the LM

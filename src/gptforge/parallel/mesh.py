@@ -52,6 +52,26 @@ def layout_of(dist_cfg, world: int) -> Layout:
     return Layout(dist_cfg.pp, dp, 1, dist_cfg.tp)  # every data-parallel rank a full replica
 
 
+# The family fields (``LlamaConfig.features()``: Qwen3, Mistral, Phi-3, Gemma 2/3) that tensor and pipeline
+# parallelism run, each trained under TP2 and PP2 against one process (tests/training/test_model_parallel.py's
+# "family" jobs). Under TP a rank holds whole heads, so what acts per head (head_size, the scores' scale, soft-cap,
+# window and local rope) runs on its heads; the norms act per position on sequence shards (Gemma's post-norms are
+# in tensor.py's plan); embed_scale multiplies the embedding's shard. Under PP a stage takes its layers' window
+# and rope by their index in the whole model (the family's layer_args). A field not named here is not checked.
+MODEL_PARALLEL_FEATURES = frozenset({
+    "model.head_size", "model.sliding_window", "model.layer_types", "model.attn_softcap", "model.query_pre_attn_scalar",
+    "model.embed_scale", "model.norm_plus_one", "model.post_norms", "model.rope_local_theta", "model.mlp=geglu",
+})
+UNCHECKED_WHY = ("do not run under tensor or pipeline parallelism yet (no sharding plan or stage is checked against "
+                 "one process for them)")
+
+
+def unchecked_features(model_cfg) -> list[str]:
+    """The family fields set on ``model_cfg`` that tensor and pipeline parallelism refuse (by these names)."""
+    features = model_cfg.features() if hasattr(model_cfg, "features") else []
+    return [f for f in features if f not in MODEL_PARALLEL_FEATURES]
+
+
 def _fail(key: str, msg: str) -> None:
     raise ConfigError(f"{key}: {msg}")
 
@@ -79,10 +99,10 @@ def check_layout(cfg: Config, world: int, local_world: int | None = None) -> int
     if local_world is not None and d.tp > local_world:
         _fail("dist.tp", f"{d.tp} is more than the {local_world} processes per node: tensor parallelism "
               "all-reduces every layer and must stay inside a node; lower dist.tp or raise --nproc-per-node")
-    features = m.features() if hasattr(m, "features") else []  # Qwen3/Mistral/Gemma's fields (models/llama.py)
-    if features and (d.tp > 1 or d.pp > 1):
-        _fail("dist.tp" if d.tp > 1 else "dist.pp", f"{', '.join(features)} do not run under tensor or pipeline "
-              "parallelism yet (their sharding plans and stages are not written); use data parallelism or FSDP")
+    unchecked = unchecked_features(m)
+    if unchecked and (d.tp > 1 or d.pp > 1):
+        _fail("dist.tp" if d.tp > 1 else "dist.pp", f"{', '.join(unchecked)} {UNCHECKED_WHY}; use data parallelism "
+              "or FSDP")
     if d.tp > 1:
         _check_tp(cfg, d.tp)
         if cfg.train.compile:

@@ -6,8 +6,9 @@
 The model is built whole on every rank (same seed, same weights), then each rank keeps only its
 stages' layers, in place, under their original names (``transformer.h.2`` stays ``h.2``), so
 checkpoints, the optimizer and DCP see the same keys under any mesh. The first stage keeps the
-embeddings, the last the final norm and the head. A tied head (GPT-2, a tied Llama) is held by both
-end stages, as Megatron-LM does: the first stage's embedding and the last stage's head are one
+embeddings, the last the final norm and the head. A stage's layers take their arguments by their index
+in the whole model (the family's ``layer_args``: a sliding layer its window and local rope base). A
+tied head (GPT-2, a tied Llama) is held by both end stages, as Megatron-LM does: the first stage's embedding and the last stage's head are one
 parameter per stage, and their gradients are summed over a two-rank group before the optimizer
 step, so both copies take the same update. Schedules: ``gpipe`` (all forwards, then all
 backwards), ``1f1b`` (one forward one backward, at most pp micro-batches in flight) and
@@ -50,7 +51,7 @@ class Stage(nn.Module):
         self.lm_head = model.lm_head if last else None
         # the family's own embedding and per-block arguments (bound methods: its modules, not copies);
         # its dropout registered here too, so the stage's train()/eval() reach it
-        self._embed, self._block_args = model.embed, model.block_args
+        self._embed, self._layer_args = model.embed, model.layer_args
         self.drop = getattr(model, "drop", None) or getattr(parts, "drop", None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -59,12 +60,13 @@ class Stage(nn.Module):
         pos = torch.arange(T, dtype=torch.long, device=x.device)
         if self.first:
             x = self._embed(x, pos)
-        extra = self._block_args(pos)
+        per_layer = self._layer_args(pos)  # indexed by the layer's place in the whole model (sliding patterns)
         for i, block in enumerate(self.layers, start=self.lo):
+            extra, mask = per_layer[i]
             if cfg.recompute == "block" and self.training and torch.is_grad_enabled():
-                x = torch.utils.checkpoint.checkpoint(block, x, *extra, None, i, None, use_reentrant=False)
+                x = torch.utils.checkpoint.checkpoint(block, x, *extra, None, i, mask, use_reentrant=False)
             else:
-                x = block(x, *extra, None, i, None)
+                x = block(x, *extra, None, i, mask)
         if not self.last:
             return x
         logits, _ = logits_and_loss(self.norm(x), self.lm_head, None, cfg, self.training)

@@ -6,7 +6,9 @@ Per block: the norms run on sequence shards (``SequenceParallel``: the residual 
 ``Shard(1)``, each rank holds T/tp positions); the attention and MLP inputs are all-gathered to the
 whole sequence (``PrepareModuleInput``); q/k/v and the MLP's first matrices are column-parallel
 (each rank whole heads / a slice of the hidden width) and the output projections row-parallel,
-reduce-scattered back onto sequence shards. The embedding is row-parallel over the vocabulary and
+reduce-scattered back onto sequence shards. Gemma's post-norms, on the attention's and MLP's outputs, are
+sequence-parallel too; what the newer families add per head (QK-norm, soft-caps, windows, the scores'
+scale) acts on each rank's own heads. The embedding is row-parallel over the vocabulary and
 the output head column-parallel, its logits left vocabulary-sharded for ``loss_parallel`` (the full
 (B, T, V) logits are never gathered). Rotary angles are computed for the whole sequence, which is
 what attention sees, so Llama's positions stay exact; GPT-2's learned position table is split by
@@ -135,6 +137,15 @@ def _llama(model: nn.Module, mesh) -> None:
             f"{b}.mlp.up_proj": ColwiseParallel(),
             f"{b}.mlp.down_proj": RowwiseParallel(output_layouts=Shard(1)),
         })
+        if model.config.post_norms:
+            # Gemma's block (HF's names): post_attention_layernorm normalises the attention's output and
+            # post_feedforward_layernorm the MLP's, each per position on the row-parallel output's sequence
+            # shard, added to the residual as a local tensor like it; pre_feedforward_layernorm is the MLP's input
+            plan.update({
+                f"{b}.post_attention_layernorm": SequenceParallel(use_local_output=True),
+                f"{b}.pre_feedforward_layernorm": SequenceParallel(),
+                f"{b}.post_feedforward_layernorm": SequenceParallel(use_local_output=True),
+            })
     parallelize_module(model, mesh, _present(model, plan))
     if tied:
         _tie(model, model.model.embed_tokens)

@@ -26,7 +26,8 @@ The communication model (every collective is a ring; the bytes a rank *sends*):
   activations each; the backward does the reverse (2 RS + 2 AG of the gradients). Without sequence
   parallelism these are Megatron's 4 all-reduces per block (an all-reduce = RS + AG: the same
   bytes). ``recompute block`` runs the forward again: +2 AG + 2 RS under Megatron-LM, +2 AG + 1 RS
-  under gptforge (torch's checkpoint stops once every saved tensor is back, before the MLP's output). The first stage
+  under gptforge (torch's checkpoint stops once every saved tensor is back, before the MLP's output;
+  +2 RS with Gemma's post-norms, whose norm on the MLP's output saves it). The first stage
   reduce-scatters the vocabulary-parallel embedding and GPT-2's row-split position table (fwd RS,
   bwd AG), the last all-gathers the final norm's output for the vocabulary-parallel head (fwd AG,
   bwd RS), and ``loss_parallel`` all-reduces three fp32 statistics per position (max, sum of
@@ -179,9 +180,11 @@ def check(model_cfg, layout: Layout, global_batch: int) -> str | None:
         return "every degree must be >= 1"
     if c.n_head % L.tp or c.kv_heads % L.tp:
         return f"model.n_head={c.n_head} (key/value heads {c.kv_heads}) not divisible by TP {L.tp}"
-    features = model_cfg.features() if hasattr(model_cfg, "features") else []
-    if features and L.engine == "gptforge" and (L.tp > 1 or L.pp > 1):  # as parallel/mesh.check_layout refuses
-        return f"{', '.join(features)} do not run under gptforge's TP or PP yet"
+    from gptforge.parallel.mesh import UNCHECKED_WHY, unchecked_features  # what check_layout refuses
+
+    unchecked = unchecked_features(model_cfg)
+    if unchecked and L.engine == "gptforge" and (L.tp > 1 or L.pp > 1):
+        return f"{', '.join(unchecked)} {UNCHECKED_WHY}"
     if c.n_layer % (L.pp * L.interleave):
         return f"model.n_layer={c.n_layer} not divisible by PP {L.pp} x virtual stages {L.interleave}"
     if global_batch % (L.dp * L.micro_batch):
@@ -281,8 +284,10 @@ def comm_volume(model_cfg, layout: Layout, global_batch: int, seq_len: int, stag
     if L.tp > 1:
         fwd = passes - 1  # forward passes per micro-batch
         # torch's checkpoint stops recomputing once every saved tensor is back: a block's last
-        # reduce-scatter (the MLP's output) is not run again (Megatron-LM reruns the whole forward)
-        rs_fwd = 2 * fwd - (1 if (L.recompute == "block" and ours) else 0)
+        # reduce-scatter (the MLP's output) is not run again (Megatron-LM reruns the whole forward),
+        # unless a norm on the MLP's output (Gemma's post-norms) saved it as its input
+        stops_early = L.recompute == "block" and ours and not getattr(model_cfg, "post_norms", False)
+        rs_fwd = 2 * fwd - (1 if stops_early else 0)
         # per block: the two norm outputs gathered (forward), their gradients reduce-scattered (backward);
         # the two row-parallel outputs reduce-scattered (forward), their gradients gathered (backward)
         add("tp", "all_gather", "block inputs (norm outputs)", m * blocks * 2 * fwd * tokens * wide, L.tp)
