@@ -73,6 +73,11 @@ LOADS = {  # name -> (transformers class prefix, config extras)
                                        attn_logit_softcapping=0.5, final_logit_softcapping=1.0,
                                        rope_parameters={S: _rope(rope_theta=50.0),
                                                         F: _rope(rope_type="linear", factor=2.0)})),
+    # Granite 3's multipliers in kind (3.x 2B: 12, 0.22, 1/64, 8): each moves the logits far past ATOL
+    "granite-multipliers": ("Granite", dict(embedding_multiplier=12.0, residual_multiplier=0.22,
+                                            attention_multiplier=0.0625, logits_scaling=8.0, tie_word_embeddings=True,
+                                            rope_parameters=_rope())),
+    "granite-defaults-linear": ("Granite", dict(rope_parameters=_rope(rope_type="linear", factor=2.0))),
 }
 
 
@@ -141,9 +146,14 @@ REFUSED = [  # (model_type, config extras, what the message names)
     ("qwen2", {"head_dim": 32}, "head_dim"),
     ("llama", {"num_attention_heads": 6, "num_key_value_heads": 6}, "head_dim"),  # 64 / 6: no whole heads, no head_dim
     ("llama", {"hidden_act": "gelu"}, "hidden_act"),
-    # keys gptforge has not accounted for: Granite's multipliers, a quantized checkpoint, chunked attention
+    # keys gptforge has not accounted for: Granite's multipliers on a Llama, a quantized checkpoint, chunked attention
     ("llama", {"logits_scaling": 8.0}, "logits_scaling"),
     ("llama", {"embedding_multiplier": 12.0}, "embedding_multiplier"),
+    ("granite", {"attention_bias": True}, "attention_bias"),
+    ("granite", {"mlp_bias": True}, "mlp_bias"),
+    ("granite", {"sliding_window": 8}, "sliding_window"),
+    ("granite", {"logits_scaling": 0.0}, "logits_scaling"),
+    ("granite", {"attention_multiplier": None}, "attention_multiplier"),
     ("llama", {"quantization_config": {"quant_method": "fp8"}}, "quantization_config"),
     ("qwen2", {"attention_chunk_size": 8}, "attention_chunk_size"),
     ("mistral", {"final_logit_softcapping": 30.0}, "final_logit_softcapping"),
@@ -162,7 +172,7 @@ def test_what_gptforge_does_not_compute_is_refused_by_name_at_load(model_type, e
 # ----------------------------------------------------------------------------- every key accounted for
 
 TYPES = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "mistral": "Mistral", "phi3": "Phi3",
-         "gemma2": "Gemma2", "gemma3_text": "Gemma3Text"}
+         "gemma2": "Gemma2", "gemma3_text": "Gemma3Text", "granite": "Granite"}
 
 
 def _transformers_keys(model_type: str) -> set[str]:
@@ -258,6 +268,13 @@ REAL = {
         model_type="gemma3_text", pad_token_id=0, query_pre_attn_scalar=256, rms_norm_eps=1e-06,
         rope_local_base_freq=10000, rope_scaling=None, rope_theta=1000000, sliding_window=512,
         sliding_window_pattern=6, torch_dtype="bfloat16", transformers_version="4.50.0.dev0", use_cache=True),
+    "granite-3.1-2b-instruct": dict(
+        architectures=["GraniteForCausalLM"], attention_bias=False, attention_dropout=0.1,
+        attention_multiplier=0.015625, bos_token_id=0, embedding_multiplier=12.0, eos_token_id=0, hidden_act="silu",
+        initializer_range=0.02, logits_scaling=8.0, max_position_embeddings=131072, mlp_bias=False,
+        model_type="granite", pad_token_id=0, residual_multiplier=0.22, rms_norm_eps=1e-05, rope_scaling=None,
+        rope_theta=5000000.0, tie_word_embeddings=True, torch_dtype="bfloat16", transformers_version="4.47.0",
+        use_cache=True),
 }
 
 
