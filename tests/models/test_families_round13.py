@@ -158,6 +158,16 @@ REFUSED = [  # (model_type, config extras, what the message names)
     ("qwen2", {"attention_chunk_size": 8}, "attention_chunk_size"),
     ("mistral", {"final_logit_softcapping": 30.0}, "final_logit_softcapping"),
     ("llama", {"pruned_heads": {"0": [1]}}, "pruned_heads"),
+    # keys nested in the rope object, per rope type (ROPE_KEYS): Qwen2-VL's mrope_section, yarn's beta_fast under
+    # linear, llama3's low_freq_factor under default, a Gemma 3 layout on Llama, Gemma 3's sliding rope's extras
+    ("qwen2", {"rope_parameters": _rope(mrope_section=[2, 2, 4])}, "rope_parameters.mrope_section"),
+    ("llama", {"rope_scaling": {"rope_type": "linear", "factor": 2.0, "beta_fast": 32}}, "rope_scaling.beta_fast"),
+    ("mistral", {"rope_parameters": _rope(low_freq_factor=1.0)}, "rope_parameters.low_freq_factor"),
+    ("llama", {"rope_parameters": {S: _rope(), F: _rope()}}, "rope_parameters.sliding_attention"),
+    ("gemma3_text", {"head_dim": 16, "rope_parameters": {S: _rope(factor=2.0), F: _rope()}},
+     "rope_parameters.sliding_attention.factor"),
+    ("gemma3_text", {"head_dim": 16, "rope_parameters": {S: _rope(partial_rotary_factor=0.5), F: _rope()}},
+     "rope_parameters.sliding_attention.partial_rotary_factor"),
 ]
 
 
@@ -203,6 +213,19 @@ def test_the_hub_doors_full_config_dict_passes(model_type):
     """A hub name is read through AutoConfig(...).to_dict(): every attribute, the base config's included."""
     c = getattr(transformers, f"{TYPES[model_type]}Config")(**{**COMMON, "head_dim": 16}).to_dict()
     hf_families.check_keys(c, model_type)
+
+
+def test_the_rope_keys_per_type_are_transformers_validators_keys():
+    """ROPE_KEYS[type] is the required and optional keys of transformers' _validate_<type>_rope_parameters (a
+    transformers that adds one fails here), plus "type" and partial_rotary_factor, which it takes for every type."""
+    from gptforge.interop.hf_llama_config import ROPE_KEYS
+
+    src = (Path(transformers.__file__).parent / "modeling_rope_utils.py").read_text()
+    for kind, keys in ROPE_KEYS.items():
+        body = re.search(rf"def _validate_{kind}_rope_parameters\(.*?\n    def ", src, re.S).group(0)
+        sets = re.findall(r"(?:required|optional)_keys = \{(.*?)\}", body, re.S)
+        theirs = {k for s in sets for k in re.findall(r'"(\w+)"', s)}
+        assert theirs and set(keys) == theirs | {"type", "partial_rotary_factor"}, kind
 
 
 # config.json of real checkpoints: their keys as published (sizes made tiny; values that matter kept in kind)

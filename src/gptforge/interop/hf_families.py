@@ -347,6 +347,13 @@ def gemma3_local_theta(c: dict) -> float:
     kind = local.get("rope_type", "default")
     if kind != "default":
         raise _refuse("rope_parameters.sliding_attention.rope_type", kind, "scaled rope on the sliding layers")
+    # the keys hf_llama_config.ROPE_KEYS allows a default rope (a partial rotary only at 1: every dimension)
+    extra = [k for k in local if k not in ("rope_type", "type", "rope_theta")
+             and not (k == "partial_rotary_factor" and local[k] in (None, 1.0))]
+    if extra:
+        raise FamilyConfigError(f"Hugging Face config rope_parameters.sliding_attention.{extra[0]}="
+                                f"{local[extra[0]]!r}: a key gptforge does not read for rope type default and does "
+                                "not know to leave the model unchanged")
     if "rope_theta" in local:
         theta, key = local["rope_theta"], "rope_parameters.sliding_attention.rope_theta"
     else:

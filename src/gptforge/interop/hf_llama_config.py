@@ -21,6 +21,15 @@ OPTIONAL_NUMBERS = ("rms_norm_eps", "rope_theta")
 OPTIONAL_BOOLS = ("tie_word_embeddings", "use_sliding_window", "attention_bias", "mlp_bias")
 # config.json model_types read here: Llama, Qwen2 (q/k/v biases) and those of interop/hf_families.py
 MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral", "phi3", "gemma2", "gemma3_text", "granite")
+# The keys a rope_scaling / rope_parameters object of each rope type gptforge computes may hold: transformers'
+# validator's required and optional keys for the type (modeling_rope_utils._validate_<type>_rope_parameters), plus
+# the old spelling "type" and partial_rotary_factor, which it accepts for every type (tests/models/
+# test_families_round13.py derives them from that source). Another key (mrope_section, a yarn beta_fast under
+# linear ...) is refused by name, as an unaccounted top-level key is: transformers would only warn and drop it.
+_DEFAULT_ROPE = ("rope_type", "type", "rope_theta", "partial_rotary_factor")
+ROPE_KEYS = {"default": _DEFAULT_ROPE, "linear": _DEFAULT_ROPE + ("factor",),
+             "llama3": _DEFAULT_ROPE + ("factor", "original_max_position_embeddings", "low_freq_factor",
+                                        "high_freq_factor")}
 
 
 class HFConfigError(ValueError):
@@ -60,6 +69,7 @@ def rope_from_hf(c: dict, model_type: str = "llama") -> dict:
     if kind not in ("default", "linear", "llama3"):
         raise _refuse(f"{where}.rope_type", kind, "this rope scaling changes the rotary frequencies in a way only "
                       "default, linear and llama3 are implemented for")
+    check_rope_keys(scaling, where, kind)
     theta = scaling.get("rope_theta", c.get("rope_theta", 10_000.0))
     if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not 0 < theta < math.inf:
         key = f"{where}.rope_theta" if "rope_theta" in scaling else "rope_theta"
@@ -76,6 +86,16 @@ def rope_from_hf(c: dict, model_type: str = "llama") -> dict:
                                 "an integer")
         out["rope_original_context"] = orig
     return out
+
+
+def check_rope_keys(d: dict, where: str, kind: str) -> None:
+    """Refuse, by name, the first key of the rope object ``d`` (config.json's ``where``) that rope type ``kind``
+    does not read (``ROPE_KEYS``)."""
+    extra = [k for k in d if k not in ROPE_KEYS[kind]]
+    if extra:
+        raise HFConfigError(f"Hugging Face config {where}.{extra[0]}={d[extra[0]]!r}: a key gptforge does not read "
+                            f"for rope type {kind} and does not know to leave the model unchanged; it may change what "
+                            "the model computes, so gptforge will not load it")
 
 
 def _is_size(v) -> bool:
