@@ -41,6 +41,10 @@ GEMMA = ("{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_except
          "{% if (message['role'] == 'assistant') %}{% set role = 'model' %}{% else %}{% set role = message['role'] %}"
          "{% endif %}{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}{% endfor %}"
          "{% if add_generation_prompt %}{{'<start_of_turn>model\n'}}{% endif %}")
+TULU = ("{% for message in messages %}{% if message['role'] == 'system' %}{{ '<|system|>\n' + message['content'] + "
+        "'\n' }}{% elif message['role'] == 'user' %}{{ '<|user|>\n' + message['content'] + '\n' }}"
+        "{% elif message['role'] == 'assistant' %}{{ '<|assistant|>\n' + message['content'] + eos_token + '\n' }}"
+        "{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}")  # OLMo 2's
 GRANITE = ("{% for message in messages %}{{ '<|start_of_role|>' + message['role'] + '<|end_of_role|>' + "
            "message['content'] + '<|end_of_text|>\n' }}{% endfor %}"
            "{% if add_generation_prompt %}{{ '<|start_of_role|>assistant<|end_of_role|>' }}{% endif %}")
@@ -77,6 +81,7 @@ FAMILIES = {
     "granite": ("Granite", dict(embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.125,
                                 logits_scaling=8.0, rope_parameters=ROPE), "gpt2",
                 (None, "<|end_of_text|>", ["<|start_of_role|>", "<|end_of_role|>"]), GRANITE),
+    "olmo2": ("Olmo2", dict(rope_parameters=ROPE), "llama3", (None, "<|endoftext|>", ["<|pad|>"]), TULU),
 }
 
 

@@ -78,6 +78,9 @@ LOADS = {  # name -> (transformers class prefix, config extras)
                                             attention_multiplier=0.0625, logits_scaling=8.0, tie_word_embeddings=True,
                                             rope_parameters=_rope())),
     "granite-defaults-linear": ("Granite", dict(rope_parameters=_rope(rope_type="linear", factor=2.0))),
+    "olmo2-gqa": ("Olmo2", dict(rope_parameters=_rope())),
+    "olmo2-tied-head_dim-llama3": ("Olmo2", dict(head_dim=32, tie_word_embeddings=True, rope_parameters=_rope(
+        rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=32))),
 }
 
 
@@ -154,6 +157,8 @@ REFUSED = [  # (model_type, config extras, what the message names)
     ("granite", {"sliding_window": 8}, "sliding_window"),
     ("granite", {"logits_scaling": 0.0}, "logits_scaling"),
     ("granite", {"attention_multiplier": None}, "attention_multiplier"),
+    ("olmo2", {"attention_bias": True}, "attention_bias"),
+    ("olmo2", {"sliding_window": 8}, "sliding_window"),
     ("llama", {"quantization_config": {"quant_method": "fp8"}}, "quantization_config"),
     ("qwen2", {"attention_chunk_size": 8}, "attention_chunk_size"),
     ("mistral", {"final_logit_softcapping": 30.0}, "final_logit_softcapping"),
@@ -182,7 +187,7 @@ def test_what_gptforge_does_not_compute_is_refused_by_name_at_load(model_type, e
 # ----------------------------------------------------------------------------- every key accounted for
 
 TYPES = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "mistral": "Mistral", "phi3": "Phi3",
-         "gemma2": "Gemma2", "gemma3_text": "Gemma3Text", "granite": "Granite"}
+         "gemma2": "Gemma2", "gemma3_text": "Gemma3Text", "granite": "Granite", "olmo2": "Olmo2"}
 
 
 def _transformers_keys(model_type: str) -> set[str]:
@@ -298,6 +303,11 @@ REAL = {
         model_type="granite", pad_token_id=0, residual_multiplier=0.22, rms_norm_eps=1e-05, rope_scaling=None,
         rope_theta=5000000.0, tie_word_embeddings=True, torch_dtype="bfloat16", transformers_version="4.47.0",
         use_cache=True),
+    "OLMo-2-1124-7B": dict(
+        architectures=["Olmo2ForCausalLM"], attention_bias=False, attention_dropout=0.0, eos_token_id=100257,
+        hidden_act="silu", initializer_range=0.02, max_position_embeddings=4096, model_type="olmo2",
+        pad_token_id=100277, rms_norm_eps=1e-06, rope_scaling=None, rope_theta=500000, tie_word_embeddings=False,
+        torch_dtype="float32", transformers_version="4.47.0.dev0", use_cache=True),
 }
 
 

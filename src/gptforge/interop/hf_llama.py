@@ -235,7 +235,7 @@ MATH_FIELDS = ("n_layer", "n_head", "n_embd", "intermediate_size", "vocab_size",
                "rope_factor", "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_context", "qkv_bias",
                "norm_eps", "mlp", "qk_norm", "logit_softcap", "tie_embeddings", "head_size", "sliding_window",
                "layer_types", "attn_softcap", "query_pre_attn_scalar", "embed_scale", "norm_plus_one", "post_norms",
-               "rope_local_theta", "attn_scale", "residual_scale", "logits_scaling")
+               "rope_local_theta", "attn_scale", "residual_scale", "logits_scaling", "pre_norms", "qk_norm_full")
 
 
 def _family_config(cfg: LlamaConfig) -> dict:

@@ -20,7 +20,7 @@ OPTIONAL_COUNTS = ("max_window_layers", "sliding_window")  # Qwen2's: 0 is meani
 OPTIONAL_NUMBERS = ("rms_norm_eps", "rope_theta")
 OPTIONAL_BOOLS = ("tie_word_embeddings", "use_sliding_window", "attention_bias", "mlp_bias")
 # config.json model_types read here: Llama, Qwen2 (q/k/v biases) and those of interop/hf_families.py
-MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral", "phi3", "gemma2", "gemma3_text", "granite")
+MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral", "phi3", "gemma2", "gemma3_text", "granite", "olmo2")
 # The keys a rope_scaling / rope_parameters object of each rope type gptforge computes may hold: transformers'
 # validator's required and optional keys for the type (modeling_rope_utils._validate_<type>_rope_parameters), plus
 # the old spelling "type" and partial_rotary_factor, which it accepts for every type (tests/models/
@@ -150,7 +150,7 @@ def llama_config_from_hf(c: dict, **overrides) -> LlamaConfig:
     except hf_families.FamilyConfigError as e:
         raise HFConfigError(str(e)) from None
     scaling = rope_from_hf(c, model_type)  # model.rope_theta and the scaling
-    if model_type in ("llama", "granite") and (c.get("sliding_window") or c.get("use_sliding_window")):
+    if model_type in ("llama", "granite", "olmo2") and (c.get("sliding_window") or c.get("use_sliding_window")):
         raise _refuse("sliding_window", c.get("sliding_window"), f"sliding-window attention ({model_type}'s "
                       "transformers model has none; a Llama with a window is model_type mistral)")
     reads = hf_families.READS_BIAS  # where the family's transformers model ignores the switch, so does gptforge

@@ -18,8 +18,9 @@ Other families are this model with fields set, each off by default (``interop/hf
 ``head_size`` apart from n_embd/n_head and ``qk_norm`` (Qwen3); ``sliding_window`` on every layer
 (Mistral, Phi-3) or on those ``layer_types`` marks ``s`` (Qwen, Gemma); Gemma's ``norm_plus_one``
 RMSNorms, ``post_norms`` around attention and MLP, ``embed_scale``, ``mlp="geglu"``,
-``query_pre_attn_scalar``, ``attn_softcap`` and ``logit_softcap``; and Gemma 3's ``rope_local_theta``
-for its sliding layers. They are decided when the model is built: a plain Llama's forward does no
+``query_pre_attn_scalar``, ``attn_softcap`` and ``logit_softcap``; Gemma 3's ``rope_local_theta``
+for its sliding layers; Granite's ``embed_scale``, ``residual_scale``, ``attn_scale`` and ``logits_scaling``;
+OLMo 2's ``post_norms`` without ``pre_norms`` and ``qk_norm_full`` (one q/k norm across every head). They are decided when the model is built: a plain Llama's forward does no
 work for them.
 
 No optimizer, sampling or IO lives here. The interface is ``GPT``'s (see ``models.registry``), so
@@ -94,10 +95,11 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(cfg.n_embd, cfg.kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(cfg.n_head * cfg.head_dim, cfg.n_embd, bias=False)
         self.o_proj.RESIDUAL_SCALE = True  # type: ignore[attr-defined]  # see Llama._init_weights
-        if cfg.qk_norm:
-            self.q_norm = norm_class(cfg)(cfg.head_dim, cfg.norm_eps)
-            self.k_norm = norm_class(cfg)(cfg.head_dim, cfg.norm_eps)
-        self.qk_norm = cfg.qk_norm
+        if cfg.qk_norm:  # per head (Qwen3, Gemma 3), or over every head's channels at once (OLMo 2)
+            full = cfg.qk_norm_full
+            self.q_norm = norm_class(cfg)(cfg.head_dim * (cfg.n_head if full else 1), cfg.norm_eps)
+            self.k_norm = norm_class(cfg)(cfg.head_dim * (cfg.kv_heads if full else 1), cfg.norm_eps)
+        self.qk_norm, self.qk_norm_full = cfg.qk_norm and not cfg.qk_norm_full, cfg.qk_norm_full
         self.resid_dropout = nn.Dropout(cfg.dropout)
 
     def forward(
@@ -106,8 +108,11 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         B, T, C = x.size()
         # head counts from the outputs: under tensor parallelism a rank holds some of the heads
-        q = self.q_proj(x).view(B, T, -1, self.hd).transpose(1, 2)  # (B, nh, T, hd)
-        k = self.k_proj(x).view(B, T, -1, self.hd).transpose(1, 2)  # (B, nkv, T, hd)
+        q, k = self.q_proj(x), self.k_proj(x)  # (B, T, nh * hd), (B, T, nkv * hd)
+        if self.qk_norm_full:  # OLMo 2: one RMSNorm over all heads' channels
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = q.view(B, T, -1, self.hd).transpose(1, 2)  # (B, nh, T, hd)
+        k = k.view(B, T, -1, self.hd).transpose(1, 2)  # (B, nkv, T, hd)
         v = self.v_proj(x).view(B, T, -1, self.hd).transpose(1, 2)  # (B, nkv, T, hd)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
@@ -196,14 +201,17 @@ class Block(nn.Module):
 
 
 class PostNormBlock(Block):
-    """Gemma 2/3's block: a norm before and after both attention and MLP. HF's names, so
-    ``post_attention_layernorm`` here normalises the attention's output (in ``Block`` it is the MLP's
-    input norm) and ``pre_feedforward_layernorm`` the MLP's input."""
+    """Gemma 2/3's block: a norm before and after both attention and MLP; OLMo 2's (``pre_norms`` false) the
+    norms after them alone. HF's names, so ``post_attention_layernorm`` here normalises the attention's output
+    (in ``Block`` it is the MLP's input norm) and ``pre_feedforward_layernorm`` the MLP's input."""
 
     def __init__(self, cfg: LlamaConfig):
         super().__init__(cfg)
-        self.pre_feedforward_layernorm = norm_class(cfg)(cfg.n_embd, cfg.norm_eps)
-        self.post_feedforward_layernorm = norm_class(cfg)(cfg.n_embd, cfg.norm_eps)
+        Norm = norm_class(cfg)
+        self.pre_feedforward_layernorm = Norm(cfg.n_embd, cfg.norm_eps) if cfg.pre_norms else nn.Identity()
+        self.post_feedforward_layernorm = Norm(cfg.n_embd, cfg.norm_eps)
+        if not cfg.pre_norms:  # OLMo 2: no weights, nothing computed
+            self.input_layernorm = nn.Identity()
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: KVCache | None = None,
@@ -359,11 +367,11 @@ def layer_act_bytes(cfg: LlamaConfig, dtype: str, recompute: str) -> float:
     qk = 8 * (1 + g) * a if cfg.qk_norm else 0
     if dtype == "float32":
         mlp = h if recompute == "mlp" else (4 * h if swiglu else 2 * h)
-        post = 16 if cfg.post_norms else 0  # two more RMSNorms: input and normalised values each
+        post = 16 if cfg.post_norms and cfg.pre_norms else 0  # two more RMSNorms (OLMo 2: two in all, as Llama)
         return (4 * (6 + (3 + 2 * g) * a + mlp) + qk + post) * C
     norm2 = 8 + (4 if recompute == "mlp" or swiglu else 2)
     mlp = 2 * h if recompute == "mlp" else (8 * h if swiglu else 4 * h)
-    post = 16 if cfg.post_norms else 0  # each: bf16 input, its float32 copy, the bf16 normalised values
+    post = 16 if cfg.post_norms and cfg.pre_norms else 0  # each: bf16 input, its float32 copy, the bf16 normalised values
     return (14 + 2 * (2 + 2 * g) * a + norm2 + mlp + qk + post) * C
 
 
@@ -374,7 +382,9 @@ def counts(cfg: LlamaConfig, seq_len: int) -> Counts:
     bias = (cfg.n_head + 2 * cfg.kv_heads) * hd if cfg.qkv_bias else 0  # split by heads under TP, as the weights
     mlp_in = (2 if cfg.mlp != "relu2" else 1) * C * H
     matmul = attn + mlp_in + H * C
-    norms = (4 if cfg.post_norms else 2) * C + (2 * hd if cfg.qk_norm else 0)
+    n_norms = (4 if cfg.post_norms else 2) - (0 if cfg.pre_norms else 2)  # OLMo 2: the post norms alone
+    qk = ((cfg.n_head + cfg.kv_heads) * hd if cfg.qk_norm_full else 2 * hd) if cfg.qk_norm else 0
+    norms = n_norms * C + qk
     # a sliding layer's query meets at most sliding_window keys: the attention products, averaged over layers
     ctx = [min(seq_len, cfg.sliding_window) if kind == "s" else seq_len for kind in cfg.sliding_pattern]
     attn_flops = sum(attention_flops(cfg.n_head * hd, t) for t in ctx) / cfg.n_layer
@@ -386,7 +396,7 @@ def counts(cfg: LlamaConfig, seq_len: int) -> Counts:
         params=embed + cfg.n_layer * layer + head, layer_params=layer, embed_params=embed, head_params=head,
         lookup=0 if cfg.tie_embeddings else embed, positions=0, mlp_in_params=mlp_in,
         layer_replicated=norms, final_norm=C, tied=cfg.tie_embeddings, layer_norms=norms, qkv_bias=0,
-        layer_tensors=(4 if cfg.post_norms else 2) + 4 + (3 if cfg.mlp != "relu2" else 2) + (2 if cfg.qk_norm else 0)
+        layer_tensors=n_norms + 4 + (3 if cfg.mlp != "relu2" else 2) + (2 if cfg.qk_norm else 0)
         + (3 if bias else 0),
         embed_tensors=1, head_tensors=1 + (0 if cfg.tie_embeddings else 1),
         layer_flops=2.0 * matmul + attn_flops, head_flops=2.0 * C * V,

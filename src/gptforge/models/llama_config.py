@@ -1,8 +1,8 @@
 """``LlamaConfig``: the Llama family's settings, their checks and the values derived from them.
 
 One dataclass for every Llama-style family: the fields other families add (``FEATURES``) are each off
-by default, so a plain Llama's config says nothing about them; ``interop/hf_families.py`` and
-``interop/hf_granite.py`` set them from a Hugging Face config, ``models/llama.py`` builds the model.
+by default, so a plain Llama's config says nothing about them; ``interop/hf_families.py`` sets them
+from a Hugging Face config, ``models/llama.py`` builds the model.
 """
 
 from __future__ import annotations
@@ -32,9 +32,10 @@ SIZES: dict[str, dict] = {
 
 MLPS = ("swiglu", "relu2", "geglu")  # geglu: down(gelu_tanh(gate(x)) * up(x)), Gemma's
 # what export can write a model as (HF model_type and llama.cpp arch); "" = llama, or qwen2 with q/k/v biases
-FAMILIES = ("", "llama", "qwen2", "qwen3", "mistral", "phi3", "gemma2", "gemma3", "granite")
+FAMILIES = ("", "llama", "qwen2", "qwen3", "mistral", "phi3", "gemma2", "gemma3", "granite", "olmo2")
 FEATURES = ("head_size", "sliding_window", "layer_types", "attn_softcap", "query_pre_attn_scalar", "embed_scale",
-            "norm_plus_one", "post_norms", "rope_local_theta", "attn_scale", "residual_scale", "logits_scaling")
+            "norm_plus_one", "post_norms", "rope_local_theta", "attn_scale", "residual_scale", "logits_scaling",
+            "pre_norms", "qk_norm_full")
 
 
 @dataclass
@@ -72,6 +73,8 @@ class LlamaConfig(FamilyConfig):
     attn_scale: float = 0.0  # > 0: attention scores multiplied by this, not by 1/sqrt(head size) (Granite); 0 = off
     residual_scale: float = 1.0  # attention and MLP outputs multiplied by this before each residual add (Granite)
     logits_scaling: float = 1.0  # logits divided by this (Granite's logits_scaling); 1 = off
+    pre_norms: bool = True  # False: no RMSNorm before attention and MLP, post_norms alone (OLMo 2)
+    qk_norm_full: bool = False  # qk_norm over all heads' projected q (and k) at once, not per head (OLMo 2)
     family: str = ""  # how export writes it (HF model_type, llama.cpp arch): see FAMILIES; "" = llama or qwen2
     tie_embeddings: bool = False  # lm_head shares the input embedding's weights
     zero_init_proj: bool = False  # o_proj and down_proj start at zero: each block starts as the identity
@@ -125,6 +128,11 @@ class LlamaConfig(FamilyConfig):
             v = getattr(self, key)
             if not (v > 0 and math.isfinite(v)):
                 raise ValueError(f"model.{key}={v} must be a positive number (1 = off)")
+        if not self.pre_norms and not self.post_norms:
+            raise ValueError("model.pre_norms=false without model.post_norms: a block with no norm at all; set "
+                             "model.post_norms true (OLMo 2's norms after attention and MLP)")
+        if self.qk_norm_full and not self.qk_norm:
+            raise ValueError("model.qk_norm_full=true says how model.qk_norm normalises, and model.qk_norm is off")
         if self.attn_scale and self.query_pre_attn_scalar:
             raise ValueError(f"model.attn_scale={self.attn_scale} and model.query_pre_attn_scalar="
                              f"{self.query_pre_attn_scalar} both set the attention scores' scale; set one")
