@@ -234,6 +234,42 @@ def test_tensor_and_pipeline_parallelism_refuse_the_family_fields_by_name(tmp_pa
         "TP or PP yet"
     assert check(cfg.model, Layout(pp=2, micro_batch=1), 8) is not None
     assert check(cfg.model, Layout(dp=2), 8) is None
+    # Granite's multipliers and OLMo 2's norms: in the same list (models/llama_config.FEATURES), named the same way
+    plain = {**cfg.model.to_dict(), "sliding_window": 0, "post_norms": False}
+    for fields, named in ((dict(attn_scale=0.5, residual_scale=0.22, logits_scaling=8.0),
+                           r"model\.attn_scale, model\.residual_scale, model\.logits_scaling"),
+                          (dict(post_norms=True, pre_norms=False, qk_norm=True, qk_norm_full=True),
+                           r"model\.post_norms, model\.pre_norms, model\.qk_norm_full")):
+        cfg.model = LlamaConfig(**{**plain, **fields})
+        for dist, key in ((DistConfig(tp=2), r"dist\.tp"), (DistConfig(pp=2), r"dist\.pp")):
+            cfg.dist = dist
+            with pytest.raises(ConfigError, match=key + r".*" + named):
+                check_layout(cfg, 2, local_world=2)
+
+
+def test_fused_ce_divides_granites_logits_before_the_fused_head(monkeypatch):
+    """fused_ce computes the loss from x W^T inside its kernel; with logits_scaling it is given x / s, so its
+    loss is the plain head's (logits / s). The kernel stood in for by its definition (it needs triton): what is
+    checked is the head's wiring. Tolerance: the two paths round x/s and (xW^T)/s differently, 2 float32 ulps
+    of a loss ~6."""
+    import torch.nn.functional as F
+
+    import gptforge.kernels.fused_ce as fused
+
+    def reference(x, weight, targets, vocab_size):
+        logits = (x @ weight.T)[..., :vocab_size]
+        return F.cross_entropy(logits.float().reshape(-1, vocab_size), targets.reshape(-1), ignore_index=-1)
+
+    monkeypatch.setattr(fused, "fused_linear_cross_entropy", reference)
+    torch.manual_seed(0)
+    kw = dict(n_layer=2, n_head=4, n_kv_head=2, n_embd=32, block_size=32, vocab_size=VOCAB, logits_scaling=8.0)
+    plain = Llama(LlamaConfig(**kw)).train()
+    fast = Llama(LlamaConfig(**kw, fused_ce=True)).train()
+    fast.load_state_dict(plain.state_dict())
+    idx, targets = IDX[:, :16], IDX[:, 1:17]
+    want, got = plain(idx, targets)[1], fast(idx, targets)[1]
+    assert fast(idx, targets)[0] is None  # the fused path ran
+    assert abs(got.item() - want.item()) <= 2 * 6 * 1.2e-7
 
 
 # ----------------------------------------------------------------------------- counts for plan and MFU
