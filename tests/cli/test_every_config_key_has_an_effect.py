@@ -72,11 +72,13 @@ KEY_EFFECTS: dict[str, tuple[str, ...]] = {
     "model.tie_embeddings": (LLAMA + "test_hf_save_pretrained_then_gptforge_load",),
     "model.qk_norm": (LLAMA + "test_qk_norm_matches_qwen3",),
     "model.logit_softcap": (LLAMA + "test_logit_softcap_bounds_and_matches_formula",),
-    # the other families' fields (Qwen3, Mistral, Phi-3, Gemma 2/3): logits equal transformers' past the window,
-    # and each field put back to its default moves them (FEATURE_OFF there)
+    # the other families' fields (Qwen3, Mistral, Phi-3, Gemma 2/3, Granite, OLMo 2): logits equal transformers' past
+    # the window, and each field put back to its default moves them (FEATURE_OFF there; OLMo 2's full-width q/k norm
+    # has no per-head weights to put back: its load against transformers decides it)
     **{f"model.{k}": (FAMILIES + "test_hf_load_equals_transformers_longer_than_the_window",)
        for k in ("sliding_window", "layer_types", "attn_softcap", "query_pre_attn_scalar", "embed_scale",
-                 "post_norms", "norm_plus_one", "rope_local_theta")},
+                 "post_norms", "norm_plus_one", "rope_local_theta", "attn_scale", "residual_scale", "logits_scaling",
+                 "pre_norms", "qk_norm_full")},
     # a query/key width other than n_embd/n_head (24 and 32 against 16): the q/k/v/o shapes transformers' load
     "model.head_size": (FAMILIES + "test_hf_load_equals_transformers_longer_than_the_window",
                         FAMILIES + "test_counts_match_the_model_and_transformers"),

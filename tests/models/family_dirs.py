@@ -41,11 +41,19 @@ GEMMA = ("{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_except
          "{% if (message['role'] == 'assistant') %}{% set role = 'model' %}{% else %}{% set role = message['role'] %}"
          "{% endif %}{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}{% endfor %}"
          "{% if add_generation_prompt %}{{'<start_of_turn>model\n'}}{% endif %}")
+TULU = ("{% for message in messages %}{% if message['role'] == 'system' %}{{ '<|system|>\n' + message['content'] + "
+        "'\n' }}{% elif message['role'] == 'user' %}{{ '<|user|>\n' + message['content'] + '\n' }}"
+        "{% elif message['role'] == 'assistant' %}{{ '<|assistant|>\n' + message['content'] + eos_token + '\n' }}"
+        "{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}")  # OLMo 2's
+GRANITE = ("{% for message in messages %}{{ '<|start_of_role|>' + message['role'] + '<|end_of_role|>' + "
+           "message['content'] + '<|end_of_text|>\n' }}{% endfor %}"
+           "{% if add_generation_prompt %}{{ '<|start_of_role|>assistant<|end_of_role|>' }}{% endif %}")
 
 # Llama 3's and Qwen2's split regexes (their tokenizer.json's Split) and Llama 3's ignore_merges
 _LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
            r"|\s+(?!\S)|\s+")
-SPLITS = {"llama3": (_LLAMA3, True), "qwen2": (_LLAMA3.replace(r"\p{N}{1,3}", r"\p{N}"), False)}
+SPLITS = {"llama3": (_LLAMA3, True), "qwen2": (_LLAMA3.replace(r"\p{N}{1,3}", r"\p{N}"), False),
+          "gpt2": (r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+", False)}  # Granite's
 
 # name -> (transformers class prefix, config extras, tokenizer style, special tokens (bos, eos, others), template)
 FAMILIES = {
@@ -68,6 +76,12 @@ FAMILIES = {
                                   rope_parameters={S: {"rope_type": "default", "rope_theta": 10_000.0},
                                                    F: {"rope_type": "linear", "factor": 2.0, "rope_theta": 500.0}}),
                "gemma", ("<bos>", "<eos>", ["<pad>", "<unk>", "<start_of_turn>", "<end_of_turn>"]), GEMMA),
+    # Granite 3's multipliers in kind (its 2B's embedding 12, residual 0.22, logits / 8; the attention scale
+    # 1/8 here, not 1/sqrt(8), so the scale is read, not defaulted)
+    "granite": ("Granite", dict(embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.125,
+                                logits_scaling=8.0, rope_parameters=ROPE), "gpt2",
+                (None, "<|end_of_text|>", ["<|start_of_role|>", "<|end_of_role|>"]), GRANITE),
+    "olmo2": ("Olmo2", dict(rope_parameters=ROPE), "llama3", (None, "<|endoftext|>", ["<|pad|>"]), TULU),
 }
 
 

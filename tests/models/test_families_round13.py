@@ -73,6 +73,14 @@ LOADS = {  # name -> (transformers class prefix, config extras)
                                        attn_logit_softcapping=0.5, final_logit_softcapping=1.0,
                                        rope_parameters={S: _rope(rope_theta=50.0),
                                                         F: _rope(rope_type="linear", factor=2.0)})),
+    # Granite 3's multipliers in kind (3.x 2B: 12, 0.22, 1/64, 8): each moves the logits far past ATOL
+    "granite-multipliers": ("Granite", dict(embedding_multiplier=12.0, residual_multiplier=0.22,
+                                            attention_multiplier=0.0625, logits_scaling=8.0, tie_word_embeddings=True,
+                                            rope_parameters=_rope())),
+    "granite-defaults-linear": ("Granite", dict(rope_parameters=_rope(rope_type="linear", factor=2.0))),
+    "olmo2-gqa": ("Olmo2", dict(rope_parameters=_rope())),
+    "olmo2-tied-head_dim-llama3": ("Olmo2", dict(head_dim=32, tie_word_embeddings=True, rope_parameters=_rope(
+        rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=32))),
 }
 
 
@@ -141,13 +149,30 @@ REFUSED = [  # (model_type, config extras, what the message names)
     ("qwen2", {"head_dim": 32}, "head_dim"),
     ("llama", {"num_attention_heads": 6, "num_key_value_heads": 6}, "head_dim"),  # 64 / 6: no whole heads, no head_dim
     ("llama", {"hidden_act": "gelu"}, "hidden_act"),
-    # keys gptforge has not accounted for: Granite's multipliers, a quantized checkpoint, chunked attention
+    # keys gptforge has not accounted for: Granite's multipliers on a Llama, a quantized checkpoint, chunked attention
     ("llama", {"logits_scaling": 8.0}, "logits_scaling"),
     ("llama", {"embedding_multiplier": 12.0}, "embedding_multiplier"),
+    ("granite", {"attention_bias": True}, "attention_bias"),
+    ("granite", {"mlp_bias": True}, "mlp_bias"),
+    ("granite", {"sliding_window": 8}, "sliding_window"),
+    ("granite", {"logits_scaling": 0.0}, "logits_scaling"),
+    ("granite", {"attention_multiplier": None}, "attention_multiplier"),
+    ("olmo2", {"attention_bias": True}, "attention_bias"),
+    ("olmo2", {"sliding_window": 8}, "sliding_window"),
     ("llama", {"quantization_config": {"quant_method": "fp8"}}, "quantization_config"),
     ("qwen2", {"attention_chunk_size": 8}, "attention_chunk_size"),
     ("mistral", {"final_logit_softcapping": 30.0}, "final_logit_softcapping"),
     ("llama", {"pruned_heads": {"0": [1]}}, "pruned_heads"),
+    # keys nested in the rope object, per rope type (ROPE_KEYS): Qwen2-VL's mrope_section, yarn's beta_fast under
+    # linear, llama3's low_freq_factor under default, a Gemma 3 layout on Llama, Gemma 3's sliding rope's extras
+    ("qwen2", {"rope_parameters": _rope(mrope_section=[2, 2, 4])}, "rope_parameters.mrope_section"),
+    ("llama", {"rope_scaling": {"rope_type": "linear", "factor": 2.0, "beta_fast": 32}}, "rope_scaling.beta_fast"),
+    ("mistral", {"rope_parameters": _rope(low_freq_factor=1.0)}, "rope_parameters.low_freq_factor"),
+    ("llama", {"rope_parameters": {S: _rope(), F: _rope()}}, "rope_parameters.sliding_attention"),
+    ("gemma3_text", {"head_dim": 16, "rope_parameters": {S: _rope(factor=2.0), F: _rope()}},
+     "rope_parameters.sliding_attention.factor"),
+    ("gemma3_text", {"head_dim": 16, "rope_parameters": {S: _rope(partial_rotary_factor=0.5), F: _rope()}},
+     "rope_parameters.sliding_attention.partial_rotary_factor"),
 ]
 
 
@@ -162,7 +187,7 @@ def test_what_gptforge_does_not_compute_is_refused_by_name_at_load(model_type, e
 # ----------------------------------------------------------------------------- every key accounted for
 
 TYPES = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "mistral": "Mistral", "phi3": "Phi3",
-         "gemma2": "Gemma2", "gemma3_text": "Gemma3Text"}
+         "gemma2": "Gemma2", "gemma3_text": "Gemma3Text", "granite": "Granite", "olmo2": "Olmo2"}
 
 
 def _transformers_keys(model_type: str) -> set[str]:
@@ -193,6 +218,19 @@ def test_the_hub_doors_full_config_dict_passes(model_type):
     """A hub name is read through AutoConfig(...).to_dict(): every attribute, the base config's included."""
     c = getattr(transformers, f"{TYPES[model_type]}Config")(**{**COMMON, "head_dim": 16}).to_dict()
     hf_families.check_keys(c, model_type)
+
+
+def test_the_rope_keys_per_type_are_transformers_validators_keys():
+    """ROPE_KEYS[type] is the required and optional keys of transformers' _validate_<type>_rope_parameters (a
+    transformers that adds one fails here), plus "type" and partial_rotary_factor, which it takes for every type."""
+    from gptforge.interop.hf_llama_config import ROPE_KEYS
+
+    src = (Path(transformers.__file__).parent / "modeling_rope_utils.py").read_text()
+    for kind, keys in ROPE_KEYS.items():
+        body = re.search(rf"def _validate_{kind}_rope_parameters\(.*?\n    def ", src, re.S).group(0)
+        sets = re.findall(r"(?:required|optional)_keys = \{(.*?)\}", body, re.S)
+        theirs = {k for s in sets for k in re.findall(r'"(\w+)"', s)}
+        assert theirs and set(keys) == theirs | {"type", "partial_rotary_factor"}, kind
 
 
 # config.json of real checkpoints: their keys as published (sizes made tiny; values that matter kept in kind)
@@ -258,6 +296,18 @@ REAL = {
         model_type="gemma3_text", pad_token_id=0, query_pre_attn_scalar=256, rms_norm_eps=1e-06,
         rope_local_base_freq=10000, rope_scaling=None, rope_theta=1000000, sliding_window=512,
         sliding_window_pattern=6, torch_dtype="bfloat16", transformers_version="4.50.0.dev0", use_cache=True),
+    "granite-3.1-2b-instruct": dict(
+        architectures=["GraniteForCausalLM"], attention_bias=False, attention_dropout=0.1,
+        attention_multiplier=0.015625, bos_token_id=0, embedding_multiplier=12.0, eos_token_id=0, hidden_act="silu",
+        initializer_range=0.02, logits_scaling=8.0, max_position_embeddings=131072, mlp_bias=False,
+        model_type="granite", pad_token_id=0, residual_multiplier=0.22, rms_norm_eps=1e-05, rope_scaling=None,
+        rope_theta=5000000.0, tie_word_embeddings=True, torch_dtype="bfloat16", transformers_version="4.47.0",
+        use_cache=True),
+    "OLMo-2-1124-7B": dict(
+        architectures=["Olmo2ForCausalLM"], attention_bias=False, attention_dropout=0.0, eos_token_id=100257,
+        hidden_act="silu", initializer_range=0.02, max_position_embeddings=4096, model_type="olmo2",
+        pad_token_id=100277, rms_norm_eps=1e-06, rope_scaling=None, rope_theta=500000, tie_word_embeddings=False,
+        torch_dtype="float32", transformers_version="4.47.0.dev0", use_cache=True),
 }
 
 

@@ -1,6 +1,7 @@
 """Every recipe on every family, through the CLI's doors, against transformers (issue 57, part 4).
 
-Each family (Llama 3 and Qwen2 as controls, Qwen3, Mistral, Phi-3, Gemma 2, Gemma 3) is a tiny random
+Each family (Llama 3 and Qwen2 as controls, Qwen3, Mistral, Phi-3, Gemma 2, Gemma 3, Granite, OLMo 2) is a tiny
+random
 Hugging Face directory with its own tokenizer and chat template (``tests/models/family_dirs.py``),
 brought in by ``gptforge import hf``. On it: ``sft`` and ``sft --lora.rank`` (a finite loss, the
 weights moved, the training ids the family's ``apply_chat_template`` ids), ``dpo``, ``rm``, ``rl``
@@ -201,7 +202,9 @@ def check_lora(fam, recipe: str = "lora"):
                                                                if "lora_B" in k)
     ids = _long_ids(fam)
     got = _logits(load_model(ModelSource(ckpt=str(run))).eval(), ids)  # the base with the adapters
-    assert (got - _logits(load_model(ModelSource(ckpt=str(fam.imported))).eval(), ids)).abs().max() > 0.1
+    # the adapters move the logits clearly past ATOL, so the peft comparison below tells applied ones from dropped
+    # ones (Granite's logits / 8 and residual branches x 0.22 leave one step's adapters ~2e-3, the others' > 0.1)
+    assert (got - _logits(load_model(ModelSource(ckpt=str(fam.imported))).eval(), ids)).abs().max() > 2 * ATOL
     assert main(["export", "hf", "--ckpt", str(run), "--out", str(fam.root / f"{recipe}_hf")]) == 0
     back = transformers.AutoModelForCausalLM.from_pretrained(fam.root / f"{recipe}_hf").eval()
     assert type(back).__name__ == type(fam.hf).__name__ and not any("lora" in k for k in back.state_dict())
@@ -228,11 +231,17 @@ def check_dpo(fam):
     _assert_trained(_run(fam, "sft"), _run(fam, "dpo"))
 
 
-def check_rm(fam):
-    """The reward model trains, and its export is the family's *ForSequenceClassification with its scores."""
+def check_rm(fam, capsys):
+    """The reward model trains, and its export is the family's *ForSequenceClassification with its scores
+    (Granite has none in transformers: refused by name, one line, exit 2)."""
     run = _run(fam, "rm")
     _assert_trained(_run(fam, "sft"), run)
     out = fam.root / "rm_hf"
+    if fam.name == "granite":
+        _one_line_exit_2(["export", "hf", "--ckpt", str(run), "--out", str(out)], capsys,
+                         "GraniteForSequenceClassification")
+        assert not out.exists()
+        return
     assert main(["export", "hf", "--ckpt", str(run), "--out", str(out)]) == 0
     hf = transformers.AutoModelForSequenceClassification.from_pretrained(out).eval()
     from gptforge.training.rm import load_reward_model
@@ -328,9 +337,9 @@ def check_export_hf(fam):
         _ids(fam, conv, True)
 
 
-def check_export_gguf(fam):
+def check_export_gguf(fam, capsys):
     """export gguf of the SFT run: gptforge's reader gives the same logits, and the file's tokenizer
-    splits text as the family's HF tokenizer does."""
+    splits text as the family's HF tokenizer does (Granite: not written yet, refused by name)."""
     pytest.importorskip("gguf")
     from gptforge.interop import gguf_config, gguf_families
     from gptforge.interop.gguf_read import read_gguf
@@ -338,6 +347,10 @@ def check_export_gguf(fam):
     run = _run(fam, "sft")
     out = fam.root / "sft_gguf"
     argv = ["export", "gguf", "--ckpt", str(run), "--out", str(out)]
+    if fam.name in ("granite", "olmo2"):  # llama.cpp's granite and olmo2 layouts are not written yet
+        _one_line_exit_2(argv, capsys, f"model.family={fam.name}", "export hf")
+        assert not out.exists()
+        return
     if gguf_families.FAMILY_ARCH.get(fam.name) in gguf_families.IGNORES_WINDOW:
         # llama.cpp's llama and phi3 attend over the whole context: a window of 8 has no GGUF form there, refused
         # in one line; the rest checks the file it would otherwise be (its tokenizer, its layout), guard lifted
@@ -386,7 +399,8 @@ def check_export_gguf(fam):
 def test_every_recipe_on_every_family(families, recipe, name, monkeypatch, capsys):
     fam = families(name)
     check = globals()[f"check_{recipe}"]
-    kw = {"monkeypatch": monkeypatch, "capsys": capsys} if recipe == "chat" else {}
+    kw = {"monkeypatch": monkeypatch, "capsys": capsys} if recipe == "chat" else \
+        {"capsys": capsys} if recipe in ("rm", "export_gguf") else {}
     check(fam, **kw)
 
 

@@ -150,7 +150,7 @@ def _agree(folder, tmp_path, export: bool = True):
 def test_the_defaults_are_transformers_class_defaults():
     """HF_DEFAULTS against each transformers config class built with no arguments."""
     classes = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "mistral": "Mistral", "phi3": "Phi3",
-               "gemma2": "Gemma2", "gemma3_text": "Gemma3Text"}
+               "gemma2": "Gemma2", "gemma3_text": "Gemma3Text", "granite": "Granite", "olmo2": "Olmo2"}
     assert set(classes) == set(hf_families.HF_DEFAULTS)
     for model_type, kind in classes.items():
         c = getattr(transformers, f"{kind}Config")()

@@ -65,16 +65,21 @@ def check_gguf_model(model: torch.nn.Module, chat_template: dict | None, tokeniz
                              "norm, so this model cannot be exported to GGUF")
     elif arch == "llama" and cfg.family in FAMILY_ARCH:  # Qwen3, Gemma 2/3, Phi-3, Mistral: gguf_families.py
         check_export(cfg)
+    elif arch == "llama" and cfg.family not in ("", "llama", "qwen2"):
+        raise ValueError(f"model.family={cfg.family}: gptforge does not write llama.cpp's {cfg.family} architecture "
+                         "yet, so this model cannot be exported to GGUF; export hf instead")
     elif arch == "llama":
+        # q/k/v biases are written as llama.cpp's qwen2 (gguf_families.NEOX), the rest as its llama: name the one
+        cpp = "qwen2" if cfg.qkv_bias else "llama"
         # a head size apart from n_embd/n_head is attention.key_length, which llama.cpp reads for every architecture
         if [f for f in cfg.features() if f != "model.head_size" or cfg.qkv_bias]:
-            raise ValueError(f"{', '.join(cfg.features())}: llama.cpp's llama architecture has no such option; set "
+            raise ValueError(f"{', '.join(cfg.features())}: llama.cpp's {cpp} architecture has no such option; set "
                              "model.family to the family that has it (qwen3, mistral, phi3, gemma2, gemma3) to export")
         unsupported = {"qk_norm": cfg.qk_norm, "mlp": cfg.mlp if cfg.mlp != "swiglu" else None,
                        "logit_softcap": cfg.logit_softcap or None}
         for key, value in unsupported.items():
             if value:
-                raise ValueError(f"model.{key}={value!r}: llama.cpp's llama architecture has no such option, so this "
+                raise ValueError(f"model.{key}={value!r}: llama.cpp's {cpp} architecture has no such option, so this "
                                  "model cannot be exported to GGUF (train with the default to export)")
         if cfg.qkv_bias and cfg.rope_type == "llama3":
             raise ValueError("model.rope_type='llama3' with model.qkv_bias=true: a model with q/k/v biases is written "

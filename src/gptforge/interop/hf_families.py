@@ -1,5 +1,5 @@
 """The Hugging Face families that are gptforge's one Llama with some fields set: Qwen3, Mistral, Phi-3,
-Gemma 2 and Gemma 3 (text), in and out.
+Gemma 2, Gemma 3 (text), Granite and OLMo 2, in and out.
 
     >>> model = load_hf_llama("./my-qwen3-dir")       # hf_llama reads them all; this module maps the fields
     >>> export_hf_llama(model, "out")                  # written back as the family it came from (model.family)
@@ -17,6 +17,12 @@ What each family is, as ``LlamaConfig`` fields (``models/llama.py``):
 * ``gemma3_text``: Gemma 2 with ``qk_norm`` and the sliding layers' own rope base (``rope_local_theta``;
   rope scaling applies to the full layers only, as transformers does); its ``final_logit_softcapping`` is
   applied, its ``attn_logit_softcapping`` not (transformers' Gemma 3 carries it and never applies it).
+* ``olmo2``: ``post_norms`` without the norms before attention and MLP (``pre_norms`` false), and ``qk_norm``
+  over the whole projected q and k (``qk_norm_full``: one RMSNorm across every head's channels).
+* ``granite``: Llama with four multipliers: ``embedding_multiplier`` (``embed_scale``),
+  ``residual_multiplier`` on each attention and MLP output before its residual add (``residual_scale``),
+  ``attention_multiplier`` as the attention scores' scale in place of 1/sqrt(head_dim) (``attn_scale``), and
+  ``logits_scaling`` dividing the logits (``logits_scaling``). Like Llama's, its biases and windows are refused.
 
 A key a config leaves out means what transformers' class for its model_type says (``HF_DEFAULTS``: every
 default that does not follow from other keys, the context included), a null where that class refuses one is
@@ -37,9 +43,12 @@ import torch
 
 from gptforge.models.llama import LlamaConfig
 
-MODEL_TYPES = ("qwen3", "mistral", "phi3", "gemma2", "gemma3_text")
+MODEL_TYPES = ("qwen3", "mistral", "phi3", "gemma2", "gemma3_text", "granite", "olmo2")
 ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "mistral": "MistralForCausalLM", "phi3": "Phi3ForCausalLM",
-                 "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM"}
+                 "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM", "granite": "GraniteForCausalLM",
+                 "olmo2": "Olmo2ForCausalLM"}
+GRANITE_KEYS = {"embedding_multiplier": "embed_scale", "residual_multiplier": "residual_scale",
+                "attention_multiplier": "attn_scale", "logits_scaling": "logits_scaling"}  # key -> LlamaConfig field
 HF_TYPE = {"gemma3": "gemma3_text"}  # model.family -> config.json model_type where they differ
 GELU_TANH = ("gelu_pytorch_tanh", "gelu_tanh")  # transformers' names of gelu(x, approximate="tanh")
 LAYER_KIND = {"sliding_attention": "s", "full_attention": "f"}
@@ -63,13 +72,18 @@ HF_DEFAULTS: dict[str, dict] = {
     "gemma3_text": dict(rms_norm_eps=1e-6, rope_theta=1_000_000.0, rope_local_base_freq=10_000.0,
                         tie_word_embeddings=True, sliding_window=4096, num_key_value_heads=4, head_dim=256,
                         query_pre_attn_scalar=256, hidden_activation=GELU_TANH[0], max_position_embeddings=131_072),
+    # Granite's attention_multiplier defaults to 1.0, not 1/sqrt(head_dim): a config without it is that model
+    "granite": dict(rms_norm_eps=1e-6, rope_theta=10_000.0, tie_word_embeddings=False, max_position_embeddings=2048,
+                    **dict.fromkeys(GRANITE_KEYS, 1.0)),
+    "olmo2": dict(rms_norm_eps=1e-5, rope_theta=10_000.0, tie_word_embeddings=False, max_position_embeddings=2048),
 }
 # the model_types whose transformers model fails on a null sliding_window (Qwen's only with use_sliding_window);
 # Mistral's and Phi-3's null is no window
 WINDOW_REQUIRED = ("qwen2", "qwen3", "gemma2", "gemma3_text")
 # the model_types whose transformers model reads each bias switch (Mistral's, Phi-3's and Qwen2's read neither,
 # Qwen3's and Gemma's no mlp_bias): a switch a model does not read changes nothing there, and loads here too
-READS_BIAS = {"attention_bias": ("llama", "qwen3", "gemma2", "gemma3_text"), "mlp_bias": ("llama",)}
+READS_BIAS = {"attention_bias": ("llama", "qwen3", "gemma2", "gemma3_text", "granite", "olmo2"),
+              "mlp_bias": ("llama", "granite")}
 # the model_types whose transformers attention reads config.json's layer_types (Mistral's as Ministral's);
 # Phi-3's and Llama's read none: every Phi-3 layer slides whatever the list says
 READS_LAYER_TYPES = ("qwen2", "qwen3", "mistral", "gemma2", "gemma3_text")
@@ -107,6 +121,7 @@ READ: dict[str, tuple[str, ...]] = {
     "gemma2": GEMMA_KEYS,
     "gemma3_text": tuple(k for k in GEMMA_KEYS if k != "attn_logit_softcapping")
     + ("rope_local_base_freq", "sliding_window_pattern", "_sliding_window_pattern"),
+    "granite": tuple(GRANITE_KEYS), "olmo2": (),
 }
 UNREAD: dict[str, dict[str, str]] = {  # key -> why the family's transformers model leaves the logits as they are
     "phi3": {"original_max_position_embeddings": "read by longrope scaling only, which is refused",
@@ -297,6 +312,11 @@ def family_fields(c: dict, model_type: str) -> dict:
                    query_pre_attn_scalar=float(scalar),
                    attn_softcap=attn_cap if "attn_logit_softcapping" in READ[model_type] else 0.0,
                    logit_softcap=_float(c, "final_logit_softcapping"))
+    if model_type == "olmo2":  # its norms after attention and MLP alone; q/k norms over all heads at once
+        out.update(post_norms=True, pre_norms=False, qk_norm=True, qk_norm_full=True)
+    if model_type == "granite":
+        for key, field in GRANITE_KEYS.items():  # with_defaults: each present (1.0 when left out), a null refused
+            out[field] = _float(c, key)
     if model_type == "gemma3_text":
         local = gemma3_local_theta(c)  # checked either way; used only where some layer slides
         if window:
@@ -334,6 +354,13 @@ def gemma3_local_theta(c: dict) -> float:
     kind = local.get("rope_type", "default")
     if kind != "default":
         raise _refuse("rope_parameters.sliding_attention.rope_type", kind, "scaled rope on the sliding layers")
+    # the keys hf_llama_config.ROPE_KEYS allows a default rope (a partial rotary only at 1: every dimension)
+    extra = [k for k in local if k not in ("rope_type", "type", "rope_theta")
+             and not (k == "partial_rotary_factor" and local[k] in (None, 1.0))]
+    if extra:
+        raise FamilyConfigError(f"Hugging Face config rope_parameters.sliding_attention.{extra[0]}="
+                                f"{local[extra[0]]!r}: a key gptforge does not read for rope type default and does "
+                                "not know to leave the model unchanged")
     if "rope_theta" in local:
         theta, key = local["rope_theta"], "rope_parameters.sliding_attention.rope_theta"
     else:
@@ -424,7 +451,19 @@ def family_config(cfg: LlamaConfig, base: dict) -> dict:
             local = {"rope_type": "default", "rope_theta": cfg.rope_local_theta or cfg.rope_theta}
             c.update(rope_parameters={"full_attention": full, "sliding_attention": local}, rope_scaling=None,
                      rope_local_base_freq=local["rope_theta"], use_bidirectional_attention=False)
+    elif fam == "olmo2":
+        c.update(attention_bias=False)
+    elif fam == "granite":  # its attention scale is always written: Granite's default is 1.0, not 1/sqrt(head_dim)
+        c.update(attention_bias=False, mlp_bias=False, embedding_multiplier=cfg.embed_scale,
+                 residual_multiplier=cfg.residual_scale, logits_scaling=cfg.logits_scaling,
+                 attention_multiplier=attention_scale(cfg))
     return c
+
+
+def attention_scale(cfg: LlamaConfig) -> float:
+    """What the attention scores are multiplied by: ``attn_scale``, else 1/sqrt(query_pre_attn_scalar or head size)
+    (``models/llama.py``'s Attention computes it so)."""
+    return cfg.attn_scale or 1.0 / math.sqrt(cfg.query_pre_attn_scalar or cfg.head_dim)
 
 
 def _int_if_whole(x: float) -> int | float:

@@ -30,6 +30,9 @@ def reward_model_hf_config(rm: Any, pad: int) -> dict:
 
         c = hf_llama_config(cfg)  # LlamaForCausalLM's, or Qwen2ForCausalLM's for a model with q/k/v biases
         arch = c["architectures"][0].replace("ForCausalLM", "ForSequenceClassification")
+        if c["model_type"] == "granite":
+            raise ValueError("model.family=granite: transformers has no GraniteForSequenceClassification, so a Granite "
+                             "reward model has no Hugging Face form (its weights export as any run's do)")
         if c["model_type"] == "gemma3_text":  # Gemma3ForSequenceClassification is the image-text model's
             arch = "Gemma3TextForSequenceClassification"
     else:

@@ -1,7 +1,8 @@
 """The output head and loss, shared by the model families: the vocabulary padded to a multiple of 128
 (``padded_vocab``: the embedding's and the head's rows), logits over the real vocabulary (padded
-rows never receive probability), an optional soft-cap, mean cross-entropy with targets of -1
-ignored, and the speed switches ``fused_ce`` and ``lm_head_fp8`` (:mod:`gptforge.kernels`).
+rows never receive probability), an optional divisor (Granite's ``logits_scaling``) and soft-cap,
+mean cross-entropy with targets of -1 ignored, and the speed switches ``fused_ce`` and
+``lm_head_fp8`` (:mod:`gptforge.kernels`).
 """
 
 from __future__ import annotations
@@ -33,10 +34,13 @@ def logits_and_loss(x: torch.Tensor, lm_head: nn.Linear, targets: torch.Tensor |
             raise ValueError(f"logits_to_keep {logits_to_keep}: must be >= 0 (0 = every position)")
         x = x[:, -logits_to_keep:]
     softcap = getattr(cfg, "logit_softcap", 0.0)
+    divisor = getattr(cfg, "logits_scaling", 1.0)  # Granite: logits / logits_scaling
     if targets is not None and cfg.fused_ce and training and torch.is_grad_enabled():
-        # llm.c's fused classifier: loss and d(logits) in one kernel pass (configs refuse it with a soft-cap)
+        # llm.c's fused classifier: loss and d(logits) in one kernel pass (configs refuse it with a soft-cap);
+        # (x / s) W^T is (x W^T) / s, so a logits divisor goes in before the head
         from gptforge.kernels.fused_ce import fused_linear_cross_entropy
 
+        x = x / divisor if divisor != 1.0 else x
         return None, fused_linear_cross_entropy(x, lm_head.weight, targets, cfg.vocab_size)
     if cfg.lm_head_fp8:
         from gptforge.kernels.fp8 import fp8_linear
@@ -46,6 +50,8 @@ def logits_and_loss(x: torch.Tensor, lm_head: nn.Linear, targets: torch.Tensor |
         logits = lm_head(x)
         if not _vocab_sharded(logits):
             logits = logits[..., : cfg.vocab_size]  # (B, T, vocab_size)
+    if divisor != 1.0:
+        logits = logits / divisor
     if softcap > 0:  # bounded logits (Gemma 2, modded-nanogpt): cap * tanh(z / cap)
         logits = softcap * torch.tanh(logits.float() / softcap)
     if _vocab_sharded(logits) and logits.size(-1) != cfg.vocab_size:

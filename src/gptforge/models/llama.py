@@ -18,8 +18,9 @@ Other families are this model with fields set, each off by default (``interop/hf
 ``head_size`` apart from n_embd/n_head and ``qk_norm`` (Qwen3); ``sliding_window`` on every layer
 (Mistral, Phi-3) or on those ``layer_types`` marks ``s`` (Qwen, Gemma); Gemma's ``norm_plus_one``
 RMSNorms, ``post_norms`` around attention and MLP, ``embed_scale``, ``mlp="geglu"``,
-``query_pre_attn_scalar``, ``attn_softcap`` and ``logit_softcap``; and Gemma 3's ``rope_local_theta``
-for its sliding layers. They are decided when the model is built: a plain Llama's forward does no
+``query_pre_attn_scalar``, ``attn_softcap`` and ``logit_softcap``; Gemma 3's ``rope_local_theta``
+for its sliding layers; Granite's ``embed_scale``, ``residual_scale``, ``attn_scale`` and ``logits_scaling``;
+OLMo 2's ``post_norms`` without ``pre_norms`` and ``qk_norm_full`` (one q/k norm across every head). They are decided when the model is built: a plain Llama's forward does no
 work for them.
 
 No optimizer, sampling or IO lives here. The interface is ``GPT``'s (see ``models.registry``), so
@@ -34,8 +35,6 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, fields
-from typing import Optional
 
 import torch
 import torch.nn as nn
@@ -44,174 +43,9 @@ import torch.nn.functional as F
 from gptforge.kernels.attention import sdpa_for
 from gptforge.models import masks, rope
 from gptforge.models.counting import Counts, attention_flops
-from gptforge.models.family import FamilyConfig
 from gptforge.models.head import logits_and_loss
 from gptforge.models.kv_cache import KVCache
-from gptforge.numbers import MAX_DIM
-from gptforge.tokens import GPT2_VOCAB
-
-# name -> shape. intermediate_size 0 derives it from n_embd (see LlamaConfig.hidden_dim).
-SIZES: dict[str, dict] = {
-    # seconds on a CPU: tests and smoke runs
-    "llama-tiny": dict(n_layer=2, n_head=4, n_kv_head=2, n_embd=64, block_size=128),
-    # GPT-2 small's compute per token: 12 layers, 768 wide, MHA, SwiGLU 2048 (3*768*2048 = GPT-2's 2*768*3072),
-    # GPT-2 tokenizer; the untied head adds 38.6M parameters but no FLOPs
-    "llama-124m": dict(n_layer=12, n_head=12, n_kv_head=12, n_embd=768, intermediate_size=2048, block_size=1024),
-    # Llama-3.2-1B's shape (tied embeddings, 128,256 vocabulary, llama3 rope scaling) for `plan`
-    "llama3-1b": dict(n_layer=16, n_head=32, n_kv_head=8, n_embd=2048, intermediate_size=8192, block_size=8192,
-                      vocab_size=128_256, pad_vocab=False, rope_theta=500_000.0, tie_embeddings=True,
-                      rope_type="llama3", rope_factor=32.0, rope_original_context=8192),
-}
-
-
-MLPS = ("swiglu", "relu2", "geglu")  # geglu: down(gelu_tanh(gate(x)) * up(x)), Gemma's
-# what export can write a model as (HF model_type and llama.cpp arch); "" = llama, or qwen2 with q/k/v biases
-FAMILIES = ("", "llama", "qwen2", "qwen3", "mistral", "phi3", "gemma2", "gemma3")
-FEATURES = ("head_size", "sliding_window", "layer_types", "attn_softcap", "query_pre_attn_scalar", "embed_scale",
-            "norm_plus_one", "post_norms", "rope_local_theta")
-
-
-@dataclass
-class LlamaConfig(FamilyConfig):
-    arch: str = "llama"  # model family (the registry's key); always "llama" here
-    n_layer: int = 12  # transformer blocks
-    n_head: int = 12  # query heads
-    n_kv_head: int = 0  # key/value heads, n_head a multiple of it (GQA); 0 = n_head (plain MHA)
-    n_embd: int = 768  # width of the residual stream
-    intermediate_size: int = 0  # MLP width; 0 = derived (see hidden_dim)
-    block_size: int = 1024  # maximum context length (rotary embeddings have no table, this is a limit)
-    vocab_size: int = GPT2_VOCAB  # real tokens
-    pad_vocab: bool = True  # embedding/lm_head rows rounded up to a multiple of 128
-    rope_theta: float = 10_000.0  # base of the rotary position frequencies
-    rope_type: str = "default"  # rope scaling: default | linear | llama3 (HF rope_scaling's rope_type)
-    rope_factor: float = 1.0  # linear, llama3: how many times the trained context is stretched
-    rope_low_freq_factor: float = 1.0  # llama3: wavelengths over original_context/low are divided by factor
-    rope_high_freq_factor: float = 4.0  # llama3: wavelengths under original_context/high are kept
-    rope_original_context: int = 0  # llama3: the context it was trained on (original_max_position_embeddings)
-    qkv_bias: bool = False  # biases on the q, k and v projections, none on o_proj (Qwen2)
-    norm_eps: float = 1e-5  # RMSNorm epsilon
-    mlp: str = "swiglu"  # swiglu | relu2 | geglu
-    qk_norm: bool = False  # RMSNorm over each head's queries and keys, before the rotation
-    logit_softcap: float = 0.0  # > 0: logits = cap * tanh(logits / cap); 0 = off
-    # --- the features other families add (each off by default; models/llama.py's docstring lists them)
-    head_size: int = 0  # width of one head; 0 = n_embd / n_head (Qwen3 and Gemma set it apart)
-    sliding_window: int = 0  # > 0: a sliding layer's query sees only the last sliding_window keys, itself included
-    layer_types: str = ""  # per layer, one letter: s = sliding window, f = full attention; "" = all s (with a window)
-    attn_softcap: float = 0.0  # > 0: attention scores = cap * tanh(scores / cap) (Gemma 2); 0 = off
-    query_pre_attn_scalar: float = 0.0  # > 0: scores scaled by its -1/2 power, not head_size's (Gemma)
-    embed_scale: float = 1.0  # token embeddings multiplied by this (Gemma: sqrt(n_embd))
-    norm_plus_one: bool = False  # every RMSNorm scales by (1 + weight), its weight starting at 0 (Gemma)
-    post_norms: bool = False  # RMSNorms on the attention and MLP outputs too, before each residual add (Gemma 2/3)
-    rope_local_theta: float = 0.0  # > 0: sliding layers rotate with this base, unscaled (Gemma 3); 0 = as full ones
-    family: str = ""  # how export writes it (HF model_type, llama.cpp arch): see FAMILIES; "" = llama or qwen2
-    tie_embeddings: bool = False  # lm_head shares the input embedding's weights
-    zero_init_proj: bool = False  # o_proj and down_proj start at zero: each block starts as the identity
-    dropout: float = 0.0  # dropout probability in training (0 = off)
-    recompute: str = "none"  # activation recomputation: none | mlp | block
-    flash: bool = True  # F.scaled_dot_product_attention; False = explicit matmul + softmax
-    attn_backend: str = "auto"  # SDPA kernel: auto | cudnn | flash | efficient | math (gptforge.kernels.attention)
-    fused_ce: Optional[bool] = None  # training loss via the fused Triton classifier; auto = on with CUDA and triton
-    lm_head_fp8: bool = False  # lm_head matmul in rowwise-scaled float8 (gptforge.kernels.fp8)
-    attention: str = "causal"  # causal | document (each token sees only its own document; models/masks.py)
-    doc_mask: str = "sdpa"  # document attention through SDPA (bool mask, any device) or flex (FlexAttention)
-    bos_token: int = 50256  # the token that starts a document (GPT-2's <|endoftext|>)
-
-    def check_family(self) -> None:
-        for key in ("n_kv_head", "head_size", "intermediate_size", "sliding_window"):
-            if getattr(self, key) > MAX_DIM:
-                raise ValueError(f"model.{key}={getattr(self, key)} must be at most {MAX_DIM} (no model is that big)")
-        if self.n_kv_head < 0:
-            raise ValueError(f"model.n_kv_head={self.n_kv_head} must be >= 1 (or 0 = model.n_head)")
-        if self.head_size < 0:
-            raise ValueError(f"model.head_size={self.head_size} must be >= 1 (or 0 = model.n_embd / model.n_head)")
-        if self.n_head % self.kv_heads != 0:
-            raise ValueError(f"model.n_head={self.n_head} must be divisible by model.n_kv_head={self.n_kv_head} "
-                             "(grouped-query attention shares each key/value head among n_head/n_kv_head queries)")
-        if self.head_dim % 2 != 0:
-            raise ValueError(f"head size {self.head_dim} (model.head_size, or model.n_embd/model.n_head) must be even "
-                             "(rotary embeddings rotate pairs of channels)")
-        if self.intermediate_size < 0:
-            raise ValueError(f"model.intermediate_size={self.intermediate_size} must be >= 0 (0 = derived)")
-        if self.mlp not in MLPS:
-            raise ValueError(f"model.mlp={self.mlp!r}; allowed: {', '.join(MLPS)}")
-        if self.fused_ce and self.logit_softcap:
-            raise ValueError(f"model.fused_ce computes the loss from raw logits; it cannot apply model.logit_softcap="
-                             f"{self.logit_softcap}: switch one off")
-        if not (self.rope_theta > 0 and math.isfinite(self.rope_theta)):
-            raise ValueError(f"model.rope_theta={self.rope_theta} must be a positive number")
-        rope.check_config(self)
-        if not self.norm_eps > 0:
-            raise ValueError(f"model.norm_eps={self.norm_eps} must be > 0")
-        if not (self.logit_softcap >= 0 and math.isfinite(self.logit_softcap)):
-            raise ValueError(f"model.logit_softcap={self.logit_softcap} must be >= 0 (0 = off)")
-        self._check_family_features()
-
-    def _check_family_features(self) -> None:
-        """The fields other families add (Qwen3, Mistral, Phi-3, Gemma 2/3): each named when it is wrong."""
-        for key in ("attn_softcap", "query_pre_attn_scalar", "rope_local_theta"):
-            v = getattr(self, key)
-            if not (v >= 0 and math.isfinite(v)):
-                raise ValueError(f"model.{key}={v} must be a finite number >= 0 (0 = off)")
-        if not (self.embed_scale > 0 and math.isfinite(self.embed_scale)):
-            raise ValueError(f"model.embed_scale={self.embed_scale} must be a positive number (1 = off)")
-        if self.sliding_window < 0:
-            raise ValueError(f"model.sliding_window={self.sliding_window} must be >= 1 (or 0 = off)")
-        if self.layer_types and (len(self.layer_types) != self.n_layer or set(self.layer_types) - set("sf")):
-            raise ValueError(f"model.layer_types={self.layer_types!r} must be one letter per layer ({self.n_layer}), "
-                             "s (sliding window) or f (full attention), or empty (every layer slides)")
-        if self.layer_types and not self.sliding_window:
-            raise ValueError(f"model.layer_types={self.layer_types!r} names sliding layers but model.sliding_window=0; "
-                             "set the window, or leave layer_types empty")
-        if self.rope_local_theta and "s" not in self.sliding_pattern:
-            raise ValueError(f"model.rope_local_theta={self.rope_local_theta} is the sliding layers' rope base, and no "
-                             "layer slides (model.sliding_window, model.layer_types)")
-        if self.sliding_window and self.attention == "document" and self.doc_mask == "flex":
-            raise ValueError("model.sliding_window with model.doc_mask=flex: the FlexAttention mask has no window yet; "
-                             "use --model.doc_mask sdpa")
-        if self.attn_softcap and self.attn_backend != "auto":
-            raise ValueError(f"model.attn_softcap={self.attn_softcap} computes the attention scores explicitly (no SDPA "
-                             f"kernel caps them), so model.attn_backend={self.attn_backend} cannot apply; leave it auto")
-        if self.family not in FAMILIES:
-            raise ValueError(f"model.family={self.family!r}; allowed: {', '.join(f or repr(f) for f in FAMILIES)}")
-
-    @property
-    def kv_heads(self) -> int:
-        """Key/value heads: ``n_kv_head``, or ``n_head`` when it is 0."""
-        return self.n_kv_head or self.n_head
-
-    @property
-    def head_dim(self) -> int:
-        return self.head_size or self.n_embd // self.n_head
-
-    @property
-    def sliding_pattern(self) -> str:
-        """One letter per layer, s (sliding window) or f (full attention): ``layer_types``, or every
-        layer s when only ``sliding_window`` is set (Mistral, Phi-3), f without a window."""
-        if not self.sliding_window:
-            return "f" * self.n_layer
-        return self.layer_types or "s" * self.n_layer
-
-    def features(self) -> list[str]:
-        """The fields set away from their defaults that other families add: what tensor and pipeline
-        parallelism do not run yet (``parallel/mesh.py`` refuses them by these names)."""
-        out = [f"model.{f.name}" for f in fields(self) if f.name in FEATURES and getattr(self, f.name) != f.default]
-        return out + (["model.mlp=geglu"] if self.mlp == "geglu" else [])
-
-    @property
-    def hidden_dim(self) -> int:
-        """MLP width: ``intermediate_size``, or when 0 the parameter-matched default: SwiGLU's three
-        matrices at 8/3·C rounded up to a multiple of 64 (two matrices at 4·C for ReLU²)."""
-        if self.intermediate_size:
-            return self.intermediate_size
-        if self.mlp == "relu2":
-            return 4 * self.n_embd
-        return ((8 * self.n_embd // 3 + 63) // 64) * 64
-
-    @classmethod
-    def from_size(cls, name: str, **overrides) -> LlamaConfig:
-        if name not in SIZES:
-            raise ValueError(f"unknown model size {name!r}; known: {', '.join(SIZES)}")
-        return cls(**{**SIZES[name], **overrides})
+from gptforge.models.llama_config import FAMILIES, FEATURES, MLPS, SIZES, LlamaConfig  # noqa: F401 - re-export
 
 
 class RMSNorm(nn.Module):
@@ -252,8 +86,8 @@ class Attention(nn.Module):
         self.softcap = cfg.attn_softcap  # SDPA cannot cap scores: a capped model takes the explicit path
         self.flash = cfg.flash and not self.softcap
         self.sdpa = sdpa_for(cfg.attn_backend)  # F.scaled_dot_product_attention, maybe pinned to one kernel
-        self.scale = 1.0 / math.sqrt(cfg.query_pre_attn_scalar or self.hd)
-        if cfg.query_pre_attn_scalar:  # SDPA's own default is 1/sqrt(hd): only a different scale is passed
+        self.scale = cfg.attn_scale or 1.0 / math.sqrt(cfg.query_pre_attn_scalar or self.hd)  # Granite's, Gemma's
+        if cfg.query_pre_attn_scalar or cfg.attn_scale:  # SDPA's own default is 1/sqrt(hd): only another is passed
             self.sdpa = functools.partial(self.sdpa, scale=self.scale)
         self.dropout = cfg.dropout
         self.q_proj = nn.Linear(cfg.n_embd, cfg.n_head * cfg.head_dim, bias=cfg.qkv_bias)
@@ -261,10 +95,11 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(cfg.n_embd, cfg.kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(cfg.n_head * cfg.head_dim, cfg.n_embd, bias=False)
         self.o_proj.RESIDUAL_SCALE = True  # type: ignore[attr-defined]  # see Llama._init_weights
-        if cfg.qk_norm:
-            self.q_norm = norm_class(cfg)(cfg.head_dim, cfg.norm_eps)
-            self.k_norm = norm_class(cfg)(cfg.head_dim, cfg.norm_eps)
-        self.qk_norm = cfg.qk_norm
+        if cfg.qk_norm:  # per head (Qwen3, Gemma 3), or over every head's channels at once (OLMo 2)
+            full = cfg.qk_norm_full
+            self.q_norm = norm_class(cfg)(cfg.head_dim * (cfg.n_head if full else 1), cfg.norm_eps)
+            self.k_norm = norm_class(cfg)(cfg.head_dim * (cfg.kv_heads if full else 1), cfg.norm_eps)
+        self.qk_norm, self.qk_norm_full = cfg.qk_norm and not cfg.qk_norm_full, cfg.qk_norm_full
         self.resid_dropout = nn.Dropout(cfg.dropout)
 
     def forward(
@@ -273,8 +108,11 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         B, T, C = x.size()
         # head counts from the outputs: under tensor parallelism a rank holds some of the heads
-        q = self.q_proj(x).view(B, T, -1, self.hd).transpose(1, 2)  # (B, nh, T, hd)
-        k = self.k_proj(x).view(B, T, -1, self.hd).transpose(1, 2)  # (B, nkv, T, hd)
+        q, k = self.q_proj(x), self.k_proj(x)  # (B, T, nh * hd), (B, T, nkv * hd)
+        if self.qk_norm_full:  # OLMo 2: one RMSNorm over all heads' channels
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = q.view(B, T, -1, self.hd).transpose(1, 2)  # (B, nh, T, hd)
+        k = k.view(B, T, -1, self.hd).transpose(1, 2)  # (B, nkv, T, hd)
         v = self.v_proj(x).view(B, T, -1, self.hd).transpose(1, 2)  # (B, nkv, T, hd)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
@@ -346,33 +184,42 @@ class Block(nn.Module):
         self.self_attn = Attention(cfg)
         self.post_attention_layernorm = Norm(cfg.n_embd, cfg.norm_eps)
         self.mlp = MLP(cfg)
+        # Granite's residual_multiplier: each branch's output scaled before its add (None: a plain Llama, no work)
+        self.residual_scale = cfg.residual_scale if cfg.residual_scale != 1.0 else None
+
+    def branch(self, y: torch.Tensor) -> torch.Tensor:
+        """An attention or MLP output as it joins the residual stream."""
+        return y if self.residual_scale is None else y * self.residual_scale
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: KVCache | None = None,
         layer: int = 0, attn_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, layer, attn_mask)
-        x = x + self.mlp(self.post_attention_layernorm(x))
+        x = x + self.branch(self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, layer, attn_mask))
+        x = x + self.branch(self.mlp(self.post_attention_layernorm(x)))
         return x
 
 
 class PostNormBlock(Block):
-    """Gemma 2/3's block: a norm before and after both attention and MLP. HF's names, so
-    ``post_attention_layernorm`` here normalises the attention's output (in ``Block`` it is the MLP's
-    input norm) and ``pre_feedforward_layernorm`` the MLP's input."""
+    """Gemma 2/3's block: a norm before and after both attention and MLP; OLMo 2's (``pre_norms`` false) the
+    norms after them alone. HF's names, so ``post_attention_layernorm`` here normalises the attention's output
+    (in ``Block`` it is the MLP's input norm) and ``pre_feedforward_layernorm`` the MLP's input."""
 
     def __init__(self, cfg: LlamaConfig):
         super().__init__(cfg)
-        self.pre_feedforward_layernorm = norm_class(cfg)(cfg.n_embd, cfg.norm_eps)
-        self.post_feedforward_layernorm = norm_class(cfg)(cfg.n_embd, cfg.norm_eps)
+        Norm = norm_class(cfg)
+        self.pre_feedforward_layernorm = Norm(cfg.n_embd, cfg.norm_eps) if cfg.pre_norms else nn.Identity()
+        self.post_feedforward_layernorm = Norm(cfg.n_embd, cfg.norm_eps)
+        if not cfg.pre_norms:  # OLMo 2: no weights, nothing computed
+            self.input_layernorm = nn.Identity()
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: KVCache | None = None,
         layer: int = 0, attn_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, layer,
-                                                             attn_mask))
-        x = x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+        x = x + self.branch(self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), cos, sin, kv_cache,
+                                                                         layer, attn_mask)))
+        x = x + self.branch(self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x))))
         return x
 
 
@@ -448,7 +295,8 @@ class Llama(nn.Module):
         """Token ids (B, T) -> the first block's input (B, T, C): token embeddings, then dropout (no
         position table: positions enter every block as rotary cos/sin, :meth:`block_args`)."""
         x = self.model.embed_tokens(idx)
-        if self._embed_scale is not None:  # Gemma: the scale rounded to the weights' dtype first, as HF does
+        if self._embed_scale is not None:  # Gemma, Granite: the scale rounded to the weights' dtype first, as HF's
+            # Gemma does (Granite's multiplies by the Python float: the same in float32, and for its 12.0 in bf16)
             x = x * torch.tensor(self._embed_scale, dtype=x.dtype)
         return self.drop(x)
 
@@ -528,11 +376,11 @@ def layer_act_bytes(cfg: LlamaConfig, dtype: str, recompute: str) -> float:
     qk = 8 * (1 + g) * a if cfg.qk_norm else 0
     if dtype == "float32":
         mlp = h if recompute == "mlp" else (4 * h if swiglu else 2 * h)
-        post = 16 if cfg.post_norms else 0  # two more RMSNorms: input and normalised values each
+        post = 16 if cfg.post_norms and cfg.pre_norms else 0  # two more RMSNorms (OLMo 2: two in all, as Llama)
         return (4 * (6 + (3 + 2 * g) * a + mlp) + qk + post) * C
     norm2 = 8 + (4 if recompute == "mlp" or swiglu else 2)
     mlp = 2 * h if recompute == "mlp" else (8 * h if swiglu else 4 * h)
-    post = 16 if cfg.post_norms else 0  # each: bf16 input, its float32 copy, the bf16 normalised values
+    post = 16 if cfg.post_norms and cfg.pre_norms else 0  # each: bf16 input, its float32 copy, the bf16 normalised values
     return (14 + 2 * (2 + 2 * g) * a + norm2 + mlp + qk + post) * C
 
 
@@ -543,7 +391,9 @@ def counts(cfg: LlamaConfig, seq_len: int) -> Counts:
     bias = (cfg.n_head + 2 * cfg.kv_heads) * hd if cfg.qkv_bias else 0  # split by heads under TP, as the weights
     mlp_in = (2 if cfg.mlp != "relu2" else 1) * C * H
     matmul = attn + mlp_in + H * C
-    norms = (4 if cfg.post_norms else 2) * C + (2 * hd if cfg.qk_norm else 0)
+    n_norms = (4 if cfg.post_norms else 2) - (0 if cfg.pre_norms else 2)  # OLMo 2: the post norms alone
+    qk = ((cfg.n_head + cfg.kv_heads) * hd if cfg.qk_norm_full else 2 * hd) if cfg.qk_norm else 0
+    norms = n_norms * C + qk
     # a sliding layer's query meets at most sliding_window keys: the attention products, averaged over layers
     ctx = [min(seq_len, cfg.sliding_window) if kind == "s" else seq_len for kind in cfg.sliding_pattern]
     attn_flops = sum(attention_flops(cfg.n_head * hd, t) for t in ctx) / cfg.n_layer
@@ -555,7 +405,7 @@ def counts(cfg: LlamaConfig, seq_len: int) -> Counts:
         params=embed + cfg.n_layer * layer + head, layer_params=layer, embed_params=embed, head_params=head,
         lookup=0 if cfg.tie_embeddings else embed, positions=0, mlp_in_params=mlp_in,
         layer_replicated=norms, final_norm=C, tied=cfg.tie_embeddings, layer_norms=norms, qkv_bias=0,
-        layer_tensors=(4 if cfg.post_norms else 2) + 4 + (3 if cfg.mlp != "relu2" else 2) + (2 if cfg.qk_norm else 0)
+        layer_tensors=n_norms + 4 + (3 if cfg.mlp != "relu2" else 2) + (2 if cfg.qk_norm else 0)
         + (3 if bias else 0),
         embed_tensors=1, head_tensors=1 + (0 if cfg.tie_embeddings else 1),
         layer_flops=2.0 * matmul + attn_flops, head_flops=2.0 * C * V,

@@ -77,7 +77,8 @@ def register(family: Family) -> Family:
 
 register(Family("gpt2", "gptforge.models.gpt2", "GPTConfig", "GPT", hf_model_type="gpt2", llmc=True))
 register(Family("llama", "gptforge.models.llama", "LlamaConfig", "Llama", hf_model_type="llama", llmc=False,
-                hf_also=("qwen2", "qwen3", "mistral", "phi3", "gemma2", "gemma3_text")))
+                hf_also=("qwen2", "qwen3", "mistral", "phi3", "gemma2", "gemma3_text", "granite",
+                                                                                 "olmo2")))
 # Qwen2: a Llama with q/k/v biases (model.qkv_bias); the others are Llama with the fields interop/hf_families.py sets
 
 
