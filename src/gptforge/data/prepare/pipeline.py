@@ -72,7 +72,7 @@ from gptforge.data.prepare.workers import (
     peak_rss_mb,
     tokenize,
 )
-from gptforge.data.shards import FORMATS, ShardError, magic_for, read_header, write_shard
+from gptforge.data.shards import FORMATS, ShardError, magic_for, read_header, write_shard, writing
 from gptforge.data.tokenizer import save_tokenizer
 from gptforge.reading import read_json
 from gptforge.storage import is_temporary
@@ -390,12 +390,18 @@ def _open_manifest(out: Path, ident: dict, force: bool) -> dict:
 
 def prepare(source, out: str | os.PathLike, settings: PrepareSettings | None = None, *, force: bool = False,
             progress: bool = True, expected_tokens: int | None = None) -> dict:
-    """Tokenize ``source`` into shards in ``out``; resumes an interrupted run. Returns a summary dict."""
+    """Tokenize ``source`` into shards in ``out``; resumes an interrupted run. Returns a summary dict. ``out`` is
+    held for writing from before any work to the end (:func:`gptforge.data.shards.writing`): another prepare, or
+    a reader of its shards (a training run), is refused in one line naming it."""
     settings = settings or PrepareSettings()
     workers = check_settings(settings)
     floor = deadline_floor()  # a bad GPTFORGE_DOC_DEADLINE_S is refused before any work
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    with writing(out):
+        return _prepare(source, Path(out), settings, workers, floor, force, progress, expected_tokens)
+
+
+def _prepare(source, out: Path, settings: PrepareSettings, workers: int, floor: float, force: bool, progress: bool,
+             expected_tokens: int | None) -> dict:
     enc = load_tokenizer(settings.tokenizer)
     magic = magic_for(enc.n_vocab - 1)  # by vocabulary, so every shard of a dataset has one format
     ident = {"source": source.describe(), "settings": {**settings.identity(), "magic": magic,
