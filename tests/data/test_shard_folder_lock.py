@@ -1,4 +1,4 @@
-"""One writer or many readers of a shard folder, never both.
+"""One writer or many readers of a shard folder, never both; one writer of a generated data file.
 
 ``prepare --force`` rewrote a shard folder a running ``train`` was reading (its loader opens shards over epochs),
 and the Python ``prepare()`` took no lock at all (only the command line did). Now every door of the library holds
@@ -21,6 +21,7 @@ from gptforge.data.prepare.pipeline import prepare
 from gptforge.data.prepare.settings import PrepareSettings
 from gptforge.data.prepare.sources import FilesSource
 from gptforge.data.shards import SHARD_LOCK_NAME, ShardError, list_shards, reading, writing
+from gptforge.storage.faults import OutputError
 
 SETTINGS = dict(shard_tokens=400, val_tokens=100, workers=1)
 
@@ -184,3 +185,32 @@ def test_a_read_only_folder_with_its_lock_file_is_still_held(prepared, monkeypat
         prepare(FilesSource([corpus]), out, PrepareSettings(**SETTINGS), force=True, progress=False)
     hold.close()
 
+
+# --- one writer of a generated data file ------------------------------------------------------------------------
+
+def _writers():
+    from gptforge.eval.tasks.preferences import preference_set, write_preferences
+    from gptforge.eval.tasks.synthetic import training_problems, write_conversations
+
+    return {"conversations": lambda p: write_conversations(training_problems(3, 0), p),
+            "preferences": lambda p: write_preferences(preference_set("arithmetic", 3, 0, ["wrong_number"]), p)}
+
+
+@pytest.mark.parametrize("kind", ["conversations", "preferences"])
+def test_a_second_writer_of_a_data_file_is_refused_while_the_first_writes(kind, tmp_path):
+    """Two `prepare conversations --force --out same.jsonl` at once: the last whole write won, silently. The first
+    writer here is inside the one writer's sole claim (its temporary locked), on another open file description."""
+    from gptforge.storage import atomic_open
+
+    write = _writers()[kind]
+    path = tmp_path / f"{kind}.jsonl"
+    with atomic_open(path, "w", sole=True) as f:
+        f.write("first\n")
+        with pytest.raises(OutputError) as e:
+            write(path)
+        line = str(e.value)
+        assert "\n" not in line and line.startswith(f"{path}: another process is writing it now (pid {os.getpid()}"), line
+    assert path.read_text() == "first\n"  # the first writer's, whole; the refused one left no temporary
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]
+    write(path)  # the first finished: the next one writes
+    assert path.read_text() != "first\n"

@@ -5,7 +5,8 @@
     hold.release()
 
 The one mechanism under every "one at a time" of gptforge: a run directory (:mod:`gptforge.run.lock`), a shard
-folder (one ``prepare`` writing, or any number of readers: :mod:`gptforge.data.shards`). The kernel drops a ``flock`` when
+folder (one ``prepare`` writing, or any number of readers: :mod:`gptforge.data.shards`) and a file that only
+one process may be writing at a time (:func:`gptforge.storage.atomic_path`'s ``sole``). The kernel drops a ``flock`` when
 its holder dies, however it dies, so nothing a killed process leaves blocks the next one. ``flock`` belongs to
 an open file description: two opens of one file in one process are two holders, as two processes are.
 
@@ -220,4 +221,32 @@ class FolderLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def claim_output(tmp: Path, path: Path) -> Flock:
+    """This writer's temporary ``tmp`` of ``path`` locked (exclusive) until released, and :class:`Held` when
+    another temporary of the same ``path`` is locked: another process is writing that file now, and the last
+    whole write would win, without a word. Each writer locks its own temporary before it looks at the others', so
+    of two started at once the second to look always sees the first (both may refuse; neither is lost)."""
+    hold = Flock(tmp, note=False).acquire()  # made by the caller; a fresh file nobody else holds
+    import glob
+
+    for other in path.parent.glob(f".{glob.escape(path.name)}.tmp-*"):
+        if other.name == tmp.name:
+            continue
+        try:
+            fd = os.open(other, os.O_RDONLY)
+        except OSError:  # gone since: that writer finished (or failed)
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno in HELD_ERRNOS:
+                named = other.name.split(".tmp-")[-1].split("-")[0]  # .NAME.tmp-PID-XXXXXX: its writer's pid
+                pids = [p for p, _ in locks_on(fd) or []] or ([int(named)] if named.isdigit() else [])
+                hold.release()
+                raise Held(describe_pid(pids[0]) if pids else "another process", False, pids[:1]) from None
+        finally:
+            os.close(fd)
+    return hold
 
