@@ -242,6 +242,10 @@ class _Writer:
         if not self.settings.skip_bad:
             raise SourceError(f"{item.where}: {item.reason}. Fix or remove it, or pass --skip-bad to skip "
                               "such rows (they are counted in manifest.json)")
+        if self.offset:  # its head is in the shards (a run without --skip-bad stopped at its bad byte): not skippable
+            raise SourceError(f"{item.where}: {item.reason}; its first {self.offset:,} tokens are already in the "
+                              "shards (a run without --skip-bad stopped there), so it cannot be skipped whole: fix "
+                              "or remove it and pass --force to prepare again")
         st = self.m["state"]
         st["skipped"] += 1
         if len(st["skipped_examples"]) < MAX_SKIP_EXAMPLES:
@@ -423,7 +427,8 @@ def _prepare(source, out: Path, settings: PrepareSettings, workers: int, floor: 
     # a source that reads documents in pieces (a .txt file) cuts them where this tokenizer agrees (sources.safe_cut)
     import inspect
 
-    items = source.items(start, cut_ok=safe_cut(enc.encode_ordinary)) \
+    # (with skip_bad, checked whole first: a bad file is skipped whole, no piece of it written before its bad byte)
+    items = source.items(start, cut_ok=safe_cut(enc.encode_ordinary), whole_check=settings.skip_bad) \
         if "cut_ok" in inspect.signature(source.items).parameters else source.items(start)
     chunks = _chunks(items, start, settings.chunk_docs, settings.chunk_chars)
     pool = None
