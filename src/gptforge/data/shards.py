@@ -40,7 +40,7 @@ FORMATS = {  # magic -> (version, token dtype)
 
 
 MAX_TOKENS = 2**31 - 1  # the header counts tokens in an int32: no shard holds more
-MANIFEST = "manifest.json"  # prepare's record of a shard folder (data/prepare/pipeline.py writes it; read here)
+MANIFEST = "manifest.json"  # prepare's record of a shard folder (data/prepare/manifest.py writes it; read here)
 SHARD_LOCK_NAME = ".gptforge-prepare.lock"  # a shard folder's (not run/lock's LOCK_NAME, which marks a run directory)
 
 
