@@ -268,6 +268,15 @@ def list_shards(data_dir: str | os.PathLike, split: str, other: str | None = Non
                          f"data directory {d} does not exist; run `gptforge prepare ...` first")  # keep it relative
 
     hold = reading(d)  # a prepare writing it now: refused here, naming it; else held while the list lives
+    try:
+        return ShardFiles(_split_files(d, split, other), hold)
+    except BaseException:  # refused: let go now, not when the traceback is collected
+        hold.close()
+        raise
+
+
+def _split_files(d: Path, split: str, other: str | None) -> list[Path]:
+    """:func:`list_shards`' answer, its folder held."""
     unfinished = unfinished_prepare(d)
     if unfinished:
         raise ShardError(unfinished)
@@ -295,4 +304,4 @@ def list_shards(data_dir: str | os.PathLike, split: str, other: str | None = Non
                 f"{' ...' if len(others) > 3 else ''}; prepare it again with a smaller --shard-tokens or "
                 f"--val-tokens (gptforge prepare files ... --force) so that a '{split}' split is left")
         raise ShardError(f"no '{split}' shards (*{split}*.bin) in {d}; run `gptforge prepare ...` first")
-    return ShardFiles(files, hold)
+    return files
