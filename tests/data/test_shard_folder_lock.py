@@ -84,6 +84,23 @@ def test_a_prepare_meeting_a_reading_process_is_refused_naming_it_before_any_wor
     prepare(FilesSource([corpus]), out, PrepareSettings(**SETTINGS), force=True, progress=False)
 
 
+@pytest.mark.parametrize("proc", [None, []], ids=["no-proc-locks", "proc-locks-on-other-device-numbers"])
+def test_without_proc_locks_the_kind_of_holder_is_still_told(proc, prepared, reader_process, monkeypatch):
+    """Where /proc/locks cannot say (not Linux; an overlay mount whose device numbers are not fstat's), a probe
+    tells readers from a prepare: the refusal is the reader's, not "in use by another prepare"."""
+    from gptforge.storage import lock
+
+    corpus, out = prepared
+    reader = reader_process(out)
+    monkeypatch.setattr(lock, "locks_on", lambda fd: proc)
+    with pytest.raises(ShardError, match="being read by another process"):
+        prepare(FilesSource([corpus]), out, PrepareSettings(**SETTINGS), force=True, progress=False)
+    reader.stdin.close()
+    reader.wait(timeout=30)
+    with writing(out), pytest.raises(ShardError, match=f"a `gptforge prepare` is writing it now \\(pid {os.getpid()}"):
+        list_shards(out, "train", "val")
+
+
 def test_two_reading_processes_share_the_folder(prepared, reader_process):
     """DDP: every rank holds the folder shared; none refuses another."""
     _, out = prepared

@@ -140,7 +140,8 @@ def holders(fd: int, path: Path) -> tuple[str, bool, list[int]]:
         if readers and not any(kind == "WRITE" for _, kind in found):
             return "; ".join(describe_pid(p) for p in readers[:4]) + (
                 f" and {len(readers) - 4} more" if len(readers) > 4 else ""), True, readers
-    elif found is None:  # no /proc/locks: a shared lock we can take means the holders are readers
+    else:  # no /proc/locks, or its device numbers are not fstat's (overlay mounts): a probe of our own says
+        # which kind holds it (a shared lock we can take means the holders are readers)
         try:
             probe = os.open(path, os.O_RDONLY)  # another open file description: a probe of its own
         except OSError:
@@ -148,7 +149,7 @@ def holders(fd: int, path: Path) -> tuple[str, bool, list[int]]:
         if probe is not None:
             try:
                 fcntl.flock(probe, fcntl.LOCK_SH | fcntl.LOCK_NB)
-                return "another process (this platform cannot say which)", True, []
+                return "another process (its pid cannot be read here)", True, []
             except OSError:
                 pass
             finally:
