@@ -123,10 +123,14 @@ def _isolate_env(monkeypatch):
 
 
 def _fingerprint(folder: Path) -> dict[str, str]:
+    """Every file's sha256 but a shard folder's lock file (data.shards.reading makes it where it is missing: a
+    reader's hold, not a change to the data)."""
     import hashlib
 
+    from gptforge.data.shards import SHARD_LOCK_NAME
+
     return {str(f.relative_to(folder)): hashlib.sha256(f.read_bytes()).hexdigest()
-            for f in sorted(folder.rglob("*")) if f.is_file()}
+            for f in sorted(folder.rglob("*")) if f.is_file() and f.name != SHARD_LOCK_NAME}
 
 
 def _changed(folder: Path, before: dict[str, str]) -> list[str]:

@@ -4,6 +4,7 @@ equal [EOT] + tiktoken's own encoding of the whole text; a resumed run that stop
 writes the same bytes; and the memory a prepare run takes does not grow with the file."""
 from __future__ import annotations
 
+import json
 import random
 import tracemalloc
 from pathlib import Path
@@ -86,17 +87,90 @@ def test_a_tokenizer_that_disagrees_at_every_cut_reads_the_document_whole(files,
     assert len(pieces) == 1 and pieces[0].text == files[1].read_bytes().decode("utf-8")
 
 
-def test_a_bad_byte_anywhere_makes_the_file_one_bad_row_at_the_same_byte(tmp_path, monkeypatch):
+def test_a_bad_byte_is_named_at_the_same_byte_however_the_file_is_read(tmp_path, monkeypatch):
+    """Read once (the default): the pieces before the bad byte, then a bad row naming the byte a whole-file decode
+    names; checked whole first (``whole_check``, what --skip-bad asks): one bad row, no piece. Either way at every
+    read size, a read ending inside the bad character or just after it."""
     f = tmp_path / "bad.txt"
     head = corpus(40).encode()
     f.write_bytes(head + b"\xe2\x82" + b"x" + corpus(5).encode())  # a 3-byte character cut short
-    said = []
+    with pytest.raises(UnicodeDecodeError) as e:
+        f.read_bytes().decode("utf-8")
+    want = f"not valid UTF-8 at byte {e.value.start} ({e.value.reason})"
+    assert e.value.start == len(head)
     for size in (1 << 20, 1, 2, 3, 7):
         monkeypatch.setattr(sources, "TXT_CHUNK_BYTES", size)
         items = list(FilesSource([f]).items(cut_ok=lambda t, c: True))
-        assert len(items) == 1 and items[0].text is None
-        said.append(items[0].reason)
-    assert said == [f"not valid UTF-8 at byte {len(head)} (invalid continuation byte)"] * 5, said
+        assert items[-1].text is None and items[-1].reason == want, size
+        assert all(it.text for it in items[:-1]) and (len(items) > 1) == (size < 1 << 20), size
+        assert "".join(it.text for it in items[:-1]) == head.decode()[:len("".join(it.text for it in items[:-1]))]
+        whole = list(FilesSource([f]).items(cut_ok=lambda t, c: True, whole_check=True))
+        assert [(it.text, it.reason) for it in whole] == [(None, want)], size
+
+
+@pytest.mark.parametrize("end", [b"\xe2\x82", b"\xff"], ids=["cut-short-at-the-end", "a-bad-lead-byte"])
+def test_the_last_bytes_are_judged_too(end, tmp_path, monkeypatch):
+    f = tmp_path / "bad.txt"
+    f.write_bytes(corpus(10).encode() + end)
+    with pytest.raises(UnicodeDecodeError) as e:
+        f.read_bytes().decode("utf-8")
+    for size in (1 << 20, 1, 3):
+        monkeypatch.setattr(sources, "TXT_CHUNK_BYTES", size)
+        items = list(FilesSource([f]).items(cut_ok=lambda t, c: True))
+        assert items[-1].reason == f"not valid UTF-8 at byte {e.value.start} ({e.value.reason})", size
+
+
+def test_a_txt_is_read_once_unless_bad_files_are_skipped(files, tmp_path, monkeypatch):
+    """prepare read every .txt twice (a UTF-8 check, then the pieces); now once, and twice only with --skip-bad,
+    where a bad file is skipped whole and so must be judged before its first piece is written. A bad file stops
+    the run with the refusal it had; skipped, none of its tokens is in the shards."""
+    reads = []
+    real = sources._txt_texts
+    monkeypatch.setattr(sources, "_txt_texts", lambda f: (reads.append(f), real(f))[1])
+    prepare(FilesSource(files), tmp_path / "once", settings(), progress=False)
+    assert reads == files
+    reads.clear()
+    prepare(FilesSource(files), tmp_path / "twice", settings(skip_bad=True), progress=False)
+    assert reads == [files[0], files[0], files[1], files[1]]
+    bad = tmp_path / "bad.txt"
+    head = corpus(400, 5).encode()
+    bad.write_bytes(head + b"\xff" + b"tail\n")
+    monkeypatch.setattr(sources, "TXT_CHUNK_BYTES", 64)
+    from gptforge.data.prepare.sources import SourceError
+
+    with pytest.raises(SourceError) as e:
+        prepare(FilesSource([*files, bad]), tmp_path / "stops", settings(), progress=False)
+    assert str(e.value).startswith(f"{bad}: not valid UTF-8 at byte {len(head)} (invalid start byte). Fix or remove")
+    got = prepare(FilesSource([*files, bad]), tmp_path / "skips", settings(skip_bad=True), progress=False)
+    assert got["skipped"] == 1 and shards(tmp_path / "skips") == shards(tmp_path / "once")
+    # the stopped run wrote shards holding the bad file's head: resumed with --skip-bad it cannot be skipped whole
+    with pytest.raises(SourceError):  # no val split: shards are written from the start, the bad file's head too
+        prepare(FilesSource([*files, bad]), tmp_path / "head", settings(val_tokens=0), progress=False)
+    state = json.loads((tmp_path / "head" / "manifest.json").read_text())["state"]
+    assert (state["next_item"], state["doc_offset"] > 0) == (2, True)  # the bad file, some of its tokens written
+    with pytest.raises(SourceError, match=r"its first [0-9,]+ tokens are already in the shards"):
+        prepare(FilesSource([*files, bad]), tmp_path / "head", settings(val_tokens=0, skip_bad=True), progress=False)
+
+
+def test_one_endless_line_is_cut_before_a_space_once_it_holds_too_much(tmp_path, monkeypatch, tokenizer):
+    """A text with no line break after a letter grew in memory until its end. Past TXT_HOLD_CHARS held, a piece may
+    also end before a space or tab after a letter (checked by the tokenizer as the line-break cut is): what is held
+    stays bounded, and the tokens are those of the whole text."""
+    text = corpus(300, 4).replace("\n", " ").replace("\r", " ")
+    f = tmp_path / "line.txt"
+    f.write_text(text, encoding="utf-8")
+    monkeypatch.setattr(sources, "TXT_CHUNK_BYTES", 50)
+    monkeypatch.setattr(sources, "TXT_HOLD_CHARS", 400)
+    pieces = list(FilesSource([f]).items(cut_ok=safe_cut(tokenizer.encode_ordinary)))
+    assert "".join(p.text for p in pieces) == text
+    # a cut is sought once more than 400 characters are held, which is at most 400 + one 50-byte read
+    assert len(pieces) > 10 and max(len(p.text) for p in pieces) <= 400 + 50
+    for p, q in zip(pieces, pieces[1:], strict=False):
+        assert p.text[-1].isalpha() and q.text[0] in " \t"
+    enc = tokenizer
+    assert [t for p in pieces for t in enc.encode_ordinary(p.text)] == enc.encode_ordinary(text)
+    monkeypatch.setattr(sources, "TXT_HOLD_CHARS", 1 << 30)  # the bound off: held whole, as before
+    assert len(list(FilesSource([f]).items(cut_ok=safe_cut(enc.encode_ordinary)))) == 1
 
 
 def test_a_run_stopped_inside_a_document_read_in_pieces_resumes_to_the_same_bytes(files, tmp_path, monkeypatch):

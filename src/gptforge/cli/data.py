@@ -225,19 +225,12 @@ def shard_folder(args: argparse.Namespace) -> str | None:
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
-    """Every subcommand that writes a shard folder holds it (run.lock.RunLock) from before any work to the end: a
-    second prepare into the same folder deleted the first's unlisted shards as a killed run's leftovers, and the
-    first died on a raw "[Errno 2] No such file or directory" while the second finished."""
+    """A subcommand that writes a shard folder writes it into its default folder where --out is not given; the
+    library holds the folder (data.shards.writing) from before any work to the end, whichever way it is called."""
     folder = shard_folder(args)
-    if folder is None:
-        return _prepare(args)
-    from gptforge.run.lock import PREPARE_LOCK_NAME, RunLock
-
-    with RunLock(folder, "prepare", PREPARE_LOCK_NAME) as lock:
-        if lock.unsupported:  # a filesystem without flock: said once, the prepare goes on
-            print(f"gptforge prepare: warning: {lock.unsupported}", file=sys.stderr)
+    if folder is not None:
         args.out = folder
-        return _prepare(args)
+    return _prepare(args)
 
 
 def _prepare(args: argparse.Namespace) -> int:

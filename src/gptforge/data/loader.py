@@ -17,6 +17,9 @@ the state, so a resumed run continues the same order.
 ``vocab_size`` (the model's): every shard is checked up front for ids outside the vocabulary (one
 vectorised pass per shard, see :func:`gptforge.data.shards.check_token_ids`).
 
+The loader holds its shards' folders for reading while it lives (:func:`gptforge.data.shards.reading`), so a
+``prepare`` cannot rewrite them under it.
+
     >>> loader = ShardLoader(list_shards("data/shakespeare", "train"), B=8, T=128, vocab_size=50257)
     >>> x, y = loader.next_batch()
 """
@@ -28,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gptforge.data.shards import ShardError, check_token_ids, read_header, read_shard
+from gptforge.data.shards import ShardError, check_token_ids, holds_for, read_header, read_shard
 from gptforge.tokens import EOT
 
 SHUFFLE_MODES = ("off", "shards", "documents")
@@ -57,6 +60,9 @@ class ShardLoader:
             raise ShardError("no shard files given")
         if shuffle not in SHUFFLE_MODES:
             raise ValueError(f"shuffle={shuffle!r}: expected one of {', '.join(SHUFFLE_MODES)}")
+        # the shards' folders held for reading as long as the loader lives (data.shards.reading): a prepare
+        # --force meanwhile is refused, naming this process, rather than rewrite a shard this loader opens later
+        self.holds = holds_for(files)
         self.files = [Path(f) for f in files]
         self.B, self.T, self.rank, self.world = B, T, rank, world
         self.shuffle, self.seed, self.eot = shuffle, seed, eot

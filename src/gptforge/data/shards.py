@@ -6,16 +6,30 @@ tokens. Magic 20240520 / version 1 stores uint16 tokens (vocabularies up to 65,5
 format that fits; readers check magic, version, count and file length and name the bad file.
 
     >>> write_shard("val_000000.bin", tokens); read_shard("val_000000.bin")
+
+A shard folder is written by one ``prepare`` at a time and read by any number of readers, never both at once:
+``prepare`` holds ``FOLDER/.gptforge-prepare.lock`` exclusive while it writes (:func:`writing`), and every
+reader shared while it reads (:func:`reading`: :func:`list_shards` takes it, and the list it returns holds it;
+:class:`gptforge.data.loader.ShardLoader` holds it as long as the loader lives). A prepare meeting a reader (a
+``train`` whose loader opens shards over epochs), or a reader meeting a prepare, is refused in one line naming
+the folder and the other's pid, before any work. A folder where no lock can be taken (a read-only mount without
+the lock file, a filesystem without flock) is read unlocked, said once.
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
+import sys
+import weakref
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
 from gptforge.reading import LOOP, not_a_file
+from gptforge.storage.lock import FolderLock, Held
 
 HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4
@@ -26,7 +40,8 @@ FORMATS = {  # magic -> (version, token dtype)
 
 
 MAX_TOKENS = 2**31 - 1  # the header counts tokens in an int32: no shard holds more
-MANIFEST = "manifest.json"  # prepare's record of a shard folder (data/prepare/pipeline.py writes it; read here)
+MANIFEST = "manifest.json"  # prepare's record of a shard folder (data/prepare/manifest.py writes it; read here)
+SHARD_LOCK_NAME = ".gptforge-prepare.lock"  # a shard folder's (not run/lock's LOCK_NAME, which marks a run directory)
 
 
 class ShardError(ValueError):
@@ -151,9 +166,94 @@ def unfinished_prepare(d: Path) -> str | None:
             f"or, to train on what is there, delete {path} (prepare then cannot resume it)")
 
 
+class Reading:
+    """A shared hold on a shard folder for as long as its shards are read: released by :meth:`close`, or when the
+    last reference to it goes (a loader's, a list's). Refused (:class:`ShardError`, one line) while a ``prepare``
+    writes the folder."""
+
+    def __init__(self, folder: str | os.PathLike):
+        self.folder = Path(folder)
+        hold = FolderLock(self.folder, SHARD_LOCK_NAME, shared=True)
+        try:
+            hold.acquire()
+        except Held as e:
+            raise ShardError(
+                f"data directory {self.folder}: a `gptforge prepare` is writing it now ({e.holders}), so a run would "
+                "read a part of the corpus, or shards it is replacing; wait for it to finish (or stop it), then start "
+                "this again") from None
+        if hold.unsupported:
+            _say_once(self.folder, f"warning: {hold.path}: {hold.unsupported}; its shards are read without the lock, "
+                                   "so nothing stops a `gptforge prepare --force` from rewriting them meanwhile")
+        self._release = weakref.finalize(self, hold.release)  # the hold, not self: collected with its owner
+
+    def close(self) -> None:
+        self._release()
+
+
+_SAID: set[str] = set()
+
+
+def _say_once(folder: Path, line: str) -> None:
+    """One line a process says once a folder (every loader of a run reads the same folder)."""
+    if str(folder) not in _SAID:
+        _SAID.add(str(folder))
+        print(line, file=sys.stderr)
+
+
+def reading(folder: str | os.PathLike) -> Reading:
+    """Hold ``folder`` for reading (shared): see :class:`Reading`."""
+    return Reading(folder)
+
+
+class ShardFiles(list):
+    """:func:`list_shards`' answer: the shard paths, holding their folder for reading (``hold``) while it lives."""
+
+    def __init__(self, files: list[Path], hold: Reading):
+        super().__init__(files)
+        self.hold = hold
+
+
+def holds_for(files: list) -> list[Reading]:
+    """The read holds of the folders ``files`` are in: a :class:`ShardFiles`' own, else one taken per folder."""
+    hold = getattr(files, "hold", None)
+    if hold is not None:
+        return [hold]
+    return [reading(d) for d in dict.fromkeys(Path(f).parent for f in files)]
+
+
+@contextlib.contextmanager
+def writing(folder: str | os.PathLike, holder: str = "prepare") -> Iterator[FolderLock]:
+    """Hold ``folder`` (made if missing) for writing shards, exclusive, for the block: refused in one line
+    (:class:`ShardError`) while another prepare writes it or any reader reads it, naming them. A filesystem
+    without flock is said once on stderr and the block runs unlocked."""
+    hold = FolderLock(folder, SHARD_LOCK_NAME)
+    for attempt in (0, 1):
+        try:
+            hold.acquire()
+            break
+        except Held as e:
+            if e.readers and os.getpid() in e.pids and attempt == 0:
+                gc.collect()  # this process's own loaders, no longer used but not yet collected: gone now
+                continue
+            if e.readers:
+                raise ShardError(f"{folder} is being read by {e.holders}; this {holder} would rewrite the shards it "
+                                 f"reads: wait for it to finish or stop it, or give this {holder} another --out") from None
+            raise ShardError(f"{folder} is in use by another {holder} ({e.holders}); wait for it to finish or stop "
+                             f"it, or give this {holder} another --out") from None
+    if hold.unsupported:
+        print(f"gptforge {holder}: warning: {hold.path}: {hold.unsupported}; the {holder} goes on without the lock, so "
+              f"nothing stops a second {holder} on this --out from writing here too: start only one (or put it on a "
+              "local disk)", file=sys.stderr)
+    try:
+        yield hold
+    finally:
+        hold.release()
+
+
 def list_shards(data_dir: str | os.PathLike, split: str, other: str | None = None) -> list[Path]:
     """Shards of a split in a folder, sorted by name: files matching ``*{split}*.bin``; never those of a
-    ``prepare`` that has not finished (:func:`unfinished_prepare`). ``other``: the other split's word; a shard whose name holds both (``interval_train_000001.bin`` for train and val) is refused,
+    ``prepare`` that has not finished (:func:`unfinished_prepare`) or is writing it now (:func:`reading`; the list
+    returned holds the folder for reading while it lives). ``other``: the other split's word; a shard whose name holds both (``interval_train_000001.bin`` for train and val) is refused,
     since it would be read as both (validation on training data, silently)."""
     d = Path(data_dir)
     if not d.is_dir():
@@ -167,6 +267,16 @@ def list_shards(data_dir: str | os.PathLike, split: str, other: str | None = Non
                          "folder it is relative to" if where else
                          f"data directory {d} does not exist; run `gptforge prepare ...` first")  # keep it relative
 
+    hold = reading(d)  # a prepare writing it now: refused here, naming it; else held while the list lives
+    try:
+        return ShardFiles(_split_files(d, split, other), hold)
+    except BaseException:  # refused: let go now, not when the traceback is collected
+        hold.close()
+        raise
+
+
+def _split_files(d: Path, split: str, other: str | None) -> list[Path]:
+    """:func:`list_shards`' answer, its folder held."""
     unfinished = unfinished_prepare(d)
     if unfinished:
         raise ShardError(unfinished)

@@ -10,9 +10,8 @@ process dies, however it dies, so a lock left by a killed run never blocks the n
 holds the holder's pid and command line (for the message); it is left in place (unlinking a locked
 file lets a third process lock a new inode while a second still holds the old one).
 
-``prepare`` holds the same lock on its shard folder (``RunLock(out, "prepare", PREPARE_LOCK_NAME)``, taken by
-:func:`gptforge.cli.data.cmd_prepare` for every subcommand whose output is a shard folder): two prepares
-into one folder deleted each other's unlisted shards and the first died on a raw ENOENT.
+A shard folder has a lock of its own, on the same mechanism (:mod:`gptforge.storage.lock`): ``prepare`` holds
+it exclusive and every reader of the shards shared (:func:`gptforge.data.shards.writing`, ``reading``).
 
 The lock also knows which folder it holds (device and inode): :meth:`RunLock.check` says, in one
 line, when the run directory was deleted, moved or replaced while the run trained, and the run's
@@ -22,62 +21,52 @@ run in a fresh folder under the old name (the checkpoint writer makes its folder
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import os
-import sys
 from pathlib import Path
 
+from gptforge.data.shards import SHARD_LOCK_NAME
 from gptforge.storage.faults import OutputError
+from gptforge.storage.lock import FolderLock, Held
 
 
 class RunDirectoryGone(OutputError):
     """The run directory this run holds was deleted, moved or replaced while it trained (exit 2, one line)."""
 
 LOCK_NAME = ".gptforge.lock"
-PREPARE_LOCK_NAME = ".gptforge-prepare.lock"  # a shard folder's: LOCK_NAME is one of guards.RUN_DIR_MARKERS
-_HELD = {errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES}  # flock's answers when another process holds the lock
+PREPARE_LOCK_NAME = SHARD_LOCK_NAME  # (the name tests and older callers know; the shard folder's own lock)
 
 
 class RunLock:
     """An exclusive, non-blocking lock on a run directory (created if missing; if this lock created
-    it and the run wrote nothing else there, it is removed again at release)."""
+    it and the run wrote nothing else there, it is removed again at release). The flock itself is
+    :class:`gptforge.storage.lock.FolderLock`'s, the one mechanism of every hold."""
 
     def __init__(self, run_dir: str | os.PathLike, holder: str = "run", name: str = LOCK_NAME):
         self.run_dir = Path(run_dir)
-        self.holder = holder  # what holds the folder, for the messages: "run", "prepare"
-        self.path = self.run_dir / name  # a shard folder's is not LOCK_NAME, which marks a run directory (guards)
-        self.fd: int | None = None
-        self.created = False
+        self.holder = holder  # what holds the folder, for the messages: "run"
+        self.hold = FolderLock(self.run_dir, name)  # a shard folder's is not LOCK_NAME, which marks a run directory
+        self.path = self.hold.path
         self.identity: tuple[int, int] | None = None  # (st_dev, st_ino) of the folder locked
         self.unsupported: str | None = None  # why the filesystem refused to lock (then the run holds no lock)
 
+    @property
+    def fd(self) -> int | None:
+        return self.hold.fd
+
     def acquire(self) -> RunLock:
-        self.created = not self.run_dir.exists()
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            if e.errno not in _HELD:  # the filesystem cannot lock (ENOLCK, EOPNOTSUPP: some NFS and FUSE mounts)
-                self.unsupported = (f"{self.path}: this filesystem cannot lock files ({(e.strerror or str(e)).lower()}); the "
-                                    f"{self.holder} goes on without the lock, so nothing stops a second {self.holder} on "
-                                    f"this --out from writing here too: start only one (or put it on a local disk)")
-                return self._hold(fd)
-            holder = _read_holder(fd)
-            os.close(fd)
-            from gptforge.config import ConfigError  # here: prepare takes this lock and must not import torch
+            self.hold.acquire()
+        except Held as e:
+            from gptforge.config import ConfigError  # here: nothing light that takes this lock may import torch
 
             raise ConfigError(
-                f"{self.run_dir} is in use by another {self.holder} ({holder}); wait for it to finish or stop it, "
+                f"{self.run_dir} is in use by another {self.holder} ({e.holders}); wait for it to finish or stop it, "
                 f"or give this {self.holder} another --out"
             ) from None
-        return self._hold(fd)
-
-    def _hold(self, fd: int) -> RunLock:
-        os.ftruncate(fd, 0)
-        os.write(fd, f"pid {os.getpid()}: {' '.join(sys.argv)}\n".encode(errors="replace"))
-        self.fd = fd
+        if self.hold.unsupported:  # the filesystem cannot lock (ENOLCK, EOPNOTSUPP: some NFS and FUSE mounts)
+            self.unsupported = (f"{self.path}: {self.hold.unsupported}; the {self.holder} goes on without the lock, "
+                                f"so nothing stops a second {self.holder} on this --out from writing here too: start "
+                                "only one (or put it on a local disk)")
         st = os.stat(self.run_dir)
         self.identity = (st.st_dev, st.st_ino)
         return self
@@ -111,22 +100,7 @@ class RunLock:
             "--resume")
 
     def release(self) -> None:
-        if self.fd is None:
-            return
-        try:  # (a run directory deleted or moved under the run: nothing to tidy)
-            only_lock = self.created and {p.name for p in self.run_dir.iterdir()} == {self.path.name}
-        except OSError:
-            only_lock = False
-        if only_lock:
-            self.path.unlink(missing_ok=True)  # refused before writing anything: leave no empty run dir
-            try:
-                self.run_dir.rmdir()
-            except OSError:
-                pass
-        if self.unsupported is None:
-            fcntl.flock(self.fd, fcntl.LOCK_UN)
-        os.close(self.fd)
-        self.fd = None
+        self.hold.release()
 
     def __enter__(self) -> RunLock:
         return self.acquire()
@@ -154,12 +128,3 @@ def _unlinked(fd: int) -> bool:
         return os.fstat(fd).st_nlink == 0
     except OSError:
         return True
-
-
-def _read_holder(fd: int) -> str:
-    """What the holder wrote ("pid N: command line"), or a plain description if it has not yet."""
-    try:
-        text = os.pread(fd, 4096, 0).decode(errors="replace").strip()
-    except OSError:
-        text = ""
-    return text[:300] if text else "another process, which has not yet written its pid"

@@ -154,10 +154,12 @@ def remove_stale_temporaries(path: Path) -> None:
 
 
 @contextlib.contextmanager
-def atomic_path(path: str | Path, what: str | None = None, needed: int = 0) -> Iterator[Path]:
+def atomic_path(path: str | Path, what: str | None = None, needed: int = 0, sole: bool = False) -> Iterator[Path]:
     """Yield a temporary path beside ``path`` for any writer (safetensors, torch.save, matplotlib) to
     write; on success it is fsynced and renamed to ``path``, on failure deleted. Disk errors become
-    one-line :class:`OutputError` s naming ``what`` (default: the file's name)."""
+    one-line :class:`OutputError` s naming ``what`` (default: the file's name). ``sole``: refuse (one line) while
+    another process writes ``path`` too, rather than let the last whole write win silently
+    (:func:`gptforge.storage.lock.claim_output`: the temporary is locked until it is renamed in)."""
     path = named(path, "output")
     if path.is_symlink():  # a link to the real file (on a bigger disk): replace that file, keep the link
         path = path.resolve()
@@ -173,7 +175,10 @@ def atomic_path(path: str | Path, what: str | None = None, needed: int = 0) -> I
         remove_stale_temporaries(path)
         tmp = _temp_name(path, "tmp", path.suffix)
         os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))  # the mode an ordinary file gets
+        claim = None
         try:
+            if sole:
+                claim = _claim(tmp, path, what)
             yield tmp
             fsync_file(tmp)
             os.replace(tmp, path)
@@ -184,16 +189,31 @@ def atomic_path(path: str | Path, what: str | None = None, needed: int = 0) -> I
             if fault is not None:  # judged while the temporary was there to show a file at the size limit
                 raise OutputError(fault) from e
             raise
+        finally:
+            if claim is not None:
+                claim.release()
         fsync_dir(path.parent)
 
 
+def _claim(tmp: Path, path: Path, what: str):
+    from gptforge.storage.lock import Held, claim_output
+
+    try:
+        return claim_output(tmp, path)
+    except Held as e:
+        raise OutputError(f"{path}: another process is writing it now ({e.holders}); two writers of {what} would "
+                          "leave only the last one's, without a word: wait for it to finish, or write another "
+                          "--out") from None
+
+
 @contextlib.contextmanager
-def atomic_open(path: str | Path, mode: str = "w", what: str | None = None, **kw: Any) -> Iterator[Any]:
+def atomic_open(path: str | Path, mode: str = "w", what: str | None = None, sole: bool = False,
+                **kw: Any) -> Iterator[Any]:
     """``open(path, mode)`` that writes a temporary beside ``path`` and renames it over ``path`` only
-    when the block ends without an error (see :func:`atomic_path`)."""
+    when the block ends without an error (see :func:`atomic_path`, and its ``sole``)."""
     if mode not in ("w", "wb"):
         raise ValueError(f"atomic_open: mode {mode!r} (w or wb)")
-    with atomic_path(path, what) as tmp, open(tmp, mode, **kw) as f:
+    with atomic_path(path, what, sole=sole) as tmp, open(tmp, mode, **kw) as f:
         yield f
 
 

@@ -62,6 +62,7 @@ from pathlib import Path
 import numpy as np
 
 from gptforge.assets import sha256_file
+from gptforge.data.prepare.manifest import open_manifest, write_json_atomic
 from gptforge.data.prepare.settings import PrepareSettings, check_settings
 from gptforge.data.prepare.sources import Item, SourceError, safe_cut
 from gptforge.data.prepare.watch import Watch, ordered
@@ -72,14 +73,10 @@ from gptforge.data.prepare.workers import (
     peak_rss_mb,
     tokenize,
 )
-from gptforge.data.shards import FORMATS, ShardError, magic_for, read_header, write_shard
+from gptforge.data.shards import FORMATS, MANIFEST, magic_for, write_shard, writing
 from gptforge.data.tokenizer import save_tokenizer
-from gptforge.reading import read_json
-from gptforge.storage import is_temporary
 from gptforge.storage.faults import DiskFullError, disk_full_message, is_disk_full, output_error
 
-MANIFEST = "manifest.json"
-MANIFEST_FORMAT = "gptforge-shards/1"
 MAX_SKIP_EXAMPLES = 100
 
 
@@ -100,12 +97,6 @@ def _chunks(items: Iterator[Item], start: int, docs: int, chars: int) -> Iterato
             buf, size = [], 0
     if buf:
         yield first, buf
-
-
-def _write_json_atomic(path: Path, obj: dict) -> None:
-    from gptforge.storage import write_json
-
-    write_json(path, obj, indent=1)
 
 
 class _Writer:
@@ -156,7 +147,7 @@ class _Writer:
     def _record_val_size(self, v: int) -> None:
         self.val_size = v
         self.m["state"]["val_tokens"] = v
-        _write_json_atomic(self.out / MANIFEST, self.m)
+        write_json_atomic(self.out / MANIFEST, self.m)
 
     def _alloc(self) -> None:
         n = max(self.settings.shard_tokens, self.val_size)
@@ -242,6 +233,10 @@ class _Writer:
         if not self.settings.skip_bad:
             raise SourceError(f"{item.where}: {item.reason}. Fix or remove it, or pass --skip-bad to skip "
                               "such rows (they are counted in manifest.json)")
+        if self.offset:  # its head is in the shards (a run without --skip-bad stopped at its bad byte): not skippable
+            raise SourceError(f"{item.where}: {item.reason}; its first {self.offset:,} tokens are already in the "
+                              "shards (a run without --skip-bad stopped there), so it cannot be skipped whole: fix "
+                              "or remove it and pass --force to prepare again")
         st = self.m["state"]
         st["skipped"] += 1
         if len(st["skipped_examples"]) < MAX_SKIP_EXAMPLES:
@@ -306,7 +301,7 @@ class _Writer:
         self.m["state"].update(next_item=next_item, doc_offset=doc_offset)
         self.m["tokens"] = sum(s["tokens"] for s in self.m["shards"])
         try:
-            _write_json_atomic(self.out / MANIFEST, self.m)
+            write_json_atomic(self.out / MANIFEST, self.m)
         except OSError as e:  # the shard is written but not listed: the next run removes and redoes it
             if is_disk_full(e, self.out, 1 << 16):
                 raise DiskFullError(disk_full_message(f"{MANIFEST} after shard {path.name}", needed, self.out)
@@ -315,93 +310,26 @@ class _Writer:
         self.fill = 0
 
 
-def _as_saved(ident: dict, saved: dict) -> dict:
-    """``ident`` as a manifest written before files carried their modification time would hold it (path and
-    size only), so such a manifest still resumes; a newer one is compared with the time."""
-    files = (saved.get("source") or {}).get("files") if isinstance(saved.get("source"), dict) else None
-    if ident["source"].get("kind") != "files" or not isinstance(files, list) or any(
-            isinstance(f, dict) and "mtime_ns" in f for f in files):
-        return ident
-    source = {**ident["source"], "files": [{k: v for k, v in f.items() if k != "mtime_ns"} for f in ident["source"]["files"]]}
-    return {**ident, "source": source}
-
-
-def _changed_files(saved: object, now: dict) -> str | None:
-    """The first input file whose record differs while the list of paths is the same (None otherwise).
-    ``now``: the source as the manifest would record it (:func:`_as_saved`)."""
-    if not isinstance(saved, dict) or now.get("kind") != "files" or saved.get("text_field") != now.get("text_field"):
-        return None
-    old = saved.get("files")
-    if not isinstance(old, list) or [f.get("path") if isinstance(f, dict) else None for f in old] != [
-            f["path"] for f in now["files"]]:
-        return None
-    return next((b["path"] for a, b in zip(old, now["files"], strict=True) if a != b), None)
-
-
-def _open_manifest(out: Path, ident: dict, force: bool) -> dict:
-    """The manifest to continue from (verified), or a fresh one. Removes anything a kill left behind."""
-    path = out / MANIFEST
-    name = ident["settings"]["name"]
-    m = None
-    if path.exists():
-        m = read_json(path, ShardError, "shard manifest", then=f"delete {out} or pass --force to start over")
-        shards = m.get("shards")
-        if not isinstance(shards, list) or not all(
-                isinstance(s, dict) and isinstance(s.get("file"), str) and "/" not in s["file"] and "\\" not in s["file"]
-                and isinstance(s.get("tokens"), int) and isinstance(s.get("sha256"), str) for s in shards):
-            raise ShardError(f"{path}: shards: expected a list of {{file, tokens, sha256}} naming files in {out}; the "
-                             f"manifest is damaged: delete {out} or pass --force to start over")
-        as_saved = _as_saved(ident, m)
-        same = m.get("format") == MANIFEST_FORMAT and {k: m.get(k) for k in ident} == as_saved
-        if not same and not force:
-            changed = _changed_files(m.get("source"), as_saved["source"])
-            if changed:
-                raise ShardError(f"{changed}: changed since the shards in {out} were made from it (its size or "
-                                 "modification time differs from the manifest's); pass --force to prepare again "
-                                 "from the files as they are now, or choose another --out")
-            raise ShardError(
-                f"{out} holds shards prepared from another source or with other settings "
-                f"(see {path}); choose another --out, or pass --force to delete them and start over")
-        if force:
-            for s in m.get("shards", []):
-                (out / s["file"]).unlink(missing_ok=True)
-            m = None
-    elif not force and any(f.name.startswith(f"{name}_") for f in out.glob("*.bin")):
-        # the manifest is written before the first shard, so these are not ours
-        raise ShardError(f"{out} already holds {name}_*.bin shards but no {MANIFEST}; choose another --out, "
-                         "or pass --force to replace them")
-    if m is not None:
-        for s in m["shards"]:  # a listed shard must be exactly what was written
-            f = out / s["file"]
-            n = read_header(f)[2]
-            if n != s["tokens"] or sha256_file(f) != s["sha256"]:
-                raise ShardError(f"{f}: does not match its sha256/token count in {path}; it changed since it was "
-                                 "written. Delete the folder (or pass --force) and prepare again")
-    listed = {s["file"] for s in m["shards"]} if m else set()
-    for f in out.iterdir():  # leftovers of a killed run are never trusted
-        if f.name.endswith(".tmp") or is_temporary(f.name) or (f.name.startswith(f"{name}_") and f.suffix == ".bin" and f.name not in listed):
-            f.unlink()
-    if m is None:
-        m = {"format": MANIFEST_FORMAT, **ident, "shards": [], "tokens": 0, "complete": False,
-             "state": {"next_item": 0, "doc_offset": 0, "documents": 0, "skipped": 0, "skipped_examples": []}}
-        _write_json_atomic(path, m)
-    return m
-
-
 def prepare(source, out: str | os.PathLike, settings: PrepareSettings | None = None, *, force: bool = False,
             progress: bool = True, expected_tokens: int | None = None) -> dict:
-    """Tokenize ``source`` into shards in ``out``; resumes an interrupted run. Returns a summary dict."""
+    """Tokenize ``source`` into shards in ``out``; resumes an interrupted run. Returns a summary dict. ``out`` is
+    held for writing from before any work to the end (:func:`gptforge.data.shards.writing`): another prepare, or
+    a reader of its shards (a training run), is refused in one line naming it."""
     settings = settings or PrepareSettings()
     workers = check_settings(settings)
     floor = deadline_floor()  # a bad GPTFORGE_DOC_DEADLINE_S is refused before any work
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    with writing(out):
+        return _prepare(source, Path(out), settings, workers, floor, force, progress, expected_tokens)
+
+
+def _prepare(source, out: Path, settings: PrepareSettings, workers: int, floor: float, force: bool, progress: bool,
+             expected_tokens: int | None) -> dict:
     enc = load_tokenizer(settings.tokenizer)
     magic = magic_for(enc.n_vocab - 1)  # by vocabulary, so every shard of a dataset has one format
     ident = {"source": source.describe(), "settings": {**settings.identity(), "magic": magic,
                                                        "eot": enc.eot_token, "n_vocab": enc.n_vocab,
                                                        "tokenizer_fingerprint": enc.fingerprint}}
-    m = _open_manifest(out, ident, force)
+    m = open_manifest(out, ident, force)
     save_tokenizer(enc, out)  # the shards' tokenizer beside them: train reads it and checks its model's
     t0 = time.perf_counter()
     if m["complete"]:
@@ -417,7 +345,8 @@ def prepare(source, out: str | os.PathLike, settings: PrepareSettings | None = N
     # a source that reads documents in pieces (a .txt file) cuts them where this tokenizer agrees (sources.safe_cut)
     import inspect
 
-    items = source.items(start, cut_ok=safe_cut(enc.encode_ordinary)) \
+    # (with skip_bad, checked whole first: a bad file is skipped whole, no piece of it written before its bad byte)
+    items = source.items(start, cut_ok=safe_cut(enc.encode_ordinary), whole_check=settings.skip_bad) \
         if "cut_ok" in inspect.signature(source.items).parameters else source.items(start)
     chunks = _chunks(items, start, settings.chunk_docs, settings.chunk_chars)
     pool = None
@@ -449,7 +378,7 @@ def prepare(source, out: str | os.PathLike, settings: PrepareSettings | None = N
         if not m["shards"]:  # never a folder that says complete and holds nothing to train on
             raise SourceError(_no_tokens(source.describe(), m["state"]))
         m["complete"] = True
-        _write_json_atomic(out / MANIFEST, m)
+        write_json_atomic(out / MANIFEST, m)
     except BrokenProcessPool as e:
         raise SourceError(f"a tokenizer worker process died ({e}); finished shards are kept: re-run the same "
                           "command to resume (with fewer --workers if it was killed for memory)") from e

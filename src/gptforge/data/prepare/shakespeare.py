@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from gptforge import assets
-from gptforge.data.shards import write_shard
+from gptforge.data.shards import write_shard, writing
 from gptforge.data.tokenizer import encode_document, load_tokenizer, save_tokenizer
 
 TINY_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
@@ -91,11 +91,15 @@ def documents(source: str) -> tuple[str, list[str]]:
 
 def prepare(out: str | Path = "data/shakespeare", source: str = "auto", tokenizer: str = "gpt2") -> dict:
     """``tokenizer``: what :func:`gptforge.data.tokenizer.load_tokenizer` reads (gpt2, a trained
-    tokenizer's folder, a tokenizer.json ...); it is saved beside the shards, which train checks."""
-    out = Path(out)
+    tokenizer's folder, a tokenizer.json ...); it is saved beside the shards, which train checks. ``out`` is held
+    for writing from before any work to the end (:func:`gptforge.data.shards.writing`)."""
+    with writing(out):
+        return _prepare(Path(out), source, tokenizer)
+
+
+def _prepare(out: Path, source: str, tokenizer: str) -> dict:
     enc = load_tokenizer(tokenizer)
     dtype = np.uint16 if enc.n_vocab <= 1 << 16 else np.uint32  # write_shard picks the format by the ids
-    out.mkdir(parents=True, exist_ok=True)
     used, docs = documents(source)
     if used == "tiny":
         tokens = np.concatenate([np.asarray(encode_document(enc, d), dtype=dtype) for d in docs] or [np.zeros(0, dtype)])

@@ -16,10 +16,13 @@ as pieces (:class:`Item` s with ``more``: the document goes on in the next one, 
 the previous one; one item number for them all). A piece ends only where the tokens of the pieces are the
 tokens of the whole text: before a line break that follows a letter (GPT-2's, cl100k's and o200k's split
 patterns never join a letter to a following line break, and have no look-behind), and only where the tokenizer
-given as ``cut_ok`` agrees on the text around the cut (see :func:`safe_cut`); a UTF-8 character split by a
-read is completed from the next. A file is checked to be UTF-8 in a first pass (in pieces too), so a bad byte
-anywhere makes the whole file one bad row, as when it was read whole. A file with no such cut (one endless
-line, a tokenizer that disagrees everywhere) is held until its end, as before.
+given as ``cut_ok`` agrees on the text around the cut (see :func:`safe_cut`); past ``TXT_HOLD_CHARS`` held
+without one (one endless line), also before a space or tab that follows a letter. The file is read once, decoded
+by an incremental UTF-8 decoder (a character split by a read is completed from the next): a bad byte ends the
+document as a bad row naming that byte, and the run stops there. With ``skip_bad`` (``whole_check``) a bad file
+is skipped whole, so it is first checked in a read of its own, before any piece of it is given. A file with no
+cut at all (a text without a letter before a space or line break, a tokenizer that disagrees everywhere) is held
+until its end.
 
 Parquet is read with pyarrow directly (``iter_batches`` over the text column only), rather than
 through ``datasets``: it names the file and row of a bad value, reads one row group at a time
@@ -29,6 +32,7 @@ them. The Hugging Face path (:class:`HFStreamSource`) is ``datasets`` streaming,
 
 from __future__ import annotations
 
+import codecs
 import gzip
 import json
 import os
@@ -38,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gptforge.extras import require
-from gptforge.reading import bounded_lines, jsonl_hint, too_long, utf8
+from gptforge.reading import UTF8_BOM, UTF16_BOMS, bounded_lines, jsonl_hint, too_long, utf8
 
 SUFFIXES = (".txt", ".jsonl", ".jsonl.gz", ".parquet")
 
@@ -72,6 +76,9 @@ TXT_CHUNK_BYTES = 1 << 20
 # characters either side of a cut that the tokenizer must tokenize alike, cut or not (safe_cut): far more than
 # any split pattern looks ahead (one character for GPT-2's \s+(?!\S)) or a BPE merge spans across a line break
 CUT_WINDOW = 64
+# text held past this many characters without a cut before a line break (one endless line): a piece may also end
+# before a space or tab that follows a letter, a place every split pattern above ends a word at too
+TXT_HOLD_CHARS = 8 * TXT_CHUNK_BYTES
 
 
 def safe_cut(encode) -> callable:
@@ -85,28 +92,19 @@ def safe_cut(encode) -> callable:
     return ok
 
 
-def _cut(text: str, cut_ok, floor: int, ceiling: int) -> int:
+def _cut(text: str, cut_ok, floor: int, ceiling: int, spaces: bool = False) -> int:
     """The last place in ``text`` in (``floor``, ``ceiling``] to end a piece at: before a line break that follows a
-    letter, the tokenizer agreeing (``cut_ok``); 0 for none. ``ceiling`` leaves CUT_WINDOW characters after it, so
-    the check sees the text that follows; places at or below ``floor`` were judged before."""
+    letter (``spaces``: or a space or tab that follows a letter), the tokenizer agreeing (``cut_ok``); 0 for none.
+    ``ceiling`` leaves CUT_WINDOW characters after it, so the check sees the text that follows; places at or below
+    ``floor`` were judged before."""
+    marks = "\n\r \t" if spaces else "\n\r"
     c = ceiling + 1
     while True:
-        c = max(text.rfind("\n", floor + 1, c), text.rfind("\r", floor + 1, c))
+        c = max(text.rfind(m, floor + 1, c) for m in marks)
         if c <= 0:
             return 0
         if text[c - 1].isalpha() and cut_ok(text, c):
             return c
-
-
-def _utf8_whole(raw: bytes) -> int:
-    """How many bytes of ``raw`` end on a whole UTF-8 character: all of them, but for a character whose last
-    bytes are still to be read (its lead byte promises more than there is); a bad byte is left to the decoder."""
-    for back in range(1, min(4, len(raw)) + 1):
-        b = raw[-back]
-        if b & 0xC0 != 0x80:  # a lead byte (or ASCII): how long its character is
-            need = 1 if b < 0x80 else 2 if b >> 5 == 0b110 else 3 if b >> 4 == 0b1110 else 4 if b >> 3 == 0b11110 else 1
-            return len(raw) - back if need > back else len(raw)
-    return len(raw)
 
 
 def source_kind(path: Path) -> str | None:
@@ -229,9 +227,10 @@ class FilesSource:
                 return None
         return total
 
-    def items(self, start: int = 0, cut_ok=None) -> Iterator[Item]:
+    def items(self, start: int = 0, cut_ok=None, whole_check: bool = False) -> Iterator[Item]:
         """The items from number ``start`` on. ``cut_ok``: the tokenizer's check of a cut (:func:`safe_cut`), which
-        lets a .txt file be read in pieces; None: each read whole."""
+        lets a .txt file be read in pieces; None: each read whole. ``whole_check``: a .txt file is checked to be
+        UTF-8 before its first piece is given (``skip_bad``: a bad file is then one bad row, skipped whole)."""
         n = 0  # items yielded or skipped so far
         for f in self.files:
             kind = source_kind(f)
@@ -241,7 +240,7 @@ class FilesSource:
                 if n < start:  # one item, already written: not read at all
                     n += 1
                     continue
-                it = self._txt(f, cut_ok)
+                it = self._txt(f, cut_ok, whole_check)
             else:
                 it = self._jsonl(f)
             for count, item in it:
@@ -255,28 +254,34 @@ class FilesSource:
 
     # --- readers: yield (count, Item) with count=1, or (k, None) for k rows skipped unread ---------
 
-    def _txt(self, f: Path, cut_ok=None) -> Iterator[tuple[int, Item | None]]:
-        """The file as one document, in pieces where ``cut_ok`` allows (the module's docstring): first checked to
-        be UTF-8 throughout, then read again and given piece by piece, holding at most the text since the last cut
-        and one read."""
-        try:
-            for _ in _txt_texts(f):
-                pass
-        except UnicodeDecodeError as e:
-            yield 1, Item(None, f"{f}", f"not valid UTF-8 at byte {e.start} ({e.reason})")
-            return
+    def _txt(self, f: Path, cut_ok=None, whole_check: bool = False) -> Iterator[tuple[int, Item | None]]:
+        """The file as one document, in pieces where ``cut_ok`` allows (the module's docstring), decoded as it is
+        read, holding at most the text since the last cut and one read. A bad byte ends it as a bad row naming
+        that byte, after the pieces before it (a run without ``skip_bad`` stops there). ``whole_check`` (``skip_bad``:
+        a bad file is skipped whole, so no piece of it may be given first): checked throughout in a first read."""
+        if whole_check:
+            try:
+                for _ in _txt_texts(f):
+                    pass
+            except UnicodeDecodeError as e:
+                yield 1, Item(None, f"{f}", _not_utf8(e))
+                return
         held, cont, floor = "", False, 0  # floor: places up to it were judged no cut already
-        for text in _txt_texts(f):
-            held += text
-            if cut_ok is None:
-                continue
-            ceiling = len(held) - CUT_WINDOW
-            c = _cut(held, cut_ok, floor, ceiling) if ceiling > floor else 0
-            if c:
-                yield 1, Item(held[:c], f"{f}", more=True, cont=cont)
-                cont, held, floor = True, held[c:], ceiling - c
-            else:
-                floor = max(floor, ceiling)
+        try:
+            for text in _txt_texts(f):
+                held += text
+                if cut_ok is None:
+                    continue
+                ceiling = len(held) - CUT_WINDOW
+                c = _cut(held, cut_ok, floor, ceiling, spaces=len(held) > TXT_HOLD_CHARS) if ceiling > floor else 0
+                if c:
+                    yield 1, Item(held[:c], f"{f}", more=True, cont=cont)
+                    cont, held, floor = True, held[c:], ceiling - c
+                else:
+                    floor = max(floor, ceiling)
+        except UnicodeDecodeError as e:
+            yield 1, Item(None, f"{f}", _not_utf8(e), cont=cont)
+            return
         yield 1, Item(held, f"{f}", cont=cont)  # "" alone: an empty document (counted, not an error)
 
     def _jsonl(self, f: Path) -> Iterator[tuple[int, Item | None]]:
@@ -359,24 +364,35 @@ class FilesSource:
                                              "the rest of the file is unreadable")
 
 
+def _not_utf8(e: UnicodeDecodeError) -> str:
+    return f"not valid UTF-8 at byte {e.start} ({e.reason})"
+
+
 def _txt_texts(f: Path) -> Iterator[str]:
     """``f``'s text, TXT_CHUNK_BYTES read at a time and decoded as :func:`gptforge.reading.utf8` decodes a whole
-    file (its byte order mark dropped, UTF-16 named); a character split by a read is completed from the next.
-    UnicodeDecodeError's ``start`` counts bytes from the file's start, as the whole file's decode would."""
-    at = 0  # the file's byte offset of ``raw``
+    file (its byte order mark dropped, UTF-16 named), by one incremental decoder: a character split by a read is
+    completed from the next. UnicodeDecodeError's ``start`` counts bytes from the file's start, as the whole
+    file's decode would."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
     with open(f, "rb") as fh:
         raw = fh.read(max(TXT_CHUNK_BYTES, 4))  # a byte order mark (3 bytes; UTF-16's 2) is judged whole
-        first = True
-        while raw:
-            more = fh.read(TXT_CHUNK_BYTES)
-            whole = _utf8_whole(raw) if more else len(raw)
+        if raw[:2] in UTF16_BOMS:
+            utf8(raw[:2], at_start=True)  # raises, naming UTF-16
+        read = len(UTF8_BOM) if raw.startswith(UTF8_BOM) else 0  # bytes of the file given to the decoder so far
+        raw = raw[read:]
+        while True:
+            pending = len(decoder.getstate()[0])  # bytes of a character the last read cut, held by the decoder
             try:
-                text = utf8(raw[:whole], at_start=first)
-            except UnicodeDecodeError as e:
+                text = decoder.decode(raw, final=not raw)
+            except UnicodeDecodeError as e:  # e.start counts from the held bytes, then this read's
+                at = read - pending
                 raise UnicodeDecodeError("utf-8", e.object, e.start + at, e.end + at, e.reason) from None
-            yield text
-            at += whole
-            raw, first = raw[whole:] + more, False
+            if not raw:
+                return
+            read += len(raw)
+            if text:
+                yield text
+            raw = fh.read(TXT_CHUNK_BYTES)
 
 
 def _pyarrow():

@@ -185,7 +185,7 @@ def _encode_watched(enc, texts: list[str], ids: list[int]) -> list[np.ndarray]:
 
 
 # what a refused document's message tells: the source or the tokenizer changes, so the manifest no longer matches
-# them and a plain rerun is refused (pipeline._open_manifest): --force is the way on, not a resume
+# them and a plain rerun is refused (manifest.open_manifest): --force is the way on, not a resume
 SLOW_FIX = ("Fix: remove or split this document, or fix the tokenizer's split pattern, then prepare again with "
             "--force (the source or tokenizer changed, so the shards written so far are made again)")
 

@@ -134,7 +134,8 @@ def write_preferences(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
     from gptforge.storage import atomic_open
 
     path = Path(path)
-    with atomic_open(path, "w", what="the preference file", encoding="utf-8") as f:  # never half a file
+    with atomic_open(path, "w", what="the preference file", sole=True, encoding="utf-8") as f:  # never half a
+        # file, and never two writers at once (the second is refused, naming the first)
         for r in rows:
             f.write(json.dumps(r) + "\n")
     return path

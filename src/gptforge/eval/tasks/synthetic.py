@@ -28,7 +28,8 @@ def write_conversations(problems: list[Problem], path: str | Path) -> Path:
     from gptforge.storage import atomic_open
 
     path = Path(path)
-    with atomic_open(path, "w", what="the conversations file", encoding="utf-8") as f:  # never half a file
+    with atomic_open(path, "w", what="the conversations file", sole=True, encoding="utf-8") as f:  # never half a
+        # file, and never two writers at once (the second is refused, naming the first)
         for p in problems:
             f.write(json.dumps({"messages": p.messages()}) + "\n")
     return path
