@@ -46,8 +46,9 @@ pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("uvicorn")
 
-from gptforge.serve.app import NO_CORS, ServeSettings, create_app  # noqa: E402
+from gptforge.serve.app import ServeSettings, create_app  # noqa: E402
 from gptforge.serve.openai_schema import NOT_AN_OBJECT, SHOWN_CHARS  # noqa: E402
+from gptforge.serve.routing import NO_CORS  # noqa: E402
 from tests.serve.answering import T, answering_model  # noqa: E402
 from tests.serve.browser import serve_in_thread  # noqa: E402
 
@@ -285,7 +286,7 @@ def test_requests_are_read_off_the_event_loop_a_bounded_number_at_once(url, monk
     import time
 
     from gptforge.serve import openai_schema
-    from gptforge.serve.app import PREPARING
+    from gptforge.serve.gate import PREPARING
 
     inside, let_go, count = [], threading.Event(), threading.Lock()
     loads = openai_schema.loads_body
