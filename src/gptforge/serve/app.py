@@ -15,7 +15,8 @@ run's loss curve from its ``metrics.jsonl``. OpenAI's ``/v1/models``, ``/v1/comp
 Bad input never reaches the model: malformed JSON -> 400, a value out of range -> 422 naming the
 field (sampling ranges from the same ``SamplingParams.check`` the CLI uses), a prompt that does not
 fit the context or a ``max_new_tokens`` over the cap -> 400, a body over the size limit -> 413 (counted
-on the bytes read, so a chunked body is cut off too), more waiting requests than ``max_queue`` -> 429 with ``Retry-After``.
+on the bytes read, so a chunked body is cut off too), a compressed body -> 415, more waiting requests than
+``max_queue`` -> 429 with ``Retry-After``.
 One request runs on the model at a time (a lock); the rest wait in a bounded queue, each request read, checked and
 tokenized off the event loop first (``serve/gate.py``). A client that hangs up leaves the queue, or stops its
 generation at the next token (``serve/limits.py``). How /api reads a body: ``serve/bodies.py``; a trailing slash,

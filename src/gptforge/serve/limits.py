@@ -36,7 +36,10 @@ class BodyTooLarge(HTTPException):
 
 class BodyLimit:
     """Pure ASGI middleware: 413 for a declared Content-Length over ``max_bytes``, and for a body
-    (chunked or lying about its length) whose received bytes pass it."""
+    (chunked or lying about its length) whose received bytes pass it; 415 for a body sent compressed (a
+    ``Content-Encoding`` other than ``identity``), which no route reads: each read the gzip bytes as JSON, a 400
+    "'utf-8' codec can't decode byte 0x8b" that named neither the header nor the fix, and inflating it would
+    leave the limit counting compressed bytes (a 1 MB gzip body can inflate to 1 GB)."""
 
     def __init__(self, app: Any, max_bytes: int):
         self.app = app
@@ -47,6 +50,13 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         limit = self.max_bytes
+        encodings = [e.strip().lower() for k, v in scope.get("headers") or () if k.lower() == b"content-encoding"
+                     for e in v.split(b",")]
+        if any(e not in (b"", b"identity") for e in encodings):
+            sent = b", ".join(e for e in encodings if e).decode("latin-1")
+            await _json(send, 415, f"Content-Encoding: {sent}: this server reads a request body as sent (JSON, not "
+                                   "compressed); send it without a Content-Encoding header", scope)
+            return
         declared = dict(scope.get("headers") or ()).get(b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > limit):
             await _json(send, 413, f"request body of {declared.decode('latin-1')} bytes is over the limit of {limit}",

@@ -24,8 +24,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-               405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
-               499: "invalid_request_error"}
+               405: "invalid_request_error", 413: "invalid_request_error", 415: "invalid_request_error",
+               429: "rate_limit_error", 499: "invalid_request_error"}
 
 
 class OpenAIError(Exception):
