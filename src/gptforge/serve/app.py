@@ -134,7 +134,9 @@ def read_loss_curve(path: str | Path | None, max_points: int = 2000) -> dict[str
         if seen[curve] % stride[curve] == 0 and len(curves[curve]) < max_points and point[1] is not None:
             curves[curve].append(point)
         seen[curve] += 1
-    return {"available": True, "path": str(path), **curves}
+    from gptforge.serve.describe import readable
+
+    return {"available": True, "path": readable(str(path)), **curves}
 
 
 def create_app(model: torch.nn.Module, enc: Any = None, settings: ServeSettings | None = None,
@@ -158,6 +160,9 @@ def create_app(model: torch.nn.Module, enc: Any = None, settings: ServeSettings 
     if chat_template:  # a chat model may emit its role/end ids, which the plain tokenizer cannot decode
         chat = template_from_dict(chat_template, vocab_size=model.config.vocab_size, tok=plain)
         enc = ChatTokenizer(plain, chat)
+    from gptforge.serve.describe import readable
+
+    served = readable(served)  # paths shown to clients (/api/info, /v1's model name) as text, whatever their bytes
     settings = settings or ServeSettings()
     settings.check()
     settings = settings.for_model(model.config.block_size)
@@ -364,7 +369,9 @@ def bind_port(host: str, port: int):
 
 def tokenizer_fields(tok: Any) -> dict:
     """The served model's own tokenizer for /api/info: name, vocabulary size and its special ids."""
-    return {"name": getattr(tok, "name", None), "n_vocab": tok.n_vocab, "eot": tok.eot_token,
+    from gptforge.serve.describe import readable
+
+    return {"name": readable(getattr(tok, "name", None)), "n_vocab": tok.n_vocab, "eot": tok.eot_token,
             "bos": getattr(tok, "bos_token_id", None), "eos": getattr(tok, "eos_token_id", None)}
 
 
