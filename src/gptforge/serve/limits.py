@@ -185,6 +185,7 @@ def message_bound(template: Any, enc: Any, positions: int) -> MessageBound | Non
     newline), of five."""
     if template is None:
         return MessageBound(positions, 0, 1)
+    from gptforge.data.tokenizer import TokenizerError
     from gptforge.errors import ChatFormatError
 
     controls = set(template.names)
@@ -192,7 +193,7 @@ def message_bound(template: Any, enc: Any, positions: int) -> MessageBound | Non
     def rendered(messages: list[dict[str, str]]) -> int | None:
         try:
             ids = template.render_for_generation(messages, enc)
-        except ChatFormatError:  # the template refuses this conversation (roles out of turn): nothing to measure
+        except (ChatFormatError, TokenizerError):  # refused (roles out of turn, as the routes refuse it): not measured
             return None
         spent, in_text = 0, False
         for t in ids:  # each control id, and each run of text ids between them once
