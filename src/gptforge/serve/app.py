@@ -29,7 +29,7 @@ import asyncio
 import math
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
@@ -42,6 +42,7 @@ from gptforge.run.metrics import finite_number, iter_metrics, whole_step
 from gptforge.serve.bodies import BodyRoute, validation_message
 from gptforge.serve.gate import ModelGate
 from gptforge.serve.limits import BearerAuth, BodyLimit, acquire_unless_gone, prompt_over_limit, watch_disconnect
+from gptforge.serve.openai_schema import FIRST_BAD
 from gptforge.serve.routing import TrailingSlash, route_miss
 from gptforge.serve.sse import collect_rows, sse_response
 
@@ -80,7 +81,8 @@ class GenerateRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)  # JSON types as sent: no "10" -> 10, true -> 1
     prompt: str | None = Field(None, description="the text to continue")
-    prompts: list[str] | None = Field(None, min_length=1, description="several prompts, generated as one batch")
+    prompts: Annotated[list[str], FIRST_BAD] | None = Field(None, min_length=1,
+                                                           description="several prompts, generated as one batch")
     max_new_tokens: int | None = Field(None, ge=1, description="default: 64 or the server's cap if lower")
     # ranges are checked in one place for the API and the CLI: SamplingParams.check (422 naming the field)
     temperature: float = Field(1.0, description="0 = greedy; finite, >= 0")
@@ -88,7 +90,7 @@ class GenerateRequest(BaseModel):
     top_p: float = Field(1.0, description="1 = off; in (0, 1]")
     repetition_penalty: float = Field(1.0, description="1 = off; finite, > 0")
     seed: int | None = Field(None, ge=0, lt=2**63)
-    stop: list[str] = Field(default_factory=list, max_length=8, description="stop sequences")
+    stop: Annotated[list[str], FIRST_BAD] = Field(default_factory=list, max_length=8, description="stop sequences")
     stop_at_eot: bool = True
 
 
