@@ -70,3 +70,22 @@ def test_every_list_and_dict_of_a_request_is_marked():
                 bare.append(f"{m.__name__}.{name}: {found}")
     assert not bare, bare
     assert issubclass(ChatRequest, BaseModel)
+
+
+def test_an_api_answer_lists_at_most_four_errors(tokenizer):
+    """/v1 listed four errors, /api every one: 1,000,000 unknown keys in a 14 MB body made a 49 MB answer."""
+    from fastapi.testclient import TestClient
+
+    from gptforge.serve.app import ServeSettings, create_app
+    from tests.serve.answering import T, answering_model
+
+    app = create_app(answering_model(64), tokenizer, ServeSettings(max_new_tokens_cap=4), chat_template=T.to_dict())
+    with TestClient(app) as c:
+        r = c.post("/api/generate", json={"prompt": "a", **{f"k{i}": 1 for i in range(50)}})
+        assert r.status_code == 422, r.text
+        assert r.json()["error"] == "; ".join([*(f"k{i}: Extra inputs are not permitted (got 1)" for i in range(4)),
+                                              "and 46 more"]), r.text
+        r = c.post("/api/generate", json={"prompt": "a", **{f"k{i}": 1 for i in range(4)}})  # four: all listed
+        assert r.json()["error"] == "; ".join(f"k{i}: Extra inputs are not permitted (got 1)" for i in range(4))
+        r = c.post("/api/generate", json={"prompt": "a", **{f"k{i}": 1 for i in range(5)}})
+        assert r.json()["error"].endswith("k3: Extra inputs are not permitted (got 1); and 1 more"), r.text
