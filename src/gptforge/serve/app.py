@@ -34,12 +34,12 @@ from typing import TYPE_CHECKING, Annotated, Any
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gptforge.run.metrics import finite_number, iter_metrics, whole_step
-from gptforge.serve.bodies import BodyRoute, validation_message
+from gptforge.serve.bodies import ApiModel, BodyRoute, validation_message
 from gptforge.serve.gate import ModelGate
 from gptforge.serve.limits import BearerAuth, BodyLimit, acquire_unless_gone, prompt_over_limit, watch_disconnect
 from gptforge.serve.openai_schema import FIRST_BAD
@@ -76,7 +76,7 @@ class ServeSettings:
         return replace(self, max_prompt_chars=chars, max_body_bytes=self.max_body_bytes or max(1_000_000, 8 * chars))
 
 
-class GenerateRequest(BaseModel):
+class GenerateRequest(ApiModel):
     """One prompt (``prompt``) or a batch (``prompts``) and the sampling knobs."""
 
     model_config = ConfigDict(extra="forbid", strict=True)  # JSON types as sent: no "10" -> 10, true -> 1

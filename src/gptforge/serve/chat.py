@@ -16,9 +16,10 @@ from typing import Any, Literal
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from gptforge.data.chat import ChatTokenizer
+from gptforge.serve.bodies import ApiModel
 from gptforge.serve.limits import (
     acquire_unless_gone,
     bounded_messages,
@@ -33,13 +34,13 @@ from gptforge.serve.sse import sse_response
 SHORTEN_CHAT = "shorten the message, or start a new conversation"
 
 
-class Message(BaseModel):
+class Message(ApiModel):
     model_config = ConfigDict(extra="forbid", strict=True)  # JSON types as sent: no "10" -> 10, true -> 1
     role: Literal["system", "user", "assistant"]
     content: str  # the conversation's length: max_prompt_chars (limits.messages_over_limit), as in /v1
 
 
-class ChatRequest(BaseModel):
+class ChatRequest(ApiModel):
     """The conversation so far (the reply continues it as the assistant) and the sampling knobs."""
 
     model_config = ConfigDict(extra="forbid", strict=True)  # JSON types as sent: no "10" -> 10, true -> 1
