@@ -120,7 +120,7 @@ def test_stop_at_eot_both_ways(tokenizer, send):
 
 
 def test_validation_errors_word_for_word(tokenizer):
-    """``_validation_message``: each error as ``field.path: pydantic's message (got the input)``, joined by
+    """``bodies.validation_message``: each error as ``field.path: pydantic's message (got the input)``, joined by
     "; "; a body that is not an object is /v1's 400; malformed JSON is a 400 with the json module's own reason."""
     raw_bad = '{"prompt": "hi", '
     try:

@@ -19,7 +19,7 @@ pytest.importorskip("fastapi")
 
 from fastapi import HTTPException  # noqa: E402
 
-from gptforge.serve.app import ModelGate  # noqa: E402
+from gptforge.serve.gate import ModelGate  # noqa: E402
 from gptforge.serve.limits import BearerAuth, BodyLimit, BodyTooLarge, acquire_unless_gone, watch_disconnect  # noqa: E402
 from gptforge.serve.sse import native_error, native_events, sse_response  # noqa: E402
 

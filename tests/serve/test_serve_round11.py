@@ -39,7 +39,8 @@ pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("uvicorn")
 
-from gptforge.serve.app import RETRY_AFTER_S, ServeSettings, create_app  # noqa: E402
+from gptforge.serve.app import ServeSettings, create_app  # noqa: E402
+from gptforge.serve.gate import RETRY_AFTER_S  # noqa: E402
 from tests.serve.answering import T, answering_model  # noqa: E402
 from tests.serve.browser import serve_in_thread  # noqa: E402
 

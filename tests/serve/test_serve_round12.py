@@ -28,7 +28,7 @@ beyond round eleven's.
 - A value of the wrong type came back whole in the error: ``{"prompt": [1] * 100000}`` (a list where a string goes)
   was a 300 kB error message, which the page shows in its status line. Every route now repeats at most
   ``SHOWN_CHARS`` of it, with its size.
-- /api/chat's messages are bounded by the context's positions (each message takes at least one): FastAPI validates
+- /api/chat's messages are bounded by the context's positions (each message takes at least what its template spends): FastAPI validates
   the body on the event loop, and 400,000 empty messages (12 MB, under a 128k-context model's body limit) took 4 s
   there once the old count of 200 was gone; the bound is checked before the messages are validated.
 - A body that is not a JSON object (empty, ``null``, a list, a number) was /v1's 400 "the body must be a JSON
@@ -46,8 +46,9 @@ pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("uvicorn")
 
-from gptforge.serve.app import NO_CORS, ServeSettings, create_app  # noqa: E402
+from gptforge.serve.app import ServeSettings, create_app  # noqa: E402
 from gptforge.serve.openai_schema import NOT_AN_OBJECT, SHOWN_CHARS  # noqa: E402
+from gptforge.serve.routing import NO_CORS  # noqa: E402
 from tests.serve.answering import T, answering_model  # noqa: E402
 from tests.serve.browser import serve_in_thread  # noqa: E402
 
@@ -285,7 +286,7 @@ def test_requests_are_read_off_the_event_loop_a_bounded_number_at_once(url, monk
     import time
 
     from gptforge.serve import openai_schema
-    from gptforge.serve.app import PREPARING
+    from gptforge.serve.gate import PREPARING
 
     inside, let_go, count = [], threading.Event(), threading.Lock()
     loads = openai_schema.loads_body
@@ -371,9 +372,9 @@ def test_a_chat_of_more_messages_than_the_context_has_positions_is_refused_by_th
     """The count is checked before the messages are validated (limits.bounded_messages; round 13 has /v1 too)."""
     from gptforge.serve.limits import MESSAGES_OVER_CONTEXT
 
-    for n in (65, 30_000):  # one more than the 64 positions; the 1 MB body limit's worth
+    for n in (31, 30_000):  # one more than fit the 64 positions (two a message, two around them); 1 MB's worth
         r = httpx.post(url + "/api/chat", json={"messages": [{"role": "user", "content": ""}] * n}, timeout=30)
         error = r.json()["error"]
         assert (r.status_code, error[:error.index(" (got ")]) == (
-            422, "messages: " + MESSAGES_OVER_CONTEXT.format(max_length=64)), r.text[:300]
+            422, "messages: " + MESSAGES_OVER_CONTEXT.format(max_length=30, positions=64, cost=2)), r.text[:300]
         assert error.endswith(f"... ({n:,} items))"), error  # the messages are not repeated

@@ -98,12 +98,43 @@ def _serve_models() -> list[type[BaseModel]]:
     return found
 
 
+def _serve_typed_dicts() -> list[type]:
+    """The TypedDicts pydantic validates in requests (each with its ``__pydantic_config__``)."""
+    found = []
+    for info in pkgutil.iter_modules(gptforge.serve.__path__):
+        mod = importlib.import_module(f"gptforge.serve.{info.name}")
+        found += [obj for _, obj in inspect.getmembers(mod, inspect.isclass)
+                  if hasattr(obj, "__required_keys__") and obj.__module__ == mod.__name__]
+    return found
+
+
 def test_every_request_model_of_the_server_is_strict():
     models = _serve_models()
     assert {m.__name__ for m in models} >= {"GenerateRequest", "Message", "ChatRequest", "CompletionRequest",
-                                            "ChatMessage", "ContentPart", "StreamOptions"}
+                                            "ChatMessage", "StreamOptions"}
     lax = [f"{m.__module__}.{m.__name__}" for m in models if not m.model_config.get("strict")]
     assert not lax, f"request models that coerce JSON types: {lax}"
+    dicts = _serve_typed_dicts()
+    assert {d.__name__ for d in dicts} >= {"ContentPart"}
+    lax = [d.__name__ for d in dicts if not getattr(d, "__pydantic_config__", {}).get("strict")]
+    assert not lax, f"request dicts that coerce JSON types: {lax}"
+
+
+def test_no_request_model_validates_a_list_of_models_it_does_not_bound():
+    """A model instance an item costs ~5 us to validate, in the gate's worker thread holding the GIL: a list of
+    them, 500,000 long in a 15 MB body, held every stream for seconds. Each list of models is bounded before it
+    is validated (messages: limits.bounded_messages); every other list holds plain values or dicts."""
+    import typing
+
+    unbounded = []
+    for m in _serve_models():
+        for name, field in m.model_fields.items():
+            for arg in typing.get_args(field.annotation) or (field.annotation,):
+                inner = typing.get_args(arg)
+                if typing.get_origin(arg) is list and inner and inspect.isclass(inner[0]) \
+                        and issubclass(inner[0], BaseModel) and name != "messages":
+                    unbounded.append(f"{m.__name__}.{name}")
+    assert not unbounded, f"lists of models no bound counts first: {unbounded}"
 
 
 # --- what the framework answers, in the family's shape ------------------------------------------------

@@ -483,6 +483,8 @@ NESTED = {(openai_schema.StreamOptions, "include_usage"): "test_v1_stream_and_in
 def test_every_accepted_option_has_an_effect_test():
     """Walk every request model the routes parse: a field without an entry here fails (add its effect test),
     and every entry names a test in this module."""
+    import typing
+
     from pydantic import BaseModel
 
     models = [openai_schema.CompletionRequest, openai_schema.ChatRequest, GenerateRequest, chat_mod.ChatRequest]
@@ -493,11 +495,14 @@ def test_every_accepted_option_has_an_effect_test():
         if cls in seen:
             continue
         seen.add(cls)
-        for name, f in cls.model_fields.items():
+        # a model's fields, or a TypedDict's keys (a message's content parts: plain dicts, cheaper to validate)
+        fields = ({k: f.annotation for k, f in cls.model_fields.items()} if issubclass(cls, BaseModel)
+                  else typing.get_type_hints(cls))
+        for name, annotation in fields.items():
             if (cls, name) not in registry:
                 missing.append(f"{cls.__module__}.{cls.__qualname__}.{name}")
-            for arg in _types(f.annotation):  # nested request models (messages, stream_options ...)
-                if isinstance(arg, type) and issubclass(arg, BaseModel):
+            for arg in _types(annotation):  # nested request models (messages, stream_options ...)
+                if isinstance(arg, type) and (issubclass(arg, BaseModel) or hasattr(arg, "__required_keys__")):
                     todo.append(arg)
     assert not missing, f"options accepted with no effect test (add one and an EFFECTS entry): {missing}"
     assert {c for c, _ in registry} <= seen

@@ -15,9 +15,12 @@ run's loss curve from its ``metrics.jsonl``. OpenAI's ``/v1/models``, ``/v1/comp
 Bad input never reaches the model: malformed JSON -> 400, a value out of range -> 422 naming the
 field (sampling ranges from the same ``SamplingParams.check`` the CLI uses), a prompt that does not
 fit the context or a ``max_new_tokens`` over the cap -> 400, a body over the size limit -> 413 (counted
-on the bytes read, so a chunked body is cut off too), more waiting requests than ``max_queue`` -> 429 with ``Retry-After``.
-One request runs on the model at a time (a lock); the rest wait in a bounded queue. A client that
-hangs up leaves the queue, or stops its generation at the next token (``serve/limits.py``).
+on the bytes read, so a chunked body is cut off too), a compressed body -> 415, more waiting requests than
+``max_queue`` -> 429 with ``Retry-After``.
+One request runs on the model at a time (a lock); the rest wait in a bounded queue, each request read, checked and
+tokenized off the event loop first (``serve/gate.py``). A client that hangs up leaves the queue, or stops its
+generation at the next token (``serve/limits.py``). How /api reads a body: ``serve/bodies.py``; a trailing slash,
+an unknown path, a wrong method and an OPTIONS: ``serve/routing.py``.
 """
 
 from __future__ import annotations
@@ -26,18 +29,21 @@ import asyncio
 import math
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse
-from fastapi.routing import APIRoute
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gptforge.run.metrics import finite_number, iter_metrics, whole_step
+from gptforge.serve.bodies import ApiModel, BodyRoute, validation_message
+from gptforge.serve.gate import ModelGate
 from gptforge.serve.limits import BearerAuth, BodyLimit, acquire_unless_gone, prompt_over_limit, watch_disconnect
+from gptforge.serve.openai_schema import FIRST_BAD
+from gptforge.serve.routing import TrailingSlash, route_miss
 from gptforge.serve.sse import collect_rows, sse_response
 
 if TYPE_CHECKING:
@@ -70,12 +76,13 @@ class ServeSettings:
         return replace(self, max_prompt_chars=chars, max_body_bytes=self.max_body_bytes or max(1_000_000, 8 * chars))
 
 
-class GenerateRequest(BaseModel):
+class GenerateRequest(ApiModel):
     """One prompt (``prompt``) or a batch (``prompts``) and the sampling knobs."""
 
     model_config = ConfigDict(extra="forbid", strict=True)  # JSON types as sent: no "10" -> 10, true -> 1
     prompt: str | None = Field(None, description="the text to continue")
-    prompts: list[str] | None = Field(None, min_length=1, description="several prompts, generated as one batch")
+    prompts: Annotated[list[str], FIRST_BAD] | None = Field(None, min_length=1,
+                                                           description="several prompts, generated as one batch")
     max_new_tokens: int | None = Field(None, ge=1, description="default: 64 or the server's cap if lower")
     # ranges are checked in one place for the API and the CLI: SamplingParams.check (422 naming the field)
     temperature: float = Field(1.0, description="0 = greedy; finite, >= 0")
@@ -83,153 +90,12 @@ class GenerateRequest(BaseModel):
     top_p: float = Field(1.0, description="1 = off; in (0, 1]")
     repetition_penalty: float = Field(1.0, description="1 = off; finite, > 0")
     seed: int | None = Field(None, ge=0, lt=2**63)
-    stop: list[str] = Field(default_factory=list, max_length=8, description="stop sequences")
+    stop: Annotated[list[str], FIRST_BAD] = Field(default_factory=list, max_length=8, description="stop sequences")
     stop_at_eot: bool = True
-
-
-RETRY_AFTER_S = 1  # a 429's Retry-After: OpenAI's client (and most others) waits this long before its retry
-
-
-PREPARING = 2  # requests read, checked, rendered and tokenized at once (ModelGate.prepare)
-
-
-class ModelGate:
-    """One request on the model at a time; at most ``max_queue`` waiting, the rest get 429 with a
-    ``Retry-After`` header, which /v1's OpenAI error carries too. Before it waits, a request is prepared
-    (:meth:`prepare`)."""
-
-    def __init__(self, max_queue: int):
-        import anyio
-
-        self.max_queue = max_queue
-        self.waiting = 0
-        self._lock = asyncio.Lock()
-        self._preparing = anyio.CapacityLimiter(PREPARING)
-
-    async def prepare(self, fn: Any, *args: Any) -> Any:
-        """``fn(*args)``, a request's preparation (its JSON read, its fields checked, its messages rendered, its
-        prompts tokenized), in a worker thread, at most ``PREPARING`` at once. On the event loop it stalled every
-        stream and every other request (a 12 MB body of 400,000 empty messages, under the 16 MB a 128k-context
-        model's body limit lets in, held them 8 s); unbounded, the threads would hold many such bodies parsed at
-        once (~300 MB each), where the loop held one."""
-        import anyio.to_thread
-
-        return await anyio.to_thread.run_sync(fn, *args, limiter=self._preparing)
-
-    async def acquire(self) -> None:
-        if self._lock.locked() and self.waiting >= self.max_queue:
-            raise HTTPException(429, f"server busy: {self.waiting} requests already queued; retry shortly",
-                                headers={"Retry-After": str(RETRY_AFTER_S)})
-        self.waiting += 1
-        try:
-            await self._lock.acquire()
-        finally:
-            self.waiting -= 1
-
-    def release(self) -> None:
-        self._lock.release()
-
-
-# What an OPTIONS request (a browser's CORS preflight) is told. No CORS by design: only the server's own page calls it
-# from a browser, so no other web page a user visits can use a server on their machine (or its key)
-NO_CORS = ("OPTIONS is a browser's CORS preflight, which this server does not answer, by design: it sends no "
-           "Access-Control-Allow-* headers, so a page from another origin cannot call it (use the page it serves at /, "
-           "or call it from a program)")
-_METHOD_ORDER = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
-
-
-def allowed_methods(allow: str) -> str:
-    """A 405's ``Allow`` as the app answers it: the route's methods with HEAD beside GET (BodyRoute and Starlette's
-    own routes answer HEAD for every GET), in a fixed order (Starlette joins a set, whose order varies)."""
-    methods = {m.strip().upper() for m in allow.split(",") if m.strip()}
-    if "GET" in methods:
-        methods.add("HEAD")
-    order = {m: i for i, m in enumerate(_METHOD_ORDER)}
-    return ", ".join(sorted(methods, key=lambda m: (order.get(m, len(order)), m)))
-
-
-class TrailingSlash:
-    """Pure ASGI middleware: a path with a trailing slash is routed as the path without it (``POST
-    /v1/chat/completions/`` is the chat route). Starlette answered it with an empty 307 redirect, which curl without
-    ``-L`` and many clients do not follow for a POST, and whose absolute ``Location`` behind a TLS proxy names
-    ``http://`` (a client that follows it drops the Authorization header on the scheme change). Routing it
-    directly needs nothing of the client."""
-
-    def __init__(self, app: Any):
-        self.app = app
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        path = scope.get("path", "")
-        if scope["type"] == "http" and (bare := path.rstrip("/")) and bare != path:  # "//" is no route's path
-            scope = {**scope, "path": bare}
-        await self.app(scope, receive, send)
 
 
 def _error(status: int, msg: str) -> JSONResponse:
     return JSONResponse({"error": msg}, status_code=status)
-
-
-def _validation_message(exc: RequestValidationError) -> tuple[int, str]:
-    from gptforge.serve.openai_schema import NOT_AN_OBJECT, shown
-
-    errs = exc.errors()
-    if any(e.get("type") == "json_invalid" for e in errs):
-        detail = next(e for e in errs if e.get("type") == "json_invalid")
-        return 400, f"malformed JSON body: {detail.get('ctx', {}).get('error', detail.get('msg'))}"
-    if any(tuple(e.get("loc", ())) == ("body",) for e in errs):  # the body itself: empty, null, a list, a number
-        return 400, NOT_AN_OBJECT  # as /v1 says it (a 422 "body: Input should be a valid dictionary ...")
-    parts = []
-    for e in errs:
-        loc = ".".join(str(x) for x in e.get("loc", ()) if x != "body") or "body"
-        parts.append(f"{loc}: {e.get('msg')}" + (f" (got {shown(e['input'])})" if "input" in e and loc != "body" else ""))
-    return 422, "; ".join(parts)
-
-
-class _BodyRequest(Request):
-    async def json(self) -> Any:
-        import json
-
-        from gptforge.serve.openai_schema import BodyError, loads_body
-
-        if not hasattr(self, "_json"):
-            raw = await self.body()
-            try:  # the app's gate prepares it: off the event loop, a bounded number at once
-                self._json = await self.app.state.gate.prepare(loads_body, raw)
-            except BodyError as e:  # FastAPI's own path for an unreadable body: 400 "malformed JSON body: ..."
-                if isinstance(e.__cause__, json.JSONDecodeError):
-                    raise e.__cause__ from None
-                msg = e.msg.removeprefix("malformed JSON body: ")
-                raise json.JSONDecodeError(msg, raw.decode("utf-8", "replace"), 0) from None
-        return self._json
-
-
-class BodyRoute(APIRoute):
-    """A route whose JSON body is read by :func:`gptforge.serve.openai_schema.loads_body`: a key given twice with
-    two values or a lone surrogate is refused (400) in /api as in /v1, where json.loads took the last key and
-    tokenized the surrogate. A GET route answers HEAD too, as Starlette's own routes (/docs) do and HTTP asks of
-    every GET (FastAPI's answered 405): a HEAD the router found at this path is handled as a GET and the server
-    (uvicorn, which knows the request was HEAD) sends the headers without the body; a route without GET refuses
-    it as it refuses a GET (405, Allow). HEAD is taken here rather than added to ``methods``, which would put a
-    second operation of the same id in /docs.
-
-    The body is read as JSON whatever its Content-Type says, as /v1 reads it: ``curl -d '{...}'`` without ``-H``
-    sends ``application/x-www-form-urlencoded``, and FastAPI handed such a body to the model as bytes, a 422
-    "body: Input should be a valid dictionary" that named neither the header nor the fix."""
-
-    async def handle(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope.get("method") == "HEAD":
-            scope = {**scope, "method": "GET"}
-        await super().handle(scope, receive, send)
-
-    def get_route_handler(self):
-        handler = super().get_route_handler()
-
-        async def route(request: Request):
-            headers = [(k, v) for k, v in request.scope.get("headers", ()) if k.lower() != b"content-type"]
-            scope = {**request.scope, "headers": [*headers, (b"content-type", b"application/json")]}
-            return await handler(_BodyRequest(scope, request.receive))
-
-        return route
 
 
 def read_loss_curve(path: str | Path | None, max_points: int = 2000) -> dict[str, Any]:
@@ -270,7 +136,9 @@ def read_loss_curve(path: str | Path | None, max_points: int = 2000) -> dict[str
         if seen[curve] % stride[curve] == 0 and len(curves[curve]) < max_points and point[1] is not None:
             curves[curve].append(point)
         seen[curve] += 1
-    return {"available": True, "path": str(path), **curves}
+    from gptforge.serve.describe import readable
+
+    return {"available": True, "path": readable(str(path)), **curves}
 
 
 def create_app(model: torch.nn.Module, enc: Any = None, settings: ServeSettings | None = None,
@@ -294,6 +162,9 @@ def create_app(model: torch.nn.Module, enc: Any = None, settings: ServeSettings 
     if chat_template:  # a chat model may emit its role/end ids, which the plain tokenizer cannot decode
         chat = template_from_dict(chat_template, vocab_size=model.config.vocab_size, tok=plain)
         enc = ChatTokenizer(plain, chat)
+    from gptforge.serve.describe import readable
+
+    served = readable(served)  # paths shown to clients (/api/info, /v1's model name) as text, whatever their bytes
     settings = settings or ServeSettings()
     settings.check()
     settings = settings.for_model(model.config.block_size)
@@ -321,15 +192,8 @@ def create_app(model: torch.nn.Module, enc: Any = None, settings: ServeSettings 
         a wrong method, a body FastAPI could not decode), which would otherwise answer ``{"detail": ...}``."""
         message, near, headers = str(exc.detail), None, dict(exc.headers or {})
         if exc.status_code in (404, 405) and not isinstance(exc, HTTPException):
-            allowed = allowed_methods(headers.pop("Allow", ""))
-            if allowed:
-                headers["Allow"] = allowed
-            near = near_route(request.url.path) if exc.status_code == 404 else None
-            message = (f"{message}: {request.method} {request.url.path}" + (f" (allowed: {allowed})" if allowed else
-                       "") + (f"; did you mean {near}?" if near else "")
-                       + (" (an OpenAI client's base_url ends in /v1)" if near and near.startswith("/v1") else "")
-                       + (f"; {NO_CORS}" if exc.status_code == 405 and request.method == "OPTIONS" else "")
-                       + "; the routes are listed at /docs")
+            message, near = route_miss(request.method, request.url.path, exc.status_code, message, headers,
+                                       app.routes)
         elif isinstance(exc.__cause__, UnicodeDecodeError):  # FastAPI's "There was an error parsing the body"
             message = f"malformed JSON body: the body is not UTF-8 text ({exc.__cause__})"
         response = family_error(request, exc.status_code, message, v1=bool(near and near.startswith("/v1")) or None)
@@ -338,7 +202,7 @@ def create_app(model: torch.nn.Module, enc: Any = None, settings: ServeSettings 
 
     @app.exception_handler(RequestValidationError)
     async def on_invalid(request: Request, exc: RequestValidationError):
-        return _error(*_validation_message(exc))
+        return _error(*validation_message(exc))
 
     @app.exception_handler(StarletteHTTPException)  # FastAPI's HTTPException is one, and so are the framework's
     async def on_http(request: Request, exc: StarletteHTTPException):
@@ -349,19 +213,6 @@ def create_app(model: torch.nn.Module, enc: Any = None, settings: ServeSettings 
     # the server log beside the traceback (Starlette re-raises it after the answer is sent).
     from gptforge.data.tokenizer import TokenizerError
     from gptforge.errors import ChatFormatError
-
-    def near_route(path: str) -> str | None:
-        """The app's route an unknown path was most likely meant as: the same path under a prefix, or with one
-        missing (``/chat/completions`` from an OpenAI client whose base_url lacks ``/v1``; ``/v1/v1/models``),
-        compared without case and a trailing slash."""
-        want = path.lower().rstrip("/")
-        if len(want) < 2:
-            return None
-        for route in app.routes:
-            known = getattr(route, "path", "")
-            if isinstance(route, APIRoute) and (known.endswith(want) or want.endswith(known)):
-                return known
-        return None
 
     def family_error(request: Request, status: int, message: str, param: str | None = None, v1: bool | None = None):
         """The error in the shape of the request's family (``v1``: OpenAI's whatever the path, for a path that
@@ -520,7 +371,9 @@ def bind_port(host: str, port: int):
 
 def tokenizer_fields(tok: Any) -> dict:
     """The served model's own tokenizer for /api/info: name, vocabulary size and its special ids."""
-    return {"name": getattr(tok, "name", None), "n_vocab": tok.n_vocab, "eot": tok.eot_token,
+    from gptforge.serve.describe import readable
+
+    return {"name": readable(getattr(tok, "name", None)), "n_vocab": tok.n_vocab, "eot": tok.eot_token,
             "bos": getattr(tok, "bos_token_id", None), "eos": getattr(tok, "eos_token_id", None)}
 
 

@@ -16,10 +16,17 @@ from typing import Any, Literal
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from gptforge.data.chat import ChatTokenizer
-from gptforge.serve.limits import acquire_unless_gone, bounded_messages, messages_over_limit, watch_disconnect
+from gptforge.serve.bodies import ApiModel
+from gptforge.serve.limits import (
+    acquire_unless_gone,
+    bounded_messages,
+    message_bound,
+    messages_over_limit,
+    watch_disconnect,
+)
 from gptforge.serve.sse import sse_response
 
 # what a conversation that leaves the model no room to reply is told to do: the page keeps the conversation and drops
@@ -27,18 +34,18 @@ from gptforge.serve.sse import sse_response
 SHORTEN_CHAT = "shorten the message, or start a new conversation"
 
 
-class Message(BaseModel):
+class Message(ApiModel):
     model_config = ConfigDict(extra="forbid", strict=True)  # JSON types as sent: no "10" -> 10, true -> 1
     role: Literal["system", "user", "assistant"]
     content: str  # the conversation's length: max_prompt_chars (limits.messages_over_limit), as in /v1
 
 
-class ChatRequest(BaseModel):
+class ChatRequest(ApiModel):
     """The conversation so far (the reply continues it as the assistant) and the sampling knobs."""
 
     model_config = ConfigDict(extra="forbid", strict=True)  # JSON types as sent: no "10" -> 10, true -> 1
-    # as many as fit: max_prompt_chars, then the context, as in /v1; add_chat_routes bounds the count by the context
-    # (limits.bounded_messages)
+    # as many as fit: max_prompt_chars, then the context, as in /v1; add_chat_routes bounds the count by what the
+    # template spends on each message (limits.message_bound)
     messages: list[Message] = Field(min_length=1)
     max_new_tokens: int | None = Field(None, ge=1, description="default: 128 or the server's cap if lower")
     temperature: float = Field(0.7, ge=0, le=100, allow_inf_nan=False, description="0 = greedy")
@@ -55,9 +62,9 @@ def add_chat_routes(app: FastAPI, model: Any, enc: Any, chat: Any, settings: Any
 
     cenc = ChatTokenizer(enc, chat) if chat else None
     producers: set[asyncio.Task] = set()
-    # the request as the route reads it: at most one message a position of the context, counted before any message is
-    # validated (FastAPI validates it on the event loop), as /v1/chat/completions counts them
-    bounded = bounded_messages(ChatRequest, Message, model.config.block_size)
+    # the request as the route reads it: at most as many messages as the template can fit in the context, counted
+    # before any message is validated (FastAPI validates it on the event loop), as /v1/chat/completions counts them
+    bounded = bounded_messages(ChatRequest, Message, message_bound(chat, enc, model.config.block_size))
 
     # the handlers' work sits in plain closures: mutmut (issue 36) does not mutate decorated functions
     def info() -> dict:

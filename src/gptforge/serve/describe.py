@@ -62,6 +62,24 @@ def describe_served(model, ckpt: str | None = None, hf: str | None = None, llmc:
     return out
 
 
+def readable(value: Any) -> Any:
+    """``value`` (a str, or dicts and lists of them) with every lone surrogate made U+FFFD: a path whose name is not
+    UTF-8 (Python decodes its bytes as surrogates, ``runs/caf\\udce9``) answered every /v1 request, /v1/models and
+    /api/info with a 500 (JSON's UTF-8 cannot hold a surrogate), and streamed it as a ``\\udce9`` escape that strict
+    clients refuse. Each byte that was not UTF-8 becomes one U+FFFD."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+            return value
+        except UnicodeEncodeError:
+            return "".join(c if not 0xD800 <= ord(c) <= 0xDFFF else "\ufffd" for c in value)
+    if isinstance(value, dict):
+        return {readable(k): readable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [readable(v) for v in value]
+    return value
+
+
 def model_fields(cfg: Any) -> dict[str, Any]:
     """The served model's config for /api/info, each auto or derived field as the model resolved it (the
     module's docstring). ``bos_token`` (where a document starts, for document-masked attention) only where

@@ -1,6 +1,7 @@
 """What protects the server from its clients: a request-body limit on the bytes actually received,
 an optional API key, a conversation's length (its characters; its messages, counted before any is
-read), and a client that hangs up freeing its place in the queue and stopping its generation.
+read, against the least the chat template spends on each), and a client that hangs up freeing its place
+in the queue and stopping its generation.
 
     app.add_middleware(BodyLimit, max_bytes=1_000_000)
     app.add_middleware(BearerAuth, key="sk-...")  # /api and /v1 need "Authorization: Bearer sk-..."
@@ -18,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+from dataclasses import dataclass
 from typing import Annotated, Any, Protocol
 
 from fastapi import HTTPException, Request
@@ -34,7 +36,10 @@ class BodyTooLarge(HTTPException):
 
 class BodyLimit:
     """Pure ASGI middleware: 413 for a declared Content-Length over ``max_bytes``, and for a body
-    (chunked or lying about its length) whose received bytes pass it."""
+    (chunked or lying about its length) whose received bytes pass it; 415 for a body sent compressed (a
+    ``Content-Encoding`` other than ``identity``), which no route reads: each read the gzip bytes as JSON, a 400
+    "'utf-8' codec can't decode byte 0x8b" that named neither the header nor the fix, and inflating it would
+    leave the limit counting compressed bytes (a 1 MB gzip body can inflate to 1 GB)."""
 
     def __init__(self, app: Any, max_bytes: int):
         self.app = app
@@ -45,6 +50,13 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         limit = self.max_bytes
+        encodings = [e.strip().lower() for k, v in scope.get("headers") or () if k.lower() == b"content-encoding"
+                     for e in v.split(b",")]
+        if any(e not in (b"", b"identity") for e in encodings):
+            sent = b", ".join(e for e in encodings if e).decode("latin-1")
+            await _json(send, 415, f"Content-Encoding: {sent}: this server reads a request body as sent (JSON, not "
+                                   "compressed); send it without a Content-Encoding header", scope)
+            return
         declared = dict(scope.get("headers") or ()).get(b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > limit):
             await _json(send, 413, f"request body of {declared.decode('latin-1')} bytes is over the limit of {limit}",
@@ -132,24 +144,89 @@ def messages_over_limit(contents: list[str], limit: int) -> str | None:
     return None
 
 
-# what a conversation of more messages than the context has positions is told (after "messages: ")
-MESSAGES_OVER_CONTEXT = ("at most {max_length} messages fit this model's context of {max_length} positions (each "
-                         "message takes at least one)")
+# what a conversation of more messages than can fit is told (after "messages: ")
+MESSAGES_OVER_CONTEXT = ("at most {max_length} messages fit this model's context of {positions} positions with one left "
+                         "for the reply (the chat template spends at least {cost} tokens on each message)")
+
+_PROBES = ("", "a")  # the contents a message's cost is measured with: none, and one character
+_PREFIXES = ([{"role": "user", "content": "a"}],
+             [{"role": "user", "content": "a"}, {"role": "assistant", "content": "a"}])  # where a later message goes
 
 
-def bounded_messages(request: type[BaseModel], message: type[BaseModel], positions: int) -> type[BaseModel]:
+@dataclass(frozen=True)
+class MessageBound:
+    """The most messages a conversation can hold and still fit a model's context (``positions``), one position left
+    for the reply: a first message renders to at least ``first`` of the template's own tokens, every later one adds at
+    least ``cost``. A lower bound on the rendered length, so a conversation refused by it can never fit."""
+
+    positions: int
+    first: int
+    cost: int
+
+    @property
+    def most(self) -> int:
+        return max(0, (self.positions - 1 - self.first) // self.cost + 1)
+
+
+def message_bound(template: Any, enc: Any, positions: int) -> MessageBound | None:
+    """The bound of conversations rendered by ``template`` (a chat template of either kind; ``enc``: the plain
+    tokenizer) for a context of ``positions``, or None where no count can be bounded (a template that can render a
+    later message as none of its tokens, or refuses every probe). Without a template, one position a message: the
+    chat routes refuse the request anyway, and need not validate 400,000 messages first.
+
+    Counted on what no message's text can shrink: the template's own control tokens (its special ids: roles, turn
+    markers, the bos, the generation prompt), which a message's text never produces (special text typed in a
+    message is encoded as text) and BPE never merges with text; and one token for each stretch of text between
+    them, which is text whatever a message adds to it. A stretch's own count is not a bound: where a template's
+    text meets a message's, BPE merges across the seam. The probes are ``""`` and ``"a"`` in every role, first
+    and after one and two messages (a template may render a first message, or an empty one, differently).
+    gptforge's own template spends exactly two a message (its role id and ``<|end|>``) and two around them (the
+    bos, the assistant's role id); ChatML at least four (``<|im_start|>``, the role's line, ``<|im_end|>``, its
+    newline), of five."""
+    if template is None:
+        return MessageBound(positions, 0, 1)
+    from gptforge.data.tokenizer import TokenizerError
+    from gptforge.errors import ChatFormatError
+
+    controls = set(template.names)
+
+    def rendered(messages: list[dict[str, str]]) -> int | None:
+        try:
+            ids = template.render_for_generation(messages, enc)
+        except (ChatFormatError, TokenizerError):  # refused (roles out of turn, as the routes refuse it): not measured
+            return None
+        spent, in_text = 0, False
+        for t in ids:  # each control id, and each run of text ids between them once
+            spent += t in controls or not in_text
+            in_text = t not in controls
+        return spent
+
+    probes = [{"role": r, "content": c} for r in ("system", "user", "assistant") for c in _PROBES]
+    firsts = [n for m in probes if (n := rendered([m])) is not None]
+    costs = [after - before for prefix in _PREFIXES if (before := rendered(prefix)) is not None
+             for m in probes if (after := rendered([*prefix, m])) is not None]
+    if not firsts or not costs or min(costs) < 1:
+        return None
+    return MessageBound(positions, min(firsts), min(costs))
+
+
+def bounded_messages(request: type[BaseModel], message: type[BaseModel], bound: MessageBound | None) -> type[BaseModel]:
     """``request`` (a chat request model: /api/chat's, /v1/chat/completions') with its ``messages`` a non-empty list
-    of ``message`` holding at most ``positions``, a model's context: every template marks where a message starts, so
-    more can never fit. The count is checked on the list as sent, before any message is validated, and refused as
+    of ``message`` holding at most ``bound.most`` (:func:`message_bound`; None: ``request`` itself): more can never
+    fit the context. The count is checked on the list as sent, before any message is validated, and refused as
     a validation error of ``messages`` (each route's own shape: /api's 422, /v1's 400 ``param: "messages"``). Both
     chat routes validate their requests holding the GIL, in a worker thread or on the event loop: a 12 MB body of
     400,000 empty messages (under the 16 MB a 128k-context model's body limit lets in) validated and rendered
     whole stalled every other client's stream for seconds."""
+    if bound is None:
+        return request
+    most = bound.most
 
     def count(value: Any) -> Any:
-        if isinstance(value, list) and len(value) > positions:  # anything else: the list's own validation refuses it
+        if isinstance(value, list) and len(value) > most:  # anything else: the list's own validation refuses it
             raise PydanticCustomError("too_long", MESSAGES_OVER_CONTEXT,
-                                      {"max_length": positions, "actual_length": len(value)})
+                                      {"max_length": most, "actual_length": len(value), "positions": bound.positions,
+                                       "cost": bound.cost})
         return value
 
     field = Annotated[list[message], BeforeValidator(count)]

@@ -33,6 +33,7 @@ from starlette.concurrency import run_in_threadpool
 from gptforge.serve.limits import (
     acquire_unless_gone,
     bounded_messages,
+    message_bound,
     messages_over_limit,
     prompt_over_limit,
     watch_disconnect,
@@ -61,9 +62,9 @@ def add_openai_routes(app: FastAPI, model: Any, enc: Any, chat: Any, settings: A
     block, vocab = model.config.block_size, model.config.vocab_size
     name, created = model_id(served), int(time.time())
     producers: set = set()
-    # the chat request as this model takes it: at most one message a position of its context, counted before any
-    # message is validated, as /api/chat counts them
-    chat_request = bounded_messages(ChatRequest, ChatMessage, block)
+    # the chat request as this model takes it: at most as many messages as the template can fit in its context,
+    # counted before any message is validated, as /api/chat counts them
+    chat_request = bounded_messages(ChatRequest, ChatMessage, message_bound(chat, enc, block))
 
     @app.exception_handler(OpenAIError)
     async def on_openai_error(request: Request, exc: OpenAIError):
