@@ -24,6 +24,11 @@ import argparse
 from gptforge.numbers import parse_float, parse_int
 
 MAX_SEED = 2**32  # as gptforge.config's seeds: numpy's range, and every seeded generator's
+# the options whose empty value means something: an empty prompt (sample from the model's first token on), no system
+# prompt. Every other option and positional names a file, folder, model, word or number, where '' named the current
+# folder (`prepare files ''` read it whole), turned a guard off (`serve --api-key "$UNSET"` served without a key) or
+# fell through to a traceback, so '' is refused by name at the parser, for every command and tool alike.
+EMPTY_MEANS_SOMETHING = frozenset({"prompt", "system"})
 
 
 def count(raw: str) -> int:
@@ -203,6 +208,11 @@ class OneLineParser(argparse.ArgumentParser):
 
     def _get_values(self, action, arg_strings):  # the words as written, for a refusal that quotes them
         self._raw[id(action)] = list(arg_strings)
+        if "" in arg_strings and action.dest not in EMPTY_MEANS_SOMETHING \
+                and action.nargs not in (argparse.PARSER, argparse.REMAINDER):  # a command's words: its own parser
+            name = "/".join(action.option_strings) or action.metavar or action.dest
+            raise argparse.ArgumentError(None, f"argument {name}: '' is empty; it names no file, folder or value "
+                                               "(give one, or leave the option out for its default)")
         return super()._get_values(action, arg_strings)
 
     def error(self, message: str):  # type: ignore[override]

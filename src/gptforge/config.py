@@ -442,6 +442,13 @@ def override_pairs(args: list[str]) -> list[tuple[str, str]]:
     return pairs
 
 
+def _default(section, name: str):
+    """The value a section's class gives ``name`` when it is left out (an empty string is a setting only where the
+    field's own default is one: train.log_to '' sends metrics nowhere else)."""
+    f = next(f for f in dataclasses.fields(section) if f.name == name)
+    return f.default if f.default is not dataclasses.MISSING else None
+
+
 def apply_overrides(cfg: Config, args: list[str]) -> Config:
     """Apply ``--section.key value`` (or ``--section.key=value``) pairs, then re-validate each section."""
     pairs = override_pairs(args)
@@ -460,6 +467,9 @@ def apply_overrides(cfg: Config, args: list[str]) -> Config:
             hint = f"; did you mean {', '.join('--' + c for c in close)}?" if close else ""
             raise ConfigError(f"unknown config key --{k}{hint} (see `gptforge train --help-config`)")
         section, name = k.split(".", 1)
+        if v == "" and _default(getattr(cfg, section), name) != "":  # '' names no folder, file or word
+            raise ConfigError(f"--{k} '' is empty; it names no file, folder or value (give one, or leave the option "
+                              f"out for the preset's {getattr(getattr(cfg, section), name)!r})")
         setattr(getattr(cfg, section), name, parse_value(k, v, keys[k]))
     # re-run each section's validation with the new values
     for f in dataclasses.fields(cfg):
