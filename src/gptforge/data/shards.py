@@ -267,6 +267,11 @@ def list_shards(data_dir: str | os.PathLike, split: str, other: str | None = Non
                          "folder it is relative to" if where else
                          f"data directory {d} does not exist; run `gptforge prepare ...` first")  # keep it relative
 
+    if not (d / SHARD_LOCK_NAME).exists() and not any(d.glob("*.bin")):
+        # nothing here a prepare wrote or could rewrite (a wrong --data.dir): refused as such, without leaving a
+        # lock file behind in a folder that was never a shard folder
+        _split_files(d, split, other)
+        raise AssertionError(f"{d}: no .bin file, yet shards were listed")  # _split_files refuses an empty folder
     hold = reading(d)  # a prepare writing it now: refused here, naming it; else held while the list lives
     try:
         return ShardFiles(_split_files(d, split, other), hold)

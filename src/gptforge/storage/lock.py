@@ -169,12 +169,14 @@ def _written(fd: int) -> str:
 class FolderLock:
     """A :class:`Flock` on ``folder/name``, the folder made if missing (exclusive holds). If this hold made the
     folder and nothing but the lock file is in it at release (refused before writing anything), both are removed
-    again: no empty output folder is left behind. A shared hold never makes the folder."""
+    again, with the folders above it this hold made (``runs/`` under ``runs/x``) where they are empty: no empty
+    output folder is left behind. A shared hold never makes the folder."""
 
     def __init__(self, folder: str | os.PathLike, name: str, shared: bool = False):
         self.folder = Path(folder)
         self.lock = Flock(self.folder / name, shared=shared)
         self.created = False
+        self.made: list[Path] = []  # the folders acquire made, deepest first
 
     @property
     def path(self) -> Path:
@@ -190,7 +192,11 @@ class FolderLock:
 
     def acquire(self) -> FolderLock:
         if not self.lock.shared:
-            self.created = not self.folder.exists()
+            self.made, p = [], self.folder
+            while not p.exists() and p != p.parent:
+                self.made.append(p)
+                p = p.parent
+            self.created = bool(self.made)
             self.folder.mkdir(parents=True, exist_ok=True)
         try:
             self.lock.acquire()
@@ -206,10 +212,11 @@ class FolderLock:
             only_lock = False
         if only_lock:
             self.path.unlink(missing_ok=True)
-            try:
-                self.folder.rmdir()
-            except OSError:
-                pass
+            for made in self.made:  # the folder, then the ones above it this hold made, while each is empty
+                try:
+                    made.rmdir()
+                except OSError:
+                    break
 
     def release(self) -> None:
         if self.lock.fd is not None or self.created:
