@@ -1,0 +1,77 @@
+"""Hardening round thirteen, careless and hostile use in classes earlier rounds did not test.
+
+* ``train --resume --optim.weight_decay 0.5`` (beta1, beta2, eps; optim.embed_lr and muon_lr through their groups'
+  base_lr; Muon's momentum, nesterov, ns_steps, weight decay) was dropped in silence: torch's
+  Optimizer.load_state_dict takes every group's settings from optimizer.pt, so the run trained on with the saved
+  ones while its config.json and its next checkpoint recorded the new ones. run/checkpointer.py's restore, every
+  recipe's one resume (plain, ZeRO, FSDP, DCP alike), puts this run's config's settings back over the loaded
+  state (run/restore.py's keep_settings); what a checkpoint carries is the state (moments, step counts).
+* A checkpoint whose optimizer state is not finite (a NaN or inf moment: damage, a hand-made file) loaded without
+  a word, trained one step, then "diverged", advising a lower lr and ``--resume``, which read the same state
+  again. run/restore.py's load_optimizer, the one reader of optimizer.pt, refuses it naming the file, the
+  parameter and the moment, as load_model_weights refuses a non-finite weight.
+* ``--resume --data.eot_token N`` under data.shuffle=documents or data.align=bos was taken: the saved position
+  counts documents cut at the saved token, so under another one it named other batches (data re-read or skipped,
+  unsaid), as a changed shuffle seed would (refused). The loader's state records the token and
+  data/loader.py's load_state_dict refuses a change where it counts documents.
+
+Probed and found sound (not tested again here): sample/chat --temperature nan/inf/-1/1e-300/1e300, --top-k -1 or
+past the vocabulary, --top-p 0/1.5/nan/1e-300, --repetition-penalty 0/-1/nan/inf/1e-45/1e300, --stop '',
+--prompt '', --num-samples 0/-1; chat with stdin closed, empty or binary; eval --tasks '', ',,', 'a,,b', ' a',
+'ARITHMETIC', --limit 0 (the held-out set, said), --json onto a run dir or an existing link target; export onto a
+file, a non-empty folder, a link to one; resume with a changed model shape, optimizer, shuffle or seed, shard
+folder, an unknown preset, float16; --optim.beta1 -0.5, weight_decay nan, grad_clip -1, eps 0; HOME unset, TMPDIR
+read-only or missing, LC_ALL=C with non-ASCII paths and prompts, COLUMNS 0/-5/abc/100000; `| head -1` on every
+printing command (exit 141 or 0, no traceback).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gptforge.data.aligned import AlignedShardLoader
+from gptforge.data.loader import ShardLoader
+from gptforge.data.shards import ShardError
+
+
+@pytest.fixture
+def runs(world, base_run):
+    """The session's shards and finished 4-step run (tests/conftest.py): copied by a test that changes it."""
+    return world["shards"], base_run
+
+
+def _shards(folder: str | Path) -> list[Path]:
+    return sorted(Path(folder).glob("*train*.bin"))
+
+
+@pytest.mark.parametrize("kind", ["documents", "bos"])
+def test_a_resume_under_another_document_token_is_refused_where_documents_are_counted(runs, kind):
+    shards, _ = runs
+    files = _shards(shards)
+    if kind == "documents":
+        def make(eot):
+            return ShardLoader(files, 2, 16, shuffle="documents", seed=3, eot=eot)
+    else:
+        def make(eot):
+            return AlignedShardLoader(files, 2, 16, eot=eot)
+    # make_shards' tokens are uniform in [0, 512): tokens 7 and 9 each start about one position in 512
+    one = make(7)
+    for _ in range(3):
+        one.next_batch()
+    state = json.loads(json.dumps(one.state_dict()))  # as meta.json holds it
+    with pytest.raises(ShardError, match="data.eot_token 7.*data.eot_token 9.*--data.eot_token 7"):
+        make(9).load_state_dict(state)
+    same = make(7)
+    same.load_state_dict(state)  # the same token resumes, on the very next batch
+    assert np.array_equal(same.next_batch()[0].numpy(), one.next_batch()[0].numpy())
+
+
+def test_the_document_token_is_not_a_condition_where_no_documents_are_counted(runs):
+    shards, _ = runs
+    one = ShardLoader(_shards(shards), 2, 16, eot=7)  # shuffle off: the position is a token offset
+    one.next_batch()
+    ShardLoader(_shards(shards), 2, 16, eot=9).load_state_dict(one.state_dict())
