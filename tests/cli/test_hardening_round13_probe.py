@@ -33,9 +33,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from gptforge.cli import main
 from gptforge.data.aligned import AlignedShardLoader
 from gptforge.data.loader import ShardLoader
 from gptforge.data.shards import ShardError
+from gptforge.run import checkpointer, restore
+from tests.run.faults import copy_run, train_argv
 
 
 @pytest.fixture
@@ -44,14 +47,35 @@ def runs(world, base_run):
     return world["shards"], base_run
 
 
-def _shards(folder: str | Path) -> list[Path]:
-    return sorted(Path(folder).glob("*train*.bin"))
+def test_a_resume_trains_with_the_optimizer_settings_it_is_given_not_the_files(runs, tmp_path, monkeypatch):
+    shards, run = runs
+    run = copy_run(run, tmp_path)
+    seen = {}
+    real = checkpointer.Checkpointer.restore
+
+    def spy(self, state):
+        real(self, state)
+        from gptforge.optim import build_optimizer
+
+        seen["loaded"] = restore.settings(state.optimizer)
+        seen["built"] = restore.settings(build_optimizer(state.model, self.cfg.optim, "cpu"))
+        seen["state"] = len(state.optimizer.state)  # the moments were still loaded
+
+    monkeypatch.setattr(checkpointer.Checkpointer, "restore", spy)
+    assert main(train_argv(shards, run, "--resume", "--train.max_steps", "5", "--optim.weight_decay", "0.5",
+                           "--optim.beta1", "0.5", "--optim.beta2", "0.99", "--optim.eps", "1e-6")) == 0
+    decay = seen["loaded"][0]
+    assert (decay["weight_decay"], decay["betas"], decay["eps"]) == (0.5, (0.5, 0.99), 1e-6)
+    assert seen["loaded"] == seen["built"] and seen["state"] > 0
+
+
+def _shards(world) -> list[Path]:
+    return sorted(Path(world["shards"]).glob("*train*.bin"))
 
 
 @pytest.mark.parametrize("kind", ["documents", "bos"])
-def test_a_resume_under_another_document_token_is_refused_where_documents_are_counted(runs, kind):
-    shards, _ = runs
-    files = _shards(shards)
+def test_a_resume_under_another_document_token_is_refused_where_documents_are_counted(world, kind):
+    files = _shards(world)
     if kind == "documents":
         def make(eot):
             return ShardLoader(files, 2, 16, shuffle="documents", seed=3, eot=eot)
@@ -70,8 +94,7 @@ def test_a_resume_under_another_document_token_is_refused_where_documents_are_co
     assert np.array_equal(same.next_batch()[0].numpy(), one.next_batch()[0].numpy())
 
 
-def test_the_document_token_is_not_a_condition_where_no_documents_are_counted(runs):
-    shards, _ = runs
-    one = ShardLoader(_shards(shards), 2, 16, eot=7)  # shuffle off: the position is a token offset
+def test_the_document_token_is_not_a_condition_where_no_documents_are_counted(world):
+    one = ShardLoader(_shards(world), 2, 16, eot=7)  # shuffle off: the position is a token offset
     one.next_batch()
-    ShardLoader(_shards(shards), 2, 16, eot=9).load_state_dict(one.state_dict())
+    ShardLoader(_shards(world), 2, 16, eot=9).load_state_dict(one.state_dict())

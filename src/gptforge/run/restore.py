@@ -87,6 +87,21 @@ def load_optimizer(ckpt_dir: str | Path, optimizer: torch.optim.Optimizer,
                               "optimizer settings (optim.name, optim.embed_lr, dist.shard)") from e
 
 
+def settings(optimizer: torch.optim.Optimizer) -> list[dict]:
+    """Every group's settings (all but its parameters): what the run's config built (betas, eps, weight decay,
+    base_lr, Muon's momentum ...), which a loaded state must not replace (:func:`keep_settings`)."""
+    return [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+
+
+def keep_settings(optimizer: torch.optim.Optimizer, built: list[dict]) -> None:
+    """Put back the settings ``built`` from this run's config after a state was loaded into ``optimizer``:
+    torch's load_state_dict takes every group's settings from the file, so ``--resume --optim.weight_decay 0``
+    (beta1, beta2, eps, embed_lr, muon_lr, muon_momentum ...) was dropped in silence while the run's config and
+    its next checkpoint recorded the new value. What a checkpoint carries is the state (moments, step counts)."""
+    for group, mine in zip(optimizer.param_groups, built, strict=True):
+        group.update(mine)
+
+
 def _one_group_to(saved: dict, optimizer: torch.optim.Optimizer, model: torch.nn.Module, path: Path) -> dict:
     """A one-group state over ``model.parameters()`` in the order of ``optimizer``'s groups."""
     position = {id(p): i for i, p in enumerate(model.parameters())}
