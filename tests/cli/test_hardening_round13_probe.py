@@ -32,13 +32,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from gptforge.cli import main
 from gptforge.data.aligned import AlignedShardLoader
 from gptforge.data.loader import ShardLoader
 from gptforge.data.shards import ShardError
 from gptforge.run import checkpointer, restore
-from tests.run.faults import copy_run, train_argv
+from gptforge.run.checkpoint import latest_checkpoint
+from gptforge.storage.digest import sha256_file
+from tests.run.faults import copy_run, one_line, train_argv
 
 
 @pytest.fixture
@@ -67,6 +70,32 @@ def test_a_resume_trains_with_the_optimizer_settings_it_is_given_not_the_files(r
     decay = seen["loaded"][0]
     assert (decay["weight_decay"], decay["betas"], decay["eps"]) == (0.5, (0.5, 0.99), 1e-6)
     assert seen["loaded"] == seen["built"] and seen["state"] > 0
+
+
+def _poison_optimizer(ck: Path, value: float) -> None:
+    """One moment of optimizer.pt set to ``value``, meta.json's checksum rewritten to match (the damage the
+    checksum cannot see: the file was written so, by hand or by another tool)."""
+    path = ck / "optimizer.pt"
+    saved = torch.load(path, weights_only=True)
+    first = next(iter(saved["state"]))
+    saved["state"][first]["exp_avg_sq"].view(-1)[0] = value
+    torch.save(saved, path)
+    meta = json.loads((ck / "meta.json").read_text())
+    meta["files"]["optimizer.pt"] = sha256_file(path)
+    (ck / "meta.json").write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_a_non_finite_optimizer_state_is_refused_before_a_step(runs, tmp_path, capsys, value):
+    shards, run = runs
+    run = copy_run(run, tmp_path)
+    _poison_optimizer(latest_checkpoint(run), value)
+    capsys.readouterr()
+    assert main(train_argv(shards, run, "--resume", "--train.max_steps", "6")) == 2
+    captured = capsys.readouterr()
+    line = one_line(captured.err)
+    assert "optimizer.pt" in line and "exp_avg_sq" in line and "NaN or infinite" in line, line
+    assert "step      5" not in captured.out  # refused before training
 
 
 def _shards(world) -> list[Path]:

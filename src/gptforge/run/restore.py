@@ -77,6 +77,15 @@ def load_optimizer(ckpt_dir: str | Path, optimizer: torch.optim.Optimizer,
         raise CheckpointError(f"{opt_path} is missing; cannot resume training from a weights-only checkpoint")
     verify_checkpoint(ckpt_dir, only=("optimizer.pt",))
     saved = load_tensors(opt_path)
+    state = saved.get("state") if isinstance(saved, dict) else None
+    for index, values in (state.items() if isinstance(state, dict) else ()):
+        for key, v in (values.items() if isinstance(values, dict) else ()):
+            # as a weight's (load_model_weights): the loop never saves a step that is not finite, so this is damage;
+            # loaded, it trained one step and then "diverged", told to lower the lr and resume into the same state
+            if isinstance(v, torch.Tensor) and v.is_floating_point() and not bool(torch.isfinite(v).all()):
+                raise CheckpointError(f"{opt_path}: the optimizer's {key} of parameter {index} holds NaN or infinite "
+                                      "values; refusing to train on it (the checkpoint is damaged: resume from an "
+                                      "earlier one)")
     groups = saved.get("param_groups", []) if isinstance(saved, dict) else []
     if model is not None and len(groups) == 1 and len(optimizer.param_groups) > 1:
         saved = _one_group_to(saved, optimizer, model, opt_path)
