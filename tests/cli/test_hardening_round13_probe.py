@@ -14,6 +14,10 @@
   counts documents cut at the saved token, so under another one it named other batches (data re-read or skipped,
   unsaid), as a changed shuffle seed would (refused). The loader's state records the token and
   data/loader.py's load_state_dict refuses a change where it counts documents.
+* ``rl --resume --kl-coef 0.2`` under --kl-target, or ``--kl-target 0``, was dropped in silence: the controller's
+  saved coefficient went on (and, with the target off, stayed fixed at it) while config.json recorded the new
+  settings. The RL state records the coefficient the controller started from, and a resume takes the command
+  line's rl.kl_coef when that start changed or the controller is off (training/rl_state.py).
 
 Probed and found sound (not tested again here): sample/chat --temperature nan/inf/-1/1e-300/1e300, --top-k -1 or
 past the vocabulary, --top-p 0/1.5/nan/1e-300, --repetition-penalty 0/-1/nan/inf/1e-45/1e300, --stop '',
@@ -127,3 +131,29 @@ def test_the_document_token_is_not_a_condition_where_no_documents_are_counted(wo
     one = ShardLoader(_shards(world), 2, 16, eot=7)  # shuffle off: the position is a token offset
     one.next_batch()
     ShardLoader(_shards(world), 2, 16, eot=9).load_state_dict(one.state_dict())
+
+
+@pytest.mark.parametrize("kl_coef,kl_target,recorded,used", [
+    (0.1, 0.5, True, 0.13),  # the same settings: the controller goes on where it was
+    (0.2, 0.5, True, 0.2),  # --kl-coef changed: the controller starts again from it
+    (0.1, 0.0, True, 0.1),  # --kl-target 0: the fixed coefficient the command line gives
+    (0.2, 0.0, True, 0.2),
+    (0.2, 0.5, False, 0.13),  # a checkpoint from before the start was saved: its coefficient, as before
+])
+def test_an_rl_resume_takes_the_kl_settings_it_is_given(tmp_path, tokenizer, kl_coef, kl_target, recorded, used):
+    """A run trained with --kl-target 0.5 --kl-coef 0.1 whose controller moved the coefficient to 0.13, resumed."""
+    from types import SimpleNamespace
+
+    from tests.training.test_rl_setup import _recipe
+
+    r, cfg, _ = _recipe(tmp_path, tokenizer, kl_coef=0.1, kl_target=0.5)
+    r.loaders(cfg, SimpleNamespace(rank=0, world=1))
+    r.state.kl_coef = 0.13
+    saved = json.loads(json.dumps(r.state.state_dict()))  # as meta.json holds it
+    assert saved == {"kl_coef": 0.13, "kl_start": 0.1}
+    if not recorded:
+        del saved["kl_start"]
+    again, cfg, _ = _recipe(tmp_path, tokenizer, kl_coef=kl_coef, kl_target=kl_target)
+    again.loaders(cfg, SimpleNamespace(rank=0, world=1))
+    again.state.load_state_dict(saved)
+    assert again.kl_coef(SimpleNamespace(cfg=cfg)) == used
