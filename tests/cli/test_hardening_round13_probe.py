@@ -18,6 +18,11 @@
   saved coefficient went on (and, with the target off, stayed fixed at it) while config.json recorded the new
   settings. The RL state records the coefficient the controller started from, and a resume takes the command
   line's rl.kl_coef when that start changed or the controller is off (training/rl_state.py).
+* A command whose work is files, with stdout a pipe whose reader left (``export hf ... | head -1``, ``eval --json
+  e.json | true``, ``plan --json``, ``tokenizer train``, ``prepare``) ended at its first print (141), its outputs
+  unwritten (eval had scored every problem). The CLI's one door runs every invocation that writes files (cli/outputs.py's
+  writes_files, from the declared outputs) under environment.delivering: a failed stdout is pointed at /dev/null and
+  the command writes them, then ends 141; one whose work is its stdout (sample, presets) still ends at once.
 
 Probed and found sound (not tested again here): sample/chat --temperature nan/inf/-1/1e-300/1e300, --top-k -1 or
 past the vocabulary, --top-p 0/1.5/nan/1e-300, --repetition-penalty 0/-1/nan/inf/1e-45/1e300, --stop '',
@@ -157,3 +162,53 @@ def test_an_rl_resume_takes_the_kl_settings_it_is_given(tmp_path, tokenizer, kl_
     again.loaders(cfg, SimpleNamespace(rank=0, world=1))
     again.state.load_state_dict(saved)
     assert again.kl_coef(SimpleNamespace(cfg=cfg)) == used
+
+
+# each command whose work is files, with a stdout whose reader has left: (argv, what it writes), given world's files
+DELIVERING = {
+    "export": (["export", "hf", "--ckpt", "{chat}", "--out", "{tmp}/o"], "o/model.safetensors"),
+    "eval --json": (["eval", "--ckpt", "{chat}", "--device", "cpu", "--tasks", "arithmetic", "--limit", "1",
+                     "--json", "{tmp}/o.json"], "o.json"),
+    "plan --json": (["plan", "--preset", "tiny", "--json", "{tmp}/o.json"], "o.json"),
+}
+
+
+def _closed_stdout_main(argv: list[str], monkeypatch) -> int:
+    """``gptforge ARGV | true``: stdout a pipe whose reader has already left (every write is EPIPE)."""
+    import os
+    import sys
+
+    r, w = os.pipe()
+    os.close(r)
+    with os.fdopen(w, "w", buffering=1) as pipe:
+        monkeypatch.setattr(sys, "stdout", pipe)
+        try:
+            return main(argv)
+        finally:
+            monkeypatch.undo()
+
+
+@pytest.mark.parametrize("name", sorted(DELIVERING))
+def test_a_closed_stdout_does_not_cost_the_files_a_command_was_asked_for(world, tmp_path, monkeypatch, name):
+    """The first print after the reader left ended the command (141) before it wrote them: `export ... | head -1`
+    left no export, `eval --json e.json | true` scored every problem and wrote no e.json."""
+    from gptforge import environment
+
+    argv, wrote = DELIVERING[name]
+    argv = [a.format(chat=world["chat"], tmp=tmp_path) for a in argv]
+    assert _closed_stdout_main(argv, monkeypatch) == environment.EXIT_STDOUT_CLOSED
+    assert (tmp_path / wrote).is_file()
+
+
+@pytest.mark.parametrize("argv,files", [
+    (["sample", "--ckpt", "c"], False), (["presets"], False), (["eval", "--ckpt", "c"], False),
+    (["bench", "--preset", "tiny"], False),  # stdout is all these deliver: a reader that left ends them at once
+    (["eval", "--ckpt", "c", "--json", "e.json"], True), (["export", "hf", "--ckpt", "c", "--out", "o"], True),
+    (["prepare", "shakespeare"], True), (["assets", "tokenizer"], True),  # shards and the cache have a default place
+])
+def test_which_invocations_deliver_files(argv, files):
+    from gptforge.cli import build_parser
+    from gptforge.cli.outputs import writes_files
+
+    args, _ = build_parser().parse_known_args(argv)
+    assert writes_files(args.command, args) is files
