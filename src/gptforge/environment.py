@@ -153,6 +153,9 @@ def run_started(stop: Callable[[str], None] | None = None) -> None:
     _runs += 1
     if stop is not None:
         _stoppers.append(stop)
+        out = sys.stdout
+        if isinstance(out, GuardedStream) and out.strict and out.reader_gone:  # it left before the run began (a
+            stop("stdout's reader left (a closed pipe)")  # resume's notice, under delivering): stopped as it would be
 
 
 @contextlib.contextmanager

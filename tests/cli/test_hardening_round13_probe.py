@@ -212,3 +212,15 @@ def test_which_invocations_deliver_files(argv, files):
 
     args, _ = build_parser().parse_known_args(argv)
     assert writes_files(args.command, args) is files
+
+
+def test_a_run_whose_reader_left_before_it_began_stops_at_its_first_step(runs, tmp_path, monkeypatch):
+    """`train --resume ... | true`: the resume's notice met the closed pipe before the run began; under delivering
+    it was not fatal, so the run trained every step to nobody. It stops as a reader leaving mid-run stops it."""
+    from gptforge import environment
+
+    shards, run = runs
+    run = copy_run(run, tmp_path)
+    code = _closed_stdout_main(train_argv(shards, run, "--resume", "--train.max_steps", "40"), monkeypatch)
+    assert code == environment.EXIT_STDOUT_CLOSED
+    assert latest_checkpoint(run).name == "step_000005"  # one step past the resumed 4, saved; not 40
