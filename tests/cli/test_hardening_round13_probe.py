@@ -31,7 +31,11 @@ past the vocabulary, --top-p 0/1.5/nan/1e-300, --repetition-penalty 0/-1/nan/inf
 file, a non-empty folder, a link to one; resume with a changed model shape, optimizer, shuffle or seed, shard
 folder, an unknown preset, float16; --optim.beta1 -0.5, weight_decay nan, grad_clip -1, eps 0; HOME unset, TMPDIR
 read-only or missing, LC_ALL=C with non-ASCII paths and prompts, COLUMNS 0/-5/abc/100000; `| head -1` on every
-printing command (exit 141 or 0, no traceback).
+printing command (exit 141 or 0, no traceback); a LoRA resume with another rank, alpha or targets (refused) or dropout
+(taken); --device cuda/mps on a CPU machine, tpu, cuda:-1, '' (one line); a meta.json edited to NaN/inf numbers,
+wrong types, an unknown key, a list (refused naming the file and field); train --optim.min_lr_frac 2/-0.5,
+cooldown_frac 1.5, batch_warmup_start 0/1.5, lr 0, warmup_steps -1, muon_ns_steps 0, muon_momentum 1, log_every 0,
+dropout 1/-0.1, keep_ckpts -1 (one line each), val_every or ckpt_every past max_steps (the last step still does both).
 """
 
 from __future__ import annotations
