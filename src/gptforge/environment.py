@@ -11,9 +11,9 @@
   ``ascii:bogus``) is replaced, not raised; a write that fails (a terminal that hung up: EIO; /dev/full:
   ENOSPC; a pipe with no reader: EPIPE) never kills a training run unsaved: the stream is pointed at /dev/null; a pipe
   whose reader left (``train | head``) stops the run as SIGTERM does (checkpoint, then exit 141), any other
-  failure lets it run to its end, and the command ends with one line and a non-zero status. Outside a run stdout's
-  failure still ends the command (a closed pipe: exit 141 quietly; anything else: one line, exit 2); stderr,
-  diagnostics only, never ends it.
+  failure lets it run to its end, and the command ends with one line and a non-zero status; so does a command whose
+  work is files (:func:`delivering`: an export, an ``eval --json``). Elsewhere stdout's failure still ends the command
+  (a closed pipe: exit 141 quietly; anything else: one line, exit 2); stderr, diagnostics only, never ends it.
 """
 
 from __future__ import annotations
@@ -153,6 +153,26 @@ def run_started(stop: Callable[[str], None] | None = None) -> None:
     _runs += 1
     if stop is not None:
         _stoppers.append(stop)
+        out = sys.stdout
+        if isinstance(out, GuardedStream) and out.strict and out.reader_gone:  # it left before the run began (a
+            stop("stdout's reader left (a closed pipe)")  # resume's notice, under delivering): stopped as it would be
+
+
+@contextlib.contextmanager
+def delivering(files: bool) -> Iterator[None]:
+    """A command whose work is files (``export``, ``eval --json``, ``tokenizer train``, ``prepare``): a stdout that
+    fails (``| head -1``, ``| true``) is pointed at /dev/null and the command goes on to write them, then ends 141
+    (a closed pipe) or says it in one line, as a run does (without a stop: it has no step boundary to stop at).
+    Before, the first print after the reader left ended it, its outputs unwritten. ``files`` False: stdout is all
+    the command delivers, so a reader that left ends it at once."""
+    if not files:
+        yield
+        return
+    run_started()
+    try:
+        yield
+    finally:
+        run_ended()
 
 
 def run_ended(stop: Callable[[str], None] | None = None) -> None:

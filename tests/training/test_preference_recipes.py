@@ -438,8 +438,8 @@ def test_adaptive_kl_and_reward_norm_resume_exactly_and_refuse_bad_state(world, 
     # what the checkpoint carries is checked on the way back in
     meta_path = ckpt.latest_checkpoint(tmp_path / "part") / "meta.json"
     good = json.loads(meta_path.read_text())
-    assert set(good["loader"]) == {"kl_coef", "reward_norm"}
-    damaged = {"kl_coef": [-1, 0, "0.1", True, None, [1]], "reward_norm": [
+    assert set(good["loader"]) == {"kl_coef", "kl_start", "reward_norm"}  # kl_start: where the coefficient started
+    damaged = {"kl_coef": [-1, 0, "0.1", True, None, [1]], "kl_start": [-1, 0, "0.05", True, [1]], "reward_norm": [
         {"shift": [0.0], "scale": [0.0]}, {"shift": [0.0, 1.0], "scale": [1.0, 1.0]}, {"shift": [], "scale": []},
         {"shift": ["a"], "scale": [1.0]}, {"shift": [0.0]}, [0.0, 1.0], {"shift": [1e400], "scale": [1.0]}]}
     for field, values in damaged.items():

@@ -205,11 +205,11 @@ def _main(argv: list[str] | None) -> int:
         if not takes_overrides:
             raise
         return e.code
-    from gptforge.cli.outputs import check_outputs
+    from gptforge.cli.outputs import check_outputs, writes_files
     from gptforge.data.chat import ChatFormatError
     from gptforge.data.shards import ShardError
     from gptforge.data.tokenizer import TokenizerError, TokenizerUnavailable
-    from gptforge.environment import EnvError
+    from gptforge.environment import EnvError, delivering
     from gptforge.errors import ResourceError, UserError
     from gptforge.eval.tasks.base import EvalDataError
     from gptforge.extras import MissingExtra
@@ -222,7 +222,8 @@ def _main(argv: list[str] | None) -> int:
         try:
             check_outputs(args.command, args)  # an output that may not be replaced: refused before any work
             handler = _fn(args.command, "cmd")
-            return handler(args, rest) if takes_overrides else handler(args)
+            with delivering(writes_files(args.command, args)):  # a closed stdout does not cost the files asked for
+                return handler(args, rest) if takes_overrides else handler(args)
         except (OSError, RuntimeError) as e:  # a path that cannot be one (a name too long, a symlink loop), met
             fault = path_fault(e)  # by whichever reader or writer first touched it: one line, as bad input is
             if fault is None:

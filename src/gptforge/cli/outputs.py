@@ -59,6 +59,14 @@ def declared(command: str, args: argparse.Namespace) -> list[tuple[str, str, str
     return out
 
 
+def writes_files(command: str, args: argparse.Namespace) -> bool:
+    """Whether this invocation's work is files: an output flag given, or shards or the cache, which have a default
+    place (a fixed one: ``assets``). Then a closed stdout does not end it before they are written
+    (gptforge.environment.delivering)."""
+    return "" in OUTPUTS.get(command, {}) or any(getattr(args, dest, None) or kind in ("shards", "cache")
+                                                  for _, dest, kind in declared(command, args))
+
+
 def check_outputs(command: str, args: argparse.Namespace) -> None:
     """Refuse (OutputExistsError, one line) a declared file or folder output that exists without
     ``--force``, or that is a checkpoint or run directory, and (CliError) any output whose place cannot

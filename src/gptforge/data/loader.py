@@ -172,7 +172,8 @@ class ShardLoader:
 
     def state_dict(self) -> dict:
         return {"shard": self.shard, "pos": self.pos, "epoch": self.epoch, "files": [f.name for f in self.files],
-                "contents": [list(c) for c in self.contents], "shuffle": self.shuffle, "seed": self.seed}
+                "contents": [list(c) for c in self.contents], "shuffle": self.shuffle, "seed": self.seed,
+                "eot": self.eot}
 
     def _check_contents(self, saved: object) -> None:
         """The shards hold what they held when the position was saved: each file's token count and a digest
@@ -228,6 +229,14 @@ class ShardLoader:
                 f"but this run has data.shuffle={self.shuffle} data.shuffle_seed={self.seed}; its position would "
                 "mean other batches. Resume with the original settings"
             )
+        eot = saved_int(state, "eot", 0, 2**32) if "eot" in state else self.eot  # (older checkpoints: no check)
+        if mode == "documents" or state.get("align", "off") != "off":
+            # the documents the position counts (shuffled, or each a row's start) are cut at this token, so under
+            # another data.eot_token the saved position names other data: re-read or skipped in silence
+            if eot != self.eot:
+                raise ShardError(f"checkpoint loader state counts documents cut at data.eot_token {eot}, but this run "
+                                 f"has data.eot_token {self.eot}; its position would mean other batches. Resume with "
+                                 f"--data.eot_token {eot}")
         self.epoch = saved_int({"epoch": 0, **state}, "epoch", 0)  # (checkpoints before epochs were counted: 0)
         self.shard = saved_int(state, "shard", 0, len(self.files))
         n = read_header(self.files[self._order()[self.shard]])[2]  # the position must be inside that shard

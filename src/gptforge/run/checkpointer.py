@@ -151,6 +151,7 @@ class Checkpointer:
         if self.resume_from is None:
             return
         where, info = self.resume_from, self.info
+        built = restore.settings(state.optimizer)  # this run's config's, whatever the file's groups say
         if self.sharded and info.zero:  # DCP reads into a plain AdamW; ZeRO then takes its share
             plain = build_optimizer(state.model, self.cfg.optim, info.device.type)
             dcp.load_sharded(state.model, plain, where, trusted=self.trusted)
@@ -162,6 +163,7 @@ class Checkpointer:
             self._carried_optim = None
         else:
             restore.load_optimizer(where, state.optimizer, state.model)
+        restore.keep_settings(state.optimizer, built)
         self._restore_loader(state.loader, Path(where) / "meta.json")
         state.step = self.start_step
         self._restore_rng()

@@ -77,6 +77,15 @@ def load_optimizer(ckpt_dir: str | Path, optimizer: torch.optim.Optimizer,
         raise CheckpointError(f"{opt_path} is missing; cannot resume training from a weights-only checkpoint")
     verify_checkpoint(ckpt_dir, only=("optimizer.pt",))
     saved = load_tensors(opt_path)
+    state = saved.get("state") if isinstance(saved, dict) else None
+    for index, values in (state.items() if isinstance(state, dict) else ()):
+        for key, v in (values.items() if isinstance(values, dict) else ()):
+            # as a weight's (load_model_weights): the loop never saves a step that is not finite, so this is damage;
+            # loaded, it trained one step and then "diverged", told to lower the lr and resume into the same state
+            if isinstance(v, torch.Tensor) and v.is_floating_point() and not bool(torch.isfinite(v).all()):
+                raise CheckpointError(f"{opt_path}: the optimizer's {key} of parameter {index} holds NaN or infinite "
+                                      "values; refusing to train on it (the checkpoint is damaged: resume from an "
+                                      "earlier one)")
     groups = saved.get("param_groups", []) if isinstance(saved, dict) else []
     if model is not None and len(groups) == 1 and len(optimizer.param_groups) > 1:
         saved = _one_group_to(saved, optimizer, model, opt_path)
@@ -85,6 +94,21 @@ def load_optimizer(ckpt_dir: str | Path, optimizer: torch.optim.Optimizer,
     except (ValueError, KeyError) as e:
         raise CheckpointError(f"{opt_path} does not fit this run's optimizer ({e}); it was saved with other "
                               "optimizer settings (optim.name, optim.embed_lr, dist.shard)") from e
+
+
+def settings(optimizer: torch.optim.Optimizer) -> list[dict]:
+    """Every group's settings (all but its parameters): what the run's config built (betas, eps, weight decay,
+    base_lr, Muon's momentum ...), which a loaded state must not replace (:func:`keep_settings`)."""
+    return [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+
+
+def keep_settings(optimizer: torch.optim.Optimizer, built: list[dict]) -> None:
+    """Put back the settings ``built`` from this run's config after a state was loaded into ``optimizer``:
+    torch's load_state_dict takes every group's settings from the file, so ``--resume --optim.weight_decay 0``
+    (beta1, beta2, eps, embed_lr, muon_lr, muon_momentum ...) was dropped in silence while the run's config and
+    its next checkpoint recorded the new value. What a checkpoint carries is the state (moments, step counts)."""
+    for group, mine in zip(optimizer.param_groups, built, strict=True):
+        group.update(mine)
 
 
 def _one_group_to(saved: dict, optimizer: torch.optim.Optimizer, model: torch.nn.Module, path: Path) -> dict:

@@ -242,7 +242,7 @@ class GRPO(Recipe):
 
     def loaders(self, cfg: Any, info: DistInfo) -> tuple[Any, Any, int]:
         self._prompts, self._adaptive = cfg.rl.prompts, cfg.rl.kl_target > 0
-        self.state = RLState()
+        self.state = RLState(cfg.rl.kl_coef, self._adaptive)
         return self.state, None, 1
 
     def kl_coef(self, run: RunCtx) -> float:

@@ -31,12 +31,17 @@ class RLState:
     Saved as the loader state in every checkpoint's meta.json and checked on the way back in: a
     checkpoint is data, and a bad number there must not steer a run."""
 
-    def __init__(self) -> None:
+    def __init__(self, kl_start: float | None = None, adaptive: bool | None = None) -> None:
+        """``kl_start``, ``adaptive``: this run's ``rl.kl_coef`` and whether ``rl.kl_target`` moves it (None: not
+        known, the saved coefficient is taken as it is)."""
         self.kl_coef: float | None = None  # None: rl.kl_coef (a fixed coefficient, or the adaptive one's start)
         self.reward_norm: dict[str, list[float]] | None = None  # {"shift": [...], "scale": [...]}, one per member
+        self.kl_start, self.adaptive = kl_start, adaptive
 
     def state_dict(self) -> dict:
-        return {k: v for k, v in (("kl_coef", self.kl_coef), ("reward_norm", self.reward_norm)) if v is not None}
+        start = self.kl_start if self.kl_coef is not None else None  # where the saved coefficient started
+        return {k: v for k, v in (("kl_coef", self.kl_coef), ("kl_start", start), ("reward_norm", self.reward_norm))
+                if v is not None}
 
     def load_state_dict(self, state: dict) -> None:
         import math
@@ -49,9 +54,11 @@ class RLState:
 
         if not isinstance(state, dict):
             raise LoaderStateError(f"loader = {state!r}: not an object")
-        kl, norm = state.get("kl_coef"), state.get("reward_norm")
+        kl, start, norm = state.get("kl_coef"), state.get("kl_start"), state.get("reward_norm")
         if kl is not None and not number(kl, positive=True):
             raise LoaderStateError(f"loader.kl_coef = {kl!r}: not a finite number > 0")
+        if start is not None and not number(start, positive=True):
+            raise LoaderStateError(f"loader.kl_start = {start!r}: not a finite number > 0")
         if norm is not None:
             ok = (isinstance(norm, dict) and set(norm) == {"shift", "scale"}
                   and all(isinstance(norm[k], list) and norm[k] for k in ("shift", "scale"))
@@ -61,6 +68,12 @@ class RLState:
                 raise LoaderStateError(f"loader.reward_norm = {norm!r}: not {{'shift': [finite numbers], 'scale': "
                                        "[numbers > 0]}} of one length (one per reward model)")
         self.kl_coef = None if kl is None else float(kl)
+        if self.kl_coef is not None and (self.adaptive is False or (start is not None and self.kl_start is not None
+                                                                    and float(start) != self.kl_start)):
+            # the command line's rl.kl_coef, as every override on a resume applies: a fixed coefficient (rl.kl_target
+            # turned off), or a new start for the controller (--kl-coef changed); the controller's coefficient was
+            # kept over both in silence while config.json and the next checkpoint recorded them
+            self.kl_coef = None
         self.reward_norm = None if norm is None else {k: [float(x) for x in norm[k]] for k in ("shift", "scale")}
 
 
