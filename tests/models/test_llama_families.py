@@ -14,6 +14,7 @@ transformers as the same class with the same logits.
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -215,9 +216,9 @@ def test_config_validation_names_the_field(kw, key):
 def test_tensor_and_pipeline_parallelism_take_the_checked_family_fields_and_refuse_the_rest_by_name(
         tmp_path, monkeypatch):
     """Every field the newer families add runs under TP and PP (trained against one process in
-    tests/training/test_model_parallel.py, FAMILY); a field whose plan and stages are not checked
-    (parallel/mesh.py's MODEL_PARALLEL_FEATURES leaves it out) is refused by name, and the planner
-    proposes no layout the run refuses."""
+    tests/training/test_model_parallel.py, FAMILIES), but OLMo 2's QK-norm over every head, which runs under PP
+    alone; a field whose plan and stages are not checked (parallel/mesh.py's MODEL_PARALLEL_FEATURES leaves it
+    out) is refused by name, and the planner proposes no layout the run refuses."""
     from gptforge.config import ConfigError, DistConfig
     from gptforge.models.llama import FEATURES
     from gptforge.parallel import mesh
@@ -226,35 +227,47 @@ def test_tensor_and_pipeline_parallelism_take_the_checked_family_fields_and_refu
     from tests.conftest import tiny_config
 
     cfg = tiny_config(tmp_path, tmp_path / "out", micro_batch=2, total_batch_tokens=64, val_every=0)
-    cfg.model = LlamaConfig(n_layer=2, n_head=4, n_kv_head=2, n_embd=32, block_size=32, vocab_size=512,
-                            sliding_window=8, post_norms=True)
+    small = dict(n_layer=2, n_head=4, n_kv_head=2, n_embd=32, block_size=32, vocab_size=512)
     layouts = ((DistConfig(tp=2), Layout(tp=2)), (DistConfig(pp=2), Layout(pp=2, micro_batch=1)))
-    for dist, layout in layouts:
-        cfg.dist = dist
+    granite = dict(embed_scale=12.0, attn_scale=0.5, residual_scale=0.22, logits_scaling=8.0)
+    olmo = dict(post_norms=True, pre_norms=False, qk_norm=True)
+    for fields in (dict(sliding_window=8, post_norms=True), granite, olmo):
+        cfg.model = LlamaConfig(**small, **fields)
+        for dist, layout in layouts:
+            cfg.dist = dist
+            check_layout(cfg, 2, local_world=2)
+            assert check(cfg.model, layout, 8) is None
+    # OLMo 2's QK-norm over every head's channels: a pipeline stage runs it whole; a TP rank holds some heads
+    cfg.model = LlamaConfig(**small, **olmo, qk_norm_full=True)
+    (tp, tp_layout), (pp, pp_layout) = layouts
+    cfg.dist = pp
+    check_layout(cfg, 2, local_world=2)
+    assert check(cfg.model, pp_layout, 8) is None
+    cfg.dist = tp
+    why = r"model\.qk_norm_full normalises q and k over every head's channels .* holds only its own heads"
+    with pytest.raises(ConfigError, match=r"dist\.tp: " + why + ".*use pipeline or data parallelism"):
         check_layout(cfg, 2, local_world=2)
-        assert check(cfg.model, layout, 8) is None
+    assert re.match(why, check(cfg.model, tp_layout, 8))
     # no stale names: each checked field is one features() can report
-    assert mesh.MODEL_PARALLEL_FEATURES <= {f"model.{f}" for f in FEATURES} | {"model.mlp=geglu"}
+    named = {f"model.{f}" for f in FEATURES} | {"model.mlp=geglu"}
+    assert mesh.MODEL_PARALLEL_FEATURES | set(mesh.PIPELINE_ONLY) <= named
+    cfg.model = LlamaConfig(**small, sliding_window=8, post_norms=True)
     monkeypatch.setattr(mesh, "MODEL_PARALLEL_FEATURES", mesh.MODEL_PARALLEL_FEATURES - {"model.post_norms"})
     for (dist, layout), key in zip(layouts, (r"dist\.tp", r"dist\.pp"), strict=True):
         cfg.dist = dist
         with pytest.raises(ConfigError, match=key + r": model\.post_norms do not run under tensor or pipeline"):
             check_layout(cfg, 2, local_world=2)
-        assert check(cfg.model, layout, 8) == f"model.post_norms {mesh.UNCHECKED_WHY}"
+        assert check(cfg.model, layout, 8) == f"model.post_norms {mesh.UNCHECKED_WHY}; use data parallelism or FSDP"
     cfg.dist = DistConfig()
     check_layout(cfg, 2, local_world=2)  # data parallelism takes them
     assert check(cfg.model, Layout(dp=2), 8) is None
-    # Granite's multipliers and OLMo 2's norms: in the same list (models/llama_config.FEATURES), named the same way
-    plain = {**cfg.model.to_dict(), "sliding_window": 0, "post_norms": False}
-    for fields, named in ((dict(attn_scale=0.5, residual_scale=0.22, logits_scaling=8.0),
-                           r"model\.attn_scale, model\.residual_scale, model\.logits_scaling"),
-                          (dict(post_norms=True, pre_norms=False, qk_norm=True, qk_norm_full=True),
-                           r"model\.post_norms, model\.pre_norms, model\.qk_norm_full")):
-        cfg.model = LlamaConfig(**{**plain, **fields})
-        for dist, key in ((DistConfig(tp=2), r"dist\.tp"), (DistConfig(pp=2), r"dist\.pp")):
-            cfg.dist = dist
-            with pytest.raises(ConfigError, match=key + r".*" + named):
-                check_layout(cfg, 2, local_world=2)
+    # a field in neither list is refused under PP too, by its name (post_norms still left out above)
+    monkeypatch.setattr(mesh, "PIPELINE_ONLY", {})
+    cfg.model = LlamaConfig(**small, **olmo, qk_norm_full=True)
+    cfg.dist = pp
+    refused = r"dist\.pp: model\.post_norms, model\.qk_norm_full do not run under tensor or pipeline"
+    with pytest.raises(ConfigError, match=refused):
+        check_layout(cfg, 2, local_world=2)
 
 
 def test_fused_ce_divides_granites_logits_before_the_fused_head(monkeypatch):

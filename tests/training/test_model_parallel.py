@@ -1,6 +1,7 @@
 """Model parallelism on CPU (gloo): tensor + sequence parallel, pipeline stages (GPipe, 1F1B,
 interleaved), their product, FSDP2 x TP, PP x FSDP2 and HSDP, Muon under TP, recomputation, for both
-families and for a Llama with every field the newer families add (FAMILY: TP2, PP2, TP2 x PP2), each
+families and for Llamas with every field the newer families add (FAMILY: TP2, PP2, TP2 x PP2; OLMO: TP2,
+and OLMO_FULL: PP2), each
 against one process training the same global batch; a checkpoint carried across
 meshes (TP2 x PP2 -> 1 process -> TP2) and resumed under its own mesh; each layout's counted
 communication against the planner's prediction (gptforge.plan.cost.comm_volume); impossible layouts
@@ -17,8 +18,9 @@ them. Tolerances (float32 throughout):
   other shapes tried. A real
   layout error (e.g. the fused q/k/v rows in the wrong order) moves weights by ~0.1; a missing
   gradient reduction shows in the loss and norm.
-The family jobs (FAMILY) add only work that is elementwise, per position or per head (caps, scales,
-norms, masks, rope), done on each rank as on one process, so only the same sums are reordered and the
+The family jobs (FAMILIES) add only work that is elementwise, per position or per head (caps, scales,
+norms, masks, rope), done on each rank as on one process (OLMO_FULL's QK-norm over every head runs whole
+on a pipeline stage), so only the same sums are reordered and the
 same bounds hold (observed over 10 steps: loss 1.6e-7, norm 1.3e-6 relative, weights 1.9e-6); a stage
 that numbers its layers from 0 moves the first loss by 1.5e-3 relative.
 """
@@ -51,9 +53,17 @@ VOCAB = 500  # padded to 512: the vocabulary-sharded head must mask the padded r
 # sublayers, scaled embeddings, GeGLU; layer 0 slides (a 4-token window in 16, its own rope base), layer 1 is
 # full, so a pipeline stage that numbered its layers from 0 would slide layer 1; the caps are small enough to bite
 # (scores after QK-norm reach ~3, logits ~0.1: a missing cap moves the first loss by far more than 1e-5)
+# Granite's multipliers on it too: each branch halved before its add, the logits divided by 2 before the cap.
 FAMILY = dict(qk_norm=True, head_size=16, sliding_window=4, layer_types="sf", rope_local_theta=100.0,
               attn_softcap=1.0, query_pre_attn_scalar=24.0, embed_scale=32 ** 0.5, norm_plus_one=True,
-              post_norms=True, mlp="geglu", logit_softcap=0.2)
+              post_norms=True, mlp="geglu", logit_softcap=0.2, residual_scale=0.5, logits_scaling=2.0)
+# OLMo 2's block (norms after attention and MLP, none before: Gemma's pre-norms exclude it) with Granite's
+# attention multiplier (Gemma's query_pre_attn_scalar excludes it) and a per-head QK-norm: under TP the
+# attention and MLP take the un-normed residual's sequence shards. OLMO_FULL normalises q and k over every
+# head at once, which only pipeline parallelism runs (parallel/mesh.py's PIPELINE_ONLY).
+OLMO = dict(post_norms=True, pre_norms=False, qk_norm=True, attn_scale=0.6)
+OLMO_FULL = dict(OLMO, qk_norm_full=True)
+FAMILIES = {"family": FAMILY, "olmo": OLMO, "olmo_full": OLMO_FULL}
 
 
 def _cfg(data: Path, out: Path, arch: str = "gpt2", n_layer: int = 2, optim: str = "adamw", **dist) -> Config:
@@ -66,9 +76,9 @@ def _cfg(data: Path, out: Path, arch: str = "gpt2", n_layer: int = 2, optim: str
     if arch == "llama":  # GQA (4 query heads over 2 key/value heads) and QK-norm, untied head
         cfg.model = LlamaConfig(n_layer=n_layer, n_head=4, n_kv_head=2, n_embd=32, block_size=32, vocab_size=VOCAB,
                                 qk_norm=True)
-    if arch == "family":  # every field the newer families add (Qwen3, Mistral, Phi-3, Gemma 2/3) at once
+    if arch in FAMILIES:  # every field the newer families add (Qwen3, Mistral, Phi-3, Gemma 2/3, Granite, OLMo 2)
         cfg.model = LlamaConfig(n_layer=n_layer, n_head=4, n_kv_head=2, n_embd=32, block_size=32, vocab_size=VOCAB,
-                                **FAMILY)
+                                **FAMILIES[arch])
     if optim == "muon":  # 3 steps: an extra beyond the issue's layouts (see test_layout_matches_one_process)
         cfg.optim = OptimConfig(name="muon", lr=3e-3, muon_lr=0.02, warmup_steps=2, min_lr_frac=0.1)
         cfg.train.max_steps = MUON_STEPS
@@ -124,6 +134,8 @@ TWO = {
     "g6_ipp2v3": ("gpt2", 6, dict(pp=2, pp_schedule="interleaved1f1b", pp_virtual=3)),  # 3 stages per rank
     "f_tp2": ("family", 2, dict(tp=2)),  # the family fields split by heads, their norms on sequence shards
     "f_pp2": ("family", 2, dict(pp=2)),  # ... and by layers: each stage's window and rope by the global index
+    "o_tp2": ("olmo", 2, dict(tp=2)),  # no input norms: the attention and MLP gather the residual's shards
+    "o_pp2": ("olmo_full", 2, dict(pp=2)),  # QK-norm over every head: pipeline parallelism only
 }
 MUON_STEPS = 3
 CHAIN = 5  # TP2 x PP2 for steps 1-5, one process for 6-7, TP2 for 8-10
@@ -163,7 +175,8 @@ def mp(tmp_path_factory):
     # step 5 (DCP, four ranks' shards) resumed on one process for steps 6-7 (a single-file checkpoint)
     refs = {key: _run(train(_cfg(data, tmp / f"ref_{'_'.join(map(str, key))}", *key)).run_dir)
             for key in (("gpt2", 1, "adamw"), ("gpt2", 2, "adamw"), ("llama", 2, "adamw"), ("gpt2", 4, "adamw"),
-                        ("gpt2", 6, "adamw"), ("llama", 2, "muon"), ("family", 2, "adamw"))}
+                        ("gpt2", 6, "adamw"), ("llama", 2, "muon"), ("family", 2, "adamw"), ("olmo", 2, "adamw"),
+                        ("olmo_full", 2, "adamw"))}
     refs[("gpt2", 2, "ramp")] = _run(train(_ramp(_cfg(data, tmp / "ref_gpt2_2_ramp"))).run_dir)
     chain = tmp / "chain"
     shutil.copytree(tmp / "g_tp2pp2", chain)
@@ -215,11 +228,19 @@ def test_layout_matches_one_process(mp, name):
 
 
 def test_the_family_jobs_train_every_field_tensor_and_pipeline_parallelism_take():
-    """What check_layout lets through under TP/PP (parallel/mesh.py) is what the family jobs above train:
-    a field added there without a job here, or left out of FAMILY, fails."""
-    from gptforge.parallel.mesh import MODEL_PARALLEL_FEATURES
+    """What check_layout lets through under TP and under PP (parallel/mesh.py) is what the family jobs above
+    train under TP and under PP: a field added there without a job here, or left out of FAMILIES, fails."""
+    from gptforge.parallel.mesh import MODEL_PARALLEL_FEATURES, PIPELINE_ONLY
 
-    assert set(LlamaConfig(n_layer=2, n_head=4, n_embd=32, **FAMILY).features()) == MODEL_PARALLEL_FEATURES
+    trained = {"tp": set(), "pp": set()}
+    for arch, _, d in (job[:3] for job in {**FOUR, **TWO}.values()):
+        if arch in FAMILIES:
+            fields = set(LlamaConfig(n_layer=2, n_head=4, n_embd=32, **FAMILIES[arch]).features())
+            for dim in ("tp", "pp"):
+                if d.get(dim, 1) > 1:
+                    trained[dim] |= fields
+    assert trained["tp"] == MODEL_PARALLEL_FEATURES
+    assert trained["pp"] == MODEL_PARALLEL_FEATURES | set(PIPELINE_ONLY)
 
 
 def test_resume_under_the_same_mesh_is_exact(mp):

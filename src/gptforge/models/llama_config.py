@@ -174,8 +174,9 @@ class LlamaConfig(FamilyConfig):
         return self.layer_types or "s" * self.n_layer
 
     def features(self) -> list[str]:
-        """The fields set away from their defaults that other families add: what tensor and pipeline
-        parallelism do not run yet (``parallel/mesh.py`` refuses them by these names)."""
+        """The fields set away from their defaults that other families add, by name. Which of them tensor
+        and pipeline parallelism run is ``parallel/mesh.py``'s to say (its allow-list); it refuses the rest
+        by these names."""
         out = [f"model.{f.name}" for f in fields(self) if f.name in FEATURES and getattr(self, f.name) != f.default]
         return out + (["model.mlp=geglu"] if self.mlp == "geglu" else [])
 

@@ -52,24 +52,46 @@ def layout_of(dist_cfg, world: int) -> Layout:
     return Layout(dist_cfg.pp, dp, 1, dist_cfg.tp)  # every data-parallel rank a full replica
 
 
-# The family fields (``LlamaConfig.features()``: Qwen3, Mistral, Phi-3, Gemma 2/3) that tensor and pipeline
-# parallelism run, each trained under TP2 and PP2 against one process (tests/training/test_model_parallel.py's
-# "family" jobs). Under TP a rank holds whole heads, so what acts per head (head_size, the scores' scale, soft-cap,
-# window and local rope) runs on its heads; the norms act per position on sequence shards (Gemma's post-norms are
-# in tensor.py's plan); embed_scale multiplies the embedding's shard. Under PP a stage takes its layers' window
-# and rope by their index in the whole model (the family's layer_args). A field not named here is not checked.
+# The family fields (``LlamaConfig.features()``: Qwen3, Mistral, Phi-3, Gemma 2/3, Granite, OLMo 2) that tensor and
+# pipeline parallelism run, each trained under TP2 and PP2 against one process (tests/training/test_model_parallel.py's
+# "family" and "olmo" jobs). Under TP a rank holds whole heads, so what acts per head (head_size, the scores' scale
+# or multiplier, soft-cap, window and local rope) runs on its heads; the norms act per position on sequence shards
+# (Gemma's and OLMo 2's post-norms are in tensor.py's plan; without input norms, pre_norms false, the attention and
+# MLP gather the residual's sequence shards themselves); embed_scale multiplies the embedding's shard,
+# residual_scale each branch's sequence shard, and logits_scaling divides the vocabulary-sharded logits. Under PP a
+# stage takes its layers' window and rope by their index in the whole model (the family's layer_args). A field not
+# named here or in PIPELINE_ONLY is not checked.
 MODEL_PARALLEL_FEATURES = frozenset({
     "model.head_size", "model.sliding_window", "model.layer_types", "model.attn_softcap", "model.query_pre_attn_scalar",
     "model.embed_scale", "model.norm_plus_one", "model.post_norms", "model.rope_local_theta", "model.mlp=geglu",
+    "model.attn_scale", "model.residual_scale", "model.logits_scaling", "model.pre_norms",
 })
+# Fields pipeline parallelism runs (a stage runs its blocks whole; trained under PP2 against one process) and tensor
+# parallelism refuses, each with why.
+PIPELINE_ONLY = {
+    "model.qk_norm_full": "normalises q and k over every head's channels at once, and a tensor-parallel rank holds "
+                          "only its own heads (it would need a reduction across ranks in every layer)",
+}
 UNCHECKED_WHY = ("do not run under tensor or pipeline parallelism yet (no sharding plan or stage is checked against "
                  "one process for them)")
 
 
-def unchecked_features(model_cfg) -> list[str]:
-    """The family fields set on ``model_cfg`` that tensor and pipeline parallelism refuse (by these names)."""
+def parallel_refusal(model_cfg, tp: int, pp: int) -> tuple[str, str] | None:
+    """(the dist key, why and what to use instead) when ``model_cfg`` sets a family field that tensor (``tp`` > 1)
+    or pipeline (``pp`` > 1) parallelism does not run, naming the fields; None when they run them all. The one
+    list both ``check_layout`` and the planner (``plan/cost.py``'s ``check``) read."""
+    if tp <= 1 and pp <= 1:
+        return None
     features = model_cfg.features() if hasattr(model_cfg, "features") else []
-    return [f for f in features if f not in MODEL_PARALLEL_FEATURES]
+    unchecked = [f for f in features if f not in MODEL_PARALLEL_FEATURES and f not in PIPELINE_ONLY]
+    if unchecked:
+        key = "dist.tp" if tp > 1 else "dist.pp"
+        return key, f"{', '.join(unchecked)} {UNCHECKED_WHY}; use data parallelism or FSDP"
+    whole_heads = [f for f in features if f in PIPELINE_ONLY]
+    if whole_heads and tp > 1:
+        return "dist.tp", "; ".join(f"{f} {PIPELINE_ONLY[f]}" for f in whole_heads) + (
+            ", so it does not run under tensor parallelism; use pipeline or data parallelism")
+    return None
 
 
 def _fail(key: str, msg: str) -> None:
@@ -99,10 +121,9 @@ def check_layout(cfg: Config, world: int, local_world: int | None = None) -> int
     if local_world is not None and d.tp > local_world:
         _fail("dist.tp", f"{d.tp} is more than the {local_world} processes per node: tensor parallelism "
               "all-reduces every layer and must stay inside a node; lower dist.tp or raise --nproc-per-node")
-    unchecked = unchecked_features(m)
-    if unchecked and (d.tp > 1 or d.pp > 1):
-        _fail("dist.tp" if d.tp > 1 else "dist.pp", f"{', '.join(unchecked)} {UNCHECKED_WHY}; use data parallelism "
-              "or FSDP")
+    refused = parallel_refusal(m, d.tp, d.pp)
+    if refused:
+        _fail(*refused)
     if d.tp > 1:
         _check_tp(cfg, d.tp)
         if cfg.train.compile:

@@ -6,11 +6,14 @@ Per block: the norms run on sequence shards (``SequenceParallel``: the residual 
 ``Shard(1)``, each rank holds T/tp positions); the attention and MLP inputs are all-gathered to the
 whole sequence (``PrepareModuleInput``); q/k/v and the MLP's first matrices are column-parallel
 (each rank whole heads / a slice of the hidden width) and the output projections row-parallel,
-reduce-scattered back onto sequence shards. Gemma's post-norms, on the attention's and MLP's outputs, are
-sequence-parallel too; what the newer families add per head (QK-norm, soft-caps, windows, the scores'
-scale) acts on each rank's own heads. The embedding is row-parallel over the vocabulary and
-the output head column-parallel, its logits left vocabulary-sharded for ``loss_parallel`` (the full
-(B, T, V) logits are never gathered). Rotary angles are computed for the whole sequence, which is
+reduce-scattered back onto sequence shards. Gemma's and OLMo 2's post-norms, on the attention's and MLP's
+outputs, are sequence-parallel too; a block without input norms (OLMo 2) hands the attention and MLP the
+residual's sequence shard, which they gather the same way. What the newer families add per head (per-head
+QK-norm, soft-caps, windows, the scores' scale) acts on each rank's own heads, and their scalars (Granite's
+residual multiplier, the logits' divisor) on each rank's shard. OLMo 2's QK-norm over every head's channels
+would need a reduction across ranks: ``parallel/mesh.py`` refuses it here. The embedding is row-parallel
+over the vocabulary and the output head column-parallel, its logits left vocabulary-sharded for
+``loss_parallel`` (the full (B, T, V) logits are never gathered). Rotary angles are computed for the whole sequence, which is
 what attention sees, so Llama's positions stay exact; GPT-2's learned position table is split by
 rows and reduce-scattered like the token embedding.
 
@@ -153,8 +156,10 @@ def _llama(model: nn.Module, mesh) -> None:
 
 def _present(model: nn.Module, plan: dict) -> dict:
     """The plan's entries for modules this model has (no q_norm without QK-norm, no gate_proj with
-    ReLU², no embeddings on a middle pipeline stage)."""
-    names = {n for n, _ in model.named_modules()}
+    ReLU², no embeddings on a middle pipeline stage, no input norms where the block holds an
+    ``nn.Identity`` in their place: OLMo 2's, whose attention and MLP gather the residual's sequence
+    shards themselves, as ``_sp_input`` takes an unwrapped input to be ``Shard(1)``)."""
+    names = {n for n, m in model.named_modules() if not isinstance(m, nn.Identity)}
     return {k: v for k, v in plan.items() if k in names}
 
 

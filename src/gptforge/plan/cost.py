@@ -180,11 +180,11 @@ def check(model_cfg, layout: Layout, global_batch: int) -> str | None:
         return "every degree must be >= 1"
     if c.n_head % L.tp or c.kv_heads % L.tp:
         return f"model.n_head={c.n_head} (key/value heads {c.kv_heads}) not divisible by TP {L.tp}"
-    from gptforge.parallel.mesh import UNCHECKED_WHY, unchecked_features  # what check_layout refuses
+    from gptforge.parallel.mesh import parallel_refusal  # what check_layout refuses
 
-    unchecked = unchecked_features(model_cfg)
-    if unchecked and L.engine == "gptforge" and (L.tp > 1 or L.pp > 1):
-        return f"{', '.join(unchecked)} {UNCHECKED_WHY}"
+    refused = parallel_refusal(model_cfg, L.tp, L.pp) if L.engine == "gptforge" else None
+    if refused:
+        return refused[1]
     if c.n_layer % (L.pp * L.interleave):
         return f"model.n_layer={c.n_layer} not divisible by PP {L.pp} x virtual stages {L.interleave}"
     if global_batch % (L.dp * L.micro_batch):
