@@ -12,8 +12,9 @@
   ENOSPC; a pipe with no reader: EPIPE) never kills a training run unsaved: the stream is pointed at /dev/null; a pipe
   whose reader left (``train | head``) stops the run as SIGTERM does (checkpoint, then exit 141), any other
   failure lets it run to its end, and the command ends with one line and a non-zero status; so does a command whose
-  work is files (:func:`delivering`: an export, an ``eval --json``). Elsewhere stdout's failure still ends the command
-  (a closed pipe: exit 141 quietly; anything else: one line, exit 2); stderr, diagnostics only, never ends it.
+  work is files (:func:`delivering`: an export, an ``eval --json``, a ``python -m`` tool's declared ``OUTPUTS``).
+  Elsewhere stdout's failure still ends the command (a closed pipe: exit 141 quietly; anything else: one line,
+  exit 2); stderr, diagnostics only, never ends it.
 """
 
 from __future__ import annotations
