@@ -6,8 +6,9 @@
   declares what it writes (``OUTPUTS``, the words that mean so when given), and environment.tool runs an
   invocation that writes under delivering (environment.tool_writes_files).
 * A link whose target's folder does not exist (``eval --json LINK``, LINK -> /nonexist/x): the writer made
-  ``/nonexist/`` and wrote there (storage.atomic_path's "a link: write its target", with parents made). Now
-  refused in one line naming the link and its target (storage.guards.link_target, which the writers and the
+  ``/nonexist/`` and wrote there (storage.atomic_path's "a link: write its target", with parents made); a link to
+  nothing above the output (``--json LINK/r.json``) failed at the writer's mkdir after the work ("file exists").
+  Both refused in one line naming the link and its target (storage.guards.link_target, which the writers and the
   output check before the work both follow), nothing made.
 * ``train --resume --optim.lr X`` (or the warmup, schedule, min_lr_frac ...) with max_steps unchanged: the lr
   jumped at the resume step and only the step log showed it; a changed max_steps alone had a notice. The same
@@ -117,25 +118,32 @@ def _refused(message: str, link: Path) -> None:
     assert f"whose folder {link.parent / 'nonexist'} does not exist" in message and "\n" not in message
 
 
+@pytest.mark.parametrize("above", [False, True])  # the output is the link; a folder above it is a link to nothing
 @pytest.mark.parametrize("writer", ["write_json", "atomic_dir", "check_output", "place_fault"])
-def test_no_writer_makes_the_folders_a_dangling_link_points_into(dangling, writer):
-    """Every writer and both checks before the work follow a link through storage.guards.link_target."""
+def test_no_writer_makes_the_folders_a_dangling_link_points_into(dangling, writer, above):
+    """Every writer and both checks before the work follow a link through storage.guards.link_target. A link to
+    nothing above the output (``--json LINK/r.json``) met the writers' mkdir after the work, as "LINK: file exists"."""
     import gptforge.storage as storage
     from gptforge.run.preflight import place_fault
     from gptforge.storage.guards import check_output
 
+    path = dangling / "r.json" if above else dangling
     if writer == "place_fault":
-        _refused(place_fault(dangling, "--out"), dangling)
+        message = place_fault(path, "--out")
     else:
         with pytest.raises(OutputError) as e:
             if writer == "write_json":
-                storage.write_json(dangling, {})
+                storage.write_json(path, {})
             elif writer == "atomic_dir":
-                with storage.atomic_dir(dangling):
+                with storage.atomic_dir(path):
                     pass
             else:
-                check_output(dangling, False, "file", "--json")
-        _refused(str(e.value), dangling)
+                check_output(path, False, "file", "--json")
+        message = str(e.value)
+    if above:
+        assert f"{path}: {dangling} is a link to {dangling.parent / 'nonexist' / 'x'}, which does not exist" in message
+    else:
+        _refused(message, dangling)
     assert not (dangling.parent / "nonexist").exists() and dangling.is_symlink()
 
 
@@ -214,3 +222,16 @@ def test_train_resume_with_a_new_lr_says_it_before_the_first_step(world, base_ru
     shown = lines[notice].split("shows lr ")[1].split()[0]
     first = next(i for i, line in enumerate(lines) if re.match(r"step +3/4 \|", line))
     assert notice < first and f"| lr {shown} |" in lines[first] and shown == f"{0.05:.2e}"  # tiny: warmup 2, so step 2 is the peak
+
+
+@pytest.mark.parametrize("output", ["loop", "loop/r.json"])
+def test_a_tool_refuses_a_link_loop_in_one_line_before_its_work(tmp_path, output, capsys):
+    """A tool's --json through a link loop: its check before the work (argparsing.check_tool_output) passed it,
+    and the writer's resolve raised "Symlink loop" as a traceback after the work. link_fault says it first."""
+    from gptforge.bench import trace
+
+    (tmp_path / "loop").symlink_to("loop")
+    with pytest.raises(SystemExit) as e:
+        trace.main([str(tmp_path / "missing.json"), "--json", str(tmp_path / output)])  # refused before it is read
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"{tmp_path / 'loop'}: a symlink loop" in err and "Traceback" not in err, err
