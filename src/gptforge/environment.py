@@ -12,8 +12,9 @@
   ENOSPC; a pipe with no reader: EPIPE) never kills a training run unsaved: the stream is pointed at /dev/null; a pipe
   whose reader left (``train | head``) stops the run as SIGTERM does (checkpoint, then exit 141), any other
   failure lets it run to its end, and the command ends with one line and a non-zero status; so does a command whose
-  work is files (:func:`delivering`: an export, an ``eval --json``). Elsewhere stdout's failure still ends the command
-  (a closed pipe: exit 141 quietly; anything else: one line, exit 2); stderr, diagnostics only, never ends it.
+  work is files (:func:`delivering`: an export, an ``eval --json``, a ``python -m`` tool's declared ``OUTPUTS``).
+  Elsewhere stdout's failure still ends the command (a closed pipe: exit 141 quietly; anything else: one line,
+  exit 2); stderr, diagnostics only, never ends it.
 """
 
 from __future__ import annotations
@@ -393,6 +394,32 @@ def guarded(name: str, body: Callable[[], int | None]) -> int:
         return EXIT_STDOUT_CLOSED
 
 
+def tool_writes_files(main: Callable[[], int | None], argv: list[str]) -> bool:
+    """Whether this invocation of a ``python -m gptforge...`` tool has files for its work, from the ``OUTPUTS`` its
+    module declares (as gptforge.cli.outputs declares the commands'): a tuple of the words that mean so when given,
+    an output flag (``"--json"``, also as ``--json=F`` or an abbreviation argparse takes) or a subcommand whose
+    argument is its output (llmc's ``"shard"``); ``""``: always (an output with a default place)."""
+    outputs = getattr(sys.modules.get(getattr(main, "__module__", ""), None), "OUTPUTS", ())
+    if "" in outputs:
+        return True
+    words = argv[:argv.index("--")] if "--" in argv else argv
+    for word in words:
+        head = word.split("=", 1)[0]
+        if head in outputs or (head.startswith("--") and len(head) > 3
+                               and any(flag.startswith(head) for flag in outputs if flag.startswith("--"))):
+            return True
+    return False
+
+
 def tool(main: Callable[[], int | None], name: str) -> int:
-    """``if __name__ == "__main__": raise SystemExit(environment.tool(main, "python -m gptforge.bench.x"))``"""
-    return guarded(name, main)
+    """``if __name__ == "__main__": raise SystemExit(environment.tool(main, "python -m gptforge.bench.x"))``: the
+    tool's ``main()`` under :func:`guarded`, and under :func:`delivering` when its module's ``OUTPUTS`` says this
+    invocation writes files (:func:`tool_writes_files`), so a closed stdout (``... --json r.json | true``) does
+    not cost them, as it does not cost a command's."""
+    files = tool_writes_files(main, sys.argv[1:])
+
+    def body() -> int | None:
+        with delivering(files):
+            return main()
+
+    return guarded(name, body)

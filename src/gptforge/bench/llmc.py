@@ -25,6 +25,8 @@ from pathlib import Path
 from gptforge import environment
 from gptforge.reading import read_json
 
+OUTPUTS = ("--json", "shard")  # what this tool writes (environment.tool_writes_files): report --json, shard PATH
+
 STEP_RE = re.compile(
     r"^step\s+(\d+)/(\d+) \| loss ([-\d.naif]+) .*?\| ([\d.]+) ms \| ([-\d.]+)% \S+ MFU \| ([\d.]+) tok/s"
 )

@@ -31,6 +31,8 @@ from gptforge import environment, reading
 from gptforge.eval.stats import mcnemar_exact, wilson
 from gptforge.storage import write_json, write_text
 
+OUTPUTS = ("",)  # --out has a default: every journey writes there (environment.tool_writes_files)
+
 
 @dataclasses.dataclass(frozen=True)
 class Claim:

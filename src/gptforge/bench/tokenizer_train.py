@@ -35,6 +35,8 @@ from pathlib import Path
 
 from gptforge import environment
 
+OUTPUTS = ("--json",)  # what this tool writes (environment.tool_writes_files): a closed stdout does not cost it
+
 RUNS = ("rustbpe", "tokenizers", "gptforge-rustbpe", "gptforge-tokenizers")
 
 

@@ -25,6 +25,8 @@ from pathlib import Path
 
 from gptforge import environment
 
+OUTPUTS = ("--json",)  # what this tool writes (environment.tool_writes_files): a closed stdout does not cost it
+
 # (family, pattern), first match wins: fused kernels are named for every op they hold
 FAMILIES: tuple[tuple[str, str], ...] = (
     ("cross-entropy", r"log_softmax|nll_loss|cross_entropy|_ce_loss"),

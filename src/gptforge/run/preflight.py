@@ -40,6 +40,11 @@ def place_fault(path: str | os.PathLike, flag: str) -> str | None:
     work, as "file exists"), or a nearest existing folder where no file can be made (read-only, not this user's,
     a pseudo-filesystem). None when the place can take it; what ``path`` itself holds is the output check's
     (storage.guards.check_output)."""
+    from gptforge.storage.guards import link_fault
+
+    fault = link_fault(path, flag)  # a link whose target's folder is missing: the writers refuse it (link_target)
+    if fault:
+        return fault
     path = Path(path)
     probe = nearest_existing(path.parent if path.exists() and not path.is_dir() else path)
     if probe.exists() and not probe.is_dir():

@@ -48,7 +48,35 @@ def resume_notice(saved: Config, cfg: Config, step: int, where: Path) -> tuple[b
             f"{verb} the run from train.max_steps {old} to {new}: the LR schedule ({shape}) is "
             f"{how} over {new} steps, so the log's first line (step {step + 1}) shows lr {after:.2e} (the "
             f"old schedule had {before:.2e}); it decays to {cfg.optim.lr * cfg.optim.min_lr_frac:.2e} at step {new}")
+    changed = schedule_changes(saved, cfg)
+    if changed:  # the same length, another schedule: the lr jumps at the resume step, as when extending
+        before = lr_at(step, saved.optim, old) if step < old else saved.optim.lr * saved.optim.min_lr_frac
+        after = lr_at(step, cfg.optim, new)
+        return False, (
+            f"resuming at step {step} with a changed learning-rate schedule ({', '.join(changed)}; saved -> this run): "
+            f"the log's first line (step {step + 1}) shows lr {after:.2e} where the saved schedule had {before:.2e}; "
+            f"it decays to {cfg.optim.lr * cfg.optim.min_lr_frac:.2e} at step {new}")
     return False, None
+
+
+# the settings the learning rate at a step is made of (optim.schedule.lr_at, and each group's base lr)
+SCHEDULE_KEYS = ("lr", "warmup_steps", "schedule", "min_lr_frac", "cooldown_frac", "embed_lr", "muon_lr")
+
+
+def schedule_changes(saved: Config, cfg: Config) -> list[str]:
+    """``optim.KEY OLD -> NEW`` for each setting of the learning-rate schedule this run changes from the saved
+    one; cooldown_frac only where a schedule is wsd, muon_lr only where the optimizer is Muon (elsewhere inert)."""
+    a, b = saved.optim, cfg.optim
+    out = []
+    for key in SCHEDULE_KEYS:
+        if key == "cooldown_frac" and "wsd" not in (a.schedule, b.schedule):
+            continue
+        if key == "muon_lr" and "muon" not in (a.name, b.name):
+            continue
+        old, new = getattr(a, key), getattr(b, key)
+        if old != new:
+            out.append(f"optim.{key} {old:g} -> {new:g}" if isinstance(old, (int, float)) else f"optim.{key} {old} -> {new}")
+    return out
 
 
 def check_resume(saved: Config, cfg: Config, step: int, where: Path) -> bool:

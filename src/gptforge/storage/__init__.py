@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from gptforge.storage.faults import OutputError, output_errors, write_fault_message
-from gptforge.storage.guards import OutputExistsError, check_output, named, special_output
+from gptforge.storage.guards import OutputExistsError, check_output, link_target, named, special_output
 
 
 def current_umask() -> int:
@@ -161,8 +161,7 @@ def atomic_path(path: str | Path, what: str | None = None, needed: int = 0, sole
     another process writes ``path`` too, rather than let the last whole write win silently
     (:func:`gptforge.storage.lock.claim_output`: the temporary is locked until it is renamed in)."""
     path = named(path, "output")
-    if path.is_symlink():  # a link to the real file (on a bigger disk): replace that file, keep the link
-        path = path.resolve()
+    path = link_target(path)  # a link to the real file (on a bigger disk): replace that file, keep the link
     special = special_output(path)
     if special:  # the last guard, for writers that never went through check_output
         raise OutputExistsError(special)
@@ -315,8 +314,7 @@ def atomic_dir(path: str | Path, force: bool = False, what: str | None = None, f
         raise OutputExistsError(f"{flag} {given} is the folder this command runs in, or holds it: the output is built "
                                 "beside it and swapped in, which would leave this shell in a deleted folder that "
                                 f"looks empty; give a folder of its own (e.g. {flag} exports/NAME)")
-    if path.is_symlink():  # a link to the real folder: build beside it, on its filesystem; keep the link
-        path = path.resolve()
+    path = link_target(path, flag)  # a link to the real folder: build beside it, on its filesystem; keep the link
     what = what or f"the folder {path.name}"
     with output_errors(path, what):
         _restore_interrupted(path)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from gptforge.reading import not_a_file
+from gptforge.reading import not_a_file, path_fault
 from gptforge.storage.faults import OutputError
 
 # what marks a directory the run stack owns (run/checkpoint.py, run/lock.py, run/session.py)
@@ -85,6 +85,51 @@ def named(path: str | Path, flag: str = "--out") -> Path:
     return p
 
 
+def link_fault(path: str | Path, flag: str = "") -> str | None:
+    """Why the link ``path`` cannot be written through, in one line naming it and its target: the target's folder
+    does not exist (or is not a folder). A writer replaces a link's target and keeps the link (the real file on a
+    bigger disk); making the folders above a target nobody named (a stale link, a mistyped one: ``/nonexist/x``)
+    is not that. A folder above ``path`` that is a link to nothing is the same (the writers' mkdir met it, after the
+    work, as "file exists"); so is a link loop, or a name too long, met on the way (reading.path_fault). None when ``path`` is no link, or its target's folder is there (the target itself
+    need not be)."""
+    p = Path(path)
+    try:
+        for q in p.parents:  # nearest first, up to the first that exists
+            if q.is_symlink() and not q.exists():
+                try:  # a loop (exists() says False for one too): said as the loop it is
+                    os.stat(q)
+                except OSError as e:
+                    if path_fault(e):
+                        return path_fault(e)
+                return (f"{(flag + ' ') if flag else ''}{path}: {q} is a link to {os.readlink(q)}, which does not "
+                        "exist; make that folder, point the link at one that exists, or remove the link")
+            if q.exists():
+                break
+        if not p.is_symlink():
+            return None
+        target = p.resolve()
+        folder = target.parent
+        if folder.is_dir():
+            return None
+        state = "is not a folder" if folder.exists() else "does not exist"
+    except (OSError, RuntimeError) as e:  # a name too long, a link loop: the words every path gets (reading.path_fault)
+        return path_fault(e)
+    return (f"{(flag + ' ') if flag else ''}{path} is a link to {os.readlink(p)}, whose folder {folder} {state}; "
+            "make that folder, point the link at a file in one that exists, or remove the link to write a file "
+            "in its place")
+
+
+def link_target(path: Path, flag: str = "") -> Path:
+    """Where a writer puts ``path``: the file or folder a link points to (the link kept), ``path`` itself when it
+    is no link; OutputError (:func:`link_fault`) for a link whose target's folder does not exist. The one place
+    every writer (storage.atomic_path, atomic_dir) follows a link; the check before the work (:func:`check_output`, run/preflight.place_fault) asks :func:`link_fault` the
+    same, so it refuses what the writer would refuse, before the work."""
+    fault = link_fault(path, flag)
+    if fault:
+        raise OutputError(fault)
+    return path.resolve() if path.is_symlink() else path
+
+
 def check_shard_folder(path: str | Path, flag: str = "--out") -> None:
     """Refuse a shard folder (prepare's resumable output) that is, or lies inside, a run directory or a
     checkpoint: prepare wrote its shards, manifest.json and tokenizer/ there, so a checkpoint's own tokenizer
@@ -102,6 +147,9 @@ def check_output(path: str | Path, force: bool, kind: str = "file", flag: str = 
     (a non-empty folder) without ``force``, and, with or without it, a checkpoint or run directory
     or a file inside one that the run stack wrote. ``kind``: "file" or "dir"."""
     p = named(path, flag)
+    fault = link_fault(p, flag)  # a link whose target's folder is missing: refused here, not after the work
+    if fault:
+        raise OutputError(fault)
     special = special_output(p, flag)
     if special:
         raise OutputExistsError(special)
