@@ -110,8 +110,8 @@ def check_model_size(where: str, what: str, claimed: int, present: int | None, e
     ``layers``: (claimed, present) block counts, where the reader knows them from the tensor names. A
     claim within the layers present leaves a width that differs to the reader's own tensor-by-tensor
     comparison, whose work the file bounds and whose refusal names the tensor."""
+    from gptforge import resources
     from gptforge.errors import ResourceError
-    from gptforge.models import registry
 
     if present is not None and claimed > present:
         if layers is not None and layers[0] <= layers[1]:
@@ -121,10 +121,10 @@ def check_model_size(where: str, what: str, claimed: int, present: int | None, e
                     f"{in_layers[0]}, the weights hold {present:,}{in_layers[1]}; refusing before building anything "
                     f"(is {what} from another model?)")
     need = claimed * bytes_per_element
-    avail = registry.available_memory() if memory else None
-    if avail is not None and need > avail:
+    free = resources.free_memory() if memory else None
+    if free is not None and need > free.bytes:
         raise ResourceError(f"{where}: {family} as {what} sizes it has {claimed:,} parameters, {need / 2**30:,.1f} GiB "
-                            f"in float32 before any activation, and this machine has {avail / 2**30:,.1f} GiB free; "
+                            f"in float32 before any activation, and {free}; "
                             "use a smaller model or a machine with more memory")
 
 

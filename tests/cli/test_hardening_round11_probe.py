@@ -119,6 +119,7 @@ def test_a_cpu_step_that_cannot_fit_is_refused_before_allocating_and_an_allocato
     from gptforge.config import apply_overrides
     from gptforge.models.registry import counts
     from gptforge.presets import get_preset
+    from gptforge.resources import FreeMemory
     from gptforge.run.faults import check_step_memory
     from gptforge.training.pretrain import Pretrain
 
@@ -127,7 +128,7 @@ def test_a_cpu_step_that_cannot_fit_is_refused_before_allocating_and_an_allocato
     row = T * Vp * 4  # float32 logits of one sequence
     bound = 4 * counts(cfg.model, T).params + B * row
     free = {"bytes": bound - 1}
-    monkeypatch.setattr("gptforge.models.registry.available_memory", lambda: free["bytes"])
+    monkeypatch.setattr("gptforge.resources.free_memory", lambda: FreeMemory(free["bytes"]))
     err = _err(capsys, train_argv(world["shards"], tmp_path / "r1"))
     assert f"train.micro_batch={B:,} x train.seq_len={T:,} on the CPU needs at least" in err, err
     assert f"lower --train.micro_batch well below {B:,} (gradient accumulation" in err, err  # B-1 rows fit the bound

@@ -195,10 +195,10 @@ def test_a_claim_past_the_weights_is_refused_before_any_per_layer_work(reader, t
 
 @pytest.mark.parametrize("reader", list(READERS))
 def test_a_model_larger_than_free_memory_is_refused_before_a_tensor_is_read(reader, tmp_path, capsys, monkeypatch):
-    import gptforge.models.registry as reg
+    from gptforge import resources
 
     src = READERS[reader][0](tmp_path)
-    monkeypatch.setattr(reg, "available_memory", lambda: 1024)  # honest weights, a machine with 1 KB free
+    monkeypatch.setattr(resources, "free_memory", lambda: resources.FreeMemory(1024))  # honest weights, 1 KB free
     capsys.readouterr()
     assert main(["sample", READERS[reader][2], str(src), "--max-new-tokens", "1", "--device", "cpu"]) == 2
     err = _one_line(capsys)

@@ -8,7 +8,7 @@ rule that every config.json key is accounted for.
   alternating layers), soft-caps, embedding scale. Each loaded model gives transformers' logits and round-trips
   through ``export hf``: transformers reloads it to the same logits, and so does gptforge.
 * Keys: transformers' config class for each model_type takes some keys and its modeling file reads some config
-  attributes; every one must be READ, UNREAD or INERT in ``interop/hf_families.py`` (derived here from
+  attributes; every one must be READ, UNREAD or INERT in ``interop/hf_keys.py`` (derived here from
   transformers' own source, so a transformers upgrade that adds one fails this test), and a key in none of them
   is refused at load by name. The config.json shapes of SmolLM2, Llama 3.2, Qwen2.5, Qwen3, Mistral 7B, Phi-3 and
   Gemma 2/3 (their keys, tiny sizes) load.
@@ -28,7 +28,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from gptforge.interop import hf_families  # noqa: E402
+from gptforge.interop import hf_keys  # noqa: E402
 from gptforge.interop.hf_llama import HFConfigError, export_hf_llama, llama_config_from_hf, load_hf_llama  # noqa: E402
 from gptforge.models.llama import Llama, LlamaConfig  # noqa: E402
 from tests.models.hf_reference import random_hf_model  # noqa: E402
@@ -207,17 +207,17 @@ def _transformers_keys(model_type: str) -> set[str]:
 
 @pytest.mark.parametrize("model_type", list(TYPES))
 def test_every_key_transformers_takes_or_reads_is_accounted_for(model_type):
-    known = (set(hf_families.READ_EVERYWHERE) | set(hf_families.READ[model_type])
-             | set(hf_families.UNREAD.get(model_type, {})) | set(hf_families.INERT) | set(hf_families.INERT_AT))
+    known = (set(hf_keys.READ_EVERYWHERE) | set(hf_keys.READ[model_type])
+             | set(hf_keys.UNREAD.get(model_type, {})) | set(hf_keys.INERT) | set(hf_keys.INERT_AT))
     missing = sorted(_transformers_keys(model_type) - known)
-    assert not missing, f"{model_type}: transformers takes or reads {missing}; say in hf_families what each does"
+    assert not missing, f"{model_type}: transformers takes or reads {missing}; say in hf_keys what each does"
 
 
 @pytest.mark.parametrize("model_type", list(TYPES))
 def test_the_hub_doors_full_config_dict_passes(model_type):
     """A hub name is read through AutoConfig(...).to_dict(): every attribute, the base config's included."""
     c = getattr(transformers, f"{TYPES[model_type]}Config")(**{**COMMON, "head_dim": 16}).to_dict()
-    hf_families.check_keys(c, model_type)
+    hf_keys.check_keys(c, model_type)
 
 
 def test_the_rope_keys_per_type_are_transformers_validators_keys():
@@ -364,8 +364,8 @@ def test_every_gpt2config_key_is_accounted_for_and_real_gpt2_configs_load():
     keys |= set(cls().to_dict()) | set(cls.attribute_map)
     src = (Path(transformers.__file__).parent / "models" / "gpt2" / "modeling_gpt2.py").read_text()
     keys |= {k for k in re.findall(r"config\.(\w+)", src) if hasattr(cls(), k) and not callable(getattr(cls(), k))}
-    known = (set(GPT2_READ) | set(GPT2_ALIASES) | set(GPT2_INERT) | set(hf_families.INERT)
-             | set(hf_families.INERT_AT))
+    known = (set(GPT2_READ) | set(GPT2_ALIASES) | set(GPT2_INERT) | set(hf_keys.INERT)
+             | set(hf_keys.INERT_AT))
     assert not sorted(keys - known)
     c = {**GPT2_REAL["gpt2"], **GPT2_REAL["distilgpt2"]}
     assert gpt2_config_from_hf(c)["n_embd"] == 32

@@ -24,16 +24,16 @@ def _check_batches_fit(cfg, batches, prompt_tokens: int, new_tokens: int, dtype_
     """ValueError naming --batch when the largest batch's KV cache and prefill logits alone exceed the memory
     free now (``--batch 1e9`` asked the CPU allocator for 128 GB in a traceback); a batch that passes may still
     not fit the activations, but none that fails could."""
-    from gptforge.models.registry import available_memory
+    from gptforge import resources
 
     head_dim = cfg.n_embd // cfg.n_head
     kv_width = getattr(cfg, "n_kv_head", None) or cfg.n_head
     per_row = ((prompt_tokens + new_tokens) * cfg.n_layer * 2 * kv_width * head_dim * dtype_bytes
                + prompt_tokens * cfg.vocab_size * 4)  # the cache, and the prompt's float32 logits
-    B, avail = max(batches), available_memory()
-    if avail is not None and B * per_row > avail:
+    B, free = max(batches), resources.free_memory()
+    if free is not None and B * per_row > free.bytes:
         raise ValueError(f"--batch {B:,}: its KV cache and prompt logits alone need {B * per_row / 2**30:,.1f} GiB, and "
-                         f"this machine has {avail / 2**30:,.1f} GiB free; give a batch below {max(1, avail // per_row):,}")
+                         f"{free}; give a batch below {max(1, free.bytes // per_row):,}")
 
 
 def run_bench_generate(size: str = "gpt2", batches: list[int] | tuple[int, ...] = (1, 8), prompt_tokens: int = 16,

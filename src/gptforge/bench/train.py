@@ -109,16 +109,15 @@ def _check_batch_fits(cfg: Config, steps: int, warmup: int) -> None:
     """Refuse (one line naming the keys) a micro-batch whose synthetic token ids alone, int64 as numpy
     draws them, exceed the memory free now: ``--sweep-micro-batch 1e9`` asked numpy for 239 GiB in a
     traceback. What fits the ids may still not fit the activations: that is an out-of-memory result."""
+    from gptforge import resources
     from gptforge.errors import ResourceError
-    from gptforge.models.registry import available_memory
 
     B, T = cfg.train.micro_batch, cfg.train.seq_len
     n_tokens = min(B * T * cfg.validate() * (steps + warmup) + 1, 50_000_000) + B * T + 1  # bench_one's shard
-    avail = available_memory()
-    if avail is not None and 8 * n_tokens > avail:
+    free = resources.free_memory()
+    if free is not None and 8 * n_tokens > free.bytes:
         raise ResourceError(f"train.micro_batch={B:,} x train.seq_len={T:,}: {n_tokens:,} token ids to time it need "
-                            f"{8 * n_tokens / 2**30:,.1f} GiB before any activation, and this machine has "
-                            f"{avail / 2**30:,.1f} GiB free; lower train.micro_batch (or --sweep-micro-batch)")
+                            f"{8 * n_tokens / 2**30:,.1f} GiB before any activation, and {free}; lower train.micro_batch (or --sweep-micro-batch)")
 
 
 _out_of_memory = out_of_memory  # run/faults.py's: training's loop and the benchmark tell one refusal alike

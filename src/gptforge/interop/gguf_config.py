@@ -56,7 +56,7 @@ LLAMA_CPP_DEFAULTS = {"gemma2": {"attention.sliding_window": 4096, "attn_logit_s
                                  "final_logit_softcapping": 30.0}}
 
 
-# Every {arch}.* metadata key, accounted for (as interop/hf_families.py does for config.json): the keys the readers
+# Every {arch}.* metadata key, accounted for (as interop/hf_keys.py does for config.json): the keys the readers
 # below READ (into config fields, or refused by value), the ones that do not change what llama.cpp computes
 # (INERT; INERT_AT: only at the value that changes nothing), and any other is refused by name (check_keys). llama.cpp
 # reads some keys for every architecture (attention.causal, rope.scaling.attn_factor, the *_swa head sizes, pooling):

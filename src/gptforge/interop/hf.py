@@ -56,7 +56,7 @@ GPT2_REQUIRED = ("n_layer", "n_head", "n_embd", "n_positions", "vocab_size")
 GPT2_DEFAULTS = dict(n_layer=12, n_head=12, n_embd=768, n_positions=1024, vocab_size=50257)
 
 
-# every key of a GPT-2 config.json, accounted for (as interop/hf_families.py does for the Llama families): read by
+# every key of a GPT-2 config.json, accounted for (as interop/hf_keys.py does for the Llama families): read by
 # gpt2_config_from_hf, inert (its INERT, and GPT-2's own below), or refused by name (check_gpt2_keys)
 GPT2_READ = GPT2_REQUIRED + ("model_type", "activation_function", "layer_norm_epsilon", "tie_word_embeddings",
                              "scale_attn_weights", "scale_attn_by_inverse_layer_idx", "add_cross_attention", "n_inner",
@@ -73,7 +73,7 @@ GPT2_INERT = ("n_ctx",  # the old configs' copy of n_positions, read by no trans
 def check_gpt2_keys(c: dict, where: str) -> dict:
     """``c`` with GPT2Config's aliases under their own names, after refusing by name a key neither read nor inert
     (a field gptforge has not accounted for may change the function), or an alias that disagrees with its name."""
-    from gptforge.interop.hf_families import INERT, INERT_AT
+    from gptforge.interop.hf_keys import INERT, INERT_AT
 
     known = set(GPT2_READ) | set(GPT2_INERT) | set(INERT)
     for key, value in c.items():

@@ -1,13 +1,13 @@
 """A Hugging Face Llama-style ``config.json`` -> ``LlamaConfig``, refusing by name what gptforge's Llama
 does not compute (``hf_llama`` reads and writes the weights; ``hf_families`` maps the other families'
-fields and accounts for every key). The rope: ``rope_scaling`` / ``rope_parameters`` both ways.
+fields; ``hf_keys`` accounts for every key). The rope: ``rope_scaling`` / ``rope_parameters`` both ways.
 """
 
 from __future__ import annotations
 
 import math
 
-from gptforge.interop import hf_families
+from gptforge.interop import hf_families, hf_keys
 from gptforge.models.llama_config import LlamaConfig
 from gptforge.numbers import MAX_DIM  # past it a config is damaged, not big
 
@@ -63,8 +63,8 @@ def rope_from_hf(c: dict, model_type: str = "llama") -> dict:
             raise _refuse("partial_rotary_factor", d["partial_rotary_factor"], "only part of each head rotates")
     kind = scaling.get("rope_type", scaling.get("type", "default"))
     try:  # a type the family's transformers class itself refuses (Phi-3's linear, llama3)
-        hf_families.check_rope_type(kind, f"{where}.rope_type", model_type)
-    except hf_families.FamilyConfigError as e:
+        hf_keys.check_rope_type(kind, f"{where}.rope_type", model_type)
+    except hf_keys.FamilyConfigError as e:
         raise HFConfigError(str(e)) from None
     if kind not in ("default", "linear", "llama3"):
         raise _refuse(f"{where}.rope_type", kind, "this rope scaling changes the rotary frequencies in a way only "
@@ -132,9 +132,9 @@ def llama_config_from_hf(c: dict, **overrides) -> LlamaConfig:
                             "gptforge's Llama")
     raw = c
     try:
-        hf_families.check_keys(c, model_type)  # every key accounted for: read, unread as transformers, or inert
+        hf_keys.check_keys(c, model_type)  # every key accounted for: read, unread as transformers, or inert
         c = hf_families.with_defaults(c, model_type)  # a key left out means what transformers' class says
-    except hf_families.FamilyConfigError as e:
+    except hf_keys.FamilyConfigError as e:
         raise HFConfigError(str(e)) from None
     check_field_types(c)
     heads, kv = c["num_attention_heads"], c.get("num_key_value_heads") or c["num_attention_heads"]
@@ -147,7 +147,7 @@ def llama_config_from_hf(c: dict, **overrides) -> LlamaConfig:
         extra = hf_families.family_fields(c, model_type) if model_type != "llama" else {}
         if model_type == "gemma3_text":  # its full layers' rope (the sliding ones' is model.rope_local_theta)
             c = hf_families.gemma3_rope(c)
-    except hf_families.FamilyConfigError as e:
+    except hf_keys.FamilyConfigError as e:
         raise HFConfigError(str(e)) from None
     scaling = rope_from_hf(c, model_type)  # model.rope_theta and the scaling
     if model_type in ("llama", "granite", "olmo2") and (c.get("sliding_window") or c.get("use_sliding_window")):

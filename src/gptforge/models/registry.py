@@ -182,28 +182,18 @@ def _skip_init_on_meta():
 
 def check_memory(model_cfg: Any, bytes_per_param: int = 4) -> None:
     """ResourceError when the parameters alone (float32, the dtype models are built in) exceed the
-    memory available now (Linux's MemAvailable; elsewhere no check)."""
+    memory free now (:func:`gptforge.resources.free_memory`: MemAvailable under any cgroup limit; elsewhere no
+    check)."""
+    from gptforge import resources
     from gptforge.errors import ResourceError
 
     need = counts(model_cfg).params * bytes_per_param
-    avail = available_memory()
-    if avail is not None and need > avail:
+    free = resources.free_memory()
+    if free is not None and need > free.bytes:
         raise ResourceError(f"model.{model_cfg.arch} with n_layer={model_cfg.n_layer}, n_embd={model_cfg.n_embd} has "
                             f"{counts(model_cfg).params / 1e9:,.1f}B parameters: {need / 2**30:,.1f} GiB in float32 "
-                            f"before any activation, and this machine has {avail / 2**30:,.1f} GiB free. Use a "
-                            "smaller model, or `gptforge plan` to size it for many GPUs")
-
-
-def available_memory() -> int | None:
-    """Bytes of memory available to new allocations (``MemAvailable``), or None where it is not known."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
+                            f"before any activation, and {free}. Use a smaller model, or `gptforge plan` to size it "
+                            "for many GPUs")
 
 
 def counts(model_cfg: Any, seq_len: int | None = None) -> Any:

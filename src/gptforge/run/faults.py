@@ -31,21 +31,24 @@ def out_of_memory(e: BaseException) -> bool:
 
 def check_step_memory(cfg: Config, device, ranks_here: int = 1) -> None:
     """ResourceError, before the model is built, when a step of a language-model recipe (pretrain, sft) on the CPU
-    cannot fit the memory free now (Linux's MemAvailable; elsewhere no check) by a lower bound: the float32
-    parameters (4 bytes each) and one (micro_batch x seq_len, padded vocabulary) tensor of logits in the compute
-    dtype, which every path of the head materialises, for each of the ``ranks_here`` processes on this machine.
+    cannot fit the memory free now (MemAvailable under any cgroup limit: :func:`gptforge.resources.free_memory`) by
+    a lower bound: the float32 parameters (4 bytes each) and one (micro_batch x seq_len, padded vocabulary) tensor
+    of logits in the compute dtype, which every path of the head materialises, for each of the ``ranks_here``
+    processes on this machine.
     Past that, the CPU allocator's refusal came as a raw RuntimeError after gigabytes were allocated, or the
     kernel's OOM killer ended the run (and maybe others) unsaid. What the bound leaves out (gradients, optimizer
     state, activations) only adds, so a run it refuses could never have run; CUDA has its own OOM, met with
     :func:`oom_advice` and sized by `gptforge plan`."""
+    from gptforge import resources
     from gptforge.errors import ResourceError
-    from gptforge.models.registry import available_memory, counts
+    from gptforge.models.registry import counts
 
     if getattr(device, "type", device) != "cpu":
         return
-    avail = available_memory()
-    if avail is None:
+    free = resources.free_memory()
+    if free is None:
         return
+    avail = free.bytes
     B, T = cfg.train.micro_batch, cfg.train.seq_len
     per_logit = 4 if cfg.train.dtype == "float32" else 2
     params = 4 * counts(cfg.model, T).params
@@ -61,8 +64,8 @@ def check_step_memory(cfg: Config, device, ranks_here: int = 1) -> None:
     raise ResourceError(
         f"train.micro_batch={B:,} x train.seq_len={T:,} on the CPU needs at least {need / 2**30:,.1f} GiB a step "
         f"(the {B * T:,} tokens' logits over {cfg.model.padded_vocab_size:,} ids, {B * row / 2**30:,.1f} GiB, and the "
-        f"parameters{f', in each of {ranks_here} processes' if ranks_here > 1 else ''}), and this machine has "
-        f"{avail / 2**30:,.1f} GiB free: {fix}; `gptforge plan --measure` estimates a step's peak")
+        f"parameters{f', in each of {ranks_here} processes' if ranks_here > 1 else ''}), and {free}: {fix}; "
+        "`gptforge plan --measure` estimates a step's peak")
 
 
 def oom_advice(cfg: Config, info: DistInfo, grad_accum: int) -> str:
