@@ -38,7 +38,8 @@ from gptforge.run.sinks import open_sinks
 
 class RunSession:
     """See the module docstring. Attributes after ``__enter__``: ``info`` (ranks and device),
-    ``run_dir``, ``resume_dir`` (None for a fresh run), ``start_over`` (a fresh run over old
+    ``run_dir``, ``resume_dir`` (None for a fresh run), ``complete`` (a resumed run already at its
+    ``train.max_steps``: said so, nothing to train), ``start_over`` (a fresh run over old
     checkpoints, allowed by ``force``), ``env`` (the environment record), ``checkpointer``, ``stop``."""
 
     def __init__(self, cfg: Config, resume: str | Path | None = None, force: bool = False,
@@ -51,6 +52,7 @@ class RunSession:
         self.progress: Progress | None = None
         self.stop: StopFlag | None = None
         self.lock: RunLock | None = None
+        self.complete = False
 
     def __enter__(self) -> RunSession:
         try:
@@ -92,6 +94,15 @@ class RunSession:
         self.checkpointer = Checkpointer(cfg, self.info, run_dir, self.resume_dir, self.log,
                                          extra_meta={"git_sha": self.env.get("git_sha"), **self.extra_meta},
                                          guard=self.lock.check if self.lock is not None else None)
+        # what the resume will do, said before it does it, for every recipe alike: a changed length or LR
+        # schedule, or a finished run (``complete``: the loop trains nothing and the command exits 0)
+        self.complete = False
+        if self.resume_dir is not None:
+            from gptforge.run.resume import check_resume, saved_config
+
+            saved = saved_config(self.checkpointer.meta, str(self.resume_dir / "meta.json"))
+            self.complete = check_resume(saved, cfg, self.checkpointer.start_step, self.resume_dir,
+                                         str(self.extra_meta.get("recipe", "pretrain")))
 
     def log(self, msg: str) -> None:
         """A human line on rank 0 (above the progress bar when there is one)."""
