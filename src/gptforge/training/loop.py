@@ -91,7 +91,7 @@ def train(cfg, recipe: Recipe | None = None, resume: str | Path | None = None, f
         resolve_base(cfg, init_weights, fresh=resume is None)
     with RunSession(cfg, resume, force, extra_meta=recipe.meta()) as run:
         if run.complete:  # a finished run resumed: the session said so and how to extend it; nothing to build
-            return RunResult(run_dir=run.run_dir, steps_done=run.checkpointer.start_step, complete=True)
+            return RunResult(run_dir=run.run_dir, steps_done=run.resume_step, complete=True)
         # --- setup: precision and switches, checked before any compute ------------------------------
         info, log, device = run.info, run.log, run.info.device
         if not recipe.words_unknown:
