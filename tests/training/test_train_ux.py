@@ -138,7 +138,7 @@ def test_train_threads_auto_takes_omp_num_threads_else_one_on_cpu(monkeypatch):
         get_preset("tiny").train.__class__(threads=-1)
 
 
-@pytest.mark.parametrize("command", sorted(set(__import__("gptforge.cli.common", fromlist=["x"]).COMMAND_OF.values())))
+@pytest.mark.parametrize("command", sorted(set(__import__("gptforge.run.resume", fromlist=["x"]).COMMAND_OF.values())))
 def test_every_training_commands_next_steps_parse_and_suit_the_checkpoint(command, tmp_path):
     """Every training command's end-of-run summary offers only commands that exist, parse, and accept
     that run's checkpoint kind: a reward model is never offered sample/chat (they refuse it)."""

@@ -242,9 +242,6 @@ def text_encoder(tok, chat):
 
 # --- the one resume / force path of train, sft and rl ----------------------------------------------
 
-COMMAND_OF = {"pretrain": "train", "sft": "sft", "grpo": "rl", "ppo": "rl", "rm": "rm", "dpo": "dpo"}  # recipe -> the command that continues it
-
-
 def override_text(overrides: list[str], key: str) -> str | None:
     """The value ``--key VALUE`` / ``--key=VALUE`` gives among ``overrides`` (the last one; the parser refuses two
     that differ), or None."""
@@ -307,7 +304,7 @@ def resolve_run(out: str | None, resume: str | None, overrides: list[str], recip
     from gptforge.run import checkpoint as ckpt
     from gptforge.run.checkpointer import Checkpointer
     from gptforge.run.identity import resolve_checkpoint
-    from gptforge.run.resume import absolute_model_paths, check_models_present, recipe_of, resume_config
+    from gptforge.run.resume import COMMAND_OF, absolute_model_paths, check_models_present, recipe_of, resume_config
     from gptforge.run.weights import check_weights_fit
 
     # --out is applied last, a recipe's --init-from beside its key: with the key given too, one would lose silently
@@ -392,6 +389,8 @@ def finish(result, command: str, cfg=None, start: str | None = None) -> int:
 
     from gptforge.run.faults import exit_status
 
+    if result.complete:  # a finished run resumed: its notice said so and how to extend it; nothing to sum up
+        return 0
     if os.environ.get("RANK", "0") == "0" and result.diverged_at is None:
         print(summary(result, command, cfg, start, whole=command_seconds()), flush=True)
     if result.diverged_at is not None:

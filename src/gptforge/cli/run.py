@@ -59,7 +59,6 @@ def help_config(args: argparse.Namespace, overrides: list[str], preset: str) -> 
 
 
 def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
-    from gptforge.run.resume import check_resume, saved_config
     from gptforge.runtime import launched_world
     from gptforge.training.evaluate import check_tasks
 
@@ -83,8 +82,6 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
     if args.dry_run:
         print(cfg.to_json())
         return 0
-    if resume is not None and check_resume(saved_config(meta, f"{resume}/meta.json"), cfg, int(meta["step"]), resume):
-        return 0  # a finished run: said so, and how to extend it
     from gptforge.training.loop import train
 
     return finish(train(cfg, resume=resume, force=args.force, init_weights=init_weights), "train", cfg)

@@ -2,6 +2,10 @@
 
     gptforge train --preset shakespeare-cpu --resume                         # "run ... is complete"
     gptforge train --preset shakespeare-cpu --resume --train.max_steps 400   # extend it
+    gptforge dpo --out runs/dpo --resume --train.max_steps 400               # every recipe's resume alike
+
+Every recipe's resume says it (sft, rl, rm and dpo as train): :class:`gptforge.run.session.RunSession`
+calls :func:`check_resume` once it knows the checkpoint, and the loop trains nothing on a complete run.
 
 * **A finished run** (its newest checkpoint is at ``train.max_steps``) trains nothing: resuming it
   says so, how to extend it, and exits 0 (the default job re-runs ``--resume`` every time).
@@ -25,19 +29,26 @@ from gptforge import environment
 from gptforge.config import Config, ConfigError
 from gptforge.optim import lr_at
 
+COMMAND_OF = {"pretrain": "train", "sft": "sft", "grpo": "rl", "ppo": "rl", "rm": "rm", "dpo": "dpo"}  # recipe -> the command that continues it
+# what a finished run of a recipe is for: a reward model does not generate text (sample/chat would refuse it)
+USE_OF = {"pretrain": "gptforge sample --ckpt {run}", "rm": "gptforge eval --ckpt {run} --preferences PAIRS.jsonl"}
 
-def resume_notice(saved: Config, cfg: Config, step: int, where: Path) -> tuple[bool, str | None]:
+
+def resume_notice(saved: Config, cfg: Config, step: int, where: Path,
+                  recipe: str = "pretrain") -> tuple[bool, str | None]:
     """(complete, message) for resuming the checkpoint ``where`` at ``step``, saved with config
-    ``saved``, under ``cfg`` (the saved config with this command line's overrides)."""
+    ``saved``, under ``cfg`` (the saved config with this command line's overrides), by ``recipe`` (its
+    command is the one the message tells to extend the run with)."""
     run = where.parent.parent if where.parent.name == "checkpoints" else where
     new, old = cfg.train.max_steps, saved.train.max_steps
     if step >= new and cfg.model == saved.model:  # a changed model goes on to be checked against the weights
         suggest = max(2 * step, step + 1)
+        use = USE_OF.get(recipe, "gptforge chat --ckpt {run}").format(run=run)
         return True, (
             f"run {run} is complete: its newest checkpoint ({where.name}) is at step {step} of "
-            f"train.max_steps {new}; nothing to train. To train further: gptforge train --out {run} --resume "
-            f"--train.max_steps {suggest} (the LR schedule is stretched to the new length). To use it: "
-            f"gptforge sample --ckpt {run}")
+            f"train.max_steps {new}; nothing to train. To train further: gptforge {COMMAND_OF.get(recipe, recipe)} "
+            f"--out {run} --resume --train.max_steps {suggest} (the LR schedule is stretched to the new length). "
+            f"To use it: {use}")
     if new != old:
         before = lr_at(step, saved.optim, old) if step < old else saved.optim.lr * saved.optim.min_lr_frac
         after = lr_at(step, cfg.optim, new)
@@ -79,9 +90,10 @@ def schedule_changes(saved: Config, cfg: Config) -> list[str]:
     return out
 
 
-def check_resume(saved: Config, cfg: Config, step: int, where: Path) -> bool:
-    """Print the notice (rank 0 only under torchrun); True when the run is complete and nothing is to be done."""
-    complete, message = resume_notice(saved, cfg, step, where)
+def check_resume(saved: Config, cfg: Config, step: int, where: Path, recipe: str = "pretrain") -> bool:
+    """Print the notice (rank 0 only under torchrun); True when the run is complete and nothing is to be done.
+    Every recipe's resume comes here, from :class:`gptforge.run.session.RunSession`."""
+    complete, message = resume_notice(saved, cfg, step, where, recipe)
     if message and environment.number("RANK", 0) == 0:
         print(message, flush=True)
     return complete

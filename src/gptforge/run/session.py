@@ -38,8 +38,10 @@ from gptforge.run.sinks import open_sinks
 
 class RunSession:
     """See the module docstring. Attributes after ``__enter__``: ``info`` (ranks and device),
-    ``run_dir``, ``resume_dir`` (None for a fresh run), ``start_over`` (a fresh run over old
-    checkpoints, allowed by ``force``), ``env`` (the environment record), ``checkpointer``, ``stop``."""
+    ``run_dir``, ``resume_dir`` (None for a fresh run), ``resume_step``, ``complete`` (a resumed run already at
+    its ``train.max_steps``: said so, nothing to train, and the attributes after this one are not set),
+    ``start_over`` (a fresh run over old checkpoints, allowed by ``force``), ``env`` (the environment record),
+    ``checkpointer``, ``stop``."""
 
     def __init__(self, cfg: Config, resume: str | Path | None = None, force: bool = False,
                  extra_meta: dict[str, Any] | None = None):
@@ -51,6 +53,8 @@ class RunSession:
         self.progress: Progress | None = None
         self.stop: StopFlag | None = None
         self.lock: RunLock | None = None
+        self.complete = False
+        self.resume_step = 0
 
     def __enter__(self) -> RunSession:
         try:
@@ -79,6 +83,20 @@ class RunSession:
                 f"{run_dir} already holds checkpoints; pass --resume to continue that run, --force to start "
                 "over (deletes its checkpoints and metrics), or choose another --out"
             )
+        # what the resume will do, said before it does it, for every recipe alike: a changed length or LR
+        # schedule, or a finished run (``complete``: nothing more is opened, no model is read or hashed, no
+        # sharded checkpoint asks for trust; the loop trains nothing and the command exits 0, as train always did)
+        if self.resume_dir is not None:
+            from gptforge.run.resume import check_resume, saved_config
+
+            meta = ckpt.read_meta(self.resume_dir)
+            ckpt.check_resume_meta(meta, self.resume_dir / "meta.json")
+            self.resume_step = int(meta["step"])
+            self.complete = check_resume(saved_config(meta, str(self.resume_dir / "meta.json")), cfg,
+                                         self.resume_step, self.resume_dir,
+                                         str(self.extra_meta.get("recipe", "pretrain")))
+            if self.complete:
+                return
         if self.info.world == 1:  # every key that splits work across processes says it does nothing here
             idle = [f"dist.{k}={getattr(cfg.dist, k)}" for k, off in (("shard", "none"), ("tp", 1), ("pp", 1),
                                                                        ("dp_replicate", 1)) if getattr(cfg.dist, k) != off]

@@ -55,6 +55,7 @@ class RunResult:
     tokens: int = 0  # training tokens seen by the end (all ranks; 0 for recipes without token batches)
     seconds: float = 0.0  # wall time of this invocation's loop
     stop_reason: str = ""  # why it stopped early: "signal", "target" (stop_at_val_loss) or "stop_at_step"
+    complete: bool = False  # resumed at train.max_steps: nothing trained (run.session said so)
 
 
 def check_run_tokenizer(tok, resume_dir: Path | None, vocab_size: int) -> None:
@@ -89,6 +90,8 @@ def train(cfg, recipe: Recipe | None = None, resume: str | Path | None = None, f
 
         resolve_base(cfg, init_weights, fresh=resume is None)
     with RunSession(cfg, resume, force, extra_meta=recipe.meta()) as run:
+        if run.complete:  # a finished run resumed: the session said so and how to extend it; nothing to build
+            return RunResult(run_dir=run.run_dir, steps_done=run.resume_step, complete=True)
         # --- setup: precision and switches, checked before any compute ------------------------------
         info, log, device = run.info, run.log, run.info.device
         if not recipe.words_unknown:
