@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import typing
 
 import pytest
 
 from gptforge.argparsing import EMPTY_MEANS_SOMETHING
 from gptforge.cli import build_parser, main
-from tests.cli.test_inputs_round12 import _parsers, _tool_parsers
+from tests.cli.test_inputs_round12 import _parsers, _tool_parsers, config_keys_of
 
 
 def _code(argv: list[str]) -> int:
@@ -72,18 +71,7 @@ def test_an_empty_prompt_is_still_a_prompt(capsys):
 
 
 def _config_str_keys() -> dict:
-    from gptforge.config import Config, config_keys
-    from gptforge.models.registry import switch_family
-
-    out = {}
-    for arch in ("gpt2", "llama"):
-        cfg = Config()
-        cfg.model = switch_family(cfg.model, arch)
-        for key, tp in config_keys(cfg).items():
-            args = [a for a in typing.get_args(tp) if a is not type(None)]
-            if tp is str or (typing.get_origin(tp) is typing.Union and args == [str]):
-                out[key] = cfg
-    return out
+    return {key: cfg for key, (_, cfg) in config_keys_of((str,)).items()}
 
 
 def test_every_text_config_key_refuses_an_empty_value_unless_empty_is_its_default():

@@ -87,7 +87,9 @@ def test_every_numeric_flag_of_every_command_and_tool_refuses_non_ascii_digits_a
     assert len(walked) > 100, len(walked)
 
 
-def _config_numeric_keys():
+def config_keys_of(bases: tuple[type, ...]) -> dict:
+    """Every ``--section.key`` of both model families whose type (or Optional's inner type) is one of ``bases``:
+    key -> (its type, a Config of the family that has it)."""
     from gptforge.config import Config, config_keys
     from gptforge.models.registry import switch_family
 
@@ -98,9 +100,13 @@ def _config_numeric_keys():
         for key, tp in config_keys(cfg).items():
             args = [a for a in typing.get_args(tp) if a is not type(None)]
             base = args[0] if typing.get_origin(tp) is typing.Union and len(args) == 1 else tp
-            if base in (int, float):
-                out[key] = tp
+            if base in bases:
+                out[key] = (tp, cfg)
     return out
+
+
+def _config_numeric_keys():
+    return {key: tp for key, (tp, _) in config_keys_of((int, float)).items()}
 
 
 def test_every_numeric_config_key_refuses_non_ascii_digits_and_stray_underscores():

@@ -153,6 +153,18 @@ def test_every_library_door_holds_the_folder(door, tmp_path, prepared):
     assert not out.exists()  # made by the hold, removed with it: nothing was written
 
 
+def _read_only_mount(monkeypatch, folder) -> None:
+    """``folder`` as on a read-only mount: any open of a file in it that would create or write is EROFS."""
+    real_open = os.open
+
+    def read_only(path, flags, *a, **k):
+        if flags & (os.O_CREAT | os.O_RDWR | os.O_WRONLY) and str(path).startswith(str(folder)):
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+        return real_open(path, flags, *a, **k)
+
+    monkeypatch.setattr(os, "open", read_only)
+
+
 def test_a_folder_that_cannot_hold_a_lock_is_read_and_said_once(prepared, monkeypatch, capsys):
     """A read-only mount (EROFS making the lock file) with no lock file, and a filesystem without flock
     (ENOLCK): the shards are read, one warning line per folder."""
@@ -160,14 +172,7 @@ def test_a_folder_that_cannot_hold_a_lock_is_read_and_said_once(prepared, monkey
 
     _, out = prepared
     (out / SHARD_LOCK_NAME).unlink()
-    real_open = os.open
-
-    def read_only(path, flags, *a, **k):
-        if flags & (os.O_CREAT | os.O_RDWR | os.O_WRONLY) and str(path).startswith(str(out)):
-            raise OSError(errno.EROFS, "Read-only file system", str(path))
-        return real_open(path, flags, *a, **k)
-
-    monkeypatch.setattr(os, "open", read_only)
+    _read_only_mount(monkeypatch, out)
     assert list_shards(out, "train", "val") and list_shards(out, "val", "train")
     monkeypatch.undo()
     said = [x for x in capsys.readouterr().err.splitlines() if str(out) in x]
@@ -188,14 +193,7 @@ def test_a_read_only_folder_with_its_lock_file_is_still_held(prepared, monkeypat
     """Where the lock file is there but cannot be opened for writing (a read-only mount of a prepared folder), the
     reader locks it read-only: a prepare on another mount of the same files is still refused."""
     corpus, out = prepared
-    real_open = os.open
-
-    def read_only(path, flags, *a, **k):
-        if flags & (os.O_CREAT | os.O_RDWR | os.O_WRONLY) and str(path).startswith(str(out)):
-            raise OSError(errno.EROFS, "Read-only file system", str(path))
-        return real_open(path, flags, *a, **k)
-
-    monkeypatch.setattr(os, "open", read_only)
+    _read_only_mount(monkeypatch, out)
     hold = reading(out)
     monkeypatch.undo()
     with pytest.raises(ShardError, match="being read by"):
